@@ -1,0 +1,12 @@
+//! Benchmarks. Each prints ratios against a baseline measured in the same run.
+
+pub mod ring;
+
+/// Percentile of a sorted slice (p in 0..=100).
+pub fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let idx = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}

@@ -1,0 +1,785 @@
+//! The messages between the guest library and the host worker.
+//!
+//! A message is a descriptor's opcode plus its 88-byte inline payload, in a
+//! fixed little-endian layout, plus optional bulk data in the arena (a PTX
+//! image, kernel parameters, the bytes of a copy). [`Request::decode`] is the
+//! only way the host turns guest bytes into a request: it checks the opcode,
+//! every enum value, every length and every launch dimension, and refuses
+//! anything else with a [`ProtoError`] — it never panics on any input.
+
+#![warn(missing_docs)]
+
+mod codec;
+pub mod status;
+
+pub use codec::{Reader, Writer};
+pub use status::Status;
+
+/// Size of the inline payload (must equal the transport's `INLINE_SIZE`).
+pub const INLINE: usize = 88;
+/// Version of this message set, exchanged in `Hello`.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest single allocation or copy the host accepts (1 TiB).
+pub const MAX_LEN: u64 = 1 << 40;
+/// Largest module image or kernel name.
+pub const MAX_IMAGE: u64 = 256 << 20;
+/// Largest kernel parameter buffer (CUDA's limit is 32,764 bytes).
+pub const MAX_PARAMS: u64 = 32_764;
+
+/// Why bytes from a guest are not a valid message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    /// The opcode is not one we know.
+    #[error("unknown opcode {0}")]
+    UnknownOpcode(u32),
+    /// A field has a value the protocol does not allow.
+    #[error("field {field}: {why}")]
+    BadField {
+        /// Field name.
+        field: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// Reading past the inline payload.
+    #[error("message truncated")]
+    Truncated,
+}
+
+fn bad(field: &'static str, why: impl Into<String>) -> ProtoError {
+    ProtoError::BadField {
+        field,
+        why: why.into(),
+    }
+}
+
+/// Which kind of module image follows in the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageKind {
+    /// PTX text.
+    Ptx,
+    /// A cubin or fatbin.
+    Cubin,
+}
+
+/// Launch geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Dim3 {
+    /// x
+    pub x: u32,
+    /// y
+    pub y: u32,
+    /// z
+    pub z: u32,
+}
+
+impl Dim3 {
+    /// Product of the three, as u64.
+    pub fn count(&self) -> u64 {
+        u64::from(self.x) * u64::from(self.y) * u64::from(self.z)
+    }
+}
+
+/// A CUDA call from the guest. Handles (`module`, `func`, `stream`, `event`)
+/// and device pointers are opaque numbers the host issued; the host checks
+/// each against the caller's own tables. Stream 0 is the default stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// First call on a channel; the reply carries the device description.
+    Hello {
+        /// The guest's protocol version.
+        version: u32,
+    },
+    /// Wait for all work of this channel.
+    CtxSynchronize,
+    /// Allocate device memory.
+    MemAlloc {
+        /// Bytes.
+        size: u64,
+    },
+    /// Free device memory.
+    MemFree {
+        /// Pointer returned by `MemAlloc`.
+        ptr: u64,
+    },
+    /// Free and total memory of this vGPU (its limit, not the GPU's).
+    MemGetInfo,
+    /// Copy host to device; `len` bytes follow in data chunks.
+    MemcpyHtoD {
+        /// Destination.
+        dst: u64,
+        /// Total bytes.
+        len: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Copy device to host; the reply's data carries the bytes (chunked).
+    MemcpyDtoH {
+        /// Source.
+        src: u64,
+        /// Bytes.
+        len: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Copy device to device.
+    MemcpyDtoD {
+        /// Destination.
+        dst: u64,
+        /// Source.
+        src: u64,
+        /// Bytes.
+        len: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Fill memory with a value of `width` bytes (1, 2 or 4).
+    Memset {
+        /// Destination.
+        dst: u64,
+        /// Value (low `width` bytes used).
+        value: u32,
+        /// 1, 2 or 4.
+        width: u32,
+        /// Number of elements.
+        count: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Load a module; the image follows in data chunks.
+    ModuleLoad {
+        /// Image kind.
+        kind: ImageKind,
+        /// Image length.
+        len: u64,
+    },
+    /// Unload a module.
+    ModuleUnload {
+        /// Module handle.
+        module: u64,
+    },
+    /// Look a kernel up by name (name in data); reply: handle, and the
+    /// parameter sizes as u32s in data.
+    ModuleGetFunction {
+        /// Module handle.
+        module: u64,
+    },
+    /// Launch a kernel; the parameter bytes, packed in order, are the data.
+    Launch {
+        /// Function handle.
+        func: u64,
+        /// Grid.
+        grid: Dim3,
+        /// Block.
+        block: Dim3,
+        /// Dynamic shared memory.
+        shared_mem: u32,
+        /// Stream.
+        stream: u64,
+    },
+    /// Create a stream.
+    StreamCreate {
+        /// CU_STREAM_* flags.
+        flags: u32,
+    },
+    /// Destroy a stream.
+    StreamDestroy {
+        /// Stream handle.
+        stream: u64,
+    },
+    /// Wait for a stream.
+    StreamSynchronize {
+        /// Stream handle.
+        stream: u64,
+    },
+    /// Whether a stream is idle (`NotReady` if not).
+    StreamQuery {
+        /// Stream handle.
+        stream: u64,
+    },
+    /// Create an event.
+    EventCreate {
+        /// CU_EVENT_* flags.
+        flags: u32,
+    },
+    /// Destroy an event.
+    EventDestroy {
+        /// Event handle.
+        event: u64,
+    },
+    /// Record an event on a stream.
+    EventRecord {
+        /// Event.
+        event: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Wait for an event.
+    EventSynchronize {
+        /// Event.
+        event: u64,
+    },
+    /// Whether an event completed.
+    EventQuery {
+        /// Event.
+        event: u64,
+    },
+    /// Milliseconds between two recorded events (reply value: f32 bits).
+    EventElapsedTime {
+        /// Start event.
+        start: u64,
+        /// End event.
+        end: u64,
+    },
+}
+
+/// Opcodes on the wire.
+pub mod op {
+    #![allow(missing_docs)]
+    pub const HELLO: u32 = 1;
+    pub const CTX_SYNCHRONIZE: u32 = 2;
+    pub const MEM_ALLOC: u32 = 10;
+    pub const MEM_FREE: u32 = 11;
+    pub const MEM_GET_INFO: u32 = 12;
+    pub const MEMCPY_HTOD: u32 = 13;
+    pub const MEMCPY_DTOH: u32 = 14;
+    pub const MEMCPY_DTOD: u32 = 15;
+    pub const MEMSET: u32 = 16;
+    pub const MODULE_LOAD: u32 = 20;
+    pub const MODULE_UNLOAD: u32 = 21;
+    pub const MODULE_GET_FUNCTION: u32 = 22;
+    pub const LAUNCH: u32 = 30;
+    pub const STREAM_CREATE: u32 = 40;
+    pub const STREAM_DESTROY: u32 = 41;
+    pub const STREAM_SYNCHRONIZE: u32 = 42;
+    pub const STREAM_QUERY: u32 = 43;
+    pub const EVENT_CREATE: u32 = 50;
+    pub const EVENT_DESTROY: u32 = 51;
+    pub const EVENT_RECORD: u32 = 52;
+    pub const EVENT_SYNCHRONIZE: u32 = 53;
+    pub const EVENT_QUERY: u32 = 54;
+    pub const EVENT_ELAPSED_TIME: u32 = 55;
+    /// A continuation chunk of the previous message's data.
+    pub const DATA: u32 = 100;
+}
+
+fn check_len(field: &'static str, v: u64, max: u64) -> Result<u64, ProtoError> {
+    if v > max {
+        return Err(bad(field, format!("{v} exceeds {max}")));
+    }
+    Ok(v)
+}
+
+impl Request {
+    /// The opcode of this request.
+    pub fn opcode(&self) -> u32 {
+        use Request::*;
+        match self {
+            Hello { .. } => op::HELLO,
+            CtxSynchronize => op::CTX_SYNCHRONIZE,
+            MemAlloc { .. } => op::MEM_ALLOC,
+            MemFree { .. } => op::MEM_FREE,
+            MemGetInfo => op::MEM_GET_INFO,
+            MemcpyHtoD { .. } => op::MEMCPY_HTOD,
+            MemcpyDtoH { .. } => op::MEMCPY_DTOH,
+            MemcpyDtoD { .. } => op::MEMCPY_DTOD,
+            Memset { .. } => op::MEMSET,
+            ModuleLoad { .. } => op::MODULE_LOAD,
+            ModuleUnload { .. } => op::MODULE_UNLOAD,
+            ModuleGetFunction { .. } => op::MODULE_GET_FUNCTION,
+            Launch { .. } => op::LAUNCH,
+            StreamCreate { .. } => op::STREAM_CREATE,
+            StreamDestroy { .. } => op::STREAM_DESTROY,
+            StreamSynchronize { .. } => op::STREAM_SYNCHRONIZE,
+            StreamQuery { .. } => op::STREAM_QUERY,
+            EventCreate { .. } => op::EVENT_CREATE,
+            EventDestroy { .. } => op::EVENT_DESTROY,
+            EventRecord { .. } => op::EVENT_RECORD,
+            EventSynchronize { .. } => op::EVENT_SYNCHRONIZE,
+            EventQuery { .. } => op::EVENT_QUERY,
+            EventElapsedTime { .. } => op::EVENT_ELAPSED_TIME,
+        }
+    }
+
+    /// Whether the guest waits for a reply. Asynchronous calls (launches,
+    /// host-to-device copies, memsets, event records, frees) are
+    /// fire-and-forget; their errors surface at the next synchronizing call.
+    pub fn expects_reply(&self) -> bool {
+        !matches!(
+            self,
+            Request::Launch { .. }
+                | Request::MemcpyHtoD { .. }
+                | Request::MemcpyDtoD { .. }
+                | Request::Memset { .. }
+                | Request::EventRecord { .. }
+        )
+    }
+
+    /// Bytes of data that follow this request (in its own and continuation descriptors).
+    pub fn data_len(&self) -> Option<u64> {
+        match self {
+            Request::MemcpyHtoD { len, .. } | Request::ModuleLoad { len, .. } => Some(*len),
+            _ => None,
+        }
+    }
+
+    /// Encodes into an inline payload.
+    pub fn encode(&self, out: &mut [u8; INLINE]) {
+        use Request::*;
+        let mut w = Writer::new(out);
+        match *self {
+            Hello { version } => w.u32(version),
+            CtxSynchronize | MemGetInfo => {}
+            MemAlloc { size } => w.u64(size),
+            MemFree { ptr } => w.u64(ptr),
+            MemcpyHtoD { dst, len, stream } => {
+                w.u64(dst);
+                w.u64(len);
+                w.u64(stream);
+            }
+            MemcpyDtoH { src, len, stream } => {
+                w.u64(src);
+                w.u64(len);
+                w.u64(stream);
+            }
+            MemcpyDtoD {
+                dst,
+                src,
+                len,
+                stream,
+            } => {
+                w.u64(dst);
+                w.u64(src);
+                w.u64(len);
+                w.u64(stream);
+            }
+            Memset {
+                dst,
+                value,
+                width,
+                count,
+                stream,
+            } => {
+                w.u64(dst);
+                w.u32(value);
+                w.u32(width);
+                w.u64(count);
+                w.u64(stream);
+            }
+            ModuleLoad { kind, len } => {
+                w.u32(match kind {
+                    ImageKind::Ptx => 0,
+                    ImageKind::Cubin => 1,
+                });
+                w.u64(len);
+            }
+            ModuleUnload { module } | ModuleGetFunction { module } => w.u64(module),
+            Launch {
+                func,
+                grid,
+                block,
+                shared_mem,
+                stream,
+            } => {
+                w.u64(func);
+                for d in [grid, block] {
+                    w.u32(d.x);
+                    w.u32(d.y);
+                    w.u32(d.z);
+                }
+                w.u32(shared_mem);
+                w.u64(stream);
+            }
+            StreamCreate { flags } | EventCreate { flags } => w.u32(flags),
+            StreamDestroy { stream } | StreamSynchronize { stream } | StreamQuery { stream } => {
+                w.u64(stream)
+            }
+            EventDestroy { event } | EventSynchronize { event } | EventQuery { event } => {
+                w.u64(event)
+            }
+            EventRecord { event, stream } => {
+                w.u64(event);
+                w.u64(stream);
+            }
+            EventElapsedTime { start, end } => {
+                w.u64(start);
+                w.u64(end);
+            }
+        }
+    }
+
+    /// Decodes and validates a request. Total on every input: an error, never a panic.
+    pub fn decode(opcode: u32, inline: &[u8; INLINE]) -> Result<Request, ProtoError> {
+        use Request::*;
+        let mut r = Reader::new(inline);
+        let req = match opcode {
+            op::HELLO => Hello { version: r.u32()? },
+            op::CTX_SYNCHRONIZE => CtxSynchronize,
+            op::MEM_ALLOC => {
+                let size = check_len("size", r.u64()?, MAX_LEN)?;
+                if size == 0 {
+                    return Err(bad("size", "zero-byte allocation"));
+                }
+                MemAlloc { size }
+            }
+            op::MEM_FREE => MemFree { ptr: r.u64()? },
+            op::MEM_GET_INFO => MemGetInfo,
+            op::MEMCPY_HTOD => MemcpyHtoD {
+                dst: r.u64()?,
+                len: check_len("len", r.u64()?, MAX_LEN)?,
+                stream: r.u64()?,
+            },
+            op::MEMCPY_DTOH => MemcpyDtoH {
+                src: r.u64()?,
+                len: check_len("len", r.u64()?, MAX_LEN)?,
+                stream: r.u64()?,
+            },
+            op::MEMCPY_DTOD => MemcpyDtoD {
+                dst: r.u64()?,
+                src: r.u64()?,
+                len: check_len("len", r.u64()?, MAX_LEN)?,
+                stream: r.u64()?,
+            },
+            op::MEMSET => {
+                let dst = r.u64()?;
+                let value = r.u32()?;
+                let width = r.u32()?;
+                if !matches!(width, 1 | 2 | 4) {
+                    return Err(bad("width", format!("{width} is not 1, 2 or 4")));
+                }
+                let count = check_len("count", r.u64()?, MAX_LEN / u64::from(width))?;
+                Memset {
+                    dst,
+                    value,
+                    width,
+                    count,
+                    stream: r.u64()?,
+                }
+            }
+            op::MODULE_LOAD => {
+                let kind = match r.u32()? {
+                    0 => ImageKind::Ptx,
+                    1 => ImageKind::Cubin,
+                    k => return Err(bad("kind", format!("unknown image kind {k}"))),
+                };
+                let len = check_len("len", r.u64()?, MAX_IMAGE)?;
+                if len == 0 {
+                    return Err(bad("len", "empty image"));
+                }
+                ModuleLoad { kind, len }
+            }
+            op::MODULE_UNLOAD => ModuleUnload { module: r.u64()? },
+            op::MODULE_GET_FUNCTION => ModuleGetFunction { module: r.u64()? },
+            op::LAUNCH => {
+                let func = r.u64()?;
+                let grid = Dim3 {
+                    x: r.u32()?,
+                    y: r.u32()?,
+                    z: r.u32()?,
+                };
+                let block = Dim3 {
+                    x: r.u32()?,
+                    y: r.u32()?,
+                    z: r.u32()?,
+                };
+                if grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > i32::MAX as u32 {
+                    return Err(bad("grid", format!("{grid:?} out of range")));
+                }
+                if grid.y > 65_535 || grid.z > 65_535 {
+                    return Err(bad(
+                        "grid",
+                        format!("{grid:?}: y and z are limited to 65535"),
+                    ));
+                }
+                if block.x == 0
+                    || block.y == 0
+                    || block.z == 0
+                    || block.count() > 1024
+                    || block.z > 64
+                {
+                    return Err(bad("block", format!("{block:?} out of range")));
+                }
+                let shared_mem = r.u32()?;
+                if shared_mem > 256 << 10 {
+                    return Err(bad("shared_mem", format!("{shared_mem} bytes")));
+                }
+                Launch {
+                    func,
+                    grid,
+                    block,
+                    shared_mem,
+                    stream: r.u64()?,
+                }
+            }
+            op::STREAM_CREATE => StreamCreate { flags: r.u32()? },
+            op::STREAM_DESTROY => StreamDestroy { stream: r.u64()? },
+            op::STREAM_SYNCHRONIZE => StreamSynchronize { stream: r.u64()? },
+            op::STREAM_QUERY => StreamQuery { stream: r.u64()? },
+            op::EVENT_CREATE => EventCreate { flags: r.u32()? },
+            op::EVENT_DESTROY => EventDestroy { event: r.u64()? },
+            op::EVENT_RECORD => EventRecord {
+                event: r.u64()?,
+                stream: r.u64()?,
+            },
+            op::EVENT_SYNCHRONIZE => EventSynchronize { event: r.u64()? },
+            op::EVENT_QUERY => EventQuery { event: r.u64()? },
+            op::EVENT_ELAPSED_TIME => EventElapsedTime {
+                start: r.u64()?,
+                end: r.u64()?,
+            },
+            other => return Err(ProtoError::UnknownOpcode(other)),
+        };
+        Ok(req)
+    }
+}
+
+/// A reply: the status travels in the descriptor, up to ten u64 values inline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reply {
+    /// Values, meaning per request (a pointer, a handle, free/total, f32 bits).
+    pub vals: [u64; 4],
+}
+
+impl Reply {
+    /// A reply with one value.
+    pub fn one(v: u64) -> Reply {
+        Reply { vals: [v, 0, 0, 0] }
+    }
+
+    /// Encodes into an inline payload.
+    pub fn encode(&self, out: &mut [u8; INLINE]) {
+        let mut w = Writer::new(out);
+        for v in self.vals {
+            w.u64(v);
+        }
+    }
+
+    /// Decodes (a reply comes from the trusted host; still total).
+    pub fn decode(inline: &[u8; INLINE]) -> Reply {
+        let mut r = Reader::new(inline);
+        let mut vals = [0u64; 4];
+        for v in &mut vals {
+            *v = r.u64().unwrap_or(0);
+        }
+        Reply { vals }
+    }
+}
+
+/// What `Hello` answers: the device as the guest should see it. Encoded in the
+/// reply's data as little-endian fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device name.
+    pub name: String,
+    /// Memory this vGPU may allocate (its limit).
+    pub total_mem: u64,
+    /// Compute capability major, minor.
+    pub cc: (u32, u32),
+    /// Multiprocessors.
+    pub sm_count: u32,
+    /// `(CUdevice_attribute, value)` pairs answered in the guest without a round trip.
+    pub attributes: Vec<(u32, i32)>,
+}
+
+impl DeviceInfo {
+    /// Serializes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        let name = self.name.as_bytes();
+        v.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        v.extend_from_slice(name);
+        v.extend_from_slice(&self.total_mem.to_le_bytes());
+        v.extend_from_slice(&self.cc.0.to_le_bytes());
+        v.extend_from_slice(&self.cc.1.to_le_bytes());
+        v.extend_from_slice(&self.sm_count.to_le_bytes());
+        v.extend_from_slice(&(self.attributes.len() as u32).to_le_bytes());
+        for (a, val) in &self.attributes {
+            v.extend_from_slice(&a.to_le_bytes());
+            v.extend_from_slice(&val.to_le_bytes());
+        }
+        v
+    }
+
+    /// Parses, bounds-checked.
+    pub fn from_bytes(b: &[u8]) -> Result<DeviceInfo, ProtoError> {
+        let mut r = Reader::new(b);
+        let n = r.u32()? as usize;
+        let name = String::from_utf8_lossy(r.bytes(n)?).into_owned();
+        let total_mem = r.u64()?;
+        let cc = (r.u32()?, r.u32()?);
+        let sm_count = r.u32()?;
+        let count = r.u32()? as usize;
+        let mut attributes = Vec::with_capacity(count.min(1024));
+        for _ in 0..count {
+            attributes.push((r.u32()?, r.u32()? as i32));
+        }
+        Ok(DeviceInfo {
+            name,
+            total_mem,
+            cc,
+            sm_count,
+            attributes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn samples() -> Vec<Request> {
+        let d = |x, y, z| Dim3 { x, y, z };
+        vec![
+            Request::Hello { version: 1 },
+            Request::CtxSynchronize,
+            Request::MemAlloc { size: 4096 },
+            Request::MemFree { ptr: 0x7000_0000 },
+            Request::MemGetInfo,
+            Request::MemcpyHtoD {
+                dst: 1,
+                len: 2,
+                stream: 3,
+            },
+            Request::MemcpyDtoH {
+                src: 1,
+                len: 2,
+                stream: 3,
+            },
+            Request::MemcpyDtoD {
+                dst: 1,
+                src: 2,
+                len: 3,
+                stream: 4,
+            },
+            Request::Memset {
+                dst: 1,
+                value: 0xabcd,
+                width: 2,
+                count: 9,
+                stream: 0,
+            },
+            Request::ModuleLoad {
+                kind: ImageKind::Cubin,
+                len: 100,
+            },
+            Request::ModuleUnload { module: 5 },
+            Request::ModuleGetFunction { module: 5 },
+            Request::Launch {
+                func: 9,
+                grid: d(100, 2, 1),
+                block: d(256, 1, 1),
+                shared_mem: 0,
+                stream: 7,
+            },
+            Request::StreamCreate { flags: 1 },
+            Request::StreamDestroy { stream: 2 },
+            Request::StreamSynchronize { stream: 2 },
+            Request::StreamQuery { stream: 2 },
+            Request::EventCreate { flags: 0 },
+            Request::EventDestroy { event: 3 },
+            Request::EventRecord {
+                event: 3,
+                stream: 2,
+            },
+            Request::EventSynchronize { event: 3 },
+            Request::EventQuery { event: 3 },
+            Request::EventElapsedTime { start: 3, end: 4 },
+        ]
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        for r in samples() {
+            let mut b = [0u8; INLINE];
+            r.encode(&mut b);
+            assert_eq!(Request::decode(r.opcode(), &b).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn invalid_fields_are_refused() {
+        let enc = |r: Request| {
+            let mut b = [0u8; INLINE];
+            r.encode(&mut b);
+            (r.opcode(), b)
+        };
+        let d = |x, y, z| Dim3 { x, y, z };
+        let launch = |grid, block, shared_mem| Request::Launch {
+            func: 1,
+            grid,
+            block,
+            shared_mem,
+            stream: 0,
+        };
+        for (opc, b) in [
+            enc(Request::MemAlloc { size: 0 }),
+            enc(Request::MemAlloc { size: MAX_LEN + 1 }),
+            enc(Request::Memset {
+                dst: 0,
+                value: 0,
+                width: 3,
+                count: 1,
+                stream: 0,
+            }),
+            enc(Request::ModuleLoad {
+                kind: ImageKind::Ptx,
+                len: 0,
+            }),
+            enc(Request::ModuleLoad {
+                kind: ImageKind::Ptx,
+                len: MAX_IMAGE + 1,
+            }),
+            enc(launch(d(0, 1, 1), d(1, 1, 1), 0)),
+            enc(launch(d(1, 70_000, 1), d(1, 1, 1), 0)),
+            enc(launch(d(1, 1, 1), d(1025, 1, 1), 0)),
+            enc(launch(d(1, 1, 1), d(32, 32, 2), 0)),
+            enc(launch(d(1, 1, 1), d(1, 1, 1), 1 << 20)),
+        ] {
+            assert!(
+                matches!(Request::decode(opc, &b), Err(ProtoError::BadField { .. })),
+                "{opc}"
+            );
+        }
+        let mut b = [0u8; INLINE];
+        b[0] = 7;
+        assert!(Request::decode(op::MODULE_LOAD, &b).is_err());
+        assert_eq!(
+            Request::decode(9999, &b),
+            Err(ProtoError::UnknownOpcode(9999))
+        );
+    }
+
+    #[test]
+    fn device_info_round_trips_and_truncation_is_an_error() {
+        let info = DeviceInfo {
+            name: "sim GPU".into(),
+            total_mem: 1 << 30,
+            cc: (9, 0),
+            sm_count: 132,
+            attributes: vec![(1, 1024), (16, 132)],
+        };
+        let b = info.to_bytes();
+        assert_eq!(DeviceInfo::from_bytes(&b).unwrap(), info);
+        for cut in 0..b.len() {
+            assert!(DeviceInfo::from_bytes(&b[..cut]).is_err());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn decode_is_total(opcode in 0u32..120, bytes in proptest::collection::vec(any::<u8>(), INLINE)) {
+            let mut b = [0u8; INLINE];
+            b.copy_from_slice(&bytes);
+            if let Ok(r) = Request::decode(opcode, &b) {
+                let mut again = [0u8; INLINE];
+                r.encode(&mut again);
+                prop_assert_eq!(Request::decode(r.opcode(), &again).unwrap(), r);
+            }
+        }
+
+        #[test]
+        fn device_info_parse_is_total(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = DeviceInfo::from_bytes(&bytes);
+        }
+    }
+}

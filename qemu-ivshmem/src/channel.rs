@@ -1,0 +1,531 @@
+//! The region as a whole and its channels: header, claim protocol, and the
+//! guest's and host's end of each channel.
+//!
+//! Claim protocol (all words in the channel control block):
+//! ```text
+//!   FREE --guest CAS--> CLAIMING --guest writes owner--> CLAIMED
+//!   CLAIMED --guest exits cleanly--> CLOSING
+//!   CLAIMED --kernel module / host sees the owner gone--> ABANDONED
+//!   CLOSING | ABANDONED | any unknown value --host frees, resets rings, bumps generation--> FREE
+//! ```
+//! Only the guest moves a channel out of FREE, only the host moves it back.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::layout::{ctl, hdr, Direction, Layout, LayoutParams, LAYOUT_VERSION, MAGIC};
+use crate::ring::{ends, Consumer, Producer};
+use crate::shm::{create_memfd, SharedMemory};
+
+/// A channel's claim state as the host interprets the word the guest wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimState {
+    /// Nobody holds it.
+    Free,
+    /// A guest is taking it.
+    Claiming,
+    /// A guest process holds it.
+    Claimed,
+    /// Its owner let go.
+    Closing,
+    /// Its owner went away without letting go.
+    Abandoned,
+    /// A value no honest guest writes; treated like `Abandoned`.
+    Invalid(u32),
+}
+
+const FREE: u32 = 0;
+const CLAIMING: u32 = 1;
+const CLAIMED: u32 = 2;
+const CLOSING: u32 = 3;
+const ABANDONED: u32 = 4;
+
+impl ClaimState {
+    fn from_word(w: u32) -> ClaimState {
+        match w {
+            FREE => ClaimState::Free,
+            CLAIMING => ClaimState::Claiming,
+            CLAIMED => ClaimState::Claimed,
+            CLOSING => ClaimState::Closing,
+            ABANDONED => ClaimState::Abandoned,
+            v => ClaimState::Invalid(v),
+        }
+    }
+
+    /// Whether the host should tear the channel down and free it.
+    pub fn needs_reclaim(self) -> bool {
+        matches!(
+            self,
+            ClaimState::Closing | ClaimState::Abandoned | ClaimState::Invalid(_)
+        )
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ClaimState::Free => "free",
+            ClaimState::Claiming => "being claimed",
+            ClaimState::Claimed => "claimed",
+            ClaimState::Closing => "closing",
+            ClaimState::Abandoned => "abandoned",
+            ClaimState::Invalid(_) => "invalid",
+        }
+    }
+}
+
+/// A mapped region with a validated layout.
+#[derive(Debug, Clone)]
+pub struct Region {
+    mem: Arc<SharedMemory>,
+    layout: Layout,
+}
+
+impl Region {
+    /// Host: creates a sealed memfd of the layout's size, maps it and writes
+    /// the header. Returns the region and the fd to hand to peers.
+    pub fn create(name: &str, params: LayoutParams) -> Result<(Region, OwnedFd)> {
+        let layout = Layout::new(params)?;
+        let fd = create_memfd(name, layout.region_size)?;
+        let dup = fd.try_clone().map_err(|e| Error::io("dup of memfd", e))?;
+        let mem = Arc::new(SharedMemory::map(dup, layout.region_size)?);
+        let region = Region { mem, layout };
+        region.write_header()?;
+        Ok((region, fd))
+    }
+
+    /// Host: a region on the heap (tests; nothing can be shared with another process).
+    pub fn create_in_heap(params: LayoutParams) -> Result<Region> {
+        let layout = Layout::new(params)?;
+        let region = Region {
+            mem: Arc::new(SharedMemory::heap(layout.region_size)),
+            layout,
+        };
+        region.write_header()?;
+        Ok(region)
+    }
+
+    fn write_header(&self) -> Result<()> {
+        let m = &self.mem;
+        let p = self.layout.params;
+        m.atomic_u64(hdr::MAGIC)?.store(MAGIC, Ordering::Relaxed);
+        m.atomic_u32(hdr::CHANNELS)?
+            .store(p.channels, Ordering::Relaxed);
+        m.atomic_u32(hdr::RING_ENTRIES)?
+            .store(p.ring_entries, Ordering::Relaxed);
+        m.atomic_u32(hdr::VECTORS)?
+            .store(p.vectors, Ordering::Relaxed);
+        m.atomic_u64(hdr::ARENA_SIZE)?
+            .store(p.arena_size, Ordering::Relaxed);
+        m.atomic_u64(hdr::CHANNEL_STRIDE)?
+            .store(self.layout.channel_stride as u64, Ordering::Relaxed);
+        m.atomic_u64(hdr::CHANNELS_OFFSET)?
+            .store(self.layout.channels_offset as u64, Ordering::Relaxed);
+        m.atomic_u64(hdr::REGION_SIZE)?
+            .store(self.layout.region_size as u64, Ordering::Relaxed);
+        let epoch = m.atomic_u32(hdr::HOST_EPOCH)?;
+        epoch.store(
+            epoch.load(Ordering::Relaxed).wrapping_add(1).max(1),
+            Ordering::Relaxed,
+        );
+        // The version is written last: a reader that sees it sees the rest.
+        m.atomic_u32(hdr::VERSION)?
+            .store(LAYOUT_VERSION, Ordering::Release);
+        Ok(())
+    }
+
+    /// Guest: maps a region received from the host and validates its header.
+    pub fn open(fd: OwnedFd) -> Result<Region> {
+        let size = std::fs::File::from(fd.try_clone().map_err(|e| Error::io("dup", e))?)
+            .metadata()
+            .map_err(|e| Error::io("fstat of shared memory", e))?
+            .len();
+        let probe = SharedMemory::map(fd.try_clone().map_err(|e| Error::io("dup", e))?, 4096)?;
+        let layout = Self::read_header(&probe, size)?;
+        drop(probe);
+        let mem = Arc::new(SharedMemory::map(fd, layout.region_size)?);
+        Ok(Region { mem, layout })
+    }
+
+    /// Validates a header: ours, this version, and sizes that agree with
+    /// each other and with the real size of the memory.
+    fn read_header(m: &SharedMemory, actual_size: u64) -> Result<Layout> {
+        let bad = |s: String| Err(Error::BadHeader(s));
+        let magic = m.atomic_u64(hdr::MAGIC)?.load(Ordering::Relaxed);
+        if magic != MAGIC {
+            return bad(format!("magic {magic:#x}, expected {MAGIC:#x}"));
+        }
+        let version = m.atomic_u32(hdr::VERSION)?.load(Ordering::Acquire);
+        if version != LAYOUT_VERSION {
+            return bad(format!(
+                "layout version {version}, this build speaks {LAYOUT_VERSION}"
+            ));
+        }
+        let params = LayoutParams {
+            channels: m.atomic_u32(hdr::CHANNELS)?.load(Ordering::Relaxed),
+            ring_entries: m.atomic_u32(hdr::RING_ENTRIES)?.load(Ordering::Relaxed),
+            arena_size: m.atomic_u64(hdr::ARENA_SIZE)?.load(Ordering::Relaxed),
+            vectors: m.atomic_u32(hdr::VECTORS)?.load(Ordering::Relaxed),
+        };
+        let layout = Layout::new(params).map_err(|e| Error::BadHeader(e.to_string()))?;
+        let stride = m.atomic_u64(hdr::CHANNEL_STRIDE)?.load(Ordering::Relaxed);
+        let size = m.atomic_u64(hdr::REGION_SIZE)?.load(Ordering::Relaxed);
+        if stride != layout.channel_stride as u64 || size != layout.region_size as u64 {
+            return bad(format!(
+                "stride {stride} / size {size} disagree with the parameters"
+            ));
+        }
+        if size > actual_size {
+            return bad(format!(
+                "header claims {size} bytes, memory has {actual_size}"
+            ));
+        }
+        Ok(layout)
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Number of channels.
+    pub fn channels(&self) -> u32 {
+        self.layout.params.channels
+    }
+
+    /// The word the host worker sets before blocking on its doorbell.
+    pub fn host_sleeping(&self) -> Result<&AtomicU32> {
+        self.mem.atomic_u32(hdr::HOST_SLEEPING)
+    }
+
+    fn ctl_word(&self, ch: u32, off: usize) -> Result<&AtomicU32> {
+        if ch >= self.channels() {
+            return Err(Error::NoSuchChannel(ch));
+        }
+        self.mem.atomic_u32(self.layout.channel_offset(ch) + off)
+    }
+
+    /// The claim state of channel `ch`.
+    pub fn claim_state(&self, ch: u32) -> Result<ClaimState> {
+        Ok(ClaimState::from_word(
+            self.ctl_word(ch, ctl::STATE)?.load(Ordering::Acquire),
+        ))
+    }
+
+    /// The owner peer id a guest wrote (unverified: informational and for
+    /// reclaiming a disconnected native peer's channels).
+    pub fn owner_peer(&self, ch: u32) -> Result<u32> {
+        Ok(self.ctl_word(ch, ctl::OWNER_PEER)?.load(Ordering::Relaxed))
+    }
+
+    /// The doorbell vector the guest of channel `ch` waits on, reduced into range.
+    pub fn guest_vector(&self, ch: u32) -> Result<u32> {
+        Ok(self
+            .ctl_word(ch, ctl::GUEST_VECTOR)?
+            .load(Ordering::Relaxed)
+            % self.layout.params.vectors)
+    }
+
+    /// The generation of channel `ch`.
+    pub fn generation(&self, ch: u32) -> Result<u32> {
+        Ok(self.ctl_word(ch, ctl::GENERATION)?.load(Ordering::Acquire))
+    }
+
+    /// Marks a channel abandoned (what the kernel module does when a guest
+    /// process dies; the host does it for a native peer that disconnected).
+    pub fn mark_abandoned(&self, ch: u32) -> Result<()> {
+        let w = self.ctl_word(ch, ctl::STATE)?;
+        let _ = w.compare_exchange(CLAIMED, ABANDONED, Ordering::AcqRel, Ordering::Relaxed);
+        let _ = w.compare_exchange(CLAIMING, ABANDONED, Ordering::AcqRel, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn ring_ends(&self, ch: u32, dir: Direction) -> (Producer, Consumer) {
+        let p = self.layout.params;
+        ends(
+            self.mem.clone(),
+            ch,
+            self.layout.channel_offset(ch),
+            self.layout.ring_parts(dir),
+            p.ring_entries,
+            p.arena_size,
+        )
+    }
+
+    /// Guest: claims the first free channel for `peer` (its ivshmem peer id),
+    /// process `pid`, waiting on doorbell vector `vector`.
+    pub fn claim(&self, peer: u32, pid: u32, vector: u32) -> Result<GuestChannel> {
+        for ch in 0..self.channels() {
+            let state = self.ctl_word(ch, ctl::STATE)?;
+            if state
+                .compare_exchange(FREE, CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.ctl_word(ch, ctl::OWNER_PEER)?
+                    .store(peer, Ordering::Relaxed);
+                self.ctl_word(ch, ctl::OWNER_PID)?
+                    .store(pid, Ordering::Relaxed);
+                self.ctl_word(ch, ctl::GUEST_VECTOR)?
+                    .store(vector, Ordering::Relaxed);
+                let generation = self.generation(ch)?;
+                state.store(CLAIMED, Ordering::Release);
+                let (req, _) = self.ring_ends(ch, Direction::ToHost);
+                let (_, resp) = self.ring_ends(ch, Direction::ToGuest);
+                return Ok(GuestChannel {
+                    region: self.clone(),
+                    index: ch,
+                    generation,
+                    req,
+                    resp,
+                });
+            }
+        }
+        Err(Error::NoFreeChannel)
+    }
+
+    /// Host: the host's end of channel `ch`. The host keeps one per channel for
+    /// the region's life and calls [`HostChannel::reclaim`] between owners.
+    pub fn host_channel(&self, ch: u32) -> Result<HostChannel> {
+        if ch >= self.channels() {
+            return Err(Error::NoSuchChannel(ch));
+        }
+        let (_, req) = self.ring_ends(ch, Direction::ToHost);
+        let (resp, _) = self.ring_ends(ch, Direction::ToGuest);
+        Ok(HostChannel {
+            region: self.clone(),
+            index: ch,
+            req,
+            resp,
+        })
+    }
+}
+
+/// The guest's end of a claimed channel: it produces requests and consumes responses.
+#[derive(Debug)]
+pub struct GuestChannel {
+    region: Region,
+    index: u32,
+    generation: u32,
+    /// Requests to the host.
+    pub req: Producer,
+    /// Responses from the host.
+    pub resp: Consumer,
+}
+
+impl GuestChannel {
+    /// The channel number.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The region this channel lives in.
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// Fails if the host reclaimed the channel under us.
+    pub fn check_alive(&self) -> Result<()> {
+        let state = self.region.claim_state(self.index)?;
+        if state != ClaimState::Claimed || self.region.generation(self.index)? != self.generation {
+            return Err(Error::ChannelState {
+                channel: self.index,
+                state: state.name(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Lets go of the channel; the host frees everything it held.
+    pub fn close(self) {
+        drop(self)
+    }
+}
+
+impl Drop for GuestChannel {
+    fn drop(&mut self) {
+        if let Ok(w) = self.region.ctl_word(self.index, ctl::STATE) {
+            if self.region.generation(self.index).ok() == Some(self.generation) {
+                let _ = w.compare_exchange(CLAIMED, CLOSING, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The host's end of a channel: it consumes requests and produces responses.
+#[derive(Debug)]
+pub struct HostChannel {
+    region: Region,
+    index: u32,
+    /// Requests from the guest.
+    pub req: Consumer,
+    /// Responses to the guest.
+    pub resp: Producer,
+}
+
+impl HostChannel {
+    /// The channel number.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The claim state the guest left.
+    pub fn state(&self) -> Result<ClaimState> {
+        self.region.claim_state(self.index)
+    }
+
+    /// Resets the rings, bumps the generation and frees the channel. The
+    /// caller has already released everything the owner held.
+    pub fn reclaim(&mut self) -> Result<()> {
+        let r = &self.region;
+        let state = r.ctl_word(self.index, ctl::STATE)?;
+        // Keep guests from claiming it while the rings are reset.
+        state.store(ABANDONED, Ordering::Release);
+        self.req.reset()?;
+        self.resp.reset()?;
+        for off in [ctl::OWNER_PEER, ctl::OWNER_PID, ctl::GUEST_VECTOR] {
+            r.ctl_word(self.index, off)?.store(0, Ordering::Relaxed);
+        }
+        let g = r.ctl_word(self.index, ctl::GENERATION)?;
+        g.store(g.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
+        state.store(FREE, Ordering::Release);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::Descriptor;
+
+    fn small() -> LayoutParams {
+        LayoutParams {
+            channels: 3,
+            ring_entries: 8,
+            arena_size: 8192,
+            vectors: 2,
+        }
+    }
+
+    #[test]
+    fn claim_serve_close_reclaim_cycle() {
+        let region = Region::create_in_heap(small()).unwrap();
+        let mut hosts: Vec<_> = (0..3).map(|i| region.host_channel(i).unwrap()).collect();
+        let mut g = region.claim(5, 100, 1).unwrap();
+        assert_eq!(g.index(), 0);
+        assert_eq!(region.claim_state(0).unwrap(), ClaimState::Claimed);
+        assert_eq!(region.owner_peer(0).unwrap(), 5);
+        let g2 = region.claim(5, 101, 0).unwrap();
+        assert_eq!(g2.index(), 1);
+
+        assert!(g.req.try_send(&Descriptor::new(1, 9), b"hello").unwrap());
+        let mut buf = Vec::new();
+        let d = hosts[0].req.try_recv(&mut buf).unwrap().unwrap();
+        assert_eq!((d.tag, &buf[..]), (1, &b"hello"[..]));
+        assert!(hosts[0]
+            .resp
+            .try_send(&Descriptor::new(1, 9), b"world")
+            .unwrap());
+        assert_eq!(g.resp.try_recv(&mut buf).unwrap().unwrap().tag, 1);
+        assert_eq!(buf, b"world");
+
+        drop(g);
+        assert_eq!(region.claim_state(0).unwrap(), ClaimState::Closing);
+        assert!(hosts[0].state().unwrap().needs_reclaim());
+        hosts[0].reclaim().unwrap();
+        assert_eq!(region.claim_state(0).unwrap(), ClaimState::Free);
+
+        // The next owner starts with clean rings.
+        let mut g3 = region.claim(6, 102, 0).unwrap();
+        assert_eq!(g3.index(), 0);
+        assert!(g3.req.try_send(&Descriptor::new(77, 1), b"x").unwrap());
+        assert_eq!(hosts[0].req.try_recv(&mut buf).unwrap().unwrap().tag, 77);
+        assert!(hosts[0].req.try_recv(&mut buf).unwrap().is_none());
+        let _g4 = region.claim(6, 103, 0).unwrap();
+        assert!(matches!(region.claim(6, 104, 0), Err(Error::NoFreeChannel)));
+    }
+
+    #[test]
+    fn abandoned_and_garbage_states_are_reclaimed_and_stale_owner_notices() {
+        let region = Region::create_in_heap(small()).unwrap();
+        let mut h = region.host_channel(0).unwrap();
+        let g = region.claim(1, 1, 0).unwrap();
+        region.mark_abandoned(0).unwrap();
+        assert_eq!(h.state().unwrap(), ClaimState::Abandoned);
+        h.reclaim().unwrap();
+        assert!(
+            g.check_alive().is_err(),
+            "the old owner must see it lost the channel"
+        );
+        drop(g); // must not disturb the freed channel
+        assert_eq!(region.claim_state(0).unwrap(), ClaimState::Free);
+
+        region
+            .ctl_word(0, ctl::STATE)
+            .unwrap()
+            .store(0xdead, Ordering::Relaxed);
+        assert_eq!(h.state().unwrap(), ClaimState::Invalid(0xdead));
+        assert!(h.state().unwrap().needs_reclaim());
+        h.reclaim().unwrap();
+        assert_eq!(region.claim_state(0).unwrap(), ClaimState::Free);
+        assert!(matches!(
+            region.host_channel(3),
+            Err(Error::NoSuchChannel(3))
+        ));
+        assert!(matches!(
+            region.claim_state(99),
+            Err(Error::NoSuchChannel(99))
+        ));
+    }
+
+    #[test]
+    fn concurrent_claims_never_share_a_channel() {
+        let region = Region::create_in_heap(LayoutParams {
+            channels: 4,
+            ..small()
+        })
+        .unwrap();
+        let threads: Vec<_> = (0..6)
+            .map(|i| {
+                let r = region.clone();
+                std::thread::spawn(move || r.claim(i, i, 0))
+            })
+            .collect();
+        let held: Vec<GuestChannel> = threads
+            .into_iter()
+            .filter_map(|t| t.join().unwrap().ok())
+            .collect();
+        let mut got: Vec<u32> = held.iter().map(GuestChannel::index).collect();
+        got.sort();
+        assert_eq!(got, vec![0, 1, 2, 3]);
+    }
+
+    #[cfg(not(miri))]
+    #[test]
+    fn header_is_validated_on_open() {
+        let (_r, fd) = Region::create("t", small()).unwrap();
+        let g = Region::open(fd.try_clone().unwrap()).unwrap();
+        assert_eq!(g.layout().params, small());
+        let host = SharedMemory::map(fd.try_clone().unwrap(), 4096).unwrap();
+        host.atomic_u32(hdr::RING_ENTRIES)
+            .unwrap()
+            .store(100, Ordering::Relaxed);
+        assert!(matches!(
+            Region::open(fd.try_clone().unwrap()),
+            Err(Error::BadHeader(_))
+        ));
+        host.atomic_u32(hdr::RING_ENTRIES)
+            .unwrap()
+            .store(8, Ordering::Relaxed);
+        host.atomic_u64(hdr::REGION_SIZE)
+            .unwrap()
+            .store(1 << 40, Ordering::Relaxed);
+        assert!(matches!(
+            Region::open(fd.try_clone().unwrap()),
+            Err(Error::BadHeader(_))
+        ));
+        host.atomic_u64(hdr::MAGIC)
+            .unwrap()
+            .store(1, Ordering::Relaxed);
+        assert!(matches!(Region::open(fd), Err(Error::BadHeader(_))));
+    }
+}

@@ -1,0 +1,172 @@
+//! The shared region's memory: a memfd mapping (real use) or a heap block
+//! (unit tests and Miri). This is the only module of the crate with `unsafe`.
+//!
+//! Everything above this module reaches the pages through `vm-memory`'s
+//! `VolatileSlice` (bounds-checked volatile copies) and `&AtomicU32/64`
+//! obtained through `get_atomic_ref` (bounds- and alignment-checked). No
+//! `&`/`&mut` to plain data in the shared pages is ever created.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+use vm_memory::mmap::MmapRegion;
+use vm_memory::{FileOffset, VolatileMemory, VolatileSlice};
+
+use crate::error::{Error, Result};
+
+enum Backing {
+    Mapped(MmapRegion<()>),
+    Heap(Box<[AtomicU64]>),
+}
+
+/// A mapped shared region.
+pub struct SharedMemory {
+    backing: Backing,
+    len: usize,
+}
+
+impl std::fmt::Debug for SharedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.backing {
+            Backing::Mapped(_) => "mapped",
+            Backing::Heap(_) => "heap",
+        };
+        f.debug_struct("SharedMemory")
+            .field("kind", &kind)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl SharedMemory {
+    /// Zeroed memory on the heap, for tests that need no second process.
+    pub fn heap(len: usize) -> SharedMemory {
+        let words = len.div_ceil(8);
+        let backing: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
+        SharedMemory {
+            backing: Backing::Heap(backing),
+            len: words * 8,
+        }
+    }
+
+    /// Maps `len` bytes of `fd` shared and read-write. The file must be at
+    /// least `len` long; that is checked here, so a short file is an error
+    /// and not a SIGBUS later.
+    pub fn map(fd: OwnedFd, len: usize) -> Result<SharedMemory> {
+        let file = File::from(fd);
+        let actual = file
+            .metadata()
+            .map_err(|e| Error::io("fstat of shared memory", e))?
+            .len();
+        if actual < len as u64 {
+            return Err(Error::BadLayout(format!(
+                "shared memory file has {actual} bytes, layout needs {len}"
+            )));
+        }
+        let region = MmapRegion::from_file(FileOffset::new(file, 0), len)?;
+        Ok(SharedMemory {
+            backing: Backing::Mapped(region),
+            len,
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty (never, in practice).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The whole region as a volatile slice.
+    pub fn slice(&self) -> VolatileSlice<'_> {
+        match &self.backing {
+            Backing::Mapped(m) => m.as_volatile_slice(),
+            Backing::Heap(words) => {
+                // SAFETY: `words` is a live allocation of `self.len` bytes owned
+                // by `self`; the slice borrows `self`, so it cannot outlive it.
+                // All access through the slice is volatile or atomic, which is
+                // sound for memory also reached through the `AtomicU64`s.
+                unsafe { VolatileSlice::new(words.as_ptr() as *mut u8, self.len) }
+            }
+        }
+    }
+
+    /// An atomic `u32` at `off` (bounds and alignment checked).
+    pub fn atomic_u32(&self, off: usize) -> Result<&AtomicU32> {
+        let s = self.slice();
+        let r: &AtomicU32 = s.get_atomic_ref(off)?;
+        // The reference vm-memory hands out borrows the temporary slice; the
+        // memory it points to lives as long as `self`.
+        Ok(extend(r, self))
+    }
+
+    /// An atomic `u64` at `off` (bounds and alignment checked).
+    pub fn atomic_u64(&self, off: usize) -> Result<&AtomicU64> {
+        let s = self.slice();
+        let r: &AtomicU64 = s.get_atomic_ref(off)?;
+        Ok(extend(r, self))
+    }
+}
+
+fn extend<'a, T>(r: &T, _owner: &'a SharedMemory) -> &'a T {
+    // SAFETY: `r` points into the memory owned by `_owner` (it came from
+    // `_owner.slice()`), which stays mapped for as long as `_owner` is
+    // borrowed, i.e. for `'a`.
+    unsafe { &*(r as *const T) }
+}
+
+/// Creates an anonymous shared-memory file of `len` bytes, sealed against
+/// shrinking and growing, so that no peer holding the fd can truncate it
+/// under the host's mapping (which would turn host reads into SIGBUS).
+pub fn create_memfd(name: &str, len: usize) -> Result<OwnedFd> {
+    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+    let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
+        .map_err(|e| Error::io("memfd_create", e))?;
+    nix::unistd::ftruncate(fd.as_fd(), len as i64).map_err(|e| Error::io("ftruncate", e))?;
+    fcntl(
+        fd.as_fd(),
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
+        ),
+    )
+    .map_err(|e| Error::io("sealing memfd", e))?;
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn heap_atomics_and_bounds() {
+        let m = SharedMemory::heap(4096);
+        m.atomic_u32(8).unwrap().store(7, Ordering::Relaxed);
+        assert_eq!(m.atomic_u32(8).unwrap().load(Ordering::Relaxed), 7);
+        assert!(m.atomic_u32(4094).is_err());
+        assert!(m.atomic_u32(2).is_err(), "misaligned access must fail");
+        assert!(m.atomic_u64(4096).is_err());
+    }
+
+    #[cfg(not(miri))]
+    #[test]
+    fn memfd_is_sealed_and_shared() {
+        let fd = create_memfd("t", 8192).unwrap();
+        let dup = fd.try_clone().unwrap();
+        let a = SharedMemory::map(fd, 8192).unwrap();
+        let b = SharedMemory::map(dup.try_clone().unwrap(), 8192).unwrap();
+        a.atomic_u64(4096).unwrap().store(42, Ordering::SeqCst);
+        assert_eq!(b.atomic_u64(4096).unwrap().load(Ordering::SeqCst), 42);
+        let r = nix::unistd::ftruncate(dup.as_fd(), 4096);
+        assert!(r.is_err(), "shrinking a sealed memfd must fail");
+        assert!(
+            SharedMemory::map(dup, 16384).is_err(),
+            "mapping past the end must fail"
+        );
+    }
+}
