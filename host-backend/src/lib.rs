@@ -3,3 +3,31 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod config;
+pub mod daemon;
+pub mod demo;
+pub mod executor;
+pub mod ptx;
+pub mod session;
+pub mod signals;
+pub mod worker;
+
+/// Errors of the host crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The transport failed.
+    #[error(transparent)]
+    Transport(#[from] qemu_ivshmem::Error),
+    /// An I/O operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The configuration is invalid.
+    #[error("config: {0}")]
+    Config(String),
+}

@@ -3,7 +3,9 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use host_backend::bench;
+use std::path::PathBuf;
+
+use host_backend::{bench, config::Config, daemon, demo};
 
 #[derive(Parser)]
 #[command(
@@ -18,6 +20,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Serve the VMs of a config file: one vGPU worker process each.
+    Serve {
+        /// Path of host.toml.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run one vGPU worker (started by `serve`).
+    Worker {
+        /// Path of host.toml.
+        #[arg(long)]
+        config: PathBuf,
+        /// Which VM.
+        #[arg(long)]
+        vm: String,
+    },
+    /// Start a daemon with the sim executor and a demo guest; check its results.
+    Demo,
     /// Benchmarks (each prints a baseline measured in the same run).
     Bench {
         #[command(subcommand)]
@@ -44,11 +63,14 @@ enum BenchCmd {
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().cmd {
+        Cmd::Serve { config } => Ok(daemon::serve(&Config::load(&config)?, &config)?),
+        Cmd::Worker { config, vm } => Ok(daemon::run_worker(&Config::load(&config)?, &vm)?),
+        Cmd::Demo => demo::run(),
         Cmd::Bench {
             which: BenchCmd::Ring { mode, iters },
         } => bench::ring::run(mode, iters),

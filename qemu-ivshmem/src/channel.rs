@@ -231,6 +231,16 @@ impl Region {
         Ok(self.ctl_word(ch, ctl::GENERATION)?.load(Ordering::Acquire))
     }
 
+    /// The "consumer sleeps" word of one ring of channel `ch`.
+    pub fn ring_sleeping(&self, ch: u32, dir: Direction) -> Result<&AtomicU32> {
+        if ch >= self.channels() {
+            return Err(Error::NoSuchChannel(ch));
+        }
+        let off = self.layout.channel_offset(ch) + self.layout.ring_parts(dir).ctl;
+        self.mem
+            .atomic_u32(off + crate::layout::ringctl::CONSUMER_SLEEPING)
+    }
+
     /// Marks a channel abandoned (what the kernel module does when a guest
     /// process dies; the host does it for a native peer that disconnected).
     pub fn mark_abandoned(&self, ch: u32) -> Result<()> {
@@ -321,6 +331,14 @@ impl GuestChannel {
     /// The region this channel lives in.
     pub fn region(&self) -> &Region {
         &self.region
+    }
+
+    /// Records the doorbell vector this guest waits on.
+    pub fn set_guest_vector(&self, vector: u32) -> Result<()> {
+        self.region
+            .ctl_word(self.index, ctl::GUEST_VECTOR)?
+            .store(vector, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Fails if the host reclaimed the channel under us.

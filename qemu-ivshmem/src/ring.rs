@@ -277,11 +277,12 @@ impl Producer {
     /// Publishes one message whose `len` data bytes are written by `fill`
     /// straight into the arena. Returns false (and does nothing) when the
     /// ring or the arena is full.
+    /// `fill` may also adjust the descriptor (say, its status) before it is published.
     pub fn try_send_with(
         &mut self,
         d: &Descriptor,
         len: usize,
-        fill: impl FnOnce(VolatileSlice<'_>) -> Result<()>,
+        fill: impl FnOnce(&mut Descriptor, VolatileSlice<'_>) -> Result<()>,
     ) -> Result<bool> {
         if self.free_slots()? == 0 {
             return Ok(false);
@@ -289,10 +290,8 @@ impl Producer {
         let Some((off, end)) = self.alloc(len)? else {
             return Ok(false);
         };
-        if len > 0 {
-            fill(self.ring.arena_slice(off, len as u64)?)?;
-        }
         let mut out = d.clone();
+        fill(&mut out, self.ring.arena_slice(off, len as u64)?)?;
         out.data_off = off as u32;
         out.data_len = len as u32;
         out.data_end = end;
@@ -305,7 +304,7 @@ impl Producer {
 
     /// Publishes one message with `data` copied into the arena.
     pub fn try_send(&mut self, d: &Descriptor, data: &[u8]) -> Result<bool> {
-        self.try_send_with(d, data.len(), |s| {
+        self.try_send_with(d, data.len(), |_, s| {
             s.copy_from(data);
             Ok(())
         })

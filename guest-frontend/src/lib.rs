@@ -1,0 +1,501 @@
+//! The guest side: a CUDA client over one channel of the shared region.
+//!
+//! [`Gpu`] owns one claimed channel (one guest process, one host context).
+//! Synchronous calls send a request and poll for the reply (spinning, then
+//! blocking on the doorbell); asynchronous calls (launches, host-to-device
+//! copies, memsets, event records) only enqueue a descriptor. Their errors,
+//! like CUDA's, come back at the next synchronizing call.
+//!
+//! Natively (a process on the host, tests, benches) [`Gpu::connect`] attaches
+//! through the ivshmem-server socket; inside a VM the same code runs over the
+//! PCI BAR mapped by the kernel module.
+
+#![warn(missing_docs)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::{op, DeviceInfo, Dim3, ImageKind, Reply, Request, Status, INLINE};
+use qemu_ivshmem::layout::Direction;
+use qemu_ivshmem::server::Client;
+use qemu_ivshmem::wait::{notify_if_sleeping, wait_for};
+use qemu_ivshmem::{Bell, Descriptor, GuestChannel, SpinPolicy, FLAG_MORE, FLAG_NO_REPLY};
+
+/// What a call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    /// The host ran the call and it failed.
+    #[error("CUDA error {0:?}")]
+    Cuda(Status),
+    /// The transport failed (host gone, channel reclaimed, ...).
+    #[error("transport: {0}")]
+    Transport(#[from] qemu_ivshmem::Error),
+    /// The host answered something malformed.
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+/// Result of a guest call.
+pub type Result<T> = std::result::Result<T, GuestError>;
+
+/// A device pointer (a number the host issued; meaningful only to the host).
+pub type DevPtr = u64;
+
+/// A loaded kernel.
+#[derive(Debug, Clone)]
+pub struct Function {
+    /// Host handle.
+    pub handle: u64,
+    /// Size in bytes of each parameter, from the module's metadata.
+    pub param_sizes: Vec<u32>,
+}
+
+/// One guest process's connection to its vGPU.
+pub struct Gpu {
+    ch: GuestChannel,
+    host_bell: Arc<dyn Bell>,
+    own_bell: Arc<dyn Bell>,
+    policy: SpinPolicy,
+    next_tag: u64,
+    info: DeviceInfo,
+    buf: Vec<u8>,
+    _client: Option<Client>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("channel", &self.ch.index())
+            .field("device", &self.info.name)
+            .finish()
+    }
+}
+
+/// How long a synchronous call may wait for the host before giving up.
+const CALL_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn current_cpu() -> u32 {
+    // SAFETY: sched_getcpu has no preconditions.
+    let c = unsafe { libc::sched_getcpu() };
+    u32::try_from(c).unwrap_or(0)
+}
+
+impl Gpu {
+    /// Attaches natively through the ivshmem-server socket at `path`.
+    pub fn connect(path: &Path) -> Result<Gpu> {
+        Self::connect_with(path, SpinPolicy::default())
+    }
+
+    /// Like [`Gpu::connect`] with a chosen spin policy.
+    pub fn connect_with(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
+        let client = Client::connect(path, Duration::from_secs(10))?;
+        let vectors = client.region.layout().params.vectors;
+        let ch = client
+            .region
+            .claim(u32::from(client.id), std::process::id(), 0)?;
+        let vector = ch.index() % vectors;
+        // The claim recorded vector 0; re-point at the vector we wait on.
+        let own_bell: Arc<dyn Bell> = client.own_bells[vector as usize].clone();
+        let host_bell: Arc<dyn Bell> = client.host_bells[(ch.index() % vectors) as usize].clone();
+        let mut gpu = Gpu {
+            ch,
+            host_bell,
+            own_bell,
+            policy,
+            next_tag: 1,
+            info: DeviceInfo {
+                name: String::new(),
+                total_mem: 0,
+                cc: (0, 0),
+                sm_count: 0,
+                attributes: vec![],
+            },
+            buf: Vec::new(),
+            _client: None,
+        };
+        gpu.ch.set_guest_vector(vector)?;
+        let (_, data) = gpu.call_data(
+            &Request::Hello {
+                version: protocol::PROTOCOL_VERSION,
+            },
+            &[],
+        )?;
+        gpu.info =
+            DeviceInfo::from_bytes(&data).map_err(|e| GuestError::Protocol(e.to_string()))?;
+        gpu._client = Some(client);
+        Ok(gpu)
+    }
+
+    /// The device as the host describes it (answered without a round trip).
+    pub fn device_info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The channel number in the region.
+    pub fn channel(&self) -> u32 {
+        self.ch.index()
+    }
+
+    fn descriptor(&mut self, req: &Request) -> Descriptor {
+        let mut d = Descriptor::new(self.next_tag, req.opcode());
+        self.next_tag += 1;
+        let mut inline = [0u8; INLINE];
+        req.encode(&mut inline);
+        d.inline = inline;
+        d.vcpu = current_cpu();
+        if !req.expects_reply() {
+            d.flags |= FLAG_NO_REPLY;
+        }
+        d
+    }
+
+    /// Largest chunk of data one descriptor carries.
+    fn chunk(&self) -> usize {
+        (self.ch.req.max_data() / 4).max(4096)
+    }
+
+    fn push(&mut self, d: &Descriptor, data: &[u8]) -> Result<()> {
+        let mut spins = 0u32;
+        while !self.ch.req.try_send(d, data)? {
+            // Ring or arena full: the host is behind. Make sure it is awake.
+            notify_if_sleeping(self.ch.region().host_sleeping()?, &*self.host_bell)?;
+            spins += 1;
+            if spins > 1000 {
+                self.ch.check_alive()?;
+                std::thread::sleep(Duration::from_micros(20));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        notify_if_sleeping(self.ch.region().host_sleeping()?, &*self.host_bell)?;
+        Ok(())
+    }
+
+    /// Sends a request with its data (chunked through the arena as needed).
+    fn send(&mut self, req: &Request, data: &[u8]) -> Result<u64> {
+        let chunk = self.chunk();
+        let mut d = self.descriptor(req);
+        let tag = d.tag;
+        let first = data.len().min(chunk);
+        if data.len() > first {
+            d.flags |= FLAG_MORE;
+        }
+        self.push(&d, &data[..first])?;
+        let mut off = first;
+        while off < data.len() {
+            let n = (data.len() - off).min(chunk);
+            let mut c = Descriptor::new(tag, op::DATA);
+            c.flags = if off + n < data.len() { FLAG_MORE } else { 0 };
+            c.vcpu = d.vcpu;
+            self.push(&c, &data[off..off + n])?;
+            off += n;
+        }
+        Ok(tag)
+    }
+
+    /// Waits for the next response descriptor; copies its data into `self.buf`.
+    fn recv(&mut self, tag: u64) -> Result<Descriptor> {
+        let deadline = Some(std::time::Instant::now() + CALL_TIMEOUT);
+        let region = self.ch.region().clone();
+        let sleeping = region.ring_sleeping(self.ch.index(), Direction::ToGuest)?;
+        let resp = &mut self.ch.resp;
+        let buf = &mut self.buf;
+        let d = wait_for(&self.policy, sleeping, &*self.own_bell, deadline, || {
+            resp.try_recv(buf)
+        })?;
+        if d.tag != tag {
+            return Err(GuestError::Protocol(format!(
+                "reply tag {} for request {tag}",
+                d.tag
+            )));
+        }
+        Ok(d)
+    }
+
+    fn status(d: &Descriptor) -> Result<()> {
+        match Status::from_code(d.status) {
+            Status::Success => Ok(()),
+            s => Err(GuestError::Cuda(s)),
+        }
+    }
+
+    /// A synchronous call; returns the reply values and data.
+    fn call_data(&mut self, req: &Request, data: &[u8]) -> Result<(Reply, Vec<u8>)> {
+        let tag = self.send(req, data)?;
+        let d = self.recv(tag)?;
+        Self::status(&d)?;
+        Ok((Reply::decode(&d.inline), std::mem::take(&mut self.buf)))
+    }
+
+    fn call(&mut self, req: &Request) -> Result<Reply> {
+        let tag = self.send(req, &[])?;
+        let d = self.recv(tag)?;
+        Self::status(&d)?;
+        Ok(Reply::decode(&d.inline))
+    }
+
+    /// cuMemAlloc.
+    pub fn mem_alloc(&mut self, size: u64) -> Result<DevPtr> {
+        Ok(self.call(&Request::MemAlloc { size })?.vals[0])
+    }
+
+    /// cuMemFree.
+    pub fn mem_free(&mut self, ptr: DevPtr) -> Result<()> {
+        self.call(&Request::MemFree { ptr }).map(drop)
+    }
+
+    /// cuMemGetInfo: (free, total) of this vGPU.
+    pub fn mem_get_info(&mut self) -> Result<(u64, u64)> {
+        let r = self.call(&Request::MemGetInfo)?;
+        Ok((r.vals[0], r.vals[1]))
+    }
+
+    /// cuMemcpyHtoDAsync: enqueues the copy; returns once the bytes are in the ring.
+    pub fn memcpy_htod_async(&mut self, dst: DevPtr, src: &[u8], stream: u64) -> Result<()> {
+        self.send(
+            &Request::MemcpyHtoD {
+                dst,
+                len: src.len() as u64,
+                stream,
+            },
+            src,
+        )
+        .map(drop)
+    }
+
+    /// cuMemcpyHtoD: copy and wait for completion.
+    pub fn memcpy_htod(&mut self, dst: DevPtr, src: &[u8]) -> Result<()> {
+        self.memcpy_htod_async(dst, src, 0)?;
+        self.stream_synchronize(0)
+    }
+
+    /// cuMemcpyDtoH: synchronous; streams the bytes back through the arena.
+    pub fn memcpy_dtoh(&mut self, dst: &mut [u8], src: DevPtr, stream: u64) -> Result<()> {
+        let len = dst.len();
+        let tag = self.send(
+            &Request::MemcpyDtoH {
+                src,
+                len: len as u64,
+                stream,
+            },
+            &[],
+        )?;
+        let mut off = 0;
+        loop {
+            let d = self.recv(tag)?;
+            Self::status(&d)?;
+            let n = self.buf.len();
+            if off + n > len {
+                return Err(GuestError::Protocol(format!(
+                    "host sent {} bytes for a {len}-byte copy",
+                    off + n
+                )));
+            }
+            dst[off..off + n].copy_from_slice(&self.buf);
+            off += n;
+            if d.flags & FLAG_MORE == 0 {
+                break;
+            }
+        }
+        if off != len {
+            return Err(GuestError::Protocol(format!(
+                "host sent {off} of {len} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// cuMemcpyDtoDAsync.
+    pub fn memcpy_dtod_async(
+        &mut self,
+        dst: DevPtr,
+        src: DevPtr,
+        len: u64,
+        stream: u64,
+    ) -> Result<()> {
+        self.send(
+            &Request::MemcpyDtoD {
+                dst,
+                src,
+                len,
+                stream,
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
+    /// cuMemsetD8/D16/D32Async.
+    pub fn memset_async(
+        &mut self,
+        dst: DevPtr,
+        value: u32,
+        width: u32,
+        count: u64,
+        stream: u64,
+    ) -> Result<()> {
+        self.send(
+            &Request::Memset {
+                dst,
+                value,
+                width,
+                count,
+                stream,
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
+    /// cuModuleLoadData with a PTX text or a cubin image.
+    pub fn module_load(&mut self, kind: ImageKind, image: &[u8]) -> Result<u64> {
+        let (r, _) = self.call_data(
+            &Request::ModuleLoad {
+                kind,
+                len: image.len() as u64,
+            },
+            image,
+        )?;
+        Ok(r.vals[0])
+    }
+
+    /// cuModuleUnload.
+    pub fn module_unload(&mut self, module: u64) -> Result<()> {
+        self.call(&Request::ModuleUnload { module }).map(drop)
+    }
+
+    /// cuModuleGetFunction; also returns the parameter sizes.
+    pub fn get_function(&mut self, module: u64, name: &str) -> Result<Function> {
+        let (r, data) = self.call_data(&Request::ModuleGetFunction { module }, name.as_bytes())?;
+        let param_sizes = data
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok(Function {
+            handle: r.vals[0],
+            param_sizes,
+        })
+    }
+
+    /// cuLaunchKernel: marshals `params` (one byte slice per parameter) by the
+    /// kernel's real parameter sizes and enqueues the launch.
+    pub fn launch(
+        &mut self,
+        f: &Function,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: u64,
+        params: &[&[u8]],
+    ) -> Result<()> {
+        if params.len() != f.param_sizes.len() {
+            return Err(GuestError::Cuda(Status::InvalidValue));
+        }
+        let mut packed = Vec::with_capacity(64);
+        for (p, &size) in params.iter().zip(&f.param_sizes) {
+            if p.len() != size as usize {
+                return Err(GuestError::Cuda(Status::InvalidValue));
+            }
+            packed.extend_from_slice(p);
+        }
+        self.send(
+            &Request::Launch {
+                func: f.handle,
+                grid,
+                block,
+                shared_mem,
+                stream,
+            },
+            &packed,
+        )
+        .map(drop)
+    }
+
+    /// Launch with raw packed parameters, unchecked here (the host checks).
+    pub fn launch_raw(
+        &mut self,
+        func: u64,
+        grid: Dim3,
+        block: Dim3,
+        stream: u64,
+        packed: &[u8],
+    ) -> Result<()> {
+        self.send(
+            &Request::Launch {
+                func,
+                grid,
+                block,
+                shared_mem: 0,
+                stream,
+            },
+            packed,
+        )
+        .map(drop)
+    }
+
+    /// cuCtxSynchronize.
+    pub fn synchronize(&mut self) -> Result<()> {
+        self.call(&Request::CtxSynchronize).map(drop)
+    }
+
+    /// cuStreamCreate.
+    pub fn stream_create(&mut self, flags: u32) -> Result<u64> {
+        Ok(self.call(&Request::StreamCreate { flags })?.vals[0])
+    }
+
+    /// cuStreamDestroy.
+    pub fn stream_destroy(&mut self, stream: u64) -> Result<()> {
+        self.call(&Request::StreamDestroy { stream }).map(drop)
+    }
+
+    /// cuStreamSynchronize.
+    pub fn stream_synchronize(&mut self, stream: u64) -> Result<()> {
+        self.call(&Request::StreamSynchronize { stream }).map(drop)
+    }
+
+    /// cuStreamQuery: Ok(true) when idle.
+    pub fn stream_query(&mut self, stream: u64) -> Result<bool> {
+        match self.call(&Request::StreamQuery { stream }) {
+            Ok(_) => Ok(true),
+            Err(GuestError::Cuda(Status::NotReady)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// cuEventCreate.
+    pub fn event_create(&mut self, flags: u32) -> Result<u64> {
+        Ok(self.call(&Request::EventCreate { flags })?.vals[0])
+    }
+
+    /// cuEventDestroy.
+    pub fn event_destroy(&mut self, event: u64) -> Result<()> {
+        self.call(&Request::EventDestroy { event }).map(drop)
+    }
+
+    /// cuEventRecord (asynchronous).
+    pub fn event_record(&mut self, event: u64, stream: u64) -> Result<()> {
+        self.send(&Request::EventRecord { event, stream }, &[])
+            .map(drop)
+    }
+
+    /// cuEventSynchronize.
+    pub fn event_synchronize(&mut self, event: u64) -> Result<()> {
+        self.call(&Request::EventSynchronize { event }).map(drop)
+    }
+
+    /// cuEventQuery: Ok(true) when complete.
+    pub fn event_query(&mut self, event: u64) -> Result<bool> {
+        match self.call(&Request::EventQuery { event }) {
+            Ok(_) => Ok(true),
+            Err(GuestError::Cuda(Status::NotReady)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// cuEventElapsedTime, in milliseconds.
+    pub fn event_elapsed_ms(&mut self, start: u64, end: u64) -> Result<f32> {
+        let r = self.call(&Request::EventElapsedTime { start, end })?;
+        Ok(f32::from_bits(r.vals[0] as u32))
+    }
+}

@@ -1,0 +1,204 @@
+//! `host.toml`: the GPUs' executor, the VMs with their tenant, weight and
+//! device-memory limit. Unknown keys are errors, so a typo never becomes a
+//! silent default.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use qemu_ivshmem::{Layout, LayoutParams, SpinPolicy};
+use serde::{Deserialize, Serialize};
+
+use crate::executor::sim::SimParams;
+use crate::Error;
+
+/// Which executor runs the calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutorKind {
+    /// The CPU model of a non-preemptive GPU.
+    #[default]
+    Sim,
+    /// A real GPU through the CUDA driver API.
+    Cuda,
+}
+
+/// Daemon-wide settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Where sockets are created.
+    #[serde(default = "default_run_dir")]
+    pub run_dir: PathBuf,
+    /// The executor.
+    #[serde(default)]
+    pub executor: ExecutorKind,
+}
+
+fn default_run_dir() -> PathBuf {
+    PathBuf::from("/run/fairvgpu")
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            run_dir: default_run_dir(),
+            executor: ExecutorKind::default(),
+        }
+    }
+}
+
+/// One VM and its vGPU.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfig {
+    /// Name (letters, digits, '-' and '_'); the socket is `<run_dir>/<name>.sock`.
+    pub name: String,
+    /// Tenant the VM belongs to.
+    pub tenant: String,
+    /// Scheduling weight (> 0).
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// Device memory the vGPU may allocate, MiB.
+    pub memory_limit_mib: u64,
+    /// Index of the GPU it runs on.
+    #[serde(default)]
+    pub gpu: u32,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Daemon settings.
+    #[serde(default)]
+    pub daemon: DaemonConfig,
+    /// Parameters of the sim executor.
+    #[serde(default)]
+    pub sim: SimParams,
+    /// Region layout of every vGPU.
+    #[serde(default)]
+    pub layout: LayoutParams,
+    /// Idle spinning of workers.
+    #[serde(default)]
+    pub spin: SpinPolicy,
+    /// The VMs.
+    #[serde(rename = "vm", default)]
+    pub vms: Vec<VmConfig>,
+}
+
+impl Config {
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str) -> Result<Config, Error> {
+        let cfg: Config = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads, parses and validates a file.
+    pub fn load(path: &Path) -> Result<Config, Error> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("reading {}: {e}", path.display())))?;
+        Self::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+    }
+
+    /// Checks what serde cannot.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::Config(m));
+        Layout::new(self.layout).map_err(|e| Error::Config(format!("[layout]: {e}")))?;
+        if self.vms.is_empty() {
+            return bad("no [[vm]] configured".into());
+        }
+        let mut names = HashSet::new();
+        for vm in &self.vms {
+            if vm.name.is_empty()
+                || !vm
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return bad(format!(
+                    "vm name {:?}: use letters, digits, '-' and '_'",
+                    vm.name
+                ));
+            }
+            if !names.insert(&vm.name) {
+                return bad(format!("vm name {:?} is used twice", vm.name));
+            }
+            if !(vm.weight.is_finite() && vm.weight > 0.0) {
+                return bad(format!(
+                    "vm {:?}: weight must be a positive number, not {}",
+                    vm.name, vm.weight
+                ));
+            }
+            if vm.memory_limit_mib == 0 {
+                return bad(format!(
+                    "vm {:?}: memory_limit_mib must be positive",
+                    vm.name
+                ));
+            }
+            if self.daemon.executor == ExecutorKind::Sim
+                && vm.memory_limit_mib << 20 > self.sim.memory
+            {
+                return bad(format!(
+                    "vm {:?}: memory_limit_mib {} exceeds the GPU's {} MiB",
+                    vm.name,
+                    vm.memory_limit_mib,
+                    self.sim.memory >> 20
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The VM of that name.
+    pub fn vm(&self, name: &str) -> Option<&VmConfig> {
+        self.vms.iter().find(|v| v.name == name)
+    }
+
+    /// Socket path of a VM.
+    pub fn socket(&self, name: &str) -> PathBuf {
+        self.daemon.run_dir.join(format!("{name}.sock"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[daemon]
+run_dir = "/tmp/x"
+executor = "sim"
+
+[[vm]]
+name = "vm1"
+tenant = "acme"
+weight = 2
+memory_limit_mib = 1024
+"#;
+
+    #[test]
+    fn good_config_parses() {
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!(c.vms[0].weight, 2.0);
+        assert_eq!(c.socket("vm1"), PathBuf::from("/tmp/x/vm1.sock"));
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        for (text, needle) in [
+            (GOOD.replace("tenant", "tenantt"), "tenantt"),
+            (GOOD.replace("weight = 2", "weight = -1"), "weight"),
+            (GOOD.replace("1024", "999999999"), "exceeds"),
+            (GOOD.replace("vm1", "a b"), "vm name"),
+            (format!("{GOOD}\n[layout]\nchannels = 0\nring_entries = 8\narena_size = 4096\nvectors = 1\n"), "channels"),
+        ] {
+            let e = Config::parse(&text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e:?} should mention {needle:?}");
+        }
+    }
+}

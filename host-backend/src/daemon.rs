@@ -1,0 +1,104 @@
+//! `fairvgpu serve`: one worker process per vGPU, restarted if it dies.
+//! `fairvgpu worker`: one of those processes.
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, ExecutorKind};
+use crate::executor::{sim::SimExecutor, Executor};
+use crate::worker::{Worker, WorkerConfig};
+use crate::{signals, Error};
+
+/// Builds the configured executor for one GPU.
+pub fn build_executor(cfg: &Config, gpu: u32) -> Result<Box<dyn Executor>, Error> {
+    match cfg.daemon.executor {
+        ExecutorKind::Sim => Ok(Box::new(SimExecutor::new(cfg.sim))),
+        ExecutorKind::Cuda => crate::executor::cuda::open(gpu),
+    }
+}
+
+/// Runs one worker in this process until SIGTERM.
+pub fn run_worker(cfg: &Config, vm: &str) -> Result<(), Error> {
+    let vmc = cfg
+        .vm(vm)
+        .ok_or_else(|| Error::Config(format!("no vm named {vm:?}")))?;
+    let exec = build_executor(cfg, vmc.gpu)?;
+    let wc = WorkerConfig {
+        name: vm.to_owned(),
+        socket: cfg.socket(vm),
+        layout: cfg.layout,
+        mem_limit: vmc.memory_limit_mib << 20,
+        spin: cfg.spin,
+    };
+    let worker = Worker::new(&wc, exec)?;
+    let stop = worker.stop_flag();
+    signals::install();
+    std::thread::spawn(move || {
+        while !signals::terminated() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    tracing::info!(vm, socket = %wc.socket.display(), "worker serving");
+    worker.run()
+}
+
+/// Supervises one worker process per VM until SIGTERM.
+pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
+    std::fs::create_dir_all(&cfg.daemon.run_dir).map_err(|source| Error::Io {
+        what: "creating run_dir",
+        source,
+    })?;
+    let exe = std::env::current_exe().map_err(|source| Error::Io {
+        what: "finding own executable",
+        source,
+    })?;
+    let spawn = |name: &str| -> Result<Child, Error> {
+        Command::new(&exe)
+            .args(["worker", "--config"])
+            .arg(config_path)
+            .args(["--vm", name])
+            .spawn()
+            .map_err(|source| Error::Io {
+                what: "spawning worker",
+                source,
+            })
+    };
+    signals::install();
+    let mut children: Vec<(String, Child, Instant)> = Vec::new();
+    for vm in &cfg.vms {
+        children.push((vm.name.clone(), spawn(&vm.name)?, Instant::now()));
+        tracing::info!(
+            vm = vm.name,
+            tenant = vm.tenant,
+            weight = vm.weight,
+            "vGPU worker started"
+        );
+    }
+    while !signals::terminated() {
+        for (name, child, started) in &mut children {
+            if let Ok(Some(status)) = child.try_wait() {
+                tracing::warn!(vm = name, "worker exited ({status}); restarting");
+                // Back off if it dies at once, so a broken config does not spin.
+                if started.elapsed() < Duration::from_secs(1) {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                *child = spawn(name)?;
+                *started = Instant::now();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (_, child, _) in &mut children {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    for (_, child, _) in &mut children {
+        let _ = child.wait();
+    }
+    Ok(())
+}

@@ -1,0 +1,406 @@
+//! `cuda`: the CUDA driver API through `cudarc`'s dynamically loaded bindings,
+//! so the binary starts on machines without CUDA and fails with a clear
+//! message only when a GPU is asked for.
+//!
+//! One CUDA context per guest process (`Context`), created on the worker's
+//! GPU; destroying it frees everything the guest held. The worker calls from
+//! one thread, and every entry point makes its context current first.
+//! Every `unsafe` block here is a driver call whose pointer arguments are
+//! either out-parameters on our stack or ranges the worker validated.
+
+use std::cell::Cell;
+use std::ffi::{c_void, CString};
+use std::ptr::null_mut;
+
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
+use protocol::{DeviceInfo, Dim3, ImageKind, Status};
+use vm_memory::VolatileSlice;
+
+use super::{Context, Executor, Handle};
+use crate::Error;
+
+fn check(r: CUresult) -> Result<(), Status> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Status::from_code(r as u32))
+    }
+}
+
+/// Opens GPU `ordinal`; a clear error where there is no driver or no such GPU.
+pub fn open(ordinal: u32) -> Result<Box<dyn Executor>, Error> {
+    // SAFETY: only probes whether the shared library can be loaded.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::Config(
+            "executor \"cuda\": libcuda.so.1 (the NVIDIA driver) was not found on this host".into(),
+        ));
+    }
+    let fail = |what: &str, s: Status| Error::Config(format!("executor \"cuda\": {what}: {s:?}"));
+    // SAFETY: cuInit takes flags only.
+    check(unsafe { sys::cuInit(0) }).map_err(|s| fail("cuInit", s))?;
+    let mut count = 0;
+    // SAFETY: out-parameter on our stack.
+    check(unsafe { sys::cuDeviceGetCount(&mut count) }).map_err(|s| fail("cuDeviceGetCount", s))?;
+    if ordinal >= count as u32 {
+        return Err(Error::Config(format!(
+            "executor \"cuda\": no GPU {ordinal} (this host has {count})"
+        )));
+    }
+    let mut dev: CUdevice = 0;
+    // SAFETY: out-parameter on our stack.
+    check(unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })
+        .map_err(|s| fail("cuDeviceGet", s))?;
+    Ok(Box::new(CudaExecutor { dev }))
+}
+
+/// One GPU.
+#[derive(Debug)]
+pub struct CudaExecutor {
+    dev: CUdevice,
+}
+
+fn attr(dev: CUdevice, a: sys::CUdevice_attribute) -> i32 {
+    let mut v = 0;
+    // SAFETY: out-parameter on our stack.
+    let _ = unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) };
+    v
+}
+
+impl Executor for CudaExecutor {
+    fn info(&self) -> DeviceInfo {
+        let mut name = [0 as std::ffi::c_char; 256];
+        // SAFETY: the buffer is 256 bytes long, as passed.
+        let _ = unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, self.dev) };
+        // SAFETY: the driver NUL-terminates within the buffer (zeroed beforehand).
+        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let mut total = 0usize;
+        // SAFETY: out-parameter on our stack.
+        let _ = unsafe { sys::cuDeviceTotalMem_v2(&mut total, self.dev) };
+        use sys::CUdevice_attribute as A;
+        let wanted = [
+            A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+            A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X,
+            A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X,
+            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+            A::CU_DEVICE_ATTRIBUTE_WARP_SIZE,
+            A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+            A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE,
+        ];
+        let attributes: Vec<(u32, i32)> = wanted
+            .iter()
+            .map(|&a| (a as u32, attr(self.dev, a)))
+            .collect();
+        let cc = (
+            attr(self.dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) as u32,
+            attr(self.dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) as u32,
+        );
+        let sm_count = attr(self.dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) as u32;
+        DeviceInfo {
+            name,
+            total_mem: total as u64,
+            cc,
+            sm_count,
+            attributes,
+        }
+    }
+
+    fn open(&mut self) -> Result<Box<dyn Context>, Status> {
+        let mut ctx: CUcontext = null_mut();
+        // SAFETY: out-parameter on our stack; null create-params means defaults.
+        check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, self.dev) })?;
+        CURRENT.with(|c| c.set(ctx as usize));
+        Ok(Box::new(CudaContext {
+            ctx,
+            functions: Default::default(),
+        }))
+    }
+}
+
+thread_local! {
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+struct CudaContext {
+    ctx: CUcontext,
+    /// function handle -> parameter sizes (for building cuLaunchKernel's pointer array).
+    functions: std::collections::HashMap<Handle, Vec<u32>>,
+}
+
+// SAFETY: a CUcontext may be used from any thread once made current there;
+// every entry point below makes it current before use.
+unsafe impl Send for CudaContext {}
+
+impl CudaContext {
+    fn bind(&self) -> Result<(), Status> {
+        if CURRENT.with(Cell::get) != self.ctx as usize {
+            // SAFETY: `self.ctx` is a live context owned by self.
+            check(unsafe { sys::cuCtxSetCurrent(self.ctx) })?;
+            CURRENT.with(|c| c.set(self.ctx as usize));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CudaContext {
+    fn drop(&mut self) {
+        // SAFETY: destroying our own context frees all it holds; nothing uses it after.
+        let _ = unsafe { sys::cuCtxDestroy_v2(self.ctx) };
+        CURRENT.with(|c| {
+            if c.get() == self.ctx as usize {
+                c.set(0)
+            }
+        });
+    }
+}
+
+fn stream(h: Handle) -> sys::CUstream {
+    h as sys::CUstream
+}
+
+impl Context for CudaContext {
+    fn alloc(&mut self, size: u64) -> Result<u64, Status> {
+        self.bind()?;
+        let mut p = 0;
+        // SAFETY: out-parameter on our stack.
+        check(unsafe { sys::cuMemAlloc_v2(&mut p, size as usize) })?;
+        Ok(p)
+    }
+
+    fn free(&mut self, ptr: u64) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: the worker checked `ptr` is a live allocation of this context.
+        check(unsafe { sys::cuMemFree_v2(ptr) })
+    }
+
+    fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, s: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let p = src.ptr_guard().as_ptr() as *const c_void;
+        // SAFETY: `src` is a live mapping of `src.len()` bytes; the destination range
+        // was validated; pageable source memory is staged before the call returns.
+        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, p, src.len(), stream(s)) })
+    }
+
+    fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, s: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let p = dst.ptr_guard_mut().as_ptr() as *mut c_void;
+        // SAFETY: `dst` is a live, writable mapping of `dst.len()` bytes; the
+        // source range was validated; the copy completes before we return.
+        check(unsafe { sys::cuMemcpyDtoHAsync_v2(p, src, dst.len(), stream(s)) })?;
+        // SAFETY: stream handle issued by this context (or 0).
+        check(unsafe { sys::cuStreamSynchronize(stream(s)) })
+    }
+
+    fn dtod(&mut self, dst: u64, src: u64, len: u64, s: Handle) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: both ranges validated by the worker.
+        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, stream(s)) })
+    }
+
+    fn memset(
+        &mut self,
+        dst: u64,
+        value: u32,
+        width: u32,
+        count: u64,
+        s: Handle,
+    ) -> Result<(), Status> {
+        self.bind()?;
+        let n = count as usize;
+        let st = stream(s);
+        let r = match width {
+            // SAFETY: range validated by the worker.
+            1 => unsafe { sys::cuMemsetD8Async(dst, value as u8, n, st) },
+            // SAFETY: as above.
+            2 => unsafe { sys::cuMemsetD16Async(dst, value as u16, n, st) },
+            // SAFETY: as above.
+            _ => unsafe { sys::cuMemsetD32Async(dst, value, n, st) },
+        };
+        check(r)
+    }
+
+    fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
+        self.bind()?;
+        let mut owned;
+        let img: &[u8] = if kind == ImageKind::Ptx && image.last() != Some(&0) {
+            owned = image.to_vec();
+            owned.push(0);
+            &owned
+        } else {
+            image
+        };
+        let mut m: sys::CUmodule = null_mut();
+        // SAFETY: `img` is a complete image (PTX NUL-terminated above); the driver
+        // validates its contents and copies what it keeps.
+        check(unsafe { sys::cuModuleLoadData(&mut m, img.as_ptr() as *const c_void) })?;
+        Ok(m as Handle)
+    }
+
+    fn unload_module(&mut self, module: Handle) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: the worker checked the handle was issued to this session.
+        check(unsafe { sys::cuModuleUnload(module as sys::CUmodule) })
+    }
+
+    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<u32>), Status> {
+        self.bind()?;
+        let cname = CString::new(name).map_err(|_| Status::InvalidValue)?;
+        let mut f: sys::CUfunction = null_mut();
+        // SAFETY: module handle checked by the worker; name is NUL-terminated.
+        check(unsafe {
+            sys::cuModuleGetFunction(&mut f, module as sys::CUmodule, cname.as_ptr())
+        })?;
+        let mut sizes = Vec::new();
+        loop {
+            let (mut off, mut size) = (0usize, 0usize);
+            // SAFETY: out-parameters on our stack; an index past the end returns an error.
+            let r = unsafe { sys::cuFuncGetParamInfo(f, sizes.len(), &mut off, &mut size) };
+            if r != CUresult::CUDA_SUCCESS || sizes.len() > 4096 {
+                break;
+            }
+            sizes.push(size as u32);
+        }
+        self.functions.insert(f as Handle, sizes.clone());
+        Ok((f as Handle, sizes))
+    }
+
+    fn launch(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+    ) -> Result<(), Status> {
+        self.bind()?;
+        let sizes = self.functions.get(&func).ok_or(Status::InvalidHandle)?;
+        // Each parameter gets its own aligned 8-byte slots; the driver reads
+        // `size` bytes from each pointer at launch time.
+        let mut store: Vec<u64> = Vec::with_capacity(params.len() / 8 + sizes.len());
+        let mut offs = Vec::with_capacity(sizes.len());
+        let mut at = 0usize;
+        for &sz in sizes {
+            let sz = sz as usize;
+            let words = sz.div_ceil(8).max(1);
+            let start = store.len();
+            store.resize(start + words, 0);
+            let bytes = params.get(at..at + sz).ok_or(Status::InvalidValue)?;
+            // Byte-copy into the u64 slots.
+            let mut tmp = vec![0u8; words * 8];
+            tmp[..sz].copy_from_slice(bytes);
+            for (i, w) in tmp.chunks_exact(8).enumerate() {
+                store[start + i] = u64::from_ne_bytes(w.try_into().unwrap_or([0; 8]));
+            }
+            offs.push(start);
+            at += sz;
+        }
+        let mut ptrs: Vec<*mut c_void> = offs
+            .iter()
+            .map(|&o| store[o..].as_mut_ptr() as *mut c_void)
+            .collect();
+        // SAFETY: `ptrs` holds one valid pointer per kernel parameter, each to at least
+        // that parameter's size; the driver copies the values before returning.
+        check(unsafe {
+            sys::cuLaunchKernel(
+                func as sys::CUfunction,
+                g.x,
+                g.y,
+                g.z,
+                b.x,
+                b.y,
+                b.z,
+                smem,
+                stream(s),
+                ptrs.as_mut_ptr(),
+                null_mut(),
+            )
+        })
+    }
+
+    fn stream_create(&mut self, flags: u32) -> Result<Handle, Status> {
+        self.bind()?;
+        let mut st: sys::CUstream = null_mut();
+        // SAFETY: out-parameter on our stack.
+        check(unsafe { sys::cuStreamCreate(&mut st, flags) })?;
+        Ok(st as Handle)
+    }
+
+    fn stream_destroy(&mut self, s: Handle) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: handle checked by the worker.
+        check(unsafe { sys::cuStreamDestroy_v2(stream(s)) })
+    }
+
+    fn stream_synchronize(&mut self, s: Handle) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: handle checked by the worker (0 = default stream).
+        check(unsafe { sys::cuStreamSynchronize(stream(s)) })
+    }
+
+    fn stream_query(&mut self, s: Handle) -> Result<bool, Status> {
+        self.bind()?;
+        // SAFETY: handle checked by the worker.
+        match unsafe { sys::cuStreamQuery(stream(s)) } {
+            CUresult::CUDA_SUCCESS => Ok(true),
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(Status::from_code(e as u32)),
+        }
+    }
+
+    fn event_create(&mut self, flags: u32) -> Result<Handle, Status> {
+        self.bind()?;
+        let mut e: sys::CUevent = null_mut();
+        // SAFETY: out-parameter on our stack.
+        check(unsafe { sys::cuEventCreate(&mut e, flags) })?;
+        Ok(e as Handle)
+    }
+
+    fn event_destroy(&mut self, e: Handle) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: handle checked by the worker.
+        check(unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) })
+    }
+
+    fn event_record(&mut self, e: Handle, s: Handle) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: handles checked by the worker.
+        check(unsafe { sys::cuEventRecord(e as sys::CUevent, stream(s)) })
+    }
+
+    fn event_synchronize(&mut self, e: Handle) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: handle checked by the worker.
+        check(unsafe { sys::cuEventSynchronize(e as sys::CUevent) })
+    }
+
+    fn event_query(&mut self, e: Handle) -> Result<bool, Status> {
+        self.bind()?;
+        // SAFETY: handle checked by the worker.
+        match unsafe { sys::cuEventQuery(e as sys::CUevent) } {
+            CUresult::CUDA_SUCCESS => Ok(true),
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => Err(Status::from_code(r as u32)),
+        }
+    }
+
+    fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status> {
+        self.bind()?;
+        let mut ms = 0f32;
+        // SAFETY: handles checked by the worker; out-parameter on our stack.
+        check(unsafe {
+            sys::cuEventElapsedTime_v2(&mut ms, start as sys::CUevent, end as sys::CUevent)
+        })?;
+        Ok(ms)
+    }
+
+    fn synchronize(&mut self) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: no arguments; our context is current.
+        check(unsafe { sys::cuCtxSynchronize() })
+    }
+}

@@ -1,0 +1,81 @@
+//! Executors run validated calls on a device. The worker has already checked
+//! every handle and every device-pointer range against the caller's own
+//! tables, so an executor only does the work.
+
+use protocol::{DeviceInfo, Dim3, ImageKind, Status};
+use vm_memory::VolatileSlice;
+
+pub mod cuda;
+pub mod sim;
+
+/// Handle of a stream, event, module or function inside an executor.
+pub type Handle = u64;
+
+/// One device, shared by all contexts of a worker.
+pub trait Executor: Send {
+    /// The device as guests see it (before the vGPU's memory limit is applied).
+    fn info(&self) -> DeviceInfo;
+    /// A fresh context (one per guest process).
+    fn open(&mut self) -> Result<Box<dyn Context>, Status>;
+}
+
+/// The per-guest-process context. Dropping it frees everything it holds.
+pub trait Context: Send {
+    /// Allocates `size` bytes; returns the device address.
+    fn alloc(&mut self, size: u64) -> Result<u64, Status>;
+    /// Frees an allocation made by `alloc` (the worker checked it).
+    fn free(&mut self, ptr: u64) -> Result<(), Status>;
+    /// Copies `src` (in the request arena) to device address `dst`.
+    fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, stream: Handle) -> Result<(), Status>;
+    /// Copies device bytes into `dst` (in the response arena); synchronous.
+    fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, stream: Handle) -> Result<(), Status>;
+    /// Device-to-device copy.
+    fn dtod(&mut self, dst: u64, src: u64, len: u64, stream: Handle) -> Result<(), Status>;
+    /// Fills `count` elements of `width` bytes.
+    fn memset(
+        &mut self,
+        dst: u64,
+        value: u32,
+        width: u32,
+        count: u64,
+        stream: Handle,
+    ) -> Result<(), Status>;
+    /// Loads a module; returns its handle and its kernels with parameter sizes.
+    fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status>;
+    /// Unloads a module.
+    fn unload_module(&mut self, module: Handle) -> Result<(), Status>;
+    /// Looks a kernel up; returns its handle and parameter sizes.
+    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<u32>), Status>;
+    /// Enqueues a launch; `params` is packed by the parameter sizes.
+    fn launch(
+        &mut self,
+        func: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: Handle,
+        params: &[u8],
+    ) -> Result<(), Status>;
+    /// Creates a stream.
+    fn stream_create(&mut self, flags: u32) -> Result<Handle, Status>;
+    /// Destroys a stream.
+    fn stream_destroy(&mut self, stream: Handle) -> Result<(), Status>;
+    /// Waits for a stream (0: the default stream).
+    fn stream_synchronize(&mut self, stream: Handle) -> Result<(), Status>;
+    /// Whether a stream is idle.
+    fn stream_query(&mut self, stream: Handle) -> Result<bool, Status>;
+    /// Creates an event.
+    fn event_create(&mut self, flags: u32) -> Result<Handle, Status>;
+    /// Destroys an event.
+    fn event_destroy(&mut self, event: Handle) -> Result<(), Status>;
+    /// Records an event.
+    fn event_record(&mut self, event: Handle, stream: Handle) -> Result<(), Status>;
+    /// Waits for an event.
+    fn event_synchronize(&mut self, event: Handle) -> Result<(), Status>;
+    /// Whether an event completed.
+    fn event_query(&mut self, event: Handle) -> Result<bool, Status>;
+    /// Milliseconds between two events.
+    fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status>;
+    /// Waits for all work of this context.
+    fn synchronize(&mut self) -> Result<(), Status>;
+}

@@ -1,0 +1,461 @@
+//! `sim`: a CPU model of a non-preemptive GPU, for machines without one.
+//!
+//! Device memory lives in host RAM. Work runs in submission order on one
+//! hardware queue shared by every context of the device: the results are
+//! computed at submission, and the queue's clock advances by each operation's
+//! modeled duration (copies at the configured bandwidth, kernels by their
+//! size), so synchronizing waits as long as the modeled device would take.
+//! Kernels are the entries of `kernels/fairvgpu.ptx`, implemented in Rust and
+//! found by their PTX entry name.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use protocol::{DeviceInfo, Dim3, ImageKind, Status};
+use vm_memory::VolatileSlice;
+
+use super::{Context, Executor, Handle};
+use crate::ptx;
+
+/// Parameters of the model.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimParams {
+    /// Device memory in bytes.
+    pub memory: u64,
+    /// Host<->device copy bandwidth, GB/s.
+    pub copy_gbps: f64,
+    /// Device memory bandwidth for kernels, GB/s.
+    pub mem_gbps: f64,
+    /// Fixed cost of every operation, ns.
+    pub op_ns: u64,
+}
+
+impl Default for SimParams {
+    fn default() -> Self {
+        SimParams {
+            memory: 16 << 30,
+            copy_gbps: 25.0,
+            mem_gbps: 2000.0,
+            op_ns: 2_000,
+        }
+    }
+}
+
+/// The single in-order hardware queue.
+#[derive(Debug)]
+struct Queue {
+    busy_until: Instant,
+}
+
+impl Queue {
+    /// Enqueues an operation of `ns`; returns when it completes.
+    fn submit(&mut self, ns: u64) -> Instant {
+        let start = self.busy_until.max(Instant::now());
+        self.busy_until = start + Duration::from_nanos(ns);
+        self.busy_until
+    }
+}
+
+/// The simulated device.
+#[derive(Debug)]
+pub struct SimExecutor {
+    params: SimParams,
+    queue: Arc<Mutex<Queue>>,
+    next_base: Arc<Mutex<u64>>,
+}
+
+impl SimExecutor {
+    /// A device with these parameters.
+    pub fn new(params: SimParams) -> Self {
+        SimExecutor {
+            params,
+            queue: Arc::new(Mutex::new(Queue {
+                busy_until: Instant::now(),
+            })),
+            next_base: Arc::new(Mutex::new(0x7f00_0000_0000)),
+        }
+    }
+}
+
+impl Executor for SimExecutor {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            name: "fairvgpu sim GPU".into(),
+            total_mem: self.params.memory,
+            cc: (9, 0),
+            sm_count: 132,
+            attributes: vec![(1, 1024), (16, 132), (75, 9), (76, 0)],
+        }
+    }
+
+    fn open(&mut self) -> Result<Box<dyn Context>, Status> {
+        Ok(Box::new(SimContext {
+            params: self.params,
+            queue: self.queue.clone(),
+            next_base: self.next_base.clone(),
+            mem: BTreeMap::new(),
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            events: HashMap::new(),
+            streams: HashMap::new(),
+            next_handle: 1,
+            last_done: Instant::now(),
+        }))
+    }
+}
+
+type Kernel = fn(&mut SimContext, Dim3, Dim3, &[u8]) -> Result<u64, Status>;
+
+fn kernel_by_name(name: &str) -> Option<Kernel> {
+    Some(match name {
+        "vector_add" => k_vector_add,
+        "saxpy" => k_saxpy,
+        "spin_ns" => k_spin,
+        "empty" => k_empty,
+        _ => return None,
+    })
+}
+
+struct SimContext {
+    params: SimParams,
+    queue: Arc<Mutex<Queue>>,
+    next_base: Arc<Mutex<u64>>,
+    mem: BTreeMap<u64, Vec<u8>>,
+    modules: HashMap<Handle, ptx::Entries>,
+    functions: HashMap<Handle, (Kernel, Vec<u32>)>,
+    events: HashMap<Handle, Option<Instant>>,
+    streams: HashMap<Handle, Instant>,
+    next_handle: Handle,
+    last_done: Instant,
+}
+
+impl SimContext {
+    fn handle(&mut self) -> Handle {
+        self.next_handle += 1;
+        self.next_handle
+    }
+
+    fn submit(&mut self, ns: u64, stream: Handle) -> Instant {
+        let done = self
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .submit(ns + self.params.op_ns);
+        self.last_done = self.last_done.max(done);
+        if let Some(s) = self.streams.get_mut(&stream) {
+            *s = (*s).max(done);
+        }
+        done
+    }
+
+    fn copy_ns(&self, bytes: u64) -> u64 {
+        (bytes as f64 / self.params.copy_gbps) as u64
+    }
+
+    fn mem_ns(&self, bytes: u64) -> u64 {
+        (bytes as f64 / self.params.mem_gbps) as u64
+    }
+
+    /// The allocation containing [ptr, ptr+len), and the offset in it.
+    fn locate(&mut self, ptr: u64, len: u64) -> Result<(&mut Vec<u8>, usize), Status> {
+        let (&base, buf) = self
+            .mem
+            .range_mut(..=ptr)
+            .next_back()
+            .ok_or(Status::IllegalAddress)?;
+        let off = ptr - base;
+        if off
+            .checked_add(len)
+            .is_none_or(|end| end > buf.len() as u64)
+        {
+            return Err(Status::IllegalAddress);
+        }
+        Ok((buf, off as usize))
+    }
+
+    fn read_f32s(&mut self, ptr: u64, n: usize) -> Result<Vec<f32>, Status> {
+        let (buf, off) = self.locate(ptr, n as u64 * 4)?;
+        Ok(buf[off..off + n * 4]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    fn write_f32s(&mut self, ptr: u64, v: &[f32]) -> Result<(), Status> {
+        let (buf, off) = self.locate(ptr, v.len() as u64 * 4)?;
+        for (i, x) in v.iter().enumerate() {
+            buf[off + 4 * i..off + 4 * i + 4].copy_from_slice(&x.to_le_bytes());
+        }
+        Ok(())
+    }
+
+    fn wait_until(t: Instant) {
+        let now = Instant::now();
+        if t > now {
+            let d = t - now;
+            if d > Duration::from_micros(200) {
+                std::thread::sleep(d - Duration::from_micros(100));
+            }
+            while Instant::now() < t {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+fn u64_at(p: &[u8], off: usize) -> u64 {
+    p.get(off..off + 8)
+        .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+}
+fn u32_at(p: &[u8], off: usize) -> u32 {
+    p.get(off..off + 4)
+        .map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])))
+}
+
+fn threads(grid: Dim3, block: Dim3) -> u64 {
+    u64::from(grid.x) * u64::from(block.x)
+}
+
+fn k_vector_add(c: &mut SimContext, grid: Dim3, block: Dim3, p: &[u8]) -> Result<u64, Status> {
+    let (a, b, out, n) = (u64_at(p, 0), u64_at(p, 8), u64_at(p, 16), u32_at(p, 24));
+    let n = (u64::from(n)).min(threads(grid, block)) as usize;
+    let x = c.read_f32s(a, n)?;
+    let y = c.read_f32s(b, n)?;
+    let z: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+    c.write_f32s(out, &z)?;
+    Ok(c.mem_ns(12 * n as u64))
+}
+
+fn k_saxpy(c: &mut SimContext, grid: Dim3, block: Dim3, p: &[u8]) -> Result<u64, Status> {
+    let a = f32::from_bits(u32_at(p, 0));
+    let (x, y, n) = (u64_at(p, 4), u64_at(p, 12), u32_at(p, 20));
+    let n = (u64::from(n)).min(threads(grid, block)) as usize;
+    let xs = c.read_f32s(x, n)?;
+    let mut ys = c.read_f32s(y, n)?;
+    for (yi, xi) in ys.iter_mut().zip(&xs) {
+        *yi = a.mul_add(*xi, *yi);
+    }
+    c.write_f32s(y, &ys)?;
+    Ok(c.mem_ns(12 * n as u64))
+}
+
+fn k_spin(_c: &mut SimContext, _g: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, Status> {
+    Ok(u64_at(p, 0).min(10_000_000_000))
+}
+
+fn k_empty(_c: &mut SimContext, _g: Dim3, _b: Dim3, _p: &[u8]) -> Result<u64, Status> {
+    Ok(0)
+}
+
+impl Context for SimContext {
+    fn alloc(&mut self, size: u64) -> Result<u64, Status> {
+        let len = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(len)
+            .map_err(|_| Status::OutOfMemory)?;
+        buf.resize(len, 0);
+        let mut next = self.next_base.lock().unwrap_or_else(|e| e.into_inner());
+        let base = *next;
+        // Keep allocations apart (and 2 MiB aligned) so that an overrun is an error.
+        *next += size.div_ceil(2 << 20) * (2 << 20) + (2 << 20);
+        self.mem.insert(base, buf);
+        Ok(base)
+    }
+
+    fn free(&mut self, ptr: u64) -> Result<(), Status> {
+        self.mem.remove(&ptr).map(drop).ok_or(Status::InvalidValue)
+    }
+
+    fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, stream: Handle) -> Result<(), Status> {
+        let len = src.len();
+        let (buf, off) = self.locate(dst, len as u64)?;
+        src.copy_to(&mut buf[off..off + len]);
+        let ns = self.copy_ns(len as u64);
+        self.submit(ns, stream);
+        Ok(())
+    }
+
+    fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, stream: Handle) -> Result<(), Status> {
+        let len = dst.len();
+        let ns = self.copy_ns(len as u64);
+        let done = self.submit(ns, stream);
+        let (buf, off) = self.locate(src, len as u64)?;
+        dst.copy_from(&buf[off..off + len]);
+        Self::wait_until(done);
+        Ok(())
+    }
+
+    fn dtod(&mut self, dst: u64, src: u64, len: u64, stream: Handle) -> Result<(), Status> {
+        let (buf, off) = self.locate(src, len)?;
+        let data = buf[off..off + len as usize].to_vec();
+        let (out, off) = self.locate(dst, len)?;
+        out[off..off + data.len()].copy_from_slice(&data);
+        let ns = self.mem_ns(2 * len);
+        self.submit(ns, stream);
+        Ok(())
+    }
+
+    fn memset(
+        &mut self,
+        dst: u64,
+        value: u32,
+        width: u32,
+        count: u64,
+        stream: Handle,
+    ) -> Result<(), Status> {
+        let w = width as usize;
+        let len = count
+            .checked_mul(u64::from(width))
+            .ok_or(Status::InvalidValue)?;
+        let (buf, off) = self.locate(dst, len)?;
+        let pat = &value.to_le_bytes()[..w];
+        for chunk in buf[off..off + len as usize].chunks_exact_mut(w) {
+            chunk.copy_from_slice(pat);
+        }
+        let ns = self.mem_ns(len);
+        self.submit(ns, stream);
+        Ok(())
+    }
+
+    fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
+        if kind == ImageKind::Cubin {
+            // Machine code cannot run on the model; PTX can.
+            return Err(Status::NotSupported);
+        }
+        let text = std::str::from_utf8(image).map_err(|_| Status::InvalidPtx)?;
+        let entries = ptx::entries(text.trim_end_matches('\0')).ok_or(Status::InvalidPtx)?;
+        let h = self.handle();
+        self.modules.insert(h, entries);
+        Ok(h)
+    }
+
+    fn unload_module(&mut self, module: Handle) -> Result<(), Status> {
+        self.modules
+            .remove(&module)
+            .map(drop)
+            .ok_or(Status::InvalidHandle)
+    }
+
+    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<u32>), Status> {
+        let sizes = self
+            .modules
+            .get(&module)
+            .ok_or(Status::InvalidHandle)?
+            .get(name)
+            .ok_or(Status::NotFound)?
+            .clone();
+        let k = kernel_by_name(name).ok_or(Status::NotSupported)?;
+        let h = self.handle();
+        self.functions.insert(h, (k, sizes.clone()));
+        Ok((h, sizes))
+    }
+
+    fn launch(
+        &mut self,
+        func: Handle,
+        grid: Dim3,
+        block: Dim3,
+        _smem: u32,
+        stream: Handle,
+        params: &[u8],
+    ) -> Result<(), Status> {
+        let (k, _) = *self.functions.get(&func).ok_or(Status::InvalidHandle)?;
+        let ns = k(self, grid, block, params)?;
+        self.submit(ns, stream);
+        Ok(())
+    }
+
+    fn stream_create(&mut self, _flags: u32) -> Result<Handle, Status> {
+        let h = self.handle();
+        self.streams.insert(h, Instant::now());
+        Ok(h)
+    }
+
+    fn stream_destroy(&mut self, stream: Handle) -> Result<(), Status> {
+        self.streams
+            .remove(&stream)
+            .map(drop)
+            .ok_or(Status::InvalidHandle)
+    }
+
+    fn stream_synchronize(&mut self, stream: Handle) -> Result<(), Status> {
+        // One hardware queue: a stream is done when everything before it is.
+        let t = if stream == 0 {
+            self.last_done
+        } else {
+            *self.streams.get(&stream).ok_or(Status::InvalidHandle)?
+        };
+        Self::wait_until(t);
+        Ok(())
+    }
+
+    fn stream_query(&mut self, stream: Handle) -> Result<bool, Status> {
+        let t = if stream == 0 {
+            self.last_done
+        } else {
+            *self.streams.get(&stream).ok_or(Status::InvalidHandle)?
+        };
+        Ok(Instant::now() >= t)
+    }
+
+    fn event_create(&mut self, _flags: u32) -> Result<Handle, Status> {
+        let h = self.handle();
+        self.events.insert(h, None);
+        Ok(h)
+    }
+
+    fn event_destroy(&mut self, event: Handle) -> Result<(), Status> {
+        self.events
+            .remove(&event)
+            .map(drop)
+            .ok_or(Status::InvalidHandle)
+    }
+
+    fn event_record(&mut self, event: Handle, stream: Handle) -> Result<(), Status> {
+        if !self.events.contains_key(&event) {
+            return Err(Status::InvalidHandle);
+        }
+        let t = self.submit(0, stream);
+        self.events.insert(event, Some(t));
+        Ok(())
+    }
+
+    fn event_synchronize(&mut self, event: Handle) -> Result<(), Status> {
+        if let Some(t) = *self.events.get(&event).ok_or(Status::InvalidHandle)? {
+            Self::wait_until(t);
+        }
+        Ok(())
+    }
+
+    fn event_query(&mut self, event: Handle) -> Result<bool, Status> {
+        Ok(self
+            .events
+            .get(&event)
+            .ok_or(Status::InvalidHandle)?
+            .is_none_or(|t| Instant::now() >= t))
+    }
+
+    fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status> {
+        let s = self
+            .events
+            .get(&start)
+            .ok_or(Status::InvalidHandle)?
+            .ok_or(Status::InvalidHandle)?;
+        let e = self
+            .events
+            .get(&end)
+            .ok_or(Status::InvalidHandle)?
+            .ok_or(Status::InvalidHandle)?;
+        if Instant::now() < e {
+            return Err(Status::NotReady);
+        }
+        Ok(e.saturating_duration_since(s).as_secs_f32() * 1000.0)
+    }
+
+    fn synchronize(&mut self) -> Result<(), Status> {
+        Self::wait_until(self.last_done);
+        Ok(())
+    }
+}

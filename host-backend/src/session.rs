@@ -1,0 +1,172 @@
+//! One guest process's state on the host, and the checks that stand between
+//! its requests and the executor: every device pointer must lie inside one of
+//! *its own* allocations, every handle must be one *it* was given, and its
+//! allocations count against the vGPU's memory limit.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use protocol::Status;
+
+use crate::executor::{Context, Handle};
+
+/// What the host keeps for one claimed channel.
+pub struct Session {
+    /// The executor context (dropping it frees everything on the device).
+    pub ctx: Box<dyn Context>,
+    /// base -> length of each live allocation.
+    allocs: BTreeMap<u64, u64>,
+    /// Bytes allocated.
+    pub mem_used: u64,
+    modules: HashSet<Handle>,
+    /// function -> parameter sizes.
+    functions: HashMap<Handle, Vec<u32>>,
+    streams: HashSet<Handle>,
+    events: HashSet<Handle>,
+    /// The first error of an asynchronous call, reported at the next synchronous one.
+    pub pending_error: Option<Status>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("allocs", &self.allocs.len())
+            .field("mem_used", &self.mem_used)
+            .finish()
+    }
+}
+
+impl Session {
+    /// A session over a fresh context.
+    pub fn new(ctx: Box<dyn Context>) -> Session {
+        Session {
+            ctx,
+            allocs: BTreeMap::new(),
+            mem_used: 0,
+            modules: HashSet::new(),
+            functions: HashMap::new(),
+            streams: HashSet::new(),
+            events: HashSet::new(),
+            pending_error: None,
+        }
+    }
+
+    /// Checks that [ptr, ptr+len) lies inside one of this session's allocations.
+    pub fn check_range(&self, ptr: u64, len: u64) -> Result<(), Status> {
+        let (&base, &size) = self
+            .allocs
+            .range(..=ptr)
+            .next_back()
+            .ok_or(Status::InvalidValue)?;
+        let end = ptr.checked_add(len).ok_or(Status::InvalidValue)?;
+        if end > base + size {
+            return Err(Status::InvalidValue);
+        }
+        Ok(())
+    }
+
+    /// Records a new allocation.
+    pub fn add_alloc(&mut self, base: u64, size: u64) {
+        self.allocs.insert(base, size);
+        self.mem_used += size;
+    }
+
+    /// Removes an allocation by its exact base; returns its size.
+    pub fn remove_alloc(&mut self, base: u64) -> Result<u64, Status> {
+        let size = self.allocs.remove(&base).ok_or(Status::InvalidValue)?;
+        self.mem_used -= size;
+        Ok(size)
+    }
+
+    /// Checks a stream handle (0 is the default stream).
+    pub fn check_stream(&self, s: Handle) -> Result<(), Status> {
+        if s == 0 || self.streams.contains(&s) {
+            Ok(())
+        } else {
+            Err(Status::InvalidHandle)
+        }
+    }
+
+    /// Checks an event handle.
+    pub fn check_event(&self, e: Handle) -> Result<(), Status> {
+        self.events
+            .contains(&e)
+            .then_some(())
+            .ok_or(Status::InvalidHandle)
+    }
+
+    /// Checks a module handle.
+    pub fn check_module(&self, m: Handle) -> Result<(), Status> {
+        self.modules
+            .contains(&m)
+            .then_some(())
+            .ok_or(Status::InvalidHandle)
+    }
+
+    /// Parameter sizes of a function handle.
+    pub fn function(&self, f: Handle) -> Result<&[u32], Status> {
+        self.functions
+            .get(&f)
+            .map(Vec::as_slice)
+            .ok_or(Status::InvalidHandle)
+    }
+
+    /// Table updates after successful executor calls.
+    pub fn add_module(&mut self, m: Handle) {
+        self.modules.insert(m);
+    }
+    /// Forgets a module.
+    pub fn remove_module(&mut self, m: Handle) {
+        self.modules.remove(&m);
+    }
+    /// Records a function.
+    pub fn add_function(&mut self, f: Handle, sizes: Vec<u32>) {
+        self.functions.insert(f, sizes);
+    }
+    /// Records a stream.
+    pub fn add_stream(&mut self, s: Handle) {
+        self.streams.insert(s);
+    }
+    /// Forgets a stream.
+    pub fn remove_stream(&mut self, s: Handle) {
+        self.streams.remove(&s);
+    }
+    /// Records an event.
+    pub fn add_event(&mut self, e: Handle) {
+        self.events.insert(e);
+    }
+    /// Forgets an event.
+    pub fn remove_event(&mut self, e: Handle) {
+        self.events.remove(&e);
+    }
+
+    /// Records the first asynchronous error.
+    pub fn defer(&mut self, s: Status) {
+        self.pending_error.get_or_insert(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::sim::{SimExecutor, SimParams};
+    use crate::executor::Executor;
+
+    #[test]
+    fn ranges_must_lie_in_own_allocations() {
+        let mut s = Session::new(SimExecutor::new(SimParams::default()).open().unwrap());
+        s.add_alloc(0x1000, 0x100);
+        s.add_alloc(0x3000, 0x100);
+        assert!(s.check_range(0x1000, 0x100).is_ok());
+        assert!(s.check_range(0x10ff, 1).is_ok());
+        assert!(s.check_range(0x10ff, 2).is_err(), "crosses the end");
+        assert!(s.check_range(0x2000, 1).is_err(), "between allocations");
+        assert!(s.check_range(0xfff, 1).is_err(), "before the first");
+        assert!(s.check_range(0x3000, u64::MAX).is_err(), "overflow");
+        assert_eq!(s.remove_alloc(0x1000), Ok(0x100));
+        assert!(s.check_range(0x1000, 1).is_err(), "use after free");
+        assert!(s.remove_alloc(0x1000).is_err(), "double free");
+        assert_eq!(s.mem_used, 0x100);
+        assert!(s.check_stream(0).is_ok());
+        assert!(s.check_stream(5).is_err());
+    }
+}

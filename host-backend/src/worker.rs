@@ -1,0 +1,845 @@
+//! The vGPU worker: serves one VM's region. It owns the region, the
+//! ivshmem-server socket QEMU (or a native guest) attaches to, and one
+//! executor. A single thread polls every claimed channel, validates each
+//! request and runs it; when every channel is idle for a bounded spin it
+//! announces that it sleeps and blocks on its doorbells.
+//!
+//! A guest can only hurt its own channel: a corrupt ring or descriptor ends
+//! that channel (its context is freed and the channel reclaimed); a bad
+//! request gets an error; a guest that stops reading its replies stalls only
+//! its own channel.
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use protocol::{op, DeviceInfo, ImageKind, Reply, Request, Status, INLINE};
+use qemu_ivshmem::layout::Direction;
+use qemu_ivshmem::server::{serve, PeerEvent, ServerHandle};
+use qemu_ivshmem::{
+    ClaimState, Descriptor, HostChannel, LayoutParams, Region, SpinPolicy, FLAG_MORE,
+};
+
+use crate::executor::Executor;
+use crate::session::Session;
+use crate::Error;
+
+/// Requests served per channel before moving to the next (fairness between channels).
+const BATCH: usize = 64;
+/// Longest kernel name accepted.
+const MAX_NAME: u32 = 4096;
+
+/// Settings of one worker.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// VM name (for logs and the memfd name).
+    pub name: String,
+    /// Where the ivshmem-server socket is created.
+    pub socket: PathBuf,
+    /// Region layout.
+    pub layout: LayoutParams,
+    /// Device memory this vGPU may allocate, over all its guest processes.
+    pub mem_limit: u64,
+    /// Idle spinning before blocking.
+    pub spin: SpinPolicy,
+}
+
+/// Counters readable while the worker runs.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Requests served.
+    pub requests: AtomicU64,
+    /// Requests refused (bad input of any kind).
+    pub refused: AtomicU64,
+    /// Channels torn down because their rings were corrupt.
+    pub broken_channels: AtomicU64,
+    /// Channels reclaimed (any reason).
+    pub reclaimed: AtomicU64,
+    /// Device bytes allocated right now.
+    pub mem_used: AtomicU64,
+}
+
+enum Inbound {
+    Htod {
+        dst: u64,
+        stream: u64,
+        ok: bool,
+    },
+    Module {
+        kind: ImageKind,
+        buf: Vec<u8>,
+        tag: u64,
+    },
+}
+
+struct Transfer {
+    inbound: Inbound,
+    remaining: u64,
+    offset: u64,
+}
+
+struct Outbound {
+    tag: u64,
+    src: u64,
+    len: u64,
+    off: u64,
+    stream: u64,
+}
+
+struct Chan {
+    host: HostChannel,
+    session: Option<Session>,
+    transfer: Option<Transfer>,
+    outbound: Option<Outbound>,
+    outbox: Option<(Descriptor, Vec<u8>)>,
+    log_budget: u32,
+}
+
+/// State shared by all channels of the worker.
+struct Shared {
+    region: Region,
+    server: ServerHandle,
+    exec: Box<dyn Executor>,
+    info_bytes: Vec<u8>,
+    mem_limit: u64,
+    mem_used: u64,
+    stats: Arc<Stats>,
+    chunk: usize,
+}
+
+/// A running worker.
+pub struct Worker {
+    sh: Shared,
+    chans: Vec<Chan>,
+    spin: SpinPolicy,
+    stop: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("channels", &self.chans.len())
+            .finish()
+    }
+}
+
+impl Worker {
+    /// Creates the region, starts serving the socket.
+    pub fn new(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Worker, Error> {
+        let (region, fd) = Region::create(&format!("fairvgpu-{}", cfg.name), cfg.layout)?;
+        let server = serve(&cfg.socket, fd, cfg.layout.vectors)?;
+        let mut info: DeviceInfo = exec.info();
+        let mem_limit = cfg.mem_limit.min(info.total_mem);
+        info.total_mem = mem_limit;
+        let chans = (0..region.channels())
+            .map(|i| {
+                Ok(Chan {
+                    host: region.host_channel(i)?,
+                    session: None,
+                    transfer: None,
+                    outbound: None,
+                    outbox: None,
+                    log_budget: 20,
+                })
+            })
+            .collect::<Result<Vec<_>, qemu_ivshmem::Error>>()?;
+        let chunk = (cfg.layout.arena_size as usize / 4).max(4096);
+        Ok(Worker {
+            sh: Shared {
+                region,
+                server,
+                exec,
+                info_bytes: info.to_bytes(),
+                mem_limit,
+                mem_used: 0,
+                stats: Arc::default(),
+                chunk,
+            },
+            chans,
+            spin: cfg.spin,
+            stop: Arc::default(),
+        })
+    }
+
+    /// A flag that stops [`Worker::run`] when set.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// The worker's counters.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.sh.stats.clone()
+    }
+
+    /// Serves until the stop flag is set. Everything guests held is freed on return.
+    pub fn run(mut self) -> Result<(), Error> {
+        let mut idle: u32 = 0;
+        while !self.stop.load(Ordering::Relaxed) {
+            self.peer_events();
+            let mut busy = false;
+            for i in 0..self.chans.len() {
+                busy |= service(&mut self.sh, &mut self.chans[i]);
+            }
+            if busy {
+                idle = 0;
+                continue;
+            }
+            idle += 1;
+            if idle < self.spin.spins / 16 {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.block()?;
+            idle = 0;
+        }
+        for c in &mut self.chans {
+            teardown(&mut self.sh, c);
+        }
+        Ok(())
+    }
+
+    fn peer_events(&mut self) {
+        while let Ok(ev) = self.sh.server.events.try_recv() {
+            if let PeerEvent::Gone(peer) = ev {
+                // A native guest process (or a whole VM) went away: its channels are orphans.
+                for ch in 0..self.sh.region.channels() {
+                    if self.sh.region.owner_peer(ch).ok() == Some(u32::from(peer)) {
+                        let _ = self.sh.region.mark_abandoned(ch);
+                    }
+                }
+            }
+        }
+    }
+
+    fn block(&mut self) -> Result<(), Error> {
+        let region = self.sh.region.clone();
+        let flag = region.host_sleeping()?;
+        flag.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let mut busy = false;
+        for i in 0..self.chans.len() {
+            busy |= service(&mut self.sh, &mut self.chans[i]);
+        }
+        if !busy {
+            let bells = &self.sh.server.host_bells;
+            let mut fds: Vec<PollFd<'_>> = bells
+                .iter()
+                .map(|b| PollFd::new(b.fd().as_fd(), PollFlags::POLLIN))
+                .collect();
+            let ms = (self.spin.max_block_us / 1000).clamp(1, 1000) as u16;
+            let _ = poll(&mut fds, PollTimeout::from(ms));
+            for b in bells {
+                let mut buf = [0u8; 8];
+                let _ = nix::unistd::read(b.fd().as_fd(), &mut buf);
+            }
+        }
+        flag.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Frees everything the channel's owner held and returns the channel to FREE.
+fn teardown(sh: &mut Shared, c: &mut Chan) {
+    if let Some(s) = c.session.take() {
+        sh.mem_used -= s.mem_used;
+        sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+        drop(s); // the executor context frees its device memory
+    }
+    c.transfer = None;
+    c.outbound = None;
+    c.outbox = None;
+    c.log_budget = 20;
+    if c.host.reclaim().is_ok() {
+        sh.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Polls one channel; true if it did any work.
+fn service(sh: &mut Shared, c: &mut Chan) -> bool {
+    let state = match c.host.state() {
+        Ok(s) => s,
+        Err(_) => return false,
+    };
+    if state.needs_reclaim() {
+        teardown(sh, c);
+        return true;
+    }
+    if state != ClaimState::Claimed {
+        return false;
+    }
+    if c.session.is_none() {
+        match sh.exec.open() {
+            Ok(ctx) => c.session = Some(Session::new(ctx)),
+            Err(s) => {
+                tracing::error!(channel = c.host.index(), "cannot create a context: {s:?}");
+                let _ = sh.region.mark_abandoned(c.host.index());
+                return true;
+            }
+        }
+    }
+    match serve_channel(sh, c) {
+        Ok(did) => did,
+        Err(e) => {
+            // Corrupt rings: the guest broke its own channel. End it.
+            if c.log_budget > 0 {
+                tracing::warn!(channel = c.host.index(), "channel ended: {e}");
+            }
+            sh.stats.broken_channels.fetch_add(1, Ordering::Relaxed);
+            teardown(sh, c);
+            true
+        }
+    }
+}
+
+fn serve_channel(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
+    if let Some((d, data)) = c.outbox.take() {
+        if !c.host.resp.try_send(&d, &data)? {
+            c.outbox = Some((d, data));
+            return Ok(false);
+        }
+        notify_guest(sh, c.host.index())?;
+    }
+    if c.outbound.is_some() {
+        pump_outbound(sh, c)?;
+        return Ok(true);
+    }
+    let mut did = false;
+    for _ in 0..BATCH {
+        if c.outbox.is_some() || c.outbound.is_some() {
+            break;
+        }
+        let Some(d) = c.host.req.peek()? else { break };
+        did = true;
+        sh.stats.requests.fetch_add(1, Ordering::Relaxed);
+        handle(sh, c, &d)?;
+        c.host.req.consume(&d)?;
+    }
+    Ok(did)
+}
+
+fn notify_guest(sh: &Shared, ch: u32) -> Result<(), Error> {
+    let flag = sh.region.ring_sleeping(ch, Direction::ToGuest)?;
+    fence(Ordering::SeqCst);
+    if flag.load(Ordering::Relaxed) != 0 {
+        let peer = sh.region.owner_peer(ch)?;
+        if let Ok(p) = u16::try_from(peer) {
+            sh.server.ring_peer(p, sh.region.guest_vector(ch)?)?;
+        }
+    }
+    Ok(())
+}
+
+fn refuse(sh: &Shared, c: &mut Chan, what: &str) {
+    sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+    if c.log_budget > 0 {
+        c.log_budget -= 1;
+        tracing::info!(channel = c.host.index(), "refused: {what}");
+    }
+}
+
+fn reply(
+    sh: &Shared,
+    c: &mut Chan,
+    tag: u64,
+    opcode: u32,
+    result: Result<Reply, Status>,
+    data: &[u8],
+) -> Result<(), Error> {
+    let mut d = Descriptor::new(tag, opcode);
+    let mut inline = [0u8; INLINE];
+    match result {
+        Ok(r) => r.encode(&mut inline),
+        Err(s) => d.status = s.code(),
+    }
+    d.inline = inline;
+    let data = if d.status == 0 { data } else { &[] };
+    if !c.host.resp.try_send(&d, data)? {
+        // The guest is not reading its replies; keep this one and stop
+        // serving the channel until there is room.
+        c.outbox = Some((d, data.to_vec()));
+        return Ok(());
+    }
+    notify_guest(sh, c.host.index())
+}
+
+fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
+    if d.opcode == op::DATA {
+        return continue_transfer(sh, c, d);
+    }
+    if c.transfer.is_some() {
+        // A new request while data was still owed: the guest broke the stream.
+        c.transfer = None;
+        refuse(sh, c, "request before the previous one's data was complete");
+        if let Some(s) = c.session.as_mut() {
+            s.defer(Status::InvalidValue);
+        }
+    }
+    let req = match Request::decode(d.opcode, &d.inline) {
+        Ok(r) => r,
+        Err(e) => {
+            refuse(sh, c, &e.to_string());
+            if d.flags & qemu_ivshmem::FLAG_NO_REPLY == 0 {
+                return reply(sh, c, d.tag, d.opcode, Err(Status::InvalidValue), &[]);
+            }
+            if let Some(s) = c.session.as_mut() {
+                s.defer(Status::InvalidValue);
+            }
+            return Ok(());
+        }
+    };
+    let tag = d.tag;
+    let opc = d.opcode;
+    let Some(s) = c.session.as_mut() else {
+        return Ok(());
+    };
+    // Synchronous calls first report an earlier asynchronous failure.
+    if req.expects_reply() && !matches!(req, Request::Hello { .. }) {
+        if let Some(err) = s.pending_error.take() {
+            if let Request::ModuleLoad { len, kind } = req {
+                // Still swallow the image that follows.
+                start_module(c, tag, kind, len, d)?;
+                c.transfer = None;
+                skip_data(c, d, len);
+            }
+            return reply(sh, c, tag, opc, Err(err), &[]);
+        }
+    }
+    let one = |r: Result<u64, Status>| r.map(Reply::one);
+    let unit = |r: Result<(), Status>| r.map(|()| Reply::default());
+    match req {
+        Request::Hello { version } => {
+            let r = if version == protocol::PROTOCOL_VERSION {
+                Ok(Reply::default())
+            } else {
+                Err(Status::NotSupported)
+            };
+            let info = sh.info_bytes.clone();
+            reply(sh, c, tag, opc, r, &info)
+        }
+        Request::CtxSynchronize => {
+            let r = unit(s.ctx.synchronize());
+            reply(sh, c, tag, opc, r, &[])
+        }
+        Request::MemAlloc { size } => {
+            let r = if sh.mem_used.saturating_add(size) > sh.mem_limit {
+                Err(Status::OutOfMemory)
+            } else {
+                s.ctx.alloc(size).inspect(|&p| s.add_alloc(p, size))
+            };
+            if r.is_ok() {
+                sh.mem_used += size;
+                sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+            }
+            reply(sh, c, tag, opc, one(r), &[])
+        }
+        Request::MemFree { ptr } => {
+            let r = s.remove_alloc(ptr).and_then(|size| {
+                sh.mem_used -= size;
+                sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                s.ctx.free(ptr)
+            });
+            if r.is_err() {
+                refuse(sh, c, "free of a pointer it does not own");
+            }
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::MemGetInfo => {
+            let r = Reply {
+                vals: [sh.mem_limit - sh.mem_used, sh.mem_limit, 0, 0],
+            };
+            reply(sh, c, tag, opc, Ok(r), &[])
+        }
+        Request::MemcpyHtoD { dst, len, stream } => {
+            let ok = s
+                .check_range(dst, len)
+                .and_then(|()| s.check_stream(stream));
+            if let Err(e) = ok {
+                s.defer(e);
+                refuse(sh, c, "host-to-device copy outside its allocations");
+            }
+            c.transfer = Some(Transfer {
+                inbound: Inbound::Htod {
+                    dst,
+                    stream,
+                    ok: ok.is_ok(),
+                },
+                remaining: len,
+                offset: 0,
+            });
+            continue_transfer(sh, c, d)
+        }
+        Request::MemcpyDtoH { src, len, stream } => {
+            let ok = s
+                .check_range(src, len)
+                .and_then(|()| s.check_stream(stream));
+            match ok {
+                Err(e) => {
+                    refuse(sh, c, "device-to-host copy outside its allocations");
+                    reply(sh, c, tag, opc, Err(e), &[])
+                }
+                Ok(()) => {
+                    c.outbound = Some(Outbound {
+                        tag,
+                        src,
+                        len,
+                        off: 0,
+                        stream,
+                    });
+                    pump_outbound(sh, c)
+                }
+            }
+        }
+        Request::MemcpyDtoD {
+            dst,
+            src,
+            len,
+            stream,
+        } => {
+            let r = s
+                .check_range(dst, len)
+                .and(s.check_range(src, len))
+                .and(s.check_stream(stream));
+            let r = r.and_then(|()| s.ctx.dtod(dst, src, len, stream));
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "device-to-device copy outside its allocations");
+            }
+            Ok(())
+        }
+        Request::Memset {
+            dst,
+            value,
+            width,
+            count,
+            stream,
+        } => {
+            let r = s
+                .check_range(dst, count * u64::from(width))
+                .and(s.check_stream(stream));
+            let r = r.and_then(|()| s.ctx.memset(dst, value, width, count, stream));
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "memset outside its allocations");
+            }
+            Ok(())
+        }
+        Request::ModuleLoad { kind, len } => {
+            start_module(c, tag, kind, len, d)?;
+            continue_transfer(sh, c, d)
+        }
+        Request::ModuleUnload { module } => {
+            let r = s
+                .check_module(module)
+                .and_then(|()| s.ctx.unload_module(module));
+            if r.is_ok() {
+                s.remove_module(module);
+            }
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::ModuleGetFunction { module } => {
+            let mut name = vec![0u8; d.data_len.min(MAX_NAME) as usize];
+            c.host.req.data(d)?.copy_to(&mut name[..]);
+            let r = match (s.check_module(module), std::str::from_utf8(&name)) {
+                (Err(e), _) => Err(e),
+                (_, Err(_)) => Err(Status::InvalidValue),
+                (Ok(()), Ok(n)) => s.ctx.function(module, n.trim_end_matches('\0')),
+            };
+            match r {
+                Ok((h, sizes)) => {
+                    let bytes: Vec<u8> = sizes.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    s.add_function(h, sizes);
+                    reply(sh, c, tag, opc, Ok(Reply::one(h)), &bytes)
+                }
+                Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+            }
+        }
+        Request::Launch {
+            func,
+            grid,
+            block,
+            shared_mem,
+            stream,
+        } => {
+            let r = s.function(func).and_then(|sizes| {
+                let want: u64 = sizes.iter().map(|&x| u64::from(x)).sum();
+                if want != u64::from(d.data_len) {
+                    return Err(Status::InvalidValue);
+                }
+                Ok(())
+            });
+            let r = r.and(s.check_stream(stream)).and_then(|()| {
+                let mut params = vec![0u8; d.data_len as usize];
+                c.host
+                    .req
+                    .data(d)
+                    .map_err(|_| Status::InvalidValue)?
+                    .copy_to(&mut params[..]);
+                s.ctx.launch(func, grid, block, shared_mem, stream, &params)
+            });
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "launch refused");
+            }
+            Ok(())
+        }
+        Request::StreamCreate { flags } => {
+            let r = s.ctx.stream_create(flags).inspect(|&h| s.add_stream(h));
+            reply(sh, c, tag, opc, one(r), &[])
+        }
+        Request::StreamDestroy { stream } => {
+            let r = if stream == 0 {
+                Err(Status::InvalidHandle)
+            } else {
+                s.check_stream(stream)
+            };
+            let r = r
+                .and_then(|()| s.ctx.stream_destroy(stream))
+                .inspect(|()| s.remove_stream(stream));
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::StreamSynchronize { stream } => {
+            let r = s
+                .check_stream(stream)
+                .and_then(|()| s.ctx.stream_synchronize(stream));
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::StreamQuery { stream } => {
+            let r = s
+                .check_stream(stream)
+                .and_then(|()| s.ctx.stream_query(stream));
+            let r = r.and_then(|done| {
+                if done {
+                    Ok(Reply::default())
+                } else {
+                    Err(Status::NotReady)
+                }
+            });
+            reply(sh, c, tag, opc, r, &[])
+        }
+        Request::EventCreate { flags } => {
+            let r = s.ctx.event_create(flags).inspect(|&h| s.add_event(h));
+            reply(sh, c, tag, opc, one(r), &[])
+        }
+        Request::EventDestroy { event } => {
+            let r = s
+                .check_event(event)
+                .and_then(|()| s.ctx.event_destroy(event))
+                .inspect(|()| s.remove_event(event));
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::EventRecord { event, stream } => {
+            let r = s
+                .check_event(event)
+                .and(s.check_stream(stream))
+                .and_then(|()| s.ctx.event_record(event, stream));
+            if let Err(e) = r {
+                s.defer(e);
+            }
+            Ok(())
+        }
+        Request::EventSynchronize { event } => {
+            let r = s
+                .check_event(event)
+                .and_then(|()| s.ctx.event_synchronize(event));
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::EventQuery { event } => {
+            let r = s.check_event(event).and_then(|()| s.ctx.event_query(event));
+            let r = r.and_then(|done| {
+                if done {
+                    Ok(Reply::default())
+                } else {
+                    Err(Status::NotReady)
+                }
+            });
+            reply(sh, c, tag, opc, r, &[])
+        }
+        Request::EventElapsedTime { start, end } => {
+            let r = s
+                .check_event(start)
+                .and(s.check_event(end))
+                .and_then(|()| s.ctx.event_elapsed(start, end));
+            reply(
+                sh,
+                c,
+                tag,
+                opc,
+                r.map(|ms| Reply::one(u64::from(ms.to_bits()))),
+                &[],
+            )
+        }
+    }
+}
+
+fn start_module(
+    c: &mut Chan,
+    tag: u64,
+    kind: ImageKind,
+    len: u64,
+    _d: &Descriptor,
+) -> Result<(), Error> {
+    // The buffer grows as chunks arrive: a guest that announces 256 MiB and
+    // sends nothing costs nothing.
+    c.transfer = Some(Transfer {
+        inbound: Inbound::Module {
+            kind,
+            buf: Vec::new(),
+            tag,
+        },
+        remaining: len,
+        offset: 0,
+    });
+    Ok(())
+}
+
+/// Drops `len` bytes of data owed by a refused request (they arrive as DATA chunks).
+fn skip_data(c: &mut Chan, d: &Descriptor, len: u64) {
+    let rest = len.saturating_sub(u64::from(d.data_len));
+    if rest > 0 {
+        c.transfer = Some(Transfer {
+            inbound: Inbound::Htod {
+                dst: 0,
+                stream: 0,
+                ok: false,
+            },
+            remaining: rest,
+            offset: 0,
+        });
+    }
+}
+
+/// Applies the data of `d` to the transfer in progress.
+fn continue_transfer(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
+    let Some(mut t) = c.transfer.take() else {
+        refuse(sh, c, "data chunk with no transfer in progress");
+        if let Some(s) = c.session.as_mut() {
+            s.defer(Status::InvalidValue);
+        }
+        return Ok(());
+    };
+    let n = u64::from(d.data_len);
+    if n > t.remaining {
+        refuse(sh, c, "more data than announced");
+        if let Some(s) = c.session.as_mut() {
+            s.defer(Status::InvalidValue);
+        }
+        return Ok(());
+    }
+    let Some(s) = c.session.as_mut() else {
+        return Ok(());
+    };
+    let data = c.host.req.data(d)?;
+    match &mut t.inbound {
+        Inbound::Htod { dst, stream, ok } => {
+            if *ok && n > 0 {
+                if let Err(e) = s.ctx.htod(*dst + t.offset, &data, *stream) {
+                    s.defer(e);
+                    *ok = false;
+                }
+            }
+        }
+        Inbound::Module { buf, .. } => {
+            let start = buf.len();
+            buf.resize(start + n as usize, 0);
+            data.copy_to(&mut buf[start..]);
+        }
+    }
+    t.offset += n;
+    t.remaining -= n;
+    if t.remaining > 0 {
+        c.transfer = Some(t);
+        return Ok(());
+    }
+    if let Inbound::Module { kind, buf, tag } = t.inbound {
+        let r = s.ctx.load_module(kind, &buf).inspect(|&m| s.add_module(m));
+        return reply(sh, c, tag, op::MODULE_LOAD, r.map(Reply::one), &[]);
+    }
+    Ok(())
+}
+
+/// Streams a device-to-host copy into the response ring, as far as it has room.
+fn pump_outbound(sh: &mut Shared, c: &mut Chan) -> Result<(), Error> {
+    let Some(mut ob) = c.outbound.take() else {
+        return Ok(());
+    };
+    let ch = c.host.index();
+    let Some(s) = c.session.as_mut() else {
+        return Ok(());
+    };
+    let mut failed = false;
+    loop {
+        let n = (ob.len - ob.off).min(sh.chunk as u64);
+        let mut d = Descriptor::new(ob.tag, op::MEMCPY_DTOH);
+        if ob.off + n < ob.len {
+            d.flags = FLAG_MORE;
+        }
+        let (src, stream) = (ob.src + ob.off, ob.stream);
+        let ctx = &mut s.ctx;
+        let sent = c.host.resp.try_send_with(&d, n as usize, |out, slice| {
+            if let Err(e) = ctx.dtoh(&slice, src, stream) {
+                out.status = e.code();
+                out.flags = 0;
+                failed = true;
+            }
+            Ok(())
+        })?;
+        if !sent {
+            break;
+        }
+        notify_guest(sh, ch)?;
+        ob.off += n;
+        if failed || ob.off >= ob.len {
+            return Ok(());
+        }
+    }
+    c.outbound = Some(ob);
+    Ok(())
+}
+
+/// A worker running on a thread of this process: its stop flag, counters and thread.
+#[derive(Debug)]
+pub struct Running {
+    /// Set to stop the worker.
+    pub stop: Arc<AtomicBool>,
+    /// Its counters.
+    pub stats: Arc<Stats>,
+    /// The thread.
+    pub thread: std::thread::JoinHandle<Result<(), Error>>,
+}
+
+impl Running {
+    /// Stops the worker and waits for it.
+    pub fn shutdown(self) -> Result<(), Error> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or(Ok(()))
+    }
+}
+
+/// Runs a worker on its own thread (tests, benches).
+pub fn spawn(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Running, Error> {
+    let w = Worker::new(cfg, exec)?;
+    let (stop, stats) = (w.stop_flag(), w.stats());
+    let thread = std::thread::Builder::new()
+        .name(format!("worker-{}", cfg.name))
+        .spawn(move || w.run())
+        .map_err(|e| Error::Io {
+            what: "spawning worker thread",
+            source: e,
+        })?;
+    Ok(Running {
+        stop,
+        stats,
+        thread,
+    })
+}
+
+/// Default region layout for workers.
+pub fn default_layout() -> LayoutParams {
+    LayoutParams::default()
+}
+
+/// How long to wait for a worker's socket to appear.
+pub const SOCKET_WAIT: Duration = Duration::from_secs(10);
