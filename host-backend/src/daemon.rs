@@ -47,6 +47,10 @@ pub fn run_worker(cfg: &Config, vm: &str) -> Result<(), Error> {
 
 /// Supervises one worker process per VM until SIGTERM.
 pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
+    if cfg.daemon.executor == ExecutorKind::Cuda {
+        // Fail here, once, rather than in every worker start.
+        crate::executor::cuda::available()?;
+    }
     std::fs::create_dir_all(&cfg.daemon.run_dir).map_err(|source| Error::Io {
         what: "creating run_dir",
         source,

@@ -27,15 +27,19 @@ fn wait_for_socket(p: &Path, child: &mut Child) -> Result<()> {
 }
 
 /// Runs the demo; returns Ok only if every result checked out.
-pub fn run() -> Result<()> {
+pub fn run(executor: crate::config::ExecutorKind) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("fairvgpu-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let cfg_path = dir.join("host.toml");
     std::fs::write(
         &cfg_path,
         format!(
-            "[daemon]\nrun_dir = {:?}\nexecutor = \"sim\"\n\n[[vm]]\nname = \"demo\"\ntenant = \"demo-tenant\"\nweight = 1\nmemory_limit_mib = 1024\n",
-            dir.display().to_string()
+            "[daemon]\nrun_dir = {:?}\nexecutor = \"{}\"\n\n[[vm]]\nname = \"demo\"\ntenant = \"demo-tenant\"\nweight = 1\nmemory_limit_mib = 1024\n",
+            dir.display().to_string(),
+            match executor {
+                crate::config::ExecutorKind::Sim => "sim",
+                crate::config::ExecutorKind::Cuda => "cuda",
+            }
         ),
     )?;
     println!("config: {}", cfg_path.display());

@@ -35,8 +35,12 @@ enum Cmd {
         #[arg(long)]
         vm: String,
     },
-    /// Start a daemon with the sim executor and a demo guest; check its results.
-    Demo,
+    /// Start a daemon (sim executor by default) and a demo guest; check its results.
+    Demo {
+        /// Executor the daemon uses.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: host_backend::config::ExecutorKind,
+    },
     /// Benchmarks (each prints a baseline measured in the same run).
     Bench {
         #[command(subcommand)]
@@ -58,6 +62,15 @@ enum BenchCmd {
         #[arg(long, default_value_t = 200_000)]
         iters: usize,
     },
+    /// Data path: the same CUDA workload native vs through the ring and a worker.
+    Overhead {
+        /// Executor to measure.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: host_backend::config::ExecutorKind,
+        /// Scale all iteration counts (1.0 = the full run).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -70,10 +83,18 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Serve { config } => Ok(daemon::serve(&Config::load(&config)?, &config)?),
         Cmd::Worker { config, vm } => Ok(daemon::run_worker(&Config::load(&config)?, &vm)?),
-        Cmd::Demo => demo::run(),
-        Cmd::Bench {
-            which: BenchCmd::Ring { mode, iters },
-        } => bench::ring::run(mode, iters),
+        Cmd::Demo { executor } => demo::run(executor),
+        Cmd::Bench { which: BenchCmd::Ring { mode, iters } } => bench::ring::run(mode, iters),
+        Cmd::Bench { which: BenchCmd::Overhead { executor, scale } } => {
+            let n = |x: f64| ((x * scale) as usize).max(2);
+            let sizes = bench::overhead::Sizes {
+                sync_empty: n(20_000.0),
+                sync_20us: n(10_000.0),
+                async_launches: 10_000,
+                copies: n(10.0),
+            };
+            bench::overhead::run(executor, sizes)
+        }
         Cmd::Echo { kind, target } => bench::ring::echo(&kind, &target),
     }
 }

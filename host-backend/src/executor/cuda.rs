@@ -27,14 +27,20 @@ fn check(r: CUresult) -> Result<(), Status> {
     }
 }
 
-/// Opens GPU `ordinal`; a clear error where there is no driver or no such GPU.
-pub fn open(ordinal: u32) -> Result<Box<dyn Executor>, Error> {
+/// Checks that the NVIDIA driver library can be loaded.
+pub fn available() -> Result<(), Error> {
     // SAFETY: only probes whether the shared library can be loaded.
     if !unsafe { sys::is_culib_present() } {
         return Err(Error::Config(
             "executor \"cuda\": libcuda.so.1 (the NVIDIA driver) was not found on this host".into(),
         ));
     }
+    Ok(())
+}
+
+/// Opens GPU `ordinal`; a clear error where there is no driver or no such GPU.
+pub fn open(ordinal: u32) -> Result<Box<dyn Executor>, Error> {
+    available()?;
     let fail = |what: &str, s: Status| Error::Config(format!("executor \"cuda\": {what}: {s:?}"));
     // SAFETY: cuInit takes flags only.
     check(unsafe { sys::cuInit(0) }).map_err(|s| fail("cuInit", s))?;

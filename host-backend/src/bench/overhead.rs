@@ -1,0 +1,246 @@
+//! `fairvgpu bench overhead`: the same workload run natively (the executor's
+//! driver calls made directly by this process) and remoted (guest client ->
+//! ring -> worker -> executor), in one process run, so each ratio compares
+//! numbers taken minutes apart on the same device.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use guest_frontend::{Function, Gpu};
+use protocol::{Dim3, ImageKind};
+use qemu_ivshmem::LayoutParams;
+use vm_memory::VolatileSlice;
+
+use crate::config::{Config, ExecutorKind};
+use crate::daemon::build_executor;
+use crate::demo::KERNELS_PTX;
+use crate::executor::{Context, Handle};
+use crate::worker::{spawn, WorkerConfig};
+
+use super::percentile;
+
+const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
+const KERNEL_NS: u64 = 20_000;
+const COPY: usize = 64 << 20;
+
+/// Iteration counts.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    /// Empty launch + sync iterations.
+    pub sync_empty: usize,
+    /// 20 us launch + sync iterations.
+    pub sync_20us: usize,
+    /// Async launches before one sync.
+    pub async_launches: usize,
+    /// 64 MiB copy repetitions (each way).
+    pub copies: usize,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Times {
+    sync_empty_p50: f64,
+    sync_empty_mean: f64,
+    sync_20us_mean: f64,
+    async_20us_total: f64,
+    htod_med: f64,
+    dtoh_med: f64,
+}
+
+/// What a workload needs from either path.
+trait Target {
+    fn launch(&mut self, k: Kernel, params: &[u8]) -> Result<()>;
+    fn sync(&mut self) -> Result<()>;
+    fn htod(&mut self, dst: u64, src: &mut [u8]) -> Result<()>;
+    fn dtoh(&mut self, dst: &mut [u8], src: u64) -> Result<()>;
+    fn alloc(&mut self, size: u64) -> Result<u64>;
+}
+
+#[derive(Clone, Copy)]
+enum Kernel {
+    Empty,
+    Spin,
+}
+
+struct Native {
+    ctx: Box<dyn Context>,
+    empty: Handle,
+    spin: Handle,
+}
+
+impl Target for Native {
+    fn launch(&mut self, k: Kernel, params: &[u8]) -> Result<()> {
+        let f = match k {
+            Kernel::Empty => self.empty,
+            Kernel::Spin => self.spin,
+        };
+        self.ctx.launch(f, ONE, ONE, 0, 0, params).map_err(|s| anyhow::anyhow!("launch: {s:?}"))
+    }
+    fn sync(&mut self) -> Result<()> {
+        self.ctx.synchronize().map_err(|s| anyhow::anyhow!("sync: {s:?}"))
+    }
+    fn htod(&mut self, dst: u64, src: &mut [u8]) -> Result<()> {
+        let s = VolatileSlice::from(src);
+        self.ctx.htod(dst, &s, 0).map_err(|e| anyhow::anyhow!("htod: {e:?}"))?;
+        self.sync()
+    }
+    fn dtoh(&mut self, dst: &mut [u8], src: u64) -> Result<()> {
+        let s = VolatileSlice::from(dst);
+        self.ctx.dtoh(&s, src, 0).map_err(|e| anyhow::anyhow!("dtoh: {e:?}"))
+    }
+    fn alloc(&mut self, size: u64) -> Result<u64> {
+        self.ctx.alloc(size).map_err(|e| anyhow::anyhow!("alloc: {e:?}"))
+    }
+}
+
+struct Remote {
+    gpu: Gpu,
+    empty: Function,
+    spin: Function,
+}
+
+impl Target for Remote {
+    fn launch(&mut self, k: Kernel, params: &[u8]) -> Result<()> {
+        let f = match k {
+            Kernel::Empty => &self.empty,
+            Kernel::Spin => &self.spin,
+        };
+        let ps: Vec<&[u8]> = if params.is_empty() { vec![] } else { vec![params] };
+        Ok(self.gpu.launch(f, ONE, ONE, 0, 0, &ps)?)
+    }
+    fn sync(&mut self) -> Result<()> {
+        Ok(self.gpu.synchronize()?)
+    }
+    fn htod(&mut self, dst: u64, src: &mut [u8]) -> Result<()> {
+        Ok(self.gpu.memcpy_htod(dst, src)?)
+    }
+    fn dtoh(&mut self, dst: &mut [u8], src: u64) -> Result<()> {
+        Ok(self.gpu.memcpy_dtoh(dst, src, 0)?)
+    }
+    fn alloc(&mut self, size: u64) -> Result<u64> {
+        Ok(self.gpu.mem_alloc(size)?)
+    }
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn measure(t: &mut dyn Target, n: Sizes) -> Result<Times> {
+    let spin = KERNEL_NS.to_le_bytes();
+    // Warm up: module load and first launches stay out of the numbers.
+    for _ in 0..200 {
+        t.launch(Kernel::Empty, &[])?;
+        t.sync()?;
+    }
+    let mut v = Vec::with_capacity(n.sync_empty);
+    let all = Instant::now();
+    for _ in 0..n.sync_empty {
+        let s = Instant::now();
+        t.launch(Kernel::Empty, &[])?;
+        t.sync()?;
+        v.push(s.elapsed().as_nanos() as u64);
+    }
+    let sync_empty_mean = secs(all.elapsed()) / n.sync_empty as f64;
+    v.sort_unstable();
+    let sync_empty_p50 = percentile(&v, 50.0) as f64 * 1e-9;
+
+    let s = Instant::now();
+    for _ in 0..n.sync_20us {
+        t.launch(Kernel::Spin, &spin)?;
+        t.sync()?;
+    }
+    let sync_20us_mean = secs(s.elapsed()) / n.sync_20us as f64;
+
+    t.sync()?;
+    let s = Instant::now();
+    for _ in 0..n.async_launches {
+        t.launch(Kernel::Spin, &spin)?;
+    }
+    t.sync()?;
+    let async_20us_total = secs(s.elapsed());
+
+    let d = t.alloc(COPY as u64)?;
+    let mut host: Vec<u8> = (0..COPY).map(|i| (i * 13 % 251) as u8).collect();
+    let expect = host.clone();
+    let mut back = vec![0u8; COPY];
+    let (mut h, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..n.copies {
+        let s = Instant::now();
+        t.htod(d, &mut host)?;
+        h.push(secs(s.elapsed()));
+        let s = Instant::now();
+        t.dtoh(&mut back, d)?;
+        b.push(secs(s.elapsed()));
+    }
+    anyhow::ensure!(back == expect, "64 MiB copy came back different");
+    let med = |mut x: Vec<f64>| {
+        x.sort_by(f64::total_cmp);
+        x[x.len() / 2]
+    };
+    Ok(Times { sync_empty_p50, sync_empty_mean, sync_20us_mean, async_20us_total, htod_med: med(h), dtoh_med: med(b) })
+}
+
+/// Runs the bench and prints the report; the last line is machine-readable.
+pub fn run(kind: ExecutorKind, n: Sizes) -> Result<()> {
+    let mut cfg = Config::parse(
+        "[[vm]]\nname = \"bench\"\ntenant = \"bench\"\nmemory_limit_mib = 4096\n",
+    )?;
+    cfg.daemon.executor = kind;
+
+    // Native.
+    let mut exec = build_executor(&cfg, 0)?;
+    let info = exec.info();
+    let native = {
+        let mut ctx = exec.open().map_err(|s| anyhow::anyhow!("context: {s:?}"))?;
+        let m = ctx.load_module(ImageKind::Ptx, KERNELS_PTX.as_bytes()).map_err(|s| anyhow::anyhow!("module: {s:?}"))?;
+        let empty = ctx.function(m, "empty").map_err(|s| anyhow::anyhow!("{s:?}"))?.0;
+        let spin = ctx.function(m, "spin_ns").map_err(|s| anyhow::anyhow!("{s:?}"))?.0;
+        let mut t = Native { ctx, empty, spin };
+        measure(&mut t, n)?
+    };
+
+    // Remoted, through a worker on its own thread of this process.
+    let dir = std::env::temp_dir().join(format!("fairvgpu-overhead-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let wc = WorkerConfig {
+        name: "bench".into(),
+        socket: dir.join("bench.sock"),
+        layout: LayoutParams { channels: 2, ring_entries: 1024, arena_size: 16 << 20, vectors: 2 },
+        mem_limit: 4 << 30,
+        spin: cfg.spin,
+    };
+    let running = spawn(&wc, exec)?;
+    let remote = {
+        let mut gpu = Gpu::connect(&wc.socket).context("guest attach")?;
+        let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
+        let empty = gpu.get_function(m, "empty")?;
+        let spin = gpu.get_function(m, "spin_ns")?;
+        let mut t = Remote { gpu, empty, spin };
+        measure(&mut t, n)?
+    };
+    running.shutdown()?;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    println!("device: {} ({:?} executor)", info.name, kind);
+    println!("{:<28} {:>14} {:>14} {:>8}", "workload", "native", "remoted", "ratio");
+    let rows = [
+        ("empty launch+sync p50 (us)", native.sync_empty_p50 * 1e6, remote.sync_empty_p50 * 1e6),
+        ("empty launch+sync mean (us)", native.sync_empty_mean * 1e6, remote.sync_empty_mean * 1e6),
+        ("20us launch+sync mean (us)", native.sync_20us_mean * 1e6, remote.sync_20us_mean * 1e6),
+        ("10k async 20us total (ms)", native.async_20us_total * 1e3, remote.async_20us_total * 1e3),
+        ("64MiB htod median (ms)", native.htod_med * 1e3, remote.htod_med * 1e3),
+        ("64MiB dtoh median (ms)", native.dtoh_med * 1e3, remote.dtoh_med * 1e3),
+    ];
+    for (name, a, b) in rows {
+        println!("{name:<28} {a:>14.3} {b:>14.3} {:>8.3}", b / a);
+    }
+    let copy = (remote.htod_med + remote.dtoh_med) / (native.htod_med + native.dtoh_med);
+    println!(
+        "overhead_sync_empty={:.3} overhead_sync_20us={:.3} overhead_async_20us={:.3} overhead_copy={:.3}",
+        remote.sync_empty_mean / native.sync_empty_mean,
+        remote.sync_20us_mean / native.sync_20us_mean,
+        remote.async_20us_total / native.async_20us_total,
+        copy
+    );
+    Ok(())
+}
