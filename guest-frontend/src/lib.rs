@@ -194,15 +194,14 @@ impl Gpu {
         Ok(tag)
     }
 
-    /// Waits for the next response descriptor; copies its data into `self.buf`.
-    fn recv(&mut self, tag: u64) -> Result<Descriptor> {
+    /// Waits until the next response is visible (not yet consumed).
+    fn wait_reply(&mut self, tag: u64) -> Result<Descriptor> {
         let deadline = Some(std::time::Instant::now() + CALL_TIMEOUT);
         let region = self.ch.region().clone();
         let sleeping = region.ring_sleeping(self.ch.index(), Direction::ToGuest)?;
-        let resp = &mut self.ch.resp;
-        let buf = &mut self.buf;
+        let resp = &self.ch.resp;
         let d = wait_for(&self.policy, sleeping, &*self.own_bell, deadline, || {
-            resp.try_recv(buf)
+            resp.peek()
         })?;
         if d.tag != tag {
             return Err(GuestError::Protocol(format!(
@@ -210,6 +209,16 @@ impl Gpu {
                 d.tag
             )));
         }
+        Ok(d)
+    }
+
+    /// Waits for the next response; copies its data into `self.buf`.
+    fn recv(&mut self, tag: u64) -> Result<Descriptor> {
+        let d = self.wait_reply(tag)?;
+        self.buf.clear();
+        self.buf.resize(d.data_len as usize, 0);
+        self.ch.resp.data(&d)?.copy_to(&mut self.buf[..]);
+        self.ch.resp.consume(&d)?;
         Ok(d)
     }
 
@@ -283,16 +292,21 @@ impl Gpu {
         )?;
         let mut off = 0;
         loop {
-            let d = self.recv(tag)?;
-            Self::status(&d)?;
-            let n = self.buf.len();
-            if off + n > len {
+            let d = self.wait_reply(tag)?;
+            let n = d.data_len as usize;
+            if d.status == 0 && off + n > len {
+                self.ch.resp.consume(&d)?;
                 return Err(GuestError::Protocol(format!(
                     "host sent {} bytes for a {len}-byte copy",
                     off + n
                 )));
             }
-            dst[off..off + n].copy_from_slice(&self.buf);
+            if d.status == 0 {
+                // One copy, straight from the arena into the caller's buffer.
+                self.ch.resp.data(&d)?.copy_to(&mut dst[off..off + n]);
+            }
+            self.ch.resp.consume(&d)?;
+            Self::status(&d)?;
             off += n;
             if d.flags & FLAG_MORE == 0 {
                 break;

@@ -84,8 +84,12 @@ fn main() -> Result<()> {
         Cmd::Serve { config } => Ok(daemon::serve(&Config::load(&config)?, &config)?),
         Cmd::Worker { config, vm } => Ok(daemon::run_worker(&Config::load(&config)?, &vm)?),
         Cmd::Demo { executor } => demo::run(executor),
-        Cmd::Bench { which: BenchCmd::Ring { mode, iters } } => bench::ring::run(mode, iters),
-        Cmd::Bench { which: BenchCmd::Overhead { executor, scale } } => {
+        Cmd::Bench {
+            which: BenchCmd::Ring { mode, iters },
+        } => bench::ring::run(mode, iters),
+        Cmd::Bench {
+            which: BenchCmd::Overhead { executor, scale },
+        } => {
             let n = |x: f64| ((x * scale) as usize).max(2);
             let sizes = bench::overhead::Sizes {
                 sync_empty: n(20_000.0),

@@ -100,9 +100,11 @@ struct Chan {
 
 /// State shared by all channels of the worker.
 struct Shared {
+    // Declared first so it is dropped first: it may hold DMA registrations
+    // of the region's memory.
+    exec: Box<dyn Executor>,
     region: Region,
     server: ServerHandle,
-    exec: Box<dyn Executor>,
     info_bytes: Vec<u8>,
     mem_limit: u64,
     mem_used: u64,
@@ -131,6 +133,16 @@ impl Worker {
     pub fn new(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Worker, Error> {
         let (region, fd) = Region::create(&format!("fairvgpu-{}", cfg.name), cfg.layout)?;
         let server = serve(&cfg.socket, fd, cfg.layout.vectors)?;
+        let mut exec = exec;
+        let arenas = (0..region.channels())
+            .map(|i| region.arena(i, Direction::ToGuest))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Err(s) = exec.register_dma_targets(&arenas) {
+            tracing::warn!(
+                "response arenas not registered for DMA ({s:?}); copies stay correct, only slower"
+            );
+        }
+        drop(arenas);
         let mut info: DeviceInfo = exec.info();
         let mem_limit = cfg.mem_limit.min(info.total_mem);
         info.total_mem = mem_limit;

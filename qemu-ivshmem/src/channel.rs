@@ -241,6 +241,19 @@ impl Region {
             .atomic_u32(off + crate::layout::ringctl::CONSUMER_SLEEPING)
     }
 
+    /// The data arena of one direction of channel `ch` (for registering it
+    /// with a DMA engine; all access still goes through volatile copies).
+    pub fn arena(&self, ch: u32, dir: Direction) -> Result<vm_memory::VolatileSlice<'_>> {
+        if ch >= self.channels() {
+            return Err(Error::NoSuchChannel(ch));
+        }
+        let off = self.layout.channel_offset(ch) + self.layout.ring_parts(dir).arena;
+        Ok(self
+            .mem
+            .slice()
+            .subslice(off, self.layout.params.arena_size as usize)?)
+    }
+
     /// Marks a channel abandoned (what the kernel module does when a guest
     /// process dies; the host does it for a native peer that disconnected).
     pub fn mark_abandoned(&self, ch: u32) -> Result<()> {

@@ -189,6 +189,11 @@ pub struct Producer {
     ring: RingMem,
     head: u32,
     data_head: u64,
+    /// Last consumer tail seen; re-read only when the ring looks full, so a
+    /// busy producer does not pull the consumer's cache line on every send.
+    cached_tail: u32,
+    /// Last arena release seen, likewise.
+    cached_released: u64,
 }
 
 /// The consuming end of a ring.
@@ -215,6 +220,8 @@ pub(crate) fn ends(
             ring: ring.clone(),
             head: 0,
             data_head: 0,
+            cached_tail: 0,
+            cached_released: 0,
         },
         Consumer {
             ring,
@@ -235,18 +242,23 @@ impl Producer {
         self.ring.sleeping()
     }
 
-    /// Free descriptor slots right now (validated).
-    fn free_slots(&self) -> Result<u32> {
+    /// Whether a slot is free, re-reading (and validating) the consumer's
+    /// tail only when the cached one says the ring is full.
+    fn has_slot(&mut self) -> Result<bool> {
+        if self.head.wrapping_sub(self.cached_tail) < self.ring.entries {
+            return Ok(true);
+        }
         let tail = self.ring.tail()?.load(Ordering::Acquire);
         let used = self.head.wrapping_sub(tail);
         if used > self.ring.entries {
             return Err(self.ring.corrupt("consumer tail", u64::from(tail)));
         }
-        Ok(self.ring.entries - used)
+        self.cached_tail = tail;
+        Ok(used < self.ring.entries)
     }
 
     /// Finds room for `len` bytes; returns (offset, new data head).
-    fn alloc(&self, len: usize) -> Result<Option<(u64, u64)>> {
+    fn alloc(&mut self, len: usize) -> Result<Option<(u64, u64)>> {
         let size = self.ring.arena_size;
         if len as u64 > size {
             return Err(Error::TooLarge {
@@ -257,10 +269,6 @@ impl Producer {
         if len == 0 {
             return Ok(Some((0, self.data_head)));
         }
-        let released = self.ring.released()?.load(Ordering::Acquire);
-        if released > self.data_head || self.data_head - released > size {
-            return Err(self.ring.corrupt("arena released", released));
-        }
         let pos = self.data_head % size;
         let start = if pos + len as u64 <= size {
             self.data_head
@@ -268,8 +276,15 @@ impl Producer {
             self.data_head + (size - pos)
         };
         let end = start + len as u64;
-        if end - released > size {
-            return Ok(None);
+        if end - self.cached_released > size {
+            let released = self.ring.released()?.load(Ordering::Acquire);
+            if released > self.data_head || self.data_head - released > size {
+                return Err(self.ring.corrupt("arena released", released));
+            }
+            self.cached_released = released;
+            if end - released > size {
+                return Ok(None);
+            }
         }
         Ok(Some((start % size, end)))
     }
@@ -284,7 +299,7 @@ impl Producer {
         len: usize,
         fill: impl FnOnce(&mut Descriptor, VolatileSlice<'_>) -> Result<()>,
     ) -> Result<bool> {
-        if self.free_slots()? == 0 {
+        if !self.has_slot()? {
             return Ok(false);
         }
         let Some((off, end)) = self.alloc(len)? else {
@@ -314,6 +329,8 @@ impl Producer {
     pub(crate) fn reset(&mut self) -> Result<()> {
         self.head = 0;
         self.data_head = 0;
+        self.cached_tail = 0;
+        self.cached_released = 0;
         self.ring.reset()
     }
 }
@@ -479,16 +496,23 @@ mod tests {
 
     #[test]
     fn hostile_tail_and_released_are_errors() {
+        // The producer reads the consumer's words only when its cached view
+        // says it is out of room; fill the ring so that it has to.
         let (_m, mut p, _c, rm) = ring(8, 4096);
-        rm.tail().unwrap().store(3, Ordering::Release); // ahead of the head
+        for i in 0..8 {
+            assert!(p.try_send(&Descriptor::new(i, 0), &[]).unwrap());
+        }
+        rm.tail().unwrap().store(100, Ordering::Release); // ahead of the head
         assert!(matches!(
             p.try_send(&Descriptor::new(0, 0), &[]),
             Err(Error::CorruptIndex { .. })
         ));
-        rm.tail().unwrap().store(0, Ordering::Release);
-        rm.released().unwrap().store(1 << 40, Ordering::Release);
+
+        let (_m, mut p, _c, rm) = ring(8, 4096);
+        assert!(p.try_send(&Descriptor::new(0, 0), &[1; 4000]).unwrap());
+        rm.released().unwrap().store(1 << 40, Ordering::Release); // beyond anything produced
         assert!(matches!(
-            p.try_send(&Descriptor::new(0, 0), &[1]),
+            p.try_send(&Descriptor::new(1, 0), &[1; 200]),
             Err(Error::CorruptIndex { .. })
         ));
     }

@@ -73,22 +73,32 @@ impl Target for Native {
             Kernel::Empty => self.empty,
             Kernel::Spin => self.spin,
         };
-        self.ctx.launch(f, ONE, ONE, 0, 0, params).map_err(|s| anyhow::anyhow!("launch: {s:?}"))
+        self.ctx
+            .launch(f, ONE, ONE, 0, 0, params)
+            .map_err(|s| anyhow::anyhow!("launch: {s:?}"))
     }
     fn sync(&mut self) -> Result<()> {
-        self.ctx.synchronize().map_err(|s| anyhow::anyhow!("sync: {s:?}"))
+        self.ctx
+            .synchronize()
+            .map_err(|s| anyhow::anyhow!("sync: {s:?}"))
     }
     fn htod(&mut self, dst: u64, src: &mut [u8]) -> Result<()> {
         let s = VolatileSlice::from(src);
-        self.ctx.htod(dst, &s, 0).map_err(|e| anyhow::anyhow!("htod: {e:?}"))?;
+        self.ctx
+            .htod(dst, &s, 0)
+            .map_err(|e| anyhow::anyhow!("htod: {e:?}"))?;
         self.sync()
     }
     fn dtoh(&mut self, dst: &mut [u8], src: u64) -> Result<()> {
         let s = VolatileSlice::from(dst);
-        self.ctx.dtoh(&s, src, 0).map_err(|e| anyhow::anyhow!("dtoh: {e:?}"))
+        self.ctx
+            .dtoh(&s, src, 0)
+            .map_err(|e| anyhow::anyhow!("dtoh: {e:?}"))
     }
     fn alloc(&mut self, size: u64) -> Result<u64> {
-        self.ctx.alloc(size).map_err(|e| anyhow::anyhow!("alloc: {e:?}"))
+        self.ctx
+            .alloc(size)
+            .map_err(|e| anyhow::anyhow!("alloc: {e:?}"))
     }
 }
 
@@ -104,7 +114,11 @@ impl Target for Remote {
             Kernel::Empty => &self.empty,
             Kernel::Spin => &self.spin,
         };
-        let ps: Vec<&[u8]> = if params.is_empty() { vec![] } else { vec![params] };
+        let ps: Vec<&[u8]> = if params.is_empty() {
+            vec![]
+        } else {
+            vec![params]
+        };
         Ok(self.gpu.launch(f, ONE, ONE, 0, 0, &ps)?)
     }
     fn sync(&mut self) -> Result<()> {
@@ -177,14 +191,20 @@ fn measure(t: &mut dyn Target, n: Sizes) -> Result<Times> {
         x.sort_by(f64::total_cmp);
         x[x.len() / 2]
     };
-    Ok(Times { sync_empty_p50, sync_empty_mean, sync_20us_mean, async_20us_total, htod_med: med(h), dtoh_med: med(b) })
+    Ok(Times {
+        sync_empty_p50,
+        sync_empty_mean,
+        sync_20us_mean,
+        async_20us_total,
+        htod_med: med(h),
+        dtoh_med: med(b),
+    })
 }
 
 /// Runs the bench and prints the report; the last line is machine-readable.
 pub fn run(kind: ExecutorKind, n: Sizes) -> Result<()> {
-    let mut cfg = Config::parse(
-        "[[vm]]\nname = \"bench\"\ntenant = \"bench\"\nmemory_limit_mib = 4096\n",
-    )?;
+    let mut cfg =
+        Config::parse("[[vm]]\nname = \"bench\"\ntenant = \"bench\"\nmemory_limit_mib = 4096\n")?;
     cfg.daemon.executor = kind;
 
     // Native.
@@ -192,9 +212,17 @@ pub fn run(kind: ExecutorKind, n: Sizes) -> Result<()> {
     let info = exec.info();
     let native = {
         let mut ctx = exec.open().map_err(|s| anyhow::anyhow!("context: {s:?}"))?;
-        let m = ctx.load_module(ImageKind::Ptx, KERNELS_PTX.as_bytes()).map_err(|s| anyhow::anyhow!("module: {s:?}"))?;
-        let empty = ctx.function(m, "empty").map_err(|s| anyhow::anyhow!("{s:?}"))?.0;
-        let spin = ctx.function(m, "spin_ns").map_err(|s| anyhow::anyhow!("{s:?}"))?.0;
+        let m = ctx
+            .load_module(ImageKind::Ptx, KERNELS_PTX.as_bytes())
+            .map_err(|s| anyhow::anyhow!("module: {s:?}"))?;
+        let empty = ctx
+            .function(m, "empty")
+            .map_err(|s| anyhow::anyhow!("{s:?}"))?
+            .0;
+        let spin = ctx
+            .function(m, "spin_ns")
+            .map_err(|s| anyhow::anyhow!("{s:?}"))?
+            .0;
         let mut t = Native { ctx, empty, spin };
         measure(&mut t, n)?
     };
@@ -205,7 +233,12 @@ pub fn run(kind: ExecutorKind, n: Sizes) -> Result<()> {
     let wc = WorkerConfig {
         name: "bench".into(),
         socket: dir.join("bench.sock"),
-        layout: LayoutParams { channels: 2, ring_entries: 1024, arena_size: 16 << 20, vectors: 2 },
+        layout: LayoutParams {
+            channels: 2,
+            ring_entries: 1024,
+            arena_size: 16 << 20,
+            vectors: 2,
+        },
         mem_limit: 4 << 30,
         spin: cfg.spin,
     };
@@ -222,14 +255,41 @@ pub fn run(kind: ExecutorKind, n: Sizes) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
 
     println!("device: {} ({:?} executor)", info.name, kind);
-    println!("{:<28} {:>14} {:>14} {:>8}", "workload", "native", "remoted", "ratio");
+    println!(
+        "{:<28} {:>14} {:>14} {:>8}",
+        "workload", "native", "remoted", "ratio"
+    );
     let rows = [
-        ("empty launch+sync p50 (us)", native.sync_empty_p50 * 1e6, remote.sync_empty_p50 * 1e6),
-        ("empty launch+sync mean (us)", native.sync_empty_mean * 1e6, remote.sync_empty_mean * 1e6),
-        ("20us launch+sync mean (us)", native.sync_20us_mean * 1e6, remote.sync_20us_mean * 1e6),
-        ("10k async 20us total (ms)", native.async_20us_total * 1e3, remote.async_20us_total * 1e3),
-        ("64MiB htod median (ms)", native.htod_med * 1e3, remote.htod_med * 1e3),
-        ("64MiB dtoh median (ms)", native.dtoh_med * 1e3, remote.dtoh_med * 1e3),
+        (
+            "empty launch+sync p50 (us)",
+            native.sync_empty_p50 * 1e6,
+            remote.sync_empty_p50 * 1e6,
+        ),
+        (
+            "empty launch+sync mean (us)",
+            native.sync_empty_mean * 1e6,
+            remote.sync_empty_mean * 1e6,
+        ),
+        (
+            "20us launch+sync mean (us)",
+            native.sync_20us_mean * 1e6,
+            remote.sync_20us_mean * 1e6,
+        ),
+        (
+            "10k async 20us total (ms)",
+            native.async_20us_total * 1e3,
+            remote.async_20us_total * 1e3,
+        ),
+        (
+            "64MiB htod median (ms)",
+            native.htod_med * 1e3,
+            remote.htod_med * 1e3,
+        ),
+        (
+            "64MiB dtoh median (ms)",
+            native.dtoh_med * 1e3,
+            remote.dtoh_med * 1e3,
+        ),
     ];
     for (name, a, b) in rows {
         println!("{name:<28} {a:>14.3} {b:>14.3} {:>8.3}", b / a);

@@ -56,13 +56,42 @@ pub fn open(ordinal: u32) -> Result<Box<dyn Executor>, Error> {
     // SAFETY: out-parameter on our stack.
     check(unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })
         .map_err(|s| fail("cuDeviceGet", s))?;
-    Ok(Box::new(CudaExecutor { dev }))
+    Ok(Box::new(CudaExecutor {
+        dev,
+        registered: Vec::new(),
+        primary: null_mut(),
+    }))
 }
 
 /// One GPU.
 #[derive(Debug)]
 pub struct CudaExecutor {
     dev: CUdevice,
+    /// Host ranges page-locked for DMA (unregistered on drop).
+    registered: Vec<usize>,
+    primary: CUcontext,
+}
+
+// SAFETY: the primary context handle is only used from the worker thread
+// that owns the executor, after making it current there.
+unsafe impl Send for CudaExecutor {}
+
+impl Drop for CudaExecutor {
+    fn drop(&mut self) {
+        if self.primary.is_null() {
+            return;
+        }
+        // SAFETY: the primary context was retained by us and is still alive.
+        let _ = unsafe { sys::cuCtxSetCurrent(self.primary) };
+        for &p in &self.registered {
+            // SAFETY: `p` was registered by us and its mapping is still alive
+            // (the worker drops the executor before the region).
+            let _ = unsafe { sys::cuMemHostUnregister(p as *mut c_void) };
+        }
+        // SAFETY: balances the retain in `register_dma_targets`.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+        CURRENT.with(|c| c.set(0));
+    }
 }
 
 fn attr(dev: CUdevice, a: sys::CUdevice_attribute) -> i32 {
@@ -113,6 +142,28 @@ impl Executor for CudaExecutor {
             sm_count,
             attributes,
         }
+    }
+
+    fn register_dma_targets(&mut self, arenas: &[VolatileSlice<'_>]) -> Result<(), Status> {
+        if self.primary.is_null() {
+            let mut p: CUcontext = null_mut();
+            // SAFETY: out-parameter on our stack.
+            check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut p, self.dev) })?;
+            self.primary = p;
+        }
+        // SAFETY: a retained context of ours.
+        check(unsafe { sys::cuCtxSetCurrent(self.primary) })?;
+        CURRENT.with(|c| c.set(self.primary as usize));
+        for a in arenas {
+            let p = a.ptr_guard_mut().as_ptr() as *mut c_void;
+            // SAFETY: `a` is a live, page-aligned shared mapping of `a.len()` bytes
+            // that outlives the executor; PORTABLE makes it pinned for every context.
+            check(unsafe {
+                sys::cuMemHostRegister_v2(p, a.len(), sys::CU_MEMHOSTREGISTER_PORTABLE)
+            })?;
+            self.registered.push(p as usize);
+        }
+        Ok(())
     }
 
     fn open(&mut self) -> Result<Box<dyn Context>, Status> {
@@ -285,32 +336,19 @@ impl Context for CudaContext {
     ) -> Result<(), Status> {
         self.bind()?;
         let sizes = self.functions.get(&func).ok_or(Status::InvalidHandle)?;
-        // Each parameter gets its own aligned 8-byte slots; the driver reads
-        // `size` bytes from each pointer at launch time.
-        let mut store: Vec<u64> = Vec::with_capacity(params.len() / 8 + sizes.len());
-        let mut offs = Vec::with_capacity(sizes.len());
+        // cuLaunchKernel wants one pointer per parameter; the parameters are
+        // already packed back to back, so point into that buffer.
+        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(sizes.len());
         let mut at = 0usize;
         for &sz in sizes {
-            let sz = sz as usize;
-            let words = sz.div_ceil(8).max(1);
-            let start = store.len();
-            store.resize(start + words, 0);
-            let bytes = params.get(at..at + sz).ok_or(Status::InvalidValue)?;
-            // Byte-copy into the u64 slots.
-            let mut tmp = vec![0u8; words * 8];
-            tmp[..sz].copy_from_slice(bytes);
-            for (i, w) in tmp.chunks_exact(8).enumerate() {
-                store[start + i] = u64::from_ne_bytes(w.try_into().unwrap_or([0; 8]));
-            }
-            offs.push(start);
-            at += sz;
+            let end = at.checked_add(sz as usize).ok_or(Status::InvalidValue)?;
+            let p = params.get(at..end).ok_or(Status::InvalidValue)?;
+            ptrs.push(p.as_ptr() as *mut c_void);
+            at = end;
         }
-        let mut ptrs: Vec<*mut c_void> = offs
-            .iter()
-            .map(|&o| store[o..].as_mut_ptr() as *mut c_void)
-            .collect();
-        // SAFETY: `ptrs` holds one valid pointer per kernel parameter, each to at least
-        // that parameter's size; the driver copies the values before returning.
+        // SAFETY: `ptrs` holds one pointer per kernel parameter, each to that many
+        // bytes of `params`; the driver only reads them, and copies the values
+        // before returning.
         check(unsafe {
             sys::cuLaunchKernel(
                 func as sys::CUfunction,

@@ -17,6 +17,11 @@ pub trait Executor: Send {
     fn info(&self) -> DeviceInfo;
     /// A fresh context (one per guest process).
     fn open(&mut self) -> Result<Box<dyn Context>, Status>;
+    /// Makes `arenas` (the response arenas, alive as long as the executor)
+    /// direct DMA targets for device-to-host copies, where the device can.
+    fn register_dma_targets(&mut self, _arenas: &[VolatileSlice<'_>]) -> Result<(), Status> {
+        Ok(())
+    }
 }
 
 /// The per-guest-process context. Dropping it frees everything it holds.
