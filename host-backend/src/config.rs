@@ -202,3 +202,12 @@ memory_limit_mib = 1024
         }
     }
 }
+
+#[cfg(test)]
+mod example {
+    #[test]
+    fn shipped_example_config_is_valid() {
+        let c = super::Config::parse(include_str!("../../docs/host.example.toml")).unwrap();
+        assert_eq!(c.vms.len(), 2);
+    }
+}

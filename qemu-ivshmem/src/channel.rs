@@ -183,6 +183,16 @@ impl Region {
         Ok(layout)
     }
 
+    /// Any u32 of the region, bounds- and alignment-checked: what a guest can
+    /// write anywhere in its region, for tests that play a hostile guest.
+    ///
+    /// # Panics
+    /// If `off` is out of range or misaligned.
+    #[doc(hidden)]
+    pub fn raw_u32_for_tests(&self, off: usize) -> &AtomicU32 {
+        self.mem.atomic_u32(off).expect("offset inside the region")
+    }
+
     /// The layout.
     pub fn layout(&self) -> &Layout {
         &self.layout

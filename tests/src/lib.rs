@@ -1,0 +1,106 @@
+//! Fixtures for the end-to-end tests: a sim worker on a thread of the test
+//! process, serving a real ivshmem-server socket that guests attach to.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guest_frontend::Gpu;
+use host_backend::executor::sim::{SimExecutor, SimParams};
+use host_backend::worker::{spawn, Running, Stats, WorkerConfig};
+use qemu_ivshmem::{LayoutParams, SpinPolicy};
+
+/// Spin budgets small enough that several tests share two cores.
+pub const TEST_SPIN: SpinPolicy = SpinPolicy {
+    spins: 2_000,
+    max_block_us: 2_000,
+};
+
+/// A running sim worker and the socket guests attach to.
+#[derive(Debug)]
+pub struct Host {
+    /// The socket.
+    pub socket: PathBuf,
+    dir: PathBuf,
+    running: Option<Running>,
+}
+
+impl Host {
+    /// Starts a worker with `mem_limit` bytes of device memory.
+    pub fn start(name: &str, mem_limit: u64) -> Host {
+        let dir = std::env::temp_dir().join(format!("fvg-e2e-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = WorkerConfig {
+            name: name.into(),
+            socket: dir.join("vgpu.sock"),
+            layout: LayoutParams {
+                channels: 4,
+                ring_entries: 64,
+                arena_size: 1 << 20,
+                vectors: 4,
+            },
+            mem_limit,
+            spin: TEST_SPIN,
+        };
+        let exec = SimExecutor::new(SimParams {
+            copy_gbps: 100.0,
+            ..SimParams::default()
+        });
+        let running = spawn(&cfg, Box::new(exec)).expect("worker starts");
+        Host {
+            socket: cfg.socket,
+            dir,
+            running: Some(running),
+        }
+    }
+
+    /// A guest attached natively.
+    pub fn guest(&self) -> Gpu {
+        Gpu::connect_with(&self.socket, TEST_SPIN).expect("guest attaches")
+    }
+
+    /// The worker's counters.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.running.as_ref().expect("running").stats.clone()
+    }
+
+    /// Waits until `f(stats)` holds, or panics after `timeout`.
+    pub fn wait_until(&self, what: &str, timeout: Duration, f: impl Fn(&Stats) -> bool) {
+        let stats = self.stats();
+        let start = Instant::now();
+        while !f(&stats) {
+            assert!(
+                start.elapsed() < timeout,
+                "timed out waiting for {what}; mem_used={} reclaimed={}",
+                stats.mem_used.load(Ordering::Relaxed),
+                stats.reclaimed.load(Ordering::Relaxed)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(r) = self.running.take() {
+            let _ = r.shutdown();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// f32 values as little-endian bytes.
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Little-endian bytes as f32 values.
+pub fn bytes_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// The shipped kernels.
+pub const PTX: &str = host_backend::demo::KERNELS_PTX;

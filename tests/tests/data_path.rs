@@ -1,0 +1,276 @@
+//! Guest client -> ring -> worker -> sim executor, end to end.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use fairvgpu_tests::{bytes_f32, f32_bytes, Host, PTX};
+use guest_frontend::{Gpu, GuestError};
+use protocol::{Dim3, ImageKind, Status};
+
+const BLOCK: Dim3 = Dim3 { x: 256, y: 1, z: 1 };
+
+fn grid(n: u32) -> Dim3 {
+    Dim3 {
+        x: n.div_ceil(256),
+        y: 1,
+        z: 1,
+    }
+}
+
+fn vector_add(gpu: &mut Gpu, n: u32, seed: f32) {
+    let a: Vec<f32> = (0..n).map(|i| i as f32 * seed).collect();
+    let b: Vec<f32> = (0..n).map(|i| (n - i) as f32 + seed).collect();
+    let size = u64::from(n) * 4;
+    let (da, db, dc) = (
+        gpu.mem_alloc(size).unwrap(),
+        gpu.mem_alloc(size).unwrap(),
+        gpu.mem_alloc(size).unwrap(),
+    );
+    gpu.memcpy_htod(da, &f32_bytes(&a)).unwrap();
+    gpu.memcpy_htod(db, &f32_bytes(&b)).unwrap();
+    let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
+    let f = gpu.get_function(m, "vector_add").unwrap();
+    assert_eq!(f.param_sizes, vec![8, 8, 8, 4]);
+    gpu.launch(
+        &f,
+        grid(n),
+        BLOCK,
+        0,
+        0,
+        &[
+            &da.to_le_bytes(),
+            &db.to_le_bytes(),
+            &dc.to_le_bytes(),
+            &n.to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    let mut out = vec![0u8; size as usize];
+    gpu.memcpy_dtoh(&mut out, dc, 0).unwrap();
+    let c = bytes_f32(&out);
+    for i in 0..n as usize {
+        assert_eq!(c[i], a[i] + b[i], "element {i}");
+    }
+    for p in [da, db, dc] {
+        gpu.mem_free(p).unwrap();
+    }
+    gpu.module_unload(m).unwrap();
+}
+
+#[test]
+fn vector_add_and_saxpy_are_exact() {
+    let host = Host::start("kernels", 256 << 20);
+    let mut gpu = host.guest();
+    vector_add(&mut gpu, 100_003, 0.5);
+
+    let n: u32 = 65_537;
+    let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.001).collect();
+    let y: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let (dx, dy) = (
+        gpu.mem_alloc(u64::from(n) * 4).unwrap(),
+        gpu.mem_alloc(u64::from(n) * 4).unwrap(),
+    );
+    gpu.memcpy_htod(dx, &f32_bytes(&x)).unwrap();
+    gpu.memcpy_htod(dy, &f32_bytes(&y)).unwrap();
+    let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
+    let f = gpu.get_function(m, "saxpy").unwrap();
+    let alpha = 2.5f32;
+    let s = gpu.stream_create(0).unwrap();
+    let (e0, e1) = (gpu.event_create(0).unwrap(), gpu.event_create(0).unwrap());
+    gpu.event_record(e0, s).unwrap();
+    gpu.launch(
+        &f,
+        grid(n),
+        BLOCK,
+        0,
+        s,
+        &[
+            &alpha.to_le_bytes(),
+            &dx.to_le_bytes(),
+            &dy.to_le_bytes(),
+            &n.to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    gpu.event_record(e1, s).unwrap();
+    gpu.stream_synchronize(s).unwrap();
+    assert!(gpu.event_query(e1).unwrap());
+    assert!(gpu.event_elapsed_ms(e0, e1).unwrap() >= 0.0);
+    let mut out = vec![0u8; n as usize * 4];
+    gpu.memcpy_dtoh(&mut out, dy, s).unwrap();
+    let r = bytes_f32(&out);
+    for i in 0..n as usize {
+        assert_eq!(r[i], alpha.mul_add(x[i], y[i]), "element {i}");
+    }
+    // memset and device-to-device copy
+    gpu.memset_async(dx, 0x3f80_0000, 4, u64::from(n), 0)
+        .unwrap(); // 1.0f32
+    gpu.memcpy_dtod_async(dy, dx, u64::from(n) * 4, 0).unwrap();
+    gpu.memcpy_dtoh(&mut out, dy, 0).unwrap();
+    assert!(bytes_f32(&out).iter().all(|&v| v == 1.0));
+    gpu.stream_destroy(s).unwrap();
+}
+
+#[test]
+fn copies_of_256_mib_are_byte_exact_both_ways() {
+    let host = Host::start("bigcopy", 1 << 30);
+    let mut gpu = host.guest();
+    let size = 256usize << 20;
+    let data: Vec<u8> = (0..size as u64)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let p = gpu.mem_alloc(size as u64).unwrap();
+    gpu.memcpy_htod(p, &data).unwrap();
+    let mut back = vec![0u8; size];
+    gpu.memcpy_dtoh(&mut back, p, 0).unwrap();
+    assert!(back == data, "256 MiB round trip differs");
+    // An unaligned window inside it.
+    let mut part = vec![0u8; 3_000_001];
+    gpu.memcpy_dtoh(&mut part, p + 12_345, 0).unwrap();
+    assert_eq!(&part[..], &data[12_345..12_345 + 3_000_001]);
+}
+
+#[test]
+fn memory_limit_gives_out_of_memory_and_is_released() {
+    let host = Host::start("limit", 64 << 20);
+    let mut gpu = host.guest();
+    assert_eq!(gpu.mem_get_info().unwrap(), (64 << 20, 64 << 20));
+    let a = gpu.mem_alloc(40 << 20).unwrap();
+    assert!(matches!(
+        gpu.mem_alloc(40 << 20),
+        Err(GuestError::Cuda(Status::OutOfMemory))
+    ));
+    // The limit is per vGPU, across its guest processes.
+    let mut other = host.guest();
+    assert!(matches!(
+        other.mem_alloc(30 << 20),
+        Err(GuestError::Cuda(Status::OutOfMemory))
+    ));
+    gpu.mem_free(a).unwrap();
+    let b = other.mem_alloc(60 << 20).unwrap();
+    other.mem_free(b).unwrap();
+    assert_eq!(host.stats().mem_used.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn forged_pointers_and_handles_are_refused() {
+    let host = Host::start("forged", 64 << 20);
+    let mut victim = host.guest();
+    let secret = victim.mem_alloc(4096).unwrap();
+    victim.memcpy_htod(secret, &[0x5a; 4096]).unwrap();
+
+    let mut bad = host.guest();
+    let own = bad.mem_alloc(4096).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // Another process's pointer, a wild pointer, a range crossing the end.
+    for (ptr, len) in [
+        (secret, 4096usize),
+        (0xdead_beef_0000, 16),
+        (own + 4000, 200),
+    ] {
+        let e = bad.memcpy_dtoh(&mut buf[..len], ptr, 0).unwrap_err();
+        assert!(matches!(e, GuestError::Cuda(Status::InvalidValue)), "{e}");
+    }
+    // Asynchronous misuse is reported at the next synchronizing call.
+    bad.memcpy_htod_async(secret, &[1; 16], 0).unwrap();
+    assert!(matches!(
+        bad.synchronize(),
+        Err(GuestError::Cuda(Status::InvalidValue))
+    ));
+    assert!(matches!(
+        bad.mem_free(secret),
+        Err(GuestError::Cuda(Status::InvalidValue))
+    ));
+    assert!(matches!(
+        bad.mem_free(own + 8),
+        Err(GuestError::Cuda(Status::InvalidValue))
+    ));
+    assert!(matches!(
+        bad.stream_synchronize(12345),
+        Err(GuestError::Cuda(Status::InvalidHandle))
+    ));
+    assert!(matches!(
+        bad.module_unload(777),
+        Err(GuestError::Cuda(Status::InvalidHandle))
+    ));
+    // A kernel given a pointer it does not own faults instead of touching it.
+    let m = bad.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
+    let f = bad.get_function(m, "vector_add").unwrap();
+    let n = 16u32;
+    bad.launch(
+        &f,
+        grid(n),
+        BLOCK,
+        0,
+        0,
+        &[
+            &own.to_le_bytes(),
+            &own.to_le_bytes(),
+            &secret.to_le_bytes(),
+            &n.to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    assert!(bad.synchronize().is_err());
+    // Wrong parameter size (bypassing the client's own check).
+    bad.launch_raw(f.handle, grid(n), BLOCK, 0, &[0u8; 12])
+        .unwrap();
+    assert!(matches!(
+        bad.synchronize(),
+        Err(GuestError::Cuda(Status::InvalidValue))
+    ));
+    // Use after free and double free.
+    bad.mem_free(own).unwrap();
+    assert!(bad.memcpy_dtoh(&mut buf[..8], own, 0).is_err());
+    assert!(matches!(
+        bad.mem_free(own),
+        Err(GuestError::Cuda(Status::InvalidValue))
+    ));
+    // Garbage PTX.
+    assert!(matches!(
+        bad.module_load(ImageKind::Ptx, b"this is not ptx"),
+        Err(GuestError::Cuda(Status::InvalidPtx))
+    ));
+
+    // The victim's memory was never touched.
+    victim.memcpy_dtoh(&mut buf, secret, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 0x5a));
+    assert!(host.stats().refused.load(Ordering::Relaxed) >= 8);
+}
+
+#[test]
+fn killed_guest_is_cleaned_up_and_others_continue() {
+    let host = Host::start("kill", 512 << 20);
+    let mut good = host.guest();
+    vector_add(&mut good, 10_000, 1.0);
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_test-guest"))
+        .arg(&host.socket)
+        .arg("100")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    assert_eq!(host.stats().mem_used.load(Ordering::Relaxed), 100 << 20);
+
+    // Kill it mid-stream (it is enqueueing copies in a loop).
+    child.kill().unwrap();
+    child.wait().unwrap();
+    host.wait_until(
+        "the killed guest's memory to be freed",
+        Duration::from_secs(20),
+        |s| s.mem_used.load(Ordering::Relaxed) == 0,
+    );
+    assert!(host.stats().reclaimed.load(Ordering::Relaxed) >= 1);
+
+    // The good guest is undisturbed, and the freed channel is usable again.
+    vector_add(&mut good, 10_000, 2.0);
+    let mut again = host.guest();
+    vector_add(&mut again, 1_000, 3.0);
+}

@@ -1,0 +1,78 @@
+//! A guest that scribbles over its own rings loses its channel; the worker,
+//! and the other guests on it, carry on.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use fairvgpu_tests::Host;
+use qemu_ivshmem::layout::{desc, ringctl, Direction, DESC_SIZE};
+use qemu_ivshmem::server::Client;
+use qemu_ivshmem::Descriptor;
+
+/// Claims a channel as a native guest would and returns the client and channel index.
+fn hostile(host: &Host) -> (Client, qemu_ivshmem::GuestChannel) {
+    let c = Client::connect(&host.socket, Duration::from_secs(5)).unwrap();
+    let ch = c.region.claim(u32::from(c.id), 1, 0).unwrap();
+    (c, ch)
+}
+
+#[test]
+fn corrupt_indices_and_descriptors_end_only_the_offending_channel() {
+    let host = Host::start("hostile", 64 << 20);
+    let mut good = host.guest();
+    let p = good.mem_alloc(4096).unwrap();
+    good.memcpy_htod(p, &[7; 4096]).unwrap();
+
+    let cases: [(&str, fn(&qemu_ivshmem::Region, u32)); 3] = [
+        ("head far past the tail", |r, ch| {
+            let l = r.layout();
+            let ctl = l.channel_offset(ch) + l.ring_parts(Direction::ToHost).ctl;
+            raw_u32(r, ctl + ringctl::HEAD, 0x7fff_0000);
+        }),
+        ("head wrapped backwards", |r, ch| {
+            let l = r.layout();
+            let ctl = l.channel_offset(ch) + l.ring_parts(Direction::ToHost).ctl;
+            raw_u32(r, ctl + ringctl::HEAD, u32::MAX);
+        }),
+        ("descriptor pointing outside the arena", |r, ch| {
+            let l = r.layout();
+            let parts = l.ring_parts(Direction::ToHost);
+            // Slot 1: the worker already consumed the request in slot 0.
+            let slot = l.channel_offset(ch) + parts.descs + DESC_SIZE;
+            raw_u32(r, slot + desc::OPCODE, protocol::op::MEM_ALLOC);
+            raw_u32(r, slot + desc::DATA_OFF, u32::MAX - 8);
+            raw_u32(r, slot + desc::DATA_LEN, 64);
+            let ctl = l.channel_offset(ch) + parts.ctl;
+            raw_u32(r, ctl + ringctl::HEAD, 2);
+        }),
+    ];
+    for (i, (what, scribble)) in cases.iter().enumerate() {
+        let (client, ch) = hostile(&host);
+        // Make sure the worker has seen the claim, then corrupt.
+        let mut gc = ch;
+        assert!(gc
+            .req
+            .try_send(&Descriptor::new(1, protocol::op::CTX_SYNCHRONIZE), &[])
+            .unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+        scribble(&client.region, gc.index());
+        host.wait_until(what, Duration::from_secs(10), |s| {
+            s.broken_channels.load(Ordering::Relaxed) > i as u64
+        });
+        assert!(
+            gc.check_alive().is_err(),
+            "{what}: the channel must be taken away"
+        );
+        // The neighbour still works and its memory is intact.
+        let mut buf = [0u8; 4096];
+        good.memcpy_dtoh(&mut buf, p, 0).unwrap();
+        assert!(buf.iter().all(|&b| b == 7), "{what}");
+        drop(gc);
+        drop(client);
+    }
+}
+
+/// Writes a u32 into the shared region the way a hostile guest can.
+fn raw_u32(r: &qemu_ivshmem::Region, off: usize, v: u32) {
+    r.raw_u32_for_tests(off).store(v, Ordering::Release);
+}
