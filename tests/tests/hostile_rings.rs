@@ -9,6 +9,9 @@ use qemu_ivshmem::layout::{desc, ringctl, Direction, DESC_SIZE};
 use qemu_ivshmem::server::Client;
 use qemu_ivshmem::Descriptor;
 
+/// Writes garbage into the region of channel `ch`.
+type Scribble = fn(&qemu_ivshmem::Region, u32);
+
 /// Claims a channel as a native guest would and returns the client and channel index.
 fn hostile(host: &Host) -> (Client, qemu_ivshmem::GuestChannel) {
     let c = Client::connect(&host.socket, Duration::from_secs(5)).unwrap();
@@ -23,7 +26,7 @@ fn corrupt_indices_and_descriptors_end_only_the_offending_channel() {
     let p = good.mem_alloc(4096).unwrap();
     good.memcpy_htod(p, &[7; 4096]).unwrap();
 
-    let cases: [(&str, fn(&qemu_ivshmem::Region, u32)); 3] = [
+    let cases: [(&str, Scribble); 3] = [
         ("head far past the tail", |r, ch| {
             let l = r.layout();
             let ctl = l.channel_offset(ch) + l.ring_parts(Direction::ToHost).ctl;
