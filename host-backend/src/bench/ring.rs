@@ -264,8 +264,15 @@ fn echo_ring(sock: &Path) -> Result<()> {
     let mut h = client.region.host_channel(0)?;
     let mut sink = vec![0u8; PAYLOAD];
     let mut last_len = 0;
+    let parent = nix::unistd::getppid();
+    let mut idle: u32 = 0;
     loop {
         let Some(d) = h.req.peek()? else {
+            idle = idle.wrapping_add(1);
+            // Never outlive the bench that started us (it may have failed).
+            if idle.is_multiple_of(1 << 20) && nix::unistd::getppid() != parent {
+                bail!("bench process went away");
+            }
             std::hint::spin_loop();
             continue;
         };
