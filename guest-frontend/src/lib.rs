@@ -244,6 +244,15 @@ impl Gpu {
         Ok(Reply::decode(&d.inline))
     }
 
+    /// A query call: `NotReady` means "not yet", not an error.
+    fn query(&mut self, req: &Request) -> Result<bool> {
+        match self.call(req) {
+            Ok(_) => Ok(true),
+            Err(GuestError::Cuda(Status::NotReady)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// cuMemAlloc.
     pub fn mem_alloc(&mut self, size: u64) -> Result<DevPtr> {
         Ok(self.call(&Request::MemAlloc { size })?.vals[0])
@@ -470,11 +479,7 @@ impl Gpu {
 
     /// cuStreamQuery: Ok(true) when idle.
     pub fn stream_query(&mut self, stream: u64) -> Result<bool> {
-        match self.call(&Request::StreamQuery { stream }) {
-            Ok(_) => Ok(true),
-            Err(GuestError::Cuda(Status::NotReady)) => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.query(&Request::StreamQuery { stream })
     }
 
     /// cuEventCreate.
@@ -500,11 +505,7 @@ impl Gpu {
 
     /// cuEventQuery: Ok(true) when complete.
     pub fn event_query(&mut self, event: u64) -> Result<bool> {
-        match self.call(&Request::EventQuery { event }) {
-            Ok(_) => Ok(true),
-            Err(GuestError::Cuda(Status::NotReady)) => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.query(&Request::EventQuery { event })
     }
 
     /// cuEventElapsedTime, in milliseconds.

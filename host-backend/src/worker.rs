@@ -622,13 +622,7 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             let r = s
                 .check_stream(stream)
                 .and_then(|()| s.ctx.stream_query(stream));
-            let r = r.and_then(|done| {
-                if done {
-                    Ok(Reply::default())
-                } else {
-                    Err(Status::NotReady)
-                }
-            });
+            let r = r.and_then(ready);
             reply(sh, c, tag, opc, r, &[])
         }
         Request::EventCreate { flags } => {
@@ -660,13 +654,7 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
         }
         Request::EventQuery { event } => {
             let r = s.check_event(event).and_then(|()| s.ctx.event_query(event));
-            let r = r.and_then(|done| {
-                if done {
-                    Ok(Reply::default())
-                } else {
-                    Err(Status::NotReady)
-                }
-            });
+            let r = r.and_then(ready);
             reply(sh, c, tag, opc, r, &[])
         }
         Request::EventElapsedTime { start, end } => {
@@ -683,6 +671,15 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 &[],
             )
         }
+    }
+}
+
+/// A query's answer: success when done, `NotReady` otherwise (as CUDA reports it).
+fn ready(done: bool) -> Result<Reply, Status> {
+    if done {
+        Ok(Reply::default())
+    } else {
+        Err(Status::NotReady)
     }
 }
 

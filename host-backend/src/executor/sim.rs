@@ -150,6 +150,17 @@ impl SimContext {
         done
     }
 
+    /// When the last operation submitted to `stream` completes (0: the default stream).
+    fn stream_done(&self, stream: Handle) -> Result<Instant, Status> {
+        if stream == 0 {
+            return Ok(self.last_done);
+        }
+        self.streams
+            .get(&stream)
+            .copied()
+            .ok_or(Status::InvalidHandle)
+    }
+
     fn copy_ns(&self, bytes: u64) -> u64 {
         (bytes as f64 / self.params.copy_gbps) as u64
     }
@@ -382,21 +393,13 @@ impl Context for SimContext {
 
     fn stream_synchronize(&mut self, stream: Handle) -> Result<(), Status> {
         // One hardware queue: a stream is done when everything before it is.
-        let t = if stream == 0 {
-            self.last_done
-        } else {
-            *self.streams.get(&stream).ok_or(Status::InvalidHandle)?
-        };
+        let t = self.stream_done(stream)?;
         Self::wait_until(t);
         Ok(())
     }
 
     fn stream_query(&mut self, stream: Handle) -> Result<bool, Status> {
-        let t = if stream == 0 {
-            self.last_done
-        } else {
-            *self.streams.get(&stream).ok_or(Status::InvalidHandle)?
-        };
+        let t = self.stream_done(stream)?;
         Ok(Instant::now() >= t)
     }
 
