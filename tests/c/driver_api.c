@@ -1,0 +1,218 @@
+/*
+ * A CUDA driver-API program with no CUDA headers: it declares what it uses,
+ * with the driver's ABI, so it builds with plain gcc. Links against
+ * libcuda.so.1: the real driver, or fairvgpu's stand-in.
+ *
+ * usage: driver_api KERNELS.ptx
+ * Runs vector add and saxpy with streams and events, checks every element,
+ * exercises error reporting and cuGetProcAddress. Exit 0 only if all is right.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+CUresult cuInit(unsigned int);
+CUresult cuDriverGetVersion(int *);
+CUresult cuDeviceGetCount(int *);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDeviceGetName(char *, int, CUdevice);
+CUresult cuDeviceGetAttribute(int *, int, CUdevice);
+CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxPushCurrent_v2(CUcontext);
+CUresult cuCtxPopCurrent_v2(CUcontext *);
+CUresult cuCtxSynchronize(void);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
+CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr, const void *, size_t, CUstream);
+CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);
+CUresult cuMemsetD32_v2(CUdeviceptr, unsigned int, size_t);
+CUresult cuMemAllocHost_v2(void **, size_t);
+CUresult cuMemFreeHost(void *);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuModuleUnload(CUmodule);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void **, void **);
+CUresult cuStreamCreate(CUstream *, unsigned int);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuStreamDestroy_v2(CUstream);
+CUresult cuEventCreate(CUevent *, unsigned int);
+CUresult cuEventRecord(CUevent, CUstream);
+CUresult cuEventSynchronize(CUevent);
+CUresult cuEventElapsedTime(float *, CUevent, CUevent);
+CUresult cuEventDestroy_v2(CUevent);
+CUresult cuGetErrorName(CUresult, const char **);
+CUresult cuGetErrorString(CUresult, const char **);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+#ifdef __cplusplus
+}
+#endif
+
+#define CK(call) do { CUresult r_ = (call); if (r_ != 0) { const char *n_ = "?"; \
+    cuGetErrorName(r_, &n_); fprintf(stderr, "%s:%d: %s -> %d (%s)\n", __FILE__, __LINE__, \
+    #call, r_, n_); exit(1); } } while (0)
+#define EXPECT(cond) do { if (!(cond)) { fprintf(stderr, "%s:%d: expected %s\n", __FILE__, \
+    __LINE__, #cond); exit(1); } } while (0)
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { perror(path); exit(1); }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = (char *)malloc(n + 1);
+    if (fread(b, 1, n, f) != (size_t)n) { perror("read"); exit(1); }
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2 && !(argc == 3 && strcmp(argv[2], "rate") == 0)) {
+        fprintf(stderr, "usage: %s KERNELS.ptx [rate]\n", argv[0]);
+        return 2;
+    }
+    CK(cuInit(0));
+    int version = 0, count = 0, sms = 0, ccmaj = 0;
+    CK(cuDriverGetVersion(&version));
+    CK(cuDeviceGetCount(&count));
+    EXPECT(count >= 1);
+    CUdevice dev;
+    CK(cuDeviceGet(&dev, 0));
+    char name[128];
+    CK(cuDeviceGetName(name, sizeof name, dev));
+    CK(cuDeviceGetAttribute(&sms, 16 /* MULTIPROCESSOR_COUNT */, dev));
+    CK(cuDeviceGetAttribute(&ccmaj, 75 /* COMPUTE_CAPABILITY_MAJOR */, dev));
+    size_t total = 0;
+    CK(cuDeviceTotalMem_v2(&total, dev));
+    printf("device: %s, cc %d, %d SMs, %zu MiB, driver %d\n", name, ccmaj, sms, total >> 20, version);
+    EXPECT(sms > 0 && ccmaj > 0 && total > 0);
+
+    CUcontext ctx, popped;
+    CK(cuCtxCreate_v2(&ctx, 0, dev));
+    CK(cuCtxPopCurrent_v2(&popped));
+    EXPECT(popped == ctx);
+    CK(cuCtxPushCurrent_v2(ctx));
+
+    char *ptx = read_file(argv[1]);
+    CUmodule mod;
+    CK(cuModuleLoadData(&mod, ptx));
+    CUfunction add, saxpy;
+    CK(cuModuleGetFunction(&add, mod, "vector_add"));
+    CK(cuModuleGetFunction(&saxpy, mod, "saxpy"));
+    EXPECT(cuModuleGetFunction(&add, mod, "no_such_kernel") == 500 /* NOT_FOUND */);
+
+    const unsigned n = 1u << 20;
+    size_t bytes = (size_t)n * sizeof(float);
+    float *a, *b, *c;
+    CK(cuMemAllocHost_v2((void **)&a, bytes));
+    b = (float *)malloc(bytes);
+    c = (float *)malloc(bytes);
+    for (unsigned i = 0; i < n; i++) { a[i] = (float)i * 0.5f; b[i] = (float)(n - i) * 0.25f; }
+    CUdeviceptr da, db, dc;
+    CK(cuMemAlloc_v2(&da, bytes));
+    CK(cuMemAlloc_v2(&db, bytes));
+    CK(cuMemAlloc_v2(&dc, bytes));
+    CUstream s;
+    CUevent e0, e1;
+    CK(cuStreamCreate(&s, 0));
+    CK(cuEventCreate(&e0, 0));
+    CK(cuEventCreate(&e1, 0));
+    CK(cuMemcpyHtoDAsync_v2(da, a, bytes, s));
+    CK(cuMemcpyHtoD_v2(db, b, bytes));
+    CK(cuEventRecord(e0, s));
+    void *args[] = { &da, &db, &dc, (void *)&n };
+    CK(cuLaunchKernel(add, (n + 255) / 256, 1, 1, 256, 1, 1, 0, s, args, NULL));
+    CK(cuEventRecord(e1, s));
+    CK(cuMemcpyDtoHAsync_v2(c, dc, bytes, s));
+    CK(cuStreamSynchronize(s));
+    CK(cuEventSynchronize(e1));
+    float ms = -1;
+    CK(cuEventElapsedTime(&ms, e0, e1));
+    EXPECT(ms >= 0);
+    for (unsigned i = 0; i < n; i++) EXPECT(c[i] == a[i] + b[i]);
+    printf("vector_add: %u elements correct (%.3f ms)\n", n, ms);
+
+    float alpha = 2.0f;
+    void *sargs[] = { &alpha, &da, &db, (void *)&n };
+    CK(cuLaunchKernel(saxpy, (n + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, sargs, NULL));
+    CK(cuCtxSynchronize());
+    CK(cuMemcpyDtoH_v2(c, db, bytes));
+    for (unsigned i = 0; i < n; i++) EXPECT(c[i] == fmaf(alpha, a[i], b[i]));
+    printf("saxpy: %u elements correct\n", n);
+
+    CK(cuMemsetD32_v2(dc, 0x3f800000u, n));
+    CK(cuMemcpyDtoH_v2(c, dc, bytes));
+    for (unsigned i = 0; i < n; i++) EXPECT(c[i] == 1.0f);
+
+    size_t free_b = 0, total_b = 0;
+    CK(cuMemGetInfo_v2(&free_b, &total_b));
+    EXPECT(free_b <= total_b);
+
+    /* Errors are reported, by name. */
+    const char *ename = NULL, *estr = NULL;
+    CUresult bad = cuMemcpyDtoH_v2(c, (CUdeviceptr)0x10, 16);
+    EXPECT(bad != 0);
+    CK(cuGetErrorName(bad, &ename));
+    CK(cuGetErrorString(bad, &estr));
+    printf("bad copy refused: %s (%s)\n", ename, estr);
+
+    /* cuGetProcAddress hands out working entry points. */
+    void *fp = NULL;
+    int st = -1;
+    CK(cuGetProcAddress_v2("cuMemGetInfo", &fp, 12000, 0, &st));
+    EXPECT(fp != NULL && st == 0);
+    CK(((CUresult (*)(size_t *, size_t *))fp)(&free_b, &total_b));
+
+    if (argc == 3) {
+        /* Asynchronous launch rate of an empty kernel (enqueue cost as the program sees it). */
+        CUfunction empty;
+        CK(cuModuleGetFunction(&empty, mod, "empty"));
+        for (int i = 0; i < 1000; i++) CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        CK(cuStreamSynchronize(s));
+        const int launches = 200000;
+        struct timespec t0, t1, t2;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int i = 0; i < launches; i++) CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        CK(cuStreamSynchronize(s));
+        clock_gettime(CLOCK_MONOTONIC, &t2);
+        double enq = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        double all = (t2.tv_sec - t0.tv_sec) + (t2.tv_nsec - t0.tv_nsec) * 1e-9;
+        printf("launches=%d enqueue_per_s=%.0f completed_per_s=%.0f\n", launches, launches / enq, launches / all);
+    }
+
+    CK(cuEventDestroy_v2(e0));
+    CK(cuEventDestroy_v2(e1));
+    CK(cuStreamDestroy_v2(s));
+    CK(cuMemFree_v2(da));
+    CK(cuMemFree_v2(db));
+    CK(cuMemFree_v2(dc));
+    CK(cuModuleUnload(mod));
+    CK(cuMemFreeHost(a));
+    CK(cuCtxDestroy_v2(ctx));
+    free(b); free(c); free(ptx);
+    printf("driver_api: all checks passed\n");
+    return 0;
+}

@@ -1,0 +1,121 @@
+//! Unmodified driver-API C programs, built with the system C compiler against
+//! the stand-in libcuda.so.1 (no CUDA toolkit), run against a sim worker.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fairvgpu_tests::Host;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_owned()
+}
+
+/// Builds the stand-in and gives a directory holding it as libcuda.so.1.
+fn standin(dir: &Path) -> PathBuf {
+    let root = workspace();
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "-q", "-p", "fairvgpu-libcuda"])
+        .current_dir(&root)
+        .status()
+        .expect("cargo build");
+    assert!(st.success(), "building the stand-in failed");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or(root.join("target"));
+    let so = target.join("debug/libcuda.so");
+    assert!(so.exists(), "{} missing", so.display());
+    let lib = dir.join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    for name in ["libcuda.so.1", "libcuda.so"] {
+        let _ = std::fs::remove_file(lib.join(name));
+        std::fs::copy(&so, lib.join(name)).unwrap();
+    }
+    lib
+}
+
+#[test]
+fn c_driver_api_program_runs_against_the_standin() {
+    let host = Host::start("capi", 256 << 20);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let exe = dir.join("driver_api");
+    let src = workspace().join("tests/c/driver_api.c");
+    let out = Command::new("cc")
+        .arg("-O2")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", lib.display()))
+        .args(["-lcuda", "-lm"])
+        .output()
+        .expect("cc runs");
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let run = Command::new(&exe)
+        .arg(&ptx)
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("FAIRVGPU_SOCKET", &host.socket)
+        .output()
+        .expect("program runs");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "program failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stdout.contains("vector_add: 1048576 elements correct"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("saxpy: 1048576 elements correct"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("bad copy refused: CUDA_ERROR_INVALID_VALUE"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("driver_api: all checks passed"), "{stdout}");
+    // The program freed everything; the host agrees.
+    host.wait_until(
+        "the program's memory to be freed",
+        std::time::Duration::from_secs(10),
+        |s| s.mem_used.load(std::sync::atomic::Ordering::Relaxed) == 0,
+    );
+}
+
+#[test]
+fn without_a_vgpu_cuinit_reports_no_device() {
+    let dir = std::env::temp_dir().join(format!("fvg-nodev-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = standin(&dir);
+    let exe = dir.join("driver_api");
+    let src = workspace().join("tests/c/driver_api.c");
+    let st = Command::new("cc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", lib.display()))
+        .args(["-lcuda", "-lm"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let run = Command::new(&exe)
+        .arg("/dev/null")
+        .env("LD_LIBRARY_PATH", &lib)
+        .env_remove("FAIRVGPU_SOCKET")
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("CUDA_ERROR_NO_DEVICE"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
