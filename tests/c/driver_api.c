@@ -121,7 +121,8 @@ int main(int argc, char **argv) {
     CUfunction add, saxpy;
     CK(cuModuleGetFunction(&add, mod, "vector_add"));
     CK(cuModuleGetFunction(&saxpy, mod, "saxpy"));
-    EXPECT(cuModuleGetFunction(&add, mod, "no_such_kernel") == 500 /* NOT_FOUND */);
+    CUfunction missing;
+    EXPECT(cuModuleGetFunction(&missing, mod, "no_such_kernel") == 500 /* NOT_FOUND */);
 
     const unsigned n = 1u << 20;
     size_t bytes = (size_t)n * sizeof(float);
