@@ -401,6 +401,11 @@ impl Gpu {
         })
     }
 
+    /// cuFuncGetAttribute.
+    pub fn func_attribute(&mut self, func: u64, attr: u32) -> Result<i32> {
+        Ok(self.call(&Request::FuncGetAttribute { func, attr })?.vals[0] as u32 as i32)
+    }
+
     /// cuLaunchKernel: marshals `params` (one byte slice per parameter) by the
     /// kernel's real parameter sizes and enqueues the launch.
     pub fn launch(

@@ -568,6 +568,14 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
             }
         }
+        Request::FuncGetAttribute { func, attr } => {
+            let r = s
+                .function(func)
+                .map(drop)
+                .and_then(|()| s.ctx.func_attribute(func, attr))
+                .map(|v| Reply::one(u64::from(v as u32)));
+            reply(sh, c, tag, opc, r, &[])
+        }
         Request::Launch {
             func,
             grid,

@@ -23,6 +23,8 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const MAX_LEN: u64 = 1 << 40;
 /// Largest module image or kernel name.
 pub const MAX_IMAGE: u64 = 256 << 20;
+/// Highest `CUfunction_attribute` forwarded (MAX_THREADS_PER_BLOCK .. PREFERRED_SHARED_MEMORY_CARVEOUT).
+pub const MAX_FUNC_ATTRIBUTE: u32 = 9;
 /// Largest kernel parameter buffer (CUDA's limit is 32,764 bytes).
 pub const MAX_PARAMS: u64 = 32_764;
 
@@ -163,6 +165,13 @@ pub enum Request {
         /// Module handle.
         module: u64,
     },
+    /// A kernel attribute (`CUfunction_attribute` 0..=9; reply: the value as i32).
+    FuncGetAttribute {
+        /// Function handle.
+        func: u64,
+        /// The attribute.
+        attr: u32,
+    },
     /// Launch a kernel; the parameter bytes, packed in order, are the data.
     Launch {
         /// Function handle.
@@ -247,6 +256,7 @@ pub mod op {
     pub const MODULE_LOAD: u32 = 20;
     pub const MODULE_UNLOAD: u32 = 21;
     pub const MODULE_GET_FUNCTION: u32 = 22;
+    pub const FUNC_GET_ATTRIBUTE: u32 = 23;
     pub const LAUNCH: u32 = 30;
     pub const STREAM_CREATE: u32 = 40;
     pub const STREAM_DESTROY: u32 = 41;
@@ -286,6 +296,7 @@ impl Request {
             ModuleLoad { .. } => op::MODULE_LOAD,
             ModuleUnload { .. } => op::MODULE_UNLOAD,
             ModuleGetFunction { .. } => op::MODULE_GET_FUNCTION,
+            FuncGetAttribute { .. } => op::FUNC_GET_ATTRIBUTE,
             Launch { .. } => op::LAUNCH,
             StreamCreate { .. } => op::STREAM_CREATE,
             StreamDestroy { .. } => op::STREAM_DESTROY,
@@ -373,6 +384,10 @@ impl Request {
                 w.u64(len);
             }
             ModuleUnload { module } | ModuleGetFunction { module } => w.u64(module),
+            FuncGetAttribute { func, attr } => {
+                w.u64(func);
+                w.u32(attr);
+            }
             Launch {
                 func,
                 grid,
@@ -469,6 +484,14 @@ impl Request {
             }
             op::MODULE_UNLOAD => ModuleUnload { module: r.u64()? },
             op::MODULE_GET_FUNCTION => ModuleGetFunction { module: r.u64()? },
+            op::FUNC_GET_ATTRIBUTE => {
+                let func = r.u64()?;
+                let attr = r.u32()?;
+                if attr > MAX_FUNC_ATTRIBUTE {
+                    return Err(bad("attr", format!("function attribute {attr} unknown")));
+                }
+                FuncGetAttribute { func, attr }
+            }
             op::LAUNCH => {
                 let func = r.u64()?;
                 let grid = Dim3 {
@@ -664,6 +687,7 @@ mod tests {
             },
             Request::ModuleUnload { module: 5 },
             Request::ModuleGetFunction { module: 5 },
+            Request::FuncGetAttribute { func: 5, attr: 4 },
             Request::Launch {
                 func: 9,
                 grid: d(100, 2, 1),

@@ -52,6 +52,7 @@ CUresult cuMemFreeHost(void *);
 CUresult cuModuleLoadData(CUmodule *, const void *);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuModuleUnload(CUmodule);
+CUresult cuFuncGetAttribute(int *, int, CUfunction);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
 CUresult cuStreamCreate(CUstream *, unsigned int);
@@ -121,6 +122,9 @@ int main(int argc, char **argv) {
     CUfunction add, saxpy;
     CK(cuModuleGetFunction(&add, mod, "vector_add"));
     CK(cuModuleGetFunction(&saxpy, mod, "saxpy"));
+    int max_threads = 0;
+    CK(cuFuncGetAttribute(&max_threads, 0 /* MAX_THREADS_PER_BLOCK */, add));
+    EXPECT(max_threads >= 256);
     CUfunction missing;
     EXPECT(cuModuleGetFunction(&missing, mod, "no_such_kernel") == 500 /* NOT_FOUND */);
 

@@ -229,6 +229,57 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(
     })
 }
 
+/// A vGPU has its own identity: a UUID derived from the vGPU's socket and
+/// device name (stable for the vGPU, different from the physical GPU's).
+fn vgpu_uuid(s: &State) -> [u8; 16] {
+    let mut h: [u64; 2] = [0xcbf2_9ce4_8422_2325, 0x8422_2325_cbf2_9ce4];
+    let sock = std::env::var("FAIRVGPU_SOCKET").unwrap_or_default();
+    for (k, b) in sock.bytes().chain(s.info.name.bytes()).enumerate() {
+        let w = &mut h[k % 2];
+        *w = (*w ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut u = [0u8; 16];
+    u[..8].copy_from_slice(&h[0].to_le_bytes());
+    u[8..].copy_from_slice(&h[1].to_le_bytes());
+    u[6] = (u[6] & 0x0f) | 0x40; // version 4
+    u[8] = (u[8] & 0x3f) | 0x80; // variant 1
+    u
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], d: CUdevice) -> CuResult {
+    with(|s| {
+        check_dev(d)?;
+        out(uuid, vgpu_uuid(s))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], d: CUdevice) -> CuResult {
+    // SAFETY: same contract.
+    unsafe { cuDeviceGetUuid_v2(uuid, d) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(
+    bus: *mut c_char,
+    len: c_int,
+    d: CUdevice,
+) -> CuResult {
+    with(|_| {
+        check_dev(d)?;
+        let id = b"0000:00:00.0";
+        if bus.is_null() || len <= id.len() as c_int {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: the caller provides `len` writable bytes at `bus`.
+        let dst = unsafe { std::slice::from_raw_parts_mut(bus as *mut u8, len as usize) };
+        dst[..id.len()].copy_from_slice(id);
+        dst[id.len()] = 0;
+        Ok(())
+    })
+}
+
 // ---------------------------------------------------------------- contexts
 //
 // A guest process has one channel and so one host context; CUDA contexts
@@ -280,6 +331,47 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, d: CUdevi
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(d: CUdevice) -> CuResult {
     with(|_| check_dev(d))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    d: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CuResult {
+    with(|s| {
+        check_dev(d)?;
+        out(flags, 0)?;
+        out(active, c_int::from(s.primary != 0))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(d: CUdevice, _flags: c_uint) -> CuResult {
+    // Scheduling flags (spin, yield, block) concern the host's thread; the
+    // guest always spins, then blocks on its doorbell.
+    with(|_| check_dev(d))
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxReset_v2(d: CUdevice) -> CuResult {
+    with(|s| {
+        check_dev(d)?;
+        s.gpu.synchronize().map_err(code)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CuResult {
+    with(|_| {
+        need_ctx()?;
+        out(flags, 0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetApiVersion(_ctx: CUcontext, v: *mut c_uint) -> CuResult {
+    with(|_| out(v, DRIVER_VERSION as c_uint))
 }
 
 #[no_mangle]
@@ -617,6 +709,33 @@ pub unsafe extern "C" fn cuModuleGetFunction(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn cuFuncGetAttribute(v: *mut c_int, attr: c_int, f: CUfunction) -> CuResult {
+    with(|s| {
+        let a = u32::try_from(attr).map_err(|_| INVALID_VALUE)?;
+        if a > protocol::MAX_FUNC_ATTRIBUTE {
+            once_unsupported(&format!("cuFuncGetAttribute({attr})"));
+            return Err(NOT_SUPPORTED);
+        }
+        let val = s.gpu.func_attribute(f as u64, a).map_err(code)?;
+        out(v, val)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetAttribute(
+    v: *mut c_int,
+    attr: c_int,
+    k: CUfunction,
+    d: CUdevice,
+) -> CuResult {
+    if d != 0 {
+        return INVALID_DEVICE;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { cuFuncGetAttribute(v, attr, k) }
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn cuLaunchKernel(
     f: CUfunction,
     gx: c_uint,
@@ -675,6 +794,116 @@ pub unsafe extern "C" fn cuLaunchKernel(
             .launch(&func, grid, block, shared, st as u64, &views)
             .map_err(code)
     })
+}
+
+// The library API (CUDA 12) is the module API without a context: a library
+// is a module of the guest's one host context, a kernel is its function.
+
+fn need_ctx_or_primary(s: &mut State) {
+    if CURRENT.with(Cell::get) == 0 {
+        if s.primary == 0 {
+            s.next_ctx += 0x10;
+            s.primary = s.next_ctx;
+            s.contexts.insert(s.primary);
+        }
+        CURRENT.with(|c| c.set(s.primary));
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryLoadData(
+    lib: *mut CUmodule,
+    code: *const c_void,
+    _jit_opts: *mut c_int,
+    _jit_vals: *mut *mut c_void,
+    _n_jit: c_uint,
+    _lib_opts: *mut c_int,
+    _lib_vals: *mut *mut c_void,
+    _n_lib: c_uint,
+) -> CuResult {
+    let r = with(|s| {
+        need_ctx_or_primary(s);
+        Ok(())
+    });
+    if r != SUCCESS {
+        return r;
+    }
+    // SAFETY: forwarded contract (a module image at `code`).
+    unsafe { load(lib, code) }
+}
+
+#[no_mangle]
+pub extern "C" fn cuLibraryUnload(lib: CUmodule) -> CuResult {
+    with(|s| s.gpu.module_unload(lib as u64).map_err(code))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetModule(m: *mut CUmodule, lib: CUmodule) -> CuResult {
+    with(|_| out(m, lib))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetKernel(
+    k: *mut CUfunction,
+    lib: CUmodule,
+    name: *const c_char,
+) -> CuResult {
+    let r = with(|s| {
+        need_ctx_or_primary(s);
+        Ok(())
+    });
+    if r != SUCCESS {
+        return r;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { cuModuleGetFunction(k, lib, name) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetFunction(f: *mut CUfunction, k: CUfunction) -> CuResult {
+    with(|s| {
+        if !s.functions.contains_key(&(k as usize)) {
+            return Err(INVALID_HANDLE);
+        }
+        out(f, k)
+    })
+}
+
+/// cuLaunchKernelEx without launch attributes: the same launch as
+/// cuLaunchKernel. Attributes (clusters, cooperative launch, ...) change
+/// semantics we do not forward yet, so they are refused, not ignored.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    cfg: *const cudarc::driver::sys::CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CuResult {
+    if cfg.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: non-null pointer to a launch configuration (API contract).
+    let c = unsafe { &*cfg };
+    if c.numAttrs != 0 {
+        once_unsupported("cuLaunchKernelEx with launch attributes");
+        return NOT_SUPPORTED;
+    }
+    // SAFETY: forwarded contract.
+    unsafe {
+        cuLaunchKernel(
+            f,
+            c.gridDimX,
+            c.gridDimY,
+            c.gridDimZ,
+            c.blockDimX,
+            c.blockDimY,
+            c.blockDimZ,
+            c.sharedMemBytes,
+            c.hStream,
+            params,
+            extra,
+        )
+    }
 }
 
 // ---------------------------------------------------------------- streams, events
@@ -820,7 +1049,10 @@ proc_table! {
     "cuInit" => cuInit, "cuDriverGetVersion" => cuDriverGetVersion,
     "cuDeviceGetCount" => cuDeviceGetCount, "cuDeviceGet" => cuDeviceGet,
     "cuDeviceGetName" => cuDeviceGetName, "cuDeviceTotalMem" => cuDeviceTotalMem_v2,
-    "cuDeviceGetAttribute" => cuDeviceGetAttribute, "cuDeviceComputeCapability" => cuDeviceComputeCapability,
+    "cuDeviceGetAttribute" => cuDeviceGetAttribute, "cuDeviceGetUuid" => cuDeviceGetUuid_v2,
+    "cuDeviceGetPCIBusId" => cuDeviceGetPCIBusId, "cuDevicePrimaryCtxGetState" => cuDevicePrimaryCtxGetState,
+    "cuDevicePrimaryCtxSetFlags" => cuDevicePrimaryCtxSetFlags_v2, "cuDevicePrimaryCtxReset" => cuDevicePrimaryCtxReset_v2,
+    "cuCtxGetFlags" => cuCtxGetFlags, "cuCtxGetApiVersion" => cuCtxGetApiVersion, "cuDeviceComputeCapability" => cuDeviceComputeCapability,
     "cuCtxCreate" => cuCtxCreate_v2, "cuCtxDestroy" => cuCtxDestroy_v2,
     "cuDevicePrimaryCtxRetain" => cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRelease" => cuDevicePrimaryCtxRelease_v2,
     "cuCtxSetCurrent" => cuCtxSetCurrent, "cuCtxGetCurrent" => cuCtxGetCurrent,
@@ -835,7 +1067,11 @@ proc_table! {
     "cuMemAllocHost" => cuMemAllocHost_v2, "cuMemHostAlloc" => cuMemHostAlloc, "cuMemFreeHost" => cuMemFreeHost,
     "cuModuleLoadData" => cuModuleLoadData, "cuModuleLoadDataEx" => cuModuleLoadDataEx,
     "cuModuleUnload" => cuModuleUnload, "cuModuleGetFunction" => cuModuleGetFunction,
-    "cuLaunchKernel" => cuLaunchKernel,
+    "cuLaunchKernel" => cuLaunchKernel, "cuLaunchKernelEx" => cuLaunchKernelEx,
+    "cuLibraryLoadData" => cuLibraryLoadData, "cuLibraryUnload" => cuLibraryUnload,
+    "cuLibraryGetModule" => cuLibraryGetModule, "cuLibraryGetKernel" => cuLibraryGetKernel,
+    "cuKernelGetFunction" => cuKernelGetFunction, "cuFuncGetAttribute" => cuFuncGetAttribute,
+    "cuKernelGetAttribute" => cuKernelGetAttribute,
     "cuStreamCreate" => cuStreamCreate, "cuStreamDestroy" => cuStreamDestroy_v2,
     "cuStreamSynchronize" => cuStreamSynchronize, "cuStreamQuery" => cuStreamQuery,
     "cuEventCreate" => cuEventCreate, "cuEventDestroy" => cuEventDestroy_v2, "cuEventRecord" => cuEventRecord,
@@ -874,7 +1110,11 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
             SUCCESS
         }
         None => {
-            once_unsupported(&name);
+            // Loaders such as cuda-python resolve every entry point up front;
+            // a miss matters only if the program then needs it.
+            if std::env::var_os("FAIRVGPU_LIBCUDA_DEBUG").is_some() {
+                eprintln!("fairvgpu libcuda: no entry point {name}");
+            }
             let _ = out(pfn, std::ptr::null_mut());
             if !status.is_null() {
                 let _ = out(status, 1); // CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND

@@ -325,6 +325,31 @@ impl Context for CudaContext {
         Ok((f as Handle, sizes))
     }
 
+    fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
+        use sys::CUfunction_attribute as A;
+        let a = match attr {
+            0 => A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+            1 => A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            2 => A::CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES,
+            3 => A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+            4 => A::CU_FUNC_ATTRIBUTE_NUM_REGS,
+            5 => A::CU_FUNC_ATTRIBUTE_PTX_VERSION,
+            6 => A::CU_FUNC_ATTRIBUTE_BINARY_VERSION,
+            7 => A::CU_FUNC_ATTRIBUTE_CACHE_MODE_CA,
+            8 => A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            9 => A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            _ => return Err(Status::InvalidValue),
+        };
+        self.bind()?;
+        if !self.functions.contains_key(&func) {
+            return Err(Status::InvalidHandle);
+        }
+        let mut v = 0;
+        // SAFETY: function handle issued by this context; out-parameter on our stack.
+        check(unsafe { sys::cuFuncGetAttribute(&mut v, a, func as sys::CUfunction) })?;
+        Ok(v)
+    }
+
     fn launch(
         &mut self,
         func: Handle,

@@ -51,6 +51,8 @@ pub trait Context: Send {
     fn unload_module(&mut self, module: Handle) -> Result<(), Status>;
     /// Looks a kernel up; returns its handle and parameter sizes.
     fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<u32>), Status>;
+    /// A kernel attribute (`CUfunction_attribute`, already range-checked).
+    fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status>;
     /// Enqueues a launch; `params` is packed by the parameter sizes.
     fn launch(
         &mut self,

@@ -363,6 +363,22 @@ impl Context for SimContext {
         Ok((h, sizes))
     }
 
+    fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
+        if !self.functions.contains_key(&func) {
+            return Err(Status::InvalidHandle);
+        }
+        // What the model's kernels look like to an occupancy calculator.
+        Ok(match attr {
+            0 => 1024,  // MAX_THREADS_PER_BLOCK
+            4 => 16,    // NUM_REGS
+            5 => 70,    // PTX_VERSION
+            6 => 90,    // BINARY_VERSION
+            8 => 49152, // MAX_DYNAMIC_SHARED_SIZE_BYTES
+            9 => -1,    // PREFERRED_SHARED_MEMORY_CARVEOUT
+            _ => 0,     // shared, const and local sizes, cache mode
+        })
+    }
+
     fn launch(
         &mut self,
         func: Handle,
