@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: the same driver-API programs natively and through the
 # stand-in (daemon on the cuda executor). Carried: target/release/fairvgpu,
-# target/release/libcuda.so.
+# target/release/libcuda.so, target/release/cudarc-guest.
 set -uo pipefail
 NV=/usr/local/nvidia/lib64
 export LD_LIBRARY_PATH=$NV
@@ -88,6 +88,9 @@ err = np.linalg.norm(dC.copy_to_host() - ref) / np.linalg.norm(ref)
 assert err < 1e-5, err
 print("numba matmul ok, relative error %.2e" % err)
 PY
+echo "== Rust program using cudarc (target/release/cudarc-guest)"
+echo "-- native"; ./target/release/cudarc-guest $PTX; echo "rc=$?"
+echo "-- stand-in"; FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib ./target/release/cudarc-guest $PTX; echo "rc=$?"
 echo "== numba-cuda through the stand-in (numba-cuda loads libcuda.so.1 from the library path)"
 python3 -c "import numba; print('numba', numba.__version__)" 2>&1 | tail -1
 echo "-- native"

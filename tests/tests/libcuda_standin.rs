@@ -119,3 +119,27 @@ fn without_a_vgpu_cuinit_reports_no_device() {
     assert!(stderr.contains("CUDA_ERROR_NO_DEVICE"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn rust_cudarc_program_runs_against_the_standin() {
+    let host = Host::start("cudarc", 256 << 20);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let run = Command::new(env!("CARGO_BIN_EXE_cudarc-guest"))
+        .arg(&ptx)
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("FAIRVGPU_SOCKET", &host.socket)
+        .output()
+        .expect("program runs");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "cudarc program failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stdout.contains("cudarc-guest: all checks passed"),
+        "{stdout}"
+    );
+}
