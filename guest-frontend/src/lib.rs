@@ -406,6 +406,41 @@ impl Gpu {
         Ok(self.call(&Request::FuncGetAttribute { func, attr })?.vals[0] as u32 as i32)
     }
 
+    /// cuOccupancyMaxActiveBlocksPerMultiprocessor.
+    pub fn occupancy(&mut self, func: u64, block_size: u32, shared_mem: u32) -> Result<i32> {
+        let r = self.call(&Request::Occupancy {
+            func,
+            block_size,
+            shared_mem,
+        })?;
+        Ok(r.vals[0] as u32 as i32)
+    }
+
+    /// cuModuleGetGlobal: (address, size).
+    pub fn module_global(&mut self, module: u64, name: &str) -> Result<(u64, u64)> {
+        let (r, _) = self.call_data(&Request::ModuleGetGlobal { module }, name.as_bytes())?;
+        Ok((r.vals[0], r.vals[1]))
+    }
+
+    /// cuLink*: links `(input type, image)` pairs on the host; returns the linked image.
+    pub fn link(&mut self, inputs: &[(u32, &[u8])]) -> Result<Vec<u8>> {
+        let mut records = Vec::new();
+        for (kind, bytes) in inputs {
+            let len =
+                u32::try_from(bytes.len()).map_err(|_| GuestError::Cuda(Status::InvalidValue))?;
+            records.extend_from_slice(&kind.to_le_bytes());
+            records.extend_from_slice(&len.to_le_bytes());
+            records.extend_from_slice(bytes);
+        }
+        let (_, image) = self.call_data(
+            &Request::Link {
+                len: records.len() as u64,
+            },
+            &records,
+        )?;
+        Ok(image)
+    }
+
     /// cuLaunchKernel: marshals `params` (one byte slice per parameter) by the
     /// kernel's real parameter sizes and enqueues the launch.
     pub fn launch(

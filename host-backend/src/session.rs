@@ -15,6 +15,9 @@ pub struct Session {
     pub ctx: Box<dyn Context>,
     /// base -> length of each live allocation.
     allocs: BTreeMap<u64, u64>,
+    /// base -> length of module globals: addressable, not freeable, not
+    /// counted against the memory limit.
+    globals: BTreeMap<u64, u64>,
     /// Bytes allocated.
     pub mem_used: u64,
     modules: HashSet<Handle>,
@@ -41,6 +44,7 @@ impl Session {
         Session {
             ctx,
             allocs: BTreeMap::new(),
+            globals: BTreeMap::new(),
             mem_used: 0,
             modules: HashSet::new(),
             functions: HashMap::new(),
@@ -50,18 +54,25 @@ impl Session {
         }
     }
 
-    /// Checks that [ptr, ptr+len) lies inside one of this session's allocations.
+    /// Checks that [ptr, ptr+len) lies inside one of this session's
+    /// allocations or module globals.
     pub fn check_range(&self, ptr: u64, len: u64) -> Result<(), Status> {
-        let (&base, &size) = self
-            .allocs
-            .range(..=ptr)
-            .next_back()
-            .ok_or(Status::InvalidValue)?;
         let end = ptr.checked_add(len).ok_or(Status::InvalidValue)?;
-        if end > base + size {
-            return Err(Status::InvalidValue);
+        let inside = |m: &BTreeMap<u64, u64>| {
+            m.range(..=ptr)
+                .next_back()
+                .is_some_and(|(&base, &size)| end <= base + size)
+        };
+        if inside(&self.allocs) || inside(&self.globals) {
+            Ok(())
+        } else {
+            Err(Status::InvalidValue)
         }
-        Ok(())
+    }
+
+    /// Records a module global's range.
+    pub fn add_global(&mut self, base: u64, size: u64) {
+        self.globals.insert(base, size);
     }
 
     /// Records a new allocation.

@@ -73,6 +73,10 @@ enum Inbound {
         buf: Vec<u8>,
         tag: u64,
     },
+    Link {
+        buf: Vec<u8>,
+        tag: u64,
+    },
 }
 
 struct Transfer {
@@ -568,6 +572,45 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
             }
         }
+        Request::Occupancy {
+            func,
+            block_size,
+            shared_mem,
+        } => {
+            let r = s
+                .function(func)
+                .map(drop)
+                .and_then(|()| s.ctx.occupancy(func, block_size, shared_mem))
+                .map(|v| Reply::one(u64::from(v as u32)));
+            reply(sh, c, tag, opc, r, &[])
+        }
+        Request::ModuleGetGlobal { module } => {
+            let mut name = vec![0u8; d.data_len.min(MAX_NAME) as usize];
+            c.host.req.data(d)?.copy_to(&mut name[..]);
+            let r = match (s.check_module(module), std::str::from_utf8(&name)) {
+                (Err(e), _) => Err(e),
+                (_, Err(_)) => Err(Status::InvalidValue),
+                (Ok(()), Ok(n)) => s.ctx.module_global(module, n.trim_end_matches('\0')),
+            };
+            let r = r.map(|(p, size)| {
+                s.add_global(p, size);
+                Reply {
+                    vals: [p, size, 0, 0],
+                }
+            });
+            reply(sh, c, tag, opc, r, &[])
+        }
+        Request::Link { len } => {
+            c.transfer = Some(Transfer {
+                inbound: Inbound::Link {
+                    buf: Vec::new(),
+                    tag,
+                },
+                remaining: len,
+                offset: 0,
+            });
+            continue_transfer(sh, c, d)
+        }
         Request::FuncGetAttribute { func, attr } => {
             let r = s
                 .function(func)
@@ -758,7 +801,7 @@ fn continue_transfer(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<()
                 }
             }
         }
-        Inbound::Module { buf, .. } => {
+        Inbound::Module { buf, .. } | Inbound::Link { buf, .. } => {
             let start = buf.len();
             buf.resize(start + n as usize, 0);
             data.copy_to(&mut buf[start..]);
@@ -770,11 +813,34 @@ fn continue_transfer(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<()
         c.transfer = Some(t);
         return Ok(());
     }
-    if let Inbound::Module { kind, buf, tag } = t.inbound {
-        let r = s.ctx.load_module(kind, &buf).inspect(|&m| s.add_module(m));
-        return reply(sh, c, tag, op::MODULE_LOAD, r.map(Reply::one), &[]);
+    match t.inbound {
+        Inbound::Module { kind, buf, tag } => {
+            let r = s.ctx.load_module(kind, &buf).inspect(|&m| s.add_module(m));
+            reply(sh, c, tag, op::MODULE_LOAD, r.map(Reply::one), &[])
+        }
+        Inbound::Link { buf, tag } => {
+            let r = protocol::link_records(&buf)
+                .map_err(|_| Status::InvalidValue)
+                .and_then(|inputs| s.ctx.link(&inputs));
+            match r {
+                // The linked image goes back in one message.
+                Ok(image) if image.len() > sh.chunk => {
+                    refuse(sh, c, "linked image larger than one arena chunk");
+                    reply(sh, c, tag, op::LINK, Err(Status::NotSupported), &[])
+                }
+                Ok(image) => reply(
+                    sh,
+                    c,
+                    tag,
+                    op::LINK,
+                    Ok(Reply::one(image.len() as u64)),
+                    &image,
+                ),
+                Err(e) => reply(sh, c, tag, op::LINK, Err(e), &[]),
+            }
+        }
+        Inbound::Htod { .. } => Ok(()),
     }
-    Ok(())
 }
 
 /// Streams a device-to-host copy into the response ring, as far as it has room.

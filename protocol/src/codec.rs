@@ -47,6 +47,10 @@ impl<'a> Reader<'a> {
     pub fn new(buf: &'a [u8]) -> Self {
         Reader { buf, pos: 0 }
     }
+    /// Bytes not yet read.
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
     /// The next `n` bytes.
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {
         let end = self.pos.checked_add(n).ok_or(ProtoError::Truncated)?;

@@ -25,6 +25,32 @@ pub const MAX_LEN: u64 = 1 << 40;
 pub const MAX_IMAGE: u64 = 256 << 20;
 /// Highest `CUfunction_attribute` forwarded (MAX_THREADS_PER_BLOCK .. PREFERRED_SHARED_MEMORY_CARVEOUT).
 pub const MAX_FUNC_ATTRIBUTE: u32 = 9;
+/// Input types of `Link` records (`CUjitInputType`).
+pub mod link_input {
+    #![allow(missing_docs)]
+    pub const CUBIN: u32 = 0;
+    pub const PTX: u32 = 1;
+    pub const FATBINARY: u32 = 2;
+}
+
+/// Parses `Link` records; an error for any record that does not fit.
+pub fn link_records(data: &[u8]) -> Result<Vec<(u32, &[u8])>, ProtoError> {
+    let mut r = Reader::new(data);
+    let mut out = Vec::new();
+    while r.remaining() > 0 {
+        let kind = r.u32()?;
+        if kind > link_input::FATBINARY {
+            return Err(bad(
+                "link input",
+                format!("input type {kind} not supported"),
+            ));
+        }
+        let len = r.u32()? as usize;
+        out.push((kind, r.bytes(len)?));
+    }
+    Ok(out)
+}
+
 /// Largest kernel parameter buffer (CUDA's limit is 32,764 bytes).
 pub const MAX_PARAMS: u64 = 32_764;
 
@@ -172,6 +198,26 @@ pub enum Request {
         /// The attribute.
         attr: u32,
     },
+    /// Resident blocks per multiprocessor for a block size (reply: i32).
+    Occupancy {
+        /// Function handle.
+        func: u64,
+        /// Threads per block.
+        block_size: u32,
+        /// Dynamic shared memory per block.
+        shared_mem: u32,
+    },
+    /// Address and size of a module's global variable (name in data).
+    ModuleGetGlobal {
+        /// Module handle.
+        module: u64,
+    },
+    /// Link images into one (cuLink*): `len` bytes of records follow, each
+    /// `[input type u32][length u32][bytes]`; the reply's data is the linked image.
+    Link {
+        /// Total bytes of records.
+        len: u64,
+    },
     /// Launch a kernel; the parameter bytes, packed in order, are the data.
     Launch {
         /// Function handle.
@@ -257,6 +303,9 @@ pub mod op {
     pub const MODULE_UNLOAD: u32 = 21;
     pub const MODULE_GET_FUNCTION: u32 = 22;
     pub const FUNC_GET_ATTRIBUTE: u32 = 23;
+    pub const OCCUPANCY: u32 = 24;
+    pub const MODULE_GET_GLOBAL: u32 = 25;
+    pub const LINK: u32 = 26;
     pub const LAUNCH: u32 = 30;
     pub const STREAM_CREATE: u32 = 40;
     pub const STREAM_DESTROY: u32 = 41;
@@ -297,6 +346,9 @@ impl Request {
             ModuleUnload { .. } => op::MODULE_UNLOAD,
             ModuleGetFunction { .. } => op::MODULE_GET_FUNCTION,
             FuncGetAttribute { .. } => op::FUNC_GET_ATTRIBUTE,
+            Occupancy { .. } => op::OCCUPANCY,
+            ModuleGetGlobal { .. } => op::MODULE_GET_GLOBAL,
+            Link { .. } => op::LINK,
             Launch { .. } => op::LAUNCH,
             StreamCreate { .. } => op::STREAM_CREATE,
             StreamDestroy { .. } => op::STREAM_DESTROY,
@@ -328,7 +380,9 @@ impl Request {
     /// Bytes of data that follow this request (in its own and continuation descriptors).
     pub fn data_len(&self) -> Option<u64> {
         match self {
-            Request::MemcpyHtoD { len, .. } | Request::ModuleLoad { len, .. } => Some(*len),
+            Request::MemcpyHtoD { len, .. }
+            | Request::ModuleLoad { len, .. }
+            | Request::Link { len } => Some(*len),
             _ => None,
         }
     }
@@ -388,6 +442,17 @@ impl Request {
                 w.u64(func);
                 w.u32(attr);
             }
+            Occupancy {
+                func,
+                block_size,
+                shared_mem,
+            } => {
+                w.u64(func);
+                w.u32(block_size);
+                w.u32(shared_mem);
+            }
+            ModuleGetGlobal { module } => w.u64(module),
+            Link { len } => w.u64(len),
             Launch {
                 func,
                 grid,
@@ -491,6 +556,30 @@ impl Request {
                     return Err(bad("attr", format!("function attribute {attr} unknown")));
                 }
                 FuncGetAttribute { func, attr }
+            }
+            op::OCCUPANCY => {
+                let func = r.u64()?;
+                let block_size = r.u32()?;
+                if block_size == 0 || block_size > 1024 {
+                    return Err(bad("block_size", format!("{block_size} threads")));
+                }
+                let shared_mem = r.u32()?;
+                if shared_mem > 256 << 10 {
+                    return Err(bad("shared_mem", format!("{shared_mem} bytes")));
+                }
+                Occupancy {
+                    func,
+                    block_size,
+                    shared_mem,
+                }
+            }
+            op::MODULE_GET_GLOBAL => ModuleGetGlobal { module: r.u64()? },
+            op::LINK => {
+                let len = check_len("len", r.u64()?, MAX_IMAGE)?;
+                if len == 0 {
+                    return Err(bad("len", "nothing to link"));
+                }
+                Link { len }
             }
             op::LAUNCH => {
                 let func = r.u64()?;
@@ -688,6 +777,13 @@ mod tests {
             Request::ModuleUnload { module: 5 },
             Request::ModuleGetFunction { module: 5 },
             Request::FuncGetAttribute { func: 5, attr: 4 },
+            Request::Occupancy {
+                func: 5,
+                block_size: 256,
+                shared_mem: 0,
+            },
+            Request::ModuleGetGlobal { module: 5 },
+            Request::Link { len: 100 },
             Request::Launch {
                 func: 9,
                 grid: d(100, 2, 1),

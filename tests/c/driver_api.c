@@ -53,6 +53,13 @@ CUresult cuModuleLoadData(CUmodule *, const void *);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuModuleUnload(CUmodule);
 CUresult cuFuncGetAttribute(int *, int, CUfunction);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *, CUfunction, int, size_t);
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, CUmodule, const char *);
+CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
+CUresult cuLinkCreate_v2(unsigned int, int *, void **, void **);
+CUresult cuLinkAddData_v2(void *, int, void *, size_t, const char *, unsigned int, int *, void **);
+CUresult cuLinkComplete(void *, void **, size_t *);
+CUresult cuLinkDestroy(void *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
 CUresult cuStreamCreate(CUstream *, unsigned int);
@@ -170,6 +177,50 @@ int main(int argc, char **argv) {
     CK(cuMemsetD32_v2(dc, 0x3f800000u, n));
     CK(cuMemcpyDtoH_v2(c, dc, bytes));
     for (unsigned i = 0; i < n; i++) EXPECT(c[i] == 1.0f);
+
+    /* Module globals, occupancy, pointer attributes. */
+    CUdeviceptr counter = 0;
+    size_t counter_size = 0;
+    CK(cuModuleGetGlobal_v2(&counter, &counter_size, mod, "fvg_counter"));
+    EXPECT(counter != 0 && counter_size == 4);
+    unsigned zero = 0, got = 0;
+    CK(cuMemcpyHtoD_v2(counter, &zero, 4));
+    CUfunction counter_fn;
+    CK(cuModuleGetFunction(&counter_fn, mod, "atomic_count"));
+    void *cargs[] = { &counter };
+    CK(cuLaunchKernel(counter_fn, 40, 1, 1, 128, 1, 1, 0, NULL, cargs, NULL));
+    CK(cuMemcpyDtoH_v2(&got, counter, 4));
+    EXPECT(got == 40 * 128);
+    int blocks = 0;
+    CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, add, 256, 0));
+    EXPECT(blocks > 0);
+    CUdeviceptr start = 0;
+    size_t range = 0;
+    unsigned mtype = 0;
+    CK(cuPointerGetAttribute(&start, 11 /* RANGE_START_ADDR */, da + 100));
+    CK(cuPointerGetAttribute(&range, 12 /* RANGE_SIZE */, da + 100));
+    CK(cuPointerGetAttribute(&mtype, 2 /* MEMORY_TYPE */, da));
+    EXPECT(start == da && range == bytes && mtype == 2 /* DEVICE */);
+    printf("globals, occupancy (%d blocks/SM), pointer attributes: ok\n", blocks);
+
+    /* Link the PTX, load the linked image, run from it. */
+    void *link = NULL, *image = NULL;
+    size_t image_size = 0;
+    CK(cuLinkCreate_v2(0, NULL, NULL, &link));
+    CK(cuLinkAddData_v2(link, 1 /* CU_JIT_INPUT_PTX */, ptx, strlen(ptx) + 1, "kernels", 0, NULL, NULL));
+    CK(cuLinkComplete(link, &image, &image_size));
+    EXPECT(image != NULL && image_size > 0);
+    CUmodule linked;
+    CK(cuModuleLoadData(&linked, image));
+    CK(cuLinkDestroy(link));
+    CUfunction add2;
+    CK(cuModuleGetFunction(&add2, linked, "vector_add"));
+    CK(cuLaunchKernel(add2, (n + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
+    CK(cuMemcpyDtoH_v2(c, dc, bytes));
+    /* db holds the saxpy result by now. */
+    for (unsigned i = 0; i < n; i++) EXPECT(c[i] == a[i] + fmaf(alpha, a[i], b[i]));
+    CK(cuModuleUnload(linked));
+    printf("linked module: vector_add correct\n");
 
     size_t free_b = 0, total_b = 0;
     CK(cuMemGetInfo_v2(&free_b, &total_b));

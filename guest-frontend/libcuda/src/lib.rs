@@ -54,6 +54,9 @@ struct State {
     contexts: HashSet<usize>,
     next_ctx: usize,
     primary: usize,
+    /// Device ranges this process holds (allocations, module globals), for
+    /// cuPointerGetAttribute without a round trip.
+    ranges: std::collections::BTreeMap<u64, u64>,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -88,6 +91,7 @@ fn connect() -> CuResult {
                 contexts: HashSet::new(),
                 next_ctx: 0x1000,
                 primary: 0,
+                ranges: Default::default(),
             });
             SUCCESS
         }
@@ -445,6 +449,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(p: *mut CUdeviceptr, size: usize) -> CuRe
             return Err(INVALID_VALUE);
         }
         let d = s.gpu.mem_alloc(size as u64).map_err(code)?;
+        s.ranges.insert(d, size as u64);
         out(p, d)
     })
 }
@@ -453,7 +458,9 @@ pub unsafe extern "C" fn cuMemAlloc_v2(p: *mut CUdeviceptr, size: usize) -> CuRe
 pub extern "C" fn cuMemFree_v2(p: CUdeviceptr) -> CuResult {
     with(|s| {
         need_ctx()?;
-        s.gpu.mem_free(p).map_err(code)
+        s.gpu.mem_free(p).map_err(code)?;
+        s.ranges.remove(&p);
+        Ok(())
     })
 }
 
@@ -906,6 +913,239 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     }
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    n: *mut c_int,
+    f: CUfunction,
+    block: c_int,
+    smem: usize,
+) -> CuResult {
+    with(|s| {
+        let b = u32::try_from(block).map_err(|_| INVALID_VALUE)?;
+        let m = u32::try_from(smem).map_err(|_| INVALID_VALUE)?;
+        let v = s.gpu.occupancy(f as u64, b, m).map_err(code)?;
+        out(n, v)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    n: *mut c_int,
+    f: CUfunction,
+    block: c_int,
+    smem: usize,
+    _flags: c_uint,
+) -> CuResult {
+    // SAFETY: forwarded contract (the flags only affect caching decisions).
+    unsafe { cuOccupancyMaxActiveBlocksPerMultiprocessor(n, f, block, smem) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    p: *mut CUdeviceptr,
+    bytes: *mut usize,
+    m: CUmodule,
+    name: *const c_char,
+) -> CuResult {
+    with(|s| {
+        need_ctx()?;
+        if name.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: NUL-terminated name, per the API contract.
+        let n = unsafe { CStr::from_ptr(name) }
+            .to_str()
+            .map_err(|_| INVALID_VALUE)?;
+        let (addr, size) = s.gpu.module_global(m as u64, n).map_err(code)?;
+        s.ranges.insert(addr, size);
+        // Either output may be null.
+        if !p.is_null() {
+            out(p, addr)?;
+        }
+        if !bytes.is_null() {
+            out(bytes, size as usize)?;
+        }
+        Ok(())
+    })
+}
+
+/// cuPointerGetAttribute for the device ranges this process holds.
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attr: c_int,
+    ptr: CUdeviceptr,
+) -> CuResult {
+    with(|s| {
+        let (&base, &size) = s.ranges.range(..=ptr).next_back().ok_or(INVALID_VALUE)?;
+        if ptr >= base + size {
+            return Err(INVALID_VALUE);
+        }
+        match attr {
+            1 => out(data as *mut CUcontext, CURRENT.with(Cell::get) as CUcontext), // CONTEXT
+            2 => out(data as *mut c_uint, 2), // MEMORY_TYPE: DEVICE
+            3 => out(data as *mut CUdeviceptr, ptr), // DEVICE_POINTER
+            9 => out(data as *mut c_int, 0),  // DEVICE_ORDINAL
+            11 => out(data as *mut CUdeviceptr, base), // RANGE_START_ADDR
+            12 => out(data as *mut usize, size as usize), // RANGE_SIZE
+            _ => {
+                once_unsupported(&format!("cuPointerGetAttribute({attr})"));
+                Err(NOT_SUPPORTED)
+            }
+        }
+    })
+}
+
+/// A link in progress (`CUlinkState`): inputs gathered in the guest, linked
+/// on the host by cuLinkComplete.
+struct LinkState {
+    inputs: Vec<(u32, Vec<u8>)>,
+    image: Vec<u8>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLinkCreate_v2(
+    _n: c_uint,
+    _opts: *mut c_int,
+    _vals: *mut *mut c_void,
+    state: *mut *mut c_void,
+) -> CuResult {
+    let st = Box::into_raw(Box::new(LinkState {
+        inputs: Vec::new(),
+        image: Vec::new(),
+    }));
+    match out(state, st as *mut c_void) {
+        Ok(()) => SUCCESS,
+        Err(e) => {
+            // SAFETY: `st` came from Box::into_raw just above and was not handed out.
+            drop(unsafe { Box::from_raw(st) });
+            e
+        }
+    }
+}
+
+/// The link state behind a handle from cuLinkCreate_v2.
+///
+/// # Safety
+/// `st` must be a handle returned by cuLinkCreate_v2 and not yet destroyed.
+unsafe fn link_state<'a>(st: *mut c_void) -> Result<&'a mut LinkState, CuResult> {
+    if st.is_null() {
+        return Err(INVALID_HANDLE);
+    }
+    // SAFETY: per this function's contract.
+    Ok(unsafe { &mut *(st as *mut LinkState) })
+}
+
+fn link_kind(t: c_int) -> Result<u32, CuResult> {
+    match t {
+        0 => Ok(protocol::link_input::CUBIN),
+        1 => Ok(protocol::link_input::PTX),
+        2 => Ok(protocol::link_input::FATBINARY),
+        _ => {
+            once_unsupported(&format!("cuLinkAddData input type {t}"));
+            Err(NOT_SUPPORTED)
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLinkAddData_v2(
+    st: *mut c_void,
+    ty: c_int,
+    data: *mut c_void,
+    size: usize,
+    _name: *const c_char,
+    _n: c_uint,
+    _opts: *mut c_int,
+    _vals: *mut *mut c_void,
+) -> CuResult {
+    let kind = match link_kind(ty) {
+        Ok(k) => k,
+        Err(e) => return e,
+    };
+    // SAFETY: a live link handle, per the API contract.
+    let state = match unsafe { link_state(st) } {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    // SAFETY: `size` readable bytes at `data`, per the API contract.
+    match unsafe { host_src(data, size) } {
+        Ok(b) => {
+            state.inputs.push((kind, b.to_vec()));
+            SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLinkAddFile_v2(
+    st: *mut c_void,
+    ty: c_int,
+    path: *const c_char,
+    _n: c_uint,
+    _opts: *mut c_int,
+    _vals: *mut *mut c_void,
+) -> CuResult {
+    let kind = match link_kind(ty) {
+        Ok(k) => k,
+        Err(e) => return e,
+    };
+    if path.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: NUL-terminated path, per the API contract.
+    let p = unsafe { CStr::from_ptr(path) }
+        .to_string_lossy()
+        .into_owned();
+    let Ok(bytes) = std::fs::read(&p) else {
+        return 301;
+    }; // CUDA_ERROR_FILE_NOT_FOUND
+       // SAFETY: a live link handle, per the API contract.
+    match unsafe { link_state(st) } {
+        Ok(s) => {
+            s.inputs.push((kind, bytes));
+            SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLinkComplete(
+    st: *mut c_void,
+    image: *mut *mut c_void,
+    size: *mut usize,
+) -> CuResult {
+    // SAFETY: a live link handle, per the API contract.
+    let state = match unsafe { link_state(st) } {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    with(|s| {
+        need_ctx()?;
+        let inputs: Vec<(u32, &[u8])> = state
+            .inputs
+            .iter()
+            .map(|(k, b)| (*k, b.as_slice()))
+            .collect();
+        state.image = s.gpu.link(&inputs).map_err(code)?;
+        // The image stays valid until cuLinkDestroy, as the driver promises.
+        out(image, state.image.as_mut_ptr() as *mut c_void)?;
+        out(size, state.image.len())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLinkDestroy(st: *mut c_void) -> CuResult {
+    if st.is_null() {
+        return INVALID_HANDLE;
+    }
+    // SAFETY: a handle from cuLinkCreate_v2, destroyed once (API contract).
+    drop(unsafe { Box::from_raw(st as *mut LinkState) });
+    SUCCESS
+}
+
 // ---------------------------------------------------------------- streams, events
 
 #[no_mangle]
@@ -1068,6 +1308,11 @@ proc_table! {
     "cuModuleLoadData" => cuModuleLoadData, "cuModuleLoadDataEx" => cuModuleLoadDataEx,
     "cuModuleUnload" => cuModuleUnload, "cuModuleGetFunction" => cuModuleGetFunction,
     "cuLaunchKernel" => cuLaunchKernel, "cuLaunchKernelEx" => cuLaunchKernelEx,
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor" => cuOccupancyMaxActiveBlocksPerMultiprocessor,
+    "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" => cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+    "cuModuleGetGlobal" => cuModuleGetGlobal_v2, "cuPointerGetAttribute" => cuPointerGetAttribute,
+    "cuLinkCreate" => cuLinkCreate_v2, "cuLinkAddData" => cuLinkAddData_v2, "cuLinkAddFile" => cuLinkAddFile_v2,
+    "cuLinkComplete" => cuLinkComplete, "cuLinkDestroy" => cuLinkDestroy,
     "cuLibraryLoadData" => cuLibraryLoadData, "cuLibraryUnload" => cuLibraryUnload,
     "cuLibraryGetModule" => cuLibraryGetModule, "cuLibraryGetKernel" => cuLibraryGetKernel,
     "cuKernelGetFunction" => cuKernelGetFunction, "cuFuncGetAttribute" => cuFuncGetAttribute,

@@ -350,6 +350,79 @@ impl Context for CudaContext {
         Ok(v)
     }
 
+    fn occupancy(&mut self, func: Handle, block_size: u32, shared_mem: u32) -> Result<i32, Status> {
+        self.bind()?;
+        if !self.functions.contains_key(&func) {
+            return Err(Status::InvalidHandle);
+        }
+        let mut n = 0;
+        // SAFETY: function handle issued by this context; out-parameter on our stack.
+        check(unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                func as sys::CUfunction,
+                block_size as i32,
+                shared_mem as usize,
+            )
+        })?;
+        Ok(n)
+    }
+
+    fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status> {
+        self.bind()?;
+        let cname = CString::new(name).map_err(|_| Status::InvalidValue)?;
+        let (mut p, mut size) = (0u64, 0usize);
+        // SAFETY: module handle checked by the worker; out-parameters on our stack.
+        check(unsafe {
+            sys::cuModuleGetGlobal_v2(&mut p, &mut size, module as sys::CUmodule, cname.as_ptr())
+        })?;
+        Ok((p, size as u64))
+    }
+
+    fn link(&mut self, inputs: &[(u32, &[u8])]) -> Result<Vec<u8>, Status> {
+        use sys::CUjitInputType as J;
+        self.bind()?;
+        let mut state: sys::CUlinkState = null_mut();
+        // SAFETY: no options; out-parameter on our stack.
+        check(unsafe { sys::cuLinkCreate_v2(0, null_mut(), null_mut(), &mut state) })?;
+        let result = (|| {
+            for (kind, bytes) in inputs {
+                let ty = match *kind {
+                    protocol::link_input::CUBIN => J::CU_JIT_INPUT_CUBIN,
+                    protocol::link_input::PTX => J::CU_JIT_INPUT_PTX,
+                    protocol::link_input::FATBINARY => J::CU_JIT_INPUT_FATBINARY,
+                    _ => return Err(Status::NotSupported),
+                };
+                let mut data = bytes.to_vec();
+                if *kind == protocol::link_input::PTX && data.last() != Some(&0) {
+                    data.push(0);
+                }
+                // SAFETY: `data` is a complete input of `data.len()` bytes; the name is a
+                // static NUL-terminated string; no options.
+                check(unsafe {
+                    sys::cuLinkAddData_v2(
+                        state,
+                        ty,
+                        data.as_mut_ptr() as *mut c_void,
+                        data.len(),
+                        c"input".as_ptr(),
+                        0,
+                        null_mut(),
+                        null_mut(),
+                    )
+                })?;
+            }
+            let (mut image, mut size) = (null_mut::<c_void>(), 0usize);
+            // SAFETY: out-parameters on our stack; the image lives until cuLinkDestroy.
+            check(unsafe { sys::cuLinkComplete(state, &mut image, &mut size) })?;
+            // SAFETY: the driver returned `size` bytes at `image`, valid until the destroy below.
+            Ok(unsafe { std::slice::from_raw_parts(image as *const u8, size) }.to_vec())
+        })();
+        // SAFETY: `state` was created above and is destroyed once.
+        let _ = unsafe { sys::cuLinkDestroy(state) };
+        result
+    }
+
     fn launch(
         &mut self,
         func: Handle,

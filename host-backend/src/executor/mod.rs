@@ -53,6 +53,12 @@ pub trait Context: Send {
     fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<u32>), Status>;
     /// A kernel attribute (`CUfunction_attribute`, already range-checked).
     fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status>;
+    /// Resident blocks per multiprocessor (cuOccupancyMaxActiveBlocksPerMultiprocessor).
+    fn occupancy(&mut self, func: Handle, block_size: u32, shared_mem: u32) -> Result<i32, Status>;
+    /// Address and size of a module's global variable.
+    fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status>;
+    /// Links (type, image) inputs into one loadable image.
+    fn link(&mut self, inputs: &[(u32, &[u8])]) -> Result<Vec<u8>, Status>;
     /// Enqueues a launch; `params` is packed by the parameter sizes.
     fn launch(
         &mut self,

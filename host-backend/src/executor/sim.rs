@@ -114,8 +114,15 @@ fn kernel_by_name(name: &str) -> Option<Kernel> {
         "saxpy" => k_saxpy,
         "spin_ns" => k_spin,
         "empty" => k_empty,
+        "atomic_count" => k_atomic_count,
         _ => return None,
     })
+}
+
+struct SimModule {
+    entries: ptx::Entries,
+    /// Global variables: name -> (address, size), allocated at load.
+    globals: HashMap<String, (u64, u64)>,
 }
 
 struct SimContext {
@@ -123,7 +130,7 @@ struct SimContext {
     queue: Arc<Mutex<Queue>>,
     next_base: Arc<Mutex<u64>>,
     mem: BTreeMap<u64, Vec<u8>>,
-    modules: HashMap<Handle, ptx::Entries>,
+    modules: HashMap<Handle, SimModule>,
     functions: HashMap<Handle, (Kernel, Vec<u32>)>,
     events: HashMap<Handle, Option<Instant>>,
     streams: HashMap<Handle, Instant>,
@@ -256,6 +263,19 @@ fn k_spin(_c: &mut SimContext, _g: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, Stat
     Ok(u64_at(p, 0).min(10_000_000_000))
 }
 
+fn k_atomic_count(c: &mut SimContext, grid: Dim3, block: Dim3, p: &[u8]) -> Result<u64, Status> {
+    let ptr = u64_at(p, 0);
+    let threads = grid.count() * block.count();
+    let (buf, off) = c.locate(ptr, 4)?;
+    let v = u32::from_le_bytes(
+        buf[off..off + 4]
+            .try_into()
+            .map_err(|_| Status::IllegalAddress)?,
+    );
+    buf[off..off + 4].copy_from_slice(&v.wrapping_add(threads as u32).to_le_bytes());
+    Ok(threads)
+}
+
 fn k_empty(_c: &mut SimContext, _g: Dim3, _b: Dim3, _p: &[u8]) -> Result<u64, Status> {
     Ok(0)
 }
@@ -336,9 +356,15 @@ impl Context for SimContext {
             return Err(Status::NotSupported);
         }
         let text = std::str::from_utf8(image).map_err(|_| Status::InvalidPtx)?;
-        let entries = ptx::entries(text.trim_end_matches('\0')).ok_or(Status::InvalidPtx)?;
+        let text = text.trim_end_matches('\0');
+        let entries = ptx::entries(text).ok_or(Status::InvalidPtx)?;
+        let mut globals = HashMap::new();
+        for (name, size) in ptx::globals(text) {
+            let p = self.alloc(size)?;
+            globals.insert(name, (p, size));
+        }
         let h = self.handle();
-        self.modules.insert(h, entries);
+        self.modules.insert(h, SimModule { entries, globals });
         Ok(h)
     }
 
@@ -354,6 +380,7 @@ impl Context for SimContext {
             .modules
             .get(&module)
             .ok_or(Status::InvalidHandle)?
+            .entries
             .get(name)
             .ok_or(Status::NotFound)?
             .clone();
@@ -377,6 +404,38 @@ impl Context for SimContext {
             9 => -1,    // PREFERRED_SHARED_MEMORY_CARVEOUT
             _ => 0,     // shared, const and local sizes, cache mode
         })
+    }
+
+    fn occupancy(&mut self, func: Handle, block_size: u32, shared_mem: u32) -> Result<i32, Status> {
+        if !self.functions.contains_key(&func) {
+            return Err(Status::InvalidHandle);
+        }
+        // A Hopper-like multiprocessor: 2048 threads, 32 blocks, 228 KiB shared memory.
+        let by_threads = 2048 / block_size.max(1);
+        let by_smem = (228u32 << 10).checked_div(shared_mem).unwrap_or(u32::MAX);
+        Ok(by_threads.min(by_smem).min(32) as i32)
+    }
+
+    fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status> {
+        let m = self.modules.get(&module).ok_or(Status::InvalidHandle)?;
+        m.globals.get(name).copied().ok_or(Status::NotFound)
+    }
+
+    fn link(&mut self, inputs: &[(u32, &[u8])]) -> Result<Vec<u8>, Status> {
+        // The model runs PTX: linking PTX inputs is putting their entries in one text.
+        let mut out = String::new();
+        for (kind, bytes) in inputs {
+            if *kind != protocol::link_input::PTX {
+                return Err(Status::NotSupported);
+            }
+            let text = std::str::from_utf8(bytes).map_err(|_| Status::InvalidPtx)?;
+            ptx::entries(text.trim_end_matches('\0')).ok_or(Status::InvalidPtx)?;
+            out.push_str(text.trim_end_matches('\0'));
+            out.push('\n');
+        }
+        let mut v = out.into_bytes();
+        v.push(0);
+        Ok(v)
     }
 
     fn launch(
