@@ -1,0 +1,160 @@
+//! Collaborative scheduling of a non-preemptive GPU with sampled,
+//! synchronizing accounting (FairGV 3.3).
+//!
+//! Within a slice the vGPU synchronizes after each of its first `samples`
+//! requests to measure their GPU time, predicts how many more fit in the rest
+//! of the slice, issues those without synchronizing, synchronizes after the
+//! last, and charges the measured total. A kernel that overruns the slice is
+//! charged in full.
+
+/// How the next request of the slice must be run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Run it and synchronize; report its time with [`SlicePlan::record_synced`].
+    Synced,
+    /// Run it without synchronizing.
+    Unsynced,
+    /// Run it, then synchronize; report the time since the first unsynced
+    /// request with [`SlicePlan::record_batch`].
+    SyncedLast,
+}
+
+/// The plan for one slice.
+#[derive(Debug, Clone)]
+pub struct SlicePlan {
+    slice_ns: u64,
+    samples: u32,
+    sampled: u32,
+    sampled_ns: u64,
+    used_ns: u64,
+    batch_left: u64,
+    done: bool,
+}
+
+/// FairGV samples the first 5 requests of each slice.
+pub const SAMPLES: u32 = 5;
+
+impl SlicePlan {
+    /// A plan for a slice of `slice_ns`, sampling the first `samples` requests.
+    pub fn new(slice_ns: u64, samples: u32) -> Self {
+        SlicePlan {
+            slice_ns,
+            samples: samples.max(1),
+            sampled: 0,
+            sampled_ns: 0,
+            used_ns: 0,
+            batch_left: 0,
+            done: false,
+        }
+    }
+
+    /// How to run the next request, or `None` if the slice is over.
+    pub fn next(&mut self) -> Option<Step> {
+        if self.done || self.used_ns >= self.slice_ns {
+            self.done = true;
+            return None;
+        }
+        if self.sampled < self.samples {
+            return Some(Step::Synced);
+        }
+        if self.batch_left == 0 {
+            // Predict how many more fit from the sampled mean.
+            let mean = (self.sampled_ns / u64::from(self.sampled)).max(1);
+            let fit = (self.slice_ns - self.used_ns) / mean;
+            if fit == 0 {
+                self.done = true;
+                return None;
+            }
+            self.batch_left = fit;
+        }
+        self.batch_left -= 1;
+        Some(if self.batch_left == 0 {
+            Step::SyncedLast
+        } else {
+            Step::Unsynced
+        })
+    }
+
+    /// A synchronized request took `ns`.
+    pub fn record_synced(&mut self, ns: u64) {
+        self.sampled += 1;
+        self.sampled_ns += ns;
+        self.used_ns += ns;
+    }
+
+    /// The unsynchronized batch, up to and including its last request, took `ns`.
+    pub fn record_batch(&mut self, ns: u64) {
+        self.used_ns += ns;
+        self.done = true;
+    }
+
+    /// The vGPU ran out of requests before the slice ended; for a batch in
+    /// flight, `batch_ns` is its measured time (after a final synchronize).
+    pub fn finish_early(&mut self, batch_ns: u64) {
+        self.used_ns += batch_ns;
+        self.done = true;
+    }
+
+    /// GPU time to charge for the slice (overruns included).
+    pub fn used_ns(&self) -> u64 {
+        self.used_ns
+    }
+
+    /// Requests run without a synchronize after them.
+    pub fn predicted(&self) -> bool {
+        self.sampled >= self.samples
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Drives a plan with kernels of `k` ns; returns (charged, synchronizes, requests).
+    fn drive(slice: u64, k: impl Fn(u64) -> u64) -> (u64, u32, u64) {
+        let mut p = SlicePlan::new(slice, SAMPLES);
+        let (mut syncs, mut n, mut batch) = (0, 0u64, 0u64);
+        while let Some(step) = p.next() {
+            let t = k(n);
+            n += 1;
+            match step {
+                Step::Synced => {
+                    syncs += 1;
+                    p.record_synced(t);
+                }
+                Step::Unsynced => batch += t,
+                Step::SyncedLast => {
+                    syncs += 1;
+                    p.record_batch(batch + t);
+                }
+            }
+        }
+        (p.used_ns(), syncs, n)
+    }
+
+    #[test]
+    fn uniform_kernels_fill_the_slice_with_six_synchronizes() {
+        let (used, syncs, n) = drive(6_000_000, |_| 100_000);
+        assert_eq!(n, 60, "6 ms of 100 us kernels");
+        assert_eq!(used, 6_000_000);
+        assert_eq!(syncs, 6, "5 samples + 1 after the batch");
+    }
+
+    #[test]
+    fn a_kernel_longer_than_the_slice_is_charged_in_full() {
+        let (used, syncs, n) = drive(6_000_000, |_| 40_000_000);
+        assert_eq!((used, syncs, n), (40_000_000, 1, 1));
+    }
+
+    proptest! {
+        #[test]
+        fn charge_is_exactly_the_work_done(base in 1_000u64..3_000_000, jitter in 0u64..50) {
+            let k = |i: u64| base + (i * 7919 % 101) * jitter * base / 1000;
+            let (used, syncs, n) = drive(6_000_000, k);
+            let work: u64 = (0..n).map(k).sum();
+            prop_assert_eq!(used, work);
+            prop_assert!(syncs <= SAMPLES + 1);
+        }
+    }
+}
