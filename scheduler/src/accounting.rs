@@ -49,7 +49,7 @@ impl SlicePlan {
     }
 
     /// How to run the next request, or `None` if the slice is over.
-    pub fn next(&mut self) -> Option<Step> {
+    pub fn next_step(&mut self) -> Option<Step> {
         if self.done || self.used_ns >= self.slice_ns {
             self.done = true;
             return None;
@@ -115,7 +115,7 @@ mod tests {
     fn drive(slice: u64, k: impl Fn(u64) -> u64) -> (u64, u32, u64) {
         let mut p = SlicePlan::new(slice, SAMPLES);
         let (mut syncs, mut n, mut batch) = (0, 0u64, 0u64);
-        while let Some(step) = p.next() {
+        while let Some(step) = p.next_step() {
             let t = k(n);
             n += 1;
             match step {
