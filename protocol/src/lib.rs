@@ -101,9 +101,10 @@ pub struct Dim3 {
 }
 
 impl Dim3 {
-    /// Product of the three, as u64.
+    /// Product of the three, as u64, saturating: the dimensions come from the
+    /// guest, and a wrapped product could pass a bounds check.
     pub fn count(&self) -> u64 {
-        u64::from(self.x) * u64::from(self.y) * u64::from(self.z)
+        (u64::from(self.x) * u64::from(self.y)).saturating_mul(u64::from(self.z))
     }
 }
 
@@ -860,6 +861,13 @@ mod tests {
                 "{opc}"
             );
         }
+        // Found by the fuzzer: a block whose thread count overflows u64.
+        let huge = launch(d(1, 1, 1), d(u32::MAX, u32::MAX, 64), 0);
+        let (opc, b) = enc(huge);
+        assert!(matches!(
+            Request::decode(opc, &b),
+            Err(ProtoError::BadField { .. })
+        ));
         let mut b = [0u8; INLINE];
         b[0] = 7;
         assert!(Request::decode(op::MODULE_LOAD, &b).is_err());

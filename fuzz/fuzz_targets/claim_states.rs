@@ -1,0 +1,51 @@
+//! Guest claims and releases, kernel-module abandonments, host reclaims and
+//! raw writes to claim words, in any order: no panic, and a reclaimed
+//! channel is always free and claimable again.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use qemu_ivshmem::{ClaimState, LayoutParams, Region};
+
+fuzz_target!(|data: &[u8]| {
+    let params = LayoutParams {
+        channels: 3,
+        ring_entries: 4,
+        arena_size: 4096,
+        vectors: 1,
+    };
+    let region = Region::create_in_heap(params).expect("region");
+    let mut hosts: Vec<_> = (0..3)
+        .map(|i| region.host_channel(i).expect("channel"))
+        .collect();
+    let mut guests = Vec::new();
+    for pair in data.chunks_exact(2) {
+        let ch = u32::from(pair[1] % 3);
+        match pair[0] % 5 {
+            0 => {
+                if let Ok(g) = region.claim(1, 1, 0) {
+                    guests.push(g);
+                }
+            }
+            1 => {
+                if !guests.is_empty() {
+                    guests.remove(usize::from(pair[1]) % guests.len());
+                }
+            }
+            2 => {
+                let _ = region.mark_abandoned(ch);
+            }
+            3 => {
+                let h = &mut hosts[ch as usize];
+                if h.state().expect("state").needs_reclaim() {
+                    h.reclaim().expect("reclaim");
+                    assert_eq!(region.claim_state(ch).expect("state"), ClaimState::Free);
+                }
+            }
+            _ => {
+                let off = region.layout().channel_offset(ch);
+                region
+                    .raw_u32_for_tests(off)
+                    .store(u32::from(pair[1]), std::sync::atomic::Ordering::Release);
+            }
+        }
+    }
+});
