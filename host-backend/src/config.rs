@@ -63,6 +63,10 @@ pub struct VmConfig {
     /// Index of the GPU it runs on.
     #[serde(default)]
     pub gpu: u32,
+    /// Host CPU for the vGPU worker's serving thread; pin it beside the VM's
+    /// vCPUs so that ring round trips stay in one cache domain.
+    #[serde(default)]
+    pub worker_cpu: Option<usize>,
 }
 
 fn one() -> f64 {

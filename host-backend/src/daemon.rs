@@ -31,6 +31,7 @@ pub fn run_worker(cfg: &Config, vm: &str) -> Result<(), Error> {
         layout: cfg.layout,
         mem_limit: vmc.memory_limit_mib << 20,
         spin: cfg.spin,
+        cpu: vmc.worker_cpu,
     };
     let worker = Worker::new(&wc, exec)?;
     let stop = worker.stop_flag();

@@ -70,7 +70,18 @@ enum BenchCmd {
         /// Scale all iteration counts (1.0 = the full run).
         #[arg(long, default_value_t = 1.0)]
         scale: f64,
+        /// Pin the guest (and the native loop) and the worker: GUEST_CPU,WORKER_CPU.
+        #[arg(long, value_parser = parse_pin)]
+        pin: Option<(usize, usize)>,
     },
+}
+
+fn parse_pin(s: &str) -> Result<(usize, usize), String> {
+    let (a, b) = s.split_once(',').ok_or("expected GUEST_CPU,WORKER_CPU")?;
+    Ok((
+        a.trim().parse().map_err(|e| format!("{e}"))?,
+        b.trim().parse().map_err(|e| format!("{e}"))?,
+    ))
 }
 
 fn main() -> Result<()> {
@@ -88,7 +99,12 @@ fn main() -> Result<()> {
             which: BenchCmd::Ring { mode, iters },
         } => bench::ring::run(mode, iters),
         Cmd::Bench {
-            which: BenchCmd::Overhead { executor, scale },
+            which:
+                BenchCmd::Overhead {
+                    executor,
+                    scale,
+                    pin,
+                },
         } => {
             let n = |x: f64| ((x * scale) as usize).max(2);
             let sizes = bench::overhead::Sizes {
@@ -97,7 +113,7 @@ fn main() -> Result<()> {
                 async_launches: 10_000,
                 copies: n(10.0),
             };
-            bench::overhead::run(executor, sizes)
+            bench::overhead::run(executor, sizes, pin)
         }
         Cmd::Echo { kind, target } => bench::ring::echo(&kind, &target),
     }

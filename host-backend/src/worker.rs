@@ -45,6 +45,22 @@ pub struct WorkerConfig {
     pub mem_limit: u64,
     /// Idle spinning before blocking.
     pub spin: SpinPolicy,
+    /// CPU to pin the worker's serving thread to (next to the VM's vCPUs).
+    pub cpu: Option<usize>,
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_current_thread(cpu: usize) -> Result<(), Error> {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let mut set = CpuSet::new();
+    set.set(cpu).map_err(|e| Error::Io {
+        what: "cpu number",
+        source: e.into(),
+    })?;
+    sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(|e| Error::Io {
+        what: "sched_setaffinity",
+        source: e.into(),
+    })
 }
 
 /// Counters readable while the worker runs.
@@ -121,6 +137,7 @@ pub struct Worker {
     sh: Shared,
     chans: Vec<Chan>,
     spin: SpinPolicy,
+    cpu: Option<usize>,
     stop: Arc<AtomicBool>,
 }
 
@@ -176,6 +193,7 @@ impl Worker {
             },
             chans,
             spin: cfg.spin,
+            cpu: cfg.cpu,
             stop: Arc::default(),
         })
     }
@@ -192,6 +210,9 @@ impl Worker {
 
     /// Serves until the stop flag is set. Everything guests held is freed on return.
     pub fn run(mut self) -> Result<(), Error> {
+        if let Some(cpu) = self.cpu {
+            pin_current_thread(cpu)?;
+        }
         let mut idle: u32 = 0;
         while !self.stop.load(Ordering::Relaxed) {
             self.peer_events();

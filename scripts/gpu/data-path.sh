@@ -15,3 +15,9 @@ mkdir -p "$OUT"
   echo "== bench ring"; $B bench ring --iters 200000; echo "rc=$?"
   echo "== bench ring throughput"; $B bench ring --mode throughput --iters 2000; echo "rc=$?"
 } 2>&1 | tee "$OUT/data-path.log"
+# Same bench with the guest and the worker pinned (two pairs of CPUs, in one call).
+{
+  echo "== cpu topology"; lscpu | grep -E "^(CPU\(s\)|Thread|Core|Socket|NUMA node)" ; cat /sys/devices/system/cpu/cpu2/topology/thread_siblings_list 2>/dev/null
+  echo "== bench overhead --executor cuda --pin 2,3"; RUST_LOG=warn $B bench overhead --executor cuda --pin 2,3; echo "rc=$?"
+  echo "== bench overhead --executor cuda --pin 2,10"; RUST_LOG=warn $B bench overhead --executor cuda --pin 2,10; echo "rc=$?"
+} 2>&1 | tee -a "$OUT/data-path.log"

@@ -202,7 +202,12 @@ fn measure(t: &mut dyn Target, n: Sizes) -> Result<Times> {
 }
 
 /// Runs the bench and prints the report; the last line is machine-readable.
-pub fn run(kind: ExecutorKind, n: Sizes) -> Result<()> {
+/// With `pin = Some((guest, worker))` the native loop and the guest run on
+/// CPU `guest` and the worker's thread on CPU `worker`.
+pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<()> {
+    if let Some((g, _)) = pin {
+        crate::worker::pin_current_thread(g)?;
+    }
     let mut cfg =
         Config::parse("[[vm]]\nname = \"bench\"\ntenant = \"bench\"\nmemory_limit_mib = 4096\n")?;
     cfg.daemon.executor = kind;
@@ -241,6 +246,7 @@ pub fn run(kind: ExecutorKind, n: Sizes) -> Result<()> {
         },
         mem_limit: 4 << 30,
         spin: cfg.spin,
+        cpu: pin.map(|(_, w)| w),
     };
     let running = spawn(&wc, exec)?;
     let remote = {
@@ -254,7 +260,10 @@ pub fn run(kind: ExecutorKind, n: Sizes) -> Result<()> {
     running.shutdown()?;
     let _ = std::fs::remove_dir_all(&dir);
 
-    println!("device: {} ({:?} executor)", info.name, kind);
+    println!(
+        "device: {} ({:?} executor), pinned (guest, worker): {:?}",
+        info.name, kind, pin
+    );
     println!(
         "{:<28} {:>14} {:>14} {:>8}",
         "workload", "native", "remoted", "ratio"
