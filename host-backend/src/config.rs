@@ -32,6 +32,21 @@ pub struct DaemonConfig {
     /// The executor.
     #[serde(default)]
     pub executor: ExecutorKind,
+    /// Fair scheduling of each GPU between its vGPUs (false: the driver's
+    /// own time-slicing, first come first served).
+    #[serde(default = "yes")]
+    pub scheduler: bool,
+    /// Time slice, microseconds (FairGV: 6,000 on non-preemptive GPUs).
+    #[serde(default = "default_slice_us")]
+    pub slice_us: u64,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_slice_us() -> u64 {
+    6_000
 }
 
 fn default_run_dir() -> PathBuf {
@@ -43,6 +58,8 @@ impl Default for DaemonConfig {
         DaemonConfig {
             run_dir: default_run_dir(),
             executor: ExecutorKind::default(),
+            scheduler: true,
+            slice_us: default_slice_us(),
         }
     }
 }
@@ -113,6 +130,12 @@ impl Config {
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::Config(m));
         Layout::new(self.layout).map_err(|e| Error::Config(format!("[layout]: {e}")))?;
+        if self.daemon.slice_us == 0 || self.daemon.slice_us > 1_000_000 {
+            return bad(format!(
+                "[daemon] slice_us must be 1..=1000000, not {}",
+                self.daemon.slice_us
+            ));
+        }
         if self.vms.is_empty() {
             return bad("no [[vm]] configured".into());
         }

@@ -32,6 +32,10 @@ pub fn run_worker(cfg: &Config, vm: &str) -> Result<(), Error> {
         mem_limit: vmc.memory_limit_mib << 20,
         spin: cfg.spin,
         cpu: vmc.worker_cpu,
+        grant: cfg.daemon.scheduler.then(|| {
+            let id = cfg.vms.iter().position(|v| v.name == vm).unwrap_or(0) as u32;
+            (grant_socket(cfg, vmc.gpu), id, vmc.weight)
+        }),
     };
     let worker = Worker::new(&wc, exec)?;
     let stop = worker.stop_flag();
@@ -44,6 +48,11 @@ pub fn run_worker(cfg: &Config, vm: &str) -> Result<(), Error> {
     });
     tracing::info!(vm, socket = %wc.socket.display(), "worker serving");
     worker.run()
+}
+
+/// Socket of the grant service of GPU `gpu`.
+pub fn grant_socket(cfg: &Config, gpu: u32) -> std::path::PathBuf {
+    cfg.daemon.run_dir.join(format!("grant-gpu{gpu}.sock"))
 }
 
 /// Supervises one worker process per VM until SIGTERM.
@@ -72,6 +81,19 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
             })
     };
     signals::install();
+    // One fair scheduler per GPU in use, before any worker connects to it.
+    let mut services = Vec::new();
+    if cfg.daemon.scheduler {
+        let mut gpus: Vec<u32> = cfg.vms.iter().map(|v| v.gpu).collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        for g in gpus {
+            services.push(crate::grant::GrantService::start(
+                &grant_socket(cfg, g),
+                cfg.daemon.slice_us * 1000,
+            )?);
+        }
+    }
     let mut children: Vec<(String, Child, Instant)> = Vec::new();
     for vm in &cfg.vms {
         children.push((vm.name.clone(), spawn(&vm.name)?, Instant::now()));

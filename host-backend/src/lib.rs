@@ -7,6 +7,7 @@ pub mod config;
 pub mod daemon;
 pub mod demo;
 pub mod executor;
+pub mod grant;
 pub mod ptx;
 pub mod session;
 pub mod signals;

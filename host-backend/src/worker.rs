@@ -47,6 +47,9 @@ pub struct WorkerConfig {
     pub spin: SpinPolicy,
     /// CPU to pin the worker's serving thread to (next to the VM's vCPUs).
     pub cpu: Option<usize>,
+    /// The GPU's grant service and this vGPU's (id, weight); `None`: no
+    /// scheduler (the driver's own time-slicing decides).
+    pub grant: Option<(PathBuf, u32, f64)>,
 }
 
 /// Pins the calling thread to one CPU.
@@ -130,6 +133,7 @@ struct Shared {
     mem_used: u64,
     stats: Arc<Stats>,
     chunk: usize,
+    gate: Option<crate::grant::Gate>,
 }
 
 /// A running worker.
@@ -190,6 +194,12 @@ impl Worker {
                 mem_used: 0,
                 stats: Arc::default(),
                 chunk,
+                gate: match &cfg.grant {
+                    Some((path, id, weight)) => {
+                        Some(crate::grant::Gate::connect(path, *id, *weight)?)
+                    }
+                    None => None,
+                },
             },
             chans,
             spin: cfg.spin,
@@ -220,6 +230,15 @@ impl Worker {
             for i in 0..self.chans.len() {
                 busy |= service(&mut self.sh, &mut self.chans[i]);
             }
+            if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
+                let over = self.sh.gate.as_ref().is_some_and(|g| g.slice_over());
+                // Work-conserving: an idle holder spins a bounded time, then yields.
+                if over || (!busy && idle >= self.spin.spins / 16) {
+                    self.release_grant()?;
+                    idle = 0;
+                    continue;
+                }
+            }
             if busy {
                 idle = 0;
                 continue;
@@ -234,6 +253,26 @@ impl Worker {
         }
         for c in &mut self.chans {
             teardown(&mut self.sh, c);
+        }
+        Ok(())
+    }
+
+    /// Synchronizes every context (the GPU must really be free, and work that
+    /// overran the slice is charged in full), then gives the grant back.
+    fn release_grant(&mut self) -> Result<(), Error> {
+        for c in &mut self.chans {
+            if let Some(s) = c.session.as_mut() {
+                if let Err(e) = s.ctx.synchronize() {
+                    s.defer(e);
+                }
+            }
+        }
+        let pending = self
+            .chans
+            .iter()
+            .any(|c| c.host.req.pending().unwrap_or(0) > 0 || c.transfer.is_some());
+        if let Some(g) = self.sh.gate.as_mut() {
+            g.release(pending)?;
         }
         Ok(())
     }
@@ -349,12 +388,39 @@ fn serve_channel(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
             break;
         }
         let Some(d) = c.host.req.peek()? else { break };
+        if let Some(g) = sh.gate.as_mut() {
+            if needs_device(d.opcode) {
+                if g.slice_over() {
+                    break;
+                }
+                if !g.acquire(Duration::from_millis(1))? {
+                    break;
+                }
+            }
+        }
         did = true;
         sh.stats.requests.fetch_add(1, Ordering::Relaxed);
         handle(sh, c, &d)?;
         c.host.req.consume(&d)?;
     }
     Ok(did)
+}
+
+/// Requests that put work on (or wait for) the device: they run only under the grant.
+fn needs_device(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        op::LAUNCH
+            | op::MEMCPY_HTOD
+            | op::MEMCPY_DTOH
+            | op::MEMCPY_DTOD
+            | op::MEMSET
+            | op::DATA
+            | op::CTX_SYNCHRONIZE
+            | op::STREAM_SYNCHRONIZE
+            | op::EVENT_RECORD
+            | op::EVENT_SYNCHRONIZE
+    )
 }
 
 fn notify_guest(sh: &Shared, ch: u32) -> Result<(), Error> {

@@ -43,6 +43,7 @@ impl Host {
             mem_limit,
             spin: TEST_SPIN,
             cpu: None,
+            grant: None,
         };
         let exec = SimExecutor::new(SimParams {
             copy_gbps: 100.0,

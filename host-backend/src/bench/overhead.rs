@@ -247,6 +247,7 @@ pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<
         mem_limit: 4 << 30,
         spin: cfg.spin,
         cpu: pin.map(|(_, w)| w),
+        grant: None,
     };
     let running = spawn(&wc, exec)?;
     let remote = {

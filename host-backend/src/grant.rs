@@ -1,0 +1,357 @@
+//! Fair sharing of one GPU between vGPU worker processes.
+//!
+//! The daemon runs a [`GrantService`] per GPU: the start-tag fair queue of
+//! `scheduler` decides which vGPU may submit work, for one slice. Each worker
+//! holds a [`Gate`]: before device work it asks for the grant and waits for
+//! it; at the end of its slice, or when it has had nothing to do for a
+//! bounded spin, it synchronizes its contexts (so that the GPU is really
+//! free), and releases, reporting the GPU time it used. Non-preemptive GPUs
+//! make the release collaborative; a kernel that overruns is charged in full.
+//!
+//! Messages are 24 bytes, little-endian: `[kind u32][vgpu u32][a u64][b u64]`.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use scheduler::GpuScheduler;
+
+use crate::Error;
+
+const HELLO: u32 = 1; // a = weight in millis
+const WANT: u32 = 2;
+const RELEASE: u32 = 3; // a = used ns, b = still busy (0/1)
+const GRANT: u32 = 4; // a = slice ns
+
+fn encode(kind: u32, vgpu: u32, a: u64, b: u64) -> [u8; 24] {
+    let mut m = [0u8; 24];
+    m[..4].copy_from_slice(&kind.to_le_bytes());
+    m[4..8].copy_from_slice(&vgpu.to_le_bytes());
+    m[8..16].copy_from_slice(&a.to_le_bytes());
+    m[16..].copy_from_slice(&b.to_le_bytes());
+    m
+}
+
+fn decode(m: &[u8; 24]) -> (u32, u32, u64, u64) {
+    let u32_at = |o: usize| u32::from_le_bytes([m[o], m[o + 1], m[o + 2], m[o + 3]]);
+    let u64_at = |o: usize| u64::from_le_bytes(m[o..o + 8].try_into().unwrap_or([0; 8]));
+    (u32_at(0), u32_at(4), u64_at(8), u64_at(16))
+}
+
+/// GPU time charged to each vGPU so far (ns), readable while the service runs.
+pub type Usage = Arc<Mutex<HashMap<u32, u64>>>;
+
+/// The per-GPU grant service.
+#[derive(Debug)]
+pub struct GrantService {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    usage: Usage,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl GrantService {
+    /// Starts serving at `path` with slices of `slice_ns`.
+    pub fn start(path: &Path, slice_ns: u64) -> Result<GrantService, Error> {
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path).map_err(|e| Error::Io {
+            what: "binding grant socket",
+            source: e,
+        })?;
+        listener.set_nonblocking(true).map_err(|e| Error::Io {
+            what: "grant socket",
+            source: e,
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let usage: Usage = Arc::default();
+        let (s2, u2) = (stop.clone(), usage.clone());
+        let thread = std::thread::Builder::new()
+            .name("grant-service".into())
+            .spawn(move || serve(listener, slice_ns, &s2, &u2))
+            .map_err(|e| Error::Io {
+                what: "spawning grant service",
+                source: e,
+            })?;
+        Ok(GrantService {
+            path: path.to_owned(),
+            stop,
+            usage,
+            thread: Some(thread),
+        })
+    }
+
+    /// GPU time charged per vGPU so far.
+    pub fn usage(&self) -> HashMap<u32, u64> {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for GrantService {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn serve(listener: UnixListener, slice_ns: u64, stop: &AtomicBool, usage: &Usage) {
+    let epoch = Instant::now();
+    let mut sched = GpuScheduler::new(slice_ns);
+    let mut conns: HashMap<u32, UnixStream> = HashMap::new();
+    let mut holder: Option<u32> = None;
+    let mut pending: Vec<UnixStream> = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        // Registration of new workers (their first message is HELLO).
+        while let Ok((s, _)) = listener.accept() {
+            let _ = s.set_nonblocking(false);
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            pending.push(s);
+        }
+        for mut s in std::mem::take(&mut pending) {
+            let mut m = [0u8; 24];
+            if s.read_exact(&mut m).is_ok() {
+                let (kind, vgpu, weight_milli, _) = decode(&m);
+                let weight = weight_milli as f64 / 1000.0;
+                if kind == HELLO && !conns.contains_key(&vgpu) && sched.add(vgpu, weight).is_ok() {
+                    let _ = s.set_nonblocking(true);
+                    conns.insert(vgpu, s);
+                    usage
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .entry(vgpu)
+                        .or_insert(0);
+                    continue;
+                }
+            }
+            tracing::warn!("grant service: refused a connection without a valid HELLO");
+        }
+        let ids: Vec<u32> = conns.keys().copied().collect();
+        let mut gone = Vec::new();
+        {
+            let mut fds: Vec<PollFd<'_>> = ids
+                .iter()
+                .map(|i| PollFd::new(conns[i].as_fd(), PollFlags::POLLIN))
+                .collect();
+            let _ = poll(&mut fds, PollTimeout::from(1u8));
+            for (k, fd) in fds.iter().enumerate() {
+                if fd.revents().is_some_and(|r| !r.is_empty()) {
+                    gone.push(ids[k]);
+                }
+            }
+        }
+        // `gone` holds the readable ones; read what they sent.
+        for id in gone {
+            let Some(s) = conns.get_mut(&id) else {
+                continue;
+            };
+            let mut m = [0u8; 24];
+            match s.read_exact(&mut m) {
+                Ok(()) => {
+                    let now = epoch.elapsed().as_nanos() as u64;
+                    let (kind, _, a, b) = decode(&m);
+                    match kind {
+                        WANT => {
+                            let _ = sched.request(id, now, None);
+                        }
+                        RELEASE if holder == Some(id) => {
+                            let _ = sched.release(id, a);
+                            *usage
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .entry(id)
+                                .or_insert(0) += a;
+                            if b == 0 {
+                                let _ = sched.idle(id);
+                            }
+                            holder = None;
+                        }
+                        _ => {}
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => {
+                    // The worker went away: forget it, and its grant.
+                    conns.remove(&id);
+                    let _ = sched.remove(id);
+                    if holder == Some(id) {
+                        holder = None;
+                    }
+                }
+            }
+        }
+        if holder.is_none() {
+            if let Some(g) = sched.grant(epoch.elapsed().as_nanos() as u64) {
+                if let Some(s) = conns.get_mut(&g.vgpu) {
+                    if s.write_all(&encode(GRANT, g.vgpu, g.slice_ns, 0)).is_ok() {
+                        holder = Some(g.vgpu);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A worker's side: asks for the grant, knows when its slice is over.
+#[derive(Debug)]
+pub struct Gate {
+    stream: UnixStream,
+    vgpu: u32,
+    wanted: bool,
+    held_since: Option<Instant>,
+    slice: Duration,
+}
+
+impl Gate {
+    /// Registers vGPU `vgpu` with `weight` at the service listening on `path`.
+    pub fn connect(path: &Path, vgpu: u32, weight: f64) -> Result<Gate, Error> {
+        let mut stream = UnixStream::connect(path).map_err(|e| Error::Io {
+            what: "connecting to grant service",
+            source: e,
+        })?;
+        let w = (weight * 1000.0).round().max(1.0) as u64;
+        stream
+            .write_all(&encode(HELLO, vgpu, w, 0))
+            .map_err(|e| Error::Io {
+                what: "grant hello",
+                source: e,
+            })?;
+        Ok(Gate {
+            stream,
+            vgpu,
+            wanted: false,
+            held_since: None,
+            slice: Duration::ZERO,
+        })
+    }
+
+    /// Whether the grant is held.
+    pub fn holding(&self) -> bool {
+        self.held_since.is_some()
+    }
+
+    /// Asks for the grant (once) and waits up to `wait` for it; true if held.
+    pub fn acquire(&mut self, wait: Duration) -> Result<bool, Error> {
+        if self.holding() {
+            return Ok(true);
+        }
+        if !self.wanted {
+            self.stream
+                .write_all(&encode(WANT, self.vgpu, 0, 0))
+                .map_err(|e| Error::Io {
+                    what: "grant want",
+                    source: e,
+                })?;
+            self.wanted = true;
+        }
+        let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
+        let ms = wait.as_millis().min(u128::from(u16::MAX)) as u16;
+        if poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0) == 0 {
+            return Ok(false);
+        }
+        let mut m = [0u8; 24];
+        self.stream.read_exact(&mut m).map_err(|e| Error::Io {
+            what: "grant read",
+            source: e,
+        })?;
+        let (kind, _, slice_ns, _) = decode(&m);
+        if kind != GRANT {
+            return Ok(false);
+        }
+        self.wanted = false;
+        self.slice = Duration::from_nanos(slice_ns);
+        self.held_since = Some(Instant::now());
+        Ok(true)
+    }
+
+    /// Whether the slice has run out.
+    pub fn slice_over(&self) -> bool {
+        self.held_since.is_some_and(|t| t.elapsed() >= self.slice)
+    }
+
+    /// Gives the grant back after the caller synchronized; charges the time
+    /// held. `busy`: the vGPU still has work (stays in the run queue).
+    pub fn release(&mut self, busy: bool) -> Result<u64, Error> {
+        let Some(t) = self.held_since.take() else {
+            return Ok(0);
+        };
+        let used = t.elapsed().as_nanos() as u64;
+        self.stream
+            .write_all(&encode(RELEASE, self.vgpu, used, u64::from(busy)))
+            .map_err(|e| Error::Io {
+                what: "grant release",
+                source: e,
+            })?;
+        if busy {
+            // Still runnable: the service keeps it queued; ask again.
+            self.stream
+                .write_all(&encode(WANT, self.vgpu, 0, 0))
+                .map_err(|e| Error::Io {
+                    what: "grant want",
+                    source: e,
+                })?;
+            self.wanted = true;
+        }
+        Ok(used)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_follow_weights_between_busy_workers() {
+        let dir = std::env::temp_dir().join(format!("fvg-grant-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+        let weights = [1.0, 2.0, 3.0];
+        let threads: Vec<_> = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| {
+                let path = svc.path().to_owned();
+                std::thread::spawn(move || {
+                    let mut g = Gate::connect(&path, i as u32, w).unwrap();
+                    let end = Instant::now() + Duration::from_millis(1500);
+                    let mut held = 0u64;
+                    while Instant::now() < end {
+                        if g.acquire(Duration::from_millis(5)).unwrap() {
+                            // "Work" until the slice is over, then hand it back.
+                            while !g.slice_over() {
+                                std::thread::sleep(Duration::from_micros(200));
+                            }
+                            held += g.release(true).unwrap();
+                        }
+                    }
+                    held
+                })
+            })
+            .collect();
+        let held: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let total: u64 = held.iter().sum();
+        let x: Vec<f64> = held
+            .iter()
+            .zip(weights)
+            .map(|(&h, w)| h as f64 / total as f64 / (w / 6.0))
+            .collect();
+        let mmr =
+            x.iter().cloned().fold(f64::MAX, f64::min) / x.iter().cloned().fold(0.0, f64::max);
+        assert!(mmr > 0.85, "MMR {mmr}, held {held:?}");
+        let usage = svc.usage();
+        assert_eq!(usage.len(), 3);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
