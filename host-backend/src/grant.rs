@@ -281,15 +281,19 @@ impl Gate {
         self.held_since.is_some_and(|t| t.elapsed() >= self.slice)
     }
 
-    /// Gives the grant back after the caller synchronized; charges the time
-    /// held. `busy`: the vGPU still has work (stays in the run queue).
-    pub fn release(&mut self, busy: bool) -> Result<u64, Error> {
-        let Some(t) = self.held_since.take() else {
-            return Ok(0);
-        };
-        let used = t.elapsed().as_nanos() as u64;
+    /// Time since the grant was received.
+    pub fn held_ns(&self) -> u64 {
+        self.held_since.map_or(0, |t| t.elapsed().as_nanos() as u64)
+    }
+
+    /// Gives the grant back after the caller synchronized, charging `used_ns`
+    /// of GPU time. `busy`: the vGPU still has work (stays in the run queue).
+    pub fn release(&mut self, used_ns: u64, busy: bool) -> Result<(), Error> {
+        if self.held_since.take().is_none() {
+            return Ok(());
+        }
         self.stream
-            .write_all(&encode(RELEASE, self.vgpu, used, u64::from(busy)))
+            .write_all(&encode(RELEASE, self.vgpu, used_ns, u64::from(busy)))
             .map_err(|e| Error::Io {
                 what: "grant release",
                 source: e,
@@ -304,7 +308,7 @@ impl Gate {
                 })?;
             self.wanted = true;
         }
-        Ok(used)
+        Ok(())
     }
 }
 
@@ -333,7 +337,9 @@ mod tests {
                             while !g.slice_over() {
                                 std::thread::sleep(Duration::from_micros(200));
                             }
-                            held += g.release(true).unwrap();
+                            let used = g.held_ns();
+                            g.release(used, true).unwrap();
+                            held += used;
                         }
                     }
                     held

@@ -62,6 +62,15 @@ enum BenchCmd {
         #[arg(long, default_value_t = 200_000)]
         iters: usize,
     },
+    /// Scheduling: three guests 1:2:3 with 20 us / 400 us / 1.6 ms kernels, ours vs none.
+    Fairness {
+        /// Executor to measure.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: host_backend::config::ExecutorKind,
+        /// Seconds per policy.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+    },
     /// Data path: the same CUDA workload native vs through the ring and a worker.
     Overhead {
         /// Executor to measure.
@@ -98,6 +107,9 @@ fn main() -> Result<()> {
         Cmd::Bench {
             which: BenchCmd::Ring { mode, iters },
         } => bench::ring::run(mode, iters),
+        Cmd::Bench {
+            which: BenchCmd::Fairness { executor, seconds },
+        } => bench::fairness::run(executor, seconds, qemu_ivshmem::SpinPolicy::default()),
         Cmd::Bench {
             which:
                 BenchCmd::Overhead {

@@ -13,7 +13,7 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use protocol::{op, DeviceInfo, ImageKind, Reply, Request, Status, INLINE};
@@ -134,6 +134,26 @@ struct Shared {
     stats: Arc<Stats>,
     chunk: usize,
     gate: Option<crate::grant::Gate>,
+    /// Start of the current GPU busy period (device work outstanding).
+    busy_since: Option<Instant>,
+    /// GPU time accumulated under the current grant.
+    charged_ns: u64,
+}
+
+impl Shared {
+    /// Device work is being issued: a busy period starts if none is open.
+    fn work_started(&mut self) {
+        if self.gate.is_some() && self.busy_since.is_none() {
+            self.busy_since = Some(Instant::now());
+        }
+    }
+
+    /// Device work was drained by a synchronizing call: the period ends.
+    fn work_drained(&mut self) {
+        if let Some(t) = self.busy_since.take() {
+            self.charged_ns += t.elapsed().as_nanos() as u64;
+        }
+    }
 }
 
 /// A running worker.
@@ -200,6 +220,8 @@ impl Worker {
                     }
                     None => None,
                 },
+                busy_since: None,
+                charged_ns: 0,
             },
             chans,
             spin: cfg.spin,
@@ -267,12 +289,14 @@ impl Worker {
                 }
             }
         }
+        self.sh.work_drained();
+        let used = std::mem::take(&mut self.sh.charged_ns);
         let pending = self
             .chans
             .iter()
             .any(|c| c.host.req.pending().unwrap_or(0) > 0 || c.transfer.is_some());
         if let Some(g) = self.sh.gate.as_mut() {
-            g.release(pending)?;
+            g.release(used, pending)?;
         }
         Ok(())
     }
@@ -400,7 +424,13 @@ fn serve_channel(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
         }
         did = true;
         sh.stats.requests.fetch_add(1, Ordering::Relaxed);
+        if needs_device(d.opcode) {
+            sh.work_started();
+        }
         handle(sh, c, &d)?;
+        if drains_device(d.opcode) {
+            sh.work_drained();
+        }
         c.host.req.consume(&d)?;
     }
     Ok(did)
@@ -420,6 +450,14 @@ fn needs_device(opcode: u32) -> bool {
             | op::STREAM_SYNCHRONIZE
             | op::EVENT_RECORD
             | op::EVENT_SYNCHRONIZE
+    )
+}
+
+/// Requests that return only when the device work before them is done.
+fn drains_device(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        op::CTX_SYNCHRONIZE | op::STREAM_SYNCHRONIZE | op::EVENT_SYNCHRONIZE | op::MEMCPY_DTOH
     )
 }
 

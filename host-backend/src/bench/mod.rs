@@ -1,5 +1,6 @@
 //! Benchmarks. Each prints ratios against a baseline measured in the same run.
 
+pub mod fairness;
 pub mod overhead;
 pub mod ring;
 

@@ -58,8 +58,9 @@ impl Queue {
     }
 }
 
-/// The simulated device.
-#[derive(Debug)]
+/// The simulated device. Clones share the device (its queue and address
+/// space): several workers on one GPU.
+#[derive(Debug, Clone)]
 pub struct SimExecutor {
     params: SimParams,
     queue: Arc<Mutex<Queue>>,

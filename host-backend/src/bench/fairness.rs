@@ -1,0 +1,180 @@
+//! `fairvgpu bench fairness`: three guests with weights 1:2:3 running a
+//! 20 us, a 400 us and a 1.6 ms kernel in launch+synchronize loops on one
+//! GPU, under fairvgpu's scheduler and under none (the driver's own
+//! first-come first-served), in one run; plus each guest alone, for the
+//! aggregate throughput. GPU time of a guest = kernels completed x kernel time.
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use guest_frontend::Gpu;
+use protocol::{Dim3, ImageKind};
+use qemu_ivshmem::{LayoutParams, SpinPolicy};
+
+use crate::config::{Config, ExecutorKind};
+use crate::daemon::build_executor;
+use crate::demo::KERNELS_PTX;
+use crate::executor::{sim::SimExecutor, Executor};
+use crate::grant::GrantService;
+use crate::worker::{spawn, WorkerConfig};
+
+const WEIGHTS: [f64; 3] = [1.0, 2.0, 3.0];
+const KERNELS_NS: [u64; 3] = [20_000, 400_000, 1_600_000];
+const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
+
+fn executors(kind: ExecutorKind, n: usize) -> Result<Vec<Box<dyn Executor>>> {
+    match kind {
+        ExecutorKind::Sim => {
+            // One modeled GPU shared by every worker.
+            let dev = SimExecutor::new(Default::default());
+            Ok((0..n)
+                .map(|_| Box::new(dev.clone()) as Box<dyn Executor>)
+                .collect())
+        }
+        ExecutorKind::Cuda => {
+            let mut cfg =
+                Config::parse("[[vm]]\nname = \"b\"\ntenant = \"b\"\nmemory_limit_mib = 1024\n")?;
+            cfg.daemon.executor = kind;
+            (0..n)
+                .map(|_| build_executor(&cfg, 0).map_err(Into::into))
+                .collect()
+        }
+    }
+}
+
+/// Runs guests `which` at once for `secs`; returns kernels completed by each.
+fn round(
+    kind: ExecutorKind,
+    which: &[usize],
+    fair: bool,
+    secs: f64,
+    spin: SpinPolicy,
+) -> Result<Vec<u64>> {
+    let dir = std::env::temp_dir().join(format!(
+        "fairvgpu-fair-{}-{}",
+        std::process::id(),
+        which.len()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let svc = if fair {
+        Some(GrantService::start(&dir.join("grant.sock"), 6_000_000)?)
+    } else {
+        None
+    };
+    let mut workers = Vec::new();
+    let mut socks = Vec::new();
+    for (exec, &g) in executors(kind, which.len())?.into_iter().zip(which) {
+        let sock = dir.join(format!("vm{g}.sock"));
+        let wc = WorkerConfig {
+            name: format!("vm{g}"),
+            socket: sock.clone(),
+            layout: LayoutParams {
+                channels: 1,
+                ring_entries: 256,
+                arena_size: 1 << 20,
+                vectors: 1,
+            },
+            mem_limit: 1 << 30,
+            spin,
+            cpu: None,
+            grant: svc
+                .as_ref()
+                .map(|s| (s.path().to_owned(), g as u32, WEIGHTS[g])),
+        };
+        workers.push(spawn(&wc, exec)?);
+        socks.push(sock);
+    }
+    let start = Arc::new(Barrier::new(which.len()));
+    let guests: Vec<_> = which
+        .iter()
+        .zip(socks)
+        .map(|(&g, sock)| {
+            let start = start.clone();
+            std::thread::spawn(move || -> Result<u64> {
+                let mut gpu = Gpu::connect_with(&sock, spin).context("guest attach")?;
+                let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
+                let f = gpu.get_function(m, "spin_ns")?;
+                let ns = KERNELS_NS[g].to_le_bytes();
+                start.wait();
+                let end = Instant::now() + Duration::from_secs_f64(secs);
+                let mut n = 0;
+                while Instant::now() < end {
+                    gpu.launch(&f, ONE, ONE, 0, 0, &[&ns])?;
+                    gpu.synchronize()?;
+                    n += 1;
+                }
+                Ok(n)
+            })
+        })
+        .collect();
+    let counts = guests
+        .into_iter()
+        .map(|t| {
+            t.join()
+                .map_err(|_| anyhow::anyhow!("guest thread panicked"))?
+        })
+        .collect::<Result<Vec<u64>>>();
+    for w in workers {
+        w.shutdown()?;
+    }
+    drop(svc);
+    let _ = std::fs::remove_dir_all(&dir);
+    counts
+}
+
+fn mmr(gpu_ns: &[f64]) -> f64 {
+    let total: f64 = gpu_ns.iter().sum();
+    let wsum: f64 = WEIGHTS.iter().sum();
+    let x: Vec<f64> = gpu_ns
+        .iter()
+        .zip(WEIGHTS)
+        .map(|(t, w)| (t / total) / (w / wsum))
+        .collect();
+    x.iter().cloned().fold(f64::MAX, f64::min) / x.iter().cloned().fold(0.0, f64::max)
+}
+
+/// Runs the bench; the last line is machine-readable.
+pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
+    // Each guest alone: its own rate of kernels, for the aggregate throughput.
+    let mut solo = [0f64; 3];
+    for g in 0..3 {
+        solo[g] = round(kind, &[g], false, secs / 3.0, spin)?[0] as f64 / (secs / 3.0);
+    }
+    println!("three guests on one GPU ({kind:?} executor), weights 1:2:3, {secs} s per policy");
+    println!(
+        "{:<8} {:>5} {:>6} {:>10} {:>10} {:>8} {:>8}",
+        "policy", "guest", "weight", "kernel_us", "gpu_ms", "share", "fair"
+    );
+    let mut summary = Vec::new();
+    for (name, fair) in [("fairvgpu", true), ("none", false)] {
+        let counts = round(kind, &[0, 1, 2], fair, secs, spin)?;
+        let gpu_ns: Vec<f64> = counts
+            .iter()
+            .zip(KERNELS_NS)
+            .map(|(&c, k)| c as f64 * k as f64)
+            .collect();
+        let total: f64 = gpu_ns.iter().sum();
+        for g in 0..3 {
+            println!(
+                "{name:<8} {g:>5} {:>6} {:>10} {:>10.1} {:>8.3} {:>8.3}",
+                WEIGHTS[g],
+                KERNELS_NS[g] / 1000,
+                gpu_ns[g] / 1e6,
+                gpu_ns[g] / total,
+                WEIGHTS[g] / 6.0
+            );
+        }
+        // Aggregate throughput: each guest's rate relative to running alone, summed (ideal 1.0).
+        let throughput: f64 = (0..3).map(|g| counts[g] as f64 / secs / solo[g]).sum();
+        summary.push((name, mmr(&gpu_ns), throughput));
+    }
+    for (name, m, t) in &summary {
+        println!("{name}: MMR {m:.3}, aggregate throughput vs alone {t:.3}");
+    }
+    println!(
+        "fairvgpu_mmr={:.3} none_mmr={:.3} fairvgpu_throughput={:.3} none_throughput={:.3}",
+        summary[0].1, summary[1].1, summary[0].2, summary[1].2
+    );
+    Ok(())
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# On the GPU machine: three guests 1:2:3 (20 us, 400 us, 1.6 ms kernels),
+# fairvgpu's scheduler vs none. Carried: target/release/fairvgpu.
+set -uo pipefail
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+{
+  echo "== date: $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  echo "== bench fairness --executor cuda --seconds 10"
+  RUST_LOG=warn ./target/release/fairvgpu bench fairness --executor cuda --seconds 10; echo "rc=$?"
+} 2>&1 | tee "$OUT/fairness.log"
