@@ -138,8 +138,8 @@ fn mmr(gpu_ns: &[f64]) -> f64 {
 pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
     // Each guest alone: its own rate of kernels, for the aggregate throughput.
     let mut solo = [0f64; 3];
-    for g in 0..3 {
-        solo[g] = round(kind, &[g], false, secs / 3.0, spin)?[0] as f64 / (secs / 3.0);
+    for (g, rate) in solo.iter_mut().enumerate() {
+        *rate = round(kind, &[g], false, secs / 3.0, spin)?[0] as f64 / (secs / 3.0);
     }
     println!("three guests on one GPU ({kind:?} executor), weights 1:2:3, {secs} s per policy");
     println!(
