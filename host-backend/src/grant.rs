@@ -237,6 +237,16 @@ impl Gate {
         })
     }
 
+    /// Whether a request for the grant is outstanding (a grant may arrive).
+    pub fn wanted(&self) -> bool {
+        self.wanted
+    }
+
+    /// The socket, to wait on together with other events.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+
     /// Whether the grant is held.
     pub fn holding(&self) -> bool {
         self.held_since.is_some()

@@ -27,6 +27,8 @@ pub struct Session {
     events: HashSet<Handle>,
     /// The first error of an asynchronous call, reported at the next synchronous one.
     pub pending_error: Option<Status>,
+    /// Sampled GPU time per function: (last measured ns, launches so far).
+    pub kernel_ns: HashMap<Handle, (Option<u64>, u64)>,
 }
 
 impl std::fmt::Debug for Session {
@@ -51,6 +53,7 @@ impl Session {
             streams: HashSet::new(),
             events: HashSet::new(),
             pending_error: None,
+            kernel_ns: HashMap::new(),
         }
     }
 

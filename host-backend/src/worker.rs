@@ -134,24 +134,22 @@ struct Shared {
     stats: Arc<Stats>,
     chunk: usize,
     gate: Option<crate::grant::Gate>,
-    /// Start of the current GPU busy period (device work outstanding).
-    busy_since: Option<Instant>,
     /// GPU time accumulated under the current grant.
     charged_ns: u64,
+    /// Whether any request ran under the current grant.
+    worked: bool,
 }
 
-impl Shared {
-    /// Device work is being issued: a busy period starts if none is open.
-    fn work_started(&mut self) {
-        if self.gate.is_some() && self.busy_since.is_none() {
-            self.busy_since = Some(Instant::now());
-        }
-    }
+/// Every how many launches of a function its GPU time is measured again.
+const SAMPLE_EVERY: u64 = 8;
 
-    /// Device work was drained by a synchronizing call: the period ends.
-    fn work_drained(&mut self) {
-        if let Some(t) = self.busy_since.take() {
-            self.charged_ns += t.elapsed().as_nanos() as u64;
+impl Shared {
+    /// Collects the measured times of timed launches: each is charged, and
+    /// becomes its function's estimate.
+    fn collect_timings(&mut self, s: &mut Session) {
+        for (f, ns) in s.ctx.take_timings() {
+            self.charged_ns += ns;
+            s.kernel_ns.entry(f).or_insert((None, 0)).0 = Some(ns);
         }
     }
 }
@@ -220,8 +218,8 @@ impl Worker {
                     }
                     None => None,
                 },
-                busy_since: None,
                 charged_ns: 0,
+                worked: false,
             },
             chans,
             spin: cfg.spin,
@@ -252,22 +250,36 @@ impl Worker {
             for i in 0..self.chans.len() {
                 busy |= service(&mut self.sh, &mut self.chans[i]);
             }
-            if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
-                let over = self.sh.gate.as_ref().is_some_and(|g| g.slice_over());
-                // Work-conserving: an idle holder spins a bounded time, then yields.
-                if over || (!busy && idle >= self.spin.spins / 16) {
-                    self.release_grant()?;
-                    idle = 0;
-                    continue;
-                }
+            if self.sh.gate.as_ref().is_some_and(|g| g.slice_over()) {
+                // A vGPU whose slice ran out while it was running work stays
+                // runnable even if its ring is momentarily empty (its guest is
+                // between a reply and its next call): reporting it idle would
+                // reset its start tag and forfeit the credit it has.
+                let active = self.sh.worked;
+                self.release_grant(active)?;
+                idle = 0;
+                continue;
             }
             if busy {
                 idle = 0;
                 continue;
             }
+            // A grant can arrive while there is nothing to run (the vGPU was
+            // still queued): take it, so that the idle spin above returns it.
+            if let Some(g) = self.sh.gate.as_mut() {
+                if !g.holding() && g.wanted() && idle.is_multiple_of(64) {
+                    g.acquire(Duration::ZERO)?;
+                }
+            }
             idle += 1;
             if idle < self.spin.spins / 16 {
                 std::hint::spin_loop();
+                continue;
+            }
+            if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
+                // Work-conserving: a holder with nothing to run yields after its spin.
+                self.release_grant(false)?;
+                idle = 0;
                 continue;
             }
             self.block()?;
@@ -281,20 +293,22 @@ impl Worker {
 
     /// Synchronizes every context (the GPU must really be free, and work that
     /// overran the slice is charged in full), then gives the grant back.
-    fn release_grant(&mut self) -> Result<(), Error> {
+    fn release_grant(&mut self, still_active: bool) -> Result<(), Error> {
         for c in &mut self.chans {
             if let Some(s) = c.session.as_mut() {
                 if let Err(e) = s.ctx.synchronize() {
                     s.defer(e);
                 }
+                self.sh.collect_timings(s);
             }
         }
-        self.sh.work_drained();
         let used = std::mem::take(&mut self.sh.charged_ns);
-        let pending = self
-            .chans
-            .iter()
-            .any(|c| c.host.req.pending().unwrap_or(0) > 0 || c.transfer.is_some());
+        self.sh.worked = false;
+        let pending = still_active
+            || self
+                .chans
+                .iter()
+                .any(|c| c.host.req.pending().unwrap_or(0) > 0 || c.transfer.is_some());
         if let Some(g) = self.sh.gate.as_mut() {
             g.release(used, pending)?;
         }
@@ -329,6 +343,10 @@ impl Worker {
                 .iter()
                 .map(|b| PollFd::new(b.fd().as_fd(), PollFlags::POLLIN))
                 .collect();
+            // A grant arriving wakes the worker too.
+            if let Some(g) = self.sh.gate.as_ref().filter(|g| g.wanted()) {
+                fds.push(PollFd::new(g.fd(), PollFlags::POLLIN));
+            }
             let ms = (self.spin.max_block_us / 1000).clamp(1, 1000) as u16;
             let _ = poll(&mut fds, PollTimeout::from(ms));
             for b in bells {
@@ -424,12 +442,22 @@ fn serve_channel(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
         }
         did = true;
         sh.stats.requests.fetch_add(1, Ordering::Relaxed);
-        if needs_device(d.opcode) {
-            sh.work_started();
+        let t0 = Instant::now();
+        if sh.gate.as_ref().is_some_and(|g| g.holding()) {
+            sh.worked = true;
         }
         handle(sh, c, &d)?;
-        if drains_device(d.opcode) {
-            sh.work_drained();
+        if sh.gate.is_some() {
+            // Launches are charged by their sampled GPU time (in `handle`);
+            // copies and memsets by the time they take; waits are not charged.
+            if needs_device(d.opcode) && d.opcode != op::LAUNCH && !drains_device(d.opcode) {
+                sh.charged_ns += t0.elapsed().as_nanos() as u64;
+            }
+            if drains_device(d.opcode) {
+                if let Some(s) = c.session.as_mut() {
+                    sh.collect_timings(s);
+                }
+            }
         }
         c.host.req.consume(&d)?;
     }
@@ -758,6 +786,7 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 }
                 Ok(())
             });
+            let scheduled = sh.gate.is_some();
             let r = r.and(s.check_stream(stream)).and_then(|()| {
                 let mut params = vec![0u8; d.data_len as usize];
                 c.host
@@ -765,7 +794,22 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                     .data(d)
                     .map_err(|_| Status::InvalidValue)?
                     .copy_to(&mut params[..]);
-                s.ctx.launch(func, grid, block, shared_mem, stream, &params)
+                if !scheduled {
+                    return s.ctx.launch(func, grid, block, shared_mem, stream, &params);
+                }
+                // Sampled accounting: measure this launch on the device, or
+                // charge the function's last measured time.
+                let (est, n) = s.kernel_ns.entry(func).or_insert((None, 0));
+                *n += 1;
+                match *est {
+                    Some(ns) if *n % SAMPLE_EVERY != 0 => {
+                        sh.charged_ns += ns;
+                        s.ctx.launch(func, grid, block, shared_mem, stream, &params)
+                    }
+                    _ => s
+                        .ctx
+                        .launch_timed(func, grid, block, shared_mem, stream, &params),
+                }
             });
             if let Err(e) = r {
                 s.defer(e);

@@ -173,6 +173,9 @@ impl Executor for CudaExecutor {
         CURRENT.with(|c| c.set(ctx as usize));
         Ok(Box::new(CudaContext {
             ctx,
+            event_pool: Vec::new(),
+            timed: Vec::new(),
+            timing_overhead_ns: None,
             functions: Default::default(),
         }))
     }
@@ -184,6 +187,12 @@ thread_local! {
 
 struct CudaContext {
     ctx: CUcontext,
+    /// Idle timing events, and (function, start, end) of timed launches in flight.
+    event_pool: Vec<sys::CUevent>,
+    timed: Vec<(Handle, sys::CUevent, sys::CUevent)>,
+    /// Event-measured time of an empty kernel (launch latency between the
+    /// events), subtracted from every sample; measured on first use.
+    timing_overhead_ns: Option<u64>,
     /// function handle -> parameter sizes (for building cuLaunchKernel's pointer array).
     functions: std::collections::HashMap<Handle, Vec<u32>>,
 }
@@ -217,6 +226,67 @@ impl Drop for CudaContext {
 
 fn stream(h: Handle) -> sys::CUstream {
     h as sys::CUstream
+}
+
+impl CudaContext {
+    /// Event-measured time of an empty kernel: the minimum of a few runs.
+    fn calibrate(&mut self) -> Result<u64, Status> {
+        const EMPTY: &[u8] = b".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry fvg_empty()\n{\n\tret;\n}\n\0";
+        let mut m: sys::CUmodule = null_mut();
+        // SAFETY: a NUL-terminated PTX image of our own.
+        check(unsafe { sys::cuModuleLoadData(&mut m, EMPTY.as_ptr() as *const c_void) })?;
+        let mut f: sys::CUfunction = null_mut();
+        // SAFETY: our module; NUL-terminated name.
+        let r = check(unsafe { sys::cuModuleGetFunction(&mut f, m, c"fvg_empty".as_ptr()) });
+        let mut best = u64::MAX;
+        if r.is_ok() {
+            let mut ev = [null_mut(); 2];
+            for e in &mut ev {
+                // SAFETY: out-parameter on our stack.
+                check(unsafe { sys::cuEventCreate(e, 0) })?;
+            }
+            for _ in 0..5 {
+                let mut ms = 0f32;
+                let (start, end) = (ev[0], ev[1]);
+                let steps: [&dyn Fn() -> CUresult; 4] = [
+                    // SAFETY: our own event, the default stream.
+                    &|| unsafe { sys::cuEventRecord(start, null_mut()) },
+                    // SAFETY: our own parameterless kernel on the default stream.
+                    &|| unsafe {
+                        sys::cuLaunchKernel(
+                            f,
+                            1,
+                            1,
+                            1,
+                            1,
+                            1,
+                            1,
+                            0,
+                            null_mut(),
+                            null_mut(),
+                            null_mut(),
+                        )
+                    },
+                    // SAFETY: our own event, the default stream.
+                    &|| unsafe { sys::cuEventRecord(end, null_mut()) },
+                    // SAFETY: our own recorded event.
+                    &|| unsafe { sys::cuEventSynchronize(end) },
+                ];
+                let ok = steps.iter().all(|step| step() == CUresult::CUDA_SUCCESS)
+                    // SAFETY: both events recorded and complete.
+                    && unsafe { sys::cuEventElapsedTime_v2(&mut ms, start, end) } == CUresult::CUDA_SUCCESS;
+                if ok {
+                    best = best.min((f64::from(ms) * 1e6) as u64);
+                }
+            }
+            for e in ev {
+                self.event_pool.push(e);
+            }
+        }
+        // SAFETY: our module, no longer used.
+        let _ = unsafe { sys::cuModuleUnload(m) };
+        r.map(|()| if best == u64::MAX { 0 } else { best })
+    }
 }
 
 impl Context for CudaContext {
@@ -462,6 +532,65 @@ impl Context for CudaContext {
                 null_mut(),
             )
         })
+    }
+
+    fn launch_timed(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+    ) -> Result<(), Status> {
+        self.bind()?;
+        if self.timing_overhead_ns.is_none() {
+            self.timing_overhead_ns = Some(self.calibrate().unwrap_or(0));
+        }
+        let mut ev = [null_mut(); 2];
+        for e in &mut ev {
+            *e = match self.event_pool.pop() {
+                Some(e) => e,
+                None => {
+                    let mut n: sys::CUevent = null_mut();
+                    // SAFETY: out-parameter on our stack; timing events (flags 0).
+                    check(unsafe { sys::cuEventCreate(&mut n, 0) })?;
+                    n
+                }
+            };
+        }
+        // SAFETY: our own events and a stream checked by the worker.
+        check(unsafe { sys::cuEventRecord(ev[0], stream(s)) })?;
+        self.launch(func, g, b, smem, s, params)?;
+        // SAFETY: as above.
+        check(unsafe { sys::cuEventRecord(ev[1], stream(s)) })?;
+        self.timed.push((func, ev[0], ev[1]));
+        Ok(())
+    }
+
+    fn take_timings(&mut self) -> Vec<(Handle, u64)> {
+        if self.bind().is_err() {
+            return Vec::new();
+        }
+        let overhead = self.timing_overhead_ns.unwrap_or(0);
+        let mut out = Vec::new();
+        let mut still = Vec::new();
+        for (f, a, b) in std::mem::take(&mut self.timed) {
+            // SAFETY: our own event.
+            if unsafe { sys::cuEventQuery(b) } != CUresult::CUDA_SUCCESS {
+                still.push((f, a, b));
+                continue;
+            }
+            let mut ms = 0f32;
+            // SAFETY: both events recorded by us and complete; out-parameter on our stack.
+            if unsafe { sys::cuEventElapsedTime_v2(&mut ms, a, b) } == CUresult::CUDA_SUCCESS {
+                out.push((f, ((f64::from(ms) * 1e6) as u64).saturating_sub(overhead)));
+            }
+            self.event_pool.push(a);
+            self.event_pool.push(b);
+        }
+        self.timed = still;
+        out
     }
 
     fn stream_create(&mut self, flags: u32) -> Result<Handle, Status> {

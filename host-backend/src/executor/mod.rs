@@ -69,6 +69,23 @@ pub trait Context: Send {
         stream: Handle,
         params: &[u8],
     ) -> Result<(), Status>;
+    /// A launch whose GPU time the device measures (events around it); the
+    /// time is read later with [`Context::take_timings`].
+    fn launch_timed(
+        &mut self,
+        func: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: Handle,
+        params: &[u8],
+    ) -> Result<(), Status> {
+        self.launch(func, grid, block, shared_mem, stream, params)
+    }
+    /// GPU times (function, ns) of timed launches that have completed.
+    fn take_timings(&mut self) -> Vec<(Handle, u64)> {
+        Vec::new()
+    }
     /// Creates a stream.
     fn stream_create(&mut self, flags: u32) -> Result<Handle, Status>;
     /// Destroys a stream.
