@@ -405,8 +405,9 @@ fn service(sh: &mut Shared, c: &mut Chan) -> bool {
             if c.log_budget > 0 {
                 tracing::warn!(channel = c.host.index(), "channel ended: {e}");
             }
-            sh.stats.broken_channels.fetch_add(1, Ordering::Relaxed);
             teardown(sh, c);
+            // Counted once done, so that whoever reads it sees the channel freed.
+            sh.stats.broken_channels.fetch_add(1, Ordering::Relaxed);
             true
         }
     }
