@@ -237,6 +237,18 @@ impl Gate {
         })
     }
 
+    /// Asks for the grant.
+    fn want(&mut self) -> Result<(), Error> {
+        self.stream
+            .write_all(&encode(WANT, self.vgpu, 0, 0))
+            .map_err(|e| Error::Io {
+                what: "grant want",
+                source: e,
+            })?;
+        self.wanted = true;
+        Ok(())
+    }
+
     /// Whether a request for the grant is outstanding (a grant may arrive).
     pub fn wanted(&self) -> bool {
         self.wanted
@@ -258,13 +270,7 @@ impl Gate {
             return Ok(true);
         }
         if !self.wanted {
-            self.stream
-                .write_all(&encode(WANT, self.vgpu, 0, 0))
-                .map_err(|e| Error::Io {
-                    what: "grant want",
-                    source: e,
-                })?;
-            self.wanted = true;
+            self.want()?;
         }
         let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
         let ms = wait.as_millis().min(u128::from(u16::MAX)) as u16;
@@ -310,13 +316,7 @@ impl Gate {
             })?;
         if busy {
             // Still runnable: the service keeps it queued; ask again.
-            self.stream
-                .write_all(&encode(WANT, self.vgpu, 0, 0))
-                .map_err(|e| Error::Io {
-                    what: "grant want",
-                    source: e,
-                })?;
-            self.wanted = true;
+            self.want()?;
         }
         Ok(())
     }

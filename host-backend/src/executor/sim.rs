@@ -160,6 +160,21 @@ impl SimContext {
         done
     }
 
+    /// Runs a kernel (results now, time on the queue); returns its modeled time.
+    fn run_kernel(
+        &mut self,
+        func: Handle,
+        grid: Dim3,
+        block: Dim3,
+        stream: Handle,
+        params: &[u8],
+    ) -> Result<u64, Status> {
+        let (k, _) = *self.functions.get(&func).ok_or(Status::InvalidHandle)?;
+        let ns = k(self, grid, block, params)?;
+        self.submit(ns, stream);
+        Ok(ns)
+    }
+
     /// When the last operation submitted to `stream` completes (0: the default stream).
     fn stream_done(&self, stream: Handle) -> Result<Instant, Status> {
         if stream == 0 {
@@ -451,10 +466,7 @@ impl Context for SimContext {
         stream: Handle,
         params: &[u8],
     ) -> Result<(), Status> {
-        let (k, _) = *self.functions.get(&func).ok_or(Status::InvalidHandle)?;
-        let ns = k(self, grid, block, params)?;
-        self.submit(ns, stream);
-        Ok(())
+        self.run_kernel(func, grid, block, stream, params).map(drop)
     }
 
     fn launch_timed(
@@ -466,9 +478,7 @@ impl Context for SimContext {
         stream: Handle,
         params: &[u8],
     ) -> Result<(), Status> {
-        let (k, _) = *self.functions.get(&func).ok_or(Status::InvalidHandle)?;
-        let ns = k(self, grid, block, params)?;
-        self.submit(ns, stream);
+        let ns = self.run_kernel(func, grid, block, stream, params)?;
         // The model knows the kernel's time exactly.
         self.timings.push((func, ns));
         Ok(())
