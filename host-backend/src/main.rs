@@ -67,9 +67,13 @@ enum BenchCmd {
         /// Executor to measure.
         #[arg(long, value_enum, default_value = "sim")]
         executor: host_backend::config::ExecutorKind,
-        /// Seconds per policy.
+        /// Seconds per policy (simulated seconds with --sim).
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
+        /// Run FairGV's scenarios in the discrete-event simulator, every
+        /// policy side by side, instead of guests on an executor.
+        #[arg(long)]
+        sim: bool,
     },
     /// Data path: the same CUDA workload native vs through the ring and a worker.
     Overhead {
@@ -108,8 +112,19 @@ fn main() -> Result<()> {
             which: BenchCmd::Ring { mode, iters },
         } => bench::ring::run(mode, iters),
         Cmd::Bench {
-            which: BenchCmd::Fairness { executor, seconds },
-        } => bench::fairness::run(executor, seconds, qemu_ivshmem::SpinPolicy::default()),
+            which:
+                BenchCmd::Fairness {
+                    executor,
+                    seconds,
+                    sim,
+                },
+        } => {
+            if sim {
+                bench::fairness_sim::run(seconds)
+            } else {
+                bench::fairness::run(executor, seconds, qemu_ivshmem::SpinPolicy::default())
+            }
+        }
         Cmd::Bench {
             which:
                 BenchCmd::Overhead {

@@ -6,13 +6,17 @@
 //! in a red-black tree ([`sfq`]), interactivity classification for
 //! GPU-centric coscheduling ([`classify`]), collaborative scheduling of a
 //! non-preemptive GPU with sampled accounting ([`accounting`]), and kernel
-//! slicing ([`slicing`]). [`GpuScheduler`] ties them together.
+//! slicing ([`slicing`]). [`credit`] is the Xen-style baseline and [`sim`] a
+//! discrete-event simulator that runs any of the policies on described
+//! workloads. [`GpuScheduler`] ties them together.
 
 #![warn(missing_docs)]
 
 pub mod accounting;
 pub mod classify;
+pub mod credit;
 pub mod sfq;
+pub mod sim;
 pub mod slicing;
 
 use std::collections::HashMap;
@@ -142,6 +146,13 @@ impl GpuScheduler {
             slice_ns: self.slice_ns,
             kick_vcpu,
         })
+    }
+
+    /// Whether the vGPU is CPU-GPU interactive now.
+    pub fn is_interactive(&mut self, id: VgpuId, now_ns: u64) -> bool {
+        self.classes
+            .get_mut(&id)
+            .is_some_and(|c| c.is_interactive(now_ns))
     }
 
     /// The vGPU gave the GPU back after using it for `used_ns` (measured,

@@ -1,6 +1,7 @@
 //! Benchmarks. Each prints ratios against a baseline measured in the same run.
 
 pub mod fairness;
+pub mod fairness_sim;
 pub mod overhead;
 pub mod ring;
 
