@@ -70,7 +70,7 @@ fn print_table(scenarios: &[Scenario], jobs: &[(usize, Policy)], results: &[Opti
         POLICIES.len()
     );
     println!(
-        "{:<15} {:<34} {:>6} {:>8} {:>8}  throughput/ideal per VM (fractions of solo)",
+        "{:<20} {:<34} {:>6} {:>8} {:>8}  throughput/ideal per VM (fractions of solo)",
         "policy", "scenario", "MMR", "overhead", "gpu_util"
     );
     let mut fair_mmr_min = f64::INFINITY;
@@ -98,7 +98,7 @@ fn print_table(scenarios: &[Scenario], jobs: &[(usize, Policy)], results: &[Opti
                 fair_mmr_min = fair_mmr_min.min(o.mmr);
                 fair_over_max = fair_over_max.max(o.overhead);
             }
-            Policy::FairGvNoWc => {}
+            Policy::FairGvNoWc | Policy::FairGvGpuCharge => {}
             p => match baseline_min.iter_mut().find(|(q, _)| *q == p) {
                 Some((_, m)) => *m = m.min(o.mmr),
                 None => baseline_min.push((p, o.mmr)),

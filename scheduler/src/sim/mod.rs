@@ -46,6 +46,9 @@ pub enum Policy {
     FairGv,
     /// fairvgpu without work conservation: an idle holder keeps its slice.
     FairGvNoWc,
+    /// fairvgpu charging only the GPU time of the work (not the holder's
+    /// own gaps while it holds the GPU): an ablation of the charge.
+    FairGvGpuCharge,
 }
 
 impl Policy {
@@ -58,6 +61,7 @@ impl Policy {
             Policy::Strict => "strict-cosched",
             Policy::FairGv => "fairvgpu",
             Policy::FairGvNoWc => "fairvgpu-no-wc",
+            Policy::FairGvGpuCharge => "fairvgpu-gpu-charge",
         }
     }
 
@@ -74,7 +78,10 @@ impl Policy {
     }
 
     fn fairgv(self) -> bool {
-        matches!(self, Policy::FairGv | Policy::FairGvNoWc)
+        matches!(
+            self,
+            Policy::FairGv | Policy::FairGvNoWc | Policy::FairGvGpuCharge
+        )
     }
 }
 
@@ -760,7 +767,7 @@ impl Engine {
     /// A reply reached guest `v`.
     fn reply(&mut self, v: usize) {
         self.vms[v].reply_ready = true;
-        let coscheduled = self.policy == Policy::FairGv
+        let coscheduled = matches!(self.policy, Policy::FairGv | Policy::FairGvGpuCharge)
             && self.holder.is_some_and(|h| h.vm == v)
             && self.sfq.is_interactive(v as u32, self.now);
         match (self.vms[v].vstate, self.vms[v].act) {
@@ -886,7 +893,12 @@ impl Engine {
             // Charged the time the GPU was reserved for it, from the grant
             // until its last work completed: its GPU time plus its own gaps
             // (which nobody else could fill), overruns included.
-            let _ = self.sfq.release(id, self.now - h.start);
+            let charge = if self.policy == Policy::FairGvGpuCharge {
+                h.submitted_ns
+            } else {
+                self.now - h.start
+            };
+            let _ = self.sfq.release(id, charge);
             if self.vms[h.vm].pending.is_empty() {
                 if h.submitted_ns == 0 || !self.policy.work_conserving() {
                     let _ = self.sfq.idle(id);
@@ -933,7 +945,7 @@ impl Engine {
             idle: false,
         });
         let slice = match self.policy {
-            Policy::FairGv => None, // ends by GPU time used, or idleness
+            Policy::FairGv | Policy::FairGvGpuCharge => None, // by prediction, or idleness
             Policy::FairGvNoWc => Some(self.m.fairgv_slice_ns),
             _ => Some(self.m.credit_slice_ns),
         };
@@ -941,7 +953,7 @@ impl Engine {
             self.at(self.now + s, Ev::SliceEnd { gen });
         }
         if let Some(k) = kick {
-            if self.policy == Policy::FairGv && self.vms[k].vstate != VState::Running {
+            if self.policy.fairgv() && self.vms[k].vstate != VState::Running {
                 self.at(self.now + self.m.wake_ns, Ev::Kick { vm: k });
             }
         }

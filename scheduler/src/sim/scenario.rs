@@ -41,7 +41,7 @@ fn vm(workload: Workload, weight: f64, core: usize) -> VmSpec {
 
 /// The paper's scenarios (FairGV section 5, profiles of its Table 3).
 pub fn paper_scenarios() -> Vec<Scenario> {
-    let mut out = Vec::new();
+    let mut out: Vec<Scenario> = Vec::new();
     for (name, w) in [
         ("MM", Workload::mm()),
         ("HS", Workload::hs()),
@@ -91,6 +91,9 @@ pub fn paper_scenarios() -> Vec<Scenario> {
             ],
             extra_policies: vec![Policy::FairGvNoWc],
         });
+    }
+    for s in &mut out {
+        s.extra_policies.push(Policy::FairGvGpuCharge);
     }
     out
 }
