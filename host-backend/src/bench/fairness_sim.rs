@@ -85,7 +85,7 @@ fn print_table(scenarios: &[Scenario], jobs: &[(usize, Policy)], results: &[Opti
             .map(|(n, e)| format!("{n:.3}/{e:.3}"))
             .collect();
         println!(
-            "{:<15} {:<34} {:>6.3} {:>8.3} {:>8.3}  {}",
+            "{:<20} {:<34} {:>6.3} {:>8.3} {:>8.3}  {}",
             policy.name(),
             scenarios[scn].name,
             o.mmr,
