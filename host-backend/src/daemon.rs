@@ -36,6 +36,7 @@ pub fn run_worker(cfg: &Config, vm: &str) -> Result<(), Error> {
             let id = cfg.vms.iter().position(|v| v.name == vm).unwrap_or(0) as u32;
             (grant_socket(cfg, vmc.gpu), id, vmc.weight)
         }),
+        sample_every: crate::worker::SAMPLE_EVERY,
     };
     let worker = Worker::new(&wc, exec)?;
     let stop = worker.stop_flag();

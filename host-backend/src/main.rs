@@ -75,6 +75,15 @@ enum BenchCmd {
         #[arg(long)]
         sim: bool,
     },
+    /// Sampled accounting: its error against CUDA events on every launch, and its cost.
+    Accounting {
+        /// Executor to measure.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: host_backend::config::ExecutorKind,
+        /// Seconds per run (nine runs).
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+    },
     /// Data path: the same CUDA workload native vs through the ring and a worker.
     Overhead {
         /// Executor to measure.
@@ -142,6 +151,9 @@ fn main() -> Result<()> {
             };
             bench::overhead::run(executor, sizes, pin)
         }
+        Cmd::Bench {
+            which: BenchCmd::Accounting { executor, seconds },
+        } => bench::accounting::run(executor, seconds, qemu_ivshmem::SpinPolicy::default()),
         Cmd::Echo { kind, target } => bench::ring::echo(&kind, &target),
     }
 }

@@ -50,6 +50,10 @@ pub struct WorkerConfig {
     /// The GPU's grant service and this vGPU's (id, weight); `None`: no
     /// scheduler (the driver's own time-slicing decides).
     pub grant: Option<(PathBuf, u32, f64)>,
+    /// Under the scheduler, every how many launches of a function its GPU
+    /// time is measured with CUDA events (the others are charged the last
+    /// measurement); 1 measures every launch.
+    pub sample_every: u64,
 }
 
 /// Pins the calling thread to one CPU.
@@ -79,6 +83,12 @@ pub struct Stats {
     pub reclaimed: AtomicU64,
     /// Device bytes allocated right now.
     pub mem_used: AtomicU64,
+    /// GPU time charged to the scheduler so far (ns).
+    pub charged_ns: AtomicU64,
+    /// Kernel launches run.
+    pub launches: AtomicU64,
+    /// Launches whose GPU time was measured with events.
+    pub timed_launches: AtomicU64,
 }
 
 enum Inbound {
@@ -138,10 +148,11 @@ struct Shared {
     charged_ns: u64,
     /// Whether any request ran under the current grant.
     worked: bool,
+    sample_every: u64,
 }
 
-/// Every how many launches of a function its GPU time is measured again.
-const SAMPLE_EVERY: u64 = 8;
+/// By default, every how many launches of a function its GPU time is measured again.
+pub const SAMPLE_EVERY: u64 = 8;
 
 impl Shared {
     /// Collects the measured times of timed launches: each is charged, and
@@ -219,6 +230,7 @@ impl Worker {
                     None => None,
                 },
                 charged_ns: 0,
+                sample_every: cfg.sample_every.max(1),
                 worked: false,
             },
             chans,
@@ -285,6 +297,9 @@ impl Worker {
             self.block()?;
             idle = 0;
         }
+        if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
+            self.release_grant(false)?;
+        }
         for c in &mut self.chans {
             teardown(&mut self.sh, c);
         }
@@ -303,6 +318,7 @@ impl Worker {
             }
         }
         let used = std::mem::take(&mut self.sh.charged_ns);
+        self.sh.stats.charged_ns.fetch_add(used, Ordering::Relaxed);
         self.sh.worked = false;
         let pending = still_active
             || self
@@ -796,20 +812,24 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                     .map_err(|_| Status::InvalidValue)?
                     .copy_to(&mut params[..]);
                 if !scheduled {
+                    sh.stats.launches.fetch_add(1, Ordering::Relaxed);
                     return s.ctx.launch(func, grid, block, shared_mem, stream, &params);
                 }
                 // Sampled accounting: measure this launch on the device, or
                 // charge the function's last measured time.
                 let (est, n) = s.kernel_ns.entry(func).or_insert((None, 0));
                 *n += 1;
+                sh.stats.launches.fetch_add(1, Ordering::Relaxed);
                 match *est {
-                    Some(ns) if *n % SAMPLE_EVERY != 0 => {
+                    Some(ns) if *n % sh.sample_every != 0 => {
                         sh.charged_ns += ns;
                         s.ctx.launch(func, grid, block, shared_mem, stream, &params)
                     }
-                    _ => s
-                        .ctx
-                        .launch_timed(func, grid, block, shared_mem, stream, &params),
+                    _ => {
+                        sh.stats.timed_launches.fetch_add(1, Ordering::Relaxed);
+                        s.ctx
+                            .launch_timed(func, grid, block, shared_mem, stream, &params)
+                    }
                 }
             });
             if let Err(e) = r {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: three guests 1:2:3 (20 us, 400 us, 1.6 ms kernels),
-# fairvgpu's scheduler vs none. Carried: target/release/fairvgpu.
+# fairvgpu's scheduler vs none; then sampled accounting's error against CUDA
+# events on every launch, and its cost. Carried: target/release/fairvgpu.
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -9,4 +10,6 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   echo "== bench fairness --executor cuda --seconds 10"
   RUST_LOG=warn ./target/release/fairvgpu bench fairness --executor cuda --seconds 10; echo "rc=$?"
+  echo "== bench accounting --executor cuda --seconds 2"
+  RUST_LOG=warn ./target/release/fairvgpu bench accounting --executor cuda --seconds 2; echo "rc=$?"
 } 2>&1 | tee "$OUT/fairness.log"

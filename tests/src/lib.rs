@@ -44,6 +44,7 @@ impl Host {
             spin: TEST_SPIN,
             cpu: None,
             grant: None,
+            sample_every: host_backend::worker::SAMPLE_EVERY,
         };
         let exec = SimExecutor::new(SimParams {
             copy_gbps: 100.0,

@@ -4,6 +4,7 @@
 //! first-come first-served), in one run; plus each guest alone, for the
 //! aggregate throughput. GPU time of a guest = kernels completed x kernel time.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -43,14 +44,46 @@ fn executors(kind: ExecutorKind, n: usize) -> Result<Vec<Box<dyn Executor>>> {
     }
 }
 
-/// Runs guests `which` at once for `secs`; returns kernels completed by each.
-fn round(
-    kind: ExecutorKind,
-    which: &[usize],
-    fair: bool,
-    secs: f64,
-    spin: SpinPolicy,
-) -> Result<Vec<u64>> {
+/// A guest's loop: given its index, device and kernel, runs until the
+/// deadline and returns how many kernels it completed.
+pub(crate) type GuestBody =
+    dyn Fn(usize, &mut Gpu, &guest_frontend::Function, Instant) -> Result<u64> + Send + Sync;
+
+/// What one round measured per guest.
+pub(crate) struct Round {
+    /// Kernels completed.
+    pub kernels: Vec<u64>,
+    /// The worker's counters after the round (charged GPU time, launches).
+    pub stats: Vec<Arc<crate::worker::Stats>>,
+    /// Wall time of the round.
+    pub secs: f64,
+}
+
+/// How a round runs.
+#[derive(Clone, Copy)]
+pub(crate) struct Setup<'a> {
+    pub kind: ExecutorKind,
+    /// Weight of each guest index.
+    pub weights: &'a [f64],
+    /// Under the scheduler (else none: first come first served).
+    pub fair: bool,
+    /// One launch in this many measured with events.
+    pub sample_every: u64,
+    pub secs: f64,
+    pub spin: SpinPolicy,
+}
+
+/// Runs guests `which` (indices into the weights) at once, each through its
+/// own worker; returns what each achieved.
+pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>) -> Result<Round> {
+    let Setup {
+        kind,
+        weights,
+        fair,
+        sample_every,
+        secs,
+        spin,
+    } = setup;
     let dir = std::env::temp_dir().join(format!(
         "fairvgpu-fair-{}-{}",
         std::process::id(),
@@ -80,47 +113,67 @@ fn round(
             cpu: None,
             grant: svc
                 .as_ref()
-                .map(|s| (s.path().to_owned(), g as u32, WEIGHTS[g])),
+                .map(|s| (s.path().to_owned(), g as u32, weights[g])),
+            sample_every,
         };
         workers.push(spawn(&wc, exec)?);
         socks.push(sock);
     }
     let start = Arc::new(Barrier::new(which.len()));
+    let t0 = Instant::now();
     let guests: Vec<_> = which
         .iter()
         .zip(socks)
         .map(|(&g, sock)| {
-            let start = start.clone();
+            let (start, body) = (start.clone(), body.clone());
             std::thread::spawn(move || -> Result<u64> {
                 let mut gpu = Gpu::connect_with(&sock, spin).context("guest attach")?;
                 let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
                 let f = gpu.get_function(m, "spin_ns")?;
-                let ns = KERNELS_NS[g].to_le_bytes();
                 start.wait();
-                let end = Instant::now() + Duration::from_secs_f64(secs);
-                let mut n = 0;
-                while Instant::now() < end {
-                    gpu.launch(&f, ONE, ONE, 0, 0, &[&ns])?;
-                    gpu.synchronize()?;
-                    n += 1;
-                }
-                Ok(n)
+                body(
+                    g,
+                    &mut gpu,
+                    &f,
+                    Instant::now() + Duration::from_secs_f64(secs),
+                )
             })
         })
         .collect();
-    let counts = guests
+    let kernels = guests
         .into_iter()
         .map(|t| {
             t.join()
                 .map_err(|_| anyhow::anyhow!("guest thread panicked"))?
         })
         .collect::<Result<Vec<u64>>>();
+    let secs = t0.elapsed().as_secs_f64();
+    let mut stats = Vec::new();
     for w in workers {
+        stats.push(w.stats.clone());
         w.shutdown()?;
     }
     drop(svc);
     let _ = std::fs::remove_dir_all(&dir);
-    counts
+    Ok(Round {
+        kernels: kernels?,
+        stats,
+        secs,
+    })
+}
+
+/// The fairness guests: a launch + synchronize loop of their kernel.
+fn sync_loop() -> Arc<GuestBody> {
+    Arc::new(|g, gpu, f, end| {
+        let ns = KERNELS_NS[g].to_le_bytes();
+        let mut n = 0;
+        while Instant::now() < end {
+            gpu.launch(f, ONE, ONE, 0, 0, &[&ns])?;
+            gpu.synchronize()?;
+            n += 1;
+        }
+        Ok(n)
+    })
 }
 
 fn mmr(gpu_ns: &[f64]) -> f64 {
@@ -135,24 +188,56 @@ fn mmr(gpu_ns: &[f64]) -> f64 {
 }
 
 /// Runs the bench; the last line is machine-readable.
+///
+/// A guest's GPU time is its kernels times the kernel's duration as CUDA
+/// events measure it, taken from its solo round (every launch timed there);
+/// a spin kernel occupies the GPU somewhat longer than the time it spins.
 pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
-    // Each guest alone: its own rate of kernels, for the aggregate throughput.
+    // Each guest alone: its own rate of kernels, for the aggregate
+    // throughput, and its kernel's measured duration.
     let mut solo = [0f64; 3];
-    for (g, rate) in solo.iter_mut().enumerate() {
-        *rate = round(kind, &[g], false, secs / 3.0, spin)?[0] as f64 / (secs / 3.0);
+    let mut kernel_ns = [0f64; 3];
+    for g in 0..3 {
+        let setup = Setup {
+            kind,
+            weights: &WEIGHTS,
+            fair: true,
+            sample_every: 1,
+            secs: secs / 3.0,
+            spin,
+        };
+        let r = run_guests(setup, &[g], sync_loop())?;
+        solo[g] = r.kernels[0] as f64 / r.secs;
+        let timed = r.stats[0].timed_launches.load(Ordering::Relaxed).max(1);
+        kernel_ns[g] = r.stats[0].charged_ns.load(Ordering::Relaxed) as f64 / timed as f64;
     }
     println!("three guests on one GPU ({kind:?} executor), weights 1:2:3, {secs} s per policy");
+    println!(
+        "kernel durations measured alone with events (us): {:.2} {:.2} {:.2}",
+        kernel_ns[0] / 1e3,
+        kernel_ns[1] / 1e3,
+        kernel_ns[2] / 1e3
+    );
     println!(
         "{:<8} {:>5} {:>6} {:>10} {:>10} {:>8} {:>8}",
         "policy", "guest", "weight", "kernel_us", "gpu_ms", "share", "fair"
     );
     let mut summary = Vec::new();
     for (name, fair) in [("fairvgpu", true), ("none", false)] {
-        let counts = round(kind, &[0, 1, 2], fair, secs, spin)?;
+        let setup = Setup {
+            kind,
+            weights: &WEIGHTS,
+            fair,
+            sample_every: crate::worker::SAMPLE_EVERY,
+            secs,
+            spin,
+        };
+        let r = run_guests(setup, &[0, 1, 2], sync_loop())?;
+        let counts = r.kernels;
         let gpu_ns: Vec<f64> = counts
             .iter()
-            .zip(KERNELS_NS)
-            .map(|(&c, k)| c as f64 * k as f64)
+            .zip(kernel_ns)
+            .map(|(&c, k)| c as f64 * k)
             .collect();
         let total: f64 = gpu_ns.iter().sum();
         for g in 0..3 {
@@ -166,7 +251,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
             );
         }
         // Aggregate throughput: each guest's rate relative to running alone, summed (ideal 1.0).
-        let throughput: f64 = (0..3).map(|g| counts[g] as f64 / secs / solo[g]).sum();
+        let throughput: f64 = (0..3).map(|g| counts[g] as f64 / r.secs / solo[g]).sum();
         summary.push((name, mmr(&gpu_ns), throughput));
     }
     for (name, m, t) in &summary {

@@ -1,5 +1,6 @@
 //! Benchmarks. Each prints ratios against a baseline measured in the same run.
 
+pub mod accounting;
 pub mod fairness;
 pub mod fairness_sim;
 pub mod overhead;

@@ -248,6 +248,7 @@ pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<
         spin: cfg.spin,
         cpu: pin.map(|(_, w)| w),
         grant: None,
+        sample_every: crate::worker::SAMPLE_EVERY,
     };
     let running = spawn(&wc, exec)?;
     let remote = {
