@@ -64,6 +64,22 @@ impl Default for DaemonConfig {
     }
 }
 
+/// The control API (status, weights, reload, metrics, dashboard).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Unix socket of the API (default `<run_dir>/api.sock`, mode 0660).
+    #[serde(default)]
+    pub socket: Option<PathBuf>,
+    /// Also serve on this TCP address (e.g. "127.0.0.1:9400"); every
+    /// request there needs `Authorization: Bearer <token>`.
+    #[serde(default)]
+    pub tcp: Option<String>,
+    /// File holding the bearer token (at least 16 characters); required with `tcp`.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+}
+
 /// One VM and its vGPU.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -106,6 +122,9 @@ pub struct Config {
     /// Idle spinning of workers.
     #[serde(default)]
     pub spin: SpinPolicy,
+    /// The control API.
+    #[serde(default)]
+    pub api: ApiConfig,
     /// The VMs.
     #[serde(rename = "vm", default)]
     pub vms: Vec<VmConfig>,
@@ -138,6 +157,18 @@ impl Config {
         }
         if self.vms.is_empty() {
             return bad("no [[vm]] configured".into());
+        }
+        if let Some(addr) = &self.api.tcp {
+            if addr.parse::<std::net::SocketAddr>().is_err() {
+                return bad(format!(
+                    "[api] tcp: {addr:?} is not an address like 127.0.0.1:9400"
+                ));
+            }
+            if self.api.token_file.is_none() {
+                return bad(
+                    "[api] tcp needs token_file: the TCP API is never open without a token".into(),
+                );
+            }
         }
         let mut names = HashSet::new();
         for vm in &self.vms {
@@ -186,6 +217,14 @@ impl Config {
         self.vms.iter().find(|v| v.name == name)
     }
 
+    /// The API's unix socket.
+    pub fn api_socket(&self) -> PathBuf {
+        self.api
+            .socket
+            .clone()
+            .unwrap_or_else(|| self.daemon.run_dir.join("api.sock"))
+    }
+
     /// Socket path of a VM.
     pub fn socket(&self, name: &str) -> PathBuf {
         self.daemon.run_dir.join(format!("{name}.sock"))
@@ -222,6 +261,8 @@ memory_limit_mib = 1024
             (GOOD.replace("weight = 2", "weight = -1"), "weight"),
             (GOOD.replace("1024", "999999999"), "exceeds"),
             (GOOD.replace("vm1", "a b"), "vm name"),
+            (format!("{GOOD}\n[api]\ntcp = \"0.0.0.0:9400\"\n"), "token_file"),
+            (format!("{GOOD}\n[api]\ntcp = \"nowhere\"\ntoken_file = \"/t\"\n"), "address"),
             (format!("{GOOD}\n[layout]\nchannels = 0\nring_entries = 8\narena_size = 4096\nvectors = 1\n"), "channels"),
         ] {
             let e = Config::parse(&text).unwrap_err().to_string();

@@ -19,8 +19,9 @@ pub fn build_executor(cfg: &Config, gpu: u32) -> Result<Box<dyn Executor>, Error
     }
 }
 
-/// Runs one worker in this process until SIGTERM.
-pub fn run_worker(cfg: &Config, vm: &str) -> Result<(), Error> {
+/// Runs one worker in this process until SIGTERM; `id` is its vGPU's id at
+/// the grant service (the daemon's; by default its position in the config).
+pub fn run_worker(cfg: &Config, vm: &str, id: Option<u32>) -> Result<(), Error> {
     let vmc = cfg
         .vm(vm)
         .ok_or_else(|| Error::Config(format!("no vm named {vm:?}")))?;
@@ -33,7 +34,8 @@ pub fn run_worker(cfg: &Config, vm: &str) -> Result<(), Error> {
         spin: cfg.spin,
         cpu: vmc.worker_cpu,
         grant: cfg.daemon.scheduler.then(|| {
-            let id = cfg.vms.iter().position(|v| v.name == vm).unwrap_or(0) as u32;
+            let id =
+                id.unwrap_or_else(|| cfg.vms.iter().position(|v| v.name == vm).unwrap_or(0) as u32);
             (grant_socket(cfg, vmc.gpu), id, vmc.weight)
         }),
         sample_every: crate::worker::SAMPLE_EVERY,
@@ -56,7 +58,8 @@ pub fn grant_socket(cfg: &Config, gpu: u32) -> std::path::PathBuf {
     cfg.daemon.run_dir.join(format!("grant-gpu{gpu}.sock"))
 }
 
-/// Supervises one worker process per VM until SIGTERM.
+/// Supervises one worker process per VM until SIGTERM, serves the control
+/// API, and reloads the config on SIGHUP (or the API's reload).
 pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     if cfg.daemon.executor == ExecutorKind::Cuda {
         // Fail here, once, rather than in every worker start.
@@ -70,45 +73,58 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         what: "finding own executable",
         source,
     })?;
+    signals::install();
+    // The grant services (one per GPU) start before any worker connects.
+    let plane = crate::control::ControlPlane::new(cfg.clone(), config_path)?;
+    crate::control::start(&plane)?;
     let spawn = |name: &str| -> Result<Child, Error> {
         Command::new(&exe)
             .args(["worker", "--config"])
             .arg(config_path)
-            .args(["--vm", name])
+            .args(["--vm", name, "--id"])
+            .arg(plane.vgpu_id(name).to_string())
             .spawn()
             .map_err(|source| Error::Io {
                 what: "spawning worker",
                 source,
             })
     };
-    signals::install();
-    // One fair scheduler per GPU in use, before any worker connects to it.
-    let mut services = Vec::new();
-    if cfg.daemon.scheduler {
-        let mut gpus: Vec<u32> = cfg.vms.iter().map(|v| v.gpu).collect();
-        gpus.sort_unstable();
-        gpus.dedup();
-        for g in gpus {
-            services.push(crate::grant::GrantService::start(
-                &grant_socket(cfg, g),
-                cfg.daemon.slice_us * 1000,
-            )?);
-        }
-    }
     let mut children: Vec<(String, Child, Instant)> = Vec::new();
-    for vm in &cfg.vms {
-        children.push((vm.name.clone(), spawn(&vm.name)?, Instant::now()));
-        tracing::info!(
-            vm = vm.name,
-            tenant = vm.tenant,
-            weight = vm.weight,
-            "vGPU worker started"
-        );
-    }
     while !signals::terminated() {
+        if signals::take_hangup() {
+            let _ = plane.reload();
+        }
+        let want = plane.config();
+        // Workers of VMs no longer configured stop.
+        children.retain_mut(|(name, child, _)| {
+            if want.vm(name).is_some() {
+                return true;
+            }
+            stop_child(child);
+            plane.event(
+                "worker",
+                format!("{name}: removed from the config, worker stopped"),
+            );
+            false
+        });
+        // Configured VMs without a worker get one.
+        for vm in &want.vms {
+            if !children.iter().any(|(n, _, _)| *n == vm.name) {
+                children.push((vm.name.clone(), spawn(&vm.name)?, Instant::now()));
+                tracing::info!(
+                    vm = vm.name,
+                    tenant = vm.tenant,
+                    weight = vm.weight,
+                    "vGPU worker started"
+                );
+            }
+        }
         for (name, child, started) in &mut children {
             if let Ok(Some(status)) = child.try_wait() {
-                tracing::warn!(vm = name, "worker exited ({status}); restarting");
+                plane.event(
+                    "worker",
+                    format!("{name}: worker exited ({status}); restarting"),
+                );
                 // Back off if it dies at once, so a broken config does not spin.
                 if started.elapsed() < Duration::from_secs(1) {
                     std::thread::sleep(Duration::from_secs(1));
@@ -120,13 +136,16 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         std::thread::sleep(Duration::from_millis(100));
     }
     for (_, child, _) in &mut children {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+        stop_child(child);
     }
-    for (_, child, _) in &mut children {
-        let _ = child.wait();
-    }
+    let _ = std::fs::remove_file(cfg.api_socket());
     Ok(())
+}
+
+fn stop_child(child: &mut Child) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = child.wait();
 }

@@ -28,6 +28,8 @@ const HELLO: u32 = 1; // a = weight in millis
 const WANT: u32 = 2;
 const RELEASE: u32 = 3; // a = used ns, b = still busy (0/1)
 const GRANT: u32 = 4; // a = slice ns
+const REPORT: u32 = 5; // a = device memory used, b = synchronous calls so far
+const QUEUE: u32 = 6; // a = requests waiting in the rings, b = launches so far
 
 fn encode(kind: u32, vgpu: u32, a: u64, b: u64) -> [u8; 24] {
     let mut m = [0u8; 24];
@@ -44,8 +46,33 @@ fn decode(m: &[u8; 24]) -> (u32, u32, u64, u64) {
     (u32_at(0), u32_at(4), u64_at(8), u64_at(16))
 }
 
-/// GPU time charged to each vGPU so far (ns), readable while the service runs.
-pub type Usage = Arc<Mutex<HashMap<u32, u64>>>;
+/// What the service knows of one vGPU, live.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct VgpuLive {
+    /// GPU time charged so far (ns).
+    pub charged_ns: u64,
+    /// Device memory in use (bytes), as last reported by the worker.
+    pub mem_used: u64,
+    /// Synchronous calls served so far.
+    pub sync_calls: u64,
+    /// Requests waiting in its rings at the last report.
+    pub queued: u64,
+    /// Kernel launches so far.
+    pub launches: u64,
+    /// Current weight.
+    pub weight: f64,
+    /// Whether its worker is connected.
+    pub connected: bool,
+    /// Whether it holds the GPU now.
+    pub holding: bool,
+}
+
+/// Live figures per vGPU, readable while the service runs.
+pub type Usage = Arc<Mutex<HashMap<u32, VgpuLive>>>;
+
+enum Command {
+    SetWeight(u32, f64),
+}
 
 /// The per-GPU grant service.
 #[derive(Debug)]
@@ -53,6 +80,7 @@ pub struct GrantService {
     path: PathBuf,
     stop: Arc<AtomicBool>,
     usage: Usage,
+    commands: Mutex<std::sync::mpsc::Sender<Command>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -71,9 +99,10 @@ impl GrantService {
         let stop = Arc::new(AtomicBool::new(false));
         let usage: Usage = Arc::default();
         let (s2, u2) = (stop.clone(), usage.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("grant-service".into())
-            .spawn(move || serve(listener, slice_ns, &s2, &u2))
+            .spawn(move || serve(listener, slice_ns, &s2, &u2, &rx))
             .map_err(|e| Error::Io {
                 what: "spawning grant service",
                 source: e,
@@ -82,13 +111,38 @@ impl GrantService {
             path: path.to_owned(),
             stop,
             usage,
+            commands: Mutex::new(tx),
             thread: Some(thread),
         })
     }
 
+    /// Live figures per vGPU.
+    pub fn live(&self) -> HashMap<u32, VgpuLive> {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// GPU time charged per vGPU so far.
     pub fn usage(&self) -> HashMap<u32, u64> {
-        self.usage.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.live()
+            .into_iter()
+            .map(|(k, v)| (k, v.charged_ns))
+            .collect()
+    }
+
+    /// Sets a vGPU's weight, now if it is connected and whenever its worker
+    /// (re)connects: the daemon's weight wins over the one a worker brings.
+    /// Applies from the vGPU's next charge, i.e. within one slice.
+    pub fn set_weight(&self, vgpu: u32, weight: f64) -> Result<(), Error> {
+        if !(weight.is_finite() && weight > 0.0) {
+            return Err(Error::Config(format!(
+                "weight must be a positive number, not {weight}"
+            )));
+        }
+        self.commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Command::SetWeight(vgpu, weight))
+            .map_err(|_| Error::Config("the grant service has stopped".into()))
     }
 
     /// The socket path.
@@ -107,13 +161,28 @@ impl Drop for GrantService {
     }
 }
 
-fn serve(listener: UnixListener, slice_ns: u64, stop: &AtomicBool, usage: &Usage) {
+fn serve(
+    listener: UnixListener,
+    slice_ns: u64,
+    stop: &AtomicBool,
+    usage: &Usage,
+    commands: &std::sync::mpsc::Receiver<Command>,
+) {
     let epoch = Instant::now();
     let mut sched = GpuScheduler::new(slice_ns);
     let mut conns: HashMap<u32, UnixStream> = HashMap::new();
     let mut holder: Option<u32> = None;
     let mut pending: Vec<UnixStream> = Vec::new();
+    let mut weights: HashMap<u32, f64> = HashMap::new();
+    let live = |f: &mut dyn FnMut(&mut HashMap<u32, VgpuLive>)| {
+        f(&mut usage.lock().unwrap_or_else(|e| e.into_inner()));
+    };
     while !stop.load(Ordering::Relaxed) {
+        while let Ok(Command::SetWeight(id, w)) = commands.try_recv() {
+            weights.insert(id, w);
+            let _ = sched.queue().set_weight(id, w);
+            live(&mut |u| u.entry(id).or_default().weight = w);
+        }
         // Registration of new workers (their first message is HELLO).
         while let Ok((s, _)) = listener.accept() {
             let _ = s.set_nonblocking(false);
@@ -124,15 +193,17 @@ fn serve(listener: UnixListener, slice_ns: u64, stop: &AtomicBool, usage: &Usage
             let mut m = [0u8; 24];
             if s.read_exact(&mut m).is_ok() {
                 let (kind, vgpu, weight_milli, _) = decode(&m);
-                let weight = weight_milli as f64 / 1000.0;
+                let weight = *weights
+                    .get(&vgpu)
+                    .unwrap_or(&(weight_milli as f64 / 1000.0));
                 if kind == HELLO && !conns.contains_key(&vgpu) && sched.add(vgpu, weight).is_ok() {
                     let _ = s.set_nonblocking(true);
                     conns.insert(vgpu, s);
-                    usage
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .entry(vgpu)
-                        .or_insert(0);
+                    live(&mut |u| {
+                        let v = u.entry(vgpu).or_default();
+                        v.weight = weight;
+                        v.connected = true;
+                    });
                     continue;
                 }
             }
@@ -168,16 +239,26 @@ fn serve(listener: UnixListener, slice_ns: u64, stop: &AtomicBool, usage: &Usage
                         }
                         RELEASE if holder == Some(id) => {
                             let _ = sched.release(id, a);
-                            *usage
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .entry(id)
-                                .or_insert(0) += a;
+                            live(&mut |u| {
+                                let v = u.entry(id).or_default();
+                                v.charged_ns += a;
+                                v.holding = false;
+                            });
                             if b == 0 {
                                 let _ = sched.idle(id);
                             }
                             holder = None;
                         }
+                        REPORT => live(&mut |u| {
+                            let v = u.entry(id).or_default();
+                            v.mem_used = a;
+                            v.sync_calls = b;
+                        }),
+                        QUEUE => live(&mut |u| {
+                            let v = u.entry(id).or_default();
+                            v.queued = a;
+                            v.launches = b;
+                        }),
                         _ => {}
                     }
                 }
@@ -189,6 +270,12 @@ fn serve(listener: UnixListener, slice_ns: u64, stop: &AtomicBool, usage: &Usage
                     if holder == Some(id) {
                         holder = None;
                     }
+                    live(&mut |u| {
+                        let v = u.entry(id).or_default();
+                        v.connected = false;
+                        v.holding = false;
+                        v.queued = 0;
+                    });
                 }
             }
         }
@@ -197,6 +284,7 @@ fn serve(listener: UnixListener, slice_ns: u64, stop: &AtomicBool, usage: &Usage
                 if let Some(s) = conns.get_mut(&g.vgpu) {
                     if s.write_all(&encode(GRANT, g.vgpu, g.slice_ns, 0)).is_ok() {
                         holder = Some(g.vgpu);
+                        live(&mut |u| u.entry(g.vgpu).or_default().holding = true);
                     }
                 }
             }
@@ -300,6 +388,23 @@ impl Gate {
     /// Time since the grant was received.
     pub fn held_ns(&self) -> u64 {
         self.held_since.map_or(0, |t| t.elapsed().as_nanos() as u64)
+    }
+
+    /// Reports live figures to the service (for the operator's view).
+    pub fn report(
+        &mut self,
+        mem_used: u64,
+        sync_calls: u64,
+        queued: u64,
+        launches: u64,
+    ) -> Result<(), Error> {
+        let mut m = [0u8; 48];
+        m[..24].copy_from_slice(&encode(REPORT, self.vgpu, mem_used, sync_calls));
+        m[24..].copy_from_slice(&encode(QUEUE, self.vgpu, queued, launches));
+        self.stream.write_all(&m).map_err(|e| Error::Io {
+            what: "grant report",
+            source: e,
+        })
     }
 
     /// Gives the grant back after the caller synchronized, charging `used_ns`

@@ -3,7 +3,9 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod cli;
 pub mod config;
+pub mod control;
 pub mod daemon;
 pub mod demo;
 pub mod executor;

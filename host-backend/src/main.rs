@@ -1,11 +1,11 @@
 //! `fairvgpu`: the host daemon and its tools.
 
-use anyhow::Result;
+use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 use std::path::PathBuf;
 
-use host_backend::{bench, config::Config, daemon, demo};
+use host_backend::{bench, cli, config::Config, control, daemon, demo};
 
 #[derive(Parser)]
 #[command(
@@ -34,6 +34,39 @@ enum Cmd {
         /// Which VM.
         #[arg(long)]
         vm: String,
+        /// Its vGPU id at the grant service (set by the daemon).
+        #[arg(long)]
+        id: Option<u32>,
+    },
+    /// Live status of the GPUs and vGPUs, from the running daemon.
+    Status {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A live terminal view of the status (Ctrl-C to leave).
+    Top {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// Refresh interval, seconds.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
+    /// Sets a vGPU's weight in the running daemon (until the next reload).
+    SetWeight {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM.
+        vm: String,
+        /// The new weight (> 0).
+        weight: f64,
+    },
+    /// Makes the running daemon re-read its config (as SIGHUP does).
+    Reload {
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// Start a daemon (sim executor by default) and a demo guest; check its results.
     Demo {
@@ -49,6 +82,54 @@ enum Cmd {
     /// Internal: the peer process of a bench.
     #[command(name = "__echo", hide = true)]
     Echo { kind: String, target: String },
+}
+
+/// Where the daemon's API is.
+#[derive(clap::Args)]
+struct ApiArgs {
+    /// The daemon's host.toml (its [api] socket is used).
+    #[arg(long, default_value = "/etc/fairvgpu/host.toml")]
+    config: PathBuf,
+    /// Or the API's unix socket directly.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Or a TCP address (host:port) of the API, with --token-file.
+    #[arg(long)]
+    tcp: Option<String>,
+    /// File with the bearer token for --tcp.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+impl ApiArgs {
+    fn target(&self) -> Result<control::ApiTarget> {
+        if let Some(addr) = &self.tcp {
+            let token = match &self.token_file {
+                Some(p) => Some(control::token_from_file(p)?),
+                None => None,
+            };
+            return Ok(control::ApiTarget::Tcp {
+                addr: addr.clone(),
+                token,
+            });
+        }
+        if let Some(p) = &self.socket {
+            return Ok(control::ApiTarget::Unix(p.clone()));
+        }
+        Ok(control::ApiTarget::Unix(
+            Config::load(&self.config)?.api_socket(),
+        ))
+    }
+
+    fn call(&self, method: &str, path: &str, body: &[u8]) -> Result<serde_json::Value> {
+        let (status, body) = control::client_call(&self.target()?, method, path, body)?;
+        let v: serde_json::Value = serde_json::from_slice(&body)
+            .with_context(|| format!("the API answered {status} with no JSON"))?;
+        if status != 200 {
+            bail!("{}", v["error"].as_str().unwrap_or("request failed"));
+        }
+        Ok(v)
+    }
 }
 
 #[derive(Subcommand)]
@@ -115,7 +196,40 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().cmd {
         Cmd::Serve { config } => Ok(daemon::serve(&Config::load(&config)?, &config)?),
-        Cmd::Worker { config, vm } => Ok(daemon::run_worker(&Config::load(&config)?, &vm)?),
+        Cmd::Worker { config, vm, id } => Ok(daemon::run_worker(&Config::load(&config)?, &vm, id)?),
+        Cmd::Status { api, json } => {
+            let st = api.call("GET", "/api/v1/status", b"")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&st)?);
+            } else {
+                print!("{}", cli::render_status(&st));
+            }
+            Ok(())
+        }
+        Cmd::Top { api, interval } => loop {
+            let st = api.call("GET", "/api/v1/status", b"")?;
+            // Clear the screen and home the cursor, then redraw.
+            print!("\x1b[2J\x1b[H{}", cli::render_status(&st));
+            std::io::Write::flush(&mut std::io::stdout())?;
+            std::thread::sleep(std::time::Duration::from_secs_f64(interval.max(0.1)));
+        },
+        Cmd::SetWeight { api, vm, weight } => {
+            let body = serde_json::json!({ "weight": weight }).to_string();
+            api.call(
+                "POST",
+                &format!("/api/v1/vgpus/{vm}/weight"),
+                body.as_bytes(),
+            )?;
+            println!("{vm}: weight {weight}");
+            Ok(())
+        }
+        Cmd::Reload { api } => {
+            let r = api.call("POST", "/api/v1/reload", b"")?;
+            for n in r["notes"].as_array().into_iter().flatten() {
+                println!("{}", n.as_str().unwrap_or_default());
+            }
+            Ok(())
+        }
         Cmd::Demo { executor } => demo::run(executor),
         Cmd::Bench {
             which: BenchCmd::Ring { mode, iters },

@@ -3,9 +3,14 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static TERM: AtomicBool = AtomicBool::new(false);
+static HUP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_term(_: libc::c_int) {
     TERM.store(true, Ordering::SeqCst);
+}
+
+extern "C" fn on_hup(_: libc::c_int) {
+    HUP.store(true, Ordering::SeqCst);
 }
 
 /// Installs the handlers; `terminated()` reports whether one fired.
@@ -20,6 +25,18 @@ pub fn install() {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         let _ = unsafe { sigaction(s, &act) };
     }
+    let hup = SigAction::new(
+        SigHandler::Handler(on_hup),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: as above, the handler only stores to an atomic.
+    let _ = unsafe { sigaction(Signal::SIGHUP, &hup) };
+}
+
+/// Whether SIGHUP arrived since the last call (the daemon reloads its config).
+pub fn take_hangup() -> bool {
+    HUP.swap(false, Ordering::SeqCst)
 }
 
 /// Whether SIGTERM or SIGINT arrived.

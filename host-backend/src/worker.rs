@@ -89,6 +89,8 @@ pub struct Stats {
     pub launches: AtomicU64,
     /// Launches whose GPU time was measured with events.
     pub timed_launches: AtomicU64,
+    /// Synchronous calls served (those that wait for the device).
+    pub sync_calls: AtomicU64,
 }
 
 enum Inbound {
@@ -150,6 +152,9 @@ struct Shared {
     worked: bool,
     sample_every: u64,
 }
+
+/// How often a worker reports its live figures to the grant service.
+const REPORT_EVERY: Duration = Duration::from_millis(200);
 
 /// By default, every how many launches of a function its GPU time is measured again.
 pub const SAMPLE_EVERY: u64 = 8;
@@ -256,8 +261,13 @@ impl Worker {
             pin_current_thread(cpu)?;
         }
         let mut idle: u32 = 0;
+        let mut last_report = Instant::now();
         while !self.stop.load(Ordering::Relaxed) {
             self.peer_events();
+            if last_report.elapsed() >= REPORT_EVERY {
+                last_report = Instant::now();
+                self.report()?;
+            }
             let mut busy = false;
             for i in 0..self.chans.len() {
                 busy |= service(&mut self.sh, &mut self.chans[i]);
@@ -302,6 +312,25 @@ impl Worker {
         }
         for c in &mut self.chans {
             teardown(&mut self.sh, c);
+        }
+        Ok(())
+    }
+
+    /// Tells the grant service the live figures the operator sees.
+    fn report(&mut self) -> Result<(), Error> {
+        let queued: u64 = self
+            .chans
+            .iter()
+            .map(|c| u64::from(c.host.req.pending().unwrap_or(0)))
+            .sum();
+        let st = &self.sh.stats;
+        let (mem, sync, launches) = (
+            st.mem_used.load(Ordering::Relaxed),
+            st.sync_calls.load(Ordering::Relaxed),
+            st.launches.load(Ordering::Relaxed),
+        );
+        if let Some(g) = self.sh.gate.as_mut() {
+            g.report(mem, sync, queued, launches)?;
         }
         Ok(())
     }
@@ -471,6 +500,7 @@ fn serve_channel(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
                 sh.charged_ns += t0.elapsed().as_nanos() as u64;
             }
             if drains_device(d.opcode) {
+                sh.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
                 if let Some(s) = c.session.as_mut() {
                     sh.collect_timings(s);
                 }

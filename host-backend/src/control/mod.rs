@@ -1,0 +1,725 @@
+//! The operator's side of the daemon: live state, the control API, the
+//! Prometheus metrics and the dashboard.
+//!
+//! The API is served on a unix socket (mode 0660: whoever may use it is
+//! decided by the file system) and, only when configured, on TCP, where
+//! every request but the static dashboard page and the API description needs
+//! `Authorization: Bearer <token>`. Endpoints (see `docs/api.openapi.json`):
+//!
+//! - `GET /api/v1/status`: GPUs and vGPUs with live figures
+//! - `POST /api/v1/vgpus/{vm}/weight` `{"weight": 2.5}`: set a weight now
+//! - `POST /api/v1/reload`: re-read host.toml (also on SIGHUP)
+//! - `GET /metrics`: Prometheus text format
+//! - `GET /`: the dashboard
+//!
+//! Figures over a sliding window of [`WINDOW`]: share = the vGPU's charged GPU
+//! time over all charged on its GPU; entitlement = its weight over the
+//! weights of the vGPUs active on that GPU (charged, queued or holding);
+//! MMR = min over max of share/entitlement among active vGPUs.
+
+pub mod http;
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Read as _;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::config::{Config, ExecutorKind};
+use crate::grant::{GrantService, VgpuLive};
+use crate::Error;
+use http::{Request, Response};
+
+/// The sliding window of the live figures.
+pub const WINDOW: Duration = Duration::from_secs(5);
+/// How often the live figures are sampled.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+const DASHBOARD: &str = include_str!("dashboard.html");
+const OPENAPI: &str = include_str!("../../../docs/api.openapi.json");
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct Snapshot {
+    at: Instant,
+    live: HashMap<u32, VgpuLive>,
+}
+
+/// The daemon's live state, shared by the supervisor, the API and the sampler.
+pub struct ControlPlane {
+    config_path: PathBuf,
+    cfg: Mutex<Config>,
+    ids: Mutex<HashMap<String, u32>>,
+    services: Mutex<HashMap<u32, Arc<GrantService>>>,
+    history: Mutex<VecDeque<Snapshot>>,
+    events: Mutex<VecDeque<Value>>,
+    token: Option<String>,
+    started: Instant,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("config_path", &self.config_path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read_token(cfg: &Config) -> Result<Option<String>, Error> {
+    let Some(path) = &cfg.api.token_file else {
+        return Ok(None);
+    };
+    let t = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("[api] token_file {}: {e}", path.display())))?;
+    let t = t.trim().to_owned();
+    if t.len() < 16 || t.chars().any(|c| c.is_whitespace()) {
+        return Err(Error::Config(format!(
+            "[api] token_file {}: the token must be one word of at least 16 characters",
+            path.display()
+        )));
+    }
+    Ok(Some(t))
+}
+
+/// Compares without an early exit, so timing does not reveal a prefix.
+fn same_token(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+impl ControlPlane {
+    /// The plane for `cfg`, read from `config_path`; starts one grant
+    /// service per GPU in use when the scheduler is on.
+    pub fn new(cfg: Config, config_path: &Path) -> Result<Arc<ControlPlane>, Error> {
+        let token = read_token(&cfg)?;
+        let plane = ControlPlane {
+            config_path: config_path.to_owned(),
+            ids: Mutex::new(HashMap::new()),
+            services: Mutex::new(HashMap::new()),
+            history: Mutex::new(VecDeque::new()),
+            events: Mutex::new(VecDeque::new()),
+            token,
+            started: Instant::now(),
+            cfg: Mutex::new(cfg.clone()),
+        };
+        for vm in &cfg.vms {
+            plane.vgpu_id(&vm.name);
+            plane.ensure_service(&cfg, vm.gpu)?;
+        }
+        Ok(Arc::new(plane))
+    }
+
+    /// The current configuration.
+    pub fn config(&self) -> Config {
+        lock(&self.cfg).clone()
+    }
+
+    /// The stable id of a VM's vGPU (its grant-service id).
+    pub fn vgpu_id(&self, name: &str) -> u32 {
+        let mut ids = lock(&self.ids);
+        let next = ids.len() as u32;
+        *ids.entry(name.to_owned()).or_insert(next)
+    }
+
+    fn ensure_service(&self, cfg: &Config, gpu: u32) -> Result<(), Error> {
+        if !cfg.daemon.scheduler {
+            return Ok(());
+        }
+        if let std::collections::hash_map::Entry::Vacant(e) = lock(&self.services).entry(gpu) {
+            let svc = GrantService::start(
+                &crate::daemon::grant_socket(cfg, gpu),
+                cfg.daemon.slice_us * 1000,
+            )?;
+            e.insert(Arc::new(svc));
+        }
+        Ok(())
+    }
+
+    /// Records an event for the dashboard and the status.
+    pub fn event(&self, kind: &str, message: String) {
+        tracing::info!(kind, "{message}");
+        let mut ev = lock(&self.events);
+        ev.push_back(json!({
+            "t": self.started.elapsed().as_secs_f64(),
+            "kind": kind,
+            "message": message,
+        }));
+        while ev.len() > 100 {
+            ev.pop_front();
+        }
+    }
+
+    /// Takes a snapshot of every vGPU's live figures.
+    pub fn sample(&self) {
+        let mut live = HashMap::new();
+        for svc in lock(&self.services).values() {
+            live.extend(svc.live());
+        }
+        let mut h = lock(&self.history);
+        h.push_back(Snapshot {
+            at: Instant::now(),
+            live,
+        });
+        while h.len() > 2 && h[1].at.elapsed() > WINDOW * 2 {
+            h.pop_front();
+        }
+    }
+
+    /// Sets a VM's weight now (until the next reload or restart).
+    pub fn set_weight(&self, vm: &str, weight: f64) -> Result<(), String> {
+        if !(weight.is_finite() && weight > 0.0) {
+            return Err(format!("weight must be a positive number, not {weight}"));
+        }
+        let gpu = {
+            let mut cfg = lock(&self.cfg);
+            let Some(v) = cfg.vms.iter_mut().find(|v| v.name == vm) else {
+                return Err(format!("no vm named {vm:?}"));
+            };
+            v.weight = weight;
+            v.gpu
+        };
+        if let Some(svc) = lock(&self.services).get(&gpu) {
+            svc.set_weight(self.vgpu_id(vm), weight)
+                .map_err(|e| e.to_string())?;
+        }
+        self.event("weight", format!("{vm}: weight set to {weight}"));
+        Ok(())
+    }
+
+    /// Re-reads host.toml. Refused (keeping the running config) if it is
+    /// invalid or changes what needs a restart; otherwise weights apply at
+    /// once, added VMs start and removed VMs stop (the supervisor follows
+    /// [`ControlPlane::config`]). Returns notes on what applies when.
+    pub fn reload(&self) -> Result<Vec<String>, String> {
+        let r = self.try_reload();
+        match &r {
+            Ok(notes) => self.event("reload", format!("config reloaded; {}", notes.join("; "))),
+            Err(e) => self.event("reload-refused", format!("config kept: {e}")),
+        }
+        r
+    }
+
+    fn try_reload(&self) -> Result<Vec<String>, String> {
+        let new = Config::load(&self.config_path).map_err(|e| e.to_string())?;
+        let old = self.config();
+        let same = |a: &dyn erased::Same, b: &dyn erased::Same| a.key() == b.key();
+        if !same(&old.daemon, &new.daemon)
+            || !same(&old.layout, &new.layout)
+            || !same(&old.api, &new.api)
+            || !same(&old.sim, &new.sim)
+            || !same(&old.spin, &new.spin)
+        {
+            return Err(
+                "[daemon], [layout], [api], [sim] and [spin] change only with a restart of the daemon"
+                    .into(),
+            );
+        }
+        let mut notes = Vec::new();
+        for vm in &new.vms {
+            if let Some(o) = old.vm(&vm.name) {
+                if o.gpu != vm.gpu {
+                    return Err(format!(
+                        "vm {:?}: moving a vGPU to another GPU is a migration, not a reload",
+                        vm.name
+                    ));
+                }
+            }
+        }
+        for vm in &new.vms {
+            self.ensure_service(&new, vm.gpu)
+                .map_err(|e| e.to_string())?;
+            match old.vm(&vm.name) {
+                None => notes.push(format!("{} added", vm.name)),
+                Some(o) => {
+                    if o.weight != vm.weight {
+                        notes.push(format!("{} weight {} -> {}", vm.name, o.weight, vm.weight));
+                    }
+                    if o.memory_limit_mib != vm.memory_limit_mib
+                        || o.worker_cpu != vm.worker_cpu
+                        || o.tenant != vm.tenant
+                    {
+                        notes.push(format!(
+                            "{}: memory limit, tenant and worker_cpu apply when its worker restarts",
+                            vm.name
+                        ));
+                    }
+                }
+            }
+            if let Some(svc) = lock(&self.services).get(&vm.gpu) {
+                svc.set_weight(self.vgpu_id(&vm.name), vm.weight)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        for vm in &old.vms {
+            if new.vm(&vm.name).is_none() {
+                notes.push(format!("{} removed", vm.name));
+            }
+        }
+        if notes.is_empty() {
+            notes.push("no change".into());
+        }
+        *lock(&self.cfg) = new;
+        Ok(notes)
+    }
+
+    /// Live status of every GPU and vGPU, over the sliding window.
+    pub fn status(&self) -> Value {
+        let cfg = self.config();
+        let h = lock(&self.history);
+        let (new, old) = match (
+            h.back(),
+            h.iter().find(|s| s.at.elapsed() <= WINDOW + SAMPLE_EVERY),
+        ) {
+            (Some(n), Some(o)) => (Some(n), Some(o)),
+            (n, _) => (n, h.front()),
+        };
+        let dt = match (new, old) {
+            (Some(n), Some(o)) => n.at.duration_since(o.at).as_secs_f64(),
+            _ => 0.0,
+        };
+        let none = HashMap::new();
+        let newl = new.map_or(&none, |s| &s.live);
+        let oldl = old.map_or(&none, |s| &s.live);
+        let mut gpus: Vec<u32> = cfg.vms.iter().map(|v| v.gpu).collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        let mut out = Vec::new();
+        for g in gpus {
+            let vms: Vec<_> = cfg.vms.iter().filter(|v| v.gpu == g).collect();
+            let rows: Vec<(u32, VgpuLive, u64, u64)> = vms
+                .iter()
+                .map(|v| {
+                    let id = self.vgpu_id(&v.name);
+                    let n = newl.get(&id).copied().unwrap_or_default();
+                    let o = oldl.get(&id).copied().unwrap_or_default();
+                    (
+                        id,
+                        n,
+                        n.charged_ns.saturating_sub(o.charged_ns),
+                        n.sync_calls.saturating_sub(o.sync_calls),
+                    )
+                })
+                .collect();
+            let total: u64 = rows.iter().map(|r| r.2).sum();
+            let active = |r: &(u32, VgpuLive, u64, u64)| r.2 > 0 || r.1.queued > 0 || r.1.holding;
+            let wsum: f64 = vms
+                .iter()
+                .zip(&rows)
+                .filter(|(_, r)| active(r))
+                .map(|(v, _)| v.weight)
+                .sum();
+            let mut ratios = Vec::new();
+            let mut mem_used = 0;
+            let mut list = Vec::new();
+            for (v, r) in vms.iter().zip(&rows) {
+                let share = if total > 0 {
+                    r.2 as f64 / total as f64
+                } else {
+                    0.0
+                };
+                let ent = if active(r) && wsum > 0.0 {
+                    v.weight / wsum
+                } else {
+                    0.0
+                };
+                if active(r) && ent > 0.0 {
+                    ratios.push(share / ent);
+                }
+                let sync_rate = if dt > 0.0 { r.3 as f64 / dt } else { 0.0 };
+                mem_used += r.1.mem_used;
+                list.push(json!({
+                    "name": v.name,
+                    "tenant": v.tenant,
+                    "weight": v.weight,
+                    "connected": r.1.connected,
+                    "holding": r.1.holding,
+                    "active": active(r),
+                    "gpu_seconds": r.1.charged_ns as f64 / 1e9,
+                    "share": share,
+                    "entitlement": ent,
+                    "queue_depth": r.1.queued,
+                    "sync_calls_per_second": sync_rate,
+                    // FairGV's threshold: more than 10 synchronous calls per 10 ms.
+                    "interactive": sync_rate > 1000.0,
+                    "launches": r.1.launches,
+                    "memory_used_bytes": r.1.mem_used,
+                    "memory_limit_bytes": v.memory_limit_mib << 20,
+                }));
+            }
+            let mmr = if ratios.len() >= 2 {
+                let max = ratios.iter().cloned().fold(0.0, f64::max);
+                let min = ratios.iter().cloned().fold(f64::INFINITY, f64::min);
+                if max > 0.0 {
+                    json!(min / max)
+                } else {
+                    Value::Null
+                }
+            } else {
+                Value::Null
+            };
+            out.push(json!({
+                "index": g,
+                "utilization": if dt > 0.0 { (total as f64 / 1e9 / dt).min(1.0) } else { 0.0 },
+                "memory_used_bytes": mem_used,
+                "memory_total_bytes": if cfg.daemon.executor == ExecutorKind::Sim {
+                    json!(cfg.sim.memory)
+                } else {
+                    Value::Null
+                },
+                "mmr": mmr,
+                "vgpus": list,
+            }));
+        }
+        json!({
+            "uptime_seconds": self.started.elapsed().as_secs_f64(),
+            "window_seconds": WINDOW.as_secs_f64(),
+            "scheduler": cfg.daemon.scheduler,
+            "executor": format!("{:?}", cfg.daemon.executor).to_lowercase(),
+            "gpus": out,
+            "events": lock(&self.events).iter().cloned().collect::<Vec<_>>(),
+        })
+    }
+
+    /// The Prometheus exposition of [`ControlPlane::status`].
+    pub fn metrics(&self) -> String {
+        let st = self.status();
+        let mut m = Metrics::default();
+        for g in st["gpus"].as_array().into_iter().flatten() {
+            let gl = format!("gpu=\"{}\"", g["index"]);
+            m.gauge(
+                "fairvgpu_gpu_utilization",
+                "Fraction of the window the GPU was charged to vGPUs.",
+                &gl,
+                &g["utilization"],
+            );
+            m.gauge(
+                "fairvgpu_gpu_memory_used_bytes",
+                "Device memory allocated by the GPU's vGPUs.",
+                &gl,
+                &g["memory_used_bytes"],
+            );
+            m.gauge(
+                "fairvgpu_gpu_memory_total_bytes",
+                "Device memory of the GPU (sim executor).",
+                &gl,
+                &g["memory_total_bytes"],
+            );
+            m.gauge(
+                "fairvgpu_gpu_mmr",
+                "Min-Max Ratio of share over entitlement among active vGPUs, over the window.",
+                &gl,
+                &g["mmr"],
+            );
+            for v in g["vgpus"].as_array().into_iter().flatten() {
+                let l = format!(
+                    "{gl},vm=\"{}\",tenant=\"{}\"",
+                    v["name"].as_str().unwrap_or_default(),
+                    v["tenant"].as_str().unwrap_or_default()
+                );
+                m.counter(
+                    "fairvgpu_vgpu_gpu_seconds_total",
+                    "GPU time charged to the vGPU.",
+                    &l,
+                    &v["gpu_seconds"],
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_share",
+                    "The vGPU's share of its GPU's charged time over the window.",
+                    &l,
+                    &v["share"],
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_entitlement",
+                    "The vGPU's weighted fair share among active vGPUs.",
+                    &l,
+                    &v["entitlement"],
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_weight",
+                    "Scheduling weight.",
+                    &l,
+                    &v["weight"],
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_queue_depth",
+                    "Requests waiting in the vGPU's rings.",
+                    &l,
+                    &v["queue_depth"],
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_sync_calls_per_second",
+                    "Synchronous calls per second over the window.",
+                    &l,
+                    &v["sync_calls_per_second"],
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_interactive",
+                    "1 if CPU-GPU interactive (over 10 synchronous calls per 10 ms).",
+                    &l,
+                    &json!(u8::from(v["interactive"] == true)),
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_memory_used_bytes",
+                    "Device memory allocated.",
+                    &l,
+                    &v["memory_used_bytes"],
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_memory_limit_bytes",
+                    "Device memory limit.",
+                    &l,
+                    &v["memory_limit_bytes"],
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_connected",
+                    "1 if the vGPU's worker is connected to its GPU's scheduler.",
+                    &l,
+                    &json!(u8::from(v["connected"] == true)),
+                );
+            }
+        }
+        m.finish()
+    }
+
+    /// Serves one API request. `tcp`: it came over TCP (a token is needed).
+    pub fn handle(&self, req: &Request, tcp: bool) -> Response {
+        let public = req.method == "GET" && (req.path == "/" || req.path == "/api/v1/openapi.json");
+        if tcp && !public {
+            let ok = match (&self.token, &req.bearer) {
+                (Some(t), Some(b)) => same_token(t, b),
+                _ => false,
+            };
+            if !ok {
+                return Response::error(401, "a valid bearer token is required");
+            }
+        }
+        let parts: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+        match (req.method.as_str(), parts.as_slice()) {
+            ("GET", [""]) => Response {
+                status: 200,
+                content_type: "text/html; charset=utf-8",
+                body: DASHBOARD.as_bytes().to_vec(),
+            },
+            ("GET", ["api", "v1", "openapi.json"]) => Response {
+                status: 200,
+                content_type: "application/json",
+                body: OPENAPI.as_bytes().to_vec(),
+            },
+            ("GET", ["api", "v1", "status"]) => Response::json(200, &self.status()),
+            ("GET", ["metrics"]) => Response {
+                status: 200,
+                content_type: "text/plain; version=0.0.4",
+                body: self.metrics().into_bytes(),
+            },
+            ("POST", ["api", "v1", "vgpus", vm, "weight"]) => {
+                let w = serde_json::from_slice::<Value>(&req.body)
+                    .ok()
+                    .and_then(|v| v["weight"].as_f64());
+                let Some(w) = w else {
+                    return Response::error(400, "expected a body like {\"weight\": 2}");
+                };
+                match self.set_weight(vm, w) {
+                    Ok(()) => Response::json(200, &json!({ "vm": vm, "weight": w })),
+                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
+                    Err(e) => Response::error(400, e),
+                }
+            }
+            ("POST", ["api", "v1", "reload"]) => match self.reload() {
+                Ok(notes) => Response::json(200, &json!({ "reloaded": true, "notes": notes })),
+                Err(e) => Response::error(400, format!("config kept: {e}")),
+            },
+            (_, ["api", ..] | ["metrics"]) => Response::error(405, "no such method here"),
+            _ => Response::error(404, "not found"),
+        }
+    }
+}
+
+/// Comparison of config sections through their TOML text.
+mod erased {
+    pub trait Same {
+        fn key(&self) -> String;
+    }
+    impl<T: serde::Serialize> Same for T {
+        fn key(&self) -> String {
+            toml::to_string(self).unwrap_or_default()
+        }
+    }
+}
+
+#[derive(Default)]
+struct Metrics {
+    out: String,
+    seen: std::collections::HashSet<&'static str>,
+}
+
+impl Metrics {
+    fn line(&mut self, kind: &str, name: &'static str, help: &str, labels: &str, v: &Value) {
+        let Some(x) = v.as_f64() else { return };
+        if self.seen.insert(name) {
+            self.out
+                .push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        }
+        self.out.push_str(&format!("{name}{{{labels}}} {x}\n"));
+    }
+    fn gauge(&mut self, name: &'static str, help: &str, labels: &str, v: &Value) {
+        self.line("gauge", name, help, labels, v);
+    }
+    fn counter(&mut self, name: &'static str, help: &str, labels: &str, v: &Value) {
+        self.line("counter", name, help, labels, v);
+    }
+    fn finish(self) -> String {
+        // Group each metric's samples under its HELP/TYPE lines.
+        let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+        let mut cur: Option<usize> = None;
+        for l in self.out.lines() {
+            if let Some(rest) = l.strip_prefix("# HELP ") {
+                let name = rest.split(' ').next().unwrap_or_default().to_owned();
+                groups.push((name, vec![l.to_owned()]));
+                cur = Some(groups.len() - 1);
+            } else if l.starts_with("# TYPE ") {
+                if let Some(i) = cur {
+                    groups[i].1.push(l.to_owned());
+                }
+            } else {
+                let name = l.split('{').next().unwrap_or_default();
+                if let Some(g) = groups.iter_mut().find(|g| g.0 == name) {
+                    g.1.push(l.to_owned());
+                }
+            }
+        }
+        groups
+            .into_iter()
+            .flat_map(|g| g.1)
+            .map(|l| l + "\n")
+            .collect()
+    }
+}
+
+/// Serves the API on the unix socket (and TCP if configured) and samples
+/// the live figures, on background threads.
+pub fn start(plane: &Arc<ControlPlane>) -> Result<(), Error> {
+    let cfg = plane.config();
+    let path = cfg.api_socket();
+    let _ = std::fs::remove_file(&path);
+    let unix = UnixListener::bind(&path).map_err(|source| Error::Io {
+        what: "binding the API socket",
+        source,
+    })?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660)).map_err(|source| {
+        Error::Io {
+            what: "API socket permissions",
+            source,
+        }
+    })?;
+    let p = plane.clone();
+    spawn("api-unix", move || {
+        for s in unix.incoming().flatten() {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            serve_one(&p, &s, &s, false);
+        }
+    })?;
+    if let Some(addr) = &cfg.api.tcp {
+        let tcp = std::net::TcpListener::bind(addr).map_err(|source| Error::Io {
+            what: "binding the API TCP address",
+            source,
+        })?;
+        let p = plane.clone();
+        spawn("api-tcp", move || {
+            for s in tcp.incoming().flatten() {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                serve_one(&p, &s, &s, true);
+            }
+        })?;
+    }
+    let p = plane.clone();
+    spawn("api-sampler", move || loop {
+        p.sample();
+        std::thread::sleep(SAMPLE_EVERY);
+    })?;
+    tracing::info!(socket = %path.display(), tcp = ?cfg.api.tcp, "control API serving");
+    Ok(())
+}
+
+fn serve_one<S>(plane: &ControlPlane, r: S, w: S, tcp: bool)
+where
+    S: std::io::Read + std::io::Write,
+{
+    let resp = match http::read_request(r) {
+        Ok(req) => plane.handle(&req, tcp),
+        Err(resp) => resp,
+    };
+    let _ = http::write_response(w, &resp);
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), Error> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map(drop)
+        .map_err(|source| Error::Io {
+            what: "spawning an API thread",
+            source,
+        })
+}
+
+/// The CLI's client: one call to the API of the daemon configured in
+/// `config` (its unix socket), or at `api` ("unix:PATH" or "http://HOST:PORT").
+pub fn client_call(
+    target: &ApiTarget,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Result<(u16, Vec<u8>), Error> {
+    let io = |source| Error::Io {
+        what: "calling the control API",
+        source,
+    };
+    match target {
+        ApiTarget::Unix(p) => {
+            let s = std::os::unix::net::UnixStream::connect(p).map_err(|source| Error::Io {
+                what: "connecting to the API socket (is the daemon running?)",
+                source,
+            })?;
+            http::call(s, method, path, None, body).map_err(io)
+        }
+        ApiTarget::Tcp { addr, token } => {
+            let s = std::net::TcpStream::connect(addr).map_err(io)?;
+            http::call(s, method, path, token.as_deref(), body).map_err(io)
+        }
+    }
+}
+
+/// Where the CLI finds the API.
+#[derive(Debug, Clone)]
+pub enum ApiTarget {
+    /// A unix socket.
+    Unix(PathBuf),
+    /// A TCP address with its token.
+    Tcp {
+        /// host:port
+        addr: String,
+        /// Bearer token.
+        token: Option<String>,
+    },
+}
+
+/// Reads a token from a file (for the CLI).
+pub fn token_from_file(path: &Path) -> Result<String, Error> {
+    let mut s = String::new();
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_string(&mut s))
+        .map_err(|source| Error::Io {
+            what: "reading the token file",
+            source,
+        })?;
+    Ok(s.trim().to_owned())
+}
