@@ -288,3 +288,111 @@ fn operator_api_shares_weights_reload_token_metrics() {
     .unwrap();
     wait_shares(&d, [1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0], 0.05);
 }
+
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|c| {
+            let ok = Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+            ok.then(|| PathBuf::from(c))
+        })
+}
+
+/// Loads the dashboard in headless Chromium and returns its DOM after the
+/// page's script ran for a few (virtual) seconds.
+fn dashboard_dom(browser: &Path, url: &str, screenshot: Option<&Path>) -> String {
+    let mut cmd = Command::new(browser);
+    cmd.args([
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--window-size=1200,1000",
+        "--virtual-time-budget=6000",
+    ]);
+    match screenshot {
+        Some(p) => cmd.arg(format!("--screenshot={}", p.display())),
+        None => cmd.arg("--dump-dom"),
+    };
+    let out = cmd
+        .arg(url)
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .expect("chromium runs");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The shares the page shows: `data-share` of each vGPU row, in order.
+fn page_shares(dom: &str) -> Vec<f64> {
+    (1..=3)
+        .map(|i| {
+            let row = dom
+                .find(&format!("id=\"row-vm{i}\""))
+                .unwrap_or_else(|| panic!("row of vm{i} missing from the page:\n{dom}"));
+            let tag_end = dom[row..].find('>').unwrap() + row;
+            let tag = &dom[row..tag_end];
+            let at = tag.find("data-share=\"").expect("data-share") + 12;
+            let end = tag[at..].find('"').unwrap() + at;
+            tag[at..end].parse().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn dashboard_in_headless_chromium() {
+    let Some(browser) = chromium() else {
+        assert!(
+            std::env::var_os("FAIRVGPU_REQUIRE_CHROMIUM").is_none(),
+            "FAIRVGPU_REQUIRE_CHROMIUM is set but no chromium was found"
+        );
+        eprintln!("skipped: no chromium (apt-get install chromium)");
+        return;
+    };
+    let d = start("dash");
+    wait_shares(&d, [1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0], 0.05);
+    // Over TCP, as an operator's browser would, with the token in the fragment.
+    let base = format!("http://127.0.0.1:{}/", d.port);
+    let dom = dashboard_dom(&browser, &format!("{base}#token={TOKEN}"), None);
+    let s = page_shares(&dom);
+    eprintln!("page shares at 1:2:3: {s:?}");
+    for (got, want) in s.iter().zip([1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0]) {
+        assert!((got - want).abs() < 0.06, "page shows {s:?}");
+    }
+    assert!(dom.contains("class=\"mmr\""), "MMR shown");
+    // Without the token the page gets no data.
+    let dom = dashboard_dom(&browser, &base, None);
+    assert!(!dom.contains("id=\"row-vm1\""), "no token, no data");
+    // Change vm1's weight to 3 through the page's weight control.
+    dashboard_dom(&browser, &format!("{base}#token={TOKEN}&set=vm1:3"), None);
+    wait_shares(&d, [3.0 / 8.0, 2.0 / 8.0, 3.0 / 8.0], 0.05);
+    let dom = dashboard_dom(&browser, &format!("{base}#token={TOKEN}"), None);
+    let s = page_shares(&dom);
+    eprintln!("page shares after setting vm1 to 3 in the page: {s:?}");
+    assert!((s[0] - 3.0 / 8.0).abs() < 0.06, "page shows {s:?}");
+    assert!(
+        dom.contains("weight set to 3"),
+        "the change is listed as an event"
+    );
+    // The screenshot, kept as a test artifact.
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or(workspace().join("target"));
+    let shot = target.join("test-artifacts/dashboard.png");
+    std::fs::create_dir_all(shot.parent().unwrap()).unwrap();
+    dashboard_dom(&browser, &format!("{base}#token={TOKEN}"), Some(&shot));
+    let png = std::fs::read(&shot).expect("screenshot written");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "a real screenshot"
+    );
+    eprintln!("screenshot: {}", shot.display());
+}
