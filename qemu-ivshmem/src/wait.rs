@@ -175,8 +175,8 @@ pub fn notify_if_sleeping(sleeping: &AtomicU32, bell: &dyn Bell) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
+    #[cfg(not(miri))]
+    use std::sync::{atomic::AtomicBool, Arc};
 
     #[cfg(not(miri))]
     #[test]
