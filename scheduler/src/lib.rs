@@ -37,6 +37,31 @@ pub enum SchedError {
     Duplicate(VgpuId),
 }
 
+/// Min-Max Ratio of `x` (min over max; 0 if every value is 0): FairGV's
+/// fairness figure, where x_i is what vGPU i got over what it should get.
+pub fn mmr(x: &[f64]) -> f64 {
+    let max = x.iter().cloned().fold(0.0, f64::max);
+    let min = x.iter().cloned().fold(f64::INFINITY, f64::min);
+    if max > 0.0 {
+        min / max
+    } else {
+        0.0
+    }
+}
+
+/// MMR of amounts `used` (GPU time, say) against `weights`: x_i = the
+/// share of the total used by i over its share of the weights.
+pub fn weighted_mmr(used: &[f64], weights: &[f64]) -> f64 {
+    let total: f64 = used.iter().sum();
+    let wsum: f64 = weights.iter().sum();
+    let x: Vec<f64> = used
+        .iter()
+        .zip(weights)
+        .map(|(u, w)| (u / total) / (w / wsum))
+        .collect();
+    mmr(&x)
+}
+
 /// Time slices of FairGV (configurable).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slices {

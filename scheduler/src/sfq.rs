@@ -206,14 +206,8 @@ mod tests {
     }
 
     fn mmr(used: &[u64], weights: &[f64]) -> f64 {
-        let total: u64 = used.iter().sum();
-        let wsum: f64 = weights.iter().sum();
-        let x: Vec<f64> = used
-            .iter()
-            .zip(weights)
-            .map(|(&u, &w)| (u as f64 / total as f64) / (w / wsum))
-            .collect();
-        x.iter().cloned().fold(f64::MAX, f64::min) / x.iter().cloned().fold(0.0, f64::max)
+        let used: Vec<f64> = used.iter().map(|&u| u as f64).collect();
+        crate::weighted_mmr(&used, weights)
     }
 
     proptest! {

@@ -11,6 +11,30 @@ use host_backend::executor::sim::{SimExecutor, SimParams};
 use host_backend::worker::{spawn, Running, Stats, WorkerConfig};
 use qemu_ivshmem::{LayoutParams, SpinPolicy};
 
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_owned()
+}
+
+/// Builds a workspace package (debug) and returns the folder its outputs
+/// land in (`$CARGO_TARGET_DIR/debug` or `target/debug`).
+pub fn cargo_build(package: &str) -> PathBuf {
+    let root = workspace();
+    let st = std::process::Command::new(env!("CARGO"))
+        .args(["build", "-q", "-p", package])
+        .current_dir(&root)
+        .status()
+        .expect("cargo build");
+    assert!(st.success(), "building {package} failed");
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or(root.join("target"))
+        .join("debug")
+}
+
 /// Spin budgets small enough that several tests share two cores.
 pub const TEST_SPIN: SpinPolicy = SpinPolicy {
     spins: 2_000,

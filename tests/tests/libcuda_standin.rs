@@ -4,28 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fairvgpu_tests::Host;
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_owned()
-}
+use fairvgpu_tests::{cargo_build, workspace, Host};
 
 /// Builds the stand-in and gives a directory holding it as libcuda.so.1.
 fn standin(dir: &Path) -> PathBuf {
-    let root = workspace();
-    let st = Command::new(env!("CARGO"))
-        .args(["build", "-q", "-p", "fairvgpu-libcuda"])
-        .current_dir(&root)
-        .status()
-        .expect("cargo build");
-    assert!(st.success(), "building the stand-in failed");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or(root.join("target"));
-    let so = target.join("debug/libcuda.so");
+    let so = cargo_build("fairvgpu-libcuda").join("libcuda.so");
     assert!(so.exists(), "{} missing", so.display());
     let lib = dir.join("lib");
     std::fs::create_dir_all(&lib).unwrap();

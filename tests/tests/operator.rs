@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairvgpu_tests::TEST_SPIN;
+use fairvgpu_tests::{cargo_build, TEST_SPIN};
 use guest_frontend::Gpu;
 use host_backend::control::{client_call, ApiTarget};
 use protocol::{Dim3, ImageKind};
@@ -25,25 +25,8 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_DAEMON.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_owned()
-}
-
 fn fairvgpu_bin() -> PathBuf {
-    let root = workspace();
-    let st = Command::new(env!("CARGO"))
-        .args(["build", "-q", "-p", "fairvgpu"])
-        .current_dir(&root)
-        .status()
-        .expect("cargo build");
-    assert!(st.success(), "building fairvgpu failed");
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or(root.join("target"))
-        .join("debug/fairvgpu")
+    cargo_build("fairvgpu").join("fairvgpu")
 }
 
 fn free_port() -> u16 {
@@ -400,10 +383,10 @@ fn dashboard_in_headless_chromium() {
         "the change is listed as an event"
     );
     // The screenshot, kept as a test artifact.
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or(workspace().join("target"));
-    let shot = target.join("test-artifacts/dashboard.png");
+    let shot = cargo_build("fairvgpu")
+        .parent()
+        .expect("target folder")
+        .join("test-artifacts/dashboard.png");
     std::fs::create_dir_all(shot.parent().unwrap()).unwrap();
     dashboard_dom(&browser, &format!("{base}#token={TOKEN}"), Some(&shot));
     let png = std::fs::read(&shot).expect("screenshot written");

@@ -12,14 +12,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use protocol::Dim3;
 use qemu_ivshmem::SpinPolicy;
 
-use super::fairness::{run_guests, GuestBody, Round, Setup};
+use super::fairness::{run_guests, GuestBody, Round, Setup, ONE};
 use crate::config::ExecutorKind;
 use crate::worker::SAMPLE_EVERY;
-
-const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
 
 /// The workloads: (name, body).
 fn workloads() -> Vec<(&'static str, Arc<GuestBody>)> {

@@ -22,7 +22,8 @@ use crate::worker::{spawn, WorkerConfig};
 
 const WEIGHTS: [f64; 3] = [1.0, 2.0, 3.0];
 const KERNELS_NS: [u64; 3] = [20_000, 400_000, 1_600_000];
-const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
+/// A one-thread grid and block.
+pub(crate) const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
 
 fn executors(kind: ExecutorKind, n: usize) -> Result<Vec<Box<dyn Executor>>> {
     match kind {
@@ -176,17 +177,6 @@ fn sync_loop() -> Arc<GuestBody> {
     })
 }
 
-fn mmr(gpu_ns: &[f64]) -> f64 {
-    let total: f64 = gpu_ns.iter().sum();
-    let wsum: f64 = WEIGHTS.iter().sum();
-    let x: Vec<f64> = gpu_ns
-        .iter()
-        .zip(WEIGHTS)
-        .map(|(t, w)| (t / total) / (w / wsum))
-        .collect();
-    x.iter().cloned().fold(f64::MAX, f64::min) / x.iter().cloned().fold(0.0, f64::max)
-}
-
 /// Runs the bench; the last line is machine-readable.
 ///
 /// A guest's GPU time is its kernels times the kernel's duration as CUDA
@@ -252,7 +242,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
         }
         // Aggregate throughput: each guest's rate relative to running alone, summed (ideal 1.0).
         let throughput: f64 = (0..3).map(|g| counts[g] as f64 / r.secs / solo[g]).sum();
-        summary.push((name, mmr(&gpu_ns), throughput));
+        summary.push((name, scheduler::weighted_mmr(&gpu_ns, &WEIGHTS), throughput));
     }
     for (name, m, t) in &summary {
         println!("{name}: MMR {m:.3}, aggregate throughput vs alone {t:.3}");

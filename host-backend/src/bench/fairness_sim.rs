@@ -3,6 +3,7 @@
 //! row is measured against (each VM alone, and weighted water-filling) is
 //! computed in the same run; see `scheduler::sim::scenario` for the figures.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use anyhow::Result;
@@ -26,7 +27,7 @@ pub fn run(seconds: f64) -> Result<()> {
         })
         .collect();
     let results: Mutex<Vec<Option<Outcome>>> = Mutex::new(vec![None; jobs.len()]);
-    let next = Mutex::new(0usize);
+    let next = AtomicUsize::new(0);
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     std::thread::scope(|s| -> Result<()> {
         let handles: Vec<_> = (0..threads)
@@ -34,12 +35,7 @@ pub fn run(seconds: f64) -> Result<()> {
                 s.spawn(|| -> Result<()> {
                     let mut solos = SoloCache::default();
                     loop {
-                        let j = {
-                            let mut n = next.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
-                            let j = *n;
-                            *n += 1;
-                            j
-                        };
+                        let j = next.fetch_add(1, Ordering::Relaxed);
                         let Some(&(scn, policy)) = jobs.get(j) else {
                             return Ok(());
                         };

@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 
 use super::{run, Machine, Policy, RunStats, SimError, VmSpec, Workload};
+use crate::mmr;
 
 /// A named set of VMs on a number of cores.
 #[derive(Debug, Clone)]
@@ -135,17 +136,6 @@ pub fn entitlements(weights: &[f64], demand: &[f64]) -> Vec<f64> {
             capacity -= demand[i];
         }
         open.retain(|i| !satisfied.contains(i));
-    }
-}
-
-/// Min-Max Ratio of x.
-pub fn mmr(x: &[f64]) -> f64 {
-    let max = x.iter().cloned().fold(0.0, f64::max);
-    let min = x.iter().cloned().fold(f64::INFINITY, f64::min);
-    if max > 0.0 {
-        min / max
-    } else {
-        0.0
     }
 }
 
