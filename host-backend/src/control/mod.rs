@@ -20,7 +20,6 @@
 pub mod http;
 
 use std::collections::{HashMap, VecDeque};
-use std::io::Read as _;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -72,19 +71,11 @@ impl std::fmt::Debug for ControlPlane {
 }
 
 fn read_token(cfg: &Config) -> Result<Option<String>, Error> {
-    let Some(path) = &cfg.api.token_file else {
-        return Ok(None);
-    };
-    let t = std::fs::read_to_string(path)
-        .map_err(|e| Error::Config(format!("[api] token_file {}: {e}", path.display())))?;
-    let t = t.trim().to_owned();
-    if t.len() < 16 || t.chars().any(|c| c.is_whitespace()) {
-        return Err(Error::Config(format!(
-            "[api] token_file {}: the token must be one word of at least 16 characters",
-            path.display()
-        )));
-    }
-    Ok(Some(t))
+    cfg.api
+        .token_file
+        .as_deref()
+        .map(token_from_file)
+        .transpose()
 }
 
 /// Compares without an early exit, so timing does not reveal a prefix.
@@ -211,7 +202,6 @@ impl ControlPlane {
     fn try_reload(&self) -> Result<Vec<String>, String> {
         let new = Config::load(&self.config_path).map_err(|e| e.to_string())?;
         let old = self.config();
-        let same = |a: &dyn erased::Same, b: &dyn erased::Same| a.key() == b.key();
         if !same(&old.daemon, &new.daemon)
             || !same(&old.layout, &new.layout)
             || !same(&old.api, &new.api)
@@ -355,14 +345,8 @@ impl ControlPlane {
                     "memory_limit_bytes": v.memory_limit_mib << 20,
                 }));
             }
-            let mmr = if ratios.len() >= 2 {
-                let max = ratios.iter().cloned().fold(0.0, f64::max);
-                let min = ratios.iter().cloned().fold(f64::INFINITY, f64::min);
-                if max > 0.0 {
-                    json!(min / max)
-                } else {
-                    Value::Null
-                }
+            let mmr = if ratios.len() >= 2 && ratios.iter().any(|&r| r > 0.0) {
+                json!(scheduler::mmr(&ratios))
             } else {
                 Value::Null
             };
@@ -543,64 +527,47 @@ impl ControlPlane {
     }
 }
 
-/// Comparison of config sections through their TOML text.
-mod erased {
-    pub trait Same {
-        fn key(&self) -> String;
-    }
-    impl<T: serde::Serialize> Same for T {
-        fn key(&self) -> String {
-            toml::to_string(self).unwrap_or_default()
-        }
-    }
+/// Whether two config sections are equal (compared through their TOML text).
+fn same<T: serde::Serialize>(a: &T, b: &T) -> bool {
+    toml::to_string(a).ok() == toml::to_string(b).ok()
 }
 
+/// Prometheus text: each metric's HELP and TYPE, then its samples.
 #[derive(Default)]
 struct Metrics {
-    out: String,
-    seen: std::collections::HashSet<&'static str>,
+    /// (name, type, help, sample lines), in first-seen order.
+    metrics: Vec<(&'static str, &'static str, &'static str, Vec<String>)>,
 }
 
 impl Metrics {
-    fn line(&mut self, kind: &str, name: &'static str, help: &str, labels: &str, v: &Value) {
+    fn line(
+        &mut self,
+        kind: &'static str,
+        name: &'static str,
+        help: &'static str,
+        labels: &str,
+        v: &Value,
+    ) {
         let Some(x) = v.as_f64() else { return };
-        if self.seen.insert(name) {
-            self.out
-                .push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        let sample = format!("{name}{{{labels}}} {x}\n");
+        match self.metrics.iter_mut().find(|m| m.0 == name) {
+            Some(m) => m.3.push(sample),
+            None => self.metrics.push((name, kind, help, vec![sample])),
         }
-        self.out.push_str(&format!("{name}{{{labels}}} {x}\n"));
     }
-    fn gauge(&mut self, name: &'static str, help: &str, labels: &str, v: &Value) {
+    fn gauge(&mut self, name: &'static str, help: &'static str, labels: &str, v: &Value) {
         self.line("gauge", name, help, labels, v);
     }
-    fn counter(&mut self, name: &'static str, help: &str, labels: &str, v: &Value) {
+    fn counter(&mut self, name: &'static str, help: &'static str, labels: &str, v: &Value) {
         self.line("counter", name, help, labels, v);
     }
     fn finish(self) -> String {
-        // Group each metric's samples under its HELP/TYPE lines.
-        let mut groups: Vec<(String, Vec<String>)> = Vec::new();
-        let mut cur: Option<usize> = None;
-        for l in self.out.lines() {
-            if let Some(rest) = l.strip_prefix("# HELP ") {
-                let name = rest.split(' ').next().unwrap_or_default().to_owned();
-                groups.push((name, vec![l.to_owned()]));
-                cur = Some(groups.len() - 1);
-            } else if l.starts_with("# TYPE ") {
-                if let Some(i) = cur {
-                    groups[i].1.push(l.to_owned());
-                }
-            } else {
-                let name = l.split('{').next().unwrap_or_default();
-                if let Some(g) = groups.iter_mut().find(|g| g.0 == name) {
-                    g.1.push(l.to_owned());
-                }
-            }
+        let mut out = String::new();
+        for (name, kind, help, samples) in self.metrics {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            out.extend(samples);
         }
-        groups
-            .into_iter()
-            .flat_map(|g| g.1)
-            .map(|l| l + "\n")
-            .collect()
+        out
     }
 }
 
@@ -624,7 +591,7 @@ pub fn start(plane: &Arc<ControlPlane>) -> Result<(), Error> {
     spawn("api-unix", move || {
         for s in unix.incoming().flatten() {
             let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-            serve_one(&p, &s, &s, false);
+            serve_one(&p, &s, false);
         }
     })?;
     if let Some(addr) = &cfg.api.tcp {
@@ -636,7 +603,7 @@ pub fn start(plane: &Arc<ControlPlane>) -> Result<(), Error> {
         spawn("api-tcp", move || {
             for s in tcp.incoming().flatten() {
                 let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                serve_one(&p, &s, &s, true);
+                serve_one(&p, &s, true);
             }
         })?;
     }
@@ -649,15 +616,13 @@ pub fn start(plane: &Arc<ControlPlane>) -> Result<(), Error> {
     Ok(())
 }
 
-fn serve_one<S>(plane: &ControlPlane, r: S, w: S, tcp: bool)
-where
-    S: std::io::Read + std::io::Write,
-{
-    let resp = match http::read_request(r) {
+/// One exchange on a connection (`&UnixStream` and `&TcpStream` read and write).
+fn serve_one<S: std::io::Read + std::io::Write + Copy>(plane: &ControlPlane, s: S, tcp: bool) {
+    let resp = match http::read_request(s) {
         Ok(req) => plane.handle(&req, tcp),
         Err(resp) => resp,
     };
-    let _ = http::write_response(w, &resp);
+    let _ = http::write_response(s, &resp);
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), Error> {
@@ -712,14 +677,16 @@ pub enum ApiTarget {
     },
 }
 
-/// Reads a token from a file (for the CLI).
+/// Reads a bearer token file: one word of at least 16 characters.
 pub fn token_from_file(path: &Path) -> Result<String, Error> {
-    let mut s = String::new();
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_to_string(&mut s))
-        .map_err(|source| Error::Io {
-            what: "reading the token file",
-            source,
-        })?;
-    Ok(s.trim().to_owned())
+    let t = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("token file {}: {e}", path.display())))?;
+    let t = t.trim().to_owned();
+    if t.len() < 16 || t.chars().any(|c| c.is_whitespace()) {
+        return Err(Error::Config(format!(
+            "token file {}: the token must be one word of at least 16 characters",
+            path.display()
+        )));
+    }
+    Ok(t)
 }
