@@ -12,6 +12,8 @@
 
 #![warn(missing_docs)]
 
+pub mod device;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +36,19 @@ pub enum GuestError {
     /// The host answered something malformed.
     #[error("protocol: {0}")]
     Protocol(String),
+    /// The vGPU device of the kernel module failed.
+    #[error("{what} on {}: {source}", path.display())]
+    Device {
+        /// The operation.
+        what: &'static str,
+        /// The device file.
+        path: std::path::PathBuf,
+        /// The system error.
+        source: std::io::Error,
+    },
+    /// No vGPU is configured for this process.
+    #[error("no vGPU: set FAIRVGPU_SOCKET (a host socket) or FAIRVGPU_DEVICE, or load the fairvgpu module in a VM with a vGPU attached")]
+    NoVgpu,
 }
 
 /// Result of a guest call.
@@ -60,7 +75,17 @@ pub struct Gpu {
     next_tag: u64,
     info: DeviceInfo,
     buf: Vec<u8>,
-    _client: Option<Client>,
+    transport: Transport,
+}
+
+/// What keeps the channel reachable: the host socket (native) or the kernel
+/// module's device (in a VM).
+#[derive(Debug)]
+enum Transport {
+    /// Held for its socket: dropping it tells the host we left.
+    #[allow(dead_code)]
+    Native(Client),
+    Device(Arc<device::Device>),
 }
 
 impl std::fmt::Debug for Gpu {
@@ -72,10 +97,21 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // Let go first, then tell the module: a death between the two finds
+        // the channel already closing, which the module leaves alone.
+        self.ch.release();
+        if let Transport::Device(d) = &self.transport {
+            let _ = d.unbind(self.ch.index());
+        }
+    }
+}
+
 /// How long a synchronous call may wait for the host before giving up.
 const CALL_TIMEOUT: Duration = Duration::from_secs(600);
 
-fn current_cpu() -> u32 {
+pub(crate) fn current_cpu() -> u32 {
     // SAFETY: sched_getcpu has no preconditions.
     let c = unsafe { libc::sched_getcpu() };
     u32::try_from(c).unwrap_or(0)
@@ -95,9 +131,98 @@ impl Gpu {
             .region
             .claim(u32::from(client.id), std::process::id(), 0)?;
         let vector = ch.index() % vectors;
-        // The claim recorded vector 0; re-point at the vector we wait on.
         let own_bell: Arc<dyn Bell> = client.own_bells[vector as usize].clone();
-        let host_bell: Arc<dyn Bell> = client.host_bells[(ch.index() % vectors) as usize].clone();
+        let host_bell: Arc<dyn Bell> = client.host_bells[vector as usize].clone();
+        Self::start(
+            ch,
+            vector,
+            host_bell,
+            own_bell,
+            policy,
+            Transport::Native(client),
+        )
+    }
+
+    /// Attaches inside a VM through the kernel module's device (`/dev/fairvgpuN`).
+    pub fn open_device(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
+        let dev = Arc::new(device::Device::open(path)?);
+        let info = dev.info()?;
+        let region = dev.region()?;
+        let host_vectors = region.layout().params.vectors;
+        let vector = if info.vectors == 0 {
+            0
+        } else {
+            current_cpu() % info.vectors
+        };
+        let ch = region.claim(info.peer_id, std::process::id(), vector)?;
+        // From here on, if this process dies, the module gives the channel back.
+        dev.bind(ch.index(), ch.generation())?;
+        if info.vectors > 0 {
+            dev.set_vector(vector)?;
+        }
+        let own_bell: Arc<dyn Bell> = Arc::new(device::VcpuBell::new(
+            dev.clone(),
+            region.clone(),
+            ch.index(),
+            info.vectors,
+            vector,
+        ));
+        let host_bell: Arc<dyn Bell> = Arc::new(device::HostDoorbell::new(
+            dev.clone(),
+            ch.index() % host_vectors,
+        ));
+        Self::start(
+            ch,
+            vector,
+            host_bell,
+            own_bell,
+            policy,
+            Transport::Device(dev),
+        )
+    }
+
+    /// Attaches to `path`: a vGPU device if it is a character device, else a
+    /// host socket.
+    pub fn open(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
+        if device::is_device(path) {
+            Self::open_device(path, policy)
+        } else {
+            Self::connect_with(path, policy)
+        }
+    }
+
+    /// Attaches to what the environment names: `FAIRVGPU_SOCKET` (a host
+    /// socket, for processes on the host), else `FAIRVGPU_DEVICE`, else
+    /// `/dev/fairvgpu0`. `FAIRVGPU_SPINS` overrides the spin budget.
+    pub fn from_env() -> Result<Gpu> {
+        let mut policy = SpinPolicy::default();
+        if let Some(n) = std::env::var("FAIRVGPU_SPINS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            policy.spins = n;
+        }
+        if let Some(sock) = std::env::var_os("FAIRVGPU_SOCKET") {
+            return Self::connect_with(sock.as_ref(), policy);
+        }
+        if let Some(dev) = std::env::var_os("FAIRVGPU_DEVICE") {
+            return Self::open_device(dev.as_ref(), policy);
+        }
+        match device::default_device() {
+            Some(dev) => Self::open_device(&dev, policy),
+            None => Err(GuestError::NoVgpu),
+        }
+    }
+
+    fn start(
+        ch: GuestChannel,
+        vector: u32,
+        host_bell: Arc<dyn Bell>,
+        own_bell: Arc<dyn Bell>,
+        policy: SpinPolicy,
+        transport: Transport,
+    ) -> Result<Gpu> {
+        ch.set_guest_vector(vector)?;
         let mut gpu = Gpu {
             ch,
             host_bell,
@@ -112,9 +237,8 @@ impl Gpu {
                 attributes: vec![],
             },
             buf: Vec::new(),
-            _client: None,
+            transport,
         };
-        gpu.ch.set_guest_vector(vector)?;
         let (_, data) = gpu.call_data(
             &Request::Hello {
                 version: protocol::PROTOCOL_VERSION,
@@ -123,8 +247,16 @@ impl Gpu {
         )?;
         gpu.info =
             DeviceInfo::from_bytes(&data).map_err(|e| GuestError::Protocol(e.to_string()))?;
-        gpu._client = Some(client);
         Ok(gpu)
+    }
+
+    /// The kernel module's counters for this process's vGPU device (None
+    /// when attached natively).
+    pub fn device_counters(&self) -> Option<device::DeviceInfo> {
+        match &self.transport {
+            Transport::Device(d) => d.info().ok(),
+            Transport::Native(_) => None,
+        }
     }
 
     /// The device as the host describes it (answered without a round trip).

@@ -147,6 +147,22 @@ impl Region {
         Ok(Region { mem, layout })
     }
 
+    /// Guest in a VM: maps the region through the kernel module's device,
+    /// whose BAR holds `size` bytes, and validates its header.
+    pub fn open_device(fd: OwnedFd, size: u64) -> Result<Region> {
+        let len = usize::try_from(size)
+            .map_err(|_| Error::BadHeader(format!("region of {size} bytes")))?;
+        if len < crate::layout::HEADER_SIZE {
+            return Err(Error::BadHeader(format!("region of {size} bytes")));
+        }
+        let mem = SharedMemory::map_device(fd, len)?;
+        let layout = Self::read_header(&mem, size)?;
+        Ok(Region {
+            mem: Arc::new(mem),
+            layout,
+        })
+    }
+
     /// Validates a header: ours, this version, and sizes that agree with
     /// each other and with the real size of the memory.
     fn read_header(m: &SharedMemory, actual_size: u64) -> Result<Layout> {
@@ -264,6 +280,14 @@ impl Region {
             .subslice(off, self.layout.params.arena_size as usize)?)
     }
 
+    /// Records the doorbell vector the owner of channel `ch` waits on (the
+    /// guest writes it before it blocks; the host reads it when it rings).
+    pub fn set_guest_vector(&self, ch: u32, vector: u32) -> Result<()> {
+        self.ctl_word(ch, ctl::GUEST_VECTOR)?
+            .store(vector, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Marks a channel abandoned (what the kernel module does when a guest
     /// process dies; the host does it for a native peer that disconnected).
     pub fn mark_abandoned(&self, ch: u32) -> Result<()> {
@@ -358,10 +382,22 @@ impl GuestChannel {
 
     /// Records the doorbell vector this guest waits on.
     pub fn set_guest_vector(&self, vector: u32) -> Result<()> {
-        self.region
-            .ctl_word(self.index, ctl::GUEST_VECTOR)?
-            .store(vector, Ordering::Relaxed);
-        Ok(())
+        self.region.set_guest_vector(self.index, vector)
+    }
+
+    /// The generation of the claim (the host bumps it on every reclaim).
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// Lets go of the channel now (CLAIMED -> CLOSING, only for our own
+    /// claim); dropping does the same.
+    pub fn release(&self) {
+        if let Ok(w) = self.region.ctl_word(self.index, ctl::STATE) {
+            if self.region.generation(self.index).ok() == Some(self.generation) {
+                let _ = w.compare_exchange(CLAIMED, CLOSING, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Fails if the host reclaimed the channel under us.
@@ -384,11 +420,7 @@ impl GuestChannel {
 
 impl Drop for GuestChannel {
     fn drop(&mut self) {
-        if let Ok(w) = self.region.ctl_word(self.index, ctl::STATE) {
-            if self.region.generation(self.index).ok() == Some(self.generation) {
-                let _ = w.compare_exchange(CLAIMED, CLOSING, Ordering::AcqRel, Ordering::Relaxed);
-            }
-        }
+        self.release();
     }
 }
 

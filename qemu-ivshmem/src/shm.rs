@@ -71,6 +71,17 @@ impl SharedMemory {
         })
     }
 
+    /// Maps `len` bytes of a device file (the guest kernel module's
+    /// `/dev/fairvgpuN`), whose size is not a file size: the caller got `len`
+    /// from the driver, which refuses a mapping larger than the BAR.
+    pub fn map_device(fd: OwnedFd, len: usize) -> Result<SharedMemory> {
+        let region = MmapRegion::from_file(FileOffset::new(File::from(fd), 0), len)?;
+        Ok(SharedMemory {
+            backing: Backing::Mapped(region),
+            len,
+        })
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len

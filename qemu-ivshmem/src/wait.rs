@@ -35,6 +35,12 @@ pub trait Bell: Send + Sync + std::fmt::Debug {
     fn ring(&self) -> Result<()>;
     /// Blocks until rung or until `timeout`; true if rung.
     fn wait(&self, timeout: Duration) -> Result<bool>;
+    /// Called before the waiter announces that it sleeps: a bell whose
+    /// ringer must know where to ring (the guest's vCPU-affine vector)
+    /// publishes it here, so the announcement is never seen before it.
+    fn prepare(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// An eventfd doorbell: the host's side, and what QEMU's ivshmem-doorbell
@@ -137,6 +143,7 @@ pub fn wait_for<T>(
         std::hint::spin_loop();
     }
     loop {
+        bell.prepare()?;
         sleeping.store(1, Ordering::Relaxed);
         // Pairs with the fence in `notify_if_sleeping`: either we see the
         // message, or the producer sees our flag and rings.

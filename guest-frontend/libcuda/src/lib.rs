@@ -7,8 +7,9 @@
 //! Answers that cannot change (device count, name, attributes, versions,
 //! error strings, the current context) are given here without a round trip.
 //!
-//! The host is found through `FAIRVGPU_SOCKET` (the vGPU's ivshmem-server
-//! socket, for guest processes running on the host and for tests).
+//! The vGPU is found as [`guest_frontend::Gpu::from_env`] says: in a VM, the
+//! kernel module's `/dev/fairvgpu0` (or `FAIRVGPU_DEVICE`); on the host
+//! itself and in tests, `FAIRVGPU_SOCKET` (the vGPU's ivshmem-server socket).
 //!
 //! Every exported function catches panics (nothing may unwind into C) and
 //! checks every pointer it is given for null.
@@ -70,16 +71,13 @@ thread_local! {
 fn code(e: GuestError) -> CuResult {
     match e {
         GuestError::Cuda(s) => s.code(),
-        GuestError::Transport(_) | GuestError::Protocol(_) => UNKNOWN,
+        GuestError::NoVgpu => NO_DEVICE,
+        GuestError::Transport(_) | GuestError::Protocol(_) | GuestError::Device { .. } => UNKNOWN,
     }
 }
 
 fn connect() -> CuResult {
-    let Some(sock) = std::env::var_os("FAIRVGPU_SOCKET") else {
-        eprintln!("fairvgpu libcuda: FAIRVGPU_SOCKET is not set; no vGPU to attach to");
-        return NO_DEVICE;
-    };
-    match Gpu::connect(sock.as_ref()) {
+    match Gpu::from_env() {
         Ok(gpu) => {
             let info = gpu.device_info().clone();
             let attrs = info.attributes.iter().copied().collect();
@@ -96,10 +94,7 @@ fn connect() -> CuResult {
             SUCCESS
         }
         Err(e) => {
-            eprintln!(
-                "fairvgpu libcuda: cannot attach to {}: {e}",
-                sock.to_string_lossy()
-            );
+            eprintln!("fairvgpu libcuda: cannot attach to a vGPU: {e}");
             NO_DEVICE
         }
     }
@@ -237,7 +232,9 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(
 /// device name (stable for the vGPU, different from the physical GPU's).
 fn vgpu_uuid(s: &State) -> [u8; 16] {
     let mut h: [u64; 2] = [0xcbf2_9ce4_8422_2325, 0x8422_2325_cbf2_9ce4];
-    let sock = std::env::var("FAIRVGPU_SOCKET").unwrap_or_default();
+    let sock = std::env::var("FAIRVGPU_SOCKET")
+        .or_else(|_| std::env::var("FAIRVGPU_DEVICE"))
+        .unwrap_or_default();
     for (k, b) in sock.bytes().chain(s.info.name.bytes()).enumerate() {
         let w = &mut h[k % 2];
         *w = (*w ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);

@@ -1,4 +1,4 @@
-//! A guest program for the tests: attaches to SOCKET, allocates MIB MiB, fills
+//! A guest program for the tests: attaches to SOCKET (or a /dev/fairvgpuN), allocates MIB MiB, fills
 //! it, prints "ready", then keeps streaming copies into it until killed.
 
 use anyhow::{Context, Result};
@@ -11,7 +11,7 @@ fn main() -> Result<()> {
         .next()
         .context("usage: test-guest SOCKET MIB")?
         .parse()?;
-    let mut gpu = Gpu::connect_with(sock.as_ref(), fairvgpu_tests::TEST_SPIN)?;
+    let mut gpu = Gpu::open(sock.as_ref(), fairvgpu_tests::TEST_SPIN)?;
     let size = mib << 20;
     let p = gpu.mem_alloc(size)?;
     let chunk = vec![0xa5u8; 8 << 20];

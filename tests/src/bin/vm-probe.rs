@@ -1,0 +1,94 @@
+//! Checks that only make sense inside a VM with the kernel module loaded.
+//!
+//! usage:
+//!   vm-probe block CALLS     synchronizing calls that wait on the (simulated)
+//!                            GPU, with a tiny spin budget: each must block in
+//!                            the module and be woken by the host's doorbell
+//!                            interrupt (both counted by the module)
+//!   vm-probe memfree SECS    waits until all of this vGPU's memory is free
+//!                            again (after a killed process's channel was
+//!                            given back), or fails after SECS
+//!   vm-probe info            prints the module's counters
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use guest_frontend::device::default_device;
+use guest_frontend::Gpu;
+use qemu_ivshmem::SpinPolicy;
+
+fn open(spins: u32) -> Result<Gpu> {
+    let dev = default_device().context("no /dev/fairvgpu0: module not loaded or no vGPU")?;
+    let policy = SpinPolicy {
+        spins,
+        max_block_us: 1_000_000,
+    };
+    Ok(Gpu::open_device(&dev, policy)?)
+}
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let cmd = args
+        .next()
+        .context("usage: vm-probe block|memfree|info [N]")?;
+    let n: u64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(100);
+    match cmd.as_str() {
+        "block" => {
+            // One spin, and a reply that waits for a 4 MiB copy to finish on
+            // the GPU (160 µs at the sim's 25 GB/s): every wait must block.
+            let mut gpu = open(1)?;
+            let buf = vec![7u8; 4 << 20];
+            let p = gpu.mem_alloc(buf.len() as u64)?;
+            let before = gpu.device_counters().context("counters")?;
+            let t = Instant::now();
+            for _ in 0..n {
+                gpu.memcpy_htod_async(p, &buf, 0)?;
+                gpu.stream_synchronize(0)?;
+            }
+            let after = gpu.device_counters().context("counters")?;
+            let (irqs, wakeups) = (
+                after.interrupts - before.interrupts,
+                after.wakeups - before.wakeups,
+            );
+            println!(
+                "block: {n} synchronizations in {:?}, {irqs} interrupts, {wakeups} wake-ups",
+                t.elapsed()
+            );
+            ensure!(after.vectors > 0, "the device has no MSI-X vectors");
+            // A call whose reply came back within the spin does not block;
+            // under emulation nearly all of them do.
+            ensure!(
+                wakeups >= n / 2,
+                "only {wakeups} of {n} calls blocked and were woken"
+            );
+            ensure!(
+                irqs >= wakeups,
+                "{wakeups} wake-ups but only {irqs} interrupts"
+            );
+            gpu.mem_free(p)?;
+            println!("block: ok");
+        }
+        "memfree" => {
+            let deadline = Instant::now() + Duration::from_secs(n);
+            let mut gpu = open(10_000)?;
+            loop {
+                let (free, total) = gpu.mem_get_info()?;
+                if free == total {
+                    println!("memfree: all {total} bytes free");
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("memfree: {} bytes still held", total - free);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        "info" => {
+            let dev = default_device().context("no /dev/fairvgpu0")?;
+            let d = guest_frontend::device::Device::open(&dev)?;
+            println!("{:?}", d.info()?);
+        }
+        other => bail!("unknown command {other}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,67 @@
+#!/bin/sh
+# The checks that run inside the test guest. Each prints "FVG-PASS name" or
+# "FVG-FAIL name", followed by its output indented.
+
+wait_for() { # wait_for SECONDS TEST...
+    n=$(($1 * 10)); shift
+    while [ $n -gt 0 ]; do
+        if "$@"; then return 0; fi
+        sleep 0.1; n=$((n - 1))
+    done
+    return 1
+}
+
+step() { # step NAME COMMAND...
+    name=$1; shift
+    if "$@" >/tmp/$name.log 2>&1; then echo "FVG-PASS $name"; else echo "FVG-FAIL $name"; fi
+    sed "s/^/    $name: /" /tmp/$name.log
+}
+
+show_device() {
+    d=/sys/class/fairvgpu/fairvgpu0
+    echo "FVG device peer=$(cat $d/peer_id) vectors=$(cat $d/vectors) region=$(cat $d/region_size)"
+}
+
+# A process killed in the middle of streaming copies must get its channel and
+# its device memory back to the host: the module marks the channel abandoned.
+kill_mid_copy() {
+    /fvg/test-guest /dev/fairvgpu0 64 >/tmp/tg.out 2>&1 &
+    pid=$!
+    wait_for 60 grep -q ready /tmp/tg.out || { cat /tmp/tg.out; return 1; }
+    echo "FVG copying pid=$pid"
+    sleep 1
+    kill -9 $pid
+    wait $pid 2>/dev/null
+    echo "FVG killed"
+    /fvg/vm-probe memfree 60 || return 1
+    dmesg | grep "abandoned by an exiting process"
+}
+
+if [ "$1" = hotplug ]; then
+    echo "FVG waiting for hot-plug"
+    if wait_for 120 test -e /dev/fairvgpu0; then
+        echo "FVG appeared"
+        show_device
+        step hotplug_driver_api /fvg/driver_api /fvg/fairvgpu.ptx
+        echo "FVG waiting for unplug"
+        if wait_for 120 sh -c '! test -e /dev/fairvgpu0'; then
+            echo "FVG gone"
+        else
+            echo "FVG-FAIL unplug"
+        fi
+    else
+        echo "FVG-FAIL hotplug"
+    fi
+    exit 0
+fi
+
+if ! wait_for 30 test -e /dev/fairvgpu0; then
+    echo "FVG-FAIL no /dev/fairvgpu0"
+    exit 1
+fi
+show_device
+step driver_api /fvg/driver_api /fvg/fairvgpu.ptx
+step cudarc /fvg/cudarc-guest /fvg/fairvgpu.ptx
+step blocking /fvg/vm-probe block 50
+step kill_mid_copy kill_mid_copy
+echo "FVG interrupts=$(cat /sys/class/fairvgpu/fairvgpu0/interrupts) wakeups=$(cat /sys/class/fairvgpu/fairvgpu0/wakeups)"
