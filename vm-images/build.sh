@@ -44,9 +44,16 @@ echo "vm-images: guest kernel $KVER" >&2
 
 # The kernel: Debian's package of the same ABI, unpacked (not installed).
 if [ ! -f "$cache/vmlinuz-$KVER" ]; then
-    (cd "$cache" && rm -f linux-image-*.deb &&
-        { apt-get download "linux-image-$KVER" 2>/dev/null ||
-          apt-get download "linux-image-$KVER-unsigned"; })
+    fetch() {
+        (cd "$cache" && rm -f linux-image-*.deb &&
+            { apt-get download "linux-image-$KVER" 2>/dev/null ||
+              apt-get download "linux-image-$KVER-unsigned" 2>/dev/null; })
+    }
+    if ! fetch; then
+        # Stale package lists on a long-lived machine.
+        if [ "$(id -u)" = 0 ]; then apt-get update -qq; else sudo apt-get update -qq; fi
+        fetch || { echo "vm-images: cannot download linux-image-$KVER" >&2; exit 1; }
+    fi
     rm -rf "$cache/deb" && dpkg-deb -x "$cache"/linux-image-*.deb "$cache/deb"
     cp "$cache/deb/boot/vmlinuz-$KVER" "$cache/vmlinuz-$KVER"
     rm -rf "$cache/deb" "$cache"/linux-image-*.deb

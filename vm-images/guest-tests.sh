@@ -28,11 +28,12 @@ kill_mid_copy() {
     /fvg/test-guest /dev/fairvgpu0 64 >/tmp/tg.out 2>&1 &
     pid=$!
     wait_for 60 grep -q ready /tmp/tg.out || { cat /tmp/tg.out; return 1; }
-    echo "FVG copying pid=$pid"
-    sleep 1
+    echo "FVG copying pid=$pid" >/dev/console
+    # The host test answers on the console once it saw the memory held.
+    read -t 20 ack </dev/console
     kill -9 $pid
     wait $pid 2>/dev/null
-    echo "FVG killed"
+    echo "FVG killed" >/dev/console
     /fvg/vm-probe memfree 60 || return 1
     dmesg | grep "abandoned by an exiting process"
 }
@@ -46,6 +47,7 @@ if [ "$1" = hotplug ]; then
         echo "FVG waiting for unplug"
         if wait_for 120 sh -c '! test -e /dev/fairvgpu0'; then
             echo "FVG gone"
+            sleep 2 # let the host finish its side of the unplug
         else
             echo "FVG-FAIL unplug"
         fi

@@ -2,6 +2,7 @@
 
 #![warn(missing_docs)]
 
+pub mod attach;
 pub mod bench;
 pub mod cli;
 pub mod config;
@@ -33,4 +34,7 @@ pub enum Error {
     /// The configuration is invalid.
     #[error("config: {0}")]
     Config(String),
+    /// Attaching a vGPU to QEMU (or detaching it) failed.
+    #[error("attach: {0}")]
+    Attach(String),
 }

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 
 use std::path::PathBuf;
 
-use host_backend::{bench, cli, config::Config, control, daemon, demo};
+use host_backend::{attach, bench, cli, config::Config, control, daemon, demo};
 
 #[derive(Parser)]
 #[command(
@@ -67,6 +67,35 @@ enum Cmd {
     Reload {
         #[command(flatten)]
         api: ApiArgs,
+    },
+    /// Attach a VM's vGPU to QEMU: hot-plug it through QMP, or print the
+    /// QEMU arguments / libvirt element to start the VM with.
+    Attach {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM (as named in host.toml).
+        #[arg(long)]
+        vm: String,
+        /// QMP socket of the running QEMU to hot-plug into.
+        #[arg(long, required_unless_present = "print")]
+        qmp: Option<PathBuf>,
+        /// Print instead: `qemu` arguments or the `libvirt` <shmem> element.
+        #[arg(long, value_parser = ["qemu", "libvirt"])]
+        print: Option<String>,
+    },
+    /// Hot-unplug a VM's vGPU from a running QEMU (the guest releases it first).
+    Detach {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM.
+        #[arg(long)]
+        vm: String,
+        /// QMP socket of the running QEMU.
+        #[arg(long)]
+        qmp: PathBuf,
+        /// Seconds the guest gets to release the device.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
     },
     /// Start a daemon (sim executor by default) and a demo guest; check its results.
     Demo {
@@ -187,6 +216,20 @@ fn parse_pin(s: &str) -> Result<(usize, usize), String> {
     ))
 }
 
+/// Tells the daemon which threads run the VM's vCPUs (empty: detached). The
+/// vGPU works without it, only without the coscheduling boost, so a daemon
+/// that cannot be reached is a warning.
+fn register_vcpus(api: &ApiArgs, vm: &str, threads: &[u32]) {
+    let body = serde_json::json!({ "threads": threads }).to_string();
+    if let Err(e) = api.call(
+        "POST",
+        &format!("/api/v1/vgpus/{vm}/vcpus"),
+        body.as_bytes(),
+    ) {
+        eprintln!("warning: could not give the daemon the vCPU threads: {e:#}");
+    }
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -228,6 +271,43 @@ fn main() -> Result<()> {
             for n in r["notes"].as_array().into_iter().flatten() {
                 println!("{}", n.as_str().unwrap_or_default());
             }
+            Ok(())
+        }
+        Cmd::Attach {
+            api,
+            vm,
+            qmp,
+            print,
+        } => {
+            let plug = attach::Plug::for_vm(&Config::load(&api.config)?, &vm)?;
+            match (print.as_deref(), qmp) {
+                (Some("qemu"), _) => println!("{}", plug.qemu_args().join(" ")),
+                (Some(_), _) => print!("{}", plug.libvirt_xml()),
+                (None, Some(qmp)) => {
+                    let threads = plug.attach(&mut attach::connect(&qmp)?)?;
+                    println!(
+                        "{vm}: vGPU attached as {}; vCPU threads {threads:?}",
+                        plug.id
+                    );
+                    register_vcpus(&api, &vm, &threads);
+                }
+                (None, None) => bail!("--qmp or --print is needed"),
+            }
+            Ok(())
+        }
+        Cmd::Detach {
+            api,
+            vm,
+            qmp,
+            timeout,
+        } => {
+            let plug = attach::Plug::for_vm(&Config::load(&api.config)?, &vm)?;
+            plug.detach(
+                &mut attach::connect(&qmp)?,
+                std::time::Duration::from_secs(timeout),
+            )?;
+            println!("{vm}: vGPU detached");
+            register_vcpus(&api, &vm, &[]);
             Ok(())
         }
         Cmd::Demo { executor } => demo::run(executor),

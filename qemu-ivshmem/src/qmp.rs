@@ -15,6 +15,10 @@ use crate::error::{Error, Result};
 pub struct Qmp {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
+    /// Events that arrived while a command was waiting for its answer.
+    events: Vec<Value>,
+    /// How long a command may take.
+    timeout: Duration,
 }
 
 impl Qmp {
@@ -27,6 +31,8 @@ impl Qmp {
         let mut q = Qmp {
             reader: BufReader::new(s),
             writer,
+            events: Vec::new(),
+            timeout,
         };
         let greeting = q.read_value()?;
         if greeting.get("QMP").is_none() {
@@ -49,7 +55,7 @@ impl Qmp {
     }
 
     /// Runs one command and returns its `return` value; asynchronous events
-    /// that arrive meanwhile are skipped.
+    /// that arrive meanwhile are kept for [`Qmp::wait_event`].
     pub fn execute(&mut self, cmd: &str, args: Value) -> Result<Value> {
         let msg = json!({"execute": cmd, "arguments": args});
         writeln!(self.writer, "{msg}").map_err(|e| Error::io("writing QMP", e))?;
@@ -59,7 +65,64 @@ impl Qmp {
                 return Ok(r.clone());
             }
             if let Some(e) = v.get("error") {
-                return Err(Error::Protocol(format!("QMP {cmd}: {e}")));
+                let desc = e.get("desc").and_then(Value::as_str).unwrap_or("");
+                return Err(Error::Protocol(format!("QMP {cmd}: {desc}")));
+            }
+            if v.get("event").is_some() {
+                self.events.push(v);
+            }
+        }
+    }
+
+    /// Waits for an event named `name` whose `data` satisfies `pred` (one
+    /// that already arrived counts), up to `timeout`.
+    pub fn wait_event(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        let hit = |v: &Value| v["event"] == name && pred(&v["data"]);
+        if let Some(i) = self.events.iter().position(hit) {
+            return Ok(self.events.remove(i));
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let r = self.next_event(deadline, &hit);
+        let _ = self.reader.get_ref().set_read_timeout(Some(self.timeout));
+        r
+    }
+
+    fn next_event(
+        &mut self,
+        deadline: std::time::Instant,
+        hit: &dyn Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout);
+            }
+            self.reader
+                .get_ref()
+                .set_read_timeout(Some(left))
+                .map_err(|e| Error::io("QMP timeout", e))?;
+            let v = match self.read_value() {
+                Ok(v) => v,
+                Err(Error::Io { source, .. })
+                    if matches!(
+                        source.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(Error::Timeout)
+                }
+                Err(e) => return Err(e),
+            };
+            if hit(&v) {
+                return Ok(v);
+            }
+            if v.get("event").is_some() {
+                self.events.push(v);
             }
         }
     }

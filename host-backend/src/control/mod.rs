@@ -58,6 +58,8 @@ pub struct ControlPlane {
     services: Mutex<HashMap<u32, Arc<GrantService>>>,
     history: Mutex<VecDeque<Snapshot>>,
     events: Mutex<VecDeque<Value>>,
+    /// vCPU thread ids per VM, as `fairvgpu attach` read them from QMP.
+    vcpus: Mutex<HashMap<String, Vec<u32>>>,
     token: Option<String>,
     started: Instant,
 }
@@ -98,6 +100,7 @@ impl ControlPlane {
             services: Mutex::new(HashMap::new()),
             history: Mutex::new(VecDeque::new()),
             events: Mutex::new(VecDeque::new()),
+            vcpus: Mutex::new(HashMap::new()),
             token,
             started: Instant::now(),
             cfg: Mutex::new(cfg.clone()),
@@ -183,6 +186,32 @@ impl ControlPlane {
                 .map_err(|e| e.to_string())?;
         }
         self.event("weight", format!("{vm}: weight set to {weight}"));
+        Ok(())
+    }
+
+    /// Records the vCPU thread ids of a VM (vCPU order; empty when its vGPU
+    /// was detached) and hands them to its worker through
+    /// `<run_dir>/<vm>.vcpus`, for the coscheduling boost.
+    pub fn set_vcpus(&self, vm: &str, threads: Vec<u32>) -> Result<(), String> {
+        let cfg = self.config();
+        if cfg.vm(vm).is_none() {
+            return Err(format!("no vm named {vm:?}"));
+        }
+        let file = crate::attach::vcpus_file(&cfg, vm);
+        let text: String = threads.iter().map(|t| format!("{t}\n")).collect();
+        let tmp = file.with_extension("vcpus.tmp");
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &file))
+            .map_err(|e| format!("writing {}: {e}", file.display()))?;
+        self.event(
+            "vcpus",
+            if threads.is_empty() {
+                format!("{vm}: vGPU detached")
+            } else {
+                format!("{vm}: vGPU attached, vCPU threads {threads:?}")
+            },
+        );
+        lock(&self.vcpus).insert(vm.to_owned(), threads);
         Ok(())
     }
 
@@ -330,6 +359,7 @@ impl ControlPlane {
                     "name": v.name,
                     "tenant": v.tenant,
                     "weight": v.weight,
+                    "vcpu_threads": lock(&self.vcpus).get(&v.name).cloned().unwrap_or_default(),
                     "connected": r.1.connected,
                     "holding": r.1.holding,
                     "active": active(r),
@@ -515,6 +545,28 @@ impl ControlPlane {
                     Ok(()) => Response::json(200, &json!({ "vm": vm, "weight": w })),
                     Err(e) if e.starts_with("no vm") => Response::error(404, e),
                     Err(e) => Response::error(400, e),
+                }
+            }
+            ("POST", ["api", "v1", "vgpus", vm, "vcpus"]) => {
+                let threads = serde_json::from_slice::<Value>(&req.body)
+                    .ok()
+                    .and_then(|v| {
+                        v["threads"]
+                            .as_array()?
+                            .iter()
+                            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+                            .collect::<Option<Vec<u32>>>()
+                    });
+                let Some(threads) = threads else {
+                    return Response::error(
+                        400,
+                        "expected a body like {\"threads\": [1234, 1235]}",
+                    );
+                };
+                match self.set_vcpus(vm, threads.clone()) {
+                    Ok(()) => Response::json(200, &json!({ "vm": vm, "threads": threads })),
+                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
+                    Err(e) => Response::error(500, e),
                 }
             }
             ("POST", ["api", "v1", "reload"]) => match self.reload() {

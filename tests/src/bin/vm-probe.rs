@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use guest_frontend::device::default_device;
 use guest_frontend::Gpu;
+use host_backend::demo::KERNELS_PTX;
+use protocol::{Dim3, ImageKind};
 use qemu_ivshmem::SpinPolicy;
 
 fn open(spins: u32) -> Result<Gpu> {
@@ -34,16 +36,18 @@ fn main() -> Result<()> {
     let n: u64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(100);
     match cmd.as_str() {
         "block" => {
-            // One spin, and a reply that waits for a 4 MiB copy to finish on
-            // the GPU (160 µs at the sim's 25 GB/s): every wait must block.
+            // One spin, and a reply that waits for a 2 ms kernel: every wait
+            // must block in the module.
             let mut gpu = open(1)?;
-            let buf = vec![7u8; 4 << 20];
-            let p = gpu.mem_alloc(buf.len() as u64)?;
+            let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
+            let spin = gpu.get_function(m, "spin_ns")?;
+            let one = Dim3 { x: 1, y: 1, z: 1 };
+            let ns = 2_000_000u64.to_le_bytes();
             let before = gpu.device_counters().context("counters")?;
             let t = Instant::now();
             for _ in 0..n {
-                gpu.memcpy_htod_async(p, &buf, 0)?;
-                gpu.stream_synchronize(0)?;
+                gpu.launch(&spin, one, one, 0, 0, &[&ns])?;
+                gpu.synchronize()?;
             }
             let after = gpu.device_counters().context("counters")?;
             let (irqs, wakeups) = (
@@ -55,17 +59,14 @@ fn main() -> Result<()> {
                 t.elapsed()
             );
             ensure!(after.vectors > 0, "the device has no MSI-X vectors");
-            // A call whose reply came back within the spin does not block;
-            // under emulation nearly all of them do.
             ensure!(
-                wakeups >= n / 2,
-                "only {wakeups} of {n} calls blocked and were woken"
+                wakeups >= n,
+                "only {wakeups} of {n} synchronizations blocked and were woken"
             );
             ensure!(
                 irqs >= wakeups,
                 "{wakeups} wake-ups but only {irqs} interrupts"
             );
-            gpu.mem_free(p)?;
             println!("block: ok");
         }
         "memfree" => {

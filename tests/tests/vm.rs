@@ -1,0 +1,371 @@
+//! A real guest: a Debian kernel with the fairvgpu module, booted under QEMU
+//! (TCG: timing means nothing here, only correctness), against `fairvgpu
+//! serve` with the sim executor.
+//!
+//! Needs qemu-system-x86_64, Debian's linux-headers-amd64, busybox-static and
+//! cpio (scripts/check installs them). Skips without them, unless
+//! FAIRVGPU_REQUIRE_VM=1 (CI), where their absence fails.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use fairvgpu_tests::{cargo_build, workspace};
+use host_backend::control::{client_call, ApiTarget};
+use serde_json::Value;
+
+/// One VM at a time: TCG on two cores is slow enough already.
+static ONE_VM: Mutex<()> = Mutex::new(());
+
+fn prerequisites() -> bool {
+    let mut missing = Vec::new();
+    if !Path::new("/usr/bin/qemu-system-x86_64").exists() {
+        missing.push("qemu-system-x86");
+    }
+    let headers = std::fs::read_dir("/usr/src")
+        .map(|d| {
+            d.flatten().any(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.starts_with("linux-headers-") && n.ends_with("-amd64")
+            })
+        })
+        .unwrap_or(false);
+    if !headers {
+        missing.push("linux-headers-amd64");
+    }
+    for (bin, pkg) in [("busybox", "busybox-static"), ("cpio", "cpio")] {
+        let found = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).exists()))
+            .unwrap_or(false);
+        if !found {
+            missing.push(pkg);
+        }
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("FAIRVGPU_REQUIRE_VM").is_none(),
+        "FAIRVGPU_REQUIRE_VM is set but these are missing: {missing:?}"
+    );
+    eprintln!("skipping: missing {missing:?}");
+    false
+}
+
+/// Builds the guest image once per test run, from this build's library and programs.
+fn image() -> &'static PathBuf {
+    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let lib = cargo_build("fairvgpu-libcuda");
+        let bins = Path::new(env!("CARGO_BIN_EXE_vm-probe"))
+            .parent()
+            .unwrap()
+            .to_owned();
+        let out = lib.join("vm-image");
+        let st = Command::new(workspace().join("vm-images/build.sh"))
+            .arg(&out)
+            .env("LIBCUDA", lib.join("libcuda.so"))
+            .env("GUEST_BIN", &bins)
+            .status()
+            .expect("vm-images/build.sh runs");
+        assert!(st.success(), "building the guest image failed");
+        out
+    })
+}
+
+/// `fairvgpu serve` with one VM on the sim executor.
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+    config: PathBuf,
+    bin: PathBuf,
+}
+
+impl Daemon {
+    fn start(name: &str) -> Daemon {
+        let bin = cargo_build("fairvgpu").join("fairvgpu");
+        let dir = std::env::temp_dir().join(format!("fvg-vm-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("host.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"[daemon]
+run_dir = "{run}"
+executor = "sim"
+
+[layout]
+channels = 8
+ring_entries = 64
+arena_size = 1048576
+vectors = 2
+
+[[vm]]
+name = "vm1"
+tenant = "acme"
+memory_limit_mib = 512
+"#,
+                run = dir.join("run").display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new(&bin)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("fairvgpu serve starts");
+        let d = Daemon {
+            child,
+            dir,
+            config,
+            bin,
+        };
+        let start = Instant::now();
+        while !(d.dir.join("run/vm1.sock").exists() && d.dir.join("run/api.sock").exists()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "daemon did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d
+    }
+
+    /// vm1's row of the status.
+    fn vm1(&self) -> Value {
+        let (code, body) = client_call(
+            &ApiTarget::Unix(self.dir.join("run/api.sock")),
+            "GET",
+            "/api/v1/status",
+            b"",
+        )
+        .expect("status");
+        assert_eq!(code, 200);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        v["gpus"][0]["vgpus"][0].clone()
+    }
+
+    fn wait_vm1(&self, what: &str, timeout: Duration, f: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let v = self.vm1();
+            if f(&v) {
+                return v;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "timed out waiting for {what}; vm1: {v}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn fairvgpu(&self, args: &[&str]) -> std::process::Output {
+        Command::new(&self.bin)
+            .args(args)
+            .arg("--config")
+            .arg(&self.config)
+            .output()
+            .expect("fairvgpu runs")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SIGTERM: the daemon stops its workers and removes its sockets.
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A guest under QEMU; its console lines arrive on a channel.
+struct Guest {
+    child: Child,
+    console: Receiver<String>,
+    stdin: Option<ChildStdin>,
+    seen: Vec<String>,
+}
+
+impl Guest {
+    fn boot(d: &Daemon, mode: &str, extra: &[&str]) -> Guest {
+        let mut child = Command::new(workspace().join("vm-images/run-vm.sh"))
+            .args(["--config"])
+            .arg(&d.config)
+            .args(["--vm", "vm1", "--accel", "tcg", "--mode", mode])
+            .arg("--image")
+            .arg(image())
+            .arg("--fairvgpu")
+            .arg(&d.bin)
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("QEMU starts");
+        let out = child.stdout.take().unwrap();
+        let stdin = child.stdin.take();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("guest| {line}");
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Guest {
+            child,
+            console: rx,
+            stdin,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a console line starting with `prefix`; returns it.
+    fn expect(&mut self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.console.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.starts_with(prefix) {
+                        return l;
+                    }
+                    if l.starts_with("FVG-FAIL") {
+                        // Its output follows, indented.
+                        while let Ok(more) = self.console.recv_timeout(Duration::from_secs(3)) {
+                            self.seen.push(more);
+                        }
+                        panic!("guest check failed: {l}\n{}", self.seen.join("\n"));
+                    }
+                }
+                Err(_) => panic!(
+                    "no `{prefix}` from the guest within {timeout:?}; console so far:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    fn say(&mut self, line: &str) {
+        let s = self.stdin.as_mut().expect("console input");
+        writeln!(s, "{line}").unwrap();
+        s.flush().unwrap();
+    }
+
+    fn finish(mut self, timeout: Duration) -> Vec<String> {
+        self.expect("FVG done", timeout);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "QEMU did not exit after power-off"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::mem::take(&mut self.seen)
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const BOOT: Duration = Duration::from_secs(120);
+const STEP: Duration = Duration::from_secs(240);
+
+#[test]
+fn guest_programs_run_through_the_module_and_a_killed_one_gives_back_its_memory() {
+    if !prerequisites() {
+        return;
+    }
+    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let d = Daemon::start("boot");
+    let mut g = Guest::boot(&d, "tests", &[]);
+    g.expect("FVG module loaded", BOOT);
+    let dev = g.expect("FVG device", STEP);
+    assert!(dev.contains("vectors=2"), "{dev}");
+    g.expect("FVG-PASS driver_api", STEP);
+    g.expect("FVG-PASS cudarc", STEP);
+    // Blocking: every wait slept in the module and an interrupt woke it.
+    g.expect("FVG-PASS blocking", STEP);
+    let block = g.expect("    blocking: block: 50 synchronizations", STEP);
+    assert!(block.contains("wake-ups"), "{block}");
+
+    // Kill mid-copy: the host sees the memory held, then freed, while the
+    // VM (the ivshmem peer) stays attached: the module gave the channel back.
+    g.expect("FVG copying", STEP);
+    d.wait_vm1(
+        "the copying process's 64 MiB",
+        Duration::from_secs(15),
+        |v| v["memory_used_bytes"].as_u64().unwrap_or(0) >= 64 << 20,
+    );
+    g.say("kill");
+    g.expect("FVG killed", STEP);
+    d.wait_vm1("its memory to be freed", Duration::from_secs(30), |v| {
+        v["memory_used_bytes"] == 0 && v["connected"] == true
+    });
+    g.expect("FVG-PASS kill_mid_copy", STEP);
+    let seen = g.finish(STEP);
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("abandoned by an exiting process")),
+        "the module did not report the abandoned channel"
+    );
+    assert!(!seen.iter().any(|l| l.starts_with("FVG-FAIL")), "{seen:?}");
+}
+
+#[test]
+fn hot_plug_into_a_running_guest_and_unplug_again() {
+    if !prerequisites() {
+        return;
+    }
+    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let d = Daemon::start("hotplug");
+    let qmp = d.dir.join("qmp.sock");
+    let qmp_arg = qmp.to_string_lossy().into_owned();
+    let mut g = Guest::boot(&d, "hotplug", &["--no-vgpu", "--qmp", &qmp_arg]);
+    g.expect("FVG waiting for hot-plug", BOOT);
+
+    let out = d.fairvgpu(&["attach", "--vm", "vm1", "--qmp", &qmp_arg]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "attach failed: {text}");
+    assert!(text.contains("vCPU threads"), "{text}");
+    assert!(!text.contains("warning"), "{text}");
+    g.expect("FVG appeared", STEP);
+    g.expect("FVG-PASS hotplug_driver_api", STEP);
+    g.expect("FVG waiting for unplug", STEP);
+    // The daemon got the vCPU threads from attach.
+    let v = d.vm1();
+    let threads = v["vcpu_threads"].as_array().cloned().unwrap_or_default();
+    assert_eq!(threads.len(), 2, "two vCPUs expected: {v}");
+
+    let out = d.fairvgpu(&["detach", "--vm", "vm1", "--qmp", &qmp_arg]);
+    assert!(
+        out.status.success(),
+        "detach failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    g.expect("FVG gone", STEP);
+    let v = d.vm1();
+    assert_eq!(v["vcpu_threads"], serde_json::json!([]), "{v}");
+    g.finish(STEP);
+}
