@@ -170,6 +170,9 @@ mod tests {
 [daemon]
 run_dir = "/run/fv"
 [layout]
+channels = 8
+ring_entries = 64
+arena_size = 1048576
 vectors = 4
 [[vm]]
 name = "a"

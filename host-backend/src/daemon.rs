@@ -39,6 +39,7 @@ pub fn run_worker(cfg: &Config, vm: &str, id: Option<u32>) -> Result<(), Error> 
             (grant_socket(cfg, vmc.gpu), id, vmc.weight)
         }),
         sample_every: crate::worker::SAMPLE_EVERY,
+        vcpus_file: Some(crate::attach::vcpus_file(cfg, vm)),
     };
     let worker = Worker::new(&wc, exec)?;
     let stop = worker.stop_flag();

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod cosched;
 pub mod daemon;
 pub mod demo;
 pub mod executor;

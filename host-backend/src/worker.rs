@@ -54,6 +54,9 @@ pub struct WorkerConfig {
     /// time is measured with CUDA events (the others are charged the last
     /// measurement); 1 measures every launch.
     pub sample_every: u64,
+    /// Where the daemon keeps the VM's vCPU thread ids (coscheduling boost);
+    /// None for guests that are not VMs.
+    pub vcpus_file: Option<PathBuf>,
 }
 
 /// Pins the calling thread to one CPU.
@@ -151,6 +154,8 @@ struct Shared {
     /// Whether any request ran under the current grant.
     worked: bool,
     sample_every: u64,
+    /// The VM's vCPU threads, kicked when a blocked guest is woken.
+    booster: std::cell::RefCell<crate::cosched::VcpuBooster>,
 }
 
 /// How often a worker reports its live figures to the grant service.
@@ -236,6 +241,9 @@ impl Worker {
                 },
                 charged_ns: 0,
                 sample_every: cfg.sample_every.max(1),
+                booster: std::cell::RefCell::new(crate::cosched::VcpuBooster::new(
+                    cfg.vcpus_file.clone(),
+                )),
                 worked: false,
             },
             chans,
@@ -271,6 +279,7 @@ impl Worker {
             turns = turns.wrapping_add(1);
             if turns.is_multiple_of(256) {
                 self.maybe_report(&mut last_report)?;
+                self.tick_booster();
             }
             let mut busy = false;
             for i in 0..self.chans.len() {
@@ -310,6 +319,7 @@ impl Worker {
             }
             self.block()?;
             self.maybe_report(&mut last_report)?;
+            self.tick_booster();
             idle = 0;
         }
         if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
@@ -319,6 +329,11 @@ impl Worker {
             teardown(&mut self.sh, c);
         }
         Ok(())
+    }
+
+    fn tick_booster(&self) {
+        let sync = self.sh.stats.sync_calls.load(Ordering::Relaxed);
+        self.sh.booster.borrow_mut().tick(sync);
     }
 
     /// Reports if [`REPORT_EVERY`] has passed since `last` (and there is a
@@ -557,7 +572,10 @@ fn notify_guest(sh: &Shared, ch: u32) -> Result<(), Error> {
     if flag.load(Ordering::Relaxed) != 0 {
         let peer = sh.region.owner_peer(ch)?;
         if let Ok(p) = u16::try_from(peer) {
-            sh.server.ring_peer(p, sh.region.guest_vector(ch)?)?;
+            // The guest's vector is that of the vCPU it waits on.
+            let vector = sh.region.guest_vector(ch)?;
+            sh.server.ring_peer(p, vector)?;
+            sh.booster.borrow_mut().kick(vector);
         }
     }
     Ok(())

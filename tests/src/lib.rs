@@ -69,6 +69,7 @@ impl Host {
             cpu: None,
             grant: None,
             sample_every: host_backend::worker::SAMPLE_EVERY,
+            vcpus_file: None,
         };
         let exec = SimExecutor::new(SimParams {
             copy_gbps: 100.0,

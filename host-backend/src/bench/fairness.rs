@@ -116,6 +116,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
                 .as_ref()
                 .map(|s| (s.path().to_owned(), g as u32, weights[g])),
             sample_every,
+            vcpus_file: None,
         };
         workers.push(spawn(&wc, exec)?);
         socks.push(sock);

@@ -249,6 +249,7 @@ pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<
         cpu: pin.map(|(_, w)| w),
         grant: None,
         sample_every: crate::worker::SAMPLE_EVERY,
+        vcpus_file: None,
     };
     let running = spawn(&wc, exec)?;
     let remote = {

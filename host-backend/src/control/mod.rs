@@ -8,6 +8,8 @@
 //!
 //! - `GET /api/v1/status`: GPUs and vGPUs with live figures
 //! - `POST /api/v1/vgpus/{vm}/weight` `{"weight": 2.5}`: set a weight now
+//! - `POST /api/v1/vgpus/{vm}/vcpus` `{"threads": [4711, 4712]}`: the VM's
+//!   vCPU threads, from `fairvgpu attach` (coscheduling boost)
 //! - `POST /api/v1/reload`: re-read host.toml (also on SIGHUP)
 //! - `GET /metrics`: Prometheus text format
 //! - `GET /`: the dashboard
