@@ -37,7 +37,7 @@ impl Plug {
     /// The plug of VM `vm` of a config.
     pub fn for_vm(cfg: &Config, vm: &str) -> Result<Plug, Error> {
         if cfg.vm(vm).is_none() {
-            return Err(Error::Config(format!("no vm named {vm:?} in the config")));
+            return Err(Error::Config(format!("no vm named {vm:?}")));
         }
         Ok(Plug {
             vm: vm.to_owned(),

@@ -68,8 +68,9 @@ enum Cmd {
         #[command(flatten)]
         api: ApiArgs,
     },
-    /// Attach a VM's vGPU to QEMU: hot-plug it through QMP, or print the
-    /// QEMU arguments / libvirt element to start the VM with.
+    /// Attach a VM's vGPU to QEMU: hot-plug it through QMP (done by the
+    /// daemon, over its API), or print the QEMU arguments / libvirt element
+    /// to start the VM with.
     Attach {
         #[command(flatten)]
         api: ApiArgs,
@@ -83,7 +84,8 @@ enum Cmd {
         #[arg(long, value_parser = ["qemu", "libvirt"])]
         print: Option<String>,
     },
-    /// Hot-unplug a VM's vGPU from a running QEMU (the guest releases it first).
+    /// Hot-unplug a VM's vGPU from a running QEMU (the guest releases it first);
+    /// done by the daemon, over its API.
     Detach {
         #[command(flatten)]
         api: ApiArgs,
@@ -216,18 +218,9 @@ fn parse_pin(s: &str) -> Result<(usize, usize), String> {
     ))
 }
 
-/// Tells the daemon which threads run the VM's vCPUs (empty: detached). The
-/// vGPU works without it, only without the coscheduling boost, so a daemon
-/// that cannot be reached is a warning.
-fn register_vcpus(api: &ApiArgs, vm: &str, threads: &[u32]) {
-    let body = serde_json::json!({ "threads": threads }).to_string();
-    if let Err(e) = api.call(
-        "POST",
-        &format!("/api/v1/vgpus/{vm}/vcpus"),
-        body.as_bytes(),
-    ) {
-        eprintln!("warning: could not give the daemon the vCPU threads: {e:#}");
-    }
+/// A path the daemon can use whatever its working directory.
+fn absolute(p: &std::path::Path) -> Result<PathBuf> {
+    std::path::absolute(p).with_context(|| format!("{}", p.display()))
 }
 
 fn main() -> Result<()> {
@@ -279,17 +272,24 @@ fn main() -> Result<()> {
             qmp,
             print,
         } => {
-            let plug = attach::Plug::for_vm(&Config::load(&api.config)?, &vm)?;
             match (print.as_deref(), qmp) {
-                (Some("qemu"), _) => println!("{}", plug.qemu_args().join(" ")),
-                (Some(_), _) => print!("{}", plug.libvirt_xml()),
+                (Some(kind), _) => {
+                    let plug = attach::Plug::for_vm(&Config::load(&api.config)?, &vm)?;
+                    if kind == "qemu" {
+                        println!("{}", plug.qemu_args().join(" "));
+                    } else {
+                        print!("{}", plug.libvirt_xml());
+                    }
+                }
                 (None, Some(qmp)) => {
-                    let threads = plug.attach(&mut attach::connect(&qmp)?)?;
-                    println!(
-                        "{vm}: vGPU attached as {}; vCPU threads {threads:?}",
-                        plug.id
-                    );
-                    register_vcpus(&api, &vm, &threads);
+                    // The daemon does it: it serves the vGPU and keeps the vCPU threads.
+                    let body = serde_json::json!({ "qmp": absolute(&qmp)? }).to_string();
+                    let r = api.call(
+                        "POST",
+                        &format!("/api/v1/vgpus/{vm}/attach"),
+                        body.as_bytes(),
+                    )?;
+                    println!("{vm}: vGPU attached; vCPU threads {}", r["vcpu_threads"]);
                 }
                 (None, None) => bail!("--qmp or --print is needed"),
             }
@@ -301,13 +301,14 @@ fn main() -> Result<()> {
             qmp,
             timeout,
         } => {
-            let plug = attach::Plug::for_vm(&Config::load(&api.config)?, &vm)?;
-            plug.detach(
-                &mut attach::connect(&qmp)?,
-                std::time::Duration::from_secs(timeout),
+            let body = serde_json::json!({ "qmp": absolute(&qmp)?, "timeout_seconds": timeout })
+                .to_string();
+            api.call(
+                "POST",
+                &format!("/api/v1/vgpus/{vm}/detach"),
+                body.as_bytes(),
             )?;
             println!("{vm}: vGPU detached");
-            register_vcpus(&api, &vm, &[]);
             Ok(())
         }
         Cmd::Demo { executor } => demo::run(executor),

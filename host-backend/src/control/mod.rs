@@ -8,8 +8,10 @@
 //!
 //! - `GET /api/v1/status`: GPUs and vGPUs with live figures
 //! - `POST /api/v1/vgpus/{vm}/weight` `{"weight": 2.5}`: set a weight now
+//! - `POST /api/v1/vgpus/{vm}/attach|detach` `{"qmp": "/run/qemu/vm1.qmp"}`:
+//!   hot-plug or unplug the vGPU through QMP
 //! - `POST /api/v1/vgpus/{vm}/vcpus` `{"threads": [4711, 4712]}`: the VM's
-//!   vCPU threads, from `fairvgpu attach` (coscheduling boost)
+//!   vCPU threads (coscheduling boost), where QEMU was attached at start-up
 //! - `POST /api/v1/reload`: re-read host.toml (also on SIGHUP)
 //! - `GET /metrics`: Prometheus text format
 //! - `GET /`: the dashboard
@@ -215,6 +217,32 @@ impl ControlPlane {
         );
         lock(&self.vcpus).insert(vm.to_owned(), threads);
         Ok(())
+    }
+
+    /// Hot-plugs VM `vm`'s vGPU into the QEMU behind the QMP socket `qmp`
+    /// and keeps its vCPU threads; returns them.
+    pub fn attach(&self, vm: &str, qmp: &Path) -> Result<Vec<u32>, String> {
+        let plug = crate::attach::Plug::for_vm(&self.config(), vm).map_err(|e| {
+            let e = e.to_string();
+            e.strip_prefix("config: ").map(str::to_owned).unwrap_or(e)
+        })?;
+        let threads = crate::attach::connect(qmp)
+            .and_then(|mut q| plug.attach(&mut q))
+            .map_err(|e| e.to_string())?;
+        self.set_vcpus(vm, threads.clone())?;
+        Ok(threads)
+    }
+
+    /// Hot-unplugs VM `vm`'s vGPU (the guest gets `timeout` to release it).
+    pub fn detach(&self, vm: &str, qmp: &Path, timeout: Duration) -> Result<(), String> {
+        let plug = crate::attach::Plug::for_vm(&self.config(), vm).map_err(|e| {
+            let e = e.to_string();
+            e.strip_prefix("config: ").map(str::to_owned).unwrap_or(e)
+        })?;
+        crate::attach::connect(qmp)
+            .and_then(|mut q| plug.detach(&mut q, timeout))
+            .map_err(|e| e.to_string())?;
+        self.set_vcpus(vm, Vec::new())
     }
 
     /// Re-reads host.toml. Refused (keeping the running config) if it is
@@ -571,6 +599,28 @@ impl ControlPlane {
                     Err(e) => Response::error(500, e),
                 }
             }
+            ("POST", ["api", "v1", "vgpus", vm, verb @ ("attach" | "detach")]) => {
+                let body = serde_json::from_slice::<Value>(&req.body).unwrap_or(Value::Null);
+                let Some(qmp) = body["qmp"].as_str().map(PathBuf::from) else {
+                    return Response::error(
+                        400,
+                        "expected a body like {\"qmp\": \"/run/qemu/vm1.qmp\"}",
+                    );
+                };
+                let r = if *verb == "attach" {
+                    self.attach(vm, &qmp)
+                        .map(|t| json!({ "vm": vm, "attached": true, "vcpu_threads": t }))
+                } else {
+                    let secs = body["timeout_seconds"].as_u64().unwrap_or(60).clamp(1, 600);
+                    self.detach(vm, &qmp, Duration::from_secs(secs))
+                        .map(|()| json!({ "vm": vm, "attached": false }))
+                };
+                match r {
+                    Ok(v) => Response::json(200, &v),
+                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
+                    Err(e) => Response::error(409, e),
+                }
+            }
             ("POST", ["api", "v1", "reload"]) => match self.reload() {
                 Ok(notes) => Response::json(200, &json!({ "reloaded": true, "notes": notes })),
                 Err(e) => Response::error(400, format!("config kept: {e}")),
@@ -645,7 +695,7 @@ pub fn start(plane: &Arc<ControlPlane>) -> Result<(), Error> {
     spawn("api-unix", move || {
         for s in unix.incoming().flatten() {
             let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-            serve_one(&p, &s, false);
+            dispatch(&p, s, false);
         }
     })?;
     if let Some(addr) = &cfg.api.tcp {
@@ -657,7 +707,7 @@ pub fn start(plane: &Arc<ControlPlane>) -> Result<(), Error> {
         spawn("api-tcp", move || {
             for s in tcp.incoming().flatten() {
                 let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                serve_one(&p, &s, true);
+                dispatch(&p, s, true);
             }
         })?;
     }
@@ -671,6 +721,34 @@ pub fn start(plane: &Arc<ControlPlane>) -> Result<(), Error> {
 }
 
 /// One exchange on a connection (`&UnixStream` and `&TcpStream` read and write).
+/// Requests served at once; a detach can wait a minute for its guest, so
+/// requests run on their own threads, up to this many (then inline).
+const MAX_CONCURRENT: usize = 16;
+
+fn dispatch<S>(plane: &Arc<ControlPlane>, s: S, tcp: bool)
+where
+    S: Send + 'static,
+    for<'a> &'a S: std::io::Read + std::io::Write,
+{
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+    if ACTIVE.fetch_add(1, Ordering::AcqRel) >= MAX_CONCURRENT {
+        serve_one(plane, &s, tcp);
+        ACTIVE.fetch_sub(1, Ordering::AcqRel);
+        return;
+    }
+    let p = plane.clone();
+    let r = std::thread::Builder::new()
+        .name("api-request".into())
+        .spawn(move || {
+            serve_one(&p, &s, tcp);
+            ACTIVE.fetch_sub(1, Ordering::AcqRel);
+        });
+    if r.is_err() {
+        ACTIVE.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 fn serve_one<S: std::io::Read + std::io::Write + Copy>(plane: &ControlPlane, s: S, tcp: bool) {
     let resp = match http::read_request(s) {
         Ok(req) => plane.handle(&req, tcp),
