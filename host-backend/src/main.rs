@@ -290,6 +290,9 @@ fn main() -> Result<()> {
                         body.as_bytes(),
                     )?;
                     println!("{vm}: vGPU attached; vCPU threads {}", r["vcpu_threads"]);
+                    if let Some(w) = r["warning"].as_str() {
+                        eprintln!("warning: {w}");
+                    }
                 }
                 (None, None) => bail!("--qmp or --print is needed"),
             }

@@ -76,6 +76,18 @@ fn code(e: GuestError) -> CuResult {
     }
 }
 
+/// Lets go of the vGPU channel when the program exits normally, so that the
+/// host sees a clean close (a killed program's channel is given back by the
+/// kernel module or the host instead). A thread still inside a call keeps
+/// the lock: then nothing is done here.
+extern "C" fn release_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Ok(mut s) = STATE.try_lock() {
+            drop(s.take());
+        }
+    });
+}
+
 fn connect() -> CuResult {
     match Gpu::from_env() {
         Ok(gpu) => {
@@ -91,6 +103,8 @@ fn connect() -> CuResult {
                 primary: 0,
                 ranges: Default::default(),
             });
+            // SAFETY: `release_at_exit` is an `extern "C" fn()` that never unwinds.
+            unsafe { libc::atexit(release_at_exit) };
             SUCCESS
         }
         Err(e) => {

@@ -608,8 +608,18 @@ impl ControlPlane {
                     );
                 };
                 let r = if *verb == "attach" {
-                    self.attach(vm, &qmp)
-                        .map(|t| json!({ "vm": vm, "attached": true, "vcpu_threads": t }))
+                    let vectors = self.config().layout.vectors as usize;
+                    self.attach(vm, &qmp).map(|t| {
+                        let mut v = json!({ "vm": vm, "attached": true, "vcpu_threads": t });
+                        if t.len() > vectors {
+                            v["warning"] = json!(format!(
+                                "{} vCPUs share {vectors} doorbell vectors: a kick may land on \
+                                 another vCPU than the one that waits ([layout] vectors)",
+                                t.len()
+                            ));
+                        }
+                        v
+                    })
                 } else {
                     let secs = body["timeout_seconds"].as_u64().unwrap_or(60).clamp(1, 600);
                     self.detach(vm, &qmp, Duration::from_secs(secs))
