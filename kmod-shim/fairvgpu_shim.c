@@ -227,6 +227,8 @@ static int fvgpu_mmap(struct file *file, struct vm_area_struct *vma)
 	unsigned long len = vma->vm_end - vma->vm_start;
 	unsigned long off = vma->vm_pgoff << PAGE_SHIFT;
 
+	if (READ_ONCE(fd->gone))
+		return -ENODEV;
 	if (vma->vm_pgoff > (fd->region_len >> PAGE_SHIFT) ||
 	    len > fd->region_len - off)
 		return -EINVAL;
@@ -310,8 +312,14 @@ static long fvgpu_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		/* QEMU ignores unknown peers and vectors; refuse them anyway. */
 		if ((v & 0xffff) >= FVGPU_MAX_VECTORS)
 			return -EINVAL;
-		fvgpu_ring(fd, v >> 16, v & 0xffff);
-		return 0;
+		/* Under the lock: remove() may be unmapping BAR0. */
+		mutex_lock(&fd->lock);
+		if (fd->gone)
+			ret = -ENODEV;
+		else
+			fvgpu_ring(fd, v >> 16, v & 0xffff);
+		mutex_unlock(&fd->lock);
+		return ret;
 	case FVGPU_IOC_SET_VECTOR:
 		if (get_user(v, (u32 __user *)uarg))
 			return -EFAULT;
