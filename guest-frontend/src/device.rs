@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use qemu_ivshmem::{Bell, Region};
+use qemu_ivshmem::{Bell, PollingBell, Region};
 
 use crate::{GuestError, Result};
 
@@ -134,9 +134,10 @@ impl Device {
         })
     }
 
-    /// Maps the shared region and validates its header.
-    pub fn region(&self) -> Result<Region> {
-        let size = self.info()?.region_size;
+    /// Maps the shared region (`info.region_size` bytes, from [`Device::info`])
+    /// and validates its header.
+    pub fn region(&self, info: &DeviceInfo) -> Result<Region> {
+        let size = info.region_size;
         let fd: OwnedFd = self
             .file
             .try_clone()
@@ -193,6 +194,11 @@ impl Device {
     }
 }
 
+/// A device error as the transport's waiting code sees it.
+fn transport_err(e: GuestError) -> qemu_ivshmem::Error {
+    qemu_ivshmem::Error::Protocol(e.to_string())
+}
+
 /// The host's doorbell, rung through BAR0.
 #[derive(Debug)]
 pub struct HostDoorbell {
@@ -209,15 +215,12 @@ impl HostDoorbell {
 
 impl Bell for HostDoorbell {
     fn ring(&self) -> qemu_ivshmem::Result<()> {
-        self.dev
-            .ring(HOST_PEER, self.vector)
-            .map_err(|e| qemu_ivshmem::Error::Protocol(e.to_string()))
+        self.dev.ring(HOST_PEER, self.vector).map_err(transport_err)
     }
 
     fn wait(&self, timeout: Duration) -> qemu_ivshmem::Result<bool> {
         // Nobody waits on the host's bell from a guest.
-        std::thread::sleep(timeout.min(Duration::from_micros(50)));
-        Ok(false)
+        PollingBell.wait(timeout)
     }
 }
 
@@ -265,9 +268,7 @@ impl Bell for VcpuBell {
         if self.vector.load(Ordering::Relaxed) != want {
             // The region first: the host reads it after it sees us asleep.
             self.region.set_guest_vector(self.channel, want)?;
-            self.dev
-                .set_vector(want)
-                .map_err(|e| qemu_ivshmem::Error::Protocol(e.to_string()))?;
+            self.dev.set_vector(want).map_err(transport_err)?;
             self.vector.store(want, Ordering::Relaxed);
         }
         Ok(())
@@ -275,12 +276,10 @@ impl Bell for VcpuBell {
 
     fn wait(&self, timeout: Duration) -> qemu_ivshmem::Result<bool> {
         if self.vectors == 0 {
-            std::thread::sleep(timeout.min(Duration::from_micros(50)));
-            return Ok(false);
+            // No interrupts: poll, as without the module.
+            return PollingBell.wait(timeout);
         }
-        self.dev
-            .wait(timeout)
-            .map_err(|e| qemu_ivshmem::Error::Protocol(e.to_string()))
+        self.dev.wait(timeout).map_err(transport_err)
     }
 }
 

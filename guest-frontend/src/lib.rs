@@ -147,7 +147,7 @@ impl Gpu {
     pub fn open_device(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
         let dev = Arc::new(device::Device::open(path)?);
         let info = dev.info()?;
-        let region = dev.region()?;
+        let region = dev.region(&info)?;
         let host_vectors = region.layout().params.vectors;
         let vector = if info.vectors == 0 {
             0

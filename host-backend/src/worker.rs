@@ -278,8 +278,7 @@ impl Worker {
             // after blocking, below).
             turns = turns.wrapping_add(1);
             if turns.is_multiple_of(256) {
-                self.maybe_report(&mut last_report)?;
-                self.tick_booster();
+                self.periodic(&mut last_report)?;
             }
             let mut busy = false;
             for i in 0..self.chans.len() {
@@ -318,8 +317,7 @@ impl Worker {
                 continue;
             }
             self.block()?;
-            self.maybe_report(&mut last_report)?;
-            self.tick_booster();
+            self.periodic(&mut last_report)?;
             idle = 0;
         }
         if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
@@ -331,9 +329,13 @@ impl Worker {
         Ok(())
     }
 
-    fn tick_booster(&self) {
+    /// What the serving loop does when it looks at the clock: report, and
+    /// let the coscheduling booster undo boosts and re-read its vCPU file.
+    fn periodic(&mut self, last_report: &mut Instant) -> Result<(), Error> {
+        self.maybe_report(last_report)?;
         let sync = self.sh.stats.sync_calls.load(Ordering::Relaxed);
         self.sh.booster.borrow_mut().tick(sync);
+        Ok(())
     }
 
     /// Reports if [`REPORT_EVERY`] has passed since `last` (and there is a

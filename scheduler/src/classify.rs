@@ -4,6 +4,10 @@
 
 use std::collections::VecDeque;
 
+/// FairGV's threshold as an average rate (more than 10 synchronous calls per
+/// 10 ms), for figures that only have call counts over a longer interval.
+pub const INTERACTIVE_SYNC_PER_SECOND: f64 = 10.0 / 0.010;
+
 /// Sliding-window classifier of one vGPU.
 #[derive(Debug, Clone)]
 pub struct Interactivity {

@@ -219,13 +219,19 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// VM `vm`'s plug, or "no vm named ..." (the API's 404).
+    fn plug(&self, vm: &str) -> Result<crate::attach::Plug, String> {
+        let cfg = self.config();
+        if cfg.vm(vm).is_none() {
+            return Err(format!("no vm named {vm:?}"));
+        }
+        crate::attach::Plug::for_vm(&cfg, vm).map_err(|e| e.to_string())
+    }
+
     /// Hot-plugs VM `vm`'s vGPU into the QEMU behind the QMP socket `qmp`
     /// and keeps its vCPU threads; returns them.
     pub fn attach(&self, vm: &str, qmp: &Path) -> Result<Vec<u32>, String> {
-        let plug = crate::attach::Plug::for_vm(&self.config(), vm).map_err(|e| {
-            let e = e.to_string();
-            e.strip_prefix("config: ").map(str::to_owned).unwrap_or(e)
-        })?;
+        let plug = self.plug(vm)?;
         let threads = crate::attach::connect(qmp)
             .and_then(|mut q| plug.attach(&mut q))
             .map_err(|e| e.to_string())?;
@@ -235,10 +241,7 @@ impl ControlPlane {
 
     /// Hot-unplugs VM `vm`'s vGPU (the guest gets `timeout` to release it).
     pub fn detach(&self, vm: &str, qmp: &Path, timeout: Duration) -> Result<(), String> {
-        let plug = crate::attach::Plug::for_vm(&self.config(), vm).map_err(|e| {
-            let e = e.to_string();
-            e.strip_prefix("config: ").map(str::to_owned).unwrap_or(e)
-        })?;
+        let plug = self.plug(vm)?;
         crate::attach::connect(qmp)
             .and_then(|mut q| plug.detach(&mut q, timeout))
             .map_err(|e| e.to_string())?;
@@ -398,8 +401,7 @@ impl ControlPlane {
                     "entitlement": ent,
                     "queue_depth": r.1.queued,
                     "sync_calls_per_second": sync_rate,
-                    // FairGV's threshold: more than 10 synchronous calls per 10 ms.
-                    "interactive": sync_rate > 1000.0,
+                    "interactive": sync_rate > scheduler::classify::INTERACTIVE_SYNC_PER_SECOND,
                     "launches": r.1.launches,
                     "memory_used_bytes": r.1.mem_used,
                     "memory_limit_bytes": v.memory_limit_mib << 20,
@@ -730,7 +732,6 @@ pub fn start(plane: &Arc<ControlPlane>) -> Result<(), Error> {
     Ok(())
 }
 
-/// One exchange on a connection (`&UnixStream` and `&TcpStream` read and write).
 /// Requests served at once; a detach can wait a minute for its guest, so
 /// requests run on their own threads, up to this many (then inline).
 const MAX_CONCURRENT: usize = 16;
@@ -759,6 +760,7 @@ where
     }
 }
 
+/// One exchange on a connection (`&UnixStream` and `&TcpStream` read and write).
 fn serve_one<S: std::io::Read + std::io::Write + Copy>(plane: &ControlPlane, s: S, tcp: bool) {
     let resp = match http::read_request(s) {
         Ok(req) => plane.handle(&req, tcp),
