@@ -64,6 +64,7 @@
 #define CTL_GENERATION 8
 #define CLAIM_CLAIMED 2
 #define CLAIM_ABANDONED 4
+#define CLAIM_LOST 5 /* the host restarted; the owner still holds it */
 
 struct fvgpu_dev {
 	struct kref ref;
@@ -170,7 +171,8 @@ static void fvgpu_abandon(struct fvgpu_dev *fd, const struct fvgpu_bind *b)
 	gen = fd->region + off + CTL_GENERATION;
 	if (READ_ONCE(*gen) != b->generation)
 		return;
-	if (cmpxchg(state, CLAIM_CLAIMED, CLAIM_ABANDONED) != CLAIM_CLAIMED)
+	if (cmpxchg(state, CLAIM_CLAIMED, CLAIM_ABANDONED) != CLAIM_CLAIMED &&
+	    cmpxchg(state, CLAIM_LOST, CLAIM_ABANDONED) != CLAIM_LOST)
 		return;
 	dev_info(fd->dev, "channel %u abandoned by an exiting process\n",
 		 b->channel);

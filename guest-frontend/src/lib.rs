@@ -32,7 +32,12 @@ pub enum GuestError {
     Cuda(Status),
     /// The transport failed (host gone, channel reclaimed, ...).
     #[error("transport: {0}")]
-    Transport(#[from] qemu_ivshmem::Error),
+    Transport(qemu_ivshmem::Error),
+    /// The vGPU's host worker restarted (it crashed, or a kernel fault
+    /// poisoned its GPU contexts): everything this connection held on the
+    /// GPU is gone. Drop this `Gpu` and open a new one to go on.
+    #[error("the vGPU was reset (its host worker restarted); open the GPU again")]
+    VgpuReset,
     /// The host answered something malformed.
     #[error("protocol: {0}")]
     Protocol(String),
@@ -49,6 +54,15 @@ pub enum GuestError {
     /// No vGPU is configured for this process.
     #[error("no vGPU: set FAIRVGPU_SOCKET (a host socket) or FAIRVGPU_DEVICE, or load the fairvgpu module in a VM with a vGPU attached")]
     NoVgpu,
+}
+
+impl From<qemu_ivshmem::Error> for GuestError {
+    fn from(e: qemu_ivshmem::Error) -> Self {
+        match e {
+            qemu_ivshmem::Error::HostRestarted { .. } => GuestError::VgpuReset,
+            e => GuestError::Transport(e),
+        }
+    }
 }
 
 /// Result of a guest call.
@@ -331,9 +345,21 @@ impl Gpu {
         let deadline = Some(std::time::Instant::now() + CALL_TIMEOUT);
         let region = self.ch.region().clone();
         let sleeping = region.ring_sleeping(self.ch.index(), Direction::ToGuest)?;
-        let resp = &self.ch.resp;
+        let (resp, ch) = (&self.ch.resp, &self.ch);
+        let mut polls = 0u32;
+        let spins = self.policy.spins;
         let d = wait_for(&self.policy, sleeping, &*self.own_bell, deadline, || {
-            resp.peek()
+            if let Some(d) = resp.peek()? {
+                return Ok(Some(d));
+            }
+            // Now and then while spinning, and on every look once blocking,
+            // make sure the host that owes the reply is still the one we
+            // asked: a restarted worker marks our channel LOST and rings.
+            polls = polls.saturating_add(1);
+            if polls >= spins || polls.is_multiple_of(64) {
+                ch.check_alive()?;
+            }
+            Ok(None)
         })?;
         if d.tag != tag {
             return Err(GuestError::Protocol(format!(

@@ -39,6 +39,11 @@ pub struct DaemonConfig {
     /// Time slice, microseconds (FairGV: 6,000 on non-preemptive GPUs).
     #[serde(default = "default_slice_us")]
     pub slice_us: u64,
+    /// Confine each worker once it has set up (no exec, no connections, no
+    /// access to other processes; see `sandbox.rs`). Only for debugging a
+    /// worker under a tracer would anyone turn this off.
+    #[serde(default = "yes")]
+    pub sandbox: bool,
 }
 
 fn yes() -> bool {
@@ -60,6 +65,7 @@ impl Default for DaemonConfig {
             executor: ExecutorKind::default(),
             scheduler: true,
             slice_us: default_slice_us(),
+            sandbox: true,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `fairvgpu serve`: one worker process per vGPU, restarted if it dies.
 //! `fairvgpu worker`: one of those processes.
 
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::sync::atomic::Ordering;
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, ExecutorKind};
 use crate::executor::{sim::SimExecutor, Executor};
+use crate::link::VmHost;
 use crate::worker::{Worker, WorkerConfig};
 use crate::{signals, Error};
 
@@ -19,9 +21,19 @@ pub fn build_executor(cfg: &Config, gpu: u32) -> Result<Box<dyn Executor>, Error
     }
 }
 
+/// The exit status of a worker whose GPU contexts a sticky CUDA error poisoned.
+pub const EXIT_POISONED: i32 = 75;
+
 /// Runs one worker in this process until SIGTERM; `id` is its vGPU's id at
 /// the grant service (the daemon's; by default its position in the config).
-pub fn run_worker(cfg: &Config, vm: &str, id: Option<u32>) -> Result<(), Error> {
+/// With `feed_fd` (the daemon's feed, see [`crate::link`]) it adopts the
+/// region the daemon serves; without, it serves its own.
+pub fn run_worker(
+    cfg: &Config,
+    vm: &str,
+    id: Option<u32>,
+    feed_fd: Option<i32>,
+) -> Result<(), Error> {
     let vmc = cfg
         .vm(vm)
         .ok_or_else(|| Error::Config(format!("no vm named {vm:?}")))?;
@@ -41,9 +53,16 @@ pub fn run_worker(cfg: &Config, vm: &str, id: Option<u32>) -> Result<(), Error> 
         sample_every: crate::worker::SAMPLE_EVERY,
         vcpus_file: Some(crate::attach::vcpus_file(cfg, vm)),
     };
-    let worker = Worker::new(&wc, exec)?;
+    let worker = match feed_fd {
+        Some(fd) => Worker::adopt(&wc, exec, crate::link::feed_from_fd(fd)?)?,
+        None => Worker::new(&wc, exec)?,
+    };
     let stop = worker.stop_flag();
     signals::install();
+    if cfg.daemon.sandbox {
+        crate::sandbox::confine()?;
+        tracing::debug!(vm, "worker confined");
+    }
     std::thread::spawn(move || {
         while !signals::terminated() {
             std::thread::sleep(Duration::from_millis(50));
@@ -75,20 +94,40 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         source,
     })?;
     signals::install();
+    // The daemon holds every VM's region: workers (same user) must not be
+    // able to take them from its /proc/<pid>/fd.
+    crate::sandbox::not_dumpable()?;
     // The grant services (one per GPU) start before any worker connects.
     let plane = crate::control::ControlPlane::new(cfg.clone(), config_path)?;
     crate::control::start(&plane)?;
-    let spawn = |name: &str| -> Result<Child, Error> {
+    // Each VM's region and socket live here, in the daemon, so that they
+    // outlive its worker (see crate::link).
+    let mut hosts: std::collections::BTreeMap<String, VmHost> = Default::default();
+    let spawn = |name: &str, host: &VmHost| -> Result<Child, Error> {
+        let feed = host.feed()?;
+        // Only this fd crosses the exec (the rest are close-on-exec); the
+        // supervisor is the only thread that starts processes.
+        nix::fcntl::fcntl(
+            &feed,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .map_err(|e| Error::Io {
+            what: "feed fd flags",
+            source: e.into(),
+        })?;
         Command::new(&exe)
             .args(["worker", "--config"])
             .arg(config_path)
             .args(["--vm", name, "--id"])
             .arg(plane.vgpu_id(name).to_string())
+            .arg("--feed-fd")
+            .arg(feed.as_raw_fd().to_string())
             .spawn()
             .map_err(|source| Error::Io {
                 what: "spawning worker",
                 source,
             })
+        // `feed` closes here: the worker holds the only copy of its end.
     };
     let mut children: Vec<(String, Child, Instant)> = Vec::new();
     while !signals::terminated() {
@@ -108,10 +147,19 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
             );
             false
         });
+        hosts.retain(|name, _| want.vm(name).is_some());
         // Configured VMs without a worker get one.
         for vm in &want.vms {
             if !children.iter().any(|(n, _, _)| *n == vm.name) {
-                children.push((vm.name.clone(), spawn(&vm.name)?, Instant::now()));
+                if !hosts.contains_key(&vm.name) {
+                    let host = VmHost::start(&vm.name, &want.socket(&vm.name), want.layout)?;
+                    hosts.insert(vm.name.clone(), host);
+                }
+                children.push((
+                    vm.name.clone(),
+                    spawn(&vm.name, &hosts[&vm.name])?,
+                    Instant::now(),
+                ));
                 tracing::info!(
                     vm = vm.name,
                     tenant = vm.tenant,
@@ -122,15 +170,24 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         }
         for (name, child, started) in &mut children {
             if let Ok(Some(status)) = child.try_wait() {
+                let why = if status.code() == Some(EXIT_POISONED) {
+                    "a CUDA error poisoned its GPU contexts".to_owned()
+                } else {
+                    status.to_string()
+                };
                 plane.event(
                     "worker",
-                    format!("{name}: worker exited ({status}); restarting"),
+                    format!("{name}: worker exited ({why}); restarting it on the same region"),
                 );
+                plane.worker_restarted(name);
                 // Back off if it dies at once, so a broken config does not spin.
                 if started.elapsed() < Duration::from_secs(1) {
                     std::thread::sleep(Duration::from_secs(1));
                 }
-                *child = spawn(name)?;
+                let Some(host) = hosts.get(name.as_str()) else {
+                    continue;
+                };
+                *child = spawn(name, host)?;
                 *started = Instant::now();
             }
         }
@@ -139,6 +196,7 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     for (_, child, _) in &mut children {
         stop_child(child);
     }
+    drop(hosts);
     let _ = std::fs::remove_file(cfg.api_socket());
     Ok(())
 }

@@ -30,6 +30,8 @@ const RELEASE: u32 = 3; // a = used ns, b = still busy (0/1)
 const GRANT: u32 = 4; // a = slice ns
 const REPORT: u32 = 5; // a = device memory used, b = synchronous calls so far
 const QUEUE: u32 = 6; // a = requests waiting in the rings, b = launches so far
+const SERVED: u32 = 7; // a = requests served so far, b = requests refused so far
+const PROCESS: u32 = 8; // a = worker resident memory (bytes), b = worker open fds
 
 fn encode(kind: u32, vgpu: u32, a: u64, b: u64) -> [u8; 24] {
     let mut m = [0u8; 24];
@@ -46,6 +48,27 @@ fn decode(m: &[u8; 24]) -> (u32, u32, u64, u64) {
     (u32_at(0), u32_at(4), u64_at(8), u64_at(16))
 }
 
+/// A worker's live figures, sent with [`Gate::report`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Device memory in use, bytes.
+    pub mem_used: u64,
+    /// Synchronous calls served so far.
+    pub sync_calls: u64,
+    /// Requests waiting in the rings.
+    pub queued: u64,
+    /// Kernel launches so far.
+    pub launches: u64,
+    /// Requests served so far.
+    pub requests: u64,
+    /// Requests refused so far.
+    pub refused: u64,
+    /// Resident memory of the worker process, bytes.
+    pub rss_bytes: u64,
+    /// Open file descriptors of the worker process.
+    pub open_fds: u64,
+}
+
 /// What the service knows of one vGPU, live.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct VgpuLive {
@@ -59,6 +82,14 @@ pub struct VgpuLive {
     pub queued: u64,
     /// Kernel launches so far.
     pub launches: u64,
+    /// Requests served so far (by the current worker process).
+    pub requests: u64,
+    /// Requests refused as bad input so far (by the current worker process).
+    pub refused: u64,
+    /// The worker process's resident memory, bytes.
+    pub rss_bytes: u64,
+    /// The worker process's open file descriptors.
+    pub open_fds: u64,
     /// Current weight.
     pub weight: f64,
     /// Whether its worker is connected.
@@ -259,6 +290,16 @@ fn serve(
                             v.queued = a;
                             v.launches = b;
                         }),
+                        SERVED => live(&mut |u| {
+                            let v = u.entry(id).or_default();
+                            v.requests = a;
+                            v.refused = b;
+                        }),
+                        PROCESS => live(&mut |u| {
+                            let v = u.entry(id).or_default();
+                            v.rss_bytes = a;
+                            v.open_fds = b;
+                        }),
                         _ => {}
                     }
                 }
@@ -391,16 +432,12 @@ impl Gate {
     }
 
     /// Reports live figures to the service (for the operator's view).
-    pub fn report(
-        &mut self,
-        mem_used: u64,
-        sync_calls: u64,
-        queued: u64,
-        launches: u64,
-    ) -> Result<(), Error> {
-        let mut m = [0u8; 48];
-        m[..24].copy_from_slice(&encode(REPORT, self.vgpu, mem_used, sync_calls));
-        m[24..].copy_from_slice(&encode(QUEUE, self.vgpu, queued, launches));
+    pub fn report(&mut self, r: &Report) -> Result<(), Error> {
+        let mut m = [0u8; 96];
+        m[..24].copy_from_slice(&encode(REPORT, self.vgpu, r.mem_used, r.sync_calls));
+        m[24..48].copy_from_slice(&encode(QUEUE, self.vgpu, r.queued, r.launches));
+        m[48..72].copy_from_slice(&encode(SERVED, self.vgpu, r.requests, r.refused));
+        m[72..].copy_from_slice(&encode(PROCESS, self.vgpu, r.rss_bytes, r.open_fds));
         self.stream.write_all(&m).map_err(|e| Error::Io {
             what: "grant report",
             source: e,

@@ -12,7 +12,10 @@ pub mod daemon;
 pub mod demo;
 pub mod executor;
 pub mod grant;
+pub mod link;
+pub mod procfs;
 pub mod ptx;
+pub mod sandbox;
 pub mod session;
 pub mod signals;
 pub mod worker;
@@ -38,4 +41,7 @@ pub enum Error {
     /// Attaching a vGPU to QEMU (or detaching it) failed.
     #[error("attach: {0}")]
     Attach(String),
+    /// A sticky CUDA error left every GPU context of the worker unusable.
+    #[error("a CUDA error ({0:?}) poisoned the worker's GPU contexts")]
+    Poisoned(protocol::Status),
 }

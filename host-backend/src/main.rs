@@ -37,6 +37,10 @@ enum Cmd {
         /// Its vGPU id at the grant service (set by the daemon).
         #[arg(long)]
         id: Option<u32>,
+        /// The fd of the daemon's feed (region and doorbells); without it
+        /// the worker serves its own region and socket.
+        #[arg(long)]
+        feed_fd: Option<i32>,
     },
     /// Live status of the GPUs and vGPUs, from the running daemon.
     Status {
@@ -232,7 +236,16 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().cmd {
         Cmd::Serve { config } => Ok(daemon::serve(&Config::load(&config)?, &config)?),
-        Cmd::Worker { config, vm, id } => Ok(daemon::run_worker(&Config::load(&config)?, &vm, id)?),
+        Cmd::Worker {
+            config,
+            vm,
+            id,
+            feed_fd,
+        } => match daemon::run_worker(&Config::load(&config)?, &vm, id, feed_fd) {
+            // The daemon tells this exit apart from a crash.
+            Err(host_backend::Error::Poisoned(_)) => std::process::exit(daemon::EXIT_POISONED),
+            r => Ok(r?),
+        },
         Cmd::Status { api, json } => {
             let st = api.call("GET", "/api/v1/status", b"")?;
             if json {

@@ -18,12 +18,13 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use protocol::{op, DeviceInfo, ImageKind, Reply, Request, Status, INLINE};
 use qemu_ivshmem::layout::Direction;
-use qemu_ivshmem::server::{serve, PeerEvent, ServerHandle};
+use qemu_ivshmem::server::serve;
 use qemu_ivshmem::{
     ClaimState, Descriptor, HostChannel, LayoutParams, Region, SpinPolicy, FLAG_MORE,
 };
 
 use crate::executor::Executor;
+use crate::link::{Fed, PeerLink};
 use crate::session::Session;
 use crate::Error;
 
@@ -142,7 +143,7 @@ struct Shared {
     // of the region's memory.
     exec: Box<dyn Executor>,
     region: Region,
-    server: ServerHandle,
+    link: PeerLink,
     info_bytes: Vec<u8>,
     mem_limit: u64,
     mem_used: u64,
@@ -156,6 +157,8 @@ struct Shared {
     sample_every: u64,
     /// The VM's vCPU threads, kicked when a blocked guest is woken.
     booster: std::cell::RefCell<crate::cosched::VcpuBooster>,
+    /// A sticky CUDA error: every context of this process is unusable.
+    poisoned: std::cell::Cell<Option<Status>>,
 }
 
 /// How often a worker reports its live figures to the grant service.
@@ -193,10 +196,42 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
-    /// Creates the region, starts serving the socket.
+    /// Creates the region, starts serving the socket (a worker on its own).
     pub fn new(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Worker, Error> {
         let (region, fd) = Region::create(&format!("fairvgpu-{}", cfg.name), cfg.layout)?;
         let server = serve(&cfg.socket, fd, cfg.layout.vectors)?;
+        Self::build(cfg, exec, region, PeerLink::Local(server))
+    }
+
+    /// Adopts the region the daemon feeds (see [`crate::link`]): channels
+    /// whose owners' GPU state died with a previous worker become LOST, and
+    /// their owners are woken to find out.
+    pub fn adopt(
+        cfg: &WorkerConfig,
+        exec: Box<dyn Executor>,
+        feed: std::os::fd::OwnedFd,
+    ) -> Result<Worker, Error> {
+        let (fd, fed) = Fed::receive(feed)?;
+        let region = Region::adopt(fd, cfg.layout)?;
+        let w = Self::build(cfg, exec, region, PeerLink::Fed(fed))?;
+        for ch in 0..w.sh.region.channels() {
+            if w.sh.region.claim_state(ch)? == ClaimState::Lost {
+                tracing::warn!(
+                    channel = ch,
+                    "its GPU state died with the previous worker; its guest must claim again"
+                );
+                wake_owner(&w.sh, ch);
+            }
+        }
+        Ok(w)
+    }
+
+    fn build(
+        cfg: &WorkerConfig,
+        exec: Box<dyn Executor>,
+        region: Region,
+        link: PeerLink,
+    ) -> Result<Worker, Error> {
         let mut exec = exec;
         let arenas = (0..region.channels())
             .map(|i| region.arena(i, Direction::ToGuest))
@@ -226,7 +261,7 @@ impl Worker {
         Ok(Worker {
             sh: Shared {
                 region,
-                server,
+                link,
                 exec,
                 info_bytes: info.to_bytes(),
                 mem_limit,
@@ -245,6 +280,7 @@ impl Worker {
                     cfg.vcpus_file.clone(),
                 )),
                 worked: false,
+                poisoned: std::cell::Cell::new(None),
             },
             chans,
             spin: cfg.spin,
@@ -271,7 +307,10 @@ impl Worker {
         let mut idle: u32 = 0;
         let mut last_report = Instant::now();
         let mut turns: u32 = 0;
-        while !self.stop.load(Ordering::Relaxed) {
+        while !self.stop.load(Ordering::Relaxed) && !self.sh.link.orphaned() {
+            if self.sh.poisoned.get().is_some() {
+                break;
+            }
             self.peer_events();
             // Reading the clock on every turn of the polling loop would cost
             // more than the reports themselves: look every 256 turns (and
@@ -323,10 +362,16 @@ impl Worker {
         if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
             self.release_grant(false)?;
         }
+        // Guests still holding channels lose their GPU state: their channels
+        // become LOST (not FREE, which would let another guest claim rings
+        // the owner may still write), and their owners are woken to see it.
         for c in &mut self.chans {
-            teardown(&mut self.sh, c);
+            retire(&mut self.sh, c);
         }
-        Ok(())
+        match self.sh.poisoned.get() {
+            Some(status) => Err(Error::Poisoned(status)),
+            None => Ok(()),
+        }
     }
 
     /// What the serving loop does when it looks at the clock: report, and
@@ -356,13 +401,19 @@ impl Worker {
             .map(|c| u64::from(c.host.req.pending().unwrap_or(0)))
             .sum();
         let st = &self.sh.stats;
-        let (mem, sync, launches) = (
-            st.mem_used.load(Ordering::Relaxed),
-            st.sync_calls.load(Ordering::Relaxed),
-            st.launches.load(Ordering::Relaxed),
-        );
+        let (rss_bytes, open_fds) = crate::procfs::own_usage();
+        let r = crate::grant::Report {
+            mem_used: st.mem_used.load(Ordering::Relaxed),
+            sync_calls: st.sync_calls.load(Ordering::Relaxed),
+            queued,
+            launches: st.launches.load(Ordering::Relaxed),
+            requests: st.requests.load(Ordering::Relaxed),
+            refused: st.refused.load(Ordering::Relaxed),
+            rss_bytes,
+            open_fds,
+        };
         if let Some(g) = self.sh.gate.as_mut() {
-            g.report(mem, sync, queued, launches)?;
+            g.report(&r)?;
         }
         Ok(())
     }
@@ -393,13 +444,11 @@ impl Worker {
     }
 
     fn peer_events(&mut self) {
-        while let Ok(ev) = self.sh.server.events.try_recv() {
-            if let PeerEvent::Gone(peer) = ev {
-                // A native guest process (or a whole VM) went away: its channels are orphans.
-                for ch in 0..self.sh.region.channels() {
-                    if self.sh.region.owner_peer(ch).ok() == Some(u32::from(peer)) {
-                        let _ = self.sh.region.mark_abandoned(ch);
-                    }
+        for peer in self.sh.link.departed() {
+            // A native guest process (or a whole VM) went away: its channels are orphans.
+            for ch in 0..self.sh.region.channels() {
+                if self.sh.region.owner_peer(ch).ok() == Some(u32::from(peer)) {
+                    let _ = self.sh.region.mark_abandoned(ch);
                 }
             }
         }
@@ -415,7 +464,7 @@ impl Worker {
             busy |= service(&mut self.sh, &mut self.chans[i]);
         }
         if !busy {
-            let bells = &self.sh.server.host_bells;
+            let bells = self.sh.link.host_bells();
             let mut fds: Vec<PollFd<'_>> = bells
                 .iter()
                 .map(|b| PollFd::new(b.fd().as_fd(), PollFlags::POLLIN))
@@ -436,8 +485,8 @@ impl Worker {
     }
 }
 
-/// Frees everything the channel's owner held and returns the channel to FREE.
-fn teardown(sh: &mut Shared, c: &mut Chan) {
+/// Frees everything the channel's owner held on the GPU.
+fn drop_session(sh: &mut Shared, c: &mut Chan) {
     if let Some(s) = c.session.take() {
         sh.mem_used -= s.mem_used;
         sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
@@ -446,9 +495,40 @@ fn teardown(sh: &mut Shared, c: &mut Chan) {
     c.transfer = None;
     c.outbound = None;
     c.outbox = None;
+}
+
+/// Frees everything the channel's owner held and returns the channel to FREE.
+fn teardown(sh: &mut Shared, c: &mut Chan) {
+    drop_session(sh, c);
     c.log_budget = 20;
     if c.host.reclaim().is_ok() {
         sh.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The worker is going away: frees what the channel's owner held; a
+/// channel still claimed becomes LOST and its owner is woken, one that
+/// needed reclaiming is reclaimed.
+fn retire(sh: &mut Shared, c: &mut Chan) {
+    match c.host.state() {
+        Ok(ClaimState::Claimed) => {
+            drop_session(sh, c);
+            if c.host.mark_lost().unwrap_or(false) {
+                wake_owner(sh, c.host.index());
+            }
+        }
+        Ok(st) if st.needs_reclaim() => teardown(sh, c),
+        _ => drop_session(sh, c),
+    }
+}
+
+/// Rings the vector the owner of channel `ch` waits on, sleeping or not.
+fn wake_owner(sh: &Shared, ch: u32) {
+    let (Ok(peer), Ok(vector)) = (sh.region.owner_peer(ch), sh.region.guest_vector(ch)) else {
+        return;
+    };
+    if let Ok(p) = u16::try_from(peer) {
+        let _ = sh.link.ring_peer(p, vector);
     }
 }
 
@@ -467,7 +547,10 @@ fn service(sh: &mut Shared, c: &mut Chan) -> bool {
     }
     if c.session.is_none() {
         match sh.exec.open() {
-            Ok(ctx) => c.session = Some(Session::new(ctx)),
+            Ok(ctx) => {
+                c.session = Some(Session::new(ctx));
+                let _ = c.host.mark_serving();
+            }
             Err(s) => {
                 tracing::error!(channel = c.host.index(), "cannot create a context: {s:?}");
                 let _ = sh.region.mark_abandoned(c.host.index());
@@ -576,7 +659,7 @@ fn notify_guest(sh: &Shared, ch: u32) -> Result<(), Error> {
         if let Ok(p) = u16::try_from(peer) {
             // The guest's vector is that of the vCPU it waits on.
             let vector = sh.region.guest_vector(ch)?;
-            sh.server.ring_peer(p, vector)?;
+            sh.link.ring_peer(p, vector)?;
             sh.booster.borrow_mut().kick(vector);
         }
     }
@@ -603,7 +686,16 @@ fn reply(
     let mut inline = [0u8; INLINE];
     match result {
         Ok(r) => r.encode(&mut inline),
-        Err(s) => d.status = s.code(),
+        Err(s) => {
+            d.status = s.code();
+            if s.is_sticky() && sh.poisoned.get().is_none() {
+                tracing::error!(
+                    channel = c.host.index(),
+                    "CUDA error {s:?} poisoned this worker's GPU contexts; the worker restarts"
+                );
+                sh.poisoned.set(Some(s));
+            }
+        }
     }
     d.inline = inline;
     let data = if d.status == 0 { data } else { &[] };

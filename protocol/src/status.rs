@@ -67,4 +67,11 @@ impl Status {
     pub fn code(self) -> u32 {
         self as u32
     }
+
+    /// Whether the error leaves the context (on a real GPU: every context
+    /// of the process) unusable: a kernel faulted. Only a new process
+    /// recovers.
+    pub fn is_sticky(self) -> bool {
+        matches!(self, Status::IllegalAddress | Status::LaunchFailed)
+    }
 }

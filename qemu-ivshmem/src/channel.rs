@@ -6,9 +6,14 @@
 //!   FREE --guest CAS--> CLAIMING --guest writes owner--> CLAIMED
 //!   CLAIMED --guest exits cleanly--> CLOSING
 //!   CLAIMED --kernel module / host sees the owner gone--> ABANDONED
+//!   CLAIMED --a new host (worker restarted) adopts the region--> LOST
+//!   LOST --guest lets go--> CLOSING;  LOST --owner gone--> ABANDONED
 //!   CLOSING | ABANDONED | any unknown value --host frees, resets rings, bumps generation--> FREE
 //! ```
 //! Only the guest moves a channel out of FREE, only the host moves it back.
+//! A LOST channel stays reserved to its owner (whose GPU state died with the
+//! old host) until the owner lets go, so no other guest can be handed rings
+//! that the old owner may still write.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -32,6 +37,9 @@ pub enum ClaimState {
     Closing,
     /// Its owner went away without letting go.
     Abandoned,
+    /// The host that served it is gone (its GPU state with it); the owner
+    /// must let go and claim again.
+    Lost,
     /// A value no honest guest writes; treated like `Abandoned`.
     Invalid(u32),
 }
@@ -41,6 +49,7 @@ const CLAIMING: u32 = 1;
 const CLAIMED: u32 = 2;
 const CLOSING: u32 = 3;
 const ABANDONED: u32 = 4;
+const LOST: u32 = 5;
 
 impl ClaimState {
     fn from_word(w: u32) -> ClaimState {
@@ -50,6 +59,7 @@ impl ClaimState {
             CLAIMED => ClaimState::Claimed,
             CLOSING => ClaimState::Closing,
             ABANDONED => ClaimState::Abandoned,
+            LOST => ClaimState::Lost,
             v => ClaimState::Invalid(v),
         }
     }
@@ -69,6 +79,7 @@ impl ClaimState {
             ClaimState::Claimed => "claimed",
             ClaimState::Closing => "closing",
             ClaimState::Abandoned => "abandoned",
+            ClaimState::Lost => "lost (its host restarted)",
             ClaimState::Invalid(_) => "invalid",
         }
     }
@@ -92,6 +103,55 @@ impl Region {
         let region = Region { mem, layout };
         region.write_header()?;
         Ok((region, fd))
+    }
+
+    /// Host: takes over a region created earlier (by [`Region::create`], in
+    /// this or another process) after the host that served it went away.
+    /// The layout is ours, not what the header says (guests can write the
+    /// header); the header is rewritten and the host epoch bumped. Channels
+    /// claimed and served by the old host become LOST: their owners' GPU
+    /// state died with it. The caller wakes their owners.
+    pub fn adopt(fd: OwnedFd, params: LayoutParams) -> Result<Region> {
+        let layout = Layout::new(params)?;
+        let size = std::fs::File::from(fd.try_clone().map_err(|e| Error::io("dup", e))?)
+            .metadata()
+            .map_err(|e| Error::io("fstat of shared memory", e))?
+            .len();
+        if size != layout.region_size as u64 {
+            return Err(Error::BadHeader(format!(
+                "region of {size} bytes, this layout needs {}",
+                layout.region_size
+            )));
+        }
+        let mem = Arc::new(SharedMemory::map(fd, layout.region_size)?);
+        let region = Region { mem, layout };
+        region.write_header()?;
+        for ch in 0..region.channels() {
+            // A claim no host served yet (its guest came while no worker
+            // ran) lost nothing: the new host serves it from the start.
+            if region
+                .ctl_word(ch, ctl::HOST_SERVING)?
+                .load(Ordering::Acquire)
+                == 0
+            {
+                continue;
+            }
+            let _ = region.ctl_word(ch, ctl::STATE)?.compare_exchange(
+                CLAIMED,
+                LOST,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+        Ok(region)
+    }
+
+    /// The host epoch: bumped every time a host creates or adopts the region.
+    pub fn host_epoch(&self) -> Result<u32> {
+        Ok(self
+            .mem
+            .atomic_u32(hdr::HOST_EPOCH)?
+            .load(Ordering::Acquire))
     }
 
     /// Host: a region on the heap (tests; nothing can be shared with another process).
@@ -294,6 +354,7 @@ impl Region {
         let w = self.ctl_word(ch, ctl::STATE)?;
         let _ = w.compare_exchange(CLAIMED, ABANDONED, Ordering::AcqRel, Ordering::Relaxed);
         let _ = w.compare_exchange(CLAIMING, ABANDONED, Ordering::AcqRel, Ordering::Relaxed);
+        let _ = w.compare_exchange(LOST, ABANDONED, Ordering::AcqRel, Ordering::Relaxed);
         Ok(())
     }
 
@@ -390,20 +451,33 @@ impl GuestChannel {
         self.generation
     }
 
-    /// Lets go of the channel now (CLAIMED -> CLOSING, only for our own
-    /// claim); dropping does the same.
+    /// Lets go of the channel now (CLAIMED or LOST -> CLOSING, only for our
+    /// own claim); dropping does the same.
     pub fn release(&self) {
         if let Ok(w) = self.region.ctl_word(self.index, ctl::STATE) {
             if self.region.generation(self.index).ok() == Some(self.generation) {
-                let _ = w.compare_exchange(CLAIMED, CLOSING, Ordering::AcqRel, Ordering::Relaxed);
+                for from in [CLAIMED, LOST] {
+                    if w.compare_exchange(from, CLOSING, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        break;
+                    }
+                }
             }
         }
     }
 
-    /// Fails if the host reclaimed the channel under us.
+    /// Fails if the host reclaimed the channel under us, or if the host that
+    /// served it went away ([`Error::HostRestarted`]: claim a new channel).
     pub fn check_alive(&self) -> Result<()> {
         let state = self.region.claim_state(self.index)?;
-        if state != ClaimState::Claimed || self.region.generation(self.index)? != self.generation {
+        let generation = self.region.generation(self.index)?;
+        if state == ClaimState::Lost && generation == self.generation {
+            return Err(Error::HostRestarted {
+                channel: self.index,
+            });
+        }
+        if state != ClaimState::Claimed || generation != self.generation {
             return Err(Error::ChannelState {
                 channel: self.index,
                 state: state.name(),
@@ -446,6 +520,29 @@ impl HostChannel {
         self.region.claim_state(self.index)
     }
 
+    /// Records that this host now serves the channel's claim (it opened GPU
+    /// state for it), so that a host adopting the region after this one
+    /// marks it LOST.
+    pub fn mark_serving(&self) -> Result<()> {
+        let epoch = self.region.host_epoch()?.max(1);
+        self.region
+            .ctl_word(self.index, ctl::HOST_SERVING)?
+            .store(epoch, Ordering::Release);
+        Ok(())
+    }
+
+    /// Gives up a claimed channel whose GPU state this host lost (it is
+    /// going away, or its GPU context is poisoned): CLAIMED -> LOST. The
+    /// owner sees [`Error::HostRestarted`] and lets go; the rings are reset
+    /// only then.
+    pub fn mark_lost(&self) -> Result<bool> {
+        let w = self.region.ctl_word(self.index, ctl::STATE)?;
+        Ok(
+            w.compare_exchange(CLAIMED, LOST, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok(),
+        )
+    }
+
     /// Resets the rings, bumps the generation and frees the channel. The
     /// caller has already released everything the owner held.
     pub fn reclaim(&mut self) -> Result<()> {
@@ -455,7 +552,12 @@ impl HostChannel {
         state.store(ABANDONED, Ordering::Release);
         self.req.reset()?;
         self.resp.reset()?;
-        for off in [ctl::OWNER_PEER, ctl::OWNER_PID, ctl::GUEST_VECTOR] {
+        for off in [
+            ctl::OWNER_PEER,
+            ctl::OWNER_PID,
+            ctl::GUEST_VECTOR,
+            ctl::HOST_SERVING,
+        ] {
             r.ctl_word(self.index, off)?.store(0, Ordering::Relaxed);
         }
         let g = r.ctl_word(self.index, ctl::GENERATION)?;
@@ -477,6 +579,55 @@ mod tests {
             arena_size: 8192,
             vectors: 2,
         }
+    }
+
+    #[test]
+    fn adopted_region_loses_claimed_channels_until_their_owners_let_go() {
+        let (old, fd) = Region::create("adopt-test", small()).unwrap();
+        let epoch = old.host_epoch().unwrap();
+        let g = old.claim(5, 100, 0).unwrap();
+        old.host_channel(0).unwrap().mark_serving().unwrap();
+        let idle = old.claim(5, 101, 0).unwrap();
+        drop(idle); // CLOSING: the new host reclaims it as usual.
+        let unserved = old.claim(5, 102, 0).unwrap();
+        let new = Region::adopt(fd, small()).unwrap();
+        assert_eq!(new.host_epoch().unwrap(), epoch + 1);
+        assert_eq!(new.claim_state(0).unwrap(), ClaimState::Lost);
+        // Claimed while no host served: nothing was lost.
+        assert_eq!(new.claim_state(2).unwrap(), ClaimState::Claimed);
+        assert!(unserved.check_alive().is_ok());
+        drop(unserved);
+        assert!(
+            !ClaimState::Lost.needs_reclaim(),
+            "reserved until the owner lets go"
+        );
+        assert!(matches!(
+            g.check_alive(),
+            Err(Error::HostRestarted { channel: 0 })
+        ));
+        // Nobody else is handed the lost channel.
+        assert!(matches!(new.claim(6, 103, 0), Err(Error::NoFreeChannel)));
+        drop(g);
+        assert_eq!(new.claim_state(0).unwrap(), ClaimState::Closing);
+        new.host_channel(0).unwrap().reclaim().unwrap();
+        assert_eq!(new.claim_state(0).unwrap(), ClaimState::Free);
+        // A wrong layout is refused.
+        let (_r, fd2) = Region::create("adopt-test-2", small()).unwrap();
+        let bigger = LayoutParams {
+            channels: 4,
+            ..small()
+        };
+        assert!(Region::adopt(fd2, bigger).is_err());
+    }
+
+    #[test]
+    fn lost_channel_of_a_vanished_owner_is_abandoned() {
+        let region = Region::create_in_heap(small()).unwrap();
+        let g = region.claim(5, 100, 0).unwrap();
+        assert!(region.host_channel(0).unwrap().mark_lost().unwrap());
+        std::mem::forget(g); // the owner dies without letting go
+        region.mark_abandoned(0).unwrap();
+        assert!(region.claim_state(0).unwrap().needs_reclaim());
     }
 
     #[test]

@@ -56,6 +56,13 @@ pub enum Error {
         /// Its state, in words.
         state: &'static str,
     },
+    /// The host serving the channel went away (its worker restarted) and
+    /// the GPU state of the channel's owner with it: claim a new channel.
+    #[error("channel {channel}: its host restarted; the GPU state it held is gone")]
+    HostRestarted {
+        /// Channel number.
+        channel: u32,
+    },
     /// Waiting ran past its deadline.
     #[error("timed out waiting for the peer")]
     Timeout,

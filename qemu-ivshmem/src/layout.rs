@@ -69,6 +69,10 @@ pub mod ctl {
     pub const OWNER_PID: usize = 12;
     /// u32 doorbell vector the guest waits on.
     pub const GUEST_VECTOR: usize = 16;
+    /// u32 host epoch under which a host began serving the current claim
+    /// (0: not served yet). Written by the host; a host that adopts the
+    /// region marks only served claims LOST.
+    pub const HOST_SERVING: usize = 20;
     /// Size of the control block.
     pub const SIZE: usize = 256;
 }

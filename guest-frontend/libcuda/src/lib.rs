@@ -43,6 +43,10 @@ const INVALID_HANDLE: CuResult = 400;
 const NOT_FOUND: CuResult = 500;
 const NOT_SUPPORTED: CuResult = 801;
 const UNKNOWN: CuResult = 999;
+/// CUDA_ERROR_CONTEXT_IS_DESTROYED: the vGPU's host worker restarted and
+/// the process's GPU state is gone (as after a sticky error on a real GPU,
+/// the program must start again).
+const CONTEXT_IS_DESTROYED: CuResult = 709;
 
 /// The CUDA version this library reports (13.0).
 const DRIVER_VERSION: c_int = 13000;
@@ -72,6 +76,7 @@ fn code(e: GuestError) -> CuResult {
     match e {
         GuestError::Cuda(s) => s.code(),
         GuestError::NoVgpu => NO_DEVICE,
+        GuestError::VgpuReset => CONTEXT_IS_DESTROYED,
         GuestError::Transport(_) | GuestError::Protocol(_) | GuestError::Device { .. } => UNKNOWN,
     }
 }
@@ -1262,6 +1267,7 @@ fn error_text(e: CuResult) -> Option<(&'static CStr, &'static CStr)> {
             c"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
             c"too many resources requested for launch",
         ),
+        709 => (c"CUDA_ERROR_CONTEXT_IS_DESTROYED", c"context is destroyed"),
         719 => (c"CUDA_ERROR_LAUNCH_FAILED", c"unspecified launch failure"),
         801 => (c"CUDA_ERROR_NOT_SUPPORTED", c"operation not supported"),
         999 => (c"CUDA_ERROR_UNKNOWN", c"unknown error"),

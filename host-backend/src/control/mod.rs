@@ -64,6 +64,8 @@ pub struct ControlPlane {
     events: Mutex<VecDeque<Value>>,
     /// vCPU thread ids per VM, as `fairvgpu attach` read them from QMP.
     vcpus: Mutex<HashMap<String, Vec<u32>>>,
+    /// Worker restarts per VM since the daemon started.
+    restarts: Mutex<HashMap<String, u64>>,
     token: Option<String>,
     started: Instant,
 }
@@ -105,6 +107,7 @@ impl ControlPlane {
             history: Mutex::new(VecDeque::new()),
             events: Mutex::new(VecDeque::new()),
             vcpus: Mutex::new(HashMap::new()),
+            restarts: Mutex::new(HashMap::new()),
             token,
             started: Instant::now(),
             cfg: Mutex::new(cfg.clone()),
@@ -140,6 +143,11 @@ impl ControlPlane {
             e.insert(Arc::new(svc));
         }
         Ok(())
+    }
+
+    /// Counts a restart of a VM's worker (status `worker_restarts`).
+    pub fn worker_restarted(&self, vm: &str) {
+        *lock(&self.restarts).entry(vm.to_owned()).or_default() += 1;
     }
 
     /// Records an event for the dashboard and the status.
@@ -405,6 +413,11 @@ impl ControlPlane {
                     "launches": r.1.launches,
                     "memory_used_bytes": r.1.mem_used,
                     "memory_limit_bytes": v.memory_limit_mib << 20,
+                    "worker_restarts": lock(&self.restarts).get(&v.name).copied().unwrap_or(0),
+                    "requests": r.1.requests,
+                    "refused": r.1.refused,
+                    "worker_rss_bytes": r.1.rss_bytes,
+                    "worker_open_fds": r.1.open_fds,
                 }));
             }
             let mmr = if ratios.len() >= 2 && ratios.iter().any(|&r| r > 0.0) {
@@ -425,8 +438,10 @@ impl ControlPlane {
                 "vgpus": list,
             }));
         }
+        let (rss, fds) = crate::procfs::own_usage();
         json!({
             "uptime_seconds": self.started.elapsed().as_secs_f64(),
+            "daemon": { "rss_bytes": rss, "open_fds": fds },
             "window_seconds": WINDOW.as_secs_f64(),
             "scheduler": cfg.daemon.scheduler,
             "executor": format!("{:?}", cfg.daemon.executor).to_lowercase(),
@@ -439,6 +454,18 @@ impl ControlPlane {
     pub fn metrics(&self) -> String {
         let st = self.status();
         let mut m = Metrics::default();
+        m.gauge(
+            "fairvgpu_daemon_resident_bytes",
+            "Resident memory of the daemon.",
+            "",
+            &st["daemon"]["rss_bytes"],
+        );
+        m.gauge(
+            "fairvgpu_daemon_open_fds",
+            "Open file descriptors of the daemon.",
+            "",
+            &st["daemon"]["open_fds"],
+        );
         for g in st["gpus"].as_array().into_iter().flatten() {
             let gl = format!("gpu=\"{}\"", g["index"]);
             m.gauge(
@@ -524,6 +551,36 @@ impl ControlPlane {
                     "Device memory limit.",
                     &l,
                     &v["memory_limit_bytes"],
+                );
+                m.counter(
+                    "fairvgpu_vgpu_requests_total",
+                    "Requests served by the vGPU's current worker process.",
+                    &l,
+                    &v["requests"],
+                );
+                m.counter(
+                    "fairvgpu_vgpu_refused_total",
+                    "Requests refused as bad input by the vGPU's current worker process.",
+                    &l,
+                    &v["refused"],
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_worker_resident_bytes",
+                    "Resident memory of the vGPU's worker process.",
+                    &l,
+                    &v["worker_rss_bytes"],
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_worker_open_fds",
+                    "Open file descriptors of the vGPU's worker process.",
+                    &l,
+                    &v["worker_open_fds"],
+                );
+                m.counter(
+                    "fairvgpu_vgpu_worker_restarts_total",
+                    "Times the vGPU's worker died and was restarted on the same region.",
+                    &l,
+                    &v["worker_restarts"],
                 );
                 m.gauge(
                     "fairvgpu_vgpu_connected",
@@ -665,7 +722,11 @@ impl Metrics {
         v: &Value,
     ) {
         let Some(x) = v.as_f64() else { return };
-        let sample = format!("{name}{{{labels}}} {x}\n");
+        let sample = if labels.is_empty() {
+            format!("{name} {x}\n")
+        } else {
+            format!("{name}{{{labels}}} {x}\n")
+        };
         match self.metrics.iter_mut().find(|m| m.0 == name) {
             Some(m) => m.3.push(sample),
             None => self.metrics.push((name, kind, help, vec![sample])),

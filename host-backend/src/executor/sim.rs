@@ -60,11 +60,17 @@ impl Queue {
 
 /// The simulated device. Clones share the device (its queue and address
 /// space): several workers on one GPU.
+///
+/// Like a real GPU, a kernel that touches memory outside its context's
+/// allocations faults with `IllegalAddress`, and that error is sticky: every
+/// later call of every context opened from this executor (one worker
+/// process) fails the same way, until a new executor is made.
 #[derive(Debug, Clone)]
 pub struct SimExecutor {
     params: SimParams,
     queue: Arc<Mutex<Queue>>,
     next_base: Arc<Mutex<u64>>,
+    poisoned: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SimExecutor {
@@ -76,6 +82,7 @@ impl SimExecutor {
                 busy_until: Instant::now(),
             })),
             next_base: Arc::new(Mutex::new(0x7f00_0000_0000)),
+            poisoned: Arc::default(),
         }
     }
 }
@@ -96,6 +103,7 @@ impl Executor for SimExecutor {
             params: self.params,
             queue: self.queue.clone(),
             next_base: self.next_base.clone(),
+            poisoned: self.poisoned.clone(),
             mem: BTreeMap::new(),
             modules: HashMap::new(),
             functions: HashMap::new(),
@@ -131,6 +139,7 @@ struct SimContext {
     params: SimParams,
     queue: Arc<Mutex<Queue>>,
     next_base: Arc<Mutex<u64>>,
+    poisoned: Arc<std::sync::atomic::AtomicBool>,
     mem: BTreeMap<u64, Vec<u8>>,
     modules: HashMap<Handle, SimModule>,
     functions: HashMap<Handle, (Kernel, Vec<u32>)>,
@@ -169,10 +178,24 @@ impl SimContext {
         stream: Handle,
         params: &[u8],
     ) -> Result<u64, Status> {
+        self.alive()?;
         let (k, _) = *self.functions.get(&func).ok_or(Status::InvalidHandle)?;
-        let ns = k(self, grid, block, params)?;
+        let ns = k(self, grid, block, params).inspect_err(|s| {
+            if s.is_sticky() {
+                self.poisoned
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        })?;
         self.submit(ns, stream);
         Ok(ns)
+    }
+
+    /// Fails once a kernel fault poisoned the device's contexts.
+    fn alive(&self) -> Result<(), Status> {
+        if self.poisoned.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Status::IllegalAddress);
+        }
+        Ok(())
     }
 
     /// When the last operation submitted to `stream` completes (0: the default stream).
@@ -301,6 +324,7 @@ fn k_empty(_c: &mut SimContext, _g: Dim3, _b: Dim3, _p: &[u8]) -> Result<u64, St
 
 impl Context for SimContext {
     fn alloc(&mut self, size: u64) -> Result<u64, Status> {
+        self.alive()?;
         let len = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
         let mut buf = Vec::new();
         buf.try_reserve_exact(len)
@@ -319,6 +343,7 @@ impl Context for SimContext {
     }
 
     fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, stream: Handle) -> Result<(), Status> {
+        self.alive()?;
         let len = src.len();
         let (buf, off) = self.locate(dst, len as u64)?;
         src.copy_to(&mut buf[off..off + len]);
@@ -328,6 +353,7 @@ impl Context for SimContext {
     }
 
     fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, stream: Handle) -> Result<(), Status> {
+        self.alive()?;
         let len = dst.len();
         let ns = self.copy_ns(len as u64);
         let done = self.submit(ns, stream);
@@ -502,6 +528,7 @@ impl Context for SimContext {
     }
 
     fn stream_synchronize(&mut self, stream: Handle) -> Result<(), Status> {
+        self.alive()?;
         // One hardware queue: a stream is done when everything before it is.
         let t = self.stream_done(stream)?;
         Self::wait_until(t);
@@ -536,6 +563,7 @@ impl Context for SimContext {
     }
 
     fn event_synchronize(&mut self, event: Handle) -> Result<(), Status> {
+        self.alive()?;
         if let Some(t) = *self.events.get(&event).ok_or(Status::InvalidHandle)? {
             Self::wait_until(t);
         }
@@ -568,7 +596,51 @@ impl Context for SimContext {
     }
 
     fn synchronize(&mut self) -> Result<(), Status> {
+        self.alive()?;
         Self::wait_until(self.last_done);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vector_add_params(a: u64, b: u64, c: u64, n: u32) -> Vec<u8> {
+        let mut p = Vec::new();
+        for x in [a, b, c] {
+            p.extend_from_slice(&x.to_le_bytes());
+        }
+        p.extend_from_slice(&n.to_le_bytes());
+        p
+    }
+
+    #[test]
+    fn a_kernel_fault_poisons_every_context_of_the_executor_only() {
+        let mut exec = SimExecutor::new(SimParams::default());
+        let mut bystander = exec.open().unwrap();
+        let mut ctx = exec.open().unwrap();
+        let ptx = crate::demo::KERNELS_PTX.as_bytes();
+        let m = ctx.load_module(ImageKind::Ptx, ptx).unwrap();
+        let (f, _) = ctx.function(m, "vector_add").unwrap();
+        let buf = ctx.alloc(64).unwrap();
+        let (g, b) = (Dim3 { x: 1, y: 1, z: 1 }, Dim3 { x: 16, y: 1, z: 1 });
+        // In bounds: fine.
+        let ok = vector_add_params(buf, buf, buf, 16);
+        ctx.launch(f, g, b, 0, 0, &ok).unwrap();
+        ctx.synchronize().unwrap();
+        // A wild pointer faults, and the fault is sticky for every context.
+        let wild = vector_add_params(0x10, buf, buf, 16);
+        assert_eq!(
+            ctx.launch(f, g, b, 0, 0, &wild),
+            Err(Status::IllegalAddress)
+        );
+        assert_eq!(ctx.synchronize(), Err(Status::IllegalAddress));
+        assert_eq!(bystander.synchronize(), Err(Status::IllegalAddress));
+        assert_eq!(bystander.alloc(16), Err(Status::IllegalAddress));
+        // Another executor (another worker process) is untouched.
+        let mut other = SimExecutor::new(SimParams::default()).open().unwrap();
+        assert!(other.alloc(16).is_ok());
+        assert!(other.synchronize().is_ok());
     }
 }
