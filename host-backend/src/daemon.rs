@@ -129,37 +129,41 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
             })
         // `feed` closes here: the worker holds the only copy of its end.
     };
-    let mut children: Vec<(String, Child, Instant)> = Vec::new();
+    let mut children: Vec<Supervised> = Vec::new();
     while !signals::terminated() {
         if signals::take_hangup() {
             let _ = plane.reload();
         }
         let want = plane.config();
         // Workers of VMs no longer configured stop.
-        children.retain_mut(|(name, child, _)| {
-            if want.vm(name).is_some() {
+        children.retain_mut(|w| {
+            if want.vm(&w.name).is_some() {
                 return true;
             }
-            stop_child(child);
+            if let Some(child) = w.child.as_mut() {
+                stop_child(child);
+            }
             plane.event(
                 "worker",
-                format!("{name}: removed from the config, worker stopped"),
+                format!("{}: removed from the config, worker stopped", w.name),
             );
             false
         });
         hosts.retain(|name, _| want.vm(name).is_some());
         // Configured VMs without a worker get one.
         for vm in &want.vms {
-            if !children.iter().any(|(n, _, _)| *n == vm.name) {
+            if !children.iter().any(|w| w.name == vm.name) {
                 if !hosts.contains_key(&vm.name) {
                     let host = VmHost::start(&vm.name, &want.socket(&vm.name), want.layout)?;
                     hosts.insert(vm.name.clone(), host);
                 }
-                children.push((
-                    vm.name.clone(),
-                    spawn(&vm.name, &hosts[&vm.name])?,
-                    Instant::now(),
-                ));
+                children.push(Supervised {
+                    name: vm.name.clone(),
+                    child: Some(spawn(&vm.name, &hosts[&vm.name])?),
+                    started: Instant::now(),
+                    quick_deaths: 0,
+                    restart_at: None,
+                });
                 tracing::info!(
                     vm = vm.name,
                     tenant = vm.tenant,
@@ -168,8 +172,9 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                 );
             }
         }
-        for (name, child, started) in &mut children {
-            if let Ok(Some(status)) = child.try_wait() {
+        for w in &mut children {
+            if let Some(status) = w.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                w.child = None;
                 let why = if status.code() == Some(EXIT_POISONED) {
                     "a CUDA error poisoned its GPU contexts".to_owned()
                 } else {
@@ -177,28 +182,61 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                 };
                 plane.event(
                     "worker",
-                    format!("{name}: worker exited ({why}); restarting it on the same region"),
+                    format!(
+                        "{}: worker exited ({why}); restarting it on the same region",
+                        w.name
+                    ),
                 );
-                plane.worker_restarted(name);
-                // Back off if it dies at once, so a broken config does not spin.
-                if started.elapsed() < Duration::from_secs(1) {
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-                let Some(host) = hosts.get(name.as_str()) else {
+                plane.worker_restarted(&w.name);
+                w.restart_at = Some(Instant::now() + w.backoff());
+            }
+            if w.restart_at.is_some_and(|t| Instant::now() >= t) {
+                let Some(host) = hosts.get(w.name.as_str()) else {
                     continue;
                 };
-                *child = spawn(name, host)?;
-                *started = Instant::now();
+                w.child = Some(spawn(&w.name, host)?);
+                w.started = Instant::now();
+                w.restart_at = None;
             }
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(20));
     }
-    for (_, child, _) in &mut children {
-        stop_child(child);
+    for w in &mut children {
+        if let Some(child) = w.child.as_mut() {
+            stop_child(child);
+        }
     }
     drop(hosts);
     let _ = std::fs::remove_file(cfg.api_socket());
     Ok(())
+}
+
+/// One VM's worker as the supervisor sees it.
+struct Supervised {
+    name: String,
+    /// None while waiting to restart it.
+    child: Option<Child>,
+    started: Instant,
+    /// Deaths in a row within a second of starting.
+    quick_deaths: u32,
+    restart_at: Option<Instant>,
+}
+
+impl Supervised {
+    /// How long to wait before restarting a worker that just died: at once,
+    /// unless it keeps dying as soon as it starts (a broken GPU or config),
+    /// then 1, 2, 4 ... up to 16 seconds, so that it does not spin.
+    fn backoff(&mut self) -> Duration {
+        if self.started.elapsed() < Duration::from_secs(1) {
+            self.quick_deaths += 1;
+        } else {
+            self.quick_deaths = 0;
+        }
+        match self.quick_deaths {
+            0 | 1 => Duration::ZERO,
+            n => Duration::from_secs(1 << (n - 2).min(4)),
+        }
+    }
 }
 
 fn stop_child(child: &mut Child) {
@@ -207,4 +245,27 @@ fn stop_child(child: &mut Child) {
         nix::sys::signal::Signal::SIGTERM,
     );
     let _ = child.wait();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_at_once_unless_the_worker_keeps_dying_at_start() {
+        let mut w = Supervised {
+            name: "vm".into(),
+            child: None,
+            started: Instant::now() - Duration::from_secs(60),
+            quick_deaths: 0,
+            restart_at: None,
+        };
+        assert_eq!(w.backoff(), Duration::ZERO, "died after a long run");
+        w.started = Instant::now();
+        assert_eq!(w.backoff(), Duration::ZERO, "one quick death");
+        let pauses: Vec<u64> = (0..6).map(|_| w.backoff().as_secs()).collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 16], "a crash loop backs off");
+        w.started = Instant::now() - Duration::from_secs(5);
+        assert_eq!(w.backoff(), Duration::ZERO, "a worker that ran resets it");
+    }
 }

@@ -200,6 +200,13 @@ enum BenchCmd {
         #[arg(long, default_value_t = 2.0)]
         seconds: f64,
     },
+    /// Faults: a guest's out-of-bounds kernel poisons its worker, later the
+    /// worker is killed; the other VM's guest must not notice.
+    Recovery {
+        /// Executor to run on.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: host_backend::config::ExecutorKind,
+    },
     /// Data path: the same CUDA workload native vs through the ring and a worker.
     Overhead {
         /// Executor to measure.
@@ -365,6 +372,9 @@ fn main() -> Result<()> {
         Cmd::Bench {
             which: BenchCmd::Accounting { executor, seconds },
         } => bench::accounting::run(executor, seconds, qemu_ivshmem::SpinPolicy::default()),
+        Cmd::Bench {
+            which: BenchCmd::Recovery { executor },
+        } => bench::recovery::run(executor),
         Cmd::Echo { kind, target } => bench::ring::echo(&kind, &target),
     }
 }

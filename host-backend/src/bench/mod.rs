@@ -3,7 +3,9 @@
 pub mod accounting;
 pub mod fairness;
 pub mod fairness_sim;
+pub mod fixture;
 pub mod overhead;
+pub mod recovery;
 pub mod ring;
 
 /// Percentile of a sorted slice (p in 0..=100).

@@ -1,0 +1,174 @@
+//! A `fairvgpu serve` child process for the benches that need the real
+//! daemon (workers as processes, restarts, the status API).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::config::ExecutorKind;
+use crate::control::{client_call, ApiTarget};
+
+/// A running daemon in its own run directory (removed on drop).
+#[derive(Debug)]
+pub struct DaemonProc {
+    child: Child,
+    /// The run directory (sockets, config).
+    pub dir: PathBuf,
+}
+
+/// One VM of the daemon's config.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    /// VM name.
+    pub name: String,
+    /// Weight.
+    pub weight: f64,
+    /// Device memory limit, MiB.
+    pub memory_limit_mib: u64,
+}
+
+impl DaemonProc {
+    /// Starts `bin serve` with these VMs (one GPU, index 0) and waits for
+    /// the API and every VM's socket.
+    pub fn start(bin: &Path, tag: &str, executor: ExecutorKind, vms: &[VmSpec]) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("fvg-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let exec = match executor {
+            ExecutorKind::Sim => "sim",
+            ExecutorKind::Cuda => "cuda",
+        };
+        let mut cfg = format!(
+            "[daemon]\nrun_dir = {:?}\nexecutor = \"{exec}\"\n\n[spin]\nspins = 2000\nmax_block_us = 2000\n",
+            dir.display().to_string()
+        );
+        for v in vms {
+            cfg.push_str(&format!(
+                "\n[[vm]]\nname = \"{}\"\ntenant = \"t-{}\"\nweight = {}\nmemory_limit_mib = {}\n",
+                v.name, v.name, v.weight, v.memory_limit_mib
+            ));
+        }
+        std::fs::write(dir.join("host.toml"), cfg)?;
+        let child = Command::new(bin)
+            .args(["serve", "--config"])
+            .arg(dir.join("host.toml"))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let d = DaemonProc { child, dir };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut want = vec!["api.sock".to_owned()];
+        want.extend(vms.iter().map(|v| format!("{}.sock", v.name)));
+        for s in want {
+            while !d.dir.join(&s).exists() {
+                if Instant::now() > deadline {
+                    bail!("{s} did not appear");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(d)
+    }
+
+    /// The socket of a VM.
+    pub fn socket(&self, vm: &str) -> PathBuf {
+        self.dir.join(format!("{vm}.sock"))
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the daemon still runs.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// `GET /api/v1/status`.
+    pub fn status(&self) -> Result<Value> {
+        let (code, body) = client_call(
+            &ApiTarget::Unix(self.dir.join("api.sock")),
+            "GET",
+            "/api/v1/status",
+            b"",
+        )?;
+        if code != 200 {
+            bail!("status answered {code}");
+        }
+        Ok(serde_json::from_slice(&body)?)
+    }
+
+    /// Every vGPU of the status, in config order.
+    pub fn vgpus(&self) -> Result<Vec<Value>> {
+        Ok(self.status()?["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["vgpus"].as_array().cloned().unwrap_or_default())
+            .collect())
+    }
+
+    /// The status entry of one vGPU.
+    pub fn vgpu(&self, name: &str) -> Result<Value> {
+        self.vgpus()?
+            .into_iter()
+            .find(|v| v["name"] == name)
+            .with_context(|| format!("{name} not in the status"))
+    }
+
+    /// Waits until `f` holds for the status, or fails after `timeout`.
+    pub fn wait(&self, what: &str, timeout: Duration, f: impl Fn(&Self) -> bool) -> Result<()> {
+        let t = Instant::now();
+        while !f(self) {
+            if t.elapsed() > timeout {
+                bail!("timed out waiting for {what}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// The pid of the worker process of `vm`.
+    pub fn worker_pid(&self, vm: &str) -> Option<i32> {
+        for e in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(self.child.id())
+                && args.contains(&&b"worker"[..])
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == b"--vm" && w[1] == vm.as_bytes())
+            {
+                return Some(pid);
+            }
+        }
+        None
+    }
+}
+
+impl Drop for DaemonProc {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
