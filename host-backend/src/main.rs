@@ -117,6 +117,18 @@ enum Cmd {
     /// Internal: the peer process of a bench.
     #[command(name = "__echo", hide = true)]
     Echo { kind: String, target: String },
+    /// Internal: one guest process of the soak bench.
+    #[command(name = "__soak-guest", hide = true)]
+    SoakGuest {
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long)]
+        seed: u64,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        stop: PathBuf,
+    },
 }
 
 /// Where the daemon's API is.
@@ -199,6 +211,19 @@ enum BenchCmd {
         /// Seconds per run (nine runs).
         #[arg(long, default_value_t = 2.0)]
         seconds: f64,
+    },
+    /// Load and leaks: guest processes with random call mixes (bad inputs
+    /// among them) killed and replaced at random, on the sim executor.
+    Soak {
+        /// Run on the sim executor (the only one the soak uses).
+        #[arg(long)]
+        sim: bool,
+        /// Minutes of load.
+        #[arg(long, default_value_t = 10.0)]
+        minutes: f64,
+        /// Guest processes (4 per VM).
+        #[arg(long, default_value_t = 32)]
+        guests: usize,
     },
     /// Faults: a guest's out-of-bounds kernel poisons its worker, later the
     /// worker is killed; the other VM's guest must not notice.
@@ -375,6 +400,23 @@ fn main() -> Result<()> {
         Cmd::Bench {
             which: BenchCmd::Recovery { executor },
         } => bench::recovery::run(executor),
+        Cmd::Bench {
+            which:
+                BenchCmd::Soak {
+                    sim,
+                    minutes,
+                    guests,
+                },
+        } => {
+            anyhow::ensure!(sim, "the soak runs on the sim executor: pass --sim");
+            bench::soak::run(minutes, guests)
+        }
+        Cmd::SoakGuest {
+            socket,
+            seed,
+            out,
+            stop,
+        } => bench::soak::guest(&socket, seed, &out, &stop),
         Cmd::Echo { kind, target } => bench::ring::echo(&kind, &target),
     }
 }

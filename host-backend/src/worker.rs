@@ -504,6 +504,9 @@ fn teardown(sh: &mut Shared, c: &mut Chan) {
     if c.host.reclaim().is_ok() {
         sh.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
     }
+    // What the departed guest's buffers took stays with the allocator
+    // otherwise (the sim executor keeps device memory in host RAM).
+    crate::procfs::release_free_memory();
 }
 
 /// The worker is going away: frees what the channel's owner held; a

@@ -7,6 +7,7 @@ pub mod fixture;
 pub mod overhead;
 pub mod recovery;
 pub mod ring;
+pub mod soak;
 
 /// Percentile of a sorted slice (p in 0..=100).
 pub fn percentile(sorted: &[u64], p: f64) -> u64 {
