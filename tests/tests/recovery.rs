@@ -28,3 +28,40 @@ fn poisoned_or_killed_worker_is_replaced_and_only_its_guests_see_it() {
     );
     assert_eq!(r.leaked_bytes, 0, "vm1's memory freed");
 }
+
+#[test]
+fn workers_free_everything_and_exit_when_the_daemon_is_killed() {
+    use host_backend::bench::fixture::{DaemonProc, VmSpec};
+    use std::time::{Duration, Instant};
+    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let vms = [VmSpec {
+        name: "vm1".into(),
+        weight: 1.0,
+        memory_limit_mib: 256,
+    }];
+    let mut d = DaemonProc::start(&bin, "daemon-kill", ExecutorKind::Sim, &vms).unwrap();
+    let mut gpu = guest_frontend::Gpu::connect_with(&d.socket("vm1"), fairvgpu_tests::TEST_SPIN)
+        .expect("guest attaches");
+    gpu.mem_alloc(64 << 20).unwrap();
+    let pid = d.worker_pid("vm1").expect("worker runs");
+    d.kill_hard();
+    // The worker sees its feed close, frees its contexts and exits.
+    let t = Instant::now();
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        });
+        if zombie {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "worker {pid} outlived its daemon"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The guest finds out instead of hanging.
+    assert!(gpu.mem_alloc(16).is_err());
+}

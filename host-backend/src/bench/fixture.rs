@@ -91,6 +91,12 @@ impl DaemonProc {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Kills the daemon outright (SIGKILL) and reaps it.
+    pub fn kill_hard(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// `GET /api/v1/status`.
     pub fn status(&self) -> Result<Value> {
         let (code, body) = client_call(
