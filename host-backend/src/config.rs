@@ -136,11 +136,57 @@ pub struct Config {
     pub vms: Vec<VmConfig>,
 }
 
+/// Where a problem found after parsing is, for the error message.
+#[derive(Debug, Clone, Copy)]
+enum Loc {
+    Nowhere,
+    /// A `[table]`, and a key in it.
+    Table(&'static str, Option<&'static str>),
+    /// A key of the i-th `[[vm]]`.
+    Vm(usize, &'static str),
+}
+
+impl Loc {
+    /// The 1-based line of the key (else of its table) in `text`, for
+    /// files written the usual way (one key per line, tables by header).
+    fn line_in(self, text: &str) -> Option<usize> {
+        let (header, nth, key) = match self {
+            Loc::Nowhere => return None,
+            Loc::Table(t, k) => (format!("[{t}]"), 0, k),
+            Loc::Vm(i, k) => ("[[vm]]".to_owned(), i, Some(k)),
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        let start = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.trim() == header)
+            .nth(nth)?
+            .0;
+        let end = lines[start + 1..]
+            .iter()
+            .position(|l| l.trim_start().starts_with('['))
+            .map_or(lines.len(), |p| start + 1 + p);
+        let found = key.and_then(|k| {
+            (start + 1..end).find(|&n| {
+                lines[n]
+                    .trim_start()
+                    .strip_prefix(k)
+                    .is_some_and(|rest| rest.trim_start().starts_with('='))
+            })
+        });
+        Some(found.unwrap_or(start) + 1)
+    }
+}
+
 impl Config {
-    /// Parses and validates TOML text.
+    /// Parses and validates TOML text. Errors name the key and, where the
+    /// key is in the text, its line.
     pub fn parse(text: &str) -> Result<Config, Error> {
         let cfg: Config = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
-        cfg.validate()?;
+        cfg.check().map_err(|(m, at)| match at.line_in(text) {
+            Some(n) => Error::Config(format!("line {n}: {m}")),
+            None => Error::Config(m),
+        })?;
         Ok(cfg)
     }
 
@@ -153,66 +199,86 @@ impl Config {
 
     /// Checks what serde cannot.
     pub fn validate(&self) -> Result<(), Error> {
-        let bad = |m: String| Err(Error::Config(m));
-        Layout::new(self.layout).map_err(|e| Error::Config(format!("[layout]: {e}")))?;
+        self.check().map_err(|(m, _)| Error::Config(m))
+    }
+
+    /// [`Config::validate`], also saying where in the file the problem is.
+    fn check(&self) -> Result<(), (String, Loc)> {
+        let bad = |m: String, at: Loc| Err((m, at));
+        Layout::new(self.layout)
+            .map_err(|e| (format!("[layout]: {e}"), Loc::Table("layout", None)))?;
         if self.daemon.slice_us == 0 || self.daemon.slice_us > 1_000_000 {
-            return bad(format!(
-                "[daemon] slice_us must be 1..=1000000, not {}",
-                self.daemon.slice_us
-            ));
+            return bad(
+                format!(
+                    "[daemon] slice_us must be 1..=1000000, not {}",
+                    self.daemon.slice_us
+                ),
+                Loc::Table("daemon", Some("slice_us")),
+            );
         }
         if self.vms.is_empty() {
-            return bad("no [[vm]] configured".into());
+            return bad("no [[vm]] configured".into(), Loc::Nowhere);
         }
         if let Some(addr) = &self.api.tcp {
             if addr.parse::<std::net::SocketAddr>().is_err() {
-                return bad(format!(
-                    "[api] tcp: {addr:?} is not an address like 127.0.0.1:9400"
-                ));
+                return bad(
+                    format!("[api] tcp: {addr:?} is not an address like 127.0.0.1:9400"),
+                    Loc::Table("api", Some("tcp")),
+                );
             }
             if self.api.token_file.is_none() {
                 return bad(
                     "[api] tcp needs token_file: the TCP API is never open without a token".into(),
+                    Loc::Table("api", Some("tcp")),
                 );
             }
         }
         let mut names = HashSet::new();
-        for vm in &self.vms {
+        for (i, vm) in self.vms.iter().enumerate() {
             if vm.name.is_empty()
                 || !vm
                     .name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
             {
-                return bad(format!(
-                    "vm name {:?}: use letters, digits, '-' and '_'",
-                    vm.name
-                ));
+                return bad(
+                    format!("vm name {:?}: use letters, digits, '-' and '_'", vm.name),
+                    Loc::Vm(i, "name"),
+                );
             }
             if !names.insert(&vm.name) {
-                return bad(format!("vm name {:?} is used twice", vm.name));
+                return bad(
+                    format!("vm name {:?} is used twice", vm.name),
+                    Loc::Vm(i, "name"),
+                );
             }
             if !(vm.weight.is_finite() && vm.weight > 0.0) {
-                return bad(format!(
-                    "vm {:?}: weight must be a positive number, not {}",
-                    vm.name, vm.weight
-                ));
+                return bad(
+                    format!(
+                        "vm {:?}: weight must be a positive number, not {}",
+                        vm.name, vm.weight
+                    ),
+                    Loc::Vm(i, "weight"),
+                );
             }
             if vm.memory_limit_mib == 0 {
-                return bad(format!(
-                    "vm {:?}: memory_limit_mib must be positive",
-                    vm.name
-                ));
+                return bad(
+                    format!("vm {:?}: memory_limit_mib must be positive", vm.name),
+                    Loc::Vm(i, "memory_limit_mib"),
+                );
             }
             if self.daemon.executor == ExecutorKind::Sim
                 && vm.memory_limit_mib << 20 > self.sim.memory
             {
-                return bad(format!(
-                    "vm {:?}: memory_limit_mib {} exceeds the GPU's {} MiB",
-                    vm.name,
-                    vm.memory_limit_mib,
-                    self.sim.memory >> 20
-                ));
+                return bad(
+                    format!(
+                        "vm {:?}: memory_limit_mib {} exceeds the GPU's {} MiB",
+                        vm.name,
+                        vm.memory_limit_mib,
+                        self.sim.memory >> 20
+                    ),
+                    Loc::Vm(i, "memory_limit_mib"),
+                );
             }
         }
         Ok(())
@@ -274,6 +340,26 @@ memory_limit_mib = 1024
             let e = Config::parse(&text).unwrap_err().to_string();
             assert!(e.contains(needle), "{e:?} should mention {needle:?}");
         }
+    }
+
+    #[test]
+    fn errors_found_after_parsing_name_the_line() {
+        let two = format!(
+            "{GOOD}\n[[vm]]\nname = \"vm2\"\ntenant = \"b\"\nweight = 0\nmemory_limit_mib = 1\n"
+        );
+        let line = two.lines().position(|l| l == "weight = 0").unwrap() + 1;
+        let e = Config::parse(&two).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("config: line {line}: ")), "{e}");
+        assert!(e.contains("weight"), "{e}");
+        let api = format!("{GOOD}\n[api]\ntcp = \"x\"\ntoken_file = \"/t\"\n");
+        let tcp = api.lines().position(|l| l.starts_with("tcp")).unwrap() + 1;
+        let e = Config::parse(&api).unwrap_err().to_string();
+        assert!(e.contains(&format!("line {tcp}:")), "{e}");
+        // Syntax and unknown keys: the TOML parser's own line and column.
+        let e = Config::parse(&GOOD.replace("tenant", "tenantt"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line"), "{e}");
     }
 }
 
