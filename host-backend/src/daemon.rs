@@ -130,6 +130,7 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         // `feed` closes here: the worker holds the only copy of its end.
     };
     let mut children: Vec<Supervised> = Vec::new();
+    let mut limits: std::collections::HashMap<String, u64> = Default::default();
     while !signals::terminated() {
         if signals::take_hangup() {
             let _ = plane.reload();
@@ -150,6 +151,18 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
             false
         });
         hosts.retain(|name, _| want.vm(name).is_some());
+        // Memory limits changed by a reload apply now.
+        for vm in &want.vms {
+            let Some(host) = hosts.get(&vm.name) else {
+                continue;
+            };
+            if limits.get(&vm.name) != Some(&vm.memory_limit_mib) {
+                if limits.contains_key(&vm.name) {
+                    host.set_memory_limit(vm.memory_limit_mib)?;
+                }
+                limits.insert(vm.name.clone(), vm.memory_limit_mib);
+            }
+        }
         // Configured VMs without a worker get one.
         for vm in &want.vms {
             if !children.iter().any(|w| w.name == vm.name) {

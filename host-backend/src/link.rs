@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,6 +36,9 @@ const HOST_BELL: i64 = 2;
 const PEER_BELL: i64 = 3;
 const PEER_GONE: i64 = 4;
 const SYNCED: i64 = 5;
+/// The vGPU's device-memory limit changed: the low 40 bits are MiB.
+const LIMIT: i64 = 6;
+const LIMIT_MASK: i64 = (1 << 40) - 1;
 
 fn encode(kind: i64, peer: u16, vector: u16) -> i64 {
     (kind << 40) | (i64::from(peer) << 16) | i64::from(vector)
@@ -53,6 +56,8 @@ pub struct VmHost {
     fd: OwnedFd,
     server: ServerHandle,
     feed: Arc<Mutex<Option<UnixStream>>>,
+    /// The limit last set while running (MiB), passed on to new workers too.
+    limit_mib: Mutex<Option<u64>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -98,6 +103,7 @@ impl VmHost {
             fd,
             server,
             feed,
+            limit_mib: Mutex::new(None),
             stop,
             thread: Some(thread),
         })
@@ -129,9 +135,25 @@ impl VmHost {
         for (id, bells) in &peers {
             send_bells(&ours, *id, bells)?;
         }
+        if let Some(mib) = *self.limit_mib.lock().unwrap_or_else(|e| e.into_inner()) {
+            send_msg(&ours, (LIMIT << 40) | (mib as i64 & LIMIT_MASK), None)?;
+        }
         send_msg(&ours, encode(SYNCED, 0, 0), None)?;
         *slot = Some(ours);
         Ok(theirs.into())
+    }
+
+    /// Changes the vGPU's device-memory limit now: the worker refuses
+    /// allocations beyond it from its next one on (what is allocated stays).
+    pub fn set_memory_limit(&self, mib: u64) -> Result<(), Error> {
+        let mib = mib.min(LIMIT_MASK as u64);
+        *self.limit_mib.lock().unwrap_or_else(|e| e.into_inner()) = Some(mib);
+        let slot = self.feed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sock) = slot.as_ref() {
+            // A dead worker's successor gets it with its snapshot.
+            let _ = send_msg(sock, (LIMIT << 40) | mib as i64, None);
+        }
+        Ok(())
     }
 
     /// The region (the daemon marks the channels of departed peers).
@@ -205,6 +227,8 @@ pub struct Fed {
     host_bells: Vec<Arc<EventFdBell>>,
     peers: PeerBells,
     closed: Arc<AtomicBool>,
+    /// Bytes; 0 while the daemon set none (the config's applies).
+    limit: Arc<AtomicU64>,
 }
 
 /// Takes over the feed fd the daemon passed (by number, on the command line).
@@ -242,6 +266,7 @@ impl Fed {
         let mut region = None;
         let mut host_bells: BTreeMap<u16, Arc<EventFdBell>> = BTreeMap::new();
         let peers: PeerBells = Arc::default();
+        let limit = Arc::new(AtomicU64::new(0));
         loop {
             let Some((v, fd)) = recv_msg(&sock)? else {
                 return Err(Error::Config("the daemon closed the feed".into()));
@@ -253,6 +278,7 @@ impl Fed {
                     host_bells.insert(vector, Arc::new(EventFdBell::from_fd(fd)));
                 }
                 (SYNCED, None) => break,
+                (LIMIT, None) => set_limit(&limit, v),
                 (_, fd) => apply(&peers, kind, peer, vector, fd)?,
             }
         }
@@ -260,14 +286,16 @@ impl Fed {
         let host_bells: Vec<_> = host_bells.into_values().collect();
         let closed = Arc::new(AtomicBool::new(false));
         {
-            let (peers, closed) = (peers.clone(), closed.clone());
+            let (peers, closed, limit) = (peers.clone(), closed.clone(), limit.clone());
             std::thread::Builder::new()
                 .name("feed".into())
                 .spawn(move || loop {
                     match recv_msg(&sock) {
                         Ok(Some((v, fd))) => {
                             let (kind, peer, vector) = decode(v);
-                            if apply(&peers, kind, peer, vector, fd).is_err() {
+                            if kind == LIMIT {
+                                set_limit(&limit, v);
+                            } else if apply(&peers, kind, peer, vector, fd).is_err() {
                                 tracing::warn!("unexpected feed message {v:#x}");
                             }
                         }
@@ -288,9 +316,15 @@ impl Fed {
                 host_bells,
                 peers,
                 closed,
+                limit,
             },
         ))
     }
+}
+
+fn set_limit(limit: &AtomicU64, v: i64) {
+    let mib = (v & LIMIT_MASK) as u64;
+    limit.store(mib.saturating_mul(1 << 20).max(1), Ordering::Relaxed);
 }
 
 fn apply(
@@ -377,6 +411,14 @@ impl PeerLink {
         }
     }
 
+    /// The device-memory limit the daemon set while running, if any.
+    pub fn memory_limit(&self) -> Option<u64> {
+        match self {
+            PeerLink::Local(_) => None,
+            PeerLink::Fed(f) => Some(f.limit.load(Ordering::Relaxed)).filter(|&b| b > 0),
+        }
+    }
+
     /// Whether the daemon went away (its end of the feed closed).
     pub fn orphaned(&self) -> bool {
         match self {
@@ -445,6 +487,16 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(!link2.orphaned());
+        // A limit set while running reaches the worker, and its successors.
+        assert_eq!(link2.memory_limit(), None);
+        host.set_memory_limit(300).unwrap();
+        let t = std::time::Instant::now();
+        while link2.memory_limit() != Some(300 << 20) {
+            assert!(t.elapsed() < Duration::from_secs(5), "limit not fed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (_fd3, fed3) = Fed::receive(host.feed().unwrap()).unwrap();
+        assert_eq!(PeerLink::Fed(fed3).memory_limit(), Some(300 << 20));
         drop(region);
         drop(host);
         let t = std::time::Instant::now();

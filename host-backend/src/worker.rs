@@ -146,6 +146,8 @@ struct Shared {
     link: PeerLink,
     info_bytes: Vec<u8>,
     mem_limit: u64,
+    /// The device's own memory.
+    device_mem: u64,
     mem_used: u64,
     stats: Arc<Stats>,
     chunk: usize,
@@ -168,6 +170,14 @@ const REPORT_EVERY: Duration = Duration::from_millis(200);
 pub const SAMPLE_EVERY: u64 = 8;
 
 impl Shared {
+    /// The device memory this vGPU may hold now: the daemon's live setting
+    /// if it made one, else the config's (never more than the device has).
+    fn limit(&self) -> u64 {
+        self.link
+            .memory_limit()
+            .map_or(self.mem_limit, |l| l.min(self.device_mem))
+    }
+
     /// Collects the measured times of timed launches: each is charged, and
     /// becomes its function's estimate.
     fn collect_timings(&mut self, s: &mut Session) {
@@ -243,7 +253,8 @@ impl Worker {
         }
         drop(arenas);
         let mut info: DeviceInfo = exec.info();
-        let mem_limit = cfg.mem_limit.min(info.total_mem);
+        let device_mem = info.total_mem;
+        let mem_limit = cfg.mem_limit.min(device_mem);
         info.total_mem = mem_limit;
         let chans = (0..region.channels())
             .map(|i| {
@@ -265,6 +276,7 @@ impl Worker {
                 exec,
                 info_bytes: info.to_bytes(),
                 mem_limit,
+                device_mem,
                 mem_used: 0,
                 stats: Arc::default(),
                 chunk,
@@ -770,7 +782,7 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             reply(sh, c, tag, opc, r, &[])
         }
         Request::MemAlloc { size } => {
-            let r = if sh.mem_used.saturating_add(size) > sh.mem_limit {
+            let r = if sh.mem_used.saturating_add(size) > sh.limit() {
                 Err(Status::OutOfMemory)
             } else {
                 s.ctx.alloc(size).inspect(|&p| s.add_alloc(p, size))
@@ -794,7 +806,7 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
         }
         Request::MemGetInfo => {
             let r = Reply {
-                vals: [sh.mem_limit - sh.mem_used, sh.mem_limit, 0, 0],
+                vals: [sh.limit().saturating_sub(sh.mem_used), sh.limit(), 0, 0],
             };
             reply(sh, c, tag, opc, Ok(r), &[])
         }

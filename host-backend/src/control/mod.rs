@@ -303,12 +303,15 @@ impl ControlPlane {
                     if o.weight != vm.weight {
                         notes.push(format!("{} weight {} -> {}", vm.name, o.weight, vm.weight));
                     }
-                    if o.memory_limit_mib != vm.memory_limit_mib
-                        || o.worker_cpu != vm.worker_cpu
-                        || o.tenant != vm.tenant
-                    {
+                    if o.memory_limit_mib != vm.memory_limit_mib {
                         notes.push(format!(
-                            "{}: memory limit, tenant and worker_cpu apply when its worker restarts",
+                            "{} memory limit {} -> {} MiB (applies to its next allocations)",
+                            vm.name, o.memory_limit_mib, vm.memory_limit_mib
+                        ));
+                    }
+                    if o.worker_cpu != vm.worker_cpu || o.tenant != vm.tenant {
+                        notes.push(format!(
+                            "{}: tenant and worker_cpu apply when its worker restarts",
                             vm.name
                         ));
                     }
