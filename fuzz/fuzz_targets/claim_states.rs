@@ -1,5 +1,6 @@
-//! Guest claims and releases, kernel-module abandonments, host reclaims and
-//! raw writes to claim words, in any order: no panic, and a reclaimed
+//! Guest claims, checks and releases, kernel-module abandonments, host
+//! reclaims, a restarted host's LOST marks and raw writes to claim words,
+//! in any order: no panic, and a reclaimed
 //! channel is always free and claimable again.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
@@ -19,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
     let mut guests = Vec::new();
     for pair in data.chunks_exact(2) {
         let ch = u32::from(pair[1] % 3);
-        match pair[0] % 5 {
+        match pair[0] % 7 {
             0 => {
                 if let Ok(g) = region.claim(1, 1, 0) {
                     guests.push(g);
@@ -27,7 +28,8 @@ fuzz_target!(|data: &[u8]| {
             }
             1 => {
                 if !guests.is_empty() {
-                    guests.remove(usize::from(pair[1]) % guests.len());
+                    let g = guests.remove(usize::from(pair[1]) % guests.len());
+                    let _ = g.check_alive();
                 }
             }
             2 => {
@@ -38,6 +40,18 @@ fuzz_target!(|data: &[u8]| {
                 if h.state().expect("state").needs_reclaim() {
                     h.reclaim().expect("reclaim");
                     assert_eq!(region.claim_state(ch).expect("state"), ClaimState::Free);
+                }
+            }
+            4 => {
+                let _ = hosts[ch as usize].mark_serving();
+                let _ = hosts[ch as usize].mark_lost();
+            }
+            5 => {
+                // A LOST channel is never handed to another guest.
+                let lost = region.claim_state(ch).expect("state") == ClaimState::Lost;
+                if let Ok(g) = region.claim(2, 2, 0) {
+                    assert!(!(lost && g.index() == ch), "claimed a LOST channel");
+                    guests.push(g);
                 }
             }
             _ => {
