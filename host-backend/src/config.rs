@@ -112,6 +112,19 @@ fn one() -> f64 {
     1.0
 }
 
+/// A tenant's weight: its share of each GPU against the other tenants,
+/// split among its VMs there by their own weights (hierarchical weights).
+/// A tenant without a `[[tenant]]` entry has none: its VMs' weights count
+/// on their own, as flat weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// The name VMs give as their `tenant`.
+    pub name: String,
+    /// Weight against the other tenants (> 0).
+    pub weight: f64,
+}
+
 /// The whole file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -131,6 +144,9 @@ pub struct Config {
     /// The control API.
     #[serde(default)]
     pub api: ApiConfig,
+    /// Tenants with weights of their own (hierarchical weights).
+    #[serde(rename = "tenant", default)]
+    pub tenants: Vec<TenantConfig>,
     /// The VMs.
     #[serde(rename = "vm", default)]
     pub vms: Vec<VmConfig>,
@@ -144,6 +160,8 @@ enum Loc {
     Table(&'static str, Option<&'static str>),
     /// A key of the i-th `[[vm]]`.
     Vm(usize, &'static str),
+    /// A key of the i-th `[[tenant]]`.
+    Tenant(usize, &'static str),
 }
 
 impl Loc {
@@ -154,6 +172,7 @@ impl Loc {
             Loc::Nowhere => return None,
             Loc::Table(t, k) => (format!("[{t}]"), 0, k),
             Loc::Vm(i, k) => ("[[vm]]".to_owned(), i, Some(k)),
+            Loc::Tenant(i, k) => ("[[tenant]]".to_owned(), i, Some(k)),
         };
         let lines: Vec<&str> = text.lines().collect();
         let start = lines
@@ -233,6 +252,24 @@ impl Config {
                 );
             }
         }
+        let mut tenants = HashSet::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            if t.name.is_empty() || !tenants.insert(&t.name) {
+                return bad(
+                    format!("tenant {:?} is empty or given twice", t.name),
+                    Loc::Tenant(i, "name"),
+                );
+            }
+            if !(t.weight.is_finite() && t.weight > 0.0) {
+                return bad(
+                    format!(
+                        "tenant {:?}: weight must be a positive number, not {}",
+                        t.name, t.weight
+                    ),
+                    Loc::Tenant(i, "weight"),
+                );
+            }
+        }
         let mut names = HashSet::new();
         for (i, vm) in self.vms.iter().enumerate() {
             if vm.name.is_empty()
@@ -284,6 +321,14 @@ impl Config {
         Ok(())
     }
 
+    /// The weight of a tenant, if it has one of its own.
+    pub fn tenant_weight(&self, tenant: &str) -> Option<f64> {
+        self.tenants
+            .iter()
+            .find(|t| t.name == tenant)
+            .map(|t| t.weight)
+    }
+
     /// The VM of that name.
     pub fn vm(&self, name: &str) -> Option<&VmConfig> {
         self.vms.iter().find(|v| v.name == name)
@@ -333,6 +378,8 @@ memory_limit_mib = 1024
             (GOOD.replace("weight = 2", "weight = -1"), "weight"),
             (GOOD.replace("1024", "999999999"), "exceeds"),
             (GOOD.replace("vm1", "a b"), "vm name"),
+            (format!("{GOOD}\n[[tenant]]\nname = \"acme\"\nweight = -2\n"), "tenant \"acme\": weight"),
+            (format!("{GOOD}\n[[tenant]]\nname = \"a\"\nweight = 1\n[[tenant]]\nname = \"a\"\nweight = 2\n"), "twice"),
             (format!("{GOOD}\n[api]\ntcp = \"0.0.0.0:9400\"\n"), "token_file"),
             (format!("{GOOD}\n[api]\ntcp = \"nowhere\"\ntoken_file = \"/t\"\n"), "address"),
             (format!("{GOOD}\n[layout]\nchannels = 0\nring_entries = 8\narena_size = 4096\nvectors = 1\n"), "channels"),

@@ -90,8 +90,11 @@ pub struct VgpuLive {
     pub rss_bytes: u64,
     /// The worker process's open file descriptors.
     pub open_fds: u64,
-    /// Current weight.
+    /// Current weight (the VM's, as configured or set).
     pub weight: f64,
+    /// The weight it runs under: its tenant's weight split among the
+    /// tenant's active vGPUs (its own weight when the tenant has none).
+    pub effective_weight: f64,
     /// Whether its worker is connected.
     pub connected: bool,
     /// Whether it holds the GPU now.
@@ -102,7 +105,61 @@ pub struct VgpuLive {
 pub type Usage = Arc<Mutex<HashMap<u32, VgpuLive>>>;
 
 enum Command {
-    SetWeight(u32, f64),
+    SetShare {
+        vgpu: u32,
+        tenant: String,
+        weight: f64,
+        tenant_weight: Option<f64>,
+    },
+}
+
+/// What the service knows of a vGPU's place among the tenants.
+#[derive(Debug, Clone)]
+struct Share {
+    tenant: String,
+    weight: f64,
+    tenant_weight: Option<f64>,
+}
+
+/// Recomputes every connected vGPU's effective weight (see
+/// `scheduler::tenants`) and hands the changed ones to the fair queue.
+fn apply_shares(
+    sched: &mut GpuScheduler,
+    shares: &HashMap<u32, Share>,
+    active: &std::collections::HashSet<u32>,
+    connected: &HashMap<u32, UnixStream>,
+    usage: &Usage,
+) {
+    let ids: Vec<u32> = connected.keys().copied().collect();
+    let members: Vec<scheduler::tenants::Member<'_>> = ids
+        .iter()
+        .map(|id| match shares.get(id) {
+            Some(s) => scheduler::tenants::Member {
+                tenant: &s.tenant,
+                weight: s.weight,
+                tenant_weight: s.tenant_weight,
+                active: active.contains(id),
+            },
+            None => scheduler::tenants::Member {
+                tenant: "",
+                weight: sched.queue().weight(*id).unwrap_or(1.0),
+                tenant_weight: None,
+                active: active.contains(id),
+            },
+        })
+        .collect();
+    let eff = scheduler::tenants::effective_weights(&members);
+    let mut u = usage.lock().unwrap_or_else(|e| e.into_inner());
+    for (id, w) in ids.iter().zip(eff) {
+        if sched.queue().weight(*id) != Some(w) {
+            let _ = sched.queue().set_weight(*id, w);
+        }
+        let v = u.entry(*id).or_default();
+        v.effective_weight = w;
+        if let Some(s) = shares.get(id) {
+            v.weight = s.weight;
+        }
+    }
 }
 
 /// The per-GPU grant service.
@@ -160,19 +217,34 @@ impl GrantService {
             .collect()
     }
 
-    /// Sets a vGPU's weight, now if it is connected and whenever its worker
+    /// Sets a vGPU's weight and its tenant (with the tenant's weight, if it
+    /// has one: then the tenant's weight is split among its active vGPUs by
+    /// their weights), now if it is connected and whenever its worker
     /// (re)connects: the daemon's weight wins over the one a worker brings.
     /// Applies from the vGPU's next charge, i.e. within one slice.
-    pub fn set_weight(&self, vgpu: u32, weight: f64) -> Result<(), Error> {
-        if !(weight.is_finite() && weight > 0.0) {
-            return Err(Error::Config(format!(
-                "weight must be a positive number, not {weight}"
-            )));
+    pub fn set_share(
+        &self,
+        vgpu: u32,
+        tenant: &str,
+        weight: f64,
+        tenant_weight: Option<f64>,
+    ) -> Result<(), Error> {
+        for w in std::iter::once(weight).chain(tenant_weight) {
+            if !(w.is_finite() && w > 0.0) {
+                return Err(Error::Config(format!(
+                    "weight must be a positive number, not {w}"
+                )));
+            }
         }
         self.commands
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .send(Command::SetWeight(vgpu, weight))
+            .send(Command::SetShare {
+                vgpu,
+                tenant: tenant.to_owned(),
+                weight,
+                tenant_weight,
+            })
             .map_err(|_| Error::Config("the grant service has stopped".into()))
     }
 
@@ -204,15 +276,33 @@ fn serve(
     let mut conns: HashMap<u32, UnixStream> = HashMap::new();
     let mut holder: Option<u32> = None;
     let mut pending: Vec<UnixStream> = Vec::new();
-    let mut weights: HashMap<u32, f64> = HashMap::new();
+    let mut shares: HashMap<u32, Share> = HashMap::new();
+    let mut active: std::collections::HashSet<u32> = Default::default();
     let live = |f: &mut dyn FnMut(&mut HashMap<u32, VgpuLive>)| {
         f(&mut usage.lock().unwrap_or_else(|e| e.into_inner()));
     };
     while !stop.load(Ordering::Relaxed) {
-        while let Ok(Command::SetWeight(id, w)) = commands.try_recv() {
-            weights.insert(id, w);
-            let _ = sched.queue().set_weight(id, w);
-            live(&mut |u| u.entry(id).or_default().weight = w);
+        let mut changed = false;
+        while let Ok(Command::SetShare {
+            vgpu,
+            tenant,
+            weight,
+            tenant_weight,
+        }) = commands.try_recv()
+        {
+            shares.insert(
+                vgpu,
+                Share {
+                    tenant,
+                    weight,
+                    tenant_weight,
+                },
+            );
+            live(&mut |u| u.entry(vgpu).or_default().weight = weight);
+            changed = true;
+        }
+        if changed {
+            apply_shares(&mut sched, &shares, &active, &conns, usage);
         }
         // Registration of new workers (their first message is HELLO).
         while let Ok((s, _)) = listener.accept() {
@@ -224,9 +314,9 @@ fn serve(
             let mut m = [0u8; 24];
             if s.read_exact(&mut m).is_ok() {
                 let (kind, vgpu, weight_milli, _) = decode(&m);
-                let weight = *weights
+                let weight = shares
                     .get(&vgpu)
-                    .unwrap_or(&(weight_milli as f64 / 1000.0));
+                    .map_or(weight_milli as f64 / 1000.0, |s| s.weight);
                 if kind == HELLO && !conns.contains_key(&vgpu) && sched.add(vgpu, weight).is_ok() {
                     let _ = s.set_nonblocking(true);
                     conns.insert(vgpu, s);
@@ -235,6 +325,7 @@ fn serve(
                         v.weight = weight;
                         v.connected = true;
                     });
+                    apply_shares(&mut sched, &shares, &active, &conns, usage);
                     continue;
                 }
             }
@@ -266,6 +357,9 @@ fn serve(
                     let (kind, _, a, b) = decode(&m);
                     match kind {
                         WANT => {
+                            if active.insert(id) {
+                                apply_shares(&mut sched, &shares, &active, &conns, usage);
+                            }
                             let _ = sched.request(id, now, None);
                         }
                         RELEASE if holder == Some(id) => {
@@ -277,6 +371,9 @@ fn serve(
                             });
                             if b == 0 {
                                 let _ = sched.idle(id);
+                                if active.remove(&id) {
+                                    apply_shares(&mut sched, &shares, &active, &conns, usage);
+                                }
                             }
                             holder = None;
                         }
@@ -308,6 +405,8 @@ fn serve(
                     // The worker went away: forget it, and its grant.
                     conns.remove(&id);
                     let _ = sched.remove(id);
+                    active.remove(&id);
+                    apply_shares(&mut sched, &shares, &active, &conns, usage);
                     if holder == Some(id) {
                         holder = None;
                     }

@@ -18,6 +18,7 @@ pub mod credit;
 pub mod sfq;
 pub mod sim;
 pub mod slicing;
+pub mod tenants;
 
 use std::collections::HashMap;
 

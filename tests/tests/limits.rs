@@ -40,6 +40,7 @@ fn memory_limit_changes_apply_to_the_running_guest() {
         name: "vm1".into(),
         weight: 1.0,
         memory_limit_mib: 256,
+        tenant: None,
     }];
     let d = DaemonProc::start(&bin, "limits", ExecutorKind::Sim, &vms).unwrap();
     let mut gpu = Gpu::connect_with(&d.socket("vm1"), TEST_SPIN).unwrap();

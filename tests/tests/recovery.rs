@@ -38,6 +38,7 @@ fn workers_free_everything_and_exit_when_the_daemon_is_killed() {
         name: "vm1".into(),
         weight: 1.0,
         memory_limit_mib: 256,
+        tenant: None,
     }];
     let mut d = DaemonProc::start(&bin, "daemon-kill", ExecutorKind::Sim, &vms).unwrap();
     let mut gpu = guest_frontend::Gpu::connect_with(&d.socket("vm1"), fairvgpu_tests::TEST_SPIN)

@@ -28,12 +28,26 @@ pub struct VmSpec {
     pub weight: f64,
     /// Device memory limit, MiB.
     pub memory_limit_mib: u64,
+    /// Its tenant (default `t-<name>`: one tenant per VM).
+    pub tenant: Option<String>,
 }
 
 impl DaemonProc {
     /// Starts `bin serve` with these VMs (one GPU, index 0) and waits for
     /// the API and every VM's socket.
     pub fn start(bin: &Path, tag: &str, executor: ExecutorKind, vms: &[VmSpec]) -> Result<Self> {
+        Self::start_with(bin, tag, executor, vms, "")
+    }
+
+    /// [`DaemonProc::start`] with more TOML put before the VMs (e.g.
+    /// `[[tenant]]` tables).
+    pub fn start_with(
+        bin: &Path,
+        tag: &str,
+        executor: ExecutorKind,
+        vms: &[VmSpec],
+        extra: &str,
+    ) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!("fvg-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
@@ -45,10 +59,12 @@ impl DaemonProc {
             "[daemon]\nrun_dir = {:?}\nexecutor = \"{exec}\"\n\n[spin]\nspins = 2000\nmax_block_us = 2000\n",
             dir.display().to_string()
         );
+        cfg.push_str(extra);
         for v in vms {
+            let tenant = v.tenant.clone().unwrap_or_else(|| format!("t-{}", v.name));
             cfg.push_str(&format!(
-                "\n[[vm]]\nname = \"{}\"\ntenant = \"t-{}\"\nweight = {}\nmemory_limit_mib = {}\n",
-                v.name, v.name, v.weight, v.memory_limit_mib
+                "\n[[vm]]\nname = \"{}\"\ntenant = \"{tenant}\"\nweight = {}\nmemory_limit_mib = {}\n",
+                v.name, v.weight, v.memory_limit_mib
             ));
         }
         std::fs::write(dir.join("host.toml"), cfg)?;

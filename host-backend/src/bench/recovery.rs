@@ -137,6 +137,7 @@ pub fn measure(bin: &Path, executor: ExecutorKind) -> Result<Report> {
             name: (*n).into(),
             weight: 1.0,
             memory_limit_mib: 1024,
+            tenant: None,
         })
         .collect();
     let d = DaemonProc::start(bin, "recovery", executor, &vms)?;

@@ -17,8 +17,9 @@
 //! - `GET /`: the dashboard
 //!
 //! Figures over a sliding window of [`WINDOW`]: share = the vGPU's charged GPU
-//! time over all charged on its GPU; entitlement = its weight over the
-//! weights of the vGPUs active on that GPU (charged, queued or holding);
+//! time over all charged on its GPU; entitlement = its effective weight
+//! (its own, or its tenant's split among the tenant's active vGPUs) over
+//! those of the vGPUs active on that GPU (charged, queued or holding);
 //! MMR = min over max of share/entitlement among active vGPUs.
 
 pub mod http;
@@ -115,6 +116,14 @@ impl ControlPlane {
         for vm in &cfg.vms {
             plane.vgpu_id(&vm.name);
             plane.ensure_service(&cfg, vm.gpu)?;
+            if let Some(svc) = lock(&plane.services).get(&vm.gpu) {
+                svc.set_share(
+                    plane.vgpu_id(&vm.name),
+                    &vm.tenant,
+                    vm.weight,
+                    cfg.tenant_weight(&vm.tenant),
+                )?;
+            }
         }
         Ok(Arc::new(plane))
     }
@@ -185,16 +194,17 @@ impl ControlPlane {
         if !(weight.is_finite() && weight > 0.0) {
             return Err(format!("weight must be a positive number, not {weight}"));
         }
-        let gpu = {
+        let (gpu, tenant, tenant_weight) = {
             let mut cfg = lock(&self.cfg);
             let Some(v) = cfg.vms.iter_mut().find(|v| v.name == vm) else {
                 return Err(format!("no vm named {vm:?}"));
             };
             v.weight = weight;
-            v.gpu
+            let (gpu, tenant) = (v.gpu, v.tenant.clone());
+            (gpu, tenant.clone(), cfg.tenant_weight(&tenant))
         };
         if let Some(svc) = lock(&self.services).get(&gpu) {
-            svc.set_weight(self.vgpu_id(vm), weight)
+            svc.set_share(self.vgpu_id(vm), &tenant, weight, tenant_weight)
                 .map_err(|e| e.to_string())?;
         }
         self.event("weight", format!("{vm}: weight set to {weight}"));
@@ -284,6 +294,16 @@ impl ControlPlane {
             );
         }
         let mut notes = Vec::new();
+        for t in &new.tenants {
+            if old.tenant_weight(&t.name) != Some(t.weight) {
+                notes.push(format!("tenant {} weight {}", t.name, t.weight));
+            }
+        }
+        for t in &old.tenants {
+            if new.tenant_weight(&t.name).is_none() {
+                notes.push(format!("tenant {} has no weight of its own now", t.name));
+            }
+        }
         for vm in &new.vms {
             if let Some(o) = old.vm(&vm.name) {
                 if o.gpu != vm.gpu {
@@ -309,17 +329,25 @@ impl ControlPlane {
                             vm.name, o.memory_limit_mib, vm.memory_limit_mib
                         ));
                     }
-                    if o.worker_cpu != vm.worker_cpu || o.tenant != vm.tenant {
+                    if o.tenant != vm.tenant {
+                        notes.push(format!("{} tenant {} -> {}", vm.name, o.tenant, vm.tenant));
+                    }
+                    if o.worker_cpu != vm.worker_cpu {
                         notes.push(format!(
-                            "{}: tenant and worker_cpu apply when its worker restarts",
+                            "{}: worker_cpu applies when its worker restarts",
                             vm.name
                         ));
                     }
                 }
             }
             if let Some(svc) = lock(&self.services).get(&vm.gpu) {
-                svc.set_weight(self.vgpu_id(&vm.name), vm.weight)
-                    .map_err(|e| e.to_string())?;
+                svc.set_share(
+                    self.vgpu_id(&vm.name),
+                    &vm.tenant,
+                    vm.weight,
+                    new.tenant_weight(&vm.tenant),
+                )
+                .map_err(|e| e.to_string())?;
             }
         }
         for vm in &old.vms {
@@ -374,23 +402,36 @@ impl ControlPlane {
                 .collect();
             let total: u64 = rows.iter().map(|r| r.2).sum();
             let active = |r: &(u32, VgpuLive, u64, u64)| r.2 > 0 || r.1.queued > 0 || r.1.holding;
-            let wsum: f64 = vms
+            // Entitlements follow the weights the vGPUs run under: a
+            // tenant's weight split among its active vGPUs.
+            let members: Vec<scheduler::tenants::Member<'_>> = vms
+                .iter()
+                .zip(&rows)
+                .map(|(v, r)| scheduler::tenants::Member {
+                    tenant: &v.tenant,
+                    weight: v.weight,
+                    tenant_weight: cfg.tenant_weight(&v.tenant),
+                    active: active(r),
+                })
+                .collect();
+            let eff = scheduler::tenants::effective_weights(&members);
+            let wsum: f64 = eff
                 .iter()
                 .zip(&rows)
                 .filter(|(_, r)| active(r))
-                .map(|(v, _)| v.weight)
+                .map(|(w, _)| w)
                 .sum();
             let mut ratios = Vec::new();
             let mut mem_used = 0;
             let mut list = Vec::new();
-            for (v, r) in vms.iter().zip(&rows) {
+            for ((v, r), eff) in vms.iter().zip(&rows).zip(&eff) {
                 let share = if total > 0 {
                     r.2 as f64 / total as f64
                 } else {
                     0.0
                 };
                 let ent = if active(r) && wsum > 0.0 {
-                    v.weight / wsum
+                    eff / wsum
                 } else {
                     0.0
                 };
@@ -410,6 +451,7 @@ impl ControlPlane {
                     "gpu_seconds": r.1.charged_ns as f64 / 1e9,
                     "share": share,
                     "entitlement": ent,
+                    "effective_weight": eff,
                     "queue_depth": r.1.queued,
                     "sync_calls_per_second": sync_rate,
                     "interactive": sync_rate > scheduler::classify::INTERACTIVE_SYNC_PER_SECOND,
