@@ -14,6 +14,7 @@
 
 pub mod accounting;
 pub mod classify;
+pub mod placement;
 pub mod credit;
 pub mod sfq;
 pub mod sim;

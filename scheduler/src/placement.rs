@@ -1,0 +1,413 @@
+//! Placing vGPUs on the GPUs of a host and moving running ones (DCUDA).
+//!
+//! Each vGPU has a *core demand* (the fraction of a GPU's cores it keeps
+//! busy: measured GPU time times the occupancy of its launches, see the
+//! monitor in the host) and a *memory demand* (its allocations). A GPU's
+//! *load* is the sum of its vGPUs' core demands; above 1.0 they slow each
+//! other down.
+//!
+//! - [`Placer::place`]: memory-aware least-loaded placement of a new vGPU:
+//!   the least-loaded GPU on which its memory stays under the watermark
+//!   (90% of the GPU's memory); none if no GPU has room.
+//! - [`Placer::balance`] runs every interval (100 ms):
+//!   1. hysteresis load balancing (DCUDA Algorithm 1): while a GPU is
+//!      overloaded (load > `over`, 100%) and another is underloaded (load <
+//!      `under`, 90%), move from the most loaded to the least loaded GPU the
+//!      vGPU of highest priority that fits there: it must not push the
+//!      target over `over` nor its memory over the watermark. Priority
+//!      (DCUDA's table, in order): first vGPUs whose move ends the source's
+//!      overload, then the heaviest core demand, then the least memory to
+//!      copy;
+//!   2. energy compaction (DCUDA Algorithm 2): if the two least-loaded GPUs
+//!      in use together fit in one (load <= `under`, memory under the
+//!      watermark), the lighter one's vGPUs all move to the other, which
+//!      leaves a GPU idle.
+//!
+//!   No ping-pong: a vGPU moved is not moved again for `cooldown_ns`, and
+//!   the gap between the two thresholds keeps a move from overloading its
+//!   target.
+
+use std::collections::HashMap;
+
+/// A vGPU as placement sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Demand {
+    /// Fraction of one GPU's cores it keeps busy (0..; 1.0 = a whole GPU).
+    pub cores: f64,
+    /// Device memory it holds, bytes.
+    pub memory: u64,
+}
+
+/// A planned move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    /// Which vGPU.
+    pub vgpu: u32,
+    /// From which GPU.
+    pub from: usize,
+    /// To which GPU.
+    pub to: usize,
+}
+
+/// Thresholds and timing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Params {
+    /// A GPU above this load is overloaded (DCUDA Thresh_over, 1.0).
+    pub over: f64,
+    /// A GPU below this load can take more (DCUDA Thresh_under, 0.9).
+    pub under: f64,
+    /// Memory a GPU may hold, as a fraction of its memory (0.9).
+    pub watermark: f64,
+    /// A moved vGPU stays put at least this long, ns.
+    pub cooldown_ns: u64,
+    /// Whether to compact light loads onto fewer GPUs.
+    pub compaction: bool,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            over: 1.0,
+            under: 0.9,
+            watermark: 0.9,
+            cooldown_ns: 5_000_000_000,
+            compaction: true,
+        }
+    }
+}
+
+/// The placement state of one host.
+#[derive(Debug, Clone)]
+pub struct Placer {
+    params: Params,
+    /// Memory of each GPU, bytes.
+    gpu_memory: Vec<u64>,
+    /// vGPU -> (GPU, demand, last moved at).
+    vgpus: HashMap<u32, (usize, Demand, Option<u64>)>,
+}
+
+impl Placer {
+    /// A host whose GPUs have these memory sizes.
+    pub fn new(params: Params, gpu_memory: Vec<u64>) -> Self {
+        Placer {
+            params,
+            gpu_memory,
+            vgpus: HashMap::new(),
+        }
+    }
+
+    /// Number of GPUs.
+    pub fn gpus(&self) -> usize {
+        self.gpu_memory.len()
+    }
+
+    /// Sum of core demands on `gpu`.
+    pub fn load(&self, gpu: usize) -> f64 {
+        self.vgpus
+            .values()
+            .filter(|(g, _, _)| *g == gpu)
+            .map(|(_, d, _)| d.cores)
+            .sum()
+    }
+
+    /// Memory held on `gpu`.
+    pub fn memory(&self, gpu: usize) -> u64 {
+        self.vgpus
+            .values()
+            .filter(|(g, _, _)| *g == gpu)
+            .map(|(_, d, _)| d.memory)
+            .sum()
+    }
+
+    /// Where a vGPU is.
+    pub fn gpu_of(&self, vgpu: u32) -> Option<usize> {
+        self.vgpus.get(&vgpu).map(|v| v.0)
+    }
+
+    /// The vGPUs on `gpu`.
+    pub fn on(&self, gpu: usize) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .vgpus
+            .iter()
+            .filter(|(_, (g, _, _))| *g == gpu)
+            .map(|(id, _)| *id)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn fits_memory(&self, gpu: usize, extra: u64) -> bool {
+        (self.memory(gpu) + extra) as f64 <= self.params.watermark * self.gpu_memory[gpu] as f64
+    }
+
+    /// Memory-aware least-loaded placement; records the vGPU there.
+    /// `None` if its memory fits under the watermark of no GPU.
+    pub fn place(&mut self, vgpu: u32, demand: Demand) -> Option<usize> {
+        let gpu = (0..self.gpus())
+            .filter(|&g| self.fits_memory(g, demand.memory))
+            .min_by(|&a, &b| self.load(a).total_cmp(&self.load(b)).then(a.cmp(&b)))?;
+        self.vgpus.insert(vgpu, (gpu, demand, None));
+        Some(gpu)
+    }
+
+    /// Records a vGPU where it already is (a daemon that starts with
+    /// running VMs, or a static placement).
+    pub fn pin(&mut self, vgpu: u32, gpu: usize, demand: Demand) {
+        self.vgpus.insert(vgpu, (gpu, demand, None));
+    }
+
+    /// Forgets a vGPU (its VM went away).
+    pub fn remove(&mut self, vgpu: u32) {
+        self.vgpus.remove(&vgpu);
+    }
+
+    /// Updates what a vGPU needs (from the monitor).
+    pub fn update(&mut self, vgpu: u32, demand: Demand) {
+        if let Some(v) = self.vgpus.get_mut(&vgpu) {
+            v.1 = demand;
+        }
+    }
+
+    /// Keeps a vGPU where it is until `until_ns` (an operator forbade moving it).
+    pub fn hold(&mut self, vgpu: u32, until_ns: u64) {
+        if let Some(v) = self.vgpus.get_mut(&vgpu) {
+            v.2 = Some(until_ns.saturating_sub(self.params.cooldown_ns));
+        }
+    }
+
+    fn movable(&self, vgpu: u32, now_ns: u64) -> bool {
+        self.vgpus.get(&vgpu).is_some_and(|(_, _, moved)| {
+            moved.is_none_or(|t| now_ns >= t.saturating_add(self.params.cooldown_ns))
+        })
+    }
+
+    fn apply(&mut self, m: Move, now_ns: u64) {
+        if let Some(v) = self.vgpus.get_mut(&m.vgpu) {
+            v.0 = m.to;
+            v.2 = Some(now_ns);
+        }
+    }
+
+    /// One balancing round at `now_ns`: the moves to make, already applied
+    /// to this state (the caller carries them out, or calls
+    /// [`Placer::pin`] to undo one that failed).
+    pub fn balance(&mut self, now_ns: u64) -> Vec<Move> {
+        let mut moves = Vec::new();
+        let p = self.params;
+        // 1. Hysteresis balancing.
+        loop {
+            let n = self.gpus();
+            let Some(src) = (0..n)
+                .filter(|&g| self.load(g) > p.over)
+                .max_by(|&a, &b| self.load(a).total_cmp(&self.load(b)))
+            else {
+                break;
+            };
+            let mut targets: Vec<usize> = (0..n)
+                .filter(|&g| g != src && self.load(g) < p.under)
+                .collect();
+            targets.sort_by(|&a, &b| self.load(a).total_cmp(&self.load(b)).then(a.cmp(&b)));
+            let src_load = self.load(src);
+            let mut done = false;
+            for dst in targets {
+                let dst_load = self.load(dst);
+                let mut cands: Vec<(u32, Demand)> = self
+                    .on(src)
+                    .into_iter()
+                    .filter(|&v| self.movable(v, now_ns))
+                    .map(|v| (v, self.vgpus[&v].1))
+                    .filter(|(_, d)| {
+                        d.cores > 0.0
+                            && dst_load + d.cores <= p.over
+                            && self.fits_memory(dst, d.memory)
+                    })
+                    .collect();
+                // DCUDA's priority: ends the overload, then heaviest, then
+                // least memory to copy, then id.
+                cands.sort_by(|(ia, a), (ib, b)| {
+                    let ends_a = src_load - a.cores <= p.over;
+                    let ends_b = src_load - b.cores <= p.over;
+                    ends_b
+                        .cmp(&ends_a)
+                        .then(b.cores.total_cmp(&a.cores))
+                        .then(a.memory.cmp(&b.memory))
+                        .then(ia.cmp(ib))
+                });
+                if let Some(&(v, _)) = cands.first() {
+                    let m = Move {
+                        vgpu: v,
+                        from: src,
+                        to: dst,
+                    };
+                    self.apply(m, now_ns);
+                    moves.push(m);
+                    done = true;
+                    break;
+                }
+            }
+            if !done {
+                break;
+            }
+        }
+        // 2. Energy compaction of the two least-loaded GPUs in use.
+        if p.compaction && moves.is_empty() {
+            let mut used: Vec<usize> = (0..self.gpus())
+                .filter(|&g| !self.on(g).is_empty())
+                .collect();
+            used.sort_by(|&a, &b| self.load(a).total_cmp(&self.load(b)).then(a.cmp(&b)));
+            if let [light, heavy, ..] = used[..] {
+                let vs = self.on(light);
+                let fits = self.load(light) + self.load(heavy) <= p.under
+                    && self.fits_memory(heavy, self.memory(light))
+                    && vs.iter().all(|&v| self.movable(v, now_ns));
+                if fits {
+                    for v in vs {
+                        let m = Move {
+                            vgpu: v,
+                            from: light,
+                            to: heavy,
+                        };
+                        self.apply(m, now_ns);
+                        moves.push(m);
+                    }
+                }
+            }
+        }
+        moves
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn d(cores: f64, gib: u64) -> Demand {
+        Demand {
+            cores,
+            memory: gib * GIB,
+        }
+    }
+
+    #[test]
+    fn placement_is_least_loaded_under_the_memory_watermark() {
+        let mut p = Placer::new(Params::default(), vec![10 * GIB, 10 * GIB]);
+        assert_eq!(p.place(1, d(0.5, 1)), Some(0));
+        assert_eq!(p.place(2, d(0.2, 1)), Some(1));
+        assert_eq!(p.place(3, d(0.1, 1)), Some(1), "least loaded");
+        // 8 GiB fits on neither GPU 1 (2 + 8 > 9) nor... GPU 0 has 1 GiB: 9 <= 9.
+        assert_eq!(p.place(4, d(0.1, 8)), Some(0));
+        assert_eq!(p.place(5, d(0.1, 9)), None, "no GPU has room under 90%");
+    }
+
+    #[test]
+    fn overload_moves_the_right_vgpu_to_the_least_loaded_gpu() {
+        let mut p = Placer::new(Params::default(), vec![16 * GIB; 3]);
+        p.pin(1, 0, d(0.6, 4));
+        p.pin(2, 0, d(0.3, 1));
+        p.pin(3, 0, d(0.3, 8));
+        p.pin(4, 1, d(0.5, 1));
+        p.pin(5, 2, d(0.2, 1));
+        // GPU 0 at 1.2: any single move ends the overload; the heaviest
+        // that fits goes (DCUDA: heaviest feasible first), to GPU 2, the
+        // least loaded.
+        let moves = p.balance(0);
+        assert_eq!(
+            moves,
+            vec![Move {
+                vgpu: 1,
+                from: 0,
+                to: 2
+            }]
+        );
+        assert!(p.load(0) <= 1.0 + 1e-9);
+        // Balanced now: nothing more, and no compaction (no pair fits in 0.9).
+        assert!(p.balance(1).is_empty());
+    }
+
+    #[test]
+    fn among_equal_loads_the_one_with_less_memory_moves() {
+        let mut p = Placer::new(Params::default(), vec![16 * GIB; 2]);
+        p.pin(1, 0, d(0.6, 8));
+        p.pin(2, 0, d(0.6, 2));
+        assert_eq!(
+            p.balance(0),
+            vec![Move {
+                vgpu: 2,
+                from: 0,
+                to: 1
+            }]
+        );
+    }
+
+    #[test]
+    fn moves_never_overload_the_target_and_respect_memory() {
+        let mut p = Placer::new(Params::default(), vec![16 * GIB, 16 * GIB]);
+        p.pin(1, 0, d(0.9, 1));
+        p.pin(2, 0, d(0.5, 1));
+        p.pin(3, 1, d(0.6, 14));
+        // GPU 1 (0.6) could take 0.4 but not 0.5 or 0.9: stays overloaded.
+        assert!(p.balance(0).is_empty());
+        let mut q = Placer::new(Params::default(), vec![16 * GIB, 16 * GIB]);
+        q.pin(1, 0, d(0.7, 4));
+        q.pin(2, 0, d(0.5, 4));
+        q.pin(3, 1, d(0.1, 12));
+        // 0.5 fits in cores but 12 + 4 GiB > 14.4: no move.
+        assert!(q.balance(0).is_empty());
+    }
+
+    #[test]
+    fn light_loads_are_compacted_and_moved_vgpus_cool_down() {
+        let mut p = Placer::new(Params::default(), vec![16 * GIB; 3]);
+        p.pin(1, 0, d(0.3, 1));
+        p.pin(2, 1, d(0.2, 1));
+        p.pin(3, 2, d(0.8, 1));
+        let moves = p.balance(0);
+        assert_eq!(
+            moves,
+            vec![Move {
+                vgpu: 2,
+                from: 1,
+                to: 0
+            }]
+        );
+        assert!(p.on(1).is_empty());
+        // vGPU 2 grows at once and overloads GPU 0: it may not move on
+        // within the cooldown (vGPU 1 is held where it is by the operator).
+        p.hold(1, u64::MAX);
+        p.update(2, d(0.8, 1));
+        let again = p.balance(1_000_000);
+        assert!(again.iter().all(|m| m.vgpu != 2), "{again:?}");
+        assert!(!p.balance(10_000_000_000).is_empty(), "after the cooldown it may");
+    }
+
+    #[test]
+    fn balancing_terminates_and_never_creates_an_overload() {
+        let mut seed = 42u64;
+        let mut rnd = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as f64 / (1u64 << 31) as f64
+        };
+        for round in 0..300 {
+            let mut p = Placer::new(Params::default(), vec![16 * GIB; 4]);
+            for v in 0..12 {
+                let g = (rnd() * 4.0) as usize % 4;
+                p.pin(v, g, d(rnd() * 0.6, (rnd() * 4.0) as u64));
+            }
+            let before: Vec<f64> = (0..4).map(|g| p.load(g)).collect();
+            let moves = p.balance(round);
+            assert!(moves.len() <= 12, "one move per vGPU at most per round");
+            for m in &moves {
+                let after = p.load(m.to);
+                let was_over = before[m.to] > 1.0;
+                assert!(after <= 1.0 + 1e-9 || was_over, "{m:?} overloaded {after}");
+            }
+            let over_before = before.iter().filter(|&&l| l > 1.0).count();
+            let over_after = (0..4).filter(|&g| p.load(g) > 1.0).count();
+            assert!(over_after <= over_before);
+        }
+    }
+}
