@@ -225,6 +225,16 @@ enum BenchCmd {
         #[arg(long, default_value_t = 32)]
         guests: usize,
     },
+    /// Placement: DCUDA's experiment, least-loaded static placement vs
+    /// fairvgpu's balancing, on simulated GPUs.
+    Placement {
+        /// Simulated GPUs (the only kind the experiment uses).
+        #[arg(long)]
+        sim: bool,
+        /// Random arrival orders.
+        #[arg(long, default_value_t = 50)]
+        orders: usize,
+    },
     /// Faults: a guest's out-of-bounds kernel poisons its worker, later the
     /// worker is killed; the other VM's guest must not notice.
     Recovery {
@@ -397,6 +407,15 @@ fn main() -> Result<()> {
         Cmd::Bench {
             which: BenchCmd::Accounting { executor, seconds },
         } => bench::accounting::run(executor, seconds, qemu_ivshmem::SpinPolicy::default()),
+        Cmd::Bench {
+            which: BenchCmd::Placement { sim, orders },
+        } => {
+            anyhow::ensure!(
+                sim,
+                "the placement experiment runs on simulated GPUs: pass --sim"
+            );
+            bench::placement::run(orders)
+        }
         Cmd::Bench {
             which: BenchCmd::Recovery { executor },
         } => bench::recovery::run(executor),

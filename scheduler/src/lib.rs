@@ -14,8 +14,8 @@
 
 pub mod accounting;
 pub mod classify;
-pub mod placement;
 pub mod credit;
+pub mod placement;
 pub mod sfq;
 pub mod sim;
 pub mod slicing;

@@ -379,7 +379,10 @@ mod tests {
         p.update(2, d(0.8, 1));
         let again = p.balance(1_000_000);
         assert!(again.iter().all(|m| m.vgpu != 2), "{again:?}");
-        assert!(!p.balance(10_000_000_000).is_empty(), "after the cooldown it may");
+        assert!(
+            !p.balance(10_000_000_000).is_empty(),
+            "after the cooldown it may"
+        );
     }
 
     #[test]

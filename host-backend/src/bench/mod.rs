@@ -5,6 +5,7 @@ pub mod fairness;
 pub mod fairness_sim;
 pub mod fixture;
 pub mod overhead;
+pub mod placement;
 pub mod recovery;
 pub mod ring;
 pub mod soak;
