@@ -304,6 +304,15 @@ impl Config {
                     Loc::Vm(i, "memory_limit_mib"),
                 );
             }
+            if self.daemon.executor == ExecutorKind::Sim && vm.gpu >= self.sim.gpus.max(1) {
+                return bad(
+                    format!(
+                        "vm {:?}: gpu {} does not exist ([sim] gpus = {})",
+                        vm.name, vm.gpu, self.sim.gpus
+                    ),
+                    Loc::Vm(i, "gpu"),
+                );
+            }
             if self.daemon.executor == ExecutorKind::Sim
                 && vm.memory_limit_mib << 20 > self.sim.memory
             {

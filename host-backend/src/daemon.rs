@@ -16,7 +16,13 @@ use crate::{signals, Error};
 /// Builds the configured executor for one GPU.
 pub fn build_executor(cfg: &Config, gpu: u32) -> Result<Box<dyn Executor>, Error> {
     match cfg.daemon.executor {
-        ExecutorKind::Sim => Ok(Box::new(SimExecutor::new(cfg.sim))),
+        ExecutorKind::Sim => {
+            let mut e = SimExecutor::new(cfg.sim);
+            e.set_device(gpu).map_err(|_| {
+                Error::Config(format!("no GPU {gpu}: [sim] gpus = {}", cfg.sim.gpus))
+            })?;
+            Ok(Box::new(e))
+        }
         ExecutorKind::Cuda => crate::executor::cuda::open(gpu),
     }
 }
@@ -33,11 +39,14 @@ pub fn run_worker(
     vm: &str,
     id: Option<u32>,
     feed_fd: Option<i32>,
+    gpu: Option<u32>,
 ) -> Result<(), Error> {
     let vmc = cfg
         .vm(vm)
         .ok_or_else(|| Error::Config(format!("no vm named {vm:?}")))?;
-    let exec = build_executor(cfg, vmc.gpu)?;
+    // The daemon says where the vGPU is now (it may have moved).
+    let gpu = gpu.unwrap_or(vmc.gpu);
+    let exec = build_executor(cfg, gpu)?;
     let wc = WorkerConfig {
         name: vm.to_owned(),
         socket: cfg.socket(vm),
@@ -48,7 +57,7 @@ pub fn run_worker(
         grant: cfg.daemon.scheduler.then(|| {
             let id =
                 id.unwrap_or_else(|| cfg.vms.iter().position(|v| v.name == vm).unwrap_or(0) as u32);
-            (grant_socket(cfg, vmc.gpu), id, vmc.weight)
+            (grant_socket(cfg, gpu), id, vmc.weight)
         }),
         sample_every: crate::worker::SAMPLE_EVERY,
         vcpus_file: Some(crate::attach::vcpus_file(cfg, vm)),
@@ -122,6 +131,8 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
             .arg(plane.vgpu_id(name).to_string())
             .arg("--feed-fd")
             .arg(feed.as_raw_fd().to_string())
+            .arg("--gpu")
+            .arg(plane.gpu_of(name).unwrap_or(0).to_string())
             .spawn()
             .map_err(|source| Error::Io {
                 what: "spawning worker",
@@ -212,6 +223,18 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                 w.restart_at = None;
             }
         }
+        // Migrations: start those asked for, collect the workers' reports.
+        for (vm, to) in plane.take_requested() {
+            if let Err(e) = start_migration(&plane, hosts.get(&vm), &vm, to) {
+                plane.finish_migration(&vm, Err(e));
+            }
+        }
+        for (name, host) in &hosts {
+            for r in host.take_reports() {
+                plane.finish_migration(name, Ok(r));
+            }
+        }
+        plane.expire_migrations(Duration::from_secs(30));
         std::thread::sleep(Duration::from_millis(20));
     }
     for w in &mut children {
@@ -222,6 +245,44 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     drop(hosts);
     let _ = std::fs::remove_file(cfg.api_socket());
     Ok(())
+}
+
+/// Tells `vm`'s worker to move to GPU `to`: the target GPU's fair queue
+/// takes the vGPU in as far ahead of its virtual time as it was on the
+/// source (it neither gains nor loses share by moving), and the worker,
+/// which may not connect anywhere itself, gets the target's grant socket.
+fn start_migration(
+    plane: &crate::control::ControlPlane,
+    host: Option<&VmHost>,
+    vm: &str,
+    to: u32,
+) -> Result<(), String> {
+    let host = host.ok_or_else(|| format!("{vm} has no worker"))?;
+    let id = plane.vgpu_id(vm);
+    let from = plane.gpu_of(vm).unwrap_or(0);
+    let cfg = plane.config();
+    let vmc = cfg.vm(vm).ok_or_else(|| format!("no vm named {vm:?}"))?;
+    let grant = if cfg.daemon.scheduler {
+        let src = plane.service(from).map_err(|e| e.to_string())?;
+        let dst = plane
+            .service(to)
+            .map_err(|e| e.to_string())?
+            .ok_or("no grant service on the target GPU")?;
+        let lag = src.and_then(|s| s.lag(id)).unwrap_or(0);
+        dst.set_share(id, &vmc.tenant, vmc.weight, cfg.tenant_weight(&vmc.tenant))
+            .map_err(|e| e.to_string())?;
+        dst.expect(id, lag).map_err(|e| e.to_string())?;
+        let s = std::os::unix::net::UnixStream::connect(grant_socket(&cfg, to))
+            .map_err(|e| format!("connecting to GPU {to}'s grant service: {e}"))?;
+        Some(s)
+    } else {
+        None
+    };
+    plane.event(
+        "migration",
+        format!("{vm}: moving from GPU {from} to GPU {to}"),
+    );
+    host.migrate(to, grant.as_ref()).map_err(|e| e.to_string())
 }
 
 /// One VM's worker as the supervisor sees it.

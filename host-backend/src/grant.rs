@@ -111,6 +111,13 @@ enum Command {
         weight: f64,
         tenant_weight: Option<f64>,
     },
+    /// How far ahead of virtual time a vGPU is (it is leaving this GPU).
+    Lag {
+        vgpu: u32,
+        reply: std::sync::mpsc::Sender<Option<u128>>,
+    },
+    /// A vGPU arriving from another GPU: place it this far ahead.
+    Expect { vgpu: u32, lag: u128 },
 }
 
 /// What the service knows of a vGPU's place among the tenants.
@@ -248,6 +255,28 @@ impl GrantService {
             .map_err(|_| Error::Config("the grant service has stopped".into()))
     }
 
+    /// How far ahead of this GPU's virtual time `vgpu` is (tag units), as
+    /// it leaves for another GPU; `None` if it is not connected here.
+    pub fn lag(&self, vgpu: u32) -> Option<u128> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.send(Command::Lag { vgpu, reply: tx }).ok()?;
+        rx.recv_timeout(Duration::from_secs(1)).ok().flatten()
+    }
+
+    /// `vgpu` is on its way here from another GPU with `lag`: it takes its
+    /// place in the fair queue that far ahead of this GPU's virtual time.
+    pub fn expect(&self, vgpu: u32, lag: u128) -> Result<(), Error> {
+        self.send(Command::Expect { vgpu, lag })
+    }
+
+    fn send(&self, c: Command) -> Result<(), Error> {
+        self.commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(c)
+            .map_err(|_| Error::Config("the grant service has stopped".into()))
+    }
+
     /// The socket path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -278,28 +307,38 @@ fn serve(
     let mut pending: Vec<UnixStream> = Vec::new();
     let mut shares: HashMap<u32, Share> = HashMap::new();
     let mut active: std::collections::HashSet<u32> = Default::default();
+    let mut arriving: HashMap<u32, u128> = HashMap::new();
     let live = |f: &mut dyn FnMut(&mut HashMap<u32, VgpuLive>)| {
         f(&mut usage.lock().unwrap_or_else(|e| e.into_inner()));
     };
     while !stop.load(Ordering::Relaxed) {
         let mut changed = false;
-        while let Ok(Command::SetShare {
-            vgpu,
-            tenant,
-            weight,
-            tenant_weight,
-        }) = commands.try_recv()
-        {
-            shares.insert(
-                vgpu,
-                Share {
+        while let Ok(cmd) = commands.try_recv() {
+            match cmd {
+                Command::SetShare {
+                    vgpu,
                     tenant,
                     weight,
                     tenant_weight,
-                },
-            );
-            live(&mut |u| u.entry(vgpu).or_default().weight = weight);
-            changed = true;
+                } => {
+                    shares.insert(
+                        vgpu,
+                        Share {
+                            tenant,
+                            weight,
+                            tenant_weight,
+                        },
+                    );
+                    live(&mut |u| u.entry(vgpu).or_default().weight = weight);
+                    changed = true;
+                }
+                Command::Lag { vgpu, reply } => {
+                    let _ = reply.send(sched.queue().lag(vgpu));
+                }
+                Command::Expect { vgpu, lag } => {
+                    arriving.insert(vgpu, lag);
+                }
+            }
         }
         if changed {
             apply_shares(&mut sched, &shares, &active, &conns, usage);
@@ -320,6 +359,9 @@ fn serve(
                 if kind == HELLO && !conns.contains_key(&vgpu) && sched.add(vgpu, weight).is_ok() {
                     let _ = s.set_nonblocking(true);
                     conns.insert(vgpu, s);
+                    if let Some(lag) = arriving.remove(&vgpu) {
+                        let _ = sched.queue().set_lag(vgpu, lag);
+                    }
                     live(&mut |u| {
                         let v = u.entry(vgpu).or_default();
                         v.weight = weight;
@@ -445,10 +487,17 @@ pub struct Gate {
 impl Gate {
     /// Registers vGPU `vgpu` with `weight` at the service listening on `path`.
     pub fn connect(path: &Path, vgpu: u32, weight: f64) -> Result<Gate, Error> {
-        let mut stream = UnixStream::connect(path).map_err(|e| Error::Io {
+        let stream = UnixStream::connect(path).map_err(|e| Error::Io {
             what: "connecting to grant service",
             source: e,
         })?;
+        Self::over(stream, vgpu, weight)
+    }
+
+    /// Registers over a connection made for us (a confined worker cannot
+    /// connect: when it moves to another GPU the daemon connects to that
+    /// GPU's service and passes the socket).
+    pub fn over(mut stream: UnixStream, vgpu: u32, weight: f64) -> Result<Gate, Error> {
         let w = (weight * 1000.0).round().max(1.0) as u64;
         stream
             .write_all(&encode(HELLO, vgpu, w, 0))

@@ -39,6 +39,28 @@ const SYNCED: i64 = 5;
 /// The vGPU's device-memory limit changed: the low 40 bits are MiB.
 const LIMIT: i64 = 6;
 const LIMIT_MASK: i64 = (1 << 40) - 1;
+/// Daemon -> worker: move to GPU (low 16 bits), with the socket of that
+/// GPU's grant service when the scheduler runs.
+const MIGRATE: i64 = 7;
+/// Worker -> daemon, after a migration: its pause in microseconds, then the
+/// KiB it copied (low 40 bits each), then MIGRATED with the GPU it is on
+/// (low 16 bits) and bit 16 set if it moved.
+const MIGRATION_PAUSE_US: i64 = 8;
+const MIGRATION_KIB: i64 = 9;
+const MIGRATED: i64 = 10;
+
+/// What a worker reported of a migration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// The GPU the vGPU is on now.
+    pub gpu: u32,
+    /// Whether it moved (false: it stayed where it was).
+    pub moved: bool,
+    /// From the last work on the source to being ready on the target, µs.
+    pub pause_us: u64,
+    /// Device memory copied, KiB.
+    pub kib: u64,
+}
 
 fn encode(kind: i64, peer: u16, vector: u16) -> i64 {
     (kind << 40) | (i64::from(peer) << 16) | i64::from(vector)
@@ -58,6 +80,8 @@ pub struct VmHost {
     feed: Arc<Mutex<Option<UnixStream>>>,
     /// The limit last set while running (MiB), passed on to new workers too.
     limit_mib: Mutex<Option<u64>>,
+    /// Migration reports from the current worker, oldest first.
+    reports: Arc<Mutex<Vec<MigrationReport>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -104,6 +128,7 @@ impl VmHost {
             server,
             feed,
             limit_mib: Mutex::new(None),
+            reports: Arc::default(),
             stop,
             thread: Some(thread),
         })
@@ -139,7 +164,41 @@ impl VmHost {
             send_msg(&ours, (LIMIT << 40) | (mib as i64 & LIMIT_MASK), None)?;
         }
         send_msg(&ours, encode(SYNCED, 0, 0), None)?;
-        *slot = Some(ours);
+        // What the worker says back (migration reports) until it goes.
+        let back = ours.try_clone().map_err(|source| Error::Io {
+            what: "feed clone",
+            source,
+        })?;
+        let reports = self.reports.clone();
+        std::thread::Builder::new()
+            .name("feed-back".into())
+            .spawn(move || {
+                let (mut pause_us, mut kib) = (0, 0);
+                while let Ok(Some((v, _))) = recv_msg(&back) {
+                    match v >> 40 {
+                        MIGRATION_PAUSE_US => pause_us = (v & LIMIT_MASK) as u64,
+                        MIGRATION_KIB => kib = (v & LIMIT_MASK) as u64,
+                        MIGRATED => reports.lock().unwrap_or_else(|e| e.into_inner()).push(
+                            MigrationReport {
+                                gpu: (v & 0xffff) as u32,
+                                moved: v & (1 << 16) != 0,
+                                pause_us,
+                                kib,
+                            },
+                        ),
+                        _ => {}
+                    }
+                }
+            })
+            .map_err(|source| Error::Io {
+                what: "spawning feed thread",
+                source,
+            })?;
+        // The previous worker's feed ends here, for it and for the thread
+        // reading its answers (which holds a clone).
+        if let Some(old) = slot.replace(ours) {
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
         Ok(theirs.into())
     }
 
@@ -156,6 +215,27 @@ impl VmHost {
         Ok(())
     }
 
+    /// Asks the current worker to move the vGPU to GPU `gpu`, registering
+    /// there over `grant` (a connection to that GPU's grant service).
+    /// Its answer comes in [`VmHost::take_reports`].
+    pub fn migrate(&self, gpu: u32, grant: Option<&UnixStream>) -> Result<(), Error> {
+        let slot = self.feed.lock().unwrap_or_else(|e| e.into_inner());
+        let sock = slot
+            .as_ref()
+            .ok_or_else(|| Error::Config("no worker serves this VM now".into()))?;
+        send_msg(
+            sock,
+            (MIGRATE << 40) | i64::from(gpu as u16),
+            grant.map(|g| g.as_raw_fd()),
+        )?;
+        Ok(())
+    }
+
+    /// Migration reports received since the last call.
+    pub fn take_reports(&self) -> Vec<MigrationReport> {
+        std::mem::take(&mut *self.reports.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// The region (the daemon marks the channels of departed peers).
     pub fn region(&self) -> &Region {
         &self.region
@@ -164,6 +244,9 @@ impl VmHost {
 
 impl Drop for VmHost {
     fn drop(&mut self) {
+        if let Some(s) = self.feed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -221,6 +304,10 @@ fn forward(
     }
 }
 
+/// A migration the daemon asked for: the target GPU and a connection to its
+/// grant service.
+type MigrationAsk = Arc<Mutex<Option<(u32, Option<OwnedFd>)>>>;
+
 /// A worker's view of the peers, fed by the daemon.
 #[derive(Debug)]
 pub struct Fed {
@@ -229,6 +316,11 @@ pub struct Fed {
     closed: Arc<AtomicBool>,
     /// Bytes; 0 while the daemon set none (the config's applies).
     limit: Arc<AtomicU64>,
+    /// A migration the daemon asked for: (GPU, grant socket).
+    migration: MigrationAsk,
+    migration_asked: Arc<AtomicBool>,
+    /// Our end of the feed, for answers.
+    back: UnixStream,
 }
 
 /// Takes over the feed fd the daemon passed (by number, on the command line).
@@ -285,8 +377,15 @@ impl Fed {
         let region = region.ok_or_else(|| Error::Config("feed without a region".into()))?;
         let host_bells: Vec<_> = host_bells.into_values().collect();
         let closed = Arc::new(AtomicBool::new(false));
+        let migration: MigrationAsk = Arc::default();
+        let migration_asked = Arc::new(AtomicBool::new(false));
+        let back = sock.try_clone().map_err(|source| Error::Io {
+            what: "feed clone",
+            source,
+        })?;
         {
             let (peers, closed, limit) = (peers.clone(), closed.clone(), limit.clone());
+            let (migration, asked) = (migration.clone(), migration_asked.clone());
             std::thread::Builder::new()
                 .name("feed".into())
                 .spawn(move || loop {
@@ -295,6 +394,10 @@ impl Fed {
                             let (kind, peer, vector) = decode(v);
                             if kind == LIMIT {
                                 set_limit(&limit, v);
+                            } else if kind == MIGRATE {
+                                *migration.lock().unwrap_or_else(|e| e.into_inner()) =
+                                    Some(((v & 0xffff) as u32, fd));
+                                asked.store(true, Ordering::Release);
                             } else if apply(&peers, kind, peer, vector, fd).is_err() {
                                 tracing::warn!("unexpected feed message {v:#x}");
                             }
@@ -317,6 +420,9 @@ impl Fed {
                 peers,
                 closed,
                 limit,
+                migration,
+                migration_asked,
+                back,
             },
         ))
     }
@@ -416,6 +522,43 @@ impl PeerLink {
         match self {
             PeerLink::Local(_) => None,
             PeerLink::Fed(f) => Some(f.limit.load(Ordering::Relaxed)).filter(|&b| b > 0),
+        }
+    }
+
+    /// A migration the daemon asked for since the last call: the target GPU
+    /// and, when the scheduler runs, a connection to its grant service.
+    /// Cheap when there is none (one atomic load).
+    pub fn take_migration(&self) -> Option<(u32, Option<OwnedFd>)> {
+        match self {
+            PeerLink::Local(_) => None,
+            PeerLink::Fed(f) => {
+                if !f.migration_asked.swap(false, Ordering::Acquire) {
+                    return None;
+                }
+                f.migration.lock().unwrap_or_else(|e| e.into_inner()).take()
+            }
+        }
+    }
+
+    /// Tells the daemon how a migration went.
+    pub fn report_migration(&self, r: &MigrationReport) {
+        if let PeerLink::Fed(f) = self {
+            let _ = send_msg(
+                &f.back,
+                (MIGRATION_PAUSE_US << 40) | (r.pause_us as i64 & LIMIT_MASK),
+                None,
+            );
+            let _ = send_msg(
+                &f.back,
+                (MIGRATION_KIB << 40) | (r.kib as i64 & LIMIT_MASK),
+                None,
+            );
+            let moved = if r.moved { 1 << 16 } else { 0 };
+            let _ = send_msg(
+                &f.back,
+                (MIGRATED << 40) | moved | i64::from(r.gpu as u16),
+                None,
+            );
         }
     }
 

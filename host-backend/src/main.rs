@@ -41,6 +41,32 @@ enum Cmd {
         /// the worker serves its own region and socket.
         #[arg(long)]
         feed_fd: Option<i32>,
+        /// The GPU the vGPU is on now (set by the daemon; default: the
+        /// config's).
+        #[arg(long)]
+        gpu: Option<u32>,
+    },
+    /// Move a running vGPU to another GPU of the host (through the API).
+    Migrate {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM whose vGPU moves.
+        #[arg(long)]
+        vm: String,
+        /// The target GPU.
+        #[arg(long)]
+        gpu: u32,
+    },
+    /// Forbid moving a vGPU (or, with --off, allow it again).
+    Pin {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM.
+        #[arg(long)]
+        vm: String,
+        /// Allow moving it again.
+        #[arg(long)]
+        off: bool,
     },
     /// Live status of the GPUs and vGPUs, from the running daemon.
     Status {
@@ -283,11 +309,31 @@ fn main() -> Result<()> {
             vm,
             id,
             feed_fd,
-        } => match daemon::run_worker(&Config::load(&config)?, &vm, id, feed_fd) {
+            gpu,
+        } => match daemon::run_worker(&Config::load(&config)?, &vm, id, feed_fd, gpu) {
             // The daemon tells this exit apart from a crash.
             Err(host_backend::Error::Poisoned(_)) => std::process::exit(daemon::EXIT_POISONED),
             r => Ok(r?),
         },
+        Cmd::Migrate { api, vm, gpu } => {
+            let body = serde_json::json!({ "gpu": gpu }).to_string();
+            let r = api.call(
+                "POST",
+                &format!("/api/v1/vgpus/{vm}/migrate"),
+                body.as_bytes(),
+            )?;
+            println!(
+                "{vm}: on GPU {} (paused {} ms, {} bytes copied)",
+                r["gpu"], r["pause_ms"], r["copied_bytes"]
+            );
+            Ok(())
+        }
+        Cmd::Pin { api, vm, off } => {
+            let body = serde_json::json!({ "pinned": !off }).to_string();
+            api.call("POST", &format!("/api/v1/vgpus/{vm}/pin"), body.as_bytes())?;
+            println!("{vm}: {}", if off { "may move" } else { "pinned" });
+            Ok(())
+        }
         Cmd::Status { api, json } => {
             let st = api.call("GET", "/api/v1/status", b"")?;
             if json {

@@ -95,6 +95,10 @@ pub struct Stats {
     pub timed_launches: AtomicU64,
     /// Synchronous calls served (those that wait for the device).
     pub sync_calls: AtomicU64,
+    /// Migrations to another GPU done.
+    pub migrations: AtomicU64,
+    /// The GPU the vGPU runs on now.
+    pub device: AtomicU64,
 }
 
 enum Inbound {
@@ -161,6 +165,9 @@ struct Shared {
     booster: std::cell::RefCell<crate::cosched::VcpuBooster>,
     /// A sticky CUDA error: every context of this process is unusable.
     poisoned: std::cell::Cell<Option<Status>>,
+    /// This vGPU's id and weight at the grant services (to register at
+    /// another GPU's after a migration).
+    grant_id: Option<(u32, f64)>,
 }
 
 /// How often a worker reports its live figures to the grant service.
@@ -269,6 +276,10 @@ impl Worker {
             })
             .collect::<Result<Vec<_>, qemu_ivshmem::Error>>()?;
         let chunk = (cfg.layout.arena_size as usize / 4).max(4096);
+        let stats: Arc<Stats> = Arc::default();
+        stats
+            .device
+            .store(u64::from(exec.device()), Ordering::Relaxed);
         Ok(Worker {
             sh: Shared {
                 region,
@@ -278,7 +289,7 @@ impl Worker {
                 mem_limit,
                 device_mem,
                 mem_used: 0,
-                stats: Arc::default(),
+                stats,
                 chunk,
                 gate: match &cfg.grant {
                     Some((path, id, weight)) => {
@@ -286,6 +297,7 @@ impl Worker {
                     }
                     None => None,
                 },
+                grant_id: cfg.grant.as_ref().map(|g| (g.1, g.2)),
                 charged_ns: 0,
                 sample_every: cfg.sample_every.max(1),
                 booster: std::cell::RefCell::new(crate::cosched::VcpuBooster::new(
@@ -322,6 +334,9 @@ impl Worker {
         while !self.stop.load(Ordering::Relaxed) && !self.sh.link.orphaned() {
             if self.sh.poisoned.get().is_some() {
                 break;
+            }
+            if let Some((gpu, grant)) = self.sh.link.take_migration() {
+                self.migrate(gpu, grant)?;
             }
             self.peer_events();
             // Reading the clock on every turn of the polling loop would cost
@@ -452,6 +467,82 @@ impl Worker {
         if let Some(g) = self.sh.gate.as_mut() {
             g.release(used, pending)?;
         }
+        Ok(())
+    }
+
+    /// Moves every context to GPU `gpu` between two requests (a kernel
+    /// boundary: what was submitted finishes on the source, what waits in
+    /// the rings runs on the target), registers at the target's grant
+    /// service over `grant`, and tells the daemon how it went. If a context
+    /// cannot move, those already moved go back and the vGPU stays.
+    fn migrate(&mut self, gpu: u32, grant: Option<std::os::fd::OwnedFd>) -> Result<(), Error> {
+        let t0 = Instant::now();
+        let from = self.sh.exec.device();
+        if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
+            self.release_grant(true)?;
+        }
+        let mut moved: Vec<usize> = Vec::new();
+        let mut bytes = 0u64;
+        let mut failed = None;
+        for (i, c) in self.chans.iter_mut().enumerate() {
+            let Some(s) = c.session.as_mut() else {
+                continue;
+            };
+            match s.ctx.migrate(gpu) {
+                Ok(m) => {
+                    bytes += m.bytes;
+                    moved.push(i);
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let ok = failed.is_none() && self.sh.exec.set_device(gpu).is_ok();
+        if !ok {
+            for i in moved {
+                if let Some(s) = self.chans[i].session.as_mut() {
+                    if let Err(e) = s.ctx.migrate(from) {
+                        s.defer(e);
+                    }
+                }
+            }
+            tracing::warn!(
+                to = gpu,
+                "migration failed ({failed:?}); the vGPU stays on GPU {from}"
+            );
+        }
+        if ok {
+            if let (Some(fd), Some((id, weight))) = (grant, self.sh.grant_id) {
+                // The source's service forgets the vGPU when this closes.
+                self.sh.gate = Some(crate::grant::Gate::over(
+                    std::os::unix::net::UnixStream::from(fd),
+                    id,
+                    weight,
+                )?);
+            }
+            self.sh.stats.migrations.fetch_add(1, Ordering::Relaxed);
+            self.sh
+                .stats
+                .device
+                .store(u64::from(gpu), Ordering::Relaxed);
+        }
+        let report = crate::link::MigrationReport {
+            gpu: if ok { gpu } else { from },
+            moved: ok,
+            pause_us: t0.elapsed().as_micros() as u64,
+            kib: bytes.div_ceil(1024),
+        };
+        tracing::info!(
+            from,
+            to = gpu,
+            ok,
+            pause_us = report.pause_us,
+            kib = report.kib,
+            "migration"
+        );
+        self.sh.link.report_migration(&report);
         Ok(())
     }
 

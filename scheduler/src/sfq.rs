@@ -104,6 +104,34 @@ impl StartTagQueue {
         Ok(())
     }
 
+    /// How far a vGPU's start tag is ahead of virtual time (tag units): the
+    /// service it received beyond its share. What it takes along when it
+    /// moves to another GPU ([`StartTagQueue::set_lag`] there), so that it
+    /// neither gains nor loses share by moving.
+    pub fn lag(&self, id: VgpuId) -> Option<u128> {
+        self.vgpus
+            .get(&id)
+            .map(|e| e.start.saturating_sub(self.vtime))
+    }
+
+    /// Places a vGPU `lag` ahead of virtual time (a vGPU arriving from
+    /// another GPU).
+    pub fn set_lag(&mut self, id: VgpuId, lag: u128) -> Result<(), SchedError> {
+        let vtime = self.vtime;
+        let e = *self.vgpus.get(&id).ok_or(SchedError::NoSuchVgpu(id))?;
+        if e.runnable {
+            self.run.remove(&(e.start, id));
+        }
+        let start = vtime + lag;
+        let entry = self.entry(id)?;
+        entry.start = start;
+        if e.runnable {
+            self.run.insert((start, id), ());
+        }
+        self.advance_vtime();
+        Ok(())
+    }
+
     /// The weight of a vGPU.
     pub fn weight(&self, id: VgpuId) -> Option<f64> {
         self.vgpus.get(&id).map(|e| e.weight)
@@ -191,6 +219,32 @@ impl StartTagQueue {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_moved_vgpu_keeps_its_lag_on_the_new_queue() {
+        // On A, vGPU 0 has just run a long kernel: it is ahead of vtime.
+        let mut a = StartTagQueue::new();
+        a.add(0, 1.0).unwrap();
+        a.add(1, 1.0).unwrap();
+        a.wake(0).unwrap();
+        a.wake(1).unwrap();
+        a.charge(0, 6_000_000).unwrap();
+        let lag = a.lag(0).unwrap();
+        assert!(lag > 0);
+        // B has run a while; vGPU 0 arrives with its lag.
+        let mut b = StartTagQueue::new();
+        b.add(5, 1.0).unwrap();
+        b.wake(5).unwrap();
+        for _ in 0..10 {
+            b.charge(5, 1_000_000).unwrap();
+        }
+        b.add(0, 1.0).unwrap();
+        b.set_lag(0, lag).unwrap();
+        b.wake(0).unwrap();
+        assert_eq!(b.lag(0), Some(lag), "neither forgiven nor charged again");
+        // vGPU 5 runs first until it has had the same 6 ms extra.
+        assert_eq!(b.pick(), Some(5));
+    }
 
     /// Runs always-busy vGPUs with the given weights and kernel sizes until
     /// `total_ns` of GPU time was handed out; returns each one's GPU time.

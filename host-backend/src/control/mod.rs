@@ -12,6 +12,10 @@
 //!   hot-plug or unplug the vGPU through QMP
 //! - `POST /api/v1/vgpus/{vm}/vcpus` `{"threads": [4711, 4712]}`: the VM's
 //!   vCPU threads (coscheduling boost), where QEMU was attached at start-up
+//! - `POST /api/v1/vgpus/{vm}/migrate` `{"gpu": 1}`: move the running vGPU
+//!   to another GPU now; answers when it has moved (with the pause)
+//! - `POST /api/v1/vgpus/{vm}/pin` `{"pinned": true}`: forbid (or allow
+//!   again) moving it, by the balancer or by hand
 //! - `POST /api/v1/reload`: re-read host.toml (also on SIGHUP)
 //! - `GET /metrics`: Prometheus text format
 //! - `GET /`: the dashboard
@@ -67,6 +71,16 @@ pub struct ControlPlane {
     vcpus: Mutex<HashMap<String, Vec<u32>>>,
     /// Worker restarts per VM since the daemon started.
     restarts: Mutex<HashMap<String, u64>>,
+    /// The GPU each vGPU runs on, where it moved from its configured one.
+    current: Mutex<HashMap<String, u32>>,
+    /// vGPUs that must not move.
+    pinned: Mutex<std::collections::HashSet<String>>,
+    /// Migrations asked for, under way, or just finished, per VM.
+    migrations: Mutex<HashMap<String, Migration>>,
+    /// Migrations done per VM.
+    migrated: Mutex<HashMap<String, u64>>,
+    /// GPUs on this host.
+    gpu_count: std::sync::atomic::AtomicU32,
     token: Option<String>,
     started: Instant,
 }
@@ -85,6 +99,24 @@ fn read_token(cfg: &Config) -> Result<Option<String>, Error> {
         .as_deref()
         .map(token_from_file)
         .transpose()
+}
+
+/// A migration as the control plane tracks it.
+#[derive(Debug, Clone)]
+pub enum Migration {
+    /// Asked for, to this GPU; the supervisor has not started it.
+    Requested(u32),
+    /// The worker was told; waiting for its report.
+    InFlight {
+        /// Target GPU.
+        to: u32,
+        /// Since when.
+        since: Instant,
+    },
+    /// Finished: where it is now and what it cost.
+    Done(crate::link::MigrationReport),
+    /// Did not happen; the vGPU stays where it was.
+    Failed(String),
 }
 
 /// Compares without an early exit, so timing does not reveal a prefix.
@@ -109,6 +141,14 @@ impl ControlPlane {
             events: Mutex::new(VecDeque::new()),
             vcpus: Mutex::new(HashMap::new()),
             restarts: Mutex::new(HashMap::new()),
+            current: Mutex::new(HashMap::new()),
+            pinned: Mutex::new(Default::default()),
+            migrations: Mutex::new(HashMap::new()),
+            migrated: Mutex::new(HashMap::new()),
+            gpu_count: std::sync::atomic::AtomicU32::new(match cfg.daemon.executor {
+                ExecutorKind::Sim => cfg.sim.gpus.max(1),
+                ExecutorKind::Cuda => crate::executor::cuda::device_count().unwrap_or(1),
+            }),
             token,
             started: Instant::now(),
             cfg: Mutex::new(cfg.clone()),
@@ -140,7 +180,7 @@ impl ControlPlane {
         *ids.entry(name.to_owned()).or_insert(next)
     }
 
-    fn ensure_service(&self, cfg: &Config, gpu: u32) -> Result<(), Error> {
+    pub(crate) fn ensure_service(&self, cfg: &Config, gpu: u32) -> Result<(), Error> {
         if !cfg.daemon.scheduler {
             return Ok(());
         }
@@ -152,6 +192,161 @@ impl ControlPlane {
             e.insert(Arc::new(svc));
         }
         Ok(())
+    }
+
+    /// GPUs on this host.
+    pub fn gpu_count(&self) -> u32 {
+        self.gpu_count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The GPU a VM's vGPU runs on now.
+    pub fn gpu_of(&self, vm: &str) -> Option<u32> {
+        if let Some(g) = lock(&self.current).get(vm) {
+            return Some(*g);
+        }
+        lock(&self.cfg).vm(vm).map(|v| v.gpu)
+    }
+
+    /// The grant service of GPU `gpu` (started if the scheduler runs and
+    /// it has none yet).
+    pub fn service(&self, gpu: u32) -> Result<Option<Arc<GrantService>>, Error> {
+        let cfg = self.config();
+        self.ensure_service(&cfg, gpu)?;
+        Ok(lock(&self.services).get(&gpu).cloned())
+    }
+
+    /// Asks for `vm`'s vGPU to move to `gpu` (the supervisor carries it out).
+    pub fn request_migration(&self, vm: &str, gpu: u32) -> Result<(), String> {
+        let from = self
+            .gpu_of(vm)
+            .ok_or_else(|| format!("no vm named {vm:?}"))?;
+        if gpu >= self.gpu_count() {
+            return Err(format!("no GPU {gpu}: this host has {}", self.gpu_count()));
+        }
+        if gpu == from {
+            return Err(format!("{vm} is on GPU {gpu} already"));
+        }
+        if lock(&self.pinned).contains(vm) {
+            return Err(format!("{vm} is pinned: unpin it to move it"));
+        }
+        let mut m = lock(&self.migrations);
+        if matches!(
+            m.get(vm),
+            Some(Migration::Requested(_) | Migration::InFlight { .. })
+        ) {
+            return Err(format!("{vm} is moving already"));
+        }
+        m.insert(vm.to_owned(), Migration::Requested(gpu));
+        Ok(())
+    }
+
+    /// Migrations asked for and not started: they are under way from now.
+    pub fn take_requested(&self) -> Vec<(String, u32)> {
+        let mut out = Vec::new();
+        for (vm, m) in lock(&self.migrations).iter_mut() {
+            if let Migration::Requested(to) = *m {
+                out.push((vm.clone(), to));
+                *m = Migration::InFlight {
+                    to,
+                    since: Instant::now(),
+                };
+            }
+        }
+        out
+    }
+
+    /// Records how a migration ended.
+    pub fn finish_migration(&self, vm: &str, result: Result<crate::link::MigrationReport, String>) {
+        let from = self.gpu_of(vm).unwrap_or(0);
+        let state = match result {
+            Ok(r) if r.moved => {
+                lock(&self.current).insert(vm.to_owned(), r.gpu);
+                *lock(&self.migrated).entry(vm.to_owned()).or_default() += 1;
+                self.event(
+                    "migration",
+                    format!(
+                        "{vm}: GPU {from} -> {} in {:.1} ms ({:.1} MiB copied)",
+                        r.gpu,
+                        r.pause_us as f64 / 1e3,
+                        r.kib as f64 / 1024.0
+                    ),
+                );
+                Migration::Done(r)
+            }
+            Ok(r) => {
+                let e = format!(
+                    "{vm}: could not move to GPU {}; it stays on GPU {from}",
+                    r.gpu
+                );
+                self.event("migration-failed", e.clone());
+                Migration::Failed(e)
+            }
+            Err(e) => {
+                self.event("migration-failed", format!("{vm}: {e}"));
+                Migration::Failed(e)
+            }
+        };
+        lock(&self.migrations).insert(vm.to_owned(), state);
+    }
+
+    /// Fails migrations under way for longer than `limit`.
+    pub fn expire_migrations(&self, limit: Duration) {
+        let late: Vec<String> = lock(&self.migrations)
+            .iter()
+            .filter(
+                |(_, m)| matches!(m, Migration::InFlight { since, .. } if since.elapsed() > limit),
+            )
+            .map(|(vm, _)| vm.clone())
+            .collect();
+        for vm in late {
+            self.finish_migration(&vm, Err("the worker did not answer".into()));
+        }
+    }
+
+    /// Moves `vm` to `gpu` and waits until it has moved (or failed).
+    pub fn migrate(&self, vm: &str, gpu: u32, timeout: Duration) -> Result<Value, String> {
+        self.request_migration(vm, gpu)?;
+        let t = Instant::now();
+        loop {
+            match lock(&self.migrations).get(vm) {
+                Some(Migration::Done(r)) => {
+                    return Ok(json!({
+                        "vm": vm,
+                        "gpu": r.gpu,
+                        "pause_ms": r.pause_us as f64 / 1e3,
+                        "copied_bytes": r.kib * 1024,
+                    }))
+                }
+                Some(Migration::Failed(e)) => return Err(e.clone()),
+                _ => {}
+            }
+            if t.elapsed() > timeout {
+                return Err(format!("{vm}: the migration did not finish in {timeout:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Forbids (or allows again) moving `vm`.
+    pub fn set_pinned(&self, vm: &str, pinned: bool) -> Result<(), String> {
+        if lock(&self.cfg).vm(vm).is_none() {
+            return Err(format!("no vm named {vm:?}"));
+        }
+        if pinned {
+            lock(&self.pinned).insert(vm.to_owned());
+        } else {
+            lock(&self.pinned).remove(vm);
+        }
+        self.event(
+            "placement",
+            format!("{vm}: {}", if pinned { "pinned" } else { "may move" }),
+        );
+        Ok(())
+    }
+
+    /// Whether `vm` must not move.
+    pub fn is_pinned(&self, vm: &str) -> bool {
+        lock(&self.pinned).contains(vm)
     }
 
     /// Counts a restart of a VM's worker (status `worker_restarts`).
@@ -200,9 +395,10 @@ impl ControlPlane {
                 return Err(format!("no vm named {vm:?}"));
             };
             v.weight = weight;
-            let (gpu, tenant) = (v.gpu, v.tenant.clone());
-            (gpu, tenant.clone(), cfg.tenant_weight(&tenant))
+            let tenant = v.tenant.clone();
+            (v.gpu, tenant.clone(), cfg.tenant_weight(&tenant))
         };
+        let gpu = self.gpu_of(vm).unwrap_or(gpu);
         if let Some(svc) = lock(&self.services).get(&gpu) {
             svc.set_share(self.vgpu_id(vm), &tenant, weight, tenant_weight)
                 .map_err(|e| e.to_string())?;
@@ -340,7 +536,8 @@ impl ControlPlane {
                     }
                 }
             }
-            if let Some(svc) = lock(&self.services).get(&vm.gpu) {
+            let gpu = self.gpu_of(&vm.name).unwrap_or(vm.gpu);
+            if let Some(svc) = lock(&self.services).get(&gpu) {
                 svc.set_share(
                     self.vgpu_id(&vm.name),
                     &vm.tenant,
@@ -380,12 +577,14 @@ impl ControlPlane {
         let none = HashMap::new();
         let newl = new.map_or(&none, |s| &s.live);
         let oldl = old.map_or(&none, |s| &s.live);
-        let mut gpus: Vec<u32> = cfg.vms.iter().map(|v| v.gpu).collect();
+        let on = |v: &crate::config::VmConfig| self.gpu_of(&v.name).unwrap_or(v.gpu);
+        let mut gpus: Vec<u32> = cfg.vms.iter().map(on).collect();
+        gpus.extend(0..self.gpu_count());
         gpus.sort_unstable();
         gpus.dedup();
         let mut out = Vec::new();
         for g in gpus {
-            let vms: Vec<_> = cfg.vms.iter().filter(|v| v.gpu == g).collect();
+            let vms: Vec<_> = cfg.vms.iter().filter(|v| on(v) == g).collect();
             let rows: Vec<(u32, VgpuLive, u64, u64)> = vms
                 .iter()
                 .map(|v| {
@@ -459,6 +658,9 @@ impl ControlPlane {
                     "memory_used_bytes": r.1.mem_used,
                     "memory_limit_bytes": v.memory_limit_mib << 20,
                     "worker_restarts": lock(&self.restarts).get(&v.name).copied().unwrap_or(0),
+                    "gpu": g,
+                    "pinned": self.is_pinned(&v.name),
+                    "migrations": lock(&self.migrated).get(&v.name).copied().unwrap_or(0),
                     "requests": r.1.requests,
                     "refused": r.1.refused,
                     "worker_rss_bytes": r.1.rss_bytes,
@@ -733,6 +935,32 @@ impl ControlPlane {
                     Ok(v) => Response::json(200, &v),
                     Err(e) if e.starts_with("no vm") => Response::error(404, e),
                     Err(e) => Response::error(409, e),
+                }
+            }
+            ("POST", ["api", "v1", "vgpus", vm, "migrate"]) => {
+                let gpu = serde_json::from_slice::<Value>(&req.body)
+                    .ok()
+                    .and_then(|v| v["gpu"].as_u64())
+                    .and_then(|g| u32::try_from(g).ok());
+                let Some(gpu) = gpu else {
+                    return Response::error(400, "expected a body like {\"gpu\": 1}");
+                };
+                match self.migrate(vm, gpu, Duration::from_secs(60)) {
+                    Ok(v) => Response::json(200, &v),
+                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
+                    Err(e) => Response::error(409, e),
+                }
+            }
+            ("POST", ["api", "v1", "vgpus", vm, "pin"]) => {
+                let pinned = serde_json::from_slice::<Value>(&req.body)
+                    .ok()
+                    .and_then(|v| v["pinned"].as_bool());
+                let Some(pinned) = pinned else {
+                    return Response::error(400, "expected a body like {\"pinned\": true}");
+                };
+                match self.set_pinned(vm, pinned) {
+                    Ok(()) => Response::json(200, &json!({ "vm": vm, "pinned": pinned })),
+                    Err(e) => Response::error(404, e),
                 }
             }
             ("POST", ["api", "v1", "reload"]) => match self.reload() {

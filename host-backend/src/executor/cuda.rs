@@ -38,6 +38,18 @@ pub fn available() -> Result<(), Error> {
     Ok(())
 }
 
+/// Number of GPUs the driver sees.
+pub fn device_count() -> Result<u32, Error> {
+    available()?;
+    let fail = |what: &str, s: Status| Error::Config(format!("executor \"cuda\": {what}: {s:?}"));
+    // SAFETY: cuInit takes flags only.
+    check(unsafe { sys::cuInit(0) }).map_err(|s| fail("cuInit", s))?;
+    let mut count = 0;
+    // SAFETY: out-parameter on our stack.
+    check(unsafe { sys::cuDeviceGetCount(&mut count) }).map_err(|s| fail("cuDeviceGetCount", s))?;
+    Ok(count.max(0) as u32)
+}
+
 /// Opens GPU `ordinal`; a clear error where there is no driver or no such GPU.
 pub fn open(ordinal: u32) -> Result<Box<dyn Executor>, Error> {
     available()?;

@@ -22,6 +22,31 @@ pub trait Executor: Send {
     fn register_dma_targets(&mut self, _arenas: &[VolatileSlice<'_>]) -> Result<(), Status> {
         Ok(())
     }
+    /// GPUs this executor can run on (migration targets).
+    fn devices(&self) -> u32 {
+        1
+    }
+    /// The GPU new contexts open on.
+    fn device(&self) -> u32 {
+        0
+    }
+    /// Opens new contexts on `device` from now on (after a migration).
+    fn set_device(&mut self, device: u32) -> Result<(), Status> {
+        if device == self.device() {
+            Ok(())
+        } else {
+            Err(Status::NotSupported)
+        }
+    }
+}
+
+/// What one context's migration did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// Device bytes copied to the target.
+    pub bytes: u64,
+    /// Allocations remapped at their old addresses.
+    pub allocations: u64,
 }
 
 /// The per-guest-process context. Dropping it frees everything it holds.
@@ -108,4 +133,12 @@ pub trait Context: Send {
     fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status>;
     /// Waits for all work of this context.
     fn synchronize(&mut self) -> Result<(), Status>;
+    /// Moves the context to GPU `device` at a kernel boundary: waits for its
+    /// work, copies its memory there, and maps it at the same device
+    /// addresses (pointers the guest holds, and pointers stored in device
+    /// memory, stay valid); its streams, events and modules move with it
+    /// under the same handles. On failure it stays where it was.
+    fn migrate(&mut self, _device: u32) -> Result<Moved, Status> {
+        Err(Status::NotSupported)
+    }
 }

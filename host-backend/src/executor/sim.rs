@@ -15,12 +15,13 @@ use std::time::{Duration, Instant};
 use protocol::{DeviceInfo, Dim3, ImageKind, Status};
 use vm_memory::VolatileSlice;
 
-use super::{Context, Executor, Handle};
+use super::{Context, Executor, Handle, Moved};
 use crate::ptx;
 
-/// Parameters of the model.
+/// Parameters of the model (in host.toml's `[sim]`; keys left out keep
+/// their defaults).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct SimParams {
     /// Device memory in bytes.
     pub memory: u64,
@@ -30,6 +31,14 @@ pub struct SimParams {
     pub mem_gbps: f64,
     /// Fixed cost of every operation, ns.
     pub op_ns: u64,
+    /// Number of simulated GPUs (migration targets), each with its own
+    /// queue and `memory`.
+    #[serde(default = "one_gpu")]
+    pub gpus: u32,
+}
+
+fn one_gpu() -> u32 {
+    1
 }
 
 impl Default for SimParams {
@@ -39,6 +48,7 @@ impl Default for SimParams {
             copy_gbps: 25.0,
             mem_gbps: 2000.0,
             op_ns: 2_000,
+            gpus: 1,
         }
     }
 }
@@ -68,7 +78,8 @@ impl Queue {
 #[derive(Debug, Clone)]
 pub struct SimExecutor {
     params: SimParams,
-    queue: Arc<Mutex<Queue>>,
+    queues: Arc<Vec<Mutex<Queue>>>,
+    device: u32,
     next_base: Arc<Mutex<u64>>,
     poisoned: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -78,9 +89,16 @@ impl SimExecutor {
     pub fn new(params: SimParams) -> Self {
         SimExecutor {
             params,
-            queue: Arc::new(Mutex::new(Queue {
-                busy_until: Instant::now(),
-            })),
+            queues: Arc::new(
+                (0..params.gpus.max(1))
+                    .map(|_| {
+                        Mutex::new(Queue {
+                            busy_until: Instant::now(),
+                        })
+                    })
+                    .collect(),
+            ),
+            device: 0,
             next_base: Arc::new(Mutex::new(0x7f00_0000_0000)),
             poisoned: Arc::default(),
         }
@@ -88,6 +106,22 @@ impl SimExecutor {
 }
 
 impl Executor for SimExecutor {
+    fn devices(&self) -> u32 {
+        self.queues.len() as u32
+    }
+
+    fn device(&self) -> u32 {
+        self.device
+    }
+
+    fn set_device(&mut self, device: u32) -> Result<(), Status> {
+        if device as usize >= self.queues.len() {
+            return Err(Status::InvalidValue);
+        }
+        self.device = device;
+        Ok(())
+    }
+
     fn info(&self) -> DeviceInfo {
         DeviceInfo {
             name: "fairvgpu sim GPU".into(),
@@ -101,7 +135,8 @@ impl Executor for SimExecutor {
     fn open(&mut self) -> Result<Box<dyn Context>, Status> {
         Ok(Box::new(SimContext {
             params: self.params,
-            queue: self.queue.clone(),
+            queues: self.queues.clone(),
+            device: self.device,
             next_base: self.next_base.clone(),
             poisoned: self.poisoned.clone(),
             mem: BTreeMap::new(),
@@ -125,6 +160,8 @@ fn kernel_by_name(name: &str) -> Option<Kernel> {
         "spin_ns" => k_spin,
         "empty" => k_empty,
         "atomic_count" => k_atomic_count,
+        "list_inc" => k_list_inc,
+        "list_sum" => k_list_sum,
         _ => return None,
     })
 }
@@ -137,7 +174,8 @@ struct SimModule {
 
 struct SimContext {
     params: SimParams,
-    queue: Arc<Mutex<Queue>>,
+    queues: Arc<Vec<Mutex<Queue>>>,
+    device: u32,
     next_base: Arc<Mutex<u64>>,
     poisoned: Arc<std::sync::atomic::AtomicBool>,
     mem: BTreeMap<u64, Vec<u8>>,
@@ -157,8 +195,7 @@ impl SimContext {
     }
 
     fn submit(&mut self, ns: u64, stream: Handle) -> Instant {
-        let done = self
-            .queue
+        let done = self.queues[self.device as usize]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .submit(ns + self.params.op_ns);
@@ -298,6 +335,46 @@ fn k_saxpy(c: &mut SimContext, grid: Dim3, block: Dim3, p: &[u8]) -> Result<u64,
     }
     c.write_f32s(y, &ys)?;
     Ok(c.mem_ns(12 * n as u64))
+}
+
+/// Walks the linked list at `head` (nodes {u64 next; f32 value; u32 pad}),
+/// at most `n` nodes, calling `f` on each node's value.
+fn walk_list(
+    c: &mut SimContext,
+    head: u64,
+    n: u32,
+    mut f: impl FnMut(&mut [u8]),
+) -> Result<u64, Status> {
+    let (mut node, mut seen) = (head, 0u64);
+    while node != 0 && seen < u64::from(n) {
+        let (buf, off) = c.locate(node, 16)?;
+        f(&mut buf[off + 8..off + 12]);
+        node = u64::from_le_bytes(
+            buf[off..off + 8]
+                .try_into()
+                .map_err(|_| Status::IllegalAddress)?,
+        );
+        seen += 1;
+    }
+    // A dependent load per node.
+    Ok(seen * 400)
+}
+
+fn k_list_inc(c: &mut SimContext, _g: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, Status> {
+    walk_list(c, u64_at(p, 0), u32_at(p, 8), |v| {
+        let x = f32::from_le_bytes([v[0], v[1], v[2], v[3]]) + 1.0;
+        v.copy_from_slice(&x.to_le_bytes());
+    })
+}
+
+fn k_list_sum(c: &mut SimContext, _g: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, Status> {
+    let (head, out, n) = (u64_at(p, 0), u64_at(p, 8), u32_at(p, 16));
+    let mut sum = 0.0f32;
+    let ns = walk_list(c, head, n, |v| {
+        sum += f32::from_le_bytes([v[0], v[1], v[2], v[3]]);
+    })?;
+    c.write_f32s(out, &[sum])?;
+    Ok(ns)
 }
 
 fn k_spin(_c: &mut SimContext, _g: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, Status> {
@@ -600,6 +677,27 @@ impl Context for SimContext {
         Self::wait_until(self.last_done);
         Ok(())
     }
+
+    fn migrate(&mut self, device: u32) -> Result<Moved, Status> {
+        self.alive()?;
+        if device as usize >= self.queues.len() {
+            return Err(Status::InvalidValue);
+        }
+        // Drain: what was submitted finishes on the source.
+        Self::wait_until(self.last_done);
+        if device == self.device {
+            return Ok(Moved::default());
+        }
+        // The model keeps device memory in host RAM under the same
+        // addresses on every device: the copy costs time on the target's
+        // queue (peer copy at the host-device bandwidth), nothing else.
+        let bytes: u64 = self.mem.values().map(|b| b.len() as u64).sum();
+        let allocations = self.mem.len() as u64;
+        self.device = device;
+        let done = self.submit(self.copy_ns(bytes), 0);
+        Self::wait_until(done);
+        Ok(Moved { bytes, allocations })
+    }
 }
 
 #[cfg(test)]
@@ -642,5 +740,56 @@ mod tests {
         let mut other = SimExecutor::new(SimParams::default()).open().unwrap();
         assert!(other.alloc(16).is_ok());
         assert!(other.synchronize().is_ok());
+    }
+
+    #[test]
+    fn a_linked_list_survives_migrations_between_devices() {
+        let mut exec = SimExecutor::new(SimParams {
+            gpus: 3,
+            ..SimParams::default()
+        });
+        assert_eq!(exec.devices(), 3);
+        let mut ctx = exec.open().unwrap();
+        let m = ctx
+            .load_module(ImageKind::Ptx, crate::demo::KERNELS_PTX.as_bytes())
+            .unwrap();
+        let (inc, _) = ctx.function(m, "list_inc").unwrap();
+        let (sum, _) = ctx.function(m, "list_sum").unwrap();
+        // Ten nodes spread over five allocations, linked back to front.
+        let blocks: Vec<u64> = (0..5).map(|_| ctx.alloc(32).unwrap()).collect();
+        let nodes: Vec<u64> = blocks.iter().flat_map(|&b| [b, b + 16]).collect();
+        for (k, &node) in nodes.iter().enumerate() {
+            let next = if k == 0 { 0 } else { nodes[k - 1] };
+            let mut bytes = next.to_le_bytes().to_vec();
+            bytes.extend_from_slice(&(k as f32).to_le_bytes());
+            bytes.extend_from_slice(&[0; 4]);
+            ctx.htod(node, &VolatileSlice::from(&mut bytes[..]), 0)
+                .unwrap();
+        }
+        let head = *nodes.last().unwrap();
+        let out = ctx.alloc(4).unwrap();
+        let one = Dim3 { x: 1, y: 1, z: 1 };
+        let mut p = head.to_le_bytes().to_vec();
+        p.extend_from_slice(&10u32.to_le_bytes());
+        for target in [1, 2, 0, 2] {
+            ctx.launch(inc, one, one, 0, 0, &p).unwrap();
+            let moved = ctx.migrate(target).unwrap();
+            assert_eq!(
+                moved.allocations, 7,
+                "five blocks, out and the module global"
+            );
+            assert_eq!(moved.bytes, 5 * 32 + 4 + 4);
+        }
+        let mut q = head.to_le_bytes().to_vec();
+        q.extend_from_slice(&out.to_le_bytes());
+        q.extend_from_slice(&10u32.to_le_bytes());
+        ctx.launch(sum, one, one, 0, 0, &q).unwrap();
+        ctx.synchronize().unwrap();
+        let mut four = [0u8; 4];
+        ctx.dtoh(&VolatileSlice::from(&mut four[..]), out, 0)
+            .unwrap();
+        let got = f32::from_le_bytes(four);
+        assert_eq!(got, 45.0 + 4.0 * 10.0);
+        assert_eq!(ctx.migrate(7), Err(Status::InvalidValue), "no such device");
     }
 }

@@ -1,0 +1,192 @@
+//! Live migration on a real daemon with two simulated GPUs: a guest builds
+//! a linked list in device memory (the pointers live in device memory, in
+//! several allocations) and keeps launching kernels that walk it while its
+//! vGPU is moved GPU 0 -> 1 -> 0 -> 1 through the API. Every pointer stays
+//! valid, no launch is lost, and the sum at the end is exact. A pinned vGPU
+//! is refused a move; another VM's guest runs on meanwhile.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use fairvgpu_tests::{cargo_build, PTX, TEST_SPIN};
+use guest_frontend::Gpu;
+use host_backend::bench::fixture::{DaemonProc, VmSpec};
+use host_backend::config::ExecutorKind;
+use host_backend::control::{client_call, ApiTarget};
+use protocol::{Dim3, ImageKind};
+use serde_json::Value;
+
+const NODES: u32 = 1000;
+
+fn post(d: &DaemonProc, path: &str, body: &str) -> (u16, Value) {
+    let (code, b) = client_call(
+        &ApiTarget::Unix(d.dir.join("api.sock")),
+        "POST",
+        path,
+        body.as_bytes(),
+    )
+    .expect("API answers");
+    (code, serde_json::from_slice(&b).unwrap_or(Value::Null))
+}
+
+#[test]
+fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
+    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let vm = |name: &str| VmSpec {
+        name: name.into(),
+        weight: 1.0,
+        memory_limit_mib: 256,
+        tenant: None,
+    };
+    let d = DaemonProc::start_with(
+        &bin,
+        "migration",
+        ExecutorKind::Sim,
+        &[vm("mover"), vm("stayer")],
+        "\n[sim]\ngpus = 2\n",
+    )
+    .unwrap();
+    assert_eq!(d.vgpu("mover").unwrap()["gpu"], 0);
+
+    // The other VM, busy on GPU 0 all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let other_rounds = Arc::new(AtomicU64::new(0));
+    let other = {
+        let (stop, rounds, sock) = (stop.clone(), other_rounds.clone(), d.socket("stayer"));
+        std::thread::spawn(move || {
+            let mut gpu = Gpu::connect_with(&sock, TEST_SPIN).unwrap();
+            let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
+            let f = gpu.get_function(m, "spin_ns").unwrap();
+            let one = Dim3 { x: 1, y: 1, z: 1 };
+            while !stop.load(Ordering::Relaxed) {
+                gpu.launch(&f, one, one, 0, 0, &[&200_000u64.to_le_bytes()])
+                    .unwrap();
+                gpu.synchronize().unwrap();
+                rounds.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+
+    // The list: NODES nodes of 16 bytes in ten allocations, each node
+    // pointing to one in another allocation.
+    let mut gpu = Gpu::connect_with(&d.socket("mover"), TEST_SPIN).unwrap();
+    let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
+    let inc = gpu.get_function(m, "list_inc").unwrap();
+    let sum = gpu.get_function(m, "list_sum").unwrap();
+    let per = NODES / 10;
+    let blocks: Vec<u64> = (0..10)
+        .map(|_| gpu.mem_alloc(u64::from(per) * 16).unwrap())
+        .collect();
+    // Node k lives in block k % 10, slot k / 10: consecutive nodes are in
+    // different allocations.
+    let addr = |k: u32| blocks[(k % 10) as usize] + u64::from(k / 10) * 16;
+    let mut images = vec![vec![0u8; per as usize * 16]; 10];
+    for k in 0..NODES {
+        let next = if k + 1 < NODES { addr(k + 1) } else { 0 };
+        let img = &mut images[(k % 10) as usize];
+        let off = (k / 10) as usize * 16;
+        img[off..off + 8].copy_from_slice(&next.to_le_bytes());
+        img[off + 8..off + 12].copy_from_slice(&(k as f32).to_le_bytes());
+    }
+    for (b, img) in blocks.iter().zip(&images) {
+        gpu.memcpy_htod(*b, img).unwrap();
+    }
+    let head = addr(0);
+    let out = gpu.mem_alloc(4).unwrap();
+    let one = Dim3 { x: 1, y: 1, z: 1 };
+
+    // Launch, and move the vGPU between launches, from another thread.
+    let launches = Arc::new(AtomicU64::new(0));
+    let mover = {
+        let (launches, dir) = (launches.clone(), d.dir.clone());
+        std::thread::spawn(move || {
+            let api = ApiTarget::Unix(dir.join("api.sock"));
+            let mut pauses = Vec::new();
+            for (i, target) in [1, 0, 1].into_iter().enumerate() {
+                while launches.load(Ordering::Relaxed) < 20 * (i as u64 + 1) {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                let (code, body) = client_call(
+                    &api,
+                    "POST",
+                    "/api/v1/vgpus/mover/migrate",
+                    format!("{{\"gpu\": {target}}}").as_bytes(),
+                )
+                .unwrap();
+                let v: Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(code, 200, "{v}");
+                assert_eq!(v["gpu"], target);
+                pauses.push(v["pause_ms"].as_f64().unwrap());
+            }
+            pauses
+        })
+    };
+    let mut k = 0u64;
+    while !mover.is_finished() || k < 80 {
+        gpu.launch(
+            &inc,
+            one,
+            one,
+            0,
+            0,
+            &[&head.to_le_bytes(), &NODES.to_le_bytes()],
+        )
+        .unwrap();
+        k += 1;
+        launches.store(k, Ordering::Relaxed);
+        if k.is_multiple_of(4) {
+            gpu.synchronize().unwrap();
+        }
+    }
+    let pauses = mover.join().expect("three migrations");
+    gpu.launch(
+        &sum,
+        one,
+        one,
+        0,
+        0,
+        &[
+            &head.to_le_bytes(),
+            &out.to_le_bytes(),
+            &NODES.to_le_bytes(),
+        ],
+    )
+    .unwrap();
+    let mut four = [0u8; 4];
+    gpu.memcpy_dtoh(&mut four, out, 0).unwrap();
+    let want = (0..NODES).map(|k| k as f64).sum::<f64>() + k as f64 * f64::from(NODES);
+    assert_eq!(
+        f64::from(f32::from_le_bytes(four)),
+        want,
+        "after {k} launches"
+    );
+
+    let v = d.vgpu("mover").unwrap();
+    assert_eq!(v["gpu"], 1);
+    assert_eq!(v["migrations"], 3);
+    assert_eq!(v["worker_restarts"], 0);
+    assert!(pauses.iter().all(|&p| p > 0.0 && p < 1000.0), "{pauses:?}");
+    let events = d.status().unwrap()["events"].to_string();
+    assert!(events.contains("mover: GPU 0 -> 1"), "{events}");
+
+    // Pinned: refused, until unpinned.
+    assert_eq!(
+        post(&d, "/api/v1/vgpus/mover/pin", "{\"pinned\": true}").0,
+        200
+    );
+    let (code, body) = post(&d, "/api/v1/vgpus/mover/migrate", "{\"gpu\": 0}");
+    assert_eq!(code, 409, "{body}");
+    assert!(body.to_string().contains("pinned"), "{body}");
+    assert_eq!(
+        post(&d, "/api/v1/vgpus/mover/pin", "{\"pinned\": false}").0,
+        200
+    );
+    assert_eq!(
+        post(&d, "/api/v1/vgpus/mover/migrate", "{\"gpu\": 7}").0,
+        409
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    other.join().expect("the other VM never failed");
+    assert!(other_rounds.load(Ordering::Relaxed) > 0);
+}
