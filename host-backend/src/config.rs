@@ -99,9 +99,10 @@ pub struct VmConfig {
     pub weight: f64,
     /// Device memory the vGPU may allocate, MiB.
     pub memory_limit_mib: u64,
-    /// Index of the GPU it runs on.
+    /// Index of the GPU it starts on; left out, the daemon places it
+    /// (least-loaded GPU with room for its memory limit).
     #[serde(default)]
-    pub gpu: u32,
+    pub gpu: Option<u32>,
     /// Host CPU for the vGPU worker's serving thread; pin it beside the VM's
     /// vCPUs so that ring round trips stay in one cache domain.
     #[serde(default)]
@@ -125,6 +126,42 @@ pub struct TenantConfig {
     pub weight: f64,
 }
 
+/// Placement of vGPUs on the host's GPUs and their live migration (DCUDA).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlacementConfig {
+    /// Move running vGPUs between GPUs to balance them (with one GPU there
+    /// is nothing to do).
+    pub enabled: bool,
+    /// How often the balancer looks, ms.
+    pub interval_ms: u64,
+    /// A GPU whose vGPUs demand more of its time than this is overloaded.
+    pub over: f64,
+    /// A GPU below this demand may take a vGPU.
+    pub under: f64,
+    /// Share of a GPU's memory its vGPUs' limits may add up to.
+    pub watermark: f64,
+    /// Move the vGPUs of the least-loaded GPU onto the next when both fit
+    /// in one (leaving a GPU idle).
+    pub compaction: bool,
+    /// A moved vGPU stays put at least this long, s.
+    pub cooldown_s: f64,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        PlacementConfig {
+            enabled: true,
+            interval_ms: 1000,
+            over: 1.0,
+            under: 0.9,
+            watermark: 0.9,
+            compaction: true,
+            cooldown_s: 10.0,
+        }
+    }
+}
+
 /// The whole file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -144,6 +181,9 @@ pub struct Config {
     /// The control API.
     #[serde(default)]
     pub api: ApiConfig,
+    /// Placement and migration between GPUs.
+    #[serde(default)]
+    pub placement: PlacementConfig,
     /// Tenants with weights of their own (hierarchical weights).
     #[serde(rename = "tenant", default)]
     pub tenants: Vec<TenantConfig>,
@@ -252,6 +292,21 @@ impl Config {
                 );
             }
         }
+        let pl = self.placement;
+        let sane = pl.under > 0.0
+            && pl.under <= pl.over
+            && pl.over.is_finite()
+            && pl.watermark > 0.0
+            && pl.watermark <= 1.0
+            && pl.interval_ms >= 100
+            && pl.cooldown_s >= 0.0
+            && pl.cooldown_s.is_finite();
+        if !sane {
+            return bad(
+                "[placement]: need 0 < under <= over, 0 < watermark <= 1, interval_ms >= 100, cooldown_s >= 0".into(),
+                Loc::Table("placement", None),
+            );
+        }
         let mut tenants = HashSet::new();
         for (i, t) in self.tenants.iter().enumerate() {
             if t.name.is_empty() || !tenants.insert(&t.name) {
@@ -304,11 +359,12 @@ impl Config {
                     Loc::Vm(i, "memory_limit_mib"),
                 );
             }
-            if self.daemon.executor == ExecutorKind::Sim && vm.gpu >= self.sim.gpus.max(1) {
+            let gpu = vm.gpu.unwrap_or(0);
+            if self.daemon.executor == ExecutorKind::Sim && gpu >= self.sim.gpus.max(1) {
                 return bad(
                     format!(
-                        "vm {:?}: gpu {} does not exist ([sim] gpus = {})",
-                        vm.name, vm.gpu, self.sim.gpus
+                        "vm {:?}: gpu {gpu} does not exist ([sim] gpus = {})",
+                        vm.name, self.sim.gpus
                     ),
                     Loc::Vm(i, "gpu"),
                 );

@@ -45,7 +45,7 @@ pub fn run_worker(
         .vm(vm)
         .ok_or_else(|| Error::Config(format!("no vm named {vm:?}")))?;
     // The daemon says where the vGPU is now (it may have moved).
-    let gpu = gpu.unwrap_or(vmc.gpu);
+    let gpu = gpu.or(vmc.gpu).unwrap_or(0);
     let exec = build_executor(cfg, gpu)?;
     let wc = WorkerConfig {
         name: vm.to_owned(),
@@ -142,6 +142,7 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     };
     let mut children: Vec<Supervised> = Vec::new();
     let mut limits: std::collections::HashMap<String, u64> = Default::default();
+    let mut last_balance = Instant::now();
     while !signals::terminated() {
         if signals::take_hangup() {
             let _ = plane.reload();
@@ -235,6 +236,10 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
             }
         }
         plane.expire_migrations(Duration::from_secs(30));
+        if last_balance.elapsed() >= Duration::from_millis(want.placement.interval_ms) {
+            last_balance = Instant::now();
+            plane.balance();
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
     for w in &mut children {

@@ -95,6 +95,9 @@ pub struct VgpuLive {
     /// The weight it runs under: its tenant's weight split among the
     /// tenant's active vGPUs (its own weight when the tenant has none).
     pub effective_weight: f64,
+    /// Time it has spent wanting or holding the GPU (ns): its demand for
+    /// the GPU's time, which placement balances between GPUs.
+    pub active_ns: u64,
     /// Whether its worker is connected.
     pub connected: bool,
     /// Whether it holds the GPU now.
@@ -308,6 +311,7 @@ fn serve(
     let mut shares: HashMap<u32, Share> = HashMap::new();
     let mut active: std::collections::HashSet<u32> = Default::default();
     let mut arriving: HashMap<u32, u128> = HashMap::new();
+    let mut last_tick = Instant::now();
     let live = |f: &mut dyn FnMut(&mut HashMap<u32, VgpuLive>)| {
         f(&mut usage.lock().unwrap_or_else(|e| e.into_inner()));
     };
@@ -342,6 +346,16 @@ fn serve(
         }
         if changed {
             apply_shares(&mut sched, &shares, &active, &conns, usage);
+        }
+        // Demand: time each vGPU spends wanting or holding the GPU.
+        let tick = last_tick.elapsed().as_nanos() as u64;
+        last_tick = Instant::now();
+        if !active.is_empty() {
+            live(&mut |u| {
+                for id in &active {
+                    u.entry(*id).or_default().active_ns += tick;
+                }
+            });
         }
         // Registration of new workers (their first message is HELLO).
         while let Ok((s, _)) = listener.accept() {

@@ -84,6 +84,8 @@ pub struct Placer {
     gpu_memory: Vec<u64>,
     /// vGPU -> (GPU, demand, last moved at).
     vgpus: HashMap<u32, (usize, Demand, Option<u64>)>,
+    /// vGPUs that must not move.
+    pinned: std::collections::HashSet<u32>,
 }
 
 impl Placer {
@@ -93,6 +95,7 @@ impl Placer {
             params,
             gpu_memory,
             vgpus: HashMap::new(),
+            pinned: Default::default(),
         }
     }
 
@@ -175,10 +178,27 @@ impl Placer {
         }
     }
 
+    /// Forbids (or allows again) moving a vGPU.
+    pub fn set_pinned(&mut self, vgpu: u32, pinned: bool) {
+        if pinned {
+            self.pinned.insert(vgpu);
+        } else {
+            self.pinned.remove(&vgpu);
+        }
+    }
+
+    /// The vGPUs placement knows.
+    pub fn vgpus(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.vgpus.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
     fn movable(&self, vgpu: u32, now_ns: u64) -> bool {
-        self.vgpus.get(&vgpu).is_some_and(|(_, _, moved)| {
-            moved.is_none_or(|t| now_ns >= t.saturating_add(self.params.cooldown_ns))
-        })
+        !self.pinned.contains(&vgpu)
+            && self.vgpus.get(&vgpu).is_some_and(|(_, _, moved)| {
+                moved.is_none_or(|t| now_ns >= t.saturating_add(self.params.cooldown_ns))
+            })
     }
 
     fn apply(&mut self, m: Move, now_ns: u64) {

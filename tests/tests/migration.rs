@@ -43,7 +43,8 @@ fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
         "migration",
         ExecutorKind::Sim,
         &[vm("mover"), vm("stayer")],
-        "\n[sim]\ngpus = 2\n",
+        // Moves by hand only here: the balancer has its own test below.
+        "\n[sim]\ngpus = 2\n\n[placement]\nenabled = false\n",
     )
     .unwrap();
     assert_eq!(d.vgpu("mover").unwrap()["gpu"], 0);
@@ -189,4 +190,81 @@ fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
     stop.store(true, Ordering::Relaxed);
     other.join().expect("the other VM never failed");
     assert!(other_rounds.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn the_balancer_moves_a_busy_vgpu_off_an_overloaded_gpu() {
+    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let vm = |name: &str| VmSpec {
+        name: name.into(),
+        weight: 1.0,
+        memory_limit_mib: 256,
+        tenant: None,
+    };
+    // Both VMs start on GPU 0 of two; both keep their GPU busy.
+    let vms = [vm("a"), vm("b")];
+    let extra = "\n[sim]\ngpus = 2\n\n[placement]\ninterval_ms = 200\ncooldown_s = 60\n";
+    let d = DaemonProc::start_with(&bin, "balancer", ExecutorKind::Sim, &vms, extra).unwrap();
+    // (They were placed 0 and 1 as they name no GPU; put both on 0 by hand.)
+    if d.vgpu("b").unwrap()["gpu"] == 1 {
+        assert_eq!(post(&d, "/api/v1/vgpus/b/pin", "{\"pinned\": true}").0, 200);
+        assert_eq!(
+            post(&d, "/api/v1/vgpus/b/pin", "{\"pinned\": false}").0,
+            200
+        );
+        let (code, body) = post(&d, "/api/v1/vgpus/b/migrate", "{\"gpu\": 0}");
+        assert_eq!(code, 200, "{body}");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let guests: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            let (stop, sock) = (stop.clone(), d.socket(n));
+            std::thread::spawn(move || {
+                let mut gpu = Gpu::connect_with(&sock, TEST_SPIN).unwrap();
+                let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
+                let f = gpu.get_function(m, "spin_ns").unwrap();
+                let one = Dim3 { x: 1, y: 1, z: 1 };
+                while !stop.load(Ordering::Relaxed) {
+                    gpu.launch(&f, one, one, 0, 0, &[&1_000_000u64.to_le_bytes()])
+                        .unwrap();
+                    gpu.synchronize().unwrap();
+                }
+            })
+        })
+        .collect();
+    // Both demand all of GPU 0 (load 2.0): within a few rounds one moves.
+    let t = std::time::Instant::now();
+    loop {
+        let (ga, gb) = (
+            d.vgpu("a").unwrap()["gpu"].clone(),
+            d.vgpu("b").unwrap()["gpu"].clone(),
+        );
+        if ga != gb {
+            break;
+        }
+        assert!(
+            t.elapsed().as_secs() < 30,
+            "still both on GPU {ga}: {} {}",
+            d.vgpu("a").unwrap(),
+            d.vgpu("b").unwrap()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let events = d.status().unwrap()["events"].to_string();
+    assert!(events.contains("GPU 0 -> 1"), "{events}");
+    // No ping-pong: with one busy vGPU per GPU nothing moves again.
+    let moves = |d: &DaemonProc| {
+        ["a", "b"]
+            .iter()
+            .map(|n| d.vgpu(n).unwrap()["migrations"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    let before = moves(&d);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert_eq!(moves(&d), before);
+    stop.store(true, Ordering::Relaxed);
+    for g in guests {
+        g.join().unwrap();
+    }
 }

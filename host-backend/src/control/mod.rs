@@ -81,6 +81,10 @@ pub struct ControlPlane {
     migrated: Mutex<HashMap<String, u64>>,
     /// GPUs on this host.
     gpu_count: std::sync::atomic::AtomicU32,
+    /// Memory of each GPU, bytes.
+    gpu_memory: Vec<u64>,
+    /// The balancer's view (DCUDA placement), kept between rounds.
+    placer: Mutex<Option<scheduler::placement::Placer>>,
     token: Option<String>,
     started: Instant,
 }
@@ -149,14 +153,28 @@ impl ControlPlane {
                 ExecutorKind::Sim => cfg.sim.gpus.max(1),
                 ExecutorKind::Cuda => crate::executor::cuda::device_count().unwrap_or(1),
             }),
+            gpu_memory: Vec::new(),
+            placer: Mutex::new(None),
             token,
             started: Instant::now(),
             cfg: Mutex::new(cfg.clone()),
         };
+        let mut plane = plane;
+        plane.gpu_memory = (0..plane.gpu_count())
+            .map(|g| match cfg.daemon.executor {
+                ExecutorKind::Sim => cfg.sim.memory,
+                ExecutorKind::Cuda => crate::executor::cuda::device_memory(g).unwrap_or(0),
+            })
+            .collect();
         for vm in &cfg.vms {
             plane.vgpu_id(&vm.name);
-            plane.ensure_service(&cfg, vm.gpu)?;
-            if let Some(svc) = lock(&plane.services).get(&vm.gpu) {
+        }
+        plane.place_new(&cfg);
+        for vm in &cfg.vms {
+            plane.vgpu_id(&vm.name);
+            let gpu = plane.gpu_of(&vm.name).unwrap_or(0);
+            plane.ensure_service(&cfg, gpu)?;
+            if let Some(svc) = lock(&plane.services).get(&gpu) {
                 svc.set_share(
                     plane.vgpu_id(&vm.name),
                     &vm.tenant,
@@ -204,7 +222,7 @@ impl ControlPlane {
         if let Some(g) = lock(&self.current).get(vm) {
             return Some(*g);
         }
-        lock(&self.cfg).vm(vm).map(|v| v.gpu)
+        lock(&self.cfg).vm(vm).map(|v| v.gpu.unwrap_or(0))
     }
 
     /// The grant service of GPU `gpu` (started if the scheduler runs and
@@ -213,6 +231,108 @@ impl ControlPlane {
         let cfg = self.config();
         self.ensure_service(&cfg, gpu)?;
         Ok(lock(&self.services).get(&gpu).cloned())
+    }
+
+    /// Places the VMs that name no GPU and have none yet: memory-aware
+    /// least-loaded (a vGPU not yet measured counts its memory limit's share
+    /// of the GPU as its load).
+    fn place_new(&self, cfg: &Config) {
+        let mut p =
+            scheduler::placement::Placer::new(self.placement_params(cfg), self.gpu_memory.clone());
+        let demand = |v: &crate::config::VmConfig, g: u32| scheduler::placement::Demand {
+            cores: (v.memory_limit_mib << 20) as f64
+                / self.gpu_memory.get(g as usize).copied().unwrap_or(1).max(1) as f64,
+            memory: v.memory_limit_mib << 20,
+        };
+        let mut unplaced = Vec::new();
+        for v in &cfg.vms {
+            match lock(&self.current).get(&v.name).copied().or(v.gpu) {
+                Some(g) => p.pin(self.vgpu_id(&v.name), g as usize, demand(v, g)),
+                None => unplaced.push(v),
+            }
+        }
+        for v in unplaced {
+            let g = p.place(self.vgpu_id(&v.name), demand(v, 0)).unwrap_or(0) as u32;
+            lock(&self.current).insert(v.name.clone(), g);
+            if let Err(e) = self.ensure_service(cfg, g) {
+                tracing::error!("GPU {g}'s grant service: {e}");
+            }
+            self.event("placement", format!("{}: placed on GPU {g}", v.name));
+        }
+    }
+
+    fn placement_params(&self, cfg: &Config) -> scheduler::placement::Params {
+        let pl = cfg.placement;
+        scheduler::placement::Params {
+            over: pl.over,
+            under: pl.under,
+            watermark: pl.watermark,
+            cooldown_ns: (pl.cooldown_s * 1e9) as u64,
+            compaction: pl.compaction,
+        }
+    }
+
+    /// One round of the balancer: reads each vGPU's demand (time wanting
+    /// or holding its GPU, over the status window) and memory, and asks for
+    /// the moves DCUDA's balancing and compaction choose.
+    pub fn balance(&self) {
+        let cfg = self.config();
+        if !cfg.placement.enabled || self.gpu_count() < 2 {
+            return;
+        }
+        let st = self.status();
+        let mut guard = lock(&self.placer);
+        let p = guard.get_or_insert_with(|| {
+            scheduler::placement::Placer::new(self.placement_params(&cfg), self.gpu_memory.clone())
+        });
+        let mut seen = std::collections::HashSet::new();
+        for g in st["gpus"].as_array().into_iter().flatten() {
+            for v in g["vgpus"].as_array().into_iter().flatten() {
+                let Some(name) = v["name"].as_str() else {
+                    continue;
+                };
+                let id = self.vgpu_id(name);
+                seen.insert(id);
+                let gpu = v["gpu"].as_u64().unwrap_or(0) as usize;
+                let d = scheduler::placement::Demand {
+                    cores: v["demand"].as_f64().unwrap_or(0.0),
+                    memory: v["memory_used_bytes"].as_u64().unwrap_or(0),
+                };
+                if p.gpu_of(id) == Some(gpu) {
+                    p.update(id, d);
+                } else {
+                    p.pin(id, gpu, d);
+                }
+                // Moving now, or failed to move (an executor that cannot
+                // migrate): the balancer leaves it alone.
+                let busy_or_failed = matches!(
+                    lock(&self.migrations).get(name),
+                    Some(
+                        Migration::Requested(_) | Migration::InFlight { .. } | Migration::Failed(_)
+                    )
+                );
+                p.set_pinned(id, v["pinned"] == true || busy_or_failed);
+            }
+        }
+        for id in p.vgpus() {
+            if !seen.contains(&id) {
+                p.remove(id);
+            }
+        }
+        let now = self.started.elapsed().as_nanos() as u64;
+        let moves = p.balance(now);
+        drop(guard);
+        let names: HashMap<u32, String> = lock(&self.ids)
+            .iter()
+            .map(|(n, id)| (*id, n.clone()))
+            .collect();
+        for m in moves {
+            if let Some(vm) = names.get(&m.vgpu) {
+                if let Err(e) = self.request_migration(vm, m.to as u32) {
+                    tracing::debug!(vm, "balancer's move not made: {e}");
+                }
+            }
+        }
     }
 
     /// Asks for `vm`'s vGPU to move to `gpu` (the supervisor carries it out).
@@ -372,7 +492,20 @@ impl ControlPlane {
     pub fn sample(&self) {
         let mut live = HashMap::new();
         for svc in lock(&self.services).values() {
-            live.extend(svc.live());
+            // A vGPU that moved is known to its old GPU's service too
+            // (disconnected): the one it is connected to wins.
+            for (id, v) in svc.live() {
+                match live.entry(id) {
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(v);
+                    }
+                    std::collections::hash_map::Entry::Occupied(mut e) => {
+                        if v.connected && !e.get().connected {
+                            e.insert(v);
+                        }
+                    }
+                }
+            }
         }
         let mut h = lock(&self.history);
         h.push_back(Snapshot {
@@ -396,7 +529,11 @@ impl ControlPlane {
             };
             v.weight = weight;
             let tenant = v.tenant.clone();
-            (v.gpu, tenant.clone(), cfg.tenant_weight(&tenant))
+            (
+                v.gpu.unwrap_or(0),
+                tenant.clone(),
+                cfg.tenant_weight(&tenant),
+            )
         };
         let gpu = self.gpu_of(vm).unwrap_or(gpu);
         if let Some(svc) = lock(&self.services).get(&gpu) {
@@ -502,7 +639,7 @@ impl ControlPlane {
         }
         for vm in &new.vms {
             if let Some(o) = old.vm(&vm.name) {
-                if o.gpu != vm.gpu {
+                if o.gpu != vm.gpu && vm.gpu.is_some() {
                     return Err(format!(
                         "vm {:?}: moving a vGPU to another GPU is a migration, not a reload",
                         vm.name
@@ -511,7 +648,7 @@ impl ControlPlane {
             }
         }
         for vm in &new.vms {
-            self.ensure_service(&new, vm.gpu)
+            self.ensure_service(&new, self.gpu_of(&vm.name).or(vm.gpu).unwrap_or(0))
                 .map_err(|e| e.to_string())?;
             match old.vm(&vm.name) {
                 None => notes.push(format!("{} added", vm.name)),
@@ -536,7 +673,7 @@ impl ControlPlane {
                     }
                 }
             }
-            let gpu = self.gpu_of(&vm.name).unwrap_or(vm.gpu);
+            let gpu = self.gpu_of(&vm.name).or(vm.gpu).unwrap_or(0);
             if let Some(svc) = lock(&self.services).get(&gpu) {
                 svc.set_share(
                     self.vgpu_id(&vm.name),
@@ -552,6 +689,10 @@ impl ControlPlane {
                 notes.push(format!("{} removed", vm.name));
             }
         }
+        for vm in &new.vms {
+            self.vgpu_id(&vm.name);
+        }
+        self.place_new(&new);
         if notes.is_empty() {
             notes.push("no change".into());
         }
@@ -577,7 +718,7 @@ impl ControlPlane {
         let none = HashMap::new();
         let newl = new.map_or(&none, |s| &s.live);
         let oldl = old.map_or(&none, |s| &s.live);
-        let on = |v: &crate::config::VmConfig| self.gpu_of(&v.name).unwrap_or(v.gpu);
+        let on = |v: &crate::config::VmConfig| self.gpu_of(&v.name).or(v.gpu).unwrap_or(0);
         let mut gpus: Vec<u32> = cfg.vms.iter().map(on).collect();
         gpus.extend(0..self.gpu_count());
         gpus.sort_unstable();
@@ -585,6 +726,15 @@ impl ControlPlane {
         let mut out = Vec::new();
         for g in gpus {
             let vms: Vec<_> = cfg.vms.iter().filter(|v| on(v) == g).collect();
+            let demand = |id: u32| {
+                let (n, o) = (newl.get(&id), oldl.get(&id));
+                match (n, o) {
+                    (Some(n), Some(o)) if dt > 0.0 => {
+                        (n.active_ns.saturating_sub(o.active_ns) as f64 / 1e9 / dt).min(1.0)
+                    }
+                    _ => 0.0,
+                }
+            };
             let rows: Vec<(u32, VgpuLive, u64, u64)> = vms
                 .iter()
                 .map(|v| {
@@ -659,6 +809,7 @@ impl ControlPlane {
                     "memory_limit_bytes": v.memory_limit_mib << 20,
                     "worker_restarts": lock(&self.restarts).get(&v.name).copied().unwrap_or(0),
                     "gpu": g,
+                    "demand": demand(r.0),
                     "pinned": self.is_pinned(&v.name),
                     "migrations": lock(&self.migrated).get(&v.name).copied().unwrap_or(0),
                     "requests": r.1.requests,

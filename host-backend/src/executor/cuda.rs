@@ -50,6 +50,21 @@ pub fn device_count() -> Result<u32, Error> {
     Ok(count.max(0) as u32)
 }
 
+/// Memory of GPU `ordinal`, bytes.
+pub fn device_memory(ordinal: u32) -> Result<u64, Error> {
+    device_count()?;
+    let fail = |what: &str, s: Status| Error::Config(format!("executor \"cuda\": {what}: {s:?}"));
+    let mut dev: CUdevice = 0;
+    // SAFETY: out-parameter on our stack.
+    check(unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })
+        .map_err(|s| fail("cuDeviceGet", s))?;
+    let mut total = 0usize;
+    // SAFETY: out-parameter on our stack.
+    check(unsafe { sys::cuDeviceTotalMem_v2(&mut total, dev) })
+        .map_err(|s| fail("cuDeviceTotalMem", s))?;
+    Ok(total as u64)
+}
+
 /// Opens GPU `ordinal`; a clear error where there is no driver or no such GPU.
 pub fn open(ordinal: u32) -> Result<Box<dyn Executor>, Error> {
     available()?;
