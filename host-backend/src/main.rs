@@ -261,6 +261,16 @@ enum BenchCmd {
         #[arg(long, default_value_t = 50)]
         orders: usize,
     },
+    /// Migration: a running guest with 1 GiB and 8 GiB moved between two
+    /// GPUs; pause and copy rate against the peer bandwidth.
+    Migrate {
+        /// Executor to run on (cuda needs two GPUs).
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: host_backend::config::ExecutorKind,
+        /// Device memory sizes to move, GiB.
+        #[arg(long, value_delimiter = ',', default_values_t = vec![1u64, 8])]
+        gib: Vec<u64>,
+    },
     /// Faults: a guest's out-of-bounds kernel poisons its worker, later the
     /// worker is killed; the other VM's guest must not notice.
     Recovery {
@@ -462,6 +472,9 @@ fn main() -> Result<()> {
             );
             bench::placement::run(orders)
         }
+        Cmd::Bench {
+            which: BenchCmd::Migrate { executor, gib },
+        } => bench::migrate::run(executor, &gib),
         Cmd::Bench {
             which: BenchCmd::Recovery { executor },
         } => bench::recovery::run(executor),

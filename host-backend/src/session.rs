@@ -11,6 +11,8 @@ use crate::executor::{Context, Handle};
 
 /// What the host keeps for one claimed channel.
 pub struct Session {
+    /// Unique in the process: tells a session from a later one on the same channel.
+    pub id: u64,
     /// The executor context (dropping it frees everything on the device).
     pub ctx: Box<dyn Context>,
     /// base -> length of each live allocation.
@@ -18,7 +20,10 @@ pub struct Session {
     /// base -> length of module globals: addressable, not freeable, not
     /// counted against the memory limit.
     globals: BTreeMap<u64, u64>,
-    /// Bytes allocated.
+    /// base -> device memory the allocation takes (its size rounded up to
+    /// the allocator's granularity), counted against the memory limit.
+    charges: HashMap<u64, u64>,
+    /// Device memory held, bytes (what the allocations take).
     pub mem_used: u64,
     modules: HashSet<Handle>,
     /// function -> parameter sizes.
@@ -43,10 +48,13 @@ impl std::fmt::Debug for Session {
 impl Session {
     /// A session over a fresh context.
     pub fn new(ctx: Box<dyn Context>) -> Session {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Session {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ctx,
             allocs: BTreeMap::new(),
             globals: BTreeMap::new(),
+            charges: HashMap::new(),
             mem_used: 0,
             modules: HashSet::new(),
             functions: HashMap::new(),
@@ -78,17 +86,20 @@ impl Session {
         self.globals.insert(base, size);
     }
 
-    /// Records a new allocation.
-    pub fn add_alloc(&mut self, base: u64, size: u64) {
+    /// Records a new allocation of `size` bytes that takes `charge` bytes
+    /// of device memory.
+    pub fn add_alloc(&mut self, base: u64, size: u64, charge: u64) {
         self.allocs.insert(base, size);
-        self.mem_used += size;
+        self.charges.insert(base, charge);
+        self.mem_used += charge;
     }
 
-    /// Removes an allocation by its exact base; returns its size.
+    /// Removes an allocation by its exact base; returns what it took.
     pub fn remove_alloc(&mut self, base: u64) -> Result<u64, Status> {
-        let size = self.allocs.remove(&base).ok_or(Status::InvalidValue)?;
-        self.mem_used -= size;
-        Ok(size)
+        self.allocs.remove(&base).ok_or(Status::InvalidValue)?;
+        let charge = self.charges.remove(&base).unwrap_or(0);
+        self.mem_used -= charge;
+        Ok(charge)
     }
 
     /// Checks a stream handle (0 is the default stream).
@@ -168,8 +179,8 @@ mod tests {
     #[test]
     fn ranges_must_lie_in_own_allocations() {
         let mut s = Session::new(SimExecutor::new(SimParams::default()).open().unwrap());
-        s.add_alloc(0x1000, 0x100);
-        s.add_alloc(0x3000, 0x100);
+        s.add_alloc(0x1000, 0x100, 0x100);
+        s.add_alloc(0x3000, 0x100, 0x100);
         assert!(s.check_range(0x1000, 0x100).is_ok());
         assert!(s.check_range(0x10ff, 1).is_ok());
         assert!(s.check_range(0x10ff, 2).is_err(), "crosses the end");

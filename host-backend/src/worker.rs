@@ -195,6 +195,14 @@ impl Shared {
     }
 }
 
+/// A migration being prepared on a helper thread.
+struct Moving {
+    gpu: u32,
+    grant: Option<std::os::fd::OwnedFd>,
+    rx: std::sync::mpsc::Receiver<Vec<(usize, u64, crate::executor::Prepared)>>,
+    asked: Instant,
+}
+
 /// A running worker.
 pub struct Worker {
     sh: Shared,
@@ -202,6 +210,7 @@ pub struct Worker {
     spin: SpinPolicy,
     cpu: Option<usize>,
     stop: Arc<AtomicBool>,
+    moving: Option<Moving>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -310,6 +319,7 @@ impl Worker {
             spin: cfg.spin,
             cpu: cfg.cpu,
             stop: Arc::default(),
+            moving: None,
         })
     }
 
@@ -336,7 +346,17 @@ impl Worker {
                 break;
             }
             if let Some((gpu, grant)) = self.sh.link.take_migration() {
-                self.migrate(gpu, grant)?;
+                self.start_migration(gpu, grant)?;
+            }
+            if let Some(p) = self.moving.as_ref() {
+                if let Ok(prepared) = p.rx.try_recv() {
+                    let p = self.moving.take().expect("checked above");
+                    tracing::debug!(
+                        prepare_ms = p.asked.elapsed().as_secs_f64() * 1e3,
+                        "migration prepared"
+                    );
+                    self.migrate(p.gpu, p.grant, prepared)?;
+                }
             }
             self.peer_events();
             // Reading the clock on every turn of the polling loop would cost
@@ -470,12 +490,69 @@ impl Worker {
         Ok(())
     }
 
+    /// Starts a move to GPU `gpu`: what can be done ahead (the target's
+    /// contexts and modules) is done on a helper thread while the guests go
+    /// on here; [`Worker::migrate`] follows when it is ready.
+    fn start_migration(
+        &mut self,
+        gpu: u32,
+        grant: Option<std::os::fd::OwnedFd>,
+    ) -> Result<(), Error> {
+        if self.moving.is_some() {
+            tracing::warn!(to = gpu, "a migration is under way already; ignored");
+            return Ok(());
+        }
+        let jobs: Vec<(usize, u64, crate::executor::PrepareJob)> = self
+            .chans
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let s = c.session.as_ref()?;
+                Some((i, s.id, s.ctx.prepare_migration(gpu)?))
+            })
+            .collect();
+        if jobs.is_empty() {
+            return self.migrate(gpu, grant, Vec::new());
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("migration-prepare".into())
+            .spawn(move || {
+                let done: Vec<_> = jobs
+                    .into_iter()
+                    .filter_map(|(i, id, job)| job().ok().map(|p| (i, id, p)))
+                    .collect();
+                let _ = tx.send(done);
+            })
+            .map_err(|source| Error::Io {
+                what: "spawning migration helper",
+                source,
+            })?;
+        self.moving = Some(Moving {
+            gpu,
+            grant,
+            rx,
+            asked: Instant::now(),
+        });
+        Ok(())
+    }
+
     /// Moves every context to GPU `gpu` between two requests (a kernel
     /// boundary: what was submitted finishes on the source, what waits in
     /// the rings runs on the target), registers at the target's grant
     /// service over `grant`, and tells the daemon how it went. If a context
     /// cannot move, those already moved go back and the vGPU stays.
-    fn migrate(&mut self, gpu: u32, grant: Option<std::os::fd::OwnedFd>) -> Result<(), Error> {
+    fn migrate(
+        &mut self,
+        gpu: u32,
+        grant: Option<std::os::fd::OwnedFd>,
+        prepared: Vec<(usize, u64, crate::executor::Prepared)>,
+    ) -> Result<(), Error> {
+        let mut prepared: std::collections::HashMap<(usize, u64), crate::executor::Prepared> =
+            prepared
+                .into_iter()
+                .map(|(i, id, p)| ((i, id), p))
+                .collect();
         let t0 = Instant::now();
         let from = self.sh.exec.device();
         if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
@@ -488,7 +565,10 @@ impl Worker {
             let Some(s) = c.session.as_mut() else {
                 continue;
             };
-            match s.ctx.migrate(gpu) {
+            // What was prepared for this very session (not for an earlier
+            // owner of the channel).
+            let ahead = prepared.remove(&(i, s.id));
+            match s.ctx.migrate(gpu, ahead) {
                 Ok(m) => {
                     bytes += m.bytes;
                     moved.push(i);
@@ -503,7 +583,7 @@ impl Worker {
         if !ok {
             for i in moved {
                 if let Some(s) = self.chans[i].session.as_mut() {
-                    if let Err(e) = s.ctx.migrate(from) {
+                    if let Err(e) = s.ctx.migrate(from, None) {
                         s.defer(e);
                     }
                 }
@@ -873,13 +953,17 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             reply(sh, c, tag, opc, r, &[])
         }
         Request::MemAlloc { size } => {
-            let r = if sh.mem_used.saturating_add(size) > sh.limit() {
+            // What the allocation takes on the device counts, not what was
+            // asked: tiny allocations rounded up to a large granularity
+            // must not add up past the limit.
+            let charge = s.ctx.footprint(size);
+            let r = if sh.mem_used.saturating_add(charge) > sh.limit() {
                 Err(Status::OutOfMemory)
             } else {
-                s.ctx.alloc(size).inspect(|&p| s.add_alloc(p, size))
+                s.ctx.alloc(size).inspect(|&p| s.add_alloc(p, size, charge))
             };
             if r.is_ok() {
-                sh.mem_used += size;
+                sh.mem_used += charge;
                 sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
             }
             reply(sh, c, tag, opc, one(r), &[])

@@ -16,7 +16,7 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 use protocol::{DeviceInfo, Dim3, ImageKind, Status};
 use vm_memory::VolatileSlice;
 
-use super::{Context, Executor, Handle};
+use super::{Context, Executor, Handle, Moved};
 use crate::Error;
 
 fn check(r: CUresult) -> Result<(), Status> {
@@ -48,6 +48,45 @@ pub fn device_count() -> Result<u32, Error> {
     // SAFETY: out-parameter on our stack.
     check(unsafe { sys::cuDeviceGetCount(&mut count) }).map_err(|s| fail("cuDeviceGetCount", s))?;
     Ok(count.max(0) as u32)
+}
+
+/// Peer-to-peer copy bandwidth from GPU `src` to GPU `dst`, GB/s: the best
+/// of a few copies of `bytes` between plain allocations (the baseline a
+/// migration's copy is compared with).
+pub fn peer_bandwidth(src: u32, dst: u32, bytes: usize) -> Result<f64, Error> {
+    device_count()?;
+    let fail = |what: &str, s: Status| Error::Config(format!("peer bandwidth: {what}: {s:?}"));
+    let mut ctxs = [null_mut(); 2];
+    let mut ptrs = [0u64; 2];
+    for (i, o) in [src, dst].into_iter().enumerate() {
+        let d = device(o).map_err(|s| fail("cuDeviceGet", s))?;
+        // SAFETY: out-parameter on our stack; default parameters.
+        check(unsafe { sys::cuCtxCreate_v4(&mut ctxs[i], null_mut(), 0, d) })
+            .map_err(|s| fail("cuCtxCreate", s))?;
+        // SAFETY: out-parameter on our stack, in the context just made current.
+        check(unsafe { sys::cuMemAlloc_v2(&mut ptrs[i], bytes) })
+            .map_err(|s| fail("cuMemAlloc", s))?;
+    }
+    // Direct peer access where the GPUs allow it (NVLink, PCIe P2P): the
+    // fastest a copy between them can be. The destination context is current.
+    // SAFETY: both contexts are ours and alive.
+    let _ = unsafe { sys::cuCtxEnablePeerAccess(ctxs[0], 0) };
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        // SAFETY: two live allocations of `bytes` in their contexts.
+        check(unsafe { sys::cuMemcpyPeer(ptrs[1], ctxs[1], ptrs[0], ctxs[0], bytes) })
+            .map_err(|s| fail("cuMemcpyPeer", s))?;
+        // SAFETY: the destination context is current after the allocation above.
+        check(unsafe { sys::cuCtxSynchronize() }).map_err(|s| fail("sync", s))?;
+        best = best.max(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    for c in ctxs {
+        // SAFETY: our own contexts; their allocations go with them.
+        let _ = unsafe { sys::cuCtxDestroy_v2(c) };
+    }
+    CURRENT.with(|c| c.set(0));
+    Ok(best)
 }
 
 /// Memory of GPU `ordinal`, bytes.
@@ -83,10 +122,25 @@ pub fn open(ordinal: u32) -> Result<Box<dyn Executor>, Error> {
     // SAFETY: out-parameter on our stack.
     check(unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })
         .map_err(|s| fail("cuDeviceGet", s))?;
+    // Allocations are made movable (virtual memory management) where there
+    // is another GPU to move to and every GPU supports it.
+    let vmm = count > 1
+        && (0..count).all(|o| {
+            device(o as u32).is_ok_and(|d| {
+                attr(
+                d,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            ) != 0
+            })
+        });
     Ok(Box::new(CudaExecutor {
         dev,
+        ordinal,
+        devices: count as u32,
+        vmm,
         registered: Vec::new(),
         primary: null_mut(),
+        primary_dev: dev,
     }))
 }
 
@@ -94,9 +148,16 @@ pub fn open(ordinal: u32) -> Result<Box<dyn Executor>, Error> {
 #[derive(Debug)]
 pub struct CudaExecutor {
     dev: CUdevice,
+    ordinal: u32,
+    devices: u32,
+    /// Contexts allocate with the virtual memory management API (so they can
+    /// move to another GPU).
+    vmm: bool,
     /// Host ranges page-locked for DMA (unregistered on drop).
     registered: Vec<usize>,
     primary: CUcontext,
+    /// The device whose primary context `primary` is.
+    primary_dev: CUdevice,
 }
 
 // SAFETY: the primary context handle is only used from the worker thread
@@ -116,7 +177,7 @@ impl Drop for CudaExecutor {
             let _ = unsafe { sys::cuMemHostUnregister(p as *mut c_void) };
         }
         // SAFETY: balances the retain in `register_dma_targets`.
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.primary_dev) };
         CURRENT.with(|c| c.set(0));
     }
 }
@@ -177,6 +238,7 @@ impl Executor for CudaExecutor {
             // SAFETY: out-parameter on our stack.
             check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut p, self.dev) })?;
             self.primary = p;
+            self.primary_dev = self.dev;
         }
         // SAFETY: a retained context of ours.
         check(unsafe { sys::cuCtxSetCurrent(self.primary) })?;
@@ -194,17 +256,31 @@ impl Executor for CudaExecutor {
     }
 
     fn open(&mut self) -> Result<Box<dyn Context>, Status> {
-        let mut ctx: CUcontext = null_mut();
-        // SAFETY: out-parameter on our stack; null create-params means defaults.
-        check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, self.dev) })?;
-        CURRENT.with(|c| c.set(ctx as usize));
-        Ok(Box::new(CudaContext {
-            ctx,
-            event_pool: Vec::new(),
-            timed: Vec::new(),
-            timing_overhead_ns: None,
-            functions: Default::default(),
-        }))
+        Ok(Box::new(CudaContext::new(
+            self.dev,
+            self.ordinal,
+            self.vmm,
+        )?))
+    }
+
+    fn devices(&self) -> u32 {
+        self.devices
+    }
+
+    fn device(&self) -> u32 {
+        self.ordinal
+    }
+
+    fn set_device(&mut self, ordinal: u32) -> Result<(), Status> {
+        if ordinal >= self.devices {
+            return Err(Status::InvalidValue);
+        }
+        if ordinal != self.ordinal && !self.vmm {
+            return Err(Status::NotSupported);
+        }
+        self.dev = device(ordinal)?;
+        self.ordinal = ordinal;
+        Ok(())
     }
 }
 
@@ -212,23 +288,331 @@ thread_local! {
     static CURRENT: Cell<usize> = const { Cell::new(0) };
 }
 
+/// A driver object the guest holds by handle. Handles are ours (not the
+/// driver's pointers), so that the objects can be re-created on another GPU
+/// under the same handles when the vGPU moves.
+enum Obj {
+    Stream {
+        raw: sys::CUstream,
+        flags: u32,
+    },
+    Event {
+        raw: sys::CUevent,
+        flags: u32,
+    },
+    /// The image is kept to load the module again on another GPU.
+    Module {
+        raw: sys::CUmodule,
+        image: Vec<u8>,
+    },
+    Function {
+        raw: sys::CUfunction,
+        module: Handle,
+        name: CString,
+        sizes: Vec<u32>,
+    },
+}
+
+/// How to make an [`Obj`] again (on another GPU).
+#[derive(Clone)]
+enum ObjSpec {
+    Stream(u32),
+    Event(u32),
+    Module(Vec<u8>),
+    Function(Handle, CString, Vec<u32>),
+}
+
+/// A context that is no longer used, destroyed when dropped (on any thread).
+struct OldContext(CUcontext);
+
+// SAFETY: nothing else refers to the context any more; the driver allows
+// destroying a context from any thread.
+unsafe impl Send for OldContext {}
+
+impl Drop for OldContext {
+    fn drop(&mut self) {
+        // SAFETY: see the Send impl; destroyed once.
+        let _ = unsafe { sys::cuCtxDestroy_v2(self.0) };
+    }
+}
+
+/// Makes the objects of `specs` in the current context, into `into`
+/// (modules, streams and events first, then the functions of the modules).
+fn recreate_into(
+    into: &mut std::collections::HashMap<Handle, Obj>,
+    specs: &[(Handle, ObjSpec)],
+) -> Result<(), Status> {
+    for (h, spec) in specs {
+        let o = match spec {
+            ObjSpec::Stream(flags) => {
+                let mut st: sys::CUstream = null_mut();
+                // SAFETY: out-parameter on our stack.
+                check(unsafe { sys::cuStreamCreate(&mut st, *flags) })?;
+                Obj::Stream {
+                    raw: st,
+                    flags: *flags,
+                }
+            }
+            ObjSpec::Event(flags) => {
+                let mut e: sys::CUevent = null_mut();
+                // SAFETY: out-parameter on our stack.
+                check(unsafe { sys::cuEventCreate(&mut e, *flags) })?;
+                Obj::Event {
+                    raw: e,
+                    flags: *flags,
+                }
+            }
+            ObjSpec::Module(image) => {
+                let mut m: sys::CUmodule = null_mut();
+                // SAFETY: the complete image the module was first loaded from.
+                check(unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr() as *const c_void) })?;
+                Obj::Module {
+                    raw: m,
+                    image: image.clone(),
+                }
+            }
+            ObjSpec::Function(..) => continue,
+        };
+        into.insert(*h, o);
+    }
+    for (h, spec) in specs {
+        if let ObjSpec::Function(module, name, sizes) = spec {
+            let Some(Obj::Module { raw: m, .. }) = into.get(module) else {
+                return Err(Status::InvalidHandle);
+            };
+            let mut f: sys::CUfunction = null_mut();
+            // SAFETY: a module of the current context; NUL-terminated name.
+            check(unsafe { sys::cuModuleGetFunction(&mut f, *m, name.as_ptr()) })?;
+            into.insert(
+                *h,
+                Obj::Function {
+                    raw: f,
+                    module: *module,
+                    name: name.clone(),
+                    sizes: sizes.clone(),
+                },
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A context made ahead on a migration's target GPU, with the objects of
+/// the context to move (as they were when it was prepared).
+struct PreparedCtx {
+    ctx: CUcontext,
+    dev: CUdevice,
+    ordinal: u32,
+    objs: std::collections::HashMap<Handle, Obj>,
+    /// Physical memory made ahead on the target for each allocation, mapped
+    /// at a temporary address: va -> (padded, handle, temporary va).
+    staged: std::collections::HashMap<u64, (usize, sys::CUmemGenericAllocationHandle, u64)>,
+}
+
+// SAFETY: the context is current on no thread once prepared (see `prepare`);
+// whoever takes it makes it current first.
+unsafe impl Send for PreparedCtx {}
+
+impl Drop for PreparedCtx {
+    fn drop(&mut self) {
+        for (_, (padded, handle, tmp)) in self.staged.drain() {
+            vmm_free(tmp, &VmmAlloc { padded, handle });
+        }
+        if !self.ctx.is_null() {
+            // SAFETY: a context of ours nobody uses; its objects go with it.
+            let _ = unsafe { sys::cuCtxDestroy_v2(self.ctx) };
+        }
+    }
+}
+
+/// Makes a context on GPU `ordinal` with the objects of `specs` and memory
+/// for the allocations `allocs` (va, padded size), and leaves it current on
+/// no thread.
+fn prepare(
+    ordinal: u32,
+    specs: &[(Handle, ObjSpec)],
+    allocs: &[(u64, usize)],
+) -> Result<PreparedCtx, Status> {
+    let dev = device(ordinal)?;
+    let mut ctx: CUcontext = null_mut();
+    // SAFETY: out-parameter on our stack; default parameters.
+    check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, dev) })?;
+    let mut p = PreparedCtx {
+        ctx,
+        dev,
+        ordinal,
+        objs: Default::default(),
+        staged: Default::default(),
+    };
+    let r = recreate_into(&mut p.objs, specs).and_then(|()| {
+        for &(va, padded) in allocs {
+            let tmp = vmm_reserve(padded)?;
+            match vmm_map(tmp, padded, ordinal) {
+                Ok(h) => {
+                    p.staged.insert(va, (padded, h, tmp));
+                }
+                Err(e) => {
+                    // SAFETY: our own reservation, nothing mapped.
+                    let _ = unsafe { sys::cuMemAddressFree(tmp, padded) };
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    });
+    // SAFETY: detaches whatever is current on this thread (our new context).
+    let _ = unsafe { sys::cuCtxSetCurrent(null_mut()) };
+    CURRENT.with(|c| c.set(0));
+    r.map(|()| p)
+}
+
+/// Device memory made with the virtual memory management API: a reserved
+/// address range with physical memory of the current GPU mapped into it.
+struct VmmAlloc {
+    padded: usize,
+    handle: sys::CUmemGenericAllocationHandle,
+}
+
 struct CudaContext {
     ctx: CUcontext,
+    dev: CUdevice,
+    ordinal: u32,
+    /// Allocations are VMM ranges (movable to another GPU at the same
+    /// addresses); false on one-GPU hosts, where plain cuMemAlloc is used.
+    vmm: bool,
+    granularity: usize,
+    allocs: std::collections::BTreeMap<u64, VmmAlloc>,
+    objs: std::collections::HashMap<Handle, Obj>,
+    next_handle: Handle,
+    /// The guest learnt a module global's address: it would change on
+    /// another GPU, so the context cannot move.
+    globals_taken: bool,
     /// Idle timing events, and (function, start, end) of timed launches in flight.
     event_pool: Vec<sys::CUevent>,
     timed: Vec<(Handle, sys::CUevent, sys::CUevent)>,
     /// Event-measured time of an empty kernel (launch latency between the
     /// events), subtracted from every sample; measured on first use.
     timing_overhead_ns: Option<u64>,
-    /// function handle -> parameter sizes (for building cuLaunchKernel's pointer array).
-    functions: std::collections::HashMap<Handle, Vec<u32>>,
 }
 
 // SAFETY: a CUcontext may be used from any thread once made current there;
 // every entry point below makes it current before use.
 unsafe impl Send for CudaContext {}
 
+fn device(ordinal: u32) -> Result<CUdevice, Status> {
+    let mut dev: CUdevice = 0;
+    // SAFETY: out-parameter on our stack.
+    check(unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })?;
+    Ok(dev)
+}
+
+/// Allocation properties for pinned device memory on GPU `ordinal`.
+fn vmm_prop(ordinal: u32) -> sys::CUmemAllocationProp {
+    // SAFETY: a plain C struct for which all-zero is valid (every enum field
+    // has a 0 variant: INVALID / NONE); the fields that matter are set below.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal as i32;
+    prop
+}
+
+fn vmm_access(ordinal: u32) -> sys::CUmemAccessDesc {
+    // SAFETY: as in `vmm_prop`.
+    let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+    d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = ordinal as i32;
+    d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    d
+}
+
+/// Creates `padded` bytes of physical memory on GPU `ordinal` and maps it
+/// at `va` (reserved by the caller), readable and writable from that GPU.
+fn vmm_map(
+    va: u64,
+    padded: usize,
+    ordinal: u32,
+) -> Result<sys::CUmemGenericAllocationHandle, Status> {
+    let prop = vmm_prop(ordinal);
+    let mut h: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: out-parameter on our stack; `prop` is a valid property struct.
+    check(unsafe { sys::cuMemCreate(&mut h, padded, &prop, 0) })?;
+    // SAFETY: `va` is a reserved range of `padded` bytes with nothing mapped;
+    // `h` is a fresh handle of that size.
+    if let Err(e) = check(unsafe { sys::cuMemMap(va, padded, 0, h, 0) }) {
+        // SAFETY: our own handle, not mapped.
+        let _ = unsafe { sys::cuMemRelease(h) };
+        return Err(e);
+    }
+    let acc = vmm_access(ordinal);
+    // SAFETY: the range was just mapped; one descriptor.
+    if let Err(e) = check(unsafe { sys::cuMemSetAccess(va, padded, &acc, 1) }) {
+        // SAFETY: undoing our own mapping and handle.
+        let _ = unsafe { sys::cuMemUnmap(va, padded) };
+        // SAFETY: as above.
+        let _ = unsafe { sys::cuMemRelease(h) };
+        return Err(e);
+    }
+    Ok(h)
+}
+
+/// Reserves `padded` bytes of device address space.
+fn vmm_reserve(padded: usize) -> Result<u64, Status> {
+    let mut va = 0;
+    // SAFETY: out-parameter on our stack; no fixed address, default alignment.
+    check(unsafe { sys::cuMemAddressReserve(&mut va, padded, 0, 0, 0) })?;
+    Ok(va)
+}
+
+/// Unmaps, releases and unreserves one VMM range.
+fn vmm_free(va: u64, a: &VmmAlloc) {
+    // SAFETY: our own mapping, handle and reservation, each undone once.
+    let _ = unsafe { sys::cuMemUnmap(va, a.padded) };
+    // SAFETY: as above.
+    let _ = unsafe { sys::cuMemRelease(a.handle) };
+    // SAFETY: as above.
+    let _ = unsafe { sys::cuMemAddressFree(va, a.padded) };
+}
+
 impl CudaContext {
+    fn new(dev: CUdevice, ordinal: u32, vmm: bool) -> Result<CudaContext, Status> {
+        let mut ctx: CUcontext = null_mut();
+        // SAFETY: out-parameter on our stack; null create-params means defaults.
+        check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, dev) })?;
+        CURRENT.with(|c| c.set(ctx as usize));
+        let mut granularity = 1;
+        if vmm {
+            let prop = vmm_prop(ordinal);
+            // SAFETY: out-parameter on our stack; a valid property struct.
+            let r = check(unsafe {
+                sys::cuMemGetAllocationGranularity(
+                    &mut granularity,
+                    &prop,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+                )
+            });
+            if let Err(e) = r {
+                // SAFETY: our own fresh context.
+                let _ = unsafe { sys::cuCtxDestroy_v2(ctx) };
+                return Err(e);
+            }
+        }
+        Ok(CudaContext {
+            ctx,
+            dev,
+            ordinal,
+            vmm,
+            granularity: granularity.max(1),
+            allocs: Default::default(),
+            objs: Default::default(),
+            next_handle: 0x1000,
+            globals_taken: false,
+            event_pool: Vec::new(),
+            timed: Vec::new(),
+            timing_overhead_ns: None,
+        })
+    }
+
     fn bind(&self) -> Result<(), Status> {
         if CURRENT.with(Cell::get) != self.ctx as usize {
             // SAFETY: `self.ctx` is a live context owned by self.
@@ -237,10 +621,73 @@ impl CudaContext {
         }
         Ok(())
     }
-}
 
+    fn insert(&mut self, o: Obj) -> Handle {
+        self.next_handle += 1;
+        self.objs.insert(self.next_handle, o);
+        self.next_handle
+    }
+
+    /// The driver stream of a handle (0: the default stream).
+    fn stream(&self, h: Handle) -> Result<sys::CUstream, Status> {
+        if h == 0 {
+            return Ok(null_mut());
+        }
+        match self.objs.get(&h) {
+            Some(Obj::Stream { raw, .. }) => Ok(*raw),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    fn event(&self, h: Handle) -> Result<sys::CUevent, Status> {
+        match self.objs.get(&h) {
+            Some(Obj::Event { raw, .. }) => Ok(*raw),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    fn module(&self, h: Handle) -> Result<sys::CUmodule, Status> {
+        match self.objs.get(&h) {
+            Some(Obj::Module { raw, .. }) => Ok(*raw),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    fn func(&self, h: Handle) -> Result<(sys::CUfunction, &[u32]), Status> {
+        match self.objs.get(&h) {
+            Some(Obj::Function { raw, sizes, .. }) => Ok((*raw, sizes)),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    /// What it takes to make this context's objects again elsewhere.
+    fn specs(&self) -> Vec<(Handle, ObjSpec)> {
+        self.objs
+            .iter()
+            .map(|(&h, o)| {
+                let spec = match o {
+                    Obj::Stream { flags, .. } => ObjSpec::Stream(*flags),
+                    Obj::Event { flags, .. } => ObjSpec::Event(*flags),
+                    Obj::Module { image, .. } => ObjSpec::Module(image.clone()),
+                    Obj::Function {
+                        module,
+                        name,
+                        sizes,
+                        ..
+                    } => ObjSpec::Function(*module, name.clone(), sizes.clone()),
+                };
+                (h, spec)
+            })
+            .collect()
+    }
+}
 impl Drop for CudaContext {
     fn drop(&mut self) {
+        if self.bind().is_ok() {
+            for (va, a) in std::mem::take(&mut self.allocs) {
+                vmm_free(va, &a);
+            }
+        }
         // SAFETY: destroying our own context frees all it holds; nothing uses it after.
         let _ = unsafe { sys::cuCtxDestroy_v2(self.ctx) };
         CURRENT.with(|c| {
@@ -249,10 +696,6 @@ impl Drop for CudaContext {
             }
         });
     }
-}
-
-fn stream(h: Handle) -> sys::CUstream {
-    h as sys::CUstream
 }
 
 impl CudaContext {
@@ -319,40 +762,70 @@ impl CudaContext {
 impl Context for CudaContext {
     fn alloc(&mut self, size: u64) -> Result<u64, Status> {
         self.bind()?;
-        let mut p = 0;
-        // SAFETY: out-parameter on our stack.
-        check(unsafe { sys::cuMemAlloc_v2(&mut p, size as usize) })?;
-        Ok(p)
+        if !self.vmm {
+            let mut p = 0;
+            // SAFETY: out-parameter on our stack.
+            check(unsafe { sys::cuMemAlloc_v2(&mut p, size as usize) })?;
+            return Ok(p);
+        }
+        let padded = self.footprint(size.max(1)) as usize;
+        let va = vmm_reserve(padded)?;
+        match vmm_map(va, padded, self.ordinal) {
+            Ok(handle) => {
+                self.allocs.insert(va, VmmAlloc { padded, handle });
+                Ok(va)
+            }
+            Err(e) => {
+                // SAFETY: our own reservation, nothing mapped.
+                let _ = unsafe { sys::cuMemAddressFree(va, padded) };
+                Err(e)
+            }
+        }
+    }
+
+    fn footprint(&self, size: u64) -> u64 {
+        let g = self.granularity as u64;
+        size.div_ceil(g).saturating_mul(g)
     }
 
     fn free(&mut self, ptr: u64) -> Result<(), Status> {
         self.bind()?;
+        if let Some(a) = self.allocs.remove(&ptr) {
+            // Work still using it must finish first, as cuMemFree would wait.
+            // SAFETY: no arguments; our context is current.
+            check(unsafe { sys::cuCtxSynchronize() })?;
+            vmm_free(ptr, &a);
+            return Ok(());
+        }
         // SAFETY: the worker checked `ptr` is a live allocation of this context.
         check(unsafe { sys::cuMemFree_v2(ptr) })
     }
 
     fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, s: Handle) -> Result<(), Status> {
         self.bind()?;
+        let st = self.stream(s)?;
         let p = src.ptr_guard().as_ptr() as *const c_void;
         // SAFETY: `src` is a live mapping of `src.len()` bytes; the destination range
         // was validated; pageable source memory is staged before the call returns.
-        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, p, src.len(), stream(s)) })
+        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, p, src.len(), st) })
     }
 
     fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, s: Handle) -> Result<(), Status> {
         self.bind()?;
+        let st = self.stream(s)?;
         let p = dst.ptr_guard_mut().as_ptr() as *mut c_void;
         // SAFETY: `dst` is a live, writable mapping of `dst.len()` bytes; the
         // source range was validated; the copy completes before we return.
-        check(unsafe { sys::cuMemcpyDtoHAsync_v2(p, src, dst.len(), stream(s)) })?;
-        // SAFETY: stream handle issued by this context (or 0).
-        check(unsafe { sys::cuStreamSynchronize(stream(s)) })
+        check(unsafe { sys::cuMemcpyDtoHAsync_v2(p, src, dst.len(), st) })?;
+        // SAFETY: a stream of this context (or the default one).
+        check(unsafe { sys::cuStreamSynchronize(st) })
     }
 
     fn dtod(&mut self, dst: u64, src: u64, len: u64, s: Handle) -> Result<(), Status> {
         self.bind()?;
+        let st = self.stream(s)?;
         // SAFETY: both ranges validated by the worker.
-        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, stream(s)) })
+        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, st) })
     }
 
     fn memset(
@@ -365,7 +838,7 @@ impl Context for CudaContext {
     ) -> Result<(), Status> {
         self.bind()?;
         let n = count as usize;
-        let st = stream(s);
+        let st = self.stream(s)?;
         let r = match width {
             // SAFETY: range validated by the worker.
             1 => unsafe { sys::cuMemsetD8Async(dst, value as u8, n, st) },
@@ -379,35 +852,35 @@ impl Context for CudaContext {
 
     fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
         self.bind()?;
-        let mut owned;
-        let img: &[u8] = if kind == ImageKind::Ptx && image.last() != Some(&0) {
-            owned = image.to_vec();
-            owned.push(0);
-            &owned
-        } else {
-            image
-        };
+        let mut img = image.to_vec();
+        if kind == ImageKind::Ptx && img.last() != Some(&0) {
+            img.push(0);
+        }
         let mut m: sys::CUmodule = null_mut();
         // SAFETY: `img` is a complete image (PTX NUL-terminated above); the driver
         // validates its contents and copies what it keeps.
         check(unsafe { sys::cuModuleLoadData(&mut m, img.as_ptr() as *const c_void) })?;
-        Ok(m as Handle)
+        Ok(self.insert(Obj::Module { raw: m, image: img }))
     }
 
     fn unload_module(&mut self, module: Handle) -> Result<(), Status> {
         self.bind()?;
-        // SAFETY: the worker checked the handle was issued to this session.
-        check(unsafe { sys::cuModuleUnload(module as sys::CUmodule) })
+        let m = self.module(module)?;
+        // SAFETY: a module of this context.
+        check(unsafe { sys::cuModuleUnload(m) })?;
+        self.objs.remove(&module);
+        self.objs
+            .retain(|_, o| !matches!(o, Obj::Function { module: mm, .. } if *mm == module));
+        Ok(())
     }
 
     fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<u32>), Status> {
         self.bind()?;
+        let m = self.module(module)?;
         let cname = CString::new(name).map_err(|_| Status::InvalidValue)?;
         let mut f: sys::CUfunction = null_mut();
-        // SAFETY: module handle checked by the worker; name is NUL-terminated.
-        check(unsafe {
-            sys::cuModuleGetFunction(&mut f, module as sys::CUmodule, cname.as_ptr())
-        })?;
+        // SAFETY: a module of this context; name is NUL-terminated.
+        check(unsafe { sys::cuModuleGetFunction(&mut f, m, cname.as_ptr()) })?;
         let mut sizes = Vec::new();
         loop {
             let (mut off, mut size) = (0usize, 0usize);
@@ -418,8 +891,13 @@ impl Context for CudaContext {
             }
             sizes.push(size as u32);
         }
-        self.functions.insert(f as Handle, sizes.clone());
-        Ok((f as Handle, sizes))
+        let h = self.insert(Obj::Function {
+            raw: f,
+            module,
+            name: cname,
+            sizes: sizes.clone(),
+        });
+        Ok((h, sizes))
     }
 
     fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
@@ -438,26 +916,22 @@ impl Context for CudaContext {
             _ => return Err(Status::InvalidValue),
         };
         self.bind()?;
-        if !self.functions.contains_key(&func) {
-            return Err(Status::InvalidHandle);
-        }
+        let (f, _) = self.func(func)?;
         let mut v = 0;
-        // SAFETY: function handle issued by this context; out-parameter on our stack.
-        check(unsafe { sys::cuFuncGetAttribute(&mut v, a, func as sys::CUfunction) })?;
+        // SAFETY: a function of this context; out-parameter on our stack.
+        check(unsafe { sys::cuFuncGetAttribute(&mut v, a, f) })?;
         Ok(v)
     }
 
     fn occupancy(&mut self, func: Handle, block_size: u32, shared_mem: u32) -> Result<i32, Status> {
         self.bind()?;
-        if !self.functions.contains_key(&func) {
-            return Err(Status::InvalidHandle);
-        }
+        let (f, _) = self.func(func)?;
         let mut n = 0;
-        // SAFETY: function handle issued by this context; out-parameter on our stack.
+        // SAFETY: a function of this context; out-parameter on our stack.
         check(unsafe {
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 &mut n,
-                func as sys::CUfunction,
+                f,
                 block_size as i32,
                 shared_mem as usize,
             )
@@ -467,12 +941,14 @@ impl Context for CudaContext {
 
     fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status> {
         self.bind()?;
+        let m = self.module(module)?;
         let cname = CString::new(name).map_err(|_| Status::InvalidValue)?;
         let (mut p, mut size) = (0u64, 0usize);
-        // SAFETY: module handle checked by the worker; out-parameters on our stack.
-        check(unsafe {
-            sys::cuModuleGetGlobal_v2(&mut p, &mut size, module as sys::CUmodule, cname.as_ptr())
-        })?;
+        // SAFETY: a module of this context; out-parameters on our stack.
+        check(unsafe { sys::cuModuleGetGlobal_v2(&mut p, &mut size, m, cname.as_ptr()) })?;
+        // The driver places globals itself: their addresses would differ on
+        // another GPU, and the guest now holds one.
+        self.globals_taken = true;
         Ok((p, size as u64))
     }
 
@@ -530,7 +1006,8 @@ impl Context for CudaContext {
         params: &[u8],
     ) -> Result<(), Status> {
         self.bind()?;
-        let sizes = self.functions.get(&func).ok_or(Status::InvalidHandle)?;
+        let st = self.stream(s)?;
+        let (f, sizes) = self.func(func)?;
         // cuLaunchKernel wants one pointer per parameter; the parameters are
         // already packed back to back, so point into that buffer.
         let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(sizes.len());
@@ -546,7 +1023,7 @@ impl Context for CudaContext {
         // before returning.
         check(unsafe {
             sys::cuLaunchKernel(
-                func as sys::CUfunction,
+                f,
                 g.x,
                 g.y,
                 g.z,
@@ -554,7 +1031,7 @@ impl Context for CudaContext {
                 b.y,
                 b.z,
                 smem,
-                stream(s),
+                st,
                 ptrs.as_mut_ptr(),
                 null_mut(),
             )
@@ -574,6 +1051,7 @@ impl Context for CudaContext {
         if self.timing_overhead_ns.is_none() {
             self.timing_overhead_ns = Some(self.calibrate().unwrap_or(0));
         }
+        let st = self.stream(s)?;
         let mut ev = [null_mut(); 2];
         for e in &mut ev {
             *e = match self.event_pool.pop() {
@@ -586,11 +1064,11 @@ impl Context for CudaContext {
                 }
             };
         }
-        // SAFETY: our own events and a stream checked by the worker.
-        check(unsafe { sys::cuEventRecord(ev[0], stream(s)) })?;
+        // SAFETY: our own events and a stream of this context.
+        check(unsafe { sys::cuEventRecord(ev[0], st) })?;
         self.launch(func, g, b, smem, s, params)?;
         // SAFETY: as above.
-        check(unsafe { sys::cuEventRecord(ev[1], stream(s)) })?;
+        check(unsafe { sys::cuEventRecord(ev[1], st) })?;
         self.timed.push((func, ev[0], ev[1]));
         Ok(())
     }
@@ -625,25 +1103,33 @@ impl Context for CudaContext {
         let mut st: sys::CUstream = null_mut();
         // SAFETY: out-parameter on our stack.
         check(unsafe { sys::cuStreamCreate(&mut st, flags) })?;
-        Ok(st as Handle)
+        Ok(self.insert(Obj::Stream { raw: st, flags }))
     }
 
     fn stream_destroy(&mut self, s: Handle) -> Result<(), Status> {
         self.bind()?;
-        // SAFETY: handle checked by the worker.
-        check(unsafe { sys::cuStreamDestroy_v2(stream(s)) })
+        if s == 0 {
+            return Err(Status::InvalidHandle);
+        }
+        let st = self.stream(s)?;
+        // SAFETY: a stream of this context, destroyed once.
+        check(unsafe { sys::cuStreamDestroy_v2(st) })?;
+        self.objs.remove(&s);
+        Ok(())
     }
 
     fn stream_synchronize(&mut self, s: Handle) -> Result<(), Status> {
         self.bind()?;
-        // SAFETY: handle checked by the worker (0 = default stream).
-        check(unsafe { sys::cuStreamSynchronize(stream(s)) })
+        let st = self.stream(s)?;
+        // SAFETY: a stream of this context (or the default one).
+        check(unsafe { sys::cuStreamSynchronize(st) })
     }
 
     fn stream_query(&mut self, s: Handle) -> Result<bool, Status> {
         self.bind()?;
-        // SAFETY: handle checked by the worker.
-        match unsafe { sys::cuStreamQuery(stream(s)) } {
+        let st = self.stream(s)?;
+        // SAFETY: a stream of this context.
+        match unsafe { sys::cuStreamQuery(st) } {
             CUresult::CUDA_SUCCESS => Ok(true),
             CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             e => Err(Status::from_code(e as u32)),
@@ -655,31 +1141,37 @@ impl Context for CudaContext {
         let mut e: sys::CUevent = null_mut();
         // SAFETY: out-parameter on our stack.
         check(unsafe { sys::cuEventCreate(&mut e, flags) })?;
-        Ok(e as Handle)
+        Ok(self.insert(Obj::Event { raw: e, flags }))
     }
 
     fn event_destroy(&mut self, e: Handle) -> Result<(), Status> {
         self.bind()?;
-        // SAFETY: handle checked by the worker.
-        check(unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) })
+        let ev = self.event(e)?;
+        // SAFETY: an event of this context, destroyed once.
+        check(unsafe { sys::cuEventDestroy_v2(ev) })?;
+        self.objs.remove(&e);
+        Ok(())
     }
 
     fn event_record(&mut self, e: Handle, s: Handle) -> Result<(), Status> {
         self.bind()?;
-        // SAFETY: handles checked by the worker.
-        check(unsafe { sys::cuEventRecord(e as sys::CUevent, stream(s)) })
+        let (ev, st) = (self.event(e)?, self.stream(s)?);
+        // SAFETY: an event and a stream of this context.
+        check(unsafe { sys::cuEventRecord(ev, st) })
     }
 
     fn event_synchronize(&mut self, e: Handle) -> Result<(), Status> {
         self.bind()?;
-        // SAFETY: handle checked by the worker.
-        check(unsafe { sys::cuEventSynchronize(e as sys::CUevent) })
+        let ev = self.event(e)?;
+        // SAFETY: an event of this context.
+        check(unsafe { sys::cuEventSynchronize(ev) })
     }
 
     fn event_query(&mut self, e: Handle) -> Result<bool, Status> {
         self.bind()?;
-        // SAFETY: handle checked by the worker.
-        match unsafe { sys::cuEventQuery(e as sys::CUevent) } {
+        let ev = self.event(e)?;
+        // SAFETY: an event of this context.
+        match unsafe { sys::cuEventQuery(ev) } {
             CUresult::CUDA_SUCCESS => Ok(true),
             CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             r => Err(Status::from_code(r as u32)),
@@ -688,11 +1180,10 @@ impl Context for CudaContext {
 
     fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status> {
         self.bind()?;
+        let (a, b) = (self.event(start)?, self.event(end)?);
         let mut ms = 0f32;
-        // SAFETY: handles checked by the worker; out-parameter on our stack.
-        check(unsafe {
-            sys::cuEventElapsedTime_v2(&mut ms, start as sys::CUevent, end as sys::CUevent)
-        })?;
+        // SAFETY: events of this context; out-parameter on our stack.
+        check(unsafe { sys::cuEventElapsedTime_v2(&mut ms, a, b) })?;
         Ok(ms)
     }
 
@@ -700,5 +1191,171 @@ impl Context for CudaContext {
         self.bind()?;
         // SAFETY: no arguments; our context is current.
         check(unsafe { sys::cuCtxSynchronize() })
+    }
+
+    fn prepare_migration(&self, target: u32) -> Option<super::PrepareJob> {
+        if target == self.ordinal || !self.vmm || self.globals_taken {
+            return None;
+        }
+        let specs = self.specs();
+        let allocs: Vec<(u64, usize)> = self.allocs.iter().map(|(&va, a)| (va, a.padded)).collect();
+        Some(Box::new(move || {
+            prepare(target, &specs, &allocs).map(|p| Box::new(p) as super::Prepared)
+        }))
+    }
+
+    fn migrate(&mut self, target: u32, prepared: Option<super::Prepared>) -> Result<Moved, Status> {
+        if target == self.ordinal {
+            return Ok(Moved::default());
+        }
+        if !self.vmm || self.globals_taken {
+            return Err(Status::NotSupported);
+        }
+        self.bind()?;
+        // Drain at a kernel boundary: what was submitted finishes here.
+        // SAFETY: no arguments; our context is current.
+        check(unsafe { sys::cuCtxSynchronize() })?;
+        let _ = self.take_timings();
+        // The target's context, made ahead on a helper thread if it was.
+        let mut p = match prepared.and_then(|b| b.downcast::<PreparedCtx>().ok()) {
+            Some(p) if p.ordinal == target => *p,
+            _ => prepare(target, &self.specs(), &[])?,
+        };
+        // SAFETY: the prepared context, current on no other thread.
+        check(unsafe { sys::cuCtxSetCurrent(p.ctx) })?;
+        CURRENT.with(|c| c.set(p.ctx as usize));
+        // Objects made or dropped by the guest since it was prepared.
+        let missing: Vec<(Handle, ObjSpec)> = self
+            .specs()
+            .into_iter()
+            .filter(|(h, _)| !p.objs.contains_key(h))
+            .collect();
+        let gone: Vec<Handle> = p
+            .objs
+            .keys()
+            .filter(|h| !self.objs.contains_key(h))
+            .copied()
+            .collect();
+        let src = self.ordinal;
+        let mut staged: Vec<(u64, usize, sys::CUmemGenericAllocationHandle, u64)> = Vec::new();
+        let result = (|| {
+            recreate_into(&mut p.objs, &missing)?;
+            for h in gone {
+                // Objects of the prepared context, each destroyed once.
+                match p.objs.remove(&h) {
+                    Some(Obj::Stream { raw, .. }) => {
+                        // SAFETY: see above.
+                        let _ = unsafe { sys::cuStreamDestroy_v2(raw) };
+                    }
+                    Some(Obj::Event { raw, .. }) => {
+                        // SAFETY: see above.
+                        let _ = unsafe { sys::cuEventDestroy_v2(raw) };
+                    }
+                    Some(Obj::Module { raw, .. }) => {
+                        // SAFETY: see above.
+                        let _ = unsafe { sys::cuModuleUnload(raw) };
+                    }
+                    _ => {}
+                }
+            }
+            // Copy over NVLink/PCIe peer-to-peer where the target may read
+            // the source's memory directly, else through the driver's staging.
+            let mut direct = 0;
+            // SAFETY: out-parameter on our stack.
+            let _ = unsafe { sys::cuDeviceCanAccessPeer(&mut direct, p.dev, self.dev) };
+            let mut bytes = 0u64;
+            for (&va, a) in &self.allocs {
+                // Memory made ahead if the allocation existed then.
+                let (h, tmp) = match p.staged.remove(&va) {
+                    Some((padded, h, tmp)) if padded == a.padded => (h, tmp),
+                    other => {
+                        if let Some((padded, handle, tmp)) = other {
+                            vmm_free(tmp, &VmmAlloc { padded, handle });
+                        }
+                        let tmp = vmm_reserve(a.padded)?;
+                        match vmm_map(tmp, a.padded, target) {
+                            Ok(h) => (h, tmp),
+                            Err(e) => {
+                                // SAFETY: our own reservation, nothing mapped.
+                                let _ = unsafe { sys::cuMemAddressFree(tmp, a.padded) };
+                                return Err(e);
+                            }
+                        }
+                    }
+                };
+                staged.push((va, a.padded, h, tmp));
+                if direct != 0 {
+                    let acc = [vmm_access(src), vmm_access(target)];
+                    // SAFETY: our own mapped range; two descriptors.
+                    check(unsafe { sys::cuMemSetAccess(va, a.padded, acc.as_ptr(), 2) })?;
+                    // SAFETY: both ranges are ours, `a.padded` bytes, readable and
+                    // writable from the target GPU; the default stream of the
+                    // (current) target context.
+                    check(unsafe { sys::cuMemcpyDtoDAsync_v2(tmp, va, a.padded, null_mut()) })?;
+                } else {
+                    // SAFETY: `tmp` (target) and `va` (source) are live ranges of
+                    // `a.padded` bytes in the two contexts.
+                    check(unsafe { sys::cuMemcpyPeer(tmp, p.ctx, va, self.ctx, a.padded) })?;
+                }
+                bytes += a.padded as u64;
+            }
+            // SAFETY: no arguments; the target context is current.
+            check(unsafe { sys::cuCtxSynchronize() })?;
+            Ok(bytes)
+        })();
+        let bytes = match result {
+            Ok(b) => b,
+            Err(e) => {
+                for (_, padded, h, tmp) in staged {
+                    vmm_free(tmp, &VmmAlloc { padded, handle: h });
+                }
+                drop(p); // the prepared context and its objects
+                CURRENT.with(|c| c.set(0));
+                self.bind()?;
+                return Err(e);
+            }
+        };
+        // The switch: each address range now maps the target's copy.
+        let mut allocations = 0;
+        for (va, padded, h, tmp) in staged {
+            let old = self.allocs.get(&va).map(|a| a.handle);
+            // `va` is remapped to the new physical memory (which holds the
+            // data already) and opened to the target GPU; the temporary view
+            // goes, and the old memory is freed with its last mapping.
+            // SAFETY: our own mapping of `va`, undone once.
+            let _ = unsafe { sys::cuMemUnmap(va, padded) };
+            if let Some(o) = old {
+                // SAFETY: the old handle, no longer mapped anywhere.
+                let _ = unsafe { sys::cuMemRelease(o) };
+            }
+            // SAFETY: `va` is reserved and now unmapped; `h` has `padded` bytes.
+            check(unsafe { sys::cuMemMap(va, padded, 0, h, 0) })?;
+            let acc = vmm_access(target);
+            // SAFETY: the range just mapped; one descriptor.
+            check(unsafe { sys::cuMemSetAccess(va, padded, &acc, 1) })?;
+            // SAFETY: the temporary view of `h`, undone once (`h` stays mapped at `va`).
+            let _ = unsafe { sys::cuMemUnmap(tmp, padded) };
+            // SAFETY: the temporary reservation, freed once.
+            let _ = unsafe { sys::cuMemAddressFree(tmp, padded) };
+            if let Some(a) = self.allocs.get_mut(&va) {
+                a.handle = h;
+            }
+            allocations += 1;
+        }
+        // The old context (its streams, events and modules; their
+        // replacements live in the new one) is destroyed off the pause, on a
+        // thread of its own: that takes tens of milliseconds.
+        let old = OldContext(self.ctx);
+        let _ = std::thread::Builder::new()
+            .name("ctx-destroy".into())
+            .spawn(move || drop(old));
+        self.ctx = std::mem::replace(&mut p.ctx, null_mut());
+        self.dev = p.dev;
+        self.ordinal = target;
+        self.objs = std::mem::take(&mut p.objs);
+        self.event_pool.clear();
+        self.timed.clear();
+        self.timing_overhead_ns = None;
+        Ok(Moved { bytes, allocations })
     }
 }

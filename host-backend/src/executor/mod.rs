@@ -40,6 +40,12 @@ pub trait Executor: Send {
     }
 }
 
+/// What a context's migration prepared ahead (on another thread).
+pub type Prepared = Box<dyn std::any::Any + Send>;
+
+/// Preparation of a migration, run on a helper thread while the guest goes on.
+pub type PrepareJob = Box<dyn FnOnce() -> Result<Prepared, Status> + Send>;
+
 /// What one context's migration did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Moved {
@@ -53,6 +59,11 @@ pub struct Moved {
 pub trait Context: Send {
     /// Allocates `size` bytes; returns the device address.
     fn alloc(&mut self, size: u64) -> Result<u64, Status>;
+    /// Device memory an allocation of `size` bytes takes (the allocator's
+    /// granularity included), counted against the vGPU's limit.
+    fn footprint(&self, size: u64) -> u64 {
+        size
+    }
     /// Frees an allocation made by `alloc` (the worker checked it).
     fn free(&mut self, ptr: u64) -> Result<(), Status>;
     /// Copies `src` (in the request arena) to device address `dst`.
@@ -138,7 +149,14 @@ pub trait Context: Send {
     /// addresses (pointers the guest holds, and pointers stored in device
     /// memory, stay valid); its streams, events and modules move with it
     /// under the same handles. On failure it stays where it was.
-    fn migrate(&mut self, _device: u32) -> Result<Moved, Status> {
+    fn migrate(&mut self, _device: u32, _prepared: Option<Prepared>) -> Result<Moved, Status> {
         Err(Status::NotSupported)
+    }
+    /// Work of a migration to `device` that can be done ahead, on another
+    /// thread, while the guest still runs here (on a real GPU: the target's
+    /// context, modules, streams and events). Its result goes to
+    /// [`Context::migrate`]; `None`: nothing to do ahead.
+    fn prepare_migration(&self, _device: u32) -> Option<PrepareJob> {
+        None
     }
 }

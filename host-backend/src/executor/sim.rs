@@ -678,7 +678,11 @@ impl Context for SimContext {
         Ok(())
     }
 
-    fn migrate(&mut self, device: u32) -> Result<Moved, Status> {
+    fn migrate(
+        &mut self,
+        device: u32,
+        _prepared: Option<super::Prepared>,
+    ) -> Result<Moved, Status> {
         self.alive()?;
         if device as usize >= self.queues.len() {
             return Err(Status::InvalidValue);
@@ -773,7 +777,7 @@ mod tests {
         p.extend_from_slice(&10u32.to_le_bytes());
         for target in [1, 2, 0, 2] {
             ctx.launch(inc, one, one, 0, 0, &p).unwrap();
-            let moved = ctx.migrate(target).unwrap();
+            let moved = ctx.migrate(target, None).unwrap();
             assert_eq!(
                 moved.allocations, 7,
                 "five blocks, out and the module global"
@@ -790,6 +794,10 @@ mod tests {
             .unwrap();
         let got = f32::from_le_bytes(four);
         assert_eq!(got, 45.0 + 4.0 * 10.0);
-        assert_eq!(ctx.migrate(7), Err(Status::InvalidValue), "no such device");
+        assert_eq!(
+            ctx.migrate(7, None),
+            Err(Status::InvalidValue),
+            "no such device"
+        );
     }
 }
