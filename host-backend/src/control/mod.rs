@@ -951,6 +951,18 @@ impl ControlPlane {
                     &v["memory_limit_bytes"],
                 );
                 m.counter(
+                    "fairvgpu_vgpu_migrations_total",
+                    "Moves of the vGPU to another GPU.",
+                    &l,
+                    &v["migrations"],
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_demand",
+                    "Share of the window the vGPU wanted or held its GPU (what placement balances).",
+                    &l,
+                    &v["demand"],
+                );
+                m.counter(
                     "fairvgpu_vgpu_requests_total",
                     "Requests served by the vGPU's current worker process.",
                     &l,
