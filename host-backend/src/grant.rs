@@ -32,6 +32,7 @@ const REPORT: u32 = 5; // a = device memory used, b = synchronous calls so far
 const QUEUE: u32 = 6; // a = requests waiting in the rings, b = launches so far
 const SERVED: u32 = 7; // a = requests served so far, b = requests refused so far
 const PROCESS: u32 = 8; // a = worker resident memory (bytes), b = worker open fds
+const OCCUPANCY: u32 = 9; // a = mean occupied fraction of the GPU's cores, parts per million
 
 fn encode(kind: u32, vgpu: u32, a: u64, b: u64) -> [u8; 24] {
     let mut m = [0u8; 24];
@@ -67,6 +68,9 @@ pub struct Report {
     pub rss_bytes: u64,
     /// Open file descriptors of the worker process.
     pub open_fds: u64,
+    /// Mean fraction of the GPU's cores its recent launches could occupy
+    /// (occupancy API x grid size), parts per million.
+    pub occupancy_ppm: u64,
 }
 
 /// What the service knows of one vGPU, live.
@@ -90,6 +94,9 @@ pub struct VgpuLive {
     pub rss_bytes: u64,
     /// The worker process's open file descriptors.
     pub open_fds: u64,
+    /// Mean fraction of the GPU's cores its recent launches could occupy,
+    /// parts per million.
+    pub occupancy_ppm: u64,
     /// Current weight (the VM's, as configured or set).
     pub weight: f64,
     /// The weight it runs under: its tenant's weight split among the
@@ -453,6 +460,7 @@ fn serve(
                             v.rss_bytes = a;
                             v.open_fds = b;
                         }),
+                        OCCUPANCY => live(&mut |u| u.entry(id).or_default().occupancy_ppm = a),
                         _ => {}
                     }
                 }
@@ -595,11 +603,12 @@ impl Gate {
 
     /// Reports live figures to the service (for the operator's view).
     pub fn report(&mut self, r: &Report) -> Result<(), Error> {
-        let mut m = [0u8; 96];
+        let mut m = [0u8; 120];
         m[..24].copy_from_slice(&encode(REPORT, self.vgpu, r.mem_used, r.sync_calls));
         m[24..48].copy_from_slice(&encode(QUEUE, self.vgpu, r.queued, r.launches));
         m[48..72].copy_from_slice(&encode(SERVED, self.vgpu, r.requests, r.refused));
-        m[72..].copy_from_slice(&encode(PROCESS, self.vgpu, r.rss_bytes, r.open_fds));
+        m[72..96].copy_from_slice(&encode(PROCESS, self.vgpu, r.rss_bytes, r.open_fds));
+        m[96..].copy_from_slice(&encode(OCCUPANCY, self.vgpu, r.occupancy_ppm, 0));
         self.stream.write_all(&m).map_err(|e| Error::Io {
             what: "grant report",
             source: e,

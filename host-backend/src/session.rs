@@ -34,6 +34,10 @@ pub struct Session {
     pub pending_error: Option<Status>,
     /// Sampled GPU time per function: (last measured ns, launches so far).
     pub kernel_ns: HashMap<Handle, (Option<u64>, u64)>,
+    /// Blocks per multiprocessor of each (function, threads per block,
+    /// shared memory): the occupancy API's answer, asked once per
+    /// configuration.
+    pub occupancy: HashMap<(Handle, u32, u32), u32>,
 }
 
 impl std::fmt::Debug for Session {
@@ -62,6 +66,7 @@ impl Session {
             events: HashSet::new(),
             pending_error: None,
             kernel_ns: HashMap::new(),
+            occupancy: HashMap::new(),
         }
     }
 

@@ -168,6 +168,14 @@ struct Shared {
     /// This vGPU's id and weight at the grant services (to register at
     /// another GPU's after a migration).
     grant_id: Option<(u32, f64)>,
+    /// Multiprocessors of the GPU.
+    sm_count: u32,
+    /// Since the last report: sum of (occupied fraction x kernel time) and
+    /// of kernel time, over launches.
+    occupancy: (f64, f64),
+    /// Mean occupied fraction over the last report's launches (kept while
+    /// there are none).
+    last_occupancy: f64,
 }
 
 /// How often a worker reports its live figures to the grant service.
@@ -294,6 +302,9 @@ impl Worker {
                 region,
                 link,
                 exec,
+                sm_count: info.sm_count.max(1),
+                occupancy: (0.0, 0.0),
+                last_occupancy: 0.0,
                 info_bytes: info.to_bytes(),
                 mem_limit,
                 device_mem,
@@ -447,8 +458,12 @@ impl Worker {
             .iter()
             .map(|c| u64::from(c.host.req.pending().unwrap_or(0)))
             .sum();
-        let st = &self.sh.stats;
         let (rss_bytes, open_fds) = crate::procfs::own_usage();
+        let (num, den) = std::mem::take(&mut self.sh.occupancy);
+        if den > 0.0 {
+            self.sh.last_occupancy = num / den;
+        }
+        let st = &self.sh.stats;
         let r = crate::grant::Report {
             mem_used: st.mem_used.load(Ordering::Relaxed),
             sync_calls: st.sync_calls.load(Ordering::Relaxed),
@@ -458,6 +473,7 @@ impl Worker {
             refused: st.refused.load(Ordering::Relaxed),
             rss_bytes,
             open_fds,
+            occupancy_ppm: (self.sh.last_occupancy * 1e6).round() as u64,
         };
         if let Some(g) = self.sh.gate.as_mut() {
             g.report(&r)?;
@@ -1162,6 +1178,25 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                     sh.stats.launches.fetch_add(1, Ordering::Relaxed);
                     return s.ctx.launch(func, grid, block, shared_mem, stream, &params);
                 }
+                // The monitor: how much of the GPU's cores this launch can
+                // occupy, weighted by its estimated time.
+                let bps = *s
+                    .occupancy
+                    .entry((
+                        func,
+                        block.count().min(u64::from(u32::MAX)) as u32,
+                        shared_mem,
+                    ))
+                    .or_insert_with(|| {
+                        s.ctx
+                            .occupancy(func, block.count() as u32, shared_mem)
+                            .map_or(0, |n| n.max(0) as u32)
+                    });
+                let resident = u64::from(bps).saturating_mul(u64::from(sh.sm_count)).max(1);
+                let fraction = (grid.count() as f64 / resident as f64).min(1.0);
+                let weight = s.kernel_ns.get(&func).and_then(|e| e.0).unwrap_or(1_000) as f64;
+                sh.occupancy.0 += fraction * weight;
+                sh.occupancy.1 += weight;
                 // Sampled accounting: measure this launch on the device, or
                 // charge the function's last measured time.
                 let (est, n) = s.kernel_ns.entry(func).or_insert((None, 0));

@@ -73,6 +73,11 @@ fn a_tenant_weight_is_split_among_its_vms() {
     wait_shares(&d, &names, &[0.125, 0.375, 0.5], 0.05);
     let v = d.vgpu("big").unwrap();
     assert_eq!(v["effective_weight"], 0.75, "{v}");
+    // The monitor: one-thread kernels occupy a sliver of the 132 SMs.
+    let occ = v["occupancy"].as_f64().unwrap();
+    assert!(occ > 0.0 && occ < 0.01, "{v}");
+    // Always wanting the GPU: its demand is (nearly) the whole window.
+    assert!(v["demand"].as_f64().unwrap() > 0.5, "{v}");
     assert!((v["entitlement"].as_f64().unwrap() - 0.375).abs() < 1e-9);
 
     // acme's big VM idles: the small one gets acme's half (a split fixed at

@@ -728,9 +728,11 @@ impl ControlPlane {
             let vms: Vec<_> = cfg.vms.iter().filter(|v| on(v) == g).collect();
             let demand = |id: u32| {
                 let (n, o) = (newl.get(&id), oldl.get(&id));
-                match (n, o) {
-                    (Some(n), Some(o)) if dt > 0.0 => {
-                        (n.active_ns.saturating_sub(o.active_ns) as f64 / 1e9 / dt).min(1.0)
+                // A vGPU that joined within the window counts from zero.
+                let before = o.map_or(0, |o| o.active_ns);
+                match n {
+                    Some(n) if dt > 0.0 => {
+                        (n.active_ns.saturating_sub(before) as f64 / 1e9 / dt).min(1.0)
                     }
                     _ => 0.0,
                 }
@@ -810,6 +812,7 @@ impl ControlPlane {
                     "worker_restarts": lock(&self.restarts).get(&v.name).copied().unwrap_or(0),
                     "gpu": g,
                     "demand": demand(r.0),
+                    "occupancy": r.1.occupancy_ppm as f64 / 1e6,
                     "pinned": self.is_pinned(&v.name),
                     "migrations": lock(&self.migrated).get(&v.name).copied().unwrap_or(0),
                     "requests": r.1.requests,
@@ -955,6 +958,12 @@ impl ControlPlane {
                     "Moves of the vGPU to another GPU.",
                     &l,
                     &v["migrations"],
+                );
+                m.gauge(
+                    "fairvgpu_vgpu_occupancy",
+                    "Mean fraction of the GPU's cores its recent launches could occupy.",
+                    &l,
+                    &v["occupancy"],
                 );
                 m.gauge(
                     "fairvgpu_vgpu_demand",
