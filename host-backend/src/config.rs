@@ -39,6 +39,11 @@ pub struct DaemonConfig {
     /// Time slice, microseconds (FairGV: 6,000 on non-preemptive GPUs).
     #[serde(default = "default_slice_us")]
     pub slice_us: u64,
+    /// Kernel slicing: a launch of more blocks than this runs as sub-grids
+    /// of about this many blocks (never fewer than 1,500), between which the
+    /// GPU can change hands; 0 leaves launches whole.
+    #[serde(default)]
+    pub slice_blocks: u64,
     /// Confine each worker once it has set up (no exec, no connections, no
     /// access to other processes; see `sandbox.rs`). Only for debugging a
     /// worker under a tracer would anyone turn this off.
@@ -65,6 +70,7 @@ impl Default for DaemonConfig {
             executor: ExecutorKind::default(),
             scheduler: true,
             slice_us: default_slice_us(),
+            slice_blocks: 0,
             sandbox: true,
         }
     }

@@ -61,6 +61,7 @@ pub fn run_worker(
         }),
         sample_every: crate::worker::SAMPLE_EVERY,
         vcpus_file: Some(crate::attach::vcpus_file(cfg, vm)),
+        slice_blocks: cfg.daemon.slice_blocks,
     };
     let worker = match feed_fd {
         Some(fd) => Worker::adopt(&wc, exec, crate::link::feed_from_fd(fd)?)?,

@@ -33,6 +33,7 @@ const QUEUE: u32 = 6; // a = requests waiting in the rings, b = launches so far
 const SERVED: u32 = 7; // a = requests served so far, b = requests refused so far
 const PROCESS: u32 = 8; // a = worker resident memory (bytes), b = worker open fds
 const OCCUPANCY: u32 = 9; // a = mean occupied fraction of the GPU's cores, parts per million
+const SLICED: u32 = 10; // a = launches run as sub-grids so far
 
 fn encode(kind: u32, vgpu: u32, a: u64, b: u64) -> [u8; 24] {
     let mut m = [0u8; 24];
@@ -71,6 +72,8 @@ pub struct Report {
     /// Mean fraction of the GPU's cores its recent launches could occupy
     /// (occupancy API x grid size), parts per million.
     pub occupancy_ppm: u64,
+    /// Launches run as sub-grids so far (kernel slicing).
+    pub sliced_launches: u64,
 }
 
 /// What the service knows of one vGPU, live.
@@ -97,6 +100,8 @@ pub struct VgpuLive {
     /// Mean fraction of the GPU's cores its recent launches could occupy,
     /// parts per million.
     pub occupancy_ppm: u64,
+    /// Launches run as sub-grids so far (kernel slicing).
+    pub sliced_launches: u64,
     /// Current weight (the VM's, as configured or set).
     pub weight: f64,
     /// The weight it runs under: its tenant's weight split among the
@@ -461,6 +466,7 @@ fn serve(
                             v.open_fds = b;
                         }),
                         OCCUPANCY => live(&mut |u| u.entry(id).or_default().occupancy_ppm = a),
+                        SLICED => live(&mut |u| u.entry(id).or_default().sliced_launches = a),
                         _ => {}
                     }
                 }
@@ -596,6 +602,11 @@ impl Gate {
         self.held_since.is_some_and(|t| t.elapsed() >= self.slice)
     }
 
+    /// The length of the current slice, ns.
+    pub fn slice_ns(&self) -> u64 {
+        self.slice.as_nanos() as u64
+    }
+
     /// Time since the grant was received.
     pub fn held_ns(&self) -> u64 {
         self.held_since.map_or(0, |t| t.elapsed().as_nanos() as u64)
@@ -603,12 +614,13 @@ impl Gate {
 
     /// Reports live figures to the service (for the operator's view).
     pub fn report(&mut self, r: &Report) -> Result<(), Error> {
-        let mut m = [0u8; 120];
+        let mut m = [0u8; 144];
         m[..24].copy_from_slice(&encode(REPORT, self.vgpu, r.mem_used, r.sync_calls));
         m[24..48].copy_from_slice(&encode(QUEUE, self.vgpu, r.queued, r.launches));
         m[48..72].copy_from_slice(&encode(SERVED, self.vgpu, r.requests, r.refused));
         m[72..96].copy_from_slice(&encode(PROCESS, self.vgpu, r.rss_bytes, r.open_fds));
-        m[96..].copy_from_slice(&encode(OCCUPANCY, self.vgpu, r.occupancy_ppm, 0));
+        m[96..120].copy_from_slice(&encode(OCCUPANCY, self.vgpu, r.occupancy_ppm, 0));
+        m[120..].copy_from_slice(&encode(SLICED, self.vgpu, r.sliced_launches, 0));
         self.stream.write_all(&m).map_err(|e| Error::Io {
             what: "grant report",
             source: e,

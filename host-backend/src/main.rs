@@ -271,6 +271,16 @@ enum BenchCmd {
         #[arg(long, value_delimiter = ',', default_values_t = vec![1u64, 8])]
         gib: Vec<u64>,
     },
+    /// Kernel slicing: a small tenant's latency beside long kernels, with
+    /// launches whole and sliced.
+    Slicing {
+        /// Executor to run on.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: host_backend::config::ExecutorKind,
+        /// Seconds per configuration.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+    },
     /// Faults: a guest's out-of-bounds kernel poisons its worker, later the
     /// worker is killed; the other VM's guest must not notice.
     Recovery {
@@ -475,6 +485,9 @@ fn main() -> Result<()> {
         Cmd::Bench {
             which: BenchCmd::Migrate { executor, gib },
         } => bench::migrate::run(executor, &gib),
+        Cmd::Bench {
+            which: BenchCmd::Slicing { executor, seconds },
+        } => bench::slicing::run(executor, seconds),
         Cmd::Bench {
             which: BenchCmd::Recovery { executor },
         } => bench::recovery::run(executor),

@@ -99,6 +99,105 @@ fn param_size(decl: &str) -> Option<u32> {
     elem.checked_mul(count)
 }
 
+/// Suffix of an entry's sliceable variant.
+pub const SLICE_SUFFIX: &str = "__fvg_slice";
+
+/// Appends to a PTX module, for every kernel that reads its block index
+/// only through `mov %r, %ctaid.x` / `mov %r, %nctaid.x`, a variant
+/// `<name>__fvg_slice` with two more parameters (the first x block of the
+/// sub-grid, and the whole grid's x size) that sees the block indices of
+/// the whole grid: a launch of the variant over x blocks [off, off + n)
+/// does what those blocks of the original launch do. Kernel slicing runs a
+/// large grid as several such sub-grids, so that the GPU can change hands
+/// between them. `None` if no kernel qualifies.
+pub fn with_slice_variants(ptx: &str) -> Option<String> {
+    let mut extra = String::new();
+    let mut rest = ptx;
+    let mut base = 0usize;
+    while let Some(i) = rest.find(".entry") {
+        let at = base + i;
+        let tail = &ptx[at + ".entry".len()..];
+        let open = tail.find('(')?;
+        let name = tail[..open].trim().to_owned();
+        let close = tail[open..].find(')')? + open;
+        let params = tail[open + 1..close].trim().to_owned();
+        let brace = tail[close..].find('{')? + close;
+        let directives = tail[close + 1..brace].to_owned();
+        // The body: up to the matching brace.
+        let mut depth = 0usize;
+        let mut end = None;
+        for (k, ch) in tail[brace..].char_indices() {
+            match ch {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(brace + k);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let end = end?;
+        let body = &tail[brace + 1..end];
+        if let Some(new_body) = slice_body(body, &name) {
+            let sep = if params.is_empty() { "" } else { ",\n\t" };
+            extra.push_str(&format!(
+                "\n.visible .entry {name}{SLICE_SUFFIX}(\n\t{params}{sep}.param .u32 {name}__fvg_xoff,\n\t.param .u32 {name}__fvg_nx\n){directives}{{\n\t.reg .b32 \t%fvg_t;\n{new_body}}}\n"
+            ));
+        }
+        let consumed = at + ".entry".len() + end;
+        base = consumed;
+        rest = &ptx[consumed..];
+    }
+    if extra.is_empty() {
+        return None;
+    }
+    let trimmed = ptx.trim_end_matches('\0');
+    Some(format!(
+        "{trimmed}\n// Kernel slicing variants (fairvgpu).{extra}"
+    ))
+}
+
+/// Rewrites a kernel body's reads of `%ctaid.x` and `%nctaid.x`; `None` if
+/// it reads them any other way (or not at all).
+fn slice_body(body: &str, name: &str) -> Option<String> {
+    if !body.contains("%ctaid.x") {
+        return None;
+    }
+    let mut out = String::new();
+    for line in body.lines() {
+        let t = line.trim();
+        if !t.contains("ctaid.x") {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        // Only `mov.{u32,b32,s32} %reg, %ctaid.x;` (or %nctaid.x).
+        let inst = t.strip_suffix(';')?.trim();
+        let (op, args) = inst.split_once(char::is_whitespace)?;
+        if !matches!(op, "mov.u32" | "mov.b32" | "mov.s32") {
+            return None;
+        }
+        let (dst, src) = args.split_once(',')?;
+        let (dst, src) = (dst.trim(), src.trim());
+        if !dst.starts_with('%') || dst.contains(char::is_whitespace) {
+            return None;
+        }
+        match src {
+            "%ctaid.x" => out.push_str(&format!(
+                "\t{op} \t{dst}, %ctaid.x;\n\tld.param.u32 \t%fvg_t, [{name}__fvg_xoff];\n\tadd.u32 \t{dst}, {dst}, %fvg_t;\n"
+            )),
+            "%nctaid.x" => out.push_str(&format!(
+                "\tld.param.u32 \t{dst}, [{name}__fvg_nx];\n"
+            )),
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +223,31 @@ mod tests {
             g,
             vec![("table".to_string(), 64), ("counter".to_string(), 4)]
         );
+    }
+
+    #[test]
+    fn slice_variants_see_the_whole_grid() {
+        let src = include_str!("../kernels/fairvgpu.ptx");
+        let out = with_slice_variants(src).unwrap();
+        let e = entries(&out).unwrap();
+        // vector_add and saxpy read %ctaid.x with a mov: they get variants with
+        // two more u32 parameters; kernels without a block index do not.
+        assert_eq!(e["vector_add__fvg_slice"], vec![8, 8, 8, 4, 4, 4]);
+        assert_eq!(e["saxpy__fvg_slice"], vec![4, 8, 8, 4, 4, 4]);
+        assert!(!e.contains_key("spin_ns__fvg_slice"));
+        assert!(!e.contains_key("empty__fvg_slice"));
+        // The originals are untouched; the variant adds the offset.
+        assert_eq!(e["vector_add"], vec![8, 8, 8, 4]);
+        let v = &out[out.find("vector_add__fvg_slice").unwrap()..];
+        assert!(v.contains("ld.param.u32 \t%fvg_t, [vector_add__fvg_xoff]"));
+        assert!(v.contains("add.u32"));
+        // Any other use of %ctaid.x makes a kernel unsliceable.
+        let odd = ".version 7.0\n.target sm_70\n.visible .entry k(.param .u32 p)\n{\n\tmad.lo.s32 %r1, %ctaid.x, 2, 1;\n\tret;\n}\n";
+        assert!(with_slice_variants(odd).is_none());
+        let nctaid = ".version 7.0\n.target sm_70\n.visible .entry k()\n{\n\t.reg .b32 %r<3>;\n\tmov.u32 %r1, %ctaid.x;\n\tmov.u32 %r2, %nctaid.x;\n\tret;\n}\n";
+        let out = with_slice_variants(nctaid).unwrap();
+        assert!(out.contains(".param .u32 k__fvg_xoff,"));
+        assert!(out.contains("ld.param.u32 \t%r2, [k__fvg_nx];"));
     }
 
     #[test]

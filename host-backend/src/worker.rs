@@ -58,6 +58,8 @@ pub struct WorkerConfig {
     /// Where the daemon keeps the VM's vCPU thread ids (coscheduling boost);
     /// None for guests that are not VMs.
     pub vcpus_file: Option<PathBuf>,
+    /// Kernel slicing threshold in blocks (0: off); only under the scheduler.
+    pub slice_blocks: u64,
 }
 
 /// Pins the calling thread to one CPU.
@@ -97,6 +99,8 @@ pub struct Stats {
     pub sync_calls: AtomicU64,
     /// Migrations to another GPU done.
     pub migrations: AtomicU64,
+    /// Launches run as sub-grids (kernel slicing).
+    pub sliced_launches: AtomicU64,
     /// The GPU the vGPU runs on now.
     pub device: AtomicU64,
 }
@@ -132,9 +136,25 @@ struct Outbound {
     stream: u64,
 }
 
+/// A sliced launch with sub-grids still to issue.
+struct Sliced {
+    func: u64,
+    block: protocol::Dim3,
+    y: u32,
+    z: u32,
+    smem: u32,
+    stream: u64,
+    params: Vec<u8>,
+    grid_x: u32,
+    rest: std::collections::VecDeque<scheduler::slicing::SubGrid>,
+}
+
 struct Chan {
     host: HostChannel,
     session: Option<Session>,
+    /// A launch being issued sub-grid by sub-grid (kernel slicing); the
+    /// channel's next requests wait for it, to keep their order.
+    sliced: Option<Sliced>,
     transfer: Option<Transfer>,
     outbound: Option<Outbound>,
     outbox: Option<(Descriptor, Vec<u8>)>,
@@ -170,6 +190,11 @@ struct Shared {
     grant_id: Option<(u32, f64)>,
     /// Multiprocessors of the GPU.
     sm_count: u32,
+    /// Kernel slicing threshold (0: off).
+    slice_blocks: u64,
+    /// The sub-grids issued under the current grant fill its slice: give
+    /// the GPU back once they are done, whatever the clock says.
+    budget_spent: bool,
     /// Since the last report: sum of (occupied fraction x kernel time) and
     /// of kernel time, over launches.
     occupancy: (f64, f64),
@@ -285,6 +310,7 @@ impl Worker {
                 Ok(Chan {
                     host: region.host_channel(i)?,
                     session: None,
+                    sliced: None,
                     transfer: None,
                     outbound: None,
                     outbox: None,
@@ -303,6 +329,8 @@ impl Worker {
                 link,
                 exec,
                 sm_count: info.sm_count.max(1),
+                slice_blocks: cfg.slice_blocks,
+                budget_spent: false,
                 occupancy: (0.0, 0.0),
                 last_occupancy: 0.0,
                 info_bytes: info.to_bytes(),
@@ -381,7 +409,8 @@ impl Worker {
             for i in 0..self.chans.len() {
                 busy |= service(&mut self.sh, &mut self.chans[i]);
             }
-            if self.sh.gate.as_ref().is_some_and(|g| g.slice_over()) {
+            if self.sh.gate.as_ref().is_some_and(|g| g.slice_over()) || self.sh.budget_spent {
+                self.sh.budget_spent = false;
                 // A vGPU whose slice ran out while it was running work stays
                 // runnable even if its ring is momentarily empty (its guest is
                 // between a reply and its next call): reporting it idle would
@@ -474,6 +503,7 @@ impl Worker {
             rss_bytes,
             open_fds,
             occupancy_ppm: (self.sh.last_occupancy * 1e6).round() as u64,
+            sliced_launches: st.sliced_launches.load(Ordering::Relaxed),
         };
         if let Some(g) = self.sh.gate.as_mut() {
             g.report(&r)?;
@@ -496,10 +526,9 @@ impl Worker {
         self.sh.stats.charged_ns.fetch_add(used, Ordering::Relaxed);
         self.sh.worked = false;
         let pending = still_active
-            || self
-                .chans
-                .iter()
-                .any(|c| c.host.req.pending().unwrap_or(0) > 0 || c.transfer.is_some());
+            || self.chans.iter().any(|c| {
+                c.host.req.pending().unwrap_or(0) > 0 || c.transfer.is_some() || c.sliced.is_some()
+            });
         if let Some(g) = self.sh.gate.as_mut() {
             g.release(used, pending)?;
         }
@@ -694,6 +723,7 @@ fn drop_session(sh: &mut Shared, c: &mut Chan) {
     c.transfer = None;
     c.outbound = None;
     c.outbox = None;
+    c.sliced = None;
 }
 
 /// Frees everything the channel's owner held and returns the channel to FREE.
@@ -787,9 +817,12 @@ fn serve_channel(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
         pump_outbound(sh, c)?;
         return Ok(true);
     }
+    if c.sliced.is_some() {
+        return pump_sliced(sh, c);
+    }
     let mut did = false;
     for _ in 0..BATCH {
-        if c.outbox.is_some() || c.outbound.is_some() {
+        if c.outbox.is_some() || c.outbound.is_some() || c.sliced.is_some() {
             break;
         }
         let Some(d) = c.host.req.peek()? else { break };
@@ -1174,6 +1207,32 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                     .data(d)
                     .map_err(|_| Status::InvalidValue)?
                     .copy_to(&mut params[..]);
+                // Kernel slicing: a large grid runs as sub-grids, issued
+                // while this vGPU holds the GPU (see `pump_sliced`).
+                if scheduled
+                    && sh.slice_blocks > 0
+                    && grid.count() > sh.slice_blocks.max(scheduler::slicing::MIN_BLOCKS)
+                    && s.ctx.can_slice(func)
+                {
+                    let parts =
+                        scheduler::slicing::slice_grid(grid.x, grid.y, grid.z, sh.slice_blocks);
+                    if parts.len() > 1 {
+                        sh.stats.launches.fetch_add(1, Ordering::Relaxed);
+                        sh.stats.sliced_launches.fetch_add(1, Ordering::Relaxed);
+                        c.sliced = Some(Sliced {
+                            func,
+                            block,
+                            y: grid.y,
+                            z: grid.z,
+                            smem: shared_mem,
+                            stream,
+                            params,
+                            grid_x: grid.x,
+                            rest: parts.into(),
+                        });
+                        return Ok(());
+                    }
+                }
                 if !scheduled {
                     sh.stats.launches.fetch_add(1, Ordering::Relaxed);
                     return s.ctx.launch(func, grid, block, shared_mem, stream, &params);
@@ -1416,6 +1475,78 @@ fn continue_transfer(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<()
 }
 
 /// Streams a device-to-host copy into the response ring, as far as it has room.
+/// Issues the sub-grids of a sliced launch while the vGPU holds the GPU and
+/// its slice lasts; what is left waits for the next grant (the run loop
+/// releases the GPU between, so other vGPUs get their turn). Each sub-grid
+/// is charged its share of the kernel's measured time; a kernel not
+/// measured yet has its first sub-grid timed.
+fn pump_sliced(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
+    let mut did = false;
+    while let Some(sl) = c.sliced.as_mut() {
+        let Some(sub) = sl.rest.front().copied() else {
+            c.sliced = None;
+            break;
+        };
+        if let Some(g) = sh.gate.as_mut() {
+            if g.slice_over() || !g.acquire(Duration::from_millis(1))? {
+                break;
+            }
+            // Launches are asynchronous: what was issued under this grant,
+            // not the clock, says whether the slice is full.
+            if sh.charged_ns >= g.slice_ns() {
+                sh.budget_spent = true;
+                break;
+            }
+        }
+        let Some(s) = c.session.as_mut() else {
+            c.sliced = None;
+            break;
+        };
+        let grid = protocol::Dim3 {
+            x: sub.x_count,
+            y: sl.y,
+            z: sl.z,
+        };
+        let est = s.kernel_ns.get(&sl.func).and_then(|e| e.0);
+        let t0 = Instant::now();
+        let r = s.ctx.launch_slice(
+            sl.func,
+            grid,
+            sl.block,
+            sl.smem,
+            sl.stream,
+            &sl.params,
+            sub.x_offset,
+            sl.grid_x,
+        );
+        let share = f64::from(sub.x_count) / f64::from(sl.grid_x.max(1));
+        match (r, est) {
+            (Err(e), _) => {
+                s.defer(e);
+                c.sliced = None;
+                break;
+            }
+            (Ok(()), Some(ns)) => sh.charged_ns += (ns as f64 * share) as u64,
+            (Ok(()), None) => {
+                // Measure this sub-grid: wait for it on the host clock.
+                if let Err(e) = s.ctx.synchronize() {
+                    s.defer(e);
+                }
+                let ns = t0.elapsed().as_nanos() as u64;
+                sh.charged_ns += ns;
+                s.kernel_ns.entry(sl.func).or_insert((None, 0)).0 =
+                    Some((ns as f64 / share.max(1e-9)) as u64);
+            }
+        }
+        sh.worked = true;
+        did = true;
+        if let Some(sl) = c.sliced.as_mut() {
+            sl.rest.pop_front();
+        }
+    }
+    Ok(did)
+}
+
 fn pump_outbound(sh: &mut Shared, c: &mut Chan) -> Result<(), Error> {
     let Some(mut ob) = c.outbound.take() else {
         return Ok(());

@@ -70,6 +70,7 @@ impl Host {
             grant: None,
             sample_every: host_backend::worker::SAMPLE_EVERY,
             vcpus_file: None,
+            slice_blocks: 0,
         };
         let exec = SimExecutor::new(SimParams {
             copy_gbps: 100.0,

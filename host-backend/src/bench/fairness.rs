@@ -117,6 +117,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
                 .map(|s| (s.path().to_owned(), g as u32, weights[g])),
             sample_every,
             vcpus_file: None,
+            slice_blocks: 0,
         };
         workers.push(spawn(&wc, exec)?);
         socks.push(sock);

@@ -48,6 +48,18 @@ impl DaemonProc {
         vms: &[VmSpec],
         extra: &str,
     ) -> Result<Self> {
+        Self::start_full(bin, tag, executor, vms, "", extra)
+    }
+
+    /// [`DaemonProc::start_with`], with more keys for `[daemon]` too.
+    pub fn start_full(
+        bin: &Path,
+        tag: &str,
+        executor: ExecutorKind,
+        vms: &[VmSpec],
+        daemon_keys: &str,
+        extra: &str,
+    ) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!("fvg-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
@@ -56,7 +68,7 @@ impl DaemonProc {
             ExecutorKind::Cuda => "cuda",
         };
         let mut cfg = format!(
-            "[daemon]\nrun_dir = {:?}\nexecutor = \"{exec}\"\n\n[spin]\nspins = 2000\nmax_block_us = 2000\n",
+            "[daemon]\nrun_dir = {:?}\nexecutor = \"{exec}\"\n{daemon_keys}\n\n[spin]\nspins = 2000\nmax_block_us = 2000\n",
             dir.display().to_string()
         );
         cfg.push_str(extra);

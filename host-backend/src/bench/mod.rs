@@ -9,6 +9,7 @@ pub mod overhead;
 pub mod placement;
 pub mod recovery;
 pub mod ring;
+pub mod slicing;
 pub mod soak;
 
 /// Percentile of a sorted slice (p in 0..=100).

@@ -250,6 +250,7 @@ pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<
         grant: None,
         sample_every: crate::worker::SAMPLE_EVERY,
         vcpus_file: None,
+        slice_blocks: 0,
     };
     let running = spawn(&wc, exec)?;
     let remote = {

@@ -813,6 +813,7 @@ impl ControlPlane {
                     "gpu": g,
                     "demand": demand(r.0),
                     "occupancy": r.1.occupancy_ppm as f64 / 1e6,
+                    "sliced_launches": r.1.sliced_launches,
                     "pinned": self.is_pinned(&v.name),
                     "migrations": lock(&self.migrated).get(&v.name).copied().unwrap_or(0),
                     "requests": r.1.requests,

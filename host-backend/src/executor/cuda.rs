@@ -493,6 +493,9 @@ struct CudaContext {
     /// Event-measured time of an empty kernel (launch latency between the
     /// events), subtracted from every sample; measured on first use.
     timing_overhead_ns: Option<u64>,
+    /// Each function's sliceable variant (`ptx::SLICE_SUFFIX`), looked up
+    /// once; `None`: it has none.
+    sliced: std::collections::HashMap<Handle, Option<sys::CUfunction>>,
 }
 
 // SAFETY: a CUcontext may be used from any thread once made current there;
@@ -610,6 +613,7 @@ impl CudaContext {
             event_pool: Vec::new(),
             timed: Vec::new(),
             timing_overhead_ns: None,
+            sliced: Default::default(),
         })
     }
 
@@ -852,14 +856,33 @@ impl Context for CudaContext {
 
     fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
         self.bind()?;
-        let mut img = image.to_vec();
-        if kind == ImageKind::Ptx && img.last() != Some(&0) {
-            img.push(0);
+        let terminated = |mut v: Vec<u8>| {
+            if kind == ImageKind::Ptx && v.last() != Some(&0) {
+                v.push(0);
+            }
+            v
+        };
+        let load = |img: &[u8]| {
+            let mut m: sys::CUmodule = null_mut();
+            // SAFETY: `img` is a complete image (PTX NUL-terminated); the driver
+            // validates its contents and copies what it keeps.
+            check(unsafe { sys::cuModuleLoadData(&mut m, img.as_ptr() as *const c_void) })
+                .map(|()| m)
+        };
+        // Kernel slicing needs a variant of each kernel that takes its
+        // sub-grid's offset; PTX can be given one before the JIT sees it. If
+        // the JIT refuses the augmented text, the guest's own is loaded.
+        if kind == ImageKind::Ptx {
+            let text = std::str::from_utf8(image).unwrap_or("");
+            if let Some(t) = crate::ptx::with_slice_variants(text.trim_end_matches('\0')) {
+                let img = terminated(t.into_bytes());
+                if let Ok(m) = load(&img) {
+                    return Ok(self.insert(Obj::Module { raw: m, image: img }));
+                }
+            }
         }
-        let mut m: sys::CUmodule = null_mut();
-        // SAFETY: `img` is a complete image (PTX NUL-terminated above); the driver
-        // validates its contents and copies what it keeps.
-        check(unsafe { sys::cuModuleLoadData(&mut m, img.as_ptr() as *const c_void) })?;
+        let img = terminated(image.to_vec());
+        let m = load(&img)?;
         Ok(self.insert(Obj::Module { raw: m, image: img }))
     }
 
@@ -1193,6 +1216,89 @@ impl Context for CudaContext {
         check(unsafe { sys::cuCtxSynchronize() })
     }
 
+    fn can_slice(&mut self, func: Handle) -> bool {
+        if let Some(v) = self.sliced.get(&func) {
+            return v.is_some();
+        }
+        let variant = match self.objs.get(&func) {
+            Some(Obj::Function { module, name, .. }) => {
+                let m = match self.objs.get(module) {
+                    Some(Obj::Module { raw, .. }) => *raw,
+                    _ => return false,
+                };
+                let mut full = name.as_bytes().to_vec();
+                full.extend_from_slice(crate::ptx::SLICE_SUFFIX.as_bytes());
+                let Ok(cname) = CString::new(full) else {
+                    return false;
+                };
+                if self.bind().is_err() {
+                    return false;
+                }
+                let mut f: sys::CUfunction = null_mut();
+                // SAFETY: a module of this context; NUL-terminated name.
+                let r = unsafe { sys::cuModuleGetFunction(&mut f, m, cname.as_ptr()) };
+                (r == CUresult::CUDA_SUCCESS).then_some(f)
+            }
+            _ => None,
+        };
+        self.sliced.insert(func, variant);
+        variant.is_some()
+    }
+
+    fn launch_slice(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+        x_offset: u32,
+        grid_x: u32,
+    ) -> Result<(), Status> {
+        if !self.can_slice(func) {
+            return Err(Status::NotSupported);
+        }
+        let f = self
+            .sliced
+            .get(&func)
+            .copied()
+            .flatten()
+            .ok_or(Status::NotSupported)?;
+        self.bind()?;
+        let st = self.stream(s)?;
+        let (_, sizes) = self.func(func)?;
+        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(sizes.len() + 2);
+        let mut at = 0usize;
+        for &sz in sizes {
+            let end = at.checked_add(sz as usize).ok_or(Status::InvalidValue)?;
+            let p = params.get(at..end).ok_or(Status::InvalidValue)?;
+            ptrs.push(p.as_ptr() as *mut c_void);
+            at = end;
+        }
+        let (mut off, mut nx) = (x_offset, grid_x);
+        ptrs.push(&mut off as *mut u32 as *mut c_void);
+        ptrs.push(&mut nx as *mut u32 as *mut c_void);
+        // SAFETY: one pointer per parameter of the variant (the original's
+        // parameters, then the two u32s on our stack); the driver copies the
+        // values before returning.
+        check(unsafe {
+            sys::cuLaunchKernel(
+                f,
+                g.x,
+                g.y,
+                g.z,
+                b.x,
+                b.y,
+                b.z,
+                smem,
+                st,
+                ptrs.as_mut_ptr(),
+                null_mut(),
+            )
+        })
+    }
+
     fn prepare_migration(&self, target: u32) -> Option<super::PrepareJob> {
         if target == self.ordinal || !self.vmm || self.globals_taken {
             return None;
@@ -1356,6 +1462,7 @@ impl Context for CudaContext {
         self.event_pool.clear();
         self.timed.clear();
         self.timing_overhead_ns = None;
+        self.sliced.clear();
         Ok(Moved { bytes, allocations })
     }
 }

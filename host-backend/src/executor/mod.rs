@@ -144,6 +144,26 @@ pub trait Context: Send {
     fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status>;
     /// Waits for all work of this context.
     fn synchronize(&mut self) -> Result<(), Status>;
+    /// Whether `func` can run as sub-grids (kernel slicing).
+    fn can_slice(&mut self, _func: Handle) -> bool {
+        false
+    }
+    /// Runs x blocks [x_offset, x_offset + grid.x) of a launch `grid_x`
+    /// blocks wide, as that part of the whole launch would run them.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_slice(
+        &mut self,
+        _func: Handle,
+        _grid: Dim3,
+        _block: Dim3,
+        _shared_mem: u32,
+        _stream: Handle,
+        _params: &[u8],
+        _x_offset: u32,
+        _grid_x: u32,
+    ) -> Result<(), Status> {
+        Err(Status::NotSupported)
+    }
     /// Moves the context to GPU `device` at a kernel boundary: waits for its
     /// work, copies its memory there, and maps it at the same device
     /// addresses (pointers the guest holds, and pointers stored in device

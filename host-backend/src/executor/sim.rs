@@ -147,6 +147,7 @@ impl Executor for SimExecutor {
             next_handle: 1,
             last_done: Instant::now(),
             timings: Vec::new(),
+            slice_ns: HashMap::new(),
         }))
     }
 }
@@ -162,6 +163,7 @@ fn kernel_by_name(name: &str) -> Option<Kernel> {
         "atomic_count" => k_atomic_count,
         "list_inc" => k_list_inc,
         "list_sum" => k_list_sum,
+        "spin_blocks" => k_spin_blocks,
         _ => return None,
     })
 }
@@ -186,6 +188,8 @@ struct SimContext {
     next_handle: Handle,
     last_done: Instant,
     timings: Vec<(Handle, u64)>,
+    /// A sliced launch's whole time, by function (see `launch_slice`).
+    slice_ns: HashMap<Handle, u64>,
 }
 
 impl SimContext {
@@ -375,6 +379,18 @@ fn k_list_sum(c: &mut SimContext, _g: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, S
     })?;
     c.write_f32s(out, &[sum])?;
     Ok(ns)
+}
+
+/// Every block spins `ns`, in waves of 132 SMs x 32 blocks; out[b] = b.
+fn k_spin_blocks(c: &mut SimContext, grid: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, Status> {
+    let (out, ns) = (u64_at(p, 0), u64_at(p, 8).min(10_000_000_000));
+    let blocks = grid.x;
+    let (buf, off) = c.locate(out, u64::from(blocks) * 4)?;
+    for b in 0..blocks as usize {
+        buf[off + 4 * b..off + 4 * b + 4].copy_from_slice(&(b as u32).to_le_bytes());
+    }
+    let waves = u64::from(blocks).div_ceil(132 * 32);
+    Ok(waves.saturating_mul(ns).min(10_000_000_000))
 }
 
 fn k_spin(_c: &mut SimContext, _g: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, Status> {
@@ -584,6 +600,45 @@ impl Context for SimContext {
         let ns = self.run_kernel(func, grid, block, stream, params)?;
         // The model knows the kernel's time exactly.
         self.timings.push((func, ns));
+        Ok(())
+    }
+
+    fn can_slice(&mut self, func: Handle) -> bool {
+        self.functions.contains_key(&func)
+    }
+
+    fn launch_slice(
+        &mut self,
+        func: Handle,
+        grid: Dim3,
+        block: Dim3,
+        _smem: u32,
+        stream: Handle,
+        params: &[u8],
+        x_offset: u32,
+        grid_x: u32,
+    ) -> Result<(), Status> {
+        // The model computes a kernel's results all at once: the first
+        // sub-grid runs the whole grid's work; every sub-grid takes its
+        // share of the kernel's time on the queue.
+        self.alive()?;
+        if grid_x == 0 || x_offset.saturating_add(grid.x) > grid_x {
+            return Err(Status::InvalidValue);
+        }
+        let (k, _) = *self.functions.get(&func).ok_or(Status::InvalidHandle)?;
+        if x_offset == 0 {
+            let whole = Dim3 { x: grid_x, ..grid };
+            let ns = k(self, whole, block, params).inspect_err(|s| {
+                if s.is_sticky() {
+                    self.poisoned
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            })?;
+            self.slice_ns.insert(func, ns);
+        }
+        let ns = self.slice_ns.get(&func).copied().unwrap_or(0);
+        let part = (ns as f64 * f64::from(grid.x) / f64::from(grid_x)) as u64;
+        self.submit(part, stream);
         Ok(())
     }
 
