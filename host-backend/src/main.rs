@@ -93,6 +93,15 @@ enum Cmd {
         /// The new weight (> 0).
         weight: f64,
     },
+    /// Sets a VM's device-memory limit now (until the next reload or restart).
+    SetLimit {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM.
+        vm: String,
+        /// The new limit, MiB.
+        mib: u64,
+    },
     /// Makes the running daemon re-read its config (as SIGHUP does).
     Reload {
         #[command(flatten)]
@@ -378,6 +387,16 @@ fn main() -> Result<()> {
                 body.as_bytes(),
             )?;
             println!("{vm}: weight {weight}");
+            Ok(())
+        }
+        Cmd::SetLimit { api, vm, mib } => {
+            let body = serde_json::json!({ "mib": mib }).to_string();
+            api.call(
+                "POST",
+                &format!("/api/v1/vgpus/{vm}/memory_limit"),
+                body.as_bytes(),
+            )?;
+            println!("{vm}: memory limit {mib} MiB");
             Ok(())
         }
         Cmd::Reload { api } => {

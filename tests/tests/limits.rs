@@ -66,5 +66,21 @@ fn memory_limit_changes_apply_to_the_running_guest() {
     gpu.mem_free(b).unwrap();
     let v = d.vgpu("vm1").unwrap();
     assert_eq!(v["memory_limit_bytes"], 512u64 << 20);
+
+    // Through the API: lowered again, at once.
+    let (code, body) = client_call(
+        &ApiTarget::Unix(d.dir.join("api.sock")),
+        "POST",
+        "/api/v1/vgpus/vm1/memory_limit",
+        b"{\"mib\": 64}",
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(oom(gpu.mem_alloc(65 << 20)), "over the API's limit");
+    let small = gpu.mem_alloc(32 << 20).unwrap();
+    gpu.mem_free(small).unwrap();
+    let v = d.vgpu("vm1").unwrap();
+    assert_eq!(v["memory_limit_bytes"], 64u64 << 20);
     assert_eq!(v["worker_restarts"], 0, "nothing restarted");
 }

@@ -12,6 +12,8 @@
 //!   hot-plug or unplug the vGPU through QMP
 //! - `POST /api/v1/vgpus/{vm}/vcpus` `{"threads": [4711, 4712]}`: the VM's
 //!   vCPU threads (coscheduling boost), where QEMU was attached at start-up
+//! - `POST /api/v1/vgpus/{vm}/memory_limit` `{"mib": 4096}`: set a memory
+//!   limit now (the guests' next allocations), until the next reload
 //! - `POST /api/v1/vgpus/{vm}/migrate` `{"gpu": 1}`: move the running vGPU
 //!   to another GPU now; answers when it has moved (with the pause)
 //! - `POST /api/v1/vgpus/{vm}/pin` `{"pinned": true}`: forbid (or allow
@@ -541,6 +543,29 @@ impl ControlPlane {
                 .map_err(|e| e.to_string())?;
         }
         self.event("weight", format!("{vm}: weight set to {weight}"));
+        Ok(())
+    }
+
+    /// Sets a VM's memory limit now (until the next reload or restart): the
+    /// supervisor passes it to the worker, whose guests' next allocations
+    /// see it.
+    pub fn set_memory_limit(&self, vm: &str, mib: u64) -> Result<(), String> {
+        let mut cfg = lock(&self.cfg);
+        if cfg.daemon.executor == ExecutorKind::Sim && mib << 20 > cfg.sim.memory {
+            return Err(format!(
+                "{mib} MiB exceeds the GPU's {} MiB",
+                cfg.sim.memory >> 20
+            ));
+        }
+        if mib == 0 || mib > (1 << 40) {
+            return Err(format!("memory limit {mib} MiB is out of range"));
+        }
+        let Some(v) = cfg.vms.iter_mut().find(|v| v.name == vm) else {
+            return Err(format!("no vm named {vm:?}"));
+        };
+        v.memory_limit_mib = mib;
+        drop(cfg);
+        self.event("limit", format!("{vm}: memory limit set to {mib} MiB"));
         Ok(())
     }
 
@@ -1108,6 +1133,19 @@ impl ControlPlane {
                     Ok(v) => Response::json(200, &v),
                     Err(e) if e.starts_with("no vm") => Response::error(404, e),
                     Err(e) => Response::error(409, e),
+                }
+            }
+            ("POST", ["api", "v1", "vgpus", vm, "memory_limit"]) => {
+                let mib = serde_json::from_slice::<Value>(&req.body)
+                    .ok()
+                    .and_then(|v| v["mib"].as_u64());
+                let Some(mib) = mib else {
+                    return Response::error(400, "expected a body like {\"mib\": 4096}");
+                };
+                match self.set_memory_limit(vm, mib) {
+                    Ok(()) => Response::json(200, &json!({ "vm": vm, "memory_limit_mib": mib })),
+                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
+                    Err(e) => Response::error(400, e),
                 }
             }
             ("POST", ["api", "v1", "vgpus", vm, "migrate"]) => {
