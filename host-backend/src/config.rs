@@ -158,7 +158,7 @@ impl Default for PlacementConfig {
     fn default() -> Self {
         PlacementConfig {
             enabled: true,
-            interval_ms: 1000,
+            interval_ms: 100,
             over: 1.0,
             under: 0.9,
             watermark: 0.9,
