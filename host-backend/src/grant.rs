@@ -81,27 +81,9 @@ pub struct Report {
 pub struct VgpuLive {
     /// GPU time charged so far (ns).
     pub charged_ns: u64,
-    /// Device memory in use (bytes), as last reported by the worker.
-    pub mem_used: u64,
-    /// Synchronous calls served so far.
-    pub sync_calls: u64,
-    /// Requests waiting in its rings at the last report.
-    pub queued: u64,
-    /// Kernel launches so far.
-    pub launches: u64,
-    /// Requests served so far (by the current worker process).
-    pub requests: u64,
-    /// Requests refused as bad input so far (by the current worker process).
-    pub refused: u64,
-    /// The worker process's resident memory, bytes.
-    pub rss_bytes: u64,
-    /// The worker process's open file descriptors.
-    pub open_fds: u64,
-    /// Mean fraction of the GPU's cores its recent launches could occupy,
-    /// parts per million.
-    pub occupancy_ppm: u64,
-    /// Launches run as sub-grids so far (kernel slicing).
-    pub sliced_launches: u64,
+    /// What its worker reported last (its counters count from the worker
+    /// process's start).
+    pub report: Report,
     /// Current weight (the VM's, as configured or set).
     pub weight: f64,
     /// The weight it runs under: its tenant's weight split among the
@@ -447,26 +429,30 @@ fn serve(
                         }
                         REPORT => live(&mut |u| {
                             let v = u.entry(id).or_default();
-                            v.mem_used = a;
-                            v.sync_calls = b;
+                            v.report.mem_used = a;
+                            v.report.sync_calls = b;
                         }),
                         QUEUE => live(&mut |u| {
                             let v = u.entry(id).or_default();
-                            v.queued = a;
-                            v.launches = b;
+                            v.report.queued = a;
+                            v.report.launches = b;
                         }),
                         SERVED => live(&mut |u| {
                             let v = u.entry(id).or_default();
-                            v.requests = a;
-                            v.refused = b;
+                            v.report.requests = a;
+                            v.report.refused = b;
                         }),
                         PROCESS => live(&mut |u| {
                             let v = u.entry(id).or_default();
-                            v.rss_bytes = a;
-                            v.open_fds = b;
+                            v.report.rss_bytes = a;
+                            v.report.open_fds = b;
                         }),
-                        OCCUPANCY => live(&mut |u| u.entry(id).or_default().occupancy_ppm = a),
-                        SLICED => live(&mut |u| u.entry(id).or_default().sliced_launches = a),
+                        OCCUPANCY => {
+                            live(&mut |u| u.entry(id).or_default().report.occupancy_ppm = a)
+                        }
+                        SLICED => {
+                            live(&mut |u| u.entry(id).or_default().report.sliced_launches = a)
+                        }
                         _ => {}
                     }
                 }
@@ -484,7 +470,7 @@ fn serve(
                         let v = u.entry(id).or_default();
                         v.connected = false;
                         v.holding = false;
-                        v.queued = 0;
+                        v.report.queued = 0;
                     });
                 }
             }

@@ -133,3 +133,28 @@ pub fn bytes_f32(b: &[u8]) -> Vec<f32> {
 
 /// The shipped kernels.
 pub const PTX: &str = host_backend::demo::KERNELS_PTX;
+
+/// A guest thread on `socket` that loops a `spin_ns` kernel of `ns`
+/// nanoseconds and a synchronize until `stop` is set, counting its rounds
+/// in `rounds`; it panics (failing the test on join) at any error.
+pub fn spin_guest(
+    socket: PathBuf,
+    ns: u64,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    rounds: Arc<std::sync::atomic::AtomicU64>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut gpu = Gpu::connect_with(&socket, TEST_SPIN).expect("guest attaches");
+        let m = gpu
+            .module_load(protocol::ImageKind::Ptx, PTX.as_bytes())
+            .unwrap();
+        let f = gpu.get_function(m, "spin_ns").unwrap();
+        let one = protocol::Dim3 { x: 1, y: 1, z: 1 };
+        while !stop.load(Ordering::Relaxed) {
+            gpu.launch(&f, one, one, 0, 0, &[&ns.to_le_bytes()])
+                .unwrap();
+            gpu.synchronize().unwrap();
+            rounds.fetch_add(1, Ordering::Relaxed);
+        }
+    })
+}

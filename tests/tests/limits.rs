@@ -5,7 +5,6 @@ use fairvgpu_tests::{cargo_build, TEST_SPIN};
 use guest_frontend::{Gpu, GuestError};
 use host_backend::bench::fixture::{DaemonProc, VmSpec};
 use host_backend::config::ExecutorKind;
-use host_backend::control::{client_call, ApiTarget};
 use protocol::Status;
 
 fn set_limit_and_reload(d: &DaemonProc, mib: u64) {
@@ -21,14 +20,8 @@ fn set_limit_and_reload(d: &DaemonProc, mib: u64) {
         text.replace(&line, &format!("memory_limit_mib = {mib}")),
     )
     .unwrap();
-    let (code, body) = client_call(
-        &ApiTarget::Unix(d.dir.join("api.sock")),
-        "POST",
-        "/api/v1/reload",
-        b"",
-    )
-    .unwrap();
-    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let (code, body) = d.post("/api/v1/reload", "").unwrap();
+    assert_eq!(code, 200, "{body}");
     // The daemon applies it on its next supervision turn (20 ms).
     std::thread::sleep(std::time::Duration::from_millis(300));
 }
@@ -36,12 +29,7 @@ fn set_limit_and_reload(d: &DaemonProc, mib: u64) {
 #[test]
 fn memory_limit_changes_apply_to_the_running_guest() {
     let bin = cargo_build("fairvgpu").join("fairvgpu");
-    let vms = [VmSpec {
-        name: "vm1".into(),
-        weight: 1.0,
-        memory_limit_mib: 256,
-        tenant: None,
-    }];
+    let vms = [VmSpec::new("vm1", 256)];
     let d = DaemonProc::start(&bin, "limits", ExecutorKind::Sim, &vms).unwrap();
     let mut gpu = Gpu::connect_with(&d.socket("vm1"), TEST_SPIN).unwrap();
     let big = gpu.mem_alloc(200 << 20).unwrap();
@@ -68,14 +56,10 @@ fn memory_limit_changes_apply_to_the_running_guest() {
     assert_eq!(v["memory_limit_bytes"], 512u64 << 20);
 
     // Through the API: lowered again, at once.
-    let (code, body) = client_call(
-        &ApiTarget::Unix(d.dir.join("api.sock")),
-        "POST",
-        "/api/v1/vgpus/vm1/memory_limit",
-        b"{\"mib\": 64}",
-    )
-    .unwrap();
-    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let (code, body) = d
+        .post("/api/v1/vgpus/vm1/memory_limit", "{\"mib\": 64}")
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(oom(gpu.mem_alloc(65 << 20)), "over the API's limit");
     let small = gpu.mem_alloc(32 << 20).unwrap();

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use fairvgpu_tests::{cargo_build, PTX, TEST_SPIN};
+use fairvgpu_tests::{cargo_build, spin_guest, PTX, TEST_SPIN};
 use guest_frontend::Gpu;
 use host_backend::bench::fixture::{DaemonProc, VmSpec};
 use host_backend::config::ExecutorKind;
@@ -18,26 +18,10 @@ use serde_json::Value;
 
 const NODES: u32 = 1000;
 
-fn post(d: &DaemonProc, path: &str, body: &str) -> (u16, Value) {
-    let (code, b) = client_call(
-        &ApiTarget::Unix(d.dir.join("api.sock")),
-        "POST",
-        path,
-        body.as_bytes(),
-    )
-    .expect("API answers");
-    (code, serde_json::from_slice(&b).unwrap_or(Value::Null))
-}
-
 #[test]
 fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
     let bin = cargo_build("fairvgpu").join("fairvgpu");
-    let vm = |name: &str| VmSpec {
-        name: name.into(),
-        weight: 1.0,
-        memory_limit_mib: 256,
-        tenant: None,
-    };
+    let vm = |name: &str| VmSpec::new(name, 256);
     let d = DaemonProc::start_with(
         &bin,
         "migration",
@@ -52,21 +36,12 @@ fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
     // The other VM, busy on GPU 0 all along.
     let stop = Arc::new(AtomicBool::new(false));
     let other_rounds = Arc::new(AtomicU64::new(0));
-    let other = {
-        let (stop, rounds, sock) = (stop.clone(), other_rounds.clone(), d.socket("stayer"));
-        std::thread::spawn(move || {
-            let mut gpu = Gpu::connect_with(&sock, TEST_SPIN).unwrap();
-            let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
-            let f = gpu.get_function(m, "spin_ns").unwrap();
-            let one = Dim3 { x: 1, y: 1, z: 1 };
-            while !stop.load(Ordering::Relaxed) {
-                gpu.launch(&f, one, one, 0, 0, &[&200_000u64.to_le_bytes()])
-                    .unwrap();
-                gpu.synchronize().unwrap();
-                rounds.fetch_add(1, Ordering::Relaxed);
-            }
-        })
-    };
+    let other = spin_guest(
+        d.socket("stayer"),
+        200_000,
+        stop.clone(),
+        other_rounds.clone(),
+    );
 
     // The list: NODES nodes of 16 bytes in ten allocations, each node
     // pointing to one in another allocation.
@@ -172,18 +147,26 @@ fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
 
     // Pinned: refused, until unpinned.
     assert_eq!(
-        post(&d, "/api/v1/vgpus/mover/pin", "{\"pinned\": true}").0,
+        d.post("/api/v1/vgpus/mover/pin", "{\"pinned\": true}")
+            .expect("API answers")
+            .0,
         200
     );
-    let (code, body) = post(&d, "/api/v1/vgpus/mover/migrate", "{\"gpu\": 0}");
+    let (code, body) = d
+        .post("/api/v1/vgpus/mover/migrate", "{\"gpu\": 0}")
+        .expect("API answers");
     assert_eq!(code, 409, "{body}");
     assert!(body.to_string().contains("pinned"), "{body}");
     assert_eq!(
-        post(&d, "/api/v1/vgpus/mover/pin", "{\"pinned\": false}").0,
+        d.post("/api/v1/vgpus/mover/pin", "{\"pinned\": false}")
+            .expect("API answers")
+            .0,
         200
     );
     assert_eq!(
-        post(&d, "/api/v1/vgpus/mover/migrate", "{\"gpu\": 7}").0,
+        d.post("/api/v1/vgpus/mover/migrate", "{\"gpu\": 7}")
+            .expect("API answers")
+            .0,
         409
     );
 
@@ -195,43 +178,34 @@ fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
 #[test]
 fn the_balancer_moves_a_busy_vgpu_off_an_overloaded_gpu() {
     let bin = cargo_build("fairvgpu").join("fairvgpu");
-    let vm = |name: &str| VmSpec {
-        name: name.into(),
-        weight: 1.0,
-        memory_limit_mib: 256,
-        tenant: None,
-    };
+    let vm = |name: &str| VmSpec::new(name, 256);
     // Both VMs start on GPU 0 of two; both keep their GPU busy.
     let vms = [vm("a"), vm("b")];
     let extra = "\n[sim]\ngpus = 2\n\n[placement]\ninterval_ms = 200\ncooldown_s = 60\n";
     let d = DaemonProc::start_with(&bin, "balancer", ExecutorKind::Sim, &vms, extra).unwrap();
     // (They were placed 0 and 1 as they name no GPU; put both on 0 by hand.)
     if d.vgpu("b").unwrap()["gpu"] == 1 {
-        assert_eq!(post(&d, "/api/v1/vgpus/b/pin", "{\"pinned\": true}").0, 200);
         assert_eq!(
-            post(&d, "/api/v1/vgpus/b/pin", "{\"pinned\": false}").0,
+            d.post("/api/v1/vgpus/b/pin", "{\"pinned\": true}")
+                .expect("API answers")
+                .0,
             200
         );
-        let (code, body) = post(&d, "/api/v1/vgpus/b/migrate", "{\"gpu\": 0}");
+        assert_eq!(
+            d.post("/api/v1/vgpus/b/pin", "{\"pinned\": false}")
+                .expect("API answers")
+                .0,
+            200
+        );
+        let (code, body) = d
+            .post("/api/v1/vgpus/b/migrate", "{\"gpu\": 0}")
+            .expect("API answers");
         assert_eq!(code, 200, "{body}");
     }
     let stop = Arc::new(AtomicBool::new(false));
     let guests: Vec<_> = ["a", "b"]
         .iter()
-        .map(|n| {
-            let (stop, sock) = (stop.clone(), d.socket(n));
-            std::thread::spawn(move || {
-                let mut gpu = Gpu::connect_with(&sock, TEST_SPIN).unwrap();
-                let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
-                let f = gpu.get_function(m, "spin_ns").unwrap();
-                let one = Dim3 { x: 1, y: 1, z: 1 };
-                while !stop.load(Ordering::Relaxed) {
-                    gpu.launch(&f, one, one, 0, 0, &[&1_000_000u64.to_le_bytes()])
-                        .unwrap();
-                    gpu.synchronize().unwrap();
-                }
-            })
-        })
+        .map(|n| spin_guest(d.socket(n), 1_000_000, stop.clone(), Arc::default()))
         .collect();
     // Both demand all of GPU 0 (load 2.0): within a few rounds one moves.
     let t = std::time::Instant::now();

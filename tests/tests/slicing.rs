@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use fairvgpu_tests::{bytes_f32, cargo_build, f32_bytes, PTX, TEST_SPIN};
+use fairvgpu_tests::{bytes_f32, cargo_build, f32_bytes, spin_guest, PTX, TEST_SPIN};
 use guest_frontend::Gpu;
 use host_backend::bench::fixture::{DaemonProc, VmSpec};
 use host_backend::config::ExecutorKind;
@@ -15,12 +15,7 @@ use protocol::{Dim3, ImageKind};
 #[test]
 fn a_large_grid_runs_as_sub_grids_with_exact_results() {
     let bin = cargo_build("fairvgpu").join("fairvgpu");
-    let vm = |name: &str| VmSpec {
-        name: name.into(),
-        weight: 1.0,
-        memory_limit_mib: 512,
-        tenant: None,
-    };
+    let vm = |name: &str| VmSpec::new(name, 512);
     let d = DaemonProc::start_full(
         &bin,
         "slicing",
@@ -33,21 +28,7 @@ fn a_large_grid_runs_as_sub_grids_with_exact_results() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(AtomicU64::new(0));
-    let small = {
-        let (stop, rounds, sock) = (stop.clone(), rounds.clone(), d.socket("small"));
-        std::thread::spawn(move || {
-            let mut gpu = Gpu::connect_with(&sock, TEST_SPIN).unwrap();
-            let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
-            let f = gpu.get_function(m, "spin_ns").unwrap();
-            let one = Dim3 { x: 1, y: 1, z: 1 };
-            while !stop.load(Ordering::Relaxed) {
-                gpu.launch(&f, one, one, 0, 0, &[&100_000u64.to_le_bytes()])
-                    .unwrap();
-                gpu.synchronize().unwrap();
-                rounds.fetch_add(1, Ordering::Relaxed);
-            }
-        })
-    };
+    let small = spin_guest(d.socket("small"), 100_000, stop.clone(), rounds.clone());
 
     let mut gpu = Gpu::connect_with(&d.socket("big"), TEST_SPIN).unwrap();
     let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();

@@ -8,25 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairvgpu_tests::{cargo_build, PTX, TEST_SPIN};
-use guest_frontend::Gpu;
+use fairvgpu_tests::{cargo_build, spin_guest};
 use host_backend::bench::fixture::{DaemonProc, VmSpec};
 use host_backend::config::ExecutorKind;
-use protocol::{Dim3, ImageKind};
-
-fn busy(sock: std::path::PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut gpu = Gpu::connect_with(&sock, TEST_SPIN).expect("guest attaches");
-        let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
-        let f = gpu.get_function(m, "spin_ns").unwrap();
-        let one = Dim3 { x: 1, y: 1, z: 1 };
-        let ns = 2_000_000u64.to_le_bytes();
-        while !stop.load(Ordering::Relaxed) {
-            gpu.launch(&f, one, one, 0, 0, &[&ns]).unwrap();
-            gpu.synchronize().unwrap();
-        }
-    })
-}
 
 /// Waits until the shares of `names` are within `tol` of `want`.
 fn wait_shares(d: &DaemonProc, names: &[&str], want: &[f64], tol: f64) -> Vec<f64> {
@@ -65,9 +49,19 @@ fn a_tenant_weight_is_split_among_its_vms() {
     let stop_all = Arc::new(AtomicBool::new(false));
     let stop_big = Arc::new(AtomicBool::new(false));
     let guests = [
-        busy(d.socket("small"), stop_all.clone()),
-        busy(d.socket("big"), stop_big.clone()),
-        busy(d.socket("other"), stop_all.clone()),
+        spin_guest(
+            d.socket("small"),
+            2_000_000,
+            stop_all.clone(),
+            Arc::default(),
+        ),
+        spin_guest(d.socket("big"), 2_000_000, stop_big.clone(), Arc::default()),
+        spin_guest(
+            d.socket("other"),
+            2_000_000,
+            stop_all.clone(),
+            Arc::default(),
+        ),
     ];
     let names = ["small", "big", "other"];
     wait_shares(&d, &names, &[0.125, 0.375, 0.5], 0.05);

@@ -32,6 +32,18 @@ pub struct VmSpec {
     pub tenant: Option<String>,
 }
 
+impl VmSpec {
+    /// A VM of weight 1, its own tenant, with this memory limit.
+    pub fn new(name: &str, memory_limit_mib: u64) -> VmSpec {
+        VmSpec {
+            name: name.into(),
+            weight: 1.0,
+            memory_limit_mib,
+            tenant: None,
+        }
+    }
+}
+
 impl DaemonProc {
     /// Starts `bin serve` with these VMs (one GPU, index 0) and waits for
     /// the API and every VM's socket.
@@ -125,14 +137,21 @@ impl DaemonProc {
         let _ = self.child.wait();
     }
 
+    /// The daemon's API socket.
+    pub fn api(&self) -> ApiTarget {
+        ApiTarget::Unix(self.dir.join("api.sock"))
+    }
+
+    /// `POST path` with a JSON `body`: the HTTP status and the answer (JSON,
+    /// or `null` if it is not).
+    pub fn post(&self, path: &str, body: &str) -> Result<(u16, Value)> {
+        let (code, b) = client_call(&self.api(), "POST", path, body.as_bytes())?;
+        Ok((code, serde_json::from_slice(&b).unwrap_or(Value::Null)))
+    }
+
     /// `GET /api/v1/status`.
     pub fn status(&self) -> Result<Value> {
-        let (code, body) = client_call(
-            &ApiTarget::Unix(self.dir.join("api.sock")),
-            "GET",
-            "/api/v1/status",
-            b"",
-        )?;
+        let (code, body) = client_call(&self.api(), "GET", "/api/v1/status", b"")?;
         if code != 200 {
             bail!("status answered {code}");
         }

@@ -49,12 +49,7 @@ pub struct MoveResult {
 /// list walks the guest launched.
 pub fn measure(bin: &Path, executor: ExecutorKind, gib: u64) -> Result<(Vec<MoveResult>, u64)> {
     let limit_mib = gib * 1024 + 1024;
-    let vms = [VmSpec {
-        name: "mover".into(),
-        weight: 1.0,
-        memory_limit_mib: limit_mib,
-        tenant: None,
-    }];
+    let vms = [VmSpec::new("mover", limit_mib)];
     let extra = format!(
         "\n[sim]\ngpus = 2\nmemory = {}\n\n[placement]\nenabled = false\n",
         (limit_mib + 1024) << 20

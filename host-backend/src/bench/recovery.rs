@@ -133,12 +133,7 @@ fn until_working(sock: &Path, timeout: Duration) -> Result<Gpu> {
 pub fn measure(bin: &Path, executor: ExecutorKind) -> Result<Report> {
     let vms: Vec<VmSpec> = ["vm1", "vm2"]
         .iter()
-        .map(|n| VmSpec {
-            name: (*n).into(),
-            weight: 1.0,
-            memory_limit_mib: 1024,
-            tenant: None,
-        })
+        .map(|n| VmSpec::new(n, 1024))
         .collect();
     let d = DaemonProc::start(bin, "recovery", executor, &vms)?;
     let (vm1, vm2): (PathBuf, PathBuf) = (d.socket("vm1"), d.socket("vm2"));

@@ -45,12 +45,7 @@ fn run_one(
     slice_blocks: u64,
     secs: f64,
 ) -> Result<Outcome> {
-    let vm = |name: &str| VmSpec {
-        name: name.into(),
-        weight: 1.0,
-        memory_limit_mib: 512,
-        tenant: None,
-    };
+    let vm = |name: &str| VmSpec::new(name, 512);
     let d = DaemonProc::start_full(
         bin,
         &format!("slicing-{slice_blocks}"),

@@ -772,12 +772,13 @@ impl ControlPlane {
                         id,
                         n,
                         n.charged_ns.saturating_sub(o.charged_ns),
-                        n.sync_calls.saturating_sub(o.sync_calls),
+                        n.report.sync_calls.saturating_sub(o.report.sync_calls),
                     )
                 })
                 .collect();
             let total: u64 = rows.iter().map(|r| r.2).sum();
-            let active = |r: &(u32, VgpuLive, u64, u64)| r.2 > 0 || r.1.queued > 0 || r.1.holding;
+            let active =
+                |r: &(u32, VgpuLive, u64, u64)| r.2 > 0 || r.1.report.queued > 0 || r.1.holding;
             // Entitlements follow the weights the vGPUs run under: a
             // tenant's weight split among its active vGPUs.
             let members: Vec<scheduler::tenants::Member<'_>> = vms
@@ -815,7 +816,7 @@ impl ControlPlane {
                     ratios.push(share / ent);
                 }
                 let sync_rate = if dt > 0.0 { r.3 as f64 / dt } else { 0.0 };
-                mem_used += r.1.mem_used;
+                mem_used += r.1.report.mem_used;
                 list.push(json!({
                     "name": v.name,
                     "tenant": v.tenant,
@@ -828,23 +829,23 @@ impl ControlPlane {
                     "share": share,
                     "entitlement": ent,
                     "effective_weight": eff,
-                    "queue_depth": r.1.queued,
+                    "queue_depth": r.1.report.queued,
                     "sync_calls_per_second": sync_rate,
                     "interactive": sync_rate > scheduler::classify::INTERACTIVE_SYNC_PER_SECOND,
-                    "launches": r.1.launches,
-                    "memory_used_bytes": r.1.mem_used,
+                    "launches": r.1.report.launches,
+                    "memory_used_bytes": r.1.report.mem_used,
                     "memory_limit_bytes": v.memory_limit_mib << 20,
                     "worker_restarts": lock(&self.restarts).get(&v.name).copied().unwrap_or(0),
                     "gpu": g,
                     "demand": demand(r.0),
-                    "occupancy": r.1.occupancy_ppm as f64 / 1e6,
-                    "sliced_launches": r.1.sliced_launches,
+                    "occupancy": r.1.report.occupancy_ppm as f64 / 1e6,
+                    "sliced_launches": r.1.report.sliced_launches,
                     "pinned": self.is_pinned(&v.name),
                     "migrations": lock(&self.migrated).get(&v.name).copied().unwrap_or(0),
-                    "requests": r.1.requests,
-                    "refused": r.1.refused,
-                    "worker_rss_bytes": r.1.rss_bytes,
-                    "worker_open_fds": r.1.open_fds,
+                    "requests": r.1.report.requests,
+                    "refused": r.1.report.refused,
+                    "worker_rss_bytes": r.1.report.rss_bytes,
+                    "worker_open_fds": r.1.report.open_fds,
                 }));
             }
             let mmr = if ratios.len() >= 2 && ratios.iter().any(|&r| r > 0.0) {

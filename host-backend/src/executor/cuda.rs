@@ -93,10 +93,7 @@ pub fn peer_bandwidth(src: u32, dst: u32, bytes: usize) -> Result<f64, Error> {
 pub fn device_memory(ordinal: u32) -> Result<u64, Error> {
     device_count()?;
     let fail = |what: &str, s: Status| Error::Config(format!("executor \"cuda\": {what}: {s:?}"));
-    let mut dev: CUdevice = 0;
-    // SAFETY: out-parameter on our stack.
-    check(unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })
-        .map_err(|s| fail("cuDeviceGet", s))?;
+    let dev = device(ordinal).map_err(|s| fail("cuDeviceGet", s))?;
     let mut total = 0usize;
     // SAFETY: out-parameter on our stack.
     check(unsafe { sys::cuDeviceTotalMem_v2(&mut total, dev) })
@@ -106,27 +103,19 @@ pub fn device_memory(ordinal: u32) -> Result<u64, Error> {
 
 /// Opens GPU `ordinal`; a clear error where there is no driver or no such GPU.
 pub fn open(ordinal: u32) -> Result<Box<dyn Executor>, Error> {
-    available()?;
-    let fail = |what: &str, s: Status| Error::Config(format!("executor \"cuda\": {what}: {s:?}"));
-    // SAFETY: cuInit takes flags only.
-    check(unsafe { sys::cuInit(0) }).map_err(|s| fail("cuInit", s))?;
-    let mut count = 0;
-    // SAFETY: out-parameter on our stack.
-    check(unsafe { sys::cuDeviceGetCount(&mut count) }).map_err(|s| fail("cuDeviceGetCount", s))?;
-    if ordinal >= count as u32 {
+    let count = device_count()?;
+    if ordinal >= count {
         return Err(Error::Config(format!(
             "executor \"cuda\": no GPU {ordinal} (this host has {count})"
         )));
     }
-    let mut dev: CUdevice = 0;
-    // SAFETY: out-parameter on our stack.
-    check(unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })
-        .map_err(|s| fail("cuDeviceGet", s))?;
+    let dev = device(ordinal)
+        .map_err(|s| Error::Config(format!("executor \"cuda\": cuDeviceGet: {s:?}")))?;
     // Allocations are made movable (virtual memory management) where there
     // is another GPU to move to and every GPU supports it.
     let vmm = count > 1
         && (0..count).all(|o| {
-            device(o as u32).is_ok_and(|d| {
+            device(o).is_ok_and(|d| {
                 attr(
                 d,
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
@@ -136,7 +125,7 @@ pub fn open(ordinal: u32) -> Result<Box<dyn Executor>, Error> {
     Ok(Box::new(CudaExecutor {
         dev,
         ordinal,
-        devices: count as u32,
+        devices: count,
         vmm,
         registered: Vec::new(),
         primary: null_mut(),
@@ -446,17 +435,8 @@ fn prepare(
     };
     let r = recreate_into(&mut p.objs, specs).and_then(|()| {
         for &(va, padded) in allocs {
-            let tmp = vmm_reserve(padded)?;
-            match vmm_map(tmp, padded, ordinal) {
-                Ok(h) => {
-                    p.staged.insert(va, (padded, h, tmp));
-                }
-                Err(e) => {
-                    // SAFETY: our own reservation, nothing mapped.
-                    let _ = unsafe { sys::cuMemAddressFree(tmp, padded) };
-                    return Err(e);
-                }
-            }
+            let (tmp, h) = vmm_new(padded, ordinal)?;
+            p.staged.insert(va, (padded, h, tmp));
         }
         Ok(())
     });
@@ -557,6 +537,68 @@ fn vmm_map(
         return Err(e);
     }
     Ok(h)
+}
+
+/// cuLaunchKernel wants one pointer per parameter; the parameters come
+/// packed back to back, so point into that buffer (`spare`: room for more).
+fn param_ptrs(sizes: &[u32], params: &[u8], spare: usize) -> Result<Vec<*mut c_void>, Status> {
+    let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(sizes.len() + spare);
+    let mut at = 0usize;
+    for &sz in sizes {
+        let end = at.checked_add(sz as usize).ok_or(Status::InvalidValue)?;
+        let p = params.get(at..end).ok_or(Status::InvalidValue)?;
+        ptrs.push(p.as_ptr() as *mut c_void);
+        at = end;
+    }
+    Ok(ptrs)
+}
+
+/// Launches `f` with the parameter pointers `ptrs`.
+///
+/// # Safety
+/// `ptrs` must hold one pointer per parameter of `f`, each to that many
+/// readable bytes, and `st` must be a stream of the current context (or null).
+unsafe fn launch_raw(
+    f: sys::CUfunction,
+    g: Dim3,
+    b: Dim3,
+    smem: u32,
+    st: sys::CUstream,
+    ptrs: &mut [*mut c_void],
+) -> CUresult {
+    // SAFETY: the caller's promise.
+    unsafe {
+        sys::cuLaunchKernel(
+            f,
+            g.x,
+            g.y,
+            g.z,
+            b.x,
+            b.y,
+            b.z,
+            smem,
+            st,
+            ptrs.as_mut_ptr(),
+            null_mut(),
+        )
+    }
+}
+
+/// Reserves `padded` bytes of address space and maps new memory of GPU
+/// `ordinal` there; undoes the reservation if that fails.
+fn vmm_new(
+    padded: usize,
+    ordinal: u32,
+) -> Result<(u64, sys::CUmemGenericAllocationHandle), Status> {
+    let va = vmm_reserve(padded)?;
+    match vmm_map(va, padded, ordinal) {
+        Ok(h) => Ok((va, h)),
+        Err(e) => {
+            // SAFETY: our own reservation, nothing mapped.
+            let _ = unsafe { sys::cuMemAddressFree(va, padded) };
+            Err(e)
+        }
+    }
 }
 
 /// Reserves `padded` bytes of device address space.
@@ -773,18 +815,9 @@ impl Context for CudaContext {
             return Ok(p);
         }
         let padded = self.footprint(size.max(1)) as usize;
-        let va = vmm_reserve(padded)?;
-        match vmm_map(va, padded, self.ordinal) {
-            Ok(handle) => {
-                self.allocs.insert(va, VmmAlloc { padded, handle });
-                Ok(va)
-            }
-            Err(e) => {
-                // SAFETY: our own reservation, nothing mapped.
-                let _ = unsafe { sys::cuMemAddressFree(va, padded) };
-                Err(e)
-            }
-        }
+        let (va, handle) = vmm_new(padded, self.ordinal)?;
+        self.allocs.insert(va, VmmAlloc { padded, handle });
+        Ok(va)
     }
 
     fn footprint(&self, size: u64) -> u64 {
@@ -1031,34 +1064,11 @@ impl Context for CudaContext {
         self.bind()?;
         let st = self.stream(s)?;
         let (f, sizes) = self.func(func)?;
-        // cuLaunchKernel wants one pointer per parameter; the parameters are
-        // already packed back to back, so point into that buffer.
-        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(sizes.len());
-        let mut at = 0usize;
-        for &sz in sizes {
-            let end = at.checked_add(sz as usize).ok_or(Status::InvalidValue)?;
-            let p = params.get(at..end).ok_or(Status::InvalidValue)?;
-            ptrs.push(p.as_ptr() as *mut c_void);
-            at = end;
-        }
+        let mut ptrs = param_ptrs(sizes, params, 0)?;
         // SAFETY: `ptrs` holds one pointer per kernel parameter, each to that many
         // bytes of `params`; the driver only reads them, and copies the values
         // before returning.
-        check(unsafe {
-            sys::cuLaunchKernel(
-                f,
-                g.x,
-                g.y,
-                g.z,
-                b.x,
-                b.y,
-                b.z,
-                smem,
-                st,
-                ptrs.as_mut_ptr(),
-                null_mut(),
-            )
-        })
+        check(unsafe { launch_raw(f, g, b, smem, st, &mut ptrs) })
     }
 
     fn launch_timed(
@@ -1268,35 +1278,14 @@ impl Context for CudaContext {
         self.bind()?;
         let st = self.stream(s)?;
         let (_, sizes) = self.func(func)?;
-        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(sizes.len() + 2);
-        let mut at = 0usize;
-        for &sz in sizes {
-            let end = at.checked_add(sz as usize).ok_or(Status::InvalidValue)?;
-            let p = params.get(at..end).ok_or(Status::InvalidValue)?;
-            ptrs.push(p.as_ptr() as *mut c_void);
-            at = end;
-        }
+        let mut ptrs = param_ptrs(sizes, params, 2)?;
         let (mut off, mut nx) = (x_offset, grid_x);
         ptrs.push(&mut off as *mut u32 as *mut c_void);
         ptrs.push(&mut nx as *mut u32 as *mut c_void);
         // SAFETY: one pointer per parameter of the variant (the original's
-        // parameters, then the two u32s on our stack); the driver copies the
-        // values before returning.
-        check(unsafe {
-            sys::cuLaunchKernel(
-                f,
-                g.x,
-                g.y,
-                g.z,
-                b.x,
-                b.y,
-                b.z,
-                smem,
-                st,
-                ptrs.as_mut_ptr(),
-                null_mut(),
-            )
-        })
+        // parameters into `params`, then the two u32s on our stack); the
+        // driver copies the values before returning.
+        check(unsafe { launch_raw(f, g, b, smem, st, &mut ptrs) })
     }
 
     fn prepare_migration(&self, target: u32) -> Option<super::PrepareJob> {
@@ -1378,15 +1367,8 @@ impl Context for CudaContext {
                         if let Some((padded, handle, tmp)) = other {
                             vmm_free(tmp, &VmmAlloc { padded, handle });
                         }
-                        let tmp = vmm_reserve(a.padded)?;
-                        match vmm_map(tmp, a.padded, target) {
-                            Ok(h) => (h, tmp),
-                            Err(e) => {
-                                // SAFETY: our own reservation, nothing mapped.
-                                let _ = unsafe { sys::cuMemAddressFree(tmp, a.padded) };
-                                return Err(e);
-                            }
-                        }
+                        let (tmp, h) = vmm_new(a.padded, target)?;
+                        (h, tmp)
                     }
                 };
                 staged.push((va, a.padded, h, tmp));

@@ -219,16 +219,28 @@ impl SimContext {
         stream: Handle,
         params: &[u8],
     ) -> Result<u64, Status> {
+        let ns = self.compute(func, grid, block, params)?;
+        self.submit(ns, stream);
+        Ok(ns)
+    }
+
+    /// Computes a kernel's results now; returns its modeled time. A fault
+    /// poisons the device's contexts.
+    fn compute(
+        &mut self,
+        func: Handle,
+        grid: Dim3,
+        block: Dim3,
+        params: &[u8],
+    ) -> Result<u64, Status> {
         self.alive()?;
         let (k, _) = *self.functions.get(&func).ok_or(Status::InvalidHandle)?;
-        let ns = k(self, grid, block, params).inspect_err(|s| {
+        k(self, grid, block, params).inspect_err(|s| {
             if s.is_sticky() {
                 self.poisoned
                     .store(true, std::sync::atomic::Ordering::Relaxed);
             }
-        })?;
-        self.submit(ns, stream);
-        Ok(ns)
+        })
     }
 
     /// Fails once a kernel fault poisoned the device's contexts.
@@ -625,15 +637,11 @@ impl Context for SimContext {
         if grid_x == 0 || x_offset.saturating_add(grid.x) > grid_x {
             return Err(Status::InvalidValue);
         }
-        let (k, _) = *self.functions.get(&func).ok_or(Status::InvalidHandle)?;
+        if !self.functions.contains_key(&func) {
+            return Err(Status::InvalidHandle);
+        }
         if x_offset == 0 {
-            let whole = Dim3 { x: grid_x, ..grid };
-            let ns = k(self, whole, block, params).inspect_err(|s| {
-                if s.is_sticky() {
-                    self.poisoned
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-            })?;
+            let ns = self.compute(func, Dim3 { x: grid_x, ..grid }, block, params)?;
             self.slice_ns.insert(func, ns);
         }
         let ns = self.slice_ns.get(&func).copied().unwrap_or(0);
