@@ -374,6 +374,23 @@ impl Worker {
 
     /// Serves until the stop flag is set. Everything guests held is freed on return.
     pub fn run(mut self) -> Result<(), Error> {
+        let served = self.serve();
+        // However serving ended (stopped, orphaned, poisoned, or an error
+        // such as the grant service gone with the daemon), guests still
+        // holding channels lose their GPU state: their channels become LOST
+        // (not FREE, which would let another guest claim rings the owner may
+        // still write), and their owners are woken to see it.
+        for c in &mut self.chans {
+            retire(&mut self.sh, c);
+        }
+        match self.sh.poisoned.get() {
+            Some(status) => Err(Error::Poisoned(status)),
+            None => served,
+        }
+    }
+
+    /// The serving loop of [`Worker::run`].
+    fn serve(&mut self) -> Result<(), Error> {
         if let Some(cpu) = self.cpu {
             pin_current_thread(cpu)?;
         }
@@ -449,16 +466,7 @@ impl Worker {
         if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
             self.release_grant(false)?;
         }
-        // Guests still holding channels lose their GPU state: their channels
-        // become LOST (not FREE, which would let another guest claim rings
-        // the owner may still write), and their owners are woken to see it.
-        for c in &mut self.chans {
-            retire(&mut self.sh, c);
-        }
-        match self.sh.poisoned.get() {
-            Some(status) => Err(Error::Poisoned(status)),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     /// What the serving loop does when it looks at the clock: report, and
