@@ -60,6 +60,7 @@ pub fn run_worker(
             (grant_socket(cfg, gpu), id, vmc.weight)
         }),
         sample_every: crate::worker::SAMPLE_EVERY,
+        time_launches: false,
         vcpus_file: Some(crate::attach::vcpus_file(cfg, vm)),
         slice_blocks: cfg.daemon.slice_blocks,
     };

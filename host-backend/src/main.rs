@@ -238,12 +238,12 @@ enum BenchCmd {
         #[arg(long)]
         sim: bool,
     },
-    /// Sampled accounting: its error against CUDA events on every launch, and its cost.
+    /// Accounting of GPU time: its error against the guest's CUDA events, and its cost.
     Accounting {
         /// Executor to measure.
         #[arg(long, value_enum, default_value = "sim")]
         executor: host_backend::config::ExecutorKind,
-        /// Seconds per run (nine runs).
+        /// Seconds per run (twelve runs).
         #[arg(long, default_value_t = 2.0)]
         seconds: f64,
     },

@@ -32,12 +32,79 @@ pub struct Session {
     events: HashSet<Handle>,
     /// The first error of an asynchronous call, reported at the next synchronous one.
     pub pending_error: Option<Status>,
-    /// Sampled GPU time per function: (last measured ns, launches so far).
-    pub kernel_ns: HashMap<Handle, (Option<u64>, u64)>,
+    /// Estimated GPU time of one launch of each function, learnt from busy
+    /// periods that ran only that function (or from timed launches).
+    pub kernel_ns: HashMap<Handle, u64>,
+    /// The busy period open on the device, if any.
+    pub period: Option<Period>,
     /// Blocks per multiprocessor of each (function, threads per block,
     /// shared memory): the occupancy API's answer, asked once per
     /// configuration.
     pub occupancy: HashMap<(Handle, u32, u32), u32>,
+}
+
+/// A busy period: from the first device operation after the session's work
+/// was drained to the next drain (see [`scheduler::accounting::PeriodMeter`]).
+#[derive(Debug)]
+pub struct Period {
+    /// Host time just before its first operation was submitted.
+    pub since: std::time::Instant,
+    /// Whether the device timestamps its ends (events).
+    pub timed: bool,
+    /// Streams it put work on.
+    pub streams: Vec<Handle>,
+    /// Launches in it.
+    pub launches: u32,
+    /// The function of its launches while all are of one function and
+    /// nothing else ran (its time then tells that function's).
+    pub only: Option<Handle>,
+    /// Something other than launches of `only` ran.
+    pub mixed: bool,
+}
+
+impl Period {
+    /// A period whose first operation goes to `stream`.
+    pub fn new(stream: Handle, timed: bool) -> Period {
+        Period {
+            since: std::time::Instant::now(),
+            timed,
+            streams: vec![stream],
+            launches: 0,
+            only: None,
+            mixed: false,
+        }
+    }
+
+    /// Another operation on `stream`: a launch of `func`, or not a launch.
+    pub fn add(&mut self, stream: Handle, func: Option<Handle>) {
+        if !self.streams.contains(&stream) {
+            self.streams.push(stream);
+        }
+        match func {
+            Some(f) => {
+                self.launches += 1;
+                match self.only {
+                    None if !self.mixed && self.launches == 1 => self.only = Some(f),
+                    Some(g) if g == f => {}
+                    _ => self.mixed = true,
+                }
+            }
+            None => self.mixed = true,
+        }
+    }
+
+    /// Whether draining `stream` (`None`: every stream) drains the period.
+    pub fn drained_by(&self, stream: Option<Handle>) -> bool {
+        stream.is_none_or(|s| self.streams.iter().all(|&x| x == s))
+    }
+
+    /// The one function this period ran and how many launches, if that is all it ran.
+    pub fn single_function(&self) -> Option<(Handle, u32)> {
+        match (self.mixed, self.only) {
+            (false, Some(f)) => Some((f, self.launches)),
+            _ => None,
+        }
+    }
 }
 
 impl std::fmt::Debug for Session {
@@ -66,6 +133,7 @@ impl Session {
             events: HashSet::new(),
             pending_error: None,
             kernel_ns: HashMap::new(),
+            period: None,
             occupancy: HashMap::new(),
         }
     }
@@ -105,6 +173,12 @@ impl Session {
         let charge = self.charges.remove(&base).unwrap_or(0);
         self.mem_used -= charge;
         Ok(charge)
+    }
+
+    /// Whether the guest created streams of its own (else all its work is on
+    /// the default stream).
+    pub fn has_streams(&self) -> bool {
+        !self.streams.is_empty()
     }
 
     /// Checks a stream handle (0 is the default stream).

@@ -20,10 +20,10 @@ use protocol::{op, DeviceInfo, ImageKind, Reply, Request, Status, INLINE};
 use qemu_ivshmem::layout::Direction;
 use qemu_ivshmem::server::serve;
 use qemu_ivshmem::{
-    ClaimState, Descriptor, HostChannel, LayoutParams, Region, SpinPolicy, FLAG_MORE,
+    ClaimState, Descriptor, HostChannel, LayoutParams, Region, SpinPolicy, FLAG_MORE, FLAG_SIGNAL,
 };
 
-use crate::executor::Executor;
+use crate::executor::{Executor, Handle};
 use crate::link::{Fed, PeerLink};
 use crate::session::Session;
 use crate::Error;
@@ -51,10 +51,12 @@ pub struct WorkerConfig {
     /// The GPU's grant service and this vGPU's (id, weight); `None`: no
     /// scheduler (the driver's own time-slicing decides).
     pub grant: Option<(PathBuf, u32, f64)>,
-    /// Under the scheduler, every how many launches of a function its GPU
-    /// time is measured with CUDA events (the others are charged the last
-    /// measurement); 1 measures every launch.
+    /// Under the scheduler, one busy period in this many is timed on the
+    /// device with CUDA events (the others are charged their host time less
+    /// the learnt latency); 1 times every period.
     pub sample_every: u64,
+    /// Also time every launch with events (the costly way, for comparison).
+    pub time_launches: bool,
     /// Where the daemon keeps the VM's vCPU thread ids (coscheduling boost);
     /// None for guests that are not VMs.
     pub vcpus_file: Option<PathBuf>,
@@ -176,11 +178,16 @@ struct Shared {
     stats: Arc<Stats>,
     chunk: usize,
     gate: Option<crate::grant::Gate>,
-    /// GPU time accumulated under the current grant.
+    /// GPU time measured under the current grant (busy periods).
     charged_ns: u64,
+    /// GPU time issued under the current grant, by the kernels' estimates:
+    /// what says whether more work fits in the slice.
+    issued_ns: u64,
+    /// Times busy periods (see `scheduler::accounting::PeriodMeter`).
+    meter: scheduler::accounting::PeriodMeter,
+    time_launches: bool,
     /// Whether any request ran under the current grant.
     worked: bool,
-    sample_every: u64,
     /// The VM's vCPU threads, kicked when a blocked guest is woken.
     booster: std::cell::RefCell<crate::cosched::VcpuBooster>,
     /// A sticky CUDA error: every context of this process is unusable.
@@ -206,7 +213,7 @@ struct Shared {
 /// How often a worker reports its live figures to the grant service.
 const REPORT_EVERY: Duration = Duration::from_millis(200);
 
-/// By default, every how many launches of a function its GPU time is measured again.
+/// By default, one busy period in this many is timed on the device.
 pub const SAMPLE_EVERY: u64 = 8;
 
 impl Shared {
@@ -218,12 +225,57 @@ impl Shared {
             .map_or(self.mem_limit, |l| l.min(self.device_mem))
     }
 
-    /// Collects the measured times of timed launches: each is charged, and
-    /// becomes its function's estimate.
-    fn collect_timings(&mut self, s: &mut Session) {
+    /// Collects the measured times of timed launches: each becomes its
+    /// function's estimate (the charge comes from the busy periods).
+    fn collect_timings(s: &mut Session) {
         for (f, ns) in s.ctx.take_timings() {
-            self.charged_ns += ns;
-            s.kernel_ns.entry(f).or_insert((None, 0)).0 = Some(ns);
+            s.kernel_ns.insert(f, ns);
+        }
+    }
+
+    /// Opens a busy period (or extends the open one) for an operation on
+    /// `stream`: a launch of `func`, or another operation.
+    fn period_add(&mut self, s: &mut Session, stream: Handle, func: Option<Handle>) {
+        if self.gate.is_none() {
+            return;
+        }
+        let p = s.period.get_or_insert_with(|| {
+            let timed = self.meter.open() && s.ctx.period_begin().is_ok();
+            crate::session::Period::new(stream, timed)
+        });
+        p.add(stream, func);
+    }
+
+    /// Before a call that drains `stream` (`None`: all of them): whether it
+    /// ends the open period; if so, marks the end on the device.
+    fn period_ending(s: &mut Session, stream: Option<Handle>) -> bool {
+        let Some(p) = s.period.as_mut() else {
+            return false;
+        };
+        if !p.drained_by(stream) {
+            return false;
+        }
+        if p.timed && s.ctx.period_end(&p.streams).is_err() {
+            p.timed = false;
+        }
+        true
+    }
+
+    /// After the drain: charges the ended period, and learns the time of
+    /// its function if it ran only one.
+    fn period_close(&mut self, s: &mut Session) {
+        let Some(p) = s.period.take() else {
+            return;
+        };
+        let host = p.since.elapsed().as_nanos() as u64;
+        let device = if p.timed { s.ctx.period_ns() } else { None };
+        let ns = match device {
+            Some(d) => self.meter.timed(host, d),
+            None => self.meter.untimed(host),
+        };
+        self.charged_ns += ns;
+        if let Some((f, n)) = p.single_function() {
+            s.kernel_ns.insert(f, ns / u64::from(n.max(1)));
         }
     }
 }
@@ -292,15 +344,18 @@ impl Worker {
         link: PeerLink,
     ) -> Result<Worker, Error> {
         let mut exec = exec;
-        let arenas = (0..region.channels())
+        let mut ranges = (0..region.channels())
             .map(|i| region.arena(i, Direction::ToGuest))
             .collect::<Result<Vec<_>, _>>()?;
-        if let Err(s) = exec.register_dma_targets(&arenas) {
+        for i in 0..region.channels() {
+            ranges.push(region.control_page(i)?);
+        }
+        if let Err(s) = exec.register_host_memory(&ranges) {
             tracing::warn!(
-                "response arenas not registered for DMA ({s:?}); copies stay correct, only slower"
+                "region not registered with the device ({s:?}); copies and synchronizes stay correct, only slower"
             );
         }
-        drop(arenas);
+        drop(ranges);
         let mut info: DeviceInfo = exec.info();
         let device_mem = info.total_mem;
         let mem_limit = cfg.mem_limit.min(device_mem);
@@ -347,7 +402,9 @@ impl Worker {
                 },
                 grant_id: cfg.grant.as_ref().map(|g| (g.1, g.2)),
                 charged_ns: 0,
-                sample_every: cfg.sample_every.max(1),
+                issued_ns: 0,
+                meter: scheduler::accounting::PeriodMeter::new(cfg.sample_every),
+                time_launches: cfg.time_launches,
                 booster: std::cell::RefCell::new(crate::cosched::VcpuBooster::new(
                     cfg.vcpus_file.clone(),
                 )),
@@ -524,12 +581,19 @@ impl Worker {
     fn release_grant(&mut self, still_active: bool) -> Result<(), Error> {
         for c in &mut self.chans {
             if let Some(s) = c.session.as_mut() {
-                if let Err(e) = s.ctx.synchronize() {
-                    s.defer(e);
+                let ending = Shared::period_ending(s, None);
+                match s.ctx.synchronize() {
+                    Ok(()) if ending => self.sh.period_close(s),
+                    Ok(()) => {}
+                    Err(e) => {
+                        s.period = None;
+                        s.defer(e);
+                    }
                 }
-                self.sh.collect_timings(s);
+                Shared::collect_timings(s);
             }
         }
+        self.sh.issued_ns = 0;
         let used = std::mem::take(&mut self.sh.charged_ns);
         self.sh.stats.charged_ns.fetch_add(used, Ordering::Relaxed);
         self.sh.worked = false;
@@ -839,6 +903,12 @@ fn serve_channel(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
                 if g.slice_over() {
                     break;
                 }
+                // Launches are asynchronous: what was issued under this
+                // grant, not the clock, says whether the slice is full.
+                if g.holding() && sh.issued_ns >= g.slice_ns() {
+                    sh.budget_spent = true;
+                    break;
+                }
                 if !g.acquire(Duration::from_millis(1))? {
                     break;
                 }
@@ -846,22 +916,14 @@ fn serve_channel(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
         }
         did = true;
         sh.stats.requests.fetch_add(1, Ordering::Relaxed);
-        let t0 = Instant::now();
         if sh.gate.as_ref().is_some_and(|g| g.holding()) {
             sh.worked = true;
         }
         handle(sh, c, &d)?;
-        if sh.gate.is_some() {
-            // Launches are charged by their sampled GPU time (in `handle`);
-            // copies and memsets by the time they take; waits are not charged.
-            if needs_device(d.opcode) && d.opcode != op::LAUNCH && !drains_device(d.opcode) {
-                sh.charged_ns += t0.elapsed().as_nanos() as u64;
-            }
-            if drains_device(d.opcode) {
-                sh.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
-                if let Some(s) = c.session.as_mut() {
-                    sh.collect_timings(s);
-                }
+        if sh.gate.is_some() && drains_device(d.opcode) {
+            sh.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
+            if let Some(s) = c.session.as_mut() {
+                Shared::collect_timings(s);
             }
         }
         c.host.req.consume(&d)?;
@@ -1006,8 +1068,20 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             reply(sh, c, tag, opc, r, &info)
         }
         Request::CtxSynchronize => {
-            let r = unit(s.ctx.synchronize());
-            reply(sh, c, tag, opc, r, &[])
+            let ending = Shared::period_ending(s, None);
+            // With only the default stream in use, the device can say when
+            // all of the context's work is done.
+            let signalled = d.flags & FLAG_SIGNAL != 0
+                && !s.has_streams()
+                && signal(sh, s, c.host.index(), 0, tag);
+            let r = s.ctx.synchronize();
+            if r.is_err() {
+                // Its work failed: nothing more to charge.
+                s.period = None;
+            }
+            answer_sync(sh, c, tag, opc, r, signalled)?;
+            close_period(sh, c, ending && r.is_ok());
+            Ok(())
         }
         Request::MemAlloc { size } => {
             // What the allocation takes on the device counts, not what was
@@ -1046,9 +1120,12 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             let ok = s
                 .check_range(dst, len)
                 .and_then(|()| s.check_stream(stream));
-            if let Err(e) = ok {
-                s.defer(e);
-                refuse(sh, c, "host-to-device copy outside its allocations");
+            match ok {
+                Ok(()) => sh.period_add(s, stream, None),
+                Err(e) => {
+                    s.defer(e);
+                    refuse(sh, c, "host-to-device copy outside its allocations");
+                }
             }
             c.transfer = Some(Transfer {
                 inbound: Inbound::Htod {
@@ -1071,6 +1148,7 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                     reply(sh, c, tag, opc, Err(e), &[])
                 }
                 Ok(()) => {
+                    sh.period_add(s, stream, None);
                     c.outbound = Some(Outbound {
                         tag,
                         src,
@@ -1092,7 +1170,10 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 .check_range(dst, len)
                 .and(s.check_range(src, len))
                 .and(s.check_stream(stream));
-            let r = r.and_then(|()| s.ctx.dtod(dst, src, len, stream));
+            let r = r.and_then(|()| {
+                sh.period_add(s, stream, None);
+                s.ctx.dtod(dst, src, len, stream)
+            });
             if let Err(e) = r {
                 s.defer(e);
                 refuse(sh, c, "device-to-device copy outside its allocations");
@@ -1109,7 +1190,10 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             let r = s
                 .check_range(dst, count * u64::from(width))
                 .and(s.check_stream(stream));
-            let r = r.and_then(|()| s.ctx.memset(dst, value, width, count, stream));
+            let r = r.and_then(|()| {
+                sh.period_add(s, stream, None);
+                s.ctx.memset(dst, value, width, count, stream)
+            });
             if let Err(e) = r {
                 s.defer(e);
                 refuse(sh, c, "memset outside its allocations");
@@ -1245,6 +1329,7 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                     sh.stats.launches.fetch_add(1, Ordering::Relaxed);
                     return s.ctx.launch(func, grid, block, shared_mem, stream, &params);
                 }
+                sh.period_add(s, stream, Some(func));
                 // The monitor: how much of the GPU's cores this launch can
                 // occupy, weighted by its estimated time.
                 let bps = *s
@@ -1261,24 +1346,20 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                     });
                 let resident = u64::from(bps).saturating_mul(u64::from(sh.sm_count)).max(1);
                 let fraction = (grid.count() as f64 / resident as f64).min(1.0);
-                let weight = s.kernel_ns.get(&func).and_then(|e| e.0).unwrap_or(1_000) as f64;
+                let est = s.kernel_ns.get(&func).copied();
+                let weight = est.unwrap_or(1_000) as f64;
                 sh.occupancy.0 += fraction * weight;
                 sh.occupancy.1 += weight;
-                // Sampled accounting: measure this launch on the device, or
-                // charge the function's last measured time.
-                let (est, n) = s.kernel_ns.entry(func).or_insert((None, 0));
-                *n += 1;
+                // The prediction of what fits in the slice; the charge
+                // comes from the busy period.
+                sh.issued_ns += est.unwrap_or(0);
                 sh.stats.launches.fetch_add(1, Ordering::Relaxed);
-                match *est {
-                    Some(ns) if *n % sh.sample_every != 0 => {
-                        sh.charged_ns += ns;
-                        s.ctx.launch(func, grid, block, shared_mem, stream, &params)
-                    }
-                    _ => {
-                        sh.stats.timed_launches.fetch_add(1, Ordering::Relaxed);
-                        s.ctx
-                            .launch_timed(func, grid, block, shared_mem, stream, &params)
-                    }
+                if sh.time_launches || est.is_none() {
+                    sh.stats.timed_launches.fetch_add(1, Ordering::Relaxed);
+                    s.ctx
+                        .launch_timed(func, grid, block, shared_mem, stream, &params)
+                } else {
+                    s.ctx.launch(func, grid, block, shared_mem, stream, &params)
                 }
             });
             if let Err(e) = r {
@@ -1303,10 +1384,18 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             reply(sh, c, tag, opc, unit(r), &[])
         }
         Request::StreamSynchronize { stream } => {
-            let r = s
-                .check_stream(stream)
-                .and_then(|()| s.ctx.stream_synchronize(stream));
-            reply(sh, c, tag, opc, unit(r), &[])
+            let ok = s.check_stream(stream);
+            let ending = ok.is_ok() && Shared::period_ending(s, Some(stream));
+            let signalled = ok.is_ok()
+                && d.flags & FLAG_SIGNAL != 0
+                && signal(sh, s, c.host.index(), stream, tag);
+            let r = ok.and_then(|()| s.ctx.stream_synchronize(stream));
+            if ending && r.is_err() {
+                s.period = None;
+            }
+            answer_sync(sh, c, tag, opc, r, signalled)?;
+            close_period(sh, c, ending && r.is_ok());
+            Ok(())
         }
         Request::StreamQuery { stream } => {
             let r = s
@@ -1330,7 +1419,10 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             let r = s
                 .check_event(event)
                 .and(s.check_stream(stream))
-                .and_then(|()| s.ctx.event_record(event, stream));
+                .and_then(|()| {
+                    sh.period_add(s, stream, None);
+                    s.ctx.event_record(event, stream)
+                });
             if let Err(e) = r {
                 s.defer(e);
             }
@@ -1361,6 +1453,39 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 &[],
             )
         }
+    }
+}
+
+/// Has the device write the low 32 bits of `tag` into channel `ch`'s
+/// completion word once `stream`'s work before it is done; whether it will.
+fn signal(sh: &Shared, s: &mut Session, ch: u32, stream: Handle, tag: u64) -> bool {
+    sh.region
+        .done_word(ch)
+        .is_ok_and(|w| s.ctx.signal(stream, w, tag as u32).is_ok())
+}
+
+/// Answers a synchronize. A success the device signalled needs no response,
+/// only a wake-up for a guest asleep on its doorbell; a failure is always
+/// answered (a guest that already saw the word takes it as a late error).
+fn answer_sync(
+    sh: &Shared,
+    c: &mut Chan,
+    tag: u64,
+    opcode: u32,
+    r: Result<(), Status>,
+    signalled: bool,
+) -> Result<(), Error> {
+    if signalled && r.is_ok() {
+        return notify_guest(sh, c.host.index());
+    }
+    reply(sh, c, tag, opcode, r.map(|()| Reply::default()), &[])
+}
+
+/// Charges the period a drain ended (after the reply went out, so that the
+/// guest does not wait for the accounting).
+fn close_period(sh: &mut Shared, c: &mut Chan, ending: bool) {
+    if let (true, Some(s)) = (ending, c.session.as_mut()) {
+        sh.period_close(s);
     }
 }
 
@@ -1501,7 +1626,7 @@ fn pump_sliced(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
             }
             // Launches are asynchronous: what was issued under this grant,
             // not the clock, says whether the slice is full.
-            if sh.charged_ns >= g.slice_ns() {
+            if sh.issued_ns >= g.slice_ns() {
                 sh.budget_spent = true;
                 break;
             }
@@ -1515,7 +1640,8 @@ fn pump_sliced(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
             y: sl.y,
             z: sl.z,
         };
-        let est = s.kernel_ns.get(&sl.func).and_then(|e| e.0);
+        let est = s.kernel_ns.get(&sl.func).copied();
+        sh.period_add(s, sl.stream, Some(sl.func));
         let t0 = Instant::now();
         let r = s.ctx.launch_slice(
             sl.func,
@@ -1534,16 +1660,16 @@ fn pump_sliced(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
                 c.sliced = None;
                 break;
             }
-            (Ok(()), Some(ns)) => sh.charged_ns += (ns as f64 * share) as u64,
+            (Ok(()), Some(ns)) => sh.issued_ns += (ns as f64 * share) as u64,
             (Ok(()), None) => {
                 // Measure this sub-grid: wait for it on the host clock.
                 if let Err(e) = s.ctx.synchronize() {
                     s.defer(e);
                 }
                 let ns = t0.elapsed().as_nanos() as u64;
-                sh.charged_ns += ns;
-                s.kernel_ns.entry(sl.func).or_insert((None, 0)).0 =
-                    Some((ns as f64 / share.max(1e-9)) as u64);
+                sh.issued_ns += ns;
+                s.kernel_ns
+                    .insert(sl.func, (ns as f64 / share.max(1e-9)) as u64);
             }
         }
         sh.worked = true;

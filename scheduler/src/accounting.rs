@@ -106,6 +106,73 @@ impl SlicePlan {
     }
 }
 
+/// Busy-period accounting, as the host worker does it on a real GPU.
+///
+/// A busy period runs from a vGPU's first device operation after its work
+/// was drained to the next point where it is drained again (a synchronizing
+/// call, or the end of its grant): the GPU time the vGPU kept to itself. The
+/// worker measures every period on the host clock (free); one period in
+/// `every` (and the first [`PeriodMeter::WARMUP`]) is also measured on the
+/// device with events at its two ends. The host clock sees more than the
+/// device does: the submission latency before the first operation and the
+/// completion latency after the last, together a near-constant `bias`
+/// learned from the timed periods. An untimed period is charged its host
+/// time less that bias.
+#[derive(Debug, Clone)]
+pub struct PeriodMeter {
+    every: u64,
+    periods: u64,
+    timed: u64,
+    bias_ns: f64,
+}
+
+impl PeriodMeter {
+    /// Periods timed on the device before sampling starts.
+    pub const WARMUP: u64 = 4;
+    /// Weight of a new timed period in the learned bias.
+    const ALPHA: f64 = 0.125;
+
+    /// A meter that times one period in `every` on the device (1: all).
+    pub fn new(every: u64) -> Self {
+        PeriodMeter {
+            every: every.max(1),
+            periods: 0,
+            timed: 0,
+            bias_ns: 0.0,
+        }
+    }
+
+    /// A period opens: whether to time it on the device.
+    pub fn open(&mut self) -> bool {
+        self.periods += 1;
+        self.timed < Self::WARMUP || self.periods.is_multiple_of(self.every)
+    }
+
+    /// A timed period closed after `host_ns` on the host clock and
+    /// `device_ns` on the device's: learns the bias; returns the charge
+    /// (the device's figure).
+    pub fn timed(&mut self, host_ns: u64, device_ns: u64) -> u64 {
+        let bias = host_ns.saturating_sub(device_ns) as f64;
+        self.bias_ns = if self.timed == 0 {
+            bias
+        } else {
+            self.bias_ns + Self::ALPHA * (bias - self.bias_ns)
+        };
+        self.timed += 1;
+        device_ns
+    }
+
+    /// The charge for an untimed period of `host_ns` on the host clock.
+    pub fn untimed(&self, host_ns: u64) -> u64 {
+        host_ns.saturating_sub(self.bias_ns.round() as u64)
+    }
+
+    /// The learned host-minus-device latency of a period, ns.
+    pub fn bias_ns(&self) -> u64 {
+        self.bias_ns.round() as u64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +222,53 @@ mod tests {
             let work: u64 = (0..n).map(k).sum();
             prop_assert_eq!(used, work);
             prop_assert!(syncs <= SAMPLES + 1);
+        }
+    }
+
+    #[test]
+    fn the_meter_times_the_first_periods_then_one_in_every() {
+        let mut m = PeriodMeter::new(8);
+        let mut timed = Vec::new();
+        for i in 1..=40u64 {
+            if m.open() {
+                timed.push(i);
+                m.timed(10_000, 4_000);
+            }
+        }
+        assert_eq!(timed, vec![1, 2, 3, 4, 8, 16, 24, 32, 40]);
+        let mut all = PeriodMeter::new(1);
+        assert!((0..20).all(|_| all.open()));
+    }
+
+    #[test]
+    fn untimed_periods_are_charged_host_time_less_the_learned_latency() {
+        let mut m = PeriodMeter::new(8);
+        // Submission and completion latency 6 us around device work.
+        for d in [100_000u64, 400_000, 20_000, 1_000_000] {
+            assert!(m.open());
+            assert_eq!(m.timed(d + 6_000, d), d);
+        }
+        assert_eq!(m.bias_ns(), 6_000);
+        assert_eq!(m.untimed(256_000), 250_000);
+        // Never below zero.
+        assert_eq!(m.untimed(1_000), 0);
+    }
+
+    proptest! {
+        #[test]
+        fn the_learned_bias_follows_a_changed_latency(lat in 0u64..50_000, new_lat in 0u64..50_000) {
+            let mut m = PeriodMeter::new(1);
+            for i in 0..20u64 {
+                m.open();
+                m.timed(1_000 * i + lat, 1_000 * i);
+            }
+            prop_assert_eq!(m.bias_ns(), lat);
+            for i in 0..60u64 {
+                m.open();
+                m.timed(1_000 * i + new_lat, 1_000 * i);
+            }
+            let err = (m.bias_ns() as f64 - new_lat as f64).abs();
+            prop_assert!(err <= 0.001 * (lat.abs_diff(new_lat) as f64) + 1.0, "bias {} want {}", m.bias_ns(), new_lat);
         }
     }
 }

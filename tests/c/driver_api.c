@@ -257,6 +257,19 @@ int main(int argc, char **argv) {
         double enq = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
         double all = (t2.tv_sec - t0.tv_sec) + (t2.tv_nsec - t0.tv_nsec) * 1e-9;
         printf("launches=%d enqueue_per_s=%.0f completed_per_s=%.0f\n", launches, launches / enq, launches / all);
+        /* Bursts: 128 launches then a synchronize, as a program that launches a
+           step's kernels and waits for them; only the launches are timed (the
+           rate the program sees while it issues a burst). */
+        const int bursts = 1000, burst = 128;
+        double in_bursts = 0;
+        for (int r = 0; r < bursts; r++) {
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            for (int i = 0; i < burst; i++) CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            CK(cuStreamSynchronize(s));
+            in_bursts += (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        }
+        printf("bursts=%dx%d burst_enqueue_per_s=%.0f\n", bursts, burst, bursts * burst / in_bursts);
     }
 
     CK(cuEventDestroy_v2(e0));

@@ -69,6 +69,7 @@ impl Host {
             cpu: None,
             grant: None,
             sample_every: host_backend::worker::SAMPLE_EVERY,
+            time_launches: false,
             vcpus_file: None,
             slice_blocks: 0,
         };

@@ -21,6 +21,8 @@ use crate::grant::GrantService;
 use crate::worker::{spawn, WorkerConfig};
 
 const WEIGHTS: [f64; 3] = [1.0, 2.0, 3.0];
+/// The non-preemptive time slice (DESIGN.md).
+pub(crate) const SLICE_NS: u64 = 6_000_000;
 const KERNELS_NS: [u64; 3] = [20_000, 400_000, 1_600_000];
 /// A one-thread grid and block.
 pub(crate) const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
@@ -68,8 +70,12 @@ pub(crate) struct Setup<'a> {
     pub weights: &'a [f64],
     /// Under the scheduler (else none: first come first served).
     pub fair: bool,
-    /// One launch in this many measured with events.
+    /// One busy period in this many timed with events.
     pub sample_every: u64,
+    /// Every launch timed with events too.
+    pub time_launches: bool,
+    /// The scheduler's time slice, ns.
+    pub slice_ns: u64,
     pub secs: f64,
     pub spin: SpinPolicy,
 }
@@ -82,6 +88,8 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         weights,
         fair,
         sample_every,
+        time_launches,
+        slice_ns,
         secs,
         spin,
     } = setup;
@@ -92,7 +100,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     ));
     std::fs::create_dir_all(&dir)?;
     let svc = if fair {
-        Some(GrantService::start(&dir.join("grant.sock"), 6_000_000)?)
+        Some(GrantService::start(&dir.join("grant.sock"), slice_ns)?)
     } else {
         None
     };
@@ -116,6 +124,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
                 .as_ref()
                 .map(|s| (s.path().to_owned(), g as u32, weights[g])),
             sample_every,
+            time_launches,
             vcpus_file: None,
             slice_blocks: 0,
         };
@@ -195,13 +204,16 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
             weights: &WEIGHTS,
             fair: true,
             sample_every: 1,
+            time_launches: false,
+            slice_ns: SLICE_NS,
             secs: secs / 3.0,
             spin,
         };
         let r = run_guests(setup, &[g], sync_loop())?;
         solo[g] = r.kernels[0] as f64 / r.secs;
-        let timed = r.stats[0].timed_launches.load(Ordering::Relaxed).max(1);
-        kernel_ns[g] = r.stats[0].charged_ns.load(Ordering::Relaxed) as f64 / timed as f64;
+        // Launch and synchronize: each kernel is a busy period, timed.
+        let launches = r.stats[0].launches.load(Ordering::Relaxed).max(1);
+        kernel_ns[g] = r.stats[0].charged_ns.load(Ordering::Relaxed) as f64 / launches as f64;
     }
     println!("three guests on one GPU ({kind:?} executor), weights 1:2:3, {secs} s per policy");
     println!(
@@ -221,6 +233,8 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
             weights: &WEIGHTS,
             fair,
             sample_every: crate::worker::SAMPLE_EVERY,
+            time_launches: false,
+            slice_ns: SLICE_NS,
             secs,
             spin,
         };

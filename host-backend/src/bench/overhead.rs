@@ -249,6 +249,7 @@ pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<
         cpu: pin.map(|(_, w)| w),
         grant: None,
         sample_every: crate::worker::SAMPLE_EVERY,
+        time_launches: false,
         vcpus_file: None,
         slice_blocks: 0,
     };

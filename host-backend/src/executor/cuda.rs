@@ -11,6 +11,7 @@
 use std::cell::Cell;
 use std::ffi::{c_void, CString};
 use std::ptr::null_mut;
+use std::sync::atomic::AtomicU32;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 use protocol::{DeviceInfo, Dim3, ImageKind, Status};
@@ -221,7 +222,7 @@ impl Executor for CudaExecutor {
         }
     }
 
-    fn register_dma_targets(&mut self, arenas: &[VolatileSlice<'_>]) -> Result<(), Status> {
+    fn register_host_memory(&mut self, ranges: &[VolatileSlice<'_>]) -> Result<(), Status> {
         if self.primary.is_null() {
             let mut p: CUcontext = null_mut();
             // SAFETY: out-parameter on our stack.
@@ -232,12 +233,17 @@ impl Executor for CudaExecutor {
         // SAFETY: a retained context of ours.
         check(unsafe { sys::cuCtxSetCurrent(self.primary) })?;
         CURRENT.with(|c| c.set(self.primary as usize));
-        for a in arenas {
+        for a in ranges {
             let p = a.ptr_guard_mut().as_ptr() as *mut c_void;
             // SAFETY: `a` is a live, page-aligned shared mapping of `a.len()` bytes
-            // that outlives the executor; PORTABLE makes it pinned for every context.
+            // that outlives the executor; PORTABLE makes it pinned for every
+            // context, DEVICEMAP addressable by the device.
             check(unsafe {
-                sys::cuMemHostRegister_v2(p, a.len(), sys::CU_MEMHOSTREGISTER_PORTABLE)
+                sys::cuMemHostRegister_v2(
+                    p,
+                    a.len(),
+                    sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
+                )
             })?;
             self.registered.push(p as usize);
         }
@@ -470,9 +476,11 @@ struct CudaContext {
     /// Idle timing events, and (function, start, end) of timed launches in flight.
     event_pool: Vec<sys::CUevent>,
     timed: Vec<(Handle, sys::CUevent, sys::CUevent)>,
-    /// Event-measured time of an empty kernel (launch latency between the
-    /// events), subtracted from every sample; measured on first use.
-    timing_overhead_ns: Option<u64>,
+    /// The busy period being timed: its start event and, once it ended,
+    /// one end event per stream it used.
+    period: Option<(sys::CUevent, Vec<sys::CUevent>)>,
+    /// Device addresses of registered host words [`Context::signal`] wrote.
+    mapped: std::collections::HashMap<usize, u64>,
     /// Each function's sliceable variant (`ptx::SLICE_SUFFIX`), looked up
     /// once; `None`: it has none.
     sliced: std::collections::HashMap<Handle, Option<sys::CUfunction>>,
@@ -654,7 +662,8 @@ impl CudaContext {
             globals_taken: false,
             event_pool: Vec::new(),
             timed: Vec::new(),
-            timing_overhead_ns: None,
+            period: None,
+            mapped: std::collections::HashMap::new(),
             sliced: Default::default(),
         })
     }
@@ -745,63 +754,27 @@ impl Drop for CudaContext {
 }
 
 impl CudaContext {
-    /// Event-measured time of an empty kernel: the minimum of a few runs.
-    fn calibrate(&mut self) -> Result<u64, Status> {
-        const EMPTY: &[u8] = b".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry fvg_empty()\n{\n\tret;\n}\n\0";
-        let mut m: sys::CUmodule = null_mut();
-        // SAFETY: a NUL-terminated PTX image of our own.
-        check(unsafe { sys::cuModuleLoadData(&mut m, EMPTY.as_ptr() as *const c_void) })?;
-        let mut f: sys::CUfunction = null_mut();
-        // SAFETY: our module; NUL-terminated name.
-        let r = check(unsafe { sys::cuModuleGetFunction(&mut f, m, c"fvg_empty".as_ptr()) });
-        let mut best = u64::MAX;
-        if r.is_ok() {
-            let mut ev = [null_mut(); 2];
-            for e in &mut ev {
-                // SAFETY: out-parameter on our stack.
-                check(unsafe { sys::cuEventCreate(e, 0) })?;
-            }
-            for _ in 0..5 {
-                let mut ms = 0f32;
-                let (start, end) = (ev[0], ev[1]);
-                let steps: [&dyn Fn() -> CUresult; 4] = [
-                    // SAFETY: our own event, the default stream.
-                    &|| unsafe { sys::cuEventRecord(start, null_mut()) },
-                    // SAFETY: our own parameterless kernel on the default stream.
-                    &|| unsafe {
-                        sys::cuLaunchKernel(
-                            f,
-                            1,
-                            1,
-                            1,
-                            1,
-                            1,
-                            1,
-                            0,
-                            null_mut(),
-                            null_mut(),
-                            null_mut(),
-                        )
-                    },
-                    // SAFETY: our own event, the default stream.
-                    &|| unsafe { sys::cuEventRecord(end, null_mut()) },
-                    // SAFETY: our own recorded event.
-                    &|| unsafe { sys::cuEventSynchronize(end) },
-                ];
-                let ok = steps.iter().all(|step| step() == CUresult::CUDA_SUCCESS)
-                    // SAFETY: both events recorded and complete.
-                    && unsafe { sys::cuEventElapsedTime_v2(&mut ms, start, end) } == CUresult::CUDA_SUCCESS;
-                if ok {
-                    best = best.min((f64::from(ms) * 1e6) as u64);
-                }
-            }
-            for e in ev {
-                self.event_pool.push(e);
-            }
+    /// An idle event from the pool, or a new one (timing enabled).
+    fn pooled_event(&mut self) -> Result<sys::CUevent, Status> {
+        if let Some(e) = self.event_pool.pop() {
+            return Ok(e);
         }
-        // SAFETY: our module, no longer used.
-        let _ = unsafe { sys::cuModuleUnload(m) };
-        r.map(|()| if best == u64::MAX { 0 } else { best })
+        let mut n: sys::CUevent = null_mut();
+        // SAFETY: out-parameter on our stack; timing events (flags 0).
+        check(unsafe { sys::cuEventCreate(&mut n, 0) })?;
+        Ok(n)
+    }
+
+    /// Nanoseconds between two recorded events, if `b` has completed.
+    fn elapsed_ns(a: sys::CUevent, b: sys::CUevent) -> Option<u64> {
+        // SAFETY: our own event.
+        if unsafe { sys::cuEventQuery(b) } != CUresult::CUDA_SUCCESS {
+            return None;
+        }
+        let mut ms = 0f32;
+        // SAFETY: both events recorded by us; out-parameter on our stack.
+        (unsafe { sys::cuEventElapsedTime_v2(&mut ms, a, b) } == CUresult::CUDA_SUCCESS)
+            .then(|| (f64::from(ms).max(0.0) * 1e6) as u64)
     }
 }
 
@@ -1081,22 +1054,8 @@ impl Context for CudaContext {
         params: &[u8],
     ) -> Result<(), Status> {
         self.bind()?;
-        if self.timing_overhead_ns.is_none() {
-            self.timing_overhead_ns = Some(self.calibrate().unwrap_or(0));
-        }
         let st = self.stream(s)?;
-        let mut ev = [null_mut(); 2];
-        for e in &mut ev {
-            *e = match self.event_pool.pop() {
-                Some(e) => e,
-                None => {
-                    let mut n: sys::CUevent = null_mut();
-                    // SAFETY: out-parameter on our stack; timing events (flags 0).
-                    check(unsafe { sys::cuEventCreate(&mut n, 0) })?;
-                    n
-                }
-            };
-        }
+        let ev = [self.pooled_event()?, self.pooled_event()?];
         // SAFETY: our own events and a stream of this context.
         check(unsafe { sys::cuEventRecord(ev[0], st) })?;
         self.launch(func, g, b, smem, s, params)?;
@@ -1110,25 +1069,96 @@ impl Context for CudaContext {
         if self.bind().is_err() {
             return Vec::new();
         }
-        let overhead = self.timing_overhead_ns.unwrap_or(0);
         let mut out = Vec::new();
         let mut still = Vec::new();
         for (f, a, b) in std::mem::take(&mut self.timed) {
-            // SAFETY: our own event.
-            if unsafe { sys::cuEventQuery(b) } != CUresult::CUDA_SUCCESS {
-                still.push((f, a, b));
-                continue;
+            match Self::elapsed_ns(a, b) {
+                Some(ns) => {
+                    out.push((f, ns));
+                    self.event_pool.extend([a, b]);
+                }
+                None => still.push((f, a, b)),
             }
-            let mut ms = 0f32;
-            // SAFETY: both events recorded by us and complete; out-parameter on our stack.
-            if unsafe { sys::cuEventElapsedTime_v2(&mut ms, a, b) } == CUresult::CUDA_SUCCESS {
-                out.push((f, ((f64::from(ms) * 1e6) as u64).saturating_sub(overhead)));
-            }
-            self.event_pool.push(a);
-            self.event_pool.push(b);
         }
         self.timed = still;
         out
+    }
+
+    fn signal(&mut self, s: Handle, word: &AtomicU32, value: u32) -> Result<(), Status> {
+        self.bind()?;
+        let st = self.stream(s)?;
+        let host = word.as_ptr() as usize;
+        let dptr = match self.mapped.get(&host) {
+            Some(&d) => d,
+            None => {
+                let mut d = 0;
+                // SAFETY: out-parameter on our stack; `host` lies in memory
+                // registered with DEVICEMAP (else this fails, and nothing is
+                // written).
+                check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, host as *mut c_void, 0) })?;
+                self.mapped.insert(host, d);
+                d
+            }
+        };
+        // SAFETY: a stream of this context; `dptr` is the device's address
+        // of a live, pinned host word (the channel's completion word).
+        check(unsafe { sys::cuStreamWriteValue32_v2(st, dptr, value, 0) })
+    }
+
+    fn period_begin(&mut self) -> Result<(), Status> {
+        self.bind()?;
+        if let Some((a, ends)) = self.period.take() {
+            self.event_pool.push(a);
+            self.event_pool.extend(ends);
+        }
+        let a = self.pooled_event()?;
+        // The context is drained: an event on the legacy default stream
+        // completes as soon as the device reaches it, before any later work.
+        // SAFETY: our own event; the null stream of our current context.
+        check(unsafe { sys::cuEventRecord(a, null_mut()) })?;
+        self.period = Some((a, Vec::new()));
+        Ok(())
+    }
+
+    fn period_end(&mut self, streams: &[Handle]) -> Result<(), Status> {
+        self.bind()?;
+        let raw = streams
+            .iter()
+            .map(|&h| self.stream(h))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut ends = Vec::with_capacity(raw.len());
+        for st in raw {
+            let e = self.pooled_event()?;
+            // SAFETY: our own event and a stream of this context.
+            check(unsafe { sys::cuEventRecord(e, st) })?;
+            ends.push(e);
+        }
+        match self.period.as_mut() {
+            Some((_, old)) => {
+                let old = std::mem::replace(old, ends);
+                self.event_pool.extend(old);
+                Ok(())
+            }
+            None => {
+                self.event_pool.extend(ends);
+                Err(Status::NotReady)
+            }
+        }
+    }
+
+    fn period_ns(&mut self) -> Option<u64> {
+        self.bind().ok()?;
+        let (a, ends) = self.period.take()?;
+        let mut worst = if ends.is_empty() { None } else { Some(0) };
+        for &e in &ends {
+            worst = match (worst, Self::elapsed_ns(a, e)) {
+                (Some(w), Some(ns)) => Some(w.max(ns)),
+                _ => None,
+            };
+        }
+        self.event_pool.push(a);
+        self.event_pool.extend(ends);
+        worst
     }
 
     fn stream_create(&mut self, flags: u32) -> Result<Handle, Status> {
@@ -1443,7 +1473,8 @@ impl Context for CudaContext {
         self.objs = std::mem::take(&mut p.objs);
         self.event_pool.clear();
         self.timed.clear();
-        self.timing_overhead_ns = None;
+        self.period = None;
+        self.mapped.clear();
         self.sliced.clear();
         Ok(Moved { bytes, allocations })
     }

@@ -2,6 +2,8 @@
 //! every handle and every device-pointer range against the caller's own
 //! tables, so an executor only does the work.
 
+use std::sync::atomic::AtomicU32;
+
 use protocol::{DeviceInfo, Dim3, ImageKind, Status};
 use vm_memory::VolatileSlice;
 
@@ -17,9 +19,11 @@ pub trait Executor: Send {
     fn info(&self) -> DeviceInfo;
     /// A fresh context (one per guest process).
     fn open(&mut self) -> Result<Box<dyn Context>, Status>;
-    /// Makes `arenas` (the response arenas, alive as long as the executor)
-    /// direct DMA targets for device-to-host copies, where the device can.
-    fn register_dma_targets(&mut self, _arenas: &[VolatileSlice<'_>]) -> Result<(), Status> {
+    /// Makes `ranges` of the shared region (the response arenas and the
+    /// channels' control pages, alive as long as the executor) memory the
+    /// device reads and writes directly: DMA targets of device-to-host
+    /// copies, and where [`Context::signal`] writes.
+    fn register_host_memory(&mut self, _ranges: &[VolatileSlice<'_>]) -> Result<(), Status> {
         Ok(())
     }
     /// GPUs this executor can run on (migration targets).
@@ -121,6 +125,27 @@ pub trait Context: Send {
     /// GPU times (function, ns) of timed launches that have completed.
     fn take_timings(&mut self) -> Vec<(Handle, u64)> {
         Vec::new()
+    }
+    /// Has the device store `value` into `word` (in memory registered with
+    /// [`Executor::register_host_memory`]) once the work submitted to
+    /// `stream` before now has completed; `NotSupported` where it cannot.
+    fn signal(&mut self, _stream: Handle, _word: &AtomicU32, _value: u32) -> Result<(), Status> {
+        Err(Status::NotSupported)
+    }
+    /// Starts timing a busy period on the device. Called when the context's
+    /// work is drained, before the period's first operation.
+    fn period_begin(&mut self) -> Result<(), Status> {
+        Err(Status::NotSupported)
+    }
+    /// Ends the period after the work submitted so far to `streams` (0: the
+    /// default stream).
+    fn period_end(&mut self, _streams: &[Handle]) -> Result<(), Status> {
+        Err(Status::NotSupported)
+    }
+    /// The device time of the ended period, once its work has completed
+    /// (taken once; `None` if it was not timed or is not complete).
+    fn period_ns(&mut self) -> Option<u64> {
+        None
     }
     /// Creates a stream.
     fn stream_create(&mut self, flags: u32) -> Result<Handle, Status>;

@@ -9,6 +9,7 @@
 //! found by their PTX entry name.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -148,6 +149,7 @@ impl Executor for SimExecutor {
             last_done: Instant::now(),
             timings: Vec::new(),
             slice_ns: HashMap::new(),
+            period: None,
         }))
     }
 }
@@ -190,6 +192,9 @@ struct SimContext {
     timings: Vec<(Handle, u64)>,
     /// A sliced launch's whole time, by function (see `launch_slice`).
     slice_ns: HashMap<Handle, u64>,
+    /// The busy period being timed: when the queue reaches its start, and
+    /// when its work ends (once ended).
+    period: Option<(Instant, Option<Instant>)>,
 }
 
 impl SimContext {
@@ -208,6 +213,21 @@ impl SimContext {
             *s = (*s).max(done);
         }
         done
+    }
+
+    /// A zero-time marker on the queue (an event): when the device reaches
+    /// it, after everything submitted before.
+    fn mark(&mut self, stream: Handle) -> Instant {
+        let t = self.queues[self.device as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .busy_until
+            .max(Instant::now());
+        self.last_done = self.last_done.max(t);
+        if let Some(s) = self.streams.get_mut(&stream) {
+            *s = (*s).max(t);
+        }
+        t
     }
 
     /// Runs a kernel (results now, time on the queue); returns its modeled time.
@@ -654,6 +674,41 @@ impl Context for SimContext {
         std::mem::take(&mut self.timings)
     }
 
+    fn signal(&mut self, stream: Handle, word: &AtomicU32, value: u32) -> Result<(), Status> {
+        // The model has no device to write it later: wait for the stream's
+        // work, as the device would, and store it.
+        self.stream_synchronize(stream)?;
+        word.store(value, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    fn period_begin(&mut self) -> Result<(), Status> {
+        let t = self.mark(0);
+        self.period = Some((t, None));
+        Ok(())
+    }
+
+    fn period_end(&mut self, streams: &[Handle]) -> Result<(), Status> {
+        let mut end = None::<Instant>;
+        for &s in streams {
+            let t = self.stream_done(s)?;
+            end = Some(end.map_or(t, |e| e.max(t)));
+        }
+        match self.period.as_mut() {
+            Some((_, e)) => {
+                *e = end;
+                Ok(())
+            }
+            None => Err(Status::NotReady),
+        }
+    }
+
+    fn period_ns(&mut self) -> Option<u64> {
+        let (a, b) = self.period.take()?;
+        let b = b?;
+        (Instant::now() >= b).then(|| b.saturating_duration_since(a).as_nanos() as u64)
+    }
+
     fn stream_create(&mut self, _flags: u32) -> Result<Handle, Status> {
         let h = self.handle();
         self.streams.insert(h, Instant::now());
@@ -697,7 +752,7 @@ impl Context for SimContext {
         if !self.events.contains_key(&event) {
             return Err(Status::InvalidHandle);
         }
-        let t = self.submit(0, stream);
+        let t = self.mark(stream);
         self.events.insert(event, Some(t));
         Ok(())
     }
