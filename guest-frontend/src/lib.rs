@@ -93,6 +93,8 @@ pub struct Gpu {
     /// A failure reported after the device had already signalled its
     /// synchronize done: returned by the next call that waits.
     late_error: Option<Status>,
+    /// Ask the host to let the device signal synchronizes (default on).
+    device_signal: bool,
     info: DeviceInfo,
     buf: Vec<u8>,
     transport: Transport,
@@ -250,6 +252,7 @@ impl Gpu {
             policy,
             next_tag: 1,
             late_error: None,
+            device_signal: true,
             info: DeviceInfo {
                 name: String::new(),
                 total_mem: 0,
@@ -283,6 +286,12 @@ impl Gpu {
     /// The device as the host describes it (answered without a round trip).
     pub fn device_info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// Whether synchronizes may be answered by the device through the
+    /// channel's completion word (on by default) or always by a response.
+    pub fn set_device_signal(&mut self, on: bool) {
+        self.device_signal = on;
     }
 
     /// The channel number in the region.
@@ -379,8 +388,7 @@ impl Gpu {
             if d.tag < tag && d.status != 0 {
                 // The failure of a synchronize the device had signalled
                 // done: keep it for this call.
-                self.late_error
-                    .get_or_insert(Status::from_code(d.status));
+                self.late_error.get_or_insert(Status::from_code(d.status));
                 self.ch.resp.consume(&d)?;
                 continue;
             }
@@ -405,6 +413,9 @@ impl Gpu {
     /// before it is done, and sends a response only if it cannot or the
     /// work failed.
     fn call_sync(&mut self, req: &Request) -> Result<()> {
+        if !self.device_signal {
+            return self.call(req).map(drop);
+        }
         let mut d = self.descriptor(req);
         d.flags |= FLAG_SIGNAL;
         let tag = d.tag;

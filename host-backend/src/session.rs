@@ -51,6 +51,12 @@ pub struct Period {
     pub since: std::time::Instant,
     /// Whether the device timestamps its ends (events).
     pub timed: bool,
+    /// When the device's start mark was submitted (until the first
+    /// operation's submission has been timed from it).
+    pub mark_at: Option<std::time::Instant>,
+    /// Host time from the start mark's submission to the first operation's:
+    /// the device idled for it only because of the mark.
+    pub gap_ns: u64,
     /// Streams it put work on.
     pub streams: Vec<Handle>,
     /// Launches in it.
@@ -68,6 +74,8 @@ impl Period {
         Period {
             since: std::time::Instant::now(),
             timed,
+            mark_at: timed.then(std::time::Instant::now),
+            gap_ns: 0,
             streams: vec![stream],
             launches: 0,
             only: None,
@@ -90,6 +98,14 @@ impl Period {
                 }
             }
             None => self.mixed = true,
+        }
+    }
+
+    /// The operation that opened the period has been submitted: the time
+    /// since the start mark is the mark's own gap.
+    pub fn submitted(&mut self) {
+        if let Some(t) = self.mark_at.take() {
+            self.gap_ns = t.elapsed().as_nanos() as u64;
         }
     }
 

@@ -246,6 +246,13 @@ impl Shared {
         p.add(stream, func);
     }
 
+    /// After an operation in the open period was submitted.
+    fn period_submitted(s: &mut Session) {
+        if let Some(p) = s.period.as_mut() {
+            p.submitted();
+        }
+    }
+
     /// Before a call that drains `stream` (`None`: all of them): whether it
     /// ends the open period; if so, marks the end on the device.
     fn period_ending(s: &mut Session, stream: Option<Handle>) -> bool {
@@ -268,7 +275,13 @@ impl Shared {
             return;
         };
         let host = p.since.elapsed().as_nanos() as u64;
-        let device = if p.timed { s.ctx.period_ns() } else { None };
+        // The device idled between the start mark and the first operation
+        // only because the mark was submitted first: not the vGPU's time.
+        let device = if p.timed {
+            s.ctx.period_ns().map(|d| d.saturating_sub(p.gap_ns))
+        } else {
+            None
+        };
         let ns = match device {
             Some(d) => self.meter.timed(host, d),
             None => self.meter.untimed(host),
@@ -1121,7 +1134,10 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 .check_range(dst, len)
                 .and_then(|()| s.check_stream(stream));
             match ok {
-                Ok(()) => sh.period_add(s, stream, None),
+                Ok(()) => {
+                    sh.period_add(s, stream, None);
+                    Shared::period_submitted(s);
+                }
                 Err(e) => {
                     s.defer(e);
                     refuse(sh, c, "host-to-device copy outside its allocations");
@@ -1148,7 +1164,9 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                     reply(sh, c, tag, opc, Err(e), &[])
                 }
                 Ok(()) => {
+                    // Synchronous: its own time is the device's.
                     sh.period_add(s, stream, None);
+                    Shared::period_submitted(s);
                     c.outbound = Some(Outbound {
                         tag,
                         src,
@@ -1172,7 +1190,9 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 .and(s.check_stream(stream));
             let r = r.and_then(|()| {
                 sh.period_add(s, stream, None);
-                s.ctx.dtod(dst, src, len, stream)
+                let r = s.ctx.dtod(dst, src, len, stream);
+                Shared::period_submitted(s);
+                r
             });
             if let Err(e) = r {
                 s.defer(e);
@@ -1192,7 +1212,9 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 .and(s.check_stream(stream));
             let r = r.and_then(|()| {
                 sh.period_add(s, stream, None);
-                s.ctx.memset(dst, value, width, count, stream)
+                let r = s.ctx.memset(dst, value, width, count, stream);
+                Shared::period_submitted(s);
+                r
             });
             if let Err(e) = r {
                 s.defer(e);
@@ -1354,13 +1376,15 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 // comes from the busy period.
                 sh.issued_ns += est.unwrap_or(0);
                 sh.stats.launches.fetch_add(1, Ordering::Relaxed);
-                if sh.time_launches || est.is_none() {
+                let r = if sh.time_launches || est.is_none() {
                     sh.stats.timed_launches.fetch_add(1, Ordering::Relaxed);
                     s.ctx
                         .launch_timed(func, grid, block, shared_mem, stream, &params)
                 } else {
                     s.ctx.launch(func, grid, block, shared_mem, stream, &params)
-                }
+                };
+                Shared::period_submitted(s);
+                r
             });
             if let Err(e) = r {
                 s.defer(e);
@@ -1421,7 +1445,9 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 .and(s.check_stream(stream))
                 .and_then(|()| {
                     sh.period_add(s, stream, None);
-                    s.ctx.event_record(event, stream)
+                    let r = s.ctx.event_record(event, stream);
+                    Shared::period_submitted(s);
+                    r
                 });
             if let Err(e) = r {
                 s.defer(e);
@@ -1653,6 +1679,7 @@ fn pump_sliced(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
             sub.x_offset,
             sl.grid_x,
         );
+        Shared::period_submitted(s);
         let share = f64::from(sub.x_count) / f64::from(sl.grid_x.max(1));
         match (r, est) {
             (Err(e), _) => {

@@ -1095,14 +1095,20 @@ impl Context for CudaContext {
                 // SAFETY: out-parameter on our stack; `host` lies in memory
                 // registered with DEVICEMAP (else this fails, and nothing is
                 // written).
-                check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, host as *mut c_void, 0) })?;
+                check(unsafe {
+                    sys::cuMemHostGetDevicePointer_v2(&mut d, host as *mut c_void, 0)
+                })?;
                 self.mapped.insert(host, d);
                 d
             }
         };
+        // No memory barrier before the write: what the guest reads next goes
+        // through this stream after the same work, in order; nothing else
+        // in host memory waits on the device's writes.
+        let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as u32;
         // SAFETY: a stream of this context; `dptr` is the device's address
         // of a live, pinned host word (the channel's completion word).
-        check(unsafe { sys::cuStreamWriteValue32_v2(st, dptr, value, 0) })
+        check(unsafe { sys::cuStreamWriteValue32_v2(st, dptr, value, flags) })
     }
 
     fn period_begin(&mut self) -> Result<(), Status> {
