@@ -15,7 +15,6 @@
 pub mod device;
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,9 +22,7 @@ use protocol::{op, DeviceInfo, Dim3, ImageKind, Reply, Request, Status, INLINE};
 use qemu_ivshmem::layout::Direction;
 use qemu_ivshmem::server::Client;
 use qemu_ivshmem::wait::{notify_if_sleeping, wait_for};
-use qemu_ivshmem::{
-    Bell, Descriptor, GuestChannel, SpinPolicy, FLAG_MORE, FLAG_NO_REPLY, FLAG_SIGNAL,
-};
+use qemu_ivshmem::{Bell, Descriptor, GuestChannel, SpinPolicy, FLAG_MORE, FLAG_NO_REPLY};
 
 /// What a call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -90,11 +87,6 @@ pub struct Gpu {
     own_bell: Arc<dyn Bell>,
     policy: SpinPolicy,
     next_tag: u64,
-    /// A failure reported after the device had already signalled its
-    /// synchronize done: returned by the next call that waits.
-    late_error: Option<Status>,
-    /// Ask the host to let the device signal synchronizes (default on).
-    device_signal: bool,
     info: DeviceInfo,
     buf: Vec<u8>,
     transport: Transport,
@@ -251,8 +243,6 @@ impl Gpu {
             own_bell,
             policy,
             next_tag: 1,
-            late_error: None,
-            device_signal: true,
             info: DeviceInfo {
                 name: String::new(),
                 total_mem: 0,
@@ -286,12 +276,6 @@ impl Gpu {
     /// The device as the host describes it (answered without a round trip).
     pub fn device_info(&self) -> &DeviceInfo {
         &self.info
-    }
-
-    /// Whether synchronizes may be answered by the device through the
-    /// channel's completion word (on by default) or always by a response.
-    pub fn set_device_signal(&mut self, on: bool) {
-        self.device_signal = on;
     }
 
     /// The channel number in the region.
@@ -356,84 +340,34 @@ impl Gpu {
         Ok(tag)
     }
 
-    /// Waits until the response to `tag` is visible (not yet consumed), or,
-    /// with `signal`, until the device wrote `tag` into the channel's
-    /// completion word (`None`: done, no response comes).
-    fn wait_reply_or_signal(&mut self, tag: u64, signal: bool) -> Result<Option<Descriptor>> {
+    /// Waits until the next response is visible (not yet consumed).
+    fn wait_reply(&mut self, tag: u64) -> Result<Descriptor> {
         let deadline = Some(std::time::Instant::now() + CALL_TIMEOUT);
         let region = self.ch.region().clone();
         let sleeping = region.ring_sleeping(self.ch.index(), Direction::ToGuest)?;
-        let word = region.done_word(self.ch.index())?;
-        loop {
-            let (resp, ch) = (&self.ch.resp, &self.ch);
-            let mut polls = 0u32;
-            let spins = self.policy.spins;
-            let got = wait_for(&self.policy, sleeping, &*self.own_bell, deadline, || {
-                if signal && word.load(Ordering::Acquire) == tag as u32 {
-                    return Ok(Some(None));
-                }
-                if let Some(d) = resp.peek()? {
-                    return Ok(Some(Some(d)));
-                }
-                // Now and then while spinning, and on every look once blocking,
-                // make sure the host that owes the reply is still the one we
-                // asked: a restarted worker marks our channel LOST and rings.
-                polls = polls.saturating_add(1);
-                if polls >= spins || polls.is_multiple_of(64) {
-                    ch.check_alive()?;
-                }
-                Ok(None)
-            })?;
-            let Some(d) = got else { return Ok(None) };
-            if d.tag < tag && d.status != 0 {
-                // The failure of a synchronize the device had signalled
-                // done: keep it for this call.
-                self.late_error.get_or_insert(Status::from_code(d.status));
-                self.ch.resp.consume(&d)?;
-                continue;
+        let (resp, ch) = (&self.ch.resp, &self.ch);
+        let mut polls = 0u32;
+        let spins = self.policy.spins;
+        let d = wait_for(&self.policy, sleeping, &*self.own_bell, deadline, || {
+            if let Some(d) = resp.peek()? {
+                return Ok(Some(d));
             }
-            if d.tag != tag {
-                return Err(GuestError::Protocol(format!(
-                    "reply tag {} for request {tag}",
-                    d.tag
-                )));
+            // Now and then while spinning, and on every look once blocking,
+            // make sure the host that owes the reply is still the one we
+            // asked: a restarted worker marks our channel LOST and rings.
+            polls = polls.saturating_add(1);
+            if polls >= spins || polls.is_multiple_of(64) {
+                ch.check_alive()?;
             }
-            return Ok(Some(d));
+            Ok(None)
+        })?;
+        if d.tag != tag {
+            return Err(GuestError::Protocol(format!(
+                "reply tag {} for request {tag}",
+                d.tag
+            )));
         }
-    }
-
-    /// Waits until the response to `tag` is visible (not yet consumed).
-    fn wait_reply(&mut self, tag: u64) -> Result<Descriptor> {
-        self.wait_reply_or_signal(tag, false)?
-            .ok_or_else(|| GuestError::Protocol("no response".into()))
-    }
-
-    /// A synchronize the device may answer itself: the host has it write
-    /// the request's tag into the channel's completion word once the work
-    /// before it is done, and sends a response only if it cannot or the
-    /// work failed.
-    fn call_sync(&mut self, req: &Request) -> Result<()> {
-        if !self.device_signal {
-            return self.call(req).map(drop);
-        }
-        let mut d = self.descriptor(req);
-        d.flags |= FLAG_SIGNAL;
-        let tag = d.tag;
-        // The word may hold any earlier value: make it differ from this tag
-        // (ordered before the request by the ring's release).
-        self.ch
-            .region()
-            .done_word(self.ch.index())?
-            .store(!(tag as u32), Ordering::Relaxed);
-        self.push(&d, &[])?;
-        if let Some(d) = self.wait_reply_or_signal(tag, true)? {
-            self.ch.resp.consume(&d)?;
-            Self::status(&d)?;
-        }
-        match self.late_error.take() {
-            Some(s) => Err(GuestError::Cuda(s)),
-            None => Ok(()),
-        }
+        Ok(d)
     }
 
     /// Waits for the next response; copies its data into `self.buf`.
@@ -443,9 +377,6 @@ impl Gpu {
         self.buf.resize(d.data_len as usize, 0);
         self.ch.resp.data(&d)?.copy_to(&mut self.buf[..]);
         self.ch.resp.consume(&d)?;
-        if let Some(s) = self.late_error.take() {
-            return Err(GuestError::Cuda(s));
-        }
         Ok(d)
     }
 
@@ -726,7 +657,7 @@ impl Gpu {
 
     /// cuCtxSynchronize.
     pub fn synchronize(&mut self) -> Result<()> {
-        self.call_sync(&Request::CtxSynchronize)
+        self.call(&Request::CtxSynchronize).map(drop)
     }
 
     /// cuStreamCreate.
@@ -741,7 +672,7 @@ impl Gpu {
 
     /// cuStreamSynchronize.
     pub fn stream_synchronize(&mut self, stream: u64) -> Result<()> {
-        self.call_sync(&Request::StreamSynchronize { stream })
+        self.call(&Request::StreamSynchronize { stream }).map(drop)
     }
 
     /// cuStreamQuery: Ok(true) when idle.

@@ -496,6 +496,8 @@ pub struct Gate {
     wanted: bool,
     held_since: Option<Instant>,
     slice: Duration,
+    /// Grants received so far.
+    grants: u64,
 }
 
 impl Gate {
@@ -524,6 +526,7 @@ impl Gate {
             vgpu,
             wanted: false,
             held_since: None,
+            grants: 0,
             slice: Duration::ZERO,
         })
     }
@@ -580,7 +583,13 @@ impl Gate {
         self.wanted = false;
         self.slice = Duration::from_nanos(slice_ns);
         self.held_since = Some(Instant::now());
+        self.grants += 1;
         Ok(true)
+    }
+
+    /// How many grants this vGPU has received (tells one grant from the next).
+    pub fn grants(&self) -> u64 {
+        self.grants
     }
 
     /// Whether the slice has run out.

@@ -3,11 +3,11 @@
 //! *its own* allocations, every handle must be one *it* was given, and its
 //! allocations count against the vGPU's memory limit.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use protocol::Status;
 
-use crate::executor::{Context, Handle};
+use crate::executor::{Context, Handle, HandleMap, HandleSet};
 
 /// What the host keeps for one claimed channel.
 pub struct Session {
@@ -25,16 +25,16 @@ pub struct Session {
     charges: HashMap<u64, u64>,
     /// Device memory held, bytes (what the allocations take).
     pub mem_used: u64,
-    modules: HashSet<Handle>,
+    modules: HandleSet,
     /// function -> parameter sizes.
-    functions: HashMap<Handle, Vec<u32>>,
-    streams: HashSet<Handle>,
-    events: HashSet<Handle>,
+    functions: HandleMap<Vec<u32>>,
+    streams: HandleSet,
+    events: HandleSet,
     /// The first error of an asynchronous call, reported at the next synchronous one.
     pub pending_error: Option<Status>,
     /// Estimated GPU time of one launch of each function, learnt from busy
     /// periods that ran only that function (or from timed launches).
-    pub kernel_ns: HashMap<Handle, u64>,
+    pub kernel_ns: HandleMap<u64>,
     /// The busy period open on the device, if any.
     pub period: Option<Period>,
     /// Blocks per multiprocessor of each (function, threads per block,
@@ -51,6 +51,8 @@ pub struct Period {
     pub since: std::time::Instant,
     /// Whether the device timestamps its ends (events).
     pub timed: bool,
+    /// The first period of its grant.
+    pub first: bool,
     /// When the device's start mark was submitted (until the first
     /// operation's submission has been timed from it).
     pub mark_at: Option<std::time::Instant>,
@@ -70,10 +72,11 @@ pub struct Period {
 
 impl Period {
     /// A period whose first operation goes to `stream`.
-    pub fn new(stream: Handle, timed: bool) -> Period {
+    pub fn new(stream: Handle, timed: bool, first: bool) -> Period {
         Period {
             since: std::time::Instant::now(),
             timed,
+            first,
             mark_at: timed.then(std::time::Instant::now),
             gap_ns: 0,
             streams: vec![stream],
@@ -143,12 +146,12 @@ impl Session {
             globals: BTreeMap::new(),
             charges: HashMap::new(),
             mem_used: 0,
-            modules: HashSet::new(),
-            functions: HashMap::new(),
-            streams: HashSet::new(),
-            events: HashSet::new(),
+            modules: HandleSet::default(),
+            functions: HandleMap::default(),
+            streams: HandleSet::default(),
+            events: HandleSet::default(),
             pending_error: None,
-            kernel_ns: HashMap::new(),
+            kernel_ns: HandleMap::default(),
             period: None,
             occupancy: HashMap::new(),
         }
@@ -189,12 +192,6 @@ impl Session {
         let charge = self.charges.remove(&base).unwrap_or(0);
         self.mem_used -= charge;
         Ok(charge)
-    }
-
-    /// Whether the guest created streams of its own (else all its work is on
-    /// the default stream).
-    pub fn has_streams(&self) -> bool {
-        !self.streams.is_empty()
     }
 
     /// Checks a stream handle (0 is the default stream).

@@ -20,7 +20,7 @@ use protocol::{op, DeviceInfo, ImageKind, Reply, Request, Status, INLINE};
 use qemu_ivshmem::layout::Direction;
 use qemu_ivshmem::server::serve;
 use qemu_ivshmem::{
-    ClaimState, Descriptor, HostChannel, LayoutParams, Region, SpinPolicy, FLAG_MORE, FLAG_SIGNAL,
+    ClaimState, Descriptor, HostChannel, LayoutParams, Region, SpinPolicy, FLAG_MORE,
 };
 
 use crate::executor::{Executor, Handle};
@@ -185,6 +185,10 @@ struct Shared {
     issued_ns: u64,
     /// Times busy periods (see `scheduler::accounting::PeriodMeter`).
     meter: scheduler::accounting::PeriodMeter,
+    /// A launch's parameter bytes (reused).
+    params: Vec<u8>,
+    /// The grant under which the last period opened.
+    period_grant: u64,
     time_launches: bool,
     /// Whether any request ran under the current grant.
     worked: bool,
@@ -240,8 +244,11 @@ impl Shared {
             return;
         }
         let p = s.period.get_or_insert_with(|| {
-            let timed = self.meter.open() && s.ctx.period_begin().is_ok();
-            crate::session::Period::new(stream, timed)
+            let grant = self.gate.as_ref().map_or(0, |g| g.grants());
+            let first = grant != self.period_grant;
+            self.period_grant = grant;
+            let timed = self.meter.open(first) && s.ctx.period_begin().is_ok();
+            crate::session::Period::new(stream, timed, first)
         });
         p.add(stream, func);
     }
@@ -283,7 +290,7 @@ impl Shared {
             None
         };
         let ns = match device {
-            Some(d) => self.meter.timed(host, d),
+            Some(d) => self.meter.timed(host, d, !p.first),
             None => self.meter.untimed(host),
         };
         self.charged_ns += ns;
@@ -357,18 +364,15 @@ impl Worker {
         link: PeerLink,
     ) -> Result<Worker, Error> {
         let mut exec = exec;
-        let mut ranges = (0..region.channels())
+        let arenas = (0..region.channels())
             .map(|i| region.arena(i, Direction::ToGuest))
             .collect::<Result<Vec<_>, _>>()?;
-        for i in 0..region.channels() {
-            ranges.push(region.control_page(i)?);
-        }
-        if let Err(s) = exec.register_host_memory(&ranges) {
+        if let Err(s) = exec.register_host_memory(&arenas) {
             tracing::warn!(
-                "region not registered with the device ({s:?}); copies and synchronizes stay correct, only slower"
+                "response arenas not registered for DMA ({s:?}); copies stay correct, only slower"
             );
         }
-        drop(ranges);
+        drop(arenas);
         let mut info: DeviceInfo = exec.info();
         let device_mem = info.total_mem;
         let mem_limit = cfg.mem_limit.min(device_mem);
@@ -417,6 +421,8 @@ impl Worker {
                 charged_ns: 0,
                 issued_ns: 0,
                 meter: scheduler::accounting::PeriodMeter::new(cfg.sample_every),
+                params: Vec::new(),
+                period_grant: 0,
                 time_launches: cfg.time_launches,
                 booster: std::cell::RefCell::new(crate::cosched::VcpuBooster::new(
                     cfg.vcpus_file.clone(),
@@ -1082,17 +1088,12 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
         }
         Request::CtxSynchronize => {
             let ending = Shared::period_ending(s, None);
-            // With only the default stream in use, the device can say when
-            // all of the context's work is done.
-            let signalled = d.flags & FLAG_SIGNAL != 0
-                && !s.has_streams()
-                && signal(sh, s, c.host.index(), 0, tag);
             let r = s.ctx.synchronize();
             if r.is_err() {
                 // Its work failed: nothing more to charge.
                 s.period = None;
             }
-            answer_sync(sh, c, tag, opc, r, signalled)?;
+            reply(sh, c, tag, opc, unit(r), &[])?;
             close_period(sh, c, ending && r.is_ok());
             Ok(())
         }
@@ -1315,7 +1316,10 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             });
             let scheduled = sh.gate.is_some();
             let r = r.and(s.check_stream(stream)).and_then(|()| {
-                let mut params = vec![0u8; d.data_len as usize];
+                // The buffer is reused from launch to launch (a sliced launch keeps it).
+                let mut params = std::mem::take(&mut sh.params);
+                params.clear();
+                params.resize(d.data_len as usize, 0);
                 c.host
                     .req
                     .data(d)
@@ -1349,7 +1353,9 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 }
                 if !scheduled {
                     sh.stats.launches.fetch_add(1, Ordering::Relaxed);
-                    return s.ctx.launch(func, grid, block, shared_mem, stream, &params);
+                    let r = s.ctx.launch(func, grid, block, shared_mem, stream, &params);
+                    sh.params = params;
+                    return r;
                 }
                 sh.period_add(s, stream, Some(func));
                 // The monitor: how much of the GPU's cores this launch can
@@ -1384,6 +1390,7 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                     s.ctx.launch(func, grid, block, shared_mem, stream, &params)
                 };
                 Shared::period_submitted(s);
+                sh.params = params;
                 r
             });
             if let Err(e) = r {
@@ -1410,14 +1417,11 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
         Request::StreamSynchronize { stream } => {
             let ok = s.check_stream(stream);
             let ending = ok.is_ok() && Shared::period_ending(s, Some(stream));
-            let signalled = ok.is_ok()
-                && d.flags & FLAG_SIGNAL != 0
-                && signal(sh, s, c.host.index(), stream, tag);
             let r = ok.and_then(|()| s.ctx.stream_synchronize(stream));
             if ending && r.is_err() {
                 s.period = None;
             }
-            answer_sync(sh, c, tag, opc, r, signalled)?;
+            reply(sh, c, tag, opc, unit(r), &[])?;
             close_period(sh, c, ending && r.is_ok());
             Ok(())
         }
@@ -1480,31 +1484,6 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             )
         }
     }
-}
-
-/// Has the device write the low 32 bits of `tag` into channel `ch`'s
-/// completion word once `stream`'s work before it is done; whether it will.
-fn signal(sh: &Shared, s: &mut Session, ch: u32, stream: Handle, tag: u64) -> bool {
-    sh.region
-        .done_word(ch)
-        .is_ok_and(|w| s.ctx.signal(stream, w, tag as u32).is_ok())
-}
-
-/// Answers a synchronize. A success the device signalled needs no response,
-/// only a wake-up for a guest asleep on its doorbell; a failure is always
-/// answered (a guest that already saw the word takes it as a late error).
-fn answer_sync(
-    sh: &Shared,
-    c: &mut Chan,
-    tag: u64,
-    opcode: u32,
-    r: Result<(), Status>,
-    signalled: bool,
-) -> Result<(), Error> {
-    if signalled && r.is_ok() {
-        return notify_guest(sh, c.host.index());
-    }
-    reply(sh, c, tag, opcode, r.map(|()| Reply::default()), &[])
 }
 
 /// Charges the period a drain ended (after the reply went out, so that the

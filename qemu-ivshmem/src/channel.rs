@@ -327,23 +327,6 @@ impl Region {
             .atomic_u32(off + crate::layout::ringctl::CONSUMER_SLEEPING)
     }
 
-    /// The completion word of channel `ch` ([`ctl::DONE`]).
-    pub fn done_word(&self, ch: u32) -> Result<&AtomicU32> {
-        self.ctl_word(ch, ctl::DONE)
-    }
-
-    /// The first page of channel `ch`, which holds its completion word (for
-    /// registering it with the device, which writes that word).
-    pub fn control_page(&self, ch: u32) -> Result<vm_memory::VolatileSlice<'_>> {
-        if ch >= self.channels() {
-            return Err(Error::NoSuchChannel(ch));
-        }
-        Ok(self
-            .mem
-            .slice()
-            .subslice(self.layout.channel_offset(ch), 4096)?)
-    }
-
     /// The data arena of one direction of channel `ch` (for registering it
     /// with a DMA engine; all access still goes through volatile copies).
     pub fn arena(&self, ch: u32, dir: Direction) -> Result<vm_memory::VolatileSlice<'_>> {

@@ -3,8 +3,7 @@
 //! ```text
 //! offset 0            header (one page): magic, version, sizes, host state
 //! channels_offset     channel 0 .. channel N-1, `channel_stride` bytes each:
-//!   +0                control block: claim state, owner, generation,
-//!                     and on its own line the GPU-written completion word (256 B)
+//!   +0                control block: claim state, owner, generation  (256 B)
 //!   +256              request ring control: head | tail+released | consumer_sleeping
 //!   +640              response ring control (same shape)
 //!   +1024             request descriptors  (ring_entries * 128 B)
@@ -74,10 +73,6 @@ pub mod ctl {
     /// (0: not served yet). Written by the host; a host that adopts the
     /// region marks only served claims LOST.
     pub const HOST_SERVING: usize = 20;
-    /// u32 the tag (low 32 bits) of the last synchronize the owner asked to
-    /// be signalled of, written by the GPU itself when the work before it
-    /// completed (host-pinned memory); on its own line.
-    pub const DONE: usize = super::LINE;
     /// Size of the control block.
     pub const SIZE: usize = 256;
 }

@@ -28,5 +28,5 @@ pub mod wait;
 pub use channel::{ClaimState, GuestChannel, HostChannel, Region};
 pub use error::{Error, Result};
 pub use layout::{Layout, LayoutParams, INLINE_SIZE};
-pub use ring::{Consumer, Descriptor, Producer, FLAG_MORE, FLAG_NO_REPLY, FLAG_SIGNAL};
+pub use ring::{Consumer, Descriptor, Producer, FLAG_MORE, FLAG_NO_REPLY};
 pub use wait::{Bell, EventFdBell, PollingBell, SpinPolicy};

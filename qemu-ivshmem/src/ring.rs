@@ -19,10 +19,6 @@ use crate::shm::SharedMemory;
 pub const FLAG_MORE: u32 = 1;
 /// The sender expects no response (asynchronous call).
 pub const FLAG_NO_REPLY: u32 = 2;
-/// A synchronize whose success the host may signal through the channel's
-/// completion word (written by the device) instead of a response; a
-/// failure still comes back as a response.
-pub const FLAG_SIGNAL: u32 = 4;
 
 /// One message header, as copied out of (or into) the ring.
 #[derive(Clone, PartialEq, Eq)]

@@ -26,7 +26,7 @@ use crate::worker::SAMPLE_EVERY;
 /// A workload: batches of `per_sync` launches, each kernel `dur(n)` ns,
 /// one synchronize per batch; the guest's events around each batch add up
 /// in `events_ns`.
-fn batch(per_sync: usize, dur: fn(u64) -> u64, events_ns: Arc<AtomicU64>) -> Arc<GuestBody> {
+fn batch(per_sync: usize, dur: Durations, events_ns: Arc<AtomicU64>) -> Arc<GuestBody> {
     Arc::new(move |_, gpu, f, end| {
         let (a, b) = (gpu.event_create(0)?, gpu.event_create(0)?);
         let mut n = 0u64;
@@ -48,8 +48,11 @@ fn batch(per_sync: usize, dur: fn(u64) -> u64, events_ns: Arc<AtomicU64>) -> Arc
     })
 }
 
-/// The workloads: (name, launches per synchronize, kernel ns by launch number).
-fn workloads() -> Vec<(&'static str, usize, fn(u64) -> u64)> {
+/// Kernel duration (ns) by launch number.
+type Durations = fn(u64) -> u64;
+
+/// The workloads: (name, launches per synchronize, kernel durations).
+fn workloads() -> Vec<(&'static str, usize, Durations)> {
     vec![
         ("20us x64 async", 64, |_| 20_000),
         // Durations 10..200 us from a fixed sequence: one function whose

@@ -260,12 +260,8 @@ pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<
         let empty = gpu.get_function(m, "empty")?;
         let spin = gpu.get_function(m, "spin_ns")?;
         let mut t = Remote { gpu, empty, spin };
-        let signalled = measure(&mut t, n)?;
-        t.gpu.set_device_signal(false);
-        let replied = measure(&mut t, n)?;
-        (signalled, replied)
+        measure(&mut t, n)?
     };
-    let (remote, replied) = remote;
     running.shutdown()?;
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -273,27 +269,44 @@ pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<
         "device: {} ({:?} executor), pinned (guest, worker): {:?}",
         info.name, kind, pin
     );
-    println!("remoted: synchronizes signalled by the device (the default); replied: answered by the worker");
     println!(
-        "{:<28} {:>10} {:>10} {:>7} {:>10} {:>7}",
-        "workload", "native", "remoted", "ratio", "replied", "ratio"
+        "{:<28} {:>14} {:>14} {:>8}",
+        "workload", "native", "remoted", "ratio"
     );
-    type Field = fn(&Times) -> f64;
-    let rows: [(&str, Field); 6] = [
-        ("empty launch+sync p50 (us)", |t| t.sync_empty_p50 * 1e6),
-        ("empty launch+sync mean (us)", |t| t.sync_empty_mean * 1e6),
-        ("20us launch+sync mean (us)", |t| t.sync_20us_mean * 1e6),
-        ("10k async 20us total (ms)", |t| t.async_20us_total * 1e3),
-        ("64MiB htod median (ms)", |t| t.htod_med * 1e3),
-        ("64MiB dtoh median (ms)", |t| t.dtoh_med * 1e3),
+    let rows = [
+        (
+            "empty launch+sync p50 (us)",
+            native.sync_empty_p50 * 1e6,
+            remote.sync_empty_p50 * 1e6,
+        ),
+        (
+            "empty launch+sync mean (us)",
+            native.sync_empty_mean * 1e6,
+            remote.sync_empty_mean * 1e6,
+        ),
+        (
+            "20us launch+sync mean (us)",
+            native.sync_20us_mean * 1e6,
+            remote.sync_20us_mean * 1e6,
+        ),
+        (
+            "10k async 20us total (ms)",
+            native.async_20us_total * 1e3,
+            remote.async_20us_total * 1e3,
+        ),
+        (
+            "64MiB htod median (ms)",
+            native.htod_med * 1e3,
+            remote.htod_med * 1e3,
+        ),
+        (
+            "64MiB dtoh median (ms)",
+            native.dtoh_med * 1e3,
+            remote.dtoh_med * 1e3,
+        ),
     ];
-    for (name, f) in rows {
-        let (a, b, c) = (f(&native), f(&remote), f(&replied));
-        println!(
-            "{name:<28} {a:>10.3} {b:>10.3} {:>7.3} {c:>10.3} {:>7.3}",
-            b / a,
-            c / a
-        );
+    for (name, a, b) in rows {
+        println!("{name:<28} {a:>14.3} {b:>14.3} {:>8.3}", b / a);
     }
     let copy = (remote.htod_med + remote.dtoh_med) / (native.htod_med + native.dtoh_med);
     println!(

@@ -11,7 +11,6 @@
 use std::cell::Cell;
 use std::ffi::{c_void, CString};
 use std::ptr::null_mut;
-use std::sync::atomic::AtomicU32;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 use protocol::{DeviceInfo, Dim3, ImageKind, Status};
@@ -236,14 +235,9 @@ impl Executor for CudaExecutor {
         for a in ranges {
             let p = a.ptr_guard_mut().as_ptr() as *mut c_void;
             // SAFETY: `a` is a live, page-aligned shared mapping of `a.len()` bytes
-            // that outlives the executor; PORTABLE makes it pinned for every
-            // context, DEVICEMAP addressable by the device.
+            // that outlives the executor; PORTABLE makes it pinned for every context.
             check(unsafe {
-                sys::cuMemHostRegister_v2(
-                    p,
-                    a.len(),
-                    sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
-                )
+                sys::cuMemHostRegister_v2(p, a.len(), sys::CU_MEMHOSTREGISTER_PORTABLE)
             })?;
             self.registered.push(p as usize);
         }
@@ -334,7 +328,7 @@ impl Drop for OldContext {
 /// Makes the objects of `specs` in the current context, into `into`
 /// (modules, streams and events first, then the functions of the modules).
 fn recreate_into(
-    into: &mut std::collections::HashMap<Handle, Obj>,
+    into: &mut super::HandleMap<Obj>,
     specs: &[(Handle, ObjSpec)],
 ) -> Result<(), Status> {
     for (h, spec) in specs {
@@ -398,7 +392,7 @@ struct PreparedCtx {
     ctx: CUcontext,
     dev: CUdevice,
     ordinal: u32,
-    objs: std::collections::HashMap<Handle, Obj>,
+    objs: super::HandleMap<Obj>,
     /// Physical memory made ahead on the target for each allocation, mapped
     /// at a temporary address: va -> (padded, handle, temporary va).
     staged: std::collections::HashMap<u64, (usize, sys::CUmemGenericAllocationHandle, u64)>,
@@ -468,7 +462,7 @@ struct CudaContext {
     vmm: bool,
     granularity: usize,
     allocs: std::collections::BTreeMap<u64, VmmAlloc>,
-    objs: std::collections::HashMap<Handle, Obj>,
+    objs: super::HandleMap<Obj>,
     next_handle: Handle,
     /// The guest learnt a module global's address: it would change on
     /// another GPU, so the context cannot move.
@@ -479,8 +473,6 @@ struct CudaContext {
     /// The busy period being timed: its start event and, once it ended,
     /// one end event per stream it used.
     period: Option<(sys::CUevent, Vec<sys::CUevent>)>,
-    /// Device addresses of registered host words [`Context::signal`] wrote.
-    mapped: std::collections::HashMap<usize, u64>,
     /// Each function's sliceable variant (`ptx::SLICE_SUFFIX`), looked up
     /// once; `None`: it has none.
     sliced: std::collections::HashMap<Handle, Option<sys::CUfunction>>,
@@ -663,7 +655,6 @@ impl CudaContext {
             event_pool: Vec::new(),
             timed: Vec::new(),
             period: None,
-            mapped: std::collections::HashMap::new(),
             sliced: Default::default(),
         })
     }
@@ -1084,33 +1075,6 @@ impl Context for CudaContext {
         out
     }
 
-    fn signal(&mut self, s: Handle, word: &AtomicU32, value: u32) -> Result<(), Status> {
-        self.bind()?;
-        let st = self.stream(s)?;
-        let host = word.as_ptr() as usize;
-        let dptr = match self.mapped.get(&host) {
-            Some(&d) => d,
-            None => {
-                let mut d = 0;
-                // SAFETY: out-parameter on our stack; `host` lies in memory
-                // registered with DEVICEMAP (else this fails, and nothing is
-                // written).
-                check(unsafe {
-                    sys::cuMemHostGetDevicePointer_v2(&mut d, host as *mut c_void, 0)
-                })?;
-                self.mapped.insert(host, d);
-                d
-            }
-        };
-        // No memory barrier before the write: what the guest reads next goes
-        // through this stream after the same work, in order; nothing else
-        // in host memory waits on the device's writes.
-        let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as u32;
-        // SAFETY: a stream of this context; `dptr` is the device's address
-        // of a live, pinned host word (the channel's completion word).
-        check(unsafe { sys::cuStreamWriteValue32_v2(st, dptr, value, flags) })
-    }
-
     fn period_begin(&mut self) -> Result<(), Status> {
         self.bind()?;
         if let Some((a, ends)) = self.period.take() {
@@ -1480,7 +1444,6 @@ impl Context for CudaContext {
         self.event_pool.clear();
         self.timed.clear();
         self.period = None;
-        self.mapped.clear();
         self.sliced.clear();
         Ok(Moved { bytes, allocations })
     }

@@ -2,8 +2,6 @@
 //! every handle and every device-pointer range against the caller's own
 //! tables, so an executor only does the work.
 
-use std::sync::atomic::AtomicU32;
-
 use protocol::{DeviceInfo, Dim3, ImageKind, Status};
 use vm_memory::VolatileSlice;
 
@@ -13,16 +11,41 @@ pub mod sim;
 /// Handle of a stream, event, module or function inside an executor.
 pub type Handle = u64;
 
+/// Hashes handles with one multiply instead of SipHash: they are looked up
+/// on every launch, and the keys stored are numbers this process assigned
+/// (a guest can look up any number, but cannot choose what is inserted).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HandleHasher(u64);
+
+impl std::hash::Hasher for HandleHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+/// A map keyed by handles.
+pub type HandleMap<V> =
+    std::collections::HashMap<Handle, V, std::hash::BuildHasherDefault<HandleHasher>>;
+/// A set of handles.
+pub type HandleSet = std::collections::HashSet<Handle, std::hash::BuildHasherDefault<HandleHasher>>;
+
 /// One device, shared by all contexts of a worker.
 pub trait Executor: Send {
     /// The device as guests see it (before the vGPU's memory limit is applied).
     fn info(&self) -> DeviceInfo;
     /// A fresh context (one per guest process).
     fn open(&mut self) -> Result<Box<dyn Context>, Status>;
-    /// Makes `ranges` of the shared region (the response arenas and the
-    /// channels' control pages, alive as long as the executor) memory the
-    /// device reads and writes directly: DMA targets of device-to-host
-    /// copies, and where [`Context::signal`] writes.
+    /// Makes `ranges` of the shared region (the response arenas, alive as
+    /// long as the executor) direct DMA targets of device-to-host copies,
+    /// where the device can.
     fn register_host_memory(&mut self, _ranges: &[VolatileSlice<'_>]) -> Result<(), Status> {
         Ok(())
     }
@@ -125,12 +148,6 @@ pub trait Context: Send {
     /// GPU times (function, ns) of timed launches that have completed.
     fn take_timings(&mut self) -> Vec<(Handle, u64)> {
         Vec::new()
-    }
-    /// Has the device store `value` into `word` (in memory registered with
-    /// [`Executor::register_host_memory`]) once the work submitted to
-    /// `stream` before now has completed; `NotSupported` where it cannot.
-    fn signal(&mut self, _stream: Handle, _word: &AtomicU32, _value: u32) -> Result<(), Status> {
-        Err(Status::NotSupported)
     }
     /// Starts timing a busy period on the device. Called when the context's
     /// work is drained, before the period's first operation.

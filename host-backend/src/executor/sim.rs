@@ -9,7 +9,6 @@
 //! found by their PTX entry name.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -672,14 +671,6 @@ impl Context for SimContext {
 
     fn take_timings(&mut self) -> Vec<(Handle, u64)> {
         std::mem::take(&mut self.timings)
-    }
-
-    fn signal(&mut self, stream: Handle, word: &AtomicU32, value: u32) -> Result<(), Status> {
-        // The model has no device to write it later: wait for the stream's
-        // work, as the device would, and store it.
-        self.stream_synchronize(stream)?;
-        word.store(value, std::sync::atomic::Ordering::Release);
-        Ok(())
     }
 
     fn period_begin(&mut self) -> Result<(), Status> {
