@@ -132,3 +132,41 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Batches of four 500 us kernels on the sim under the scheduler: the
+    /// sampled charge (most periods on the host clock) agrees with the
+    /// guest's own events around each batch, and the charge comes from the
+    /// periods (every launch counted once, nothing charged twice).
+    #[test]
+    fn sampled_charges_match_the_guests_own_events_on_the_sim() {
+        let events = Arc::new(AtomicU64::new(0));
+        let setup = Setup {
+            kind: ExecutorKind::Sim,
+            weights: &[1.0],
+            fair: true,
+            sample_every: SAMPLE_EVERY,
+            time_launches: false,
+            slice_ns: 100 * SLICE_NS,
+            secs: 1.0,
+            spin: SpinPolicy {
+                spins: 2_000,
+                max_block_us: 2_000,
+            },
+        };
+        let r = run_guests(setup, &[0], batch(4, |_| 500_000, events.clone())).unwrap();
+        let events = events.load(Ordering::Relaxed);
+        assert!(r.kernels[0] >= 40, "{} kernels", r.kernels[0]);
+        let (charged, by_events, _) = per_launch(&r, events);
+        let err = (charged - by_events).abs() / by_events;
+        assert!(
+            err < 0.05,
+            "charged {charged:.0} ns per launch, the guest's events {by_events:.0}"
+        );
+        // A 500 us kernel on the sim takes 500 us plus its fixed cost.
+        assert!((500_000.0..520_000.0).contains(&by_events), "{by_events}");
+    }
+}
