@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: three guests 1:2:3 (20 us, 400 us, 1.6 ms kernels),
-# fairvgpu's scheduler vs none; then sampled accounting's error against CUDA
-# events on every launch, and its cost. Carried: target/release/fairvgpu.
+# fairvgpu's scheduler vs none; then the accounting's error against the
+# guest's own CUDA events, and its cost. Carried: target/release/fairvgpu.
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
