@@ -237,11 +237,19 @@ impl Shared {
         }
     }
 
-    /// Opens a busy period (or extends the open one) for an operation on
-    /// `stream`: a launch of `func`, or another operation.
-    fn period_add(&mut self, s: &mut Session, stream: Handle, func: Option<Handle>) {
+    /// Submits a device operation on `stream` (`op`; a launch of `func`, or
+    /// another operation) inside a busy period: opens one if none is open
+    /// (under the scheduler), and times the gap between the period's start
+    /// mark and the operation's submission.
+    fn in_period<T>(
+        &mut self,
+        s: &mut Session,
+        stream: Handle,
+        func: Option<Handle>,
+        op: impl FnOnce(&mut dyn crate::executor::Context) -> T,
+    ) -> T {
         if self.gate.is_none() {
-            return;
+            return op(&mut *s.ctx);
         }
         let p = s.period.get_or_insert_with(|| {
             let grant = self.gate.as_ref().map_or(0, |g| g.grants());
@@ -251,13 +259,20 @@ impl Shared {
             crate::session::Period::new(stream, timed, first)
         });
         p.add(stream, func);
-    }
-
-    /// After an operation in the open period was submitted.
-    fn period_submitted(s: &mut Session) {
+        let r = op(&mut *s.ctx);
         if let Some(p) = s.period.as_mut() {
             p.submitted();
         }
+        r
+    }
+
+    /// Whether the work issued under the grant, by the kernels' estimates,
+    /// fills the slice: launches are asynchronous, so the clock alone
+    /// cannot tell.
+    fn slice_filled(&self) -> bool {
+        self.gate
+            .as_ref()
+            .is_some_and(|g| g.holding() && self.issued_ns >= g.slice_ns())
     }
 
     /// Before a call that drains `stream` (`None`: all of them): whether it
@@ -917,18 +932,13 @@ fn serve_channel(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
             break;
         }
         let Some(d) = c.host.req.peek()? else { break };
-        if let Some(g) = sh.gate.as_mut() {
-            if needs_device(d.opcode) {
-                if g.slice_over() {
-                    break;
-                }
-                // Launches are asynchronous: what was issued under this
-                // grant, not the clock, says whether the slice is full.
-                if g.holding() && sh.issued_ns >= g.slice_ns() {
-                    sh.budget_spent = true;
-                    break;
-                }
-                if !g.acquire(Duration::from_millis(1))? {
+        if needs_device(d.opcode) {
+            if sh.slice_filled() {
+                sh.budget_spent = true;
+                break;
+            }
+            if let Some(g) = sh.gate.as_mut() {
+                if g.slice_over() || !g.acquire(Duration::from_millis(1))? {
                     break;
                 }
             }
@@ -1135,10 +1145,8 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 .check_range(dst, len)
                 .and_then(|()| s.check_stream(stream));
             match ok {
-                Ok(()) => {
-                    sh.period_add(s, stream, None);
-                    Shared::period_submitted(s);
-                }
+                // The copy itself follows with its data.
+                Ok(()) => sh.in_period(s, stream, None, |_| ()),
                 Err(e) => {
                     s.defer(e);
                     refuse(sh, c, "host-to-device copy outside its allocations");
@@ -1165,9 +1173,9 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                     reply(sh, c, tag, opc, Err(e), &[])
                 }
                 Ok(()) => {
-                    // Synchronous: its own time is the device's.
-                    sh.period_add(s, stream, None);
-                    Shared::period_submitted(s);
+                    // Synchronous: its own time is the device's (its first
+                    // chunk is copied right below).
+                    sh.in_period(s, stream, None, |_| ());
                     c.outbound = Some(Outbound {
                         tag,
                         src,
@@ -1189,12 +1197,8 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 .check_range(dst, len)
                 .and(s.check_range(src, len))
                 .and(s.check_stream(stream));
-            let r = r.and_then(|()| {
-                sh.period_add(s, stream, None);
-                let r = s.ctx.dtod(dst, src, len, stream);
-                Shared::period_submitted(s);
-                r
-            });
+            let r =
+                r.and_then(|()| sh.in_period(s, stream, None, |x| x.dtod(dst, src, len, stream)));
             if let Err(e) = r {
                 s.defer(e);
                 refuse(sh, c, "device-to-device copy outside its allocations");
@@ -1212,10 +1216,9 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 .check_range(dst, count * u64::from(width))
                 .and(s.check_stream(stream));
             let r = r.and_then(|()| {
-                sh.period_add(s, stream, None);
-                let r = s.ctx.memset(dst, value, width, count, stream);
-                Shared::period_submitted(s);
-                r
+                sh.in_period(s, stream, None, |x| {
+                    x.memset(dst, value, width, count, stream)
+                })
             });
             if let Err(e) = r {
                 s.defer(e);
@@ -1357,7 +1360,6 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                     sh.params = params;
                     return r;
                 }
-                sh.period_add(s, stream, Some(func));
                 // The monitor: how much of the GPU's cores this launch can
                 // occupy, weighted by its estimated time.
                 let bps = *s
@@ -1382,14 +1384,17 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 // comes from the busy period.
                 sh.issued_ns += est.unwrap_or(0);
                 sh.stats.launches.fetch_add(1, Ordering::Relaxed);
-                let r = if sh.time_launches || est.is_none() {
+                let timed = sh.time_launches || est.is_none();
+                if timed {
                     sh.stats.timed_launches.fetch_add(1, Ordering::Relaxed);
-                    s.ctx
-                        .launch_timed(func, grid, block, shared_mem, stream, &params)
-                } else {
-                    s.ctx.launch(func, grid, block, shared_mem, stream, &params)
-                };
-                Shared::period_submitted(s);
+                }
+                let r = sh.in_period(s, stream, Some(func), |x| {
+                    if timed {
+                        x.launch_timed(func, grid, block, shared_mem, stream, &params)
+                    } else {
+                        x.launch(func, grid, block, shared_mem, stream, &params)
+                    }
+                });
                 sh.params = params;
                 r
             });
@@ -1447,12 +1452,7 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             let r = s
                 .check_event(event)
                 .and(s.check_stream(stream))
-                .and_then(|()| {
-                    sh.period_add(s, stream, None);
-                    let r = s.ctx.event_record(event, stream);
-                    Shared::period_submitted(s);
-                    r
-                });
+                .and_then(|()| sh.in_period(s, stream, None, |x| x.event_record(event, stream)));
             if let Err(e) = r {
                 s.defer(e);
             }
@@ -1629,9 +1629,7 @@ fn pump_sliced(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
             if g.slice_over() || !g.acquire(Duration::from_millis(1))? {
                 break;
             }
-            // Launches are asynchronous: what was issued under this grant,
-            // not the clock, says whether the slice is full.
-            if sh.issued_ns >= g.slice_ns() {
+            if sh.slice_filled() {
                 sh.budget_spent = true;
                 break;
             }
@@ -1646,19 +1644,20 @@ fn pump_sliced(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
             z: sl.z,
         };
         let est = s.kernel_ns.get(&sl.func).copied();
-        sh.period_add(s, sl.stream, Some(sl.func));
-        let t0 = Instant::now();
-        let r = s.ctx.launch_slice(
-            sl.func,
-            grid,
-            sl.block,
-            sl.smem,
-            sl.stream,
-            &sl.params,
-            sub.x_offset,
-            sl.grid_x,
-        );
-        Shared::period_submitted(s);
+        let mut t0 = Instant::now();
+        let r = sh.in_period(s, sl.stream, Some(sl.func), |x| {
+            t0 = Instant::now();
+            x.launch_slice(
+                sl.func,
+                grid,
+                sl.block,
+                sl.smem,
+                sl.stream,
+                &sl.params,
+                sub.x_offset,
+                sl.grid_x,
+            )
+        });
         let share = f64::from(sub.x_count) / f64::from(sl.grid_x.max(1));
         match (r, est) {
             (Err(e), _) => {

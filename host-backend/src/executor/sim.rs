@@ -203,30 +203,27 @@ impl SimContext {
     }
 
     fn submit(&mut self, ns: u64, stream: Handle) -> Instant {
-        let done = self.queues[self.device as usize]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .submit(ns + self.params.op_ns);
-        self.last_done = self.last_done.max(done);
-        if let Some(s) = self.streams.get_mut(&stream) {
-            *s = (*s).max(done);
-        }
-        done
+        let ns = ns + self.params.op_ns;
+        self.enqueue(stream, |q| q.submit(ns))
     }
 
     /// A zero-time marker on the queue (an event): when the device reaches
     /// it, after everything submitted before.
     fn mark(&mut self, stream: Handle) -> Instant {
-        let t = self.queues[self.device as usize]
+        self.enqueue(stream, |q| q.busy_until.max(Instant::now()))
+    }
+
+    /// Puts something on the device's queue (`put` says when it completes)
+    /// and notes that completion for the context and `stream`.
+    fn enqueue(&mut self, stream: Handle, put: impl FnOnce(&mut Queue) -> Instant) -> Instant {
+        let done = put(&mut self.queues[self.device as usize]
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .busy_until
-            .max(Instant::now());
-        self.last_done = self.last_done.max(t);
+            .unwrap_or_else(|e| e.into_inner()));
+        self.last_done = self.last_done.max(done);
         if let Some(s) = self.streams.get_mut(&stream) {
-            *s = (*s).max(t);
+            *s = (*s).max(done);
         }
-        t
+        done
     }
 
     /// Runs a kernel (results now, time on the queue); returns its modeled time.
