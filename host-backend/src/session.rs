@@ -7,7 +7,65 @@ use std::collections::{BTreeMap, HashMap};
 
 use protocol::Status;
 
-use crate::executor::{Context, Handle, HandleMap, HandleSet};
+use crate::executor::{Context, Handle, HandleMap, HandleSet, Queued};
+
+/// Launches accepted from the ring but not yet submitted: a run on one
+/// stream, submitted together (possibly as one graph launch, see
+/// [`Context::launch_many`]) before anything else of the session runs and
+/// before the worker leaves the channel's queued requests.
+#[derive(Debug, Default)]
+pub struct LaunchRun {
+    /// The stream of all of them.
+    pub stream: Handle,
+    /// The launches, in order.
+    pub launches: Vec<Queued>,
+    /// Their packed parameters, one after another.
+    pub params: Vec<u8>,
+}
+
+impl LaunchRun {
+    /// Longest run: the worker submits it when it grows to this.
+    pub const MAX: usize = 128;
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.launches.is_empty()
+    }
+
+    /// Whether a launch on `stream` can join (else the run goes first).
+    pub fn takes(&self, stream: Handle) -> bool {
+        self.is_empty() || (self.stream == stream && self.launches.len() < Self::MAX)
+    }
+
+    /// Queues a launch (after [`LaunchRun::takes`] said yes).
+    pub fn push(
+        &mut self,
+        func: Handle,
+        grid: protocol::Dim3,
+        block: protocol::Dim3,
+        shared_mem: u32,
+        stream: Handle,
+        params: &[u8],
+    ) {
+        debug_assert!(self.takes(stream));
+        self.stream = stream;
+        let at = self.params.len();
+        self.params.extend_from_slice(params);
+        self.launches.push(Queued {
+            func,
+            grid,
+            block,
+            shared_mem,
+            params: at..self.params.len(),
+        });
+    }
+
+    /// Empties it, keeping its buffers.
+    pub fn clear(&mut self) {
+        self.launches.clear();
+        self.params.clear();
+    }
+}
 
 /// What the host keeps for one claimed channel.
 pub struct Session {
@@ -41,6 +99,8 @@ pub struct Session {
     /// shared memory): the occupancy API's answer, asked once per
     /// configuration.
     pub occupancy: HashMap<(Handle, u32, u32), u32>,
+    /// Launches accepted and not yet submitted.
+    pub run: LaunchRun,
 }
 
 /// A busy period: from the first device operation after the session's work
@@ -154,6 +214,7 @@ impl Session {
             kernel_ns: HandleMap::default(),
             period: None,
             occupancy: HashMap::new(),
+            run: LaunchRun::default(),
         }
     }
 

@@ -103,6 +103,9 @@ pub struct Stats {
     pub migrations: AtomicU64,
     /// Launches run as sub-grids (kernel slicing).
     pub sliced_launches: AtomicU64,
+    /// Launches submitted in runs of two or more (queued in the ring
+    /// behind one another; see [`crate::session::LaunchRun`]).
+    pub batched_launches: AtomicU64,
     /// The GPU the vGPU runs on now.
     pub device: AtomicU64,
 }
@@ -251,6 +254,22 @@ impl Shared {
         if self.gate.is_none() {
             return op(&mut *s.ctx);
         }
+        self.period_add(s, stream, func);
+        let r = op(&mut *s.ctx);
+        if let Some(p) = s.period.as_mut() {
+            p.submitted();
+        }
+        r
+    }
+
+    /// Counts an operation on `stream` (a launch of `func`, or another
+    /// operation) into the busy period, opening one (and marking its start
+    /// on the device) if none is open. The caller submits the operation and
+    /// then calls [`crate::session::Period::submitted`].
+    fn period_add(&mut self, s: &mut Session, stream: Handle, func: Option<Handle>) {
+        if self.gate.is_none() {
+            return;
+        }
         let p = s.period.get_or_insert_with(|| {
             let grant = self.gate.as_ref().map_or(0, |g| g.grants());
             let first = grant != self.period_grant;
@@ -259,11 +278,51 @@ impl Shared {
             crate::session::Period::new(stream, timed, first)
         });
         p.add(stream, func);
-        let r = op(&mut *s.ctx);
+    }
+
+    /// Submits the session's queued launches (one run on one stream; see
+    /// [`crate::session::LaunchRun`]). A failed launch is reported at the
+    /// session's next synchronous call, as any asynchronous failure.
+    fn flush_launches(&mut self, s: &mut Session) {
+        if s.run.is_empty() {
+            return;
+        }
+        let mut run = std::mem::take(&mut s.run);
+        let r = s.ctx.launch_many(run.stream, &run.launches, &run.params);
+        if run.launches.len() > 1 {
+            self.stats
+                .batched_launches
+                .fetch_add(run.launches.len() as u64, Ordering::Relaxed);
+        }
         if let Some(p) = s.period.as_mut() {
             p.submitted();
         }
-        r
+        if let Err(e) = r {
+            s.defer(e);
+            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        run.clear();
+        s.run = run;
+    }
+
+    /// Queues a validated launch in the session's run, submitting the run
+    /// first if the launch cannot join it.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_launch(
+        &mut self,
+        s: &mut Session,
+        func: Handle,
+        grid: protocol::Dim3,
+        block: protocol::Dim3,
+        shared_mem: u32,
+        stream: Handle,
+        params: &[u8],
+    ) {
+        if !s.run.takes(stream) {
+            self.flush_launches(s);
+        }
+        self.period_add(s, stream, Some(func));
+        s.run.push(func, grid, block, shared_mem, stream, params);
     }
 
     /// Whether the work issued under the grant, by the kernels' estimates,
@@ -948,6 +1007,12 @@ fn serve_channel(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
         if sh.gate.as_ref().is_some_and(|g| g.holding()) {
             sh.worked = true;
         }
+        if d.opcode != op::LAUNCH {
+            // Launches queued before go first: the stream order is the guest's.
+            if let Some(s) = c.session.as_mut() {
+                sh.flush_launches(s);
+            }
+        }
         handle(sh, c, &d)?;
         if sh.gate.is_some() && drains_device(d.opcode) {
             sh.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
@@ -956,6 +1021,11 @@ fn serve_channel(sh: &mut Shared, c: &mut Chan) -> Result<bool, Error> {
             }
         }
         c.host.req.consume(&d)?;
+    }
+    // Nothing waits in the ring behind the queued launches (or the pass is
+    // over): submit them now, still under the grant they were taken in.
+    if let Some(s) = c.session.as_mut() {
+        sh.flush_launches(s);
     }
     Ok(did)
 }
@@ -1338,6 +1408,7 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                     let parts =
                         scheduler::slicing::slice_grid(grid.x, grid.y, grid.z, sh.slice_blocks);
                     if parts.len() > 1 {
+                        sh.flush_launches(s);
                         sh.stats.launches.fetch_add(1, Ordering::Relaxed);
                         sh.stats.sliced_launches.fetch_add(1, Ordering::Relaxed);
                         c.sliced = Some(Sliced {
@@ -1356,9 +1427,9 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 }
                 if !scheduled {
                     sh.stats.launches.fetch_add(1, Ordering::Relaxed);
-                    let r = s.ctx.launch(func, grid, block, shared_mem, stream, &params);
+                    sh.queue_launch(s, func, grid, block, shared_mem, stream, &params);
                     sh.params = params;
-                    return r;
+                    return Ok(());
                 }
                 // The monitor: how much of the GPU's cores this launch can
                 // occupy, weighted by its estimated time.
@@ -1388,13 +1459,15 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 if timed {
                     sh.stats.timed_launches.fetch_add(1, Ordering::Relaxed);
                 }
-                let r = sh.in_period(s, stream, Some(func), |x| {
-                    if timed {
+                let r = if timed {
+                    sh.flush_launches(s);
+                    sh.in_period(s, stream, Some(func), |x| {
                         x.launch_timed(func, grid, block, shared_mem, stream, &params)
-                    } else {
-                        x.launch(func, grid, block, shared_mem, stream, &params)
-                    }
-                });
+                    })
+                } else {
+                    sh.queue_launch(s, func, grid, block, shared_mem, stream, &params);
+                    Ok(())
+                };
                 sh.params = params;
                 r
             });

@@ -241,6 +241,36 @@ int main(int argc, char **argv) {
     EXPECT(fp != NULL && st == 0);
     CK(((CUresult (*)(size_t *, size_t *))fp)(&free_b, &total_b));
 
+    /* Many asynchronous launches in a row (the worker submits runs of them
+       together; on a GPU as one graph launch): y += x and x -= y in turn,
+       whose order matters. The values stay small integers, exact in f32. */
+    {
+        const unsigned m = 4096;
+        const int steps = 3000;
+        float *hx = malloc(m * 4), *hy = malloc(m * 4), *rx = malloc(m * 4), *ry = malloc(m * 4);
+        for (unsigned i = 0; i < m; i++) { hx[i] = (float)(i % 7 + 1); hy[i] = (float)(i * 3 % 5); }
+        CUdeviceptr dx, dy;
+        CK(cuMemAlloc_v2(&dx, m * 4));
+        CK(cuMemAlloc_v2(&dy, m * 4));
+        CK(cuMemcpyHtoD_v2(dx, hx, m * 4));
+        CK(cuMemcpyHtoD_v2(dy, hy, m * 4));
+        for (int k = 0; k < steps; k++) {
+            float al = k % 2 ? -1.0f : 1.0f;
+            void *oargs[] = { &al, k % 2 ? &dy : &dx, k % 2 ? &dx : &dy, (void *)&m };
+            CK(cuLaunchKernel(saxpy, (m + 255) / 256, 1, 1, 256, 1, 1, 0, s, oargs, NULL));
+            float *src = k % 2 ? hy : hx, *dst = k % 2 ? hx : hy;
+            for (unsigned i = 0; i < m; i++) dst[i] = al * src[i] + dst[i];
+        }
+        CK(cuStreamSynchronize(s));
+        CK(cuMemcpyDtoH_v2(rx, dx, m * 4));
+        CK(cuMemcpyDtoH_v2(ry, dy, m * 4));
+        EXPECT(memcmp(rx, hx, m * 4) == 0 && memcmp(ry, hy, m * 4) == 0);
+        CK(cuMemFree_v2(dx));
+        CK(cuMemFree_v2(dy));
+        free(hx); free(hy); free(rx); free(ry);
+        printf("ordered launches: %d in a row, results exact\n", steps);
+    }
+
     if (argc == 3) {
         /* Asynchronous launch rate of an empty kernel (enqueue cost as the program sees it). */
         CUfunction empty;

@@ -10,6 +10,7 @@ use guest_frontend::{Gpu, GuestError};
 use protocol::{Dim3, ImageKind, Status};
 
 const BLOCK: Dim3 = Dim3 { x: 256, y: 1, z: 1 };
+const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
 
 fn grid(n: u32) -> Dim3 {
     Dim3 {
@@ -259,4 +260,118 @@ fn killed_guest_is_cleaned_up_and_others_continue() {
     vector_add(&mut good, 10_000, 2.0);
     let mut again = host.guest();
     vector_add(&mut again, 1_000, 3.0);
+}
+
+/// Launches the worker finds queued behind one another are submitted as one
+/// run (`host_backend::session::LaunchRun`; on a GPU one graph launch) and
+/// keep the guest's order: on one stream, across two streams, and around
+/// copies and memsets.
+#[test]
+fn queued_launches_run_together_in_the_guests_order() {
+    let host = Host::start("runs", 64 << 20);
+    let mut gpu = host.guest();
+    let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
+    let saxpy = gpu.get_function(m, "saxpy").unwrap();
+    let n: u32 = 1024;
+    let size = u64::from(n) * 4;
+    // Two pairs (x, y), one per stream, and their values on the CPU.
+    let (s1, s2) = (gpu.stream_create(0).unwrap(), gpu.stream_create(0).unwrap());
+    let mut cpu: Vec<[Vec<f32>; 2]> = Vec::new();
+    let mut dev: Vec<[u64; 2]> = Vec::new();
+    for p in 0..2u32 {
+        let x: Vec<f32> = (0..n).map(|i| ((i + p) % 7) as f32 + 1.0).collect();
+        let y: Vec<f32> = (0..n).map(|i| ((i * 3 + p) % 5) as f32).collect();
+        let (dx, dy) = (gpu.mem_alloc(size).unwrap(), gpu.mem_alloc(size).unwrap());
+        gpu.memcpy_htod(dx, &f32_bytes(&x)).unwrap();
+        gpu.memcpy_htod(dy, &f32_bytes(&y)).unwrap();
+        cpu.push([x, y]);
+        dev.push([dx, dy]);
+    }
+    let scratch = gpu.mem_alloc(size).unwrap();
+
+    // A second guest holds the worker in a 300 ms synchronize while this
+    // one queues 40 launches: when the worker comes back they wait in the
+    // ring, one behind the other.
+    let socket = host.socket.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let blocker = std::thread::spawn(move || {
+        let mut b = Gpu::connect_with(&socket, fairvgpu_tests::TEST_SPIN).unwrap();
+        let m = b.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
+        let spin = b.get_function(m, "spin_ns").unwrap();
+        b.launch(&spin, ONE, ONE, 0, 0, &[&300_000_000u64.to_le_bytes()])
+            .unwrap();
+        tx.send(()).unwrap();
+        b.synchronize().unwrap();
+    });
+    rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    let before = host.stats().batched_launches.load(Ordering::Relaxed);
+
+    // Per pair, its k-th operation is y += x (k even) or x -= y (k odd):
+    // the order matters, and the values stay small integers (exact in f32).
+    let mut ops = [0u32; 2];
+    let mut step = |gpu: &mut Gpu, cpu: &mut Vec<[Vec<f32>; 2]>, p: usize| {
+        let k = ops[p];
+        ops[p] += 1;
+        let (a, src, dst) = if k % 2 == 0 {
+            (1.0f32, 0, 1)
+        } else {
+            (-1.0f32, 1, 0)
+        };
+        let stream = if p == 0 { s1 } else { s2 };
+        gpu.launch(
+            &saxpy,
+            grid(n),
+            BLOCK,
+            0,
+            stream,
+            &[
+                &a.to_le_bytes(),
+                &dev[p][src].to_le_bytes(),
+                &dev[p][dst].to_le_bytes(),
+                &n.to_le_bytes(),
+            ],
+        )
+        .unwrap();
+        let s = cpu[p][src].clone();
+        for (d, s) in cpu[p][dst].iter_mut().zip(s) {
+            *d = a.mul_add(s, *d);
+        }
+    };
+    for _ in 0..40 {
+        step(&mut gpu, &mut cpu, 0);
+    }
+    gpu.stream_synchronize(s1).unwrap();
+    blocker.join().unwrap();
+    let batched = host.stats().batched_launches.load(Ordering::Relaxed) - before;
+    assert!(
+        batched >= 2,
+        "no launches were submitted together ({batched})"
+    );
+
+    // Then a mix: both streams, memsets and synchronous copies in between.
+    for i in 0..600u32 {
+        step(&mut gpu, &mut cpu, usize::from(i % 3 == 2));
+        if i % 41 == 0 {
+            gpu.memset_async(scratch, i, 4, u64::from(n), s1).unwrap();
+        }
+        if i % 97 == 0 {
+            let mut out = vec![0u8; size as usize];
+            gpu.memcpy_dtoh(&mut out, dev[0][1], s1).unwrap();
+            assert_eq!(bytes_f32(&out), cpu[0][1], "pair 0's y after step {i}");
+        }
+    }
+    gpu.synchronize().unwrap();
+    for p in 0..2 {
+        for v in 0..2 {
+            let mut out = vec![0u8; size as usize];
+            gpu.memcpy_dtoh(&mut out, dev[p][v], 0).unwrap();
+            assert_eq!(bytes_f32(&out), cpu[p][v], "pair {p}, buffer {v}");
+        }
+    }
+    let mut out = vec![0u8; size as usize];
+    gpu.memcpy_dtoh(&mut out, scratch, 0).unwrap();
+    assert!(out
+        .chunks(4)
+        .all(|c| u32::from_le_bytes(c.try_into().unwrap()) == 574));
 }

@@ -3,6 +3,7 @@
 //! ring -> worker -> executor), in one process run, so each ratio compares
 //! numbers taken minutes apart on the same device.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
@@ -262,6 +263,8 @@ pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<
         let mut t = Remote { gpu, empty, spin };
         measure(&mut t, n)?
     };
+    let batched = running.stats.batched_launches.load(Ordering::Relaxed);
+    let launches = running.stats.launches.load(Ordering::Relaxed);
     running.shutdown()?;
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -308,6 +311,7 @@ pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<
     for (name, a, b) in rows {
         println!("{name:<28} {a:>14.3} {b:>14.3} {:>8.3}", b / a);
     }
+    println!("remoted launches submitted in runs of two or more: {batched} of {launches}");
     let copy = (remote.htod_med + remote.dtoh_med) / (native.htod_med + native.dtoh_med);
     println!(
         "overhead_sync_empty={:.3} overhead_sync_20us={:.3} overhead_async_20us={:.3} overhead_copy={:.3}",

@@ -16,8 +16,10 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 use protocol::{DeviceInfo, Dim3, ImageKind, Status};
 use vm_memory::VolatileSlice;
 
-use super::{Context, Executor, Handle, Moved};
+use super::{Context, Executor, Handle, Moved, Queued};
 use crate::Error;
+
+mod batch;
 
 fn check(r: CUresult) -> Result<(), Status> {
     if r == CUresult::CUDA_SUCCESS {
@@ -476,6 +478,8 @@ struct CudaContext {
     /// Each function's sliceable variant (`ptx::SLICE_SUFFIX`), looked up
     /// once; `None`: it has none.
     sliced: std::collections::HashMap<Handle, Option<sys::CUfunction>>,
+    /// Graph templates for runs of queued launches (see `batch`).
+    templates: batch::Templates,
 }
 
 // SAFETY: a CUcontext may be used from any thread once made current there;
@@ -656,6 +660,7 @@ impl CudaContext {
             timed: Vec::new(),
             period: None,
             sliced: Default::default(),
+            templates: Default::default(),
         })
     }
 
@@ -699,6 +704,53 @@ impl CudaContext {
         }
     }
 
+    /// Submits one chunk of a run (see `batch`): as one graph launch where it
+    /// can, else launch by launch.
+    fn launch_chunk(
+        &mut self,
+        st: sys::CUstream,
+        s: Handle,
+        chunk: &[Queued],
+        params: &[u8],
+    ) -> Result<(), Status> {
+        if chunk.len() > 1 {
+            let nodes: Result<Vec<batch::Node<'_>>, Status> = chunk
+                .iter()
+                .map(|l| {
+                    let (f, sizes) = self.func(l.func)?;
+                    let p = params.get(l.params.clone()).ok_or(Status::InvalidValue)?;
+                    Ok(batch::Node {
+                        f,
+                        grid: l.grid,
+                        block: l.block,
+                        smem: l.shared_mem,
+                        params: p,
+                        ptrs: param_ptrs(sizes, p, 0)?,
+                    })
+                })
+                .collect();
+            if let Ok(mut nodes) = nodes {
+                // SAFETY: our context is current (bound by the caller); each
+                // node's function is a live function of it with `ptrs` made
+                // by its parameter sizes; `st` is a stream of it.
+                if unsafe { self.templates.launch(st, &mut nodes) } {
+                    return Ok(());
+                }
+            }
+        }
+        let mut first = Ok(());
+        for l in chunk {
+            let r = params
+                .get(l.params.clone())
+                .ok_or(Status::InvalidValue)
+                .and_then(|p| self.launch(l.func, l.grid, l.block, l.shared_mem, s, p));
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
     fn func(&self, h: Handle) -> Result<(sys::CUfunction, &[u32]), Status> {
         match self.objs.get(&h) {
             Some(Obj::Function { raw, sizes, .. }) => Ok((*raw, sizes)),
@@ -729,6 +781,8 @@ impl CudaContext {
 }
 impl Drop for CudaContext {
     fn drop(&mut self) {
+        // The graphs go before the context they were made in.
+        self.templates.clear();
         if self.bind().is_ok() {
             for (va, a) in std::mem::take(&mut self.allocs) {
                 vmm_free(va, &a);
@@ -886,6 +940,8 @@ impl Context for CudaContext {
     fn unload_module(&mut self, module: Handle) -> Result<(), Status> {
         self.bind()?;
         let m = self.module(module)?;
+        // Their nodes may name the module's functions.
+        self.templates.clear();
         // SAFETY: a module of this context.
         check(unsafe { sys::cuModuleUnload(m) })?;
         self.objs.remove(&module);
@@ -1033,6 +1089,22 @@ impl Context for CudaContext {
         // bytes of `params`; the driver only reads them, and copies the values
         // before returning.
         check(unsafe { launch_raw(f, g, b, smem, st, &mut ptrs) })
+    }
+
+    fn launch_many(&mut self, s: Handle, launches: &[Queued], params: &[u8]) -> Result<(), Status> {
+        self.bind()?;
+        let st = self.stream(s)?;
+        let mut first = Ok(());
+        let mut at = 0;
+        for n in batch::chunks(launches.len()) {
+            let chunk = &launches[at..at + n];
+            at += n;
+            let r = self.launch_chunk(st, s, chunk, params);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
     }
 
     fn launch_timed(
@@ -1433,6 +1505,7 @@ impl Context for CudaContext {
         // The old context (its streams, events and modules; their
         // replacements live in the new one) is destroyed off the pause, on a
         // thread of its own: that takes tens of milliseconds.
+        self.templates.clear();
         let old = OldContext(self.ctx);
         let _ = std::thread::Builder::new()
             .name("ctx-destroy".into())

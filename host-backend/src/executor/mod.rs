@@ -82,6 +82,22 @@ pub struct Moved {
     pub allocations: u64,
 }
 
+/// One launch of a run the worker queued on one stream: its parameters are
+/// `params` of the run's shared parameter buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queued {
+    /// The kernel.
+    pub func: Handle,
+    /// Grid size in blocks.
+    pub grid: Dim3,
+    /// Block size in threads.
+    pub block: Dim3,
+    /// Dynamic shared memory, bytes.
+    pub shared_mem: u32,
+    /// Its packed parameters: a range of the run's buffer.
+    pub params: std::ops::Range<usize>,
+}
+
 /// The per-guest-process context. Dropping it frees everything it holds.
 pub trait Context: Send {
     /// Allocates `size` bytes; returns the device address.
@@ -132,6 +148,25 @@ pub trait Context: Send {
         stream: Handle,
         params: &[u8],
     ) -> Result<(), Status>;
+    /// Enqueues `launches` on `stream` in order, as if each were launched on
+    /// its own (a device may submit them together). A failed launch does not
+    /// stop the others; the first failure is returned.
+    fn launch_many(
+        &mut self,
+        stream: Handle,
+        launches: &[Queued],
+        params: &[u8],
+    ) -> Result<(), Status> {
+        let mut first = Ok(());
+        for l in launches {
+            let p = params.get(l.params.clone()).ok_or(Status::InvalidValue);
+            let r = p.and_then(|p| self.launch(l.func, l.grid, l.block, l.shared_mem, stream, p));
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
     /// A launch whose GPU time the device measures (events around it); the
     /// time is read later with [`Context::take_timings`].
     fn launch_timed(

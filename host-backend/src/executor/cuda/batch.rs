@@ -1,0 +1,304 @@
+//! Runs of queued launches submitted as one CUDA graph launch.
+//!
+//! When a guest queues launches faster than the driver takes them, the
+//! worker finds several launch descriptors of one stream waiting in the
+//! ring. One `cuLaunchKernel` costs the host 4-5 us on the H100 machines we
+//! measured; one launch of an instantiated graph of B chained kernel nodes
+//! about 2.5 us, plus about 0.4 us for each node whose launch differs from
+//! that node's last one (`cuGraphExecKernelNodeSetParams`), and the device
+//! runs chained nodes back to back, about 1 us apart for a one-thread kernel
+//! (`scripts/gpu/graph_probe.c`, `results/2026-11-22-h100-launch-batch.md`).
+//!
+//! A context keeps one template per size in [`SIZES`]: a chain of that many
+//! kernel nodes, built and instantiated from the first run of that size and
+//! after that updated node by node. A run is cut into chunks of those sizes,
+//! largest first ([`chunks`]); a single launch left over goes the ordinary
+//! way. When the graph path fails (a kernel a graph cannot hold, a launch
+//! configuration the driver refuses), nothing of the chunk was submitted and
+//! the caller launches it one by one, so each launch reports its own error
+//! as it would have without batching.
+//!
+//! A node refers to its function: the templates are dropped before a module
+//! is unloaded, and before the context moves or goes.
+
+use std::ffi::c_void;
+use std::ptr::{null, null_mut};
+
+use cudarc::driver::sys::{self, CUresult};
+use protocol::Dim3;
+
+/// Template sizes, largest first.
+pub(super) const SIZES: [usize; 7] = [128, 64, 32, 16, 8, 4, 2];
+
+/// Failed builds after which a context stops trying a size.
+const MAX_BUILD_FAILURES: u8 = 3;
+
+/// Cuts a run of `n` launches into template-sized chunks, largest first; a
+/// chunk of 1 is launched on its own.
+pub(super) fn chunks(mut n: usize) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        if n == 0 {
+            return None;
+        }
+        let c = SIZES.iter().copied().find(|&s| s <= n).unwrap_or(1);
+        n -= c;
+        Some(c)
+    })
+}
+
+/// One launch of a chunk, in the driver's terms.
+pub(super) struct Node<'a> {
+    pub f: sys::CUfunction,
+    pub grid: Dim3,
+    pub block: Dim3,
+    pub smem: u32,
+    /// Its packed parameters.
+    pub params: &'a [u8],
+    /// One pointer per kernel parameter, into `params`.
+    pub ptrs: Vec<*mut c_void>,
+}
+
+impl Node<'_> {
+    fn driver_params(&mut self) -> sys::CUDA_KERNEL_NODE_PARAMS {
+        sys::CUDA_KERNEL_NODE_PARAMS {
+            func: self.f,
+            gridDimX: self.grid.x,
+            gridDimY: self.grid.y,
+            gridDimZ: self.grid.z,
+            blockDimX: self.block.x,
+            blockDimY: self.block.y,
+            blockDimZ: self.block.z,
+            sharedMemBytes: self.smem,
+            kernelParams: self.ptrs.as_mut_ptr(),
+            extra: null_mut(),
+            kern: null_mut(),
+            ctx: null_mut(),
+        }
+    }
+}
+
+/// What a template's node was last set to.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct NodeSet {
+    f: usize,
+    grid: Dim3,
+    block: Dim3,
+    smem: u32,
+    params: Vec<u8>,
+}
+
+impl NodeSet {
+    fn matches(&self, n: &Node<'_>) -> bool {
+        self.f == n.f as usize
+            && self.grid == n.grid
+            && self.block == n.block
+            && self.smem == n.smem
+            && self.params == n.params
+    }
+
+    fn record(&mut self, n: &Node<'_>) {
+        self.f = n.f as usize;
+        self.grid = n.grid;
+        self.block = n.block;
+        self.smem = n.smem;
+        self.params.clear();
+        self.params.extend_from_slice(n.params);
+    }
+}
+
+/// A chain of kernel nodes and its instantiation.
+struct Template {
+    /// Kept: its node handles name the nodes of `exec`.
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    nodes: Vec<sys::CUgraphNode>,
+    /// What each node was last set to; `None` after a failed update.
+    set: Vec<Option<NodeSet>>,
+}
+
+impl Template {
+    /// A chain of `nodes.len()` kernel nodes set to `nodes`, instantiated.
+    ///
+    /// # Safety
+    /// As for [`Templates::launch`].
+    unsafe fn build(nodes: &mut [Node<'_>]) -> Result<Template, CUresult> {
+        let mut graph: sys::CUgraph = null_mut();
+        // SAFETY: out-parameter on our stack.
+        let r = unsafe { sys::cuGraphCreate(&mut graph, 0) };
+        if r != CUresult::CUDA_SUCCESS {
+            return Err(r);
+        }
+        // From here on the drop of `t` frees what was made.
+        let mut t = Template {
+            graph,
+            exec: null_mut(),
+            nodes: Vec::with_capacity(nodes.len()),
+            set: Vec::with_capacity(nodes.len()),
+        };
+        for n in nodes.iter_mut() {
+            let p = n.driver_params();
+            let prev = t.nodes.last().copied();
+            let mut node: sys::CUgraphNode = null_mut();
+            // SAFETY: our graph; `prev` (if any) is a node of it; `p` points
+            // to the node's parameters, which the driver copies.
+            let r = unsafe {
+                sys::cuGraphAddKernelNode_v2(
+                    &mut node,
+                    t.graph,
+                    prev.as_ref().map_or(null(), |d| d as *const _),
+                    usize::from(prev.is_some()),
+                    &p,
+                )
+            };
+            if r != CUresult::CUDA_SUCCESS {
+                return Err(r);
+            }
+            t.nodes.push(node);
+            let mut s = NodeSet::default();
+            s.record(n);
+            t.set.push(Some(s));
+        }
+        // SAFETY: our graph, complete; out-parameter on our stack.
+        let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut t.exec, t.graph, 0) };
+        if r != CUresult::CUDA_SUCCESS {
+            t.exec = null_mut();
+            return Err(r);
+        }
+        Ok(t)
+    }
+}
+
+impl Drop for Template {
+    fn drop(&mut self) {
+        if !self.exec.is_null() {
+            // SAFETY: our instantiation, destroyed once; its context is alive
+            // (see the module docs).
+            let _ = unsafe { sys::cuGraphExecDestroy(self.exec) };
+        }
+        // SAFETY: our graph, destroyed once.
+        let _ = unsafe { sys::cuGraphDestroy(self.graph) };
+    }
+}
+
+/// A context's templates, one per size in [`SIZES`].
+#[derive(Default)]
+pub(super) struct Templates {
+    by_size: [Option<Template>; SIZES.len()],
+    failures: [u8; SIZES.len()],
+    /// Launches submitted through templates (for tests and the curious).
+    pub replayed: u64,
+}
+
+impl Templates {
+    /// Submits `nodes` on `st` as one graph launch. `false`: nothing of
+    /// them was submitted (no template of that size, or the driver refused
+    /// it); the caller launches them one by one.
+    ///
+    /// # Safety
+    /// The context the nodes' functions belong to is current; each `ptrs`
+    /// holds one pointer per parameter of its function into its `params`;
+    /// `st` is a stream of that context (or null).
+    pub(super) unsafe fn launch(&mut self, st: sys::CUstream, nodes: &mut [Node<'_>]) -> bool {
+        let Some(k) = SIZES.iter().position(|&s| s == nodes.len()) else {
+            return false;
+        };
+        if self.by_size[k].is_none() {
+            if self.failures[k] >= MAX_BUILD_FAILURES {
+                return false;
+            }
+            // SAFETY: the caller's promise.
+            match unsafe { Template::build(nodes) } {
+                Ok(t) => self.by_size[k] = Some(t),
+                Err(e) => {
+                    self.failures[k] += 1;
+                    tracing::debug!(size = nodes.len(), "launch template not built: {e:?}");
+                    return false;
+                }
+            }
+        }
+        let Some(t) = self.by_size[k].as_mut() else {
+            return false;
+        };
+        for (i, n) in nodes.iter_mut().enumerate() {
+            if t.set[i].as_ref().is_some_and(|s| s.matches(n)) {
+                continue;
+            }
+            let p = n.driver_params();
+            // SAFETY: a node of this instantiation's graph; `p` as in build.
+            let r = unsafe { sys::cuGraphExecKernelNodeSetParams_v2(t.exec, t.nodes[i], &p) };
+            if r != CUresult::CUDA_SUCCESS {
+                t.set[i] = None;
+                return false;
+            }
+            t.set[i].get_or_insert_with(NodeSet::default).record(n);
+        }
+        // SAFETY: our instantiation, its nodes set; the caller's stream.
+        let ok = unsafe { sys::cuGraphLaunch(t.exec, st) } == CUresult::CUDA_SUCCESS;
+        if ok {
+            self.replayed += nodes.len() as u64;
+        }
+        ok
+    }
+
+    /// Drops every template (before a module unload, a move, the end).
+    pub(super) fn clear(&mut self) {
+        self.by_size = Default::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_are_cut_largest_first_into_template_sizes() {
+        let c: Vec<usize> = chunks(0).collect();
+        assert!(c.is_empty());
+        assert_eq!(chunks(1).collect::<Vec<_>>(), [1]);
+        assert_eq!(chunks(3).collect::<Vec<_>>(), [2, 1]);
+        assert_eq!(chunks(64).collect::<Vec<_>>(), [64]);
+        assert_eq!(chunks(100).collect::<Vec<_>>(), [64, 32, 4]);
+        assert_eq!(chunks(300).collect::<Vec<_>>(), [128, 128, 32, 8, 4]);
+        for n in 0..600 {
+            let c: Vec<usize> = chunks(n).collect();
+            assert_eq!(c.iter().sum::<usize>(), n, "{n}");
+            assert!(c.windows(2).all(|w| w[0] >= w[1]), "{n}: {c:?}");
+            assert!(c.iter().all(|&x| x == 1 || SIZES.contains(&x)));
+            assert!(c.iter().filter(|&&x| x == 1).count() <= 1, "{n}: {c:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_is_set_again_only_when_its_launch_differs() {
+        let params = [1u8, 2, 3, 4];
+        let n = Node {
+            f: 0x1000 as sys::CUfunction,
+            grid: Dim3 { x: 4, y: 1, z: 1 },
+            block: Dim3 { x: 128, y: 1, z: 1 },
+            smem: 0,
+            params: &params,
+            ptrs: Vec::new(),
+        };
+        let mut s = NodeSet::default();
+        assert!(!s.matches(&n));
+        s.record(&n);
+        assert!(s.matches(&n));
+        let other = [1u8, 2, 3, 5];
+        assert!(!s.matches(&Node {
+            params: &other,
+            ptrs: Vec::new(),
+            ..n
+        }));
+        let n2 = Node {
+            f: 0x1000 as sys::CUfunction,
+            grid: Dim3 { x: 4, y: 1, z: 1 },
+            block: Dim3 { x: 128, y: 1, z: 1 },
+            smem: 16,
+            params: &params,
+            ptrs: Vec::new(),
+        };
+        assert!(!s.matches(&n2));
+        s.record(&n2);
+        assert!(s.matches(&n2) && !s.matches(&n));
+    }
+}
