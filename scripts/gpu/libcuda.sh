@@ -25,12 +25,19 @@ nvcc --version | tail -2
 echo "== build the C program with nvcc for sm_90"
 nvcc -O2 -arch=sm_90 -x c -o $W/driver_api tests/c/driver_api.c -L$NV -lcuda -lm && echo built
 echo "== native (real libcuda)"
-$W/driver_api $PTX rate; echo "rc=$?"
+$W/driver_api $PTX rate | tee $W/native.txt; echo "rc=$?"
 RUST_LOG=warn ./target/release/fairvgpu serve --config $W/host.toml &
 D=$!
 for i in $(seq 100); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
 echo "== through the stand-in (fairvgpu libcuda.so.1 -> ring -> worker -> GPU)"
-FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib $W/driver_api $PTX rate; echo "rc=$?"
+FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib $W/driver_api $PTX rate | tee $W/standin.txt; echo "rc=$?"
+# Sustained: 200,000 launches, the ring full after the first ones; bursts:
+# 128 launches between synchronizes, only the launch calls timed.
+sus() { sed -n 's/^launches=.* enqueue_per_s=\([0-9]*\).*/\1/p' "$1"; }
+bur() { sed -n 's/^bursts=.* burst_enqueue_per_s=\([0-9]*\).*/\1/p' "$1"; }
+awk -v s="$(sus $W/standin.txt)" -v n="$(sus $W/native.txt)" \
+    -v bs="$(bur $W/standin.txt)" -v bn="$(bur $W/native.txt)" \
+    'BEGIN { if (n > 0 && bn > 0) printf "launch_rate_ratio=%.3f burst_launch_rate_ratio=%.3f\n", s / n, bs / bn; else print "launch_rate_ratio=missing" }'
 cat > $W/nb.py <<'PY'
 import numpy as np
 np.row_stack = np.vstack
