@@ -27,7 +27,12 @@ static const char *PTX =
     "  .reg .b64 %rd<4>; .reg .b32 %r<3>;\n"
     "  ld.param.u64 %rd1, [p]; ld.param.u32 %r1, [i];\n"
     "  mul.wide.u32 %rd2, %r1, 4; add.s64 %rd3, %rd1, %rd2;\n"
-    "  add.u32 %r2, %r1, 1; st.u32 [%rd3], %r2; ret; }\n";
+    "  add.u32 %r2, %r1, 1; st.u32 [%rd3], %r2; ret; }\n"
+    ".visible .entry spin(.param .u64 ns) {\n"
+    "  .reg .b64 %rd<5>; .reg .pred %p;\n"
+    "  ld.param.u64 %rd1, [ns]; mov.u64 %rd2, %globaltimer;\n"
+    "L: mov.u64 %rd3, %globaltimer; sub.s64 %rd4, %rd3, %rd2;\n"
+    "  setp.lt.u64 %p, %rd4, %rd1; @%p bra L; ret; }\n";
 
 #define CK(x)                                                               \
   do {                                                                      \
@@ -48,6 +53,7 @@ static double now(void) {
 
 enum { MAXB = 512, SLOTS = 1 << 20 };
 static CUfunction put;
+static CUmodule mod;
 static CUstream st, cap;
 static CUdeviceptr out;
 static CUgraphExec exec;
@@ -143,11 +149,61 @@ static int check(unsigned n) {
   return bad;
 }
 
+// Launch + synchronize round trips of one kernel, as a guest's synchronous
+// loop makes them: cuLaunchKernel against one launch of a one-node graph
+// (its node updated every time, or left as it is).
+static void latency(void) {
+  CUfunction spin;
+  CK(cuModuleGetFunction(&spin, mod, "spin"));
+  const int iters = 3000;
+  printf("\n%-22s %8s %12s %12s\n", "latency", "kernel", "mean_us", "p50_us");
+  for (int ki = 0; ki < 2; ki++) {
+    unsigned long long ns = ki ? 20000 : 0;
+    void *args[] = {&ns};
+    CUgraph g;
+    CUgraphNode node;
+    CUgraphExec ex;
+    CUDA_KERNEL_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    p.func = spin;
+    p.gridDimX = p.gridDimY = p.gridDimZ = 1;
+    p.blockDimX = p.blockDimY = p.blockDimZ = 1;
+    p.kernelParams = args;
+    CK(cuGraphCreate(&g, 0));
+    CK(cuGraphAddKernelNode(&node, g, NULL, 0, &p));
+    CK(cuGraphInstantiateWithFlags(&ex, g, 0));
+    const char *ways[] = {"launch+streamsync", "launch+ctxsync", "graph1+streamsync", "graph1set+streamsync"};
+    for (int w = 0; w < 4; w++) {
+      static double t[3000];
+      for (int i = -200; i < iters; i++) {
+        double t0 = now();
+        if (w < 2) {
+          CK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, st, args, NULL));
+        } else {
+          if (w == 3) CK(cuGraphExecKernelNodeSetParams(ex, node, &p));
+          CK(cuGraphLaunch(ex, st));
+        }
+        if (w == 1) CK(cuCtxSynchronize()); else CK(cuStreamSynchronize(st));
+        if (i >= 0) t[i] = now() - t0;
+      }
+      double sum = 0;
+      for (int i = 0; i < iters; i++) sum += t[i];
+      // p50 by partial selection sort (small n).
+      for (int i = 0; i <= iters / 2; i++)
+        for (int j = i + 1; j < iters; j++)
+          if (t[j] < t[i]) { double x = t[i]; t[i] = t[j]; t[j] = x; }
+      printf("%-22s %8llu %12.3f %12.3f\n", ways[w], ns, sum / iters * 1e6, t[iters / 2] * 1e6);
+      fflush(stdout);
+    }
+    CK(cuGraphExecDestroy(ex));
+    CK(cuGraphDestroy(g));
+  }
+}
+
 int main(int argc, char **argv) {
   int sustained_n = argc > 1 ? atoi(argv[1]) : 200000;
   CUdevice dev;
   CUcontext ctx;
-  CUmodule mod;
   CK(cuInit(0));
   CK(cuDeviceGet(&dev, 0));
   CK(cuCtxCreate(&ctx, NULL, 0, dev));
@@ -193,5 +249,6 @@ int main(int argc, char **argv) {
     CK(cuGraphExecDestroy(exec));
     CK(cuGraphDestroy(graph));
   }
+  latency();
   return 0;
 }
