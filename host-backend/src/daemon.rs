@@ -23,7 +23,7 @@ pub fn build_executor(cfg: &Config, gpu: u32) -> Result<Box<dyn Executor>, Error
             })?;
             Ok(Box::new(e))
         }
-        ExecutorKind::Cuda => crate::executor::cuda::open(gpu),
+        ExecutorKind::Cuda => crate::executor::cuda::open(gpu, cfg.daemon.graph_launches),
     }
 }
 

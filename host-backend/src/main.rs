@@ -237,6 +237,9 @@ enum BenchCmd {
         /// policy side by side, instead of guests on an executor.
         #[arg(long)]
         sim: bool,
+        /// Which launches go as CUDA graph launches (`[daemon] graph_launches`).
+        #[arg(long, value_enum, default_value = "runs")]
+        graph_launches: host_backend::config::GraphLaunches,
     },
     /// Accounting of GPU time: its error against the guest's CUDA events, and its cost.
     Accounting {
@@ -308,6 +311,9 @@ enum BenchCmd {
         /// Pin the guest (and the native loop) and the worker: GUEST_CPU,WORKER_CPU.
         #[arg(long, value_parser = parse_pin)]
         pin: Option<(usize, usize)>,
+        /// Which launches go as CUDA graph launches (`[daemon] graph_launches`).
+        #[arg(long, value_enum, default_value = "runs")]
+        graph_launches: host_backend::config::GraphLaunches,
     },
 }
 
@@ -464,12 +470,18 @@ fn main() -> Result<()> {
                     executor,
                     seconds,
                     sim,
+                    graph_launches,
                 },
         } => {
             if sim {
                 bench::fairness_sim::run(seconds)
             } else {
-                bench::fairness::run(executor, seconds, qemu_ivshmem::SpinPolicy::default())
+                bench::fairness::run(
+                    executor,
+                    seconds,
+                    qemu_ivshmem::SpinPolicy::default(),
+                    graph_launches,
+                )
             }
         }
         Cmd::Bench {
@@ -478,6 +490,7 @@ fn main() -> Result<()> {
                     executor,
                     scale,
                     pin,
+                    graph_launches,
                 },
         } => {
             let n = |x: f64| ((x * scale) as usize).max(2);
@@ -487,7 +500,7 @@ fn main() -> Result<()> {
                 async_launches: 10_000,
                 copies: n(10.0),
             };
-            bench::overhead::run(executor, sizes, pin)
+            bench::overhead::run(executor, sizes, pin, graph_launches)
         }
         Cmd::Bench {
             which: BenchCmd::Accounting { executor, seconds },

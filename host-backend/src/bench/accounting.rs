@@ -20,7 +20,7 @@ use anyhow::Result;
 use qemu_ivshmem::SpinPolicy;
 
 use super::fairness::{run_guests, GuestBody, Round, Setup, ONE, SLICE_NS};
-use crate::config::ExecutorKind;
+use crate::config::{ExecutorKind, GraphLaunches};
 use crate::worker::SAMPLE_EVERY;
 
 /// A workload: batches of `per_sync` launches, each kernel `dur(n)` ns,
@@ -102,6 +102,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
                 slice_ns: 100 * SLICE_NS,
                 secs,
                 spin,
+                graphs: GraphLaunches::default(),
             };
             let r = run_guests(setup, &[0], batch(per_sync, dur, events.clone()))?;
             anyhow::Ok(per_launch(&r, events.load(Ordering::Relaxed)))
@@ -156,6 +157,7 @@ mod tests {
                 spins: 2_000,
                 max_block_us: 2_000,
             },
+            graphs: GraphLaunches::default(),
         };
         let r = run_guests(setup, &[0], batch(4, |_| 500_000, events.clone())).unwrap();
         let events = events.load(Ordering::Relaxed);

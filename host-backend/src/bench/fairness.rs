@@ -13,7 +13,7 @@ use guest_frontend::Gpu;
 use protocol::{Dim3, ImageKind};
 use qemu_ivshmem::{LayoutParams, SpinPolicy};
 
-use crate::config::{Config, ExecutorKind};
+use crate::config::{Config, ExecutorKind, GraphLaunches};
 use crate::daemon::build_executor;
 use crate::demo::KERNELS_PTX;
 use crate::executor::{sim::SimExecutor, Executor};
@@ -27,7 +27,11 @@ const KERNELS_NS: [u64; 3] = [20_000, 400_000, 1_600_000];
 /// A one-thread grid and block.
 pub(crate) const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
 
-fn executors(kind: ExecutorKind, n: usize) -> Result<Vec<Box<dyn Executor>>> {
+fn executors(
+    kind: ExecutorKind,
+    n: usize,
+    graphs: GraphLaunches,
+) -> Result<Vec<Box<dyn Executor>>> {
     match kind {
         ExecutorKind::Sim => {
             // One modeled GPU shared by every worker.
@@ -40,6 +44,7 @@ fn executors(kind: ExecutorKind, n: usize) -> Result<Vec<Box<dyn Executor>>> {
             let mut cfg =
                 Config::parse("[[vm]]\nname = \"b\"\ntenant = \"b\"\nmemory_limit_mib = 1024\n")?;
             cfg.daemon.executor = kind;
+            cfg.daemon.graph_launches = graphs;
             (0..n)
                 .map(|_| build_executor(&cfg, 0).map_err(Into::into))
                 .collect()
@@ -78,6 +83,8 @@ pub(crate) struct Setup<'a> {
     pub slice_ns: u64,
     pub secs: f64,
     pub spin: SpinPolicy,
+    /// Which launches the executor submits as graph launches.
+    pub graphs: GraphLaunches,
 }
 
 /// Runs guests `which` (indices into the weights) at once, each through its
@@ -92,6 +99,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         slice_ns,
         secs,
         spin,
+        graphs,
     } = setup;
     let dir = std::env::temp_dir().join(format!(
         "fairvgpu-fair-{}-{}",
@@ -106,7 +114,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     };
     let mut workers = Vec::new();
     let mut socks = Vec::new();
-    for (exec, &g) in executors(kind, which.len())?.into_iter().zip(which) {
+    for (exec, &g) in executors(kind, which.len(), graphs)?.into_iter().zip(which) {
         let sock = dir.join(format!("vm{g}.sock"));
         let wc = WorkerConfig {
             name: format!("vm{g}"),
@@ -197,7 +205,8 @@ fn sync_loop() -> Arc<GuestBody> {
 /// every period instead would add its event marks' device time, some 1.5 us,
 /// to each 20 us kernel of the solo round only. A spin kernel occupies the
 /// GPU somewhat longer than the time it spins.
-pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
+/// `graphs`: which launches the executor submits as graph launches.
+pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunches) -> Result<()> {
     // Each guest alone: its own rate of kernels, for the aggregate
     // throughput, and its kernel's measured duration.
     let mut solo = [0f64; 3];
@@ -212,6 +221,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
             slice_ns: SLICE_NS,
             secs: secs / 3.0,
             spin,
+            graphs,
         };
         let r = run_guests(setup, &[g], sync_loop())?;
         solo[g] = r.kernels[0] as f64 / r.secs;
@@ -241,6 +251,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
             slice_ns: SLICE_NS,
             secs,
             spin,
+            graphs,
         };
         let r = run_guests(setup, &[0, 1, 2], sync_loop())?;
         let counts = r.kernels;

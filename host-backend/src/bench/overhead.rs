@@ -12,10 +12,10 @@ use protocol::{Dim3, ImageKind};
 use qemu_ivshmem::LayoutParams;
 use vm_memory::VolatileSlice;
 
-use crate::config::{Config, ExecutorKind};
+use crate::config::{Config, ExecutorKind, GraphLaunches};
 use crate::daemon::build_executor;
 use crate::demo::KERNELS_PTX;
-use crate::executor::{Context, Handle};
+use crate::executor::{Context, Handle, Queued};
 use crate::worker::{spawn, WorkerConfig};
 
 use super::percentile;
@@ -66,6 +66,9 @@ struct Native {
     ctx: Box<dyn Context>,
     empty: Handle,
     spin: Handle,
+    /// Launch the way the worker submits (`Context::launch_many`: on a GPU
+    /// a graph launch) instead of the driver's launch call a program makes.
+    as_worker: bool,
 }
 
 impl Target for Native {
@@ -74,9 +77,19 @@ impl Target for Native {
             Kernel::Empty => self.empty,
             Kernel::Spin => self.spin,
         };
-        self.ctx
-            .launch(f, ONE, ONE, 0, 0, params)
-            .map_err(|s| anyhow::anyhow!("launch: {s:?}"))
+        let r = if self.as_worker {
+            let q = Queued {
+                func: f,
+                grid: ONE,
+                block: ONE,
+                shared_mem: 0,
+                params: 0..params.len(),
+            };
+            self.ctx.launch_many(0, &[q], params)
+        } else {
+            self.ctx.launch(f, ONE, ONE, 0, 0, params)
+        };
+        r.map_err(|s| anyhow::anyhow!("launch: {s:?}"))
     }
     fn sync(&mut self) -> Result<()> {
         self.ctx
@@ -140,7 +153,8 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-fn measure(t: &mut dyn Target, n: Sizes) -> Result<Times> {
+/// Runs the workloads; `sync_only`: only the synchronous loops.
+fn measure(t: &mut dyn Target, n: Sizes, sync_only: bool) -> Result<Times> {
     let spin = KERNEL_NS.to_le_bytes();
     // Warm up: module load and first launches stay out of the numbers.
     for _ in 0..200 {
@@ -165,6 +179,14 @@ fn measure(t: &mut dyn Target, n: Sizes) -> Result<Times> {
         t.sync()?;
     }
     let sync_20us_mean = secs(s.elapsed()) / n.sync_20us as f64;
+    if sync_only {
+        return Ok(Times {
+            sync_empty_p50,
+            sync_empty_mean,
+            sync_20us_mean,
+            ..Times::default()
+        });
+    }
 
     t.sync()?;
     let s = Instant::now();
@@ -205,13 +227,20 @@ fn measure(t: &mut dyn Target, n: Sizes) -> Result<Times> {
 /// Runs the bench and prints the report; the last line is machine-readable.
 /// With `pin = Some((guest, worker))` the native loop and the guest run on
 /// CPU `guest` and the worker's thread on CPU `worker`.
-pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<()> {
+/// `graphs`: which launches the executor submits as graph launches.
+pub fn run(
+    kind: ExecutorKind,
+    n: Sizes,
+    pin: Option<(usize, usize)>,
+    graphs: GraphLaunches,
+) -> Result<()> {
     if let Some((g, _)) = pin {
         crate::worker::pin_current_thread(g)?;
     }
     let mut cfg =
         Config::parse("[[vm]]\nname = \"bench\"\ntenant = \"bench\"\nmemory_limit_mib = 4096\n")?;
     cfg.daemon.executor = kind;
+    cfg.daemon.graph_launches = graphs;
 
     // Native.
     let mut exec = build_executor(&cfg, 0)?;
@@ -229,9 +258,17 @@ pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<
             .function(m, "spin_ns")
             .map_err(|s| anyhow::anyhow!("{s:?}"))?
             .0;
-        let mut t = Native { ctx, empty, spin };
-        measure(&mut t, n)?
+        let mut t = Native {
+            ctx,
+            empty,
+            spin,
+            as_worker: false,
+        };
+        let native = measure(&mut t, n, false)?;
+        t.as_worker = true;
+        (native, measure(&mut t, n, true)?)
     };
+    let (native, as_worker) = native;
 
     // Remoted, through a worker on its own thread of this process.
     let dir = std::env::temp_dir().join(format!("fairvgpu-overhead-{}", std::process::id()));
@@ -261,7 +298,7 @@ pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<
         let empty = gpu.get_function(m, "empty")?;
         let spin = gpu.get_function(m, "spin_ns")?;
         let mut t = Remote { gpu, empty, spin };
-        measure(&mut t, n)?
+        measure(&mut t, n, false)?
     };
     let batched = running.stats.batched_launches.load(Ordering::Relaxed);
     let launches = running.stats.launches.load(Ordering::Relaxed);
@@ -311,14 +348,33 @@ pub fn run(kind: ExecutorKind, n: Sizes, pin: Option<(usize, usize)>) -> Result<
     for (name, a, b) in rows {
         println!("{name:<28} {a:>14.3} {b:>14.3} {:>8.3}", b / a);
     }
+    // The transport's own cost: the same loops with this process submitting
+    // its launches the way the worker does.
+    println!("native, launches submitted the way the worker submits them:");
+    let transport = [
+        (
+            "empty launch+sync mean (us)",
+            as_worker.sync_empty_mean * 1e6,
+            remote.sync_empty_mean * 1e6,
+        ),
+        (
+            "20us launch+sync mean (us)",
+            as_worker.sync_20us_mean * 1e6,
+            remote.sync_20us_mean * 1e6,
+        ),
+    ];
+    for (name, a, b) in transport {
+        println!("{name:<28} {a:>14.3} {b:>14.3} {:>8.3}", b / a);
+    }
     println!("remoted launches submitted in runs of two or more: {batched} of {launches}");
     let copy = (remote.htod_med + remote.dtoh_med) / (native.htod_med + native.dtoh_med);
     println!(
-        "overhead_sync_empty={:.3} overhead_sync_20us={:.3} overhead_async_20us={:.3} overhead_copy={:.3}",
+        "overhead_sync_empty={:.3} overhead_sync_20us={:.3} overhead_async_20us={:.3} overhead_copy={:.3} transport_sync_20us={:.3}",
         remote.sync_empty_mean / native.sync_empty_mean,
         remote.sync_20us_mean / native.sync_20us_mean,
         remote.async_20us_total / native.async_20us_total,
-        copy
+        copy,
+        remote.sync_20us_mean / as_worker.sync_20us_mean
     );
     Ok(())
 }

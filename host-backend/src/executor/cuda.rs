@@ -17,6 +17,7 @@ use protocol::{DeviceInfo, Dim3, ImageKind, Status};
 use vm_memory::VolatileSlice;
 
 use super::{Context, Executor, Handle, Moved, Queued};
+use crate::config::GraphLaunches;
 use crate::Error;
 
 mod batch;
@@ -104,7 +105,8 @@ pub fn device_memory(ordinal: u32) -> Result<u64, Error> {
 }
 
 /// Opens GPU `ordinal`; a clear error where there is no driver or no such GPU.
-pub fn open(ordinal: u32) -> Result<Box<dyn Executor>, Error> {
+/// `graphs`: which launches go as graph launches (see `batch`).
+pub fn open(ordinal: u32, graphs: GraphLaunches) -> Result<Box<dyn Executor>, Error> {
     let count = device_count()?;
     if ordinal >= count {
         return Err(Error::Config(format!(
@@ -132,6 +134,7 @@ pub fn open(ordinal: u32) -> Result<Box<dyn Executor>, Error> {
         registered: Vec::new(),
         primary: null_mut(),
         primary_dev: dev,
+        graphs,
     }))
 }
 
@@ -149,6 +152,8 @@ pub struct CudaExecutor {
     primary: CUcontext,
     /// The device whose primary context `primary` is.
     primary_dev: CUdevice,
+    /// Which launches contexts submit as graph launches.
+    graphs: GraphLaunches,
 }
 
 // SAFETY: the primary context handle is only used from the worker thread
@@ -251,6 +256,7 @@ impl Executor for CudaExecutor {
             self.dev,
             self.ordinal,
             self.vmm,
+            self.graphs,
         )?))
     }
 
@@ -624,7 +630,12 @@ fn vmm_free(va: u64, a: &VmmAlloc) {
 }
 
 impl CudaContext {
-    fn new(dev: CUdevice, ordinal: u32, vmm: bool) -> Result<CudaContext, Status> {
+    fn new(
+        dev: CUdevice,
+        ordinal: u32,
+        vmm: bool,
+        graphs: GraphLaunches,
+    ) -> Result<CudaContext, Status> {
         let mut ctx: CUcontext = null_mut();
         // SAFETY: out-parameter on our stack; null create-params means defaults.
         check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, dev) })?;
@@ -660,7 +671,7 @@ impl CudaContext {
             timed: Vec::new(),
             period: None,
             sliced: Default::default(),
-            templates: Default::default(),
+            templates: batch::Templates::new(graphs),
         })
     }
 
@@ -705,7 +716,7 @@ impl CudaContext {
     }
 
     /// Submits one chunk of a run (see `batch`): as one graph launch where it
-    /// can, else launch by launch.
+    /// can, else launch by launch with `cuLaunchKernel`.
     fn launch_chunk(
         &mut self,
         st: sys::CUstream,
@@ -713,31 +724,30 @@ impl CudaContext {
         chunk: &[Queued],
         params: &[u8],
     ) -> Result<(), Status> {
-        if chunk.len() > 1 {
-            let nodes: Result<Vec<batch::Node<'_>>, Status> = chunk
-                .iter()
-                .map(|l| {
-                    let (f, sizes) = self.func(l.func)?;
-                    let p = params.get(l.params.clone()).ok_or(Status::InvalidValue)?;
-                    Ok(batch::Node {
-                        f,
-                        grid: l.grid,
-                        block: l.block,
-                        smem: l.shared_mem,
-                        params: p,
-                        ptrs: param_ptrs(sizes, p, 0)?,
-                    })
+        let nodes: Result<Vec<batch::Node<'_>>, Status> = chunk
+            .iter()
+            .map(|l| {
+                let (f, sizes) = self.func(l.func)?;
+                let p = params.get(l.params.clone()).ok_or(Status::InvalidValue)?;
+                Ok(batch::Node {
+                    f,
+                    grid: l.grid,
+                    block: l.block,
+                    smem: l.shared_mem,
+                    params: p,
+                    ptrs: param_ptrs(sizes, p, 0)?,
                 })
-                .collect();
-            if let Ok(mut nodes) = nodes {
-                // SAFETY: our context is current (bound by the caller); each
-                // node's function is a live function of it with `ptrs` made
-                // by its parameter sizes; `st` is a stream of it.
-                if unsafe { self.templates.launch(st, &mut nodes) } {
-                    return Ok(());
-                }
+            })
+            .collect();
+        if let Ok(mut nodes) = nodes {
+            // SAFETY: our context is current (bound by the caller); each
+            // node's function is a live function of it with `ptrs` made by
+            // its parameter sizes; `st` is a stream of it.
+            if unsafe { self.templates.launch(st, &mut nodes) } {
+                return Ok(());
             }
         }
+        // One by one, each with its own error.
         let mut first = Ok(());
         for l in chunk {
             let r = params

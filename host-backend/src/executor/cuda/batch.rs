@@ -1,22 +1,28 @@
-//! Runs of queued launches submitted as one CUDA graph launch.
+//! Launches submitted as CUDA graph launches.
 //!
-//! When a guest queues launches faster than the driver takes them, the
-//! worker finds several launch descriptors of one stream waiting in the
-//! ring. One `cuLaunchKernel` costs the host 4-5 us on the H100 machines we
+//! One `cuLaunchKernel` costs the host 4-5 us on the H100 machines we
 //! measured; one launch of an instantiated graph of B chained kernel nodes
 //! about 2.5 us, plus about 0.4 us for each node whose launch differs from
-//! that node's last one (`cuGraphExecKernelNodeSetParams`), and the device
-//! runs chained nodes back to back, about 1 us apart for a one-thread kernel
-//! (`scripts/gpu/graph_probe.c`, `results/2026-11-22-h100-launch-batch.md`).
+//! that node's last one (`cuGraphExecKernelNodeSetParams`). The device runs
+//! chained nodes back to back, about 1 us apart for a one-thread kernel, and
+//! starts even a one-node graph sooner: a launch + synchronize round trip
+//! took 6.9-7.1 us as a one-node graph against 9.1-9.6 us with
+//! `cuLaunchKernel` (`scripts/gpu/graph_probe.c`,
+//! `results/2026-11-22-h100-launch-batch.md`).
 //!
-//! A context keeps one template per size in [`SIZES`]: a chain of that many
+//! So launches go through graphs where they can: runs of two or more by
+//! default (`[daemon] graph_launches = "runs"`), single launches too with
+//! `"all"` (not the default: under the fair scheduler a 20 us guest's
+//! charge came out about 3% above its charge alone, for reasons not yet
+//! known; `results/2026-11-22-h100-launch-batch.md`). A context keeps one template per size in [`SIZES`]: a chain of that many
 //! kernel nodes, built and instantiated from the first run of that size and
-//! after that updated node by node. A run is cut into chunks of those sizes,
-//! largest first ([`chunks`]); a single launch left over goes the ordinary
-//! way. When the graph path fails (a kernel a graph cannot hold, a launch
-//! configuration the driver refuses), nothing of the chunk was submitted and
-//! the caller launches it one by one, so each launch reports its own error
-//! as it would have without batching.
+//! after that updated node by node. A run of launches queued on one stream
+//! (several when the guest launches faster than the worker submits) is cut
+//! into chunks of those sizes, largest first ([`chunks`]). When the graph
+//! path fails (a kernel a graph cannot hold, a launch configuration the
+//! driver refuses), nothing of the chunk was submitted and the caller
+//! launches it with `cuLaunchKernel`, one by one, so each launch reports
+//! its own error as it would have without graphs.
 //!
 //! A node refers to its function: the templates are dropped before a module
 //! is unloaded, and before the context moves or goes.
@@ -27,14 +33,15 @@ use std::ptr::{null, null_mut};
 use cudarc::driver::sys::{self, CUresult};
 use protocol::Dim3;
 
+use crate::config::GraphLaunches;
+
 /// Template sizes, largest first.
-pub(super) const SIZES: [usize; 7] = [128, 64, 32, 16, 8, 4, 2];
+pub(super) const SIZES: [usize; 8] = [128, 64, 32, 16, 8, 4, 2, 1];
 
 /// Failed builds after which a context stops trying a size.
 const MAX_BUILD_FAILURES: u8 = 3;
 
-/// Cuts a run of `n` launches into template-sized chunks, largest first; a
-/// chunk of 1 is launched on its own.
+/// Cuts a run of `n` launches into template-sized chunks, largest first.
 pub(super) fn chunks(mut n: usize) -> impl Iterator<Item = usize> {
     std::iter::from_fn(move || {
         if n == 0 {
@@ -181,15 +188,27 @@ impl Drop for Template {
 }
 
 /// A context's templates, one per size in [`SIZES`].
-#[derive(Default)]
 pub(super) struct Templates {
+    /// The smallest chunk submitted as a graph (0: none is).
+    min: usize,
     by_size: [Option<Template>; SIZES.len()],
     failures: [u8; SIZES.len()],
-    /// Launches submitted through templates (for tests and the curious).
-    pub replayed: u64,
 }
 
 impl Templates {
+    /// No templates yet; `mode` says which chunks may go through them.
+    pub(super) fn new(mode: GraphLaunches) -> Templates {
+        Templates {
+            min: match mode {
+                GraphLaunches::Off => 0,
+                GraphLaunches::Runs => 2,
+                GraphLaunches::All => 1,
+            },
+            by_size: Default::default(),
+            failures: [0; SIZES.len()],
+        }
+    }
+
     /// Submits `nodes` on `st` as one graph launch. `false`: nothing of
     /// them was submitted (no template of that size, or the driver refused
     /// it); the caller launches them one by one.
@@ -202,6 +221,9 @@ impl Templates {
         let Some(k) = SIZES.iter().position(|&s| s == nodes.len()) else {
             return false;
         };
+        if self.min == 0 || nodes.len() < self.min {
+            return false;
+        }
         if self.by_size[k].is_none() {
             if self.failures[k] >= MAX_BUILD_FAILURES {
                 return false;
@@ -233,11 +255,7 @@ impl Templates {
             t.set[i].get_or_insert_with(NodeSet::default).record(n);
         }
         // SAFETY: our instantiation, its nodes set; the caller's stream.
-        let ok = unsafe { sys::cuGraphLaunch(t.exec, st) } == CUresult::CUDA_SUCCESS;
-        if ok {
-            self.replayed += nodes.len() as u64;
-        }
-        ok
+        unsafe { sys::cuGraphLaunch(t.exec, st) == CUresult::CUDA_SUCCESS }
     }
 
     /// Drops every template (before a module unload, a move, the end).
@@ -262,9 +280,12 @@ mod tests {
         for n in 0..600 {
             let c: Vec<usize> = chunks(n).collect();
             assert_eq!(c.iter().sum::<usize>(), n, "{n}");
-            assert!(c.windows(2).all(|w| w[0] >= w[1]), "{n}: {c:?}");
-            assert!(c.iter().all(|&x| x == 1 || SIZES.contains(&x)));
-            assert!(c.iter().filter(|&&x| x == 1).count() <= 1, "{n}: {c:?}");
+            assert!(c.iter().all(|&x| SIZES.contains(&x)));
+            // No two chunks that one larger template could take.
+            assert!(
+                c.windows(2).all(|w| w[0] > w[1] || w[0] == SIZES[0]),
+                "{n}: {c:?}"
+            );
         }
     }
 

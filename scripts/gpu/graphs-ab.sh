@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On the GPU machine: the scheduler's fairness and the data path with the
+# worker submitting every launch as a graph launch ("all") and only runs of
+# queued launches ("runs", the default),
+# alternated in one call. Carried: target/release/fairvgpu.
+set -uo pipefail
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+B=./target/release/fairvgpu
+{
+  echo "== date: $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  for i in 1 2; do
+    for g in all runs; do
+      echo "== bench fairness --executor cuda --seconds 10 --graph-launches $g (round $i)"
+      RUST_LOG=warn $B bench fairness --executor cuda --seconds 10 --graph-launches $g; echo "rc=$?"
+    done
+  done
+  for g in all runs; do
+    echo "== bench overhead --executor cuda --graph-launches $g"
+    RUST_LOG=warn $B bench overhead --executor cuda --graph-launches $g; echo "rc=$?"
+  done
+} 2>&1 | tee "$OUT/graphs-ab.log"
