@@ -52,6 +52,16 @@ fn executors(
     }
 }
 
+/// "first / timed / host" mean charges per period, with their counts.
+fn period_kinds(st: &crate::worker::Stats) -> String {
+    let part = |k: usize| {
+        let n = st.periods[k].load(Ordering::Relaxed);
+        let ns = st.period_charges[k].load(Ordering::Relaxed);
+        format!("{:.2} [{n}]", ns as f64 / n.max(1) as f64 / 1e3)
+    };
+    format!("{} / {} / {}", part(0), part(1), part(2))
+}
+
 /// A guest's loop: given its index, device and kernel, runs until the
 /// deadline and returns how many kernels it completed.
 pub(crate) type GuestBody =
@@ -211,6 +221,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunche
     // throughput, and its kernel's measured duration.
     let mut solo = [0f64; 3];
     let mut kernel_ns = [0f64; 3];
+    let mut solo_stats = Vec::new();
     for g in 0..3 {
         let setup = Setup {
             kind,
@@ -228,6 +239,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunche
         // Launch and synchronize: each kernel is a busy period.
         let launches = r.stats[0].launches.load(Ordering::Relaxed).max(1);
         kernel_ns[g] = r.stats[0].charged_ns.load(Ordering::Relaxed) as f64 / launches as f64;
+        solo_stats.push(r.stats[0].clone());
     }
     println!("three guests on one GPU ({kind:?} executor), weights 1:2:3, {secs} s per policy");
     println!(
@@ -241,6 +253,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunche
         "policy", "guest", "weight", "kernel_us", "gpu_ms", "share", "fair", "charged_us"
     );
     let mut summary = Vec::new();
+    let mut shared_stats = Vec::new();
     for (name, fair) in [("fairvgpu", true), ("none", false)] {
         let setup = Setup {
             kind,
@@ -254,6 +267,9 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunche
             graphs,
         };
         let r = run_guests(setup, &[0, 1, 2], sync_loop())?;
+        if fair {
+            shared_stats = r.stats.clone();
+        }
         let counts = r.kernels;
         let gpu_ns: Vec<f64> = counts
             .iter()
@@ -279,6 +295,14 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunche
         // Aggregate throughput: each guest's rate relative to running alone, summed (ideal 1.0).
         let throughput: f64 = (0..3).map(|g| counts[g] as f64 / r.secs / solo[g]).sum();
         summary.push((name, scheduler::weighted_mmr(&gpu_ns, &WEIGHTS), throughput));
+    }
+    println!("charge per busy period (us) [periods] by how it was found: first of a grant / timed / host clock");
+    for g in 0..3 {
+        println!(
+            "guest {g}: alone {}  shared {}",
+            period_kinds(&solo_stats[g]),
+            period_kinds(&shared_stats[g])
+        );
     }
     for (name, m, t) in &summary {
         println!("{name}: MMR {m:.3}, aggregate throughput vs alone {t:.3}");
