@@ -98,6 +98,11 @@ pub struct Stats {
     pub periods: [AtomicU64; 3],
     /// See `periods`.
     pub period_charges: [AtomicU64; 3],
+    /// Host time the worker spent in device-to-host copies into the
+    /// response arenas (ns), and their bytes.
+    pub dtoh_ns: AtomicU64,
+    /// See `dtoh_ns`.
+    pub dtoh_bytes: AtomicU64,
     /// Kernel launches run.
     pub launches: AtomicU64,
     /// Launches whose GPU time was measured with events.
@@ -1789,6 +1794,7 @@ fn pump_outbound(sh: &mut Shared, c: &mut Chan) -> Result<(), Error> {
         }
         let (src, stream) = (ob.src + ob.off, ob.stream);
         let ctx = &mut s.ctx;
+        let t0 = Instant::now();
         let sent = c.host.resp.try_send_with(&d, n as usize, |out, slice| {
             if let Err(e) = ctx.dtoh(&slice, src, stream) {
                 out.status = e.code();
@@ -1797,6 +1803,12 @@ fn pump_outbound(sh: &mut Shared, c: &mut Chan) -> Result<(), Error> {
             }
             Ok(())
         })?;
+        if sent {
+            let st = &sh.stats;
+            st.dtoh_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            st.dtoh_bytes.fetch_add(n, Ordering::Relaxed);
+        }
         if !sent {
             break;
         }

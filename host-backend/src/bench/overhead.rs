@@ -301,6 +301,8 @@ pub fn run(
         measure(&mut t, n, false)?
     };
     let batched = running.stats.batched_launches.load(Ordering::Relaxed);
+    let dtoh_gbps = running.stats.dtoh_bytes.load(Ordering::Relaxed) as f64
+        / running.stats.dtoh_ns.load(Ordering::Relaxed).max(1) as f64;
     let launches = running.stats.launches.load(Ordering::Relaxed);
     running.shutdown()?;
     let _ = std::fs::remove_dir_all(&dir);
@@ -367,6 +369,11 @@ pub fn run(
         println!("{name:<28} {a:>14.3} {b:>14.3} {:>8.3}", b / a);
     }
     println!("remoted launches submitted in runs of two or more: {batched} of {launches}");
+    println!(
+        "worker's device-to-host copies into the arena: {dtoh_gbps:.2} GB/s while copying; \
+         the guest's 64 MiB took {:.2} GB/s end to end",
+        COPY as f64 / remote.dtoh_med / 1e9
+    );
     let copy = (remote.htod_med + remote.dtoh_med) / (native.htod_med + native.dtoh_med);
     println!(
         "overhead_sync_empty={:.3} overhead_sync_20us={:.3} overhead_async_20us={:.3} overhead_copy={:.3} transport_sync_20us={:.3}",
