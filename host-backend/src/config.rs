@@ -35,9 +35,9 @@ pub enum GraphLaunches {
     Runs,
     /// Every launch, single ones as one-node graphs: they cost the host about
     /// half a `cuLaunchKernel` and start sooner, so synchronous round trips
-    /// are shorter; under the fair scheduler, on three of seven H100
-    /// machines, a 20 us guest's charge came out 3-4% above its charge alone
-    /// (MMR 0.941-0.955; results/2026-11-22-h100-launch-batch.md).
+    /// are shorter; under the fair scheduler, on two of five H100 machines,
+    /// a 20 us guest's charge came out 3-4% above its charge alone (MMR
+    /// 0.941-0.955 in three of nine runs; results/2026-11-22-h100-launch-batch.md).
     All,
 }
 
