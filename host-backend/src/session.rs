@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use protocol::Status;
 
-use crate::executor::{Context, Handle, HandleMap, HandleSet, Queued};
+use crate::executor::{Context, Handle, HandleMap, HandleSet, Launch, Queued};
 
 /// Launches accepted from the ring but not yet submitted: a run on one
 /// stream, submitted together (possibly as one graph launch, see
@@ -38,24 +38,13 @@ impl LaunchRun {
     }
 
     /// Queues a launch (after [`LaunchRun::takes`] said yes).
-    pub fn push(
-        &mut self,
-        func: Handle,
-        grid: protocol::Dim3,
-        block: protocol::Dim3,
-        shared_mem: u32,
-        stream: Handle,
-        params: &[u8],
-    ) {
+    pub fn push(&mut self, stream: Handle, launch: Launch, params: &[u8]) {
         debug_assert!(self.takes(stream));
         self.stream = stream;
         let at = self.params.len();
         self.params.extend_from_slice(params);
         self.launches.push(Queued {
-            func,
-            grid,
-            block,
-            shared_mem,
+            launch,
             params: at..self.params.len(),
         });
     }

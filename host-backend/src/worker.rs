@@ -23,7 +23,7 @@ use qemu_ivshmem::{
     ClaimState, Descriptor, HostChannel, LayoutParams, Region, SpinPolicy, FLAG_MORE,
 };
 
-use crate::executor::{Executor, Handle};
+use crate::executor::{Executor, Handle, Launch};
 use crate::link::{Fed, PeerLink};
 use crate::session::Session;
 use crate::Error;
@@ -317,22 +317,12 @@ impl Shared {
 
     /// Queues a validated launch in the session's run, submitting the run
     /// first if the launch cannot join it.
-    #[allow(clippy::too_many_arguments)]
-    fn queue_launch(
-        &mut self,
-        s: &mut Session,
-        func: Handle,
-        grid: protocol::Dim3,
-        block: protocol::Dim3,
-        shared_mem: u32,
-        stream: Handle,
-        params: &[u8],
-    ) {
+    fn queue_launch(&mut self, s: &mut Session, stream: Handle, launch: Launch, params: &[u8]) {
         if !s.run.takes(stream) {
             self.flush_launches(s);
         }
-        self.period_add(s, stream, Some(func));
-        s.run.push(func, grid, block, shared_mem, stream, params);
+        self.period_add(s, stream, Some(launch.func));
+        s.run.push(stream, launch, params);
     }
 
     /// Whether the work issued under the grant, by the kernels' estimates,
@@ -1398,6 +1388,12 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             shared_mem,
             stream,
         } => {
+            let shape = Launch {
+                func,
+                grid,
+                block,
+                shared_mem,
+            };
             let r = s.function(func).and_then(|sizes| {
                 let want: u64 = sizes.iter().map(|&x| u64::from(x)).sum();
                 if want != u64::from(d.data_len) {
@@ -1445,7 +1441,7 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 }
                 if !scheduled {
                     sh.stats.launches.fetch_add(1, Ordering::Relaxed);
-                    sh.queue_launch(s, func, grid, block, shared_mem, stream, &params);
+                    sh.queue_launch(s, stream, shape, &params);
                     sh.params = params;
                     return Ok(());
                 }
@@ -1483,7 +1479,7 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                         x.launch_timed(func, grid, block, shared_mem, stream, &params)
                     })
                 } else {
-                    sh.queue_launch(s, func, grid, block, shared_mem, stream, &params);
+                    sh.queue_launch(s, stream, shape, &params);
                     Ok(())
                 };
                 sh.params = params;

@@ -60,6 +60,17 @@ static CUgraphExec exec;
 static CUgraph graph;
 static CUgraphNode nodes[MAXB];
 
+// A one-thread launch of `f` with `args`, as a kernel node's parameters.
+static CUDA_KERNEL_NODE_PARAMS one_thread(CUfunction f, void **args) {
+  CUDA_KERNEL_NODE_PARAMS p;
+  memset(&p, 0, sizeof p);
+  p.func = f;
+  p.gridDimX = p.gridDimY = p.gridDimZ = 1;
+  p.blockDimX = p.blockDimY = p.blockDimZ = 1;
+  p.kernelParams = args;
+  return p;
+}
+
 static void launch_one(unsigned i) {
   unsigned idx = i % SLOTS;
   void *args[] = {&out, &idx};
@@ -73,12 +84,7 @@ static void build(int b) {
   for (int i = 0; i < b; i++) {
     unsigned idx = i;
     void *args[] = {&out, &idx};
-    CUDA_KERNEL_NODE_PARAMS p;
-    memset(&p, 0, sizeof p);
-    p.func = put;
-    p.gridDimX = p.gridDimY = p.gridDimZ = 1;
-    p.blockDimX = p.blockDimY = p.blockDimZ = 1;
-    p.kernelParams = args;
+    CUDA_KERNEL_NODE_PARAMS p = one_thread(put, args);
     CK(cuGraphAddKernelNode(&nodes[i], g, i ? &nodes[i - 1] : NULL, i ? 1 : 0, &p));
   }
   // The graph stays: its node handles name the exec's nodes.
@@ -95,12 +101,7 @@ static void batch(const char *m, unsigned base, int b) {
     for (int i = 0; i < b; i++) {
       unsigned idx = (base + i) % SLOTS;
       void *args[] = {&out, &idx};
-      CUDA_KERNEL_NODE_PARAMS p;
-      memset(&p, 0, sizeof p);
-      p.func = put;
-      p.gridDimX = p.gridDimY = p.gridDimZ = 1;
-      p.blockDimX = p.blockDimY = p.blockDimZ = 1;
-      p.kernelParams = args;
+      CUDA_KERNEL_NODE_PARAMS p = one_thread(put, args);
       CK(cuGraphExecKernelNodeSetParams(exec, nodes[i], &p));
     }
     CK(cuGraphLaunch(exec, st));
@@ -124,12 +125,7 @@ static void batch(const char *m, unsigned base, int b) {
     for (int i = 0; i < b; i++) {
       unsigned idx = (base + i) % SLOTS;
       void *args[] = {&out, &idx};
-      CUDA_KERNEL_NODE_PARAMS p;
-      memset(&p, 0, sizeof p);
-      p.func = put;
-      p.gridDimX = p.gridDimY = p.gridDimZ = 1;
-      p.blockDimX = p.blockDimY = p.blockDimZ = 1;
-      p.kernelParams = args;
+      CUDA_KERNEL_NODE_PARAMS p = one_thread(put, args);
       CK(cuGraphAddKernelNode(&n, g, prev ? &prev : NULL, prev ? 1 : 0, &p));
       prev = n;
     }
@@ -163,12 +159,7 @@ static void latency(void) {
     CUgraph g;
     CUgraphNode node;
     CUgraphExec ex;
-    CUDA_KERNEL_NODE_PARAMS p;
-    memset(&p, 0, sizeof p);
-    p.func = spin;
-    p.gridDimX = p.gridDimY = p.gridDimZ = 1;
-    p.blockDimX = p.blockDimY = p.blockDimZ = 1;
-    p.kernelParams = args;
+    CUDA_KERNEL_NODE_PARAMS p = one_thread(spin, args);
     CK(cuGraphCreate(&g, 0));
     CK(cuGraphAddKernelNode(&node, g, NULL, 0, &p));
     CK(cuGraphInstantiateWithFlags(&ex, g, 0));

@@ -15,7 +15,7 @@ use vm_memory::VolatileSlice;
 use crate::config::{Config, ExecutorKind, GraphLaunches};
 use crate::daemon::build_executor;
 use crate::demo::KERNELS_PTX;
-use crate::executor::{Context, Handle, Queued};
+use crate::executor::{Context, Handle, Launch, Queued};
 use crate::worker::{spawn, WorkerConfig};
 
 use super::percentile;
@@ -79,10 +79,12 @@ impl Target for Native {
         };
         let r = if self.as_worker {
             let q = Queued {
-                func: f,
-                grid: ONE,
-                block: ONE,
-                shared_mem: 0,
+                launch: Launch {
+                    func: f,
+                    grid: ONE,
+                    block: ONE,
+                    shared_mem: 0,
+                },
                 params: 0..params.len(),
             };
             self.ctx.launch_many(0, &[q], params)
@@ -146,6 +148,13 @@ impl Target for Remote {
     }
     fn alloc(&mut self, size: u64) -> Result<u64> {
         Ok(self.gpu.mem_alloc(size)?)
+    }
+}
+
+/// One line per (workload, native, remoted), with their ratio.
+fn print_rows(rows: &[(&str, f64, f64)]) {
+    for &(name, a, b) in rows {
+        println!("{name:<28} {a:>14.3} {b:>14.3} {:>8.3}", b / a);
     }
 }
 
@@ -347,13 +356,11 @@ pub fn run(
             remote.dtoh_med * 1e3,
         ),
     ];
-    for (name, a, b) in rows {
-        println!("{name:<28} {a:>14.3} {b:>14.3} {:>8.3}", b / a);
-    }
+    print_rows(&rows);
     // The transport's own cost: the same loops with this process submitting
     // its launches the way the worker does.
     println!("native, launches submitted the way the worker submits them:");
-    let transport = [
+    print_rows(&[
         (
             "empty launch+sync mean (us)",
             as_worker.sync_empty_mean * 1e6,
@@ -364,10 +371,7 @@ pub fn run(
             as_worker.sync_20us_mean * 1e6,
             remote.sync_20us_mean * 1e6,
         ),
-    ];
-    for (name, a, b) in transport {
-        println!("{name:<28} {a:>14.3} {b:>14.3} {:>8.3}", b / a);
-    }
+    ]);
     println!("remoted launches submitted in runs of two or more: {batched} of {launches}");
     println!(
         "worker's device-to-host copies into the arena: {dtoh_gbps:.2} GB/s while copying; \

@@ -726,14 +726,14 @@ impl CudaContext {
     ) -> Result<(), Status> {
         let nodes: Result<Vec<batch::Node<'_>>, Status> = chunk
             .iter()
-            .map(|l| {
-                let (f, sizes) = self.func(l.func)?;
-                let p = params.get(l.params.clone()).ok_or(Status::InvalidValue)?;
+            .map(|q| {
+                let (f, sizes) = self.func(q.launch.func)?;
+                let p = params.get(q.params.clone()).ok_or(Status::InvalidValue)?;
                 Ok(batch::Node {
                     f,
-                    grid: l.grid,
-                    block: l.block,
-                    smem: l.shared_mem,
+                    grid: q.launch.grid,
+                    block: q.launch.block,
+                    smem: q.launch.shared_mem,
                     params: p,
                     ptrs: param_ptrs(sizes, p, 0)?,
                 })
@@ -748,17 +748,7 @@ impl CudaContext {
             }
         }
         // One by one, each with its own error.
-        let mut first = Ok(());
-        for l in chunk {
-            let r = params
-                .get(l.params.clone())
-                .ok_or(Status::InvalidValue)
-                .and_then(|p| self.launch(l.func, l.grid, l.block, l.shared_mem, s, p));
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        first
+        super::launch_each(self, s, chunk, params)
     }
 
     fn func(&self, h: Handle) -> Result<(sys::CUfunction, &[u32]), Status> {

@@ -82,10 +82,9 @@ pub struct Moved {
     pub allocations: u64,
 }
 
-/// One launch of a run the worker queued on one stream: its parameters are
-/// `params` of the run's shared parameter buffer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Queued {
+/// What a kernel launch runs, and on how many threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
     /// The kernel.
     pub func: Handle,
     /// Grid size in blocks.
@@ -94,8 +93,37 @@ pub struct Queued {
     pub block: Dim3,
     /// Dynamic shared memory, bytes.
     pub shared_mem: u32,
+}
+
+/// One launch of a run the worker queued on one stream: its parameters are
+/// `params` of the run's shared parameter buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queued {
+    /// What it runs.
+    pub launch: Launch,
     /// Its packed parameters: a range of the run's buffer.
     pub params: std::ops::Range<usize>,
+}
+
+/// Launches `launches` one by one with [`Context::launch`]; a failure does
+/// not stop the others, the first is returned.
+pub fn launch_each<C: Context + ?Sized>(
+    ctx: &mut C,
+    stream: Handle,
+    launches: &[Queued],
+    params: &[u8],
+) -> Result<(), Status> {
+    let mut first = Ok(());
+    for q in launches {
+        let (l, p) = (q.launch, params.get(q.params.clone()));
+        let r = p
+            .ok_or(Status::InvalidValue)
+            .and_then(|p| ctx.launch(l.func, l.grid, l.block, l.shared_mem, stream, p));
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
 }
 
 /// The per-guest-process context. Dropping it frees everything it holds.
@@ -157,15 +185,7 @@ pub trait Context: Send {
         launches: &[Queued],
         params: &[u8],
     ) -> Result<(), Status> {
-        let mut first = Ok(());
-        for l in launches {
-            let p = params.get(l.params.clone()).ok_or(Status::InvalidValue);
-            let r = p.and_then(|p| self.launch(l.func, l.grid, l.block, l.shared_mem, stream, p));
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        first
+        launch_each(self, stream, launches, params)
     }
     /// A launch whose GPU time the device measures (events around it); the
     /// time is read later with [`Context::take_timings`].

@@ -312,12 +312,9 @@ mod tests {
             ..n
         }));
         let n2 = Node {
-            f: 0x1000 as sys::CUfunction,
-            grid: Dim3 { x: 4, y: 1, z: 1 },
-            block: Dim3 { x: 128, y: 1, z: 1 },
             smem: 16,
-            params: &params,
             ptrs: Vec::new(),
+            ..n
         };
         assert!(!s.matches(&n2));
         s.record(&n2);
