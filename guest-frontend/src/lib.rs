@@ -12,6 +12,7 @@
 
 #![warn(missing_docs)]
 
+pub mod copy;
 pub mod device;
 
 use std::path::Path;
@@ -470,7 +471,7 @@ impl Gpu {
             }
             if d.status == 0 {
                 // One copy, straight from the arena into the caller's buffer.
-                self.ch.resp.data(&d)?.copy_to(&mut dst[off..off + n]);
+                copy::copy_out(&self.ch.resp.data(&d)?, &mut dst[off..off + n]);
             }
             self.ch.resp.consume(&d)?;
             Self::status(&d)?;
