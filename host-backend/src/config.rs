@@ -37,7 +37,8 @@ pub enum GraphLaunches {
     /// half a `cuLaunchKernel` and start sooner, so synchronous round trips
     /// are shorter; under the fair scheduler, on two of five H100 machines,
     /// a 20 us guest's charge came out 3-4% above its charge alone (MMR
-    /// 0.941-0.955 in three of nine runs; results/2026-11-22-h100-launch-batch.md).
+    /// 0.941-0.955 in three of nine runs, perhaps host-clock noise, which also
+    /// gave one run with "runs" 0.959; results/2026-11-22-h100-launch-batch.md).
     All,
 }
 
