@@ -316,7 +316,7 @@ mod tests {
     #[test]
     fn long_periods_are_all_timed_short_ones_sampled() {
         let mut m = PeriodMeter::new(8);
-        let mut run = |m: &mut PeriodMeter, ns: u64, n: u64| {
+        let run = |m: &mut PeriodMeter, ns: u64, n: u64| {
             let mut timed = 0;
             for _ in 0..n {
                 if m.open(false) {
