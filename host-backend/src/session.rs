@@ -24,8 +24,9 @@ pub struct LaunchRun {
 }
 
 impl LaunchRun {
-    /// Longest run: the worker submits it when it grows to this.
-    pub const MAX: usize = 128;
+    /// Longest run: the worker submits it when it grows to this (it takes
+    /// at most as many requests from a channel in one pass).
+    pub const MAX: usize = 64;
 
     /// Whether nothing is queued.
     pub fn is_empty(&self) -> bool {
