@@ -123,11 +123,12 @@ pub struct Period {
 impl Period {
     /// A period whose first operation goes to `stream`.
     pub fn new(stream: Handle, timed: bool, first: bool) -> Period {
+        let since = std::time::Instant::now();
         Period {
-            since: std::time::Instant::now(),
+            since,
             timed,
             first,
-            mark_at: timed.then(std::time::Instant::now),
+            mark_at: timed.then_some(since),
             gap_ns: 0,
             streams: vec![stream],
             launches: 0,

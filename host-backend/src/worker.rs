@@ -351,6 +351,25 @@ impl Shared {
         true
     }
 
+    /// Drains `stream` (`None`: every stream) with `sync`, marking the end of
+    /// the busy period the drain ends. Returns the drain's result and whether
+    /// it ended a period, to be charged with [`Shared::period_close`] (after
+    /// the reply). A failed drain drops the period: its work failed, there is
+    /// nothing more to charge.
+    fn drain(
+        s: &mut Session,
+        stream: Option<Handle>,
+        sync: impl FnOnce(&mut dyn crate::executor::Context) -> Result<(), Status>,
+    ) -> (Result<(), Status>, bool) {
+        let ending = Self::period_ending(s, stream);
+        let r = sync(&mut *s.ctx);
+        if ending && r.is_err() {
+            s.period = None;
+        }
+        let ended = ending && r.is_ok();
+        (r, ended)
+    }
+
     /// After the drain: charges the ended period, and learns the time of
     /// its function if it ran only one.
     fn period_close(&mut self, s: &mut Session) {
@@ -684,14 +703,12 @@ impl Worker {
     fn release_grant(&mut self, still_active: bool) -> Result<(), Error> {
         for c in &mut self.chans {
             if let Some(s) = c.session.as_mut() {
-                let ending = Shared::period_ending(s, None);
-                match s.ctx.synchronize() {
-                    Ok(()) if ending => self.sh.period_close(s),
-                    Ok(()) => {}
-                    Err(e) => {
-                        s.period = None;
-                        s.defer(e);
-                    }
+                let (r, ended) = Shared::drain(s, None, |x| x.synchronize());
+                if ended {
+                    self.sh.period_close(s);
+                }
+                if let Err(e) = r {
+                    s.defer(e);
                 }
                 Shared::collect_timings(s);
             }
@@ -1177,14 +1194,9 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             reply(sh, c, tag, opc, r, &info)
         }
         Request::CtxSynchronize => {
-            let ending = Shared::period_ending(s, None);
-            let r = s.ctx.synchronize();
-            if r.is_err() {
-                // Its work failed: nothing more to charge.
-                s.period = None;
-            }
+            let (r, ended) = Shared::drain(s, None, |x| x.synchronize());
             reply(sh, c, tag, opc, unit(r), &[])?;
-            close_period(sh, c, ending && r.is_ok());
+            close_period(sh, c, ended);
             Ok(())
         }
         Request::MemAlloc { size } => {
@@ -1471,11 +1483,8 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 // comes from the busy period.
                 sh.issued_ns += est.unwrap_or(0);
                 sh.stats.launches.fetch_add(1, Ordering::Relaxed);
-                let timed = sh.time_launches || est.is_none();
-                if timed {
+                let r = if sh.time_launches || est.is_none() {
                     sh.stats.timed_launches.fetch_add(1, Ordering::Relaxed);
-                }
-                let r = if timed {
                     sh.flush_launches(s);
                     sh.in_period(s, stream, Some(func), |x| {
                         x.launch_timed(func, grid, block, shared_mem, stream, &params)
@@ -1509,14 +1518,12 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             reply(sh, c, tag, opc, unit(r), &[])
         }
         Request::StreamSynchronize { stream } => {
-            let ok = s.check_stream(stream);
-            let ending = ok.is_ok() && Shared::period_ending(s, Some(stream));
-            let r = ok.and_then(|()| s.ctx.stream_synchronize(stream));
-            if ending && r.is_err() {
-                s.period = None;
-            }
+            let (r, ended) = match s.check_stream(stream) {
+                Ok(()) => Shared::drain(s, Some(stream), |x| x.stream_synchronize(stream)),
+                Err(e) => (Err(e), false),
+            };
             reply(sh, c, tag, opc, unit(r), &[])?;
-            close_period(sh, c, ending && r.is_ok());
+            close_period(sh, c, ended);
             Ok(())
         }
         Request::StreamQuery { stream } => {
@@ -1806,15 +1813,13 @@ fn pump_outbound(sh: &mut Shared, c: &mut Chan) -> Result<(), Error> {
             }
             Ok(())
         })?;
-        if sent {
-            let st = &sh.stats;
-            st.dtoh_ns
-                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            st.dtoh_bytes.fetch_add(n, Ordering::Relaxed);
-        }
         if !sent {
             break;
         }
+        let st = &sh.stats;
+        st.dtoh_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        st.dtoh_bytes.fetch_add(n, Ordering::Relaxed);
         notify_guest(sh, ch)?;
         ob.off += n;
         if failed || ob.off >= ob.len {

@@ -1094,17 +1094,10 @@ impl Context for CudaContext {
     fn launch_many(&mut self, s: Handle, launches: &[Queued], params: &[u8]) -> Result<(), Status> {
         self.bind()?;
         let st = self.stream(s)?;
-        let mut first = Ok(());
-        let mut at = 0;
-        for n in batch::chunks(launches.len()) {
-            let chunk = &launches[at..at + n];
-            at += n;
-            let r = self.launch_chunk(st, s, chunk, params);
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        first
+        batch::chunks(launches)
+            .map(|chunk| self.launch_chunk(st, s, chunk, params))
+            // Every chunk runs; the first error stays.
+            .fold(Ok(()), Result::and)
     }
 
     fn launch_timed(
@@ -1191,13 +1184,11 @@ impl Context for CudaContext {
     fn period_ns(&mut self) -> Option<u64> {
         self.bind().ok()?;
         let (a, ends) = self.period.take()?;
-        let mut worst = if ends.is_empty() { None } else { Some(0) };
-        for &e in &ends {
-            worst = match (worst, Self::elapsed_ns(a, e)) {
-                (Some(w), Some(ns)) => Some(w.max(ns)),
-                _ => None,
-            };
-        }
+        // The last stream to finish ends it; unknown while any has not.
+        let worst = ends
+            .iter()
+            .try_fold(0, |w: u64, &e| Some(w.max(Self::elapsed_ns(a, e)?)))
+            .filter(|_| !ends.is_empty());
         self.event_pool.push(a);
         self.event_pool.extend(ends);
         worst

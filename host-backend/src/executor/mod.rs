@@ -113,17 +113,15 @@ pub fn launch_each<C: Context + ?Sized>(
     launches: &[Queued],
     params: &[u8],
 ) -> Result<(), Status> {
-    let mut first = Ok(());
-    for q in launches {
-        let (l, p) = (q.launch, params.get(q.params.clone()));
-        let r = p
-            .ok_or(Status::InvalidValue)
-            .and_then(|p| ctx.launch(l.func, l.grid, l.block, l.shared_mem, stream, p));
-        if first.is_ok() {
-            first = r;
-        }
-    }
-    first
+    launches
+        .iter()
+        .map(|q| {
+            let (l, p) = (q.launch, params.get(q.params.clone()));
+            p.ok_or(Status::InvalidValue)
+                .and_then(|p| ctx.launch(l.func, l.grid, l.block, l.shared_mem, stream, p))
+        })
+        // Every launch runs; the first error stays.
+        .fold(Ok(()), Result::and)
 }
 
 /// The per-guest-process context. Dropping it frees everything it holds.

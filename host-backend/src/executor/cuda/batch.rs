@@ -44,15 +44,13 @@ pub(super) const SIZES: [usize; 7] = [64, 32, 16, 8, 4, 2, 1];
 /// Failed builds after which a context stops trying a size.
 const MAX_BUILD_FAILURES: u8 = 3;
 
-/// Cuts a run of `n` launches into template-sized chunks, largest first.
-pub(super) fn chunks(mut n: usize) -> impl Iterator<Item = usize> {
+/// Cuts a run into template-sized chunks, largest first.
+pub(super) fn chunks<T>(mut run: &[T]) -> impl Iterator<Item = &[T]> {
     std::iter::from_fn(move || {
-        if n == 0 {
-            return None;
-        }
-        let c = SIZES.iter().copied().find(|&s| s <= n).unwrap_or(1);
-        n -= c;
-        Some(c)
+        let size = SIZES.iter().copied().find(|&s| s <= run.len())?;
+        let (chunk, rest) = run.split_at(size);
+        run = rest;
+        Some(chunk)
     })
 }
 
@@ -273,15 +271,21 @@ mod tests {
 
     #[test]
     fn runs_are_cut_largest_first_into_template_sizes() {
-        let c: Vec<usize> = chunks(0).collect();
-        assert!(c.is_empty());
-        assert_eq!(chunks(1).collect::<Vec<_>>(), [1]);
-        assert_eq!(chunks(3).collect::<Vec<_>>(), [2, 1]);
-        assert_eq!(chunks(64).collect::<Vec<_>>(), [64]);
-        assert_eq!(chunks(100).collect::<Vec<_>>(), [64, 32, 4]);
-        assert_eq!(chunks(300).collect::<Vec<_>>(), [64, 64, 64, 64, 32, 8, 4]);
+        let sizes = |n: usize| -> Vec<usize> {
+            let run: Vec<usize> = (0..n).collect();
+            let parts: Vec<&[usize]> = chunks(&run).collect();
+            // The chunks are the run, in order.
+            assert_eq!(parts.concat(), run);
+            parts.iter().map(|p| p.len()).collect()
+        };
+        assert!(sizes(0).is_empty());
+        assert_eq!(sizes(1), [1]);
+        assert_eq!(sizes(3), [2, 1]);
+        assert_eq!(sizes(64), [64]);
+        assert_eq!(sizes(100), [64, 32, 4]);
+        assert_eq!(sizes(300), [64, 64, 64, 64, 32, 8, 4]);
         for n in 0..600 {
-            let c: Vec<usize> = chunks(n).collect();
+            let c = sizes(n);
             assert_eq!(c.iter().sum::<usize>(), n, "{n}");
             assert!(c.iter().all(|&x| SIZES.contains(&x)));
             // No two chunks that one larger template could take.
