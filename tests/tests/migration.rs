@@ -18,6 +18,23 @@ use serde_json::Value;
 
 const NODES: u32 = 1000;
 
+/// Pins or unpins a vGPU through the API; the HTTP status.
+fn pin(d: &DaemonProc, vm: &str, pinned: bool) -> u16 {
+    let body = format!("{{\"pinned\": {pinned}}}");
+    d.post(&format!("/api/v1/vgpus/{vm}/pin"), &body)
+        .expect("API answers")
+        .0
+}
+
+/// Asks the API to move a vGPU to `gpu`: the HTTP status and the answer.
+fn migrate(d: &DaemonProc, vm: &str, gpu: u32) -> (u16, Value) {
+    d.post(
+        &format!("/api/v1/vgpus/{vm}/migrate"),
+        &format!("{{\"gpu\": {gpu}}}"),
+    )
+    .expect("API answers")
+}
+
 #[test]
 fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
     let bin = cargo_build("fairvgpu").join("fairvgpu");
@@ -146,29 +163,12 @@ fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
     assert!(events.contains("mover: GPU 0 -> 1"), "{events}");
 
     // Pinned: refused, until unpinned.
-    assert_eq!(
-        d.post("/api/v1/vgpus/mover/pin", "{\"pinned\": true}")
-            .expect("API answers")
-            .0,
-        200
-    );
-    let (code, body) = d
-        .post("/api/v1/vgpus/mover/migrate", "{\"gpu\": 0}")
-        .expect("API answers");
+    assert_eq!(pin(&d, "mover", true), 200);
+    let (code, body) = migrate(&d, "mover", 0);
     assert_eq!(code, 409, "{body}");
     assert!(body.to_string().contains("pinned"), "{body}");
-    assert_eq!(
-        d.post("/api/v1/vgpus/mover/pin", "{\"pinned\": false}")
-            .expect("API answers")
-            .0,
-        200
-    );
-    assert_eq!(
-        d.post("/api/v1/vgpus/mover/migrate", "{\"gpu\": 7}")
-            .expect("API answers")
-            .0,
-        409
-    );
+    assert_eq!(pin(&d, "mover", false), 200);
+    assert_eq!(migrate(&d, "mover", 7).0, 409);
 
     stop.store(true, Ordering::Relaxed);
     other.join().expect("the other VM never failed");
@@ -185,21 +185,9 @@ fn the_balancer_moves_a_busy_vgpu_off_an_overloaded_gpu() {
     let d = DaemonProc::start_with(&bin, "balancer", ExecutorKind::Sim, &vms, extra).unwrap();
     // (They were placed 0 and 1 as they name no GPU; put both on 0 by hand.)
     if d.vgpu("b").unwrap()["gpu"] == 1 {
-        assert_eq!(
-            d.post("/api/v1/vgpus/b/pin", "{\"pinned\": true}")
-                .expect("API answers")
-                .0,
-            200
-        );
-        assert_eq!(
-            d.post("/api/v1/vgpus/b/pin", "{\"pinned\": false}")
-                .expect("API answers")
-                .0,
-            200
-        );
-        let (code, body) = d
-            .post("/api/v1/vgpus/b/migrate", "{\"gpu\": 0}")
-            .expect("API answers");
+        assert_eq!(pin(&d, "b", true), 200);
+        assert_eq!(pin(&d, "b", false), 200);
+        let (code, body) = migrate(&d, "b", 0);
         assert_eq!(code, 200, "{body}");
     }
     let stop = Arc::new(AtomicBool::new(false));
