@@ -7,28 +7,10 @@
 // registered (pinned) ring of four chunks with cuMemcpyDtoH, then the CPU copies it into the destination; only
 // the CPU copies are timed. Methods: memcpy; SSE2 non-temporal stores
 // (_mm_stream_si128, no read of the destination's lines before writing them).
-#include <cuda.h>
+#include "probe.h"
 #include <emmintrin.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-#define CK(x)                                                          \
-  do {                                                                 \
-    CUresult r_ = (x);                                                 \
-    if (r_ != CUDA_SUCCESS) {                                          \
-      fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #x, r_); \
-      exit(1);                                                         \
-    }                                                                  \
-  } while (0)
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static void stream_copy(void *dst, const void *src, size_t n) {
   char *d = dst;

@@ -3,11 +3,9 @@
 # fairvgpu's scheduler vs none; then the accounting's error against the
 # guest's own CUDA events, and its cost. Carried: target/release/fairvgpu.
 set -uo pipefail
-export LD_LIBRARY_PATH=/usr/local/nvidia/lib64
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. scripts/gpu/lib.sh
 {
-  echo "== date: $(date -u +%FT%TZ)"
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  header
   echo "== bench fairness --executor cuda --seconds 10"
   RUST_LOG=warn ./target/release/fairvgpu bench fairness --executor cuda --seconds 10; echo "rc=$?"
   echo "== bench accounting --executor cuda --seconds 2"

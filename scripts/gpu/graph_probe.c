@@ -15,11 +15,8 @@
 // timed) and "sustained" (N launches, one synchronize at the end, all timed).
 // After each setparam/capture run the output array is checked: every
 // kernel must have stored its own i + 1.
-#include <cuda.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include "probe.h"
 #include <string.h>
-#include <time.h>
 
 static const char *PTX =
     ".version 7.0\n.target sm_70\n.address_size 64\n"
@@ -33,23 +30,6 @@ static const char *PTX =
     "  ld.param.u64 %rd1, [ns]; mov.u64 %rd2, %globaltimer;\n"
     "L: mov.u64 %rd3, %globaltimer; sub.s64 %rd4, %rd3, %rd2;\n"
     "  setp.lt.u64 %p, %rd4, %rd1; @%p bra L; ret; }\n";
-
-#define CK(x)                                                               \
-  do {                                                                      \
-    CUresult r_ = (x);                                                      \
-    if (r_ != CUDA_SUCCESS) {                                               \
-      const char *n_ = "?";                                                 \
-      cuGetErrorName(r_, &n_);                                              \
-      fprintf(stderr, "%s:%d %s -> %s\n", __FILE__, __LINE__, #x, n_);      \
-      exit(1);                                                              \
-    }                                                                       \
-  } while (0)
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 enum { MAXB = 512, SLOTS = 1 << 20 };
 static CUfunction put;

@@ -4,12 +4,10 @@
 # queued launches ("runs", the default),
 # alternated in one call. Carried: target/release/fairvgpu.
 set -uo pipefail
-export LD_LIBRARY_PATH=/usr/local/nvidia/lib64
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. scripts/gpu/lib.sh
 B=./target/release/fairvgpu
 {
-  echo "== date: $(date -u +%FT%TZ)"
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  header
   for i in 1 2; do
     for g in all runs; do
       echo "== bench fairness --executor cuda --seconds 10 --graph-launches $g (round $i)"

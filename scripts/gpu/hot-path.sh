@@ -6,12 +6,10 @@
 # the daemon's scheduler off (what the scheduler's per-launch work costs).
 # Carried: target/release/{fairvgpu,libcuda.so,cudarc-guest}.
 set -uo pipefail
-export LD_LIBRARY_PATH=/usr/local/nvidia/lib64
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. scripts/gpu/lib.sh
 B=./target/release/fairvgpu
 {
-  echo "== date: $(date -u +%FT%TZ)"
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  header
   for i in 1 2; do
     echo "== bench overhead --executor cuda (run $i)"
     RUST_LOG=warn $B bench overhead --executor cuda; echo "rc=$?"

@@ -3,9 +3,7 @@
 # stand-in (daemon on the cuda executor). Carried: target/release/fairvgpu,
 # target/release/libcuda.so, target/release/cudarc-guest.
 set -uo pipefail
-NV=/usr/local/nvidia/lib64
-export LD_LIBRARY_PATH=$NV
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. scripts/gpu/lib.sh
 W=/tmp/fvg; rm -rf $W; mkdir -p $W/lib $W/run
 cp target/release/libcuda.so $W/lib/libcuda.so.1; cp target/release/libcuda.so $W/lib/libcuda.so
 PTX=$PWD/host-backend/kernels/fairvgpu.ptx
@@ -19,8 +17,7 @@ tenant = "t"
 memory_limit_mib = 8192
 TOML
 {
-echo "== date: $(date -u +%FT%TZ)"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+header
 nvcc --version | tail -2
 echo "== build the C program with nvcc for sm_90"
 nvcc -O2 -arch=sm_90 -x c -o $W/driver_api tests/c/driver_api.c -L$NV -lcuda -lm && echo built

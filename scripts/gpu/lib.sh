@@ -1,0 +1,33 @@
+# Sourced by the GPU scripts: the driver's library path, $OUT (what comes
+# back from the device machine), and what several of them do.
+NV=/usr/local/nvidia/lib64
+export LD_LIBRARY_PATH=$NV
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+
+# The lines every log starts with: when, and on which GPU and driver.
+header() {
+  echo "== date: $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+}
+
+# Starts $1 busy-loop processes (a noisy host) until hogs_stop.
+hogs_start() {
+  echo "== $1 busy-loop processes on $(nproc) CPUs"
+  HOG_PIDS=""
+  for _ in $(seq "$1"); do sh -c 'while :; do :; done' & HOG_PIDS="$HOG_PIDS $!"; done
+}
+
+hogs_stop() {
+  kill $HOG_PIDS
+  wait $HOG_PIDS 2>/dev/null
+}
+
+# Builds scripts/gpu/$1.c with nvcc into $2/$1 and runs it with the rest
+# of the arguments.
+probe() {
+  local name=$1 dir=$2; shift 2
+  rm -rf "$dir"; mkdir -p "$dir"
+  header
+  nvcc -O2 -o "$dir/$name" "scripts/gpu/$name.c" -L$NV -lcuda && echo built
+  "$dir/$name" "$@"; echo "rc=$?"
+}
