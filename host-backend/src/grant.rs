@@ -420,7 +420,7 @@ fn serve(
                                 v.holding = false;
                             });
                             if b == 0 {
-                                let _ = sched.idle(id);
+                                let _ = sched.idle(id, now);
                                 if active.remove(&id) {
                                     apply_shares(&mut sched, &shares, &active, &conns, usage);
                                 }

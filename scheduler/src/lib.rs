@@ -100,6 +100,8 @@ pub struct GpuScheduler {
     queue: StartTagQueue,
     classes: HashMap<VgpuId, classify::Interactivity>,
     waiting_vcpu: HashMap<VgpuId, u32>,
+    /// When each idle vGPU left the run queue.
+    left: HashMap<VgpuId, u64>,
     slice_ns: u64,
 }
 
@@ -110,6 +112,7 @@ impl GpuScheduler {
             queue: StartTagQueue::new(),
             classes: HashMap::new(),
             waiting_vcpu: HashMap::new(),
+            left: HashMap::new(),
             slice_ns,
         }
     }
@@ -131,18 +134,34 @@ impl GpuScheduler {
         self.queue.remove(id)?;
         self.classes.remove(&id);
         self.waiting_vcpu.remove(&id);
+        self.left.remove(&id);
         Ok(())
     }
 
     /// The vGPU has requests: it becomes runnable. `sync_vcpu` is the vCPU
     /// waiting on it when the request is synchronous.
+    ///
+    /// A vGPU back within one slice of going idle was not idle in any sense
+    /// its tenant would recognise: its guest was between a reply and its
+    /// next call, and a host CPU busy elsewhere made that gap longer than the
+    /// worker's spin. It keeps its start tag, up to one slice of its own GPU
+    /// time behind virtual time, instead of joining at virtual time:
+    /// otherwise every such gap would hand its place to the others and a
+    /// CPU-starved guest would get less than its weight, while the GPU was
+    /// not kept idle for it. The bound keeps what it can bring back to one
+    /// slice. After a longer absence it joins at virtual time (FairGV).
     pub fn request(
         &mut self,
         id: VgpuId,
         now_ns: u64,
         sync_vcpu: Option<u32>,
     ) -> Result<(), SchedError> {
-        self.queue.wake(id)?;
+        match self.left.remove(&id) {
+            Some(at) if now_ns.saturating_sub(at) <= self.slice_ns => {
+                self.queue.wake_with_credit(id, self.slice_ns)?
+            }
+            _ => self.queue.wake(id)?,
+        }
         if let Some(v) = sync_vcpu {
             self.classes.entry(id).or_default().record_sync(now_ns);
             self.waiting_vcpu.insert(id, v);
@@ -151,9 +170,11 @@ impl GpuScheduler {
     }
 
     /// The vGPU has nothing left to run (after its bounded spin).
-    pub fn idle(&mut self, id: VgpuId) -> Result<(), SchedError> {
+    pub fn idle(&mut self, id: VgpuId, now_ns: u64) -> Result<(), SchedError> {
         self.waiting_vcpu.remove(&id);
-        self.queue.block(id)
+        self.queue.block(id)?;
+        self.left.insert(id, now_ns);
+        Ok(())
     }
 
     /// Picks who runs next.
@@ -192,6 +213,120 @@ impl GpuScheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Three vGPUs of weights 1:2:3 running `kernel_ns` kernels back to back;
+    /// vGPU 3 is away for `away_ns` after each of its kernels (its guest
+    /// between a reply and its next call), so it is never runnable when the
+    /// GPU is handed on right after it. Returns each one's GPU time.
+    fn three_with_one_away(kernel_ns: u64, away_ns: u64, total_ns: u64) -> [u64; 3] {
+        let mut s = GpuScheduler::new(6_000_000);
+        for id in 1..=3 {
+            s.add(id, f64::from(id)).unwrap();
+            s.request(id, 0, None).unwrap();
+        }
+        let mut used = [0u64; 3];
+        let mut now = 0;
+        let mut back_at = None;
+        while now < total_ns {
+            if back_at.is_some_and(|t| t <= now) {
+                s.request(3, back_at.take().unwrap(), None).unwrap();
+            }
+            let g = s.grant(now).expect("someone is runnable");
+            now += kernel_ns;
+            used[g.vgpu as usize - 1] += kernel_ns;
+            s.release(g.vgpu, kernel_ns).unwrap();
+            if g.vgpu == 3 {
+                s.idle(3, now).unwrap();
+                back_at = Some(now + away_ns);
+            }
+        }
+        used
+    }
+
+    fn shares(used: [u64; 3]) -> [f64; 3] {
+        let t: u64 = used.iter().sum();
+        used.map(|u| u as f64 / t as f64)
+    }
+
+    #[test]
+    fn a_vgpu_back_within_a_slice_keeps_its_place_and_its_share() {
+        // Away 0.1 ms after each 2 ms kernel: it misses every hand-on.
+        let s = shares(three_with_one_away(2_000_000, 100_000, 20_000_000_000));
+        for (got, want) in s.iter().zip([1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0]) {
+            assert!((got - want).abs() < 0.01, "shares {s:?}");
+        }
+    }
+
+    #[test]
+    fn a_vgpu_back_after_a_slice_joins_at_virtual_time() {
+        let mut s = GpuScheduler::new(6_000_000);
+        s.add(1, 1.0).unwrap();
+        s.add(2, 1.0).unwrap();
+        s.request(1, 0, None).unwrap();
+        s.request(2, 0, None).unwrap();
+        // 1 runs a short kernel and leaves; 2 runs long ones meanwhile.
+        assert_eq!(s.grant(0).unwrap().vgpu, 1);
+        s.release(1, 1_000_000).unwrap();
+        s.idle(1, 1_000_000).unwrap();
+        for _ in 0..5 {
+            assert_eq!(s.grant(0).unwrap().vgpu, 2);
+            s.release(2, 2_000_000).unwrap();
+        }
+        let before = s.queue().start_tag(1).unwrap();
+        // Back 10 ms later (more than a slice): no credit for the absence.
+        s.request(1, 11_000_000, None).unwrap();
+        let vt = s.queue().virtual_time();
+        assert_eq!(s.queue().start_tag(1), Some(vt.max(before)));
+        assert!(vt > before, "2 ran ahead while 1 was away");
+        // The same absence within a slice keeps the tag it left with.
+        let mut s2 = GpuScheduler::new(6_000_000);
+        s2.add(1, 1.0).unwrap();
+        s2.add(2, 1.0).unwrap();
+        s2.request(1, 0, None).unwrap();
+        s2.request(2, 0, None).unwrap();
+        assert_eq!(s2.grant(0).unwrap().vgpu, 1);
+        s2.release(1, 1_000_000).unwrap();
+        s2.idle(1, 1_000_000).unwrap();
+        assert_eq!(s2.grant(0).unwrap().vgpu, 2);
+        s2.release(2, 2_000_000).unwrap();
+        let left_with = s2.queue().start_tag(1).unwrap();
+        s2.request(1, 3_000_000, None).unwrap();
+        assert_eq!(s2.queue().start_tag(1), Some(left_with));
+        assert_eq!(s2.grant(0).unwrap().vgpu, 1, "its place: before 2");
+    }
+
+    #[test]
+    fn the_lead_a_vgpu_brings_back_is_at_most_one_slice() {
+        // 1 runs 0.1 ms and is away 5 ms (within a slice), again and again,
+        // while 2 runs 2 ms kernels: 1 falls ever further behind in tags.
+        let mut s = GpuScheduler::new(6_000_000);
+        s.add(1, 1.0).unwrap();
+        s.add(2, 1.0).unwrap();
+        s.request(2, 0, None).unwrap();
+        let mut now = 0;
+        for _ in 0..200 {
+            s.request(1, now, None).unwrap();
+            assert_eq!(s.grant(now).unwrap().vgpu, 1);
+            now += 100_000;
+            s.release(1, 100_000).unwrap();
+            s.idle(1, now).unwrap();
+            let back = now + 5_000_000;
+            while now < back {
+                assert_eq!(s.grant(now).unwrap().vgpu, 2);
+                now += 2_000_000;
+                s.release(2, 2_000_000).unwrap();
+            }
+        }
+        // Now 1 stays busy: it runs ahead of 2 for at most about one slice.
+        s.request(1, now, None).unwrap();
+        let mut ahead = 0;
+        while s.grant(now).unwrap().vgpu == 1 {
+            s.release(1, 100_000).unwrap();
+            ahead += 100_000;
+        }
+        assert!(ahead <= 6_100_000, "1 ran {ahead} ns before 2 got a turn");
+        assert!(ahead >= 5_000_000, "but it did keep a lead: {ahead} ns");
+    }
 
     #[test]
     fn only_interactive_vgpus_get_their_vcpu_kicked() {

@@ -143,12 +143,21 @@ impl StartTagQueue {
 
     /// The vGPU has work: it joins the run queue, no earlier than virtual time.
     pub fn wake(&mut self, id: VgpuId) -> Result<(), SchedError> {
+        self.wake_with_credit(id, 0)
+    }
+
+    /// The vGPU has work again after an absence too short to count as idle
+    /// (see [`crate::GpuScheduler::request`]): it keeps its start tag, but
+    /// no more than `credit_ns` of its own GPU time behind virtual time, so
+    /// the lead it can bring back is bounded.
+    pub fn wake_with_credit(&mut self, id: VgpuId, credit_ns: u64) -> Result<(), SchedError> {
         let vtime = self.vtime;
         let e = self.entry(id)?;
         if e.runnable {
             return Ok(());
         }
-        e.start = e.start.max(vtime);
+        let credit = (credit_ns as f64 * TAG_SCALE / e.weight).round() as u128;
+        e.start = e.start.max(vtime.saturating_sub(credit));
         e.runnable = true;
         let key = (e.start, id);
         self.run.insert(key, ());

@@ -494,7 +494,7 @@ impl Engine {
             Ev::SfqBlock { vm, gen } => {
                 let holding = self.holder.is_some_and(|h| h.vm == vm);
                 if self.vms[vm].block_gen == gen && self.vms[vm].pending.is_empty() && !holding {
-                    let _ = self.sfq.idle(vm as u32);
+                    let _ = self.sfq.idle(vm as u32, self.now);
                 }
             }
             Ev::SliceEnd { gen } => {
@@ -901,7 +901,7 @@ impl Engine {
             let _ = self.sfq.release(id, charge);
             if self.vms[h.vm].pending.is_empty() {
                 if h.submitted_ns == 0 || !self.policy.work_conserving() {
-                    let _ = self.sfq.idle(id);
+                    let _ = self.sfq.idle(id, self.now);
                 } else {
                     // Hybrid spinning on the host: it stays in the run queue
                     // (keeping its place) for one spin budget, so a vGPU
