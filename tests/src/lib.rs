@@ -135,12 +135,20 @@ pub fn bytes_f32(b: &[u8]) -> Vec<f32> {
 /// The shipped kernels.
 pub const PTX: &str = host_backend::demo::KERNELS_PTX;
 
-/// A guest thread on `socket` that loops a `spin_ns` kernel of `ns`
-/// nanoseconds and a synchronize until `stop` is set, counting its rounds
-/// in `rounds`; it panics (failing the test on join) at any error.
+/// A guest thread on `socket` that loops `per_sync` launches of a `spin_ns`
+/// kernel of `ns` nanoseconds and a synchronize until `stop` is set,
+/// counting its rounds in `rounds`; it panics (failing the test on join) at
+/// any error.
+///
+/// A test that checks shares against weights should launch several kernels
+/// per synchronize: between a reply and its next call the guest holds no
+/// work, and on a loaded 2-core machine that gap can outlast the kernel
+/// before it, so a guest entitled to half the GPU that synchronizes after
+/// every kernel gets less than half for want of CPU, not of GPU.
 pub fn spin_guest(
     socket: PathBuf,
     ns: u64,
+    per_sync: u32,
     stop: Arc<std::sync::atomic::AtomicBool>,
     rounds: Arc<std::sync::atomic::AtomicU64>,
 ) -> std::thread::JoinHandle<()> {
@@ -152,8 +160,10 @@ pub fn spin_guest(
         let f = gpu.get_function(m, "spin_ns").unwrap();
         let one = protocol::Dim3 { x: 1, y: 1, z: 1 };
         while !stop.load(Ordering::Relaxed) {
-            gpu.launch(&f, one, one, 0, 0, &[&ns.to_le_bytes()])
-                .unwrap();
+            for _ in 0..per_sync {
+                gpu.launch(&f, one, one, 0, 0, &[&ns.to_le_bytes()])
+                    .unwrap();
+            }
             gpu.synchronize().unwrap();
             rounds.fetch_add(1, Ordering::Relaxed);
         }

@@ -56,6 +56,7 @@ fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
     let other = spin_guest(
         d.socket("stayer"),
         200_000,
+        1,
         stop.clone(),
         other_rounds.clone(),
     );
@@ -193,7 +194,7 @@ fn the_balancer_moves_a_busy_vgpu_off_an_overloaded_gpu() {
     let stop = Arc::new(AtomicBool::new(false));
     let guests: Vec<_> = ["a", "b"]
         .iter()
-        .map(|n| spin_guest(d.socket(n), 1_000_000, stop.clone(), Arc::default()))
+        .map(|n| spin_guest(d.socket(n), 1_000_000, 1, stop.clone(), Arc::default()))
         .collect();
     // Both demand all of GPU 0 (load 2.0): within a few rounds one moves.
     let t = std::time::Instant::now();

@@ -77,7 +77,7 @@ impl Drop for Daemon {
     }
 }
 
-/// A daemon with three guests running 2 ms kernels in launch+sync loops.
+/// A daemon with three guests running 2 ms kernels, eight per synchronize.
 fn start(name: &str) -> Daemon {
     let bin = fairvgpu_bin();
     let dir = std::env::temp_dir().join(format!("fvg-op-{}-{name}", std::process::id()));
@@ -119,8 +119,12 @@ fn start(name: &str) -> Daemon {
             let one = Dim3 { x: 1, y: 1, z: 1 };
             let ns = 2_000_000u64.to_le_bytes();
             let _buf = gpu.mem_alloc(64 << 20).unwrap();
+            // Eight kernels per synchronize: see `fairvgpu_tests::spin_guest`
+            // on why a shares test does not synchronize after each one.
             while !stop.load(Ordering::Relaxed) {
-                gpu.launch(&f, one, one, 0, 0, &[&ns]).unwrap();
+                for _ in 0..8 {
+                    gpu.launch(&f, one, one, 0, 0, &[&ns]).unwrap();
+                }
                 gpu.synchronize().unwrap();
             }
         }));

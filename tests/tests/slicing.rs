@@ -28,7 +28,7 @@ fn a_large_grid_runs_as_sub_grids_with_exact_results() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(AtomicU64::new(0));
-    let small = spin_guest(d.socket("small"), 100_000, stop.clone(), rounds.clone());
+    let small = spin_guest(d.socket("small"), 100_000, 1, stop.clone(), rounds.clone());
 
     let mut gpu = Gpu::connect_with(&d.socket("big"), TEST_SPIN).unwrap();
     let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();

@@ -52,13 +52,21 @@ fn a_tenant_weight_is_split_among_its_vms() {
         spin_guest(
             d.socket("small"),
             2_000_000,
+            8,
             stop_all.clone(),
             Arc::default(),
         ),
-        spin_guest(d.socket("big"), 2_000_000, stop_big.clone(), Arc::default()),
+        spin_guest(
+            d.socket("big"),
+            2_000_000,
+            8,
+            stop_big.clone(),
+            Arc::default(),
+        ),
         spin_guest(
             d.socket("other"),
             2_000_000,
+            8,
             stop_all.clone(),
             Arc::default(),
         ),
