@@ -5,7 +5,9 @@
 //! sit in a red-black tree keyed by (S_i, id); the next to run is the
 //! leftmost. Virtual time is the smallest start tag among runnable vGPUs
 //! (never decreasing); a vGPU that wakes gets S_i = max(S_i, virtual time),
-//! so it cannot claim the time it spent idle.
+//! so it cannot claim the time it spent idle ([`StartTagQueue::wake`]). One
+//! back after an absence too short to count as idle keeps its tag, within a
+//! bounded distance of virtual time ([`StartTagQueue::wake_with_credit`]).
 //!
 //! Tags are fixed-point (`TAG_SCALE` units per ns at weight 1) in u128, so
 //! ordering is exact and a tag cannot overflow in any realistic run.
