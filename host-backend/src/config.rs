@@ -30,15 +30,13 @@ pub enum GraphLaunches {
     /// None: one `cuLaunchKernel` per launch, as the guest called it.
     Off,
     /// Runs of two or more launches the worker found queued behind one
-    /// another: one graph launch per run instead of a driver call per launch.
-    #[default]
+    /// another: one graph launch per run instead of a driver call per launch;
+    /// single launches go through `cuLaunchKernel`.
     Runs,
     /// Every launch, single ones as one-node graphs: they cost the host about
     /// half a `cuLaunchKernel` and start sooner, so synchronous round trips
-    /// are shorter; under the fair scheduler, on two of five H100 machines,
-    /// a 20 us guest's charge came out 3-4% above its charge alone (MMR
-    /// 0.941-0.955 in three of nine runs, perhaps host-clock noise, which also
-    /// gave one run with "runs" 0.959; results/2026-11-22-h100-launch-batch.md).
+    /// are shorter (results/2026-11-22-h100-wake-credit.md).
+    #[default]
     All,
 }
 
@@ -464,14 +462,14 @@ memory_limit_mib = 1024
         let c = Config::parse(GOOD).unwrap();
         assert_eq!(c.vms[0].weight, 2.0);
         assert_eq!(c.socket("vm1"), PathBuf::from("/tmp/x/vm1.sock"));
-        assert_eq!(c.daemon.graph_launches, GraphLaunches::Runs);
-        let all = GOOD.replace(
+        assert_eq!(c.daemon.graph_launches, GraphLaunches::All);
+        let runs = GOOD.replace(
             "executor = \"sim\"",
-            "executor = \"sim\"\ngraph_launches = \"all\"",
+            "executor = \"sim\"\ngraph_launches = \"runs\"",
         );
         assert_eq!(
-            Config::parse(&all).unwrap().daemon.graph_launches,
-            GraphLaunches::All
+            Config::parse(&runs).unwrap().daemon.graph_launches,
+            GraphLaunches::Runs
         );
     }
 

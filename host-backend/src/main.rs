@@ -238,7 +238,7 @@ enum BenchCmd {
         #[arg(long)]
         sim: bool,
         /// Which launches go as CUDA graph launches (`[daemon] graph_launches`).
-        #[arg(long, value_enum, default_value = "runs")]
+        #[arg(long, value_enum, default_value = "all")]
         graph_launches: host_backend::config::GraphLaunches,
     },
     /// Accounting of GPU time: its error against the guest's CUDA events, and its cost.
@@ -312,7 +312,7 @@ enum BenchCmd {
         #[arg(long, value_parser = parse_pin)]
         pin: Option<(usize, usize)>,
         /// Which launches go as CUDA graph launches (`[daemon] graph_launches`).
-        #[arg(long, value_enum, default_value = "runs")]
+        #[arg(long, value_enum, default_value = "all")]
         graph_launches: host_backend::config::GraphLaunches,
     },
 }

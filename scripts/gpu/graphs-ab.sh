@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: the scheduler's fairness and the data path with the
-# worker submitting every launch as a graph launch ("all") and only runs of
-# queued launches ("runs", the default),
+# worker submitting every launch as a graph launch ("all", the default) and
+# only runs of queued launches ("runs"),
 # alternated in one call. Carried: target/release/fairvgpu.
 set -uo pipefail
 . scripts/gpu/lib.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: the remoting overhead twice (and once
-# with every launch a graph launch), the
+# with only queued runs of launches as graph launches), the
 # scheduler's fairness (twice) and accounting, the C program's launch rates
 # natively and through the stand-in, and the stand-in's rate once more with
 # the daemon's scheduler off (what the scheduler's per-launch work costs).
@@ -14,8 +14,8 @@ B=./target/release/fairvgpu
     echo "== bench overhead --executor cuda (run $i)"
     RUST_LOG=warn $B bench overhead --executor cuda; echo "rc=$?"
   done
-  echo "== bench overhead --executor cuda --graph-launches all"
-  RUST_LOG=warn $B bench overhead --executor cuda --graph-launches all; echo "rc=$?"
+  echo "== bench overhead --executor cuda --graph-launches runs"
+  RUST_LOG=warn $B bench overhead --executor cuda --graph-launches runs; echo "rc=$?"
 } 2>&1 | tee "$OUT/hot-path.log"
 bash scripts/gpu/fairness.sh
 {

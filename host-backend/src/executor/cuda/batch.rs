@@ -10,11 +10,10 @@
 //! `cuLaunchKernel` (`scripts/gpu/graph_probe.c`,
 //! `results/2026-11-22-h100-launch-batch.md`).
 //!
-//! So launches go through graphs where they can: runs of two or more by
-//! default (`[daemon] graph_launches = "runs"`), single launches too with
-//! `"all"` (not the default: under the fair scheduler, on two of five H100
-//! machines, a 20 us guest's charge came out 3-4% above its charge alone,
-//! for reasons not yet known; `results/2026-11-22-h100-launch-batch.md`).
+//! So launches go through graphs: single launches as one-node graphs too by
+//! default (`[daemon] graph_launches = "all"`), only runs of two or more
+//! with `"runs"`, none with `"off"`. Under the fair scheduler the two
+//! graph modes share the GPU alike (`results/2026-11-22-h100-wake-credit.md`).
 //! A context keeps one template per size in [`SIZES`]: a chain of that many
 //! kernel nodes, built and instantiated from the first run of that size and
 //! after that updated node by node. A run of launches queued on one stream
