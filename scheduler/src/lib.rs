@@ -257,21 +257,27 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_vgpu_back_after_a_slice_joins_at_virtual_time() {
+    /// vGPUs 1 and 2 of weight 1 on a scheduler of 6 ms slices: 1 runs a
+    /// 1 ms kernel and goes idle at 1 ms, then 2 runs `kernels` 2 ms ones.
+    fn one_away_while_two_runs(kernels: usize) -> GpuScheduler {
         let mut s = GpuScheduler::new(6_000_000);
-        s.add(1, 1.0).unwrap();
-        s.add(2, 1.0).unwrap();
-        s.request(1, 0, None).unwrap();
-        s.request(2, 0, None).unwrap();
-        // 1 runs a short kernel and leaves; 2 runs long ones meanwhile.
+        for id in 1..=2 {
+            s.add(id, 1.0).unwrap();
+            s.request(id, 0, None).unwrap();
+        }
         assert_eq!(s.grant(0).unwrap().vgpu, 1);
         s.release(1, 1_000_000).unwrap();
         s.idle(1, 1_000_000).unwrap();
-        for _ in 0..5 {
+        for _ in 0..kernels {
             assert_eq!(s.grant(0).unwrap().vgpu, 2);
             s.release(2, 2_000_000).unwrap();
         }
+        s
+    }
+
+    #[test]
+    fn a_vgpu_back_after_a_slice_joins_at_virtual_time() {
+        let mut s = one_away_while_two_runs(5);
         let before = s.queue().start_tag(1).unwrap();
         // Back 10 ms later (more than a slice): no credit for the absence.
         s.request(1, 11_000_000, None).unwrap();
@@ -279,20 +285,11 @@ mod tests {
         assert!(vt > before, "2 ran ahead while 1 was away");
         assert_eq!(s.queue().start_tag(1), Some(vt), "joins at virtual time");
         // The same absence within a slice keeps the tag it left with.
-        let mut s2 = GpuScheduler::new(6_000_000);
-        s2.add(1, 1.0).unwrap();
-        s2.add(2, 1.0).unwrap();
-        s2.request(1, 0, None).unwrap();
-        s2.request(2, 0, None).unwrap();
-        assert_eq!(s2.grant(0).unwrap().vgpu, 1);
-        s2.release(1, 1_000_000).unwrap();
-        s2.idle(1, 1_000_000).unwrap();
-        assert_eq!(s2.grant(0).unwrap().vgpu, 2);
-        s2.release(2, 2_000_000).unwrap();
-        let left_with = s2.queue().start_tag(1).unwrap();
-        s2.request(1, 3_000_000, None).unwrap();
-        assert_eq!(s2.queue().start_tag(1), Some(left_with));
-        assert_eq!(s2.grant(0).unwrap().vgpu, 1, "its place: before 2");
+        let mut s = one_away_while_two_runs(1);
+        let left_with = s.queue().start_tag(1).unwrap();
+        s.request(1, 3_000_000, None).unwrap();
+        assert_eq!(s.queue().start_tag(1), Some(left_with));
+        assert_eq!(s.grant(0).unwrap().vgpu, 1, "its place: before 2");
     }
 
     #[test]
