@@ -90,6 +90,7 @@ pub struct Gpu {
     next_tag: u64,
     info: DeviceInfo,
     buf: Vec<u8>,
+    copier: copy::Copier,
     transport: Transport,
 }
 
@@ -252,6 +253,7 @@ impl Gpu {
                 attributes: vec![],
             },
             buf: Vec::new(),
+            copier: copy::Copier::default(),
             transport,
         };
         let (_, data) = gpu.call_data(
@@ -272,6 +274,25 @@ impl Gpu {
             Transport::Device(d) => d.info().ok(),
             Transport::Native(_) => None,
         }
+    }
+
+    /// How many threads copy large transfers through the arenas (1 or 2;
+    /// the default is 2 where this process may run on two CPUs, or what
+    /// `FAIRVGPU_COPY_THREADS` says).
+    pub fn set_copy_threads(&mut self, threads: usize) {
+        self.copier.set_threads(threads);
+    }
+
+    /// Large chunks split between two threads so far, and how many of their
+    /// second halves the helper thread copied (the caller copied the rest,
+    /// the helper not having started on them in time).
+    pub fn copy_split_counts(&self) -> (u64, u64) {
+        self.copier.split_counts()
+    }
+
+    /// How many threads copy large transfers.
+    pub fn copy_threads(&self) -> usize {
+        self.copier.threads()
     }
 
     /// The device as the host describes it (answered without a round trip).
@@ -304,7 +325,11 @@ impl Gpu {
 
     fn push(&mut self, d: &Descriptor, data: &[u8]) -> Result<()> {
         let mut spins = 0u32;
-        while !self.ch.req.try_send(d, data)? {
+        let copier = &mut self.copier;
+        while !self.ch.req.try_send_with(d, data.len(), |_, s| {
+            copier.copy_in(data, &s);
+            Ok(())
+        })? {
             // Ring or arena full: the host is behind. Make sure it is awake.
             notify_if_sleeping(self.ch.region().host_sleeping()?, &*self.host_bell)?;
             spins += 1;
@@ -471,7 +496,8 @@ impl Gpu {
             }
             if d.status == 0 {
                 // One copy, straight from the arena into the caller's buffer.
-                copy::copy_out(&self.ch.resp.data(&d)?, &mut dst[off..off + n]);
+                self.copier
+                    .copy_out(&self.ch.resp.data(&d)?, &mut dst[off..off + n]);
             }
             self.ch.resp.consume(&d)?;
             Self::status(&d)?;

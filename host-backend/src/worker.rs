@@ -1814,6 +1814,12 @@ fn pump_outbound(sh: &mut Shared, c: &mut Chan) -> Result<(), Error> {
             Ok(())
         })?;
         if !sent {
+            // The guest has not copied a chunk out yet. The loop comes back
+            // at once (nothing rings when it does), but without hammering
+            // the core a guest thread may share with this one.
+            for _ in 0..8 {
+                std::hint::spin_loop();
+            }
             break;
         }
         let st = &sh.stats;

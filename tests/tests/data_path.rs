@@ -123,14 +123,31 @@ fn copies_of_256_mib_are_byte_exact_both_ways() {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
     let p = gpu.mem_alloc(size as u64).unwrap();
-    gpu.memcpy_htod(p, &data).unwrap();
-    let mut back = vec![0u8; size];
-    gpu.memcpy_dtoh(&mut back, p, 0).unwrap();
-    assert!(back == data, "256 MiB round trip differs");
-    // An unaligned window inside it.
-    let mut part = vec![0u8; 3_000_001];
-    gpu.memcpy_dtoh(&mut part, p + 12_345, 0).unwrap();
-    assert_eq!(&part[..], &data[12_345..12_345 + 3_000_001]);
+    // Copied by the calling thread alone, then split with the helper thread
+    // (whichever this machine defaults to, both ways run here).
+    for threads in [1, 2] {
+        gpu.set_copy_threads(threads);
+        let (splits_before, _) = gpu.copy_split_counts();
+        gpu.memcpy_htod(p, &data).unwrap();
+        let mut back = vec![0u8; size];
+        gpu.memcpy_dtoh(&mut back, p, 0).unwrap();
+        assert!(
+            back == data,
+            "256 MiB round trip by {threads} thread(s) differs"
+        );
+        // An unaligned window inside it.
+        let mut part = vec![0u8; 3_000_001];
+        gpu.memcpy_dtoh(&mut part, p + 12_345, 0).unwrap();
+        assert_eq!(&part[..], &data[12_345..12_345 + 3_000_001]);
+        let (splits, helped) = gpu.copy_split_counts();
+        if threads == 1 {
+            assert_eq!(splits, splits_before, "one thread splits nothing");
+        } else {
+            // Every chunk of 256 KiB or more was split: 256 MiB each way.
+            assert!(splits - splits_before >= 2 * 256, "{splits} splits");
+            assert!(helped <= splits);
+        }
+    }
 }
 
 #[test]

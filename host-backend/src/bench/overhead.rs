@@ -233,6 +233,41 @@ fn measure(t: &mut dyn Target, n: Sizes, sync_only: bool) -> Result<Times> {
     })
 }
 
+/// 64 MiB copies each way through `gpu`, its copies made by one guest
+/// thread and by two in turn, `reps` times each: the medians (htod, dtoh)
+/// for one thread, then for two. Leaves the copier at its setting before.
+fn copy_threads_ab(gpu: &mut Gpu, reps: usize) -> Result<[(f64, f64); 2]> {
+    let before = gpu.copy_threads();
+    let d = gpu.mem_alloc(COPY as u64)?;
+    let host: Vec<u8> = (0..COPY).map(|i| (i * 7 % 253) as u8).collect();
+    let mut back = vec![0u8; COPY];
+    let mut t: [(Vec<f64>, Vec<f64>); 2] = Default::default();
+    for _ in 0..reps.max(1) {
+        for (i, threads) in [1, 2].into_iter().enumerate() {
+            gpu.set_copy_threads(threads);
+            back.fill(0);
+            let s = Instant::now();
+            gpu.memcpy_htod(d, &host)?;
+            t[i].0.push(secs(s.elapsed()));
+            let s = Instant::now();
+            gpu.memcpy_dtoh(&mut back, d, 0)?;
+            t[i].1.push(secs(s.elapsed()));
+            anyhow::ensure!(
+                back == host,
+                "64 MiB copy by {threads} thread(s) came back different"
+            );
+        }
+    }
+    gpu.set_copy_threads(before);
+    gpu.mem_free(d)?;
+    let med = |x: &mut Vec<f64>| {
+        x.sort_by(f64::total_cmp);
+        x[x.len() / 2]
+    };
+    let [(a, b), (c, e)] = &mut t;
+    Ok([(med(a), med(b)), (med(c), med(e))])
+}
+
 /// Runs the bench and prints the report; the last line is machine-readable.
 /// With `pin = Some((guest, worker))` the native loop and the guest run on
 /// CPU `guest` and the worker's thread on CPU `worker`.
@@ -307,8 +342,17 @@ pub fn run(
         let empty = gpu.get_function(m, "empty")?;
         let spin = gpu.get_function(m, "spin_ns")?;
         let mut t = Remote { gpu, empty, spin };
-        measure(&mut t, n, false)?
+        let times = measure(&mut t, n, false)?;
+        let splits = t.gpu.copy_split_counts();
+        let threads = t.gpu.copy_threads();
+        (
+            times,
+            copy_threads_ab(&mut t.gpu, n.copies)?,
+            splits,
+            threads,
+        )
     };
+    let (remote, ab, (splits, helped), copy_threads) = remote;
     let batched = running.stats.batched_launches.load(Ordering::Relaxed);
     let dtoh_gbps = running.stats.dtoh_bytes.load(Ordering::Relaxed) as f64
         / running.stats.dtoh_ns.load(Ordering::Relaxed).max(1) as f64;
@@ -378,6 +422,14 @@ pub fn run(
          the guest's 64 MiB took {:.2} GB/s end to end",
         COPY as f64 / remote.dtoh_med / 1e9
     );
+    println!(
+        "guest copy threads: {copy_threads}; the helper copied {helped} of the {splits} halves offered"
+    );
+    println!("remoted 64 MiB copies by one and by two guest threads, alternating:");
+    print_rows(&[
+        ("htod median (ms), 1 vs 2", ab[0].0 * 1e3, ab[1].0 * 1e3),
+        ("dtoh median (ms), 1 vs 2", ab[0].1 * 1e3, ab[1].1 * 1e3),
+    ]);
     let copy = (remote.htod_med + remote.dtoh_med) / (native.htod_med + native.dtoh_med);
     println!(
         "overhead_sync_empty={:.3} overhead_sync_20us={:.3} overhead_async_20us={:.3} overhead_copy={:.3} transport_sync_20us={:.3}",
