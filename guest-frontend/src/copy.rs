@@ -115,7 +115,8 @@ struct Slot {
 /// The helper is started on the first chunk large enough to split. The
 /// caller never waits for a helper that is not running: a half the helper
 /// has not taken by the time the caller finished its own, the caller copies
-/// itself.
+/// itself (so a busy machine, or a forked child, whose helper did not come
+/// along, costs nothing but the offer).
 #[derive(Debug)]
 pub struct Copier {
     threads: usize,
