@@ -133,6 +133,8 @@ pub struct Copier {
 struct Helper {
     slot: Arc<Slot>,
     thread: Option<JoinHandle<()>>,
+    /// The process that started it (a forked child has no helper thread).
+    pid: u32,
 }
 
 impl Default for Copier {
@@ -284,7 +286,11 @@ impl Copier {
                 self.threads = 1;
                 return None;
             }
-            self.helper = Some(Helper { slot, thread });
+            self.helper = Some(Helper {
+                slot,
+                thread,
+                pid: std::process::id(),
+            });
         }
         self.helper.as_ref().map(|h| h.slot.clone())
     }
@@ -295,6 +301,11 @@ impl Drop for Copier {
         if let Some(h) = self.helper.as_mut() {
             h.slot.state.store(EXIT, Ordering::SeqCst);
             if let Some(t) = h.thread.take() {
+                if h.pid != std::process::id() {
+                    // A forked child: the thread is its parent's.
+                    std::mem::forget(t);
+                    return;
+                }
                 t.thread().unpark();
                 let _ = t.join();
             }

@@ -117,6 +117,11 @@ impl Drop for Gpu {
     fn drop(&mut self) {
         // Let go first, then tell the module: a death between the two finds
         // the channel already closing, which the module leaves alone.
+        // A forked child that inherited this connection (and drops it, say
+        // in an atexit handler) must leave its parent's channel alone.
+        if !self.ch.claimed_here() {
+            return;
+        }
         self.ch.release();
         if let Transport::Device(d) = &self.transport {
             let _ = d.unbind(self.ch.index());

@@ -393,6 +393,7 @@ impl Region {
                     region: self.clone(),
                     index: ch,
                     generation,
+                    claimed_in: std::process::id(),
                     req,
                     resp,
                 });
@@ -424,6 +425,9 @@ pub struct GuestChannel {
     region: Region,
     index: u32,
     generation: u32,
+    /// The process that claimed it: a forked child inherits this end but
+    /// not the claim.
+    claimed_in: u32,
     /// Requests to the host.
     pub req: Producer,
     /// Responses from the host.
@@ -451,9 +455,20 @@ impl GuestChannel {
         self.generation
     }
 
+    /// Whether this process claimed the channel (false in a forked child
+    /// that inherited this end).
+    pub fn claimed_here(&self) -> bool {
+        std::process::id() == self.claimed_in
+    }
+
     /// Lets go of the channel now (CLAIMED or LOST -> CLOSING, only for our
-    /// own claim); dropping does the same.
+    /// own claim); dropping does the same. In a forked child, which did not
+    /// claim the channel (its parent did, and still uses it), this does
+    /// nothing: a child that exits normally drops what it inherited.
     pub fn release(&self) {
+        if !self.claimed_here() {
+            return;
+        }
         if let Ok(w) = self.region.ctl_word(self.index, ctl::STATE) {
             if self.region.generation(self.index).ok() == Some(self.generation) {
                 for from in [CLAIMED, LOST] {
@@ -670,6 +685,26 @@ mod tests {
         assert!(hosts[0].req.try_recv(&mut buf).unwrap().is_none());
         let _g4 = region.claim(6, 103, 0).unwrap();
         assert!(matches!(region.claim(6, 104, 0), Err(Error::NoFreeChannel)));
+    }
+
+    /// The end a forked child inherited (here: one claimed "in another
+    /// process") leaves the claim as it is when dropped or released.
+    #[test]
+    fn an_inherited_end_does_not_release_the_claim() {
+        let region = Region::create_in_heap(small()).unwrap();
+        let mut g = region.claim(5, 100, 0).unwrap();
+        assert!(g.claimed_here());
+        g.claimed_in = std::process::id().wrapping_add(1);
+        assert!(!g.claimed_here());
+        g.release();
+        assert_eq!(region.claim_state(0).unwrap(), ClaimState::Claimed);
+        drop(g);
+        assert_eq!(region.claim_state(0).unwrap(), ClaimState::Claimed);
+        // The claiming process's own end still lets go.
+        let g2 = region.claim(5, 100, 0).unwrap();
+        assert_eq!(g2.index(), 1);
+        drop(g2);
+        assert_eq!(region.claim_state(1).unwrap(), ClaimState::Closing);
     }
 
     #[test]

@@ -317,6 +317,8 @@ pub struct Client {
     /// The host's doorbells (we ring these).
     pub host_bells: Vec<Arc<EventFdBell>>,
     _stream: Arc<UnixStream>,
+    /// The process that connected (a forked child shares the socket).
+    pid: u32,
 }
 
 impl Client {
@@ -371,6 +373,7 @@ impl Client {
             own_bells: own,
             host_bells: host,
             _stream: stream,
+            pid: std::process::id(),
         })
     }
 }
@@ -378,8 +381,11 @@ impl Client {
 impl Drop for Client {
     fn drop(&mut self) {
         // The drain thread holds a clone of the stream; shutting it down ends
-        // that thread and tells the server we are gone.
-        let _ = self._stream.shutdown(std::net::Shutdown::Both);
+        // that thread and tells the server we are gone. Not from a forked
+        // child: the socket is its parent's too, and the parent stays.
+        if std::process::id() == self.pid {
+            let _ = self._stream.shutdown(std::net::Shutdown::Both);
+        }
     }
 }
 

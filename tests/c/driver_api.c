@@ -3,15 +3,19 @@
  * with the driver's ABI, so it builds with plain gcc. Links against
  * libcuda.so.1: the real driver, or fairvgpu's stand-in.
  *
- * usage: driver_api KERNELS.ptx
+ * usage: driver_api KERNELS.ptx [rate|fork]
  * Runs vector add and saxpy with streams and events, checks every element,
  * exercises error reporting and cuGetProcAddress. Exit 0 only if all is right.
+ * `rate` also measures launch rates; `fork` forks a child that exits at once
+ * (running the atexit handlers it inherited) in the middle, and goes on.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
 #include <time.h>
+#include <unistd.h>
+#include <sys/wait.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -97,10 +101,11 @@ static char *read_file(const char *path) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2 && !(argc == 3 && strcmp(argv[2], "rate") == 0)) {
-        fprintf(stderr, "usage: %s KERNELS.ptx [rate]\n", argv[0]);
+    if (argc != 2 && !(argc == 3 && (strcmp(argv[2], "rate") == 0 || strcmp(argv[2], "fork") == 0))) {
+        fprintf(stderr, "usage: %s KERNELS.ptx [rate|fork]\n", argv[0]);
         return 2;
     }
+    int fork_mode = argc == 3 && strcmp(argv[2], "fork") == 0;
     CK(cuInit(0));
     int version = 0, count = 0, sms = 0, ccmaj = 0;
     CK(cuDriverGetVersion(&version));
@@ -173,6 +178,20 @@ int main(int argc, char **argv) {
     CK(cuMemcpyDtoH_v2(c, db, bytes));
     for (unsigned i = 0; i < n; i++) EXPECT(c[i] == fmaf(alpha, a[i], b[i]));
     printf("saxpy: %u elements correct\n", n);
+
+    if (fork_mode) {
+        /* A child that makes no CUDA call and exits normally: what it
+           inherited (the atexit handlers, the open device) must leave the
+           parent's vGPU connection as it was. */
+        fflush(stdout);
+        pid_t child = fork();
+        EXPECT(child >= 0);
+        if (child == 0) exit(0);
+        int status = -1;
+        EXPECT(waitpid(child, &status, 0) == child);
+        EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        printf("fork: child exited, parent goes on\n");
+    }
 
     CK(cuMemsetD32_v2(dc, 0x3f800000u, n));
     CK(cuMemcpyDtoH_v2(c, dc, bytes));
@@ -271,7 +290,7 @@ int main(int argc, char **argv) {
         printf("ordered launches: %d in a row, results exact\n", steps);
     }
 
-    if (argc == 3) {
+    if (argc == 3 && !fork_mode) {
         /* Asynchronous launch rate of an empty kernel (enqueue cost as the program sees it). */
         CUfunction empty;
         CK(cuModuleGetFunction(&empty, mod, "empty"));

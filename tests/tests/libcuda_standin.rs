@@ -19,11 +19,9 @@ fn standin(dir: &Path) -> PathBuf {
     lib
 }
 
-#[test]
-fn c_driver_api_program_runs_against_the_standin() {
-    let host = Host::start("capi", 256 << 20);
-    let dir = host.socket.parent().unwrap().to_owned();
-    let lib = standin(&dir);
+/// Builds `tests/c/driver_api.c` with the system C compiler against the
+/// stand-in in `lib`, into `dir`.
+fn build_driver_api(dir: &Path, lib: &Path) -> PathBuf {
     let exe = dir.join("driver_api");
     let src = workspace().join("tests/c/driver_api.c");
     let out = Command::new("cc")
@@ -40,6 +38,15 @@ fn c_driver_api_program_runs_against_the_standin() {
         "cc failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    exe
+}
+
+#[test]
+fn c_driver_api_program_runs_against_the_standin() {
+    let host = Host::start("capi", 256 << 20);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let exe = build_driver_api(&dir, &lib);
 
     let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
     let run = Command::new(&exe)
@@ -75,22 +82,46 @@ fn c_driver_api_program_runs_against_the_standin() {
     );
 }
 
+/// A child forked after the program attached, exiting normally without a
+/// CUDA call, runs the atexit handlers it inherited: they must not let go
+/// of the parent's channel (nor wait for the parent's copy thread), and the
+/// parent goes on with every later check passing.
+#[test]
+fn a_forked_child_leaves_the_parents_vgpu_alone() {
+    let host = Host::start("capi-fork", 256 << 20);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let exe = build_driver_api(&dir, &lib);
+    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let run = Command::new(&exe)
+        .arg(&ptx)
+        .arg("fork")
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("FAIRVGPU_SOCKET", &host.socket)
+        // Two copy threads whatever this machine's CPUs, so the helper
+        // thread exists in the parent when it forks.
+        .env("FAIRVGPU_COPY_THREADS", "2")
+        .output()
+        .expect("program runs");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "program failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stdout.contains("fork: child exited, parent goes on"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("driver_api: all checks passed"), "{stdout}");
+}
+
 #[test]
 fn without_a_vgpu_cuinit_reports_no_device() {
     let dir = std::env::temp_dir().join(format!("fvg-nodev-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let lib = standin(&dir);
-    let exe = dir.join("driver_api");
-    let src = workspace().join("tests/c/driver_api.c");
-    let st = Command::new("cc")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .arg(format!("-L{}", lib.display()))
-        .args(["-lcuda", "-lm"])
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let exe = build_driver_api(&dir, &lib);
     let run = Command::new(&exe)
         .arg("/dev/null")
         .env("LD_LIBRARY_PATH", &lib)
