@@ -28,6 +28,9 @@ D=$!
 for i in $(seq 100); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
 echo "== through the stand-in (fairvgpu libcuda.so.1 -> ring -> worker -> GPU)"
 FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib $W/driver_api $PTX rate | tee $W/standin.txt; echo "rc=$?"
+echo "== fork mode (a child forked mid-program exits at once; the parent goes on): native, then through the stand-in"
+$W/driver_api $PTX fork | grep -E "^fork:|all checks"; echo "rc=$?"
+FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib $W/driver_api $PTX fork | grep -E "^fork:|all checks"; echo "rc=$?"
 # Sustained: 200,000 launches, the ring full after the first ones; bursts:
 # 128 launches between synchronizes, only the launch calls timed.
 sus() { sed -n 's/^launches=.* enqueue_per_s=\([0-9]*\).*/\1/p' "$1"; }
