@@ -402,15 +402,19 @@ mod tests {
                     let vs = VolatileSlice::from(&mut s[..]);
                     let mut dst = vec![0xAAu8; len + d_off + 16];
                     copy_out(&vs, &mut dst[d_off..d_off + len]);
-                    assert_eq!(&dst[d_off..d_off + len], &src[s_off..s_off + len]);
-                    assert!(dst[..d_off].iter().all(|&b| b == 0xAA), "{len} {d_off}");
-                    assert!(
-                        dst[d_off + len..].iter().all(|&b| b == 0xAA),
-                        "{len} {d_off}"
-                    );
+                    let what = format!("{len} {d_off}");
+                    assert_copied(&dst, d_off, &src[s_off..s_off + len], 0xAA, &what);
                 }
             }
         }
+    }
+
+    /// `buf` holds `want` at `at` and `fill` everywhere else.
+    fn assert_copied(buf: &[u8], at: usize, want: &[u8], fill: u8, what: &str) {
+        let end = at + want.len();
+        assert_eq!(&buf[at..end], want, "{what}");
+        assert!(buf[..at].iter().all(|&b| b == fill), "before: {what}");
+        assert!(buf[end..].iter().all(|&b| b == fill), "after: {what}");
     }
 
     #[test]
@@ -457,26 +461,15 @@ mod tests {
                 let vs = VolatileSlice::from(&mut arena[d_off..d_off + len]);
                 c.copy_in(&src[s_off..], &vs);
             }
-            assert_eq!(
-                &arena[d_off..d_off + len],
-                &src[s_off..s_off + len],
-                "in {round}"
-            );
-            assert!(arena[..d_off].iter().all(|&b| b == 0x55));
-            assert!(arena[d_off + len..].iter().all(|&b| b == 0x55));
+            let want = &src[s_off..s_off + len];
+            assert_copied(&arena, d_off, want, 0x55, &format!("in {round}"));
             // Out: arena -> our buffer.
             let mut dst = vec![0xAAu8; len + 32];
             {
                 let vs = VolatileSlice::from(&mut arena[d_off..d_off + len]);
                 c.copy_out(&vs, &mut dst[s_off..s_off + len]);
             }
-            assert_eq!(
-                &dst[s_off..s_off + len],
-                &src[s_off..s_off + len],
-                "out {round}"
-            );
-            assert!(dst[..s_off].iter().all(|&b| b == 0xAA));
-            assert!(dst[s_off + len..].iter().all(|&b| b == 0xAA));
+            assert_copied(&dst, s_off, want, 0xAA, &format!("out {round}"));
             if round % 7 == 6 {
                 // Long enough for the helper to park.
                 std::thread::sleep(Duration::from_millis(2));

@@ -115,13 +115,13 @@ impl std::fmt::Debug for Gpu {
 
 impl Drop for Gpu {
     fn drop(&mut self) {
-        // Let go first, then tell the module: a death between the two finds
-        // the channel already closing, which the module leaves alone.
         // A forked child that inherited this connection (and drops it, say
         // in an atexit handler) must leave its parent's channel alone.
         if !self.ch.claimed_here() {
             return;
         }
+        // Let go first, then tell the module: a death between the two finds
+        // the channel already closing, which the module leaves alone.
         self.ch.release();
         if let Transport::Device(d) = &self.transport {
             let _ = d.unbind(self.ch.index());
@@ -282,8 +282,8 @@ impl Gpu {
     }
 
     /// How many threads copy large transfers through the arenas (1 or 2;
-    /// the default is 2 where this process may run on two CPUs, or what
-    /// `FAIRVGPU_COPY_THREADS` says).
+    /// the default is 2 where this process may run on four CPUs or more, or
+    /// what `FAIRVGPU_COPY_THREADS` says: [`copy::default_threads`]).
     pub fn set_copy_threads(&mut self, threads: usize) {
         self.copier.set_threads(threads);
     }

@@ -1804,13 +1804,17 @@ fn pump_outbound(sh: &mut Shared, c: &mut Chan) -> Result<(), Error> {
         }
         let (src, stream) = (ob.src + ob.off, ob.stream);
         let ctx = &mut s.ctx;
-        let t0 = Instant::now();
+        let st = &sh.stats;
         let sent = c.host.resp.try_send_with(&d, n as usize, |out, slice| {
+            let t0 = Instant::now();
             if let Err(e) = ctx.dtoh(&slice, src, stream) {
                 out.status = e.code();
                 out.flags = 0;
                 failed = true;
             }
+            st.dtoh_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            st.dtoh_bytes.fetch_add(n, Ordering::Relaxed);
             Ok(())
         })?;
         if !sent {
@@ -1822,10 +1826,6 @@ fn pump_outbound(sh: &mut Shared, c: &mut Chan) -> Result<(), Error> {
             }
             break;
         }
-        let st = &sh.stats;
-        st.dtoh_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        st.dtoh_bytes.fetch_add(n, Ordering::Relaxed);
         notify_guest(sh, ch)?;
         ob.off += n;
         if failed || ob.off >= ob.len {

@@ -41,26 +41,41 @@ fn build_driver_api(dir: &Path, lib: &Path) -> PathBuf {
     exe
 }
 
+/// Runs the C program on `ptx` with `args` after it, through the stand-in
+/// in `lib` on the host at `socket` with `env` set too; its standard output
+/// (the test fails, showing both outputs, if it did not exit 0).
+fn run_driver_api(
+    exe: &Path,
+    lib: &Path,
+    socket: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> String {
+    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let run = Command::new(exe)
+        .arg(&ptx)
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib)
+        .env("FAIRVGPU_SOCKET", socket)
+        .envs(env.iter().copied())
+        .output()
+        .expect("program runs");
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "program failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    stdout
+}
+
 #[test]
 fn c_driver_api_program_runs_against_the_standin() {
     let host = Host::start("capi", 256 << 20);
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
     let exe = build_driver_api(&dir, &lib);
-
-    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
-    let run = Command::new(&exe)
-        .arg(&ptx)
-        .env("LD_LIBRARY_PATH", &lib)
-        .env("FAIRVGPU_SOCKET", &host.socket)
-        .output()
-        .expect("program runs");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(
-        run.status.success(),
-        "program failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let stdout = run_driver_api(&exe, &lib, &host.socket, &[], &[]);
     assert!(
         stdout.contains("vector_add: 1048576 elements correct"),
         "{stdout}"
@@ -92,23 +107,10 @@ fn a_forked_child_leaves_the_parents_vgpu_alone() {
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
     let exe = build_driver_api(&dir, &lib);
-    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
-    let run = Command::new(&exe)
-        .arg(&ptx)
-        .arg("fork")
-        .env("LD_LIBRARY_PATH", &lib)
-        .env("FAIRVGPU_SOCKET", &host.socket)
-        // Two copy threads whatever this machine's CPUs, so the helper
-        // thread exists in the parent when it forks.
-        .env("FAIRVGPU_COPY_THREADS", "2")
-        .output()
-        .expect("program runs");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(
-        run.status.success(),
-        "program failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    // Two copy threads whatever this machine's CPUs, so the helper thread
+    // exists in the parent when it forks.
+    let copy_threads = [("FAIRVGPU_COPY_THREADS", "2")];
+    let stdout = run_driver_api(&exe, &lib, &host.socket, &["fork"], &copy_threads);
     assert!(
         stdout.contains("fork: child exited, parent goes on"),
         "{stdout}"

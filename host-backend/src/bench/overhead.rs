@@ -219,17 +219,13 @@ fn measure(t: &mut dyn Target, n: Sizes, sync_only: bool) -> Result<Times> {
         b.push(secs(s.elapsed()));
     }
     anyhow::ensure!(back == expect, "64 MiB copy came back different");
-    let med = |mut x: Vec<f64>| {
-        x.sort_by(f64::total_cmp);
-        x[x.len() / 2]
-    };
     Ok(Times {
         sync_empty_p50,
         sync_empty_mean,
         sync_20us_mean,
         async_20us_total,
-        htod_med: med(h),
-        dtoh_med: med(b),
+        htod_med: median(&mut h),
+        dtoh_med: median(&mut b),
     })
 }
 
@@ -260,12 +256,14 @@ fn copy_threads_ab(gpu: &mut Gpu, reps: usize) -> Result<[(f64, f64); 2]> {
     }
     gpu.set_copy_threads(before);
     gpu.mem_free(d)?;
-    let med = |x: &mut Vec<f64>| {
-        x.sort_by(f64::total_cmp);
-        x[x.len() / 2]
-    };
     let [(a, b), (c, e)] = &mut t;
-    Ok([(med(a), med(b)), (med(c), med(e))])
+    Ok([(median(a), median(b)), (median(c), median(e))])
+}
+
+/// The middle of `x` (sorted in place; the upper middle for an even count).
+fn median(x: &mut [f64]) -> f64 {
+    x.sort_by(f64::total_cmp);
+    x[x.len() / 2]
 }
 
 /// Runs the bench and prints the report; the last line is machine-readable.
