@@ -674,12 +674,26 @@ impl Gpu {
         stream: u64,
         packed: &[u8],
     ) -> Result<()> {
+        self.launch_packed(func, grid, block, 0, stream, packed)
+    }
+
+    /// Launch with raw packed parameters and `shared_mem` bytes of dynamic
+    /// shared memory, unchecked here (the host checks).
+    pub fn launch_packed(
+        &mut self,
+        func: u64,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: u64,
+        packed: &[u8],
+    ) -> Result<()> {
         self.send(
             &Request::Launch {
                 func,
                 grid,
                 block,
-                shared_mem: 0,
+                shared_mem,
                 stream,
             },
             packed,

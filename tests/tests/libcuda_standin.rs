@@ -159,3 +159,59 @@ fn rust_cudarc_program_runs_against_the_standin() {
         "{stdout}"
     );
 }
+
+/// Every symbol the real driver (580, CUDA 13.0) exports is exported by the
+/// stand-in, so no program fails to load or resolve an entry point; one we
+/// do not serve answers CUDA_ERROR_NOT_SUPPORTED, and cuGetProcAddress
+/// finds every base name.
+#[test]
+fn every_driver_symbol_is_exported() {
+    use std::ffi::{c_char, c_int, c_void, CString};
+    let so = cargo_build("fairvgpu-libcuda").join("libcuda.so");
+    let list = std::fs::read_to_string(
+        workspace().join("guest-frontend/libcuda/data/driver-580-exports.txt"),
+    )
+    .unwrap();
+    let path = CString::new(so.to_str().unwrap()).unwrap();
+    // SAFETY: loading our own library; its initializers do nothing.
+    let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!lib.is_null(), "dlopen {}", so.display());
+    let sym = |name: &str| {
+        let c = CString::new(name).unwrap();
+        // SAFETY: a live handle and a NUL-terminated name.
+        unsafe { libc::dlsym(lib, c.as_ptr()) }
+    };
+    let names: Vec<&str> = list.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(names.len(), 674);
+    let missing: Vec<&&str> = names.iter().filter(|n| sym(n).is_null()).collect();
+    assert!(missing.is_empty(), "not exported: {missing:?}");
+
+    // A graphics-interop entry point is not served: a clear error.
+    // SAFETY: cuGLInit takes no arguments and returns a CUresult.
+    let gl_init: extern "C" fn() -> u32 = unsafe { std::mem::transmute(sym("cuGLInit")) };
+    assert_eq!(gl_init(), 801, "CUDA_ERROR_NOT_SUPPORTED");
+
+    type GetProc =
+        unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> u32;
+    // SAFETY: cuGetProcAddress_v2 has this signature.
+    let get_proc: GetProc = unsafe { std::mem::transmute(sym("cuGetProcAddress_v2")) };
+    let table =
+        std::fs::read_to_string(workspace().join("guest-frontend/libcuda/data/entry_points.tsv"))
+            .unwrap();
+    let bases: std::collections::BTreeSet<&str> = table
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split('\t').nth(1))
+        .collect();
+    assert!(bases.len() > 400);
+    for base in bases {
+        let c = CString::new(base).unwrap();
+        let (mut pfn, mut status) = (std::ptr::null_mut(), -1);
+        // SAFETY: valid name and out-parameters.
+        let r = unsafe { get_proc(c.as_ptr(), &mut pfn, 13000, 0, &mut status) };
+        assert_eq!((r, status), (0, 0), "{base}");
+        assert!(!pfn.is_null(), "{base}");
+    }
+    // SAFETY: nothing of the library is in use any more.
+    unsafe { libc::dlclose(lib) };
+}

@@ -1,0 +1,355 @@
+//! Contexts and the primary context.
+//!
+//! A guest process has one host context per vGPU; the CUDA contexts made
+//! here are names for it, with the per-thread stack of current contexts
+//! the driver API promises. Context-wide settings that only shape a query
+//! (cache and shared-memory configuration) are kept here.
+
+use std::cell::RefCell;
+use std::ffi::{c_int, c_uint, c_void};
+
+use cudarc::driver::sys::{CUcontext, CUdevice};
+
+use crate::state::{driver, gpu, objects, out, ContextInfo};
+use crate::{code, CuResult, DRIVER_VERSION};
+
+thread_local! {
+    /// The calling thread's context stack; the current context is its top.
+    static STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's current context (0: none).
+pub(crate) fn current() -> usize {
+    STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
+}
+
+fn set_current(h: usize) {
+    STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        if h == 0 {
+            s.pop();
+        } else if let Some(top) = s.last_mut() {
+            *top = h;
+        } else {
+            s.push(h);
+        }
+    })
+}
+
+fn push(h: usize) {
+    STACK.with(|s| s.borrow_mut().push(h));
+}
+
+/// `CUDA_ERROR_INVALID_CONTEXT` unless the calling thread has a current
+/// context (after `cuInit`).
+pub(crate) fn need_ctx() -> Result<(), CuResult> {
+    driver()?;
+    if current() == 0 {
+        return Err(code::INVALID_CONTEXT);
+    }
+    Ok(())
+}
+
+/// Makes the primary context current if the thread has none (the library
+/// and kernel APIs work without a current context).
+pub(crate) fn current_or_primary() -> Result<usize, CuResult> {
+    let c = current();
+    if c != 0 {
+        return Ok(c);
+    }
+    let p = objects()?.primary();
+    set_current(p);
+    Ok(p)
+}
+
+fn check_dev(d: CUdevice) -> Result<(), CuResult> {
+    if d == 0 {
+        Ok(())
+    } else {
+        Err(code::INVALID_DEVICE)
+    }
+}
+
+/// Makes a new context with `flags` current (pushed on the thread's stack).
+fn create(ctx: *mut CUcontext, flags: c_uint, d: CUdevice) -> Result<(), CuResult> {
+    driver()?;
+    check_dev(d)?;
+    if ctx.is_null() {
+        return Err(code::INVALID_VALUE);
+    }
+    let h = objects()?.new_context(ContextInfo {
+        flags,
+        primary: false,
+    });
+    push(h);
+    out(ctx, h as CUcontext)
+}
+
+/// The context `ctx` names, or the current one if it is null.
+fn ctx_or_current(ctx: CUcontext) -> Result<usize, CuResult> {
+    let h = if ctx.is_null() {
+        current()
+    } else {
+        ctx as usize
+    };
+    if h == 0 || !objects()?.contexts.contains_key(&h) {
+        return Err(code::INVALID_CONTEXT);
+    }
+    Ok(h)
+}
+
+/// `CUlimit` values and the defaults the driver reports for them.
+fn default_limit(limit: c_int) -> Option<usize> {
+    Some(match limit {
+        0 => 1024,    // STACK_SIZE
+        1 => 1 << 20, // PRINTF_FIFO_SIZE
+        2 => 8 << 20, // MALLOC_HEAP_SIZE
+        3 => 2,       // DEV_RUNTIME_SYNC_DEPTH
+        4 => 2048,    // DEV_RUNTIME_PENDING_LAUNCH_COUNT
+        5 => 32,      // MAX_L2_FETCH_GRANULARITY
+        6 => 0,       // PERSISTING_L2_CACHE_SIZE
+        7 | 8 => 0,   // SHMEM_SIZE, CIG_ENABLED
+        9 => 0,       // CIG_SHMEM_FALLBACK_ENABLED
+        _ => return None,
+    })
+}
+
+export! {
+    fn cuCtxCreate_v2 [cuCtxCreate] (ctx: *mut CUcontext, flags: c_uint, d: CUdevice) {
+        create(ctx, flags, d)
+    }
+
+    /// Execution affinity (SM partitions) is the host's to set: refused
+    /// unless none is asked for.
+    fn cuCtxCreate_v3(ctx: *mut CUcontext, params: *mut c_void, n: c_int, flags: c_uint, d: CUdevice) {
+        if n != 0 || !params.is_null() {
+            return Err(crate::not_supported("cuCtxCreate_v3 with execution affinity"));
+        }
+        create(ctx, flags, d)
+    }
+
+    /// CUDA 13's `cuCtxCreate`; execution affinity and CIG parameters are
+    /// the host's to set, so only null parameters are served.
+    fn cuCtxCreate_v4(ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, d: CUdevice) {
+        if !params.is_null() {
+            // SAFETY: a CUctxCreateParams (API contract): two pointers and a count.
+            let p = unsafe { &*(params as *const cudarc::driver::sys::CUctxCreateParams) };
+            if !p.execAffinityParams.is_null() || !p.cigParams.is_null() {
+                return Err(crate::not_supported("cuCtxCreate with execution affinity or CIG"));
+            }
+        }
+        create(ctx, flags, d)
+    }
+
+    fn cuCtxDestroy_v2 [cuCtxDestroy] (ctx: CUcontext) {
+        let h = ctx as usize;
+        let mut o = objects()?;
+        match o.contexts.get(&h) {
+            Some(info) if !info.primary => {}
+            Some(_) => return Err(code::INVALID_CONTEXT),
+            None => return Err(code::INVALID_CONTEXT),
+        }
+        o.contexts.remove(&h);
+        drop(o);
+        // Popped from this thread's stack wherever it is.
+        STACK.with(|s| s.borrow_mut().retain(|&c| c != h));
+        Ok(())
+    }
+
+    fn cuCtxSetCurrent(ctx: CUcontext) {
+        let h = ctx as usize;
+        if h != 0 && !objects()?.contexts.contains_key(&h) {
+            return Err(code::INVALID_CONTEXT);
+        }
+        set_current(h);
+        Ok(())
+    }
+
+    fn cuCtxGetCurrent(ctx: *mut CUcontext) {
+        driver()?;
+        out(ctx, current() as CUcontext)
+    }
+
+    fn cuCtxPushCurrent_v2 [cuCtxPushCurrent] (ctx: CUcontext) {
+        let h = ctx as usize;
+        if !objects()?.contexts.contains_key(&h) {
+            return Err(code::INVALID_CONTEXT);
+        }
+        push(h);
+        Ok(())
+    }
+
+    fn cuCtxPopCurrent_v2 [cuCtxPopCurrent] (ctx: *mut CUcontext) {
+        driver()?;
+        let top = STACK.with(|s| s.borrow_mut().pop()).ok_or(code::INVALID_CONTEXT)?;
+        crate::state::out_opt(ctx, top as CUcontext)
+    }
+
+    fn cuCtxGetDevice(d: *mut CUdevice) {
+        need_ctx()?;
+        out(d, 0)
+    }
+
+    fn cuCtxGetDevice_v2(d: *mut CUdevice, ctx: CUcontext) {
+        ctx_or_current(ctx)?;
+        out(d, 0)
+    }
+
+    fn cuCtxGetFlags(flags: *mut c_uint) {
+        need_ctx()?;
+        let f = objects()?.contexts.get(&current()).map_or(0, |c| c.flags);
+        out(flags, f)
+    }
+
+    fn cuCtxSetFlags(flags: c_uint) {
+        need_ctx()?;
+        if let Some(c) = objects()?.contexts.get_mut(&current()) {
+            c.flags = flags;
+        }
+        Ok(())
+    }
+
+    fn cuCtxGetId(ctx: CUcontext, id: *mut u64) {
+        let h = ctx_or_current(ctx)?;
+        out(id, h as u64)
+    }
+
+    fn cuCtxGetApiVersion(ctx: CUcontext, v: *mut c_uint) {
+        ctx_or_current(ctx)?;
+        out(v, DRIVER_VERSION as c_uint)
+    }
+
+    fn cuCtxSynchronize() {
+        need_ctx()?;
+        gpu(|g| g.synchronize())
+    }
+
+    fn cuCtxSynchronize_v2(ctx: CUcontext) {
+        ctx_or_current(ctx)?;
+        gpu(|g| g.synchronize())
+    }
+
+    fn cuCtxGetLimit(v: *mut usize, limit: c_int) {
+        need_ctx()?;
+        out(v, default_limit(limit).ok_or(code::INVALID_VALUE)?)
+    }
+
+    /// Limits shape the host context's resources; a vGPU keeps the defaults
+    /// (a larger value is accepted as the driver may round it).
+    fn cuCtxSetLimit(limit: c_int, _v: usize) {
+        need_ctx()?;
+        default_limit(limit).ok_or(code::INVALID_VALUE)?;
+        Ok(())
+    }
+
+    fn cuCtxGetCacheConfig(cfg: *mut c_int) {
+        need_ctx()?;
+        out(cfg, 0) // CU_FUNC_CACHE_PREFER_NONE
+    }
+
+    /// A preference the driver may ignore; kept as a hint only.
+    fn cuCtxSetCacheConfig(cfg: c_int) {
+        need_ctx()?;
+        if !(0..=3).contains(&cfg) {
+            return Err(code::INVALID_VALUE);
+        }
+        Ok(())
+    }
+
+    fn cuCtxGetSharedMemConfig(cfg: *mut c_int) {
+        need_ctx()?;
+        out(cfg, 1) // CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE
+    }
+
+    fn cuCtxSetSharedMemConfig(cfg: c_int) {
+        need_ctx()?;
+        if !(0..=2).contains(&cfg) {
+            return Err(code::INVALID_VALUE);
+        }
+        Ok(())
+    }
+
+    /// Priorities as on the GPUs the host runs (0 is the lowest, -5 the highest).
+    fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) {
+        need_ctx()?;
+        crate::state::out_opt(least, 0)?;
+        crate::state::out_opt(greatest, crate::stream::GREATEST_PRIORITY)
+    }
+
+    /// The persisting part of L2 is the host's; nothing to reset for a vGPU.
+    fn cuCtxResetPersistingL2Cache() {
+        need_ctx()
+    }
+
+    fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, d: CUdevice) {
+        driver()?;
+        check_dev(d)?;
+        let mut o = objects()?;
+        let p = o.primary();
+        o.primary_retains = o.primary_retains.saturating_add(1);
+        out(ctx, p as CUcontext)
+    }
+
+    fn cuDevicePrimaryCtxRelease_v2 [cuDevicePrimaryCtxRelease] (d: CUdevice) {
+        driver()?;
+        check_dev(d)?;
+        let mut o = objects()?;
+        if o.primary_retains == 0 {
+            return Err(code::INVALID_CONTEXT);
+        }
+        o.primary_retains -= 1;
+        Ok(())
+    }
+
+    fn cuDevicePrimaryCtxGetState(d: CUdevice, flags: *mut c_uint, active: *mut c_int) {
+        driver()?;
+        check_dev(d)?;
+        let o = objects()?;
+        out(flags, o.primary_flags)?;
+        out(active, c_int::from(o.primary_retains > 0))
+    }
+
+    /// Scheduling flags (spin, yield, block) concern the host's thread; the
+    /// guest always spins, then blocks on its doorbell. They are kept to be
+    /// read back.
+    fn cuDevicePrimaryCtxSetFlags_v2 [cuDevicePrimaryCtxSetFlags] (d: CUdevice, flags: c_uint) {
+        driver()?;
+        check_dev(d)?;
+        let mut o = objects()?;
+        o.primary_flags = flags;
+        let p = o.primary;
+        if let Some(c) = o.contexts.get_mut(&p) {
+            c.flags = flags;
+        }
+        Ok(())
+    }
+
+    /// Waits for the primary context's work (the host context is the
+    /// process's; what it holds is freed when the process lets go of it).
+    fn cuDevicePrimaryCtxReset_v2 [cuDevicePrimaryCtxReset] (d: CUdevice) {
+        driver()?;
+        check_dev(d)?;
+        gpu(|g| g.synchronize())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_current_replaces_the_top_and_null_pops() {
+        set_current(5);
+        assert_eq!(current(), 5);
+        push(7);
+        assert_eq!(current(), 7);
+        set_current(9);
+        assert_eq!(current(), 9);
+        set_current(0);
+        assert_eq!(current(), 5);
+        set_current(0);
+        assert_eq!(current(), 0);
+        set_current(0);
+        assert_eq!(current(), 0);
+    }
+}

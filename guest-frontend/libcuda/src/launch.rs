@@ -1,0 +1,350 @@
+//! Kernel launches, function attributes and occupancy.
+//!
+//! A launch carries its parameters by value: each is read here by the size
+//! the module's metadata gives (reported by the host when the kernel was
+//! looked up) and packed, in order, into the launch request.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use cudarc::driver::sys::{CUdevice, CUfunction, CUstream};
+use protocol::Dim3;
+
+use crate::context::need_ctx;
+use crate::module::kernel;
+use crate::state::{driver, gpu, out};
+use crate::stream::resolve;
+use crate::{code, CuResult};
+
+/// `extra` markers of `cuLaunchKernel` (`CU_LAUNCH_PARAM_*`).
+const PARAM_END: usize = 0;
+const PARAM_BUFFER_POINTER: usize = 1;
+const PARAM_BUFFER_SIZE: usize = 2;
+
+/// The parameters' offsets in a packed argument buffer, as the C ABI lays
+/// the kernel's parameter list out (each aligned to its size, up to 8).
+fn offsets(sizes: &[u32]) -> Vec<usize> {
+    let mut at = 0usize;
+    sizes
+        .iter()
+        .map(|&s| {
+            let align = (s as usize).clamp(1, 8).next_power_of_two();
+            at = at.next_multiple_of(align);
+            let o = at;
+            at += s as usize;
+            o
+        })
+        .collect()
+}
+
+/// The parameter values of a launch, packed back to back.
+///
+/// # Safety
+/// `params` must be null or hold one pointer per kernel parameter, each to
+/// that parameter's value; `extra` must be null or a `CU_LAUNCH_PARAM_END`
+/// terminated list (the driver API's contract).
+unsafe fn pack(
+    sizes: &[u32],
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<Vec<u8>, CuResult> {
+    let total: usize = sizes.iter().map(|&s| s as usize).sum();
+    let mut packed = Vec::with_capacity(total);
+    if !params.is_null() {
+        // SAFETY: one pointer per kernel parameter (this function's contract).
+        let slots = unsafe { std::slice::from_raw_parts(params, sizes.len()) };
+        for (&slot, &size) in slots.iter().zip(sizes) {
+            if slot.is_null() {
+                return Err(code::INVALID_VALUE);
+            }
+            // SAFETY: each pointer addresses its parameter's value, whose
+            // size the module's metadata gives.
+            packed.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(slot as *const u8, size as usize)
+            });
+        }
+        return Ok(packed);
+    }
+    if extra.is_null() {
+        return if sizes.is_empty() {
+            Ok(packed)
+        } else {
+            Err(code::INVALID_VALUE)
+        };
+    }
+    // The whole argument buffer at once, laid out as the kernel's parameters.
+    let (mut buf, mut len) = (std::ptr::null::<u8>(), None::<usize>);
+    let mut at = 0usize;
+    loop {
+        // SAFETY: a terminated list of (marker, value) pairs (contract).
+        let marker = unsafe { extra.wrapping_add(at).read() } as usize;
+        if marker == PARAM_END {
+            break;
+        }
+        // SAFETY: every marker but the end is followed by its value.
+        let value = unsafe { extra.wrapping_add(at + 1).read() };
+        match marker {
+            PARAM_BUFFER_POINTER => buf = value as *const u8,
+            PARAM_BUFFER_SIZE if !value.is_null() => {
+                // SAFETY: the size marker's value points to a size_t (contract).
+                len = Some(unsafe { *(value as *const usize) });
+            }
+            _ => return Err(code::INVALID_VALUE),
+        }
+        at += 2;
+        if at > 64 {
+            return Err(code::INVALID_VALUE);
+        }
+    }
+    let offs = offsets(sizes);
+    let needed = offs
+        .last()
+        .zip(sizes.last())
+        .map_or(0, |(o, s)| o + *s as usize);
+    let len = len.ok_or(code::INVALID_VALUE)?;
+    if buf.is_null() && needed > 0 || len < needed {
+        return Err(code::INVALID_VALUE);
+    }
+    for (&o, &s) in offs.iter().zip(sizes) {
+        // SAFETY: `len` readable bytes at `buf` (contract), and `o + s <= len`.
+        packed.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(buf.wrapping_add(o), s as usize)
+        });
+    }
+    Ok(packed)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    f: CUfunction,
+    grid: Dim3,
+    block: Dim3,
+    shared: c_uint,
+    st: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<(), CuResult> {
+    need_ctx()?;
+    let k = kernel(f)?;
+    let stream = resolve(st)?;
+    // SAFETY: the caller's arguments, per the driver API's contract.
+    let packed = unsafe { pack(&k.func.param_sizes, params, extra) }?;
+    gpu(|g| g.launch_packed(k.func.handle, grid, block, shared, stream, &packed))
+}
+
+/// `CUlaunchAttributeID` values a launch may carry.
+mod launch_attr {
+    pub const ACCESS_POLICY_WINDOW: u32 = 1;
+    pub const SYNCHRONIZATION_POLICY: u32 = 3;
+    pub const PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+    pub const PRIORITY: u32 = 8;
+    pub const MEM_SYNC_DOMAIN_MAP: u32 = 9;
+    pub const MEM_SYNC_DOMAIN: u32 = 10;
+    pub const PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 14;
+}
+
+/// Whether a launch attribute is a hint the host may drop without changing
+/// what the launch computes (it only shapes scheduling, caching or
+/// overlap).
+fn is_hint(id: u32) -> bool {
+    use launch_attr::*;
+    matches!(
+        id,
+        ACCESS_POLICY_WINDOW
+            | SYNCHRONIZATION_POLICY
+            | PROGRAMMATIC_STREAM_SERIALIZATION
+            | PRIORITY
+            | MEM_SYNC_DOMAIN_MAP
+            | MEM_SYNC_DOMAIN
+            | PREFERRED_SHARED_MEMORY_CARVEOUT
+    )
+}
+
+/// `CUlaunchConfig` with the attribute id read as a plain integer.
+#[repr(C)]
+struct LaunchConfig {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    stream: CUstream,
+    attrs: *const LaunchAttribute,
+    num_attrs: c_uint,
+}
+
+/// `CUlaunchAttribute`: an id, padding, and a 64-byte value union.
+#[repr(C)]
+struct LaunchAttribute {
+    id: u32,
+    _pad: [u8; 4],
+    value: [u8; 64],
+}
+
+/// Occupancy of `f` at `block` threads and `smem` bytes of dynamic shared
+/// memory per block.
+fn occupancy(f: CUfunction, block: c_int, smem: usize) -> Result<i32, CuResult> {
+    let k = kernel(f)?;
+    let b = u32::try_from(block).map_err(|_| code::INVALID_VALUE)?;
+    let m = u32::try_from(smem).map_err(|_| code::INVALID_VALUE)?;
+    gpu(|g| g.occupancy(k.func.handle, b, m))
+}
+
+fn func_attribute(f: CUfunction, attr: c_int) -> Result<i32, CuResult> {
+    let a = u32::try_from(attr).map_err(|_| code::INVALID_VALUE)?;
+    if a > protocol::MAX_FUNC_ATTRIBUTE {
+        return Err(crate::not_supported(&format!("cuFuncGetAttribute({attr})")));
+    }
+    let k = kernel(f)?;
+    gpu(|g| g.func_attribute(k.func.handle, a))
+}
+
+/// The block size that gives `f` the most resident threads per
+/// multiprocessor (the driver's search: every multiple of the warp size up
+/// to the kernel's limit, the largest first on ties), and the smallest grid
+/// that fills the device at it.
+fn potential_block_size(
+    f: CUfunction,
+    smem_of: impl Fn(c_int) -> usize,
+    limit: c_int,
+) -> Result<(c_int, c_int), CuResult> {
+    let drv = driver()?;
+    let max = func_attribute(f, 0)?; // MAX_THREADS_PER_BLOCK
+    let max = if limit > 0 { max.min(limit) } else { max };
+    let (mut best, mut best_threads, mut best_blocks) = (0, 0, 0);
+    let mut b = max - max % 32;
+    while b >= 32 {
+        let blocks = occupancy(f, b, smem_of(b))?;
+        if blocks * b > best_threads {
+            (best, best_threads, best_blocks) = (b, blocks * b, blocks);
+        }
+        b -= 32;
+    }
+    if best == 0 {
+        return Err(code::INVALID_VALUE);
+    }
+    Ok((best_blocks * drv.info.sm_count as c_int, best))
+}
+
+export! {
+    fn cuLaunchKernel [cuLaunchKernel_ptsz per_thread] (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, st: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch(f, Dim3 { x: gx, y: gy, z: gz }, Dim3 { x: bx, y: by, z: bz }, shared, st, params, extra)
+    }
+
+    /// A launch with a configuration. Attributes that only shape how the
+    /// work is scheduled are dropped; those that change what a launch means
+    /// (cooperative grids, clusters, completion events) are refused until
+    /// the host serves them.
+    fn cuLaunchKernelEx [cuLaunchKernelEx_ptsz per_thread] (cfg: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        if cfg.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        // SAFETY: a CUlaunchConfig (API contract), read with plain integers.
+        let c = unsafe { &*(cfg as *const LaunchConfig) };
+        if c.num_attrs > 0 {
+            if c.attrs.is_null() {
+                return Err(code::INVALID_VALUE);
+            }
+            // SAFETY: `num_attrs` attributes (API contract).
+            let attrs = unsafe { std::slice::from_raw_parts(c.attrs, c.num_attrs as usize) };
+            if let Some(a) = attrs.iter().find(|a| !is_hint(a.id)) {
+                return Err(crate::not_supported(&format!("cuLaunchKernelEx with launch attribute {}", a.id)));
+            }
+        }
+        let grid = Dim3 { x: c.grid[0], y: c.grid[1], z: c.grid[2] };
+        let block = Dim3 { x: c.block[0], y: c.block[1], z: c.block[2] };
+        launch(f, grid, block, c.shared, c.stream, params, extra)
+    }
+
+    fn cuFuncGetAttribute(v: *mut c_int, attr: c_int, f: CUfunction) {
+        let val = func_attribute(f, attr)?;
+        out(v, val)
+    }
+
+    fn cuKernelGetAttribute(v: *mut c_int, attr: c_int, k: CUfunction, d: CUdevice) {
+        if d != 0 {
+            return Err(code::INVALID_DEVICE);
+        }
+        let val = func_attribute(k, attr)?;
+        out(v, val)
+    }
+
+    /// Cache preferences are hints the driver may ignore.
+    fn cuFuncSetCacheConfig(f: CUfunction, cfg: c_int) {
+        kernel(f)?;
+        if !(0..=3).contains(&cfg) {
+            return Err(code::INVALID_VALUE);
+        }
+        Ok(())
+    }
+
+    fn cuKernelSetCacheConfig(k: CUfunction, cfg: c_int, d: CUdevice) {
+        if d != 0 {
+            return Err(code::INVALID_DEVICE);
+        }
+        kernel(k)?;
+        if !(0..=3).contains(&cfg) {
+            return Err(code::INVALID_VALUE);
+        }
+        Ok(())
+    }
+
+    fn cuFuncSetSharedMemConfig(f: CUfunction, cfg: c_int) {
+        kernel(f)?;
+        if !(0..=2).contains(&cfg) {
+            return Err(code::INVALID_VALUE);
+        }
+        Ok(())
+    }
+
+    fn cuFuncGetParamInfo(f: CUfunction, index: usize, offset: *mut usize, size: *mut usize) {
+        let k = kernel(f)?;
+        let sizes = &k.func.param_sizes;
+        let i = (index < sizes.len()).then_some(index).ok_or(code::INVALID_VALUE)?;
+        crate::state::out_opt(offset, offsets(sizes)[i])?;
+        crate::state::out_opt(size, sizes[i] as usize)
+    }
+
+    fn cuKernelGetParamInfo(k: CUfunction, index: usize, offset: *mut usize, size: *mut usize) {
+        let kn = kernel(k)?;
+        let sizes = &kn.func.param_sizes;
+        let i = (index < sizes.len()).then_some(index).ok_or(code::INVALID_VALUE)?;
+        crate::state::out_opt(offset, offsets(sizes)[i])?;
+        crate::state::out_opt(size, sizes[i] as usize)
+    }
+
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut c_int, f: CUfunction, block: c_int, smem: usize) {
+        let v = occupancy(f, block, smem)?;
+        out(n, v)
+    }
+
+    /// The flags only affect caching decisions.
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n: *mut c_int, f: CUfunction, block: c_int, smem: usize, _flags: c_uint) {
+        let v = occupancy(f, block, smem)?;
+        out(n, v)
+    }
+
+    fn cuOccupancyMaxPotentialBlockSize(min_grid: *mut c_int, block: *mut c_int, f: CUfunction, smem_fn: Option<unsafe extern "C" fn(c_int) -> usize>, smem: usize, limit: c_int) {
+        // SAFETY: the caller's callback maps a block size to bytes (API contract).
+        let smem_of = |b| smem_fn.map_or(smem, |cb| unsafe { cb(b) });
+        let (g, b) = potential_block_size(f, smem_of, limit)?;
+        out(min_grid, g)?;
+        out(block, b)
+    }
+
+    fn cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid: *mut c_int, block: *mut c_int, f: CUfunction, smem_fn: Option<unsafe extern "C" fn(c_int) -> usize>, smem: usize, limit: c_int, _flags: c_uint) {
+        // SAFETY: as in cuOccupancyMaxPotentialBlockSize.
+        let smem_of = |b| smem_fn.map_or(smem, |cb| unsafe { cb(b) });
+        let (g, b) = potential_block_size(f, smem_of, limit)?;
+        out(min_grid, g)?;
+        out(block, b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_follow_the_c_layout() {
+        assert_eq!(offsets(&[8, 4, 8, 1, 2, 16]), vec![0, 8, 16, 24, 26, 32]);
+        assert_eq!(offsets(&[]), Vec::<usize>::new());
+    }
+}

@@ -1,0 +1,385 @@
+//! Device memory: allocation, copies, memsets, and what a pointer is.
+//!
+//! Device pointers are the host worker's device addresses. The process's
+//! device ranges are kept here ([`crate::state::Objects::ranges`]), so that
+//! copies of inferred direction (`cuMemcpy`) and pointer queries are
+//! answered without a round trip.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUstream};
+
+use crate::context::{current, need_ctx};
+use crate::state::{gpu, host_dst, host_src, objects, out, out_opt, Range, RangeKind};
+use crate::stream::resolve;
+use crate::{code, CuResult};
+
+/// `CUmemorytype`.
+#[allow(dead_code)]
+pub(crate) mod memtype {
+    pub const HOST: u32 = 1;
+    pub const DEVICE: u32 = 2;
+    pub const ARRAY: u32 = 3;
+    pub const UNIFIED: u32 = 4;
+}
+
+/// Whether `ptr` lies in a device range of the process.
+pub(crate) fn is_device(ptr: u64) -> Result<bool, CuResult> {
+    Ok(objects()?.range_of(ptr).is_some())
+}
+
+fn alloc(p: *mut CUdeviceptr, size: usize) -> Result<(), CuResult> {
+    need_ctx()?;
+    if size == 0 || p.is_null() {
+        return Err(code::INVALID_VALUE);
+    }
+    let d = gpu(|g| g.mem_alloc(size as u64))?;
+    objects()?.ranges.insert(
+        d,
+        Range {
+            size: size as u64,
+            kind: RangeKind::Device,
+        },
+    );
+    out(p, d)
+}
+
+fn free(p: CUdeviceptr) -> Result<(), CuResult> {
+    need_ctx()?;
+    if p == 0 {
+        return Ok(());
+    }
+    match objects()?.ranges.get(&p) {
+        Some(r) if r.kind == RangeKind::Device => {}
+        _ => return Err(code::INVALID_VALUE),
+    }
+    gpu(|g| g.mem_free(p))?;
+    objects()?.ranges.remove(&p);
+    Ok(())
+}
+
+fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, st: CUstream, sync: bool) -> CuResult2 {
+    need_ctx()?;
+    let stream = resolve(st)?;
+    // SAFETY: the caller passes `n` readable bytes at `src` (API contract).
+    let b = unsafe { host_src(src, n) }?;
+    // The bytes are in the ring when this returns, so the caller may reuse
+    // its buffer at once (stricter than CUDA requires of async copies).
+    gpu(|g| {
+        g.memcpy_htod_async(dst, b, stream)?;
+        if sync {
+            g.stream_synchronize(stream)?;
+        }
+        Ok(())
+    })
+}
+
+fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, st: CUstream) -> CuResult2 {
+    need_ctx()?;
+    let stream = resolve(st)?;
+    // SAFETY: the caller passes `n` writable bytes at `dst` (API contract).
+    let b = unsafe { host_dst(dst, n) }?;
+    // Completes before returning (allowed for asynchronous copies too).
+    gpu(|g| g.memcpy_dtoh(b, src, stream))
+}
+
+fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, st: CUstream, sync: bool) -> CuResult2 {
+    need_ctx()?;
+    let stream = resolve(st)?;
+    gpu(|g| {
+        g.memcpy_dtod_async(dst, src, n as u64, stream)?;
+        if sync {
+            g.stream_synchronize(stream)?;
+        }
+        Ok(())
+    })
+}
+
+/// A copy whose direction the pointers tell (unified addressing).
+fn copy_inferred(dst: u64, src: u64, n: usize, st: CUstream, sync: bool) -> CuResult2 {
+    need_ctx()?;
+    if n == 0 {
+        return Ok(());
+    }
+    match (is_device(dst)?, is_device(src)?) {
+        (true, true) => dtod(dst, src, n, st, sync),
+        (true, false) => htod(dst, src as *const c_void, n, st, sync),
+        (false, true) => dtoh(dst as *mut c_void, src, n, st),
+        (false, false) => {
+            // Host to host: the stream's earlier work first, as the driver
+            // orders it.
+            let stream = resolve(st)?;
+            gpu(|g| g.stream_synchronize(stream))?;
+            // SAFETY: the caller passes `n` readable bytes at `src` and `n`
+            // writable bytes at `dst` (API contract); the ranges may overlap
+            // only if the caller's may.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
+            Ok(())
+        }
+    }
+}
+
+type CuResult2 = Result<(), CuResult>;
+
+fn memset(dst: CUdeviceptr, v: u32, width: u32, n: usize, st: CUstream, sync: bool) -> CuResult2 {
+    need_ctx()?;
+    let stream = resolve(st)?;
+    gpu(|g| {
+        g.memset_async(dst, v, width, n as u64, stream)?;
+        if sync {
+            g.stream_synchronize(stream)?;
+        }
+        Ok(())
+    })
+}
+
+/// A 2D memset: `height` rows of `width` elements, `pitch` bytes apart.
+#[allow(clippy::too_many_arguments)]
+fn memset_2d(
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: u32,
+    elem: u32,
+    width: usize,
+    height: usize,
+    st: CUstream,
+    sync: bool,
+) -> CuResult2 {
+    need_ctx()?;
+    if height > 1 && pitch < width.saturating_mul(elem as usize) {
+        return Err(code::INVALID_VALUE);
+    }
+    let stream = resolve(st)?;
+    gpu(|g| {
+        for row in 0..height as u64 {
+            g.memset_async(dst + row * pitch as u64, v, elem, width as u64, stream)?;
+        }
+        if sync {
+            g.stream_synchronize(stream)?;
+        }
+        Ok(())
+    })
+}
+
+/// One pointer's attribute `attr` written to `data`; `Err` for a pointer
+/// the process does not hold or an attribute we do not answer.
+fn pointer_attribute(data: *mut c_void, attr: c_int, ptr: u64) -> CuResult2 {
+    let (base, r) = objects()?.range_of(ptr).ok_or(code::INVALID_VALUE)?;
+    match attr {
+        1 => out(data as *mut CUcontext, current() as CUcontext), // CONTEXT
+        2 => out(data as *mut c_uint, memtype::DEVICE),           // MEMORY_TYPE
+        3 => out(data as *mut CUdeviceptr, ptr),                  // DEVICE_POINTER
+        4 => Err(code::INVALID_VALUE),                            // HOST_POINTER
+        6 => out(data as *mut c_int, 1),                          // SYNC_MEMOPS
+        7 | 20 => out(data as *mut u64, base),                    // BUFFER_ID, MEMORY_BLOCK_ID
+        8 => out(data as *mut c_int, 0),                          // IS_MANAGED
+        9 => out(data as *mut c_int, 0),                          // DEVICE_ORDINAL
+        10 | 15 => out(data as *mut c_int, 0), // LEGACY_CUDA_IPC_CAPABLE, GPU_DIRECT_RDMA_CAPABLE
+        11 | 19 => out(data as *mut CUdeviceptr, base), // RANGE_START_ADDR, MAPPING_BASE_ADDR
+        12 | 18 => out(data as *mut usize, r.size as usize), // RANGE_SIZE, MAPPING_SIZE
+        13 => out(data as *mut c_int, 1),      // MAPPED
+        14 => out(data as *mut u64, 0),        // ALLOWED_HANDLE_TYPES
+        16 => out(data as *mut c_int, 3),      // ACCESS_FLAGS: read-write
+        17 => out(data as *mut *mut c_void, std::ptr::null_mut()), // MEMPOOL_HANDLE
+        21 => out(data as *mut c_int, 0),      // IS_HW_DECOMPRESS_CAPABLE
+        _ => Err(crate::not_supported(&format!(
+            "cuPointerGetAttribute({attr})"
+        ))),
+    }
+}
+
+/// The value `cuPointerGetAttributes` gives attribute `attr` of a pointer
+/// the process does not hold: zero of the attribute's width.
+fn attribute_width(attr: c_int) -> usize {
+    match attr {
+        1 | 3 | 4 | 7 | 11 | 12 | 14 | 17 | 18 | 19 | 20 => 8,
+        5 => 16, // P2P_TOKENS: two u64s
+        _ => 4,
+    }
+}
+
+export! {
+    fn cuMemAlloc_v2(p: *mut CUdeviceptr, size: usize) {
+        alloc(p, size)
+    }
+
+    /// Rows of `width` bytes, each starting at a multiple of the pitch
+    /// alignment.
+    fn cuMemAllocPitch_v2(p: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) {
+        if width == 0 || height == 0 || !matches!(elem, 4 | 8 | 16) || pitch.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        let row = width.checked_next_multiple_of(512).ok_or(code::INVALID_VALUE)?;
+        let size = row.checked_mul(height).ok_or(code::INVALID_VALUE)?;
+        alloc(p, size)?;
+        out(pitch, row)
+    }
+
+    fn cuMemFree_v2(p: CUdeviceptr) {
+        free(p)
+    }
+
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
+        need_ctx()?;
+        let (f, t) = gpu(|g| g.mem_get_info())?;
+        out(free, f as usize)?;
+        out(total, t as usize)
+    }
+
+    fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, ptr: CUdeviceptr) {
+        need_ctx()?;
+        let (b, r) = objects()?.range_of(ptr).ok_or(code::NOT_FOUND)?;
+        out_opt(base, b)?;
+        out_opt(size, r.size as usize)
+    }
+
+    fn cuMemcpyHtoD_v2 [cuMemcpyHtoD_v2_ptds per_thread] (dst: CUdeviceptr, src: *const c_void, n: usize) {
+        htod(dst, src, n, std::ptr::null_mut(), true)
+    }
+
+    fn cuMemcpyHtoDAsync_v2 [cuMemcpyHtoDAsync_v2_ptsz per_thread] (dst: CUdeviceptr, src: *const c_void, n: usize, st: CUstream) {
+        htod(dst, src, n, st, false)
+    }
+
+    fn cuMemcpyDtoH_v2 [cuMemcpyDtoH_v2_ptds per_thread] (dst: *mut c_void, src: CUdeviceptr, n: usize) {
+        dtoh(dst, src, n, std::ptr::null_mut())
+    }
+
+    fn cuMemcpyDtoHAsync_v2 [cuMemcpyDtoHAsync_v2_ptsz per_thread] (dst: *mut c_void, src: CUdeviceptr, n: usize, st: CUstream) {
+        dtoh(dst, src, n, st)
+    }
+
+    fn cuMemcpyDtoD_v2 [cuMemcpyDtoD_v2_ptds per_thread] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) {
+        dtod(dst, src, n, std::ptr::null_mut(), true)
+    }
+
+    fn cuMemcpyDtoDAsync_v2 [cuMemcpyDtoDAsync_v2_ptsz per_thread] (dst: CUdeviceptr, src: CUdeviceptr, n: usize, st: CUstream) {
+        dtod(dst, src, n, st, false)
+    }
+
+    fn cuMemcpy [cuMemcpy_ptds per_thread] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) {
+        copy_inferred(dst, src, n, std::ptr::null_mut(), true)
+    }
+
+    fn cuMemcpyAsync [cuMemcpyAsync_ptsz per_thread] (dst: CUdeviceptr, src: CUdeviceptr, n: usize, st: CUstream) {
+        copy_inferred(dst, src, n, st, false)
+    }
+
+    fn cuMemsetD8_v2 [cuMemsetD8_v2_ptds per_thread] (dst: CUdeviceptr, v: u8, n: usize) {
+        memset(dst, u32::from(v), 1, n, std::ptr::null_mut(), true)
+    }
+
+    fn cuMemsetD16_v2 [cuMemsetD16_v2_ptds per_thread] (dst: CUdeviceptr, v: u16, n: usize) {
+        memset(dst, u32::from(v), 2, n, std::ptr::null_mut(), true)
+    }
+
+    fn cuMemsetD32_v2 [cuMemsetD32_v2_ptds per_thread] (dst: CUdeviceptr, v: u32, n: usize) {
+        memset(dst, v, 4, n, std::ptr::null_mut(), true)
+    }
+
+    fn cuMemsetD8Async [cuMemsetD8Async_ptsz per_thread] (dst: CUdeviceptr, v: u8, n: usize, st: CUstream) {
+        memset(dst, u32::from(v), 1, n, st, false)
+    }
+
+    fn cuMemsetD16Async [cuMemsetD16Async_ptsz per_thread] (dst: CUdeviceptr, v: u16, n: usize, st: CUstream) {
+        memset(dst, u32::from(v), 2, n, st, false)
+    }
+
+    fn cuMemsetD32Async [cuMemsetD32Async_ptsz per_thread] (dst: CUdeviceptr, v: u32, n: usize, st: CUstream) {
+        memset(dst, v, 4, n, st, false)
+    }
+
+    fn cuMemsetD2D8_v2 [cuMemsetD2D8_v2_ptds per_thread] (dst: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize) {
+        memset_2d(dst, pitch, u32::from(v), 1, w, h, std::ptr::null_mut(), true)
+    }
+
+    fn cuMemsetD2D16_v2 [cuMemsetD2D16_v2_ptds per_thread] (dst: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize) {
+        memset_2d(dst, pitch, u32::from(v), 2, w, h, std::ptr::null_mut(), true)
+    }
+
+    fn cuMemsetD2D32_v2 [cuMemsetD2D32_v2_ptds per_thread] (dst: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize) {
+        memset_2d(dst, pitch, v, 4, w, h, std::ptr::null_mut(), true)
+    }
+
+    fn cuMemsetD2D8Async [cuMemsetD2D8Async_ptsz per_thread] (dst: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize, st: CUstream) {
+        memset_2d(dst, pitch, u32::from(v), 1, w, h, st, false)
+    }
+
+    fn cuMemsetD2D16Async [cuMemsetD2D16Async_ptsz per_thread] (dst: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize, st: CUstream) {
+        memset_2d(dst, pitch, u32::from(v), 2, w, h, st, false)
+    }
+
+    fn cuMemsetD2D32Async [cuMemsetD2D32Async_ptsz per_thread] (dst: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, st: CUstream) {
+        memset_2d(dst, pitch, v, 4, w, h, st, false)
+    }
+
+    fn cuPointerGetAttribute(data: *mut c_void, attr: c_int, ptr: CUdeviceptr) {
+        if data.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        pointer_attribute(data, attr, ptr)
+    }
+
+    /// Unlike the single query, a pointer the process does not hold gives
+    /// zeroed values, not an error.
+    fn cuPointerGetAttributes(n: c_uint, attrs: *mut c_int, data: *mut *mut c_void, ptr: CUdeviceptr) {
+        crate::state::driver()?;
+        if n == 0 || attrs.is_null() || data.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        // SAFETY: `n` attributes (API contract).
+        let attrs = unsafe { std::slice::from_raw_parts(attrs, n as usize) };
+        // SAFETY: `n` output pointers (API contract).
+        let data = unsafe { std::slice::from_raw_parts(data, n as usize) };
+        let held = is_device(ptr)?;
+        for (&a, &d) in attrs.iter().zip(data) {
+            if d.is_null() {
+                return Err(code::INVALID_VALUE);
+            }
+            if held {
+                if pointer_attribute(d, a, ptr).is_ok() {
+                    continue;
+                }
+                if a == 4 {
+                    // No host address for device memory: null.
+                    out(d as *mut *mut c_void, std::ptr::null_mut())?;
+                    continue;
+                }
+            }
+            // SAFETY: `d` points to storage for attribute `a`, whose width
+            // the attribute determines (API contract).
+            unsafe { std::ptr::write_bytes(d as *mut u8, 0, attribute_width(a)) };
+        }
+        Ok(())
+    }
+
+    /// Host memory allocated by the driver. Copies from and to it go
+    /// through the shared arenas like any host memory.
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) {
+        host_alloc(pp, size)
+    }
+
+    fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, _flags: c_uint) {
+        host_alloc(pp, size)
+    }
+
+    fn cuMemFreeHost(p: *mut c_void) {
+        // SAFETY: `p` came from cuMemAllocHost/cuMemHostAlloc (malloc), per
+        // the API contract.
+        unsafe { libc::free(p) };
+        Ok(())
+    }
+}
+
+fn host_alloc(pp: *mut *mut c_void, size: usize) -> CuResult2 {
+    need_ctx()?;
+    if pp.is_null() {
+        return Err(code::INVALID_VALUE);
+    }
+    // SAFETY: malloc has no preconditions; null is checked.
+    let p = unsafe { libc::malloc(size.max(1)) };
+    if p.is_null() {
+        return Err(code::OUT_OF_MEMORY);
+    }
+    out(pp, p)
+}

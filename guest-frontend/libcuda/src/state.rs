@@ -1,0 +1,273 @@
+//! The process's driver state: the connection to the vGPU (made by
+//! `cuInit`) and the tables of what the process holds, which answer many
+//! calls without a round trip.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use guest_frontend::{Function, Gpu, GuestError};
+use protocol::DeviceInfo;
+
+use crate::{code, CuResult};
+
+/// What `cuInit` made.
+pub(crate) struct Driver {
+    /// The device as the host describes it.
+    pub info: DeviceInfo,
+    /// `CUdevice_attribute` values, cached at attach time.
+    pub attrs: HashMap<u32, i32>,
+    /// The connection; `None` once the process let go of it at exit.
+    gpu: Mutex<Option<Gpu>>,
+    /// The tables.
+    objects: Mutex<Objects>,
+}
+
+/// What a device allocation or module global is, for pointer queries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RangeKind {
+    /// `cuMemAlloc` and friends.
+    Device,
+    /// A module's global variable (freed with its module).
+    Global,
+}
+
+/// A device address range the process holds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Range {
+    pub size: u64,
+    pub kind: RangeKind,
+}
+
+/// A kernel the process looked up.
+#[derive(Debug, Clone)]
+pub(crate) struct Kernel {
+    /// Host handle and parameter sizes.
+    pub func: Function,
+    /// The module it came from.
+    pub module: u64,
+    /// Its name as looked up (`cuFuncGetName`).
+    pub name: std::ffi::CString,
+}
+
+/// A context the process made or retained. Its handle is the address of a
+/// boxed `ContextCell`, so no two contexts ever share one.
+#[derive(Debug, Default)]
+pub(crate) struct ContextInfo {
+    /// `CU_CTX_*` flags it was made with.
+    pub flags: u32,
+    /// Whether it is the device's primary context.
+    pub primary: bool,
+}
+
+/// What the process holds, by handle.
+#[derive(Debug, Default)]
+pub(crate) struct Objects {
+    pub kernels: HashMap<u64, Kernel>,
+    pub contexts: HashMap<usize, ContextInfo>,
+    /// The primary context's handle (0: not retained yet) and its retain count.
+    pub primary: usize,
+    pub primary_retains: u32,
+    /// Flags set for the primary context (`cuDevicePrimaryCtxSetFlags`).
+    pub primary_flags: u32,
+    /// Device ranges by start address.
+    pub ranges: BTreeMap<u64, Range>,
+    /// Streams made here, with their flags and priorities.
+    pub streams: HashMap<u64, (u32, i32)>,
+    /// Loaded modules (and libraries, which are modules here), with the
+    /// module globals looked up in each.
+    pub modules: HashMap<u64, Vec<u64>>,
+}
+
+impl Objects {
+    /// The range holding `ptr`: (start, range).
+    pub fn range_of(&self, ptr: u64) -> Option<(u64, Range)> {
+        let (&base, &r) = self.ranges.range(..=ptr).next_back()?;
+        (ptr < base.saturating_add(r.size)).then_some((base, r))
+    }
+
+    /// Makes a new context handle (a unique address) with `info`.
+    pub fn new_context(&mut self, info: ContextInfo) -> usize {
+        // The handle is an address nothing else will ever have: a leaked
+        // allocation of one byte per context made (a handful per process).
+        let h = Box::into_raw(Box::new(0u8)) as usize;
+        self.contexts.insert(h, info);
+        h
+    }
+
+    /// The primary context, made (not retained) if it does not exist yet.
+    pub fn primary(&mut self) -> usize {
+        if self.primary == 0 {
+            let flags = self.primary_flags;
+            self.primary = self.new_context(ContextInfo {
+                flags,
+                primary: true,
+            });
+        }
+        self.primary
+    }
+}
+
+static DRIVER: OnceLock<Result<Driver, CuResult>> = OnceLock::new();
+
+/// The error code of a failed guest call.
+pub(crate) fn code_of(e: GuestError) -> CuResult {
+    match e {
+        GuestError::Cuda(s) => s.code(),
+        GuestError::NoVgpu => code::NO_DEVICE,
+        GuestError::VgpuReset => code::CONTEXT_IS_DESTROYED,
+        GuestError::Transport(_) | GuestError::Protocol(_) | GuestError::Device { .. } => {
+            code::UNKNOWN
+        }
+    }
+}
+
+/// Attaches to the vGPU once per process; later calls return the first
+/// result.
+pub(crate) fn init() -> CuResult {
+    match DRIVER.get_or_init(attach) {
+        Ok(_) => code::SUCCESS,
+        Err(e) => *e,
+    }
+}
+
+fn attach() -> Result<Driver, CuResult> {
+    match Gpu::from_env() {
+        Ok(gpu) => {
+            let info = gpu.device_info().clone();
+            let attrs = info.attributes.iter().copied().collect();
+            // SAFETY: `release_at_exit` is an `extern "C" fn()` that never unwinds.
+            unsafe { libc::atexit(release_at_exit) };
+            Ok(Driver {
+                info,
+                attrs,
+                gpu: Mutex::new(Some(gpu)),
+                objects: Mutex::new(Objects::default()),
+            })
+        }
+        Err(e) => {
+            eprintln!("fairvgpu libcuda: cannot attach to a vGPU: {e}");
+            Err(code::NO_DEVICE)
+        }
+    }
+}
+
+/// Lets go of the vGPU channel when the program exits normally, so that the
+/// host sees a clean close (a killed program's channel is given back by the
+/// kernel module or the host instead). A thread still inside a call keeps
+/// the lock: then nothing is done here. Calls made after this (by other
+/// atexit handlers, the CUDA runtime's teardown) answer
+/// `CUDA_ERROR_DEINITIALIZED`.
+extern "C" fn release_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(Ok(d)) = DRIVER.get() {
+            if let Ok(mut g) = d.gpu.try_lock() {
+                drop(g.take());
+            }
+        }
+    });
+}
+
+/// The driver state; `CUDA_ERROR_NOT_INITIALIZED` before a successful `cuInit`.
+pub(crate) fn driver() -> Result<&'static Driver, CuResult> {
+    match DRIVER.get() {
+        Some(Ok(d)) => Ok(d),
+        _ => Err(code::NOT_INITIALIZED),
+    }
+}
+
+impl Driver {
+    /// Runs `f` on the connection.
+    pub fn gpu<R>(
+        &self,
+        f: impl FnOnce(&mut Gpu) -> guest_frontend::Result<R>,
+    ) -> Result<R, CuResult> {
+        let mut g = self.gpu.lock().unwrap_or_else(|e| e.into_inner());
+        let gpu = g.as_mut().ok_or(code::DEINITIALIZED)?;
+        f(gpu).map_err(code_of)
+    }
+
+    /// The tables (held briefly: never across a call to the host).
+    pub fn objects(&self) -> MutexGuard<'_, Objects> {
+        self.objects.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Shorthand: runs `f` on the connection of the initialized driver.
+pub(crate) fn gpu<R>(f: impl FnOnce(&mut Gpu) -> guest_frontend::Result<R>) -> Result<R, CuResult> {
+    driver()?.gpu(f)
+}
+
+/// Shorthand: the tables of the initialized driver.
+pub(crate) fn objects() -> Result<MutexGuard<'static, Objects>, CuResult> {
+    Ok(driver()?.objects())
+}
+
+/// Writes `v` to the caller's out-parameter `p`.
+pub(crate) fn out<T>(p: *mut T, v: T) -> Result<(), CuResult> {
+    if p.is_null() {
+        return Err(code::INVALID_VALUE);
+    }
+    // SAFETY: a non-null out-parameter the caller provides for this value
+    // (the driver API's contract).
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+/// Writes `v` to `p` unless `p` is null (outputs the API lets callers skip).
+pub(crate) fn out_opt<T>(p: *mut T, v: T) -> Result<(), CuResult> {
+    if p.is_null() {
+        Ok(())
+    } else {
+        out(p, v)
+    }
+}
+
+/// A C string argument.
+///
+/// # Safety
+/// `p` must be null or point to a NUL-terminated string.
+pub(crate) unsafe fn c_str<'a>(p: *const std::ffi::c_char) -> Result<&'a str, CuResult> {
+    if p.is_null() {
+        return Err(code::INVALID_VALUE);
+    }
+    // SAFETY: per this function's contract.
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| code::INVALID_VALUE)
+}
+
+/// Host bytes from a C pointer.
+///
+/// # Safety
+/// `p` must point to `n` readable bytes (the caller's contract with the driver API).
+pub(crate) unsafe fn host_src<'a>(
+    p: *const std::ffi::c_void,
+    n: usize,
+) -> Result<&'a [u8], CuResult> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(code::INVALID_VALUE);
+    }
+    // SAFETY: per this function's contract.
+    Ok(unsafe { std::slice::from_raw_parts(p as *const u8, n) })
+}
+
+/// Host bytes to write, from a C pointer.
+///
+/// # Safety
+/// `p` must point to `n` writable bytes.
+pub(crate) unsafe fn host_dst<'a>(
+    p: *mut std::ffi::c_void,
+    n: usize,
+) -> Result<&'a mut [u8], CuResult> {
+    if n == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return Err(code::INVALID_VALUE);
+    }
+    // SAFETY: per this function's contract.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p as *mut u8, n) })
+}

@@ -1,0 +1,216 @@
+//! Streams and events.
+//!
+//! Stream handles are the host's. The legacy default stream is the host's
+//! default stream (handle 0). The per-thread default stream of a thread
+//! (`CU_STREAM_PER_THREAD`, and the null stream in the `_ptds`/`_ptsz`
+//! entry points) is a host stream made for that thread when it first uses
+//! it: a blocking stream, which synchronizes with the legacy stream as
+//! CUDA's per-thread stream does.
+
+use std::cell::Cell;
+use std::ffi::{c_int, c_uint, c_ulonglong};
+
+use cudarc::driver::sys::{CUcontext, CUdevice, CUevent, CUstream};
+
+use crate::context::{current, need_ctx};
+use crate::state::{driver, gpu, objects, out};
+use crate::{code, CuResult};
+
+/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`.
+const LEGACY: u64 = 0x1;
+const PER_THREAD: u64 = 0x2;
+/// The highest stream priority (numerically lowest) a vGPU offers.
+pub(crate) const GREATEST_PRIORITY: c_int = -5;
+/// `CU_STREAM_NON_BLOCKING`.
+const NON_BLOCKING: u32 = 0x1;
+
+thread_local! {
+    /// Whether the entry point running on this thread is a per-thread
+    /// default stream variant.
+    static PTDS: Cell<bool> = const { Cell::new(false) };
+    /// This thread's default stream, once made.
+    static OWN: ThreadStream = const { ThreadStream(Cell::new(0)) };
+}
+
+/// A thread's own default stream, destroyed on the host when the thread ends.
+struct ThreadStream(Cell<u64>);
+
+impl Drop for ThreadStream {
+    fn drop(&mut self) {
+        let h = self.0.get();
+        if h != 0 {
+            let _ = gpu(|g| g.stream_destroy(h));
+        }
+    }
+}
+
+/// Runs `f` (an entry point) with the per-thread default stream as the
+/// default stream.
+pub(crate) fn per_thread(f: impl FnOnce() -> CuResult) -> CuResult {
+    let was = PTDS.with(|p| p.replace(true));
+    let r = f();
+    PTDS.with(|p| p.set(was));
+    r
+}
+
+/// This thread's default stream on the host.
+fn thread_stream() -> Result<u64, CuResult> {
+    if let Some(h) = OWN.try_with(|s| s.0.get()).ok().filter(|&h| h != 0) {
+        return Ok(h);
+    }
+    let h = gpu(|g| g.stream_create(0))?;
+    if OWN.try_with(|s| s.0.set(h)).is_err() {
+        // The thread is ending: use the stream once and let it go.
+        let _ = gpu(|g| g.stream_destroy(h));
+        return Ok(0);
+    }
+    objects()?.streams.insert(h, (0, 0));
+    Ok(h)
+}
+
+/// The host stream a `CUstream` argument names.
+pub(crate) fn resolve(st: CUstream) -> Result<u64, CuResult> {
+    match st as u64 {
+        0 if PTDS.with(Cell::get) => thread_stream(),
+        0 | LEGACY => Ok(0),
+        PER_THREAD => thread_stream(),
+        h => {
+            if !objects()?.streams.contains_key(&h) {
+                return Err(code::INVALID_HANDLE);
+            }
+            Ok(h)
+        }
+    }
+}
+
+/// Flags and priority of a stream argument (the default streams are
+/// blocking, of priority 0).
+fn stream_info(st: CUstream) -> Result<(u32, i32), CuResult> {
+    let h = resolve(st)?;
+    Ok(objects()?.streams.get(&h).copied().unwrap_or((0, 0)))
+}
+
+fn create(p: *mut CUstream, flags: c_uint, priority: c_int) -> Result<(), CuResult> {
+    need_ctx()?;
+    if p.is_null() || flags & !NON_BLOCKING != 0 {
+        return Err(code::INVALID_VALUE);
+    }
+    // Out-of-range priorities are clamped, as the driver does.
+    let priority = priority.clamp(GREATEST_PRIORITY, 0);
+    let h = gpu(|g| g.stream_create(flags))?;
+    objects()?.streams.insert(h, (flags, priority));
+    out(p, h as CUstream)
+}
+
+export! {
+    fn cuStreamCreate(p: *mut CUstream, flags: c_uint) {
+        create(p, flags, 0)
+    }
+
+    fn cuStreamCreateWithPriority(p: *mut CUstream, flags: c_uint, priority: c_int) {
+        create(p, flags, priority)
+    }
+
+    fn cuStreamDestroy_v2 [cuStreamDestroy] (st: CUstream) {
+        need_ctx()?;
+        let h = st as u64;
+        if !objects()?.streams.contains_key(&h) {
+            return Err(code::INVALID_HANDLE);
+        }
+        gpu(|g| g.stream_destroy(h))?;
+        objects()?.streams.remove(&h);
+        Ok(())
+    }
+
+    fn cuStreamSynchronize [cuStreamSynchronize_ptsz per_thread] (st: CUstream) {
+        need_ctx()?;
+        let h = resolve(st)?;
+        gpu(|g| g.stream_synchronize(h))
+    }
+
+    fn cuStreamQuery [cuStreamQuery_ptsz per_thread] (st: CUstream) {
+        need_ctx()?;
+        let h = resolve(st)?;
+        match gpu(|g| g.stream_query(h))? {
+            true => Ok(()),
+            false => Err(code::NOT_READY),
+        }
+    }
+
+    fn cuStreamGetFlags [cuStreamGetFlags_ptsz per_thread] (st: CUstream, flags: *mut c_uint) {
+        need_ctx()?;
+        out(flags, stream_info(st)?.0)
+    }
+
+    fn cuStreamGetPriority [cuStreamGetPriority_ptsz per_thread] (st: CUstream, priority: *mut c_int) {
+        need_ctx()?;
+        out(priority, stream_info(st)?.1)
+    }
+
+    fn cuStreamGetCtx [cuStreamGetCtx_ptsz per_thread] (st: CUstream, ctx: *mut CUcontext) {
+        need_ctx()?;
+        resolve(st)?;
+        out(ctx, current() as CUcontext)
+    }
+
+    fn cuStreamGetDevice [cuStreamGetDevice_ptsz per_thread] (st: CUstream, d: *mut CUdevice) {
+        need_ctx()?;
+        resolve(st)?;
+        out(d, 0)
+    }
+
+    fn cuStreamGetId [cuStreamGetId_ptsz per_thread] (st: CUstream, id: *mut c_ulonglong) {
+        need_ctx()?;
+        let h = resolve(st)?;
+        out(id, h)
+    }
+
+    fn cuEventCreate(p: *mut CUevent, flags: c_uint) {
+        need_ctx()?;
+        if p.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        let h = gpu(|g| g.event_create(flags))?;
+        out(p, h as CUevent)
+    }
+
+    fn cuEventDestroy_v2 [cuEventDestroy] (e: CUevent) {
+        driver()?;
+        gpu(|g| g.event_destroy(e as u64))
+    }
+
+    fn cuEventRecord [cuEventRecord_ptsz per_thread] (e: CUevent, st: CUstream) {
+        need_ctx()?;
+        let h = resolve(st)?;
+        gpu(|g| g.event_record(e as u64, h))
+    }
+
+    /// The flags (`CU_EVENT_RECORD_EXTERNAL`) concern graph capture only.
+    fn cuEventRecordWithFlags [cuEventRecordWithFlags_ptsz per_thread] (e: CUevent, st: CUstream, _flags: c_uint) {
+        need_ctx()?;
+        let h = resolve(st)?;
+        gpu(|g| g.event_record(e as u64, h))
+    }
+
+    fn cuEventSynchronize(e: CUevent) {
+        driver()?;
+        gpu(|g| g.event_synchronize(e as u64))
+    }
+
+    fn cuEventQuery(e: CUevent) {
+        driver()?;
+        match gpu(|g| g.event_query(e as u64))? {
+            true => Ok(()),
+            false => Err(code::NOT_READY),
+        }
+    }
+
+    fn cuEventElapsedTime_v2 [cuEventElapsedTime] (ms: *mut f32, a: CUevent, b: CUevent) {
+        driver()?;
+        if ms.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        let v = gpu(|g| g.event_elapsed_ms(a as u64, b as u64))?;
+        out(ms, v)
+    }
+}
