@@ -79,6 +79,8 @@ pub struct Function {
     pub handle: u64,
     /// Size in bytes of each parameter, from the module's metadata.
     pub param_sizes: Vec<u32>,
+    /// Offset of each parameter in the kernel's parameter buffer.
+    pub param_offsets: Vec<u32>,
 }
 
 /// One guest process's connection to its vGPU.
@@ -581,13 +583,11 @@ impl Gpu {
     /// cuModuleGetFunction; also returns the parameter sizes.
     pub fn get_function(&mut self, module: u64, name: &str) -> Result<Function> {
         let (r, data) = self.call_data(&Request::ModuleGetFunction { module }, name.as_bytes())?;
-        let param_sizes = data
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let params = protocol::Param::decode_all(&data);
         Ok(Function {
             handle: r.vals[0],
-            param_sizes,
+            param_sizes: params.iter().map(|p| p.size).collect(),
+            param_offsets: params.iter().map(|p| p.offset).collect(),
         })
     }
 

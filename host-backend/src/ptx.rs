@@ -36,6 +36,23 @@ pub fn entries(ptx: &str) -> Option<Entries> {
     Some(out)
 }
 
+/// The offsets of parameters of `sizes` bytes in a kernel's parameter
+/// buffer: each aligned to its size (up to 8), as the scalar and pointer
+/// parameters of PTX entries are.
+pub fn layout(sizes: &[u32]) -> Vec<protocol::Param> {
+    let mut at = 0u32;
+    sizes
+        .iter()
+        .map(|&size| {
+            let align = size.clamp(1, 8).next_power_of_two();
+            at = at.next_multiple_of(align);
+            let p = protocol::Param { offset: at, size };
+            at += size;
+            p
+        })
+        .collect()
+}
+
 /// Module-scope `.global` variables: (name, size in bytes).
 pub fn globals(ptx: &str) -> Vec<(String, u64)> {
     let mut out = Vec::new();
@@ -200,6 +217,16 @@ fn slice_body(body: &str, name: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn parameters_are_laid_out_as_c_does() {
+        let offsets: Vec<u32> = layout(&[8, 4, 8, 1, 2, 16])
+            .iter()
+            .map(|p| p.offset)
+            .collect();
+        assert_eq!(offsets, vec![0, 8, 16, 24, 26, 32]);
+        assert!(layout(&[]).is_empty());
+    }
+
     use super::*;
 
     #[test]

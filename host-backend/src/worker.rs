@@ -1340,9 +1340,9 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
                 (Ok(()), Ok(n)) => s.ctx.function(module, n.trim_end_matches('\0')),
             };
             match r {
-                Ok((h, sizes)) => {
-                    let bytes: Vec<u8> = sizes.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    s.add_function(h, sizes);
+                Ok((h, params)) => {
+                    let bytes = protocol::Param::encode_all(&params);
+                    s.add_function(h, params.iter().map(|p| p.size).collect());
                     reply(sh, c, tag, opc, Ok(Reply::one(h)), &bytes)
                 }
                 Err(e) => reply(sh, c, tag, opc, Err(e), &[]),

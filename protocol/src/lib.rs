@@ -89,6 +89,40 @@ pub enum ImageKind {
     Cubin,
 }
 
+/// Where a kernel parameter lies in the kernel's parameter buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Param {
+    /// Byte offset in the parameter buffer (as the C ABI lays it out).
+    pub offset: u32,
+    /// Size in bytes.
+    pub size: u32,
+}
+
+impl Param {
+    /// Encodes a kernel's parameters for `ModuleGetFunction`'s reply data.
+    pub fn encode_all(params: &[Param]) -> Vec<u8> {
+        params
+            .iter()
+            .flat_map(|p| {
+                p.size
+                    .to_le_bytes()
+                    .into_iter()
+                    .chain(p.offset.to_le_bytes())
+            })
+            .collect()
+    }
+
+    /// Decodes `ModuleGetFunction`'s reply data.
+    pub fn decode_all(data: &[u8]) -> Vec<Param> {
+        data.chunks_exact(8)
+            .map(|c| Param {
+                size: u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                offset: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+            })
+            .collect()
+    }
+}
+
 /// Launch geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Dim3 {
@@ -186,8 +220,8 @@ pub enum Request {
         /// Module handle.
         module: u64,
     },
-    /// Look a kernel up by name (name in data); reply: handle, and the
-    /// parameter sizes as u32s in data.
+    /// Look a kernel up by name (name in data); reply: handle, and each
+    /// parameter's size and offset ([`Param::encode_all`]) in data.
     ModuleGetFunction {
         /// Module handle.
         module: u64,

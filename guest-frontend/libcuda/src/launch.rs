@@ -20,22 +20,6 @@ const PARAM_END: usize = 0;
 const PARAM_BUFFER_POINTER: usize = 1;
 const PARAM_BUFFER_SIZE: usize = 2;
 
-/// The parameters' offsets in a packed argument buffer, as the C ABI lays
-/// the kernel's parameter list out (each aligned to its size, up to 8).
-fn offsets(sizes: &[u32]) -> Vec<usize> {
-    let mut at = 0usize;
-    sizes
-        .iter()
-        .map(|&s| {
-            let align = (s as usize).clamp(1, 8).next_power_of_two();
-            at = at.next_multiple_of(align);
-            let o = at;
-            at += s as usize;
-            o
-        })
-        .collect()
-}
-
 /// The parameter values of a launch, packed back to back.
 ///
 /// # Safety
@@ -43,10 +27,11 @@ fn offsets(sizes: &[u32]) -> Vec<usize> {
 /// that parameter's value; `extra` must be null or a `CU_LAUNCH_PARAM_END`
 /// terminated list (the driver API's contract).
 unsafe fn pack(
-    sizes: &[u32],
+    f: &guest_frontend::Function,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> Result<Vec<u8>, CuResult> {
+    let sizes = &f.param_sizes;
     let total: usize = sizes.iter().map(|&s| s as usize).sum();
     let mut packed = Vec::with_capacity(total);
     if !params.is_null() {
@@ -95,7 +80,7 @@ unsafe fn pack(
             return Err(code::INVALID_VALUE);
         }
     }
-    let offs = offsets(sizes);
+    let offs: Vec<usize> = f.param_offsets.iter().map(|&o| o as usize).collect();
     let needed = offs
         .last()
         .zip(sizes.last())
@@ -127,7 +112,7 @@ fn launch(
     let k = kernel(f)?;
     let stream = resolve(st)?;
     // SAFETY: the caller's arguments, per the driver API's contract.
-    let packed = unsafe { pack(&k.func.param_sizes, params, extra) }?;
+    let packed = unsafe { pack(&k.func, params, extra) }?;
     gpu(|g| g.launch_packed(k.func.handle, grid, block, shared, stream, &packed))
 }
 
@@ -223,6 +208,22 @@ fn potential_block_size(
     Ok((best_blocks * drv.info.sm_count as c_int, best))
 }
 
+/// Parameter `index`'s offset and size.
+fn param_info(
+    f: &guest_frontend::Function,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> Result<(), CuResult> {
+    let (o, s) = f
+        .param_offsets
+        .get(index)
+        .zip(f.param_sizes.get(index))
+        .ok_or(code::INVALID_VALUE)?;
+    crate::state::out_opt(offset, *o as usize)?;
+    crate::state::out_opt(size, *s as usize)
+}
+
 export! {
     fn cuLaunchKernel [cuLaunchKernel_ptsz per_thread] (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, st: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
         launch(f, Dim3 { x: gx, y: gy, z: gz }, Dim3 { x: bx, y: by, z: bz }, shared, st, params, extra)
@@ -296,18 +297,12 @@ export! {
 
     fn cuFuncGetParamInfo(f: CUfunction, index: usize, offset: *mut usize, size: *mut usize) {
         let k = kernel(f)?;
-        let sizes = &k.func.param_sizes;
-        let i = (index < sizes.len()).then_some(index).ok_or(code::INVALID_VALUE)?;
-        crate::state::out_opt(offset, offsets(sizes)[i])?;
-        crate::state::out_opt(size, sizes[i] as usize)
+        param_info(&k.func, index, offset, size)
     }
 
     fn cuKernelGetParamInfo(k: CUfunction, index: usize, offset: *mut usize, size: *mut usize) {
         let kn = kernel(k)?;
-        let sizes = &kn.func.param_sizes;
-        let i = (index < sizes.len()).then_some(index).ok_or(code::INVALID_VALUE)?;
-        crate::state::out_opt(offset, offsets(sizes)[i])?;
-        crate::state::out_opt(size, sizes[i] as usize)
+        param_info(&kn.func, index, offset, size)
     }
 
     fn cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut c_int, f: CUfunction, block: c_int, smem: usize) {
@@ -335,16 +330,5 @@ export! {
         let (g, b) = potential_block_size(f, smem_of, limit)?;
         out(min_grid, g)?;
         out(block, b)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn offsets_follow_the_c_layout() {
-        assert_eq!(offsets(&[8, 4, 8, 1, 2, 16]), vec![0, 8, 16, 24, 26, 32]);
-        assert_eq!(offsets(&[]), Vec::<usize>::new());
     }
 }

@@ -13,7 +13,7 @@ use std::ffi::{c_void, CString};
 use std::ptr::null_mut;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
-use protocol::{DeviceInfo, Dim3, ImageKind, Status};
+use protocol::{DeviceInfo, Dim3, ImageKind, Param, Status};
 use vm_memory::VolatileSlice;
 
 use super::{Context, Executor, Handle, Moved, Queued};
@@ -950,30 +950,33 @@ impl Context for CudaContext {
         Ok(())
     }
 
-    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<u32>), Status> {
+    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<Param>), Status> {
         self.bind()?;
         let m = self.module(module)?;
         let cname = CString::new(name).map_err(|_| Status::InvalidValue)?;
         let mut f: sys::CUfunction = null_mut();
         // SAFETY: a module of this context; name is NUL-terminated.
         check(unsafe { sys::cuModuleGetFunction(&mut f, m, cname.as_ptr()) })?;
-        let mut sizes = Vec::new();
+        let mut params = Vec::new();
         loop {
             let (mut off, mut size) = (0usize, 0usize);
             // SAFETY: out-parameters on our stack; an index past the end returns an error.
-            let r = unsafe { sys::cuFuncGetParamInfo(f, sizes.len(), &mut off, &mut size) };
-            if r != CUresult::CUDA_SUCCESS || sizes.len() > 4096 {
+            let r = unsafe { sys::cuFuncGetParamInfo(f, params.len(), &mut off, &mut size) };
+            if r != CUresult::CUDA_SUCCESS || params.len() > 4096 {
                 break;
             }
-            sizes.push(size as u32);
+            params.push(Param {
+                offset: off as u32,
+                size: size as u32,
+            });
         }
         let h = self.insert(Obj::Function {
             raw: f,
             module,
             name: cname,
-            sizes: sizes.clone(),
+            sizes: params.iter().map(|p| p.size).collect(),
         });
-        Ok((h, sizes))
+        Ok((h, params))
     }
 
     fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {

@@ -2,7 +2,7 @@
 //! every handle and every device-pointer range against the caller's own
 //! tables, so an executor only does the work.
 
-use protocol::{DeviceInfo, Dim3, ImageKind, Status};
+use protocol::{DeviceInfo, Dim3, ImageKind, Param, Status};
 use vm_memory::VolatileSlice;
 
 pub mod cuda;
@@ -154,8 +154,8 @@ pub trait Context: Send {
     fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status>;
     /// Unloads a module.
     fn unload_module(&mut self, module: Handle) -> Result<(), Status>;
-    /// Looks a kernel up; returns its handle and parameter sizes.
-    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<u32>), Status>;
+    /// Looks a kernel up; returns its handle and its parameters' layout.
+    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<Param>), Status>;
     /// A kernel attribute (`CUfunction_attribute`, already range-checked).
     fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status>;
     /// Resident blocks per multiprocessor (cuOccupancyMaxActiveBlocksPerMultiprocessor).

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use protocol::{DeviceInfo, Dim3, ImageKind, Status};
+use protocol::{DeviceInfo, Dim3, ImageKind, Param, Status};
 use vm_memory::VolatileSlice;
 
 use super::{Context, Executor, Handle, Moved};
@@ -541,7 +541,7 @@ impl Context for SimContext {
             .ok_or(Status::InvalidHandle)
     }
 
-    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<u32>), Status> {
+    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<Param>), Status> {
         let sizes = self
             .modules
             .get(&module)
@@ -552,8 +552,9 @@ impl Context for SimContext {
             .clone();
         let k = kernel_by_name(name).ok_or(Status::NotSupported)?;
         let h = self.handle();
-        self.functions.insert(h, (k, sizes.clone()));
-        Ok((h, sizes))
+        let params = crate::ptx::layout(&sizes);
+        self.functions.insert(h, (k, sizes));
+        Ok((h, params))
     }
 
     fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
