@@ -659,6 +659,8 @@ impl Gpu {
                 block,
                 shared_mem,
                 stream,
+                cluster: Dim3::default(),
+                flags: 0,
             },
             &packed,
         )
@@ -695,10 +697,70 @@ impl Gpu {
                 block,
                 shared_mem,
                 stream,
+                cluster: Dim3::default(),
+                flags: 0,
             },
             packed,
         )
         .map(drop)
+    }
+
+    /// A launch with thread block clusters (`cluster` all zero: none)
+    /// and `protocol::launch_flags`, with raw packed parameters.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_ex(
+        &mut self,
+        func: u64,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: u64,
+        cluster: Dim3,
+        flags: u32,
+        packed: &[u8],
+    ) -> Result<()> {
+        self.send(
+            &Request::Launch {
+                func,
+                grid,
+                block,
+                shared_mem,
+                stream,
+                cluster,
+                flags,
+            },
+            packed,
+        )
+        .map(drop)
+    }
+
+    /// cuStreamWaitEvent (asynchronous).
+    pub fn stream_wait_event(&mut self, stream: u64, event: u64, flags: u32) -> Result<()> {
+        self.send(
+            &Request::StreamWaitEvent {
+                stream,
+                event,
+                flags,
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
+    /// cuFuncSetAttribute.
+    pub fn func_set_attribute(&mut self, func: u64, attr: u32, value: i32) -> Result<()> {
+        self.call(&Request::FuncSetAttribute { func, attr, value })
+            .map(drop)
+    }
+
+    /// cuCtxGetLimit.
+    pub fn limit(&mut self, limit: u32) -> Result<u64> {
+        Ok(self.call(&Request::CtxGetLimit { limit })?.vals[0])
+    }
+
+    /// cuCtxSetLimit.
+    pub fn set_limit(&mut self, limit: u32, value: u64) -> Result<()> {
+        self.call(&Request::CtxSetLimit { limit, value }).map(drop)
     }
 
     /// cuCtxSynchronize.
@@ -706,9 +768,9 @@ impl Gpu {
         self.call(&Request::CtxSynchronize).map(drop)
     }
 
-    /// cuStreamCreate.
-    pub fn stream_create(&mut self, flags: u32) -> Result<u64> {
-        Ok(self.call(&Request::StreamCreate { flags })?.vals[0])
+    /// cuStreamCreateWithPriority.
+    pub fn stream_create(&mut self, flags: u32, priority: i32) -> Result<u64> {
+        Ok(self.call(&Request::StreamCreate { flags, priority })?.vals[0])
     }
 
     /// cuStreamDestroy.

@@ -1071,6 +1071,7 @@ fn needs_device(opcode: u32) -> bool {
             | op::STREAM_SYNCHRONIZE
             | op::EVENT_RECORD
             | op::EVENT_SYNCHRONIZE
+            | op::STREAM_WAIT_EVENT
     )
 }
 
@@ -1401,6 +1402,46 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             block,
             shared_mem,
             stream,
+            cluster,
+            flags,
+        } if cluster != protocol::Dim3::default() || flags != 0 => {
+            // Clusters and cooperative grids go one by one, never batched
+            // nor sliced (a sliced cooperative grid could not sync).
+            let r = s.function(func).and_then(|sizes| {
+                let want: u64 = sizes.iter().map(|&x| u64::from(x)).sum();
+                if want != u64::from(d.data_len) {
+                    return Err(Status::InvalidValue);
+                }
+                Ok(())
+            });
+            let r = r.and(s.check_stream(stream)).and_then(|()| {
+                let mut params = vec![0u8; d.data_len as usize];
+                c.host
+                    .req
+                    .data(d)
+                    .map_err(|_| Status::InvalidValue)?
+                    .copy_to(&mut params[..]);
+                sh.stats.launches.fetch_add(1, Ordering::Relaxed);
+                let coop = flags & protocol::launch_flags::COOPERATIVE != 0;
+                sh.in_period(s, stream, Some(func), |x| {
+                    x.launch_ex(
+                        func, grid, block, shared_mem, stream, &params, cluster, coop,
+                    )
+                })
+            });
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "launch refused");
+            }
+            Ok(())
+        }
+        Request::Launch {
+            func,
+            grid,
+            block,
+            shared_mem,
+            stream,
+            ..
         } => {
             let shape = Launch {
                 func,
@@ -1502,9 +1543,46 @@ fn handle(sh: &mut Shared, c: &mut Chan, d: &Descriptor) -> Result<(), Error> {
             }
             Ok(())
         }
-        Request::StreamCreate { flags } => {
-            let r = s.ctx.stream_create(flags).inspect(|&h| s.add_stream(h));
+        Request::StreamCreate { flags, priority } => {
+            let r = s
+                .ctx
+                .stream_create(flags, priority)
+                .inspect(|&h| s.add_stream(h));
             reply(sh, c, tag, opc, one(r), &[])
+        }
+        Request::StreamWaitEvent {
+            stream,
+            event,
+            flags,
+        } => {
+            let r = s
+                .check_stream(stream)
+                .and(s.check_event(event))
+                .and_then(|()| {
+                    sh.in_period(s, stream, None, |x| {
+                        x.stream_wait_event(stream, event, flags)
+                    })
+                });
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "wait on a stream or event it does not own");
+            }
+            Ok(())
+        }
+        Request::FuncSetAttribute { func, attr, value } => {
+            let r = s
+                .function(func)
+                .map(drop)
+                .and_then(|()| s.ctx.func_set_attribute(func, attr, value));
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::CtxGetLimit { limit } => {
+            let r = s.ctx.limit(limit);
+            reply(sh, c, tag, opc, one(r), &[])
+        }
+        Request::CtxSetLimit { limit, value } => {
+            let r = s.ctx.set_limit(limit, value);
+            reply(sh, c, tag, opc, unit(r), &[])
         }
         Request::StreamDestroy { stream } => {
             let r = if stream == 0 {

@@ -23,8 +23,18 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const MAX_LEN: u64 = 1 << 40;
 /// Largest module image or kernel name.
 pub const MAX_IMAGE: u64 = 256 << 20;
-/// Highest `CUfunction_attribute` forwarded (MAX_THREADS_PER_BLOCK .. PREFERRED_SHARED_MEMORY_CARVEOUT).
-pub const MAX_FUNC_ATTRIBUTE: u32 = 9;
+/// Highest `CUfunction_attribute` forwarded (MAX_THREADS_PER_BLOCK ..
+/// CLUSTER_SCHEDULING_POLICY_PREFERENCE).
+pub const MAX_FUNC_ATTRIBUTE: u32 = 15;
+/// Highest `CUlimit` forwarded (STACK_SIZE .. PERSISTING_L2_CACHE_SIZE).
+pub const MAX_LIMIT: u32 = 6;
+/// Most blocks in a thread block cluster (Hopper's non-portable limit).
+pub const MAX_CLUSTER_BLOCKS: u64 = 16;
+/// `Launch` flags.
+pub mod launch_flags {
+    /// A cooperative launch: every block resident at once (grid-wide sync).
+    pub const COOPERATIVE: u32 = 1;
+}
 /// Input types of `Link` records (`CUjitInputType`).
 pub mod link_input {
     #![allow(missing_docs)]
@@ -265,11 +275,48 @@ pub enum Request {
         shared_mem: u32,
         /// Stream.
         stream: u64,
+        /// Thread block cluster dimensions (all zero: none).
+        cluster: Dim3,
+        /// [`launch_flags`].
+        flags: u32,
     },
     /// Create a stream.
     StreamCreate {
         /// CU_STREAM_* flags.
         flags: u32,
+        /// Priority (lower is higher; the driver clamps it to its range).
+        priority: i32,
+    },
+    /// Make a stream's later work wait for an event's last record.
+    StreamWaitEvent {
+        /// The stream that waits.
+        stream: u64,
+        /// The event.
+        event: u64,
+        /// CU_EVENT_WAIT_* flags.
+        flags: u32,
+    },
+    /// Set a kernel attribute (`CUfunction_attribute`: the dynamic shared
+    /// memory limit, the carveout, cluster requirements).
+    FuncSetAttribute {
+        /// Function handle.
+        func: u64,
+        /// The attribute.
+        attr: u32,
+        /// Its value.
+        value: i32,
+    },
+    /// A limit of the context (`CUlimit` 0..=MAX_LIMIT; reply: the value).
+    CtxGetLimit {
+        /// The limit.
+        limit: u32,
+    },
+    /// Sets a limit of the context.
+    CtxSetLimit {
+        /// The limit.
+        limit: u32,
+        /// Its value.
+        value: u64,
     },
     /// Destroy a stream.
     StreamDestroy {
@@ -341,11 +388,15 @@ pub mod op {
     pub const OCCUPANCY: u32 = 24;
     pub const MODULE_GET_GLOBAL: u32 = 25;
     pub const LINK: u32 = 26;
+    pub const FUNC_SET_ATTRIBUTE: u32 = 27;
+    pub const CTX_GET_LIMIT: u32 = 3;
+    pub const CTX_SET_LIMIT: u32 = 4;
     pub const LAUNCH: u32 = 30;
     pub const STREAM_CREATE: u32 = 40;
     pub const STREAM_DESTROY: u32 = 41;
     pub const STREAM_SYNCHRONIZE: u32 = 42;
     pub const STREAM_QUERY: u32 = 43;
+    pub const STREAM_WAIT_EVENT: u32 = 44;
     pub const EVENT_CREATE: u32 = 50;
     pub const EVENT_DESTROY: u32 = 51;
     pub const EVENT_RECORD: u32 = 52;
@@ -354,6 +405,23 @@ pub mod op {
     pub const EVENT_ELAPSED_TIME: u32 = 55;
     /// A continuation chunk of the previous message's data.
     pub const DATA: u32 = 100;
+}
+
+/// A cluster shape: none (all zero), or every dimension set, at most
+/// [`MAX_CLUSTER_BLOCKS`] blocks, dividing the grid.
+fn check_cluster(grid: Dim3, cluster: Dim3) -> Result<(), ProtoError> {
+    if cluster == Dim3::default() {
+        return Ok(());
+    }
+    let dims = [
+        (grid.x, cluster.x),
+        (grid.y, cluster.y),
+        (grid.z, cluster.z),
+    ];
+    if cluster.count() > MAX_CLUSTER_BLOCKS || dims.iter().any(|&(g, c)| c == 0 || g % c != 0) {
+        return Err(bad("cluster", format!("{cluster:?} for grid {grid:?}")));
+    }
+    Ok(())
 }
 
 fn check_len(field: &'static str, v: u64, max: u64) -> Result<u64, ProtoError> {
@@ -389,6 +457,10 @@ impl Request {
             StreamDestroy { .. } => op::STREAM_DESTROY,
             StreamSynchronize { .. } => op::STREAM_SYNCHRONIZE,
             StreamQuery { .. } => op::STREAM_QUERY,
+            StreamWaitEvent { .. } => op::STREAM_WAIT_EVENT,
+            FuncSetAttribute { .. } => op::FUNC_SET_ATTRIBUTE,
+            CtxGetLimit { .. } => op::CTX_GET_LIMIT,
+            CtxSetLimit { .. } => op::CTX_SET_LIMIT,
             EventCreate { .. } => op::EVENT_CREATE,
             EventDestroy { .. } => op::EVENT_DESTROY,
             EventRecord { .. } => op::EVENT_RECORD,
@@ -409,6 +481,7 @@ impl Request {
                 | Request::MemcpyDtoD { .. }
                 | Request::Memset { .. }
                 | Request::EventRecord { .. }
+                | Request::StreamWaitEvent { .. }
         )
     }
 
@@ -494,6 +567,8 @@ impl Request {
                 block,
                 shared_mem,
                 stream,
+                cluster,
+                flags,
             } => {
                 w.u64(func);
                 for d in [grid, block] {
@@ -503,8 +578,35 @@ impl Request {
                 }
                 w.u32(shared_mem);
                 w.u64(stream);
+                w.u32(cluster.x);
+                w.u32(cluster.y);
+                w.u32(cluster.z);
+                w.u32(flags);
             }
-            StreamCreate { flags } | EventCreate { flags } => w.u32(flags),
+            StreamCreate { flags, priority } => {
+                w.u32(flags);
+                w.u32(priority as u32);
+            }
+            EventCreate { flags } => w.u32(flags),
+            StreamWaitEvent {
+                stream,
+                event,
+                flags,
+            } => {
+                w.u64(stream);
+                w.u64(event);
+                w.u32(flags);
+            }
+            FuncSetAttribute { func, attr, value } => {
+                w.u64(func);
+                w.u32(attr);
+                w.u32(value as u32);
+            }
+            CtxGetLimit { limit } => w.u32(limit),
+            CtxSetLimit { limit, value } => {
+                w.u32(limit);
+                w.u64(value);
+            }
             StreamDestroy { stream } | StreamSynchronize { stream } | StreamQuery { stream } => {
                 w.u64(stream)
             }
@@ -649,15 +751,83 @@ impl Request {
                 if shared_mem > 256 << 10 {
                     return Err(bad("shared_mem", format!("{shared_mem} bytes")));
                 }
+                let stream = r.u64()?;
+                let cluster = Dim3 {
+                    x: r.u32()?,
+                    y: r.u32()?,
+                    z: r.u32()?,
+                };
+                check_cluster(grid, cluster)?;
+                let flags = r.u32()?;
+                if flags & !launch_flags::COOPERATIVE != 0 {
+                    return Err(bad("flags", format!("unknown launch flags {flags:#x}")));
+                }
                 Launch {
                     func,
                     grid,
                     block,
                     shared_mem,
-                    stream: r.u64()?,
+                    stream,
+                    cluster,
+                    flags,
                 }
             }
-            op::STREAM_CREATE => StreamCreate { flags: r.u32()? },
+            op::STREAM_CREATE => {
+                let flags = r.u32()?;
+                if flags > 1 {
+                    return Err(bad("flags", format!("unknown stream flags {flags:#x}")));
+                }
+                let priority = r.u32()? as i32;
+                if !(-64..=64).contains(&priority) {
+                    return Err(bad("priority", format!("{priority}")));
+                }
+                StreamCreate { flags, priority }
+            }
+            op::STREAM_WAIT_EVENT => {
+                let stream = r.u64()?;
+                let event = r.u64()?;
+                let flags = r.u32()?;
+                if flags > 1 {
+                    return Err(bad("flags", format!("unknown wait flags {flags:#x}")));
+                }
+                StreamWaitEvent {
+                    stream,
+                    event,
+                    flags,
+                }
+            }
+            op::FUNC_SET_ATTRIBUTE => {
+                let func = r.u64()?;
+                let attr = r.u32()?;
+                let value = r.u32()? as i32;
+                let ok = match attr {
+                    8 => (0..=256 << 10).contains(&value),
+                    9 => (-1..=100).contains(&value),
+                    11..=13 => (0..=MAX_CLUSTER_BLOCKS as i32).contains(&value),
+                    14 => (0..=1).contains(&value),
+                    15 => (0..=2).contains(&value),
+                    _ => {
+                        return Err(bad(
+                            "attr",
+                            format!("function attribute {attr} is read-only"),
+                        ))
+                    }
+                };
+                if !ok {
+                    return Err(bad(
+                        "value",
+                        format!("{value} for function attribute {attr}"),
+                    ));
+                }
+                FuncSetAttribute { func, attr, value }
+            }
+            op::CTX_GET_LIMIT => CtxGetLimit {
+                limit: check_len("limit", u64::from(r.u32()?), u64::from(MAX_LIMIT))? as u32,
+            },
+            op::CTX_SET_LIMIT => CtxSetLimit {
+                limit: check_len("limit", u64::from(r.u32()?), u64::from(MAX_LIMIT))? as u32,
+                value: check_len("value", r.u64()?, MAX_LEN)?,
+            },
             op::STREAM_DESTROY => StreamDestroy { stream: r.u64()? },
             op::STREAM_SYNCHRONIZE => StreamSynchronize { stream: r.u64()? },
             op::STREAM_QUERY => StreamQuery { stream: r.u64()? },
@@ -825,8 +995,28 @@ mod tests {
                 block: d(256, 1, 1),
                 shared_mem: 0,
                 stream: 7,
+                cluster: d(2, 2, 1),
+                flags: launch_flags::COOPERATIVE,
             },
-            Request::StreamCreate { flags: 1 },
+            Request::StreamCreate {
+                flags: 1,
+                priority: -3,
+            },
+            Request::StreamWaitEvent {
+                stream: 2,
+                event: 3,
+                flags: 0,
+            },
+            Request::FuncSetAttribute {
+                func: 5,
+                attr: 8,
+                value: 100_000,
+            },
+            Request::CtxGetLimit { limit: 1 },
+            Request::CtxSetLimit {
+                limit: 2,
+                value: 1 << 26,
+            },
             Request::StreamDestroy { stream: 2 },
             Request::StreamSynchronize { stream: 2 },
             Request::StreamQuery { stream: 2 },
@@ -865,6 +1055,8 @@ mod tests {
             block,
             shared_mem,
             stream: 0,
+            cluster: Dim3::default(),
+            flags: 0,
         };
         for (opc, b) in [
             enc(Request::MemAlloc { size: 0 }),
@@ -889,6 +1081,39 @@ mod tests {
             enc(launch(d(1, 1, 1), d(1025, 1, 1), 0)),
             enc(launch(d(1, 1, 1), d(32, 32, 2), 0)),
             enc(launch(d(1, 1, 1), d(1, 1, 1), 1 << 20)),
+            enc(Request::Launch {
+                func: 1,
+                grid: d(3, 1, 1),
+                block: d(1, 1, 1),
+                shared_mem: 0,
+                stream: 0,
+                cluster: d(2, 1, 1),
+                flags: 0,
+            }),
+            enc(Request::Launch {
+                func: 1,
+                grid: d(32, 1, 1),
+                block: d(1, 1, 1),
+                shared_mem: 0,
+                stream: 0,
+                cluster: d(32, 1, 1),
+                flags: 0,
+            }),
+            enc(Request::StreamCreate {
+                flags: 2,
+                priority: 0,
+            }),
+            enc(Request::FuncSetAttribute {
+                func: 1,
+                attr: 0,
+                value: 1,
+            }),
+            enc(Request::FuncSetAttribute {
+                func: 1,
+                attr: 9,
+                value: 101,
+            }),
+            enc(Request::CtxSetLimit { limit: 7, value: 0 }),
         ] {
             assert!(
                 matches!(Request::decode(opc, &b), Err(ProtoError::BadField { .. })),

@@ -78,7 +78,7 @@ fn vector_add_and_saxpy_are_exact() {
     let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
     let f = gpu.get_function(m, "saxpy").unwrap();
     let alpha = 2.5f32;
-    let s = gpu.stream_create(0).unwrap();
+    let s = gpu.stream_create(0, 0).unwrap();
     let (e0, e1) = (gpu.event_create(0).unwrap(), gpu.event_create(0).unwrap());
     gpu.event_record(e0, s).unwrap();
     gpu.launch(
@@ -292,7 +292,10 @@ fn queued_launches_run_together_in_the_guests_order() {
     let n: u32 = 1024;
     let size = u64::from(n) * 4;
     // Two pairs (x, y), one per stream, and their values on the CPU.
-    let (s1, s2) = (gpu.stream_create(0).unwrap(), gpu.stream_create(0).unwrap());
+    let (s1, s2) = (
+        gpu.stream_create(0, 0).unwrap(),
+        gpu.stream_create(0, 0).unwrap(),
+    );
     let mut cpu: Vec<[Vec<f32>; 2]> = Vec::new();
     let mut dev: Vec<[u64; 2]> = Vec::new();
     for p in 0..2u32 {

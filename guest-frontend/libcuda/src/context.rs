@@ -98,20 +98,14 @@ fn ctx_or_current(ctx: CUcontext) -> Result<usize, CuResult> {
     Ok(h)
 }
 
-/// `CUlimit` values and the defaults the driver reports for them.
-fn default_limit(limit: c_int) -> Option<usize> {
-    Some(match limit {
-        0 => 1024,    // STACK_SIZE
-        1 => 1 << 20, // PRINTF_FIFO_SIZE
-        2 => 8 << 20, // MALLOC_HEAP_SIZE
-        3 => 2,       // DEV_RUNTIME_SYNC_DEPTH
-        4 => 2048,    // DEV_RUNTIME_PENDING_LAUNCH_COUNT
-        5 => 32,      // MAX_L2_FETCH_GRANULARITY
-        6 => 0,       // PERSISTING_L2_CACHE_SIZE
-        7 | 8 => 0,   // SHMEM_SIZE, CIG_ENABLED
-        9 => 0,       // CIG_SHMEM_FALLBACK_ENABLED
-        _ => return None,
-    })
+/// The host's number for `CUlimit` `limit`; `None` for the limits a vGPU
+/// leaves at zero (shared-memory size and CIG).
+fn host_limit(limit: c_int) -> Result<Option<u32>, CuResult> {
+    match limit {
+        0..=6 => Ok(Some(limit as u32)),
+        7..=9 => Ok(None),
+        _ => Err(code::INVALID_VALUE),
+    }
 }
 
 export! {
@@ -231,15 +225,26 @@ export! {
 
     fn cuCtxGetLimit(v: *mut usize, limit: c_int) {
         need_ctx()?;
-        out(v, default_limit(limit).ok_or(code::INVALID_VALUE)?)
+        let l = host_limit(limit)?;
+        if v.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        let value = match l {
+            Some(l) => gpu(|g| g.limit(l))? as usize,
+            None => 0,
+        };
+        out(v, value)
     }
 
-    /// Limits shape the host context's resources; a vGPU keeps the defaults
-    /// (a larger value is accepted as the driver may round it).
-    fn cuCtxSetLimit(limit: c_int, _v: usize) {
+    /// Limits of the host context (stack, printf buffer, device heap, ...),
+    /// set there; the context-isolation limits (CIG) are not offered.
+    fn cuCtxSetLimit(limit: c_int, v: usize) {
         need_ctx()?;
-        default_limit(limit).ok_or(code::INVALID_VALUE)?;
-        Ok(())
+        match host_limit(limit)? {
+            Some(l) => gpu(|g| g.set_limit(l, v as u64)),
+            None if v == 0 => Ok(()),
+            None => Err(crate::not_supported("cuCtxSetLimit of a CIG limit")),
+        }
     }
 
     fn cuCtxGetCacheConfig(cfg: *mut c_int) {

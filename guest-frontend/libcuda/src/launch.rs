@@ -98,6 +98,14 @@ unsafe fn pack(
     Ok(packed)
 }
 
+/// What a launch asks beyond its shape: thread block clusters and
+/// `protocol::launch_flags`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Extras {
+    cluster: Dim3,
+    flags: u32,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn launch(
     f: CUfunction,
@@ -107,18 +115,23 @@ fn launch(
     st: CUstream,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
+    x: Extras,
 ) -> Result<(), CuResult> {
     need_ctx()?;
     let k = kernel(f)?;
     let stream = resolve(st)?;
     // SAFETY: the caller's arguments, per the driver API's contract.
     let packed = unsafe { pack(&k.func, params, extra) }?;
-    gpu(|g| g.launch_packed(k.func.handle, grid, block, shared, stream, &packed))
+    let h = k.func.handle;
+    gpu(|g| g.launch_ex(h, grid, block, shared, stream, x.cluster, x.flags, &packed))
 }
 
 /// `CUlaunchAttributeID` values a launch may carry.
 mod launch_attr {
     pub const ACCESS_POLICY_WINDOW: u32 = 1;
+    pub const COOPERATIVE: u32 = 2;
+    pub const CLUSTER_DIMENSION: u32 = 4;
+    pub const CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 5;
     pub const SYNCHRONIZATION_POLICY: u32 = 3;
     pub const PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
     pub const PRIORITY: u32 = 8;
@@ -141,6 +154,7 @@ fn is_hint(id: u32) -> bool {
             | MEM_SYNC_DOMAIN_MAP
             | MEM_SYNC_DOMAIN
             | PREFERRED_SHARED_MEMORY_CARVEOUT
+            | CLUSTER_SCHEDULING_POLICY_PREFERENCE
     )
 }
 
@@ -226,7 +240,13 @@ fn param_info(
 
 export! {
     fn cuLaunchKernel [cuLaunchKernel_ptsz per_thread] (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, st: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch(f, Dim3 { x: gx, y: gy, z: gz }, Dim3 { x: bx, y: by, z: bz }, shared, st, params, extra)
+        launch(f, Dim3 { x: gx, y: gy, z: gz }, Dim3 { x: bx, y: by, z: bz }, shared, st, params, extra, Extras::default())
+    }
+
+    /// Every block resident at once, so that the grid can synchronize.
+    fn cuLaunchCooperativeKernel [cuLaunchCooperativeKernel_ptsz per_thread] (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, st: CUstream, params: *mut *mut c_void) {
+        let x = Extras { cluster: Dim3::default(), flags: protocol::launch_flags::COOPERATIVE };
+        launch(f, Dim3 { x: gx, y: gy, z: gz }, Dim3 { x: bx, y: by, z: bz }, shared, st, params, std::ptr::null_mut(), x)
     }
 
     /// A launch with a configuration. Attributes that only shape how the
@@ -239,19 +259,27 @@ export! {
         }
         // SAFETY: a CUlaunchConfig (API contract), read with plain integers.
         let c = unsafe { &*(cfg as *const LaunchConfig) };
+        let mut x = Extras::default();
         if c.num_attrs > 0 {
             if c.attrs.is_null() {
                 return Err(code::INVALID_VALUE);
             }
             // SAFETY: `num_attrs` attributes (API contract).
             let attrs = unsafe { std::slice::from_raw_parts(c.attrs, c.num_attrs as usize) };
-            if let Some(a) = attrs.iter().find(|a| !is_hint(a.id)) {
-                return Err(crate::not_supported(&format!("cuLaunchKernelEx with launch attribute {}", a.id)));
+            for a in attrs {
+                let word = |i: usize| u32::from_le_bytes([a.value[4 * i], a.value[4 * i + 1], a.value[4 * i + 2], a.value[4 * i + 3]]);
+                match a.id {
+                    launch_attr::COOPERATIVE if word(0) != 0 => x.flags |= protocol::launch_flags::COOPERATIVE,
+                    launch_attr::COOPERATIVE => {}
+                    launch_attr::CLUSTER_DIMENSION => x.cluster = Dim3 { x: word(0), y: word(1), z: word(2) },
+                    id if is_hint(id) || id == 0 => {}
+                    id => return Err(crate::not_supported(&format!("cuLaunchKernelEx with launch attribute {id}"))),
+                }
             }
         }
         let grid = Dim3 { x: c.grid[0], y: c.grid[1], z: c.grid[2] };
         let block = Dim3 { x: c.block[0], y: c.block[1], z: c.block[2] };
-        launch(f, grid, block, c.shared, c.stream, params, extra)
+        launch(f, grid, block, c.shared, c.stream, params, extra, x)
     }
 
     fn cuFuncGetAttribute(v: *mut c_int, attr: c_int, f: CUfunction) {
@@ -265,6 +293,23 @@ export! {
         }
         let val = func_attribute(k, attr)?;
         out(v, val)
+    }
+
+    /// Attributes the host's driver keeps for the kernel: the dynamic
+    /// shared memory limit, the carveout, cluster requirements.
+    fn cuFuncSetAttribute(f: CUfunction, attr: c_int, value: c_int) {
+        let k = kernel(f)?;
+        let a = u32::try_from(attr).map_err(|_| code::INVALID_VALUE)?;
+        gpu(|g| g.func_set_attribute(k.func.handle, a, value))
+    }
+
+    fn cuKernelSetAttribute(attr: c_int, value: c_int, kn: CUfunction, d: CUdevice) {
+        if d != 0 {
+            return Err(code::INVALID_DEVICE);
+        }
+        let k = kernel(kn)?;
+        let a = u32::try_from(attr).map_err(|_| code::INVALID_VALUE)?;
+        gpu(|g| g.func_set_attribute(k.func.handle, a, value))
     }
 
     /// Cache preferences are hints the driver may ignore.

@@ -58,7 +58,7 @@ fn thread_stream() -> Result<u64, CuResult> {
     if let Some(h) = OWN.try_with(|s| s.0.get()).ok().filter(|&h| h != 0) {
         return Ok(h);
     }
-    let h = gpu(|g| g.stream_create(0))?;
+    let h = gpu(|g| g.stream_create(0, 0))?;
     if OWN.try_with(|s| s.0.set(h)).is_err() {
         // The thread is ending: use the stream once and let it go.
         let _ = gpu(|g| g.stream_destroy(h));
@@ -97,7 +97,7 @@ fn create(p: *mut CUstream, flags: c_uint, priority: c_int) -> Result<(), CuResu
     }
     // Out-of-range priorities are clamped, as the driver does.
     let priority = priority.clamp(GREATEST_PRIORITY, 0);
-    let h = gpu(|g| g.stream_create(flags))?;
+    let h = gpu(|g| g.stream_create(flags, priority))?;
     objects()?.streams.insert(h, (flags, priority));
     out(p, h as CUstream)
 }
@@ -163,6 +163,15 @@ export! {
         need_ctx()?;
         let h = resolve(st)?;
         out(id, h)
+    }
+
+    fn cuStreamWaitEvent [cuStreamWaitEvent_ptsz per_thread] (st: CUstream, e: CUevent, flags: c_uint) {
+        need_ctx()?;
+        if flags > 1 {
+            return Err(code::INVALID_VALUE);
+        }
+        let h = resolve(st)?;
+        gpu(|g| g.stream_wait_event(h, e as u64, flags))
     }
 
     fn cuEventCreate(p: *mut CUevent, flags: c_uint) {

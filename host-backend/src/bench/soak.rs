@@ -236,7 +236,7 @@ impl Guest {
     }
 
     fn streams_events(&mut self) -> Result<(), GuestError> {
-        let s = self.gpu.stream_create(0)?;
+        let s = self.gpu.stream_create(0, 0)?;
         let (a, b) = (self.gpu.event_create(0)?, self.gpu.event_create(0)?);
         self.gpu.event_record(a, s)?;
         let p = self.gpu.mem_alloc(1 << 16)?;

@@ -292,6 +292,7 @@ enum Obj {
     Stream {
         raw: sys::CUstream,
         flags: u32,
+        priority: i32,
     },
     Event {
         raw: sys::CUevent,
@@ -307,16 +308,21 @@ enum Obj {
         module: Handle,
         name: CString,
         sizes: Vec<u32>,
+        /// Attributes the guest set, set again when the function is made
+        /// again on another GPU.
+        attrs: Vec<(u32, i32)>,
     },
 }
 
 /// How to make an [`Obj`] again (on another GPU).
 #[derive(Clone)]
 enum ObjSpec {
-    Stream(u32),
+    /// Flags and priority.
+    Stream(u32, i32),
     Event(u32),
     Module(Vec<u8>),
-    Function(Handle, CString, Vec<u32>),
+    /// Module, name, parameter sizes, attributes set.
+    Function(Handle, CString, Vec<u32>, Vec<(u32, i32)>),
 }
 
 /// A context that is no longer used, destroyed when dropped (on any thread).
@@ -341,13 +347,14 @@ fn recreate_into(
 ) -> Result<(), Status> {
     for (h, spec) in specs {
         let o = match spec {
-            ObjSpec::Stream(flags) => {
+            ObjSpec::Stream(flags, priority) => {
                 let mut st: sys::CUstream = null_mut();
                 // SAFETY: out-parameter on our stack.
-                check(unsafe { sys::cuStreamCreate(&mut st, *flags) })?;
+                check(unsafe { sys::cuStreamCreateWithPriority(&mut st, *flags, *priority) })?;
                 Obj::Stream {
                     raw: st,
                     flags: *flags,
+                    priority: *priority,
                 }
             }
             ObjSpec::Event(flags) => {
@@ -373,13 +380,18 @@ fn recreate_into(
         into.insert(*h, o);
     }
     for (h, spec) in specs {
-        if let ObjSpec::Function(module, name, sizes) = spec {
+        if let ObjSpec::Function(module, name, sizes, attrs) = spec {
             let Some(Obj::Module { raw: m, .. }) = into.get(module) else {
                 return Err(Status::InvalidHandle);
             };
             let mut f: sys::CUfunction = null_mut();
             // SAFETY: a module of the current context; NUL-terminated name.
             check(unsafe { sys::cuModuleGetFunction(&mut f, *m, name.as_ptr()) })?;
+            for &(a, v) in attrs {
+                // SAFETY: a function of the current context; an attribute and
+                // value the function took before.
+                check(unsafe { sys::cuFuncSetAttribute(f, func_attr(a)?, v) })?;
+            }
             into.insert(
                 *h,
                 Obj::Function {
@@ -387,6 +399,7 @@ fn recreate_into(
                     module: *module,
                     name: name.clone(),
                     sizes: sizes.clone(),
+                    attrs: attrs.clone(),
                 },
             );
         }
@@ -594,6 +607,45 @@ unsafe fn launch_raw(
     }
 }
 
+/// The driver's `CUfunction_attribute` for a range-checked number.
+fn func_attr(attr: u32) -> Result<sys::CUfunction_attribute, Status> {
+    use sys::CUfunction_attribute as A;
+    Ok(match attr {
+        0 => A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+        1 => A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+        2 => A::CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES,
+        3 => A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+        4 => A::CU_FUNC_ATTRIBUTE_NUM_REGS,
+        5 => A::CU_FUNC_ATTRIBUTE_PTX_VERSION,
+        6 => A::CU_FUNC_ATTRIBUTE_BINARY_VERSION,
+        7 => A::CU_FUNC_ATTRIBUTE_CACHE_MODE_CA,
+        8 => A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        9 => A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+        10 => A::CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET,
+        11 => A::CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH,
+        12 => A::CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
+        13 => A::CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH,
+        14 => A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+        15 => A::CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+        _ => return Err(Status::InvalidValue),
+    })
+}
+
+/// The driver's `CUlimit` for a range-checked limit number.
+fn cu_limit(limit: u32) -> Result<sys::CUlimit, Status> {
+    use sys::CUlimit as L;
+    Ok(match limit {
+        0 => L::CU_LIMIT_STACK_SIZE,
+        1 => L::CU_LIMIT_PRINTF_FIFO_SIZE,
+        2 => L::CU_LIMIT_MALLOC_HEAP_SIZE,
+        3 => L::CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH,
+        4 => L::CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT,
+        5 => L::CU_LIMIT_MAX_L2_FETCH_GRANULARITY,
+        6 => L::CU_LIMIT_PERSISTING_L2_CACHE_SIZE,
+        _ => return Err(Status::InvalidValue),
+    })
+}
+
 /// Reserves `padded` bytes of address space and maps new memory of GPU
 /// `ordinal` there; undoes the reservation if that fails.
 fn vmm_new(
@@ -764,15 +816,18 @@ impl CudaContext {
             .iter()
             .map(|(&h, o)| {
                 let spec = match o {
-                    Obj::Stream { flags, .. } => ObjSpec::Stream(*flags),
+                    Obj::Stream {
+                        flags, priority, ..
+                    } => ObjSpec::Stream(*flags, *priority),
                     Obj::Event { flags, .. } => ObjSpec::Event(*flags),
                     Obj::Module { image, .. } => ObjSpec::Module(image.clone()),
                     Obj::Function {
                         module,
                         name,
                         sizes,
+                        attrs,
                         ..
-                    } => ObjSpec::Function(*module, name.clone(), sizes.clone()),
+                    } => ObjSpec::Function(*module, name.clone(), sizes.clone(), attrs.clone()),
                 };
                 (h, spec)
             })
@@ -975,25 +1030,13 @@ impl Context for CudaContext {
             module,
             name: cname,
             sizes: params.iter().map(|p| p.size).collect(),
+            attrs: Vec::new(),
         });
         Ok((h, params))
     }
 
     fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
-        use sys::CUfunction_attribute as A;
-        let a = match attr {
-            0 => A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
-            1 => A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-            2 => A::CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES,
-            3 => A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
-            4 => A::CU_FUNC_ATTRIBUTE_NUM_REGS,
-            5 => A::CU_FUNC_ATTRIBUTE_PTX_VERSION,
-            6 => A::CU_FUNC_ATTRIBUTE_BINARY_VERSION,
-            7 => A::CU_FUNC_ATTRIBUTE_CACHE_MODE_CA,
-            8 => A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            9 => A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            _ => return Err(Status::InvalidValue),
-        };
+        let a = func_attr(attr)?;
         self.bind()?;
         let (f, _) = self.func(func)?;
         let mut v = 0;
@@ -1197,12 +1240,98 @@ impl Context for CudaContext {
         worst
     }
 
-    fn stream_create(&mut self, flags: u32) -> Result<Handle, Status> {
+    fn stream_create(&mut self, flags: u32, priority: i32) -> Result<Handle, Status> {
         self.bind()?;
         let mut st: sys::CUstream = null_mut();
-        // SAFETY: out-parameter on our stack.
-        check(unsafe { sys::cuStreamCreate(&mut st, flags) })?;
-        Ok(self.insert(Obj::Stream { raw: st, flags }))
+        // SAFETY: out-parameter on our stack; the driver clamps the priority.
+        check(unsafe { sys::cuStreamCreateWithPriority(&mut st, flags, priority) })?;
+        Ok(self.insert(Obj::Stream {
+            raw: st,
+            flags,
+            priority,
+        }))
+    }
+
+    fn stream_wait_event(&mut self, s: Handle, e: Handle, flags: u32) -> Result<(), Status> {
+        self.bind()?;
+        let st = self.stream(s)?;
+        let ev = self.event(e)?;
+        // SAFETY: a stream and an event of this context.
+        check(unsafe { sys::cuStreamWaitEvent(st, ev, flags) })
+    }
+
+    fn func_set_attribute(&mut self, func: Handle, attr: u32, value: i32) -> Result<(), Status> {
+        let a = func_attr(attr)?;
+        self.bind()?;
+        let (f, _) = self.func(func)?;
+        // SAFETY: a function of this context; the value was range-checked.
+        check(unsafe { sys::cuFuncSetAttribute(f, a, value) })?;
+        if let Some(Obj::Function { attrs, .. }) = self.objs.get_mut(&func) {
+            attrs.retain(|(x, _)| *x != attr);
+            attrs.push((attr, value));
+        }
+        Ok(())
+    }
+
+    fn limit(&mut self, limit: u32) -> Result<u64, Status> {
+        self.bind()?;
+        let mut v = 0usize;
+        // SAFETY: out-parameter on our stack; `limit` was range-checked.
+        check(unsafe { sys::cuCtxGetLimit(&mut v, cu_limit(limit)?) })?;
+        Ok(v as u64)
+    }
+
+    fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: the context is current; `limit` was range-checked.
+        check(unsafe { sys::cuCtxSetLimit(cu_limit(limit)?, value as usize) })
+    }
+
+    fn launch_ex(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+        cluster: Dim3,
+        cooperative: bool,
+    ) -> Result<(), Status> {
+        self.bind()?;
+        let st = self.stream(s)?;
+        let (f, sizes) = self.func(func)?;
+        let mut ptrs = param_ptrs(sizes, params, 0)?;
+        // SAFETY: plain C structs for which all-zero is valid (the id 0 is IGNORE).
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut n = 0;
+        if cluster != Dim3::default() {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[n].value.clusterDim.x = cluster.x;
+            attrs[n].value.clusterDim.y = cluster.y;
+            attrs[n].value.clusterDim.z = cluster.z;
+            n += 1;
+        }
+        if cooperative {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+            attrs[n].value.cooperative = 1;
+            n += 1;
+        }
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: g.x,
+            gridDimY: g.y,
+            gridDimZ: g.z,
+            blockDimX: b.x,
+            blockDimY: b.y,
+            blockDimZ: b.z,
+            sharedMemBytes: smem,
+            hStream: st,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: n as u32,
+        };
+        // SAFETY: `ptrs` holds one pointer per kernel parameter into `params`;
+        // `cfg` and its attributes live across the call.
+        check(unsafe { sys::cuLaunchKernelEx(&cfg, f, ptrs.as_mut_ptr(), null_mut()) })
     }
 
     fn stream_destroy(&mut self, s: Handle) -> Result<(), Status> {

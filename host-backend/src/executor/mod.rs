@@ -158,6 +158,26 @@ pub trait Context: Send {
     fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<Param>), Status>;
     /// A kernel attribute (`CUfunction_attribute`, already range-checked).
     fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status>;
+    /// Sets a kernel attribute (already range-checked).
+    fn func_set_attribute(&mut self, func: Handle, attr: u32, value: i32) -> Result<(), Status>;
+    /// A limit of the context (`CUlimit`, already range-checked).
+    fn limit(&mut self, limit: u32) -> Result<u64, Status>;
+    /// Sets a limit of the context.
+    fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status>;
+    /// A launch with thread block clusters (`cluster` all zero: none) or
+    /// cooperative (every block resident at once).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_ex(
+        &mut self,
+        func: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: Handle,
+        params: &[u8],
+        cluster: Dim3,
+        cooperative: bool,
+    ) -> Result<(), Status>;
     /// Resident blocks per multiprocessor (cuOccupancyMaxActiveBlocksPerMultiprocessor).
     fn occupancy(&mut self, func: Handle, block_size: u32, shared_mem: u32) -> Result<i32, Status>;
     /// Address and size of a module's global variable.
@@ -217,8 +237,15 @@ pub trait Context: Send {
     fn period_ns(&mut self) -> Option<u64> {
         None
     }
-    /// Creates a stream.
-    fn stream_create(&mut self, flags: u32) -> Result<Handle, Status>;
+    /// Creates a stream with a priority (clamped to the device's range).
+    fn stream_create(&mut self, flags: u32, priority: i32) -> Result<Handle, Status>;
+    /// Makes `stream`'s later work wait for `event`'s last record.
+    fn stream_wait_event(
+        &mut self,
+        stream: Handle,
+        event: Handle,
+        flags: u32,
+    ) -> Result<(), Status>;
     /// Destroys a stream.
     fn stream_destroy(&mut self, stream: Handle) -> Result<(), Status>;
     /// Waits for a stream (0: the default stream).

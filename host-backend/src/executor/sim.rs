@@ -144,6 +144,7 @@ impl Executor for SimExecutor {
             functions: HashMap::new(),
             events: HashMap::new(),
             streams: HashMap::new(),
+            limits: HashMap::new(),
             next_handle: 1,
             last_done: Instant::now(),
             timings: Vec::new(),
@@ -186,6 +187,8 @@ struct SimContext {
     functions: HashMap<Handle, (Kernel, Vec<u32>)>,
     events: HashMap<Handle, Option<Instant>>,
     streams: HashMap<Handle, Instant>,
+    /// Context limits set (`CUlimit` -> value); unset ones read their defaults.
+    limits: HashMap<u32, u64>,
     next_handle: Handle,
     last_done: Instant,
     timings: Vec<(Handle, u64)>,
@@ -698,10 +701,69 @@ impl Context for SimContext {
         (Instant::now() >= b).then(|| b.saturating_duration_since(a).as_nanos() as u64)
     }
 
-    fn stream_create(&mut self, _flags: u32) -> Result<Handle, Status> {
+    fn stream_create(&mut self, _flags: u32, _priority: i32) -> Result<Handle, Status> {
         let h = self.handle();
         self.streams.insert(h, Instant::now());
         Ok(h)
+    }
+
+    fn stream_wait_event(
+        &mut self,
+        stream: Handle,
+        event: Handle,
+        _flags: u32,
+    ) -> Result<(), Status> {
+        if stream != 0 && !self.streams.contains_key(&stream) {
+            return Err(Status::InvalidHandle);
+        }
+        // One in-order queue: later work starts after every recorded event.
+        self.events
+            .contains_key(&event)
+            .then_some(())
+            .ok_or(Status::InvalidHandle)
+    }
+
+    fn func_set_attribute(&mut self, func: Handle, _attr: u32, _value: i32) -> Result<(), Status> {
+        // The model's kernels take any shared memory and cluster shape.
+        self.functions
+            .contains_key(&func)
+            .then_some(())
+            .ok_or(Status::InvalidHandle)
+    }
+
+    fn limit(&mut self, limit: u32) -> Result<u64, Status> {
+        Ok(match self.limits.get(&limit) {
+            Some(&v) => v,
+            None => match limit {
+                0 => 1024,
+                1 => 1 << 20,
+                2 => 8 << 20,
+                3 => 2,
+                4 => 2048,
+                5 => 32,
+                _ => 0,
+            },
+        })
+    }
+
+    fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
+        self.limits.insert(limit, value);
+        Ok(())
+    }
+
+    fn launch_ex(
+        &mut self,
+        func: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: Handle,
+        params: &[u8],
+        _cluster: Dim3,
+        _cooperative: bool,
+    ) -> Result<(), Status> {
+        // The model runs every block at once in any case.
+        self.launch(func, grid, block, shared_mem, stream, params)
     }
 
     fn stream_destroy(&mut self, stream: Handle) -> Result<(), Status> {
