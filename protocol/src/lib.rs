@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 mod codec;
+pub mod fatbin;
 pub mod status;
 
 pub use codec::{Reader, Writer};

@@ -50,18 +50,6 @@ pub(crate) fn need_ctx() -> Result<(), CuResult> {
     Ok(())
 }
 
-/// Makes the primary context current if the thread has none (the library
-/// and kernel APIs work without a current context).
-pub(crate) fn current_or_primary() -> Result<usize, CuResult> {
-    let c = current();
-    if c != 0 {
-        return Ok(c);
-    }
-    let p = objects()?.primary();
-    set_current(p);
-    Ok(p)
-}
-
 fn check_dev(d: CUdevice) -> Result<(), CuResult> {
     if d == 0 {
         Ok(())
@@ -108,6 +96,27 @@ fn host_limit(limit: c_int) -> Result<Option<u32>, CuResult> {
     }
 }
 
+type ClsEntries = Vec<(usize, usize, crate::export_table::ClsDtor)>;
+
+/// Takes the context-local storage of context `h`: (key, value, destructor).
+fn take_cls(o: &mut crate::state::Objects, h: usize) -> ClsEntries {
+    let keys: Vec<(usize, usize)> = o.cls.keys().filter(|(c, _)| *c == h).copied().collect();
+    keys.into_iter()
+        .filter_map(|k| {
+            let (v, d) = o.cls.remove(&k)?;
+            d.map(|d| (k.1, v, d))
+        })
+        .collect()
+}
+
+/// Runs the destructors the runtime gave for context `h`'s storage (with
+/// no lock held: they may call back into the driver).
+fn run_cls_dtors(h: usize, entries: ClsEntries) {
+    for (key, value, dtor) in entries {
+        dtor(h as CUcontext, key as *mut c_void, value as *mut c_void);
+    }
+}
+
 export! {
     fn cuCtxCreate_v2 [cuCtxCreate] (ctx: *mut CUcontext, flags: c_uint, d: CUdevice) {
         create(ctx, flags, d)
@@ -144,7 +153,9 @@ export! {
             None => return Err(code::INVALID_CONTEXT),
         }
         o.contexts.remove(&h);
+        let dtors = take_cls(&mut o, h);
         drop(o);
+        run_cls_dtors(h, dtors);
         // Popped from this thread's stack wherever it is.
         STACK.with(|s| s.borrow_mut().retain(|&c| c != h));
         Ok(())
@@ -334,7 +345,13 @@ export! {
     fn cuDevicePrimaryCtxReset_v2 [cuDevicePrimaryCtxReset] (d: CUdevice) {
         driver()?;
         check_dev(d)?;
-        gpu(|g| g.synchronize())
+        gpu(|g| g.synchronize())?;
+        let mut o = objects()?;
+        let p = o.primary;
+        let dtors = take_cls(&mut o, p);
+        drop(o);
+        run_cls_dtors(p, dtors);
+        Ok(())
     }
 }
 

@@ -102,7 +102,7 @@ fn write_c_string(buf: *mut c_char, len: c_int, text: &[u8]) -> Result<(), CuRes
 
 /// A vGPU has its own identity: a UUID derived from the vGPU's socket and
 /// device name (stable for the vGPU, different from the physical GPU's).
-fn vgpu_uuid(name: &str) -> [u8; 16] {
+pub(crate) fn vgpu_uuid(name: &str) -> [u8; 16] {
     let mut h: [u64; 2] = [0xcbf2_9ce4_8422_2325, 0x8422_2325_cbf2_9ce4];
     let sock = std::env::var("FAIRVGPU_SOCKET")
         .or_else(|_| std::env::var("FAIRVGPU_DEVICE"))

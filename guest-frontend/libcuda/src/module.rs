@@ -1,35 +1,145 @@
 //! Modules, libraries, kernels and the linker.
 //!
-//! Images are loaded on the host, in the process's one host context. The
-//! library API (CUDA 12) is the module API without a context: a library is
-//! a module here, a `CUkernel` is the function of that name, and
-//! `cuLibraryGetModule`/`cuKernelGetFunction` hand back the same handles.
+//! Images are loaded on the host, in the process's one host context.
+//!
+//! The library API (CUDA 12) is the module API without a context, and lazy:
+//! the CUDA runtime registers every fat binary of a program (hundreds, in
+//! a framework) with `cuLibraryLoadData` before `main`, and uses few. A
+//! library here keeps its image (the caller's own bytes when it promises to
+//! keep them, `CU_LIBRARY_BINARY_IS_PRESERVED`, else a copy) and is loaded
+//! on the host as a module when a kernel or global of it is first asked
+//! for. A `CUkernel` is the function of that name in that module, and
+//! `cuKernelGetFunction` hands back the same handle (the runtime passes
+//! kernels straight to `cuLaunchKernel`).
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 
 use cudarc::driver::sys::{CUdeviceptr, CUfunction, CUmodule};
 
-use crate::context::{current_or_primary, need_ctx};
+use crate::context::need_ctx;
 use crate::state::{c_str, gpu, host_src, objects, out, out_opt, Kernel, Range, RangeKind};
 use crate::{code, CuResult};
+use protocol::ImageKind;
 
-/// Loads the image at `img` (fatbin, cubin or NUL-terminated PTX, its length
-/// found as the driver finds it).
+/// Loads the image at `img` (a fat binary wrapper, fatbin, cubin or
+/// NUL-terminated PTX, its length found as the driver finds it).
 ///
 /// # Safety
 /// `img` must point to a complete module image.
 unsafe fn load_image(img: *const c_void) -> Result<u64, CuResult> {
+    // SAFETY: per this function's contract.
+    let (kind, bytes) = unsafe { image_bytes(img) }?;
+    load_bytes(kind, bytes)
+}
+
+/// The kind and bytes of the image at `img`.
+///
+/// # Safety
+/// `img` must point to a complete module image that outlives the slice.
+unsafe fn image_bytes<'a>(img: *const c_void) -> Result<(ImageKind, &'a [u8]), CuResult> {
     if img.is_null() {
         return Err(code::INVALID_VALUE);
     }
     // SAFETY: `img` is a module image, per this function's contract.
-    let (kind, len) =
+    let (kind, start, len) =
         unsafe { crate::image::probe(img as *const u8) }.ok_or(code::INVALID_IMAGE)?;
-    // SAFETY: probe found `len` bytes of image at `img`.
-    let bytes = unsafe { std::slice::from_raw_parts(img as *const u8, len) };
+    // SAFETY: probe found `len` bytes of image at `start`.
+    Ok((kind, unsafe { std::slice::from_raw_parts(start, len) }))
+}
+
+fn load_bytes(kind: ImageKind, bytes: &[u8]) -> Result<u64, CuResult> {
     let h = gpu(|g| g.module_load(kind, bytes))?;
     objects()?.modules.insert(h, Vec::new());
     Ok(h)
+}
+
+/// A library's image: the caller's bytes, which it keeps alive until the
+/// library is unloaded (`CU_LIBRARY_BINARY_IS_PRESERVED`), or our copy.
+#[derive(Debug)]
+enum Image {
+    Preserved { start: usize, len: usize },
+    Copied(Vec<u8>),
+}
+
+/// A library: its image, and its module on the host once loaded.
+#[derive(Debug)]
+pub(crate) struct Library {
+    kind: ImageKind,
+    image: Image,
+    module: Option<u64>,
+}
+
+/// `CU_LIBRARY_BINARY_IS_PRESERVED`.
+const BINARY_IS_PRESERVED: c_int = 1;
+
+/// Registers a library (loaded on first use).
+///
+/// # Safety
+/// `img` must point to a complete module image; `opts` must be null or hold
+/// `n` library options.
+unsafe fn library(img: *const c_void, opts: *const c_int, n: c_uint) -> Result<usize, CuResult> {
+    crate::state::driver()?;
+    // SAFETY: per this function's contract.
+    let (kind, bytes) = unsafe { image_bytes(img) }?;
+    let preserved = !opts.is_null()
+        // SAFETY: `n` options (this function's contract).
+        && unsafe { std::slice::from_raw_parts(opts, n as usize) }.contains(&BINARY_IS_PRESERVED);
+    let image = if preserved {
+        Image::Preserved {
+            start: bytes.as_ptr() as usize,
+            len: bytes.len(),
+        }
+    } else {
+        Image::Copied(bytes.to_vec())
+    };
+    // A unique address for the handle, freed with the library.
+    let h = Box::into_raw(Box::new(0u8)) as usize;
+    objects()?.libraries.insert(
+        h,
+        Library {
+            kind,
+            image,
+            module: None,
+        },
+    );
+    Ok(h)
+}
+
+/// The module of library `lib`, loaded on the host now if it was not.
+fn library_module(lib: CUmodule) -> Result<u64, CuResult> {
+    let h = lib as usize;
+    let (kind, bytes) = {
+        let o = objects()?;
+        let l = o.libraries.get(&h).ok_or(code::INVALID_HANDLE)?;
+        if let Some(m) = l.module {
+            return Ok(m);
+        }
+        let bytes = match &l.image {
+            Image::Copied(v) => v.clone(),
+            Image::Preserved { start, len } => {
+                // SAFETY: the caller keeps a preserved image alive until the
+                // library is unloaded (the option's contract).
+                let b = unsafe { std::slice::from_raw_parts(*start as *const u8, *len) };
+                b.to_vec()
+            }
+        };
+        (l.kind, bytes)
+    };
+    let m = load_bytes(kind, &bytes)?;
+    let mut o = objects()?;
+    match o.libraries.get_mut(&h) {
+        Some(l) if l.module.is_none() => {
+            l.module = Some(m);
+            Ok(m)
+        }
+        // Another thread loaded it (or unloaded the library) meanwhile.
+        other => {
+            let winner = other.and_then(|l| l.module);
+            drop(o);
+            let _ = unload(m);
+            winner.ok_or(code::INVALID_HANDLE)
+        }
+    }
 }
 
 /// Loads the image in the file `path`.
@@ -171,68 +281,83 @@ export! {
         out_opt(bytes, size as usize)
     }
 
-    /// Modules load eagerly on the host.
+    /// Libraries load on first use, as the driver's default lazy loading
+    /// does (modules load at once).
     fn cuModuleGetLoadingMode(mode: *mut c_int) {
         crate::state::driver()?;
-        out(mode, 1) // CU_MODULE_EAGER_LOADING
+        out(mode, 2) // CU_MODULE_LAZY_LOADING
     }
 
-    fn cuLibraryLoadData(lib: *mut CUmodule, img: *const c_void, _jit_opts: *mut c_int, _jit_vals: *mut *mut c_void, _n_jit: c_uint, _lib_opts: *mut c_int, _lib_vals: *mut *mut c_void, _n_lib: c_uint) {
-        current_or_primary()?;
+    fn cuLibraryLoadData(lib: *mut CUmodule, img: *const c_void, _jit_opts: *mut c_int, _jit_vals: *mut *mut c_void, _n_jit: c_uint, lib_opts: *mut c_int, _lib_vals: *mut *mut c_void, n_lib: c_uint) {
         if lib.is_null() {
             return Err(code::INVALID_VALUE);
         }
-        // SAFETY: a module image (API contract).
-        let h = unsafe { load_image(img) }?;
+        // SAFETY: a module image and `n_lib` options (API contract).
+        let h = unsafe { library(img, lib_opts, n_lib) }?;
         out(lib, h as CUmodule)
     }
 
     fn cuLibraryLoadFromFile(lib: *mut CUmodule, path: *const c_char, _jit_opts: *mut c_int, _jit_vals: *mut *mut c_void, _n_jit: c_uint, _lib_opts: *mut c_int, _lib_vals: *mut *mut c_void, _n_lib: c_uint) {
-        current_or_primary()?;
         if lib.is_null() {
             return Err(code::INVALID_VALUE);
         }
-        let h = load_file(path)?;
+        // SAFETY: a NUL-terminated path (API contract); null is refused.
+        let p = unsafe { c_str(path) }?;
+        let mut bytes = std::fs::read(p).map_err(|_| code::FILE_NOT_FOUND)?;
+        bytes.push(0);
+        // SAFETY: `bytes` holds a whole file, NUL-terminated, copied by `library`.
+        let h = unsafe { library(bytes.as_ptr() as *const c_void, std::ptr::null(), 0) }?;
         out(lib, h as CUmodule)
     }
 
     fn cuLibraryUnload(lib: CUmodule) {
-        current_or_primary()?;
-        unload(lib as u64)
+        let l = objects()?.libraries.remove(&(lib as usize)).ok_or(code::INVALID_HANDLE)?;
+        // SAFETY: the handle is the address of the byte leaked for it by `library`.
+        drop(unsafe { Box::from_raw(lib as *mut u8) });
+        match l.module {
+            Some(m) => unload(m),
+            None => Ok(()),
+        }
     }
 
+    /// The library's module in the current context.
     fn cuLibraryGetModule(m: *mut CUmodule, lib: CUmodule) {
-        if !objects()?.modules.contains_key(&(lib as u64)) {
-            return Err(code::INVALID_HANDLE);
-        }
-        out(m, lib)
+        need_ctx()?;
+        let module = library_module(lib)?;
+        out(m, module as CUmodule)
     }
 
     fn cuLibraryGetKernel(k: *mut CUfunction, lib: CUmodule, name: *const c_char) {
-        current_or_primary()?;
         if k.is_null() {
             return Err(code::INVALID_VALUE);
         }
-        let h = get_function(lib as u64, name)?;
+        let m = library_module(lib)?;
+        let h = get_function(m, name)?;
         out(k, h as CUfunction)
     }
 
     fn cuLibraryGetGlobal(p: *mut CUdeviceptr, bytes: *mut usize, lib: CUmodule, name: *const c_char) {
-        current_or_primary()?;
-        let (addr, size) = get_global(lib as u64, name)?;
+        let m = library_module(lib)?;
+        let (addr, size) = get_global(m, name)?;
         out_opt(p, addr)?;
         out_opt(bytes, size as usize)
     }
 
     fn cuKernelGetFunction(f: *mut CUfunction, k: CUfunction) {
-        current_or_primary()?;
+        need_ctx()?;
         kernel(k)?;
         out(f, k)
     }
 
     fn cuKernelGetLibrary(lib: *mut CUmodule, k: CUfunction) {
         let kn = kernel(k)?;
-        out(lib, kn.module as CUmodule)
+        let o = objects()?;
+        let (&h, _) = o
+            .libraries
+            .iter()
+            .find(|(_, l)| l.module == Some(kn.module))
+            .ok_or(code::INVALID_HANDLE)?;
+        out(lib, h as CUmodule)
     }
 
     fn cuFuncGetModule(m: *mut CUmodule, f: CUfunction) {

@@ -77,11 +77,19 @@ pub(crate) fn lookup(base: &str, version: u32, flags: u64) -> Result<&'static En
         if let Some(e) = flavoured {
             return Ok(e);
         }
+        // Per-thread flavours began with CUDA 7.0: asked for earlier, there
+        // is none yet.
+        if rows.iter().any(|e| e.flavour == Flavour::PerThread) {
+            return Err(VERSION_NOT_SUFFICIENT);
+        }
     }
     Ok(plain)
 }
 
-/// Looks `symbol` up, answering as `cuGetProcAddress_v2` does.
+/// Looks `symbol` up, answering as `cuGetProcAddress_v2` does on a CUDA
+/// 13 driver: a name not found, or asked for at a version older than its
+/// first, is success with a null pointer and the reason in `status`; a
+/// version newer than the driver is `CUDA_ERROR_INVALID_VALUE`.
 ///
 /// # Safety
 /// `symbol` must be a NUL-terminated string; `pfn` and `status` writable
@@ -93,7 +101,7 @@ unsafe fn get_proc_address(
     flags: u64,
     status: *mut c_int,
 ) -> Result<(), CuResult> {
-    if symbol.is_null() || pfn.is_null() {
+    if symbol.is_null() || pfn.is_null() || version > crate::DRIVER_VERSION {
         return Err(code::INVALID_VALUE);
     }
     // SAFETY: NUL-terminated (this function's contract).
@@ -111,12 +119,7 @@ unsafe fn get_proc_address(
         }
     };
     out(pfn, addr)?;
-    crate::state::out_opt(status, found)?;
-    if found == FOUND {
-        Ok(())
-    } else {
-        Err(code::NOT_FOUND)
-    }
+    crate::state::out_opt(status, found)
 }
 
 export! {
@@ -175,6 +178,10 @@ mod tests {
         assert_eq!(
             sym("cuMemcpyHtoD", 13000, LEGACY_STREAM),
             Ok("cuMemcpyHtoD_v2")
+        );
+        assert_eq!(
+            sym("cuMemcpyHtoD", 3020, PER_THREAD_DEFAULT_STREAM),
+            Err(VERSION_NOT_SUFFICIENT)
         );
         // No per-thread flavour: the plain one.
         assert_eq!(

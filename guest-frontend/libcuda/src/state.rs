@@ -76,6 +76,11 @@ pub(crate) struct Objects {
     /// Loaded modules (and libraries, which are modules here), with the
     /// module globals looked up in each.
     pub modules: HashMap<u64, Vec<u64>>,
+    /// Libraries by handle (loaded on the host when first used).
+    pub libraries: HashMap<usize, crate::module::Library>,
+    /// The runtime's context-local storage: (context, key) -> (value,
+    /// destructor), see `export_table`.
+    pub cls: HashMap<(usize, usize), (usize, Option<crate::export_table::ClsDtor>)>,
 }
 
 impl Objects {
@@ -108,6 +113,15 @@ impl Objects {
 }
 
 static DRIVER: OnceLock<Result<Driver, CuResult>> = OnceLock::new();
+
+/// Set when the process let go of its vGPU at exit: later calls answer
+/// `CUDA_ERROR_DEINITIALIZED`, as the driver's do after its own teardown.
+static DEINITIALIZED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the process let go of its vGPU (it is exiting).
+pub(crate) fn deinitialized() -> bool {
+    DEINITIALIZED.load(std::sync::atomic::Ordering::Acquire)
+}
 
 /// The error code of a failed guest call.
 pub(crate) fn code_of(e: GuestError) -> CuResult {
@@ -159,6 +173,7 @@ fn attach() -> Result<Driver, CuResult> {
 /// `CUDA_ERROR_DEINITIALIZED`.
 extern "C" fn release_at_exit() {
     let _ = std::panic::catch_unwind(|| {
+        DEINITIALIZED.store(true, std::sync::atomic::Ordering::Release);
         if let Some(Ok(d)) = DRIVER.get() {
             if let Ok(mut g) = d.gpu.try_lock() {
                 drop(g.take());
@@ -169,6 +184,9 @@ extern "C" fn release_at_exit() {
 
 /// The driver state; `CUDA_ERROR_NOT_INITIALIZED` before a successful `cuInit`.
 pub(crate) fn driver() -> Result<&'static Driver, CuResult> {
+    if deinitialized() {
+        return Err(code::DEINITIALIZED);
+    }
     match DRIVER.get() {
         Some(Ok(d)) => Ok(d),
         _ => Err(code::NOT_INITIALIZED),

@@ -520,10 +520,19 @@ impl Context for SimContext {
     }
 
     fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
-        if kind == ImageKind::Cubin {
-            // Machine code cannot run on the model; PTX can.
-            return Err(Status::NotSupported);
-        }
+        // Machine code cannot run on the model; PTX can, also the PTX a
+        // fat binary carries (what nvcc-built programs register).
+        let ptx;
+        let image = match kind {
+            ImageKind::Ptx => image,
+            ImageKind::Cubin if protocol::fatbin::is_fatbin(image) => {
+                ptx = protocol::fatbin::best_ptx(image)
+                    .map_err(|_| Status::InvalidImage)?
+                    .ok_or(Status::NoBinaryForGpu)?;
+                &ptx
+            }
+            ImageKind::Cubin => return Err(Status::NoBinaryForGpu),
+        };
         let text = std::str::from_utf8(image).map_err(|_| Status::InvalidPtx)?;
         let text = text.trim_end_matches('\0');
         let entries = ptx::entries(text).ok_or(Status::InvalidPtx)?;
