@@ -16,6 +16,7 @@ pub mod copy;
 pub mod device;
 
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,11 +90,30 @@ pub struct Gpu {
     host_bell: Arc<dyn Bell>,
     own_bell: Arc<dyn Bell>,
     policy: SpinPolicy,
-    next_tag: u64,
+    /// The process's request numbering, shared by all its channels.
+    seq: Arc<AtomicU64>,
+    /// The session's token (for further channels to join it).
+    token: [u64; 2],
+    /// Where the vGPU was found (for further channels).
+    origin: Origin,
     info: DeviceInfo,
     buf: Vec<u8>,
     copier: copy::Copier,
     transport: Transport,
+}
+
+/// Where a process found its vGPU: a host socket or a VM's device.
+#[derive(Debug, Clone)]
+enum Origin {
+    Socket(std::path::PathBuf),
+    Device(std::path::PathBuf),
+}
+
+/// What a further channel of a process takes from its first.
+struct Joining {
+    seq: Arc<AtomicU64>,
+    token: [u64; 2],
+    info: DeviceInfo,
 }
 
 /// What keeps the channel reachable: the host socket (native) or the kernel
@@ -148,6 +168,10 @@ impl Gpu {
 
     /// Like [`Gpu::connect`] with a chosen spin policy.
     pub fn connect_with(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
+        Self::attach_socket(path, policy, None)
+    }
+
+    fn attach_socket(path: &Path, policy: SpinPolicy, join: Option<Joining>) -> Result<Gpu> {
         let client = Client::connect(path, Duration::from_secs(10))?;
         let vectors = client.region.layout().params.vectors;
         let ch = client
@@ -163,11 +187,17 @@ impl Gpu {
             own_bell,
             policy,
             Transport::Native(client),
+            Origin::Socket(path.to_owned()),
+            join,
         )
     }
 
     /// Attaches inside a VM through the kernel module's device (`/dev/fairvgpuN`).
     pub fn open_device(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
+        Self::attach_device(path, policy, None)
+    }
+
+    fn attach_device(path: &Path, policy: SpinPolicy, join: Option<Joining>) -> Result<Gpu> {
         let dev = Arc::new(device::Device::open(path)?);
         let info = dev.info()?;
         let region = dev.region(&info)?;
@@ -201,7 +231,27 @@ impl Gpu {
             own_bell,
             policy,
             Transport::Device(dev),
+            Origin::Device(path.to_owned()),
+            join,
         )
+    }
+
+    /// A further channel to this process's session, for another thread:
+    /// calls on it go on at the same time as this one's (a thread waiting
+    /// in a synchronize here holds up no call there), and the host runs the
+    /// process's requests in the order they were made across its channels.
+    /// It has its own connection (socket or device file), so that each
+    /// thread waits on its own doorbell.
+    pub fn join(&self) -> Result<Gpu> {
+        let join = Some(Joining {
+            seq: self.seq.clone(),
+            token: self.token,
+            info: self.info.clone(),
+        });
+        match &self.origin {
+            Origin::Socket(p) => Self::attach_socket(p, self.policy, join),
+            Origin::Device(p) => Self::attach_device(p, self.policy, join),
+        }
     }
 
     /// Attaches to `path`: a vGPU device if it is a character device, else a
@@ -237,6 +287,7 @@ impl Gpu {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn start(
         ch: GuestChannel,
         vector: u32,
@@ -244,14 +295,21 @@ impl Gpu {
         own_bell: Arc<dyn Bell>,
         policy: SpinPolicy,
         transport: Transport,
+        origin: Origin,
+        join: Option<Joining>,
     ) -> Result<Gpu> {
         ch.set_guest_vector(vector)?;
+        let seq = join
+            .as_ref()
+            .map_or_else(|| Arc::new(AtomicU64::new(1)), |j| j.seq.clone());
         let mut gpu = Gpu {
             ch,
             host_bell,
             own_bell,
             policy,
-            next_tag: 1,
+            seq,
+            token: [0; 2],
+            origin,
             info: DeviceInfo {
                 name: String::new(),
                 total_mem: 0,
@@ -263,12 +321,19 @@ impl Gpu {
             copier: copy::Copier::default(),
             transport,
         };
-        let (_, data) = gpu.call_data(
+        if let Some(j) = join {
+            gpu.call(&Request::Join { token: j.token })?;
+            gpu.token = j.token;
+            gpu.info = j.info;
+            return Ok(gpu);
+        }
+        let (r, data) = gpu.call_data(
             &Request::Hello {
                 version: protocol::PROTOCOL_VERSION,
             },
             &[],
         )?;
+        gpu.token = [r.vals[0], r.vals[1]];
         gpu.info =
             DeviceInfo::from_bytes(&data).map_err(|e| GuestError::Protocol(e.to_string()))?;
         Ok(gpu)
@@ -313,8 +378,13 @@ impl Gpu {
     }
 
     fn descriptor(&mut self, req: &Request) -> Descriptor {
-        let mut d = Descriptor::new(self.next_tag, req.opcode());
-        self.next_tag += 1;
+        // Join is not one of the process's numbered requests.
+        let tag = if matches!(req, Request::Join { .. }) {
+            0
+        } else {
+            self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        };
+        let mut d = Descriptor::new(tag, req.opcode());
         let mut inline = [0u8; INLINE];
         req.encode(&mut inline);
         d.inline = inline;
@@ -452,6 +522,13 @@ impl Gpu {
     /// cuMemFree.
     pub fn mem_free(&mut self, ptr: DevPtr) -> Result<()> {
         self.call(&Request::MemFree { ptr }).map(drop)
+    }
+
+    /// cuMemFreeAsync: frees once the work submitted to `stream` so far is
+    /// done (asynchronous; an error comes at the next synchronizing call).
+    pub fn mem_free_async(&mut self, ptr: DevPtr, stream: u64) -> Result<()> {
+        self.send(&Request::MemFreeAsync { ptr, stream }, &[])
+            .map(drop)
     }
 
     /// cuMemGetInfo: (free, total) of this vGPU.
@@ -604,6 +681,17 @@ impl Gpu {
             shared_mem,
         })?;
         Ok(r.vals[0] as u32 as i32)
+    }
+
+    /// cuOccupancyAvailableDynamicSMemPerBlock.
+    pub fn available_smem(&mut self, func: u64, num_blocks: u32, block_size: u32) -> Result<u64> {
+        Ok(self
+            .call(&Request::OccupancySmem {
+                func,
+                num_blocks,
+                block_size,
+            })?
+            .vals[0])
     }
 
     /// cuModuleGetGlobal: (address, size).

@@ -91,6 +91,9 @@ pub struct Session {
     pub occupancy: HashMap<(Handle, u32, u32), u32>,
     /// Launches accepted and not yet submitted.
     pub run: LaunchRun,
+    /// Stream-ordered frees: each allocation is freed once the device
+    /// passes its mark (what it takes stays counted until then).
+    pub deferred_frees: Vec<(crate::executor::Marker, u64, u64)>,
 }
 
 /// A busy period: from the first device operation after the session's work
@@ -206,6 +209,7 @@ impl Session {
             period: None,
             occupancy: HashMap::new(),
             run: LaunchRun::default(),
+            deferred_frees: Vec::new(),
         }
     }
 
@@ -236,6 +240,18 @@ impl Session {
         self.allocs.insert(base, size);
         self.charges.insert(base, charge);
         self.mem_used += charge;
+    }
+
+    /// Takes an allocation out of the table (no longer addressable by the
+    /// guest) without uncounting it: a stream-ordered free, done later.
+    pub fn detach_alloc(&mut self, base: u64) -> Result<u64, Status> {
+        self.allocs.remove(&base).ok_or(Status::InvalidValue)?;
+        Ok(self.charges.remove(&base).unwrap_or(0))
+    }
+
+    /// Uncounts what a detached allocation took, once freed.
+    pub fn uncount(&mut self, charge: u64) {
+        self.mem_used -= charge;
     }
 
     /// Removes an allocation by its exact base; returns what it took.

@@ -158,10 +158,21 @@ impl Dim3 {
 /// each against the caller's own tables. Stream 0 is the default stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    /// First call on a channel; the reply carries the device description.
+    /// First call on a process's first channel: opens the process's
+    /// session. The reply's data is the device description, its values the
+    /// session's token (two words); its tag starts the process's request
+    /// numbering (each request's tag is the next number, across all the
+    /// process's channels, and the host runs them in that order).
     Hello {
         /// The guest's protocol version.
         version: u32,
+    },
+    /// First call on a further channel of a process (another thread's):
+    /// joins the session whose token it gives. Its tag is 0 (it is not one
+    /// of the process's numbered requests).
+    Join {
+        /// The session's token, from `Hello`'s reply.
+        token: [u64; 2],
     },
     /// Wait for all work of this channel.
     CtxSynchronize,
@@ -174,6 +185,14 @@ pub enum Request {
     MemFree {
         /// Pointer returned by `MemAlloc`.
         ptr: u64,
+    },
+    /// Free device memory once the work submitted so far to `stream` is
+    /// done (stream-ordered; no reply).
+    MemFreeAsync {
+        /// Pointer returned by `MemAlloc`.
+        ptr: u64,
+        /// Stream.
+        stream: u64,
     },
     /// Free and total memory of this vGPU (its limit, not the GPU's).
     MemGetInfo,
@@ -252,6 +271,16 @@ pub enum Request {
         block_size: u32,
         /// Dynamic shared memory per block.
         shared_mem: u32,
+    },
+    /// The most dynamic shared memory a block may use with `num_blocks`
+    /// blocks of `block_size` threads resident per multiprocessor (reply: bytes).
+    OccupancySmem {
+        /// Function handle.
+        func: u64,
+        /// Blocks per multiprocessor.
+        num_blocks: u32,
+        /// Threads per block.
+        block_size: u32,
     },
     /// Address and size of a module's global variable (name in data).
     ModuleGetGlobal {
@@ -374,10 +403,12 @@ pub enum Request {
 pub mod op {
     #![allow(missing_docs)]
     pub const HELLO: u32 = 1;
+    pub const JOIN: u32 = 5;
     pub const CTX_SYNCHRONIZE: u32 = 2;
     pub const MEM_ALLOC: u32 = 10;
     pub const MEM_FREE: u32 = 11;
     pub const MEM_GET_INFO: u32 = 12;
+    pub const MEM_FREE_ASYNC: u32 = 17;
     pub const MEMCPY_HTOD: u32 = 13;
     pub const MEMCPY_DTOH: u32 = 14;
     pub const MEMCPY_DTOD: u32 = 15;
@@ -388,6 +419,7 @@ pub mod op {
     pub const FUNC_GET_ATTRIBUTE: u32 = 23;
     pub const OCCUPANCY: u32 = 24;
     pub const MODULE_GET_GLOBAL: u32 = 25;
+    pub const OCCUPANCY_SMEM: u32 = 28;
     pub const LINK: u32 = 26;
     pub const FUNC_SET_ATTRIBUTE: u32 = 27;
     pub const CTX_GET_LIMIT: u32 = 3;
@@ -438,10 +470,12 @@ impl Request {
         use Request::*;
         match self {
             Hello { .. } => op::HELLO,
+            Join { .. } => op::JOIN,
             CtxSynchronize => op::CTX_SYNCHRONIZE,
             MemAlloc { .. } => op::MEM_ALLOC,
             MemFree { .. } => op::MEM_FREE,
             MemGetInfo => op::MEM_GET_INFO,
+            MemFreeAsync { .. } => op::MEM_FREE_ASYNC,
             MemcpyHtoD { .. } => op::MEMCPY_HTOD,
             MemcpyDtoH { .. } => op::MEMCPY_DTOH,
             MemcpyDtoD { .. } => op::MEMCPY_DTOD,
@@ -452,6 +486,7 @@ impl Request {
             FuncGetAttribute { .. } => op::FUNC_GET_ATTRIBUTE,
             Occupancy { .. } => op::OCCUPANCY,
             ModuleGetGlobal { .. } => op::MODULE_GET_GLOBAL,
+            OccupancySmem { .. } => op::OCCUPANCY_SMEM,
             Link { .. } => op::LINK,
             Launch { .. } => op::LAUNCH,
             StreamCreate { .. } => op::STREAM_CREATE,
@@ -483,6 +518,7 @@ impl Request {
                 | Request::Memset { .. }
                 | Request::EventRecord { .. }
                 | Request::StreamWaitEvent { .. }
+                | Request::MemFreeAsync { .. }
         )
     }
 
@@ -502,9 +538,17 @@ impl Request {
         let mut w = Writer::new(out);
         match *self {
             Hello { version } => w.u32(version),
+            Join { token } => {
+                w.u64(token[0]);
+                w.u64(token[1]);
+            }
             CtxSynchronize | MemGetInfo => {}
             MemAlloc { size } => w.u64(size),
             MemFree { ptr } => w.u64(ptr),
+            MemFreeAsync { ptr, stream } => {
+                w.u64(ptr);
+                w.u64(stream);
+            }
             MemcpyHtoD { dst, len, stream } => {
                 w.u64(dst);
                 w.u64(len);
@@ -561,6 +605,15 @@ impl Request {
                 w.u32(shared_mem);
             }
             ModuleGetGlobal { module } => w.u64(module),
+            OccupancySmem {
+                func,
+                num_blocks,
+                block_size,
+            } => {
+                w.u64(func);
+                w.u32(num_blocks);
+                w.u32(block_size);
+            }
             Link { len } => w.u64(len),
             Launch {
                 func,
@@ -631,6 +684,9 @@ impl Request {
         let mut r = Reader::new(inline);
         let req = match opcode {
             op::HELLO => Hello { version: r.u32()? },
+            op::JOIN => Join {
+                token: [r.u64()?, r.u64()?],
+            },
             op::CTX_SYNCHRONIZE => CtxSynchronize,
             op::MEM_ALLOC => {
                 let size = check_len("size", r.u64()?, MAX_LEN)?;
@@ -640,6 +696,10 @@ impl Request {
                 MemAlloc { size }
             }
             op::MEM_FREE => MemFree { ptr: r.u64()? },
+            op::MEM_FREE_ASYNC => MemFreeAsync {
+                ptr: r.u64()?,
+                stream: r.u64()?,
+            },
             op::MEM_GET_INFO => MemGetInfo,
             op::MEMCPY_HTOD => MemcpyHtoD {
                 dst: r.u64()?,
@@ -712,6 +772,22 @@ impl Request {
                 }
             }
             op::MODULE_GET_GLOBAL => ModuleGetGlobal { module: r.u64()? },
+            op::OCCUPANCY_SMEM => {
+                let func = r.u64()?;
+                let num_blocks = r.u32()?;
+                let block_size = r.u32()?;
+                if num_blocks == 0 || num_blocks > 2048 {
+                    return Err(bad("num_blocks", format!("{num_blocks} blocks")));
+                }
+                if block_size == 0 || block_size > 1024 {
+                    return Err(bad("block_size", format!("{block_size} threads")));
+                }
+                OccupancySmem {
+                    func,
+                    num_blocks,
+                    block_size,
+                }
+            }
             op::LINK => {
                 let len = check_len("len", r.u64()?, MAX_IMAGE)?;
                 if len == 0 {
@@ -949,10 +1025,12 @@ mod tests {
         let d = |x, y, z| Dim3 { x, y, z };
         vec![
             Request::Hello { version: 1 },
+            Request::Join { token: [7, 9] },
             Request::CtxSynchronize,
             Request::MemAlloc { size: 4096 },
             Request::MemFree { ptr: 0x7000_0000 },
             Request::MemGetInfo,
+            Request::MemFreeAsync { ptr: 5, stream: 6 },
             Request::MemcpyHtoD {
                 dst: 1,
                 len: 2,
@@ -989,6 +1067,11 @@ mod tests {
                 shared_mem: 0,
             },
             Request::ModuleGetGlobal { module: 5 },
+            Request::OccupancySmem {
+                func: 5,
+                num_blocks: 4,
+                block_size: 128,
+            },
             Request::Link { len: 100 },
             Request::Launch {
                 func: 9,

@@ -30,7 +30,9 @@ macro_rules! export {
         $(#[$meta])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::CuResult {
-            $crate::entry(|| -> ::std::result::Result<(), $crate::CuResult> { $body })
+            let r = $crate::entry(|| -> ::std::result::Result<(), $crate::CuResult> { $body });
+            $crate::trace(stringify!($name), r);
+            r
         }
     };
     (@aliases $name:ident $params:tt []) => {};

@@ -23,9 +23,11 @@ pub unsafe fn probe(p: *const u8) -> Option<Extent> {
     let head = unsafe { std::slice::from_raw_parts(p, 16) };
     let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
     if word(0) == WRAPPER_MAGIC {
-        // Version 1 points to one fat binary; version 2 (relocatable device
-        // code, linked at load) is not served.
-        if word(4) != 1 {
+        // Version 1 points to one fat binary. Version 2 (programs built with
+        // relocatable device code) points to the device-linked fat binary,
+        // and also lists the objects before linking, which only a JIT link
+        // for another architecture would need.
+        if !matches!(word(4), 1 | 2) {
             return None;
         }
         // SAFETY: a wrapper is {magic, version, data pointer, filename} (24 bytes).
@@ -85,6 +87,9 @@ mod tests {
         let (kind, start, len) = unsafe { probe(wrapper.as_ptr()) }.unwrap();
         assert_eq!((kind, start, len), (ImageKind::Cubin, fatbin.as_ptr(), 56));
         wrapper[4] = 2;
+        // SAFETY: as above.
+        assert_eq!(unsafe { probe(wrapper.as_ptr()) }.unwrap().2, 56);
+        wrapper[4] = 3;
         // SAFETY: as above.
         assert!(unsafe { probe(wrapper.as_ptr()) }.is_none());
         let ptx = b".version 8.0\n.target sm_90\0";

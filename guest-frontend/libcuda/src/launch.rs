@@ -361,6 +361,14 @@ export! {
         out(n, v)
     }
 
+    fn cuOccupancyAvailableDynamicSMemPerBlock(bytes: *mut usize, f: CUfunction, num_blocks: c_int, block: c_int) {
+        let k = kernel(f)?;
+        let n = u32::try_from(num_blocks).map_err(|_| code::INVALID_VALUE)?;
+        let b = u32::try_from(block).map_err(|_| code::INVALID_VALUE)?;
+        let v = gpu(|g| g.available_smem(k.func.handle, n, b))?;
+        out(bytes, v as usize)
+    }
+
     fn cuOccupancyMaxPotentialBlockSize(min_grid: *mut c_int, block: *mut c_int, f: CUfunction, smem_fn: Option<unsafe extern "C" fn(c_int) -> usize>, smem: usize, limit: c_int) {
         // SAFETY: the caller's callback maps a block size to bytes (API contract).
         let smem_of = |b| smem_fn.map_or(smem, |cb| unsafe { cb(b) });

@@ -13,10 +13,12 @@
 //! | initialization, devices, versions, errors | [`device`] |
 //! | contexts, primary contexts | [`context`] |
 //! | device memory, copies, memsets, pointer attributes | [`memory`] |
+//! | stream-ordered allocation, memory pools | [`mem_pool`] |
 //! | modules, libraries, kernels, the linker | [`module`] |
 //! | launches, function attributes, occupancy | [`launch`] |
 //! | streams, events | [`stream`] |
 //! | `cuGetProcAddress` | [`proc_address`] |
+//! | profiler controls (no-ops) | [`profiler`] |
 //! | `cuGetExportTable`: the runtime's private interface | [`export_table`] |
 //!
 //! Handles and pointers use `cudarc`'s generated types, so the ABI is the
@@ -45,9 +47,11 @@ pub mod context;
 pub mod device;
 pub mod export_table;
 pub mod launch;
+pub mod mem_pool;
 pub mod memory;
 pub mod module;
 pub mod proc_address;
+pub mod profiler;
 pub mod stream;
 
 use std::collections::HashSet;
@@ -99,6 +103,20 @@ pub(crate) fn entry(f: impl FnOnce() -> Result<(), CuResult>) -> CuResult {
         Ok(Ok(())) => code::SUCCESS,
         Ok(Err(e)) => e,
         Err(_) => code::UNKNOWN,
+    }
+}
+
+/// Whether `FAIRVGPU_LIBCUDA_TRACE` asks for every call to be logged.
+fn tracing_calls() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("FAIRVGPU_LIBCUDA_TRACE").is_some())
+}
+
+/// Logs a call and its result on standard error when
+/// `FAIRVGPU_LIBCUDA_TRACE` is set (a debugging aid; off, it costs one load).
+pub(crate) fn trace(name: &str, r: CuResult) {
+    if tracing_calls() {
+        eprintln!("fairvgpu libcuda: {name} -> {r}");
     }
 }
 

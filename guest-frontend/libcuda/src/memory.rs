@@ -54,7 +54,9 @@ fn free(p: CUdeviceptr) -> Result<(), CuResult> {
         _ => return Err(code::INVALID_VALUE),
     }
     gpu(|g| g.mem_free(p))?;
-    objects()?.ranges.remove(&p);
+    let mut o = objects()?;
+    o.ranges.remove(&p);
+    crate::mem_pool::freed(&mut o, p);
     Ok(())
 }
 

@@ -73,9 +73,14 @@ pub(crate) struct Objects {
     pub ranges: BTreeMap<u64, Range>,
     /// Streams made here, with their flags and priorities.
     pub streams: HashMap<u64, (u32, i32)>,
+    /// Stream attributes set (`CUstreamAttrID`, the 64-byte value): hints
+    /// kept to be read back.
+    pub stream_attrs: HashMap<(u64, u32), [u8; 64]>,
     /// Loaded modules (and libraries, which are modules here), with the
     /// module globals looked up in each.
     pub modules: HashMap<u64, Vec<u64>>,
+    /// Memory pools and stream-ordered allocations.
+    pub pools: crate::mem_pool::Pools,
     /// Libraries by handle (loaded on the host when first used).
     pub libraries: HashMap<usize, crate::module::Library>,
     /// The runtime's context-local storage: (context, key) -> (value,

@@ -102,7 +102,64 @@ fn create(p: *mut CUstream, flags: c_uint, priority: c_int) -> Result<(), CuResu
     out(p, h as CUstream)
 }
 
+/// `CUstreamAttrID`s: the access policy window, synchronization policy,
+/// priority and memory synchronization domains, all hints to the device's
+/// scheduling and caches.
+const STREAM_ATTRS: [u32; 5] = [1, 3, 8, 9, 10];
+const PRIORITY_ATTR: u32 = 8;
+
 export! {
+    /// Stream attributes shape caching and scheduling only: they are kept
+    /// (to be read back and copied) and not forwarded.
+    fn cuStreamSetAttribute [cuStreamSetAttribute_ptsz per_thread] (st: CUstream, attr: c_uint, value: *const [u8; 64]) {
+        need_ctx()?;
+        let h = resolve(st)?;
+        if !STREAM_ATTRS.contains(&attr) || value.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        // SAFETY: a 64-byte CUstreamAttrValue (API contract).
+        let v = unsafe { value.read_unaligned() };
+        objects()?.stream_attrs.insert((h, attr), v);
+        Ok(())
+    }
+
+    fn cuStreamGetAttribute [cuStreamGetAttribute_ptsz per_thread] (st: CUstream, attr: c_uint, value: *mut [u8; 64]) {
+        need_ctx()?;
+        let h = resolve(st)?;
+        if !STREAM_ATTRS.contains(&attr) || value.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        let o = objects()?;
+        let v = match o.stream_attrs.get(&(h, attr)) {
+            Some(v) => *v,
+            None => {
+                let mut v = [0u8; 64];
+                if attr == PRIORITY_ATTR {
+                    let p = o.streams.get(&h).map_or(0, |s| s.1);
+                    v[..4].copy_from_slice(&p.to_le_bytes());
+                }
+                v
+            }
+        };
+        out(value, v)
+    }
+
+    fn cuStreamCopyAttributes [cuStreamCopyAttributes_ptsz per_thread] (dst: CUstream, src: CUstream) {
+        need_ctx()?;
+        let (d, s) = (resolve(dst)?, resolve(src)?);
+        let mut o = objects()?;
+        let copied: Vec<(u32, [u8; 64])> = o
+            .stream_attrs
+            .iter()
+            .filter(|((st, _), _)| *st == s)
+            .map(|((_, a), v)| (*a, *v))
+            .collect();
+        for (a, v) in copied {
+            o.stream_attrs.insert((d, a), v);
+        }
+        Ok(())
+    }
+
     fn cuStreamCreate(p: *mut CUstream, flags: c_uint) {
         create(p, flags, 0)
     }

@@ -198,21 +198,18 @@ impl Executor for CudaExecutor {
         // SAFETY: out-parameter on our stack.
         let _ = unsafe { sys::cuDeviceTotalMem_v2(&mut total, self.dev) };
         use sys::CUdevice_attribute as A;
-        let wanted = [
-            A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
-            A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X,
-            A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X,
-            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
-            A::CU_DEVICE_ATTRIBUTE_WARP_SIZE,
-            A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-            A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-            A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
-            A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE,
-        ];
-        let attributes: Vec<(u32, i32)> = wanted
-            .iter()
-            .map(|&a| (a as u32, attr(self.dev, a)))
+        // Every attribute the driver knows (1 ..= CU_DEVICE_ATTRIBUTE_MAX - 1):
+        // the runtime's cudaGetDeviceProperties asks for most of them.
+        let attributes: Vec<(u32, i32)> = (1..A::CU_DEVICE_ATTRIBUTE_MAX as u32)
+            .filter_map(|a| {
+                let mut v = 0;
+                // SAFETY: the enum declares every value from 1 to its MAX
+                // (CUDA 13.0's list has no gaps), so `a` is one of its variants.
+                let attr = unsafe { std::mem::transmute::<u32, A>(a) };
+                // SAFETY: out-parameter on our stack.
+                let r = unsafe { sys::cuDeviceGetAttribute(&mut v, attr, self.dev) };
+                (r == CUresult::CUDA_SUCCESS).then_some((a, v))
+            })
             .collect();
         let cc = (
             attr(self.dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) as u32,
@@ -499,6 +496,12 @@ struct CudaContext {
     sliced: std::collections::HashMap<Handle, Option<sys::CUfunction>>,
     /// Graph templates for runs of queued launches (see `batch`).
     templates: batch::Templates,
+    /// Marks the worker waits on: their events, one per stream marked.
+    marks: std::collections::HashMap<super::Marker, Vec<sys::CUevent>>,
+    next_mark: super::Marker,
+    /// The stream device-to-host copies into the arenas go on (made when
+    /// first needed; non-blocking, so that it waits for no other stream).
+    copy: sys::CUstream,
 }
 
 // SAFETY: a CUcontext may be used from any thread once made current there;
@@ -724,6 +727,9 @@ impl CudaContext {
             period: None,
             sliced: Default::default(),
             templates: batch::Templates::new(graphs),
+            marks: Default::default(),
+            next_mark: 0,
+            copy: null_mut(),
         })
     }
 
@@ -854,6 +860,19 @@ impl Drop for CudaContext {
 }
 
 impl CudaContext {
+    /// The stream of device-to-host copies into the arenas.
+    fn copy_stream(&mut self) -> Result<sys::CUstream, Status> {
+        if self.copy.is_null() {
+            let mut st: sys::CUstream = null_mut();
+            // SAFETY: out-parameter on our stack; the context is current.
+            check(unsafe {
+                sys::cuStreamCreate(&mut st, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+            })?;
+            self.copy = st;
+        }
+        Ok(self.copy)
+    }
+
     /// An idle event from the pool, or a new one (timing enabled).
     fn pooled_event(&mut self) -> Result<sys::CUevent, Status> {
         if let Some(e) = self.event_pool.pop() {
@@ -922,12 +941,16 @@ impl Context for CudaContext {
 
     fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, s: Handle) -> Result<(), Status> {
         self.bind()?;
-        let st = self.stream(s)?;
+        self.stream(s)?;
+        // The work before the copy is done (the worker waited for its
+        // mark): the copy goes on a stream of its own, so that it waits for
+        // nothing submitted since.
+        let st = self.copy_stream()?;
         let p = dst.ptr_guard_mut().as_ptr() as *mut c_void;
         // SAFETY: `dst` is a live, writable mapping of `dst.len()` bytes; the
         // source range was validated; the copy completes before we return.
         check(unsafe { sys::cuMemcpyDtoHAsync_v2(p, src, dst.len(), st) })?;
-        // SAFETY: a stream of this context (or the default one).
+        // SAFETY: our own stream of this context.
         check(unsafe { sys::cuStreamSynchronize(st) })
     }
 
@@ -1059,6 +1082,27 @@ impl Context for CudaContext {
             )
         })?;
         Ok(n)
+    }
+
+    fn available_smem(
+        &mut self,
+        func: Handle,
+        num_blocks: u32,
+        block_size: u32,
+    ) -> Result<u64, Status> {
+        self.bind()?;
+        let (f, _) = self.func(func)?;
+        let mut bytes = 0usize;
+        // SAFETY: a function of this context; out-parameter on our stack.
+        check(unsafe {
+            sys::cuOccupancyAvailableDynamicSMemPerBlock(
+                &mut bytes,
+                f,
+                num_blocks as i32,
+                block_size as i32,
+            )
+        })?;
+        Ok(bytes as u64)
     }
 
     fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status> {
@@ -1421,6 +1465,58 @@ impl Context for CudaContext {
         check(unsafe { sys::cuCtxSynchronize() })
     }
 
+    fn mark(&mut self, stream: Option<Handle>) -> Result<super::Marker, Status> {
+        self.bind()?;
+        let streams: Vec<sys::CUstream> = match stream {
+            Some(s) => vec![self.stream(s)?],
+            None => std::iter::once(null_mut())
+                .chain(self.objs.values().filter_map(|o| match o {
+                    Obj::Stream { raw, .. } => Some(*raw),
+                    _ => None,
+                }))
+                .collect(),
+        };
+        let mut events = Vec::with_capacity(streams.len());
+        for st in streams {
+            let e = self.pooled_event()?;
+            // SAFETY: our own event and a stream of this context.
+            let r = check(unsafe { sys::cuEventRecord(e, st) });
+            events.push(e);
+            if let Err(err) = r {
+                self.event_pool.extend(events);
+                return Err(err);
+            }
+        }
+        self.next_mark += 1;
+        self.marks.insert(self.next_mark, events);
+        Ok(self.next_mark)
+    }
+
+    fn reached(&mut self, m: super::Marker) -> Result<bool, Status> {
+        self.bind()?;
+        let events = self.marks.get(&m).ok_or(Status::InvalidHandle)?;
+        let mut outcome = Ok(true);
+        for &e in events {
+            // SAFETY: our own recorded event.
+            match unsafe { sys::cuEventQuery(e) } {
+                CUresult::CUDA_SUCCESS => {}
+                CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
+                r => {
+                    outcome = Err(Status::from_code(r as u32));
+                    break;
+                }
+            }
+        }
+        self.forget(m);
+        outcome
+    }
+
+    fn forget(&mut self, m: super::Marker) {
+        if let Some(events) = self.marks.remove(&m) {
+            self.event_pool.extend(events);
+        }
+    }
+
     fn can_slice(&mut self, func: Handle) -> bool {
         if let Some(v) = self.sliced.get(&func) {
             return v.is_some();
@@ -1641,6 +1737,10 @@ impl Context for CudaContext {
         self.timed.clear();
         self.period = None;
         self.sliced.clear();
+        // The worker moves a vGPU between requests, its work drained: any
+        // mark left is passed; its events went with the old context.
+        self.marks.clear();
+        self.copy = null_mut();
         Ok(Moved { bytes, allocations })
     }
 }

@@ -7,6 +7,7 @@ use vm_memory::VolatileSlice;
 
 pub mod cuda;
 pub mod sim;
+mod sim_attributes;
 
 /// Handle of a stream, event, module or function inside an executor.
 pub type Handle = u64;
@@ -82,6 +83,9 @@ pub struct Moved {
     pub allocations: u64,
 }
 
+/// A point in a context's work (see [`Context::mark`]).
+pub type Marker = u64;
+
 /// What a kernel launch runs, and on how many threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Launch {
@@ -137,7 +141,10 @@ pub trait Context: Send {
     fn free(&mut self, ptr: u64) -> Result<(), Status>;
     /// Copies `src` (in the request arena) to device address `dst`.
     fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, stream: Handle) -> Result<(), Status>;
-    /// Copies device bytes into `dst` (in the response arena); synchronous.
+    /// Copies device bytes into `dst` (in the response arena) now, and
+    /// returns when they are there. The worker calls it once the work
+    /// submitted to `stream` before the copy has completed (a [`Marker`]),
+    /// and the copy must not wait for work submitted since.
     fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, stream: Handle) -> Result<(), Status>;
     /// Device-to-device copy.
     fn dtod(&mut self, dst: u64, src: u64, len: u64, stream: Handle) -> Result<(), Status>;
@@ -180,6 +187,14 @@ pub trait Context: Send {
     ) -> Result<(), Status>;
     /// Resident blocks per multiprocessor (cuOccupancyMaxActiveBlocksPerMultiprocessor).
     fn occupancy(&mut self, func: Handle, block_size: u32, shared_mem: u32) -> Result<i32, Status>;
+    /// The most dynamic shared memory per block with `num_blocks` blocks of
+    /// `block_size` threads resident per multiprocessor.
+    fn available_smem(
+        &mut self,
+        func: Handle,
+        num_blocks: u32,
+        block_size: u32,
+    ) -> Result<u64, Status>;
     /// Address and size of a module's global variable.
     fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status>;
     /// Links (type, image) inputs into one loadable image.
@@ -266,6 +281,15 @@ pub trait Context: Send {
     fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status>;
     /// Waits for all work of this context.
     fn synchronize(&mut self) -> Result<(), Status>;
+    /// Marks the point after the work submitted so far to `stream` (`None`:
+    /// to every stream of the context), for [`Context::reached`]: how the
+    /// worker waits for the device without blocking its other guests.
+    fn mark(&mut self, stream: Option<Handle>) -> Result<Marker, Status>;
+    /// Whether the device has passed mark `m` (an error: the work before it
+    /// failed). A mark reached, or failed, is forgotten.
+    fn reached(&mut self, m: Marker) -> Result<bool, Status>;
+    /// Lets a mark go unreached.
+    fn forget(&mut self, m: Marker);
     /// Whether `func` can run as sub-grids (kernel slicing).
     fn can_slice(&mut self, _func: Handle) -> bool {
         false

@@ -128,7 +128,7 @@ impl Executor for SimExecutor {
             total_mem: self.params.memory,
             cc: (9, 0),
             sm_count: 132,
-            attributes: vec![(1, 1024), (16, 132), (75, 9), (76, 0)],
+            attributes: super::sim_attributes::H100.to_vec(),
         }
     }
 
@@ -145,6 +145,7 @@ impl Executor for SimExecutor {
             events: HashMap::new(),
             streams: HashMap::new(),
             limits: HashMap::new(),
+            marks: HashMap::new(),
             next_handle: 1,
             last_done: Instant::now(),
             timings: Vec::new(),
@@ -189,6 +190,8 @@ struct SimContext {
     streams: HashMap<Handle, Instant>,
     /// Context limits set (`CUlimit` -> value); unset ones read their defaults.
     limits: HashMap<u32, u64>,
+    /// Marks the worker waits on: when the queue passes each.
+    marks: HashMap<Handle, Instant>,
     next_handle: Handle,
     last_done: Instant,
     timings: Vec<(Handle, u64)>,
@@ -446,6 +449,11 @@ fn k_empty(_c: &mut SimContext, _g: Dim3, _b: Dim3, _p: &[u8]) -> Result<u64, St
     Ok(0)
 }
 
+/// A kernel of the program's own, which the model cannot run.
+fn k_unmodeled(_c: &mut SimContext, _g: Dim3, _b: Dim3, _p: &[u8]) -> Result<u64, Status> {
+    Err(Status::NotSupported)
+}
+
 impl Context for SimContext {
     fn alloc(&mut self, size: u64) -> Result<u64, Status> {
         self.alive()?;
@@ -562,7 +570,9 @@ impl Context for SimContext {
             .get(name)
             .ok_or(Status::NotFound)?
             .clone();
-        let k = kernel_by_name(name).ok_or(Status::NotSupported)?;
+        // A kernel the model does not implement can be looked up (programs
+        // look up every kernel they might use); launching it fails.
+        let k = kernel_by_name(name).unwrap_or(k_unmodeled);
         let h = self.handle();
         let params = crate::ptx::layout(&sizes);
         self.functions.insert(h, (k, sizes));
@@ -593,6 +603,25 @@ impl Context for SimContext {
         let by_threads = 2048 / block_size.max(1);
         let by_smem = (228u32 << 10).checked_div(shared_mem).unwrap_or(u32::MAX);
         Ok(by_threads.min(by_smem).min(32) as i32)
+    }
+
+    fn available_smem(
+        &mut self,
+        func: Handle,
+        num_blocks: u32,
+        block_size: u32,
+    ) -> Result<u64, Status> {
+        if !self.functions.contains_key(&func) {
+            return Err(Status::InvalidHandle);
+        }
+        // A Hopper multiprocessor: 2048 threads, 228 KiB of shared memory,
+        // 1 KiB of it reserved per block, allocated in 128-byte units, at
+        // most 227 KiB for one block.
+        if num_blocks.saturating_mul(block_size) > 2048 {
+            return Ok(0);
+        }
+        let per_block = (233_472 / u64::from(num_blocks)).saturating_sub(1024);
+        Ok((per_block / 128 * 128).min(232_448))
     }
 
     fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status> {
@@ -854,6 +883,34 @@ impl Context for SimContext {
         self.alive()?;
         Self::wait_until(self.last_done);
         Ok(())
+    }
+
+    fn mark(&mut self, stream: Option<Handle>) -> Result<super::Marker, Status> {
+        self.alive()?;
+        let t = match stream {
+            Some(s) => self.stream_done(s)?,
+            None => self.last_done,
+        };
+        let m = self.handle();
+        self.marks.insert(m, t);
+        Ok(m)
+    }
+
+    fn reached(&mut self, m: super::Marker) -> Result<bool, Status> {
+        let t = *self.marks.get(&m).ok_or(Status::InvalidHandle)?;
+        if let Err(e) = self.alive() {
+            self.marks.remove(&m);
+            return Err(e);
+        }
+        let done = Instant::now() >= t;
+        if done {
+            self.marks.remove(&m);
+        }
+        Ok(done)
+    }
+
+    fn forget(&mut self, m: super::Marker) {
+        self.marks.remove(&m);
     }
 
     fn migrate(

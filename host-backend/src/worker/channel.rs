@@ -1,0 +1,380 @@
+//! One channel of the region: claiming and reclaiming, the order in which
+//! its requests run, replies, and what a broken channel costs (only itself).
+
+use std::sync::atomic::{fence, Ordering};
+use std::time::Duration;
+
+use protocol::{op, Reply, Request, Status, INLINE};
+use qemu_ivshmem::layout::Direction;
+use qemu_ivshmem::{ClaimState, Descriptor, HostChannel};
+
+use super::requests::handle;
+use super::sessions::{SessionId, Sessions};
+use super::shared::Shared;
+use super::transfer::{continue_transfer, pump_outbound, pump_sliced, Outbound, Sliced, Transfer};
+use super::wait::{self, Parked};
+use crate::session::Session;
+use crate::Error;
+
+/// Requests served per channel before moving to the next (fairness between channels).
+const BATCH: usize = 64;
+
+/// What the worker keeps for one channel of the region.
+pub(super) struct Chan {
+    pub host: HostChannel,
+    /// The session (guest process) the channel serves, once it said
+    /// `Hello` or joined one.
+    pub session: Option<SessionId>,
+    /// A launch being issued sub-grid by sub-grid (kernel slicing); the
+    /// channel's next requests wait for it, to keep their order.
+    pub sliced: Option<Sliced>,
+    pub transfer: Option<Transfer>,
+    pub outbound: Option<Outbound>,
+    pub outbox: Option<(Descriptor, Vec<u8>)>,
+    /// A request waiting for the device (see `wait`).
+    pub parked: Option<Parked>,
+    pub log_budget: u32,
+}
+
+impl Chan {
+    pub fn new(host: HostChannel) -> Chan {
+        Chan {
+            host,
+            session: None,
+            sliced: None,
+            transfer: None,
+            outbound: None,
+            outbox: None,
+            parked: None,
+            log_budget: 20,
+        }
+    }
+
+    /// Whether a request of the channel waits for the device.
+    pub fn waiting(&self) -> bool {
+        self.parked.is_some()
+    }
+}
+
+/// Polls one channel; true if it did any work.
+pub(super) fn service(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> bool {
+    let state = match c.host.state() {
+        Ok(s) => s,
+        Err(_) => return false,
+    };
+    if state.needs_reclaim() {
+        teardown(sh, c, ss);
+        return true;
+    }
+    if state != ClaimState::Claimed {
+        return false;
+    }
+    match serve_channel(sh, c, ss) {
+        Ok(did) => did,
+        Err(e) => {
+            // Corrupt rings: the guest broke its own channel. End it.
+            if c.log_budget > 0 {
+                tracing::warn!(channel = c.host.index(), "channel ended: {e}");
+            }
+            teardown(sh, c, ss);
+            // Counted once done, so that whoever reads it sees the channel freed.
+            sh.stats.broken_channels.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+    }
+}
+
+/// Serves a channel bound to no session: its first request must open one
+/// (`Hello`) or join one (`Join`).
+fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<bool, Error> {
+    let Some(d) = c.host.req.peek()? else {
+        return Ok(false);
+    };
+    sh.stats.requests.fetch_add(1, Ordering::Relaxed);
+    let r = match Request::decode(d.opcode, &d.inline) {
+        Ok(Request::Hello { version }) if version == protocol::PROTOCOL_VERSION => {
+            match sh.exec.open() {
+                Ok(ctx) => {
+                    let (id, token) = ss.open(Session::new(ctx), d.tag.wrapping_add(1));
+                    c.session = Some(id);
+                    let _ = c.host.mark_serving();
+                    let info = sh.info_bytes.clone();
+                    let r = Reply {
+                        vals: [token[0], token[1], 0, 0],
+                    };
+                    reply(sh, c, d.tag, d.opcode, Ok(r), &info)?;
+                    c.host.req.consume(&d)?;
+                    return Ok(true);
+                }
+                Err(s) => {
+                    tracing::error!(channel = c.host.index(), "cannot create a context: {s:?}");
+                    Err(s)
+                }
+            }
+        }
+        Ok(Request::Hello { .. }) => Err(Status::NotSupported),
+        Ok(Request::Join { token }) => match ss.join(token) {
+            Some(id) => {
+                c.session = Some(id);
+                let _ = c.host.mark_serving();
+                Ok(Reply::default())
+            }
+            None => {
+                refuse(sh, c, "join with a token of no session");
+                Err(Status::InvalidValue)
+            }
+        },
+        Ok(_) => {
+            refuse(sh, c, "request before Hello");
+            Err(Status::NotInitialized)
+        }
+        Err(e) => {
+            refuse(sh, c, &e.to_string());
+            Err(Status::InvalidValue)
+        }
+    };
+    if d.flags & qemu_ivshmem::FLAG_NO_REPLY == 0 {
+        reply(sh, c, d.tag, d.opcode, r, &[])?;
+    }
+    c.host.req.consume(&d)?;
+    Ok(true)
+}
+
+pub(super) fn serve_channel(
+    sh: &mut Shared,
+    c: &mut Chan,
+    ss: &mut Sessions,
+) -> Result<bool, Error> {
+    if let Some((d, data)) = c.outbox.take() {
+        if !c.host.resp.try_send(&d, &data)? {
+            c.outbox = Some((d, data));
+            return Ok(false);
+        }
+        notify_guest(sh, c.host.index())?;
+    }
+    let Some(id) = c.session else {
+        return serve_unbound(sh, c, ss);
+    };
+    let Some(e) = ss.get_mut(id) else {
+        c.session = None;
+        return Ok(false);
+    };
+    let s = &mut e.s;
+    super::requests::deferred_frees(sh, s);
+    if c.outbound.is_some() {
+        pump_outbound(sh, c, s)?;
+        return Ok(true);
+    }
+    let mut did = false;
+    if c.parked.is_some() {
+        did = wait::poll(sh, c, s)?;
+        if c.parked.is_some() || c.outbound.is_some() {
+            return Ok(did);
+        }
+    }
+    if c.sliced.is_some() {
+        let r = pump_sliced(sh, c, s);
+        if c.sliced.is_none() && e.holder == Some(c.host.index()) {
+            e.holder = None;
+        }
+        return r;
+    }
+    let ch = c.host.index();
+    for _ in 0..BATCH {
+        if c.outbox.is_some() || c.outbound.is_some() || c.sliced.is_some() || c.parked.is_some() {
+            break;
+        }
+        let Some(d) = c.host.req.peek()? else { break };
+        let new_request = d.opcode != op::DATA;
+        if new_request {
+            // Another channel of the process is mid-request, or the
+            // process's next request is not this one: wait for it.
+            if e.holder.is_some_and(|h| h != ch) || (e.channels > 1 && d.tag != e.next_seq) {
+                break;
+            }
+        }
+        if needs_device(d.opcode) {
+            if sh.slice_filled() {
+                sh.budget_spent = true;
+                break;
+            }
+            if let Some(g) = sh.gate.as_mut() {
+                if g.slice_over() || !g.acquire(Duration::from_millis(1))? {
+                    break;
+                }
+            }
+        }
+        did = true;
+        sh.stats.requests.fetch_add(1, Ordering::Relaxed);
+        if sh.gate.as_ref().is_some_and(|g| g.holding()) {
+            sh.worked = true;
+        }
+        if d.opcode != op::LAUNCH {
+            // Launches queued before go first: the stream order is the guest's.
+            sh.flush_launches(&mut e.s);
+        }
+        if d.opcode == op::DATA {
+            continue_transfer(sh, c, &mut e.s, &d)?;
+        } else {
+            handle(sh, c, &mut e.s, &d)?;
+            e.next_seq = d.tag.wrapping_add(1);
+        }
+        if sh.gate.is_some() && drains_device(d.opcode) {
+            sh.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
+            Shared::collect_timings(&mut e.s);
+        }
+        // A request still taking its data (or issuing sub-grids) holds the
+        // session's other channels back.
+        if c.transfer.is_some() || c.sliced.is_some() {
+            e.holder = Some(ch);
+        } else if e.holder == Some(ch) {
+            e.holder = None;
+        }
+        c.host.req.consume(&d)?;
+    }
+    // Nothing waits in the ring behind the queued launches (or the pass is
+    // over): submit them now, still under the grant they were taken in.
+    sh.flush_launches(&mut e.s);
+    Ok(did)
+}
+
+/// Unbinds the channel from its session, freeing the session (everything
+/// its process held on the GPU) if it was the last channel.
+fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
+    let ch = c.host.index();
+    if let Some(id) = c.session.take() {
+        wait::abandon(c, ss.get_mut(id).map(|e| &mut e.s));
+        if let Some(s) = ss.leave(id, ch) {
+            sh.mem_used -= s.mem_used;
+            sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+            drop(s); // the executor context frees its device memory
+        }
+    }
+    c.parked = None;
+    c.transfer = None;
+    c.outbound = None;
+    c.outbox = None;
+    c.sliced = None;
+}
+
+/// Frees what the channel's owner held and returns the channel to FREE.
+pub(super) fn teardown(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
+    drop_session(sh, c, ss);
+    c.log_budget = 20;
+    if c.host.reclaim().is_ok() {
+        sh.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
+    }
+    // What the departed guest's buffers took stays with the allocator
+    // otherwise (the sim executor keeps device memory in host RAM).
+    crate::procfs::release_free_memory();
+}
+
+/// The worker is going away: frees what the channel's owner held; a
+/// channel still claimed becomes LOST and its owner is woken, one that
+/// needed reclaiming is reclaimed.
+pub(super) fn retire(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
+    match c.host.state() {
+        Ok(ClaimState::Claimed) => {
+            drop_session(sh, c, ss);
+            if c.host.mark_lost().unwrap_or(false) {
+                wake_owner(sh, c.host.index());
+            }
+        }
+        Ok(st) if st.needs_reclaim() => teardown(sh, c, ss),
+        _ => drop_session(sh, c, ss),
+    }
+}
+
+/// Rings the vector the owner of channel `ch` waits on, sleeping or not.
+pub(super) fn wake_owner(sh: &Shared, ch: u32) {
+    let (Ok(peer), Ok(vector)) = (sh.region.owner_peer(ch), sh.region.guest_vector(ch)) else {
+        return;
+    };
+    if let Ok(p) = u16::try_from(peer) {
+        let _ = sh.link.ring_peer(p, vector);
+    }
+}
+
+/// Requests that put work on (or wait for) the device: they run only under the grant.
+pub(super) fn needs_device(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        op::LAUNCH
+            | op::MEMCPY_HTOD
+            | op::MEMCPY_DTOH
+            | op::MEMCPY_DTOD
+            | op::MEMSET
+            | op::DATA
+            | op::CTX_SYNCHRONIZE
+            | op::STREAM_SYNCHRONIZE
+            | op::EVENT_RECORD
+            | op::EVENT_SYNCHRONIZE
+            | op::STREAM_WAIT_EVENT
+            | op::MEM_FREE_ASYNC
+    )
+}
+
+/// Requests that return only when the device work before them is done.
+pub(super) fn drains_device(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        op::CTX_SYNCHRONIZE | op::STREAM_SYNCHRONIZE | op::EVENT_SYNCHRONIZE | op::MEMCPY_DTOH
+    )
+}
+
+pub(super) fn notify_guest(sh: &Shared, ch: u32) -> Result<(), Error> {
+    let flag = sh.region.ring_sleeping(ch, Direction::ToGuest)?;
+    fence(Ordering::SeqCst);
+    if flag.load(Ordering::Relaxed) != 0 {
+        let peer = sh.region.owner_peer(ch)?;
+        if let Ok(p) = u16::try_from(peer) {
+            // The guest's vector is that of the vCPU it waits on.
+            let vector = sh.region.guest_vector(ch)?;
+            sh.link.ring_peer(p, vector)?;
+            sh.booster.borrow_mut().kick(vector);
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn refuse(sh: &Shared, c: &mut Chan, what: &str) {
+    sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+    if c.log_budget > 0 {
+        c.log_budget -= 1;
+        tracing::info!(channel = c.host.index(), "refused: {what}");
+    }
+}
+
+pub(super) fn reply(
+    sh: &Shared,
+    c: &mut Chan,
+    tag: u64,
+    opcode: u32,
+    result: Result<Reply, Status>,
+    data: &[u8],
+) -> Result<(), Error> {
+    let mut d = Descriptor::new(tag, opcode);
+    let mut inline = [0u8; INLINE];
+    match result {
+        Ok(r) => r.encode(&mut inline),
+        Err(s) => {
+            d.status = s.code();
+            if s.is_sticky() && sh.poisoned.get().is_none() {
+                tracing::error!(
+                    channel = c.host.index(),
+                    "CUDA error {s:?} poisoned this worker's GPU contexts; the worker restarts"
+                );
+                sh.poisoned.set(Some(s));
+            }
+        }
+    }
+    d.inline = inline;
+    let data = if d.status == 0 { data } else { &[] };
+    if !c.host.resp.try_send(&d, data)? {
+        // The guest is not reading its replies; keep this one and stop
+        // serving the channel until there is room.
+        c.outbox = Some((d, data.to_vec()));
+        return Ok(());
+    }
+    notify_guest(sh, c.host.index())
+}

@@ -1,0 +1,693 @@
+//! The vGPU worker: serves one VM's region. It owns the region, the
+//! ivshmem-server socket QEMU (or a native guest) attaches to, and one
+//! executor. A single thread polls every claimed channel, validates each
+//! request and runs it; when every channel is idle for a bounded spin it
+//! announces that it sleeps and blocks on its doorbells.
+//!
+//! A guest process is a session (one executor context) reached through
+//! one channel per thread that uses the GPU (`sessions`); a request that
+//! waits for the device is parked while the worker serves everyone else
+//! (`wait`). A guest can only hurt its own channel: a corrupt ring or
+//! descriptor ends that channel (its process's context is freed with its
+//! last channel, and the channel reclaimed); a bad request gets an error;
+//! a guest that stops reading its replies stalls only its own channel.
+//!
+//! | file | what |
+//! | --- | --- |
+//! | `channel.rs` | a channel: claims, request order, replies, teardown |
+//! | `requests.rs` | what each request does |
+//! | `transfer.rs` | data in chunks both ways, sliced launches |
+//! | `wait.rs` | requests parked until the device is there |
+//! | `sessions.rs` | guest processes and their channels |
+//! | `shared.rs` | state of all channels; grants, busy periods, launch runs |
+
+mod channel;
+mod requests;
+mod sessions;
+mod shared;
+mod transfer;
+mod wait;
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use protocol::DeviceInfo;
+use qemu_ivshmem::layout::Direction;
+use qemu_ivshmem::server::serve;
+use qemu_ivshmem::{ClaimState, LayoutParams, Region, SpinPolicy};
+
+use crate::executor::Executor;
+use crate::link::{Fed, PeerLink};
+use crate::Error;
+use channel::{retire, service, wake_owner, Chan};
+use sessions::Sessions;
+use shared::{Shared, REPORT_EVERY};
+
+pub use shared::SAMPLE_EVERY;
+
+/// How often a worker whose guests wait on the device (and that has
+/// nothing else to do) looks whether it is there.
+const WAITING_POLL: Duration = Duration::from_micros(20);
+
+/// Settings of one worker.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// VM name (for logs and the memfd name).
+    pub name: String,
+    /// Where the ivshmem-server socket is created.
+    pub socket: PathBuf,
+    /// Region layout.
+    pub layout: LayoutParams,
+    /// Device memory this vGPU may allocate, over all its guest processes.
+    pub mem_limit: u64,
+    /// Idle spinning before blocking.
+    pub spin: SpinPolicy,
+    /// CPU to pin the worker's serving thread to (next to the VM's vCPUs).
+    pub cpu: Option<usize>,
+    /// The GPU's grant service and this vGPU's (id, weight); `None`: no
+    /// scheduler (the driver's own time-slicing decides).
+    pub grant: Option<(PathBuf, u32, f64)>,
+    /// Under the scheduler, one busy period in this many is timed on the
+    /// device with CUDA events (the others are charged their host time less
+    /// the learnt latency); 1 times every period.
+    pub sample_every: u64,
+    /// Also time every launch with events (the costly way, for comparison).
+    pub time_launches: bool,
+    /// Where the daemon keeps the VM's vCPU thread ids (coscheduling boost);
+    /// None for guests that are not VMs.
+    pub vcpus_file: Option<PathBuf>,
+    /// Kernel slicing threshold in blocks (0: off); only under the scheduler.
+    pub slice_blocks: u64,
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_current_thread(cpu: usize) -> Result<(), Error> {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let mut set = CpuSet::new();
+    set.set(cpu).map_err(|e| Error::Io {
+        what: "cpu number",
+        source: e.into(),
+    })?;
+    sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(|e| Error::Io {
+        what: "sched_setaffinity",
+        source: e.into(),
+    })
+}
+
+/// Counters readable while the worker runs.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Requests served.
+    pub requests: AtomicU64,
+    /// Requests refused (bad input of any kind).
+    pub refused: AtomicU64,
+    /// Channels torn down because their rings were corrupt.
+    pub broken_channels: AtomicU64,
+    /// Channels reclaimed (any reason).
+    pub reclaimed: AtomicU64,
+    /// Device bytes allocated right now.
+    pub mem_used: AtomicU64,
+    /// GPU time charged to the scheduler so far (ns).
+    pub charged_ns: AtomicU64,
+    /// Busy periods charged, and their charges (ns), by how the charge was
+    /// found: [first of a grant (events), other timed (events), host clock].
+    pub periods: [AtomicU64; 3],
+    /// See `periods`.
+    pub period_charges: [AtomicU64; 3],
+    /// Host time the worker spent in device-to-host copies into the
+    /// response arenas (ns), and their bytes.
+    pub dtoh_ns: AtomicU64,
+    /// See `dtoh_ns`.
+    pub dtoh_bytes: AtomicU64,
+    /// Kernel launches run.
+    pub launches: AtomicU64,
+    /// Launches whose GPU time was measured with events.
+    pub timed_launches: AtomicU64,
+    /// Synchronous calls served (those that wait for the device).
+    pub sync_calls: AtomicU64,
+    /// Migrations to another GPU done.
+    pub migrations: AtomicU64,
+    /// Launches run as sub-grids (kernel slicing).
+    pub sliced_launches: AtomicU64,
+    /// Launches submitted in runs of two or more (queued in the ring
+    /// behind one another; see [`crate::session::LaunchRun`]).
+    pub batched_launches: AtomicU64,
+    /// The GPU the vGPU runs on now.
+    pub device: AtomicU64,
+}
+
+/// A migration being prepared on a helper thread.
+struct Moving {
+    gpu: u32,
+    grant: Option<std::os::fd::OwnedFd>,
+    rx: std::sync::mpsc::Receiver<Vec<(u64, crate::executor::Prepared)>>,
+    asked: Instant,
+}
+
+/// A running worker.
+pub struct Worker {
+    sh: Shared,
+    chans: Vec<Chan>,
+    sessions: Sessions,
+    spin: SpinPolicy,
+    cpu: Option<usize>,
+    stop: Arc<AtomicBool>,
+    moving: Option<Moving>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("channels", &self.chans.len())
+            .finish()
+    }
+}
+
+impl Worker {
+    /// Creates the region, starts serving the socket (a worker on its own).
+    pub fn new(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Worker, Error> {
+        let (region, fd) = Region::create(&format!("fairvgpu-{}", cfg.name), cfg.layout)?;
+        let server = serve(&cfg.socket, fd, cfg.layout.vectors)?;
+        Self::build(cfg, exec, region, PeerLink::Local(server))
+    }
+
+    /// Adopts the region the daemon feeds (see [`crate::link`]): channels
+    /// whose owners' GPU state died with a previous worker become LOST, and
+    /// their owners are woken to find out.
+    pub fn adopt(
+        cfg: &WorkerConfig,
+        exec: Box<dyn Executor>,
+        feed: std::os::fd::OwnedFd,
+    ) -> Result<Worker, Error> {
+        let (fd, fed) = Fed::receive(feed)?;
+        let region = Region::adopt(fd, cfg.layout)?;
+        let w = Self::build(cfg, exec, region, PeerLink::Fed(fed))?;
+        for ch in 0..w.sh.region.channels() {
+            if w.sh.region.claim_state(ch)? == ClaimState::Lost {
+                tracing::warn!(
+                    channel = ch,
+                    "its GPU state died with the previous worker; its guest must claim again"
+                );
+                wake_owner(&w.sh, ch);
+            }
+        }
+        Ok(w)
+    }
+
+    fn build(
+        cfg: &WorkerConfig,
+        exec: Box<dyn Executor>,
+        region: Region,
+        link: PeerLink,
+    ) -> Result<Worker, Error> {
+        let mut exec = exec;
+        let arenas = (0..region.channels())
+            .map(|i| region.arena(i, Direction::ToGuest))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Err(s) = exec.register_host_memory(&arenas) {
+            tracing::warn!(
+                "response arenas not registered for DMA ({s:?}); copies stay correct, only slower"
+            );
+        }
+        drop(arenas);
+        let mut info: DeviceInfo = exec.info();
+        let device_mem = info.total_mem;
+        let mem_limit = cfg.mem_limit.min(device_mem);
+        info.total_mem = mem_limit;
+        let chans = (0..region.channels())
+            .map(|i| Ok(Chan::new(region.host_channel(i)?)))
+            .collect::<Result<Vec<_>, qemu_ivshmem::Error>>()?;
+        let chunk = (cfg.layout.arena_size as usize / 4).max(4096);
+        let stats: Arc<Stats> = Arc::default();
+        stats
+            .device
+            .store(u64::from(exec.device()), Ordering::Relaxed);
+        Ok(Worker {
+            sh: Shared {
+                region,
+                link,
+                exec,
+                sm_count: info.sm_count.max(1),
+                slice_blocks: cfg.slice_blocks,
+                budget_spent: false,
+                occupancy: (0.0, 0.0),
+                last_occupancy: 0.0,
+                info_bytes: info.to_bytes(),
+                mem_limit,
+                device_mem,
+                mem_used: 0,
+                stats,
+                chunk,
+                gate: match &cfg.grant {
+                    Some((path, id, weight)) => {
+                        Some(crate::grant::Gate::connect(path, *id, *weight)?)
+                    }
+                    None => None,
+                },
+                grant_id: cfg.grant.as_ref().map(|g| (g.1, g.2)),
+                charged_ns: 0,
+                issued_ns: 0,
+                meter: scheduler::accounting::PeriodMeter::new(cfg.sample_every),
+                params: Vec::new(),
+                period_grant: 0,
+                time_launches: cfg.time_launches,
+                booster: std::cell::RefCell::new(crate::cosched::VcpuBooster::new(
+                    cfg.vcpus_file.clone(),
+                )),
+                worked: false,
+                poisoned: std::cell::Cell::new(None),
+            },
+            chans,
+            sessions: Sessions::default(),
+            spin: cfg.spin,
+            cpu: cfg.cpu,
+            stop: Arc::default(),
+            moving: None,
+        })
+    }
+
+    /// A flag that stops [`Worker::run`] when set.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// The worker's counters.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.sh.stats.clone()
+    }
+
+    /// Serves until the stop flag is set. Everything guests held is freed on return.
+    pub fn run(mut self) -> Result<(), Error> {
+        let served = self.serve();
+        // However serving ended (stopped, orphaned, poisoned, or an error
+        // such as the grant service gone with the daemon), guests still
+        // holding channels lose their GPU state: their channels become LOST
+        // (not FREE, which would let another guest claim rings the owner may
+        // still write), and their owners are woken to see it.
+        for c in &mut self.chans {
+            retire(&mut self.sh, c, &mut self.sessions);
+        }
+        match self.sh.poisoned.get() {
+            Some(status) => Err(Error::Poisoned(status)),
+            None => served,
+        }
+    }
+
+    /// The serving loop of [`Worker::run`].
+    fn serve(&mut self) -> Result<(), Error> {
+        if let Some(cpu) = self.cpu {
+            pin_current_thread(cpu)?;
+        }
+        let mut idle: u32 = 0;
+        let mut last_report = Instant::now();
+        let mut turns: u32 = 0;
+        while !self.stop.load(Ordering::Relaxed) && !self.sh.link.orphaned() {
+            if self.sh.poisoned.get().is_some() {
+                break;
+            }
+            if let Some((gpu, grant)) = self.sh.link.take_migration() {
+                self.start_migration(gpu, grant)?;
+            }
+            if let Some(p) = self.moving.as_ref() {
+                if let Ok(prepared) = p.rx.try_recv() {
+                    let p = self.moving.take().expect("checked above");
+                    tracing::debug!(
+                        prepare_ms = p.asked.elapsed().as_secs_f64() * 1e3,
+                        "migration prepared"
+                    );
+                    self.migrate(p.gpu, p.grant, prepared)?;
+                }
+            }
+            self.peer_events();
+            // Reading the clock on every turn of the polling loop would cost
+            // more than the reports themselves: look every 256 turns (and
+            // after blocking, below).
+            turns = turns.wrapping_add(1);
+            if turns.is_multiple_of(256) {
+                self.periodic(&mut last_report)?;
+            }
+            let mut busy = false;
+            for c in &mut self.chans {
+                busy |= service(&mut self.sh, c, &mut self.sessions);
+            }
+            if self.sh.gate.as_ref().is_some_and(|g| g.slice_over()) || self.sh.budget_spent {
+                self.sh.budget_spent = false;
+                // A vGPU whose slice ran out while it was running work stays
+                // runnable even if its ring is momentarily empty (its guest is
+                // between a reply and its next call): reporting it idle would
+                // reset its start tag and forfeit the credit it has.
+                let active = self.sh.worked;
+                self.release_grant(active)?;
+                idle = 0;
+                continue;
+            }
+            if busy {
+                idle = 0;
+                continue;
+            }
+            // A grant can arrive while there is nothing to run (the vGPU was
+            // still queued): take it, so that the idle spin above returns it.
+            if let Some(g) = self.sh.gate.as_mut() {
+                if !g.holding() && g.wanted() && idle.is_multiple_of(64) {
+                    g.acquire(Duration::ZERO)?;
+                }
+            }
+            idle += 1;
+            if idle < self.spin.spins / 16 {
+                std::hint::spin_loop();
+                continue;
+            }
+            if self.chans.iter().any(Chan::waiting) {
+                // A guest waits for the device, which still runs its work:
+                // the vGPU keeps the GPU, and the worker looks again soon
+                // (without spinning the core through a long kernel).
+                std::thread::sleep(WAITING_POLL);
+                if idle.is_multiple_of(256) {
+                    self.periodic(&mut last_report)?;
+                }
+                continue;
+            }
+            if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
+                // Work-conserving: a holder with nothing to run yields after its spin.
+                self.release_grant(false)?;
+                idle = 0;
+                continue;
+            }
+            self.block()?;
+            self.periodic(&mut last_report)?;
+            idle = 0;
+        }
+        if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
+            self.release_grant(false)?;
+        }
+        Ok(())
+    }
+
+    /// What the serving loop does when it looks at the clock: report, and
+    /// let the coscheduling booster undo boosts and re-read its vCPU file.
+    fn periodic(&mut self, last_report: &mut Instant) -> Result<(), Error> {
+        self.maybe_report(last_report)?;
+        let sync = self.sh.stats.sync_calls.load(Ordering::Relaxed);
+        self.sh.booster.borrow_mut().tick(sync);
+        Ok(())
+    }
+
+    /// Reports if [`REPORT_EVERY`] has passed since `last` (and there is a
+    /// scheduler to report to).
+    fn maybe_report(&mut self, last: &mut Instant) -> Result<(), Error> {
+        if self.sh.gate.is_none() || last.elapsed() < REPORT_EVERY {
+            return Ok(());
+        }
+        *last = Instant::now();
+        self.report()
+    }
+
+    /// Tells the grant service the live figures the operator sees.
+    fn report(&mut self) -> Result<(), Error> {
+        let queued: u64 = self
+            .chans
+            .iter()
+            .map(|c| u64::from(c.host.req.pending().unwrap_or(0)))
+            .sum();
+        let (rss_bytes, open_fds) = crate::procfs::own_usage();
+        let (num, den) = std::mem::take(&mut self.sh.occupancy);
+        if den > 0.0 {
+            self.sh.last_occupancy = num / den;
+        }
+        let st = &self.sh.stats;
+        let r = crate::grant::Report {
+            mem_used: st.mem_used.load(Ordering::Relaxed),
+            sync_calls: st.sync_calls.load(Ordering::Relaxed),
+            queued,
+            launches: st.launches.load(Ordering::Relaxed),
+            requests: st.requests.load(Ordering::Relaxed),
+            refused: st.refused.load(Ordering::Relaxed),
+            rss_bytes,
+            open_fds,
+            occupancy_ppm: (self.sh.last_occupancy * 1e6).round() as u64,
+            sliced_launches: st.sliced_launches.load(Ordering::Relaxed),
+        };
+        if let Some(g) = self.sh.gate.as_mut() {
+            g.report(&r)?;
+        }
+        Ok(())
+    }
+
+    /// Synchronizes every context (the GPU must really be free, and work that
+    /// overran the slice is charged in full), then gives the grant back.
+    fn release_grant(&mut self, still_active: bool) -> Result<(), Error> {
+        for (_, e) in self.sessions.iter_mut() {
+            let s = &mut e.s;
+            {
+                let (r, ended) = Shared::drain(s, None, |x| x.synchronize());
+                if ended {
+                    self.sh.period_close(s);
+                }
+                if let Err(e) = r {
+                    s.defer(e);
+                }
+                Shared::collect_timings(s);
+                requests::deferred_frees(&mut self.sh, s);
+            }
+        }
+        self.sh.issued_ns = 0;
+        let used = std::mem::take(&mut self.sh.charged_ns);
+        self.sh.stats.charged_ns.fetch_add(used, Ordering::Relaxed);
+        self.sh.worked = false;
+        let pending = still_active
+            || self.chans.iter().any(|c| {
+                c.host.req.pending().unwrap_or(0) > 0
+                    || c.transfer.is_some()
+                    || c.sliced.is_some()
+                    || c.waiting()
+            });
+        if let Some(g) = self.sh.gate.as_mut() {
+            g.release(used, pending)?;
+        }
+        Ok(())
+    }
+
+    /// Starts a move to GPU `gpu`: what can be done ahead (the target's
+    /// contexts and modules) is done on a helper thread while the guests go
+    /// on here; [`Worker::migrate`] follows when it is ready.
+    fn start_migration(
+        &mut self,
+        gpu: u32,
+        grant: Option<std::os::fd::OwnedFd>,
+    ) -> Result<(), Error> {
+        if self.moving.is_some() {
+            tracing::warn!(to = gpu, "a migration is under way already; ignored");
+            return Ok(());
+        }
+        let jobs: Vec<(u64, crate::executor::PrepareJob)> = self
+            .sessions
+            .iter_mut()
+            .filter_map(|(_, e)| Some((e.s.id, e.s.ctx.prepare_migration(gpu)?)))
+            .collect();
+        if jobs.is_empty() {
+            return self.migrate(gpu, grant, Vec::new());
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("migration-prepare".into())
+            .spawn(move || {
+                let done: Vec<_> = jobs
+                    .into_iter()
+                    .filter_map(|(id, job)| job().ok().map(|p| (id, p)))
+                    .collect();
+                let _ = tx.send(done);
+            })
+            .map_err(|source| Error::Io {
+                what: "spawning migration helper",
+                source,
+            })?;
+        self.moving = Some(Moving {
+            gpu,
+            grant,
+            rx,
+            asked: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// Moves every context to GPU `gpu` between two requests (a kernel
+    /// boundary: what was submitted finishes on the source, what waits in
+    /// the rings runs on the target), registers at the target's grant
+    /// service over `grant`, and tells the daemon how it went. If a context
+    /// cannot move, those already moved go back and the vGPU stays.
+    fn migrate(
+        &mut self,
+        gpu: u32,
+        grant: Option<std::os::fd::OwnedFd>,
+        prepared: Vec<(u64, crate::executor::Prepared)>,
+    ) -> Result<(), Error> {
+        let mut prepared: std::collections::HashMap<u64, crate::executor::Prepared> =
+            prepared.into_iter().collect();
+        let t0 = Instant::now();
+        let from = self.sh.exec.device();
+        if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
+            self.release_grant(true)?;
+        }
+        // Waits on the source are over now that its work is drained.
+        for c in &mut self.chans {
+            if let Some(e) = c.session.and_then(|id| self.sessions.get_mut(id)) {
+                wait::poll(&mut self.sh, c, &mut e.s)?;
+            }
+        }
+        let mut moved: Vec<u64> = Vec::new();
+        let mut bytes = 0u64;
+        let mut failed = None;
+        for (_, e) in self.sessions.iter_mut() {
+            let s = &mut e.s;
+            // What was prepared for this very session (not for an earlier
+            // one with the same channels).
+            let ahead = prepared.remove(&s.id);
+            match s.ctx.migrate(gpu, ahead) {
+                Ok(m) => {
+                    bytes += m.bytes;
+                    moved.push(s.id);
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let ok = failed.is_none() && self.sh.exec.set_device(gpu).is_ok();
+        if !ok {
+            for (_, e) in self.sessions.iter_mut() {
+                let s = &mut e.s;
+                if moved.contains(&s.id) {
+                    if let Err(err) = s.ctx.migrate(from, None) {
+                        s.defer(err);
+                    }
+                }
+            }
+            tracing::warn!(
+                to = gpu,
+                "migration failed ({failed:?}); the vGPU stays on GPU {from}"
+            );
+        }
+        if ok {
+            if let (Some(fd), Some((id, weight))) = (grant, self.sh.grant_id) {
+                // The source's service forgets the vGPU when this closes.
+                self.sh.gate = Some(crate::grant::Gate::over(
+                    std::os::unix::net::UnixStream::from(fd),
+                    id,
+                    weight,
+                )?);
+            }
+            self.sh.stats.migrations.fetch_add(1, Ordering::Relaxed);
+            self.sh
+                .stats
+                .device
+                .store(u64::from(gpu), Ordering::Relaxed);
+        }
+        let report = crate::link::MigrationReport {
+            gpu: if ok { gpu } else { from },
+            moved: ok,
+            pause_us: t0.elapsed().as_micros() as u64,
+            kib: bytes.div_ceil(1024),
+        };
+        tracing::info!(
+            from,
+            to = gpu,
+            ok,
+            pause_us = report.pause_us,
+            kib = report.kib,
+            "migration"
+        );
+        self.sh.link.report_migration(&report);
+        Ok(())
+    }
+
+    fn peer_events(&mut self) {
+        for peer in self.sh.link.departed() {
+            // A native guest process (or a whole VM) went away: its channels are orphans.
+            for ch in 0..self.sh.region.channels() {
+                if self.sh.region.owner_peer(ch).ok() == Some(u32::from(peer)) {
+                    let _ = self.sh.region.mark_abandoned(ch);
+                }
+            }
+        }
+    }
+
+    fn block(&mut self) -> Result<(), Error> {
+        let region = self.sh.region.clone();
+        let flag = region.host_sleeping()?;
+        flag.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let mut busy = false;
+        for c in &mut self.chans {
+            busy |= service(&mut self.sh, c, &mut self.sessions);
+        }
+        if !busy {
+            let bells = self.sh.link.host_bells();
+            let mut fds: Vec<PollFd<'_>> = bells
+                .iter()
+                .map(|b| PollFd::new(b.fd().as_fd(), PollFlags::POLLIN))
+                .collect();
+            // A grant arriving wakes the worker too.
+            if let Some(g) = self.sh.gate.as_ref().filter(|g| g.wanted()) {
+                fds.push(PollFd::new(g.fd(), PollFlags::POLLIN));
+            }
+            let ms = (self.spin.max_block_us / 1000).clamp(1, 1000) as u16;
+            let _ = poll(&mut fds, PollTimeout::from(ms));
+            for b in bells {
+                let mut buf = [0u8; 8];
+                let _ = nix::unistd::read(b.fd().as_fd(), &mut buf);
+            }
+        }
+        flag.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A worker running on a thread of this process: its stop flag, counters and thread.
+#[derive(Debug)]
+pub struct Running {
+    /// Set to stop the worker.
+    pub stop: Arc<AtomicBool>,
+    /// Its counters.
+    pub stats: Arc<Stats>,
+    /// The thread.
+    pub thread: std::thread::JoinHandle<Result<(), Error>>,
+}
+
+impl Running {
+    /// Stops the worker and waits for it.
+    pub fn shutdown(self) -> Result<(), Error> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or(Ok(()))
+    }
+}
+
+/// Runs a worker on its own thread (tests, benches).
+pub fn spawn(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Running, Error> {
+    let w = Worker::new(cfg, exec)?;
+    let (stop, stats) = (w.stop_flag(), w.stats());
+    let thread = std::thread::Builder::new()
+        .name(format!("worker-{}", cfg.name))
+        .spawn(move || w.run())
+        .map_err(|e| Error::Io {
+            what: "spawning worker thread",
+            source: e,
+        })?;
+    Ok(Running {
+        stop,
+        stats,
+        thread,
+    })
+}
+
+/// Default region layout for workers.
+pub fn default_layout() -> LayoutParams {
+    LayoutParams::default()
+}
+
+/// How long to wait for a worker's socket to appear.
+pub const SOCKET_WAIT: Duration = Duration::from_secs(10);

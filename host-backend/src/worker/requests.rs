@@ -1,0 +1,640 @@
+//! What each request does: checked against the caller's session
+//! (`crate::session`), run on the executor, answered.
+
+use std::sync::atomic::Ordering;
+
+use protocol::{Reply, Request, Status};
+use qemu_ivshmem::Descriptor;
+
+use super::channel::{refuse, reply, Chan};
+use super::shared::Shared;
+use super::transfer::{continue_transfer, skip_data, start_module, Inbound, Sliced, Transfer};
+use super::wait::{self, Parked, Then, Wait};
+use crate::executor::{Handle, Launch};
+use crate::session::Session;
+use crate::Error;
+
+/// Longest kernel name accepted.
+const MAX_NAME: u32 = 4096;
+
+/// Runs a channel's request (its first descriptor; the data chunks that
+/// follow go to [`super::transfer::continue_transfer`]) for session `s`.
+pub(super) fn handle(
+    sh: &mut Shared,
+    c: &mut Chan,
+    s: &mut Session,
+    d: &Descriptor,
+) -> Result<(), Error> {
+    if c.transfer.is_some() {
+        // A new request while data was still owed: the guest broke the stream.
+        c.transfer = None;
+        refuse(sh, c, "request before the previous one's data was complete");
+        s.defer(Status::InvalidValue);
+    }
+    let req = match Request::decode(d.opcode, &d.inline) {
+        Ok(r) => r,
+        Err(e) => {
+            refuse(sh, c, &e.to_string());
+            if d.flags & qemu_ivshmem::FLAG_NO_REPLY == 0 {
+                return reply(sh, c, d.tag, d.opcode, Err(Status::InvalidValue), &[]);
+            }
+            s.defer(Status::InvalidValue);
+            return Ok(());
+        }
+    };
+    let tag = d.tag;
+    let opc = d.opcode;
+    // Synchronous calls first report an earlier asynchronous failure.
+    if req.expects_reply() && !matches!(req, Request::Hello { .. }) {
+        if let Some(err) = s.pending_error.take() {
+            if let Request::ModuleLoad { len, kind } = req {
+                // Still swallow the image that follows.
+                start_module(c, tag, kind, len, d)?;
+                c.transfer = None;
+                skip_data(c, d, len);
+            }
+            return reply(sh, c, tag, opc, Err(err), &[]);
+        }
+    }
+    let one = |r: Result<u64, Status>| r.map(Reply::one);
+    let unit = |r: Result<(), Status>| r.map(|()| Reply::default());
+    match req {
+        // A second Hello on a channel: the device again (its session stays).
+        Request::Hello { version } => {
+            let r = if version == protocol::PROTOCOL_VERSION {
+                Ok(Reply::default())
+            } else {
+                Err(Status::NotSupported)
+            };
+            let info = sh.info_bytes.clone();
+            reply(sh, c, tag, opc, r, &info)
+        }
+        Request::Join { .. } => {
+            refuse(sh, c, "join on a channel already serving a session");
+            reply(sh, c, tag, opc, Err(Status::InvalidValue), &[])
+        }
+        Request::CtxSynchronize => park_drain(sh, c, s, tag, opc, None),
+        Request::MemAlloc { size } => {
+            // What the allocation takes on the device counts, not what was
+            // asked: tiny allocations rounded up to a large granularity
+            // must not add up past the limit.
+            let charge = s.ctx.footprint(size);
+            let r = if sh.mem_used.saturating_add(charge) > sh.limit() {
+                Err(Status::OutOfMemory)
+            } else {
+                s.ctx.alloc(size).inspect(|&p| s.add_alloc(p, size, charge))
+            };
+            if r.is_ok() {
+                sh.mem_used += charge;
+                sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+            }
+            reply(sh, c, tag, opc, one(r), &[])
+        }
+        Request::MemFree { ptr } => {
+            let r = s.remove_alloc(ptr).and_then(|size| {
+                sh.mem_used -= size;
+                sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                s.ctx.free(ptr)
+            });
+            if r.is_err() {
+                refuse(sh, c, "free of a pointer it does not own");
+            }
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::MemFreeAsync { ptr, stream } => {
+            let r = s.check_stream(stream).and_then(|()| s.detach_alloc(ptr));
+            let r = r.and_then(|charge| match s.ctx.mark(Some(stream)) {
+                Ok(m) => {
+                    s.deferred_frees.push((m, ptr, charge));
+                    Ok(())
+                }
+                Err(e) => {
+                    // The allocation is the guest's no more either way.
+                    free_now(sh, s, ptr, charge);
+                    Err(e)
+                }
+            });
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "stream-ordered free of a pointer it does not own");
+            }
+            Ok(())
+        }
+        Request::MemGetInfo => {
+            let r = Reply {
+                vals: [sh.limit().saturating_sub(sh.mem_used), sh.limit(), 0, 0],
+            };
+            reply(sh, c, tag, opc, Ok(r), &[])
+        }
+        Request::MemcpyHtoD { dst, len, stream } => {
+            let ok = s
+                .check_range(dst, len)
+                .and_then(|()| s.check_stream(stream));
+            match ok {
+                // The copy itself follows with its data.
+                Ok(()) => sh.in_period(s, stream, None, |_| ()),
+                Err(e) => {
+                    s.defer(e);
+                    refuse(sh, c, "host-to-device copy outside its allocations");
+                }
+            }
+            c.transfer = Some(Transfer {
+                inbound: Inbound::Htod {
+                    dst,
+                    stream,
+                    ok: ok.is_ok(),
+                },
+                remaining: len,
+                offset: 0,
+            });
+            continue_transfer(sh, c, s, d)
+        }
+        Request::MemcpyDtoH { src, len, stream } => {
+            let ok = s
+                .check_range(src, len)
+                .and_then(|()| s.check_stream(stream));
+            match ok {
+                Err(e) => {
+                    refuse(sh, c, "device-to-host copy outside its allocations");
+                    reply(sh, c, tag, opc, Err(e), &[])
+                }
+                Ok(()) => {
+                    // Synchronous: its own time is the device's. It streams
+                    // out once the work before it on its stream is done.
+                    sh.in_period(s, stream, None, |_| ());
+                    match s.ctx.mark(Some(stream)) {
+                        Ok(m) => {
+                            let p = Parked {
+                                tag,
+                                opcode: opc,
+                                wait: Wait::Mark(m),
+                                then: Then::Dtoh { src, len, stream },
+                                period: None,
+                            };
+                            wait::park(sh, c, s, p)
+                        }
+                        Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+                    }
+                }
+            }
+        }
+        Request::MemcpyDtoD {
+            dst,
+            src,
+            len,
+            stream,
+        } => {
+            let r = s
+                .check_range(dst, len)
+                .and(s.check_range(src, len))
+                .and(s.check_stream(stream));
+            let r =
+                r.and_then(|()| sh.in_period(s, stream, None, |x| x.dtod(dst, src, len, stream)));
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "device-to-device copy outside its allocations");
+            }
+            Ok(())
+        }
+        Request::Memset {
+            dst,
+            value,
+            width,
+            count,
+            stream,
+        } => {
+            let r = s
+                .check_range(dst, count * u64::from(width))
+                .and(s.check_stream(stream));
+            let r = r.and_then(|()| {
+                sh.in_period(s, stream, None, |x| {
+                    x.memset(dst, value, width, count, stream)
+                })
+            });
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "memset outside its allocations");
+            }
+            Ok(())
+        }
+        Request::ModuleLoad { kind, len } => {
+            start_module(c, tag, kind, len, d)?;
+            continue_transfer(sh, c, s, d)
+        }
+        Request::ModuleUnload { module } => {
+            let r = s
+                .check_module(module)
+                .and_then(|()| s.ctx.unload_module(module));
+            if r.is_ok() {
+                s.remove_module(module);
+            }
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::ModuleGetFunction { module } => {
+            let mut name = vec![0u8; d.data_len.min(MAX_NAME) as usize];
+            c.host.req.data(d)?.copy_to(&mut name[..]);
+            let r = match (s.check_module(module), std::str::from_utf8(&name)) {
+                (Err(e), _) => Err(e),
+                (_, Err(_)) => Err(Status::InvalidValue),
+                (Ok(()), Ok(n)) => s.ctx.function(module, n.trim_end_matches('\0')),
+            };
+            match r {
+                Ok((h, params)) => {
+                    let bytes = protocol::Param::encode_all(&params);
+                    s.add_function(h, params.iter().map(|p| p.size).collect());
+                    reply(sh, c, tag, opc, Ok(Reply::one(h)), &bytes)
+                }
+                Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+            }
+        }
+        Request::Occupancy {
+            func,
+            block_size,
+            shared_mem,
+        } => {
+            let r = s
+                .function(func)
+                .map(drop)
+                .and_then(|()| s.ctx.occupancy(func, block_size, shared_mem))
+                .map(|v| Reply::one(u64::from(v as u32)));
+            reply(sh, c, tag, opc, r, &[])
+        }
+        Request::OccupancySmem {
+            func,
+            num_blocks,
+            block_size,
+        } => {
+            let r = s
+                .function(func)
+                .map(drop)
+                .and_then(|()| s.ctx.available_smem(func, num_blocks, block_size));
+            reply(sh, c, tag, opc, one(r), &[])
+        }
+        Request::ModuleGetGlobal { module } => {
+            let mut name = vec![0u8; d.data_len.min(MAX_NAME) as usize];
+            c.host.req.data(d)?.copy_to(&mut name[..]);
+            let r = match (s.check_module(module), std::str::from_utf8(&name)) {
+                (Err(e), _) => Err(e),
+                (_, Err(_)) => Err(Status::InvalidValue),
+                (Ok(()), Ok(n)) => s.ctx.module_global(module, n.trim_end_matches('\0')),
+            };
+            let r = r.map(|(p, size)| {
+                s.add_global(p, size);
+                Reply {
+                    vals: [p, size, 0, 0],
+                }
+            });
+            reply(sh, c, tag, opc, r, &[])
+        }
+        Request::Link { len } => {
+            c.transfer = Some(Transfer {
+                inbound: Inbound::Link {
+                    buf: Vec::new(),
+                    tag,
+                },
+                remaining: len,
+                offset: 0,
+            });
+            continue_transfer(sh, c, s, d)
+        }
+        Request::FuncGetAttribute { func, attr } => {
+            let r = s
+                .function(func)
+                .map(drop)
+                .and_then(|()| s.ctx.func_attribute(func, attr))
+                .map(|v| Reply::one(u64::from(v as u32)));
+            reply(sh, c, tag, opc, r, &[])
+        }
+        Request::Launch {
+            func,
+            grid,
+            block,
+            shared_mem,
+            stream,
+            cluster,
+            flags,
+        } if cluster != protocol::Dim3::default() || flags != 0 => {
+            // Clusters and cooperative grids go one by one, never batched
+            // nor sliced (a sliced cooperative grid could not sync).
+            let r = s.function(func).and_then(|sizes| {
+                let want: u64 = sizes.iter().map(|&x| u64::from(x)).sum();
+                if want != u64::from(d.data_len) {
+                    return Err(Status::InvalidValue);
+                }
+                Ok(())
+            });
+            let r = r.and(s.check_stream(stream)).and_then(|()| {
+                let mut params = vec![0u8; d.data_len as usize];
+                c.host
+                    .req
+                    .data(d)
+                    .map_err(|_| Status::InvalidValue)?
+                    .copy_to(&mut params[..]);
+                sh.stats.launches.fetch_add(1, Ordering::Relaxed);
+                let coop = flags & protocol::launch_flags::COOPERATIVE != 0;
+                sh.in_period(s, stream, Some(func), |x| {
+                    x.launch_ex(
+                        func, grid, block, shared_mem, stream, &params, cluster, coop,
+                    )
+                })
+            });
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "launch refused");
+            }
+            Ok(())
+        }
+        Request::Launch {
+            func,
+            grid,
+            block,
+            shared_mem,
+            stream,
+            ..
+        } => {
+            let shape = Launch {
+                func,
+                grid,
+                block,
+                shared_mem,
+            };
+            let r = s.function(func).and_then(|sizes| {
+                let want: u64 = sizes.iter().map(|&x| u64::from(x)).sum();
+                if want != u64::from(d.data_len) {
+                    return Err(Status::InvalidValue);
+                }
+                Ok(())
+            });
+            let scheduled = sh.gate.is_some();
+            let r = r.and(s.check_stream(stream)).and_then(|()| {
+                // The buffer is reused from launch to launch (a sliced launch keeps it).
+                let mut params = std::mem::take(&mut sh.params);
+                params.clear();
+                params.resize(d.data_len as usize, 0);
+                c.host
+                    .req
+                    .data(d)
+                    .map_err(|_| Status::InvalidValue)?
+                    .copy_to(&mut params[..]);
+                // Kernel slicing: a large grid runs as sub-grids, issued
+                // while this vGPU holds the GPU (see `pump_sliced`).
+                if scheduled
+                    && sh.slice_blocks > 0
+                    && grid.count() > sh.slice_blocks.max(scheduler::slicing::MIN_BLOCKS)
+                    && s.ctx.can_slice(func)
+                {
+                    let parts =
+                        scheduler::slicing::slice_grid(grid.x, grid.y, grid.z, sh.slice_blocks);
+                    if parts.len() > 1 {
+                        sh.flush_launches(s);
+                        sh.stats.launches.fetch_add(1, Ordering::Relaxed);
+                        sh.stats.sliced_launches.fetch_add(1, Ordering::Relaxed);
+                        c.sliced = Some(Sliced {
+                            func,
+                            block,
+                            y: grid.y,
+                            z: grid.z,
+                            smem: shared_mem,
+                            stream,
+                            params,
+                            grid_x: grid.x,
+                            rest: parts.into(),
+                        });
+                        return Ok(());
+                    }
+                }
+                if !scheduled {
+                    sh.stats.launches.fetch_add(1, Ordering::Relaxed);
+                    sh.queue_launch(s, stream, shape, &params);
+                    sh.params = params;
+                    return Ok(());
+                }
+                // The monitor: how much of the GPU's cores this launch can
+                // occupy, weighted by its estimated time.
+                let bps = *s
+                    .occupancy
+                    .entry((
+                        func,
+                        block.count().min(u64::from(u32::MAX)) as u32,
+                        shared_mem,
+                    ))
+                    .or_insert_with(|| {
+                        s.ctx
+                            .occupancy(func, block.count() as u32, shared_mem)
+                            .map_or(0, |n| n.max(0) as u32)
+                    });
+                let resident = u64::from(bps).saturating_mul(u64::from(sh.sm_count)).max(1);
+                let fraction = (grid.count() as f64 / resident as f64).min(1.0);
+                let est = s.kernel_ns.get(&func).copied();
+                let weight = est.unwrap_or(1_000) as f64;
+                sh.occupancy.0 += fraction * weight;
+                sh.occupancy.1 += weight;
+                // The prediction of what fits in the slice; the charge
+                // comes from the busy period.
+                sh.issued_ns += est.unwrap_or(0);
+                sh.stats.launches.fetch_add(1, Ordering::Relaxed);
+                let r = if sh.time_launches || est.is_none() {
+                    sh.stats.timed_launches.fetch_add(1, Ordering::Relaxed);
+                    sh.flush_launches(s);
+                    sh.in_period(s, stream, Some(func), |x| {
+                        x.launch_timed(func, grid, block, shared_mem, stream, &params)
+                    })
+                } else {
+                    sh.queue_launch(s, stream, shape, &params);
+                    Ok(())
+                };
+                sh.params = params;
+                r
+            });
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "launch refused");
+            }
+            Ok(())
+        }
+        Request::StreamCreate { flags, priority } => {
+            let r = s
+                .ctx
+                .stream_create(flags, priority)
+                .inspect(|&h| s.add_stream(h));
+            reply(sh, c, tag, opc, one(r), &[])
+        }
+        Request::StreamWaitEvent {
+            stream,
+            event,
+            flags,
+        } => {
+            let r = s
+                .check_stream(stream)
+                .and(s.check_event(event))
+                .and_then(|()| {
+                    sh.in_period(s, stream, None, |x| {
+                        x.stream_wait_event(stream, event, flags)
+                    })
+                });
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "wait on a stream or event it does not own");
+            }
+            Ok(())
+        }
+        Request::FuncSetAttribute { func, attr, value } => {
+            let r = s
+                .function(func)
+                .map(drop)
+                .and_then(|()| s.ctx.func_set_attribute(func, attr, value));
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::CtxGetLimit { limit } => {
+            let r = s.ctx.limit(limit);
+            reply(sh, c, tag, opc, one(r), &[])
+        }
+        Request::CtxSetLimit { limit, value } => {
+            let r = s.ctx.set_limit(limit, value);
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::StreamDestroy { stream } => {
+            let r = if stream == 0 {
+                Err(Status::InvalidHandle)
+            } else {
+                s.check_stream(stream)
+            };
+            let r = r
+                .and_then(|()| s.ctx.stream_destroy(stream))
+                .inspect(|()| s.remove_stream(stream));
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::StreamSynchronize { stream } => match s.check_stream(stream) {
+            Ok(()) => park_drain(sh, c, s, tag, opc, Some(stream)),
+            Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+        },
+        Request::StreamQuery { stream } => {
+            let r = s
+                .check_stream(stream)
+                .and_then(|()| s.ctx.stream_query(stream));
+            let r = r.and_then(ready);
+            reply(sh, c, tag, opc, r, &[])
+        }
+        Request::EventCreate { flags } => {
+            let r = s.ctx.event_create(flags).inspect(|&h| s.add_event(h));
+            reply(sh, c, tag, opc, one(r), &[])
+        }
+        Request::EventDestroy { event } => {
+            let r = s
+                .check_event(event)
+                .and_then(|()| s.ctx.event_destroy(event))
+                .inspect(|()| s.remove_event(event));
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::EventRecord { event, stream } => {
+            let r = s
+                .check_event(event)
+                .and(s.check_stream(stream))
+                .and_then(|()| sh.in_period(s, stream, None, |x| x.event_record(event, stream)));
+            if let Err(e) = r {
+                s.defer(e);
+            }
+            Ok(())
+        }
+        Request::EventSynchronize { event } => match s.check_event(event) {
+            Ok(()) => {
+                let p = Parked {
+                    tag,
+                    opcode: opc,
+                    wait: Wait::Event(event),
+                    then: Then::Reply,
+                    period: None,
+                };
+                wait::park(sh, c, s, p)
+            }
+            Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+        },
+        Request::EventQuery { event } => {
+            let r = s.check_event(event).and_then(|()| s.ctx.event_query(event));
+            let r = r.and_then(ready);
+            reply(sh, c, tag, opc, r, &[])
+        }
+        Request::EventElapsedTime { start, end } => {
+            let r = s
+                .check_event(start)
+                .and(s.check_event(end))
+                .and_then(|()| s.ctx.event_elapsed(start, end));
+            reply(
+                sh,
+                c,
+                tag,
+                opc,
+                r.map(|ms| Reply::one(u64::from(ms.to_bits()))),
+                &[],
+            )
+        }
+    }
+}
+
+/// Frees a detached allocation and uncounts it.
+pub(super) fn free_now(sh: &mut Shared, s: &mut Session, ptr: u64, charge: u64) {
+    s.uncount(charge);
+    sh.mem_used -= charge;
+    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+    if let Err(e) = s.ctx.free(ptr) {
+        s.defer(e);
+    }
+}
+
+/// Does the stream-ordered frees whose marks the device has passed.
+pub(super) fn deferred_frees(sh: &mut Shared, s: &mut Session) {
+    if s.deferred_frees.is_empty() {
+        return;
+    }
+    let mut pending = std::mem::take(&mut s.deferred_frees);
+    pending.retain(|&(m, ptr, charge)| match s.ctx.reached(m) {
+        Ok(false) => true,
+        // Passed, or the work before failed (the free still happens).
+        _ => {
+            free_now(sh, s, ptr, charge);
+            false
+        }
+    });
+    s.deferred_frees = pending;
+}
+
+/// Parks a synchronize of `stream` (`None`: the whole context) until the
+/// device has done the work submitted before it, marking the end of the
+/// busy period it drains (charged once the device is there).
+fn park_drain(
+    sh: &mut Shared,
+    c: &mut Chan,
+    s: &mut Session,
+    tag: u64,
+    opc: u32,
+    stream: Option<Handle>,
+) -> Result<(), Error> {
+    let period = if Shared::period_ending(s, stream) {
+        s.period.take()
+    } else {
+        None
+    };
+    match s.ctx.mark(stream) {
+        Ok(m) => {
+            let p = Parked {
+                tag,
+                opcode: opc,
+                wait: Wait::Mark(m),
+                then: Then::Reply,
+                period,
+            };
+            wait::park(sh, c, s, p)
+        }
+        // The work before failed: so does the drain (its period with it).
+        Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+    }
+}
+
+/// A query's answer: success when done, `NotReady` otherwise (as CUDA reports it).
+fn ready(done: bool) -> Result<Reply, Status> {
+    if done {
+        Ok(Reply::default())
+    } else {
+        Err(Status::NotReady)
+    }
+}

@@ -1,0 +1,104 @@
+//! Waiting for the device without blocking the worker.
+//!
+//! A request that must wait for work on the device (a synchronize, an event
+//! synchronize, a device-to-host copy, which reads what the work before it
+//! wrote) marks its point in the work ([`crate::executor::Context::mark`])
+//! and is *parked* on its channel. The worker goes on serving every other
+//! channel, its guest's other threads included, and looks at the mark on
+//! each pass; when the device passes it, the request is answered (or the
+//! copy streams out). One guest waiting on a long kernel holds up nobody.
+
+use protocol::{Reply, Status};
+
+use super::channel::{reply, Chan};
+use super::shared::Shared;
+use super::transfer::{pump_outbound, Outbound};
+use crate::executor::{Handle, Marker};
+use crate::session::{Period, Session};
+use crate::Error;
+
+/// What a parked request waits for.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Wait {
+    /// A mark of the context's work.
+    Mark(Marker),
+    /// An event's last record (`cuEventSynchronize`).
+    Event(Handle),
+}
+
+/// What follows once it is there.
+#[derive(Debug)]
+pub(super) enum Then {
+    /// The reply (success).
+    Reply,
+    /// A device-to-host copy streams out.
+    Dtoh { src: u64, len: u64, stream: Handle },
+}
+
+/// A request waiting on its channel.
+#[derive(Debug)]
+pub(super) struct Parked {
+    pub tag: u64,
+    pub opcode: u32,
+    pub wait: Wait,
+    pub then: Then,
+    /// The busy period the wait drains, charged when the device is there.
+    pub period: Option<Period>,
+}
+
+/// Parks a request on `c` and looks at it once (the device may be there
+/// already).
+pub(super) fn park(sh: &mut Shared, c: &mut Chan, s: &mut Session, p: Parked) -> Result<(), Error> {
+    c.parked = Some(p);
+    poll(sh, c, s).map(drop)
+}
+
+/// Whether the device passed what the channel's parked request waits for;
+/// if so, finishes it. True when it finished.
+pub(super) fn poll(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Result<bool, Error> {
+    let Some(p) = c.parked.as_ref() else {
+        return Ok(false);
+    };
+    let r = match p.wait {
+        Wait::Mark(m) => s.ctx.reached(m),
+        Wait::Event(e) => s.ctx.event_query(e),
+    };
+    if let Ok(false) = r {
+        return Ok(false);
+    }
+    let p = c.parked.take().expect("checked above");
+    match (r, p.then) {
+        (Ok(_), Then::Reply) => {
+            reply(sh, c, p.tag, p.opcode, Ok(Reply::default()), &[])?;
+            if let Some(period) = p.period {
+                sh.charge_period(s, period);
+            }
+        }
+        (Ok(_), Then::Dtoh { src, len, stream }) => {
+            if let Some(period) = p.period {
+                sh.charge_period(s, period);
+            }
+            c.outbound = Some(Outbound {
+                tag: p.tag,
+                src,
+                len,
+                off: 0,
+                stream,
+            });
+            pump_outbound(sh, c, s)?;
+        }
+        // The work before the mark failed: so does the call (its period
+        // is dropped: there is nothing more to charge).
+        (Err(e), _) => reply(sh, c, p.tag, p.opcode, Err::<Reply, Status>(e), &[])?,
+    }
+    Ok(true)
+}
+
+/// Lets a parked request go unanswered (its channel or session is going).
+pub(super) fn abandon(c: &mut Chan, s: Option<&mut Session>) {
+    if let (Some(p), Some(s)) = (c.parked.take(), s) {
+        if let Wait::Mark(m) = p.wait {
+            s.ctx.forget(m);
+        }
+    }
+}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# On the GPU machine: every cuda-samples program (built here by
+# scripts/gpu/build-samples.sh into .samples/bin), natively and through the
+# stand-in (daemon on the cuda executor), in the same call; compares exit
+# status and the program's own verdict line. Last line:
+#   samples_pass=N/M native_pass=M matrixmul_gflops_ratio=R
+# Carried: .samples/bin, and the release fairvgpu and libcuda.so (in
+# target/release, or stripped in .carry/release with R=.carry/release).
+# usage: scripts/gpu/conformance.sh [SAMPLE...]   (default: all)
+set -uo pipefail
+. scripts/gpu/lib.sh
+# The built binaries: target/release, or stripped copies (R=.carry/release).
+R=${R:-target/release}
+W=/tmp/fvg-conf; rm -rf $W; mkdir -p $W/lib $W/run $W/logs
+cp $R/libcuda.so $W/lib/libcuda.so.1
+# The samples' libraries (cuBLAS, cuFFT, NVRTC, the shared runtime), as the
+# machine has them.
+LIBS=""
+for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcufft.so.12 libnvrtc.so.13; do
+    f=$(find /usr/local /opt /usr/lib -name "$so" 2>/dev/null | head -1)
+    [ -n "$f" ] && LIBS="$LIBS:$(dirname "$f")"
+done
+LIBS=$(echo "$LIBS" | tr ':' '\n' | awk 'NF && !seen[$0]++' | paste -sd:)
+cat > $W/host.toml <<TOML
+[daemon]
+run_dir = "$W/run"
+executor = "cuda"
+[[vm]]
+name = "vm1"
+tenant = "t"
+memory_limit_mib = 40960
+TOML
+header
+# The device's attributes, for the sim executor's model of this GPU.
+LD_LIBRARY_PATH=$NV python3 - > $OUT/device-attributes.txt <<'PY'
+import ctypes
+cu = ctypes.CDLL("libcuda.so.1"); cu.cuInit(0)
+v = ctypes.c_int()
+for a in range(1, 148):
+    if cu.cuDeviceGetAttribute(ctypes.byref(v), a, 0) == 0:
+        print(a, v.value)
+PY
+echo "== library path for the samples' libraries: $LIBS"
+RUST_LOG=warn $R/fairvgpu serve --config $W/host.toml 2> $W/logs/daemon.log &
+D=$!
+for i in $(seq 100); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
+
+# The program's verdict: its last line saying pass, fail or waive.
+verdict() { grep -aiE 'pass|fail|waiv' "$1" | tail -1 | tr -s ' ' | cut -c1-100; }
+
+names=("$@")
+[ ${#names[@]} -eq 0 ] && names=($(ls .samples/bin))
+native_pass=0 pass=0
+for n in "${names[@]}"; do
+    d=.samples/bin/$n
+    (cd $d && LD_LIBRARY_PATH=$NV:$LIBS timeout 60 ./$n > $W/logs/$n.native 2>&1); nrc=$?
+    (cd $d && FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib:$LIBS timeout 60 ./$n \
+        > $W/logs/$n.standin 2>&1); src=$?
+    nv=$(verdict $W/logs/$n.native); sv=$(verdict $W/logs/$n.standin)
+    if [ $nrc -eq 0 ]; then
+        native_pass=$((native_pass + 1))
+        if [ $src -eq 0 ] && [ "$nv" = "$sv" ]; then
+            pass=$((pass + 1)); r=ok
+        else
+            r=DIFFERS
+        fi
+    else
+        r="native rc=$nrc"
+    fi
+    printf '%-26s native rc=%-3s stand-in rc=%-3s %s\n' "$n" "$nrc" "$src" "$r"
+    if [ "$r" = DIFFERS ]; then
+        echo "   native:   $nv"; echo "   stand-in: $sv"
+        tail -5 $W/logs/$n.standin | sed 's/^/   | /'
+    fi
+done
+gf() { sed -n 's/.*Performance= *\([0-9.]*\) GFlop\/s.*/\1/p' "$1" | tail -1; }
+ratio=missing
+if [ -f $W/logs/matrixMul.native ]; then
+    ratio=$(awk -v s="$(gf $W/logs/matrixMul.standin)" -v n="$(gf $W/logs/matrixMul.native)" \
+        'BEGIN { if (n > 0 && s > 0) printf "%.3f", s / n; else print "missing" }')
+    echo "matrixMul native: $(grep -a Performance $W/logs/matrixMul.native)"
+    echo "matrixMul stand-in: $(grep -a Performance $W/logs/matrixMul.standin)"
+fi
+kill $D; wait $D 2>/dev/null
+echo "== daemon warnings"; grep -aE 'WARN|ERROR' $W/logs/daemon.log | head -20
+tar czf $OUT/conformance-logs.tgz -C $W logs
+echo "samples_pass=$pass/$native_pass native_pass=$native_pass matrixmul_gflops_ratio=$ratio"
