@@ -109,6 +109,31 @@ enum Origin {
     Device(std::path::PathBuf),
 }
 
+/// Opens further channels to a process's session (see [`Gpu::join`]).
+#[derive(Debug, Clone)]
+pub struct Joiner {
+    origin: Origin,
+    policy: SpinPolicy,
+    seq: Arc<AtomicU64>,
+    token: [u64; 2],
+    info: DeviceInfo,
+}
+
+impl Joiner {
+    /// A further channel to the session.
+    pub fn join(&self) -> Result<Gpu> {
+        let join = Some(Joining {
+            seq: self.seq.clone(),
+            token: self.token,
+            info: self.info.clone(),
+        });
+        match &self.origin {
+            Origin::Socket(p) => Gpu::attach_socket(p, self.policy, join),
+            Origin::Device(p) => Gpu::attach_device(p, self.policy, join),
+        }
+    }
+}
+
 /// What a further channel of a process takes from its first.
 struct Joining {
     seq: Arc<AtomicU64>,
@@ -243,14 +268,18 @@ impl Gpu {
     /// It has its own connection (socket or device file), so that each
     /// thread waits on its own doorbell.
     pub fn join(&self) -> Result<Gpu> {
-        let join = Some(Joining {
+        self.joiner().join()
+    }
+
+    /// What [`Gpu::join`] needs, apart from this connection (to join from
+    /// another thread while this one is in a call).
+    pub fn joiner(&self) -> Joiner {
+        Joiner {
+            origin: self.origin.clone(),
+            policy: self.policy,
             seq: self.seq.clone(),
             token: self.token,
             info: self.info.clone(),
-        });
-        match &self.origin {
-            Origin::Socket(p) => Self::attach_socket(p, self.policy, join),
-            Origin::Device(p) => Self::attach_device(p, self.policy, join),
         }
     }
 
@@ -378,8 +407,8 @@ impl Gpu {
     }
 
     fn descriptor(&mut self, req: &Request) -> Descriptor {
-        // Join is not one of the process's numbered requests.
-        let tag = if matches!(req, Request::Join { .. }) {
+        // Some requests are outside the process's numbering.
+        let tag = if req.unnumbered() {
             0
         } else {
             self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -529,6 +558,24 @@ impl Gpu {
     pub fn mem_free_async(&mut self, ptr: DevPtr, stream: u64) -> Result<()> {
         self.send(&Request::MemFreeAsync { ptr, stream }, &[])
             .map(drop)
+    }
+
+    /// Queues guest host function `id` in `stream` (see
+    /// `protocol::Request::HostFn`).
+    pub fn host_fn(&mut self, stream: u64, id: u64) -> Result<()> {
+        self.send(&Request::HostFn { stream, id }, &[]).map(drop)
+    }
+
+    /// Waits (about a second at most) for a host function whose stream is
+    /// there: its id (0: none yet) and the error code of the work before it.
+    pub fn wait_host_fn(&mut self) -> Result<(u64, u32)> {
+        let r = self.call(&Request::WaitHostFn)?;
+        Ok((r.vals[0], r.vals[1] as u32))
+    }
+
+    /// Host function `id` has run.
+    pub fn host_fn_done(&mut self, id: u64) -> Result<()> {
+        self.send(&Request::HostFnDone { id }, &[]).map(drop)
     }
 
     /// cuMemGetInfo: (free, total) of this vGPU.

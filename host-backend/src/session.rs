@@ -91,9 +91,42 @@ pub struct Session {
     pub occupancy: HashMap<(Handle, u32, u32), u32>,
     /// Launches accepted and not yet submitted.
     pub run: LaunchRun,
+    /// The guest host function the session waits on (see
+    /// `Request::HostFn`): its later requests run only once it has run.
+    pub host_fn: Option<HostFnWait>,
     /// Stream-ordered frees: each allocation is freed once the device
     /// passes its mark (what it takes stays counted until then).
     pub deferred_frees: Vec<(crate::executor::Marker, u64, u64)>,
+}
+
+/// A guest host function between its stream reaching it and the guest
+/// saying it ran.
+#[derive(Debug)]
+pub struct HostFnWait {
+    /// The guest's number for it.
+    pub id: u64,
+    /// Its point in the stream, until the device passes it.
+    pub mark: Option<crate::executor::Marker>,
+    /// What the work before it came to (once the device passed the mark).
+    pub ready: Option<Result<(), Status>>,
+    /// Handed to the guest's callback thread.
+    pub delivered: bool,
+}
+
+impl HostFnWait {
+    /// Whether the device has passed its point (looking again if not).
+    pub fn poll(&mut self, ctx: &mut dyn Context) -> Option<Result<(), Status>> {
+        if self.ready.is_none() {
+            let m = self.mark?;
+            match ctx.reached(m) {
+                Ok(false) => return None,
+                Ok(true) => self.ready = Some(Ok(())),
+                Err(e) => self.ready = Some(Err(e)),
+            }
+            self.mark = None;
+        }
+        self.ready
+    }
 }
 
 /// A busy period: from the first device operation after the session's work
@@ -210,6 +243,7 @@ impl Session {
             occupancy: HashMap::new(),
             run: LaunchRun::default(),
             deferred_frees: Vec::new(),
+            host_fn: None,
         }
     }
 

@@ -310,6 +310,27 @@ pub enum Request {
         /// [`launch_flags`].
         flags: u32,
     },
+    /// Run guest host function `id` in `stream`'s order: once the work
+    /// submitted to the stream before it is done, the host hands `id` to
+    /// the process's `WaitHostFn`, and runs none of the process's later
+    /// requests until `HostFnDone`. No reply.
+    HostFn {
+        /// Stream.
+        stream: u64,
+        /// The guest's number for the function.
+        id: u64,
+    },
+    /// Waits (up to about a second) for a host function to run; reply:
+    /// its id (0: none yet) and, in the status, the error of the work
+    /// before it if any. Not numbered (tag 0): a process's callback
+    /// thread sends it on a channel of its own.
+    WaitHostFn,
+    /// The host function handed out has run: the process's later requests
+    /// go on. Not numbered (tag 0); no reply.
+    HostFnDone {
+        /// Its id.
+        id: u64,
+    },
     /// Create a stream.
     StreamCreate {
         /// CU_STREAM_* flags.
@@ -430,6 +451,9 @@ pub mod op {
     pub const STREAM_SYNCHRONIZE: u32 = 42;
     pub const STREAM_QUERY: u32 = 43;
     pub const STREAM_WAIT_EVENT: u32 = 44;
+    pub const HOST_FN: u32 = 45;
+    pub const WAIT_HOST_FN: u32 = 46;
+    pub const HOST_FN_DONE: u32 = 47;
     pub const EVENT_CREATE: u32 = 50;
     pub const EVENT_DESTROY: u32 = 51;
     pub const EVENT_RECORD: u32 = 52;
@@ -494,6 +518,9 @@ impl Request {
             StreamSynchronize { .. } => op::STREAM_SYNCHRONIZE,
             StreamQuery { .. } => op::STREAM_QUERY,
             StreamWaitEvent { .. } => op::STREAM_WAIT_EVENT,
+            HostFn { .. } => op::HOST_FN,
+            WaitHostFn => op::WAIT_HOST_FN,
+            HostFnDone { .. } => op::HOST_FN_DONE,
             FuncSetAttribute { .. } => op::FUNC_SET_ATTRIBUTE,
             CtxGetLimit { .. } => op::CTX_GET_LIMIT,
             CtxSetLimit { .. } => op::CTX_SET_LIMIT,
@@ -519,6 +546,17 @@ impl Request {
                 | Request::EventRecord { .. }
                 | Request::StreamWaitEvent { .. }
                 | Request::MemFreeAsync { .. }
+                | Request::HostFn { .. }
+                | Request::HostFnDone { .. }
+        )
+    }
+
+    /// Whether the request is outside the process's numbering (its tag is
+    /// 0): a channel's first `Join`, and the callback thread's requests.
+    pub fn unnumbered(&self) -> bool {
+        matches!(
+            self,
+            Request::Join { .. } | Request::WaitHostFn | Request::HostFnDone { .. }
         )
     }
 
@@ -542,7 +580,12 @@ impl Request {
                 w.u64(token[0]);
                 w.u64(token[1]);
             }
-            CtxSynchronize | MemGetInfo => {}
+            CtxSynchronize | MemGetInfo | WaitHostFn => {}
+            HostFn { stream, id } => {
+                w.u64(stream);
+                w.u64(id);
+            }
+            HostFnDone { id } => w.u64(id),
             MemAlloc { size } => w.u64(size),
             MemFree { ptr } => w.u64(ptr),
             MemFreeAsync { ptr, stream } => {
@@ -688,6 +731,12 @@ impl Request {
                 token: [r.u64()?, r.u64()?],
             },
             op::CTX_SYNCHRONIZE => CtxSynchronize,
+            op::HOST_FN => HostFn {
+                stream: r.u64()?,
+                id: r.u64()?,
+            },
+            op::WAIT_HOST_FN => WaitHostFn,
+            op::HOST_FN_DONE => HostFnDone { id: r.u64()? },
             op::MEM_ALLOC => {
                 let size = check_len("size", r.u64()?, MAX_LEN)?;
                 if size == 0 {
@@ -1091,6 +1140,9 @@ mod tests {
                 event: 3,
                 flags: 0,
             },
+            Request::HostFn { stream: 2, id: 9 },
+            Request::WaitHostFn,
+            Request::HostFnDone { id: 9 },
             Request::FuncSetAttribute {
                 func: 5,
                 attr: 8,

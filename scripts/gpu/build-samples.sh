@@ -9,23 +9,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 src=${1:-../shared/cuda-samples}
 out=.samples
-grep -qx '/.samples/' .git/info/exclude 2>/dev/null || echo '/.samples/' >> .git/info/exclude
-mkdir -p "$out/wheels" "$out/x"
-
-# The toolkit from PyPI: nvcc, the runtime, cuBLAS, cuFFT, NVRTC (13.0).
-wheels="nvidia-cuda-runtime==13.0.96 nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88
-        nvidia-nvvm==13.0.88 nvidia-cublas==13.0.0.19 nvidia-cufft==12.0.0.61
-        nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-cccl==13.0.85 nvidia-cuda-profiler-api==13.0.85"
-if [ ! -x "$out/x/nvidia/cu13/bin/nvcc" ]; then
-    python3 -m pip download -q --no-deps -d "$out/wheels" $wheels || exit 1
-    for w in "$out"/wheels/*.whl; do unzip -q -o "$w" -d "$out/x"; done
-fi
-tk=$(realpath "$out/x/nvidia/cu13")
-# The layout nvcc and CMake look for: lib64, unversioned names, stubs/.
-ln -sfn lib "$tk/lib64"
-for so in "$tk"/lib/*.so.*; do
-    b=$(basename "$so"); ln -sf "$b" "$tk/lib/${b%%.so.*}.so"
-done
+mkdir -p .git/info; grep -qx '/.samples/' .git/info/exclude 2>/dev/null || echo '/.samples/' >> .git/info/exclude
+tk=$(scripts/cuda-wheels.sh "$out/x" libraries) || exit 1
 # Programs link against libcuda.so; any library of that name does (the
 # stand-in, built here).
 cargo build --release -q -p fairvgpu-libcuda || exit 1

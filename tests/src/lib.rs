@@ -1,7 +1,7 @@
 //! Fixtures for the end-to-end tests: a sim worker on a thread of the test
 //! process, serving a real ivshmem-server socket that guests attach to.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,6 +33,19 @@ pub fn cargo_build(package: &str) -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or(root.join("target"))
         .join("debug")
+}
+
+/// Builds the stand-in and gives a directory holding it as libcuda.so.1.
+pub fn standin(dir: &Path) -> PathBuf {
+    let so = cargo_build("fairvgpu-libcuda").join("libcuda.so");
+    assert!(so.exists(), "{} missing", so.display());
+    let lib = dir.join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    for name in ["libcuda.so.1", "libcuda.so"] {
+        let _ = std::fs::remove_file(lib.join(name));
+        std::fs::copy(&so, lib.join(name)).unwrap();
+    }
+    lib
 }
 
 /// Spin budgets small enough that several tests share two cores.

@@ -4,20 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fairvgpu_tests::{cargo_build, workspace, Host};
-
-/// Builds the stand-in and gives a directory holding it as libcuda.so.1.
-fn standin(dir: &Path) -> PathBuf {
-    let so = cargo_build("fairvgpu-libcuda").join("libcuda.so");
-    assert!(so.exists(), "{} missing", so.display());
-    let lib = dir.join("lib");
-    std::fs::create_dir_all(&lib).unwrap();
-    for name in ["libcuda.so.1", "libcuda.so"] {
-        let _ = std::fs::remove_file(lib.join(name));
-        std::fs::copy(&so, lib.join(name)).unwrap();
-    }
-    lib
-}
+use fairvgpu_tests::{cargo_build, standin, workspace, Host};
 
 /// Builds `tests/c/driver_api.c` with the system C compiler against the
 /// stand-in in `lib`, into `dir`.

@@ -17,6 +17,7 @@
 //! | modules, libraries, kernels, the linker | [`module`] |
 //! | launches, function attributes, occupancy | [`launch`] |
 //! | streams, events | [`stream`] |
+//! | host functions, stream callbacks | [`host_fn`] |
 //! | `cuGetProcAddress` | [`proc_address`] |
 //! | profiler controls (no-ops) | [`profiler`] |
 //! | `cuGetExportTable`: the runtime's private interface | [`export_table`] |
@@ -46,6 +47,7 @@ mod state;
 pub mod context;
 pub mod device;
 pub mod export_table;
+pub mod host_fn;
 pub mod launch;
 pub mod mem_pool;
 pub mod memory;

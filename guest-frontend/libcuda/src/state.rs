@@ -1,8 +1,18 @@
-//! The process's driver state: the connection to the vGPU (made by
+//! The process's driver state: the connections to the vGPU (made by
 //! `cuInit`) and the tables of what the process holds, which answer many
 //! calls without a round trip.
+//!
+//! Each thread that calls the GPU gets a channel of its own, up to
+//! `FAIRVGPU_CHANNELS_PER_PROCESS` (4 by default; the region's channels are
+//! shared by all of a VM's processes): a thread waiting in a synchronize
+//! holds up no other thread's calls. Threads beyond that share the
+//! channels. A thread keeps its channel for life (its calls stay in order
+//! on it); the host runs the process's calls in the order they were made
+//! across all its channels.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use guest_frontend::{Function, Gpu, GuestError};
@@ -16,8 +26,16 @@ pub(crate) struct Driver {
     pub info: DeviceInfo,
     /// `CUdevice_attribute` values, cached at attach time.
     pub attrs: HashMap<u32, i32>,
-    /// The connection; `None` once the process let go of it at exit.
-    gpu: Mutex<Option<Gpu>>,
+    /// The connections (one per slot, made when a thread first needs it);
+    /// `None` once the process let go of them at exit.
+    channels: Vec<Mutex<Option<Gpu>>>,
+    /// Threads bound to each slot.
+    users: Vec<AtomicUsize>,
+    /// Slots opened so far (0 ..= `channels.len()`), and the lock under
+    /// which a thread picks or opens one.
+    opened: Mutex<usize>,
+    /// What opens further channels.
+    joiner: guest_frontend::Joiner,
     /// The tables.
     objects: Mutex<Objects>,
 }
@@ -119,6 +137,30 @@ impl Objects {
 
 static DRIVER: OnceLock<Result<Driver, CuResult>> = OnceLock::new();
 
+/// A thread's slot, given back when the thread ends.
+struct Binding(Cell<Option<usize>>);
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        if let (Some(s), Some(Ok(d))) = (self.0.get(), DRIVER.get()) {
+            d.users[s].fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+thread_local! {
+    static SLOT: Binding = const { Binding(Cell::new(None)) };
+}
+
+/// Channels a process may hold (`FAIRVGPU_CHANNELS_PER_PROCESS`, 1 to 64).
+fn channels_per_process() -> usize {
+    std::env::var("FAIRVGPU_CHANNELS_PER_PROCESS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4usize)
+        .clamp(1, 64)
+}
+
 /// Set when the process let go of its vGPU at exit: later calls answer
 /// `CUDA_ERROR_DEINITIALIZED`, as the driver's do after its own teardown.
 static DEINITIALIZED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -156,10 +198,18 @@ fn attach() -> Result<Driver, CuResult> {
             let attrs = info.attributes.iter().copied().collect();
             // SAFETY: `release_at_exit` is an `extern "C" fn()` that never unwinds.
             unsafe { libc::atexit(release_at_exit) };
+            let slots = channels_per_process();
+            let joiner = gpu.joiner();
+            let mut channels: Vec<Mutex<Option<Gpu>>> =
+                (0..slots).map(|_| Mutex::new(None)).collect();
+            channels[0] = Mutex::new(Some(gpu));
             Ok(Driver {
                 info,
                 attrs,
-                gpu: Mutex::new(Some(gpu)),
+                channels,
+                users: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
+                opened: Mutex::new(1),
+                joiner,
                 objects: Mutex::new(Objects::default()),
             })
         }
@@ -180,8 +230,10 @@ extern "C" fn release_at_exit() {
     let _ = std::panic::catch_unwind(|| {
         DEINITIALIZED.store(true, std::sync::atomic::Ordering::Release);
         if let Some(Ok(d)) = DRIVER.get() {
-            if let Ok(mut g) = d.gpu.try_lock() {
-                drop(g.take());
+            for ch in &d.channels {
+                if let Ok(mut g) = ch.try_lock() {
+                    drop(g.take());
+                }
             }
         }
     });
@@ -199,14 +251,54 @@ pub(crate) fn driver() -> Result<&'static Driver, CuResult> {
 }
 
 impl Driver {
-    /// Runs `f` on the connection.
+    /// Runs `f` on the calling thread's connection.
     pub fn gpu<R>(
         &self,
         f: impl FnOnce(&mut Gpu) -> guest_frontend::Result<R>,
     ) -> Result<R, CuResult> {
-        let mut g = self.gpu.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = self.slot();
+        let mut g = self.channels[slot]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let gpu = g.as_mut().ok_or(code::DEINITIALIZED)?;
         f(gpu).map_err(code_of)
+    }
+
+    /// The calling thread's slot: its own, or on its first call a slot no
+    /// thread uses, a new channel while there are fewer than the cap, else
+    /// the least used slot.
+    fn slot(&self) -> usize {
+        if let Some(s) = SLOT.try_with(|b| b.0.get()).ok().flatten() {
+            return s;
+        }
+        let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
+        let used = |i: usize| self.users[i].load(Ordering::Relaxed);
+        let free = (0..*opened).find(|&i| used(i) == 0);
+        let slot = match free {
+            Some(i) => i,
+            None if *opened < self.channels.len() => match self.joiner.join() {
+                Ok(g) => {
+                    let i = *opened;
+                    *self.channels[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
+                    *opened += 1;
+                    i
+                }
+                // No channel free in the region: share.
+                Err(_) => (0..*opened).min_by_key(|&i| used(i)).unwrap_or(0),
+            },
+            None => (0..*opened).min_by_key(|&i| used(i)).unwrap_or(0),
+        };
+        self.users[slot].fetch_add(1, Ordering::Relaxed);
+        if SLOT.try_with(|b| b.0.set(Some(slot))).is_err() {
+            // The thread is ending; it keeps no binding.
+            self.users[slot].fetch_sub(1, Ordering::Relaxed);
+        }
+        slot
+    }
+
+    /// What opens a further channel to the process's session.
+    pub fn joiner(&self) -> &guest_frontend::Joiner {
+        &self.joiner
     }
 
     /// The tables (held briefly: never across a call to the host).

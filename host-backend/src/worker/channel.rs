@@ -52,7 +52,7 @@ impl Chan {
 
     /// Whether a request of the channel waits for the device.
     pub fn waiting(&self) -> bool {
-        self.parked.is_some()
+        self.parked.as_ref().is_some_and(Parked::on_device)
     }
 }
 
@@ -185,15 +185,21 @@ pub(super) fn serve_channel(
             break;
         }
         let Some(d) = c.host.req.peek()? else { break };
-        let new_request = d.opcode != op::DATA;
-        if new_request {
-            // Another channel of the process is mid-request, or the
-            // process's next request is not this one: wait for it.
-            if e.holder.is_some_and(|h| h != ch) || (e.channels > 1 && d.tag != e.next_seq) {
-                break;
-            }
+        let numbered = d.opcode != op::DATA && !unnumbered(&d);
+        // Another channel of the process is mid-request, the process's
+        // next request is not this one, or a host function of it has not
+        // run yet: wait.
+        if numbered
+            && (e.holder.is_some_and(|h| h != ch)
+                || (e.channels > 1 && d.tag != e.next_seq)
+                || e.s.host_fn.is_some())
+        {
+            break;
         }
         if needs_device(d.opcode) {
+            if sh.releasing {
+                break;
+            }
             if sh.slice_filled() {
                 sh.budget_spent = true;
                 break;
@@ -217,7 +223,9 @@ pub(super) fn serve_channel(
             continue_transfer(sh, c, &mut e.s, &d)?;
         } else {
             handle(sh, c, &mut e.s, &d)?;
-            e.next_seq = d.tag.wrapping_add(1);
+            if numbered {
+                e.next_seq = d.tag.wrapping_add(1);
+            }
         }
         if sh.gate.is_some() && drains_device(d.opcode) {
             sh.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
@@ -236,6 +244,12 @@ pub(super) fn serve_channel(
     // over): submit them now, still under the grant they were taken in.
     sh.flush_launches(&mut e.s);
     Ok(did)
+}
+
+/// Whether a descriptor is one of the requests outside the process's
+/// numbering (tag 0: see `protocol::Request::unnumbered`).
+fn unnumbered(d: &Descriptor) -> bool {
+    d.tag == 0 && matches!(d.opcode, op::JOIN | op::WAIT_HOST_FN | op::HOST_FN_DONE)
 }
 
 /// Unbinds the channel from its session, freeing the session (everything
@@ -295,7 +309,10 @@ pub(super) fn wake_owner(sh: &Shared, ch: u32) {
     }
 }
 
-/// Requests that put work on (or wait for) the device: they run only under the grant.
+/// Requests that put work on the device: they run only under the grant.
+/// (A synchronize only marks where the work is and waits, parked, without
+/// holding the GPU: a guest waiting for work that the end of a slice cut
+/// short holds up none of its other threads.)
 pub(super) fn needs_device(opcode: u32) -> bool {
     matches!(
         opcode,
@@ -305,12 +322,10 @@ pub(super) fn needs_device(opcode: u32) -> bool {
             | op::MEMCPY_DTOD
             | op::MEMSET
             | op::DATA
-            | op::CTX_SYNCHRONIZE
-            | op::STREAM_SYNCHRONIZE
             | op::EVENT_RECORD
-            | op::EVENT_SYNCHRONIZE
             | op::STREAM_WAIT_EVENT
             | op::MEM_FREE_ASYNC
+            | op::HOST_FN
     )
 }
 

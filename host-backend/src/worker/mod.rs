@@ -19,9 +19,11 @@
 //! | `transfer.rs` | data in chunks both ways, sliced launches |
 //! | `wait.rs` | requests parked until the device is there |
 //! | `sessions.rs` | guest processes and their channels |
+//! | `release.rs` | giving the GPU back at a slice's end, without blocking |
 //! | `shared.rs` | state of all channels; grants, busy periods, launch runs |
 
 mod channel;
+mod release;
 mod requests;
 mod sessions;
 mod shared;
@@ -153,6 +155,8 @@ pub struct Worker {
     sh: Shared,
     chans: Vec<Chan>,
     sessions: Sessions,
+    /// The grant being given back: the marks its work must pass first.
+    releasing: Option<release::Releasing>,
     spin: SpinPolicy,
     cpu: Option<usize>,
     stop: Arc<AtomicBool>,
@@ -234,6 +238,7 @@ impl Worker {
                 sm_count: info.sm_count.max(1),
                 slice_blocks: cfg.slice_blocks,
                 budget_spent: false,
+                releasing: false,
                 occupancy: (0.0, 0.0),
                 last_occupancy: 0.0,
                 info_bytes: info.to_bytes(),
@@ -263,6 +268,7 @@ impl Worker {
             },
             chans,
             sessions: Sessions::default(),
+            releasing: None,
             spin: cfg.spin,
             cpu: cfg.cpu,
             stop: Arc::default(),
@@ -334,14 +340,20 @@ impl Worker {
             for c in &mut self.chans {
                 busy |= service(&mut self.sh, c, &mut self.sessions);
             }
-            if self.sh.gate.as_ref().is_some_and(|g| g.slice_over()) || self.sh.budget_spent {
+            if self.releasing.is_some() {
+                if self.poll_release()? {
+                    idle = 0;
+                    continue;
+                }
+            } else if self.sh.gate.as_ref().is_some_and(|g| g.slice_over()) || self.sh.budget_spent
+            {
                 self.sh.budget_spent = false;
                 // A vGPU whose slice ran out while it was running work stays
                 // runnable even if its ring is momentarily empty (its guest is
                 // between a reply and its next call): reporting it idle would
                 // reset its start tag and forfeit the credit it has.
                 let active = self.sh.worked;
-                self.release_grant(active)?;
+                self.begin_release(active)?;
                 idle = 0;
                 continue;
             }
@@ -361,7 +373,10 @@ impl Worker {
                 std::hint::spin_loop();
                 continue;
             }
-            if self.chans.iter().any(Chan::waiting) {
+            if self.releasing.is_some()
+                || self.chans.iter().any(Chan::waiting)
+                || self.sessions.host_fn_pending()
+            {
                 // A guest waits for the device, which still runs its work:
                 // the vGPU keeps the GPU, and the worker looks again soon
                 // (without spinning the core through a long kernel).
@@ -433,40 +448,6 @@ impl Worker {
         };
         if let Some(g) = self.sh.gate.as_mut() {
             g.report(&r)?;
-        }
-        Ok(())
-    }
-
-    /// Synchronizes every context (the GPU must really be free, and work that
-    /// overran the slice is charged in full), then gives the grant back.
-    fn release_grant(&mut self, still_active: bool) -> Result<(), Error> {
-        for (_, e) in self.sessions.iter_mut() {
-            let s = &mut e.s;
-            {
-                let (r, ended) = Shared::drain(s, None, |x| x.synchronize());
-                if ended {
-                    self.sh.period_close(s);
-                }
-                if let Err(e) = r {
-                    s.defer(e);
-                }
-                Shared::collect_timings(s);
-                requests::deferred_frees(&mut self.sh, s);
-            }
-        }
-        self.sh.issued_ns = 0;
-        let used = std::mem::take(&mut self.sh.charged_ns);
-        self.sh.stats.charged_ns.fetch_add(used, Ordering::Relaxed);
-        self.sh.worked = false;
-        let pending = still_active
-            || self.chans.iter().any(|c| {
-                c.host.req.pending().unwrap_or(0) > 0
-                    || c.transfer.is_some()
-                    || c.sliced.is_some()
-                    || c.waiting()
-            });
-        if let Some(g) = self.sh.gate.as_mut() {
-            g.release(used, pending)?;
         }
         Ok(())
     }

@@ -16,6 +16,8 @@ use crate::Error;
 
 /// Longest kernel name accepted.
 const MAX_NAME: u32 = 4096;
+/// How long a `WaitHostFn` waits before answering "none yet".
+const HOST_FN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Runs a channel's request (its first descriptor; the data chunks that
 /// follow go to [`super::transfer::continue_transfer`]) for session `s`.
@@ -90,15 +92,18 @@ pub(super) fn handle(
             }
             reply(sh, c, tag, opc, one(r), &[])
         }
+        // The memory goes once the work submitted so far is done (as the
+        // driver's free waits for it), without the worker waiting: the
+        // guest has it no more from now on.
         Request::MemFree { ptr } => {
-            let r = s.remove_alloc(ptr).and_then(|size| {
-                sh.mem_used -= size;
-                sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
-                s.ctx.free(ptr)
+            let r = s.detach_alloc(ptr).map(|charge| match s.ctx.mark(None) {
+                Ok(m) => s.deferred_frees.push((m, ptr, charge)),
+                Err(_) => free_now(sh, s, ptr, charge),
             });
             if r.is_err() {
                 refuse(sh, c, "free of a pointer it does not own");
             }
+            deferred_frees(sh, s);
             reply(sh, c, tag, opc, unit(r), &[])
         }
         Request::MemFreeAsync { ptr, stream } => {
@@ -117,6 +122,50 @@ pub(super) fn handle(
             if let Err(e) = r {
                 s.defer(e);
                 refuse(sh, c, "stream-ordered free of a pointer it does not own");
+            }
+            Ok(())
+        }
+        Request::HostFn { stream, id } => {
+            let r = s
+                .check_stream(stream)
+                .and_then(|()| s.ctx.mark(Some(stream)));
+            match r {
+                Ok(m) if id != 0 => {
+                    s.host_fn = Some(crate::session::HostFnWait {
+                        id,
+                        mark: Some(m),
+                        ready: None,
+                        delivered: false,
+                    });
+                }
+                Ok(m) => {
+                    s.ctx.forget(m);
+                    s.defer(Status::InvalidValue);
+                    refuse(sh, c, "host function numbered 0");
+                }
+                Err(e) => {
+                    s.defer(e);
+                    refuse(sh, c, "host function on a stream it does not own");
+                }
+            }
+            Ok(())
+        }
+        Request::WaitHostFn => {
+            let p = Parked {
+                tag,
+                opcode: opc,
+                wait: Wait::HostFn {
+                    until: std::time::Instant::now() + HOST_FN_WAIT,
+                },
+                then: Then::Reply,
+                period: None,
+            };
+            wait::park(sh, c, s, p)
+        }
+        Request::HostFnDone { id } => {
+            match &s.host_fn {
+                Some(h) if h.id == id && h.delivered => s.host_fn = None,
+                _ => refuse(sh, c, "host function done that was not handed out"),
             }
             Ok(())
         }

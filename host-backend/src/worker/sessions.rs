@@ -81,6 +81,14 @@ impl Sessions {
         self.map.get_mut(&id)
     }
 
+    /// Whether a session waits for its stream to reach a host function
+    /// (the worker looks soon, not after a doorbell's block).
+    pub fn host_fn_pending(&self) -> bool {
+        self.map
+            .values()
+            .any(|e| e.s.host_fn.as_ref().is_some_and(|h| !h.delivered))
+    }
+
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&SessionId, &mut Entry)> {
         self.map.iter_mut()
     }

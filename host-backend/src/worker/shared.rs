@@ -57,6 +57,8 @@ pub(super) struct Shared {
     /// The sub-grids issued under the current grant fill its slice: give
     /// the GPU back once they are done, whatever the clock says.
     pub budget_spent: bool,
+    /// The grant is being given back: no new device work until it is.
+    pub releasing: bool,
     /// Since the last report: sum of (occupied fraction x kernel time) and
     /// of kernel time, over launches.
     pub occupancy: (f64, f64),
@@ -185,33 +187,6 @@ impl Shared {
             p.timed = false;
         }
         true
-    }
-
-    /// Drains `stream` (`None`: every stream) with `sync`, marking the end of
-    /// the busy period the drain ends. Returns the drain's result and whether
-    /// it ended a period, to be charged with [`Shared::period_close`] (after
-    /// the reply). A failed drain drops the period: its work failed, there is
-    /// nothing more to charge.
-    pub fn drain(
-        s: &mut Session,
-        stream: Option<Handle>,
-        sync: impl FnOnce(&mut dyn crate::executor::Context) -> Result<(), Status>,
-    ) -> (Result<(), Status>, bool) {
-        let ending = Self::period_ending(s, stream);
-        let r = sync(&mut *s.ctx);
-        if ending && r.is_err() {
-            s.period = None;
-        }
-        let ended = ending && r.is_ok();
-        (r, ended)
-    }
-
-    /// After the drain: charges the ended period, and learns the time of
-    /// its function if it ran only one.
-    pub fn period_close(&mut self, s: &mut Session) {
-        if let Some(p) = s.period.take() {
-            self.charge_period(s, p);
-        }
     }
 
     /// Charges a drained busy period (see [`Shared::period_close`]).

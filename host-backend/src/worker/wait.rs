@@ -24,6 +24,9 @@ pub(super) enum Wait {
     Mark(Marker),
     /// An event's last record (`cuEventSynchronize`).
     Event(Handle),
+    /// A guest host function to hand out (`Request::WaitHostFn`), until
+    /// the deadline (then: none yet).
+    HostFn { until: std::time::Instant },
 }
 
 /// What follows once it is there.
@@ -62,6 +65,7 @@ pub(super) fn poll(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Result<boo
     let r = match p.wait {
         Wait::Mark(m) => s.ctx.reached(m),
         Wait::Event(e) => s.ctx.event_query(e),
+        Wait::HostFn { until } => return hand_out_host_fn(sh, c, s, until),
     };
     if let Ok(false) = r {
         return Ok(false);
@@ -94,11 +98,47 @@ pub(super) fn poll(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Result<boo
     Ok(true)
 }
 
+/// Hands the session's host function to the callback thread parked on
+/// `c` once its stream is there (with the error of the work before it, if
+/// any, in the reply's second value), or "none" (id 0) at the deadline.
+fn hand_out_host_fn(
+    sh: &mut Shared,
+    c: &mut Chan,
+    s: &mut Session,
+    until: std::time::Instant,
+) -> Result<bool, Error> {
+    let ready = match s.host_fn.as_mut() {
+        Some(h) if !h.delivered => h.poll(&mut *s.ctx).map(|r| (h.id, r)),
+        _ => None,
+    };
+    let vals = match ready {
+        Some((id, r)) => {
+            if let Some(h) = s.host_fn.as_mut() {
+                h.delivered = true;
+            }
+            [id, u64::from(r.err().map_or(0, Status::code)), 0, 0]
+        }
+        None if std::time::Instant::now() >= until => [0; 4],
+        None => return Ok(false),
+    };
+    let p = c.parked.take().expect("the caller found it parked");
+    reply(sh, c, p.tag, p.opcode, Ok(Reply { vals }), &[])?;
+    Ok(true)
+}
+
 /// Lets a parked request go unanswered (its channel or session is going).
 pub(super) fn abandon(c: &mut Chan, s: Option<&mut Session>) {
     if let (Some(p), Some(s)) = (c.parked.take(), s) {
         if let Wait::Mark(m) = p.wait {
             s.ctx.forget(m);
         }
+    }
+}
+
+impl Parked {
+    /// Whether it waits for the device (not for a guest's host function
+    /// that may never come).
+    pub fn on_device(&self) -> bool {
+        !matches!(self.wait, Wait::HostFn { .. })
     }
 }

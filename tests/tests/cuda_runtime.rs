@@ -1,0 +1,134 @@
+//! Programs built on NVIDIA's CUDA runtime run against the stand-in on the
+//! sim executor: a C program using `libcudart.so` (built with the system C
+//! compiler against the runtime's headers), and a CUDA C++ program built
+//! with `nvcc` as a tenant builds it (static runtime, registered fat
+//! binary). NVIDIA's pieces come from PyPI's wheels (`nvidia-cuda-runtime`,
+//! `nvidia-cuda-nvcc`, ...): `scripts/check` unpacks them and points
+//! `FAIRVGPU_CUDA_ROOT` at them (`include/`, `lib/`, `bin/nvcc`). Without
+//! it the tests skip, unless `FAIRVGPU_REQUIRE_CUDART=1` (CI), where its
+//! absence fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fairvgpu_tests::{standin, workspace, Host};
+
+/// The unpacked CUDA wheels, or `None` (the test skips).
+fn cuda_root() -> Option<PathBuf> {
+    let root = std::env::var_os("FAIRVGPU_CUDA_ROOT").map(PathBuf::from);
+    let ok = root
+        .as_ref()
+        .is_some_and(|r| r.join("include/cuda_runtime_api.h").exists() && r.join("lib").exists());
+    if !ok {
+        assert!(
+            std::env::var_os("FAIRVGPU_REQUIRE_CUDART").is_none(),
+            "FAIRVGPU_REQUIRE_CUDART is set but FAIRVGPU_CUDA_ROOT ({root:?}) holds no CUDA runtime"
+        );
+        eprintln!(
+            "skipped: FAIRVGPU_CUDA_ROOT does not name the CUDA wheels (scripts/check sets it)"
+        );
+        return None;
+    }
+    root
+}
+
+/// Runs `exe` with `args` through the stand-in in `lib` on the host at
+/// `socket`; its standard output (failing, with both outputs, unless it
+/// exited 0).
+fn run(exe: &Path, args: &[&Path], lib: &Path, cuda: &Path, socket: &Path) -> String {
+    let out = Command::new(exe)
+        .args(args)
+        .env(
+            "LD_LIBRARY_PATH",
+            format!("{}:{}", lib.display(), cuda.join("lib").display()),
+        )
+        .env("FAIRVGPU_SOCKET", socket)
+        .output()
+        .expect("program runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{} failed\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        exe.display()
+    );
+    stdout
+}
+
+#[test]
+fn a_c_program_on_nvidias_cuda_runtime_runs_against_the_standin() {
+    let Some(cuda) = cuda_root() else { return };
+    let host = Host::start("cudart", 1 << 30);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let exe = dir.join("runtime_api");
+    let cc = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(workspace().join("tests/c/runtime_api.c"))
+        .arg(format!("-I{}", cuda.join("include").display()))
+        .arg(format!("-L{}", cuda.join("lib").display()))
+        .args(["-l:libcudart.so.13", "-lpthread"])
+        .output()
+        .expect("cc runs");
+    assert!(
+        cc.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let stdout = run(&exe, &[&ptx], &lib, &cuda, &host.socket);
+    for line in [
+        "device: fairvgpu sim GPU, sm 9.0, 132 SMs",
+        "vector_add: 1048576 elements correct",
+        "callbacks: 3 ran in stream order",
+        "stream-ordered allocation: copy through it correct",
+        "threads: B made 400 calls in",
+        "runtime_api: all checks passed",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
+    }
+    // The program freed everything; the host agrees.
+    host.wait_until(
+        "the program's memory to be freed",
+        std::time::Duration::from_secs(10),
+        |s| s.mem_used.load(std::sync::atomic::Ordering::Relaxed) == 0,
+    );
+}
+
+#[test]
+fn an_nvcc_built_program_runs_against_the_standin() {
+    let Some(cuda) = cuda_root() else { return };
+    let nvcc = cuda.join("bin/nvcc");
+    if !nvcc.exists() {
+        assert!(
+            std::env::var_os("FAIRVGPU_REQUIRE_CUDART").is_none(),
+            "FAIRVGPU_REQUIRE_CUDART is set but {} is missing",
+            nvcc.display()
+        );
+        return;
+    }
+    let host = Host::start("nvcc", 1 << 30);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let exe = dir.join("runtime_kernels");
+    // As a tenant would: the defaults (static runtime, default architecture
+    // with its PTX, which is what the sim runs).
+    let build = Command::new(&nvcc)
+        .arg("-o")
+        .arg(&exe)
+        .arg(workspace().join("tests/c/runtime_kernels.cu"))
+        .arg(format!("-L{}", cuda.join("lib").display()))
+        .output()
+        .expect("nvcc runs");
+    assert!(
+        build.status.success(),
+        "nvcc failed: {}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let stdout = run(&exe, &[], &lib, &cuda, &host.socket);
+    assert!(
+        stdout.contains("runtime_kernels: 1048576 elements correct, max 1024 threads per block"),
+        "{stdout}"
+    );
+}
