@@ -11,6 +11,7 @@ fuzz_target!(|data: &[u8]| {
         ring_entries: 8,
         arena_size: 4096,
         vectors: 1,
+        pinned_size: 0,
     };
     let region = Region::create_in_heap(params).expect("region");
     let l = *region.layout();

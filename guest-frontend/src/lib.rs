@@ -339,13 +339,7 @@ impl Gpu {
             seq,
             token: [0; 2],
             origin,
-            info: DeviceInfo {
-                name: String::new(),
-                total_mem: 0,
-                cc: (0, 0),
-                sm_count: 0,
-                attributes: vec![],
-            },
+            info: DeviceInfo::default(),
             buf: Vec::new(),
             copier: copy::Copier::default(),
             transport,
@@ -576,6 +570,63 @@ impl Gpu {
     /// Host function `id` has run.
     pub fn host_fn_done(&mut self, id: u64) -> Result<()> {
         self.send(&Request::HostFnDone { id }, &[]).map(drop)
+    }
+
+    /// Pinned memory from the region's pool: its offset in the pool.
+    pub fn pinned_alloc(&mut self, size: u64) -> Result<u64> {
+        Ok(self.call(&Request::PinnedAlloc { size })?.vals[0])
+    }
+
+    /// Gives pinned memory back.
+    pub fn pinned_free(&mut self, offset: u64) -> Result<()> {
+        self.call(&Request::PinnedFree { offset }).map(drop)
+    }
+
+    /// Copies `len` bytes of pinned memory at pool offset `offset` to the
+    /// device, when `stream` gets there (DMA; returns at once).
+    pub fn memcpy_htod_pinned(
+        &mut self,
+        dst: DevPtr,
+        offset: u64,
+        len: u64,
+        stream: u64,
+    ) -> Result<()> {
+        self.send(
+            &Request::MemcpyHtoDPinned {
+                dst,
+                offset,
+                len,
+                stream,
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
+    /// Copies device bytes to pinned memory at pool offset `offset` when
+    /// `stream` gets there (DMA; returns at once).
+    pub fn memcpy_dtoh_pinned(
+        &mut self,
+        src: DevPtr,
+        offset: u64,
+        len: u64,
+        stream: u64,
+    ) -> Result<()> {
+        self.send(
+            &Request::MemcpyDtoHPinned {
+                src,
+                offset,
+                len,
+                stream,
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
+    /// The shared region this connection uses.
+    pub fn region(&self) -> &qemu_ivshmem::Region {
+        self.ch.region()
     }
 
     /// cuMemGetInfo: (free, total) of this vGPU.

@@ -135,6 +135,11 @@ pub struct VmConfig {
     /// vCPUs so that ring round trips stay in one cache domain.
     #[serde(default)]
     pub worker_cpu: Option<usize>,
+    /// Page-locked host memory its guests may hold (`cuMemHostAlloc`,
+    /// registered and managed memory), MiB, a multiple of 2; left out,
+    /// `[layout] pinned_size`.
+    #[serde(default)]
+    pub pinned_mib: Option<u64>,
 }
 
 fn one() -> f64 {
@@ -284,6 +289,15 @@ impl Config {
         Self::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
     }
 
+    /// The region layout of VM `vm` (the `[layout]`, with the VM's own
+    /// pinned pool size if it sets one).
+    pub fn layout_for(&self, vm: &VmConfig) -> LayoutParams {
+        LayoutParams {
+            pinned_size: vm.pinned_mib.map_or(self.layout.pinned_size, |m| m << 20),
+            ..self.layout
+        }
+    }
+
     /// Checks what serde cannot.
     pub fn validate(&self) -> Result<(), Error> {
         self.check().map_err(|(m, _)| Error::Config(m))
@@ -355,6 +369,9 @@ impl Config {
         }
         let mut names = HashSet::new();
         for (i, vm) in self.vms.iter().enumerate() {
+            if let Err(e) = Layout::new(self.layout_for(vm)) {
+                return bad(format!("[[vm]] {}: {e}", vm.name), Loc::Vm(i, "pinned_mib"));
+            }
             if vm.name.is_empty()
                 || !vm
                     .name

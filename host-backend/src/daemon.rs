@@ -50,7 +50,7 @@ pub fn run_worker(
     let wc = WorkerConfig {
         name: vm.to_owned(),
         socket: cfg.socket(vm),
-        layout: cfg.layout,
+        layout: cfg.layout_for(vmc),
         mem_limit: vmc.memory_limit_mib << 20,
         spin: cfg.spin,
         cpu: vmc.worker_cpu,
@@ -181,7 +181,8 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         for vm in &want.vms {
             if !children.iter().any(|w| w.name == vm.name) {
                 if !hosts.contains_key(&vm.name) {
-                    let host = VmHost::start(&vm.name, &want.socket(&vm.name), want.layout)?;
+                    let host =
+                        VmHost::start(&vm.name, &want.socket(&vm.name), want.layout_for(vm))?;
                     hosts.insert(vm.name.clone(), host);
                 }
                 children.push(Supervised {

@@ -583,6 +583,7 @@ mod tests {
             ring_entries: 8,
             arena_size: 8192,
             vectors: 2,
+            pinned_size: 0,
         }
     }
 

@@ -196,6 +196,40 @@ pub enum Request {
     },
     /// Free and total memory of this vGPU (its limit, not the GPU's).
     MemGetInfo,
+    /// Page-locked host memory from the region's pinned pool (reply: its
+    /// offset in the pool).
+    PinnedAlloc {
+        /// Bytes.
+        size: u64,
+    },
+    /// Gives pinned memory back.
+    PinnedFree {
+        /// Offset `PinnedAlloc` returned.
+        offset: u64,
+    },
+    /// Copy from pinned memory to the device, asynchronously (DMA from the
+    /// pool when the stream gets there; no reply).
+    MemcpyHtoDPinned {
+        /// Destination.
+        dst: u64,
+        /// Source: an offset in the pinned pool.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Copy from the device to pinned memory, asynchronously (no reply).
+    MemcpyDtoHPinned {
+        /// Source.
+        src: u64,
+        /// Destination: an offset in the pinned pool.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Stream.
+        stream: u64,
+    },
     /// Copy host to device; `len` bytes follow in data chunks.
     MemcpyHtoD {
         /// Destination.
@@ -430,6 +464,10 @@ pub mod op {
     pub const MEM_FREE: u32 = 11;
     pub const MEM_GET_INFO: u32 = 12;
     pub const MEM_FREE_ASYNC: u32 = 17;
+    pub const PINNED_ALLOC: u32 = 18;
+    pub const PINNED_FREE: u32 = 19;
+    pub const MEMCPY_HTOD_PINNED: u32 = 6;
+    pub const MEMCPY_DTOH_PINNED: u32 = 7;
     pub const MEMCPY_HTOD: u32 = 13;
     pub const MEMCPY_DTOH: u32 = 14;
     pub const MEMCPY_DTOD: u32 = 15;
@@ -500,6 +538,10 @@ impl Request {
             MemFree { .. } => op::MEM_FREE,
             MemGetInfo => op::MEM_GET_INFO,
             MemFreeAsync { .. } => op::MEM_FREE_ASYNC,
+            PinnedAlloc { .. } => op::PINNED_ALLOC,
+            PinnedFree { .. } => op::PINNED_FREE,
+            MemcpyHtoDPinned { .. } => op::MEMCPY_HTOD_PINNED,
+            MemcpyDtoHPinned { .. } => op::MEMCPY_DTOH_PINNED,
             MemcpyHtoD { .. } => op::MEMCPY_HTOD,
             MemcpyDtoH { .. } => op::MEMCPY_DTOH,
             MemcpyDtoD { .. } => op::MEMCPY_DTOD,
@@ -548,6 +590,8 @@ impl Request {
                 | Request::MemFreeAsync { .. }
                 | Request::HostFn { .. }
                 | Request::HostFnDone { .. }
+                | Request::MemcpyHtoDPinned { .. }
+                | Request::MemcpyDtoHPinned { .. }
         )
     }
 
@@ -590,6 +634,25 @@ impl Request {
             MemFree { ptr } => w.u64(ptr),
             MemFreeAsync { ptr, stream } => {
                 w.u64(ptr);
+                w.u64(stream);
+            }
+            PinnedAlloc { size } => w.u64(size),
+            PinnedFree { offset } => w.u64(offset),
+            MemcpyHtoDPinned {
+                dst: a,
+                offset,
+                len,
+                stream,
+            }
+            | MemcpyDtoHPinned {
+                src: a,
+                offset,
+                len,
+                stream,
+            } => {
+                w.u64(a);
+                w.u64(offset);
+                w.u64(len);
                 w.u64(stream);
             }
             MemcpyHtoD { dst, len, stream } => {
@@ -745,6 +808,26 @@ impl Request {
                 MemAlloc { size }
             }
             op::MEM_FREE => MemFree { ptr: r.u64()? },
+            op::PINNED_ALLOC => {
+                let size = check_len("size", r.u64()?, MAX_LEN)?;
+                if size == 0 {
+                    return Err(bad("size", "zero-byte allocation"));
+                }
+                PinnedAlloc { size }
+            }
+            op::PINNED_FREE => PinnedFree { offset: r.u64()? },
+            op::MEMCPY_HTOD_PINNED => MemcpyHtoDPinned {
+                dst: r.u64()?,
+                offset: r.u64()?,
+                len: check_len("len", r.u64()?, MAX_LEN)?,
+                stream: r.u64()?,
+            },
+            op::MEMCPY_DTOH_PINNED => MemcpyDtoHPinned {
+                src: r.u64()?,
+                offset: r.u64()?,
+                len: check_len("len", r.u64()?, MAX_LEN)?,
+                stream: r.u64()?,
+            },
             op::MEM_FREE_ASYNC => MemFreeAsync {
                 ptr: r.u64()?,
                 stream: r.u64()?,
@@ -1009,7 +1092,7 @@ impl Reply {
 
 /// What `Hello` answers: the device as the guest should see it. Encoded in the
 /// reply's data as little-endian fields.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeviceInfo {
     /// Device name.
     pub name: String,
@@ -1021,6 +1104,12 @@ pub struct DeviceInfo {
     pub sm_count: u32,
     /// `(CUdevice_attribute, value)` pairs answered in the guest without a round trip.
     pub attributes: Vec<(u32, i32)>,
+    /// Bytes of the region's pinned pool (0: none).
+    pub pinned_size: u64,
+    /// The device address of the pool's first byte (where kernels reach
+    /// it); guests map the pool at this address too when they can, so that
+    /// a pinned pointer is the same on both sides.
+    pub pinned_base: u64,
 }
 
 impl DeviceInfo {
@@ -1039,6 +1128,8 @@ impl DeviceInfo {
             v.extend_from_slice(&a.to_le_bytes());
             v.extend_from_slice(&val.to_le_bytes());
         }
+        v.extend_from_slice(&self.pinned_size.to_le_bytes());
+        v.extend_from_slice(&self.pinned_base.to_le_bytes());
         v
     }
 
@@ -1055,12 +1146,16 @@ impl DeviceInfo {
         for _ in 0..count {
             attributes.push((r.u32()?, r.u32()? as i32));
         }
+        let pinned_size = r.u64()?;
+        let pinned_base = r.u64()?;
         Ok(DeviceInfo {
             name,
             total_mem,
             cc,
             sm_count,
             attributes,
+            pinned_size,
+            pinned_base,
         })
     }
 }
@@ -1080,6 +1175,20 @@ mod tests {
             Request::MemFree { ptr: 0x7000_0000 },
             Request::MemGetInfo,
             Request::MemFreeAsync { ptr: 5, stream: 6 },
+            Request::PinnedAlloc { size: 4096 },
+            Request::PinnedFree { offset: 8192 },
+            Request::MemcpyHtoDPinned {
+                dst: 1,
+                offset: 2,
+                len: 3,
+                stream: 4,
+            },
+            Request::MemcpyDtoHPinned {
+                src: 1,
+                offset: 2,
+                len: 3,
+                stream: 4,
+            },
             Request::MemcpyHtoD {
                 dst: 1,
                 len: 2,
@@ -1280,6 +1389,8 @@ mod tests {
             cc: (9, 0),
             sm_count: 132,
             attributes: vec![(1, 1024), (16, 132)],
+            pinned_size: 64 << 20,
+            pinned_base: 0x3f00_0000_0000,
         };
         let b = info.to_bytes();
         assert_eq!(DeviceInfo::from_bytes(&b).unwrap(), info);

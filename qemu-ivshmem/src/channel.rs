@@ -146,6 +146,43 @@ impl Region {
         Ok(region)
     }
 
+    /// The pinned pool (empty if the layout has none).
+    pub fn pinned(&self) -> Result<vm_memory::VolatileSlice<'_>> {
+        Ok(self.mem.slice().subslice(
+            self.layout.pinned_offset,
+            self.layout.params.pinned_size as usize,
+        )?)
+    }
+
+    /// Maps the pinned pool a second time, at `addr` if that address is
+    /// free in this process (else where the kernel puts it).
+    pub fn map_pinned_at(&self, addr: usize) -> Result<crate::shm::FixedMapping> {
+        self.mem.map_part(
+            self.layout.pinned_offset,
+            self.layout.params.pinned_size as usize,
+            addr,
+        )
+    }
+
+    /// Replaces `len` bytes of this process's memory at `addr` with pinned
+    /// pool memory from pool offset `off` (registering memory: the
+    /// process's pages become pool pages the GPU reaches).
+    ///
+    /// # Safety
+    /// As [`crate::shm::SharedMemory::map_part_over`]: the range may be
+    /// replaced, and is page-aligned.
+    pub unsafe fn map_pinned_over(&self, off: u64, len: usize, addr: usize) -> Result<()> {
+        let size = self.layout.params.pinned_size;
+        if off.checked_add(len as u64).is_none_or(|end| end > size) {
+            return Err(Error::BadLayout(format!("pool part {off}+{len} of {size}")));
+        }
+        // SAFETY: per this function's contract.
+        unsafe {
+            self.mem
+                .map_part_over(self.layout.pinned_offset + off as usize, len, addr)
+        }
+    }
+
     /// The host epoch: bumped every time a host creates or adopts the region.
     pub fn host_epoch(&self) -> Result<u32> {
         Ok(self
@@ -183,6 +220,10 @@ impl Region {
             .store(self.layout.channels_offset as u64, Ordering::Relaxed);
         m.atomic_u64(hdr::REGION_SIZE)?
             .store(self.layout.region_size as u64, Ordering::Relaxed);
+        m.atomic_u64(hdr::PINNED_SIZE)?
+            .store(p.pinned_size, Ordering::Relaxed);
+        m.atomic_u64(hdr::PINNED_OFFSET)?
+            .store(self.layout.pinned_offset as u64, Ordering::Relaxed);
         let epoch = m.atomic_u32(hdr::HOST_EPOCH)?;
         epoch.store(
             epoch.load(Ordering::Relaxed).wrapping_add(1).max(1),
@@ -242,11 +283,16 @@ impl Region {
             ring_entries: m.atomic_u32(hdr::RING_ENTRIES)?.load(Ordering::Relaxed),
             arena_size: m.atomic_u64(hdr::ARENA_SIZE)?.load(Ordering::Relaxed),
             vectors: m.atomic_u32(hdr::VECTORS)?.load(Ordering::Relaxed),
+            pinned_size: m.atomic_u64(hdr::PINNED_SIZE)?.load(Ordering::Relaxed),
         };
         let layout = Layout::new(params).map_err(|e| Error::BadHeader(e.to_string()))?;
         let stride = m.atomic_u64(hdr::CHANNEL_STRIDE)?.load(Ordering::Relaxed);
         let size = m.atomic_u64(hdr::REGION_SIZE)?.load(Ordering::Relaxed);
-        if stride != layout.channel_stride as u64 || size != layout.region_size as u64 {
+        let pinned = m.atomic_u64(hdr::PINNED_OFFSET)?.load(Ordering::Relaxed);
+        if stride != layout.channel_stride as u64
+            || size != layout.region_size as u64
+            || pinned != layout.pinned_offset as u64
+        {
             return bad(format!(
                 "stride {stride} / size {size} disagree with the parameters"
             ));
@@ -593,6 +639,7 @@ mod tests {
             ring_entries: 8,
             arena_size: 8192,
             vectors: 2,
+            pinned_size: 0,
         }
     }
 

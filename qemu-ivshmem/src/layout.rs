@@ -10,6 +10,8 @@
 //!   ...               response descriptors (ring_entries * 128 B)
 //!   page aligned      request arena  (arena_size bytes, guest -> host data)
 //!   ...               response arena (arena_size bytes, host -> guest data)
+//! pinned_offset       pinned pool (pinned_size bytes, 2 MiB aligned): page-locked
+//!                     host memory the GPU reaches directly, handed out by the host
 //! ```
 //!
 //! Every index is a free-running `u32` (ring slots) or `u64` (arena bytes),
@@ -21,7 +23,9 @@ use crate::error::{Error, Result};
 /// "FVGPUSHM", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FVGPUSHM");
 /// Bumped on every incompatible change of this file.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
+/// Alignment (and size unit) of the pinned pool: a huge page.
+pub const PINNED_ALIGN: u64 = 2 << 20;
 /// Size of the header page.
 pub const HEADER_SIZE: usize = 4096;
 /// Size of one descriptor.
@@ -51,6 +55,10 @@ pub mod hdr {
     pub const CHANNELS_OFFSET: usize = 40;
     /// u64 total region size.
     pub const REGION_SIZE: usize = 48;
+    /// u64 bytes of the pinned pool.
+    pub const PINNED_SIZE: usize = 56;
+    /// u64 offset of the pinned pool.
+    pub const PINNED_OFFSET: usize = 64;
     /// u32 host epoch, bumped by every host start; 0 while no host serves.
     pub const HOST_EPOCH: usize = 128;
     /// u32 set by the host worker before it blocks on its doorbell.
@@ -126,6 +134,15 @@ pub struct LayoutParams {
     pub arena_size: u64,
     /// Doorbell vectors per peer (the `vectors=` of QEMU's device).
     pub vectors: u32,
+    /// Bytes of pinned pool (page-locked host memory the GPU reaches
+    /// directly: the guests' `cuMemHostAlloc`, registered and managed
+    /// memory); a multiple of 2 MiB, 0 for none.
+    #[serde(default = "default_pinned")]
+    pub pinned_size: u64,
+}
+
+fn default_pinned() -> u64 {
+    LayoutParams::default().pinned_size
 }
 
 impl Default for LayoutParams {
@@ -135,6 +152,7 @@ impl Default for LayoutParams {
             ring_entries: 256,
             arena_size: 4 << 20,
             vectors: 4,
+            pinned_size: 256 << 20,
         }
     }
 }
@@ -148,6 +166,8 @@ pub struct Layout {
     pub channel_stride: usize,
     /// Offset of channel 0.
     pub channels_offset: usize,
+    /// Offset of the pinned pool.
+    pub pinned_offset: usize,
     /// Region size (a power of two, as a PCI BAR must be).
     pub region_size: usize,
 }
@@ -157,6 +177,7 @@ const MAX_CHANNELS: u32 = 1024;
 const MAX_RING_ENTRIES: u32 = 1 << 16;
 const MAX_ARENA: u64 = 1 << 30;
 const MAX_VECTORS: u32 = 64;
+const MAX_PINNED: u64 = 64 << 30;
 
 impl Layout {
     /// Computes and validates a layout.
@@ -192,17 +213,30 @@ impl Layout {
                 params.vectors
             ));
         }
+        if !params.pinned_size.is_multiple_of(PINNED_ALIGN) || params.pinned_size > MAX_PINNED {
+            return bad(format!(
+                "pinned_size must be a multiple of {PINNED_ALIGN} up to {MAX_PINNED}, not {}",
+                params.pinned_size
+            ));
+        }
         // Bounded above, so plain arithmetic cannot overflow on 64-bit.
         let rings = 2 * params.ring_entries as usize * DESC_SIZE;
         let before_arena = align_up(ctl::SIZE + 2 * ringctl::SIZE + rings, 4096);
         let channel_stride = before_arena + 2 * params.arena_size as usize;
         let channels_offset = HEADER_SIZE;
-        let needed = channels_offset + params.channels as usize * channel_stride;
+        let channels_end = channels_offset + params.channels as usize * channel_stride;
+        let pinned_offset = if params.pinned_size > 0 {
+            align_up(channels_end, PINNED_ALIGN as usize)
+        } else {
+            channels_end
+        };
+        let needed = pinned_offset + params.pinned_size as usize;
         let region_size = needed.next_power_of_two();
         Ok(Layout {
             params,
             channel_stride,
             channels_offset,
+            pinned_offset,
             region_size,
         })
     }
@@ -270,7 +304,9 @@ mod tests {
         assert!(down.descs + 256 * DESC_SIZE <= up.arena);
         assert_eq!(up.arena % 4096, 0);
         assert_eq!(down.arena + (4 << 20), l.channel_stride);
-        assert!(l.channel_offset(7) + l.channel_stride <= l.region_size);
+        assert!(l.channel_offset(7) + l.channel_stride <= l.pinned_offset);
+        assert_eq!(l.pinned_offset % (2 << 20), 0);
+        assert!(l.pinned_offset + (256 << 20) <= l.region_size);
     }
 
     #[test]
@@ -302,6 +338,14 @@ mod tests {
                 ..base
             },
             LayoutParams { vectors: 0, ..base },
+            LayoutParams {
+                pinned_size: 4096,
+                ..base
+            },
+            LayoutParams {
+                pinned_size: 1 << 40,
+                ..base
+            },
         ] {
             assert!(Layout::new(p).is_err(), "{p:?} accepted");
         }

@@ -421,6 +421,7 @@ mod tests {
             ring_entries: entries,
             arena_size: arena,
             vectors: 1,
+            pinned_size: 0,
         })
         .unwrap();
         let mem = Arc::new(SharedMemory::heap(l.channels_offset + l.channel_stride));

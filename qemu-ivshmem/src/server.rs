@@ -405,6 +405,7 @@ mod tests {
             ring_entries: 8,
             arena_size: 8192,
             vectors: 2,
+            pinned_size: 0,
         };
         let (region, fd) = Region::create("t", params).unwrap();
         let server = serve(&sock, fd, 2).unwrap();

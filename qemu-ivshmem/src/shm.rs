@@ -7,7 +7,7 @@
 //! `&`/`&mut` to plain data in the shared pages is ever created.
 
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use vm_memory::mmap::MmapRegion;
@@ -120,6 +120,140 @@ impl SharedMemory {
         let s = self.slice();
         let r: &AtomicU64 = s.get_atomic_ref(off)?;
         Ok(extend(r, self))
+    }
+}
+
+impl SharedMemory {
+    /// The file behind a mapped region (none for heap memory).
+    fn file(&self) -> Option<&File> {
+        match &self.backing {
+            Backing::Mapped(m) => m.file_offset().map(|f| f.file()),
+            Backing::Heap(_) => None,
+        }
+    }
+
+    /// Maps `len` bytes of the region's file from offset `off` a second
+    /// time, at address `addr` if it is free (else wherever the kernel
+    /// puts it): see [`FixedMapping`].
+    pub fn map_part(&self, off: usize, len: usize, addr: usize) -> Result<FixedMapping> {
+        let file = self
+            .file()
+            .ok_or_else(|| Error::BadLayout("heap memory has no file to map".into()))?;
+        if off.checked_add(len).is_none_or(|end| end > self.len) || len == 0 {
+            return Err(Error::BadLayout(format!(
+                "part {off}+{len} of {} bytes",
+                self.len
+            )));
+        }
+        let flags = libc::MAP_SHARED
+            | if addr != 0 {
+                libc::MAP_FIXED_NOREPLACE
+            } else {
+                0
+            };
+        // SAFETY: a new shared mapping of our own file's pages, at an address
+        // the kernel checks is free (MAP_FIXED_NOREPLACE) or picks itself;
+        // nothing in this process refers to that address range yet.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                file.as_fd().as_raw_fd(),
+                off as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            // Taken (or no fixed placement on this kernel): anywhere will do.
+            if addr != 0 {
+                return self.map_part(off, len, 0);
+            }
+            return Err(Error::io("mmap of the pinned pool", e));
+        }
+        Ok(FixedMapping {
+            addr: p as usize,
+            len,
+        })
+    }
+
+    /// Replaces the `len` bytes of this process's memory at `addr` with a
+    /// mapping of the region's file from offset `off`.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must be memory of the caller's that may be
+    /// replaced (its contents are lost; the caller copies what it needs
+    /// first), page-aligned, and referred to by nothing that would break.
+    pub unsafe fn map_part_over(&self, off: usize, len: usize, addr: usize) -> Result<()> {
+        let file = self
+            .file()
+            .ok_or_else(|| Error::BadLayout("heap memory has no file to map".into()))?;
+        if off.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Error::BadLayout(format!(
+                "part {off}+{len} of {} bytes",
+                self.len
+            )));
+        }
+        // SAFETY: per this function's contract, the range may be replaced.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                file.as_fd().as_raw_fd(),
+                off as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::io(
+                "mmap over registered memory",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A part of the region mapped a second time, at an address of its own
+/// (the pinned pool at the address the GPU knows it by). Unmapped on drop.
+#[derive(Debug)]
+pub struct FixedMapping {
+    addr: usize,
+    len: usize,
+}
+
+impl FixedMapping {
+    /// Where it is mapped.
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The mapping as a volatile slice.
+    pub fn slice(&self) -> VolatileSlice<'_> {
+        // SAFETY: a live shared mapping of `len` bytes that this value owns
+        // and unmaps only on drop; the slice borrows `self`. All access
+        // through it is volatile.
+        unsafe { VolatileSlice::new(self.addr as *mut u8, self.len) }
+    }
+}
+
+impl Drop for FixedMapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once; slices of it borrowed
+        // `self` and are gone.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
     }
 }
 

@@ -8,8 +8,10 @@
  * loaded with cudaLibraryLoadData and launched with cudaLaunchKernel.
  * Checks device properties, allocations, copies both ways, memsets, a
  * launch, events, stream callbacks and host functions (their order in the
- * stream), stream-ordered allocation, and two threads at once (one waiting
- * on a long kernel while the other keeps calling). Exit 0 only if all is
+ * stream), stream-ordered allocation, page-locked (cudaMallocHost,
+ * cudaHostAlloc mapped), registered and managed memory with pointer
+ * attributes, and two threads at once (one waiting on a long kernel while
+ * the other keeps calling). Exit 0 only if all is
  * right; the last line says so.
  */
 #include <pthread.h>
@@ -185,6 +187,65 @@ int main(int argc, char **argv) {
     CK(cudaStreamSynchronize(s));
     EXPECT(memcmp(hc, ha, bytes) == 0);
     printf("stream-ordered allocation: copy through it correct\n");
+
+    /* Page-locked memory: asynchronous copies both ways through it, its
+       device address, what the runtime says it is. */
+    float *pin;
+    CK(cudaMallocHost((void **)&pin, bytes));
+    memcpy(pin, ha, bytes);
+    CK(cudaMemcpyAsync(c, pin, bytes, cudaMemcpyHostToDevice, s));
+    memset(hc, 0, bytes);
+    float *pin2;
+    CK(cudaHostAlloc((void **)&pin2, bytes, cudaHostAllocMapped));
+    CK(cudaMemcpyAsync(pin2, c, bytes, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    EXPECT(memcmp(pin2, ha, bytes) == 0);
+    void *dev_view = NULL;
+    CK(cudaHostGetDevicePointer(&dev_view, pin2, 0));
+    EXPECT(dev_view != NULL);
+    struct cudaPointerAttributes at;
+    CK(cudaPointerGetAttributes(&at, pin2));
+    EXPECT(at.type == cudaMemoryTypeHost && at.devicePointer == dev_view);
+    CK(cudaPointerGetAttributes(&at, c));
+    EXPECT(at.type == cudaMemoryTypeDevice);
+    CK(cudaPointerGetAttributes(&at, ha));
+    EXPECT(at.type == cudaMemoryTypeUnregistered);
+    CK(cudaFreeHost(pin));
+    CK(cudaFreeHost(pin2));
+    printf("pinned: copies both ways through page-locked memory correct\n");
+
+    /* Registered memory: the program's own buffer, copied through both ways,
+       keeps its contents after it is unregistered. */
+    float *reg = malloc(bytes + 100);
+    float *r = (float *)((char *)reg + 4); /* not page-aligned */
+    for (unsigned i = 0; i < N; i++) r[i] = 2.0f * (float)i;
+    CK(cudaHostRegister(r, bytes, cudaHostRegisterDefault));
+    CK(cudaMemcpyAsync(c, r, bytes, cudaMemcpyHostToDevice, s));
+    CK(cudaMemsetAsync(a, 0, bytes, s));
+    CK(cudaMemcpyAsync(r, a, bytes / 2, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaHostUnregister(r));
+    for (unsigned i = 0; i < N; i++) {
+        float want = i < N / 2 ? 0.0f : 2.0f * (float)i;
+        if (r[i] != want) { fprintf(stderr, "registered r[%u] = %f\n", i, r[i]); return 1; }
+    }
+    CK(cudaMemcpy(hc, c, bytes, cudaMemcpyDeviceToHost));
+    for (unsigned i = 0; i < N; i++)
+        if (hc[i] != 2.0f * (float)i) { fprintf(stderr, "c[%u] = %f\n", i, hc[i]); return 1; }
+    free(reg);
+    printf("registered: copies both ways correct, contents kept after unregistering\n");
+
+    /* Managed memory: the same bytes on both sides. */
+    float *m;
+    CK(cudaMallocManaged((void **)&m, bytes, cudaMemAttachGlobal));
+    for (unsigned i = 0; i < N; i++) m[i] = (float)i + 0.25f;
+    CK(cudaMemcpy(c, m, bytes, cudaMemcpyDefault));
+    CK(cudaMemcpy(hc, c, bytes, cudaMemcpyDeviceToHost));
+    EXPECT(memcmp(hc, m, bytes) == 0);
+    CK(cudaPointerGetAttributes(&at, m));
+    EXPECT(at.type == cudaMemoryTypeManaged);
+    CK(cudaFree(m));
+    printf("managed: host writes seen by the device\n");
 
     /* Two threads at once: B's calls are not held up by A's wait. */
     pthread_t ta, tb;

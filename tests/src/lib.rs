@@ -76,6 +76,7 @@ impl Host {
                 ring_entries: 64,
                 arena_size: 1 << 20,
                 vectors: 4,
+                pinned_size: 32 << 20,
             },
             mem_limit,
             spin: TEST_SPIN,

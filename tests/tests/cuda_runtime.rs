@@ -83,6 +83,9 @@ fn a_c_program_on_nvidias_cuda_runtime_runs_against_the_standin() {
         "vector_add: 1048576 elements correct",
         "callbacks: 3 ran in stream order",
         "stream-ordered allocation: copy through it correct",
+        "pinned: copies both ways through page-locked memory correct",
+        "registered: copies both ways correct, contents kept after unregistering",
+        "managed: host writes seen by the device",
         "threads: B made 400 calls in",
         "runtime_api: all checks passed",
     ] {

@@ -18,6 +18,7 @@
 //! | launches, function attributes, occupancy | [`launch`] |
 //! | streams, events | [`stream`] |
 //! | host functions, stream callbacks | [`host_fn`] |
+//! | page-locked, registered and managed host memory | [`host_memory`] |
 //! | `cuGetProcAddress` | [`proc_address`] |
 //! | profiler controls (no-ops) | [`profiler`] |
 //! | `cuGetExportTable`: the runtime's private interface | [`export_table`] |
@@ -42,12 +43,14 @@
 #[macro_use]
 mod export;
 mod image;
+mod reserve;
 mod state;
 
 pub mod context;
 pub mod device;
 pub mod export_table;
 pub mod host_fn;
+pub mod host_memory;
 pub mod launch;
 pub mod mem_pool;
 pub mod memory;
@@ -86,6 +89,8 @@ pub(crate) mod code {
     pub const PEER_ACCESS_ALREADY_ENABLED: CuResult = 704;
     pub const PEER_ACCESS_NOT_ENABLED: CuResult = 705;
     pub const PRIMARY_CONTEXT_ACTIVE: CuResult = 708;
+    pub const HOST_MEMORY_ALREADY_REGISTERED: CuResult = 712;
+    pub const HOST_MEMORY_NOT_REGISTERED: CuResult = 713;
     /// The vGPU's host worker restarted and the process's GPU state is gone
     /// (as after a sticky error on a real GPU, the program must start again).
     pub const CONTEXT_IS_DESTROYED: CuResult = 709;

@@ -16,7 +16,7 @@ use std::ffi::{c_int, c_void};
 use cudarc::driver::sys::{CUdevice, CUdeviceptr, CUstream};
 
 use crate::context::need_ctx;
-use crate::state::{gpu, objects, out, Range, RangeKind};
+use crate::state::{gpu, objects, out, RangeKind};
 use crate::stream::resolve;
 use crate::{code, CuResult};
 
@@ -80,15 +80,8 @@ fn alloc_from(p: *mut CUdeviceptr, size: usize, pool: usize, st: CUstream) -> Re
     if !objects()?.pools.pools.contains_key(&pool) {
         return Err(code::INVALID_VALUE);
     }
-    let d = gpu(|g| g.mem_alloc(size as u64))?;
+    let d = crate::memory::device_alloc(size as u64)?;
     let mut o = objects()?;
-    o.ranges.insert(
-        d,
-        Range {
-            size: size as u64,
-            kind: RangeKind::Device,
-        },
-    );
     if let Some(pl) = o.pools.pools.get_mut(&pool) {
         pl.used += size as u64;
         pl.used_high = pl.used_high.max(pl.used);
@@ -153,8 +146,7 @@ export! {
                 Some(r) if r.kind == RangeKind::Device => {}
                 _ => return Err(code::INVALID_VALUE),
             }
-            o.ranges.remove(&ptr);
-            freed(&mut o, ptr);
+            crate::memory::forget_alloc(&mut o, ptr);
         }
         gpu(|g| g.mem_free_async(ptr, stream))
     }

@@ -28,25 +28,62 @@ pub(crate) fn is_device(ptr: u64) -> Result<bool, CuResult> {
     Ok(objects()?.range_of(ptr).is_some())
 }
 
+/// Allocations tried before giving up on one whose address the process
+/// already uses (see `reserve`).
+const ALLOC_TRIES: usize = 4;
+
+/// Allocates `size` bytes of device memory whose addresses are reserved in
+/// this process. An allocation at addresses the process already uses is
+/// kept aside while another is made, then freed.
+pub(crate) fn device_alloc(size: u64) -> Result<u64, CuResult> {
+    let mut taken = Vec::new();
+    let mut got = None;
+    for _ in 0..ALLOC_TRIES {
+        let d = gpu(|g| g.mem_alloc(size))?;
+        if crate::reserve::reserve(d, size) {
+            got = Some(d);
+            break;
+        }
+        taken.push(d);
+    }
+    for d in taken {
+        let _ = gpu(|g| g.mem_free(d));
+    }
+    let d = got.ok_or_else(|| {
+        crate::log_once("device addresses keep landing on the process's own memory");
+        code::OUT_OF_MEMORY
+    })?;
+    objects()?.ranges.insert(
+        d,
+        Range {
+            size,
+            kind: RangeKind::Device,
+        },
+    );
+    Ok(d)
+}
+
+/// Forgets a device allocation (its reservation too), after the host freed
+/// it.
+pub(crate) fn forget_alloc(o: &mut crate::state::Objects, p: u64) {
+    if let Some(r) = o.ranges.remove(&p) {
+        crate::reserve::release(p, r.size);
+    }
+    crate::mem_pool::freed(o, p);
+}
+
 fn alloc(p: *mut CUdeviceptr, size: usize) -> Result<(), CuResult> {
     need_ctx()?;
     if size == 0 || p.is_null() {
         return Err(code::INVALID_VALUE);
     }
-    let d = gpu(|g| g.mem_alloc(size as u64))?;
-    objects()?.ranges.insert(
-        d,
-        Range {
-            size: size as u64,
-            kind: RangeKind::Device,
-        },
-    );
+    let d = device_alloc(size as u64)?;
     out(p, d)
 }
 
 fn free(p: CUdeviceptr) -> Result<(), CuResult> {
     need_ctx()?;
-    if p == 0 {
+    if p == 0 || crate::host_memory::free_managed(p)? {
         return Ok(());
     }
     match objects()?.ranges.get(&p) {
@@ -54,15 +91,23 @@ fn free(p: CUdeviceptr) -> Result<(), CuResult> {
         _ => return Err(code::INVALID_VALUE),
     }
     gpu(|g| g.mem_free(p))?;
-    let mut o = objects()?;
-    o.ranges.remove(&p);
-    crate::mem_pool::freed(&mut o, p);
+    forget_alloc(&mut *objects()?, p);
     Ok(())
 }
 
 fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, st: CUstream, sync: bool) -> CuResult2 {
     need_ctx()?;
     let stream = resolve(st)?;
+    if let Some(off) = crate::host_memory::pinned_span(src as u64, n as u64) {
+        // DMA from the pinned pool when the stream gets there.
+        return gpu(|g| {
+            g.memcpy_htod_pinned(dst, off, n as u64, stream)?;
+            if sync {
+                g.stream_synchronize(stream)?;
+            }
+            Ok(())
+        });
+    }
     // SAFETY: the caller passes `n` readable bytes at `src` (API contract).
     let b = unsafe { host_src(src, n) }?;
     // The bytes are in the ring when this returns, so the caller may reuse
@@ -76,12 +121,24 @@ fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, st: CUstream, sync: bool
     })
 }
 
-fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, st: CUstream) -> CuResult2 {
+fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, st: CUstream, sync: bool) -> CuResult2 {
     need_ctx()?;
     let stream = resolve(st)?;
+    if let Some(off) = crate::host_memory::pinned_span(dst as u64, n as u64) {
+        // DMA into the pinned pool when the stream gets there: an
+        // asynchronous copy returns at once, as on a GPU.
+        return gpu(|g| {
+            g.memcpy_dtoh_pinned(src, off, n as u64, stream)?;
+            if sync {
+                g.stream_synchronize(stream)?;
+            }
+            Ok(())
+        });
+    }
     // SAFETY: the caller passes `n` writable bytes at `dst` (API contract).
     let b = unsafe { host_dst(dst, n) }?;
-    // Completes before returning (allowed for asynchronous copies too).
+    // Completes before returning (allowed for asynchronous copies to
+    // pageable memory).
     gpu(|g| g.memcpy_dtoh(b, src, stream))
 }
 
@@ -97,7 +154,18 @@ fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, st: CUstream, sync: bool) 
     })
 }
 
-/// A copy whose direction the pointers tell (unified addressing).
+/// The process's own address of a host pointer: itself, or for a device
+/// address of the pinned pool, the pool's address here.
+fn host_view(ptr: u64, n: usize) -> u64 {
+    match crate::host_memory::pinned_span(ptr, n as u64) {
+        Some(off) => crate::host_memory::host_address(off).unwrap_or(ptr),
+        None => ptr,
+    }
+}
+
+/// A copy whose direction the pointers tell (unified addressing): device
+/// memory is what the process allocated on the device; anything else is
+/// host memory (pinned or not).
 fn copy_inferred(dst: u64, src: u64, n: usize, st: CUstream, sync: bool) -> CuResult2 {
     need_ctx()?;
     if n == 0 {
@@ -105,17 +173,18 @@ fn copy_inferred(dst: u64, src: u64, n: usize, st: CUstream, sync: bool) -> CuRe
     }
     match (is_device(dst)?, is_device(src)?) {
         (true, true) => dtod(dst, src, n, st, sync),
-        (true, false) => htod(dst, src as *const c_void, n, st, sync),
-        (false, true) => dtoh(dst as *mut c_void, src, n, st),
+        (true, false) => htod(dst, host_view(src, n) as *const c_void, n, st, sync),
+        (false, true) => dtoh(host_view(dst, n) as *mut c_void, src, n, st, sync),
         (false, false) => {
             // Host to host: the stream's earlier work first, as the driver
             // orders it.
             let stream = resolve(st)?;
             gpu(|g| g.stream_synchronize(stream))?;
+            let (d, s) = (host_view(dst, n), host_view(src, n));
             // SAFETY: the caller passes `n` readable bytes at `src` and `n`
             // writable bytes at `dst` (API contract); the ranges may overlap
             // only if the caller's may.
-            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
+            unsafe { std::ptr::copy(s as *const u8, d as *mut u8, n) };
             Ok(())
         }
     }
@@ -166,6 +235,12 @@ fn memset_2d(
 /// One pointer's attribute `attr` written to `data`; `Err` for a pointer
 /// the process does not hold or an attribute we do not answer.
 fn pointer_attribute(data: *mut c_void, attr: c_int, ptr: u64) -> CuResult2 {
+    if let Some(a) = crate::host_memory::attribute(ptr, attr) {
+        return match attr {
+            1 => out(data as *mut CUcontext, current() as CUcontext),
+            _ => a?.write(data),
+        };
+    }
     let (base, r) = objects()?.range_of(ptr).ok_or(code::INVALID_VALUE)?;
     match attr {
         1 => out(data as *mut CUcontext, current() as CUcontext), // CONTEXT
@@ -244,11 +319,11 @@ export! {
     }
 
     fn cuMemcpyDtoH_v2 [cuMemcpyDtoH_v2_ptds per_thread] (dst: *mut c_void, src: CUdeviceptr, n: usize) {
-        dtoh(dst, src, n, std::ptr::null_mut())
+        dtoh(dst, src, n, std::ptr::null_mut(), true)
     }
 
     fn cuMemcpyDtoHAsync_v2 [cuMemcpyDtoHAsync_v2_ptsz per_thread] (dst: *mut c_void, src: CUdeviceptr, n: usize, st: CUstream) {
-        dtoh(dst, src, n, st)
+        dtoh(dst, src, n, st, false)
     }
 
     fn cuMemcpyDtoD_v2 [cuMemcpyDtoD_v2_ptds per_thread] (dst: CUdeviceptr, src: CUdeviceptr, n: usize) {
@@ -333,7 +408,7 @@ export! {
         let attrs = unsafe { std::slice::from_raw_parts(attrs, n as usize) };
         // SAFETY: `n` output pointers (API contract).
         let data = unsafe { std::slice::from_raw_parts(data, n as usize) };
-        let held = is_device(ptr)?;
+        let held = is_device(ptr)? || crate::host_memory::attribute(ptr, 2).is_some();
         for (&a, &d) in attrs.iter().zip(data) {
             if d.is_null() {
                 return Err(code::INVALID_VALUE);
@@ -354,34 +429,4 @@ export! {
         }
         Ok(())
     }
-
-    /// Host memory allocated by the driver. Copies from and to it go
-    /// through the shared arenas like any host memory.
-    fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) {
-        host_alloc(pp, size)
-    }
-
-    fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, _flags: c_uint) {
-        host_alloc(pp, size)
-    }
-
-    fn cuMemFreeHost(p: *mut c_void) {
-        // SAFETY: `p` came from cuMemAllocHost/cuMemHostAlloc (malloc), per
-        // the API contract.
-        unsafe { libc::free(p) };
-        Ok(())
-    }
-}
-
-fn host_alloc(pp: *mut *mut c_void, size: usize) -> CuResult2 {
-    need_ctx()?;
-    if pp.is_null() {
-        return Err(code::INVALID_VALUE);
-    }
-    // SAFETY: malloc has no preconditions; null is checked.
-    let p = unsafe { libc::malloc(size.max(1)) };
-    if p.is_null() {
-        return Err(code::OUT_OF_MEMORY);
-    }
-    out(pp, p)
 }

@@ -36,6 +36,8 @@ pub(crate) struct Driver {
     opened: Mutex<usize>,
     /// What opens further channels.
     joiner: guest_frontend::Joiner,
+    /// The vGPU's pinned pool as mapped here (none if it has none).
+    pool: Option<crate::host_memory::Pool>,
     /// The tables.
     objects: Mutex<Objects>,
 }
@@ -97,6 +99,9 @@ pub(crate) struct Objects {
     /// Loaded modules (and libraries, which are modules here), with the
     /// module globals looked up in each.
     pub modules: HashMap<u64, Vec<u64>>,
+    /// Blocks of the pinned pool (host, registered and managed memory), by
+    /// their address in the process.
+    pub host: crate::host_memory::Blocks,
     /// Memory pools and stream-ordered allocations.
     pub pools: crate::mem_pool::Pools,
     /// Libraries by handle (loaded on the host when first used).
@@ -200,6 +205,8 @@ fn attach() -> Result<Driver, CuResult> {
             unsafe { libc::atexit(release_at_exit) };
             let slots = channels_per_process();
             let joiner = gpu.joiner();
+            let pool =
+                crate::host_memory::Pool::map(gpu.region(), info.pinned_size, info.pinned_base);
             let mut channels: Vec<Mutex<Option<Gpu>>> =
                 (0..slots).map(|_| Mutex::new(None)).collect();
             channels[0] = Mutex::new(Some(gpu));
@@ -210,6 +217,7 @@ fn attach() -> Result<Driver, CuResult> {
                 users: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
                 opened: Mutex::new(1),
                 joiner,
+                pool,
                 objects: Mutex::new(Objects::default()),
             })
         }
@@ -294,6 +302,11 @@ impl Driver {
             self.users[slot].fetch_sub(1, Ordering::Relaxed);
         }
         slot
+    }
+
+    /// The pinned pool as mapped here.
+    pub fn pool(&self) -> Option<&crate::host_memory::Pool> {
+        self.pool.as_ref()
     }
 
     /// What opens a further channel to the process's session.

@@ -134,6 +134,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
                 ring_entries: 256,
                 arena_size: 1 << 20,
                 vectors: 1,
+                pinned_size: 0,
             },
             mem_limit: 1 << 30,
             spin,

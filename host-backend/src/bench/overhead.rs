@@ -323,6 +323,7 @@ pub fn run(
             ring_entries: 1024,
             arena_size: 16 << 20,
             vectors: 2,
+            pinned_size: 0,
         },
         mem_limit: 4 << 30,
         spin: cfg.spin,

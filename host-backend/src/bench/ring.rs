@@ -77,6 +77,7 @@ fn latency(iters: usize) -> Result<()> {
         ring_entries: 64,
         arena_size: 64 << 10,
         vectors: 1,
+        pinned_size: 0,
     };
     let (region, _server, mut child) = ring_setup(params, &dir)?;
     let mut g = region.claim(0, std::process::id(), 0)?;
@@ -167,6 +168,7 @@ fn throughput(iters: usize) -> Result<()> {
         ring_entries: 64,
         arena_size: 4 * PAYLOAD as u64,
         vectors: 1,
+        pinned_size: 0,
     };
     let (region, _server, mut child) = ring_setup(params, &dir)?;
     let mut g = region.claim(0, std::process::id(), 0)?;

@@ -670,6 +670,12 @@ impl ControlPlane {
                         vm.name
                     ));
                 }
+                if o.pinned_mib != vm.pinned_mib {
+                    return Err(format!(
+                        "vm {:?}: pinned_mib sizes its shared region, which changes only with a restart of the daemon",
+                        vm.name
+                    ));
+                }
             }
         }
         for vm in &new.vms {

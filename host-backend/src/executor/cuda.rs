@@ -222,6 +222,7 @@ impl Executor for CudaExecutor {
             cc,
             sm_count,
             attributes,
+            ..Default::default()
         }
     }
 
@@ -246,6 +247,21 @@ impl Executor for CudaExecutor {
             self.registered.push(p as usize);
         }
         Ok(())
+    }
+
+    fn register_pinned(&mut self, pool: &VolatileSlice<'_>) -> Result<u64, Status> {
+        self.register_host_memory(&[])?;
+        let p = pool.ptr_guard_mut().as_ptr() as *mut c_void;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: `pool` is a live, page-aligned shared mapping of
+        // `pool.len()` bytes that outlives the executor (the worker drops the
+        // executor first).
+        check(unsafe { sys::cuMemHostRegister_v2(p, pool.len(), flags) })?;
+        self.registered.push(p as usize);
+        let mut dev = 0;
+        // SAFETY: out-parameter on our stack; `p` was just registered mapped.
+        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) })?;
+        Ok(dev)
     }
 
     fn open(&mut self) -> Result<Box<dyn Context>, Status> {
@@ -952,6 +968,16 @@ impl Context for CudaContext {
         check(unsafe { sys::cuMemcpyDtoHAsync_v2(p, src, dst.len(), st) })?;
         // SAFETY: our own stream of this context.
         check(unsafe { sys::cuStreamSynchronize(st) })
+    }
+
+    fn dtoh_async(&mut self, dst: &VolatileSlice<'_>, src: u64, s: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let st = self.stream(s)?;
+        let p = dst.ptr_guard_mut().as_ptr() as *mut c_void;
+        // SAFETY: `dst` is pinned pool memory, registered with the driver and
+        // mapped as long as the executor lives; the source range was
+        // validated; the guest waits on the stream before reading it.
+        check(unsafe { sys::cuMemcpyDtoHAsync_v2(p, src, dst.len(), st) })
     }
 
     fn dtod(&mut self, dst: u64, src: u64, len: u64, s: Handle) -> Result<(), Status> {

@@ -50,6 +50,12 @@ pub trait Executor: Send {
     fn register_host_memory(&mut self, _ranges: &[VolatileSlice<'_>]) -> Result<(), Status> {
         Ok(())
     }
+    /// Makes the region's pinned pool (alive as long as the executor)
+    /// page-locked and reachable by the device; returns the device address
+    /// of its first byte.
+    fn register_pinned(&mut self, pool: &VolatileSlice<'_>) -> Result<u64, Status> {
+        Ok(pool.ptr_guard().as_ptr() as u64)
+    }
     /// GPUs this executor can run on (migration targets).
     fn devices(&self) -> u32 {
         1
@@ -146,6 +152,14 @@ pub trait Context: Send {
     /// submitted to `stream` before the copy has completed (a [`Marker`]),
     /// and the copy must not wait for work submitted since.
     fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, stream: Handle) -> Result<(), Status>;
+    /// Copies device bytes into `dst` (pinned memory) when `stream` gets
+    /// there; returns at once.
+    fn dtoh_async(
+        &mut self,
+        dst: &VolatileSlice<'_>,
+        src: u64,
+        stream: Handle,
+    ) -> Result<(), Status>;
     /// Device-to-device copy.
     fn dtod(&mut self, dst: u64, src: u64, len: u64, stream: Handle) -> Result<(), Status>;
     /// Fills `count` elements of `width` bytes.

@@ -82,6 +82,8 @@ pub struct SimExecutor {
     device: u32,
     next_base: Arc<Mutex<u64>>,
     poisoned: Arc<std::sync::atomic::AtomicBool>,
+    /// The pinned pool's device range (start, length).
+    pinned: (u64, u64),
 }
 
 impl SimExecutor {
@@ -101,11 +103,18 @@ impl SimExecutor {
             device: 0,
             next_base: Arc::new(Mutex::new(0x7f00_0000_0000)),
             poisoned: Arc::default(),
+            pinned: (0, 0),
         }
     }
 }
 
 impl Executor for SimExecutor {
+    fn register_pinned(&mut self, pool: &VolatileSlice<'_>) -> Result<u64, Status> {
+        let base = pool.ptr_guard().as_ptr() as u64;
+        self.pinned = (base, pool.len() as u64);
+        Ok(base)
+    }
+
     fn devices(&self) -> u32 {
         self.queues.len() as u32
     }
@@ -129,6 +138,7 @@ impl Executor for SimExecutor {
             cc: (9, 0),
             sm_count: 132,
             attributes: super::sim_attributes::H100.to_vec(),
+            ..Default::default()
         }
     }
 
@@ -138,6 +148,7 @@ impl Executor for SimExecutor {
             queues: self.queues.clone(),
             device: self.device,
             next_base: self.next_base.clone(),
+            pinned: self.pinned,
             poisoned: self.poisoned.clone(),
             mem: BTreeMap::new(),
             modules: HashMap::new(),
@@ -182,6 +193,9 @@ struct SimContext {
     queues: Arc<Vec<Mutex<Queue>>>,
     device: u32,
     next_base: Arc<Mutex<u64>>,
+    /// The pinned pool's device range: the model's kernels do not reach
+    /// host memory.
+    pinned: (u64, u64),
     poisoned: Arc<std::sync::atomic::AtomicBool>,
     mem: BTreeMap<u64, Vec<u8>>,
     modules: HashMap<Handle, SimModule>,
@@ -294,6 +308,11 @@ impl SimContext {
 
     /// The allocation containing [ptr, ptr+len), and the offset in it.
     fn locate(&mut self, ptr: u64, len: u64) -> Result<(&mut Vec<u8>, usize), Status> {
+        let (pool, pool_len) = self.pinned;
+        if ptr >= pool && ptr - pool < pool_len {
+            // Mapped host memory: real kernels reach it; the model's do not.
+            return Err(Status::NotSupported);
+        }
         let (&base, buf) = self
             .mem
             .range_mut(..=ptr)
@@ -492,6 +511,23 @@ impl Context for SimContext {
         let (buf, off) = self.locate(src, len as u64)?;
         dst.copy_from(&buf[off..off + len]);
         Self::wait_until(done);
+        Ok(())
+    }
+
+    fn dtoh_async(
+        &mut self,
+        dst: &VolatileSlice<'_>,
+        src: u64,
+        stream: Handle,
+    ) -> Result<(), Status> {
+        self.alive()?;
+        // The model computes at submission: the bytes are those the work
+        // submitted before has written.
+        let len = dst.len();
+        let (buf, off) = self.locate(src, len as u64)?;
+        dst.copy_from(&buf[off..off + len]);
+        let ns = self.copy_ns(len as u64);
+        self.submit(ns, stream);
         Ok(())
     }
 

@@ -259,6 +259,10 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
     if let Some(id) = c.session.take() {
         wait::abandon(c, ss.get_mut(id).map(|e| &mut e.s));
         if let Some(s) = ss.leave(id, ch) {
+            sh.pinned.release(s.id);
+            sh.stats
+                .pinned_used
+                .store(sh.pinned.used(), Ordering::Relaxed);
             sh.mem_used -= s.mem_used;
             sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
             drop(s); // the executor context frees its device memory
@@ -326,6 +330,8 @@ pub(super) fn needs_device(opcode: u32) -> bool {
             | op::STREAM_WAIT_EVENT
             | op::MEM_FREE_ASYNC
             | op::HOST_FN
+            | op::MEMCPY_HTOD_PINNED
+            | op::MEMCPY_DTOH_PINNED
     )
 }
 

@@ -23,6 +23,7 @@
 //! | `shared.rs` | state of all channels; grants, busy periods, launch runs |
 
 mod channel;
+mod pinned;
 mod release;
 mod requests;
 mod sessions;
@@ -50,6 +51,12 @@ use sessions::Sessions;
 use shared::{Shared, REPORT_EVERY};
 
 pub use shared::SAMPLE_EVERY;
+
+/// Where a worker maps its VM's pinned pool (and its guests map it too when
+/// that address is free in their processes), so that a pinned pointer is
+/// the same value in the guest, on the host and on the device: an address
+/// far from where programs, their heaps and their libraries usually lie.
+const PINNED_ADDR: usize = 0x3f00_0000_0000;
 
 /// How often a worker whose guests wait on the device (and that has
 /// nothing else to do) looks whether it is there.
@@ -140,6 +147,8 @@ pub struct Stats {
     pub batched_launches: AtomicU64,
     /// The GPU the vGPU runs on now.
     pub device: AtomicU64,
+    /// Bytes of the pinned pool its guests hold.
+    pub pinned_used: AtomicU64,
 }
 
 /// A migration being prepared on a helper thread.
@@ -219,6 +228,23 @@ impl Worker {
         }
         drop(arenas);
         let mut info: DeviceInfo = exec.info();
+        let pinned_size = cfg.layout.pinned_size;
+        let pinned_map = if pinned_size > 0 {
+            let m = region.map_pinned_at(PINNED_ADDR)?;
+            info.pinned_size = pinned_size;
+            info.pinned_base = match exec.register_pinned(&m.slice()) {
+                Ok(base) => base,
+                Err(s) => {
+                    tracing::warn!(
+                        "pinned pool not registered with the device ({s:?}): copies stay correct, kernels cannot reach it"
+                    );
+                    m.addr() as u64
+                }
+            };
+            Some(m)
+        } else {
+            None
+        };
         let device_mem = info.total_mem;
         let mem_limit = cfg.mem_limit.min(device_mem);
         info.total_mem = mem_limit;
@@ -232,6 +258,8 @@ impl Worker {
             .store(u64::from(exec.device()), Ordering::Relaxed);
         Ok(Worker {
             sh: Shared {
+                pinned_map,
+                pinned: pinned::PinnedPool::new(pinned_size),
                 region,
                 link,
                 exec,

@@ -169,6 +169,68 @@ pub(super) fn handle(
             }
             Ok(())
         }
+        Request::PinnedAlloc { size } => {
+            let r = sh.pinned.alloc(size, s.id);
+            if r.is_err() {
+                refuse(sh, c, "pinned pool exhausted");
+            }
+            sh.stats
+                .pinned_used
+                .store(sh.pinned.used(), Ordering::Relaxed);
+            reply(sh, c, tag, opc, one(r), &[])
+        }
+        Request::PinnedFree { offset } => {
+            let r = sh.pinned.free(offset, s.id);
+            if r.is_err() {
+                refuse(sh, c, "free of pinned memory it does not own");
+            }
+            sh.stats
+                .pinned_used
+                .store(sh.pinned.used(), Ordering::Relaxed);
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::MemcpyHtoDPinned {
+            dst,
+            offset,
+            len,
+            stream,
+        } => {
+            let r = s
+                .check_range(dst, len)
+                .and(s.check_stream(stream))
+                .and(sh.pinned.check(s.id, offset, len))
+                .and_then(|()| super::pinned::part(sh, offset, len))
+                .and_then(|part| {
+                    sh.in_period(s, stream, None, |x| x.htod(dst, &part.as_slice(), stream))
+                });
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "host-to-device copy outside its allocations");
+            }
+            Ok(())
+        }
+        Request::MemcpyDtoHPinned {
+            src,
+            offset,
+            len,
+            stream,
+        } => {
+            let r = s
+                .check_range(src, len)
+                .and(s.check_stream(stream))
+                .and(sh.pinned.check(s.id, offset, len))
+                .and_then(|()| super::pinned::part(sh, offset, len))
+                .and_then(|part| {
+                    sh.in_period(s, stream, None, |x| {
+                        x.dtoh_async(&part.as_slice(), src, stream)
+                    })
+                });
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "device-to-host copy outside its allocations");
+            }
+            Ok(())
+        }
         Request::MemGetInfo => {
             let r = Reply {
                 vals: [sh.limit().saturating_sub(sh.mem_used), sh.limit(), 0, 0],

@@ -19,6 +19,12 @@ pub(super) struct Shared {
     // Declared first so it is dropped first: it may hold DMA registrations
     // of the region's memory.
     pub exec: Box<dyn Executor>,
+    /// The pinned pool mapped where the device knows it (after `exec`,
+    /// which registered it, so that it is unmapped after the executor let
+    /// go of it).
+    pub pinned_map: Option<qemu_ivshmem::shm::FixedMapping>,
+    /// Who holds which block of the pool.
+    pub pinned: super::pinned::PinnedPool,
     pub region: Region,
     pub link: PeerLink,
     pub info_bytes: Vec<u8>,

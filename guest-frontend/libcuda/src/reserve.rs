@@ -1,0 +1,73 @@
+//! Keeps device addresses out of the process's own address space: every
+//! device range the process holds is reserved here (mapped inaccessible,
+//! never backed), so that no allocation of the program's can land on it,
+//! and a pointer value is either device memory or host memory, never both.
+//! Copies of inferred direction and pointer queries can then tell them
+//! apart exactly, as on a GPU with unified addressing.
+
+/// Reserves `[addr, addr + len)`; false if part of it is already mapped in
+/// this process (the device address is also a host address here).
+pub(crate) fn reserve(addr: u64, len: u64) -> bool {
+    let Ok(len) = usize::try_from(len.next_multiple_of(4096)) else {
+        return false;
+    };
+    if !addr.is_multiple_of(4096) || len == 0 {
+        // Not page-aligned (module globals): the pages around it are
+        // reserved with the ranges holding them, or shared with others.
+        return true;
+    }
+    // SAFETY: asks for a new private, inaccessible mapping at a fixed
+    // address only if nothing is mapped there (MAP_FIXED_NOREPLACE); it
+    // touches no existing memory.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | libc::MAP_NORESERVE
+                | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return false;
+    }
+    if p as u64 != addr {
+        // An old kernel placed it elsewhere: not what we asked for.
+        // SAFETY: the mapping just made, which nothing else knows of.
+        unsafe { libc::munmap(p, len) };
+        return false;
+    }
+    true
+}
+
+/// Gives back a reservation made by [`reserve`].
+pub(crate) fn release(addr: u64, len: u64) {
+    let Ok(len) = usize::try_from(len.next_multiple_of(4096)) else {
+        return;
+    };
+    if !addr.is_multiple_of(4096) || len == 0 {
+        return;
+    }
+    // SAFETY: the inaccessible mapping `reserve` made for this range; no
+    // program memory is there.
+    unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reserved_range_cannot_be_reserved_twice() {
+        let addr = 0x3e00_0000_0000u64;
+        assert!(reserve(addr, 8192));
+        assert!(!reserve(addr + 4096, 4096), "it is taken");
+        release(addr, 8192);
+        assert!(reserve(addr + 4096, 4096));
+        release(addr + 4096, 4096);
+    }
+}
