@@ -781,6 +781,27 @@ impl Gpu {
         Ok(r.vals[0] as u32 as i32)
     }
 
+    /// cuOccupancyMaxActiveClusters (`potential` false) or
+    /// cuOccupancyMaxPotentialClusterSize (`potential` true).
+    pub fn occupancy_clusters(
+        &mut self,
+        func: u64,
+        shape: (Dim3, Dim3, u32),
+        cluster: Dim3,
+        potential: bool,
+    ) -> Result<i32> {
+        let (grid, block, shared_mem) = shape;
+        let r = self.call(&Request::OccupancyClusters {
+            func,
+            grid,
+            block,
+            shared_mem,
+            cluster,
+            potential,
+        })?;
+        Ok(r.vals[0] as u32 as i32)
+    }
+
     /// cuOccupancyAvailableDynamicSMemPerBlock.
     pub fn available_smem(&mut self, func: u64, num_blocks: u32, block_size: u32) -> Result<u64> {
         Ok(self

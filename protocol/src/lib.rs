@@ -316,6 +316,25 @@ pub enum Request {
         /// Threads per block.
         block_size: u32,
     },
+    /// Thread block clusters of a launch shape: the most that can be
+    /// resident at once (`potential` false, cuOccupancyMaxActiveClusters;
+    /// `cluster` all zero means the kernel's own cluster dimensions), or the
+    /// largest cluster size the shape can use (`potential` true,
+    /// cuOccupancyMaxPotentialClusterSize). Reply: i32.
+    OccupancyClusters {
+        /// Function handle.
+        func: u64,
+        /// Grid.
+        grid: Dim3,
+        /// Block.
+        block: Dim3,
+        /// Dynamic shared memory per block.
+        shared_mem: u32,
+        /// Cluster dimensions (all zero: none given).
+        cluster: Dim3,
+        /// Which question.
+        potential: bool,
+    },
     /// Address and size of a module's global variable (name in data).
     ModuleGetGlobal {
         /// Module handle.
@@ -479,6 +498,7 @@ pub mod op {
     pub const OCCUPANCY: u32 = 24;
     pub const MODULE_GET_GLOBAL: u32 = 25;
     pub const OCCUPANCY_SMEM: u32 = 28;
+    pub const OCCUPANCY_CLUSTERS: u32 = 29;
     pub const LINK: u32 = 26;
     pub const FUNC_SET_ATTRIBUTE: u32 = 27;
     pub const CTX_GET_LIMIT: u32 = 3;
@@ -519,6 +539,43 @@ fn check_cluster(grid: Dim3, cluster: Dim3) -> Result<(), ProtoError> {
     Ok(())
 }
 
+fn read_dim(r: &mut Reader<'_>) -> Result<Dim3, ProtoError> {
+    Ok(Dim3 {
+        x: r.u32()?,
+        y: r.u32()?,
+        z: r.u32()?,
+    })
+}
+
+/// A launch's grid, block and dynamic shared memory, as the wire gives them.
+fn read_shape(r: &mut Reader<'_>) -> Result<(Dim3, Dim3, u32), ProtoError> {
+    let grid = read_dim(r)?;
+    let block = read_dim(r)?;
+    let shared_mem = r.u32()?;
+    check_shape(grid, block, shared_mem)?;
+    Ok((grid, block, shared_mem))
+}
+
+/// The limits every launch shape is held to (those of CUDA's devices).
+fn check_shape(grid: Dim3, block: Dim3, shared_mem: u32) -> Result<(), ProtoError> {
+    if grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > i32::MAX as u32 {
+        return Err(bad("grid", format!("{grid:?} out of range")));
+    }
+    if grid.y > 65_535 || grid.z > 65_535 {
+        return Err(bad(
+            "grid",
+            format!("{grid:?}: y and z are limited to 65535"),
+        ));
+    }
+    if block.x == 0 || block.y == 0 || block.z == 0 || block.count() > 1024 || block.z > 64 {
+        return Err(bad("block", format!("{block:?} out of range")));
+    }
+    if shared_mem > 256 << 10 {
+        return Err(bad("shared_mem", format!("{shared_mem} bytes")));
+    }
+    Ok(())
+}
+
 fn check_len(field: &'static str, v: u64, max: u64) -> Result<u64, ProtoError> {
     if v > max {
         return Err(bad(field, format!("{v} exceeds {max}")));
@@ -553,6 +610,7 @@ impl Request {
             Occupancy { .. } => op::OCCUPANCY,
             ModuleGetGlobal { .. } => op::MODULE_GET_GLOBAL,
             OccupancySmem { .. } => op::OCCUPANCY_SMEM,
+            OccupancyClusters { .. } => op::OCCUPANCY_CLUSTERS,
             Link { .. } => op::LINK,
             Launch { .. } => op::LAUNCH,
             StreamCreate { .. } => op::STREAM_CREATE,
@@ -721,6 +779,23 @@ impl Request {
                 w.u32(block_size);
             }
             Link { len } => w.u64(len),
+            OccupancyClusters {
+                func,
+                grid,
+                block,
+                shared_mem,
+                cluster,
+                potential,
+            } => {
+                w.u64(func);
+                for d in [grid, block, cluster] {
+                    w.u32(d.x);
+                    w.u32(d.y);
+                    w.u32(d.z);
+                }
+                w.u32(shared_mem);
+                w.u32(u32::from(potential));
+            }
             Launch {
                 func,
                 grid,
@@ -920,6 +995,33 @@ impl Request {
                     block_size,
                 }
             }
+            op::OCCUPANCY_CLUSTERS => {
+                let func = r.u64()?;
+                let grid = read_dim(&mut r)?;
+                let block = read_dim(&mut r)?;
+                let cluster = read_dim(&mut r)?;
+                let shared_mem = r.u32()?;
+                check_shape(grid, block, shared_mem)?;
+                // A question, not a launch: any cluster the grid can hold
+                // may be asked about (the driver answers for sizes it
+                // cannot run).
+                if cluster.count() > 1024 {
+                    return Err(bad("cluster", format!("{cluster:?}")));
+                }
+                let potential = match r.u32()? {
+                    0 => false,
+                    1 => true,
+                    v => return Err(bad("potential", format!("{v}"))),
+                };
+                OccupancyClusters {
+                    func,
+                    grid,
+                    block,
+                    shared_mem,
+                    cluster,
+                    potential,
+                }
+            }
             op::LINK => {
                 let len = check_len("len", r.u64()?, MAX_IMAGE)?;
                 if len == 0 {
@@ -929,37 +1031,7 @@ impl Request {
             }
             op::LAUNCH => {
                 let func = r.u64()?;
-                let grid = Dim3 {
-                    x: r.u32()?,
-                    y: r.u32()?,
-                    z: r.u32()?,
-                };
-                let block = Dim3 {
-                    x: r.u32()?,
-                    y: r.u32()?,
-                    z: r.u32()?,
-                };
-                if grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > i32::MAX as u32 {
-                    return Err(bad("grid", format!("{grid:?} out of range")));
-                }
-                if grid.y > 65_535 || grid.z > 65_535 {
-                    return Err(bad(
-                        "grid",
-                        format!("{grid:?}: y and z are limited to 65535"),
-                    ));
-                }
-                if block.x == 0
-                    || block.y == 0
-                    || block.z == 0
-                    || block.count() > 1024
-                    || block.z > 64
-                {
-                    return Err(bad("block", format!("{block:?} out of range")));
-                }
-                let shared_mem = r.u32()?;
-                if shared_mem > 256 << 10 {
-                    return Err(bad("shared_mem", format!("{shared_mem} bytes")));
-                }
+                let (grid, block, shared_mem) = read_shape(&mut r)?;
                 let stream = r.u64()?;
                 let cluster = Dim3 {
                     x: r.u32()?,
@@ -1231,6 +1303,14 @@ mod tests {
                 block_size: 128,
             },
             Request::Link { len: 100 },
+            Request::OccupancyClusters {
+                func: 9,
+                grid: d(64, 1, 1),
+                block: d(128, 1, 1),
+                shared_mem: 1024,
+                cluster: d(4, 1, 1),
+                potential: false,
+            },
             Request::Launch {
                 func: 9,
                 grid: d(100, 2, 1),

@@ -57,6 +57,8 @@ impl Status {
     pub const LaunchFailed: Status = Status(719);
     /// CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
     pub const CooperativeLaunchTooLarge: Status = Status(720);
+    /// CUDA_ERROR_INVALID_CLUSTER_SIZE
+    pub const InvalidClusterSize: Status = Status(912);
     /// CUDA_ERROR_NOT_PERMITTED
     pub const NotPermitted: Status = Status(800);
     /// CUDA_ERROR_NOT_SUPPORTED

@@ -10,6 +10,7 @@ cd "$(dirname "$0")/../.."
 src=${1:-../shared/cuda-samples}
 out=.samples
 mkdir -p .git/info; grep -qx '/.samples/' .git/info/exclude 2>/dev/null || echo '/.samples/' >> .git/info/exclude
+command -v cmake >/dev/null || apt-get install -y -q cmake >/dev/null || exit 1
 tk=$(scripts/cuda-wheels.sh "$out/x" libraries) || exit 1
 # Programs link against libcuda.so; any library of that name does (the
 # stand-in, built here).

@@ -177,6 +177,75 @@ struct LaunchAttribute {
     value: [u8; 64],
 }
 
+/// A launch configuration's shape and the extras its attributes ask for
+/// (hints dropped, unknown attributes refused).
+///
+/// # Safety
+/// `cfg` must be null or point to a `CUlaunchConfig` whose `attrs` hold
+/// `num_attrs` attributes (the driver API's contract).
+unsafe fn read_config(
+    cfg: *const c_void,
+) -> Result<(Dim3, Dim3, c_uint, CUstream, Extras), CuResult> {
+    if cfg.is_null() {
+        return Err(code::INVALID_VALUE);
+    }
+    // SAFETY: a CUlaunchConfig (contract), read with plain integers.
+    let c = unsafe { &*(cfg as *const LaunchConfig) };
+    let mut x = Extras::default();
+    if c.num_attrs > 0 {
+        if c.attrs.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        // SAFETY: `num_attrs` attributes (contract).
+        let attrs = unsafe { std::slice::from_raw_parts(c.attrs, c.num_attrs as usize) };
+        for a in attrs {
+            let word = |i: usize| {
+                u32::from_le_bytes([
+                    a.value[4 * i],
+                    a.value[4 * i + 1],
+                    a.value[4 * i + 2],
+                    a.value[4 * i + 3],
+                ])
+            };
+            match a.id {
+                launch_attr::COOPERATIVE if word(0) != 0 => {
+                    x.flags |= protocol::launch_flags::COOPERATIVE
+                }
+                launch_attr::COOPERATIVE => {}
+                launch_attr::CLUSTER_DIMENSION => {
+                    x.cluster = Dim3 {
+                        x: word(0),
+                        y: word(1),
+                        z: word(2),
+                    }
+                }
+                id if is_hint(id) || id == 0 => {}
+                id => return Err(crate::not_supported(&format!("launch attribute {id}"))),
+            }
+        }
+    }
+    let grid = Dim3 {
+        x: c.grid[0],
+        y: c.grid[1],
+        z: c.grid[2],
+    };
+    let block = Dim3 {
+        x: c.block[0],
+        y: c.block[1],
+        z: c.block[2],
+    };
+    Ok((grid, block, c.shared, c.stream, x))
+}
+
+/// Clusters of a launch configuration, asked of the host's driver.
+fn clusters(f: CUfunction, cfg: *const c_void, potential: bool) -> Result<i32, CuResult> {
+    // SAFETY: the caller's configuration (API contract).
+    let (grid, block, shared, _, x) = unsafe { read_config(cfg) }?;
+    let k = kernel(f)?;
+    let h = k.func.handle;
+    gpu(|g| g.occupancy_clusters(h, (grid, block, shared), x.cluster, potential))
+}
+
 /// Occupancy of `f` at `block` threads and `smem` bytes of dynamic shared
 /// memory per block.
 fn occupancy(f: CUfunction, block: c_int, smem: usize) -> Result<i32, CuResult> {
@@ -254,32 +323,9 @@ export! {
     /// (cooperative grids, clusters, completion events) are refused until
     /// the host serves them.
     fn cuLaunchKernelEx [cuLaunchKernelEx_ptsz per_thread] (cfg: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        if cfg.is_null() {
-            return Err(code::INVALID_VALUE);
-        }
-        // SAFETY: a CUlaunchConfig (API contract), read with plain integers.
-        let c = unsafe { &*(cfg as *const LaunchConfig) };
-        let mut x = Extras::default();
-        if c.num_attrs > 0 {
-            if c.attrs.is_null() {
-                return Err(code::INVALID_VALUE);
-            }
-            // SAFETY: `num_attrs` attributes (API contract).
-            let attrs = unsafe { std::slice::from_raw_parts(c.attrs, c.num_attrs as usize) };
-            for a in attrs {
-                let word = |i: usize| u32::from_le_bytes([a.value[4 * i], a.value[4 * i + 1], a.value[4 * i + 2], a.value[4 * i + 3]]);
-                match a.id {
-                    launch_attr::COOPERATIVE if word(0) != 0 => x.flags |= protocol::launch_flags::COOPERATIVE,
-                    launch_attr::COOPERATIVE => {}
-                    launch_attr::CLUSTER_DIMENSION => x.cluster = Dim3 { x: word(0), y: word(1), z: word(2) },
-                    id if is_hint(id) || id == 0 => {}
-                    id => return Err(crate::not_supported(&format!("cuLaunchKernelEx with launch attribute {id}"))),
-                }
-            }
-        }
-        let grid = Dim3 { x: c.grid[0], y: c.grid[1], z: c.grid[2] };
-        let block = Dim3 { x: c.block[0], y: c.block[1], z: c.block[2] };
-        launch(f, grid, block, c.shared, c.stream, params, extra, x)
+        // SAFETY: the caller's configuration (API contract).
+        let (grid, block, shared, stream, x) = unsafe { read_config(cfg) }?;
+        launch(f, grid, block, shared, stream, params, extra, x)
     }
 
     fn cuFuncGetAttribute(v: *mut c_int, attr: c_int, f: CUfunction) {
@@ -367,6 +413,16 @@ export! {
         let b = u32::try_from(block).map_err(|_| code::INVALID_VALUE)?;
         let v = gpu(|g| g.available_smem(k.func.handle, n, b))?;
         out(bytes, v as usize)
+    }
+
+    fn cuOccupancyMaxActiveClusters(n: *mut c_int, f: CUfunction, cfg: *const c_void) {
+        let v = clusters(f, cfg, false)?;
+        out(n, v)
+    }
+
+    fn cuOccupancyMaxPotentialClusterSize(size: *mut c_int, f: CUfunction, cfg: *const c_void) {
+        let v = clusters(f, cfg, true)?;
+        out(size, v)
     }
 
     fn cuOccupancyMaxPotentialBlockSize(min_grid: *mut c_int, block: *mut c_int, f: CUfunction, smem_fn: Option<unsafe extern "C" fn(c_int) -> usize>, smem: usize, limit: c_int) {

@@ -1131,6 +1131,50 @@ impl Context for CudaContext {
         Ok(bytes as u64)
     }
 
+    fn occupancy_clusters(
+        &mut self,
+        shape: super::Launch,
+        cluster: Dim3,
+        potential: bool,
+    ) -> Result<i32, Status> {
+        self.bind()?;
+        let (f, _) = self.func(shape.func)?;
+        // SAFETY: a plain C struct for which all-zero is valid (the id 0 is IGNORE).
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        let mut n = 0;
+        if cluster != Dim3::default() {
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attr.value.clusterDim.x = cluster.x;
+            attr.value.clusterDim.y = cluster.y;
+            attr.value.clusterDim.z = cluster.z;
+            n = 1;
+        }
+        let (g, b) = (shape.grid, shape.block);
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: g.x,
+            gridDimY: g.y,
+            gridDimZ: g.z,
+            blockDimX: b.x,
+            blockDimY: b.y,
+            blockDimZ: b.z,
+            sharedMemBytes: shape.shared_mem,
+            hStream: null_mut(),
+            attrs: &mut attr,
+            numAttrs: n,
+        };
+        let mut v = 0;
+        // SAFETY: a function of this context; `cfg` and its attribute live
+        // across the call; out-parameter on our stack.
+        check(unsafe {
+            if potential {
+                sys::cuOccupancyMaxPotentialClusterSize(&mut v, f, &cfg)
+            } else {
+                sys::cuOccupancyMaxActiveClusters(&mut v, f, &cfg)
+            }
+        })?;
+        Ok(v)
+    }
+
     fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status> {
         self.bind()?;
         let m = self.module(module)?;

@@ -209,6 +209,16 @@ pub trait Context: Send {
         num_blocks: u32,
         block_size: u32,
     ) -> Result<u64, Status>;
+    /// Thread block clusters of a launch shape: the most resident at once
+    /// (cuOccupancyMaxActiveClusters; `cluster` zero means the kernel's
+    /// own), or with `potential` the largest usable cluster size
+    /// (cuOccupancyMaxPotentialClusterSize).
+    fn occupancy_clusters(
+        &mut self,
+        shape: Launch,
+        cluster: Dim3,
+        potential: bool,
+    ) -> Result<i32, Status>;
     /// Address and size of a module's global variable.
     fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status>;
     /// Links (type, image) inputs into one loadable image.

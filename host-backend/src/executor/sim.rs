@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use protocol::{DeviceInfo, Dim3, ImageKind, Param, Status};
 use vm_memory::VolatileSlice;
 
-use super::{Context, Executor, Handle, Moved};
+use super::{Context, Executor, Handle, Launch, Moved};
 use crate::ptx;
 
 /// Parameters of the model (in host.toml's `[sim]`; keys left out keep
@@ -658,6 +658,28 @@ impl Context for SimContext {
         }
         let per_block = (233_472 / u64::from(num_blocks)).saturating_sub(1024);
         Ok((per_block / 128 * 128).min(232_448))
+    }
+
+    fn occupancy_clusters(
+        &mut self,
+        shape: Launch,
+        cluster: Dim3,
+        potential: bool,
+    ) -> Result<i32, Status> {
+        // Hopper: portable clusters of up to 8 blocks; a cluster's blocks
+        // share one GPC, 132 multiprocessors in GPCs of 16 or 18.
+        if potential {
+            let per_sm =
+                self.occupancy(shape.func, shape.block.count() as u32, shape.shared_mem)?;
+            return Ok(if per_sm == 0 { 0 } else { 8 });
+        }
+        if cluster.count() > 8 {
+            return Err(Status::InvalidClusterSize);
+        }
+        let size = cluster.count().max(1) as i32;
+        let per_sm = self.occupancy(shape.func, shape.block.count() as u32, shape.shared_mem)?;
+        let per_gpc = per_sm * 16;
+        Ok((per_gpc / size) * 8)
     }
 
     fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status> {

@@ -381,6 +381,27 @@ pub(super) fn handle(
                 .and_then(|()| s.ctx.available_smem(func, num_blocks, block_size));
             reply(sh, c, tag, opc, one(r), &[])
         }
+        Request::OccupancyClusters {
+            func,
+            grid,
+            block,
+            shared_mem,
+            cluster,
+            potential,
+        } => {
+            let shape = crate::executor::Launch {
+                func,
+                grid,
+                block,
+                shared_mem,
+            };
+            let r = s
+                .function(func)
+                .map(drop)
+                .and_then(|()| s.ctx.occupancy_clusters(shape, cluster, potential))
+                .map(|v| Reply::one(u64::from(v as u32)));
+            reply(sh, c, tag, opc, r, &[])
+        }
         Request::ModuleGetGlobal { module } => {
             let mut name = vec![0u8; d.data_len.min(MAX_NAME) as usize];
             c.host.req.data(d)?.copy_to(&mut name[..]);
