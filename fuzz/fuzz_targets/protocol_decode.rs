@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
         // What the host's VMM table relies on: sizes and addresses are
         // nonzero multiples of the granularity, sizes bounded.
         let g = protocol::VMM_GRANULARITY;
-        let granular = |v: u64| v != 0 && v % g == 0;
+        let granular = |v: u64| v != 0 && v.is_multiple_of(g);
         let size_ok = |v: u64| granular(v) && v <= protocol::MAX_LEN;
         match req {
             Request::VmmReserve { size, align } => {
@@ -28,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
             }
             Request::VmmMap {
                 ptr, size, offset, ..
-            } => assert!(granular(ptr) && size_ok(size) && offset % g == 0),
+            } => assert!(granular(ptr) && size_ok(size) && offset.is_multiple_of(g)),
             Request::VmmSetAccess { ptr, size, flags } => {
                 assert!(granular(ptr) && size_ok(size) && matches!(flags, 1 | 3))
             }

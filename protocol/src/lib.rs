@@ -70,7 +70,7 @@ pub const VMM_GRANULARITY: u64 = 2 << 20;
 /// [`VMM_GRANULARITY`].
 fn check_vmm(field: &'static str, v: u64) -> Result<u64, ProtoError> {
     let max = if field == "size" { MAX_LEN } else { u64::MAX };
-    if v == 0 || v % VMM_GRANULARITY != 0 || v > max {
+    if v == 0 || !v.is_multiple_of(VMM_GRANULARITY) || v > max {
         return Err(bad(
             field,
             format!("{v:#x} is not a nonzero multiple of 2 MiB"),
@@ -1188,7 +1188,7 @@ impl Request {
             op::VMM_MAP => {
                 let (ptr, size) = (check_vmm("ptr", r.u64()?)?, check_vmm("size", r.u64()?)?);
                 let offset = r.u64()?;
-                if offset % VMM_GRANULARITY != 0 || offset > MAX_LEN {
+                if !offset.is_multiple_of(VMM_GRANULARITY) || offset > MAX_LEN {
                     return Err(bad("offset", format!("{offset:#x}")));
                 }
                 VmmMap {
@@ -1552,7 +1552,7 @@ mod tests {
                 size: (3 << 20) / 2,
             }),
             enc(Request::VmmCreate {
-                size: u64::MAX & !((2 << 20) - 1),
+                size: !((2 << 20) - 1),
             }),
             enc(Request::VmmReserve {
                 size: 2 << 20,

@@ -90,7 +90,14 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
     let mut victim = host.guest();
     let req = |g: &mut guest_frontend::Gpu, r: Request| g.request(&r).map(|x| x.vals);
     let h = req(&mut victim, Request::VmmCreate { size: 2 * G }).unwrap()[0];
-    let va = req(&mut victim, Request::VmmReserve { size: 4 * G, align: 0 }).unwrap()[0];
+    let va = req(
+        &mut victim,
+        Request::VmmReserve {
+            size: 4 * G,
+            align: 0,
+        },
+    )
+    .unwrap()[0];
     let map = Request::VmmMap {
         ptr: va,
         size: 2 * G,
@@ -126,7 +133,7 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
             flags: 3,
         },
         Request::VmmMap {
-            ptr: u64::MAX & !(G - 1),
+            ptr: !(G - 1),
             size: 1 << 40,
             offset: 0,
             handle: mine,
@@ -146,7 +153,10 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
         );
     }
     let mut buf = [0u8; 4096];
-    assert!(evil.memcpy_dtoh(&mut buf, va + G, 0).is_err(), "not its memory");
+    assert!(
+        evil.memcpy_dtoh(&mut buf, va + G, 0).is_err(),
+        "not its memory"
+    );
     // Malformed VMM requests on the wire (the guest side does not check
     // what it encodes): refused by decode, the channel lives on.
     for r in [

@@ -83,7 +83,7 @@ fn table() -> MutexGuard<'static, Table> {
 
 /// A size or address of the API: nonzero, a multiple of the granularity.
 fn granular(v: u64) -> Result<u64, CuResult> {
-    if v == 0 || v % G != 0 {
+    if v == 0 || !v.is_multiple_of(G) {
         return Err(code::INVALID_VALUE);
     }
     Ok(v)
@@ -206,7 +206,7 @@ export! {
 
     fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: c_ulonglong, flags: c_ulonglong) {
         driver()?;
-        if flags != 0 || offset as u64 % G != 0 {
+        if flags != 0 || !(offset as u64).is_multiple_of(G) {
             return Err(code::INVALID_VALUE);
         }
         let (ptr, size) = (granular(ptr)?, granular(size as u64)?);
@@ -238,8 +238,8 @@ export! {
         let mut flags = 0;
         for i in 0..count {
             // SAFETY: `count` descriptors at `desc` (API contract), each
-            // of integers.
-            let d = unsafe { desc.add(i).read_unaligned() };
+            // of integers; `i < count`, so this one is among them.
+            let d = unsafe { desc.wrapping_add(i).read_unaligned() };
             device_location(d.location)?;
             if !matches!(d.flags, PROT_READ | PROT_READWRITE) {
                 return Err(crate::not_supported("taking the device's access to VMM memory away"));

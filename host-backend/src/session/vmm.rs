@@ -259,6 +259,64 @@ mod tests {
         assert!(v.address_free(10 * G, 4 * G).is_err(), "still mapped");
     }
 
+    /// Random calls, forged or not: mappings stay apart and inside
+    /// reservations, and every byte counted is uncounted exactly once.
+    #[test]
+    fn random_calls_keep_the_table_consistent() {
+        let mut v = Vmm::default();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let (mut counted, mut next) = (0u64, 1u64);
+        for _ in 0..20_000 {
+            let (a, s) = (rnd(64) * G, (1 + rnd(4)) * G);
+            let h = rnd(next + 2);
+            match rnd(7) {
+                0 => v.reserved(a & !(16 * G - 1), 16 * G),
+                1 => {
+                    v.created(next, s, s);
+                    counted += s;
+                    next += 1;
+                }
+                2 => {
+                    if let Ok(Some(d)) = v.release(h) {
+                        counted -= d.charge;
+                    }
+                }
+                3 => {
+                    if v.check_map(a, s, rnd(2) * G, h).is_ok() {
+                        v.mapped(a, s, h);
+                    }
+                }
+                4 => {
+                    for (p, _) in v.covering(a, s).unwrap_or_default() {
+                        if let Some(d) = v.unmapped(p) {
+                            counted -= d.charge;
+                        }
+                    }
+                }
+                5 => {
+                    let _ = v.retain(a);
+                }
+                _ => {
+                    let _ = v.address_free(a, 16 * G);
+                }
+            }
+            let mut end = 0;
+            for (&b, m) in &v.maps {
+                assert!(b >= end, "overlap at {b:#x}");
+                end = b + m.size;
+                assert!(v.phys.contains_key(&m.handle));
+            }
+            let live: u64 = v.phys.values().map(|p| p.charge).sum();
+            assert_eq!(live, counted);
+        }
+    }
+
     #[test]
     fn memory_lives_until_released_and_unmapped() {
         let mut v = Vmm::default();
