@@ -13,6 +13,27 @@ fuzz_target!(|data: &[u8]| {
     let n = (data.len() - 4).min(INLINE);
     inline[..n].copy_from_slice(&data[4..4 + n]);
     if let Ok(req) = Request::decode(opcode, &inline) {
+        // What the host's VMM table relies on: sizes and addresses are
+        // nonzero multiples of the granularity, sizes bounded.
+        let g = protocol::VMM_GRANULARITY;
+        let granular = |v: u64| v != 0 && v.is_multiple_of(g);
+        let size_ok = |v: u64| granular(v) && v <= protocol::MAX_LEN;
+        match req {
+            Request::VmmReserve { size, align } => {
+                assert!(size_ok(size) && (align == 0 || align.is_power_of_two()))
+            }
+            Request::VmmCreate { size } => assert!(size_ok(size)),
+            Request::VmmAddressFree { ptr, size } | Request::VmmUnmap { ptr, size } => {
+                assert!(granular(ptr) && size_ok(size))
+            }
+            Request::VmmMap {
+                ptr, size, offset, ..
+            } => assert!(granular(ptr) && size_ok(size) && offset.is_multiple_of(g)),
+            Request::VmmSetAccess { ptr, size, flags } => {
+                assert!(granular(ptr) && size_ok(size) && matches!(flags, 1 | 3))
+            }
+            _ => {}
+        }
         let mut again = [0u8; INLINE];
         req.encode(&mut again);
         assert_eq!(Request::decode(req.opcode(), &again), Ok(req));

@@ -542,6 +542,12 @@ impl Gpu {
         Ok(self.call(&Request::MemAlloc { size })?.vals[0])
     }
 
+    /// A synchronous request of any kind (calls with no method of their
+    /// own here, such as the VMM API's); its reply values.
+    pub fn request(&mut self, req: &Request) -> Result<Reply> {
+        self.call(req)
+    }
+
     /// cuMemFree.
     pub fn mem_free(&mut self, ptr: DevPtr) -> Result<()> {
         self.call(&Request::MemFree { ptr }).map(drop)

@@ -9,6 +9,8 @@ use protocol::Status;
 
 use crate::executor::{Context, Handle, HandleMap, HandleSet, Launch, Queued};
 
+pub mod vmm;
+
 /// Launches accepted from the ring but not yet submitted: a run on one
 /// stream, submitted together (possibly as one graph launch, see
 /// [`Context::launch_many`]) before anything else of the session runs and
@@ -97,6 +99,8 @@ pub struct Session {
     /// Stream-ordered frees: each allocation is freed once the device
     /// passes its mark (what it takes stays counted until then).
     pub deferred_frees: Vec<(crate::executor::Marker, u64, u64)>,
+    /// Reservations, physical memory and mappings of the VMM API.
+    pub vmm: vmm::Vmm,
 }
 
 /// A guest host function between its stream reaching it and the guest
@@ -244,11 +248,12 @@ impl Session {
             run: LaunchRun::default(),
             deferred_frees: Vec::new(),
             host_fn: None,
+            vmm: vmm::Vmm::default(),
         }
     }
 
     /// Checks that [ptr, ptr+len) lies inside one of this session's
-    /// allocations or module globals.
+    /// allocations or module globals, or in memory it mapped.
     pub fn check_range(&self, ptr: u64, len: u64) -> Result<(), Status> {
         let end = ptr.checked_add(len).ok_or(Status::InvalidValue)?;
         let inside = |m: &BTreeMap<u64, u64>| {
@@ -256,7 +261,7 @@ impl Session {
                 .next_back()
                 .is_some_and(|(&base, &size)| end <= base + size)
         };
-        if inside(&self.allocs) || inside(&self.globals) {
+        if inside(&self.allocs) || inside(&self.globals) || self.vmm.covers(ptr, len) {
             Ok(())
         } else {
             Err(Status::InvalidValue)

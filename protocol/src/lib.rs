@@ -62,6 +62,23 @@ pub fn link_records(data: &[u8]) -> Result<Vec<(u32, &[u8])>, ProtoError> {
     Ok(out)
 }
 
+/// Size and address granularity of the virtual memory management requests
+/// (`Vmm*`: the driver's minimum granularity for device memory, 2 MiB).
+pub const VMM_GRANULARITY: u64 = 2 << 20;
+
+/// A VMM size (at most [`MAX_LEN`]) or address: nonzero, a multiple of
+/// [`VMM_GRANULARITY`].
+fn check_vmm(field: &'static str, v: u64) -> Result<u64, ProtoError> {
+    let max = if field == "size" { MAX_LEN } else { u64::MAX };
+    if v == 0 || !v.is_multiple_of(VMM_GRANULARITY) || v > max {
+        return Err(bad(
+            field,
+            format!("{v:#x} is not a nonzero multiple of 2 MiB"),
+        ));
+    }
+    Ok(v)
+}
+
 /// Largest kernel parameter buffer (CUDA's limit is 32,764 bytes).
 pub const MAX_PARAMS: u64 = 32_764;
 
@@ -471,6 +488,67 @@ pub enum Request {
         /// End event.
         end: u64,
     },
+    /// Reserves device address space for the process's own mappings
+    /// (cuMemAddressReserve; reply: its address).
+    VmmReserve {
+        /// Bytes (a multiple of [`VMM_GRANULARITY`]).
+        size: u64,
+        /// Alignment: 0 (the default) or a power of two.
+        align: u64,
+    },
+    /// Gives back a whole reservation with nothing mapped in it.
+    VmmAddressFree {
+        /// Its address.
+        ptr: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// Physical device memory (cuMemCreate; reply: its handle), counted
+    /// against the vGPU's memory limit.
+    VmmCreate {
+        /// Bytes (a multiple of [`VMM_GRANULARITY`]).
+        size: u64,
+    },
+    /// Lets go of a handle; the memory goes once nothing maps it either.
+    VmmRelease {
+        /// The handle.
+        handle: u64,
+    },
+    /// Maps `size` bytes of a handle from `offset` at `ptr`, in one of the
+    /// process's reservations, over nothing mapped; readable and writable
+    /// from the device.
+    VmmMap {
+        /// Where.
+        ptr: u64,
+        /// Bytes.
+        size: u64,
+        /// Offset in the handle's memory.
+        offset: u64,
+        /// The handle.
+        handle: u64,
+    },
+    /// Unmaps whole mappings that cover `[ptr, ptr + size)` exactly.
+    VmmUnmap {
+        /// Start.
+        ptr: u64,
+        /// Bytes.
+        size: u64,
+    },
+    /// Sets the device's access to mapped memory (1: read, 3: read-write).
+    VmmSetAccess {
+        /// Start.
+        ptr: u64,
+        /// Bytes.
+        size: u64,
+        /// `CUmemAccess_flags`.
+        flags: u32,
+    },
+    /// The handle of the memory mapped at `ptr`, retained once more
+    /// (reply: the handle and its size).
+    VmmRetain {
+        /// An address inside a mapping.
+        ptr: u64,
+    },
 }
 
 /// Opcodes on the wire.
@@ -518,6 +596,14 @@ pub mod op {
     pub const EVENT_SYNCHRONIZE: u32 = 53;
     pub const EVENT_QUERY: u32 = 54;
     pub const EVENT_ELAPSED_TIME: u32 = 55;
+    pub const VMM_RESERVE: u32 = 80;
+    pub const VMM_ADDRESS_FREE: u32 = 81;
+    pub const VMM_CREATE: u32 = 82;
+    pub const VMM_RELEASE: u32 = 83;
+    pub const VMM_MAP: u32 = 84;
+    pub const VMM_UNMAP: u32 = 85;
+    pub const VMM_SET_ACCESS: u32 = 86;
+    pub const VMM_RETAIN: u32 = 87;
     /// A continuation chunk of the previous message's data.
     pub const DATA: u32 = 100;
 }
@@ -630,6 +716,14 @@ impl Request {
             EventSynchronize { .. } => op::EVENT_SYNCHRONIZE,
             EventQuery { .. } => op::EVENT_QUERY,
             EventElapsedTime { .. } => op::EVENT_ELAPSED_TIME,
+            VmmReserve { .. } => op::VMM_RESERVE,
+            VmmAddressFree { .. } => op::VMM_ADDRESS_FREE,
+            VmmCreate { .. } => op::VMM_CREATE,
+            VmmRelease { .. } => op::VMM_RELEASE,
+            VmmMap { .. } => op::VMM_MAP,
+            VmmUnmap { .. } => op::VMM_UNMAP,
+            VmmSetAccess { .. } => op::VMM_SET_ACCESS,
+            VmmRetain { .. } => op::VMM_RETAIN,
         }
     }
 
@@ -855,6 +949,29 @@ impl Request {
             EventElapsedTime { start, end } => {
                 w.u64(start);
                 w.u64(end);
+            }
+            VmmReserve { size: a, align: b }
+            | VmmAddressFree { ptr: a, size: b }
+            | VmmUnmap { ptr: a, size: b } => {
+                w.u64(a);
+                w.u64(b);
+            }
+            VmmCreate { size: a } | VmmRelease { handle: a } | VmmRetain { ptr: a } => w.u64(a),
+            VmmMap {
+                ptr,
+                size,
+                offset,
+                handle,
+            } => {
+                w.u64(ptr);
+                w.u64(size);
+                w.u64(offset);
+                w.u64(handle);
+            }
+            VmmSetAccess { ptr, size, flags } => {
+                w.u64(ptr);
+                w.u64(size);
+                w.u32(flags);
             }
         }
     }
@@ -1124,6 +1241,48 @@ impl Request {
                 start: r.u64()?,
                 end: r.u64()?,
             },
+            op::VMM_RESERVE => {
+                let size = check_vmm("size", r.u64()?)?;
+                let align = r.u64()?;
+                if align != 0 && (!align.is_power_of_two() || align > MAX_LEN) {
+                    return Err(bad("align", format!("{align:#x}")));
+                }
+                VmmReserve { size, align }
+            }
+            op::VMM_ADDRESS_FREE => VmmAddressFree {
+                ptr: check_vmm("ptr", r.u64()?)?,
+                size: check_vmm("size", r.u64()?)?,
+            },
+            op::VMM_CREATE => VmmCreate {
+                size: check_vmm("size", r.u64()?)?,
+            },
+            op::VMM_RELEASE => VmmRelease { handle: r.u64()? },
+            op::VMM_MAP => {
+                let (ptr, size) = (check_vmm("ptr", r.u64()?)?, check_vmm("size", r.u64()?)?);
+                let offset = r.u64()?;
+                if !offset.is_multiple_of(VMM_GRANULARITY) || offset > MAX_LEN {
+                    return Err(bad("offset", format!("{offset:#x}")));
+                }
+                VmmMap {
+                    ptr,
+                    size,
+                    offset,
+                    handle: r.u64()?,
+                }
+            }
+            op::VMM_UNMAP => VmmUnmap {
+                ptr: check_vmm("ptr", r.u64()?)?,
+                size: check_vmm("size", r.u64()?)?,
+            },
+            op::VMM_SET_ACCESS => {
+                let (ptr, size) = (check_vmm("ptr", r.u64()?)?, check_vmm("size", r.u64()?)?);
+                let flags = r.u32()?;
+                if !matches!(flags, 1 | 3) {
+                    return Err(bad("flags", format!("access flags {flags:#x}")));
+                }
+                VmmSetAccess { ptr, size, flags }
+            }
+            op::VMM_RETAIN => VmmRetain { ptr: r.u64()? },
             other => return Err(ProtoError::UnknownOpcode(other)),
         };
         Ok(req)
@@ -1354,6 +1513,34 @@ mod tests {
             Request::EventSynchronize { event: 3 },
             Request::EventQuery { event: 3 },
             Request::EventElapsedTime { start: 3, end: 4 },
+            Request::VmmReserve {
+                size: 4 << 20,
+                align: 1 << 30,
+            },
+            Request::VmmAddressFree {
+                ptr: 0x7f00_0000_0000,
+                size: 2 << 20,
+            },
+            Request::VmmCreate { size: 6 << 20 },
+            Request::VmmRelease { handle: 9 },
+            Request::VmmMap {
+                ptr: 0x7f00_0020_0000,
+                size: 2 << 20,
+                offset: 2 << 20,
+                handle: 9,
+            },
+            Request::VmmUnmap {
+                ptr: 0x7f00_0020_0000,
+                size: 2 << 20,
+            },
+            Request::VmmSetAccess {
+                ptr: 0x7f00_0020_0000,
+                size: 2 << 20,
+                flags: 3,
+            },
+            Request::VmmRetain {
+                ptr: 0x7f00_0020_0010,
+            },
         ]
     }
 
@@ -1439,6 +1626,49 @@ mod tests {
                 value: 101,
             }),
             enc(Request::CtxSetLimit { limit: 7, value: 0 }),
+            enc(Request::VmmCreate { size: 0 }),
+            enc(Request::VmmCreate { size: 4096 }),
+            enc(Request::VmmCreate {
+                size: (3 << 20) / 2,
+            }),
+            enc(Request::VmmCreate {
+                size: !((2 << 20) - 1),
+            }),
+            enc(Request::VmmReserve {
+                size: 2 << 20,
+                align: 3 << 20,
+            }),
+            enc(Request::VmmReserve { size: 0, align: 0 }),
+            enc(Request::VmmAddressFree {
+                ptr: 0x1000,
+                size: 2 << 20,
+            }),
+            enc(Request::VmmMap {
+                ptr: 2 << 20,
+                size: 2 << 20,
+                offset: 4096,
+                handle: 1,
+            }),
+            enc(Request::VmmMap {
+                ptr: 0,
+                size: 2 << 20,
+                offset: 0,
+                handle: 1,
+            }),
+            enc(Request::VmmUnmap {
+                ptr: 2 << 20,
+                size: 1,
+            }),
+            enc(Request::VmmSetAccess {
+                ptr: 2 << 20,
+                size: 2 << 20,
+                flags: 2,
+            }),
+            enc(Request::VmmSetAccess {
+                ptr: 2 << 20,
+                size: 2 << 20,
+                flags: 0,
+            }),
         ] {
             assert!(
                 matches!(Request::decode(opc, &b), Err(ProtoError::BadField { .. })),

@@ -79,3 +79,113 @@ fn corrupt_indices_and_descriptors_end_only_the_offending_channel() {
 fn raw_u32(r: &qemu_ivshmem::Region, off: usize, v: u32) {
     r.raw_u32_for_tests(off).store(v, Ordering::Release);
 }
+
+/// A guest process that forges VMM requests against another process's
+/// handle, reservation and mappings is refused each time; the other
+/// process's memory stays mapped and intact, and the worker serves on.
+#[test]
+fn forged_vmm_requests_touch_nothing_of_another_process() {
+    use protocol::{Request, Status, VMM_GRANULARITY as G};
+    let host = Host::start("hostile-vmm", 64 << 20);
+    let mut victim = host.guest();
+    let req = |g: &mut guest_frontend::Gpu, r: Request| g.request(&r).map(|x| x.vals);
+    let h = req(&mut victim, Request::VmmCreate { size: 2 * G }).unwrap()[0];
+    let va = req(
+        &mut victim,
+        Request::VmmReserve {
+            size: 4 * G,
+            align: 0,
+        },
+    )
+    .unwrap()[0];
+    let map = Request::VmmMap {
+        ptr: va,
+        size: 2 * G,
+        offset: 0,
+        handle: h,
+    };
+    req(&mut victim, map.clone()).unwrap();
+    victim.memcpy_htod(va + G, &[9; 4096]).unwrap();
+
+    let mut evil = host.guest();
+    let mine = req(&mut evil, Request::VmmCreate { size: G }).unwrap()[0];
+    let forged = [
+        map.clone(),
+        Request::VmmMap {
+            ptr: va + 2 * G,
+            size: G,
+            offset: 0,
+            handle: mine,
+        },
+        Request::VmmUnmap {
+            ptr: va,
+            size: 2 * G,
+        },
+        Request::VmmAddressFree {
+            ptr: va,
+            size: 4 * G,
+        },
+        Request::VmmRelease { handle: h },
+        Request::VmmRetain { ptr: va + G },
+        Request::VmmSetAccess {
+            ptr: va,
+            size: 2 * G,
+            flags: 3,
+        },
+        Request::VmmMap {
+            ptr: !(G - 1),
+            size: 1 << 40,
+            offset: 0,
+            handle: mine,
+        },
+        Request::VmmCreate { size: 1 << 40 },
+    ];
+    for r in forged {
+        let e = req(&mut evil, r.clone()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                guest_frontend::GuestError::Cuda(
+                    Status::InvalidValue | Status::InvalidHandle | Status::OutOfMemory
+                )
+            ),
+            "{r:?}: {e:?}"
+        );
+    }
+    let mut buf = [0u8; 4096];
+    assert!(
+        evil.memcpy_dtoh(&mut buf, va + G, 0).is_err(),
+        "not its memory"
+    );
+    // Malformed VMM requests on the wire (the guest side does not check
+    // what it encodes): refused by decode, the channel lives on.
+    for r in [
+        Request::VmmCreate { size: 4096 },
+        Request::VmmMap {
+            ptr: va + 1,
+            size: G,
+            offset: 0,
+            handle: mine,
+        },
+        Request::VmmSetAccess {
+            ptr: va,
+            size: G,
+            flags: 0,
+        },
+        Request::VmmReserve {
+            size: G,
+            align: 3 << 20,
+        },
+    ] {
+        let e = req(&mut evil, r.clone()).unwrap_err();
+        assert!(
+            matches!(e, guest_frontend::GuestError::Cuda(Status::InvalidValue)),
+            "{r:?}: {e:?}"
+        );
+    }
+    assert!(req(&mut evil, Request::VmmRelease { handle: mine }).is_ok());
+    drop(evil);
+    victim.memcpy_dtoh(&mut buf, va + G, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 9));
+    assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
+}

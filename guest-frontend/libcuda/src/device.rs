@@ -37,6 +37,7 @@ mod attr {
     pub const HANDLE_TYPE_FABRIC_SUPPORTED: u32 = 128;
     pub const IPC_EVENT_SUPPORTED: u32 = 125;
     pub const MPS_ENABLED: u32 = 133;
+    pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: u32 = 102;
     pub const HOST_NUMA_ID: u32 = 134;
     /// HOST_NUMA_MULTINODE_IPC .. ONLY_PARTIAL_HOST_NATIVE_ATOMIC: host
     /// locations for pools and VMM, dma-buf sharing of host memory.
@@ -57,6 +58,8 @@ pub(crate) fn vgpu_attribute(a: u32, host: Option<i32>) -> i32 {
         // Device pointers share one address space with the process.
         attr::UNIFIED_ADDRESSING => 1,
         attr::CAN_MAP_HOST_MEMORY => 1,
+        // Served by the `vmm` module.
+        attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED => 1,
         // Host memory is reached through the shared region, not the
         // process's page tables; registered memory has a device address of
         // its own.

@@ -21,6 +21,7 @@
 //! | page-locked, registered and managed host memory | [`host_memory`] |
 //! | `cuGetProcAddress` | [`proc_address`] |
 //! | profiler controls (no-ops) | [`profiler`] |
+//! | virtual memory management (reservations, cuMemCreate, cuMemMap) | [`vmm`] |
 //! | `cuGetExportTable`: the runtime's private interface | [`export_table`] |
 //!
 //! Handles and pointers use `cudarc`'s generated types, so the ABI is the
@@ -58,6 +59,7 @@ pub mod module;
 pub mod proc_address;
 pub mod profiler;
 pub mod stream;
+pub mod vmm;
 
 use std::collections::HashSet;
 use std::ffi::c_uint;

@@ -480,6 +480,41 @@ fn prepare(
     r.map(|()| p)
 }
 
+/// The guest's own virtual memory management objects (cuMemAddressReserve,
+/// cuMemCreate, cuMemMap; the worker checked each call against the
+/// session's table), undone when the context goes.
+#[derive(Default)]
+struct GuestVmm {
+    /// base -> size of each reservation.
+    reserved: std::collections::HashMap<u64, usize>,
+    /// Our handle -> the driver's.
+    phys: super::HandleMap<sys::CUmemGenericAllocationHandle>,
+    /// base -> size of each mapping.
+    maps: std::collections::HashMap<u64, usize>,
+}
+
+impl GuestVmm {
+    fn is_empty(&self) -> bool {
+        self.reserved.is_empty() && self.phys.is_empty()
+    }
+
+    /// Unmaps, releases and unreserves everything (the context is current).
+    fn clear(&mut self) {
+        for (va, n) in self.maps.drain() {
+            // SAFETY: our own mapping, undone once.
+            let _ = unsafe { sys::cuMemUnmap(va, n) };
+        }
+        for (_, h) in self.phys.drain() {
+            // SAFETY: our own handle, released once.
+            let _ = unsafe { sys::cuMemRelease(h) };
+        }
+        for (va, n) in self.reserved.drain() {
+            // SAFETY: our own reservation, nothing mapped in it any more.
+            let _ = unsafe { sys::cuMemAddressFree(va, n) };
+        }
+    }
+}
+
 /// Device memory made with the virtual memory management API: a reserved
 /// address range with physical memory of the current GPU mapped into it.
 struct VmmAlloc {
@@ -518,6 +553,8 @@ struct CudaContext {
     /// The stream device-to-host copies into the arenas go on (made when
     /// first needed; non-blocking, so that it waits for no other stream).
     copy: sys::CUstream,
+    /// The guest's own reservations, physical memory and mappings.
+    guest_vmm: GuestVmm,
 }
 
 // SAFETY: a CUcontext may be used from any thread once made current there;
@@ -746,6 +783,7 @@ impl CudaContext {
             marks: Default::default(),
             next_mark: 0,
             copy: null_mut(),
+            guest_vmm: GuestVmm::default(),
         })
     }
 
@@ -861,6 +899,7 @@ impl Drop for CudaContext {
         // The graphs go before the context they were made in.
         self.templates.clear();
         if self.bind().is_ok() {
+            self.guest_vmm.clear();
             for (va, a) in std::mem::take(&mut self.allocs) {
                 vmm_free(va, &a);
             }
@@ -1649,8 +1688,92 @@ impl Context for CudaContext {
         check(unsafe { launch_raw(f, g, b, smem, st, &mut ptrs) })
     }
 
+    fn vmm_reserve(&mut self, size: u64, align: u64) -> Result<u64, Status> {
+        self.bind()?;
+        let n = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
+        let mut va = 0;
+        // SAFETY: out-parameter on our stack; no address asked for; an
+        // alignment of 0 or a power of two (checked by the protocol).
+        check(unsafe { sys::cuMemAddressReserve(&mut va, n, align as usize, 0, 0) })?;
+        self.guest_vmm.reserved.insert(va, n);
+        Ok(va)
+    }
+
+    fn vmm_address_free(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        self.bind()?;
+        match self.guest_vmm.reserved.get(&ptr) {
+            Some(&n) if n as u64 == size => {}
+            _ => return Err(Status::InvalidValue),
+        }
+        self.guest_vmm.reserved.remove(&ptr);
+        // SAFETY: our own whole reservation, nothing mapped in it (the
+        // worker checked), freed once.
+        check(unsafe { sys::cuMemAddressFree(ptr, size as usize) })
+    }
+
+    fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
+        self.bind()?;
+        let n = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
+        let prop = vmm_prop(self.ordinal);
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: out-parameter on our stack; a valid property struct
+        // (pinned memory of this context's GPU); a size that is a multiple
+        // of 2 MiB (the protocol's check), no flags.
+        check(unsafe { sys::cuMemCreate(&mut h, n, &prop, 0) })?;
+        self.next_handle += 1;
+        self.guest_vmm.phys.insert(self.next_handle, h);
+        Ok(self.next_handle)
+    }
+
+    fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let h = self
+            .guest_vmm
+            .phys
+            .remove(&handle)
+            .ok_or(Status::InvalidHandle)?;
+        // SAFETY: our own handle, no longer mapped (the worker checked),
+        // released once.
+        check(unsafe { sys::cuMemRelease(h) })
+    }
+
+    fn vmm_map(&mut self, ptr: u64, size: u64, offset: u64, handle: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let h = *self
+            .guest_vmm
+            .phys
+            .get(&handle)
+            .ok_or(Status::InvalidHandle)?;
+        let n = size as usize;
+        // SAFETY: `ptr..ptr + size` lies in a reservation of ours with
+        // nothing mapped there, and `offset + size` within the handle's
+        // memory (the worker checked both); no flags.
+        check(unsafe { sys::cuMemMap(ptr, n, offset as usize, h, 0) })?;
+        let acc = vmm_access(self.ordinal);
+        // SAFETY: the range just mapped; one descriptor.
+        if let Err(e) = check(unsafe { sys::cuMemSetAccess(ptr, n, &acc, 1) }) {
+            // SAFETY: undoing the mapping just made.
+            let _ = unsafe { sys::cuMemUnmap(ptr, n) };
+            return Err(e);
+        }
+        self.guest_vmm.maps.insert(ptr, n);
+        Ok(())
+    }
+
+    fn vmm_unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        self.bind()?;
+        match self.guest_vmm.maps.get(&ptr) {
+            Some(&n) if n as u64 == size => {}
+            _ => return Err(Status::InvalidValue),
+        }
+        self.guest_vmm.maps.remove(&ptr);
+        // SAFETY: one whole mapping of ours, undone once (the driver waits
+        // for work still using it).
+        check(unsafe { sys::cuMemUnmap(ptr, size as usize) })
+    }
+
     fn prepare_migration(&self, target: u32) -> Option<super::PrepareJob> {
-        if target == self.ordinal || !self.vmm || self.globals_taken {
+        if target == self.ordinal || !self.vmm || self.globals_taken || !self.guest_vmm.is_empty() {
             return None;
         }
         let specs = self.specs();
@@ -1663,6 +1786,16 @@ impl Context for CudaContext {
     fn migrate(&mut self, target: u32, prepared: Option<super::Prepared>) -> Result<Moved, Status> {
         if target == self.ordinal {
             return Ok(Moved::default());
+        }
+        if !self.guest_vmm.is_empty() {
+            // Its mappings could move as the context's own allocations do,
+            // but that is not done yet: the vGPU stays.
+            tracing::warn!(
+                to = target,
+                "a guest process holds VMM memory (cuMemCreate/cuMemAddressReserve): \
+                 it cannot migrate"
+            );
+            return Err(Status::NotSupported);
         }
         if !self.vmm || self.globals_taken {
             return Err(Status::NotSupported);

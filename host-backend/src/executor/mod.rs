@@ -349,4 +349,40 @@ pub trait Context: Send {
     fn prepare_migration(&self, _device: u32) -> Option<PrepareJob> {
         None
     }
+    /// Reserves `size` bytes of device address space (`align`: 0 or a power
+    /// of two) for the guest's own mappings (cuMemAddressReserve). The
+    /// worker checks every VMM call against the session's table
+    /// (`session::vmm`) first.
+    fn vmm_reserve(&mut self, _size: u64, _align: u64) -> Result<u64, Status> {
+        Err(Status::NotSupported)
+    }
+    /// Frees a reservation with nothing mapped in it.
+    fn vmm_address_free(&mut self, _ptr: u64, _size: u64) -> Result<(), Status> {
+        Err(Status::NotSupported)
+    }
+    /// Makes `size` bytes of physical memory on the context's GPU; returns
+    /// a handle of this executor's.
+    fn vmm_create(&mut self, _size: u64) -> Result<Handle, Status> {
+        Err(Status::NotSupported)
+    }
+    /// Frees physical memory that nothing maps.
+    fn vmm_release(&mut self, _handle: Handle) -> Result<(), Status> {
+        Err(Status::NotSupported)
+    }
+    /// Maps `size` bytes of `handle`'s memory from `offset` at `ptr` (in a
+    /// reservation, over nothing mapped), readable and writable from the
+    /// context's GPU.
+    fn vmm_map(
+        &mut self,
+        _ptr: u64,
+        _size: u64,
+        _offset: u64,
+        _handle: Handle,
+    ) -> Result<(), Status> {
+        Err(Status::NotSupported)
+    }
+    /// Unmaps one whole mapping.
+    fn vmm_unmap(&mut self, _ptr: u64, _size: u64) -> Result<(), Status> {
+        Err(Status::NotSupported)
+    }
 }

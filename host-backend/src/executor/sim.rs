@@ -162,6 +162,8 @@ impl Executor for SimExecutor {
             timings: Vec::new(),
             slice_ns: HashMap::new(),
             period: None,
+            vmm_phys: HashMap::new(),
+            vmm_maps: BTreeMap::new(),
         }))
     }
 }
@@ -214,6 +216,11 @@ struct SimContext {
     /// The busy period being timed: when the queue reaches its start, and
     /// when its work ends (once ended).
     period: Option<(Instant, Option<Instant>)>,
+    /// Physical memory of the VMM API, by handle.
+    vmm_phys: HashMap<Handle, Vec<u8>>,
+    /// VMM mappings: start -> (size, handle, offset in its memory). Their
+    /// addresses resolve to the handle's bytes.
+    vmm_maps: BTreeMap<u64, (u64, Handle, u64)>,
 }
 
 impl SimContext {
@@ -313,19 +320,58 @@ impl SimContext {
             // Mapped host memory: real kernels reach it; the model's do not.
             return Err(Status::NotSupported);
         }
-        let (&base, buf) = self
-            .mem
-            .range_mut(..=ptr)
+        let fits =
+            |base: u64, size: u64| (ptr - base).checked_add(len).is_some_and(|end| end <= size);
+        let alloc = self.mem.range(..=ptr).next_back();
+        if let Some((&base, buf)) = alloc.filter(|(&b, buf)| fits(b, buf.len() as u64)) {
+            let _ = buf;
+            let buf = self.mem.get_mut(&base).ok_or(Status::IllegalAddress)?;
+            return Ok((buf, (ptr - base) as usize));
+        }
+        // Mapped VMM memory: the handle's bytes.
+        let (&va, &(size, h, offset)) = self
+            .vmm_maps
+            .range(..=ptr)
             .next_back()
             .ok_or(Status::IllegalAddress)?;
-        let off = ptr - base;
-        if off
-            .checked_add(len)
-            .is_none_or(|end| end > buf.len() as u64)
-        {
+        if !fits(va, size) {
             return Err(Status::IllegalAddress);
         }
-        Ok((buf, off as usize))
+        let buf = self.vmm_phys.get_mut(&h).ok_or(Status::IllegalAddress)?;
+        Ok((buf, (offset + ptr - va) as usize))
+    }
+
+    /// `[ptr, ptr + len)` in pieces that each lie in one allocation or one
+    /// mapping (VMM mappings that follow one another are one range to a
+    /// program): (start, length) of each.
+    fn pieces(&self, ptr: u64, len: u64) -> Vec<(u64, u64)> {
+        let whole = vec![(ptr, len)];
+        let in_alloc = self
+            .mem
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&b, buf)| ptr - b < buf.len() as u64);
+        let Some(end) = ptr.checked_add(len).filter(|_| !in_alloc) else {
+            return whole;
+        };
+        let mut out = Vec::new();
+        let mut at = ptr;
+        while at < end {
+            match self.vmm_maps.range(..=at).next_back() {
+                Some((&va, &(size, ..))) if at < va + size => {
+                    let n = (va + size).min(end) - at;
+                    out.push((at, n));
+                    at += n;
+                }
+                // A hole: `locate` reports it.
+                _ => return whole,
+            }
+        }
+        if out.is_empty() {
+            whole
+        } else {
+            out
+        }
     }
 
     fn read_f32s(&mut self, ptr: u64, n: usize) -> Result<Vec<f32>, Status> {
@@ -340,6 +386,18 @@ impl SimContext {
         let (buf, off) = self.locate(ptr, v.len() as u64 * 4)?;
         for (i, x) in v.iter().enumerate() {
             buf[off + 4 * i..off + 4 * i + 4].copy_from_slice(&x.to_le_bytes());
+        }
+        Ok(())
+    }
+
+    /// Copies device bytes from `src` into `dst`.
+    fn read_into(&mut self, dst: &VolatileSlice<'_>, src: u64) -> Result<(), Status> {
+        for (p, n) in self.pieces(src, dst.len() as u64) {
+            let (buf, off) = self.locate(p, n)?;
+            let part = dst
+                .subslice((p - src) as usize, n as usize)
+                .map_err(|_| Status::InvalidValue)?;
+            part.copy_from(&buf[off..off + n as usize]);
         }
         Ok(())
     }
@@ -496,8 +554,13 @@ impl Context for SimContext {
     fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, stream: Handle) -> Result<(), Status> {
         self.alive()?;
         let len = src.len();
-        let (buf, off) = self.locate(dst, len as u64)?;
-        src.copy_to(&mut buf[off..off + len]);
+        for (p, n) in self.pieces(dst, len as u64) {
+            let (buf, off) = self.locate(p, n)?;
+            let part = src
+                .subslice((p - dst) as usize, n as usize)
+                .map_err(|_| Status::InvalidValue)?;
+            part.copy_to(&mut buf[off..off + n as usize]);
+        }
         let ns = self.copy_ns(len as u64);
         self.submit(ns, stream);
         Ok(())
@@ -508,8 +571,7 @@ impl Context for SimContext {
         let len = dst.len();
         let ns = self.copy_ns(len as u64);
         let done = self.submit(ns, stream);
-        let (buf, off) = self.locate(src, len as u64)?;
-        dst.copy_from(&buf[off..off + len]);
+        self.read_into(dst, src)?;
         Self::wait_until(done);
         Ok(())
     }
@@ -524,18 +586,23 @@ impl Context for SimContext {
         // The model computes at submission: the bytes are those the work
         // submitted before has written.
         let len = dst.len();
-        let (buf, off) = self.locate(src, len as u64)?;
-        dst.copy_from(&buf[off..off + len]);
+        self.read_into(dst, src)?;
         let ns = self.copy_ns(len as u64);
         self.submit(ns, stream);
         Ok(())
     }
 
     fn dtod(&mut self, dst: u64, src: u64, len: u64, stream: Handle) -> Result<(), Status> {
-        let (buf, off) = self.locate(src, len)?;
-        let data = buf[off..off + len as usize].to_vec();
-        let (out, off) = self.locate(dst, len)?;
-        out[off..off + data.len()].copy_from_slice(&data);
+        let mut data = Vec::new();
+        for (p, n) in self.pieces(src, len) {
+            let (buf, off) = self.locate(p, n)?;
+            data.extend_from_slice(&buf[off..off + n as usize]);
+        }
+        for (p, n) in self.pieces(dst, len) {
+            let (out, off) = self.locate(p, n)?;
+            let from = (p - dst) as usize;
+            out[off..off + n as usize].copy_from_slice(&data[from..from + n as usize]);
+        }
         let ns = self.mem_ns(2 * len);
         self.submit(ns, stream);
         Ok(())
@@ -553,10 +620,14 @@ impl Context for SimContext {
         let len = count
             .checked_mul(u64::from(width))
             .ok_or(Status::InvalidValue)?;
-        let (buf, off) = self.locate(dst, len)?;
         let pat = &value.to_le_bytes()[..w];
-        for chunk in buf[off..off + len as usize].chunks_exact_mut(w) {
-            chunk.copy_from_slice(pat);
+        for (p, n) in self.pieces(dst, len) {
+            let (buf, off) = self.locate(p, n)?;
+            // The pattern by byte offset from `dst` (pieces split anywhere).
+            let from = (p - dst) as usize;
+            for (i, b) in buf[off..off + n as usize].iter_mut().enumerate() {
+                *b = pat[(from + i) % w];
+            }
         }
         let ns = self.mem_ns(len);
         self.submit(ns, stream);
@@ -971,6 +1042,69 @@ impl Context for SimContext {
         self.marks.remove(&m);
     }
 
+    fn vmm_reserve(&mut self, size: u64, align: u64) -> Result<u64, Status> {
+        self.alive()?;
+        let g = protocol::VMM_GRANULARITY;
+        let mut next = self.next_base.lock().unwrap_or_else(|e| e.into_inner());
+        let base = next
+            .checked_next_multiple_of(align.max(g))
+            .ok_or(Status::OutOfMemory)?;
+        // A gap after it, as after allocations: an overrun faults.
+        *next = base
+            .checked_add(size.div_ceil(g) * g + g)
+            .ok_or(Status::OutOfMemory)?;
+        Ok(base)
+    }
+
+    fn vmm_address_free(&mut self, _ptr: u64, _size: u64) -> Result<(), Status> {
+        // Addresses are never handed out again in the model.
+        Ok(())
+    }
+
+    fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
+        self.alive()?;
+        let len = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(len)
+            .map_err(|_| Status::OutOfMemory)?;
+        buf.resize(len, 0);
+        // Numbered apart from every other context's handles.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0x564d_0000);
+        let h = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.vmm_phys.insert(h, buf);
+        Ok(h)
+    }
+
+    fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
+        self.vmm_phys
+            .remove(&handle)
+            .map(drop)
+            .ok_or(Status::InvalidHandle)
+    }
+
+    fn vmm_map(&mut self, ptr: u64, size: u64, offset: u64, handle: Handle) -> Result<(), Status> {
+        let len = self
+            .vmm_phys
+            .get(&handle)
+            .ok_or(Status::InvalidHandle)?
+            .len() as u64;
+        if offset.checked_add(size).is_none_or(|e| e > len) {
+            return Err(Status::InvalidValue);
+        }
+        self.vmm_maps.insert(ptr, (size, handle, offset));
+        Ok(())
+    }
+
+    fn vmm_unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        match self.vmm_maps.get(&ptr) {
+            Some(&(n, ..)) if n == size => {
+                self.vmm_maps.remove(&ptr);
+                Ok(())
+            }
+            _ => Err(Status::InvalidValue),
+        }
+    }
+
     fn migrate(
         &mut self,
         device: u32,
@@ -988,8 +1122,13 @@ impl Context for SimContext {
         // The model keeps device memory in host RAM under the same
         // addresses on every device: the copy costs time on the target's
         // queue (peer copy at the host-device bandwidth), nothing else.
-        let bytes: u64 = self.mem.values().map(|b| b.len() as u64).sum();
-        let allocations = self.mem.len() as u64;
+        let bytes: u64 = self
+            .mem
+            .values()
+            .chain(self.vmm_phys.values())
+            .map(|b| b.len() as u64)
+            .sum();
+        let allocations = (self.mem.len() + self.vmm_phys.len()) as u64;
         self.device = device;
         let done = self.submit(self.copy_ns(bytes), 0);
         Self::wait_until(done);
@@ -1008,6 +1147,50 @@ mod tests {
         }
         p.extend_from_slice(&n.to_le_bytes());
         p
+    }
+
+    #[test]
+    fn mapped_vmm_memory_is_the_handles_bytes_until_unmapped() {
+        const G: u64 = protocol::VMM_GRANULARITY;
+        let mut ctx = SimExecutor::new(SimParams::default()).open().unwrap();
+        let va = ctx.vmm_reserve(4 * G, 0).unwrap();
+        let (a, b) = (
+            ctx.vmm_create(2 * G).unwrap(),
+            ctx.vmm_create(2 * G).unwrap(),
+        );
+        ctx.vmm_map(va, 2 * G, 0, a).unwrap();
+        ctx.vmm_map(va + 2 * G, G, G, b).unwrap();
+        // A copy across the two mappings, as one range.
+        let mut data: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+        let at = va + 2 * G - 2048;
+        ctx.htod(at, &VolatileSlice::from(&mut data[..]), 0)
+            .unwrap();
+        ctx.memset(at + 1000, 0xabcd, 2, 1024, 0).unwrap();
+        let mut back = vec![0u8; 4096];
+        ctx.dtoh(&VolatileSlice::from(&mut back[..]), at, 0)
+            .unwrap();
+        assert_eq!(back[..1000], data[..1000]);
+        assert_eq!(back[1000..1004], [0xcd, 0xab, 0xcd, 0xab]);
+        assert_eq!(back[3048..], data[3048..]);
+        // Kernels see it too.
+        let m = ctx
+            .load_module(ImageKind::Ptx, crate::demo::KERNELS_PTX.as_bytes())
+            .unwrap();
+        let (f, _) = ctx.function(m, "vector_add").unwrap();
+        let (g, bl) = (Dim3 { x: 1, y: 1, z: 1 }, Dim3 { x: 16, y: 1, z: 1 });
+        ctx.launch(f, g, bl, 0, 0, &vector_add_params(va, va, va + 64, 16))
+            .unwrap();
+        // Unmapped (or never mapped) addresses fault like any other.
+        ctx.vmm_unmap(va + 2 * G, G).unwrap();
+        ctx.vmm_release(b).unwrap();
+        assert_eq!(ctx.dtod(va + 3 * G, va, 16, 0), Err(Status::IllegalAddress));
+        assert_eq!(
+            ctx.memset(va + 2 * G, 0, 1, 1, 0),
+            Err(Status::IllegalAddress)
+        );
+        assert_eq!(ctx.vmm_unmap(va, G), Err(Status::InvalidValue));
+        ctx.vmm_unmap(va, 2 * G).unwrap();
+        assert_eq!(ctx.memset(va, 0, 1, 1, 0), Err(Status::IllegalAddress));
     }
 
     #[test]

@@ -29,6 +29,7 @@ mod requests;
 mod sessions;
 mod shared;
 mod transfer;
+mod vmm;
 mod wait;
 
 use std::os::fd::AsFd;

@@ -61,6 +61,14 @@ pub(super) fn handle(
     let one = |r: Result<u64, Status>| r.map(Reply::one);
     let unit = |r: Result<(), Status>| r.map(|()| Reply::default());
     match req {
+        req @ (Request::VmmReserve { .. }
+        | Request::VmmAddressFree { .. }
+        | Request::VmmCreate { .. }
+        | Request::VmmRelease { .. }
+        | Request::VmmMap { .. }
+        | Request::VmmUnmap { .. }
+        | Request::VmmSetAccess { .. }
+        | Request::VmmRetain { .. }) => super::vmm::handle(sh, c, s, tag, opc, req),
         // A second Hello on a channel: the device again (its session stays).
         Request::Hello { version } => {
             let r = if version == protocol::PROTOCOL_VERSION {

@@ -1,0 +1,323 @@
+//! Virtual memory management: address reservations, physical memory by
+//! handle, mappings (cuMemAddressReserve, cuMemCreate, cuMemMap, ...).
+//!
+//! The host holds the truth (`protocol::Request::Vmm*`, checked against
+//! the process's own table there); what is kept here answers the queries
+//! that need no round trip (granularity, a handle's properties, access
+//! flags). Sizes and addresses are multiples of 2 MiB
+//! ([`protocol::VMM_GRANULARITY`], the driver's minimum granularity on the
+//! GPUs served). A reservation is reserved in this process's address space
+//! too (`reserve`) and is device memory to pointer queries and copies of
+//! inferred direction. The host makes every mapping readable and writable
+//! from the device when it maps it; `cuMemGetAccess` reports what the
+//! program set, as the driver does. Memory is the vGPU's own device
+//! memory only (ordinal 0): no host or NUMA locations, no exporting.
+
+use std::collections::BTreeMap;
+use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
+use std::sync::{Mutex, MutexGuard};
+
+use cudarc::driver::sys::CUdeviceptr;
+use protocol::{Request, VMM_GRANULARITY as G};
+
+use crate::state::{driver, gpu, objects, out, Range, RangeKind};
+use crate::{code, CuResult};
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Location {
+    ty: c_int,
+    id: c_int,
+}
+
+/// `CUmemAllocationProp` (32 bytes; enums as plain integers).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AllocationProp {
+    ty: c_uint,
+    handle_types: c_uint,
+    location: Location,
+    win32_meta: *mut c_void,
+    compression: u8,
+    rdma_capable: u8,
+    usage: u16,
+    reserved: [u8; 4],
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AccessDesc {
+    location: Location,
+    flags: c_uint,
+}
+
+const PINNED: c_uint = 1;
+const LOCATION_DEVICE: c_int = 1;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: may be asked for (handles
+/// are not exported here, cuMemExportToShareableHandle says so).
+const HANDLE_TYPE_POSIX_FD: c_uint = 1;
+const PROT_READ: c_uint = 1;
+const PROT_READWRITE: c_uint = 3;
+/// Reservations tried before giving up on one whose addresses the process
+/// already uses.
+const RESERVE_TRIES: usize = 4;
+
+/// What the process holds, as the host answered.
+#[derive(Debug)]
+struct Table {
+    /// Handle -> (handles held, requested handle types).
+    handles: BTreeMap<u64, (u32, c_uint)>,
+    /// Mapping start -> (size, access flags set).
+    maps: BTreeMap<u64, (u64, c_uint)>,
+}
+
+fn table() -> MutexGuard<'static, Table> {
+    static T: Mutex<Table> = Mutex::new(Table {
+        handles: BTreeMap::new(),
+        maps: BTreeMap::new(),
+    });
+    T.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A size or address of the API: nonzero, a multiple of the granularity.
+fn granular(v: u64) -> Result<u64, CuResult> {
+    if v == 0 || !v.is_multiple_of(G) {
+        return Err(code::INVALID_VALUE);
+    }
+    Ok(v)
+}
+
+/// Checks a location: the vGPU's device.
+fn device_location(l: Location) -> Result<(), CuResult> {
+    if l.ty != LOCATION_DEVICE {
+        return Err(crate::not_supported("VMM memory outside the device"));
+    }
+    if l.id != 0 {
+        return Err(code::INVALID_DEVICE);
+    }
+    Ok(())
+}
+
+/// Reads and checks the caller's allocation properties: pinned memory of
+/// the device.
+fn read_prop(prop: *const AllocationProp) -> Result<AllocationProp, CuResult> {
+    if prop.is_null() {
+        return Err(code::INVALID_VALUE);
+    }
+    // SAFETY: a CUmemAllocationProp the caller provides (API contract);
+    // every field is an integer or a pointer we never follow.
+    let p = unsafe { prop.read_unaligned() };
+    if p.ty != PINNED {
+        return Err(crate::not_supported(
+            "VMM memory other than pinned device memory",
+        ));
+    }
+    device_location(p.location)?;
+    Ok(p)
+}
+
+/// A host call with its reply values.
+fn call(req: Request) -> Result<[u64; 4], CuResult> {
+    gpu(|g| g.request(&req)).map(|r| r.vals)
+}
+
+export! {
+    /// 2 MiB, minimum and recommended.
+    fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const AllocationProp, option: c_int) {
+        driver()?;
+        read_prop(prop)?;
+        if !(0..=1).contains(&option) {
+            return Err(code::INVALID_VALUE);
+        }
+        out(granularity, G as usize)
+    }
+
+    /// The alignment is honoured; the address asked for is a hint, not taken.
+    fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: c_ulonglong) {
+        driver()?;
+        let size = granular(size as u64)?;
+        let _ = addr;
+        if ptr.is_null() || flags != 0 || (alignment != 0 && !alignment.is_power_of_two()) {
+            return Err(code::INVALID_VALUE);
+        }
+        let align = alignment as u64;
+        // Addresses the process uses itself are kept aside while another
+        // reservation is made (as `memory::device_alloc` does).
+        let mut taken = Vec::new();
+        let mut got = None;
+        for _ in 0..RESERVE_TRIES {
+            let va = call(Request::VmmReserve { size, align })?[0];
+            if crate::reserve::reserve(va, size) {
+                got = Some(va);
+                break;
+            }
+            taken.push(va);
+        }
+        for va in taken {
+            let _ = call(Request::VmmAddressFree { ptr: va, size });
+        }
+        let va = got.ok_or_else(|| {
+            crate::log_once("device addresses keep landing on the process's own memory");
+            code::OUT_OF_MEMORY
+        })?;
+        objects()?.ranges.insert(va, Range { size, kind: RangeKind::Device });
+        out(ptr, va)
+    }
+
+    /// The whole reservation, with nothing mapped in it.
+    fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) {
+        driver()?;
+        let size = granular(size as u64)?;
+        call(Request::VmmAddressFree { ptr: granular(ptr)?, size })?;
+        crate::reserve::release(ptr, size);
+        objects()?.ranges.remove(&ptr);
+        Ok(())
+    }
+
+    fn cuMemCreate(handle: *mut c_ulonglong, size: usize, prop: *const AllocationProp, flags: c_ulonglong) {
+        driver()?;
+        let p = read_prop(prop)?;
+        if handle.is_null() || flags != 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        if p.handle_types & !HANDLE_TYPE_POSIX_FD != 0 {
+            return Err(crate::not_supported("VMM handles shareable other than as file descriptors"));
+        }
+        let h = call(Request::VmmCreate { size: granular(size as u64)? })?[0];
+        table().handles.insert(h, (1, p.handle_types));
+        out(handle, h)
+    }
+
+    /// The memory goes once it is unmapped too.
+    fn cuMemRelease(handle: c_ulonglong) {
+        driver()?;
+        call(Request::VmmRelease { handle })?;
+        let mut t = table();
+        if let Some(e) = t.handles.get_mut(&handle) {
+            e.0 -= 1;
+            if e.0 == 0 {
+                t.handles.remove(&handle);
+            }
+        }
+        Ok(())
+    }
+
+    fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: c_ulonglong, flags: c_ulonglong) {
+        driver()?;
+        if flags != 0 || !(offset as u64).is_multiple_of(G) {
+            return Err(code::INVALID_VALUE);
+        }
+        let (ptr, size) = (granular(ptr)?, granular(size as u64)?);
+        call(Request::VmmMap { ptr, size, offset: offset as u64, handle })?;
+        // No access until set, as the driver has it.
+        table().maps.insert(ptr, (size, 0));
+        Ok(())
+    }
+
+    /// Whole mappings only.
+    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) {
+        driver()?;
+        let (ptr, size) = (granular(ptr)?, granular(size as u64)?);
+        call(Request::VmmUnmap { ptr, size })?;
+        let mut t = table();
+        let gone: Vec<u64> = t.maps.range(ptr..ptr.saturating_add(size)).map(|(&b, _)| b).collect();
+        for b in gone {
+            t.maps.remove(&b);
+        }
+        Ok(())
+    }
+
+    /// Read or read-write access for the vGPU's device.
+    fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const AccessDesc, count: usize) {
+        driver()?;
+        if desc.is_null() || count == 0 || count > 64 {
+            return Err(code::INVALID_VALUE);
+        }
+        let mut flags = 0;
+        for i in 0..count {
+            // SAFETY: `count` descriptors at `desc` (API contract), each
+            // of integers; `i < count`, so this one is among them.
+            let d = unsafe { desc.wrapping_add(i).read_unaligned() };
+            device_location(d.location)?;
+            if !matches!(d.flags, PROT_READ | PROT_READWRITE) {
+                return Err(crate::not_supported("taking the device's access to VMM memory away"));
+            }
+            flags = d.flags;
+        }
+        let (ptr, size) = (granular(ptr)?, granular(size as u64)?);
+        call(Request::VmmSetAccess { ptr, size, flags })?;
+        let mut t = table();
+        for (_, m) in t.maps.range_mut(ptr..ptr.saturating_add(size)) {
+            m.1 = flags;
+        }
+        // The mapping the range starts in, if it starts before it.
+        if let Some((&b, m)) = t.maps.range_mut(..ptr).next_back() {
+            if ptr - b < m.0 {
+                m.1 = flags;
+            }
+        }
+        Ok(())
+    }
+
+    fn cuMemGetAccess(flags: *mut c_ulonglong, location: *const Location, ptr: CUdeviceptr) {
+        driver()?;
+        if location.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        // SAFETY: a CUmemLocation the caller provides (API contract).
+        device_location(unsafe { location.read_unaligned() })?;
+        let t = table();
+        let (&b, &(size, f)) = t.maps.range(..=ptr).next_back().ok_or(code::INVALID_VALUE)?;
+        if ptr - b >= size {
+            return Err(code::INVALID_VALUE);
+        }
+        out(flags, c_ulonglong::from(f))
+    }
+
+    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut AllocationProp, handle: c_ulonglong) {
+        driver()?;
+        let &(_, handle_types) = table().handles.get(&handle).ok_or(code::INVALID_VALUE)?;
+        out(prop, AllocationProp {
+            ty: PINNED,
+            handle_types,
+            location: Location { ty: LOCATION_DEVICE, id: 0 },
+            win32_meta: std::ptr::null_mut(),
+            compression: 0,
+            rdma_capable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        })
+    }
+
+    /// The handle of the memory mapped at `addr`, held once more.
+    fn cuMemRetainAllocationHandle(handle: *mut c_ulonglong, addr: *mut c_void) {
+        driver()?;
+        if handle.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        let h = call(Request::VmmRetain { ptr: addr as u64 })?[0];
+        table().handles.entry(h).or_insert((0, 0)).0 += 1;
+        out(handle, h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn structs_have_the_drivers_layout() {
+        assert_eq!(std::mem::size_of::<Location>(), 8);
+        assert_eq!(std::mem::size_of::<AllocationProp>(), 32);
+        assert_eq!(std::mem::offset_of!(AllocationProp, location), 8);
+        assert_eq!(std::mem::offset_of!(AllocationProp, win32_meta), 16);
+        assert_eq!(std::mem::offset_of!(AllocationProp, compression), 24);
+        assert_eq!(std::mem::size_of::<AccessDesc>(), 12);
+        assert_eq!(
+            std::mem::size_of::<AllocationProp>(),
+            std::mem::size_of::<cudarc::driver::sys::CUmemAllocationProp>()
+        );
+    }
+}

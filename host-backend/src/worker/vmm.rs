@@ -1,0 +1,131 @@
+//! The virtual memory management requests (cuMemAddressReserve,
+//! cuMemCreate, cuMemMap and the rest): each checked against the session's
+//! own table (`session::vmm`), run on the executor, answered. Physical
+//! memory counts against the vGPU's memory limit exactly as `MemAlloc`
+//! does, until it is both released and unmapped (or the session ends: the
+//! executor context frees it all, and the session's count goes with it).
+
+use std::sync::atomic::Ordering;
+
+use protocol::{Reply, Request, Status};
+
+use super::channel::{refuse, reply, Chan};
+use super::shared::Shared;
+use crate::session::vmm::Dead;
+use crate::session::Session;
+use crate::Error;
+
+/// Runs a VMM request of session `s` and replies.
+pub(super) fn handle(
+    sh: &mut Shared,
+    c: &mut Chan,
+    s: &mut Session,
+    tag: u64,
+    opc: u32,
+    req: Request,
+) -> Result<(), Error> {
+    let (r, why) = run(sh, s, req);
+    if r.is_err() {
+        refuse(sh, c, why);
+    }
+    reply(sh, c, tag, opc, r, &[])
+}
+
+fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>, &'static str) {
+    let unit = |r: Result<(), Status>| r.map(|()| Reply::default());
+    match req {
+        Request::VmmReserve { size, align } => (
+            s.ctx.vmm_reserve(size, align).map(|p| {
+                s.vmm.reserved(p, size);
+                Reply::one(p)
+            }),
+            "address reservation failed",
+        ),
+        Request::VmmAddressFree { ptr, size } => (
+            unit(
+                s.vmm
+                    .address_free(ptr, size)
+                    .and_then(|()| s.ctx.vmm_address_free(ptr, size)),
+            ),
+            "free of a reservation it does not hold whole, or still mapped",
+        ),
+        Request::VmmCreate { size } => {
+            // Counted as `MemAlloc` counts: what it takes on the device.
+            let r = if sh.mem_used.saturating_add(size) > sh.limit() {
+                Err(Status::OutOfMemory)
+            } else {
+                s.ctx.vmm_create(size).map(|h| {
+                    s.vmm.created(h, size, size);
+                    s.mem_used += size;
+                    sh.mem_used += size;
+                    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                    Reply::one(h)
+                })
+            };
+            (r, "physical memory over the vGPU's limit")
+        }
+        Request::VmmRelease { handle } => (
+            unit(s.vmm.release(handle).map(|dead| bury(sh, s, dead))),
+            "release of a handle it does not hold",
+        ),
+        Request::VmmMap {
+            ptr,
+            size,
+            offset,
+            handle,
+        } => {
+            let r = s
+                .vmm
+                .check_map(ptr, size, offset, handle)
+                .and_then(|()| s.ctx.vmm_map(ptr, size, offset, handle))
+                .map(|()| s.vmm.mapped(ptr, size, handle));
+            (
+                unit(r),
+                "map of a handle it does not hold, outside its reservations, or over a mapping",
+            )
+        }
+        Request::VmmUnmap { ptr, size } => {
+            let r = s.vmm.covering(ptr, size).and_then(|parts| {
+                for (p, n) in parts {
+                    s.ctx.vmm_unmap(p, n)?;
+                    let dead = s.vmm.unmapped(p);
+                    bury(sh, s, dead);
+                }
+                Ok(())
+            });
+            (
+                unit(r),
+                "unmap of a range that is not whole mappings of its own",
+            )
+        }
+        Request::VmmSetAccess { ptr, size, .. } => {
+            // The executor made every mapping readable and writable from
+            // the vGPU's device when it mapped it; read-only is kept as
+            // read-write.
+            let r = if s.vmm.covers(ptr, size) {
+                Ok(Reply::default())
+            } else {
+                Err(Status::InvalidValue)
+            };
+            (r, "access set on memory it has not mapped")
+        }
+        Request::VmmRetain { ptr } => (
+            s.vmm.retain(ptr).map(|(h, size)| Reply {
+                vals: [h, size, 0, 0],
+            }),
+            "retain of an address it has not mapped",
+        ),
+        _ => (Err(Status::InvalidValue), "not a VMM request"),
+    }
+}
+
+/// Frees physical memory nothing holds any more, and uncounts it.
+fn bury(sh: &mut Shared, s: &mut Session, dead: Option<Dead>) {
+    let Some(d) = dead else { return };
+    if let Err(e) = s.ctx.vmm_release(d.handle) {
+        tracing::warn!(?e, "releasing physical memory failed");
+    }
+    s.uncount(d.charge);
+    sh.mem_used -= d.charge;
+    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+}

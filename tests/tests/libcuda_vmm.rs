@@ -1,0 +1,139 @@
+//! CUDA's virtual memory management API (cuMemAddressReserve, cuMemCreate,
+//! cuMemMap, ...) from a C program through the stand-in, against a sim
+//! worker: mapped memory works for copies, memsets and kernels; a foreign
+//! or released handle, a foreign reservation, overlapping maps and partial
+//! unmaps are refused; physical memory counts against the vGPU's limit and
+//! all of it comes back, also when the process dies holding it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use fairvgpu_tests::{standin, workspace, Host, TEST_SPIN};
+use guest_frontend::Gpu;
+use protocol::{Request, VMM_GRANULARITY as G};
+
+/// Builds `tests/c/vmm.c` into `dir` (`cuda_h`: against this CUDA
+/// toolkit's `cuda.h` rather than the program's own declarations).
+fn build(dir: &Path, lib: &Path, cuda_h: Option<&Path>) -> PathBuf {
+    let exe = dir.join(if cuda_h.is_some() {
+        "vmm-cuda-h"
+    } else {
+        "vmm"
+    });
+    let mut cc = Command::new("cc");
+    cc.arg("-O2").arg("-Wall").arg("-o").arg(&exe);
+    if let Some(inc) = cuda_h {
+        cc.arg("-DHAVE_CUDA_H").arg(format!("-I{}", inc.display()));
+    }
+    let out = cc
+        .arg(workspace().join("tests/c/vmm.c"))
+        .arg(format!("-L{}", lib.display()))
+        .arg("-lcuda")
+        .output()
+        .expect("cc runs");
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+fn run(exe: &Path, lib: &Path, socket: &Path, args: &[String]) -> String {
+    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let out = Command::new(exe)
+        .arg(&ptx)
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib)
+        .env("FAIRVGPU_SOCKET", socket)
+        .output()
+        .expect("program runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{} failed\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        exe.display()
+    );
+    stdout
+}
+
+#[test]
+fn vmm_through_the_standin_maps_copies_refuses_and_leaks_nothing() {
+    let host = Host::start("vmm", 256 << 20);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    // Another process of the VM, with a handle and a reservation of its own.
+    let mut other = Gpu::connect_with(&host.socket, TEST_SPIN).unwrap();
+    let foreign = other.request(&Request::VmmCreate { size: G }).unwrap().vals[0];
+    let foreign_va = other
+        .request(&Request::VmmReserve { size: G, align: 0 })
+        .unwrap()
+        .vals[0];
+    let mem = |s: &host_backend::worker::Stats| s.mem_used.load(Ordering::Relaxed);
+    host.wait_until("the other's memory", Duration::from_secs(10), |s| {
+        mem(s) == G
+    });
+    let args = vec![format!("{foreign:#x}"), format!("{foreign_va:#x}")];
+
+    let mut exes = vec![build(&dir, &lib, None)];
+    // Against CUDA 13's own cuda.h too, where the wheels are unpacked.
+    if let Some(root) = std::env::var_os("FAIRVGPU_CUDA_ROOT").map(PathBuf::from) {
+        if root.join("include/cuda.h").exists() {
+            exes.push(build(&dir, &lib, Some(&root.join("include"))));
+        }
+    }
+    for exe in &exes {
+        let stdout = run(exe, &lib, &host.socket, &args);
+        println!("{}:\n{stdout}", exe.display());
+        for line in [
+            "bytes round trip across two mappings",
+            "kernel on mapped memory correct",
+            "map of a foreign handle refused",
+            "map of a released handle refused",
+            "overlapping map refused",
+            "map into a foreign reservation refused",
+            "unmap of part of a mapping refused",
+            "unmap of unmapped memory refused",
+            "copy to reserved, unmapped memory refused",
+            "memory over the vGPU's limit refused: CUDA_ERROR_OUT_OF_MEMORY",
+            "use after free refused",
+            "vmm: all checks passed",
+        ] {
+            assert!(stdout.contains(line), "{line}\n{stdout}");
+        }
+        // All its memory back; the other process's untouched.
+        host.wait_until("the program's memory back", Duration::from_secs(10), |s| {
+            mem(s) == G
+        });
+    }
+
+    // A process that dies holding a reservation, mappings and handles.
+    let mut leaky = args.clone();
+    leaky.push("leak".into());
+    let stdout = run(&exes[0], &lib, &host.socket, &leaky);
+    assert!(stdout.contains("leaving without freeing"), "{stdout}");
+    host.wait_until(
+        "the dead process's memory back",
+        Duration::from_secs(10),
+        |s| mem(s) == G,
+    );
+    // The other process's handle still works, and goes with it.
+    let va = other
+        .request(&Request::VmmMap {
+            ptr: foreign_va,
+            size: G,
+            offset: 0,
+            handle: foreign,
+        })
+        .map(|_| foreign_va)
+        .unwrap();
+    other.memcpy_htod(va, &[7u8; 64]).unwrap();
+    let mut back = [0u8; 64];
+    other.memcpy_dtoh(&mut back, va, 0).unwrap();
+    assert_eq!(back, [7u8; 64]);
+    drop(other);
+    host.wait_until("everything back", Duration::from_secs(10), |s| mem(s) == 0);
+}
