@@ -99,6 +99,52 @@ fn a_c_program_on_nvidias_cuda_runtime_runs_against_the_standin() {
     );
 }
 
+/// Builds `tests/c/NAME.c` with gcc against NVIDIA's runtime into `dir`.
+fn build_c(name: &str, dir: &Path, cuda: &Path) -> std::path::PathBuf {
+    let exe = dir.join(name);
+    let cc = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(workspace().join(format!("tests/c/{name}.c")))
+        .arg(format!("-I{}", cuda.join("include").display()))
+        .arg(format!("-L{}", cuda.join("lib").display()))
+        .args(["-l:libcudart.so.13", "-lpthread"])
+        .output()
+        .expect("cc runs");
+    assert!(
+        cc.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    exe
+}
+
+#[test]
+fn graphs_stream_capture_and_pitched_copies_run_against_the_standin() {
+    let Some(cuda) = cuda_root() else { return };
+    let host = Host::start("graphs", 1 << 30);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let exe = build_c("graphs", &dir, &cuda);
+    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let stdout = run(&exe, &[&ptx], &lib, &cuda, &host.socket);
+    for line in [
+        "graph: 5 nodes built, 3 launches correct",
+        "graph: kernel node parameters updated, clone has 5 nodes",
+        "capture: two streams forked and joined, 4 nodes, 2 launches correct",
+        "capture: a synchronize inside it is refused",
+        "pitched: 2D copies both ways, 2D memset and 3D copy correct",
+        "graphs: all checks passed",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
+    }
+    host.wait_until(
+        "the program's memory to be freed",
+        std::time::Duration::from_secs(10),
+        |s| s.mem_used.load(std::sync::atomic::Ordering::Relaxed) == 0,
+    );
+}
+
 #[test]
 fn an_nvcc_built_program_runs_against_the_standin() {
     let Some(cuda) = cuda_root() else { return };

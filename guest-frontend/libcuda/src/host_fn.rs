@@ -22,13 +22,13 @@ use crate::stream::resolve;
 use crate::{code, CuResult};
 
 /// `CUhostFn`.
-type HostFn = unsafe extern "C" fn(*mut c_void);
+pub(crate) type HostFn = unsafe extern "C" fn(*mut c_void);
 /// `CUstreamCallback`.
-type StreamCallback = unsafe extern "C" fn(CUstream, CuResult, *mut c_void);
+pub(crate) type StreamCallback = unsafe extern "C" fn(CUstream, CuResult, *mut c_void);
 
 /// A function waiting to run.
 #[derive(Clone, Copy)]
-enum Call {
+pub(crate) enum Call {
     Fn(HostFn, usize),
     Callback(StreamCallback, usize, usize),
 }
@@ -92,8 +92,12 @@ fn callback_thread() -> bool {
     })
 }
 
-fn enqueue(st: CUstream, call: Call) -> Result<(), CuResult> {
+/// Runs `call` in `st`'s order (or adds it to `st`'s capture).
+pub(crate) fn enqueue(st: CUstream, call: Call) -> Result<(), CuResult> {
     need_ctx()?;
+    if crate::graph::capture::add(st, || Ok(crate::graph::Op::Host(call)))? {
+        return Ok(());
+    }
     let stream = resolve(st)?;
     if !callback_thread() {
         // No thread to run it: run it here once its stream is there.

@@ -101,7 +101,7 @@ unsafe fn pack(
 /// What a launch asks beyond its shape: thread block clusters and
 /// `protocol::launch_flags`.
 #[derive(Debug, Clone, Copy, Default)]
-struct Extras {
+pub(crate) struct Extras {
     cluster: Dim3,
     flags: u32,
 }
@@ -118,12 +118,50 @@ fn launch(
     x: Extras,
 ) -> Result<(), CuResult> {
     need_ctx()?;
+    let k = kernel_op(f, grid, block, shared, params, extra, x)?;
+    if crate::graph::capture::add(st, || Ok(crate::graph::Op::Kernel(k.clone())))? {
+        return Ok(());
+    }
+    run_kernel(&k, st)
+}
+
+/// A launch with its parameter values read (what a graph's kernel node
+/// keeps).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn kernel_op(
+    f: CUfunction,
+    grid: Dim3,
+    block: Dim3,
+    shared: c_uint,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    x: Extras,
+) -> Result<crate::graph::KernelOp, CuResult> {
     let k = kernel(f)?;
-    let stream = resolve(st)?;
     // SAFETY: the caller's arguments, per the driver API's contract.
     let packed = unsafe { pack(&k.func, params, extra) }?;
-    let h = k.func.handle;
-    gpu(|g| g.launch_ex(h, grid, block, shared, stream, x.cluster, x.flags, &packed))
+    Ok(crate::graph::KernelOp {
+        func: f as usize,
+        handle: k.func.handle,
+        grid,
+        block,
+        shared,
+        cluster: x.cluster,
+        flags: x.flags,
+        params: packed,
+        sizes: k.func.param_sizes.clone(),
+        ptrs: Vec::new(),
+    })
+}
+
+/// Sends a launch to `st`.
+pub(crate) fn run_kernel(k: &crate::graph::KernelOp, st: CUstream) -> Result<(), CuResult> {
+    let stream = resolve(st)?;
+    gpu(|g| {
+        g.launch_ex(
+            k.handle, k.grid, k.block, k.shared, stream, k.cluster, k.flags, &k.params,
+        )
+    })
 }
 
 /// `CUlaunchAttributeID` values a launch may carry.

@@ -13,6 +13,8 @@
 //! | initialization, devices, versions, errors | [`device`] |
 //! | contexts, primary contexts | [`context`] |
 //! | device memory, copies, memsets, pointer attributes | [`memory`] |
+//! | 2D and 3D copies | `copy_nd` |
+//! | graphs, stream capture, executable graphs | [`graph`] |
 //! | stream-ordered allocation, memory pools | [`mem_pool`] |
 //! | modules, libraries, kernels, the linker | [`module`] |
 //! | launches, function attributes, occupancy | [`launch`] |
@@ -43,6 +45,7 @@
 
 #[macro_use]
 mod export;
+pub mod copy_nd;
 mod image;
 mod reserve;
 mod state;
@@ -50,6 +53,7 @@ mod state;
 pub mod context;
 pub mod device;
 pub mod export_table;
+pub mod graph;
 pub mod host_fn;
 pub mod host_memory;
 pub mod launch;

@@ -10,6 +10,8 @@ use std::ffi::{c_int, c_uint, c_void};
 use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUstream};
 
 use crate::context::{current, need_ctx};
+use crate::copy_nd::Box3d;
+use crate::graph::{MemsetOp, Op};
 use crate::state::{gpu, host_dst, host_src, objects, out, out_opt, Range, RangeKind};
 use crate::stream::resolve;
 use crate::{code, CuResult};
@@ -95,8 +97,20 @@ fn free(p: CUdeviceptr) -> Result<(), CuResult> {
     Ok(())
 }
 
-fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, st: CUstream, sync: bool) -> CuResult2 {
+pub(crate) fn htod(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    st: CUstream,
+    sync: bool,
+) -> CuResult2 {
     need_ctx()?;
+    if captured(
+        st,
+        Box3d::linear((dst, true), (src as u64, false), n as u64),
+    )? {
+        return Ok(());
+    }
     let stream = resolve(st)?;
     if let Some(off) = crate::host_memory::pinned_span(src as u64, n as u64) {
         // DMA from the pinned pool when the stream gets there.
@@ -121,8 +135,20 @@ fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, st: CUstream, sync: bool
     })
 }
 
-fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, st: CUstream, sync: bool) -> CuResult2 {
+pub(crate) fn dtoh(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    st: CUstream,
+    sync: bool,
+) -> CuResult2 {
     need_ctx()?;
+    if captured(
+        st,
+        Box3d::linear((dst as u64, false), (src, true), n as u64),
+    )? {
+        return Ok(());
+    }
     let stream = resolve(st)?;
     if let Some(off) = crate::host_memory::pinned_span(dst as u64, n as u64) {
         // DMA into the pinned pool when the stream gets there: an
@@ -142,8 +168,17 @@ fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, st: CUstream, sync: bool) 
     gpu(|g| g.memcpy_dtoh(b, src, stream))
 }
 
-fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, st: CUstream, sync: bool) -> CuResult2 {
+pub(crate) fn dtod(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    st: CUstream,
+    sync: bool,
+) -> CuResult2 {
     need_ctx()?;
+    if captured(st, Box3d::linear((dst, true), (src, true), n as u64))? {
+        return Ok(());
+    }
     let stream = resolve(st)?;
     gpu(|g| {
         g.memcpy_dtod_async(dst, src, n as u64, stream)?;
@@ -156,7 +191,7 @@ fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, st: CUstream, sync: bool) 
 
 /// The process's own address of a host pointer: itself, or for a device
 /// address of the pinned pool, the pool's address here.
-fn host_view(ptr: u64, n: usize) -> u64 {
+pub(crate) fn host_view(ptr: u64, n: usize) -> u64 {
     match crate::host_memory::pinned_span(ptr, n as u64) {
         Some(off) => crate::host_memory::host_address(off).unwrap_or(ptr),
         None => ptr,
@@ -176,6 +211,9 @@ fn copy_inferred(dst: u64, src: u64, n: usize, st: CUstream, sync: bool) -> CuRe
         (true, false) => htod(dst, host_view(src, n) as *const c_void, n, st, sync),
         (false, true) => dtoh(host_view(dst, n) as *mut c_void, src, n, st, sync),
         (false, false) => {
+            if captured(st, Box3d::linear((dst, false), (src, false), n as u64))? {
+                return Ok(());
+            }
             // Host to host: the stream's earlier work first, as the driver
             // orders it.
             let stream = resolve(st)?;
@@ -192,8 +230,24 @@ fn copy_inferred(dst: u64, src: u64, n: usize, st: CUstream, sync: bool) -> CuRe
 
 type CuResult2 = Result<(), CuResult>;
 
+/// Adds a copy to `st`'s capture if it is capturing (true).
+fn captured(st: CUstream, b: Box3d) -> Result<bool, CuResult> {
+    crate::graph::capture::add(st, || Ok(Op::Copy(b)))
+}
+
 fn memset(dst: CUdeviceptr, v: u32, width: u32, n: usize, st: CUstream, sync: bool) -> CuResult2 {
     need_ctx()?;
+    let op = MemsetOp {
+        dst,
+        pitch: 0,
+        value: v,
+        elem: width,
+        width: n,
+        height: 1,
+    };
+    if crate::graph::capture::add(st, || Ok(Op::Memset(op)))? {
+        return Ok(());
+    }
     let stream = resolve(st)?;
     gpu(|g| {
         g.memset_async(dst, v, width, n as u64, stream)?;
@@ -206,7 +260,7 @@ fn memset(dst: CUdeviceptr, v: u32, width: u32, n: usize, st: CUstream, sync: bo
 
 /// A 2D memset: `height` rows of `width` elements, `pitch` bytes apart.
 #[allow(clippy::too_many_arguments)]
-fn memset_2d(
+pub(crate) fn memset_2d(
     dst: CUdeviceptr,
     pitch: usize,
     v: u32,
@@ -219,6 +273,17 @@ fn memset_2d(
     need_ctx()?;
     if height > 1 && pitch < width.saturating_mul(elem as usize) {
         return Err(code::INVALID_VALUE);
+    }
+    let op = MemsetOp {
+        dst,
+        pitch,
+        value: v,
+        elem,
+        width,
+        height,
+    };
+    if crate::graph::capture::add(st, || Ok(Op::Memset(op)))? {
+        return Ok(());
     }
     let stream = resolve(st)?;
     gpu(|g| {

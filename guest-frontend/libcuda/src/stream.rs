@@ -102,6 +102,28 @@ fn create(p: *mut CUstream, flags: c_uint, priority: c_int) -> Result<(), CuResu
     out(p, h as CUstream)
 }
 
+/// Records `e` in `st`'s order (or marks `st`'s place in its capture).
+pub(crate) fn record(e: CUevent, st: CUstream) -> Result<(), CuResult> {
+    if crate::graph::capture::record(e, st)? {
+        return Ok(());
+    }
+    let h = resolve(st)?;
+    gpu(|g| g.event_record(e as u64, h))
+}
+
+/// Makes `st` wait for `e` (or joins `st` to the capture `e` was recorded in).
+pub(crate) fn wait(st: CUstream, e: CUevent) -> Result<(), CuResult> {
+    wait_flags(st, e, 0)
+}
+
+fn wait_flags(st: CUstream, e: CUevent, flags: u32) -> Result<(), CuResult> {
+    if crate::graph::capture::wait(st, e)? {
+        return Ok(());
+    }
+    let h = resolve(st)?;
+    gpu(|g| g.stream_wait_event(h, e as u64, flags))
+}
+
 /// `CUstreamAttrID`s: the access policy window, synchronization policy,
 /// priority and memory synchronization domains, all hints to the device's
 /// scheduling and caches.
@@ -182,12 +204,14 @@ export! {
     fn cuStreamSynchronize [cuStreamSynchronize_ptsz per_thread] (st: CUstream) {
         need_ctx()?;
         let h = resolve(st)?;
+        crate::graph::capture::refuse_sync(h)?;
         gpu(|g| g.stream_synchronize(h))
     }
 
     fn cuStreamQuery [cuStreamQuery_ptsz per_thread] (st: CUstream) {
         need_ctx()?;
         let h = resolve(st)?;
+        crate::graph::capture::refuse_sync(h)?;
         match gpu(|g| g.stream_query(h))? {
             true => Ok(()),
             false => Err(code::NOT_READY),
@@ -227,8 +251,7 @@ export! {
         if flags > 1 {
             return Err(code::INVALID_VALUE);
         }
-        let h = resolve(st)?;
-        gpu(|g| g.stream_wait_event(h, e as u64, flags))
+        wait_flags(st, e, flags)
     }
 
     fn cuEventCreate(p: *mut CUevent, flags: c_uint) {
@@ -247,15 +270,17 @@ export! {
 
     fn cuEventRecord [cuEventRecord_ptsz per_thread] (e: CUevent, st: CUstream) {
         need_ctx()?;
-        let h = resolve(st)?;
-        gpu(|g| g.event_record(e as u64, h))
+        record(e, st)
     }
 
-    /// The flags (`CU_EVENT_RECORD_EXTERNAL`) concern graph capture only.
-    fn cuEventRecordWithFlags [cuEventRecordWithFlags_ptsz per_thread] (e: CUevent, st: CUstream, _flags: c_uint) {
+    /// `CU_EVENT_RECORD_EXTERNAL` makes a record in a capture a node of
+    /// its graph rather than a mark other streams may join at.
+    fn cuEventRecordWithFlags [cuEventRecordWithFlags_ptsz per_thread] (e: CUevent, st: CUstream, flags: c_uint) {
         need_ctx()?;
-        let h = resolve(st)?;
-        gpu(|g| g.event_record(e as u64, h))
+        if flags & 1 != 0 && crate::graph::capture::add(st, || Ok(crate::graph::Op::EventRecord(e as u64)))? {
+            return Ok(());
+        }
+        record(e, st)
     }
 
     fn cuEventSynchronize(e: CUevent) {

@@ -1202,15 +1202,15 @@ impl Context for CudaContext {
             numAttrs: n,
         };
         let mut v = 0;
-        // SAFETY: a function of this context; `cfg` and its attribute live
-        // across the call; out-parameter on our stack.
-        check(unsafe {
-            if potential {
-                sys::cuOccupancyMaxPotentialClusterSize(&mut v, f, &cfg)
-            } else {
-                sys::cuOccupancyMaxActiveClusters(&mut v, f, &cfg)
-            }
-        })?;
+        let r = if potential {
+            // SAFETY: a function of this context; `cfg` and its attribute
+            // live across the call; out-parameter on our stack.
+            unsafe { sys::cuOccupancyMaxPotentialClusterSize(&mut v, f, &cfg) }
+        } else {
+            // SAFETY: as above.
+            unsafe { sys::cuOccupancyMaxActiveClusters(&mut v, f, &cfg) }
+        };
+        check(r)?;
         Ok(v)
     }
 

@@ -1,0 +1,242 @@
+/*
+ * CUDA graphs and pitched copies through the CUDA runtime (NVIDIA's
+ * libcudart.so), built with plain gcc; runs on a real GPU or through
+ * fairvgpu's libcuda.so.1 stand-in.
+ *
+ * usage: graphs KERNELS.ptx   (host-backend/kernels/fairvgpu.ptx)
+ * Checks: a graph built node by node (memset, copies, a kernel, a host
+ * node) launched three times on new inputs; a kernel node's parameters
+ * changed in the executable; a clone; stream capture across two streams
+ * joined by events (fork and join), with a host function, launched twice;
+ * a synchronize inside a capture refused and the capture spoiled; 2D
+ * copies with different pitches both ways, a 2D memset and a 3D copy.
+ * Exit 0 only if all is right; the last line says so.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#define CK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "%s:%d: %s -> %d (%s)\n", __FILE__, __LINE__, #call, (int)e_, \
+    cudaGetErrorString(e_)); exit(1); } } while (0)
+#define EXPECT(cond) do { if (!(cond)) { fprintf(stderr, "%s:%d: expected %s\n", \
+    __FILE__, __LINE__, #cond); exit(1); } } while (0)
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { perror(path); exit(2); }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc(n + 1);
+    if (fread(b, 1, n, f) != (size_t)n) { perror(path); exit(2); }
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+static struct cudaPitchedPtr pitched(void *p, size_t pitch, size_t xsize, size_t ysize) {
+    struct cudaPitchedPtr r = {p, pitch, xsize, ysize};
+    return r;
+}
+static struct cudaExtent extent(size_t w, size_t h, size_t d) {
+    struct cudaExtent r = {w, h, d};
+    return r;
+}
+static struct cudaPos pos(size_t x, size_t y, size_t z) {
+    struct cudaPos r = {x, y, z};
+    return r;
+}
+
+static int host_runs;
+static void CUDART_CB count(void *data) { host_runs += (int)(long)data; }
+
+static void check_sum(const float *c, const float *a, const float *b, unsigned n, float k) {
+    for (unsigned i = 0; i < n; i++)
+        if (c[i] != a[i] + b[i] + k) {
+            fprintf(stderr, "c[%u] = %f, want %f\n", i, c[i], a[i] + b[i] + k);
+            exit(1);
+        }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { fprintf(stderr, "usage: %s KERNELS.ptx\n", argv[0]); return 2; }
+    char *ptx = read_file(argv[1]);
+    cudaLibrary_t lib;
+    cudaKernel_t vector_add;
+    CK(cudaLibraryLoadData(&lib, ptx, NULL, NULL, 0, NULL, NULL, 0));
+    CK(cudaLibraryGetKernel(&vector_add, lib, "vector_add"));
+
+    const unsigned N = 1 << 16;
+    size_t bytes = N * sizeof(float);
+    float *ha = malloc(bytes), *hb = malloc(bytes), *hc = malloc(bytes);
+    float *a, *b, *c;
+    CK(cudaMalloc((void **)&a, bytes));
+    CK(cudaMalloc((void **)&b, bytes));
+    CK(cudaMalloc((void **)&c, bytes));
+    for (unsigned i = 0; i < N; i++) hb[i] = 2.0f * (float)i;
+    CK(cudaMemcpy(b, hb, bytes, cudaMemcpyHostToDevice));
+
+    /* A graph node by node: c = 0; a <- ha; c = a + b; count; hc <- c. */
+    cudaGraph_t g;
+    CK(cudaGraphCreate(&g, 0));
+    cudaGraphNode_t zero, up, add, host, down;
+    struct cudaMemsetParams ms = {0};
+    ms.dst = c; ms.value = 0; ms.elementSize = 4; ms.width = N; ms.height = 1;
+    CK(cudaGraphAddMemsetNode(&zero, g, NULL, 0, &ms));
+    struct cudaMemcpy3DParms cp = {0};
+    cp.srcPtr = pitched(ha, bytes, N, 1);
+    cp.dstPtr = pitched(a, bytes, N, 1);
+    cp.extent = extent(bytes, 1, 1);
+    cp.kind = cudaMemcpyHostToDevice;
+    CK(cudaGraphAddMemcpyNode(&up, g, NULL, 0, &cp));
+    void *args[] = {&a, &b, &c, (void *)&N};
+    struct cudaKernelNodeParams kp = {0};
+    kp.func = (void *)vector_add;
+    kp.gridDim = (dim3){(N + 255) / 256, 1, 1};
+    kp.blockDim = (dim3){256, 1, 1};
+    kp.kernelParams = args;
+    cudaGraphNode_t before_add[] = {zero, up};
+    CK(cudaGraphAddKernelNode(&add, g, before_add, 2, &kp));
+    struct cudaHostNodeParams hp = {count, (void *)1};
+    CK(cudaGraphAddHostNode(&host, g, &add, 1, &hp));
+    cp.srcPtr = pitched(c, bytes, N, 1);
+    cp.dstPtr = pitched(hc, bytes, N, 1);
+    cp.kind = cudaMemcpyDeviceToHost;
+    CK(cudaGraphAddMemcpyNode(&down, g, &add, 1, &cp));
+    size_t nodes = 0, roots = 0;
+    CK(cudaGraphGetNodes(g, NULL, &nodes));
+    CK(cudaGraphGetRootNodes(g, NULL, &roots));
+    EXPECT(nodes == 5 && roots == 2);
+    enum cudaGraphNodeType ty;
+    CK(cudaGraphNodeGetType(add, &ty));
+    EXPECT(ty == cudaGraphNodeTypeKernel);
+
+    cudaGraphExec_t x;
+    CK(cudaGraphInstantiate(&x, g, 0));
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int round = 0; round < 3; round++) {
+        for (unsigned i = 0; i < N; i++) ha[i] = (float)(i + round);
+        CK(cudaGraphLaunch(x, s));
+        CK(cudaStreamSynchronize(s));
+        check_sum(hc, ha, hb, N, 0);
+    }
+    EXPECT(host_runs == 3);
+    printf("graph: 5 nodes built, 3 launches correct\n");
+
+    /* The executable's kernel node reads c as its own input: c = c + b. */
+    void *args2[] = {&c, &b, &c, (void *)&N};
+    kp.kernelParams = args2;
+    CK(cudaGraphExecKernelNodeSetParams(x, add, &kp));
+    CK(cudaGraphLaunch(x, s));
+    CK(cudaStreamSynchronize(s));
+    for (unsigned i = 0; i < N; i++) EXPECT(hc[i] == hb[i]); /* c was zeroed first */
+    cudaGraph_t g2;
+    CK(cudaGraphClone(&g2, g));
+    CK(cudaGraphGetNodes(g2, NULL, &nodes));
+    EXPECT(nodes == 5);
+    CK(cudaGraphDestroy(g2));
+    CK(cudaGraphExecDestroy(x));
+    CK(cudaGraphDestroy(g));
+    printf("graph: kernel node parameters updated, clone has 5 nodes\n");
+
+    /* Capture across two streams: s uploads, t adds (after s's event),
+       s counts and downloads after t's event. */
+    cudaStream_t t;
+    CK(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
+    cudaEvent_t forked, joined;
+    CK(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&joined, cudaEventDisableTiming));
+    host_runs = 0;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    enum cudaStreamCaptureStatus st;
+    CK(cudaStreamIsCapturing(s, &st));
+    EXPECT(st == cudaStreamCaptureStatusActive);
+    CK(cudaMemcpyAsync(a, ha, bytes, cudaMemcpyHostToDevice, s));
+    CK(cudaEventRecord(forked, s));
+    CK(cudaStreamWaitEvent(t, forked, 0));
+    CK(cudaStreamIsCapturing(t, &st));
+    EXPECT(st == cudaStreamCaptureStatusActive);
+    CK(cudaLaunchKernel((const void *)vector_add, kp.gridDim, kp.blockDim, args, 0, t));
+    CK(cudaEventRecord(joined, t));
+    CK(cudaStreamWaitEvent(s, joined, 0));
+    CK(cudaLaunchHostFunc(s, count, (void *)10));
+    CK(cudaMemcpyAsync(hc, c, bytes, cudaMemcpyDeviceToHost, s));
+    cudaGraph_t cg;
+    CK(cudaStreamEndCapture(s, &cg));
+    CK(cudaStreamIsCapturing(t, &st));
+    EXPECT(st == cudaStreamCaptureStatusNone);
+    EXPECT(host_runs == 0); /* nothing ran while capturing */
+    CK(cudaGraphGetNodes(cg, NULL, &nodes));
+    EXPECT(nodes == 4);
+    CK(cudaGraphInstantiate(&x, cg, 0));
+    for (int round = 0; round < 2; round++) {
+        for (unsigned i = 0; i < N; i++) ha[i] = (float)(3 * i + round);
+        memset(hc, 0, bytes);
+        CK(cudaGraphLaunch(x, s));
+        CK(cudaStreamSynchronize(s));
+        check_sum(hc, ha, hb, N, 0);
+    }
+    EXPECT(host_runs == 20);
+    CK(cudaGraphExecDestroy(x));
+    CK(cudaGraphDestroy(cg));
+    printf("capture: two streams forked and joined, 4 nodes, 2 launches correct\n");
+
+    /* A synchronize inside a capture is refused and spoils it. */
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    CK(cudaMemsetAsync(c, 0, bytes, s));
+    EXPECT(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
+    EXPECT(cudaStreamEndCapture(s, &cg) == cudaErrorStreamCaptureInvalidated);
+    (void)cudaGetLastError();
+    printf("capture: a synchronize inside it is refused\n");
+
+    /* Pitched memory: 2D copies both ways with other pitches, a 2D memset,
+       a 3D copy of a box inside it. */
+    const size_t W = 100, H = 37; /* bytes, rows */
+    unsigned char *d2;
+    size_t pitch;
+    CK(cudaMallocPitch((void **)&d2, &pitch, W, H));
+    EXPECT(pitch >= W);
+    unsigned char *h2 = malloc(130 * H), *back = malloc(110 * H);
+    for (size_t i = 0; i < 130 * H; i++) h2[i] = (unsigned char)(i * 7 + 3);
+    memset(back, 0xee, 110 * H);
+    CK(cudaMemcpy2D(d2, pitch, h2, 130, W, H, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy2D(back, 110, d2, pitch, W, H, cudaMemcpyDeviceToHost));
+    for (size_t y = 0; y < H; y++)
+        for (size_t x2 = 0; x2 < 110; x2++)
+            EXPECT(back[y * 110 + x2] == (x2 < W ? h2[y * 130 + x2] : 0xee));
+    CK(cudaMemset2DAsync(d2 + pitch, pitch, 0x5a, 10, 3, s));
+    CK(cudaMemcpy2DAsync(back, 110, d2, pitch, W, H, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    for (size_t y = 0; y < H; y++)
+        for (size_t x2 = 0; x2 < W; x2++)
+            EXPECT(back[y * 110 + x2] ==
+                   ((y >= 1 && y < 4 && x2 < 10) ? 0x5a : h2[y * 130 + x2]));
+    /* 3D: a 4 x 3 x 2 box from the pitched rows (read as slices of 4 rows). */
+    unsigned char box[2][3][4];
+    struct cudaMemcpy3DParms p3 = {0};
+    p3.srcPtr = pitched(d2, pitch, W, 4);
+    p3.srcPos = pos(20, 1, 0);
+    p3.dstPtr = pitched(box, 4, 4, 3);
+    p3.extent = extent(4, 3, 2);
+    p3.kind = cudaMemcpyDeviceToHost;
+    CK(cudaMemcpy3D(&p3));
+    for (int z = 0; z < 2; z++)
+        for (int y = 0; y < 3; y++)
+            for (int x3 = 0; x3 < 4; x3++)
+                EXPECT(box[z][y][x3] == h2[(z * 4 + y + 1) * 130 + 20 + x3]);
+    CK(cudaFree(d2));
+    printf("pitched: 2D copies both ways, 2D memset and 3D copy correct\n");
+
+    CK(cudaStreamDestroy(s));
+    CK(cudaStreamDestroy(t));
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    CK(cudaFree(c));
+    CK(cudaLibraryUnload(lib));
+    printf("graphs: all checks passed\n");
+    return 0;
+}
