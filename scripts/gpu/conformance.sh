@@ -54,8 +54,8 @@ native_pass=0 pass=0
 for n in "${names[@]}"; do
     d=.samples/bin/$n
     (cd $d && LD_LIBRARY_PATH=$NV:$LIBS timeout 60 ./$n > $W/logs/$n.native 2>&1); nrc=$?
-    (cd $d && FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib:$LIBS timeout 60 ./$n \
-        > $W/logs/$n.standin 2>&1); src=$?
+    (cd $d && FAIRVGPU_LIBCUDA_DEBUG=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
+        LD_LIBRARY_PATH=$W/lib:$LIBS timeout 60 ./$n > $W/logs/$n.standin 2>&1); src=$?
     nv=$(verdict $W/logs/$n.native); sv=$(verdict $W/logs/$n.standin)
     if [ $nrc -eq 0 ]; then
         native_pass=$((native_pass + 1))
@@ -83,5 +83,27 @@ if [ -f $W/logs/matrixMul.native ]; then
 fi
 kill $D; wait $D 2>/dev/null
 echo "== daemon warnings"; grep -aE 'WARN|ERROR' $W/logs/daemon.log | head -20
+# matrixMul again, native and through the stand-in in turn, three times
+# for each way the worker may submit launches (graph_launches).
+if [ -d .samples/bin/matrixMul ] && [ -z "${NO_MODES:-}" ]; then
+    echo "== matrixMul GFlop/s, native vs stand-in, by graph_launches"
+    for mode in all runs off; do
+        sed "s/^executor = \"cuda\"/executor = \"cuda\"\ngraph_launches = \"$mode\"/" \
+            $W/host.toml > $W/host-$mode.toml
+        rm -f $W/run/vm1.sock
+        RUST_LOG=warn $R/fairvgpu serve --config $W/host-$mode.toml 2>> $W/logs/daemon-modes.log &
+        D=$!
+        for i in $(seq 100); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
+        for k in 1 2 3; do
+            nat=$(cd .samples/bin/matrixMul && LD_LIBRARY_PATH=$NV ./matrixMul 2>&1 | grep -a Performance)
+            sti=$(cd .samples/bin/matrixMul && FAIRVGPU_SOCKET=$W/run/vm1.sock \
+                LD_LIBRARY_PATH=$W/lib ./matrixMul 2>&1 | grep -a Performance)
+            n=$(echo "$nat" | sed -n 's/.*Performance= *\([0-9.]*\) GFlop.*/\1/p')
+            s=$(echo "$sti" | sed -n 's/.*Performance= *\([0-9.]*\) GFlop.*/\1/p')
+            echo "$mode run $k: native $n stand-in $s ratio $(awk -v s="$s" -v n="$n" 'BEGIN { if (n > 0) printf "%.3f", s / n }')"
+        done
+        kill $D; wait $D 2>/dev/null
+    done
+fi
 tar czf $OUT/conformance-logs.tgz -C $W logs
 echo "samples_pass=$pass/$native_pass native_pass=$native_pass matrixmul_gflops_ratio=$ratio"

@@ -39,6 +39,13 @@ extern "C" fn quiet<const T: u8, const S: u8>() -> CuResult {
     code::SUCCESS
 }
 
+/// Fills slots `$i` of table `$t` with their own [`refused`] stubs.
+macro_rules! each_refused {
+    ($t:ident, $tab:literal, $($i:literal)*) => {
+        $( $t[$i] = refused::<$tab, $i> as *const c_void; )*
+    };
+}
+
 /// An unserved slot: `CUDA_ERROR_NOT_SUPPORTED`, logged once.
 extern "C" fn refused<const T: u8, const S: u8>() -> CuResult {
     crate::not_supported(&format!("export table {T} slot {S}"))
@@ -286,12 +293,45 @@ extern "C" fn context_id(ctx: CUcontext, id: *mut u64) -> CuResult {
     unsafe { crate::context::cuCtxGetId(ctx, id) }
 }
 
+/// Slot 51: cuBLAS asks it, before its first launch, for an object of the
+/// driver's about a handle in `arg1` (all ones: an invalid handle). What
+/// it reads of the object is not known; an object of zeros is what it
+/// accepts (an opaque, zeroed 512-byte block, the same for every handle).
+extern "C" fn context_object(_ctx: u64, handle: u64, object: *mut *const u64) -> CuResult {
+    static OBJECT: [u64; 64] = [0; 64];
+    if object.is_null() {
+        return code::INVALID_VALUE;
+    }
+    if handle == u64::MAX {
+        return code::INVALID_HANDLE;
+    }
+    crate::log_once("export table 7 slot 51 answered with a zeroed object");
+    // SAFETY: checked for null; the caller's out-parameter.
+    unsafe { object.write(OBJECT.as_ptr()) };
+    code::SUCCESS
+}
+
+/// Slot 39: cuBLAS asks it, after slot 51, for a value of that object
+/// (the driver answers 0 for a kernel of a loaded library).
+extern "C" fn object_value(_ctx: u64, object: u64, value: *mut u64) -> CuResult {
+    if object == 0 || value.is_null() {
+        return code::INVALID_VALUE;
+    }
+    // SAFETY: checked for null; the caller's out-parameter.
+    unsafe { value.write(0) };
+    code::SUCCESS
+}
+
 /// Table `21318c60`: 93 slots, of which cuBLASLt calls slot 4 before
-/// every GEMM.
+/// every GEMM and cuBLAS slots 51 and 39 before its first launch.
 static CONTEXT_IDS: Table<93> = {
     let mut t = [refused::<7, 0> as *const c_void; 93];
+    // Each slot its own stub, so that a log names the slot called.
+    each_refused!(t, 7, 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92);
     t[0] = size(93);
     t[4] = context_id as *const c_void;
+    t[51] = context_object as *const c_void;
+    t[39] = object_value as *const c_void;
     Table(t)
 };
 
