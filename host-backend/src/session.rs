@@ -85,6 +85,10 @@ pub struct Session {
     /// Estimated GPU time of one launch of each function, learnt from busy
     /// periods that ran only that function (or from timed launches).
     pub kernel_ns: HandleMap<u64>,
+    /// Functions with a timed launch on its way (one at a time: timing
+    /// every launch of a kernel not yet known would keep the device waiting
+    /// on events between them).
+    pub timing: HandleSet,
     /// The busy period open on the device, if any.
     pub period: Option<Period>,
     /// Blocks per multiprocessor of each (function, threads per block,
@@ -243,6 +247,7 @@ impl Session {
             events: HandleSet::default(),
             pending_error: None,
             kernel_ns: HandleMap::default(),
+            timing: HandleSet::default(),
             period: None,
             occupancy: HashMap::new(),
             run: LaunchRun::default(),

@@ -565,7 +565,12 @@ pub(super) fn handle(
                     });
                 let resident = u64::from(bps).saturating_mul(u64::from(sh.sm_count)).max(1);
                 let fraction = (grid.count() as f64 / resident as f64).min(1.0);
-                let est = s.kernel_ns.get(&func).copied();
+                let mut est = s.kernel_ns.get(&func).copied();
+                if est.is_none() && s.timing.contains(&func) {
+                    // The kernel's timed launch may be done by now.
+                    Shared::collect_timings(s);
+                    est = s.kernel_ns.get(&func).copied();
+                }
                 let weight = est.unwrap_or(1_000) as f64;
                 sh.occupancy.0 += fraction * weight;
                 sh.occupancy.1 += weight;
@@ -573,7 +578,9 @@ pub(super) fn handle(
                 // comes from the busy period.
                 sh.issued_ns += est.unwrap_or(0);
                 sh.stats.launches.fetch_add(1, Ordering::Relaxed);
-                let r = if sh.time_launches || est.is_none() {
+                // One timed launch per unknown kernel at a time; the others
+                // go untimed meanwhile.
+                let r = if sh.time_launches || est.is_none() && s.timing.insert(func) {
                     sh.stats.timed_launches.fetch_add(1, Ordering::Relaxed);
                     sh.flush_launches(s);
                     sh.in_period(s, stream, Some(func), |x| {

@@ -93,6 +93,7 @@ impl Shared {
     pub fn collect_timings(s: &mut Session) {
         for (f, ns) in s.ctx.take_timings() {
             s.kernel_ns.insert(f, ns);
+            s.timing.remove(&f);
         }
     }
 
