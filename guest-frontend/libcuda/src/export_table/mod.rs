@@ -343,6 +343,17 @@ static CALLBACKS: Table<34> = {
     Table(t)
 };
 
+/// Table `6e163fbe`, the tools' module table: cuFFT calls slot 7 (with a
+/// module's handle, a callback and its data) when it plans its first
+/// transform and loads its kernels by the public API when refused. Every
+/// slot is refused, each logging its own number.
+static MODULE_TOOLS: Table<64> = {
+    let mut t = [refused::<9, 0> as *const c_void; 64];
+    each_refused!(t, 9, 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63);
+    t[0] = size(64);
+    Table(t)
+};
+
 /// The identifiers, as the 16 bytes in memory.
 fn table(id: &[u8; 16]) -> Option<*const c_void> {
     let t = match id {
@@ -369,6 +380,9 @@ fn table(id: &[u8; 16]) -> Option<*const c_void> {
         }
         [0x69, 0xa2, 0x8e, 0x9f, 0x24, 0x49, 0x8b, 0x47, 0xb0, 0x30, 0xc5, 0xda, 0x33, 0x0e, 0xa4, 0xe9] => {
             &CALLBACKS as *const _ as *const c_void
+        }
+        [0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e] => {
+            &MODULE_TOOLS as *const _ as *const c_void
         }
         _ => return None,
     };
