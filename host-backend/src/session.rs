@@ -23,6 +23,8 @@ pub struct LaunchRun {
     pub launches: Vec<Queued>,
     /// Their packed parameters, one after another.
     pub params: Vec<u8>,
+    /// The longest this run may grow (see [`LaunchRun::grow`]).
+    cap: usize,
 }
 
 impl LaunchRun {
@@ -37,7 +39,20 @@ impl LaunchRun {
 
     /// Whether a launch on `stream` can join (else the run goes first).
     pub fn takes(&self, stream: Handle) -> bool {
-        self.is_empty() || (self.stream == stream && self.launches.len() < Self::MAX)
+        self.is_empty() || (self.stream == stream && self.launches.len() < self.cap.max(1))
+    }
+
+    /// After a run was submitted: the next may be twice as long, up to
+    /// [`LaunchRun::MAX`].
+    pub fn grow(&mut self) {
+        self.cap = (self.cap * 2).clamp(1, Self::MAX);
+    }
+
+    /// When the device may have run out of the session's work (a busy
+    /// period begins): the next launch goes alone, so that the device
+    /// starts on it while the worker gathers the ones behind it.
+    pub fn restart(&mut self) {
+        self.cap = 1;
     }
 
     /// Queues a launch (after [`LaunchRun::takes`] said yes).

@@ -84,14 +84,19 @@ fi
 kill $D; wait $D 2>/dev/null
 echo "== daemon warnings"; grep -aE 'WARN|ERROR' $W/logs/daemon.log | head -20
 # matrixMul again, native and through the stand-in in turn, three times
-# for each way the worker may submit launches (graph_launches).
-if [ -d .samples/bin/matrixMul ] && [ -z "${NO_MODES:-}" ]; then
-    echo "== matrixMul GFlop/s, native vs stand-in, by graph_launches"
-    for mode in all runs off; do
-        sed "s/^executor = \"cuda\"/executor = \"cuda\"\ngraph_launches = \"$mode\"/" \
-            $W/host.toml > $W/host-$mode.toml
+# for each daemon setting in MODES (lines added to [daemon]; ';' for a
+# newline).
+MODES=${MODES:-'graph_launches = "all"|graph_launches = "off"|slice_us = 100000|scheduler = false'}
+if [ -d .samples/bin/matrixMul ] && [ -n "$MODES" ]; then
+    echo "== matrixMul GFlop/s, native vs stand-in, by daemon setting"
+    IFS='|' read -ra modes <<< "$MODES"
+    m=0
+    for mode in "${modes[@]}"; do
+        m=$((m + 1))
+        awk -v add="$mode" '{ print } /^executor = / { gsub(";", "\n", add); print add }' \
+            $W/host.toml > $W/host-$m.toml
         rm -f $W/run/vm1.sock
-        RUST_LOG=warn $R/fairvgpu serve --config $W/host-$mode.toml 2>> $W/logs/daemon-modes.log &
+        RUST_LOG=warn $R/fairvgpu serve --config $W/host-$m.toml 2>> $W/logs/daemon-modes.log &
         D=$!
         for i in $(seq 100); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
         for k in 1 2 3; do
@@ -100,7 +105,7 @@ if [ -d .samples/bin/matrixMul ] && [ -z "${NO_MODES:-}" ]; then
                 LD_LIBRARY_PATH=$W/lib ./matrixMul 2>&1 | grep -a Performance)
             n=$(echo "$nat" | sed -n 's/.*Performance= *\([0-9.]*\) GFlop.*/\1/p')
             s=$(echo "$sti" | sed -n 's/.*Performance= *\([0-9.]*\) GFlop.*/\1/p')
-            echo "$mode run $k: native $n stand-in $s ratio $(awk -v s="$s" -v n="$n" 'BEGIN { if (n > 0) printf "%.3f", s / n }')"
+            echo "[$mode] run $k: native $n stand-in $s ratio $(awk -v s="$s" -v n="$n" 'BEGIN { if (n > 0) printf "%.3f", s / n }')"
         done
         kill $D; wait $D 2>/dev/null
     done

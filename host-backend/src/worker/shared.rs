@@ -127,6 +127,9 @@ impl Shared {
         if self.gate.is_none() {
             return;
         }
+        if s.period.is_none() {
+            s.run.restart();
+        }
         let p = s.period.get_or_insert_with(|| {
             let grant = self.gate.as_ref().map_or(0, |g| g.grants());
             let first = grant != self.period_grant;
@@ -159,6 +162,7 @@ impl Shared {
             self.stats.refused.fetch_add(1, Ordering::Relaxed);
         }
         run.clear();
+        run.grow();
         s.run = run;
     }
 
