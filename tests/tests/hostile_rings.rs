@@ -189,3 +189,51 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
     assert!(buf.iter().all(|&b| b == 9));
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
 }
+
+/// Cluster occupancy questions about another process's kernel, or of a
+/// shape no launch may have, are refused; the channel lives on.
+#[test]
+fn cluster_occupancy_of_foreign_kernels_and_bad_shapes_is_refused() {
+    use protocol::{Dim3, ImageKind, Request, Status};
+    let host = Host::start("hostile-clusters", 64 << 20);
+    let mut victim = host.guest();
+    let m = victim
+        .module_load(ImageKind::Ptx, fairvgpu_tests::PTX.as_bytes())
+        .unwrap();
+    let f = victim.get_function(m, "vector_add").unwrap().handle;
+    let d = |x| Dim3 { x, y: 1, z: 1 };
+    let ask = |func, grid: Dim3, block: Dim3, cluster: Dim3| Request::OccupancyClusters {
+        func,
+        grid,
+        block,
+        shared_mem: 0,
+        cluster,
+        potential: false,
+    };
+    let good = ask(f, d(64), d(128), d(2));
+    assert!(victim.request(&good).is_ok());
+    let mut evil = host.guest();
+    for (r, want) in [
+        (good.clone(), Status::InvalidHandle),
+        (ask(f, d(0), d(128), d(2)), Status::InvalidValue),
+        (ask(f, d(64), d(2048), d(2)), Status::InvalidValue),
+        (
+            ask(f, d(64), d(128), Dim3 { x: 64, y: 32, z: 1 }),
+            Status::InvalidValue,
+        ),
+    ] {
+        let e = evil.request(&r).unwrap_err();
+        assert!(
+            matches!(e, guest_frontend::GuestError::Cuda(s) if s == want),
+            "{r:?}: {e:?}"
+        );
+    }
+    // Too large a cluster for the sim's GPU: the driver's own answer.
+    let e = victim.request(&ask(f, d(64), d(128), d(16))).unwrap_err();
+    assert!(matches!(
+        e,
+        guest_frontend::GuestError::Cuda(Status::InvalidClusterSize)
+    ));
+    assert!(victim.request(&good).is_ok());
+    assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
+}
