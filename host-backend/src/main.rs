@@ -241,6 +241,9 @@ enum BenchCmd {
         /// Seconds per phase (baseline, then abuse).
         #[arg(long, default_value_t = 60.0)]
         seconds: f64,
+        /// Keep the daemon's log (its workers' too) in this file.
+        #[arg(long)]
+        log: Option<PathBuf>,
     },
     /// Transport: ring round trip vs unix socket and TCP, or arena throughput vs memcpy.
     Ring {
@@ -561,8 +564,13 @@ fn main() -> Result<()> {
             bench::soak::run(minutes, guests)
         }
         Cmd::Bench {
-            which: BenchCmd::Hostile { executor, seconds },
-        } => bench::hostile::run(executor, seconds),
+            which:
+                BenchCmd::Hostile {
+                    executor,
+                    seconds,
+                    log,
+                },
+        } => bench::hostile::run(executor, seconds, log.as_deref()),
         Cmd::GoodGuest { socket } => bench::hostile::good_guest(&socket),
         Cmd::HostileGuest {
             socket,

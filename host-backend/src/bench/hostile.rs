@@ -214,7 +214,7 @@ fn ms(us: u64) -> f64 {
 }
 
 /// `fairvgpu bench hostile --seconds S`.
-pub fn run(executor: ExecutorKind, seconds: f64) -> Result<()> {
+pub fn run(executor: ExecutorKind, seconds: f64, keep_log: Option<&Path>) -> Result<()> {
     let bin = std::env::current_exe()?;
     let mut vms = vec![VmSpec::new("evil", 1024)];
     vms.extend(GOOD_VMS.iter().map(|n| VmSpec::new(n, 1024)));
@@ -285,6 +285,9 @@ pub fn run(executor: ExecutorKind, seconds: f64) -> Result<()> {
         lines as f64 / minutes.max(1e-9),
         u8::from(alive),
     );
+    if let Some(p) = keep_log {
+        std::fs::copy(d.log_path(), p).with_context(|| format!("copying the log to {}", p.display()))?;
+    }
     if !alive || hot.failures + base.failures > 0 {
         bail!("the good VMs were disturbed");
     }
