@@ -286,7 +286,8 @@ pub fn run(executor: ExecutorKind, seconds: f64, keep_log: Option<&Path>) -> Res
         u8::from(alive),
     );
     if let Some(p) = keep_log {
-        std::fs::copy(d.log_path(), p).with_context(|| format!("copying the log to {}", p.display()))?;
+        std::fs::copy(d.log_path(), p)
+            .with_context(|| format!("copying the log to {}", p.display()))?;
     }
     if !alive || hot.failures + base.failures > 0 {
         bail!("the good VMs were disturbed");
