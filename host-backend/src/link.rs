@@ -254,6 +254,11 @@ impl VmHost {
     pub fn log_suppressed(&self) -> u64 {
         self.server.log_suppressed()
     }
+
+    /// The count behind [`VmHost::log_suppressed`], to read elsewhere.
+    pub fn log_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.server.log_counter()
+    }
 }
 
 impl Drop for VmHost {

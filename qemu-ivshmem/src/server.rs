@@ -191,6 +191,11 @@ impl ServerHandle {
     pub fn log_suppressed(&self) -> u64 {
         self.log_suppressed.load(Ordering::Relaxed)
     }
+
+    /// The count behind [`ServerHandle::log_suppressed`], to read elsewhere.
+    pub fn log_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.log_suppressed.clone()
+    }
 }
 
 impl Drop for ServerHandle {
