@@ -69,15 +69,28 @@ impl Rng {
 
 /// What the good guests of one phase saw.
 #[derive(Debug, Default)]
-struct Tally {
-    /// Round latencies, µs.
-    lat_us: Vec<u64>,
-    runs: u64,
-    failures: u64,
-    first_failure: Option<String>,
+pub struct Tally {
+    /// Round latencies, µs, sorted.
+    pub lat_us: Vec<u64>,
+    /// Rounds run (a long-lived guest's vector add, or a new process).
+    pub runs: u64,
+    /// Rounds that failed: an error, a wrong result, a hang.
+    pub failures: u64,
+    /// The first failure.
+    pub first_failure: Option<String>,
 }
 
 impl Tally {
+    /// The worst round, ms.
+    pub fn max_ms(&self) -> f64 {
+        ms(self.lat_us.last().copied().unwrap_or(0))
+    }
+
+    /// A percentile of the rounds, ms.
+    pub fn pct_ms(&self, p: f64) -> f64 {
+        ms(percentile(&self.lat_us, p))
+    }
+
     fn ok(&mut self, us: u64) {
         self.runs += 1;
         self.lat_us.push(us);
@@ -194,7 +207,7 @@ fn good_load(
     threads
 }
 
-/// Runs the good load for `secs`, alongside `abuser` if any.
+/// Runs the good load for `secs`.
 fn phase(bin: &Path, sockets: &[PathBuf], secs: f64) -> Tally {
     let stop = Arc::new(AtomicBool::new(false));
     let tally: Shared = Arc::default();
@@ -213,34 +226,49 @@ fn ms(us: u64) -> f64 {
     us as f64 / 1e3
 }
 
-/// `fairvgpu bench hostile --seconds S`.
-pub fn run(executor: ExecutorKind, seconds: f64, keep_log: Option<&Path>) -> Result<()> {
-    let bin = std::env::current_exe()?;
+/// What [`measure`] found.
+#[derive(Debug)]
+pub struct Report {
+    /// The good guests without abuse.
+    pub baseline: Tally,
+    /// The good guests while `evil` was abused.
+    pub abuse: Tally,
+    /// Lines the daemon and its workers logged during the abuse.
+    pub log_lines: u64,
+    /// How long the abuse lasted, minutes.
+    pub abuse_minutes: f64,
+    /// Whether the daemon was still running at the end.
+    pub daemon_alive: bool,
+    /// `evil`'s entry in the daemon's status at the end.
+    pub evil: serde_json::Value,
+}
+
+/// Runs the scenario against `bin serve` with `executor`: `baseline_s`
+/// seconds without abuse (none if 0), then `abuse_s` with it. The daemon's
+/// log is copied to `keep_log` if given.
+pub fn measure(
+    bin: &Path,
+    executor: ExecutorKind,
+    baseline_s: f64,
+    abuse_s: f64,
+    keep_log: Option<&Path>,
+) -> Result<Report> {
     let mut vms = vec![VmSpec::new("evil", 1024)];
     vms.extend(GOOD_VMS.iter().map(|n| VmSpec::new(n, 1024)));
-    let mut d = DaemonProc::start_logged(&bin, "hostile", executor, &vms, "info")?;
+    let mut d = DaemonProc::start_logged(bin, "hostile", executor, &vms, "info")?;
     let sockets: Vec<PathBuf> = GOOD_VMS.iter().map(|n| d.socket(n)).collect();
-    println!(
-        "hostile ({executor:?} executor): {seconds} s without abuse, then {seconds} s with a hostile process on evil's socket; in good1 and good2 a long-lived guest and new processes run checked vector adds"
-    );
-
-    let base = phase(&bin, &sockets, seconds);
-    println!(
-        "baseline: runs={} failures={} p50_ms={:.2} p99_ms={:.2} max_ms={:.2}",
-        base.runs,
-        base.failures,
-        ms(percentile(&base.lat_us, 50.0)),
-        ms(percentile(&base.lat_us, 99.0)),
-        ms(base.lat_us.last().copied().unwrap_or(0)),
-    );
-
+    let baseline = if baseline_s > 0.0 {
+        phase(bin, &sockets, baseline_s)
+    } else {
+        Tally::default()
+    };
     let lines0 = d.log_lines();
     let t0 = Instant::now();
-    let mut evil = Command::new(&bin)
+    let mut evil = Command::new(bin)
         .arg("__hostile-guest")
         .arg("--socket")
         .arg(d.socket("evil"))
-        .args(["--seconds", &format!("{}", seconds + 1.0)])
+        .args(["--seconds", &format!("{}", abuse_s + 1.0)])
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -248,48 +276,69 @@ pub fn run(executor: ExecutorKind, seconds: f64, keep_log: Option<&Path>) -> Res
         .context("starting the hostile process")?;
     // Let the abuse get going before the good guests are measured.
     std::thread::sleep(Duration::from_millis(500));
-    let hot = phase(&bin, &sockets, seconds);
+    let abuse = phase(bin, &sockets, abuse_s);
     let _ = evil.kill();
     let _ = evil.wait();
-    let minutes = t0.elapsed().as_secs_f64() / 60.0;
-    let lines = d.log_lines().saturating_sub(lines0);
-    let alive = d.alive();
-    if let Ok(v) = d.vgpu("evil") {
-        println!(
-            "evil: worker_restarts={} log_lines_suppressed={} broken_channels={}",
-            v["worker_restarts"].as_u64().unwrap_or(0),
-            v["log_lines_suppressed"].as_u64().unwrap_or(0),
-            v["broken_channels"].as_u64().unwrap_or(0),
-        );
+    let abuse_minutes = t0.elapsed().as_secs_f64() / 60.0;
+    let log_lines = d.log_lines().saturating_sub(lines0);
+    let daemon_alive = d.alive();
+    // Reports reach the status every 200 ms.
+    std::thread::sleep(Duration::from_millis(500));
+    let evil = d.vgpu("evil").unwrap_or_default();
+    if let Some(p) = keep_log {
+        std::fs::copy(d.log_path(), p)
+            .with_context(|| format!("copying the log to {}", p.display()))?;
     }
+    Ok(Report {
+        baseline,
+        abuse,
+        log_lines,
+        abuse_minutes,
+        daemon_alive,
+        evil,
+    })
+}
+
+/// `fairvgpu bench hostile --seconds S`: prints the report; fails if a good
+/// guest failed or the daemon died.
+pub fn run(executor: ExecutorKind, seconds: f64, keep_log: Option<&Path>) -> Result<()> {
+    let bin = std::env::current_exe()?;
     println!(
-        "abuse: runs={} failures={} p50_ms={:.2} p99_ms={:.2} max_ms={:.2} log_lines={lines}",
-        hot.runs,
-        hot.failures,
-        ms(percentile(&hot.lat_us, 50.0)),
-        ms(percentile(&hot.lat_us, 99.0)),
-        ms(hot.lat_us.last().copied().unwrap_or(0)),
+        "hostile ({executor:?} executor): {seconds} s without abuse, then {seconds} s with a hostile process on evil's socket; in good1 and good2 a long-lived guest and new processes run checked vector adds"
     );
-    for (what, t) in [("baseline", &base), ("abuse", &hot)] {
+    let r = measure(&bin, executor, seconds, seconds, keep_log)?;
+    let (base, hot) = (&r.baseline, &r.abuse);
+    for (what, t) in [("baseline", base), ("abuse", hot)] {
+        println!(
+            "{what}: runs={} failures={} p50_ms={:.2} p99_ms={:.2} max_ms={:.2}",
+            t.runs,
+            t.failures,
+            t.pct_ms(50.0),
+            t.pct_ms(99.0),
+            t.max_ms(),
+        );
         if let Some(e) = &t.first_failure {
             println!("{what}: first failure: {e}");
         }
     }
     println!(
+        "evil: worker_restarts={} log_lines_suppressed={} grants_revoked={} refused={}",
+        r.evil["worker_restarts"].as_u64().unwrap_or(0),
+        r.evil["log_lines_suppressed"].as_u64().unwrap_or(0),
+        r.evil["grants_revoked"].as_u64().unwrap_or(0),
+        r.evil["refused"].as_u64().unwrap_or(0),
+    );
+    println!(
         "good_runs={} good_failures={} good_p99_ms={:.2} good_max_ms={:.2} baseline_max_ms={:.2} log_lines_per_min={:.0} daemon_alive={}",
         hot.runs,
         hot.failures + base.failures,
-        ms(percentile(&hot.lat_us, 99.0)),
-        ms(hot.lat_us.last().copied().unwrap_or(0)),
-        ms(base.lat_us.last().copied().unwrap_or(0)),
-        lines as f64 / minutes.max(1e-9),
-        u8::from(alive),
+        hot.pct_ms(99.0),
+        hot.max_ms(),
+        base.max_ms(),
+        r.log_lines as f64 / r.abuse_minutes.max(1e-9),
+        u8::from(r.daemon_alive),
     );
-    if let Some(p) = keep_log {
-        std::fs::copy(d.log_path(), p)
-            .with_context(|| format!("copying the log to {}", p.display()))?;
-    }
-    if !alive || hot.failures + base.failures > 0 {
+    if !r.daemon_alive || hot.failures + base.failures > 0 {
         bail!("the good VMs were disturbed");
     }
     Ok(())
