@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Lines a VM may log per [`DEFAULT_PERIOD`] before the rest are counted only.
-pub const DEFAULT_BURST: u32 = 10;
+pub const DEFAULT_BURST: u32 = 5;
 /// See [`DEFAULT_BURST`].
 pub const DEFAULT_PERIOD: Duration = Duration::from_secs(60);
 

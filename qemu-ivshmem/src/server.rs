@@ -435,6 +435,7 @@ impl ServerLoop {
             return;
         };
         let mut failed = None;
+        let mut left = false;
         while let Some((v, fd)) = p.outbox.front() {
             let raw = match fd {
                 None => None,
@@ -446,6 +447,16 @@ impl ServerLoop {
                     p.outbox.pop_front();
                 }
                 Ok(false) => break,
+                Err(Error::Io { source, .. })
+                    if matches!(
+                        source.kind(),
+                        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    // It went away before reading everything: a departure.
+                    left = true;
+                    break;
+                }
                 Err(e) => {
                     failed = Some(e.to_string());
                     break;
@@ -455,8 +466,10 @@ impl ServerLoop {
         if failed.is_none() && p.outbox.len() > limit {
             failed = Some(format!("{} messages unread", p.outbox.len()));
         }
-        if let Some(why) = failed {
+        if let Some(why) = &failed {
             crate::rate_limited!(self.log, warn, peer = id, "ivshmem peer dropped: {why}");
+        }
+        if left || failed.is_some() {
             self.remove_peer(id);
         }
     }

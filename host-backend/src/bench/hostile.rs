@@ -402,21 +402,26 @@ pub fn abuse(socket: &Path, seconds: f64, seed: u64) -> Result<()> {
     let ops = Arc::new(AtomicU64::new(0));
     let mut threads = Vec::new();
     {
-        let (region, done, ops) = (region.clone(), done.clone(), ops.clone());
+        // One busy thread does the region's abuse and the socket's, turn
+        // about: a VM with one vCPU. (More busy threads on a 2-core machine
+        // measure how the CPUs are shared, not isolation.)
+        let (region, done, ops, socket) =
+            (region.clone(), done.clone(), ops.clone(), socket.to_owned());
         threads.push(std::thread::spawn(move || {
-            scribble(&region, &bells, seed, &done, &ops)
+            let mut churn = Churn::new(seed ^ 0x55);
+            let mut rng = Rng(seed | 1);
+            while !done.load(Ordering::Relaxed) {
+                scribble(&region, &bells, &mut rng);
+                churn.step(&socket);
+                ops.fetch_add(64, Ordering::Relaxed);
+            }
         }));
     }
     {
         let (socket, done) = (socket.to_owned(), done.clone());
-        threads.push(std::thread::spawn(move || {
-            churn(&socket, seed ^ 0x55, &done)
-        }));
-    }
-    {
-        let (socket, done) = (socket.to_owned(), done.clone());
-        // Sessions that send refused requests; their channels are scribbled
-        // on too, so calls may hang: the thread is not waited for.
+        // Sessions that send refused requests, a call a millisecond; their
+        // channels are scribbled on too, so calls may hang: the thread is
+        // not waited for.
         std::thread::spawn(move || refused_requests(&socket, &done));
     }
     while Instant::now() < end {
@@ -438,13 +443,13 @@ fn raw(region: &Region, off: usize, v: u32) {
     }
 }
 
-fn scribble(region: &Region, bells: &[EventFdBell], seed: u64, done: &AtomicBool, ops: &AtomicU64) {
-    let mut rng = Rng(seed | 1);
+/// One batch of 64 writes of every kind to the region (and its doorbells).
+fn scribble(region: &Region, bells: &[EventFdBell], rng: &mut Rng) {
     let l = *region.layout();
     let chans = l.params.channels;
     let entries = l.params.ring_entries as usize;
     let arena = l.params.arena_size as usize;
-    while !done.load(Ordering::Relaxed) {
+    {
         for _ in 0..64 {
             let ch = rng.below(u64::from(chans)) as u32;
             let base = l.channel_offset(ch);
@@ -536,29 +541,33 @@ fn scribble(region: &Region, bells: &[EventFdBell], seed: u64, done: &AtomicBool
                 }
             }
         }
-        ops.fetch_add(64, Ordering::Relaxed);
-        std::thread::yield_now();
     }
 }
 
 /// Connects and drops the socket over and over; half the connections are
 /// kept open (up to [`HELD_OPEN`]) and never read.
-fn churn(socket: &Path, seed: u64, done: &AtomicBool) {
-    let mut rng = Rng(seed | 1);
-    let mut held: std::collections::VecDeque<RawPeer> = Default::default();
-    while !done.load(Ordering::Relaxed) {
-        match RawPeer::connect(socket, false) {
-            Ok(p) => {
-                if rng.below(2) == 0 {
-                    held.push_back(p);
-                    if held.len() > HELD_OPEN {
-                        held.pop_front();
-                    }
+struct Churn {
+    rng: Rng,
+    held: std::collections::VecDeque<RawPeer>,
+}
+
+impl Churn {
+    fn new(seed: u64) -> Churn {
+        Churn {
+            rng: Rng(seed | 1),
+            held: Default::default(),
+        }
+    }
+
+    fn step(&mut self, socket: &Path) {
+        if let Ok(p) = RawPeer::connect(socket, false) {
+            if self.rng.below(2) == 0 {
+                self.held.push_back(p);
+                if self.held.len() > HELD_OPEN {
+                    self.held.pop_front();
                 }
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
-        std::thread::sleep(Duration::from_micros(500));
     }
 }
 
