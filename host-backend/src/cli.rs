@@ -27,7 +27,7 @@ pub fn render_status(st: &Value) -> String {
             g["memory_used_bytes"].as_u64().unwrap_or(0) >> 20
         ));
         out.push_str(&format!(
-            "  {:<16} {:<12} {:>6} {:>8} {:>11} {:>9} {:>7} {:>6} {:>15}\n",
+            "  {:<16} {:<12} {:>6} {:>8} {:>11} {:>9} {:>7} {:>6} {:>15} {:>10}\n",
             "vGPU",
             "tenant",
             "weight",
@@ -36,7 +36,8 @@ pub fn render_status(st: &Value) -> String {
             "GPU s",
             "sync/s",
             "queue",
-            "memory MiB"
+            "memory MiB",
+            "logs cut"
         ));
         for v in g["vgpus"].as_array().into_iter().flatten() {
             let ent = if v["active"] == true {
@@ -45,7 +46,7 @@ pub fn render_status(st: &Value) -> String {
                 "idle".into()
             };
             out.push_str(&format!(
-                "  {:<16} {:<12} {:>6} {:>8} {:>11} {:>9.2} {:>7.0}{} {:>6} {:>15}\n",
+                "  {:<16} {:<12} {:>6} {:>8} {:>11} {:>9.2} {:>7.0}{} {:>6} {:>15} {:>10}\n",
                 v["name"].as_str().unwrap_or("?"),
                 v["tenant"].as_str().unwrap_or("?"),
                 v["weight"],
@@ -59,7 +60,9 @@ pub fn render_status(st: &Value) -> String {
                     "{}/{}",
                     v["memory_used_bytes"].as_u64().unwrap_or(0) >> 20,
                     v["memory_limit_bytes"].as_u64().unwrap_or(0) >> 20
-                )
+                ),
+                // Log lines its guests triggered that were rate-limited away.
+                v["log_lines_suppressed"].as_u64().unwrap_or(0)
             ));
         }
     }
@@ -89,7 +92,7 @@ mod tests {
                     { "name": "vm1", "tenant": "a", "weight": 1.0, "share": 0.25, "entitlement": 0.25,
                       "active": true, "gpu_seconds": 1.0, "sync_calls_per_second": 2000.0,
                       "interactive": true, "queue_depth": 0, "memory_used_bytes": 1048576,
-                      "memory_limit_bytes": 4194304 },
+                      "memory_limit_bytes": 4194304, "log_lines_suppressed": 4242 },
                     { "name": "vm2", "tenant": "b", "weight": 3.0, "share": 0.75, "entitlement": 0.75,
                       "active": false, "gpu_seconds": 3.0, "sync_calls_per_second": 0.0,
                       "interactive": false, "queue_depth": 2, "memory_used_bytes": 0,
@@ -103,6 +106,7 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("idle") && s.contains("75.0%"), "{s}");
+        assert!(s.contains("logs cut") && s.contains("4242"), "{s}");
         assert!(s.contains("weight set to 3"), "{s}");
     }
 }

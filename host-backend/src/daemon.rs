@@ -183,6 +183,7 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                 if !hosts.contains_key(&vm.name) {
                     let host =
                         VmHost::start(&vm.name, &want.socket(&vm.name), want.layout_for(vm))?;
+                    plane.watch_log_suppressed(&vm.name, host.log_counter());
                     hosts.insert(vm.name.clone(), host);
                 }
                 children.push(Supervised {

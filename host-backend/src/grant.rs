@@ -34,6 +34,7 @@ const SERVED: u32 = 7; // a = requests served so far, b = requests refused so fa
 const PROCESS: u32 = 8; // a = worker resident memory (bytes), b = worker open fds
 const OCCUPANCY: u32 = 9; // a = mean occupied fraction of the GPU's cores, parts per million
 const SLICED: u32 = 10; // a = launches run as sub-grids so far
+const LOGS: u32 = 11; // a = log lines suppressed so far (rate-limited guest-triggered logs)
 
 fn encode(kind: u32, vgpu: u32, a: u64, b: u64) -> [u8; 24] {
     let mut m = [0u8; 24];
@@ -74,6 +75,9 @@ pub struct Report {
     pub occupancy_ppm: u64,
     /// Launches run as sub-grids so far (kernel slicing).
     pub sliced_launches: u64,
+    /// Log lines its guests triggered that the worker suppressed so far
+    /// (rate-limited).
+    pub log_suppressed: u64,
 }
 
 /// What the service knows of one vGPU, live.
@@ -96,6 +100,16 @@ pub struct VgpuLive {
     pub connected: bool,
     /// Whether it holds the GPU now.
     pub holding: bool,
+    /// Grants taken back because its worker kept the GPU past
+    /// [`hold_limit`].
+    pub revoked: u64,
+}
+
+/// How long a worker may keep the grant before the service takes it back:
+/// ten slices, and never less than 2 s (a long kernel overruns its slice
+/// legitimately; it is charged in full).
+pub fn hold_limit(slice_ns: u64) -> Duration {
+    Duration::from_nanos(slice_ns.saturating_mul(10)).max(Duration::from_secs(2))
 }
 
 /// Live figures per vGPU, readable while the service runs.
@@ -301,6 +315,10 @@ fn serve(
     let mut sched = GpuScheduler::new(slice_ns);
     let mut conns: HashMap<u32, UnixStream> = HashMap::new();
     let mut holder: Option<u32> = None;
+    let mut held_since = Instant::now();
+    let hold_limit = hold_limit(slice_ns);
+    // What a vGPU's worker does is up to its guests: rate-limited, per vGPU.
+    let mut logs: HashMap<u32, qemu_ivshmem::LogLimiter> = HashMap::new();
     let mut pending: Vec<UnixStream> = Vec::new();
     let mut shares: HashMap<u32, Share> = HashMap::new();
     let mut active: std::collections::HashSet<u32> = Default::default();
@@ -453,6 +471,7 @@ fn serve(
                         SLICED => {
                             live(&mut |u| u.entry(id).or_default().report.sliced_launches = a)
                         }
+                        LOGS => live(&mut |u| u.entry(id).or_default().report.log_suppressed = a),
                         _ => {}
                     }
                 }
@@ -475,11 +494,39 @@ fn serve(
                 }
             }
         }
+        // A worker that keeps the GPU far past its slice (stuck, or busy
+        // with something that never ends) loses it: every other vGPU would
+        // wait on it otherwise. It is charged what it held and counts as
+        // idle until it asks again; its late release is ignored.
+        if let Some(id) = holder.filter(|_| held_since.elapsed() > hold_limit) {
+            let held = held_since.elapsed().as_nanos() as u64;
+            let now = epoch.elapsed().as_nanos() as u64;
+            let _ = sched.release(id, held);
+            let _ = sched.idle(id, now);
+            if active.remove(&id) {
+                apply_shares(&mut sched, &shares, &active, &conns, usage);
+            }
+            holder = None;
+            live(&mut |u| {
+                let v = u.entry(id).or_default();
+                v.charged_ns += held;
+                v.holding = false;
+                v.revoked += 1;
+            });
+            qemu_ivshmem::rate_limited!(
+                logs.entry(id).or_default(),
+                warn,
+                vgpu = id,
+                held_ms = held / 1_000_000,
+                "grant taken back from a worker that kept it past its slice"
+            );
+        }
         if holder.is_none() {
             if let Some(g) = sched.grant(epoch.elapsed().as_nanos() as u64) {
                 if let Some(s) = conns.get_mut(&g.vgpu) {
                     if s.write_all(&encode(GRANT, g.vgpu, g.slice_ns, 0)).is_ok() {
                         holder = Some(g.vgpu);
+                        held_since = Instant::now();
                         live(&mut |u| u.entry(g.vgpu).or_default().holding = true);
                     }
                 }
@@ -609,13 +656,14 @@ impl Gate {
 
     /// Reports live figures to the service (for the operator's view).
     pub fn report(&mut self, r: &Report) -> Result<(), Error> {
-        let mut m = [0u8; 144];
+        let mut m = [0u8; 168];
         m[..24].copy_from_slice(&encode(REPORT, self.vgpu, r.mem_used, r.sync_calls));
         m[24..48].copy_from_slice(&encode(QUEUE, self.vgpu, r.queued, r.launches));
         m[48..72].copy_from_slice(&encode(SERVED, self.vgpu, r.requests, r.refused));
         m[72..96].copy_from_slice(&encode(PROCESS, self.vgpu, r.rss_bytes, r.open_fds));
         m[96..120].copy_from_slice(&encode(OCCUPANCY, self.vgpu, r.occupancy_ppm, 0));
-        m[120..].copy_from_slice(&encode(SLICED, self.vgpu, r.sliced_launches, 0));
+        m[120..144].copy_from_slice(&encode(SLICED, self.vgpu, r.sliced_launches, 0));
+        m[144..].copy_from_slice(&encode(LOGS, self.vgpu, r.log_suppressed, 0));
         self.stream.write_all(&m).map_err(|e| Error::Io {
             what: "grant report",
             source: e,
@@ -688,6 +736,31 @@ mod tests {
         assert!(mmr > 0.85, "MMR {mmr}, held {held:?}");
         let usage = svc.usage();
         assert_eq!(usage.len(), 3);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_worker_that_keeps_the_grant_loses_it() {
+        let dir = std::env::temp_dir().join(format!("fvg-grant-keep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+        let mut stuck = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        assert!(stuck.acquire(Duration::from_secs(5)).unwrap());
+        // It never gives the grant back; the other vGPU gets it all the same.
+        let mut other = Gate::connect(svc.path(), 2, 1.0).unwrap();
+        let t = Instant::now();
+        while !other.acquire(Duration::from_millis(100)).unwrap() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the other vGPU waits for ever"
+            );
+        }
+        let live = svc.live();
+        assert_eq!(live[&1].revoked, 1);
+        assert!(live[&1].charged_ns >= 2_000_000_000, "{:?}", live[&1]);
+        // The late release is ignored; the other vGPU keeps its grant.
+        stuck.release(1000, false).unwrap();
+        other.release(1000, false).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -23,10 +23,13 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use qemu_ivshmem::server::{recv_msg, send_msg, serve, PeerBells, PeerEvent, ServerHandle};
+use qemu_ivshmem::server::{
+    recv_msg, send_msg, serve_to, PeerBells, PeerEvent, ServerHandle, MAX_PEERS,
+};
 use qemu_ivshmem::{Bell, EventFdBell, LayoutParams, Region};
 
 use crate::Error;
@@ -70,20 +73,63 @@ fn decode(v: i64) -> (i64, u16, u16) {
     ((v >> 40) & 0xff, (v >> 16) as u16, v as u16)
 }
 
+/// How long the daemon waits for a worker to take a feed message before it
+/// counts the worker as stuck and closes its feed (the worker then exits
+/// and is restarted): a stuck worker holds up nobody but its own VM.
+const FEED_SEND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the VM's feed thread is asked to pass on.
+enum FeedMsg {
+    Peer(PeerEvent),
+    /// A new worker's feed: the snapshot goes first, then what follows.
+    NewFeed(UnixStream),
+    Limit(u64),
+    Migrate(u32, Option<OwnedFd>),
+}
+
 /// The daemon's side of one VM: its region, its ivshmem-server socket, and
 /// the feed of whichever worker serves it now.
+///
+/// Only the VM's own feed thread ever writes to its worker's feed; the
+/// supervisor and the control API hand it messages and never wait, so no
+/// VM's slow or stuck worker, nor its peers, can hold up the daemon's work
+/// for another VM.
 #[derive(Debug)]
 pub struct VmHost {
     region: Region,
-    fd: OwnedFd,
     server: ServerHandle,
-    feed: Arc<Mutex<Option<UnixStream>>>,
-    /// The limit last set while running (MiB), passed on to new workers too.
-    limit_mib: Mutex<Option<u64>>,
+    tx: Mutex<Sender<FeedMsg>>,
+    /// Whether a worker's feed is open now.
+    fed: Arc<AtomicBool>,
     /// Migration reports from the current worker, oldest first.
     reports: Arc<Mutex<Vec<MigrationReport>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for FeedMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FeedMsg::Peer(_) => "Peer",
+            FeedMsg::NewFeed(_) => "NewFeed",
+            FeedMsg::Limit(_) => "Limit",
+            FeedMsg::Migrate(..) => "Migrate",
+        })
+    }
+}
+
+/// The state of one VM's feed thread.
+struct Feeder {
+    name: String,
+    region: Region,
+    fd: OwnedFd,
+    peers: PeerBells,
+    host_bells: Vec<Arc<EventFdBell>>,
+    current: Option<UnixStream>,
+    fed: Arc<AtomicBool>,
+    /// The limit last set while running (MiB), passed on to new workers too.
+    limit_mib: Option<u64>,
+    reports: Arc<Mutex<Vec<MigrationReport>>>,
 }
 
 impl VmHost {
@@ -94,28 +140,38 @@ impl VmHost {
             what: "dup of region fd",
             source,
         })?;
-        let mut server = serve(socket, server_fd, layout.vectors)?;
-        let events = std::mem::replace(&mut server.events, std::sync::mpsc::channel().1);
-        let feed: Arc<Mutex<Option<UnixStream>>> = Arc::default();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let peer_tx = tx.clone();
+        let server = serve_to(socket, server_fd, layout.vectors, MAX_PEERS, move |ev| {
+            let _ = peer_tx.send(FeedMsg::Peer(ev));
+        })?;
         let stop = Arc::new(AtomicBool::new(false));
+        let fed = Arc::new(AtomicBool::new(false));
+        let reports: Arc<Mutex<Vec<MigrationReport>>> = Arc::default();
+        let mut feeder = Feeder {
+            name: name.to_owned(),
+            region: region.clone(),
+            fd,
+            peers: server.peers.clone(),
+            host_bells: server.host_bells.clone(),
+            current: None,
+            fed: fed.clone(),
+            limit_mib: None,
+            reports: reports.clone(),
+        };
         let thread = {
-            let (region, peers, host_bell, feed, stop) = (
-                region.clone(),
-                server.peers.clone(),
-                server.host_bells.first().cloned(),
-                feed.clone(),
-                stop.clone(),
-            );
+            let stop = stop.clone();
             std::thread::Builder::new()
                 .name(format!("feed-{name}"))
                 .spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
-                        match events.recv_timeout(Duration::from_millis(100)) {
-                            Ok(ev) => forward(&region, &peers, host_bell.as_deref(), &feed, ev),
+                        match rx.recv_timeout(Duration::from_millis(100)) {
+                            Ok(m) => feeder.handle(m),
                             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                            Err(_) => return,
+                            Err(_) => break,
                         }
                     }
+                    feeder.close();
                 })
                 .map_err(|source| Error::Io {
                     what: "spawning feed thread",
@@ -124,53 +180,185 @@ impl VmHost {
         };
         Ok(VmHost {
             region,
-            fd,
             server,
-            feed,
-            limit_mib: Mutex::new(None),
-            reports: Arc::default(),
+            tx: Mutex::new(tx),
+            fed,
+            reports,
             stop,
             thread: Some(thread),
         })
     }
 
-    /// A feed for a new worker: returns the worker's end, which has already
-    /// been sent the region, the host's doorbells and the current peers.
-    /// The previous worker's feed (if any) is closed.
+    fn send(&self, m: FeedMsg) -> Result<(), Error> {
+        self.tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(m)
+            .map_err(|_| Error::Config("the VM's feed thread has stopped".into()))
+    }
+
+    /// A feed for a new worker: returns the worker's end; the VM's feed
+    /// thread sends it the region, the host's doorbells and the current
+    /// peers, then every change. The previous worker's feed (if any) is
+    /// closed. Never waits for the worker.
     pub fn feed(&self) -> Result<OwnedFd, Error> {
         let (ours, theirs) = UnixStream::pair().map_err(|source| Error::Io {
             what: "feed socket pair",
             source,
         })?;
-        let mut slot = self.feed.lock().unwrap_or_else(|e| e.into_inner());
-        send_msg(&ours, encode(REGION, 0, 0), Some(self.fd.as_raw_fd()))?;
-        for (v, b) in self.server.host_bells.iter().enumerate() {
-            send_msg(
-                &ours,
-                encode(HOST_BELL, 0, v as u16),
-                Some(b.fd().as_raw_fd()),
-            )?;
+        ours.set_write_timeout(Some(FEED_SEND_TIMEOUT))
+            .map_err(|source| Error::Io {
+                what: "feed timeout",
+                source,
+            })?;
+        self.send(FeedMsg::NewFeed(ours))?;
+        Ok(theirs.into())
+    }
+
+    /// Changes the vGPU's device-memory limit now: the worker refuses
+    /// allocations beyond it from its next one on (what is allocated stays).
+    pub fn set_memory_limit(&self, mib: u64) -> Result<(), Error> {
+        self.send(FeedMsg::Limit(mib.min(LIMIT_MASK as u64)))
+    }
+
+    /// Asks the current worker to move the vGPU to GPU `gpu`, registering
+    /// there over `grant` (a connection to that GPU's grant service).
+    /// Its answer comes in [`VmHost::take_reports`].
+    pub fn migrate(&self, gpu: u32, grant: Option<&UnixStream>) -> Result<(), Error> {
+        if !self.fed.load(Ordering::Relaxed) {
+            return Err(Error::Config("no worker serves this VM now".into()));
         }
-        let peers = self
-            .server
-            .peers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        for (id, bells) in &peers {
-            send_bells(&ours, *id, bells)?;
+        let grant = match grant {
+            Some(g) => Some(OwnedFd::from(g.try_clone().map_err(|source| {
+                Error::Io {
+                    what: "grant socket clone",
+                    source,
+                }
+            })?)),
+            None => None,
+        };
+        self.send(FeedMsg::Migrate(gpu, grant))
+    }
+
+    /// Migration reports received since the last call.
+    pub fn take_reports(&self) -> Vec<MigrationReport> {
+        std::mem::take(&mut *self.reports.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The region (the daemon marks the channels of departed peers).
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// Log lines about the VM's peers that the daemon suppressed so far.
+    pub fn log_suppressed(&self) -> u64 {
+        self.server.log_suppressed()
+    }
+
+    /// The count behind [`VmHost::log_suppressed`], to read elsewhere.
+    pub fn log_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.server.log_counter()
+    }
+}
+
+impl Drop for VmHost {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
-        if let Some(mib) = *self.limit_mib.lock().unwrap_or_else(|e| e.into_inner()) {
-            send_msg(&ours, (LIMIT << 40) | (mib as i64 & LIMIT_MASK), None)?;
+    }
+}
+
+impl Feeder {
+    fn handle(&mut self, m: FeedMsg) {
+        match m {
+            FeedMsg::Peer(PeerEvent::Connected(id)) => {
+                let bells = self
+                    .peers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&id)
+                    .cloned();
+                if let Some(bells) = bells {
+                    // A dead worker's feed fails; its successor gets a snapshot.
+                    self.write(|s| send_bells(s, id, &bells));
+                }
+            }
+            FeedMsg::Peer(PeerEvent::Gone(id)) => {
+                // Marked here, so that this happens even while no worker runs.
+                for ch in 0..self.region.channels() {
+                    if self.region.owner_peer(ch).ok() == Some(u32::from(id)) {
+                        let _ = self.region.mark_abandoned(ch);
+                    }
+                }
+                self.write(|s| send_msg(s, encode(PEER_GONE, id, 0), None));
+                if let Some(b) = self.host_bells.first() {
+                    let _ = b.ring();
+                }
+            }
+            FeedMsg::NewFeed(ours) => self.start_feed(ours),
+            FeedMsg::Limit(mib) => {
+                self.limit_mib = Some(mib);
+                // A dead worker's successor gets it with its snapshot.
+                self.write(|s| send_msg(s, (LIMIT << 40) | mib as i64, None));
+            }
+            FeedMsg::Migrate(gpu, grant) => {
+                let fd = grant.as_ref().map(|g| g.as_raw_fd());
+                self.write(|s| send_msg(s, (MIGRATE << 40) | i64::from(gpu as u16), fd));
+            }
         }
-        send_msg(&ours, encode(SYNCED, 0, 0), None)?;
+    }
+
+    /// Writes to the current worker's feed; a worker that does not take it
+    /// within [`FEED_SEND_TIMEOUT`] (or whose feed broke) loses its feed.
+    fn write(&mut self, f: impl FnOnce(&UnixStream) -> Result<(), qemu_ivshmem::Error>) {
+        let Some(s) = self.current.as_ref() else {
+            return;
+        };
+        if let Err(e) = f(s) {
+            tracing::warn!(vm = self.name, "worker feed closed: {e}");
+            self.close();
+        }
+    }
+
+    fn close(&mut self) {
+        if let Some(old) = self.current.take() {
+            // For the worker, and for the thread reading its answers (which
+            // holds a clone).
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+        self.fed.store(false, Ordering::Relaxed);
+    }
+
+    fn start_feed(&mut self, ours: UnixStream) {
+        self.close();
+        let snapshot = |s: &UnixStream| -> Result<(), qemu_ivshmem::Error> {
+            send_msg(s, encode(REGION, 0, 0), Some(self.fd.as_raw_fd()))?;
+            for (v, b) in self.host_bells.iter().enumerate() {
+                send_msg(s, encode(HOST_BELL, 0, v as u16), Some(b.fd().as_raw_fd()))?;
+            }
+            let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            for (id, bells) in &peers {
+                send_bells(s, *id, bells)?;
+            }
+            if let Some(mib) = self.limit_mib {
+                send_msg(s, (LIMIT << 40) | (mib as i64 & LIMIT_MASK), None)?;
+            }
+            send_msg(s, encode(SYNCED, 0, 0), None)
+        };
+        if let Err(e) = snapshot(&ours) {
+            tracing::warn!(vm = self.name, "worker feed failed: {e}");
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+            return;
+        }
         // What the worker says back (migration reports) until it goes.
-        let back = ours.try_clone().map_err(|source| Error::Io {
-            what: "feed clone",
-            source,
-        })?;
+        let Ok(back) = ours.try_clone() else {
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+            return;
+        };
         let reports = self.reports.clone();
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("feed-back".into())
             .spawn(move || {
                 let (mut pause_us, mut kib) = (0, 0);
@@ -189,72 +377,21 @@ impl VmHost {
                         _ => {}
                     }
                 }
-            })
-            .map_err(|source| Error::Io {
-                what: "spawning feed thread",
-                source,
-            })?;
-        // The previous worker's feed ends here, for it and for the thread
-        // reading its answers (which holds a clone).
-        if let Some(old) = slot.replace(ours) {
-            let _ = old.shutdown(std::net::Shutdown::Both);
+            });
+        if spawned.is_err() {
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+            return;
         }
-        Ok(theirs.into())
-    }
-
-    /// Changes the vGPU's device-memory limit now: the worker refuses
-    /// allocations beyond it from its next one on (what is allocated stays).
-    pub fn set_memory_limit(&self, mib: u64) -> Result<(), Error> {
-        let mib = mib.min(LIMIT_MASK as u64);
-        *self.limit_mib.lock().unwrap_or_else(|e| e.into_inner()) = Some(mib);
-        let slot = self.feed.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(sock) = slot.as_ref() {
-            // A dead worker's successor gets it with its snapshot.
-            let _ = send_msg(sock, (LIMIT << 40) | mib as i64, None);
-        }
-        Ok(())
-    }
-
-    /// Asks the current worker to move the vGPU to GPU `gpu`, registering
-    /// there over `grant` (a connection to that GPU's grant service).
-    /// Its answer comes in [`VmHost::take_reports`].
-    pub fn migrate(&self, gpu: u32, grant: Option<&UnixStream>) -> Result<(), Error> {
-        let slot = self.feed.lock().unwrap_or_else(|e| e.into_inner());
-        let sock = slot
-            .as_ref()
-            .ok_or_else(|| Error::Config("no worker serves this VM now".into()))?;
-        send_msg(
-            sock,
-            (MIGRATE << 40) | i64::from(gpu as u16),
-            grant.map(|g| g.as_raw_fd()),
-        )?;
-        Ok(())
-    }
-
-    /// Migration reports received since the last call.
-    pub fn take_reports(&self) -> Vec<MigrationReport> {
-        std::mem::take(&mut *self.reports.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// The region (the daemon marks the channels of departed peers).
-    pub fn region(&self) -> &Region {
-        &self.region
+        self.current = Some(ours);
+        self.fed.store(true, Ordering::Relaxed);
     }
 }
 
-impl Drop for VmHost {
-    fn drop(&mut self) {
-        if let Some(s) = self.feed.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn send_bells(sock: &UnixStream, id: u16, bells: &[Arc<EventFdBell>]) -> Result<(), Error> {
+fn send_bells(
+    sock: &UnixStream,
+    id: u16,
+    bells: &[Arc<EventFdBell>],
+) -> Result<(), qemu_ivshmem::Error> {
     for (v, b) in bells.iter().enumerate() {
         send_msg(
             sock,
@@ -263,45 +400,6 @@ fn send_bells(sock: &UnixStream, id: u16, bells: &[Arc<EventFdBell>]) -> Result<
         )?;
     }
     Ok(())
-}
-
-/// Passes one peer event on to the current worker. A departed peer's
-/// channels are marked abandoned here, so that this happens even while no
-/// worker runs; the worker is rung to reclaim them.
-fn forward(
-    region: &Region,
-    peers: &PeerBells,
-    host_bell: Option<&EventFdBell>,
-    feed: &Mutex<Option<UnixStream>>,
-    ev: PeerEvent,
-) {
-    let slot = feed.lock().unwrap_or_else(|e| e.into_inner());
-    match ev {
-        PeerEvent::Connected(id) => {
-            let bells = peers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&id)
-                .cloned();
-            if let (Some(sock), Some(bells)) = (slot.as_ref(), bells) {
-                // A dead worker's feed fails; its successor gets a snapshot.
-                let _ = send_bells(sock, id, &bells);
-            }
-        }
-        PeerEvent::Gone(id) => {
-            for ch in 0..region.channels() {
-                if region.owner_peer(ch).ok() == Some(u32::from(id)) {
-                    let _ = region.mark_abandoned(ch);
-                }
-            }
-            if let Some(sock) = slot.as_ref() {
-                let _ = send_msg(sock, encode(PEER_GONE, id, 0), None);
-            }
-            if let Some(b) = host_bell {
-                let _ = b.ring();
-            }
-        }
-    }
 }
 
 /// A migration the daemon asked for: the target GPU and a connection to its
@@ -648,6 +746,41 @@ mod tests {
             assert!(t.elapsed() < Duration::from_secs(5), "feed not closed");
             std::thread::sleep(Duration::from_millis(10));
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_worker_that_does_not_read_its_feed_holds_up_nobody() {
+        let dir = std::env::temp_dir().join(format!("fvg-link-stuck-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("vm.sock");
+        let host = VmHost::start("link-stuck", &sock, layout()).unwrap();
+        // A worker that never reads its feed.
+        let stuck = UnixStream::from(host.feed().unwrap());
+        // Peers come and go: more news than its socket holds.
+        for _ in 0..200 {
+            drop(Client::connect(&sock, Duration::from_secs(5)).unwrap());
+        }
+        // The daemon's calls never wait on it...
+        let t = std::time::Instant::now();
+        host.set_memory_limit(100).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        // ...and its feed is closed once it has not read for a while.
+        while host.fed.load(Ordering::Relaxed) {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the stuck feed stays open"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        stuck
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        while let Some(_m) = recv_msg(&stuck).expect("the stuck feed ends, not times out") {}
+        // The next worker gets its snapshot.
+        let (_fd, fed) = Fed::receive(host.feed().unwrap()).unwrap();
+        assert_eq!(PeerLink::Fed(fed).memory_limit(), Some(100 << 20));
+        drop(host);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -152,6 +152,22 @@ enum Cmd {
     /// Internal: the peer process of a bench.
     #[command(name = "__echo", hide = true)]
     Echo { kind: String, target: String },
+    /// Internal: a new good guest process of the hostile bench.
+    #[command(name = "__good-guest", hide = true)]
+    GoodGuest {
+        #[arg(long)]
+        socket: PathBuf,
+    },
+    /// Internal: the hostile process of the hostile bench.
+    #[command(name = "__hostile-guest", hide = true)]
+    HostileGuest {
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long)]
+        seconds: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Internal: one guest process of the soak bench.
     #[command(name = "__soak-guest", hide = true)]
     SoakGuest {
@@ -216,6 +232,19 @@ impl ApiArgs {
 
 #[derive(Subcommand)]
 enum BenchCmd {
+    /// Isolation: one VM under every kind of guest abuse at once, the
+    /// guests of two other VMs checked and timed (a baseline phase first).
+    Hostile {
+        /// Executor the daemon uses.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: host_backend::config::ExecutorKind,
+        /// Seconds per phase (baseline, then abuse).
+        #[arg(long, default_value_t = 60.0)]
+        seconds: f64,
+        /// Keep the daemon's log (its workers' too) in this file.
+        #[arg(long)]
+        log: Option<PathBuf>,
+    },
     /// Transport: ring round trip vs unix socket and TCP, or arena throughput vs memcpy.
     Ring {
         /// What to measure.
@@ -534,6 +563,20 @@ fn main() -> Result<()> {
             anyhow::ensure!(sim, "the soak runs on the sim executor: pass --sim");
             bench::soak::run(minutes, guests)
         }
+        Cmd::Bench {
+            which:
+                BenchCmd::Hostile {
+                    executor,
+                    seconds,
+                    log,
+                },
+        } => bench::hostile::run(executor, seconds, log.as_deref()),
+        Cmd::GoodGuest { socket } => bench::hostile::good_guest(&socket),
+        Cmd::HostileGuest {
+            socket,
+            seconds,
+            seed,
+        } => bench::hostile::abuse(&socket, seconds, seed),
         Cmd::SoakGuest {
             socket,
             seed,

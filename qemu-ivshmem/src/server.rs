@@ -12,13 +12,13 @@
 //! One server (one unix socket) serves one VM's region: every peer on it is
 //! the same tenant, so handing peers each other's eventfds crosses nobody.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,7 @@ use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, Ms
 
 use crate::channel::Region;
 use crate::error::{Error, Result};
+use crate::ratelimit::LogLimiter;
 use crate::wait::{Bell, EventFdBell};
 
 /// The protocol version QEMU expects.
@@ -34,8 +35,29 @@ pub const PROTOCOL_VERSION: i64 = 0;
 /// The host's own peer id.
 pub const HOST_PEER: u16 = 0;
 
-/// Sends one protocol message.
+/// Sends one protocol message (waiting for room if the socket blocks).
 pub fn send_msg(sock: &impl AsRawFd, value: i64, fd: Option<RawFd>) -> Result<()> {
+    match send_with(sock, value, fd, MsgFlags::MSG_NOSIGNAL)? {
+        true => Ok(()),
+        false => Err(Error::io(
+            "sendmsg on ivshmem socket",
+            std::io::Error::from(std::io::ErrorKind::WouldBlock),
+        )),
+    }
+}
+
+/// Sends one protocol message without waiting: `Ok(false)` if the socket's
+/// buffer is full (nothing was sent).
+pub fn try_send_msg(sock: &impl AsRawFd, value: i64, fd: Option<RawFd>) -> Result<bool> {
+    send_with(
+        sock,
+        value,
+        fd,
+        MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+    )
+}
+
+fn send_with(sock: &impl AsRawFd, value: i64, fd: Option<RawFd>, flags: MsgFlags) -> Result<bool> {
     let bytes = value.to_le_bytes();
     let iov = [IoSlice::new(&bytes)];
     let fds;
@@ -46,12 +68,16 @@ pub fn send_msg(sock: &impl AsRawFd, value: i64, fd: Option<RawFd>) -> Result<()
         }
         None => &[],
     };
-    let n = sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)
-        .map_err(|e| Error::io("sendmsg on ivshmem socket", e))?;
+    let n = match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, flags, None) {
+        Ok(n) => n,
+        Err(nix::errno::Errno::EAGAIN) => return Ok(false),
+        Err(e) => return Err(Error::io("sendmsg on ivshmem socket", e)),
+    };
     if n != bytes.len() {
+        // Eight bytes go in one piece on a unix stream socket, or not at all.
         return Err(Error::Protocol(format!("short send of {n} bytes")));
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Receives one protocol message; `Ok(None)` when the peer closed.
@@ -102,9 +128,23 @@ pub enum PeerEvent {
     Gone(u16),
 }
 
+/// Peers a server takes at once; connections beyond are closed at once.
+/// (A VM is one peer, QEMU; native guest processes are one each.)
+pub const MAX_PEERS: usize = 64;
+
+/// A file descriptor a queued message carries.
+enum OutFd {
+    Shm,
+    Bell(Arc<EventFdBell>),
+}
+
 struct Peer {
     stream: UnixStream,
     bells: Vec<Arc<EventFdBell>>,
+    /// Messages not sent yet: the socket is never waited on, so a peer that
+    /// does not read holds up nobody; one that falls this far behind
+    /// ([`ServerLoop::outbox_limit`]) is dropped.
+    outbox: VecDeque<(i64, Option<OutFd>)>,
 }
 
 /// The bells of connected peers, shared between the server thread and the host worker.
@@ -117,8 +157,10 @@ pub struct ServerHandle {
     pub host_bells: Vec<Arc<EventFdBell>>,
     /// Doorbells of the connected peers, by peer id and vector.
     pub peers: PeerBells,
-    /// Peer arrivals and departures.
+    /// Peer arrivals and departures ([`serve`]; with [`serve_to`] they go
+    /// to its sink and this one stays empty).
     pub events: Receiver<PeerEvent>,
+    log_suppressed: Arc<std::sync::atomic::AtomicU64>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     path: PathBuf,
@@ -143,6 +185,17 @@ impl ServerHandle {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Log lines about this server's peers suppressed so far (see
+    /// [`crate::ratelimit`]).
+    pub fn log_suppressed(&self) -> u64 {
+        self.log_suppressed.load(Ordering::Relaxed)
+    }
+
+    /// The count behind [`ServerHandle::log_suppressed`], to read elsewhere.
+    pub fn log_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.log_suppressed.clone()
+    }
 }
 
 impl Drop for ServerHandle {
@@ -155,8 +208,26 @@ impl Drop for ServerHandle {
     }
 }
 
-/// Starts serving `shm` on a unix socket at `path` (replacing a stale socket file).
+/// Starts serving `shm` on a unix socket at `path` (replacing a stale socket
+/// file); peer arrivals and departures come on [`ServerHandle::events`].
 pub fn serve(path: &Path, shm: OwnedFd, vectors: u32) -> Result<ServerHandle> {
+    let (tx, rx) = channel();
+    let mut h = serve_to(path, shm, vectors, MAX_PEERS, move |ev| {
+        let _ = tx.send(ev);
+    })?;
+    h.events = rx;
+    Ok(h)
+}
+
+/// [`serve`], handing peer arrivals and departures to `sink` (called on the
+/// server's thread: it must not block), with at most `max_peers` peers.
+pub fn serve_to(
+    path: &Path,
+    shm: OwnedFd,
+    vectors: u32,
+    max_peers: usize,
+    sink: impl FnMut(PeerEvent) + Send + 'static,
+) -> Result<ServerHandle> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path).map_err(|e| Error::io("binding ivshmem socket", e))?;
     listener
@@ -166,18 +237,21 @@ pub fn serve(path: &Path, shm: OwnedFd, vectors: u32) -> Result<ServerHandle> {
         .map(|_| EventFdBell::new().map(Arc::new))
         .collect::<Result<_>>()?;
     let peers: PeerBells = Arc::default();
-    let (tx, rx) = channel();
     let stop = Arc::new(AtomicBool::new(false));
+    let log = LogLimiter::default();
+    let log_suppressed = log.counter();
     let state = ServerLoop {
         listener,
         shm,
         vectors,
+        max_peers,
         host_bells: host_bells.clone(),
         peers: BTreeMap::new(),
         shared: peers.clone(),
         next_id: HOST_PEER + 1,
-        events: tx,
+        sink: Box::new(sink),
         stop: stop.clone(),
+        log,
     };
     let thread = std::thread::Builder::new()
         .name("ivshmem-server".into())
@@ -186,7 +260,8 @@ pub fn serve(path: &Path, shm: OwnedFd, vectors: u32) -> Result<ServerHandle> {
     Ok(ServerHandle {
         host_bells,
         peers,
-        events: rx,
+        events: channel().1,
+        log_suppressed,
         stop,
         thread: Some(thread),
         path: path.to_owned(),
@@ -197,12 +272,15 @@ struct ServerLoop {
     listener: UnixListener,
     shm: OwnedFd,
     vectors: u32,
+    max_peers: usize,
     host_bells: Vec<Arc<EventFdBell>>,
     peers: BTreeMap<u16, Peer>,
     shared: PeerBells,
     next_id: u16,
-    events: Sender<PeerEvent>,
+    sink: Box<dyn FnMut(PeerEvent) + Send>,
     stop: Arc<AtomicBool>,
+    /// Everything here is triggered by the VM's peers: rate-limited.
+    log: LogLimiter,
 }
 
 impl ServerLoop {
@@ -210,14 +288,17 @@ impl ServerLoop {
         while !self.stop.load(Ordering::Relaxed) {
             let ids: Vec<u16> = self.peers.keys().copied().collect();
             let mut gone = Vec::new();
+            let mut writable = Vec::new();
             let mut accept = false;
             {
                 let mut fds = vec![PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
                 for id in &ids {
-                    fds.push(PollFd::new(
-                        self.peers[id].stream.as_fd(),
-                        PollFlags::POLLIN,
-                    ));
+                    let p = &self.peers[id];
+                    let mut ev = PollFlags::POLLIN;
+                    if !p.outbox.is_empty() {
+                        ev |= PollFlags::POLLOUT;
+                    }
+                    fds.push(PollFd::new(p.stream.as_fd(), ev));
                 }
                 match poll(&mut fds, PollTimeout::from(100u8)) {
                     Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
@@ -231,76 +312,185 @@ impl ServerLoop {
                     accept = true;
                 }
                 for (i, id) in ids.iter().enumerate() {
-                    if fds[i + 1].any().unwrap_or(false) {
+                    let r = fds[i + 1].revents().unwrap_or(PollFlags::empty());
+                    // Peers never send anything: readable means closed (or misbehaving).
+                    if r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
                         gone.push(*id);
+                    } else if r.contains(PollFlags::POLLOUT) {
+                        writable.push(*id);
                     }
                 }
             }
             for id in gone {
-                // Peers never send anything: readable means closed (or misbehaving).
                 self.remove_peer(id);
             }
+            for id in writable {
+                self.flush(id);
+            }
             if accept {
-                while let Ok((stream, _)) = self.listener.accept() {
-                    if let Err(e) = self.add_peer(stream) {
-                        tracing::warn!("ivshmem peer setup failed: {e}");
+                self.accept_all();
+            }
+        }
+    }
+
+    /// Takes every connection waiting (each peer's messages are queued, not
+    /// waited for).
+    fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if self.peers.len() >= self.max_peers {
+                        crate::rate_limited!(
+                            self.log,
+                            warn,
+                            max = self.max_peers,
+                            "ivshmem peer refused: too many peers"
+                        );
+                        continue;
                     }
+                    if let Err(e) = self.add_peer(stream) {
+                        crate::rate_limited!(self.log, warn, "ivshmem peer setup failed: {e}");
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    // Out of fds, say: the connection stays queued; look
+                    // again at the next turn rather than spin.
+                    crate::rate_limited!(self.log, warn, "ivshmem accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                    return;
                 }
             }
         }
     }
 
+    /// Queued messages a peer may have before it counts as not reading:
+    /// four times what a peer is sent on arrival with the most peers there.
+    fn outbox_limit(&self) -> usize {
+        4 * (3 + self.vectors as usize * (self.max_peers + 2))
+    }
+
     fn add_peer(&mut self, stream: UnixStream) -> Result<()> {
         stream
-            .set_nonblocking(false)
-            .map_err(|e| Error::io("blocking peer socket", e))?;
-        let Some(id) = (self.next_id..=u16::MAX).find(|i| !self.peers.contains_key(i)) else {
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("nonblocking peer socket", e))?;
+        let Some(id) = (self.next_id..=u16::MAX)
+            .chain(HOST_PEER + 1..self.next_id)
+            .find(|i| !self.peers.contains_key(i))
+        else {
             return Err(Error::Protocol("out of peer ids".into()));
         };
         self.next_id = id.wrapping_add(1).max(HOST_PEER + 1);
         let bells: Vec<Arc<EventFdBell>> = (0..self.vectors)
             .map(|_| EventFdBell::new().map(Arc::new))
             .collect::<Result<_>>()?;
-        send_msg(&stream, PROTOCOL_VERSION, None)?;
-        send_msg(&stream, i64::from(id), None)?;
-        send_msg(&stream, -1, Some(self.shm.as_raw_fd()))?;
+        let mut out: VecDeque<(i64, Option<OutFd>)> = VecDeque::new();
+        out.push_back((PROTOCOL_VERSION, None));
+        out.push_back((i64::from(id), None));
+        out.push_back((-1, Some(OutFd::Shm)));
         // The host first, then the other peers.
         for b in &self.host_bells {
-            send_msg(&stream, i64::from(HOST_PEER), Some(b.as_raw_fd()))?;
+            out.push_back((i64::from(HOST_PEER), Some(OutFd::Bell(b.clone()))));
         }
-        for (other, p) in &self.peers {
-            for b in &p.bells {
-                send_msg(&stream, i64::from(*other), Some(b.as_raw_fd()))?;
-            }
-            for b in &bells {
-                // A failing old peer is noticed (and removed) by the poll loop.
-                let _ = send_msg(&p.stream, i64::from(id), Some(b.as_raw_fd()));
+        let others: Vec<u16> = self.peers.keys().copied().collect();
+        for other in &others {
+            if let Some(p) = self.peers.get_mut(other) {
+                for b in &p.bells {
+                    out.push_back((i64::from(*other), Some(OutFd::Bell(b.clone()))));
+                }
+                for b in &bells {
+                    p.outbox
+                        .push_back((i64::from(id), Some(OutFd::Bell(b.clone()))));
+                }
             }
         }
         for b in &bells {
-            send_msg(&stream, i64::from(id), Some(b.as_raw_fd()))?;
+            out.push_back((i64::from(id), Some(OutFd::Bell(b.clone()))));
         }
         self.shared
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, bells.clone());
-        self.peers.insert(id, Peer { stream, bells });
-        tracing::info!(peer = id, "ivshmem peer connected");
-        let _ = self.events.send(PeerEvent::Connected(id));
+        self.peers.insert(
+            id,
+            Peer {
+                stream,
+                bells,
+                outbox: out,
+            },
+        );
+        crate::rate_limited!(self.log, info, peer = id, "ivshmem peer connected");
+        (self.sink)(PeerEvent::Connected(id));
+        for p in std::iter::once(id).chain(others) {
+            self.flush(p);
+        }
         Ok(())
     }
 
+    /// Sends what the socket takes of peer `id`'s queue; drops the peer if
+    /// its socket failed or it fell too far behind.
+    fn flush(&mut self, id: u16) {
+        let limit = self.outbox_limit();
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let mut failed = None;
+        let mut left = false;
+        while let Some((v, fd)) = p.outbox.front() {
+            let raw = match fd {
+                None => None,
+                Some(OutFd::Shm) => Some(self.shm.as_raw_fd()),
+                Some(OutFd::Bell(b)) => Some(b.as_raw_fd()),
+            };
+            match try_send_msg(&p.stream, *v, raw) {
+                Ok(true) => {
+                    p.outbox.pop_front();
+                }
+                Ok(false) => break,
+                Err(Error::Io { source, .. })
+                    if matches!(
+                        source.kind(),
+                        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    // It went away before reading everything: a departure.
+                    left = true;
+                    break;
+                }
+                Err(e) => {
+                    failed = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        if failed.is_none() && p.outbox.len() > limit {
+            failed = Some(format!("{} messages unread", p.outbox.len()));
+        }
+        if let Some(why) = &failed {
+            crate::rate_limited!(self.log, warn, peer = id, "ivshmem peer dropped: {why}");
+        }
+        if left || failed.is_some() {
+            self.remove_peer(id);
+        }
+    }
+
     fn remove_peer(&mut self, id: u16) {
-        self.peers.remove(&id);
+        if self.peers.remove(&id).is_none() {
+            return;
+        }
         self.shared
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
-        for p in self.peers.values() {
-            let _ = send_msg(&p.stream, i64::from(id), None);
+        let others: Vec<u16> = self.peers.keys().copied().collect();
+        for p in self.peers.values_mut() {
+            p.outbox.push_back((i64::from(id), None));
         }
-        tracing::info!(peer = id, "ivshmem peer disconnected");
-        let _ = self.events.send(PeerEvent::Gone(id));
+        crate::rate_limited!(self.log, info, peer = id, "ivshmem peer disconnected");
+        (self.sink)(PeerEvent::Gone(id));
+        for p in others {
+            self.flush(p);
+        }
     }
 }
 
@@ -445,5 +635,54 @@ mod tests {
         drop(b);
         drop(server);
         assert!(!sock.exists());
+    }
+
+    #[test]
+    fn a_peer_that_never_reads_holds_up_nobody_and_is_dropped() {
+        let dir = std::env::temp_dir().join(format!("fvg-srv-silent-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("s");
+        let params = LayoutParams {
+            channels: 2,
+            ring_entries: 8,
+            arena_size: 8192,
+            vectors: 4,
+            pinned_size: 0,
+        };
+        let (_region, fd) = Region::create("t", params).unwrap();
+        let (tx, rx) = channel();
+        let server = serve_to(&sock, fd, 4, 8, move |ev| {
+            let _ = tx.send(ev);
+        })
+        .unwrap();
+        // Connects, and never reads a byte.
+        let silent = UnixStream::connect(&sock).unwrap();
+        let Ok(PeerEvent::Connected(silent_id)) = rx.recv_timeout(Duration::from_secs(5)) else {
+            panic!("the silent peer was not taken");
+        };
+        // Every arrival is news for the silent peer; its socket fills, then
+        // its queue; the others come and go all the same.
+        let mut dropped = false;
+        for _ in 0..400 {
+            let c = Client::connect(&sock, Duration::from_secs(5)).expect("a new peer attaches");
+            assert_eq!(c.own_bells.len(), 4);
+            drop(c);
+            while let Ok(ev) = rx.try_recv() {
+                dropped |= ev == PeerEvent::Gone(silent_id);
+            }
+            if dropped {
+                break;
+            }
+        }
+        assert!(dropped, "the peer that never reads was never dropped");
+        // More peers than allowed: the ninth is closed at once.
+        let peers: Vec<Client> = (0..8)
+            .map(|_| Client::connect(&sock, Duration::from_secs(5)).unwrap())
+            .collect();
+        assert!(Client::connect(&sock, Duration::from_secs(5)).is_err());
+        drop(peers);
+        drop(silent);
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

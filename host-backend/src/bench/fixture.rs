@@ -11,6 +11,9 @@ use serde_json::Value;
 use crate::config::ExecutorKind;
 use crate::control::{client_call, ApiTarget};
 
+/// The daemon's log in its run directory, when it goes to a file.
+const LOG_FILE: &str = "daemon.log";
+
 /// A running daemon in its own run directory (removed on drop).
 #[derive(Debug)]
 pub struct DaemonProc {
@@ -72,6 +75,30 @@ impl DaemonProc {
         daemon_keys: &str,
         extra: &str,
     ) -> Result<Self> {
+        Self::start_opts(bin, tag, executor, vms, daemon_keys, extra, None)
+    }
+
+    /// [`DaemonProc::start`] with the daemon's log (its workers' too) at
+    /// `level` going to [`DaemonProc::log_path`] instead of our stderr.
+    pub fn start_logged(
+        bin: &Path,
+        tag: &str,
+        executor: ExecutorKind,
+        vms: &[VmSpec],
+        level: &str,
+    ) -> Result<Self> {
+        Self::start_opts(bin, tag, executor, vms, "", "", Some(level))
+    }
+
+    fn start_opts(
+        bin: &Path,
+        tag: &str,
+        executor: ExecutorKind,
+        vms: &[VmSpec],
+        daemon_keys: &str,
+        extra: &str,
+        log_level: Option<&str>,
+    ) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!("fvg-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
@@ -92,13 +119,21 @@ impl DaemonProc {
             ));
         }
         std::fs::write(dir.join("host.toml"), cfg)?;
-        let child = Command::new(bin)
-            .args(["serve", "--config"])
-            .arg(dir.join("host.toml"))
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+        let mut cmd = Command::new(bin);
+        cmd.args(["serve", "--config"]).arg(dir.join("host.toml"));
+        match log_level {
+            Some(level) => {
+                let log = std::fs::File::create(dir.join(LOG_FILE))?;
+                cmd.env("RUST_LOG", level).stderr(log);
+            }
+            None => {
+                cmd.env(
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+                );
+            }
+        }
+        let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let d = DaemonProc { child, dir };
@@ -114,6 +149,18 @@ impl DaemonProc {
             }
         }
         Ok(d)
+    }
+
+    /// Where [`DaemonProc::start_logged`] puts the daemon's log.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join(LOG_FILE)
+    }
+
+    /// Lines in the daemon's log so far (0 if it has none).
+    pub fn log_lines(&self) -> u64 {
+        std::fs::read(self.log_path())
+            .map(|b| b.iter().filter(|&&c| c == b'\n').count() as u64)
+            .unwrap_or(0)
     }
 
     /// The socket of a VM.

@@ -73,6 +73,9 @@ pub struct ControlPlane {
     vcpus: Mutex<HashMap<String, Vec<u32>>>,
     /// Worker restarts per VM since the daemon started.
     restarts: Mutex<HashMap<String, u64>>,
+    /// Per VM: log lines about its peers the daemon suppressed (its
+    /// ivshmem server's count, see `qemu_ivshmem::ratelimit`).
+    daemon_logs_suppressed: Mutex<HashMap<String, Arc<std::sync::atomic::AtomicU64>>>,
     /// The GPU each vGPU runs on, where it moved from its configured one.
     current: Mutex<HashMap<String, u32>>,
     /// vGPUs that must not move.
@@ -147,6 +150,7 @@ impl ControlPlane {
             events: Mutex::new(VecDeque::new()),
             vcpus: Mutex::new(HashMap::new()),
             restarts: Mutex::new(HashMap::new()),
+            daemon_logs_suppressed: Mutex::new(HashMap::new()),
             current: Mutex::new(HashMap::new()),
             pinned: Mutex::new(Default::default()),
             migrations: Mutex::new(HashMap::new()),
@@ -469,6 +473,12 @@ impl ControlPlane {
     /// Whether `vm` must not move.
     pub fn is_pinned(&self, vm: &str) -> bool {
         lock(&self.pinned).contains(vm)
+    }
+
+    /// Where the daemon counts the log lines about `vm`'s peers it
+    /// suppressed (status `log_lines_suppressed`, with its worker's).
+    pub fn watch_log_suppressed(&self, vm: &str, counter: Arc<std::sync::atomic::AtomicU64>) {
+        lock(&self.daemon_logs_suppressed).insert(vm.to_owned(), counter);
     }
 
     /// Counts a restart of a VM's worker (status `worker_restarts`).
@@ -852,6 +862,11 @@ impl ControlPlane {
                     "refused": r.1.report.refused,
                     "worker_rss_bytes": r.1.report.rss_bytes,
                     "worker_open_fds": r.1.report.open_fds,
+                    "log_lines_suppressed": r.1.report.log_suppressed
+                        + lock(&self.daemon_logs_suppressed)
+                            .get(&v.name)
+                            .map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed)),
+                    "grants_revoked": r.1.revoked,
                 }));
             }
             let mmr = if ratios.len() >= 2 && ratios.iter().any(|&r| r > 0.0) {
@@ -1027,6 +1042,18 @@ impl ControlPlane {
                     "Open file descriptors of the vGPU's worker process.",
                     &l,
                     &v["worker_open_fds"],
+                );
+                m.counter(
+                    "fairvgpu_vgpu_log_lines_suppressed_total",
+                    "Log lines the VM's guests triggered that the daemon and the vGPU's current worker suppressed (rate-limited per VM).",
+                    &l,
+                    &v["log_lines_suppressed"],
+                );
+                m.counter(
+                    "fairvgpu_vgpu_grants_revoked_total",
+                    "Grants taken back because the vGPU's worker kept the GPU far past its slice.",
+                    &l,
+                    &v["grants_revoked"],
                 );
                 m.counter(
                     "fairvgpu_vgpu_worker_restarts_total",

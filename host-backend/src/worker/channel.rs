@@ -33,7 +33,6 @@ pub(super) struct Chan {
     pub outbox: Option<(Descriptor, Vec<u8>)>,
     /// A request waiting for the device (see `wait`).
     pub parked: Option<Parked>,
-    pub log_budget: u32,
 }
 
 impl Chan {
@@ -46,7 +45,6 @@ impl Chan {
             outbound: None,
             outbox: None,
             parked: None,
-            log_budget: 20,
         }
     }
 
@@ -73,9 +71,12 @@ pub(super) fn service(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> bool 
         Ok(did) => did,
         Err(e) => {
             // Corrupt rings: the guest broke its own channel. End it.
-            if c.log_budget > 0 {
-                tracing::warn!(channel = c.host.index(), "channel ended: {e}");
-            }
+            qemu_ivshmem::rate_limited!(
+                sh.log.borrow_mut(),
+                warn,
+                channel = c.host.index(),
+                "channel ended: {e}"
+            );
             teardown(sh, c, ss);
             // Counted once done, so that whoever reads it sees the channel freed.
             sh.stats.broken_channels.fetch_add(1, Ordering::Relaxed);
@@ -107,7 +108,12 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
                     return Ok(true);
                 }
                 Err(s) => {
-                    tracing::error!(channel = c.host.index(), "cannot create a context: {s:?}");
+                    qemu_ivshmem::rate_limited!(
+                        sh.log.borrow_mut(),
+                        error,
+                        channel = c.host.index(),
+                        "cannot create a context: {s:?}"
+                    );
                     Err(s)
                 }
             }
@@ -278,7 +284,6 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
 /// Frees what the channel's owner held and returns the channel to FREE.
 pub(super) fn teardown(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
     drop_session(sh, c, ss);
-    c.log_budget = 20;
     if c.host.reclaim().is_ok() {
         sh.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
     }
@@ -360,10 +365,12 @@ pub(super) fn notify_guest(sh: &Shared, ch: u32) -> Result<(), Error> {
 
 pub(super) fn refuse(sh: &Shared, c: &mut Chan, what: &str) {
     sh.stats.refused.fetch_add(1, Ordering::Relaxed);
-    if c.log_budget > 0 {
-        c.log_budget -= 1;
-        tracing::info!(channel = c.host.index(), "refused: {what}");
-    }
+    qemu_ivshmem::rate_limited!(
+        sh.log.borrow_mut(),
+        info,
+        channel = c.host.index(),
+        "refused: {what}"
+    );
 }
 
 pub(super) fn reply(

@@ -294,6 +294,7 @@ impl Worker {
                 )),
                 worked: false,
                 poisoned: std::cell::Cell::new(None),
+                log: std::cell::RefCell::new(qemu_ivshmem::LogLimiter::default()),
             },
             chans,
             sessions: Sessions::default(),
@@ -474,6 +475,7 @@ impl Worker {
             open_fds,
             occupancy_ppm: (self.sh.last_occupancy * 1e6).round() as u64,
             sliced_launches: st.sliced_launches.load(Ordering::Relaxed),
+            log_suppressed: self.sh.log.borrow().suppressed(),
         };
         if let Some(g) = self.sh.gate.as_mut() {
             g.report(&r)?;

@@ -51,6 +51,9 @@ pub(super) struct Shared {
     pub worked: bool,
     /// The VM's vCPU threads, kicked when a blocked guest is woken.
     pub booster: std::cell::RefCell<crate::cosched::VcpuBooster>,
+    /// What the VM's guests can make the worker log goes through here
+    /// (see `qemu_ivshmem::ratelimit`): one VM's worker, one limit.
+    pub log: std::cell::RefCell<qemu_ivshmem::LogLimiter>,
     /// A sticky CUDA error: every context of this process is unusable.
     pub poisoned: std::cell::Cell<Option<Status>>,
     /// This vGPU's id and weight at the grant services (to register at
