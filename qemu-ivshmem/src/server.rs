@@ -132,6 +132,16 @@ pub enum PeerEvent {
 /// (A VM is one peer, QEMU; native guest processes are one each.)
 pub const MAX_PEERS: usize = 64;
 
+/// New peers a VM's socket takes per second, after a burst of
+/// [`ACCEPT_BURST`]; connections past that wait in the listen queue. Each
+/// new peer is sent descriptors (the region, every peer's doorbells), and
+/// descriptors in flight to sockets that never read are the kernel's to
+/// collect, for every process on the host: a VM that connects and drops in
+/// a loop must not put thousands a second in flight.
+pub const ACCEPT_PER_SECOND: f64 = 50.0;
+/// See [`ACCEPT_PER_SECOND`].
+pub const ACCEPT_BURST: f64 = 64.0;
+
 /// A file descriptor a queued message carries.
 enum OutFd {
     Shm,
@@ -252,6 +262,8 @@ pub fn serve_to(
         sink: Box::new(sink),
         stop: stop.clone(),
         log,
+        tokens: ACCEPT_BURST,
+        refilled: std::time::Instant::now(),
     };
     let thread = std::thread::Builder::new()
         .name("ivshmem-server".into())
@@ -281,6 +293,9 @@ struct ServerLoop {
     stop: Arc<AtomicBool>,
     /// Everything here is triggered by the VM's peers: rate-limited.
     log: LogLimiter,
+    /// New peers it may take now (see [`ACCEPT_PER_SECOND`]).
+    tokens: f64,
+    refilled: std::time::Instant,
 }
 
 impl ServerLoop {
@@ -290,8 +305,28 @@ impl ServerLoop {
             let mut gone = Vec::new();
             let mut writable = Vec::new();
             let mut accept = false;
+            let now = std::time::Instant::now();
+            self.tokens = (self.tokens
+                + now.duration_since(self.refilled).as_secs_f64() * ACCEPT_PER_SECOND)
+                .min(ACCEPT_BURST);
+            self.refilled = now;
+            // Out of tokens: the listener is left out of the poll, for the
+            // time one token takes.
+            let listening = self.tokens >= 1.0;
+            let wait_ms = if listening {
+                100u8
+            } else {
+                (1000.0 / ACCEPT_PER_SECOND).ceil() as u8
+            };
             {
-                let mut fds = vec![PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+                let mut fds = vec![PollFd::new(
+                    self.listener.as_fd(),
+                    if listening {
+                        PollFlags::POLLIN
+                    } else {
+                        PollFlags::empty()
+                    },
+                )];
                 for id in &ids {
                     let p = &self.peers[id];
                     let mut ev = PollFlags::POLLIN;
@@ -300,7 +335,7 @@ impl ServerLoop {
                     }
                     fds.push(PollFd::new(p.stream.as_fd(), ev));
                 }
-                match poll(&mut fds, PollTimeout::from(100u8)) {
+                match poll(&mut fds, PollTimeout::from(wait_ms)) {
                     Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
                     Ok(_) => {}
                     Err(e) => {
@@ -308,7 +343,7 @@ impl ServerLoop {
                         return;
                     }
                 }
-                if fds[0].any().unwrap_or(false) {
+                if listening && fds[0].any().unwrap_or(false) {
                     accept = true;
                 }
                 for (i, id) in ids.iter().enumerate() {
@@ -336,9 +371,10 @@ impl ServerLoop {
     /// Takes every connection waiting (each peer's messages are queued, not
     /// waited for).
     fn accept_all(&mut self) {
-        loop {
+        while self.tokens >= 1.0 {
             match self.listener.accept() {
                 Ok((stream, _)) => {
+                    self.tokens -= 1.0;
                     if self.peers.len() >= self.max_peers {
                         crate::rate_limited!(
                             self.log,

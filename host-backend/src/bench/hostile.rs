@@ -322,7 +322,9 @@ pub fn run(executor: ExecutorKind, seconds: f64, keep_log: Option<&Path>) -> Res
         }
     }
     println!(
-        "evil: worker_restarts={} log_lines_suppressed={} grants_revoked={} refused={}",
+        "evil: gpu_seconds={:.3} requests={} worker_restarts={} log_lines_suppressed={} grants_revoked={} refused={}",
+        r.evil["gpu_seconds"].as_f64().unwrap_or(0.0),
+        r.evil["requests"].as_u64().unwrap_or(0),
         r.evil["worker_restarts"].as_u64().unwrap_or(0),
         r.evil["log_lines_suppressed"].as_u64().unwrap_or(0),
         r.evil["grants_revoked"].as_u64().unwrap_or(0),

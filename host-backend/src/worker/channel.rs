@@ -202,7 +202,11 @@ pub(super) fn serve_channel(
         {
             break;
         }
-        if needs_device(d.opcode) {
+        // A request that does not decode is refused without the GPU: a
+        // guest's garbage must not take the grant from other vGPUs.
+        if needs_device(d.opcode)
+            && (d.opcode == op::DATA || Request::decode(d.opcode, &d.inline).is_ok())
+        {
             if sh.releasing {
                 break;
             }
