@@ -1,6 +1,8 @@
-//! Variable-length payloads the host parses: link records and device info.
+//! Variable-length payloads the host parses: link records, device info,
+//! tensor-map parameters.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
+use protocol::tensor_map::TensorMapParams;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(records) = protocol::link_records(data) {
@@ -8,4 +10,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(total, data.len());
     }
     let _ = protocol::DeviceInfo::from_bytes(data);
+    // What the host's extent check relies on: a decoded tensor's span is
+    // computed without overflow, and it re-encodes to the same bytes.
+    if let Ok(p) = TensorMapParams::decode(data) {
+        assert!(p.span() < u64::MAX);
+        assert_eq!(TensorMapParams::decode(&p.encode()), Ok(p));
+    }
 });

@@ -819,6 +819,13 @@ impl Gpu {
             .vals[0])
     }
 
+    /// A tensor-map descriptor encoded by the host's driver from
+    /// `protocol::tensor_map::TensorMapParams::encode`'s bytes.
+    pub fn tensor_map(&mut self, params: &[u8]) -> Result<Vec<u8>> {
+        let (_, data) = self.call_data(&Request::TensorMapEncode, params)?;
+        Ok(data)
+    }
+
     /// cuModuleGetGlobal: (address, size).
     pub fn module_global(&mut self, module: u64, name: &str) -> Result<(u64, u64)> {
         let (r, _) = self.call_data(&Request::ModuleGetGlobal { module }, name.as_bytes())?;

@@ -12,6 +12,7 @@
 mod codec;
 pub mod fatbin;
 pub mod status;
+pub mod tensor_map;
 
 pub use codec::{Reader, Writer};
 pub use status::Status;
@@ -352,6 +353,9 @@ pub enum Request {
         /// Which question.
         potential: bool,
     },
+    /// A tensor-map descriptor encoded by the host's driver: the data is a
+    /// [`tensor_map::TensorMapParams`], the reply's data the 128 bytes.
+    TensorMapEncode,
     /// Address and size of a module's global variable (name in data).
     ModuleGetGlobal {
         /// Module handle.
@@ -577,6 +581,7 @@ pub mod op {
     pub const MODULE_GET_GLOBAL: u32 = 25;
     pub const OCCUPANCY_SMEM: u32 = 28;
     pub const OCCUPANCY_CLUSTERS: u32 = 29;
+    pub const TENSOR_MAP_ENCODE: u32 = 90;
     pub const LINK: u32 = 26;
     pub const FUNC_SET_ATTRIBUTE: u32 = 27;
     pub const CTX_GET_LIMIT: u32 = 3;
@@ -697,6 +702,7 @@ impl Request {
             ModuleGetGlobal { .. } => op::MODULE_GET_GLOBAL,
             OccupancySmem { .. } => op::OCCUPANCY_SMEM,
             OccupancyClusters { .. } => op::OCCUPANCY_CLUSTERS,
+            TensorMapEncode => op::TENSOR_MAP_ENCODE,
             Link { .. } => op::LINK,
             Launch { .. } => op::LAUNCH,
             StreamCreate { .. } => op::STREAM_CREATE,
@@ -776,7 +782,7 @@ impl Request {
                 w.u64(token[0]);
                 w.u64(token[1]);
             }
-            CtxSynchronize | MemGetInfo | WaitHostFn => {}
+            CtxSynchronize | MemGetInfo | WaitHostFn | TensorMapEncode => {}
             HostFn { stream, id } => {
                 w.u64(stream);
                 w.u64(id);
@@ -1096,6 +1102,7 @@ impl Request {
                 }
             }
             op::MODULE_GET_GLOBAL => ModuleGetGlobal { module: r.u64()? },
+            op::TENSOR_MAP_ENCODE => TensorMapEncode,
             op::OCCUPANCY_SMEM => {
                 let func = r.u64()?;
                 let num_blocks = r.u32()?;
@@ -1456,6 +1463,7 @@ mod tests {
                 shared_mem: 0,
             },
             Request::ModuleGetGlobal { module: 5 },
+            Request::TensorMapEncode,
             Request::OccupancySmem {
                 func: 5,
                 num_blocks: 4,

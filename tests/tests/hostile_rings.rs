@@ -283,3 +283,65 @@ fn combined_abuse_of_one_vm_leaves_the_other_vms_alone() {
     // the grant service per vGPU.
     assert!(r.log_lines <= 40, "{} log lines in 8 s", r.log_lines);
 }
+
+/// Tensor maps are encoded only over the caller's own memory: a tensor
+/// reaching past its allocation, in another process's, or with fields
+/// out of the driver's range is refused; the channel lives on.
+#[test]
+fn tensor_maps_cover_only_the_callers_memory() {
+    use protocol::tensor_map::{TensorMapKind, TensorMapParams, TENSOR_MAP_BYTES};
+    use protocol::Status;
+    let host = Host::start("hostile-tensormap", 64 << 20);
+    let mut victim = host.guest();
+    let theirs = victim.mem_alloc(1 << 20).unwrap();
+    let mut g = host.guest();
+    let mine = g.mem_alloc(1 << 20).unwrap();
+    // 256 rows of 1 KiB: exactly the allocation.
+    let p = |address: u64, rows: u64| TensorMapParams {
+        kind: TensorMapKind::Tiled,
+        dtype: 7,
+        rank: 2,
+        address,
+        dims: [256, rows, 0, 0, 0],
+        strides: [1024, 0, 0, 0],
+        box_dim: [64, 64, 0, 0, 0],
+        elem_strides: [1, 1, 0, 0, 0],
+        interleave: 0,
+        swizzle: 0,
+        l2_promotion: 0,
+        oob_fill: 0,
+        lower: [0; 3],
+        upper: [0; 3],
+        channels_per_pixel: 0,
+        pixels_per_column: 0,
+        map: [0; TENSOR_MAP_BYTES],
+    };
+    let map = g.tensor_map(&p(mine, 1024).encode()).unwrap();
+    assert_eq!(map.len(), TENSOR_MAP_BYTES);
+    let refused = |g: &mut guest_frontend::Gpu, bytes: Vec<u8>| {
+        let e = g.tensor_map(&bytes).unwrap_err();
+        assert!(
+            matches!(e, guest_frontend::GuestError::Cuda(Status::InvalidValue)),
+            "{e:?}"
+        );
+    };
+    refused(&mut g, p(mine, 1025).encode());
+    refused(&mut g, p(theirs, 16).encode());
+    refused(&mut g, p(mine + 16, 1024).encode());
+    refused(
+        &mut g,
+        TensorMapParams {
+            swizzle: 9,
+            ..p(mine, 16)
+        }
+        .encode(),
+    );
+    refused(&mut g, p(mine, 16).encode()[..100].to_vec());
+    let replace = TensorMapParams {
+        kind: TensorMapKind::Replace,
+        ..p(theirs, 16)
+    };
+    refused(&mut g, replace.encode());
+    assert!(g.tensor_map(&p(mine, 16).encode()).is_ok());
+    assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
+}

@@ -22,6 +22,7 @@
 //! | host functions, stream callbacks | [`host_fn`] |
 //! | page-locked, registered and managed host memory | [`host_memory`] |
 //! | `cuGetProcAddress` | [`proc_address`] |
+//! | tensor-map descriptors | [`tensor_map`] |
 //! | profiler controls (no-ops) | [`profiler`] |
 //! | virtual memory management (reservations, cuMemCreate, cuMemMap) | [`vmm`] |
 //! | `cuGetExportTable`: the runtime's private interface | [`export_table`] |
@@ -63,6 +64,7 @@ pub mod module;
 pub mod proc_address;
 pub mod profiler;
 pub mod stream;
+pub mod tensor_map;
 pub mod vmm;
 
 use std::collections::HashSet;

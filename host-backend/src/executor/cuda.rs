@@ -21,6 +21,7 @@ use crate::config::GraphLaunches;
 use crate::Error;
 
 mod batch;
+mod tensor_map;
 
 fn check(r: CUresult) -> Result<(), Status> {
     if r == CUresult::CUDA_SUCCESS {
@@ -1168,6 +1169,14 @@ impl Context for CudaContext {
             )
         })?;
         Ok(bytes as u64)
+    }
+
+    fn tensor_map(
+        &mut self,
+        p: &protocol::tensor_map::TensorMapParams,
+    ) -> Result<[u8; protocol::tensor_map::TENSOR_MAP_BYTES], Status> {
+        self.bind()?;
+        tensor_map::encode(p)
     }
 
     fn occupancy_clusters(

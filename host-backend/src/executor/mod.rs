@@ -209,6 +209,12 @@ pub trait Context: Send {
         num_blocks: u32,
         block_size: u32,
     ) -> Result<u64, Status>;
+    /// A tensor-map descriptor for `p` (checked by its decoding; its
+    /// memory checked to be the caller's).
+    fn tensor_map(
+        &mut self,
+        p: &protocol::tensor_map::TensorMapParams,
+    ) -> Result<[u8; protocol::tensor_map::TENSOR_MAP_BYTES], Status>;
     /// Thread block clusters of a launch shape: the most resident at once
     /// (cuOccupancyMaxActiveClusters; `cluster` zero means the kernel's
     /// own), or with `potential` the largest usable cluster size

@@ -731,6 +731,18 @@ impl Context for SimContext {
         Ok((per_block / 128 * 128).min(232_448))
     }
 
+    /// The model cannot run kernels that read tensor maps; its descriptor
+    /// holds the address and the shape, not Hopper's encoding.
+    fn tensor_map(
+        &mut self,
+        p: &protocol::tensor_map::TensorMapParams,
+    ) -> Result<[u8; protocol::tensor_map::TENSOR_MAP_BYTES], Status> {
+        let mut map = [0u8; protocol::tensor_map::TENSOR_MAP_BYTES];
+        map.copy_from_slice(&p.encode()[..protocol::tensor_map::TENSOR_MAP_BYTES]);
+        map[40..48].copy_from_slice(&p.address.to_le_bytes());
+        Ok(map)
+    }
+
     fn occupancy_clusters(
         &mut self,
         shape: Launch,

@@ -16,6 +16,7 @@ use crate::Error;
 
 /// Longest kernel name accepted.
 const MAX_NAME: u32 = 4096;
+use protocol::tensor_map::{TensorMapParams, PARAMS_BYTES};
 /// How long a `WaitHostFn` waits before answering "none yet".
 const HOST_FN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -409,6 +410,21 @@ pub(super) fn handle(
                 .and_then(|()| s.ctx.occupancy_clusters(shape, cluster, potential))
                 .map(|v| Reply::one(u64::from(v as u32)));
             reply(sh, c, tag, opc, r, &[])
+        }
+        Request::TensorMapEncode => {
+            let mut b = vec![0u8; d.data_len.min(PARAMS_BYTES as u32) as usize];
+            c.host.req.data(d)?.copy_to(&mut b[..]);
+            let r = TensorMapParams::decode(&b)
+                .map_err(|_| Status::InvalidValue)
+                .and_then(|p| {
+                    // The tensor must be the caller's own memory.
+                    s.check_range(p.address, p.span())?;
+                    s.ctx.tensor_map(&p)
+                });
+            match r {
+                Ok(map) => reply(sh, c, tag, opc, Ok(Reply::default()), &map),
+                Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+            }
         }
         Request::ModuleGetGlobal { module } => {
             let mut name = vec![0u8; d.data_len.min(MAX_NAME) as usize];

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# On the GPU machine: PyTorch, CuPy and JAX checks (scripts/gpu/frameworks.py)
+# natively and through the stand-in (daemon on the cuda executor), in the
+# same call; compares the values each prints. Carried: the release
+# fairvgpu and libcuda.so in $R (default .carry/release).
+# Last line: torch_ok=… cupy_ok=… jax_ok=… torch_step_ratio=… torch_startup_ratio=…
+set -uo pipefail
+. scripts/gpu/lib.sh
+R=${R:-.carry/release}
+W=/tmp/fvg-fw; rm -rf $W; mkdir -p $W/lib $W/run $W/logs
+cp $R/libcuda.so $W/lib/libcuda.so.1
+cat > $W/host.toml <<TOML
+[daemon]
+run_dir = "$W/run"
+executor = "cuda"
+[[vm]]
+name = "vm1"
+tenant = "t"
+memory_limit_mib = 40960
+TOML
+header
+RUST_LOG=warn $R/fairvgpu serve --config $W/host.toml 2> $W/logs/daemon.log &
+D=$!
+for i in $(seq 100); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
+export PYTHONUNBUFFERED=1
+declare -A ok
+for fw in torch cupy jax; do
+    extra=""
+    [ $fw = jax ] && extra="XLA_PYTHON_CLIENT_PREALLOCATE=false"
+    env $extra timeout 90 python3 scripts/gpu/frameworks.py $fw > $W/logs/$fw.native 2>&1
+    nrc=$?
+    env $extra FAIRVGPU_LIBCUDA_DEBUG=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
+        LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH timeout 60 \
+        python3 scripts/gpu/frameworks.py $fw > $W/logs/$fw.standin 2>&1
+    src=$?
+    vals() { grep -vE '^(time_ms|fairvgpu)' "$1" | grep -E '^[a-z_]+ ' ; }
+    if [ $nrc -eq 0 ] && [ $src -eq 0 ] && [ "$(vals $W/logs/$fw.native)" = "$(vals $W/logs/$fw.standin)" ]; then
+        ok[$fw]=1
+    else
+        ok[$fw]=0
+    fi
+    echo "== $fw: native rc=$nrc, stand-in rc=$src, same values: ${ok[$fw]}"
+    paste <(grep -E '^[a-z_]+ ' $W/logs/$fw.native) <(grep -E '^[a-z_]+ ' $W/logs/$fw.standin) | head -20
+    if [ $src -ne 0 ]; then
+        tail -25 $W/logs/$fw.standin | sed 's/^/   | /'
+        # Again with every call traced: the calls that did not succeed.
+        env $extra FAIRVGPU_LIBCUDA_TRACE=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
+            LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH timeout 60 \
+            python3 scripts/gpu/frameworks.py $fw > $W/logs/$fw.trace 2>&1
+        echo "   calls that failed (count, call -> result):"
+        grep -a '^fairvgpu libcuda: cu.* -> [1-9]' $W/logs/$fw.trace | sort | uniq -c | sort -rn | head -15
+    fi
+done
+kill $D; wait $D 2>/dev/null
+echo "== daemon warnings"; grep -aE 'WARN|ERROR' $W/logs/daemon.log | head -20
+tar czf $OUT/frameworks-logs.tgz -C $W logs
+t() { sed -n "s/^time_ms $2 //p" $W/logs/$1 | tail -1; }
+ratio() { awk -v s="$1" -v n="$2" 'BEGIN { if (n > 0 && s > 0) printf "%.3f", s / n; else print "missing" }'; }
+echo "torch_ok=${ok[torch]} cupy_ok=${ok[cupy]} jax_ok=${ok[jax]}" \
+     "torch_step_ratio=$(ratio "$(t torch.standin cnn_step)" "$(t torch.native cnn_step)")" \
+     "torch_startup_ratio=$(ratio "$(t torch.standin startup)" "$(t torch.native startup)")"
