@@ -111,6 +111,9 @@ pub(crate) fn htod(
     )? {
         return Ok(());
     }
+    if pinned_device(dst, n) {
+        return copy_inferred(dst, src as u64, n, st, sync);
+    }
     let stream = resolve(st)?;
     if let Some(off) = crate::host_memory::pinned_span(src as u64, n as u64) {
         // DMA from the pinned pool when the stream gets there.
@@ -149,6 +152,9 @@ pub(crate) fn dtoh(
     )? {
         return Ok(());
     }
+    if pinned_device(src, n) {
+        return copy_inferred(dst as u64, src, n, st, sync);
+    }
     let stream = resolve(st)?;
     if let Some(off) = crate::host_memory::pinned_span(dst as u64, n as u64) {
         // DMA into the pinned pool when the stream gets there: an
@@ -178,6 +184,9 @@ pub(crate) fn dtod(
     need_ctx()?;
     if captured(st, Box3d::linear((dst, true), (src, true), n as u64))? {
         return Ok(());
+    }
+    if pinned_device(dst, n) || pinned_device(src, n) {
+        return copy_inferred(dst, src, n, st, sync);
     }
     let stream = resolve(st)?;
     gpu(|g| {
@@ -229,6 +238,13 @@ fn copy_inferred(dst: u64, src: u64, n: usize, st: CUstream, sync: bool) -> CuRe
 }
 
 type CuResult2 = Result<(), CuResult>;
+
+/// Whether a "device" pointer of a copy is mapped page-locked memory (the
+/// pinned pool's device address, as `cuMemHostGetDevicePointer` gives):
+/// host memory here, copied as such.
+fn pinned_device(ptr: u64, n: usize) -> bool {
+    n > 0 && crate::host_memory::pinned_span(ptr, n as u64).is_some()
+}
 
 /// Adds a copy to `st`'s capture if it is capturing (true).
 fn captured(st: CUstream, b: Box3d) -> Result<bool, CuResult> {
