@@ -345,3 +345,36 @@ fn tensor_maps_cover_only_the_callers_memory() {
     assert!(g.tensor_map(&p(mine, 16).encode()).is_ok());
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
 }
+
+/// A memset through the device address of page-locked memory reaches only
+/// the caller's own blocks of the VM's pinned pool: another process's
+/// block, or past the end of its own, is refused.
+#[test]
+fn memsets_of_pinned_memory_reach_only_the_callers_blocks() {
+    use protocol::Status;
+    let host = Host::start("hostile-pinned-memset", 64 << 20);
+    let mut victim = host.guest();
+    let base = victim.device_info().pinned_base;
+    let theirs = victim.pinned_alloc(8192).unwrap();
+    let mut evil = host.guest();
+    let mine = evil.pinned_alloc(4096).unwrap();
+    let refused = |g: &mut guest_frontend::Gpu, dst: u64, count: u64| {
+        g.memset_async(dst, 0x5a, 1, count, 0).unwrap();
+        let e = g.synchronize().unwrap_err();
+        assert!(
+            matches!(e, guest_frontend::GuestError::Cuda(Status::InvalidValue)),
+            "{e:?}"
+        );
+    };
+    refused(&mut evil, base + theirs, 16);
+    refused(&mut evil, base + mine + 4000, 200);
+    // Its own block passes the check (the sim's model cannot write mapped
+    // host memory and says so; a GPU writes it).
+    evil.memset_async(base + mine, 0x5a, 1, 16, 0).unwrap();
+    let e = evil.synchronize().unwrap_err();
+    assert!(
+        matches!(e, guest_frontend::GuestError::Cuda(Status::NotSupported)),
+        "{e:?}"
+    );
+    assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
+}

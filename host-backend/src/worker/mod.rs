@@ -260,7 +260,11 @@ impl Worker {
         Ok(Worker {
             sh: Shared {
                 pinned_map,
-                pinned: pinned::PinnedPool::new(pinned_size),
+                pinned: {
+                    let mut p = pinned::PinnedPool::new(pinned_size);
+                    p.set_device_base(info.pinned_base);
+                    p
+                },
                 region,
                 link,
                 exec,

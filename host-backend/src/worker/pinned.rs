@@ -18,6 +18,8 @@ pub(super) const PAGE: u64 = 4096;
 #[derive(Debug, Default)]
 pub(super) struct PinnedPool {
     size: u64,
+    /// The pool's device address (0: not reachable by the device).
+    device_base: u64,
     blocks: BTreeMap<u64, (u64, SessionId)>,
     used: u64,
 }
@@ -28,6 +30,21 @@ impl PinnedPool {
             size,
             ..Default::default()
         }
+    }
+
+    /// Sets the pool's device address (where kernels and device-side
+    /// operations reach it).
+    pub fn set_device_base(&mut self, base: u64) {
+        self.device_base = base;
+    }
+
+    /// Whether [dev, dev+len) is device-mapped pool memory of `owner`'s
+    /// blocks: a memset there is the device writing the process's own
+    /// page-locked memory.
+    pub fn owns_device_range(&self, owner: SessionId, dev: u64, len: u64) -> bool {
+        self.device_base != 0
+            && dev >= self.device_base
+            && self.check(owner, dev - self.device_base, len).is_ok()
     }
 
     /// A block of at least `len` bytes for `owner` (first fit); its offset.

@@ -323,8 +323,17 @@ pub(super) fn handle(
             count,
             stream,
         } => {
+            let len = count * u64::from(width);
+            // The process's device memory, or its mapped page-locked memory.
             let r = s
-                .check_range(dst, count * u64::from(width))
+                .check_range(dst, len)
+                .or_else(|e| {
+                    if sh.pinned.owns_device_range(s.id, dst, len) {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                })
                 .and(s.check_stream(stream));
             let r = r.and_then(|()| {
                 sh.in_period(s, stream, None, |x| {
