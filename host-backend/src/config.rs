@@ -70,10 +70,18 @@ pub struct DaemonConfig {
     /// Which launches go to the GPU as CUDA graph launches.
     #[serde(default)]
     pub graph_launches: GraphLaunches,
+    /// MiB of module images each vGPU's worker keeps by content, so that
+    /// its processes send a library's images once (0: none).
+    #[serde(default = "default_image_cache_mib")]
+    pub image_cache_mib: u64,
 }
 
 fn yes() -> bool {
     true
+}
+
+fn default_image_cache_mib() -> u64 {
+    512
 }
 
 fn default_slice_us() -> u64 {
@@ -94,6 +102,7 @@ impl Default for DaemonConfig {
             slice_blocks: 0,
             sandbox: true,
             graph_launches: GraphLaunches::default(),
+            image_cache_mib: default_image_cache_mib(),
         }
     }
 }

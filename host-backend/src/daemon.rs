@@ -63,6 +63,7 @@ pub fn run_worker(
         time_launches: false,
         vcpus_file: Some(crate::attach::vcpus_file(cfg, vm)),
         slice_blocks: cfg.daemon.slice_blocks,
+        image_cache: cfg.daemon.image_cache_mib << 20,
     };
     let worker = match feed_fd {
         Some(fd) => Worker::adopt(&wc, exec, crate::link::feed_from_fd(fd)?)?,

@@ -356,6 +356,17 @@ pub enum Request {
     /// A tensor-map descriptor encoded by the host's driver: the data is a
     /// [`tensor_map::TensorMapParams`], the reply's data the 128 bytes.
     TensorMapEncode,
+    /// Load a module image the host may hold already: by its
+    /// [`image_hash`]. Reply: the module handle, or `NotFound` (then the
+    /// guest sends the image with `ModuleLoad`).
+    ModuleLoadCached {
+        /// PTX or cubin.
+        kind: ImageKind,
+        /// The image's length.
+        len: u64,
+        /// Its SHA-256.
+        hash: [u8; 32],
+    },
     /// Address and size of a module's global variable (name in data).
     ModuleGetGlobal {
         /// Module handle.
@@ -555,6 +566,12 @@ pub enum Request {
     },
 }
 
+/// The content hash a module image is cached by on the host (SHA-256).
+pub fn image_hash(image: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(image).into()
+}
+
 /// Opcodes on the wire.
 pub mod op {
     #![allow(missing_docs)]
@@ -582,6 +599,7 @@ pub mod op {
     pub const OCCUPANCY_SMEM: u32 = 28;
     pub const OCCUPANCY_CLUSTERS: u32 = 29;
     pub const TENSOR_MAP_ENCODE: u32 = 90;
+    pub const MODULE_LOAD_CACHED: u32 = 91;
     pub const LINK: u32 = 26;
     pub const FUNC_SET_ATTRIBUTE: u32 = 27;
     pub const CTX_GET_LIMIT: u32 = 3;
@@ -703,6 +721,7 @@ impl Request {
             OccupancySmem { .. } => op::OCCUPANCY_SMEM,
             OccupancyClusters { .. } => op::OCCUPANCY_CLUSTERS,
             TensorMapEncode => op::TENSOR_MAP_ENCODE,
+            ModuleLoadCached { .. } => op::MODULE_LOAD_CACHED,
             Link { .. } => op::LINK,
             Launch { .. } => op::LAUNCH,
             StreamCreate { .. } => op::STREAM_CREATE,
@@ -846,6 +865,16 @@ impl Request {
                 w.u32(width);
                 w.u64(count);
                 w.u64(stream);
+            }
+            ModuleLoadCached { kind, len, hash } => {
+                w.u32(match kind {
+                    ImageKind::Ptx => 0,
+                    ImageKind::Cubin => 1,
+                });
+                w.u64(len);
+                for c in hash.chunks_exact(8) {
+                    w.u64(u64::from_le_bytes(c.try_into().unwrap_or_default()));
+                }
             }
             ModuleLoad { kind, len } => {
                 w.u32(match kind {
@@ -1103,6 +1132,22 @@ impl Request {
             }
             op::MODULE_GET_GLOBAL => ModuleGetGlobal { module: r.u64()? },
             op::TENSOR_MAP_ENCODE => TensorMapEncode,
+            op::MODULE_LOAD_CACHED => {
+                let kind = match r.u32()? {
+                    0 => ImageKind::Ptx,
+                    1 => ImageKind::Cubin,
+                    k => return Err(bad("kind", format!("{k}"))),
+                };
+                let len = check_len("len", r.u64()?, MAX_IMAGE)?;
+                if len == 0 {
+                    return Err(bad("len", "empty image"));
+                }
+                let mut hash = [0u8; 32];
+                for c in hash.chunks_exact_mut(8) {
+                    c.copy_from_slice(&r.u64()?.to_le_bytes());
+                }
+                ModuleLoadCached { kind, len, hash }
+            }
             op::OCCUPANCY_SMEM => {
                 let func = r.u64()?;
                 let num_blocks = r.u32()?;
@@ -1464,6 +1509,11 @@ mod tests {
             },
             Request::ModuleGetGlobal { module: 5 },
             Request::TensorMapEncode,
+            Request::ModuleLoadCached {
+                kind: ImageKind::Cubin,
+                len: 1 << 20,
+                hash: image_hash(b"an image"),
+            },
             Request::OccupancySmem {
                 func: 5,
                 num_blocks: 4,

@@ -86,6 +86,7 @@ impl Host {
             time_launches: false,
             vcpus_file: None,
             slice_blocks: 0,
+            image_cache: 64 << 20,
         };
         let exec = SimExecutor::new(SimParams {
             copy_gbps: 100.0,

@@ -146,6 +146,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
             time_launches,
             vcpus_file: None,
             slice_blocks: 0,
+            image_cache: 64 << 20,
         };
         workers.push(spawn(&wc, exec)?);
         socks.push(sock);

@@ -333,6 +333,7 @@ pub fn run(
         time_launches: false,
         vcpus_file: None,
         slice_blocks: 0,
+        image_cache: 64 << 20,
     };
     let running = spawn(&wc, exec)?;
     let remote = {

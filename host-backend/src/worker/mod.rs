@@ -23,6 +23,7 @@
 //! | `shared.rs` | state of all channels; grants, busy periods, launch runs |
 
 mod channel;
+mod image_cache;
 mod pinned;
 mod release;
 mod requests;
@@ -92,6 +93,9 @@ pub struct WorkerConfig {
     pub vcpus_file: Option<PathBuf>,
     /// Kernel slicing threshold in blocks (0: off); only under the scheduler.
     pub slice_blocks: u64,
+    /// Bytes of module images kept by content for the vGPU's processes
+    /// (see `image_cache.rs`; 0: none).
+    pub image_cache: u64,
 }
 
 /// Pins the calling thread to one CPU.
@@ -265,6 +269,7 @@ impl Worker {
                     p.set_device_base(info.pinned_base);
                     p
                 },
+                images: image_cache::ImageCache::new(cfg.image_cache),
                 region,
                 link,
                 exec,

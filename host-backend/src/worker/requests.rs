@@ -420,6 +420,16 @@ pub(super) fn handle(
                 .map(|v| Reply::one(u64::from(v as u32)));
             reply(sh, c, tag, opc, r, &[])
         }
+        Request::ModuleLoadCached { kind, len, hash } => {
+            let r = match sh.images.get(&hash, kind, len) {
+                Some(image) => s
+                    .ctx
+                    .load_module(kind, &image)
+                    .inspect(|&m| s.add_module(m)),
+                None => Err(Status::NotFound),
+            };
+            reply(sh, c, tag, opc, r.map(Reply::one), &[])
+        }
         Request::TensorMapEncode => {
             let mut b = vec![0u8; d.data_len.min(PARAMS_BYTES as u32) as usize];
             c.host.req.data(d)?.copy_to(&mut b[..]);

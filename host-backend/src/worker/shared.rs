@@ -25,6 +25,8 @@ pub(super) struct Shared {
     pub pinned_map: Option<qemu_ivshmem::shm::FixedMapping>,
     /// Who holds which block of the pool.
     pub pinned: super::pinned::PinnedPool,
+    /// Module images by content (see `image_cache.rs`).
+    pub images: super::image_cache::ImageCache,
     pub region: Region,
     pub link: PeerLink,
     pub info_bytes: Vec<u8>,

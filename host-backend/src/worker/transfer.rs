@@ -140,6 +140,10 @@ pub(super) fn continue_transfer(
     match t.inbound {
         Inbound::Module { kind, buf, tag } => {
             let r = s.ctx.load_module(kind, &buf).inspect(|&m| s.add_module(m));
+            if r.is_ok() {
+                sh.images.insert(kind, &buf);
+                tracing::debug!(cached_bytes = sh.images.bytes(), "module image kept");
+            }
             reply(sh, c, tag, op::MODULE_LOAD, r.map(Reply::one), &[])
         }
         Inbound::Link { buf, tag } => {

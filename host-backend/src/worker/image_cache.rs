@@ -1,0 +1,120 @@
+//! Module images this vGPU's processes loaded, by content hash
+//! ([`protocol::image_hash`]), so that a process loading an image another
+//! already sent (a library's fat binaries, hundreds of MB for the ML
+//! libraries) sends the hash and not the bytes (`ModuleLoadCached`).
+//!
+//! The host computes every hash itself from the bytes it received, so a
+//! guest cannot make another process load an image other than the one it
+//! hashed. The cache is per vGPU (one tenant's processes), bounded in bytes
+//! (`[daemon] image_cache_mib`), the least recently used image going first;
+//! its bytes are part of the worker's resident memory in the status.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use protocol::ImageKind;
+
+/// One cached image.
+#[derive(Debug)]
+struct Entry {
+    kind: ImageKind,
+    image: Arc<[u8]>,
+    used: u64,
+}
+
+/// The cache.
+#[derive(Debug, Default)]
+pub(super) struct ImageCache {
+    images: HashMap<[u8; 32], Entry>,
+    bytes: u64,
+    cap: u64,
+    tick: u64,
+}
+
+impl ImageCache {
+    /// A cache of at most `cap` bytes (0: none).
+    pub fn new(cap: u64) -> ImageCache {
+        ImageCache {
+            cap,
+            ..Default::default()
+        }
+    }
+
+    /// The image of `hash`, if held and of that kind and length.
+    pub fn get(&mut self, hash: &[u8; 32], kind: ImageKind, len: u64) -> Option<Arc<[u8]>> {
+        self.tick += 1;
+        let e = self.images.get_mut(hash)?;
+        if e.kind != kind || e.image.len() as u64 != len {
+            return None;
+        }
+        e.used = self.tick;
+        Some(e.image.clone())
+    }
+
+    /// Keeps `image` (loaded successfully) under its hash, making room by
+    /// dropping the least recently used; one larger than the cache is not
+    /// kept.
+    pub fn insert(&mut self, kind: ImageKind, image: &[u8]) {
+        let len = image.len() as u64;
+        if len == 0 || len > self.cap {
+            return;
+        }
+        let hash = protocol::image_hash(image);
+        self.tick += 1;
+        if let Some(e) = self.images.get_mut(&hash) {
+            e.used = self.tick;
+            return;
+        }
+        while self.bytes + len > self.cap {
+            let Some((&oldest, _)) = self.images.iter().min_by_key(|(_, e)| e.used) else {
+                break;
+            };
+            if let Some(e) = self.images.remove(&oldest) {
+                self.bytes -= e.image.len() as u64;
+            }
+        }
+        self.bytes += len;
+        self.images.insert(
+            hash,
+            Entry {
+                kind,
+                image: image.into(),
+                used: self.tick,
+            },
+        );
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_come_back_by_hash_kind_and_length_and_the_oldest_go_first() {
+        let mut c = ImageCache::new(100);
+        let (a, b, d) = (vec![1u8; 40], vec![2u8; 40], vec![3u8; 40]);
+        c.insert(ImageKind::Cubin, &a);
+        c.insert(ImageKind::Ptx, &b);
+        assert_eq!(c.bytes(), 80);
+        let ha = protocol::image_hash(&a);
+        assert_eq!(c.get(&ha, ImageKind::Cubin, 40).as_deref(), Some(&a[..]));
+        assert!(c.get(&ha, ImageKind::Ptx, 40).is_none(), "another kind");
+        assert!(c.get(&ha, ImageKind::Cubin, 39).is_none(), "another length");
+        // `a` was used last: `b` makes room for `d`.
+        c.insert(ImageKind::Cubin, &d);
+        assert_eq!(c.bytes(), 80);
+        assert!(c
+            .get(&protocol::image_hash(&b), ImageKind::Ptx, 40)
+            .is_none());
+        assert!(c.get(&ha, ImageKind::Cubin, 40).is_some());
+        // Too large for the cache: not kept, nothing dropped.
+        c.insert(ImageKind::Cubin, &[9u8; 101]);
+        assert_eq!(c.bytes(), 80);
+        assert!(ImageCache::new(0).get(&ha, ImageKind::Cubin, 40).is_none());
+    }
+}
