@@ -9,6 +9,17 @@
 //! - [`Placer::place`]: memory-aware least-loaded placement of a new vGPU:
 //!   the least-loaded GPU on which its memory stays under the watermark
 //!   (90% of the GPU's memory); none if no GPU has room.
+//! - CASE's rule, explicit: nothing is placed or moved where it could run
+//!   out of memory. A vGPU's *reservation* is the most it may ever hold
+//!   (its memory limit, [`Placer::set_memory_limit`], or the memory it was
+//!   placed with), and every memory check (placement, balancing moves,
+//!   compaction) counts the larger of reservation and current use, so a
+//!   vGPU that holds little now cannot be packed where it would not fit
+//!   once it grows to its limit.
+//! - [`Placer::place_feedback`]: Strings' feedback-based device selection:
+//!   the GPU whose *measured* utilization plus data-transfer (copy engine)
+//!   utilization over the last window is lowest, under the same memory
+//!   rule. It places at arrival only and never moves anything.
 //! - [`Placer::balance`] runs every interval (100 ms):
 //!   1. hysteresis load balancing (DCUDA Algorithm 1): while a GPU is
 //!      overloaded (load > `over`, 100%) and another is underloaded (load <
@@ -86,6 +97,17 @@ pub struct Placer {
     vgpus: HashMap<u32, (usize, Demand, Option<u64>)>,
     /// vGPUs that must not move.
     pinned: std::collections::HashSet<u32>,
+    /// vGPU -> the most memory it may hold (CASE's reservation), bytes.
+    limits: HashMap<u32, u64>,
+}
+
+/// What Strings' feedback says of one GPU over the last window.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Feedback {
+    /// Measured fraction of time its cores were busy (0..=1).
+    pub utilization: f64,
+    /// Measured fraction of time its copy engines were busy (0..=1).
+    pub transfer: f64,
 }
 
 impl Placer {
@@ -96,6 +118,7 @@ impl Placer {
             gpu_memory,
             vgpus: HashMap::new(),
             pinned: Default::default(),
+            limits: HashMap::new(),
         }
     }
 
@@ -139,16 +162,72 @@ impl Placer {
         v
     }
 
-    fn fits_memory(&self, gpu: usize, extra: u64) -> bool {
-        (self.memory(gpu) + extra) as f64 <= self.params.watermark * self.gpu_memory[gpu] as f64
+    /// Memory a vGPU counts for in placement decisions: the larger of its
+    /// reservation and what it holds now.
+    pub fn reserved(&self, vgpu: u32) -> u64 {
+        let now = self.vgpus.get(&vgpu).map_or(0, |v| v.1.memory);
+        now.max(self.limits.get(&vgpu).copied().unwrap_or(0))
     }
 
-    /// Memory-aware least-loaded placement; records the vGPU there.
-    /// `None` if its memory fits under the watermark of no GPU.
+    /// Memory reserved on `gpu` (CASE): the sum of its vGPUs' reservations.
+    pub fn reserved_memory(&self, gpu: usize) -> u64 {
+        self.vgpus
+            .iter()
+            .filter(|(_, (g, _, _))| *g == gpu)
+            .map(|(id, _)| self.reserved(*id))
+            .sum()
+    }
+
+    /// Records the most memory a vGPU may hold (its VM's memory limit): from
+    /// now on it is never placed or moved where that would not fit.
+    pub fn set_memory_limit(&mut self, vgpu: u32, bytes: u64) {
+        self.limits.insert(vgpu, bytes);
+    }
+
+    /// CASE's rule: `extra` more bytes on `gpu` keep every reservation
+    /// there under the watermark.
+    pub fn fits_memory(&self, gpu: usize, extra: u64) -> bool {
+        (self.reserved_memory(gpu) + extra) as f64
+            <= self.params.watermark * self.gpu_memory[gpu] as f64
+    }
+
+    /// Memory-aware least-loaded placement; records the vGPU there, with
+    /// `demand.memory` as its reservation (the most it may hold) unless a
+    /// larger limit was set. `None` if it fits under the watermark of no GPU.
     pub fn place(&mut self, vgpu: u32, demand: Demand) -> Option<usize> {
+        let need = demand
+            .memory
+            .max(self.limits.get(&vgpu).copied().unwrap_or(0));
         let gpu = (0..self.gpus())
-            .filter(|&g| self.fits_memory(g, demand.memory))
+            .filter(|&g| self.fits_memory(g, need))
             .min_by(|&a, &b| self.load(a).total_cmp(&self.load(b)).then(a.cmp(&b)))?;
+        self.limits.insert(vgpu, need);
+        self.vgpus.insert(vgpu, (gpu, demand, None));
+        Some(gpu)
+    }
+
+    /// Strings' feedback-based placement: among the GPUs where the vGPU's
+    /// memory fits (CASE's rule, as in [`Placer::place`]), the one whose
+    /// measured utilization plus data-transfer utilization (`feedback`, one
+    /// per GPU) is lowest; ties go to the lower index. Records it there.
+    pub fn place_feedback(
+        &mut self,
+        vgpu: u32,
+        demand: Demand,
+        feedback: &[Feedback],
+    ) -> Option<usize> {
+        let need = demand
+            .memory
+            .max(self.limits.get(&vgpu).copied().unwrap_or(0));
+        let score = |g: usize| {
+            feedback
+                .get(g)
+                .map_or(0.0, |f| f.utilization.clamp(0.0, 1.0) + f.transfer.clamp(0.0, 1.0))
+        };
+        let gpu = (0..self.gpus())
+            .filter(|&g| self.fits_memory(g, need))
+            .min_by(|&a, &b| score(a).total_cmp(&score(b)).then(a.cmp(&b)))?;
+        self.limits.insert(vgpu, need);
         self.vgpus.insert(vgpu, (gpu, demand, None));
         Some(gpu)
     }
@@ -162,6 +241,7 @@ impl Placer {
     /// Forgets a vGPU (its VM went away).
     pub fn remove(&mut self, vgpu: u32) {
         self.vgpus.remove(&vgpu);
+        self.limits.remove(&vgpu);
     }
 
     /// Updates what a vGPU needs (from the monitor).
@@ -236,10 +316,10 @@ impl Placer {
                     .into_iter()
                     .filter(|&v| self.movable(v, now_ns))
                     .map(|v| (v, self.vgpus[&v].1))
-                    .filter(|(_, d)| {
+                    .filter(|&(v, d)| {
                         d.cores > 0.0
                             && dst_load + d.cores <= p.over
-                            && self.fits_memory(dst, d.memory)
+                            && self.fits_memory(dst, self.reserved(v))
                     })
                     .collect();
                 // DCUDA's priority: ends the overload, then heaviest, then
@@ -278,7 +358,7 @@ impl Placer {
             if let [light, heavy, ..] = used[..] {
                 let vs = self.on(light);
                 let fits = self.load(light) + self.load(heavy) <= p.under
-                    && self.fits_memory(heavy, self.memory(light))
+                    && self.fits_memory(heavy, self.reserved_memory(light))
                     && vs.iter().all(|&v| self.movable(v, now_ns));
                 if fits {
                     for v in vs {
@@ -432,5 +512,72 @@ mod tests {
             let over_after = (0..4).filter(|&g| p.load(g) > 1.0).count();
             assert!(over_after <= over_before);
         }
+    }
+
+    #[test]
+    fn case_rule_counts_reservations_not_current_use() {
+        // Two GPUs of 10 GiB (watermark 9 GiB). vGPU 1 was placed with a
+        // 6 GiB need and holds only 1 GiB now: GPU 0 still counts 6.
+        let mut p = Placer::new(Params::default(), vec![10 * GIB; 2]);
+        assert_eq!(p.place(1, d(0.1, 6)), Some(0));
+        p.update(1, d(0.1, 1));
+        assert_eq!(p.reserved_memory(0), 6 * GIB);
+        // A 4 GiB vGPU would fit by current use (1 + 4) but not by
+        // reservation (6 + 4 > 9): it goes to GPU 1 though GPU 0 is idler.
+        p.update(1, d(0.0, 1));
+        assert_eq!(p.place(2, d(0.5, 4)), Some(1));
+        // A limit set after placement raises the reservation too.
+        p.set_memory_limit(2, 8 * GIB);
+        assert_eq!(p.reserved_memory(1), 8 * GIB);
+        assert_eq!(p.place(3, d(0.0, 4)), None, "6+4 and 8+4 exceed 9 GiB");
+        p.remove(1);
+        assert_eq!(p.reserved_memory(0), 0, "removal frees the reservation");
+        assert_eq!(p.place(3, d(0.0, 4)), Some(0));
+    }
+
+    #[test]
+    fn balancing_never_moves_a_vgpu_where_its_limit_would_not_fit() {
+        let mut p = Placer::new(Params::default(), vec![16 * GIB; 2]);
+        p.pin(1, 0, d(0.7, 1));
+        p.pin(2, 0, d(0.6, 1));
+        p.pin(3, 1, d(0.1, 4));
+        // Both could move by current memory (1 GiB each); both have limits
+        // that do not fit next to vGPU 3's 4 GiB under 14.4 GiB.
+        p.set_memory_limit(1, 12 * GIB);
+        p.set_memory_limit(2, 11 * GIB);
+        assert!(p.balance(0).is_empty());
+        // Lower one limit: that one moves.
+        p.set_memory_limit(2, 10 * GIB);
+        let m = p.balance(1);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].vgpu, 2);
+        assert!(p.reserved_memory(1) as f64 <= 0.9 * (16 * GIB) as f64);
+    }
+
+    #[test]
+    fn feedback_placement_picks_least_utilization_plus_transfer() {
+        let mut p = Placer::new(Params::default(), vec![16 * GIB; 3]);
+        let fb = [
+            Feedback {
+                utilization: 0.2,
+                transfer: 0.6,
+            },
+            Feedback {
+                utilization: 0.5,
+                transfer: 0.0,
+            },
+            Feedback {
+                utilization: 0.1,
+                transfer: 0.5,
+            },
+        ];
+        // Scores 0.8, 0.5, 0.6: GPU 1, though GPU 2 has the lowest
+        // utilization (data transfer feedback counts).
+        assert_eq!(p.place_feedback(1, d(0.3, 2), &fb), Some(1));
+        // Feedback is what was measured, not what placement recorded: the
+        // same feedback picks GPU 1 again, until memory rules it out.
+        assert_eq!(p.place_feedback(2, d(0.3, 12), &fb), Some(1));
+        assert_eq!(p.place_feedback(3, d(0.3, 2), &fb), Some(2), "GPU 1 full");
+        assert_eq!(p.place_feedback(4, d(0.3, 15), &fb), None);
     }
 }
