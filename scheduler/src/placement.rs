@@ -40,6 +40,8 @@
 
 use std::collections::HashMap;
 
+pub mod sim;
+
 /// A vGPU as placement sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Demand {
@@ -220,9 +222,9 @@ impl Placer {
             .memory
             .max(self.limits.get(&vgpu).copied().unwrap_or(0));
         let score = |g: usize| {
-            feedback
-                .get(g)
-                .map_or(0.0, |f| f.utilization.clamp(0.0, 1.0) + f.transfer.clamp(0.0, 1.0))
+            feedback.get(g).map_or(0.0, |f| {
+                f.utilization.clamp(0.0, 1.0) + f.transfer.clamp(0.0, 1.0)
+            })
         };
         let gpu = (0..self.gpus())
             .filter(|&g| self.fits_memory(g, need))
