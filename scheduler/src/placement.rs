@@ -32,7 +32,10 @@
 //!   2. energy compaction (DCUDA Algorithm 2): if the two least-loaded GPUs
 //!      in use together fit in one (load <= `under`, memory under the
 //!      watermark), the lighter one's vGPUs all move to the other, which
-//!      leaves a GPU idle.
+//!      leaves a GPU idle. "Fit" counts each vGPU's *peak* core demand
+//!      since it was placed, not its current one: packing programs in a
+//!      light phase would overload the GPU at their next heavy phase and
+//!      the balancer would move them straight back.
 //!
 //!   No ping-pong: a vGPU moved is not moved again for `cooldown_ns`, and
 //!   the gap between the two thresholds keeps a move from overloading its
@@ -101,6 +104,8 @@ pub struct Placer {
     pinned: std::collections::HashSet<u32>,
     /// vGPU -> the most memory it may hold (CASE's reservation), bytes.
     limits: HashMap<u32, u64>,
+    /// vGPU -> highest core demand seen since it was placed.
+    peaks: HashMap<u32, f64>,
 }
 
 /// What Strings' feedback says of one GPU over the last window.
@@ -121,6 +126,7 @@ impl Placer {
             vgpus: HashMap::new(),
             pinned: Default::default(),
             limits: HashMap::new(),
+            peaks: HashMap::new(),
         }
     }
 
@@ -204,6 +210,7 @@ impl Placer {
             .filter(|&g| self.fits_memory(g, need))
             .min_by(|&a, &b| self.load(a).total_cmp(&self.load(b)).then(a.cmp(&b)))?;
         self.limits.insert(vgpu, need);
+        self.peaks.insert(vgpu, demand.cores);
         self.vgpus.insert(vgpu, (gpu, demand, None));
         Some(gpu)
     }
@@ -230,6 +237,7 @@ impl Placer {
             .filter(|&g| self.fits_memory(g, need))
             .min_by(|&a, &b| score(a).total_cmp(&score(b)).then(a.cmp(&b)))?;
         self.limits.insert(vgpu, need);
+        self.peaks.insert(vgpu, demand.cores);
         self.vgpus.insert(vgpu, (gpu, demand, None));
         Some(gpu)
     }
@@ -237,6 +245,8 @@ impl Placer {
     /// Records a vGPU where it already is (a daemon that starts with
     /// running VMs, or a static placement).
     pub fn pin(&mut self, vgpu: u32, gpu: usize, demand: Demand) {
+        let peak = self.peaks.get(&vgpu).copied().unwrap_or(0.0);
+        self.peaks.insert(vgpu, peak.max(demand.cores));
         self.vgpus.insert(vgpu, (gpu, demand, None));
     }
 
@@ -244,13 +254,24 @@ impl Placer {
     pub fn remove(&mut self, vgpu: u32) {
         self.vgpus.remove(&vgpu);
         self.limits.remove(&vgpu);
+        self.peaks.remove(&vgpu);
     }
 
     /// Updates what a vGPU needs (from the monitor).
     pub fn update(&mut self, vgpu: u32, demand: Demand) {
         if let Some(v) = self.vgpus.get_mut(&vgpu) {
             v.1 = demand;
+            let peak = self.peaks.entry(vgpu).or_insert(0.0);
+            *peak = peak.max(demand.cores);
         }
+    }
+
+    /// Sum of the peak core demands (since placement) of the vGPUs on `gpu`.
+    pub fn peak_load(&self, gpu: usize) -> f64 {
+        self.on(gpu)
+            .iter()
+            .map(|v| self.peaks.get(v).copied().unwrap_or(0.0))
+            .sum()
     }
 
     /// Keeps a vGPU where it is until `until_ns` (an operator forbade moving it).
@@ -359,7 +380,7 @@ impl Placer {
             used.sort_by(|&a, &b| self.load(a).total_cmp(&self.load(b)).then(a.cmp(&b)));
             if let [light, heavy, ..] = used[..] {
                 let vs = self.on(light);
-                let fits = self.load(light) + self.load(heavy) <= p.under
+                let fits = self.peak_load(light) + self.peak_load(heavy) <= p.under
                     && self.fits_memory(heavy, self.reserved_memory(light))
                     && vs.iter().all(|&v| self.movable(v, now_ns));
                 if fits {
@@ -581,5 +602,26 @@ mod tests {
         assert_eq!(p.place_feedback(2, d(0.3, 12), &fb), Some(1));
         assert_eq!(p.place_feedback(3, d(0.3, 2), &fb), Some(2), "GPU 1 full");
         assert_eq!(p.place_feedback(4, d(0.3, 15), &fb), None);
+    }
+
+    #[test]
+    fn compaction_counts_peak_demand_not_a_light_phase() {
+        let mut p = Placer::new(Params::default(), vec![16 * GIB; 3]);
+        p.pin(1, 0, d(0.6, 1));
+        p.pin(2, 1, d(0.5, 1));
+        p.pin(3, 2, d(0.9, 1));
+        // Both drop to a light phase: 0.18 + 0.15 would fit in 0.9, but
+        // their peaks (0.6 + 0.5) would overload one GPU at the next heavy
+        // phase: no compaction.
+        p.update(1, d(0.18, 1));
+        p.update(2, d(0.15, 1));
+        assert!(p.balance(0).is_empty());
+        assert!((p.peak_load(0) - 0.6).abs() < 1e-12);
+        // A newcomer whose peak is low is compacted.
+        p.remove(2);
+        p.pin(4, 1, d(0.2, 1));
+        let m = p.balance(1);
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert!(p.peak_load(m[0].to) <= 0.9 + 1e-12);
     }
 }

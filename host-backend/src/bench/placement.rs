@@ -54,7 +54,12 @@ pub fn run(orders: usize) -> Result<()> {
     let mut all = Vec::new();
     for mix in [Mix::Core, Mix::Memory] {
         println!();
-        println!("{mix:?}-intensive mix");
+        let alone = sim::workload(mix, SEED, 1.0)
+            .iter()
+            .map(|a| a.work_s)
+            .sum::<f64>()
+            / sim::APPS as f64;
+        println!("{mix:?}-intensive mix (mean execution time alone: {alone:.1} s)");
         let rows = sim::measure(mix, orders, SEED, 1.0, setup);
         table(mix, &rows);
         all.push(rows);
