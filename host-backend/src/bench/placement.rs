@@ -101,6 +101,24 @@ pub fn run(orders: usize) -> Result<()> {
             sim::reduction(st.exec_s, ours.exec_s)
         );
     }
+    println!();
+    println!("sweep: kernel occupancy, contexts time-sliced (core mix; static vs fairvgpu)");
+    println!(
+        "{:>9} {:>12} {:>12} {:>10} {:>10}",
+        "occupancy", "static exec", "ours exec", "exec red.", "ovl red."
+    );
+    for occupancy in [1.0, 0.75, 0.5] {
+        let s = Setup { occupancy, ..setup };
+        let r = sim::measure(Mix::Core, orders.min(20), SEED, 1.0, s);
+        let (st, ours) = (r[0], r[Policy::ALL.len() - 1]);
+        println!(
+            "{occupancy:>9.2} {:>12.1} {:>12.1} {:>9.1}% {:>9.1}%",
+            st.exec_s,
+            ours.exec_s,
+            sim::reduction(st.exec_s, ours.exec_s),
+            sim::reduction(st.overloaded_s, ours.overloaded_s)
+        );
+    }
     let last = Policy::ALL.len() - 1;
     let st_ovl: f64 = all.iter().map(|r| r[0].overloaded_s).sum();
     let our_ovl: f64 = all.iter().map(|r| r[last].overloaded_s).sum();

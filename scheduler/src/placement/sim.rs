@@ -13,7 +13,9 @@
 //!   busy copy engines, memory growing to its peak) it alternates a heavy
 //!   phase and a light one (30% of the heavy demand);
 //! - where the core demand on a GPU exceeds 100%, or its copy demand does,
-//!   every application there slows down in proportion (time slicing);
+//!   every application there slows down in proportion (time slicing; with
+//!   [`Setup::occupancy`] below 1, already where the time its applications
+//!   hold the GPU exceeds 100%);
 //!   where the memory held exceeds the GPU's memory (unified memory
 //!   oversubscribed), they slow down further by [`Setup::thrash`] per 100%
 //!   over;
@@ -195,6 +197,13 @@ pub struct Setup {
     pub params: Params,
     /// Slow-down per 100% of memory oversubscription ([`THRASH`]).
     pub thrash: f64,
+    /// Fraction of a GPU's cores a kernel fills while it runs (1.0, the
+    /// default: core demand is all time). Below 1.0, an application with
+    /// core demand c holds the GPU c / occupancy of the time, and contexts
+    /// of different processes time-slice (no MPS): a GPU slows its
+    /// applications once the *time* they hold it sums over 100%, before
+    /// their core demand does.
+    pub occupancy: f64,
 }
 
 impl Default for Setup {
@@ -207,6 +216,7 @@ impl Default for Setup {
                 ..Params::default()
             },
             thrash: THRASH,
+            occupancy: 1.0,
         }
     }
 }
@@ -329,7 +339,11 @@ pub fn simulate(apps: &[App], order: &[usize], policy: Policy, setup: Setup) -> 
             if cores > 1.0 + 1e-9 || mem > 1.0 + 1e-9 {
                 overloaded += DT;
             }
-            let mut rate = 1.0 / cores.max(copy).max(1.0);
+            let held: f64 = on
+                .iter()
+                .map(|&v| (now(v as usize, t, &started).0 / setup.occupancy.max(1e-3)).min(1.0))
+                .sum();
+            let mut rate = 1.0 / cores.max(held).max(copy).max(1.0);
             if mem > 1.0 {
                 rate /= 1.0 + setup.thrash * (mem - 1.0);
             }
@@ -509,5 +523,24 @@ mod tests {
             // Compaction runs the load on fewer GPUs.
             assert!(ours.gpus_in_use <= bal.gpus_in_use + 1e-9);
         }
+    }
+
+    #[test]
+    fn partial_occupancy_only_slows_applications_down() {
+        let apps = workload(Mix::Core, 5, 1.0);
+        let o = &orders(APPS, 1, 5)[0];
+        let full = simulate(&apps, o, Policy::Static, Setup::default());
+        let half = simulate(
+            &apps,
+            o,
+            Policy::Static,
+            Setup {
+                occupancy: 0.5,
+                ..Setup::default()
+            },
+        );
+        assert!(half.exec_s > full.exec_s, "{full:?} {half:?}");
+        // Overloaded time is DCUDA's: core demand over 100%, not held time.
+        assert!(half.overloaded_s >= full.overloaded_s);
     }
 }
