@@ -318,6 +318,11 @@ impl ControlPlane {
                     )
                 );
                 p.set_pinned(id, v["pinned"] == true || busy_or_failed);
+                // CASE's rule: a vGPU goes only where its whole memory
+                // limit fits, not just what it uses now.
+                if let Some(limit) = v["memory_limit_bytes"].as_u64() {
+                    p.set_memory_limit(id, limit);
+                }
             }
         }
         for id in p.vgpus() {
