@@ -23,6 +23,9 @@ RUST_LOG=warn $R/fairvgpu serve --config $W/host.toml 2> $W/logs/daemon.log &
 D=$!
 for i in $(seq 100); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
 export PYTHONUNBUFFERED=1
+# Warm the page cache and the GPU first, so that neither side's timings
+# pay for the machine's first run.
+timeout 120 python3 -c "import torch, cupy, jax; torch.zeros(1, device='cuda')" > /dev/null 2>&1
 declare -A ok
 for fw in torch cupy jax; do
     extra=""
