@@ -48,6 +48,34 @@ pub fn standin(dir: &Path) -> PathBuf {
     lib
 }
 
+/// Runs the program `exe` with `args`, its libraries looked up in
+/// `library_path` first (the stand-in's folder), on the vGPU at `socket`,
+/// with `env` set too; its standard output (the test fails, showing both
+/// outputs, if it did not exit 0).
+pub fn run_program<S: AsRef<std::ffi::OsStr>>(
+    exe: &Path,
+    args: &[S],
+    library_path: &str,
+    socket: &Path,
+    env: &[(&str, &str)],
+) -> String {
+    let out = std::process::Command::new(exe)
+        .args(args)
+        .env("LD_LIBRARY_PATH", library_path)
+        .env("FAIRVGPU_SOCKET", socket)
+        .envs(env.iter().copied())
+        .output()
+        .expect("program runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{} failed\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        exe.display()
+    );
+    stdout
+}
+
 /// Spin budgets small enough that several tests share two cores.
 pub const TEST_SPIN: SpinPolicy = SpinPolicy {
     spins: 2_000,

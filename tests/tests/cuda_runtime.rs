@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fairvgpu_tests::{standin, workspace, Host};
+use fairvgpu_tests::{run_program, standin, workspace, Host};
 
 /// The unpacked CUDA wheels, or `None` (the test skips).
 fn cuda_root() -> Option<PathBuf> {
@@ -32,27 +32,11 @@ fn cuda_root() -> Option<PathBuf> {
     root
 }
 
-/// Runs `exe` with `args` through the stand-in in `lib` on the host at
-/// `socket`; its standard output (failing, with both outputs, unless it
-/// exited 0).
+/// Runs `exe` with `args` through the stand-in in `lib` (NVIDIA's runtime
+/// from `cuda`) on the host at `socket`.
 fn run(exe: &Path, args: &[&Path], lib: &Path, cuda: &Path, socket: &Path) -> String {
-    let out = Command::new(exe)
-        .args(args)
-        .env(
-            "LD_LIBRARY_PATH",
-            format!("{}:{}", lib.display(), cuda.join("lib").display()),
-        )
-        .env("FAIRVGPU_SOCKET", socket)
-        .output()
-        .expect("program runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{} failed\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        exe.display()
-    );
-    stdout
+    let path = format!("{}:{}", lib.display(), cuda.join("lib").display());
+    run_program(exe, args, &path, socket, &[])
 }
 
 #[test]
@@ -61,21 +45,7 @@ fn a_c_program_on_nvidias_cuda_runtime_runs_against_the_standin() {
     let host = Host::start("cudart", 1 << 30);
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
-    let exe = dir.join("runtime_api");
-    let cc = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(workspace().join("tests/c/runtime_api.c"))
-        .arg(format!("-I{}", cuda.join("include").display()))
-        .arg(format!("-L{}", cuda.join("lib").display()))
-        .args(["-l:libcudart.so.13", "-lpthread"])
-        .output()
-        .expect("cc runs");
-    assert!(
-        cc.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let exe = build_c("runtime_api", &dir, &cuda);
     let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
     let stdout = run(&exe, &[&ptx], &lib, &cuda, &host.socket);
     for line in [

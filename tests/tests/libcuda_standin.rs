@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fairvgpu_tests::{cargo_build, standin, workspace, Host};
+use fairvgpu_tests::{cargo_build, run_program, standin, workspace, Host};
 
 /// Builds `tests/c/driver_api.c` with the system C compiler against the
 /// stand-in in `lib`, into `dir`.
@@ -28,9 +28,8 @@ fn build_driver_api(dir: &Path, lib: &Path) -> PathBuf {
     exe
 }
 
-/// Runs the C program on `ptx` with `args` after it, through the stand-in
-/// in `lib` on the host at `socket` with `env` set too; its standard output
-/// (the test fails, showing both outputs, if it did not exit 0).
+/// Runs the C program on the kernels' PTX with `args` after it, through
+/// the stand-in in `lib` on the host at `socket`, with `env` set too.
 fn run_driver_api(
     exe: &Path,
     lib: &Path,
@@ -39,21 +38,9 @@ fn run_driver_api(
     env: &[(&str, &str)],
 ) -> String {
     let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
-    let run = Command::new(exe)
-        .arg(&ptx)
-        .args(args)
-        .env("LD_LIBRARY_PATH", lib)
-        .env("FAIRVGPU_SOCKET", socket)
-        .envs(env.iter().copied())
-        .output()
-        .expect("program runs");
-    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(
-        run.status.success(),
-        "program failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    stdout
+    let mut all = vec![ptx.into_os_string()];
+    all.extend(args.iter().map(|a| a.into()));
+    run_program(exe, &all, &lib.to_string_lossy(), socket, env)
 }
 
 #[test]

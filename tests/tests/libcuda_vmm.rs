@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fairvgpu_tests::{standin, workspace, Host, TEST_SPIN};
+use fairvgpu_tests::{run_program, standin, workspace, Host, TEST_SPIN};
 use guest_frontend::Gpu;
 use protocol::{Request, VMM_GRANULARITY as G};
 
@@ -41,23 +41,12 @@ fn build(dir: &Path, lib: &Path, cuda_h: Option<&Path>) -> PathBuf {
     exe
 }
 
+/// Runs `vmm.c`'s program on the kernels' PTX with `args` after it.
 fn run(exe: &Path, lib: &Path, socket: &Path, args: &[String]) -> String {
     let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
-    let out = Command::new(exe)
-        .arg(&ptx)
-        .args(args)
-        .env("LD_LIBRARY_PATH", lib)
-        .env("FAIRVGPU_SOCKET", socket)
-        .output()
-        .expect("program runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{} failed\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        exe.display()
-    );
-    stdout
+    let mut all = vec![ptx.display().to_string()];
+    all.extend(args.iter().cloned());
+    run_program(exe, &all, &lib.to_string_lossy(), socket, &[])
 }
 
 #[test]
