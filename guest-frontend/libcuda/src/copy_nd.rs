@@ -89,12 +89,10 @@ pub(crate) struct Box3d {
 }
 
 /// A side's first byte from its memory type, pointers and offsets.
-#[allow(clippy::too_many_arguments)]
 fn side(
     ty: c_uint,
     host: u64,
     device: u64,
-    array: *mut c_void,
     (x, y, z): (usize, usize, usize),
     pitch: usize,
     height: usize,
@@ -103,10 +101,7 @@ fn side(
         memtype::HOST => (host, false),
         memtype::DEVICE => (device, true),
         memtype::UNIFIED => (device, is_device(device)?),
-        memtype::ARRAY => {
-            let _ = array;
-            return Err(crate::not_supported("copies to or from CUDA arrays"));
-        }
+        memtype::ARRAY => return Err(crate::not_supported("copies to or from CUDA arrays")),
         _ => return Err(code::INVALID_VALUE),
     };
     if base == 0 {
@@ -137,7 +132,6 @@ impl Box3d {
             p.src_type,
             p.src_host as u64,
             p.src_device,
-            p.src_array,
             (p.src_x, p.src_y, p.src_z),
             p.src_pitch,
             p.src_height,
@@ -146,7 +140,6 @@ impl Box3d {
             p.dst_type,
             p.dst_host as u64,
             p.dst_device,
-            p.dst_array,
             (p.dst_x, p.dst_y, p.dst_z),
             p.dst_pitch,
             p.dst_height,
@@ -162,35 +155,35 @@ impl Box3d {
         Ok(b)
     }
 
-    /// Checks and resolves a `CUDA_MEMCPY2D`.
+    /// Checks and resolves a `CUDA_MEMCPY2D`: a 3D copy one slice deep.
     fn from_2d(p: &Memcpy2d) -> Result<Box3d, CuResult> {
-        let src = side(
-            p.src_type,
-            p.src_host as u64,
-            p.src_device,
-            p.src_array,
-            (p.src_x, p.src_y, 0),
-            p.src_pitch,
-            p.height,
-        )?;
-        let dst = side(
-            p.dst_type,
-            p.dst_host as u64,
-            p.dst_device,
-            p.dst_array,
-            (p.dst_x, p.dst_y, 0),
-            p.dst_pitch,
-            p.height,
-        )?;
-        let b = Box3d {
-            src,
-            dst,
-            width: p.width as u64,
-            height: p.height as u64,
+        Box3d::from_3d(&Memcpy3d {
+            src_x: p.src_x,
+            src_y: p.src_y,
+            src_z: 0,
+            src_lod: 0,
+            src_type: p.src_type,
+            src_host: p.src_host,
+            src_device: p.src_device,
+            src_array: p.src_array,
+            reserved0: std::ptr::null_mut(),
+            src_pitch: p.src_pitch,
+            src_height: p.height,
+            dst_x: p.dst_x,
+            dst_y: p.dst_y,
+            dst_z: 0,
+            dst_lod: 0,
+            dst_type: p.dst_type,
+            dst_host: p.dst_host,
+            dst_device: p.dst_device,
+            dst_array: p.dst_array,
+            reserved1: std::ptr::null_mut(),
+            dst_pitch: p.dst_pitch,
+            dst_height: p.height,
+            width: p.width,
+            height: p.height,
             depth: 1,
-        };
-        b.check()?;
-        Ok(b)
+        })
     }
 
     /// A 1D copy as a box of one row.
