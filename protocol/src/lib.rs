@@ -648,6 +648,35 @@ fn check_cluster(grid: Dim3, cluster: Dim3) -> Result<(), ProtoError> {
     Ok(())
 }
 
+/// A module image's kind and length, as `ModuleLoad` and
+/// `ModuleLoadCached` carry them.
+fn read_image(r: &mut Reader<'_>) -> Result<(ImageKind, u64), ProtoError> {
+    let kind = match r.u32()? {
+        0 => ImageKind::Ptx,
+        1 => ImageKind::Cubin,
+        k => return Err(bad("kind", format!("unknown image kind {k}"))),
+    };
+    let len = check_len("len", r.u64()?, MAX_IMAGE)?;
+    if len == 0 {
+        return Err(bad("len", "empty image"));
+    }
+    Ok((kind, len))
+}
+
+fn write_image(w: &mut Writer<'_>, kind: ImageKind, len: u64) {
+    w.u32(match kind {
+        ImageKind::Ptx => 0,
+        ImageKind::Cubin => 1,
+    });
+    w.u64(len);
+}
+
+fn write_dim(w: &mut Writer<'_>, d: Dim3) {
+    w.u32(d.x);
+    w.u32(d.y);
+    w.u32(d.z);
+}
+
 fn read_dim(r: &mut Reader<'_>) -> Result<Dim3, ProtoError> {
     Ok(Dim3 {
         x: r.u32()?,
@@ -867,22 +896,12 @@ impl Request {
                 w.u64(stream);
             }
             ModuleLoadCached { kind, len, hash } => {
-                w.u32(match kind {
-                    ImageKind::Ptx => 0,
-                    ImageKind::Cubin => 1,
-                });
-                w.u64(len);
+                write_image(&mut w, kind, len);
                 for c in hash.chunks_exact(8) {
                     w.u64(u64::from_le_bytes(c.try_into().unwrap_or_default()));
                 }
             }
-            ModuleLoad { kind, len } => {
-                w.u32(match kind {
-                    ImageKind::Ptx => 0,
-                    ImageKind::Cubin => 1,
-                });
-                w.u64(len);
-            }
+            ModuleLoad { kind, len } => write_image(&mut w, kind, len),
             ModuleUnload { module } | ModuleGetFunction { module } => w.u64(module),
             FuncGetAttribute { func, attr } => {
                 w.u64(func);
@@ -918,9 +937,7 @@ impl Request {
             } => {
                 w.u64(func);
                 for d in [grid, block, cluster] {
-                    w.u32(d.x);
-                    w.u32(d.y);
-                    w.u32(d.z);
+                    write_dim(&mut w, d);
                 }
                 w.u32(shared_mem);
                 w.u32(u32::from(potential));
@@ -935,16 +952,11 @@ impl Request {
                 flags,
             } => {
                 w.u64(func);
-                for d in [grid, block] {
-                    w.u32(d.x);
-                    w.u32(d.y);
-                    w.u32(d.z);
-                }
+                write_dim(&mut w, grid);
+                write_dim(&mut w, block);
                 w.u32(shared_mem);
                 w.u64(stream);
-                w.u32(cluster.x);
-                w.u32(cluster.y);
-                w.u32(cluster.z);
+                write_dim(&mut w, cluster);
                 w.u32(flags);
             }
             StreamCreate { flags, priority } => {
@@ -1093,15 +1105,7 @@ impl Request {
                 }
             }
             op::MODULE_LOAD => {
-                let kind = match r.u32()? {
-                    0 => ImageKind::Ptx,
-                    1 => ImageKind::Cubin,
-                    k => return Err(bad("kind", format!("unknown image kind {k}"))),
-                };
-                let len = check_len("len", r.u64()?, MAX_IMAGE)?;
-                if len == 0 {
-                    return Err(bad("len", "empty image"));
-                }
+                let (kind, len) = read_image(&mut r)?;
                 ModuleLoad { kind, len }
             }
             op::MODULE_UNLOAD => ModuleUnload { module: r.u64()? },
@@ -1133,15 +1137,7 @@ impl Request {
             op::MODULE_GET_GLOBAL => ModuleGetGlobal { module: r.u64()? },
             op::TENSOR_MAP_ENCODE => TensorMapEncode,
             op::MODULE_LOAD_CACHED => {
-                let kind = match r.u32()? {
-                    0 => ImageKind::Ptx,
-                    1 => ImageKind::Cubin,
-                    k => return Err(bad("kind", format!("{k}"))),
-                };
-                let len = check_len("len", r.u64()?, MAX_IMAGE)?;
-                if len == 0 {
-                    return Err(bad("len", "empty image"));
-                }
+                let (kind, len) = read_image(&mut r)?;
                 let mut hash = [0u8; 32];
                 for c in hash.chunks_exact_mut(8) {
                     c.copy_from_slice(&r.u64()?.to_le_bytes());
@@ -1202,11 +1198,7 @@ impl Request {
                 let func = r.u64()?;
                 let (grid, block, shared_mem) = read_shape(&mut r)?;
                 let stream = r.u64()?;
-                let cluster = Dim3 {
-                    x: r.u32()?,
-                    y: r.u32()?,
-                    z: r.u32()?,
-                };
+                let cluster = read_dim(&mut r)?;
                 check_cluster(grid, cluster)?;
                 let flags = r.u32()?;
                 if flags & !launch_flags::COOPERATIVE != 0 {
