@@ -531,14 +531,21 @@ fn k_unmodeled(_c: &mut SimContext, _g: Dim3, _b: Dim3, _p: &[u8]) -> Result<u64
     Err(Status::NotSupported)
 }
 
+/// `size` bytes of zeroed model memory, or `OutOfMemory` if the host has
+/// not got them.
+fn zeroed(size: u64) -> Result<Vec<u8>, Status> {
+    let len = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(len)
+        .map_err(|_| Status::OutOfMemory)?;
+    buf.resize(len, 0);
+    Ok(buf)
+}
+
 impl Context for SimContext {
     fn alloc(&mut self, size: u64) -> Result<u64, Status> {
         self.alive()?;
-        let len = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
-        let mut buf = Vec::new();
-        buf.try_reserve_exact(len)
-            .map_err(|_| Status::OutOfMemory)?;
-        buf.resize(len, 0);
+        let buf = zeroed(size)?;
         let mut next = self.next_base.lock().unwrap_or_else(|e| e.into_inner());
         let base = *next;
         // Keep allocations apart (and 2 MiB aligned) so that an overrun is an error.
@@ -1075,11 +1082,7 @@ impl Context for SimContext {
 
     fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
         self.alive()?;
-        let len = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
-        let mut buf = Vec::new();
-        buf.try_reserve_exact(len)
-            .map_err(|_| Status::OutOfMemory)?;
-        buf.resize(len, 0);
+        let buf = zeroed(size)?;
         // Numbered apart from every other context's handles.
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0x564d_0000);
         let h = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
