@@ -179,10 +179,6 @@ impl Drop for Gpu {
 /// How long a synchronous call may wait for the host before giving up.
 const CALL_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Module images this large or larger are asked for by hash first (see
-/// [`Gpu::module_load`]); smaller ones cost less to send than to ask.
-pub const CACHED_IMAGE: usize = 64 << 10;
-
 pub(crate) fn current_cpu() -> u32 {
     // SAFETY: sched_getcpu has no preconditions.
     let c = unsafe { libc::sched_getcpu() };
@@ -749,10 +745,10 @@ impl Gpu {
     }
 
     /// cuModuleLoadData with a PTX text or a cubin image. An image of
-    /// [`CACHED_IMAGE`] bytes or more is first asked for by its hash: the
-    /// host may hold it from another of the vGPU's processes.
+    /// [`protocol::CACHED_IMAGE`] bytes or more is first asked for by its
+    /// hash: the host may hold it from another of the vGPU's processes.
     pub fn module_load(&mut self, kind: ImageKind, image: &[u8]) -> Result<u64> {
-        if image.len() >= CACHED_IMAGE {
+        if image.len() as u64 >= protocol::CACHED_IMAGE {
             let len = image.len() as u64;
             let hash = protocol::image_hash(image);
             match self.call(&Request::ModuleLoadCached { kind, len, hash }) {

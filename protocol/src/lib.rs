@@ -566,6 +566,11 @@ pub enum Request {
     },
 }
 
+/// Module images this large or larger are cached on the host and asked for
+/// by hash first (`ModuleLoadCached`); smaller ones cost less to send than
+/// to ask for.
+pub const CACHED_IMAGE: u64 = 64 << 10;
+
 /// The content hash a module image is cached by on the host (SHA-256).
 pub fn image_hash(image: &[u8]) -> [u8; 32] {
     use sha2::Digest;

@@ -7,11 +7,11 @@ use fairvgpu_tests::{Host, PTX};
 use protocol::{image_hash, ImageKind, Request, Status};
 
 /// The kernels' PTX padded with a comment to more than
-/// `guest_frontend::CACHED_IMAGE` bytes (a large image).
+/// `protocol::CACHED_IMAGE` bytes (a large image).
 fn large_ptx() -> Vec<u8> {
     let mut p = PTX.as_bytes().to_vec();
     p.extend_from_slice(b"\n// ");
-    p.resize(guest_frontend::CACHED_IMAGE + 4096, b'x');
+    p.resize(protocol::CACHED_IMAGE as usize + 4096, b'x');
     p.push(b'\n');
     p
 }

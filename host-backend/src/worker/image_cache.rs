@@ -52,11 +52,12 @@ impl ImageCache {
     }
 
     /// Keeps `image` (loaded successfully) under its hash, making room by
-    /// dropping the least recently used; one larger than the cache is not
-    /// kept.
+    /// dropping the least recently used; one larger than the cache, or
+    /// smaller than guests ask for by hash ([`protocol::CACHED_IMAGE`]), is
+    /// not kept (nor hashed).
     pub fn insert(&mut self, kind: ImageKind, image: &[u8]) {
         let len = image.len() as u64;
-        if len == 0 || len > self.cap {
+        if len < protocol::CACHED_IMAGE || len > self.cap {
             return;
         }
         let hash = protocol::image_hash(image);
@@ -96,25 +97,36 @@ mod tests {
 
     #[test]
     fn images_come_back_by_hash_kind_and_length_and_the_oldest_go_first() {
-        let mut c = ImageCache::new(100);
-        let (a, b, d) = (vec![1u8; 40], vec![2u8; 40], vec![3u8; 40]);
+        let k = protocol::CACHED_IMAGE;
+        let n = k as usize;
+        let mut c = ImageCache::new(2 * k + k / 2);
+        let (a, b, d) = (vec![1u8; n], vec![2u8; n], vec![3u8; n]);
         c.insert(ImageKind::Cubin, &a);
         c.insert(ImageKind::Ptx, &b);
-        assert_eq!(c.bytes(), 80);
+        assert_eq!(c.bytes(), 2 * k);
         let ha = protocol::image_hash(&a);
-        assert_eq!(c.get(&ha, ImageKind::Cubin, 40).as_deref(), Some(&a[..]));
-        assert!(c.get(&ha, ImageKind::Ptx, 40).is_none(), "another kind");
-        assert!(c.get(&ha, ImageKind::Cubin, 39).is_none(), "another length");
+        assert_eq!(c.get(&ha, ImageKind::Cubin, k).as_deref(), Some(&a[..]));
+        assert!(c.get(&ha, ImageKind::Ptx, k).is_none(), "another kind");
+        assert!(
+            c.get(&ha, ImageKind::Cubin, k - 1).is_none(),
+            "another length"
+        );
         // `a` was used last: `b` makes room for `d`.
         c.insert(ImageKind::Cubin, &d);
-        assert_eq!(c.bytes(), 80);
+        assert_eq!(c.bytes(), 2 * k);
         assert!(c
-            .get(&protocol::image_hash(&b), ImageKind::Ptx, 40)
+            .get(&protocol::image_hash(&b), ImageKind::Ptx, k)
             .is_none());
-        assert!(c.get(&ha, ImageKind::Cubin, 40).is_some());
-        // Too large for the cache: not kept, nothing dropped.
-        c.insert(ImageKind::Cubin, &[9u8; 101]);
-        assert_eq!(c.bytes(), 80);
-        assert!(ImageCache::new(0).get(&ha, ImageKind::Cubin, 40).is_none());
+        assert!(c.get(&ha, ImageKind::Cubin, k).is_some());
+        // Too large for the cache, or smaller than guests ask for by hash:
+        // not kept, nothing dropped.
+        c.insert(ImageKind::Cubin, &vec![9u8; 2 * n + n / 2 + 1]);
+        let small = vec![8u8; n - 1];
+        c.insert(ImageKind::Cubin, &small);
+        assert_eq!(c.bytes(), 2 * k);
+        assert!(c
+            .get(&protocol::image_hash(&small), ImageKind::Cubin, k - 1)
+            .is_none());
+        assert!(ImageCache::new(0).get(&ha, ImageKind::Cubin, k).is_none());
     }
 }
