@@ -118,11 +118,18 @@ fn launch(
     x: Extras,
 ) -> Result<(), CuResult> {
     need_ctx()?;
-    let k = kernel_op(f, grid, block, shared, params, extra, x)?;
-    if crate::graph::capture::add(st, || Ok(crate::graph::Op::Kernel(k.clone())))? {
+    // Captured: the node keeps the launch; otherwise it goes straight to
+    // the vGPU, with no node made on the launch path.
+    let node = || kernel_op(f, grid, block, shared, params, extra, x).map(crate::graph::Op::Kernel);
+    if crate::graph::capture::add(st, node)? {
         return Ok(());
     }
-    run_kernel(&k, st)
+    let k = kernel(f)?;
+    let stream = resolve(st)?;
+    // SAFETY: the caller's arguments, per the driver API's contract.
+    let packed = unsafe { pack(&k.func, params, extra) }?;
+    let h = k.func.handle;
+    gpu(|g| g.launch_ex(h, grid, block, shared, stream, x.cluster, x.flags, &packed))
 }
 
 /// A launch with its parameter values read (what a graph's kernel node
