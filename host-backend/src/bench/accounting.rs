@@ -168,7 +168,10 @@ mod tests {
             err < 0.05,
             "charged {charged:.0} ns per launch, the guest's events {by_events:.0}"
         );
-        // A 500 us kernel on the sim takes 500 us plus its fixed cost.
-        assert!((500_000.0..520_000.0).contains(&by_events), "{by_events}");
+        // A 500 us kernel on the sim takes 500 us plus its fixed cost, and
+        // more when the machine is busy: the sim runs in real time, and a
+        // descheduled sim thread overruns. The upper bound is loose on
+        // purpose; what it catches is events counted twice or lost.
+        assert!((500_000.0..750_000.0).contains(&by_events), "{by_events}");
     }
 }
