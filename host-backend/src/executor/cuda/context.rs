@@ -1,0 +1,552 @@
+//! A guest process's CUDA context: its driver objects under our handles,
+//! making it current, its limits, and the `Context` trait, each call passed
+//! to the file of its API family.
+
+use std::cell::Cell;
+use std::ffi::CString;
+use std::ptr::null_mut;
+
+use cudarc::driver::sys::{self, CUcontext, CUdevice};
+use protocol::{Dim3, ImageKind, Param, Status};
+use vm_memory::VolatileSlice;
+
+use super::batch;
+use super::check;
+use super::vmm::{vmm_free, vmm_prop, GuestVmm, VmmAlloc};
+use crate::config::GraphLaunches;
+use crate::executor::{Context, Handle, Moved, Queued};
+
+thread_local! {
+    pub(super) static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// A driver object the guest holds by handle. Handles are ours (not the
+/// driver's pointers), so that the objects can be re-created on another GPU
+/// under the same handles when the vGPU moves.
+pub(super) enum Obj {
+    Stream {
+        raw: sys::CUstream,
+        flags: u32,
+        priority: i32,
+    },
+    Event {
+        raw: sys::CUevent,
+        flags: u32,
+    },
+    /// The image is kept to load the module again on another GPU.
+    Module {
+        raw: sys::CUmodule,
+        image: Vec<u8>,
+    },
+    Function {
+        raw: sys::CUfunction,
+        module: Handle,
+        name: CString,
+        sizes: Vec<u32>,
+        /// Attributes the guest set, set again when the function is made
+        /// again on another GPU.
+        attrs: Vec<(u32, i32)>,
+    },
+}
+
+/// How to make an [`Obj`] again (on another GPU).
+#[derive(Clone)]
+pub(super) enum ObjSpec {
+    /// Flags and priority.
+    Stream(u32, i32),
+    Event(u32),
+    Module(Vec<u8>),
+    /// Module, name, parameter sizes, attributes set.
+    Function(Handle, CString, Vec<u32>, Vec<(u32, i32)>),
+}
+
+pub(super) struct CudaContext {
+    pub(super) ctx: CUcontext,
+    pub(super) dev: CUdevice,
+    pub(super) ordinal: u32,
+    /// Allocations are VMM ranges (movable to another GPU at the same
+    /// addresses); false on one-GPU hosts, where plain cuMemAlloc is used.
+    pub(super) vmm: bool,
+    pub(super) granularity: usize,
+    pub(super) allocs: std::collections::BTreeMap<u64, VmmAlloc>,
+    pub(super) objs: crate::executor::HandleMap<Obj>,
+    pub(super) next_handle: Handle,
+    /// The guest learnt a module global's address: it would change on
+    /// another GPU, so the context cannot move.
+    pub(super) globals_taken: bool,
+    /// Idle timing events, and (function, start, end) of timed launches in flight.
+    pub(super) event_pool: Vec<sys::CUevent>,
+    pub(super) timed: Vec<(Handle, sys::CUevent, sys::CUevent)>,
+    /// The busy period being timed: its start event and, once it ended,
+    /// one end event per stream it used.
+    pub(super) period: Option<(sys::CUevent, Vec<sys::CUevent>)>,
+    /// Each function's sliceable variant (`ptx::SLICE_SUFFIX`), looked up
+    /// once; `None`: it has none.
+    pub(super) sliced: std::collections::HashMap<Handle, Option<sys::CUfunction>>,
+    /// Graph templates for runs of queued launches (see `batch`).
+    pub(super) templates: batch::Templates,
+    /// Marks the worker waits on: their events, one per stream marked.
+    pub(super) marks: std::collections::HashMap<crate::executor::Marker, Vec<sys::CUevent>>,
+    pub(super) next_mark: crate::executor::Marker,
+    /// The stream device-to-host copies into the arenas go on (made when
+    /// first needed; non-blocking, so that it waits for no other stream).
+    pub(super) copy: sys::CUstream,
+    /// The guest's own reservations, physical memory and mappings.
+    pub(super) guest_vmm: GuestVmm,
+}
+
+// SAFETY: a CUcontext may be used from any thread once made current there;
+// every entry point below makes it current before use.
+unsafe impl Send for CudaContext {}
+
+impl CudaContext {
+    pub(super) fn new(
+        dev: CUdevice,
+        ordinal: u32,
+        vmm: bool,
+        graphs: GraphLaunches,
+    ) -> Result<CudaContext, Status> {
+        let mut ctx: CUcontext = null_mut();
+        // SAFETY: out-parameter on our stack; null create-params means defaults.
+        check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, dev) })?;
+        CURRENT.with(|c| c.set(ctx as usize));
+        let mut granularity = 1;
+        if vmm {
+            let prop = vmm_prop(ordinal);
+            // SAFETY: out-parameter on our stack; a valid property struct.
+            let r = check(unsafe {
+                sys::cuMemGetAllocationGranularity(
+                    &mut granularity,
+                    &prop,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+                )
+            });
+            if let Err(e) = r {
+                // SAFETY: our own fresh context.
+                let _ = unsafe { sys::cuCtxDestroy_v2(ctx) };
+                return Err(e);
+            }
+        }
+        Ok(CudaContext {
+            ctx,
+            dev,
+            ordinal,
+            vmm,
+            granularity: granularity.max(1),
+            allocs: Default::default(),
+            objs: Default::default(),
+            next_handle: 0x1000,
+            globals_taken: false,
+            event_pool: Vec::new(),
+            timed: Vec::new(),
+            period: None,
+            sliced: Default::default(),
+            templates: batch::Templates::new(graphs),
+            marks: Default::default(),
+            next_mark: 0,
+            copy: null_mut(),
+            guest_vmm: GuestVmm::default(),
+        })
+    }
+
+    pub(super) fn bind(&self) -> Result<(), Status> {
+        if CURRENT.with(Cell::get) != self.ctx as usize {
+            // SAFETY: `self.ctx` is a live context owned by self.
+            check(unsafe { sys::cuCtxSetCurrent(self.ctx) })?;
+            CURRENT.with(|c| c.set(self.ctx as usize));
+        }
+        Ok(())
+    }
+
+    pub(super) fn insert(&mut self, o: Obj) -> Handle {
+        self.next_handle += 1;
+        self.objs.insert(self.next_handle, o);
+        self.next_handle
+    }
+
+    /// The driver stream of a handle (0: the default stream).
+    pub(super) fn stream(&self, h: Handle) -> Result<sys::CUstream, Status> {
+        if h == 0 {
+            return Ok(null_mut());
+        }
+        match self.objs.get(&h) {
+            Some(Obj::Stream { raw, .. }) => Ok(*raw),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    pub(super) fn event(&self, h: Handle) -> Result<sys::CUevent, Status> {
+        match self.objs.get(&h) {
+            Some(Obj::Event { raw, .. }) => Ok(*raw),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    pub(super) fn module(&self, h: Handle) -> Result<sys::CUmodule, Status> {
+        match self.objs.get(&h) {
+            Some(Obj::Module { raw, .. }) => Ok(*raw),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    pub(super) fn func(&self, h: Handle) -> Result<(sys::CUfunction, &[u32]), Status> {
+        match self.objs.get(&h) {
+            Some(Obj::Function { raw, sizes, .. }) => Ok((*raw, sizes)),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    /// What it takes to make this context's objects again elsewhere.
+    pub(super) fn specs(&self) -> Vec<(Handle, ObjSpec)> {
+        self.objs
+            .iter()
+            .map(|(&h, o)| {
+                let spec = match o {
+                    Obj::Stream {
+                        flags, priority, ..
+                    } => ObjSpec::Stream(*flags, *priority),
+                    Obj::Event { flags, .. } => ObjSpec::Event(*flags),
+                    Obj::Module { image, .. } => ObjSpec::Module(image.clone()),
+                    Obj::Function {
+                        module,
+                        name,
+                        sizes,
+                        attrs,
+                        ..
+                    } => ObjSpec::Function(*module, name.clone(), sizes.clone(), attrs.clone()),
+                };
+                (h, spec)
+            })
+            .collect()
+    }
+}
+impl Drop for CudaContext {
+    fn drop(&mut self) {
+        // The graphs go before the context they were made in.
+        self.templates.clear();
+        if self.bind().is_ok() {
+            self.guest_vmm.clear();
+            for (va, a) in std::mem::take(&mut self.allocs) {
+                vmm_free(va, &a);
+            }
+        }
+        // SAFETY: destroying our own context frees all it holds; nothing uses it after.
+        let _ = unsafe { sys::cuCtxDestroy_v2(self.ctx) };
+        CURRENT.with(|c| {
+            if c.get() == self.ctx as usize {
+                c.set(0)
+            }
+        });
+    }
+}
+
+/// The driver's `CUlimit` for a range-checked limit number.
+fn cu_limit(limit: u32) -> Result<sys::CUlimit, Status> {
+    use sys::CUlimit as L;
+    Ok(match limit {
+        0 => L::CU_LIMIT_STACK_SIZE,
+        1 => L::CU_LIMIT_PRINTF_FIFO_SIZE,
+        2 => L::CU_LIMIT_MALLOC_HEAP_SIZE,
+        3 => L::CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH,
+        4 => L::CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT,
+        5 => L::CU_LIMIT_MAX_L2_FETCH_GRANULARITY,
+        6 => L::CU_LIMIT_PERSISTING_L2_CACHE_SIZE,
+        _ => return Err(Status::InvalidValue),
+    })
+}
+
+impl CudaContext {
+    pub(super) fn limit(&mut self, limit: u32) -> Result<u64, Status> {
+        self.bind()?;
+        let mut v = 0usize;
+        // SAFETY: out-parameter on our stack; `limit` was range-checked.
+        check(unsafe { sys::cuCtxGetLimit(&mut v, cu_limit(limit)?) })?;
+        Ok(v as u64)
+    }
+
+    pub(super) fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: the context is current; `limit` was range-checked.
+        check(unsafe { sys::cuCtxSetLimit(cu_limit(limit)?, value as usize) })
+    }
+}
+
+// Each call is the inherent method of the same name, in the file of its
+// family (`memory`, `module`, `launch`, `timing`, `stream`, `vmm`, `migrate`).
+impl Context for CudaContext {
+    fn alloc(&mut self, size: u64) -> Result<u64, Status> {
+        CudaContext::alloc(self, size)
+    }
+
+    fn footprint(&self, size: u64) -> u64 {
+        CudaContext::footprint(self, size)
+    }
+
+    fn free(&mut self, ptr: u64) -> Result<(), Status> {
+        CudaContext::free(self, ptr)
+    }
+
+    fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, s: Handle) -> Result<(), Status> {
+        CudaContext::htod(self, dst, src, s)
+    }
+
+    fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, s: Handle) -> Result<(), Status> {
+        CudaContext::dtoh(self, dst, src, s)
+    }
+
+    fn dtoh_async(&mut self, dst: &VolatileSlice<'_>, src: u64, s: Handle) -> Result<(), Status> {
+        CudaContext::dtoh_async(self, dst, src, s)
+    }
+
+    fn dtod(&mut self, dst: u64, src: u64, len: u64, s: Handle) -> Result<(), Status> {
+        CudaContext::dtod(self, dst, src, len, s)
+    }
+
+    fn memset(
+        &mut self,
+        dst: u64,
+        value: u32,
+        width: u32,
+        count: u64,
+        s: Handle,
+    ) -> Result<(), Status> {
+        CudaContext::memset(self, dst, value, width, count, s)
+    }
+
+    fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
+        CudaContext::load_module(self, kind, image)
+    }
+
+    fn unload_module(&mut self, module: Handle) -> Result<(), Status> {
+        CudaContext::unload_module(self, module)
+    }
+
+    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<Param>), Status> {
+        CudaContext::function(self, module, name)
+    }
+
+    fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
+        CudaContext::func_attribute(self, func, attr)
+    }
+
+    fn occupancy(&mut self, func: Handle, block_size: u32, shared_mem: u32) -> Result<i32, Status> {
+        CudaContext::occupancy(self, func, block_size, shared_mem)
+    }
+
+    fn available_smem(
+        &mut self,
+        func: Handle,
+        num_blocks: u32,
+        block_size: u32,
+    ) -> Result<u64, Status> {
+        CudaContext::available_smem(self, func, num_blocks, block_size)
+    }
+
+    fn tensor_map(
+        &mut self,
+        p: &protocol::tensor_map::TensorMapParams,
+    ) -> Result<[u8; protocol::tensor_map::TENSOR_MAP_BYTES], Status> {
+        CudaContext::tensor_map(self, p)
+    }
+
+    fn occupancy_clusters(
+        &mut self,
+        shape: crate::executor::Launch,
+        cluster: Dim3,
+        potential: bool,
+    ) -> Result<i32, Status> {
+        CudaContext::occupancy_clusters(self, shape, cluster, potential)
+    }
+
+    fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status> {
+        CudaContext::module_global(self, module, name)
+    }
+
+    fn link(&mut self, inputs: &[(u32, &[u8])]) -> Result<Vec<u8>, Status> {
+        CudaContext::link(self, inputs)
+    }
+
+    fn launch(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+    ) -> Result<(), Status> {
+        CudaContext::launch(self, func, g, b, smem, s, params)
+    }
+
+    fn launch_many(&mut self, s: Handle, launches: &[Queued], params: &[u8]) -> Result<(), Status> {
+        CudaContext::launch_many(self, s, launches, params)
+    }
+
+    fn launch_timed(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+    ) -> Result<(), Status> {
+        CudaContext::launch_timed(self, func, g, b, smem, s, params)
+    }
+
+    fn take_timings(&mut self) -> Vec<(Handle, u64)> {
+        CudaContext::take_timings(self)
+    }
+
+    fn period_begin(&mut self) -> Result<(), Status> {
+        CudaContext::period_begin(self)
+    }
+
+    fn period_end(&mut self, streams: &[Handle]) -> Result<(), Status> {
+        CudaContext::period_end(self, streams)
+    }
+
+    fn period_ns(&mut self) -> Option<u64> {
+        CudaContext::period_ns(self)
+    }
+
+    fn stream_create(&mut self, flags: u32, priority: i32) -> Result<Handle, Status> {
+        CudaContext::stream_create(self, flags, priority)
+    }
+
+    fn stream_wait_event(&mut self, s: Handle, e: Handle, flags: u32) -> Result<(), Status> {
+        CudaContext::stream_wait_event(self, s, e, flags)
+    }
+
+    fn func_set_attribute(&mut self, func: Handle, attr: u32, value: i32) -> Result<(), Status> {
+        CudaContext::func_set_attribute(self, func, attr, value)
+    }
+
+    fn limit(&mut self, limit: u32) -> Result<u64, Status> {
+        CudaContext::limit(self, limit)
+    }
+
+    fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
+        CudaContext::set_limit(self, limit, value)
+    }
+
+    fn launch_ex(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+        cluster: Dim3,
+        cooperative: bool,
+    ) -> Result<(), Status> {
+        CudaContext::launch_ex(self, func, g, b, smem, s, params, cluster, cooperative)
+    }
+
+    fn stream_destroy(&mut self, s: Handle) -> Result<(), Status> {
+        CudaContext::stream_destroy(self, s)
+    }
+
+    fn stream_synchronize(&mut self, s: Handle) -> Result<(), Status> {
+        CudaContext::stream_synchronize(self, s)
+    }
+
+    fn stream_query(&mut self, s: Handle) -> Result<bool, Status> {
+        CudaContext::stream_query(self, s)
+    }
+
+    fn event_create(&mut self, flags: u32) -> Result<Handle, Status> {
+        CudaContext::event_create(self, flags)
+    }
+
+    fn event_destroy(&mut self, e: Handle) -> Result<(), Status> {
+        CudaContext::event_destroy(self, e)
+    }
+
+    fn event_record(&mut self, e: Handle, s: Handle) -> Result<(), Status> {
+        CudaContext::event_record(self, e, s)
+    }
+
+    fn event_synchronize(&mut self, e: Handle) -> Result<(), Status> {
+        CudaContext::event_synchronize(self, e)
+    }
+
+    fn event_query(&mut self, e: Handle) -> Result<bool, Status> {
+        CudaContext::event_query(self, e)
+    }
+
+    fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status> {
+        CudaContext::event_elapsed(self, start, end)
+    }
+
+    fn synchronize(&mut self) -> Result<(), Status> {
+        CudaContext::synchronize(self)
+    }
+
+    fn mark(&mut self, stream: Option<Handle>) -> Result<crate::executor::Marker, Status> {
+        CudaContext::mark(self, stream)
+    }
+
+    fn reached(&mut self, m: crate::executor::Marker) -> Result<bool, Status> {
+        CudaContext::reached(self, m)
+    }
+
+    fn forget(&mut self, m: crate::executor::Marker) {
+        CudaContext::forget(self, m)
+    }
+
+    fn can_slice(&mut self, func: Handle) -> bool {
+        CudaContext::can_slice(self, func)
+    }
+
+    fn launch_slice(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+        x_offset: u32,
+        grid_x: u32,
+    ) -> Result<(), Status> {
+        CudaContext::launch_slice(self, func, g, b, smem, s, params, x_offset, grid_x)
+    }
+
+    fn vmm_reserve(&mut self, size: u64, align: u64) -> Result<u64, Status> {
+        CudaContext::vmm_reserve(self, size, align)
+    }
+
+    fn vmm_address_free(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        CudaContext::vmm_address_free(self, ptr, size)
+    }
+
+    fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
+        CudaContext::vmm_create(self, size)
+    }
+
+    fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
+        CudaContext::vmm_release(self, handle)
+    }
+
+    fn vmm_map(&mut self, ptr: u64, size: u64, offset: u64, handle: Handle) -> Result<(), Status> {
+        CudaContext::vmm_map(self, ptr, size, offset, handle)
+    }
+
+    fn vmm_unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        CudaContext::vmm_unmap(self, ptr, size)
+    }
+
+    fn prepare_migration(&self, target: u32) -> Option<crate::executor::PrepareJob> {
+        CudaContext::prepare_migration(self, target)
+    }
+
+    fn migrate(
+        &mut self,
+        target: u32,
+        prepared: Option<crate::executor::Prepared>,
+    ) -> Result<Moved, Status> {
+        CudaContext::migrate(self, target, prepared)
+    }
+}

@@ -1,0 +1,40 @@
+//! `cuda`: the CUDA driver API through `cudarc`'s dynamically loaded bindings,
+//! so the binary starts on machines without CUDA and fails with a clear
+//! message only when a GPU is asked for.
+//!
+//! One CUDA context per guest process (`Context`), created on the worker's
+//! GPU; destroying it frees everything the guest held. The worker calls from
+//! one thread, and every entry point makes its context current first.
+//! Every `unsafe` block here is a driver call whose pointer arguments are
+//! either out-parameters on our stack or ranges the worker validated.
+//!
+//! One file per family of the driver API: `device` (the driver, GPUs, the
+//! executor), `context` (a guest process's context, its objects and the
+//! `Context` trait), `memory`, `module`, `launch` (with `batch`: runs as
+//! graph launches), `timing`, `stream` (streams, events, marks), `vmm`,
+//! `migrate`, `tensor_map`.
+
+use cudarc::driver::sys::CUresult;
+use protocol::Status;
+
+mod batch;
+mod context;
+mod device;
+mod launch;
+mod memory;
+mod migrate;
+mod module;
+mod stream;
+mod tensor_map;
+mod timing;
+mod vmm;
+
+pub use device::{available, device_count, device_memory, open, peer_bandwidth, CudaExecutor};
+
+fn check(r: CUresult) -> Result<(), Status> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Status::from_code(r as u32))
+    }
+}

@@ -1,0 +1,179 @@
+//! Streams, events, synchronization, and the marks the worker waits on.
+
+use std::ptr::null_mut;
+
+use cudarc::driver::sys::{self, CUresult};
+use protocol::Status;
+
+use super::check;
+use super::context::{CudaContext, Obj};
+use crate::executor::Handle;
+
+impl CudaContext {
+    pub(super) fn stream_create(&mut self, flags: u32, priority: i32) -> Result<Handle, Status> {
+        self.bind()?;
+        let mut st: sys::CUstream = null_mut();
+        // SAFETY: out-parameter on our stack; the driver clamps the priority.
+        check(unsafe { sys::cuStreamCreateWithPriority(&mut st, flags, priority) })?;
+        Ok(self.insert(Obj::Stream {
+            raw: st,
+            flags,
+            priority,
+        }))
+    }
+
+    pub(super) fn stream_wait_event(
+        &mut self,
+        s: Handle,
+        e: Handle,
+        flags: u32,
+    ) -> Result<(), Status> {
+        self.bind()?;
+        let st = self.stream(s)?;
+        let ev = self.event(e)?;
+        // SAFETY: a stream and an event of this context.
+        check(unsafe { sys::cuStreamWaitEvent(st, ev, flags) })
+    }
+
+    pub(super) fn stream_destroy(&mut self, s: Handle) -> Result<(), Status> {
+        self.bind()?;
+        if s == 0 {
+            return Err(Status::InvalidHandle);
+        }
+        let st = self.stream(s)?;
+        // SAFETY: a stream of this context, destroyed once.
+        check(unsafe { sys::cuStreamDestroy_v2(st) })?;
+        self.objs.remove(&s);
+        Ok(())
+    }
+
+    pub(super) fn stream_synchronize(&mut self, s: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let st = self.stream(s)?;
+        // SAFETY: a stream of this context (or the default one).
+        check(unsafe { sys::cuStreamSynchronize(st) })
+    }
+
+    pub(super) fn stream_query(&mut self, s: Handle) -> Result<bool, Status> {
+        self.bind()?;
+        let st = self.stream(s)?;
+        // SAFETY: a stream of this context.
+        match unsafe { sys::cuStreamQuery(st) } {
+            CUresult::CUDA_SUCCESS => Ok(true),
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(Status::from_code(e as u32)),
+        }
+    }
+
+    pub(super) fn event_create(&mut self, flags: u32) -> Result<Handle, Status> {
+        self.bind()?;
+        let mut e: sys::CUevent = null_mut();
+        // SAFETY: out-parameter on our stack.
+        check(unsafe { sys::cuEventCreate(&mut e, flags) })?;
+        Ok(self.insert(Obj::Event { raw: e, flags }))
+    }
+
+    pub(super) fn event_destroy(&mut self, e: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let ev = self.event(e)?;
+        // SAFETY: an event of this context, destroyed once.
+        check(unsafe { sys::cuEventDestroy_v2(ev) })?;
+        self.objs.remove(&e);
+        Ok(())
+    }
+
+    pub(super) fn event_record(&mut self, e: Handle, s: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let (ev, st) = (self.event(e)?, self.stream(s)?);
+        // SAFETY: an event and a stream of this context.
+        check(unsafe { sys::cuEventRecord(ev, st) })
+    }
+
+    pub(super) fn event_synchronize(&mut self, e: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let ev = self.event(e)?;
+        // SAFETY: an event of this context.
+        check(unsafe { sys::cuEventSynchronize(ev) })
+    }
+
+    pub(super) fn event_query(&mut self, e: Handle) -> Result<bool, Status> {
+        self.bind()?;
+        let ev = self.event(e)?;
+        // SAFETY: an event of this context.
+        match unsafe { sys::cuEventQuery(ev) } {
+            CUresult::CUDA_SUCCESS => Ok(true),
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => Err(Status::from_code(r as u32)),
+        }
+    }
+
+    pub(super) fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status> {
+        self.bind()?;
+        let (a, b) = (self.event(start)?, self.event(end)?);
+        let mut ms = 0f32;
+        // SAFETY: events of this context; out-parameter on our stack.
+        check(unsafe { sys::cuEventElapsedTime_v2(&mut ms, a, b) })?;
+        Ok(ms)
+    }
+
+    pub(super) fn synchronize(&mut self) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: no arguments; our context is current.
+        check(unsafe { sys::cuCtxSynchronize() })
+    }
+
+    pub(super) fn mark(
+        &mut self,
+        stream: Option<Handle>,
+    ) -> Result<crate::executor::Marker, Status> {
+        self.bind()?;
+        let streams: Vec<sys::CUstream> = match stream {
+            Some(s) => vec![self.stream(s)?],
+            None => std::iter::once(null_mut())
+                .chain(self.objs.values().filter_map(|o| match o {
+                    Obj::Stream { raw, .. } => Some(*raw),
+                    _ => None,
+                }))
+                .collect(),
+        };
+        let mut events = Vec::with_capacity(streams.len());
+        for st in streams {
+            let e = self.pooled_event()?;
+            // SAFETY: our own event and a stream of this context.
+            let r = check(unsafe { sys::cuEventRecord(e, st) });
+            events.push(e);
+            if let Err(err) = r {
+                self.event_pool.extend(events);
+                return Err(err);
+            }
+        }
+        self.next_mark += 1;
+        self.marks.insert(self.next_mark, events);
+        Ok(self.next_mark)
+    }
+
+    pub(super) fn reached(&mut self, m: crate::executor::Marker) -> Result<bool, Status> {
+        self.bind()?;
+        let events = self.marks.get(&m).ok_or(Status::InvalidHandle)?;
+        let mut outcome = Ok(true);
+        for &e in events {
+            // SAFETY: our own recorded event.
+            match unsafe { sys::cuEventQuery(e) } {
+                CUresult::CUDA_SUCCESS => {}
+                CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
+                r => {
+                    outcome = Err(Status::from_code(r as u32));
+                    break;
+                }
+            }
+        }
+        self.forget(m);
+        outcome
+    }
+
+    pub(super) fn forget(&mut self, m: crate::executor::Marker) {
+        if let Some(events) = self.marks.remove(&m) {
+            self.event_pool.extend(events);
+        }
+    }
+}

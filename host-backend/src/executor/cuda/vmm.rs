@@ -1,0 +1,228 @@
+//! Virtual memory management: the movable ranges allocations are made of,
+//! and the guest's own reservations, physical memory and mappings.
+
+use cudarc::driver::sys;
+use protocol::Status;
+
+use super::check;
+use super::context::CudaContext;
+use crate::executor::Handle;
+
+/// The guest's own virtual memory management objects (cuMemAddressReserve,
+/// cuMemCreate, cuMemMap; the worker checked each call against the
+/// session's table), undone when the context goes.
+#[derive(Default)]
+pub(super) struct GuestVmm {
+    /// base -> size of each reservation.
+    pub(super) reserved: std::collections::HashMap<u64, usize>,
+    /// Our handle -> the driver's.
+    pub(super) phys: crate::executor::HandleMap<sys::CUmemGenericAllocationHandle>,
+    /// base -> size of each mapping.
+    pub(super) maps: std::collections::HashMap<u64, usize>,
+}
+
+impl GuestVmm {
+    pub(super) fn is_empty(&self) -> bool {
+        self.reserved.is_empty() && self.phys.is_empty()
+    }
+
+    /// Unmaps, releases and unreserves everything (the context is current).
+    pub(super) fn clear(&mut self) {
+        for (va, n) in self.maps.drain() {
+            // SAFETY: our own mapping, undone once.
+            let _ = unsafe { sys::cuMemUnmap(va, n) };
+        }
+        for (_, h) in self.phys.drain() {
+            // SAFETY: our own handle, released once.
+            let _ = unsafe { sys::cuMemRelease(h) };
+        }
+        for (va, n) in self.reserved.drain() {
+            // SAFETY: our own reservation, nothing mapped in it any more.
+            let _ = unsafe { sys::cuMemAddressFree(va, n) };
+        }
+    }
+}
+
+/// Device memory made with the virtual memory management API: a reserved
+/// address range with physical memory of the current GPU mapped into it.
+pub(super) struct VmmAlloc {
+    pub(super) padded: usize,
+    pub(super) handle: sys::CUmemGenericAllocationHandle,
+}
+
+/// Allocation properties for pinned device memory on GPU `ordinal`.
+pub(super) fn vmm_prop(ordinal: u32) -> sys::CUmemAllocationProp {
+    // SAFETY: a plain C struct for which all-zero is valid (every enum field
+    // has a 0 variant: INVALID / NONE); the fields that matter are set below.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal as i32;
+    prop
+}
+
+pub(super) fn vmm_access(ordinal: u32) -> sys::CUmemAccessDesc {
+    // SAFETY: as in `vmm_prop`.
+    let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+    d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = ordinal as i32;
+    d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    d
+}
+
+/// Creates `padded` bytes of physical memory on GPU `ordinal` and maps it
+/// at `va` (reserved by the caller), readable and writable from that GPU.
+pub(super) fn vmm_map(
+    va: u64,
+    padded: usize,
+    ordinal: u32,
+) -> Result<sys::CUmemGenericAllocationHandle, Status> {
+    let prop = vmm_prop(ordinal);
+    let mut h: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: out-parameter on our stack; `prop` is a valid property struct.
+    check(unsafe { sys::cuMemCreate(&mut h, padded, &prop, 0) })?;
+    // SAFETY: `va` is a reserved range of `padded` bytes with nothing mapped;
+    // `h` is a fresh handle of that size.
+    if let Err(e) = check(unsafe { sys::cuMemMap(va, padded, 0, h, 0) }) {
+        // SAFETY: our own handle, not mapped.
+        let _ = unsafe { sys::cuMemRelease(h) };
+        return Err(e);
+    }
+    let acc = vmm_access(ordinal);
+    // SAFETY: the range was just mapped; one descriptor.
+    if let Err(e) = check(unsafe { sys::cuMemSetAccess(va, padded, &acc, 1) }) {
+        // SAFETY: undoing our own mapping and handle.
+        let _ = unsafe { sys::cuMemUnmap(va, padded) };
+        // SAFETY: as above.
+        let _ = unsafe { sys::cuMemRelease(h) };
+        return Err(e);
+    }
+    Ok(h)
+}
+
+/// Reserves `padded` bytes of address space and maps new memory of GPU
+/// `ordinal` there; undoes the reservation if that fails.
+pub(super) fn vmm_new(
+    padded: usize,
+    ordinal: u32,
+) -> Result<(u64, sys::CUmemGenericAllocationHandle), Status> {
+    let va = vmm_reserve(padded)?;
+    match vmm_map(va, padded, ordinal) {
+        Ok(h) => Ok((va, h)),
+        Err(e) => {
+            // SAFETY: our own reservation, nothing mapped.
+            let _ = unsafe { sys::cuMemAddressFree(va, padded) };
+            Err(e)
+        }
+    }
+}
+
+/// Reserves `padded` bytes of device address space.
+pub(super) fn vmm_reserve(padded: usize) -> Result<u64, Status> {
+    let mut va = 0;
+    // SAFETY: out-parameter on our stack; no fixed address, default alignment.
+    check(unsafe { sys::cuMemAddressReserve(&mut va, padded, 0, 0, 0) })?;
+    Ok(va)
+}
+
+/// Unmaps, releases and unreserves one VMM range.
+pub(super) fn vmm_free(va: u64, a: &VmmAlloc) {
+    // SAFETY: our own mapping, handle and reservation, each undone once.
+    let _ = unsafe { sys::cuMemUnmap(va, a.padded) };
+    // SAFETY: as above.
+    let _ = unsafe { sys::cuMemRelease(a.handle) };
+    // SAFETY: as above.
+    let _ = unsafe { sys::cuMemAddressFree(va, a.padded) };
+}
+
+impl CudaContext {
+    pub(super) fn vmm_reserve(&mut self, size: u64, align: u64) -> Result<u64, Status> {
+        self.bind()?;
+        let n = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
+        let mut va = 0;
+        // SAFETY: out-parameter on our stack; no address asked for; an
+        // alignment of 0 or a power of two (checked by the protocol).
+        check(unsafe { sys::cuMemAddressReserve(&mut va, n, align as usize, 0, 0) })?;
+        self.guest_vmm.reserved.insert(va, n);
+        Ok(va)
+    }
+
+    pub(super) fn vmm_address_free(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        self.bind()?;
+        match self.guest_vmm.reserved.get(&ptr) {
+            Some(&n) if n as u64 == size => {}
+            _ => return Err(Status::InvalidValue),
+        }
+        self.guest_vmm.reserved.remove(&ptr);
+        // SAFETY: our own whole reservation, nothing mapped in it (the
+        // worker checked), freed once.
+        check(unsafe { sys::cuMemAddressFree(ptr, size as usize) })
+    }
+
+    pub(super) fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
+        self.bind()?;
+        let n = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
+        let prop = vmm_prop(self.ordinal);
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: out-parameter on our stack; a valid property struct
+        // (pinned memory of this context's GPU); a size that is a multiple
+        // of 2 MiB (the protocol's check), no flags.
+        check(unsafe { sys::cuMemCreate(&mut h, n, &prop, 0) })?;
+        self.next_handle += 1;
+        self.guest_vmm.phys.insert(self.next_handle, h);
+        Ok(self.next_handle)
+    }
+
+    pub(super) fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let h = self
+            .guest_vmm
+            .phys
+            .remove(&handle)
+            .ok_or(Status::InvalidHandle)?;
+        // SAFETY: our own handle, no longer mapped (the worker checked),
+        // released once.
+        check(unsafe { sys::cuMemRelease(h) })
+    }
+
+    pub(super) fn vmm_map(
+        &mut self,
+        ptr: u64,
+        size: u64,
+        offset: u64,
+        handle: Handle,
+    ) -> Result<(), Status> {
+        self.bind()?;
+        let h = *self
+            .guest_vmm
+            .phys
+            .get(&handle)
+            .ok_or(Status::InvalidHandle)?;
+        let n = size as usize;
+        // SAFETY: `ptr..ptr + size` lies in a reservation of ours with
+        // nothing mapped there, and `offset + size` within the handle's
+        // memory (the worker checked both); no flags.
+        check(unsafe { sys::cuMemMap(ptr, n, offset as usize, h, 0) })?;
+        let acc = vmm_access(self.ordinal);
+        // SAFETY: the range just mapped; one descriptor.
+        if let Err(e) = check(unsafe { sys::cuMemSetAccess(ptr, n, &acc, 1) }) {
+            // SAFETY: undoing the mapping just made.
+            let _ = unsafe { sys::cuMemUnmap(ptr, n) };
+            return Err(e);
+        }
+        self.guest_vmm.maps.insert(ptr, n);
+        Ok(())
+    }
+
+    pub(super) fn vmm_unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        self.bind()?;
+        match self.guest_vmm.maps.get(&ptr) {
+            Some(&n) if n as u64 == size => {}
+            _ => return Err(Status::InvalidValue),
+        }
+        self.guest_vmm.maps.remove(&ptr);
+        // SAFETY: one whole mapping of ours, undone once (the driver waits
+        // for work still using it).
+        check(unsafe { sys::cuMemUnmap(ptr, size as usize) })
+    }
+}
