@@ -543,6 +543,26 @@ fn zeroed(size: u64) -> Result<Vec<u8>, Status> {
 }
 
 impl Context for SimContext {
+    /// Waits for the context's work, then keeps only what a new context
+    /// shares with it (the device, its queue and address space).
+    fn recycle(&mut self) -> Result<(), Status> {
+        self.alive()?;
+        Self::wait_until(self.last_done);
+        self.mem.clear();
+        self.modules.clear();
+        self.functions.clear();
+        self.events.clear();
+        self.streams.clear();
+        self.limits.clear();
+        self.marks.clear();
+        self.timings.clear();
+        self.slice_ns.clear();
+        self.period = None;
+        self.vmm_phys.clear();
+        self.vmm_maps.clear();
+        Ok(())
+    }
+
     fn alloc(&mut self, size: u64) -> Result<u64, Status> {
         self.alive()?;
         let buf = zeroed(size)?;

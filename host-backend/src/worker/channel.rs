@@ -91,11 +91,17 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
     let Some(d) = c.host.req.peek()? else {
         return Ok(false);
     };
-    sh.stats.requests.fetch_add(1, Ordering::Relaxed);
     let r = match Request::decode(d.opcode, &d.inline) {
         Ok(Request::Hello { version }) if version == protocol::PROTOCOL_VERSION => {
-            match sh.exec.open() {
-                Ok(ctx) => {
+            match sh.contexts.take(sh.exec.as_mut()) {
+                // No spare and no token: the Hello waits in its ring.
+                Ok(None) => {
+                    sh.stats.count_contexts(&sh.contexts.counts);
+                    return Ok(false);
+                }
+                Ok(Some(ctx)) => {
+                    sh.stats.requests.fetch_add(1, Ordering::Relaxed);
+                    sh.stats.count_contexts(&sh.contexts.counts);
                     let (id, token) = ss.open(Session::new(ctx), d.tag.wrapping_add(1));
                     c.session = Some(id);
                     let _ = c.host.mark_serving();
@@ -139,6 +145,7 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
             Err(Status::InvalidValue)
         }
     };
+    sh.stats.requests.fetch_add(1, Ordering::Relaxed);
     if d.flags & qemu_ivshmem::FLAG_NO_REPLY == 0 {
         reply(sh, c, d.tag, d.opcode, r, &[])?;
     }
@@ -275,7 +282,10 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
                 .store(sh.pinned.used(), Ordering::Relaxed);
             sh.mem_used -= s.mem_used;
             sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
-            drop(s); // the executor context frees its device memory
+            // The context frees its device memory and is kept for the
+            // vGPU's next process, or destroyed (see `contexts.rs`).
+            let poisoned = sh.poisoned.get().is_some();
+            sh.contexts.give_back(s.ctx, poisoned);
         }
     }
     c.parked = None;

@@ -19,10 +19,12 @@
 //! | `transfer.rs` | data in chunks both ways, sliced launches |
 //! | `wait.rs` | requests parked until the device is there |
 //! | `sessions.rs` | guest processes and their channels |
+//! | `contexts.rs` | contexts of ended processes reused; new ones rationed |
 //! | `release.rs` | giving the GPU back at a slice's end, without blocking |
 //! | `shared.rs` | state of all channels; grants, busy periods, launch runs |
 
 mod channel;
+mod contexts;
 mod image_cache;
 mod pinned;
 mod release;
@@ -154,6 +156,20 @@ pub struct Stats {
     pub device: AtomicU64,
     /// Bytes of the pinned pool its guests hold.
     pub pinned_used: AtomicU64,
+    /// Contexts made new for guest processes (see `contexts.rs`).
+    pub contexts_created: AtomicU64,
+    /// Guest processes that got an ended process's context, made clean.
+    pub contexts_reused: AtomicU64,
+    /// Times a new process's `Hello` waited for the context-creation rate.
+    pub contexts_deferred: AtomicU64,
+}
+
+impl Stats {
+    fn count_contexts(&self, c: &contexts::PoolCounts) {
+        self.contexts_created.store(c.created, Ordering::Relaxed);
+        self.contexts_reused.store(c.reused, Ordering::Relaxed);
+        self.contexts_deferred.store(c.deferred, Ordering::Relaxed);
+    }
 }
 
 /// A migration being prepared on a helper thread.
@@ -270,6 +286,7 @@ impl Worker {
                     p
                 },
                 images: image_cache::ImageCache::new(cfg.image_cache),
+                contexts: contexts::ContextPool::default(),
                 region,
                 link,
                 exec,
@@ -602,6 +619,8 @@ impl Worker {
                     weight,
                 )?);
             }
+            // Spare contexts are on the GPU the vGPU left.
+            self.sh.contexts.clear();
             self.sh.stats.migrations.fetch_add(1, Ordering::Relaxed);
             self.sh
                 .stats

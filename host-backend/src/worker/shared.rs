@@ -27,6 +27,8 @@ pub(super) struct Shared {
     pub pinned: super::pinned::PinnedPool,
     /// Module images by content (see `image_cache.rs`).
     pub images: super::image_cache::ImageCache,
+    /// Contexts of ended processes, for the next ones (see `contexts.rs`).
+    pub contexts: super::contexts::ContextPool,
     pub region: Region,
     pub link: PeerLink,
     pub info_bytes: Vec<u8>,

@@ -69,6 +69,11 @@ pub(super) struct CudaContext {
     pub(super) vmm: bool,
     pub(super) granularity: usize,
     pub(super) allocs: std::collections::BTreeMap<u64, VmmAlloc>,
+    /// Plain (`cuMemAlloc`) allocations, freed one by one when the context
+    /// is recycled (destroying it frees them all at once).
+    pub(super) plain: std::collections::HashSet<u64>,
+    /// The limits of the context as it was made, restored when recycled.
+    pub(super) limits0: Vec<(u32, usize)>,
     pub(super) objs: crate::executor::HandleMap<Obj>,
     pub(super) next_handle: Handle,
     /// The guest learnt a module global's address: it would change on
@@ -134,6 +139,15 @@ impl CudaContext {
             vmm,
             granularity: granularity.max(1),
             allocs: Default::default(),
+            plain: Default::default(),
+            limits0: (0..7)
+                .filter_map(|l| {
+                    let mut v = 0usize;
+                    // SAFETY: out-parameter on our stack; the new context is current.
+                    let r = unsafe { sys::cuCtxGetLimit(&mut v, cu_limit(l).ok()?) };
+                    (r == sys::CUresult::CUDA_SUCCESS).then_some((l, v))
+                })
+                .collect(),
             objs: Default::default(),
             next_handle: 0x1000,
             globals_taken: false,
@@ -240,6 +254,67 @@ impl Drop for CudaContext {
     }
 }
 
+impl CudaContext {
+    /// See [`Context::recycle`]. The driver's memory goes back to the
+    /// driver (which clears it before anyone else gets it); what stays is
+    /// the context itself, its copy stream and idle timing events.
+    pub(super) fn recycle(&mut self) -> Result<(), Status> {
+        self.bind()?;
+        // All its work done; a sticky error shows here, and such a context
+        // is never reused.
+        // SAFETY: no arguments; our context is current.
+        check(unsafe { sys::cuCtxSynchronize() })?;
+        self.templates.clear();
+        self.sliced.clear();
+        let idle = self
+            .timed
+            .drain(..)
+            .flat_map(|(_, a, b)| [a, b])
+            .chain(
+                self.period
+                    .take()
+                    .into_iter()
+                    .flat_map(|(a, ends)| std::iter::once(a).chain(ends)),
+            )
+            .chain(self.marks.drain().flat_map(|(_, evs)| evs))
+            .collect::<Vec<_>>();
+        self.event_pool.extend(idle);
+        self.guest_vmm.clear();
+        for (va, a) in std::mem::take(&mut self.allocs) {
+            vmm_free(va, &a);
+        }
+        for p in std::mem::take(&mut self.plain) {
+            // SAFETY: a live allocation of this context, freed once.
+            check(unsafe { sys::cuMemFree_v2(p) })?;
+        }
+        // Functions go with their modules; streams and events one by one.
+        for (_, o) in std::mem::take(&mut self.objs) {
+            let r = match o {
+                // SAFETY: a stream of this context, destroyed once.
+                Obj::Stream { raw, .. } => unsafe { sys::cuStreamDestroy_v2(raw) },
+                // SAFETY: an event of this context, destroyed once.
+                Obj::Event { raw, .. } => unsafe { sys::cuEventDestroy_v2(raw) },
+                // SAFETY: a module of this context, unloaded once.
+                Obj::Module { raw, .. } => unsafe { sys::cuModuleUnload(raw) },
+                Obj::Function { .. } => sys::CUresult::CUDA_SUCCESS,
+            };
+            check(r)?;
+        }
+        self.globals_taken = false;
+        for &(l, v) in &self.limits0 {
+            let mut now = 0usize;
+            let lim = cu_limit(l)?;
+            // SAFETY: out-parameter on our stack; the context is current.
+            check(unsafe { sys::cuCtxGetLimit(&mut now, lim) })?;
+            if now != v {
+                // SAFETY: the context is current; a limit it was made with.
+                check(unsafe { sys::cuCtxSetLimit(lim, v) })?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The driver's `CUlimit` for a range-checked limit number.
 fn cu_limit(limit: u32) -> Result<sys::CUlimit, Status> {
     use sys::CUlimit as L;
@@ -274,6 +349,10 @@ impl CudaContext {
 // Each call is the inherent method of the same name, in the file of its
 // family (`memory`, `module`, `launch`, `timing`, `stream`, `vmm`, `migrate`).
 impl Context for CudaContext {
+    fn recycle(&mut self) -> Result<(), Status> {
+        CudaContext::recycle(self)
+    }
+
     fn alloc(&mut self, size: u64) -> Result<u64, Status> {
         CudaContext::alloc(self, size)
     }

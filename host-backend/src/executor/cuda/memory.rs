@@ -33,6 +33,7 @@ impl CudaContext {
             let mut p = 0;
             // SAFETY: out-parameter on our stack.
             check(unsafe { sys::cuMemAlloc_v2(&mut p, size as usize) })?;
+            self.plain.insert(p);
             return Ok(p);
         }
         let padded = self.footprint(size.max(1)) as usize;
@@ -56,7 +57,9 @@ impl CudaContext {
             return Ok(());
         }
         // SAFETY: the worker checked `ptr` is a live allocation of this context.
-        check(unsafe { sys::cuMemFree_v2(ptr) })
+        check(unsafe { sys::cuMemFree_v2(ptr) })?;
+        self.plain.remove(&ptr);
+        Ok(())
     }
 
     pub(super) fn htod(
