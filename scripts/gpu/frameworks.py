@@ -3,9 +3,45 @@ through the stand-in: prints `name value` lines to compare, and `time_ms`
 lines; exits 0 if everything ran.
 
 usage: python3 frameworks.py torch|cupy|jax
+       python3 frameworks.py share START_EPOCH SECONDS   (the two-VM run)
+       python3 frameworks.py compare A B                  (two outputs' values)
 """
+import os
 import sys
 import time
+
+
+def transformer(torch):
+    """A small transformer classifier, its data and its optimizer, made the
+    same way on every call (fixed seed)."""
+    torch.manual_seed(1)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.0,
+                                             batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, 2),
+                                torch.nn.Flatten(), torch.nn.Linear(64 * 32, 10)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(16, 32, 64, device="cuda")
+    y = torch.randint(0, 10, (16,), device="cuda")
+    return model, opt, x, y
+
+
+def train_step(torch, model, opt, x, y):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def deterministic(torch):
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    # Attention by the math kernels: the fused ones' backward passes may
+    # add in any order.
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
 
 
 def torch_checks():
@@ -16,16 +52,14 @@ def torch_checks():
     torch.cuda.synchronize()
     print(f"time_ms startup {1000 * (time.perf_counter() - t0):.1f}")
     torch.manual_seed(0)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+    deterministic(torch)
     a = torch.randn(256, 256, device="cuda")
     print("matmul_sum", float((a @ a).sum()))
-    model = torch.nn.Sequential(
+    cnn = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
         torch.nn.Linear(8 * 16 * 16, 10),
     ).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = torch.optim.SGD(cnn.parameters(), lr=0.01)
     data = torch.randn(32, 3, 16, 16, device="cuda")
     target = torch.randint(0, 10, (32,), device="cuda")
     losses = []
@@ -36,7 +70,7 @@ def torch_checks():
             torch.cuda.synchronize()
             t = time.perf_counter()
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(data), target)
+        loss = torch.nn.functional.cross_entropy(cnn(data), target)
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -44,16 +78,42 @@ def torch_checks():
     print(f"time_ms cnn_step {1000 * (time.perf_counter() - t) / 100:.3f}")
     print("cnn_loss_first", losses[0])
     print("cnn_loss_last", losses[-1])
+    # The transformer: 300 steps (the first 20 untimed), then inference.
+    model, opt, tx, ty = transformer(torch)
+    tl = []
+    for i in range(300):
+        if i == 20:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+        tl.append(train_step(torch, model, opt, tx, ty))
+    torch.cuda.synchronize()
+    print(f"time_ms transformer_step {1000 * (time.perf_counter() - t) / 280:.3f}")
+    tl = [float(v) for v in tl]
+    print("transformer_loss_first", tl[0])
+    print("transformer_loss_100", tl[99])
+    print("transformer_loss_last", tl[-1])
+    model.eval()
+    with torch.no_grad():
+        print("transformer_infer_sum", float(model(tx).sum()))
+        print("cnn_infer_sum", float(cnn(data).sum()))
+    if os.environ.get("FW_COMPILE") == "1":
+        # torch.compile of the transformer (Triton kernels, CUDA graphs).
+        cm = torch.compile(model, mode="reduce-overhead")
+        with torch.no_grad():
+            for _ in range(3):
+                out = cm(tx)
+            torch.cuda.synchronize()
+            print("compiled_infer_sum", float(out.sum()))
     # A CUDA graph replay of the forward pass.
     static = torch.randn(32, 3, 16, 16, device="cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        model(static)
+        cnn(static)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = model(static)
+        out = cnn(static)
     static.copy_(data)
     g.replay()
     torch.cuda.synchronize()
@@ -101,6 +161,62 @@ def jax_checks():
     print("loss", float(loss(w, x)))
 
 
+def share(start, seconds):
+    """One of the VMs of the shared run: trains the transformer from `start`
+    (a wall-clock time both wait for) for `seconds`; prints its steps and
+    its loss at step 100 (which must equal the run alone's)."""
+    import torch
+
+    deterministic(torch)
+    model, opt, x, y = transformer(torch)
+    train_step(torch, model, opt, x, y)
+    torch.cuda.synchronize()
+    while time.time() < start:
+        time.sleep(0.001)
+    end = time.perf_counter() + seconds
+    steps, loss100 = 1, None
+    while time.perf_counter() < end:
+        loss = train_step(torch, model, opt, x, y)
+        steps += 1
+        if steps == 100:
+            loss100 = float(loss)
+        if steps % 10 == 0:
+            torch.cuda.synchronize()
+    print("share_steps", steps)
+    print("transformer_loss_100", loss100)
+
+
+def compare(a, b):
+    """Exit 0 if outputs `a` and `b` have the same names and every value
+    within 1e-5 relative (strings: equal)."""
+    def values(path):
+        out = {}
+        for line in open(path):
+            parts = line.split()
+            if len(parts) == 2 and parts[0].islower() and not line.startswith("time_ms"):
+                out[parts[0]] = parts[1]
+        return out
+    va, vb = values(a), values(b)
+    bad = sorted(k for k in va.keys() | vb.keys()
+                 if k not in va or k not in vb or not close(va[k], vb[k]))
+    for k in bad:
+        print(f"differs: {k} {va.get(k)} {vb.get(k)}")
+    sys.exit(1 if bad or not va else 0)
+
+
+def close(x, y):
+    try:
+        fx, fy = float(x), float(y)
+    except ValueError:
+        return x == y
+    return abs(fx - fy) <= 1e-5 * max(abs(fx), abs(fy), 1e-30)
+
+
 if __name__ == "__main__":
-    {"torch": torch_checks, "cupy": cupy_checks, "jax": jax_checks}[sys.argv[1]]()
+    if sys.argv[1] == "share":
+        share(float(sys.argv[2]), float(sys.argv[3]))
+    elif sys.argv[1] == "compare":
+        compare(sys.argv[2], sys.argv[3])
+    else:
+        {"torch": torch_checks, "cupy": cupy_checks, "jax": jax_checks}[sys.argv[1]]()
     print("done")

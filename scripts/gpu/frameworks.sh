@@ -3,7 +3,9 @@
 # natively and through the stand-in (daemon on the cuda executor), in the
 # same call; compares the values each prints. Carried: the release
 # fairvgpu and libcuda.so in $R (default .carry/release).
+# Then two VMs at weights 1:2 train the transformer at once (shared_mmr).
 # Last line: torch_ok=… cupy_ok=… jax_ok=… torch_step_ratio=… torch_startup_ratio=…
+# shared_mmr=…
 set -uo pipefail
 . scripts/gpu/lib.sh
 R=${R:-.carry/release}
@@ -17,6 +19,11 @@ executor = "cuda"
 name = "vm1"
 tenant = "t"
 memory_limit_mib = 40960
+[[vm]]
+name = "vm2"
+tenant = "u"
+weight = 2.0
+memory_limit_mib = 20480
 TOML
 header
 RUST_LOG=warn $R/fairvgpu serve --config $W/host.toml 2> $W/logs/daemon.log &
@@ -36,8 +43,9 @@ for fw in torch cupy jax; do
         LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH timeout 60 \
         python3 scripts/gpu/frameworks.py $fw > $W/logs/$fw.standin 2>&1
     src=$?
-    vals() { grep -vE '^(time_ms|fairvgpu)' "$1" | grep -E '^[a-z_]+ ' ; }
-    if [ $nrc -eq 0 ] && [ $src -eq 0 ] && [ "$(vals $W/logs/$fw.native)" = "$(vals $W/logs/$fw.standin)" ]; then
+    # Same names, values within 1e-5 relative.
+    if [ $nrc -eq 0 ] && [ $src -eq 0 ] &&
+       python3 scripts/gpu/frameworks.py compare $W/logs/$fw.native $W/logs/$fw.standin; then
         ok[$fw]=1
     else
         ok[$fw]=0
@@ -48,17 +56,46 @@ for fw in torch cupy jax; do
         tail -25 $W/logs/$fw.standin | sed 's/^/   | /'
         # Again with every call traced: the calls that did not succeed.
         env $extra FAIRVGPU_LIBCUDA_TRACE=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
-            LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH timeout 60 \
+            LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH timeout 40 \
             python3 scripts/gpu/frameworks.py $fw > $W/logs/$fw.trace 2>&1
         echo "   calls that failed (count, call -> result):"
         grep -a '^fairvgpu libcuda: cu.* -> [1-9]' $W/logs/$fw.trace | sort | uniq -c | sort -rn | head -15
     fi
 done
+# Two VMs at once, weights 1:2, both training the transformer for 15 s
+# from the same moment: shares against the weights, and each one's loss
+# at step 100 against the native run's.
+start=$(( $(date +%s) + 10 ))
+P=""
+for vm in vm1 vm2; do
+    FAIRVGPU_SOCKET=$W/run/$vm.sock LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH timeout 60 \
+        python3 scripts/gpu/frameworks.py share $start 15 > $W/logs/share.$vm 2>&1 &
+    P="$P $!"
+done
+wait $P
+s1=$(sed -n 's/^share_steps //p' $W/logs/share.vm1); s2=$(sed -n 's/^share_steps //p' $W/logs/share.vm2)
+native100=$(sed -n 's/^transformer_loss_100 //p' $W/logs/torch.native)
+echo "== two VMs, weights 1:2: steps $s1 / $s2; loss at step 100: native $native100," \
+     "vm1 $(sed -n 's/^transformer_loss_100 //p' $W/logs/share.vm1)," \
+     "vm2 $(sed -n 's/^transformer_loss_100 //p' $W/logs/share.vm2)"
+shared_ok=1
+for vm in vm1 vm2; do
+    grep -h '^transformer_loss_100' $W/logs/torch.native > $W/logs/share.want
+    grep -h '^transformer_loss_100' $W/logs/share.$vm > $W/logs/share.got
+    python3 scripts/gpu/frameworks.py compare $W/logs/share.want $W/logs/share.got || shared_ok=0
+done
+shared_mmr=$(awk -v a="${s1:-0}" -v b="${s2:-0}" 'BEGIN {
+    if (a <= 0 || b <= 0) { print "missing"; exit }
+    x = (a / (a + b)) / (1 / 3); y = (b / (a + b)) / (2 / 3)
+    printf "%.3f", (x < y ? x / y : y / x) }')
+[ $shared_ok = 1 ] || shared_mmr="${shared_mmr}(losses_differ)"
 kill $D; wait $D 2>/dev/null
 echo "== daemon warnings"; grep -aE 'WARN|ERROR' $W/logs/daemon.log | head -20
 tar czf $OUT/frameworks-logs.tgz -C $W logs
 t() { sed -n "s/^time_ms $2 //p" $W/logs/$1 | tail -1; }
 ratio() { awk -v s="$1" -v n="$2" 'BEGIN { if (n > 0 && s > 0) printf "%.3f", s / n; else print "missing" }'; }
 echo "torch_ok=${ok[torch]} cupy_ok=${ok[cupy]} jax_ok=${ok[jax]}" \
-     "torch_step_ratio=$(ratio "$(t torch.standin cnn_step)" "$(t torch.native cnn_step)")" \
-     "torch_startup_ratio=$(ratio "$(t torch.standin startup)" "$(t torch.native startup)")"
+     "torch_step_ratio=$(ratio "$(t torch.standin transformer_step)" "$(t torch.native transformer_step)")" \
+     "torch_startup_ratio=$(ratio "$(t torch.standin startup)" "$(t torch.native startup)")" \
+     "cnn_step_ratio=$(ratio "$(t torch.standin cnn_step)" "$(t torch.native cnn_step)")" \
+     "shared_mmr=$shared_mmr"
