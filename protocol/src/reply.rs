@@ -1,0 +1,137 @@
+//! Replies: the inline values of a reply, and the device description
+//! `Hello` answers with.
+
+use crate::{ProtoError, Reader, Writer, INLINE};
+
+/// A reply: the status travels in the descriptor, up to ten u64 values inline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reply {
+    /// Values, meaning per request (a pointer, a handle, free/total, f32 bits).
+    pub vals: [u64; 4],
+}
+
+impl Reply {
+    /// A reply with one value.
+    pub fn one(v: u64) -> Reply {
+        Reply { vals: [v, 0, 0, 0] }
+    }
+
+    /// Encodes into an inline payload.
+    pub fn encode(&self, out: &mut [u8; INLINE]) {
+        let mut w = Writer::new(out);
+        for v in self.vals {
+            w.u64(v);
+        }
+    }
+
+    /// Decodes (a reply comes from the trusted host; still total).
+    pub fn decode(inline: &[u8; INLINE]) -> Reply {
+        let mut r = Reader::new(inline);
+        let mut vals = [0u64; 4];
+        for v in &mut vals {
+            *v = r.u64().unwrap_or(0);
+        }
+        Reply { vals }
+    }
+}
+
+/// What `Hello` answers: the device as the guest should see it. Encoded in the
+/// reply's data as little-endian fields.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeviceInfo {
+    /// Device name.
+    pub name: String,
+    /// Memory this vGPU may allocate (its limit).
+    pub total_mem: u64,
+    /// Compute capability major, minor.
+    pub cc: (u32, u32),
+    /// Multiprocessors.
+    pub sm_count: u32,
+    /// `(CUdevice_attribute, value)` pairs answered in the guest without a round trip.
+    pub attributes: Vec<(u32, i32)>,
+    /// Bytes of the region's pinned pool (0: none).
+    pub pinned_size: u64,
+    /// The device address of the pool's first byte (where kernels reach
+    /// it); guests map the pool at this address too when they can, so that
+    /// a pinned pointer is the same on both sides.
+    pub pinned_base: u64,
+}
+
+impl DeviceInfo {
+    /// Serializes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        let name = self.name.as_bytes();
+        v.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        v.extend_from_slice(name);
+        v.extend_from_slice(&self.total_mem.to_le_bytes());
+        v.extend_from_slice(&self.cc.0.to_le_bytes());
+        v.extend_from_slice(&self.cc.1.to_le_bytes());
+        v.extend_from_slice(&self.sm_count.to_le_bytes());
+        v.extend_from_slice(&(self.attributes.len() as u32).to_le_bytes());
+        for (a, val) in &self.attributes {
+            v.extend_from_slice(&a.to_le_bytes());
+            v.extend_from_slice(&val.to_le_bytes());
+        }
+        v.extend_from_slice(&self.pinned_size.to_le_bytes());
+        v.extend_from_slice(&self.pinned_base.to_le_bytes());
+        v
+    }
+
+    /// Parses, bounds-checked.
+    pub fn from_bytes(b: &[u8]) -> Result<DeviceInfo, ProtoError> {
+        let mut r = Reader::new(b);
+        let n = r.u32()? as usize;
+        let name = String::from_utf8_lossy(r.bytes(n)?).into_owned();
+        let total_mem = r.u64()?;
+        let cc = (r.u32()?, r.u32()?);
+        let sm_count = r.u32()?;
+        let count = r.u32()? as usize;
+        let mut attributes = Vec::with_capacity(count.min(1024));
+        for _ in 0..count {
+            attributes.push((r.u32()?, r.u32()? as i32));
+        }
+        let pinned_size = r.u64()?;
+        let pinned_base = r.u64()?;
+        Ok(DeviceInfo {
+            name,
+            total_mem,
+            cc,
+            sm_count,
+            attributes,
+            pinned_size,
+            pinned_base,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn device_info_round_trips_and_truncation_is_an_error() {
+        let info = DeviceInfo {
+            name: "sim GPU".into(),
+            total_mem: 1 << 30,
+            cc: (9, 0),
+            sm_count: 132,
+            attributes: vec![(1, 1024), (16, 132)],
+            pinned_size: 64 << 20,
+            pinned_base: 0x3f00_0000_0000,
+        };
+        let b = info.to_bytes();
+        assert_eq!(DeviceInfo::from_bytes(&b).unwrap(), info);
+        for cut in 0..b.len() {
+            assert!(DeviceInfo::from_bytes(&b[..cut]).is_err());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn device_info_parse_is_total(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = DeviceInfo::from_bytes(&bytes);
+        }
+    }
+}

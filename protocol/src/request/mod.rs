@@ -1,0 +1,502 @@
+//! The requests: one variant per CUDA call, its opcode, and what it
+//! expects back (`encode.rs` writes them, `decode.rs` reads and checks them).
+
+use crate::{op, Dim3, ImageKind};
+
+mod decode;
+mod encode;
+
+/// A CUDA call from the guest. Handles (`module`, `func`, `stream`, `event`)
+/// and device pointers are opaque numbers the host issued; the host checks
+/// each against the caller's own tables. Stream 0 is the default stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// First call on a process's first channel: opens the process's
+    /// session. The reply's data is the device description, its values the
+    /// session's token (two words); its tag starts the process's request
+    /// numbering (each request's tag is the next number, across all the
+    /// process's channels, and the host runs them in that order).
+    Hello {
+        /// The guest's protocol version.
+        version: u32,
+    },
+    /// First call on a further channel of a process (another thread's):
+    /// joins the session whose token it gives. Its tag is 0 (it is not one
+    /// of the process's numbered requests).
+    Join {
+        /// The session's token, from `Hello`'s reply.
+        token: [u64; 2],
+    },
+    /// Wait for all work of this channel.
+    CtxSynchronize,
+    /// Allocate device memory.
+    MemAlloc {
+        /// Bytes.
+        size: u64,
+    },
+    /// Free device memory.
+    MemFree {
+        /// Pointer returned by `MemAlloc`.
+        ptr: u64,
+    },
+    /// Free device memory once the work submitted so far to `stream` is
+    /// done (stream-ordered; no reply).
+    MemFreeAsync {
+        /// Pointer returned by `MemAlloc`.
+        ptr: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Free and total memory of this vGPU (its limit, not the GPU's).
+    MemGetInfo,
+    /// Page-locked host memory from the region's pinned pool (reply: its
+    /// offset in the pool).
+    PinnedAlloc {
+        /// Bytes.
+        size: u64,
+    },
+    /// Gives pinned memory back.
+    PinnedFree {
+        /// Offset `PinnedAlloc` returned.
+        offset: u64,
+    },
+    /// Copy from pinned memory to the device, asynchronously (DMA from the
+    /// pool when the stream gets there; no reply).
+    MemcpyHtoDPinned {
+        /// Destination.
+        dst: u64,
+        /// Source: an offset in the pinned pool.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Copy from the device to pinned memory, asynchronously (no reply).
+    MemcpyDtoHPinned {
+        /// Source.
+        src: u64,
+        /// Destination: an offset in the pinned pool.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Copy host to device; `len` bytes follow in data chunks.
+    MemcpyHtoD {
+        /// Destination.
+        dst: u64,
+        /// Total bytes.
+        len: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Copy device to host; the reply's data carries the bytes (chunked).
+    MemcpyDtoH {
+        /// Source.
+        src: u64,
+        /// Bytes.
+        len: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Copy device to device.
+    MemcpyDtoD {
+        /// Destination.
+        dst: u64,
+        /// Source.
+        src: u64,
+        /// Bytes.
+        len: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Fill memory with a value of `width` bytes (1, 2 or 4).
+    Memset {
+        /// Destination.
+        dst: u64,
+        /// Value (low `width` bytes used).
+        value: u32,
+        /// 1, 2 or 4.
+        width: u32,
+        /// Number of elements.
+        count: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Load a module; the image follows in data chunks.
+    ModuleLoad {
+        /// Image kind.
+        kind: ImageKind,
+        /// Image length.
+        len: u64,
+    },
+    /// Unload a module.
+    ModuleUnload {
+        /// Module handle.
+        module: u64,
+    },
+    /// Look a kernel up by name (name in data); reply: handle, and each
+    /// parameter's size and offset ([`Param::encode_all`]) in data.
+    ModuleGetFunction {
+        /// Module handle.
+        module: u64,
+    },
+    /// A kernel attribute (`CUfunction_attribute` 0..=9; reply: the value as i32).
+    FuncGetAttribute {
+        /// Function handle.
+        func: u64,
+        /// The attribute.
+        attr: u32,
+    },
+    /// Resident blocks per multiprocessor for a block size (reply: i32).
+    Occupancy {
+        /// Function handle.
+        func: u64,
+        /// Threads per block.
+        block_size: u32,
+        /// Dynamic shared memory per block.
+        shared_mem: u32,
+    },
+    /// The most dynamic shared memory a block may use with `num_blocks`
+    /// blocks of `block_size` threads resident per multiprocessor (reply: bytes).
+    OccupancySmem {
+        /// Function handle.
+        func: u64,
+        /// Blocks per multiprocessor.
+        num_blocks: u32,
+        /// Threads per block.
+        block_size: u32,
+    },
+    /// Thread block clusters of a launch shape: the most that can be
+    /// resident at once (`potential` false, cuOccupancyMaxActiveClusters;
+    /// `cluster` all zero means the kernel's own cluster dimensions), or the
+    /// largest cluster size the shape can use (`potential` true,
+    /// cuOccupancyMaxPotentialClusterSize). Reply: i32.
+    OccupancyClusters {
+        /// Function handle.
+        func: u64,
+        /// Grid.
+        grid: Dim3,
+        /// Block.
+        block: Dim3,
+        /// Dynamic shared memory per block.
+        shared_mem: u32,
+        /// Cluster dimensions (all zero: none given).
+        cluster: Dim3,
+        /// Which question.
+        potential: bool,
+    },
+    /// A tensor-map descriptor encoded by the host's driver: the data is a
+    /// [`tensor_map::TensorMapParams`], the reply's data the 128 bytes.
+    TensorMapEncode,
+    /// Load a module image the host may hold already: by its
+    /// [`image_hash`]. Reply: the module handle, or `NotFound` (then the
+    /// guest sends the image with `ModuleLoad`).
+    ModuleLoadCached {
+        /// PTX or cubin.
+        kind: ImageKind,
+        /// The image's length.
+        len: u64,
+        /// Its SHA-256.
+        hash: [u8; 32],
+    },
+    /// Address and size of a module's global variable (name in data).
+    ModuleGetGlobal {
+        /// Module handle.
+        module: u64,
+    },
+    /// Link images into one (cuLink*): `len` bytes of records follow, each
+    /// `[input type u32][length u32][bytes]`; the reply's data is the linked image.
+    Link {
+        /// Total bytes of records.
+        len: u64,
+    },
+    /// Launch a kernel; the parameter bytes, packed in order, are the data.
+    Launch {
+        /// Function handle.
+        func: u64,
+        /// Grid.
+        grid: Dim3,
+        /// Block.
+        block: Dim3,
+        /// Dynamic shared memory.
+        shared_mem: u32,
+        /// Stream.
+        stream: u64,
+        /// Thread block cluster dimensions (all zero: none).
+        cluster: Dim3,
+        /// [`launch_flags`].
+        flags: u32,
+    },
+    /// Run guest host function `id` in `stream`'s order: once the work
+    /// submitted to the stream before it is done, the host hands `id` to
+    /// the process's `WaitHostFn`, and runs none of the process's later
+    /// requests until `HostFnDone`. No reply.
+    HostFn {
+        /// Stream.
+        stream: u64,
+        /// The guest's number for the function.
+        id: u64,
+    },
+    /// Waits (up to about a second) for a host function to run; reply:
+    /// its id (0: none yet) and, in the status, the error of the work
+    /// before it if any. Not numbered (tag 0): a process's callback
+    /// thread sends it on a channel of its own.
+    WaitHostFn,
+    /// The host function handed out has run: the process's later requests
+    /// go on. Not numbered (tag 0); no reply.
+    HostFnDone {
+        /// Its id.
+        id: u64,
+    },
+    /// Create a stream.
+    StreamCreate {
+        /// CU_STREAM_* flags.
+        flags: u32,
+        /// Priority (lower is higher; the driver clamps it to its range).
+        priority: i32,
+    },
+    /// Make a stream's later work wait for an event's last record.
+    StreamWaitEvent {
+        /// The stream that waits.
+        stream: u64,
+        /// The event.
+        event: u64,
+        /// CU_EVENT_WAIT_* flags.
+        flags: u32,
+    },
+    /// Set a kernel attribute (`CUfunction_attribute`: the dynamic shared
+    /// memory limit, the carveout, cluster requirements).
+    FuncSetAttribute {
+        /// Function handle.
+        func: u64,
+        /// The attribute.
+        attr: u32,
+        /// Its value.
+        value: i32,
+    },
+    /// A limit of the context (`CUlimit` 0..=MAX_LIMIT; reply: the value).
+    CtxGetLimit {
+        /// The limit.
+        limit: u32,
+    },
+    /// Sets a limit of the context.
+    CtxSetLimit {
+        /// The limit.
+        limit: u32,
+        /// Its value.
+        value: u64,
+    },
+    /// Destroy a stream.
+    StreamDestroy {
+        /// Stream handle.
+        stream: u64,
+    },
+    /// Wait for a stream.
+    StreamSynchronize {
+        /// Stream handle.
+        stream: u64,
+    },
+    /// Whether a stream is idle (`NotReady` if not).
+    StreamQuery {
+        /// Stream handle.
+        stream: u64,
+    },
+    /// Create an event.
+    EventCreate {
+        /// CU_EVENT_* flags.
+        flags: u32,
+    },
+    /// Destroy an event.
+    EventDestroy {
+        /// Event handle.
+        event: u64,
+    },
+    /// Record an event on a stream.
+    EventRecord {
+        /// Event.
+        event: u64,
+        /// Stream.
+        stream: u64,
+    },
+    /// Wait for an event.
+    EventSynchronize {
+        /// Event.
+        event: u64,
+    },
+    /// Whether an event completed.
+    EventQuery {
+        /// Event.
+        event: u64,
+    },
+    /// Milliseconds between two recorded events (reply value: f32 bits).
+    EventElapsedTime {
+        /// Start event.
+        start: u64,
+        /// End event.
+        end: u64,
+    },
+    /// Reserves device address space for the process's own mappings
+    /// (cuMemAddressReserve; reply: its address).
+    VmmReserve {
+        /// Bytes (a multiple of [`VMM_GRANULARITY`]).
+        size: u64,
+        /// Alignment: 0 (the default) or a power of two.
+        align: u64,
+    },
+    /// Gives back a whole reservation with nothing mapped in it.
+    VmmAddressFree {
+        /// Its address.
+        ptr: u64,
+        /// Its size.
+        size: u64,
+    },
+    /// Physical device memory (cuMemCreate; reply: its handle), counted
+    /// against the vGPU's memory limit.
+    VmmCreate {
+        /// Bytes (a multiple of [`VMM_GRANULARITY`]).
+        size: u64,
+    },
+    /// Lets go of a handle; the memory goes once nothing maps it either.
+    VmmRelease {
+        /// The handle.
+        handle: u64,
+    },
+    /// Maps `size` bytes of a handle from `offset` at `ptr`, in one of the
+    /// process's reservations, over nothing mapped; readable and writable
+    /// from the device.
+    VmmMap {
+        /// Where.
+        ptr: u64,
+        /// Bytes.
+        size: u64,
+        /// Offset in the handle's memory.
+        offset: u64,
+        /// The handle.
+        handle: u64,
+    },
+    /// Unmaps whole mappings that cover `[ptr, ptr + size)` exactly.
+    VmmUnmap {
+        /// Start.
+        ptr: u64,
+        /// Bytes.
+        size: u64,
+    },
+    /// Sets the device's access to mapped memory (1: read, 3: read-write).
+    VmmSetAccess {
+        /// Start.
+        ptr: u64,
+        /// Bytes.
+        size: u64,
+        /// `CUmemAccess_flags`.
+        flags: u32,
+    },
+    /// The handle of the memory mapped at `ptr`, retained once more
+    /// (reply: the handle and its size).
+    VmmRetain {
+        /// An address inside a mapping.
+        ptr: u64,
+    },
+}
+
+impl Request {
+    /// The opcode of this request.
+    pub fn opcode(&self) -> u32 {
+        use Request::*;
+        match self {
+            Hello { .. } => op::HELLO,
+            Join { .. } => op::JOIN,
+            CtxSynchronize => op::CTX_SYNCHRONIZE,
+            MemAlloc { .. } => op::MEM_ALLOC,
+            MemFree { .. } => op::MEM_FREE,
+            MemGetInfo => op::MEM_GET_INFO,
+            MemFreeAsync { .. } => op::MEM_FREE_ASYNC,
+            PinnedAlloc { .. } => op::PINNED_ALLOC,
+            PinnedFree { .. } => op::PINNED_FREE,
+            MemcpyHtoDPinned { .. } => op::MEMCPY_HTOD_PINNED,
+            MemcpyDtoHPinned { .. } => op::MEMCPY_DTOH_PINNED,
+            MemcpyHtoD { .. } => op::MEMCPY_HTOD,
+            MemcpyDtoH { .. } => op::MEMCPY_DTOH,
+            MemcpyDtoD { .. } => op::MEMCPY_DTOD,
+            Memset { .. } => op::MEMSET,
+            ModuleLoad { .. } => op::MODULE_LOAD,
+            ModuleUnload { .. } => op::MODULE_UNLOAD,
+            ModuleGetFunction { .. } => op::MODULE_GET_FUNCTION,
+            FuncGetAttribute { .. } => op::FUNC_GET_ATTRIBUTE,
+            Occupancy { .. } => op::OCCUPANCY,
+            ModuleGetGlobal { .. } => op::MODULE_GET_GLOBAL,
+            OccupancySmem { .. } => op::OCCUPANCY_SMEM,
+            OccupancyClusters { .. } => op::OCCUPANCY_CLUSTERS,
+            TensorMapEncode => op::TENSOR_MAP_ENCODE,
+            ModuleLoadCached { .. } => op::MODULE_LOAD_CACHED,
+            Link { .. } => op::LINK,
+            Launch { .. } => op::LAUNCH,
+            StreamCreate { .. } => op::STREAM_CREATE,
+            StreamDestroy { .. } => op::STREAM_DESTROY,
+            StreamSynchronize { .. } => op::STREAM_SYNCHRONIZE,
+            StreamQuery { .. } => op::STREAM_QUERY,
+            StreamWaitEvent { .. } => op::STREAM_WAIT_EVENT,
+            HostFn { .. } => op::HOST_FN,
+            WaitHostFn => op::WAIT_HOST_FN,
+            HostFnDone { .. } => op::HOST_FN_DONE,
+            FuncSetAttribute { .. } => op::FUNC_SET_ATTRIBUTE,
+            CtxGetLimit { .. } => op::CTX_GET_LIMIT,
+            CtxSetLimit { .. } => op::CTX_SET_LIMIT,
+            EventCreate { .. } => op::EVENT_CREATE,
+            EventDestroy { .. } => op::EVENT_DESTROY,
+            EventRecord { .. } => op::EVENT_RECORD,
+            EventSynchronize { .. } => op::EVENT_SYNCHRONIZE,
+            EventQuery { .. } => op::EVENT_QUERY,
+            EventElapsedTime { .. } => op::EVENT_ELAPSED_TIME,
+            VmmReserve { .. } => op::VMM_RESERVE,
+            VmmAddressFree { .. } => op::VMM_ADDRESS_FREE,
+            VmmCreate { .. } => op::VMM_CREATE,
+            VmmRelease { .. } => op::VMM_RELEASE,
+            VmmMap { .. } => op::VMM_MAP,
+            VmmUnmap { .. } => op::VMM_UNMAP,
+            VmmSetAccess { .. } => op::VMM_SET_ACCESS,
+            VmmRetain { .. } => op::VMM_RETAIN,
+        }
+    }
+
+    /// Whether the guest waits for a reply. Asynchronous calls (launches,
+    /// host-to-device copies, memsets, event records, frees) are
+    /// fire-and-forget; their errors surface at the next synchronizing call.
+    pub fn expects_reply(&self) -> bool {
+        !matches!(
+            self,
+            Request::Launch { .. }
+                | Request::MemcpyHtoD { .. }
+                | Request::MemcpyDtoD { .. }
+                | Request::Memset { .. }
+                | Request::EventRecord { .. }
+                | Request::StreamWaitEvent { .. }
+                | Request::MemFreeAsync { .. }
+                | Request::HostFn { .. }
+                | Request::HostFnDone { .. }
+                | Request::MemcpyHtoDPinned { .. }
+                | Request::MemcpyDtoHPinned { .. }
+        )
+    }
+
+    /// Whether the request is outside the process's numbering (its tag is
+    /// 0): a channel's first `Join`, and the callback thread's requests.
+    pub fn unnumbered(&self) -> bool {
+        matches!(
+            self,
+            Request::Join { .. } | Request::WaitHostFn | Request::HostFnDone { .. }
+        )
+    }
+
+    /// Bytes of data that follow this request (in its own and continuation descriptors).
+    pub fn data_len(&self) -> Option<u64> {
+        match self {
+            Request::MemcpyHtoD { len, .. }
+            | Request::ModuleLoad { len, .. }
+            | Request::Link { len } => Some(*len),
+            _ => None,
+        }
+    }
+}
