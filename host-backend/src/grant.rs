@@ -8,6 +8,13 @@
 //! free), and releases, reporting the GPU time it used. Non-preemptive GPUs
 //! make the release collaborative; a kernel that overruns is charged in full.
 //!
+//! A holder that no other vGPU waits for is told, halfway through its slice,
+//! that it has one slice more (`EXTEND`): it neither drains the device nor
+//! gives the GPU back and takes it again, which for a lone tenant would
+//! empty the device's queue once a slice for nothing. It is charged at its
+//! release for all it held; once another vGPU wants the GPU, the holder's
+//! slice ends as usual (at most one slice later than without extensions).
+//!
 //! Messages are 24 bytes, little-endian: `[kind u32][vgpu u32][a u64][b u64]`.
 
 use std::collections::HashMap;
@@ -27,7 +34,7 @@ use crate::Error;
 const HELLO: u32 = 1; // a = weight in millis
 const WANT: u32 = 2;
 const RELEASE: u32 = 3; // a = used ns, b = still busy (0/1)
-const GRANT: u32 = 4; // a = slice ns
+const GRANT: u32 = 4; // a = slice ns, b = 1 if no other vGPU wants the GPU
 const REPORT: u32 = 5; // a = device memory used, b = synchronous calls so far
 const QUEUE: u32 = 6; // a = requests waiting in the rings, b = launches so far
 const SERVED: u32 = 7; // a = requests served so far, b = requests refused so far
@@ -35,6 +42,8 @@ const PROCESS: u32 = 8; // a = worker resident memory (bytes), b = worker open f
 const OCCUPANCY: u32 = 9; // a = mean occupied fraction of the GPU's cores, parts per million
 const SLICED: u32 = 10; // a = launches run as sub-grids so far
 const LOGS: u32 = 11; // a = log lines suppressed so far (rate-limited guest-triggered logs)
+const EXTEND: u32 = 12; // a = ns added to the holder's slice
+const CONTENDED: u32 = 13; // another vGPU wants the GPU: no more extensions this grant
 
 fn encode(kind: u32, vgpu: u32, a: u64, b: u64) -> [u8; 24] {
     let mut m = [0u8; 24];
@@ -316,6 +325,11 @@ fn serve(
     let mut conns: HashMap<u32, UnixStream> = HashMap::new();
     let mut holder: Option<u32> = None;
     let mut held_since = Instant::now();
+    // When the holder's slice ends, extensions included, and whether no
+    // other vGPU has wanted the GPU since it was granted.
+    let mut deadline = held_since;
+    let mut alone = false;
+    let slice = Duration::from_nanos(slice_ns);
     let hold_limit = hold_limit(slice_ns);
     // What a vGPU's worker does is up to its guests: rate-limited, per vGPU.
     let mut logs: HashMap<u32, qemu_ivshmem::LogLimiter> = HashMap::new();
@@ -498,7 +512,8 @@ fn serve(
         // with something that never ends) loses it: every other vGPU would
         // wait on it otherwise. It is charged what it held and counts as
         // idle until it asks again; its late release is ignored.
-        if let Some(id) = holder.filter(|_| held_since.elapsed() > hold_limit) {
+        let overrun = Instant::now().saturating_duration_since(deadline);
+        if let Some(id) = holder.filter(|_| overrun + slice > hold_limit) {
             let held = held_since.elapsed().as_nanos() as u64;
             let now = epoch.elapsed().as_nanos() as u64;
             let _ = sched.release(id, held);
@@ -521,12 +536,36 @@ fn serve(
                 "grant taken back from a worker that kept it past its slice"
             );
         }
+        // A holder no other vGPU waits for gets one slice more, told half a
+        // slice before its slice ends; once another vGPU wants the GPU, the
+        // holder is told so and its slice ends (see the module's doc).
+        if let (Some(id), true) = (holder, alone) {
+            let q = sched.queue();
+            let others = q.runnable() - usize::from(q.is_runnable(id));
+            if let Some(s) = conns.get_mut(&id) {
+                if others > 0 {
+                    alone = false;
+                    let _ = s.write_all(&encode(CONTENDED, id, 0, 0));
+                } else if deadline.saturating_duration_since(Instant::now()) <= slice / 2
+                    && s.write_all(&encode(EXTEND, id, slice_ns, 0)).is_ok()
+                {
+                    deadline += slice;
+                }
+            }
+        }
         if holder.is_none() {
             if let Some(g) = sched.grant(epoch.elapsed().as_nanos() as u64) {
+                let q = sched.queue();
+                let others = q.runnable() - usize::from(q.is_runnable(g.vgpu));
                 if let Some(s) = conns.get_mut(&g.vgpu) {
-                    if s.write_all(&encode(GRANT, g.vgpu, g.slice_ns, 0)).is_ok() {
+                    let lone = u64::from(others == 0);
+                    if s.write_all(&encode(GRANT, g.vgpu, g.slice_ns, lone))
+                        .is_ok()
+                    {
                         holder = Some(g.vgpu);
+                        alone = others == 0;
                         held_since = Instant::now();
+                        deadline = held_since + Duration::from_nanos(g.slice_ns);
                         live(&mut |u| u.entry(g.vgpu).or_default().holding = true);
                     }
                 }
@@ -545,6 +584,10 @@ pub struct Gate {
     slice: Duration,
     /// Grants received so far.
     grants: u64,
+    /// Slices added by `EXTEND` so far.
+    extensions: u64,
+    /// See [`Gate::alone`].
+    alone: bool,
 }
 
 impl Gate {
@@ -574,6 +617,8 @@ impl Gate {
             wanted: false,
             held_since: None,
             grants: 0,
+            extensions: 0,
+            alone: false,
             slice: Duration::ZERO,
         })
     }
@@ -623,11 +668,13 @@ impl Gate {
             what: "grant read",
             source: e,
         })?;
-        let (kind, _, slice_ns, _) = decode(&m);
+        let (kind, _, slice_ns, lone) = decode(&m);
+        // An extension sent as this vGPU gave its grant back is stale.
         if kind != GRANT {
             return Ok(false);
         }
         self.wanted = false;
+        self.alone = lone == 1;
         self.slice = Duration::from_nanos(slice_ns);
         self.held_since = Some(Instant::now());
         self.grants += 1;
@@ -639,9 +686,52 @@ impl Gate {
         self.grants
     }
 
-    /// Whether the slice has run out.
-    pub fn slice_over(&self) -> bool {
-        self.held_since.is_some_and(|t| t.elapsed() >= self.slice)
+    /// Whether the slice has run out (extensions the service sent counted).
+    pub fn slice_over(&mut self) -> bool {
+        if self.held_since.is_none_or(|t| t.elapsed() < self.slice) {
+            return false;
+        }
+        !self.extended()
+    }
+
+    /// Takes the extensions waiting on the socket, if any; true if there
+    /// were (the slice is longer by them). Reads only while holding: any
+    /// other message is the next grant's, which [`Gate::acquire`] reads.
+    pub fn extended(&mut self) -> bool {
+        let mut more = false;
+        while self.holding() {
+            let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
+            if poll(&mut fds, PollTimeout::ZERO).unwrap_or(0) == 0 {
+                break;
+            }
+            let mut m = [0u8; 24];
+            if self.stream.read_exact(&mut m).is_err() {
+                break;
+            }
+            let (kind, _, ns, _) = decode(&m);
+            match kind {
+                EXTEND => {
+                    self.slice += Duration::from_nanos(ns);
+                    self.extensions += 1;
+                    more = true;
+                }
+                CONTENDED => self.alone = false,
+                _ => {}
+            }
+        }
+        more
+    }
+
+    /// Whether no other vGPU has wanted the GPU since this grant (as far
+    /// as the messages read so far tell): the service then extends the
+    /// slice instead of having it end.
+    pub fn alone(&self) -> bool {
+        self.holding() && self.alone
+    }
+
+    /// Slices added to grants so far by extensions.
+    pub fn extensions(&self) -> u64 {
+        self.extensions
     }
 
     /// The length of the current slice, ns.
@@ -700,19 +790,26 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
         let weights = [1.0, 2.0, 3.0];
+        // All registered before any asks: a vGPU alone holds the GPU for
+        // as long as it is alone, which is no share of anything.
+        let all = Arc::new(std::sync::Barrier::new(weights.len()));
         let threads: Vec<_> = weights
             .iter()
             .enumerate()
             .map(|(i, &w)| {
-                let path = svc.path().to_owned();
+                let (path, all) = (svc.path().to_owned(), all.clone());
                 std::thread::spawn(move || {
                     let mut g = Gate::connect(&path, i as u32, w).unwrap();
+                    all.wait();
+                    std::thread::sleep(Duration::from_millis(20));
                     let end = Instant::now() + Duration::from_millis(1500);
                     let mut held = 0u64;
                     while Instant::now() < end {
                         if g.acquire(Duration::from_millis(5)).unwrap() {
-                            // "Work" until the slice is over, then hand it back.
-                            while !g.slice_over() {
+                            // "Work" until the slice is over (or the run's
+                            // end: a lone holder's slice is extended), then
+                            // hand it back.
+                            while !g.slice_over() && Instant::now() < end {
                                 std::thread::sleep(Duration::from_micros(200));
                             }
                             let used = g.held_ns();
@@ -736,6 +833,47 @@ mod tests {
         assert!(mmr > 0.85, "MMR {mmr}, held {held:?}");
         let usage = svc.usage();
         assert_eq!(usage.len(), 3);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_lone_holder_is_extended_until_another_vgpu_wants_the_gpu() {
+        let dir = std::env::temp_dir().join(format!("fvg-grant-ext-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let slice = Duration::from_millis(4);
+        let svc = GrantService::start(&dir.join("g.sock"), slice.as_nanos() as u64).unwrap();
+        let mut lone = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        assert!(lone.acquire(Duration::from_secs(5)).unwrap());
+        assert!(lone.alone());
+        // Five slices' time and its slice has not ended: it was extended.
+        let t = Instant::now();
+        while t.elapsed() < 5 * slice {
+            assert!(!lone.slice_over(), "ended after {:?}", t.elapsed());
+            std::thread::sleep(Duration::from_micros(300));
+        }
+        assert!(lone.extensions() >= 4, "{} extensions", lone.extensions());
+        // Another vGPU wants the GPU: the holder hears of it, and its slice
+        // ends within the extension it had (at most one slice and a half).
+        let mut other = Gate::connect(svc.path(), 2, 1.0).unwrap();
+        assert!(!other.acquire(Duration::from_millis(1)).unwrap());
+        let t = Instant::now();
+        while !lone.slice_over() {
+            assert!(
+                t.elapsed() < 3 * slice,
+                "still not over after {:?}",
+                t.elapsed()
+            );
+            std::thread::sleep(Duration::from_micros(300));
+        }
+        assert!(!lone.alone());
+        let held = lone.held_ns();
+        lone.release(held, true).unwrap();
+        assert!(other.acquire(Duration::from_secs(5)).unwrap());
+        assert!(!other.alone(), "vGPU 1 still wants the GPU");
+        // All it held is charged at its release, extensions included.
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(svc.live()[&1].charged_ns >= 5 * slice.as_nanos() as u64);
+        other.release(1000, false).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -220,6 +220,11 @@ impl StartTagQueue {
         self.vgpus.get(&id).map(|e| e.start)
     }
 
+    /// Whether `id` is runnable.
+    pub fn is_runnable(&self, id: VgpuId) -> bool {
+        self.vgpus.get(&id).is_some_and(|e| e.runnable)
+    }
+
     /// Number of runnable vGPUs.
     pub fn runnable(&self) -> usize {
         self.run.len()

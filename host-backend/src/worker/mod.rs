@@ -401,8 +401,7 @@ impl Worker {
                     idle = 0;
                     continue;
                 }
-            } else if self.sh.gate.as_ref().is_some_and(|g| g.slice_over()) || self.sh.budget_spent
-            {
+            } else if self.sh.slice_ended() {
                 self.sh.budget_spent = false;
                 // A vGPU whose slice ran out while it was running work stays
                 // runnable even if its ring is momentarily empty (its guest is
@@ -430,6 +429,7 @@ impl Worker {
                 continue;
             }
             if self.releasing.is_some()
+                || self.sh.budget_spent
                 || self.chans.iter().any(Chan::waiting)
                 || self.sessions.host_fn_pending()
             {

@@ -186,10 +186,31 @@ impl Shared {
     /// Whether the work issued under the grant, by the kernels' estimates,
     /// fills the slice: launches are asynchronous, so the clock alone
     /// cannot tell.
-    pub fn slice_filled(&self) -> bool {
+    pub fn slice_filled(&mut self) -> bool {
+        let issued = self.issued_ns;
         self.gate
-            .as_ref()
-            .is_some_and(|g| g.holding() && self.issued_ns >= g.slice_ns())
+            .as_mut()
+            .is_some_and(|g| g.holding() && issued >= g.slice_ns() && !g.extended())
+    }
+
+    /// Whether the grant must be given back now: its time is over, or the
+    /// work issued fills it while another vGPU waits. A lone holder whose
+    /// work fills its slice waits for the service's extension instead (see
+    /// `grant.rs`), keeping its work queued on the device.
+    pub fn slice_ended(&mut self) -> bool {
+        let Some(g) = self.gate.as_mut() else {
+            return std::mem::take(&mut self.budget_spent);
+        };
+        if g.slice_over() {
+            return true;
+        }
+        if self.budget_spent && g.alone() {
+            if g.extended() {
+                self.budget_spent = false;
+            }
+            return false;
+        }
+        self.budget_spent
     }
 
     /// Before a call that drains `stream` (`None`: all of them): whether it
