@@ -138,7 +138,7 @@ pub enum Request {
         module: u64,
     },
     /// Look a kernel up by name (name in data); reply: handle, and each
-    /// parameter's size and offset ([`Param::encode_all`]) in data.
+    /// parameter's size and offset ([`Param::encode_all`](crate::Param::encode_all)) in data.
     ModuleGetFunction {
         /// Module handle.
         module: u64,
@@ -189,10 +189,10 @@ pub enum Request {
         potential: bool,
     },
     /// A tensor-map descriptor encoded by the host's driver: the data is a
-    /// [`tensor_map::TensorMapParams`], the reply's data the 128 bytes.
+    /// [`tensor_map::TensorMapParams`](crate::tensor_map::TensorMapParams), the reply's data the 128 bytes.
     TensorMapEncode,
     /// Load a module image the host may hold already: by its
-    /// [`image_hash`]. Reply: the module handle, or `NotFound` (then the
+    /// [`image_hash`](crate::image_hash). Reply: the module handle, or `NotFound` (then the
     /// guest sends the image with `ModuleLoad`).
     ModuleLoadCached {
         /// PTX or cubin.
@@ -227,7 +227,7 @@ pub enum Request {
         stream: u64,
         /// Thread block cluster dimensions (all zero: none).
         cluster: Dim3,
-        /// [`launch_flags`].
+        /// [`launch_flags`](crate::launch_flags).
         flags: u32,
     },
     /// Run guest host function `id` in `stream`'s order: once the work
@@ -341,7 +341,7 @@ pub enum Request {
     /// Reserves device address space for the process's own mappings
     /// (cuMemAddressReserve; reply: its address).
     VmmReserve {
-        /// Bytes (a multiple of [`VMM_GRANULARITY`]).
+        /// Bytes (a multiple of [`VMM_GRANULARITY`](crate::VMM_GRANULARITY)).
         size: u64,
         /// Alignment: 0 (the default) or a power of two.
         align: u64,
@@ -356,7 +356,7 @@ pub enum Request {
     /// Physical device memory (cuMemCreate; reply: its handle), counted
     /// against the vGPU's memory limit.
     VmmCreate {
-        /// Bytes (a multiple of [`VMM_GRANULARITY`]).
+        /// Bytes (a multiple of [`VMM_GRANULARITY`](crate::VMM_GRANULARITY)).
         size: u64,
     },
     /// Lets go of a handle; the memory goes once nothing maps it either.

@@ -347,7 +347,9 @@ impl CudaContext {
 }
 
 // Each call is the inherent method of the same name, in the file of its
-// family (`memory`, `module`, `launch`, `timing`, `stream`, `vmm`, `migrate`).
+// family (`memory`, `module`, `launch`, `timing`, `stream`, `vmm`, `migrate`):
+// `CudaContext::name` resolves to the inherent method first, and rustc's
+// `unconditional_recursion` lint would flag one that went missing.
 impl Context for CudaContext {
     fn recycle(&mut self) -> Result<(), Status> {
         CudaContext::recycle(self)
