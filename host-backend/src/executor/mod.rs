@@ -7,7 +7,6 @@ use vm_memory::VolatileSlice;
 
 pub mod cuda;
 pub mod sim;
-mod sim_attributes;
 
 /// Handle of a stream, event, module or function inside an executor.
 pub type Handle = u64;

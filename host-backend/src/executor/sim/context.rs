@@ -1,226 +1,56 @@
-//! `sim`: a CPU model of a non-preemptive GPU, for machines without one.
-//!
-//! Device memory lives in host RAM. Work runs in submission order on one
-//! hardware queue shared by every context of the device: the results are
-//! computed at submission, and the queue's clock advances by each operation's
-//! modeled duration (copies at the configured bandwidth, kernels by their
-//! size), so synchronizing waits as long as the modeled device would take.
-//! Kernels are the entries of `kernels/fairvgpu.ptx`, implemented in Rust and
-//! found by their PTX entry name.
+//! A guest process's context on the model: its memory, modules, streams,
+//! events and marks, its calls run on the device's queue.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use protocol::{DeviceInfo, Dim3, ImageKind, Param, Status};
+use protocol::{Dim3, ImageKind, Param, Status};
 use vm_memory::VolatileSlice;
 
-use super::{Context, Executor, Handle, Launch, Moved};
+use super::kernels::{k_unmodeled, kernel_by_name, Kernel};
+use super::memory::zeroed;
+use super::{Queue, SimParams};
+use crate::executor::{Context, Handle, Launch, Moved};
 use crate::ptx;
 
-/// Parameters of the model (in host.toml's `[sim]`; keys left out keep
-/// their defaults).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SimParams {
-    /// Device memory in bytes.
-    pub memory: u64,
-    /// Host<->device copy bandwidth, GB/s.
-    pub copy_gbps: f64,
-    /// Device memory bandwidth for kernels, GB/s.
-    pub mem_gbps: f64,
-    /// Fixed cost of every operation, ns.
-    pub op_ns: u64,
-    /// Number of simulated GPUs (migration targets), each with its own
-    /// queue and `memory`.
-    #[serde(default = "one_gpu")]
-    pub gpus: u32,
-}
-
-fn one_gpu() -> u32 {
-    1
-}
-
-impl Default for SimParams {
-    fn default() -> Self {
-        SimParams {
-            memory: 16 << 30,
-            copy_gbps: 25.0,
-            mem_gbps: 2000.0,
-            op_ns: 2_000,
-            gpus: 1,
-        }
-    }
-}
-
-/// The single in-order hardware queue.
-#[derive(Debug)]
-struct Queue {
-    busy_until: Instant,
-}
-
-impl Queue {
-    /// Enqueues an operation of `ns`; returns when it completes.
-    fn submit(&mut self, ns: u64) -> Instant {
-        let start = self.busy_until.max(Instant::now());
-        self.busy_until = start + Duration::from_nanos(ns);
-        self.busy_until
-    }
-}
-
-/// The simulated device. Clones share the device (its queue and address
-/// space): several workers on one GPU.
-///
-/// Like a real GPU, a kernel that touches memory outside its context's
-/// allocations faults with `IllegalAddress`, and that error is sticky: every
-/// later call of every context opened from this executor (one worker
-/// process) fails the same way, until a new executor is made.
-#[derive(Debug, Clone)]
-pub struct SimExecutor {
-    params: SimParams,
-    queues: Arc<Vec<Mutex<Queue>>>,
-    device: u32,
-    next_base: Arc<Mutex<u64>>,
-    poisoned: Arc<std::sync::atomic::AtomicBool>,
-    /// The pinned pool's device range (start, length).
-    pinned: (u64, u64),
-}
-
-impl SimExecutor {
-    /// A device with these parameters.
-    pub fn new(params: SimParams) -> Self {
-        SimExecutor {
-            params,
-            queues: Arc::new(
-                (0..params.gpus.max(1))
-                    .map(|_| {
-                        Mutex::new(Queue {
-                            busy_until: Instant::now(),
-                        })
-                    })
-                    .collect(),
-            ),
-            device: 0,
-            next_base: Arc::new(Mutex::new(0x7f00_0000_0000)),
-            poisoned: Arc::default(),
-            pinned: (0, 0),
-        }
-    }
-}
-
-impl Executor for SimExecutor {
-    fn register_pinned(&mut self, pool: &VolatileSlice<'_>) -> Result<u64, Status> {
-        let base = pool.ptr_guard().as_ptr() as u64;
-        self.pinned = (base, pool.len() as u64);
-        Ok(base)
-    }
-
-    fn devices(&self) -> u32 {
-        self.queues.len() as u32
-    }
-
-    fn device(&self) -> u32 {
-        self.device
-    }
-
-    fn set_device(&mut self, device: u32) -> Result<(), Status> {
-        if device as usize >= self.queues.len() {
-            return Err(Status::InvalidValue);
-        }
-        self.device = device;
-        Ok(())
-    }
-
-    fn info(&self) -> DeviceInfo {
-        DeviceInfo {
-            name: "fairvgpu sim GPU".into(),
-            total_mem: self.params.memory,
-            cc: (9, 0),
-            sm_count: 132,
-            attributes: super::sim_attributes::H100.to_vec(),
-            ..Default::default()
-        }
-    }
-
-    fn open(&mut self) -> Result<Box<dyn Context>, Status> {
-        Ok(Box::new(SimContext {
-            params: self.params,
-            queues: self.queues.clone(),
-            device: self.device,
-            next_base: self.next_base.clone(),
-            pinned: self.pinned,
-            poisoned: self.poisoned.clone(),
-            mem: BTreeMap::new(),
-            modules: HashMap::new(),
-            functions: HashMap::new(),
-            events: HashMap::new(),
-            streams: HashMap::new(),
-            limits: HashMap::new(),
-            marks: HashMap::new(),
-            next_handle: 1,
-            last_done: Instant::now(),
-            timings: Vec::new(),
-            slice_ns: HashMap::new(),
-            period: None,
-            vmm_phys: HashMap::new(),
-            vmm_maps: BTreeMap::new(),
-        }))
-    }
-}
-
-type Kernel = fn(&mut SimContext, Dim3, Dim3, &[u8]) -> Result<u64, Status>;
-
-fn kernel_by_name(name: &str) -> Option<Kernel> {
-    Some(match name {
-        "vector_add" => k_vector_add,
-        "saxpy" => k_saxpy,
-        "spin_ns" => k_spin,
-        "empty" => k_empty,
-        "atomic_count" => k_atomic_count,
-        "list_inc" => k_list_inc,
-        "list_sum" => k_list_sum,
-        "spin_blocks" => k_spin_blocks,
-        _ => return None,
-    })
-}
-
-struct SimModule {
-    entries: ptx::Entries,
+pub(super) struct SimModule {
+    pub(super) entries: ptx::Entries,
     /// Global variables: name -> (address, size), allocated at load.
-    globals: HashMap<String, (u64, u64)>,
+    pub(super) globals: HashMap<String, (u64, u64)>,
 }
 
-struct SimContext {
-    params: SimParams,
-    queues: Arc<Vec<Mutex<Queue>>>,
-    device: u32,
-    next_base: Arc<Mutex<u64>>,
+pub(super) struct SimContext {
+    pub(super) params: SimParams,
+    pub(super) queues: Arc<Vec<Mutex<Queue>>>,
+    pub(super) device: u32,
+    pub(super) next_base: Arc<Mutex<u64>>,
     /// The pinned pool's device range: the model's kernels do not reach
     /// host memory.
-    pinned: (u64, u64),
-    poisoned: Arc<std::sync::atomic::AtomicBool>,
-    mem: BTreeMap<u64, Vec<u8>>,
-    modules: HashMap<Handle, SimModule>,
-    functions: HashMap<Handle, (Kernel, Vec<u32>)>,
-    events: HashMap<Handle, Option<Instant>>,
-    streams: HashMap<Handle, Instant>,
+    pub(super) pinned: (u64, u64),
+    pub(super) poisoned: Arc<std::sync::atomic::AtomicBool>,
+    pub(super) mem: BTreeMap<u64, Vec<u8>>,
+    pub(super) modules: HashMap<Handle, SimModule>,
+    pub(super) functions: HashMap<Handle, (Kernel, Vec<u32>)>,
+    pub(super) events: HashMap<Handle, Option<Instant>>,
+    pub(super) streams: HashMap<Handle, Instant>,
     /// Context limits set (`CUlimit` -> value); unset ones read their defaults.
-    limits: HashMap<u32, u64>,
+    pub(super) limits: HashMap<u32, u64>,
     /// Marks the worker waits on: when the queue passes each.
-    marks: HashMap<Handle, Instant>,
-    next_handle: Handle,
-    last_done: Instant,
-    timings: Vec<(Handle, u64)>,
+    pub(super) marks: HashMap<Handle, Instant>,
+    pub(super) next_handle: Handle,
+    pub(super) last_done: Instant,
+    pub(super) timings: Vec<(Handle, u64)>,
     /// A sliced launch's whole time, by function (see `launch_slice`).
-    slice_ns: HashMap<Handle, u64>,
+    pub(super) slice_ns: HashMap<Handle, u64>,
     /// The busy period being timed: when the queue reaches its start, and
     /// when its work ends (once ended).
-    period: Option<(Instant, Option<Instant>)>,
+    pub(super) period: Option<(Instant, Option<Instant>)>,
     /// Physical memory of the VMM API, by handle.
-    vmm_phys: HashMap<Handle, Vec<u8>>,
+    pub(super) vmm_phys: HashMap<Handle, Vec<u8>>,
     /// VMM mappings: start -> (size, handle, offset in its memory). Their
     /// addresses resolve to the handle's bytes.
-    vmm_maps: BTreeMap<u64, (u64, Handle, u64)>,
+    pub(super) vmm_maps: BTreeMap<u64, (u64, Handle, u64)>,
 }
 
 impl SimContext {
@@ -309,97 +139,8 @@ impl SimContext {
         (bytes as f64 / self.params.copy_gbps) as u64
     }
 
-    fn mem_ns(&self, bytes: u64) -> u64 {
+    pub(super) fn mem_ns(&self, bytes: u64) -> u64 {
         (bytes as f64 / self.params.mem_gbps) as u64
-    }
-
-    /// The allocation containing [ptr, ptr+len), and the offset in it.
-    fn locate(&mut self, ptr: u64, len: u64) -> Result<(&mut Vec<u8>, usize), Status> {
-        let (pool, pool_len) = self.pinned;
-        if ptr >= pool && ptr - pool < pool_len {
-            // Mapped host memory: real kernels reach it; the model's do not.
-            return Err(Status::NotSupported);
-        }
-        let fits =
-            |base: u64, size: u64| (ptr - base).checked_add(len).is_some_and(|end| end <= size);
-        let alloc = self.mem.range(..=ptr).next_back();
-        if let Some((&base, buf)) = alloc.filter(|(&b, buf)| fits(b, buf.len() as u64)) {
-            let _ = buf;
-            let buf = self.mem.get_mut(&base).ok_or(Status::IllegalAddress)?;
-            return Ok((buf, (ptr - base) as usize));
-        }
-        // Mapped VMM memory: the handle's bytes.
-        let (&va, &(size, h, offset)) = self
-            .vmm_maps
-            .range(..=ptr)
-            .next_back()
-            .ok_or(Status::IllegalAddress)?;
-        if !fits(va, size) {
-            return Err(Status::IllegalAddress);
-        }
-        let buf = self.vmm_phys.get_mut(&h).ok_or(Status::IllegalAddress)?;
-        Ok((buf, (offset + ptr - va) as usize))
-    }
-
-    /// `[ptr, ptr + len)` in pieces that each lie in one allocation or one
-    /// mapping (VMM mappings that follow one another are one range to a
-    /// program): (start, length) of each.
-    fn pieces(&self, ptr: u64, len: u64) -> Vec<(u64, u64)> {
-        let whole = vec![(ptr, len)];
-        let in_alloc = self
-            .mem
-            .range(..=ptr)
-            .next_back()
-            .is_some_and(|(&b, buf)| ptr - b < buf.len() as u64);
-        let Some(end) = ptr.checked_add(len).filter(|_| !in_alloc) else {
-            return whole;
-        };
-        let mut out = Vec::new();
-        let mut at = ptr;
-        while at < end {
-            match self.vmm_maps.range(..=at).next_back() {
-                Some((&va, &(size, ..))) if at < va + size => {
-                    let n = (va + size).min(end) - at;
-                    out.push((at, n));
-                    at += n;
-                }
-                // A hole: `locate` reports it.
-                _ => return whole,
-            }
-        }
-        if out.is_empty() {
-            whole
-        } else {
-            out
-        }
-    }
-
-    fn read_f32s(&mut self, ptr: u64, n: usize) -> Result<Vec<f32>, Status> {
-        let (buf, off) = self.locate(ptr, n as u64 * 4)?;
-        Ok(buf[off..off + n * 4]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
-    }
-
-    fn write_f32s(&mut self, ptr: u64, v: &[f32]) -> Result<(), Status> {
-        let (buf, off) = self.locate(ptr, v.len() as u64 * 4)?;
-        for (i, x) in v.iter().enumerate() {
-            buf[off + 4 * i..off + 4 * i + 4].copy_from_slice(&x.to_le_bytes());
-        }
-        Ok(())
-    }
-
-    /// Copies device bytes from `src` into `dst`.
-    fn read_into(&mut self, dst: &VolatileSlice<'_>, src: u64) -> Result<(), Status> {
-        for (p, n) in self.pieces(src, dst.len() as u64) {
-            let (buf, off) = self.locate(p, n)?;
-            let part = dst
-                .subslice((p - src) as usize, n as usize)
-                .map_err(|_| Status::InvalidValue)?;
-            part.copy_from(&buf[off..off + n as usize]);
-        }
-        Ok(())
     }
 
     fn wait_until(t: Instant) {
@@ -414,132 +155,6 @@ impl SimContext {
             }
         }
     }
-}
-
-fn u64_at(p: &[u8], off: usize) -> u64 {
-    p.get(off..off + 8)
-        .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
-}
-fn u32_at(p: &[u8], off: usize) -> u32 {
-    p.get(off..off + 4)
-        .map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])))
-}
-
-fn threads(grid: Dim3, block: Dim3) -> u64 {
-    u64::from(grid.x) * u64::from(block.x)
-}
-
-fn k_vector_add(c: &mut SimContext, grid: Dim3, block: Dim3, p: &[u8]) -> Result<u64, Status> {
-    let (a, b, out, n) = (u64_at(p, 0), u64_at(p, 8), u64_at(p, 16), u32_at(p, 24));
-    let n = (u64::from(n)).min(threads(grid, block)) as usize;
-    let x = c.read_f32s(a, n)?;
-    let y = c.read_f32s(b, n)?;
-    let z: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
-    c.write_f32s(out, &z)?;
-    Ok(c.mem_ns(12 * n as u64))
-}
-
-fn k_saxpy(c: &mut SimContext, grid: Dim3, block: Dim3, p: &[u8]) -> Result<u64, Status> {
-    let a = f32::from_bits(u32_at(p, 0));
-    let (x, y, n) = (u64_at(p, 4), u64_at(p, 12), u32_at(p, 20));
-    let n = (u64::from(n)).min(threads(grid, block)) as usize;
-    let xs = c.read_f32s(x, n)?;
-    let mut ys = c.read_f32s(y, n)?;
-    for (yi, xi) in ys.iter_mut().zip(&xs) {
-        *yi = a.mul_add(*xi, *yi);
-    }
-    c.write_f32s(y, &ys)?;
-    Ok(c.mem_ns(12 * n as u64))
-}
-
-/// Walks the linked list at `head` (nodes {u64 next; f32 value; u32 pad}),
-/// at most `n` nodes, calling `f` on each node's value.
-fn walk_list(
-    c: &mut SimContext,
-    head: u64,
-    n: u32,
-    mut f: impl FnMut(&mut [u8]),
-) -> Result<u64, Status> {
-    let (mut node, mut seen) = (head, 0u64);
-    while node != 0 && seen < u64::from(n) {
-        let (buf, off) = c.locate(node, 16)?;
-        f(&mut buf[off + 8..off + 12]);
-        node = u64::from_le_bytes(
-            buf[off..off + 8]
-                .try_into()
-                .map_err(|_| Status::IllegalAddress)?,
-        );
-        seen += 1;
-    }
-    // A dependent load per node.
-    Ok(seen * 400)
-}
-
-fn k_list_inc(c: &mut SimContext, _g: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, Status> {
-    walk_list(c, u64_at(p, 0), u32_at(p, 8), |v| {
-        let x = f32::from_le_bytes([v[0], v[1], v[2], v[3]]) + 1.0;
-        v.copy_from_slice(&x.to_le_bytes());
-    })
-}
-
-fn k_list_sum(c: &mut SimContext, _g: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, Status> {
-    let (head, out, n) = (u64_at(p, 0), u64_at(p, 8), u32_at(p, 16));
-    let mut sum = 0.0f32;
-    let ns = walk_list(c, head, n, |v| {
-        sum += f32::from_le_bytes([v[0], v[1], v[2], v[3]]);
-    })?;
-    c.write_f32s(out, &[sum])?;
-    Ok(ns)
-}
-
-/// Every block spins `ns`, in waves of 132 SMs x 32 blocks; out[b] = b.
-fn k_spin_blocks(c: &mut SimContext, grid: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, Status> {
-    let (out, ns) = (u64_at(p, 0), u64_at(p, 8).min(10_000_000_000));
-    let blocks = grid.x;
-    let (buf, off) = c.locate(out, u64::from(blocks) * 4)?;
-    for b in 0..blocks as usize {
-        buf[off + 4 * b..off + 4 * b + 4].copy_from_slice(&(b as u32).to_le_bytes());
-    }
-    let waves = u64::from(blocks).div_ceil(132 * 32);
-    Ok(waves.saturating_mul(ns).min(10_000_000_000))
-}
-
-fn k_spin(_c: &mut SimContext, _g: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, Status> {
-    Ok(u64_at(p, 0).min(10_000_000_000))
-}
-
-fn k_atomic_count(c: &mut SimContext, grid: Dim3, block: Dim3, p: &[u8]) -> Result<u64, Status> {
-    let ptr = u64_at(p, 0);
-    // Saturating: grid and block sizes are the guest's.
-    let threads = grid.count().saturating_mul(block.count());
-    let (buf, off) = c.locate(ptr, 4)?;
-    let v = u32::from_le_bytes(
-        buf[off..off + 4]
-            .try_into()
-            .map_err(|_| Status::IllegalAddress)?,
-    );
-    buf[off..off + 4].copy_from_slice(&v.wrapping_add(threads as u32).to_le_bytes());
-    Ok(threads.min(10_000_000_000))
-}
-
-fn k_empty(_c: &mut SimContext, _g: Dim3, _b: Dim3, _p: &[u8]) -> Result<u64, Status> {
-    Ok(0)
-}
-
-/// A kernel of the program's own, which the model cannot run.
-fn k_unmodeled(_c: &mut SimContext, _g: Dim3, _b: Dim3, _p: &[u8]) -> Result<u64, Status> {
-    Err(Status::NotSupported)
-}
-
-/// `size` bytes of zeroed model memory, or `OutOfMemory` if the host has
-/// not got them.
-fn zeroed(size: u64) -> Result<Vec<u8>, Status> {
-    let len = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(len)
-        .map_err(|_| Status::OutOfMemory)?;
-    buf.resize(len, 0);
-    Ok(buf)
 }
 
 impl Context for SimContext {
@@ -1053,7 +668,7 @@ impl Context for SimContext {
         Ok(())
     }
 
-    fn mark(&mut self, stream: Option<Handle>) -> Result<super::Marker, Status> {
+    fn mark(&mut self, stream: Option<Handle>) -> Result<crate::executor::Marker, Status> {
         self.alive()?;
         let t = match stream {
             Some(s) => self.stream_done(s)?,
@@ -1064,7 +679,7 @@ impl Context for SimContext {
         Ok(m)
     }
 
-    fn reached(&mut self, m: super::Marker) -> Result<bool, Status> {
+    fn reached(&mut self, m: crate::executor::Marker) -> Result<bool, Status> {
         let t = *self.marks.get(&m).ok_or(Status::InvalidHandle)?;
         if let Err(e) = self.alive() {
             self.marks.remove(&m);
@@ -1077,7 +692,7 @@ impl Context for SimContext {
         Ok(done)
     }
 
-    fn forget(&mut self, m: super::Marker) {
+    fn forget(&mut self, m: crate::executor::Marker) {
         self.marks.remove(&m);
     }
 
@@ -1143,7 +758,7 @@ impl Context for SimContext {
     fn migrate(
         &mut self,
         device: u32,
-        _prepared: Option<super::Prepared>,
+        _prepared: Option<crate::executor::Prepared>,
     ) -> Result<Moved, Status> {
         self.alive()?;
         if device as usize >= self.queues.len() {
@@ -1174,6 +789,8 @@ impl Context for SimContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::sim::{SimExecutor, SimParams};
+    use crate::executor::Executor;
 
     fn vector_add_params(a: u64, b: u64, c: u64, n: u32) -> Vec<u8> {
         let mut p = Vec::new();

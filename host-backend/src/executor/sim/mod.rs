@@ -1,0 +1,179 @@
+//! `sim`: a CPU model of a non-preemptive GPU, for machines without one.
+//!
+//! Device memory lives in host RAM. Work runs in submission order on one
+//! hardware queue shared by every context of the device: the results are
+//! computed at submission, and the queue's clock advances by each operation's
+//! modeled duration (copies at the configured bandwidth, kernels by their
+//! size), so synchronizing waits as long as the modeled device would take.
+//! Kernels are the entries of `kernels/fairvgpu.ptx`, implemented in Rust and
+//! found by their PTX entry name.//!
+//! Here the model's parameters and the executor (one device of the shared
+//! queue); `context.rs` a guest process's context, `memory.rs` the model's
+//! device memory, `kernels.rs` the kernels, `attributes.rs` the device
+//! attributes it reports.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use protocol::{DeviceInfo, Status};
+use vm_memory::VolatileSlice;
+
+use super::{Context, Executor};
+
+mod attributes;
+mod context;
+mod kernels;
+mod memory;
+
+use context::SimContext;
+
+/// Parameters of the model (in host.toml's `[sim]`; keys left out keep
+/// their defaults).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimParams {
+    /// Device memory in bytes.
+    pub memory: u64,
+    /// Host<->device copy bandwidth, GB/s.
+    pub copy_gbps: f64,
+    /// Device memory bandwidth for kernels, GB/s.
+    pub mem_gbps: f64,
+    /// Fixed cost of every operation, ns.
+    pub op_ns: u64,
+    /// Number of simulated GPUs (migration targets), each with its own
+    /// queue and `memory`.
+    #[serde(default = "one_gpu")]
+    pub gpus: u32,
+}
+
+fn one_gpu() -> u32 {
+    1
+}
+
+impl Default for SimParams {
+    fn default() -> Self {
+        SimParams {
+            memory: 16 << 30,
+            copy_gbps: 25.0,
+            mem_gbps: 2000.0,
+            op_ns: 2_000,
+            gpus: 1,
+        }
+    }
+}
+
+/// The single in-order hardware queue.
+#[derive(Debug)]
+struct Queue {
+    busy_until: Instant,
+}
+
+impl Queue {
+    /// Enqueues an operation of `ns`; returns when it completes.
+    fn submit(&mut self, ns: u64) -> Instant {
+        let start = self.busy_until.max(Instant::now());
+        self.busy_until = start + Duration::from_nanos(ns);
+        self.busy_until
+    }
+}
+
+/// The simulated device. Clones share the device (its queue and address
+/// space): several workers on one GPU.
+///
+/// Like a real GPU, a kernel that touches memory outside its context's
+/// allocations faults with `IllegalAddress`, and that error is sticky: every
+/// later call of every context opened from this executor (one worker
+/// process) fails the same way, until a new executor is made.
+#[derive(Debug, Clone)]
+pub struct SimExecutor {
+    params: SimParams,
+    queues: Arc<Vec<Mutex<Queue>>>,
+    device: u32,
+    next_base: Arc<Mutex<u64>>,
+    poisoned: Arc<std::sync::atomic::AtomicBool>,
+    /// The pinned pool's device range (start, length).
+    pinned: (u64, u64),
+}
+
+impl SimExecutor {
+    /// A device with these parameters.
+    pub fn new(params: SimParams) -> Self {
+        SimExecutor {
+            params,
+            queues: Arc::new(
+                (0..params.gpus.max(1))
+                    .map(|_| {
+                        Mutex::new(Queue {
+                            busy_until: Instant::now(),
+                        })
+                    })
+                    .collect(),
+            ),
+            device: 0,
+            next_base: Arc::new(Mutex::new(0x7f00_0000_0000)),
+            poisoned: Arc::default(),
+            pinned: (0, 0),
+        }
+    }
+}
+
+impl Executor for SimExecutor {
+    fn register_pinned(&mut self, pool: &VolatileSlice<'_>) -> Result<u64, Status> {
+        let base = pool.ptr_guard().as_ptr() as u64;
+        self.pinned = (base, pool.len() as u64);
+        Ok(base)
+    }
+
+    fn devices(&self) -> u32 {
+        self.queues.len() as u32
+    }
+
+    fn device(&self) -> u32 {
+        self.device
+    }
+
+    fn set_device(&mut self, device: u32) -> Result<(), Status> {
+        if device as usize >= self.queues.len() {
+            return Err(Status::InvalidValue);
+        }
+        self.device = device;
+        Ok(())
+    }
+
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            name: "fairvgpu sim GPU".into(),
+            total_mem: self.params.memory,
+            cc: (9, 0),
+            sm_count: 132,
+            attributes: attributes::H100.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn open(&mut self) -> Result<Box<dyn Context>, Status> {
+        Ok(Box::new(SimContext {
+            params: self.params,
+            queues: self.queues.clone(),
+            device: self.device,
+            next_base: self.next_base.clone(),
+            pinned: self.pinned,
+            poisoned: self.poisoned.clone(),
+            mem: BTreeMap::new(),
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            events: HashMap::new(),
+            streams: HashMap::new(),
+            limits: HashMap::new(),
+            marks: HashMap::new(),
+            next_handle: 1,
+            last_done: Instant::now(),
+            timings: Vec::new(),
+            slice_ns: HashMap::new(),
+            period: None,
+            vmm_phys: HashMap::new(),
+            vmm_maps: BTreeMap::new(),
+        }))
+    }
+}
