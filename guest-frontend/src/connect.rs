@@ -1,0 +1,209 @@
+//! Finding and attaching the vGPU: natively through the ivshmem-server
+//! socket or through the kernel module's device in a VM, the session's
+//! `Hello`, and further channels joined to it.
+
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::{DeviceInfo, Request};
+use qemu_ivshmem::server::Client;
+use qemu_ivshmem::{Bell, GuestChannel, SpinPolicy};
+
+use crate::{
+    copy, current_cpu, device, Gpu, GuestError, Joiner, Joining, Origin, Result, Transport,
+};
+
+impl Joiner {
+    /// A further channel to the session.
+    pub fn join(&self) -> Result<Gpu> {
+        let join = Some(Joining {
+            seq: self.seq.clone(),
+            token: self.token,
+            info: self.info.clone(),
+        });
+        match &self.origin {
+            Origin::Socket(p) => Gpu::attach_socket(p, self.policy, join),
+            Origin::Device(p) => Gpu::attach_device(p, self.policy, join),
+        }
+    }
+}
+
+impl Gpu {
+    /// Attaches natively through the ivshmem-server socket at `path`.
+    pub fn connect(path: &Path) -> Result<Gpu> {
+        Self::connect_with(path, SpinPolicy::default())
+    }
+
+    /// Like [`Gpu::connect`] with a chosen spin policy.
+    pub fn connect_with(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
+        Self::attach_socket(path, policy, None)
+    }
+
+    fn attach_socket(path: &Path, policy: SpinPolicy, join: Option<Joining>) -> Result<Gpu> {
+        let client = Client::connect(path, Duration::from_secs(10))?;
+        let vectors = client.region.layout().params.vectors;
+        let ch = client
+            .region
+            .claim(u32::from(client.id), std::process::id(), 0)?;
+        let vector = ch.index() % vectors;
+        let own_bell: Arc<dyn Bell> = client.own_bells[vector as usize].clone();
+        let host_bell: Arc<dyn Bell> = client.host_bells[vector as usize].clone();
+        Self::start(
+            ch,
+            vector,
+            host_bell,
+            own_bell,
+            policy,
+            Transport::Native(client),
+            Origin::Socket(path.to_owned()),
+            join,
+        )
+    }
+
+    /// Attaches inside a VM through the kernel module's device (`/dev/fairvgpuN`).
+    pub fn open_device(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
+        Self::attach_device(path, policy, None)
+    }
+
+    fn attach_device(path: &Path, policy: SpinPolicy, join: Option<Joining>) -> Result<Gpu> {
+        let dev = Arc::new(device::Device::open(path)?);
+        let info = dev.info()?;
+        let region = dev.region(&info)?;
+        let host_vectors = region.layout().params.vectors;
+        let vector = if info.vectors == 0 {
+            0
+        } else {
+            current_cpu() % info.vectors
+        };
+        let ch = region.claim(info.peer_id, std::process::id(), vector)?;
+        // From here on, if this process dies, the module gives the channel back.
+        dev.bind(ch.index(), ch.generation())?;
+        if info.vectors > 0 {
+            dev.set_vector(vector)?;
+        }
+        let own_bell: Arc<dyn Bell> = Arc::new(device::VcpuBell::new(
+            dev.clone(),
+            region.clone(),
+            ch.index(),
+            info.vectors,
+            vector,
+        ));
+        let host_bell: Arc<dyn Bell> = Arc::new(device::HostDoorbell::new(
+            dev.clone(),
+            ch.index() % host_vectors,
+        ));
+        Self::start(
+            ch,
+            vector,
+            host_bell,
+            own_bell,
+            policy,
+            Transport::Device(dev),
+            Origin::Device(path.to_owned()),
+            join,
+        )
+    }
+
+    /// A further channel to this process's session, for another thread:
+    /// calls on it go on at the same time as this one's (a thread waiting
+    /// in a synchronize here holds up no call there), and the host runs the
+    /// process's requests in the order they were made across its channels.
+    /// It has its own connection (socket or device file), so that each
+    /// thread waits on its own doorbell.
+    pub fn join(&self) -> Result<Gpu> {
+        self.joiner().join()
+    }
+
+    /// What [`Gpu::join`] needs, apart from this connection (to join from
+    /// another thread while this one is in a call).
+    pub fn joiner(&self) -> Joiner {
+        Joiner {
+            origin: self.origin.clone(),
+            policy: self.policy,
+            seq: self.seq.clone(),
+            token: self.token,
+            info: self.info.clone(),
+        }
+    }
+
+    /// Attaches to `path`: a vGPU device if it is a character device, else a
+    /// host socket.
+    pub fn open(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
+        if device::is_device(path) {
+            Self::open_device(path, policy)
+        } else {
+            Self::connect_with(path, policy)
+        }
+    }
+
+    /// Attaches to what the environment names: `FAIRVGPU_SOCKET` (a host
+    /// socket, for processes on the host), else `FAIRVGPU_DEVICE`, else
+    /// `/dev/fairvgpu0`. `FAIRVGPU_SPINS` overrides the spin budget.
+    pub fn from_env() -> Result<Gpu> {
+        let mut policy = SpinPolicy::default();
+        if let Some(n) = std::env::var("FAIRVGPU_SPINS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            policy.spins = n;
+        }
+        if let Some(sock) = std::env::var_os("FAIRVGPU_SOCKET") {
+            return Self::connect_with(sock.as_ref(), policy);
+        }
+        if let Some(dev) = std::env::var_os("FAIRVGPU_DEVICE") {
+            return Self::open_device(dev.as_ref(), policy);
+        }
+        match device::default_device() {
+            Some(dev) => Self::open_device(&dev, policy),
+            None => Err(GuestError::NoVgpu),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        ch: GuestChannel,
+        vector: u32,
+        host_bell: Arc<dyn Bell>,
+        own_bell: Arc<dyn Bell>,
+        policy: SpinPolicy,
+        transport: Transport,
+        origin: Origin,
+        join: Option<Joining>,
+    ) -> Result<Gpu> {
+        ch.set_guest_vector(vector)?;
+        let seq = join
+            .as_ref()
+            .map_or_else(|| Arc::new(AtomicU64::new(1)), |j| j.seq.clone());
+        let mut gpu = Gpu {
+            ch,
+            host_bell,
+            own_bell,
+            policy,
+            seq,
+            token: [0; 2],
+            origin,
+            info: DeviceInfo::default(),
+            buf: Vec::new(),
+            copier: copy::Copier::default(),
+            transport,
+        };
+        if let Some(j) = join {
+            gpu.call(&Request::Join { token: j.token })?;
+            gpu.token = j.token;
+            gpu.info = j.info;
+            return Ok(gpu);
+        }
+        let (r, data) = gpu.call_data(
+            &Request::Hello {
+                version: protocol::PROTOCOL_VERSION,
+            },
+            &[],
+        )?;
+        gpu.token = [r.vals[0], r.vals[1]];
+        gpu.info =
+            DeviceInfo::from_bytes(&data).map_err(|e| GuestError::Protocol(e.to_string()))?;
+        Ok(gpu)
+    }
+}

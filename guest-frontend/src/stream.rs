@@ -1,0 +1,209 @@
+//! Launches, streams, events, host functions, and the context-wide calls
+//! (synchronize, limits).
+
+use protocol::{Dim3, Request, Status};
+
+use crate::{Function, Gpu, GuestError, Result};
+
+impl Gpu {
+    /// cuLaunchKernel: marshals `params` (one byte slice per parameter) by the
+    /// kernel's real parameter sizes and enqueues the launch.
+    pub fn launch(
+        &mut self,
+        f: &Function,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: u64,
+        params: &[&[u8]],
+    ) -> Result<()> {
+        if params.len() != f.param_sizes.len() {
+            return Err(GuestError::Cuda(Status::InvalidValue));
+        }
+        let mut packed = Vec::with_capacity(64);
+        for (p, &size) in params.iter().zip(&f.param_sizes) {
+            if p.len() != size as usize {
+                return Err(GuestError::Cuda(Status::InvalidValue));
+            }
+            packed.extend_from_slice(p);
+        }
+        self.send(
+            &Request::Launch {
+                func: f.handle,
+                grid,
+                block,
+                shared_mem,
+                stream,
+                cluster: Dim3::default(),
+                flags: 0,
+            },
+            &packed,
+        )
+        .map(drop)
+    }
+
+    /// Launch with raw packed parameters, unchecked here (the host checks).
+    pub fn launch_raw(
+        &mut self,
+        func: u64,
+        grid: Dim3,
+        block: Dim3,
+        stream: u64,
+        packed: &[u8],
+    ) -> Result<()> {
+        self.launch_packed(func, grid, block, 0, stream, packed)
+    }
+
+    /// Launch with raw packed parameters and `shared_mem` bytes of dynamic
+    /// shared memory, unchecked here (the host checks).
+    pub fn launch_packed(
+        &mut self,
+        func: u64,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: u64,
+        packed: &[u8],
+    ) -> Result<()> {
+        self.send(
+            &Request::Launch {
+                func,
+                grid,
+                block,
+                shared_mem,
+                stream,
+                cluster: Dim3::default(),
+                flags: 0,
+            },
+            packed,
+        )
+        .map(drop)
+    }
+
+    /// A launch with thread block clusters (`cluster` all zero: none)
+    /// and `protocol::launch_flags`, with raw packed parameters.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_ex(
+        &mut self,
+        func: u64,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: u64,
+        cluster: Dim3,
+        flags: u32,
+        packed: &[u8],
+    ) -> Result<()> {
+        self.send(
+            &Request::Launch {
+                func,
+                grid,
+                block,
+                shared_mem,
+                stream,
+                cluster,
+                flags,
+            },
+            packed,
+        )
+        .map(drop)
+    }
+
+    /// cuStreamWaitEvent (asynchronous).
+    pub fn stream_wait_event(&mut self, stream: u64, event: u64, flags: u32) -> Result<()> {
+        self.send(
+            &Request::StreamWaitEvent {
+                stream,
+                event,
+                flags,
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
+    /// Queues guest host function `id` in `stream` (see
+    /// `protocol::Request::HostFn`).
+    pub fn host_fn(&mut self, stream: u64, id: u64) -> Result<()> {
+        self.send(&Request::HostFn { stream, id }, &[]).map(drop)
+    }
+
+    /// Waits (about a second at most) for a host function whose stream is
+    /// there: its id (0: none yet) and the error code of the work before it.
+    pub fn wait_host_fn(&mut self) -> Result<(u64, u32)> {
+        let r = self.call(&Request::WaitHostFn)?;
+        Ok((r.vals[0], r.vals[1] as u32))
+    }
+
+    /// Host function `id` has run.
+    pub fn host_fn_done(&mut self, id: u64) -> Result<()> {
+        self.send(&Request::HostFnDone { id }, &[]).map(drop)
+    }
+
+    /// cuCtxGetLimit.
+    pub fn limit(&mut self, limit: u32) -> Result<u64> {
+        Ok(self.call(&Request::CtxGetLimit { limit })?.vals[0])
+    }
+
+    /// cuCtxSetLimit.
+    pub fn set_limit(&mut self, limit: u32, value: u64) -> Result<()> {
+        self.call(&Request::CtxSetLimit { limit, value }).map(drop)
+    }
+
+    /// cuCtxSynchronize.
+    pub fn synchronize(&mut self) -> Result<()> {
+        self.call(&Request::CtxSynchronize).map(drop)
+    }
+
+    /// cuStreamCreateWithPriority.
+    pub fn stream_create(&mut self, flags: u32, priority: i32) -> Result<u64> {
+        Ok(self.call(&Request::StreamCreate { flags, priority })?.vals[0])
+    }
+
+    /// cuStreamDestroy.
+    pub fn stream_destroy(&mut self, stream: u64) -> Result<()> {
+        self.call(&Request::StreamDestroy { stream }).map(drop)
+    }
+
+    /// cuStreamSynchronize.
+    pub fn stream_synchronize(&mut self, stream: u64) -> Result<()> {
+        self.call(&Request::StreamSynchronize { stream }).map(drop)
+    }
+
+    /// cuStreamQuery: Ok(true) when idle.
+    pub fn stream_query(&mut self, stream: u64) -> Result<bool> {
+        self.query(&Request::StreamQuery { stream })
+    }
+
+    /// cuEventCreate.
+    pub fn event_create(&mut self, flags: u32) -> Result<u64> {
+        Ok(self.call(&Request::EventCreate { flags })?.vals[0])
+    }
+
+    /// cuEventDestroy.
+    pub fn event_destroy(&mut self, event: u64) -> Result<()> {
+        self.call(&Request::EventDestroy { event }).map(drop)
+    }
+
+    /// cuEventRecord (asynchronous).
+    pub fn event_record(&mut self, event: u64, stream: u64) -> Result<()> {
+        self.send(&Request::EventRecord { event, stream }, &[])
+            .map(drop)
+    }
+
+    /// cuEventSynchronize.
+    pub fn event_synchronize(&mut self, event: u64) -> Result<()> {
+        self.call(&Request::EventSynchronize { event }).map(drop)
+    }
+
+    /// cuEventQuery: Ok(true) when complete.
+    pub fn event_query(&mut self, event: u64) -> Result<bool> {
+        self.query(&Request::EventQuery { event })
+    }
+
+    /// cuEventElapsedTime, in milliseconds.
+    pub fn event_elapsed_ms(&mut self, start: u64, end: u64) -> Result<f32> {
+        let r = self.call(&Request::EventElapsedTime { start, end })?;
+        Ok(f32::from_bits(r.vals[0] as u32))
+    }
+}
