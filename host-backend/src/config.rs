@@ -74,6 +74,19 @@ pub struct DaemonConfig {
     /// its processes send a library's images once (0: none).
     #[serde(default = "default_image_cache_mib")]
     pub image_cache_mib: u64,
+    /// Share module images between VMs through the daemon's store: the
+    /// bytes exist once on the host and a second VM's processes send only
+    /// hashes (see `image_store.rs`).
+    #[serde(default = "yes")]
+    pub share_images: bool,
+    /// MiB the daemon's image store keeps at most, all VMs together (each
+    /// VM's worker adds at most `image_cache_mib`).
+    #[serde(default = "default_image_store_mib")]
+    pub image_store_mib: u64,
+}
+
+fn default_image_store_mib() -> u64 {
+    4096
 }
 
 fn yes() -> bool {
@@ -103,6 +116,8 @@ impl Default for DaemonConfig {
             sandbox: true,
             graph_launches: GraphLaunches::default(),
             image_cache_mib: default_image_cache_mib(),
+            share_images: true,
+            image_store_mib: default_image_store_mib(),
         }
     }
 }

@@ -64,6 +64,9 @@ pub fn run_worker(
         vcpus_file: Some(crate::attach::vcpus_file(cfg, vm)),
         slice_blocks: cfg.daemon.slice_blocks,
         image_cache: cfg.daemon.image_cache_mib << 20,
+        // Only under the daemon, which runs the store.
+        image_store: (feed_fd.is_some() && cfg.daemon.share_images)
+            .then(|| image_store_socket(cfg)),
     };
     let worker = match feed_fd {
         Some(fd) => Worker::adopt(&wc, exec, crate::link::feed_from_fd(fd)?)?,
@@ -83,6 +86,11 @@ pub fn run_worker(
     });
     tracing::info!(vm, socket = %wc.socket.display(), "worker serving");
     worker.run()
+}
+
+/// Socket of the daemon's module image store (see `image_store.rs`).
+pub fn image_store_socket(cfg: &Config) -> std::path::PathBuf {
+    cfg.daemon.run_dir.join("images.sock")
 }
 
 /// Socket of the grant service of GPU `gpu`.
@@ -112,6 +120,18 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     // The grant services (one per GPU) start before any worker connects.
     let plane = crate::control::ControlPlane::new(cfg.clone(), config_path)?;
     crate::control::start(&plane)?;
+    // The module image store the workers share (see `image_store.rs`).
+    let _images = if cfg.daemon.share_images {
+        let store = crate::image_store::ImageStore::start(
+            &image_store_socket(cfg),
+            cfg.daemon.image_store_mib << 20,
+            cfg.daemon.image_cache_mib << 20,
+        )?;
+        plane.watch_image_store(store.stats().clone());
+        Some(store)
+    } else {
+        None
+    };
     // Each VM's region and socket live here, in the daemon, so that they
     // outlive its worker (see crate::link).
     let mut hosts: std::collections::BTreeMap<String, VmHost> = Default::default();

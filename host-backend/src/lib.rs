@@ -12,10 +12,12 @@ pub mod daemon;
 pub mod demo;
 pub mod executor;
 pub mod grant;
+pub mod image_store;
 pub mod link;
 pub mod procfs;
 pub mod ptx;
 pub mod sandbox;
+pub mod sealed;
 pub mod session;
 pub mod signals;
 pub mod worker;
@@ -41,6 +43,10 @@ pub enum Error {
     /// Attaching a vGPU to QEMU (or detaching it) failed.
     #[error("attach: {0}")]
     Attach(String),
+    /// A module image another process handed over (see `image_store`) was
+    /// refused.
+    #[error("image: {0}")]
+    Image(String),
     /// A sticky CUDA error left every GPU context of the worker unusable.
     #[error("a CUDA error ({0:?}) poisoned the worker's GPU contexts")]
     Poisoned(protocol::Status),

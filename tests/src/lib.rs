@@ -115,6 +115,7 @@ impl Host {
             vcpus_file: None,
             slice_blocks: 0,
             image_cache: 64 << 20,
+            image_store: None,
         };
         let exec = SimExecutor::new(SimParams {
             copy_gbps: 100.0,

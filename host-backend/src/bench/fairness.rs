@@ -147,6 +147,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
             vcpus_file: None,
             slice_blocks: 0,
             image_cache: 64 << 20,
+            image_store: None,
         };
         workers.push(spawn(&wc, exec)?);
         socks.push(sock);

@@ -334,6 +334,7 @@ pub fn run(
         vcpus_file: None,
         slice_blocks: 0,
         image_cache: 64 << 20,
+        image_store: None,
     };
     let running = spawn(&wc, exec)?;
     let remote = {

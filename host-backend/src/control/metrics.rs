@@ -21,6 +21,27 @@ impl ControlPlane {
             "",
             &st["daemon"]["open_fds"],
         );
+        let store = &st["daemon"]["image_store"];
+        if !store.is_null() {
+            m.gauge(
+                "fairvgpu_image_store_bytes",
+                "Bytes of module images the daemon's store shares between VMs.",
+                "",
+                &store["bytes"],
+            );
+            m.gauge(
+                "fairvgpu_image_store_images",
+                "Module images in the daemon's store.",
+                "",
+                &store["images"],
+            );
+            m.counter(
+                "fairvgpu_image_store_hits_total",
+                "Images a worker got from the store instead of from its guest.",
+                "",
+                &store["hits"],
+            );
+        }
         for g in st["gpus"].as_array().into_iter().flatten() {
             let gl = format!("gpu=\"{}\"", g["index"]);
             m.gauge(

@@ -87,6 +87,8 @@ pub struct ControlPlane {
     /// Per VM: log lines about its peers the daemon suppressed (its
     /// ivshmem server's count, see `qemu_ivshmem::ratelimit`).
     daemon_logs_suppressed: Mutex<HashMap<String, Arc<std::sync::atomic::AtomicU64>>>,
+    /// The module image store's figures, when images are shared.
+    image_store: Mutex<Option<Arc<crate::image_store::StoreStats>>>,
     /// The GPU each vGPU runs on, where it moved from its configured one.
     current: Mutex<HashMap<String, u32>>,
     /// vGPUs that must not move.
@@ -127,6 +129,7 @@ impl ControlPlane {
             vcpus: Mutex::new(HashMap::new()),
             restarts: Mutex::new(HashMap::new()),
             daemon_logs_suppressed: Mutex::new(HashMap::new()),
+            image_store: Mutex::new(None),
             current: Mutex::new(HashMap::new()),
             pinned: Mutex::new(Default::default()),
             migrations: Mutex::new(HashMap::new()),
@@ -219,6 +222,11 @@ impl ControlPlane {
     /// suppressed (status `log_lines_suppressed`, with its worker's).
     pub fn watch_log_suppressed(&self, vm: &str, counter: Arc<std::sync::atomic::AtomicU64>) {
         lock(&self.daemon_logs_suppressed).insert(vm.to_owned(), counter);
+    }
+
+    /// Where the daemon's module image store counts (status `image_store`).
+    pub fn watch_image_store(&self, stats: Arc<crate::image_store::StoreStats>) {
+        *lock(&self.image_store) = Some(stats);
     }
 
     /// Counts a restart of a VM's worker (status `worker_restarts`).

@@ -156,9 +156,18 @@ impl ControlPlane {
             }));
         }
         let (rss, fds) = crate::procfs::own_usage();
+        let images = lock(&self.image_store).as_ref().map_or(Value::Null, |s| {
+            use std::sync::atomic::Ordering::Relaxed;
+            json!({
+                "images": s.images.load(Relaxed),
+                "bytes": s.bytes.load(Relaxed),
+                "hits": s.hits.load(Relaxed),
+                "refused": s.refused.load(Relaxed),
+            })
+        });
         json!({
             "uptime_seconds": self.started.elapsed().as_secs_f64(),
-            "daemon": { "rss_bytes": rss, "open_fds": fds },
+            "daemon": { "rss_bytes": rss, "open_fds": fds, "image_store": images },
             "window_seconds": WINDOW.as_secs_f64(),
             "scheduler": cfg.daemon.scheduler,
             "executor": format!("{:?}", cfg.daemon.executor).to_lowercase(),

@@ -8,17 +8,25 @@
 //! hashed. The cache is per vGPU (one tenant's processes), bounded in bytes
 //! (`[daemon] image_cache_mib`), the least recently used image going first;
 //! its bytes are part of the worker's resident memory in the status.
+//!
+//! Images are kept in sealed memfds ([`crate::sealed`]) and offered to the
+//! daemon's store ([`crate::image_store`]), where the other VMs' workers
+//! find them: a hash this cache misses is asked of the store before the
+//! guest is told to send the bytes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use protocol::ImageKind;
 
+use crate::image_store::StoreClient;
+use crate::sealed::SealedBytes;
+
 /// One cached image.
 #[derive(Debug)]
 struct Entry {
     kind: ImageKind,
-    image: Arc<[u8]>,
+    image: Arc<SealedBytes>,
     used: u64,
 }
 
@@ -29,32 +37,55 @@ pub(super) struct ImageCache {
     bytes: u64,
     cap: u64,
     tick: u64,
+    /// The daemon's store, when images are shared between VMs.
+    store: Option<StoreClient>,
 }
 
 impl ImageCache {
-    /// A cache of at most `cap` bytes (0: none).
-    pub fn new(cap: u64) -> ImageCache {
+    /// A cache of at most `cap` bytes (0: none), sharing through `store`.
+    pub fn new(cap: u64, store: Option<StoreClient>) -> ImageCache {
         ImageCache {
             cap,
+            store: store.filter(|_| cap > 0),
             ..Default::default()
         }
     }
 
-    /// The image of `hash`, if held and of that kind and length.
-    pub fn get(&mut self, hash: &[u8; 32], kind: ImageKind, len: u64) -> Option<Arc<[u8]>> {
+    /// The image of `hash`, if held (here or in the daemon's store) and of
+    /// that kind and length.
+    pub fn get(&mut self, hash: &[u8; 32], kind: ImageKind, len: u64) -> Option<Arc<SealedBytes>> {
         self.tick += 1;
-        let e = self.images.get_mut(hash)?;
-        if e.kind != kind || e.image.len() as u64 != len {
+        if let Some(e) = self.images.get_mut(hash) {
+            if e.kind != kind || e.image.len() as u64 != len {
+                return None;
+            }
+            e.used = self.tick;
+            return Some(e.image.clone());
+        }
+        if len < protocol::CACHED_IMAGE || len > self.cap {
             return None;
         }
-        e.used = self.tick;
-        Some(e.image.clone())
+        let store = self.store.as_mut()?;
+        match store.get(kind, len, hash) {
+            Ok(Some(image)) => {
+                let image = Arc::new(image);
+                self.keep(*hash, kind, image.clone());
+                Some(image)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                // The daemon is going away, or broke the protocol: go on
+                // without it.
+                tracing::warn!("image store: {e}; images are no longer shared");
+                self.store = None;
+                None
+            }
+        }
     }
 
-    /// Keeps `image` (loaded successfully) under its hash, making room by
-    /// dropping the least recently used; one larger than the cache, or
-    /// smaller than guests ask for by hash ([`protocol::CACHED_IMAGE`]), is
-    /// not kept (nor hashed).
+    /// Keeps `image` (loaded successfully) under its hash and offers it to
+    /// the store; one larger than the cache, or smaller than guests ask for
+    /// by hash ([`protocol::CACHED_IMAGE`]), is not kept (nor hashed).
     pub fn insert(&mut self, kind: ImageKind, image: &[u8]) {
         let len = image.len() as u64;
         if len < protocol::CACHED_IMAGE || len > self.cap {
@@ -66,6 +97,24 @@ impl ImageCache {
             e.used = self.tick;
             return;
         }
+        let sealed = match SealedBytes::new("fairvgpu-image", image) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                tracing::warn!("keeping a module image: {e}");
+                return;
+            }
+        };
+        if let Some(store) = self.store.as_mut() {
+            if let Err(e) = store.put(kind, &hash, &sealed) {
+                tracing::warn!("image store: {e}; images are no longer shared");
+                self.store = None;
+            }
+        }
+        self.keep(hash, kind, sealed);
+    }
+
+    fn keep(&mut self, hash: [u8; 32], kind: ImageKind, image: Arc<SealedBytes>) {
+        let len = image.len() as u64;
         while self.bytes + len > self.cap {
             let Some((&oldest, _)) = self.images.iter().min_by_key(|(_, e)| e.used) else {
                 break;
@@ -79,7 +128,7 @@ impl ImageCache {
             hash,
             Entry {
                 kind,
-                image: image.into(),
+                image,
                 used: self.tick,
             },
         );
@@ -99,13 +148,18 @@ mod tests {
     fn images_come_back_by_hash_kind_and_length_and_the_oldest_go_first() {
         let k = protocol::CACHED_IMAGE;
         let n = k as usize;
-        let mut c = ImageCache::new(2 * k + k / 2);
+        let mut c = ImageCache::new(2 * k + k / 2, None);
         let (a, b, d) = (vec![1u8; n], vec![2u8; n], vec![3u8; n]);
         c.insert(ImageKind::Cubin, &a);
         c.insert(ImageKind::Ptx, &b);
         assert_eq!(c.bytes(), 2 * k);
         let ha = protocol::image_hash(&a);
-        assert_eq!(c.get(&ha, ImageKind::Cubin, k).as_deref(), Some(&a[..]));
+        assert_eq!(
+            c.get(&ha, ImageKind::Cubin, k)
+                .as_deref()
+                .map(SealedBytes::bytes),
+            Some(&a[..])
+        );
         assert!(c.get(&ha, ImageKind::Ptx, k).is_none(), "another kind");
         assert!(
             c.get(&ha, ImageKind::Cubin, k - 1).is_none(),
@@ -127,6 +181,8 @@ mod tests {
         assert!(c
             .get(&protocol::image_hash(&small), ImageKind::Cubin, k - 1)
             .is_none());
-        assert!(ImageCache::new(0).get(&ha, ImageKind::Cubin, k).is_none());
+        assert!(ImageCache::new(0, None)
+            .get(&ha, ImageKind::Cubin, k)
+            .is_none());
     }
 }

@@ -98,6 +98,8 @@ pub struct WorkerConfig {
     /// Bytes of module images kept by content for the vGPU's processes
     /// (see `image_cache.rs`; 0: none).
     pub image_cache: u64,
+    /// The daemon's image store, shared with the other VMs' workers.
+    pub image_store: Option<PathBuf>,
 }
 
 /// Pins the calling thread to one CPU.
@@ -285,7 +287,14 @@ impl Worker {
                     p.set_device_base(info.pinned_base);
                     p
                 },
-                images: image_cache::ImageCache::new(cfg.image_cache),
+                images: image_cache::ImageCache::new(
+                    cfg.image_cache,
+                    cfg.image_store.as_deref().and_then(|p| {
+                        crate::image_store::StoreClient::connect(p)
+                            .inspect_err(|e| tracing::warn!("images not shared: {e}"))
+                            .ok()
+                    }),
+                ),
                 contexts: contexts::ContextPool::default(),
                 region,
                 link,

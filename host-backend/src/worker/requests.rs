@@ -424,7 +424,7 @@ pub(super) fn handle(
             let r = match sh.images.get(&hash, kind, len) {
                 Some(image) => s
                     .ctx
-                    .load_module(kind, &image)
+                    .load_module(kind, image.bytes())
                     .inspect(|&m| s.add_module(m)),
                 None => Err(Status::NotFound),
             };
