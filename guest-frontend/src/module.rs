@@ -45,6 +45,31 @@ impl Gpu {
         })
     }
 
+    /// The names of a module's kernels (what cuModuleEnumerateFunctions
+    /// lists), asked for a message's worth at a time.
+    pub fn module_functions(&mut self, module: u64) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        loop {
+            let first = u32::try_from(names.len())
+                .map_err(|_| GuestError::Protocol("too many kernels".into()))?;
+            let (r, data) = self.call_data(&Request::ModuleFunctions { module, first }, &[])?;
+            let count = r.vals[0] as usize;
+            let before = names.len();
+            for n in data.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+                names.push(String::from_utf8_lossy(n).into_owned());
+            }
+            if names.len() >= count {
+                names.truncate(count);
+                return Ok(names);
+            }
+            if names.len() == before {
+                return Err(GuestError::Protocol(format!(
+                    "{count} kernels, names stopped at {before}"
+                )));
+            }
+        }
+    }
+
     /// cuFuncGetAttribute.
     pub fn func_attribute(&mut self, func: u64, attr: u32) -> Result<i32> {
         Ok(self.call(&Request::FuncGetAttribute { func, attr })?.vals[0] as u32 as i32)

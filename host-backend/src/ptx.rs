@@ -36,6 +36,20 @@ pub fn entries(ptx: &str) -> Option<Entries> {
     Some(out)
 }
 
+/// The `.entry` names in the order the text declares them, each once (the
+/// order in which the driver visits a module's kernels).
+pub fn entry_names(ptx: &str, entries: &Entries) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for part in ptx.split(".entry").skip(1) {
+        let Some(open) = part.find('(') else { continue };
+        let name = part[..open].trim();
+        if entries.contains_key(name) && !names.iter().any(|n| n == name) {
+            names.push(name.to_owned());
+        }
+    }
+    names
+}
+
 /// The offsets of parameters of `sizes` bytes in a kernel's parameter
 /// buffer: each aligned to its size (up to 8), as the scalar and pointer
 /// parameters of PTX entries are.
@@ -241,6 +255,13 @@ mod tests {
             globals(include_str!("../kernels/fairvgpu.ptx")),
             vec![("fvg_counter".to_string(), 4)]
         );
+    }
+
+    #[test]
+    fn entry_names_keep_the_texts_order() {
+        let ptx = ".version 8.0\n.target sm_90\n.visible .entry zeta(.param .u64 p)\n{\n\tret;\n}\n.visible .entry alpha()\n{\n\tret;\n}\n";
+        let e = entries(ptx).unwrap();
+        assert_eq!(entry_names(ptx, &e), vec!["zeta", "alpha"]);
     }
 
     #[test]

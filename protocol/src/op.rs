@@ -27,6 +27,7 @@ pub const OCCUPANCY_SMEM: u32 = 28;
 pub const OCCUPANCY_CLUSTERS: u32 = 29;
 pub const TENSOR_MAP_ENCODE: u32 = 90;
 pub const MODULE_LOAD_CACHED: u32 = 91;
+pub const MODULE_FUNCTIONS: u32 = 92;
 pub const LINK: u32 = 26;
 pub const FUNC_SET_ATTRIBUTE: u32 = 27;
 pub const CTX_GET_LIMIT: u32 = 3;

@@ -185,6 +185,9 @@ pub trait Context: Send {
     fn unload_module(&mut self, module: Handle) -> Result<(), Status>;
     /// Looks a kernel up; returns its handle and its parameters' layout.
     fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<Param>), Status>;
+    /// The names of a module's kernels (those the guest's image has), in
+    /// an order that stays the same while the module is loaded.
+    fn function_names(&mut self, module: Handle) -> Result<Vec<String>, Status>;
     /// A kernel attribute (`CUfunction_attribute`, already range-checked).
     fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status>;
     /// Sets a kernel attribute (already range-checked).

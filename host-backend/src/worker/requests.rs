@@ -376,6 +376,31 @@ pub(super) fn handle(
                 Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
             }
         }
+        Request::ModuleFunctions { module, first } => {
+            let r = s
+                .check_module(module)
+                .and_then(|()| s.ctx.function_names(module));
+            match r {
+                Ok(names) => {
+                    // From `first` on, as many names as one message holds.
+                    let mut data = Vec::new();
+                    for n in names.iter().skip(first as usize) {
+                        if data.len() + n.len() + 1 > sh.chunk {
+                            break;
+                        }
+                        data.extend_from_slice(n.as_bytes());
+                        data.push(0);
+                    }
+                    if data.is_empty() && (first as usize) < names.len() {
+                        refuse(sh, c, "kernel name longer than one arena chunk");
+                        return reply(sh, c, tag, opc, Err(Status::NotSupported), &[]);
+                    }
+                    let count = Reply::one(names.len() as u64);
+                    reply(sh, c, tag, opc, Ok(count), &data)
+                }
+                Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+            }
+        }
         Request::Occupancy {
             func,
             block_size,

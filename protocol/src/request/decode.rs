@@ -181,6 +181,10 @@ impl Request {
             }
             op::MODULE_UNLOAD => ModuleUnload { module: r.u64()? },
             op::MODULE_GET_FUNCTION => ModuleGetFunction { module: r.u64()? },
+            op::MODULE_FUNCTIONS => ModuleFunctions {
+                module: r.u64()?,
+                first: r.u32()?,
+            },
             op::FUNC_GET_ATTRIBUTE => {
                 let func = r.u64()?;
                 let attr = r.u32()?;
@@ -462,6 +466,10 @@ mod tests {
             },
             Request::ModuleUnload { module: 5 },
             Request::ModuleGetFunction { module: 5 },
+            Request::ModuleFunctions {
+                module: 5,
+                first: 7,
+            },
             Request::FuncGetAttribute { func: 5, attr: 4 },
             Request::Occupancy {
                 func: 5,

@@ -99,6 +99,10 @@ impl Request {
                 }
             }
             ModuleLoad { kind, len } => write_image(&mut w, kind, len),
+            ModuleFunctions { module, first } => {
+                w.u64(module);
+                w.u32(first);
+            }
             ModuleUnload { module } | ModuleGetFunction { module } => w.u64(module),
             FuncGetAttribute { func, attr } => {
                 w.u64(func);

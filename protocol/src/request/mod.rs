@@ -202,6 +202,16 @@ pub enum Request {
         /// Its SHA-256.
         hash: [u8; 32],
     },
+    /// The names of a module's kernels (cuModuleEnumerateFunctions), from
+    /// the `first`th on in a stable order. Reply: how many the module has;
+    /// data: as many of the names from `first` on as fit in one message,
+    /// each NUL-terminated (none when `first` is past the end).
+    ModuleFunctions {
+        /// Module handle.
+        module: u64,
+        /// Index of the first name wanted.
+        first: u32,
+    },
     /// Address and size of a module's global variable (name in data).
     ModuleGetGlobal {
         /// Module handle.
@@ -431,6 +441,7 @@ impl Request {
             OccupancyClusters { .. } => op::OCCUPANCY_CLUSTERS,
             TensorMapEncode => op::TENSOR_MAP_ENCODE,
             ModuleLoadCached { .. } => op::MODULE_LOAD_CACHED,
+            ModuleFunctions { .. } => op::MODULE_FUNCTIONS,
             Link { .. } => op::LINK,
             Launch { .. } => op::LAUNCH,
             StreamCreate { .. } => op::STREAM_CREATE,

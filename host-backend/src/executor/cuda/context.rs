@@ -406,6 +406,10 @@ impl Context for CudaContext {
         CudaContext::function(self, module, name)
     }
 
+    fn function_names(&mut self, module: Handle) -> Result<Vec<String>, Status> {
+        CudaContext::function_names(self, module)
+    }
+
     fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
         CudaContext::func_attribute(self, func, attr)
     }

@@ -82,6 +82,35 @@ impl CudaContext {
         Ok(())
     }
 
+    /// The names of a module's kernels, without the variants made for
+    /// kernel slicing (ours, not the guest's).
+    pub(super) fn function_names(&mut self, module: Handle) -> Result<Vec<String>, Status> {
+        self.bind()?;
+        let m = self.module(module)?;
+        let mut n = 0u32;
+        // SAFETY: a module of this context; out-parameter on our stack.
+        check(unsafe { sys::cuModuleGetFunctionCount(&mut n, m) })?;
+        let mut fs: Vec<sys::CUfunction> = vec![std::ptr::null_mut(); n as usize];
+        // SAFETY: room for the `n` handles the driver writes.
+        check(unsafe { sys::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, m) })?;
+        let mut names = Vec::with_capacity(fs.len());
+        for f in fs {
+            let mut p: *const std::ffi::c_char = std::ptr::null();
+            // SAFETY: a function of this module; out-parameter on our stack.
+            check(unsafe { sys::cuFuncGetName(&mut p, f) })?;
+            if p.is_null() {
+                return Err(Status::Unknown);
+            }
+            // SAFETY: the driver's NUL-terminated name, kept while the
+            // module is loaded.
+            let name = unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy();
+            if !name.ends_with(crate::ptx::SLICE_SUFFIX) {
+                names.push(name.into_owned());
+            }
+        }
+        Ok(names)
+    }
+
     pub(super) fn function(
         &mut self,
         module: Handle,

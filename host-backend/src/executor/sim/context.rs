@@ -16,6 +16,8 @@ use crate::ptx;
 
 pub(super) struct SimModule {
     pub(super) entries: ptx::Entries,
+    /// The kernels' names in the text's order.
+    pub(super) names: Vec<String>,
     /// Global variables: name -> (address, size), allocated at load.
     pub(super) globals: HashMap<String, (u64, u64)>,
 }
@@ -293,13 +295,21 @@ impl Context for SimContext {
         let text = std::str::from_utf8(image).map_err(|_| Status::InvalidPtx)?;
         let text = text.trim_end_matches('\0');
         let entries = ptx::entries(text).ok_or(Status::InvalidPtx)?;
+        let names = ptx::entry_names(text, &entries);
         let mut globals = HashMap::new();
         for (name, size) in ptx::globals(text) {
             let p = self.alloc(size)?;
             globals.insert(name, (p, size));
         }
         let h = self.handle();
-        self.modules.insert(h, SimModule { entries, globals });
+        self.modules.insert(
+            h,
+            SimModule {
+                entries,
+                names,
+                globals,
+            },
+        );
         Ok(h)
     }
 
@@ -326,6 +336,11 @@ impl Context for SimContext {
         let params = crate::ptx::layout(&sizes);
         self.functions.insert(h, (k, sizes));
         Ok((h, params))
+    }
+
+    fn function_names(&mut self, module: Handle) -> Result<Vec<String>, Status> {
+        let m = self.modules.get(&module).ok_or(Status::InvalidHandle)?;
+        Ok(m.names.clone())
     }
 
     fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
