@@ -13,6 +13,7 @@
 //! kernels straight to `cuLaunchKernel`).
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
+use std::mem::MaybeUninit;
 
 use cudarc::driver::sys::{CUdeviceptr, CUfunction, CUmodule};
 
@@ -172,6 +173,31 @@ fn unload(m: u64) -> Result<(), CuResult> {
 fn get_function(m: u64, name: *const c_char) -> Result<u64, CuResult> {
     // SAFETY: a NUL-terminated name (API contract); null is refused.
     let n = unsafe { c_str(name) }?;
+    function_named(m, n)
+}
+
+/// The handles of every kernel of module `m`, in the host's order (the
+/// driver's under the cuda executor, the text's under the sim). A kernel
+/// already looked up keeps its handle, as the driver's kernels do.
+pub(crate) fn functions(m: u64) -> Result<Vec<u64>, CuResult> {
+    if !objects()?.modules.contains_key(&m) {
+        return Err(code::INVALID_HANDLE);
+    }
+    let names = gpu(|g| g.module_functions(m))?;
+    names
+        .iter()
+        .map(|n| {
+            let known = objects()?
+                .kernels
+                .iter()
+                .find(|(_, k)| k.module == m && k.name.as_bytes() == n.as_bytes())
+                .map(|(&h, _)| h);
+            known.map_or_else(|| function_named(m, n), Ok)
+        })
+        .collect()
+}
+
+fn function_named(m: u64, n: &str) -> Result<u64, CuResult> {
     if !objects()?.modules.contains_key(&m) {
         return Err(code::INVALID_HANDLE);
     }
@@ -272,6 +298,36 @@ export! {
         }
         let h = get_function(m as u64, name)?;
         out(f, h as CUfunction)
+    }
+
+    fn cuModuleGetFunctionCount(count: *mut c_uint, m: CUmodule) {
+        need_ctx()?;
+        if count.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        let h = m as u64;
+        if !objects()?.modules.contains_key(&h) {
+            return Err(code::INVALID_HANDLE);
+        }
+        let n = gpu(|g| g.module_functions(h))?.len();
+        out(count, c_uint::try_from(n).map_err(|_| code::UNKNOWN)?)
+    }
+
+    /// The first `n` of the module's kernels (all of them if it has fewer).
+    fn cuModuleEnumerateFunctions(fs: *mut CUfunction, n: c_uint, m: CUmodule) {
+        need_ctx()?;
+        if fs.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        let all = functions(m as u64)?;
+        let k = all.len().min(n as usize);
+        // SAFETY: the caller's array has room for `n` handles (API
+        // contract), of which we write the first `k <= n`.
+        let dst = unsafe { std::slice::from_raw_parts_mut(fs as *mut MaybeUninit<CUfunction>, k) };
+        for (d, &f) in dst.iter_mut().zip(&all) {
+            d.write(f as CUfunction);
+        }
+        Ok(())
     }
 
     fn cuModuleGetGlobal_v2(p: *mut CUdeviceptr, bytes: *mut usize, m: CUmodule, name: *const c_char) {
