@@ -5,7 +5,8 @@
  *
  * usage: driver_api KERNELS.ptx [rate|fork]
  * Runs vector add and saxpy with streams and events, checks every element,
- * exercises error reporting and cuGetProcAddress. Exit 0 only if all is right.
+ * exercises error reporting and cuGetProcAddress, lists the module's kernels.
+ * Exit 0 only if all is right.
  * `rate` also measures launch rates; `fork` forks a child that exits at once
  * (running the atexit handlers it inherited) in the middle, and goes on.
  */
@@ -56,6 +57,10 @@ CUresult cuMemFreeHost(void *);
 CUresult cuModuleLoadData(CUmodule *, const void *);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuModuleUnload(CUmodule);
+CUresult cuModuleGetFunctionCount(unsigned int *, CUmodule);
+CUresult cuModuleEnumerateFunctions(CUfunction *, unsigned int, CUmodule);
+CUresult cuFuncGetName(const char **, CUfunction);
+CUresult cuGetExportTable(const void **, const unsigned char *);
 CUresult cuFuncGetAttribute(int *, int, CUfunction);
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *, CUfunction, int, size_t);
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, CUmodule, const char *);
@@ -86,6 +91,52 @@ CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int
     #call, r_, n_); exit(1); } } while (0)
 #define EXPECT(cond) do { if (!(cond)) { fprintf(stderr, "%s:%d: expected %s\n", __FILE__, \
     __LINE__, #cond); exit(1); } } while (0)
+
+/* What slot 7 of the tools module table visits: the kernel and its name. */
+static struct { int n; CUfunction f[16]; const char *name[16]; } visited;
+
+static void visit(void *data, CUfunction f, const char *name) {
+    EXPECT(data == &visited);
+    if (visited.n < 16) { visited.f[visited.n] = f; visited.name[visited.n] = name; }
+    visited.n++;
+}
+
+/* A module's kernels by the public API (CUDA 12.4) and through slot 7 of
+   the driver's tools module table (6e163fbe; what cuFFT uses): the same
+   handles, in the same order, with cuFuncGetName's names; the kernels
+   already looked up keep their handles. */
+static void enumerate_kernels(CUmodule mod, CUfunction add, CUfunction saxpy) {
+    unsigned count = 0;
+    CK(cuModuleGetFunctionCount(&count, mod));
+    EXPECT(count == 8 /* the .entry directives of fairvgpu.ptx */);
+    CUfunction fs[8];
+    CK(cuModuleEnumerateFunctions(fs, count, mod));
+    int seen_add = 0, seen_saxpy = 0;
+    for (unsigned i = 0; i < count; i++) {
+        seen_add += fs[i] == add;
+        seen_saxpy += fs[i] == saxpy;
+    }
+    EXPECT(seen_add == 1 && seen_saxpy == 1);
+
+    static const unsigned char id[16] = {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d,
+                                         0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e};
+    const unsigned long long *table;
+    CK(cuGetExportTable((const void **)&table, id));
+    EXPECT(table[0] > 7 * 8);
+    typedef unsigned (*each_fn)(CUcontext, CUmodule,
+                                void (*)(void *, CUfunction, const char *), void *);
+    each_fn each = (each_fn)table[7];
+    EXPECT(each(NULL, mod, visit, &visited) == count);
+    EXPECT(visited.n == (int)count);
+    for (unsigned i = 0; i < count; i++) {
+        const char *name;
+        CK(cuFuncGetName(&name, fs[i]));
+        EXPECT(visited.f[i] == fs[i] && visited.name[i] == name);
+    }
+    /* No callback: the count still. (A null module crashes the driver.) */
+    EXPECT(each(NULL, mod, NULL, NULL) == count);
+    printf("kernels: %u enumerated, the same through the tools module table\n", count);
+}
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -139,6 +190,7 @@ int main(int argc, char **argv) {
     EXPECT(max_threads >= 256);
     CUfunction missing;
     EXPECT(cuModuleGetFunction(&missing, mod, "no_such_kernel") == 500 /* NOT_FOUND */);
+    enumerate_kernels(mod, add, saxpy);
 
     const unsigned n = 1u << 20;
     size_t bytes = (size_t)n * sizeof(float);

@@ -62,6 +62,10 @@ fn c_driver_api_program_runs_against_the_standin() {
         stdout.contains("bad copy refused: CUDA_ERROR_INVALID_VALUE"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("kernels: 8 enumerated, the same through the tools module table"),
+        "{stdout}"
+    );
     assert!(stdout.contains("driver_api: all checks passed"), "{stdout}");
     // The program freed everything; the host agrees.
     host.wait_until(

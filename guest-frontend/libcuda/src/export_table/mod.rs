@@ -1,6 +1,6 @@
 //! `cuGetExportTable`: the driver's private tables, which the CUDA runtime
 //! (`libcudart`, static and shared, 12.x and 13.x) and the libraries built
-//! on it (cuBLASLt) ask for by 16-byte identifier.
+//! on it (cuBLAS, cuBLASLt, cuFFT) ask for by 16-byte identifier.
 //!
 //! A table is an array of words: its size in bytes, then function pointers
 //! (the context-local storage table has no size: three functions and a
@@ -12,9 +12,9 @@
 
 mod integrity;
 
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void};
 
-use cudarc::driver::sys::{CUcontext, CUdevice, CUuuid};
+use cudarc::driver::sys::{CUcontext, CUdevice, CUfunction, CUmodule, CUuuid};
 
 use crate::context::current;
 use crate::state::{self, objects, out};
@@ -343,14 +343,69 @@ static CALLBACKS: Table<34> = {
     Table(t)
 };
 
-/// Table `6e163fbe`, the tools' module table: cuFFT calls slot 7 (with a
-/// module's handle, a callback and its data) when it plans its first
-/// transform and loads its kernels by the public API when refused. Every
-/// slot is refused, each logging its own number.
-static MODULE_TOOLS: Table<64> = {
-    let mut t = [refused::<9, 0> as *const c_void; 64];
-    each_refused!(t, 9, 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63);
-    t[0] = size(64);
+/// What slot 7 of the tools' module table calls for each kernel: the
+/// caller's data, the kernel, and its name (the `cuFuncGetName` string).
+type Visit = extern "C" fn(data: *mut c_void, f: CUfunction, name: *const c_char);
+
+/// Slot 7: calls `visit(data, f, name)` for each kernel `f` of `module`,
+/// in the module's order, before it returns; answers how many kernels it
+/// visited. The context argument is not used.
+///
+/// cuFFT (12.0, of CUDA 13) is the caller seen: planning a transform, it
+/// loads each kernel image with cuModuleLoadData and, having no name for
+/// the image's one kernel, gets its handle here with a callback that
+/// stores its second argument through its first, taking a return of 1 as
+/// success (else `CUFFT_INTERNAL_ERROR`).
+///
+/// Measured on driver 580 (CUDA 13.0, H100), calling the slot directly:
+/// modules of 0, 1, 2 and 3 kernels answer 0, 1, 2 and 3 and call back
+/// that many times, in the order of the PTX's `.entry`s; the handles are
+/// those cuModuleGetFunction gives, the same on every call, and the name
+/// is the pointer cuFuncGetName gives; a null, foreign or bogus context
+/// changes nothing; a null callback visits nothing and still answers the
+/// count; a library's module (cuLibraryGetModule) lists the library's
+/// kernels. A null module crashes the driver: here it, and any module we
+/// do not know, answers 0 with no call.
+extern "C" fn each_function(
+    _ctx: CUcontext,
+    module: CUmodule,
+    visit: Option<Visit>,
+    data: *mut c_void,
+) -> u32 {
+    let mut found = Vec::new();
+    let r = crate::entry(|| {
+        let fs = crate::module::functions(module as u64)?;
+        let o = objects()?;
+        for f in fs {
+            // The name lives as long as the kernel's entry (until its
+            // module is unloaded).
+            let name = o.kernels.get(&f).ok_or(code::UNKNOWN)?.name.as_ptr();
+            found.push((f, name));
+        }
+        Ok(())
+    });
+    crate::trace("export table 9 slot 7", r);
+    if r != code::SUCCESS {
+        return 0;
+    }
+    // No lock of ours is held while the caller's code runs.
+    if let Some(visit) = visit {
+        for &(f, name) in &found {
+            visit(data, f as CUfunction, name);
+        }
+    }
+    found.len() as u32
+}
+
+/// Table `6e163fbe`, the tools' module table (`CU_ETID_ToolsModule` in
+/// NVIDIA's tools headers): 99 slots, as driver 580 has. Slot 7 is served
+/// (see [`each_function`]); every other slot is refused, each logging its
+/// own number.
+static MODULE_TOOLS: Table<99> = {
+    let mut t = [refused::<9, 0> as *const c_void; 99];
+    each_refused!(t, 9, 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98);
+    t[0] = size(99);
+    t[7] = each_function as *const c_void;
     Table(t)
 };
 
