@@ -151,3 +151,51 @@ fn an_nvcc_built_program_runs_against_the_standin() {
         "{stdout}"
     );
 }
+
+/// cuFFT (`libcufft.so.12`, from the `nvidia-cufft` wheel that
+/// `scripts/cuda-wheels.sh DIR libraries` adds) plans and destroys
+/// transforms through the stand-in. Planning loads cuFFT's kernels and
+/// asks the driver's tools module table (`6e163fbe`) for each module's
+/// function (slot 7); the sim runs none of them, so the transform itself
+/// is checked on a GPU only (`tests/c/cufft.c exec`).
+#[test]
+fn cufft_plans_through_the_standin() {
+    let Some(cuda) = cuda_root() else { return };
+    if !cuda.join("lib/libcufft.so.12").exists() {
+        assert!(
+            std::env::var_os("FAIRVGPU_REQUIRE_CUDART").is_none(),
+            "FAIRVGPU_REQUIRE_CUDART is set but {} has no libcufft.so.12 \
+             (scripts/cuda-wheels.sh DIR libraries)",
+            cuda.display()
+        );
+        eprintln!("skipped: no cuFFT in FAIRVGPU_CUDA_ROOT");
+        return;
+    }
+    let host = Host::start("cufft", 1 << 30);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let exe = dir.join("cufft");
+    let cc = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(workspace().join("tests/c/cufft.c"))
+        .arg(format!("-I{}", cuda.join("include").display()))
+        .arg(format!("-L{}", cuda.join("lib").display()))
+        .args(["-l:libcufft.so.12", "-l:libcudart.so.13", "-lm"])
+        .output()
+        .expect("cc runs");
+    assert!(
+        cc.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let stdout = run(&exe, &[], &lib, &cuda, &host.socket);
+    for line in ["cufft: plans made", "cufft: all checks passed"] {
+        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
+    }
+    host.wait_until(
+        "the program's memory to be freed",
+        std::time::Duration::from_secs(10),
+        |s| s.mem_used.load(std::sync::atomic::Ordering::Relaxed) == 0,
+    );
+}
