@@ -191,6 +191,39 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
 }
 
+/// Listing another process's module's kernels is refused, a list from
+/// past the end is empty, and the owner's own list is whole.
+#[test]
+fn kernel_lists_of_foreign_modules_are_refused() {
+    use protocol::{ImageKind, Request, Status};
+    let host = Host::start("hostile-kernel-list", 64 << 20);
+    let mut victim = host.guest();
+    let m = victim
+        .module_load(ImageKind::Ptx, fairvgpu_tests::PTX.as_bytes())
+        .unwrap();
+    let names = victim.module_functions(m).unwrap();
+    assert!(names.iter().any(|n| n == "vector_add"), "{names:?}");
+    let mut evil = host.guest();
+    for module in [m, 0, u64::MAX] {
+        let e = evil
+            .request(&Request::ModuleFunctions { module, first: 0 })
+            .unwrap_err();
+        assert!(
+            matches!(e, guest_frontend::GuestError::Cuda(Status::InvalidHandle)),
+            "{module}: {e:?}"
+        );
+    }
+    // Past the end: the count, and no names.
+    let r = victim
+        .request(&Request::ModuleFunctions {
+            module: m,
+            first: u32::MAX,
+        })
+        .unwrap();
+    assert_eq!(r.vals[0], names.len() as u64);
+    assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
+}
+
 /// Cluster occupancy questions about another process's kernel, or of a
 /// shape no launch may have, are refused; the channel lives on.
 #[test]
