@@ -10,9 +10,13 @@
 //! them to the next processes of the same vGPU. A context never passes
 //! between vGPUs: each vGPU has its own worker.
 //!
-//! Contexts that must be made new are rationed per vGPU by a token bucket
-//! ([`NEW_PER_SECOND`], bursts of [`NEW_BURST`]): a `Hello` that finds no
-//! spare and no token waits in its ring, and only that VM's processes wait.
+//! Contexts that must be made new are rationed per vGPU by the time the
+//! executor spends making them: a token bucket of seconds refilled at
+//! [`NEW_SHARE`] of wall time, holding at most [`NEW_BURST_S`]. On a GPU
+//! where a context takes 100 ms that is about one a second after a burst of
+//! ten; on the sim, where one takes microseconds, no limit at all. A
+//! `Hello` that finds no spare and an empty bucket waits in its ring, and
+//! only that VM's processes wait.
 
 use std::time::Instant;
 
@@ -22,10 +26,11 @@ use crate::executor::{Context, Executor};
 
 /// Clean contexts kept for later processes, at most.
 pub const SPARES: usize = 4;
-/// New contexts a vGPU may have made per second, in the long run.
-pub const NEW_PER_SECOND: f64 = 8.0;
-/// New contexts a vGPU may have made at once, after a quiet while.
-pub const NEW_BURST: f64 = 16.0;
+/// Share of wall time a vGPU may spend having new contexts made, in the
+/// long run.
+pub const NEW_SHARE: f64 = 0.1;
+/// Seconds of context making a vGPU may spend at once, after a quiet while.
+pub const NEW_BURST_S: f64 = 1.0;
 
 /// Counts of where contexts came from (for the status and tests).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -34,41 +39,43 @@ pub struct PoolCounts {
     pub created: u64,
     /// Sessions that got a recycled context.
     pub reused: u64,
-    /// `Hello`s held back for want of a token (each time one was tried).
+    /// `Hello`s held back for an empty bucket (each time one was tried).
     pub deferred: u64,
 }
 
 /// The spare contexts and the token bucket of one worker.
 pub(super) struct ContextPool {
     spares: Vec<Box<dyn Context>>,
-    tokens: f64,
+    /// Seconds of context making left (may go below 0 by one creation).
+    budget_s: f64,
     at: Instant,
-    per_second: f64,
-    burst: f64,
+    share: f64,
+    burst_s: f64,
     pub counts: PoolCounts,
 }
 
 impl Default for ContextPool {
     fn default() -> Self {
-        ContextPool::new(NEW_PER_SECOND, NEW_BURST)
+        ContextPool::new(NEW_SHARE, NEW_BURST_S)
     }
 }
 
 impl ContextPool {
-    /// A pool whose bucket refills at `per_second` up to `burst`.
-    pub fn new(per_second: f64, burst: f64) -> Self {
+    /// A pool whose bucket refills at `share` seconds a second up to
+    /// `burst_s`.
+    pub fn new(share: f64, burst_s: f64) -> Self {
         ContextPool {
             spares: Vec::new(),
-            tokens: burst,
+            budget_s: burst_s,
             at: Instant::now(),
-            per_second,
-            burst,
+            share,
+            burst_s,
             counts: PoolCounts::default(),
         }
     }
 
     /// A context for a new session: a spare if there is one, else a new one
-    /// if the bucket has a token; `Ok(None)`: none now, try again later.
+    /// if the bucket is not empty; `Ok(None)`: none now, try again later.
     pub fn take(&mut self, exec: &mut dyn Executor) -> Result<Option<Box<dyn Context>>, Status> {
         if let Some(c) = self.spares.pop() {
             self.counts.reused += 1;
@@ -77,13 +84,15 @@ impl ContextPool {
         let now = Instant::now();
         let dt = now.duration_since(self.at).as_secs_f64();
         self.at = now;
-        self.tokens = (self.tokens + dt * self.per_second).min(self.burst);
-        if self.tokens < 1.0 {
+        self.budget_s = (self.budget_s + dt * self.share).min(self.burst_s);
+        if self.budget_s <= 0.0 {
             self.counts.deferred += 1;
             return Ok(None);
         }
-        let c = exec.open()?;
-        self.tokens -= 1.0;
+        let c = exec.open();
+        let spent = now.elapsed().as_secs_f64();
+        self.budget_s -= spent;
+        let c = c?;
         self.counts.created += 1;
         Ok(Some(c))
     }
@@ -163,35 +172,51 @@ mod tests {
         assert_eq!(pool.spares(), 0);
     }
 
-    #[test]
-    fn new_contexts_are_rationed_and_the_bucket_refills() {
-        let mut exec = sim();
-        // 20 a second, bursts of 3.
-        let mut pool = ContextPool::new(20.0, 3.0);
-        let mut held: Vec<_> = (0..3)
-            .map(|_| pool.take(exec.as_mut()).unwrap().unwrap())
-            .collect();
-        assert!(
-            pool.take(exec.as_mut()).unwrap().is_none(),
-            "the burst is spent"
-        );
-        assert_eq!(pool.counts.deferred, 1);
-        std::thread::sleep(std::time::Duration::from_millis(120));
-        assert!(
-            pool.take(exec.as_mut()).unwrap().is_some(),
-            "a token came back"
-        );
-        // Spend what else came back (at most the burst).
-        let mut more = 0;
-        while pool.take(exec.as_mut()).unwrap().is_some() {
-            more += 1;
-            assert!(more <= 3, "never more than the burst");
+    /// An executor whose contexts take 30 ms to make.
+    struct Slow(SimExecutor);
+
+    impl Executor for Slow {
+        fn info(&self) -> protocol::DeviceInfo {
+            self.0.info()
         }
+        fn open(&mut self) -> Result<Box<dyn Context>, Status> {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            self.0.open()
+        }
+    }
+
+    #[test]
+    fn new_contexts_are_rationed_by_the_time_they_take() {
+        let mut exec = Slow(SimExecutor::new(SimParams::default()));
+        // 10% of the time, bursts of 0.1 s: about three at once.
+        let mut pool = ContextPool::new(0.1, 0.1);
+        let mut held = Vec::new();
+        while let Some(c) = pool.take(&mut exec).unwrap() {
+            held.push(c);
+            assert!(held.len() <= 4, "the burst is 0.1 s of 30 ms contexts");
+        }
+        assert!(held.len() >= 3, "{} made", held.len());
+        assert_eq!(pool.counts.deferred, 1);
+        // 0.4 s later the bucket has 40 ms again: one or two more.
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        let mut more = 0;
+        while pool.take(&mut exec).unwrap().is_some() {
+            more += 1;
+            assert!(more <= 2, "40 ms of budget made {more} contexts of 30 ms");
+        }
+        assert!(more >= 1, "the bucket refilled");
         let created = pool.counts.created;
-        // A spare needs no token.
+        // A spare needs no budget.
         pool.give_back(held.pop().unwrap(), false);
-        assert!(pool.take(exec.as_mut()).unwrap().is_some());
+        assert!(pool.take(&mut exec).unwrap().is_some());
         assert_eq!(pool.counts.created, created);
         assert_eq!(pool.counts.reused, 1);
+        // On the sim, where making one takes microseconds, there is no limit
+        // to speak of.
+        let mut sim = ContextPool::default();
+        let mut fast = SimExecutor::new(SimParams::default());
+        for _ in 0..200 {
+            assert!(sim.take(&mut fast).unwrap().is_some());
+        }
     }
 }
