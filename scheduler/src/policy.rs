@@ -35,9 +35,10 @@ use std::collections::HashMap;
 use std::str::FromStr;
 
 use crate::sfq::{StartTagQueue, VgpuId};
+use crate::SchedError;
 
-/// TFS remembers service with this half-life, in slices (96 ms at 6 ms).
-pub const TFS_HALF_LIFE_SLICES: u64 = 16;
+/// TFS remembers service with this half-life, in slices (384 ms at 6 ms).
+pub const TFS_HALF_LIFE_SLICES: u64 = 64;
 
 /// The device-level scheduling policy of one GPU (`[[gpu]] policy = "…"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
@@ -57,13 +58,8 @@ pub enum DevicePolicy {
     PhaseSelection,
 }
 
-/// A policy name that is not one of `fair`, `las`, `tfs`, `phase`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown device policy {0:?} (fair, las, tfs or phase)")]
-pub struct UnknownPolicy(pub String);
-
 impl FromStr for DevicePolicy {
-    type Err = UnknownPolicy;
+    type Err = SchedError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
@@ -71,7 +67,7 @@ impl FromStr for DevicePolicy {
             "las" => Ok(DevicePolicy::Las),
             "tfs" => Ok(DevicePolicy::Tfs),
             "phase" => Ok(DevicePolicy::PhaseSelection),
-            _ => Err(UnknownPolicy(s.to_string())),
+            _ => Err(SchedError::UnknownPolicy(s.to_string())),
         }
     }
 }
@@ -201,7 +197,7 @@ mod tests {
         let mut tfs = Attained::for_policy(DevicePolicy::Tfs, 1_000).unwrap();
         for a in [&mut las, &mut tfs] {
             a.charge(1, 1_000_000);
-            a.advance(16_000); // one half-life of TFS
+            a.advance(TFS_HALF_LIFE_SLICES * 1_000); // one half-life of TFS
         }
         assert_eq!(las.service[&1], 1_000_000.0);
         assert!((tfs.service[&1] - 500_000.0).abs() < 1.0);
