@@ -40,6 +40,18 @@
 //! fraction: SM-time. Its SM fraction is what its kernels occupy
 //! (occupancy × grid), so filling the GPU with idle blocks raises the
 //! charge and stops it co-running with others: it gains nothing.
+//!
+//! **Use** (the grant service of one GPU, with [`crate::GpuScheduler`]):
+//! whenever the set of holders changes (a grant, a release, a request),
+//! take `sched.candidates(now, &holding_ids)`, pair each with its latest
+//! measured [`Demand`] ([`Demand::exclusive`] when none), and grant the GPU
+//! to every id [`plan`] returns, each for one slice, with the settings of
+//! `sched.corun_config()`. Count each holder's time held alone and held
+//! with others; at its release call
+//! `sched.release(id, charge_ns(alone, shared, &demand))`. Use
+//! `sched.grant(now)` only for its vCPU kick (it names the same first
+//! candidate). With every demand exclusive this is exactly today's time
+//! slicing.
 
 use crate::sfq::VgpuId;
 
