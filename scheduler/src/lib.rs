@@ -9,20 +9,31 @@
 //! slicing ([`slicing`]). [`credit`] is the Xen-style baseline and [`sim`] a
 //! discrete-event simulator that runs any of the policies on described
 //! workloads. [`GpuScheduler`] ties them together.
+//!
+//! Sharing in space (issue 20): [`policy`] holds the per-GPU device-level
+//! policies (fair queue, Strings' LAS and TFS, phase selection), [`corun`]
+//! decides which vGPUs may hold the GPU at the same time and what each is
+//! charged, and [`space_sim`] simulates a GPU of many SMs and copy engines
+//! on which co-holders' kernels and copies run side by side.
 
 #![warn(missing_docs)]
 
 pub mod accounting;
 pub mod classify;
+pub mod corun;
 pub mod credit;
 pub mod placement;
+pub mod policy;
 pub mod sfq;
 pub mod sim;
 pub mod slicing;
+pub mod space_sim;
 pub mod tenants;
 
 use std::collections::HashMap;
 
+pub use corun::{CorunConfig, Demand};
+pub use policy::DevicePolicy;
 pub use sfq::{StartTagQueue, VgpuId};
 
 /// Errors of the scheduler.
@@ -37,6 +48,9 @@ pub enum SchedError {
     /// The vGPU was added twice.
     #[error("vGPU {0} already exists")]
     Duplicate(VgpuId),
+    /// A device policy name that is not `fair`, `las`, `tfs` or `phase`.
+    #[error("unknown device policy {0:?} (fair, las, tfs or phase)")]
+    UnknownPolicy(String),
 }
 
 /// Min-Max Ratio of `x` (min over max; 0 if every value is 0): FairGV's
@@ -95,9 +109,16 @@ pub struct Grant {
 }
 
 /// The policy for one GPU: fair queue, classification, coscheduling decisions.
+///
+/// The start-tag queue is kept up to date under every [`DevicePolicy`] (it
+/// holds the weights and who is runnable); under LAS and TFS the order of
+/// [`GpuScheduler::grant`] and [`GpuScheduler::candidates`] comes from the
+/// attained service instead of the start tags.
 #[derive(Debug)]
 pub struct GpuScheduler {
     queue: StartTagQueue,
+    policy: DevicePolicy,
+    attained: Option<policy::Attained>,
     classes: HashMap<VgpuId, classify::Interactivity>,
     waiting_vcpu: HashMap<VgpuId, u32>,
     /// When each idle vGPU left the run queue.
@@ -106,15 +127,53 @@ pub struct GpuScheduler {
 }
 
 impl GpuScheduler {
-    /// A scheduler handing out slices of `slice_ns`.
+    /// A scheduler handing out slices of `slice_ns`, start-tag fair queuing
+    /// (FairGV): the same as `with_policy(slice_ns, DevicePolicy::FairQueue)`.
     pub fn new(slice_ns: u64) -> Self {
+        Self::with_policy(slice_ns, DevicePolicy::FairQueue)
+    }
+
+    /// A scheduler handing out slices of `slice_ns` in the order of `policy`.
+    pub fn with_policy(slice_ns: u64, policy: DevicePolicy) -> Self {
         GpuScheduler {
             queue: StartTagQueue::new(),
+            policy,
+            attained: policy::Attained::for_policy(policy, slice_ns),
             classes: HashMap::new(),
             waiting_vcpu: HashMap::new(),
             left: HashMap::new(),
             slice_ns,
         }
+    }
+
+    /// The device-level policy.
+    pub fn policy(&self) -> DevicePolicy {
+        self.policy
+    }
+
+    /// What co-running decisions on this GPU use: [`CorunConfig::default`],
+    /// with phase selection under [`DevicePolicy::PhaseSelection`].
+    pub fn corun_config(&self) -> CorunConfig {
+        CorunConfig {
+            phase_selection: self.policy.phase_selection(),
+            ..CorunConfig::default()
+        }
+    }
+
+    /// The runnable vGPUs not in `holding`, in the order the policy would
+    /// grant them: the candidates to pass to [`corun::plan`].
+    pub fn candidates(&mut self, now_ns: u64, holding: &[VgpuId]) -> Vec<VgpuId> {
+        let order = match self.attained.as_mut() {
+            Some(a) => {
+                a.advance(now_ns);
+                a.order(&self.queue)
+            }
+            None => self.queue.runnable_ids().collect(),
+        };
+        order
+            .into_iter()
+            .filter(|id| !holding.contains(id))
+            .collect()
     }
 
     /// The fair queue (for inspection and weight changes).
@@ -132,6 +191,9 @@ impl GpuScheduler {
     /// Removes a vGPU.
     pub fn remove(&mut self, id: VgpuId) -> Result<(), SchedError> {
         self.queue.remove(id)?;
+        if let Some(a) = self.attained.as_mut() {
+            a.remove(id);
+        }
         self.classes.remove(&id);
         self.waiting_vcpu.remove(&id);
         self.left.remove(&id);
@@ -156,6 +218,9 @@ impl GpuScheduler {
         now_ns: u64,
         sync_vcpu: Option<u32>,
     ) -> Result<(), SchedError> {
+        if let Some(a) = self.attained.as_mut() {
+            a.advance(now_ns);
+        }
         match self.left.remove(&id) {
             Some(at) if now_ns.saturating_sub(at) <= self.slice_ns => {
                 self.queue.wake_with_credit(id, self.slice_ns)?
@@ -172,14 +237,23 @@ impl GpuScheduler {
     /// The vGPU has nothing left to run (after its bounded spin).
     pub fn idle(&mut self, id: VgpuId, now_ns: u64) -> Result<(), SchedError> {
         self.waiting_vcpu.remove(&id);
+        if let Some(a) = self.attained.as_mut() {
+            a.advance(now_ns);
+        }
         self.queue.block(id)?;
         self.left.insert(id, now_ns);
         Ok(())
     }
 
-    /// Picks who runs next.
+    /// Picks who runs next (the first of the policy's order).
     pub fn grant(&mut self, now_ns: u64) -> Option<Grant> {
-        let vgpu = self.queue.pick()?;
+        let vgpu = match self.attained.as_mut() {
+            Some(a) => {
+                a.advance(now_ns);
+                *a.order(&self.queue).first()?
+            }
+            None => self.queue.pick()?,
+        };
         let interactive = self
             .classes
             .get_mut(&vgpu)
@@ -204,9 +278,14 @@ impl GpuScheduler {
     }
 
     /// The vGPU gave the GPU back after using it for `used_ns` (measured,
-    /// overruns included).
+    /// overruns included). When it co-ran, pass its SM-time instead
+    /// ([`corun::charge_ns`]), so that weights hold in shares of the GPU.
     pub fn release(&mut self, id: VgpuId, used_ns: u64) -> Result<(), SchedError> {
-        self.queue.charge(id, used_ns)
+        self.queue.charge(id, used_ns)?;
+        if let Some(a) = self.attained.as_mut() {
+            a.charge(id, used_ns);
+        }
+        Ok(())
     }
 }
 
@@ -323,6 +402,68 @@ mod tests {
         }
         assert!(ahead <= 6_100_000, "1 ran {ahead} ns before 2 got a turn");
         assert!(ahead >= 5_000_000, "but it did keep a lead: {ahead} ns");
+    }
+
+    /// vGPU 1 runs alone for `alone_ns` in 1 ms grants, then vGPU 2 (same
+    /// weight) arrives; returns how long 2 then runs before 1 gets a turn.
+    fn newcomer_lead(policy: DevicePolicy, alone_ns: u64) -> u64 {
+        let mut s = GpuScheduler::with_policy(6_000_000, policy);
+        s.add(1, 1.0).unwrap();
+        s.add(2, 1.0).unwrap();
+        s.request(1, 0, None).unwrap();
+        let mut now = 0;
+        while now < alone_ns {
+            assert_eq!(s.grant(now).unwrap().vgpu, 1);
+            now += 1_000_000;
+            s.release(1, 1_000_000).unwrap();
+        }
+        s.request(2, now, None).unwrap();
+        let mut lead = 0;
+        while s.grant(now).unwrap().vgpu == 2 {
+            now += 1_000_000;
+            lead += 1_000_000;
+            s.release(2, 1_000_000).unwrap();
+            assert!(lead < 10 * alone_ns, "2 never let go");
+        }
+        lead
+    }
+
+    #[test]
+    fn las_never_forgets_tfs_forgets_and_the_fair_queue_joins_at_virtual_time() {
+        let alone = 1_000_000_000; // 1 s
+        assert!(newcomer_lead(DevicePolicy::FairQueue, alone) <= 1_000_000);
+        assert!(newcomer_lead(DevicePolicy::PhaseSelection, alone) <= 1_000_000);
+        let las = newcomer_lead(DevicePolicy::Las, alone);
+        assert!(las >= alone, "LAS: 2 catches up the whole second: {las}");
+        // TFS: 1's past decays (half-life 384 ms), so 2 leads for less
+        // than its whole absence but far more than a slice.
+        let tfs = newcomer_lead(DevicePolicy::Tfs, alone);
+        assert!((50_000_000..alone / 2).contains(&tfs), "TFS lead {tfs}");
+    }
+
+    #[test]
+    fn las_and_tfs_keep_weighted_shares_of_busy_vgpus() {
+        for policy in [DevicePolicy::Las, DevicePolicy::Tfs] {
+            let mut s = GpuScheduler::with_policy(6_000_000, policy);
+            let mut used = [0u64; 3];
+            for id in 1..=3 {
+                s.add(id, f64::from(id)).unwrap();
+                s.request(id, 0, None).unwrap();
+            }
+            let mut now = 0;
+            while now < 3_000_000_000 {
+                let g = s.grant(now).unwrap();
+                let k = 300_000 * u64::from(g.vgpu); // unequal kernels
+                now += k;
+                used[g.vgpu as usize - 1] += k;
+                s.release(g.vgpu, k).unwrap();
+            }
+            let used: Vec<f64> = used.iter().map(|&u| u as f64).collect();
+            let m = weighted_mmr(&used, &[1.0, 2.0, 3.0]);
+            assert!(m > 0.98, "{}: MMR {m} {used:?}", policy.name());
+            assert_eq!(s.candidates(now, &[]).len(), 3);
+            assert!(!s.candidates(now, &[2]).contains(&2));
+        }
     }
 
     #[test]

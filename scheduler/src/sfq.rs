@@ -225,6 +225,12 @@ impl StartTagQueue {
         self.vgpus.get(&id).is_some_and(|e| e.runnable)
     }
 
+    /// The runnable vGPUs, smallest start tag first (ties by id): the
+    /// order in which the fair queue would hand out the GPU.
+    pub fn runnable_ids(&self) -> impl Iterator<Item = VgpuId> + '_ {
+        self.run.keys().map(|&(_, id)| id)
+    }
+
     /// Number of runnable vGPUs.
     pub fn runnable(&self) -> usize {
         self.run.len()

@@ -25,7 +25,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use crate::credit::{self, CreditScheduler};
-use crate::GpuScheduler;
+use crate::{DevicePolicy, GpuScheduler};
 pub use workload::{Step, Workload};
 
 /// GPU scheduling policies the simulator can run.
@@ -49,6 +49,12 @@ pub enum Policy {
     /// fairvgpu charging only the GPU time of the work (not the holder's
     /// own gaps while it holds the GPU): an ablation of the charge.
     FairGvGpuCharge,
+    /// fairvgpu's machinery with Strings' least-attained-service order
+    /// ([`crate::DevicePolicy::Las`]) instead of start tags.
+    FairGvLas,
+    /// fairvgpu's machinery with Strings' true-fair-share order
+    /// ([`crate::DevicePolicy::Tfs`]).
+    FairGvTfs,
 }
 
 impl Policy {
@@ -62,6 +68,8 @@ impl Policy {
             Policy::FairGv => "fairvgpu",
             Policy::FairGvNoWc => "fairvgpu-no-wc",
             Policy::FairGvGpuCharge => "fairvgpu-gpu-charge",
+            Policy::FairGvLas => "fairvgpu-las",
+            Policy::FairGvTfs => "fairvgpu-tfs",
         }
     }
 
@@ -80,8 +88,21 @@ impl Policy {
     fn fairgv(self) -> bool {
         matches!(
             self,
-            Policy::FairGv | Policy::FairGvNoWc | Policy::FairGvGpuCharge
+            Policy::FairGv
+                | Policy::FairGvNoWc
+                | Policy::FairGvGpuCharge
+                | Policy::FairGvLas
+                | Policy::FairGvTfs
         )
+    }
+
+    /// The device-level order of the fairvgpu policies.
+    fn device_policy(self) -> DevicePolicy {
+        match self {
+            Policy::FairGvLas => DevicePolicy::Las,
+            Policy::FairGvTfs => DevicePolicy::Tfs,
+            _ => DevicePolicy::FairQueue,
+        }
     }
 }
 
@@ -399,7 +420,7 @@ pub fn run(
         holder: None,
         holder_gen: 0,
         grants: 0,
-        sfq: GpuScheduler::new(m.fairgv_slice_ns),
+        sfq: GpuScheduler::with_policy(m.fairgv_slice_ns, policy.device_policy()),
         credit: CreditScheduler::new(),
         pump_needed: false,
     };
@@ -767,7 +788,8 @@ impl Engine {
     /// A reply reached guest `v`.
     fn reply(&mut self, v: usize) {
         self.vms[v].reply_ready = true;
-        let coscheduled = matches!(self.policy, Policy::FairGv | Policy::FairGvGpuCharge)
+        let coscheduled = self.policy.fairgv()
+            && self.policy != Policy::FairGvNoWc
             && self.holder.is_some_and(|h| h.vm == v)
             && self.sfq.is_interactive(v as u32, self.now);
         match (self.vms[v].vstate, self.vms[v].act) {
@@ -945,7 +967,9 @@ impl Engine {
             idle: false,
         });
         let slice = match self.policy {
-            Policy::FairGv | Policy::FairGvGpuCharge => None, // by prediction, or idleness
+            Policy::FairGv | Policy::FairGvGpuCharge | Policy::FairGvLas | Policy::FairGvTfs => {
+                None // by prediction, or idleness
+            }
             Policy::FairGvNoWc => Some(self.m.fairgv_slice_ns),
             _ => Some(self.m.credit_slice_ns),
         };
