@@ -219,6 +219,22 @@ impl Default for PlacementConfig {
     }
 }
 
+/// One GPU's settings (`[[gpu]]`); a GPU without an entry takes the
+/// defaults.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GpuConfig {
+    /// The GPU's index (as `[[vm]] gpu` names it).
+    pub index: u32,
+    /// Who of its runnable vGPUs goes first: `"fair"` (start-tag fair
+    /// queuing, the default), `"las"` (least attained service over weight,
+    /// never forgotten) or `"tfs"` (attained service that fades): see
+    /// `scheduler::policy`. (`"phase"`, phase selection, needs co-running,
+    /// which the daemon does not do yet, and is refused.)
+    #[serde(default)]
+    pub policy: scheduler::DevicePolicy,
+}
+
 /// The whole file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -247,6 +263,9 @@ pub struct Config {
     /// The VMs.
     #[serde(rename = "vm", default)]
     pub vms: Vec<VmConfig>,
+    /// Settings of single GPUs.
+    #[serde(rename = "gpu", default)]
+    pub gpus: Vec<GpuConfig>,
 }
 
 /// Where a problem found after parsing is, for the error message.
@@ -259,6 +278,8 @@ enum Loc {
     Vm(usize, &'static str),
     /// A key of the i-th `[[tenant]]`.
     Tenant(usize, &'static str),
+    /// A key of the i-th `[[gpu]]`.
+    Gpu(usize, &'static str),
 }
 
 impl Loc {
@@ -270,6 +291,7 @@ impl Loc {
             Loc::Table(t, k) => (format!("[{t}]"), 0, k),
             Loc::Vm(i, k) => ("[[vm]]".to_owned(), i, Some(k)),
             Loc::Tenant(i, k) => ("[[tenant]]".to_owned(), i, Some(k)),
+            Loc::Gpu(i, k) => ("[[gpu]]".to_owned(), i, Some(k)),
         };
         let lines: Vec<&str> = text.lines().collect();
         let start = lines
@@ -340,6 +362,23 @@ impl Config {
                 ),
                 Loc::Table("daemon", Some("slice_us")),
             );
+        }
+        for (i, g) in self.gpus.iter().enumerate() {
+            if self.gpus[..i].iter().any(|o| o.index == g.index) {
+                return bad(
+                    format!("[[gpu]] index {} appears twice", g.index),
+                    Loc::Gpu(i, "index"),
+                );
+            }
+            if g.policy.phase_selection() {
+                return bad(
+                    format!(
+                        "[[gpu]] {}: policy \"phase\" needs co-running, which the daemon does not do yet (\"fair\", \"las\" or \"tfs\")",
+                        g.index
+                    ),
+                    Loc::Gpu(i, "policy"),
+                );
+            }
         }
         if self.vms.is_empty() {
             return bad("no [[vm]] configured".into(), Loc::Nowhere);
@@ -455,6 +494,15 @@ impl Config {
         Ok(())
     }
 
+    /// The device policy of GPU `gpu`.
+    pub fn gpu_policy(&self, gpu: u32) -> scheduler::DevicePolicy {
+        self.gpus
+            .iter()
+            .find(|g| g.index == gpu)
+            .map(|g| g.policy)
+            .unwrap_or_default()
+    }
+
     /// The weight of a tenant, if it has one of its own.
     pub fn tenant_weight(&self, tenant: &str) -> Option<f64> {
         self.tenants
@@ -512,6 +560,11 @@ memory_limit_mib = 1024
             Config::parse(&runs).unwrap().daemon.graph_launches,
             GraphLaunches::Runs
         );
+        // A GPU's policy; GPUs without a [[gpu]] take the fair queue.
+        let las = format!("{GOOD}\n[[gpu]]\nindex = 1\npolicy = \"las\"\n");
+        let c = Config::parse(&las).unwrap();
+        assert_eq!(c.gpu_policy(1), scheduler::DevicePolicy::Las);
+        assert_eq!(c.gpu_policy(0), scheduler::DevicePolicy::FairQueue);
     }
 
     #[test]
@@ -527,6 +580,9 @@ memory_limit_mib = 1024
             (format!("{GOOD}\n[api]\ntcp = \"nowhere\"\ntoken_file = \"/t\"\n"), "address"),
             (GOOD.replace("executor = \"sim\"", "executor = \"sim\"\ngraph_launches = \"yes\""), "graph_launches"),
             (format!("{GOOD}\n[layout]\nchannels = 0\nring_entries = 8\narena_size = 4096\nvectors = 1\n"), "channels"),
+            (format!("{GOOD}\n[[gpu]]\nindex = 0\npolicy = \"fastest\"\n"), "fastest"),
+            (format!("{GOOD}\n[[gpu]]\nindex = 0\npolicy = \"phase\"\n"), "co-running"),
+            (format!("{GOOD}\n[[gpu]]\nindex = 0\n[[gpu]]\nindex = 0\npolicy = \"tfs\"\n"), "twice"),
         ] {
             let e = Config::parse(&text).unwrap_err().to_string();
             assert!(e.contains(needle), "{e:?} should mention {needle:?}");

@@ -200,8 +200,17 @@ pub struct GrantService {
 }
 
 impl GrantService {
-    /// Starts serving at `path` with slices of `slice_ns`.
+    /// Starts serving at `path` with slices of `slice_ns`, fair queuing.
     pub fn start(path: &Path, slice_ns: u64) -> Result<GrantService, Error> {
+        Self::start_with(path, slice_ns, scheduler::DevicePolicy::default())
+    }
+
+    /// Starts serving at `path` with slices of `slice_ns` under `policy`.
+    pub fn start_with(
+        path: &Path,
+        slice_ns: u64,
+        policy: scheduler::DevicePolicy,
+    ) -> Result<GrantService, Error> {
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path).map_err(|e| Error::Io {
             what: "binding grant socket",
@@ -217,7 +226,7 @@ impl GrantService {
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("grant-service".into())
-            .spawn(move || serve(listener, slice_ns, &s2, &u2, &rx))
+            .spawn(move || serve(listener, slice_ns, policy, &s2, &u2, &rx))
             .map_err(|e| Error::Io {
                 what: "spawning grant service",
                 source: e,
@@ -316,12 +325,13 @@ impl Drop for GrantService {
 fn serve(
     listener: UnixListener,
     slice_ns: u64,
+    policy: scheduler::DevicePolicy,
     stop: &AtomicBool,
     usage: &Usage,
     commands: &std::sync::mpsc::Receiver<Command>,
 ) {
     let epoch = Instant::now();
-    let mut sched = GpuScheduler::new(slice_ns);
+    let mut sched = GpuScheduler::with_policy(slice_ns, policy);
     let mut conns: HashMap<u32, UnixStream> = HashMap::new();
     let mut holder: Option<u32> = None;
     let mut held_since = Instant::now();

@@ -302,6 +302,14 @@ enum BenchCmd {
         #[arg(long, default_value_t = 50)]
         orders: usize,
     },
+    /// Space sharing: time slices against co-running (MPS-like) with SM-time
+    /// charges, phase selection, and LAS/TFS beside the fair queue, on a
+    /// simulated GPU of SMs and copy engines.
+    Space {
+        /// A simulated GPU (the only kind this bench uses for now).
+        #[arg(long)]
+        sim: bool,
+    },
     /// Migration: a running guest with 1 GiB and 8 GiB moved between two
     /// GPUs; pause and copy rate against the peer bandwidth.
     Migrate {
@@ -544,6 +552,16 @@ fn main() -> Result<()> {
                 "the placement experiment runs on simulated GPUs: pass --sim"
             );
             bench::placement::run(orders)
+        }
+        Cmd::Bench {
+            which: BenchCmd::Space { sim },
+        } => {
+            anyhow::ensure!(
+                sim,
+                "co-running is not served on a real GPU yet: pass --sim for the simulated experiment"
+            );
+            print!("{}", scheduler::space_sim::report::report()?);
+            Ok(())
         }
         Cmd::Bench {
             which: BenchCmd::Migrate { executor, gib },

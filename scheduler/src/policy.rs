@@ -41,7 +41,9 @@ use crate::SchedError;
 pub const TFS_HALF_LIFE_SLICES: u64 = 64;
 
 /// The device-level scheduling policy of one GPU (`[[gpu]] policy = "…"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize,
+)]
 pub enum DevicePolicy {
     /// Start-tag fair queuing (FairGV), `"fair"`.
     #[default]

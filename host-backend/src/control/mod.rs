@@ -188,9 +188,10 @@ impl ControlPlane {
             return Ok(());
         }
         if let std::collections::hash_map::Entry::Vacant(e) = lock(&self.services).entry(gpu) {
-            let svc = GrantService::start(
+            let svc = GrantService::start_with(
                 &crate::daemon::grant_socket(cfg, gpu),
                 cfg.daemon.slice_us * 1000,
+                cfg.gpu_policy(gpu),
             )?;
             e.insert(Arc::new(svc));
         }

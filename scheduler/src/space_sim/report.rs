@@ -197,7 +197,7 @@ fn policies_side_by_side() -> Result<String, SimError> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "device policies on FairGV's scenarios: MMR / overhead\n{:<34} {:>15} {:>15} {:>15}",
+        "device policies on FairGV's scenarios, 2 s simulated each (bench fairness --sim runs them longer): MMR / overhead\n{:<34} {:>15} {:>15} {:>15}",
         "scenario", "fair", "las", "tfs"
     );
     for scn in paper_scenarios() {
