@@ -136,11 +136,11 @@ pub fn launch_each<C: Context + ?Sized>(
 /// The per-guest-process context. Dropping it frees everything it holds.
 pub trait Context: Send {
     /// Makes the context as a new one is, for a later process of the same
-    /// vGPU (see `worker/contexts.rs`): waits for its work, then destroys
-    /// every object it holds and gives every allocation back to the driver,
-    /// and sets what the process may have changed (limits, cache
-    /// preferences) back to a new context's values. An error: it cannot be
-    /// made clean (a sticky error, say) and the caller drops it.
+    /// vGPU (see `worker/contexts.rs`): if none of its work is left, destroys
+    /// every object it holds, gives every allocation back to the driver,
+    /// and sets what the process may have changed (limits) back to a new
+    /// context's values. An error: it cannot be made clean (work still
+    /// running, a sticky error) and the caller drops it.
     fn recycle(&mut self) -> Result<(), Status> {
         Err(Status::NotSupported)
     }

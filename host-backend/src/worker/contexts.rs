@@ -127,6 +127,7 @@ impl ContextPool {
 mod tests {
     use super::*;
     use crate::executor::sim::{SimExecutor, SimParams};
+    use protocol::{Dim3, ImageKind};
     use vm_memory::VolatileSlice;
 
     fn sim() -> Box<dyn Executor> {
@@ -140,6 +141,7 @@ mod tests {
         let mut a = pool.take(exec.as_mut()).unwrap().unwrap();
         let p = a.alloc(4096).unwrap();
         a.memset(p, 0xab, 1, 4096, 0).unwrap();
+        a.synchronize().unwrap();
         pool.give_back(a, false);
         assert_eq!(pool.spares(), 1);
         let mut b = pool.take(exec.as_mut()).unwrap().unwrap();
@@ -169,6 +171,17 @@ mod tests {
         pool.give_back(c, true);
         assert_eq!(pool.spares(), SPARES - 1);
         pool.clear();
+        assert_eq!(pool.spares(), 0);
+        // One whose process left work running (a 2 s kernel) is not kept.
+        let mut busy = pool.take(exec.as_mut()).unwrap().unwrap();
+        let m = busy
+            .load_module(ImageKind::Ptx, crate::demo::KERNELS_PTX.as_bytes())
+            .unwrap();
+        let (f, _) = busy.function(m, "spin_ns").unwrap();
+        let one = Dim3 { x: 1, y: 1, z: 1 };
+        let ns = 2_000_000_000u64.to_le_bytes();
+        busy.launch(f, one, one, 0, 0, &ns).unwrap();
+        pool.give_back(busy, false);
         assert_eq!(pool.spares(), 0);
     }
 

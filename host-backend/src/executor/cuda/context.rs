@@ -260,8 +260,28 @@ impl CudaContext {
     /// the context itself, its copy stream and idle timing events.
     pub(super) fn recycle(&mut self) -> Result<(), Status> {
         self.bind()?;
-        // All its work done; a sticky error shows here, and such a context
-        // is never reused.
+        // Only a context with no work left is reused: one whose departed
+        // process left a kernel running (for ever, maybe) is destroyed
+        // instead, which does not wait for it.
+        let streams: Vec<sys::CUstream> = self
+            .objs
+            .values()
+            .filter_map(|o| match o {
+                Obj::Stream { raw, .. } => Some(*raw),
+                _ => None,
+            })
+            .chain([null_mut(), self.copy])
+            .collect();
+        for st in streams {
+            // SAFETY: a stream of this context (or the null stream); the
+            // context is current.
+            match unsafe { sys::cuStreamQuery(st) } {
+                sys::CUresult::CUDA_SUCCESS => {}
+                sys::CUresult::CUDA_ERROR_NOT_READY => return Err(Status::NotReady),
+                e => return check(e),
+            }
+        }
+        // A sticky error shows here, and such a context is never reused.
         // SAFETY: no arguments; our context is current.
         check(unsafe { sys::cuCtxSynchronize() })?;
         self.templates.clear();

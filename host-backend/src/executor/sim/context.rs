@@ -160,11 +160,15 @@ impl SimContext {
 }
 
 impl Context for SimContext {
-    /// Waits for the context's work, then keeps only what a new context
-    /// shares with it (the device, its queue and address space).
+    /// An idle context keeps only what a new context shares with it (the
+    /// device, its queue and address space).
     fn recycle(&mut self) -> Result<(), Status> {
         self.alive()?;
-        Self::wait_until(self.last_done);
+        // Work still queued: not reused (a GPU context with a kernel still
+        // running is destroyed instead).
+        if self.last_done > Instant::now() {
+            return Err(Status::NotReady);
+        }
         self.mem.clear();
         self.modules.clear();
         self.functions.clear();
