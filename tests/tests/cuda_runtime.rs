@@ -199,3 +199,55 @@ fn cufft_plans_through_the_standin() {
         |s| s.mem_used.load(std::sync::atomic::Ordering::Relaxed) == 0,
     );
 }
+
+/// NVIDIA's cuRAND, cuSPARSE and cuSOLVER (the `nvidia-curand`,
+/// `nvidia-cusparse`, `nvidia-cusolver` wheels, with `scripts/cuda-wheels.sh
+/// DIR libraries`) make their handles, bind them to a stream, answer their
+/// workspace sizes and let go through the stand-in (`tests/c/libraries.c`);
+/// the sim runs none of their kernels.
+#[test]
+fn curand_cusparse_and_cusolver_make_their_handles_through_the_standin() {
+    let Some(cuda) = cuda_root() else { return };
+    let libs = ["libcurand.so.10", "libcusparse.so.12", "libcusolver.so.12"];
+    if let Some(missing) = libs.iter().find(|l| !cuda.join("lib").join(l).exists()) {
+        assert!(
+            std::env::var_os("FAIRVGPU_REQUIRE_CUDART").is_none(),
+            "FAIRVGPU_REQUIRE_CUDART is set but {} has no {missing} \
+             (scripts/cuda-wheels.sh DIR libraries)",
+            cuda.display()
+        );
+        eprintln!("skipped: no {missing} in FAIRVGPU_CUDA_ROOT");
+        return;
+    }
+    let host = Host::start("cuda-libraries", 1 << 30);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let exe = dir.join("libraries");
+    let cc = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wno-deprecated-declarations", "-o"])
+        .arg(&exe)
+        .arg(workspace().join("tests/c/libraries.c"))
+        .arg(format!("-I{}", cuda.join("include").display()))
+        .arg(format!("-L{}", cuda.join("lib").display()))
+        // cuSOLVER's own needs (cuBLAS, cuSPARSE, nvJitLink) are found there.
+        .arg(format!("-Wl,-rpath-link,{}", cuda.join("lib").display()))
+        .args(libs.iter().map(|l| format!("-l:{l}")))
+        .arg("-l:libcudart.so.13")
+        .output()
+        .expect("cc runs");
+    assert!(
+        cc.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let stdout = run(&exe, &[], &lib, &cuda, &host.socket);
+    assert!(
+        stdout.contains("libraries: all checks passed"),
+        "in\n{stdout}"
+    );
+    host.wait_until(
+        "the program's memory to be freed",
+        std::time::Duration::from_secs(10),
+        |s| s.mem_used.load(std::sync::atomic::Ordering::Relaxed) == 0,
+    );
+}
