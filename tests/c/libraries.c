@@ -1,4 +1,4 @@
-/* NVIDIA's cuRAND, cuSPARSE and cuSOLVER through the stand-in: each makes
+/* NVIDIA's cuRAND, cuSPARSE, cuSOLVER and cuBLASLt through the stand-in: each makes
  * its handle (loading its kernels, asking the driver for its context and
  * device), binds it to a stream of ours, answers the questions it answers
  * without running a kernel (workspace sizes), and lets go. Run by
@@ -9,6 +9,7 @@
 #include <curand.h>
 #include <cusparse.h>
 #include <cusolverDn.h>
+#include <cublasLt.h>
 
 static int failures;
 #define CHECK(what, x)                                                          \
@@ -76,6 +77,36 @@ int main(void) {
     }
     CHECK("cusolverDnDestroy", cusolverDnDestroy(dn));
 
+    /* cuBLASLt's heuristics for a 256x256x256 FP32 matmul: chosen from the
+     * device's properties, no kernel runs. */
+    cublasLtHandle_t lt;
+    CHECK("cublasLtCreate", cublasLtCreate(&lt));
+    cublasLtMatmulDesc_t op;
+    CHECK("cublasLtMatmulDescCreate", cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasLtMatrixLayout_t la, lb, lc;
+    CHECK("cublasLtMatrixLayoutCreate a", cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, 256, 256, 256));
+    CHECK("cublasLtMatrixLayoutCreate b", cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, 256, 256, 256));
+    CHECK("cublasLtMatrixLayoutCreate c", cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, 256, 256, 256));
+    cublasLtMatmulPreference_t pref;
+    CHECK("cublasLtMatmulPreferenceCreate", cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = 4 << 20;
+    CHECK("cublasLtMatmulPreferenceSetAttribute",
+          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t heur[4];
+    int found = 0;
+    CHECK("cublasLtMatmulAlgoGetHeuristic",
+          cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 4, heur, &found));
+    if (found < 1) {
+        printf("libraries: cuBLASLt found no algorithm\n");
+        failures++;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(op);
+    CHECK("cublasLtDestroy", cublasLtDestroy(lt));
+
     cudaFree(rows);
     cudaFree(cols);
     cudaFree(vals);
@@ -83,7 +114,8 @@ int main(void) {
     cudaFree(y);
     cudaFree(m);
     CHECK("cudaStreamDestroy", cudaStreamDestroy(st));
-    printf("libraries: cusparse %d, potrf workspace %d, spmv buffer %zu\n", version, lwork, spmv);
+    printf("libraries: cusparse %d, potrf workspace %d, spmv buffer %zu, cublasLt algorithms %d\n", version,
+           lwork, spmv, found);
     if (failures) {
         printf("libraries: %d checks failed\n", failures);
         return 1;

@@ -200,15 +200,19 @@ fn cufft_plans_through_the_standin() {
     );
 }
 
-/// NVIDIA's cuRAND, cuSPARSE and cuSOLVER (the `nvidia-curand`,
-/// `nvidia-cusparse`, `nvidia-cusolver` wheels, with `scripts/cuda-wheels.sh
-/// DIR libraries`) make their handles, bind them to a stream, answer their
-/// workspace sizes and let go through the stand-in (`tests/c/libraries.c`);
-/// the sim runs none of their kernels.
+/// NVIDIA's cuRAND, cuSPARSE, cuSOLVER and cuBLASLt (their wheels, with
+/// `scripts/cuda-wheels.sh DIR libraries`) make their handles, bind them to
+/// a stream, answer their workspace sizes and heuristics and let go through
+/// the stand-in (`tests/c/libraries.c`); the sim runs none of their kernels.
 #[test]
-fn curand_cusparse_and_cusolver_make_their_handles_through_the_standin() {
+fn curand_cusparse_cusolver_and_cublaslt_make_their_handles_through_the_standin() {
     let Some(cuda) = cuda_root() else { return };
-    let libs = ["libcurand.so.10", "libcusparse.so.12", "libcusolver.so.12"];
+    let libs = [
+        "libcurand.so.10",
+        "libcusparse.so.12",
+        "libcusolver.so.12",
+        "libcublasLt.so.13",
+    ];
     if let Some(missing) = libs.iter().find(|l| !cuda.join("lib").join(l).exists()) {
         assert!(
             std::env::var_os("FAIRVGPU_REQUIRE_CUDART").is_none(),
