@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one call: everything this tree changed since the
+# last GPU results, each step bounded so that one stuck step costs only
+# itself. Carried: .samples/bin (scripts/gpu/build-samples.sh) and the
+# stripped release fairvgpu and libcuda.so in .carry/release.
+#   1. cuda-samples natively and through the stand-in (simpleCUFFT needs the
+#      tools module table's slot 7; matrixMul with lone-holder extensions)
+#   2. cuFFT's slot 7 and a transform checked against a direct DFT
+#   3. one VM under abuse, two measured (contexts reused and rationed)
+#   4. PyTorch, CuPy, JAX natively and through the stand-in; two VMs 1:2
+#   5. three guests 1:2:3 under the scheduler (aggregate and MMR)
+# Every step's output goes to $OUT/verify.log; the last lines are each
+# step's own last line.
+# usage: R=.carry/release bash scripts/gpu/verify.sh
+set -uo pipefail
+. scripts/gpu/lib.sh
+export R=${R:-.carry/release}
+LOG=$OUT/verify.log
+: > "$LOG"
+step() {
+    local name=$1 limit=$2; shift 2
+    echo "== $name (at most ${limit}s)" | tee -a "$LOG"
+    timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | tail -40
+    echo "== $name: rc=${PIPESTATUS[0]}" | tee -a "$LOG"
+}
+header | tee -a "$LOG"
+step conformance 420 bash scripts/gpu/conformance.sh
+step cufft 120 bash scripts/gpu/cufft.sh
+step hostile 200 "$R/fairvgpu" bench hostile --executor cuda --seconds 45 --log "$OUT/hostile-daemon.log"
+step frameworks 420 bash scripts/gpu/frameworks.sh
+step fairness 200 "$R/fairvgpu" bench fairness --executor cuda
+echo "== last lines" | tee -a "$LOG"
+grep -aE '^(samples_pass|good_runs|torch_ok|fairvgpu_mmr|cufft: (all|forward))|rc=' "$LOG" | tee -a "$LOG.summary"
