@@ -42,6 +42,7 @@ const PROCESS: u32 = 8; // a = worker resident memory (bytes), b = worker open f
 const OCCUPANCY: u32 = 9; // a = mean occupied fraction of the GPU's cores, parts per million
 const SLICED: u32 = 10; // a = launches run as sub-grids so far
 const LOGS: u32 = 11; // a = log lines suppressed so far (rate-limited guest-triggered logs)
+const CONTEXTS: u32 = 14; // a = contexts made for guest processes so far, b = contexts reused
 const EXTEND: u32 = 12; // a = ns added to the holder's slice
 const CONTENDED: u32 = 13; // another vGPU wants the GPU: no more extensions this grant
 
@@ -87,6 +88,10 @@ pub struct Report {
     /// Log lines its guests triggered that the worker suppressed so far
     /// (rate-limited).
     pub log_suppressed: u64,
+    /// Contexts made for its guest processes so far.
+    pub contexts_created: u64,
+    /// Guest processes that got an ended one's context (made clean).
+    pub contexts_reused: u64,
 }
 
 /// What the service knows of one vGPU, live.
@@ -496,6 +501,11 @@ fn serve(
                             live(&mut |u| u.entry(id).or_default().report.sliced_launches = a)
                         }
                         LOGS => live(&mut |u| u.entry(id).or_default().report.log_suppressed = a),
+                        CONTEXTS => live(&mut |u| {
+                            let v = u.entry(id).or_default();
+                            v.report.contexts_created = a;
+                            v.report.contexts_reused = b;
+                        }),
                         _ => {}
                     }
                 }
@@ -756,14 +766,20 @@ impl Gate {
 
     /// Reports live figures to the service (for the operator's view).
     pub fn report(&mut self, r: &Report) -> Result<(), Error> {
-        let mut m = [0u8; 168];
+        let mut m = [0u8; 192];
         m[..24].copy_from_slice(&encode(REPORT, self.vgpu, r.mem_used, r.sync_calls));
         m[24..48].copy_from_slice(&encode(QUEUE, self.vgpu, r.queued, r.launches));
         m[48..72].copy_from_slice(&encode(SERVED, self.vgpu, r.requests, r.refused));
         m[72..96].copy_from_slice(&encode(PROCESS, self.vgpu, r.rss_bytes, r.open_fds));
         m[96..120].copy_from_slice(&encode(OCCUPANCY, self.vgpu, r.occupancy_ppm, 0));
         m[120..144].copy_from_slice(&encode(SLICED, self.vgpu, r.sliced_launches, 0));
-        m[144..].copy_from_slice(&encode(LOGS, self.vgpu, r.log_suppressed, 0));
+        m[144..168].copy_from_slice(&encode(LOGS, self.vgpu, r.log_suppressed, 0));
+        m[168..].copy_from_slice(&encode(
+            CONTEXTS,
+            self.vgpu,
+            r.contexts_created,
+            r.contexts_reused,
+        ));
         self.stream.write_all(&m).map_err(|e| Error::Io {
             what: "grant report",
             source: e,

@@ -64,7 +64,7 @@ fn guest(d: &Daemon, vm: &str) -> Gpu {
     Gpu::connect(&d.dir.join(format!("{vm}.sock"))).expect("guest attaches")
 }
 
-fn store_status(d: &Daemon) -> Value {
+fn status(d: &Daemon) -> Value {
     let (code, body) = client_call(
         &ApiTarget::Unix(d.dir.join("api.sock")),
         "GET",
@@ -73,8 +73,22 @@ fn store_status(d: &Daemon) -> Value {
     )
     .expect("API answers");
     assert_eq!(code, 200);
-    let v: Value = serde_json::from_slice(&body).unwrap();
-    v["daemon"]["image_store"].clone()
+    serde_json::from_slice(&body).unwrap()
+}
+
+fn store_status(d: &Daemon) -> Value {
+    status(d)["daemon"]["image_store"].clone()
+}
+
+/// VM `name`'s entry in the status.
+fn vgpu(d: &Daemon, name: &str) -> Value {
+    status(d)["gpus"][0]["vgpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// The kernels' PTX padded past `protocol::CACHED_IMAGE` (a large image).
@@ -107,6 +121,7 @@ fn a_process_of_another_vm_loads_an_image_by_its_hash() {
     let d = start("share", true);
     let image = large_ptx();
     let mut one = guest(&d, "vm1");
+    one.mem_alloc(1 << 20).unwrap();
     let m = one.module_load(ImageKind::Ptx, &image).unwrap();
     assert!(one.get_function(m, "vector_add").is_ok());
     // The worker hands the image to the store, which hashes it itself.
@@ -126,6 +141,20 @@ fn a_process_of_another_vm_loads_an_image_by_its_hash() {
     *other.last_mut().unwrap() = b' ';
     let e = two.request(&ask(&other)).unwrap_err();
     assert!(matches!(e, GuestError::Cuda(Status::NotFound)), "{e:?}");
+    // The status counts each VM's contexts: vm1's next process gets the
+    // first's, once the first is gone.
+    wait_for("vm1's first process's memory in the status", || {
+        vgpu(&d, "vm1")["memory_used_bytes"].as_u64() > Some(0)
+    });
+    drop(one);
+    wait_for("vm1's first process to be gone", || {
+        vgpu(&d, "vm1")["memory_used_bytes"].as_u64() == Some(0)
+    });
+    let _again = guest(&d, "vm1");
+    wait_for("vm1's contexts in the status", || {
+        let v = vgpu(&d, "vm1");
+        v["contexts_created"].as_u64() == Some(1) && v["contexts_reused"].as_u64() == Some(1)
+    });
 }
 
 #[test]

@@ -322,13 +322,15 @@ pub fn run(executor: ExecutorKind, seconds: f64, keep_log: Option<&Path>) -> Res
         }
     }
     println!(
-        "evil: gpu_seconds={:.3} requests={} worker_restarts={} log_lines_suppressed={} grants_revoked={} refused={}",
+        "evil: gpu_seconds={:.3} requests={} worker_restarts={} log_lines_suppressed={} grants_revoked={} refused={} contexts_created={} contexts_reused={}",
         r.evil["gpu_seconds"].as_f64().unwrap_or(0.0),
         r.evil["requests"].as_u64().unwrap_or(0),
         r.evil["worker_restarts"].as_u64().unwrap_or(0),
         r.evil["log_lines_suppressed"].as_u64().unwrap_or(0),
         r.evil["grants_revoked"].as_u64().unwrap_or(0),
         r.evil["refused"].as_u64().unwrap_or(0),
+        r.evil["contexts_created"].as_u64().unwrap_or(0),
+        r.evil["contexts_reused"].as_u64().unwrap_or(0),
     );
     println!(
         "good_runs={} good_failures={} good_p99_ms={:.2} good_max_ms={:.2} baseline_max_ms={:.2} log_lines_per_min={:.0} daemon_alive={}",

@@ -177,6 +177,18 @@ impl ControlPlane {
                     &v["log_lines_suppressed"],
                 );
                 m.counter(
+                    "fairvgpu_vgpu_contexts_created_total",
+                    "CUDA contexts the vGPU's current worker made for guest processes.",
+                    &l,
+                    &v["contexts_created"],
+                );
+                m.counter(
+                    "fairvgpu_vgpu_contexts_reused_total",
+                    "Guest processes the vGPU's current worker gave an ended process's context, made clean.",
+                    &l,
+                    &v["contexts_reused"],
+                );
+                m.counter(
                     "fairvgpu_vgpu_grants_revoked_total",
                     "Grants taken back because the vGPU's worker kept the GPU far past its slice.",
                     &l,

@@ -135,6 +135,8 @@ impl ControlPlane {
                             .get(&v.name)
                             .map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed)),
                     "grants_revoked": r.1.revoked,
+                    "contexts_created": r.1.report.contexts_created,
+                    "contexts_reused": r.1.report.contexts_reused,
                 }));
             }
             let mmr = if ratios.len() >= 2 && ratios.iter().any(|&r| r > 0.0) {

@@ -511,6 +511,8 @@ impl Worker {
             occupancy_ppm: (self.sh.last_occupancy * 1e6).round() as u64,
             sliced_launches: st.sliced_launches.load(Ordering::Relaxed),
             log_suppressed: self.sh.log.borrow().suppressed(),
+            contexts_created: st.contexts_created.load(Ordering::Relaxed),
+            contexts_reused: st.contexts_reused.load(Ordering::Relaxed),
         };
         if let Some(g) = self.sh.gate.as_mut() {
             g.report(&r)?;
