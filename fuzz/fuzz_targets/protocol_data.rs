@@ -1,5 +1,5 @@
 //! Variable-length payloads the host parses: link records, device info,
-//! tensor-map parameters.
+//! tensor-map parameters, graphs.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use protocol::tensor_map::TensorMapParams;
@@ -15,5 +15,14 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(p) = TensorMapParams::decode(data) {
         assert!(p.span() < u64::MAX);
         assert_eq!(TensorMapParams::decode(&p.encode()), Ok(p));
+    }
+    // A decoded graph names only earlier nodes, and re-encodes to itself.
+    if let Ok(nodes) = protocol::graph::decode_graph(data) {
+        for (i, n) in nodes.iter().enumerate() {
+            assert!(n.deps.iter().all(|&d| (d as usize) < i));
+            let _ = n.op.ranges();
+        }
+        let again = protocol::graph::encode_graph(&nodes);
+        assert_eq!(again, data);
     }
 });

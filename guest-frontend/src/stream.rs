@@ -185,6 +185,25 @@ impl Gpu {
         self.call(&Request::EventDestroy { event }).map(drop)
     }
 
+    /// Builds and instantiates a graph on the host (its nodes encoded by
+    /// [`protocol::graph::encode_graph`]); returns the executable's handle.
+    pub fn graph_instantiate(&mut self, graph: &[u8]) -> Result<u64> {
+        let len = u32::try_from(graph.len()).map_err(|_| GuestError::Cuda(Status::InvalidValue))?;
+        let (r, _) = self.call_data(&Request::GraphInstantiate { len }, graph)?;
+        Ok(r.vals[0])
+    }
+
+    /// Launches a host-built executable graph into `stream` (asynchronous).
+    pub fn graph_launch(&mut self, exec: u64, stream: u64) -> Result<()> {
+        self.send(&Request::GraphLaunch { exec, stream }, &[])
+            .map(drop)
+    }
+
+    /// Destroys a host-built executable graph.
+    pub fn graph_destroy(&mut self, exec: u64) -> Result<()> {
+        self.call(&Request::GraphDestroy { exec }).map(drop)
+    }
+
     /// cuEventRecord (asynchronous).
     pub fn event_record(&mut self, event: u64, stream: u64) -> Result<()> {
         self.send(&Request::EventRecord { event, stream }, &[])

@@ -95,6 +95,8 @@ pub struct Session {
     functions: HandleMap<Vec<u32>>,
     streams: HandleSet,
     events: HandleSet,
+    /// Executable graphs built on the host.
+    graphs: HandleSet,
     /// The first error of an asynchronous call, reported at the next synchronous one.
     pub pending_error: Option<Status>,
     /// Estimated GPU time of one launch of each function, learnt from busy
@@ -260,6 +262,7 @@ impl Session {
             functions: HandleMap::default(),
             streams: HandleSet::default(),
             events: HandleSet::default(),
+            graphs: HandleSet::default(),
             pending_error: None,
             kernel_ns: HandleMap::default(),
             timing: HandleSet::default(),
@@ -336,6 +339,51 @@ impl Session {
             .contains(&e)
             .then_some(())
             .ok_or(Status::InvalidHandle)
+    }
+
+    /// Checks an executable graph's handle.
+    pub fn check_graph(&self, g: Handle) -> Result<(), Status> {
+        self.graphs
+            .contains(&g)
+            .then_some(())
+            .ok_or(Status::InvalidHandle)
+    }
+
+    /// Records an executable graph.
+    pub fn add_graph(&mut self, g: Handle) {
+        self.graphs.insert(g);
+    }
+
+    /// Forgets an executable graph.
+    pub fn remove_graph(&mut self, g: Handle) {
+        self.graphs.remove(&g);
+    }
+
+    /// Checks a graph's nodes against what the session holds: every
+    /// kernel's function is its own and gets the parameter bytes its
+    /// parameters take, every range lies in its own memory, every event is
+    /// its own.
+    pub fn check_graph_nodes(&self, nodes: &[protocol::graph::GraphNode]) -> Result<(), Status> {
+        use protocol::graph::GraphOp;
+        for n in nodes {
+            match &n.op {
+                GraphOp::Kernel { func, params, .. } => {
+                    let want: u64 = self.function(*func)?.iter().map(|&x| u64::from(x)).sum();
+                    if want != params.len() as u64 {
+                        return Err(Status::InvalidValue);
+                    }
+                }
+                GraphOp::EventRecord { event } | GraphOp::EventWait { event } => {
+                    self.check_event(*event)?
+                }
+                op => {
+                    for (a, l) in op.ranges() {
+                        self.check_range(a, l)?;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Checks a module handle.

@@ -16,6 +16,7 @@
 
 mod codec;
 pub mod fatbin;
+pub mod graph;
 pub mod op;
 mod reply;
 mod request;

@@ -6,7 +6,9 @@
  * usage: graphs KERNELS.ptx   (host-backend/kernels/fairvgpu.ptx)
  * Checks: a graph built node by node (memset, copies, a kernel, a host
  * node) launched three times on new inputs; a kernel node's parameters
- * changed in the executable; a clone; stream capture across two streams
+ * changed in the executable; a clone; a graph of device work only
+ * (memset, kernel, device copy, event record) launched three times, its
+ * kernel node changed between; stream capture across two streams
  * joined by events (fork and join), with a host function, launched twice;
  * a synchronize inside a capture refused and the capture spoiled; 2D
  * copies with different pitches both ways, a 2D memset and a 3D copy.
@@ -142,6 +144,56 @@ int main(int argc, char **argv) {
     CK(cudaGraphExecDestroy(x));
     CK(cudaGraphDestroy(g));
     printf("graph: kernel node parameters updated, clone has 5 nodes\n");
+
+    /* A graph of device work only, which the host builds as one CUDA graph:
+       d = 0; c = a + b; d <- c (a device copy); recorded event. Launched
+       twice, then its kernel node changed to c = c + b (built again). */
+    {
+        float *d;
+        CK(cudaMalloc((void **)&d, bytes));
+        for (unsigned i = 0; i < N; i++) ha[i] = (float)(5 * i);
+        CK(cudaMemcpy(a, ha, bytes, cudaMemcpyHostToDevice));
+        cudaEvent_t done;
+        CK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+        cudaGraph_t dg;
+        CK(cudaGraphCreate(&dg, 0));
+        cudaGraphNode_t dz, dk, dc, de;
+        struct cudaMemsetParams dms = {0};
+        dms.dst = d; dms.value = 0; dms.elementSize = 4; dms.width = N; dms.height = 1;
+        CK(cudaGraphAddMemsetNode(&dz, dg, NULL, 0, &dms));
+        void *dargs[] = {&a, &b, &c, (void *)&N};
+        kp.kernelParams = dargs;
+        CK(cudaGraphAddKernelNode(&dk, dg, &dz, 1, &kp));
+        struct cudaMemcpy3DParms dcp = {0};
+        dcp.srcPtr = pitched(c, bytes, N, 1);
+        dcp.dstPtr = pitched(d, bytes, N, 1);
+        dcp.extent = extent(bytes, 1, 1);
+        dcp.kind = cudaMemcpyDeviceToDevice;
+        CK(cudaGraphAddMemcpyNode(&dc, dg, &dk, 1, &dcp));
+        CK(cudaGraphAddEventRecordNode(&de, dg, &dc, 1, done));
+        cudaGraphExec_t dx;
+        CK(cudaGraphInstantiate(&dx, dg, 0));
+        for (int round = 0; round < 2; round++) {
+            CK(cudaMemset(d, 0xff, bytes));
+            CK(cudaGraphLaunch(dx, s));
+            CK(cudaEventSynchronize(done));
+            CK(cudaMemcpy(hc, d, bytes, cudaMemcpyDeviceToHost));
+            check_sum(hc, ha, hb, N, 0);
+        }
+        /* c = c + b, where c = a + b from the last launch: d = a + 2b. */
+        void *dargs2[] = {&c, &b, &c, (void *)&N};
+        kp.kernelParams = dargs2;
+        CK(cudaGraphExecKernelNodeSetParams(dx, dk, &kp));
+        CK(cudaGraphLaunch(dx, s));
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(hc, d, bytes, cudaMemcpyDeviceToHost));
+        for (unsigned i = 0; i < N; i++) EXPECT(hc[i] == ha[i] + 2.0f * hb[i]);
+        CK(cudaGraphExecDestroy(dx));
+        CK(cudaGraphDestroy(dg));
+        CK(cudaEventDestroy(done));
+        CK(cudaFree(d));
+        printf("graph: device-only graph, 3 launches correct, a kernel node changed\n");
+    }
 
     /* Capture across two streams: s uploads, t adds (after s's event),
        s counts and downloads after t's event. */

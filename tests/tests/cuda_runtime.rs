@@ -101,6 +101,7 @@ fn graphs_stream_capture_and_pitched_copies_run_against_the_standin() {
     for line in [
         "graph: 5 nodes built, 3 launches correct",
         "graph: kernel node parameters updated, clone has 5 nodes",
+        "graph: device-only graph, 3 launches correct, a kernel node changed",
         "capture: two streams forked and joined, 4 nodes, 2 launches correct",
         "capture: a synchronize inside it is refused",
         "pitched: 2D copies both ways, 2D memset and 3D copy correct",

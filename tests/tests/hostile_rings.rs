@@ -411,3 +411,107 @@ fn memsets_of_pinned_memory_reach_only_the_callers_blocks() {
     );
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
 }
+
+/// Graphs the host builds run only the caller's own kernels, on its own
+/// memory and events: another process's function, memory, event or
+/// executable is refused, and so are malformed graphs; the caller's own
+/// graph runs.
+#[test]
+fn graphs_run_only_the_callers_own_kernels_memory_and_events() {
+    use protocol::graph::{encode_graph, GraphNode, GraphOp};
+    use protocol::{Dim3, ImageKind, Status};
+    let host = Host::start("hostile-graphs", 64 << 20);
+    let mut victim = host.guest();
+    let vm = victim
+        .module_load(ImageKind::Ptx, fairvgpu_tests::PTX.as_bytes())
+        .unwrap();
+    // (Handles count per process: one more lookup than the other process
+    // makes, so that this one is not also a handle of the other's.)
+    victim.get_function(vm, "vector_add").unwrap();
+    let their_f = victim.get_function(vm, "spin_ns").unwrap().handle;
+    let theirs = victim.mem_alloc(1 << 16).unwrap();
+    let their_event = victim.event_create(0).unwrap();
+    let mut g = host.guest();
+    let m = g
+        .module_load(ImageKind::Ptx, fairvgpu_tests::PTX.as_bytes())
+        .unwrap();
+    let f = g.get_function(m, "spin_ns").unwrap().handle;
+    let mine = g.mem_alloc(1 << 16).unwrap();
+    let one = Dim3 { x: 1, y: 1, z: 1 };
+    let kernel = |func| GraphNode {
+        op: GraphOp::Kernel {
+            func,
+            grid: one,
+            block: one,
+            shared_mem: 0,
+            params: 1000u64.to_le_bytes().to_vec(),
+        },
+        deps: vec![],
+    };
+    let copy = |dst, src| GraphNode {
+        op: GraphOp::Copy {
+            dst,
+            src,
+            len: 4096,
+        },
+        deps: vec![],
+    };
+    // The caller's own: built, launched, destroyed.
+    let ok = g
+        .graph_instantiate(&encode_graph(&[kernel(f), copy(mine + 4096, mine)]))
+        .unwrap();
+    g.graph_launch(ok, 0).unwrap();
+    g.synchronize().unwrap();
+    let refused = |g: &mut guest_frontend::Gpu, nodes: &[GraphNode], want: Status| {
+        let e = g.graph_instantiate(&encode_graph(nodes)).unwrap_err();
+        assert!(
+            matches!(e, guest_frontend::GuestError::Cuda(s) if s == want),
+            "{nodes:?}: {e:?}"
+        );
+    };
+    refused(&mut g, &[kernel(their_f)], Status::InvalidHandle);
+    refused(&mut g, &[copy(theirs, mine)], Status::InvalidValue);
+    refused(&mut g, &[copy(mine, theirs)], Status::InvalidValue);
+    refused(
+        &mut g,
+        &[copy(mine + (1 << 16) - 100, mine)],
+        Status::InvalidValue,
+    );
+    refused(
+        &mut g,
+        &[GraphNode {
+            op: GraphOp::EventRecord { event: their_event },
+            deps: vec![],
+        }],
+        Status::InvalidHandle,
+    );
+    // Parameter bytes that are not the kernel's.
+    let mut short = kernel(f);
+    if let GraphOp::Kernel { params, .. } = &mut short.op {
+        params.pop();
+    }
+    refused(&mut g, &[short], Status::InvalidValue);
+    // Malformed: a dependency on a later node, garbage bytes.
+    let mut cyclic = vec![kernel(f), kernel(f)];
+    cyclic[0].deps = vec![1];
+    refused(&mut g, &cyclic, Status::InvalidValue);
+    let e = g.graph_instantiate(&[0xff; 64]).unwrap_err();
+    assert!(matches!(
+        e,
+        guest_frontend::GuestError::Cuda(Status::InvalidValue)
+    ));
+    // Another process's executable: neither launched nor destroyed.
+    let e = victim.graph_destroy(ok).unwrap_err();
+    assert!(matches!(
+        e,
+        guest_frontend::GuestError::Cuda(Status::InvalidHandle)
+    ));
+    victim.graph_launch(ok, 0).unwrap(); // asynchronous: reported next
+    let e = victim.synchronize().unwrap_err();
+    assert!(matches!(
+        e,
+        guest_frontend::GuestError::Cuda(Status::InvalidHandle)
+    ));
+    g.graph_destroy(ok).unwrap();
+    assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
+}

@@ -322,6 +322,28 @@ pub trait Context: Send {
     fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status>;
     /// Waits for all work of this context.
     fn synchronize(&mut self) -> Result<(), Status>;
+    /// Builds and instantiates a graph of `nodes` (the worker checked every
+    /// handle and range in them against the session); returns its handle.
+    /// By default the graph is kept as its nodes, and a launch runs them
+    /// one after another in the stream ([`Context::graph_launch`]): a
+    /// valid order of any graph, whose nodes come after their dependencies.
+    fn graph_instantiate(
+        &mut self,
+        nodes: &[protocol::graph::GraphNode],
+    ) -> Result<Handle, Status> {
+        let _ = nodes;
+        Err(Status::NotSupported)
+    }
+    /// Launches an executable graph into `stream`.
+    fn graph_launch(&mut self, exec: Handle, stream: Handle) -> Result<(), Status> {
+        let _ = (exec, stream);
+        Err(Status::NotSupported)
+    }
+    /// Destroys an executable graph.
+    fn graph_destroy(&mut self, exec: Handle) -> Result<(), Status> {
+        let _ = exec;
+        Err(Status::NotSupported)
+    }
     /// Marks the point after the work submitted so far to `stream` (`None`:
     /// to every stream of the context), for [`Context::reached`]: how the
     /// worker waits for the device without blocking its other guests.

@@ -351,6 +351,7 @@ pub(super) fn needs_device(opcode: u32) -> bool {
             | op::HOST_FN
             | op::MEMCPY_HTOD_PINNED
             | op::MEMCPY_DTOH_PINNED
+            | op::GRAPH_LAUNCH
     )
 }
 

@@ -16,6 +16,9 @@ use crate::Error;
 
 /// Longest kernel name accepted.
 const MAX_NAME: u32 = 4096;
+/// Bytes of graph data the host takes (a graph of `protocol::graph::MAX_NODES`
+/// nodes with a few hundred parameter bytes each).
+const MAX_GRAPH_BYTES: usize = 16 << 20;
 use protocol::tensor_map::{TensorMapParams, PARAMS_BYTES};
 /// How long a `WaitHostFn` waits before answering "none yet".
 const HOST_FN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -496,6 +499,40 @@ pub(super) fn handle(
                 offset: 0,
             });
             continue_transfer(sh, c, s, d)
+        }
+        Request::GraphInstantiate { len } => {
+            if len as usize > MAX_GRAPH_BYTES {
+                refuse(sh, c, "graph larger than the host takes");
+                skip_data(c, d, u64::from(len));
+                return reply(sh, c, tag, opc, Err(Status::InvalidValue), &[]);
+            }
+            c.transfer = Some(Transfer {
+                inbound: Inbound::Graph {
+                    buf: Vec::new(),
+                    tag,
+                },
+                remaining: u64::from(len),
+                offset: 0,
+            });
+            continue_transfer(sh, c, s, d)
+        }
+        Request::GraphLaunch { exec, stream } => {
+            let r = s
+                .check_graph(exec)
+                .and(s.check_stream(stream))
+                .and_then(|()| sh.in_period(s, stream, None, |x| x.graph_launch(exec, stream)));
+            if let Err(e) = r {
+                s.defer(e);
+                refuse(sh, c, "graph launch refused");
+            }
+            Ok(())
+        }
+        Request::GraphDestroy { exec } => {
+            let r = s.check_graph(exec).and_then(|()| s.ctx.graph_destroy(exec));
+            if r.is_ok() {
+                s.remove_graph(exec);
+            }
+            reply(sh, c, tag, opc, unit(r), &[])
         }
         Request::FuncGetAttribute { func, attr } => {
             let r = s

@@ -31,6 +31,10 @@ pub(super) enum Inbound {
         buf: Vec<u8>,
         tag: u64,
     },
+    Graph {
+        buf: Vec<u8>,
+        tag: u64,
+    },
 }
 
 pub(super) struct Transfer {
@@ -125,7 +129,7 @@ pub(super) fn continue_transfer(
                 }
             }
         }
-        Inbound::Module { buf, .. } | Inbound::Link { buf, .. } => {
+        Inbound::Module { buf, .. } | Inbound::Link { buf, .. } | Inbound::Graph { buf, .. } => {
             let start = buf.len();
             buf.resize(start + n as usize, 0);
             data.copy_to(&mut buf[start..]);
@@ -166,6 +170,19 @@ pub(super) fn continue_transfer(
                 ),
                 Err(e) => reply(sh, c, tag, op::LINK, Err(e), &[]),
             }
+        }
+        Inbound::Graph { buf, tag } => {
+            let r = protocol::graph::decode_graph(&buf)
+                .map_err(|e| {
+                    refuse(sh, c, &format!("graph: {e}"));
+                    Status::InvalidValue
+                })
+                .and_then(|nodes| {
+                    s.check_graph_nodes(&nodes)?;
+                    s.ctx.graph_instantiate(&nodes)
+                })
+                .inspect(|&g| s.add_graph(g));
+            reply(sh, c, tag, op::GRAPH_INSTANTIATE, r.map(Reply::one), &[])
         }
         Inbound::Htod { .. } => Ok(()),
     }

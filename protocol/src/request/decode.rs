@@ -181,6 +181,12 @@ impl Request {
             }
             op::MODULE_UNLOAD => ModuleUnload { module: r.u64()? },
             op::MODULE_GET_FUNCTION => ModuleGetFunction { module: r.u64()? },
+            op::GRAPH_INSTANTIATE => GraphInstantiate { len: r.u32()? },
+            op::GRAPH_LAUNCH => GraphLaunch {
+                exec: r.u64()?,
+                stream: r.u64()?,
+            },
+            op::GRAPH_DESTROY => GraphDestroy { exec: r.u64()? },
             op::MODULE_FUNCTIONS => ModuleFunctions {
                 module: r.u64()?,
                 first: r.u32()?,
@@ -470,6 +476,9 @@ mod tests {
                 module: 5,
                 first: 7,
             },
+            Request::GraphInstantiate { len: 300 },
+            Request::GraphLaunch { exec: 4, stream: 2 },
+            Request::GraphDestroy { exec: 4 },
             Request::FuncGetAttribute { func: 5, attr: 4 },
             Request::Occupancy {
                 func: 5,

@@ -99,6 +99,12 @@ impl Request {
                 }
             }
             ModuleLoad { kind, len } => write_image(&mut w, kind, len),
+            GraphInstantiate { len } => w.u32(len),
+            GraphLaunch { exec, stream } => {
+                w.u64(exec);
+                w.u64(stream);
+            }
+            GraphDestroy { exec } => w.u64(exec),
             ModuleFunctions { module, first } => {
                 w.u64(module);
                 w.u32(first);

@@ -212,6 +212,24 @@ pub enum Request {
         /// Index of the first name wanted.
         first: u32,
     },
+    /// Build and instantiate a graph on the host: `len` bytes of
+    /// [`graph`](crate::graph) data follow. Reply: the executable's handle.
+    GraphInstantiate {
+        /// Bytes of graph data.
+        len: u32,
+    },
+    /// Launch an executable graph into a stream (asynchronous).
+    GraphLaunch {
+        /// The executable's handle.
+        exec: u64,
+        /// Stream handle (0 = default).
+        stream: u64,
+    },
+    /// Destroy an executable graph.
+    GraphDestroy {
+        /// The executable's handle.
+        exec: u64,
+    },
     /// Address and size of a module's global variable (name in data).
     ModuleGetGlobal {
         /// Module handle.
@@ -442,6 +460,9 @@ impl Request {
             TensorMapEncode => op::TENSOR_MAP_ENCODE,
             ModuleLoadCached { .. } => op::MODULE_LOAD_CACHED,
             ModuleFunctions { .. } => op::MODULE_FUNCTIONS,
+            GraphInstantiate { .. } => op::GRAPH_INSTANTIATE,
+            GraphLaunch { .. } => op::GRAPH_LAUNCH,
+            GraphDestroy { .. } => op::GRAPH_DESTROY,
             Link { .. } => op::LINK,
             Launch { .. } => op::LAUNCH,
             StreamCreate { .. } => op::STREAM_CREATE,
@@ -489,6 +510,7 @@ impl Request {
                 | Request::HostFnDone { .. }
                 | Request::MemcpyHtoDPinned { .. }
                 | Request::MemcpyDtoHPinned { .. }
+                | Request::GraphLaunch { .. }
         )
     }
 
@@ -507,6 +529,7 @@ impl Request {
             Request::MemcpyHtoD { len, .. }
             | Request::ModuleLoad { len, .. }
             | Request::Link { len } => Some(*len),
+            Request::GraphInstantiate { len } => Some(u64::from(*len)),
             _ => None,
         }
     }

@@ -86,6 +86,15 @@ pub(crate) fn add(
     Ok(true)
 }
 
+/// Whether `st` is capturing now.
+pub(crate) fn capturing(st: CUstream) -> Result<bool, CuResult> {
+    if CAPTURING.load(Ordering::Acquire) == 0 {
+        return Ok(false);
+    }
+    let h = resolve(st)?;
+    Ok(graphs().captures.streams.contains_key(&h))
+}
+
 /// Refuses a synchronizing call on a capturing stream (and spoils its
 /// capture, as CUDA does).
 pub(crate) fn refuse_sync(h: u64) -> Result<(), CuResult> {

@@ -1,10 +1,20 @@
 //! Executable graphs: a graph's operations in an order its dependencies
 //! allow (child graphs spread in place), launched into a stream.
+//!
+//! When every operation is one the host can run from what it holds
+//! (kernels, memsets and copies within device memory, event records and
+//! waits), the host builds the same sequence as one CUDA graph at
+//! instantiation, and a launch is one request and one `cuGraphLaunch`
+//! there. Otherwise (a host function, a copy from or to the guest's own
+//! memory, a cluster launch), or if the host refuses it, the operations go
+//! one by one, as the guest ran them before.
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
+
+use protocol::graph::{GraphNode, GraphOp};
 
 use super::{graphs, KernelOp, KernelParams, KernelParamsV1, Op};
 use crate::state::out;
@@ -16,6 +26,65 @@ pub(crate) struct Exec {
     /// Each operation with the node it came from (0 inside a child graph).
     pub ops: Arc<Vec<(u64, Op)>>,
     pub flags: u64,
+    /// The host's executable of the same operations, if it built one.
+    pub host: Option<u64>,
+    /// The operations changed since the host built its executable: it is
+    /// built again before the next launch.
+    pub stale: bool,
+}
+
+/// The host's nodes for `ops`, each after the one before (the order the
+/// guest would run them in), or `None` if any cannot run on the host.
+fn host_nodes(ops: &[(u64, Op)]) -> Option<Vec<GraphNode>> {
+    let mut nodes = Vec::with_capacity(ops.len());
+    for (i, (_, op)) in ops.iter().enumerate() {
+        let op = match op {
+            Op::Kernel(k) if k.cluster == protocol::Dim3::default() && k.flags == 0 => {
+                GraphOp::Kernel {
+                    func: k.handle,
+                    grid: k.grid,
+                    block: k.block,
+                    shared_mem: k.shared,
+                    params: k.params.clone(),
+                }
+            }
+            Op::Copy(b) if b.src.device && b.dst.device && b.height == 1 && b.depth == 1 => {
+                GraphOp::Copy {
+                    dst: b.dst.addr,
+                    src: b.src.addr,
+                    len: b.width,
+                }
+            }
+            Op::Memset(m) => GraphOp::Memset {
+                dst: m.dst,
+                pitch: m.pitch as u64,
+                value: m.value,
+                elem: m.elem,
+                width: m.width as u64,
+                height: m.height as u64,
+            },
+            Op::EventRecord(e) => GraphOp::EventRecord { event: *e },
+            Op::EventWait(e) => GraphOp::EventWait { event: *e },
+            Op::Empty => GraphOp::Empty,
+            _ => return None,
+        };
+        let deps = if i == 0 { vec![] } else { vec![i as u32 - 1] };
+        nodes.push(GraphNode { op, deps });
+    }
+    (!nodes.is_empty() && nodes.len() <= protocol::graph::MAX_NODES).then_some(nodes)
+}
+
+/// The host's executable for `ops`, if it builds one (a refusal is no
+/// error: the operations then go one by one).
+fn build_on_host(ops: &[(u64, Op)]) -> Option<u64> {
+    let nodes = host_nodes(ops)?;
+    let data = protocol::graph::encode_graph(&nodes);
+    crate::state::gpu(|g| g.graph_instantiate(&data)).ok()
+}
+
+/// Lets the host's executable go (its errors change nothing here).
+fn drop_on_host(h: u64) {
+    let _ = crate::state::gpu(|g| g.graph_destroy(h));
 }
 
 /// `graph`'s operations in order, child graphs spread in place.
@@ -36,15 +105,19 @@ fn instantiate(e: *mut u64, g: u64, flags: u64) -> Result<(), CuResult> {
     if e.is_null() {
         return Err(code::INVALID_VALUE);
     }
-    let mut s = graphs();
     let mut ops = Vec::new();
-    flatten(s.graph(g)?, true, &mut ops)?;
+    flatten(graphs().graph(g)?, true, &mut ops)?;
+    // Not under the graphs' lock: this is a call to the host.
+    let host = build_on_host(&ops);
+    let mut s = graphs();
     let h = s.issue();
     s.execs.insert(
         h,
         Exec {
             ops: Arc::new(ops),
             flags,
+            host,
+            stale: false,
         },
     );
     out(e, h)
@@ -67,18 +140,36 @@ fn run(op: &Op, st: CUstream) -> Result<(), CuResult> {
 
 fn launch(e: u64, st: CUstream) -> Result<(), CuResult> {
     crate::context::need_ctx()?;
-    let ops = graphs()
-        .execs
-        .get(&e)
-        .ok_or(code::INVALID_VALUE)?
-        .ops
-        .clone();
+    let (ops, mut host, stale) = {
+        let s = graphs();
+        let ex = s.execs.get(&e).ok_or(code::INVALID_VALUE)?;
+        (ex.ops.clone(), ex.host, ex.stale)
+    };
     // The stream is checked once, before any of it is sent.
-    crate::stream::resolve(st)?;
-    for (_, op) in ops.iter() {
-        run(op, st)?;
+    let stream = crate::stream::resolve(st)?;
+    if stale {
+        // Its operations changed since the host built it: again.
+        if let Some(old) = host.take() {
+            drop_on_host(old);
+        }
+        host = build_on_host(&ops);
+        if let Some(ex) = graphs().execs.get_mut(&e) {
+            ex.host = host;
+            ex.stale = false;
+        }
     }
-    Ok(())
+    match host {
+        // Into a capture, the operations join it one by one.
+        Some(h) if !super::capture::capturing(st)? => {
+            crate::state::gpu(|g| g.graph_launch(h, stream))
+        }
+        _ => {
+            for (_, op) in ops.iter() {
+                run(op, st)?;
+            }
+            Ok(())
+        }
+    }
 }
 
 /// A kernel node's parameters for a getter: `kernelParams` points at the
@@ -118,6 +209,7 @@ fn set_op(e: u64, node: u64, op: Op) -> Result<(), CuResult> {
         return Err(code::INVALID_VALUE);
     }
     slot.1 = op;
+    ex.stale = ex.host.is_some();
     Ok(())
 }
 
@@ -151,6 +243,7 @@ fn update(e: u64, g: u64) -> Result<(), c_int> {
         new.0 = old.0;
     }
     ex.ops = Arc::new(ops);
+    ex.stale = ex.host.is_some();
     Ok(())
 }
 
@@ -192,7 +285,11 @@ export! {
     }
 
     fn cuGraphExecDestroy(e: u64) {
-        graphs().execs.remove(&e).map(drop).ok_or(code::INVALID_VALUE)
+        let ex = graphs().execs.remove(&e).ok_or(code::INVALID_VALUE)?;
+        if let Some(h) = ex.host {
+            drop_on_host(h);
+        }
+        Ok(())
     }
 
     fn cuGraphExecGetFlags(e: u64, flags: *mut u64) {

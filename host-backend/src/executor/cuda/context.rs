@@ -98,6 +98,8 @@ pub(super) struct CudaContext {
     pub(super) copy: sys::CUstream,
     /// The guest's own reservations, physical memory and mappings.
     pub(super) guest_vmm: GuestVmm,
+    /// The guest's graphs, built here (see `graph.rs`).
+    pub(super) graphs: std::collections::HashMap<Handle, super::graph::HostGraph>,
 }
 
 // SAFETY: a CUcontext may be used from any thread once made current there;
@@ -160,6 +162,7 @@ impl CudaContext {
             next_mark: 0,
             copy: null_mut(),
             guest_vmm: GuestVmm::default(),
+            graphs: Default::default(),
         })
     }
 
@@ -239,6 +242,9 @@ impl Drop for CudaContext {
         // The graphs go before the context they were made in.
         self.templates.clear();
         if self.bind().is_ok() {
+            for (_, g) in std::mem::take(&mut self.graphs) {
+                g.destroy();
+            }
             self.guest_vmm.clear();
             for (va, a) in std::mem::take(&mut self.allocs) {
                 vmm_free(va, &a);
@@ -286,6 +292,9 @@ impl CudaContext {
         check(unsafe { sys::cuCtxSynchronize() })?;
         self.templates.clear();
         self.sliced.clear();
+        for (_, g) in std::mem::take(&mut self.graphs) {
+            g.destroy();
+        }
         let idle = self
             .timed
             .drain(..)
@@ -428,6 +437,21 @@ impl Context for CudaContext {
 
     fn function_names(&mut self, module: Handle) -> Result<Vec<String>, Status> {
         CudaContext::function_names(self, module)
+    }
+
+    fn graph_instantiate(
+        &mut self,
+        nodes: &[protocol::graph::GraphNode],
+    ) -> Result<Handle, Status> {
+        CudaContext::graph_instantiate(self, nodes)
+    }
+
+    fn graph_launch(&mut self, exec: Handle, stream: Handle) -> Result<(), Status> {
+        CudaContext::graph_launch(self, exec, stream)
+    }
+
+    fn graph_destroy(&mut self, exec: Handle) -> Result<(), Status> {
+        CudaContext::graph_destroy(self, exec)
     }
 
     fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {

@@ -158,7 +158,12 @@ fn prepare(
 
 impl CudaContext {
     pub(super) fn prepare_migration(&self, target: u32) -> Option<crate::executor::PrepareJob> {
-        if target == self.ordinal || !self.vmm || self.globals_taken || !self.guest_vmm.is_empty() {
+        if target == self.ordinal
+            || !self.vmm
+            || self.globals_taken
+            || !self.guest_vmm.is_empty()
+            || !self.graphs.is_empty()
+        {
             return None;
         }
         let specs = self.specs();
@@ -187,6 +192,11 @@ impl CudaContext {
             return Err(Status::NotSupported);
         }
         if !self.vmm || self.globals_taken {
+            return Err(Status::NotSupported);
+        }
+        if !self.graphs.is_empty() {
+            // Its graphs would have to be built again there: the vGPU stays.
+            tracing::warn!("a context holding graphs does not move to another GPU");
             return Err(Status::NotSupported);
         }
         self.bind()?;

@@ -11,8 +11,8 @@
 //! One file per family of the driver API: `device` (the driver, GPUs, the
 //! executor), `context` (a guest process's context, its objects and the
 //! `Context` trait), `memory`, `module`, `launch` (with `batch`: runs as
-//! graph launches), `timing`, `stream` (streams, events, marks), `vmm`,
-//! `migrate`, `tensor_map`.
+//! graph launches), `graph` (the guest's own graphs, built here), `timing`,
+//! `stream` (streams, events, marks), `vmm`, `migrate`, `tensor_map`.
 
 use cudarc::driver::sys::CUresult;
 use protocol::Status;
@@ -20,6 +20,7 @@ use protocol::Status;
 mod batch;
 mod context;
 mod device;
+mod graph;
 mod launch;
 mod memory;
 mod migrate;

@@ -74,6 +74,13 @@ impl CudaContext {
         let m = self.module(module)?;
         // Their nodes may name the module's functions.
         self.templates.clear();
+        let funcs: Vec<Handle> = self
+            .objs
+            .iter()
+            .filter(|(_, o)| matches!(o, Obj::Function { module: mm, .. } if *mm == module))
+            .map(|(&h, _)| h)
+            .collect();
+        self.drop_graphs_of(&funcs);
         // SAFETY: a module of this context.
         check(unsafe { sys::cuModuleUnload(m) })?;
         self.objs.remove(&module);

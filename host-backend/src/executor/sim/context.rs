@@ -53,6 +53,8 @@ pub(super) struct SimContext {
     /// VMM mappings: start -> (size, handle, offset in its memory). Their
     /// addresses resolve to the handle's bytes.
     pub(super) vmm_maps: BTreeMap<u64, (u64, Handle, u64)>,
+    /// Executable graphs: their nodes, run in order when launched.
+    pub(super) graphs: HashMap<Handle, Vec<protocol::graph::GraphNode>>,
 }
 
 impl SimContext {
@@ -181,6 +183,7 @@ impl Context for SimContext {
         self.period = None;
         self.vmm_phys.clear();
         self.vmm_maps.clear();
+        self.graphs.clear();
         Ok(())
     }
 
@@ -685,6 +688,66 @@ impl Context for SimContext {
         self.alive()?;
         Self::wait_until(self.last_done);
         Ok(())
+    }
+
+    /// The nodes are kept; a launch runs them in their order (each after
+    /// those it depends on), as one stream would.
+    fn graph_instantiate(
+        &mut self,
+        nodes: &[protocol::graph::GraphNode],
+    ) -> Result<Handle, Status> {
+        self.alive()?;
+        for n in nodes {
+            if let protocol::graph::GraphOp::Kernel { func, .. } = n.op {
+                if !self.functions.contains_key(&func) {
+                    return Err(Status::InvalidHandle);
+                }
+            }
+        }
+        let h = self.handle();
+        self.graphs.insert(h, nodes.to_vec());
+        Ok(h)
+    }
+
+    fn graph_launch(&mut self, exec: Handle, stream: Handle) -> Result<(), Status> {
+        use protocol::graph::GraphOp;
+        let nodes = self.graphs.get(&exec).ok_or(Status::InvalidHandle)?.clone();
+        for n in &nodes {
+            match &n.op {
+                GraphOp::Kernel {
+                    func,
+                    grid,
+                    block,
+                    shared_mem,
+                    params,
+                } => self.launch(*func, *grid, *block, *shared_mem, stream, params)?,
+                GraphOp::Memset {
+                    dst,
+                    pitch,
+                    value,
+                    elem,
+                    width,
+                    height,
+                } => {
+                    for row in 0..*height {
+                        let at = dst + row * pitch;
+                        self.memset(at, *value, *elem, *width, stream)?;
+                    }
+                }
+                GraphOp::Copy { dst, src, len } => self.dtod(*dst, *src, *len, stream)?,
+                GraphOp::Empty => {}
+                GraphOp::EventRecord { event } => self.event_record(*event, stream)?,
+                GraphOp::EventWait { event } => self.stream_wait_event(stream, *event, 0)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn graph_destroy(&mut self, exec: Handle) -> Result<(), Status> {
+        self.graphs
+            .remove(&exec)
+            .map(drop)
+            .ok_or(Status::InvalidHandle)
     }
 
     fn mark(&mut self, stream: Option<Handle>) -> Result<crate::executor::Marker, Status> {

@@ -174,6 +174,7 @@ impl Executor for SimExecutor {
             period: None,
             vmm_phys: HashMap::new(),
             vmm_maps: BTreeMap::new(),
+            graphs: HashMap::new(),
         }))
     }
 }

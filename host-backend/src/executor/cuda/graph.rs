@@ -1,0 +1,235 @@
+//! Graphs a guest built, built again here as CUDA graphs with the same
+//! nodes and dependencies, instantiated once and launched as one graph
+//! each time: the device runs independent branches side by side and the
+//! host pays one `cuGraphLaunch` for the whole graph.
+//!
+//! A node names the guest's objects by our handles (functions, events);
+//! they are resolved to the driver's when the graph is built. A graph
+//! whose function's module is unloaded is destroyed with it (a launch of
+//! it is then an invalid handle), and a context holding graphs does not
+//! move to another GPU (they would have to be built there again).
+
+use std::ffi::c_void;
+use std::ptr::null_mut;
+
+use cudarc::driver::sys;
+use protocol::graph::{GraphNode, GraphOp};
+use protocol::Status;
+
+use super::check;
+use super::context::CudaContext;
+use crate::executor::Handle;
+
+/// A graph built from a guest's nodes, and its executable.
+pub(super) struct HostGraph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    /// The functions its kernel nodes run (to drop it with their module).
+    pub(super) funcs: Vec<Handle>,
+}
+
+impl HostGraph {
+    /// Destroys the executable and the graph (the context is current).
+    pub(super) fn destroy(self) {
+        // SAFETY: our own executable and graph, each destroyed once; no
+        // launch of it is being made (the worker's one thread is here).
+        unsafe {
+            sys::cuGraphExecDestroy(self.exec);
+        }
+        // SAFETY: as above.
+        unsafe {
+            sys::cuGraphDestroy(self.graph);
+        }
+    }
+}
+
+/// Destroys a graph being built if building it fails.
+struct Building(sys::CUgraph);
+
+impl Drop for Building {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: a graph of ours no executable was made from.
+            unsafe {
+                sys::cuGraphDestroy(self.0);
+            }
+        }
+    }
+}
+
+impl CudaContext {
+    pub(super) fn graph_instantiate(&mut self, nodes: &[GraphNode]) -> Result<Handle, Status> {
+        self.bind()?;
+        let mut g = Building(null_mut());
+        // SAFETY: out-parameter on our stack; flags 0.
+        check(unsafe { sys::cuGraphCreate(&mut g.0, 0) })?;
+        let mut made: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
+        let mut funcs = Vec::new();
+        for n in nodes {
+            // Dependencies name earlier nodes (checked when decoded).
+            let deps: Vec<sys::CUgraphNode> = n
+                .deps
+                .iter()
+                .map(|&d| made.get(d as usize).copied().ok_or(Status::InvalidValue))
+                .collect::<Result<_, _>>()?;
+            let mut out: sys::CUgraphNode = null_mut();
+            let r = match &n.op {
+                GraphOp::Kernel {
+                    func,
+                    grid,
+                    block,
+                    shared_mem,
+                    params,
+                } => {
+                    let (f, sizes) = self.func(*func)?;
+                    // One pointer per parameter into the packed values; the
+                    // driver copies them when the node is added.
+                    let mut at = 0usize;
+                    let mut ptrs: Vec<*mut c_void> = sizes
+                        .iter()
+                        .map(|&s| {
+                            let p = params.as_ptr().wrapping_add(at) as *mut c_void;
+                            at += s as usize;
+                            p
+                        })
+                        .collect();
+                    if at != params.len() {
+                        return Err(Status::InvalidValue);
+                    }
+                    funcs.push(*func);
+                    let p = sys::CUDA_KERNEL_NODE_PARAMS {
+                        func: f,
+                        gridDimX: grid.x,
+                        gridDimY: grid.y,
+                        gridDimZ: grid.z,
+                        blockDimX: block.x,
+                        blockDimY: block.y,
+                        blockDimZ: block.z,
+                        sharedMemBytes: *shared_mem,
+                        kernelParams: ptrs.as_mut_ptr(),
+                        extra: null_mut(),
+                        kern: null_mut(),
+                        ctx: null_mut(),
+                    };
+                    // SAFETY: `p` and the values `ptrs` point into live on our
+                    // stack for the call, which copies them; `deps` are nodes
+                    // of this graph.
+                    unsafe {
+                        sys::cuGraphAddKernelNode_v2(&mut out, g.0, deps.as_ptr(), deps.len(), &p)
+                    }
+                }
+                GraphOp::Memset {
+                    dst,
+                    pitch,
+                    value,
+                    elem,
+                    width,
+                    height,
+                } => {
+                    let p = sys::CUDA_MEMSET_NODE_PARAMS {
+                        dst: *dst,
+                        pitch: *pitch as usize,
+                        value: *value,
+                        elementSize: *elem,
+                        width: *width as usize,
+                        height: *height as usize,
+                    };
+                    // SAFETY: as above; the range lies in the session's own
+                    // memory (checked by the worker).
+                    unsafe {
+                        sys::cuGraphAddMemsetNode(
+                            &mut out,
+                            g.0,
+                            deps.as_ptr(),
+                            deps.len(),
+                            &p,
+                            self.ctx,
+                        )
+                    }
+                }
+                GraphOp::Copy { dst, src, len } => {
+                    // SAFETY: a plain C struct for which all-zero is valid;
+                    // the fields that matter are set below.
+                    let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+                    p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                    p.srcDevice = *src;
+                    p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                    p.dstDevice = *dst;
+                    p.WidthInBytes = *len as usize;
+                    p.Height = 1;
+                    p.Depth = 1;
+                    // SAFETY: as above; both ranges lie in the session's own
+                    // memory (checked by the worker).
+                    unsafe {
+                        sys::cuGraphAddMemcpyNode(
+                            &mut out,
+                            g.0,
+                            deps.as_ptr(),
+                            deps.len(),
+                            &p,
+                            self.ctx,
+                        )
+                    }
+                }
+                GraphOp::Empty => {
+                    // SAFETY: out-parameter on our stack; nodes of this graph.
+                    unsafe { sys::cuGraphAddEmptyNode(&mut out, g.0, deps.as_ptr(), deps.len()) }
+                }
+                GraphOp::EventRecord { event } => {
+                    let e = self.event(*event)?;
+                    // SAFETY: as above; an event of this context.
+                    unsafe {
+                        sys::cuGraphAddEventRecordNode(&mut out, g.0, deps.as_ptr(), deps.len(), e)
+                    }
+                }
+                GraphOp::EventWait { event } => {
+                    let e = self.event(*event)?;
+                    // SAFETY: as above; an event of this context.
+                    unsafe {
+                        sys::cuGraphAddEventWaitNode(&mut out, g.0, deps.as_ptr(), deps.len(), e)
+                    }
+                }
+            };
+            check(r)?;
+            made.push(out);
+        }
+        let mut exec: sys::CUgraphExec = null_mut();
+        // SAFETY: out-parameter on our stack; a complete graph of ours.
+        check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, g.0, 0) })?;
+        let graph = std::mem::replace(&mut g.0, null_mut());
+        self.next_handle += 1;
+        let h = self.next_handle;
+        self.graphs.insert(h, HostGraph { graph, exec, funcs });
+        Ok(h)
+    }
+
+    pub(super) fn graph_launch(&mut self, exec: Handle, stream: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let st = self.stream(stream)?;
+        let g = self.graphs.get(&exec).ok_or(Status::InvalidHandle)?;
+        // SAFETY: an executable of this context and one of its streams.
+        check(unsafe { sys::cuGraphLaunch(g.exec, st) })
+    }
+
+    pub(super) fn graph_destroy(&mut self, exec: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let g = self.graphs.remove(&exec).ok_or(Status::InvalidHandle)?;
+        g.destroy();
+        Ok(())
+    }
+
+    /// Destroys the graphs that run any of `funcs` (their module goes).
+    pub(super) fn drop_graphs_of(&mut self, funcs: &[Handle]) {
+        let gone: Vec<Handle> = self
+            .graphs
+            .iter()
+            .filter(|(_, g)| g.funcs.iter().any(|f| funcs.contains(f)))
+            .map(|(&h, _)| h)
+            .collect();
+        for h in gone {
+            if let Some(g) = self.graphs.remove(&h) {
+                g.destroy();
+            }
+        }
+    }
+}
