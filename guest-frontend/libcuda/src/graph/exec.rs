@@ -3,12 +3,14 @@
 //!
 //! When every operation is one the host can run from what it holds
 //! (kernels, memsets and copies within device memory, event records and
-//! waits), the host builds the same sequence as one CUDA graph at
-//! instantiation, and a launch is one request and one `cuGraphLaunch`
-//! there. Otherwise (a host function, a copy from or to the guest's own
+//! waits), the host builds the same graph (the same dependencies, child
+//! graphs spread in place) as one CUDA graph at instantiation, and a launch
+//! is one request and one `cuGraphLaunch` there: independent branches run
+//! side by side. Otherwise (a host function, a copy from or to the guest's own
 //! memory, a cluster launch), or if the host refuses it, the operations go
 //! one by one, as the guest ran them before.
 
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 
@@ -23,8 +25,11 @@ use crate::{code, CuResult};
 /// An instantiated graph.
 #[derive(Clone)]
 pub(crate) struct Exec {
-    /// Each operation with the node it came from (0 inside a child graph).
+    /// Each operation with the node it came from (0 inside a child graph),
+    /// in an order its dependencies allow.
     pub ops: Arc<Vec<(u64, Op)>>,
+    /// The indices in `ops` of the operations each must follow.
+    pub deps: Arc<Vec<Vec<u32>>>,
     pub flags: u64,
     /// The host's executable of the same operations, if it built one.
     pub host: Option<u64>,
@@ -33,9 +38,9 @@ pub(crate) struct Exec {
     pub stale: bool,
 }
 
-/// The host's nodes for `ops`, each after the one before (the order the
-/// guest would run them in), or `None` if any cannot run on the host.
-fn host_nodes(ops: &[(u64, Op)]) -> Option<Vec<GraphNode>> {
+/// The host's nodes for `ops` with their dependencies `deps`, or `None` if
+/// any cannot run on the host.
+fn host_nodes(ops: &[(u64, Op)], deps: &[Vec<u32>]) -> Option<Vec<GraphNode>> {
     let mut nodes = Vec::with_capacity(ops.len());
     for (i, (_, op)) in ops.iter().enumerate() {
         let op = match op {
@@ -68,7 +73,10 @@ fn host_nodes(ops: &[(u64, Op)]) -> Option<Vec<GraphNode>> {
             Op::Empty => GraphOp::Empty,
             _ => return None,
         };
-        let deps = if i == 0 { vec![] } else { vec![i as u32 - 1] };
+        let deps = deps.get(i)?.clone();
+        if deps.len() > protocol::graph::MAX_DEPS {
+            return None;
+        }
         nodes.push(GraphNode { op, deps });
     }
     (!nodes.is_empty() && nodes.len() <= protocol::graph::MAX_NODES).then_some(nodes)
@@ -76,8 +84,8 @@ fn host_nodes(ops: &[(u64, Op)]) -> Option<Vec<GraphNode>> {
 
 /// The host's executable for `ops`, if it builds one (a refusal is no
 /// error: the operations then go one by one).
-fn build_on_host(ops: &[(u64, Op)]) -> Option<u64> {
-    let nodes = host_nodes(ops)?;
+fn build_on_host(ops: &[(u64, Op)], deps: &[Vec<u32>]) -> Option<u64> {
+    let nodes = host_nodes(ops, deps)?;
     let data = protocol::graph::encode_graph(&nodes);
     crate::state::gpu(|g| g.graph_instantiate(&data)).ok()
 }
@@ -87,34 +95,88 @@ fn drop_on_host(h: u64) {
     let _ = crate::state::gpu(|g| g.graph_destroy(h));
 }
 
-/// `graph`'s operations in order, child graphs spread in place.
-fn flatten(graph: &super::Graph, top: bool, into: &mut Vec<(u64, Op)>) -> Result<(), CuResult> {
-    let order = graph.order().ok_or(code::INVALID_VALUE)?;
-    for i in order {
-        let n = &graph.nodes[i];
-        match &n.op {
-            Op::Graph(child) => flatten(child, false, into)?,
-            Op::Empty => {}
-            op => into.push((if top { n.id } else { 0 }, op.clone())),
-        }
+/// A graph's operations in an order its dependencies allow (child graphs
+/// spread in place, empty nodes left out), each with the indices of the
+/// operations it must follow.
+#[derive(Default)]
+struct Flat {
+    ops: Vec<(u64, Op)>,
+    deps: Vec<Vec<u32>>,
+}
+
+impl Flat {
+    fn of(graph: &super::Graph) -> Result<Flat, CuResult> {
+        let mut f = Flat::default();
+        f.add(graph, true, &[])?;
+        Ok(f)
     }
-    Ok(())
+
+    /// Appends `graph`, all of which follows `after`; returns what nothing
+    /// in it follows (what follows the graph must follow those).
+    fn add(
+        &mut self,
+        graph: &super::Graph,
+        top: bool,
+        after: &[u32],
+    ) -> Result<Vec<u32>, CuResult> {
+        let order = graph.order().ok_or(code::INVALID_VALUE)?;
+        // Each node's last operations (a child graph's or an empty node's
+        // stand for the node), and the nodes something depends on.
+        let mut ends: HashMap<u64, Vec<u32>> = HashMap::new();
+        let mut followed: HashSet<u64> = HashSet::new();
+        for i in order {
+            let n = &graph.nodes[i];
+            let mut before: Vec<u32> = if n.deps.is_empty() {
+                after.to_vec()
+            } else {
+                n.deps
+                    .iter()
+                    .flat_map(|d| ends.get(d).cloned().unwrap_or_default())
+                    .collect()
+            };
+            before.sort_unstable();
+            before.dedup();
+            followed.extend(n.deps.iter().copied());
+            let end = match &n.op {
+                Op::Graph(child) => self.add(child, false, &before)?,
+                Op::Empty => before,
+                op => {
+                    self.ops.push((if top { n.id } else { 0 }, op.clone()));
+                    self.deps.push(before);
+                    vec![(self.ops.len() - 1) as u32]
+                }
+            };
+            ends.insert(n.id, end);
+        }
+        let mut last: Vec<u32> = graph
+            .nodes
+            .iter()
+            .filter(|n| !followed.contains(&n.id))
+            .flat_map(|n| ends.get(&n.id).cloned().unwrap_or_default())
+            .collect();
+        if graph.nodes.is_empty() {
+            last = after.to_vec();
+        }
+        last.sort_unstable();
+        last.dedup();
+        Ok(last)
+    }
 }
 
 fn instantiate(e: *mut u64, g: u64, flags: u64) -> Result<(), CuResult> {
     if e.is_null() {
         return Err(code::INVALID_VALUE);
     }
-    let mut ops = Vec::new();
-    flatten(graphs().graph(g)?, true, &mut ops)?;
+    let flat = Flat::of(graphs().graph(g)?)?;
     // Not under the graphs' lock: this is a call to the host.
-    let host = build_on_host(&ops);
+    let host = build_on_host(&flat.ops, &flat.deps);
     let mut s = graphs();
     let h = s.issue();
     s.execs.insert(
         h,
         Exec {
-            ops: Arc::new(ops),
+            ops: Arc::new(flat.ops),
+            deps: Arc::new(flat.deps),
             flags,
             host,
             stale: false,
@@ -140,10 +202,10 @@ fn run(op: &Op, st: CUstream) -> Result<(), CuResult> {
 
 fn launch(e: u64, st: CUstream) -> Result<(), CuResult> {
     crate::context::need_ctx()?;
-    let (ops, mut host, stale) = {
+    let (ops, deps, mut host, stale) = {
         let s = graphs();
         let ex = s.execs.get(&e).ok_or(code::INVALID_VALUE)?;
-        (ex.ops.clone(), ex.host, ex.stale)
+        (ex.ops.clone(), ex.deps.clone(), ex.host, ex.stale)
     };
     // The stream is checked once, before any of it is sent.
     let stream = crate::stream::resolve(st)?;
@@ -152,7 +214,7 @@ fn launch(e: u64, st: CUstream) -> Result<(), CuResult> {
         if let Some(old) = host.take() {
             drop_on_host(old);
         }
-        host = build_on_host(&ops);
+        host = build_on_host(&ops, &deps);
         if let Some(ex) = graphs().execs.get_mut(&e) {
             ex.host = host;
             ex.stale = false;
@@ -226,8 +288,7 @@ pub struct UpdateResult {
 /// the same kinds (`CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED`, 2, if not).
 fn update(e: u64, g: u64) -> Result<(), c_int> {
     let mut s = graphs();
-    let mut ops = Vec::new();
-    flatten(s.graph(g).map_err(|_| 1)?, true, &mut ops).map_err(|_| 1)?;
+    let Flat { mut ops, deps } = Flat::of(s.graph(g).map_err(|_| 1)?).map_err(|_| 1)?;
     let ex = s.execs.get_mut(&e).ok_or(1)?;
     let same = ex.ops.len() == ops.len()
         && ex
@@ -243,6 +304,7 @@ fn update(e: u64, g: u64) -> Result<(), c_int> {
         new.0 = old.0;
     }
     ex.ops = Arc::new(ops);
+    ex.deps = Arc::new(deps);
     ex.stale = ex.host.is_some();
     Ok(())
 }
@@ -338,5 +400,85 @@ export! {
         crate::state::out_opt(err_node, 0)?;
         crate::state::out_opt(result, r.err().unwrap_or(0) as c_uint)?;
         r.map_err(|_| 910)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Graph, Node};
+    use super::*;
+
+    fn node(id: u64, op: Op, deps: &[u64]) -> Node {
+        Node {
+            id,
+            op,
+            deps: deps.to_vec(),
+            from: 0,
+        }
+    }
+
+    /// An event record names its event; the ops are told apart by it.
+    fn ev(e: u64) -> Op {
+        Op::EventRecord(e)
+    }
+
+    fn event_of(op: &Op) -> u64 {
+        match op {
+            Op::EventRecord(e) => *e,
+            _ => panic!("not a record"),
+        }
+    }
+
+    #[test]
+    fn branches_stay_branches_and_child_graphs_join_in_place() {
+        // 1 -> {2, 3} -> 4, where 3 is a child graph a -> {b, c} and 4
+        // follows an empty join node 5 after 2 and 3.
+        let child = Graph {
+            nodes: vec![
+                node(10, ev(100), &[]),
+                node(11, ev(101), &[10]),
+                node(12, ev(102), &[10]),
+            ],
+        };
+        let g = Graph {
+            nodes: vec![
+                node(1, ev(1), &[]),
+                node(2, ev(2), &[1]),
+                node(3, Op::Graph(child), &[1]),
+                node(5, Op::Empty, &[2, 3]),
+                node(4, ev(4), &[5]),
+            ],
+        };
+        let f = Flat::of(&g).unwrap();
+        let at = |e: u64| f.ops.iter().position(|(_, op)| event_of(op) == e).unwrap() as u32;
+        let deps_of = |e: u64| {
+            let mut d = f.deps[at(e) as usize].clone();
+            d.sort_unstable();
+            d
+        };
+        assert_eq!(f.ops.len(), 6, "empty and child graph nodes are spread");
+        assert!(deps_of(1).is_empty());
+        assert_eq!(deps_of(2), vec![at(1)]);
+        assert_eq!(
+            deps_of(100),
+            vec![at(1)],
+            "the child's root follows what the child node follows"
+        );
+        assert_eq!(deps_of(101), vec![at(100)]);
+        assert_eq!(deps_of(102), vec![at(100)]);
+        // 4 follows the join: 2 and the child's two last operations.
+        let mut want = vec![at(2), at(101), at(102)];
+        want.sort_unstable();
+        assert_eq!(deps_of(4), want);
+        // Every dependency is an earlier operation (what the host requires).
+        for (i, d) in f.deps.iter().enumerate() {
+            assert!(d.iter().all(|&x| (x as usize) < i));
+        }
+        // Nodes of the top graph keep their ids; the child's have none.
+        assert_eq!(f.ops[at(4) as usize].0, 4);
+        assert_eq!(f.ops[at(101) as usize].0, 0);
+        // The host gets the same dependencies.
+        let nodes = host_nodes(&f.ops, &f.deps).unwrap();
+        assert_eq!(nodes[at(4) as usize].deps, f.deps[at(4) as usize]);
     }
 }
