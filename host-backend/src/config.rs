@@ -83,6 +83,13 @@ pub struct DaemonConfig {
     /// VM's worker adds at most `image_cache_mib`).
     #[serde(default = "default_image_store_mib")]
     pub image_store_mib: u64,
+    /// NVIDIA's MPS control program, for GPUs with `[[gpu]] mps = true`.
+    #[serde(default = "default_mps_control")]
+    pub mps_control: PathBuf,
+}
+
+fn default_mps_control() -> PathBuf {
+    PathBuf::from("nvidia-cuda-mps-control")
 }
 
 fn default_image_store_mib() -> u64 {
@@ -118,6 +125,7 @@ impl Default for DaemonConfig {
             image_cache_mib: default_image_cache_mib(),
             share_images: true,
             image_store_mib: default_image_store_mib(),
+            mps_control: default_mps_control(),
         }
     }
 }
@@ -233,6 +241,11 @@ pub struct GpuConfig {
     /// which the daemon does not do yet, and is refused.)
     #[serde(default)]
     pub policy: scheduler::DevicePolicy,
+    /// The daemon runs NVIDIA's Multi-Process Service for this GPU and its
+    /// workers are its clients (see `mps.rs`: what it gives and costs; its
+    /// vGPUs never move to another GPU). `cuda` executor only.
+    #[serde(default)]
+    pub mps: bool,
 }
 
 /// The whole file.
@@ -370,6 +383,12 @@ impl Config {
                     Loc::Gpu(i, "index"),
                 );
             }
+            if g.mps && self.daemon.executor != ExecutorKind::Cuda {
+                return bad(
+                    format!("[[gpu]] {}: mps needs the cuda executor", g.index),
+                    Loc::Gpu(i, "mps"),
+                );
+            }
             if g.policy.phase_selection() {
                 return bad(
                     format!(
@@ -503,6 +522,11 @@ impl Config {
             .unwrap_or_default()
     }
 
+    /// Whether the daemon runs MPS for GPU `gpu`.
+    pub fn gpu_mps(&self, gpu: u32) -> bool {
+        self.gpus.iter().any(|g| g.index == gpu && g.mps)
+    }
+
     /// The weight of a tenant, if it has one of its own.
     pub fn tenant_weight(&self, tenant: &str) -> Option<f64> {
         self.tenants
@@ -582,6 +606,7 @@ memory_limit_mib = 1024
             (format!("{GOOD}\n[layout]\nchannels = 0\nring_entries = 8\narena_size = 4096\nvectors = 1\n"), "channels"),
             (format!("{GOOD}\n[[gpu]]\nindex = 0\npolicy = \"fastest\"\n"), "fastest"),
             (format!("{GOOD}\n[[gpu]]\nindex = 0\npolicy = \"phase\"\n"), "co-running"),
+            (format!("{GOOD}\n[[gpu]]\nindex = 0\nmps = true\n"), "cuda executor"),
             (format!("{GOOD}\n[[gpu]]\nindex = 0\n[[gpu]]\nindex = 0\npolicy = \"tfs\"\n"), "twice"),
         ] {
             let e = Config::parse(&text).unwrap_err().to_string();

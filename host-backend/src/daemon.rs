@@ -46,7 +46,9 @@ pub fn run_worker(
         .ok_or_else(|| Error::Config(format!("no vm named {vm:?}")))?;
     // The daemon says where the vGPU is now (it may have moved).
     let gpu = gpu.or(vmc.gpu).unwrap_or(0);
-    let exec = build_executor(cfg, gpu)?;
+    // An MPS client sees only the GPU its server was started for, as 0.
+    let ordinal = if cfg.gpu_mps(gpu) { 0 } else { gpu };
+    let exec = build_executor(cfg, ordinal)?;
     let wc = WorkerConfig {
         name: vm.to_owned(),
         socket: cfg.socket(vm),
@@ -120,6 +122,14 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     // The grant services (one per GPU) start before any worker connects.
     let plane = crate::control::ControlPlane::new(cfg.clone(), config_path)?;
     crate::control::start(&plane)?;
+    // One MPS control daemon per GPU that asks for it (see `mps.rs`),
+    // before any of its workers starts.
+    let mut mps: std::collections::HashMap<u32, crate::mps::MpsDaemon> = Default::default();
+    for g in cfg.gpus.iter().filter(|g| g.mps) {
+        let d =
+            crate::mps::MpsDaemon::start(&cfg.daemon.mps_control, &cfg.daemon.run_dir, g.index)?;
+        mps.insert(g.index, d);
+    }
     // The module image store the workers share (see `image_store.rs`).
     let _images = if cfg.daemon.share_images {
         let store = crate::image_store::ImageStore::start(
@@ -147,20 +157,23 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
             what: "feed fd flags",
             source: e.into(),
         })?;
-        Command::new(&exe)
-            .args(["worker", "--config"])
+        let gpu = plane.gpu_of(name).unwrap_or(0);
+        let mut cmd = Command::new(&exe);
+        cmd.args(["worker", "--config"])
             .arg(config_path)
             .args(["--vm", name, "--id"])
             .arg(plane.vgpu_id(name).to_string())
             .arg("--feed-fd")
             .arg(feed.as_raw_fd().to_string())
             .arg("--gpu")
-            .arg(plane.gpu_of(name).unwrap_or(0).to_string())
-            .spawn()
-            .map_err(|source| Error::Io {
-                what: "spawning worker",
-                source,
-            })
+            .arg(gpu.to_string());
+        if let Some(m) = mps.get(&gpu) {
+            cmd.envs(m.client_env()).env_remove("CUDA_VISIBLE_DEVICES");
+        }
+        cmd.spawn().map_err(|source| Error::Io {
+            what: "spawning worker",
+            source,
+        })
         // `feed` closes here: the worker holds the only copy of its end.
     };
     let mut children: Vec<Supervised> = Vec::new();

@@ -14,6 +14,7 @@ pub mod executor;
 pub mod grant;
 pub mod image_store;
 pub mod link;
+pub mod mps;
 pub mod procfs;
 pub mod ptx;
 pub mod sandbox;

@@ -106,7 +106,9 @@ impl ControlPlane {
                         Migration::Requested(_) | Migration::InFlight { .. } | Migration::Failed(_)
                     )
                 );
-                p.set_pinned(id, v["pinned"] == true || busy_or_failed);
+                // An MPS client cannot leave its GPU's server.
+                let mps = cfg.gpu_mps(gpu as u32);
+                p.set_pinned(id, v["pinned"] == true || busy_or_failed || mps);
                 // CASE's rule: a vGPU goes only where its whole memory
                 // limit fits, not just what it uses now.
                 if let Some(limit) = v["memory_limit_bytes"].as_u64() {
@@ -148,6 +150,11 @@ impl ControlPlane {
         }
         if lock(&self.pinned).contains(vm) {
             return Err(format!("{vm} is pinned: unpin it to move it"));
+        }
+        if self.config().gpu_mps(from) || self.config().gpu_mps(gpu) {
+            return Err(format!(
+                "{vm}: a vGPU on a GPU with [[gpu]] mps = true does not move (an MPS client stays with its GPU's server)"
+            ));
         }
         let mut m = lock(&self.migrations);
         if matches!(

@@ -1,0 +1,174 @@
+//! NVIDIA's Multi-Process Service for a GPU the daemon manages
+//! (`[[gpu]] mps = true`): the daemon starts one MPS control daemon per
+//! such GPU, with the GPU as its only visible device and its pipes and logs
+//! under `<run_dir>/mps-gpu<N>/`, and stops it when it exits. The workers
+//! of that GPU's vGPUs are its clients: they find it by the pipe directory
+//! in their environment, and see the GPU as their device 0.
+//!
+//! What it gives: the vGPUs' contexts become clients of one MPS server, so
+//! the GPU does not switch between them as between processes when the
+//! grant passes from one vGPU to the next. What it costs: MPS clients share
+//! fault fate (one client's fatal fault can end every client on that GPU:
+//! each of those workers then restarts and its VM's guests recover as
+//! from a worker crash), and a client cannot move to another GPU, so these
+//! vGPUs are never migrated. It has not yet been measured on a GPU.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::Error;
+
+/// The MPS control daemon of one GPU.
+#[derive(Debug)]
+pub struct MpsDaemon {
+    gpu: u32,
+    control: PathBuf,
+    pipes: PathBuf,
+    logs: PathBuf,
+    running: bool,
+}
+
+fn io(what: &'static str, e: std::io::Error) -> Error {
+    Error::Io { what, source: e }
+}
+
+impl MpsDaemon {
+    /// Starts `control` (`nvidia-cuda-mps-control`) as a daemon for GPU
+    /// `gpu` under `run_dir`, and waits until its control pipe exists.
+    pub fn start(control: &Path, run_dir: &Path, gpu: u32) -> Result<MpsDaemon, Error> {
+        let base = run_dir.join(format!("mps-gpu{gpu}"));
+        let (pipes, logs) = (base.join("pipe"), base.join("log"));
+        for d in [&pipes, &logs] {
+            std::fs::create_dir_all(d).map_err(|e| io("creating MPS directories", e))?;
+        }
+        let mut d = MpsDaemon {
+            gpu,
+            control: control.to_owned(),
+            pipes,
+            logs,
+            running: false,
+        };
+        let st = d
+            .command()
+            .arg("-d")
+            .stdin(Stdio::null())
+            .status()
+            .map_err(|e| io("starting the MPS control daemon", e))?;
+        if !st.success() {
+            return Err(Error::Config(format!(
+                "{} -d for GPU {gpu} failed ({st}); see {}",
+                control.display(),
+                d.logs.display()
+            )));
+        }
+        d.running = true;
+        let t = Instant::now();
+        while !d.pipes.join("control").exists() {
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err(Error::Config(format!(
+                    "the MPS control daemon of GPU {gpu} made no control pipe in {}",
+                    d.pipes.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        tracing::info!(gpu, pipes = %d.pipes.display(), "MPS control daemon started");
+        Ok(d)
+    }
+
+    /// The control program with this GPU's environment.
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.control);
+        c.env("CUDA_VISIBLE_DEVICES", self.gpu.to_string())
+            .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipes)
+            .env("CUDA_MPS_LOG_DIRECTORY", &self.logs);
+        c
+    }
+
+    /// What a client's environment needs to find this daemon (a client
+    /// must not set `CUDA_VISIBLE_DEVICES`: the server already did).
+    pub fn client_env(&self) -> [(&'static str, &Path); 2] {
+        [
+            ("CUDA_MPS_PIPE_DIRECTORY", &self.pipes),
+            ("CUDA_MPS_LOG_DIRECTORY", &self.logs),
+        ]
+    }
+
+    /// Tells the control daemon to quit (its server goes once its clients
+    /// are gone).
+    pub fn stop(&mut self) {
+        if !std::mem::take(&mut self.running) {
+            return;
+        }
+        let r = self
+            .command()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .and_then(|mut child| {
+                if let Some(mut i) = child.stdin.take() {
+                    i.write_all(b"quit\n")?;
+                }
+                child.wait()
+            });
+        if let Err(e) = r {
+            tracing::warn!(gpu = self.gpu, "stopping the MPS control daemon: {e}");
+        }
+    }
+}
+
+impl Drop for MpsDaemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for `nvidia-cuda-mps-control`: `-d` makes the control
+    /// pipe and records its environment; `quit` on its input removes it.
+    const FAKE: &str = r#"#!/bin/sh
+if [ "$1" = "-d" ]; then
+  env | grep -E '^CUDA_(VISIBLE_DEVICES|MPS_)' | sort > "$CUDA_MPS_LOG_DIRECTORY/env"
+  mkfifo "$CUDA_MPS_PIPE_DIRECTORY/control"
+  exit 0
+fi
+read cmd
+[ "$cmd" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control" && echo quit > "$CUDA_MPS_LOG_DIRECTORY/stopped"
+"#;
+
+    #[test]
+    fn the_daemon_runs_for_its_gpu_and_quits_when_dropped() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("fvg-mps-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("mps-control");
+        std::fs::write(&fake, FAKE).unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let d = MpsDaemon::start(&fake, &dir, 3).unwrap();
+        let base = dir.join("mps-gpu3");
+        let env = std::fs::read_to_string(base.join("log/env")).unwrap();
+        assert!(env.contains("CUDA_VISIBLE_DEVICES=3"), "{env}");
+        assert!(env.contains(&format!(
+            "CUDA_MPS_PIPE_DIRECTORY={}",
+            base.join("pipe").display()
+        )));
+        let client: Vec<_> = d.client_env().iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            client,
+            ["CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"]
+        );
+        drop(d);
+        assert!(!base.join("pipe/control").exists());
+        assert!(base.join("log/stopped").exists());
+        // A control program that fails is an error that says where to look.
+        std::fs::write(&fake, "#!/bin/sh\nexit 1\n").unwrap();
+        let e = MpsDaemon::start(&fake, &dir, 4).unwrap_err().to_string();
+        assert!(e.contains("GPU 4") && e.contains("mps-gpu4"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
