@@ -172,6 +172,12 @@ pub struct VmConfig {
     /// `[layout] pinned_size`.
     #[serde(default)]
     pub pinned_mib: Option<u64>,
+    /// Its tenant opts this vGPU in to co-running: on a GPU with
+    /// `[[gpu]] mps = true` it may hold the GPU together with other opted-in
+    /// vGPUs whose work fits beside its own, sharing their fault fate (see
+    /// `grant/corun.rs`).
+    #[serde(default)]
+    pub corun: bool,
 }
 
 fn one() -> f64 {

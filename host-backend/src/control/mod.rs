@@ -166,6 +166,7 @@ impl ControlPlane {
                     vm.weight,
                     cfg.tenant_weight(&vm.tenant),
                 )?;
+                svc.set_corun(plane.vgpu_id(&vm.name), vm.corun)?;
             }
         }
         Ok(Arc::new(plane))
@@ -192,6 +193,7 @@ impl ControlPlane {
                 &crate::daemon::grant_socket(cfg, gpu),
                 cfg.daemon.slice_us * 1000,
                 cfg.gpu_policy(gpu),
+                cfg.gpu_mps(gpu),
             )?;
             e.insert(Arc::new(svc));
         }

@@ -202,6 +202,8 @@ impl ControlPlane {
                     new.tenant_weight(&vm.tenant),
                 )
                 .map_err(|e| e.to_string())?;
+                svc.set_corun(self.vgpu_id(&vm.name), vm.corun)
+                    .map_err(|e| e.to_string())?;
             }
         }
         for vm in &old.vms {

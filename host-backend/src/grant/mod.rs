@@ -31,6 +31,8 @@ use scheduler::GpuScheduler;
 
 use crate::Error;
 
+mod corun;
+
 const HELLO: u32 = 1; // a = weight in millis
 const WANT: u32 = 2;
 const RELEASE: u32 = 3; // a = used ns, b = still busy (0/1)
@@ -136,6 +138,8 @@ enum Command {
         weight: f64,
         tenant_weight: Option<f64>,
     },
+    /// Whether a vGPU's VM opted in to co-running (see `corun.rs`).
+    SetCorun { vgpu: u32, ok: bool },
     /// How far ahead of virtual time a vGPU is (it is leaving this GPU).
     Lag {
         vgpu: u32,
@@ -207,14 +211,17 @@ pub struct GrantService {
 impl GrantService {
     /// Starts serving at `path` with slices of `slice_ns`, fair queuing.
     pub fn start(path: &Path, slice_ns: u64) -> Result<GrantService, Error> {
-        Self::start_with(path, slice_ns, scheduler::DevicePolicy::default())
+        Self::start_with(path, slice_ns, scheduler::DevicePolicy::default(), false)
     }
 
-    /// Starts serving at `path` with slices of `slice_ns` under `policy`.
+    /// Starts serving at `path` with slices of `slice_ns` under `policy`;
+    /// `corun`: the GPU's vGPUs are MPS clients, and those that opted in
+    /// may hold it together (see `corun.rs`).
     pub fn start_with(
         path: &Path,
         slice_ns: u64,
         policy: scheduler::DevicePolicy,
+        corun: bool,
     ) -> Result<GrantService, Error> {
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path).map_err(|e| Error::Io {
@@ -231,7 +238,7 @@ impl GrantService {
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("grant-service".into())
-            .spawn(move || serve(listener, slice_ns, policy, &s2, &u2, &rx))
+            .spawn(move || serve(listener, slice_ns, policy, corun, &s2, &u2, &rx))
             .map_err(|e| Error::Io {
                 what: "spawning grant service",
                 source: e,
@@ -289,6 +296,15 @@ impl GrantService {
             .map_err(|_| Error::Config("the grant service has stopped".into()))
     }
 
+    /// Whether `vgpu`'s VM opted in to co-running (see `corun.rs`).
+    pub fn set_corun(&self, vgpu: u32, ok: bool) -> Result<(), Error> {
+        self.commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Command::SetCorun { vgpu, ok })
+            .map_err(|_| Error::Config("the grant service has stopped".into()))
+    }
+
     /// How far ahead of this GPU's virtual time `vgpu` is (tag units), as
     /// it leaves for another GPU; `None` if it is not connected here.
     pub fn lag(&self, vgpu: u32) -> Option<u128> {
@@ -327,10 +343,12 @@ impl Drop for GrantService {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn serve(
     listener: UnixListener,
     slice_ns: u64,
     policy: scheduler::DevicePolicy,
+    corun: bool,
     stop: &AtomicBool,
     usage: &Usage,
     commands: &std::sync::mpsc::Receiver<Command>,
@@ -350,6 +368,7 @@ fn serve(
     let mut logs: HashMap<u32, qemu_ivshmem::LogLimiter> = HashMap::new();
     let mut pending: Vec<UnixStream> = Vec::new();
     let mut shares: HashMap<u32, Share> = HashMap::new();
+    let mut co = corun::CoRun::new(corun);
     let mut active: std::collections::HashSet<u32> = Default::default();
     let mut arriving: HashMap<u32, u128> = HashMap::new();
     let mut last_tick = Instant::now();
@@ -377,6 +396,13 @@ fn serve(
                     live(&mut |u| u.entry(vgpu).or_default().weight = weight);
                     changed = true;
                 }
+                Command::SetCorun { vgpu, ok } => {
+                    if ok {
+                        co.ok.insert(vgpu);
+                    } else {
+                        co.ok.remove(&vgpu);
+                    }
+                }
                 Command::Lag { vgpu, reply } => {
                     let _ = reply.send(sched.queue().lag(vgpu));
                 }
@@ -391,6 +417,7 @@ fn serve(
         // Demand: time each vGPU spends wanting or holding the GPU.
         let tick = last_tick.elapsed().as_nanos() as u64;
         last_tick = Instant::now();
+        co.tick(holder, tick);
         if !active.is_empty() {
             live(&mut |u| {
                 for id in &active {
@@ -459,7 +486,9 @@ fn serve(
                             }
                             let _ = sched.request(id, now, None);
                         }
-                        RELEASE if holder == Some(id) => {
+                        RELEASE if holder == Some(id) || co.holders.contains_key(&id) => {
+                            let d = co.demand(id, &usage.lock().unwrap_or_else(|e| e.into_inner()));
+                            let a = co.charge(id, a, &d);
                             let _ = sched.release(id, a);
                             live(&mut |u| {
                                 let v = u.entry(id).or_default();
@@ -472,7 +501,10 @@ fn serve(
                                     apply_shares(&mut sched, &shares, &active, &conns, usage);
                                 }
                             }
-                            holder = None;
+                            if holder == Some(id) {
+                                holder = None;
+                            }
+                            co.forget(id);
                         }
                         REPORT => live(&mut |u| {
                             let v = u.entry(id).or_default();
@@ -519,6 +551,7 @@ fn serve(
                     if holder == Some(id) {
                         holder = None;
                     }
+                    co.forget(id);
                     live(&mut |u| {
                         let v = u.entry(id).or_default();
                         v.connected = false;
@@ -573,7 +606,40 @@ fn serve(
                 }
             }
         }
-        if holder.is_none() {
+        // Co-holders that kept the GPU far past the round's end lose it too.
+        for id in co.overdue(hold_limit.saturating_sub(slice)) {
+            let _ = sched.idle(id, epoch.elapsed().as_nanos() as u64);
+            if active.remove(&id) {
+                apply_shares(&mut sched, &shares, &active, &conns, usage);
+            }
+            co.forget(id);
+            live(&mut |u| {
+                let v = u.entry(id).or_default();
+                v.holding = false;
+                v.revoked += 1;
+            });
+        }
+        // Beside a holder that opted in, the next vGPUs that did and fit
+        // (see `corun.rs`), until the holder's slice ends.
+        if let Some(h) = holder {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if co.enabled && left > Duration::from_millis(1) {
+                let now_ns = epoch.elapsed().as_nanos() as u64;
+                let snapshot = usage.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                for id in co.admit(&mut sched, h, now_ns, &snapshot) {
+                    if let Some(s) = conns.get_mut(&id) {
+                        if s.write_all(&encode(GRANT, id, left.as_nanos() as u64, 0))
+                            .is_ok()
+                        {
+                            co.holders.insert(id, deadline);
+                            live(&mut |u| u.entry(id).or_default().holding = true);
+                        }
+                    }
+                }
+            }
+        }
+        // A new round once the holder and every co-holder gave the GPU back.
+        if holder.is_none() && co.holders.is_empty() {
             if let Some(g) = sched.grant(epoch.elapsed().as_nanos() as u64) {
                 let q = sched.queue();
                 let others = q.runnable() - usize::from(q.is_runnable(g.vgpu));

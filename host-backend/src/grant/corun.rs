@@ -1,0 +1,246 @@
+//! Co-running on a GPU whose vGPUs are MPS clients (`[[gpu]] mps = true`):
+//! while the fair queue's holder of a slice is a vGPU whose VM opted in
+//! (`[[vm]] corun = true`), the next vGPUs in the queue's order that also
+//! opted in and fit beside it ([`scheduler::corun::plan`]: their measured
+//! SM occupancy together within the GPU) hold the GPU with it until its
+//! slice ends, their kernels side by side on the SMs. Each is charged its
+//! time held alone in full and its time held with others at its share of
+//! the GPU (SM-time, [`scheduler::corun::charge_ns`]), so weights hold
+//! when tenants co-run and a tenant gains nothing by filling the GPU with
+//! idle blocks. A round ends when the holder and every co-holder gave the
+//! GPU back; then the fair queue picks again. Without opted-in vGPUs, or on
+//! a GPU without MPS, nothing here changes the time slices.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use scheduler::corun::{self, Demand};
+use scheduler::GpuScheduler;
+
+use super::VgpuLive;
+
+/// The co-running state of one GPU's grant service.
+#[derive(Debug, Default)]
+pub(super) struct CoRun {
+    /// This GPU's vGPUs are MPS clients: they may co-hold.
+    pub enabled: bool,
+    /// vGPUs whose VMs opted in.
+    pub ok: HashSet<u32>,
+    /// Co-holders of the current round, and when their grant ends.
+    pub holders: HashMap<u32, Instant>,
+    /// Each holder's time this round, held alone and held with others (ns).
+    split: HashMap<u32, (u64, u64)>,
+}
+
+impl CoRun {
+    /// The state of a GPU that co-runs (`enabled`) or does not.
+    pub fn new(enabled: bool) -> CoRun {
+        CoRun {
+            enabled,
+            ..Default::default()
+        }
+    }
+
+    /// What `id`'s current work needs of the GPU, from its worker's last
+    /// report: its kernels' occupancy as its SM fraction (the whole GPU
+    /// while nothing is measured).
+    pub fn demand(&self, id: u32, live: &HashMap<u32, VgpuLive>) -> Demand {
+        let ppm = live.get(&id).map_or(0, |v| v.report.occupancy_ppm);
+        let mut d = Demand::exclusive();
+        if ppm > 0 {
+            d.sm_fraction = ppm as f64 / 1e6;
+            d.mem_bw_fraction = 0.0;
+            d.copy_fraction = 0.0;
+        }
+        d.corun_ok = self.ok.contains(&id);
+        d
+    }
+
+    /// Counts `dt` ns of the round for every holder: alone if it holds the
+    /// GPU by itself, with others otherwise.
+    pub fn tick(&mut self, primary: Option<u32>, dt: u64) {
+        let ids: Vec<u32> = primary
+            .into_iter()
+            .chain(self.holders.keys().copied())
+            .collect();
+        let shared = ids.len() > 1;
+        for id in ids {
+            let e = self.split.entry(id).or_default();
+            if shared {
+                e.1 += dt;
+            } else {
+                e.0 += dt;
+            }
+        }
+    }
+
+    /// The charge of `id` giving the GPU back, its worker having measured
+    /// `measured` ns of GPU time: that, if it never held with others this
+    /// round; else its time alone plus its share of the time with others.
+    pub fn charge(&mut self, id: u32, measured: u64, demand: &Demand) -> u64 {
+        match self.split.remove(&id) {
+            Some((alone, shared)) if shared > 0 => corun::charge_ns(alone, shared, demand),
+            _ => measured,
+        }
+    }
+
+    /// Who else may hold the GPU now beside `primary` (holding until
+    /// `deadline`): the fair queue's next vGPUs that opted in and fit.
+    pub fn admit(
+        &mut self,
+        sched: &mut GpuScheduler,
+        primary: u32,
+        now_ns: u64,
+        live: &HashMap<u32, VgpuLive>,
+    ) -> Vec<u32> {
+        if !self.enabled || !self.ok.contains(&primary) {
+            return Vec::new();
+        }
+        let holding: Vec<(u32, Demand)> = std::iter::once(primary)
+            .chain(self.holders.keys().copied())
+            .map(|id| (id, self.demand(id, live)))
+            .collect();
+        let ids: Vec<u32> = holding.iter().map(|h| h.0).collect();
+        let candidates: Vec<(u32, Demand)> = sched
+            .candidates(now_ns, &ids)
+            .into_iter()
+            .map(|id| (id, self.demand(id, live)))
+            .collect();
+        corun::plan(&holding, &candidates, &sched.corun_config())
+    }
+
+    /// Co-holders past their grant by more than `grace`.
+    pub fn overdue(&self, grace: Duration) -> Vec<u32> {
+        let now = Instant::now();
+        self.holders
+            .iter()
+            .filter(|(_, &end)| now.saturating_duration_since(end) > grace)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Forgets `id` as a holder of this round.
+    pub fn forget(&mut self, id: u32) {
+        self.holders.remove(&id);
+        self.split.remove(&id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Barrier};
+
+    use super::super::{Gate, GrantService, Report};
+    use super::*;
+
+    /// Four workers at weights 1:1:2:4 whose kernels occupy `occupancy` of
+    /// the GPU, all opted in but the ones in `out`, hold slices of 2 ms for
+    /// 1.2 s on a co-running GPU. Returns each one's time held, its charge,
+    /// and the most that held the GPU at once.
+    fn round(name: &str, occupancy: f64, out: &[u32]) -> (Vec<u64>, Vec<u64>, usize) {
+        let dir = std::env::temp_dir().join(format!("fvg-corun-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let svc = GrantService::start_with(
+            &dir.join("g.sock"),
+            2_000_000,
+            scheduler::DevicePolicy::default(),
+            true,
+        )
+        .unwrap();
+        let weights = [1.0, 1.0, 2.0, 4.0];
+        for id in 0..4u32 {
+            svc.set_corun(id, !out.contains(&id)).unwrap();
+        }
+        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let all = Arc::new(Barrier::new(weights.len()));
+        let threads: Vec<_> = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| {
+                let (path, now, most, all) = (
+                    svc.path().to_owned(),
+                    now.clone(),
+                    most.clone(),
+                    all.clone(),
+                );
+                std::thread::spawn(move || {
+                    let mut g = Gate::connect(&path, i as u32, w).unwrap();
+                    let ppm = (occupancy * 1e6) as u64;
+                    g.report(&Report {
+                        occupancy_ppm: ppm,
+                        ..Report::default()
+                    })
+                    .unwrap();
+                    all.wait();
+                    std::thread::sleep(Duration::from_millis(30));
+                    let end = Instant::now() + Duration::from_millis(1200);
+                    let mut held = 0u64;
+                    while Instant::now() < end {
+                        if g.acquire(Duration::from_millis(5)).unwrap() {
+                            let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(n, Ordering::SeqCst);
+                            while !g.slice_over() && Instant::now() < end {
+                                std::thread::sleep(Duration::from_micros(200));
+                            }
+                            now.fetch_sub(1, Ordering::SeqCst);
+                            let used = g.held_ns();
+                            g.release(used, true).unwrap();
+                            held += used;
+                        }
+                    }
+                    held
+                })
+            })
+            .collect();
+        let held: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(20));
+        let live = svc.live();
+        let charged = (0..4u32).map(|i| live[&i].charged_ns).collect();
+        drop(svc);
+        let _ = std::fs::remove_dir_all(&dir);
+        (held, charged, most.load(Ordering::SeqCst))
+    }
+
+    #[test]
+    fn small_kernels_co_hold_and_are_charged_their_share() {
+        // 8 blocks of 132 SMs each: all four fit at once.
+        let (held, charged, most) = round("small", 0.06, &[]);
+        assert_eq!(most, 4, "all four held the GPU at once");
+        // Each held most of the run, not a quarter of it...
+        for h in &held {
+            assert!(*h > 700_000_000, "held {held:?}");
+        }
+        // ...and was charged about its 6% of the GPU for the time shared.
+        for (h, c) in held.iter().zip(&charged) {
+            let share = *c as f64 / *h as f64;
+            assert!(share < 0.3, "charged {charged:?} for {held:?}");
+        }
+    }
+
+    #[test]
+    fn large_kernels_take_turns_and_keep_the_weights() {
+        // Each fills 60% of the GPU: no two fit; time slices as before.
+        let (held, _, most) = round("large", 0.6, &[]);
+        assert_eq!(most, 1, "never two at once");
+        let total: u64 = held.iter().sum();
+        let x: Vec<f64> = held
+            .iter()
+            .zip([1.0, 1.0, 2.0, 4.0])
+            .map(|(&h, w)| h as f64 / total as f64 / (w / 8.0))
+            .collect();
+        let mmr = scheduler::mmr(&x);
+        assert!(mmr > 0.8, "MMR {mmr}, held {held:?}");
+    }
+
+    #[test]
+    fn a_vgpu_that_did_not_opt_in_never_co_holds() {
+        // vGPU 3 (weight 4) did not opt in: while it holds, nobody joins,
+        // and it joins nobody.
+        let (held, charged, most) = round("optout", 0.06, &[3]);
+        assert!(most <= 3, "at most the three that opted in at once");
+        // Its charge is its whole held time (it always held alone).
+        let (h, c) = (held[3] as f64, charged[3] as f64);
+        assert!((c / h) > 0.8, "charged {c} for {h} held alone");
+    }
+}
