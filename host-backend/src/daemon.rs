@@ -47,7 +47,8 @@ pub fn run_worker(
     // The daemon says where the vGPU is now (it may have moved).
     let gpu = gpu.or(vmc.gpu).unwrap_or(0);
     // An MPS client sees only the GPU its server was started for, as 0.
-    let ordinal = if cfg.gpu_mps(gpu) { 0 } else { gpu };
+    let mps = cfg.gpu_mps(gpu) && cfg.daemon.executor == ExecutorKind::Cuda;
+    let ordinal = if mps { 0 } else { gpu };
     let exec = build_executor(cfg, ordinal)?;
     let wc = WorkerConfig {
         name: vm.to_owned(),
@@ -125,7 +126,11 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     // One MPS control daemon per GPU that asks for it (see `mps.rs`),
     // before any of its workers starts.
     let mut mps: std::collections::HashMap<u32, crate::mps::MpsDaemon> = Default::default();
-    for g in cfg.gpus.iter().filter(|g| g.mps) {
+    for g in cfg
+        .gpus
+        .iter()
+        .filter(|g| g.mps && cfg.daemon.executor == ExecutorKind::Cuda)
+    {
         let d =
             crate::mps::MpsDaemon::start(&cfg.daemon.mps_control, &cfg.daemon.run_dir, g.index)?;
         mps.insert(g.index, d);

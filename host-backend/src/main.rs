@@ -306,9 +306,16 @@ enum BenchCmd {
     /// charges, phase selection, and LAS/TFS beside the fair queue, on a
     /// simulated GPU of SMs and copy engines.
     Space {
-        /// A simulated GPU (the only kind this bench uses for now).
+        /// The simulated experiment (a model of a GPU's SMs and copy
+        /// engines) instead of guests on a daemon.
         #[arg(long)]
         sim: bool,
+        /// Executor of the daemon's run (cuda: co-running under MPS).
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: host_backend::config::ExecutorKind,
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
     },
     /// Migration: a running guest with 1 GiB and 8 GiB moved between two
     /// GPUs; pause and copy rate against the peer bandwidth.
@@ -554,14 +561,19 @@ fn main() -> Result<()> {
             bench::placement::run(orders)
         }
         Cmd::Bench {
-            which: BenchCmd::Space { sim },
+            which:
+                BenchCmd::Space {
+                    sim,
+                    executor,
+                    seconds,
+                },
         } => {
-            anyhow::ensure!(
-                sim,
-                "co-running is not served on a real GPU yet: pass --sim for the simulated experiment"
-            );
-            print!("{}", scheduler::space_sim::report::report()?);
-            Ok(())
+            if sim {
+                print!("{}", scheduler::space_sim::report::report()?);
+                Ok(())
+            } else {
+                bench::space::run(executor, seconds)
+            }
         }
         Cmd::Bench {
             which: BenchCmd::Migrate { executor, gib },

@@ -9,6 +9,7 @@
 #   3. one VM under abuse, two measured (contexts reused and rationed)
 #   4. PyTorch, CuPy, JAX natively and through the stand-in; two VMs 1:2
 #   5. three guests 1:2:3 under the scheduler (aggregate and MMR)
+#   6. four small-kernel guests time-sliced against co-running under MPS
 # Every step's output goes to $OUT/verify.log; the last lines are each
 # step's own last line.
 # usage: R=.carry/release bash scripts/gpu/verify.sh
@@ -29,5 +30,6 @@ step cufft 120 bash scripts/gpu/cufft.sh
 step hostile 200 "$R/fairvgpu" bench hostile --executor cuda --seconds 45 --log "$OUT/hostile-daemon.log"
 step frameworks 420 bash scripts/gpu/frameworks.sh
 step fairness 200 "$R/fairvgpu" bench fairness --executor cuda
+step space 300 bash scripts/gpu/space.sh
 echo "== last lines" | tee -a "$LOG"
-grep -aE '^(samples_pass|good_runs|torch_ok|fairvgpu_mmr|cufft: (all|forward))|rc=' "$LOG" | tee -a "$LOG.summary"
+grep -aE '^(samples_pass|good_runs|torch_ok|fairvgpu_mmr|corun_speedup|cufft: (all|forward))|rc=' "$LOG" | tee -a "$LOG.summary"

@@ -33,6 +33,8 @@ pub struct VmSpec {
     pub memory_limit_mib: u64,
     /// Its tenant (default `t-<name>`: one tenant per VM).
     pub tenant: Option<String>,
+    /// Opted in to co-running (`[[vm]] corun`).
+    pub corun: bool,
 }
 
 impl VmSpec {
@@ -43,6 +45,7 @@ impl VmSpec {
             weight: 1.0,
             memory_limit_mib,
             tenant: None,
+            corun: false,
         }
     }
 }
@@ -114,8 +117,8 @@ impl DaemonProc {
         for v in vms {
             let tenant = v.tenant.clone().unwrap_or_else(|| format!("t-{}", v.name));
             cfg.push_str(&format!(
-                "\n[[vm]]\nname = \"{}\"\ntenant = \"{tenant}\"\nweight = {}\nmemory_limit_mib = {}\n",
-                v.name, v.weight, v.memory_limit_mib
+                "\n[[vm]]\nname = \"{}\"\ntenant = \"{tenant}\"\nweight = {}\nmemory_limit_mib = {}\ncorun = {}\n",
+                v.name, v.weight, v.memory_limit_mib, v.corun
             ));
         }
         std::fs::write(dir.join("host.toml"), cfg)?;

@@ -431,6 +431,7 @@ pub fn run(minutes: f64, guests: usize) -> Result<()> {
             weight: 1.0 + (i % 3) as f64,
             memory_limit_mib: MEM_LIMIT_MIB,
             tenant: None,
+            corun: false,
         })
         .collect();
     let total_time = Duration::from_secs_f64((minutes * 60.0).max(5.0));
