@@ -37,6 +37,7 @@ fn a_tenant_weight_is_split_among_its_vms() {
         weight,
         memory_limit_mib: 256,
         tenant: Some(tenant.into()),
+        corun: false,
     };
     let vms = [
         vm("small", 1.0, "acme"),
