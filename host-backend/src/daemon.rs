@@ -70,6 +70,9 @@ pub fn run_worker(
         // Only under the daemon, which runs the store.
         image_store: (feed_fd.is_some() && cfg.daemon.share_images)
             .then(|| image_store_socket(cfg)),
+        // An MPS client makes its contexts ahead, while it may still
+        // connect (see `mps.rs` and `worker/contexts.rs`).
+        prefill_contexts: if mps { crate::worker::SPARES } else { 0 },
     };
     let worker = match feed_fd {
         Some(fd) => Worker::adopt(&wc, exec, crate::link::feed_from_fd(fd)?)?,

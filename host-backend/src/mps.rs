@@ -11,7 +11,12 @@
 //! fault fate (one client's fatal fault can end every client on that GPU:
 //! each of those workers then restarts and its VM's guests recover as
 //! from a worker crash), and a client cannot move to another GPU, so these
-//! vGPUs are never migrated. It has not yet been measured on a GPU.
+//! vGPUs are never migrated. Whether an MPS client's later context
+//! creation needs calls the sandbox forbids once a worker is confined is
+//! not known yet: such a worker makes its spare contexts ahead, before it
+//! is confined (`worker/contexts.rs`), so that its first processes, and
+//! the later ones that reuse their contexts, need none. It has not yet
+//! been measured on a GPU.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -116,6 +116,7 @@ impl Host {
             slice_blocks: 0,
             image_cache: 64 << 20,
             image_store: None,
+            prefill_contexts: 0,
         };
         let exec = SimExecutor::new(SimParams {
             copy_gbps: 100.0,

@@ -148,6 +148,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
             slice_blocks: 0,
             image_cache: 64 << 20,
             image_store: None,
+            prefill_contexts: 0,
         };
         workers.push(spawn(&wc, exec)?);
         socks.push(sock);

@@ -335,6 +335,7 @@ pub fn run(
         slice_blocks: 0,
         image_cache: 64 << 20,
         image_store: None,
+        prefill_contexts: 0,
     };
     let running = spawn(&wc, exec)?;
     let remote = {

@@ -97,6 +97,23 @@ impl ContextPool {
         Ok(Some(c))
     }
 
+    /// Makes up to `n` spares now (at most [`SPARES`]), outside the bucket:
+    /// before the worker is confined. A failure is logged and ends it.
+    pub fn prefill(&mut self, exec: &mut dyn Executor, n: usize) {
+        while self.spares.len() < n.min(SPARES) {
+            match exec.open() {
+                Ok(c) => {
+                    self.spares.push(c);
+                    self.counts.created += 1;
+                }
+                Err(s) => {
+                    tracing::warn!("making a context ahead: {s:?}");
+                    break;
+                }
+            }
+        }
+    }
+
     /// The context of a session that ended: kept, clean, if it can be made
     /// clean and there is room; dropped (destroyed) otherwise. `poisoned`:
     /// the executor's contexts are unusable (a sticky error).
@@ -172,6 +189,15 @@ mod tests {
         assert_eq!(pool.spares(), SPARES - 1);
         pool.clear();
         assert_eq!(pool.spares(), 0);
+        // Made ahead: at most the spares' room, and the next ones reuse them.
+        pool.prefill(exec.as_mut(), 10);
+        assert_eq!(pool.spares(), SPARES);
+        let before = pool.counts.created;
+        let c = pool.take(exec.as_mut()).unwrap().unwrap();
+        assert_eq!(pool.counts.created, before);
+        pool.give_back(c, false);
+        assert_eq!(pool.spares(), SPARES);
+        pool.clear();
         // One whose process left work running (a 2 s kernel) is not kept.
         let mut busy = pool.take(exec.as_mut()).unwrap().unwrap();
         let m = busy

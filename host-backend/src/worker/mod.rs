@@ -54,6 +54,7 @@ use channel::{retire, service, wake_owner, Chan};
 use sessions::Sessions;
 use shared::{Shared, REPORT_EVERY};
 
+pub use contexts::SPARES;
 pub use shared::SAMPLE_EVERY;
 
 /// Where a worker maps its VM's pinned pool (and its guests map it too when
@@ -100,6 +101,10 @@ pub struct WorkerConfig {
     pub image_cache: u64,
     /// The daemon's image store, shared with the other VMs' workers.
     pub image_store: Option<PathBuf>,
+    /// Contexts to make ahead, before the worker is confined (an MPS
+    /// client's, whose making might need what the sandbox then forbids);
+    /// they serve the first processes and are reused after.
+    pub prefill_contexts: usize,
 }
 
 /// Pins the calling thread to one CPU.
@@ -279,7 +284,7 @@ impl Worker {
         stats
             .device
             .store(u64::from(exec.device()), Ordering::Relaxed);
-        Ok(Worker {
+        let mut worker = Worker {
             sh: Shared {
                 pinned_map,
                 pinned: {
@@ -338,7 +343,14 @@ impl Worker {
             cpu: cfg.cpu,
             stop: Arc::default(),
             moving: None,
-        })
+        };
+        if cfg.prefill_contexts > 0 {
+            let n = cfg.prefill_contexts;
+            worker.sh.contexts.prefill(worker.sh.exec.as_mut(), n);
+            let counts = worker.sh.contexts.counts;
+            worker.sh.stats.count_contexts(&counts);
+        }
+        Ok(worker)
     }
 
     /// A flag that stops [`Worker::run`] when set.
