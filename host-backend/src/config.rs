@@ -243,9 +243,9 @@ pub struct GpuConfig {
     /// Who of its runnable vGPUs goes first: `"fair"` (start-tag fair
     /// queuing, the default), `"las"` (least attained service over weight,
     /// never forgotten) or `"tfs"` (attained service that fades): see
-    /// `scheduler::policy`. (`"phase"`, phase selection, needs each vGPU's
-    /// share of copies measured, which workers do not report yet, and is
-    /// refused.)
+    /// `scheduler::policy`; or `"phase"`: the fair queue's order, and where
+    /// vGPUs co-run (`mps`), one mostly copying and one computing may hold
+    /// the GPU together (phase selection, `grant/corun.rs`).
     #[serde(default)]
     pub policy: scheduler::DevicePolicy,
     /// The daemon runs NVIDIA's Multi-Process Service for this GPU and its
@@ -390,15 +390,6 @@ impl Config {
                 return bad(
                     format!("[[gpu]] index {} appears twice", g.index),
                     Loc::Gpu(i, "index"),
-                );
-            }
-            if g.policy.phase_selection() {
-                return bad(
-                    format!(
-                        "[[gpu]] {}: policy \"phase\" needs each vGPU's share of copies measured, which workers do not report yet (\"fair\", \"las\" or \"tfs\")",
-                        g.index
-                    ),
-                    Loc::Gpu(i, "policy"),
                 );
             }
         }
@@ -608,7 +599,6 @@ memory_limit_mib = 1024
             (GOOD.replace("executor = \"sim\"", "executor = \"sim\"\ngraph_launches = \"yes\""), "graph_launches"),
             (format!("{GOOD}\n[layout]\nchannels = 0\nring_entries = 8\narena_size = 4096\nvectors = 1\n"), "channels"),
             (format!("{GOOD}\n[[gpu]]\nindex = 0\npolicy = \"fastest\"\n"), "fastest"),
-            (format!("{GOOD}\n[[gpu]]\nindex = 0\npolicy = \"phase\"\n"), "copies"),
             (format!("{GOOD}\n[[gpu]]\nindex = 0\n[[gpu]]\nindex = 0\npolicy = \"tfs\"\n"), "twice"),
         ] {
             let e = Config::parse(&text).unwrap_err().to_string();

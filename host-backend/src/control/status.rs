@@ -123,6 +123,7 @@ impl ControlPlane {
                     "gpu": g,
                     "demand": demand(r.0),
                     "occupancy": r.1.report.occupancy_ppm as f64 / 1e6,
+                    "copy_share": r.1.report.copy_ppm as f64 / 1e6,
                     "sliced_launches": r.1.report.sliced_launches,
                     "pinned": self.is_pinned(&v.name),
                     "migrations": lock(&self.migrated).get(&v.name).copied().unwrap_or(0),

@@ -7,7 +7,10 @@
 //! time held alone in full and its time held with others at its share of
 //! the GPU (SM-time, [`scheduler::corun::charge_ns`]), so weights hold
 //! when tenants co-run and a tenant gains nothing by filling the GPU with
-//! idle blocks. A round ends when the holder and every co-holder gave the
+//! idle blocks. Under `[[gpu]] policy = "phase"`, a vGPU whose copies keep
+//! a copy engine busy half the time or more (its worker reports the share)
+//! counts no SMs against those computing: copy engines and SMs are
+//! different resources (phase selection). A round ends when the holder and every co-holder gave the
 //! GPU back; then the fair queue picks again. Without opted-in vGPUs, or on
 //! a GPU without MPS, nothing here changes the time slices.
 
@@ -43,14 +46,20 @@ impl CoRun {
 
     /// What `id`'s current work needs of the GPU, from its worker's last
     /// report: its kernels' occupancy as its SM fraction (the whole GPU
-    /// while nothing is measured).
+    /// while nothing is measured), and the share of time its copies keep a
+    /// copy engine busy.
     pub fn demand(&self, id: u32, live: &HashMap<u32, VgpuLive>) -> Demand {
-        let ppm = live.get(&id).map_or(0, |v| v.report.occupancy_ppm);
+        let (ppm, copy) = live
+            .get(&id)
+            .map_or((0, 0), |v| (v.report.occupancy_ppm, v.report.copy_ppm));
         let mut d = Demand::exclusive();
         if ppm > 0 {
             d.sm_fraction = ppm as f64 / 1e6;
             d.mem_bw_fraction = 0.0;
             d.copy_fraction = 0.0;
+        }
+        if copy > 0 {
+            d.copy_fraction = copy as f64 / 1e6;
         }
         d.corun_ok = self.ok.contains(&id);
         d
@@ -139,15 +148,26 @@ mod tests {
     /// 1.2 s on a co-running GPU. Returns each one's time held, its charge,
     /// and the most that held the GPU at once.
     fn round(name: &str, occupancy: f64, out: &[u32]) -> (Vec<u64>, Vec<u64>, usize) {
+        round_with(
+            name,
+            occupancy,
+            &[0; 4],
+            out,
+            scheduler::DevicePolicy::default(),
+        )
+    }
+
+    /// [`round`] with each worker's copy share (ppm) and a device policy.
+    fn round_with(
+        name: &str,
+        occupancy: f64,
+        copy_ppm: &[u64; 4],
+        out: &[u32],
+        policy: scheduler::DevicePolicy,
+    ) -> (Vec<u64>, Vec<u64>, usize) {
         let dir = std::env::temp_dir().join(format!("fvg-corun-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let svc = GrantService::start_with(
-            &dir.join("g.sock"),
-            2_000_000,
-            scheduler::DevicePolicy::default(),
-            true,
-        )
-        .unwrap();
+        let svc = GrantService::start_with(&dir.join("g.sock"), 2_000_000, policy, true).unwrap();
         let weights = [1.0, 1.0, 2.0, 4.0];
         for id in 0..4u32 {
             svc.set_corun(id, !out.contains(&id)).unwrap();
@@ -164,11 +184,13 @@ mod tests {
                     most.clone(),
                     all.clone(),
                 );
+                let copy = copy_ppm[i];
                 std::thread::spawn(move || {
                     let mut g = Gate::connect(&path, i as u32, w).unwrap();
                     let ppm = (occupancy * 1e6) as u64;
                     g.report(&Report {
                         occupancy_ppm: ppm,
+                        copy_ppm: copy,
                         ..Report::default()
                     })
                     .unwrap();
@@ -231,6 +253,23 @@ mod tests {
             .collect();
         let mmr = scheduler::mmr(&x);
         assert!(mmr > 0.8, "MMR {mmr}, held {held:?}");
+    }
+
+    #[test]
+    fn with_phase_selection_a_copier_co_holds_with_those_computing() {
+        // All fill 60% of the SMs; vGPU 3's copies keep a copy engine busy
+        // 90% of the time. Fair queue: nobody co-holds. Phase selection:
+        // the copier holds the GPU beside one that computes.
+        let copies = [0, 0, 0, 900_000];
+        let fair = scheduler::DevicePolicy::FairQueue;
+        let (_, _, most) = round_with("phase-off", 0.6, &copies, &[], fair);
+        assert_eq!(most, 1);
+        let phase = scheduler::DevicePolicy::PhaseSelection;
+        let (_, _, most) = round_with("phase-on", 0.6, &copies, &[], phase);
+        assert_eq!(
+            most, 2,
+            "the copier beside one computing, never two computing"
+        );
     }
 
     #[test]

@@ -45,6 +45,7 @@ const OCCUPANCY: u32 = 9; // a = mean occupied fraction of the GPU's cores, part
 const SLICED: u32 = 10; // a = launches run as sub-grids so far
 const LOGS: u32 = 11; // a = log lines suppressed so far (rate-limited guest-triggered logs)
 const CONTEXTS: u32 = 14; // a = contexts made for guest processes so far, b = contexts reused
+const COPIES: u32 = 15; // a = share of time its copies keep a copy engine busy, parts per million
 const EXTEND: u32 = 12; // a = ns added to the holder's slice
 const CONTENDED: u32 = 13; // another vGPU wants the GPU: no more extensions this grant
 
@@ -94,6 +95,9 @@ pub struct Report {
     pub contexts_created: u64,
     /// Guest processes that got an ended one's context (made clean).
     pub contexts_reused: u64,
+    /// Share of time its recent copies keep a copy engine busy, parts per
+    /// million (phase selection, `grant/corun.rs`).
+    pub copy_ppm: u64,
 }
 
 /// What the service knows of one vGPU, live.
@@ -533,6 +537,7 @@ fn serve(
                             live(&mut |u| u.entry(id).or_default().report.sliced_launches = a)
                         }
                         LOGS => live(&mut |u| u.entry(id).or_default().report.log_suppressed = a),
+                        COPIES => live(&mut |u| u.entry(id).or_default().report.copy_ppm = a),
                         CONTEXTS => live(&mut |u| {
                             let v = u.entry(id).or_default();
                             v.report.contexts_created = a;
@@ -832,7 +837,7 @@ impl Gate {
 
     /// Reports live figures to the service (for the operator's view).
     pub fn report(&mut self, r: &Report) -> Result<(), Error> {
-        let mut m = [0u8; 192];
+        let mut m = [0u8; 216];
         m[..24].copy_from_slice(&encode(REPORT, self.vgpu, r.mem_used, r.sync_calls));
         m[24..48].copy_from_slice(&encode(QUEUE, self.vgpu, r.queued, r.launches));
         m[48..72].copy_from_slice(&encode(SERVED, self.vgpu, r.requests, r.refused));
@@ -840,12 +845,13 @@ impl Gate {
         m[96..120].copy_from_slice(&encode(OCCUPANCY, self.vgpu, r.occupancy_ppm, 0));
         m[120..144].copy_from_slice(&encode(SLICED, self.vgpu, r.sliced_launches, 0));
         m[144..168].copy_from_slice(&encode(LOGS, self.vgpu, r.log_suppressed, 0));
-        m[168..].copy_from_slice(&encode(
+        m[168..192].copy_from_slice(&encode(
             CONTEXTS,
             self.vgpu,
             r.contexts_created,
             r.contexts_reused,
         ));
+        m[192..].copy_from_slice(&encode(COPIES, self.vgpu, r.copy_ppm, 0));
         self.stream.write_all(&m).map_err(|e| Error::Io {
             what: "grant report",
             source: e,

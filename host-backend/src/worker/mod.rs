@@ -163,6 +163,8 @@ pub struct Stats {
     pub device: AtomicU64,
     /// Bytes of the pinned pool its guests hold.
     pub pinned_used: AtomicU64,
+    /// Bytes copied between host and device (both ways, staged or pinned).
+    pub copy_bytes: AtomicU64,
     /// Contexts made new for guest processes (see `contexts.rs`).
     pub contexts_created: AtomicU64,
     /// Guest processes that got an ended process's context, made clean.
@@ -178,6 +180,11 @@ impl Stats {
         self.contexts_deferred.store(c.deferred, Ordering::Relaxed);
     }
 }
+
+/// What one copy engine moves between host and device per second (PCIe 4/5
+/// order of magnitude): the scale of the copy share reported for phase
+/// selection (`scheduler::corun`).
+const COPY_BYTES_PER_S: f64 = 25e9;
 
 /// A migration being prepared on a helper thread.
 struct Moving {
@@ -310,6 +317,7 @@ impl Worker {
                 releasing: false,
                 occupancy: (0.0, 0.0),
                 last_occupancy: 0.0,
+                copy_mark: (Instant::now(), 0),
                 info_bytes: info.to_bytes(),
                 mem_limit,
                 device_mem,
@@ -510,6 +518,12 @@ impl Worker {
         if den > 0.0 {
             self.sh.last_occupancy = num / den;
         }
+        // The share of time its copies keep a copy engine busy, from the
+        // bytes it moved since the last report at a copy engine's rate.
+        let bytes = self.sh.stats.copy_bytes.load(Ordering::Relaxed);
+        let (t0, b0) = std::mem::replace(&mut self.sh.copy_mark, (Instant::now(), bytes));
+        let secs = t0.elapsed().as_secs_f64().max(1e-3);
+        let copy_share = (bytes.saturating_sub(b0) as f64 / COPY_BYTES_PER_S / secs).min(1.0);
         let st = &self.sh.stats;
         let r = crate::grant::Report {
             mem_used: st.mem_used.load(Ordering::Relaxed),
@@ -525,6 +539,7 @@ impl Worker {
             log_suppressed: self.sh.log.borrow().suppressed(),
             contexts_created: st.contexts_created.load(Ordering::Relaxed),
             contexts_reused: st.contexts_reused.load(Ordering::Relaxed),
+            copy_ppm: (copy_share * 1e6).round() as u64,
         };
         if let Some(g) = self.sh.gate.as_mut() {
             g.report(&r)?;

@@ -213,6 +213,7 @@ pub(super) fn handle(
                 .and(sh.pinned.check(s.id, offset, len))
                 .and_then(|()| super::pinned::part(sh, offset, len))
                 .and_then(|part| {
+                    sh.stats.copy_bytes.fetch_add(len, Ordering::Relaxed);
                     sh.in_period(s, stream, None, |x| x.htod(dst, &part.as_slice(), stream))
                 });
             if let Err(e) = r {
@@ -233,6 +234,7 @@ pub(super) fn handle(
                 .and(sh.pinned.check(s.id, offset, len))
                 .and_then(|()| super::pinned::part(sh, offset, len))
                 .and_then(|part| {
+                    sh.stats.copy_bytes.fetch_add(len, Ordering::Relaxed);
                     sh.in_period(s, stream, None, |x| {
                         x.dtoh_async(&part.as_slice(), src, stream)
                     })

@@ -123,6 +123,7 @@ pub(super) fn continue_transfer(
     match &mut t.inbound {
         Inbound::Htod { dst, stream, ok } => {
             if *ok && n > 0 {
+                sh.stats.copy_bytes.fetch_add(n, Ordering::Relaxed);
                 if let Err(e) = s.ctx.htod(*dst + t.offset, &data, *stream) {
                     s.defer(e);
                     *ok = false;
@@ -289,6 +290,7 @@ pub(super) fn pump_outbound(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> R
             st.dtoh_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             st.dtoh_bytes.fetch_add(n, Ordering::Relaxed);
+            st.copy_bytes.fetch_add(n, Ordering::Relaxed);
             Ok(())
         })?;
         if !sent {
