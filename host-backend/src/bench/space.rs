@@ -2,7 +2,9 @@
 //! blocks, a few of the GPU's SMs each) at weights 1:1:2:4 on one GPU,
 //! through a real daemon, time-sliced against co-running (`[[gpu]] mps =
 //! true`, every VM `corun = true`; on a GPU the workers are then clients of
-//! the daemon's MPS control daemon).
+//! the daemon's MPS control daemon); then one guest copying and one whose
+//! kernels fill 60% of the GPU, co-running under the fair queue and under
+//! phase selection (`policy = "phase"`).
 //!
 //! Each guest's throughput is normalized by its rate alone on the GPU
 //! (measured first, in the same run); the aggregate is their sum (1.0:
@@ -15,7 +17,9 @@
 //! guest run at once, as MPS would if nothing they share (SMs, memory
 //! bandwidth, caches) slowed them. The sim's figure is that upper bound and
 //! a test of the plumbing (grants, charges, opt-in), not evidence; the GPU's
-//! is `scripts/gpu/space.sh`.
+//! is `scripts/gpu/space.sh`. The copier of the phase experiment moves its
+//! bytes through the rings with the host's CPUs, so on a small machine its
+//! co-running with the computer contends for CPUs more than anything else.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,57 +39,85 @@ const BLOCKS: u32 = 8;
 /// Each kernel's time, ns.
 const KERNEL_NS: u64 = 1_000_000;
 
-/// One guest: kernels of `BLOCKS` blocks of `KERNEL_NS`, eight per
-/// synchronize, until `stop`; how many ran.
-fn guest(socket: &Path, stop: &AtomicBool, go: Instant) -> Result<u64> {
+/// What a guest does, round after round.
+#[derive(Debug, Clone, Copy)]
+enum Work {
+    /// `blocks` blocks of `threads` threads spinning `KERNEL_NS`, eight per
+    /// synchronize (a round: one kernel).
+    Kernels { blocks: u32, threads: u32 },
+    /// 16 MiB to the device and back (a round: one such pair).
+    Copies,
+}
+
+/// One guest doing `work` until `stop`; how many rounds it did.
+fn guest(socket: &Path, work: Work, stop: &AtomicBool, go: Instant) -> Result<u64> {
     let mut gpu = Gpu::connect(socket).context("attaching")?;
-    let m = gpu.module_load(ImageKind::Ptx, crate::demo::KERNELS_PTX.as_bytes())?;
-    let f = gpu.get_function(m, "spin_blocks")?;
-    let out = gpu.mem_alloc(u64::from(BLOCKS) * 4)?;
-    let (grid, block) = (
-        Dim3 {
-            x: BLOCKS,
-            y: 1,
-            z: 1,
-        },
-        Dim3 { x: 1, y: 1, z: 1 },
-    );
-    let (o, ns) = (out.to_le_bytes(), KERNEL_NS.to_le_bytes());
-    while Instant::now() < go {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let mut n = 0;
-    while !stop.load(Ordering::Relaxed) {
-        for _ in 0..8 {
-            gpu.launch(&f, grid, block, 0, 0, &[&o, &ns])?;
+    let wait_for_go = || {
+        while Instant::now() < go {
+            std::thread::sleep(Duration::from_millis(1));
         }
-        gpu.synchronize()?;
-        n += 8;
+    };
+    let mut n = 0;
+    match work {
+        Work::Kernels { blocks, threads } => {
+            let m = gpu.module_load(ImageKind::Ptx, crate::demo::KERNELS_PTX.as_bytes())?;
+            let f = gpu.get_function(m, "spin_blocks")?;
+            let out = gpu.mem_alloc(u64::from(blocks) * 4)?;
+            let grid = Dim3 {
+                x: blocks,
+                y: 1,
+                z: 1,
+            };
+            let block = Dim3 {
+                x: threads,
+                y: 1,
+                z: 1,
+            };
+            let (o, ns) = (out.to_le_bytes(), KERNEL_NS.to_le_bytes());
+            wait_for_go();
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..8 {
+                    gpu.launch(&f, grid, block, 0, 0, &[&o, &ns])?;
+                }
+                gpu.synchronize()?;
+                n += 8;
+            }
+        }
+        Work::Copies => {
+            const BYTES: usize = 16 << 20;
+            let dev = gpu.mem_alloc(BYTES as u64)?;
+            let mut host = vec![7u8; BYTES];
+            wait_for_go();
+            while !stop.load(Ordering::Relaxed) {
+                gpu.memcpy_htod(dev, &host)?;
+                gpu.memcpy_dtoh(&mut host, dev, 0)?;
+                n += 1;
+            }
+        }
     }
     Ok(n)
 }
 
-/// Kernels per second of each guest of `vms`, all running `secs` at once.
+/// Rounds per second of each guest of `vms` doing its `work`, all running
+/// `secs` at once; `gpu`: a `[[gpu]]` table, if any.
 fn rates(
     bin: &Path,
     executor: ExecutorKind,
     vms: &[VmSpec],
-    mps: bool,
+    work: &[Work],
+    gpu: &str,
     secs: f64,
 ) -> Result<Vec<f64>> {
-    let extra = if mps {
-        "\n[[gpu]]\nindex = 0\nmps = true\n"
-    } else {
-        ""
-    };
-    let d = DaemonProc::start_with(bin, "space", executor, vms, extra)?;
+    let extra = format!("\n{gpu}\n");
+    let d = DaemonProc::start_with(bin, "space", executor, vms, &extra)?;
     let stop = Arc::new(AtomicBool::new(false));
     let go = Instant::now() + Duration::from_millis(500);
     let threads: Vec<_> = vms
         .iter()
-        .map(|v| {
+        .zip(work)
+        .map(|(v, &w)| {
             let (socket, stop) = (d.socket(&v.name), stop.clone());
-            std::thread::spawn(move || guest(&socket, &stop, go))
+            std::thread::spawn(move || guest(&socket, w, &stop, go))
         })
         .collect();
     std::thread::sleep(Duration::from_millis(500) + Duration::from_secs_f64(secs));
@@ -113,6 +145,12 @@ fn vms(corun: bool) -> Vec<VmSpec> {
         .collect()
 }
 
+const MPS: &str = "[[gpu]]\nindex = 0\nmps = true";
+const SMALL: Work = Work::Kernels {
+    blocks: BLOCKS,
+    threads: 1,
+};
+
 /// Runs the bench; the last line is machine-readable.
 pub fn run(executor: ExecutorKind, secs: f64) -> Result<()> {
     let bin = std::env::current_exe()?;
@@ -120,7 +158,7 @@ pub fn run(executor: ExecutorKind, secs: f64) -> Result<()> {
         "space ({executor:?} executor): 4 guests of {BLOCKS}-block {} ms kernels at weights 1:1:2:4, {secs} s per phase",
         KERNEL_NS / 1_000_000
     );
-    let alone = rates(&bin, executor, &vms(false)[..1], false, secs)?[0];
+    let alone = rates(&bin, executor, &vms(false)[..1], &[SMALL], "", secs)?[0];
     println!("alone: {alone:.1} kernels/s");
     let wsum: f64 = WEIGHTS.iter().sum();
     let mut agg = [0.0; 2];
@@ -129,7 +167,8 @@ pub fn run(executor: ExecutorKind, secs: f64) -> Result<()> {
         .iter()
         .enumerate()
     {
-        let r = rates(&bin, executor, &vms(*corun), *corun, secs)?;
+        let gpu = if *corun { MPS } else { "" };
+        let r = rates(&bin, executor, &vms(*corun), &[SMALL; 4], gpu, secs)?;
         let n: Vec<f64> = r.iter().map(|x| x / alone).collect();
         agg[k] = n.iter().sum();
         let x: Vec<f64> = n.iter().zip(WEIGHTS).map(|(n, w)| n / (w / wsum)).collect();
@@ -140,10 +179,7 @@ pub fn run(executor: ExecutorKind, secs: f64) -> Result<()> {
         };
         println!(
             "{name:<12} normalized {} aggregate {:.3} {}",
-            n.iter()
-                .map(|v| format!("{v:.3}"))
-                .collect::<Vec<_>>()
-                .join(" "),
+            fmt(&n),
             agg[k],
             if *corun {
                 format!("slowest {:.3}", figure[k])
@@ -152,11 +188,55 @@ pub fn run(executor: ExecutorKind, secs: f64) -> Result<()> {
             }
         );
     }
+    let phase = phase_speedup(&bin, executor, secs)?;
     println!(
-        "corun_speedup={:.3} sliced_mmr={:.3} corun_slowest={:.3}",
+        "corun_speedup={:.3} sliced_mmr={:.3} corun_slowest={:.3} phase_speedup={phase:.3}",
         agg[1] / agg[0].max(1e-9),
         figure[0],
         figure[1]
     );
     Ok(())
+}
+
+fn fmt(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{x:.3}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One guest copying 16 MiB both ways and one whose kernels fill about 60%
+/// of the GPU (large blocks), both opted in on an MPS GPU, under the fair
+/// queue and under phase selection: aggregate normalized throughput with
+/// phase selection over without.
+fn phase_speedup(bin: &Path, executor: ExecutorKind, secs: f64) -> Result<f64> {
+    // 160 blocks of 1,024 threads: two per SM at most, 60% of 132 SMs.
+    let big = Work::Kernels {
+        blocks: 160,
+        threads: 1024,
+    };
+    let work = [Work::Copies, big];
+    let two: Vec<VmSpec> = ["copier", "computer"]
+        .iter()
+        .map(|n| VmSpec {
+            corun: true,
+            ..VmSpec::new(n, 1024)
+        })
+        .collect();
+    let alone: Vec<f64> = (0..2)
+        .map(|i| rates(bin, executor, &two[i..=i], &work[i..=i], MPS, secs).map(|r| r[0]))
+        .collect::<Result<_>>()?;
+    let mut agg = [0.0; 2];
+    for (k, policy) in ["fair", "phase"].iter().enumerate() {
+        let gpu = format!("{MPS}\npolicy = \"{policy}\"");
+        let r = rates(bin, executor, &two, &work, &gpu, secs)?;
+        let n: Vec<f64> = r.iter().zip(&alone).map(|(x, a)| x / a.max(1e-9)).collect();
+        agg[k] = n.iter().sum();
+        println!(
+            "copier + computer, policy {policy:<5} normalized {} aggregate {:.3}",
+            fmt(&n),
+            agg[k]
+        );
+    }
+    Ok(agg[1] / agg[0].max(1e-9))
 }
