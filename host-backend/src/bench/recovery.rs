@@ -19,7 +19,7 @@ use qemu_ivshmem::SpinPolicy;
 use super::fixture::{DaemonProc, VmSpec};
 use crate::config::ExecutorKind;
 
-const N: u32 = 1 << 16;
+pub(crate) const N: u32 = 1 << 16;
 const SPIN: SpinPolicy = SpinPolicy {
     spins: 2_000,
     max_block_us: 2_000,
@@ -50,7 +50,7 @@ pub struct Report {
     pub leaked_bytes: u64,
 }
 
-fn grid() -> (Dim3, Dim3) {
+pub(crate) fn grid() -> (Dim3, Dim3) {
     (
         Dim3 {
             x: N / 256,
@@ -114,7 +114,7 @@ fn open(sock: &Path) -> Result<Gpu> {
 
 /// Opens the VM's GPU until a vector add succeeds (the worker may still be
 /// restarting); returns when it did.
-fn until_working(sock: &Path, timeout: Duration) -> Result<Gpu> {
+pub(crate) fn until_working(sock: &Path, timeout: Duration) -> Result<Gpu> {
     let t = Instant::now();
     loop {
         if let Ok(mut g) = open(sock) {

@@ -4,7 +4,8 @@
 //! true`, every VM `corun = true`; on a GPU the workers are then clients of
 //! the daemon's MPS control daemon); then one guest copying and one whose
 //! kernels fill 60% of the GPU, co-running under the fair queue and under
-//! phase selection (`policy = "phase"`).
+//! phase selection (`policy = "phase"`); then one of four co-running
+//! guests faults, and every VM must compute again.
 //!
 //! Each guest's throughput is normalized by its rate alone on the GPU
 //! (measured first, in the same run); the aggregate is their sum (1.0:
@@ -189,13 +190,57 @@ pub fn run(executor: ExecutorKind, secs: f64) -> Result<()> {
         );
     }
     let phase = phase_speedup(&bin, executor, secs)?;
+    let fault_ms = fault_recovery_ms(&bin, executor)?;
     println!(
-        "corun_speedup={:.3} sliced_mmr={:.3} corun_slowest={:.3} phase_speedup={phase:.3}",
+        "corun_speedup={:.3} sliced_mmr={:.3} corun_slowest={:.3} phase_speedup={phase:.3} fault_recovery_ms={fault_ms:.0}",
         agg[1] / agg[0].max(1e-9),
         figure[0],
         figure[1]
     );
     Ok(())
+}
+
+/// Four co-running guests; one launches a kernel that reads out of bounds.
+/// Under MPS the fault can end every client on the GPU (each worker then
+/// restarts and its VM's guests open again); on the sim it ends only the
+/// faulting VM's worker. From the fault reported to every VM computing a
+/// checked vector add again, ms.
+fn fault_recovery_ms(bin: &Path, executor: ExecutorKind) -> Result<f64> {
+    use super::recovery::{grid, until_working, N};
+    let vms = vms(true);
+    let d = DaemonProc::start_with(bin, "space-fault", executor, &vms, &format!("\n{MPS}\n"))?;
+    let sockets: Vec<_> = vms.iter().map(|v| d.socket(&v.name)).collect();
+    for s in &sockets {
+        until_working(s, Duration::from_secs(60))?;
+    }
+    let mut bad = Gpu::connect(&sockets[0]).context("attaching")?;
+    let m = bad.module_load(ImageKind::Ptx, crate::demo::KERNELS_PTX.as_bytes())?;
+    let f = bad.get_function(m, "vector_add")?;
+    let own = bad.mem_alloc(u64::from(N) * 4)?;
+    let (g, b) = grid();
+    let wild = 0x10u64; // nobody's memory: the kernel faults
+    let o = own.to_le_bytes();
+    bad.launch(
+        &f,
+        g,
+        b,
+        0,
+        0,
+        &[&wild.to_le_bytes(), &o, &o, &N.to_le_bytes()],
+    )?;
+    let fault = bad.synchronize();
+    let t0 = Instant::now();
+    anyhow::ensure!(fault.is_err(), "the out-of-bounds kernel did not fault");
+    drop(bad);
+    for s in &sockets {
+        until_working(s, Duration::from_secs(60))?;
+    }
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "fault: one co-running guest's kernel read out of bounds ({:?}); every VM computed again after {ms:.0} ms",
+        fault.err()
+    );
+    Ok(ms)
 }
 
 fn fmt(v: &[f64]) -> String {
