@@ -45,7 +45,7 @@ fn a_c_program_on_nvidias_cuda_runtime_runs_against_the_standin() {
     let host = Host::start("cudart", 1 << 30);
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
-    let exe = build_c("runtime_api", &dir, &cuda);
+    let exe = build_c("runtime_api", &dir, &cuda, &[]);
     let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
     let stdout = run(&exe, &[&ptx], &lib, &cuda, &host.socket);
     for line in [
@@ -70,15 +70,19 @@ fn a_c_program_on_nvidias_cuda_runtime_runs_against_the_standin() {
 }
 
 /// Builds `tests/c/NAME.c` with gcc against NVIDIA's runtime into `dir`.
-fn build_c(name: &str, dir: &Path, cuda: &Path) -> std::path::PathBuf {
+fn build_c(name: &str, dir: &Path, cuda: &Path, libs: &[&str]) -> std::path::PathBuf {
     let exe = dir.join(name);
     let cc = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
+        .args(["-O2", "-Wall", "-Wno-deprecated-declarations", "-o"])
         .arg(&exe)
         .arg(workspace().join(format!("tests/c/{name}.c")))
         .arg(format!("-I{}", cuda.join("include").display()))
         .arg(format!("-L{}", cuda.join("lib").display()))
-        .args(["-l:libcudart.so.13", "-lpthread"])
+        // What the libraries need in turn (cuSOLVER: cuBLAS, cuSPARSE,
+        // nvJitLink) is found there too.
+        .arg(format!("-Wl,-rpath-link,{}", cuda.join("lib").display()))
+        .args(libs.iter().map(|l| format!("-l:{l}")))
+        .args(["-l:libcudart.so.13", "-lpthread", "-lm"])
         .output()
         .expect("cc runs");
     assert!(
@@ -89,13 +93,30 @@ fn build_c(name: &str, dir: &Path, cuda: &Path) -> std::path::PathBuf {
     exe
 }
 
+/// Whether the CUDA wheels hold every library of `libs` (`scripts/cuda-wheels.sh
+/// DIR libraries` adds them); if not, the test skips, unless
+/// `FAIRVGPU_REQUIRE_CUDART` is set, where that fails.
+fn has_libraries(cuda: &Path, libs: &[&str]) -> bool {
+    let Some(missing) = libs.iter().find(|l| !cuda.join("lib").join(l).exists()) else {
+        return true;
+    };
+    assert!(
+        std::env::var_os("FAIRVGPU_REQUIRE_CUDART").is_none(),
+        "FAIRVGPU_REQUIRE_CUDART is set but {} has no {missing} \
+         (scripts/cuda-wheels.sh DIR libraries)",
+        cuda.display()
+    );
+    eprintln!("skipped: no {missing} in FAIRVGPU_CUDA_ROOT");
+    false
+}
+
 #[test]
 fn graphs_stream_capture_and_pitched_copies_run_against_the_standin() {
     let Some(cuda) = cuda_root() else { return };
     let host = Host::start("graphs", 1 << 30);
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
-    let exe = build_c("graphs", &dir, &cuda);
+    let exe = build_c("graphs", &dir, &cuda, &[]);
     let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
     let stdout = run(&exe, &[&ptx], &lib, &cuda, &host.socket);
     for line in [
@@ -162,34 +183,14 @@ fn an_nvcc_built_program_runs_against_the_standin() {
 #[test]
 fn cufft_plans_through_the_standin() {
     let Some(cuda) = cuda_root() else { return };
-    if !cuda.join("lib/libcufft.so.12").exists() {
-        assert!(
-            std::env::var_os("FAIRVGPU_REQUIRE_CUDART").is_none(),
-            "FAIRVGPU_REQUIRE_CUDART is set but {} has no libcufft.so.12 \
-             (scripts/cuda-wheels.sh DIR libraries)",
-            cuda.display()
-        );
-        eprintln!("skipped: no cuFFT in FAIRVGPU_CUDA_ROOT");
+    let libs = ["libcufft.so.12"];
+    if !has_libraries(&cuda, &libs) {
         return;
     }
     let host = Host::start("cufft", 1 << 30);
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
-    let exe = dir.join("cufft");
-    let cc = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(workspace().join("tests/c/cufft.c"))
-        .arg(format!("-I{}", cuda.join("include").display()))
-        .arg(format!("-L{}", cuda.join("lib").display()))
-        .args(["-l:libcufft.so.12", "-l:libcudart.so.13", "-lm"])
-        .output()
-        .expect("cc runs");
-    assert!(
-        cc.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let exe = build_c("cufft", &dir, &cuda, &libs);
     let stdout = run(&exe, &[], &lib, &cuda, &host.socket);
     for line in ["cufft: plans made", "cufft: all checks passed"] {
         assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
@@ -214,37 +215,13 @@ fn curand_cusparse_cusolver_and_cublaslt_make_their_handles_through_the_standin(
         "libcusolver.so.12",
         "libcublasLt.so.13",
     ];
-    if let Some(missing) = libs.iter().find(|l| !cuda.join("lib").join(l).exists()) {
-        assert!(
-            std::env::var_os("FAIRVGPU_REQUIRE_CUDART").is_none(),
-            "FAIRVGPU_REQUIRE_CUDART is set but {} has no {missing} \
-             (scripts/cuda-wheels.sh DIR libraries)",
-            cuda.display()
-        );
-        eprintln!("skipped: no {missing} in FAIRVGPU_CUDA_ROOT");
+    if !has_libraries(&cuda, &libs) {
         return;
     }
     let host = Host::start("cuda-libraries", 1 << 30);
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
-    let exe = dir.join("libraries");
-    let cc = Command::new("cc")
-        .args(["-O2", "-Wall", "-Wno-deprecated-declarations", "-o"])
-        .arg(&exe)
-        .arg(workspace().join("tests/c/libraries.c"))
-        .arg(format!("-I{}", cuda.join("include").display()))
-        .arg(format!("-L{}", cuda.join("lib").display()))
-        // cuSOLVER's own needs (cuBLAS, cuSPARSE, nvJitLink) are found there.
-        .arg(format!("-Wl,-rpath-link,{}", cuda.join("lib").display()))
-        .args(libs.iter().map(|l| format!("-l:{l}")))
-        .arg("-l:libcudart.so.13")
-        .output()
-        .expect("cc runs");
-    assert!(
-        cc.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let exe = build_c("libraries", &dir, &cuda, &libs);
     let stdout = run(&exe, &[], &lib, &cuda, &host.socket);
     assert!(
         stdout.contains("libraries: all checks passed"),
