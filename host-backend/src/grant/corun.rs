@@ -118,6 +118,11 @@ impl CoRun {
         corun::plan(&holding, &candidates, &sched.corun_config())
     }
 
+    /// Time `id` has held the GPU this round, alone and with others (ns).
+    pub fn held_ns(&self, id: u32) -> u64 {
+        self.split.get(&id).map_or(0, |&(a, s)| a + s)
+    }
+
     /// Co-holders past their grant by more than `grace`.
     pub fn overdue(&self, grace: Duration) -> Vec<u32> {
         let now = Instant::now();

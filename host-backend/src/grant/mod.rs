@@ -568,21 +568,31 @@ fn serve(
         }
         // A worker that keeps the GPU far past its slice (stuck, or busy
         // with something that never ends) loses it: every other vGPU would
-        // wait on it otherwise. It is charged what it held and counts as
-        // idle until it asks again; its late release is ignored.
+        // wait on it otherwise; so does a co-holder past the round's end.
+        // It is charged what it held (as at a release) and counts as idle
+        // until it asks again; its late release is ignored.
+        let mut revoked: Vec<(u32, u64)> = Vec::new();
         let overrun = Instant::now().saturating_duration_since(deadline);
         if let Some(id) = holder.filter(|_| overrun + slice > hold_limit) {
-            let held = held_since.elapsed().as_nanos() as u64;
+            revoked.push((id, held_since.elapsed().as_nanos() as u64));
+            holder = None;
+        }
+        for id in co.overdue(hold_limit.saturating_sub(slice)) {
+            revoked.push((id, co.held_ns(id)));
+        }
+        for (id, held) in revoked {
+            let d = co.demand(id, &usage.lock().unwrap_or_else(|e| e.into_inner()));
+            let charge = co.charge(id, held, &d);
+            co.forget(id);
             let now = epoch.elapsed().as_nanos() as u64;
-            let _ = sched.release(id, held);
+            let _ = sched.release(id, charge);
             let _ = sched.idle(id, now);
             if active.remove(&id) {
                 apply_shares(&mut sched, &shares, &active, &conns, usage);
             }
-            holder = None;
             live(&mut |u| {
                 let v = u.entry(id).or_default();
-                v.charged_ns += held;
+                v.charged_ns += charge;
                 v.holding = false;
                 v.revoked += 1;
             });
@@ -610,19 +620,6 @@ fn serve(
                     deadline += slice;
                 }
             }
-        }
-        // Co-holders that kept the GPU far past the round's end lose it too.
-        for id in co.overdue(hold_limit.saturating_sub(slice)) {
-            let _ = sched.idle(id, epoch.elapsed().as_nanos() as u64);
-            if active.remove(&id) {
-                apply_shares(&mut sched, &shares, &active, &conns, usage);
-            }
-            co.forget(id);
-            live(&mut |u| {
-                let v = u.entry(id).or_default();
-                v.holding = false;
-                v.revoked += 1;
-            });
         }
         // Beside a holder that opted in, the next vGPUs that did and fit
         // (see `corun.rs`), until the holder's slice ends.
