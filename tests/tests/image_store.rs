@@ -3,92 +3,41 @@
 //! process of one VM sent is loaded by a process of the other from its
 //! hash, and the daemon's status counts it; with sharing off it is not.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use fairvgpu_tests::{cargo_build, PTX};
 use guest_frontend::{Gpu, GuestError};
-use host_backend::control::{client_call, ApiTarget};
+use host_backend::bench::fixture::{DaemonProc, VmSpec};
+use host_backend::config::ExecutorKind;
 use protocol::{image_hash, ImageKind, Request, Status};
 use serde_json::Value;
 
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn start(name: &str, share: bool) -> Daemon {
-    let dir = std::env::temp_dir().join(format!("fvg-images-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut cfg = format!(
-        "[daemon]\nrun_dir = {:?}\nexecutor = \"sim\"\nshare_images = {share}\n",
-        dir.display().to_string()
-    );
-    for vm in ["vm1", "vm2"] {
-        cfg.push_str(&format!(
-            "\n[[vm]]\nname = \"{vm}\"\ntenant = \"{vm}\"\nmemory_limit_mib = 256\n"
-        ));
-    }
-    std::fs::write(dir.join("host.toml"), cfg).unwrap();
-    let child = Command::new(cargo_build("fairvgpu").join("fairvgpu"))
-        .args(["serve", "--config"])
-        .arg(dir.join("host.toml"))
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .expect("daemon starts");
-    let d = Daemon { child, dir };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for s in ["api.sock", "vm1.sock", "vm2.sock"] {
-        while !d.dir.join(s).exists() {
-            assert!(Instant::now() < deadline, "{s} did not appear");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    d
-}
-
-fn guest(d: &Daemon, vm: &str) -> Gpu {
-    Gpu::connect(&d.dir.join(format!("{vm}.sock"))).expect("guest attaches")
-}
-
-fn status(d: &Daemon) -> Value {
-    let (code, body) = client_call(
-        &ApiTarget::Unix(d.dir.join("api.sock")),
-        "GET",
-        "/api/v1/status",
-        b"",
+fn start(name: &str, share: bool) -> DaemonProc {
+    let vms = [VmSpec::new("vm1", 256), VmSpec::new("vm2", 256)];
+    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let keys = format!("share_images = {share}");
+    DaemonProc::start_full(
+        &bin,
+        &format!("images-{name}"),
+        ExecutorKind::Sim,
+        &vms,
+        &keys,
+        "",
     )
-    .expect("API answers");
-    assert_eq!(code, 200);
-    serde_json::from_slice(&body).unwrap()
+    .expect("daemon starts")
 }
 
-fn store_status(d: &Daemon) -> Value {
-    status(d)["daemon"]["image_store"].clone()
+fn guest(d: &DaemonProc, vm: &str) -> Gpu {
+    Gpu::connect(&d.socket(vm)).expect("guest attaches")
+}
+
+fn store_status(d: &DaemonProc) -> Value {
+    d.status().expect("API answers")["daemon"]["image_store"].clone()
 }
 
 /// VM `name`'s entry in the status.
-fn vgpu(d: &Daemon, name: &str) -> Value {
-    status(d)["gpus"][0]["vgpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == name)
-        .cloned()
-        .unwrap_or_default()
+fn vgpu(d: &DaemonProc, name: &str) -> Value {
+    d.vgpu(name).unwrap_or_default()
 }
 
 /// The kernels' PTX padded past `protocol::CACHED_IMAGE` (a large image).
@@ -169,5 +118,5 @@ fn with_sharing_off_each_vm_sends_its_own() {
     let e = guest(&d, "vm2").request(&ask(&image)).unwrap_err();
     assert!(matches!(e, GuestError::Cuda(Status::NotFound)), "{e:?}");
     assert!(store_status(&d).is_null());
-    assert!(!Path::new(&d.dir.join("images.sock")).exists());
+    assert!(!d.dir.join("images.sock").exists());
 }
