@@ -3,7 +3,7 @@
 //! process of one VM sent is loaded by a process of the other from its
 //! hash, and the daemon's status counts it; with sharing off it is not.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fairvgpu_tests::{cargo_build, PTX};
 use guest_frontend::{Gpu, GuestError};
@@ -57,12 +57,9 @@ fn ask(image: &[u8]) -> Request {
     }
 }
 
-fn wait_for(what: &str, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Waits (10 s at most) until `f` holds for the daemon's status.
+fn wait_for(d: &DaemonProc, what: &str, f: impl Fn(&DaemonProc) -> bool) {
+    d.wait(what, Duration::from_secs(10), f).unwrap();
 }
 
 #[test]
@@ -74,8 +71,8 @@ fn a_process_of_another_vm_loads_an_image_by_its_hash() {
     let m = one.module_load(ImageKind::Ptx, &image).unwrap();
     assert!(one.get_function(m, "vector_add").is_ok());
     // The worker hands the image to the store, which hashes it itself.
-    wait_for("the store keeps the image", || {
-        store_status(&d)["images"].as_u64() == Some(1)
+    wait_for(&d, "the store keeps the image", |d| {
+        store_status(d)["images"].as_u64() == Some(1)
     });
     let st = store_status(&d);
     assert_eq!(st["bytes"].as_u64(), Some(image.len() as u64));
@@ -92,16 +89,16 @@ fn a_process_of_another_vm_loads_an_image_by_its_hash() {
     assert!(matches!(e, GuestError::Cuda(Status::NotFound)), "{e:?}");
     // The status counts each VM's contexts: vm1's next process gets the
     // first's, once the first is gone.
-    wait_for("vm1's first process's memory in the status", || {
-        vgpu(&d, "vm1")["memory_used_bytes"].as_u64() > Some(0)
+    wait_for(&d, "vm1's first process's memory in the status", |d| {
+        vgpu(d, "vm1")["memory_used_bytes"].as_u64() > Some(0)
     });
     drop(one);
-    wait_for("vm1's first process to be gone", || {
-        vgpu(&d, "vm1")["memory_used_bytes"].as_u64() == Some(0)
+    wait_for(&d, "vm1's first process to be gone", |d| {
+        vgpu(d, "vm1")["memory_used_bytes"].as_u64() == Some(0)
     });
     let _again = guest(&d, "vm1");
-    wait_for("vm1's contexts in the status", || {
-        let v = vgpu(&d, "vm1");
+    wait_for(&d, "vm1's contexts in the status", |d| {
+        let v = vgpu(d, "vm1");
         v["contexts_created"].as_u64() == Some(1) && v["contexts_reused"].as_u64() == Some(1)
     });
 }
