@@ -54,22 +54,14 @@ const MAX_CONNECTIONS: usize = 256;
 
 fn header(kind: ImageKind, len: u64, hash: &[u8; 32]) -> [u8; 48] {
     let mut h = [0u8; 48];
-    let k: u32 = match kind {
-        ImageKind::Ptx => 0,
-        ImageKind::Cubin => 1,
-    };
-    h[..4].copy_from_slice(&k.to_le_bytes());
+    h[..4].copy_from_slice(&kind.code().to_le_bytes());
     h[8..16].copy_from_slice(&len.to_le_bytes());
     h[16..].copy_from_slice(hash);
     h
 }
 
 fn parse(h: &[u8; 48]) -> Option<(ImageKind, u64, [u8; 32])> {
-    let kind = match u32::from_le_bytes(h[..4].try_into().ok()?) {
-        0 => ImageKind::Ptx,
-        1 => ImageKind::Cubin,
-        _ => return None,
-    };
+    let kind = ImageKind::from_code(u32::from_le_bytes(h[..4].try_into().ok()?))?;
     let len = u64::from_le_bytes(h[8..16].try_into().ok()?);
     Some((kind, len, h[16..].try_into().ok()?))
 }

@@ -12,6 +12,25 @@ pub enum ImageKind {
     Cubin,
 }
 
+impl ImageKind {
+    /// Its number on the wire.
+    pub fn code(self) -> u32 {
+        match self {
+            ImageKind::Ptx => 0,
+            ImageKind::Cubin => 1,
+        }
+    }
+
+    /// The kind of a wire number, if it names one.
+    pub fn from_code(code: u32) -> Option<ImageKind> {
+        match code {
+            0 => Some(ImageKind::Ptx),
+            1 => Some(ImageKind::Cubin),
+            _ => None,
+        }
+    }
+}
+
 /// Where a kernel parameter lies in the kernel's parameter buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Param {

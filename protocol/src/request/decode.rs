@@ -37,11 +37,9 @@ fn check_cluster(grid: Dim3, cluster: Dim3) -> Result<(), ProtoError> {
 /// A module image's kind and length, as `ModuleLoad` and
 /// `ModuleLoadCached` carry them.
 fn read_image(r: &mut Reader<'_>) -> Result<(ImageKind, u64), ProtoError> {
-    let kind = match r.u32()? {
-        0 => ImageKind::Ptx,
-        1 => ImageKind::Cubin,
-        k => return Err(bad("kind", format!("unknown image kind {k}"))),
-    };
+    let k = r.u32()?;
+    let kind =
+        ImageKind::from_code(k).ok_or_else(|| bad("kind", format!("unknown image kind {k}")))?;
     let len = check_len("len", r.u64()?, MAX_IMAGE)?;
     if len == 0 {
         return Err(bad("len", "empty image"));

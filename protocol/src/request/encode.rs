@@ -4,10 +4,7 @@ use super::Request;
 use crate::{Dim3, ImageKind, Writer, INLINE};
 
 fn write_image(w: &mut Writer<'_>, kind: ImageKind, len: u64) {
-    w.u32(match kind {
-        ImageKind::Ptx => 0,
-        ImageKind::Cubin => 1,
-    });
+    w.u32(kind.code());
     w.u64(len);
 }
 
