@@ -13,6 +13,7 @@
 //! u32][dep u32 x deps]` and the kind's fields.
 
 use crate::codec::Reader;
+use crate::request::decode::read_dim;
 use crate::{bad, Dim3, ProtoError};
 
 /// Nodes a graph may have, at most.
@@ -105,14 +106,6 @@ fn put_dim(out: &mut Vec<u8>, d: Dim3) {
     for v in [d.x, d.y, d.z] {
         put32(out, v);
     }
-}
-
-fn read_dim(r: &mut Reader<'_>) -> Result<Dim3, ProtoError> {
-    Ok(Dim3 {
-        x: r.u32()?,
-        y: r.u32()?,
-        z: r.u32()?,
-    })
 }
 
 /// Encodes a graph.

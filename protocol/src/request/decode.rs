@@ -47,7 +47,7 @@ fn read_image(r: &mut Reader<'_>) -> Result<(ImageKind, u64), ProtoError> {
     Ok((kind, len))
 }
 
-fn read_dim(r: &mut Reader<'_>) -> Result<Dim3, ProtoError> {
+pub(crate) fn read_dim(r: &mut Reader<'_>) -> Result<Dim3, ProtoError> {
     Ok(Dim3 {
         x: r.u32()?,
         y: r.u32()?,

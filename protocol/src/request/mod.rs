@@ -3,7 +3,7 @@
 
 use crate::{op, Dim3, ImageKind};
 
-mod decode;
+pub(crate) mod decode;
 mod encode;
 
 /// A CUDA call from the guest. Handles (`module`, `func`, `stream`, `event`)
