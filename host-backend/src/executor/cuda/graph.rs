@@ -9,7 +9,6 @@
 //! it is then an invalid handle), and a context holding graphs does not
 //! move to another GPU (they would have to be built there again).
 
-use std::ffi::c_void;
 use std::ptr::null_mut;
 
 use cudarc::driver::sys;
@@ -82,20 +81,13 @@ impl CudaContext {
                     params,
                 } => {
                     let (f, sizes) = self.func(*func)?;
-                    // One pointer per parameter into the packed values; the
-                    // driver copies them when the node is added.
-                    let mut at = 0usize;
-                    let mut ptrs: Vec<*mut c_void> = sizes
-                        .iter()
-                        .map(|&s| {
-                            let p = params.as_ptr().wrapping_add(at) as *mut c_void;
-                            at += s as usize;
-                            p
-                        })
-                        .collect();
-                    if at != params.len() {
+                    // One pointer per parameter into the packed values (all
+                    // of them: the driver copies them when the node is added).
+                    let want: usize = sizes.iter().map(|&n| n as usize).sum();
+                    if want != params.len() {
                         return Err(Status::InvalidValue);
                     }
+                    let mut ptrs = super::launch::param_ptrs(sizes, params, 0)?;
                     funcs.push(*func);
                     let p = sys::CUDA_KERNEL_NODE_PARAMS {
                         func: f,
