@@ -19,7 +19,7 @@ use qemu_ivshmem::SpinPolicy;
 use super::fixture::{DaemonProc, VmSpec};
 use crate::config::ExecutorKind;
 
-pub(crate) const N: u32 = 1 << 16;
+const N: u32 = 1 << 16;
 const SPIN: SpinPolicy = SpinPolicy {
     spins: 2_000,
     max_block_us: 2_000,
@@ -50,7 +50,7 @@ pub struct Report {
     pub leaked_bytes: u64,
 }
 
-pub(crate) fn grid() -> (Dim3, Dim3) {
+fn grid() -> (Dim3, Dim3) {
     (
         Dim3 {
             x: N / 256,
@@ -58,6 +58,25 @@ pub(crate) fn grid() -> (Dim3, Dim3) {
             z: 1,
         },
         Dim3 { x: 256, y: 1, z: 1 },
+    )
+}
+
+/// Launches a vector add that reads nobody's memory (the kernel faults,
+/// reported at the next synchronizing call).
+pub(crate) fn launch_out_of_bounds(gpu: &mut Gpu) -> Result<(), GuestError> {
+    let m = gpu.module_load(ImageKind::Ptx, crate::demo::KERNELS_PTX.as_bytes())?;
+    let f = gpu.get_function(m, "vector_add")?;
+    let own = gpu.mem_alloc(u64::from(N) * 4)?;
+    let (g, blk) = grid();
+    let wild = 0x10u64;
+    let o = own.to_le_bytes();
+    gpu.launch(
+        &f,
+        g,
+        blk,
+        0,
+        0,
+        &[&wild.to_le_bytes(), &o, &o, &N.to_le_bytes()],
     )
 }
 
@@ -182,24 +201,7 @@ pub fn measure(bin: &Path, executor: ExecutorKind) -> Result<Report> {
     let mut bystander = open(&vm1)?;
     let held = bystander.mem_alloc(1 << 20)?;
     let mut bad = open(&vm1)?;
-    let m = bad.module_load(ImageKind::Ptx, crate::demo::KERNELS_PTX.as_bytes())?;
-    let f = bad.get_function(m, "vector_add")?;
-    let own = bad.mem_alloc(u64::from(N) * 4)?;
-    let (g, blk) = grid();
-    let wild = 0x10u64; // nobody's memory: the kernel faults
-    bad.launch(
-        &f,
-        g,
-        blk,
-        0,
-        0,
-        &[
-            &wild.to_le_bytes(),
-            &own.to_le_bytes(),
-            &own.to_le_bytes(),
-            &N.to_le_bytes(),
-        ],
-    )?;
+    launch_out_of_bounds(&mut bad)?;
     let before = rounds.load(Ordering::Relaxed);
     let fault = bad.synchronize();
     let t0 = Instant::now();

@@ -206,7 +206,7 @@ pub fn run(executor: ExecutorKind, secs: f64) -> Result<()> {
 /// faulting VM's worker. From the fault reported to every VM computing a
 /// checked vector add again, ms.
 fn fault_recovery_ms(bin: &Path, executor: ExecutorKind) -> Result<f64> {
-    use super::recovery::{grid, until_working, N};
+    use super::recovery::{launch_out_of_bounds, until_working};
     let vms = vms(true);
     let d = DaemonProc::start_with(bin, "space-fault", executor, &vms, &format!("\n{MPS}\n"))?;
     let sockets: Vec<_> = vms.iter().map(|v| d.socket(&v.name)).collect();
@@ -214,20 +214,7 @@ fn fault_recovery_ms(bin: &Path, executor: ExecutorKind) -> Result<f64> {
         until_working(s, Duration::from_secs(60))?;
     }
     let mut bad = Gpu::connect(&sockets[0]).context("attaching")?;
-    let m = bad.module_load(ImageKind::Ptx, crate::demo::KERNELS_PTX.as_bytes())?;
-    let f = bad.get_function(m, "vector_add")?;
-    let own = bad.mem_alloc(u64::from(N) * 4)?;
-    let (g, b) = grid();
-    let wild = 0x10u64; // nobody's memory: the kernel faults
-    let o = own.to_le_bytes();
-    bad.launch(
-        &f,
-        g,
-        b,
-        0,
-        0,
-        &[&wild.to_le_bytes(), &o, &o, &N.to_le_bytes()],
-    )?;
+    launch_out_of_bounds(&mut bad)?;
     let fault = bad.synchronize();
     let t0 = Instant::now();
     anyhow::ensure!(fault.is_err(), "the out-of-bounds kernel did not fault");
