@@ -68,6 +68,9 @@ impl CoRun {
     /// Counts `dt` ns of the round for every holder: alone if it holds the
     /// GPU by itself, with others otherwise.
     pub fn tick(&mut self, primary: Option<u32>, dt: u64) {
+        if !self.enabled {
+            return;
+        }
         let ids: Vec<u32> = primary
             .into_iter()
             .chain(self.holders.keys().copied())
@@ -86,9 +89,11 @@ impl CoRun {
     /// The charge of `id` giving the GPU back, its worker having measured
     /// `measured` ns of GPU time: that, if it never held with others this
     /// round; else its time alone plus its share of the time with others.
-    pub fn charge(&mut self, id: u32, measured: u64, demand: &Demand) -> u64 {
+    pub fn charge(&mut self, id: u32, measured: u64, live: &HashMap<u32, VgpuLive>) -> u64 {
         match self.split.remove(&id) {
-            Some((alone, shared)) if shared > 0 => corun::charge_ns(alone, shared, demand),
+            Some((alone, shared)) if shared > 0 => {
+                corun::charge_ns(alone, shared, &self.demand(id, live))
+            }
             _ => measured,
         }
     }

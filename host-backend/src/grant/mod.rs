@@ -491,8 +491,8 @@ fn serve(
                             let _ = sched.request(id, now, None);
                         }
                         RELEASE if holder == Some(id) || co.holders.contains_key(&id) => {
-                            let d = co.demand(id, &usage.lock().unwrap_or_else(|e| e.into_inner()));
-                            let a = co.charge(id, a, &d);
+                            let a =
+                                co.charge(id, a, &usage.lock().unwrap_or_else(|e| e.into_inner()));
                             let _ = sched.release(id, a);
                             live(&mut |u| {
                                 let v = u.entry(id).or_default();
@@ -581,8 +581,7 @@ fn serve(
             revoked.push((id, co.held_ns(id)));
         }
         for (id, held) in revoked {
-            let d = co.demand(id, &usage.lock().unwrap_or_else(|e| e.into_inner()));
-            let charge = co.charge(id, held, &d);
+            let charge = co.charge(id, held, &usage.lock().unwrap_or_else(|e| e.into_inner()));
             co.forget(id);
             let now = epoch.elapsed().as_nanos() as u64;
             let _ = sched.release(id, charge);
