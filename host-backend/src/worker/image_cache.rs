@@ -62,7 +62,7 @@ impl ImageCache {
             e.used = self.tick;
             return Some(e.image.clone());
         }
-        if len < protocol::CACHED_IMAGE || len > self.cap {
+        if !self.keeps(len) {
             return None;
         }
         let store = self.store.as_mut()?;
@@ -83,12 +83,18 @@ impl ImageCache {
         }
     }
 
+    /// Whether an image of `len` bytes is one this cache holds: not smaller
+    /// than guests ask for by hash, not larger than the cache.
+    fn keeps(&self, len: u64) -> bool {
+        (protocol::CACHED_IMAGE..=self.cap).contains(&len)
+    }
+
     /// Keeps `image` (loaded successfully) under its hash and offers it to
     /// the store; one larger than the cache, or smaller than guests ask for
     /// by hash ([`protocol::CACHED_IMAGE`]), is not kept (nor hashed).
     pub fn insert(&mut self, kind: ImageKind, image: &[u8]) {
         let len = image.len() as u64;
-        if len < protocol::CACHED_IMAGE || len > self.cap {
+        if !self.keeps(len) {
             return;
         }
         let hash = protocol::image_hash(image);
