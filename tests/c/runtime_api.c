@@ -10,8 +10,10 @@
  * launch, events, stream callbacks and host functions (their order in the
  * stream), stream-ordered allocation, page-locked (cudaMallocHost,
  * cudaHostAlloc mapped), registered and managed memory with pointer
- * attributes, and two threads at once (one waiting on a long kernel while
- * the other keeps calling). Exit 0 only if all is
+ * attributes, two threads at once (one waiting on a long kernel while
+ * the other keeps calling), and a thread-exit destructor that frees the
+ * thread's memory after the thread's own state is gone (as cudart's and
+ * the frameworks' destructors do). Exit 0 only if all is
  * right; the last line says so.
  */
 #include <pthread.h>
@@ -105,6 +107,18 @@ static void *caller(void *arg) {
     b_before_a = !atomic_load(&a_done);
     for (int i = 0; i < 100; i++)
         CK(cudaFree(p[i]));
+    return NULL;
+}
+
+/* A thread's memory freed by its pthread key destructor, which runs after
+ * the thread's C++ and Rust thread-locals are destroyed. */
+static pthread_key_t exit_key;
+static atomic_int exit_rc = -1;
+static void at_thread_exit(void *p) { atomic_store(&exit_rc, (int)cudaFree(p)); }
+static void *exiter(void *arg) {
+    (void)arg;
+    void *p;
+    if (cudaMalloc(&p, 4096) == cudaSuccess) pthread_setspecific(exit_key, p);
     return NULL;
 }
 
@@ -260,6 +274,13 @@ int main(int argc, char **argv) {
     EXPECT(b_before_a);
     printf("threads: B made 400 calls in %.1f ms while A waited %.1f ms for its kernel\n", b_ms,
            a_wait_ms);
+
+    pthread_t te;
+    EXPECT(pthread_key_create(&exit_key, at_thread_exit) == 0);
+    pthread_create(&te, NULL, exiter, NULL);
+    pthread_join(te, NULL);
+    EXPECT(atomic_load(&exit_rc) == 0);
+    printf("thread exit: a destructor freed the thread's memory\n");
 
     CK(cudaFree(a));
     CK(cudaFree(b));

@@ -73,6 +73,12 @@ pub fn run_program<S: AsRef<std::ffi::OsStr>>(
         "{} failed\nstdout:\n{stdout}\nstderr:\n{stderr}",
         exe.display()
     );
+    // A panic in the stand-in is a defect even where the program goes on.
+    assert!(
+        !stderr.contains("panicked"),
+        "{} panicked\nstderr:\n{stderr}",
+        exe.display()
+    );
     stdout
 }
 

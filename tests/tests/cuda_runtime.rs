@@ -57,6 +57,7 @@ fn a_c_program_on_nvidias_cuda_runtime_runs_against_the_standin() {
         "registered: copies both ways correct, contents kept after unregistering",
         "managed: host writes seen by the device",
         "threads: B made 400 calls in",
+        "thread exit: a destructor freed the thread's memory",
         "runtime_api: all checks passed",
     ] {
         assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");

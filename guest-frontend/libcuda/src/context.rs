@@ -5,7 +5,7 @@
 //! the driver API promises. Context-wide settings that only shape a query
 //! (cache and shared-memory configuration) are kept here.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
 
 use cudarc::driver::sys::{CUcontext, CUdevice};
@@ -13,31 +13,81 @@ use cudarc::driver::sys::{CUcontext, CUdevice};
 use crate::state::{driver, gpu, objects, out, ContextInfo};
 use crate::{code, CuResult, DRIVER_VERSION};
 
+/// How deep a thread's context stack may grow.
+const STACK_DEPTH: usize = 64;
+
+/// A thread's context stack. It owns nothing to drop, so the thread-local
+/// holding it is never destroyed: other libraries' thread-exit destructors
+/// (cudart's, a framework's) that call the driver still see it.
+struct Stack {
+    len: Cell<usize>,
+    items: [Cell<usize>; STACK_DEPTH],
+}
+
 thread_local! {
     /// The calling thread's context stack; the current context is its top.
-    static STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    static STACK: Stack = const {
+        Stack { len: Cell::new(0), items: [const { Cell::new(0) }; STACK_DEPTH] }
+    };
 }
 
 /// The calling thread's current context (0: none).
 pub(crate) fn current() -> usize {
-    STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
-}
-
-fn set_current(h: usize) {
     STACK.with(|s| {
-        let mut s = s.borrow_mut();
-        if h == 0 {
-            s.pop();
-        } else if let Some(top) = s.last_mut() {
-            *top = h;
-        } else {
-            s.push(h);
-        }
+        s.len
+            .get()
+            .checked_sub(1)
+            .map_or(0, |top| s.items[top].get())
     })
 }
 
-fn push(h: usize) {
-    STACK.with(|s| s.borrow_mut().push(h));
+fn set_current(h: usize) {
+    STACK.with(|s| match s.len.get() {
+        0 if h != 0 => {
+            s.items[0].set(h);
+            s.len.set(1);
+        }
+        0 => {}
+        n if h == 0 => s.len.set(n - 1),
+        n => s.items[n - 1].set(h),
+    })
+}
+
+/// Pushes `h`; `CUDA_ERROR_OUT_OF_MEMORY` past `STACK_DEPTH` contexts.
+fn push(h: usize) -> Result<(), CuResult> {
+    STACK.with(|s| {
+        let n = s.len.get();
+        if n == STACK_DEPTH {
+            return Err(code::OUT_OF_MEMORY);
+        }
+        s.items[n].set(h);
+        s.len.set(n + 1);
+        Ok(())
+    })
+}
+
+/// Pops the top context, if any.
+fn pop() -> Option<usize> {
+    STACK.with(|s| {
+        let n = s.len.get().checked_sub(1)?;
+        s.len.set(n);
+        Some(s.items[n].get())
+    })
+}
+
+/// Takes `h` out of this thread's stack wherever it is.
+fn remove(h: usize) {
+    STACK.with(|s| {
+        let mut kept = 0;
+        for i in 0..s.len.get() {
+            let c = s.items[i].get();
+            if c != h {
+                s.items[kept].set(c);
+                kept += 1;
+            }
+        }
+        s.len.set(kept);
+    })
 }
 
 /// `CUDA_ERROR_INVALID_CONTEXT` unless the calling thread has a current
@@ -69,7 +119,10 @@ fn create(ctx: *mut CUcontext, flags: c_uint, d: CUdevice) -> Result<(), CuResul
         flags,
         primary: false,
     });
-    push(h);
+    if let Err(e) = push(h) {
+        objects()?.contexts.remove(&h);
+        return Err(e);
+    }
     out(ctx, h as CUcontext)
 }
 
@@ -157,7 +210,7 @@ export! {
         drop(o);
         run_cls_dtors(h, dtors);
         // Popped from this thread's stack wherever it is.
-        STACK.with(|s| s.borrow_mut().retain(|&c| c != h));
+        remove(h);
         Ok(())
     }
 
@@ -180,13 +233,12 @@ export! {
         if !objects()?.contexts.contains_key(&h) {
             return Err(code::INVALID_CONTEXT);
         }
-        push(h);
-        Ok(())
+        push(h)
     }
 
     fn cuCtxPopCurrent_v2 [cuCtxPopCurrent] (ctx: *mut CUcontext) {
         driver()?;
-        let top = STACK.with(|s| s.borrow_mut().pop()).ok_or(code::INVALID_CONTEXT)?;
+        let top = pop().ok_or(code::INVALID_CONTEXT)?;
         crate::state::out_opt(ctx, top as CUcontext)
     }
 
@@ -363,7 +415,7 @@ mod tests {
     fn set_current_replaces_the_top_and_null_pops() {
         set_current(5);
         assert_eq!(current(), 5);
-        push(7);
+        push(7).unwrap();
         assert_eq!(current(), 7);
         set_current(9);
         assert_eq!(current(), 9);
@@ -372,6 +424,20 @@ mod tests {
         set_current(0);
         assert_eq!(current(), 0);
         set_current(0);
+        assert_eq!(current(), 0);
+    }
+
+    #[test]
+    fn the_stack_is_bounded_and_removal_keeps_the_order() {
+        for h in 1..=STACK_DEPTH {
+            push(h).unwrap();
+        }
+        assert_eq!(push(99), Err(code::OUT_OF_MEMORY));
+        remove(STACK_DEPTH);
+        remove(3);
+        assert_eq!(current(), STACK_DEPTH - 1);
+        assert_eq!(pop(), Some(STACK_DEPTH - 1));
+        while pop().is_some() {}
         assert_eq!(current(), 0);
     }
 }

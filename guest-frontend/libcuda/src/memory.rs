@@ -317,10 +317,7 @@ pub(crate) fn memset_2d(
 /// the process does not hold or an attribute we do not answer.
 fn pointer_attribute(data: *mut c_void, attr: c_int, ptr: u64) -> CuResult2 {
     if let Some(a) = crate::host_memory::attribute(ptr, attr) {
-        return match attr {
-            1 => out(data as *mut CUcontext, current() as CUcontext),
-            _ => a?.write(data),
-        };
+        return a?.write(data);
     }
     let (base, r) = objects()?.range_of(ptr).ok_or(code::INVALID_VALUE)?;
     match attr {

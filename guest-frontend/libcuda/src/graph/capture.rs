@@ -279,10 +279,13 @@ fn write_info(
     out_opt(id, i)?;
     out_opt(graph, g)?;
     out_opt(n, d.len())?;
-    let p = DEPS_OUT.with(|v| {
-        *v.borrow_mut() = d;
-        v.borrow().as_ptr()
-    });
+    // A thread-exit destructor finds this thread's list gone.
+    let p = DEPS_OUT
+        .try_with(|v| {
+            *v.borrow_mut() = d;
+            v.borrow().as_ptr()
+        })
+        .map_err(|_| code::DEINITIALIZED)?;
     out_opt(deps, p)
 }
 
