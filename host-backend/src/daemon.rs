@@ -243,6 +243,8 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                 );
             }
         }
+        // GPUs whose MPS server lost a client that did not exit cleanly.
+        let mut mps_faults: Vec<u32> = Vec::new();
         for w in &mut children {
             if let Some(status) = w.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 w.child = None;
@@ -260,7 +262,38 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                 );
                 plane.worker_restarted(&w.name);
                 w.restart_at = Some(Instant::now() + w.backoff());
+                let gpu = plane.gpu_of(&w.name).unwrap_or(0);
+                if mps.contains_key(&gpu) && !status.success() && !mps_faults.contains(&gpu) {
+                    mps_faults.push(gpu);
+                }
             }
+        }
+        // MPS clients share fault fate: after a client's fault the server
+        // takes no new client until all its clients have exited. So every
+        // other worker of that GPU is ended and started again, and its VM's
+        // guests recover as from a worker crash (`VgpuReset`).
+        for &gpu in &mps_faults {
+            for w in &mut children {
+                let Some(child) = w.child.as_mut() else {
+                    continue;
+                };
+                if plane.gpu_of(&w.name).unwrap_or(0) != gpu {
+                    continue;
+                }
+                stop_child(child);
+                w.child = None;
+                w.restart_at = Some(Instant::now());
+                plane.worker_restarted(&w.name);
+                plane.event(
+                    "worker",
+                    format!(
+                        "{}: worker restarted: another client of GPU {gpu}'s MPS server failed",
+                        w.name
+                    ),
+                );
+            }
+        }
+        for w in &mut children {
             if w.restart_at.is_some_and(|t| Instant::now() >= t) {
                 let Some(host) = hosts.get(w.name.as_str()) else {
                     continue;

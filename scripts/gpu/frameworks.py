@@ -4,6 +4,7 @@ lines; exits 0 if everything ran.
 
 usage: python3 frameworks.py torch|cupy|jax
        python3 frameworks.py share START_EPOCH SECONDS   (the two-VM run)
+       python3 frameworks.py share-ref                    (its losses, alone)
        python3 frameworks.py compare A B                  (two outputs' values)
 """
 import os
@@ -11,18 +12,27 @@ import sys
 import time
 
 
-def transformer(torch):
-    """A small transformer classifier, its data and its optimizer, made the
-    same way on every call (fixed seed)."""
+def transformer(torch, width=64, seq=32, batch=16):
+    """A transformer classifier, its data and its optimizer, made the same
+    way on every call (fixed seed). The default is small (its steps are
+    bound by launches); the shared run's is large enough that its steps
+    are bound by the GPU, so that two VMs training at once both keep work
+    queued and the scheduler's weights decide their shares."""
     torch.manual_seed(1)
-    layer = torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.0,
-                                             batch_first=True)
+    layer = torch.nn.TransformerEncoderLayer(width, 4, dim_feedforward=2 * width,
+                                             dropout=0.0, batch_first=True)
     model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, 2),
-                                torch.nn.Flatten(), torch.nn.Linear(64 * 32, 10)).cuda()
+                                torch.nn.Flatten(), torch.nn.Linear(width * seq, 10)).cuda()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(16, 32, 64, device="cuda")
-    y = torch.randint(0, 10, (16,), device="cuda")
+    x = torch.randn(batch, seq, width, device="cuda")
+    y = torch.randint(0, 10, (batch,), device="cuda")
     return model, opt, x, y
+
+
+# The shared run's transformer: about 10 ms of GPU time per step on an H100.
+SHARED = dict(width=512, seq=256, batch=64)
+# The shared run's step whose loss is checked against the run alone's.
+CHECKED_STEP = 20
 
 
 def train_step(torch, model, opt, x, y):
@@ -162,28 +172,46 @@ def jax_checks():
 
 
 def share(start, seconds):
-    """One of the VMs of the shared run: trains the transformer from `start`
-    (a wall-clock time both wait for) for `seconds`; prints its steps and
-    its loss at step 100 (which must equal the run alone's)."""
+    """One of the VMs of the shared run: trains the large transformer from
+    `start` (a wall-clock time both wait for) for `seconds`; prints its
+    steps and its loss at CHECKED_STEP (which must equal `share_ref`'s)."""
     import torch
 
     deterministic(torch)
-    model, opt, x, y = transformer(torch)
-    train_step(torch, model, opt, x, y)
+    model, opt, x, y = transformer(torch, **SHARED)
+    loss = train_step(torch, model, opt, x, y)
     torch.cuda.synchronize()
     while time.time() < start:
         time.sleep(0.001)
     end = time.perf_counter() + seconds
-    steps, loss100 = 1, None
+    steps, checked = 1, None
     while time.perf_counter() < end:
         loss = train_step(torch, model, opt, x, y)
         steps += 1
-        if steps == 100:
-            loss100 = float(loss)
+        if steps == CHECKED_STEP:
+            checked = float(loss.detach())
         if steps % 10 == 0:
             torch.cuda.synchronize()
     print("share_steps", steps)
-    print("transformer_loss_100", loss100)
+    print(f"share_loss_{CHECKED_STEP}", checked)
+
+
+def share_ref():
+    """The shared run's transformer alone: its loss at CHECKED_STEP, and
+    its step time."""
+    import torch
+
+    deterministic(torch)
+    model, opt, x, y = transformer(torch, **SHARED)
+    for step in range(1, CHECKED_STEP + 1):
+        loss = train_step(torch, model, opt, x, y)
+    print(f"share_loss_{CHECKED_STEP}", float(loss.detach()))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        train_step(torch, model, opt, x, y)
+    torch.cuda.synchronize()
+    print(f"time_ms share_step {1000 * (time.perf_counter() - t0) / 20:.3f}")
 
 
 def compare(a, b):
@@ -215,6 +243,8 @@ def close(x, y):
 if __name__ == "__main__":
     if sys.argv[1] == "share":
         share(float(sys.argv[2]), float(sys.argv[3]))
+    elif sys.argv[1] == "share-ref":
+        share_ref()
     elif sys.argv[1] == "compare":
         compare(sys.argv[2], sys.argv[3])
     else:

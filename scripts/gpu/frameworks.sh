@@ -3,7 +3,7 @@
 # natively and through the stand-in (daemon on the cuda executor), in the
 # same call; compares the values each prints. Carried: the release
 # fairvgpu and libcuda.so in $R (default .carry/release).
-# Then two VMs at weights 1:2 train the transformer at once (shared_mmr).
+# Then two VMs at weights 1:2 train a larger transformer at once (shared_mmr).
 # Last line: torch_ok=… cupy_ok=… jax_ok=… torch_step_ratio=… torch_startup_ratio=…
 # shared_mmr=…
 set -uo pipefail
@@ -62,9 +62,10 @@ for fw in torch cupy jax; do
         grep -a '^fairvgpu libcuda: cu.* -> [1-9]' $W/logs/$fw.trace | sort | uniq -c | sort -rn | head -15
     fi
 done
-# Two VMs at once, weights 1:2, both training the transformer for 15 s
-# from the same moment: shares against the weights, and each one's loss
-# at step 100 against the native run's.
+# Two VMs at once, weights 1:2, both training the large transformer for
+# 15 s from the same moment: steps against the weights, and each one's
+# loss at the checked step against the same training run natively alone.
+timeout 120 python3 scripts/gpu/frameworks.py share-ref > $W/logs/share.ref 2>&1
 start=$(( $(date +%s) + 10 ))
 P=""
 for vm in vm1 vm2; do
@@ -74,14 +75,14 @@ for vm in vm1 vm2; do
 done
 wait $P
 s1=$(sed -n 's/^share_steps //p' $W/logs/share.vm1); s2=$(sed -n 's/^share_steps //p' $W/logs/share.vm2)
-native100=$(sed -n 's/^transformer_loss_100 //p' $W/logs/torch.native)
-echo "== two VMs, weights 1:2: steps $s1 / $s2; loss at step 100: native $native100," \
-     "vm1 $(sed -n 's/^transformer_loss_100 //p' $W/logs/share.vm1)," \
-     "vm2 $(sed -n 's/^transformer_loss_100 //p' $W/logs/share.vm2)"
+echo "== two VMs, weights 1:2: steps $s1 / $s2 (alone: $(sed -n 's/^time_ms share_step //p' $W/logs/share.ref) ms a step);" \
+     "checked loss: alone $(sed -n 's/^share_loss_[0-9]* //p' $W/logs/share.ref)," \
+     "vm1 $(sed -n 's/^share_loss_[0-9]* //p' $W/logs/share.vm1)," \
+     "vm2 $(sed -n 's/^share_loss_[0-9]* //p' $W/logs/share.vm2)"
 shared_ok=1
+grep -h '^share_loss_' $W/logs/share.ref > $W/logs/share.want
 for vm in vm1 vm2; do
-    grep -h '^transformer_loss_100' $W/logs/torch.native > $W/logs/share.want
-    grep -h '^transformer_loss_100' $W/logs/share.$vm > $W/logs/share.got
+    grep -h '^share_loss_' $W/logs/share.$vm > $W/logs/share.got
     python3 scripts/gpu/frameworks.py compare $W/logs/share.want $W/logs/share.got || shared_ok=0
 done
 shared_mmr=$(awk -v a="${s1:-0}" -v b="${s2:-0}" 'BEGIN {

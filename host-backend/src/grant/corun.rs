@@ -7,8 +7,8 @@
 //! time held alone in full and its time held with others at its share of
 //! the GPU (SM-time, [`scheduler::corun::charge_ns`]), so weights hold
 //! when tenants co-run and a tenant gains nothing by filling the GPU with
-//! idle blocks. Under `[[gpu]] policy = "phase"`, a vGPU whose copies keep
-//! a copy engine busy half the time or more (its worker reports the share)
+//! idle blocks. Under `[[gpu]] policy = "phase"`, a vGPU whose recent
+//! device work is half or more copies (its worker reports the share)
 //! counts no SMs against those computing: copy engines and SMs are
 //! different resources (phase selection). A round ends when the holder and every co-holder gave the
 //! GPU back; then the fair queue picks again. Without opted-in vGPUs, or on
@@ -46,8 +46,8 @@ impl CoRun {
 
     /// What `id`'s current work needs of the GPU, from its worker's last
     /// report: its kernels' occupancy as its SM fraction (the whole GPU
-    /// while nothing is measured), and the share of time its copies keep a
-    /// copy engine busy.
+    /// while nothing is measured), and the share of its device work that
+    /// was copies.
     pub fn demand(&self, id: u32, live: &HashMap<u32, VgpuLive>) -> Demand {
         let (ppm, copy) = live
             .get(&id)
@@ -267,8 +267,8 @@ mod tests {
 
     #[test]
     fn with_phase_selection_a_copier_co_holds_with_those_computing() {
-        // All fill 60% of the SMs; vGPU 3's copies keep a copy engine busy
-        // 90% of the time. Fair queue: nobody co-holds. Phase selection:
+        // All fill 60% of the SMs; 90% of vGPU 3's device work is copies.
+        // Fair queue: nobody co-holds. Phase selection:
         // the copier holds the GPU beside one that computes.
         let copies = [0, 0, 0, 900_000];
         let fair = scheduler::DevicePolicy::FairQueue;

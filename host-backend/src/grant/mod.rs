@@ -45,7 +45,7 @@ const OCCUPANCY: u32 = 9; // a = mean occupied fraction of the GPU's cores, part
 const SLICED: u32 = 10; // a = launches run as sub-grids so far
 const LOGS: u32 = 11; // a = log lines suppressed so far (rate-limited guest-triggered logs)
 const CONTEXTS: u32 = 14; // a = contexts made for guest processes so far, b = contexts reused
-const COPIES: u32 = 15; // a = share of time its copies keep a copy engine busy, parts per million
+const COPIES: u32 = 15; // a = share of its device work that was copies, parts per million
 const EXTEND: u32 = 12; // a = ns added to the holder's slice
 const CONTENDED: u32 = 13; // another vGPU wants the GPU: no more extensions this grant
 
@@ -95,8 +95,9 @@ pub struct Report {
     pub contexts_created: u64,
     /// Guest processes that got an ended one's context (made clean).
     pub contexts_reused: u64,
-    /// Share of time its recent copies keep a copy engine busy, parts per
-    /// million (phase selection, `grant/corun.rs`).
+    /// Share of its recent device work that was copies (their time at a
+    /// copy engine's rate against its kernels'), parts per million (phase
+    /// selection, `grant/corun.rs`).
     pub copy_ppm: u64,
 }
 

@@ -66,6 +66,9 @@ const PINNED_ADDR: usize = 0x3f00_0000_0000;
 /// How often a worker whose guests wait on the device (and that has
 /// nothing else to do) looks whether it is there.
 const WAITING_POLL: Duration = Duration::from_micros(20);
+/// How often a holder whose predicted work fills its slice looks whether
+/// the device has in fact run it all (see [`Worker::recheck_budget`]).
+const BUDGET_CHECK: Duration = Duration::from_micros(50);
 
 /// Settings of one worker.
 #[derive(Debug, Clone)]
@@ -182,8 +185,8 @@ impl Stats {
 }
 
 /// What one copy engine moves between host and device per second (PCIe 4/5
-/// order of magnitude): the scale of the copy share reported for phase
-/// selection (`scheduler::corun`).
+/// order of magnitude): a copy's device time, for the copy share reported
+/// for phase selection (`scheduler::corun`).
 const COPY_BYTES_PER_S: f64 = 25e9;
 
 /// A migration being prepared on a helper thread.
@@ -205,6 +208,8 @@ pub struct Worker {
     cpu: Option<usize>,
     stop: Arc<AtomicBool>,
     moving: Option<Moving>,
+    /// When [`Worker::recheck_budget`] last asked the device.
+    budget_checked: Instant,
 }
 
 impl std::fmt::Debug for Worker {
@@ -317,7 +322,7 @@ impl Worker {
                 releasing: false,
                 occupancy: (0.0, 0.0),
                 last_occupancy: 0.0,
-                copy_mark: (Instant::now(), 0),
+                copy_mark: 0,
                 info_bytes: info.to_bytes(),
                 mem_limit,
                 device_mem,
@@ -351,6 +356,7 @@ impl Worker {
             cpu: cfg.cpu,
             stop: Arc::default(),
             moving: None,
+            budget_checked: Instant::now(),
         };
         if cfg.prefill_contexts > 0 {
             let n = cfg.prefill_contexts;
@@ -425,6 +431,7 @@ impl Worker {
             for c in &mut self.chans {
                 busy |= service(&mut self.sh, c, &mut self.sessions);
             }
+            self.recheck_budget();
             if self.releasing.is_some() {
                 if self.poll_release()? {
                     idle = 0;
@@ -518,12 +525,18 @@ impl Worker {
         if den > 0.0 {
             self.sh.last_occupancy = num / den;
         }
-        // The share of time its copies keep a copy engine busy, from the
-        // bytes it moved since the last report at a copy engine's rate.
+        // The share of its device work since the last report that was
+        // copies: their time at a copy engine's rate against that and its
+        // kernels' estimated time (`den`, ns). A guest that only copies is
+        // at 1 however fast its copies go through the rings.
         let bytes = self.sh.stats.copy_bytes.load(Ordering::Relaxed);
-        let (t0, b0) = std::mem::replace(&mut self.sh.copy_mark, (Instant::now(), bytes));
-        let secs = t0.elapsed().as_secs_f64().max(1e-3);
-        let copy_share = (bytes.saturating_sub(b0) as f64 / COPY_BYTES_PER_S / secs).min(1.0);
+        let b0 = std::mem::replace(&mut self.sh.copy_mark, bytes);
+        let copy_ns = bytes.saturating_sub(b0) as f64 / COPY_BYTES_PER_S * 1e9;
+        let copy_share = if copy_ns > 0.0 {
+            copy_ns / (copy_ns + den)
+        } else {
+            0.0
+        };
         let st = &self.sh.stats;
         let r = crate::grant::Report {
             mem_used: st.mem_used.load(Ordering::Relaxed),
@@ -691,6 +704,34 @@ impl Worker {
                     let _ = self.sh.region.mark_abandoned(ch);
                 }
             }
+        }
+    }
+
+    /// What the holder issued is predicted from its kernels' estimated
+    /// times (`Shared::slice_filled`), and an estimate can run ahead of the
+    /// device: a kernel's first timing includes the grant's context switch.
+    /// Once the device has run everything while the prediction says the
+    /// slice is full, nothing is queued ahead, so the slice's budget is
+    /// what the clock leaves: issuing goes on instead of a lone holder's
+    /// device idling until its extension, or a contended holder giving back
+    /// a slice it has not used.
+    fn recheck_budget(&mut self) {
+        if !self.sh.budget_spent || self.budget_checked.elapsed() < BUDGET_CHECK {
+            return;
+        }
+        self.budget_checked = Instant::now();
+        let Some(held) = self
+            .sh
+            .gate
+            .as_ref()
+            .filter(|g| g.holding())
+            .map(|g| g.held_ns())
+        else {
+            return;
+        };
+        if self.sessions.device_idle() {
+            self.sh.issued_ns = held;
+            self.sh.budget_spent = false;
         }
     }
 

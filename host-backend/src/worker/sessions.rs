@@ -89,6 +89,20 @@ impl Sessions {
             .any(|e| e.s.host_fn.as_ref().is_some_and(|h| !h.delivered))
     }
 
+    /// Whether the device has run all the sessions' work: no launches
+    /// queued here, and every open busy period's streams idle.
+    pub fn device_idle(&mut self) -> bool {
+        self.map.values_mut().all(|e| {
+            let s = &mut e.s;
+            s.run.is_empty()
+                && s.period.as_ref().is_none_or(|p| {
+                    p.streams
+                        .iter()
+                        .all(|&st| s.ctx.stream_query(st).unwrap_or(false))
+                })
+        })
+    }
+
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&SessionId, &mut Entry)> {
         self.map.iter_mut()
     }

@@ -78,8 +78,8 @@ pub(super) struct Shared {
     /// Mean occupied fraction over the last report's launches (kept while
     /// there are none).
     pub last_occupancy: f64,
-    /// When the copy share was last reported, and the bytes copied then.
-    pub copy_mark: (std::time::Instant, u64),
+    /// The bytes copied when the copy share was last reported.
+    pub copy_mark: u64,
 }
 
 /// How often a worker reports its live figures to the grant service.

@@ -25,12 +25,33 @@ pub fn available() -> Result<(), Error> {
     Ok(())
 }
 
+/// How long `cuInit` waits for an MPS server that is not ready: one
+/// recovering from a client's fatal fault turns new clients away until
+/// every client it had has exited (the daemon ends them; see `mps.rs`).
+const MPS_READY_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `cuInit`, tried again while an MPS server is not ready for clients.
+fn init_through_mps() -> Result<(), Status> {
+    let end = std::time::Instant::now() + MPS_READY_WAIT;
+    loop {
+        // SAFETY: cuInit takes flags only.
+        let r = unsafe { sys::cuInit(0) };
+        let retry = matches!(
+            r,
+            CUresult::CUDA_ERROR_MPS_SERVER_NOT_READY | CUresult::CUDA_ERROR_MPS_CONNECTION_FAILED
+        );
+        if !retry || std::time::Instant::now() >= end {
+            return check(r);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Number of GPUs the driver sees.
 pub fn device_count() -> Result<u32, Error> {
     available()?;
     let fail = |what: &str, s: Status| Error::Config(format!("executor \"cuda\": {what}: {s:?}"));
-    // SAFETY: cuInit takes flags only.
-    check(unsafe { sys::cuInit(0) }).map_err(|s| fail("cuInit", s))?;
+    init_through_mps().map_err(|s| fail("cuInit", s))?;
     let mut count = 0;
     // SAFETY: out-parameter on our stack.
     check(unsafe { sys::cuDeviceGetCount(&mut count) }).map_err(|s| fail("cuDeviceGetCount", s))?;
