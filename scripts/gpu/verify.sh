@@ -31,7 +31,7 @@ step() {
 header | tee -a "$LOG"
 step conformance 330 bash scripts/gpu/conformance.sh
 step cufft 90 bash scripts/gpu/cufft.sh
-step hostile 160 "$R/fairvgpu" bench hostile --executor cuda --seconds 45 --log "$OUT/hostile-daemon.log"
+step hostile 180 "$R/fairvgpu" bench hostile --executor cuda --seconds 60 --log "$OUT/hostile-daemon.log"
 step frameworks 400 bash scripts/gpu/frameworks.sh
 step fairness 150 "$R/fairvgpu" bench fairness --executor cuda
 step space 290 bash scripts/gpu/space.sh

@@ -292,4 +292,64 @@ mod tests {
         let (h, c) = (held[3] as f64, charged[3] as f64);
         assert!((c / h) > 0.8, "charged {c} for {h} held alone");
     }
+
+    #[test]
+    fn co_holders_nobody_waits_beside_are_extended_together() {
+        let dir = std::env::temp_dir().join(format!("fvg-corun-ext-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let slice = Duration::from_millis(4);
+        let policy = scheduler::DevicePolicy::default();
+        let svc = GrantService::start_with(&dir.join("g.sock"), 4_000_000, policy, true).unwrap();
+        for id in 0..3 {
+            svc.set_corun(id, true).unwrap();
+        }
+        let small = Report {
+            occupancy_ppm: 60_000,
+            ..Report::default()
+        };
+        let mut gates: Vec<Gate> = (0..2)
+            .map(|id| {
+                let mut g = Gate::connect(svc.path(), id, 1.0).unwrap();
+                g.report(&small).unwrap();
+                g
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+        for g in &mut gates {
+            assert!(g.acquire(Duration::from_secs(5)).unwrap());
+        }
+        // Five slices' time, and neither's slice ended: both were extended.
+        let t = Instant::now();
+        while t.elapsed() < 5 * slice {
+            for g in &mut gates {
+                assert!(!g.slice_over(), "ended after {:?}", t.elapsed());
+            }
+            std::thread::sleep(Duration::from_micros(300));
+        }
+        for g in &gates {
+            assert!(g.extensions() >= 4, "{} extensions", g.extensions());
+            assert!(g.alone());
+        }
+        // A third that does not fit wants the GPU: both hear of it and
+        // their slices end within the extension they had.
+        let mut big = Gate::connect(svc.path(), 2, 1.0).unwrap();
+        big.report(&Report {
+            occupancy_ppm: 1_000_000,
+            ..Report::default()
+        })
+        .unwrap();
+        assert!(!big.acquire(Duration::from_millis(1)).unwrap());
+        let t = Instant::now();
+        for g in &mut gates {
+            while !g.slice_over() {
+                assert!(t.elapsed() < 3 * slice, "not over after {:?}", t.elapsed());
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            assert!(!g.alone());
+            let held = g.held_ns();
+            g.release(held, false).unwrap();
+        }
+        assert!(big.acquire(Duration::from_secs(5)).unwrap());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -8,12 +8,14 @@
 //! free), and releases, reporting the GPU time it used. Non-preemptive GPUs
 //! make the release collaborative; a kernel that overruns is charged in full.
 //!
-//! A holder that no other vGPU waits for is told, halfway through its slice,
-//! that it has one slice more (`EXTEND`): it neither drains the device nor
-//! gives the GPU back and takes it again, which for a lone tenant would
-//! empty the device's queue once a slice for nothing. It is charged at its
-//! release for all it held; once another vGPU wants the GPU, the holder's
-//! slice ends as usual (at most one slice later than without extensions).
+//! While no other vGPU waits, the holder (and its co-holders, see
+//! `corun.rs`) is told whenever less than a slice is left that it has one
+//! slice more (`EXTEND`): it neither drains the device nor gives the GPU
+//! back and takes it again, which for a lone tenant would empty the
+//! device's queue once a slice for nothing. It is charged at its release
+//! for all it held; once another vGPU wants the GPU, the holders are told
+//! (`CONTENDED`) and the slice ends as usual (at most one slice later than
+//! without extensions).
 //!
 //! Messages are 24 bytes, little-endian: `[kind u32][vgpu u32][a u64][b u64]`.
 
@@ -364,7 +366,7 @@ fn serve(
     let mut holder: Option<u32> = None;
     let mut held_since = Instant::now();
     // When the holder's slice ends, extensions included, and whether no
-    // other vGPU has wanted the GPU since it was granted.
+    // vGPU has waited beside those holding since it was granted.
     let mut deadline = held_since;
     let mut alone = false;
     let slice = Duration::from_nanos(slice_ns);
@@ -604,23 +606,6 @@ fn serve(
                 "grant taken back from a worker that kept it past its slice"
             );
         }
-        // A holder no other vGPU waits for gets one slice more, told half a
-        // slice before its slice ends; once another vGPU wants the GPU, the
-        // holder is told so and its slice ends (see the module's doc).
-        if let (Some(id), true) = (holder, alone) {
-            let q = sched.queue();
-            let others = q.runnable() - usize::from(q.is_runnable(id));
-            if let Some(s) = conns.get_mut(&id) {
-                if others > 0 {
-                    alone = false;
-                    let _ = s.write_all(&encode(CONTENDED, id, 0, 0));
-                } else if deadline.saturating_duration_since(Instant::now()) <= slice / 2
-                    && s.write_all(&encode(EXTEND, id, slice_ns, 0)).is_ok()
-                {
-                    deadline += slice;
-                }
-            }
-        }
         // Beside a holder that opted in, the next vGPUs that did and fit
         // (see `corun.rs`), until the holder's slice ends.
         if let Some(h) = holder {
@@ -640,6 +625,38 @@ fn serve(
                 }
             }
         }
+        // While no vGPU waits beside those holding the GPU (the holder and
+        // its co-holders), they get one slice more whenever less than a
+        // slice is left; once one waits, they are told so and the round
+        // ends at its deadline (see the module's doc).
+        if let (Some(id), true) = (holder, alone) {
+            let q = sched.queue();
+            let waiting = conns
+                .keys()
+                .filter(|&&v| v != id && !co.holders.contains_key(&v) && q.is_runnable(v))
+                .count();
+            let holding: Vec<u32> = std::iter::once(id)
+                .chain(co.holders.keys().copied())
+                .collect();
+            if waiting > 0 {
+                alone = false;
+                for v in holding {
+                    if let Some(s) = conns.get_mut(&v) {
+                        let _ = s.write_all(&encode(CONTENDED, v, 0, 0));
+                    }
+                }
+            } else if deadline.saturating_duration_since(Instant::now()) <= slice {
+                deadline += slice;
+                for v in holding {
+                    if let Some(s) = conns.get_mut(&v) {
+                        let _ = s.write_all(&encode(EXTEND, v, slice_ns, 0));
+                    }
+                    if let Some(end) = co.holders.get_mut(&v) {
+                        *end = deadline;
+                    }
+                }
+            }
+        }
         // A new round once the holder and every co-holder gave the GPU back.
         if holder.is_none() && co.holders.is_empty() {
             if let Some(g) = sched.grant(epoch.elapsed().as_nanos() as u64) {
@@ -651,7 +668,7 @@ fn serve(
                         .is_ok()
                     {
                         holder = Some(g.vgpu);
-                        alone = others == 0;
+                        alone = true;
                         held_since = Instant::now();
                         deadline = held_since + Duration::from_nanos(g.slice_ns);
                         live(&mut |u| u.entry(g.vgpu).or_default().holding = true);
@@ -799,8 +816,11 @@ impl Gate {
             let (kind, _, ns, _) = decode(&m);
             match kind {
                 EXTEND => {
+                    // No other vGPU waits: a co-holder granted while one
+                    // did learns it here.
                     self.slice += Duration::from_nanos(ns);
                     self.extensions += 1;
+                    self.alone = true;
                     more = true;
                 }
                 CONTENDED => self.alone = false,
@@ -948,7 +968,7 @@ mod tests {
         }
         assert!(lone.extensions() >= 4, "{} extensions", lone.extensions());
         // Another vGPU wants the GPU: the holder hears of it, and its slice
-        // ends within the extension it had (at most one slice and a half).
+        // ends within the extension it had (at most two slices).
         let mut other = Gate::connect(svc.path(), 2, 1.0).unwrap();
         assert!(!other.acquire(Duration::from_millis(1)).unwrap());
         let t = Instant::now();
