@@ -31,8 +31,15 @@ def transformer(torch, width=64, seq=32, batch=16):
 
 # The shared run's transformer: about 10 ms of GPU time per step on an H100.
 SHARED = dict(width=512, seq=256, batch=64)
-# The shared run's step whose loss is checked against the run alone's.
-CHECKED_STEP = 20
+# The shared run's steps whose loss and parameters are checked against the
+# run alone's (by step 20 its loss is 0 in float32: a weak check alone).
+LOSS_STEP, PARAMS_STEP = 3, 20
+
+
+def param_sum(model):
+    """The parameters' magnitudes summed in float64: a checksum of the
+    training so far."""
+    return sum(float(p.detach().double().abs().sum()) for p in model.parameters())
 
 
 def train_step(torch, model, opt, x, y):
@@ -174,7 +181,8 @@ def jax_checks():
 def share(start, seconds):
     """One of the VMs of the shared run: trains the large transformer from
     `start` (a wall-clock time both wait for) for `seconds`; prints its
-    steps and its loss at CHECKED_STEP (which must equal `share_ref`'s)."""
+    steps, its loss at LOSS_STEP and its parameters' sum at PARAMS_STEP
+    (which must equal `share_ref`'s)."""
     import torch
 
     deterministic(torch)
@@ -184,28 +192,33 @@ def share(start, seconds):
     while time.time() < start:
         time.sleep(0.001)
     end = time.perf_counter() + seconds
-    steps, checked = 1, None
+    steps, checked = 1, {}
     while time.perf_counter() < end:
         loss = train_step(torch, model, opt, x, y)
         steps += 1
-        if steps == CHECKED_STEP:
-            checked = float(loss.detach())
+        if steps == LOSS_STEP:
+            checked[f"share_loss_{LOSS_STEP}"] = float(loss.detach())
+        if steps == PARAMS_STEP:
+            checked[f"share_params_{PARAMS_STEP}"] = param_sum(model)
         if steps % 10 == 0:
             torch.cuda.synchronize()
     print("share_steps", steps)
-    print(f"share_loss_{CHECKED_STEP}", checked)
+    for k, v in checked.items():
+        print(k, v)
 
 
 def share_ref():
-    """The shared run's transformer alone: its loss at CHECKED_STEP, and
+    """The shared run's transformer alone: the values `share` checks, and
     its step time."""
     import torch
 
     deterministic(torch)
     model, opt, x, y = transformer(torch, **SHARED)
-    for step in range(1, CHECKED_STEP + 1):
+    for step in range(1, PARAMS_STEP + 1):
         loss = train_step(torch, model, opt, x, y)
-    print(f"share_loss_{CHECKED_STEP}", float(loss.detach()))
+        if step == LOSS_STEP:
+            print(f"share_loss_{LOSS_STEP}", float(loss.detach()))
+    print(f"share_params_{PARAMS_STEP}", param_sum(model))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(20):

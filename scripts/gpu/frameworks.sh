@@ -64,7 +64,8 @@ for fw in torch cupy jax; do
 done
 # Two VMs at once, weights 1:2, both training the large transformer for
 # 15 s from the same moment: steps against the weights, and each one's
-# loss at the checked step against the same training run natively alone.
+# checked values (a loss, a parameter sum) against the same training run
+# natively alone.
 timeout 120 python3 scripts/gpu/frameworks.py share-ref > $W/logs/share.ref 2>&1
 start=$(( $(date +%s) + 10 ))
 P=""
@@ -76,13 +77,13 @@ done
 wait $P
 s1=$(sed -n 's/^share_steps //p' $W/logs/share.vm1); s2=$(sed -n 's/^share_steps //p' $W/logs/share.vm2)
 echo "== two VMs, weights 1:2: steps $s1 / $s2 (alone: $(sed -n 's/^time_ms share_step //p' $W/logs/share.ref) ms a step);" \
-     "checked loss: alone $(sed -n 's/^share_loss_[0-9]* //p' $W/logs/share.ref)," \
-     "vm1 $(sed -n 's/^share_loss_[0-9]* //p' $W/logs/share.vm1)," \
-     "vm2 $(sed -n 's/^share_loss_[0-9]* //p' $W/logs/share.vm2)"
+     "checked values: alone $(grep -h '^share_[lp]' $W/logs/share.ref | paste -sd' ')," \
+     "vm1 $(grep -h '^share_[lp]' $W/logs/share.vm1 | paste -sd' ')," \
+     "vm2 $(grep -h '^share_[lp]' $W/logs/share.vm2 | paste -sd' ')"
 shared_ok=1
-grep -h '^share_loss_' $W/logs/share.ref > $W/logs/share.want
+grep -h '^share_[lp]' $W/logs/share.ref > $W/logs/share.want
 for vm in vm1 vm2; do
-    grep -h '^share_loss_' $W/logs/share.$vm > $W/logs/share.got
+    grep -h '^share_[lp]' $W/logs/share.$vm > $W/logs/share.got
     python3 scripts/gpu/frameworks.py compare $W/logs/share.want $W/logs/share.got || shared_ok=0
 done
 shared_mmr=$(awk -v a="${s1:-0}" -v b="${s2:-0}" 'BEGIN {
