@@ -19,8 +19,9 @@ fuzz_target!(|data: &[u8]| {
         let granular = |v: u64| v != 0 && v.is_multiple_of(g);
         let size_ok = |v: u64| granular(v) && v <= protocol::MAX_LEN;
         match req {
-            Request::VmmReserve { size, align } => {
-                assert!(size_ok(size) && (align == 0 || align.is_power_of_two()))
+            Request::VmmReserve { size, align, addr } => {
+                assert!(size_ok(size) && (align == 0 || align.is_power_of_two()));
+                assert!(addr == 0 || granular(addr));
             }
             Request::VmmCreate { size } => assert!(size_ok(size)),
             Request::VmmAddressFree { ptr, size } | Request::VmmUnmap { ptr, size } => {

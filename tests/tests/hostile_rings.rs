@@ -96,6 +96,7 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
         Request::VmmReserve {
             size: 4 * G,
             align: 0,
+            addr: 0,
         },
     )
     .unwrap()[0];
@@ -176,6 +177,12 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
         Request::VmmReserve {
             size: G,
             align: 3 << 20,
+            addr: 0,
+        },
+        Request::VmmReserve {
+            size: G,
+            align: 0,
+            addr: 0x1000,
         },
     ] {
         let e = req(&mut evil, r.clone()).unwrap_err();

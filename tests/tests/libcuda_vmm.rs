@@ -57,10 +57,24 @@ fn vmm_through_the_standin_maps_copies_refuses_and_leaks_nothing() {
     // Another process of the VM, with a handle and a reservation of its own.
     let mut other = Gpu::connect_with(&host.socket, TEST_SPIN).unwrap();
     let foreign = other.request(&Request::VmmCreate { size: G }).unwrap().vals[0];
-    let foreign_va = other
-        .request(&Request::VmmReserve { size: G, align: 0 })
+    let reserve = |g: &mut Gpu, addr: u64| {
+        g.request(&Request::VmmReserve {
+            size: G,
+            align: 0,
+            addr,
+        })
         .unwrap()
-        .vals[0];
+        .vals[0]
+    };
+    let foreign_va = reserve(&mut other, 0);
+    // An address asked for is a hint; the sim takes it where it has handed
+    // out nothing yet (the stand-in asks for addresses the process has free
+    // when the host's land on its own memory).
+    let hint = foreign_va + (64 << 30);
+    assert_eq!(reserve(&mut other, hint), hint);
+    other
+        .request(&Request::VmmAddressFree { ptr: hint, size: G })
+        .unwrap();
     let mem = |s: &host_backend::worker::Stats| s.mem_used.load(Ordering::Relaxed);
     host.wait_until("the other's memory", Duration::from_secs(10), |s| {
         mem(s) == G

@@ -44,6 +44,33 @@ pub(crate) fn reserve(addr: u64, len: u64) -> bool {
     true
 }
 
+/// An address where `len` bytes aligned to `align` (a power of two) are
+/// free in this process now, or 0 if none is found: the kernel picks a
+/// free range, which is given back at once, so it is only a good guess.
+pub(crate) fn free_range(len: u64, align: u64) -> u64 {
+    let Some(span) = len.checked_add(align).and_then(|n| usize::try_from(n).ok()) else {
+        return 0;
+    };
+    // SAFETY: a new private, inaccessible mapping wherever the kernel
+    // likes; it touches no existing memory and is unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return 0;
+    }
+    // SAFETY: the mapping just made, which nothing else knows of.
+    unsafe { libc::munmap(p, span) };
+    (p as u64).next_multiple_of(align)
+}
+
 /// Gives back a reservation made by [`reserve`].
 pub(crate) fn release(addr: u64, len: u64) {
     let Ok(len) = usize::try_from(len.next_multiple_of(4096)) else {
@@ -69,5 +96,14 @@ mod tests {
         release(addr, 8192);
         assert!(reserve(addr + 4096, 4096));
         release(addr + 4096, 4096);
+    }
+
+    #[test]
+    fn a_free_range_is_aligned_and_can_be_reserved() {
+        let g = 2 << 20;
+        let a = free_range(4 * g, g);
+        assert!(a != 0 && a.is_multiple_of(g));
+        assert!(reserve(a, 4 * g), "{a:#x} was free");
+        release(a, 4 * g);
     }
 }

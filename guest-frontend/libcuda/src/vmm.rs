@@ -144,11 +144,14 @@ export! {
         }
         let align = alignment as u64;
         // Addresses the process uses itself are kept aside while another
-        // reservation is made (as `memory::device_alloc` does).
+        // reservation is made (as `memory::device_alloc` does); after the
+        // first, at an address free in this process, which the host's
+        // driver takes where it is free there too.
         let mut taken = Vec::new();
         let mut got = None;
-        for _ in 0..RESERVE_TRIES {
-            let va = call(Request::VmmReserve { size, align })?[0];
+        for i in 0..RESERVE_TRIES {
+            let addr = if i == 0 { 0 } else { crate::reserve::free_range(size, align.max(G)) };
+            let va = call(Request::VmmReserve { size, align, addr })?[0];
             if crate::reserve::reserve(va, size) {
                 got = Some(va);
                 break;

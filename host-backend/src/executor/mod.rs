@@ -389,10 +389,11 @@ pub trait Context: Send {
         None
     }
     /// Reserves `size` bytes of device address space (`align`: 0 or a power
-    /// of two) for the guest's own mappings (cuMemAddressReserve). The
+    /// of two; `addr`: 0, or the address asked for, which the device may
+    /// not give) for the guest's own mappings (cuMemAddressReserve). The
     /// worker checks every VMM call against the session's table
     /// (`session::vmm`) first.
-    fn vmm_reserve(&mut self, _size: u64, _align: u64) -> Result<u64, Status> {
+    fn vmm_reserve(&mut self, _size: u64, _align: u64, _addr: u64) -> Result<u64, Status> {
         Err(Status::NotSupported)
     }
     /// Frees a reservation with nothing mapped in it.

@@ -34,8 +34,8 @@ pub(super) fn handle(
 fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>, &'static str) {
     let unit = |r: Result<(), Status>| r.map(|()| Reply::default());
     match req {
-        Request::VmmReserve { size, align } => (
-            s.ctx.vmm_reserve(size, align).map(|p| {
+        Request::VmmReserve { size, align, addr } => (
+            s.ctx.vmm_reserve(size, align, addr).map(|p| {
                 s.vmm.reserved(p, size);
                 Reply::one(p)
             }),

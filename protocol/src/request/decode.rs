@@ -370,7 +370,11 @@ impl Request {
                 if align != 0 && (!align.is_power_of_two() || align > MAX_LEN) {
                     return Err(bad("align", format!("{align:#x}")));
                 }
-                VmmReserve { size, align }
+                let addr = match r.u64()? {
+                    0 => 0,
+                    a => check_vmm("addr", a)?,
+                };
+                VmmReserve { size, align, addr }
             }
             op::VMM_ADDRESS_FREE => VmmAddressFree {
                 ptr: check_vmm("ptr", r.u64()?)?,
@@ -550,6 +554,12 @@ mod tests {
             Request::VmmReserve {
                 size: 4 << 20,
                 align: 1 << 30,
+                addr: 0,
+            },
+            Request::VmmReserve {
+                size: 4 << 20,
+                align: 0,
+                addr: 0x7e00_0000_0000,
             },
             Request::VmmAddressFree {
                 ptr: 0x7f00_0000_0000,
@@ -671,8 +681,18 @@ mod tests {
             enc(Request::VmmReserve {
                 size: 2 << 20,
                 align: 3 << 20,
+                addr: 0,
             }),
-            enc(Request::VmmReserve { size: 0, align: 0 }),
+            enc(Request::VmmReserve {
+                size: 0,
+                align: 0,
+                addr: 0,
+            }),
+            enc(Request::VmmReserve {
+                size: 2 << 20,
+                align: 0,
+                addr: 0x1000,
+            }),
             enc(Request::VmmAddressFree {
                 ptr: 0x1000,
                 size: 2 << 20,

@@ -201,9 +201,12 @@ impl Request {
                 w.u64(start);
                 w.u64(end);
             }
-            VmmReserve { size: a, align: b }
-            | VmmAddressFree { ptr: a, size: b }
-            | VmmUnmap { ptr: a, size: b } => {
+            VmmReserve { size, align, addr } => {
+                w.u64(size);
+                w.u64(align);
+                w.u64(addr);
+            }
+            VmmAddressFree { ptr: a, size: b } | VmmUnmap { ptr: a, size: b } => {
                 w.u64(a);
                 w.u64(b);
             }

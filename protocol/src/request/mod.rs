@@ -373,6 +373,9 @@ pub enum Request {
         size: u64,
         /// Alignment: 0 (the default) or a power of two.
         align: u64,
+        /// The address asked for: 0 for any, else a multiple of the
+        /// granularity; a hint the host's driver may not take.
+        addr: u64,
     },
     /// Gives back a whole reservation with nothing mapped in it.
     VmmAddressFree {

@@ -643,8 +643,8 @@ impl Context for CudaContext {
         CudaContext::launch_slice(self, func, g, b, smem, s, params, x_offset, grid_x)
     }
 
-    fn vmm_reserve(&mut self, size: u64, align: u64) -> Result<u64, Status> {
-        CudaContext::vmm_reserve(self, size, align)
+    fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
+        CudaContext::vmm_reserve(self, size, align, addr)
     }
 
     fn vmm_address_free(&mut self, ptr: u64, size: u64) -> Result<(), Status> {

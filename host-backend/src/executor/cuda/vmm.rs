@@ -136,13 +136,14 @@ pub(super) fn vmm_free(va: u64, a: &VmmAlloc) {
 }
 
 impl CudaContext {
-    pub(super) fn vmm_reserve(&mut self, size: u64, align: u64) -> Result<u64, Status> {
+    pub(super) fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
         self.bind()?;
         let n = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
         let mut va = 0;
-        // SAFETY: out-parameter on our stack; no address asked for; an
-        // alignment of 0 or a power of two (checked by the protocol).
-        check(unsafe { sys::cuMemAddressReserve(&mut va, n, align as usize, 0, 0) })?;
+        // SAFETY: out-parameter on our stack; an alignment of 0 or a power
+        // of two and an address of 0 or a multiple of the granularity
+        // (checked by the protocol), which the driver takes as a hint only.
+        check(unsafe { sys::cuMemAddressReserve(&mut va, n, align as usize, addr, 0) })?;
         self.guest_vmm.reserved.insert(va, n);
         Ok(va)
     }

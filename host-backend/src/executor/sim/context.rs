@@ -778,11 +778,14 @@ impl Context for SimContext {
         self.marks.remove(&m);
     }
 
-    fn vmm_reserve(&mut self, size: u64, align: u64) -> Result<u64, Status> {
+    fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
         self.alive()?;
         let g = protocol::VMM_GRANULARITY;
         let mut next = self.next_base.lock().unwrap_or_else(|e| e.into_inner());
-        let base = next
+        // The address asked for is taken if the model has handed out
+        // nothing there yet (it never hands out an address twice).
+        let from = if addr >= *next { addr } else { *next };
+        let base = from
             .checked_next_multiple_of(align.max(g))
             .ok_or(Status::OutOfMemory)?;
         // A gap after it, as after allocations: an overrun faults.
@@ -887,7 +890,7 @@ mod tests {
     fn mapped_vmm_memory_is_the_handles_bytes_until_unmapped() {
         const G: u64 = protocol::VMM_GRANULARITY;
         let mut ctx = SimExecutor::new(SimParams::default()).open().unwrap();
-        let va = ctx.vmm_reserve(4 * G, 0).unwrap();
+        let va = ctx.vmm_reserve(4 * G, 0, 0).unwrap();
         let (a, b) = (
             ctx.vmm_create(2 * G).unwrap(),
             ctx.vmm_create(2 * G).unwrap(),
