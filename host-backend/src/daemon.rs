@@ -41,6 +41,7 @@ pub fn run_worker(
     feed_fd: Option<i32>,
     gpu: Option<u32>,
 ) -> Result<(), Error> {
+    let started = std::time::Instant::now();
     let vmc = cfg
         .vm(vm)
         .ok_or_else(|| Error::Config(format!("no vm named {vm:?}")))?;
@@ -50,6 +51,7 @@ pub fn run_worker(
     let mps = cfg.gpu_mps(gpu) && cfg.daemon.executor == ExecutorKind::Cuda;
     let ordinal = if mps { 0 } else { gpu };
     let exec = build_executor(cfg, ordinal)?;
+    let init_ms = started.elapsed().as_millis() as u64;
     let wc = WorkerConfig {
         name: vm.to_owned(),
         socket: cfg.socket(vm),
@@ -90,7 +92,13 @@ pub fn run_worker(
         }
         stop.store(true, Ordering::Relaxed);
     });
-    tracing::info!(vm, socket = %wc.socket.display(), "worker serving");
+    tracing::info!(
+        vm,
+        socket = %wc.socket.display(),
+        init_ms,
+        ready_ms = started.elapsed().as_millis() as u64,
+        "worker serving"
+    );
     worker.run()
 }
 
@@ -273,15 +281,23 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         // other worker of that GPU is ended and started again, and its VM's
         // guests recover as from a worker crash (`VgpuReset`).
         for &gpu in &mps_faults {
-            for w in &mut children {
-                let Some(child) = w.child.as_mut() else {
-                    continue;
-                };
-                if plane.gpu_of(&w.name).unwrap_or(0) != gpu {
-                    continue;
+            let t0 = Instant::now();
+            let mut clients: Vec<&mut Supervised> = children
+                .iter_mut()
+                .filter(|w| w.child.is_some() && plane.gpu_of(&w.name).unwrap_or(0) == gpu)
+                .collect();
+            // Killed, as a crash would end them: their contexts are lost
+            // already, and a clean exit would only wait on the server. All
+            // at once, then waited for.
+            for w in &mut clients {
+                if let Some(child) = w.child.as_ref() {
+                    signal_child(child, nix::sys::signal::Signal::SIGKILL);
                 }
-                stop_child(child);
-                w.child = None;
+            }
+            for w in clients {
+                if let Some(mut child) = w.child.take() {
+                    let _ = child.wait();
+                }
                 w.restart_at = Some(Instant::now());
                 plane.worker_restarted(&w.name);
                 plane.event(
@@ -292,6 +308,11 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                     ),
                 );
             }
+            tracing::info!(
+                gpu,
+                ms = t0.elapsed().as_millis() as u64,
+                "MPS clients of a failed client's GPU ended, to be started again"
+            );
         }
         for w in &mut children {
             if w.restart_at.is_some_and(|t| Instant::now() >= t) {
@@ -397,11 +418,12 @@ impl Supervised {
     }
 }
 
+fn signal_child(child: &Child, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig);
+}
+
 fn stop_child(child: &mut Child) {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
+    signal_child(child, nix::sys::signal::Signal::SIGTERM);
     let _ = child.wait();
 }
 

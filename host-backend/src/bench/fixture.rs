@@ -93,6 +93,18 @@ impl DaemonProc {
         Self::start_opts(bin, tag, executor, vms, "", "", Some(level))
     }
 
+    /// [`DaemonProc::start_with`], logging as [`DaemonProc::start_logged`].
+    pub fn start_with_logged(
+        bin: &Path,
+        tag: &str,
+        executor: ExecutorKind,
+        vms: &[VmSpec],
+        extra: &str,
+        level: &str,
+    ) -> Result<Self> {
+        Self::start_opts(bin, tag, executor, vms, "", extra, Some(level))
+    }
+
     fn start_opts(
         bin: &Path,
         tag: &str,

@@ -208,7 +208,14 @@ pub fn run(executor: ExecutorKind, secs: f64) -> Result<()> {
 fn fault_recovery_ms(bin: &Path, executor: ExecutorKind) -> Result<f64> {
     use super::recovery::{launch_out_of_bounds, until_working};
     let vms = vms(true);
-    let d = DaemonProc::start_with(bin, "space-fault", executor, &vms, &format!("\n{MPS}\n"))?;
+    let d = DaemonProc::start_with_logged(
+        bin,
+        "space-fault",
+        executor,
+        &vms,
+        &format!("\n{MPS}\n"),
+        "info",
+    )?;
     let sockets: Vec<_> = vms.iter().map(|v| d.socket(&v.name)).collect();
     for s in &sockets {
         until_working(s, Duration::from_secs(60))?;
@@ -227,6 +234,17 @@ fn fault_recovery_ms(bin: &Path, executor: ExecutorKind) -> Result<f64> {
         "fault: one co-running guest's kernel read out of bounds ({:?}); every VM computed again after {ms:.0} ms",
         fault.err()
     );
+    // Where the time went: the workers' ends and starts, from the log.
+    let log = std::fs::read_to_string(d.log_path()).unwrap_or_default();
+    let steps = ["worker exited", "MPS clients", "worker restarted", "worker serving"];
+    for line in log
+        .lines()
+        .filter(|l| steps.iter().any(|s| l.contains(s)))
+        .skip(vms.len())
+        .take(24)
+    {
+        println!("  log: {line}");
+    }
     Ok(ms)
 }
 
