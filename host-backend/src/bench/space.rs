@@ -236,7 +236,12 @@ fn fault_recovery_ms(bin: &Path, executor: ExecutorKind) -> Result<f64> {
     );
     // Where the time went: the workers' ends and starts, from the log.
     let log = std::fs::read_to_string(d.log_path()).unwrap_or_default();
-    let steps = ["worker exited", "MPS clients", "worker restarted", "worker serving"];
+    let steps = [
+        "worker exited",
+        "MPS clients",
+        "worker restarted",
+        "worker serving",
+    ];
     for line in log
         .lines()
         .filter(|l| steps.iter().any(|s| l.contains(s)))

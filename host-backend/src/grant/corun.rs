@@ -352,4 +352,39 @@ mod tests {
         assert!(big.acquire(Duration::from_secs(5)).unwrap());
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn a_holder_that_leaves_early_can_come_back_into_the_round() {
+        let dir = std::env::temp_dir().join(format!("fvg-corun-back-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let policy = scheduler::DevicePolicy::default();
+        let svc = GrantService::start_with(&dir.join("g.sock"), 200_000_000, policy, true).unwrap();
+        let small = Report {
+            occupancy_ppm: 60_000,
+            ..Report::default()
+        };
+        let mut gates: Vec<Gate> = (0..2)
+            .map(|id| {
+                svc.set_corun(id, true).unwrap();
+                let mut g = Gate::connect(svc.path(), id, 1.0).unwrap();
+                g.report(&small).unwrap();
+                g
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+        // vGPU 0 holds the round; vGPU 1 joins it.
+        assert!(gates[0].acquire(Duration::from_secs(5)).unwrap());
+        assert!(gates[1].acquire(Duration::from_secs(5)).unwrap());
+        // The holder leaves with work still to come, and asks again: it is
+        // back beside vGPU 1 long before the 200 ms round could end.
+        let held = gates[0].held_ns();
+        gates[0].release(held, true).unwrap();
+        // (An extension sent while it held is read and passed over first.)
+        let t = Instant::now();
+        while !gates[0].acquire(Duration::from_millis(5)).unwrap() {
+            assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+        }
+        assert!(!gates[1].slice_over(), "vGPU 1 held on");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -606,6 +606,19 @@ fn serve(
                 "grant taken back from a worker that kept it past its slice"
             );
         }
+        // A holder that gave the GPU back before its co-holders hands the
+        // round to one of them: vGPUs that fit can still join it, and the
+        // one that left can come back into it (without, it would wait for
+        // the round's end while the GPU has room).
+        if holder.is_none() {
+            if let Some(next) = co.holders.keys().next().copied() {
+                co.holders.remove(&next);
+                holder = Some(next);
+                held_since = Instant::now()
+                    .checked_sub(Duration::from_nanos(co.held_ns(next)))
+                    .unwrap_or_else(Instant::now);
+            }
+        }
         // Beside a holder that opted in, the next vGPUs that did and fit
         // (see `corun.rs`), until the holder's slice ends.
         if let Some(h) = holder {
