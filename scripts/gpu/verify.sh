@@ -34,6 +34,6 @@ step cufft 90 bash scripts/gpu/cufft.sh
 step hostile 180 "$R/fairvgpu" bench hostile --executor cuda --seconds 60 --log "$OUT/hostile-daemon.log"
 step frameworks 400 bash scripts/gpu/frameworks.sh
 step fairness 150 "$R/fairvgpu" bench fairness --executor cuda
-step space 290 bash scripts/gpu/space.sh
+step space 300 bash scripts/gpu/space.sh
 echo "== last lines" | tee -a "$LOG"
 grep -aE '^(samples_pass|good_runs|torch_ok|fairvgpu_mmr|corun_speedup|cufft: (all|forward))|rc=' "$LOG" | tee -a "$LOG.summary"
