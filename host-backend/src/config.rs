@@ -255,6 +255,18 @@ pub struct GpuConfig {
     /// do (the sim runs one kernel at a time, so they test the plumbing).
     #[serde(default)]
     pub mps: bool,
+    /// With `mps`: how many guest processes each vGPU of this GPU runs at
+    /// once (1 to 32). A worker that is an MPS client cannot make a context
+    /// once the sandbox confines it, so it makes this many ahead, at each
+    /// start (about 160 ms each on an H100, 500 ms after a fault restarted
+    /// the MPS server); a process beyond them gets
+    /// `CUDA_ERROR_MPS_MAX_CLIENTS_REACHED`.
+    #[serde(default = "default_mps_processes")]
+    pub mps_processes: usize,
+}
+
+fn default_mps_processes() -> usize {
+    4
 }
 
 /// The whole file.
@@ -386,6 +398,15 @@ impl Config {
             );
         }
         for (i, g) in self.gpus.iter().enumerate() {
+            if !(1..=32).contains(&g.mps_processes) {
+                return bad(
+                    format!(
+                        "[[gpu]] mps_processes must be 1..=32, not {}",
+                        g.mps_processes
+                    ),
+                    Loc::Gpu(i, "mps_processes"),
+                );
+            }
             if self.gpus[..i].iter().any(|o| o.index == g.index) {
                 return bad(
                     format!("[[gpu]] index {} appears twice", g.index),
@@ -521,6 +542,14 @@ impl Config {
         self.gpus.iter().any(|g| g.index == gpu && g.mps)
     }
 
+    /// `[[gpu]] mps_processes` of GPU `gpu` (its default if not listed).
+    pub fn gpu_mps_processes(&self, gpu: u32) -> usize {
+        self.gpus
+            .iter()
+            .find(|g| g.index == gpu)
+            .map_or_else(default_mps_processes, |g| g.mps_processes)
+    }
+
     /// The weight of a tenant, if it has one of its own.
     pub fn tenant_weight(&self, tenant: &str) -> Option<f64> {
         self.tenants
@@ -583,6 +612,10 @@ memory_limit_mib = 1024
         let c = Config::parse(&las).unwrap();
         assert_eq!(c.gpu_policy(1), scheduler::DevicePolicy::Las);
         assert_eq!(c.gpu_policy(0), scheduler::DevicePolicy::FairQueue);
+        // Processes at once per vGPU of an MPS GPU: 4 unless set.
+        assert_eq!(c.gpu_mps_processes(1), 4);
+        let eight = format!("{GOOD}\n[[gpu]]\nindex = 0\nmps = true\nmps_processes = 8\n");
+        assert_eq!(Config::parse(&eight).unwrap().gpu_mps_processes(0), 8);
     }
 
     #[test]
@@ -600,6 +633,7 @@ memory_limit_mib = 1024
             (format!("{GOOD}\n[layout]\nchannels = 0\nring_entries = 8\narena_size = 4096\nvectors = 1\n"), "channels"),
             (format!("{GOOD}\n[[gpu]]\nindex = 0\npolicy = \"fastest\"\n"), "fastest"),
             (format!("{GOOD}\n[[gpu]]\nindex = 0\n[[gpu]]\nindex = 0\npolicy = \"tfs\"\n"), "twice"),
+            (format!("{GOOD}\n[[gpu]]\nindex = 0\nmps = true\nmps_processes = 0\n"), "mps_processes"),
         ] {
             let e = Config::parse(&text).unwrap_err().to_string();
             assert!(e.contains(needle), "{e:?} should mention {needle:?}");

@@ -74,7 +74,7 @@ pub fn run_worker(
             .then(|| image_store_socket(cfg)),
         // An MPS client makes its contexts ahead, while it may still
         // connect (see `mps.rs` and `worker/contexts.rs`).
-        prefill_contexts: if mps { crate::worker::SPARES } else { 0 },
+        prefill_contexts: if mps { cfg.gpu_mps_processes(gpu) } else { 0 },
     };
     let worker = match feed_fd {
         Some(fd) => Worker::adopt(&wc, exec, crate::link::feed_from_fd(fd)?)?,

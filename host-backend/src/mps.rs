@@ -11,12 +11,14 @@
 //! fault fate (one client's fatal fault can end every client on that GPU:
 //! each of those workers then restarts and its VM's guests recover as
 //! from a worker crash), and a client cannot move to another GPU, so these
-//! vGPUs are never migrated. Whether an MPS client's later context
-//! creation needs calls the sandbox forbids once a worker is confined is
-//! not known yet: such a worker makes its spare contexts ahead, before it
-//! is confined (`worker/contexts.rs`), so that its first processes, and
-//! the later ones that reuse their contexts, need none. It has not yet
-//! been measured on a GPU.
+//! vGPUs are never migrated. After a client's fatal fault the server takes
+//! no new client until every client it had has exited, so the daemon then
+//! ends and restarts every worker of that GPU (`daemon.rs`). An MPS client
+//! cannot make a context once the sandbox confines it (it must connect to
+//! the server): such a worker makes `[[gpu]] mps_processes` contexts ahead,
+//! and they bound how many of its VM's processes run at once
+//! (`worker/contexts.rs`). Measured on an H100:
+//! `results/2026-11-23-h100-verify-2.md`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -63,6 +63,9 @@ impl Status {
     pub const NotPermitted: Status = Status(800);
     /// CUDA_ERROR_NOT_SUPPORTED
     pub const NotSupported: Status = Status(801);
+    /// CUDA_ERROR_MPS_MAX_CLIENTS_REACHED: a vGPU on an MPS GPU already
+    /// runs as many guest processes as its contexts allow.
+    pub const MpsMaxClientsReached: Status = Status(808);
     /// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
     pub const StreamCaptureUnsupported: Status = Status(900);
     /// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED

@@ -113,6 +113,15 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
                     c.host.req.consume(&d)?;
                     return Ok(true);
                 }
+                Err(s) if s == Status::MpsMaxClientsReached => {
+                    qemu_ivshmem::rate_limited!(
+                        sh.log.borrow_mut(),
+                        warn,
+                        channel = c.host.index(),
+                        "a guest process was turned away: the vGPU runs as many at once as [[gpu]] mps_processes allows"
+                    );
+                    Err(s)
+                }
                 Err(s) => {
                     qemu_ivshmem::rate_limited!(
                         sh.log.borrow_mut(),

@@ -17,6 +17,13 @@
 //! ten; on the sim, where one takes microseconds, no limit at all. A
 //! `Hello` that finds no spare and an empty bucket waits in its ring, and
 //! only that VM's processes wait.
+//!
+//! A worker that is an MPS client cannot make a context once the sandbox
+//! confines it (measured on an H100: `CUDA_ERROR_MPS_CONNECTION_FAILED`).
+//! It makes its contexts ahead ([`ContextPool::prefill`], `[[gpu]]
+//! mps_processes` of them) and makes none later: they are all its guest
+//! processes can use at once, and one more is turned away with
+//! `CUDA_ERROR_MPS_MAX_CLIENTS_REACHED`.
 
 use std::time::Instant;
 
@@ -46,6 +53,10 @@ pub struct PoolCounts {
 /// The spare contexts and the token bucket of one worker.
 pub(super) struct ContextPool {
     spares: Vec<Box<dyn Context>>,
+    /// Spares kept at most.
+    max_spares: usize,
+    /// Made ahead and never made new (see the module's doc).
+    fixed: bool,
     /// Seconds of context making left (may go below 0 by one creation).
     budget_s: f64,
     at: Instant,
@@ -66,6 +77,8 @@ impl ContextPool {
     pub fn new(share: f64, burst_s: f64) -> Self {
         ContextPool {
             spares: Vec::new(),
+            max_spares: SPARES,
+            fixed: false,
             budget_s: burst_s,
             at: Instant::now(),
             share,
@@ -80,6 +93,9 @@ impl ContextPool {
         if let Some(c) = self.spares.pop() {
             self.counts.reused += 1;
             return Ok(Some(c));
+        }
+        if self.fixed {
+            return Err(Status::MpsMaxClientsReached);
         }
         let now = Instant::now();
         let dt = now.duration_since(self.at).as_secs_f64();
@@ -97,10 +113,13 @@ impl ContextPool {
         Ok(Some(c))
     }
 
-    /// Makes up to `n` spares now (at most [`SPARES`]), outside the bucket:
-    /// before the worker is confined. A failure is logged and ends it.
+    /// Makes `n` spares now, outside the bucket, before the worker is
+    /// confined; from then on the pool makes none (see the module's doc).
+    /// A failure is logged and ends it.
     pub fn prefill(&mut self, exec: &mut dyn Executor, n: usize) {
-        while self.spares.len() < n.min(SPARES) {
+        self.fixed = true;
+        self.max_spares = n;
+        while self.spares.len() < n {
             match exec.open() {
                 Ok(c) => {
                     self.spares.push(c);
@@ -118,7 +137,7 @@ impl ContextPool {
     /// clean and there is room; dropped (destroyed) otherwise. `poisoned`:
     /// the executor's contexts are unusable (a sticky error).
     pub fn give_back(&mut self, mut ctx: Box<dyn Context>, poisoned: bool) {
-        if poisoned || self.spares.len() >= SPARES {
+        if poisoned || self.spares.len() >= self.max_spares {
             return;
         }
         match ctx.recycle() {
@@ -189,15 +208,15 @@ mod tests {
         assert_eq!(pool.spares(), SPARES - 1);
         pool.clear();
         assert_eq!(pool.spares(), 0);
-        // Made ahead: at most the spares' room, and the next ones reuse them.
+        // Made ahead: as many as asked, and the next ones reuse them.
         pool.prefill(exec.as_mut(), 10);
-        assert_eq!(pool.spares(), SPARES);
+        assert_eq!(pool.spares(), 10);
         let before = pool.counts.created;
         let c = pool.take(exec.as_mut()).unwrap().unwrap();
         assert_eq!(pool.counts.created, before);
         pool.give_back(c, false);
-        assert_eq!(pool.spares(), SPARES);
-        pool.clear();
+        assert_eq!(pool.spares(), 10);
+        let mut pool = ContextPool::default();
         // One whose process left work running (a 2 s kernel) is not kept.
         let mut busy = pool.take(exec.as_mut()).unwrap().unwrap();
         let m = busy
@@ -257,5 +276,25 @@ mod tests {
         for _ in 0..200 {
             assert!(sim.take(&mut fast).unwrap().is_some());
         }
+    }
+
+    #[test]
+    fn contexts_made_ahead_are_all_there_is() {
+        let mut exec = sim();
+        let mut pool = ContextPool::default();
+        pool.prefill(exec.as_mut(), 2);
+        assert_eq!(pool.spares(), 2);
+        let a = pool.take(exec.as_mut()).unwrap().unwrap();
+        let _b = pool.take(exec.as_mut()).unwrap().unwrap();
+        // A third process at once is turned away, whatever the bucket holds.
+        assert_eq!(
+            pool.take(exec.as_mut()).err(),
+            Some(Status::MpsMaxClientsReached)
+        );
+        assert_eq!(pool.counts.created, 2);
+        // One ends: the next gets its context.
+        pool.give_back(a, false);
+        assert!(pool.take(exec.as_mut()).unwrap().is_some());
+        assert_eq!(pool.counts.created, 2);
     }
 }

@@ -105,8 +105,8 @@ pub struct WorkerConfig {
     /// The daemon's image store, shared with the other VMs' workers.
     pub image_store: Option<PathBuf>,
     /// Contexts to make ahead, before the worker is confined (an MPS
-    /// client's, whose making might need what the sandbox then forbids);
-    /// they serve the first processes and are reused after.
+    /// client cannot make one after); if any, they are all the guest
+    /// processes can use at once (see `contexts.rs`). 0: made as needed.
     pub prefill_contexts: usize,
 }
 
