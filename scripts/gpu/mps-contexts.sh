@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# On the GPU machine: whether a worker that is an MPS client can make new
-# GPU contexts once it is confined by the sandbox. The daemon runs one VM on
-# an MPS GPU; its worker makes SPARES (4) contexts ahead, before it is
-# confined. Eight guest processes (cuda-samples' vectorAdd) run at once, so
-# four of them need contexts made after confinement. Also prints how long
-# the worker took to start (cuInit through MPS, the contexts made ahead).
+# On the GPU machine: a worker that is an MPS client makes `[[gpu]]
+# mps_processes` contexts ahead, before the sandbox confines it (it cannot
+# make one after). The daemon runs one VM on an MPS GPU with
+# mps_processes = $N (default 6); eight guest processes (cuda-samples'
+# vectorAdd) run at once: N of them pass, the others are turned away with
+# CUDA_ERROR_MPS_MAX_CLIENTS_REACHED (808). Also prints how long the worker
+# took to start (cuInit through MPS, the contexts made ahead).
 # Carried: .samples/bin and the release fairvgpu and libcuda.so in $R.
 set -uo pipefail
 . scripts/gpu/lib.sh
 R=${R:-.carry/release}
+N=${N:-6}
 export PATH=/usr/local/nvidia/bin:$PATH
 W=/tmp/fvg-mpsctx; rm -rf $W; mkdir -p $W/lib $W/run $W/logs
 cp $R/libcuda.so $W/lib/libcuda.so.1
@@ -19,6 +21,7 @@ executor = "cuda"
 [[gpu]]
 index = 0
 mps = true
+mps_processes = $N
 [[vm]]
 name = "vm1"
 tenant = "t"
@@ -42,4 +45,4 @@ grep -h "cuCtx\|context\|rror" $W/logs/vectorAdd.* | sort | uniq -c | head
 kill $D; wait $D 2>/dev/null
 echo "== daemon log (worker start-up, warnings)"
 grep -aE 'worker serving|WARN|ERROR' $W/logs/daemon.log | head -20
-echo "mps_contexts_ok=$ok/8"
+echo "mps_contexts_ok=$ok/8 mps_processes=$N"
