@@ -4,6 +4,10 @@
 # same call; compares the values each prints. Carried: the release
 # fairvgpu and libcuda.so in $R (default .carry/release).
 # Then two VMs at weights 1:2 train a larger transformer at once (shared_mmr).
+# FW_LIST picks the frameworks (default "torch cupy jax"), FW_SHARE=0 skips
+# the two-VM run, FW_COMPILE=1 adds torch.compile of the transformer,
+# FW_TIMEOUT sets each run's time limit (default 90 s natively, 60 s through
+# the stand-in).
 # Last line: torch_ok=… cupy_ok=… jax_ok=… torch_step_ratio=… torch_startup_ratio=…
 # shared_mmr=…
 set -uo pipefail
@@ -32,15 +36,16 @@ for i in $(seq 100); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
 export PYTHONUNBUFFERED=1
 # Warm the page cache and the GPU first, so that neither side's timings
 # pay for the machine's first run.
-timeout 120 python3 -c "import torch, cupy, jax; torch.zeros(1, device='cuda')" > /dev/null 2>&1
+FWS=${FW_LIST:-torch cupy jax}
+timeout 120 python3 -c "import ${FWS// /, }; import torch; torch.zeros(1, device='cuda')" > /dev/null 2>&1
 declare -A ok
-for fw in torch cupy jax; do
+for fw in $FWS; do
     extra=""
     [ $fw = jax ] && extra="XLA_PYTHON_CLIENT_PREALLOCATE=false"
-    env $extra timeout 90 python3 scripts/gpu/frameworks.py $fw > $W/logs/$fw.native 2>&1
+    env $extra timeout ${FW_TIMEOUT:-90} python3 scripts/gpu/frameworks.py $fw > $W/logs/$fw.native 2>&1
     nrc=$?
     env $extra FAIRVGPU_LIBCUDA_DEBUG=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
-        LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH timeout 60 \
+        LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH timeout ${FW_TIMEOUT:-60} \
         python3 scripts/gpu/frameworks.py $fw > $W/logs/$fw.standin 2>&1
     src=$?
     # Same names, values within 1e-5 relative.
@@ -62,6 +67,8 @@ for fw in torch cupy jax; do
         grep -a '^fairvgpu libcuda: cu.* -> [1-9]' $W/logs/$fw.trace | sort | uniq -c | sort -rn | head -15
     fi
 done
+shared_mmr=skipped
+if [ "${FW_SHARE:-1}" = 1 ]; then
 # Two VMs at once, weights 1:2, both training the large transformer for
 # 15 s from the same moment: steps against the weights, and each one's
 # checked values (a loss, a parameter sum) against the same training run
@@ -91,12 +98,13 @@ shared_mmr=$(awk -v a="${s1:-0}" -v b="${s2:-0}" 'BEGIN {
     x = (a / (a + b)) / (1 / 3); y = (b / (a + b)) / (2 / 3)
     printf "%.3f", (x < y ? x / y : y / x) }')
 [ $shared_ok = 1 ] || shared_mmr="${shared_mmr}(losses_differ)"
+fi
 kill $D; wait $D 2>/dev/null
 echo "== daemon warnings"; grep -aE 'WARN|ERROR' $W/logs/daemon.log | head -20
 tar czf $OUT/frameworks-logs.tgz -C $W logs
 t() { sed -n "s/^time_ms $2 //p" $W/logs/$1 | tail -1; }
 ratio() { awk -v s="$1" -v n="$2" 'BEGIN { if (n > 0 && s > 0) printf "%.3f", s / n; else print "missing" }'; }
-echo "torch_ok=${ok[torch]} cupy_ok=${ok[cupy]} jax_ok=${ok[jax]}" \
+echo "torch_ok=${ok[torch]:-skipped} cupy_ok=${ok[cupy]:-skipped} jax_ok=${ok[jax]:-skipped}" \
      "torch_step_ratio=$(ratio "$(t torch.standin transformer_step)" "$(t torch.native transformer_step)")" \
      "torch_startup_ratio=$(ratio "$(t torch.standin startup)" "$(t torch.native startup)")" \
      "cnn_step_ratio=$(ratio "$(t torch.standin cnn_step)" "$(t torch.native cnn_step)")" \
