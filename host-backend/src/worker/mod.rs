@@ -709,8 +709,8 @@ impl Worker {
 
     /// What the holder issued is predicted from its kernels' estimated
     /// times (`Shared::slice_filled`), and an estimate can run ahead of the
-    /// device: a kernel's first timing includes the grant's context switch.
-    /// Once the device has run everything while the prediction says the
+    /// device (matrixMul's did on an H100: its 300 launches waited for an
+    /// extension while the device idled, 0.71 of native). Once the device has run everything while the prediction says the
     /// slice is full, nothing is queued ahead, so the slice's budget is
     /// what the clock leaves: issuing goes on instead of a lone holder's
     /// device idling until its extension, or a contended holder giving back
