@@ -237,6 +237,102 @@ int main(int argc, char **argv) {
     CK(cudaGraphDestroy(cg));
     printf("capture: two streams forked and joined, 4 nodes, 2 launches correct\n");
 
+    /* Memory nodes: a graph allocates its own buffer, fills it, adds and
+       frees it; the buffer's address stays from one launch to the next. */
+    {
+        size_t free0 = 0, free1 = 0, total = 0;
+        CK(cudaMemGetInfo(&free0, &total));
+        cudaGraph_t mg;
+        CK(cudaGraphCreate(&mg, 0));
+        struct cudaMemAllocNodeParams ap;
+        memset(&ap, 0, sizeof ap);
+        ap.poolProps.allocType = cudaMemAllocationTypePinned;
+        ap.poolProps.location.type = cudaMemLocationTypeDevice;
+        ap.poolProps.location.id = 0;
+        ap.bytesize = bytes;
+        cudaGraphNode_t an, in, addn, out, fn;
+        CK(cudaGraphAddMemAllocNode(&an, mg, NULL, 0, &ap));
+        float *tmp = (float *)ap.dptr;
+        EXPECT(tmp != NULL);
+        CK(cudaGraphAddMemcpyNode1D(&in, mg, &an, 1, tmp, ha, bytes, cudaMemcpyHostToDevice));
+        void *margs[] = {&tmp, &b, &c, (void *)&N};
+        struct cudaKernelNodeParams mk = kp;
+        mk.kernelParams = margs;
+        CK(cudaGraphAddKernelNode(&addn, mg, &in, 1, &mk));
+        CK(cudaGraphAddMemcpyNode1D(&out, mg, &addn, 1, hc, c, bytes, cudaMemcpyDeviceToHost));
+        CK(cudaGraphAddMemFreeNode(&fn, mg, &out, 1, tmp));
+        CK(cudaGraphNodeGetType(an, &ty));
+        EXPECT(ty == cudaGraphNodeTypeMemAlloc);
+        struct cudaMemAllocNodeParams got;
+        CK(cudaGraphMemAllocNodeGetParams(an, &got));
+        EXPECT(got.dptr == tmp && got.bytesize == bytes);
+        void *freed = NULL;
+        CK(cudaGraphMemFreeNodeGetParams(fn, &freed));
+        EXPECT(freed == tmp);
+        /* No child graph with memory nodes, and no removing them. */
+        cudaGraph_t outer;
+        CK(cudaGraphCreate(&outer, 0));
+        cudaGraphNode_t child;
+        EXPECT(cudaGraphAddChildGraphNode(&child, outer, NULL, 0, mg) != cudaSuccess);
+        EXPECT(cudaGraphDestroyNode(an) != cudaSuccess);
+        (void)cudaGetLastError();
+        CK(cudaGraphDestroy(outer));
+        cudaGraphExec_t mx;
+        CK(cudaGraphInstantiate(&mx, mg, 0));
+        CK(cudaGraphDestroy(mg)); /* the executable keeps the allocation */
+        unsigned long long used = 0;
+        CK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemCurrent, &used));
+        EXPECT(used == bytes);
+        CK(cudaMemGetInfo(&free1, &total));
+        EXPECT(free1 + bytes <= free0); /* the vGPU counts it */
+        for (int round = 0; round < 2; round++) {
+            for (unsigned i = 0; i < N; i++) ha[i] = (float)(5 * i + round);
+            memset(hc, 0, bytes);
+            CK(cudaGraphLaunch(mx, s));
+            CK(cudaStreamSynchronize(s));
+            check_sum(hc, ha, hb, N, 0);
+        }
+        CK(cudaGraphExecDestroy(mx));
+        CK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemCurrent, &used));
+        EXPECT(used == 0);
+        CK(cudaMemGetInfo(&free1, &total));
+        EXPECT(free1 == free0); /* given back to the vGPU */
+        CK(cudaDeviceGraphMemTrim(0));
+        printf("memory nodes: the graph's own buffer, 2 launches correct, given back with its executable\n");
+    }
+
+    /* The same captured: cudaMallocAsync and cudaFreeAsync in a capture. */
+    {
+        float *tmp = NULL;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        CK(cudaMallocAsync((void **)&tmp, bytes, s));
+        EXPECT(tmp != NULL);
+        CK(cudaMemcpyAsync(tmp, ha, bytes, cudaMemcpyHostToDevice, s));
+        void *margs[] = {&tmp, &b, &c, (void *)&N};
+        CK(cudaLaunchKernel((const void *)vector_add, kp.gridDim, kp.blockDim, margs, 0, s));
+        CK(cudaMemcpyAsync(hc, c, bytes, cudaMemcpyDeviceToHost, s));
+        CK(cudaFreeAsync(tmp, s));
+        cudaGraph_t mg;
+        CK(cudaStreamEndCapture(s, &mg));
+        CK(cudaGraphGetNodes(mg, NULL, &nodes));
+        EXPECT(nodes == 5);
+        cudaGraphExec_t mx;
+        CK(cudaGraphInstantiate(&mx, mg, 0));
+        for (int round = 0; round < 2; round++) {
+            for (unsigned i = 0; i < N; i++) ha[i] = (float)(7 * i + round);
+            memset(hc, 0, bytes);
+            CK(cudaGraphLaunch(mx, s));
+            CK(cudaStreamSynchronize(s));
+            check_sum(hc, ha, hb, N, 0);
+        }
+        CK(cudaGraphExecDestroy(mx));
+        CK(cudaGraphDestroy(mg));
+        unsigned long long used = 1;
+        CK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemCurrent, &used));
+        EXPECT(used == 0);
+        printf("memory nodes: captured cudaMallocAsync and cudaFreeAsync, 2 launches correct\n");
+    }
+
     /* A synchronize inside a capture is refused and spoils it. */
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
     CK(cudaMemsetAsync(c, 0, bytes, s));

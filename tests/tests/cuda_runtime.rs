@@ -125,6 +125,8 @@ fn graphs_stream_capture_and_pitched_copies_run_against_the_standin() {
         "graph: kernel node parameters updated, clone has 5 nodes",
         "graph: device-only graph, 3 launches correct, a kernel node changed",
         "capture: two streams forked and joined, 4 nodes, 2 launches correct",
+        "memory nodes: the graph's own buffer, 2 launches correct, given back with its executable",
+        "memory nodes: captured cudaMallocAsync and cudaFreeAsync, 2 launches correct",
         "capture: a synchronize inside it is refused",
         "pitched: 2D copies both ways, 2D memset and 3D copy correct",
         "graphs: all checks passed",

@@ -126,7 +126,11 @@ fn check_pool(pool: *mut c_void) -> Result<usize, CuResult> {
 }
 
 export! {
+    /// On a capturing stream, an allocation node of the capture's graph.
     fn cuMemAllocAsync [cuMemAllocAsync_ptsz per_thread] (p: *mut CUdeviceptr, size: usize, st: CUstream) {
+        if crate::graph::memory::alloc_in_capture(p, size as u64, st)? {
+            return Ok(());
+        }
         let pool = objects()?.pools.current();
         alloc_from(p, size, pool, st)
     }
@@ -136,9 +140,15 @@ export! {
         alloc_from(p, size, h, st)
     }
 
-    /// Any allocation of the process may be freed in stream order.
+    /// Any allocation of the process may be freed in stream order; on a
+    /// capturing stream, a graph allocation gets a free node.
     fn cuMemFreeAsync [cuMemFreeAsync_ptsz per_thread] (ptr: CUdeviceptr, st: CUstream) {
         need_ctx()?;
+        if crate::graph::memory::free_in_capture(ptr, st)?
+            || crate::graph::memory::free_outside(ptr)?
+        {
+            return Ok(());
+        }
         let stream = resolve(st)?;
         {
             let mut o = objects()?;

@@ -85,7 +85,7 @@ fn alloc(p: *mut CUdeviceptr, size: usize) -> Result<(), CuResult> {
 
 fn free(p: CUdeviceptr) -> Result<(), CuResult> {
     need_ctx()?;
-    if p == 0 || crate::host_memory::free_managed(p)? {
+    if p == 0 || crate::host_memory::free_managed(p)? || crate::graph::memory::free_outside(p)? {
         return Ok(());
     }
     match objects()?.ranges.get(&p) {

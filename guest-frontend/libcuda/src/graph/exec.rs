@@ -36,6 +36,8 @@ pub(crate) struct Exec {
     /// The operations changed since the host built its executable: it is
     /// built again before the next launch.
     pub stale: bool,
+    /// The graph allocations of its memory nodes, which it keeps alive.
+    pub allocs: Vec<u64>,
 }
 
 /// The host's nodes for `ops` with their dependencies `deps`, or `None` if
@@ -139,7 +141,8 @@ impl Flat {
             followed.extend(n.deps.iter().copied());
             let end = match &n.op {
                 Op::Graph(child) => self.add(child, false, &before)?,
-                Op::Empty => before,
+                // Their memory is there from the node's making on.
+                Op::Empty | Op::MemAlloc { .. } | Op::MemFree(_) => before,
                 op => {
                     self.ops.push((if top { n.id } else { 0 }, op.clone()));
                     self.deps.push(before);
@@ -167,7 +170,12 @@ fn instantiate(e: *mut u64, g: u64, flags: u64) -> Result<(), CuResult> {
     if e.is_null() {
         return Err(code::INVALID_VALUE);
     }
-    let flat = Flat::of(graphs().graph(g)?)?;
+    let (flat, allocs) = {
+        let mut s = graphs();
+        let graph = s.graph(g)?;
+        let allocs = super::memory::allocs_of(graph.nodes.iter().map(|n| &n.op));
+        (Flat::of(graph)?, allocs)
+    };
     // Not under the graphs' lock: this is a call to the host.
     let host = build_on_host(&flat.ops, &flat.deps);
     let mut s = graphs();
@@ -180,6 +188,7 @@ fn instantiate(e: *mut u64, g: u64, flags: u64) -> Result<(), CuResult> {
             flags,
             host,
             stale: false,
+            allocs,
         },
     );
     out(e, h)
@@ -196,7 +205,7 @@ fn run(op: &Op, st: CUstream) -> Result<(), CuResult> {
         Op::Host(call) => crate::host_fn::enqueue(st, *call),
         Op::EventRecord(e) => crate::stream::record(*e as _, st),
         Op::EventWait(e) => crate::stream::wait(st, *e as _),
-        Op::Empty | Op::Graph(_) => Ok(()),
+        Op::Empty | Op::Graph(_) | Op::MemAlloc { .. } | Op::MemFree(_) => Ok(()),
     }
 }
 
@@ -288,8 +297,14 @@ pub struct UpdateResult {
 /// the same kinds (`CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED`, 2, if not).
 fn update(e: u64, g: u64) -> Result<(), c_int> {
     let mut s = graphs();
-    let Flat { mut ops, deps } = Flat::of(s.graph(g).map_err(|_| 1)?).map_err(|_| 1)?;
+    let graph = s.graph(g).map_err(|_| 1)?;
+    // Memory nodes cannot be updated: the graph must have the same ones.
+    let allocs = super::memory::allocs_of(graph.nodes.iter().map(|n| &n.op));
+    let Flat { mut ops, deps } = Flat::of(graph).map_err(|_| 1)?;
     let ex = s.execs.get_mut(&e).ok_or(1)?;
+    if allocs != ex.allocs {
+        return Err(2);
+    }
     let same = ex.ops.len() == ops.len()
         && ex
             .ops
@@ -351,6 +366,7 @@ export! {
         if let Some(h) = ex.host {
             drop_on_host(h);
         }
+        super::memory::release(ex.allocs);
         Ok(())
     }
 

@@ -15,9 +15,11 @@
 //!
 //! Graph, node and executable handles are numbers issued here; every one a
 //! program passes is looked up, and an unknown one is an invalid value.
+//! Memory nodes' allocations: [`memory`].
 
 pub mod capture;
 pub mod exec;
+pub mod memory;
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
@@ -75,6 +77,13 @@ pub(crate) enum Op {
     EventWait(u64),
     /// A child graph (a copy of it, as the node was made).
     Graph(Graph),
+    /// A graph allocation, made with the node ([`memory`]).
+    MemAlloc {
+        ptr: u64,
+        size: u64,
+    },
+    /// The end of a graph allocation's use in the graph.
+    MemFree(u64),
 }
 
 impl Op {
@@ -89,6 +98,8 @@ impl Op {
             Op::Empty => 5,
             Op::EventWait(_) => 6,
             Op::EventRecord(_) => 7,
+            Op::MemAlloc { .. } => 10,
+            Op::MemFree(_) => 11,
         }
     }
 }
@@ -158,6 +169,7 @@ pub(crate) struct Store {
     pub owner: HashMap<u64, u64>,
     pub execs: HashMap<u64, exec::Exec>,
     pub captures: capture::Captures,
+    pub allocs: memory::GraphAllocs,
     next: u64,
 }
 
@@ -232,13 +244,14 @@ impl Store {
         Ok(h)
     }
 
-    /// Forgets a graph and its nodes.
-    pub fn destroy(&mut self, g: u64) -> Result<(), CuResult> {
+    /// Forgets a graph and its nodes; returns the graph allocations its
+    /// memory nodes made (see [`memory::release`]).
+    pub fn destroy(&mut self, g: u64) -> Result<Vec<u64>, CuResult> {
         let graph = self.graphs.remove(&g).ok_or(code::INVALID_VALUE)?;
-        for n in graph.nodes {
+        for n in &graph.nodes {
             self.owner.remove(&n.id);
         }
-        Ok(())
+        Ok(memory::allocs_of(graph.nodes.iter().map(|n| &n.op)))
     }
 }
 
@@ -467,7 +480,9 @@ export! {
     }
 
     fn cuGraphDestroy(g: u64) {
-        graphs().destroy(g)
+        let allocs = graphs().destroy(g)?;
+        memory::release(allocs);
+        Ok(())
     }
 
     fn cuGraphClone(clone: *mut u64, g: u64) {
@@ -511,8 +526,11 @@ export! {
     }
 
     fn cuGraphAddChildGraphNode(node: *mut u64, g: u64, d: *const u64, n: usize, child: u64) {
-        let c = graphs().graphs.get(&child).cloned().ok_or(code::INVALID_VALUE);
-        add_node(node, g, d, n, c.map(Op::Graph))
+        let c = graphs().graphs.get(&child).cloned().ok_or(code::INVALID_VALUE)?;
+        if !memory::may_be_child(c.nodes.iter().map(|n| &n.op)) {
+            return Err(code::NOT_SUPPORTED);
+        }
+        add_node(node, g, d, n, Ok(Op::Graph(c)))
     }
 
     fn cuGraphAddEventRecordNode(node: *mut u64, g: u64, d: *const u64, n: usize, e: CUevent) {
@@ -625,8 +643,12 @@ export! {
         if r == code::SUCCESS { Ok(()) } else { Err(r) }
     }
 
+    /// Memory nodes cannot be removed.
     fn cuGraphDestroyNode(node: u64) {
         let mut s = graphs();
+        if matches!(s.node_mut(node)?.op, Op::MemAlloc { .. } | Op::MemFree(_)) {
+            return Err(code::NOT_SUPPORTED);
+        }
         let g = s.owner.remove(&node).ok_or(code::INVALID_VALUE)?;
         let graph = s.graph(g)?;
         graph.nodes.retain(|n| n.id != node);
