@@ -22,6 +22,7 @@ fuzz_target!(|data: &[u8]| {
             Request::VmmReserve { size, align, addr } => {
                 assert!(size_ok(size) && (align == 0 || align.is_power_of_two()));
                 assert!(addr == 0 || granular(addr));
+                assert!(addr.checked_add(size).is_some_and(|e| e <= 1 << 47));
             }
             Request::VmmCreate { size } => assert!(size_ok(size)),
             Request::VmmAddressFree { ptr, size } | Request::VmmUnmap { ptr, size } => {

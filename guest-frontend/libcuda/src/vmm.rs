@@ -148,23 +148,29 @@ export! {
         // first, at an address free in this process, which the host's
         // driver takes where it is free there too.
         let mut taken = Vec::new();
-        let mut got = None;
+        let mut got = Err(code::OUT_OF_MEMORY);
         for i in 0..RESERVE_TRIES {
             let addr = if i == 0 { 0 } else { crate::reserve::free_range(size, align.max(G)) };
-            let va = call(Request::VmmReserve { size, align, addr })?[0];
-            if crate::reserve::reserve(va, size) {
-                got = Some(va);
-                break;
+            match call(Request::VmmReserve { size, align, addr }) {
+                Ok([va, ..]) if crate::reserve::reserve(va, size) => {
+                    got = Ok(va);
+                    break;
+                }
+                Ok([va, ..]) => taken.push(va),
+                Err(e) => {
+                    got = Err(e);
+                    break;
+                }
             }
-            taken.push(va);
         }
+        // Those kept aside go back, whatever happened.
         for va in taken {
             let _ = call(Request::VmmAddressFree { ptr: va, size });
         }
-        let va = got.ok_or_else(|| {
+        if got == Err(code::OUT_OF_MEMORY) {
             crate::log_once("device addresses keep landing on the process's own memory");
-            code::OUT_OF_MEMORY
-        })?;
+        }
+        let va = got?;
         objects()?.ranges.insert(va, Range { size, kind: RangeKind::Device });
         out(ptr, va)
     }

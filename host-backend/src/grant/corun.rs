@@ -297,9 +297,11 @@ mod tests {
     fn co_holders_nobody_waits_beside_are_extended_together() {
         let dir = std::env::temp_dir().join(format!("fvg-corun-ext-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let slice = Duration::from_millis(4);
+        // Slices long enough that a loaded machine's scheduling delays do
+        // not end one before its extension arrives.
+        let slice = Duration::from_millis(20);
         let policy = scheduler::DevicePolicy::default();
-        let svc = GrantService::start_with(&dir.join("g.sock"), 4_000_000, policy, true).unwrap();
+        let svc = GrantService::start_with(&dir.join("g.sock"), 20_000_000, policy, true).unwrap();
         for id in 0..3 {
             svc.set_corun(id, true).unwrap();
         }

@@ -23,7 +23,9 @@
 //! It makes its contexts ahead ([`ContextPool::prefill`], `[[gpu]]
 //! mps_processes` of them) and makes none later: they are all its guest
 //! processes can use at once, and one more is turned away with
-//! `CUDA_ERROR_MPS_MAX_CLIENTS_REACHED`.
+//! `CUDA_ERROR_MPS_MAX_CLIENTS_REACHED`. An ended process's context whose
+//! work still runs waits aside (draining) and is made clean once it is
+//! done, so that a process killed mid-kernel costs no slot for good.
 
 use std::time::Instant;
 
@@ -53,6 +55,9 @@ pub struct PoolCounts {
 /// The spare contexts and the token bucket of one worker.
 pub(super) struct ContextPool {
     spares: Vec<Box<dyn Context>>,
+    /// Made ahead, given back with work still running (see the module's
+    /// doc); only in a fixed pool.
+    draining: Vec<Box<dyn Context>>,
     /// Spares kept at most.
     max_spares: usize,
     /// Made ahead and never made new (see the module's doc).
@@ -77,6 +82,7 @@ impl ContextPool {
     pub fn new(share: f64, burst_s: f64) -> Self {
         ContextPool {
             spares: Vec::new(),
+            draining: Vec::new(),
             max_spares: SPARES,
             fixed: false,
             budget_s: burst_s,
@@ -95,6 +101,13 @@ impl ContextPool {
             return Ok(Some(c));
         }
         if self.fixed {
+            // One whose work has finished since, made clean.
+            for i in 0..self.draining.len() {
+                if self.draining[i].recycle().is_ok() {
+                    self.counts.reused += 1;
+                    return Ok(Some(self.draining.swap_remove(i)));
+                }
+            }
             return Err(Status::MpsMaxClientsReached);
         }
         let now = Instant::now();
@@ -115,8 +128,8 @@ impl ContextPool {
 
     /// Makes `n` spares now, outside the bucket, before the worker is
     /// confined; from then on the pool makes none (see the module's doc).
-    /// A failure is logged and ends it.
-    pub fn prefill(&mut self, exec: &mut dyn Executor, n: usize) {
+    /// A failure is logged and ends it; none made at all is an error.
+    pub fn prefill(&mut self, exec: &mut dyn Executor, n: usize) -> Result<(), Status> {
         self.fixed = true;
         self.max_spares = n;
         while self.spares.len() < n {
@@ -125,23 +138,29 @@ impl ContextPool {
                     self.spares.push(c);
                     self.counts.created += 1;
                 }
+                Err(s) if self.spares.is_empty() => return Err(s),
                 Err(s) => {
-                    tracing::warn!("making a context ahead: {s:?}");
+                    tracing::warn!(made = self.spares.len(), "making a context ahead: {s:?}");
                     break;
                 }
             }
         }
+        Ok(())
     }
 
     /// The context of a session that ended: kept, clean, if it can be made
     /// clean and there is room; dropped (destroyed) otherwise. `poisoned`:
     /// the executor's contexts are unusable (a sticky error).
     pub fn give_back(&mut self, mut ctx: Box<dyn Context>, poisoned: bool) {
-        if poisoned || self.spares.len() >= self.max_spares {
+        if poisoned || self.spares.len() + self.draining.len() >= self.max_spares {
             return;
         }
         match ctx.recycle() {
             Ok(()) => self.spares.push(ctx),
+            Err(Status::NotReady) if self.fixed => self.draining.push(ctx),
+            Err(s) if self.fixed => {
+                tracing::warn!("a context made ahead is lost: {s:?}");
+            }
             Err(s) => tracing::debug!("a context is not reused: {s:?}"),
         }
     }
@@ -150,6 +169,7 @@ impl ContextPool {
     /// executor's contexts are unusable).
     pub fn clear(&mut self) {
         self.spares.clear();
+        self.draining.clear();
     }
 
     /// Spares kept now.
@@ -209,7 +229,7 @@ mod tests {
         pool.clear();
         assert_eq!(pool.spares(), 0);
         // Made ahead: as many as asked, and the next ones reuse them.
-        pool.prefill(exec.as_mut(), 10);
+        pool.prefill(exec.as_mut(), 10).unwrap();
         assert_eq!(pool.spares(), 10);
         let before = pool.counts.created;
         let c = pool.take(exec.as_mut()).unwrap().unwrap();
@@ -282,7 +302,7 @@ mod tests {
     fn contexts_made_ahead_are_all_there_is() {
         let mut exec = sim();
         let mut pool = ContextPool::default();
-        pool.prefill(exec.as_mut(), 2);
+        pool.prefill(exec.as_mut(), 2).unwrap();
         assert_eq!(pool.spares(), 2);
         let a = pool.take(exec.as_mut()).unwrap().unwrap();
         let _b = pool.take(exec.as_mut()).unwrap().unwrap();
@@ -296,5 +316,39 @@ mod tests {
         pool.give_back(a, false);
         assert!(pool.take(exec.as_mut()).unwrap().is_some());
         assert_eq!(pool.counts.created, 2);
+    }
+
+    #[test]
+    fn a_context_made_ahead_whose_work_still_runs_comes_back_when_done() {
+        let mut exec = sim();
+        let mut pool = ContextPool::default();
+        pool.prefill(exec.as_mut(), 1).unwrap();
+        // Its process ends with a 300 ms kernel still running.
+        let mut busy = pool.take(exec.as_mut()).unwrap().unwrap();
+        let m = busy
+            .load_module(ImageKind::Ptx, crate::demo::KERNELS_PTX.as_bytes())
+            .unwrap();
+        let (f, _) = busy.function(m, "spin_ns").unwrap();
+        let one = Dim3 { x: 1, y: 1, z: 1 };
+        busy.launch(f, one, one, 0, 0, &300_000_000u64.to_le_bytes())
+            .unwrap();
+        pool.give_back(busy, false);
+        assert_eq!(pool.spares(), 0);
+        assert_eq!(
+            pool.take(exec.as_mut()).err(),
+            Some(Status::MpsMaxClientsReached),
+            "its kernel still runs"
+        );
+        let t = Instant::now();
+        loop {
+            match pool.take(exec.as_mut()) {
+                Ok(Some(_)) => break,
+                Err(s) if s == Status::MpsMaxClientsReached => {}
+                other => panic!("{:?}", other.map(|c| c.is_some())),
+            }
+            assert!(t.elapsed().as_secs() < 10, "never came back");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(pool.counts.created, 1, "no context made after");
     }
 }

@@ -360,7 +360,11 @@ impl Worker {
         };
         if cfg.prefill_contexts > 0 {
             let n = cfg.prefill_contexts;
-            worker.sh.contexts.prefill(worker.sh.exec.as_mut(), n);
+            worker
+                .sh
+                .contexts
+                .prefill(worker.sh.exec.as_mut(), n)
+                .map_err(|s| Error::Config(format!("making GPU contexts ahead: {s:?}")))?;
             let counts = worker.sh.contexts.counts;
             worker.sh.stats.count_contexts(&counts);
         }
@@ -710,11 +714,12 @@ impl Worker {
     /// What the holder issued is predicted from its kernels' estimated
     /// times (`Shared::slice_filled`), and an estimate can run ahead of the
     /// device (matrixMul's did on an H100: its 300 launches waited for an
-    /// extension while the device idled, 0.71 of native). Once the device has run everything while the prediction says the
-    /// slice is full, nothing is queued ahead, so the slice's budget is
-    /// what the clock leaves: issuing goes on instead of a lone holder's
-    /// device idling until its extension, or a contended holder giving back
-    /// a slice it has not used.
+    /// extension while the device idled, 0.71 of native). Once the device
+    /// has run everything while the prediction says the slice is full,
+    /// nothing is queued ahead, so the slice's budget is what the clock
+    /// leaves: a lone holder issues on instead of its device idling until
+    /// the extension. (A contended holder gives the GPU back in the turn
+    /// its prediction fills the slice, so this rarely reaches it.)
     fn recheck_budget(&mut self) {
         if !self.sh.budget_spent || self.budget_checked.elapsed() < BUDGET_CHECK {
             return;

@@ -374,6 +374,10 @@ impl Request {
                     0 => 0,
                     a => check_vmm("addr", a)?,
                 };
+                // A hint within the user address space (47 bits), all of it.
+                if addr.checked_add(size).is_none_or(|end| end > 1 << 47) {
+                    return Err(bad("addr", format!("{addr:#x} + {size:#x} past 2^47")));
+                }
                 VmmReserve { size, align, addr }
             }
             op::VMM_ADDRESS_FREE => VmmAddressFree {
@@ -692,6 +696,11 @@ mod tests {
                 size: 2 << 20,
                 align: 0,
                 addr: 0x1000,
+            }),
+            enc(Request::VmmReserve {
+                size: 2 << 20,
+                align: 0,
+                addr: 0xffff_ffff_ffe0_0000,
             }),
             enc(Request::VmmAddressFree {
                 ptr: 0x1000,

@@ -231,7 +231,10 @@ fn end(st: CUstream) -> Result<u64, CuResult> {
     CAPTURING.fetch_sub(before - s.captures.streams.len(), Ordering::AcqRel);
     s.captures.events.retain(|_, (id, _)| *id != c.id);
     if s.captures.invalid.remove(&c.id) {
-        let _ = s.destroy(c.graph);
+        let allocs = s.destroy(c.graph).unwrap_or_default();
+        drop(s);
+        // What the capture allocated goes with it.
+        super::memory::release(allocs);
         return Err(CAPTURE_INVALIDATED);
     }
     Ok(c.graph)

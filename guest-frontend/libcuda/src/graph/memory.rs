@@ -83,10 +83,13 @@ pub(crate) fn may_be_child<'a>(mut ops: impl Iterator<Item = &'a Op>) -> bool {
 pub(crate) fn release(ptrs: Vec<u64>) {
     let gone: Vec<u64> = {
         let mut s = graphs();
-        let gone: Vec<u64> = ptrs.into_iter().filter(|&p| !s.holds(p)).collect();
-        for p in &gone {
-            s.allocs.live.remove(p);
-            s.allocs.freed.remove(p);
+        let mut gone = Vec::new();
+        for p in ptrs {
+            // Given back once: the first to find it unheld takes it.
+            if !s.holds(p) && s.allocs.live.remove(&p).is_some() {
+                s.allocs.freed.remove(&p);
+                gone.push(p);
+            }
         }
         gone
     };

@@ -223,6 +223,17 @@ impl Store {
         self.graph(g)?.node_mut(n).ok_or(code::INVALID_VALUE)
     }
 
+    /// Gives node `n` new parameters: `op` must be of the node's type
+    /// (and a memory node's parameters cannot change).
+    pub fn set_op(&mut self, n: u64, op: Op) -> Result<(), CuResult> {
+        let node = self.node_mut(n)?;
+        if node.op.node_type() != op.node_type() {
+            return Err(code::INVALID_VALUE);
+        }
+        node.op = op;
+        Ok(())
+    }
+
     /// A copy of graph `g` with new node handles.
     pub fn clone_graph(&mut self, g: u64) -> Result<u64, CuResult> {
         let mut copy = self.graphs.get(&g).ok_or(code::INVALID_VALUE)?.clone();
@@ -461,6 +472,9 @@ fn generic_op(p: *const NodeParams) -> Result<Op, CuResult> {
                 .get(&child)
                 .cloned()
                 .ok_or(code::INVALID_VALUE)?;
+            if !memory::may_be_child(g.nodes.iter().map(|n| &n.op)) {
+                return Err(code::NOT_SUPPORTED);
+            }
             Ok(Op::Graph(g))
         }
         5 => Ok(Op::Empty),
@@ -676,14 +690,12 @@ export! {
     fn cuGraphKernelNodeSetParams_v2(node: u64, p: *const KernelParams) {
         let p = read(p)?;
         let op = kernel_op(&p.v1, p.kern)?;
-        graphs().node_mut(node)?.op = op;
-        Ok(())
+        graphs().set_op(node, op)
     }
 
     fn cuGraphKernelNodeSetParams(node: u64, p: *const KernelParamsV1) {
         let op = kernel_op(&read(p)?, std::ptr::null_mut())?;
-        graphs().node_mut(node)?.op = op;
-        Ok(())
+        graphs().set_op(node, op)
     }
 
     fn cuGraphMemsetNodeGetParams(node: u64, p: *mut MemsetParams) {
@@ -695,14 +707,12 @@ export! {
 
     fn cuGraphMemsetNodeSetParams(node: u64, p: *const MemsetParams) {
         let op = memset_op(&read(p)?)?;
-        graphs().node_mut(node)?.op = op;
-        Ok(())
+        graphs().set_op(node, op)
     }
 
     fn cuGraphMemcpyNodeSetParams(node: u64, p: *const Memcpy3d) {
         let op = copy_op(p)?;
-        graphs().node_mut(node)?.op = op;
-        Ok(())
+        graphs().set_op(node, op)
     }
 
     fn cuGraphHostNodeGetParams(node: u64, p: *mut HostParams) {
@@ -714,8 +724,7 @@ export! {
 
     fn cuGraphHostNodeSetParams(node: u64, p: *const HostParams) {
         let op = host_op(&read(p)?)?;
-        graphs().node_mut(node)?.op = op;
-        Ok(())
+        graphs().set_op(node, op)
     }
 
     fn cuGraphEventRecordNodeGetEvent(node: u64, e: *mut CUevent) {

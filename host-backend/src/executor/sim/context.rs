@@ -193,7 +193,12 @@ impl Context for SimContext {
         let mut next = self.next_base.lock().unwrap_or_else(|e| e.into_inner());
         let base = *next;
         // Keep allocations apart (and 2 MiB aligned) so that an overrun is an error.
-        *next += size.div_ceil(2 << 20) * (2 << 20) + (2 << 20);
+        *next = size
+            .div_ceil(2 << 20)
+            .checked_mul(2 << 20)
+            .and_then(|n| n.checked_add(2 << 20))
+            .and_then(|n| base.checked_add(n))
+            .ok_or(Status::OutOfMemory)?;
         self.mem.insert(base, buf);
         Ok(base)
     }
