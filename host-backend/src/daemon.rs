@@ -242,6 +242,7 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                     started: Instant::now(),
                     quick_deaths: 0,
                     restart_at: None,
+                    ended_by_us: false,
                 });
                 tracing::info!(
                     vm = vm.name,
@@ -257,6 +258,18 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         for w in &mut children {
             if let Some(status) = w.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 w.child = None;
+                if std::mem::take(&mut w.ended_by_us) {
+                    plane.worker_restarted(&w.name);
+                    plane.event(
+                        "worker",
+                        format!(
+                            "{}: worker restarted: another client of its GPU's MPS server failed",
+                            w.name
+                        ),
+                    );
+                    w.restart_at = Some(Instant::now());
+                    continue;
+                }
                 let crashed = {
                     use std::os::unix::process::ExitStatusExt;
                     status.code() == Some(EXIT_POISONED)
@@ -288,43 +301,39 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         // other worker of that GPU is ended and started again, and its VM's
         // guests recover as from a worker crash (`VgpuReset`).
         for &gpu in &mps_faults {
-            let t0 = Instant::now();
-            let mut clients: Vec<&mut Supervised> = children
-                .iter_mut()
-                .filter(|w| w.child.is_some() && plane.gpu_of(&w.name).unwrap_or(0) == gpu)
-                .collect();
             // Killed, as a crash would end them: their contexts are lost
-            // already, and a clean exit would only wait on the server. All
-            // at once, then waited for: this loop waits while the driver
-            // tears them down (0.67 s for three on an H100), and the new
-            // clients start only after, as the server needs.
-            for w in &mut clients {
-                if let Some(child) = w.child.as_ref() {
-                    signal_child(child, nix::sys::signal::Signal::SIGKILL);
+            // already, and a clean exit would only wait on the server.
+            // Reaped above in later turns (the driver takes a while: 0.67 s
+            // for three on an H100), so that this loop never waits on one.
+            let mut n = 0;
+            for w in &mut children {
+                let Some(child) = w.child.as_ref() else {
+                    continue;
+                };
+                if w.ended_by_us || plane.gpu_of(&w.name).unwrap_or(0) != gpu {
+                    continue;
                 }
-            }
-            for w in clients {
-                if let Some(mut child) = w.child.take() {
-                    let _ = child.wait();
-                }
-                w.restart_at = Some(Instant::now());
-                plane.worker_restarted(&w.name);
-                plane.event(
-                    "worker",
-                    format!(
-                        "{}: worker restarted: another client of GPU {gpu}'s MPS server failed",
-                        w.name
-                    ),
-                );
+                signal_child(child, nix::sys::signal::Signal::SIGKILL);
+                w.ended_by_us = true;
+                n += 1;
             }
             tracing::info!(
                 gpu,
-                ms = t0.elapsed().as_millis() as u64,
+                clients = n,
                 "MPS clients of a failed client's GPU ended, to be started again"
             );
         }
+        // New clients of an MPS server start only once every client it had
+        // is gone, as the server needs.
+        let dying: std::collections::HashSet<u32> = children
+            .iter()
+            .filter(|w| w.ended_by_us)
+            .map(|w| plane.gpu_of(&w.name).unwrap_or(0))
+            .collect();
         for w in &mut children {
-            if w.restart_at.is_some_and(|t| Instant::now() >= t) {
+            if w.restart_at.is_some_and(|t| Instant::now() >= t)
+                && !dying.contains(&plane.gpu_of(&w.name).unwrap_or(0))
+            {
                 let Some(host) = hosts.get(w.name.as_str()) else {
                     continue;
                 };
@@ -408,6 +417,9 @@ struct Supervised {
     /// Deaths in a row within a second of starting.
     quick_deaths: u32,
     restart_at: Option<Instant>,
+    /// Killed by the daemon (another client of its GPU's MPS server
+    /// failed) and not reaped yet: its end is expected.
+    ended_by_us: bool,
 }
 
 impl Supervised {
@@ -448,6 +460,7 @@ mod tests {
             started: Instant::now() - Duration::from_secs(60),
             quick_deaths: 0,
             restart_at: None,
+            ended_by_us: false,
         };
         assert_eq!(w.backoff(), Duration::ZERO, "died after a long run");
         w.started = Instant::now();
