@@ -121,7 +121,7 @@ impl SimContext {
     }
 
     /// Fails once a kernel fault poisoned the device's contexts.
-    fn alive(&self) -> Result<(), Status> {
+    pub(super) fn alive(&self) -> Result<(), Status> {
         if self.poisoned.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Status::IllegalAddress);
         }
@@ -784,20 +784,7 @@ impl Context for SimContext {
     }
 
     fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
-        self.alive()?;
-        let g = protocol::VMM_GRANULARITY;
-        let mut next = self.next_base.lock().unwrap_or_else(|e| e.into_inner());
-        // The address asked for is taken if the model has handed out
-        // nothing there yet (it never hands out an address twice).
-        let from = if addr >= *next { addr } else { *next };
-        let base = from
-            .checked_next_multiple_of(align.max(g))
-            .ok_or(Status::OutOfMemory)?;
-        // A gap after it, as after allocations: an overrun faults.
-        *next = base
-            .checked_add(size.div_ceil(g) * g + g)
-            .ok_or(Status::OutOfMemory)?;
-        Ok(base)
+        SimContext::vmm_reserve(self, size, align, addr)
     }
 
     fn vmm_address_free(&mut self, _ptr: u64, _size: u64) -> Result<(), Status> {
@@ -806,43 +793,19 @@ impl Context for SimContext {
     }
 
     fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
-        self.alive()?;
-        let buf = zeroed(size)?;
-        // Numbered apart from every other context's handles.
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0x564d_0000);
-        let h = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.vmm_phys.insert(h, buf);
-        Ok(h)
+        SimContext::vmm_create(self, size)
     }
 
     fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
-        self.vmm_phys
-            .remove(&handle)
-            .map(drop)
-            .ok_or(Status::InvalidHandle)
+        SimContext::vmm_release(self, handle)
     }
 
     fn vmm_map(&mut self, ptr: u64, size: u64, offset: u64, handle: Handle) -> Result<(), Status> {
-        let len = self
-            .vmm_phys
-            .get(&handle)
-            .ok_or(Status::InvalidHandle)?
-            .len() as u64;
-        if offset.checked_add(size).is_none_or(|e| e > len) {
-            return Err(Status::InvalidValue);
-        }
-        self.vmm_maps.insert(ptr, (size, handle, offset));
-        Ok(())
+        SimContext::vmm_map(self, ptr, size, offset, handle)
     }
 
     fn vmm_unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
-        match self.vmm_maps.get(&ptr) {
-            Some(&(n, ..)) if n == size => {
-                self.vmm_maps.remove(&ptr);
-                Ok(())
-            }
-            _ => Err(Status::InvalidValue),
-        }
+        SimContext::vmm_unmap(self, ptr, size)
     }
 
     fn migrate(
@@ -889,50 +852,6 @@ mod tests {
         }
         p.extend_from_slice(&n.to_le_bytes());
         p
-    }
-
-    #[test]
-    fn mapped_vmm_memory_is_the_handles_bytes_until_unmapped() {
-        const G: u64 = protocol::VMM_GRANULARITY;
-        let mut ctx = SimExecutor::new(SimParams::default()).open().unwrap();
-        let va = ctx.vmm_reserve(4 * G, 0, 0).unwrap();
-        let (a, b) = (
-            ctx.vmm_create(2 * G).unwrap(),
-            ctx.vmm_create(2 * G).unwrap(),
-        );
-        ctx.vmm_map(va, 2 * G, 0, a).unwrap();
-        ctx.vmm_map(va + 2 * G, G, G, b).unwrap();
-        // A copy across the two mappings, as one range.
-        let mut data: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
-        let at = va + 2 * G - 2048;
-        ctx.htod(at, &VolatileSlice::from(&mut data[..]), 0)
-            .unwrap();
-        ctx.memset(at + 1000, 0xabcd, 2, 1024, 0).unwrap();
-        let mut back = vec![0u8; 4096];
-        ctx.dtoh(&VolatileSlice::from(&mut back[..]), at, 0)
-            .unwrap();
-        assert_eq!(back[..1000], data[..1000]);
-        assert_eq!(back[1000..1004], [0xcd, 0xab, 0xcd, 0xab]);
-        assert_eq!(back[3048..], data[3048..]);
-        // Kernels see it too.
-        let m = ctx
-            .load_module(ImageKind::Ptx, crate::demo::KERNELS_PTX.as_bytes())
-            .unwrap();
-        let (f, _) = ctx.function(m, "vector_add").unwrap();
-        let (g, bl) = (Dim3 { x: 1, y: 1, z: 1 }, Dim3 { x: 16, y: 1, z: 1 });
-        ctx.launch(f, g, bl, 0, 0, &vector_add_params(va, va, va + 64, 16))
-            .unwrap();
-        // Unmapped (or never mapped) addresses fault like any other.
-        ctx.vmm_unmap(va + 2 * G, G).unwrap();
-        ctx.vmm_release(b).unwrap();
-        assert_eq!(ctx.dtod(va + 3 * G, va, 16, 0), Err(Status::IllegalAddress));
-        assert_eq!(
-            ctx.memset(va + 2 * G, 0, 1, 1, 0),
-            Err(Status::IllegalAddress)
-        );
-        assert_eq!(ctx.vmm_unmap(va, G), Err(Status::InvalidValue));
-        ctx.vmm_unmap(va, 2 * G).unwrap();
-        assert_eq!(ctx.memset(va, 0, 1, 1, 0), Err(Status::IllegalAddress));
     }
 
     #[test]

@@ -25,6 +25,7 @@ mod attributes;
 mod context;
 mod kernels;
 mod memory;
+mod vmm;
 
 use context::SimContext;
 

@@ -1,0 +1,136 @@
+//! VMM on the model: reserved address ranges (never handed out twice),
+//! physical allocations by handle, and the mappings between them, which
+//! the context's memory accesses look up (`memory.rs`).
+
+use protocol::Status;
+
+use super::context::SimContext;
+use super::memory::zeroed;
+use crate::executor::Handle;
+
+impl SimContext {
+    pub(super) fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
+        self.alive()?;
+        let g = protocol::VMM_GRANULARITY;
+        let mut next = self.next_base.lock().unwrap_or_else(|e| e.into_inner());
+        // The address asked for is taken if the model has handed out
+        // nothing there yet (it never hands out an address twice).
+        let from = if addr >= *next { addr } else { *next };
+        let base = from
+            .checked_next_multiple_of(align.max(g))
+            .ok_or(Status::OutOfMemory)?;
+        // A gap after it, as after allocations: an overrun faults.
+        *next = base
+            .checked_add(size.div_ceil(g) * g + g)
+            .ok_or(Status::OutOfMemory)?;
+        Ok(base)
+    }
+
+    pub(super) fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
+        self.alive()?;
+        let buf = zeroed(size)?;
+        // Numbered apart from every other context's handles.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0x564d_0000);
+        let h = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.vmm_phys.insert(h, buf);
+        Ok(h)
+    }
+
+    pub(super) fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
+        self.vmm_phys
+            .remove(&handle)
+            .map(drop)
+            .ok_or(Status::InvalidHandle)
+    }
+
+    pub(super) fn vmm_map(
+        &mut self,
+        ptr: u64,
+        size: u64,
+        offset: u64,
+        handle: Handle,
+    ) -> Result<(), Status> {
+        let len = self
+            .vmm_phys
+            .get(&handle)
+            .ok_or(Status::InvalidHandle)?
+            .len() as u64;
+        if offset.checked_add(size).is_none_or(|e| e > len) {
+            return Err(Status::InvalidValue);
+        }
+        self.vmm_maps.insert(ptr, (size, handle, offset));
+        Ok(())
+    }
+
+    pub(super) fn vmm_unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        match self.vmm_maps.get(&ptr) {
+            Some(&(n, ..)) if n == size => {
+                self.vmm_maps.remove(&ptr);
+                Ok(())
+            }
+            _ => Err(Status::InvalidValue),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use protocol::{Dim3, ImageKind, Status};
+    use vm_memory::VolatileSlice;
+
+    use crate::executor::sim::{SimExecutor, SimParams};
+    use crate::executor::Executor;
+
+    fn vector_add_params(a: u64, b: u64, c: u64, n: u32) -> Vec<u8> {
+        let mut p = Vec::new();
+        for x in [a, b, c] {
+            p.extend_from_slice(&x.to_le_bytes());
+        }
+        p.extend_from_slice(&n.to_le_bytes());
+        p
+    }
+
+    #[test]
+    fn mapped_vmm_memory_is_the_handles_bytes_until_unmapped() {
+        const G: u64 = protocol::VMM_GRANULARITY;
+        let mut ctx = SimExecutor::new(SimParams::default()).open().unwrap();
+        let va = ctx.vmm_reserve(4 * G, 0, 0).unwrap();
+        let (a, b) = (
+            ctx.vmm_create(2 * G).unwrap(),
+            ctx.vmm_create(2 * G).unwrap(),
+        );
+        ctx.vmm_map(va, 2 * G, 0, a).unwrap();
+        ctx.vmm_map(va + 2 * G, G, G, b).unwrap();
+        // A copy across the two mappings, as one range.
+        let mut data: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+        let at = va + 2 * G - 2048;
+        ctx.htod(at, &VolatileSlice::from(&mut data[..]), 0)
+            .unwrap();
+        ctx.memset(at + 1000, 0xabcd, 2, 1024, 0).unwrap();
+        let mut back = vec![0u8; 4096];
+        ctx.dtoh(&VolatileSlice::from(&mut back[..]), at, 0)
+            .unwrap();
+        assert_eq!(back[..1000], data[..1000]);
+        assert_eq!(back[1000..1004], [0xcd, 0xab, 0xcd, 0xab]);
+        assert_eq!(back[3048..], data[3048..]);
+        // Kernels see it too.
+        let m = ctx
+            .load_module(ImageKind::Ptx, crate::demo::KERNELS_PTX.as_bytes())
+            .unwrap();
+        let (f, _) = ctx.function(m, "vector_add").unwrap();
+        let (g, bl) = (Dim3 { x: 1, y: 1, z: 1 }, Dim3 { x: 16, y: 1, z: 1 });
+        ctx.launch(f, g, bl, 0, 0, &vector_add_params(va, va, va + 64, 16))
+            .unwrap();
+        // Unmapped (or never mapped) addresses fault like any other.
+        ctx.vmm_unmap(va + 2 * G, G).unwrap();
+        ctx.vmm_release(b).unwrap();
+        assert_eq!(ctx.dtod(va + 3 * G, va, 16, 0), Err(Status::IllegalAddress));
+        assert_eq!(
+            ctx.memset(va + 2 * G, 0, 1, 1, 0),
+            Err(Status::IllegalAddress)
+        );
+        assert_eq!(ctx.vmm_unmap(va, G), Err(Status::InvalidValue));
+        ctx.vmm_unmap(va, 2 * G).unwrap();
+        assert_eq!(ctx.memset(va, 0, 1, 1, 0), Err(Status::IllegalAddress));
+    }
+}
