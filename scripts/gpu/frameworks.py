@@ -3,11 +3,13 @@ through the stand-in: prints `name value` lines to compare, and `time_ms`
 lines; exits 0 if everything ran.
 
 usage: python3 frameworks.py torch|cupy|jax
+       python3 frameworks.py torch-times                  (the transformer's step time)
        python3 frameworks.py share START_EPOCH SECONDS   (the two-VM run)
        python3 frameworks.py share-ref                    (its losses, alone)
        python3 frameworks.py compare A B                  (two outputs' values)
 """
 import os
+import statistics
 import sys
 import time
 
@@ -137,6 +139,28 @@ def torch_checks():
     print("graph_out_sum", float(out.sum()))
 
 
+def torch_times():
+    """The small transformer's training step: five blocks of 50 steps after
+    20 untimed, each block's ms a step and their median (the ratio of two
+    processes' medians is what frameworks.sh reports, paired run by run)."""
+    import torch
+
+    deterministic(torch)
+    model, opt, x, y = transformer(torch)
+    for _ in range(20):
+        train_step(torch, model, opt, x, y)
+    torch.cuda.synchronize()
+    blocks = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(50):
+            train_step(torch, model, opt, x, y)
+        torch.cuda.synchronize()
+        blocks.append(1000 * (time.perf_counter() - t) / 50)
+    print("time_ms step_blocks", " ".join(f"{b:.3f}" for b in blocks))
+    print(f"time_ms transformer_step_median {statistics.median(blocks):.3f}")
+
+
 def cupy_checks():
     import cupy as cp
     import numpy as np
@@ -258,6 +282,8 @@ if __name__ == "__main__":
         share(float(sys.argv[2]), float(sys.argv[3]))
     elif sys.argv[1] == "share-ref":
         share_ref()
+    elif sys.argv[1] == "torch-times":
+        torch_times()
     elif sys.argv[1] == "compare":
         compare(sys.argv[2], sys.argv[3])
     else:

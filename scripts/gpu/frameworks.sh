@@ -8,6 +8,9 @@
 # the two-VM run, FW_COMPILE=1 adds torch.compile of the transformer,
 # FW_TIMEOUT sets each run's time limit (default 90 s natively, 60 s through
 # the stand-in).
+# torch_step_ratio is the median of three paired runs of the transformer's
+# step, native and through the stand-in in turn (each run's own median of
+# five blocks); step_ratio_runs lists the three.
 # Last line: torch_ok=… cupy_ok=… jax_ok=… torch_step_ratio=… torch_startup_ratio=…
 # shared_mmr=…
 set -uo pipefail
@@ -67,6 +70,25 @@ for fw in $FWS; do
         grep -a '^fairvgpu libcuda: cu.* -> [1-9]' $W/logs/$fw.trace | sort | uniq -c | sort -rn | head -15
     fi
 done
+t() { sed -n "s/^time_ms $2 //p" $W/logs/$1 | tail -1; }
+ratio() { awk -v s="$1" -v n="$2" 'BEGIN { if (n > 0 && s > 0) printf "%.3f", s / n; else print "missing" }'; }
+# The transformer's step, three times each way in turn (the machine's
+# drift shows in the spread of the three ratios).
+runs=""
+if [[ " $FWS " == *" torch "* ]]; then
+    echo "== transformer step, native and through the stand-in in turn"
+    for k in 1 2 3; do
+        timeout 60 python3 scripts/gpu/frameworks.py torch-times > $W/logs/times.native.$k 2>&1
+        FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH timeout 60 \
+            python3 scripts/gpu/frameworks.py torch-times > $W/logs/times.standin.$k 2>&1
+        n=$(t times.native.$k transformer_step_median); s=$(t times.standin.$k transformer_step_median)
+        r=$(ratio "$s" "$n")
+        echo "run $k: native $n ms, stand-in $s ms a step: $r"
+        runs="$runs $r"
+    done
+fi
+step_ratio=$(echo $runs | tr ' ' '\n' | grep -v '^missing$' | grep . | sort -n |
+    awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)]; else print "missing" }')
 shared_mmr=skipped
 if [ "${FW_SHARE:-1}" = 1 ]; then
 # Two VMs at once, weights 1:2, both training the large transformer for
@@ -102,10 +124,8 @@ fi
 kill $D; wait $D 2>/dev/null
 echo "== daemon warnings"; grep -aE 'WARN|ERROR' $W/logs/daemon.log | head -20
 tar czf $OUT/frameworks-logs.tgz -C $W logs
-t() { sed -n "s/^time_ms $2 //p" $W/logs/$1 | tail -1; }
-ratio() { awk -v s="$1" -v n="$2" 'BEGIN { if (n > 0 && s > 0) printf "%.3f", s / n; else print "missing" }'; }
 echo "torch_ok=${ok[torch]:-skipped} cupy_ok=${ok[cupy]:-skipped} jax_ok=${ok[jax]:-skipped}" \
-     "torch_step_ratio=$(ratio "$(t torch.standin transformer_step)" "$(t torch.native transformer_step)")" \
+     "torch_step_ratio=$step_ratio step_ratio_runs=$(echo $runs | tr ' ' ',')" \
      "torch_startup_ratio=$(ratio "$(t torch.standin startup)" "$(t torch.native startup)")" \
      "cnn_step_ratio=$(ratio "$(t torch.standin cnn_step)" "$(t torch.native cnn_step)")" \
      "shared_mmr=$shared_mmr"
