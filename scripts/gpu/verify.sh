@@ -11,6 +11,7 @@
 #   5. three guests 1:2:3 under the scheduler (aggregate and MMR)
 #   6. four small-kernel guests time-sliced against co-running under MPS
 #   7. whether a confined MPS worker makes new contexts
+#   8. which memory one context reaches of another's in one process (IPC)
 # Every step's output goes to $OUT/verify.log; the last lines are each
 # step's own last line.
 # One device call may run 10 minutes, so STEPS picks the steps of one call
@@ -21,7 +22,7 @@ set -uo pipefail
 export R=${R:-.carry/release}
 LOG=$OUT/verify.log
 : > "$LOG"
-STEPS=${STEPS:-conformance cufft hostile frameworks fairness space mps-contexts}
+STEPS=${STEPS:-conformance cufft hostile frameworks fairness space mps-contexts ipc}
 step() {
     local name=$1 limit=$2; shift 2
     case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
@@ -37,5 +38,6 @@ step frameworks 400 bash scripts/gpu/frameworks.sh
 step fairness 150 "$R/fairvgpu" bench fairness --executor cuda
 step space 300 bash scripts/gpu/space.sh
 step mps-contexts 60 bash scripts/gpu/mps-contexts.sh
+step ipc 60 bash scripts/gpu/ipc.sh
 echo "== last lines" | tee -a "$LOG"
 grep -aE '^(samples_pass|good_runs|torch_ok|fairvgpu_mmr|corun_speedup|mps_contexts_ok|cufft: (all|forward))|rc=' "$LOG" | tee -a "$LOG.summary"
