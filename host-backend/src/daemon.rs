@@ -270,12 +270,7 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                     w.restart_at = Some(Instant::now());
                     continue;
                 }
-                let crashed = {
-                    use std::os::unix::process::ExitStatusExt;
-                    status.code() == Some(EXIT_POISONED)
-                        || (status.signal().is_some()
-                            && w.started.elapsed() >= Duration::from_secs(1))
-                };
+                let crashed = ended_by_fault(&status, w.started.elapsed());
                 let why = if status.code() == Some(EXIT_POISONED) {
                     "a CUDA error poisoned its GPU contexts".to_owned()
                 } else {
@@ -439,6 +434,15 @@ impl Supervised {
     }
 }
 
+/// Whether a worker's end can have left its GPU's MPS server faulted: a
+/// GPU fault it reported, or a crash (a signal) once it had been running.
+/// One that failed to start (its exit code) never was a client.
+fn ended_by_fault(status: &std::process::ExitStatus, ran: Duration) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.code() == Some(EXIT_POISONED)
+        || (status.signal().is_some() && ran >= Duration::from_secs(1))
+}
+
 fn signal_child(child: &Child, sig: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig);
 }
@@ -451,6 +455,20 @@ fn stop_child(child: &mut Child) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_fault_or_a_crash_after_start_restarts_an_mps_gpus_workers() {
+        use std::os::unix::process::ExitStatusExt;
+        use std::process::ExitStatus;
+        let long = Duration::from_secs(5);
+        let poisoned = ExitStatus::from_raw(EXIT_POISONED << 8);
+        assert!(ended_by_fault(&poisoned, Duration::ZERO));
+        let killed = ExitStatus::from_raw(9);
+        assert!(ended_by_fault(&killed, long));
+        assert!(!ended_by_fault(&killed, Duration::from_millis(300)));
+        assert!(!ended_by_fault(&ExitStatus::from_raw(1 << 8), long));
+        assert!(!ended_by_fault(&ExitStatus::from_raw(0), long));
+    }
 
     #[test]
     fn restarts_at_once_unless_the_worker_keeps_dying_at_start() {
