@@ -160,6 +160,23 @@ impl Host {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+
+    /// Waits until a program that ended has nothing left on the vGPU: the
+    /// host agrees that it freed everything.
+    pub fn wait_program_freed(&self) {
+        self.wait_until(
+            "the program's memory to be freed",
+            Duration::from_secs(10),
+            |s| s.mem_used.load(Ordering::Relaxed) == 0,
+        );
+    }
+}
+
+/// Asserts that a program's output has every one of `lines`.
+pub fn assert_lines(stdout: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
+    }
 }
 
 impl Drop for Host {

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fairvgpu_tests::{run_program, standin, workspace, Host};
+use fairvgpu_tests::{assert_lines, run_program, standin, workspace, Host};
 
 /// The unpacked CUDA wheels, or `None` (the test skips).
 fn cuda_root() -> Option<PathBuf> {
@@ -48,26 +48,23 @@ fn a_c_program_on_nvidias_cuda_runtime_runs_against_the_standin() {
     let exe = build_c("runtime_api", &dir, &cuda, &[]);
     let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
     let stdout = run(&exe, &[&ptx], &lib, &cuda, &host.socket);
-    for line in [
-        "device: fairvgpu sim GPU, sm 9.0, 132 SMs",
-        "vector_add: 1048576 elements correct",
-        "callbacks: 3 ran in stream order",
-        "stream-ordered allocation: copy through it correct",
-        "pinned: copies both ways through page-locked memory correct",
-        "registered: copies both ways correct, contents kept after unregistering",
-        "managed: host writes seen by the device",
-        "threads: B made 400 calls in",
-        "thread exit: a destructor freed the thread's memory",
-        "runtime_api: all checks passed",
-    ] {
-        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
-    }
-    // The program freed everything; the host agrees.
-    host.wait_until(
-        "the program's memory to be freed",
-        std::time::Duration::from_secs(10),
-        |s| s.mem_used.load(std::sync::atomic::Ordering::Relaxed) == 0,
+    assert_lines(
+        &stdout,
+        &[
+            "device: fairvgpu sim GPU, sm 9.0, 132 SMs",
+            "vector_add: 1048576 elements correct",
+            "callbacks: 3 ran in stream order",
+            "stream-ordered allocation: copy through it correct",
+            "pinned: copies both ways through page-locked memory correct",
+            "registered: copies both ways correct, contents kept after unregistering",
+            "managed: host writes seen by the device",
+            "threads: B made 400 calls in",
+            "thread exit: a destructor freed the thread's memory",
+            "runtime_api: all checks passed",
+        ],
     );
+    // The program freed everything; the host agrees.
+    host.wait_program_freed();
 }
 
 /// Builds `tests/c/NAME.c` with gcc against NVIDIA's runtime into `dir`.
@@ -120,24 +117,21 @@ fn graphs_stream_capture_and_pitched_copies_run_against_the_standin() {
     let exe = build_c("graphs", &dir, &cuda, &[]);
     let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
     let stdout = run(&exe, &[&ptx], &lib, &cuda, &host.socket);
-    for line in [
-        "graph: 5 nodes built, 3 launches correct",
-        "graph: kernel node parameters updated, clone has 5 nodes",
-        "graph: device-only graph, 3 launches correct, a kernel node changed",
-        "capture: two streams forked and joined, 4 nodes, 2 launches correct",
-        "memory nodes: the graph's own buffer, 2 launches correct, given back with its executable",
-        "memory nodes: captured cudaMallocAsync and cudaFreeAsync, 2 launches correct",
-        "capture: a synchronize inside it is refused",
-        "pitched: 2D copies both ways, 2D memset and 3D copy correct",
-        "graphs: all checks passed",
-    ] {
-        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
-    }
-    host.wait_until(
-        "the program's memory to be freed",
-        std::time::Duration::from_secs(10),
-        |s| s.mem_used.load(std::sync::atomic::Ordering::Relaxed) == 0,
+    assert_lines(
+        &stdout,
+        &[
+            "graph: 5 nodes built, 3 launches correct",
+            "graph: kernel node parameters updated, clone has 5 nodes",
+            "graph: device-only graph, 3 launches correct, a kernel node changed",
+            "capture: two streams forked and joined, 4 nodes, 2 launches correct",
+            "memory nodes: the graph's own buffer, 2 launches correct, given back with its executable",
+            "memory nodes: captured cudaMallocAsync and cudaFreeAsync, 2 launches correct",
+            "capture: a synchronize inside it is refused",
+            "pitched: 2D copies both ways, 2D memset and 3D copy correct",
+            "graphs: all checks passed",
+        ],
     );
+    host.wait_program_freed();
 }
 
 #[test]
@@ -195,14 +189,8 @@ fn cufft_plans_through_the_standin() {
     let lib = standin(&dir);
     let exe = build_c("cufft", &dir, &cuda, &libs);
     let stdout = run(&exe, &[], &lib, &cuda, &host.socket);
-    for line in ["cufft: plans made", "cufft: all checks passed"] {
-        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
-    }
-    host.wait_until(
-        "the program's memory to be freed",
-        std::time::Duration::from_secs(10),
-        |s| s.mem_used.load(std::sync::atomic::Ordering::Relaxed) == 0,
-    );
+    assert_lines(&stdout, &["cufft: plans made", "cufft: all checks passed"]);
+    host.wait_program_freed();
 }
 
 /// NVIDIA's cuRAND, cuSPARSE, cuSOLVER and cuBLASLt (their wheels, with
@@ -230,9 +218,5 @@ fn curand_cusparse_cusolver_and_cublaslt_make_their_handles_through_the_standin(
         stdout.contains("libraries: all checks passed"),
         "in\n{stdout}"
     );
-    host.wait_until(
-        "the program's memory to be freed",
-        std::time::Duration::from_secs(10),
-        |s| s.mem_used.load(std::sync::atomic::Ordering::Relaxed) == 0,
-    );
+    host.wait_program_freed();
 }

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use fairvgpu_tests::{run_program, standin, workspace, Host};
+use fairvgpu_tests::{assert_lines, run_program, standin, workspace, Host};
 
 fn cupy_path() -> Option<PathBuf> {
     let p = std::env::var_os("FAIRVGPU_PYTHONPATH").map(PathBuf::from);
@@ -50,12 +50,13 @@ fn cupy_runs_its_memory_paths_through_the_standin() {
             ("CUDA_PATH", cuda_path.as_str()),
         ],
     );
-    for line in [
-        "cupy: device fairvgpu sim GPU 132 SMs",
-        "cupy: copies, memset and a stream correct",
-        "cupy: an allocation over the vGPU's limit is CuPy's OutOfMemoryError",
-        "cupy: all checks passed",
-    ] {
-        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
-    }
+    assert_lines(
+        &stdout,
+        &[
+            "cupy: device fairvgpu sim GPU 132 SMs",
+            "cupy: copies, memset and a stream correct",
+            "cupy: an allocation over the vGPU's limit is CuPy's OutOfMemoryError",
+            "cupy: all checks passed",
+        ],
+    );
 }

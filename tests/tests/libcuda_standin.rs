@@ -68,11 +68,7 @@ fn c_driver_api_program_runs_against_the_standin() {
     );
     assert!(stdout.contains("driver_api: all checks passed"), "{stdout}");
     // The program freed everything; the host agrees.
-    host.wait_until(
-        "the program's memory to be freed",
-        std::time::Duration::from_secs(10),
-        |s| s.mem_used.load(std::sync::atomic::Ordering::Relaxed) == 0,
-    );
+    host.wait_program_freed();
 }
 
 /// A child forked after the program attached, exiting normally without a
