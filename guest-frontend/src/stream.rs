@@ -65,19 +65,8 @@ impl Gpu {
         stream: u64,
         packed: &[u8],
     ) -> Result<()> {
-        self.send(
-            &Request::Launch {
-                func,
-                grid,
-                block,
-                shared_mem,
-                stream,
-                cluster: Dim3::default(),
-                flags: 0,
-            },
-            packed,
-        )
-        .map(drop)
+        let none = Dim3::default();
+        self.launch_ex(func, grid, block, shared_mem, stream, none, 0, packed)
     }
 
     /// A launch with thread block clusters (`cluster` all zero: none)
