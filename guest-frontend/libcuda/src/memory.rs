@@ -30,31 +30,17 @@ pub(crate) fn is_device(ptr: u64) -> Result<bool, CuResult> {
     Ok(objects()?.range_of(ptr).is_some())
 }
 
-/// Allocations tried before giving up on one whose address the process
-/// already uses (see `reserve`).
-const ALLOC_TRIES: usize = 4;
-
 /// Allocates `size` bytes of device memory whose addresses are reserved in
 /// this process. An allocation at addresses the process already uses is
 /// kept aside while another is made, then freed.
 pub(crate) fn device_alloc(size: u64) -> Result<u64, CuResult> {
-    let mut taken = Vec::new();
-    let mut got = None;
-    for _ in 0..ALLOC_TRIES {
-        let d = gpu(|g| g.mem_alloc(size))?;
-        if crate::reserve::reserve(d, size) {
-            got = Some(d);
-            break;
-        }
-        taken.push(d);
-    }
-    for d in taken {
-        let _ = gpu(|g| g.mem_free(d));
-    }
-    let d = got.ok_or_else(|| {
-        crate::log_once("device addresses keep landing on the process's own memory");
-        code::OUT_OF_MEMORY
-    })?;
+    let d = crate::reserve::place(
+        size,
+        |_| gpu(|g| g.mem_alloc(size)),
+        |d| {
+            let _ = gpu(|g| g.mem_free(d));
+        },
+    )?;
     objects()?.ranges.insert(
         d,
         Range {

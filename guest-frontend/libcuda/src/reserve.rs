@@ -5,6 +5,8 @@
 //! Copies of inferred direction and pointer queries can then tell them
 //! apart exactly, as on a GPU with unified addressing.
 
+use crate::{code, CuResult};
+
 /// Reserves `[addr, addr + len)`; false if part of it is already mapped in
 /// this process (the device address is also a host address here).
 pub(crate) fn reserve(addr: u64, len: u64) -> bool {
@@ -42,6 +44,42 @@ pub(crate) fn reserve(addr: u64, len: u64) -> bool {
         return false;
     }
     true
+}
+
+/// Tries of [`place`] before giving up.
+const PLACE_TRIES: usize = 4;
+
+/// Something made on the host at device addresses, reserved here: `make(i)`
+/// makes it (try `i`) and answers its address. One that lands on addresses
+/// the process uses itself is kept aside while another is made; those kept
+/// aside are then undone (`undo`), whatever happened.
+pub(crate) fn place(
+    len: u64,
+    mut make: impl FnMut(usize) -> Result<u64, CuResult>,
+    mut undo: impl FnMut(u64),
+) -> Result<u64, CuResult> {
+    let mut taken = Vec::new();
+    let mut got = None;
+    for i in 0..PLACE_TRIES {
+        match make(i) {
+            Ok(a) if reserve(a, len) => {
+                got = Some(Ok(a));
+                break;
+            }
+            Ok(a) => taken.push(a),
+            Err(e) => {
+                got = Some(Err(e));
+                break;
+            }
+        }
+    }
+    for a in taken {
+        undo(a);
+    }
+    got.unwrap_or_else(|| {
+        crate::log_once("device addresses keep landing on the process's own memory");
+        Err(code::OUT_OF_MEMORY)
+    })
 }
 
 /// An address where `len` bytes aligned to `align` (a power of two) are

@@ -60,9 +60,6 @@ const LOCATION_DEVICE: c_int = 1;
 const HANDLE_TYPE_POSIX_FD: c_uint = 1;
 const PROT_READ: c_uint = 1;
 const PROT_READWRITE: c_uint = 3;
-/// Reservations tried before giving up on one whose addresses the process
-/// already uses.
-const RESERVE_TRIES: usize = 4;
 
 /// What the process holds, as the host answered.
 #[derive(Debug)]
@@ -147,30 +144,16 @@ export! {
         // reservation is made (as `memory::device_alloc` does); after the
         // first, at an address free in this process, which the host's
         // driver takes where it is free there too.
-        let mut taken = Vec::new();
-        let mut got = Err(code::OUT_OF_MEMORY);
-        for i in 0..RESERVE_TRIES {
-            let addr = if i == 0 { 0 } else { crate::reserve::free_range(size, align.max(G)) };
-            match call(Request::VmmReserve { size, align, addr }) {
-                Ok([va, ..]) if crate::reserve::reserve(va, size) => {
-                    got = Ok(va);
-                    break;
-                }
-                Ok([va, ..]) => taken.push(va),
-                Err(e) => {
-                    got = Err(e);
-                    break;
-                }
-            }
-        }
-        // Those kept aside go back, whatever happened.
-        for va in taken {
-            let _ = call(Request::VmmAddressFree { ptr: va, size });
-        }
-        if got == Err(code::OUT_OF_MEMORY) {
-            crate::log_once("device addresses keep landing on the process's own memory");
-        }
-        let va = got?;
+        let va = crate::reserve::place(
+            size,
+            |i| {
+                let addr = if i == 0 { 0 } else { crate::reserve::free_range(size, align.max(G)) };
+                call(Request::VmmReserve { size, align, addr }).map(|v| v[0])
+            },
+            |va| {
+                let _ = call(Request::VmmAddressFree { ptr: va, size });
+            },
+        )?;
         objects()?.ranges.insert(va, Range { size, kind: RangeKind::Device });
         out(ptr, va)
     }
