@@ -78,6 +78,11 @@ fn free(p: CUdeviceptr) -> Result<(), CuResult> {
         Some(r) if r.kind == RangeKind::Device => {}
         _ => return Err(code::INVALID_VALUE),
     }
+    free_device(p)
+}
+
+/// Frees device allocation `p` of the process on the host, and forgets it.
+pub(crate) fn free_device(p: CUdeviceptr) -> Result<(), CuResult> {
     gpu(|g| g.mem_free(p))?;
     forget_alloc(&mut *objects()?, p);
     Ok(())

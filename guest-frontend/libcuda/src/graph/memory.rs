@@ -18,7 +18,7 @@ use std::ffi::c_int;
 use cudarc::driver::sys::{CUdevice, CUstream};
 
 use super::{graphs, Op, Store};
-use crate::state::{gpu, objects, out};
+use crate::state::out;
 use crate::{code, CuResult};
 
 /// The graph allocations the process holds.
@@ -95,11 +95,7 @@ pub(crate) fn release(ptrs: Vec<u64>) {
     };
     // Not under the graphs' lock: these are calls to the host.
     for p in gone {
-        if gpu(|g| g.mem_free(p)).is_ok() {
-            if let Ok(mut o) = objects() {
-                crate::memory::forget_alloc(&mut o, p);
-            }
-        }
+        let _ = crate::memory::free_device(p);
     }
 }
 
