@@ -175,19 +175,14 @@ pub fn run(executor: ExecutorKind, secs: f64) -> Result<()> {
     let wsum: f64 = WEIGHTS.iter().sum();
     let mut agg = [0.0; 2];
     let mut figure = [0.0; 2];
-    for (k, (name, corun)) in [("time-sliced", false), ("co-running", true)]
-        .iter()
-        .enumerate()
-    {
-        let gpu = if *corun { MPS } else { "" };
-        let r = rates(&bin, executor, &vms(*corun), &[SMALL; 4], gpu, secs)?;
-        let n: Vec<f64> = r.iter().map(|x| x / alone).collect();
+    let both = sliced_and_corun(&bin, executor, vms, &[SMALL; 4], alone, secs)?;
+    for (k, (name, n)) in ["time-sliced", "co-running"].iter().zip(&both).enumerate() {
         agg[k] = n.iter().sum();
         let x: Vec<f64> = n.iter().zip(WEIGHTS).map(|(n, w)| n / (w / wsum)).collect();
-        figure[k] = scheduler::mmr(if *corun { &n } else { &x });
+        figure[k] = scheduler::mmr(if k == 1 { n } else { &x });
         println!(
             "{name:<12} normalized {} aggregate {:.3} MMR {:.3}",
-            fmt(&n),
+            fmt(n),
             agg[k],
             figure[k]
         );
@@ -282,21 +277,36 @@ fn full_gpu_ratio(bin: &Path, executor: ExecutorKind, secs: f64) -> Result<f64> 
     };
     let alone = rates(bin, executor, &three(false)[..1], &[FULL], "", secs)?[0];
     let mut agg = [0.0; 2];
-    for (k, (name, corun)) in [("time-sliced", false), ("co-running", true)]
-        .iter()
-        .enumerate()
-    {
-        let gpu = if *corun { MPS } else { "" };
-        let r = rates(bin, executor, &three(*corun), &[FULL; 3], gpu, secs)?;
-        let n: Vec<f64> = r.iter().map(|x| x / alone.max(1e-9)).collect();
+    let both = sliced_and_corun(bin, executor, three, &[FULL; 3], alone, secs)?;
+    for (k, (name, n)) in ["time-sliced", "co-running"].iter().zip(&both).enumerate() {
         agg[k] = n.iter().sum();
         println!(
             "full-GPU 1:2:3, {name:<11} normalized {} aggregate {:.3}",
-            fmt(&n),
+            fmt(n),
             agg[k]
         );
     }
     Ok(agg[1] / agg[0].max(1e-9))
+}
+
+/// Each guest's throughput over `alone` (its rate alone on the GPU),
+/// time-sliced and then co-running (`[[gpu]] mps = true`): `vms(corun)` are
+/// the VMs, each doing the matching `work`.
+fn sliced_and_corun(
+    bin: &Path,
+    executor: ExecutorKind,
+    vms: impl Fn(bool) -> Vec<VmSpec>,
+    work: &[Work],
+    alone: f64,
+    secs: f64,
+) -> Result<[Vec<f64>; 2]> {
+    let mut out = [Vec::new(), Vec::new()];
+    for (k, corun) in [false, true].into_iter().enumerate() {
+        let gpu = if corun { MPS } else { "" };
+        let r = rates(bin, executor, &vms(corun), work, gpu, secs)?;
+        out[k] = r.iter().map(|x| x / alone.max(1e-9)).collect();
+    }
+    Ok(out)
 }
 
 /// One guest copying 16 MiB both ways and one whose kernels fill about 60%
