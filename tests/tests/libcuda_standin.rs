@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fairvgpu_tests::{cargo_build, run_program, standin, workspace, Host};
+use fairvgpu_tests::{assert_lines, cargo_build, run_program, standin, workspace, Host};
 
 /// Builds `tests/c/driver_api.c` with the system C compiler against the
 /// stand-in in `lib`, into `dir`.
@@ -75,6 +75,44 @@ fn c_driver_api_program_runs_against_the_standin() {
 /// CUDA call, runs the atexit handlers it inherited: they must not let go
 /// of the parent's channel (nor wait for the parent's copy thread), and the
 /// parent goes on with every later check passing.
+/// Device addresses the host picks where the guest process has memory of its
+/// own: the program (`tests/c/collide.c`) maps 64 GiB where the host's next
+/// allocations go, and its allocations land elsewhere and work as any other.
+#[test]
+fn device_memory_lands_clear_of_the_processs_own_memory() {
+    let host = Host::start("collide", 256 << 20);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let exe = dir.join("collide");
+    let out = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(workspace().join("tests/c/collide.c"))
+        .arg(format!("-L{}", lib.display()))
+        .arg("-lcuda")
+        .output()
+        .expect("cc runs");
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let no_args: [&str; 0] = [];
+    let stdout = run_program(&exe, &no_args, &lib.to_string_lossy(), &host.socket, &[]);
+    assert!(!stdout.contains("FAILED"), "{stdout}");
+    assert_lines(
+        &stdout,
+        &[
+            "ok: allocated clear of the process's memory",
+            "ok: stream-ordered allocation clear too",
+            "ok: device to device copy of inferred direction",
+            "ok: all the memory back",
+            "collide: all checks passed",
+        ],
+    );
+    host.wait_program_freed();
+}
+
 #[test]
 fn a_forked_child_leaves_the_parents_vgpu_alone() {
     let host = Host::start("capi-fork", 256 << 20);

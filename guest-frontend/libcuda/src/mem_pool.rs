@@ -156,9 +156,16 @@ export! {
                 Some(r) if r.kind == RangeKind::Device => {}
                 _ => return Err(code::INVALID_VALUE),
             }
-            crate::memory::forget_alloc(&mut o, ptr);
+            if !o.mapped_allocs.contains_key(&ptr) {
+                crate::memory::forget_alloc(&mut o, ptr);
+                drop(o);
+                return gpu(|g| g.mem_free_async(ptr, stream));
+            }
         }
-        gpu(|g| g.mem_free_async(ptr, stream))
+        // Memory made as a mapping (see `memory::device_alloc`) is
+        // unmapped once the stream has got there.
+        gpu(|g| g.stream_synchronize(stream))?;
+        crate::memory::free_device(ptr)
     }
 
     /// CUDA 13's pools by location: the device's (memory of type pinned).

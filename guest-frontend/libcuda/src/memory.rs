@@ -30,15 +30,34 @@ pub(crate) fn is_device(ptr: u64) -> Result<bool, CuResult> {
     Ok(objects()?.range_of(ptr).is_some())
 }
 
+/// Plain allocations (`cuMemAlloc` on the host) tried before memory is
+/// mapped at an address free in this process instead.
+const PLAIN_TRIES: usize = 2;
+
 /// Allocates `size` bytes of device memory whose addresses are reserved in
-/// this process. An allocation at addresses the process already uses is
-/// kept aside while another is made, then freed.
+/// this process. The host's driver picks the address of a plain
+/// allocation, and it may land on memory the process uses itself (a large
+/// library mapped there, say): the driver's next allocation then usually
+/// lands beside it, on the same mapping. So after [`PLAIN_TRIES`] such
+/// tries the memory is made as a VMM mapping at an address this process
+/// has free, which the host's driver takes where it is free there too.
+/// The tries that landed badly are given back either way.
 pub(crate) fn device_alloc(size: u64) -> Result<u64, CuResult> {
     let d = crate::reserve::place(
         size,
-        |_| gpu(|g| g.mem_alloc(size)),
-        |d| {
-            let _ = gpu(|g| g.mem_free(d));
+        |i| {
+            if i < PLAIN_TRIES {
+                gpu(|g| g.mem_alloc(size))
+            } else {
+                mapped_alloc(size)
+            }
+        },
+        |i, d| {
+            if i < PLAIN_TRIES {
+                let _ = gpu(|g| g.mem_free(d));
+            } else {
+                mapped_free(d, mapped_len(size));
+            }
         },
     )?;
     objects()?.ranges.insert(
@@ -49,6 +68,55 @@ pub(crate) fn device_alloc(size: u64) -> Result<u64, CuResult> {
         },
     );
     Ok(d)
+}
+
+/// The length of the mapping [`mapped_alloc`] makes for `size` bytes.
+fn mapped_len(size: u64) -> u64 {
+    size.next_multiple_of(protocol::VMM_GRANULARITY)
+}
+
+/// `size` bytes of device memory as a VMM mapping (reservation, physical
+/// memory, map) at an address free in this process, which it answers. The
+/// physical memory's handle is let go at once: the mapping holds it, and
+/// unmapping gives it back. Nothing is left held if a step fails.
+fn mapped_alloc(size: u64) -> Result<u64, CuResult> {
+    use protocol::Request;
+    let req = |r: Request| gpu(|g| g.request(&r)).map(|r| r.vals[0]);
+    let len = size
+        .checked_next_multiple_of(protocol::VMM_GRANULARITY)
+        .ok_or(code::OUT_OF_MEMORY)?;
+    let addr = crate::reserve::free_range(len, protocol::VMM_GRANULARITY);
+    let va = req(Request::VmmReserve {
+        size: len,
+        align: 0,
+        addr,
+    })?;
+    let mapped = req(Request::VmmCreate { size: len }).and_then(|handle| {
+        let m = req(Request::VmmMap {
+            ptr: va,
+            size: len,
+            offset: 0,
+            handle,
+        });
+        let _ = req(Request::VmmRelease { handle });
+        m
+    });
+    if let Err(e) = mapped {
+        let _ = req(Request::VmmAddressFree { ptr: va, size: len });
+        return Err(e);
+    }
+    objects()?.mapped_allocs.insert(va, len);
+    Ok(va)
+}
+
+/// Unmaps and frees a mapping [`mapped_alloc`] made, `len` bytes at `va`.
+fn mapped_free(va: u64, len: u64) {
+    use protocol::Request;
+    let _ = gpu(|g| g.request(&Request::VmmUnmap { ptr: va, size: len }));
+    let _ = gpu(|g| g.request(&Request::VmmAddressFree { ptr: va, size: len }));
+    if let Ok(mut o) = objects() {
+        o.mapped_allocs.remove(&va);
+    }
 }
 
 /// Forgets a device allocation (its reservation too), after the host freed
@@ -83,7 +151,11 @@ fn free(p: CUdeviceptr) -> Result<(), CuResult> {
 
 /// Frees device allocation `p` of the process on the host, and forgets it.
 pub(crate) fn free_device(p: CUdeviceptr) -> Result<(), CuResult> {
-    gpu(|g| g.mem_free(p))?;
+    let mapped = objects()?.mapped_allocs.get(&p).copied();
+    match mapped {
+        Some(len) => mapped_free(p, len),
+        None => gpu(|g| g.mem_free(p))?,
+    }
     forget_alloc(&mut *objects()?, p);
     Ok(())
 }

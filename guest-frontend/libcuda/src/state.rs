@@ -91,6 +91,9 @@ pub(crate) struct Objects {
     pub primary_flags: u32,
     /// Device ranges by start address.
     pub ranges: BTreeMap<u64, Range>,
+    /// Device allocations made as VMM mappings (see
+    /// `memory::device_alloc`): start -> length mapped on the host.
+    pub mapped_allocs: HashMap<u64, u64>,
     /// Streams made here, with their flags and priorities.
     pub streams: HashMap<u64, (u32, i32)>,
     /// Stream attributes set (`CUstreamAttrID`, the 64-byte value): hints

@@ -26,7 +26,7 @@ pub(super) struct SimContext {
     pub(super) params: SimParams,
     pub(super) queues: Arc<Vec<Mutex<Queue>>>,
     pub(super) device: u32,
-    pub(super) next_base: Arc<Mutex<u64>>,
+    pub(super) addresses: Arc<Mutex<super::addresses::Addresses>>,
     /// The pinned pool's device range: the model's kernels do not reach
     /// host memory.
     pub(super) pinned: (u64, u64),
@@ -190,15 +190,12 @@ impl Context for SimContext {
     fn alloc(&mut self, size: u64) -> Result<u64, Status> {
         self.alive()?;
         let buf = zeroed(size)?;
-        let mut next = self.next_base.lock().unwrap_or_else(|e| e.into_inner());
-        let base = *next;
-        // Keep allocations apart (and 2 MiB aligned) so that an overrun is an error.
-        *next = size
-            .div_ceil(2 << 20)
-            .checked_mul(2 << 20)
-            .and_then(|n| n.checked_add(2 << 20))
-            .and_then(|n| base.checked_add(n))
-            .ok_or(Status::OutOfMemory)?;
+        // Kept apart (and 2 MiB aligned) so that an overrun is an error.
+        let base = self
+            .addresses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .fresh(size, 0)?;
         self.mem.insert(base, buf);
         Ok(base)
     }

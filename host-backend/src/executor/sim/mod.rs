@@ -6,10 +6,12 @@
 //! modeled duration (copies at the configured bandwidth, kernels by their
 //! size), so synchronizing waits as long as the modeled device would take.
 //! Kernels are the entries of `kernels/fairvgpu.ptx`, implemented in Rust and
-//! found by their PTX entry name.//!
+//! found by their PTX entry name.
+//!
 //! Here the model's parameters and the executor (one device of the shared
 //! queue); `context.rs` a guest process's context, `memory.rs` the model's
-//! device memory, `kernels.rs` the kernels, `attributes.rs` the device
+//! device memory, `addresses.rs` the device addresses it hands out,
+//! `kernels.rs` the kernels, `attributes.rs` the device
 //! attributes it reports.
 
 use std::collections::{BTreeMap, HashMap};
@@ -21,6 +23,7 @@ use vm_memory::VolatileSlice;
 
 use super::{Context, Executor};
 
+mod addresses;
 mod attributes;
 mod context;
 mod kernels;
@@ -91,7 +94,7 @@ pub struct SimExecutor {
     params: SimParams,
     queues: Arc<Vec<Mutex<Queue>>>,
     device: u32,
-    next_base: Arc<Mutex<u64>>,
+    addresses: Arc<Mutex<addresses::Addresses>>,
     poisoned: Arc<std::sync::atomic::AtomicBool>,
     /// The pinned pool's device range (start, length).
     pinned: (u64, u64),
@@ -112,7 +115,7 @@ impl SimExecutor {
                     .collect(),
             ),
             device: 0,
-            next_base: Arc::new(Mutex::new(0x7f00_0000_0000)),
+            addresses: Arc::default(),
             poisoned: Arc::default(),
             pinned: (0, 0),
         }
@@ -158,7 +161,7 @@ impl Executor for SimExecutor {
             params: self.params,
             queues: self.queues.clone(),
             device: self.device,
-            next_base: self.next_base.clone(),
+            addresses: self.addresses.clone(),
             pinned: self.pinned,
             poisoned: self.poisoned.clone(),
             mem: BTreeMap::new(),

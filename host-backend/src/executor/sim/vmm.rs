@@ -11,19 +11,12 @@ use crate::executor::Handle;
 impl SimContext {
     pub(super) fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
         self.alive()?;
-        let g = protocol::VMM_GRANULARITY;
-        let mut next = self.next_base.lock().unwrap_or_else(|e| e.into_inner());
-        // The address asked for is taken if the model has handed out
-        // nothing there yet (it never hands out an address twice).
-        let from = if addr >= *next { addr } else { *next };
-        let base = from
-            .checked_next_multiple_of(align.max(g))
-            .ok_or(Status::OutOfMemory)?;
-        // A gap after it, as after allocations: an overrun faults.
-        *next = base
-            .checked_add(size.div_ceil(g) * g + g)
-            .ok_or(Status::OutOfMemory)?;
-        Ok(base)
+        // The address asked for is taken where the model has handed out
+        // nothing (`addresses.rs`); a gap after it, as after allocations.
+        self.addresses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .at(addr, size, align)
     }
 
     pub(super) fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
