@@ -9,6 +9,7 @@ use protocol::Status;
 
 use crate::executor::{Context, Handle, HandleMap, HandleSet, Launch, Queued};
 
+pub mod ipc;
 pub mod vmm;
 
 /// Launches accepted from the ring but not yet submitted: a run on one
@@ -122,6 +123,10 @@ pub struct Session {
     pub deferred_frees: Vec<(crate::executor::Marker, u64, u64)>,
     /// Reservations, physical memory and mappings of the VMM API.
     pub vmm: vmm::Vmm,
+    /// Its memory exported to the VM's other processes (IPC).
+    pub exported: ipc::Exported,
+    /// Other processes' memory it opened (IPC).
+    pub imports: ipc::Imports,
 }
 
 /// A guest host function between its stream reaching it and the guest
@@ -272,11 +277,14 @@ impl Session {
             deferred_frees: Vec::new(),
             host_fn: None,
             vmm: vmm::Vmm::default(),
+            exported: ipc::Exported::default(),
+            imports: ipc::Imports::default(),
         }
     }
 
     /// Checks that [ptr, ptr+len) lies inside one of this session's
-    /// allocations or module globals, or in memory it mapped.
+    /// allocations or module globals, in memory it mapped, or in memory of
+    /// another process it opened (IPC) that is still exported.
     pub fn check_range(&self, ptr: u64, len: u64) -> Result<(), Status> {
         let end = ptr.checked_add(len).ok_or(Status::InvalidValue)?;
         let inside = |m: &BTreeMap<u64, u64>| {
@@ -284,11 +292,27 @@ impl Session {
                 .next_back()
                 .is_some_and(|(&base, &size)| end <= base + size)
         };
-        if inside(&self.allocs) || inside(&self.globals) || self.vmm.covers(ptr, len) {
+        if inside(&self.allocs)
+            || inside(&self.globals)
+            || self.vmm.covers(ptr, len)
+            || self.imports.covers(ptr, end)
+        {
             Ok(())
         } else {
             Err(Status::InvalidValue)
         }
+    }
+
+    /// The allocation or VMM mapping holding `ptr`, as IPC exports it:
+    /// its start and size.
+    pub fn exportable(&self, ptr: u64) -> Option<(u64, u64)> {
+        let alloc = self
+            .allocs
+            .range(..=ptr)
+            .next_back()
+            .filter(|(&b, &n)| ptr - b < n.max(1))
+            .map(|(&b, &n)| (b, n));
+        alloc.or_else(|| self.vmm.mapping_of(ptr))
     }
 
     /// Records a module global's range.
@@ -307,7 +331,8 @@ impl Session {
     /// Takes an allocation out of the table (no longer addressable by the
     /// guest) without uncounting it: a stream-ordered free, done later.
     pub fn detach_alloc(&mut self, base: u64) -> Result<u64, Status> {
-        self.allocs.remove(&base).ok_or(Status::InvalidValue)?;
+        let size = self.allocs.remove(&base).ok_or(Status::InvalidValue)?;
+        self.exported.revoke(base, base.saturating_add(size.max(1)));
         Ok(self.charges.remove(&base).unwrap_or(0))
     }
 
@@ -318,7 +343,8 @@ impl Session {
 
     /// Removes an allocation by its exact base; returns what it took.
     pub fn remove_alloc(&mut self, base: u64) -> Result<u64, Status> {
-        self.allocs.remove(&base).ok_or(Status::InvalidValue)?;
+        let size = self.allocs.remove(&base).ok_or(Status::InvalidValue)?;
+        self.exported.revoke(base, base.saturating_add(size.max(1)));
         let charge = self.charges.remove(&base).unwrap_or(0);
         self.mem_used -= charge;
         Ok(charge)

@@ -33,7 +33,7 @@ pub use values::{link_records, Dim3, ImageKind, Param};
 /// Size of the inline payload (must equal the transport's `INLINE_SIZE`).
 pub const INLINE: usize = 88;
 /// Version of this message set, exchanged in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Largest single allocation or copy the host accepts (1 TiB).
 pub const MAX_LEN: u64 = 1 << 40;
 /// Largest module image or kernel name.

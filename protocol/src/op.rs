@@ -58,5 +58,8 @@ pub const VMM_MAP: u32 = 84;
 pub const VMM_UNMAP: u32 = 85;
 pub const VMM_SET_ACCESS: u32 = 86;
 pub const VMM_RETAIN: u32 = 87;
+pub const IPC_EXPORT: u32 = 60;
+pub const IPC_OPEN: u32 = 61;
+pub const IPC_CLOSE: u32 = 62;
 /// A continuation chunk of the previous message's data.
 pub const DATA: u32 = 100;

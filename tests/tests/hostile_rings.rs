@@ -198,6 +198,96 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
 }
 
+/// IPC between processes of one VM: a process cannot export, close or
+/// reach another's memory it was not handed, a made-up token opens
+/// nothing, and memory it opened is refused again once the exporter frees
+/// it or ends; the worker serves on.
+#[test]
+fn forged_ipc_requests_reach_nothing_not_handed_over() {
+    use protocol::{Request, Status};
+    let host = Host::start("hostile-ipc", 64 << 20);
+    let req = |g: &mut guest_frontend::Gpu, r: Request| g.request(&r).map(|x| x.vals);
+    let refused = |r: Result<[u64; 4], guest_frontend::GuestError>, what: &str| {
+        assert!(
+            matches!(
+                r,
+                Err(guest_frontend::GuestError::Cuda(
+                    Status::InvalidValue | Status::InvalidContext
+                ))
+            ),
+            "{what}: {r:?}"
+        );
+    };
+    let mut victim = host.guest();
+    let p = victim.mem_alloc(8192).unwrap();
+    victim.memcpy_htod(p, &[5; 8192]).unwrap();
+    let mut evil = host.guest();
+    let mut buf = [0u8; 4096];
+    refused(
+        req(&mut evil, Request::IpcExport { ptr: p }),
+        "export of another's memory",
+    );
+    for token in [0, 1, u64::MAX, p] {
+        refused(req(&mut evil, Request::IpcOpen { token }), "made-up token");
+    }
+    refused(
+        req(&mut evil, Request::IpcClose { ptr: p }),
+        "close of unopened memory",
+    );
+    assert!(
+        evil.memcpy_dtoh(&mut buf, p, 0).is_err(),
+        "not handed over yet"
+    );
+
+    // Handed over: reachable, within its range only.
+    let [token, base, size, _] = req(&mut victim, Request::IpcExport { ptr: p + 100 }).unwrap();
+    assert_eq!((base, size), (p, 8192));
+    refused(
+        req(&mut victim, Request::IpcOpen { token }),
+        "its own token",
+    );
+    assert_eq!(
+        req(&mut evil, Request::IpcOpen { token }).unwrap()[..2],
+        [p, 8192]
+    );
+    evil.memcpy_dtoh(&mut buf, p + 4096, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 5));
+    assert!(
+        evil.memcpy_dtoh(&mut [0u8; 2], p + 8191, 0).is_err(),
+        "past its end"
+    );
+
+    // Freed by the exporter: refused again, and the token is dead.
+    victim.mem_free(p).unwrap();
+    assert!(
+        evil.memcpy_dtoh(&mut buf, p, 0).is_err(),
+        "freed by its owner"
+    );
+    refused(
+        req(&mut evil, Request::IpcOpen { token }),
+        "token of freed memory",
+    );
+    req(&mut evil, Request::IpcClose { ptr: p }).unwrap();
+
+    // An exporter that ends takes its exports with it.
+    let q = evil.mem_alloc(4096).unwrap();
+    let [t2, ..] = req(&mut evil, Request::IpcExport { ptr: q }).unwrap();
+    req(&mut victim, Request::IpcOpen { token: t2 }).unwrap();
+    drop(evil);
+    host.wait_until("the exporter's memory back", Duration::from_secs(10), |s| {
+        s.mem_used.load(Ordering::Relaxed) == 0
+    });
+    assert!(
+        victim.memcpy_dtoh(&mut buf, q, 0).is_err(),
+        "its exporter ended"
+    );
+    refused(
+        req(&mut victim, Request::IpcOpen { token: t2 }),
+        "token of an ended exporter",
+    );
+    assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
+}
+
 /// Listing another process's module's kernels is refused, a list from
 /// past the end is empty, and the owner's own list is whole.
 #[test]

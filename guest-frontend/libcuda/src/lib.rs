@@ -57,6 +57,7 @@ pub mod export_table;
 pub mod graph;
 pub mod host_fn;
 pub mod host_memory;
+pub mod ipc;
 pub mod launch;
 pub mod mem_pool;
 pub mod memory;

@@ -49,6 +49,8 @@ pub(crate) enum RangeKind {
     Device,
     /// A module's global variable (freed with its module).
     Global,
+    /// Another process's memory opened by IPC handle (closed, not freed).
+    Imported,
 }
 
 /// A device address range the process holds.

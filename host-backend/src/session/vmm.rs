@@ -211,6 +211,12 @@ impl Vmm {
         true
     }
 
+    /// The mapping holding `ptr`: its start and size.
+    pub fn mapping_of(&self, ptr: u64) -> Option<(u64, u64)> {
+        let (&b, m) = self.maps.range(..=ptr).next_back()?;
+        (ptr < b + m.size).then_some((b, m.size))
+    }
+
     /// The handle mapped at `ptr`, held once more by the guest: (handle,
     /// its size).
     pub fn retain(&mut self, ptr: u64) -> Result<(Handle, u64), Status> {

@@ -26,6 +26,7 @@
 mod channel;
 mod contexts;
 mod image_cache;
+mod ipc;
 mod pinned;
 mod release;
 mod requests;
@@ -313,6 +314,7 @@ impl Worker {
                     }),
                 ),
                 contexts: contexts::ContextPool::default(),
+                ipc: Default::default(),
                 region,
                 link,
                 exec,

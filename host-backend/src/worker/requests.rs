@@ -73,6 +73,9 @@ pub(super) fn handle(
         | Request::VmmUnmap { .. }
         | Request::VmmSetAccess { .. }
         | Request::VmmRetain { .. }) => super::vmm::handle(sh, c, s, tag, opc, req),
+        req @ (Request::IpcExport { .. } | Request::IpcOpen { .. } | Request::IpcClose { .. }) => {
+            super::ipc::handle(sh, c, s, tag, opc, req)
+        }
         // A second Hello on a channel: the device again (its session stays).
         Request::Hello { version } => {
             let r = if version == protocol::PROTOCOL_VERSION {

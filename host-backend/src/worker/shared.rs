@@ -29,6 +29,8 @@ pub(super) struct Shared {
     pub images: super::image_cache::ImageCache,
     /// Contexts of ended processes, for the next ones (see `contexts.rs`).
     pub contexts: super::contexts::ContextPool,
+    /// Memory the VM's processes exported to each other (IPC).
+    pub ipc: crate::session::ipc::Exports,
     pub region: Region,
     pub link: PeerLink,
     pub info_bytes: Vec<u8>,

@@ -87,6 +87,7 @@ fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>
         Request::VmmUnmap { ptr, size } => {
             let r = s.vmm.covering(ptr, size).and_then(|parts| {
                 for (p, n) in parts {
+                    s.exported.revoke(p, p + n);
                     s.ctx.vmm_unmap(p, n)?;
                     let dead = s.vmm.unmapped(p);
                     bury(sh, s, dead);

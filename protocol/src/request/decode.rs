@@ -414,6 +414,9 @@ impl Request {
                 VmmSetAccess { ptr, size, flags }
             }
             op::VMM_RETAIN => VmmRetain { ptr: r.u64()? },
+            op::IPC_EXPORT => IpcExport { ptr: r.u64()? },
+            op::IPC_OPEN => IpcOpen { token: r.u64()? },
+            op::IPC_CLOSE => IpcClose { ptr: r.u64()? },
             other => return Err(ProtoError::UnknownOpcode(other)),
         };
         Ok(req)
@@ -588,6 +591,15 @@ mod tests {
             },
             Request::VmmRetain {
                 ptr: 0x7f00_0020_0010,
+            },
+            Request::IpcExport {
+                ptr: 0x7f00_0020_0010,
+            },
+            Request::IpcOpen {
+                token: 0x1234_5678_9abc_def0,
+            },
+            Request::IpcClose {
+                ptr: 0x7f00_0020_0000,
             },
         ]
     }

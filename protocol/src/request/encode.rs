@@ -210,7 +210,12 @@ impl Request {
                 w.u64(a);
                 w.u64(b);
             }
-            VmmCreate { size: a } | VmmRelease { handle: a } | VmmRetain { ptr: a } => w.u64(a),
+            VmmCreate { size: a }
+            | VmmRelease { handle: a }
+            | VmmRetain { ptr: a }
+            | IpcExport { ptr: a }
+            | IpcOpen { token: a }
+            | IpcClose { ptr: a } => w.u64(a),
             VmmMap {
                 ptr,
                 size,

@@ -430,6 +430,25 @@ pub enum Request {
         /// An address inside a mapping.
         ptr: u64,
     },
+    /// Exports the allocation (or VMM mapping) holding `ptr` to the other
+    /// processes of the VM (`cuIpcGetMemHandle`); reply: a token naming
+    /// it, its start and its size. The same memory gets the same token.
+    IpcExport {
+        /// An address inside the caller's allocation.
+        ptr: u64,
+    },
+    /// Opens memory another process of the VM exported
+    /// (`cuIpcOpenMemHandle`); reply: its start and size, at which the
+    /// caller reaches it until it closes it or the exporter lets it go.
+    IpcOpen {
+        /// The exporter's token.
+        token: u64,
+    },
+    /// Closes memory opened with `IpcOpen` (`cuIpcCloseMemHandle`).
+    IpcClose {
+        /// The start `IpcOpen` answered.
+        ptr: u64,
+    },
 }
 
 impl Request {
@@ -493,6 +512,9 @@ impl Request {
             VmmUnmap { .. } => op::VMM_UNMAP,
             VmmSetAccess { .. } => op::VMM_SET_ACCESS,
             VmmRetain { .. } => op::VMM_RETAIN,
+            IpcExport { .. } => op::IPC_EXPORT,
+            IpcOpen { .. } => op::IPC_OPEN,
+            IpcClose { .. } => op::IPC_CLOSE,
         }
     }
 

@@ -11,7 +11,7 @@ use vm_memory::VolatileSlice;
 use super::kernels::{k_unmodeled, kernel_by_name, Kernel};
 use super::memory::zeroed;
 use super::{Queue, SimParams};
-use crate::executor::{Context, Handle, Launch, Moved};
+use crate::executor::{Context, Handle, Launch, Moved, SharedMem};
 use crate::ptx;
 
 pub(super) struct SimModule {
@@ -31,7 +31,10 @@ pub(super) struct SimContext {
     /// host memory.
     pub(super) pinned: (u64, u64),
     pub(super) poisoned: Arc<std::sync::atomic::AtomicBool>,
-    pub(super) mem: BTreeMap<u64, Vec<u8>>,
+    pub(super) mem: BTreeMap<u64, super::memory::Buf>,
+    /// Memory of other contexts of the worker imported here (IPC): start
+    /// -> (size, its bytes).
+    pub(super) imports: BTreeMap<u64, (u64, super::memory::SharedBuf)>,
     pub(super) modules: HashMap<Handle, SimModule>,
     pub(super) functions: HashMap<Handle, (Kernel, Vec<u32>)>,
     pub(super) events: HashMap<Handle, Option<Instant>>,
@@ -49,7 +52,7 @@ pub(super) struct SimContext {
     /// when its work ends (once ended).
     pub(super) period: Option<(Instant, Option<Instant>)>,
     /// Physical memory of the VMM API, by handle.
-    pub(super) vmm_phys: HashMap<Handle, Vec<u8>>,
+    pub(super) vmm_phys: HashMap<Handle, super::memory::Buf>,
     /// VMM mappings: start -> (size, handle, offset in its memory). Their
     /// addresses resolve to the handle's bytes.
     pub(super) vmm_maps: BTreeMap<u64, (u64, Handle, u64)>,
@@ -162,6 +165,29 @@ impl SimContext {
 }
 
 impl Context for SimContext {
+    fn share_mem(&mut self, base: u64, size: u64) -> Result<SharedMem, Status> {
+        let shared = self.share(base, size)?;
+        Ok(SharedMem(Some(std::sync::Arc::new(shared))))
+    }
+
+    fn import_mem(&mut self, base: u64, size: u64, mem: &SharedMem) -> Result<(), Status> {
+        let shared = mem
+            .0
+            .as_ref()
+            .and_then(|m| m.downcast_ref::<super::memory::SharedBuf>())
+            .ok_or(Status::InvalidValue)?;
+        let copy = super::memory::SharedBuf {
+            buf: shared.buf.clone(),
+            offset: shared.offset,
+        };
+        self.imports.insert(base, (size, copy));
+        Ok(())
+    }
+
+    fn close_mem(&mut self, base: u64) {
+        self.imports.remove(&base);
+    }
+
     /// An idle context keeps only what a new context shares with it (the
     /// device, its queue and address space).
     fn recycle(&mut self) -> Result<(), Status> {
@@ -172,6 +198,7 @@ impl Context for SimContext {
             return Err(Status::NotReady);
         }
         self.mem.clear();
+        self.imports.clear();
         self.modules.clear();
         self.functions.clear();
         self.events.clear();
@@ -208,7 +235,7 @@ impl Context for SimContext {
         self.alive()?;
         let len = src.len();
         for (p, n) in self.pieces(dst, len as u64) {
-            let (buf, off) = self.locate(p, n)?;
+            let (mut buf, off) = self.locate(p, n)?;
             let part = src
                 .subslice((p - dst) as usize, n as usize)
                 .map_err(|_| Status::InvalidValue)?;
@@ -252,7 +279,7 @@ impl Context for SimContext {
             data.extend_from_slice(&buf[off..off + n as usize]);
         }
         for (p, n) in self.pieces(dst, len) {
-            let (out, off) = self.locate(p, n)?;
+            let (mut out, off) = self.locate(p, n)?;
             let from = (p - dst) as usize;
             out[off..off + n as usize].copy_from_slice(&data[from..from + n as usize]);
         }
@@ -275,7 +302,7 @@ impl Context for SimContext {
             .ok_or(Status::InvalidValue)?;
         let pat = &value.to_le_bytes()[..w];
         for (p, n) in self.pieces(dst, len) {
-            let (buf, off) = self.locate(p, n)?;
+            let (mut buf, off) = self.locate(p, n)?;
             // The pattern by byte offset from `dst` (pieces split anywhere).
             let from = (p - dst) as usize;
             for (i, b) in buf[off..off + n as usize].iter_mut().enumerate() {
@@ -826,7 +853,7 @@ impl Context for SimContext {
             .mem
             .values()
             .chain(self.vmm_phys.values())
-            .map(|b| b.len() as u64)
+            .map(|b| b.lock().unwrap_or_else(|e| e.into_inner()).len() as u64)
             .sum();
         let allocations = (self.mem.len() + self.vmm_phys.len()) as u64;
         self.device = device;

@@ -67,7 +67,7 @@ fn walk_list(
 ) -> Result<u64, Status> {
     let (mut node, mut seen) = (head, 0u64);
     while node != 0 && seen < u64::from(n) {
-        let (buf, off) = c.locate(node, 16)?;
+        let (mut buf, off) = c.locate(node, 16)?;
         f(&mut buf[off + 8..off + 12]);
         node = u64::from_le_bytes(
             buf[off..off + 8]
@@ -101,7 +101,7 @@ fn k_list_sum(c: &mut SimContext, _g: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, S
 fn k_spin_blocks(c: &mut SimContext, grid: Dim3, _b: Dim3, p: &[u8]) -> Result<u64, Status> {
     let (out, ns) = (u64_at(p, 0), u64_at(p, 8).min(10_000_000_000));
     let blocks = grid.x;
-    let (buf, off) = c.locate(out, u64::from(blocks) * 4)?;
+    let (mut buf, off) = c.locate(out, u64::from(blocks) * 4)?;
     for b in 0..blocks as usize {
         buf[off + 4 * b..off + 4 * b + 4].copy_from_slice(&(b as u32).to_le_bytes());
     }
@@ -117,7 +117,7 @@ fn k_atomic_count(c: &mut SimContext, grid: Dim3, block: Dim3, p: &[u8]) -> Resu
     let ptr = u64_at(p, 0);
     // Saturating: grid and block sizes are the guest's.
     let threads = grid.count().saturating_mul(block.count());
-    let (buf, off) = c.locate(ptr, 4)?;
+    let (mut buf, off) = c.locate(ptr, 4)?;
     let v = u32::from_le_bytes(
         buf[off..off + 4]
             .try_into()

@@ -1,14 +1,38 @@
 //! The model's device memory in host RAM: finding the allocation or VMM
 //! mapping an address lies in, and reading and writing through it.
 
+use std::sync::{Arc, Mutex, MutexGuard};
+
 use protocol::Status;
 use vm_memory::VolatileSlice;
 
 use super::context::SimContext;
 
+/// Bytes of model memory: an allocation's, or a VMM handle's. Shared with
+/// the contexts of the worker that import it (IPC, see
+/// [`SimContext::share_mem`]), as every context of one process reaches
+/// every device address on a GPU.
+pub(super) type Buf = Arc<Mutex<Vec<u8>>>;
+
+/// Memory another context of the worker imports: its bytes and where the
+/// range starts in them.
+pub(super) struct SharedBuf {
+    pub buf: Buf,
+    pub offset: u64,
+}
+
+fn lock(b: &Buf) -> MutexGuard<'_, Vec<u8>> {
+    b.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl SimContext {
-    /// The allocation containing [ptr, ptr+len), and the offset in it.
-    pub(super) fn locate(&mut self, ptr: u64, len: u64) -> Result<(&mut Vec<u8>, usize), Status> {
+    /// The memory containing [ptr, ptr+len), and the offset in it: an
+    /// allocation, a VMM mapping, or memory imported from another context.
+    pub(super) fn locate(
+        &self,
+        ptr: u64,
+        len: u64,
+    ) -> Result<(MutexGuard<'_, Vec<u8>>, usize), Status> {
         let (pool, pool_len) = self.pinned;
         if ptr >= pool && ptr - pool < pool_len {
             // Mapped host memory: real kernels reach it; the model's do not.
@@ -16,23 +40,48 @@ impl SimContext {
         }
         let fits =
             |base: u64, size: u64| (ptr - base).checked_add(len).is_some_and(|end| end <= size);
-        let alloc = self.mem.range(..=ptr).next_back();
-        if let Some((&base, buf)) = alloc.filter(|(&b, buf)| fits(b, buf.len() as u64)) {
-            let _ = buf;
-            let buf = self.mem.get_mut(&base).ok_or(Status::IllegalAddress)?;
-            return Ok((buf, (ptr - base) as usize));
+        if let Some((&base, buf)) = self.mem.range(..=ptr).next_back() {
+            let g = lock(buf);
+            if fits(base, g.len() as u64) {
+                return Ok((g, (ptr - base) as usize));
+            }
         }
         // Mapped VMM memory: the handle's bytes.
-        let (&va, &(size, h, offset)) = self
-            .vmm_maps
+        if let Some((&va, &(size, h, offset))) = self.vmm_maps.range(..=ptr).next_back() {
+            if fits(va, size) {
+                let buf = self.vmm_phys.get(&h).ok_or(Status::IllegalAddress)?;
+                return Ok((lock(buf), (offset + ptr - va) as usize));
+            }
+        }
+        let (&base, &(size, ref shared)) = self
+            .imports
             .range(..=ptr)
             .next_back()
             .ok_or(Status::IllegalAddress)?;
-        if !fits(va, size) {
+        if !fits(base, size) {
             return Err(Status::IllegalAddress);
         }
-        let buf = self.vmm_phys.get_mut(&h).ok_or(Status::IllegalAddress)?;
-        Ok((buf, (offset + ptr - va) as usize))
+        Ok((lock(&shared.buf), (shared.offset + ptr - base) as usize))
+    }
+
+    /// What another context of the worker needs to reach `[base, base +
+    /// size)` of this one's memory (an allocation or a mapping).
+    pub(super) fn share(&self, base: u64, size: u64) -> Result<SharedBuf, Status> {
+        if let Some(buf) = self.mem.get(&base) {
+            if size <= lock(buf).len() as u64 {
+                return Ok(SharedBuf {
+                    buf: buf.clone(),
+                    offset: 0,
+                });
+            }
+        }
+        match self.vmm_maps.get(&base) {
+            Some(&(n, h, offset)) if size <= n => Ok(SharedBuf {
+                buf: self.vmm_phys.get(&h).ok_or(Status::InvalidValue)?.clone(),
+                offset,
+            }),
+            _ => Err(Status::InvalidValue),
+        }
     }
 
     /// `[ptr, ptr + len)` in pieces that each lie in one allocation or one
@@ -44,7 +93,7 @@ impl SimContext {
             .mem
             .range(..=ptr)
             .next_back()
-            .is_some_and(|(&b, buf)| ptr - b < buf.len() as u64);
+            .is_some_and(|(&b, buf)| ptr - b < lock(buf).len() as u64);
         let Some(end) = ptr.checked_add(len).filter(|_| !in_alloc) else {
             return whole;
         };
@@ -77,7 +126,7 @@ impl SimContext {
     }
 
     pub(super) fn write_f32s(&mut self, ptr: u64, v: &[f32]) -> Result<(), Status> {
-        let (buf, off) = self.locate(ptr, v.len() as u64 * 4)?;
+        let (mut buf, off) = self.locate(ptr, v.len() as u64 * 4)?;
         for (i, x) in v.iter().enumerate() {
             buf[off + 4 * i..off + 4 * i + 4].copy_from_slice(&x.to_le_bytes());
         }
@@ -99,11 +148,11 @@ impl SimContext {
 
 /// `size` bytes of zeroed model memory, or `OutOfMemory` if the host has
 /// not got them.
-pub(super) fn zeroed(size: u64) -> Result<Vec<u8>, Status> {
+pub(super) fn zeroed(size: u64) -> Result<Buf, Status> {
     let len = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
     let mut buf = Vec::new();
     buf.try_reserve_exact(len)
         .map_err(|_| Status::OutOfMemory)?;
     buf.resize(len, 0);
-    Ok(buf)
+    Ok(Arc::new(Mutex::new(buf)))
 }

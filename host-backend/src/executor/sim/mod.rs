@@ -176,6 +176,7 @@ impl Executor for SimExecutor {
             timings: Vec::new(),
             slice_ns: HashMap::new(),
             period: None,
+            imports: BTreeMap::new(),
             vmm_phys: HashMap::new(),
             vmm_maps: BTreeMap::new(),
             graphs: HashMap::new(),

@@ -47,6 +47,8 @@ impl SimContext {
             .vmm_phys
             .get(&handle)
             .ok_or(Status::InvalidHandle)?
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .len() as u64;
         if offset.checked_add(size).is_none_or(|e| e > len) {
             return Err(Status::InvalidValue);

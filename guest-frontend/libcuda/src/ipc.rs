@@ -1,0 +1,147 @@
+//! IPC memory handles between the processes of one VM (cuIpcGetMemHandle,
+//! cuIpcOpenMemHandle, cuIpcCloseMemHandle).
+//!
+//! A handle names memory the host exported for this process
+//! (`protocol::Request::IpcExport`): a token, the memory's start and size.
+//! Another process of the same VM opens it (`IpcOpen`) and reaches it at
+//! the same address, as every process of a VM is a context of one worker
+//! on the host (see the host's `session/ipc.rs`). It stays reachable while
+//! the exporter holds it: once the exporter frees it or exits, the host
+//! refuses the opener's copies and memsets on it. A handle from another VM
+//! names nothing there (`CUDA_ERROR_INVALID_VALUE`). Event handles are not
+//! served.
+
+use std::collections::BTreeMap;
+use std::ffi::c_uint;
+use std::sync::{Mutex, MutexGuard};
+
+use cudarc::driver::sys::CUdeviceptr;
+use protocol::Request;
+
+use crate::context::need_ctx;
+use crate::state::{gpu, objects, out, Range, RangeKind};
+use crate::{code, CuResult};
+
+/// `CUipcMemHandle`: 64 opaque bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct IpcMemHandle {
+    reserved: [u8; 64],
+}
+
+/// What a handle of ours starts with.
+const MAGIC: &[u8; 8] = b"fvgipc01";
+
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag (a vGPU has one
+/// device: nothing to enable).
+const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
+
+impl IpcMemHandle {
+    fn new(token: u64, base: u64, size: u64) -> Self {
+        let mut reserved = [0u8; 64];
+        reserved[..8].copy_from_slice(MAGIC);
+        for (i, v) in [token, base, size].into_iter().enumerate() {
+            reserved[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        IpcMemHandle { reserved }
+    }
+
+    /// The token of a handle of ours.
+    fn token(&self) -> Option<u64> {
+        if &self.reserved[..8] != MAGIC {
+            return None;
+        }
+        let t = u64::from_le_bytes(self.reserved[8..16].try_into().ok()?);
+        (t != 0).then_some(t)
+    }
+}
+
+/// Ranges this process opened: start -> opens.
+fn opened() -> MutexGuard<'static, BTreeMap<u64, u32>> {
+    static O: Mutex<BTreeMap<u64, u32>> = Mutex::new(BTreeMap::new());
+    O.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn call(req: Request) -> Result<[u64; 4], CuResult> {
+    gpu(|g| g.request(&req)).map(|r| r.vals)
+}
+
+export! {
+    /// A handle for the allocation holding `dptr`, for another process of
+    /// the VM.
+    fn cuIpcGetMemHandle(handle: *mut IpcMemHandle, dptr: CUdeviceptr) {
+        need_ctx()?;
+        if handle.is_null() || dptr == 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        let [token, base, size, _] = call(Request::IpcExport { ptr: dptr })?;
+        out(handle, IpcMemHandle::new(token, base, size))
+    }
+
+    /// The exporter's memory, at its own address.
+    fn cuIpcOpenMemHandle_v2 [cuIpcOpenMemHandle] (dptr: *mut CUdeviceptr, handle: IpcMemHandle, flags: c_uint) {
+        need_ctx()?;
+        if dptr.is_null() || flags & !LAZY_ENABLE_PEER_ACCESS != 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        let token = handle.token().ok_or(code::INVALID_VALUE)?;
+        let [base, size, ..] = call(Request::IpcOpen { token })?;
+        let first = {
+            let mut o = opened();
+            let n = o.entry(base).or_insert(0);
+            *n += 1;
+            *n == 1
+        };
+        if first {
+            // The exporter's addresses were kept out of its own process's
+            // memory, not necessarily out of this one's.
+            if !crate::reserve::reserve(base, size) {
+                crate::log_once("opened IPC memory overlaps this process's own memory");
+            }
+            objects()?.ranges.insert(base, Range { size, kind: RangeKind::Imported });
+        }
+        out(dptr, base)
+    }
+
+    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) {
+        need_ctx()?;
+        let last = {
+            let mut o = opened();
+            let n = o.get_mut(&dptr).ok_or(code::INVALID_VALUE)?;
+            *n -= 1;
+            let last = *n == 0;
+            if last {
+                o.remove(&dptr);
+            }
+            last
+        };
+        let r = call(Request::IpcClose { ptr: dptr }).map(drop);
+        if last {
+            let mut o = objects()?;
+            if let Some(range) = o.ranges.remove(&dptr) {
+                crate::reserve::release(dptr, range.size);
+            }
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handle_has_the_drivers_size_and_carries_its_token() {
+        assert_eq!(std::mem::size_of::<IpcMemHandle>(), 64);
+        assert_eq!(
+            std::mem::size_of::<IpcMemHandle>(),
+            std::mem::size_of::<cudarc::driver::sys::CUipcMemHandle>()
+        );
+        let h = IpcMemHandle::new(0xfeed, 0x7f00_0000_0000, 4096);
+        assert_eq!(h.token(), Some(0xfeed));
+        let mut other = h;
+        other.reserved[0] ^= 1;
+        assert_eq!(other.token(), None, "not one of ours");
+        assert_eq!(IpcMemHandle::new(0, 1, 1).token(), None);
+    }
+}

@@ -1,0 +1,269 @@
+//! IPC memory handles between the processes of one VM (`cuIpcGetMemHandle`,
+//! `cuIpcOpenMemHandle`, `cuIpcCloseMemHandle`).
+//!
+//! Every guest process of a VM is a context of the VM's one worker process,
+//! and on a GPU every context of a process reaches every device address
+//! (measured on an H100, `scripts/gpu/ipc.sh`: a copy and a kernel of one
+//! context on another's `cuMemAlloc` and VMM memory). So an opened handle
+//! is the exporter's own range at the exporter's own address, and what the
+//! host adds is the bookkeeping that lets the opener's requests name it.
+//!
+//! - An exporter names one of its allocations or mappings with a token
+//!   (random, the same for the same memory while it lives). The worker
+//!   keeps the tokens in an [`Exports`] table.
+//! - An opener of a token gets the range added to what its requests may
+//!   name ([`Imports`]), counted per open, until it closes it as often.
+//! - The memory stays the exporter's: it counts against the vGPU's limit
+//!   as before, and when the exporter frees it or ends, every export of it
+//!   is revoked. Openers' requests naming it are refused from then on (a
+//!   kernel of theirs that still touches it faults, as a use after free
+//!   does). A process never opens its own export (the driver says
+//!   `CUDA_ERROR_INVALID_CONTEXT`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use protocol::Status;
+
+use crate::executor::SharedMem;
+
+/// Exports a worker keeps at most (live ones; each names an allocation or
+/// mapping of a live process).
+pub const MAX_EXPORTS: usize = 4096;
+
+/// Opens of one range a process may hold at once.
+const MAX_OPENS: u32 = 1 << 16;
+
+/// One export: whose memory, where, and whether it still lives.
+#[derive(Debug)]
+pub struct Export {
+    /// The exporting session's id.
+    pub owner: u64,
+    /// Its start.
+    pub base: u64,
+    /// Its length.
+    pub size: u64,
+    /// What another context needs to reach it (see `Context::share_mem`).
+    pub mem: SharedMem,
+    alive: AtomicBool,
+}
+
+impl Export {
+    fn alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+}
+
+/// The worker's exports by token.
+#[derive(Debug, Default)]
+pub struct Exports {
+    by_token: HashMap<u64, Arc<Export>>,
+    keys: std::collections::hash_map::RandomState,
+    next: u64,
+}
+
+impl Exports {
+    /// Adds an export of `[base, base + size)` by session `owner` and
+    /// answers its token; the caller records it in the owner's
+    /// [`Exported`] too.
+    pub fn add(
+        &mut self,
+        owner: u64,
+        base: u64,
+        size: u64,
+        mem: SharedMem,
+    ) -> Result<(u64, Arc<Export>), Status> {
+        self.by_token.retain(|_, e| e.alive());
+        if self.by_token.len() >= MAX_EXPORTS {
+            return Err(Status::OutOfMemory);
+        }
+        let token = loop {
+            // Unguessable: a keyed hash of a counter (never 0).
+            let mut h = self.keys.build_hasher();
+            h.write_u64(self.next);
+            self.next += 1;
+            let t = h.finish();
+            if t != 0 && !self.by_token.contains_key(&t) {
+                break t;
+            }
+        };
+        let e = Arc::new(Export {
+            owner,
+            base,
+            size,
+            mem,
+            alive: AtomicBool::new(true),
+        });
+        self.by_token.insert(token, e.clone());
+        Ok((token, e))
+    }
+
+    /// The live export named `token`.
+    pub fn get(&self, token: u64) -> Option<Arc<Export>> {
+        self.by_token.get(&token).filter(|e| e.alive()).cloned()
+    }
+}
+
+/// What one session exported: start -> (token, export). Dropping it (the
+/// session ends) revokes them all.
+#[derive(Debug, Default)]
+pub struct Exported(BTreeMap<u64, (u64, Arc<Export>)>);
+
+impl Exported {
+    /// The token of the export of memory starting at `base`, if any.
+    pub fn token(&self, base: u64) -> Option<u64> {
+        self.0.get(&base).map(|&(t, _)| t)
+    }
+
+    /// Records an export made by [`Exports::add`].
+    pub fn insert(&mut self, token: u64, e: Arc<Export>) {
+        self.0.insert(e.base, (token, e));
+    }
+
+    /// The memory at `[start, end)` is gone: revokes every export in it.
+    pub fn revoke(&mut self, start: u64, end: u64) {
+        let gone: Vec<u64> = self.0.range(start..end).map(|(&b, _)| b).collect();
+        for b in gone {
+            if let Some((_, e)) = self.0.remove(&b) {
+                e.alive.store(false, Ordering::Release);
+            }
+        }
+    }
+}
+
+impl Drop for Exported {
+    fn drop(&mut self) {
+        self.revoke(0, u64::MAX);
+    }
+}
+
+/// One range a session opened.
+#[derive(Debug)]
+struct Import {
+    export: Arc<Export>,
+    opens: u32,
+}
+
+/// What one session opened, by start.
+#[derive(Debug, Default)]
+pub struct Imports(BTreeMap<u64, Import>);
+
+impl Imports {
+    /// Opens `e` once more; true if this is its first open (the context
+    /// must be told).
+    pub fn open(&mut self, e: Arc<Export>) -> Result<bool, Status> {
+        match self.0.get_mut(&e.base) {
+            Some(i) if Arc::ptr_eq(&i.export, &e) => {
+                if i.opens >= MAX_OPENS {
+                    return Err(Status::OutOfMemory);
+                }
+                i.opens += 1;
+                Ok(false)
+            }
+            // An earlier export at that address, revoked since: replaced.
+            _ => {
+                self.0.insert(
+                    e.base,
+                    Import {
+                        export: e,
+                        opens: 1,
+                    },
+                );
+                Ok(true)
+            }
+        }
+    }
+
+    /// Closes the range opened at `base` once; true if that was its last
+    /// open (the context must forget it).
+    pub fn close(&mut self, base: u64) -> Result<bool, Status> {
+        let i = self.0.get_mut(&base).ok_or(Status::InvalidValue)?;
+        i.opens -= 1;
+        if i.opens > 0 {
+            return Ok(false);
+        }
+        self.0.remove(&base);
+        Ok(true)
+    }
+
+    /// Whether `[ptr, end)` lies in one range opened and still exported.
+    pub fn covers(&self, ptr: u64, end: u64) -> bool {
+        self.0
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&b, i)| i.export.alive() && end <= b.saturating_add(i.export.size))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn export(t: &mut Exports, owner: u64, base: u64) -> (u64, Arc<Export>) {
+        t.add(owner, base, 4096, SharedMem::default()).unwrap()
+    }
+
+    #[test]
+    fn tokens_are_distinct_and_name_live_exports_only() {
+        let mut t = Exports::default();
+        let mut mine = Exported::default();
+        let (a, ea) = export(&mut t, 1, 0x1000_0000);
+        let (b, eb) = export(&mut t, 1, 0x2000_0000);
+        assert_ne!(a, b);
+        assert_ne!(a, 0);
+        mine.insert(a, ea);
+        mine.insert(b, eb);
+        assert_eq!(mine.token(0x1000_0000), Some(a));
+        assert!(t.get(a).is_some());
+        assert!(t.get(a ^ 1).is_none(), "a made-up token names nothing");
+        mine.revoke(0x1000_0000, 0x1000_1000);
+        assert!(t.get(a).is_none(), "revoked with its memory");
+        assert!(t.get(b).is_some());
+        drop(mine);
+        assert!(t.get(b).is_none(), "revoked when its owner ends");
+    }
+
+    #[test]
+    fn opens_are_counted_and_a_revoked_range_is_not_covered() {
+        let mut t = Exports::default();
+        let mut mine = Exported::default();
+        let (a, ea) = export(&mut t, 1, 0x1000_0000);
+        mine.insert(a, ea);
+        let mut theirs = Imports::default();
+        assert!(theirs.open(t.get(a).unwrap()).unwrap(), "first open");
+        assert!(!theirs.open(t.get(a).unwrap()).unwrap());
+        assert!(theirs.covers(0x1000_0000, 0x1000_1000));
+        assert!(!theirs.covers(0x1000_0000, 0x1000_1001), "past its end");
+        assert!(!theirs.covers(0xfff_ffff, 0x1000_0001), "before its start");
+        assert!(!theirs.close(0x1000_0000).unwrap());
+        assert!(theirs.covers(0x1000_0000, 0x1000_0010), "one open left");
+        mine.revoke(0, u64::MAX);
+        assert!(!theirs.covers(0x1000_0000, 0x1000_0010), "revoked");
+        assert!(
+            theirs.close(0x1000_0000).unwrap(),
+            "still closed as often as opened"
+        );
+        assert_eq!(theirs.close(0x1000_0000), Err(Status::InvalidValue));
+    }
+
+    #[test]
+    fn exports_are_bounded() {
+        let mut t = Exports::default();
+        let mut keep = Exported::default();
+        for i in 0..MAX_EXPORTS as u64 {
+            let (tok, e) = export(&mut t, 1, i << 21);
+            keep.insert(tok, e);
+        }
+        assert_eq!(
+            t.add(1, 1 << 50, 1, SharedMem::default()).map(|_| ()),
+            Err(Status::OutOfMemory)
+        );
+        keep.revoke(0, 1 << 21);
+        assert!(
+            t.add(1, 1 << 50, 1, SharedMem::default()).is_ok(),
+            "room once one is gone"
+        );
+    }
+}

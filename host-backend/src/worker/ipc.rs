@@ -1,0 +1,81 @@
+//! The IPC requests (cuIpcGetMemHandle, cuIpcOpenMemHandle,
+//! cuIpcCloseMemHandle): each checked against the session's own tables and
+//! the worker's exports (`session::ipc`), answered.
+
+use protocol::{Reply, Request, Status};
+
+use super::channel::{refuse, reply, Chan};
+use super::shared::Shared;
+use crate::session::Session;
+use crate::Error;
+
+/// Runs an IPC request of session `s` and replies.
+pub(super) fn handle(
+    sh: &mut Shared,
+    c: &mut Chan,
+    s: &mut Session,
+    tag: u64,
+    opc: u32,
+    req: Request,
+) -> Result<(), Error> {
+    let (r, why) = match req {
+        Request::IpcExport { ptr } => (
+            export(sh, s, ptr),
+            "export of memory it does not own, or one export too many",
+        ),
+        Request::IpcOpen { token } => (
+            open(sh, s, token),
+            "open of a token no other process of the VM exports",
+        ),
+        Request::IpcClose { ptr } => (
+            s.imports.close(ptr).map(|last| {
+                if last {
+                    s.ctx.close_mem(ptr);
+                }
+                Reply::default()
+            }),
+            "close of memory it has not opened",
+        ),
+        _ => (Err(Status::InvalidValue), "not an IPC request"),
+    };
+    if r.is_err() {
+        refuse(sh, c, why);
+    }
+    reply(sh, c, tag, opc, r, &[])
+}
+
+/// The token of the allocation or mapping holding `ptr` (made on the
+/// first export), its start and size.
+fn export(sh: &mut Shared, s: &mut Session, ptr: u64) -> Result<Reply, Status> {
+    let (base, size) = s.exportable(ptr).ok_or(Status::InvalidValue)?;
+    let token = match s.exported.token(base) {
+        Some(t) => t,
+        None => {
+            let mem = s.ctx.share_mem(base, size)?;
+            let (t, e) = sh.ipc.add(s.id, base, size, mem)?;
+            s.exported.insert(t, e);
+            t
+        }
+    };
+    Ok(Reply {
+        vals: [token, base, size, 0],
+    })
+}
+
+/// Opens another session's export: its start and size.
+fn open(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
+    let e = sh.ipc.get(token).ok_or(Status::InvalidValue)?;
+    if e.owner == s.id {
+        // As the driver answers a process opening its own handle.
+        return Err(Status::InvalidContext);
+    }
+    if s.imports.open(e.clone())? {
+        if let Err(err) = s.ctx.import_mem(e.base, e.size, &e.mem) {
+            let _ = s.imports.close(e.base);
+            return Err(err);
+        }
+    }
+    Ok(Reply {
+        vals: [e.base, e.size, 0, 0],
+    })
+}

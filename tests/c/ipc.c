@@ -1,0 +1,197 @@
+/*
+ * IPC memory handles between two processes of one VM, driven line by line
+ * on stdin by the test (tests/tests/libcuda_ipc.rs):
+ *
+ *   ipc export     allocates and fills memory, prints "handle HEX"; then on
+ *                  "check" checks what the importer wrote into it and frees
+ *                  it; on "exit" leaves.
+ *   ipc import HEX opens the handle, checks the exporter's bytes, writes its
+ *                  own; on "after-free" checks that the memory is refused
+ *                  once the exporter freed it, closes and leaves.
+ *   ipc stale HEX  checks that a handle whose memory is gone opens nothing.
+ *
+ * Builds with plain gcc against the driver's ABI, declared below. Every
+ * check prints "ok: ..." or "FAILED: ..."; exit 0 only if all passed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct {
+    char reserved[64];
+} CUipcMemHandle;
+CUresult cuInit(unsigned int);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxSynchronize(void);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
+CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
+CUresult cuMemcpy(CUdeviceptr, CUdeviceptr, size_t);
+CUresult cuMemsetD32_v2(CUdeviceptr, unsigned int, size_t);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
+CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
+CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned int);
+CUresult cuIpcCloseMemHandle(CUdeviceptr);
+#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_MEMORYTYPE_DEVICE 2
+#define LAZY_ENABLE_PEER_ACCESS 1
+
+#define WORDS (256u * 1024u) /* 1 MiB */
+#define HALF (WORDS / 2)
+
+static int failed;
+#define CHECK(cond, what)                                     \
+    do {                                                      \
+        if (cond) {                                           \
+            printf("ok: %s\n", what);                         \
+        } else {                                              \
+            printf("FAILED: %s (line %d)\n", what, __LINE__); \
+            failed = 1;                                       \
+        }                                                     \
+        fflush(stdout);                                       \
+    } while (0)
+#define CK(call)                                                         \
+    do {                                                                 \
+        CUresult r_ = (call);                                            \
+        if (r_) {                                                        \
+            printf("FAILED: %s -> %d (line %d)\n", #call, r_, __LINE__); \
+            exit(1);                                                     \
+        }                                                                \
+    } while (0)
+
+static unsigned host[WORDS];
+
+/* Waits for the test to say `word`. */
+static void await(const char *word) {
+    char line[64];
+    if (!fgets(line, sizeof line, stdin) || strncmp(line, word, strlen(word))) {
+        printf("FAILED: expected \"%s\" on stdin\n", word);
+        exit(1);
+    }
+}
+
+static void parse(const char *hex, CUipcMemHandle *h) {
+    if (strlen(hex) != 128) {
+        printf("FAILED: a handle is 128 hex digits\n");
+        exit(1);
+    }
+    for (int i = 0; i < 64; i++) {
+        unsigned b;
+        sscanf(hex + 2 * i, "%2x", &b);
+        h->reserved[i] = (char)b;
+    }
+}
+
+static int exporter(void) {
+    CUdeviceptr p, other;
+    CK(cuMemAlloc_v2(&p, sizeof host));
+    CK(cuMemAlloc_v2(&other, 4096));
+    for (unsigned i = 0; i < WORDS; i++) host[i] = i * 7u;
+    CK(cuMemcpyHtoD_v2(p, host, sizeof host));
+    CUipcMemHandle h, again, inner;
+    CK(cuIpcGetMemHandle(&h, p));
+    CK(cuIpcGetMemHandle(&again, p));
+    CK(cuIpcGetMemHandle(&inner, p + 4096));
+    CHECK(!memcmp(&h, &again, sizeof h) && !memcmp(&h, &inner, sizeof h),
+          "the same allocation has one handle");
+    CUdeviceptr q = 0;
+    CHECK(cuIpcOpenMemHandle_v2(&q, h, LAZY_ENABLE_PEER_ACCESS) == 201,
+          "a process cannot open its own handle (CUDA_ERROR_INVALID_CONTEXT)");
+    CHECK(cuIpcGetMemHandle(&again, (CUdeviceptr)(size_t)host) != 0, "no handle for host memory");
+    printf("handle ");
+    for (int i = 0; i < 64; i++) printf("%02x", (unsigned char)h.reserved[i]);
+    printf("\n");
+    fflush(stdout);
+
+    await("check");
+    CK(cuMemcpyDtoH_v2(host, p, sizeof host));
+    int right = 1;
+    for (unsigned i = 0; i < WORDS; i++)
+        right &= host[i] == (i < HALF ? 0x5a5a5a5au : i * 7u);
+    CHECK(right, "the exporter sees the importer's writes");
+    CK(cuMemFree_v2(p));
+    CK(cuMemFree_v2(other));
+    printf("freed\n");
+    fflush(stdout);
+    await("exit");
+    return 0;
+}
+
+static int importer(const char *hex) {
+    CUipcMemHandle h;
+    parse(hex, &h);
+    CUdeviceptr p = 0, p2 = 0;
+    CK(cuIpcOpenMemHandle_v2(&p, h, LAZY_ENABLE_PEER_ACCESS));
+    CK(cuIpcOpenMemHandle_v2(&p2, h, 0));
+    CHECK(p2 == p, "a second open gives the same address");
+    CK(cuMemcpyDtoH_v2(host, p, sizeof host));
+    int right = 1;
+    for (unsigned i = 0; i < WORDS; i++) right &= host[i] == i * 7u;
+    CHECK(right, "the importer reads the exporter's bytes");
+    unsigned type = 0;
+    CK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p + 64));
+    CHECK(type == CU_MEMORYTYPE_DEVICE, "opened memory is device memory to pointer queries");
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CK(cuMemGetAddressRange_v2(&base, &size, p + 100));
+    CHECK(base == p && size == sizeof host, "and has the exporter's range");
+    CK(cuMemsetD32_v2(p, 0x5a5a5a5au, HALF));
+    CUdeviceptr mine;
+    CK(cuMemAlloc_v2(&mine, 4096));
+    CK(cuMemcpy(mine, p + 4 * HALF, 4096));
+    CK(cuMemcpyDtoH_v2(host, mine, 16));
+    CHECK(host[0] == HALF * 7u, "a copy of inferred direction from opened memory");
+    CHECK(cuMemFree_v2(p) != 0, "opened memory is not freed by the importer");
+    CK(cuCtxSynchronize());
+    CK(cuIpcCloseMemHandle(p));
+    printf("written\n");
+    fflush(stdout);
+
+    await("after-free");
+    CHECK(cuMemcpyDtoH_v2(host, p, 64) != 0, "a copy from memory its exporter freed is refused");
+    CHECK(cuIpcCloseMemHandle(p) == 0, "still closed as often as opened");
+    CHECK(cuIpcCloseMemHandle(p) != 0, "one close too many refused");
+    CK(cuMemFree_v2(mine));
+    return 0;
+}
+
+static int stale(const char *hex) {
+    CUipcMemHandle h;
+    parse(hex, &h);
+    CUdeviceptr p = 0;
+    CHECK(cuIpcOpenMemHandle_v2(&p, h, 0) == 1, "a handle of freed memory opens nothing");
+    h.reserved[9] ^= 0x40;
+    CHECK(cuIpcOpenMemHandle_v2(&p, h, 0) == 1, "a forged handle opens nothing");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    CUdevice dev;
+    CUcontext ctx;
+    CK(cuInit(0));
+    CK(cuDeviceGet(&dev, 0));
+    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(cuCtxSetCurrent(ctx));
+    int r = 1;
+    if (argc == 2 && !strcmp(argv[1], "export"))
+        r = exporter();
+    else if (argc == 3 && !strcmp(argv[1], "import"))
+        r = importer(argv[2]);
+    else if (argc == 3 && !strcmp(argv[1], "stale"))
+        r = stale(argv[2]);
+    else
+        printf("usage: ipc export | ipc import HEX | ipc stale HEX\n");
+    CK(cuDevicePrimaryCtxRelease_v2(dev));
+    if (failed) return 1;
+    if (!r) printf("ipc %s: all checks passed\n", argv[1]);
+    return r;
+}

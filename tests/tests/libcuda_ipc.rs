@@ -1,0 +1,142 @@
+//! IPC memory handles between two processes of one VM, through the stand-in
+//! against a sim worker (`tests/c/ipc.c`): one process exports memory, the
+//! other opens it, reads the exporter's bytes and writes its own, which the
+//! exporter sees; once the exporter frees it, the opener's copies are
+//! refused and the handle opens nothing; all the memory comes back.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use fairvgpu_tests::{assert_lines, run_program, standin, workspace, Host};
+
+/// A program of `tests/c/ipc.c` running with its stdin and stdout piped.
+struct Driven {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    seen: String,
+}
+
+impl Driven {
+    fn start(exe: &Path, args: &[&str], lib: &Path, socket: &Path) -> Driven {
+        let mut child = Command::new(exe)
+            .args(args)
+            .env("LD_LIBRARY_PATH", lib)
+            .env("FAIRVGPU_SOCKET", socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the program starts");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Driven {
+            child,
+            stdin,
+            stdout,
+            seen: String::new(),
+        }
+    }
+
+    /// Reads lines until one starts with `prefix`; answers its rest.
+    fn until(&mut self, prefix: &str) -> String {
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).unwrap();
+            assert!(n > 0, "ended before {prefix:?}:\n{}", self.seen);
+            self.seen.push_str(&line);
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.trim().to_owned();
+            }
+        }
+    }
+
+    fn say(&mut self, word: &str) {
+        writeln!(self.stdin, "{word}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Waits for it to end well; answers all it printed.
+    fn finish(mut self) -> String {
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
+        self.seen.push_str(&rest);
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "failed:\n{}", self.seen);
+        assert!(!self.seen.contains("FAILED"), "{}", self.seen);
+        self.seen
+    }
+}
+
+#[test]
+fn ipc_handles_share_memory_between_processes_of_a_vm() {
+    let host = Host::start("ipc", 256 << 20);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let exe = dir.join("ipc");
+    let out = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(workspace().join("tests/c/ipc.c"))
+        .arg(format!("-L{}", lib.display()))
+        .arg("-lcuda")
+        .output()
+        .expect("cc runs");
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mut exporter = Driven::start(&exe, &["export"], &lib, &host.socket);
+    let handle = exporter.until("handle ");
+    let mut importer = Driven::start(&exe, &["import", &handle], &lib, &host.socket);
+    importer.until("written");
+    exporter.say("check");
+    exporter.until("freed");
+    importer.say("after-free");
+    let imported = importer.finish();
+    let stale = run_program(
+        &exe,
+        &["stale", handle.as_str()],
+        &lib.to_string_lossy(),
+        &host.socket,
+        &[],
+    );
+    exporter.say("exit");
+    let exported = exporter.finish();
+    println!("{exported}\n{imported}\n{stale}");
+    assert_lines(
+        &exported,
+        &[
+            "ok: the same allocation has one handle",
+            "ok: a process cannot open its own handle",
+            "ok: no handle for host memory",
+            "ok: the exporter sees the importer's writes",
+            "ipc export: all checks passed",
+        ],
+    );
+    assert_lines(
+        &imported,
+        &[
+            "ok: a second open gives the same address",
+            "ok: the importer reads the exporter's bytes",
+            "ok: opened memory is device memory to pointer queries",
+            "ok: and has the exporter's range",
+            "ok: a copy of inferred direction from opened memory",
+            "ok: opened memory is not freed by the importer",
+            "ok: a copy from memory its exporter freed is refused",
+            "ok: one close too many refused",
+            "ipc import: all checks passed",
+        ],
+    );
+    assert_lines(
+        &stale,
+        &[
+            "ok: a handle of freed memory opens nothing",
+            "ok: a forged handle opens nothing",
+            "ipc stale: all checks passed",
+        ],
+    );
+    host.wait_program_freed();
+}
