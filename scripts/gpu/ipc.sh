@@ -1,8 +1,65 @@
 #!/usr/bin/env bash
-# On the GPU machine: which memory one context of a process can reach that
-# another context of the same process allocated (scripts/gpu/ipc_probe.c),
-# natively: what IPC handles between a VM's guest processes, which are
-# contexts of one worker, can be built on.
+# On the GPU machine: IPC memory handles between processes of one VM.
+#   1. Natively, in one process (scripts/gpu/ipc_probe.c): which memory one
+#      context reaches that another context of the process allocated (what
+#      the host's IPC is built on: every guest process of a VM is a context
+#      of one worker).
+#   2. tests/c/ipc.c's exporter, importer and stale-handle processes,
+#      natively (two real processes, the driver's own IPC) and through the
+#      stand-in with the daemon on the cuda executor: the same checks, the
+#      same verdicts expected but where the line says the two differ.
+# Carried: the release fairvgpu and libcuda.so in $R.
 set -uo pipefail
 . scripts/gpu/lib.sh
+R=${R:-.carry/release}
 probe ipc_probe /tmp/fvg-ipc 2>&1 | tee "$OUT/ipc.log"
+
+W=/tmp/fvg-ipc2; rm -rf $W; mkdir -p $W/lib $W/run $W/logs
+cp $R/libcuda.so $W/lib/libcuda.so.1
+ln -s libcuda.so.1 $W/lib/libcuda.so
+cc -O2 -Wall -o $W/ipc tests/c/ipc.c -L$W/lib -lcuda || exit 1
+
+# Waits (up to 30 s) for a line starting with $2 in file $1.
+await() { for _ in $(seq 300); do grep -q "^$2" "$1" && return 0; sleep 0.1; done; echo "no \"$2\" in $1"; return 1; }
+
+# One exporter, one importer, one stale opener, with LD_LIBRARY_PATH $1
+# (and FAIRVGPU_SOCKET set or not); $2 names the run.
+flow() {
+    local lib=$1 name=$2 d=$W/$2
+    mkdir -p $d; mkfifo $d/e.in $d/i.in
+    exec 3<>$d/e.in 4<>$d/i.in
+    LD_LIBRARY_PATH=$lib timeout 60 $W/ipc export <$d/e.in >$d/e.out 2>&1 & local E=$!
+    await $d/e.out "handle " || { kill $E; return 1; }
+    local H; H=$(sed -n 's/^handle //p' $d/e.out)
+    LD_LIBRARY_PATH=$lib timeout 60 $W/ipc import "$H" <$d/i.in >$d/i.out 2>&1 & local I=$!
+    await $d/i.out "written"; echo check >&3
+    await $d/e.out "freed"; echo after-free >&4
+    wait $I; echo "importer rc=$?" >> $d/i.out
+    LD_LIBRARY_PATH=$lib timeout 60 $W/ipc stale "$H" >$d/s.out 2>&1; echo "stale rc=$?" >> $d/s.out
+    echo exit >&3; wait $E; echo "exporter rc=$?" >> $d/e.out
+    exec 3>&- 4>&-
+    echo "== $name"; cat $d/e.out $d/i.out $d/s.out | grep -v '^handle '
+}
+
+flow $NV native
+cat > $W/host.toml <<TOML
+[daemon]
+run_dir = "$W/run"
+executor = "cuda"
+[[vm]]
+name = "vm1"
+tenant = "t"
+memory_limit_mib = 4096
+TOML
+RUST_LOG=info $R/fairvgpu serve --config $W/host.toml 2> $W/logs/daemon.log &
+D=$!
+for i in $(seq 200); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
+export FAIRVGPU_SOCKET=$W/run/vm1.sock
+flow $W/lib standin
+unset FAIRVGPU_SOCKET
+kill $D; wait $D 2>/dev/null
+echo "== daemon warnings"
+grep -aE 'WARN|ERROR' $W/logs/daemon.log | head -20
+n_ok=$(cat $W/native/*.out | grep -c '^ok:'); n_bad=$(cat $W/native/*.out | grep -c '^FAILED')
+s_ok=$(cat $W/standin/*.out | grep -c '^ok:'); s_bad=$(cat $W/standin/*.out | grep -c '^FAILED')
+echo "ipc_native_ok=$n_ok ipc_native_failed=$n_bad ipc_standin_ok=$s_ok ipc_standin_failed=$s_bad"

@@ -38,6 +38,6 @@ step frameworks 400 bash scripts/gpu/frameworks.sh
 step fairness 150 "$R/fairvgpu" bench fairness --executor cuda
 step space 300 bash scripts/gpu/space.sh
 step mps-contexts 60 bash scripts/gpu/mps-contexts.sh
-step ipc 60 bash scripts/gpu/ipc.sh
+step ipc 120 bash scripts/gpu/ipc.sh
 echo "== last lines" | tee -a "$LOG"
-grep -aE '^(samples_pass|good_runs|torch_ok|fairvgpu_mmr|corun_speedup|mps_contexts_ok|cufft: (all|forward))|rc=' "$LOG" | tee -a "$LOG.summary"
+grep -aE '^(samples_pass|good_runs|torch_ok|fairvgpu_mmr|corun_speedup|mps_contexts_ok|ipc_native_ok|cufft: (all|forward))|rc=' "$LOG" | tee -a "$LOG.summary"
