@@ -131,7 +131,8 @@ static int importer(const char *hex) {
     parse(hex, &h);
     CUdeviceptr p = 0, p2 = 0;
     CK(cuIpcOpenMemHandle_v2(&p, h, LAZY_ENABLE_PEER_ACCESS));
-    CK(cuIpcOpenMemHandle_v2(&p2, h, 0));
+    CHECK(cuIpcOpenMemHandle_v2(&p2, h, 0) == 1, "an open without the lazy peer access flag refused");
+    CK(cuIpcOpenMemHandle_v2(&p2, h, LAZY_ENABLE_PEER_ACCESS));
     CHECK(p2 == p, "a second open gives the same address");
     CK(cuMemcpyDtoH_v2(host, p, sizeof host));
     int right = 1;
@@ -168,9 +169,9 @@ static int stale(const char *hex) {
     CUipcMemHandle h;
     parse(hex, &h);
     CUdeviceptr p = 0;
-    CHECK(cuIpcOpenMemHandle_v2(&p, h, 0) == 1, "a handle of freed memory opens nothing");
+    CHECK(cuIpcOpenMemHandle_v2(&p, h, LAZY_ENABLE_PEER_ACCESS) == 1, "a handle of freed memory opens nothing");
     h.reserved[9] ^= 0x40;
-    CHECK(cuIpcOpenMemHandle_v2(&p, h, 0) == 1, "a forged handle opens nothing");
+    CHECK(cuIpcOpenMemHandle_v2(&p, h, LAZY_ENABLE_PEER_ACCESS) == 1, "a forged handle opens nothing");
     return 0;
 }
 

@@ -119,6 +119,7 @@ fn ipc_handles_share_memory_between_processes_of_a_vm() {
     assert_lines(
         &imported,
         &[
+            "ok: an open without the lazy peer access flag refused",
             "ok: a second open gives the same address",
             "ok: the importer reads the exporter's bytes",
             "ok: opened memory is device memory to pointer queries",

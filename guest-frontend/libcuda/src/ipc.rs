@@ -32,8 +32,8 @@ pub struct IpcMemHandle {
 /// What a handle of ours starts with.
 const MAGIC: &[u8; 8] = b"fvgipc01";
 
-/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag (a vGPU has one
-/// device: nothing to enable).
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: the flag an open must give (the
+/// driver refuses 0 too; a vGPU has one device, so nothing to enable).
 const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 
 impl IpcMemHandle {
@@ -81,7 +81,7 @@ export! {
     /// The exporter's memory, at its own address.
     fn cuIpcOpenMemHandle_v2 [cuIpcOpenMemHandle] (dptr: *mut CUdeviceptr, handle: IpcMemHandle, flags: c_uint) {
         need_ctx()?;
-        if dptr.is_null() || flags & !LAZY_ENABLE_PEER_ACCESS != 0 {
+        if dptr.is_null() || flags != LAZY_ENABLE_PEER_ACCESS {
             return Err(code::INVALID_VALUE);
         }
         let token = handle.token().ok_or(code::INVALID_VALUE)?;
