@@ -127,6 +127,10 @@ pub struct Session {
     pub exported: ipc::Exported,
     /// Other processes' memory it opened (IPC).
     pub imports: ipc::Imports,
+    /// Its events exported to the VM's other processes (IPC), by handle.
+    pub exported_events: ipc::Exported,
+    /// Other processes' events it opened (IPC): its handle -> the export.
+    pub imported_events: HandleMap<std::sync::Arc<ipc::Export>>,
 }
 
 /// A guest host function between its stream reaching it and the guest
@@ -279,6 +283,8 @@ impl Session {
             vmm: vmm::Vmm::default(),
             exported: ipc::Exported::default(),
             imports: ipc::Imports::default(),
+            exported_events: ipc::Exported::default(),
+            imported_events: HandleMap::default(),
         }
     }
 
@@ -360,7 +366,21 @@ impl Session {
     }
 
     /// Checks an event handle.
+    /// Checks an event handle: one of its own, or another process's it
+    /// opened that is still exported.
     pub fn check_event(&self, e: Handle) -> Result<(), Status> {
+        let opened = || {
+            self.imported_events
+                .get(&e)
+                .is_some_and(|x| ipc::Imports::alive(x))
+        };
+        (self.events.contains(&e) || opened())
+            .then_some(())
+            .ok_or(Status::InvalidHandle)
+    }
+
+    /// Checks that `e` is an event the session made itself.
+    pub fn check_own_event(&self, e: Handle) -> Result<(), Status> {
         self.events
             .contains(&e)
             .then_some(())
@@ -455,6 +475,7 @@ impl Session {
     /// Forgets an event.
     pub fn remove_event(&mut self, e: Handle) {
         self.events.remove(&e);
+        self.exported_events.revoke(e, e.saturating_add(1));
     }
 
     /// Records the first asynchronous error.

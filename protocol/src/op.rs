@@ -61,5 +61,7 @@ pub const VMM_RETAIN: u32 = 87;
 pub const IPC_EXPORT: u32 = 60;
 pub const IPC_OPEN: u32 = 61;
 pub const IPC_CLOSE: u32 = 62;
+pub const IPC_EXPORT_EVENT: u32 = 63;
+pub const IPC_OPEN_EVENT: u32 = 64;
 /// A continuation chunk of the previous message's data.
 pub const DATA: u32 = 100;

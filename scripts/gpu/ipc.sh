@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine: IPC memory handles between processes of one VM.
+# On the GPU machine: IPC memory and event handles between processes of
+# one VM.
 #   1. Natively, in one process (scripts/gpu/ipc_probe.c): which memory one
 #      context reaches that another context of the process allocated (what
 #      the host's IPC is built on: every guest process of a VM is a context
@@ -30,15 +31,16 @@ flow() {
     exec 3<>$d/e.in 4<>$d/i.in
     LD_LIBRARY_PATH=$lib timeout 60 $W/ipc export <$d/e.in >$d/e.out 2>&1 & local E=$!
     await $d/e.out "handle " || { kill $E; return 1; }
-    local H; H=$(sed -n 's/^handle //p' $d/e.out)
-    LD_LIBRARY_PATH=$lib timeout 60 $W/ipc import "$H" <$d/i.in >$d/i.out 2>&1 & local I=$!
+    await $d/e.out "event " || { kill $E; return 1; }
+    local H EH; H=$(sed -n 's/^handle //p' $d/e.out); EH=$(sed -n 's/^event //p' $d/e.out)
+    LD_LIBRARY_PATH=$lib timeout 60 $W/ipc import "$H" "$EH" <$d/i.in >$d/i.out 2>&1 & local I=$!
     await $d/i.out "written"; echo check >&3
     await $d/e.out "freed"; echo after-free >&4
     wait $I; echo "importer rc=$?" >> $d/i.out
     LD_LIBRARY_PATH=$lib timeout 60 $W/ipc stale "$H" >$d/s.out 2>&1; echo "stale rc=$?" >> $d/s.out
     echo exit >&3; wait $E; echo "exporter rc=$?" >> $d/e.out
     exec 3>&- 4>&-
-    echo "== $name"; cat $d/e.out $d/i.out $d/s.out | grep -v '^handle '
+    echo "== $name"; cat $d/e.out $d/i.out $d/s.out | grep -v '^handle \|^event '
 }
 
 flow $NV native

@@ -2,12 +2,14 @@
  * IPC memory handles between two processes of one VM, driven line by line
  * on stdin by the test (tests/tests/libcuda_ipc.rs):
  *
- *   ipc export     allocates and fills memory, prints "handle HEX"; then on
- *                  "check" checks what the importer wrote into it and frees
- *                  it; on "exit" leaves.
- *   ipc import HEX opens the handle, checks the exporter's bytes, writes its
- *                  own; on "after-free" checks that the memory is refused
- *                  once the exporter freed it, closes and leaves.
+ *   ipc export     allocates and fills memory, records an interprocess
+ *                  event, prints "handle HEX" and "event HEX"; then on
+ *                  "check" checks what the importer wrote into the memory
+ *                  and frees it and the event; on "exit" leaves.
+ *   ipc import HEX EHEX  opens both handles, waits on the event, checks
+ *                  the exporter's bytes, writes its own; on "after-free"
+ *                  checks that the memory and the event are refused once
+ *                  the exporter let them go, closes and leaves.
  *   ipc stale HEX  checks that a handle whose memory is gone opens nothing.
  *
  * Builds with plain gcc against the driver's ABI, declared below. Every
@@ -21,9 +23,24 @@ typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef struct CUctx_st *CUcontext;
+typedef struct CUevent_st *CUevent;
+typedef struct CUstream_st *CUstream;
 typedef struct {
     char reserved[64];
 } CUipcMemHandle;
+typedef struct {
+    char reserved[64];
+} CUipcEventHandle;
+CUresult cuEventCreate(CUevent *, unsigned int);
+CUresult cuEventDestroy_v2(CUevent);
+CUresult cuEventRecord(CUevent, CUstream);
+CUresult cuEventSynchronize(CUevent);
+CUresult cuEventQuery(CUevent);
+CUresult cuStreamWaitEvent(CUstream, CUevent, unsigned int);
+CUresult cuIpcGetEventHandle(CUipcEventHandle *, CUevent);
+CUresult cuIpcOpenEventHandle(CUevent *, CUipcEventHandle);
+#define EVENT_DISABLE_TIMING 2
+#define EVENT_INTERPROCESS 4
 CUresult cuInit(unsigned int);
 CUresult cuDeviceGet(CUdevice *, int);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
@@ -79,7 +96,15 @@ static void await(const char *word) {
     }
 }
 
-static void parse(const char *hex, CUipcMemHandle *h) {
+static void print_hex(const char *what, const void *h) {
+    printf("%s ", what);
+    for (int i = 0; i < 64; i++) printf("%02x", ((const unsigned char *)h)[i]);
+    printf("\n");
+    fflush(stdout);
+}
+
+static void parse(const char *hex, void *out) {
+    char *h = out;
     if (strlen(hex) != 128) {
         printf("FAILED: a handle is 128 hex digits\n");
         exit(1);
@@ -87,7 +112,7 @@ static void parse(const char *hex, CUipcMemHandle *h) {
     for (int i = 0; i < 64; i++) {
         unsigned b;
         sscanf(hex + 2 * i, "%2x", &b);
-        h->reserved[i] = (char)b;
+        h[i] = (char)b;
     }
 }
 
@@ -107,17 +132,27 @@ static int exporter(void) {
     CHECK(cuIpcOpenMemHandle_v2(&q, h, LAZY_ENABLE_PEER_ACCESS) == 201,
           "a process cannot open its own handle (CUDA_ERROR_INVALID_CONTEXT)");
     CHECK(cuIpcGetMemHandle(&again, (CUdeviceptr)(size_t)host) != 0, "no handle for host memory");
-    printf("handle ");
-    for (int i = 0; i < 64; i++) printf("%02x", (unsigned char)h.reserved[i]);
-    printf("\n");
-    fflush(stdout);
+    CUevent ev, plain;
+    CK(cuEventCreate(&ev, EVENT_DISABLE_TIMING | EVENT_INTERPROCESS));
+    CK(cuEventCreate(&plain, EVENT_DISABLE_TIMING));
+    CUipcEventHandle eh;
+    CHECK(cuIpcGetEventHandle(&eh, plain) != 0, "no handle for an event made without CU_EVENT_INTERPROCESS");
+    CK(cuIpcGetEventHandle(&eh, ev));
+    CUevent mine_again;
+    CHECK(cuIpcOpenEventHandle(&mine_again, eh) != 0, "a process cannot open its own event handle");
+    CK(cuMemsetD32_v2(p + 4 * (WORDS - 1), 0xe7e7e7e7u, 1));
+    CK(cuEventRecord(ev, 0));
+    print_hex("handle", &h);
+    print_hex("event", &eh);
 
     await("check");
     CK(cuMemcpyDtoH_v2(host, p, sizeof host));
     int right = 1;
     for (unsigned i = 0; i < WORDS; i++)
-        right &= host[i] == (i < HALF ? 0x5a5a5a5au : i * 7u);
+        right &= host[i] == (i < HALF ? 0x5a5a5a5au : i == WORDS - 1 ? 0xe7e7e7e7u : i * 7u);
     CHECK(right, "the exporter sees the importer's writes");
+    CK(cuEventDestroy_v2(ev));
+    CK(cuEventDestroy_v2(plain));
     CK(cuMemFree_v2(p));
     CK(cuMemFree_v2(other));
     printf("freed\n");
@@ -126,9 +161,19 @@ static int exporter(void) {
     return 0;
 }
 
-static int importer(const char *hex) {
+static int importer(const char *hex, const char *ehex) {
     CUipcMemHandle h;
+    CUipcEventHandle eh;
     parse(hex, &h);
+    parse(ehex, &eh);
+    CUevent ev, ev2;
+    CK(cuIpcOpenEventHandle(&ev, eh));
+    CK(cuStreamWaitEvent(0, ev, 0));
+    CK(cuEventSynchronize(ev));
+    CHECK(cuEventQuery(ev) == 0, "an opened event is waited on, synchronized and queried");
+    CK(cuIpcOpenEventHandle(&ev2, eh));
+    CK(cuEventDestroy_v2(ev2));
+    CK(cuEventDestroy_v2(ev));
     CUdeviceptr p = 0, p2 = 0;
     CK(cuIpcOpenMemHandle_v2(&p, h, LAZY_ENABLE_PEER_ACCESS));
     CHECK(cuIpcOpenMemHandle_v2(&p2, h, 0) == 1, "an open without the lazy peer access flag refused");
@@ -136,8 +181,8 @@ static int importer(const char *hex) {
     CHECK(p2 == p, "a second open gives the same address");
     CK(cuMemcpyDtoH_v2(host, p, sizeof host));
     int right = 1;
-    for (unsigned i = 0; i < WORDS; i++) right &= host[i] == i * 7u;
-    CHECK(right, "the importer reads the exporter's bytes");
+    for (unsigned i = 0; i < WORDS - 1; i++) right &= host[i] == i * 7u;
+    CHECK(right && host[WORDS - 1] == 0xe7e7e7e7u, "the importer reads the exporter's bytes, after its event");
     unsigned type = 0;
     CK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p + 64));
     CHECK(type == CU_MEMORYTYPE_DEVICE, "opened memory is device memory to pointer queries");
@@ -159,6 +204,7 @@ static int importer(const char *hex) {
 
     await("after-free");
     CHECK(cuMemcpyDtoH_v2(host, p, 64) != 0, "a copy from memory its exporter freed is refused");
+    CHECK(cuIpcOpenEventHandle(&ev, eh) != 0, "a handle of a destroyed event opens nothing");
     CHECK(cuIpcCloseMemHandle(p) == 0, "still closed as often as opened");
     CHECK(cuIpcCloseMemHandle(p) != 0, "one close too many refused");
     CK(cuMemFree_v2(mine));
@@ -185,12 +231,12 @@ int main(int argc, char **argv) {
     int r = 1;
     if (argc == 2 && !strcmp(argv[1], "export"))
         r = exporter();
-    else if (argc == 3 && !strcmp(argv[1], "import"))
-        r = importer(argv[2]);
+    else if (argc == 4 && !strcmp(argv[1], "import"))
+        r = importer(argv[2], argv[3]);
     else if (argc == 3 && !strcmp(argv[1], "stale"))
         r = stale(argv[2]);
     else
-        printf("usage: ipc export | ipc import HEX | ipc stale HEX\n");
+        printf("usage: ipc export | ipc import HEX EVENT_HEX | ipc stale HEX\n");
     CK(cuDevicePrimaryCtxRelease_v2(dev));
     if (failed) return 1;
     if (!r) printf("ipc %s: all checks passed\n", argv[1]);

@@ -212,7 +212,7 @@ fn forged_ipc_requests_reach_nothing_not_handed_over() {
             matches!(
                 r,
                 Err(guest_frontend::GuestError::Cuda(
-                    Status::InvalidValue | Status::InvalidContext
+                    Status::InvalidValue | Status::InvalidContext | Status::InvalidHandle
                 ))
             ),
             "{what}: {r:?}"
@@ -285,6 +285,40 @@ fn forged_ipc_requests_reach_nothing_not_handed_over() {
         req(&mut victim, Request::IpcOpen { token: t2 }),
         "token of an ended exporter",
     );
+
+    // Events: only one's own is exported; an opened one works until its
+    // owner destroys it.
+    let mut evil = host.guest();
+    let ev = victim.event_create(6).unwrap();
+    refused(
+        req(&mut evil, Request::IpcExportEvent { event: ev }),
+        "another's event",
+    );
+    for token in [0, 1, u64::MAX, ev] {
+        refused(
+            req(&mut evil, Request::IpcOpenEvent { token }),
+            "made-up event token",
+        );
+    }
+    assert!(evil.event_synchronize(ev).is_err(), "not its event");
+    let [et, ..] = req(&mut victim, Request::IpcExportEvent { event: ev }).unwrap();
+    refused(
+        req(&mut victim, Request::IpcOpenEvent { token: et }),
+        "its own event token",
+    );
+    let [mine, ..] = req(&mut evil, Request::IpcOpenEvent { token: et }).unwrap();
+    evil.event_synchronize(mine).unwrap();
+    victim.event_destroy(ev).unwrap();
+    assert!(
+        evil.event_synchronize(mine).is_err(),
+        "destroyed by its owner"
+    );
+    refused(
+        req(&mut evil, Request::IpcOpenEvent { token: et }),
+        "token of a destroyed event",
+    );
+    evil.event_destroy(mine).unwrap();
+    assert!(evil.event_destroy(mine).is_err(), "let go of once");
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
 }
 

@@ -1,8 +1,9 @@
-//! IPC memory handles between two processes of one VM, through the stand-in
-//! against a sim worker (`tests/c/ipc.c`): one process exports memory, the
-//! other opens it, reads the exporter's bytes and writes its own, which the
-//! exporter sees; once the exporter frees it, the opener's copies are
-//! refused and the handle opens nothing; all the memory comes back.
+//! IPC memory and event handles between two processes of one VM, through
+//! the stand-in against a sim worker (`tests/c/ipc.c`): one process exports
+//! memory and an event, the other opens both, waits on the event, reads the
+//! exporter's bytes and writes its own, which the exporter sees; once the
+//! exporter frees them, the opener's copies are refused and the handles
+//! open nothing; all the memory comes back.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -90,7 +91,8 @@ fn ipc_handles_share_memory_between_processes_of_a_vm() {
 
     let mut exporter = Driven::start(&exe, &["export"], &lib, &host.socket);
     let handle = exporter.until("handle ");
-    let mut importer = Driven::start(&exe, &["import", &handle], &lib, &host.socket);
+    let event = exporter.until("event ");
+    let mut importer = Driven::start(&exe, &["import", &handle, &event], &lib, &host.socket);
     importer.until("written");
     exporter.say("check");
     exporter.until("freed");
@@ -111,6 +113,8 @@ fn ipc_handles_share_memory_between_processes_of_a_vm() {
         &[
             "ok: the same allocation has one handle",
             "ok: a process cannot open its own handle",
+            "ok: no handle for an event made without CU_EVENT_INTERPROCESS",
+            "ok: a process cannot open its own event handle",
             "ok: no handle for host memory",
             "ok: the exporter sees the importer's writes",
             "ipc export: all checks passed",
@@ -121,12 +125,14 @@ fn ipc_handles_share_memory_between_processes_of_a_vm() {
         &[
             "ok: an open without the lazy peer access flag refused",
             "ok: a second open gives the same address",
-            "ok: the importer reads the exporter's bytes",
+            "ok: an opened event is waited on, synchronized and queried",
+            "ok: the importer reads the exporter's bytes, after its event",
             "ok: opened memory is device memory to pointer queries",
             "ok: and has the exporter's range",
             "ok: a copy of inferred direction from opened memory",
             "ok: opened memory is not freed by the importer",
             "ok: a copy from memory its exporter freed is refused",
+            "ok: a handle of a destroyed event opens nothing",
             "ok: one close too many refused",
             "ipc import: all checks passed",
         ],

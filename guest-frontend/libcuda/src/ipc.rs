@@ -8,14 +8,19 @@
 //! on the host (see the host's `session/ipc.rs`). It stays reachable while
 //! the exporter holds it: once the exporter frees it or exits, the host
 //! refuses the opener's copies and memsets on it. A handle from another VM
-//! names nothing there (`CUDA_ERROR_INVALID_VALUE`). Event handles are not
-//! served.
+//! names nothing there (`CUDA_ERROR_INVALID_VALUE`).
+//!
+//! An event handle names an event made with `CU_EVENT_INTERPROCESS`
+//! (`IpcExportEvent`); the opener gets an event of its own for it
+//! (`IpcOpenEvent`) to wait on, query, synchronize and record, which
+//! `cuEventDestroy` lets go of. It works while the exporter holds the
+//! event and the vGPU stays on its GPU (a migration remakes every event).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::c_uint;
 use std::sync::{Mutex, MutexGuard};
 
-use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::sys::{CUdeviceptr, CUevent};
 use protocol::Request;
 
 use crate::context::need_ctx;
@@ -29,8 +34,56 @@ pub struct IpcMemHandle {
     reserved: [u8; 64],
 }
 
-/// What a handle of ours starts with.
+/// What a memory handle of ours starts with.
 const MAGIC: &[u8; 8] = b"fvgipc01";
+
+/// What an event handle of ours starts with.
+const EVENT_MAGIC: &[u8; 8] = b"fvgipce1";
+
+/// `CU_EVENT_INTERPROCESS`: the events that may be exported.
+const EVENT_INTERPROCESS: c_uint = 4;
+
+/// `CUipcEventHandle`: 64 opaque bytes, our magic and the token.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct IpcEventHandle {
+    reserved: [u8; 64],
+}
+
+impl IpcEventHandle {
+    fn new(token: u64) -> Self {
+        let mut reserved = [0u8; 64];
+        reserved[..8].copy_from_slice(EVENT_MAGIC);
+        reserved[8..16].copy_from_slice(&token.to_le_bytes());
+        IpcEventHandle { reserved }
+    }
+
+    fn token(&self) -> Option<u64> {
+        if &self.reserved[..8] != EVENT_MAGIC {
+            return None;
+        }
+        let t = u64::from_le_bytes(self.reserved[8..16].try_into().ok()?);
+        (t != 0).then_some(t)
+    }
+}
+
+/// Events of this process made with `CU_EVENT_INTERPROCESS`.
+fn interprocess() -> MutexGuard<'static, BTreeSet<u64>> {
+    static E: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
+    E.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An event was made (`cuEventCreate`) with `flags`.
+pub(crate) fn event_created(event: u64, flags: c_uint) {
+    if flags & EVENT_INTERPROCESS != 0 {
+        interprocess().insert(event);
+    }
+}
+
+/// An event was destroyed.
+pub(crate) fn event_destroyed(event: u64) {
+    interprocess().remove(&event);
+}
 
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: the flag an open must give (the
 /// driver refuses 0 too; a vGPU has one device, so nothing to enable).
@@ -126,6 +179,30 @@ export! {
     }
 }
 
+export! {
+    /// A handle for an event made with `CU_EVENT_INTERPROCESS`, for another
+    /// process of the VM.
+    fn cuIpcGetEventHandle(handle: *mut IpcEventHandle, event: CUevent) {
+        need_ctx()?;
+        if handle.is_null() || !interprocess().contains(&(event as u64)) {
+            return Err(code::INVALID_VALUE);
+        }
+        let [token, ..] = call(Request::IpcExportEvent { event: event as u64 })?;
+        out(handle, IpcEventHandle::new(token))
+    }
+
+    /// An event of this process for the exporter's.
+    fn cuIpcOpenEventHandle(event: *mut CUevent, handle: IpcEventHandle) {
+        need_ctx()?;
+        if event.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        let token = handle.token().ok_or(code::INVALID_VALUE)?;
+        let [h, ..] = call(Request::IpcOpenEvent { token })?;
+        out(event, h as CUevent)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +220,16 @@ mod tests {
         other.reserved[0] ^= 1;
         assert_eq!(other.token(), None, "not one of ours");
         assert_eq!(IpcMemHandle::new(0, 1, 1).token(), None);
+        let e = IpcEventHandle::new(0xfeed);
+        assert_eq!(std::mem::size_of::<IpcEventHandle>(), 64);
+        assert_eq!(e.token(), Some(0xfeed));
+        assert_eq!(
+            IpcEventHandle {
+                reserved: h.reserved
+            }
+            .token(),
+            None,
+            "a memory handle"
+        );
     }
 }

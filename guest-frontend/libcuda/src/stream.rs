@@ -260,12 +260,15 @@ export! {
             return Err(code::INVALID_VALUE);
         }
         let h = gpu(|g| g.event_create(flags))?;
+        crate::ipc::event_created(h, flags);
         out(p, h as CUevent)
     }
 
     fn cuEventDestroy_v2 [cuEventDestroy] (e: CUevent) {
         driver()?;
-        gpu(|g| g.event_destroy(e as u64))
+        gpu(|g| g.event_destroy(e as u64))?;
+        crate::ipc::event_destroyed(e as u64);
+        Ok(())
     }
 
     fn cuEventRecord [cuEventRecord_ptsz per_thread] (e: CUevent, st: CUstream) {

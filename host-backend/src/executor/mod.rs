@@ -174,6 +174,16 @@ pub trait Context: Send {
         let _ = base;
     }
 
+    /// What another context of this worker needs to use `event` of this
+    /// one (an IPC event handle).
+    fn share_event(&mut self, event: Handle) -> Result<SharedMem, Status>;
+
+    /// An event of another context (shared by [`Context::share_event`])
+    /// as a handle of this one: waited on, queried, synchronized and
+    /// recorded as its own; [`Context::event_destroy`] forgets it (the
+    /// owner destroys it).
+    fn import_event(&mut self, shared: &SharedMem) -> Result<Handle, Status>;
+
     /// Makes the context as a new one is, for a later process of the same
     /// vGPU (see `worker/contexts.rs`): if none of its work is left, destroys
     /// every object it holds, gives every allocation back to the driver,

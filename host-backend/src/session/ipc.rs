@@ -100,6 +100,14 @@ impl Exports {
         Ok((token, e))
     }
 
+    /// Revokes every export (a migration remakes what they name).
+    pub fn revoke_all(&mut self) {
+        for e in self.by_token.values() {
+            e.alive.store(false, Ordering::Release);
+        }
+        self.by_token.clear();
+    }
+
     /// The live export named `token`.
     pub fn get(&self, token: u64) -> Option<Arc<Export>> {
         self.by_token.get(&token).filter(|e| e.alive()).cloned()
@@ -114,7 +122,10 @@ pub struct Exported(BTreeMap<u64, (u64, Arc<Export>)>);
 impl Exported {
     /// The token of the export of memory starting at `base`, if any.
     pub fn token(&self, base: u64) -> Option<u64> {
-        self.0.get(&base).map(|&(t, _)| t)
+        self.0
+            .get(&base)
+            .filter(|(_, e)| e.alive())
+            .map(|&(t, _)| t)
     }
 
     /// Records an export made by [`Exports::add`].
@@ -186,6 +197,11 @@ impl Imports {
         }
         self.0.remove(&base);
         Ok(true)
+    }
+
+    /// Whether `e` is still exported.
+    pub fn alive(e: &Export) -> bool {
+        e.alive()
     }
 
     /// Whether `[ptr, end)` lies in one range opened and still exported.

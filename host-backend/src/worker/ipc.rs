@@ -1,6 +1,7 @@
 //! The IPC requests (cuIpcGetMemHandle, cuIpcOpenMemHandle,
-//! cuIpcCloseMemHandle): each checked against the session's own tables and
-//! the worker's exports (`session::ipc`), answered.
+//! cuIpcCloseMemHandle, cuIpcGetEventHandle, cuIpcOpenEventHandle): each
+//! checked against the session's own tables and the worker's exports
+//! (`session::ipc`), answered.
 
 use protocol::{Reply, Request, Status};
 
@@ -35,6 +36,14 @@ pub(super) fn handle(
                 Reply::default()
             }),
             "close of memory it has not opened",
+        ),
+        Request::IpcExportEvent { event } => (
+            export_event(sh, s, event),
+            "export of an event it did not make, or one export too many",
+        ),
+        Request::IpcOpenEvent { token } => (
+            open_event(sh, s, token),
+            "open of an event token no other process of the VM exports",
         ),
         _ => (Err(Status::InvalidValue), "not an IPC request"),
     };
@@ -78,4 +87,34 @@ fn open(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
     Ok(Reply {
         vals: [e.base, e.size, 0, 0],
     })
+}
+
+/// The token of one of the session's own events (made on its first
+/// export).
+fn export_event(sh: &mut Shared, s: &mut Session, event: u64) -> Result<Reply, Status> {
+    s.check_own_event(event)?;
+    let token = match s.exported_events.token(event) {
+        Some(t) => t,
+        None => {
+            let shared = s.ctx.share_event(event)?;
+            let (t, e) = sh.ipc_events.add(s.id, event, 0, shared)?;
+            s.exported_events.insert(t, e);
+            t
+        }
+    };
+    Ok(Reply::one(token))
+}
+
+/// Opens another session's exported event: a handle of this session's.
+fn open_event(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
+    let e = sh.ipc_events.get(token).ok_or(Status::InvalidValue)?;
+    if e.owner == s.id {
+        return Err(Status::InvalidContext);
+    }
+    if s.imported_events.len() >= crate::session::ipc::MAX_EXPORTS {
+        return Err(Status::OutOfMemory);
+    }
+    let h = s.ctx.import_event(&e.mem)?;
+    s.imported_events.insert(h, e);
+    Ok(Reply::one(h))
 }

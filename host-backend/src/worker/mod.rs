@@ -315,6 +315,7 @@ impl Worker {
                 ),
                 contexts: contexts::ContextPool::default(),
                 ipc: Default::default(),
+                ipc_events: Default::default(),
                 region,
                 link,
                 exec,
@@ -624,6 +625,9 @@ impl Worker {
             prepared.into_iter().collect();
         let t0 = Instant::now();
         let from = self.sh.exec.device();
+        // Events are made anew wherever the contexts end up: the handles
+        // other processes opened name the old ones.
+        self.sh.ipc_events.revoke_all();
         if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
             self.release_grant(true)?;
         }

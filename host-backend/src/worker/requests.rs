@@ -73,9 +73,11 @@ pub(super) fn handle(
         | Request::VmmUnmap { .. }
         | Request::VmmSetAccess { .. }
         | Request::VmmRetain { .. }) => super::vmm::handle(sh, c, s, tag, opc, req),
-        req @ (Request::IpcExport { .. } | Request::IpcOpen { .. } | Request::IpcClose { .. }) => {
-            super::ipc::handle(sh, c, s, tag, opc, req)
-        }
+        req @ (Request::IpcExport { .. }
+        | Request::IpcOpen { .. }
+        | Request::IpcClose { .. }
+        | Request::IpcExportEvent { .. }
+        | Request::IpcOpenEvent { .. }) => super::ipc::handle(sh, c, s, tag, opc, req),
         // A second Hello on a channel: the device again (its session stays).
         Request::Hello { version } => {
             let r = if version == protocol::PROTOCOL_VERSION {
@@ -769,10 +771,15 @@ pub(super) fn handle(
             reply(sh, c, tag, opc, one(r), &[])
         }
         Request::EventDestroy { event } => {
-            let r = s
-                .check_event(event)
-                .and_then(|()| s.ctx.event_destroy(event))
-                .inspect(|()| s.remove_event(event));
+            let r = if s.imported_events.remove(&event).is_some() {
+                // Another process's event it opened (IPC), revoked or not:
+                // forgotten here.
+                s.ctx.event_destroy(event)
+            } else {
+                s.check_own_event(event)
+                    .and_then(|()| s.ctx.event_destroy(event))
+                    .inspect(|()| s.remove_event(event))
+            };
             reply(sh, c, tag, opc, unit(r), &[])
         }
         Request::EventRecord { event, stream } => {

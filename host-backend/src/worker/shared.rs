@@ -31,6 +31,8 @@ pub(super) struct Shared {
     pub contexts: super::contexts::ContextPool,
     /// Memory the VM's processes exported to each other (IPC).
     pub ipc: crate::session::ipc::Exports,
+    /// Events the VM's processes exported to each other (IPC).
+    pub ipc_events: crate::session::ipc::Exports,
     pub region: Region,
     pub link: PeerLink,
     pub info_bytes: Vec<u8>,

@@ -417,6 +417,8 @@ impl Request {
             op::IPC_EXPORT => IpcExport { ptr: r.u64()? },
             op::IPC_OPEN => IpcOpen { token: r.u64()? },
             op::IPC_CLOSE => IpcClose { ptr: r.u64()? },
+            op::IPC_EXPORT_EVENT => IpcExportEvent { event: r.u64()? },
+            op::IPC_OPEN_EVENT => IpcOpenEvent { token: r.u64()? },
             other => return Err(ProtoError::UnknownOpcode(other)),
         };
         Ok(req)
@@ -601,6 +603,8 @@ mod tests {
             Request::IpcClose {
                 ptr: 0x7f00_0020_0000,
             },
+            Request::IpcExportEvent { event: 17 },
+            Request::IpcOpenEvent { token: 0xfeed_beef },
         ]
     }
 

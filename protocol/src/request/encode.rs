@@ -215,7 +215,9 @@ impl Request {
             | VmmRetain { ptr: a }
             | IpcExport { ptr: a }
             | IpcOpen { token: a }
-            | IpcClose { ptr: a } => w.u64(a),
+            | IpcClose { ptr: a }
+            | IpcExportEvent { event: a }
+            | IpcOpenEvent { token: a } => w.u64(a),
             VmmMap {
                 ptr,
                 size,

@@ -449,6 +449,19 @@ pub enum Request {
         /// The start `IpcOpen` answered.
         ptr: u64,
     },
+    /// Exports one of the caller's events to the other processes of the
+    /// VM (`cuIpcGetEventHandle`); reply: a token naming it.
+    IpcExportEvent {
+        /// The event.
+        event: u64,
+    },
+    /// Opens an event another process of the VM exported
+    /// (`cuIpcOpenEventHandle`); reply: an event handle of the caller's,
+    /// which `EventDestroy` lets go of.
+    IpcOpenEvent {
+        /// The exporter's token.
+        token: u64,
+    },
 }
 
 impl Request {
@@ -515,6 +528,8 @@ impl Request {
             IpcExport { .. } => op::IPC_EXPORT,
             IpcOpen { .. } => op::IPC_OPEN,
             IpcClose { .. } => op::IPC_CLOSE,
+            IpcExportEvent { .. } => op::IPC_EXPORT_EVENT,
+            IpcOpenEvent { .. } => op::IPC_OPEN_EVENT,
         }
     }
 

@@ -33,6 +33,12 @@ pub(super) enum Obj {
         raw: sys::CUevent,
         flags: u32,
     },
+    /// Another context's event, opened by IPC handle: used, never
+    /// destroyed here, not made again elsewhere (the worker revokes event
+    /// handles when it migrates).
+    ImportedEvent {
+        raw: sys::CUevent,
+    },
     /// The image is kept to load the module again on another GPU.
     Module {
         raw: sys::CUmodule,
@@ -58,6 +64,8 @@ pub(super) enum ObjSpec {
     Module(Vec<u8>),
     /// Module, name, parameter sizes, attributes set.
     Function(Handle, CString, Vec<u32>, Vec<(u32, i32)>),
+    /// Not made again (an imported event).
+    Nothing,
 }
 
 pub(super) struct CudaContext {
@@ -194,7 +202,7 @@ impl CudaContext {
 
     pub(super) fn event(&self, h: Handle) -> Result<sys::CUevent, Status> {
         match self.objs.get(&h) {
-            Some(Obj::Event { raw, .. }) => Ok(*raw),
+            Some(Obj::Event { raw, .. } | Obj::ImportedEvent { raw }) => Ok(*raw),
             _ => Err(Status::InvalidHandle),
         }
     }
@@ -223,6 +231,7 @@ impl CudaContext {
                         flags, priority, ..
                     } => ObjSpec::Stream(*flags, *priority),
                     Obj::Event { flags, .. } => ObjSpec::Event(*flags),
+                    Obj::ImportedEvent { .. } => ObjSpec::Nothing,
                     Obj::Module { image, .. } => ObjSpec::Module(image.clone()),
                     Obj::Function {
                         module,
@@ -325,7 +334,7 @@ impl CudaContext {
                 Obj::Event { raw, .. } => unsafe { sys::cuEventDestroy_v2(raw) },
                 // SAFETY: a module of this context, unloaded once.
                 Obj::Module { raw, .. } => unsafe { sys::cuModuleUnload(raw) },
-                Obj::Function { .. } => sys::CUresult::CUDA_SUCCESS,
+                Obj::Function { .. } | Obj::ImportedEvent { .. } => sys::CUresult::CUDA_SUCCESS,
             };
             check(r)?;
         }
@@ -591,6 +600,14 @@ impl Context for CudaContext {
 
     fn event_destroy(&mut self, e: Handle) -> Result<(), Status> {
         CudaContext::event_destroy(self, e)
+    }
+
+    fn share_event(&mut self, e: Handle) -> Result<crate::executor::SharedMem, Status> {
+        CudaContext::share_event(self, e)
+    }
+
+    fn import_event(&mut self, shared: &crate::executor::SharedMem) -> Result<Handle, Status> {
+        CudaContext::import_event(self, shared)
     }
 
     fn event_record(&mut self, e: Handle, s: Handle) -> Result<(), Status> {

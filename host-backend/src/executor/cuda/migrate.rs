@@ -64,7 +64,7 @@ fn recreate_into(
                     image: image.clone(),
                 }
             }
-            ObjSpec::Function(..) => continue,
+            ObjSpec::Function(..) | ObjSpec::Nothing => continue,
         };
         into.insert(*h, o);
     }

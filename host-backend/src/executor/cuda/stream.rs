@@ -1,13 +1,18 @@
 //! Streams, events, synchronization, and the marks the worker waits on.
 
 use std::ptr::null_mut;
+use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUresult};
 use protocol::Status;
 
 use super::check;
 use super::context::{CudaContext, Obj};
-use crate::executor::Handle;
+use crate::executor::{Handle, SharedMem};
+
+/// An event of one context shared with another of the process (as an
+/// address: the worker thread alone uses it, while its owner holds it).
+struct RawEvent(usize);
 
 impl CudaContext {
     pub(super) fn stream_create(&mut self, flags: u32, priority: i32) -> Result<Handle, Status> {
@@ -75,11 +80,37 @@ impl CudaContext {
 
     pub(super) fn event_destroy(&mut self, e: Handle) -> Result<(), Status> {
         self.bind()?;
+        if let Some(Obj::ImportedEvent { .. }) = self.objs.get(&e) {
+            // Another context's: forgotten here, its owner destroys it.
+            self.objs.remove(&e);
+            return Ok(());
+        }
         let ev = self.event(e)?;
         // SAFETY: an event of this context, destroyed once.
         check(unsafe { sys::cuEventDestroy_v2(ev) })?;
         self.objs.remove(&e);
         Ok(())
+    }
+
+    /// See [`crate::executor::Context::share_event`]: the driver's event,
+    /// which every context of the process can use.
+    pub(super) fn share_event(&mut self, e: Handle) -> Result<SharedMem, Status> {
+        match self.objs.get(&e) {
+            Some(Obj::Event { raw, .. }) => Ok(SharedMem(Some(Arc::new(RawEvent(*raw as usize))))),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    /// See [`crate::executor::Context::import_event`].
+    pub(super) fn import_event(&mut self, shared: &SharedMem) -> Result<Handle, Status> {
+        let &RawEvent(raw) = shared
+            .0
+            .as_ref()
+            .and_then(|m| m.downcast_ref::<RawEvent>())
+            .ok_or(Status::InvalidValue)?;
+        Ok(self.insert(Obj::ImportedEvent {
+            raw: raw as sys::CUevent,
+        }))
     }
 
     pub(super) fn event_record(&mut self, e: Handle, s: Handle) -> Result<(), Status> {

@@ -22,6 +22,15 @@ pub(super) struct SimModule {
     pub(super) globals: HashMap<String, (u64, u64)>,
 }
 
+/// A model event: when the device passes its last record (none yet: it
+/// is complete).
+pub(super) type SimEvent = std::sync::Arc<Mutex<Option<Instant>>>;
+
+/// When the device passes event `e`'s last record.
+fn when(e: &SimEvent) -> Option<Instant> {
+    *e.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 pub(super) struct SimContext {
     pub(super) params: SimParams,
     pub(super) queues: Arc<Vec<Mutex<Queue>>>,
@@ -37,7 +46,9 @@ pub(super) struct SimContext {
     pub(super) imports: BTreeMap<u64, (u64, super::memory::SharedBuf)>,
     pub(super) modules: HashMap<Handle, SimModule>,
     pub(super) functions: HashMap<Handle, (Kernel, Vec<u32>)>,
-    pub(super) events: HashMap<Handle, Option<Instant>>,
+    /// Events: when the device passes each one's last record (shared with
+    /// contexts of the worker that opened it by IPC handle).
+    pub(super) events: HashMap<Handle, SimEvent>,
     pub(super) streams: HashMap<Handle, Instant>,
     /// Context limits set (`CUlimit` -> value); unset ones read their defaults.
     pub(super) limits: HashMap<u32, u64>,
@@ -186,6 +197,23 @@ impl Context for SimContext {
 
     fn close_mem(&mut self, base: u64) {
         self.imports.remove(&base);
+    }
+
+    fn share_event(&mut self, event: Handle) -> Result<SharedMem, Status> {
+        let e = self.events.get(&event).ok_or(Status::InvalidHandle)?;
+        Ok(SharedMem(Some(std::sync::Arc::new(e.clone()))))
+    }
+
+    fn import_event(&mut self, shared: &SharedMem) -> Result<Handle, Status> {
+        let e = shared
+            .0
+            .as_ref()
+            .and_then(|m| m.downcast_ref::<SimEvent>())
+            .ok_or(Status::InvalidValue)?
+            .clone();
+        let h = self.handle();
+        self.events.insert(h, e);
+        Ok(h)
     }
 
     /// An idle context keeps only what a new context shares with it (the
@@ -660,7 +688,7 @@ impl Context for SimContext {
 
     fn event_create(&mut self, _flags: u32) -> Result<Handle, Status> {
         let h = self.handle();
-        self.events.insert(h, None);
+        self.events.insert(h, SimEvent::default());
         Ok(h)
     }
 
@@ -676,36 +704,29 @@ impl Context for SimContext {
             return Err(Status::InvalidHandle);
         }
         let t = self.mark(stream);
-        self.events.insert(event, Some(t));
+        if let Some(e) = self.events.get(&event) {
+            *e.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+        }
         Ok(())
     }
 
     fn event_synchronize(&mut self, event: Handle) -> Result<(), Status> {
         self.alive()?;
-        if let Some(t) = *self.events.get(&event).ok_or(Status::InvalidHandle)? {
+        if let Some(t) = when(self.events.get(&event).ok_or(Status::InvalidHandle)?) {
             Self::wait_until(t);
         }
         Ok(())
     }
 
     fn event_query(&mut self, event: Handle) -> Result<bool, Status> {
-        Ok(self
-            .events
-            .get(&event)
-            .ok_or(Status::InvalidHandle)?
+        Ok(when(self.events.get(&event).ok_or(Status::InvalidHandle)?)
             .is_none_or(|t| Instant::now() >= t))
     }
 
     fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status> {
-        let s = self
-            .events
-            .get(&start)
-            .ok_or(Status::InvalidHandle)?
+        let s = when(self.events.get(&start).ok_or(Status::InvalidHandle)?)
             .ok_or(Status::InvalidHandle)?;
-        let e = self
-            .events
-            .get(&end)
-            .ok_or(Status::InvalidHandle)?
+        let e = when(self.events.get(&end).ok_or(Status::InvalidHandle)?)
             .ok_or(Status::InvalidHandle)?;
         if Instant::now() < e {
             return Err(Status::NotReady);
