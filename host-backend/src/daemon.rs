@@ -161,6 +161,8 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     // Each VM's region and socket live here, in the daemon, so that they
     // outlive its worker (see crate::link).
     let mut hosts: std::collections::BTreeMap<String, VmHost> = Default::default();
+    // Workers the daemon ended, until reaped.
+    let mut ending: Vec<Ending> = Vec::new();
     let spawn = |name: &str, host: &VmHost| -> Result<Child, Error> {
         let feed = host.feed()?;
         // Only this fd crosses the exec (the rest are close-on-exec); the
@@ -242,7 +244,7 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                     started: Instant::now(),
                     quick_deaths: 0,
                     restart_at: None,
-                    ended_by_us: false,
+                    poisoned: false,
                 });
                 tracing::info!(
                     vm = vm.name,
@@ -253,23 +255,26 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
             }
         }
         // GPUs whose MPS server lost a client to a GPU fault or a crash
-        // (not one that failed to start, which never was its client).
+        // (not one that failed to start, which never was its client). A
+        // worker says that a CUDA error poisoned its contexts before it
+        // tears them down and exits: its GPU's clients are ended at once.
         let mut mps_faults: Vec<u32> = Vec::new();
+        for w in &mut children {
+            let gpu = plane.gpu_of(&w.name).unwrap_or(0);
+            if hosts.get(&w.name).is_some_and(VmHost::take_poisoned)
+                && w.child.is_some()
+                && mps.contains_key(&gpu)
+            {
+                w.poisoned = true;
+                if !mps_faults.contains(&gpu) {
+                    mps_faults.push(gpu);
+                }
+            }
+        }
         for w in &mut children {
             if let Some(status) = w.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 w.child = None;
-                if std::mem::take(&mut w.ended_by_us) {
-                    plane.worker_restarted(&w.name);
-                    plane.event(
-                        "worker",
-                        format!(
-                            "{}: worker restarted: another client of its GPU's MPS server failed",
-                            w.name
-                        ),
-                    );
-                    w.restart_at = Some(Instant::now());
-                    continue;
-                }
+                w.poisoned = false;
                 let crashed = ended_by_fault(&status, w.started.elapsed());
                 let why = if status.code() == Some(EXIT_POISONED) {
                     "a CUDA error poisoned its GPU contexts".to_owned()
@@ -293,23 +298,38 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         }
         // MPS clients share fault fate: after a client's fault the server
         // takes no new client until all its clients have exited. So every
-        // other worker of that GPU is ended and started again, and its VM's
+        // worker of that GPU is ended and started again, and its VM's
         // guests recover as from a worker crash (`VgpuReset`).
         for &gpu in &mps_faults {
             // Killed, as a crash would end them: their contexts are lost
             // already, and a clean exit would only wait on the server.
-            // Reaped above in later turns (the driver takes a while: 0.67 s
-            // for three on an H100), so that this loop never waits on one.
+            // Reaped below in later turns (the driver tears them down one
+            // after another: 0.44 s for four on an H100), so that this loop
+            // never waits on one.
             let mut n = 0;
             for w in &mut children {
-                let Some(child) = w.child.as_ref() else {
-                    continue;
-                };
-                if w.ended_by_us || plane.gpu_of(&w.name).unwrap_or(0) != gpu {
+                if plane.gpu_of(&w.name).unwrap_or(0) != gpu {
                     continue;
                 }
-                signal_child(child, nix::sys::signal::Signal::SIGKILL);
-                w.ended_by_us = true;
+                let Some(child) = w.child.take() else {
+                    continue;
+                };
+                signal_child(&child, nix::sys::signal::Signal::SIGKILL);
+                let why = if std::mem::take(&mut w.poisoned) {
+                    w.restart_at = Some(Instant::now() + w.backoff());
+                    "a CUDA error poisoned its GPU contexts"
+                } else {
+                    w.restart_at = Some(Instant::now());
+                    "another client of its GPU's MPS server failed"
+                };
+                plane.worker_restarted(&w.name);
+                plane.event("worker", format!("{}: worker restarted: {why}", w.name));
+                ending.push(Ending {
+                    name: w.name.clone(),
+                    child,
+                    gpu,
+                    since: Instant::now(),
+                });
                 n += 1;
             }
             tracing::info!(
@@ -318,13 +338,22 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                 "MPS clients of a failed client's GPU ended, to be started again"
             );
         }
+        ending.retain_mut(|e| match e.child.try_wait() {
+            Ok(None) => true,
+            _ => {
+                tracing::info!(
+                    vm = e.name,
+                    gpu = e.gpu,
+                    ms = e.since.elapsed().as_millis() as u64,
+                    "ended MPS client reaped"
+                );
+                false
+            }
+        });
         // New clients of an MPS server start only once every client it had
-        // is gone, as the server needs.
-        let dying: std::collections::HashSet<u32> = children
-            .iter()
-            .filter(|w| w.ended_by_us)
-            .map(|w| plane.gpu_of(&w.name).unwrap_or(0))
-            .collect();
+        // is gone, as the server needs (measured on an H100: starting them
+        // at once, their `cuInit` waiting on the server, took longer).
+        let dying: std::collections::HashSet<u32> = ending.iter().map(|e| e.gpu).collect();
         for w in &mut children {
             if w.restart_at.is_some_and(|t| Instant::now() >= t)
                 && !dying.contains(&plane.gpu_of(&w.name).unwrap_or(0))
@@ -359,6 +388,9 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         if let Some(child) = w.child.as_mut() {
             stop_child(child);
         }
+    }
+    for e in &mut ending {
+        let _ = e.child.wait();
     }
     drop(hosts);
     let _ = std::fs::remove_file(cfg.api_socket());
@@ -412,9 +444,17 @@ struct Supervised {
     /// Deaths in a row within a second of starting.
     quick_deaths: u32,
     restart_at: Option<Instant>,
-    /// Killed by the daemon (another client of its GPU's MPS server
-    /// failed) and not reaped yet: its end is expected.
-    ended_by_us: bool,
+    /// It said that a CUDA error poisoned its contexts (and will exit).
+    poisoned: bool,
+}
+
+/// A worker the daemon ended (its GPU's MPS server lost a client), until
+/// the driver has torn it down and it is reaped.
+struct Ending {
+    name: String,
+    child: Child,
+    gpu: u32,
+    since: Instant,
 }
 
 impl Supervised {
@@ -478,7 +518,7 @@ mod tests {
             started: Instant::now() - Duration::from_secs(60),
             quick_deaths: 0,
             restart_at: None,
-            ended_by_us: false,
+            poisoned: false,
         };
         assert_eq!(w.backoff(), Duration::ZERO, "died after a long run");
         w.started = Instant::now();

@@ -51,6 +51,10 @@ const MIGRATE: i64 = 7;
 const MIGRATION_PAUSE_US: i64 = 8;
 const MIGRATION_KIB: i64 = 9;
 const MIGRATED: i64 = 10;
+/// Worker -> daemon: a sticky CUDA error poisoned its GPU contexts; it
+/// exits. Said first, so that the daemon need not wait for that exit to
+/// restart the other clients of the GPU's MPS server (`daemon.rs`).
+const POISONED: i64 = 11;
 
 /// What a worker reported of a migration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +107,8 @@ pub struct VmHost {
     fed: Arc<AtomicBool>,
     /// Migration reports from the current worker, oldest first.
     reports: Arc<Mutex<Vec<MigrationReport>>>,
+    /// The current worker said its GPU contexts are poisoned.
+    poisoned: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -130,6 +136,7 @@ struct Feeder {
     /// The limit last set while running (MiB), passed on to new workers too.
     limit_mib: Option<u64>,
     reports: Arc<Mutex<Vec<MigrationReport>>>,
+    poisoned: Arc<AtomicBool>,
 }
 
 impl VmHost {
@@ -148,6 +155,7 @@ impl VmHost {
         let stop = Arc::new(AtomicBool::new(false));
         let fed = Arc::new(AtomicBool::new(false));
         let reports: Arc<Mutex<Vec<MigrationReport>>> = Arc::default();
+        let poisoned = Arc::new(AtomicBool::new(false));
         let mut feeder = Feeder {
             name: name.to_owned(),
             region: region.clone(),
@@ -158,6 +166,7 @@ impl VmHost {
             fed: fed.clone(),
             limit_mib: None,
             reports: reports.clone(),
+            poisoned: poisoned.clone(),
         };
         let thread = {
             let stop = stop.clone();
@@ -184,6 +193,7 @@ impl VmHost {
             tx: Mutex::new(tx),
             fed,
             reports,
+            poisoned,
             stop,
             thread: Some(thread),
         })
@@ -243,6 +253,12 @@ impl VmHost {
     /// Migration reports received since the last call.
     pub fn take_reports(&self) -> Vec<MigrationReport> {
         std::mem::take(&mut *self.reports.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Whether the current worker said, since the last call, that a CUDA
+    /// error poisoned its GPU contexts (it exits next).
+    pub fn take_poisoned(&self) -> bool {
+        self.poisoned.swap(false, Ordering::Relaxed)
     }
 
     /// The region (the daemon marks the channels of departed peers).
@@ -333,6 +349,8 @@ impl Feeder {
 
     fn start_feed(&mut self, ours: UnixStream) {
         self.close();
+        // Said by the worker before this one, if at all.
+        self.poisoned.store(false, Ordering::Relaxed);
         let snapshot = |s: &UnixStream| -> Result<(), qemu_ivshmem::Error> {
             send_msg(s, encode(REGION, 0, 0), Some(self.fd.as_raw_fd()))?;
             for (v, b) in self.host_bells.iter().enumerate() {
@@ -358,6 +376,7 @@ impl Feeder {
             return;
         };
         let reports = self.reports.clone();
+        let poisoned = self.poisoned.clone();
         let spawned = std::thread::Builder::new()
             .name("feed-back".into())
             .spawn(move || {
@@ -374,6 +393,7 @@ impl Feeder {
                                 kib,
                             },
                         ),
+                        POISONED => poisoned.store(true, Ordering::Relaxed),
                         _ => {}
                     }
                 }
@@ -660,6 +680,14 @@ impl PeerLink {
         }
     }
 
+    /// Tells the daemon that a CUDA error poisoned this worker's GPU
+    /// contexts (it exits next).
+    pub fn report_poisoned(&self) {
+        if let PeerLink::Fed(f) = self {
+            let _ = send_msg(&f.back, POISONED << 40, None);
+        }
+    }
+
     /// Whether the daemon went away (its end of the feed closed).
     pub fn orphaned(&self) -> bool {
         match self {
@@ -737,6 +765,15 @@ mod tests {
             assert!(t.elapsed() < Duration::from_secs(5), "limit not fed");
             std::thread::sleep(Duration::from_millis(5));
         }
+        // A worker whose contexts are poisoned says so before it exits.
+        assert!(!host.take_poisoned());
+        link2.report_poisoned();
+        let t = std::time::Instant::now();
+        while !host.take_poisoned() {
+            assert!(t.elapsed() < Duration::from_secs(5), "poison not heard");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!host.take_poisoned(), "heard once");
         let (_fd3, fed3) = Fed::receive(host.feed().unwrap()).unwrap();
         assert_eq!(PeerLink::Fed(fed3).memory_limit(), Some(300 << 20));
         drop(region);

@@ -223,6 +223,9 @@ fn fault_recovery_ms(bin: &Path, executor: ExecutorKind) -> Result<f64> {
     launch_out_of_bounds(&mut bad)?;
     let fault = bad.synchronize();
     let t0 = Instant::now();
+    let seen = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     anyhow::ensure!(fault.is_err(), "the out-of-bounds kernel did not fault");
     drop(bad);
     for s in &sockets {
@@ -233,18 +236,32 @@ fn fault_recovery_ms(bin: &Path, executor: ExecutorKind) -> Result<f64> {
         "fault: one co-running guest's kernel read out of bounds ({:?}); every VM computed again after {ms:.0} ms",
         fault.err()
     );
+    // The guest saw the fault at (UTC, as the log's times):
+    let day = seen.as_secs_f64() % 86_400.0;
+    println!(
+        "  the guest saw the fault at {:02}:{:02}:{:09.6}Z",
+        (day / 3600.0) as u32,
+        (day % 3600.0 / 60.0) as u32,
+        day % 60.0
+    );
     // Where the time went: the workers' ends and starts, from the log.
     let log = std::fs::read_to_string(d.log_path()).unwrap_or_default();
     let steps = [
         "worker exited",
         "MPS clients",
         "worker restarted",
+        "MPS control daemon started",
+        "MPS client reaped",
         "worker serving",
     ];
-    for line in log
-        .lines()
+    let lines: Vec<&str> = log.lines().collect();
+    let first = lines
+        .iter()
+        .position(|l| steps[..3].iter().any(|s| l.contains(s)))
+        .unwrap_or(lines.len());
+    for line in lines[first..]
+        .iter()
         .filter(|l| steps.iter().any(|s| l.contains(s)))
-        .skip(vms.len())
         .take(24)
     {
         println!("  log: {line}");

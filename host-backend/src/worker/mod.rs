@@ -411,6 +411,7 @@ impl Worker {
         let mut turns: u32 = 0;
         while !self.stop.load(Ordering::Relaxed) && !self.sh.link.orphaned() {
             if self.sh.poisoned.get().is_some() {
+                self.sh.link.report_poisoned();
                 break;
             }
             if let Some((gpu, grant)) = self.sh.link.take_migration() {
