@@ -76,14 +76,14 @@ pub fn run_worker(
         // connect (see `mps.rs` and `worker/contexts.rs`).
         prefill_contexts: if mps { cfg.gpu_mps_processes(gpu) } else { 0 },
     };
-    let worker = match feed_fd {
+    let mut worker = match feed_fd {
         Some(fd) => Worker::adopt(&wc, exec, crate::link::feed_from_fd(fd)?)?,
         None => Worker::new(&wc, exec)?,
     };
     let stop = worker.stop_flag();
     signals::install();
     if cfg.daemon.sandbox {
-        crate::sandbox::confine()?;
+        worker.confine()?;
         tracing::debug!(vm, "worker confined");
     }
     std::thread::spawn(move || {

@@ -121,6 +121,19 @@ pub fn not_dumpable() -> Result<(), Error> {
     })
 }
 
+/// Confines the calling thread, and the threads it starts from now on, for
+/// good; the process's other threads stay as they are until [`confine`]
+/// (the worker's thread that makes MPS contexts ahead, which must still
+/// connect to the MPS server). Those threads share its memory, so until
+/// then this bounds what a guest's bug in the worker could do, but less
+/// firmly than [`confine`] does.
+pub fn confine_thread() -> Result<(), Error> {
+    not_dumpable()?;
+    let prog = program()?;
+    seccompiler::apply_filter(&prog)
+        .map_err(|e| Error::Config(format!("installing the worker's seccomp filter: {e}")))
+}
+
 /// Confines every thread of this process, for good.
 pub fn confine() -> Result<(), Error> {
     not_dumpable()?;
@@ -162,6 +175,69 @@ mod tests {
             + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{text}");
         assert!(text.contains("sandbox-checks-passed"), "{text}");
+    }
+
+    /// The serving thread confined first, the thread making contexts ahead
+    /// later: until then it still connects; then every thread is confined.
+    #[test]
+    fn a_thread_confined_first_then_every_thread() {
+        if let Some(sock) = std::env::var_os(CHILD_THREAD) {
+            return thread_first(std::path::PathBuf::from(sock));
+        }
+        let dir = std::env::temp_dir().join(format!("fvg-sandbox-t-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("mps.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "sandbox::tests::a_thread_confined_first_then_every_thread",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_THREAD, &sock)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("thread-checks-passed"), "{text}");
+    }
+
+    const CHILD_THREAD: &str = "FAIRVGPU_SANDBOX_TEST_THREAD";
+
+    fn thread_first(sock: std::path::PathBuf) {
+        use std::sync::mpsc::channel;
+        let (ask, asked) = channel::<()>();
+        let (tell, told) = channel::<bool>();
+        let s = sock.clone();
+        // Started before any confinement, as the context maker is.
+        let maker = std::thread::spawn(move || {
+            while asked.recv().is_ok() {
+                let r = std::os::unix::net::UnixStream::connect(&s);
+                tell.send(r.is_ok()).unwrap();
+            }
+        });
+        confine_thread().expect("the thread's filter installs");
+        match std::os::unix::net::UnixStream::connect(&sock) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+            other => panic!("the confined thread connected: {other:?}"),
+        }
+        // A thread it starts is confined too.
+        let started = std::thread::spawn({
+            let sock = sock.clone();
+            move || std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        });
+        assert!(!started.join().unwrap(), "a thread it started connected");
+        ask.send(()).unwrap();
+        assert!(told.recv().unwrap(), "the other thread still connects");
+        confine().expect("then every thread");
+        ask.send(()).unwrap();
+        assert!(!told.recv().unwrap(), "the other thread is confined now");
+        drop(ask);
+        maker.join().unwrap();
+        println!("thread-checks-passed");
     }
 
     fn child() {

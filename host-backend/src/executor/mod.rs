@@ -45,6 +45,13 @@ pub trait Executor: Send {
     fn info(&self) -> DeviceInfo;
     /// A fresh context (one per guest process).
     fn open(&mut self) -> Result<Box<dyn Context>, Status>;
+    /// Where the executor can make contexts on another thread: what makes
+    /// one there, as [`Executor::open`] would (a worker then makes the
+    /// contexts it makes ahead while it already serves; see
+    /// `worker/contexts.rs`). None: only `open`, on the worker's thread.
+    fn opener(&self) -> Option<Opener> {
+        None
+    }
     /// Makes `ranges` of the shared region (the response arenas, alive as
     /// long as the executor) direct DMA targets of device-to-host copies,
     /// where the device can.
@@ -74,6 +81,9 @@ pub trait Executor: Send {
         }
     }
 }
+
+/// Makes one context, on whatever thread calls it ([`Executor::opener`]).
+pub type Opener = Box<dyn FnMut() -> Result<Box<dyn Context>, Status> + Send>;
 
 /// What a context's migration prepared ahead (on another thread).
 pub type Prepared = Box<dyn std::any::Any + Send>;

@@ -23,10 +23,16 @@
 //! It makes its contexts ahead ([`ContextPool::prefill`], `[[gpu]]
 //! mps_processes` of them) and makes none later: they are all its guest
 //! processes can use at once, and one more is turned away with
-//! `CUDA_ERROR_MPS_MAX_CLIENTS_REACHED`. An ended process's context whose
+//! `CUDA_ERROR_MPS_MAX_CLIENTS_REACHED`. Only the first is made before the
+//! worker serves; where the executor can ([`Executor::opener`]), the rest
+//! are made on a thread of their own while it serves (a `Hello` that finds
+//! none yet waits in its ring), and the worker confines its other threads
+//! once they are all made ([`ContextPool::filled`]): a restarted worker
+//! computes again after one context, not after all of them. An ended process's context whose
 //! work still runs waits aside (draining) and is made clean once it is
 //! done, so that a process killed mid-kernel costs no slot for good.
 
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
 use protocol::Status;
@@ -62,6 +68,9 @@ pub(super) struct ContextPool {
     max_spares: usize,
     /// Made ahead and never made new (see the module's doc).
     fixed: bool,
+    /// Contexts still being made ahead on another thread; None once that
+    /// thread is done (see [`ContextPool::prefill`]).
+    filling: Option<Receiver<Box<dyn Context>>>,
     /// Seconds of context making left (may go below 0 by one creation).
     budget_s: f64,
     at: Instant,
@@ -85,6 +94,7 @@ impl ContextPool {
             draining: Vec::new(),
             max_spares: SPARES,
             fixed: false,
+            filling: None,
             budget_s: burst_s,
             at: Instant::now(),
             share,
@@ -96,6 +106,8 @@ impl ContextPool {
     /// A context for a new session: a spare if there is one, else a new one
     /// if the bucket is not empty; `Ok(None)`: none now, try again later.
     pub fn take(&mut self, exec: &mut dyn Executor) -> Result<Option<Box<dyn Context>>, Status> {
+        // Those made ahead that have arrived since.
+        self.filled();
         if let Some(c) = self.spares.pop() {
             self.counts.reused += 1;
             return Ok(Some(c));
@@ -107,6 +119,11 @@ impl ContextPool {
                     self.counts.reused += 1;
                     return Ok(Some(self.draining.swap_remove(i)));
                 }
+            }
+            if self.filling.is_some() {
+                // More are on their way: the Hello waits for one.
+                self.counts.deferred += 1;
+                return Ok(None);
             }
             return Err(Status::MpsMaxClientsReached);
         }
@@ -126,12 +143,49 @@ impl ContextPool {
         Ok(Some(c))
     }
 
-    /// Makes `n` spares now, outside the bucket, before the worker is
+    /// Makes `n` spares, outside the bucket, before the worker is
     /// confined; from then on the pool makes none (see the module's doc).
-    /// A failure is logged and ends it; none made at all is an error.
+    /// The first is made now; where the executor has an
+    /// [`Executor::opener`], the others on a thread of their own, which
+    /// hands them over as each is made ([`ContextPool::filled`] says when
+    /// it is done). A failure is logged and ends it; none made at all is an
+    /// error.
     pub fn prefill(&mut self, exec: &mut dyn Executor, n: usize) -> Result<(), Status> {
         self.fixed = true;
         self.max_spares = n;
+        if n > 1 {
+            if let Some(mut open) = exec.opener() {
+                self.spares.push(exec.open()?);
+                self.counts.created += 1;
+                let (tx, rx) = std::sync::mpsc::channel();
+                let made = std::thread::Builder::new()
+                    .name("contexts-ahead".into())
+                    .spawn(move || {
+                        for i in 1..n {
+                            match open() {
+                                Ok(c) => {
+                                    if tx.send(c).is_err() {
+                                        return;
+                                    }
+                                }
+                                Err(s) => {
+                                    tracing::warn!(made = i, "making a context ahead: {s:?}");
+                                    return;
+                                }
+                            }
+                        }
+                    });
+                match made {
+                    Ok(_) => self.filling = Some(rx),
+                    Err(e) => tracing::warn!(made = 1, "making contexts ahead: {e}"),
+                }
+                return Ok(());
+            }
+        }
+        if n > 0 {
+            self.spares.push(exec.open()?);
+            self.counts.created += 1;
+        }
         while self.spares.len() < n {
             match exec.open() {
                 Ok(c) => {
@@ -146,6 +200,28 @@ impl ContextPool {
             }
         }
         Ok(())
+    }
+
+    /// Takes in the contexts made ahead on another thread since the last
+    /// look; true once that thread is done (or there was none), from then
+    /// on the worker may confine all its threads.
+    pub fn filled(&mut self) -> bool {
+        let Some(rx) = self.filling.as_ref() else {
+            return true;
+        };
+        loop {
+            match rx.try_recv() {
+                Ok(c) => {
+                    self.spares.push(c);
+                    self.counts.created += 1;
+                }
+                Err(TryRecvError::Empty) => return false,
+                Err(TryRecvError::Disconnected) => {
+                    self.filling = None;
+                    return true;
+                }
+            }
+        }
     }
 
     /// The context of a session that ended: kept, clean, if it can be made
@@ -170,6 +246,8 @@ impl ContextPool {
     pub fn clear(&mut self) {
         self.spares.clear();
         self.draining.clear();
+        // Any still being made are dropped as they arrive.
+        self.filling = None;
     }
 
     /// Spares kept now.
@@ -316,6 +394,57 @@ mod tests {
         pool.give_back(a, false);
         assert!(pool.take(exec.as_mut()).unwrap().is_some());
         assert_eq!(pool.counts.created, 2);
+    }
+
+    /// An executor that makes contexts on another thread too, each in
+    /// 30 ms.
+    struct Threaded;
+
+    impl Executor for Threaded {
+        fn info(&self) -> protocol::DeviceInfo {
+            SimExecutor::new(SimParams::default()).info()
+        }
+        fn open(&mut self) -> Result<Box<dyn Context>, Status> {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            SimExecutor::new(SimParams::default()).open()
+        }
+        fn opener(&self) -> Option<crate::executor::Opener> {
+            Some(Box::new(|| Threaded.open()))
+        }
+    }
+
+    #[test]
+    fn contexts_made_ahead_on_a_thread_come_as_they_are_made() {
+        let mut exec = Threaded;
+        let mut pool = ContextPool::default();
+        let t = Instant::now();
+        pool.prefill(&mut exec, 4).unwrap();
+        assert!(
+            t.elapsed().as_millis() < 90,
+            "only the first is made before serving: {:?}",
+            t.elapsed()
+        );
+        assert!(!pool.filled(), "three are still being made");
+        let mut held = vec![pool.take(&mut exec).unwrap().unwrap()];
+        // The next processes wait for theirs rather than being turned away.
+        let t = Instant::now();
+        while held.len() < 4 {
+            match pool.take(&mut exec).unwrap() {
+                Some(c) => held.push(c),
+                None => std::thread::sleep(std::time::Duration::from_millis(5)),
+            }
+            assert!(t.elapsed().as_secs() < 5, "the rest never came");
+        }
+        assert!(pool.filled());
+        assert_eq!(pool.counts.created, 4);
+        // Then it is as if all had been made at once: a fifth is turned away.
+        assert_eq!(
+            pool.take(&mut exec).err(),
+            Some(Status::MpsMaxClientsReached)
+        );
+        pool.give_back(held.pop().unwrap(), false);
+        assert!(pool.take(&mut exec).unwrap().is_some());
+        assert_eq!(pool.counts.created, 4);
     }
 
     #[test]

@@ -211,6 +211,9 @@ pub struct Worker {
     moving: Option<Moving>,
     /// When [`Worker::recheck_budget`] last asked the device.
     budget_checked: Instant,
+    /// The serving thread alone is confined yet: the others are, once the
+    /// contexts made ahead are all made (see [`Worker::confine`]).
+    confine_when_filled: bool,
 }
 
 impl std::fmt::Debug for Worker {
@@ -360,6 +363,7 @@ impl Worker {
             stop: Arc::default(),
             moving: None,
             budget_checked: Instant::now(),
+            confine_when_filled: false,
         };
         if cfg.prefill_contexts > 0 {
             let n = cfg.prefill_contexts;
@@ -372,6 +376,20 @@ impl Worker {
             worker.sh.stats.count_contexts(&counts);
         }
         Ok(worker)
+    }
+
+    /// Confines the worker (`crate::sandbox`) from the thread that will
+    /// run it. While contexts are still being made ahead on a thread of
+    /// their own (an MPS client must connect to its server for each), only
+    /// this thread is confined now, and every thread once they are all
+    /// made (the serving loop looks when it reads the clock).
+    pub fn confine(&mut self) -> Result<(), Error> {
+        if self.sh.contexts.filled() {
+            return crate::sandbox::confine();
+        }
+        crate::sandbox::confine_thread()?;
+        self.confine_when_filled = true;
+        Ok(())
     }
 
     /// A flag that stops [`Worker::run`] when set.
@@ -505,6 +523,11 @@ impl Worker {
     /// What the serving loop does when it looks at the clock: report, and
     /// let the coscheduling booster undo boosts and re-read its vCPU file.
     fn periodic(&mut self, last_report: &mut Instant) -> Result<(), Error> {
+        if self.confine_when_filled && self.sh.contexts.filled() {
+            crate::sandbox::confine()?;
+            self.confine_when_filled = false;
+            tracing::info!("contexts made ahead; every thread confined");
+        }
         self.maybe_report(last_report)?;
         let sync = self.sh.stats.sync_calls.load(Ordering::Relaxed);
         self.sh.booster.borrow_mut().tick(sync);

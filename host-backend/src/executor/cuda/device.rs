@@ -278,6 +278,15 @@ impl Executor for CudaExecutor {
         )?))
     }
 
+    fn opener(&self) -> Option<crate::executor::Opener> {
+        // A context made on another thread is current there only; the
+        // worker's thread makes each current before its first use.
+        let (dev, ordinal, vmm, graphs) = (self.dev, self.ordinal, self.vmm, self.graphs);
+        Some(Box::new(move || {
+            Ok(Box::new(CudaContext::new(dev, ordinal, vmm, graphs)?) as Box<dyn Context>)
+        }))
+    }
+
     fn devices(&self) -> u32 {
         self.devices
     }
