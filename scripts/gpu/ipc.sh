@@ -14,6 +14,9 @@ set -uo pipefail
 . scripts/gpu/lib.sh
 R=${R:-.carry/release}
 probe ipc_probe /tmp/fvg-ipc 2>&1 | tee "$OUT/ipc.log"
+for k in plain interprocess; do
+    /tmp/fvg-ipc/ipc_probe $k 2>&1 | tee -a "$OUT/ipc.log"; echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT/ipc.log"
+done
 
 W=/tmp/fvg-ipc2; rm -rf $W; mkdir -p $W/lib $W/run $W/logs
 cp $R/libcuda.so $W/lib/libcuda.so.1
@@ -60,8 +63,8 @@ export FAIRVGPU_SOCKET=$W/run/vm1.sock
 flow $W/lib standin
 unset FAIRVGPU_SOCKET
 kill $D; wait $D 2>/dev/null
-echo "== daemon warnings"
-grep -aE 'WARN|ERROR' $W/logs/daemon.log | head -20
+echo "== daemon warnings, worker ends"
+grep -aE 'WARN|ERROR|exited|signal|restart' $W/logs/daemon.log | head -20
 n_ok=$(cat $W/native/*.out | grep -c '^ok:'); n_bad=$(cat $W/native/*.out | grep -c '^FAILED')
 s_ok=$(cat $W/standin/*.out | grep -c '^ok:'); s_bad=$(cat $W/standin/*.out | grep -c '^FAILED')
 echo "ipc_native_ok=$n_ok ipc_native_failed=$n_bad ipc_standin_ok=$s_ok ipc_standin_failed=$s_bad"

@@ -9,6 +9,10 @@
 //      mapped while A was current, read by a kernel of context B
 //   4. the driver's own IPC: cuIpcGetMemHandle in A, cuIpcOpenMemHandle in
 //      B (the same process)
+//   5. with an argument "plain" or "interprocess": an event made (with
+//      those flags) and recorded in A, then queried, synchronized and
+//      waited on by a stream of B, each step printed before it is tried
+//      (the script runs each in a process of its own, so a crash shows)
 // Each line says what the driver returned and whether the bytes were
 // right; the probe goes on after a failure.
 // Build and run: nvcc -o /tmp/ipc_probe scripts/gpu/ipc_probe.c -lcuda
@@ -49,13 +53,46 @@ static CUresult kernel_in(CUcontext b, CUfunction f, CUdeviceptr p, unsigned wan
   return r;
 }
 
-int main(void) {
+// 5: an event of A used from B.
+static int events(CUcontext a, CUcontext b, int interprocess) {
+  unsigned flags = CU_EVENT_DISABLE_TIMING | (interprocess ? CU_EVENT_INTERPROCESS : 0);
+  const char *kind = interprocess ? "interprocess" : "plain";
+  cuCtxSetCurrent(a);
+  CUevent ev;
+  CK(cuEventCreate(&ev, flags));
+  CK(cuEventRecord(ev, NULL));
+  cuCtxSetCurrent(b);
+  CUstream st;
+  CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  printf("5. %s event of A, in B: query...\n", kind);
+  fflush(stdout);
+  CUresult r = cuEventQuery(ev);
+  report("   cuEventQuery", r, 1);
+  fflush(stdout);
+  r = cuEventSynchronize(ev);
+  report("   cuEventSynchronize", r, 1);
+  fflush(stdout);
+  r = cuStreamWaitEvent(st, ev, 0);
+  report("   cuStreamWaitEvent on a stream of B", r, 1);
+  fflush(stdout);
+  r = cuStreamSynchronize(st);
+  report("   cuStreamSynchronize of that stream", r, 1);
+  r = cuEventRecord(ev, st);
+  report("   cuEventRecord on a stream of B", r, 1);
+  r = cuCtxSynchronize();
+  report("   cuCtxSynchronize in B", r, 1);
+  printf("done\n");
+  return 0;
+}
+
+int main(int argc, char **argv) {
   CK(cuInit(0));
   CUdevice dev;
   CK(cuDeviceGet(&dev, 0));
   CUcontext a, b;
   CK(cuCtxCreate(&a, NULL, 0, dev));
   CK(cuCtxCreate(&b, NULL, 0, dev));
+  if (argc == 2) return events(a, b, !strcmp(argv[1], "interprocess"));
   CUmodule mb;
   CUfunction fb;
   cuCtxSetCurrent(b);

@@ -72,6 +72,12 @@ impl CudaContext {
 
     pub(super) fn event_create(&mut self, flags: u32) -> Result<Handle, Status> {
         self.bind()?;
+        // Made without CU_EVENT_INTERPROCESS: the guests' IPC event handles
+        // are the worker's own (`session::ipc`), and the driver's
+        // interprocess event, used from another context of the process,
+        // crashes it (an H100 with driver 580, `scripts/gpu/ipc.sh`: a
+        // segfault in cuStreamWaitEvent; a plain event works there).
+        let flags = flags & !(sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32);
         let mut e: sys::CUevent = null_mut();
         // SAFETY: out-parameter on our stack.
         check(unsafe { sys::cuEventCreate(&mut e, flags) })?;
