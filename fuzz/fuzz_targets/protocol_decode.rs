@@ -34,6 +34,22 @@ fuzz_target!(|data: &[u8]| {
             Request::VmmSetAccess { ptr, size, flags } => {
                 assert!(granular(ptr) && size_ok(size) && matches!(flags, 1 | 3))
             }
+            // What the host's array checks rely on: a description within
+            // the device's limits, a copy's box nonempty and every device
+            // end's span computable and bounded.
+            Request::ArrayCreate { desc } => {
+                assert!(desc.check().is_ok() && desc.bytes() <= protocol::MAX_LEN)
+            }
+            Request::ArrayCopy { copy, .. } => {
+                let (w, h, d) = (copy.width, copy.height, copy.depth);
+                assert!(w > 0 && h > 0 && d > 0);
+                for side in [copy.src, copy.dst] {
+                    if let protocol::array::CopySide::Device { .. } = side {
+                        let (ptr, len) = side.span(w, h, d).expect("a device span");
+                        assert!(len <= protocol::MAX_LEN && ptr.checked_add(len).is_some());
+                    }
+                }
+            }
             _ => {}
         }
         let mut again = [0u8; INLINE];

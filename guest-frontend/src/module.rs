@@ -124,6 +124,13 @@ impl Gpu {
         Ok(data)
     }
 
+    /// A texture object made by the host's driver from
+    /// `protocol::array::TexParams::encode`'s bytes: its value.
+    pub fn tex_create(&mut self, params: &[u8]) -> Result<u64> {
+        let (r, _) = self.call_data(&Request::TexCreate, params)?;
+        Ok(r.vals[0])
+    }
+
     /// cuModuleGetGlobal: (address, size).
     pub fn module_global(&mut self, module: u64, name: &str) -> Result<(u64, u64)> {
         let (r, _) = self.call_data(&Request::ModuleGetGlobal { module }, name.as_bytes())?;

@@ -9,6 +9,7 @@ use protocol::Status;
 
 use crate::executor::{Context, Handle, HandleMap, HandleSet, Launch, Queued};
 
+pub mod arrays;
 pub mod ipc;
 pub mod vmm;
 
@@ -131,6 +132,8 @@ pub struct Session {
     pub exported_events: ipc::Exported,
     /// Other processes' events it opened (IPC): its handle -> the export.
     pub imported_events: HandleMap<std::sync::Arc<ipc::Export>>,
+    /// Its CUDA arrays, texture and surface objects.
+    pub arrays: arrays::Arrays,
 }
 
 /// A guest host function between its stream reaching it and the guest
@@ -285,6 +288,7 @@ impl Session {
             imports: ipc::Imports::default(),
             exported_events: ipc::Exported::default(),
             imported_events: HandleMap::default(),
+            arrays: arrays::Arrays::default(),
         }
     }
 

@@ -7,13 +7,15 @@
 //! every enum value, every length and every launch dimension, and refuses
 //! anything else with a [`ProtoError`] — it never panics on any input.
 //!
-//! Here: the limits and the error type; `request/` (the requests, their
+//! Here: the limits and the error type; `array.rs` (CUDA arrays, their
+//! copies, texture parameters); `request/` (the requests, their
 //! encoding and their checked decoding), `reply.rs`, `values.rs` (what
 //! requests carry), `op.rs` (opcodes), `codec.rs` (the little-endian reader
 //! and writer).
 
 #![warn(missing_docs)]
 
+pub mod array;
 mod codec;
 pub mod fatbin;
 pub mod graph;
@@ -33,7 +35,7 @@ pub use values::{link_records, Dim3, ImageKind, Param};
 /// Size of the inline payload (must equal the transport's `INLINE_SIZE`).
 pub const INLINE: usize = 88;
 /// Version of this message set, exchanged in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Largest single allocation or copy the host accepts (1 TiB).
 pub const MAX_LEN: u64 = 1 << 40;
 /// Largest module image or kernel name.

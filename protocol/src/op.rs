@@ -63,5 +63,12 @@ pub const IPC_OPEN: u32 = 61;
 pub const IPC_CLOSE: u32 = 62;
 pub const IPC_EXPORT_EVENT: u32 = 63;
 pub const IPC_OPEN_EVENT: u32 = 64;
+pub const ARRAY_CREATE: u32 = 70;
+pub const ARRAY_DESTROY: u32 = 71;
+pub const ARRAY_COPY: u32 = 72;
+pub const TEX_CREATE: u32 = 73;
+pub const TEX_DESTROY: u32 = 74;
+pub const SURF_CREATE: u32 = 75;
+pub const SURF_DESTROY: u32 = 76;
 /// A continuation chunk of the previous message's data.
 pub const DATA: u32 = 100;

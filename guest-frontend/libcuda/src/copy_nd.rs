@@ -4,7 +4,7 @@
 //! A box whose rows are contiguous on both sides is one copy. Otherwise the
 //! rows go one by one, except from the device to host memory, where each
 //! slice's span of source rows comes back in one copy and is scattered
-//! here. CUDA arrays (textures' storage) are not served.
+//! here. A copy with a CUDA array at either end goes to `arrays`.
 
 use std::ffi::{c_uint, c_void};
 
@@ -154,38 +154,40 @@ impl Box3d {
         b.check()?;
         Ok(b)
     }
+}
 
-    /// Checks and resolves a `CUDA_MEMCPY2D`: a 3D copy one slice deep.
-    fn from_2d(p: &Memcpy2d) -> Result<Box3d, CuResult> {
-        Box3d::from_3d(&Memcpy3d {
-            src_x: p.src_x,
-            src_y: p.src_y,
-            src_z: 0,
-            src_lod: 0,
-            src_type: p.src_type,
-            src_host: p.src_host,
-            src_device: p.src_device,
-            src_array: p.src_array,
-            reserved0: std::ptr::null_mut(),
-            src_pitch: p.src_pitch,
-            src_height: p.height,
-            dst_x: p.dst_x,
-            dst_y: p.dst_y,
-            dst_z: 0,
-            dst_lod: 0,
-            dst_type: p.dst_type,
-            dst_host: p.dst_host,
-            dst_device: p.dst_device,
-            dst_array: p.dst_array,
-            reserved1: std::ptr::null_mut(),
-            dst_pitch: p.dst_pitch,
-            dst_height: p.height,
-            width: p.width,
-            height: p.height,
-            depth: 1,
-        })
+/// A `CUDA_MEMCPY2D` as the 3D copy one slice deep it is.
+fn to_3d(p: &Memcpy2d) -> Memcpy3d {
+    Memcpy3d {
+        src_x: p.src_x,
+        src_y: p.src_y,
+        src_z: 0,
+        src_lod: 0,
+        src_type: p.src_type,
+        src_host: p.src_host,
+        src_device: p.src_device,
+        src_array: p.src_array,
+        reserved0: std::ptr::null_mut(),
+        src_pitch: p.src_pitch,
+        src_height: p.height,
+        dst_x: p.dst_x,
+        dst_y: p.dst_y,
+        dst_z: 0,
+        dst_lod: 0,
+        dst_type: p.dst_type,
+        dst_host: p.dst_host,
+        dst_device: p.dst_device,
+        dst_array: p.dst_array,
+        reserved1: std::ptr::null_mut(),
+        dst_pitch: p.dst_pitch,
+        dst_height: p.height,
+        width: p.width,
+        height: p.height,
+        depth: 1,
     }
+}
 
+impl Box3d {
     /// A 1D copy as a box of one row.
     pub(crate) fn linear(dst: (u64, bool), src: (u64, bool), n: u64) -> Box3d {
         let one = |(addr, device)| Side {
@@ -327,25 +329,33 @@ fn read<T>(p: *const T) -> Result<&'static T, CuResult> {
     Ok(unsafe { &*p })
 }
 
+/// A 3D copy: with an array at either end through `arrays`, else a box.
+fn copy_any(p: &Memcpy3d, st: CUstream, sync: bool) -> Result<(), CuResult> {
+    if p.src_type == memtype::ARRAY || p.dst_type == memtype::ARRAY {
+        return crate::arrays::copy_3d(p, st, sync);
+    }
+    copy_box(Box3d::from_3d(p)?, st, sync)
+}
+
 export! {
     fn cuMemcpy2D_v2 [cuMemcpy2D_v2_ptds per_thread] (p: *const Memcpy2d) {
-        copy_box(Box3d::from_2d(read(p)?)?, std::ptr::null_mut(), true)
+        copy_any(&to_3d(read(p)?), std::ptr::null_mut(), true)
     }
 
     fn cuMemcpy2DUnaligned_v2 [cuMemcpy2DUnaligned_v2_ptds per_thread] (p: *const Memcpy2d) {
-        copy_box(Box3d::from_2d(read(p)?)?, std::ptr::null_mut(), true)
+        copy_any(&to_3d(read(p)?), std::ptr::null_mut(), true)
     }
 
     fn cuMemcpy2DAsync_v2 [cuMemcpy2DAsync_v2_ptsz per_thread] (p: *const Memcpy2d, st: CUstream) {
-        copy_box(Box3d::from_2d(read(p)?)?, st, false)
+        copy_any(&to_3d(read(p)?), st, false)
     }
 
     fn cuMemcpy3D_v2 [cuMemcpy3D_v2_ptds per_thread] (p: *const Memcpy3d) {
-        copy_box(Box3d::from_3d(read(p)?)?, std::ptr::null_mut(), true)
+        copy_any(read(p)?, std::ptr::null_mut(), true)
     }
 
     fn cuMemcpy3DAsync_v2 [cuMemcpy3DAsync_v2_ptsz per_thread] (p: *const Memcpy3d, st: CUstream) {
-        copy_box(Box3d::from_3d(read(p)?)?, st, false)
+        copy_any(read(p)?, st, false)
     }
 }
 

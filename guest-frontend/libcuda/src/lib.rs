@@ -51,6 +51,7 @@ mod image;
 mod reserve;
 mod state;
 
+pub mod arrays;
 pub mod context;
 pub mod device;
 pub mod export_table;

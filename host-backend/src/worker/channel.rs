@@ -361,6 +361,7 @@ pub(super) fn needs_device(opcode: u32) -> bool {
             | op::MEMCPY_HTOD_PINNED
             | op::MEMCPY_DTOH_PINNED
             | op::GRAPH_LAUNCH
+            | op::ARRAY_COPY
     )
 }
 

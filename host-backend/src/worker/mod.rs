@@ -23,6 +23,7 @@
 //! | `release.rs` | giving the GPU back at a slice's end, without blocking |
 //! | `shared.rs` | state of all channels; grants, busy periods, launch runs |
 
+mod arrays;
 mod channel;
 mod contexts;
 mod image_cache;

@@ -78,6 +78,13 @@ pub(super) fn handle(
         | Request::IpcClose { .. }
         | Request::IpcExportEvent { .. }
         | Request::IpcOpenEvent { .. }) => super::ipc::handle(sh, c, s, tag, opc, req),
+        req @ (Request::ArrayCreate { .. }
+        | Request::ArrayDestroy { .. }
+        | Request::ArrayCopy { .. }
+        | Request::TexCreate
+        | Request::TexDestroy { .. }
+        | Request::SurfCreate { .. }
+        | Request::SurfDestroy { .. }) => super::arrays::handle(sh, c, s, d, req),
         // A second Hello on a channel: the device again (its session stays).
         Request::Hello { version } => {
             let r = if version == protocol::PROTOCOL_VERSION {

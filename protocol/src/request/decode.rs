@@ -419,6 +419,18 @@ impl Request {
             op::IPC_CLOSE => IpcClose { ptr: r.u64()? },
             op::IPC_EXPORT_EVENT => IpcExportEvent { event: r.u64()? },
             op::IPC_OPEN_EVENT => IpcOpenEvent { token: r.u64()? },
+            op::ARRAY_CREATE => ArrayCreate {
+                desc: array::ArrayDesc::read(&mut r)?,
+            },
+            op::ARRAY_DESTROY => ArrayDestroy { array: r.u64()? },
+            op::ARRAY_COPY => ArrayCopy {
+                copy: array::ArrayCopy::read(&mut r)?,
+                stream: r.u64()?,
+            },
+            op::TEX_CREATE => TexCreate,
+            op::TEX_DESTROY => TexDestroy { obj: r.u64()? },
+            op::SURF_CREATE => SurfCreate { array: r.u64()? },
+            op::SURF_DESTROY => SurfDestroy { obj: r.u64()? },
             other => return Err(ProtoError::UnknownOpcode(other)),
         };
         Ok(req)
@@ -605,6 +617,60 @@ mod tests {
             },
             Request::IpcExportEvent { event: 17 },
             Request::IpcOpenEvent { token: 0xfeed_beef },
+            Request::ArrayCreate {
+                desc: array::ArrayDesc {
+                    width: 64,
+                    height: 32,
+                    depth: 4,
+                    format: 0x20,
+                    channels: 2,
+                    flags: array::SURFACE_LDST,
+                },
+            },
+            Request::ArrayDestroy { array: 3 },
+            Request::ArrayCopy {
+                copy: array::ArrayCopy {
+                    src: array::CopySide::Device {
+                        ptr: 0x7000_0000,
+                        pitch: 512,
+                        height: 32,
+                    },
+                    dst: array::CopySide::Array {
+                        array: 3,
+                        x: 8,
+                        y: 1,
+                        z: 2,
+                    },
+                    width: 256,
+                    height: 4,
+                    depth: 2,
+                },
+                stream: 5,
+            },
+            Request::ArrayCopy {
+                copy: array::ArrayCopy {
+                    src: array::CopySide::Array {
+                        array: 3,
+                        x: 0,
+                        y: 0,
+                        z: 0,
+                    },
+                    dst: array::CopySide::Array {
+                        array: 4,
+                        x: 16,
+                        y: 0,
+                        z: 0,
+                    },
+                    width: 16,
+                    height: 1,
+                    depth: 1,
+                },
+                stream: 0,
+            },
+            Request::TexCreate,
+            Request::TexDestroy { obj: 0x1_0000_0001 },
+            Request::SurfCreate { array: 3 },
+            Request::SurfDestroy { obj: 2 },
         ]
     }
 
@@ -748,6 +814,84 @@ mod tests {
                 size: 2 << 20,
                 flags: 0,
             }),
+            enc(Request::ArrayCreate {
+                desc: array::ArrayDesc {
+                    width: 64,
+                    height: 0,
+                    depth: 4,
+                    format: 0x20,
+                    channels: 1,
+                    flags: 0,
+                },
+            }),
+            enc(Request::ArrayCreate {
+                desc: array::ArrayDesc {
+                    width: 64,
+                    height: 64,
+                    depth: 0,
+                    format: 0x21,
+                    channels: 1,
+                    flags: 0,
+                },
+            }),
+            enc(Request::ArrayCopy {
+                copy: array::ArrayCopy {
+                    src: array::CopySide::Device {
+                        ptr: 0x1000,
+                        pitch: 8,
+                        height: 4,
+                    },
+                    dst: array::CopySide::Array {
+                        array: 1,
+                        x: 0,
+                        y: 0,
+                        z: 0,
+                    },
+                    width: 16,
+                    height: 4,
+                    depth: 1,
+                },
+                stream: 0,
+            }),
+            enc(Request::ArrayCopy {
+                copy: array::ArrayCopy {
+                    src: array::CopySide::Device {
+                        ptr: u64::MAX - 8,
+                        pitch: 16,
+                        height: 4,
+                    },
+                    dst: array::CopySide::Array {
+                        array: 1,
+                        x: 0,
+                        y: 0,
+                        z: 0,
+                    },
+                    width: 16,
+                    height: 1,
+                    depth: 1,
+                },
+                stream: 0,
+            }),
+            enc(Request::ArrayCopy {
+                copy: array::ArrayCopy {
+                    src: array::CopySide::Array {
+                        array: 1,
+                        x: 0,
+                        y: 0,
+                        z: 0,
+                    },
+                    dst: array::CopySide::Array {
+                        array: 2,
+                        x: 0,
+                        y: 0,
+                        z: 0,
+                    },
+                    width: 0,
+                    height: 1,
+                    depth: 1,
+                },
+                stream: 0,
+            }),
         ] {
             assert!(
                 matches!(Request::decode(opc, &b), Err(ProtoError::BadField { .. })),
@@ -764,6 +908,9 @@ mod tests {
         let mut b = [0u8; INLINE];
         b[0] = 7;
         assert!(Request::decode(op::MODULE_LOAD, &b).is_err());
+        // An array copy with no array at either end.
+        let b = [0u8; INLINE];
+        assert!(Request::decode(op::ARRAY_COPY, &b).is_err());
         assert_eq!(
             Request::decode(9999, &b),
             Err(ProtoError::UnknownOpcode(9999))

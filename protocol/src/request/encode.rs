@@ -24,7 +24,7 @@ impl Request {
                 w.u64(token[0]);
                 w.u64(token[1]);
             }
-            CtxSynchronize | MemGetInfo | WaitHostFn | TensorMapEncode => {}
+            CtxSynchronize | MemGetInfo | WaitHostFn | TensorMapEncode | TexCreate => {}
             HostFn { stream, id } => {
                 w.u64(stream);
                 w.u64(id);
@@ -217,7 +217,16 @@ impl Request {
             | IpcOpen { token: a }
             | IpcClose { ptr: a }
             | IpcExportEvent { event: a }
-            | IpcOpenEvent { token: a } => w.u64(a),
+            | IpcOpenEvent { token: a }
+            | ArrayDestroy { array: a }
+            | TexDestroy { obj: a }
+            | SurfCreate { array: a }
+            | SurfDestroy { obj: a } => w.u64(a),
+            ArrayCreate { desc } => desc.write(&mut w),
+            ArrayCopy { copy, stream } => {
+                copy.write(&mut w);
+                w.u64(stream);
+            }
             VmmMap {
                 ptr,
                 size,

@@ -1,6 +1,7 @@
 //! The requests: one variant per CUDA call, its opcode, and what it
 //! expects back (`encode.rs` writes them, `decode.rs` reads and checks them).
 
+use crate::array::{ArrayCopy, ArrayDesc};
 use crate::{op, Dim3, ImageKind};
 
 pub(crate) mod decode;
@@ -462,6 +463,44 @@ pub enum Request {
         /// The exporter's token.
         token: u64,
     },
+    /// A CUDA array (`cuArray3DCreate`), counted against the vGPU's memory
+    /// limit; reply: its handle and the bytes counted.
+    ArrayCreate {
+        /// What it is.
+        desc: ArrayDesc,
+    },
+    /// Destroys one of the caller's arrays.
+    ArrayDestroy {
+        /// Its handle.
+        array: u64,
+    },
+    /// A box copy with an array at one end or both, in `stream`'s order.
+    ArrayCopy {
+        /// The box and its ends.
+        copy: ArrayCopy,
+        /// Stream.
+        stream: u64,
+    },
+    /// A texture object (`cuTexObjectCreate`): the data is a
+    /// [`array::TexParams`](crate::array::TexParams). Reply: the host
+    /// driver's object value, which kernels take as a parameter.
+    TexCreate,
+    /// Destroys one of the caller's texture objects.
+    TexDestroy {
+        /// The value `TexCreate` answered.
+        obj: u64,
+    },
+    /// A surface object over one of the caller's arrays made with
+    /// `SURFACE_LDST` (`cuSurfObjectCreate`); reply: the object value.
+    SurfCreate {
+        /// The array.
+        array: u64,
+    },
+    /// Destroys one of the caller's surface objects.
+    SurfDestroy {
+        /// The value `SurfCreate` answered.
+        obj: u64,
+    },
 }
 
 impl Request {
@@ -530,6 +569,13 @@ impl Request {
             IpcClose { .. } => op::IPC_CLOSE,
             IpcExportEvent { .. } => op::IPC_EXPORT_EVENT,
             IpcOpenEvent { .. } => op::IPC_OPEN_EVENT,
+            ArrayCreate { .. } => op::ARRAY_CREATE,
+            ArrayDestroy { .. } => op::ARRAY_DESTROY,
+            ArrayCopy { .. } => op::ARRAY_COPY,
+            TexCreate => op::TEX_CREATE,
+            TexDestroy { .. } => op::TEX_DESTROY,
+            SurfCreate { .. } => op::SURF_CREATE,
+            SurfDestroy { .. } => op::SURF_DESTROY,
         }
     }
 

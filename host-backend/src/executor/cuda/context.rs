@@ -108,6 +108,9 @@ pub(super) struct CudaContext {
     pub(super) guest_vmm: GuestVmm,
     /// The guest's graphs, built here (see `graph.rs`).
     pub(super) graphs: std::collections::HashMap<Handle, super::graph::HostGraph>,
+    /// The guest's arrays, texture and surface objects (see `arrays.rs`):
+    /// a context holding any stays on its GPU.
+    pub(super) arrays: super::arrays::CudaArrays,
 }
 
 // SAFETY: a CUcontext may be used from any thread once made current there;
@@ -171,6 +174,7 @@ impl CudaContext {
             copy: null_mut(),
             guest_vmm: GuestVmm::default(),
             graphs: Default::default(),
+            arrays: Default::default(),
         })
     }
 
@@ -304,6 +308,7 @@ impl CudaContext {
         for (_, g) in std::mem::take(&mut self.graphs) {
             g.destroy();
         }
+        self.arrays.clear()?;
         let idle = self
             .timed
             .drain(..)
@@ -391,6 +396,10 @@ impl CudaContext {
 impl Context for CudaContext {
     fn recycle(&mut self) -> Result<(), Status> {
         CudaContext::recycle(self)
+    }
+
+    fn array_op(&mut self, op: crate::executor::ArrayOp) -> Result<u64, Status> {
+        self.cuda_array_op(op)
     }
 
     fn alloc(&mut self, size: u64) -> Result<u64, Status> {

@@ -163,6 +163,7 @@ impl CudaContext {
             || self.globals_taken
             || !self.guest_vmm.is_empty()
             || !self.graphs.is_empty()
+            || !self.arrays.is_empty()
         {
             return None;
         }
@@ -197,6 +198,14 @@ impl CudaContext {
         if !self.graphs.is_empty() {
             // Its graphs would have to be built again there: the vGPU stays.
             tracing::warn!("a context holding graphs does not move to another GPU");
+            return Err(Status::NotSupported);
+        }
+        if !self.arrays.is_empty() {
+            // Arrays and the objects over them are not made again there.
+            tracing::warn!(
+                "a context holding CUDA arrays, texture or surface objects does not move to \
+                 another GPU"
+            );
             return Err(Status::NotSupported);
         }
         self.bind()?;

@@ -12,11 +12,13 @@
 //! executor), `context` (a guest process's context, its objects and the
 //! `Context` trait), `memory`, `module`, `launch` (with `batch`: runs as
 //! graph launches), `graph` (the guest's own graphs, built here), `timing`,
-//! `stream` (streams, events, marks), `vmm`, `migrate`, `tensor_map`.
+//! `stream` (streams, events, marks), `vmm`, `migrate`, `tensor_map`, `arrays`
+//! (CUDA arrays, texture and surface objects).
 
 use cudarc::driver::sys::CUresult;
 use protocol::Status;
 
+mod arrays;
 mod batch;
 mod context;
 mod device;

@@ -69,6 +69,8 @@ pub(super) struct SimContext {
     pub(super) vmm_maps: BTreeMap<u64, (u64, Handle, u64)>,
     /// Executable graphs: their nodes, run in order when launched.
     pub(super) graphs: HashMap<Handle, Vec<protocol::graph::GraphNode>>,
+    /// CUDA arrays, texture and surface objects (`arrays.rs`).
+    pub(super) arrays: super::arrays::SimArrays,
 }
 
 impl SimContext {
@@ -77,7 +79,7 @@ impl SimContext {
         self.next_handle
     }
 
-    fn submit(&mut self, ns: u64, stream: Handle) -> Instant {
+    pub(super) fn submit(&mut self, ns: u64, stream: Handle) -> Instant {
         let ns = ns + self.params.op_ns;
         self.enqueue(stream, |q| q.submit(ns))
     }
@@ -176,6 +178,10 @@ impl SimContext {
 }
 
 impl Context for SimContext {
+    fn array_op(&mut self, op: crate::executor::ArrayOp) -> Result<u64, Status> {
+        self.sim_array_op(op)
+    }
+
     fn share_mem(&mut self, base: u64, size: u64) -> Result<SharedMem, Status> {
         let shared = self.share(base, size)?;
         Ok(SharedMem(Some(std::sync::Arc::new(shared))))
@@ -239,6 +245,7 @@ impl Context for SimContext {
         self.vmm_phys.clear();
         self.vmm_maps.clear();
         self.graphs.clear();
+        self.clear_arrays();
         Ok(())
     }
 
@@ -866,6 +873,10 @@ impl Context for SimContext {
         Self::wait_until(self.last_done);
         if device == self.device {
             return Ok(Moved::default());
+        }
+        if self.holds_arrays() {
+            // As on a GPU: its arrays and objects stay where they are.
+            return Err(Status::NotSupported);
         }
         // The model keeps device memory in host RAM under the same
         // addresses on every device: the copy costs time on the target's

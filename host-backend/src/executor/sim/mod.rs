@@ -24,6 +24,7 @@ use vm_memory::VolatileSlice;
 use super::{Context, Executor};
 
 mod addresses;
+mod arrays;
 mod attributes;
 mod context;
 mod kernels;
@@ -180,6 +181,7 @@ impl Executor for SimExecutor {
             vmm_phys: HashMap::new(),
             vmm_maps: BTreeMap::new(),
             graphs: HashMap::new(),
+            arrays: Default::default(),
         }))
     }
 }

@@ -1,0 +1,177 @@
+//! CUDA arrays on the model: each array's bytes in host RAM, laid out row
+//! after row and slice after slice (`ArrayDesc::offset`), so that what is
+//! copied in comes out the same; texture and surface objects are handles
+//! (the model's kernels do not sample them).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use protocol::array::{ArrayCopy, ArrayDesc, CopySide};
+use protocol::Status;
+
+use super::context::SimContext;
+use crate::executor::{ArrayOp, Handle};
+
+/// A context's arrays and objects.
+#[derive(Default)]
+pub(super) struct SimArrays {
+    arrays: HashMap<Handle, (ArrayDesc, Vec<u8>)>,
+    textures: HashSet<u64>,
+    surfaces: HashSet<u64>,
+}
+
+/// Values numbered apart from every other context's, never 0.
+fn next(counter: &AtomicU64) -> u64 {
+    counter.fetch_add(1, Ordering::Relaxed)
+}
+
+static ARRAYS: AtomicU64 = AtomicU64::new(0x4152_0000_0001);
+static OBJECTS: AtomicU64 = AtomicU64::new(1);
+
+impl SimContext {
+    pub(super) fn sim_array_op(&mut self, op: ArrayOp) -> Result<u64, Status> {
+        self.alive()?;
+        let a = &mut self.arrays;
+        match op {
+            ArrayOp::Create(desc) => {
+                let len = usize::try_from(desc.bytes()).map_err(|_| Status::OutOfMemory)?;
+                let mut bytes = Vec::new();
+                bytes
+                    .try_reserve_exact(len)
+                    .map_err(|_| Status::OutOfMemory)?;
+                bytes.resize(len, 0);
+                let h = next(&ARRAYS);
+                a.arrays.insert(h, (desc, bytes));
+                Ok(h)
+            }
+            ArrayOp::Destroy(h) => a.arrays.remove(&h).map(|_| 0).ok_or(Status::InvalidHandle),
+            ArrayOp::TexCreate(p) => {
+                if p.kind == protocol::array::resource::ARRAY && !a.arrays.contains_key(&p.base) {
+                    return Err(Status::InvalidHandle);
+                }
+                let v = next(&OBJECTS);
+                a.textures.insert(v);
+                Ok(v)
+            }
+            ArrayOp::TexDestroy(v) => a
+                .textures
+                .remove(&v)
+                .then_some(0)
+                .ok_or(Status::InvalidHandle),
+            ArrayOp::SurfCreate(h) => {
+                let (d, _) = a.arrays.get(&h).ok_or(Status::InvalidHandle)?;
+                if d.flags & protocol::array::SURFACE_LDST == 0 {
+                    return Err(Status::InvalidValue);
+                }
+                let v = next(&OBJECTS);
+                a.surfaces.insert(v);
+                Ok(v)
+            }
+            ArrayOp::SurfDestroy(v) => a
+                .surfaces
+                .remove(&v)
+                .then_some(0)
+                .ok_or(Status::InvalidHandle),
+            ArrayOp::Copy(c, stream) => {
+                let data = self.gather(&c)?;
+                self.scatter(&c, &data)?;
+                let ns = self.mem_ns(2 * data.len() as u64);
+                self.submit(ns, stream);
+                Ok(0)
+            }
+        }
+    }
+
+    /// Forgets every array and object (a recycled context).
+    pub(super) fn clear_arrays(&mut self) {
+        self.arrays = SimArrays::default();
+    }
+
+    /// Whether the context holds arrays or objects.
+    pub(super) fn holds_arrays(&self) -> bool {
+        let a = &self.arrays;
+        !(a.arrays.is_empty() && a.textures.is_empty() && a.surfaces.is_empty())
+    }
+
+    /// Where each row of the box starts on side `s`: an offset in the
+    /// array's bytes, or a device address.
+    fn rows(c: &ArrayCopy, s: &CopySide, desc: Option<&ArrayDesc>) -> Vec<u64> {
+        let mut out = Vec::with_capacity((c.height as usize) * (c.depth as usize));
+        for z in 0..u64::from(c.depth) {
+            for y in 0..u64::from(c.height) {
+                out.push(match (*s, desc) {
+                    (
+                        CopySide::Array {
+                            x, y: y0, z: z0, ..
+                        },
+                        Some(d),
+                    ) => d.offset(u64::from(x), u64::from(y0) + y, u64::from(z0) + z),
+                    (CopySide::Device { ptr, pitch, height }, _) => ptr + (z * height + y) * pitch,
+                    _ => 0,
+                });
+            }
+        }
+        out
+    }
+
+    /// The box's bytes from its source, row after row.
+    fn gather(&self, c: &ArrayCopy) -> Result<Vec<u8>, Status> {
+        let w = c.width as usize;
+        let mut data = Vec::new();
+        match c.src {
+            CopySide::Array { array, .. } => {
+                let (d, bytes) = self
+                    .arrays
+                    .arrays
+                    .get(&array)
+                    .ok_or(Status::InvalidHandle)?;
+                if !c.inside(&c.src, d) {
+                    return Err(Status::InvalidValue);
+                }
+                for at in Self::rows(c, &c.src, Some(d)) {
+                    data.extend_from_slice(&bytes[at as usize..at as usize + w]);
+                }
+            }
+            CopySide::Device { .. } => {
+                for at in Self::rows(c, &c.src, None) {
+                    for (p, n) in self.pieces(at, w as u64) {
+                        let (buf, off) = self.locate(p, n)?;
+                        data.extend_from_slice(&buf[off..off + n as usize]);
+                    }
+                }
+            }
+        }
+        Ok(data)
+    }
+
+    /// Writes the box's bytes (row after row) to its destination.
+    fn scatter(&mut self, c: &ArrayCopy, data: &[u8]) -> Result<(), Status> {
+        let w = c.width as usize;
+        match c.dst {
+            CopySide::Array { array, .. } => {
+                let (d, bytes) = self
+                    .arrays
+                    .arrays
+                    .get_mut(&array)
+                    .ok_or(Status::InvalidHandle)?;
+                if !c.inside(&c.dst, d) {
+                    return Err(Status::InvalidValue);
+                }
+                let d = *d;
+                for (i, at) in Self::rows(c, &c.dst, Some(&d)).into_iter().enumerate() {
+                    bytes[at as usize..at as usize + w].copy_from_slice(&data[i * w..(i + 1) * w]);
+                }
+            }
+            CopySide::Device { .. } => {
+                for (i, at) in Self::rows(c, &c.dst, None).into_iter().enumerate() {
+                    for (p, n) in self.pieces(at, w as u64) {
+                        let (mut buf, off) = self.locate(p, n)?;
+                        let from = i * w + (p - at) as usize;
+                        buf[off..off + n as usize].copy_from_slice(&data[from..from + n as usize]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,154 @@
+//! The CUDA array requests (cuArray3DCreate, copies with an array at
+//! either end, cuTexObjectCreate, cuSurfObjectCreate and their destroys):
+//! each checked against the session's own tables (`session::arrays`) and
+//! memory, run on the executor, answered. An array counts against the
+//! vGPU's memory limit as `MemAlloc` does, until destroyed or the session
+//! ends (the executor context frees it, and the session's count goes).
+
+use std::sync::atomic::Ordering;
+
+use protocol::array::{resource, CopySide, TexParams, TEX_PARAMS_BYTES};
+use protocol::{Reply, Request, Status};
+use qemu_ivshmem::Descriptor;
+
+use super::channel::{refuse, reply, Chan};
+use super::shared::Shared;
+use crate::executor::ArrayOp;
+use crate::session::Session;
+use crate::Error;
+
+/// Runs an array request of session `s` and replies.
+pub(super) fn handle(
+    sh: &mut Shared,
+    c: &mut Chan,
+    s: &mut Session,
+    d: &Descriptor,
+    req: Request,
+) -> Result<(), Error> {
+    let (tag, opc) = (d.tag, d.opcode);
+    let tex = if matches!(req, Request::TexCreate) {
+        let mut b = vec![0u8; d.data_len.min(TEX_PARAMS_BYTES as u32 + 1) as usize];
+        c.host.req.data(d)?.copy_to(&mut b[..]);
+        Some(TexParams::decode(&b).map_err(|_| Status::InvalidValue))
+    } else {
+        None
+    };
+    let (r, why) = run(sh, s, req, tex);
+    if r.is_err() {
+        refuse(sh, c, why);
+    }
+    reply(sh, c, tag, opc, r, &[])
+}
+
+fn run(
+    sh: &mut Shared,
+    s: &mut Session,
+    req: Request,
+    tex: Option<Result<TexParams, Status>>,
+) -> (Result<Reply, Status>, &'static str) {
+    let one = |r: Result<u64, Status>| r.map(Reply::one);
+    match req {
+        Request::ArrayCreate { desc } => {
+            let charge = s.ctx.footprint(desc.bytes());
+            let r = if s.arrays.full() || sh.mem_used.saturating_add(charge) > sh.limit() {
+                Err(Status::OutOfMemory)
+            } else {
+                s.ctx.array_op(ArrayOp::Create(desc)).map(|h| {
+                    s.arrays.add(h, desc, charge);
+                    s.mem_used += charge;
+                    sh.mem_used += charge;
+                    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                    Reply {
+                        vals: [h, charge, 0, 0],
+                    }
+                })
+            };
+            (
+                r,
+                "array over the vGPU's memory limit, or refused by the device",
+            )
+        }
+        Request::ArrayDestroy { array } => {
+            let r = s.arrays.remove(array).and_then(|charge| {
+                let r = s.ctx.array_op(ArrayOp::Destroy(array));
+                // The array is the guest's no more either way.
+                s.uncount(charge);
+                sh.mem_used -= charge;
+                sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                r.map(|_| Reply::default())
+            });
+            (r, "destroy of an array it does not hold")
+        }
+        Request::ArrayCopy { copy, stream } => {
+            let r = s
+                .check_stream(stream)
+                .and_then(|()| s.arrays.check_copy(&copy));
+            let r = [copy.src, copy.dst].iter().fold(r, |r, side| {
+                r.and_then(|()| match side.span(copy.width, copy.height, copy.depth) {
+                    Some((ptr, len)) => s.check_range(ptr, len),
+                    None if matches!(side, CopySide::Array { .. }) => Ok(()),
+                    None => Err(Status::InvalidValue),
+                })
+            });
+            let r = r.and_then(|()| {
+                sh.in_period(s, stream, None, |x| x.array_op(ArrayOp::Copy(copy, stream)))
+            });
+            (
+                r.map(|_| Reply::default()),
+                "array copy outside its arrays or its own memory",
+            )
+        }
+        Request::TexCreate => {
+            let r = tex.unwrap_or(Err(Status::InvalidValue)).and_then(|p| {
+                if s.arrays.full() {
+                    return Err(Status::OutOfMemory);
+                }
+                match (p.kind, p.span()) {
+                    (resource::ARRAY, _) => s.arrays.get(p.base).map(drop)?,
+                    // Linear memory: the caller's own, all of it.
+                    (_, Some((ptr, len))) => s.check_range(ptr, len)?,
+                    _ => return Err(Status::InvalidValue),
+                }
+                let v = s.ctx.array_op(ArrayOp::TexCreate(p))?;
+                s.arrays.add_texture(v);
+                Ok(v)
+            });
+            (
+                one(r),
+                "texture over an array or memory not its own, or refused by the device",
+            )
+        }
+        Request::TexDestroy { obj } => {
+            let r = s
+                .arrays
+                .remove_texture(obj)
+                .and_then(|()| s.ctx.array_op(ArrayOp::TexDestroy(obj)));
+            (one(r.map(|_| 0)), "destroy of a texture object not its own")
+        }
+        Request::SurfCreate { array } => {
+            let r = s.arrays.get(array).copied().and_then(|d| {
+                if s.arrays.full() {
+                    return Err(Status::OutOfMemory);
+                }
+                if d.flags & protocol::array::SURFACE_LDST == 0 {
+                    return Err(Status::InvalidValue);
+                }
+                let v = s.ctx.array_op(ArrayOp::SurfCreate(array))?;
+                s.arrays.add_surface(v);
+                Ok(v)
+            });
+            (
+                one(r),
+                "surface over an array not its own or without SURFACE_LDST",
+            )
+        }
+        Request::SurfDestroy { obj } => {
+            let r = s
+                .arrays
+                .remove_surface(obj)
+                .and_then(|()| s.ctx.array_op(ArrayOp::SurfDestroy(obj)));
+            (one(r.map(|_| 0)), "destroy of a surface object not its own")
+        }
+        _ => (Err(Status::InvalidValue), "not an array request"),
+    }
+}
