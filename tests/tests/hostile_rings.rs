@@ -646,3 +646,179 @@ fn graphs_run_only_the_callers_own_kernels_memory_and_events() {
     g.graph_destroy(ok).unwrap();
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
 }
+
+/// Array requests name only the caller's own arrays and objects: another
+/// process's array, texture or surface handles are refused, as are arrays
+/// past the vGPU's memory or the device's limits and copies outside an
+/// array or outside the caller's own memory; the victim's bytes are
+/// untouched and nothing is left counted.
+#[test]
+fn array_requests_reach_only_the_callers_arrays_and_memory() {
+    use protocol::array::{resource, ArrayCopy, ArrayDesc, CopySide, TexParams, SURFACE_LDST};
+    use protocol::{Request, Status};
+    let host = Host::start("hostile-arrays", 64 << 20);
+    let req = |g: &mut guest_frontend::Gpu, r: Request| g.request(&r).map(|x| x.vals);
+    let desc = ArrayDesc {
+        width: 64,
+        height: 16,
+        depth: 0,
+        format: 0x01,
+        channels: 4,
+        flags: SURFACE_LDST,
+    };
+    let mut victim = host.guest();
+    let theirs = req(&mut victim, Request::ArrayCreate { desc }).unwrap()[0];
+    let their_mem = victim.mem_alloc(4096).unwrap();
+    victim.memcpy_htod(their_mem, &[7; 4096]).unwrap();
+    let into = |array, from: u64| ArrayCopy {
+        src: CopySide::Device {
+            ptr: from,
+            pitch: 256,
+            height: 16,
+        },
+        dst: CopySide::Array {
+            array,
+            x: 0,
+            y: 0,
+            z: 0,
+        },
+        width: 256,
+        height: 16,
+        depth: 1,
+    };
+    req(
+        &mut victim,
+        Request::ArrayCopy {
+            copy: into(theirs, their_mem),
+            stream: 0,
+        },
+    )
+    .unwrap();
+    let their_tex = TexParams {
+        kind: resource::ARRAY,
+        base: theirs,
+        ..TexParams::default()
+    };
+    let their_tex = victim.tex_create(&their_tex.encode()).unwrap();
+    let their_surf = req(&mut victim, Request::SurfCreate { array: theirs }).unwrap()[0];
+
+    let mut evil = host.guest();
+    let mine = req(&mut evil, Request::ArrayCreate { desc }).unwrap()[0];
+    let my_mem = evil.mem_alloc(4096).unwrap();
+    let out_of = |array, to: u64| ArrayCopy {
+        src: into(array, 0).dst,
+        dst: CopySide::Device {
+            ptr: to,
+            pitch: 256,
+            height: 16,
+        },
+        ..into(array, 0)
+    };
+    let big = ArrayDesc {
+        width: 16384,
+        height: 16384,
+        depth: 0,
+        format: 0x20,
+        channels: 4,
+        flags: 0,
+    };
+    for r in [
+        Request::ArrayDestroy { array: theirs },
+        Request::SurfCreate { array: theirs },
+        Request::TexDestroy { obj: their_tex },
+        Request::SurfDestroy { obj: their_surf },
+        // Their array, from or into memory of mine.
+        Request::ArrayCopy {
+            copy: out_of(theirs, my_mem),
+            stream: 0,
+        },
+        Request::ArrayCopy {
+            copy: into(theirs, my_mem),
+            stream: 0,
+        },
+        // My array, from or into their memory.
+        Request::ArrayCopy {
+            copy: out_of(mine, their_mem),
+            stream: 0,
+        },
+        Request::ArrayCopy {
+            copy: into(mine, their_mem),
+            stream: 0,
+        },
+        // Past my memory's end, past my array's last row.
+        Request::ArrayCopy {
+            copy: into(mine, my_mem + 256),
+            stream: 0,
+        },
+        Request::ArrayCopy {
+            copy: ArrayCopy {
+                dst: CopySide::Array {
+                    array: mine,
+                    x: 0,
+                    y: 1,
+                    z: 0,
+                },
+                ..into(mine, my_mem)
+            },
+            stream: 0,
+        },
+        // A gigabyte of array on a 64 MiB vGPU.
+        Request::ArrayCreate { desc: big },
+    ] {
+        let e = evil.request(&r).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                guest_frontend::GuestError::Cuda(
+                    Status::InvalidValue | Status::InvalidHandle | Status::OutOfMemory
+                )
+            ),
+            "{r:?}: {e:?}"
+        );
+    }
+    // Textures over their array or their memory.
+    for p in [
+        TexParams {
+            kind: resource::ARRAY,
+            base: theirs,
+            ..TexParams::default()
+        },
+        TexParams {
+            kind: resource::LINEAR,
+            base: their_mem,
+            format: 0x01,
+            channels: 1,
+            width: 4096,
+            ..TexParams::default()
+        },
+        TexParams {
+            kind: resource::LINEAR,
+            base: my_mem,
+            format: 0x01,
+            channels: 1,
+            width: 4097,
+            ..TexParams::default()
+        },
+    ] {
+        assert!(evil.tex_create(&p.encode()).is_err(), "{p:?}");
+    }
+    // Bytes that decode as no request at all are refused too.
+    assert!(evil.tex_create(&[0xff; 40]).is_err());
+    // The victim's array still holds its bytes.
+    let back = victim.mem_alloc(4096).unwrap();
+    req(
+        &mut victim,
+        Request::ArrayCopy {
+            copy: out_of(theirs, back),
+            stream: 0,
+        },
+    )
+    .unwrap();
+    let mut b = vec![0u8; 4096];
+    victim.memcpy_dtoh(&mut b, back, 0).unwrap();
+    assert!(b.iter().all(|&x| x == 7));
+    assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
+    drop(evil);
+    drop(victim);
+    host.wait_program_freed();
+}
