@@ -12,6 +12,8 @@
 #   6. four small-kernel guests time-sliced against co-running under MPS
 #   7. whether a confined MPS worker makes new contexts
 #   8. which memory one context reaches of another's in one process (IPC)
+#   9. CUDA arrays, texture and surface objects (tests/c/arrays.c; a kernel
+#      sampling textures and writing a surface, scripts/gpu/texsurf.cu)
 # Every step's output goes to $OUT/verify.log; the last lines are each
 # step's own last line.
 # One device call may run 10 minutes, so STEPS picks the steps of one call
@@ -22,7 +24,7 @@ set -uo pipefail
 export R=${R:-.carry/release}
 LOG=$OUT/verify.log
 : > "$LOG"
-STEPS=${STEPS:-conformance cufft hostile frameworks fairness space mps-contexts ipc}
+STEPS=${STEPS:-conformance cufft hostile frameworks fairness space mps-contexts ipc arrays}
 step() {
     local name=$1 limit=$2; shift 2
     case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
@@ -39,5 +41,6 @@ step fairness 150 "$R/fairvgpu" bench fairness --executor cuda
 step space 300 bash scripts/gpu/space.sh
 step mps-contexts 60 bash scripts/gpu/mps-contexts.sh
 step ipc 120 bash scripts/gpu/ipc.sh
+step arrays 150 bash scripts/gpu/arrays.sh
 echo "== last lines" | tee -a "$LOG"
-grep -aE '^(samples_pass|good_runs|torch_ok|fairvgpu_mmr|corun_speedup|mps_contexts_ok|ipc_native_ok|cufft: (all|forward))|rc=' "$LOG" | tee -a "$LOG.summary"
+grep -aE '^(samples_pass|good_runs|torch_ok|fairvgpu_mmr|corun_speedup|mps_contexts_ok|ipc_native_ok|arrays_native_ok|texsurf|cufft: (all|forward))|rc=' "$LOG" | tee -a "$LOG.summary"

@@ -528,17 +528,31 @@ int main(int argc, char **argv) {
                                              rback.res.pitch2D.width == 64 &&
                                              rback.res.pitch2D.height == 16 &&
                                              rback.res.pitch2D.pitchInBytes == 512);
-    if (strict) {
-        /* Memory this process does not own: freed, and past its allocation. */
+    {
+        /* Memory this process does not own: freed, and past its allocation.
+         * The stand-in's host refuses both (`strict`); the driver itself
+         * may make them (it does not look), which is only reported. */
         CUdeviceptr gone;
         CK(cuMemAlloc_v2(&gone, 1 << 16));
         CK(cuMemFree_v2(gone));
         CUtexObject tx;
         res.res.pitch2D.devPtr = gone;
-        BAD("texture over freed memory", cuTexObjectCreate(&tx, &res, &td, NULL));
+        if (strict) {
+            BAD("texture over freed memory", cuTexObjectCreate(&tx, &res, &td, NULL));
+        } else {
+            CUresult r = cuTexObjectCreate(&tx, &res, &td, NULL);
+            printf("info: texture over freed memory: %s\n", name(r));
+            if (r == 0) CK(cuTexObjectDestroy(tx));
+        }
         res.res.pitch2D.devPtr = dbuf;
         res.res.pitch2D.height = 1024;
-        BAD("texture past its allocation", cuTexObjectCreate(&tx, &res, &td, NULL));
+        if (strict) {
+            BAD("texture past its allocation", cuTexObjectCreate(&tx, &res, &td, NULL));
+        } else {
+            CUresult r = cuTexObjectCreate(&tx, &res, &td, NULL);
+            printf("info: texture past its allocation: %s\n", name(r));
+            if (r == 0) CK(cuTexObjectDestroy(tx));
+        }
     }
 
     /* A surface over the surface-capable array; none over the 3D one. */
