@@ -189,17 +189,22 @@ fn staged(
     r
 }
 
+/// Array copies are not captured into graphs: refused on a capturing
+/// stream.
+fn not_captured(st: CUstream) -> Result<(), CuResult> {
+    crate::graph::capture::add(st, || {
+        Err(crate::not_supported("array copies in a captured graph"))
+    })
+    .map(drop)
+}
+
 /// A `CUDA_MEMCPY3D` with an array at one end or both.
 pub(crate) fn copy_3d(p: &Memcpy3d, st: CUstream, sync: bool) -> Result<(), CuResult> {
     crate::context::need_ctx()?;
     if p.src_lod != 0 || p.dst_lod != 0 {
         return Err(code::INVALID_VALUE);
     }
-    if crate::graph::capture::add(st, || {
-        Err(crate::not_supported("array copies in a captured graph"))
-    })? {
-        return Ok(());
-    }
+    not_captured(st)?;
     let stream = resolve(st)?;
     let extent = (small(p.width)?, small(p.height)?, small(p.depth)?);
     if extent.0 == 0 || extent.1 == 0 || extent.2 == 0 {
@@ -349,6 +354,7 @@ fn copy_1d(
     sync: bool,
 ) -> Result<(), CuResult> {
     crate::context::need_ctx()?;
+    not_captured(st)?;
     let d = array(h)?;
     let stream = resolve(st)?;
     if n == 0 {

@@ -175,3 +175,72 @@ impl SimContext {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use protocol::array::{ArrayCopy, ArrayDesc, CopySide, SURFACE_LDST};
+    use vm_memory::VolatileSlice;
+
+    use crate::executor::sim::{SimExecutor, SimParams};
+    use crate::executor::{ArrayOp, Executor};
+
+    #[test]
+    fn bytes_round_trip_and_a_context_holding_arrays_stays() {
+        let mut exec = SimExecutor::new(SimParams {
+            gpus: 2,
+            ..SimParams::default()
+        });
+        let mut ctx = exec.open().unwrap();
+        let desc = ArrayDesc {
+            width: 8,
+            height: 4,
+            depth: 2,
+            format: 0x02,
+            channels: 2,
+            flags: SURFACE_LDST,
+        };
+        let a = ctx.array_op(ArrayOp::Create(desc)).unwrap();
+        let (src, dst) = (ctx.alloc(4096).unwrap(), ctx.alloc(4096).unwrap());
+        let mut bytes: Vec<u8> = (0..4096u32).map(|i| (i * 13 % 251) as u8).collect();
+        ctx.htod(src, &VolatileSlice::from(&mut bytes[..]), 0)
+            .unwrap();
+        // Rows of 32 bytes from a pitch of 100 into the whole array, then
+        // back out at a pitch of 40.
+        let box_of = |src, dst| ArrayCopy {
+            src,
+            dst,
+            width: 32,
+            height: 4,
+            depth: 2,
+        };
+        let whole = CopySide::Array {
+            array: a,
+            x: 0,
+            y: 0,
+            z: 0,
+        };
+        let dev = |ptr, pitch| CopySide::Device {
+            ptr,
+            pitch,
+            height: 5,
+        };
+        ctx.array_op(ArrayOp::Copy(box_of(dev(src, 100), whole), 0))
+            .unwrap();
+        ctx.array_op(ArrayOp::Copy(box_of(whole, dev(dst, 40)), 0))
+            .unwrap();
+        let mut back = vec![0u8; 4096];
+        ctx.dtoh(&VolatileSlice::from(&mut back[..]), dst, 0)
+            .unwrap();
+        for z in 0..2 {
+            for y in 0..4 {
+                let (s, d) = ((z * 5 + y) * 100, (z * 5 + y) * 40);
+                assert_eq!(back[d..d + 32], bytes[s..s + 32], "row {y} of slice {z}");
+            }
+        }
+        let s = ctx.array_op(ArrayOp::SurfCreate(a)).unwrap();
+        assert!(ctx.migrate(1, None).is_err(), "its arrays stay");
+        ctx.array_op(ArrayOp::SurfDestroy(s)).unwrap();
+        ctx.array_op(ArrayOp::Destroy(a)).unwrap();
+        assert!(ctx.migrate(1, None).is_ok());
+    }
+}
