@@ -490,8 +490,9 @@ pub enum Request {
         /// The value `TexCreate` answered.
         obj: u64,
     },
-    /// A surface object over one of the caller's arrays made with
-    /// `SURFACE_LDST` (`cuSurfObjectCreate`); reply: the object value.
+    /// A surface object over one of the caller's arrays
+    /// (`cuSurfObjectCreate`; the driver makes one over an array without
+    /// `SURFACE_LDST` too, measured on an H100); reply: the object value.
     SurfCreate {
         /// The array.
         array: u64,
