@@ -76,7 +76,7 @@ fn c_driver_api_program_runs_against_the_standin() {
 /// of the parent's channel (nor wait for the parent's copy thread), and the
 /// parent goes on with every later check passing.
 /// Device addresses the host picks where the guest process has memory of its
-/// own: the program (`tests/c/collide.c`) maps 64 GiB where the host's next
+/// own: the program (`tests/c/collide.c`) maps 256 MiB where the host's next
 /// allocations go, and its allocations land elsewhere and work as any other.
 #[test]
 fn device_memory_lands_clear_of_the_processs_own_memory() {
