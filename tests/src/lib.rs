@@ -48,6 +48,28 @@ pub fn standin(dir: &Path) -> PathBuf {
     lib
 }
 
+/// Builds `tests/c/NAME.c` with the system C compiler against the stand-in
+/// in `lib` (the driver's ABI only: no CUDA toolkit), with `extra`
+/// arguments before the libraries, into `dir/NAME`.
+pub fn build_c_standin(name: &str, dir: &Path, lib: &Path, extra: &[&str]) -> PathBuf {
+    let exe = dir.join(name);
+    let out = std::process::Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(workspace().join(format!("tests/c/{name}.c")))
+        .args(extra)
+        .arg(format!("-L{}", lib.display()))
+        .args(["-lcuda", "-lm"])
+        .output()
+        .expect("cc runs");
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
 /// Runs the program `exe` with `args`, its libraries looked up in
 /// `library_path` first (the stand-in's folder), on the vGPU at `socket`,
 /// with `env` set too; its standard output (the test fails, showing both

@@ -4,42 +4,19 @@
 //! refused is, and the arrays' memory, counted against the vGPU's limit
 //! while they live, all comes back.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fairvgpu_tests::{assert_lines, run_program, standin, workspace, Host};
+use fairvgpu_tests::{assert_lines, build_c_standin, run_program, standin, Host};
 use protocol::array::ArrayDesc;
 use protocol::Request;
-
-/// Builds `tests/c/arrays.c` into `dir`.
-fn build(dir: &Path, lib: &Path) -> PathBuf {
-    let exe = dir.join("arrays");
-    let out = Command::new("cc")
-        .arg("-O2")
-        .arg("-Wall")
-        .arg("-o")
-        .arg(&exe)
-        .arg(workspace().join("tests/c/arrays.c"))
-        .arg(format!("-L{}", lib.display()))
-        .arg("-lcuda")
-        .output()
-        .expect("cc runs");
-    assert!(
-        out.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
 
 #[test]
 fn arrays_through_the_standin_round_trip_refuse_and_leak_nothing() {
     let host = Host::start("arrays", 256 << 20);
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
-    let exe = build(&dir, &lib);
+    let exe = build_c_standin("arrays", &dir, &lib, &[]);
     let out = run_program(&exe, &["strict"], &lib.to_string_lossy(), &host.socket, &[]);
     assert_lines(
         &out,

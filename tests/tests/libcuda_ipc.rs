@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use fairvgpu_tests::{assert_lines, run_program, standin, workspace, Host};
+use fairvgpu_tests::{assert_lines, build_c_standin, run_program, standin, Host};
 
 /// A program of `tests/c/ipc.c` running with its stdin and stdout piped.
 struct Driven {
@@ -74,20 +74,7 @@ fn ipc_handles_share_memory_between_processes_of_a_vm() {
     let host = Host::start("ipc", 256 << 20);
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
-    let exe = dir.join("ipc");
-    let out = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(workspace().join("tests/c/ipc.c"))
-        .arg(format!("-L{}", lib.display()))
-        .arg("-lcuda")
-        .output()
-        .expect("cc runs");
-    assert!(
-        out.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let exe = build_c_standin("ipc", &dir, &lib, &[]);
 
     let mut exporter = Driven::start(&exe, &["export"], &lib, &host.socket);
     let handle = exporter.until("handle ");

@@ -1,32 +1,12 @@
 //! Unmodified driver-API C programs, built with the system C compiler against
 //! the stand-in libcuda.so.1 (no CUDA toolkit), run against a sim worker.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use fairvgpu_tests::{assert_lines, cargo_build, run_program, standin, workspace, Host};
-
-/// Builds `tests/c/driver_api.c` with the system C compiler against the
-/// stand-in in `lib`, into `dir`.
-fn build_driver_api(dir: &Path, lib: &Path) -> PathBuf {
-    let exe = dir.join("driver_api");
-    let src = workspace().join("tests/c/driver_api.c");
-    let out = Command::new("cc")
-        .arg("-O2")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .arg(format!("-L{}", lib.display()))
-        .args(["-lcuda", "-lm"])
-        .output()
-        .expect("cc runs");
-    assert!(
-        out.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
+use fairvgpu_tests::{
+    assert_lines, build_c_standin, cargo_build, run_program, standin, workspace, Host,
+};
 
 /// Runs the C program on the kernels' PTX with `args` after it, through
 /// the stand-in in `lib` on the host at `socket`, with `env` set too.
@@ -48,7 +28,7 @@ fn c_driver_api_program_runs_against_the_standin() {
     let host = Host::start("capi", 256 << 20);
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
-    let exe = build_driver_api(&dir, &lib);
+    let exe = build_c_standin("driver_api", &dir, &lib, &[]);
     let stdout = run_driver_api(&exe, &lib, &host.socket, &[], &[]);
     assert!(
         stdout.contains("vector_add: 1048576 elements correct"),
@@ -83,20 +63,7 @@ fn device_memory_lands_clear_of_the_processs_own_memory() {
     let host = Host::start("collide", 256 << 20);
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
-    let exe = dir.join("collide");
-    let out = Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(workspace().join("tests/c/collide.c"))
-        .arg(format!("-L{}", lib.display()))
-        .arg("-lcuda")
-        .output()
-        .expect("cc runs");
-    assert!(
-        out.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let exe = build_c_standin("collide", &dir, &lib, &[]);
     let no_args: [&str; 0] = [];
     let stdout = run_program(&exe, &no_args, &lib.to_string_lossy(), &host.socket, &[]);
     assert!(!stdout.contains("FAILED"), "{stdout}");
@@ -118,7 +85,7 @@ fn a_forked_child_leaves_the_parents_vgpu_alone() {
     let host = Host::start("capi-fork", 256 << 20);
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
-    let exe = build_driver_api(&dir, &lib);
+    let exe = build_c_standin("driver_api", &dir, &lib, &[]);
     // Two copy threads whatever this machine's CPUs, so the helper thread
     // exists in the parent when it forks.
     let copy_threads = [("FAIRVGPU_COPY_THREADS", "2")];
@@ -135,7 +102,7 @@ fn without_a_vgpu_cuinit_reports_no_device() {
     let dir = std::env::temp_dir().join(format!("fvg-nodev-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let lib = standin(&dir);
-    let exe = build_driver_api(&dir, &lib);
+    let exe = build_c_standin("driver_api", &dir, &lib, &[]);
     let run = Command::new(&exe)
         .arg("/dev/null")
         .env("LD_LIBRARY_PATH", &lib)

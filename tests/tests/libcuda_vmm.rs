@@ -6,39 +6,25 @@
 //! all of it comes back, also when the process dies holding it.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fairvgpu_tests::{run_program, standin, workspace, Host, TEST_SPIN};
+use fairvgpu_tests::{build_c_standin, run_program, standin, workspace, Host, TEST_SPIN};
 use guest_frontend::Gpu;
 use protocol::{Request, VMM_GRANULARITY as G};
 
 /// Builds `tests/c/vmm.c` into `dir` (`cuda_h`: against this CUDA
 /// toolkit's `cuda.h` rather than the program's own declarations).
 fn build(dir: &Path, lib: &Path, cuda_h: Option<&Path>) -> PathBuf {
-    let exe = dir.join(if cuda_h.is_some() {
-        "vmm-cuda-h"
-    } else {
-        "vmm"
-    });
-    let mut cc = Command::new("cc");
-    cc.arg("-O2").arg("-Wall").arg("-o").arg(&exe);
-    if let Some(inc) = cuda_h {
-        cc.arg("-DHAVE_CUDA_H").arg(format!("-I{}", inc.display()));
+    match cuda_h {
+        None => build_c_standin("vmm", dir, lib, &[]),
+        Some(inc) => {
+            let d = dir.join("cuda-h");
+            std::fs::create_dir_all(&d).unwrap();
+            let inc = format!("-I{}", inc.display());
+            build_c_standin("vmm", &d, lib, &["-DHAVE_CUDA_H", &inc])
+        }
     }
-    let out = cc
-        .arg(workspace().join("tests/c/vmm.c"))
-        .arg(format!("-L{}", lib.display()))
-        .arg("-lcuda")
-        .output()
-        .expect("cc runs");
-    assert!(
-        out.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
 }
 
 /// Runs `vmm.c`'s program on the kernels' PTX with `args` after it.
