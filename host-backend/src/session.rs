@@ -128,6 +128,8 @@ pub struct Session {
     pub exported: ipc::Exported,
     /// Other processes' memory it opened (IPC).
     pub imports: ipc::Imports,
+    /// Its allocations it freed while others had them open (IPC).
+    pub orphans: ipc::Orphans,
     /// Its events exported to the VM's other processes (IPC), by handle.
     pub exported_events: ipc::Exported,
     /// Other processes' events it opened (IPC): its handle -> the export.
@@ -286,6 +288,7 @@ impl Session {
             vmm: vmm::Vmm::default(),
             exported: ipc::Exported::default(),
             imports: ipc::Imports::default(),
+            orphans: ipc::Orphans::default(),
             exported_events: ipc::Exported::default(),
             imported_events: HandleMap::default(),
             arrays: arrays::Arrays::default(),
@@ -344,6 +347,22 @@ impl Session {
         let size = self.allocs.remove(&base).ok_or(Status::InvalidValue)?;
         self.exported.revoke(base, base.saturating_add(size.max(1)));
         Ok(self.charges.remove(&base).unwrap_or(0))
+    }
+
+    /// Takes allocation `base` out of the table if another process has it
+    /// open (IPC): it stays on the device, counted, until they close it
+    /// ([`ipc::Orphans`]). False if nobody has it open.
+    pub fn orphan_if_opened(&mut self, base: u64) -> bool {
+        if !self.allocs.contains_key(&base) {
+            return false;
+        }
+        let Some(e) = self.exported.take_opened(base) else {
+            return false;
+        };
+        self.allocs.remove(&base);
+        let charge = self.charges.remove(&base).unwrap_or(0);
+        self.orphans.push(base, charge, e);
+        true
     }
 
     /// Uncounts what a detached allocation took, once freed.

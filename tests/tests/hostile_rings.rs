@@ -257,17 +257,36 @@ fn forged_ipc_requests_reach_nothing_not_handed_over() {
         "past its end"
     );
 
-    // Freed by the exporter: refused again, and the token is dead.
+    // Freed by the exporter while opened: it stays, out of the
+    // exporter's reach, until the opener closes it; then it is freed and
+    // the token is dead.
     victim.mem_free(p).unwrap();
+    evil.memcpy_dtoh(&mut buf, p, 0).unwrap();
+    assert!(
+        victim.memcpy_dtoh(&mut buf, p, 0).is_err(),
+        "the exporter's no more"
+    );
+    refused(
+        req(&mut victim, Request::IpcExport { ptr: p }),
+        "exported again",
+    );
+    assert_eq!(
+        host.stats().mem_used.load(Ordering::Relaxed),
+        8192,
+        "still counted"
+    );
+    req(&mut evil, Request::IpcClose { ptr: p }).unwrap();
+    host.wait_until("freed once closed", Duration::from_secs(10), |s| {
+        s.mem_used.load(Ordering::Relaxed) == 0
+    });
     assert!(
         evil.memcpy_dtoh(&mut buf, p, 0).is_err(),
-        "freed by its owner"
+        "closed and freed"
     );
     refused(
         req(&mut evil, Request::IpcOpen { token }),
         "token of freed memory",
     );
-    req(&mut evil, Request::IpcClose { ptr: p }).unwrap();
 
     // An exporter that ends takes its exports with it.
     let q = evil.mem_alloc(4096).unwrap();

@@ -5,10 +5,11 @@
 //! (`protocol::Request::IpcExport`): a token, the memory's start and size.
 //! Another process of the same VM opens it (`IpcOpen`) and reaches it at
 //! the same address, as every process of a VM is a context of one worker
-//! on the host (see the host's `session/ipc.rs`). It stays reachable while
-//! the exporter holds it: once the exporter frees it or exits, the host
-//! refuses the opener's copies and memsets on it. A handle from another VM
-//! names nothing there (`CUDA_ERROR_INVALID_VALUE`).
+//! on the host (see the host's `session/ipc.rs`). Memory the exporter
+//! frees stays until the last opener closes it, as the driver keeps it;
+//! once the exporter's process ends, the host refuses the opener's copies
+//! and memsets on it. A handle from another VM names nothing there
+//! (`CUDA_ERROR_INVALID_VALUE`).
 //!
 //! An event handle names an event made with `CU_EVENT_INTERPROCESS`
 //! (`IpcExportEvent`); the opener gets an event of its own for it

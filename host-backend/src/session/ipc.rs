@@ -13,16 +13,20 @@
 //!   keeps the tokens in an [`Exports`] table.
 //! - An opener of a token gets the range added to what its requests may
 //!   name ([`Imports`]), counted per open, until it closes it as often.
-//! - The memory stays the exporter's: it counts against the vGPU's limit
-//!   as before, and when the exporter frees it or ends, every export of it
-//!   is revoked. Openers' requests naming it are refused from then on (a
-//!   kernel of theirs that still touches it faults, as a use after free
-//!   does). A process never opens its own export (the driver says
-//!   `CUDA_ERROR_INVALID_CONTEXT`).
+//! - The memory stays the exporter's and counts against the vGPU's limit
+//!   as before. When the exporter frees it while another process has it
+//!   open, it stays, out of the exporter's reach, until the last opener
+//!   closes it (as the driver keeps it: [`Orphans`]); then it is freed.
+//!   When the exporter ends, its context and all its memory go with it,
+//!   and every export of it is revoked (the driver would keep the memory
+//!   for the openers): openers' requests naming it are refused from then
+//!   on, and a kernel of theirs that still touches it faults, as a use
+//!   after free does. A process never opens its own export (the driver
+//!   says `CUDA_ERROR_INVALID_CONTEXT`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use protocol::Status;
@@ -48,11 +52,22 @@ pub struct Export {
     /// What another context needs to reach it (see `Context::share_mem`).
     pub mem: SharedMem,
     alive: AtomicBool,
+    /// Sessions that have it open.
+    opens: AtomicU32,
 }
 
 impl Export {
     fn alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
+    }
+
+    /// Whether some other session has it open.
+    pub fn opened(&self) -> bool {
+        self.opens.load(Ordering::Acquire) > 0
+    }
+
+    fn revoke(&self) {
+        self.alive.store(false, Ordering::Release);
     }
 }
 
@@ -95,6 +110,7 @@ impl Exports {
             size,
             mem,
             alive: AtomicBool::new(true),
+            opens: AtomicU32::new(0),
         });
         self.by_token.insert(token, e.clone());
         Ok((token, e))
@@ -133,12 +149,22 @@ impl Exported {
         self.0.insert(e.base, (token, e));
     }
 
+    /// Takes the live export of the memory at `base` out of the table
+    /// without revoking it, if another session has it open: the memory is
+    /// being freed and waits for its openers ([`Orphans`]).
+    pub fn take_opened(&mut self, base: u64) -> Option<Arc<Export>> {
+        match self.0.get(&base) {
+            Some((_, e)) if e.alive() && e.opened() => self.0.remove(&base).map(|(_, e)| e),
+            _ => None,
+        }
+    }
+
     /// The memory at `[start, end)` is gone: revokes every export in it.
     pub fn revoke(&mut self, start: u64, end: u64) {
         let gone: Vec<u64> = self.0.range(start..end).map(|(&b, _)| b).collect();
         for b in gone {
             if let Some((_, e)) = self.0.remove(&b) {
-                e.alive.store(false, Ordering::Release);
+                e.revoke();
             }
         }
     }
@@ -147,6 +173,46 @@ impl Exported {
 impl Drop for Exported {
     fn drop(&mut self) {
         self.revoke(0, u64::MAX);
+    }
+}
+
+/// Allocations a session freed while other sessions had them open:
+/// (start, what it takes of the limit, its export). Each is freed once
+/// nobody has it open ([`Orphans::closed`]); dropping the table (the
+/// session ends, its context frees them all) revokes the exports.
+#[derive(Debug, Default)]
+pub struct Orphans(Vec<(u64, u64, Arc<Export>)>);
+
+impl Orphans {
+    /// Keeps `base` (taking `charge`) until `e`'s openers close it.
+    pub fn push(&mut self, base: u64, charge: u64, e: Arc<Export>) {
+        self.0.push((base, charge, e));
+    }
+
+    /// The ones nobody has open any more, taken out, their exports revoked:
+    /// (start, charge) of each, to be freed.
+    pub fn closed(&mut self) -> Vec<(u64, u64)> {
+        if self.0.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        self.0.retain(|(b, c, e)| {
+            if e.opened() {
+                return true;
+            }
+            e.revoke();
+            out.push((*b, *c));
+            false
+        });
+        out
+    }
+}
+
+impl Drop for Orphans {
+    fn drop(&mut self) {
+        for (_, _, e) in &self.0 {
+            e.revoke();
+        }
     }
 }
 
@@ -175,13 +241,15 @@ impl Imports {
             }
             // An earlier export at that address, revoked since: replaced.
             _ => {
-                self.0.insert(
-                    e.base,
-                    Import {
-                        export: e,
-                        opens: 1,
-                    },
-                );
+                e.opens.fetch_add(1, Ordering::AcqRel);
+                let base = e.base;
+                let new = Import {
+                    export: e,
+                    opens: 1,
+                };
+                if let Some(old) = self.0.insert(base, new) {
+                    old.export.opens.fetch_sub(1, Ordering::AcqRel);
+                }
                 Ok(true)
             }
         }
@@ -195,7 +263,9 @@ impl Imports {
         if i.opens > 0 {
             return Ok(false);
         }
-        self.0.remove(&base);
+        if let Some(i) = self.0.remove(&base) {
+            i.export.opens.fetch_sub(1, Ordering::AcqRel);
+        }
         Ok(true)
     }
 
@@ -210,6 +280,14 @@ impl Imports {
             .range(..=ptr)
             .next_back()
             .is_some_and(|(&b, i)| i.export.alive() && end <= b.saturating_add(i.export.size))
+    }
+}
+
+impl Drop for Imports {
+    fn drop(&mut self) {
+        for i in self.0.values() {
+            i.export.opens.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -262,6 +340,49 @@ mod tests {
             "still closed as often as opened"
         );
         assert_eq!(theirs.close(0x1000_0000), Err(Status::InvalidValue));
+    }
+
+    #[test]
+    fn freed_memory_waits_for_its_openers() {
+        let mut t = Exports::default();
+        let mut mine = Exported::default();
+        let (a, ea) = export(&mut t, 1, 0x1000_0000);
+        mine.insert(a, ea);
+        assert!(
+            mine.take_opened(0x1000_0000).is_none(),
+            "nobody has it open"
+        );
+        let mut theirs = Imports::default();
+        theirs.open(t.get(a).unwrap()).unwrap();
+        theirs.open(t.get(a).unwrap()).unwrap();
+        let e = mine.take_opened(0x1000_0000).expect("opened: kept");
+        assert_eq!(mine.token(0x1000_0000), None, "no longer the exporter's");
+        let mut orphans = Orphans::default();
+        orphans.push(0x1000_0000, 4096, e);
+        assert!(orphans.closed().is_empty());
+        assert!(theirs.covers(0x1000_0000, 0x1000_0100), "still reachable");
+        theirs.close(0x1000_0000).unwrap();
+        assert!(orphans.closed().is_empty(), "one open left");
+        theirs.close(0x1000_0000).unwrap();
+        assert_eq!(orphans.closed(), vec![(0x1000_0000, 4096)]);
+        assert!(t.get(a).is_none(), "revoked once freed");
+
+        // An opener that ends closes what it had open.
+        let (b, eb) = export(&mut t, 1, 0x2000_0000);
+        mine.insert(b, eb);
+        let mut gone = Imports::default();
+        gone.open(t.get(b).unwrap()).unwrap();
+        orphans.push(0x2000_0000, 1, mine.take_opened(0x2000_0000).unwrap());
+        drop(gone);
+        assert_eq!(orphans.closed(), vec![(0x2000_0000, 1)]);
+        // An exporter that ends revokes what still waits.
+        let (c, ec) = export(&mut t, 1, 0x3000_0000);
+        mine.insert(c, ec);
+        let mut holder = Imports::default();
+        holder.open(t.get(c).unwrap()).unwrap();
+        orphans.push(0x3000_0000, 1, mine.take_opened(0x3000_0000).unwrap());
+        drop(orphans);
+        assert!(!holder.covers(0x3000_0000, 0x3000_0001));
     }
 
     #[test]

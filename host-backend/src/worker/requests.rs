@@ -119,6 +119,10 @@ pub(super) fn handle(
         // The memory goes once the work submitted so far is done (as the
         // driver's free waits for it), without the worker waiting: the
         // guest has it no more from now on.
+        Request::MemFree { ptr } if s.orphan_if_opened(ptr) => {
+            // Another process has it open (IPC): freed once it closes it.
+            reply(sh, c, tag, opc, Ok(Reply::default()), &[])
+        }
         Request::MemFree { ptr } => {
             let r = s.detach_alloc(ptr).map(|charge| match s.ctx.mark(None) {
                 Ok(m) => s.deferred_frees.push((m, ptr, charge)),
@@ -129,6 +133,12 @@ pub(super) fn handle(
             }
             deferred_frees(sh, s);
             reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::MemFreeAsync { ptr, stream }
+            if s.check_stream(stream).is_ok() && s.orphan_if_opened(ptr) =>
+        {
+            // As `MemFree`: freed once the last opener closes it.
+            Ok(())
         }
         Request::MemFreeAsync { ptr, stream } => {
             let r = s.check_stream(stream).and_then(|()| s.detach_alloc(ptr));
@@ -846,6 +856,10 @@ pub(super) fn free_now(sh: &mut Shared, s: &mut Session, ptr: u64, charge: u64) 
 
 /// Does the stream-ordered frees whose marks the device has passed.
 pub(super) fn deferred_frees(sh: &mut Shared, s: &mut Session) {
+    // Freed while others had them open (IPC), closed by all since.
+    for (ptr, charge) in s.orphans.closed() {
+        free_now(sh, s, ptr, charge);
+    }
     if s.deferred_frees.is_empty() {
         return;
     }
