@@ -133,7 +133,10 @@ pub struct Session {
     /// Its events exported to the VM's other processes (IPC), by handle.
     pub exported_events: ipc::Exported,
     /// Other processes' events it opened (IPC): its handle -> the export.
-    pub imported_events: HandleMap<std::sync::Arc<ipc::Export>>,
+    pub imported_events: ipc::OpenedEvents,
+    /// Its events it destroyed while others had them open (IPC): each is
+    /// destroyed once they let go of them.
+    pub event_orphans: ipc::Orphans,
     /// Its CUDA arrays, texture and surface objects.
     pub arrays: arrays::Arrays,
 }
@@ -290,7 +293,8 @@ impl Session {
             imports: ipc::Imports::default(),
             orphans: ipc::Orphans::default(),
             exported_events: ipc::Exported::default(),
-            imported_events: HandleMap::default(),
+            imported_events: ipc::OpenedEvents::default(),
+            event_orphans: ipc::Orphans::default(),
             arrays: arrays::Arrays::default(),
         }
     }
@@ -365,6 +369,21 @@ impl Session {
         true
     }
 
+    /// Takes its event `e` out of its table if another process has it open
+    /// (IPC): it stays until they let go of it ([`ipc::Orphans`]). False if
+    /// nobody has it open.
+    pub fn orphan_event_if_opened(&mut self, e: Handle) -> bool {
+        if !self.events.contains(&e) {
+            return false;
+        }
+        let Some(x) = self.exported_events.take_opened(e) else {
+            return false;
+        };
+        self.events.remove(&e);
+        self.event_orphans.push(e, 0, x);
+        true
+    }
+
     /// Uncounts what a detached allocation took, once freed.
     pub fn uncount(&mut self, charge: u64) {
         self.mem_used -= charge;
@@ -388,16 +407,10 @@ impl Session {
         }
     }
 
-    /// Checks an event handle.
     /// Checks an event handle: one of its own, or another process's it
     /// opened that is still exported.
     pub fn check_event(&self, e: Handle) -> Result<(), Status> {
-        let opened = || {
-            self.imported_events
-                .get(&e)
-                .is_some_and(|x| ipc::Imports::alive(x))
-        };
-        (self.events.contains(&e) || opened())
+        (self.events.contains(&e) || self.imported_events.alive(e))
             .then_some(())
             .ok_or(Status::InvalidHandle)
     }

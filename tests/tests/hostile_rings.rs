@@ -327,17 +327,34 @@ fn forged_ipc_requests_reach_nothing_not_handed_over() {
     );
     let [mine, ..] = req(&mut evil, Request::IpcOpenEvent { token: et }).unwrap();
     evil.event_synchronize(mine).unwrap();
+    // Destroyed by its owner while opened: it stays for the opener, out
+    // of the owner's reach, until the opener lets go of it.
     victim.event_destroy(ev).unwrap();
-    assert!(
-        evil.event_synchronize(mine).is_err(),
-        "destroyed by its owner"
-    );
+    assert!(victim.event_synchronize(ev).is_err(), "the owner's no more");
+    evil.event_synchronize(mine).unwrap();
+    evil.event_destroy(mine).unwrap();
+    assert!(evil.event_destroy(mine).is_err(), "let go of once");
+    assert!(evil.event_synchronize(mine).is_err(), "let go of");
     refused(
         req(&mut evil, Request::IpcOpenEvent { token: et }),
         "token of a destroyed event",
     );
-    evil.event_destroy(mine).unwrap();
-    assert!(evil.event_destroy(mine).is_err(), "let go of once");
+    // And one whose owner ends is revoked.
+    let ev2 = victim.event_create(6).unwrap();
+    let [et2, ..] = req(&mut victim, Request::IpcExportEvent { event: ev2 }).unwrap();
+    let [theirs, ..] = req(&mut evil, Request::IpcOpenEvent { token: et2 }).unwrap();
+    evil.event_synchronize(theirs).unwrap();
+    drop(victim);
+    // Its session ends once the worker sees its channel go.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while evil.event_synchronize(theirs).is_ok() {
+        assert!(
+            std::time::Instant::now() < until,
+            "its owner ended: revoked"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    evil.event_destroy(theirs).unwrap();
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
 }
 

@@ -1,5 +1,6 @@
 //! IPC memory handles between the processes of one VM (`cuIpcGetMemHandle`,
-//! `cuIpcOpenMemHandle`, `cuIpcCloseMemHandle`).
+//! `cuIpcOpenMemHandle`, `cuIpcCloseMemHandle`) and event handles
+//! (`cuIpcGetEventHandle`, `cuIpcOpenEventHandle`).
 //!
 //! Every guest process of a VM is a context of the VM's one worker process,
 //! and on a GPU every context of a process reaches every device address
@@ -23,6 +24,13 @@
 //!   on, and a kernel of theirs that still touches it faults, as a use
 //!   after free does. A process never opens its own export (the driver
 //!   says `CUDA_ERROR_INVALID_CONTEXT`).
+//!
+//! Events are exported the same way, from a table of their own: the opener
+//! gets a handle of its own for the exporter's event (the driver's event,
+//! which every context of the process can use; [`OpenedEvents`]). An event
+//! the exporter destroys while opened stays until the last opener lets go
+//! of its handle; the handles are revoked when the exporter ends, and when
+//! the vGPU migrates (the events are made anew on the other GPU).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
@@ -269,11 +277,6 @@ impl Imports {
         Ok(true)
     }
 
-    /// Whether `e` is still exported.
-    pub fn alive(e: &Export) -> bool {
-        e.alive()
-    }
-
     /// Whether `[ptr, end)` lies in one range opened and still exported.
     pub fn covers(&self, ptr: u64, end: u64) -> bool {
         self.0
@@ -287,6 +290,55 @@ impl Drop for Imports {
     fn drop(&mut self) {
         for i in self.0.values() {
             i.export.opens.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Events of other sessions a session opened: its handle -> the export.
+/// Each counts as one open of its export until let go of or dropped.
+#[derive(Debug, Default)]
+pub struct OpenedEvents(HashMap<u64, Arc<Export>>);
+
+impl OpenedEvents {
+    /// Records `handle`, this session's for `e`.
+    pub fn insert(&mut self, handle: u64, e: Arc<Export>) {
+        e.opens.fetch_add(1, Ordering::AcqRel);
+        if let Some(old) = self.0.insert(handle, e) {
+            old.opens.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Lets go of `handle`; whether it was one.
+    pub fn remove(&mut self, handle: u64) -> bool {
+        match self.0.remove(&handle) {
+            Some(e) => {
+                e.opens.fetch_sub(1, Ordering::AcqRel);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `handle` names an event still exported.
+    pub fn alive(&self, handle: u64) -> bool {
+        self.0.get(&handle).is_some_and(|e| e.alive())
+    }
+
+    /// How many it holds.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Drop for OpenedEvents {
+    fn drop(&mut self) {
+        for e in self.0.values() {
+            e.opens.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }

@@ -788,10 +788,14 @@ pub(super) fn handle(
             reply(sh, c, tag, opc, one(r), &[])
         }
         Request::EventDestroy { event } => {
-            let r = if s.imported_events.remove(&event).is_some() {
+            let r = if s.imported_events.remove(event) {
                 // Another process's event it opened (IPC), revoked or not:
                 // forgotten here.
                 s.ctx.event_destroy(event)
+            } else if s.orphan_event_if_opened(event) {
+                // Another process has it open (IPC): destroyed once it lets
+                // go of it.
+                Ok(())
             } else {
                 s.check_own_event(event)
                     .and_then(|()| s.ctx.event_destroy(event))
@@ -859,6 +863,11 @@ pub(super) fn deferred_frees(sh: &mut Shared, s: &mut Session) {
     // Freed while others had them open (IPC), closed by all since.
     for (ptr, charge) in s.orphans.closed() {
         free_now(sh, s, ptr, charge);
+    }
+    for (event, _) in s.event_orphans.closed() {
+        if let Err(e) = s.ctx.event_destroy(event) {
+            s.defer(e);
+        }
     }
     if s.deferred_frees.is_empty() {
         return;
