@@ -11,7 +11,7 @@ use protocol::array::{resource, CopySide, TexParams, TEX_PARAMS_BYTES};
 use protocol::{Reply, Request, Status};
 use qemu_ivshmem::Descriptor;
 
-use super::channel::{refuse, reply, Chan};
+use super::channel::{answer, Chan};
 use super::shared::Shared;
 use crate::executor::ArrayOp;
 use crate::session::Session;
@@ -34,10 +34,7 @@ pub(super) fn handle(
         None
     };
     let (r, why) = run(sh, s, req, tex);
-    if r.is_err() {
-        refuse(sh, c, why);
-    }
-    reply(sh, c, tag, opc, r, &[])
+    answer(sh, c, tag, opc, r, why)
 }
 
 fn run(

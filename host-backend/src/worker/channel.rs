@@ -398,6 +398,22 @@ pub(super) fn refuse(sh: &Shared, c: &mut Chan, what: &str) {
     );
 }
 
+/// Replies `result`, counting and logging a refusal (`why`) first if it
+/// is an error.
+pub(super) fn answer(
+    sh: &Shared,
+    c: &mut Chan,
+    tag: u64,
+    opcode: u32,
+    result: Result<Reply, Status>,
+    why: &str,
+) -> Result<(), Error> {
+    if result.is_err() {
+        refuse(sh, c, why);
+    }
+    reply(sh, c, tag, opcode, result, &[])
+}
+
 pub(super) fn reply(
     sh: &Shared,
     c: &mut Chan,

@@ -5,7 +5,7 @@
 
 use protocol::{Reply, Request, Status};
 
-use super::channel::{refuse, reply, Chan};
+use super::channel::{answer, Chan};
 use super::shared::Shared;
 use crate::session::Session;
 use crate::Error;
@@ -47,10 +47,7 @@ pub(super) fn handle(
         ),
         _ => (Err(Status::InvalidValue), "not an IPC request"),
     };
-    if r.is_err() {
-        refuse(sh, c, why);
-    }
-    reply(sh, c, tag, opc, r, &[])
+    answer(sh, c, tag, opc, r, why)
 }
 
 /// The token of the allocation or mapping holding `ptr` (made on the

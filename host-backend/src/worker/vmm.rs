@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use protocol::{Reply, Request, Status};
 
-use super::channel::{refuse, reply, Chan};
+use super::channel::{answer, Chan};
 use super::shared::Shared;
 use crate::session::vmm::Dead;
 use crate::session::Session;
@@ -25,10 +25,7 @@ pub(super) fn handle(
     req: Request,
 ) -> Result<(), Error> {
     let (r, why) = run(sh, s, req);
-    if r.is_err() {
-        refuse(sh, c, why);
-    }
-    reply(sh, c, tag, opc, r, &[])
+    answer(sh, c, tag, opc, r, why)
 }
 
 fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>, &'static str) {
