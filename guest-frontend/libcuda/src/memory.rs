@@ -52,12 +52,8 @@ pub(crate) fn device_alloc(size: u64) -> Result<u64, CuResult> {
                 mapped_alloc(size)
             }
         },
-        |i, d| {
-            if i < PLAIN_TRIES {
-                let _ = gpu(|g| g.mem_free(d));
-            } else {
-                mapped_free(d, mapped_len(size));
-            }
+        |d| {
+            let _ = host_free(d);
         },
     )?;
     objects()?.ranges.insert(
@@ -68,11 +64,6 @@ pub(crate) fn device_alloc(size: u64) -> Result<u64, CuResult> {
         },
     );
     Ok(d)
-}
-
-/// The length of the mapping [`mapped_alloc`] makes for `size` bytes.
-fn mapped_len(size: u64) -> u64 {
-    size.next_multiple_of(protocol::VMM_GRANULARITY)
 }
 
 /// `size` bytes of device memory as a VMM mapping (reservation, physical
@@ -109,13 +100,18 @@ fn mapped_alloc(size: u64) -> Result<u64, CuResult> {
     Ok(va)
 }
 
-/// Unmaps and frees a mapping [`mapped_alloc`] made, `len` bytes at `va`.
-fn mapped_free(va: u64, len: u64) {
+/// Gives device memory at `p` back to the host: unmapped and its
+/// reservation freed if [`mapped_alloc`] made it, else freed.
+fn host_free(p: u64) -> Result<(), CuResult> {
     use protocol::Request;
-    let _ = gpu(|g| g.request(&Request::VmmUnmap { ptr: va, size: len }));
-    let _ = gpu(|g| g.request(&Request::VmmAddressFree { ptr: va, size: len }));
-    if let Ok(mut o) = objects() {
-        o.mapped_allocs.remove(&va);
+    let mapped = objects()?.mapped_allocs.remove(&p);
+    match mapped {
+        Some(len) => {
+            let _ = gpu(|g| g.request(&Request::VmmUnmap { ptr: p, size: len }));
+            let _ = gpu(|g| g.request(&Request::VmmAddressFree { ptr: p, size: len }));
+            Ok(())
+        }
+        None => gpu(|g| g.mem_free(p)),
     }
 }
 
@@ -151,11 +147,7 @@ fn free(p: CUdeviceptr) -> Result<(), CuResult> {
 
 /// Frees device allocation `p` of the process on the host, and forgets it.
 pub(crate) fn free_device(p: CUdeviceptr) -> Result<(), CuResult> {
-    let mapped = objects()?.mapped_allocs.get(&p).copied();
-    match mapped {
-        Some(len) => mapped_free(p, len),
-        None => gpu(|g| g.mem_free(p))?,
-    }
+    host_free(p)?;
     forget_alloc(&mut *objects()?, p);
     Ok(())
 }

@@ -52,11 +52,11 @@ const PLACE_TRIES: usize = 4;
 /// Something made on the host at device addresses, reserved here: `make(i)`
 /// makes it (try `i`) and answers its address. One that lands on addresses
 /// the process uses itself is kept aside while another is made; those kept
-/// aside are then undone (`undo(i, address)`), whatever happened.
+/// aside are then undone (`undo`), whatever happened.
 pub(crate) fn place(
     len: u64,
     mut make: impl FnMut(usize) -> Result<u64, CuResult>,
-    mut undo: impl FnMut(usize, u64),
+    mut undo: impl FnMut(u64),
 ) -> Result<u64, CuResult> {
     let mut taken = Vec::new();
     let mut got = None;
@@ -66,15 +66,15 @@ pub(crate) fn place(
                 got = Some(Ok(a));
                 break;
             }
-            Ok(a) => taken.push((i, a)),
+            Ok(a) => taken.push(a),
             Err(e) => {
                 got = Some(Err(e));
                 break;
             }
         }
     }
-    for (i, a) in taken {
-        undo(i, a);
+    for a in taken {
+        undo(a);
     }
     got.unwrap_or_else(|| {
         crate::log_once("device addresses keep landing on the process's own memory");

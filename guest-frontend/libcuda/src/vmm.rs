@@ -150,7 +150,7 @@ export! {
                 let addr = if i == 0 { 0 } else { crate::reserve::free_range(size, align.max(G)) };
                 call(Request::VmmReserve { size, align, addr }).map(|v| v[0])
             },
-            |_, va| {
+            |va| {
                 let _ = call(Request::VmmAddressFree { ptr: va, size });
             },
         )?;
