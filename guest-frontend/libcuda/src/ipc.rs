@@ -1,5 +1,6 @@
-//! IPC memory handles between the processes of one VM (cuIpcGetMemHandle,
-//! cuIpcOpenMemHandle, cuIpcCloseMemHandle).
+//! IPC memory and event handles between the processes of one VM
+//! (cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle,
+//! cuIpcGetEventHandle, cuIpcOpenEventHandle).
 //!
 //! A handle names memory the host exported for this process
 //! (`protocol::Request::IpcExport`): a token, the memory's start and size.
@@ -14,8 +15,9 @@
 //! An event handle names an event made with `CU_EVENT_INTERPROCESS`
 //! (`IpcExportEvent`); the opener gets an event of its own for it
 //! (`IpcOpenEvent`) to wait on, query, synchronize and record, which
-//! `cuEventDestroy` lets go of. It works while the exporter holds the
-//! event and the vGPU stays on its GPU (a migration remakes every event).
+//! `cuEventDestroy` lets go of. It works until then, even if the exporter
+//! destroys its event meanwhile, unless the exporter's process ends or the
+//! vGPU migrates (a migration remakes every event).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::c_uint;
@@ -28,10 +30,18 @@ use crate::context::need_ctx;
 use crate::state::{gpu, objects, out, Range, RangeKind};
 use crate::{code, CuResult};
 
-/// `CUipcMemHandle`: 64 opaque bytes.
+/// `CUipcMemHandle`: 64 opaque bytes, ours [`MAGIC`], then the token, the
+/// memory's start and size.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct IpcMemHandle {
+    reserved: [u8; 64],
+}
+
+/// `CUipcEventHandle`: 64 opaque bytes, ours [`EVENT_MAGIC`], then the token.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct IpcEventHandle {
     reserved: [u8; 64],
 }
 
@@ -44,27 +54,50 @@ const EVENT_MAGIC: &[u8; 8] = b"fvgipce1";
 /// `CU_EVENT_INTERPROCESS`: the events that may be exported.
 const EVENT_INTERPROCESS: c_uint = 4;
 
-/// `CUipcEventHandle`: 64 opaque bytes, our magic and the token.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct IpcEventHandle {
-    reserved: [u8; 64],
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: the flag an open must give (the
+/// driver refuses 0 too; a vGPU has one device, so nothing to enable).
+const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
+
+/// A handle's bytes: `magic`, then `values` little-endian.
+fn pack(magic: &[u8; 8], values: &[u64]) -> [u8; 64] {
+    let mut b = [0u8; 64];
+    b[..8].copy_from_slice(magic);
+    for (i, v) in values.iter().enumerate() {
+        b[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+/// The token of a handle of ours starting with `magic` (never 0).
+fn token_of(b: &[u8; 64], magic: &[u8; 8]) -> Option<u64> {
+    if &b[..8] != magic {
+        return None;
+    }
+    let t = u64::from_le_bytes(b[8..16].try_into().ok()?);
+    (t != 0).then_some(t)
+}
+
+impl IpcMemHandle {
+    fn new(token: u64, base: u64, size: u64) -> Self {
+        IpcMemHandle {
+            reserved: pack(MAGIC, &[token, base, size]),
+        }
+    }
+
+    fn token(&self) -> Option<u64> {
+        token_of(&self.reserved, MAGIC)
+    }
 }
 
 impl IpcEventHandle {
     fn new(token: u64) -> Self {
-        let mut reserved = [0u8; 64];
-        reserved[..8].copy_from_slice(EVENT_MAGIC);
-        reserved[8..16].copy_from_slice(&token.to_le_bytes());
-        IpcEventHandle { reserved }
+        IpcEventHandle {
+            reserved: pack(EVENT_MAGIC, &[token]),
+        }
     }
 
     fn token(&self) -> Option<u64> {
-        if &self.reserved[..8] != EVENT_MAGIC {
-            return None;
-        }
-        let t = u64::from_le_bytes(self.reserved[8..16].try_into().ok()?);
-        (t != 0).then_some(t)
+        token_of(&self.reserved, EVENT_MAGIC)
     }
 }
 
@@ -84,30 +117,6 @@ pub(crate) fn event_created(event: u64, flags: c_uint) {
 /// An event was destroyed.
 pub(crate) fn event_destroyed(event: u64) {
     interprocess().remove(&event);
-}
-
-/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: the flag an open must give (the
-/// driver refuses 0 too; a vGPU has one device, so nothing to enable).
-const LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
-
-impl IpcMemHandle {
-    fn new(token: u64, base: u64, size: u64) -> Self {
-        let mut reserved = [0u8; 64];
-        reserved[..8].copy_from_slice(MAGIC);
-        for (i, v) in [token, base, size].into_iter().enumerate() {
-            reserved[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
-        }
-        IpcMemHandle { reserved }
-    }
-
-    /// The token of a handle of ours.
-    fn token(&self) -> Option<u64> {
-        if &self.reserved[..8] != MAGIC {
-            return None;
-        }
-        let t = u64::from_le_bytes(self.reserved[8..16].try_into().ok()?);
-        (t != 0).then_some(t)
-    }
 }
 
 /// Ranges this process opened: start -> opens.
