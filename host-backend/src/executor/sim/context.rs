@@ -897,18 +897,10 @@ impl Context for SimContext {
 
 #[cfg(test)]
 mod tests {
+    use super::super::kernels::vector_add_params;
     use super::*;
     use crate::executor::sim::{SimExecutor, SimParams};
     use crate::executor::Executor;
-
-    fn vector_add_params(a: u64, b: u64, c: u64, n: u32) -> Vec<u8> {
-        let mut p = Vec::new();
-        for x in [a, b, c] {
-            p.extend_from_slice(&x.to_le_bytes());
-        }
-        p.extend_from_slice(&n.to_le_bytes());
-        p
-    }
 
     #[test]
     fn a_kernel_fault_poisons_every_context_of_the_executor_only() {

@@ -140,3 +140,15 @@ pub(super) fn k_unmodeled(
 ) -> Result<u64, Status> {
     Err(Status::NotSupported)
 }
+
+/// The parameters of `vector_add(a, b, c, n)`, packed as a launch takes
+/// them (the unit tests of the model's files share it).
+#[cfg(test)]
+pub(super) fn vector_add_params(a: u64, b: u64, c: u64, n: u32) -> Vec<u8> {
+    let mut p = Vec::new();
+    for x in [a, b, c] {
+        p.extend_from_slice(&x.to_le_bytes());
+    }
+    p.extend_from_slice(&n.to_le_bytes());
+    p
+}

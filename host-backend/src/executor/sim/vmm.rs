@@ -73,17 +73,9 @@ mod tests {
     use protocol::{Dim3, ImageKind, Status};
     use vm_memory::VolatileSlice;
 
+    use crate::executor::sim::kernels::vector_add_params;
     use crate::executor::sim::{SimExecutor, SimParams};
     use crate::executor::Executor;
-
-    fn vector_add_params(a: u64, b: u64, c: u64, n: u32) -> Vec<u8> {
-        let mut p = Vec::new();
-        for x in [a, b, c] {
-            p.extend_from_slice(&x.to_le_bytes());
-        }
-        p.extend_from_slice(&n.to_le_bytes());
-        p
-    }
 
     #[test]
     fn mapped_vmm_memory_is_the_handles_bytes_until_unmapped() {
