@@ -156,25 +156,37 @@ mod tests {
         if std::env::var_os(CHILD).is_some() {
             return child();
         }
-        let dir = std::env::temp_dir().join(format!("fvg-sandbox-{}", std::process::id()));
+        in_child(
+            "confined_process_cannot_exec_connect_or_read_others",
+            CHILD,
+            "other-vm.sock",
+            "sandbox-checks-passed",
+        );
+    }
+
+    /// Runs test `name` of this binary again in a child process, with `var`
+    /// set to the path of a listening socket named `sock` (which it may try
+    /// to connect to); the child must pass and print `passed`.
+    fn in_child(name: &str, var: &str, sock: &str, passed: &str) {
+        let dir = std::env::temp_dir().join(format!("fvg-sandbox-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let sock = dir.join("other-vm.sock");
+        let sock = dir.join(sock);
         let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         let out = Command::new(std::env::current_exe().unwrap())
             .args([
-                "sandbox::tests::confined_process_cannot_exec_connect_or_read_others",
+                &format!("sandbox::tests::{name}"),
                 "--exact",
                 "--nocapture",
                 "--test-threads=1",
             ])
-            .env(CHILD, &sock)
+            .env(var, &sock)
             .output()
             .unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let text = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{text}");
-        assert!(text.contains("sandbox-checks-passed"), "{text}");
+        assert!(text.contains(passed), "{text}");
     }
 
     /// The serving thread confined first, the thread making contexts ahead
@@ -184,25 +196,12 @@ mod tests {
         if let Some(sock) = std::env::var_os(CHILD_THREAD) {
             return thread_first(std::path::PathBuf::from(sock));
         }
-        let dir = std::env::temp_dir().join(format!("fvg-sandbox-t-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let sock = dir.join("mps.sock");
-        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "sandbox::tests::a_thread_confined_first_then_every_thread",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_THREAD, &sock)
-            .output()
-            .unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{text}");
-        assert!(text.contains("thread-checks-passed"), "{text}");
+        in_child(
+            "a_thread_confined_first_then_every_thread",
+            CHILD_THREAD,
+            "mps.sock",
+            "thread-checks-passed",
+        );
     }
 
     const CHILD_THREAD: &str = "FAIRVGPU_SANDBOX_TEST_THREAD";
