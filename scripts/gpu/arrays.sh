@@ -30,22 +30,9 @@ both() {
 }
 
 both $NV native
-cat > $W/host.toml <<TOML
-[daemon]
-run_dir = "$W/run"
-executor = "cuda"
-[[vm]]
-name = "vm1"
-tenant = "t"
-memory_limit_mib = 4096
-TOML
-RUST_LOG=info $R/fairvgpu serve --config $W/host.toml 2> $W/logs/daemon.log &
-D=$!
-for i in $(seq 200); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
-export FAIRVGPU_SOCKET=$W/run/vm1.sock
+daemon_start $W 4096
 both $W/lib standin strict
-unset FAIRVGPU_SOCKET
-kill $D; wait $D 2>/dev/null
+daemon_stop
 echo "== daemon warnings, worker ends"
 grep -aE 'WARN|ERROR|exited|signal|restart' $W/logs/daemon.log | head -20
 cat $W/native.out $W/standin.out >> "$OUT/arrays.log"

@@ -47,22 +47,9 @@ flow() {
 }
 
 flow $NV native
-cat > $W/host.toml <<TOML
-[daemon]
-run_dir = "$W/run"
-executor = "cuda"
-[[vm]]
-name = "vm1"
-tenant = "t"
-memory_limit_mib = 4096
-TOML
-RUST_LOG=info $R/fairvgpu serve --config $W/host.toml 2> $W/logs/daemon.log &
-D=$!
-for i in $(seq 200); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
-export FAIRVGPU_SOCKET=$W/run/vm1.sock
+daemon_start $W 4096
 flow $W/lib standin
-unset FAIRVGPU_SOCKET
-kill $D; wait $D 2>/dev/null
+daemon_stop
 echo "== daemon warnings, worker ends"
 grep -aE 'WARN|ERROR|exited|signal|restart' $W/logs/daemon.log | head -20
 n_ok=$(cat $W/native/*.out | grep -c '^ok:'); n_bad=$(cat $W/native/*.out | grep -c '^FAILED')

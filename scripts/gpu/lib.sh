@@ -31,3 +31,30 @@ probe() {
   nvcc -O2 -o "$dir/$name" "scripts/gpu/$name.c" -L$NV -lcuda && echo built
   "$dir/$name" "$@"; echo "rc=$?"
 }
+
+# Starts the daemon ($R/fairvgpu) on the cuda executor with one VM, vm1,
+# of $2 MiB, its run folder and log (logs/daemon.log) under $1, and waits
+# for the VM's socket; D is its pid and FAIRVGPU_SOCKET is exported.
+daemon_start() {
+  local w=$1 mib=$2
+  mkdir -p "$w/run" "$w/logs"
+  cat > "$w/host.toml" <<TOML
+[daemon]
+run_dir = "$w/run"
+executor = "cuda"
+[[vm]]
+name = "vm1"
+tenant = "t"
+memory_limit_mib = $mib
+TOML
+  RUST_LOG=info "$R/fairvgpu" serve --config "$w/host.toml" 2> "$w/logs/daemon.log" &
+  D=$!
+  for _ in $(seq 200); do [ -S "$w/run/vm1.sock" ] && break; sleep 0.1; done
+  export FAIRVGPU_SOCKET=$w/run/vm1.sock
+}
+
+# Stops the daemon daemon_start started.
+daemon_stop() {
+  unset FAIRVGPU_SOCKET
+  kill "$D"; wait "$D" 2>/dev/null
+}
