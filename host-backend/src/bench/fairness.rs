@@ -52,6 +52,49 @@ fn executors(
     }
 }
 
+/// Prints where the shared round's hand-offs went, per guest and in all
+/// (see `worker::Handoff`); returns the mean time per grant that no guest
+/// held the GPU, µs.
+pub(crate) fn print_handoffs(
+    stats: &[Arc<crate::worker::Stats>],
+    service: &std::collections::HashMap<u32, crate::grant::VgpuLive>,
+    secs: f64,
+) -> f64 {
+    use crate::worker::HandoffFigures;
+    println!(
+        "hand-offs under fairvgpu: per guest, grants (given back idle), mean per grant: held, drain at its end, grant to first submission; drains' sleeps; guest wake-ups; the service's release-to-grant"
+    );
+    let figs: Vec<HandoffFigures> = stats.iter().map(|s| s.handoff.figures()).collect();
+    let svc = |g: usize| {
+        service
+            .get(&(g as u32))
+            .map_or((0, 0), |v| (v.handoffs, v.handoff_ns))
+    };
+    for (g, f) in figs.iter().enumerate() {
+        let (n, ns) = svc(g);
+        println!(
+            "guest {g}: {} service {:.1} us [{n}]",
+            f.line(),
+            ns as f64 / n.max(1) as f64 / 1e3
+        );
+    }
+    let all = HandoffFigures::sum(&figs);
+    let (n, ns) = (0..figs.len())
+        .map(svc)
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    // The guests want the GPU throughout: the time none held it is what
+    // the hand-offs cost between a RELEASE sent and the next GRANT read.
+    let unheld_ns = (secs * 1e9 - all.held_ns as f64).max(0.0);
+    let gap_us = unheld_ns / all.grants.max(1) as f64 / 1e3;
+    println!(
+        "all: {} service {:.1} us [{n}]; held by none {:.2}% of {secs} s, {gap_us:.1} us a grant",
+        all.line(),
+        ns as f64 / n.max(1) as f64 / 1e3,
+        unheld_ns / (secs * 1e9) * 100.0
+    );
+    gap_us
+}
+
 /// "first / timed / host" mean charges per period, with their counts.
 fn period_kinds(st: &crate::worker::Stats) -> String {
     let part = |k: usize| {
@@ -75,6 +118,9 @@ pub(crate) struct Round {
     pub stats: Vec<Arc<crate::worker::Stats>>,
     /// Wall time of the round.
     pub secs: f64,
+    /// What the grant service knew of each vGPU (by guest index) at the
+    /// round's end; empty without the scheduler.
+    pub service: std::collections::HashMap<u32, crate::grant::VgpuLive>,
 }
 
 /// How a round runs.
@@ -187,12 +233,14 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         stats.push(w.stats.clone());
         w.shutdown()?;
     }
+    let service = svc.as_ref().map(GrantService::live).unwrap_or_default();
     drop(svc);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Round {
         kernels: kernels?,
         stats,
         secs,
+        service,
     })
 }
 
@@ -221,6 +269,16 @@ fn sync_loop() -> Arc<GuestBody> {
 /// GPU somewhat longer than the time it spins.
 /// `graphs`: which launches the executor submits as graph launches.
 pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunches) -> Result<()> {
+    // Hand-off settings to compare (scripts/gpu/handoff.sh); the workers
+    // here run in this process and take them as they start.
+    if let Ok(v) = std::env::var("FAIRVGPU_HANDOFF") {
+        let t = crate::worker::HandoffTuning::parse(&v).map_err(anyhow::Error::msg)?;
+        crate::worker::HandoffTuning::set(t);
+    }
+    println!(
+        "hand-off settings: {:?}",
+        crate::worker::HandoffTuning::get()
+    );
     // Each guest alone: its own rate of kernels, for the aggregate
     // throughput, and its kernel's measured duration.
     let mut solo = [0f64; 3];
@@ -258,6 +316,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunche
     );
     let mut summary = Vec::new();
     let mut shared_stats = Vec::new();
+    let mut shared_service = Default::default();
     for (name, fair) in [("fairvgpu", true), ("none", false)] {
         let setup = Setup {
             kind,
@@ -273,6 +332,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunche
         let r = run_guests(setup, &[0, 1, 2], sync_loop())?;
         if fair {
             shared_stats = r.stats.clone();
+            shared_service = r.service.clone();
         }
         let counts = r.kernels;
         let gpu_ns: Vec<f64> = counts
@@ -308,12 +368,26 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunche
             period_kinds(&shared_stats[g])
         );
     }
+    let gap_us = print_handoffs(&shared_stats, &shared_service, secs);
     for (name, m, t) in &summary {
         println!("{name}: MMR {m:.3}, aggregate throughput vs alone {t:.3}");
     }
+    let all = crate::worker::HandoffFigures::sum(
+        &shared_stats
+            .iter()
+            .map(|s| s.handoff.figures())
+            .collect::<Vec<_>>(),
+    );
     println!(
-        "fairvgpu_mmr={:.3} none_mmr={:.3} fairvgpu_throughput={:.3} none_throughput={:.3}",
-        summary[0].1, summary[1].1, summary[0].2, summary[1].2
+        "fairvgpu_mmr={:.3} none_mmr={:.3} fairvgpu_throughput={:.3} none_throughput={:.3} grants={} idle_releases={} drain_us={:.1} submit_us={:.1} gap_us={gap_us:.1}",
+        summary[0].1,
+        summary[1].1,
+        summary[0].2,
+        summary[1].2,
+        all.grants,
+        all.idle_releases,
+        all.drain_us(),
+        all.first_submit_us()
     );
     Ok(())
 }

@@ -129,6 +129,12 @@ pub struct VgpuLive {
     /// Grants taken back because its worker kept the GPU past
     /// [`hold_limit`].
     pub revoked: u64,
+    /// Grants it got at a hand-off: the GPU was given back while it (or
+    /// another vGPU) waited, and the next grant went to it.
+    pub handoffs: u64,
+    /// The service's own time at those hand-offs, from receiving the
+    /// release that freed the GPU to sending this vGPU's grant (ns).
+    pub handoff_ns: u64,
 }
 
 /// How long a worker may keep the grant before the service takes it back:
@@ -382,6 +388,9 @@ fn serve(
     let mut active: std::collections::HashSet<u32> = Default::default();
     let mut arriving: HashMap<u32, u128> = HashMap::new();
     let mut last_tick = Instant::now();
+    // When the last release freed the GPU while some vGPU waited for it
+    // (the hand-off the next grant completes).
+    let mut freed: Option<Instant> = None;
     let live = |f: &mut dyn FnMut(&mut HashMap<u32, VgpuLive>)| {
         f(&mut usage.lock().unwrap_or_else(|e| e.into_inner()));
     };
@@ -515,6 +524,10 @@ fn serve(
                                 holder = None;
                             }
                             co.forget(id);
+                            freed = (holder.is_none()
+                                && co.holders.is_empty()
+                                && sched.queue().runnable() > 0)
+                                .then(Instant::now);
                         }
                         REPORT => live(&mut |u| {
                             let v = u.entry(id).or_default();
@@ -687,7 +700,15 @@ fn serve(
                         alone = true;
                         held_since = Instant::now();
                         deadline = held_since + Duration::from_nanos(g.slice_ns);
-                        live(&mut |u| u.entry(g.vgpu).or_default().holding = true);
+                        let handoff = freed.take().map(|t| t.elapsed().as_nanos() as u64);
+                        live(&mut |u| {
+                            let v = u.entry(g.vgpu).or_default();
+                            v.holding = true;
+                            if let Some(ns) = handoff {
+                                v.handoffs += 1;
+                                v.handoff_ns += ns;
+                            }
+                        });
                     }
                 }
             }
@@ -789,6 +810,34 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         assert!(svc.live()[&1].charged_ns >= 5 * slice.as_nanos() as u64);
         other.release(1000, false).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_grant_after_a_release_while_another_waited_counts_as_a_hand_off() {
+        let dir = std::env::temp_dir().join(format!("fvg-grant-handoff-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+        let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        assert!(a.acquire(Duration::from_secs(5)).unwrap());
+        // A's first grant found the GPU free: no hand-off.
+        let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
+        assert!(!b.acquire(Duration::from_millis(20)).unwrap());
+        a.release(1000, false).unwrap();
+        assert!(b.acquire(Duration::from_secs(5)).unwrap());
+        let t = Instant::now();
+        let live = loop {
+            let live = svc.live();
+            if live[&2].handoffs == 1 || t.elapsed() > Duration::from_secs(5) {
+                break live;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(live[&2].handoffs, 1, "{:?}", live[&2]);
+        assert_eq!(live[&1].handoffs, 0);
+        // The service's own part: it grants in the turn that read the release.
+        assert!(live[&2].handoff_ns < 100_000_000, "{:?}", live[&2]);
+        b.release(1000, false).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 

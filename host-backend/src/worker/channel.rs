@@ -383,6 +383,7 @@ pub(super) fn notify_guest(sh: &Shared, ch: u32) -> Result<(), Error> {
             let vector = sh.region.guest_vector(ch)?;
             sh.link.ring_peer(p, vector)?;
             sh.booster.borrow_mut().kick(vector);
+            super::handoff::Handoff::add(&sh.stats.handoff.guest_bells, 1);
         }
     }
     Ok(())

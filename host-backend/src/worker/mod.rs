@@ -26,6 +26,7 @@
 mod arrays;
 mod channel;
 mod contexts;
+mod handoff;
 mod image_cache;
 mod ipc;
 mod pinned;
@@ -57,6 +58,7 @@ use sessions::Sessions;
 use shared::{Shared, REPORT_EVERY};
 
 pub use contexts::SPARES;
+pub use handoff::{Figures as HandoffFigures, Handoff, Tuning as HandoffTuning};
 pub use shared::SAMPLE_EVERY;
 
 /// Where a worker maps its VM's pinned pool (and its guests map it too when
@@ -176,6 +178,8 @@ pub struct Stats {
     pub contexts_reused: AtomicU64,
     /// Times a new process's `Hello` waited for the context-creation rate.
     pub contexts_deferred: AtomicU64,
+    /// Grants, releases and what each hand-off cost (see `handoff.rs`).
+    pub handoff: Handoff,
 }
 
 impl Stats {
@@ -212,6 +216,8 @@ pub struct Worker {
     moving: Option<Moving>,
     /// When [`Worker::recheck_budget`] last asked the device.
     budget_checked: Instant,
+    /// How it behaves at hand-offs (see `handoff.rs`).
+    tuning: handoff::Tuning,
     /// The serving thread alone is confined yet: the others are, once the
     /// contexts made ahead are all made (see [`Worker::confine`]).
     confine_when_filled: bool,
@@ -364,6 +370,7 @@ impl Worker {
             stop: Arc::default(),
             moving: None,
             budget_checked: Instant::now(),
+            tuning: handoff::Tuning::get(),
             confine_when_filled: false,
         };
         if cfg.prefill_contexts > 0 {
@@ -424,6 +431,13 @@ impl Worker {
     fn serve(&mut self) -> Result<(), Error> {
         if let Some(cpu) = self.cpu {
             pin_current_thread(cpu)?;
+        }
+        if let Some(ns) = self.tuning.timer_slack_ns {
+            // The loop's short sleeps (`WAITING_POLL`) otherwise last the
+            // kernel's default slack, 50 µs, longer.
+            if let Err(e) = nix::sys::prctl::set_timerslack(ns) {
+                tracing::warn!("timer slack left as it was: {e}");
+            }
         }
         let mut idle: u32 = 0;
         let mut last_report = Instant::now();
@@ -499,6 +513,15 @@ impl Worker {
                 // A guest waits for the device, which still runs its work:
                 // the vGPU keeps the GPU, and the worker looks again soon
                 // (without spinning the core through a long kernel).
+                if self.releasing.is_some() {
+                    if self.tuning.spin_drain {
+                        // The next vGPU waits for this release: look again
+                        // at once.
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    Handoff::add(&self.sh.stats.handoff.drain_sleeps, 1);
+                }
                 std::thread::sleep(WAITING_POLL);
                 if idle.is_multiple_of(256) {
                     self.periodic(&mut last_report)?;
@@ -507,6 +530,7 @@ impl Worker {
             }
             if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
                 // Work-conserving: a holder with nothing to run yields after its spin.
+                Handoff::add(&self.sh.stats.handoff.idle_releases, 1);
                 self.release_grant(false)?;
                 idle = 0;
                 continue;

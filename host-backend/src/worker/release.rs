@@ -6,8 +6,9 @@
 //! queries, replies), and starts no new device work.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use super::handoff::Handoff;
 use super::requests::deferred_frees;
 use super::sessions::SessionId;
 use super::shared::Shared;
@@ -22,6 +23,8 @@ pub(super) struct Releasing {
     marks: Vec<(SessionId, Option<Marker>, Option<Period>)>,
     /// Whether the vGPU stays runnable (see `Worker::serve`).
     still_active: bool,
+    /// When the release began (the drain's start).
+    since: Instant,
 }
 
 impl Worker {
@@ -50,6 +53,7 @@ impl Worker {
         self.releasing = Some(Releasing {
             marks,
             still_active,
+            since: Instant::now(),
         });
         self.poll_release().map(drop)
     }
@@ -100,6 +104,12 @@ impl Worker {
                     || c.waiting()
             });
         if let Some(g) = self.sh.gate.as_mut() {
+            let h = &self.sh.stats.handoff;
+            if g.holding() {
+                Handoff::add(&h.grants, 1);
+                Handoff::add(&h.held_ns, g.held_ns());
+                Handoff::add(&h.drain_ns, rel.since.elapsed().as_nanos() as u64);
+            }
             g.release(used, pending)?;
         }
         Ok(true)

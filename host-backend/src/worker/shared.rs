@@ -147,6 +147,13 @@ impl Shared {
             let grant = self.gate.as_ref().map_or(0, |g| g.grants());
             let first = grant != self.period_grant;
             self.period_grant = grant;
+            if first {
+                // The grant's first device work: how long after the grant.
+                let h = &self.stats.handoff;
+                let held = self.gate.as_ref().map_or(0, |g| g.held_ns());
+                super::handoff::Handoff::add(&h.first_submits, 1);
+                super::handoff::Handoff::add(&h.first_submit_ns, held);
+            }
             let timed = self.meter.open(first) && s.ctx.period_begin().is_ok();
             crate::session::Period::new(stream, timed, first)
         });
