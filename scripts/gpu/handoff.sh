@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# On the GPU machine: the three-guest 1:2:3 fairness bench once per
+# hand-off setting (FAIRVGPU_HANDOFF, see host-backend/src/worker/handoff.rs),
+# back to back, with each run's hand-off figures: grants, idle releases,
+# drain at a slice's end, grant to first submission, the service's
+# release-to-grant and the time no guest held the GPU. Carried:
+# $R/fairvgpu (default .carry/release).
+# usage: R=.carry/release [SECS=10] [VARIANTS="base slack spin-drain slack,spin-drain"]
+#        [EXECUTOR=cuda] bash scripts/gpu/handoff.sh
+set -uo pipefail
+. scripts/gpu/lib.sh
+R=${R:-.carry/release}
+SECS=${SECS:-10}
+EXECUTOR=${EXECUTOR:-cuda}
+VARIANTS=${VARIANTS:-base slack spin-drain slack,spin-drain}
+LOG=$OUT/handoff.log
+: > "$LOG"
+header | tee -a "$LOG"
+summary="handoff"
+for v in $VARIANTS; do
+  echo "== FAIRVGPU_HANDOFF=$v bench fairness --executor $EXECUTOR --seconds $SECS" | tee -a "$LOG"
+  FAIRVGPU_HANDOFF=$v RUST_LOG=warn timeout 200 "$R/fairvgpu" bench fairness --executor "$EXECUTOR" \
+    --seconds "$SECS" > "$OUT/handoff-$v.log" 2>&1
+  echo "rc=$?" >> "$OUT/handoff-$v.log"
+  grep -avE 'INFO|WARN' "$OUT/handoff-$v.log" | tee -a "$LOG" | grep -aE '^(guest [0-9]: grants|all:|fairvgpu_mmr|rc=)'
+  last=$(grep -a '^fairvgpu_mmr=' "$OUT/handoff-$v.log" | tail -1)
+  val() { grep -o "\b$1=[^ ]*" <<<"$last" | cut -d= -f2; }
+  tag=${v//,/+}
+  summary="$summary ${tag}_tp=$(val fairvgpu_throughput) ${tag}_mmr=$(val fairvgpu_mmr) ${tag}_gap_us=$(val gap_us) ${tag}_drain_us=$(val drain_us) ${tag}_idle=$(val idle_releases)"
+done
+echo "$summary" | tee -a "$LOG"
