@@ -112,6 +112,16 @@ impl Region {
     /// claimed and served by the old host become LOST: their owners' GPU
     /// state died with it. The caller wakes their owners.
     pub fn adopt(fd: OwnedFd, params: LayoutParams) -> Result<Region> {
+        let region = Self::map_existing(fd, params)?;
+        region.take_over()?;
+        Ok(region)
+    }
+
+    /// Host: maps a region created earlier without touching it, as a
+    /// standby host does while another still serves it (it may register
+    /// the memory with the device meanwhile). [`Region::take_over`] makes
+    /// it the serving host's.
+    pub fn map_existing(fd: OwnedFd, params: LayoutParams) -> Result<Region> {
         let layout = Layout::new(params)?;
         let size = std::fs::File::from(fd.try_clone().map_err(|e| Error::io("dup", e))?)
             .metadata()
@@ -124,26 +134,32 @@ impl Region {
             )));
         }
         let mem = Arc::new(SharedMemory::map(fd, layout.region_size)?);
-        let region = Region { mem, layout };
-        region.write_header()?;
-        for ch in 0..region.channels() {
+        Ok(Region { mem, layout })
+    }
+
+    /// Host: becomes the region's serving host (see [`Region::adopt`]):
+    /// rewrites the header, bumps the host epoch, and marks LOST the
+    /// channels the previous host served.
+    pub fn take_over(&self) -> Result<()> {
+        self.write_header()?;
+        for ch in 0..self.channels() {
             // A claim no host served yet (its guest came while no worker
             // ran) lost nothing: the new host serves it from the start.
-            if region
+            if self
                 .ctl_word(ch, ctl::HOST_SERVING)?
                 .load(Ordering::Acquire)
                 == 0
             {
                 continue;
             }
-            let _ = region.ctl_word(ch, ctl::STATE)?.compare_exchange(
+            let _ = self.ctl_word(ch, ctl::STATE)?.compare_exchange(
                 CLAIMED,
                 LOST,
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             );
         }
-        Ok(region)
+        Ok(())
     }
 
     /// The pinned pool (empty if the layout has none).
@@ -681,6 +697,27 @@ mod tests {
             ..small()
         };
         assert!(Region::adopt(fd2, bigger).is_err());
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "memfd_create is a system call Miri does not model")]
+    fn a_standby_host_maps_the_region_untouched_until_it_takes_over() {
+        let (old, fd) = Region::create("standby-test", small()).unwrap();
+        let epoch = old.host_epoch().unwrap();
+        let g = old.claim(5, 100, 0).unwrap();
+        old.host_channel(0).unwrap().mark_serving().unwrap();
+        let standby = Region::map_existing(fd, small()).unwrap();
+        // The old host still serves: nothing changed for it or its guest.
+        assert_eq!(old.host_epoch().unwrap(), epoch);
+        assert_eq!(standby.claim_state(0).unwrap(), ClaimState::Claimed);
+        assert!(g.check_alive().is_ok());
+        standby.take_over().unwrap();
+        assert_eq!(old.host_epoch().unwrap(), epoch + 1);
+        assert_eq!(standby.claim_state(0).unwrap(), ClaimState::Lost);
+        assert!(matches!(
+            g.check_alive(),
+            Err(Error::HostRestarted { channel: 0 })
+        ));
     }
 
     #[test]
