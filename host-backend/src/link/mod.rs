@@ -18,11 +18,10 @@
 //! Feed messages reuse the ivshmem-server framing (one `i64`, optionally one
 //! fd): kind in bits 40..48, peer in bits 16..32, vector in bits 0..16.
 
-use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,6 +32,9 @@ use qemu_ivshmem::server::{
 use qemu_ivshmem::{Bell, EventFdBell, LayoutParams, Region};
 
 use crate::Error;
+
+mod fed;
+pub use fed::{feed_from_fd, Fed, FeedStart, PeerLink};
 
 const REGION: i64 = 1;
 const HOST_BELL: i64 = 2;
@@ -55,6 +57,12 @@ const MIGRATED: i64 = 10;
 /// exits. Said first, so that the daemon need not wait for that exit to
 /// restart the other clients of the GPU's MPS server (`daemon.rs`).
 const POISONED: i64 = 11;
+/// Standby worker -> daemon: its GPU contexts are made and the region is
+/// registered; it waits to be promoted (see [`VmHost::standby_feed`]).
+const READY: i64 = 12;
+/// Daemon -> promoted standby, before `SYNCED`: its connection to the GPU's
+/// grant service (a confined worker cannot connect).
+const GRANT: i64 = 13;
 
 /// What a worker reported of a migration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +97,10 @@ enum FeedMsg {
     NewFeed(UnixStream),
     Limit(u64),
     Migrate(u32, Option<OwnedFd>),
+    /// A standby worker's feed: the region alone, the rest on promotion.
+    NewStandby(UnixStream),
+    /// The standby takes over, with its grant connection if any.
+    Promote(Option<OwnedFd>),
 }
 
 /// The daemon's side of one VM: its region, its ivshmem-server socket, and
@@ -109,6 +121,8 @@ pub struct VmHost {
     reports: Arc<Mutex<Vec<MigrationReport>>>,
     /// The current worker said its GPU contexts are poisoned.
     poisoned: Arc<AtomicBool>,
+    /// The standby worker said it is ready to take over.
+    standby_ready: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -120,6 +134,8 @@ impl std::fmt::Debug for FeedMsg {
             FeedMsg::NewFeed(_) => "NewFeed",
             FeedMsg::Limit(_) => "Limit",
             FeedMsg::Migrate(..) => "Migrate",
+            FeedMsg::NewStandby(_) => "NewStandby",
+            FeedMsg::Promote(_) => "Promote",
         })
     }
 }
@@ -137,6 +153,12 @@ struct Feeder {
     limit_mib: Option<u64>,
     reports: Arc<Mutex<Vec<MigrationReport>>>,
     poisoned: Arc<AtomicBool>,
+    /// A standby worker's feed, fed the region alone until promoted.
+    standby: Option<UnixStream>,
+    standby_ready: Arc<AtomicBool>,
+    /// Cleared when the standby is promoted or replaced: from then on its
+    /// feed's reader no longer speaks for the standby's readiness.
+    standby_live: Arc<AtomicBool>,
 }
 
 impl VmHost {
@@ -156,6 +178,7 @@ impl VmHost {
         let fed = Arc::new(AtomicBool::new(false));
         let reports: Arc<Mutex<Vec<MigrationReport>>> = Arc::default();
         let poisoned = Arc::new(AtomicBool::new(false));
+        let standby_ready = Arc::new(AtomicBool::new(false));
         let mut feeder = Feeder {
             name: name.to_owned(),
             region: region.clone(),
@@ -167,6 +190,9 @@ impl VmHost {
             limit_mib: None,
             reports: reports.clone(),
             poisoned: poisoned.clone(),
+            standby: None,
+            standby_ready: standby_ready.clone(),
+            standby_live: Arc::default(),
         };
         let thread = {
             let stop = stop.clone();
@@ -194,6 +220,7 @@ impl VmHost {
             fed,
             reports,
             poisoned,
+            standby_ready,
             stop,
             thread: Some(thread),
         })
@@ -212,17 +239,36 @@ impl VmHost {
     /// peers, then every change. The previous worker's feed (if any) is
     /// closed. Never waits for the worker.
     pub fn feed(&self) -> Result<OwnedFd, Error> {
-        let (ours, theirs) = UnixStream::pair().map_err(|source| Error::Io {
-            what: "feed socket pair",
-            source,
-        })?;
-        ours.set_write_timeout(Some(FEED_SEND_TIMEOUT))
-            .map_err(|source| Error::Io {
-                what: "feed timeout",
-                source,
-            })?;
+        let (ours, theirs) = feed_pair()?;
         self.send(FeedMsg::NewFeed(ours))?;
         Ok(theirs.into())
+    }
+
+    /// A feed for a standby worker: it gets the region alone, to map and
+    /// register with the device while the current worker still serves it,
+    /// says [`Fed`]'s `READY` once its contexts are made, and waits. On
+    /// [`VmHost::promote`] it gets the rest of the snapshot and serves; the
+    /// current worker's feed is closed then. A later standby feed replaces
+    /// this one. Never waits for the worker.
+    pub fn standby_feed(&self) -> Result<OwnedFd, Error> {
+        let (ours, theirs) = feed_pair()?;
+        self.standby_ready.store(false, Ordering::Relaxed);
+        self.send(FeedMsg::NewStandby(ours))?;
+        Ok(theirs.into())
+    }
+
+    /// Whether the standby worker said it is ready to take over.
+    pub fn standby_ready(&self) -> bool {
+        self.standby_ready.load(Ordering::Relaxed)
+    }
+
+    /// Makes the standby worker the VM's worker at once (the caller ended
+    /// the current one): it gets the rest of its snapshot, with `grant` (a
+    /// connection to its GPU's grant service) when the scheduler runs. One
+    /// still making its contexts serves once they are made.
+    pub fn promote(&self, grant: Option<UnixStream>) -> Result<(), Error> {
+        self.standby_ready.store(false, Ordering::Relaxed);
+        self.send(FeedMsg::Promote(grant.map(OwnedFd::from)))
     }
 
     /// Changes the vGPU's device-memory limit now: the worker refuses
@@ -277,6 +323,20 @@ impl VmHost {
     }
 }
 
+/// A feed's socket pair: ours with the send timeout, the worker's.
+fn feed_pair() -> Result<(UnixStream, UnixStream), Error> {
+    let (ours, theirs) = UnixStream::pair().map_err(|source| Error::Io {
+        what: "feed socket pair",
+        source,
+    })?;
+    ours.set_write_timeout(Some(FEED_SEND_TIMEOUT))
+        .map_err(|source| Error::Io {
+            what: "feed timeout",
+            source,
+        })?;
+    Ok((ours, theirs))
+}
+
 impl Drop for VmHost {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -323,6 +383,8 @@ impl Feeder {
                 let fd = grant.as_ref().map(|g| g.as_raw_fd());
                 self.write(|s| send_msg(s, (MIGRATE << 40) | i64::from(gpu as u16), fd));
             }
+            FeedMsg::NewStandby(ours) => self.start_standby(ours),
+            FeedMsg::Promote(grant) => self.promote(grant),
         }
     }
 
@@ -348,32 +410,30 @@ impl Feeder {
     }
 
     fn start_feed(&mut self, ours: UnixStream) {
-        self.close();
-        // Said by the worker before this one, if at all.
-        self.poisoned.store(false, Ordering::Relaxed);
-        let snapshot = |s: &UnixStream| -> Result<(), qemu_ivshmem::Error> {
-            send_msg(s, encode(REGION, 0, 0), Some(self.fd.as_raw_fd()))?;
-            for (v, b) in self.host_bells.iter().enumerate() {
-                send_msg(s, encode(HOST_BELL, 0, v as u16), Some(b.fd().as_raw_fd()))?;
-            }
-            let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            for (id, bells) in &peers {
-                send_bells(s, *id, bells)?;
-            }
-            if let Some(mib) = self.limit_mib {
-                send_msg(s, (LIMIT << 40) | (mib as i64 & LIMIT_MASK), None)?;
-            }
-            send_msg(s, encode(SYNCED, 0, 0), None)
-        };
-        if let Err(e) = snapshot(&ours) {
+        let sent = self
+            .send_region(&ours)
+            .and_then(|()| self.send_rest(&ours, None));
+        if let Err(e) = sent {
             tracing::warn!(vm = self.name, "worker feed failed: {e}");
             let _ = ours.shutdown(std::net::Shutdown::Both);
             return;
         }
-        // What the worker says back (migration reports) until it goes.
+        if self.listen_back(&ours, None) {
+            self.make_current(ours);
+        }
+    }
+
+    /// Reads what the worker says back on its feed until it goes: migration
+    /// reports, poisoned contexts, and, from a standby (`ready`), that it
+    /// is ready. False (the feed shut) if no thread could be started.
+    fn listen_back(
+        &self,
+        ours: &UnixStream,
+        ready: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>,
+    ) -> bool {
         let Ok(back) = ours.try_clone() else {
             let _ = ours.shutdown(std::net::Shutdown::Both);
-            return;
+            return false;
         };
         let reports = self.reports.clone();
         let poisoned = self.poisoned.clone();
@@ -394,16 +454,96 @@ impl Feeder {
                             },
                         ),
                         POISONED => poisoned.store(true, Ordering::Relaxed),
+                        READY => {
+                            if let Some((r, live)) = &ready {
+                                if live.load(Ordering::Relaxed) {
+                                    r.store(true, Ordering::Relaxed);
+                                }
+                            }
+                        }
                         _ => {}
+                    }
+                }
+                // A standby that went before it was promoted is not ready.
+                if let Some((r, live)) = &ready {
+                    if live.load(Ordering::Relaxed) {
+                        r.store(false, Ordering::Relaxed);
                     }
                 }
             });
         if spawned.is_err() {
             let _ = ours.shutdown(std::net::Shutdown::Both);
-            return;
+            return false;
         }
+        true
+    }
+
+    /// The snapshot's first message: the region.
+    fn send_region(&self, s: &UnixStream) -> Result<(), qemu_ivshmem::Error> {
+        send_msg(s, encode(REGION, 0, 0), Some(self.fd.as_raw_fd()))
+    }
+
+    /// The rest of the snapshot: the host's doorbells, the peers, the
+    /// limit, the grant connection if any, then `SYNCED`.
+    fn send_rest(
+        &self,
+        s: &UnixStream,
+        grant: Option<&OwnedFd>,
+    ) -> Result<(), qemu_ivshmem::Error> {
+        for (v, b) in self.host_bells.iter().enumerate() {
+            send_msg(s, encode(HOST_BELL, 0, v as u16), Some(b.fd().as_raw_fd()))?;
+        }
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for (id, bells) in &peers {
+            send_bells(s, *id, bells)?;
+        }
+        if let Some(mib) = self.limit_mib {
+            send_msg(s, (LIMIT << 40) | (mib as i64 & LIMIT_MASK), None)?;
+        }
+        if let Some(g) = grant {
+            send_msg(s, encode(GRANT, 0, 0), Some(g.as_raw_fd()))?;
+        }
+        send_msg(s, encode(SYNCED, 0, 0), None)
+    }
+
+    /// Makes `ours`, fed its snapshot, the current worker's feed.
+    fn make_current(&mut self, ours: UnixStream) {
+        self.close();
+        // Said by the worker before this one, if at all.
+        self.poisoned.store(false, Ordering::Relaxed);
         self.current = Some(ours);
         self.fed.store(true, Ordering::Relaxed);
+    }
+
+    fn start_standby(&mut self, ours: UnixStream) {
+        if let Some(old) = self.standby.take() {
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+        if let Err(e) = self.send_region(&ours) {
+            tracing::warn!(vm = self.name, "standby feed failed: {e}");
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        self.standby_live.store(false, Ordering::Relaxed);
+        self.standby_live = Arc::new(AtomicBool::new(true));
+        let ready = (self.standby_ready.clone(), self.standby_live.clone());
+        if !self.listen_back(&ours, Some(ready)) {
+            return;
+        }
+        self.standby = Some(ours);
+    }
+
+    fn promote(&mut self, grant: Option<OwnedFd>) {
+        let Some(ours) = self.standby.take() else {
+            return;
+        };
+        self.standby_live.store(false, Ordering::Relaxed);
+        if let Err(e) = self.send_rest(&ours, grant.as_ref()) {
+            tracing::warn!(vm = self.name, "promoting the standby worker failed: {e}");
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        self.make_current(ours);
     }
 }
 
@@ -420,281 +560,6 @@ fn send_bells(
         )?;
     }
     Ok(())
-}
-
-/// A migration the daemon asked for: the target GPU and a connection to its
-/// grant service.
-type MigrationAsk = Arc<Mutex<Option<(u32, Option<OwnedFd>)>>>;
-
-/// A worker's view of the peers, fed by the daemon.
-#[derive(Debug)]
-pub struct Fed {
-    host_bells: Vec<Arc<EventFdBell>>,
-    peers: PeerBells,
-    closed: Arc<AtomicBool>,
-    /// Bytes; 0 while the daemon set none (the config's applies).
-    limit: Arc<AtomicU64>,
-    /// A migration the daemon asked for: (GPU, grant socket).
-    migration: MigrationAsk,
-    migration_asked: Arc<AtomicBool>,
-    /// Our end of the feed, for answers.
-    back: UnixStream,
-}
-
-/// Takes over the feed fd the daemon passed (by number, on the command line).
-pub fn feed_from_fd(fd: RawFd) -> Result<OwnedFd, Error> {
-    let bad = |what: &'static str| Error::Io {
-        what,
-        source: std::io::Error::from_raw_os_error(libc::EBADF),
-    };
-    if fd < 3 {
-        return Err(bad("feed fd must not be a standard stream"));
-    }
-    nix::fcntl::fcntl(
-        // SAFETY: borrowed only for this call; F_GETFD just checks it is open.
-        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-        nix::fcntl::FcntlArg::F_GETFD,
-    )
-    .map_err(|_| bad("feed fd is not open"))?;
-    // SAFETY: the daemon opened this fd for this process alone and named it
-    // on the command line; nothing else in the process owns it, and it was
-    // just checked to be open.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    nix::fcntl::fcntl(
-        &owned,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    )
-    .map_err(|_| bad("feed fd flags"))?;
-    Ok(owned)
-}
-
-impl Fed {
-    /// Reads the feed up to its first synchronization point: returns the
-    /// region's fd and the link; a thread keeps the peers up to date after.
-    pub fn receive(feed: OwnedFd) -> Result<(OwnedFd, Fed), Error> {
-        let sock = UnixStream::from(feed);
-        let mut region = None;
-        let mut host_bells: BTreeMap<u16, Arc<EventFdBell>> = BTreeMap::new();
-        let peers: PeerBells = Arc::default();
-        let limit = Arc::new(AtomicU64::new(0));
-        loop {
-            let Some((v, fd)) = recv_msg(&sock)? else {
-                return Err(Error::Config("the daemon closed the feed".into()));
-            };
-            let (kind, peer, vector) = decode(v);
-            match (kind, fd) {
-                (REGION, Some(fd)) => region = Some(fd),
-                (HOST_BELL, Some(fd)) => {
-                    host_bells.insert(vector, Arc::new(EventFdBell::from_fd(fd)));
-                }
-                (SYNCED, None) => break,
-                (LIMIT, None) => set_limit(&limit, v),
-                (_, fd) => apply(&peers, kind, peer, vector, fd)?,
-            }
-        }
-        let region = region.ok_or_else(|| Error::Config("feed without a region".into()))?;
-        let host_bells: Vec<_> = host_bells.into_values().collect();
-        let closed = Arc::new(AtomicBool::new(false));
-        let migration: MigrationAsk = Arc::default();
-        let migration_asked = Arc::new(AtomicBool::new(false));
-        let back = sock.try_clone().map_err(|source| Error::Io {
-            what: "feed clone",
-            source,
-        })?;
-        {
-            let (peers, closed, limit) = (peers.clone(), closed.clone(), limit.clone());
-            let (migration, asked) = (migration.clone(), migration_asked.clone());
-            std::thread::Builder::new()
-                .name("feed".into())
-                .spawn(move || loop {
-                    match recv_msg(&sock) {
-                        Ok(Some((v, fd))) => {
-                            let (kind, peer, vector) = decode(v);
-                            if kind == LIMIT {
-                                set_limit(&limit, v);
-                            } else if kind == MIGRATE {
-                                *migration.lock().unwrap_or_else(|e| e.into_inner()) =
-                                    Some(((v & 0xffff) as u32, fd));
-                                asked.store(true, Ordering::Release);
-                            } else if apply(&peers, kind, peer, vector, fd).is_err() {
-                                tracing::warn!("unexpected feed message {v:#x}");
-                            }
-                        }
-                        _ => {
-                            closed.store(true, Ordering::Relaxed);
-                            return;
-                        }
-                    }
-                })
-                .map_err(|source| Error::Io {
-                    what: "spawning feed thread",
-                    source,
-                })?;
-        }
-        Ok((
-            region,
-            Fed {
-                host_bells,
-                peers,
-                closed,
-                limit,
-                migration,
-                migration_asked,
-                back,
-            },
-        ))
-    }
-}
-
-fn set_limit(limit: &AtomicU64, v: i64) {
-    let mib = (v & LIMIT_MASK) as u64;
-    limit.store(mib.saturating_mul(1 << 20).max(1), Ordering::Relaxed);
-}
-
-fn apply(
-    peers: &PeerBells,
-    kind: i64,
-    peer: u16,
-    vector: u16,
-    fd: Option<OwnedFd>,
-) -> Result<(), Error> {
-    let mut map = peers.lock().unwrap_or_else(|e| e.into_inner());
-    match (kind, fd) {
-        (PEER_BELL, Some(fd)) => {
-            // Vectors arrive in order; a peer sent again (a snapshot
-            // overlapping an event) replaces its bells one by one.
-            let bells = map.entry(peer).or_default();
-            let bell = Arc::new(EventFdBell::from_fd(fd));
-            match usize::from(vector) {
-                v if v < bells.len() => bells[v] = bell,
-                v if v == bells.len() => bells.push(bell),
-                v => return Err(Error::Config(format!("feed: vector {v} out of order"))),
-            }
-            Ok(())
-        }
-        (PEER_GONE, None) => {
-            map.remove(&peer);
-            Ok(())
-        }
-        _ => Err(Error::Config(format!(
-            "unexpected feed message kind {kind}"
-        ))),
-    }
-}
-
-/// How the worker reaches its peers.
-#[derive(Debug)]
-pub enum PeerLink {
-    /// The worker serves its own socket (started by hand, tests, benches).
-    Local(ServerHandle),
-    /// The daemon serves the socket and feeds the worker.
-    Fed(Fed),
-}
-
-impl PeerLink {
-    /// The host's own doorbells (guests ring these).
-    pub fn host_bells(&self) -> &[Arc<EventFdBell>] {
-        match self {
-            PeerLink::Local(s) => &s.host_bells,
-            PeerLink::Fed(f) => &f.host_bells,
-        }
-    }
-
-    /// Rings vector `vector` of peer `peer`, if it is connected.
-    pub fn ring_peer(&self, peer: u16, vector: u32) -> Result<(), Error> {
-        match self {
-            PeerLink::Local(s) => Ok(s.ring_peer(peer, vector)?),
-            PeerLink::Fed(f) => {
-                let bell = f
-                    .peers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&peer)
-                    .and_then(|b| b.get(vector as usize).cloned());
-                match bell {
-                    Some(b) => Ok(b.ring()?),
-                    None => Ok(()),
-                }
-            }
-        }
-    }
-
-    /// Peers that left since the last call (a local server only: under the
-    /// daemon, the daemon marks their channels).
-    pub fn departed(&self) -> Vec<u16> {
-        match self {
-            PeerLink::Local(s) => s
-                .events
-                .try_iter()
-                .filter_map(|ev| match ev {
-                    PeerEvent::Gone(p) => Some(p),
-                    PeerEvent::Connected(_) => None,
-                })
-                .collect(),
-            PeerLink::Fed(_) => Vec::new(),
-        }
-    }
-
-    /// The device-memory limit the daemon set while running, if any.
-    pub fn memory_limit(&self) -> Option<u64> {
-        match self {
-            PeerLink::Local(_) => None,
-            PeerLink::Fed(f) => Some(f.limit.load(Ordering::Relaxed)).filter(|&b| b > 0),
-        }
-    }
-
-    /// A migration the daemon asked for since the last call: the target GPU
-    /// and, when the scheduler runs, a connection to its grant service.
-    /// Cheap when there is none (one atomic load).
-    pub fn take_migration(&self) -> Option<(u32, Option<OwnedFd>)> {
-        match self {
-            PeerLink::Local(_) => None,
-            PeerLink::Fed(f) => {
-                if !f.migration_asked.swap(false, Ordering::Acquire) {
-                    return None;
-                }
-                f.migration.lock().unwrap_or_else(|e| e.into_inner()).take()
-            }
-        }
-    }
-
-    /// Tells the daemon how a migration went.
-    pub fn report_migration(&self, r: &MigrationReport) {
-        if let PeerLink::Fed(f) = self {
-            let _ = send_msg(
-                &f.back,
-                (MIGRATION_PAUSE_US << 40) | (r.pause_us as i64 & LIMIT_MASK),
-                None,
-            );
-            let _ = send_msg(
-                &f.back,
-                (MIGRATION_KIB << 40) | (r.kib as i64 & LIMIT_MASK),
-                None,
-            );
-            let moved = if r.moved { 1 << 16 } else { 0 };
-            let _ = send_msg(
-                &f.back,
-                (MIGRATED << 40) | moved | i64::from(r.gpu as u16),
-                None,
-            );
-        }
-    }
-
-    /// Tells the daemon that a CUDA error poisoned this worker's GPU
-    /// contexts (it exits next).
-    pub fn report_poisoned(&self) {
-        if let PeerLink::Fed(f) = self {
-            let _ = send_msg(&f.back, POISONED << 40, None);
-        }
-    }
-
-    /// Whether the daemon went away (its end of the feed closed).
-    pub fn orphaned(&self) -> bool {
-        match self {
-            PeerLink::Local(_) => false,
-            PeerLink::Fed(f) => f.closed.load(Ordering::Relaxed),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -783,6 +648,76 @@ mod tests {
             assert!(t.elapsed() < Duration::from_secs(5), "feed not closed");
             std::thread::sleep(Duration::from_millis(10));
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_standby_gets_the_region_alone_until_promoted() {
+        let dir = std::env::temp_dir().join(format!("fvg-link-standby-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("vm.sock");
+        let host = VmHost::start("link-standby", &sock, layout()).unwrap();
+        let client = Client::connect(&sock, Duration::from_secs(5)).unwrap();
+        let (fd, fed) = Fed::receive(host.feed().unwrap()).unwrap();
+        let region = Region::adopt(fd, layout()).unwrap();
+        let old = PeerLink::Fed(fed);
+        let g = client.region.claim(u32::from(client.id), 1, 0).unwrap();
+        region
+            .host_channel(g.index())
+            .unwrap()
+            .mark_serving()
+            .unwrap();
+
+        // The standby maps the region and hears nothing more for now.
+        let (fd2, start) = FeedStart::receive_region(host.standby_feed().unwrap()).unwrap();
+        let standby = Region::map_existing(fd2, layout()).unwrap();
+        assert_eq!(standby.claim_state(g.index()).unwrap(), ClaimState::Claimed);
+        start
+            .sock
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        assert!(
+            recv_msg(&start.sock).is_err(),
+            "only the region until promoted"
+        );
+        start.sock.set_read_timeout(None).unwrap();
+        assert!(!host.standby_ready());
+        start.ready().unwrap();
+        let t = std::time::Instant::now();
+        while !host.standby_ready() {
+            assert!(t.elapsed() < Duration::from_secs(5), "ready not heard");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        host.set_memory_limit(200).unwrap();
+
+        // Promoted: the rest of the snapshot, the grant connection, and the
+        // old worker's feed closed.
+        let (grant, _service_end) = UnixStream::pair().unwrap();
+        host.promote(Some(grant)).unwrap();
+        let mut fed2 = start.finish().unwrap();
+        assert!(fed2.take_grant().is_some());
+        assert!(fed2.take_grant().is_none(), "once");
+        assert!(!host.standby_ready(), "the promoted one is no standby");
+        let link2 = PeerLink::Fed(fed2);
+        assert_eq!(link2.memory_limit(), Some(200 << 20));
+        standby.take_over().unwrap();
+        assert_eq!(standby.claim_state(g.index()).unwrap(), ClaimState::Lost);
+        link2.ring_peer(client.id, 1).unwrap();
+        assert!(wait_readable(&client.own_bells[1]));
+        let t = std::time::Instant::now();
+        while !old.orphaned() {
+            assert!(t.elapsed() < Duration::from_secs(5), "old feed not closed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The promoted worker's reports reach the daemon.
+        link2.report_poisoned();
+        let t = std::time::Instant::now();
+        while !host.take_poisoned() {
+            assert!(t.elapsed() < Duration::from_secs(5), "poison not heard");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(g);
+        drop(host);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
