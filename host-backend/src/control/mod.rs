@@ -237,6 +237,16 @@ impl ControlPlane {
         *lock(&self.restarts).entry(vm.to_owned()).or_default() += 1;
     }
 
+    /// The daemon ended `vm`'s worker: its GPU's grant service forgets it
+    /// now, so that its successor can register at once.
+    pub fn forget_worker(&self, vm: &str) {
+        let gpu = self.gpu_of(vm).unwrap_or(0);
+        let id = self.vgpu_id(vm);
+        if let Some(svc) = lock(&self.services).get(&gpu) {
+            let _ = svc.forget(id);
+        }
+    }
+
     /// Records an event for the dashboard and the status.
     pub fn event(&self, kind: &str, message: String) {
         tracing::info!(kind, "{message}");

@@ -163,6 +163,8 @@ enum Command {
     },
     /// A vGPU arriving from another GPU: place it this far ahead.
     Expect { vgpu: u32, lag: u128 },
+    /// The daemon ended a vGPU's worker: forget its connection now.
+    Forget { vgpu: u32 },
 }
 
 /// What the service knows of a vGPU's place among the tenants.
@@ -335,6 +337,13 @@ impl GrantService {
         self.send(Command::Expect { vgpu, lag })
     }
 
+    /// The daemon ended `vgpu`'s worker, whose connection may stay open
+    /// until the driver has torn the process down: it is forgotten now, its
+    /// grant with it, so that its successor can register (see `daemon.rs`).
+    pub fn forget(&self, vgpu: u32) -> Result<(), Error> {
+        self.send(Command::Forget { vgpu })
+    }
+
     fn send(&self, c: Command) -> Result<(), Error> {
         self.commands
             .lock()
@@ -357,6 +366,34 @@ impl Drop for GrantService {
         }
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// What [`forget_worker`] changes of the service's state.
+type Registry<'a> = (
+    &'a mut HashMap<u32, UnixStream>,
+    &'a mut GpuScheduler,
+    &'a mut std::collections::HashSet<u32>,
+    &'a mut Option<u32>,
+    &'a mut corun::CoRun,
+);
+
+/// Forgets vGPU `id`'s worker (it went away, or the daemon ended it): its
+/// connection, its place in the queue, and its grant.
+fn forget_worker(id: u32, st: &mut Registry<'_>, shares: &HashMap<u32, Share>, usage: &Usage) {
+    let (conns, sched, active, holder, co) = st;
+    conns.remove(&id);
+    let _ = sched.remove(id);
+    active.remove(&id);
+    apply_shares(sched, shares, active, conns, usage);
+    if **holder == Some(id) {
+        **holder = None;
+    }
+    co.forget(id);
+    let mut u = usage.lock().unwrap_or_else(|e| e.into_inner());
+    let v = u.entry(id).or_default();
+    v.connected = false;
+    v.holding = false;
+    v.report.queued = 0;
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -427,6 +464,12 @@ fn serve(
                 }
                 Command::Expect { vgpu, lag } => {
                     arriving.insert(vgpu, lag);
+                }
+                Command::Forget { vgpu } => {
+                    if conns.contains_key(&vgpu) {
+                        let mut st = (&mut conns, &mut sched, &mut active, &mut holder, &mut co);
+                        forget_worker(vgpu, &mut st, &shares, usage);
+                    }
                 }
             }
         }
@@ -568,20 +611,8 @@ fn serve(
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(_) => {
                     // The worker went away: forget it, and its grant.
-                    conns.remove(&id);
-                    let _ = sched.remove(id);
-                    active.remove(&id);
-                    apply_shares(&mut sched, &shares, &active, &conns, usage);
-                    if holder == Some(id) {
-                        holder = None;
-                    }
-                    co.forget(id);
-                    live(&mut |u| {
-                        let v = u.entry(id).or_default();
-                        v.connected = false;
-                        v.holding = false;
-                        v.report.queued = 0;
-                    });
+                    let mut st = (&mut conns, &mut sched, &mut active, &mut holder, &mut co);
+                    forget_worker(id, &mut st, &shares, usage);
                 }
             }
         }
@@ -769,6 +800,35 @@ mod tests {
         assert!(mmr > 0.85, "MMR {mmr}, held {held:?}");
         let usage = svc.usage();
         assert_eq!(usage.len(), 3);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_forgotten_worker_gives_way_to_its_successor_at_once() {
+        let dir = std::env::temp_dir().join(format!("fvg-grant-forget-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+        // The old worker, its connection still open (a killed process the
+        // driver is still tearing down), idle for now.
+        let mut old = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        assert!(old.acquire(Duration::from_secs(5)).unwrap());
+        old.release(1000, false).unwrap();
+        // A second registration of vGPU 1 is refused meanwhile: the GPU is
+        // free, yet it gets no grant.
+        let mut early = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        assert!(
+            !early.acquire(Duration::from_millis(300)).unwrap_or(false),
+            "two workers of one vGPU registered"
+        );
+        // The old one holds the grant again when the daemon ends it: once
+        // forgotten, its successor registers and gets the GPU at once.
+        assert!(old.acquire(Duration::from_secs(5)).unwrap());
+        svc.forget(1).unwrap();
+        let mut new = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        assert!(new.acquire(Duration::from_secs(5)).unwrap());
+        assert!(svc.live()[&1].connected);
+        new.release(1000, false).unwrap();
+        drop(old);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
