@@ -27,20 +27,26 @@ pub fn build_executor(cfg: &Config, gpu: u32) -> Result<Box<dyn Executor>, Error
     }
 }
 
+/// How long a standby worker tries to initialize CUDA (see `run_worker`).
+const STANDBY_INIT_TRIES: Duration = Duration::from_secs(10);
+
 /// The exit status of a worker whose GPU contexts a sticky CUDA error poisoned.
 pub const EXIT_POISONED: i32 = 75;
 
 /// Runs one worker in this process until SIGTERM; `id` is its vGPU's id at
 /// the grant service (the daemon's; by default its position in the config).
-/// With `feed_fd` (the daemon's feed, see [`crate::link`]) it adopts the
-/// region the daemon serves; without, it serves its own.
+/// With `feed` (the fd of the daemon's feed, see [`crate::link`], and
+/// whether to start as a standby, see `crate::mps`) it adopts the region the
+/// daemon serves; without, it serves its own.
 pub fn run_worker(
     cfg: &Config,
     vm: &str,
     id: Option<u32>,
-    feed_fd: Option<i32>,
+    feed: Option<(i32, bool)>,
     gpu: Option<u32>,
 ) -> Result<(), Error> {
+    let feed_fd = feed.map(|f| f.0);
+    let standby = feed.is_some_and(|f| f.1);
     let started = std::time::Instant::now();
     let vmc = cfg
         .vm(vm)
@@ -50,7 +56,23 @@ pub fn run_worker(
     // An MPS client sees only the GPU its server was started for, as 0.
     let mps = cfg.gpu_mps(gpu) && cfg.daemon.executor == ExecutorKind::Cuda;
     let ordinal = if mps { 0 } else { gpu };
-    let exec = build_executor(cfg, ordinal)?;
+    let exec = if standby {
+        // A standby may start as its MPS server is still being torn down
+        // after a fault (`CUDA_ERROR_MPS_SERVER_NOT_READY`): it has time.
+        let t = std::time::Instant::now();
+        loop {
+            match build_executor(cfg, ordinal) {
+                Ok(e) => break e,
+                Err(e) if t.elapsed() < STANDBY_INIT_TRIES => {
+                    tracing::debug!(vm, "standby: GPU not ready yet: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    } else {
+        build_executor(cfg, ordinal)?
+    };
     let init_ms = started.elapsed().as_millis() as u64;
     let wc = WorkerConfig {
         name: vm.to_owned(),
@@ -77,6 +99,12 @@ pub fn run_worker(
         prefill_contexts: if mps { cfg.gpu_mps_processes(gpu) } else { 0 },
     };
     let mut worker = match feed_fd {
+        Some(fd) if standby => Worker::standby(
+            &wc,
+            exec,
+            crate::link::feed_from_fd(fd)?,
+            cfg.daemon.sandbox,
+        )?,
         Some(fd) => Worker::adopt(&wc, exec, crate::link::feed_from_fd(fd)?)?,
         None => Worker::new(&wc, exec)?,
     };
@@ -97,6 +125,7 @@ pub fn run_worker(
         socket = %wc.socket.display(),
         init_ms,
         ready_ms = started.elapsed().as_millis() as u64,
+        standby,
         "worker serving"
     );
     worker.run()
@@ -136,14 +165,18 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     crate::control::start(&plane)?;
     // One MPS control daemon per GPU that asks for it (see `mps.rs`),
     // before any of its workers starts.
-    let mut mps: std::collections::HashMap<u32, crate::mps::MpsDaemon> = Default::default();
+    let mut mps: std::collections::HashMap<u32, crate::mps::MpsGpu> = Default::default();
     for g in cfg
         .gpus
         .iter()
         .filter(|g| g.mps && cfg.daemon.executor == ExecutorKind::Cuda)
     {
-        let d =
-            crate::mps::MpsDaemon::start(&cfg.daemon.mps_control, &cfg.daemon.run_dir, g.index)?;
+        let d = crate::mps::MpsGpu::start(
+            &cfg.daemon.mps_control,
+            &cfg.daemon.run_dir,
+            g.index,
+            g.mps_standby,
+        )?;
         mps.insert(g.index, d);
     }
     // The module image store the workers share (see `image_store.rs`).
@@ -163,8 +196,18 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     let mut hosts: std::collections::BTreeMap<String, VmHost> = Default::default();
     // Workers the daemon ended, until reaped.
     let mut ending: Vec<Ending> = Vec::new();
-    let spawn = |name: &str, host: &VmHost| -> Result<Child, Error> {
-        let feed = host.feed()?;
+    // A worker for `name`, or a standby one, the client of MPS side `side`
+    // of its GPU (if the GPU runs MPS).
+    let spawn = |name: &str,
+                 host: &VmHost,
+                 mps: Option<(&crate::mps::MpsGpu, usize)>,
+                 standby: bool|
+     -> Result<Child, Error> {
+        let feed = if standby {
+            host.standby_feed()?
+        } else {
+            host.feed()?
+        };
         // Only this fd crosses the exec (the rest are close-on-exec); the
         // supervisor is the only thread that starts processes.
         nix::fcntl::fcntl(
@@ -185,8 +228,12 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
             .arg(feed.as_raw_fd().to_string())
             .arg("--gpu")
             .arg(gpu.to_string());
-        if let Some(m) = mps.get(&gpu) {
-            cmd.envs(m.client_env()).env_remove("CUDA_VISIBLE_DEVICES");
+        if standby {
+            cmd.arg("--standby");
+        }
+        if let Some((m, side)) = mps {
+            cmd.envs(m.side(side).client_env())
+                .env_remove("CUDA_VISIBLE_DEVICES");
         }
         cmd.spawn().map_err(|source| Error::Io {
             what: "spawning worker",
@@ -209,6 +256,9 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
             }
             if let Some(child) = w.child.as_mut() {
                 stop_child(child);
+            }
+            if let Some(sb) = w.standby.as_mut() {
+                stop_child(&mut sb.child);
             }
             plane.event(
                 "worker",
@@ -238,13 +288,18 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                     plane.watch_log_suppressed(&vm.name, host.log_counter());
                     hosts.insert(vm.name.clone(), host);
                 }
+                let gpu = plane.gpu_of(&vm.name).unwrap_or(0);
+                let side = mps.get(&gpu).map(|m| (m, m.serving()));
                 children.push(Supervised {
                     name: vm.name.clone(),
-                    child: Some(spawn(&vm.name, &hosts[&vm.name])?),
+                    child: Some(spawn(&vm.name, &hosts[&vm.name], side, false)?),
+                    side: side.map_or(0, |s| s.1),
                     started: Instant::now(),
                     quick_deaths: 0,
                     restart_at: None,
                     poisoned: false,
+                    standby: None,
+                    standby_at: Instant::now() + STANDBY_AFTER,
                 });
                 tracing::info!(
                     vm = vm.name,
@@ -301,41 +356,92 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         // worker of that GPU is ended and started again, and its VM's
         // guests recover as from a worker crash (`VgpuReset`).
         for &gpu in &mps_faults {
+            // With standby workers the other side serves from now on: each
+            // VM's standby takes over at once, and a VM without one starts
+            // a worker there at once, never waiting for this side's
+            // teardown.
+            let swapped = mps.get_mut(&gpu).is_some_and(crate::mps::MpsGpu::swap);
             // Killed, as a crash would end them: their contexts are lost
             // already, and a clean exit would only wait on the server.
             // Reaped below in later turns (the driver tears them down one
             // after another: 0.44 s for four on an H100), so that this loop
             // never waits on one.
-            let mut n = 0;
+            let (mut n, mut promoted) = (0, 0);
             for w in &mut children {
                 if plane.gpu_of(&w.name).unwrap_or(0) != gpu {
                     continue;
                 }
-                let Some(child) = w.child.take() else {
-                    continue;
-                };
-                signal_child(&child, nix::sys::signal::Signal::SIGKILL);
-                let why = if std::mem::take(&mut w.poisoned) {
-                    w.restart_at = Some(Instant::now() + w.backoff());
+                let exited = w.child.is_none();
+                match w.child.take() {
+                    Some(child) => {
+                        signal_child(&child, nix::sys::signal::Signal::SIGKILL);
+                        ending.push(Ending {
+                            name: w.name.clone(),
+                            child,
+                            gpu,
+                            side: w.side,
+                            since: Instant::now(),
+                        });
+                        n += 1;
+                        plane.worker_restarted(&w.name);
+                    }
+                    // Exited already (it crashed, or it had been poisoned
+                    // and was reaped above): its standby takes over too.
+                    None if w.restart_at.is_some() => {}
+                    None => continue,
+                }
+                let poisoned = std::mem::take(&mut w.poisoned);
+                let why = if poisoned {
                     "a CUDA error poisoned its GPU contexts"
                 } else {
-                    w.restart_at = Some(Instant::now());
                     "another client of its GPU's MPS server failed"
                 };
-                plane.worker_restarted(&w.name);
-                plane.event("worker", format!("{}: worker restarted: {why}", w.name));
-                ending.push(Ending {
-                    name: w.name.clone(),
-                    child,
-                    gpu,
-                    since: Instant::now(),
+                if let (true, Some(host), Some(mut sb)) =
+                    (swapped, hosts.get(&w.name), w.standby.take())
+                {
+                    let ready = if host.standby_ready() {
+                        "ready"
+                    } else {
+                        "still making its contexts"
+                    };
+                    match promote(&plane, &want, host, &w.name, gpu) {
+                        Ok(()) => {
+                            w.child = Some(sb.child);
+                            w.side = sb.side;
+                            w.started = Instant::now();
+                            w.restart_at = None;
+                            w.standby_at = Instant::now() + STANDBY_AFTER;
+                            promoted += 1;
+                            plane.event(
+                                "worker",
+                                format!(
+                                    "{}: its standby worker ({ready}) took over: {why}",
+                                    w.name
+                                ),
+                            );
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::warn!(vm = w.name, "promoting its standby worker: {e}");
+                            stop_child(&mut sb.child);
+                        }
+                    }
+                }
+                if exited {
+                    continue; // its restart is set already
+                }
+                w.restart_at = Some(if poisoned {
+                    Instant::now() + w.backoff()
+                } else {
+                    Instant::now()
                 });
-                n += 1;
+                plane.event("worker", format!("{}: worker restarted: {why}", w.name));
             }
             tracing::info!(
                 gpu,
                 clients = n,
-                "MPS clients of a failed client's GPU ended, to be started again"
+                promoted,
+                "MPS clients of a failed client's GPU ended; standby workers took over or new ones start"
             );
         }
         ending.retain_mut(|e| match e.child.try_wait() {
@@ -353,18 +459,58 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         // New clients of an MPS server start only once every client it had
         // is gone, as the server needs (measured on an H100: starting them
         // at once, their `cuInit` waiting on the server, took longer).
-        let dying: std::collections::HashSet<u32> = ending.iter().map(|e| e.gpu).collect();
+        let dying: std::collections::HashSet<(u32, usize)> =
+            ending.iter().map(|e| (e.gpu, e.side)).collect();
         for w in &mut children {
+            let gpu = plane.gpu_of(&w.name).unwrap_or(0);
+            let side = mps.get(&gpu).map(|m| (m, m.serving()));
             if w.restart_at.is_some_and(|t| Instant::now() >= t)
-                && !dying.contains(&plane.gpu_of(&w.name).unwrap_or(0))
+                && !dying.contains(&(gpu, side.map_or(0, |s| s.1)))
             {
                 let Some(host) = hosts.get(w.name.as_str()) else {
                     continue;
                 };
-                w.child = Some(spawn(&w.name, host)?);
+                w.child = Some(spawn(&w.name, host, side, false)?);
+                w.side = side.map_or(0, |s| s.1);
                 w.started = Instant::now();
                 w.restart_at = None;
             }
+        }
+        // Standby workers (see `mps.rs`): one per serving worker of a GPU
+        // that keeps them, a client of the other side once none of that
+        // side's old clients is left, started a while after the serving
+        // one so as not to slow its start.
+        for w in &mut children {
+            let gpu = plane.gpu_of(&w.name).unwrap_or(0);
+            let Some((m, side)) = mps.get(&gpu).and_then(|m| Some((m, m.standby()?))) else {
+                continue;
+            };
+            if let Some(sb) = w.standby.as_mut() {
+                if let Ok(Some(status)) = sb.child.try_wait() {
+                    plane.event(
+                        "worker",
+                        format!("{}: standby worker exited ({status})", w.name),
+                    );
+                    w.standby = None;
+                    w.standby_at = Instant::now() + STANDBY_RETRY;
+                }
+                continue;
+            }
+            if w.child.is_none()
+                || Instant::now() < w.standby_at
+                || w.started.elapsed() < STANDBY_AFTER
+                || dying.contains(&(gpu, side))
+            {
+                continue;
+            }
+            let Some(host) = hosts.get(w.name.as_str()) else {
+                continue;
+            };
+            w.standby = Some(Standby {
+                child: spawn(&w.name, host, Some((m, side)), true)?,
+                side,
+            });
+            tracing::info!(vm = w.name, gpu, side, "standby worker started");
         }
         // Migrations: start those asked for, collect the workers' reports.
         for (vm, to) in plane.take_requested() {
@@ -388,6 +534,9 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         if let Some(child) = w.child.as_mut() {
             stop_child(child);
         }
+        if let Some(sb) = w.standby.as_mut() {
+            stop_child(&mut sb.child);
+        }
     }
     for e in &mut ending {
         let _ = e.child.wait();
@@ -395,6 +544,32 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     drop(hosts);
     let _ = std::fs::remove_file(cfg.api_socket());
     Ok(())
+}
+
+/// Makes `vm`'s standby worker its worker (the caller ended the serving
+/// one): the GPU's grant service forgets the ended one, and the standby
+/// registers there over a connection made here (it is confined).
+fn promote(
+    plane: &crate::control::ControlPlane,
+    cfg: &Config,
+    host: &VmHost,
+    vm: &str,
+    gpu: u32,
+) -> Result<(), Error> {
+    plane.forget_worker(vm);
+    let grant = if cfg.daemon.scheduler {
+        Some(
+            std::os::unix::net::UnixStream::connect(grant_socket(cfg, gpu)).map_err(|source| {
+                Error::Io {
+                    what: "connecting to the grant service",
+                    source,
+                }
+            })?,
+        )
+    } else {
+        None
+    };
+    host.promote(grant)
 }
 
 /// Tells `vm`'s worker to move to GPU `to`: the target GPU's fair queue
@@ -446,7 +621,25 @@ struct Supervised {
     restart_at: Option<Instant>,
     /// It said that a CUDA error poisoned its contexts (and will exit).
     poisoned: bool,
+    /// The MPS side (see `mps.rs`) the worker is a client of.
+    side: usize,
+    /// Its standby worker, on a GPU that keeps them.
+    standby: Option<Standby>,
+    /// No standby is started before this.
+    standby_at: Instant,
 }
+
+/// A standby worker: its process and the MPS side it is a client of.
+struct Standby {
+    child: Child,
+    side: usize,
+}
+
+/// A standby worker starts this long after its VM's serving worker (whose
+/// contexts come first).
+const STANDBY_AFTER: Duration = Duration::from_secs(2);
+/// And this long after the last standby exited without being promoted.
+const STANDBY_RETRY: Duration = Duration::from_secs(5);
 
 /// A worker the daemon ended (its GPU's MPS server lost a client), until
 /// the driver has torn it down and it is reaped.
@@ -454,6 +647,8 @@ struct Ending {
     name: String,
     child: Child,
     gpu: u32,
+    /// The MPS side it was a client of.
+    side: usize,
     since: Instant,
 }
 
@@ -519,6 +714,9 @@ mod tests {
             quick_deaths: 0,
             restart_at: None,
             poisoned: false,
+            side: 0,
+            standby: None,
+            standby_at: Instant::now(),
         };
         assert_eq!(w.backoff(), Duration::ZERO, "died after a long run");
         w.started = Instant::now();

@@ -45,6 +45,10 @@ enum Cmd {
         /// config's).
         #[arg(long)]
         gpu: Option<u32>,
+        /// Start as a standby (set by the daemon for an MPS GPU): make the
+        /// contexts ahead, then wait on the feed until promoted.
+        #[arg(long, requires = "feed_fd")]
+        standby: bool,
     },
     /// Move a running vGPU to another GPU of the host (through the API).
     Migrate {
@@ -391,7 +395,14 @@ fn main() -> Result<()> {
             id,
             feed_fd,
             gpu,
-        } => match daemon::run_worker(&Config::load(&config)?, &vm, id, feed_fd, gpu) {
+            standby,
+        } => match daemon::run_worker(
+            &Config::load(&config)?,
+            &vm,
+            id,
+            feed_fd.map(|fd| (fd, standby)),
+            gpu,
+        ) {
             // The daemon tells this exit apart from a crash.
             Err(host_backend::Error::Poisoned(_)) => std::process::exit(daemon::EXIT_POISONED),
             r => Ok(r?),

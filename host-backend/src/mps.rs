@@ -19,6 +19,20 @@
 //! and they bound how many of its VM's processes run at once
 //! (`worker/contexts.rs`). Measured on an H100:
 //! `results/2026-11-23-h100-verify-2.md`.
+//!
+//! Standby workers (`[[gpu]] mps_standby`, on by default): the daemon runs a
+//! second control daemon for the GPU (`<run_dir>/mps-gpu<N>-b/`), and each
+//! vGPU of the GPU keeps a standby worker that is its server's client: it
+//! has mapped its VM's region, registered it, made its contexts and been
+//! confined, and waits on its feed (`link/`). When a client's fault ends
+//! the serving workers, each VM's standby takes over at once (the daemon
+//! promotes it) while the driver still tears the ended clients down, and
+//! the two sides swap: new standbys become clients of the old side once
+//! its clients are all gone. An H100 served a guest's first work on a
+//! standby's contexts 1-22 ms after the fault, during the teardown
+//! (`results/2026-11-23-h100-mps-standby.md`). It costs each vGPU a second
+//! worker: its contexts (about 0.5 GiB of GPU memory each) and its
+//! registration of the VM's region.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -45,7 +59,11 @@ impl MpsDaemon {
     /// Starts `control` (`nvidia-cuda-mps-control`) as a daemon for GPU
     /// `gpu` under `run_dir`, and waits until its control pipe exists.
     pub fn start(control: &Path, run_dir: &Path, gpu: u32) -> Result<MpsDaemon, Error> {
-        let base = run_dir.join(format!("mps-gpu{gpu}"));
+        Self::start_in(control, &run_dir.join(format!("mps-gpu{gpu}")), gpu)
+    }
+
+    /// Starts `control` for GPU `gpu` with its pipes and logs under `base`.
+    fn start_in(control: &Path, base: &Path, gpu: u32) -> Result<MpsDaemon, Error> {
         let (pipes, logs) = (base.join("pipe"), base.join("log"));
         for d in [&pipes, &logs] {
             std::fs::create_dir_all(d).map_err(|e| io("creating MPS directories", e))?;
@@ -126,6 +144,54 @@ impl MpsDaemon {
     }
 }
 
+/// The MPS control daemons of one GPU: one, or two with standby workers
+/// (one side's clients serve, the other's stand by; they swap after a
+/// fault).
+#[derive(Debug)]
+pub struct MpsGpu {
+    sides: Vec<MpsDaemon>,
+    serving: usize,
+}
+
+impl MpsGpu {
+    /// Starts the GPU's control daemon, and with `standby` a second one.
+    pub fn start(control: &Path, run_dir: &Path, gpu: u32, standby: bool) -> Result<MpsGpu, Error> {
+        let mut sides = vec![MpsDaemon::start(control, run_dir, gpu)?];
+        if standby {
+            let base = run_dir.join(format!("mps-gpu{gpu}-b"));
+            sides.push(MpsDaemon::start_in(control, &base, gpu)?);
+        }
+        Ok(MpsGpu { sides, serving: 0 })
+    }
+
+    /// The side whose clients serve.
+    pub fn serving(&self) -> usize {
+        self.serving
+    }
+
+    /// The side standby workers are clients of, if there is one.
+    pub fn standby(&self) -> Option<usize> {
+        (self.sides.len() > 1).then(|| 1 - self.serving)
+    }
+
+    /// The other side serves from now on (after a fault ended this side's
+    /// clients); false if there is no other side.
+    pub fn swap(&mut self) -> bool {
+        match self.standby() {
+            Some(s) => {
+                self.serving = s;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The control daemon of side `side`.
+    pub fn side(&self, side: usize) -> &MpsDaemon {
+        &self.sides[side.min(self.sides.len() - 1)]
+    }
+}
+
 impl Drop for MpsDaemon {
     fn drop(&mut self) {
         self.stop();
@@ -176,6 +242,21 @@ read cmd
         std::fs::write(&fake, "#!/bin/sh\nexit 1\n").unwrap();
         let e = MpsDaemon::start(&fake, &dir, 4).unwrap_err().to_string();
         assert!(e.contains("GPU 4") && e.contains("mps-gpu4"), "{e}");
+        std::fs::write(&fake, FAKE).unwrap();
+        // With standby workers: a second daemon of its own; the sides swap.
+        let mut g = MpsGpu::start(&fake, &dir, 5, true).unwrap();
+        assert_eq!((g.serving(), g.standby()), (0, Some(1)));
+        let b = dir.join("mps-gpu5-b");
+        assert!(b.join("pipe/control").exists());
+        assert_eq!(g.side(1).client_env()[0].1, b.join("pipe"));
+        assert!(g.swap());
+        assert_eq!((g.serving(), g.standby()), (1, Some(0)));
+        drop(g);
+        assert!(!b.join("pipe/control").exists());
+        let mut one = MpsGpu::start(&fake, &dir, 6, false).unwrap();
+        assert_eq!(one.standby(), None);
+        assert!(!one.swap());
+        assert_eq!(one.serving(), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -219,6 +219,22 @@ fn fault_recovery_ms(bin: &Path, executor: ExecutorKind) -> Result<f64> {
     for s in &sockets {
         until_working(s, Duration::from_secs(60))?;
     }
+    if executor == ExecutorKind::Cuda {
+        // Under MPS each VM keeps a standby worker (`mps.rs`), started a
+        // while after its serving one: the fault comes once all are ready.
+        let t = Instant::now();
+        let ready = |log: &str| log.matches("standby worker ready").count() >= vms.len();
+        while !ready(&std::fs::read_to_string(d.log_path()).unwrap_or_default())
+            && t.elapsed() < Duration::from_secs(60)
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        println!(
+            "standby workers ready: {} after {:.1} s more",
+            ready(&std::fs::read_to_string(d.log_path()).unwrap_or_default()),
+            t.elapsed().as_secs_f64()
+        );
+    }
     let mut bad = Gpu::connect(&sockets[0]).context("attaching")?;
     launch_out_of_bounds(&mut bad)?;
     let fault = bad.synchronize();
@@ -250,14 +266,16 @@ fn fault_recovery_ms(bin: &Path, executor: ExecutorKind) -> Result<f64> {
         "worker exited",
         "MPS clients",
         "worker restarted",
+        "standby worker (",
         "MPS control daemon started",
         "MPS client reaped",
         "worker serving",
+        "standby worker started",
     ];
     let lines: Vec<&str> = log.lines().collect();
     let first = lines
         .iter()
-        .position(|l| steps[..3].iter().any(|s| l.contains(s)))
+        .position(|l| steps[..4].iter().any(|s| l.contains(s)))
         .unwrap_or(lines.len());
     for line in lines[first..]
         .iter()

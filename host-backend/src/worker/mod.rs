@@ -51,7 +51,7 @@ use qemu_ivshmem::server::serve;
 use qemu_ivshmem::{ClaimState, LayoutParams, Region, SpinPolicy};
 
 use crate::executor::Executor;
-use crate::link::{Fed, PeerLink};
+use crate::link::{Fed, FeedStart, PeerLink};
 use crate::Error;
 use channel::{retire, service, wake_owner, Chan};
 use sessions::Sessions;
@@ -221,6 +221,8 @@ pub struct Worker {
     /// The serving thread alone is confined yet: the others are, once the
     /// contexts made ahead are all made (see [`Worker::confine`]).
     confine_when_filled: bool,
+    /// Confined already (a standby worker is, before it is promoted).
+    confined: bool,
 }
 
 impl std::fmt::Debug for Worker {
@@ -231,43 +233,28 @@ impl std::fmt::Debug for Worker {
     }
 }
 
-impl Worker {
-    /// Creates the region, starts serving the socket (a worker on its own).
-    pub fn new(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Worker, Error> {
-        let (region, fd) = Region::create(&format!("fairvgpu-{}", cfg.name), cfg.layout)?;
-        let server = serve(&cfg.socket, fd, cfg.layout.vectors)?;
-        Self::build(cfg, exec, region, PeerLink::Local(server))
-    }
+/// What a worker makes on the device before it serves: the region
+/// registered with it (response arenas, pinned pool) and the contexts made
+/// ahead. A standby worker makes it while another worker still serves.
+struct Device {
+    exec: Box<dyn Executor>,
+    region: Region,
+    pinned_map: Option<qemu_ivshmem::shm::FixedMapping>,
+    info: DeviceInfo,
+    /// The device's whole memory (`info.total_mem` is the vGPU's limit).
+    device_mem: u64,
+    contexts: contexts::ContextPool,
+    /// Connected to the daemon's image store here: a standby worker is
+    /// confined (no `connect`) before it serves.
+    images: image_cache::ImageCache,
+}
 
-    /// Adopts the region the daemon feeds (see [`crate::link`]): channels
-    /// whose owners' GPU state died with a previous worker become LOST, and
-    /// their owners are woken to find out.
-    pub fn adopt(
-        cfg: &WorkerConfig,
-        exec: Box<dyn Executor>,
-        feed: std::os::fd::OwnedFd,
-    ) -> Result<Worker, Error> {
-        let (fd, fed) = Fed::receive(feed)?;
-        let region = Region::adopt(fd, cfg.layout)?;
-        let w = Self::build(cfg, exec, region, PeerLink::Fed(fed))?;
-        for ch in 0..w.sh.region.channels() {
-            if w.sh.region.claim_state(ch)? == ClaimState::Lost {
-                tracing::warn!(
-                    channel = ch,
-                    "its GPU state died with the previous worker; its guest must claim again"
-                );
-                wake_owner(&w.sh, ch);
-            }
-        }
-        Ok(w)
-    }
-
-    fn build(
+impl Device {
+    fn prepare(
         cfg: &WorkerConfig,
         exec: Box<dyn Executor>,
         region: Region,
-        link: PeerLink,
-    ) -> Result<Worker, Error> {
+    ) -> Result<Device, Error> {
         let mut exec = exec;
         let arenas = (0..region.channels())
             .map(|i| region.arena(i, Direction::ToGuest))
@@ -297,6 +284,142 @@ impl Worker {
             None
         };
         let device_mem = info.total_mem;
+        let mut contexts = contexts::ContextPool::default();
+        if cfg.prefill_contexts > 0 {
+            contexts
+                .prefill(exec.as_mut(), cfg.prefill_contexts)
+                .map_err(|s| Error::Config(format!("making GPU contexts ahead: {s:?}")))?;
+        }
+        let images = image_cache::ImageCache::new(
+            cfg.image_cache,
+            cfg.image_store.as_deref().and_then(|p| {
+                crate::image_store::StoreClient::connect(p)
+                    .inspect_err(|e| tracing::warn!("images not shared: {e}"))
+                    .ok()
+            }),
+        );
+        Ok(Device {
+            exec,
+            region,
+            pinned_map,
+            info,
+            device_mem,
+            contexts,
+            images,
+        })
+    }
+}
+
+/// The worker's connection to its GPU's grant service, if the scheduler runs.
+fn connect_gate(cfg: &WorkerConfig) -> Result<Option<crate::grant::Gate>, Error> {
+    match &cfg.grant {
+        Some((path, id, weight)) => Ok(Some(crate::grant::Gate::connect(path, *id, *weight)?)),
+        None => Ok(None),
+    }
+}
+
+impl Worker {
+    /// Creates the region, starts serving the socket (a worker on its own).
+    pub fn new(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Worker, Error> {
+        let (region, fd) = Region::create(&format!("fairvgpu-{}", cfg.name), cfg.layout)?;
+        let server = serve(&cfg.socket, fd, cfg.layout.vectors)?;
+        let dev = Device::prepare(cfg, exec, region)?;
+        Self::build(cfg, dev, PeerLink::Local(server), connect_gate(cfg)?)
+    }
+
+    /// Adopts the region the daemon feeds (see [`crate::link`]): channels
+    /// whose owners' GPU state died with a previous worker become LOST, and
+    /// their owners are woken to find out.
+    pub fn adopt(
+        cfg: &WorkerConfig,
+        exec: Box<dyn Executor>,
+        feed: std::os::fd::OwnedFd,
+    ) -> Result<Worker, Error> {
+        let (fd, fed) = Fed::receive(feed)?;
+        let region = Region::adopt(fd, cfg.layout)?;
+        let dev = Device::prepare(cfg, exec, region)?;
+        let w = Self::build(cfg, dev, PeerLink::Fed(fed), connect_gate(cfg)?)?;
+        w.wake_lost()?;
+        Ok(w)
+    }
+
+    /// A standby worker (see `crate::mps`): maps the region the daemon
+    /// feeds without touching it, registers it with the device and makes
+    /// every context ahead while another worker still serves it, is
+    /// confined (`confine`), tells the daemon it is ready, and waits. Once
+    /// the daemon promotes it (having ended the serving worker) it adopts
+    /// the region as [`Worker::adopt`] does and serves at once.
+    pub fn standby(
+        cfg: &WorkerConfig,
+        exec: Box<dyn Executor>,
+        feed: std::os::fd::OwnedFd,
+        confine: bool,
+    ) -> Result<Worker, Error> {
+        let (fd, start) = FeedStart::receive_region(feed)?;
+        let region = Region::map_existing(fd, cfg.layout)?;
+        let mut dev = Device::prepare(cfg, exec, region)?;
+        while !dev.contexts.filled() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if confine {
+            crate::sandbox::confine()?;
+        }
+        start.ready()?;
+        tracing::info!(vm = cfg.name, "standby worker ready");
+        let mut fed = start.finish()?;
+        dev.region.take_over()?;
+        let gate = match (&cfg.grant, fed.take_grant()) {
+            (Some((_, id, weight)), Some(s)) => Some(crate::grant::Gate::over(
+                std::os::unix::net::UnixStream::from(s),
+                *id,
+                *weight,
+            )?),
+            (Some(_), None) => {
+                return Err(Error::Config(
+                    "promoted without a connection to the grant service".into(),
+                ))
+            }
+            (None, _) => None,
+        };
+        let mut w = Self::build(cfg, dev, PeerLink::Fed(fed), gate)?;
+        w.confined = confine;
+        w.wake_lost()?;
+        Ok(w)
+    }
+
+    /// Wakes the owners of the channels whose GPU state died with the
+    /// previous worker, to find out.
+    fn wake_lost(&self) -> Result<(), Error> {
+        let w = self;
+        for ch in 0..w.sh.region.channels() {
+            if w.sh.region.claim_state(ch)? == ClaimState::Lost {
+                tracing::warn!(
+                    channel = ch,
+                    "its GPU state died with the previous worker; its guest must claim again"
+                );
+                wake_owner(&w.sh, ch);
+            }
+        }
+        Ok(())
+    }
+
+    fn build(
+        cfg: &WorkerConfig,
+        dev: Device,
+        link: PeerLink,
+        gate: Option<crate::grant::Gate>,
+    ) -> Result<Worker, Error> {
+        let Device {
+            exec,
+            region,
+            pinned_map,
+            info,
+            device_mem,
+            contexts,
+            images,
+        } = dev;
+        let mut info = info;
+        let pinned_size = cfg.layout.pinned_size;
         let mem_limit = cfg.mem_limit.min(device_mem);
         info.total_mem = mem_limit;
         let chans = (0..region.channels())
@@ -307,7 +430,7 @@ impl Worker {
         stats
             .device
             .store(u64::from(exec.device()), Ordering::Relaxed);
-        let mut worker = Worker {
+        let worker = Worker {
             sh: Shared {
                 pinned_map,
                 pinned: {
@@ -315,15 +438,8 @@ impl Worker {
                     p.set_device_base(info.pinned_base);
                     p
                 },
-                images: image_cache::ImageCache::new(
-                    cfg.image_cache,
-                    cfg.image_store.as_deref().and_then(|p| {
-                        crate::image_store::StoreClient::connect(p)
-                            .inspect_err(|e| tracing::warn!("images not shared: {e}"))
-                            .ok()
-                    }),
-                ),
-                contexts: contexts::ContextPool::default(),
+                images,
+                contexts,
                 ipc: Default::default(),
                 ipc_events: Default::default(),
                 region,
@@ -342,12 +458,7 @@ impl Worker {
                 mem_used: 0,
                 stats,
                 chunk,
-                gate: match &cfg.grant {
-                    Some((path, id, weight)) => {
-                        Some(crate::grant::Gate::connect(path, *id, *weight)?)
-                    }
-                    None => None,
-                },
+                gate,
                 grant_id: cfg.grant.as_ref().map(|g| (g.1, g.2)),
                 charged_ns: 0,
                 issued_ns: 0,
@@ -372,17 +483,10 @@ impl Worker {
             budget_checked: Instant::now(),
             tuning: handoff::Tuning::get(),
             confine_when_filled: false,
+            confined: false,
         };
-        if cfg.prefill_contexts > 0 {
-            let n = cfg.prefill_contexts;
-            worker
-                .sh
-                .contexts
-                .prefill(worker.sh.exec.as_mut(), n)
-                .map_err(|s| Error::Config(format!("making GPU contexts ahead: {s:?}")))?;
-            let counts = worker.sh.contexts.counts;
-            worker.sh.stats.count_contexts(&counts);
-        }
+        let counts = worker.sh.contexts.counts;
+        worker.sh.stats.count_contexts(&counts);
         Ok(worker)
     }
 
@@ -392,6 +496,9 @@ impl Worker {
     /// this thread is confined now, and every thread once they are all
     /// made (the serving loop looks when it reads the clock).
     pub fn confine(&mut self) -> Result<(), Error> {
+        if self.confined {
+            return Ok(()); // a standby, before it was promoted
+        }
         if self.sh.contexts.filled() {
             return crate::sandbox::confine();
         }
