@@ -129,6 +129,10 @@ impl Bell for PollingBell {
 /// Waits until `poll` yields a value: spin, then announce through `sleeping`
 /// and block on `bell`, re-checking after the announcement so that a message
 /// published just before it is never missed. Gives up at `deadline`.
+///
+/// Rung with nothing to take, the waiter spins again before it blocks: the
+/// peer rang ahead of its message (a host about to be granted the GPU wakes
+/// its sleeping guests, so that its replies find them awake).
 pub fn wait_for<T>(
     policy: &SpinPolicy,
     sleeping: &AtomicU32,
@@ -161,10 +165,18 @@ pub fn wait_for<T>(
             }
             block = block.min(d - now);
         }
-        bell.wait(block)?;
+        let rung = bell.wait(block)?;
         sleeping.store(0, Ordering::Relaxed);
         if let Some(v) = poll()? {
             return Ok(v);
+        }
+        if rung {
+            for _ in 0..policy.spins {
+                if let Some(v) = poll()? {
+                    return Ok(v);
+                }
+                std::hint::spin_loop();
+            }
         }
     }
 }
@@ -213,6 +225,52 @@ mod tests {
         assert!(
             waited < Duration::from_secs(4),
             "wake-up was lost: waited {waited:?}"
+        );
+    }
+
+    /// Rung ahead of the message, the waiter is spinning when it comes: it
+    /// takes it without being rung again (its blocks last 5 s).
+    #[cfg(not(miri))]
+    #[test]
+    fn a_waiter_rung_ahead_of_its_message_spins_for_it() {
+        use std::sync::atomic::AtomicU64;
+        let bell = Arc::new(EventFdBell::new().unwrap());
+        let flag = Arc::new(AtomicU32::new(0));
+        let rung = Arc::new(AtomicBool::new(false));
+        let (b2, f2, r2) = (bell.clone(), flag.clone(), rung.clone());
+        let t = std::thread::spawn(move || {
+            let policy = SpinPolicy {
+                spins: 100_000,
+                max_block_us: 5_000_000,
+            };
+            // The message comes on the 1000th look after the ring (or, for
+            // a waiter that slept again, on its first look 4.5 s after).
+            let looks = AtomicU64::new(0);
+            let since = std::cell::Cell::new(None::<Instant>);
+            wait_for(&policy, &f2, &*b2, None, || {
+                if !r2.load(Ordering::Acquire) {
+                    return Ok(None);
+                }
+                let t = since.get().unwrap_or_else(Instant::now);
+                since.set(Some(t));
+                let n = looks.fetch_add(1, Ordering::Relaxed);
+                Ok((n >= 1000 || t.elapsed() > Duration::from_millis(4500)).then_some(()))
+            })
+            .unwrap();
+            since.get().map(|t| t.elapsed())
+        });
+        // Past its first spin, it sleeps: rung with nothing yet.
+        while flag.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        let t0 = Instant::now();
+        rung.store(true, Ordering::Release);
+        bell.ring().unwrap();
+        t.join().unwrap();
+        assert!(
+            t0.elapsed() < Duration::from_secs(4),
+            "it slept again: waited {:?}",
+            t0.elapsed()
         );
     }
 
