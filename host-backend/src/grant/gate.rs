@@ -12,9 +12,13 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::{
-    decode, encode, Report, CONTENDED, CONTEXTS, COPIES, EXTEND, GRANT, HELLO, LOGS, OCCUPANCY,
-    PROCESS, QUEUE, RELEASE, REPORT, SERVED, SLICED, WANT,
+    decode, encode, Report, CONTENDED, CONTEXTS, COPIES, DRAINING, EXTEND, GRANT, HELLO, LOGS,
+    NEXT, OCCUPANCY, PROCESS, QUEUE, RELEASE, REPORT, SERVED, SLICED, WANT,
 };
+
+/// How long a vGPU told it is next (`NEXT`) polls for its grant without
+/// blocking: the holder's last work takes up to about a slice's overrun.
+const NEXT_SPIN: Duration = Duration::from_millis(3);
 use crate::Error;
 
 /// A worker's side: asks for the grant, knows when its slice is over.
@@ -31,6 +35,10 @@ pub struct Gate {
     extensions: u64,
     /// See [`Gate::alone`].
     alone: bool,
+    /// When the service said this vGPU is next (see [`Gate::take_next`]).
+    next_at: Option<Instant>,
+    /// A `NEXT` not yet taken by [`Gate::take_next`].
+    next_news: bool,
 }
 
 impl Gate {
@@ -63,6 +71,8 @@ impl Gate {
             extensions: 0,
             alone: false,
             slice: Duration::ZERO,
+            next_at: None,
+            next_news: false,
         })
     }
 
@@ -94,6 +104,9 @@ impl Gate {
     }
 
     /// Asks for the grant (once) and waits up to `wait` for it; true if held.
+    /// Told that it is next (`NEXT`), it returns at once (the worker wakes
+    /// its guests: [`Gate::take_next`]), and from then on it polls without
+    /// blocking for a while, so that the grant finds it awake.
     pub fn acquire(&mut self, wait: Duration) -> Result<bool, Error> {
         if self.holding() {
             return Ok(true);
@@ -101,27 +114,69 @@ impl Gate {
         if !self.wanted {
             self.want()?;
         }
-        let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
-        let ms = wait.as_millis().min(u128::from(u16::MAX)) as u16;
-        if poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0) == 0 {
-            return Ok(false);
+        let start = Instant::now();
+        loop {
+            let spinning = self.next_at.is_some_and(|t| t.elapsed() < NEXT_SPIN);
+            let timeout = if spinning {
+                PollTimeout::ZERO
+            } else {
+                PollTimeout::from(wait.as_millis().min(u128::from(u16::MAX)) as u16)
+            };
+            let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
+            if poll(&mut fds, timeout).unwrap_or(0) == 0 {
+                if spinning && start.elapsed() < wait {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                return Ok(false);
+            }
+            let mut m = [0u8; 24];
+            self.stream.read_exact(&mut m).map_err(|e| Error::Io {
+                what: "grant read",
+                source: e,
+            })?;
+            let (kind, _, slice_ns, lone) = decode(&m);
+            match kind {
+                GRANT => {
+                    self.wanted = false;
+                    self.next_at = None;
+                    self.alone = lone == 1;
+                    self.slice = Duration::from_nanos(slice_ns);
+                    self.held_since = Some(Instant::now());
+                    self.grants += 1;
+                    return Ok(true);
+                }
+                NEXT => {
+                    self.next_at = Some(Instant::now());
+                    self.next_news = true;
+                    return Ok(false);
+                }
+                // An extension sent as this vGPU gave its grant back is stale.
+                _ => return Ok(false),
+            }
         }
-        let mut m = [0u8; 24];
-        self.stream.read_exact(&mut m).map_err(|e| Error::Io {
-            what: "grant read",
-            source: e,
-        })?;
-        let (kind, _, slice_ns, lone) = decode(&m);
-        // An extension sent as this vGPU gave its grant back is stale.
-        if kind != GRANT {
-            return Ok(false);
+    }
+
+    /// Whether the service said, since the last call, that this vGPU is
+    /// next: the holder is finishing its last work. The worker then wakes
+    /// its sleeping guests, so that they are awake when their replies come.
+    pub fn take_next(&mut self) -> bool {
+        std::mem::take(&mut self.next_news)
+    }
+
+    /// Tells the service that this holder is giving the GPU back: its last
+    /// work is finishing on the device. Said only while another vGPU waits
+    /// (the service then tells the next one).
+    pub fn draining(&mut self) -> Result<(), Error> {
+        if !self.holding() || self.alone {
+            return Ok(());
         }
-        self.wanted = false;
-        self.alone = lone == 1;
-        self.slice = Duration::from_nanos(slice_ns);
-        self.held_since = Some(Instant::now());
-        self.grants += 1;
-        Ok(true)
+        self.stream
+            .write_all(&encode(DRAINING, self.vgpu, 0, 0))
+            .map_err(|e| Error::Io {
+                what: "grant draining",
+                source: e,
+            })
     }
 
     /// How many grants this vGPU has received (tells one grant from the next).

@@ -17,6 +17,14 @@
 //! (`CONTENDED`) and the slice ends as usual (at most one slice later than
 //! without extensions).
 //!
+//! A holder that gives the GPU back while others wait says so as its last
+//! work starts draining (`DRAINING`); the vGPU first in line is told
+//! (`NEXT`): its worker wakes its sleeping guests (who then spin, so that
+//! the grant's first replies find them awake) and polls for the grant
+//! without blocking, and so does the service for the release. Measured on
+//! an H100 (`results/2026-11-23-h100-handoff.md`): guests woken by a reply
+//! after a hand-off went from one a grant to almost none.
+//!
 //! Messages are 24 bytes, little-endian: `[kind u32][vgpu u32][a u64][b u64]`.
 
 use std::collections::HashMap;
@@ -53,6 +61,12 @@ const CONTEXTS: u32 = 14; // a = contexts made for guest processes so far, b = c
 const COPIES: u32 = 15; // a = share of its device work that was copies, parts per million
 const EXTEND: u32 = 12; // a = ns added to the holder's slice
 const CONTENDED: u32 = 13; // another vGPU wants the GPU: no more extensions this grant
+const DRAINING: u32 = 16; // the holder is giving the GPU back: its last work is finishing
+const NEXT: u32 = 17; // to the vGPU first in line when the holder drains: be awake for the grant
+
+/// How long the service polls without blocking once the holder drains
+/// (its last work takes up to about a slice's overrun).
+const DRAIN_SPIN: Duration = Duration::from_millis(3);
 
 fn encode(kind: u32, vgpu: u32, a: u64, b: u64) -> [u8; 24] {
     let mut m = [0u8; 24];
@@ -428,6 +442,8 @@ fn serve(
     // When the last release freed the GPU while some vGPU waited for it
     // (the hand-off the next grant completes).
     let mut freed: Option<Instant> = None;
+    // Since when the holder has been draining (see `DRAINING`).
+    let mut draining_since: Option<Instant> = None;
     let live = |f: &mut dyn FnMut(&mut HashMap<u32, VgpuLive>)| {
         f(&mut usage.lock().unwrap_or_else(|e| e.into_inner()));
     };
@@ -524,7 +540,16 @@ fn serve(
                 .iter()
                 .map(|i| PollFd::new(conns[i].as_fd(), PollFlags::POLLIN))
                 .collect();
-            let _ = poll(&mut fds, PollTimeout::from(1u8));
+            // While the holder drains, its release is near: look without
+            // blocking, so that the next grant does not wait on this
+            // thread's wake-up.
+            let soon = draining_since.is_some_and(|t| t.elapsed() < DRAIN_SPIN);
+            let timeout = if soon {
+                PollTimeout::ZERO
+            } else {
+                PollTimeout::from(1u8)
+            };
+            let _ = poll(&mut fds, timeout);
             for (k, fd) in fds.iter().enumerate() {
                 if fd.revents().is_some_and(|r| !r.is_empty()) {
                     gone.push(ids[k]);
@@ -547,6 +572,18 @@ fn serve(
                                 apply_shares(&mut sched, &shares, &active, &conns, usage);
                             }
                             let _ = sched.request(id, now, None);
+                        }
+                        // The holder drains: the vGPU first in line (as
+                        // far as the order tells before its charge) is told,
+                        // so that its worker and guests are awake when the
+                        // grant comes. A wrong guess costs that one a spin.
+                        DRAINING if holder == Some(id) && co.holders.is_empty() => {
+                            draining_since = Some(Instant::now());
+                            if let Some(n) = sched.candidates(now, &[id]).first().copied() {
+                                if let Some(s) = conns.get_mut(&n) {
+                                    let _ = s.write_all(&encode(NEXT, n, 0, 0));
+                                }
+                            }
                         }
                         RELEASE if holder == Some(id) || co.holders.contains_key(&id) => {
                             let a =
@@ -728,6 +765,7 @@ fn serve(
                         .is_ok()
                     {
                         holder = Some(g.vgpu);
+                        draining_since = None;
                         alone = true;
                         held_since = Instant::now();
                         deadline = held_since + Duration::from_nanos(g.slice_ns);
@@ -829,6 +867,49 @@ mod tests {
         assert!(svc.live()[&1].connected);
         new.release(1000, false).unwrap();
         drop(old);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_vgpu_first_in_line_hears_that_the_holder_drains() {
+        let dir = std::env::temp_dir().join(format!("fvg-grant-next-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+        let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        assert!(a.acquire(Duration::from_secs(5)).unwrap());
+        let mut waiting = [
+            Gate::connect(svc.path(), 2, 1.0).unwrap(),
+            Gate::connect(svc.path(), 3, 1.0).unwrap(),
+        ];
+        for w in &mut waiting {
+            assert!(!w.acquire(Duration::from_millis(1)).unwrap());
+        }
+        // The holder learns that others wait, then drains.
+        let t = Instant::now();
+        while a.alone() {
+            a.extended();
+            assert!(t.elapsed() < Duration::from_secs(5), "never contended");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        a.draining().unwrap();
+        // Exactly one of the waiting is told it is next...
+        let mut told = [false; 2];
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(300) {
+            for (k, w) in waiting.iter_mut().enumerate() {
+                assert!(!w.acquire(Duration::from_millis(1)).unwrap());
+                told[k] |= w.take_next();
+            }
+        }
+        assert_eq!(told.iter().filter(|&&t| t).count(), 1, "{told:?}");
+        // ...and it is the one granted when the holder gives the GPU back.
+        let next = told.iter().position(|&t| t).unwrap();
+        let held = a.held_ns();
+        a.release(held, false).unwrap();
+        assert!(waiting[next].acquire(Duration::from_secs(5)).unwrap());
+        assert!(!waiting[1 - next]
+            .acquire(Duration::from_millis(20))
+            .unwrap());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -579,6 +579,9 @@ impl Worker {
             for c in &mut self.chans {
                 busy |= service(&mut self.sh, c, &mut self.sessions);
             }
+            if self.sh.gate.as_mut().is_some_and(|g| g.take_next()) {
+                self.wake_sleeping_guests();
+            }
             self.recheck_budget();
             if self.releasing.is_some() {
                 if self.poll_release()? {
@@ -882,6 +885,30 @@ impl Worker {
     /// leaves: a lone holder issues on instead of its device idling until
     /// the extension. (A contended holder gives the GPU back in the turn
     /// its prediction fills the slice, so this rarely reaches it.)
+    /// The grant is about to come (`NEXT`): guests asleep on a reply are
+    /// woken now, so that they are awake when it comes (GPU-centric
+    /// coscheduling: the vCPU they wait on is kicked too).
+    fn wake_sleeping_guests(&mut self) {
+        for c in &self.chans {
+            if c.session.is_none() {
+                continue;
+            }
+            let ch = c.host.index();
+            let asleep = self
+                .sh
+                .region
+                .ring_sleeping(ch, Direction::ToGuest)
+                .is_ok_and(|f| f.load(Ordering::Acquire) != 0);
+            if asleep {
+                channel::wake_owner(&self.sh, ch);
+                if let Ok(v) = self.sh.region.guest_vector(ch) {
+                    self.sh.booster.borrow_mut().kick(v);
+                }
+                handoff::Handoff::add(&self.sh.stats.handoff.early_wakes, 1);
+            }
+        }
+    }
+
     fn recheck_budget(&mut self) {
         if !self.sh.budget_spent || self.budget_checked.elapsed() < BUDGET_CHECK {
             return;

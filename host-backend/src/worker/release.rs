@@ -49,6 +49,10 @@ impl Worker {
                 }
             }
         }
+        // The vGPU first in line is told now, while this work finishes.
+        if let Some(g) = self.sh.gate.as_mut() {
+            g.draining()?;
+        }
         self.sh.releasing = true;
         self.releasing = Some(Releasing {
             marks,
