@@ -5,8 +5,12 @@
 # drain at a slice's end, grant to first submission, the service's
 # release-to-grant and the time no guest held the GPU. Carried:
 # $R/fairvgpu (default .carry/release).
+# First, scripts/gpu/ctxswitch_probe.c: what the GPU's switch from one
+# context to another costs a launch+synchronize loop. With MPS=1 the probe
+# and the bench run as clients of an MPS control daemon started for them
+# (their contexts then share the server's: no switch).
 # usage: R=.carry/release [SECS=10] [VARIANTS="base slack spin-drain slack,spin-drain"]
-#        [EXECUTOR=cuda] bash scripts/gpu/handoff.sh
+#        [EXECUTOR=cuda] [MPS=1] bash scripts/gpu/handoff.sh
 set -uo pipefail
 . scripts/gpu/lib.sh
 R=${R:-.carry/release}
@@ -16,6 +20,13 @@ VARIANTS=${VARIANTS:-base slack spin-drain slack,spin-drain}
 LOG=$OUT/handoff.log
 : > "$LOG"
 header | tee -a "$LOG"
+if [ "${MPS:-0}" = 1 ]; then
+  export PATH=/usr/local/nvidia/bin:$PATH
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/fvg-handoff-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/fvg-handoff-mps/log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d && echo "== as clients of an MPS control daemon" | tee -a "$LOG"
+fi
+[ "$EXECUTOR" = cuda ] && probe ctxswitch_probe /tmp/fvg-ctxswitch 2>&1 | tee -a "$LOG"
 summary="handoff"
 for v in $VARIANTS; do
   echo "== FAIRVGPU_HANDOFF=$v bench fairness --executor $EXECUTOR --seconds $SECS" | tee -a "$LOG"
@@ -28,4 +39,5 @@ for v in $VARIANTS; do
   tag=${v//,/+}
   summary="$summary ${tag}_tp=$(val fairvgpu_throughput) ${tag}_mmr=$(val fairvgpu_mmr) ${tag}_gap_us=$(val gap_us) ${tag}_drain_us=$(val drain_us) ${tag}_idle=$(val idle_releases)"
 done
+[ "${MPS:-0}" = 1 ] && { echo quit | timeout 10 nvidia-cuda-mps-control; }
 echo "$summary" | tee -a "$LOG"

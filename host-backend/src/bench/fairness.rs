@@ -199,6 +199,13 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         workers.push(spawn(&wc, exec)?);
         socks.push(sock);
     }
+    // Guests that spin this many times before they block
+    // (`FAIRVGPU_GUEST_SPINS`, this bench only): how much their wake-ups
+    // after other vGPUs' slices cost.
+    let guest_spin = std::env::var("FAIRVGPU_GUEST_SPINS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(spin, |spins| SpinPolicy { spins, ..spin });
     let start = Arc::new(Barrier::new(which.len()));
     let t0 = Instant::now();
     let guests: Vec<_> = which
@@ -207,7 +214,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         .map(|(&g, sock)| {
             let (start, body) = (start.clone(), body.clone());
             std::thread::spawn(move || -> Result<u64> {
-                let mut gpu = Gpu::connect_with(&sock, spin).context("guest attach")?;
+                let mut gpu = Gpu::connect_with(&sock, guest_spin).context("guest attach")?;
                 let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
                 let f = gpu.get_function(m, "spin_ns")?;
                 start.wait();
