@@ -577,7 +577,13 @@ fn serve(
                         // far as the order tells before its charge) is told,
                         // so that its worker and guests are awake when the
                         // grant comes. A wrong guess costs that one a spin.
-                        DRAINING if holder == Some(id) && co.holders.is_empty() => {
+                        // Once a grant: a holder repeating it (a compromised
+                        // worker) makes no other worker spin more.
+                        DRAINING
+                            if holder == Some(id)
+                                && co.holders.is_empty()
+                                && draining_since.is_none() =>
+                        {
                             draining_since = Some(Instant::now());
                             if let Some(n) = sched.candidates(now, &[id]).first().copied() {
                                 if let Some(s) = conns.get_mut(&n) {
@@ -910,6 +916,41 @@ mod tests {
         assert!(!waiting[1 - next]
             .acquire(Duration::from_millis(20))
             .unwrap());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_holder_repeating_that_it_drains_gets_the_next_one_told_once() {
+        use std::io::{Read, Write};
+        let dir = std::env::temp_dir().join(format!("fvg-grant-next1-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+        let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        assert!(a.acquire(Duration::from_secs(5)).unwrap());
+        // The next in line, as raw messages.
+        let mut b = UnixStream::connect(svc.path()).unwrap();
+        b.write_all(&encode(HELLO, 2, 1000, 0)).unwrap();
+        b.write_all(&encode(WANT, 2, 0, 0)).unwrap();
+        let t = Instant::now();
+        while a.alone() {
+            a.extended();
+            assert!(t.elapsed() < Duration::from_secs(5), "never contended");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for _ in 0..50 {
+            a.draining().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        b.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut nexts = 0;
+        let mut m = [0u8; 24];
+        while b.read_exact(&mut m).is_ok() {
+            if decode(&m).0 == NEXT {
+                nexts += 1;
+            }
+        }
+        assert_eq!(nexts, 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
