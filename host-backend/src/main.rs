@@ -273,6 +273,10 @@ enum BenchCmd {
         /// Which launches go as CUDA graph launches (`[daemon] graph_launches`).
         #[arg(long, value_enum, default_value = "all")]
         graph_launches: host_backend::config::GraphLaunches,
+        /// The scheduler's time slice, µs (`[daemon] slice_us`; DESIGN.md's
+        /// 6 ms by default).
+        #[arg(long, default_value_t = 6000)]
+        slice_us: u64,
     },
     /// Accounting of GPU time: its error against the guest's CUDA events, and its cost.
     Accounting {
@@ -528,6 +532,7 @@ fn main() -> Result<()> {
                     seconds,
                     sim,
                     graph_launches,
+                    slice_us,
                 },
         } => {
             if sim {
@@ -538,6 +543,7 @@ fn main() -> Result<()> {
                     seconds,
                     qemu_ivshmem::SpinPolicy::default(),
                     graph_launches,
+                    slice_us.clamp(100, 1_000_000) * 1000,
                 )
             }
         }

@@ -10,7 +10,8 @@
 # and the bench run as clients of an MPS control daemon started for them
 # (their contexts then share the server's: no switch).
 # usage: R=.carry/release [SECS=10] [VARIANTS="base slack spin-drain slack,spin-drain"]
-#        [EXECUTOR=cuda] [MPS=1] bash scripts/gpu/handoff.sh
+#        [EXECUTOR=cuda] [MPS=1] [SLICES="6000 12000"] bash scripts/gpu/handoff.sh
+# SLICES: time slices (µs) to run each setting at (default: the bench's 6 ms).
 set -uo pipefail
 . scripts/gpu/lib.sh
 R=${R:-.carry/release}
@@ -28,16 +29,18 @@ if [ "${MPS:-0}" = 1 ]; then
 fi
 [ "$EXECUTOR" = cuda ] && probe ctxswitch_probe /tmp/fvg-ctxswitch 2>&1 | tee -a "$LOG"
 summary="handoff"
+for us in ${SLICES:-6000}; do
 for v in $VARIANTS; do
-  echo "== FAIRVGPU_HANDOFF=$v bench fairness --executor $EXECUTOR --seconds $SECS" | tee -a "$LOG"
+  echo "== FAIRVGPU_HANDOFF=$v bench fairness --executor $EXECUTOR --seconds $SECS --slice-us $us" | tee -a "$LOG"
   FAIRVGPU_HANDOFF=$v RUST_LOG=warn timeout 200 "$R/fairvgpu" bench fairness --executor "$EXECUTOR" \
-    --seconds "$SECS" > "$OUT/handoff-$v.log" 2>&1
+    --seconds "$SECS" --slice-us "$us" > "$OUT/handoff-$v.log" 2>&1
   echo "rc=$?" >> "$OUT/handoff-$v.log"
   grep -avE 'INFO|WARN' "$OUT/handoff-$v.log" | tee -a "$LOG" | grep -aE '^(guest [0-9]: grants|all:|fairvgpu_mmr|rc=)'
   last=$(grep -a '^fairvgpu_mmr=' "$OUT/handoff-$v.log" | tail -1)
   val() { grep -o "\b$1=[^ ]*" <<<"$last" | cut -d= -f2; }
-  tag=${v//,/+}
+  tag=${v//,/+}_${us}us
   summary="$summary ${tag}_tp=$(val fairvgpu_throughput) ${tag}_mmr=$(val fairvgpu_mmr) ${tag}_gap_us=$(val gap_us) ${tag}_drain_us=$(val drain_us) ${tag}_idle=$(val idle_releases)"
+done
 done
 [ "${MPS:-0}" = 1 ] && { echo quit | timeout 10 nvidia-cuda-mps-control; }
 echo "$summary" | tee -a "$LOG"

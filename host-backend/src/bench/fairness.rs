@@ -274,8 +274,16 @@ fn sync_loop() -> Arc<GuestBody> {
 /// every period instead would add its event marks' device time, some 1.5 us,
 /// to each 20 us kernel of the solo round only. A spin kernel occupies the
 /// GPU somewhat longer than the time it spins.
-/// `graphs`: which launches the executor submits as graph launches.
-pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunches) -> Result<()> {
+/// `graphs`: which launches the executor submits as graph launches;
+/// `slice_ns`: the scheduler's time slice ([`SLICE_NS`], DESIGN.md's, by
+/// default).
+pub fn run(
+    kind: ExecutorKind,
+    secs: f64,
+    spin: SpinPolicy,
+    graphs: GraphLaunches,
+    slice_ns: u64,
+) -> Result<()> {
     // Hand-off settings to compare (scripts/gpu/handoff.sh); the workers
     // here run in this process and take them as they start.
     if let Ok(v) = std::env::var("FAIRVGPU_HANDOFF") {
@@ -298,7 +306,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunche
             fair: true,
             sample_every: crate::worker::SAMPLE_EVERY,
             time_launches: false,
-            slice_ns: SLICE_NS,
+            slice_ns,
             secs: secs / 3.0,
             spin,
             graphs,
@@ -310,7 +318,10 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunche
         kernel_ns[g] = r.stats[0].charged_ns.load(Ordering::Relaxed) as f64 / launches as f64;
         solo_stats.push(r.stats[0].clone());
     }
-    println!("three guests on one GPU ({kind:?} executor), weights 1:2:3, {secs} s per policy");
+    println!(
+        "three guests on one GPU ({kind:?} executor), weights 1:2:3, {secs} s per policy, {} ms slices",
+        slice_ns as f64 / 1e6
+    );
     println!(
         "GPU time per kernel, each guest alone (us): {:.2} {:.2} {:.2}",
         kernel_ns[0] / 1e3,
@@ -331,7 +342,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy, graphs: GraphLaunche
             fair,
             sample_every: crate::worker::SAMPLE_EVERY,
             time_launches: false,
-            slice_ns: SLICE_NS,
+            slice_ns,
             secs,
             spin,
             graphs,
