@@ -68,6 +68,17 @@ const NEXT: u32 = 17; // to the vGPU first in line when the holder drains: be aw
 /// (its last work takes up to about a slice's overrun).
 const DRAIN_SPIN: Duration = Duration::from_millis(3);
 
+/// How long a new connection may take to say HELLO.
+const HELLO_WAIT: Duration = Duration::from_secs(2);
+
+/// A connection whose HELLO has not all arrived.
+struct Pending {
+    s: UnixStream,
+    since: Instant,
+    m: [u8; 24],
+    got: usize,
+}
+
 fn encode(kind: u32, vgpu: u32, a: u64, b: u64) -> [u8; 24] {
     let mut m = [0u8; 24];
     m[..4].copy_from_slice(&kind.to_le_bytes());
@@ -433,7 +444,7 @@ fn serve(
     let hold_limit = hold_limit(slice_ns);
     // What a vGPU's worker does is up to its guests: rate-limited, per vGPU.
     let mut logs: HashMap<u32, qemu_ivshmem::LogLimiter> = HashMap::new();
-    let mut pending: Vec<UnixStream> = Vec::new();
+    let mut pending: Vec<Pending> = Vec::new();
     let mut shares: HashMap<u32, Share> = HashMap::new();
     let mut co = corun::CoRun::new(corun);
     let mut active: std::collections::HashSet<u32> = Default::default();
@@ -503,33 +514,51 @@ fn serve(
                 }
             });
         }
-        // Registration of new workers (their first message is HELLO).
+        // Registration of new workers (their first message is HELLO), read
+        // without blocking: a connection that says nothing holds up no
+        // vGPU, and is refused after `HELLO_WAIT`.
         while let Ok((s, _)) = listener.accept() {
-            let _ = s.set_nonblocking(false);
-            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-            pending.push(s);
+            let _ = s.set_nonblocking(true);
+            pending.push(Pending {
+                s,
+                since: Instant::now(),
+                m: [0; 24],
+                got: 0,
+            });
         }
-        for mut s in std::mem::take(&mut pending) {
-            let mut m = [0u8; 24];
-            if s.read_exact(&mut m).is_ok() {
-                let (kind, vgpu, weight_milli, _) = decode(&m);
-                let weight = shares
-                    .get(&vgpu)
-                    .map_or(weight_milli as f64 / 1000.0, |s| s.weight);
-                if kind == HELLO && !conns.contains_key(&vgpu) && sched.add(vgpu, weight).is_ok() {
-                    let _ = s.set_nonblocking(true);
-                    conns.insert(vgpu, s);
-                    if let Some(lag) = arriving.remove(&vgpu) {
-                        let _ = sched.queue().set_lag(vgpu, lag);
-                    }
-                    live(&mut |u| {
-                        let v = u.entry(vgpu).or_default();
-                        v.weight = weight;
-                        v.connected = true;
-                    });
-                    apply_shares(&mut sched, &shares, &active, &conns, usage);
+        for mut p in std::mem::take(&mut pending) {
+            match p.s.read(&mut p.m[p.got..]) {
+                Ok(n) if n > 0 => p.got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                _ => {
+                    tracing::warn!("grant service: a connection closed before its HELLO");
                     continue;
                 }
+            }
+            if p.got < p.m.len() {
+                if p.since.elapsed() < HELLO_WAIT {
+                    pending.push(p);
+                } else {
+                    tracing::warn!("grant service: refused a connection that sent no HELLO");
+                }
+                continue;
+            }
+            let (kind, vgpu, weight_milli, _) = decode(&p.m);
+            let weight = shares
+                .get(&vgpu)
+                .map_or(weight_milli as f64 / 1000.0, |s| s.weight);
+            if kind == HELLO && !conns.contains_key(&vgpu) && sched.add(vgpu, weight).is_ok() {
+                conns.insert(vgpu, p.s);
+                if let Some(lag) = arriving.remove(&vgpu) {
+                    let _ = sched.queue().set_lag(vgpu, lag);
+                }
+                live(&mut |u| {
+                    let v = u.entry(vgpu).or_default();
+                    v.weight = weight;
+                    v.connected = true;
+                });
+                apply_shares(&mut sched, &shares, &active, &conns, usage);
+                continue;
             }
             tracing::warn!("grant service: refused a connection without a valid HELLO");
         }
@@ -951,6 +980,34 @@ mod tests {
             }
         }
         assert_eq!(nexts, 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_connection_that_says_nothing_holds_up_no_vgpu() {
+        use std::io::Read;
+        let dir = std::env::temp_dir().join(format!("fvg-grant-silent-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+        let mut silent = UnixStream::connect(svc.path()).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        // A worker registering after it is served at once.
+        let t = Instant::now();
+        let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        assert!(a.acquire(Duration::from_secs(5)).unwrap());
+        assert!(
+            t.elapsed() < Duration::from_millis(1000),
+            "held up {:?}",
+            t.elapsed()
+        );
+        a.release(1000, false).unwrap();
+        // The silent one is refused once its time to say HELLO is over.
+        silent
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(silent.read(&mut b).unwrap(), 0, "closed");
+        assert!(t.elapsed() >= HELLO_WAIT - Duration::from_millis(100));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
