@@ -265,6 +265,19 @@ fn sync_loop() -> Arc<GuestBody> {
     })
 }
 
+/// Guest `solo`'s launch + synchronize loop; the others attach and wait,
+/// idle, until the end.
+fn only(solo: usize) -> Arc<GuestBody> {
+    let body = sync_loop();
+    Arc::new(move |g, gpu, f, end| {
+        if g == solo {
+            return body(g, gpu, f, end);
+        }
+        std::thread::sleep(end.saturating_duration_since(Instant::now()));
+        Ok(0)
+    })
+}
+
 /// Runs the bench; the last line is machine-readable.
 ///
 /// A guest's GPU time is its kernels times the GPU time one of its kernels
@@ -311,12 +324,40 @@ pub fn run(
             spin,
             graphs,
         };
-        let r = run_guests(setup, &[g], sync_loop())?;
-        solo[g] = r.kernels[0] as f64 / r.secs;
+        // Where the guest's rate alone is taken (`FAIRVGPU_SOLO_COMPANY`,
+        // this bench only, to tell what slows a guest down beside others):
+        // alone (default); `idle`: the other two guests' workers and
+        // contexts exist, their guests attached and idle; `hogs`: four
+        // busy-looping threads on the host meanwhile.
+        let company = std::env::var("FAIRVGPU_SOLO_COMPANY").unwrap_or_default();
+        let (r, k) = match company.as_str() {
+            "idle" => (run_guests(setup, &[0, 1, 2], only(g))?, g),
+            "hogs" => {
+                let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let hogs: Vec<_> = (0..4)
+                    .map(|_| {
+                        let stop = stop.clone();
+                        std::thread::spawn(move || {
+                            while !stop.load(Ordering::Relaxed) {
+                                std::hint::spin_loop();
+                            }
+                        })
+                    })
+                    .collect();
+                let r = run_guests(setup, &[g], sync_loop());
+                stop.store(true, Ordering::Relaxed);
+                for h in hogs {
+                    let _ = h.join();
+                }
+                (r?, 0)
+            }
+            _ => (run_guests(setup, &[g], sync_loop())?, 0),
+        };
+        solo[g] = r.kernels[k] as f64 / r.secs;
         // Launch and synchronize: each kernel is a busy period.
-        let launches = r.stats[0].launches.load(Ordering::Relaxed).max(1);
-        kernel_ns[g] = r.stats[0].charged_ns.load(Ordering::Relaxed) as f64 / launches as f64;
-        solo_stats.push(r.stats[0].clone());
+        let launches = r.stats[k].launches.load(Ordering::Relaxed).max(1);
+        kernel_ns[g] = r.stats[k].charged_ns.load(Ordering::Relaxed) as f64 / launches as f64;
+        solo_stats.push(r.stats[k].clone());
     }
     println!(
         "three guests on one GPU ({kind:?} executor), weights 1:2:3, {secs} s per policy, {} ms slices",
