@@ -374,19 +374,28 @@ pub(super) fn drains_device(opcode: u32) -> bool {
 }
 
 pub(super) fn notify_guest(sh: &Shared, ch: u32) -> Result<(), Error> {
-    let flag = sh.region.ring_sleeping(ch, Direction::ToGuest)?;
-    fence(Ordering::SeqCst);
-    if flag.load(Ordering::Relaxed) != 0 {
-        let peer = sh.region.owner_peer(ch)?;
-        if let Ok(p) = u16::try_from(peer) {
-            // The guest's vector is that of the vCPU it waits on.
-            let vector = sh.region.guest_vector(ch)?;
-            sh.link.ring_peer(p, vector)?;
-            sh.booster.borrow_mut().kick(vector);
-            super::handoff::Handoff::add(&sh.stats.handoff.guest_bells, 1);
-        }
+    if ring_if_sleeping(sh, ch)? {
+        super::handoff::Handoff::add(&sh.stats.handoff.guest_bells, 1);
     }
     Ok(())
+}
+
+/// Rings the guest of channel `ch` if it announced that it sleeps, and
+/// kicks the vCPU it waits on; true if it did.
+pub(super) fn ring_if_sleeping(sh: &Shared, ch: u32) -> Result<bool, Error> {
+    let flag = sh.region.ring_sleeping(ch, Direction::ToGuest)?;
+    fence(Ordering::SeqCst);
+    if flag.load(Ordering::Relaxed) == 0 {
+        return Ok(false);
+    }
+    let Ok(p) = u16::try_from(sh.region.owner_peer(ch)?) else {
+        return Ok(false);
+    };
+    // The guest's vector is that of the vCPU it waits on.
+    let vector = sh.region.guest_vector(ch)?;
+    sh.link.ring_peer(p, vector)?;
+    sh.booster.borrow_mut().kick(vector);
+    Ok(true)
 }
 
 pub(super) fn refuse(sh: &Shared, c: &mut Chan, what: &str) {

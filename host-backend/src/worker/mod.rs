@@ -893,17 +893,7 @@ impl Worker {
             if c.session.is_none() {
                 continue;
             }
-            let ch = c.host.index();
-            let asleep = self
-                .sh
-                .region
-                .ring_sleeping(ch, Direction::ToGuest)
-                .is_ok_and(|f| f.load(Ordering::Acquire) != 0);
-            if asleep {
-                channel::wake_owner(&self.sh, ch);
-                if let Ok(v) = self.sh.region.guest_vector(ch) {
-                    self.sh.booster.borrow_mut().kick(v);
-                }
+            if channel::ring_if_sleeping(&self.sh, c.host.index()).unwrap_or(false) {
                 handoff::Handoff::add(&self.sh.stats.handoff.early_wakes, 1);
             }
         }
