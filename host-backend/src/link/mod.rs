@@ -616,38 +616,24 @@ mod tests {
         let idx = g.index();
         std::mem::forget(g);
         drop(client);
-        let t = std::time::Instant::now();
-        while !region2.claim_state(idx).unwrap().needs_reclaim() {
-            assert!(t.elapsed() < Duration::from_secs(5), "not abandoned");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        eventually("not abandoned", || {
+            region2.claim_state(idx).unwrap().needs_reclaim()
+        });
         assert!(!link2.orphaned());
         // A limit set while running reaches the worker, and its successors.
         assert_eq!(link2.memory_limit(), None);
         host.set_memory_limit(300).unwrap();
-        let t = std::time::Instant::now();
-        while link2.memory_limit() != Some(300 << 20) {
-            assert!(t.elapsed() < Duration::from_secs(5), "limit not fed");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        eventually("limit not fed", || link2.memory_limit() == Some(300 << 20));
         // A worker whose contexts are poisoned says so before it exits.
         assert!(!host.take_poisoned());
         link2.report_poisoned();
-        let t = std::time::Instant::now();
-        while !host.take_poisoned() {
-            assert!(t.elapsed() < Duration::from_secs(5), "poison not heard");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        eventually("poison not heard", || host.take_poisoned());
         assert!(!host.take_poisoned(), "heard once");
         let (_fd3, fed3) = Fed::receive(host.feed().unwrap()).unwrap();
         assert_eq!(PeerLink::Fed(fed3).memory_limit(), Some(300 << 20));
         drop(region);
         drop(host);
-        let t = std::time::Instant::now();
-        while !link2.orphaned() {
-            assert!(t.elapsed() < Duration::from_secs(5), "feed not closed");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        eventually("feed not closed", || link2.orphaned());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -683,11 +669,7 @@ mod tests {
         start.sock.set_read_timeout(None).unwrap();
         assert!(!host.standby_ready());
         start.ready().unwrap();
-        let t = std::time::Instant::now();
-        while !host.standby_ready() {
-            assert!(t.elapsed() < Duration::from_secs(5), "ready not heard");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        eventually("ready not heard", || host.standby_ready());
         host.set_memory_limit(200).unwrap();
 
         // Promoted: the rest of the snapshot, the grant connection, and the
@@ -704,18 +686,10 @@ mod tests {
         assert_eq!(standby.claim_state(g.index()).unwrap(), ClaimState::Lost);
         link2.ring_peer(client.id, 1).unwrap();
         assert!(wait_readable(&client.own_bells[1]));
-        let t = std::time::Instant::now();
-        while !old.orphaned() {
-            assert!(t.elapsed() < Duration::from_secs(5), "old feed not closed");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        eventually("old feed not closed", || old.orphaned());
         // The promoted worker's reports reach the daemon.
         link2.report_poisoned();
-        let t = std::time::Instant::now();
-        while !host.take_poisoned() {
-            assert!(t.elapsed() < Duration::from_secs(5), "poison not heard");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        eventually("poison not heard", || host.take_poisoned());
         drop(g);
         drop(host);
         let _ = std::fs::remove_dir_all(&dir);
@@ -754,6 +728,15 @@ mod tests {
         assert_eq!(PeerLink::Fed(fed).memory_limit(), Some(100 << 20));
         drop(host);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Waits up to 5 s for `f` to hold; fails naming `what` if it does not.
+    fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+        let t = std::time::Instant::now();
+        while !f() {
+            assert!(t.elapsed() < Duration::from_secs(5), "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     fn wait_readable(b: &EventFdBell) -> bool {
