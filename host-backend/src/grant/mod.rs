@@ -905,6 +905,16 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Waits (5 s at most) until holder `g` has heard that another vGPU waits.
+    fn until_contended(g: &mut Gate) {
+        let t = Instant::now();
+        while g.alone() {
+            g.extended();
+            assert!(t.elapsed() < Duration::from_secs(5), "never contended");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     #[test]
     fn the_vgpu_first_in_line_hears_that_the_holder_drains() {
         let dir = std::env::temp_dir().join(format!("fvg-grant-next-{}", std::process::id()));
@@ -920,12 +930,7 @@ mod tests {
             assert!(!w.acquire(Duration::from_millis(1)).unwrap());
         }
         // The holder learns that others wait, then drains.
-        let t = Instant::now();
-        while a.alone() {
-            a.extended();
-            assert!(t.elapsed() < Duration::from_secs(5), "never contended");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        until_contended(&mut a);
         a.draining().unwrap();
         // Exactly one of the waiting is told it is next...
         let mut told = [false; 2];
@@ -960,12 +965,7 @@ mod tests {
         let mut b = UnixStream::connect(svc.path()).unwrap();
         b.write_all(&encode(HELLO, 2, 1000, 0)).unwrap();
         b.write_all(&encode(WANT, 2, 0, 0)).unwrap();
-        let t = Instant::now();
-        while a.alone() {
-            a.extended();
-            assert!(t.elapsed() < Duration::from_secs(5), "never contended");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        until_contended(&mut a);
         for _ in 0..50 {
             a.draining().unwrap();
         }
