@@ -309,6 +309,12 @@ pub fn run(
     );
     // Each guest alone: its own rate of kernels, for the aggregate
     // throughput, and its kernel's measured duration.
+    // Where the guest's rate alone is taken (`FAIRVGPU_SOLO_COMPANY`, this
+    // bench only, to tell what slows a guest down beside others): alone
+    // (default); `idle`: the other two guests' workers and contexts exist,
+    // their guests attached and idle; `hogs`: four busy-looping threads on
+    // the host meanwhile.
+    let company = std::env::var("FAIRVGPU_SOLO_COMPANY").unwrap_or_default();
     let mut solo = [0f64; 3];
     let mut kernel_ns = [0f64; 3];
     let mut solo_stats = Vec::new();
@@ -324,12 +330,6 @@ pub fn run(
             spin,
             graphs,
         };
-        // Where the guest's rate alone is taken (`FAIRVGPU_SOLO_COMPANY`,
-        // this bench only, to tell what slows a guest down beside others):
-        // alone (default); `idle`: the other two guests' workers and
-        // contexts exist, their guests attached and idle; `hogs`: four
-        // busy-looping threads on the host meanwhile.
-        let company = std::env::var("FAIRVGPU_SOLO_COMPANY").unwrap_or_default();
         let (r, k) = match company.as_str() {
             "idle" => (run_guests(setup, &[0, 1, 2], only(g))?, g),
             "hogs" => {
