@@ -110,6 +110,33 @@ pub const TEST_SPIN: SpinPolicy = SpinPolicy {
     max_block_us: 2_000,
 };
 
+/// The tests' worker: four channels, a 32 MiB pinned pool, spin budgets
+/// for two cores, no scheduler, no contexts made ahead.
+pub fn worker_config(name: &str, socket: PathBuf, mem_limit: u64) -> WorkerConfig {
+    WorkerConfig {
+        name: name.into(),
+        socket,
+        layout: LayoutParams {
+            channels: 4,
+            ring_entries: 64,
+            arena_size: 1 << 20,
+            vectors: 4,
+            pinned_size: 32 << 20,
+        },
+        mem_limit,
+        spin: TEST_SPIN,
+        cpu: None,
+        grant: None,
+        sample_every: host_backend::worker::SAMPLE_EVERY,
+        time_launches: false,
+        vcpus_file: None,
+        slice_blocks: 0,
+        image_cache: 64 << 20,
+        image_store: None,
+        prefill_contexts: 0,
+    }
+}
+
 /// A running sim worker and the socket guests attach to.
 #[derive(Debug)]
 pub struct Host {
@@ -124,28 +151,7 @@ impl Host {
     pub fn start(name: &str, mem_limit: u64) -> Host {
         let dir = std::env::temp_dir().join(format!("fvg-e2e-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let cfg = WorkerConfig {
-            name: name.into(),
-            socket: dir.join("vgpu.sock"),
-            layout: LayoutParams {
-                channels: 4,
-                ring_entries: 64,
-                arena_size: 1 << 20,
-                vectors: 4,
-                pinned_size: 32 << 20,
-            },
-            mem_limit,
-            spin: TEST_SPIN,
-            cpu: None,
-            grant: None,
-            sample_every: host_backend::worker::SAMPLE_EVERY,
-            time_launches: false,
-            vcpus_file: None,
-            slice_blocks: 0,
-            image_cache: 64 << 20,
-            image_store: None,
-            prefill_contexts: 0,
-        };
+        let cfg = worker_config(name, dir.join("vgpu.sock"), mem_limit);
         let exec = SimExecutor::new(SimParams {
             copy_gbps: 100.0,
             ..SimParams::default()

@@ -16,28 +16,16 @@ use host_backend::link::VmHost;
 use host_backend::worker::{Worker, WorkerConfig};
 use qemu_ivshmem::LayoutParams;
 
+/// The tests' worker with a 4 MiB pinned pool and two contexts made ahead.
 fn config(socket: std::path::PathBuf) -> WorkerConfig {
+    let cfg = fairvgpu_tests::worker_config("standby", socket, 1 << 30);
     WorkerConfig {
-        name: "standby".into(),
-        socket,
         layout: LayoutParams {
-            channels: 4,
-            ring_entries: 64,
-            arena_size: 1 << 20,
-            vectors: 4,
             pinned_size: 4 << 20,
+            ..cfg.layout
         },
-        mem_limit: 1 << 30,
-        spin: TEST_SPIN,
-        cpu: None,
-        grant: None,
-        sample_every: host_backend::worker::SAMPLE_EVERY,
-        time_launches: false,
-        vcpus_file: None,
-        slice_blocks: 0,
-        image_cache: 64 << 20,
-        image_store: None,
         prefill_contexts: 2,
+        ..cfg
     }
 }
 
