@@ -86,6 +86,11 @@ fn array(h: u64) -> Result<ArrayDesc, CuResult> {
     table().arrays.get(&h).copied().ok_or(code::INVALID_HANDLE)
 }
 
+/// A texture object this process made (what it was made from).
+fn texture(obj: u64) -> Result<Texture, CuResult> {
+    table().textures.get(&obj).copied().ok_or(code::INVALID_VALUE)
+}
+
 fn create(desc: ArrayDesc) -> Result<u64, CuResult> {
     crate::context::need_ctx()?;
     if desc.check().is_err() {
@@ -615,20 +620,20 @@ export! {
 
     fn cuTexObjectGetResourceDesc(p: *mut c_void, obj: u64) {
         driver()?;
-        let t = table().textures.get(&obj).copied().ok_or(code::INVALID_VALUE)?;
+        let t = texture(obj)?;
         out_bytes(p, &t.res)
     }
 
     fn cuTexObjectGetTextureDesc(p: *mut c_void, obj: u64) {
         driver()?;
-        let t = table().textures.get(&obj).copied().ok_or(code::INVALID_VALUE)?;
+        let t = texture(obj)?;
         out_bytes(p, &t.tex)
     }
 
     /// The view given at creation (all zero when none was).
     fn cuTexObjectGetResourceViewDesc(p: *mut c_void, obj: u64) {
         driver()?;
-        let t = table().textures.get(&obj).copied().ok_or(code::INVALID_VALUE)?;
+        let t = texture(obj)?;
         out_bytes(p, &t.view.unwrap_or([0; VIEW_DESC]))
     }
 
