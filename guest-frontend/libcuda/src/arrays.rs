@@ -88,7 +88,11 @@ fn array(h: u64) -> Result<ArrayDesc, CuResult> {
 
 /// A texture object this process made (what it was made from).
 fn texture(obj: u64) -> Result<Texture, CuResult> {
-    table().textures.get(&obj).copied().ok_or(code::INVALID_VALUE)
+    table()
+        .textures
+        .get(&obj)
+        .copied()
+        .ok_or(code::INVALID_VALUE)
 }
 
 fn create(desc: ArrayDesc) -> Result<u64, CuResult> {
