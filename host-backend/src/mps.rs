@@ -41,6 +41,9 @@ use std::time::{Duration, Instant};
 
 use crate::Error;
 
+/// How long a `quit` to a control daemon may take.
+const QUIT_WAIT: Duration = Duration::from_secs(5);
+
 /// The MPS control daemon of one GPU.
 #[derive(Debug)]
 pub struct MpsDaemon {
@@ -49,6 +52,8 @@ pub struct MpsDaemon {
     pipes: PathBuf,
     logs: PathBuf,
     running: bool,
+    /// How long [`MpsDaemon::stop`] waits for `quit` to be answered.
+    quit_wait: Duration,
 }
 
 fn io(what: &'static str, e: std::io::Error) -> Error {
@@ -74,6 +79,7 @@ impl MpsDaemon {
             pipes,
             logs,
             running: false,
+            quit_wait: QUIT_WAIT,
         };
         let st = d
             .command()
@@ -136,7 +142,21 @@ impl MpsDaemon {
                 if let Some(mut i) = child.stdin.take() {
                     i.write_all(b"quit\n")?;
                 }
-                child.wait()
+                // A control daemon whose server a fault left wedged may
+                // never answer: the shutdown goes on without it.
+                let t = Instant::now();
+                while child.try_wait()?.is_none() {
+                    if t.elapsed() > self.quit_wait {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no answer to quit in {:?}", self.quit_wait),
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Ok(())
             });
         if let Err(e) = r {
             tracing::warn!(gpu = self.gpu, "stopping the MPS control daemon: {e}");
@@ -257,6 +277,17 @@ read cmd
         assert_eq!(one.standby(), None);
         assert!(!one.swap());
         assert_eq!(one.serving(), 0);
+        drop(one);
+        // A control daemon that never answers `quit` (wedged by a fault)
+        // holds up a stop only so long.
+        let wedged = FAKE.replace("read cmd", "sleep 30; read cmd");
+        std::fs::write(&fake, wedged).unwrap();
+        let mut d = MpsDaemon::start(&fake, &dir, 7).unwrap();
+        d.quit_wait = Duration::from_millis(200);
+        let t = Instant::now();
+        d.stop();
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        assert!(dir.join("mps-gpu7/pipe/control").exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
