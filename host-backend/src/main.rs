@@ -277,6 +277,13 @@ enum BenchCmd {
         /// 6 ms by default).
         #[arg(long, default_value_t = 6000)]
         slice_us: u64,
+        /// Run the guests' contexts as clients of an MPS control daemon
+        /// started for the bench, as on a GPU with `[[gpu]] mps = true`.
+        #[arg(long)]
+        mps: bool,
+        /// The MPS control program (`[daemon] mps_control`).
+        #[arg(long, default_value = "nvidia-cuda-mps-control")]
+        mps_control: std::path::PathBuf,
     },
     /// Accounting of GPU time: its error against the guest's CUDA events, and its cost.
     Accounting {
@@ -533,6 +540,8 @@ fn main() -> Result<()> {
                     sim,
                     graph_launches,
                     slice_us,
+                    mps,
+                    mps_control,
                 },
         } => {
             if sim {
@@ -544,6 +553,7 @@ fn main() -> Result<()> {
                     qemu_ivshmem::SpinPolicy::default(),
                     graph_launches,
                     slice_us.clamp(100, 1_000_000) * 1000,
+                    mps.then_some(mps_control.as_path()),
                 )
             }
         }

@@ -10,15 +10,19 @@
 # and the bench run as clients of an MPS control daemon started for them
 # (their contexts then share the server's: no switch).
 # usage: R=.carry/release [SECS=10] [VARIANTS="base slack spin-drain slack,spin-drain"]
-#        [EXECUTOR=cuda] [MPS=1] [SLICES="6000 12000"] bash scripts/gpu/handoff.sh
+#        [EXECUTOR=cuda] [MPS=1] [PIN=1] [TAG=name] [SLICES="6000 12000"] bash scripts/gpu/handoff.sh
 # SLICES: time slices (µs) to run each setting at (default: the bench's 6 ms).
+# PIN=1: the bench pins each worker and guest to a physical core of its own
+# (FAIRVGPU_PIN). TAG: names this run's files, for several runs in one call.
 set -uo pipefail
 . scripts/gpu/lib.sh
 R=${R:-.carry/release}
 SECS=${SECS:-10}
 EXECUTOR=${EXECUTOR:-cuda}
 VARIANTS=${VARIANTS:-base slack spin-drain slack,spin-drain}
-LOG=$OUT/handoff.log
+T=${TAG:+-$TAG}
+LOG=$OUT/handoff$T.log
+[ "${PIN:-0}" = 1 ] && export FAIRVGPU_PIN=1
 : > "$LOG"
 header | tee -a "$LOG"
 if [ "${MPS:-0}" = 1 ]; then
@@ -33,10 +37,10 @@ for us in ${SLICES:-6000}; do
 for v in $VARIANTS; do
   echo "== FAIRVGPU_HANDOFF=$v bench fairness --executor $EXECUTOR --seconds $SECS --slice-us $us" | tee -a "$LOG"
   FAIRVGPU_HANDOFF=$v RUST_LOG=warn timeout 200 "$R/fairvgpu" bench fairness --executor "$EXECUTOR" \
-    --seconds "$SECS" --slice-us "$us" > "$OUT/handoff-$v.log" 2>&1
-  echo "rc=$?" >> "$OUT/handoff-$v.log"
-  grep -avE 'INFO|WARN' "$OUT/handoff-$v.log" | tee -a "$LOG" | grep -aE '^(guest [0-9]: grants|all:|fairvgpu_mmr|rc=)'
-  last=$(grep -a '^fairvgpu_mmr=' "$OUT/handoff-$v.log" | tail -1)
+    --seconds "$SECS" --slice-us "$us" > "$OUT/handoff$T-$v.log" 2>&1
+  echo "rc=$?" >> "$OUT/handoff$T-$v.log"
+  grep -avE 'INFO|WARN' "$OUT/handoff$T-$v.log" | tee -a "$LOG" | grep -aE '^(guest [0-9]: grants|all:|fairvgpu_mmr|rc=)'
+  last=$(grep -a '^fairvgpu_mmr=' "$OUT/handoff$T-$v.log" | tail -1)
   val() { grep -o "\b$1=[^ ]*" <<<"$last" | cut -d= -f2; }
   tag=${v//,/+}_${us}us
   summary="$summary ${tag}_tp=$(val fairvgpu_throughput) ${tag}_mmr=$(val fairvgpu_mmr) ${tag}_gap_us=$(val gap_us) ${tag}_drain_us=$(val drain_us) ${tag}_idle=$(val idle_releases)"

@@ -95,6 +95,28 @@ pub(crate) fn print_handoffs(
     gap_us
 }
 
+/// Each guest's loop alone and inside its holds in the shared round: the
+/// aggregate throughput is the sum over the guests of the share of the
+/// round each held times how close to its rate alone it ran meanwhile.
+fn print_rates(
+    solo: &[f64],
+    counts: &[u64],
+    stats: &[Arc<crate::worker::Stats>],
+    loop_secs: &[f64],
+) {
+    println!("per guest under fairvgpu: us an iteration alone; share of the round held, us an iteration while holding, rate while holding vs alone");
+    for (g, (&rate, &n)) in solo.iter().zip(counts).enumerate() {
+        let held_ns = stats[g].handoff.figures().held_ns as f64;
+        let held_us = held_ns / 1e3 / n.max(1) as f64;
+        println!(
+            "guest {g}: alone {:.2} us; held {:.1}%, {held_us:.2} us, {:.3}",
+            1e6 / rate.max(1e-9),
+            held_ns / (loop_secs[g] * 1e9) * 100.0,
+            n as f64 / (held_ns / 1e9).max(1e-9) / rate.max(1e-9)
+        );
+    }
+}
+
 /// "first / timed / host" mean charges per period, with their counts.
 fn period_kinds(st: &crate::worker::Stats) -> String {
     let part = |k: usize| {
@@ -116,8 +138,12 @@ pub(crate) struct Round {
     pub kernels: Vec<u64>,
     /// The worker's counters after the round (charged GPU time, launches).
     pub stats: Vec<Arc<crate::worker::Stats>>,
-    /// Wall time of the round.
+    /// Wall time of the round, the guests' attaching included.
     pub secs: f64,
+    /// Each guest's loop alone: from the start they share to its last
+    /// kernel's completion (a rate per second of this excludes attaching
+    /// and making the context, which a round of a few seconds would feel).
+    pub loop_secs: Vec<f64>,
     /// What the grant service knew of each vGPU (by guest index) at the
     /// round's end; empty without the scheduler.
     pub service: std::collections::HashMap<u32, crate::grant::VgpuLive>,
@@ -170,6 +196,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     };
     let mut workers = Vec::new();
     let mut socks = Vec::new();
+    let pins = pin_plan();
     for (exec, &g) in executors(kind, which.len(), graphs)?.into_iter().zip(which) {
         let sock = dir.join(format!("vm{g}.sock"));
         let wc = WorkerConfig {
@@ -184,7 +211,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
             },
             mem_limit: 1 << 30,
             spin,
-            cpu: None,
+            cpu: pins.as_ref().and_then(|p| p.get(1 + 2 * g).copied()),
             grant: svc
                 .as_ref()
                 .map(|s| (s.path().to_owned(), g as u32, weights[g])),
@@ -213,27 +240,28 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         .zip(socks)
         .map(|(&g, sock)| {
             let (start, body) = (start.clone(), body.clone());
-            std::thread::spawn(move || -> Result<u64> {
+            let cpu = pins.as_ref().and_then(|p| p.get(2 + 2 * g).copied());
+            std::thread::spawn(move || -> Result<(u64, f64)> {
+                if let Some(cpu) = cpu {
+                    crate::worker::pin_current_thread(cpu)?;
+                }
                 let mut gpu = Gpu::connect_with(&sock, guest_spin).context("guest attach")?;
                 let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
                 let f = gpu.get_function(m, "spin_ns")?;
                 start.wait();
-                body(
-                    g,
-                    &mut gpu,
-                    &f,
-                    Instant::now() + Duration::from_secs_f64(secs),
-                )
+                let t = Instant::now();
+                let n = body(g, &mut gpu, &f, t + Duration::from_secs_f64(secs))?;
+                Ok((n, t.elapsed().as_secs_f64()))
             })
         })
         .collect();
-    let kernels = guests
+    let loops = guests
         .into_iter()
         .map(|t| {
             t.join()
                 .map_err(|_| anyhow::anyhow!("guest thread panicked"))?
         })
-        .collect::<Result<Vec<u64>>>();
+        .collect::<Result<Vec<(u64, f64)>>>();
     let secs = t0.elapsed().as_secs_f64();
     let mut stats = Vec::new();
     for w in workers {
@@ -243,12 +271,35 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     let service = svc.as_ref().map(GrantService::live).unwrap_or_default();
     drop(svc);
     let _ = std::fs::remove_dir_all(&dir);
+    let (kernels, loop_secs) = loops?.into_iter().unzip();
     Ok(Round {
-        kernels: kernels?,
+        kernels,
         stats,
         secs,
+        loop_secs,
         service,
     })
+}
+
+/// With `FAIRVGPU_PIN` set (this bench only): one CPU of each physical
+/// core, in order, the first core left to the rest; guest `g`'s worker
+/// runs on entry `1 + 2g` and the guest on `2 + 2g`, so that no two of
+/// the round's spinning threads share a core or its sibling thread.
+fn pin_plan() -> Option<Vec<usize>> {
+    std::env::var_os("FAIRVGPU_PIN")?;
+    let mut seen = std::collections::HashSet::new();
+    let mut cpus = Vec::new();
+    for cpu in 0..1024usize {
+        let topo = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
+        let read = |f: &str| std::fs::read_to_string(format!("{topo}/{f}")).ok();
+        let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) else {
+            continue;
+        };
+        if seen.insert((pkg.trim().to_owned(), core.trim().to_owned())) {
+            cpus.push(cpu);
+        }
+    }
+    Some(cpus)
 }
 
 /// The fairness guests: a launch + synchronize loop of their kernel.
@@ -278,6 +329,18 @@ fn only(solo: usize) -> Arc<GuestBody> {
     })
 }
 
+/// Starts an MPS control daemon for GPU 0 and makes this process its
+/// client (its contexts are made after this, on this thread).
+fn mps_clients(control: &std::path::Path) -> Result<crate::mps::MpsDaemon> {
+    let dir = std::env::temp_dir().join(format!("fairvgpu-fair-mps-{}", std::process::id()));
+    let d = crate::mps::MpsDaemon::start(control, &dir, 0)?;
+    for (k, v) in d.client_env() {
+        std::env::set_var(k, v);
+    }
+    println!("as clients of an MPS control daemon ({})", dir.display());
+    Ok(d)
+}
+
 /// Runs the bench; the last line is machine-readable.
 ///
 /// A guest's GPU time is its kernels times the GPU time one of its kernels
@@ -289,14 +352,22 @@ fn only(solo: usize) -> Arc<GuestBody> {
 /// GPU somewhat longer than the time it spins.
 /// `graphs`: which launches the executor submits as graph launches;
 /// `slice_ns`: the scheduler's time slice ([`SLICE_NS`], DESIGN.md's, by
-/// default).
+/// default); `mps`: the MPS control program to start, whose clients the
+/// guests' contexts then are, as on a GPU with `[[gpu]] mps = true` (one
+/// hardware context: no context switch at a hand-off).
 pub fn run(
     kind: ExecutorKind,
     secs: f64,
     spin: SpinPolicy,
     graphs: GraphLaunches,
     slice_ns: u64,
+    mps: Option<&std::path::Path>,
 ) -> Result<()> {
+    // Started before any context exists, and quit at the end (its drop).
+    let _mps = match mps {
+        Some(control) => Some(mps_clients(control)?),
+        None => None,
+    };
     // Hand-off settings to compare (scripts/gpu/handoff.sh); the workers
     // here run in this process and take them as they start.
     if let Ok(v) = std::env::var("FAIRVGPU_HANDOFF") {
@@ -307,6 +378,9 @@ pub fn run(
         "hand-off settings: {:?}",
         crate::worker::HandoffTuning::get()
     );
+    if let Some(cpus) = pin_plan() {
+        println!("pinned: workers and guests each on a physical core of their own, from {cpus:?}");
+    }
     // Each guest alone: its own rate of kernels, for the aggregate
     // throughput, and its kernel's measured duration.
     // Where the guest's rate alone is taken (`FAIRVGPU_SOLO_COMPANY`, this
@@ -353,7 +427,7 @@ pub fn run(
             }
             _ => (run_guests(setup, &[g], sync_loop())?, 0),
         };
-        solo[g] = r.kernels[k] as f64 / r.secs;
+        solo[g] = r.kernels[k] as f64 / r.loop_secs[k];
         // Launch and synchronize: each kernel is a busy period.
         let launches = r.stats[k].launches.load(Ordering::Relaxed).max(1);
         kernel_ns[g] = r.stats[k].charged_ns.load(Ordering::Relaxed) as f64 / launches as f64;
@@ -376,6 +450,8 @@ pub fn run(
     let mut summary = Vec::new();
     let mut shared_stats = Vec::new();
     let mut shared_service = Default::default();
+    let mut shared_counts = Vec::new();
+    let mut shared_secs = Vec::new();
     for (name, fair) in [("fairvgpu", true), ("none", false)] {
         let setup = Setup {
             kind,
@@ -392,6 +468,8 @@ pub fn run(
         if fair {
             shared_stats = r.stats.clone();
             shared_service = r.service.clone();
+            shared_counts = r.kernels.clone();
+            shared_secs = r.loop_secs.clone();
         }
         let counts = r.kernels;
         let gpu_ns: Vec<f64> = counts
@@ -416,7 +494,9 @@ pub fn run(
             );
         }
         // Aggregate throughput: each guest's rate relative to running alone, summed (ideal 1.0).
-        let throughput: f64 = (0..3).map(|g| counts[g] as f64 / r.secs / solo[g]).sum();
+        let throughput: f64 = (0..3)
+            .map(|g| counts[g] as f64 / r.loop_secs[g] / solo[g])
+            .sum();
         summary.push((name, scheduler::weighted_mmr(&gpu_ns, &WEIGHTS), throughput));
     }
     println!("charge per busy period (us) [periods] by how it was found: first of a grant / timed / host clock");
@@ -428,6 +508,7 @@ pub fn run(
         );
     }
     let gap_us = print_handoffs(&shared_stats, &shared_service, secs);
+    print_rates(&solo, &shared_counts, &shared_stats, &shared_secs);
     for (name, m, t) in &summary {
         println!("{name}: MMR {m:.3}, aggregate throughput vs alone {t:.3}");
     }
