@@ -10,10 +10,9 @@
 # and the bench run as clients of an MPS control daemon started for them
 # (their contexts then share the server's: no switch).
 # usage: R=.carry/release [SECS=10] [VARIANTS="base slack spin-drain slack,spin-drain"]
-#        [EXECUTOR=cuda] [MPS=1] [PIN=1] [TAG=name] [SLICES="6000 12000"] bash scripts/gpu/handoff.sh
+#        [EXECUTOR=cuda] [MPS=1] [TAG=name] [SLICES="6000 12000"] bash scripts/gpu/handoff.sh
 # SLICES: time slices (µs) to run each setting at (default: the bench's 6 ms).
-# PIN=1: the bench pins each worker and guest to a physical core of its own
-# (FAIRVGPU_PIN). TAG: names this run's files, for several runs in one call.
+# TAG: names this run's files, for several runs in one call.
 set -uo pipefail
 . scripts/gpu/lib.sh
 R=${R:-.carry/release}
@@ -22,7 +21,6 @@ EXECUTOR=${EXECUTOR:-cuda}
 VARIANTS=${VARIANTS:-base slack spin-drain slack,spin-drain}
 T=${TAG:+-$TAG}
 LOG=$OUT/handoff$T.log
-[ "${PIN:-0}" = 1 ] && export FAIRVGPU_PIN=1
 : > "$LOG"
 header | tee -a "$LOG"
 if [ "${MPS:-0}" = 1 ]; then

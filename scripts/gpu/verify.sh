@@ -24,7 +24,7 @@ set -uo pipefail
 export R=${R:-.carry/release}
 LOG=$OUT/verify.log
 : > "$LOG"
-STEPS=${STEPS:-conformance cufft hostile frameworks fairness space mps-contexts ipc arrays}
+STEPS=${STEPS:-conformance cufft hostile frameworks fairness fairness-mps space mps-contexts ipc arrays}
 step() {
     local name=$1 limit=$2; shift 2
     case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
@@ -38,6 +38,7 @@ step cufft 90 bash scripts/gpu/cufft.sh
 step hostile 180 "$R/fairvgpu" bench hostile --executor cuda --seconds 60 --log "$OUT/hostile-daemon.log"
 step frameworks 400 bash scripts/gpu/frameworks.sh
 step fairness 150 "$R/fairvgpu" bench fairness --executor cuda
+step fairness-mps 150 "$R/fairvgpu" bench fairness --executor cuda --mps --mps-control /usr/local/nvidia/bin/nvidia-cuda-mps-control
 step space 300 bash scripts/gpu/space.sh
 step mps-contexts 60 bash scripts/gpu/mps-contexts.sh
 step ipc 120 bash scripts/gpu/ipc.sh

@@ -196,7 +196,6 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     };
     let mut workers = Vec::new();
     let mut socks = Vec::new();
-    let pins = pin_plan();
     for (exec, &g) in executors(kind, which.len(), graphs)?.into_iter().zip(which) {
         let sock = dir.join(format!("vm{g}.sock"));
         let wc = WorkerConfig {
@@ -211,7 +210,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
             },
             mem_limit: 1 << 30,
             spin,
-            cpu: pins.as_ref().and_then(|p| p.get(1 + 2 * g).copied()),
+            cpu: None,
             grant: svc
                 .as_ref()
                 .map(|s| (s.path().to_owned(), g as u32, weights[g])),
@@ -226,13 +225,6 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         workers.push(spawn(&wc, exec)?);
         socks.push(sock);
     }
-    // Guests that spin this many times before they block
-    // (`FAIRVGPU_GUEST_SPINS`, this bench only): how much their wake-ups
-    // after other vGPUs' slices cost.
-    let guest_spin = std::env::var("FAIRVGPU_GUEST_SPINS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(spin, |spins| SpinPolicy { spins, ..spin });
     let start = Arc::new(Barrier::new(which.len()));
     let t0 = Instant::now();
     let guests: Vec<_> = which
@@ -240,12 +232,8 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         .zip(socks)
         .map(|(&g, sock)| {
             let (start, body) = (start.clone(), body.clone());
-            let cpu = pins.as_ref().and_then(|p| p.get(2 + 2 * g).copied());
             std::thread::spawn(move || -> Result<(u64, f64)> {
-                if let Some(cpu) = cpu {
-                    crate::worker::pin_current_thread(cpu)?;
-                }
-                let mut gpu = Gpu::connect_with(&sock, guest_spin).context("guest attach")?;
+                let mut gpu = Gpu::connect_with(&sock, spin).context("guest attach")?;
                 let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
                 let f = gpu.get_function(m, "spin_ns")?;
                 start.wait();
@@ -281,27 +269,6 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     })
 }
 
-/// With `FAIRVGPU_PIN` set (this bench only): one CPU of each physical
-/// core, in order, the first core left to the rest; guest `g`'s worker
-/// runs on entry `1 + 2g` and the guest on `2 + 2g`, so that no two of
-/// the round's spinning threads share a core or its sibling thread.
-fn pin_plan() -> Option<Vec<usize>> {
-    std::env::var_os("FAIRVGPU_PIN")?;
-    let mut seen = std::collections::HashSet::new();
-    let mut cpus = Vec::new();
-    for cpu in 0..1024usize {
-        let topo = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
-        let read = |f: &str| std::fs::read_to_string(format!("{topo}/{f}")).ok();
-        let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) else {
-            continue;
-        };
-        if seen.insert((pkg.trim().to_owned(), core.trim().to_owned())) {
-            cpus.push(cpu);
-        }
-    }
-    Some(cpus)
-}
-
 /// The fairness guests: a launch + synchronize loop of their kernel.
 fn sync_loop() -> Arc<GuestBody> {
     Arc::new(|g, gpu, f, end| {
@@ -313,19 +280,6 @@ fn sync_loop() -> Arc<GuestBody> {
             n += 1;
         }
         Ok(n)
-    })
-}
-
-/// Guest `solo`'s launch + synchronize loop; the others attach and wait,
-/// idle, until the end.
-fn only(solo: usize) -> Arc<GuestBody> {
-    let body = sync_loop();
-    Arc::new(move |g, gpu, f, end| {
-        if g == solo {
-            return body(g, gpu, f, end);
-        }
-        std::thread::sleep(end.saturating_duration_since(Instant::now()));
-        Ok(0)
     })
 }
 
@@ -378,17 +332,8 @@ pub fn run(
         "hand-off settings: {:?}",
         crate::worker::HandoffTuning::get()
     );
-    if let Some(cpus) = pin_plan() {
-        println!("pinned: workers and guests each on a physical core of their own, from {cpus:?}");
-    }
     // Each guest alone: its own rate of kernels, for the aggregate
     // throughput, and its kernel's measured duration.
-    // Where the guest's rate alone is taken (`FAIRVGPU_SOLO_COMPANY`, this
-    // bench only, to tell what slows a guest down beside others): alone
-    // (default); `idle`: the other two guests' workers and contexts exist,
-    // their guests attached and idle; `hogs`: four busy-looping threads on
-    // the host meanwhile.
-    let company = std::env::var("FAIRVGPU_SOLO_COMPANY").unwrap_or_default();
     let mut solo = [0f64; 3];
     let mut kernel_ns = [0f64; 3];
     let mut solo_stats = Vec::new();
@@ -404,34 +349,12 @@ pub fn run(
             spin,
             graphs,
         };
-        let (r, k) = match company.as_str() {
-            "idle" => (run_guests(setup, &[0, 1, 2], only(g))?, g),
-            "hogs" => {
-                let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let hogs: Vec<_> = (0..4)
-                    .map(|_| {
-                        let stop = stop.clone();
-                        std::thread::spawn(move || {
-                            while !stop.load(Ordering::Relaxed) {
-                                std::hint::spin_loop();
-                            }
-                        })
-                    })
-                    .collect();
-                let r = run_guests(setup, &[g], sync_loop());
-                stop.store(true, Ordering::Relaxed);
-                for h in hogs {
-                    let _ = h.join();
-                }
-                (r?, 0)
-            }
-            _ => (run_guests(setup, &[g], sync_loop())?, 0),
-        };
-        solo[g] = r.kernels[k] as f64 / r.loop_secs[k];
+        let r = run_guests(setup, &[g], sync_loop())?;
+        solo[g] = r.kernels[0] as f64 / r.loop_secs[0];
         // Launch and synchronize: each kernel is a busy period.
-        let launches = r.stats[k].launches.load(Ordering::Relaxed).max(1);
-        kernel_ns[g] = r.stats[k].charged_ns.load(Ordering::Relaxed) as f64 / launches as f64;
-        solo_stats.push(r.stats[k].clone());
+        let launches = r.stats[0].launches.load(Ordering::Relaxed).max(1);
+        kernel_ns[g] = r.stats[0].charged_ns.load(Ordering::Relaxed) as f64 / launches as f64;
+        solo_stats.push(r.stats[0].clone());
     }
     println!(
         "three guests on one GPU ({kind:?} executor), weights 1:2:3, {secs} s per policy, {} ms slices",
