@@ -8,7 +8,7 @@
  * format the driver has not, a copy past an array's end, a surface over an
  * array made without SURFACE_LDST; with `strict`, a texture over memory the
  * process does not own). Builds with plain cc: the driver's ABI is declared
- * below.
+ * below and in cu_check.h, with the checks.
  *
  * usage: arrays [strict]
  * Prints "ok: ..." for each check; exits 0 only if all is right.
@@ -17,11 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUstream_st *CUstream;
+#include "cu_check.h"
+
 typedef struct CUarray_st *CUarray;
 typedef unsigned long long CUtexObject;
 typedef unsigned long long CUsurfObject;
@@ -124,20 +121,8 @@ typedef struct {
     int reserved[12];
 } CUDA_TEXTURE_DESC;
 
-CUresult cuInit(unsigned int);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuCtxSynchronize(void);
-CUresult cuGetErrorName(CUresult, const char **);
 CUresult cuStreamCreate(CUstream *, unsigned);
-CUresult cuStreamSynchronize(CUstream);
 CUresult cuStreamDestroy_v2(CUstream);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
-CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
 CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
 CUresult cuArrayDestroy(CUarray);
@@ -162,41 +147,6 @@ CUresult cuTexObjectGetTextureDesc(CUDA_TEXTURE_DESC *, CUtexObject);
 CUresult cuSurfObjectCreate(CUsurfObject *, const CUDA_RESOURCE_DESC *);
 CUresult cuSurfObjectDestroy(CUsurfObject);
 CUresult cuSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC *, CUsurfObject);
-
-static const char *name(CUresult r) {
-    const char *s = "?";
-    cuGetErrorName(r, &s);
-    return s;
-}
-
-#define CK(x)                                                                        \
-    do {                                                                             \
-        CUresult r_ = (x);                                                           \
-        if (r_ != 0) {                                                               \
-            fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #x, name(r_)); \
-            exit(1);                                                                 \
-        }                                                                            \
-    } while (0)
-
-/* A call that must fail: prints its error. */
-#define BAD(what, x)                                                 \
-    do {                                                             \
-        CUresult r_ = (x);                                           \
-        if (r_ == 0) {                                               \
-            fprintf(stderr, "%s: %s succeeded\n", what, #x);         \
-            exit(1);                                                 \
-        }                                                            \
-        printf("ok: %s refused: %s\n", what, name(r_));              \
-    } while (0)
-
-#define EXPECT(what, cond)                                           \
-    do {                                                             \
-        if (!(cond)) {                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, what, #cond); \
-            exit(1);                                                 \
-        }                                                            \
-        printf("ok: %s\n", what);                                    \
-    } while (0)
 
 static void fill(unsigned char *b, size_t n, unsigned seed) {
     for (size_t i = 0; i < n; i++) b[i] = (unsigned char)(i * 7 + seed + (i >> 8));
@@ -541,7 +491,7 @@ int main(int argc, char **argv) {
             BAD("texture over freed memory", cuTexObjectCreate(&tx, &res, &td, NULL));
         } else {
             CUresult r = cuTexObjectCreate(&tx, &res, &td, NULL);
-            printf("info: texture over freed memory: %s\n", name(r));
+            printf("info: texture over freed memory: %s\n", cu_name(r));
             if (r == 0) CK(cuTexObjectDestroy(tx));
         }
         res.res.pitch2D.devPtr = dbuf;
@@ -550,7 +500,7 @@ int main(int argc, char **argv) {
             BAD("texture past its allocation", cuTexObjectCreate(&tx, &res, &td, NULL));
         } else {
             CUresult r = cuTexObjectCreate(&tx, &res, &td, NULL);
-            printf("info: texture past its allocation: %s\n", name(r));
+            printf("info: texture past its allocation: %s\n", cu_name(r));
             if (r == 0) CK(cuTexObjectDestroy(tx));
         }
     }

@@ -5,7 +5,8 @@
  * other. The program frees one allocation and maps 256 MiB of its own from
  * that address on, where the host's next allocations would land, then
  * allocates (plain and stream-ordered), copies, sets and frees.
- * Builds with plain gcc against the driver's ABI, declared below.
+ * Builds with plain gcc against the driver's ABI, declared below and in
+ * cu_check.h, with the checks.
  *
  * usage: collide. Exit 0 only if all is right.
  */
@@ -15,49 +16,13 @@
 #include <string.h>
 #include <sys/mman.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUstream_st *CUstream;
-CUresult cuInit(unsigned int);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
+#include "cu_check.h"
+
 CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
 CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
-CUresult cuStreamSynchronize(CUstream);
-CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
-CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
-CUresult cuMemcpy(CUdeviceptr, CUdeviceptr, size_t);
-CUresult cuMemsetD32_v2(CUdeviceptr, unsigned int, size_t);
-CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
-CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
 #define CU_MEMORYTYPE_DEVICE 2
-
-static int failed;
-#define CHECK(cond, what)                                     \
-    do {                                                      \
-        if (cond) {                                           \
-            printf("ok: %s\n", what);                         \
-        } else {                                              \
-            printf("FAILED: %s (line %d)\n", what, __LINE__); \
-            failed = 1;                                       \
-        }                                                     \
-    } while (0)
-#define CK(call)                                                         \
-    do {                                                                 \
-        CUresult r_ = (call);                                            \
-        if (r_) {                                                        \
-            printf("FAILED: %s -> %d (line %d)\n", #call, r_, __LINE__); \
-            exit(1);                                                     \
-        }                                                                \
-    } while (0)
 
 /* Where the host's next allocations go (the sim hands out addresses upwards
  * from the freed one, 6 MiB apart for these): small enough that it seldom

@@ -13,19 +13,17 @@
  *                  them go, closes and leaves.
  *   ipc stale HEX  checks that a handle whose memory is gone opens nothing.
  *
- * Builds with plain gcc against the driver's ABI, declared below. Every
+ * Builds with plain gcc against the driver's ABI, declared below and in
+ * cu_check.h, with the checks. Every
  * check prints "ok: ..." or "FAILED: ..."; exit 0 only if all passed.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUctx_st *CUcontext;
+#include "cu_check.h"
+
 typedef struct CUevent_st *CUevent;
-typedef struct CUstream_st *CUstream;
 typedef struct {
     char reserved[64];
 } CUipcMemHandle;
@@ -42,20 +40,6 @@ CUresult cuIpcGetEventHandle(CUipcEventHandle *, CUevent);
 CUresult cuIpcOpenEventHandle(CUevent *, CUipcEventHandle);
 #define EVENT_DISABLE_TIMING 2
 #define EVENT_INTERPROCESS 4
-CUresult cuInit(unsigned int);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuCtxSynchronize(void);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
-CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
-CUresult cuMemcpy(CUdeviceptr, CUdeviceptr, size_t);
-CUresult cuMemsetD32_v2(CUdeviceptr, unsigned int, size_t);
-CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
-CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
 CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned int);
 CUresult cuIpcCloseMemHandle(CUdeviceptr);
@@ -65,26 +49,6 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr);
 
 #define WORDS (256u * 1024u) /* 1 MiB */
 #define HALF (WORDS / 2)
-
-static int failed;
-#define CHECK(cond, what)                                     \
-    do {                                                      \
-        if (cond) {                                           \
-            printf("ok: %s\n", what);                         \
-        } else {                                              \
-            printf("FAILED: %s (line %d)\n", what, __LINE__); \
-            failed = 1;                                       \
-        }                                                     \
-        fflush(stdout);                                       \
-    } while (0)
-#define CK(call)                                                         \
-    do {                                                                 \
-        CUresult r_ = (call);                                            \
-        if (r_) {                                                        \
-            printf("FAILED: %s -> %d (line %d)\n", #call, r_, __LINE__); \
-            exit(1);                                                     \
-        }                                                                \
-    } while (0)
 
 static unsigned host[WORDS];
 

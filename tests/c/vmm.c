@@ -5,7 +5,8 @@
  * handle, a foreign reservation, overlapping maps, unmapping part of a
  * mapping, copies to reserved but unmapped addresses, more memory than the
  * vGPU has). Builds with plain gcc: with -DHAVE_CUDA_H against CUDA 13's
- * cuda.h, else with the declarations below (the driver's ABI).
+ * cuda.h, else with the declarations below and in cu_check.h (the driver's
+ * ABI).
  *
  * usage: vmm KERNELS.ptx FOREIGN_HANDLE FOREIGN_RESERVATION [leak]
  * `leak`: maps memory and exits at once (_exit), freeing nothing: the host
@@ -16,17 +17,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#ifdef HAVE_CUDA_H
-#include <cuda.h>
-#else
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
+#include "cu_check.h"
+
+#ifndef HAVE_CUDA_H
 typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct CUctx_st *CUcontext;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
-typedef struct CUstream_st *CUstream;
 typedef struct CUmemLocation_st {
     int type;
     int id;
@@ -54,21 +50,12 @@ enum {
     CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
 };
-CUresult cuInit(unsigned int);
-CUresult cuDeviceGet(CUdevice *, int);
 CUresult cuDeviceGetAttribute(int *, int, CUdevice);
 CUresult cuDeviceCanAccessPeer(int *, CUdevice, CUdevice);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuCtxSynchronize(void);
-CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
-CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
-CUresult cuMemsetD32_v2(CUdeviceptr, unsigned int, size_t);
 CUresult cuModuleLoadData(CUmodule *, const void *);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
-CUresult cuGetErrorName(CUresult, const char **);
 CUresult cuMemGetAllocationGranularity(size_t *, const CUmemAllocationProp *, int);
 CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
 CUresult cuMemAddressFree(CUdeviceptr, size_t);
@@ -83,32 +70,6 @@ CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *,
                                                 CUmemGenericAllocationHandle);
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *, void *);
 #endif
-
-static const char *name(CUresult r) {
-    const char *s = "?";
-    cuGetErrorName(r, &s);
-    return s;
-}
-
-#define CK(x)                                                                   \
-    do {                                                                        \
-        CUresult r_ = (x);                                                      \
-        if (r_ != 0) {                                                          \
-            fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #x, name(r_)); \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
-
-/* A call that must fail: prints its error. */
-#define BAD(what, x)                                                            \
-    do {                                                                        \
-        CUresult r_ = (x);                                                      \
-        if (r_ == 0) {                                                          \
-            fprintf(stderr, "%s: %s succeeded\n", what, #x);                    \
-            exit(1);                                                            \
-        }                                                                       \
-        printf("%s refused: %s\n", what, name(r_));                             \
-    } while (0)
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
