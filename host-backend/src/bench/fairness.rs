@@ -298,7 +298,8 @@ fn mps_clients(control: &std::path::Path) -> Result<crate::mps::MpsDaemon> {
 /// Runs the bench; the last line is machine-readable.
 ///
 /// A guest's GPU time is its kernels times the GPU time one of its kernels
-/// takes, measured in its solo round by the same accounting as in the
+/// takes, measured in its solo rounds (half of them before the shared
+/// rounds, half after the fair one) by the same accounting as in the
 /// shared rounds (busy periods, one in `SAMPLE_EVERY` timed with events,
 /// which `bench accounting` checks against the guest's own events). Timing
 /// every period instead would add its event marks' device time, some 1.5 us,
@@ -332,30 +333,51 @@ pub fn run(
         "hand-off settings: {:?}",
         crate::worker::HandoffTuning::get()
     );
-    // Each guest alone: its own rate of kernels, for the aggregate
-    // throughput, and its kernel's measured duration.
-    let mut solo = [0f64; 3];
-    let mut kernel_ns = [0f64; 3];
-    let mut solo_stats = Vec::new();
-    for g in 0..3 {
-        let setup = Setup {
-            kind,
-            weights: &WEIGHTS,
-            fair: true,
-            sample_every: crate::worker::SAMPLE_EVERY,
-            time_launches: false,
-            slice_ns,
-            secs: secs / 3.0,
-            spin,
-            graphs,
+    let setup = |fair: bool, secs: f64| Setup {
+        kind,
+        weights: &WEIGHTS,
+        fair,
+        sample_every: crate::worker::SAMPLE_EVERY,
+        time_launches: false,
+        slice_ns,
+        secs,
+        spin,
+        graphs,
+    };
+    // Each guest alone, for its rate in the aggregate throughput and its
+    // kernel's measured duration: half of the time before the shared
+    // rounds and half right after the fair one, so that a machine whose
+    // speed drifts during the run (clocks, its neighbours) moves the
+    // baseline with it.
+    let alone = || -> Result<Vec<Round>> {
+        (0..3)
+            .map(|g| run_guests(setup(true, secs / 6.0), &[g], sync_loop()))
+            .collect()
+    };
+    let before = alone()?;
+    let fair = run_guests(setup(true, secs), &[0, 1, 2], sync_loop())?;
+    let after = alone()?;
+    let unfair = run_guests(setup(false, secs), &[0, 1, 2], sync_loop())?;
+    let rate = |rs: &[Round], g: usize| rs[g].kernels[0] as f64 / rs[g].loop_secs[0];
+    let solo: [f64; 3] = std::array::from_fn(|g| (rate(&before, g) + rate(&after, g)) / 2.0);
+    // Launch and synchronize: each kernel is a busy period.
+    let kernel_ns: [f64; 3] = std::array::from_fn(|g| {
+        let sum = |f: fn(&crate::worker::Stats) -> &std::sync::atomic::AtomicU64| {
+            [&before[g], &after[g]]
+                .iter()
+                .map(|r| f(&r.stats[0]).load(Ordering::Relaxed))
+                .sum::<u64>()
         };
-        let r = run_guests(setup, &[g], sync_loop())?;
-        solo[g] = r.kernels[0] as f64 / r.loop_secs[0];
-        // Launch and synchronize: each kernel is a busy period.
-        let launches = r.stats[0].launches.load(Ordering::Relaxed).max(1);
-        kernel_ns[g] = r.stats[0].charged_ns.load(Ordering::Relaxed) as f64 / launches as f64;
-        solo_stats.push(r.stats[0].clone());
-    }
+        sum(|s| &s.charged_ns) as f64 / sum(|s| &s.launches).max(1) as f64
+    });
+    let solo_stats: Vec<_> = before.iter().map(|r| r.stats[0].clone()).collect();
+    println!(
+        "kernels per second alone, before / after the fair round: {}",
+        (0..3)
+            .map(|g| format!("{:.0} / {:.0}", rate(&before, g), rate(&after, g)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!(
         "three guests on one GPU ({kind:?} executor), weights 1:2:3, {secs} s per policy, {} ms slices",
         slice_ns as f64 / 1e6
@@ -375,20 +397,8 @@ pub fn run(
     let mut shared_service = Default::default();
     let mut shared_counts = Vec::new();
     let mut shared_secs = Vec::new();
-    for (name, fair) in [("fairvgpu", true), ("none", false)] {
-        let setup = Setup {
-            kind,
-            weights: &WEIGHTS,
-            fair,
-            sample_every: crate::worker::SAMPLE_EVERY,
-            time_launches: false,
-            slice_ns,
-            secs,
-            spin,
-            graphs,
-        };
-        let r = run_guests(setup, &[0, 1, 2], sync_loop())?;
-        if fair {
+    for (name, r) in [("fairvgpu", fair), ("none", unfair)] {
+        if name == "fairvgpu" {
             shared_stats = r.stats.clone();
             shared_service = r.service.clone();
             shared_counts = r.kernels.clone();
