@@ -103,6 +103,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
                 secs,
                 spin,
                 graphs: GraphLaunches::default(),
+                mps: false,
             };
             let r = run_guests(setup, &[0], batch(per_sync, dur, events.clone()))?;
             anyhow::Ok(per_launch(&r, events.load(Ordering::Relaxed)))
@@ -165,6 +166,7 @@ mod tests {
                     max_block_us: 2_000,
                 },
                 graphs: GraphLaunches::default(),
+                mps: false,
             };
             let r = run_guests(setup, &[0], batch(4, |_| 500_000, events.clone())).unwrap();
             let events = events.load(Ordering::Relaxed);

@@ -167,6 +167,9 @@ pub(crate) struct Setup<'a> {
     pub spin: SpinPolicy,
     /// Which launches the executor submits as graph launches.
     pub graphs: GraphLaunches,
+    /// The guests' contexts are MPS clients: the service knows (see
+    /// `GrantService::start_with`).
+    pub mps: bool,
 }
 
 /// Runs guests `which` (indices into the weights) at once, each through its
@@ -182,6 +185,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         secs,
         spin,
         graphs,
+        mps,
     } = setup;
     let dir = std::env::temp_dir().join(format!(
         "fairvgpu-fair-{}-{}",
@@ -190,7 +194,13 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     ));
     std::fs::create_dir_all(&dir)?;
     let svc = if fair {
-        Some(GrantService::start(&dir.join("grant.sock"), slice_ns)?)
+        let policy = scheduler::DevicePolicy::default();
+        Some(GrantService::start_with(
+            &dir.join("grant.sock"),
+            slice_ns,
+            policy,
+            mps,
+        )?)
     } else {
         None
     };
@@ -343,6 +353,7 @@ pub fn run(
         secs,
         spin,
         graphs,
+        mps: mps.is_some(),
     };
     // Each guest alone, for its rate in the aggregate throughput and its
     // kernel's measured duration: half of the time before the shared

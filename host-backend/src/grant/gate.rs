@@ -139,7 +139,12 @@ impl Gate {
             match kind {
                 GRANT => {
                     self.wanted = false;
-                    self.next_at = None;
+                    // Granted without being told first (under MPS the
+                    // next vGPU is granted as the holder drains): its
+                    // guests are woken now, as on `NEXT`.
+                    if self.next_at.take().is_none() && lone == 0 {
+                        self.next_news = true;
+                    }
                     self.alone = lone == 1;
                     self.slice = Duration::from_nanos(slice_ns);
                     self.held_since = Some(Instant::now());
@@ -158,8 +163,9 @@ impl Gate {
     }
 
     /// Whether the service said, since the last call, that this vGPU is
-    /// next: the holder is finishing its last work. The worker then wakes
-    /// its sleeping guests, so that they are awake when their replies come.
+    /// next (the holder is finishing its last work), or granted it while
+    /// others wait without saying so first. The worker then wakes its
+    /// sleeping guests, so that they are awake when their replies come.
     pub fn take_next(&mut self) -> bool {
         std::mem::take(&mut self.next_news)
     }

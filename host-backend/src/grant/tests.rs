@@ -1,0 +1,375 @@
+//! The grant service with real workers' gates over its socket.
+
+use super::*;
+
+#[test]
+fn grants_follow_weights_between_busy_workers() {
+    let dir = std::env::temp_dir().join(format!("fvg-grant-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let weights = [1.0, 2.0, 3.0];
+    // All registered before any asks: a vGPU alone holds the GPU for
+    // as long as it is alone, which is no share of anything.
+    let all = Arc::new(std::sync::Barrier::new(weights.len()));
+    let threads: Vec<_> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| {
+            let (path, all) = (svc.path().to_owned(), all.clone());
+            std::thread::spawn(move || {
+                let mut g = Gate::connect(&path, i as u32, w).unwrap();
+                all.wait();
+                std::thread::sleep(Duration::from_millis(20));
+                let end = Instant::now() + Duration::from_millis(1500);
+                let mut held = 0u64;
+                while Instant::now() < end {
+                    if g.acquire(Duration::from_millis(5)).unwrap() {
+                        // "Work" until the slice is over (or the run's
+                        // end: a lone holder's slice is extended), then
+                        // hand it back.
+                        while !g.slice_over() && Instant::now() < end {
+                            std::thread::sleep(Duration::from_micros(200));
+                        }
+                        let used = g.held_ns();
+                        g.release(used, true).unwrap();
+                        held += used;
+                    }
+                }
+                held
+            })
+        })
+        .collect();
+    let held: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let total: u64 = held.iter().sum();
+    let x: Vec<f64> = held
+        .iter()
+        .zip(weights)
+        .map(|(&h, w)| h as f64 / total as f64 / (w / 6.0))
+        .collect();
+    let mmr = x.iter().cloned().fold(f64::MAX, f64::min) / x.iter().cloned().fold(0.0, f64::max);
+    assert!(mmr > 0.85, "MMR {mmr}, held {held:?}");
+    let usage = svc.usage();
+    assert_eq!(usage.len(), 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_forgotten_worker_gives_way_to_its_successor_at_once() {
+    let dir = std::env::temp_dir().join(format!("fvg-grant-forget-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    // The old worker, its connection still open (a killed process the
+    // driver is still tearing down), idle for now.
+    let mut old = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    assert!(old.acquire(Duration::from_secs(5)).unwrap());
+    old.release(1000, false).unwrap();
+    // A second registration of vGPU 1 is refused meanwhile: the GPU is
+    // free, yet it gets no grant.
+    let mut early = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    assert!(
+        !early.acquire(Duration::from_millis(300)).unwrap_or(false),
+        "two workers of one vGPU registered"
+    );
+    // The old one holds the grant again when the daemon ends it: once
+    // forgotten, its successor registers and gets the GPU at once.
+    assert!(old.acquire(Duration::from_secs(5)).unwrap());
+    svc.forget(1).unwrap();
+    let mut new = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    assert!(new.acquire(Duration::from_secs(5)).unwrap());
+    assert!(svc.live()[&1].connected);
+    new.release(1000, false).unwrap();
+    drop(old);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Waits (5 s at most) until holder `g` has heard that another vGPU waits.
+fn until_contended(g: &mut Gate) {
+    let t = Instant::now();
+    while g.alone() {
+        g.extended();
+        assert!(t.elapsed() < Duration::from_secs(5), "never contended");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn the_vgpu_first_in_line_hears_that_the_holder_drains() {
+    let dir = std::env::temp_dir().join(format!("fvg-grant-next-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    assert!(a.acquire(Duration::from_secs(5)).unwrap());
+    let mut waiting = [
+        Gate::connect(svc.path(), 2, 1.0).unwrap(),
+        Gate::connect(svc.path(), 3, 1.0).unwrap(),
+    ];
+    for w in &mut waiting {
+        assert!(!w.acquire(Duration::from_millis(1)).unwrap());
+    }
+    // The holder learns that others wait, then drains.
+    until_contended(&mut a);
+    a.draining().unwrap();
+    // Exactly one of the waiting is told it is next...
+    let mut told = [false; 2];
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(300) {
+        for (k, w) in waiting.iter_mut().enumerate() {
+            assert!(!w.acquire(Duration::from_millis(1)).unwrap());
+            told[k] |= w.take_next();
+        }
+    }
+    assert_eq!(told.iter().filter(|&&t| t).count(), 1, "{told:?}");
+    // ...and it is the one granted when the holder gives the GPU back.
+    let next = told.iter().position(|&t| t).unwrap();
+    let held = a.held_ns();
+    a.release(held, false).unwrap();
+    assert!(waiting[next].acquire(Duration::from_secs(5)).unwrap());
+    assert!(!waiting[1 - next]
+        .acquire(Duration::from_millis(20))
+        .unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_holder_repeating_that_it_drains_gets_the_next_one_told_once() {
+    use std::io::{Read, Write};
+    let dir = std::env::temp_dir().join(format!("fvg-grant-next1-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    assert!(a.acquire(Duration::from_secs(5)).unwrap());
+    // The next in line, as raw messages.
+    let mut b = UnixStream::connect(svc.path()).unwrap();
+    b.write_all(&encode(HELLO, 2, 1000, 0)).unwrap();
+    b.write_all(&encode(WANT, 2, 0, 0)).unwrap();
+    until_contended(&mut a);
+    for _ in 0..50 {
+        a.draining().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    b.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut nexts = 0;
+    let mut m = [0u8; 24];
+    while b.read_exact(&mut m).is_ok() {
+        if decode(&m).0 == NEXT {
+            nexts += 1;
+        }
+    }
+    assert_eq!(nexts, 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_connection_that_says_nothing_holds_up_no_vgpu() {
+    use std::io::Read;
+    let dir = std::env::temp_dir().join(format!("fvg-grant-silent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let mut silent = UnixStream::connect(svc.path()).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    // A worker registering after it is served at once.
+    let t = Instant::now();
+    let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    assert!(a.acquire(Duration::from_secs(5)).unwrap());
+    assert!(
+        t.elapsed() < Duration::from_millis(1000),
+        "held up {:?}",
+        t.elapsed()
+    );
+    a.release(1000, false).unwrap();
+    // The silent one is refused once its time to say HELLO is over.
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!(silent.read(&mut b).unwrap(), 0, "closed");
+    assert!(t.elapsed() >= HELLO_WAIT - Duration::from_millis(100));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_lone_holder_is_extended_until_another_vgpu_wants_the_gpu() {
+    let dir = std::env::temp_dir().join(format!("fvg-grant-ext-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let slice = Duration::from_millis(4);
+    let svc = GrantService::start(&dir.join("g.sock"), slice.as_nanos() as u64).unwrap();
+    let mut lone = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    assert!(lone.acquire(Duration::from_secs(5)).unwrap());
+    assert!(lone.alone());
+    // Five slices' time and its slice has not ended: it was extended.
+    let t = Instant::now();
+    while t.elapsed() < 5 * slice {
+        assert!(!lone.slice_over(), "ended after {:?}", t.elapsed());
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    assert!(lone.extensions() >= 4, "{} extensions", lone.extensions());
+    // Another vGPU wants the GPU: the holder hears of it, and its slice
+    // ends within the extension it had (at most two slices).
+    let mut other = Gate::connect(svc.path(), 2, 1.0).unwrap();
+    assert!(!other.acquire(Duration::from_millis(1)).unwrap());
+    let t = Instant::now();
+    while !lone.slice_over() {
+        assert!(
+            t.elapsed() < 3 * slice,
+            "still not over after {:?}",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    assert!(!lone.alone());
+    let held = lone.held_ns();
+    lone.release(held, true).unwrap();
+    assert!(other.acquire(Duration::from_secs(5)).unwrap());
+    assert!(!other.alone(), "vGPU 1 still wants the GPU");
+    // All it held is charged at its release, extensions included.
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(svc.live()[&1].charged_ns >= 5 * slice.as_nanos() as u64);
+    other.release(1000, false).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_grant_after_a_release_while_another_waited_counts_as_a_hand_off() {
+    let dir = std::env::temp_dir().join(format!("fvg-grant-handoff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    assert!(a.acquire(Duration::from_secs(5)).unwrap());
+    // A's first grant found the GPU free: no hand-off.
+    let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
+    assert!(!b.acquire(Duration::from_millis(20)).unwrap());
+    a.release(1000, false).unwrap();
+    assert!(b.acquire(Duration::from_secs(5)).unwrap());
+    let t = Instant::now();
+    let live = loop {
+        let live = svc.live();
+        if live[&2].handoffs == 1 || t.elapsed() > Duration::from_secs(5) {
+            break live;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(live[&2].handoffs, 1, "{:?}", live[&2]);
+    assert_eq!(live[&1].handoffs, 0);
+    // The service's own part: it grants in the turn that read the release.
+    assert!(live[&2].handoff_ns < 100_000_000, "{:?}", live[&2]);
+    b.release(1000, false).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_worker_that_keeps_the_grant_loses_it() {
+    let dir = std::env::temp_dir().join(format!("fvg-grant-keep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let mut stuck = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    assert!(stuck.acquire(Duration::from_secs(5)).unwrap());
+    // It never gives the grant back; the other vGPU gets it all the same.
+    let mut other = Gate::connect(svc.path(), 2, 1.0).unwrap();
+    let t = Instant::now();
+    while !other.acquire(Duration::from_millis(100)).unwrap() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the other vGPU waits for ever"
+        );
+    }
+    let live = svc.live();
+    assert_eq!(live[&1].revoked, 1);
+    assert!(live[&1].charged_ns >= 2_000_000_000, "{:?}", live[&1]);
+    // The late release is ignored; the other vGPU keeps its grant.
+    stuck.release(1000, false).unwrap();
+    other.release(1000, false).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A service for a GPU whose vGPUs are MPS clients, at `dir/g.sock`.
+fn mps_service(dir: &Path, slice_ns: u64) -> GrantService {
+    std::fs::create_dir_all(dir).unwrap();
+    let policy = scheduler::DevicePolicy::default();
+    GrantService::start_with(&dir.join("g.sock"), slice_ns, policy, true).unwrap()
+}
+
+/// Waits until `g` holds the grant, for at most 5 s.
+fn granted(g: &mut Gate) {
+    let t = Instant::now();
+    while !g.acquire(Duration::from_millis(1)).unwrap() {
+        assert!(t.elapsed() < Duration::from_secs(5), "never granted");
+    }
+}
+
+#[test]
+fn under_mps_the_next_vgpu_is_granted_as_the_holder_drains() {
+    let dir = std::env::temp_dir().join(format!("fvg-grant-overlap-{}", std::process::id()));
+    let svc = mps_service(&dir, 2_000_000);
+    let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    granted(&mut a);
+    let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
+    assert!(!b.acquire(Duration::from_millis(1)).unwrap());
+    until_contended(&mut a);
+    // Until the holder drains, the other waits; then it holds the GPU
+    // while the drainer's last work finishes.
+    assert!(!b.acquire(Duration::from_millis(20)).unwrap());
+    a.draining().unwrap();
+    granted(&mut b);
+    // Granted untold, its worker wakes its guests as on `NEXT`.
+    assert!(b.take_next());
+    // The drainer's release is taken, and charged to it.
+    a.release(7_000_000, true).unwrap();
+    let t = Instant::now();
+    while svc.live()[&1].charged_ns != 7_000_000 {
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", svc.live());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // It is not granted again beside the holder, but after it.
+    assert!(!a.acquire(Duration::from_millis(20)).unwrap());
+    b.release(1_000_000, false).unwrap();
+    granted(&mut a);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn under_mps_a_drainer_that_never_releases_is_charged_and_forgotten() {
+    let dir = std::env::temp_dir().join(format!("fvg-grant-drainer-{}", std::process::id()));
+    let svc = mps_service(&dir, 2_000_000);
+    let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    granted(&mut a);
+    let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
+    assert!(!b.acquire(Duration::from_millis(1)).unwrap());
+    until_contended(&mut a);
+    a.draining().unwrap();
+    granted(&mut b);
+    b.release(1_000_000, true).unwrap();
+    // The drainer's grant is taken back past the hold limit (2 s), charged
+    // all it held; its late release changes nothing.
+    let t = Instant::now();
+    while svc.live()[&1].revoked == 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", svc.live());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let live = svc.live();
+    assert!(live[&1].charged_ns >= 2_000_000_000, "{:?}", live[&1]);
+    a.release(1000, false).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(svc.live()[&1].charged_ns, live[&1].charged_ns);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn without_mps_the_next_vgpu_waits_for_the_release() {
+    let dir = std::env::temp_dir().join(format!("fvg-grant-nolap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    granted(&mut a);
+    let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
+    assert!(!b.acquire(Duration::from_millis(1)).unwrap());
+    until_contended(&mut a);
+    a.draining().unwrap();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(100) {
+        assert!(!b.acquire(Duration::from_millis(1)).unwrap());
+    }
+    a.release(1_000_000, false).unwrap();
+    granted(&mut b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
