@@ -404,18 +404,8 @@ pub fn run(
         "policy", "guest", "weight", "kernel_us", "gpu_ms", "share", "fair", "charged_us"
     );
     let mut summary = Vec::new();
-    let mut shared_stats = Vec::new();
-    let mut shared_service = Default::default();
-    let mut shared_counts = Vec::new();
-    let mut shared_secs = Vec::new();
-    for (name, r) in [("fairvgpu", fair), ("none", unfair)] {
-        if name == "fairvgpu" {
-            shared_stats = r.stats.clone();
-            shared_service = r.service.clone();
-            shared_counts = r.kernels.clone();
-            shared_secs = r.loop_secs.clone();
-        }
-        let counts = r.kernels;
+    for (name, r) in [("fairvgpu", &fair), ("none", &unfair)] {
+        let counts = &r.kernels;
         let gpu_ns: Vec<f64> = counts
             .iter()
             .zip(kernel_ns)
@@ -444,20 +434,21 @@ pub fn run(
         summary.push((name, scheduler::weighted_mmr(&gpu_ns, &WEIGHTS), throughput));
     }
     println!("charge per busy period (us) [periods] by how it was found: first of a grant / timed / host clock");
-    for g in 0..3 {
+    for (g, (alone, shared)) in solo_stats.iter().zip(&fair.stats).enumerate() {
         println!(
             "guest {g}: alone {}  shared {}",
-            period_kinds(&solo_stats[g]),
-            period_kinds(&shared_stats[g])
+            period_kinds(alone),
+            period_kinds(shared)
         );
     }
-    let gap_us = print_handoffs(&shared_stats, &shared_service, secs);
-    print_rates(&solo, &shared_counts, &shared_stats, &shared_secs);
+    let gap_us = print_handoffs(&fair.stats, &fair.service, secs);
+    print_rates(&solo, &fair.kernels, &fair.stats, &fair.loop_secs);
     for (name, m, t) in &summary {
         println!("{name}: MMR {m:.3}, aggregate throughput vs alone {t:.3}");
     }
     let all = crate::worker::HandoffFigures::sum(
-        &shared_stats
+        &fair
+            .stats
             .iter()
             .map(|s| s.handoff.figures())
             .collect::<Vec<_>>(),
