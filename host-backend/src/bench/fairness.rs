@@ -333,16 +333,6 @@ pub fn run(
         Some(control) => Some(mps_clients(control)?),
         None => None,
     };
-    // Hand-off settings to compare (scripts/gpu/handoff.sh); the workers
-    // here run in this process and take them as they start.
-    if let Ok(v) = std::env::var("FAIRVGPU_HANDOFF") {
-        let t = crate::worker::HandoffTuning::parse(&v).map_err(anyhow::Error::msg)?;
-        crate::worker::HandoffTuning::set(t);
-    }
-    println!(
-        "hand-off settings: {:?}",
-        crate::worker::HandoffTuning::get()
-    );
     let setup = |fair: bool, secs: f64| Setup {
         kind,
         weights: &WEIGHTS,

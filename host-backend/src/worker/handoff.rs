@@ -7,64 +7,6 @@
 //! The clock is read only at hand-offs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-
-/// How the workers of this process behave at hand-offs. The defaults are
-/// what serves; `bench fairness` tries others (`FAIRVGPU_HANDOFF`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tuning {
-    /// The serving thread's timer slack, ns (`None`: the kernel's default,
-    /// 50 µs, added to every sleep of the serving loop).
-    pub timer_slack_ns: Option<u64>,
-    /// A worker giving the grant back spins until the device has run its
-    /// work instead of sleeping between looks: the next vGPU waits on it.
-    pub spin_drain: bool,
-}
-
-impl Default for Tuning {
-    fn default() -> Self {
-        DEFAULT
-    }
-}
-
-const DEFAULT: Tuning = Tuning {
-    timer_slack_ns: None,
-    spin_drain: false,
-};
-
-static TUNING: Mutex<Tuning> = Mutex::new(DEFAULT);
-
-impl Tuning {
-    /// Parses a comma-separated list over the defaults: `slack` (1 ns of
-    /// timer slack), `slack=NS`, `spin-drain`, `sleep-drain`, `base` (the
-    /// defaults).
-    pub fn parse(s: &str) -> Result<Tuning, String> {
-        let mut t = Tuning::default();
-        for word in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-            match word.split_once('=') {
-                None if word == "base" => t = Tuning::default(),
-                None if word == "slack" => t.timer_slack_ns = Some(1),
-                None if word == "spin-drain" => t.spin_drain = true,
-                None if word == "sleep-drain" => t.spin_drain = false,
-                Some(("slack", ns)) => {
-                    t.timer_slack_ns = Some(ns.parse().map_err(|_| format!("slack={ns}?"))?)
-                }
-                _ => return Err(format!("unknown hand-off setting {word:?}")),
-            }
-        }
-        Ok(t)
-    }
-
-    /// The setting workers started from now on take.
-    pub fn get() -> Tuning {
-        *TUNING.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Sets it for workers started from now on (benches).
-    pub fn set(t: Tuning) {
-        *TUNING.lock().unwrap_or_else(|e| e.into_inner()) = t;
-    }
-}
 
 /// A worker's hand-off counters (in [`super::Stats`]).
 #[derive(Debug, Default)]
@@ -210,22 +152,6 @@ mod tests {
             .starts_with("grants 2 (idle 0) held 6000 us drain 50.0 us"));
         // Nothing measured: means of nothing are 0, not NaN.
         assert_eq!(Figures::default().drain_us(), 0.0);
-    }
-
-    #[test]
-    fn settings_parse_over_the_defaults() {
-        assert_eq!(Tuning::parse("").unwrap(), Tuning::default());
-        assert_eq!(Tuning::parse("base").unwrap(), Tuning::default());
-        let t = Tuning::parse("slack, spin-drain").unwrap();
-        assert_eq!(t.timer_slack_ns, Some(1));
-        assert!(t.spin_drain);
-        assert_eq!(
-            Tuning::parse("slack=5000").unwrap().timer_slack_ns,
-            Some(5000)
-        );
-        assert!(!Tuning::parse("spin-drain,sleep-drain").unwrap().spin_drain);
-        assert!(Tuning::parse("fast").is_err());
-        assert!(Tuning::parse("slack=x").is_err());
     }
 
     #[test]

@@ -58,7 +58,7 @@ use sessions::Sessions;
 use shared::{Shared, REPORT_EVERY};
 
 pub use contexts::SPARES;
-pub use handoff::{Figures as HandoffFigures, Handoff, Tuning as HandoffTuning};
+pub use handoff::{Figures as HandoffFigures, Handoff};
 pub use shared::SAMPLE_EVERY;
 
 /// Where a worker maps its VM's pinned pool (and its guests map it too when
@@ -216,8 +216,6 @@ pub struct Worker {
     moving: Option<Moving>,
     /// When [`Worker::recheck_budget`] last asked the device.
     budget_checked: Instant,
-    /// How it behaves at hand-offs (see `handoff.rs`).
-    tuning: handoff::Tuning,
     /// The serving thread alone is confined yet: the others are, once the
     /// contexts made ahead are all made (see [`Worker::confine`]).
     confine_when_filled: bool,
@@ -481,7 +479,6 @@ impl Worker {
             stop: Arc::default(),
             moving: None,
             budget_checked: Instant::now(),
-            tuning: handoff::Tuning::get(),
             confine_when_filled: false,
             confined: false,
         };
@@ -538,13 +535,6 @@ impl Worker {
     fn serve(&mut self) -> Result<(), Error> {
         if let Some(cpu) = self.cpu {
             pin_current_thread(cpu)?;
-        }
-        if let Some(ns) = self.tuning.timer_slack_ns {
-            // The loop's short sleeps (`WAITING_POLL`) otherwise last the
-            // kernel's default slack, 50 µs, longer.
-            if let Err(e) = nix::sys::prctl::set_timerslack(ns) {
-                tracing::warn!("timer slack left as it was: {e}");
-            }
         }
         let mut idle: u32 = 0;
         let mut last_report = Instant::now();
@@ -624,12 +614,6 @@ impl Worker {
                 // the vGPU keeps the GPU, and the worker looks again soon
                 // (without spinning the core through a long kernel).
                 if self.releasing.is_some() {
-                    if self.tuning.spin_drain {
-                        // The next vGPU waits for this release: look again
-                        // at once.
-                        std::hint::spin_loop();
-                        continue;
-                    }
                     Handoff::add(&self.sh.stats.handoff.drain_sleeps, 1);
                 }
                 std::thread::sleep(WAITING_POLL);
