@@ -640,9 +640,7 @@ fn serve(
                                 || co.holders.contains_key(&id)
                                 || drainer.is_some_and(|d| d.0 == id) =>
                         {
-                            if drainer.is_some_and(|d| d.0 == id) {
-                                drainer = None;
-                            }
+                            drainer = drainer.filter(|d| d.0 != id);
                             let a =
                                 co.charge(id, a, &usage.lock().unwrap_or_else(|e| e.into_inner()));
                             let _ = sched.release(id, a);

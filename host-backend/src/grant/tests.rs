@@ -2,11 +2,55 @@
 
 use super::*;
 
+/// A grant service of `slice_ns` slices for one test, its socket in a
+/// folder of its own (removed at the test's end); `mps`: its vGPUs are MPS
+/// clients (see [`GrantService::start_with`]).
+fn service(name: &str, slice_ns: u64, mps: bool) -> (PathBuf, GrantService) {
+    let dir = std::env::temp_dir().join(format!("fvg-grant-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = scheduler::DevicePolicy::default();
+    let svc = GrantService::start_with(&dir.join("g.sock"), slice_ns, policy, mps).unwrap();
+    (dir, svc)
+}
+
+/// Waits until `g` holds the grant, for at most 5 s.
+fn granted(g: &mut Gate) {
+    let t = Instant::now();
+    while !g.acquire(Duration::from_millis(1)).unwrap() {
+        assert!(t.elapsed() < Duration::from_secs(5), "never granted");
+    }
+}
+
+/// What the service knows once `done` holds of it, waiting `limit` at most.
+fn live_when(
+    svc: &GrantService,
+    limit: Duration,
+    done: impl Fn(&HashMap<u32, VgpuLive>) -> bool,
+) -> HashMap<u32, VgpuLive> {
+    let t = Instant::now();
+    loop {
+        let live = svc.live();
+        if done(&live) {
+            return live;
+        }
+        assert!(t.elapsed() < limit, "{live:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// vGPU 1 holds the GPU and has heard that vGPU 2 wants it.
+fn contended(svc: &GrantService) -> (Gate, Gate) {
+    let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    granted(&mut a);
+    let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
+    assert!(!b.acquire(Duration::from_millis(1)).unwrap());
+    until_contended(&mut a);
+    (a, b)
+}
+
 #[test]
 fn grants_follow_weights_between_busy_workers() {
-    let dir = std::env::temp_dir().join(format!("fvg-grant-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let (dir, svc) = service("weights", 2_000_000, false);
     let weights = [1.0, 2.0, 3.0];
     // All registered before any asks: a vGPU alone holds the GPU for
     // as long as it is alone, which is no share of anything.
@@ -55,9 +99,7 @@ fn grants_follow_weights_between_busy_workers() {
 
 #[test]
 fn a_forgotten_worker_gives_way_to_its_successor_at_once() {
-    let dir = std::env::temp_dir().join(format!("fvg-grant-forget-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let (dir, svc) = service("forget", 2_000_000, false);
     // The old worker, its connection still open (a killed process the
     // driver is still tearing down), idle for now.
     let mut old = Gate::connect(svc.path(), 1, 1.0).unwrap();
@@ -94,9 +136,7 @@ fn until_contended(g: &mut Gate) {
 
 #[test]
 fn the_vgpu_first_in_line_hears_that_the_holder_drains() {
-    let dir = std::env::temp_dir().join(format!("fvg-grant-next-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let (dir, svc) = service("next", 2_000_000, false);
     let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
     assert!(a.acquire(Duration::from_secs(5)).unwrap());
     let mut waiting = [
@@ -133,9 +173,7 @@ fn the_vgpu_first_in_line_hears_that_the_holder_drains() {
 #[test]
 fn a_holder_repeating_that_it_drains_gets_the_next_one_told_once() {
     use std::io::{Read, Write};
-    let dir = std::env::temp_dir().join(format!("fvg-grant-next1-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let (dir, svc) = service("next1", 2_000_000, false);
     let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
     assert!(a.acquire(Duration::from_secs(5)).unwrap());
     // The next in line, as raw messages.
@@ -163,9 +201,7 @@ fn a_holder_repeating_that_it_drains_gets_the_next_one_told_once() {
 #[test]
 fn a_connection_that_says_nothing_holds_up_no_vgpu() {
     use std::io::Read;
-    let dir = std::env::temp_dir().join(format!("fvg-grant-silent-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let (dir, svc) = service("silent", 2_000_000, false);
     let mut silent = UnixStream::connect(svc.path()).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     // A worker registering after it is served at once.
@@ -190,10 +226,8 @@ fn a_connection_that_says_nothing_holds_up_no_vgpu() {
 
 #[test]
 fn a_lone_holder_is_extended_until_another_vgpu_wants_the_gpu() {
-    let dir = std::env::temp_dir().join(format!("fvg-grant-ext-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let slice = Duration::from_millis(4);
-    let svc = GrantService::start(&dir.join("g.sock"), slice.as_nanos() as u64).unwrap();
+    let (dir, svc) = service("ext", slice.as_nanos() as u64, false);
     let mut lone = Gate::connect(svc.path(), 1, 1.0).unwrap();
     assert!(lone.acquire(Duration::from_secs(5)).unwrap());
     assert!(lone.alone());
@@ -231,9 +265,7 @@ fn a_lone_holder_is_extended_until_another_vgpu_wants_the_gpu() {
 
 #[test]
 fn a_grant_after_a_release_while_another_waited_counts_as_a_hand_off() {
-    let dir = std::env::temp_dir().join(format!("fvg-grant-handoff-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let (dir, svc) = service("handoff", 2_000_000, false);
     let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
     assert!(a.acquire(Duration::from_secs(5)).unwrap());
     // A's first grant found the GPU free: no hand-off.
@@ -241,14 +273,7 @@ fn a_grant_after_a_release_while_another_waited_counts_as_a_hand_off() {
     assert!(!b.acquire(Duration::from_millis(20)).unwrap());
     a.release(1000, false).unwrap();
     assert!(b.acquire(Duration::from_secs(5)).unwrap());
-    let t = Instant::now();
-    let live = loop {
-        let live = svc.live();
-        if live[&2].handoffs == 1 || t.elapsed() > Duration::from_secs(5) {
-            break live;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
+    let live = live_when(&svc, Duration::from_secs(5), |l| l[&2].handoffs == 1);
     assert_eq!(live[&2].handoffs, 1, "{:?}", live[&2]);
     assert_eq!(live[&1].handoffs, 0);
     // The service's own part: it grants in the turn that read the release.
@@ -259,9 +284,7 @@ fn a_grant_after_a_release_while_another_waited_counts_as_a_hand_off() {
 
 #[test]
 fn a_worker_that_keeps_the_grant_loses_it() {
-    let dir = std::env::temp_dir().join(format!("fvg-grant-keep-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
+    let (dir, svc) = service("keep", 2_000_000, false);
     let mut stuck = Gate::connect(svc.path(), 1, 1.0).unwrap();
     assert!(stuck.acquire(Duration::from_secs(5)).unwrap());
     // It never gives the grant back; the other vGPU gets it all the same.
@@ -282,30 +305,10 @@ fn a_worker_that_keeps_the_grant_loses_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A service for a GPU whose vGPUs are MPS clients, at `dir/g.sock`.
-fn mps_service(dir: &Path, slice_ns: u64) -> GrantService {
-    std::fs::create_dir_all(dir).unwrap();
-    let policy = scheduler::DevicePolicy::default();
-    GrantService::start_with(&dir.join("g.sock"), slice_ns, policy, true).unwrap()
-}
-
-/// Waits until `g` holds the grant, for at most 5 s.
-fn granted(g: &mut Gate) {
-    let t = Instant::now();
-    while !g.acquire(Duration::from_millis(1)).unwrap() {
-        assert!(t.elapsed() < Duration::from_secs(5), "never granted");
-    }
-}
-
 #[test]
 fn under_mps_the_next_vgpu_is_granted_as_the_holder_drains() {
-    let dir = std::env::temp_dir().join(format!("fvg-grant-overlap-{}", std::process::id()));
-    let svc = mps_service(&dir, 2_000_000);
-    let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
-    granted(&mut a);
-    let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
-    assert!(!b.acquire(Duration::from_millis(1)).unwrap());
-    until_contended(&mut a);
+    let (dir, svc) = service("overlap", 2_000_000, true);
+    let (mut a, mut b) = contended(&svc);
     // Until the holder drains, the other waits; then it holds the GPU
     // while the drainer's last work finishes.
     assert!(!b.acquire(Duration::from_millis(20)).unwrap());
@@ -315,11 +318,9 @@ fn under_mps_the_next_vgpu_is_granted_as_the_holder_drains() {
     assert!(b.take_next());
     // The drainer's release is taken, and charged to it.
     a.release(7_000_000, true).unwrap();
-    let t = Instant::now();
-    while svc.live()[&1].charged_ns != 7_000_000 {
-        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", svc.live());
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    live_when(&svc, Duration::from_secs(5), |l| {
+        l[&1].charged_ns == 7_000_000
+    });
     // It is not granted again beside the holder, but after it.
     assert!(!a.acquire(Duration::from_millis(20)).unwrap());
     b.release(1_000_000, false).unwrap();
@@ -329,24 +330,14 @@ fn under_mps_the_next_vgpu_is_granted_as_the_holder_drains() {
 
 #[test]
 fn under_mps_a_drainer_that_never_releases_is_charged_and_forgotten() {
-    let dir = std::env::temp_dir().join(format!("fvg-grant-drainer-{}", std::process::id()));
-    let svc = mps_service(&dir, 2_000_000);
-    let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
-    granted(&mut a);
-    let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
-    assert!(!b.acquire(Duration::from_millis(1)).unwrap());
-    until_contended(&mut a);
+    let (dir, svc) = service("drainer", 2_000_000, true);
+    let (mut a, mut b) = contended(&svc);
     a.draining().unwrap();
     granted(&mut b);
     b.release(1_000_000, true).unwrap();
     // The drainer's grant is taken back past the hold limit (2 s), charged
     // all it held; its late release changes nothing.
-    let t = Instant::now();
-    while svc.live()[&1].revoked == 0 {
-        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", svc.live());
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let live = svc.live();
+    let live = live_when(&svc, Duration::from_secs(10), |l| l[&1].revoked > 0);
     assert!(live[&1].charged_ns >= 2_000_000_000, "{:?}", live[&1]);
     a.release(1000, false).unwrap();
     std::thread::sleep(Duration::from_millis(50));
@@ -356,14 +347,8 @@ fn under_mps_a_drainer_that_never_releases_is_charged_and_forgotten() {
 
 #[test]
 fn without_mps_the_next_vgpu_waits_for_the_release() {
-    let dir = std::env::temp_dir().join(format!("fvg-grant-nolap-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let svc = GrantService::start(&dir.join("g.sock"), 2_000_000).unwrap();
-    let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
-    granted(&mut a);
-    let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
-    assert!(!b.acquire(Duration::from_millis(1)).unwrap());
-    until_contended(&mut a);
+    let (dir, svc) = service("nolap", 2_000_000, false);
+    let (mut a, mut b) = contended(&svc);
     a.draining().unwrap();
     let t = Instant::now();
     while t.elapsed() < Duration::from_millis(100) {
