@@ -578,17 +578,39 @@ mod tests {
         }
     }
 
-    #[test]
-    fn feed_carries_region_bells_and_peer_changes_to_successive_workers() {
-        let dir = std::env::temp_dir().join(format!("fvg-link-{}", std::process::id()));
+    /// A VM's host side for one test: its folder (removed at the test's
+    /// end), the socket guests attach to, and the `VmHost`.
+    fn vm_host(name: &str) -> (std::path::PathBuf, std::path::PathBuf, VmHost) {
+        let dir = std::env::temp_dir().join(format!("fvg-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let sock = dir.join("vm.sock");
-        let host = VmHost::start("link-test", &sock, layout()).unwrap();
+        let host = VmHost::start(name, &sock, layout()).unwrap();
+        (dir, sock, host)
+    }
+
+    /// A worker fed by `host`: the region it adopted, and its link.
+    fn fed_worker(host: &VmHost) -> (Region, PeerLink) {
+        let (fd, fed) = Fed::receive(host.feed().unwrap()).unwrap();
+        (Region::adopt(fd, layout()).unwrap(), PeerLink::Fed(fed))
+    }
+
+    /// A channel `client` claims and the worker of `region` serves.
+    fn served_claim(client: &Client, region: &Region) -> qemu_ivshmem::GuestChannel {
+        let g = client.region.claim(u32::from(client.id), 1, 0).unwrap();
+        region
+            .host_channel(g.index())
+            .unwrap()
+            .mark_serving()
+            .unwrap();
+        g
+    }
+
+    #[test]
+    fn feed_carries_region_bells_and_peer_changes_to_successive_workers() {
+        let (dir, sock, host) = vm_host("link-test");
         let client = Client::connect(&sock, Duration::from_secs(5)).unwrap();
 
-        let (fd, fed) = Fed::receive(host.feed().unwrap()).unwrap();
-        let region = Region::adopt(fd, layout()).unwrap();
-        let link = PeerLink::Fed(fed);
+        let (region, link) = fed_worker(&host);
         assert_eq!(link.host_bells().len(), 2);
         // The worker can ring the peer that was there before it started...
         link.ring_peer(client.id, 1).unwrap();
@@ -598,17 +620,10 @@ mod tests {
         assert!(wait_readable(&link.host_bells()[0]));
 
         // A guest claims a channel; the worker dies; a second worker adopts.
-        let g = client.region.claim(u32::from(client.id), 1, 0).unwrap();
-        region
-            .host_channel(g.index())
-            .unwrap()
-            .mark_serving()
-            .unwrap();
+        let g = served_claim(&client, &region);
         drop(link);
-        let (fd2, fed2) = Fed::receive(host.feed().unwrap()).unwrap();
-        let region2 = Region::adopt(fd2, layout()).unwrap();
+        let (region2, link2) = fed_worker(&host);
         assert_eq!(region2.claim_state(g.index()).unwrap(), ClaimState::Lost);
-        let link2 = PeerLink::Fed(fed2);
         link2.ring_peer(client.id, 0).unwrap();
         assert!(wait_readable(&client.own_bells[0]));
 
@@ -639,20 +654,10 @@ mod tests {
 
     #[test]
     fn a_standby_gets_the_region_alone_until_promoted() {
-        let dir = std::env::temp_dir().join(format!("fvg-link-standby-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let sock = dir.join("vm.sock");
-        let host = VmHost::start("link-standby", &sock, layout()).unwrap();
+        let (dir, sock, host) = vm_host("link-standby");
         let client = Client::connect(&sock, Duration::from_secs(5)).unwrap();
-        let (fd, fed) = Fed::receive(host.feed().unwrap()).unwrap();
-        let region = Region::adopt(fd, layout()).unwrap();
-        let old = PeerLink::Fed(fed);
-        let g = client.region.claim(u32::from(client.id), 1, 0).unwrap();
-        region
-            .host_channel(g.index())
-            .unwrap()
-            .mark_serving()
-            .unwrap();
+        let (region, old) = fed_worker(&host);
+        let g = served_claim(&client, &region);
 
         // The standby maps the region and hears nothing more for now.
         let (fd2, start) = FeedStart::receive_region(host.standby_feed().unwrap()).unwrap();
@@ -697,10 +702,7 @@ mod tests {
 
     #[test]
     fn a_worker_that_does_not_read_its_feed_holds_up_nobody() {
-        let dir = std::env::temp_dir().join(format!("fvg-link-stuck-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let sock = dir.join("vm.sock");
-        let host = VmHost::start("link-stuck", &sock, layout()).unwrap();
+        let (dir, sock, host) = vm_host("link-stuck");
         // A worker that never reads its feed.
         let stuck = UnixStream::from(host.feed().unwrap());
         // Peers come and go: more news than its socket holds.
