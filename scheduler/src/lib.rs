@@ -96,6 +96,10 @@ impl Default for Slices {
     }
 }
 
+/// The most base slices one grant may hold: a vGPU's slice grows with its
+/// weight (see [`GpuScheduler::slice_for`]) up to this many.
+pub const MAX_SLICE_FACTOR: f64 = 4.0;
+
 /// What the scheduler decided when the GPU became free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
@@ -265,9 +269,34 @@ impl GpuScheduler {
         };
         Some(Grant {
             vgpu,
-            slice_ns: self.slice_ns,
+            slice_ns: self.slice_for(vgpu),
             kick_vcpu,
         })
+    }
+
+    /// The slice `id` is granted: the base slice times its weight over the
+    /// smallest weight among the vGPUs that want the GPU (itself included),
+    /// at most [`MAX_SLICE_FACTOR`] base slices.
+    ///
+    /// Start tags then advance by the same amount at every grant, so the
+    /// vGPUs take turns once per round (deficit round robin's quantum in
+    /// proportion to weight) instead of the heavier ones coming back several
+    /// times a round for one base slice each. The GPU changes hands once per
+    /// vGPU and round, and each hand-off costs a context switch; the
+    /// lightest vGPU waits as long as with equal slices (the others' turns
+    /// add up to the same time), the heavier ones wait longer, and each one's
+    /// share is its weight's either way (every grant is charged what it used).
+    pub fn slice_for(&self, id: VgpuId) -> u64 {
+        let Some(w) = self.queue.weight(id) else {
+            return self.slice_ns;
+        };
+        let lightest = self
+            .queue
+            .runnable_ids()
+            .filter_map(|v| self.queue.weight(v))
+            .fold(w, f64::min);
+        let factor = (w / lightest).clamp(1.0, MAX_SLICE_FACTOR);
+        (self.slice_ns as f64 * factor).round() as u64
     }
 
     /// Whether the vGPU is CPU-GPU interactive now.
@@ -320,6 +349,50 @@ mod tests {
             }
         }
         used
+    }
+
+    #[test]
+    fn a_slice_grows_with_weight_over_the_lightest_that_waits() {
+        let mut s = GpuScheduler::new(6_000_000);
+        for (id, w) in [(1, 1.0), (2, 2.0), (3, 3.0), (4, 10.0)] {
+            s.add(id, w).unwrap();
+        }
+        // Alone, even the heaviest gets the base slice.
+        s.request(4, 0, None).unwrap();
+        assert_eq!(s.slice_for(4), 6_000_000);
+        for id in 1..=3 {
+            s.request(id, 0, None).unwrap();
+        }
+        let slices: Vec<u64> = (1..=4).map(|id| s.slice_for(id)).collect();
+        assert_eq!(slices, [6_000_000, 12_000_000, 18_000_000, 24_000_000]);
+        // The lightest is measured among those that want the GPU.
+        s.idle(1, 0).unwrap();
+        assert_eq!(s.slice_for(3), 9_000_000);
+        assert_eq!(s.slice_for(1), 6_000_000, "a vGPU not waiting: base");
+        assert_eq!(s.grant(0).unwrap().slice_ns, s.slice_for(2));
+    }
+
+    #[test]
+    fn weighted_slices_hand_the_gpu_on_once_per_vgpu_and_round() {
+        let mut s = GpuScheduler::new(6_000_000);
+        for id in 1..=3 {
+            s.add(id, f64::from(id)).unwrap();
+            s.request(id, 0, None).unwrap();
+        }
+        let (mut used, mut handoffs, mut last) = ([0u64; 3], 0, None);
+        let mut now = 0;
+        // Twenty rounds of 36 ms, each holder using its whole slice.
+        while now < 20 * 36_000_000 {
+            let g = s.grant(now).unwrap();
+            handoffs += usize::from(last.is_some_and(|l| l != g.vgpu));
+            last = Some(g.vgpu);
+            used[g.vgpu as usize - 1] += g.slice_ns;
+            now += g.slice_ns;
+            s.release(g.vgpu, g.slice_ns).unwrap();
+        }
+        assert_eq!(used, [120_000_000, 240_000_000, 360_000_000]);
+        // 3 a round less the first grant; equal 6 ms slices take 5 a round.
+        assert_eq!(handoffs, 20 * 3 - 1);
     }
 
     fn shares(used: [u64; 3]) -> [f64; 3] {

@@ -218,6 +218,8 @@ enum Ev {
 #[derive(Debug, Clone, Copy)]
 struct Hold {
     start: u64,
+    /// Its slice ([`GpuScheduler::slice_for`] when it joined).
+    slice_ns: u64,
     alone_ns: u64,
     shared_ns: u64,
     issued: bool,
@@ -366,7 +368,7 @@ impl Engine<'_> {
         }
         let Some(h) = self.holds[g] else { return };
         let op = self.guests[g].ops[self.pc[g]];
-        let end = h.start + self.gpu.slice_ns;
+        let end = h.start + h.slice_ns;
         if self.now >= end || (h.issued && self.now + op.ns() > end) {
             self.release(g);
             return;
@@ -495,6 +497,7 @@ impl Engine<'_> {
             self.holders.push(g);
             self.holds[g] = Some(Hold {
                 start: self.now,
+                slice_ns: self.sched.slice_for(g as u32),
                 alone_ns: 0,
                 shared_ns: 0,
                 issued: false,
