@@ -8,6 +8,11 @@
 //! free), and releases, reporting the GPU time it used. Non-preemptive GPUs
 //! make the release collaborative; a kernel that overruns is charged in full.
 //!
+//! A grant's slice is the configured one times the vGPU's weight over the
+//! lightest waiting vGPU's, at most four times ([`GpuScheduler::slice_for`]):
+//! at 1:2:3 the GPU changes hands three times a round instead of five, and
+//! each change costs the GPU a context switch.
+//!
 //! While no other vGPU waits, the holder (and its co-holders, see
 //! `corun.rs`) is told whenever less than a slice is left that it has one
 //! slice more (`EXTEND`): it neither drains the device nor gives the GPU
@@ -626,9 +631,13 @@ fn serve(
                                 && draining_since.is_none() =>
                         {
                             draining_since = Some(Instant::now());
-                            if co.enabled {
+                            // One drainer at a time: a holder granted beside
+                            // a drainer keeps the GPU to its release.
+                            if co.enabled && drainer.is_none() {
                                 drainer = Some((id, held_since));
                                 holder = None;
+                                freed =
+                                    (!sched.candidates(now, &[id]).is_empty()).then(Instant::now);
                             } else if let Some(n) = sched.candidates(now, &[id]).first().copied() {
                                 if let Some(s) = conns.get_mut(&n) {
                                     let _ = s.write_all(&encode(NEXT, n, 0, 0));
@@ -826,14 +835,16 @@ fn serve(
             if let Some(vgpu) = next {
                 let q = sched.queue();
                 let others = q.runnable() - usize::from(q.is_runnable(vgpu));
+                // Heavier vGPUs hold longer slices (fewer hand-offs).
+                let granted = sched.slice_for(vgpu);
                 if let Some(s) = conns.get_mut(&vgpu) {
                     let lone = u64::from(others == 0);
-                    if s.write_all(&encode(GRANT, vgpu, slice_ns, lone)).is_ok() {
+                    if s.write_all(&encode(GRANT, vgpu, granted, lone)).is_ok() {
                         holder = Some(vgpu);
                         draining_since = None;
                         alone = true;
                         held_since = Instant::now();
-                        deadline = held_since + slice;
+                        deadline = held_since + Duration::from_nanos(granted);
                         let handoff = freed.take().map(|t| t.elapsed().as_nanos() as u64);
                         live(&mut |u| {
                             let v = u.entry(vgpu).or_default();

@@ -98,6 +98,24 @@ fn grants_follow_weights_between_busy_workers() {
 }
 
 #[test]
+fn a_heavier_vgpu_is_granted_a_longer_slice_while_a_lighter_one_waits() {
+    let (dir, svc) = service("weighted", 2_000_000, false);
+    let mut light = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    granted(&mut light);
+    assert_eq!(light.slice_ns(), 2_000_000, "alone: the base slice");
+    let mut heavy = Gate::connect(svc.path(), 2, 3.0).unwrap();
+    assert!(!heavy.acquire(Duration::from_millis(1)).unwrap());
+    until_contended(&mut light);
+    light.release(light.held_ns(), true).unwrap();
+    granted(&mut heavy);
+    assert_eq!(heavy.slice_ns(), 6_000_000, "three base slices at 3:1");
+    heavy.release(heavy.held_ns(), true).unwrap();
+    granted(&mut light);
+    assert_eq!(light.slice_ns(), 2_000_000);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_forgotten_worker_gives_way_to_its_successor_at_once() {
     let (dir, svc) = service("forget", 2_000_000, false);
     // The old worker, its connection still open (a killed process the
@@ -342,6 +360,25 @@ fn under_mps_a_drainer_that_never_releases_is_charged_and_forgotten() {
     a.release(1000, false).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(svc.live()[&1].charged_ns, live[&1].charged_ns);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn under_mps_a_holder_granted_beside_a_drainer_keeps_the_gpu_to_its_release() {
+    let (dir, svc) = service("drain2", 2_000_000, true);
+    let (mut a, mut b) = contended(&svc);
+    let mut c = Gate::connect(svc.path(), 3, 1.0).unwrap();
+    a.draining().unwrap();
+    granted(&mut b);
+    // A grant as the holder drains is a hand-off.
+    live_when(&svc, Duration::from_secs(5), |l| l[&2].handoffs == 1);
+    // One drainer at a time: b's drain hands nothing on while a drains.
+    until_contended(&mut b);
+    b.draining().unwrap();
+    assert!(!c.acquire(Duration::from_millis(50)).unwrap());
+    b.release(1_000_000, true).unwrap();
+    granted(&mut c);
+    a.release(1_000_000, false).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
