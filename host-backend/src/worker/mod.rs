@@ -860,18 +860,10 @@ impl Worker {
         }
     }
 
-    /// What the holder issued is predicted from its kernels' estimated
-    /// times (`Shared::slice_filled`), and an estimate can run ahead of the
-    /// device (matrixMul's did on an H100: its 300 launches waited for an
-    /// extension while the device idled, 0.71 of native). Once the device
-    /// has run everything while the prediction says the slice is full,
-    /// nothing is queued ahead, so the slice's budget is what the clock
-    /// leaves: a lone holder issues on instead of its device idling until
-    /// the extension. (A contended holder gives the GPU back in the turn
-    /// its prediction fills the slice, so this rarely reaches it.)
-    /// The grant is about to come (`NEXT`): guests asleep on a reply are
-    /// woken now, so that they are awake when it comes (GPU-centric
-    /// coscheduling: the vCPU they wait on is kicked too).
+    /// The grant is about to come (`NEXT`), or came untold at a hand-off:
+    /// guests asleep on a reply are woken now, so that they are awake when
+    /// its first replies come (GPU-centric coscheduling: the vCPU they wait
+    /// on is kicked too).
     fn wake_sleeping_guests(&mut self) {
         for c in &self.chans {
             if c.session.is_none() {
@@ -883,6 +875,15 @@ impl Worker {
         }
     }
 
+    /// What the holder issued is predicted from its kernels' estimated
+    /// times (`Shared::slice_filled`), and an estimate can run ahead of the
+    /// device (matrixMul's did on an H100: its 300 launches waited for an
+    /// extension while the device idled, 0.71 of native). Once the device
+    /// has run everything while the prediction says the slice is full,
+    /// nothing is queued ahead, so the slice's budget is what the clock
+    /// leaves: a lone holder issues on instead of its device idling until
+    /// the extension. (A contended holder gives the GPU back in the turn
+    /// its prediction fills the slice, so this rarely reaches it.)
     fn recheck_budget(&mut self) {
         if !self.sh.budget_spent || self.budget_checked.elapsed() < BUDGET_CHECK {
             return;
