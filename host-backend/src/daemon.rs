@@ -75,10 +75,6 @@ pub fn run_worker(
     };
     let init_ms = started.elapsed().as_millis() as u64;
     let wc = WorkerConfig {
-        name: vm.to_owned(),
-        socket: cfg.socket(vm),
-        layout: cfg.layout_for(vmc),
-        mem_limit: vmc.memory_limit_mib << 20,
         spin: cfg.spin,
         cpu: vmc.worker_cpu,
         grant: cfg.daemon.scheduler.then(|| {
@@ -86,8 +82,6 @@ pub fn run_worker(
                 id.unwrap_or_else(|| cfg.vms.iter().position(|v| v.name == vm).unwrap_or(0) as u32);
             (grant_socket(cfg, gpu), id, vmc.weight)
         }),
-        sample_every: crate::worker::SAMPLE_EVERY,
-        time_launches: false,
         vcpus_file: Some(crate::attach::vcpus_file(cfg, vm)),
         slice_blocks: cfg.daemon.slice_blocks,
         image_cache: cfg.daemon.image_cache_mib << 20,
@@ -97,6 +91,12 @@ pub fn run_worker(
         // An MPS client makes its contexts ahead, while it may still
         // connect (see `mps.rs` and `worker/contexts.rs`).
         prefill_contexts: if mps { cfg.gpu_mps_processes(gpu) } else { 0 },
+        ..WorkerConfig::new(
+            vm,
+            cfg.socket(vm),
+            cfg.layout_for(vmc),
+            vmc.memory_limit_mib << 20,
+        )
     };
     let mut worker = match feed_fd {
         Some(fd) if standby => Worker::standby(

@@ -113,27 +113,16 @@ pub const TEST_SPIN: SpinPolicy = SpinPolicy {
 /// The tests' worker: four channels, a 32 MiB pinned pool, spin budgets
 /// for two cores, no scheduler, no contexts made ahead.
 pub fn worker_config(name: &str, socket: PathBuf, mem_limit: u64) -> WorkerConfig {
+    let layout = LayoutParams {
+        channels: 4,
+        ring_entries: 64,
+        arena_size: 1 << 20,
+        vectors: 4,
+        pinned_size: 32 << 20,
+    };
     WorkerConfig {
-        name: name.into(),
-        socket,
-        layout: LayoutParams {
-            channels: 4,
-            ring_entries: 64,
-            arena_size: 1 << 20,
-            vectors: 4,
-            pinned_size: 32 << 20,
-        },
-        mem_limit,
         spin: TEST_SPIN,
-        cpu: None,
-        grant: None,
-        sample_every: host_backend::worker::SAMPLE_EVERY,
-        time_launches: false,
-        vcpus_file: None,
-        slice_blocks: 0,
-        image_cache: 64 << 20,
-        image_store: None,
-        prefill_contexts: 0,
+        ..WorkerConfig::new(name, socket, layout, mem_limit)
     }
 }
 

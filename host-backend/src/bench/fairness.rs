@@ -208,29 +208,21 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     let mut socks = Vec::new();
     for (exec, &g) in executors(kind, which.len(), graphs)?.into_iter().zip(which) {
         let sock = dir.join(format!("vm{g}.sock"));
+        let layout = LayoutParams {
+            channels: 1,
+            ring_entries: 256,
+            arena_size: 1 << 20,
+            vectors: 1,
+            pinned_size: 0,
+        };
         let wc = WorkerConfig {
-            name: format!("vm{g}"),
-            socket: sock.clone(),
-            layout: LayoutParams {
-                channels: 1,
-                ring_entries: 256,
-                arena_size: 1 << 20,
-                vectors: 1,
-                pinned_size: 0,
-            },
-            mem_limit: 1 << 30,
             spin,
-            cpu: None,
             grant: svc
                 .as_ref()
                 .map(|s| (s.path().to_owned(), g as u32, weights[g])),
             sample_every,
             time_launches,
-            vcpus_file: None,
-            slice_blocks: 0,
-            image_cache: 64 << 20,
-            image_store: None,
-            prefill_contexts: 0,
+            ..WorkerConfig::new(&format!("vm{g}"), sock.clone(), layout, 1 << 30)
         };
         workers.push(spawn(&wc, exec)?);
         socks.push(sock);

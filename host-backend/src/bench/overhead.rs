@@ -315,27 +315,17 @@ pub fn run(
     // Remoted, through a worker on its own thread of this process.
     let dir = std::env::temp_dir().join(format!("fairvgpu-overhead-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    let layout = LayoutParams {
+        channels: 2,
+        ring_entries: 1024,
+        arena_size: 16 << 20,
+        vectors: 2,
+        pinned_size: 0,
+    };
     let wc = WorkerConfig {
-        name: "bench".into(),
-        socket: dir.join("bench.sock"),
-        layout: LayoutParams {
-            channels: 2,
-            ring_entries: 1024,
-            arena_size: 16 << 20,
-            vectors: 2,
-            pinned_size: 0,
-        },
-        mem_limit: 4 << 30,
         spin: cfg.spin,
         cpu: pin.map(|(_, w)| w),
-        grant: None,
-        sample_every: crate::worker::SAMPLE_EVERY,
-        time_launches: false,
-        vcpus_file: None,
-        slice_blocks: 0,
-        image_cache: 64 << 20,
-        image_store: None,
-        prefill_contexts: 0,
+        ..WorkerConfig::new("bench", dir.join("bench.sock"), layout, 4 << 30)
     };
     let running = spawn(&wc, exec)?;
     let remote = {

@@ -114,6 +114,32 @@ pub struct WorkerConfig {
     pub prefill_contexts: usize,
 }
 
+impl WorkerConfig {
+    /// A worker of VM `name` serving `socket` with `layout` and `mem_limit`
+    /// bytes of device memory; the rest as a worker outside the daemon has
+    /// it: the default spin, no pinning, no scheduler, one busy period in
+    /// [`SAMPLE_EVERY`] timed, no vCPUs to boost, no kernel slicing, a
+    /// 64 MiB image cache of its own, contexts made as needed.
+    pub fn new(name: &str, socket: PathBuf, layout: LayoutParams, mem_limit: u64) -> Self {
+        WorkerConfig {
+            name: name.to_owned(),
+            socket,
+            layout,
+            mem_limit,
+            spin: SpinPolicy::default(),
+            cpu: None,
+            grant: None,
+            sample_every: SAMPLE_EVERY,
+            time_launches: false,
+            vcpus_file: None,
+            slice_blocks: 0,
+            image_cache: 64 << 20,
+            image_store: None,
+            prefill_contexts: 0,
+        }
+    }
+}
+
 /// Pins the calling thread to one CPU.
 pub fn pin_current_thread(cpu: usize) -> Result<(), Error> {
     use nix::sched::{sched_setaffinity, CpuSet};
