@@ -150,6 +150,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Barrier};
 
+    use super::super::tests::busy_until;
     use super::super::{Gate, GrantService, Report};
     use super::*;
 
@@ -207,21 +208,14 @@ mod tests {
                     all.wait();
                     std::thread::sleep(Duration::from_millis(30));
                     let end = Instant::now() + Duration::from_millis(1200);
-                    let mut held = 0u64;
-                    while Instant::now() < end {
-                        if g.acquire(Duration::from_millis(5)).unwrap() {
+                    busy_until(&mut g, end, |taken| {
+                        if taken {
                             let n = now.fetch_add(1, Ordering::SeqCst) + 1;
                             most.fetch_max(n, Ordering::SeqCst);
-                            while !g.slice_over() && Instant::now() < end {
-                                std::thread::sleep(Duration::from_micros(200));
-                            }
+                        } else {
                             now.fetch_sub(1, Ordering::SeqCst);
-                            let used = g.held_ns();
-                            g.release(used, true).unwrap();
-                            held += used;
                         }
-                    }
-                    held
+                    })
                 })
             })
             .collect();

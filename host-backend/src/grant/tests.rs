@@ -48,6 +48,27 @@ fn contended(svc: &GrantService) -> (Gate, Gate) {
     (a, b)
 }
 
+/// A busy worker's turns until `end`: takes the grant whenever it comes,
+/// "works" until its slice is over (or `end`: a lone holder's slice is
+/// extended), hands it back still wanting it. `turn(true)` as it takes the
+/// grant, `turn(false)` as it gives it back. Returns the time it held.
+pub(super) fn busy_until(g: &mut Gate, end: Instant, mut turn: impl FnMut(bool)) -> u64 {
+    let mut held = 0u64;
+    while Instant::now() < end {
+        if g.acquire(Duration::from_millis(5)).unwrap() {
+            turn(true);
+            while !g.slice_over() && Instant::now() < end {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            turn(false);
+            let used = g.held_ns();
+            g.release(used, true).unwrap();
+            held += used;
+        }
+    }
+    held
+}
+
 #[test]
 fn grants_follow_weights_between_busy_workers() {
     let (dir, svc) = service("weights", 2_000_000, false);
@@ -64,22 +85,7 @@ fn grants_follow_weights_between_busy_workers() {
                 let mut g = Gate::connect(&path, i as u32, w).unwrap();
                 all.wait();
                 std::thread::sleep(Duration::from_millis(20));
-                let end = Instant::now() + Duration::from_millis(1500);
-                let mut held = 0u64;
-                while Instant::now() < end {
-                    if g.acquire(Duration::from_millis(5)).unwrap() {
-                        // "Work" until the slice is over (or the run's
-                        // end: a lone holder's slice is extended), then
-                        // hand it back.
-                        while !g.slice_over() && Instant::now() < end {
-                            std::thread::sleep(Duration::from_micros(200));
-                        }
-                        let used = g.held_ns();
-                        g.release(used, true).unwrap();
-                        held += used;
-                    }
-                }
-                held
+                busy_until(&mut g, Instant::now() + Duration::from_millis(1500), |_| {})
             })
         })
         .collect();
