@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 use crate::executor::sim::SimParams;
 use crate::Error;
 
+/// The longest time slice a config may set, µs (one second).
+const MAX_SLICE_US: u64 = 1_000_000;
+
 /// Which executor runs the calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -54,9 +57,15 @@ pub struct DaemonConfig {
     /// own time-slicing, first come first served).
     #[serde(default = "yes")]
     pub scheduler: bool,
-    /// Time slice, microseconds (FairGV: 6,000 on non-preemptive GPUs).
+    /// Base time slice, microseconds, on a GPU that cannot preempt a
+    /// running kernel (FairGV: 6,000). See `scheduler::Slices`.
     #[serde(default = "default_slice_us")]
     pub slice_us: u64,
+    /// Base time slice, microseconds, on a GPU that can (FairGV: 30,000),
+    /// as every NVIDIA GPU since Pascal: there each hand-off is a context
+    /// switch (about 135 us on an H100), which a 6 ms slice pays 2% for.
+    #[serde(default = "default_preemptive_slice_us")]
+    pub preemptive_slice_us: u64,
     /// Kernel slicing: a launch of more blocks than this runs as sub-grids
     /// of about this many blocks (never fewer than 1,500), between which the
     /// GPU can change hands; 0 leaves launches whole.
@@ -105,7 +114,11 @@ fn default_image_cache_mib() -> u64 {
 }
 
 fn default_slice_us() -> u64 {
-    6_000
+    scheduler::Slices::default().non_preemptive_ns / 1000
+}
+
+fn default_preemptive_slice_us() -> u64 {
+    scheduler::Slices::default().preemptive_ns / 1000
 }
 
 fn default_run_dir() -> PathBuf {
@@ -119,6 +132,7 @@ impl Default for DaemonConfig {
             executor: ExecutorKind::default(),
             scheduler: true,
             slice_us: default_slice_us(),
+            preemptive_slice_us: default_preemptive_slice_us(),
             slice_blocks: 0,
             sandbox: true,
             graph_launches: GraphLaunches::default(),
@@ -272,6 +286,11 @@ pub struct GpuConfig {
     /// 1.3 s for four on an H100).
     #[serde(default = "default_mps_standby")]
     pub mps_standby: bool,
+    /// This GPU's base time slice, microseconds, in place of `[daemon]
+    /// slice_us` or `preemptive_slice_us` (a GPU serving interactive
+    /// tenants may want short turns even where it can preempt).
+    #[serde(default)]
+    pub slice_us: Option<u64>,
 }
 
 fn default_mps_processes() -> usize {
@@ -401,16 +420,25 @@ impl Config {
         let bad = |m: String, at: Loc| Err((m, at));
         Layout::new(self.layout)
             .map_err(|e| (format!("[layout]: {e}"), Loc::Table("layout", None)))?;
-        if self.daemon.slice_us == 0 || self.daemon.slice_us > 1_000_000 {
-            return bad(
-                format!(
-                    "[daemon] slice_us must be 1..=1000000, not {}",
-                    self.daemon.slice_us
-                ),
-                Loc::Table("daemon", Some("slice_us")),
-            );
+        let slice_ok = |us: u64| (1..=MAX_SLICE_US).contains(&us);
+        for (key, us) in [
+            ("slice_us", self.daemon.slice_us),
+            ("preemptive_slice_us", self.daemon.preemptive_slice_us),
+        ] {
+            if !slice_ok(us) {
+                return bad(
+                    format!("[daemon] {key} must be 1..={MAX_SLICE_US}, not {us}"),
+                    Loc::Table("daemon", Some(key)),
+                );
+            }
         }
         for (i, g) in self.gpus.iter().enumerate() {
+            if let Some(us) = g.slice_us.filter(|&us| !slice_ok(us)) {
+                return bad(
+                    format!("[[gpu]] slice_us must be 1..={MAX_SLICE_US}, not {us}"),
+                    Loc::Gpu(i, "slice_us"),
+                );
+            }
             if !(1..=32).contains(&g.mps_processes) {
                 return bad(
                     format!(
@@ -550,6 +578,29 @@ impl Config {
             .unwrap_or_default()
     }
 
+    /// The base time slice of GPU `gpu`, ns: its own `[[gpu]] slice_us`,
+    /// else `[daemon] preemptive_slice_us` where it can preempt a running
+    /// kernel (`preemptive`), else `[daemon] slice_us`.
+    pub fn gpu_slice_ns(&self, gpu: u32, preemptive: bool) -> u64 {
+        let own = self
+            .gpus
+            .iter()
+            .find(|g| g.index == gpu)
+            .and_then(|g| g.slice_us);
+        own.map_or_else(
+            || self.slices().for_gpu(preemptive),
+            |us| us.saturating_mul(1000),
+        )
+    }
+
+    /// `[daemon] slice_us` and `preemptive_slice_us`, ns.
+    pub fn slices(&self) -> scheduler::Slices {
+        scheduler::Slices {
+            non_preemptive_ns: self.daemon.slice_us.saturating_mul(1000),
+            preemptive_ns: self.daemon.preemptive_slice_us.saturating_mul(1000),
+        }
+    }
+
     /// Whether the daemon runs MPS for GPU `gpu`.
     pub fn gpu_mps(&self, gpu: u32) -> bool {
         self.gpus.iter().any(|g| g.index == gpu && g.mps)
@@ -639,6 +690,25 @@ memory_limit_mib = 1024
     }
 
     #[test]
+    fn a_gpu_that_preempts_gets_the_preemptive_slice_unless_it_has_its_own() {
+        // DESIGN.md's slices: 6 ms where kernels cannot be preempted, 30 ms where they can.
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!(c.gpu_slice_ns(0, false), 6_000_000);
+        assert_eq!(c.gpu_slice_ns(0, true), 30_000_000);
+        let text = GOOD.replace(
+            "executor = \"sim\"",
+            "executor = \"sim\"\nslice_us = 5000\npreemptive_slice_us = 20000",
+        );
+        let own = format!("{text}\n[[gpu]]\nindex = 1\nslice_us = 3000\n");
+        let c = Config::parse(&own).unwrap();
+        assert_eq!(c.gpu_slice_ns(0, false), 5_000_000);
+        assert_eq!(c.gpu_slice_ns(0, true), 20_000_000);
+        // GPU 1's own slice, whether it preempts or not.
+        assert_eq!(c.gpu_slice_ns(1, true), 3_000_000);
+        assert_eq!(c.gpu_slice_ns(1, false), 3_000_000);
+    }
+
+    #[test]
     fn mistakes_are_named() {
         for (text, needle) in [
             (GOOD.replace("tenant", "tenantt"), "tenantt"),
@@ -650,6 +720,8 @@ memory_limit_mib = 1024
             (format!("{GOOD}\n[api]\ntcp = \"0.0.0.0:9400\"\n"), "token_file"),
             (format!("{GOOD}\n[api]\ntcp = \"nowhere\"\ntoken_file = \"/t\"\n"), "address"),
             (GOOD.replace("executor = \"sim\"", "executor = \"sim\"\ngraph_launches = \"yes\""), "graph_launches"),
+            (GOOD.replace("executor = \"sim\"", "executor = \"sim\"\npreemptive_slice_us = 0"), "preemptive_slice_us must be"),
+            (format!("{GOOD}\n[[gpu]]\nindex = 0\nslice_us = 2000000\n"), "[[gpu]] slice_us must be"),
             (format!("{GOOD}\n[layout]\nchannels = 0\nring_entries = 8\narena_size = 4096\nvectors = 1\n"), "channels"),
             (format!("{GOOD}\n[[gpu]]\nindex = 0\npolicy = \"fastest\"\n"), "fastest"),
             (format!("{GOOD}\n[[gpu]]\nindex = 0\n[[gpu]]\nindex = 0\npolicy = \"tfs\"\n"), "twice"),

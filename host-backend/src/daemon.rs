@@ -27,6 +27,18 @@ pub fn build_executor(cfg: &Config, gpu: u32) -> Result<Box<dyn Executor>, Error
     }
 }
 
+/// The base time slice of GPU `gpu`, ns (see [`Config::gpu_slice_ns`]): the
+/// sim models a GPU that cannot preempt a running kernel; a real GPU says
+/// whether it can (one whose driver cannot be asked is taken as one that
+/// cannot: the shorter slice).
+pub fn gpu_slice_ns(cfg: &Config, gpu: u32) -> u64 {
+    let preemptive = match cfg.daemon.executor {
+        ExecutorKind::Sim => false,
+        ExecutorKind::Cuda => crate::executor::cuda::device_preemptive(gpu).unwrap_or(false),
+    };
+    cfg.gpu_slice_ns(gpu, preemptive)
+}
+
 /// How long a standby worker tries to initialize CUDA (see `run_worker`).
 const STANDBY_INIT_TRIES: Duration = Duration::from_secs(10);
 

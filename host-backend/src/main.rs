@@ -273,10 +273,12 @@ enum BenchCmd {
         /// Which launches go as CUDA graph launches (`[daemon] graph_launches`).
         #[arg(long, value_enum, default_value = "all")]
         graph_launches: host_backend::config::GraphLaunches,
-        /// The scheduler's time slice, µs (`[daemon] slice_us`; DESIGN.md's
-        /// 6 ms by default).
-        #[arg(long, default_value_t = 6000)]
-        slice_us: u64,
+        /// The scheduler's base time slice, µs; by default the daemon's for
+        /// GPU 0 (`[daemon] preemptive_slice_us`, 30 ms, where it can
+        /// preempt a running kernel; `slice_us`, 6 ms, where it cannot, as
+        /// on the sim).
+        #[arg(long)]
+        slice_us: Option<u64>,
         /// Run the guests' contexts as clients of an MPS control daemon
         /// started for the bench, as on a GPU with `[[gpu]] mps = true`.
         #[arg(long)]
@@ -552,7 +554,7 @@ fn main() -> Result<()> {
                     seconds,
                     qemu_ivshmem::SpinPolicy::default(),
                     graph_launches,
-                    slice_us.clamp(100, 1_000_000) * 1000,
+                    slice_us.map(|us| us.clamp(100, 1_000_000) * 1000),
                     mps.then_some(mps_control.as_path()),
                 )
             }

@@ -78,13 +78,29 @@ pub fn weighted_mmr(used: &[f64], weights: &[f64]) -> f64 {
     mmr(&x)
 }
 
-/// Time slices of FairGV (configurable).
+/// Time slices of FairGV (configurable): the base slice of a GPU depends on
+/// whether it can preempt a running kernel. A GPU that cannot is handed
+/// over between kernels, and a short slice bounds how long the others wait;
+/// one that can (Pascal and later; the driver reports it as
+/// `CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED`) saves and restores
+/// a context at each hand-off, which a longer slice amortizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slices {
     /// Slice on a non-preemptive GPU (FairGV: 6 ms).
     pub non_preemptive_ns: u64,
     /// Slice on a preemptive GPU (FairGV: 30 ms).
     pub preemptive_ns: u64,
+}
+
+impl Slices {
+    /// The base slice of a GPU that can (`true`) or cannot preempt.
+    pub fn for_gpu(&self, preemptive: bool) -> u64 {
+        if preemptive {
+            self.preemptive_ns
+        } else {
+            self.non_preemptive_ns
+        }
+    }
 }
 
 impl Default for Slices {

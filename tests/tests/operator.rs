@@ -294,6 +294,11 @@ fn operator_api_shares_weights_reload_token_metrics() {
             good.replace("memory_limit_mib = 1024", "memory_limit_mib = 99999999"),
             "exceeds",
         ),
+        // A GPU's slice is fixed when its grant service starts.
+        (
+            format!("{good}\n[[gpu]]\nindex = 0\nslice_us = 3000\n"),
+            "[[gpu]] entries change only with a restart",
+        ),
     ] {
         std::fs::write(&path, bad).unwrap();
         let (code, e) = call(&unix(&d), "POST", "/api/v1/reload", "");
@@ -305,6 +310,8 @@ fn operator_api_shares_weights_reload_token_metrics() {
     }
     let (_, st) = call(&unix(&d), "GET", "/api/v1/status", "");
     assert_eq!(st["gpus"][0]["vgpus"][1]["weight"], 2.0, "old config kept");
+    // The sim cannot preempt a kernel: DESIGN.md's non-preemptive 6 ms.
+    assert_eq!(st["gpus"][0]["slice_us"], 6000, "{st}");
     // A good reload (the file's 1:2:3 again, vm3 at 1) applies: 1:2:1.
     std::fs::write(&path, good.replace("weight = 3", "weight = 1")).unwrap();
     let (code, r) = call(&unix(&d), "POST", "/api/v1/reload", "");

@@ -19,9 +19,14 @@ use std::time::Instant;
 use anyhow::Result;
 use qemu_ivshmem::SpinPolicy;
 
-use super::fairness::{run_guests, GuestBody, Round, Setup, ONE, SLICE_NS};
+use super::fairness::{run_guests, GuestBody, Round, Setup, ONE};
 use crate::config::{ExecutorKind, GraphLaunches};
 use crate::worker::SAMPLE_EVERY;
+
+/// Long slices (0.6 s): a batch that straddles a hand-over of the GPU has
+/// the hand-over's idle time inside the guest's events, which nobody is (or
+/// should be) charged for.
+const LONG_SLICE_NS: u64 = 600_000_000;
 
 /// A workload: batches of `per_sync` launches, each kernel `dur(n)` ns,
 /// one synchronize per batch; the guest's events around each batch add up
@@ -96,10 +101,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
                 fair,
                 sample_every,
                 time_launches,
-                // Long slices: a batch that straddles a hand-over of the GPU
-                // has the hand-over's idle time inside the guest's events,
-                // which nobody is (or should be) charged for.
-                slice_ns: 100 * SLICE_NS,
+                slice_ns: LONG_SLICE_NS,
                 secs,
                 spin,
                 graphs: GraphLaunches::default(),
@@ -159,7 +161,7 @@ mod tests {
                 fair: true,
                 sample_every: SAMPLE_EVERY,
                 time_launches: false,
-                slice_ns: 100 * SLICE_NS,
+                slice_ns: LONG_SLICE_NS,
                 secs: 1.0,
                 spin: SpinPolicy {
                     spins: 2_000,

@@ -21,8 +21,6 @@ use crate::grant::GrantService;
 use crate::worker::{spawn, WorkerConfig};
 
 const WEIGHTS: [f64; 3] = [1.0, 2.0, 3.0];
-/// The non-preemptive time slice (DESIGN.md).
-pub(crate) const SLICE_NS: u64 = 6_000_000;
 const KERNELS_NS: [u64; 3] = [20_000, 400_000, 1_600_000];
 /// A one-thread grid and block.
 pub(crate) const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
@@ -41,15 +39,20 @@ fn executors(
                 .collect())
         }
         ExecutorKind::Cuda => {
-            let mut cfg =
-                Config::parse("[[vm]]\nname = \"b\"\ntenant = \"b\"\nmemory_limit_mib = 1024\n")?;
-            cfg.daemon.executor = kind;
-            cfg.daemon.graph_launches = graphs;
+            let cfg = config(kind, graphs)?;
             (0..n)
                 .map(|_| build_executor(&cfg, 0).map_err(Into::into))
                 .collect()
         }
     }
+}
+
+/// The daemon's defaults, with the bench's executor for GPU 0.
+pub(crate) fn config(kind: ExecutorKind, graphs: GraphLaunches) -> Result<Config> {
+    let mut cfg = Config::parse("[[vm]]\nname = \"b\"\ntenant = \"b\"\nmemory_limit_mib = 1024\n")?;
+    cfg.daemon.executor = kind;
+    cfg.daemon.graph_launches = graphs;
+    Ok(cfg)
 }
 
 /// Prints where the shared round's hand-offs went, per guest and in all
@@ -308,8 +311,9 @@ fn mps_clients(control: &std::path::Path) -> Result<crate::mps::MpsDaemon> {
 /// to each 20 us kernel of the solo round only. A spin kernel occupies the
 /// GPU somewhat longer than the time it spins.
 /// `graphs`: which launches the executor submits as graph launches;
-/// `slice_ns`: the scheduler's time slice ([`SLICE_NS`], DESIGN.md's, by
-/// default); `mps`: the MPS control program to start, whose clients the
+/// `slice_ns`: the scheduler's base time slice (by default the one the
+/// daemon would give GPU 0: DESIGN.md's 6 ms where it cannot preempt a
+/// kernel, as on the sim, 30 ms where it can); `mps`: the MPS control program to start, whose clients the
 /// guests' contexts then are, as on a GPU with `[[gpu]] mps = true` (one
 /// hardware context: no context switch at a hand-off).
 pub fn run(
@@ -317,13 +321,17 @@ pub fn run(
     secs: f64,
     spin: SpinPolicy,
     graphs: GraphLaunches,
-    slice_ns: u64,
+    slice_ns: Option<u64>,
     mps: Option<&std::path::Path>,
 ) -> Result<()> {
     // Started before any context exists, and quit at the end (its drop).
     let _mps = match mps {
         Some(control) => Some(mps_clients(control)?),
         None => None,
+    };
+    let slice_ns = match slice_ns {
+        Some(ns) => ns,
+        None => crate::daemon::gpu_slice_ns(&config(kind, graphs)?, 0),
     };
     let setup = |fair: bool, secs: f64| Setup {
         kind,

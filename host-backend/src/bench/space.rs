@@ -170,6 +170,11 @@ pub fn run(executor: ExecutorKind, secs: f64) -> Result<()> {
         "space ({executor:?} executor): 4 guests of {BLOCKS}-block {} ms kernels at weights 1:1:2:4, {secs} s per phase",
         KERNEL_NS / 1_000_000
     );
+    let cfg = super::fairness::config(executor, Default::default())?;
+    println!(
+        "time slices: {} ms base on GPU 0 (the daemon's, as for any GPU without its own)",
+        crate::daemon::gpu_slice_ns(&cfg, 0) as f64 / 1e6
+    );
     let alone = rates(&bin, executor, &vms(false)[..1], &[SMALL], "", secs)?[0];
     println!("alone: {alone:.1} kernels/s");
     let wsum: f64 = WEIGHTS.iter().sum();

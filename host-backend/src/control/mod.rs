@@ -101,6 +101,8 @@ pub struct ControlPlane {
     gpu_count: std::sync::atomic::AtomicU32,
     /// Memory of each GPU, bytes.
     gpu_memory: Vec<u64>,
+    /// Each GPU's base time slice, ns (`daemon::gpu_slice_ns`).
+    gpu_slice_ns: Vec<u64>,
     /// The balancer's view (DCUDA placement), kept between rounds.
     placer: Mutex<Option<scheduler::placement::Placer>>,
     token: Option<String>,
@@ -139,6 +141,7 @@ impl ControlPlane {
                 ExecutorKind::Cuda => crate::executor::cuda::device_count().unwrap_or(1),
             }),
             gpu_memory: Vec::new(),
+            gpu_slice_ns: Vec::new(),
             placer: Mutex::new(None),
             token,
             started: Instant::now(),
@@ -150,6 +153,9 @@ impl ControlPlane {
                 ExecutorKind::Sim => cfg.sim.memory,
                 ExecutorKind::Cuda => crate::executor::cuda::device_memory(g).unwrap_or(0),
             })
+            .collect();
+        plane.gpu_slice_ns = (0..plane.gpu_count())
+            .map(|g| crate::daemon::gpu_slice_ns(&cfg, g))
             .collect();
         for vm in &cfg.vms {
             plane.vgpu_id(&vm.name);
@@ -189,15 +195,26 @@ impl ControlPlane {
             return Ok(());
         }
         if let std::collections::hash_map::Entry::Vacant(e) = lock(&self.services).entry(gpu) {
+            let slice_ns = self.slice_ns(cfg, gpu);
+            tracing::info!(gpu, slice_us = slice_ns / 1000, "grant service starts");
             let svc = GrantService::start_with(
                 &crate::daemon::grant_socket(cfg, gpu),
-                cfg.daemon.slice_us * 1000,
+                slice_ns,
                 cfg.gpu_policy(gpu),
                 cfg.gpu_mps(gpu),
             )?;
             e.insert(Arc::new(svc));
         }
         Ok(())
+    }
+
+    /// GPU `gpu`'s base time slice under `cfg`, ns (as probed at start;
+    /// see `daemon::gpu_slice_ns`).
+    pub fn slice_ns(&self, cfg: &Config, gpu: u32) -> u64 {
+        self.gpu_slice_ns
+            .get(gpu as usize)
+            .copied()
+            .unwrap_or_else(|| crate::daemon::gpu_slice_ns(cfg, gpu))
     }
 
     /// GPUs on this host.

@@ -140,6 +140,11 @@ impl ControlPlane {
                     .into(),
             );
         }
+        if old.gpus != new.gpus {
+            // Each GPU's policy, MPS and slice are fixed when its grant
+            // service (and MPS control daemon) start.
+            return Err("[[gpu]] entries change only with a restart of the daemon".into());
+        }
         let mut notes = Vec::new();
         for t in &new.tenants {
             if old.tenant_weight(&t.name) != Some(t.weight) {

@@ -148,6 +148,7 @@ impl ControlPlane {
             out.push(json!({
                 "index": g,
                 "policy": cfg.gpu_policy(g).name(),
+                "slice_us": self.slice_ns(&cfg, g) / 1000,
                 "utilization": if dt > 0.0 { (total as f64 / 1e9 / dt).min(1.0) } else { 0.0 },
                 "memory_used_bytes": mem_used,
                 "memory_total_bytes": if cfg.daemon.executor == ExecutorKind::Sim {

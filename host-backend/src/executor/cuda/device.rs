@@ -109,6 +109,17 @@ pub fn device_memory(ordinal: u32) -> Result<u64, Error> {
     Ok(total as u64)
 }
 
+/// Whether GPU `ordinal` can preempt a running kernel (compute preemption,
+/// every NVIDIA GPU since Pascal): it then gets the preemptive time slice
+/// (`scheduler::Slices`).
+pub fn device_preemptive(ordinal: u32) -> Result<bool, Error> {
+    device_count()?;
+    let dev = device(ordinal)
+        .map_err(|s| Error::Config(format!("executor \"cuda\": cuDeviceGet: {s:?}")))?;
+    let a = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED;
+    Ok(attr(dev, a) == 1)
+}
+
 /// Opens GPU `ordinal`; a clear error where there is no driver or no such GPU.
 /// `graphs`: which launches go as graph launches (see `batch`).
 pub fn open(ordinal: u32, graphs: GraphLaunches) -> Result<Box<dyn Executor>, Error> {

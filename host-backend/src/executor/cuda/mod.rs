@@ -32,7 +32,9 @@ mod tensor_map;
 mod timing;
 mod vmm;
 
-pub use device::{available, device_count, device_memory, open, peer_bandwidth, CudaExecutor};
+pub use device::{
+    available, device_count, device_memory, device_preemptive, open, peer_bandwidth, CudaExecutor,
+};
 
 fn check(r: CUresult) -> Result<(), Status> {
     if r == CUresult::CUDA_SUCCESS {
