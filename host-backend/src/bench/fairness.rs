@@ -20,6 +20,8 @@ use crate::executor::{sim::SimExecutor, Executor};
 use crate::grant::GrantService;
 use crate::worker::{spawn, WorkerConfig};
 
+use super::threads::CpuUse;
+
 const WEIGHTS: [f64; 3] = [1.0, 2.0, 3.0];
 const KERNELS_NS: [u64; 3] = [20_000, 400_000, 1_600_000];
 /// A one-thread grid and block.
@@ -120,6 +122,44 @@ fn print_rates(
     }
 }
 
+/// Each guest's thread and its worker's CPU: alone (both solo rounds) and
+/// in the fair round; then the fair round's other threads and the steal.
+fn print_cpu(before: &[Round], after: &[Round], fair: &Round) {
+    println!("CPU of each guest's thread and its worker: on a CPU / waiting for one, involuntary switches; alone (both rounds), then under fairvgpu");
+    let worker = |r: &Round, g: usize| {
+        r.threads
+            .0
+            .get(&format!("worker-vm{g}"))
+            .copied()
+            .unwrap_or_default()
+    };
+    for g in 0..fair.guest_cpu.len() {
+        let mut alone = (CpuUse::default(), CpuUse::default());
+        for r in [&before[g], &after[g]] {
+            alone.0.add(r.guest_cpu[0]);
+            alone.1.add(worker(r, g));
+        }
+        println!(
+            "guest {g}: alone guest {} worker {}  shared guest {} worker {}",
+            alone.0.line(),
+            alone.1.line(),
+            fair.guest_cpu[g].line(),
+            worker(fair, g).line()
+        );
+    }
+    let (names, steal) = &fair.threads;
+    let others: Vec<String> = names
+        .iter()
+        .filter(|(n, c)| !n.starts_with("worker-vm") && !n.starts_with("guest-") && c.run_ns > 0)
+        .map(|(n, c)| format!("{n} {}", c.line()))
+        .collect();
+    println!(
+        "fair round, other threads: {}; steal {:.1} ms of all CPUs",
+        others.join("; "),
+        *steal as f64 / 1e6
+    );
+}
+
 /// "first / timed / host" mean charges per period, with their counts.
 fn period_kinds(st: &crate::worker::Stats) -> String {
     let part = |k: usize| {
@@ -150,6 +190,11 @@ pub(crate) struct Round {
     /// What the grant service knew of each vGPU (by guest index) at the
     /// round's end; empty without the scheduler.
     pub service: std::collections::HashMap<u32, crate::grant::VgpuLive>,
+    /// Each guest thread's CPU over its loop.
+    pub guest_cpu: Vec<CpuUse>,
+    /// The process's other threads' CPU over the round, by name, and the
+    /// machine's steal time, ns.
+    pub threads: (std::collections::BTreeMap<String, CpuUse>, u64),
 }
 
 /// How a round runs.
@@ -231,31 +276,37 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         socks.push(sock);
     }
     let start = Arc::new(Barrier::new(which.len()));
+    let cpu0 = super::threads::snapshot();
     let t0 = Instant::now();
     let guests: Vec<_> = which
         .iter()
         .zip(socks)
         .map(|(&g, sock)| {
             let (start, body) = (start.clone(), body.clone());
-            std::thread::spawn(move || -> Result<(u64, f64)> {
-                let mut gpu = Gpu::connect_with(&sock, spin).context("guest attach")?;
-                let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
-                let f = gpu.get_function(m, "spin_ns")?;
-                start.wait();
-                let t = Instant::now();
-                let n = body(g, &mut gpu, &f, t + Duration::from_secs_f64(secs))?;
-                Ok((n, t.elapsed().as_secs_f64()))
-            })
+            std::thread::Builder::new()
+                .name(format!("guest-{g}"))
+                .spawn(move || -> Result<(u64, f64, CpuUse)> {
+                    let mut gpu = Gpu::connect_with(&sock, spin).context("guest attach")?;
+                    let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
+                    let f = gpu.get_function(m, "spin_ns")?;
+                    start.wait();
+                    let (t, cpu) = (Instant::now(), CpuUse::this_thread());
+                    let n = body(g, &mut gpu, &f, t + Duration::from_secs_f64(secs))?;
+                    let cpu = CpuUse::this_thread().since(cpu);
+                    Ok((n, t.elapsed().as_secs_f64(), cpu))
+                })
+                .context("spawning a guest thread")
         })
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
     let loops = guests
         .into_iter()
         .map(|t| {
             t.join()
                 .map_err(|_| anyhow::anyhow!("guest thread panicked"))?
         })
-        .collect::<Result<Vec<(u64, f64)>>>();
+        .collect::<Result<Vec<(u64, f64, CpuUse)>>>();
     let secs = t0.elapsed().as_secs_f64();
+    let threads = super::threads::snapshot().since(&cpu0);
     let mut stats = Vec::new();
     for w in workers {
         stats.push(w.stats.clone());
@@ -264,13 +315,20 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     let service = svc.as_ref().map(GrantService::live).unwrap_or_default();
     drop(svc);
     let _ = std::fs::remove_dir_all(&dir);
-    let (kernels, loop_secs) = loops?.into_iter().unzip();
+    let (mut kernels, mut loop_secs, mut guest_cpu) = (Vec::new(), Vec::new(), Vec::new());
+    for (n, s, c) in loops? {
+        kernels.push(n);
+        loop_secs.push(s);
+        guest_cpu.push(c);
+    }
     Ok(Round {
         kernels,
         stats,
         secs,
         loop_secs,
         service,
+        guest_cpu,
+        threads,
     })
 }
 
@@ -433,6 +491,7 @@ pub fn run(
     }
     let gap_us = print_handoffs(&fair.stats, &fair.service, secs);
     print_rates(&solo, &fair.kernels, &fair.stats, &fair.loop_secs);
+    print_cpu(&before, &after, &fair);
     for (name, m, t) in &summary {
         println!("{name}: MMR {m:.3}, aggregate throughput vs alone {t:.3}");
     }

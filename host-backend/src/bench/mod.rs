@@ -13,6 +13,7 @@ pub mod ring;
 pub mod slicing;
 pub mod soak;
 pub mod space;
+pub mod threads;
 
 /// Percentile of a sorted slice (p in 0..=100).
 pub fn percentile(sorted: &[u64], p: f64) -> u64 {
