@@ -828,15 +828,17 @@ fn serve(
         if holder.is_none() && co.holders.is_empty() {
             let now = epoch.elapsed().as_nanos() as u64;
             // Not the drainer again: it has not been charged yet.
+            // Heavier vGPUs hold longer slices (fewer hand-offs).
             let next = match drainer {
-                Some((d, _)) => sched.candidates(now, &[d]).first().copied(),
-                None => sched.grant(now).map(|g| g.vgpu),
+                Some((d, _)) => sched
+                    .candidates(now, &[d])
+                    .first()
+                    .map(|&v| (v, sched.slice_for(v))),
+                None => sched.grant(now).map(|g| (g.vgpu, g.slice_ns)),
             };
-            if let Some(vgpu) = next {
+            if let Some((vgpu, granted)) = next {
                 let q = sched.queue();
                 let others = q.runnable() - usize::from(q.is_runnable(vgpu));
-                // Heavier vGPUs hold longer slices (fewer hand-offs).
-                let granted = sched.slice_for(vgpu);
                 if let Some(s) = conns.get_mut(&vgpu) {
                     let lone = u64::from(others == 0);
                     if s.write_all(&encode(GRANT, vgpu, granted, lone)).is_ok() {
