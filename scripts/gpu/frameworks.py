@@ -2,8 +2,8 @@
 through the stand-in: prints `name value` lines to compare, and `time_ms`
 lines; exits 0 if everything ran.
 
-usage: python3 frameworks.py torch|cupy|jax
-       python3 frameworks.py torch-times                  (the transformer's step time)
+usage: python3 frameworks.py torch|amp|cupy|jax
+       python3 frameworks.py torch-times [amp]            (the transformer's step time)
        python3 frameworks.py share START_EPOCH SECONDS   (the two-VM run)
        python3 frameworks.py share-ref                    (its losses, alone)
        python3 frameworks.py compare A B                  (two outputs' values)
@@ -139,22 +139,81 @@ def torch_checks():
     print("graph_out_sum", float(out.sum()))
 
 
-def torch_times():
+def amp_step(torch, model, opt, x, y, dtype, scaler=None):
+    """A training step under autocast to `dtype`; with `scaler`, fp16's
+    loss scaling (GradScaler)."""
+    opt.zero_grad()
+    with torch.autocast("cuda", dtype=dtype):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    if scaler is None:
+        loss.backward()
+        opt.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    return loss
+
+
+def amp_checks():
+    """Mixed precision: fp16 and bf16 products, and the CNN and the
+    transformer trained under bf16 autocast and under fp16 autocast with
+    GradScaler, every step's loss printed (cuBLASLt's Hopper kernels,
+    clusters and all)."""
+    import torch
+
+    deterministic(torch)
+    torch.manual_seed(0)
+    a = torch.randn(512, 512, device="cuda")
+    ref = a.double() @ a.double()
+    for dt in (torch.float16, torch.bfloat16):
+        c = (a.to(dt) @ a.to(dt)).double()
+        print(f"mm_{str(dt)[6:]}_sum", float(c.sum()))
+        rel = float((c - ref).norm() / ref.norm())
+        assert rel < 1e-2, rel
+    for name, dt, scaled in (("bf16", torch.bfloat16, False), ("fp16", torch.float16, True)):
+        torch.manual_seed(0)
+        cnn = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+            torch.nn.Linear(8 * 16 * 16, 10),
+        ).cuda()
+        opt = torch.optim.SGD(cnn.parameters(), lr=0.01)
+        data = torch.randn(32, 3, 16, 16, device="cuda")
+        target = torch.randint(0, 10, (32,), device="cuda")
+        scaler = torch.amp.GradScaler("cuda") if scaled else None
+        for i in range(10):
+            loss = amp_step(torch, cnn, opt, data, target, dt, scaler)
+            print(f"amp_{name}_cnn_loss_{i}", float(loss))
+        model, opt, tx, ty = transformer(torch)
+        scaler = torch.amp.GradScaler("cuda") if scaled else None
+        for i in range(10):
+            loss = amp_step(torch, model, opt, tx, ty, dt, scaler)
+            print(f"amp_{name}_transformer_loss_{i}", float(loss))
+
+
+def torch_times(amp=False):
     """The small transformer's training step: five blocks of 50 steps after
     20 untimed, each block's ms a step and their median (the ratio of two
-    processes' medians is what frameworks.sh reports, paired run by run)."""
+    processes' medians is what frameworks.sh reports, paired run by run).
+    With `amp`, under bf16 autocast."""
     import torch
 
     deterministic(torch)
     model, opt, x, y = transformer(torch)
+
+    def step():
+        if amp:
+            return amp_step(torch, model, opt, x, y, torch.bfloat16)
+        return train_step(torch, model, opt, x, y)
+
     for _ in range(20):
-        train_step(torch, model, opt, x, y)
+        step()
     torch.cuda.synchronize()
     blocks = []
     for _ in range(5):
         t = time.perf_counter()
         for _ in range(50):
-            train_step(torch, model, opt, x, y)
+            step()
         torch.cuda.synchronize()
         blocks.append(1000 * (time.perf_counter() - t) / 50)
     print("time_ms step_blocks", " ".join(f"{b:.3f}" for b in blocks))
@@ -169,6 +228,8 @@ def cupy_checks():
     a = cp.asarray(rng.standard_normal((128, 128)))
     print("sum", float(a.sum()))
     print("matmul_sum", float((a @ a).sum()))
+    h = a.astype(cp.float16)
+    print("matmul_fp16_sum", float((h @ h).astype(cp.float64).sum()))
     print("fft_abs_sum", float(cp.abs(cp.fft.fft(a[0])).sum()))
     b = cp.asarray(rng.standard_normal(128))
     print("solve_sum", float(cp.linalg.solve(a, b).sum()))
@@ -199,6 +260,8 @@ def jax_checks():
     for _ in range(20):
         w = step(w, x)
     print("devices", jax.devices()[0].platform)
+    b = w.astype(jnp.bfloat16)
+    print("matmul_bf16_sum", float((b @ b).astype(jnp.float32).sum()))
     print("loss", float(loss(w, x)))
 
 
@@ -283,9 +346,9 @@ if __name__ == "__main__":
     elif sys.argv[1] == "share-ref":
         share_ref()
     elif sys.argv[1] == "torch-times":
-        torch_times()
+        torch_times(amp=sys.argv[2:] == ["amp"])
     elif sys.argv[1] == "compare":
         compare(sys.argv[2], sys.argv[3])
     else:
-        {"torch": torch_checks, "cupy": cupy_checks, "jax": jax_checks}[sys.argv[1]]()
+        {"torch": torch_checks, "amp": amp_checks, "cupy": cupy_checks, "jax": jax_checks}[sys.argv[1]]()
     print("done")

@@ -4,7 +4,9 @@
 # same call; compares the values each prints. Carried: the release
 # fairvgpu and libcuda.so in $R (default .carry/release).
 # Then two VMs at weights 1:2 train a larger transformer at once (shared_mmr).
-# FW_LIST picks the frameworks (default "torch cupy jax"), FW_SHARE=0 skips
+# FW_LIST picks the frameworks (default "torch amp cupy jax"; amp: fp16 and
+# bf16 products, the CNN and the transformer under bf16 autocast and under
+# fp16 autocast with GradScaler, every step's loss), FW_SHARE=0 skips
 # the two-VM run, FW_COMPILE=1 adds torch.compile of the transformer,
 # FW_TIMEOUT sets each run's time limit (default 90 s natively, 60 s through
 # the stand-in).
@@ -39,8 +41,9 @@ for i in $(seq 100); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
 export PYTHONUNBUFFERED=1
 # Warm the page cache and the GPU first, so that neither side's timings
 # pay for the machine's first run.
-FWS=${FW_LIST:-torch cupy jax}
-timeout 120 python3 -c "import ${FWS// /, }; import torch; torch.zeros(1, device='cuda')" > /dev/null 2>&1
+FWS=${FW_LIST:-torch amp cupy jax}
+mods=$(echo $FWS | tr ' ' '\n' | grep -vx amp | paste -sd,)
+timeout 120 python3 -c "import $mods; import torch; torch.zeros(1, device='cuda')" > /dev/null 2>&1
 declare -A ok
 for fw in $FWS; do
     extra=""
@@ -87,8 +90,24 @@ if [[ " $FWS " == *" torch "* ]]; then
         runs="$runs $r"
     done
 fi
-step_ratio=$(echo $runs | tr ' ' '\n' | grep -v '^missing$' | grep . | sort -n |
-    awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)]; else print "missing" }')
+median() { tr ' ' '\n' | grep -v '^missing$' | grep . | sort -n |
+    awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)]; else print "missing" }'; }
+step_ratio=$(echo $runs | median)
+# The same under bf16 autocast.
+amp_runs=""
+if [[ " $FWS " == *" amp "* ]]; then
+    echo "== transformer step under bf16 autocast, native and through the stand-in in turn"
+    for k in 1 2 3; do
+        timeout 60 python3 scripts/gpu/frameworks.py torch-times amp > $W/logs/amptimes.native.$k 2>&1
+        FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH timeout 60 \
+            python3 scripts/gpu/frameworks.py torch-times amp > $W/logs/amptimes.standin.$k 2>&1
+        n=$(t amptimes.native.$k transformer_step_median); s=$(t amptimes.standin.$k transformer_step_median)
+        r=$(ratio "$s" "$n")
+        echo "run $k: native $n ms, stand-in $s ms a step: $r"
+        amp_runs="$amp_runs $r"
+    done
+fi
+amp_step_ratio=$(echo $amp_runs | median)
 shared_mmr=skipped
 if [ "${FW_SHARE:-1}" = 1 ]; then
 # Two VMs at once, weights 1:2, both training the large transformer for
@@ -125,7 +144,9 @@ kill $D; wait $D 2>/dev/null
 echo "== daemon warnings"; grep -aE 'WARN|ERROR' $W/logs/daemon.log | head -20
 tar czf $OUT/frameworks-logs.tgz -C $W logs
 echo "torch_ok=${ok[torch]:-skipped} cupy_ok=${ok[cupy]:-skipped} jax_ok=${ok[jax]:-skipped}" \
+     "amp_ok=${ok[amp]:-skipped}" \
      "torch_step_ratio=$step_ratio step_ratio_runs=$(echo $runs | tr ' ' ',')" \
+     "amp_step_ratio=$amp_step_ratio amp_ratio_runs=$(echo $amp_runs | tr ' ' ',')" \
      "torch_startup_ratio=$(ratio "$(t torch.standin startup)" "$(t torch.native startup)")" \
      "cnn_step_ratio=$(ratio "$(t torch.standin cnn_step)" "$(t torch.native cnn_step)")" \
      "shared_mmr=$shared_mmr"

@@ -26,6 +26,12 @@ typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
+typedef struct {
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void *attrs;
+    unsigned numAttrs;
+} CUlaunchConfig;
 
 #ifdef __cplusplus
 extern "C" {
@@ -62,6 +68,7 @@ CUresult cuModuleEnumerateFunctions(CUfunction *, unsigned int, CUmodule);
 CUresult cuFuncGetName(const char **, CUfunction);
 CUresult cuGetExportTable(const void **, const unsigned char *);
 CUresult cuFuncGetAttribute(int *, int, CUfunction);
+CUresult cuOccupancyMaxPotentialClusterSize(int *, CUfunction, const CUlaunchConfig *);
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *, CUfunction, int, size_t);
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, CUmodule, const char *);
 CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
@@ -138,6 +145,48 @@ static void enumerate_kernels(CUmodule mod, CUfunction add, CUfunction saxpy) {
     printf("kernels: %u enumerated, the same through the tools module table\n", count);
 }
 
+/* The driver's cluster table (1734dc26, CU_ETID_ClusterPrototype; what
+   cuBLASLt asks for before an fp16 or bf16 product on Hopper): a kernel's
+   cluster shape set through it reads back through it and through
+   cuFuncGetAttribute; the occupancy slots answer as the public calls do. */
+static void cluster_table(CUdevice dev, CUfunction f) {
+    static const unsigned char id[16] = {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45,
+                                         0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca};
+    void *const *t;
+    CK(cuGetExportTable((const void **)&t, id));
+    EXPECT((size_t)t[0] >= 17 * 8);
+    typedef CUresult (*set_dim_fn)(CUfunction, int, int, int);
+    typedef CUresult (*get_dim_fn)(CUfunction, int *, int *, int *);
+    typedef CUresult (*dev_fn)(CUdevice, int *);
+    typedef CUresult (*max_size_fn)(CUfunction, int, size_t, int *);
+    typedef CUresult (*active_fn)(CUfunction, int, size_t, int, int *);
+    int supported = -1;
+    CK(((dev_fn)t[8])(dev, &supported));
+    int attr_launch = -2;
+    CK(cuDeviceGetAttribute(&attr_launch, 120 /* CLUSTER_LAUNCH */, dev));
+    EXPECT(supported == attr_launch);
+    CK(((set_dim_fn)t[1])(f, 2, 1, 1));
+    int x = 0, y = 0, z = 0, w = 0;
+    CK(((get_dim_fn)t[5])(f, &x, &y, &z));
+    CK(cuFuncGetAttribute(&w, 11 /* REQUIRED_CLUSTER_WIDTH */, f));
+    EXPECT(x == 2 && y == 1 && z == 1 && w == 2);
+    CK(((set_dim_fn)t[1])(f, 0, 0, 0));
+    CK(((get_dim_fn)t[5])(f, &x, &y, &z));
+    EXPECT(x == 0 && y == 0 && z == 0);
+    int most = 0, active = 0, pub_most = 0;
+    CK(((max_size_fn)t[9])(f, 128, 0, &most));
+    CUlaunchConfig cfg = {0};
+    cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = 128; cfg.blockDimY = cfg.blockDimZ = 1;
+    CK(cuOccupancyMaxPotentialClusterSize(&pub_most, f, &cfg));
+    EXPECT(most == pub_most && most > 0);
+    CK(((active_fn)t[10])(f, 128, 0, 2, &active));
+    EXPECT(active > 0);
+    /* A kernel handle that is none is refused, not followed. */
+    EXPECT(((get_dim_fn)t[5])((CUfunction)0x1234, &x, &y, &z) != 0);
+    printf("cluster table: shape %dx%dx%d round trip, most %d, active %d\n", 2, 1, 1, most, active);
+}
+
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) { perror(path); exit(1); }
@@ -191,6 +240,7 @@ int main(int argc, char **argv) {
     CUfunction missing;
     EXPECT(cuModuleGetFunction(&missing, mod, "no_such_kernel") == 500 /* NOT_FOUND */);
     enumerate_kernels(mod, add, saxpy);
+    cluster_table(dev, add);
 
     const unsigned n = 1u << 20;
     size_t bytes = (size_t)n * sizeof(float);

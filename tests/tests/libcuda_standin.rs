@@ -46,6 +46,10 @@ fn c_driver_api_program_runs_against_the_standin() {
         stdout.contains("kernels: 8 enumerated, the same through the tools module table"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("cluster table: shape 2x1x1 round trip"),
+        "{stdout}"
+    );
     assert!(stdout.contains("driver_api: all checks passed"), "{stdout}");
     // The program freed everything; the host agrees.
     host.wait_program_freed();

@@ -1,6 +1,8 @@
 //! `cuGetExportTable`: the driver's private tables, which the CUDA runtime
 //! (`libcudart`, static and shared, 12.x and 13.x) and the libraries built
-//! on it (cuBLAS, cuBLASLt, cuFFT) ask for by 16-byte identifier.
+//! on it (cuBLAS, cuBLASLt, cuFFT) ask for by 16-byte identifier. The
+//! cluster table (`cluster.rs`) is what cuBLASLt's Hopper kernels for
+//! fp16 and bf16 products need.
 //!
 //! A table is an array of words: its size in bytes, then function pointers
 //! (the context-local storage table has no size: three functions and a
@@ -10,6 +12,7 @@
 //! — never a null a caller could jump through. What each slot does is as
 //! measured on driver 580 and documented by other reimplementations.
 
+mod cluster;
 mod integrity;
 
 use std::ffi::{c_char, c_void};
@@ -438,6 +441,9 @@ fn table(id: &[u8; 16]) -> Option<*const c_void> {
         }
         [0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e] => {
             &MODULE_TOOLS as *const _ as *const c_void
+        }
+        [0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca] => {
+            &cluster::CLUSTERS as *const _ as *const c_void
         }
         _ => return None,
     };

@@ -46,6 +46,8 @@ pub(super) struct SimContext {
     pub(super) imports: BTreeMap<u64, (u64, super::memory::SharedBuf)>,
     pub(super) modules: HashMap<Handle, SimModule>,
     pub(super) functions: HashMap<Handle, (Kernel, Vec<u32>)>,
+    /// Function attributes set with `cuFuncSetAttribute`, by kernel.
+    pub(super) func_attrs: HashMap<(Handle, u32), i32>,
     /// Events: when the device passes each one's last record (shared with
     /// contexts of the worker that opened it by IPC handle).
     pub(super) events: HashMap<Handle, SimEvent>,
@@ -418,6 +420,9 @@ impl Context for SimContext {
         if !self.functions.contains_key(&func) {
             return Err(Status::InvalidHandle);
         }
+        if let Some(&v) = self.func_attrs.get(&(func, attr)) {
+            return Ok(v);
+        }
         // What the model's kernels look like to an occupancy calculator.
         Ok(match attr {
             0 => 1024,  // MAX_THREADS_PER_BLOCK
@@ -630,12 +635,21 @@ impl Context for SimContext {
             .ok_or(Status::InvalidHandle)
     }
 
-    fn func_set_attribute(&mut self, func: Handle, _attr: u32, _value: i32) -> Result<(), Status> {
-        // The model's kernels take any shared memory and cluster shape.
-        self.functions
-            .contains_key(&func)
-            .then_some(())
-            .ok_or(Status::InvalidHandle)
+    fn func_set_attribute(&mut self, func: Handle, attr: u32, value: i32) -> Result<(), Status> {
+        // The model's kernels take any shared memory and cluster shape; the
+        // settable attributes read back as set, as the driver's do (the
+        // dynamic shared memory limit, the carveout, the cluster shape,
+        // its non-portable permission and scheduling policy).
+        if !self.functions.contains_key(&func) {
+            return Err(Status::InvalidHandle);
+        }
+        match attr {
+            8 | 9 | 11..=15 if value >= -1 => {
+                self.func_attrs.insert((func, attr), value);
+                Ok(())
+            }
+            _ => Err(Status::InvalidValue),
+        }
     }
 
     fn limit(&mut self, limit: u32) -> Result<u64, Status> {

@@ -168,6 +168,7 @@ impl Executor for SimExecutor {
             mem: BTreeMap::new(),
             modules: HashMap::new(),
             functions: HashMap::new(),
+            func_attrs: HashMap::new(),
             events: HashMap::new(),
             streams: HashMap::new(),
             limits: HashMap::new(),
