@@ -88,10 +88,11 @@ impl Status {
     }
 
     /// Whether the error leaves the context (on a real GPU: every context
-    /// of the process) unusable: a kernel faulted. Only a new process
-    /// recovers.
+    /// of the process) unusable: a kernel faulted (an illegal or misaligned
+    /// address, a device-side assert, a trap, an illegal instruction), or
+    /// the watchdog killed it. Only a new process recovers.
     pub fn is_sticky(self) -> bool {
-        matches!(self.0, 700 | 714..=719)
+        matches!(self.0, 700 | 702 | 710 | 714..=719)
     }
 
     fn name(self) -> Option<&'static str> {
@@ -112,6 +113,7 @@ impl Status {
             700 => "IllegalAddress",
             701 => "LaunchOutOfResources",
             702 => "LaunchTimeout",
+            710 => "Assert",
             714 => "HardwareStackError",
             715 => "IllegalInstruction",
             716 => "MisalignedAddress",
@@ -151,6 +153,11 @@ mod tests {
         assert_eq!(Status::from_code(600), Status::NotReady);
         assert!(matches!(Status::from_code(719), Status::LaunchFailed));
         assert!(Status::MisalignedAddress.is_sticky());
+        // A device-side assert and a kernel the watchdog killed poison the
+        // process as a fault does (cudaErrorAssert, cudaErrorLaunchTimeout).
+        assert!(Status::from_code(710).is_sticky());
+        assert!(Status::from_code(702).is_sticky());
+        assert!(!Status::from_code(720).is_sticky());
         assert!(!Status::NotReady.is_sticky());
     }
 }
