@@ -114,7 +114,37 @@ impl Gpu {
         self.buf.resize(d.data_len as usize, 0);
         self.ch.resp.data(&d)?.copy_to(&mut self.buf[..]);
         self.ch.resp.consume(&d)?;
+        self.take_output(&d)?;
         Ok(d)
+    }
+
+    /// If the reply says so, takes the text this process's kernels printed
+    /// (and the driver's assert messages) from the host and writes it to
+    /// the process's own standard output and error, as the driver does
+    /// natively at the same call. Keeps the reply's data in `self.buf`.
+    pub(crate) fn take_output(&mut self, reply: &Descriptor) -> Result<()> {
+        if reply.flags & protocol::REPLY_OUTPUT == 0 {
+            return Ok(());
+        }
+        let data = std::mem::take(&mut self.buf);
+        // Each answer is one stream's text; the last says whether more is
+        // held. A bound keeps a host that always says "more" from holding
+        // the call forever.
+        for _ in 0..4096 {
+            let tag = self.send(&Request::TakeOutput, &[])?;
+            let d = self.wait_reply(tag)?;
+            let mut text = vec![0u8; d.data_len as usize];
+            self.ch.resp.data(&d)?.copy_to(&mut text[..]);
+            self.ch.resp.consume(&d)?;
+            Self::status(&d)?;
+            let stream = Reply::decode(&d.inline).vals[0];
+            write_stream(stream, &text);
+            if d.flags & protocol::REPLY_OUTPUT == 0 || text.is_empty() {
+                break;
+            }
+        }
+        self.buf = data;
+        Ok(())
     }
 
     pub(crate) fn status(d: &Descriptor) -> Result<()> {
@@ -153,4 +183,20 @@ impl Gpu {
     pub fn request(&mut self, req: &Request) -> Result<Reply> {
         self.call(req)
     }
+}
+
+/// Writes kernel output to the process's standard output (stream 1) or
+/// error (stream 2), unbuffered as the driver writes it. A stream the
+/// host should not have named is ignored; a failed write is the
+/// process's own descriptor's business, as natively.
+fn write_stream(stream: u64, text: &[u8]) {
+    use std::io::Write;
+    let _ = match stream {
+        1 => {
+            let mut o = std::io::stdout().lock();
+            o.write_all(text).and_then(|()| o.flush())
+        }
+        2 => std::io::stderr().lock().write_all(text),
+        _ => Ok(()),
+    };
 }

@@ -136,6 +136,7 @@ impl Gpu {
             Self::status(&d)?;
             off += n;
             if d.flags & FLAG_MORE == 0 {
+                self.take_output(&d)?;
                 break;
             }
         }

@@ -68,6 +68,12 @@ pub fn run_worker(
     // An MPS client sees only the GPU its server was started for, as 0.
     let mps = cfg.gpu_mps(gpu) && cfg.daemon.executor == ExecutorKind::Cuda;
     let ordinal = if mps { 0 } else { gpu };
+    // The guests' kernel printf text goes to them, never to the daemon's
+    // log: this process's descriptors 1 and 2 are theirs from here on.
+    crate::worker::capture_output().map_err(|source| Error::Io {
+        what: "capturing kernel output",
+        source,
+    })?;
     let exec = if standby {
         // A standby may start as its MPS server is still being torn down
         // after a fault (`CUDA_ERROR_MPS_SERVER_NOT_READY`): it has time.

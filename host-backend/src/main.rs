@@ -396,7 +396,9 @@ fn main() -> Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        .with_writer(std::io::stderr)
+        // Standard error, or in a worker process the copy of it kept when
+        // the guests' kernel output took descriptor 2 (`worker/output.rs`).
+        .with_writer(host_backend::worker::log_writer)
         // Colour only for a terminal: a log file or journal gets plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

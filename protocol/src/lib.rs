@@ -43,6 +43,14 @@ pub const MAX_IMAGE: u64 = 256 << 20;
 /// Highest `CUfunction_attribute` forwarded (MAX_THREADS_PER_BLOCK ..
 /// CLUSTER_SCHEDULING_POLICY_PREFERENCE).
 pub const MAX_FUNC_ATTRIBUTE: u32 = 15;
+/// A reply's flag (its descriptor's `flags`): the process has kernel
+/// output waiting on the host; the guest takes it with
+/// [`Request::TakeOutput`] and writes it to its own standard output and
+/// error. (The transport's own flags are the low bits.)
+pub const REPLY_OUTPUT: u32 = 1 << 16;
+/// Kernel output the host holds for one process at most, whatever its
+/// printf FIFO size: what a guest does not take is dropped, and counted.
+pub const MAX_HELD_OUTPUT: usize = 16 << 20;
 /// Highest `CUlimit` forwarded (STACK_SIZE .. PERSISTING_L2_CACHE_SIZE).
 pub const MAX_LIMIT: u32 = 6;
 /// Most blocks in a thread block cluster (Hopper's non-portable limit).

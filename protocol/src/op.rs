@@ -44,6 +44,7 @@ pub const STREAM_WAIT_EVENT: u32 = 44;
 pub const HOST_FN: u32 = 45;
 pub const WAIT_HOST_FN: u32 = 46;
 pub const HOST_FN_DONE: u32 = 47;
+pub const TAKE_OUTPUT: u32 = 48;
 pub const EVENT_CREATE: u32 = 50;
 pub const EVENT_DESTROY: u32 = 51;
 pub const EVENT_RECORD: u32 = 52;

@@ -67,7 +67,10 @@ pub(super) fn service(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> bool 
     if state != ClaimState::Claimed {
         return false;
     }
-    match serve_channel(sh, c, ss) {
+    let r = serve_channel(sh, c, ss);
+    // What the pass's calls made the driver write is this process's.
+    sh.output.borrow_mut().collect(c.session);
+    match r {
         Ok(did) => did,
         Err(e) => {
             // Corrupt rings: the guest broke its own channel. End it.
@@ -295,6 +298,9 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
             // vGPU's next process, or destroyed (see `contexts.rs`).
             let poisoned = sh.poisoned.get().is_some();
             sh.contexts.give_back(s.ctx, poisoned);
+            // What a context prints as it is destroyed has nobody to go to.
+            sh.output.borrow_mut().collect(None);
+            sh.output.borrow_mut().forget(id);
         }
     }
     c.parked = None;
@@ -433,6 +439,11 @@ pub(super) fn reply(
     data: &[u8],
 ) -> Result<(), Error> {
     let mut d = Descriptor::new(tag, opcode);
+    // Text the call made the driver write goes with its reply's flag.
+    sh.output.borrow_mut().collect(c.session);
+    if c.session.is_some_and(|id| sh.output.borrow().has(id)) {
+        d.flags |= protocol::REPLY_OUTPUT;
+    }
     let mut inline = [0u8; INLINE];
     match result {
         Ok(r) => r.encode(&mut inline),

@@ -29,6 +29,7 @@ mod contexts;
 mod handoff;
 mod image_cache;
 mod ipc;
+mod output;
 mod pinned;
 mod release;
 mod requests;
@@ -59,6 +60,7 @@ use shared::{Shared, REPORT_EVERY};
 
 pub use contexts::SPARES;
 pub use handoff::{Figures as HandoffFigures, Handoff};
+pub use output::{capture_output, log_writer, LogWriter};
 pub use shared::SAMPLE_EVERY;
 
 /// Where a worker maps its VM's pinned pool (and its guests map it too when
@@ -496,6 +498,7 @@ impl Worker {
                 worked: false,
                 poisoned: std::cell::Cell::new(None),
                 log: std::cell::RefCell::new(qemu_ivshmem::LogLimiter::default()),
+                output: std::cell::RefCell::new(output::Output::new()),
             },
             chans,
             sessions: Sessions::default(),
@@ -565,10 +568,17 @@ impl Worker {
         let mut idle: u32 = 0;
         let mut last_report = Instant::now();
         let mut turns: u32 = 0;
+        let mut poisoned_at = None::<Instant>;
         while !self.stop.load(Ordering::Relaxed) && !self.sh.link.orphaned() {
             if self.sh.poisoned.get().is_some() {
-                self.sh.link.report_poisoned();
-                break;
+                // The fault's process may still take what its kernels
+                // printed (the failed assert's message): a moment for it,
+                // no more (every other request now fails).
+                let since = *poisoned_at.get_or_insert_with(Instant::now);
+                if !self.sh.output.borrow().any_held() || since.elapsed() > POISON_GRACE {
+                    self.sh.link.report_poisoned();
+                    break;
+                }
             }
             if let Some((gpu, grant)) = self.sh.link.take_migration() {
                 self.start_migration(gpu, grant)?;
@@ -1005,3 +1015,7 @@ pub fn default_layout() -> LayoutParams {
 
 /// How long to wait for a worker's socket to appear.
 pub const SOCKET_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a poisoned worker goes on serving so that its processes can
+/// take the kernel output they are owed (see `output.rs`).
+const POISON_GRACE: Duration = Duration::from_millis(200);

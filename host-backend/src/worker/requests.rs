@@ -59,6 +59,7 @@ pub(super) fn handle(
                 c.transfer = None;
                 skip_data(c, d, len);
             }
+            super::wait::written_at_fault(s, err);
             return reply(sh, c, tag, opc, Err(err), &[]);
         }
     }
@@ -94,6 +95,16 @@ pub(super) fn handle(
             };
             let info = sh.info_bytes.clone();
             reply(sh, c, tag, opc, r, &info)
+        }
+        Request::TakeOutput => {
+            // A message's worth of the process's oldest text, with its
+            // stream; stream 0 and no bytes: nothing held.
+            let max = sh.chunk;
+            let taken = c
+                .session
+                .and_then(|id| sh.output.borrow_mut().take(id, max));
+            let (stream, text) = taken.unwrap_or((0, Vec::new()));
+            reply(sh, c, tag, opc, Ok(Reply::one(u64::from(stream))), &text)
         }
         Request::Join { .. } => {
             refuse(sh, c, "join on a channel already serving a session");
@@ -912,7 +923,10 @@ fn park_drain(
             wait::park(sh, c, s, p)
         }
         // The work before failed: so does the drain (its period with it).
-        Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+        Err(e) => {
+            wait::written_at_fault(s, e);
+            reply(sh, c, tag, opc, Err(e), &[])
+        }
     }
 }
 

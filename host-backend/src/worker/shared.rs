@@ -62,6 +62,9 @@ pub(super) struct Shared {
     /// What the VM's guests can make the worker log goes through here
     /// (see `qemu_ivshmem::ratelimit`): one VM's worker, one limit.
     pub log: std::cell::RefCell<qemu_ivshmem::LogLimiter>,
+    /// What the processes' kernels printed, for them to take (see
+    /// `output.rs`).
+    pub output: std::cell::RefCell<super::output::Output>,
     /// A sticky CUDA error: every context of this process is unusable.
     pub poisoned: std::cell::Cell<Option<Status>>,
     /// This vGPU's id and weight at the grant services (to register at

@@ -276,6 +276,13 @@ pub(super) fn pump_outbound(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> R
         let mut d = Descriptor::new(ob.tag, op::MEMCPY_DTOH);
         if ob.off + n < ob.len {
             d.flags = FLAG_MORE;
+        } else {
+            // The last chunk: kernel output flushed by the wait before the
+            // copy goes with it (see `output.rs`).
+            sh.output.borrow_mut().collect(c.session);
+            if c.session.is_some_and(|id| sh.output.borrow().has(id)) {
+                d.flags = protocol::REPLY_OUTPUT;
+            }
         }
         let (src, stream) = (ob.src + ob.off, ob.stream);
         let ctx = &mut s.ctx;
@@ -284,7 +291,7 @@ pub(super) fn pump_outbound(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> R
             let t0 = Instant::now();
             if let Err(e) = ctx.dtoh(&slice, src, stream) {
                 out.status = e.code();
-                out.flags = 0;
+                out.flags &= protocol::REPLY_OUTPUT;
                 failed = true;
             }
             st.dtoh_ns

@@ -64,7 +64,12 @@ pub(super) fn poll(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Result<boo
     };
     let r = match p.wait {
         Wait::Mark(m) => s.ctx.reached(m),
-        Wait::Event(e) => s.ctx.event_query(e),
+        // Done: synchronized as well, which is where the driver writes the
+        // context's kernel printf text (the query does not).
+        Wait::Event(e) => match s.ctx.event_query(e) {
+            Ok(true) => s.ctx.event_synchronize(e).map(|()| true),
+            r => r,
+        },
         Wait::HostFn { until } => return hand_out_host_fn(sh, c, s, until),
     };
     if let Ok(false) = r {
@@ -93,7 +98,10 @@ pub(super) fn poll(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Result<boo
         }
         // The work before the mark failed: so does the call (its period
         // is dropped: there is nothing more to charge).
-        (Err(e), _) => reply(sh, c, p.tag, p.opcode, Err::<Reply, Status>(e), &[])?,
+        (Err(e), _) => {
+            written_at_fault(s, e);
+            reply(sh, c, p.tag, p.opcode, Err::<Reply, Status>(e), &[])?
+        }
     }
     Ok(true)
 }
@@ -124,6 +132,16 @@ fn hand_out_host_fn(
     let p = c.parked.take().expect("the caller found it parked");
     reply(sh, c, p.tag, p.opcode, Ok(Reply { vals }), &[])?;
     Ok(true)
+}
+
+/// A synchronize that meets a kernel fault: the driver writes the
+/// context's kernel output (the failed assert's message among it) when
+/// the context synchronizes, which a query does not do. Past a sticky
+/// error a synchronize returns at once.
+pub(super) fn written_at_fault(s: &mut Session, e: Status) {
+    if e.is_sticky() {
+        let _ = s.ctx.synchronize();
+    }
 }
 
 /// Lets a parked request go unanswered (its channel or session is going).

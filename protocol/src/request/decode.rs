@@ -108,6 +108,7 @@ impl Request {
             },
             op::WAIT_HOST_FN => WaitHostFn,
             op::HOST_FN_DONE => HostFnDone { id: r.u64()? },
+            op::TAKE_OUTPUT => TakeOutput,
             op::MEM_ALLOC => {
                 let size = check_len("size", r.u64()?, MAX_LEN)?;
                 if size == 0 {
@@ -550,6 +551,7 @@ mod tests {
             Request::HostFn { stream: 2, id: 9 },
             Request::WaitHostFn,
             Request::HostFnDone { id: 9 },
+            Request::TakeOutput,
             Request::FuncSetAttribute {
                 func: 5,
                 attr: 8,

@@ -24,7 +24,8 @@ impl Request {
                 w.u64(token[0]);
                 w.u64(token[1]);
             }
-            CtxSynchronize | MemGetInfo | WaitHostFn | TensorMapEncode | TexCreate => {}
+            CtxSynchronize | MemGetInfo | WaitHostFn | TensorMapEncode | TexCreate | TakeOutput => {
+            }
             HostFn { stream, id } => {
                 w.u64(stream);
                 w.u64(id);

@@ -274,6 +274,12 @@ pub enum Request {
     /// before it if any. Not numbered (tag 0): a process's callback
     /// thread sends it on a channel of its own.
     WaitHostFn,
+    /// Takes the process's kernel output the host holds (what its
+    /// kernels printed, and the driver's assert messages), a message's
+    /// worth; reply: value 0 its stream (1: standard output, 2: standard
+    /// error, 0: nothing held) and the bytes as data. Sent when a reply
+    /// carries [`REPLY_OUTPUT`](crate::REPLY_OUTPUT).
+    TakeOutput,
     /// The host function handed out has run: the process's later requests
     /// go on. Not numbered (tag 0); no reply.
     HostFnDone {
@@ -548,6 +554,7 @@ impl Request {
             HostFn { .. } => op::HOST_FN,
             WaitHostFn => op::WAIT_HOST_FN,
             HostFnDone { .. } => op::HOST_FN_DONE,
+            TakeOutput => op::TAKE_OUTPUT,
             FuncSetAttribute { .. } => op::FUNC_SET_ATTRIBUTE,
             CtxGetLimit { .. } => op::CTX_GET_LIMIT,
             CtxSetLimit { .. } => op::CTX_SET_LIMIT,

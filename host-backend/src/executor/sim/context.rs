@@ -39,7 +39,12 @@ pub(super) struct SimContext {
     /// The pinned pool's device range: the model's kernels do not reach
     /// host memory.
     pub(super) pinned: (u64, u64),
-    pub(super) poisoned: Arc<std::sync::atomic::AtomicBool>,
+    /// The sticky error that poisoned the device's contexts (0: none).
+    pub(super) poisoned: Arc<std::sync::atomic::AtomicU32>,
+    /// What the context's kernels printed and not yet written (as the
+    /// driver's printf FIFO: written at a synchronize, to descriptor 1),
+    /// and the assert messages (to descriptor 2).
+    pub(super) printed: [Vec<u8>; 2],
     pub(super) mem: BTreeMap<u64, super::memory::Buf>,
     /// Memory of other contexts of the worker imported here (IPC): start
     /// -> (size, its bytes).
@@ -132,18 +137,49 @@ impl SimContext {
         let (k, _) = *self.functions.get(&func).ok_or(Status::InvalidHandle)?;
         k(self, grid, block, params).inspect_err(|s| {
             if s.is_sticky() {
-                self.poisoned
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                let _ = self.poisoned.compare_exchange(
+                    0,
+                    s.code(),
+                    std::sync::atomic::Ordering::Relaxed,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
             }
         })
     }
 
-    /// Fails once a kernel fault poisoned the device's contexts.
+    /// Fails once a kernel fault poisoned the device's contexts, with the
+    /// fault's error, as the driver answers every context of the process.
     pub(super) fn alive(&self) -> Result<(), Status> {
-        if self.poisoned.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(Status::IllegalAddress);
+        match self.poisoned.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => Ok(()),
+            code => Err(Status::from_code(code)),
         }
-        Ok(())
+    }
+
+    /// Adds `text` to what kernels printed to `stream` (0: printf, 1: the
+    /// assert messages), within the printf FIFO's size
+    /// (`CU_LIMIT_PRINTF_FIFO_SIZE`): as on a GPU, what does not fit is
+    /// lost.
+    pub(super) fn print(&mut self, stream: usize, text: &[u8]) {
+        let fifo = self.limits.get(&1).copied().unwrap_or(1 << 20) as usize;
+        let used = self.printed[0].len() + self.printed[1].len();
+        let n = text.len().min(fifo.saturating_sub(used));
+        self.printed[stream].extend_from_slice(&text[..n]);
+    }
+
+    /// Writes what the context's kernels printed, as the driver does when
+    /// the context synchronizes or is destroyed: printf text to descriptor
+    /// 1, assert messages to 2.
+    pub(super) fn flush_printed(&mut self) {
+        use std::io::Write;
+        let [out, err] = std::mem::take(&mut self.printed);
+        if !out.is_empty() {
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(&out).and_then(|()| o.flush());
+        }
+        if !err.is_empty() {
+            let _ = std::io::stderr().lock().write_all(&err);
+        }
     }
 
     /// When the last operation submitted to `stream` completes (0: the default stream).
@@ -176,6 +212,14 @@ impl SimContext {
                 std::hint::spin_loop();
             }
         }
+    }
+}
+
+/// A context destroyed writes what its kernels printed, as the driver's
+/// does.
+impl Drop for SimContext {
+    fn drop(&mut self) {
+        self.flush_printed();
     }
 }
 
@@ -695,6 +739,7 @@ impl Context for SimContext {
     }
 
     fn stream_synchronize(&mut self, stream: Handle) -> Result<(), Status> {
+        self.flush_printed();
         self.alive()?;
         // One hardware queue: a stream is done when everything before it is.
         let t = self.stream_done(stream)?;
@@ -732,6 +777,7 @@ impl Context for SimContext {
     }
 
     fn event_synchronize(&mut self, event: Handle) -> Result<(), Status> {
+        self.flush_printed();
         self.alive()?;
         if let Some(t) = when(self.events.get(&event).ok_or(Status::InvalidHandle)?) {
             Self::wait_until(t);
@@ -756,6 +802,7 @@ impl Context for SimContext {
     }
 
     fn synchronize(&mut self) -> Result<(), Status> {
+        self.flush_printed();
         self.alive()?;
         Self::wait_until(self.last_done);
         Ok(())
@@ -836,11 +883,15 @@ impl Context for SimContext {
         let t = *self.marks.get(&m).ok_or(Status::InvalidHandle)?;
         if let Err(e) = self.alive() {
             self.marks.remove(&m);
+            self.flush_printed();
             return Err(e);
         }
         let done = Instant::now() >= t;
         if done {
             self.marks.remove(&m);
+            // The worker synchronizes once the mark is passed (see the
+            // cuda executor's `reached`): the driver writes then.
+            self.flush_printed();
         }
         Ok(done)
     }
@@ -943,6 +994,57 @@ mod tests {
         let mut other = SimExecutor::new(SimParams::default()).open().unwrap();
         assert!(other.alloc(16).is_ok());
         assert!(other.synchronize().is_ok());
+    }
+
+    const FAULTS_PTX: &str = include_str!("../../../kernels/faults.ptx");
+
+    #[test]
+    fn kernel_printf_waits_in_the_fifo_until_its_context_synchronizes() {
+        let mut exec = SimExecutor::new(SimParams::default());
+        let mut other = exec.open().unwrap();
+        let mut ctx = exec.open_sim().unwrap();
+        let m = ctx
+            .load_module(ImageKind::Ptx, FAULTS_PTX.as_bytes())
+            .unwrap();
+        let (f, sizes) = ctx.function(m, "fvg_printf").unwrap();
+        assert_eq!(sizes.iter().map(|p| p.size).collect::<Vec<_>>(), vec![4]);
+        let (g, b) = (Dim3 { x: 1, y: 1, z: 1 }, Dim3 { x: 3, y: 1, z: 1 });
+        ctx.launch(f, g, b, 0, 0, &7i32.to_le_bytes()).unwrap();
+        let text = b"kernel 7 thread 0\nkernel 7 thread 1\nkernel 7 thread 2\n";
+        assert_eq!(ctx.printed[0], text);
+        // Another context's synchronize leaves it; the context's own writes it.
+        other.synchronize().unwrap();
+        assert_eq!(ctx.printed[0], text);
+        ctx.synchronize().unwrap();
+        assert!(ctx.printed[0].is_empty());
+        // The FIFO's size bounds what a launch leaves.
+        ctx.set_limit(1, 20).unwrap();
+        ctx.launch(f, g, b, 0, 0, &7i32.to_le_bytes()).unwrap();
+        assert_eq!(ctx.printed[0], text[..20]);
+    }
+
+    #[test]
+    fn a_failed_assert_poisons_the_contexts_with_its_own_error() {
+        let mut exec = SimExecutor::new(SimParams::default());
+        let mut bystander = exec.open().unwrap();
+        let mut ctx = exec.open_sim().unwrap();
+        let m = ctx
+            .load_module(ImageKind::Ptx, FAULTS_PTX.as_bytes())
+            .unwrap();
+        let (f, _) = ctx.function(m, "fvg_assert").unwrap();
+        let (g, b) = (Dim3 { x: 1, y: 1, z: 1 }, Dim3 { x: 1, y: 1, z: 1 });
+        // A null pointer passes the assert.
+        ctx.launch(f, g, b, 0, 0, &0u64.to_le_bytes()).unwrap();
+        ctx.synchronize().unwrap();
+        let assert = Status::from_code(710);
+        assert_eq!(ctx.launch(f, g, b, 0, 0, &8u64.to_le_bytes()), Err(assert));
+        assert!(
+            String::from_utf8_lossy(&ctx.printed[1]).contains("Assertion `p == nullptr` failed.")
+        );
+        assert_eq!(ctx.synchronize(), Err(assert));
+        assert!(ctx.printed[1].is_empty());
+        assert_eq!(bystander.synchronize(), Err(assert));
+        assert_eq!(exec.open().err(), Some(assert));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The kernels of `kernels/fairvgpu.ptx`, implemented in Rust on the
-//! model's memory and found by entry name; each returns its modeled time.
+//! The kernels of `kernels/fairvgpu.ptx` and `kernels/faults.ptx`,
+//! implemented in Rust on the model's memory and found by entry name; each
+//! returns its modeled time.
 
 use protocol::{Dim3, Status};
 
@@ -17,6 +18,9 @@ pub(super) fn kernel_by_name(name: &str) -> Option<Kernel> {
         "list_inc" => k_list_inc,
         "list_sum" => k_list_sum,
         "spin_blocks" => k_spin_blocks,
+        "fvg_printf" => k_printf,
+        "fvg_assert" => k_assert,
+        "fvg_trap" => k_trap,
         _ => return None,
     })
 }
@@ -151,4 +155,35 @@ pub(super) fn vector_add_params(a: u64, b: u64, c: u64, n: u32) -> Vec<u8> {
     }
     p.extend_from_slice(&n.to_le_bytes());
     p
+}
+
+/// `printf("kernel %d thread %d\n", tag, threadIdx.x)` in every thread of
+/// one block (the model prints the first block's threads, in order).
+fn k_printf(c: &mut SimContext, _grid: Dim3, block: Dim3, p: &[u8]) -> Result<u64, Status> {
+    let tag = u32_at(p, 0) as i32;
+    let mut text = Vec::new();
+    for t in 0..block.x {
+        text.extend_from_slice(format!("kernel {tag} thread {t}\n").as_bytes());
+    }
+    c.print(0, &text);
+    Ok(2_000)
+}
+
+/// `assert(p == nullptr)`: a non-null `p` fails the assert, with the
+/// driver's message, and poisons the device (`CUDA_ERROR_ASSERT`).
+fn k_assert(c: &mut SimContext, _grid: Dim3, _block: Dim3, p: &[u8]) -> Result<u64, Status> {
+    if u64_at(p, 0) == 0 {
+        return Ok(1_000);
+    }
+    c.print(
+        1,
+        b"faults.cu:6: void fvg_assert(const int *): block: [0,0,0], thread: [0,0,0] \
+          Assertion `p == nullptr` failed.\n",
+    );
+    Err(Status::from_code(710))
+}
+
+/// A `trap` instruction: the launch fails (`CUDA_ERROR_LAUNCH_FAILED`).
+fn k_trap(_c: &mut SimContext, _grid: Dim3, _block: Dim3, _p: &[u8]) -> Result<u64, Status> {
+    Err(Status::from_code(719))
 }

@@ -96,7 +96,7 @@ pub struct SimExecutor {
     queues: Arc<Vec<Mutex<Queue>>>,
     device: u32,
     addresses: Arc<Mutex<addresses::Addresses>>,
-    poisoned: Arc<std::sync::atomic::AtomicBool>,
+    poisoned: Arc<std::sync::atomic::AtomicU32>,
     /// The pinned pool's device range (start, length).
     pinned: (u64, u64),
 }
@@ -158,13 +158,26 @@ impl Executor for SimExecutor {
     }
 
     fn open(&mut self) -> Result<Box<dyn Context>, Status> {
-        Ok(Box::new(SimContext {
+        Ok(Box::new(self.open_sim()?))
+    }
+}
+
+impl SimExecutor {
+    /// A context of the model; after a kernel fault none can be made, as
+    /// on a GPU (the process must be replaced).
+    fn open_sim(&mut self) -> Result<SimContext, Status> {
+        match self.poisoned.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => {}
+            code => return Err(Status::from_code(code)),
+        }
+        Ok(SimContext {
             params: self.params,
             queues: self.queues.clone(),
             device: self.device,
             addresses: self.addresses.clone(),
             pinned: self.pinned,
             poisoned: self.poisoned.clone(),
+            printed: Default::default(),
             mem: BTreeMap::new(),
             modules: HashMap::new(),
             functions: HashMap::new(),
@@ -183,6 +196,6 @@ impl Executor for SimExecutor {
             vmm_maps: BTreeMap::new(),
             graphs: HashMap::new(),
             arrays: Default::default(),
-        }))
+        })
     }
 }

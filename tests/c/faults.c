@@ -1,0 +1,89 @@
+/*
+ * What a tenant's buggy or chatty kernel does to its own process, run
+ * through the stand-in: the kernels of host-backend/kernels/faults.ptx.
+ *
+ * usage: faults FAULTS.ptx printf|assert|trap|compute
+ *   printf   launches fvg_printf (tag 3, 4 threads), synchronizes, then
+ *            writes "after sync": natively the driver writes the kernel's
+ *            lines at the synchronize, so they come first.
+ *   assert   fvg_assert with a non-null pointer: the synchronize answers
+ *            CUDA_ERROR_ASSERT, the driver's message on stderr.
+ *   trap     fvg_trap: CUDA_ERROR_LAUNCH_FAILED.
+ *   compute  a kernel that passes its assert, and a synchronize: the vGPU
+ *            computes (the next process after a fault).
+ * Every line goes out at once through write(2), so that its order against
+ * the kernel output in the same descriptor is the order it happened in.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cu_check.h"
+
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void **, void **);
+
+static void say(const char *s) {
+    char b[256];
+    int n = snprintf(b, sizeof b, "%s\n", s);
+    if (write(1, b, n) != n) exit(3);
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { perror(path); exit(2); }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc(n + 1);
+    if (fread(b, 1, n, f) != (size_t)n) exit(2);
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) { fprintf(stderr, "usage: %s FAULTS.ptx printf|assert|trap|compute\n", argv[0]); return 2; }
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule m;
+    CUfunction f;
+    CK(cuInit(0));
+    CK(cuDeviceGet(&dev, 0));
+    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(cuCtxSetCurrent(ctx));
+    CK(cuModuleLoadData(&m, read_file(argv[1])));
+    const char *mode = argv[2];
+    char line[128];
+    if (!strcmp(mode, "printf")) {
+        int tag = 3;
+        void *args[] = {&tag};
+        CK(cuModuleGetFunction(&f, m, "fvg_printf"));
+        CK(cuLaunchKernel(f, 1, 1, 1, 4, 1, 1, 0, 0, args, 0));
+        say("launched");
+        CK(cuCtxSynchronize());
+        say("after sync");
+    } else if (!strcmp(mode, "assert") || !strcmp(mode, "compute")) {
+        CUdeviceptr p = 0;
+        if (!strcmp(mode, "assert")) CK(cuMemAlloc_v2(&p, 4));
+        void *args[] = {&p};
+        CK(cuModuleGetFunction(&f, m, "fvg_assert"));
+        CK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, args, 0));
+        snprintf(line, sizeof line, "%s sync: %s", mode, cu_name(cuCtxSynchronize()));
+        say(line);
+    } else if (!strcmp(mode, "trap")) {
+        CK(cuModuleGetFunction(&f, m, "fvg_trap"));
+        CUresult r = cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0);
+        if (r == 0) r = cuCtxSynchronize();
+        snprintf(line, sizeof line, "trap sync: %s", cu_name(r));
+        say(line);
+    } else {
+        return 2;
+    }
+    return 0;
+}

@@ -1,0 +1,154 @@
+//! A guest process's kernel output and faults are its own, against a real
+//! `fairvgpu serve` on the sim (which models the driver's printf FIFO and
+//! its sticky faults): a kernel's printf lines reach the process's own
+//! standard output at its synchronize, in order with what it writes
+//! itself; a failed device-side assert reaches it as `CUDA_ERROR_ASSERT`
+//! with the driver's message on its standard error, and a trap as
+//! `CUDA_ERROR_LAUNCH_FAILED`; after each, the VM's next process attaches
+//! and computes; nothing a kernel printed appears in the daemon's log.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use fairvgpu_tests::{build_c_standin, cargo_build, standin, workspace};
+
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start(dir: &Path) -> Daemon {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let cfg = format!(
+        "[daemon]\nrun_dir = {:?}\nexecutor = \"sim\"\n\n[spin]\nspins = 2000\nmax_block_us = 2000\n\n\
+         [[vm]]\nname = \"vm1\"\ntenant = \"t\"\nmemory_limit_mib = 256\n",
+        dir.display().to_string()
+    );
+    std::fs::write(dir.join("host.toml"), cfg).unwrap();
+    let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
+    let child = Command::new(cargo_build("fairvgpu").join("fairvgpu"))
+        .args(["serve", "--config"])
+        .arg(dir.join("host.toml"))
+        .env("RUST_LOG", "info")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("daemon starts");
+    let d = Daemon {
+        child,
+        dir: dir.to_owned(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !dir.join("vm1.sock").exists() {
+        assert!(Instant::now() < deadline, "vm1.sock did not appear");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d
+}
+
+fn run(exe: &Path, lib: &Path, socket: &Path, mode: &str) -> Output {
+    Command::new(exe)
+        .arg(workspace().join("host-backend/kernels/faults.ptx"))
+        .arg(mode)
+        .env("LD_LIBRARY_PATH", lib)
+        .env("FAIRVGPU_SOCKET", socket)
+        .stdin(Stdio::null())
+        .output()
+        .expect("program runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Runs `compute` until a process computes; how long that took.
+fn next_process_computes(exe: &Path, lib: &Path, socket: &Path) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let out = run(exe, lib, socket, "compute");
+        if text(&out.stdout).contains("compute sync: CUDA_SUCCESS") {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no process computed after the fault: {}\n{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn kernel_output_and_faults_reach_their_own_process_only() {
+    let dir = std::env::temp_dir().join(format!("fvg-faults-{}", std::process::id()));
+    let d = start(&dir);
+    let lib = standin(&dir);
+    let exe = build_c_standin("faults", &dir, &lib, &[]);
+    let sock = dir.join("vm1.sock");
+
+    // printf: the kernel's lines at the synchronize, before what follows.
+    let out = run(&exe, &lib, &sock, "printf");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "launched\nkernel 3 thread 0\nkernel 3 thread 1\nkernel 3 thread 2\n\
+         kernel 3 thread 3\nafter sync\n"
+    );
+
+    // A failed assert: the process's own error and message.
+    let out = run(&exe, &lib, &sock, "assert");
+    assert!(
+        text(&out.stdout).contains("assert sync: CUDA_ERROR_ASSERT"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stderr).contains("Assertion `p == nullptr` failed."),
+        "stderr: {}\nstdout: {}\nlog: {}",
+        text(&out.stderr),
+        text(&out.stdout),
+        std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default()
+    );
+    let after_assert = next_process_computes(&exe, &lib, &sock);
+
+    // A trap.
+    let out = run(&exe, &lib, &sock, "trap");
+    assert!(
+        text(&out.stdout).contains("trap sync: CUDA_ERROR_LAUNCH_FAILED"),
+        "{}",
+        text(&out.stdout)
+    );
+    let after_trap = next_process_computes(&exe, &lib, &sock);
+    eprintln!(
+        "next process computed {} ms after an assert, {} ms after a trap",
+        after_assert.as_millis(),
+        after_trap.as_millis()
+    );
+
+    // And printf still goes to its process on the replaced worker.
+    let out = run(&exe, &lib, &sock, "printf");
+    assert!(text(&out.stdout).contains("kernel 3 thread 3\nafter sync\n"));
+
+    let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap();
+    assert!(
+        !log.contains("kernel 3 thread") && !log.contains("Assertion"),
+        "kernel output reached the daemon's log:\n{log}"
+    );
+    // The faults were seen and handled (the worker restarted).
+    assert!(log.contains("poisoned"), "{log}");
+    drop(d);
+}
