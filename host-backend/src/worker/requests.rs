@@ -95,6 +95,14 @@ pub(super) fn handle(
             let info = sh.info_bytes.clone();
             reply(sh, c, tag, opc, r, &info)
         }
+        Request::VgpuStatus { .. } => {
+            refuse(
+                sh,
+                c,
+                "VgpuStatus on a session's channel (ask before Hello)",
+            );
+            reply(sh, c, tag, opc, Err(Status::InvalidValue), &[])
+        }
         Request::Join { .. } => {
             refuse(sh, c, "join on a channel already serving a session");
             reply(sh, c, tag, opc, Err(Status::InvalidValue), &[])
