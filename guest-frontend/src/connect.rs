@@ -153,6 +153,16 @@ impl Gpu {
         Self::attach_env(Opening::Monitor)
     }
 
+    /// A monitor's connection (as [`Gpu::monitor_from_env`]) to `path`: a
+    /// vGPU device if it is a character device, else a host socket.
+    pub fn monitor(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
+        if device::is_device(path) {
+            Self::attach_device(path, policy, Opening::Monitor)
+        } else {
+            Self::attach_socket(path, policy, Opening::Monitor)
+        }
+    }
+
     fn attach_env(how: Opening) -> Result<Gpu> {
         let mut policy = SpinPolicy::default();
         if let Some(n) = std::env::var("FAIRVGPU_SPINS")
