@@ -155,7 +155,7 @@ impl VgpuStatus {
         let mut r = Reader::new(b);
         let n = r.u32()? as usize;
         let info = DeviceInfo::from_bytes(r.bytes(n)?)?;
-        if r.remaining() % PROCESS_BYTES != 0 {
+        if !r.remaining().is_multiple_of(PROCESS_BYTES) {
             return Err(ProtoError::Truncated);
         }
         let mut processes = Vec::with_capacity(r.remaining() / PROCESS_BYTES);

@@ -71,8 +71,10 @@ fn fill_processes<T>(
         return Err(code::INVALID_ARGUMENT);
     }
     for (i, p) in procs.iter().enumerate() {
-        // SAFETY: the caller's array holds `room` >= procs.len() entries.
-        unsafe { infos.add(i).write_unaligned(make(p)) };
+        let slot = infos.wrapping_add(i);
+        // SAFETY: the caller's array holds `room` >= procs.len() entries,
+        // so `slot` is one of them.
+        unsafe { slot.write_unaligned(make(p)) };
     }
     Ok(())
 }
