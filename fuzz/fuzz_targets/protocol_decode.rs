@@ -37,6 +37,8 @@ fuzz_target!(|data: &[u8]| {
             // What the host's array checks rely on: a description within
             // the device's limits, a copy's box nonempty and every device
             // end's span computable and bounded.
+            // What the worker's process list relies on.
+            Request::VgpuStatus { first } => assert!(first <= protocol::MAX_STATUS_PROCESSES),
             Request::ArrayCreate { desc } => {
                 assert!(desc.check().is_ok() && desc.bytes() <= protocol::MAX_LEN)
             }

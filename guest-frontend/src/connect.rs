@@ -12,13 +12,13 @@ use qemu_ivshmem::server::Client;
 use qemu_ivshmem::{Bell, GuestChannel, SpinPolicy};
 
 use crate::{
-    copy, current_cpu, device, Gpu, GuestError, Joiner, Joining, Origin, Result, Transport,
+    copy, current_cpu, device, Gpu, GuestError, Joiner, Joining, Opening, Origin, Result, Transport,
 };
 
 impl Joiner {
     /// A further channel to the session.
     pub fn join(&self) -> Result<Gpu> {
-        let join = Some(Joining {
+        let join = Opening::Join(Joining {
             seq: self.seq.clone(),
             token: self.token,
             info: self.info.clone(),
@@ -38,10 +38,10 @@ impl Gpu {
 
     /// Like [`Gpu::connect`] with a chosen spin policy.
     pub fn connect_with(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
-        Self::attach_socket(path, policy, None)
+        Self::attach_socket(path, policy, Opening::Hello)
     }
 
-    fn attach_socket(path: &Path, policy: SpinPolicy, join: Option<Joining>) -> Result<Gpu> {
+    fn attach_socket(path: &Path, policy: SpinPolicy, join: Opening) -> Result<Gpu> {
         let client = Client::connect(path, Duration::from_secs(10))?;
         let vectors = client.region.layout().params.vectors;
         let ch = client
@@ -64,10 +64,10 @@ impl Gpu {
 
     /// Attaches inside a VM through the kernel module's device (`/dev/fairvgpuN`).
     pub fn open_device(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
-        Self::attach_device(path, policy, None)
+        Self::attach_device(path, policy, Opening::Hello)
     }
 
-    fn attach_device(path: &Path, policy: SpinPolicy, join: Option<Joining>) -> Result<Gpu> {
+    fn attach_device(path: &Path, policy: SpinPolicy, join: Opening) -> Result<Gpu> {
         let dev = Arc::new(device::Device::open(path)?);
         let info = dev.info()?;
         let region = dev.region(&info)?;
@@ -142,6 +142,28 @@ impl Gpu {
     /// socket, for processes on the host), else `FAIRVGPU_DEVICE`, else
     /// `/dev/fairvgpu0`. `FAIRVGPU_SPINS` overrides the spin budget.
     pub fn from_env() -> Result<Gpu> {
+        Self::attach_env(Opening::Hello)
+    }
+
+    /// A monitor's connection to the vGPU the environment names (as
+    /// [`Gpu::from_env`] finds it): a channel of its own that opens no
+    /// session (no context on the host, not one of the vGPU's processes),
+    /// on which only [`Gpu::vgpu_status`] is asked.
+    pub fn monitor_from_env() -> Result<Gpu> {
+        Self::attach_env(Opening::Monitor)
+    }
+
+    /// A monitor's connection (as [`Gpu::monitor_from_env`]) to `path`: a
+    /// vGPU device if it is a character device, else a host socket.
+    pub fn monitor(path: &Path, policy: SpinPolicy) -> Result<Gpu> {
+        if device::is_device(path) {
+            Self::attach_device(path, policy, Opening::Monitor)
+        } else {
+            Self::attach_socket(path, policy, Opening::Monitor)
+        }
+    }
+
+    fn attach_env(how: Opening) -> Result<Gpu> {
         let mut policy = SpinPolicy::default();
         if let Some(n) = std::env::var("FAIRVGPU_SPINS")
             .ok()
@@ -150,13 +172,13 @@ impl Gpu {
             policy.spins = n;
         }
         if let Some(sock) = std::env::var_os("FAIRVGPU_SOCKET") {
-            return Self::connect_with(sock.as_ref(), policy);
+            return Self::attach_socket(sock.as_ref(), policy, how);
         }
         if let Some(dev) = std::env::var_os("FAIRVGPU_DEVICE") {
-            return Self::open_device(dev.as_ref(), policy);
+            return Self::attach_device(dev.as_ref(), policy, how);
         }
         match device::default_device() {
-            Some(dev) => Self::open_device(&dev, policy),
+            Some(dev) => Self::attach_device(&dev, policy, how),
             None => Err(GuestError::NoVgpu),
         }
     }
@@ -170,12 +192,13 @@ impl Gpu {
         policy: SpinPolicy,
         transport: Transport,
         origin: Origin,
-        join: Option<Joining>,
+        how: Opening,
     ) -> Result<Gpu> {
         ch.set_guest_vector(vector)?;
-        let seq = join
-            .as_ref()
-            .map_or_else(|| Arc::new(AtomicU64::new(1)), |j| j.seq.clone());
+        let seq = match &how {
+            Opening::Join(j) => j.seq.clone(),
+            _ => Arc::new(AtomicU64::new(1)),
+        };
         let mut gpu = Gpu {
             ch,
             host_bell,
@@ -189,11 +212,18 @@ impl Gpu {
             copier: copy::Copier::default(),
             transport,
         };
-        if let Some(j) = join {
-            gpu.call(&Request::Join { token: j.token })?;
-            gpu.token = j.token;
-            gpu.info = j.info;
-            return Ok(gpu);
+        match how {
+            Opening::Join(j) => {
+                gpu.call(&Request::Join { token: j.token })?;
+                gpu.token = j.token;
+                gpu.info = j.info;
+                return Ok(gpu);
+            }
+            Opening::Monitor => {
+                gpu.info = gpu.vgpu_status()?.info;
+                return Ok(gpu);
+            }
+            Opening::Hello => {}
         }
         let (r, data) = gpu.call_data(
             &Request::Hello {

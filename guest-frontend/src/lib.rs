@@ -13,7 +13,8 @@
 //! Here the types; `connect.rs` finds and attaches the vGPU, `call.rs`
 //! sends requests and waits for replies, and one file per API family makes
 //! the calls: `memory.rs`, `module.rs`, `stream.rs` (launches, streams,
-//! events, host functions, synchronization).
+//! events, host functions, synchronization), `status.rs` (what a monitor
+//! such as the NVML stand-in asks: the vGPU's memory, share, processes).
 
 #![warn(missing_docs)]
 
@@ -23,6 +24,7 @@ pub mod copy;
 pub mod device;
 mod memory;
 mod module;
+mod status;
 mod stream;
 
 use std::sync::atomic::AtomicU64;
@@ -30,8 +32,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::{DeviceInfo, Status};
+
 use qemu_ivshmem::server::Client;
 use qemu_ivshmem::{Bell, GuestChannel, SpinPolicy};
+pub use status::{uuid_string, vgpu_uuid, VgpuReport, CUDA_DRIVER_VERSION, PCI_BUS_ID};
 
 /// What a call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +128,14 @@ pub struct Joiner {
     seq: Arc<AtomicU64>,
     token: [u64; 2],
     info: DeviceInfo,
+}
+
+/// How a new channel starts: a process's first (`Hello`), a further one
+/// of its session, or a monitor's (no session).
+enum Opening {
+    Hello,
+    Join(Joining),
+    Monitor,
 }
 
 /// What a further channel of a process takes from its first.

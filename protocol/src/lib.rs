@@ -27,7 +27,7 @@ pub mod tensor_map;
 mod values;
 
 pub use codec::{Reader, Writer};
-pub use reply::{DeviceInfo, Reply};
+pub use reply::{DeviceInfo, Reply, VgpuProcess, VgpuStatus};
 pub use request::Request;
 pub use status::Status;
 pub use values::{link_records, Dim3, ImageKind, Param};
@@ -55,6 +55,9 @@ pub const MAX_HELD_OUTPUT: usize = 16 << 20;
 pub const MAX_LIMIT: u32 = 6;
 /// Most blocks in a thread block cluster (Hopper's non-portable limit).
 pub const MAX_CLUSTER_BLOCKS: u64 = 16;
+/// Most processes a `VgpuStatus` lists from (one per channel of the
+/// largest region).
+pub const MAX_STATUS_PROCESSES: u32 = 1024;
 /// `Launch` flags.
 pub mod launch_flags {
     /// A cooperative launch: every block resident at once (grid-wide sync).

@@ -31,6 +31,7 @@ pub const MODULE_FUNCTIONS: u32 = 92;
 pub const GRAPH_INSTANTIATE: u32 = 93;
 pub const GRAPH_LAUNCH: u32 = 94;
 pub const GRAPH_DESTROY: u32 = 95;
+pub const VGPU_STATUS: u32 = 96;
 pub const LINK: u32 = 26;
 pub const FUNC_SET_ATTRIBUTE: u32 = 27;
 pub const CTX_GET_LIMIT: u32 = 3;

@@ -1,5 +1,5 @@
-//! Replies: the inline values of a reply, and the device description
-//! `Hello` answers with.
+//! Replies: the inline values of a reply, the device description
+//! `Hello` answers with, and the vGPU's figures `VgpuStatus` answers with.
 
 use crate::{ProtoError, Reader, Writer, INLINE};
 
@@ -105,6 +105,70 @@ impl DeviceInfo {
     }
 }
 
+/// One guest process a vGPU serves, as `VgpuStatus` lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VgpuProcess {
+    /// The process id the guest gave when it claimed its channel (the
+    /// guest's own numbering; unverified, shown back to the same VM only).
+    pub pid: u32,
+    /// Device memory its allocations take, bytes (as counted against the
+    /// vGPU's limit).
+    pub mem_used: u64,
+}
+
+/// Bytes of one [`VgpuProcess`] on the wire.
+const PROCESS_BYTES: usize = 12;
+
+/// What `VgpuStatus` answers in its data: the device (as `Hello` describes
+/// it) and some of the vGPU's processes. Encoded as the device's length
+/// (u32), the device, then 12 bytes a process (pid u32, memory u64).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VgpuStatus {
+    /// The device.
+    pub info: DeviceInfo,
+    /// Processes, from the one the request asked for on.
+    pub processes: Vec<VgpuProcess>,
+}
+
+impl VgpuStatus {
+    /// How many processes fit in `budget` bytes after a device of
+    /// `info_len` bytes.
+    pub fn fit(info_len: usize, budget: usize) -> usize {
+        budget.saturating_sub(4 + info_len) / PROCESS_BYTES
+    }
+
+    /// Serializes (the device already serialized, as the host keeps it).
+    pub fn encode(info: &[u8], processes: &[VgpuProcess]) -> Vec<u8> {
+        let mut v = Vec::with_capacity(4 + info.len() + processes.len() * PROCESS_BYTES);
+        v.extend_from_slice(&(info.len() as u32).to_le_bytes());
+        v.extend_from_slice(info);
+        for p in processes {
+            v.extend_from_slice(&p.pid.to_le_bytes());
+            v.extend_from_slice(&p.mem_used.to_le_bytes());
+        }
+        v
+    }
+
+    /// Parses, bounds-checked: a device cut short or a partial process is
+    /// an error.
+    pub fn from_bytes(b: &[u8]) -> Result<VgpuStatus, ProtoError> {
+        let mut r = Reader::new(b);
+        let n = r.u32()? as usize;
+        let info = DeviceInfo::from_bytes(r.bytes(n)?)?;
+        if !r.remaining().is_multiple_of(PROCESS_BYTES) {
+            return Err(ProtoError::Truncated);
+        }
+        let mut processes = Vec::with_capacity(r.remaining() / PROCESS_BYTES);
+        while r.remaining() > 0 {
+            processes.push(VgpuProcess {
+                pid: r.u32()?,
+                mem_used: r.u64()?,
+            });
+        }
+        Ok(VgpuStatus { info, processes })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,7 +192,46 @@ mod tests {
         }
     }
 
+    #[test]
+    fn vgpu_status_round_trips_and_truncation_is_an_error() {
+        let info = DeviceInfo {
+            name: "sim GPU".into(),
+            total_mem: 1 << 30,
+            ..DeviceInfo::default()
+        };
+        let procs = [
+            VgpuProcess {
+                pid: 41,
+                mem_used: 2 << 20,
+            },
+            VgpuProcess {
+                pid: 42,
+                mem_used: 0,
+            },
+        ];
+        let b = VgpuStatus::encode(&info.to_bytes(), &procs);
+        let st = VgpuStatus::from_bytes(&b).unwrap();
+        assert_eq!(st.info, info);
+        assert_eq!(st.processes, procs);
+        let info_len = info.to_bytes().len();
+        for cut in 0..b.len() {
+            let r = VgpuStatus::from_bytes(&b[..cut]);
+            match cut.checked_sub(4 + info_len) {
+                // Whole processes only: fewer of them.
+                Some(p) if p % 12 == 0 => assert_eq!(r.unwrap().processes, procs[..p / 12]),
+                _ => assert!(r.is_err(), "cut at {cut}"),
+            }
+        }
+        assert_eq!(VgpuStatus::fit(info_len, info_len + 4 + 25), 2);
+        assert_eq!(VgpuStatus::fit(info_len, 3), 0);
+    }
+
     proptest! {
+        #[test]
+        fn vgpu_status_parse_is_total(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = VgpuStatus::from_bytes(&bytes);
+        }
+
         #[test]
         fn device_info_parse_is_total(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = DeviceInfo::from_bytes(&bytes);

@@ -366,6 +366,12 @@ impl Region {
         Ok(self.ctl_word(ch, ctl::OWNER_PEER)?.load(Ordering::Relaxed))
     }
 
+    /// The process id a guest wrote when it claimed channel `ch`
+    /// (unverified: its own numbering, for showing back to the same guest).
+    pub fn owner_pid(&self, ch: u32) -> Result<u32> {
+        Ok(self.ctl_word(ch, ctl::OWNER_PID)?.load(Ordering::Relaxed))
+    }
+
     /// The doorbell vector the guest of channel `ch` waits on, reduced into range.
     pub fn guest_vector(&self, ch: u32) -> Result<u32> {
         Ok(self

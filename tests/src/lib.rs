@@ -48,6 +48,17 @@ pub fn standin(dir: &Path) -> PathBuf {
     lib
 }
 
+/// Builds the NVML stand-in and puts it as libnvidia-ml.so.1 beside the
+/// CUDA one in `lib` (a directory from [`standin`]).
+pub fn nvml_standin(lib: &Path) {
+    let so = cargo_build("fairvgpu-libnvml").join("libnvidia_ml.so");
+    assert!(so.exists(), "{} missing", so.display());
+    for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
+        let _ = std::fs::remove_file(lib.join(name));
+        std::fs::copy(&so, lib.join(name)).unwrap();
+    }
+}
+
 /// Builds `tests/c/NAME.c` with the system C compiler against the stand-in
 /// in `lib` (the driver's ABI only: no CUDA toolkit), with `extra`
 /// arguments before the libraries, into `dir/NAME`.

@@ -391,6 +391,55 @@ fn kernel_lists_of_foreign_modules_are_refused() {
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
 }
 
+/// `VgpuStatus` is a monitor's question: asked on a session's channel, or
+/// with a process index past any region's channels, it is refused and
+/// nothing else happens; a monitor sees the vGPU's processes and their
+/// memory, and takes no session of its own.
+#[test]
+fn vgpu_status_with_bad_fields_or_on_a_session_is_refused() {
+    use guest_frontend::{Gpu, GuestError};
+    use protocol::{Request, Status, MAX_STATUS_PROCESSES};
+    let host = Host::start("hostile-status", 64 << 20);
+    let mut victim = host.guest();
+    let p = victim.mem_alloc(1 << 20).unwrap();
+    victim.memcpy_htod(p, &[9; 4096]).unwrap();
+    let refused = host.stats().refused.load(Ordering::Relaxed);
+
+    let mut evil = Gpu::monitor(&host.socket, fairvgpu_tests::TEST_SPIN).unwrap();
+    for first in [MAX_STATUS_PROCESSES + 1, u32::MAX] {
+        let e = evil.request(&Request::VgpuStatus { first }).unwrap_err();
+        assert!(
+            matches!(e, GuestError::Cuda(Status::InvalidValue)),
+            "{first}: {e:?}"
+        );
+    }
+    // On a process's own channel: refused, its session untouched.
+    let e = victim
+        .request(&Request::VgpuStatus { first: 0 })
+        .unwrap_err();
+    assert!(matches!(e, GuestError::Cuda(Status::InvalidValue)), "{e:?}");
+    assert!(host.stats().refused.load(Ordering::Relaxed) >= refused + 3);
+
+    // The monitor's channel still answers: one process, with its memory.
+    let r = evil.vgpu_status().unwrap();
+    assert_eq!(r.mem_limit, 64 << 20);
+    assert_eq!(r.processes.len(), 1, "{:?}", r.processes);
+    assert_eq!(r.processes[0].mem_used, r.mem_used);
+    assert!(r.mem_used >= 1 << 20);
+    assert_eq!(r.processes[0].pid, std::process::id());
+    // From past the end: the count, no processes.
+    let far = evil
+        .request(&Request::VgpuStatus {
+            first: MAX_STATUS_PROCESSES,
+        })
+        .unwrap();
+    assert_eq!(far.vals[3], 1);
+    let mut buf = [0u8; 4096];
+    victim.memcpy_dtoh(&mut buf, p, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 9));
+    assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
+}
+
 /// Cluster occupancy questions about another process's kernel, or of a
 /// shape no launch may have, are refused; the channel lives on.
 #[test]

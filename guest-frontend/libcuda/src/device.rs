@@ -103,28 +103,8 @@ fn write_c_string(buf: *mut c_char, len: c_int, text: &[u8]) -> Result<(), CuRes
     Ok(())
 }
 
-/// A vGPU has its own identity: a UUID derived from the vGPU's socket and
-/// device name (stable for the vGPU, different from the physical GPU's).
-pub(crate) fn vgpu_uuid(name: &str) -> [u8; 16] {
-    let mut h: [u64; 2] = [0xcbf2_9ce4_8422_2325, 0x8422_2325_cbf2_9ce4];
-    let sock = std::env::var("FAIRVGPU_SOCKET")
-        .or_else(|_| std::env::var("FAIRVGPU_DEVICE"))
-        .unwrap_or_default();
-    for (k, b) in sock.bytes().chain(name.bytes()).enumerate() {
-        let w = &mut h[k % 2];
-        *w = (*w ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    let mut u = [0u8; 16];
-    u[..8].copy_from_slice(&h[0].to_le_bytes());
-    u[8..].copy_from_slice(&h[1].to_le_bytes());
-    u[6] = (u[6] & 0x0f) | 0x40; // version 4
-    u[8] = (u[8] & 0x3f) | 0x80; // variant 1
-    u
-}
-
-/// The PCI bus id a vGPU reports (it has no address of its own on the
-/// guest's bus that programs could use).
-const PCI_BUS_ID: &[u8] = b"0000:00:00.0";
+/// The PCI bus id a vGPU reports (shared with the NVML stand-in).
+const PCI_BUS_ID: &[u8] = guest_frontend::PCI_BUS_ID.as_bytes();
 
 export! {
     /// Attaches to the vGPU (once per process).
@@ -187,7 +167,7 @@ export! {
     fn cuDeviceGetUuid_v2 [cuDeviceGetUuid] (uuid: *mut CUuuid, d: CUdevice) {
         let drv = driver()?;
         check_dev(d)?;
-        let bytes = vgpu_uuid(&drv.info.name).map(|b| b as c_char);
+        let bytes = guest_frontend::vgpu_uuid(&drv.info.name).map(|b| b as c_char);
         out(uuid, CUuuid { bytes })
     }
 
@@ -310,12 +290,5 @@ mod tests {
             "invalid argument"
         );
         assert!(error_text(123_456).is_none());
-    }
-
-    #[test]
-    fn the_uuid_is_a_version_4_uuid() {
-        let u = vgpu_uuid("GPU");
-        assert_eq!(u[6] >> 4, 4);
-        assert_eq!(u[8] >> 6, 2);
     }
 }

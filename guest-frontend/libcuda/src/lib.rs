@@ -110,7 +110,7 @@ pub(crate) mod code {
 }
 
 /// The CUDA version this library reports (13.0).
-pub(crate) const DRIVER_VERSION: i32 = 13000;
+pub(crate) const DRIVER_VERSION: i32 = guest_frontend::CUDA_DRIVER_VERSION;
 
 /// Runs an entry point's body: its `Err` is the call's `CUresult`, and a
 /// panic (a bug here) becomes `CUDA_ERROR_UNKNOWN` instead of unwinding

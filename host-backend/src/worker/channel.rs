@@ -105,7 +105,8 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
                 Ok(Some(ctx)) => {
                     sh.stats.requests.fetch_add(1, Ordering::Relaxed);
                     sh.stats.count_contexts(&sh.contexts.counts);
-                    let (id, token) = ss.open(Session::new(ctx), d.tag.wrapping_add(1));
+                    let pid = sh.region.owner_pid(c.host.index()).unwrap_or(0);
+                    let (id, token) = ss.open(Session::new(ctx), d.tag.wrapping_add(1), pid);
                     c.session = Some(id);
                     let _ = c.host.mark_serving();
                     let info = sh.info_bytes.clone();
@@ -137,6 +138,14 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
             }
         }
         Ok(Request::Hello { .. }) => Err(Status::NotSupported),
+        // A monitor's question: answered without a session.
+        Ok(Request::VgpuStatus { first }) => {
+            sh.stats.requests.fetch_add(1, Ordering::Relaxed);
+            let (r, data) = super::status::answer(sh, ss, first);
+            reply(sh, c, d.tag, d.opcode, Ok(r), &data)?;
+            c.host.req.consume(&d)?;
+            return Ok(true);
+        }
         Ok(Request::Join { token }) => match ss.join(token) {
             Some(id) => {
                 c.session = Some(id);

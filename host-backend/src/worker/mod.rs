@@ -22,6 +22,7 @@
 //! | `contexts.rs` | contexts of ended processes reused; new ones rationed |
 //! | `release.rs` | giving the GPU back at a slice's end, without blocking |
 //! | `shared.rs` | state of all channels; grants, busy periods, launch runs |
+//! | `status.rs` | `VgpuStatus`: memory, share and processes for a monitor |
 
 mod arrays;
 mod channel;
@@ -35,6 +36,7 @@ mod release;
 mod requests;
 mod sessions;
 mod shared;
+mod status;
 mod transfer;
 mod vmm;
 mod wait;
@@ -478,6 +480,7 @@ impl Worker {
                 occupancy: (0.0, 0.0),
                 last_occupancy: 0.0,
                 copy_mark: 0,
+                util: Default::default(),
                 info_bytes: info.to_bytes(),
                 mem_limit,
                 device_mem,

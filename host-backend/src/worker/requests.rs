@@ -106,6 +106,14 @@ pub(super) fn handle(
             let (stream, text) = taken.unwrap_or((0, Vec::new()));
             reply(sh, c, tag, opc, Ok(Reply::one(u64::from(stream))), &text)
         }
+        Request::VgpuStatus { .. } => {
+            refuse(
+                sh,
+                c,
+                "VgpuStatus on a session's channel (ask before Hello)",
+            );
+            reply(sh, c, tag, opc, Err(Status::InvalidValue), &[])
+        }
         Request::Join { .. } => {
             refuse(sh, c, "join on a channel already serving a session");
             reply(sh, c, tag, opc, Err(Status::InvalidValue), &[])

@@ -23,6 +23,9 @@ pub(super) struct Entry {
     token: [u64; 2],
     /// Channels bound to it.
     pub channels: u32,
+    /// The process id the guest gave when it claimed its first channel
+    /// (what `VgpuStatus` lists; unverified).
+    pub pid: u32,
     /// The number the process gave its next request.
     pub next_seq: u64,
     /// The channel whose request is still taking its data (or issuing a
@@ -38,9 +41,9 @@ pub(super) struct Sessions {
 }
 
 impl Sessions {
-    /// Opens a session whose first request (`Hello`) was numbered
-    /// `seq - 1`; returns its id and token.
-    pub fn open(&mut self, s: Session, seq: u64) -> (SessionId, [u64; 2]) {
+    /// Opens a session of guest process `pid` whose first request
+    /// (`Hello`) was numbered `seq - 1`; returns its id and token.
+    pub fn open(&mut self, s: Session, seq: u64, pid: u32) -> (SessionId, [u64; 2]) {
         self.next += 1;
         let t = token();
         self.map.insert(
@@ -49,6 +52,7 @@ impl Sessions {
                 s,
                 token: t,
                 channels: 1,
+                pid,
                 next_seq: seq,
                 holder: None,
             },
@@ -103,6 +107,19 @@ impl Sessions {
         })
     }
 
+    /// Each session's process and the device memory it holds, oldest
+    /// session first.
+    pub fn processes(&self) -> Vec<protocol::VgpuProcess> {
+        let mut v: Vec<_> = self.map.iter().collect();
+        v.sort_by_key(|(&id, _)| id);
+        v.into_iter()
+            .map(|(_, e)| protocol::VgpuProcess {
+                pid: e.pid,
+                mem_used: e.s.mem_used,
+            })
+            .collect()
+    }
+
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&SessionId, &mut Entry)> {
         self.map.iter_mut()
     }
@@ -152,9 +169,12 @@ mod tests {
     #[test]
     fn channels_join_by_token_and_the_last_one_out_frees() {
         let mut ss = Sessions::default();
-        let (a, ta) = ss.open(session(), 2);
-        let (b, _) = ss.open(session(), 2);
+        let (a, ta) = ss.open(session(), 2, 10);
+        let (b, _) = ss.open(session(), 2, 11);
         assert_ne!(a, b);
+        ss.get_mut(b).unwrap().s.mem_used = 4096;
+        let pids: Vec<_> = ss.processes().iter().map(|p| (p.pid, p.mem_used)).collect();
+        assert_eq!(pids, [(10, 0), (11, 4096)], "one per session, oldest first");
         assert_eq!(ss.join(ta), Some(a));
         assert_eq!(
             ss.join([ta[0], ta[1] ^ 1]),

@@ -87,6 +87,8 @@ pub(super) struct Shared {
     pub last_occupancy: f64,
     /// The bytes copied when the copy share was last reported.
     pub copy_mark: u64,
+    /// The vGPU's share of its GPU, as `VgpuStatus` answers it.
+    pub util: super::status::UtilMeter,
 }
 
 /// How often a worker reports its live figures to the grant service.

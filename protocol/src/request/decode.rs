@@ -432,6 +432,9 @@ impl Request {
             op::TEX_DESTROY => TexDestroy { obj: r.u64()? },
             op::SURF_CREATE => SurfCreate { array: r.u64()? },
             op::SURF_DESTROY => SurfDestroy { obj: r.u64()? },
+            op::VGPU_STATUS => VgpuStatus {
+                first: check_len("first", u64::from(r.u32()?), MAX_STATUS_PROCESSES.into())? as u32,
+            },
             other => return Err(ProtoError::UnknownOpcode(other)),
         };
         Ok(req)
@@ -673,6 +676,7 @@ mod tests {
             Request::TexDestroy { obj: 0x1_0000_0001 },
             Request::SurfCreate { array: 3 },
             Request::SurfDestroy { obj: 2 },
+            Request::VgpuStatus { first: 3 },
         ]
     }
 
@@ -910,6 +914,13 @@ mod tests {
         let mut b = [0u8; INLINE];
         b[0] = 7;
         assert!(Request::decode(op::MODULE_LOAD, &b).is_err());
+        // A process list past any region's channels.
+        let mut b = [0u8; INLINE];
+        b[..4].copy_from_slice(&(MAX_STATUS_PROCESSES + 1).to_le_bytes());
+        assert!(matches!(
+            Request::decode(op::VGPU_STATUS, &b),
+            Err(ProtoError::BadField { field: "first", .. })
+        ));
         // An array copy with no array at either end.
         let b = [0u8; INLINE];
         assert!(Request::decode(op::ARRAY_COPY, &b).is_err());

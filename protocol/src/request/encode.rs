@@ -223,6 +223,7 @@ impl Request {
             | TexDestroy { obj: a }
             | SurfCreate { array: a }
             | SurfDestroy { obj: a } => w.u64(a),
+            VgpuStatus { first } => w.u32(first),
             ArrayCreate { desc } => desc.write(&mut w),
             ArrayCopy { copy, stream } => {
                 copy.write(&mut w);

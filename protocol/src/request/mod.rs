@@ -451,6 +451,16 @@ pub enum Request {
         /// The exporter's token.
         token: u64,
     },
+    /// The vGPU as a monitor sees it (NVML in the guest): asked on a
+    /// channel that has not said `Hello` (no session, no context). Reply:
+    /// the memory limit, the memory the vGPU's processes hold, its share
+    /// of the GPU over the last interval (parts per million) and how many
+    /// processes it serves; data: a [`crate::VgpuStatus`] with the device
+    /// and, from the `first`th on, as many processes as fit.
+    VgpuStatus {
+        /// Index of the first process wanted (at most [`crate::MAX_STATUS_PROCESSES`]).
+        first: u32,
+    },
     /// Closes memory opened with `IpcOpen` (`cuIpcCloseMemHandle`).
     IpcClose {
         /// The start `IpcOpen` answered.
@@ -584,6 +594,7 @@ impl Request {
             TexDestroy { .. } => op::TEX_DESTROY,
             SurfCreate { .. } => op::SURF_CREATE,
             SurfDestroy { .. } => op::SURF_DESTROY,
+            VgpuStatus { .. } => op::VGPU_STATUS,
         }
     }
 
