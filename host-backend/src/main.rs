@@ -146,11 +146,15 @@ enum Cmd {
         #[arg(long, default_value_t = 60)]
         timeout: u64,
     },
-    /// Start a daemon (sim executor by default) and a demo guest; check its results.
+    /// Three tenants at weights 1:2:3 on a daemon (sim executor by default),
+    /// their shares live, the dashboard served, a weight changed midway.
     Demo {
         /// Executor the daemon uses.
         #[arg(long, value_enum, default_value = "sim")]
         executor: host_backend::config::ExecutorKind,
+        /// Seconds of load (the weight changes at 60% of them).
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
     },
     /// Benchmarks (each prints a baseline measured in the same run).
     Bench {
@@ -568,7 +572,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("{vm}: vGPU detached");
             Ok(())
         }
-        Cmd::Demo { executor } => demo::run(executor),
+        Cmd::Demo { executor, seconds } => demo::run(executor, seconds),
         Cmd::Bench {
             which: BenchCmd::Ring { mode, iters },
         } => bench::ring::run(mode, iters),

@@ -159,7 +159,7 @@ fn bad_inputs_give_one_line_without_backtrace() {
         );
     }
     // A run_dir that cannot be made.
-    let unwritable = if (euid() == 0) {
+    let unwritable = if euid() == 0 {
         // root may write anywhere: a run_dir below a plain file.
         std::fs::write(dir.join("file"), "").unwrap();
         dir.join("file/run")
@@ -177,7 +177,7 @@ fn bad_inputs_give_one_line_without_backtrace() {
         &format!("run_dir {}", unwritable.display()),
     );
     assert!(line.contains("set [daemon] run_dir"), "{line}");
-    if !(euid() == 0) {
+    if euid() != 0 {
         assert!(line.contains("permission denied; run as root"), "{line}");
     }
     // A daemon that is not running.
