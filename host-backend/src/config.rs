@@ -386,7 +386,7 @@ impl Config {
     /// Parses and validates TOML text. Errors name the key and, where the
     /// key is in the text, its line.
     pub fn parse(text: &str) -> Result<Config, Error> {
-        let cfg: Config = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        let cfg: Config = toml::from_str(text).map_err(|e| Error::Config(toml_error(text, &e)))?;
         cfg.check().map_err(|(m, at)| match at.line_in(text) {
             Some(n) => Error::Config(format!("line {n}: {m}")),
             None => Error::Config(m),
@@ -396,9 +396,19 @@ impl Config {
 
     /// Reads, parses and validates a file.
     pub fn load(path: &Path) -> Result<Config, Error> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Config(format!("reading {}: {e}", path.display())))?;
-        Self::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+        let shown = path.display();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::Config(match e.kind() {
+                std::io::ErrorKind::NotFound => format!(
+                    "{shown}: no such file; pass --config with the path of host.toml (docs/host.example.toml is one)"
+                ),
+                _ => format!("{shown}: {e}"),
+            })
+        })?;
+        Self::parse(&text).map_err(|e| match e {
+            Error::Config(m) => Error::Config(format!("{shown}: {m}")),
+            e => e,
+        })
     }
 
     /// The region layout of VM `vm` (the `[layout]`, with the VM's own
@@ -645,6 +655,21 @@ impl Config {
     /// Socket path of a VM.
     pub fn socket(&self, name: &str) -> PathBuf {
         self.daemon.run_dir.join(format!("{name}.sock"))
+    }
+}
+
+/// A TOML error on one line: where, and what (the toml crate's own text
+/// draws the line with a caret over several).
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let what = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+    match e.span().and_then(|r| text.get(..r.start)) {
+        Some(before) => {
+            let line = before.matches('\n').count() + 1;
+            let column = before.chars().rev().take_while(|&c| c != '\n').count() + 1;
+            let shown = text.lines().nth(line - 1).unwrap_or("").trim();
+            format!("line {line}, column {column} (`{shown}`): {what}")
+        }
+        _ => what,
     }
 }
 

@@ -166,10 +166,9 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         // Fail here, once, rather than in every worker start.
         crate::executor::cuda::available()?;
     }
-    std::fs::create_dir_all(&cfg.daemon.run_dir).map_err(|source| Error::Io {
-        what: "creating run_dir",
-        source,
-    })?;
+    // Before any socket in run_dir is touched: a second daemon there is
+    // refused (see `run_lock.rs`).
+    let run_lock = crate::run_lock::RunLock::take(&cfg.daemon.run_dir)?;
     let exe = std::env::current_exe().map_err(|source| Error::Io {
         what: "finding own executable",
         source,
@@ -548,6 +547,10 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    tracing::info!(
+        workers = children.len(),
+        "stopping (SIGTERM or SIGINT): ending the workers"
+    );
     for w in &mut children {
         if let Some(child) = w.child.as_mut() {
             stop_child(child);
@@ -560,8 +563,32 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         let _ = e.child.wait();
     }
     drop(hosts);
-    let _ = std::fs::remove_file(cfg.api_socket());
+    let cfg = plane.config();
+    remove_sockets(&cfg);
+    drop(run_lock);
+    tracing::info!(run_dir = %cfg.daemon.run_dir.display(), "stopped: workers ended, sockets and lock removed");
     Ok(())
+}
+
+/// Removes the sockets the daemon made: the API's, each VM's, the image
+/// store's and every GPU's grant service's.
+fn remove_sockets(cfg: &Config) {
+    let mut paths = vec![cfg.api_socket(), image_store_socket(cfg)];
+    paths.extend(cfg.vms.iter().map(|vm| cfg.socket(&vm.name)));
+    if let Ok(dir) = std::fs::read_dir(&cfg.daemon.run_dir) {
+        paths.extend(dir.flatten().map(|e| e.path()).filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("grant-gpu") && n.ends_with(".sock"))
+        }));
+    }
+    for p in paths {
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(path = %p.display(), "removing a socket: {e}"),
+        }
+    }
 }
 
 /// Makes `vm`'s standby worker its worker (the caller ended the serving

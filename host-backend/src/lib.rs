@@ -17,6 +17,7 @@ pub mod link;
 pub mod mps;
 pub mod procfs;
 pub mod ptx;
+pub mod run_lock;
 pub mod sandbox;
 pub mod sealed;
 pub mod session;
@@ -38,6 +39,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The daemon cannot start as configured (its run_dir is in use or
+    /// cannot be written): the message names the thing and what to do.
+    #[error("{0}")]
+    Setup(String),
     /// The configuration is invalid.
     #[error("config: {0}")]
     Config(String),

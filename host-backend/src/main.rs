@@ -16,6 +16,10 @@ use host_backend::{attach, bench, cli, config::Config, control, daemon, demo};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// On an error, print its whole chain and where it came from; log at
+    /// debug level unless RUST_LOG says otherwise.
+    #[arg(long, global = true)]
+    debug: bool,
 }
 
 #[derive(Subcommand)]
@@ -142,11 +146,15 @@ enum Cmd {
         #[arg(long, default_value_t = 60)]
         timeout: u64,
     },
-    /// Start a daemon (sim executor by default) and a demo guest; check its results.
+    /// Three tenants at weights 1:2:3 on a daemon (sim executor by default),
+    /// their shares live, the dashboard served, a weight changed midway.
     Demo {
         /// Executor the daemon uses.
         #[arg(long, value_enum, default_value = "sim")]
         executor: host_backend::config::ExecutorKind,
+        /// Seconds of load (the weight changes at 60% of them).
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
     },
     /// Benchmarks (each prints a baseline measured in the same run).
     Bench {
@@ -391,10 +399,44 @@ fn absolute(p: &std::path::Path) -> Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("{}", p.display()))
 }
 
-fn main() -> Result<()> {
+/// An error as one line for the user: each cause once (an error whose text
+/// already holds its cause's is not followed by it again), a cause's own
+/// lines joined.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        let c = c.split_whitespace().collect::<Vec<_>>().join(" ");
+        if c.is_empty() || msg.contains(&c) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&c);
+    }
+    msg
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let debug = cli.debug;
+    if let Err(e) = run(cli) {
+        // Printed here rather than by returning it from main: anyhow would
+        // add a backtrace wherever RUST_BACKTRACE is set.
+        eprintln!("error: {}", one_line(&e));
+        if debug {
+            eprintln!("{e:?}");
+        }
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let level = if cli.debug { "debug" } else { "info" };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()),
         )
         // Standard error, or in a worker process the copy of it kept when
         // the guests' kernel output took descriptor 2 (`worker/output.rs`).
@@ -402,7 +444,7 @@ fn main() -> Result<()> {
         // Colour only for a terminal: a log file or journal gets plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match Cli::parse().cmd {
+    match cli.cmd {
         Cmd::Serve { config } => Ok(daemon::serve(&Config::load(&config)?, &config)?),
         Cmd::Worker {
             config,
@@ -532,7 +574,7 @@ fn main() -> Result<()> {
             println!("{vm}: vGPU detached");
             Ok(())
         }
-        Cmd::Demo { executor } => demo::run(executor),
+        Cmd::Demo { executor, seconds } => demo::run(executor, seconds),
         Cmd::Bench {
             which: BenchCmd::Ring { mode, iters },
         } => bench::ring::run(mode, iters),

@@ -11,12 +11,21 @@
  *   trap     fvg_trap: CUDA_ERROR_LAUNCH_FAILED.
  *   compute  a kernel that passes its assert, and a synchronize: the vGPU
  *            computes (the next process after a fault).
+ *   loop SECONDS          the checked neighbour: the compute step over and
+ *                         over for SECONDS, counting the rounds that failed.
+ *   hold SECONDS          allocates 1 MiB filled with 1234.5f, prints its
+ *                         device address, keeps it for SECONDS.
+ *   peek ADDR KERNELS.ptx a kernel of this process (vector_add of
+ *                         fairvgpu.ptx) reads 4 floats at ADDR, another
+ *                         process's memory: prints what it read, or the
+ *                         error (natively: an illegal address).
  * Every line goes out at once through write(2), so that its order against
  * the kernel output in the same descriptor is the order it happened in.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cu_check.h"
@@ -27,6 +36,7 @@ CUresult cuModuleLoadData(CUmodule *, const void *);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
+CUresult cuModuleLoad(CUmodule *, const char *);
 
 static void say(const char *s) {
     char b[256];
@@ -48,7 +58,7 @@ static char *read_file(const char *path) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) { fprintf(stderr, "usage: %s FAULTS.ptx printf|assert|trap|compute\n", argv[0]); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: %s FAULTS.ptx printf|assert|trap|compute\n", argv[0]); return 2; }
     CUdevice dev;
     CUcontext ctx;
     CUmodule m;
@@ -81,6 +91,51 @@ int main(int argc, char **argv) {
         CUresult r = cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0);
         if (r == 0) r = cuCtxSynchronize();
         snprintf(line, sizeof line, "trap sync: %s", cu_name(r));
+        say(line);
+    } else if (!strcmp(mode, "loop") && argc == 4) {
+        CUdeviceptr p = 0;
+        void *args[] = {&p};
+        CK(cuModuleGetFunction(&f, m, "fvg_assert"));
+        time_t end = time(NULL) + atoi(argv[3]);
+        long rounds = 0, errors = 0;
+        CUresult first = 0;
+        while (time(NULL) < end) {
+            CUresult r = cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, args, 0);
+            if (r == 0) r = cuCtxSynchronize();
+            rounds++;
+            if (r != 0) {
+                if (!errors) first = r;
+                errors++;
+                usleep(10000);
+            }
+        }
+        snprintf(line, sizeof line, "loop: %ld rounds, %ld errors (first: %s)", rounds, errors,
+                 errors ? cu_name(first) : "none");
+        say(line);
+    } else if (!strcmp(mode, "hold") && argc == 4) {
+        CUdeviceptr p;
+        CK(cuMemAlloc_v2(&p, 1 << 20));
+        CK(cuMemsetD32_v2(p, 0x449A5000u /* 1234.5f */, (1 << 20) / 4));
+        CK(cuCtxSynchronize());
+        snprintf(line, sizeof line, "holding 0x%llx", (unsigned long long)p);
+        say(line);
+        sleep(atoi(argv[3]));
+    } else if (!strcmp(mode, "peek") && argc == 5) {
+        CUdeviceptr other = strtoull(argv[3], NULL, 0), zero, out;
+        CUmodule km;
+        CK(cuModuleLoadData(&km, read_file(argv[4])));
+        CK(cuModuleGetFunction(&f, km, "vector_add"));
+        CK(cuMemAlloc_v2(&zero, 16));
+        CK(cuMemAlloc_v2(&out, 16));
+        CK(cuMemsetD32_v2(zero, 0, 4));
+        CK(cuMemsetD32_v2(out, 0, 4));
+        unsigned n = 4;
+        void *args[] = {&other, &zero, &out, &n};
+        CUresult r = cuLaunchKernel(f, 1, 1, 1, 4, 1, 1, 0, 0, args, 0);
+        if (r == 0) r = cuCtxSynchronize();
+        float got[4] = {0};
+        if (r == 0) r = cuMemcpyDtoH_v2(got, out, sizeof got);
+        snprintf(line, sizeof line, "peek: %s, read %g %g %g %g", cu_name(r), got[0], got[1], got[2], got[3]);
         say(line);
     } else {
         return 2;

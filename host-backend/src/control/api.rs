@@ -223,6 +223,15 @@ pub fn start(plane: &Arc<ControlPlane>) -> Result<(), Error> {
         std::thread::sleep(SAMPLE_EVERY);
     })?;
     tracing::info!(socket = %path.display(), tcp = ?cfg.api.tcp, "control API serving");
+    match &cfg.api.tcp {
+        Some(addr) => tracing::info!(
+            "dashboard: http://{addr}/#token=TOKEN (TOKEN: the word in [api] token_file)"
+        ),
+        None => tracing::info!(
+            "dashboard: on the API socket only (curl --unix-socket {} http://localhost/); set [api] tcp and token_file to open it in a browser",
+            path.display()
+        ),
+    }
     Ok(())
 }
 

@@ -19,9 +19,11 @@ pub fn client_call(
     };
     match target {
         ApiTarget::Unix(p) => {
-            let s = std::os::unix::net::UnixStream::connect(p).map_err(|source| Error::Io {
-                what: "connecting to the API socket (is the daemon running?)",
-                source,
+            let s = std::os::unix::net::UnixStream::connect(p).map_err(|e| {
+                Error::Setup(format!(
+                    "API socket {}: {e}; is `fairvgpu serve` running with this config (or pass --socket)?",
+                    p.display()
+                ))
             })?;
             http::call(s, method, path, None, body).map_err(io)
         }

@@ -1,0 +1,135 @@
+//! `fairvgpu demo`, the README's first command: three tenants at 1:2:3 on
+//! the sim, a weight changed midway; its summary's shares must be within 5
+//! points of entitlement in both phases, and its dashboard must answer
+//! (checked here over HTTP while the demo runs). Ctrl-C ends it cleanly.
+
+use std::io::BufRead as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fairvgpu_tests::cargo_build;
+use host_backend::control::{client_call, ApiTarget};
+
+/// One demo at a time: two would share the machine's cores and each
+/// other's shares.
+static ONE_DEMO: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn fairvgpu_bin() -> PathBuf {
+    cargo_build("fairvgpu").join("fairvgpu")
+}
+
+/// `(entitled, got)` pairs of a summary row, as fractions.
+fn row_pairs(line: &str) -> Vec<(f64, f64)> {
+    let t: Vec<&str> = line.split_whitespace().collect();
+    let val = |s: &str| s.trim_end_matches('%').parse::<f64>().unwrap() / 100.0;
+    t.windows(4)
+        .filter(|w| w[0] == "entitled" && w[2] == "got")
+        .map(|w| (val(w[1]), val(w[3])))
+        .collect()
+}
+
+#[test]
+fn demo_shares_follow_the_weights_and_its_dashboard_answers() {
+    let _one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
+    let mut demo = Command::new(fairvgpu_bin())
+        .args(["demo", "--seconds", "10"])
+        .env("RUST_BACKTRACE", "1")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("demo starts");
+    let out = std::io::BufReader::new(demo.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    let mut dashboard_checked = false;
+    for line in out.lines() {
+        let line = line.unwrap();
+        println!("{line}");
+        if let Some(url) = line.strip_prefix("dashboard: http://") {
+            // Over TCP, as a browser would: the page, then its data with
+            // the token from the URL's fragment.
+            let (addr, rest) = url.split_once('/').unwrap();
+            let token = rest.split_whitespace().next().unwrap();
+            let token = token.strip_prefix("#token=").expect("the token in the URL");
+            let page = ApiTarget::Tcp {
+                addr: addr.to_owned(),
+                token: None,
+            };
+            let (code, body) = client_call(&page, "GET", "/", b"").unwrap();
+            assert_eq!(code, 200);
+            assert!(String::from_utf8_lossy(&body).contains("fairvgpu"));
+            let data = ApiTarget::Tcp {
+                addr: addr.to_owned(),
+                token: Some(token.to_owned()),
+            };
+            let (code, body) = client_call(&data, "GET", "/api/v1/status", b"").unwrap();
+            assert_eq!(code, 200);
+            assert!(String::from_utf8_lossy(&body).contains("\"vm3\""));
+            dashboard_checked = true;
+        }
+        lines.push(line);
+    }
+    let st = demo.wait().unwrap();
+    let all = lines.join("\n");
+    assert!(st.success(), "demo failed:\n{all}");
+    assert!(dashboard_checked, "no dashboard URL printed:\n{all}");
+    assert!(all.contains("dashboard answered: page HTTP 200"), "{all}");
+    assert!(
+        all.contains("vector_add: 1048576 elements, 0 wrong"),
+        "{all}"
+    );
+    assert!(all.contains("set-weight vm1 4"), "{all}");
+    let live = lines.iter().filter(|l| l.contains(" s  vm1 ")).count();
+    assert!(live >= 8, "live shares each second:\n{all}");
+    let rows: Vec<Vec<(f64, f64)>> = lines
+        .iter()
+        .filter(|l| l.trim_start().starts_with("vm") && l.contains("(tenant"))
+        .map(|l| row_pairs(l))
+        .collect();
+    assert_eq!(rows.len(), 3, "{all}");
+    let want = [
+        [1.0 / 6.0, 4.0 / 9.0],
+        [2.0 / 6.0, 2.0 / 9.0],
+        [3.0 / 6.0, 3.0 / 9.0],
+    ];
+    for (row, want) in rows.iter().zip(want) {
+        assert_eq!(row.len(), 2, "two phases: {all}");
+        for ((ent, got), w) in row.iter().zip(want) {
+            assert!((ent - w).abs() < 0.001, "entitlement {ent} vs {w}:\n{all}");
+            assert!((got - ent).abs() <= 0.05, "share {got} vs {ent}:\n{all}");
+        }
+    }
+}
+
+#[test]
+fn ctrl_c_ends_the_demo_cleanly() {
+    let _one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
+    let mut demo = Command::new(fairvgpu_bin())
+        .args(["demo", "--seconds", "600"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("demo starts");
+    let pid = demo.id();
+    let out = std::io::BufReader::new(demo.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    for line in out.lines() {
+        let line = line.unwrap();
+        if line.contains(" s  vm1 ") && lines.iter().all(|l: &String| !l.contains(" s  vm1 ")) {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGINT,
+            )
+            .unwrap();
+        }
+        lines.push(line);
+    }
+    let t = Instant::now();
+    let st = demo.wait().unwrap();
+    let all = lines.join("\n");
+    assert!(t.elapsed() < Duration::from_secs(30), "{all}");
+    assert!(st.success(), "{all}");
+    assert!(all.contains("interrupted: stopping"), "{all}");
+    let dir = std::env::temp_dir().join(format!("fairvgpu-demo-{pid}"));
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
