@@ -138,7 +138,7 @@ impl Gpu {
             self.ch.resp.consume(&d)?;
             Self::status(&d)?;
             let stream = Reply::decode(&d.inline).vals[0];
-            write_stream(stream, &text);
+            crate::stdio::write(stream, &text);
             if d.flags & protocol::REPLY_OUTPUT == 0 || text.is_empty() {
                 break;
             }
@@ -183,20 +183,4 @@ impl Gpu {
     pub fn request(&mut self, req: &Request) -> Result<Reply> {
         self.call(req)
     }
-}
-
-/// Writes kernel output to the process's standard output (stream 1) or
-/// error (stream 2), unbuffered as the driver writes it. A stream the
-/// host should not have named is ignored; a failed write is the
-/// process's own descriptor's business, as natively.
-fn write_stream(stream: u64, text: &[u8]) {
-    use std::io::Write;
-    let _ = match stream {
-        1 => {
-            let mut o = std::io::stdout().lock();
-            o.write_all(text).and_then(|()| o.flush())
-        }
-        2 => std::io::stderr().lock().write_all(text),
-        _ => Ok(()),
-    };
 }

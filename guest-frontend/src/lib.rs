@@ -25,6 +25,7 @@ pub mod device;
 mod memory;
 mod module;
 mod status;
+mod stdio;
 mod stream;
 
 use std::sync::atomic::AtomicU64;

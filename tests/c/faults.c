@@ -3,9 +3,10 @@
  * through the stand-in: the kernels of host-backend/kernels/faults.ptx.
  *
  * usage: faults FAULTS.ptx printf|assert|trap|compute
- *   printf   launches fvg_printf (tag 3, 4 threads), synchronizes, then
- *            writes "after sync": natively the driver writes the kernel's
- *            lines at the synchronize, so they come first.
+ *   printf   puts a line in C stdio's buffer, launches fvg_printf (tag 3,
+ *            4 threads), synchronizes, then writes "after sync": natively
+ *            the driver writes the kernel's lines through the process's
+ *            stdout at the synchronize, flushing the buffered line first.
  *   assert   fvg_assert with a non-null pointer: the synchronize answers
  *            CUDA_ERROR_ASSERT, the driver's message on stderr.
  *   trap     fvg_trap: CUDA_ERROR_LAUNCH_FAILED.
@@ -74,6 +75,10 @@ int main(int argc, char **argv) {
         int tag = 3;
         void *args[] = {&tag};
         CK(cuModuleGetFunction(&f, m, "fvg_printf"));
+        /* Buffered in C stdio (stdout is a pipe or file here): natively the
+           driver writes the kernel's lines through the same stdout, so this
+           line comes out with them, before them. */
+        printf("stdio line\n");
         CK(cuLaunchKernel(f, 1, 1, 1, 4, 1, 1, 0, 0, args, 0));
         say("launched");
         CK(cuCtxSynchronize());

@@ -68,8 +68,20 @@ pub(super) fn service(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> bool 
         return false;
     }
     let r = serve_channel(sh, c, ss);
+    if let (Ok(true), Some(id)) = (&r, c.session) {
+        sh.output.borrow_mut().touch(id);
+    }
+    // A launch's fault kept for the process's next call poisons the
+    // worker as a reply's does (before its output is given to anyone).
+    let pending = c
+        .session
+        .and_then(|id| ss.get_mut(id))
+        .and_then(|e| e.s.pending_error);
+    if let Some(s) = pending {
+        sh.note_fault(s, c.host.index());
+    }
     // What the pass's calls made the driver write is this process's.
-    sh.output.borrow_mut().collect(c.session);
+    sh.collect_output(c.session);
     match r {
         Ok(did) => did,
         Err(e) => {
@@ -448,24 +460,18 @@ pub(super) fn reply(
     data: &[u8],
 ) -> Result<(), Error> {
     let mut d = Descriptor::new(tag, opcode);
-    // Text the call made the driver write goes with its reply's flag.
-    sh.output.borrow_mut().collect(c.session);
-    if c.session.is_some_and(|id| sh.output.borrow().has(id)) {
-        d.flags |= protocol::REPLY_OUTPUT;
-    }
     let mut inline = [0u8; INLINE];
     match result {
         Ok(r) => r.encode(&mut inline),
         Err(s) => {
             d.status = s.code();
-            if s.is_sticky() && sh.poisoned.get().is_none() {
-                tracing::error!(
-                    channel = c.host.index(),
-                    "CUDA error {s:?} poisoned this worker's GPU contexts; the worker restarts"
-                );
-                sh.poisoned.set(Some(s));
-            }
+            sh.note_fault(s, c.host.index());
         }
+    }
+    // Text the call made the driver write goes with its reply's flag.
+    sh.collect_output(c.session);
+    if c.session.is_some_and(|id| sh.output.borrow().has(id)) {
+        d.flags |= protocol::REPLY_OUTPUT;
     }
     d.inline = inline;
     let data = if d.status == 0 { data } else { &[] };

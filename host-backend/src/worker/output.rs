@@ -201,6 +201,8 @@ pub(super) struct Output {
     /// Bytes dropped: over a process's bound, with no process to give
     /// them to, or past the reader's stash.
     pub dropped: u64,
+    /// When each process last had a call served (see [`Output::others_active`]).
+    active: HashMap<SessionId, std::time::Instant>,
 }
 
 impl Output {
@@ -255,6 +257,20 @@ impl Output {
         }
     }
 
+    /// Process `id` had a call served just now.
+    pub fn touch(&mut self, id: SessionId) {
+        self.active.insert(id, std::time::Instant::now());
+    }
+
+    /// Whether a process other than `id` had a call served within the
+    /// last second (a process that has gone makes none).
+    pub fn others_active(&mut self, id: Option<SessionId>) -> bool {
+        let now = std::time::Instant::now();
+        self.active
+            .retain(|_, t| now.duration_since(*t) < std::time::Duration::from_secs(1));
+        self.active.keys().any(|k| Some(*k) != id)
+    }
+
     /// Whether any process has text waiting.
     pub fn any_held(&self) -> bool {
         !self.held.is_empty()
@@ -285,6 +301,7 @@ impl Output {
 
     /// The process has gone: its text with it.
     pub fn forget(&mut self, id: SessionId) {
+        self.active.remove(&id);
         if let Some(h) = self.held.remove(&id) {
             self.dropped += h.bytes as u64;
         }
@@ -372,6 +389,18 @@ mod tests {
         o.forget(2);
         assert!(!o.has(2));
         assert_eq!(o.dropped, 5 + protocol::MAX_HELD_OUTPUT as u64);
+    }
+
+    #[test]
+    fn a_process_is_active_for_a_second_after_its_last_call() {
+        let mut o = Output::with(None);
+        assert!(!o.others_active(Some(1)));
+        o.touch(1);
+        assert!(!o.others_active(Some(1)));
+        assert!(o.others_active(Some(2)));
+        assert!(o.others_active(None));
+        o.forget(1);
+        assert!(!o.others_active(Some(2)));
     }
 
     #[test]

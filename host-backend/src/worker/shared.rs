@@ -98,6 +98,36 @@ pub(super) const REPORT_EVERY: Duration = Duration::from_millis(200);
 pub const SAMPLE_EVERY: u64 = 8;
 
 impl Shared {
+    /// A sticky CUDA error (a kernel fault) poisons every context of the
+    /// worker process: it restarts once its processes have their replies.
+    pub fn note_fault(&self, s: Status, channel: u32) {
+        if s.is_sticky() && self.poisoned.get().is_none() {
+            tracing::error!(
+                channel,
+                "CUDA error {s:?} poisoned this worker's GPU contexts; the worker restarts"
+            );
+            self.poisoned.set(Some(s));
+        }
+    }
+
+    /// Gives the kernel output written since the last call to the process
+    /// `owner` whose calls ran meanwhile (see `output.rs`). Once a kernel
+    /// fault poisoned the worker, the driver writes the fault's message at
+    /// no particular call (measured on an H200: an assert's message came in
+    /// two writes, the first while a neighbour process was served): the
+    /// text is then the serving process's only if no other process made a
+    /// call in the last second, and is dropped otherwise, never given to a
+    /// neighbour.
+    pub fn collect_output(&self, owner: Option<super::sessions::SessionId>) {
+        let mut o = self.output.borrow_mut();
+        let owner = if self.poisoned.get().is_some() && o.others_active(owner) {
+            None
+        } else {
+            owner
+        };
+        o.collect(owner);
+    }
+
     /// The device memory this vGPU may hold now: the daemon's live setting
     /// if it made one, else the config's (never more than the device has).
     pub fn limit(&self) -> u64 {

@@ -279,7 +279,7 @@ pub(super) fn pump_outbound(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> R
         } else {
             // The last chunk: kernel output flushed by the wait before the
             // copy goes with it (see `output.rs`).
-            sh.output.borrow_mut().collect(c.session);
+            sh.collect_output(c.session);
             if c.session.is_some_and(|id| sh.output.borrow().has(id)) {
                 d.flags = protocol::REPLY_OUTPUT;
             }
