@@ -210,7 +210,10 @@ impl ControlPlane {
                 let e = if why.is_empty() {
                     format!("{vm}: could not move to {to}; it stays on GPU {}", r.gpu)
                 } else {
-                    format!("{vm}: could not move to {to}: {why}; it stays on GPU {}", r.gpu)
+                    format!(
+                        "{vm}: could not move to {to}: {why}; it stays on GPU {}",
+                        r.gpu
+                    )
                 };
                 self.event("migration-failed", e.clone());
                 Migration::Failed(e)

@@ -244,7 +244,8 @@ impl CudaContext {
             .map(|(&h, &(_, n))| (h, n))
             .collect();
         Some(Box::new(move || {
-            prepare(target, &specs, &allocs, &phys).map(|p| Box::new(p) as crate::executor::Prepared)
+            prepare(target, &specs, &allocs, &phys)
+                .map(|p| Box::new(p) as crate::executor::Prepared)
         }))
     }
 
@@ -363,7 +364,9 @@ impl CudaContext {
                 let (mut at, mut size) = (0u64, 0usize);
                 // SAFETY: a module of the target context; out-parameters on
                 // our stack; a NUL-terminated name.
-                check(unsafe { sys::cuModuleGetGlobal_v2(&mut at, &mut size, *m, t.name.as_ptr()) })?;
+                check(unsafe {
+                    sys::cuModuleGetGlobal_v2(&mut at, &mut size, *m, t.name.as_ptr())
+                })?;
                 if size as u64 != t.size {
                     return Err(Status::InvalidImage);
                 }
@@ -405,9 +408,10 @@ impl CudaContext {
             Ok(b) => b,
             Err(e) => {
                 self.globals.set_homes(&old_homes);
-                for (_, padded, h, tmp) in staged.into_iter().chain(staged_phys.into_iter().map(
-                    |(_, n, h, tmp)| (0, n, h, tmp),
-                )) {
+                for (_, padded, h, tmp) in staged
+                    .into_iter()
+                    .chain(staged_phys.into_iter().map(|(_, n, h, tmp)| (0, n, h, tmp)))
+                {
                     free_staged(padded, h, tmp);
                 }
                 drop(p); // the prepared context, its objects and graphs

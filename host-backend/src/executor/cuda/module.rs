@@ -294,7 +294,10 @@ impl CudaContext {
         if self.globals.overlaps(p, size as u64) {
             // The driver reused an address an earlier move left to a
             // global of this guest: both cannot be told apart.
-            tracing::warn!(name, "a module global landed on a moved global's old address");
+            tracing::warn!(
+                name,
+                "a module global landed on a moved global's old address"
+            );
             return Err(Status::NotSupported);
         }
         // The driver places globals itself: on another GPU this one lands
