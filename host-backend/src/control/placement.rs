@@ -185,6 +185,10 @@ impl ControlPlane {
     /// Records how a migration ended.
     pub fn finish_migration(&self, vm: &str, result: Result<crate::link::MigrationReport, String>) {
         let from = self.gpu_of(vm).unwrap_or(0);
+        let target = match lock(&self.migrations).get(vm) {
+            Some(Migration::InFlight { to, .. } | Migration::Requested(to)) => Some(*to),
+            _ => None,
+        };
         let state = match result {
             Ok(r) if r.moved => {
                 lock(&self.current).insert(vm.to_owned(), r.gpu);
@@ -201,10 +205,16 @@ impl ControlPlane {
                 Migration::Done(r)
             }
             Ok(r) => {
-                let e = format!(
-                    "{vm}: could not move to GPU {}; it stays on GPU {from}",
-                    r.gpu
-                );
+                let to = target.map_or_else(|| "another GPU".to_owned(), |t| format!("GPU {t}"));
+                let why = r.reason();
+                let e = if why.is_empty() {
+                    format!("{vm}: could not move to {to}; it stays on GPU {}", r.gpu)
+                } else {
+                    format!(
+                        "{vm}: could not move to {to}: {why}; it stays on GPU {}",
+                        r.gpu
+                    )
+                };
                 self.event("migration-failed", e.clone());
                 Migration::Failed(e)
             }

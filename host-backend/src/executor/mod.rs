@@ -8,6 +8,8 @@ use protocol::{DeviceInfo, Dim3, ImageKind, Param, Status};
 use vm_memory::VolatileSlice;
 
 pub mod cuda;
+mod keeper;
+pub use keeper::Keeper;
 pub mod sim;
 
 /// Handle of a stream, event, module or function inside an executor.
@@ -475,6 +477,11 @@ pub trait Context: Send {
     /// context, modules, streams and events). Its result goes to
     /// [`Context::migrate`]; `None`: nothing to do ahead.
     fn prepare_migration(&self, _device: u32) -> Option<PrepareJob> {
+        None
+    }
+    /// The object that keeps this context on its GPU, if one does: a
+    /// migration is refused before anything moves, naming it.
+    fn migration_keeper(&self) -> Option<Keeper> {
         None
     }
     /// Reserves `size` bytes of device address space (`align`: 0 or a power

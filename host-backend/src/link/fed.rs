@@ -13,7 +13,7 @@ use qemu_ivshmem::server::{recv_msg, send_msg, PeerBells, PeerEvent, ServerHandl
 use qemu_ivshmem::{Bell, EventFdBell};
 
 use super::{
-    decode, MigrationReport, GRANT, HOST_BELL, LIMIT, LIMIT_MASK, MIGRATE, MIGRATED, MIGRATION_KIB,
+    decode, MigrationReport, GRANT, HOST_BELL, LIMIT, LIMIT_MASK, MIGRATE, MIGRATION_KIB,
     MIGRATION_PAUSE_US, PEER_BELL, PEER_GONE, POISONED, READY, REGION, SYNCED,
 };
 use crate::Error;
@@ -307,12 +307,7 @@ impl PeerLink {
                 (MIGRATION_KIB << 40) | (r.kib as i64 & LIMIT_MASK),
                 None,
             );
-            let moved = if r.moved { 1 << 16 } else { 0 };
-            let _ = send_msg(
-                &f.back,
-                (MIGRATED << 40) | moved | i64::from(r.gpu as u16),
-                None,
-            );
+            let _ = send_msg(&f.back, r.encode(), None);
         }
     }
 

@@ -49,7 +49,8 @@ const LIMIT_MASK: i64 = (1 << 40) - 1;
 const MIGRATE: i64 = 7;
 /// Worker -> daemon, after a migration: its pause in microseconds, then the
 /// KiB it copied (low 40 bits each), then MIGRATED with the GPU it is on
-/// (low 16 bits) and bit 16 set if it moved.
+/// (low 16 bits), bit 16 set if it moved, and why not if it did not
+/// (`MigrationReport::encode`).
 const MIGRATION_PAUSE_US: i64 = 8;
 const MIGRATION_KIB: i64 = 9;
 const MIGRATED: i64 = 10;
@@ -75,6 +76,45 @@ pub struct MigrationReport {
     pub pause_us: u64,
     /// Device memory copied, KiB.
     pub kib: u64,
+    /// Why it did not move: the object that kept it on its GPU, if one did.
+    pub kept_by: Option<crate::executor::Keeper>,
+    /// Why it did not move: the error a context's move (or the target)
+    /// answered, if no object kept it.
+    pub failed: Option<protocol::Status>,
+}
+
+impl MigrationReport {
+    /// The MIGRATED message: the GPU (low 16 bits), bit 16 if it moved, the
+    /// keeper's code in bits 17..24, the failure's status code in bits
+    /// 24..40 (0: none).
+    fn encode(&self) -> i64 {
+        let moved = if self.moved { 1 << 16 } else { 0 };
+        let kept = i64::from(self.kept_by.map_or(0, |k| k.code() & 0x7f)) << 17;
+        let failed = i64::from(self.failed.map_or(0, |s| s.code().min(0xffff))) << 24;
+        (MIGRATED << 40) | failed | kept | moved | i64::from(self.gpu as u16)
+    }
+
+    /// The report a MIGRATED message `v` ends, after its pause and KiB.
+    fn decode(v: i64, pause_us: u64, kib: u64) -> MigrationReport {
+        let failed = ((v >> 24) & 0xffff) as u32;
+        MigrationReport {
+            gpu: (v & 0xffff) as u32,
+            moved: v & (1 << 16) != 0,
+            pause_us,
+            kib,
+            kept_by: crate::executor::Keeper::from_code(((v >> 17) & 0x7f) as u8),
+            failed: (failed != 0).then(|| protocol::Status::from_code(failed)),
+        }
+    }
+
+    /// Why it did not move, in words (empty if it moved).
+    pub fn reason(&self) -> String {
+        match (self.kept_by, self.failed) {
+            (Some(k), _) => format!("{k} stays on its GPU"),
+            (None, Some(s)) => format!("{s:?}"),
+            (None, None) => String::new(),
+        }
+    }
 }
 
 fn encode(kind: i64, peer: u16, vector: u16) -> i64 {
@@ -445,14 +485,10 @@ impl Feeder {
                     match v >> 40 {
                         MIGRATION_PAUSE_US => pause_us = (v & LIMIT_MASK) as u64,
                         MIGRATION_KIB => kib = (v & LIMIT_MASK) as u64,
-                        MIGRATED => reports.lock().unwrap_or_else(|e| e.into_inner()).push(
-                            MigrationReport {
-                                gpu: (v & 0xffff) as u32,
-                                moved: v & (1 << 16) != 0,
-                                pause_us,
-                                kib,
-                            },
-                        ),
+                        MIGRATED => reports
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(MigrationReport::decode(v, pause_us, kib)),
                         POISONED => poisoned.store(true, Ordering::Relaxed),
                         READY => {
                             if let Some((r, live)) = &ready {

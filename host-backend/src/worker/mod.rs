@@ -761,11 +761,19 @@ impl Worker {
             tracing::warn!(to = gpu, "a migration is under way already; ignored");
             return Ok(());
         }
-        let jobs: Vec<(u64, crate::executor::PrepareJob)> = self
+        // A vGPU that cannot move is refused at once (`migrate` says why).
+        let kept = self
             .sessions
             .iter_mut()
-            .filter_map(|(_, e)| Some((e.s.id, e.s.ctx.prepare_migration(gpu)?)))
-            .collect();
+            .any(|(_, e)| e.s.ctx.migration_keeper().is_some());
+        let jobs: Vec<(u64, crate::executor::PrepareJob)> = if kept {
+            Vec::new()
+        } else {
+            self.sessions
+                .iter_mut()
+                .filter_map(|(_, e)| Some((e.s.id, e.s.ctx.prepare_migration(gpu)?)))
+                .collect()
+        };
         if jobs.is_empty() {
             return self.migrate(gpu, grant, Vec::new());
         }
@@ -807,9 +815,17 @@ impl Worker {
             prepared.into_iter().collect();
         let t0 = Instant::now();
         let from = self.sh.exec.device();
-        // Events are made anew wherever the contexts end up: the handles
-        // other processes opened name the old ones.
-        self.sh.ipc_events.revoke_all();
+        // An object no GPU but this one can hold keeps the vGPU here,
+        // refused before anything moves.
+        let kept_by = self
+            .sessions
+            .iter_mut()
+            .find_map(|(_, e)| e.s.ctx.migration_keeper());
+        if kept_by.is_none() {
+            // Events are made anew wherever the contexts end up: the
+            // handles other processes opened name the old ones.
+            self.sh.ipc_events.revoke_all();
+        }
         if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
             self.release_grant(true)?;
         }
@@ -822,7 +838,18 @@ impl Worker {
         let mut moved: Vec<u64> = Vec::new();
         let mut bytes = 0u64;
         let mut failed = None;
+        if let Some(k) = kept_by {
+            failed = Some(protocol::Status::NotSupported);
+            tracing::warn!(
+                to = gpu,
+                "migration to GPU {gpu} refused: a guest process holds {k}, which cannot \
+                 move; the vGPU stays on GPU {from}"
+            );
+        }
         for (_, e) in self.sessions.iter_mut() {
+            if failed.is_some() {
+                break;
+            }
             let s = &mut e.s;
             // What was prepared for this very session (not for an earlier
             // one with the same channels).
@@ -848,10 +875,13 @@ impl Worker {
                     }
                 }
             }
-            tracing::warn!(
-                to = gpu,
-                "migration failed ({failed:?}); the vGPU stays on GPU {from}"
-            );
+            if kept_by.is_none() {
+                tracing::warn!(
+                    to = gpu,
+                    "migration to GPU {gpu} failed ({}); the vGPU stays on GPU {from}",
+                    failed.map_or_else(|| "the target refused".to_owned(), |e| format!("{e:?}"))
+                );
+            }
         }
         if ok {
             if let (Some(fd), Some((id, weight))) = (grant, self.sh.grant_id) {
@@ -875,6 +905,12 @@ impl Worker {
             moved: ok,
             pause_us: t0.elapsed().as_micros() as u64,
             kib: bytes.div_ceil(1024),
+            kept_by: if ok { None } else { kept_by },
+            failed: if ok || kept_by.is_some() {
+                None
+            } else {
+                Some(failed.unwrap_or(protocol::Status::NotSupported))
+            },
         };
         tracing::info!(
             from,

@@ -25,8 +25,16 @@ pub(super) struct CudaArrays {
 }
 
 impl CudaArrays {
-    pub(super) fn is_empty(&self) -> bool {
-        self.arrays.is_empty() && self.textures.is_empty() && self.surfaces.is_empty()
+    /// What keeps the context on its GPU: a texture or surface object
+    /// (its value is the driver's), else an array.
+    pub(super) fn keeper(&self) -> Option<crate::executor::Keeper> {
+        if !self.textures.is_empty() || !self.surfaces.is_empty() {
+            Some(crate::executor::Keeper::TextureObject)
+        } else if !self.arrays.is_empty() {
+            Some(crate::executor::Keeper::Array)
+        } else {
+            None
+        }
     }
 
     /// Destroys every object, then every array (the context is current).

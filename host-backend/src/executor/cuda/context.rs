@@ -84,9 +84,9 @@ pub(super) struct CudaContext {
     pub(super) limits0: Vec<(u32, usize)>,
     pub(super) objs: crate::executor::HandleMap<Obj>,
     pub(super) next_handle: Handle,
-    /// The guest learnt a module global's address: it would change on
-    /// another GPU, so the context cannot move.
-    pub(super) globals_taken: bool,
+    /// The module globals whose addresses the guest learnt, and where each
+    /// is after a move (see `globals.rs`).
+    pub(super) globals: super::globals::Globals,
     /// Idle timing events, and (function, start, end) of timed launches in flight.
     pub(super) event_pool: Vec<sys::CUevent>,
     pub(super) timed: Vec<(Handle, sys::CUevent, sys::CUevent)>,
@@ -163,7 +163,7 @@ impl CudaContext {
                 .collect(),
             objs: Default::default(),
             next_handle: 0x1000,
-            globals_taken: false,
+            globals: Default::default(),
             event_pool: Vec::new(),
             timed: Vec::new(),
             period: None,
@@ -343,7 +343,7 @@ impl CudaContext {
             };
             check(r)?;
         }
-        self.globals_taken = false;
+        self.globals.clear();
         for &(l, v) in &self.limits0 {
             let mut now = 0usize;
             let lim = cu_limit(l)?;
@@ -415,18 +415,22 @@ impl Context for CudaContext {
     }
 
     fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, s: Handle) -> Result<(), Status> {
+        let dst = self.globals.addr(dst);
         CudaContext::htod(self, dst, src, s)
     }
 
     fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, s: Handle) -> Result<(), Status> {
+        let src = self.globals.addr(src);
         CudaContext::dtoh(self, dst, src, s)
     }
 
     fn dtoh_async(&mut self, dst: &VolatileSlice<'_>, src: u64, s: Handle) -> Result<(), Status> {
+        let src = self.globals.addr(src);
         CudaContext::dtoh_async(self, dst, src, s)
     }
 
     fn dtod(&mut self, dst: u64, src: u64, len: u64, s: Handle) -> Result<(), Status> {
+        let (dst, src) = (self.globals.addr(dst), self.globals.addr(src));
         CudaContext::dtod(self, dst, src, len, s)
     }
 
@@ -438,6 +442,7 @@ impl Context for CudaContext {
         count: u64,
         s: Handle,
     ) -> Result<(), Status> {
+        let dst = self.globals.addr(dst);
         CudaContext::memset(self, dst, value, width, count, s)
     }
 
@@ -522,11 +527,13 @@ impl Context for CudaContext {
         s: Handle,
         params: &[u8],
     ) -> Result<(), Status> {
-        CudaContext::launch(self, func, g, b, smem, s, params)
+        let params = self.moved_params(func, params);
+        CudaContext::launch(self, func, g, b, smem, s, &params)
     }
 
     fn launch_many(&mut self, s: Handle, launches: &[Queued], params: &[u8]) -> Result<(), Status> {
-        CudaContext::launch_many(self, s, launches, params)
+        let params = self.moved_run(launches, params);
+        CudaContext::launch_many(self, s, launches, &params)
     }
 
     fn launch_timed(
@@ -538,7 +545,8 @@ impl Context for CudaContext {
         s: Handle,
         params: &[u8],
     ) -> Result<(), Status> {
-        CudaContext::launch_timed(self, func, g, b, smem, s, params)
+        let params = self.moved_params(func, params);
+        CudaContext::launch_timed(self, func, g, b, smem, s, &params)
     }
 
     fn take_timings(&mut self) -> Vec<(Handle, u64)> {
@@ -588,7 +596,8 @@ impl Context for CudaContext {
         cluster: Dim3,
         cooperative: bool,
     ) -> Result<(), Status> {
-        CudaContext::launch_ex(self, func, g, b, smem, s, params, cluster, cooperative)
+        let params = self.moved_params(func, params);
+        CudaContext::launch_ex(self, func, g, b, smem, s, &params, cluster, cooperative)
     }
 
     fn stream_destroy(&mut self, s: Handle) -> Result<(), Status> {
@@ -666,7 +675,8 @@ impl Context for CudaContext {
         x_offset: u32,
         grid_x: u32,
     ) -> Result<(), Status> {
-        CudaContext::launch_slice(self, func, g, b, smem, s, params, x_offset, grid_x)
+        let params = self.moved_params(func, params);
+        CudaContext::launch_slice(self, func, g, b, smem, s, &params, x_offset, grid_x)
     }
 
     fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
@@ -695,6 +705,10 @@ impl Context for CudaContext {
 
     fn prepare_migration(&self, target: u32) -> Option<crate::executor::PrepareJob> {
         CudaContext::prepare_migration(self, target)
+    }
+
+    fn migration_keeper(&self) -> Option<crate::executor::Keeper> {
+        CudaContext::migration_keeper(self)
     }
 
     fn migrate(

@@ -6,8 +6,9 @@
 //! A node names the guest's objects by our handles (functions, events);
 //! they are resolved to the driver's when the graph is built. A graph
 //! whose function's module is unloaded is destroyed with it (a launch of
-//! it is then an invalid handle), and a context holding graphs does not
-//! move to another GPU (they would have to be built there again).
+//! it is then an invalid handle). The guest's nodes are kept: a context
+//! that moves to another GPU builds each graph there again under the same
+//! handle (`migrate.rs`).
 
 use std::ptr::null_mut;
 
@@ -25,6 +26,8 @@ pub(super) struct HostGraph {
     exec: sys::CUgraphExec,
     /// The functions its kernel nodes run (to drop it with their module).
     pub(super) funcs: Vec<Handle>,
+    /// The guest's nodes, to build it again on another GPU.
+    pub(super) nodes: Vec<GraphNode>,
 }
 
 impl HostGraph {
@@ -59,12 +62,23 @@ impl Drop for Building {
 impl CudaContext {
     pub(super) fn graph_instantiate(&mut self, nodes: &[GraphNode]) -> Result<Handle, Status> {
         self.bind()?;
+        let built = self.build_graph(nodes)?;
+        self.next_handle += 1;
+        let h = self.next_handle;
+        self.graphs.insert(h, built);
+        Ok(h)
+    }
+
+    /// Builds and instantiates the guest's `nodes` in the current context
+    /// (`self.ctx`, with the objects of `self.objs`).
+    pub(super) fn build_graph(&self, guest_nodes: &[GraphNode]) -> Result<HostGraph, Status> {
+        let nodes = self.moved_nodes(guest_nodes);
         let mut g = Building(null_mut());
         // SAFETY: out-parameter on our stack; flags 0.
         check(unsafe { sys::cuGraphCreate(&mut g.0, 0) })?;
         let mut made: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
         let mut funcs = Vec::new();
-        for n in nodes {
+        for n in nodes.iter() {
             // Dependencies name earlier nodes (checked when decoded).
             let deps: Vec<sys::CUgraphNode> = n
                 .deps
@@ -189,10 +203,12 @@ impl CudaContext {
         // SAFETY: out-parameter on our stack; a complete graph of ours.
         check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, g.0, 0) })?;
         let graph = std::mem::replace(&mut g.0, null_mut());
-        self.next_handle += 1;
-        let h = self.next_handle;
-        self.graphs.insert(h, HostGraph { graph, exec, funcs });
-        Ok(h)
+        Ok(HostGraph {
+            graph,
+            exec,
+            funcs,
+            nodes: guest_nodes.to_vec(),
+        })
     }
 
     pub(super) fn graph_launch(&mut self, exec: Handle, stream: Handle) -> Result<(), Status> {

@@ -94,8 +94,17 @@ impl CudaContext {
                 return Ok(());
             }
         }
-        // One by one, each with its own error.
-        crate::executor::launch_each(self, s, chunk, params)
+        // One by one, each with its own error (the parameters as given:
+        // already translated, see `globals.rs`).
+        chunk
+            .iter()
+            .map(|q| {
+                let (l, p) = (q.launch, params.get(q.params.clone()));
+                p.ok_or(Status::InvalidValue).and_then(|p| {
+                    CudaContext::launch(self, l.func, l.grid, l.block, l.shared_mem, s, p)
+                })
+            })
+            .fold(Ok(()), Result::and)
     }
 
     pub(super) fn launch(

@@ -37,7 +37,26 @@ impl CudaContext {
             return Ok(p);
         }
         let padded = self.footprint(size.max(1)) as usize;
-        let (va, handle) = vmm_new(padded, self.ordinal)?;
+        // A range over a moved global's old address (see `globals.rs`)
+        // is kept aside while another is made, then given back.
+        let mut aside = Vec::new();
+        let made = loop {
+            let (va, handle) = match vmm_new(padded, self.ordinal) {
+                Ok(v) => v,
+                Err(e) => break Err(e),
+            };
+            if !self.globals.overlaps(va, padded as u64) {
+                break Ok((va, handle));
+            }
+            aside.push((va, VmmAlloc { padded, handle }));
+            if aside.len() >= 4 {
+                break Err(Status::OutOfMemory);
+            }
+        };
+        for (va, a) in aside {
+            vmm_free(va, &a);
+        }
+        let (va, handle) = made?;
         self.allocs.insert(va, VmmAlloc { padded, handle });
         Ok(va)
     }

@@ -1,5 +1,11 @@
 //! Moving a context to another GPU: its objects made again under the same
-//! handles, its memory copied and remapped at the same addresses.
+//! handles (streams and events with their flags and priorities, modules
+//! from their images and their functions with the attributes set, graphs
+//! from the guest's nodes), its memory (its allocations and the guest's
+//! own VMM memory) copied and remapped at the same addresses, and the
+//! module globals whose addresses it holds copied to where they land
+//! (`globals.rs`). What cannot move (`Keeper`) is named before anything
+//! moves.
 
 use std::ffi::c_void;
 use std::ptr::null_mut;
@@ -11,8 +17,8 @@ use super::check;
 use super::context::{CudaContext, Obj, ObjSpec, CURRENT};
 use super::device::device;
 use super::module::func_attr;
-use super::vmm::{vmm_access, vmm_free, vmm_new, VmmAlloc};
-use crate::executor::{Handle, Moved};
+use super::vmm::{vmm_access, vmm_free, vmm_new, vmm_reserve, VmmAlloc};
+use crate::executor::{Handle, Keeper, Moved};
 
 /// A context that is no longer used, destroyed when dropped (on any thread).
 struct OldContext(CUcontext);
@@ -96,6 +102,14 @@ fn recreate_into(
     Ok(())
 }
 
+/// Memory made on the target: handle -> (size, its handle, a temporary view).
+type Staged<K> = std::collections::HashMap<K, (usize, sys::CUmemGenericAllocationHandle, u64)>;
+
+/// Frees memory made on the target and its temporary view.
+fn free_staged(padded: usize, handle: sys::CUmemGenericAllocationHandle, tmp: u64) {
+    vmm_free(tmp, &VmmAlloc { padded, handle });
+}
+
 /// A context made ahead on a migration's target GPU, with the objects of
 /// the context to move (as they were when it was prepared).
 struct PreparedCtx {
@@ -105,7 +119,9 @@ struct PreparedCtx {
     objs: crate::executor::HandleMap<Obj>,
     /// Physical memory made ahead on the target for each allocation, mapped
     /// at a temporary address: va -> (padded, handle, temporary va).
-    staged: std::collections::HashMap<u64, (usize, sys::CUmemGenericAllocationHandle, u64)>,
+    staged: Staged<u64>,
+    /// The same for the guest's own physical memory (VMM), by our handle.
+    staged_phys: Staged<Handle>,
 }
 
 // SAFETY: the context is current on no thread once prepared (see `prepare`);
@@ -114,8 +130,8 @@ unsafe impl Send for PreparedCtx {}
 
 impl Drop for PreparedCtx {
     fn drop(&mut self) {
-        for (_, (padded, handle, tmp)) in self.staged.drain() {
-            vmm_free(tmp, &VmmAlloc { padded, handle });
+        for (_, (padded, handle, tmp)) in self.staged.drain().chain(self.staged_phys.drain()) {
+            free_staged(padded, handle, tmp);
         }
         if !self.ctx.is_null() {
             // SAFETY: a context of ours nobody uses; its objects go with it.
@@ -125,12 +141,13 @@ impl Drop for PreparedCtx {
 }
 
 /// Makes a context on GPU `ordinal` with the objects of `specs` and memory
-/// for the allocations `allocs` (va, padded size), and leaves it current on
-/// no thread.
+/// for the allocations `allocs` (va, padded size) and the guest's physical
+/// memory `phys` (handle, size), and leaves it current on no thread.
 fn prepare(
     ordinal: u32,
     specs: &[(Handle, ObjSpec)],
     allocs: &[(u64, usize)],
+    phys: &[(Handle, usize)],
 ) -> Result<PreparedCtx, Status> {
     let dev = device(ordinal)?;
     let mut ctx: CUcontext = null_mut();
@@ -142,11 +159,16 @@ fn prepare(
         ordinal,
         objs: Default::default(),
         staged: Default::default(),
+        staged_phys: Default::default(),
     };
     let r = recreate_into(&mut p.objs, specs).and_then(|()| {
         for &(va, padded) in allocs {
             let (tmp, h) = vmm_new(padded, ordinal)?;
             p.staged.insert(va, (padded, h, tmp));
+        }
+        for &(gh, n) in phys {
+            let (tmp, h) = vmm_new(n, ordinal)?;
+            p.staged_phys.insert(gh, (n, h, tmp));
         }
         Ok(())
     });
@@ -156,21 +178,74 @@ fn prepare(
     r.map(|()| p)
 }
 
+/// Takes memory made ahead (if its size still fits) or makes it now.
+fn staged_or_new<K: std::hash::Hash + Eq>(
+    staged: &mut Staged<K>,
+    key: &K,
+    n: usize,
+    target: u32,
+) -> Result<(sys::CUmemGenericAllocationHandle, u64), Status> {
+    match staged.remove(key) {
+        Some((padded, h, tmp)) if padded == n => Ok((h, tmp)),
+        other => {
+            if let Some((padded, handle, tmp)) = other {
+                free_staged(padded, handle, tmp);
+            }
+            let (tmp, h) = vmm_new(n, target)?;
+            Ok((h, tmp))
+        }
+    }
+}
+
+/// Copies `n` bytes at `src` (source context) to `dst` (target context):
+/// directly where the target reaches the source's memory (`direct`; the
+/// range is opened to it), else through the driver's staging.
+///
+/// # Safety
+/// Both ranges must be live, `n` bytes, mapped in the two contexts; the
+/// target context must be current.
+unsafe fn copy_over(
+    dst: u64,
+    dst_ctx: CUcontext,
+    src: u64,
+    src_ctx: CUcontext,
+    n: usize,
+    direct: bool,
+) -> Result<(), Status> {
+    if direct {
+        // SAFETY: the caller's promise; the default stream of the current
+        // (target) context.
+        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, n, null_mut()) })
+    } else {
+        // SAFETY: the caller's promise.
+        check(unsafe { sys::cuMemcpyPeer(dst, dst_ctx, src, src_ctx, n) })
+    }
+}
+
 impl CudaContext {
+    /// See [`crate::executor::Context::migration_keeper`].
+    pub(super) fn migration_keeper(&self) -> Option<Keeper> {
+        if !self.vmm {
+            return Some(Keeper::PlainMemory);
+        }
+        self.arrays.keeper()
+    }
+
     pub(super) fn prepare_migration(&self, target: u32) -> Option<crate::executor::PrepareJob> {
-        if target == self.ordinal
-            || !self.vmm
-            || self.globals_taken
-            || !self.guest_vmm.is_empty()
-            || !self.graphs.is_empty()
-            || !self.arrays.is_empty()
-        {
+        if target == self.ordinal || self.migration_keeper().is_some() {
             return None;
         }
         let specs = self.specs();
         let allocs: Vec<(u64, usize)> = self.allocs.iter().map(|(&va, a)| (va, a.padded)).collect();
+        let phys: Vec<(Handle, usize)> = self
+            .guest_vmm
+            .phys
+            .iter()
+            .map(|(&h, &(_, n))| (h, n))
+            .collect();
         Some(Box::new(move || {
-            prepare(target, &specs, &allocs).map(|p| Box::new(p) as crate::executor::Prepared)
+            prepare(target, &specs, &allocs, &phys)
+                .map(|p| Box::new(p) as crate::executor::Prepared)
         }))
     }
 
@@ -182,30 +257,8 @@ impl CudaContext {
         if target == self.ordinal {
             return Ok(Moved::default());
         }
-        if !self.guest_vmm.is_empty() {
-            // Its mappings could move as the context's own allocations do,
-            // but that is not done yet: the vGPU stays.
-            tracing::warn!(
-                to = target,
-                "a guest process holds VMM memory (cuMemCreate/cuMemAddressReserve): \
-                 it cannot migrate"
-            );
-            return Err(Status::NotSupported);
-        }
-        if !self.vmm || self.globals_taken {
-            return Err(Status::NotSupported);
-        }
-        if !self.graphs.is_empty() {
-            // Its graphs would have to be built again there: the vGPU stays.
-            tracing::warn!("a context holding graphs does not move to another GPU");
-            return Err(Status::NotSupported);
-        }
-        if !self.arrays.is_empty() {
-            // Arrays and the objects over them are not made again there.
-            tracing::warn!(
-                "a context holding CUDA arrays, texture or surface objects does not move to \
-                 another GPU"
-            );
+        if let Some(k) = self.migration_keeper() {
+            tracing::warn!(to = target, "a guest process holds {k}: it cannot migrate");
             return Err(Status::NotSupported);
         }
         self.bind()?;
@@ -216,7 +269,7 @@ impl CudaContext {
         // The target's context, made ahead on a helper thread if it was.
         let mut p = match prepared.and_then(|b| b.downcast::<PreparedCtx>().ok()) {
             Some(p) if p.ordinal == target => *p,
-            _ => prepare(target, &self.specs(), &[])?,
+            _ => prepare(target, &self.specs(), &[], &[])?,
         };
         // SAFETY: the prepared context, current on no other thread.
         check(unsafe { sys::cuCtxSetCurrent(p.ctx) })?;
@@ -235,6 +288,11 @@ impl CudaContext {
             .collect();
         let src = self.ordinal;
         let mut staged: Vec<(u64, usize, sys::CUmemGenericAllocationHandle, u64)> = Vec::new();
+        let mut staged_phys: Vec<(Handle, usize, sys::CUmemGenericAllocationHandle, u64)> =
+            Vec::new();
+        // Views of the guest's physical memory on the source, to copy it.
+        let mut views: Vec<(u64, usize)> = Vec::new();
+        let mut homes: Vec<u64> = Vec::new();
         let result = (|| {
             recreate_into(&mut p.objs, &missing)?;
             for h in gone {
@@ -260,46 +318,103 @@ impl CudaContext {
             let mut direct = 0;
             // SAFETY: out-parameter on our stack.
             let _ = unsafe { sys::cuDeviceCanAccessPeer(&mut direct, p.dev, self.dev) };
+            let direct = direct != 0;
+            let both = [vmm_access(src), vmm_access(target)];
             let mut bytes = 0u64;
             for (&va, a) in &self.allocs {
-                // Memory made ahead if the allocation existed then.
-                let (h, tmp) = match p.staged.remove(&va) {
-                    Some((padded, h, tmp)) if padded == a.padded => (h, tmp),
-                    other => {
-                        if let Some((padded, handle, tmp)) = other {
-                            vmm_free(tmp, &VmmAlloc { padded, handle });
-                        }
-                        let (tmp, h) = vmm_new(a.padded, target)?;
-                        (h, tmp)
-                    }
-                };
+                let (h, tmp) = staged_or_new(&mut p.staged, &va, a.padded, target)?;
                 staged.push((va, a.padded, h, tmp));
-                if direct != 0 {
-                    let acc = [vmm_access(src), vmm_access(target)];
+                if direct {
                     // SAFETY: our own mapped range; two descriptors.
-                    check(unsafe { sys::cuMemSetAccess(va, a.padded, acc.as_ptr(), 2) })?;
-                    // SAFETY: both ranges are ours, `a.padded` bytes, readable and
-                    // writable from the target GPU; the default stream of the
-                    // (current) target context.
-                    check(unsafe { sys::cuMemcpyDtoDAsync_v2(tmp, va, a.padded, null_mut()) })?;
-                } else {
-                    // SAFETY: `tmp` (target) and `va` (source) are live ranges of
-                    // `a.padded` bytes in the two contexts.
-                    check(unsafe { sys::cuMemcpyPeer(tmp, p.ctx, va, self.ctx, a.padded) })?;
+                    check(unsafe { sys::cuMemSetAccess(va, a.padded, both.as_ptr(), 2) })?;
                 }
+                // SAFETY: `tmp` (target) and `va` (source) are live ranges of
+                // `a.padded` bytes in the two contexts, `va` open to the
+                // target if `direct`; the target context is current.
+                unsafe { copy_over(tmp, p.ctx, va, self.ctx, a.padded, direct) }?;
                 bytes += a.padded as u64;
+            }
+            // The guest's own physical memory, mapped or not, through a
+            // view of each on the source.
+            for (&gh, &(old, n)) in &self.guest_vmm.phys {
+                let (h, tmp) = staged_or_new(&mut p.staged_phys, &gh, n, target)?;
+                staged_phys.push((gh, n, h, tmp));
+                let view = vmm_reserve(n)?;
+                // SAFETY: a fresh reservation of `n` bytes; `old` has `n` bytes.
+                if let Err(e) = check(unsafe { sys::cuMemMap(view, n, 0, old, 0) }) {
+                    // SAFETY: our own reservation, nothing mapped.
+                    let _ = unsafe { sys::cuMemAddressFree(view, n) };
+                    return Err(e);
+                }
+                views.push((view, n));
+                let k = if direct { 2 } else { 1 };
+                // SAFETY: the range just mapped; `k` descriptors.
+                check(unsafe { sys::cuMemSetAccess(view, n, both.as_ptr(), k) })?;
+                // SAFETY: `tmp` (target) and `view` (source) are live ranges
+                // of `n` bytes, `view` open to the target if `direct`.
+                unsafe { copy_over(tmp, p.ctx, view, self.ctx, n, direct) }?;
+                bytes += n as u64;
+            }
+            // The globals the guest holds: where each lands in the target's
+            // modules, with its contents.
+            for t in &self.globals.taken {
+                let Some(Obj::Module { raw: m, .. }) = p.objs.get(&t.module) else {
+                    return Err(Status::InvalidHandle);
+                };
+                let (mut at, mut size) = (0u64, 0usize);
+                // SAFETY: a module of the target context; out-parameters on
+                // our stack; a NUL-terminated name.
+                check(unsafe {
+                    sys::cuModuleGetGlobal_v2(&mut at, &mut size, *m, t.name.as_ptr())
+                })?;
+                if size as u64 != t.size {
+                    return Err(Status::InvalidImage);
+                }
+                if size > 0 {
+                    // SAFETY: the global's `size` bytes in each context.
+                    check(unsafe { sys::cuMemcpyPeer(at, p.ctx, t.now, self.ctx, size) })?;
+                }
+                homes.push(at);
+                bytes += size as u64;
             }
             // SAFETY: no arguments; the target context is current.
             check(unsafe { sys::cuCtxSynchronize() })?;
             Ok(bytes)
         })();
-        let bytes = match result {
+        for (view, n) in views.drain(..) {
+            // SAFETY: our own view, its copies done (synchronized above, or
+            // given up); undone once.
+            let _ = unsafe { sys::cuMemUnmap(view, n) };
+            // SAFETY: as above.
+            let _ = unsafe { sys::cuMemAddressFree(view, n) };
+        }
+        // The guest's graphs, built again in the target's context (with its
+        // objects, and its globals' new homes).
+        let old_homes: Vec<u64> = self.globals.taken.iter().map(|t| t.now).collect();
+        let result = result.and_then(|bytes| {
+            self.globals.set_homes(&homes);
+            std::mem::swap(&mut self.ctx, &mut p.ctx);
+            std::mem::swap(&mut self.objs, &mut p.objs);
+            let built: Result<std::collections::HashMap<Handle, super::graph::HostGraph>, Status> =
+                self.graphs
+                    .iter()
+                    .map(|(&h, g)| Ok((h, self.build_graph(&g.nodes)?)))
+                    .collect();
+            std::mem::swap(&mut self.ctx, &mut p.ctx);
+            std::mem::swap(&mut self.objs, &mut p.objs);
+            built.map(|g| (bytes, g))
+        });
+        let (bytes, graphs) = match result {
             Ok(b) => b,
             Err(e) => {
-                for (_, padded, h, tmp) in staged {
-                    vmm_free(tmp, &VmmAlloc { padded, handle: h });
+                self.globals.set_homes(&old_homes);
+                for (_, padded, h, tmp) in staged
+                    .into_iter()
+                    .chain(staged_phys.into_iter().map(|(_, n, h, tmp)| (0, n, h, tmp)))
+                {
+                    free_staged(padded, h, tmp);
                 }
-                drop(p); // the prepared context and its objects
+                drop(p); // the prepared context, its objects and graphs
                 CURRENT.with(|c| c.set(0));
                 self.bind()?;
                 return Err(e);
@@ -332,9 +447,11 @@ impl CudaContext {
             }
             allocations += 1;
         }
-        // The old context (its streams, events and modules; their
-        // replacements live in the new one) is destroyed off the pause, on a
-        // thread of its own: that takes tens of milliseconds.
+        self.switch_guest_vmm(staged_phys, target)?;
+        allocations += self.guest_vmm.phys.len() as u64;
+        // The old context (its streams, events, modules and graphs; their
+        // replacements live in the new one) is destroyed off the pause, on
+        // a thread of its own: that takes tens of milliseconds.
         self.templates.clear();
         let old = OldContext(self.ctx);
         let _ = std::thread::Builder::new()
@@ -344,6 +461,7 @@ impl CudaContext {
         self.dev = p.dev;
         self.ordinal = target;
         self.objs = std::mem::take(&mut p.objs);
+        self.graphs = graphs;
         self.event_pool.clear();
         self.timed.clear();
         self.period = None;
@@ -353,5 +471,40 @@ impl CudaContext {
         self.marks.clear();
         self.copy = null_mut();
         Ok(Moved { bytes, allocations })
+    }
+
+    /// Maps the guest's physical memory made on the target (`staged`: our
+    /// handle, size, the driver's handle, its temporary view) wherever the
+    /// guest mapped the old, and releases the old.
+    fn switch_guest_vmm(
+        &mut self,
+        staged: Vec<(Handle, usize, sys::CUmemGenericAllocationHandle, u64)>,
+        target: u32,
+    ) -> Result<(), Status> {
+        for (&va, &(n, _, _)) in &self.guest_vmm.maps {
+            // SAFETY: the guest's own mapping, undone once here (mapped
+            // again below).
+            let _ = unsafe { sys::cuMemUnmap(va, n) };
+        }
+        for (gh, n, h, tmp) in staged {
+            if let Some((old, _)) = self.guest_vmm.phys.insert(gh, (h, n)) {
+                // SAFETY: the old memory, no longer mapped anywhere.
+                let _ = unsafe { sys::cuMemRelease(old) };
+            }
+            // SAFETY: the temporary view of `h`, undone once.
+            let _ = unsafe { sys::cuMemUnmap(tmp, n) };
+            // SAFETY: the temporary reservation, freed once.
+            let _ = unsafe { sys::cuMemAddressFree(tmp, n) };
+        }
+        let acc = vmm_access(target);
+        for (&va, &(n, gh, off)) in &self.guest_vmm.maps {
+            let &(h, _) = self.guest_vmm.phys.get(&gh).ok_or(Status::InvalidHandle)?;
+            // SAFETY: `va..va + n` lies in the guest's reservation, now
+            // unmapped; `off + n` within `h`'s memory (as when first mapped).
+            check(unsafe { sys::cuMemMap(va, n, off as usize, h, 0) })?;
+            // SAFETY: the range just mapped; one descriptor.
+            check(unsafe { sys::cuMemSetAccess(va, n, &acc, 1) })?;
+        }
+        Ok(())
     }
 }

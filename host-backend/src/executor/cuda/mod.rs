@@ -12,8 +12,9 @@
 //! executor), `context` (a guest process's context, its objects and the
 //! `Context` trait), `memory`, `module`, `launch` (with `batch`: runs as
 //! graph launches), `graph` (the guest's own graphs, built here), `timing`,
-//! `stream` (streams, events, marks), `vmm`, `migrate`, `tensor_map`, `arrays`
-//! (CUDA arrays, texture and surface objects).
+//! `stream` (streams, events, marks), `vmm`, `migrate` (with `globals`: the
+//! module globals a guest holds, found at their old addresses after a move),
+//! `tensor_map`, `arrays` (CUDA arrays, texture and surface objects).
 
 use cudarc::driver::sys::CUresult;
 use protocol::Status;
@@ -22,6 +23,7 @@ mod arrays;
 mod batch;
 mod context;
 mod device;
+mod globals;
 mod graph;
 mod launch;
 mod memory;

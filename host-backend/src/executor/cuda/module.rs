@@ -86,6 +86,7 @@ impl CudaContext {
         self.objs.remove(&module);
         self.objs
             .retain(|_, o| !matches!(o, Obj::Function { module: mm, .. } if *mm == module));
+        self.globals.forget_module(module);
         Ok(())
     }
 
@@ -282,12 +283,26 @@ impl CudaContext {
         self.bind()?;
         let m = self.module(module)?;
         let cname = CString::new(name).map_err(|_| Status::InvalidValue)?;
+        // The address the guest learnt before is its address still, even
+        // after a move put the global elsewhere.
+        if let Some(known) = self.globals.known(module, &cname) {
+            return Ok(known);
+        }
         let (mut p, mut size) = (0u64, 0usize);
         // SAFETY: a module of this context; out-parameters on our stack.
         check(unsafe { sys::cuModuleGetGlobal_v2(&mut p, &mut size, m, cname.as_ptr()) })?;
-        // The driver places globals itself: their addresses would differ on
-        // another GPU, and the guest now holds one.
-        self.globals_taken = true;
+        if self.globals.overlaps(p, size as u64) {
+            // The driver reused an address an earlier move left to a
+            // global of this guest: both cannot be told apart.
+            tracing::warn!(
+                name,
+                "a module global landed on a moved global's old address"
+            );
+            return Err(Status::NotSupported);
+        }
+        // The driver places globals itself: on another GPU this one lands
+        // elsewhere, and the guest holds this address (see `globals.rs`).
+        self.globals.take(module, cname, p, size as u64);
         Ok((p, size as u64))
     }
 

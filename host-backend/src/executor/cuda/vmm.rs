@@ -15,24 +15,22 @@ use crate::executor::Handle;
 pub(super) struct GuestVmm {
     /// base -> size of each reservation.
     pub(super) reserved: std::collections::HashMap<u64, usize>,
-    /// Our handle -> the driver's.
-    pub(super) phys: crate::executor::HandleMap<sys::CUmemGenericAllocationHandle>,
-    /// base -> size of each mapping.
-    pub(super) maps: std::collections::HashMap<u64, usize>,
+    /// Our handle -> the driver's, and its size (to make it again on
+    /// another GPU).
+    pub(super) phys: crate::executor::HandleMap<(sys::CUmemGenericAllocationHandle, usize)>,
+    /// base -> size, our handle and the offset in its memory of each
+    /// mapping (to map the memory made on another GPU in its place).
+    pub(super) maps: std::collections::HashMap<u64, (usize, Handle, u64)>,
 }
 
 impl GuestVmm {
-    pub(super) fn is_empty(&self) -> bool {
-        self.reserved.is_empty() && self.phys.is_empty()
-    }
-
     /// Unmaps, releases and unreserves everything (the context is current).
     pub(super) fn clear(&mut self) {
-        for (va, n) in self.maps.drain() {
+        for (va, (n, _, _)) in self.maps.drain() {
             // SAFETY: our own mapping, undone once.
             let _ = unsafe { sys::cuMemUnmap(va, n) };
         }
-        for (_, h) in self.phys.drain() {
+        for (_, (h, _)) in self.phys.drain() {
             // SAFETY: our own handle, released once.
             let _ = unsafe { sys::cuMemRelease(h) };
         }
@@ -170,13 +168,13 @@ impl CudaContext {
         // of 2 MiB (the protocol's check), no flags.
         check(unsafe { sys::cuMemCreate(&mut h, n, &prop, 0) })?;
         self.next_handle += 1;
-        self.guest_vmm.phys.insert(self.next_handle, h);
+        self.guest_vmm.phys.insert(self.next_handle, (h, n));
         Ok(self.next_handle)
     }
 
     pub(super) fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
         self.bind()?;
-        let h = self
+        let (h, _) = self
             .guest_vmm
             .phys
             .remove(&handle)
@@ -194,7 +192,7 @@ impl CudaContext {
         handle: Handle,
     ) -> Result<(), Status> {
         self.bind()?;
-        let h = *self
+        let (h, _) = *self
             .guest_vmm
             .phys
             .get(&handle)
@@ -211,14 +209,14 @@ impl CudaContext {
             let _ = unsafe { sys::cuMemUnmap(ptr, n) };
             return Err(e);
         }
-        self.guest_vmm.maps.insert(ptr, n);
+        self.guest_vmm.maps.insert(ptr, (n, handle, offset));
         Ok(())
     }
 
     pub(super) fn vmm_unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
         self.bind()?;
         match self.guest_vmm.maps.get(&ptr) {
-            Some(&n) if n as u64 == size => {}
+            Some(&(n, _, _)) if n as u64 == size => {}
             _ => return Err(Status::InvalidValue),
         }
         self.guest_vmm.maps.remove(&ptr);

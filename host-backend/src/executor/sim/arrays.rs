@@ -85,10 +85,17 @@ impl SimContext {
         self.arrays = SimArrays::default();
     }
 
-    /// Whether the context holds arrays or objects.
-    pub(super) fn holds_arrays(&self) -> bool {
+    /// What keeps the context on its GPU, as on a real one: a texture or
+    /// surface object, else an array.
+    pub(super) fn arrays_keeper(&self) -> Option<crate::executor::Keeper> {
         let a = &self.arrays;
-        !(a.arrays.is_empty() && a.textures.is_empty() && a.surfaces.is_empty())
+        if !(a.textures.is_empty() && a.surfaces.is_empty()) {
+            Some(crate::executor::Keeper::TextureObject)
+        } else if !a.arrays.is_empty() {
+            Some(crate::executor::Keeper::Array)
+        } else {
+            None
+        }
     }
 
     /// Where each row of the box starts on side `s`: an offset in the
@@ -236,9 +243,15 @@ mod tests {
             }
         }
         let s = ctx.array_op(ArrayOp::SurfCreate(a)).unwrap();
+        assert_eq!(
+            ctx.migration_keeper(),
+            Some(crate::executor::Keeper::TextureObject)
+        );
         assert!(ctx.migrate(1, None).is_err(), "its arrays stay");
         ctx.array_op(ArrayOp::SurfDestroy(s)).unwrap();
+        assert_eq!(ctx.migration_keeper(), Some(crate::executor::Keeper::Array));
         ctx.array_op(ArrayOp::Destroy(a)).unwrap();
+        assert_eq!(ctx.migration_keeper(), None);
         assert!(ctx.migrate(1, None).is_ok());
     }
 }

@@ -925,6 +925,10 @@ impl Context for SimContext {
         SimContext::vmm_unmap(self, ptr, size)
     }
 
+    fn migration_keeper(&self) -> Option<crate::executor::Keeper> {
+        self.arrays_keeper()
+    }
+
     fn migrate(
         &mut self,
         device: u32,
@@ -939,7 +943,7 @@ impl Context for SimContext {
         if device == self.device {
             return Ok(Moved::default());
         }
-        if self.holds_arrays() {
+        if self.arrays_keeper().is_some() {
             // As on a GPU: its arrays and objects stay where they are.
             return Err(Status::NotSupported);
         }

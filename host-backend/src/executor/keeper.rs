@@ -1,0 +1,82 @@
+//! What keeps a guest process's context on its GPU: the one kind of object
+//! a migration cannot make again on another GPU, named in the worker's
+//! log, the daemon's events and the control API's refusal.
+
+/// An object that cannot move to another GPU, so neither can its vGPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keeper {
+    /// Device memory from plain `cuMemAlloc` (a host with one GPU, where
+    /// allocations are not virtual-memory ranges).
+    PlainMemory,
+    /// A CUDA array (not made again on another GPU yet).
+    Array,
+    /// A texture or surface object: its value is the driver's own, held by
+    /// the guest (in kernel parameters and device memory), and another GPU
+    /// would give another.
+    TextureObject,
+    /// Something the executor does not know how to make again.
+    Other,
+}
+
+impl Keeper {
+    /// Its number on the daemon's feed (1..=127; 0: none).
+    pub fn code(self) -> u8 {
+        match self {
+            Keeper::PlainMemory => 1,
+            Keeper::TextureObject => 2,
+            Keeper::Array => 3,
+            Keeper::Other => 127,
+        }
+    }
+
+    /// The keeper of a feed number; `None` for 0.
+    pub fn from_code(c: u8) -> Option<Keeper> {
+        match c {
+            0 => None,
+            1 => Some(Keeper::PlainMemory),
+            2 => Some(Keeper::TextureObject),
+            3 => Some(Keeper::Array),
+            _ => Some(Keeper::Other),
+        }
+    }
+
+    /// What the operator reads: the object that kept the vGPU.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Keeper::PlainMemory => {
+                "device memory from plain cuMemAlloc (the executor runs on one GPU)"
+            }
+            Keeper::TextureObject => {
+                "a texture or surface object (its value is the driver's, held by the guest)"
+            }
+            Keeper::Array => "a CUDA array",
+            Keeper::Other => "an object the executor cannot make again on another GPU",
+        }
+    }
+}
+
+impl std::fmt::Display for Keeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_zero_is_none() {
+        for k in [
+            Keeper::PlainMemory,
+            Keeper::TextureObject,
+            Keeper::Array,
+            Keeper::Other,
+        ] {
+            assert_eq!(Keeper::from_code(k.code()), Some(k));
+            assert!(k.code() > 0 && k.code() < 128);
+        }
+        assert_eq!(Keeper::from_code(0), None);
+        assert_eq!(Keeper::from_code(99), Some(Keeper::Other));
+    }
+}

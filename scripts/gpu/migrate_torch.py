@@ -1,0 +1,78 @@
+"""PyTorch training whose vGPU moves mid-run (scripts/gpu/migrate-torch.sh):
+a small transformer trained with fresh seeded batches, first in float32
+(TF32 off), then under bf16 autocast; every step's loss is printed as
+`name value`, and the parameters' checksum at the end. With a progress file
+given, the last step done is written there after each step (the script
+moves the vGPU once a phase is well under way).
+
+usage: python3 migrate_torch.py STEPS [PROGRESS_FILE]
+       python3 migrate_torch.py compare A B
+"""
+import sys
+
+
+def train(steps, progress):
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.manual_seed(1)
+    width, seq, batch = 128, 32, 16
+    layer = torch.nn.TransformerEncoderLayer(width, 4, dim_feedforward=2 * width,
+                                             dropout=0.0, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, 2),
+                                torch.nn.Flatten(),
+                                torch.nn.Linear(width * seq, 10)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(2)
+    for phase, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        for i in range(steps):
+            x = torch.randn(batch, seq, width, device="cuda", generator=gen)
+            y = torch.randint(0, 10, (batch,), device="cuda", generator=gen)
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=dtype or torch.float32,
+                                enabled=dtype is not None):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            print(f"{phase}_loss_{i} {float(loss)!r}", flush=True)
+            if progress:
+                with open(progress, "w") as f:
+                    f.write(f"{phase} {i}\n")
+    total = sum(float(p.detach().double().abs().sum()) for p in model.parameters())
+    print(f"params {total!r}", flush=True)
+
+
+def values(path):
+    out = {}
+    for line in open(path):
+        parts = line.split()
+        if len(parts) == 2 and (parts[0].endswith(tuple("0123456789")) or parts[0] == "params"):
+            try:
+                out[parts[0]] = float(parts[1])
+            except ValueError:
+                pass
+    return out
+
+
+def compare(a, b):
+    """Prints how the two runs' values agree; exits 0 if every one is there
+    in both and within 1e-5 relative."""
+    va, vb = values(a), values(b)
+    names = sorted(set(va) | set(vb))
+    exact = sum(1 for n in names if va.get(n) == vb.get(n))
+    bad = [n for n in names if n not in va or n not in vb
+           or abs(va[n] - vb[n]) > 1e-5 * max(abs(va[n]), abs(vb[n]), 1e-30)]
+    for n in bad[:10]:
+        print(f"differs: {n} native={va.get(n)} standin={vb.get(n)}")
+    print(f"values={len(names)} exact={exact} within_1e-5={len(names) - len(bad)}")
+    sys.exit(0 if names and not bad else 1)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "compare":
+        compare(sys.argv[2], sys.argv[3])
+    else:
+        train(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
