@@ -26,6 +26,8 @@ mod attr {
     pub const UNIFIED_ADDRESSING: u32 = 41;
     pub const CAN_MAP_HOST_MEMORY: u32 = 19;
     pub const HOST_NATIVE_ATOMIC_SUPPORTED: u32 = 86;
+    pub const CONCURRENT_MANAGED_ACCESS: u32 = 89;
+    pub const GENERIC_COMPRESSION_SUPPORTED: u32 = 107;
     pub const PAGEABLE_MEMORY_ACCESS: u32 = 88;
     pub const PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: u32 = 100;
     pub const CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: u32 = 91;
@@ -68,6 +70,20 @@ pub(crate) fn vgpu_attribute(a: u32, host: Option<i32>) -> i32 {
         | attr::CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
         | attr::HOST_NATIVE_ATOMIC_SUPPORTED
         | attr::DIRECT_MANAGED_MEM_ACCESS_FROM_HOST => 0,
+        // Managed memory is the pinned pool, reached by the device over the
+        // bus: plain loads and stores are seen by both sides, but nothing
+        // migrates pages, so the device's system-scope atomics on it are not
+        // atomic with the CPU's (cuda-samples' systemWideAtomics gets wrong
+        // sums). A driver that cannot keep managed memory coherent while
+        // both sides run answers 0 here, and programs that check it keep the
+        // CPU off managed memory while kernels run.
+        attr::CONCURRENT_MANAGED_ACCESS => 0,
+        // VMM memory is made without compression (cuMemCreate carries no
+        // compression type to the host, and a migrated vGPU's memory is made
+        // again on another GPU): as on a GPU without generic compression,
+        // so cudaCompressibleMemory waives at this attribute rather than
+        // after asking for compressible memory and not getting it.
+        attr::GENERIC_COMPRESSION_SUPPORTED => 0,
         // Nothing outside the VM can reach its GPU memory.
         attr::GPU_DIRECT_RDMA_SUPPORTED
         | attr::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
