@@ -12,7 +12,7 @@
  *     (Numba's test_host_alloc_mapped sizes a memset of a mapped array
  *     so);
  *   - the attributes of features a vGPU lacks (systemWideAtomics,
- *     cudaCompressibleMemory).
+ *     cudaCompressibleMemory, streamOrderedAllocationIPC, memMapIPCDrv).
  *
  * usage: samples31 KERNELS.ptx   (host-backend/kernels/fairvgpu.ptx)
  * Prints "ok: ..." per check (cu_check.h); the last line says all passed.
@@ -198,6 +198,10 @@ static void attributes(void) {
     EXPECT("no host-native atomics", v == 0);
     CK(cuDeviceGetAttribute(&v, 107, 0)); /* GENERIC_COMPRESSION_SUPPORTED */
     EXPECT("no generic compression", v == 0);
+    CK(cuDeviceGetAttribute(&v, 103, 0)); /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
+    EXPECT("no VMM handles as file descriptors", v == 0);
+    CK(cuDeviceGetAttribute(&v, 119, 0)); /* MEMPOOL_SUPPORTED_HANDLE_TYPES */
+    EXPECT("no shareable memory pool handles", v == 0);
 }
 
 int main(int argc, char **argv) {

@@ -1,5 +1,6 @@
 //! What upstream programs (cuda-samples' p2pBandwidthLatencyTest,
-//! graphMemoryNodes, systemWideAtomics, cudaCompressibleMemory; Numba's
+//! graphMemoryNodes, systemWideAtomics, cudaCompressibleMemory,
+//! streamOrderedAllocationIPC, memMapIPCDrv; Numba's
 //! driver tests) ask of the driver, asked through the stand-in by
 //! `tests/c/samples31.c` against a sim worker: each answer is the driver's
 //! on a machine of one GPU without the features a vGPU lacks.
@@ -38,6 +39,8 @@ fn upstream_programs_get_the_drivers_answers() {
             "ok: no concurrent managed access",
             "ok: no host-native atomics",
             "ok: no generic compression",
+            "ok: no VMM handles as file descriptors",
+            "ok: no shareable memory pool handles",
             "samples31: all checks passed",
         ],
     );

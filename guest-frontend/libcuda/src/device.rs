@@ -37,6 +37,7 @@ mod attr {
     pub const GPU_DIRECT_RDMA_WRITES_ORDERING: u32 = 118;
     pub const HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: u32 = 103;
     pub const HANDLE_TYPE_FABRIC_SUPPORTED: u32 = 128;
+    pub const MEMPOOL_SUPPORTED_HANDLE_TYPES: u32 = 119;
     pub const IPC_EVENT_SUPPORTED: u32 = 125;
     pub const MPS_ENABLED: u32 = 133;
     pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: u32 = 102;
@@ -91,6 +92,12 @@ pub(crate) fn vgpu_attribute(a: u32, host: Option<i32>) -> i32 {
         | attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
         | attr::HANDLE_TYPE_FABRIC_SUPPORTED
         | attr::IPC_EVENT_SUPPORTED => 0,
+        // No shareable handles (file descriptors) for VMM memory or pools:
+        // a guest's descriptor cannot carry the host's memory. With none,
+        // as on a GPU without them, streamOrderedAllocationIPC and
+        // memMapIPCDrv skip the device and waive, rather than being
+        // refused by cuMemPoolCreate or cuMemExportToShareableHandle.
+        attr::MEMPOOL_SUPPORTED_HANDLE_TYPES => 0,
         a if attr::HOST_LOCATIONS.contains(&a) => 0,
         // The driver answers 0 for attributes a device lacks.
         _ => host.unwrap_or(0),
