@@ -37,6 +37,7 @@ enum {
     CU_RESOURCE_TYPE_PITCH2D = 3,
     CU_TR_ADDRESS_MODE_CLAMP = 1,
     CU_TR_FILTER_MODE_POINT = 0,
+    CU_TR_FILTER_MODE_LINEAR = 1,
     CU_TRSF_READ_AS_INTEGER = 1,
 };
 
@@ -479,9 +480,13 @@ int main(int argc, char **argv) {
                                              rback.res.pitch2D.height == 16 &&
                                              rback.res.pitch2D.pitchInBytes == 512);
     {
-        /* Memory this process does not own: freed, and past its allocation.
-         * The stand-in's host refuses both (`strict`); the driver itself
-         * may make them (it does not look), which is only reported. */
+        /* Memory this process does not own: freed, and pitched memory past
+         * its allocation. The stand-in's host refuses both (`strict`); the
+         * driver itself may make them (it does not look), which is only
+         * reported. A linear texture that starts in the process's memory
+         * and reaches past its allocation is made, as the driver makes it
+         * (convolutionFFT2D's over a padded width); the host's covers the
+         * process's own part. */
         CUdeviceptr gone;
         CK(cuMemAlloc_v2(&gone, 1 << 16));
         CK(cuMemFree_v2(gone));
@@ -497,12 +502,26 @@ int main(int argc, char **argv) {
         res.res.pitch2D.devPtr = dbuf;
         res.res.pitch2D.height = 1024;
         if (strict) {
-            BAD("texture past its allocation", cuTexObjectCreate(&tx, &res, &td, NULL));
+            BAD("pitched texture past its allocation", cuTexObjectCreate(&tx, &res, &td, NULL));
         } else {
             CUresult r = cuTexObjectCreate(&tx, &res, &td, NULL);
-            printf("info: texture past its allocation: %s\n", cu_name(r));
+            printf("info: pitched texture past its allocation: %s\n", cu_name(r));
             if (r == 0) CK(cuTexObjectDestroy(tx));
         }
+        /* Linear float2 (two channels), past the allocation's end. */
+        memset(&res, 0, sizeof res);
+        res.resType = CU_RESOURCE_TYPE_LINEAR;
+        res.res.linear.devPtr = dbuf;
+        res.res.linear.format = CU_AD_FORMAT_FLOAT;
+        res.res.linear.numChannels = 2;
+        res.res.linear.sizeInBytes = 1 << 20;
+        td.filterMode = CU_TR_FILTER_MODE_LINEAR;
+        CK(cuTexObjectCreate(&tx, &res, &td, NULL));
+        CK(cuTexObjectGetResourceDesc(&rback, tx));
+        EXPECT("linear float2 texture past its allocation made",
+               rback.res.linear.numChannels == 2 && rback.res.linear.sizeInBytes == 1 << 20);
+        CK(cuTexObjectDestroy(tx));
+        td.filterMode = CU_TR_FILTER_MODE_POINT;
     }
 
     /* A surface over the surface-capable array; none over the 3D one. */

@@ -877,16 +877,30 @@ fn array_requests_reach_only_the_callers_arrays_and_memory() {
             ..TexParams::default()
         },
         TexParams {
-            kind: resource::LINEAR,
+            kind: resource::PITCH2D,
             base: my_mem,
             format: 0x01,
             channels: 1,
-            width: 4097,
+            width: 64,
+            height: 65,
+            pitch: 64,
             ..TexParams::default()
         },
     ] {
         assert!(evil.tex_create(&p.encode()).is_err(), "{p:?}");
     }
+    // Linear memory past its own allocation is made, as the driver makes
+    // it, over its own part only.
+    let past = TexParams {
+        kind: resource::LINEAR,
+        base: my_mem,
+        format: 0x01,
+        channels: 1,
+        width: 4097,
+        ..TexParams::default()
+    };
+    let t = evil.tex_create(&past.encode()).unwrap();
+    evil.request(&Request::TexDestroy { obj: t }).unwrap();
     // Bytes that decode as no request at all are refused too.
     assert!(evil.tex_create(&[0xff; 40]).is_err());
     // The victim's array still holds its bytes.

@@ -26,6 +26,8 @@ mod attr {
     pub const UNIFIED_ADDRESSING: u32 = 41;
     pub const CAN_MAP_HOST_MEMORY: u32 = 19;
     pub const HOST_NATIVE_ATOMIC_SUPPORTED: u32 = 86;
+    pub const CONCURRENT_MANAGED_ACCESS: u32 = 89;
+    pub const GENERIC_COMPRESSION_SUPPORTED: u32 = 107;
     pub const PAGEABLE_MEMORY_ACCESS: u32 = 88;
     pub const PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: u32 = 100;
     pub const CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: u32 = 91;
@@ -35,6 +37,7 @@ mod attr {
     pub const GPU_DIRECT_RDMA_WRITES_ORDERING: u32 = 118;
     pub const HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: u32 = 103;
     pub const HANDLE_TYPE_FABRIC_SUPPORTED: u32 = 128;
+    pub const MEMPOOL_SUPPORTED_HANDLE_TYPES: u32 = 119;
     pub const IPC_EVENT_SUPPORTED: u32 = 125;
     pub const MPS_ENABLED: u32 = 133;
     pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: u32 = 102;
@@ -68,6 +71,20 @@ pub(crate) fn vgpu_attribute(a: u32, host: Option<i32>) -> i32 {
         | attr::CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
         | attr::HOST_NATIVE_ATOMIC_SUPPORTED
         | attr::DIRECT_MANAGED_MEM_ACCESS_FROM_HOST => 0,
+        // Managed memory is the pinned pool, reached by the device over the
+        // bus: plain loads and stores are seen by both sides, but nothing
+        // migrates pages, so the device's system-scope atomics on it are not
+        // atomic with the CPU's (cuda-samples' systemWideAtomics gets wrong
+        // sums). A driver that cannot keep managed memory coherent while
+        // both sides run answers 0 here, and programs that check it keep the
+        // CPU off managed memory while kernels run.
+        attr::CONCURRENT_MANAGED_ACCESS => 0,
+        // VMM memory is made without compression (cuMemCreate carries no
+        // compression type to the host, and a migrated vGPU's memory is made
+        // again on another GPU): as on a GPU without generic compression,
+        // so cudaCompressibleMemory waives at this attribute rather than
+        // after asking for compressible memory and not getting it.
+        attr::GENERIC_COMPRESSION_SUPPORTED => 0,
         // Nothing outside the VM can reach its GPU memory.
         attr::GPU_DIRECT_RDMA_SUPPORTED
         | attr::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
@@ -75,6 +92,12 @@ pub(crate) fn vgpu_attribute(a: u32, host: Option<i32>) -> i32 {
         | attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
         | attr::HANDLE_TYPE_FABRIC_SUPPORTED
         | attr::IPC_EVENT_SUPPORTED => 0,
+        // No shareable handles (file descriptors) for VMM memory or pools:
+        // a guest's descriptor cannot carry the host's memory. With none,
+        // as on a GPU without them, streamOrderedAllocationIPC and
+        // memMapIPCDrv skip the device and waive, rather than being
+        // refused by cuMemPoolCreate or cuMemExportToShareableHandle.
+        attr::MEMPOOL_SUPPORTED_HANDLE_TYPES => 0,
         a if attr::HOST_LOCATIONS.contains(&a) => 0,
         // The driver answers 0 for attributes a device lacks.
         _ => host.unwrap_or(0),

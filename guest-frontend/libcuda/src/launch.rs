@@ -125,11 +125,52 @@ fn launch(
         return Ok(());
     }
     let k = kernel(f)?;
+    check_block(&k, block)?;
     let stream = resolve(st)?;
     // SAFETY: the caller's arguments, per the driver API's contract.
     let packed = unsafe { pack(&k.func, params, extra) }?;
     let h = k.func.handle;
     gpu(|g| g.launch_ex(h, grid, block, shared, stream, x.cluster, x.flags, &packed))
+}
+
+/// Every GPU the host serves (compute capability 5.0 on): a block of at
+/// most 1024 threads, 1024 along x and y, 64 along z.
+const MAX_BLOCK: (u32, u32, u32, u64) = (1024, 1024, 64, 1024);
+
+/// `CUDA_ERROR_INVALID_VALUE` for a block larger than the device's or the
+/// kernel's limit, as `cuLaunchKernel` answers it, at once: launches reach
+/// the host asynchronously, where an error would come back only at a later
+/// call (Numba's `test_max_threads_exceeded` expects it from the launch).
+/// The kernel's limit is asked once and kept.
+fn check_block(k: &crate::state::Kernel, b: Dim3) -> Result<(), CuResult> {
+    use std::sync::atomic::Ordering;
+    let (x, y, z) = (b.x, b.y, b.z);
+    let threads = u64::from(x) * u64::from(y) * u64::from(z);
+    if threads == 0
+        || x > MAX_BLOCK.0
+        || y > MAX_BLOCK.1
+        || z > MAX_BLOCK.2
+        || threads > MAX_BLOCK.3
+    {
+        return Err(code::INVALID_VALUE);
+    }
+    let known = k.max_threads.load(Ordering::Relaxed);
+    if threads <= u64::from(known) {
+        return Ok(());
+    }
+    let h = k.func.handle;
+    // MAX_THREADS_PER_BLOCK; if the host cannot say, the device's limit
+    // (the host's driver still checks the launch).
+    let max = gpu(|g| g.func_attribute(h, 0))
+        .ok()
+        .and_then(|m| u32::try_from(m).ok())
+        .filter(|&m| m > 0)
+        .unwrap_or(MAX_BLOCK.0);
+    k.max_threads.store(max, Ordering::Relaxed);
+    if threads > u64::from(max) {
+        return Err(code::INVALID_VALUE);
+    }
+    Ok(())
 }
 
 /// A launch with its parameter values read (what a graph's kernel node

@@ -18,6 +18,7 @@
 //! | stream-ordered allocation, memory pools | [`mem_pool`] |
 //! | modules, libraries, kernels, the linker | [`module`] |
 //! | launches, function attributes, occupancy | [`launch`] |
+//! | peer access and peer copies (one device: copies within it) | [`peer`] |
 //! | streams, events | [`stream`] |
 //! | host functions, stream callbacks | [`host_fn`] |
 //! | page-locked, registered and managed host memory | [`host_memory`] |
@@ -63,6 +64,7 @@ pub mod launch;
 pub mod mem_pool;
 pub mod memory;
 pub mod module;
+pub mod peer;
 pub mod proc_address;
 pub mod profiler;
 pub mod stream;

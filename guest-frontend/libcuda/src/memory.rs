@@ -398,6 +398,17 @@ fn pointer_attribute(data: *mut c_void, attr: c_int, ptr: u64) -> CuResult2 {
     }
 }
 
+/// The range of page-locked or managed memory holding `ptr`: its start
+/// and size.
+fn pool_range(ptr: u64) -> Option<(u64, u64)> {
+    use crate::host_memory::Attr;
+    let get = |a| match crate::host_memory::attribute(ptr, a)? {
+        Ok(Attr::U64(v)) => Some(v),
+        _ => None,
+    };
+    Some((get(11)?, get(12)?)) // RANGE_START_ADDR, RANGE_SIZE
+}
+
 /// The value `cuPointerGetAttributes` gives attribute `attr` of a pointer
 /// the process does not hold: zero of the attribute's width.
 fn attribute_width(attr: c_int) -> usize {
@@ -438,9 +449,16 @@ export! {
 
     fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, ptr: CUdeviceptr) {
         need_ctx()?;
-        let (b, r) = objects()?.range_of(ptr).ok_or(code::NOT_FOUND)?;
+        let found = objects()?.range_of(ptr).map(|(b, r)| (b, r.size));
+        // Page-locked and managed memory: its block, as the driver answers
+        // for a mapped host allocation (Numba sizes a mapped array's memset
+        // this way).
+        let (b, n) = match found {
+            Some(f) => f,
+            None => pool_range(ptr).ok_or(code::NOT_FOUND)?,
+        };
         out_opt(base, b)?;
-        out_opt(size, r.size as usize)
+        out_opt(size, n as usize)
     }
 
     fn cuMemcpyHtoD_v2 [cuMemcpyHtoD_v2_ptds per_thread] (dst: CUdeviceptr, src: *const c_void, n: usize) {

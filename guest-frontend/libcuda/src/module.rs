@@ -209,6 +209,7 @@ fn function_named(m: u64, n: &str) -> Result<u64, CuResult> {
             func,
             module: m,
             name: CString::new(n).map_err(|_| code::INVALID_VALUE)?,
+            max_threads: Default::default(),
         },
     );
     Ok(h)

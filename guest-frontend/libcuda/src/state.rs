@@ -69,6 +69,9 @@ pub(crate) struct Kernel {
     pub module: u64,
     /// Its name as looked up (`cuFuncGetName`).
     pub name: std::ffi::CString,
+    /// Its `MAX_THREADS_PER_BLOCK`, once asked (0: not yet), shared by the
+    /// copies of this entry so that a launch asks the host once.
+    pub max_threads: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// A context the process made or retained. Its handle is the address of a

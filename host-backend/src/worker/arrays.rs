@@ -37,6 +37,26 @@ pub(super) fn handle(
     answer(sh, c, tag, opc, r, why)
 }
 
+/// How much of `[ptr, ptr + len)`, from `ptr` on, is the caller's own
+/// memory (one allocation, global or mapping): 0 if `ptr` is not.
+fn own_len(s: &Session, ptr: u64, len: u64) -> u64 {
+    if s.check_range(ptr, 1).is_err() {
+        return 0;
+    }
+    // The longest prefix that is its own (a check of a range holds for
+    // every shorter one from the same start).
+    let (mut ok, mut bad) = (1, len.saturating_add(1));
+    while bad - ok > 1 {
+        let mid = ok + (bad - ok) / 2;
+        if s.check_range(ptr, mid).is_ok() {
+            ok = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    ok
+}
+
 fn run(
     sh: &mut Shared,
     s: &mut Session,
@@ -96,13 +116,29 @@ fn run(
             )
         }
         Request::TexCreate => {
-            let r = tex.unwrap_or(Err(Status::InvalidValue)).and_then(|p| {
+            let r = tex.unwrap_or(Err(Status::InvalidValue)).and_then(|mut p| {
                 if s.arrays.full() {
                     return Err(Status::OutOfMemory);
                 }
                 match (p.kind, p.span()) {
                     (resource::ARRAY, _) => s.arrays.get(p.base).map(drop)?,
-                    // Linear memory: the caller's own, all of it.
+                    // Linear memory reaching past the caller's allocation:
+                    // the driver makes it (it does not look; cuda-samples'
+                    // convolutionFFT2D makes one over a padded width), so
+                    // it is made here over the caller's own part only. A
+                    // 1D fetch past a linear texture's end reads 0, as a
+                    // fetch past the driver's would read what is not the
+                    // caller's.
+                    (resource::LINEAR, Some((ptr, len))) => {
+                        let own = own_len(s, ptr, len);
+                        let elem = protocol::array::format_size(p.format)
+                            .map_or(1, |f| u64::from(f * p.channels));
+                        p.width = own - own % elem;
+                        if p.width == 0 {
+                            return Err(Status::InvalidValue);
+                        }
+                    }
+                    // Pitched memory: the caller's own, all of it.
                     (_, Some((ptr, len))) => s.check_range(ptr, len)?,
                     _ => return Err(Status::InvalidValue),
                 }

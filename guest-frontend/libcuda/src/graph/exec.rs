@@ -38,6 +38,8 @@ pub(crate) struct Exec {
     pub stale: bool,
     /// The graph allocations of its memory nodes, which it keeps alive.
     pub allocs: Vec<u64>,
+    /// The graph allocations its free nodes free.
+    pub frees: Vec<u64>,
 }
 
 /// The host's nodes for `ops` with their dependencies `deps`, or `None` if
@@ -170,11 +172,12 @@ fn instantiate(e: *mut u64, g: u64, flags: u64) -> Result<(), CuResult> {
     if e.is_null() {
         return Err(code::INVALID_VALUE);
     }
-    let (flat, allocs) = {
+    let (flat, allocs, frees) = {
         let mut s = graphs();
         let graph = s.graph(g)?;
         let allocs = super::memory::allocs_of(graph.nodes.iter().map(|n| &n.op));
-        (Flat::of(graph)?, allocs)
+        let frees = super::memory::frees_of(graph.nodes.iter().map(|n| &n.op));
+        (Flat::of(graph)?, allocs, frees)
     };
     // Not under the graphs' lock: this is a call to the host.
     let host = build_on_host(&flat.ops, &flat.deps);
@@ -189,6 +192,7 @@ fn instantiate(e: *mut u64, g: u64, flags: u64) -> Result<(), CuResult> {
             host,
             stale: false,
             allocs,
+            frees,
         },
     );
     out(e, h)
@@ -211,13 +215,22 @@ fn run(op: &Op, st: CUstream) -> Result<(), CuResult> {
 
 fn launch(e: u64, st: CUstream) -> Result<(), CuResult> {
     crate::context::need_ctx()?;
-    let (ops, deps, mut host, stale) = {
+    let (ops, deps, mut host, stale, allocs, frees) = {
         let s = graphs();
         let ex = s.execs.get(&e).ok_or(code::INVALID_VALUE)?;
-        (ex.ops.clone(), ex.deps.clone(), ex.host, ex.stale)
+        let mem = (ex.allocs.clone(), ex.frees.clone());
+        (
+            ex.ops.clone(),
+            ex.deps.clone(),
+            ex.host,
+            ex.stale,
+            mem.0,
+            mem.1,
+        )
     };
     // The stream is checked once, before any of it is sent.
     let stream = crate::stream::resolve(st)?;
+    super::memory::launched(&allocs, &frees);
     if stale {
         // Its operations changed since the host built it: again.
         if let Some(old) = host.take() {

@@ -72,6 +72,15 @@ pub(crate) fn allocs_of<'a>(ops: impl Iterator<Item = &'a Op>) -> Vec<u64> {
     .collect()
 }
 
+/// The allocations freed by the memory nodes in `ops`.
+pub(crate) fn frees_of<'a>(ops: impl Iterator<Item = &'a Op>) -> Vec<u64> {
+    ops.filter_map(|op| match op {
+        Op::MemFree(ptr) => Some(*ptr),
+        _ => None,
+    })
+    .collect()
+}
+
 /// Whether a graph with these nodes may become a child graph (not if it
 /// has memory nodes).
 pub(crate) fn may_be_child<'a>(mut ops: impl Iterator<Item = &'a Op>) -> bool {
@@ -155,9 +164,29 @@ pub(crate) fn free_in_capture(ptr: u64, st: CUstream) -> Result<bool, CuResult> 
     super::capture::add(st, || Ok(Op::MemFree(ptr)))
 }
 
+/// An executable graph with allocation nodes of `allocs` and free nodes of
+/// `frees` was launched: as the driver
+/// has it, each of its allocation nodes allocates again (the same address)
+/// and each of its free nodes frees, so an allocation the program freed
+/// outside the graph after an earlier launch may be freed again after this
+/// one (cuda-samples' graphMemoryNodes frees it with `cuMemFree`, launches
+/// again, then frees it with `cuMemFreeAsync`).
+pub(crate) fn launched(allocs: &[u64], frees: &[u64]) {
+    let mut s = graphs();
+    for p in allocs {
+        s.allocs.freed.remove(p);
+    }
+    for p in frees {
+        if s.allocs.live.contains_key(p) {
+            s.allocs.freed.insert(*p);
+        }
+    }
+}
+
 /// A graph allocation freed by the program outside its graph (true): the
 /// program is done with it; it goes when its graphs do. A second free of
-/// it is an invalid value, as of any freed pointer.
+/// it before its graph runs again is an invalid value, as of any freed
+/// pointer.
 pub(crate) fn free_outside(ptr: u64) -> Result<bool, CuResult> {
     let mut s = graphs();
     if !s.allocs.live.contains_key(&ptr) {
