@@ -114,7 +114,7 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
     // worker gives it to the serving process only if no other process made
     // a call in the last second: the printf process above must be a second
     // gone.)
-    std::thread::sleep(Duration::from_millis(1200));
+    std::thread::sleep(Duration::from_millis(2000));
     let out = run(&exe, &lib, &sock, "assert");
     assert!(
         text(&out.stdout).contains("assert sync: CUDA_ERROR_ASSERT"),

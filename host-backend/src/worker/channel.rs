@@ -320,7 +320,7 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
             let poisoned = sh.poisoned.get().is_some();
             sh.contexts.give_back(s.ctx, poisoned);
             // What a context prints as it is destroyed has nobody to go to.
-            sh.output.borrow_mut().collect(None);
+            sh.output.borrow_mut().collect([None; 2]);
             sh.output.borrow_mut().forget(id);
         }
     }

@@ -219,10 +219,11 @@ impl Output {
         }
     }
 
-    /// Gives what the worker's descriptors received since the last call to
-    /// process `owner` (`None`: nobody's, e.g. a context being destroyed
-    /// for a process that has gone; the text is dropped).
-    pub fn collect(&mut self, owner: Option<SessionId>) {
+    /// Gives what the worker's descriptors received since the last call:
+    /// standard output's to process `owners[0]`, standard error's to
+    /// `owners[1]` (`None`: nobody's, e.g. a context being destroyed for a
+    /// process that has gone; the text is dropped).
+    pub fn collect(&mut self, owners: [Option<SessionId>; 2]) {
         let Some(c) = self.capture.as_ref() else {
             return;
         };
@@ -230,7 +231,7 @@ impl Output {
         self.dropped += st.dropped;
         for (i, text) in st.text.into_iter().enumerate() {
             if !text.is_empty() {
-                self.give(owner, i as u8 + 1, text);
+                self.give(owners[i], i as u8 + 1, text);
             }
         }
     }
@@ -344,9 +345,9 @@ mod tests {
         let mut o = Output::with(Some(cap));
         write(&out, b"kernel 1 thread 0\n");
         write(&err, b"Assertion `p` failed.\n");
-        o.collect(Some(7));
+        o.collect([Some(7); 2]);
         write(&out, b"kernel 2 thread 0\n");
-        o.collect(Some(8));
+        o.collect([Some(8); 2]);
         assert!(o.has(7) && o.has(8));
         assert_eq!(
             o.take(7, 1 << 20),
@@ -363,8 +364,8 @@ mod tests {
         // Text with no process to take it is dropped, not kept for the
         // next one.
         write(&out, b"orphan\n");
-        o.collect(None);
-        o.collect(Some(9));
+        o.collect([None; 2]);
+        o.collect([Some(9); 2]);
         assert!(!o.has(9));
         assert_eq!(o.dropped, 7);
     }
@@ -376,7 +377,7 @@ mod tests {
         // More than a pipe holds: the reader thread drains as it comes.
         let big = vec![b'x'; 4 << 20];
         write(&out, &big);
-        o.collect(Some(1));
+        o.collect([Some(1); 2]);
         let mut got = 0;
         while let Some((s, t)) = o.take(1, 1 << 20) {
             assert_eq!(s, 1);
@@ -406,7 +407,7 @@ mod tests {
     #[test]
     fn without_a_capture_nothing_is_taken_from_the_process() {
         let mut o = Output::with(None);
-        o.collect(Some(1));
+        o.collect([Some(1); 2]);
         assert!(!o.has(1));
     }
 }
