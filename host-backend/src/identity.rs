@@ -56,8 +56,7 @@ pub fn host_id(run_dir: &Path) -> Result<[u8; 16], Error> {
     match linked {
         Ok(()) => Ok(id),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let text =
-                std::fs::read_to_string(&path).map_err(io("reading run_dir/host-id"))?;
+            let text = std::fs::read_to_string(&path).map_err(io("reading run_dir/host-id"))?;
             parse_host_id(&text, &path)
         }
         Err(source) => Err(Error::Io {
