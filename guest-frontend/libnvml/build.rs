@@ -4,7 +4,8 @@
 //! modules under `src/` define the entry points we serve (lines
 //! `fn nvmlName` or `fn nvmlName [alias, alias]`). Every other listed
 //! symbol becomes, in `OUT_DIR/unserved.rs`, an exported function that
-//! answers `NVML_ERROR_NOT_SUPPORTED` (and logs its name once).
+//! answers `NVML_ERROR_NOT_SUPPORTED` (and logs its name once). Also the
+//! 256 entries of the private export table (`src/internal.rs`).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -42,6 +43,13 @@ fn main() {
         .unwrap();
     }
     std::fs::write(out.join("unserved.rs"), stubs).unwrap();
+
+    // The entries of `nvmlInternalGetExportTable`'s table, each its own
+    // function (`internal.rs`: `refused::<N>` names slot N when called).
+    let slots: Vec<String> = (0..256)
+        .map(|n| format!("refused::<{n}> as *const c_void"))
+        .collect();
+    std::fs::write(out.join("slots.rs"), format!("[{}]", slots.join(", "))).unwrap();
 }
 
 /// The names on `fn nvml...` lines, with their bracketed aliases.

@@ -36,7 +36,10 @@ use protocol::{DeviceInfo, Status};
 
 use qemu_ivshmem::server::Client;
 use qemu_ivshmem::{Bell, GuestChannel, SpinPolicy};
-pub use status::{uuid_string, vgpu_uuid, VgpuReport, CUDA_DRIVER_VERSION, PCI_BUS_ID};
+pub use status::{
+    cuda_version, driver_release, uuid_string, vgpu_uuid, VgpuReport, CUDA_DRIVER_VERSION,
+    FALLBACK_DRIVER_RELEASE, PCI_BUS_ID,
+};
 
 /// What a call can fail with.
 #[derive(Debug, thiserror::Error)]

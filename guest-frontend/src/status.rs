@@ -7,9 +7,34 @@ use protocol::{DeviceInfo, Request, VgpuProcess, VgpuStatus};
 
 use crate::{Gpu, GuestError, Result};
 
-/// The CUDA version the stand-ins report (13.0): `cuDriverGetVersion`
-/// and NVML's CUDA driver version.
+/// The CUDA version the stand-ins implement (13.0): what `cuDriverGetVersion`
+/// reports, and the most NVML's CUDA driver version reports (see
+/// [`cuda_version`]).
 pub const CUDA_DRIVER_VERSION: i32 = 13000;
+
+/// The driver release the stand-ins report where the host does not say
+/// (a host older than the identity in `DeviceInfo`): the branch whose
+/// symbols they mirror.
+pub const FALLBACK_DRIVER_RELEASE: &str = "580.00";
+
+/// The host driver's release, as NVML writes it ("580.159.04").
+pub fn driver_release(info: &DeviceInfo) -> &str {
+    if info.driver_version.is_empty() {
+        FALLBACK_DRIVER_RELEASE
+    } else {
+        &info.driver_version
+    }
+}
+
+/// The CUDA version NVML reports: the host driver's, but no more than the
+/// stand-in `libcuda.so.1` implements ([`CUDA_DRIVER_VERSION`]); that one
+/// where the host does not say.
+pub fn cuda_version(info: &DeviceInfo) -> i32 {
+    match i32::try_from(info.cuda_version) {
+        Ok(v) if v > 0 => v.min(CUDA_DRIVER_VERSION),
+        _ => CUDA_DRIVER_VERSION,
+    }
+}
 
 /// The PCI bus id a vGPU reports to CUDA, as `cuDeviceGetPCIBusId` writes
 /// it: domain, bus and device 0 (it has no address of its own on the
@@ -66,11 +91,18 @@ impl Gpu {
     }
 }
 
-/// A vGPU has its own identity: a UUID derived from the vGPU's socket (or
-/// device path) and device name, the same for CUDA and NVML. It is not the
-/// physical GPU's, and a migration to another GPU of the same model leaves
-/// it as it was.
-pub fn vgpu_uuid(name: &str) -> [u8; 16] {
+/// A vGPU has its own identity: the UUID its host gives it (one per VM,
+/// kept across worker restarts and migrations), the same for CUDA and
+/// NVML. It is not the physical GPU's. A host that gives none (an older
+/// one) leaves the guest to derive one from the vGPU's socket (or device
+/// path) and device name.
+pub fn vgpu_uuid(info: &DeviceInfo) -> [u8; 16] {
+    info.uuid.unwrap_or_else(|| derived_uuid(&info.name))
+}
+
+/// The UUID guests derived before hosts gave one: from `FAIRVGPU_SOCKET`
+/// (or `FAIRVGPU_DEVICE`) and the device name.
+fn derived_uuid(name: &str) -> [u8; 16] {
     let mut h: [u64; 2] = [0xcbf2_9ce4_8422_2325, 0x8422_2325_cbf2_9ce4];
     let sock = std::env::var("FAIRVGPU_SOCKET")
         .or_else(|_| std::env::var("FAIRVGPU_DEVICE"))
@@ -106,7 +138,7 @@ mod tests {
 
     #[test]
     fn the_uuid_is_a_version_4_uuid_written_as_nvml_writes_it() {
-        let u = vgpu_uuid("GPU");
+        let u = derived_uuid("GPU");
         assert_eq!(u[6] >> 4, 4);
         assert_eq!(u[8] >> 6, 2);
         let s = uuid_string(&[
@@ -114,6 +146,32 @@ mod tests {
             0x06, 0xff,
         ]);
         assert_eq!(s, "GPU-12345678-9abc-4def-8001-0203040506ff");
-        assert_ne!(vgpu_uuid("GPU A"), vgpu_uuid("GPU B"));
+        assert_ne!(derived_uuid("GPU A"), derived_uuid("GPU B"));
+    }
+
+    #[test]
+    fn the_hosts_identity_wins_and_an_older_host_gets_the_old_one() {
+        let old = DeviceInfo {
+            name: "GPU A".into(),
+            ..DeviceInfo::default()
+        };
+        assert_eq!(vgpu_uuid(&old), derived_uuid("GPU A"));
+        assert_eq!(driver_release(&old), FALLBACK_DRIVER_RELEASE);
+        assert_eq!(cuda_version(&old), CUDA_DRIVER_VERSION);
+        let new = DeviceInfo {
+            uuid: Some([9; 16]),
+            driver_version: "580.159.04".into(),
+            cuda_version: 12080,
+            ..old.clone()
+        };
+        assert_eq!(vgpu_uuid(&new), [9; 16]);
+        assert_eq!(driver_release(&new), "580.159.04");
+        assert_eq!(cuda_version(&new), 12080);
+        // A newer driver than the stand-in implements: the stand-in's.
+        let newer = DeviceInfo {
+            cuda_version: 13020,
+            ..new
+        };
+        assert_eq!(cuda_version(&newer), CUDA_DRIVER_VERSION);
     }
 }

@@ -92,7 +92,9 @@ pub fn run_worker(
         build_executor(cfg, ordinal)?
     };
     let init_ms = started.elapsed().as_millis() as u64;
+    let host_id = crate::identity::host_id(&cfg.daemon.run_dir)?;
     let wc = WorkerConfig {
+        uuid: crate::identity::vgpu_uuid(&host_id, vm),
         spin: cfg.spin,
         cpu: vmc.worker_cpu,
         grant: cfg.daemon.scheduler.then(|| {
@@ -169,6 +171,8 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     // Before any socket in run_dir is touched: a second daemon there is
     // refused (see `run_lock.rs`).
     let run_lock = crate::run_lock::RunLock::take(&cfg.daemon.run_dir)?;
+    // The id the VMs' vGPU UUIDs derive from, made before any worker asks.
+    crate::identity::host_id(&cfg.daemon.run_dir)?;
     let exe = std::env::current_exe().map_err(|source| Error::Io {
         what: "finding own executable",
         source,

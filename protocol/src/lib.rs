@@ -27,7 +27,7 @@ pub mod tensor_map;
 mod values;
 
 pub use codec::{Reader, Writer};
-pub use reply::{DeviceInfo, Reply, VgpuProcess, VgpuStatus};
+pub use reply::{DeviceInfo, Reply, VgpuProcess, VgpuStatus, MAX_DRIVER_VERSION};
 pub use request::Request;
 pub use status::Status;
 pub use values::{link_records, Dim3, ImageKind, Param};

@@ -37,6 +37,12 @@ impl Reply {
 
 /// What `Hello` answers: the device as the guest should see it. Encoded in the
 /// reply's data as little-endian fields.
+///
+/// The vGPU's identity ([`DeviceInfo::uuid`], [`DeviceInfo::driver_version`],
+/// [`DeviceInfo::cuda_version`]) comes last, after the fields older hosts
+/// send: an older guest stops reading before it, and a guest reading an
+/// older host's description finds none (no UUID, an empty driver version,
+/// CUDA version 0).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeviceInfo {
     /// Device name.
@@ -55,7 +61,20 @@ pub struct DeviceInfo {
     /// it); guests map the pool at this address too when they can, so that
     /// a pinned pointer is the same on both sides.
     pub pinned_base: u64,
+    /// The vGPU's own UUID, stable for the VM across worker restarts and
+    /// migrations, different between VMs (`None`: the host did not say).
+    pub uuid: Option<[u8; 16]>,
+    /// The host's NVIDIA driver release, as NVML writes it ("580.65.06";
+    /// empty: the host did not say). At most [`MAX_DRIVER_VERSION`] bytes.
+    pub driver_version: String,
+    /// The CUDA version the host's driver implements, as
+    /// `cuDriverGetVersion` gives it (13000 for 13.0; 0: the host did not say).
+    pub cuda_version: u32,
 }
+
+/// Longest driver version a [`DeviceInfo`] carries (NVML's buffer for it,
+/// `NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE`, less its NUL).
+pub const MAX_DRIVER_VERSION: usize = 79;
 
 impl DeviceInfo {
     /// Serializes.
@@ -75,10 +94,18 @@ impl DeviceInfo {
         }
         v.extend_from_slice(&self.pinned_size.to_le_bytes());
         v.extend_from_slice(&self.pinned_base.to_le_bytes());
+        // The identity, after everything older guests read.
+        v.extend_from_slice(&self.uuid.unwrap_or([0; 16]));
+        v.extend_from_slice(&self.cuda_version.to_le_bytes());
+        let dv =
+            &self.driver_version.as_bytes()[..self.driver_version.len().min(MAX_DRIVER_VERSION)];
+        v.extend_from_slice(&(dv.len() as u32).to_le_bytes());
+        v.extend_from_slice(dv);
         v
     }
 
-    /// Parses, bounds-checked.
+    /// Parses, bounds-checked. A description that ends before the identity
+    /// (an older host's) has none; one cut inside it is an error.
     pub fn from_bytes(b: &[u8]) -> Result<DeviceInfo, ProtoError> {
         let mut r = Reader::new(b);
         let n = r.u32()? as usize;
@@ -93,7 +120,7 @@ impl DeviceInfo {
         }
         let pinned_size = r.u64()?;
         let pinned_base = r.u64()?;
-        Ok(DeviceInfo {
+        let mut info = DeviceInfo {
             name,
             total_mem,
             cc,
@@ -101,7 +128,21 @@ impl DeviceInfo {
             attributes,
             pinned_size,
             pinned_base,
-        })
+            ..DeviceInfo::default()
+        };
+        if r.remaining() == 0 {
+            return Ok(info);
+        }
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(r.bytes(16)?);
+        info.uuid = (uuid != [0; 16]).then_some(uuid);
+        info.cuda_version = r.u32()?;
+        let n = r.u32()? as usize;
+        if n > MAX_DRIVER_VERSION {
+            return Err(crate::bad("driver_version", format!("{n} bytes")));
+        }
+        info.driver_version = String::from_utf8_lossy(r.bytes(n)?).into_owned();
+        Ok(info)
     }
 }
 
@@ -184,12 +225,62 @@ mod tests {
             attributes: vec![(1, 1024), (16, 132)],
             pinned_size: 64 << 20,
             pinned_base: 0x3f00_0000_0000,
+            uuid: Some([7; 16]),
+            driver_version: "580.159.04".into(),
+            cuda_version: 13000,
         };
         let b = info.to_bytes();
         assert_eq!(DeviceInfo::from_bytes(&b).unwrap(), info);
-        for cut in 0..b.len() {
-            assert!(DeviceInfo::from_bytes(&b[..cut]).is_err());
+        // Where an older host's description ends, the identity is absent.
+        let old_end = b.len() - (16 + 4 + 4 + "580.159.04".len());
+        let old = DeviceInfo::from_bytes(&b[..old_end]).unwrap();
+        assert_eq!(
+            old,
+            DeviceInfo {
+                uuid: None,
+                driver_version: String::new(),
+                cuda_version: 0,
+                ..info.clone()
+            }
+        );
+        for cut in (0..b.len()).filter(|&c| c != old_end) {
+            assert!(DeviceInfo::from_bytes(&b[..cut]).is_err(), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn an_older_guest_reads_a_newer_description_up_to_what_it_knows() {
+        // An older guest parses the fields it knows and ignores what follows
+        // (no check that the reader is exhausted): the identity's bytes are
+        // only a tail. Here: the fields before the identity are unchanged.
+        let info = DeviceInfo {
+            name: "GPU".into(),
+            uuid: Some([1; 16]),
+            driver_version: "580.65.06".into(),
+            cuda_version: 13000,
+            ..DeviceInfo::default()
+        };
+        let without = DeviceInfo {
+            uuid: None,
+            driver_version: String::new(),
+            cuda_version: 0,
+            ..info.clone()
+        };
+        let (b, old) = (info.to_bytes(), without.to_bytes());
+        assert_eq!(b[..old.len() - 24], old[..old.len() - 24]);
+        // A driver version too long for NVML's buffer is cut on the host and
+        // refused from a host that sends one anyway.
+        let long = DeviceInfo {
+            driver_version: "9".repeat(200),
+            ..info.clone()
+        };
+        let parsed = DeviceInfo::from_bytes(&long.to_bytes()).unwrap();
+        assert_eq!(parsed.driver_version.len(), MAX_DRIVER_VERSION);
+        let mut bad = info.to_bytes();
+        let at = bad.len() - "580.65.06".len() - 4;
+        bad[at..at + 4].copy_from_slice(&200u32.to_le_bytes());
+        bad.extend_from_slice(&[b'9'; 200]);
+        assert!(DeviceInfo::from_bytes(&bad).is_err());
     }
 
     #[test]

@@ -5,9 +5,15 @@
 # libcuda.so and libnvidia_ml.so in $R (default .carry/release).
 # Prints the host's nvidia-smi, then the stand-in's (full and as CSV), what
 # CUDA says through the stand-in (name, UUID, PCI bus id) and what torch
-# says. Last line:
+# says. With FAIRVGPU_NVML_DEBUG set, the stand-in names on stderr every
+# entry point it does not serve, slots of nvidia-smi's private table
+# (nvmlInternalGetExportTable) included. Last line:
 #   nvml_devices=N nvml_total_mib=M uuid_match=0|1 pci_match=0|1 torch_ok=0|1
-# Expected: nvml_devices=1, nvml_total_mib = the VM's limit (8192), the rest 1.
+#   driver_match=0|1 own_uuid=0|1 smi_ok=0|1
+# Expected: nvml_devices=1, nvml_total_mib = the VM's limit (8192), the rest 1
+# (driver_match: the stand-in's driver version is the host's; own_uuid: the
+# vGPU's UUID is not the physical GPU's; smi_ok: nvidia-smi printed its
+# table, with no "Mismatch in versions").
 set -uo pipefail
 . scripts/gpu/lib.sh
 R=${R:-.carry/release}
@@ -18,15 +24,18 @@ cp $R/libnvidia_ml.so $W/lib/libnvidia-ml.so.1; cp $R/libnvidia_ml.so $W/lib/lib
 header
 echo "== the host's nvidia-smi"
 nvidia-smi
+nvidia-smi --query-gpu=driver_version,uuid --format=csv,noheader > $W/host.csv
 daemon_start $W $MIB
 SI="env LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH FAIRVGPU_NVML_DEBUG=1"
 echo "== nvidia-smi through the stand-in"
 $SI nvidia-smi 2>&1 | tee $W/smi.txt
+echo "== nvidia-smi -L through the stand-in"
+$SI nvidia-smi -L 2>&1
 echo "== nvidia-smi -q through the stand-in"
 $SI nvidia-smi -q 2>&1 | head -80
 echo "== nvidia-smi --query-gpu through the stand-in"
-$SI nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,utilization.gpu \
-    --format=csv,noheader,nounits 2>&1 | tee $W/query.csv
+$SI nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,utilization.gpu,driver_version \
+    --format=csv,noheader,nounits 2>$W/query.err | tee $W/query.csv; cat $W/query.err
 echo "== CUDA through the stand-in"
 $SI timeout 60 python3 - > $W/cuda.txt 2>&1 <<'PY'
 import ctypes
@@ -79,4 +88,12 @@ pci_match=0; [ -n "$cuda_bus" ] && [ "$(norm "$smi_bus")" = "$(norm "$cuda_bus")
 torch_ok=$(awk '$1=="torch_ok"{print $2}' $W/torch.txt)
 nvml_uuid_torch=$(grep -c "nvml_uuids \['${cuda_uuid#GPU-}'\]\|nvml_uuids \['$cuda_uuid'\]" $W/torch.txt)
 echo "torch's NVML UUID list names CUDA's: $nvml_uuid_torch"
-echo "nvml_devices=$devices nvml_total_mib=${total:-0} uuid_match=$uuid_match pci_match=$pci_match torch_ok=${torch_ok:-0}"
+echo "== private table slots nvidia-smi called (none expected: the table offers none)"
+grep -h "nvmlInternalGetExportTable" $W/smi.txt $W/query.err | sort | uniq -c
+host_driver=$(awk -F', ' 'NR==1{print $1}' $W/host.csv)
+host_uuid=$(awk -F', ' 'NR==1{print $2}' $W/host.csv)
+smi_driver=$(awk -F', ' 'NR==1{print $8}' $W/query.csv)
+driver_match=0; [ -n "$host_driver" ] && [ "$smi_driver" = "$host_driver" ] && driver_match=1
+own_uuid=0; [ -n "$smi_uuid" ] && [ "${smi_uuid,,}" != "${host_uuid,,}" ] && own_uuid=1
+smi_ok=0; grep -q "Driver Version: $host_driver" $W/smi.txt && ! grep -q "Mismatch in versions" $W/smi.txt && smi_ok=1
+echo "nvml_devices=$devices nvml_total_mib=${total:-0} uuid_match=$uuid_match pci_match=$pci_match torch_ok=${torch_ok:-0} driver_match=$driver_match own_uuid=$own_uuid smi_ok=$smi_ok"

@@ -1,7 +1,8 @@
 """NVIDIA's nvidia-ml-py (pynvml) against the NVML stand-in, beside a
 process that allocates through the CUDA stand-in.
 
-Usage: nvml_probe.py LIMIT_BYTES. Needs LD_LIBRARY_PATH with both stand-ins
+Usage: nvml_probe.py LIMIT_BYTES UUID DRIVER_RELEASE (the host's for the
+vGPU). Needs LD_LIBRARY_PATH with both stand-ins
 first and FAIRVGPU_SOCKET. Prints one line per check; any failure raises.
 """
 
@@ -40,8 +41,27 @@ sys.stdin.readline()
 """
 
 
+SMI_TABLE_ID = bytes.fromhex("c4fe3e6cc98f6c4ea327ee696e12f7c4")
+
+
+def export_table(lib, table_id):
+    """nvmlInternalGetExportTable as nvidia-smi asks it: (status, size)."""
+    table = ctypes.c_void_p()
+    guid = ctypes.create_string_buffer(table_id, 16)
+    r = lib.nvmlInternalGetExportTable(ctypes.byref(table), guid)
+    if r != 0:
+        return r, None
+    return r, ctypes.c_uint64.from_address(table.value).value
+
+
 def main():
     limit = int(sys.argv[1])
+    want_uuid, want_release = sys.argv[2], sys.argv[3]
+    # Before nvmlInit, as a program may ask (pynvml itself asks only after).
+    lib = ctypes.CDLL("libnvidia-ml.so.1")
+    buf = ctypes.create_string_buffer(80)
+    assert lib.nvmlSystemGetNVMLVersion(buf, 80) == 0
+    assert buf.value.decode() == "13." + want_release, buf.value
     pynvml.nvmlInit()
     assert pynvml.nvmlDeviceGetCount() == 1, pynvml.nvmlDeviceGetCount()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -66,6 +86,7 @@ def main():
     uuid = pynvml.nvmlDeviceGetUUID(h)
     assert name == cuda_name, (name, cuda_name)
     assert uuid == cuda_uuid, (uuid, cuda_uuid)
+    assert uuid == want_uuid, (uuid, want_uuid)
     print(f"nvml: name and uuid as CUDA's ({name}, {uuid})")
     pci = pynvml.nvmlDeviceGetPciInfo(h)
     cd, cb, cdev = (int(x, 16) for x in cuda_bus.replace(".", ":").split(":")[:3])
@@ -91,7 +112,11 @@ def main():
     util = pynvml.nvmlDeviceGetUtilizationRates(h)
     assert 0 <= util.gpu <= 100
     assert pynvml.nvmlSystemGetCudaDriverVersion() == 13000
-    assert pynvml.nvmlSystemGetDriverVersion()
+    assert pynvml.nvmlSystemGetDriverVersion() == want_release, pynvml.nvmlSystemGetDriverVersion()
+    assert pynvml.nvmlSystemGetNVMLVersion() == "13." + want_release
+    assert export_table(lib, SMI_TABLE_ID) == (0, 0), export_table(lib, SMI_TABLE_ID)
+    other = bytes(16)
+    assert export_table(lib, other)[0] == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
     major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
     assert major > 0
     try:
@@ -104,7 +129,8 @@ def main():
         raise AssertionError("a second device")
     except pynvml.NVMLError_InvalidArgument:
         pass
-    print("nvml: versions, utilization, unsupported figures")
+    print(f"nvml: versions, utilization, unsupported figures (driver {want_release})")
+    print("nvml: nvidia-smi's table given, offering no entry")
 
     child.stdin.write("\n")
     child.stdin.close()

@@ -198,3 +198,34 @@ fn every_driver_symbol_is_exported() {
     // SAFETY: nothing of the library is in use any more.
     unsafe { libc::dlclose(lib) };
 }
+
+/// `cuDeviceGetUuid` through the stand-in is the UUID the host gives the
+/// vGPU (a worker outside a daemon: from its socket and VM name), not one
+/// the guest makes up.
+#[test]
+fn the_uuid_is_the_one_the_host_gives() {
+    let host = Host::start("uuid", 64 << 20);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let code = r#"
+import ctypes
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0
+dev = ctypes.c_int()
+assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+uuid = (ctypes.c_ubyte * 16)()
+assert cu.cuDeviceGetUuid(uuid, dev) == 0
+print("uuid", bytes(uuid).hex())
+"#;
+    let stdout = run_program(
+        Path::new("python3"),
+        &["-c", code],
+        &lib.to_string_lossy(),
+        &host.socket,
+        &[],
+    );
+    let want =
+        host_backend::identity::vgpu_uuid(host.socket.as_os_str().as_encoded_bytes(), "uuid");
+    let want: String = want.iter().map(|b| format!("{b:02x}")).collect();
+    assert_lines(&stdout, &[&format!("uuid {want}")]);
+}

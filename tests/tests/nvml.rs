@@ -3,7 +3,10 @@
 //! stand-in beside the CUDA one, on the sim: one device, the vGPU's memory
 //! limit as its memory, CUDA's name, UUID and PCI address, used memory
 //! that grows when another process allocates through the CUDA stand-in,
-//! that process listed with its memory and gone once it exits. Skipped
+//! that process listed with its memory and gone once it exits; the UUID is
+//! the one the host gives the vGPU, the driver version the host's (the
+//! sim's), NVML's version made of it, and `nvmlInternalGetExportTable`
+//! gives nvidia-smi's table (offering no entry) and no other. Skipped
 //! where pynvml is missing, unless `FAIRVGPU_REQUIRE_CUPY` is set.
 
 use std::path::PathBuf;
@@ -33,9 +36,20 @@ fn nvidia_ml_py_sees_the_vgpu_through_the_standin() {
     nvml_standin(&lib);
     let script = workspace().join("tests/py/nvml_probe.py");
     let py = py.display().to_string();
+    // A worker outside a daemon names its vGPU by its socket and VM name.
+    let uuid = guest_frontend::uuid_string(&host_backend::identity::vgpu_uuid(
+        host.socket.as_os_str().as_encoded_bytes(),
+        "nvml",
+    ));
+    let release = host_backend::executor::sim::SIM_DRIVER_RELEASE;
     let stdout = run_program(
         std::path::Path::new("python3"),
-        &[script.display().to_string(), limit.to_string()],
+        &[
+            script.display().to_string(),
+            limit.to_string(),
+            uuid.clone(),
+            release.to_owned(),
+        ],
         &lib.display().to_string(),
         &host.socket,
         &[("PYTHONPATH", py.as_str())],
@@ -45,11 +59,12 @@ fn nvidia_ml_py_sees_the_vgpu_through_the_standin() {
         &[
             "nvml: devices 1",
             &format!("nvml: total {limit}"),
-            "nvml: name and uuid as CUDA's (fairvgpu sim GPU",
+            &format!("nvml: name and uuid as CUDA's (fairvgpu sim GPU, {uuid})"),
             "nvml: pci as CUDA's",
             "nvml: used grows by the other process's allocation",
             "nvml: the CUDA process listed with its memory",
-            "nvml: versions, utilization, unsupported figures",
+            &format!("nvml: versions, utilization, unsupported figures (driver {release})"),
+            "nvml: nvidia-smi's table given, offering no entry",
             "nvml: the process gone once it exits",
             "nvml: all checks passed",
         ],

@@ -190,7 +190,7 @@ export! {
     fn cuDeviceGetUuid_v2 [cuDeviceGetUuid] (uuid: *mut CUuuid, d: CUdevice) {
         let drv = driver()?;
         check_dev(d)?;
-        let bytes = guest_frontend::vgpu_uuid(&drv.info.name).map(|b| b as c_char);
+        let bytes = guest_frontend::vgpu_uuid(&drv.info).map(|b| b as c_char);
         out(uuid, CUuuid { bytes })
     }
 

@@ -91,7 +91,7 @@ export! {
     /// The UUID `cuDeviceGetUuid` gives through the CUDA stand-in.
     fn nvmlDeviceGetUUID(d: Device, buf: *mut c_char, len: c_uint) {
         let info = dev(d)?;
-        out_str(buf, len, &guest_frontend::uuid_string(&guest_frontend::vgpu_uuid(&info.name)))
+        out_str(buf, len, &guest_frontend::uuid_string(&guest_frontend::vgpu_uuid(&info)))
     }
 
     fn nvmlDeviceGetPciInfo_v3(d: Device, pci: *mut PciInfo) {

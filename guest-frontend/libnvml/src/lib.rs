@@ -1,7 +1,7 @@
 //! `libnvidia-ml.so.1` for guests: NVML answered from the vGPU.
 //!
 //! Whatever the host has, a process sees exactly its vGPU, as device 0:
-//! its name, CUDA's UUID and PCI address for it (the same the
+//! its name, its UUID (the host's for it) and PCI address (the same the
 //! `libcuda.so.1` stand-in gives: `guest_frontend::vgpu_uuid`,
 //! `guest_frontend::PCI_BUS_ID`), its memory limit as the device's memory,
 //! what its processes hold as the host counts it, its share of the GPU as
@@ -14,8 +14,14 @@
 //! | --- | --- |
 //! | init, shutdown, versions, error strings, device handles | [`system`] |
 //! | one device's figures | [`device`] |
+//! | the private table `nvidia-smi` asks for (`nvmlInternalGetExportTable`) | [`internal`] |
 //! | the connection to the vGPU | `state` |
 //! | NVML's structures and constants | `abi` |
+//!
+//! The versions are the host's: its driver release
+//! (`nvmlSystemGetDriverVersion`), NVML's version made of it as NVML makes
+//! it ("13.580.65.06"), its CUDA version (no more than the CUDA stand-in
+//! implements).
 //!
 //! Every symbol NVML exports (`data/symbols.txt`, from `nvml.h`) is
 //! exported: `build.rs` makes a stub for each one no module serves, which
@@ -50,6 +56,7 @@ pub(crate) mod code {
     pub const NOT_FOUND: Ret = 6;
     pub const INSUFFICIENT_SIZE: Ret = 7;
     pub const DRIVER_NOT_LOADED: Ret = 9;
+    pub const FUNCTION_NOT_FOUND: Ret = 13;
     pub const GPU_IS_LOST: Ret = 15;
     pub const ARGUMENT_VERSION_MISMATCH: Ret = 25;
     pub const UNKNOWN: Ret = 999;
@@ -203,6 +210,7 @@ mod abi;
 mod state;
 
 pub mod device;
+pub mod internal;
 pub mod system;
 
 /// Exported stubs for the symbols no module serves (made by `build.rs`).

@@ -90,6 +90,21 @@ pub(crate) fn info() -> Result<Arc<DeviceInfo>, Ret> {
     }
 }
 
+/// The device's description whether or not NVML is initialized: the one
+/// read already, or read now on a connection of its own that is closed
+/// again (the versions NVML answers before `nvmlInit`).
+pub(crate) fn info_any() -> Result<Arc<DeviceInfo>, Ret> {
+    let mut g = lock();
+    let st = g.get_or_insert_with(State::default);
+    if let Some(info) = &st.info {
+        return Ok(info.clone());
+    }
+    let gpu = Gpu::monitor_from_env().map_err(|e| nvml_error(&e))?;
+    let info = Arc::new(gpu.device_info().clone());
+    st.info = Some(info.clone());
+    Ok(info)
+}
+
 /// The vGPU's figures now (after `nvmlInit`); a connection the host
 /// dropped is opened again once.
 pub(crate) fn report() -> Result<VgpuReport, Ret> {

@@ -16,15 +16,13 @@ pub(crate) fn device0() -> Device {
     (&raw const DEVICE0).cast_mut().cast()
 }
 
-/// The driver release the stand-ins mirror (libcuda's symbol list is
-/// driver 580's), as `nvmlSystemGetDriverVersion` writes it.
-pub const DRIVER_VERSION: &str = "580.00";
-
-/// NVML's version: the CUDA major version, then the driver's.
-fn nvml_version() -> String {
+/// NVML's version as NVML writes it: the CUDA major version, then the
+/// driver's release ("13.580.65.06").
+fn nvml_version(info: &protocol::DeviceInfo) -> String {
     format!(
-        "{}.{DRIVER_VERSION}",
-        guest_frontend::CUDA_DRIVER_VERSION / 1000
+        "{}.{}",
+        guest_frontend::cuda_version(info) / 1000,
+        guest_frontend::driver_release(info)
     )
 }
 
@@ -63,18 +61,23 @@ export! {
         state::shutdown()
     }
 
+    /// The host driver's release.
     fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uint) {
-        state::info()?;
-        out_str(buf, len, DRIVER_VERSION)
+        let info = state::info()?;
+        out_str(buf, len, guest_frontend::driver_release(&info))
     }
 
     fn nvmlSystemGetNVMLVersion(buf: *mut c_char, len: c_uint) {
-        out_str(buf, len, &nvml_version())
+        out_str(buf, len, &nvml_version(&*state::info_any()?))
     }
 
-    /// The CUDA version the `libcuda.so.1` stand-in reports.
+    /// The host driver's CUDA version, at most the one the `libcuda.so.1`
+    /// stand-in implements.
     fn nvmlSystemGetCudaDriverVersion [nvmlSystemGetCudaDriverVersion_v2] (v: *mut c_int) {
-        out(v, guest_frontend::CUDA_DRIVER_VERSION)
+        if v.is_null() {
+            return Err(code::INVALID_ARGUMENT);
+        }
+        out(v, guest_frontend::cuda_version(&*state::info_any()?))
     }
 
     /// A guest process's name (the processes NVML lists are this
@@ -120,7 +123,7 @@ export! {
         let info = state::info()?;
         // SAFETY: a NUL-terminated string (NVML's contract); null is refused.
         let want = unsafe { crate::c_str(uuid) }?;
-        let ours = guest_frontend::uuid_string(&guest_frontend::vgpu_uuid(&info.name));
+        let ours = guest_frontend::uuid_string(&guest_frontend::vgpu_uuid(&info));
         if !want.trim().eq_ignore_ascii_case(&ours) {
             return Err(code::NOT_FOUND);
         }
@@ -161,7 +164,19 @@ mod tests {
     }
 
     #[test]
-    fn versions() {
-        assert_eq!(nvml_version(), "13.580.00");
+    fn versions_as_nvml_writes_them() {
+        let info = protocol::DeviceInfo {
+            driver_version: "580.159.04".into(),
+            cuda_version: 13000,
+            ..Default::default()
+        };
+        assert_eq!(nvml_version(&info), "13.580.159.04");
+        let older_cuda = protocol::DeviceInfo {
+            driver_version: "575.57.08".into(),
+            cuda_version: 12090,
+            ..Default::default()
+        };
+        assert_eq!(nvml_version(&older_cuda), "12.575.57.08");
+        assert_eq!(nvml_version(&Default::default()), "13.580.00");
     }
 }

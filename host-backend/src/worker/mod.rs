@@ -116,6 +116,10 @@ pub struct WorkerConfig {
     /// client cannot make one after); if any, they are all the guest
     /// processes can use at once (see `contexts.rs`). 0: made as needed.
     pub prefill_contexts: usize,
+    /// The vGPU's UUID as its guest sees it (see `identity.rs`): from the
+    /// host's id and the VM's name under a daemon; from the socket's path
+    /// and the name for a worker outside one.
+    pub uuid: [u8; 16],
 }
 
 impl WorkerConfig {
@@ -123,9 +127,12 @@ impl WorkerConfig {
     /// bytes of device memory; the rest as a worker outside the daemon has
     /// it: the default spin, no pinning, no scheduler, one busy period in
     /// [`SAMPLE_EVERY`] timed, no vCPUs to boost, no kernel slicing, a
-    /// 64 MiB image cache of its own, contexts made as needed.
+    /// 64 MiB image cache of its own, contexts made as needed, a UUID from
+    /// the socket's path and the name.
     pub fn new(name: &str, socket: PathBuf, layout: LayoutParams, mem_limit: u64) -> Self {
+        use std::os::unix::ffi::OsStrExt as _;
         WorkerConfig {
+            uuid: crate::identity::vgpu_uuid(socket.as_os_str().as_bytes(), name),
             name: name.to_owned(),
             socket,
             layout,
@@ -294,6 +301,7 @@ impl Device {
         }
         drop(arenas);
         let mut info: DeviceInfo = exec.info();
+        info.uuid = Some(cfg.uuid);
         let pinned_size = cfg.layout.pinned_size;
         let pinned_map = if pinned_size > 0 {
             let m = region.map_pinned_at(PINNED_ADDR)?;

@@ -142,9 +142,19 @@ pub fn open(ordinal: u32, graphs: GraphLaunches) -> Result<Box<dyn Executor>, Er
             ) != 0
             })
         });
+    let mut cuda_version = 0;
+    // SAFETY: out-parameter on our stack.
+    let _ = unsafe { sys::cuDriverGetVersion(&mut cuda_version) };
+    // Read now: the worker is confined later.
+    let driver_release = crate::identity::driver_release().unwrap_or_default();
+    if driver_release.is_empty() {
+        tracing::warn!("the NVIDIA driver's release is unknown (no /sys/module/nvidia/version)");
+    }
     Ok(Box::new(CudaExecutor {
         dev,
         ordinal,
+        driver_release,
+        cuda_version: cuda_version.max(0) as u32,
         devices: count,
         vmm,
         registered: Vec::new(),
@@ -159,6 +169,10 @@ pub fn open(ordinal: u32, graphs: GraphLaunches) -> Result<Box<dyn Executor>, Er
 pub struct CudaExecutor {
     dev: CUdevice,
     ordinal: u32,
+    /// The driver's release ("580.159.04"; empty: unknown), read at open.
+    driver_release: String,
+    /// `cuDriverGetVersion` (0: unknown).
+    cuda_version: u32,
     devices: u32,
     /// Contexts allocate with the virtual memory management API (so they can
     /// move to another GPU).
@@ -238,6 +252,8 @@ impl Executor for CudaExecutor {
             cc,
             sm_count,
             attributes,
+            driver_version: self.driver_release.clone(),
+            cuda_version: self.cuda_version,
             ..Default::default()
         }
     }

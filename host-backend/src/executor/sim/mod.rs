@@ -153,6 +153,8 @@ impl Executor for SimExecutor {
             cc: (9, 0),
             sm_count: 132,
             attributes: attributes::H100.to_vec(),
+            driver_version: SIM_DRIVER_RELEASE.into(),
+            cuda_version: 13000,
             ..Default::default()
         }
     }
@@ -161,6 +163,10 @@ impl Executor for SimExecutor {
         Ok(Box::new(self.open_sim()?))
     }
 }
+
+/// The driver release the sim reports as its host's: a real 580 release
+/// (CUDA 13.0), the branch the stand-ins mirror.
+pub const SIM_DRIVER_RELEASE: &str = "580.65.06";
 
 impl SimExecutor {
     /// A context of the model; after a kernel fault none can be made, as
