@@ -15,6 +15,9 @@ set -uo pipefail
 R=${R:-.carry/release}
 W=/tmp/fvg-mt; rm -rf $W; mkdir -p $W/lib $W/run $W/logs
 cp $R/libcuda.so $W/lib/libcuda.so.1
+# The NVML stand-in beside it: on a host of two GPUs PyTorch otherwise
+# counts the host's NVML devices against the one vGPU and fails to start.
+cp $R/libnvidia_ml.so $W/lib/libnvidia-ml.so.1
 STEPS=${MT_STEPS:-400}
 cat > $W/host.toml <<TOML
 [daemon]

@@ -20,6 +20,27 @@ pub struct PciInfo {
     pub bus_id: [c_char; 32],
 }
 
+/// `nvmlPciInfoExt_v1_t` (`nvmlDeviceGetPciInfoExt`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PciInfoExt {
+    pub version: u32,
+    pub domain: u32,
+    pub bus: u32,
+    pub device: u32,
+    pub pci_device_id: u32,
+    pub pci_sub_system_id: u32,
+    /// The 8-bit PCI base class code.
+    pub base_class: u32,
+    /// The 8-bit PCI sub class code.
+    pub sub_class: u32,
+    /// `domain:bus:device.function`, 8-digit domain.
+    pub bus_id: [c_char; 32],
+}
+
+/// `nvmlPciInfoExt_v1`: its size, and 1 in the top byte.
+pub const PCI_INFO_EXT_V1: u32 = std::mem::size_of::<PciInfoExt>() as u32 | (1 << 24);
+
 /// `nvmlMemory_t`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

@@ -11,6 +11,11 @@ use crate::abi::{self, Memory, MemoryV2, PciInfo, ProcessInfo, ProcessInfoV1, Ut
 use crate::system::{device0, vgpu_bus, Device};
 use crate::{code, out, out_str, state, Ret};
 
+/// Checks that `d` is our device.
+pub(crate) fn check(d: Device) -> Result<(), Ret> {
+    dev(d).map(drop)
+}
+
 /// The device's description, for a handle of ours.
 fn dev(d: Device) -> Result<std::sync::Arc<protocol::DeviceInfo>, Ret> {
     let info = state::info()?;
@@ -97,6 +102,36 @@ export! {
     fn nvmlDeviceGetPciInfo_v3(d: Device, pci: *mut PciInfo) {
         dev(d)?;
         out(pci, pci_info())
+    }
+
+    /// `nvmlPciInfoExt_v1_t`: the same address, with the class of a
+    /// datacenter GPU (3D controller: base class 3, sub class 2). The
+    /// caller sets the version; another one is `ARGUMENT_VERSION_MISMATCH`.
+    fn nvmlDeviceGetPciInfoExt(d: Device, pci: *mut abi::PciInfoExt) {
+        dev(d)?;
+        if pci.is_null() {
+            return Err(code::INVALID_ARGUMENT);
+        }
+        // SAFETY: checked for null; the caller's structure, whose first
+        // word is its version.
+        let version = unsafe { (pci as *const u32).read_unaligned() };
+        if version != abi::PCI_INFO_EXT_V1 {
+            return Err(code::ARGUMENT_VERSION_MISMATCH);
+        }
+        let p = pci_info();
+        let mut ext = abi::PciInfoExt {
+            version,
+            domain: p.domain,
+            bus: p.bus,
+            device: p.device,
+            pci_device_id: p.pci_device_id,
+            pci_sub_system_id: p.pci_sub_system_id,
+            base_class: 3,
+            sub_class: 2,
+            bus_id: [0; 32],
+        };
+        ext.bus_id = p.bus_id;
+        out(pci, ext)
     }
 
     fn nvmlDeviceGetIndex(d: Device, index: *mut c_uint) {

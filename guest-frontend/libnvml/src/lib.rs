@@ -14,6 +14,7 @@
 //! | --- | --- |
 //! | init, shutdown, versions, error strings, device handles | [`system`] |
 //! | one device's figures | [`device`] |
+//! | event sets (a vGPU raises none) | [`events`] |
 //! | the private table `nvidia-smi` asks for (`nvmlInternalGetExportTable`) | [`internal`] |
 //! | the connection to the vGPU | `state` |
 //! | NVML's structures and constants | `abi` |
@@ -210,6 +211,7 @@ mod abi;
 mod state;
 
 pub mod device;
+pub mod events;
 pub mod internal;
 pub mod system;
 
