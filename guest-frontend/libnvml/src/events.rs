@@ -103,8 +103,8 @@ mod tests {
         // SAFETY: freed: refused, not freed again.
         assert_eq!(unsafe { nvmlEventSetFree(p) }, code::INVALID_ARGUMENT);
         let bogus = 0x1000 as *mut c_void;
-        // SAFETY: an unknown handle is refused before any use.
         assert_eq!(
+            // SAFETY: an unknown handle is refused before any use.
             unsafe { nvmlEventSetWait_v2(bogus, data.as_mut_ptr().cast(), 1) },
             code::INVALID_ARGUMENT
         );
