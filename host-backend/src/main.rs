@@ -286,6 +286,11 @@ enum BenchCmd {
         /// The MPS control program (`[daemon] mps_control`).
         #[arg(long, default_value = "nvidia-cuda-mps-control")]
         mps_control: std::path::PathBuf,
+        /// Busy-loop processes run beside the guests for the whole bench
+        /// (a busy host; each guest's alone rate is measured beside them
+        /// too); the last line then starts with `hogs=N`.
+        #[arg(long, default_value_t = 0, conflicts_with = "sim")]
+        hogs: usize,
     },
     /// Accounting of GPU time: its error against the guest's CUDA events, and its cost.
     Accounting {
@@ -544,6 +549,7 @@ fn main() -> Result<()> {
                     slice_us,
                     mps,
                     mps_control,
+                    hogs,
                 },
         } => {
             if sim {
@@ -556,7 +562,9 @@ fn main() -> Result<()> {
                     graph_launches,
                     slice_us.map(|us| us.clamp(100, 1_000_000) * 1000),
                     mps.then_some(mps_control.as_path()),
+                    hogs,
                 )
+                .map(drop)
             }
         }
         Cmd::Bench {

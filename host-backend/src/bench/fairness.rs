@@ -373,7 +373,9 @@ fn mps_clients(control: &std::path::Path) -> Result<crate::mps::MpsDaemon> {
 /// daemon would give GPU 0: DESIGN.md's 6 ms where it cannot preempt a
 /// kernel, as on the sim, 30 ms where it can); `mps`: the MPS control program to start, whose clients the
 /// guests' contexts then are, as on a GPU with `[[gpu]] mps = true` (one
-/// hardware context: no context switch at a hand-off).
+/// hardware context: no context switch at a hand-off); `hogs`: busy-loop
+/// processes run beside the guests for the whole bench, solo rounds
+/// included (a busy host: [`super::hogs`]).
 pub fn run(
     kind: ExecutorKind,
     secs: f64,
@@ -381,7 +383,8 @@ pub fn run(
     graphs: GraphLaunches,
     slice_ns: Option<u64>,
     mps: Option<&std::path::Path>,
-) -> Result<()> {
+    hogs: usize,
+) -> Result<Summary> {
     // Started before any context exists, and quit at the end (its drop).
     let _mps = match mps {
         Some(control) => Some(mps_clients(control)?),
@@ -391,6 +394,15 @@ pub fn run(
         Some(ns) => ns,
         None => crate::daemon::gpu_slice_ns(&config(kind, graphs)?, 0),
     };
+    // Killed on every way out of this function (their drop).
+    let hogs = super::hogs::Hogs::start(hogs)?;
+    if !hogs.is_empty() {
+        println!(
+            "{} busy-loop processes beside the guests on {} CPUs, solo rounds included",
+            hogs.len(),
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+    }
     let setup = |fair: bool, secs: f64| Setup {
         kind,
         weights: &WEIGHTS,
@@ -502,8 +514,13 @@ pub fn run(
             .map(|s| s.handoff.figures())
             .collect::<Vec<_>>(),
     );
+    let prefix = if hogs.is_empty() {
+        String::new()
+    } else {
+        format!("hogs={} ", hogs.len())
+    };
     println!(
-        "fairvgpu_mmr={:.3} none_mmr={:.3} fairvgpu_throughput={:.3} none_throughput={:.3} grants={} idle_releases={} drain_us={:.1} submit_us={:.1} gap_us={gap_us:.1}",
+        "{prefix}fairvgpu_mmr={:.3} none_mmr={:.3} fairvgpu_throughput={:.3} none_throughput={:.3} grants={} idle_releases={} drain_us={:.1} submit_us={:.1} gap_us={gap_us:.1}",
         summary[0].1,
         summary[1].1,
         summary[0].2,
@@ -513,5 +530,20 @@ pub fn run(
         all.drain_us(),
         all.first_submit_us()
     );
-    Ok(())
+    Ok(Summary {
+        mmr: summary[0].1,
+        throughput: summary[0].2,
+        idle_releases: all.idle_releases,
+    })
+}
+
+/// What `run` found under fairvgpu's scheduler.
+#[derive(Debug, Clone, Copy)]
+pub struct Summary {
+    /// Weighted max-min ratio of the three guests' GPU time.
+    pub mmr: f64,
+    /// Aggregate throughput against each guest alone.
+    pub throughput: f64,
+    /// Grants given back because the guest did not ask again in time.
+    pub idle_releases: u64,
 }
