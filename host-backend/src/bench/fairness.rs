@@ -160,6 +160,35 @@ fn print_cpu(before: &[Round], after: &[Round], fair: &Round) {
     );
 }
 
+/// What the grant service charged each guest in the fair round, as shares
+/// of all it charged, beside each one's device time (kernels x its kernel's
+/// time alone) and the ratio of the two: a guest whose charges exceed its
+/// device time gets less than its weight's share of the device.
+fn print_charged(fair: &Round, kernel_ns: &[f64; 3]) {
+    let charged: Vec<f64> = (0..3)
+        .map(|g| {
+            fair.service
+                .get(&(g as u32))
+                .map_or(0.0, |v| v.charged_ns as f64)
+        })
+        .collect();
+    let total: f64 = charged.iter().sum();
+    let parts: Vec<String> = (0..3)
+        .map(|g| {
+            let device = fair.kernels[g] as f64 * kernel_ns[g];
+            format!(
+                "guest {g} {:.3} ({:.3} of its device time)",
+                charged[g] / total.max(1.0),
+                charged[g] / device.max(1.0)
+            )
+        })
+        .collect();
+    println!(
+        "charged by the grant service, share of all: {}",
+        parts.join(", ")
+    );
+}
+
 /// "first / timed / host" mean charges per period, with their counts.
 fn period_kinds(st: &crate::worker::Stats) -> String {
     let part = |k: usize| {
@@ -501,6 +530,7 @@ pub fn run(
             period_kinds(shared)
         );
     }
+    print_charged(&fair, &kernel_ns);
     let gap_us = print_handoffs(&fair.stats, &fair.service, secs);
     print_rates(&solo, &fair.kernels, &fair.stats, &fair.loop_secs);
     print_cpu(&before, &after, &fair);

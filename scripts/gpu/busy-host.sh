@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# On the GPU machine: the 1:2:3 fairness bench on a busy host (issue 32).
+# Alternates the carried build ($R, default .carry/release: `--hogs`) with a
+# build before the fix ($BASE, default .carry/bisect/84f611d, beside hogs
+# started here since it has no --hogs), ROUNDS times (default 3) each beside
+# HOGS busy-loop processes (default 12); then $R on the quiet host, ROUNDS
+# times. First it says what the machine allows a process to do for its own
+# threads' CPU (capabilities, a negative nice, a writable cgroup).
+# A line per run: build, host, MMR, aggregate, guest 0's share and what the
+# grant service charged it against its device time.
+# usage: [R=.carry/release] [BASE=.carry/bisect/84f611d] [ROUNDS=3] [HOGS=12]
+#        [SLICE_US=] [SECS=10] [EXECUTOR=cuda] bash scripts/gpu/busy-host.sh
+set -uo pipefail
+. scripts/gpu/lib.sh
+R=${R:-.carry/release}
+BASE=${BASE:-.carry/bisect/84f611d}
+ROUNDS=${ROUNDS:-3}
+HOGS=${HOGS:-12}
+SECS=${SECS:-10}
+EXECUTOR=${EXECUTOR:-cuda}
+EXTRA=()
+[ -n "${SLICE_US:-}" ] && EXTRA=(--slice-us "$SLICE_US")
+LOG=$OUT/busy-host.log
+: > "$LOG"
+{ header; uptime; } | tee -a "$LOG"
+{
+  echo "== what this machine allows"
+  grep -E '^Cap(Prm|Eff)' /proc/self/status
+  if nice -n -5 true 2>/dev/null; then echo "negative nice: allowed"; else echo "negative nice: refused"; fi
+  if chrt -f 1 true 2>/dev/null; then echo "SCHED_FIFO: allowed"; else echo "SCHED_FIFO: refused"; fi
+  cg=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup | head -1)
+  echo "cgroup $cg: $(stat -fc %T /sys/fs/cgroup 2>/dev/null), cpu.weight $(cat "$cg/cpu.weight" 2>/dev/null || echo none)"
+  if mkdir "$cg/fvg-probe" 2>/dev/null; then echo "cgroup: a child can be made"; rmdir "$cg/fvg-probe"; else echo "cgroup: no child can be made"; fi
+} 2>&1 | tee -a "$LOG"
+# run NAME BUILD HOST [ARGS...]: one bench, its summary line.
+run() {
+  local name=$1 bin=$2/fairvgpu host=$3; shift 3
+  [ -x "$bin" ] || { echo "$name: no $bin" | tee -a "$LOG"; return; }
+  echo "== $name, $host: $bin bench fairness --executor $EXECUTOR --seconds $SECS ${EXTRA[*]} $*" >> "$LOG"
+  RUST_LOG=warn timeout 100 "$bin" bench fairness --executor "$EXECUTOR" --seconds "$SECS" "${EXTRA[@]}" "$@" > "$OUT/run.txt" 2>&1
+  local rc=$?
+  cat "$OUT/run.txt" >> "$LOG"
+  local share charged
+  share=$(grep -a "^fairvgpu  *0 " "$OUT/run.txt" | awk '{print $6}')
+  charged=$(grep -a -o "guest 0 [0-9.]* ([0-9.]* of its device time)" "$OUT/run.txt" | grep -o "([0-9.]*" | tr -d '(')
+  echo "$name $host rc=$rc $(grep -a -o 'fairvgpu_mmr=[0-9.]*' "$OUT/run.txt") $(grep -a -o 'fairvgpu_throughput=[0-9.]*' "$OUT/run.txt") $(grep -a -o 'idle_releases=[0-9]*' "$OUT/run.txt") guest0_share=$share guest0_charged_vs_device=${charged:--}" | tee -a "$LOG"
+}
+for round in $(seq "$ROUNDS"); do
+  run release "hogs=$HOGS" "$R" --hogs "$HOGS"
+  hogs_start "$HOGS" >> "$LOG"
+  run base "hogs=$HOGS" "$BASE"
+  hogs_stop
+done
+for round in $(seq "$ROUNDS"); do
+  run release quiet "$R"
+done
+rm -f "$OUT/run.txt"
+uptime | tee -a "$LOG"
