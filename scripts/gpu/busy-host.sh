@@ -4,10 +4,10 @@
 # build before the fix ($BASE, default .carry/bisect/84f611d, beside hogs
 # started here since it has no --hogs), ROUNDS times (default 3) each beside
 # HOGS busy-loop processes (default 12), and each build of $VARIANTS (default
-# .carry/nospin where it exists; builds with --hogs) beside as many; then $R
-# on the quiet host, ROUNDS times. First it says what the machine allows a
-# process to do for its own threads' CPU (capabilities, a negative nice,
-# SCHED_FIFO, a cgroup v2 child).
+# .carry/nospin and .carry/lift where carried; builds with --hogs) beside as
+# many; then $R on the quiet host, ROUNDS times. First it says what the
+# machine allows a process to do for its own threads' CPU (capabilities, a
+# negative nice, SCHED_FIFO, a cgroup v2 child).
 # A line per run: build, host, MMR, aggregate, guest 0's share and what the
 # grant service charged it against its device time.
 # usage: [R=.carry/busyhost] [BASE=.carry/bisect/84f611d] [VARIANTS="dir ..."]
@@ -21,7 +21,9 @@ ROUNDS=${ROUNDS:-3}
 HOGS=${HOGS:-12}
 if [ -z "${VARIANTS+x}" ]; then
   VARIANTS=""
-  [ -x .carry/nospin/fairvgpu ] && VARIANTS=.carry/nospin
+  for v in .carry/nospin .carry/lift; do
+    [ -x "$v/fairvgpu" ] && VARIANTS="$VARIANTS $v"
+  done
 fi
 SECS=${SECS:-10}
 EXECUTOR=${EXECUTOR:-cuda}

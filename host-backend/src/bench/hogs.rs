@@ -13,6 +13,9 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context as _, Result};
 
+/// What each hog runs.
+const BUSY_LOOP: &str = "while :; do :; done";
+
 /// Running hogs; killed and reaped on drop.
 #[derive(Debug)]
 pub struct Hogs {
@@ -24,26 +27,32 @@ impl Hogs {
     /// start, those already started are killed (the drop of the partial
     /// set) and the error returned.
     pub fn start(n: usize) -> Result<Hogs> {
+        Self::start_script(n, BUSY_LOOP)
+    }
+
+    /// Starts `n` children running the shell script `script`, as [`Hogs::start`].
+    fn start_script(n: usize, script: &str) -> Result<Hogs> {
         let mut hogs = Hogs {
             children: Vec::with_capacity(n),
         };
         for i in 0..n {
             let mut cmd = Command::new("sh");
-            cmd.args(["-c", "while :; do :; done"])
+            cmd.args(["-c", script])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
+            let parent = nix::unistd::Pid::from_raw(std::process::id() as i32);
             // SAFETY: the closure runs in the child between fork and exec
             // and only makes prctl(2) and getppid(2) calls, which are
             // async-signal-safe; it allocates nothing and takes no lock.
-            let parent = nix::unistd::Pid::from_raw(std::process::id() as i32);
             unsafe {
                 cmd.pre_exec(move || {
                     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
                         .map_err(std::io::Error::from)?;
-                    // The parent may have ended before the line above.
+                    // The parent may have ended before the line above
+                    // (an error made from a code: nothing allocated).
                     if nix::unistd::getppid() != parent {
-                        return Err(std::io::Error::other("the bench has ended"));
+                        return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                     }
                     Ok(())
                 });
@@ -90,6 +99,10 @@ impl Drop for Hogs {
 mod tests {
     use super::*;
 
+    /// A loop the shell stays in (a lone command it might exec instead), of
+    /// sleeps that end within a second of the shell.
+    const IDLE_LOOP: &str = "while :; do sleep 1; done";
+
     fn alive(pid: u32) -> bool {
         // A reaped child's /proc entry is gone; a zombie's state is Z.
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -101,23 +114,26 @@ mod tests {
     }
 
     #[test]
-    fn hogs_spin_and_are_gone_after_drop_also_on_unwind() {
-        let hogs = Hogs::start(2).unwrap();
+    fn hogs_run_and_are_gone_after_drop_also_on_unwind() {
+        // Their lifecycle with a script that sleeps instead of spinning: the
+        // other tests of this binary run beside it, some timing a thread on
+        // a CPU of a machine that may have two.
+        let hogs = Hogs::start_script(2, IDLE_LOOP).unwrap();
         assert_eq!(hogs.len(), 2);
         let pids = hogs.pids();
-        std::thread::sleep(std::time::Duration::from_millis(100));
         for &p in &pids {
             assert!(alive(p), "hog {p} running");
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap();
-            // utime+stime (fields 14, 15) grow: it spins.
-            let f: Vec<&str> = stat
-                .rsplit_once(')')
-                .unwrap()
-                .1
-                .split_whitespace()
-                .collect();
-            let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-            assert!(ticks > 0, "hog {p} used no CPU: {stat}");
+            // Its command, once exec'd (the fork may not have got there yet).
+            let t = std::time::Instant::now();
+            let mut cmd = String::new();
+            while t.elapsed() < std::time::Duration::from_secs(5) {
+                cmd = std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                if cmd.contains("while") {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert_eq!(cmd, format!("sh\0-c\0{IDLE_LOOP}\0"), "hog {p}");
         }
         drop(hogs);
         for &p in &pids {
@@ -126,7 +142,7 @@ mod tests {
         // A panic while they run: the unwind's drop ends them too.
         let mut seen = Vec::new();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let h = Hogs::start(1).unwrap();
+            let h = Hogs::start_script(1, IDLE_LOOP).unwrap();
             seen = h.pids();
             panic!("bench failed");
         }));
