@@ -294,6 +294,11 @@ enum BenchCmd {
         /// The MPS control program (`[daemon] mps_control`).
         #[arg(long, default_value = "nvidia-cuda-mps-control")]
         mps_control: std::path::PathBuf,
+        /// Busy-loop processes run beside the guests for the whole bench
+        /// (a busy host; each guest's alone rate is measured beside them
+        /// too); the last line then starts with `hogs=N`.
+        #[arg(long, default_value_t = 0, conflicts_with = "sim")]
+        hogs: usize,
     },
     /// Accounting of GPU time: its error against the guest's CUDA events, and its cost.
     Accounting {
@@ -588,6 +593,7 @@ fn run(cli: Cli) -> Result<()> {
                     slice_us,
                     mps,
                     mps_control,
+                    hogs,
                 },
         } => {
             if sim {
@@ -600,7 +606,9 @@ fn run(cli: Cli) -> Result<()> {
                     graph_launches,
                     slice_us.map(|us| us.clamp(100, 1_000_000) * 1000),
                     mps.then_some(mps_control.as_path()),
+                    hogs,
                 )
+                .map(drop)
             }
         }
         Cmd::Bench {

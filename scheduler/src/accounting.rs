@@ -121,7 +121,15 @@ impl SlicePlan {
 /// mean over the last [`PeriodMeter::WINDOW`] timed periods (the mean, not
 /// the median: the untimed periods have the same occasional host delays,
 /// and their charge must be right on average). An untimed period is charged
-/// its host time less that bias.
+/// its host time less that bias; where the bias is more than a period's
+/// host time, what could not be taken off is taken off the next untimed
+/// periods (at most [`PeriodMeter::MAX_OWED_NS`] carried). Without that the
+/// occasional host delays are charged in full but taken off only down to
+/// zero: on a busy host, where the worker loses its CPU for a millisecond
+/// in one short period of a hundred, the bias of a window that holds such a
+/// delay exceeds the short periods' host time, and 20 us periods were
+/// charged 8-17% over their device time (an H100 beside 12 CPU hogs,
+/// `results/2026-11-25-h100-preemptive-slice.md`).
 ///
 /// The first period of a grant is always timed and never learnt from: after
 /// another vGPU's turn the device first switches to this vGPU's context, a
@@ -146,6 +154,9 @@ pub struct PeriodMeter {
     biases: [u64; PeriodMeter::WINDOW],
     learnt: usize,
     sum: u64,
+    /// Bias not yet taken off (it exceeded the host time of the untimed
+    /// periods it was for), ns.
+    owed: u64,
 }
 
 impl PeriodMeter {
@@ -155,6 +166,10 @@ impl PeriodMeter {
     pub const WINDOW: usize = 32;
     /// Periods of at least this length (their recent mean) are all timed.
     pub const TIME_ALL_NS: u64 = 250_000;
+    /// The most bias carried to later untimed periods: bounds what a run
+    /// of host delays among the timed periods can take off the charges
+    /// that follow (a few slices of short periods).
+    pub const MAX_OWED_NS: u64 = 20_000_000;
 
     /// A meter that times one period in `every` on the device (1: all).
     pub fn new(every: u64) -> Self {
@@ -166,6 +181,7 @@ impl PeriodMeter {
             biases: [0; Self::WINDOW],
             learnt: 0,
             sum: 0,
+            owed: 0,
         }
     }
 
@@ -205,8 +221,15 @@ impl PeriodMeter {
 
     /// The charge for an untimed period of `host_ns` on the host clock.
     pub fn untimed(&mut self, host_ns: u64) -> u64 {
-        let ns = host_ns.saturating_sub(self.bias_ns());
+        let off = self.bias_ns().saturating_add(self.owed);
+        let ns = host_ns.saturating_sub(off);
+        self.owed = off.saturating_sub(host_ns).min(Self::MAX_OWED_NS);
         self.charged(ns)
+    }
+
+    /// Bias carried to the next untimed periods, ns.
+    pub fn owed_ns(&self) -> u64 {
+        self.owed
     }
 
     /// The learnt host-minus-device latency of a period, ns.
@@ -302,8 +325,11 @@ mod tests {
         }
         assert_eq!(m.bias_ns(), 6_000);
         assert_eq!(m.untimed(256_000), 250_000);
-        // Never below zero.
+        // Never below zero; the rest of the bias is taken off the next.
         assert_eq!(m.untimed(1_000), 0);
+        assert_eq!(m.owed_ns(), 5_000);
+        assert_eq!(m.untimed(256_000), 245_000);
+        assert_eq!(m.owed_ns(), 0);
         // A grant's first period (a context switch the host saw) is charged
         // its device time and does not move the bias.
         assert_eq!(m.timed(406_000, 100_000, false), 100_000);
@@ -340,6 +366,53 @@ mod tests {
         assert!(t >= 370, "{t} of 400 timed");
         let t = run(&mut m, PeriodMeter::TIME_ALL_NS * 4 / 5, 8_000);
         assert!((900..1_200).contains(&t), "{t} of 8,000 timed");
+    }
+
+    /// 20 us of device work a period and 6 us of host latency; one period
+    /// in `every_nth` also waits `delay` on the host (the worker lost its
+    /// CPU to another thread before it saw the device done). Returns the
+    /// charge over the device time, all periods together.
+    fn charge_ratio_with_host_delays(every_nth: u64, delay: u64) -> f64 {
+        let mut m = PeriodMeter::new(8);
+        let (dev, lat) = (20_000u64, 6_000u64);
+        let (mut charged, mut device) = (0u64, 0u64);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..400_000u64 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let host = dev
+                + lat
+                + if rng.is_multiple_of(every_nth) {
+                    delay
+                } else {
+                    0
+                };
+            charged += if m.open(false) {
+                m.timed(host, dev, true)
+            } else {
+                m.untimed(host)
+            };
+            device += dev;
+        }
+        charged as f64 / device as f64
+    }
+
+    #[test]
+    fn rare_long_host_delays_are_not_charged_on_average() {
+        // Measured beside 12 CPU hogs on an H100: 20 us periods charged
+        // 21.9-24.0 us on the host clock (9-21% over); the worker waited
+        // for a CPU 0.6-1.3 s in 10 s, 0.4-1.2 ms per involuntary switch.
+        for (nth, delay) in [(100, 1_000_000), (1_000, 3_000_000), (20, 100_000)] {
+            let r = charge_ratio_with_host_delays(nth, delay);
+            assert!(
+                (0.97..1.03).contains(&r),
+                "1 in {nth} delayed {delay} ns: {r:.3}"
+            );
+        }
+        // A quiet host: none delayed.
+        let r = charge_ratio_with_host_delays(u64::MAX, 0);
+        assert!((0.99..1.01).contains(&r), "quiet: {r:.3}");
     }
 
     proptest! {

@@ -8,6 +8,8 @@
 # slice (builds that take --slice-us are given 6000), ROUNDS times (default
 # 1), beside HOGS busy-loop processes (default 12). A line per run: the
 # build, its MMR and aggregate, and the lightest guest's share (fair: 0.167).
+# SECS (default 10) and EXECUTOR (default cuda): the bench's, for a dry run
+# of the builds on the sim elsewhere.
 set -uo pipefail
 . scripts/gpu/lib.sh
 if [ -z "${BUILDS:-}" ]; then
@@ -23,7 +25,7 @@ hogs_start "${HOGS:-12}" >> "$LOG"
 for round in $(seq "${ROUNDS:-1}"); do
   for b in $BUILDS; do
     [ -x "$b/fairvgpu" ] || { echo "$b: no fairvgpu" | tee -a "$LOG"; continue; }
-    args=(bench fairness --executor cuda --seconds 10)
+    args=(bench fairness --executor "${EXECUTOR:-cuda}" --seconds "${SECS:-10}")
     if "$b/fairvgpu" bench fairness --help 2>/dev/null | grep -q -- --slice-us; then
       args+=(--slice-us 6000)
     fi

@@ -160,6 +160,35 @@ fn print_cpu(before: &[Round], after: &[Round], fair: &Round) {
     );
 }
 
+/// What the grant service charged each guest in the fair round, as shares
+/// of all it charged, beside each one's device time (kernels x its kernel's
+/// time alone) and the ratio of the two: a guest whose charges exceed its
+/// device time gets less than its weight's share of the device.
+fn print_charged(fair: &Round, kernel_ns: &[f64; 3]) {
+    let charged: Vec<f64> = (0..3)
+        .map(|g| {
+            fair.service
+                .get(&(g as u32))
+                .map_or(0.0, |v| v.charged_ns as f64)
+        })
+        .collect();
+    let total: f64 = charged.iter().sum();
+    let parts: Vec<String> = (0..3)
+        .map(|g| {
+            let device = fair.kernels[g] as f64 * kernel_ns[g];
+            format!(
+                "guest {g} {:.3} ({:.3} of its device time)",
+                charged[g] / total.max(1.0),
+                charged[g] / device.max(1.0)
+            )
+        })
+        .collect();
+    println!(
+        "charged by the grant service, share of all: {}",
+        parts.join(", ")
+    );
+}
+
 /// "first / timed / host" mean charges per period, with their counts.
 fn period_kinds(st: &crate::worker::Stats) -> String {
     let part = |k: usize| {
@@ -373,7 +402,9 @@ fn mps_clients(control: &std::path::Path) -> Result<crate::mps::MpsDaemon> {
 /// daemon would give GPU 0: DESIGN.md's 6 ms where it cannot preempt a
 /// kernel, as on the sim, 30 ms where it can); `mps`: the MPS control program to start, whose clients the
 /// guests' contexts then are, as on a GPU with `[[gpu]] mps = true` (one
-/// hardware context: no context switch at a hand-off).
+/// hardware context: no context switch at a hand-off); `hogs`: busy-loop
+/// processes run beside the guests for the whole bench, solo rounds
+/// included (a busy host: [`super::hogs`]).
 pub fn run(
     kind: ExecutorKind,
     secs: f64,
@@ -381,7 +412,8 @@ pub fn run(
     graphs: GraphLaunches,
     slice_ns: Option<u64>,
     mps: Option<&std::path::Path>,
-) -> Result<()> {
+    hogs: usize,
+) -> Result<Summary> {
     // Started before any context exists, and quit at the end (its drop).
     let _mps = match mps {
         Some(control) => Some(mps_clients(control)?),
@@ -391,6 +423,15 @@ pub fn run(
         Some(ns) => ns,
         None => crate::daemon::gpu_slice_ns(&config(kind, graphs)?, 0),
     };
+    // Killed on every way out of this function (their drop).
+    let hogs = super::hogs::Hogs::start(hogs)?;
+    if !hogs.is_empty() {
+        println!(
+            "{} busy-loop processes beside the guests on {} CPUs, solo rounds included",
+            hogs.len(),
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+    }
     let setup = |fair: bool, secs: f64| Setup {
         kind,
         weights: &WEIGHTS,
@@ -489,6 +530,7 @@ pub fn run(
             period_kinds(shared)
         );
     }
+    print_charged(&fair, &kernel_ns);
     let gap_us = print_handoffs(&fair.stats, &fair.service, secs);
     print_rates(&solo, &fair.kernels, &fair.stats, &fair.loop_secs);
     print_cpu(&before, &after, &fair);
@@ -502,8 +544,13 @@ pub fn run(
             .map(|s| s.handoff.figures())
             .collect::<Vec<_>>(),
     );
+    let prefix = if hogs.is_empty() {
+        String::new()
+    } else {
+        format!("hogs={} ", hogs.len())
+    };
     println!(
-        "fairvgpu_mmr={:.3} none_mmr={:.3} fairvgpu_throughput={:.3} none_throughput={:.3} grants={} idle_releases={} drain_us={:.1} submit_us={:.1} gap_us={gap_us:.1}",
+        "{prefix}fairvgpu_mmr={:.3} none_mmr={:.3} fairvgpu_throughput={:.3} none_throughput={:.3} grants={} idle_releases={} drain_us={:.1} submit_us={:.1} gap_us={gap_us:.1}",
         summary[0].1,
         summary[1].1,
         summary[0].2,
@@ -513,5 +560,20 @@ pub fn run(
         all.drain_us(),
         all.first_submit_us()
     );
-    Ok(())
+    Ok(Summary {
+        mmr: summary[0].1,
+        throughput: summary[0].2,
+        idle_releases: all.idle_releases,
+    })
+}
+
+/// What `run` found under fairvgpu's scheduler.
+#[derive(Debug, Clone, Copy)]
+pub struct Summary {
+    /// Weighted max-min ratio of the three guests' GPU time.
+    pub mmr: f64,
+    /// Aggregate throughput against each guest alone.
+    pub throughput: f64,
+    /// Grants given back because the guest did not ask again in time.
+    pub idle_releases: u64,
 }

@@ -4,6 +4,7 @@ pub mod accounting;
 pub mod fairness;
 pub mod fairness_sim;
 pub mod fixture;
+pub mod hogs;
 pub mod hostile;
 pub mod migrate;
 pub mod overhead;

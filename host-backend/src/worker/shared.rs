@@ -295,15 +295,23 @@ impl Shared {
         } else {
             None
         };
-        let (ns, kind) = match device {
-            Some(d) => (self.meter.timed(host, d, !p.first), usize::from(!p.first)),
-            None => (self.meter.untimed(host), 2),
+        // The kernel's estimate is the period's own time: not what the
+        // charge carries over from earlier periods (see `PeriodMeter`).
+        let (ns, own, kind) = match device {
+            Some(d) => {
+                let ns = self.meter.timed(host, d, !p.first);
+                (ns, ns, usize::from(!p.first))
+            }
+            None => {
+                let own = host.saturating_sub(self.meter.bias_ns());
+                (self.meter.untimed(host), own, 2)
+            }
         };
         self.charged_ns += ns;
         self.stats.periods[kind].fetch_add(1, Ordering::Relaxed);
         self.stats.period_charges[kind].fetch_add(ns, Ordering::Relaxed);
         if let Some((f, n)) = p.single_function() {
-            s.kernel_ns.insert(f, ns / u64::from(n.max(1)));
+            s.kernel_ns.insert(f, own / u64::from(n.max(1)));
         }
     }
 }
