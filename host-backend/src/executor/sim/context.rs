@@ -171,14 +171,12 @@ impl SimContext {
     /// the context synchronizes or is destroyed: printf text to descriptor
     /// 1, assert messages to 2.
     pub(super) fn flush_printed(&mut self) {
-        use std::io::Write;
         let [out, err] = std::mem::take(&mut self.printed);
         if !out.is_empty() {
-            let mut o = std::io::stdout().lock();
-            let _ = o.write_all(&out).and_then(|()| o.flush());
+            write_printed(1, &out);
         }
         if !err.is_empty() {
-            let _ = std::io::stderr().lock().write_all(&err);
+            write_printed(2, &err);
         }
     }
 
@@ -212,6 +210,30 @@ impl SimContext {
                 std::hint::spin_loop();
             }
         }
+    }
+}
+
+/// Writes kernel output to descriptor 1 or 2, as the driver does.
+#[cfg(not(test))]
+fn write_printed(fd: u8, text: &[u8]) {
+    use std::io::Write;
+    let _ = if fd == 1 {
+        let mut o = std::io::stdout().lock();
+        o.write_all(text).and_then(|()| o.flush())
+    } else {
+        std::io::stderr().lock().write_all(text)
+    };
+}
+
+/// In unit tests, through the test harness's captured output, so that a
+/// passing test prints nothing.
+#[cfg(test)]
+fn write_printed(fd: u8, text: &[u8]) {
+    let t = String::from_utf8_lossy(text);
+    if fd == 1 {
+        print!("{t}");
+    } else {
+        eprint!("{t}");
     }
 }
 
