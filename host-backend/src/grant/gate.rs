@@ -13,12 +13,9 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::{
     decode, encode, Report, CONTENDED, CONTEXTS, COPIES, DRAINING, EXTEND, GRANT, HELLO, LOGS,
-    NEXT, OCCUPANCY, PROCESS, QUEUE, RELEASE, REPORT, SERVED, SLICED, WANT,
+    OCCUPANCY, PROCESS, QUEUE, RELEASE, REPORT, SERVED, SLICED, WANT,
 };
 
-/// How long a vGPU told it is next (`NEXT`) polls for its grant without
-/// blocking: the holder's last work takes up to about a slice's overrun.
-const NEXT_SPIN: Duration = Duration::from_millis(3);
 use crate::Error;
 
 /// A worker's side: asks for the grant, knows when its slice is over.
@@ -35,10 +32,6 @@ pub struct Gate {
     extensions: u64,
     /// See [`Gate::alone`].
     alone: bool,
-    /// When the service said this vGPU is next (see [`Gate::take_next`]).
-    next_at: Option<Instant>,
-    /// A `NEXT` not yet taken by [`Gate::take_next`].
-    next_news: bool,
 }
 
 impl Gate {
@@ -71,8 +64,6 @@ impl Gate {
             extensions: 0,
             alone: false,
             slice: Duration::ZERO,
-            next_at: None,
-            next_news: false,
         })
     }
 
@@ -103,10 +94,8 @@ impl Gate {
         self.held_since.is_some()
     }
 
-    /// Asks for the grant (once) and waits up to `wait` for it; true if held.
-    /// Told that it is next (`NEXT`), it returns at once (the worker wakes
-    /// its guests: [`Gate::take_next`]), and from then on it polls without
-    /// blocking for a while, so that the grant finds it awake.
+    /// Asks for the grant (once) and waits up to `wait` for it, blocked;
+    /// true if held.
     pub fn acquire(&mut self, wait: Duration) -> Result<bool, Error> {
         if self.holding() {
             return Ok(true);
@@ -114,65 +103,32 @@ impl Gate {
         if !self.wanted {
             self.want()?;
         }
-        let start = Instant::now();
-        loop {
-            let spinning = self.next_at.is_some_and(|t| t.elapsed() < NEXT_SPIN);
-            let timeout = if spinning {
-                PollTimeout::ZERO
-            } else {
-                PollTimeout::from(wait.as_millis().min(u128::from(u16::MAX)) as u16)
-            };
-            let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
-            if poll(&mut fds, timeout).unwrap_or(0) == 0 {
-                if spinning && start.elapsed() < wait {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                return Ok(false);
-            }
-            let mut m = [0u8; 24];
-            self.stream.read_exact(&mut m).map_err(|e| Error::Io {
-                what: "grant read",
-                source: e,
-            })?;
-            let (kind, _, slice_ns, lone) = decode(&m);
-            match kind {
-                GRANT => {
-                    self.wanted = false;
-                    // Granted without being told first (under MPS the
-                    // next vGPU is granted as the holder drains): its
-                    // guests are woken now, as on `NEXT`.
-                    if self.next_at.take().is_none() && lone == 0 {
-                        self.next_news = true;
-                    }
-                    self.alone = lone == 1;
-                    self.slice = Duration::from_nanos(slice_ns);
-                    self.held_since = Some(Instant::now());
-                    self.grants += 1;
-                    return Ok(true);
-                }
-                NEXT => {
-                    self.next_at = Some(Instant::now());
-                    self.next_news = true;
-                    return Ok(false);
-                }
-                // An extension sent as this vGPU gave its grant back is stale.
-                _ => return Ok(false),
-            }
+        let timeout = PollTimeout::from(wait.as_millis().min(u128::from(u16::MAX)) as u16);
+        let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, timeout).unwrap_or(0) == 0 {
+            return Ok(false);
         }
-    }
-
-    /// Whether the service said, since the last call, that this vGPU is
-    /// next (the holder is finishing its last work), or granted it while
-    /// others wait without saying so first. The worker then wakes its
-    /// sleeping guests, so that they are awake when their replies come.
-    pub fn take_next(&mut self) -> bool {
-        std::mem::take(&mut self.next_news)
+        let mut m = [0u8; 24];
+        self.stream.read_exact(&mut m).map_err(|e| Error::Io {
+            what: "grant read",
+            source: e,
+        })?;
+        let (kind, _, slice_ns, lone) = decode(&m);
+        if kind != GRANT {
+            // An extension sent as this vGPU gave its grant back is stale.
+            return Ok(false);
+        }
+        self.wanted = false;
+        self.alone = lone == 1;
+        self.slice = Duration::from_nanos(slice_ns);
+        self.held_since = Some(Instant::now());
+        self.grants += 1;
+        Ok(true)
     }
 
     /// Tells the service that this holder is giving the GPU back: its last
     /// work is finishing on the device. Said only while another vGPU waits
-    /// (the service then tells the next one).
+    /// (under MPS the service then grants the next one at once).
     pub fn draining(&mut self) -> Result<(), Error> {
         if !self.holding() || self.alone {
             return Ok(());

@@ -23,15 +23,14 @@
 //! without extensions).
 //!
 //! A holder that gives the GPU back while others wait says so as its last
-//! work starts draining (`DRAINING`); the vGPU first in line is told
-//! (`NEXT`): its worker wakes its sleeping guests (who then spin, so that
-//! the grant's first replies find them awake) and polls for the grant
-//! without blocking, and so does the service for the release. Measured on
-//! an H100 (`results/2026-11-23-h100-handoff.md`): guests woken by a reply
-//! after a hand-off went from one a grant to almost none. On a GPU whose
-//! vGPUs are MPS clients (one hardware context, nothing to switch) the
-//! vGPU first in line is granted at once instead, its first work running
-//! beside the drain, and the drainer is charged at its release as ever.
+//! work starts draining (`DRAINING`). On a GPU whose vGPUs are MPS clients
+//! (one hardware context, nothing to switch) the vGPU first in line is
+//! granted at once, its first work running beside the drain, and the
+//! drainer is charged at its release as ever. Elsewhere the next vGPU
+//! waits for the release, blocked, as for any grant: the vGPU first in
+//! line was once told to spin for it and to wake its guests early, which
+//! on a busy host took the CPU from the guests and cost the lightest vGPU
+//! its share (`results/2026-11-26-h100-busy-host-bisect.md`).
 //!
 //! Messages are 24 bytes, little-endian: `[kind u32][vgpu u32][a u64][b u64]`.
 
@@ -70,11 +69,6 @@ const COPIES: u32 = 15; // a = share of its device work that was copies, parts p
 const EXTEND: u32 = 12; // a = ns added to the holder's slice
 const CONTENDED: u32 = 13; // another vGPU wants the GPU: no more extensions this grant
 const DRAINING: u32 = 16; // the holder is giving the GPU back: its last work is finishing
-const NEXT: u32 = 17; // to the vGPU first in line when the holder drains: be awake for the grant
-
-/// How long the service polls without blocking once the holder drains
-/// (its last work takes up to about a slice's overrun).
-const DRAIN_SPIN: Duration = Duration::from_millis(3);
 
 /// How long a new connection may take to say HELLO.
 const HELLO_WAIT: Duration = Duration::from_secs(2);
@@ -581,16 +575,7 @@ fn serve(
                 .iter()
                 .map(|i| PollFd::new(conns[i].as_fd(), PollFlags::POLLIN))
                 .collect();
-            // While the holder drains, its release is near: look without
-            // blocking, so that the next grant does not wait on this
-            // thread's wake-up.
-            let soon = draining_since.is_some_and(|t| t.elapsed() < DRAIN_SPIN);
-            let timeout = if soon {
-                PollTimeout::ZERO
-            } else {
-                PollTimeout::from(1u8)
-            };
-            let _ = poll(&mut fds, timeout);
+            let _ = poll(&mut fds, PollTimeout::from(1u8));
             for (k, fd) in fds.iter().enumerate() {
                 if fd.revents().is_some_and(|r| !r.is_empty()) {
                     gone.push(ids[k]);
@@ -614,17 +599,18 @@ fn serve(
                             }
                             let _ = sched.request(id, now, None);
                         }
-                        // The holder drains: the vGPU first in line (as
-                        // far as the order tells before its charge) is told,
-                        // so that its worker and guests are awake when the
-                        // grant comes. A wrong guess costs that one a spin.
-                        // Once a grant: a holder repeating it (a compromised
-                        // worker) makes no other worker spin more.
-                        // Under MPS (one hardware context: nothing to
-                        // switch) the next vGPU is granted at once instead,
-                        // its first work running beside the drain: the GPU
-                        // idles for no hand-off. The drainer is charged at
-                        // its release as ever.
+                        // The holder drains. Under MPS (one hardware
+                        // context: nothing to switch) the next vGPU is
+                        // granted at once, its first work running beside
+                        // the drain: the GPU idles for no hand-off. The
+                        // drainer is charged at its release as ever.
+                        // Without MPS the next vGPU waits for the release
+                        // as it waits for any grant, blocked: telling it
+                        // to spin for the grant (and to wake its guests)
+                        // took CPU time from busy hosts' guests and cost
+                        // the lightest vGPU its share beside CPU hogs
+                        // (MMR 0.80-0.83 against 0.97 on an H100,
+                        // `results/2026-11-26-h100-busy-host-bisect.md`).
                         DRAINING
                             if holder == Some(id)
                                 && co.holders.is_empty()
@@ -638,10 +624,6 @@ fn serve(
                                 holder = None;
                                 freed =
                                     (!sched.candidates(now, &[id]).is_empty()).then(Instant::now);
-                            } else if let Some(n) = sched.candidates(now, &[id]).first().copied() {
-                                if let Some(s) = conns.get_mut(&n) {
-                                    let _ = s.write_all(&encode(NEXT, n, 0, 0));
-                                }
                             }
                         }
                         RELEASE

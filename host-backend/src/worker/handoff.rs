@@ -32,9 +32,6 @@ pub struct Handoff {
     pub first_submit_ns: AtomicU64,
     /// Replies that had to wake a sleeping guest (its doorbell rung).
     pub guest_bells: AtomicU64,
-    /// Sleeping guests woken ahead of a grant, when the service said the
-    /// vGPU was next (`NEXT`).
-    pub early_wakes: AtomicU64,
 }
 
 impl Handoff {
@@ -50,7 +47,6 @@ impl Handoff {
             first_submits: l(&self.first_submits),
             first_submit_ns: l(&self.first_submit_ns),
             guest_bells: l(&self.guest_bells),
-            early_wakes: l(&self.early_wakes),
         }
     }
 
@@ -72,7 +68,6 @@ pub struct Figures {
     pub first_submits: u64,
     pub first_submit_ns: u64,
     pub guest_bells: u64,
-    pub early_wakes: u64,
 }
 
 fn mean_us(ns: u64, n: u64) -> f64 {
@@ -110,7 +105,6 @@ impl Figures {
             first_submits: a.first_submits + f.first_submits,
             first_submit_ns: a.first_submit_ns + f.first_submit_ns,
             guest_bells: a.guest_bells + f.guest_bells,
-            early_wakes: a.early_wakes + f.early_wakes,
         })
     }
 
@@ -118,15 +112,14 @@ impl Figures {
     /// first submission, drain sleeps, guest wakes.
     pub fn line(&self) -> String {
         format!(
-            "grants {} (idle {}) held {:.0} us drain {:.1} us grant->submit {:.1} us drain_sleeps {} guest_bells {} early_wakes {}",
+            "grants {} (idle {}) held {:.0} us drain {:.1} us grant->submit {:.1} us drain_sleeps {} guest_bells {}",
             self.grants,
             self.idle_releases,
             self.held_us(),
             self.drain_us(),
             self.first_submit_us(),
             self.drain_sleeps,
-            self.guest_bells,
-            self.early_wakes
+            self.guest_bells
         )
     }
 }
@@ -165,12 +158,10 @@ mod tests {
             first_submits: 7,
             first_submit_ns: 8,
             guest_bells: 9,
-            early_wakes: 10,
         };
         let s = Figures::sum([&a, &a]);
         assert_eq!(s.grants, 2);
         assert_eq!(s.guest_bells, 18);
-        assert_eq!(s.early_wakes, 20);
         assert_eq!(s.first_submit_ns, 16);
         assert_eq!(s.idle_releases, 6);
     }

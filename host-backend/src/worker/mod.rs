@@ -616,9 +616,6 @@ impl Worker {
             for c in &mut self.chans {
                 busy |= service(&mut self.sh, c, &mut self.sessions);
             }
-            if self.sh.gate.as_mut().is_some_and(|g| g.take_next()) {
-                self.wake_sleeping_guests();
-            }
             self.recheck_budget();
             if self.releasing.is_some() {
                 if self.poll_release()? {
@@ -939,21 +936,6 @@ impl Worker {
                 if self.sh.region.owner_peer(ch).ok() == Some(u32::from(peer)) {
                     let _ = self.sh.region.mark_abandoned(ch);
                 }
-            }
-        }
-    }
-
-    /// The grant is about to come (`NEXT`), or came untold at a hand-off:
-    /// guests asleep on a reply are woken now, so that they are awake when
-    /// its first replies come (GPU-centric coscheduling: the vCPU they wait
-    /// on is kicked too).
-    fn wake_sleeping_guests(&mut self) {
-        for c in &self.chans {
-            if c.session.is_none() {
-                continue;
-            }
-            if channel::ring_if_sleeping(&self.sh, c.host.index()).unwrap_or(false) {
-                handoff::Handoff::add(&self.sh.stats.handoff.early_wakes, 1);
             }
         }
     }
