@@ -440,6 +440,36 @@ fn vgpu_status_with_bad_fields_or_on_a_session_is_refused() {
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
 }
 
+/// `TakeOutput` takes only the asking process's own kernel output: asked
+/// before `Hello` (a monitor's channel) it is refused; asked over and over
+/// by a process that holds none, it answers "nothing" (stream 0, no bytes)
+/// every time; neither breaks a channel or touches another process.
+#[test]
+fn take_output_gives_nothing_that_is_not_the_callers() {
+    use guest_frontend::{Gpu, GuestError};
+    use protocol::{Request, Status};
+    let host = Host::start("hostile-output", 64 << 20);
+    let mut victim = host.guest();
+    let p = victim.mem_alloc(1 << 20).unwrap();
+    victim.memcpy_htod(p, &[7; 4096]).unwrap();
+    let refused = host.stats().refused.load(Ordering::Relaxed);
+
+    let mut monitor = Gpu::monitor(&host.socket, fairvgpu_tests::TEST_SPIN).unwrap();
+    let e = monitor.request(&Request::TakeOutput).unwrap_err();
+    assert!(matches!(e, GuestError::Cuda(Status::NotInitialized)), "{e:?}");
+    assert!(host.stats().refused.load(Ordering::Relaxed) > refused);
+
+    let mut evil = host.guest();
+    for _ in 0..1000 {
+        let r = evil.request(&Request::TakeOutput).unwrap();
+        assert_eq!(r.vals[0], 0, "a stream where nothing is held");
+    }
+    let mut buf = [0u8; 4096];
+    victim.memcpy_dtoh(&mut buf, p, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 7));
+    assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
+}
+
 /// Cluster occupancy questions about another process's kernel, or of a
 /// shape no launch may have, are refused; the channel lives on.
 #[test]
