@@ -456,7 +456,10 @@ fn take_output_gives_nothing_that_is_not_the_callers() {
 
     let mut monitor = Gpu::monitor(&host.socket, fairvgpu_tests::TEST_SPIN).unwrap();
     let e = monitor.request(&Request::TakeOutput).unwrap_err();
-    assert!(matches!(e, GuestError::Cuda(Status::NotInitialized)), "{e:?}");
+    assert!(
+        matches!(e, GuestError::Cuda(Status::NotInitialized)),
+        "{e:?}"
+    );
     assert!(host.stats().refused.load(Ordering::Relaxed) > refused);
 
     let mut evil = host.guest();
