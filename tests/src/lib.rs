@@ -265,3 +265,46 @@ pub fn spin_guest(
         }
     })
 }
+
+/// The headless browser the dashboard tests use, if the machine has one.
+pub fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|c| {
+            let ok = std::process::Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+            ok.then(|| PathBuf::from(c))
+        })
+}
+
+/// Loads the dashboard in headless Chromium and returns its DOM after the
+/// page's script ran for a few (virtual) seconds.
+pub fn dashboard_dom(browser: &Path, url: &str, screenshot: Option<&Path>) -> String {
+    let mut cmd = std::process::Command::new(browser);
+    cmd.args([
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--window-size=1200,1000",
+        "--virtual-time-budget=6000",
+    ]);
+    match screenshot {
+        Some(p) => cmd.arg(format!("--screenshot={}", p.display())),
+        None => cmd.arg("--dump-dom"),
+    };
+    let out = cmd
+        .arg(url)
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .expect("chromium runs");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -1,14 +1,15 @@
 //! `fairvgpu demo`, the README's first command: three tenants at 1:2:3 on
 //! the sim, a weight changed midway; its summary's shares must be within 5
 //! points of entitlement in both phases, and its dashboard must answer
-//! (checked here over HTTP while the demo runs). Ctrl-C ends it cleanly.
+//! (checked here over HTTP, and in headless Chromium, while the demo
+//! runs). Ctrl-C ends it cleanly.
 
 use std::io::BufRead as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fairvgpu_tests::cargo_build;
+use fairvgpu_tests::{cargo_build, chromium, dashboard_dom};
 use host_backend::control::{client_call, ApiTarget};
 
 /// One demo at a time: two would share the machine's cores and each
@@ -42,6 +43,7 @@ fn demo_shares_follow_the_weights_and_its_dashboard_answers() {
     let out = std::io::BufReader::new(demo.stdout.take().unwrap());
     let mut lines = Vec::new();
     let mut dashboard_checked = false;
+    let mut browser = None;
     for line in out.lines() {
         let line = line.unwrap();
         println!("{line}");
@@ -66,6 +68,17 @@ fn demo_shares_follow_the_weights_and_its_dashboard_answers() {
             assert_eq!(code, 200);
             assert!(String::from_utf8_lossy(&body).contains("\"vm3\""));
             dashboard_checked = true;
+            // In a browser, as the operator opens it: the page's script
+            // fills a row per tenant from the live figures.
+            if let Some(b) = chromium() {
+                let url = format!("http://{}", url.split_whitespace().next().unwrap());
+                browser = Some(std::thread::spawn(move || dashboard_dom(&b, &url, None)));
+            } else {
+                assert!(
+                    std::env::var_os("FAIRVGPU_REQUIRE_CHROMIUM").is_none(),
+                    "FAIRVGPU_REQUIRE_CHROMIUM is set but no chromium was found"
+                );
+            }
         }
         lines.push(line);
     }
@@ -73,6 +86,15 @@ fn demo_shares_follow_the_weights_and_its_dashboard_answers() {
     let all = lines.join("\n");
     assert!(st.success(), "demo failed:\n{all}");
     assert!(dashboard_checked, "no dashboard URL printed:\n{all}");
+    if let Some(b) = browser {
+        let dom = b.join().expect("chromium ran");
+        for vm in ["vm1", "vm2", "vm3"] {
+            assert!(
+                dom.contains(&format!("id=\"row-{vm}\"")),
+                "the dashboard in Chromium shows no row for {vm}:\n{dom}"
+            );
+        }
+    }
     assert!(all.contains("dashboard answered: page HTTP 200"), "{all}");
     assert!(
         all.contains("vector_add: 1048576 elements, 0 wrong"),

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairvgpu_tests::{cargo_build, TEST_SPIN};
+use fairvgpu_tests::{cargo_build, chromium, dashboard_dom, TEST_SPIN};
 use guest_frontend::Gpu;
 use host_backend::control::{client_call, ApiTarget};
 use protocol::{Dim3, ImageKind};
@@ -326,48 +326,6 @@ fn operator_api_shares_weights_reload_token_metrics() {
     )
     .unwrap();
     wait_shares(&d, [1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0], 0.07);
-}
-
-fn chromium() -> Option<PathBuf> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .find_map(|c| {
-            let ok = Command::new(c)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success());
-            ok.then(|| PathBuf::from(c))
-        })
-}
-
-/// Loads the dashboard in headless Chromium and returns its DOM after the
-/// page's script ran for a few (virtual) seconds.
-fn dashboard_dom(browser: &Path, url: &str, screenshot: Option<&Path>) -> String {
-    let mut cmd = Command::new(browser);
-    cmd.args([
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-        "--window-size=1200,1000",
-        "--virtual-time-budget=6000",
-    ]);
-    match screenshot {
-        Some(p) => cmd.arg(format!("--screenshot={}", p.display())),
-        None => cmd.arg("--dump-dom"),
-    };
-    let out = cmd
-        .arg(url)
-        .env("HOME", std::env::temp_dir())
-        .output()
-        .expect("chromium runs");
-    assert!(
-        out.status.success(),
-        "chromium failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The shares the page shows: `data-share` of each vGPU row, in order.
