@@ -72,19 +72,7 @@ build() {
 outcome() { case $1 in 0) echo pass ;; 2) echo waive ;; *) echo "fail($1)" ;; esac; }
 verdict() { grep -aiE 'pass|fail|waiv|error' "$1" | tail -1 | tr -s ' ' | cut -c1-90; }
 
-mkdir -p $W/run
-cat > $W/host.toml <<TOML
-[daemon]
-run_dir = "$W/run"
-executor = "cuda"
-[[vm]]
-name = "vm1"
-tenant = "t"
-memory_limit_mib = 40960
-TOML
-RUST_LOG=warn $R/fairvgpu serve --config $W/host.toml 2> $W/logs/daemon.log &
-D=$!
-for _ in $(seq 200); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
+daemon_start $W 40960
 
 same=0 total=0 npass=0 spass=0
 for n in "${names[@]}"; do
@@ -108,6 +96,6 @@ for n in "${names[@]}"; do
         tail -8 $W/logs/$n.standin | sed 's/^/   | /'
     fi
 done
-kill $D; wait $D 2>/dev/null
+daemon_stop
 cp $W/logs/*.native $W/logs/*.standin $W/logs/daemon.log $OUT/ 2>/dev/null
 echo "samples31_same=$same/$total native_pass=$npass standin_pass=$spass"

@@ -7,57 +7,13 @@
 //! `CUDA_ERROR_LAUNCH_FAILED`; after each, the VM's next process attaches
 //! and computes; nothing a kernel printed appears in the daemon's log.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use fairvgpu_tests::{build_c_standin, cargo_build, standin, workspace};
-
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn start(dir: &Path) -> Daemon {
-    let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir_all(dir).unwrap();
-    let cfg = format!(
-        "[daemon]\nrun_dir = {:?}\nexecutor = \"sim\"\n\n[spin]\nspins = 2000\nmax_block_us = 2000\n\n\
-         [[vm]]\nname = \"vm1\"\ntenant = \"t\"\nmemory_limit_mib = 256\n",
-        dir.display().to_string()
-    );
-    std::fs::write(dir.join("host.toml"), cfg).unwrap();
-    let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
-    let child = Command::new(cargo_build("fairvgpu").join("fairvgpu"))
-        .args(["serve", "--config"])
-        .arg(dir.join("host.toml"))
-        .env("RUST_LOG", "info")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("daemon starts");
-    let d = Daemon {
-        child,
-        dir: dir.to_owned(),
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !dir.join("vm1.sock").exists() {
-        assert!(Instant::now() < deadline, "vm1.sock did not appear");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    d
-}
+use host_backend::bench::fixture::{DaemonProc, VmSpec};
+use host_backend::config::ExecutorKind;
 
 fn run(exe: &Path, lib: &Path, socket: &Path, mode: &str) -> Output {
     Command::new(exe)
@@ -94,11 +50,19 @@ fn next_process_computes(exe: &Path, lib: &Path, socket: &Path) -> Duration {
 
 #[test]
 fn kernel_output_and_faults_reach_their_own_process_only() {
-    let dir = std::env::temp_dir().join(format!("fvg-faults-{}", std::process::id()));
-    let d = start(&dir);
+    // The daemon's log holds all it and its workers write, stdout too.
+    let d = DaemonProc::start_logged(
+        &cargo_build("fairvgpu").join("fairvgpu"),
+        "faults",
+        ExecutorKind::Sim,
+        &[VmSpec::new("vm1", 256)],
+        "info",
+    )
+    .unwrap();
+    let dir = d.dir.clone();
     let lib = standin(&dir);
     let exe = build_c_standin("faults", &dir, &lib, &[]);
-    let sock = dir.join("vm1.sock");
+    let sock = d.socket("vm1");
 
     // printf: the kernel's lines at the synchronize, before what follows.
     let out = run(&exe, &lib, &sock, "printf");
@@ -126,7 +90,7 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
         "stderr: {}\nstdout: {}\nlog: {}",
         text(&out.stderr),
         text(&out.stdout),
-        std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default()
+        std::fs::read_to_string(d.log_path()).unwrap_or_default()
     );
     let after_assert = next_process_computes(&exe, &lib, &sock);
 
@@ -148,7 +112,7 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
     let out = run(&exe, &lib, &sock, "printf");
     assert!(text(&out.stdout).contains("kernel 3 thread 3\nafter sync\n"));
 
-    let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap();
+    let log = std::fs::read_to_string(d.log_path()).unwrap();
     assert!(
         !log.contains("kernel 3 thread") && !log.contains("Assertion"),
         "kernel output reached the daemon's log:\n{log}"

@@ -82,7 +82,8 @@ impl DaemonProc {
     }
 
     /// [`DaemonProc::start`] with the daemon's log (its workers' too) at
-    /// `level` going to [`DaemonProc::log_path`] instead of our stderr.
+    /// `level`, and its standard output, going to [`DaemonProc::log_path`]
+    /// instead of ours.
     pub fn start_logged(
         bin: &Path,
         tag: &str,
@@ -138,8 +139,12 @@ impl DaemonProc {
         cmd.args(["serve", "--config"]).arg(dir.join("host.toml"));
         match log_level {
             Some(level) => {
+                // Everything the daemon and its workers write, standard
+                // output too (where nothing of a guest's may appear).
                 let log = std::fs::File::create(dir.join(LOG_FILE))?;
-                cmd.env("RUST_LOG", level).stderr(log);
+                cmd.env("RUST_LOG", level)
+                    .stdout(log.try_clone()?)
+                    .stderr(log);
             }
             None => {
                 cmd.env(
