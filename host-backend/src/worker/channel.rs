@@ -80,8 +80,12 @@ pub(super) fn service(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> bool 
     if let Some(s) = pending {
         sh.note_fault(s, c.host.index());
     }
-    // What the pass's calls made the driver write is this process's.
-    sh.collect_output(c.session);
+    // What the pass's calls made the driver write is this process's. A
+    // pass that ran nothing made the driver write nothing: the worker polls
+    // every channel on every turn, and this costs two reads of the pipes.
+    if !matches!(r, Ok(false)) {
+        sh.collect_output(c.session);
+    }
     match r {
         Ok(did) => did,
         Err(e) => {
@@ -320,7 +324,7 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
             let poisoned = sh.poisoned.get().is_some();
             sh.contexts.give_back(s.ctx, poisoned);
             // What a context prints as it is destroyed has nobody to go to.
-            sh.output.borrow_mut().collect([None; 2]);
+            sh.output.borrow_mut().collect(None, false);
             sh.output.borrow_mut().forget(id);
         }
     }

@@ -219,16 +219,33 @@ impl Output {
         }
     }
 
-    /// Gives what the worker's descriptors received since the last call:
-    /// standard output's to process `owners[0]`, standard error's to
-    /// `owners[1]` (`None`: nobody's, e.g. a context being destroyed for a
-    /// process that has gone; the text is dropped).
-    pub fn collect(&mut self, owners: [Option<SessionId>; 2]) {
+    /// Gives what the worker's descriptors received since the last call
+    /// to process `owner`, the one whose calls ran meanwhile (`None`:
+    /// nobody's, e.g. a context destroyed for a process that has gone; the
+    /// text is dropped). The driver writes a context's printf text
+    /// (standard output) when that context synchronizes, but a fault's
+    /// message (standard error) from a thread of its own, at no particular
+    /// call (measured on an H200: an assert's message came in three writes,
+    /// two of them while a neighbour process was served, before any call
+    /// had seen the fault). So standard error's text, and once a fault
+    /// poisoned the worker (`faulted`) any text, goes to `owner` only if
+    /// no other process made a call in the last second; otherwise it is
+    /// dropped, never given to a neighbour.
+    pub fn collect(&mut self, owner: Option<SessionId>, faulted: bool) {
         let Some(c) = self.capture.as_ref() else {
             return;
         };
         let st = c.take();
         self.dropped += st.dropped;
+        if st.text.iter().all(Vec::is_empty) {
+            return;
+        }
+        let alone = if self.others_active(owner) {
+            None
+        } else {
+            owner
+        };
+        let owners = [if faulted { alone } else { owner }, alone];
         for (i, text) in st.text.into_iter().enumerate() {
             if !text.is_empty() {
                 self.give(owners[i], i as u8 + 1, text);
@@ -345,9 +362,9 @@ mod tests {
         let mut o = Output::with(Some(cap));
         write(&out, b"kernel 1 thread 0\n");
         write(&err, b"Assertion `p` failed.\n");
-        o.collect([Some(7); 2]);
+        o.collect(Some(7), false);
         write(&out, b"kernel 2 thread 0\n");
-        o.collect([Some(8); 2]);
+        o.collect(Some(8), false);
         assert!(o.has(7) && o.has(8));
         assert_eq!(
             o.take(7, 1 << 20),
@@ -364,8 +381,8 @@ mod tests {
         // Text with no process to take it is dropped, not kept for the
         // next one.
         write(&out, b"orphan\n");
-        o.collect([None; 2]);
-        o.collect([Some(9); 2]);
+        o.collect(None, false);
+        o.collect(Some(9), false);
         assert!(!o.has(9));
         assert_eq!(o.dropped, 7);
     }
@@ -377,7 +394,7 @@ mod tests {
         // More than a pipe holds: the reader thread drains as it comes.
         let big = vec![b'x'; 4 << 20];
         write(&out, &big);
-        o.collect([Some(1); 2]);
+        o.collect(Some(1), false);
         let mut got = 0;
         while let Some((s, t)) = o.take(1, 1 << 20) {
             assert_eq!(s, 1);
@@ -407,7 +424,7 @@ mod tests {
     #[test]
     fn without_a_capture_nothing_is_taken_from_the_process() {
         let mut o = Output::with(None);
-        o.collect([Some(1); 2]);
+        o.collect(Some(1), false);
         assert!(!o.has(1));
     }
 }

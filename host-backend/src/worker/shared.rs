@@ -111,24 +111,10 @@ impl Shared {
     }
 
     /// Gives the kernel output written since the last call to the process
-    /// `owner` whose calls ran meanwhile (see `output.rs`). The driver
-    /// writes a context's printf text (standard output) when that context
-    /// synchronizes, but a fault's message (standard error) from a thread
-    /// of its own, at no particular call (measured on an H200: an assert's
-    /// message came in three writes, two of them while a neighbour process
-    /// was served, before any call had seen the fault). So standard
-    /// error's text, and once a fault poisoned the worker any text, goes
-    /// to the serving process only if no other process made a call in the
-    /// last second; otherwise it is dropped, never given to a neighbour.
+    /// `owner` whose calls ran meanwhile (see [`super::output::Output::collect`]).
     pub fn collect_output(&self, owner: Option<super::sessions::SessionId>) {
-        let mut o = self.output.borrow_mut();
-        let alone = if o.others_active(owner) { None } else { owner };
-        let out = if self.poisoned.get().is_some() {
-            alone
-        } else {
-            owner
-        };
-        o.collect([out, alone]);
+        let faulted = self.poisoned.get().is_some();
+        self.output.borrow_mut().collect(owner, faulted);
     }
 
     /// The device memory this vGPU may hold now: the daemon's live setting
