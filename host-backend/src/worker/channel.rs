@@ -72,13 +72,16 @@ pub(super) fn service(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> bool 
         sh.output.borrow_mut().touch(id);
     }
     // A launch's fault kept for the process's next call poisons the
-    // worker as a reply's does (before its output is given to anyone).
-    let pending = c
-        .session
-        .and_then(|id| ss.get_mut(id))
-        .and_then(|e| e.s.pending_error);
-    if let Some(s) = pending {
-        sh.note_fault(s, c.host.index());
+    // worker as a reply's does (before its output is given to anyone), and
+    // its context synchronizes now, so that the driver's message of the
+    // fault is written and held for the process: a poisoned worker stays
+    // only while a process has text to take, and the call that gets the
+    // error may come after it would have gone.
+    if let Some(e) = c.session.and_then(|id| ss.get_mut(id)) {
+        if let Some(s) = e.s.pending_error.filter(|s| s.is_sticky()) {
+            sh.note_fault(s, c.host.index());
+            super::wait::written_at_fault(&mut e.s, s);
+        }
     }
     // What the pass's calls made the driver write is this process's. A
     // pass that ran nothing made the driver write nothing: the worker polls
