@@ -46,6 +46,12 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr);
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
 #define CU_MEMORYTYPE_DEVICE 2
 #define LAZY_ENABLE_PEER_ACCESS 1
+#define STREAM_NON_BLOCKING 1
+CUresult cuStreamCreate(CUstream *, unsigned int);
+CUresult cuStreamDestroy_v2(CUstream);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuMemsetD32Async(CUdeviceptr, unsigned int, size_t, CUstream);
+CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);
 
 #define WORDS (256u * 1024u) /* 1 MiB */
 #define HALF (WORDS / 2)
@@ -138,9 +144,24 @@ static int importer(const char *hex, const char *ehex) {
     CHECK(cuEventQuery(ev) == 0, "an opened event is waited on, synchronized and queried");
     CK(cuIpcOpenEventHandle(&ev2, eh));
     CK(cuEventDestroy_v2(ev2));
-    CK(cuEventDestroy_v2(ev));
     CUdeviceptr p = 0, p2 = 0;
     CK(cuIpcOpenMemHandle_v2(&p, h, LAZY_ENABLE_PEER_ACCESS));
+    /* As simpleIPC's children do: on a stream of their own, wait on the
+     * opened event, work on the opened memory, record the opened event,
+     * wait on it again and copy the memory out asynchronously. */
+    CUstream st;
+    CK(cuStreamCreate(&st, STREAM_NON_BLOCKING));
+    CK(cuStreamWaitEvent(st, ev, 0));
+    CK(cuMemsetD32Async(p + 4 * (WORDS - 1), 0xe7e7e7e7u, 1, st));
+    CK(cuEventRecord(ev, st));
+    CK(cuStreamWaitEvent(st, ev, 0));
+    static unsigned tail[16];
+    CK(cuMemcpyDtoHAsync_v2(tail, p + 4 * (WORDS - 16), sizeof tail, st));
+    CK(cuStreamSynchronize(st));
+    CHECK(tail[15] == 0xe7e7e7e7u && tail[0] == (WORDS - 16) * 7u,
+          "an opened event recorded on a stream of this process orders its work");
+    CK(cuStreamDestroy_v2(st));
+    CK(cuEventDestroy_v2(ev));
     CHECK(cuIpcOpenMemHandle_v2(&p2, h, 0) == 1, "an open without the lazy peer access flag refused");
     CK(cuIpcOpenMemHandle_v2(&p2, h, LAZY_ENABLE_PEER_ACCESS));
     CHECK(p2 == p, "a second open gives the same address");

@@ -90,8 +90,11 @@ pub(crate) fn vgpu_attribute(a: u32, host: Option<i32>) -> i32 {
         | attr::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
         | attr::GPU_DIRECT_RDMA_WRITES_ORDERING
         | attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
-        | attr::HANDLE_TYPE_FABRIC_SUPPORTED
-        | attr::IPC_EVENT_SUPPORTED => 0,
+        | attr::HANDLE_TYPE_FABRIC_SUPPORTED => 0,
+        // Interprocess events between the VM's processes are served
+        // (cuIpcGetEventHandle / cuIpcOpenEventHandle, records relayed to
+        // the owner's context on the host).
+        attr::IPC_EVENT_SUPPORTED => 1,
         // No shareable handles (file descriptors) for VMM memory or pools:
         // a guest's descriptor cannot carry the host's memory. With none,
         // as on a GPU without them, streamOrderedAllocationIPC and

@@ -32,12 +32,22 @@ pub(super) enum Obj {
     Event {
         raw: sys::CUevent,
         flags: u32,
+        /// Once exported (IPC): a stream of this context on which other
+        /// contexts' records of the event are made (see
+        /// `CudaContext::event_record`); null until then.
+        relay: sys::CUstream,
     },
     /// Another context's event, opened by IPC handle: used, never
     /// destroyed here, not made again elsewhere (the worker revokes event
     /// handles when it migrates).
     ImportedEvent {
         raw: sys::CUevent,
+        /// The owner's relay stream for the event.
+        relay: sys::CUstream,
+        /// An event of this context marking where a record of the
+        /// imported event was made on one of its streams; null until the
+        /// first record.
+        local: sys::CUevent,
     },
     /// The image is kept to load the module again on another GPU.
     Module {
@@ -206,7 +216,7 @@ impl CudaContext {
 
     pub(super) fn event(&self, h: Handle) -> Result<sys::CUevent, Status> {
         match self.objs.get(&h) {
-            Some(Obj::Event { raw, .. } | Obj::ImportedEvent { raw }) => Ok(*raw),
+            Some(Obj::Event { raw, .. } | Obj::ImportedEvent { raw, .. }) => Ok(*raw),
             _ => Err(Status::InvalidHandle),
         }
     }
@@ -335,11 +345,11 @@ impl CudaContext {
             let r = match o {
                 // SAFETY: a stream of this context, destroyed once.
                 Obj::Stream { raw, .. } => unsafe { sys::cuStreamDestroy_v2(raw) },
-                // SAFETY: an event of this context, destroyed once.
-                Obj::Event { raw, .. } => unsafe { sys::cuEventDestroy_v2(raw) },
+                Obj::Event { raw, relay, .. } => destroy_event(raw, relay),
                 // SAFETY: a module of this context, unloaded once.
                 Obj::Module { raw, .. } => unsafe { sys::cuModuleUnload(raw) },
-                Obj::Function { .. } | Obj::ImportedEvent { .. } => sys::CUresult::CUDA_SUCCESS,
+                Obj::ImportedEvent { local, .. } => destroy_event(local, null_mut()),
+                Obj::Function { .. } => sys::CUresult::CUDA_SUCCESS,
             };
             check(r)?;
         }
@@ -718,4 +728,21 @@ impl Context for CudaContext {
     ) -> Result<Moved, Status> {
         CudaContext::migrate(self, target, prepared)
     }
+}
+
+/// Destroys an event of a context and, when it was exported, its relay
+/// stream (see `CudaContext::share_event`); either may be null (none).
+pub(super) fn destroy_event(event: sys::CUevent, relay: sys::CUstream) -> sys::CUresult {
+    if !relay.is_null() {
+        // SAFETY: the event's relay stream, destroyed once, with it.
+        let r = unsafe { sys::cuStreamDestroy_v2(relay) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return r;
+        }
+    }
+    if event.is_null() {
+        return sys::CUresult::CUDA_SUCCESS;
+    }
+    // SAFETY: a live event, destroyed once.
+    unsafe { sys::cuEventDestroy_v2(event) }
 }

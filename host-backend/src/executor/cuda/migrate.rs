@@ -59,6 +59,7 @@ fn recreate_into(
                 Obj::Event {
                     raw: e,
                     flags: *flags,
+                    relay: null_mut(),
                 }
             }
             ObjSpec::Module(image) => {
@@ -302,9 +303,8 @@ impl CudaContext {
                         // SAFETY: see above.
                         let _ = unsafe { sys::cuStreamDestroy_v2(raw) };
                     }
-                    Some(Obj::Event { raw, .. }) => {
-                        // SAFETY: see above.
-                        let _ = unsafe { sys::cuEventDestroy_v2(raw) };
+                    Some(Obj::Event { raw, relay, .. }) => {
+                        let _ = super::context::destroy_event(raw, relay);
                     }
                     Some(Obj::Module { raw, .. }) => {
                         // SAFETY: see above.

@@ -10,9 +10,13 @@ use super::check;
 use super::context::{CudaContext, Obj};
 use crate::executor::{Handle, SharedMem};
 
-/// An event of one context shared with another of the process (as an
-/// address: the worker thread alone uses it, while its owner holds it).
-struct RawEvent(usize);
+/// An event of one context shared with another of the process, with the
+/// owner's relay stream for it (as addresses: the worker thread alone uses
+/// them, while their owner holds them).
+struct RawEvent {
+    event: usize,
+    relay: usize,
+}
 
 impl CudaContext {
     pub(super) fn stream_create(&mut self, flags: u32, priority: i32) -> Result<Handle, Status> {
@@ -81,49 +85,106 @@ impl CudaContext {
         let mut e: sys::CUevent = null_mut();
         // SAFETY: out-parameter on our stack.
         check(unsafe { sys::cuEventCreate(&mut e, flags) })?;
-        Ok(self.insert(Obj::Event { raw: e, flags }))
+        Ok(self.insert(Obj::Event {
+            raw: e,
+            flags,
+            relay: null_mut(),
+        }))
     }
 
     pub(super) fn event_destroy(&mut self, e: Handle) -> Result<(), Status> {
         self.bind()?;
-        if let Some(Obj::ImportedEvent { .. }) = self.objs.get(&e) {
-            // Another context's: forgotten here, its owner destroys it.
-            self.objs.remove(&e);
-            return Ok(());
-        }
-        let ev = self.event(e)?;
-        // SAFETY: an event of this context, destroyed once.
-        check(unsafe { sys::cuEventDestroy_v2(ev) })?;
-        self.objs.remove(&e);
-        Ok(())
-    }
-
-    /// See [`crate::executor::Context::share_event`]: the driver's event,
-    /// which every context of the process can use.
-    pub(super) fn share_event(&mut self, e: Handle) -> Result<SharedMem, Status> {
         match self.objs.get(&e) {
-            Some(Obj::Event { raw, .. }) => Ok(SharedMem(Some(Arc::new(RawEvent(*raw as usize))))),
+            Some(&Obj::ImportedEvent { local, .. }) => {
+                // Another context's: forgotten here, its owner destroys it;
+                // only this context's marker of its records goes.
+                self.objs.remove(&e);
+                check(super::context::destroy_event(local, null_mut()))
+            }
+            Some(&Obj::Event { raw, relay, .. }) => {
+                self.objs.remove(&e);
+                check(super::context::destroy_event(raw, relay))
+            }
             _ => Err(Status::InvalidHandle),
         }
     }
 
+    /// See [`crate::executor::Context::share_event`]: the driver's event,
+    /// which every context of the process can wait on, and a stream of
+    /// this context (made on the first export) on which the others record
+    /// it: the driver records an event only on a stream of its own context.
+    pub(super) fn share_event(&mut self, e: Handle) -> Result<SharedMem, Status> {
+        self.bind()?;
+        let Some(Obj::Event { raw, relay, .. }) = self.objs.get_mut(&e) else {
+            return Err(Status::InvalidHandle);
+        };
+        if relay.is_null() {
+            let mut st: sys::CUstream = null_mut();
+            // SAFETY: out-parameter on our stack; this context is current.
+            // Non-blocking: records relayed on it wait only for what the
+            // recording context's stream has queued, never for this
+            // context's legacy default stream.
+            check(unsafe {
+                sys::cuStreamCreate(&mut st, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+            })?;
+            *relay = st;
+        }
+        Ok(SharedMem(Some(Arc::new(RawEvent {
+            event: *raw as usize,
+            relay: *relay as usize,
+        }))))
+    }
+
     /// See [`crate::executor::Context::import_event`].
     pub(super) fn import_event(&mut self, shared: &SharedMem) -> Result<Handle, Status> {
-        let &RawEvent(raw) = shared
+        let &RawEvent { event, relay } = shared
             .0
             .as_ref()
             .and_then(|m| m.downcast_ref::<RawEvent>())
             .ok_or(Status::InvalidValue)?;
         Ok(self.insert(Obj::ImportedEvent {
-            raw: raw as sys::CUevent,
+            raw: event as sys::CUevent,
+            relay: relay as sys::CUstream,
+            local: null_mut(),
         }))
     }
 
+    /// Records `e` on stream `s`. Another context's event (IPC) cannot be
+    /// recorded on a stream of this one (the driver answers an invalid
+    /// handle), so its record is relayed: a marker event of this context
+    /// is recorded on `s`, the owner's relay stream waits for it and the
+    /// owner's event is recorded there. Whoever waits on the event then
+    /// waits for `s`'s work up to this point, as with the driver's own
+    /// interprocess events.
     pub(super) fn event_record(&mut self, e: Handle, s: Handle) -> Result<(), Status> {
         self.bind()?;
-        let (ev, st) = (self.event(e)?, self.stream(s)?);
-        // SAFETY: an event and a stream of this context.
-        check(unsafe { sys::cuEventRecord(ev, st) })
+        let st = self.stream(s)?;
+        let (raw, relay, local) = match self.objs.get_mut(&e) {
+            Some(Obj::ImportedEvent { raw, relay, local }) => {
+                if local.is_null() {
+                    let mut m: sys::CUevent = null_mut();
+                    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+                    // SAFETY: out-parameter on our stack; this context is current.
+                    check(unsafe { sys::cuEventCreate(&mut m, flags) })?;
+                    *local = m;
+                }
+                (*raw, *relay, *local)
+            }
+            _ => {
+                let ev = self.event(e)?;
+                // SAFETY: an event and a stream of this context.
+                return check(unsafe { sys::cuEventRecord(ev, st) });
+            }
+        };
+        // SAFETY: the marker and `st` are this context's; the relay stream
+        // and `raw` are the owner's, alive while its export is (the worker
+        // refuses an import whose export was revoked); waiting on another
+        // context's event is allowed, recording one on its own stream too.
+        check(unsafe { sys::cuEventRecord(local, st) })?;
+        // SAFETY: see above.
+        check(unsafe { sys::cuStreamWaitEvent(relay, local, 0) })?;
+        // SAFETY: see above.
+        check(unsafe { sys::cuEventRecord(raw, relay) })
     }
 
     pub(super) fn event_synchronize(&mut self, e: Handle) -> Result<(), Status> {
