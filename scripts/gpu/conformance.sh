@@ -48,14 +48,22 @@ for i in $(seq 100); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
 # The program's verdict: its last line saying pass, fail or waive.
 verdict() { grep -aiE 'pass|fail|waiv' "$1" | tail -1 | tr -s ' ' | cut -c1-100; }
 
+# Each program's time limit, natively and through the stand-in.
+T=${T:-60}
+: > $W/ratios
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=($(ls .samples/bin))
 native_pass=0 pass=0
 for n in "${names[@]}"; do
     d=.samples/bin/$n
-    (cd $d && LD_LIBRARY_PATH=$NV:$LIBS timeout 60 ./$n > $W/logs/$n.native 2>&1); nrc=$?
+    t0=$(date +%s%N)
+    (cd $d && LD_LIBRARY_PATH=$NV:$LIBS timeout $T ./$n > $W/logs/$n.native 2>&1); nrc=$?
+    t1=$(date +%s%N)
     (cd $d && FAIRVGPU_LIBCUDA_DEBUG=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
-        LD_LIBRARY_PATH=$W/lib:$LIBS timeout 60 ./$n > $W/logs/$n.standin 2>&1); src=$?
+        LD_LIBRARY_PATH=$W/lib:$LIBS timeout $T ./$n > $W/logs/$n.standin 2>&1); src=$?
+    t2=$(date +%s%N)
+    ns=$(awk -v a=$t0 -v b=$t1 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
+    ss=$(awk -v a=$t1 -v b=$t2 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
     nv=$(verdict $W/logs/$n.native); sv=$(verdict $W/logs/$n.standin)
     if [ $nrc -eq 0 ]; then
         native_pass=$((native_pass + 1))
@@ -67,7 +75,10 @@ for n in "${names[@]}"; do
     else
         r="native rc=$nrc"
     fi
-    printf '%-26s native rc=%-3s stand-in rc=%-3s %s\n' "$n" "$nrc" "$src" "$r"
+    ratio_n=$(awk -v s=$ss -v n=$ns 'BEGIN { printf "%.2f", s / n }')
+    [ "$r" = ok ] && echo "$n $ratio_n" >> $W/ratios
+    printf '%-26s native rc=%-3s stand-in rc=%-3s %-8s wall %7ss %7ss x%s\n' \
+        "$n" "$nrc" "$src" "$r" "$ns" "$ss" "$ratio_n"
     if [ "$r" = DIFFERS ]; then
         echo "   native:   $nv"; echo "   stand-in: $sv"
         tail -5 $W/logs/$n.standin | sed 's/^/   | /'
@@ -111,4 +122,8 @@ if [ -d .samples/bin/matrixMul ] && [ -n "$MODES" ]; then
     done
 fi
 tar czf $OUT/conformance-logs.tgz -C $W logs
-echo "samples_pass=$pass/$native_pass native_pass=$native_pass matrixmul_gflops_ratio=$ratio"
+# Wall time through the stand-in over native, of the programs passing both
+# ways: the slowest, and the geometric mean.
+slow=$(sort -k2 -g $W/ratios | tail -1 | tr ' ' ':')
+geo=$(awk '{ s += log($2); k++ } END { if (k) printf "%.3f", exp(s / k); else print "none" }' $W/ratios)
+echo "samples_pass=$pass/$native_pass native_pass=$native_pass matrixmul_gflops_ratio=$ratio slowest=${slow:-none} geomean_ratio=$geo"
