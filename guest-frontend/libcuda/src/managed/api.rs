@@ -153,7 +153,7 @@ fn range_attribute(
         2 => one(a.preferred),
         3 => {
             // ACCESSED_BY: the devices, then CU_DEVICE_INVALID to the end.
-            if size == 0 || size % 4 != 0 {
+            if size == 0 || !size.is_multiple_of(4) {
                 return Err(code::INVALID_VALUE);
             }
             // SAFETY: `size` writable bytes at `data` (API contract),
@@ -228,9 +228,13 @@ export! {
         if n == 0 || data.is_null() || sizes.is_null() || attrs.is_null() {
             return Err(code::INVALID_VALUE);
         }
-        for i in 0..n {
-            // SAFETY: `n` entries in each array (API contract).
-            let (d, s, a) = unsafe { (*data.add(i), *sizes.add(i), *attrs.add(i)) };
+        // SAFETY: `n` output pointers (API contract).
+        let data = unsafe { std::slice::from_raw_parts(data, n) };
+        // SAFETY: `n` sizes (API contract).
+        let sizes = unsafe { std::slice::from_raw_parts(sizes, n) };
+        // SAFETY: `n` attributes (API contract).
+        let attrs = unsafe { std::slice::from_raw_parts(attrs, n) };
+        for ((&d, &s), &a) in data.iter().zip(sizes).zip(attrs) {
             range_attribute(d, s, a, ptr, count as u64)?;
         }
         Ok(())

@@ -47,7 +47,10 @@ pub(crate) fn install() -> bool {
 
 extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
-    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
+    let info_ref = unsafe { &*info };
+    let code = info_ref.si_code;
+    // SAFETY: the faulting address of a SIGSEGV's siginfo.
+    let addr = unsafe { info_ref.si_addr() } as u64;
     if code == SEGV_ACCERR {
         match std::panic::catch_unwind(|| super::on_fault(addr)) {
             Ok(true) => return,

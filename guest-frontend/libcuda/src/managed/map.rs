@@ -123,9 +123,10 @@ impl View {
     /// meanwhile (its view of `s` is read-only or inaccessible).
     pub fn bytes(&self, s: Span) -> &[u8] {
         assert!(s.off + s.len <= self.len as u64, "span outside the view");
-        // SAFETY: inside the alias mapping, which lives as long as `self`;
-        // no one writes it meanwhile (the caller's duty above).
-        unsafe { std::slice::from_raw_parts(self.alias.add(s.off as usize), s.len as usize) }
+        let p = self.alias.wrapping_add(s.off as usize);
+        // SAFETY: inside the alias mapping (checked above), which lives as
+        // long as `self`; no one writes it meanwhile (the caller's duty).
+        unsafe { std::slice::from_raw_parts(p, s.len as usize) }
     }
 
     /// The bytes of span `s`, through the alias, to fill them from the
@@ -133,10 +134,11 @@ impl View {
     #[allow(clippy::mut_from_ref)]
     pub fn bytes_mut(&self, s: Span) -> &mut [u8] {
         assert!(s.off + s.len <= self.len as u64, "span outside the view");
-        // SAFETY: inside the alias mapping, which lives as long as `self`;
-        // nothing else reads or writes it meanwhile (the caller's duty
-        // above, under the residence table's write lock).
-        unsafe { std::slice::from_raw_parts_mut(self.alias.add(s.off as usize), s.len as usize) }
+        let p = self.alias.wrapping_add(s.off as usize);
+        // SAFETY: inside the alias mapping (checked above), which lives as
+        // long as `self`; nothing else reads or writes it meanwhile (the
+        // caller's duty, under the residence table's write lock).
+        unsafe { std::slice::from_raw_parts_mut(p, s.len as usize) }
     }
 }
 
