@@ -193,7 +193,7 @@ static void attributes(void) {
     CK(cuDeviceGetAttribute(&v, 83, 0)); /* MANAGED_MEMORY */
     EXPECT("managed memory", v == 1);
     CK(cuDeviceGetAttribute(&v, 89, 0)); /* CONCURRENT_MANAGED_ACCESS */
-    EXPECT("no concurrent managed access", v == 0);
+    EXPECT("concurrent managed access", v == 1);
     CK(cuDeviceGetAttribute(&v, 86, 0)); /* HOST_NATIVE_ATOMIC_SUPPORTED */
     EXPECT("no host-native atomics", v == 0);
     CK(cuDeviceGetAttribute(&v, 107, 0)); /* GENERIC_COMPRESSION_SUPPORTED */

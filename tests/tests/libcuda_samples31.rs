@@ -36,7 +36,7 @@ fn upstream_programs_get_the_drivers_answers() {
             "ok: a mapped allocation's address range",
             "ok: a managed allocation's address range",
             "ok: managed memory",
-            "ok: no concurrent managed access",
+            "ok: concurrent managed access",
             "ok: no host-native atomics",
             "ok: no generic compression",
             "ok: no VMM handles as file descriptors",

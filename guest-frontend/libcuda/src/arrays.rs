@@ -122,7 +122,7 @@ fn read<T: Copy>(p: *const T) -> Result<T, CuResult> {
 
 /// Runs one array copy on the host in `stream`'s order.
 fn send(copy: ArrayCopy, stream: u64) -> Result<(), CuResult> {
-    gpu(|g| g.request(&Request::ArrayCopy { copy, stream })).map(drop)
+    crate::state::work(stream, |g| g.request(&Request::ArrayCopy { copy, stream })).map(drop)
 }
 
 /// A box from or to host memory: through a device buffer of the box's

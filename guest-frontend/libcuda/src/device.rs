@@ -71,14 +71,17 @@ pub(crate) fn vgpu_attribute(a: u32, host: Option<i32>) -> i32 {
         | attr::CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
         | attr::HOST_NATIVE_ATOMIC_SUPPORTED
         | attr::DIRECT_MANAGED_MEM_ACCESS_FROM_HOST => 0,
-        // Managed memory is the pinned pool, reached by the device over the
-        // bus: plain loads and stores are seen by both sides, but nothing
-        // migrates pages, so the device's system-scope atomics on it are not
-        // atomic with the CPU's (cuda-samples' systemWideAtomics gets wrong
-        // sums). A driver that cannot keep managed memory coherent while
-        // both sides run answers 0 here, and programs that check it keep the
-        // CPU off managed memory while kernels run.
-        attr::CONCURRENT_MANAGED_ACCESS => 0,
+        // Managed memory lives on the device and migrates to the process
+        // when the CPU touches it (`crate::managed`): the CPU may touch it
+        // at any time, also while kernels run (the touch waits for them and
+        // sees their results), and any kernel may reach any managed memory
+        // whatever it is attached to, as on an H100 in an x86 machine. What
+        // that GPU lacks, so does the vGPU: the device cannot reach the
+        // process's pageable memory, the CPU cannot reach device memory
+        // without a migration, and there are no host-native atomics (the
+        // CPU's and the device's atomics are exact because a migration
+        // never lets them run at once).
+        attr::CONCURRENT_MANAGED_ACCESS => 1,
         // VMM memory is made without compression (cuMemCreate carries no
         // compression type to the host, and a migrated vGPU's memory is made
         // again on another GPU): as on a GPU without generic compression,

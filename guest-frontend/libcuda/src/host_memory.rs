@@ -1,6 +1,6 @@
 //! Page-locked host memory the GPU reaches: `cuMemHostAlloc` and friends,
-//! registered memory, and managed memory, all backed by the vGPU's pinned
-//! pool (a part of the shared region the host registered with the
+//! registered memory, and managed memory where it cannot be on the device,
+//! all backed by the vGPU's pinned pool (a part of the shared region the host registered with the
 //! driver). Copies to and from it are DMA with no staging copy, and
 //! asynchronous ones really are; kernels read and write it through its
 //! device address.
@@ -14,12 +14,14 @@
 //!   their contents are copied into a block of the pool, which is then
 //!   mapped over them (same addresses, same bytes); unregistering maps
 //!   private pages back with the contents.
-//! - Managed memory (`cuMemAllocManaged`) is pool memory too: host and
-//!   device see the same bytes at the same address, coherently, at any
-//!   time (so `cuStreamAttachMemAsync`, prefetches and advice have nothing
-//!   to do). Limits: the device reaches it over the bus, not from its own
-//!   memory (slower for kernels that go over it many times), and there is
-//!   only as much as the pool holds (`[layout] pinned_size`, or the VM's
+//! - Managed memory (`cuMemAllocManaged`) lives on the device and migrates
+//!   (`crate::managed`); only where it cannot be made so is it pool memory,
+//!   as it once always was: host and device see the same bytes at the same
+//!   address, coherently, at any time (so `cuStreamAttachMemAsync`,
+//!   prefetches and advice have nothing to do). Limits: the device
+//!   reaches it over the bus, not from its own memory (slower for kernels
+//!   that go over it many times), its system-scope atomics are not atomic
+//!   with the CPU's, and there is only as much as the pool holds (`[layout] pinned_size`, or the VM's
 //!   `pinned_mib`). It needs the pool at its device address.
 //!
 //! When the pool is exhausted, allocations fail with
@@ -28,7 +30,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{c_uint, c_void};
 
-use cudarc::driver::sys::{CUdeviceptr, CUstream};
+use cudarc::driver::sys::CUdeviceptr;
 use qemu_ivshmem::shm::FixedMapping;
 
 use crate::context::need_ctx;
@@ -176,6 +178,17 @@ fn release(addr: u64) -> Result<Block, CuResult> {
     Ok(b)
 }
 
+/// Managed memory from the pool (`crate::managed` when it cannot be on
+/// the device): its address.
+pub(crate) fn managed_from_pool(size: u64) -> Result<u64, CuResult> {
+    if !pool()?.identity() {
+        return Err(crate::not_supported(
+            "cuMemAllocManaged (the pinned pool is not at its device address in this process)",
+        ));
+    }
+    alloc(size, Kind::Managed).map(|(addr, _)| addr)
+}
+
 /// Frees managed memory at `ptr` (`cuMemFree` of a managed pointer); false
 /// if `ptr` is no managed block.
 pub(crate) fn free_managed(ptr: u64) -> Result<bool, CuResult> {
@@ -230,14 +243,6 @@ pub(crate) fn attribute(ptr: u64, attr: i32) -> Option<Result<Attr, CuResult>> {
             ))))
         }
     }))
-}
-
-/// `CUmemLocation`, passed by value: type and id.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct Location {
-    ty: i32,
-    id: i32,
 }
 
 /// An attribute's value and width.
@@ -380,45 +385,5 @@ export! {
         unsafe { std::ptr::copy_nonoverlapping(keep.as_ptr(), a as *mut u8, len) };
         objects()?.host.remove(&a);
         gpu(|g| g.pinned_free(blk.offset))
-    }
-
-    /// Managed memory from the pinned pool (see the module's notes).
-    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) {
-        need_ctx()?;
-        if dptr.is_null() || size == 0 || !matches!(flags, 1 | 2) {
-            return Err(code::INVALID_VALUE);
-        }
-        if !pool()?.identity() {
-            return Err(crate::not_supported(
-                "cuMemAllocManaged (the pinned pool is not at its device address in this process)",
-            ));
-        }
-        let (addr, _) = alloc(size as u64, Kind::Managed)?;
-        out(dptr, addr)
-    }
-
-    /// Managed memory needs no moving: where it is, both sides reach it.
-    fn cuStreamAttachMemAsync [cuStreamAttachMemAsync_ptsz per_thread] (st: CUstream, _ptr: CUdeviceptr, _len: usize, _flags: c_uint) {
-        need_ctx()?;
-        crate::stream::resolve(st).map(drop)
-    }
-
-    fn cuMemPrefetchAsync [cuMemPrefetchAsync_ptsz per_thread] (_ptr: CUdeviceptr, _count: usize, _dev: i32, st: CUstream) {
-        need_ctx()?;
-        crate::stream::resolve(st).map(drop)
-    }
-
-    fn cuMemPrefetchAsync_v2 [cuMemPrefetchAsync_v2_ptsz per_thread] (_ptr: CUdeviceptr, _count: usize, _location: Location, _flags: c_uint, st: CUstream) {
-        need_ctx()?;
-        crate::stream::resolve(st).map(drop)
-    }
-
-    /// Advice shapes where managed memory lives; ours lives in one place.
-    fn cuMemAdvise(_ptr: CUdeviceptr, _count: usize, _advice: i32, _dev: i32) {
-        need_ctx()
-    }
-
-    fn cuMemAdvise_v2(_ptr: CUdeviceptr, _count: usize, _advice: i32, _location: Location) {
-        need_ctx()
     }
 }

@@ -21,7 +21,8 @@
 //! | peer access and peer copies (one device: copies within it) | [`peer`] |
 //! | streams, events | [`stream`] |
 //! | host functions, stream callbacks | [`host_fn`] |
-//! | page-locked, registered and managed host memory | [`host_memory`] |
+//! | page-locked and registered host memory, managed memory from the pool | [`host_memory`] |
+//! | managed memory on the device, migrating on touch | [`managed`] |
 //! | `cuGetProcAddress` | [`proc_address`] |
 //! | tensor-map descriptors | [`tensor_map`] |
 //! | profiler controls (no-ops) | [`profiler`] |
@@ -61,6 +62,7 @@ pub mod host_fn;
 pub mod host_memory;
 pub mod ipc;
 pub mod launch;
+pub mod managed;
 pub mod mem_pool;
 pub mod memory;
 pub mod module;

@@ -12,7 +12,7 @@ use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUstream};
 use crate::context::{current, need_ctx};
 use crate::copy_nd::Box3d;
 use crate::graph::{MemsetOp, Op};
-use crate::state::{gpu, host_dst, host_src, objects, out, out_opt, Range, RangeKind};
+use crate::state::{gpu, host_dst, host_src, objects, out, out_opt, work, Range, RangeKind};
 use crate::stream::resolve;
 use crate::{code, CuResult};
 
@@ -43,7 +43,16 @@ const PLAIN_TRIES: usize = 2;
 /// has free, which the host's driver takes where it is free there too.
 /// The tries that landed badly are given back either way.
 pub(crate) fn device_alloc(size: u64) -> Result<u64, CuResult> {
-    let d = crate::reserve::place(
+    device_alloc_as(size, RangeKind::Device)?.ok_or_else(|| {
+        crate::log_once("device addresses keep landing on the process's own memory");
+        code::OUT_OF_MEMORY
+    })
+}
+
+/// [`device_alloc`] of a range of kind `kind`; `None` where no placement
+/// kept the addresses out of the process's own memory.
+pub(crate) fn device_alloc_as(size: u64, kind: RangeKind) -> Result<Option<u64>, CuResult> {
+    let Some(d) = crate::reserve::place_or(
         size,
         |i| {
             if i < PLAIN_TRIES {
@@ -55,15 +64,12 @@ pub(crate) fn device_alloc(size: u64) -> Result<u64, CuResult> {
         |d| {
             let _ = host_free(d);
         },
-    )?;
-    objects()?.ranges.insert(
-        d,
-        Range {
-            size,
-            kind: RangeKind::Device,
-        },
-    );
-    Ok(d)
+    )?
+    else {
+        return Ok(None);
+    };
+    objects()?.ranges.insert(d, Range { size, kind });
+    Ok(Some(d))
 }
 
 /// `size` bytes of device memory as a VMM mapping (reservation, physical
@@ -135,7 +141,11 @@ fn alloc(p: *mut CUdeviceptr, size: usize) -> Result<(), CuResult> {
 
 fn free(p: CUdeviceptr) -> Result<(), CuResult> {
     need_ctx()?;
-    if p == 0 || crate::host_memory::free_managed(p)? || crate::graph::memory::free_outside(p)? {
+    if p == 0
+        || crate::managed::free(p)?
+        || crate::host_memory::free_managed(p)?
+        || crate::graph::memory::free_outside(p)?
+    {
         return Ok(());
     }
     match objects()?.ranges.get(&p) {
@@ -169,10 +179,14 @@ pub(crate) fn htod(
     if pinned_device(dst, n) {
         return copy_inferred(dst, src as u64, n, st, sync);
     }
+    if crate::managed::contains(src as u64, n as u64) {
+        // Managed memory is the device's: copied there, never read here.
+        return dtod(dst, src as u64, n, st, sync);
+    }
     let stream = resolve(st)?;
     if let Some(off) = crate::host_memory::pinned_span(src as u64, n as u64) {
         // DMA from the pinned pool when the stream gets there.
-        return gpu(|g| {
+        return work(stream, |g| {
             g.memcpy_htod_pinned(dst, off, n as u64, stream)?;
             if sync {
                 g.stream_synchronize(stream)?;
@@ -184,7 +198,7 @@ pub(crate) fn htod(
     let b = unsafe { host_src(src, n) }?;
     // The bytes are in the ring when this returns, so the caller may reuse
     // its buffer at once (stricter than CUDA requires of async copies).
-    gpu(|g| {
+    work(stream, |g| {
         g.memcpy_htod_async(dst, b, stream)?;
         if sync {
             g.stream_synchronize(stream)?;
@@ -210,11 +224,15 @@ pub(crate) fn dtoh(
     if pinned_device(src, n) {
         return copy_inferred(dst as u64, src, n, st, sync);
     }
+    if crate::managed::contains(dst as u64, n as u64) {
+        // Managed memory is the device's: copied there, never written here.
+        return dtod(dst as u64, src, n, st, sync);
+    }
     let stream = resolve(st)?;
     if let Some(off) = crate::host_memory::pinned_span(dst as u64, n as u64) {
         // DMA into the pinned pool when the stream gets there: an
         // asynchronous copy returns at once, as on a GPU.
-        return gpu(|g| {
+        return work(stream, |g| {
             g.memcpy_dtoh_pinned(src, off, n as u64, stream)?;
             if sync {
                 g.stream_synchronize(stream)?;
@@ -226,7 +244,7 @@ pub(crate) fn dtoh(
     let b = unsafe { host_dst(dst, n) }?;
     // Completes before returning (allowed for asynchronous copies to
     // pageable memory).
-    gpu(|g| g.memcpy_dtoh(b, src, stream))
+    work(stream, |g| g.memcpy_dtoh(b, src, stream))
 }
 
 pub(crate) fn dtod(
@@ -244,7 +262,7 @@ pub(crate) fn dtod(
         return copy_inferred(dst, src, n, st, sync);
     }
     let stream = resolve(st)?;
-    gpu(|g| {
+    work(stream, |g| {
         g.memcpy_dtod_async(dst, src, n as u64, stream)?;
         if sync {
             g.stream_synchronize(stream)?;
@@ -320,7 +338,7 @@ fn memset(dst: CUdeviceptr, v: u32, width: u32, n: usize, st: CUstream, sync: bo
         return Ok(());
     }
     let stream = resolve(st)?;
-    gpu(|g| {
+    work(stream, |g| {
         g.memset_async(dst, v, width, n as u64, stream)?;
         if sync {
             g.stream_synchronize(stream)?;
@@ -357,7 +375,7 @@ pub(crate) fn memset_2d(
         return Ok(());
     }
     let stream = resolve(st)?;
-    gpu(|g| {
+    work(stream, |g| {
         for row in 0..height as u64 {
             g.memset_async(dst + row * pitch as u64, v, elem, width as u64, stream)?;
         }
@@ -375,15 +393,18 @@ fn pointer_attribute(data: *mut c_void, attr: c_int, ptr: u64) -> CuResult2 {
         return a?.write(data);
     }
     let (base, r) = objects()?.range_of(ptr).ok_or(code::INVALID_VALUE)?;
+    let managed = r.kind == RangeKind::Managed;
     match attr {
+        // Managed memory is a host pointer too, at the same address.
+        4 if managed => out(data as *mut u64, ptr), // HOST_POINTER
+        8 => out(data as *mut c_int, c_int::from(managed)), // IS_MANAGED
         1 => out(data as *mut CUcontext, current() as CUcontext), // CONTEXT
-        2 => out(data as *mut c_uint, memtype::DEVICE),           // MEMORY_TYPE
-        3 => out(data as *mut CUdeviceptr, ptr),                  // DEVICE_POINTER
-        4 => Err(code::INVALID_VALUE),                            // HOST_POINTER
-        6 => out(data as *mut c_int, 1),                          // SYNC_MEMOPS
-        7 | 20 => out(data as *mut u64, base),                    // BUFFER_ID, MEMORY_BLOCK_ID
-        8 => out(data as *mut c_int, 0),                          // IS_MANAGED
-        9 => out(data as *mut c_int, 0),                          // DEVICE_ORDINAL
+        2 => out(data as *mut c_uint, memtype::DEVICE), // MEMORY_TYPE
+        3 => out(data as *mut CUdeviceptr, ptr),    // DEVICE_POINTER
+        4 => Err(code::INVALID_VALUE),              // HOST_POINTER
+        6 => out(data as *mut c_int, 1),            // SYNC_MEMOPS
+        7 | 20 => out(data as *mut u64, base),      // BUFFER_ID, MEMORY_BLOCK_ID
+        9 => out(data as *mut c_int, 0),            // DEVICE_ORDINAL
         10 | 15 => out(data as *mut c_int, 0), // LEGACY_CUDA_IPC_CAPABLE, GPU_DIRECT_RDMA_CAPABLE
         11 | 19 => out(data as *mut CUdeviceptr, base), // RANGE_START_ADDR, MAPPING_BASE_ADDR
         12 | 18 => out(data as *mut usize, r.size as usize), // RANGE_SIZE, MAPPING_SIZE

@@ -55,9 +55,22 @@ const PLACE_TRIES: usize = 4;
 /// aside are then undone (`undo`), whatever happened.
 pub(crate) fn place(
     len: u64,
+    make: impl FnMut(usize) -> Result<u64, CuResult>,
+    undo: impl FnMut(u64),
+) -> Result<u64, CuResult> {
+    place_or(len, make, undo)?.ok_or_else(|| {
+        crate::log_once("device addresses keep landing on the process's own memory");
+        code::OUT_OF_MEMORY
+    })
+}
+
+/// [`place`], answering `None` where every try landed on addresses the
+/// process uses (the caller may then make the thing some other way).
+pub(crate) fn place_or(
+    len: u64,
     mut make: impl FnMut(usize) -> Result<u64, CuResult>,
     mut undo: impl FnMut(u64),
-) -> Result<u64, CuResult> {
+) -> Result<Option<u64>, CuResult> {
     let mut taken = Vec::new();
     let mut got = None;
     for i in 0..PLACE_TRIES {
@@ -76,10 +89,7 @@ pub(crate) fn place(
     for a in taken {
         undo(a);
     }
-    got.unwrap_or_else(|| {
-        crate::log_once("device addresses keep landing on the process's own memory");
-        Err(code::OUT_OF_MEMORY)
-    })
+    got.transpose()
 }
 
 /// An address where `len` bytes aligned to `align` (a power of two) are

@@ -51,6 +51,9 @@ pub(crate) enum RangeKind {
     Global,
     /// Another process's memory opened by IPC handle (closed, not freed).
     Imported,
+    /// Managed memory on the device (`crate::managed`), mapped in the
+    /// process at the same address.
+    Managed,
 }
 
 /// A device address range the process holds.
@@ -163,6 +166,30 @@ impl Drop for Binding {
 
 thread_local! {
     static SLOT: Binding = const { Binding(Cell::new(None)) };
+    /// Calls to the host the thread is inside (read by the managed-memory
+    /// fault handler, which must not wait on the call's own lock).
+    static IN_CALL: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread is inside a call to the host.
+pub(crate) fn in_call() -> bool {
+    IN_CALL.try_with(Cell::get).unwrap_or(0) > 0
+}
+
+/// Counts the thread in a call to the host while alive.
+struct InCall;
+
+impl InCall {
+    fn enter() -> InCall {
+        let _ = IN_CALL.try_with(|c| c.set(c.get() + 1));
+        InCall
+    }
+}
+
+impl Drop for InCall {
+    fn drop(&mut self) {
+        let _ = IN_CALL.try_with(|c| c.set(c.get() - 1));
+    }
 }
 
 /// Channels a process may hold (`FAIRVGPU_CHANNELS_PER_PROCESS`, 1 to 64).
@@ -272,6 +299,7 @@ impl Driver {
         &self,
         f: impl FnOnce(&mut Gpu) -> guest_frontend::Result<R>,
     ) -> Result<R, CuResult> {
+        let _in = InCall::enter();
         let slot = self.slot();
         let mut g = self.channels[slot]
             .lock()
@@ -331,6 +359,17 @@ impl Driver {
 /// Shorthand: runs `f` on the connection of the initialized driver.
 pub(crate) fn gpu<R>(f: impl FnOnce(&mut Gpu) -> guest_frontend::Result<R>) -> Result<R, CuResult> {
     driver()?.gpu(f)
+}
+
+/// Device work on `stream` (a launch, a graph launch, a copy, a memset):
+/// the one choke point where managed memory is made the device's first
+/// (`crate::managed::for_work`) and kept so while `f` submits the work.
+pub(crate) fn work<R>(
+    stream: u64,
+    f: impl FnOnce(&mut Gpu) -> guest_frontend::Result<R>,
+) -> Result<R, CuResult> {
+    let _managed = crate::managed::for_work(stream)?;
+    gpu(f)
 }
 
 /// Shorthand: the tables of the initialized driver.
