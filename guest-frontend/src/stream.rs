@@ -200,7 +200,12 @@ impl Gpu {
     }
 
     /// Makes a conditional handle in `scope`; returns its value.
-    pub fn cond_handle_create(&mut self, scope: u64, default_value: u32, flags: u32) -> Result<u64> {
+    pub fn cond_handle_create(
+        &mut self,
+        scope: u64,
+        default_value: u32,
+        flags: u32,
+    ) -> Result<u64> {
         let r = self.call(&Request::CondHandleCreate {
             scope,
             default_value,

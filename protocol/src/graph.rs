@@ -233,9 +233,7 @@ fn encode_into(out: &mut Vec<u8>, nodes: &[GraphNode]) {
                 put64(out, *len);
             }
             GraphOp::Empty => {}
-            GraphOp::EventRecord { event } | GraphOp::EventWait { event } => {
-                put64(out, *event)
-            }
+            GraphOp::EventRecord { event } | GraphOp::EventWait { event } => put64(out, *event),
             GraphOp::Conditional {
                 handle,
                 kind,
@@ -338,7 +336,10 @@ fn decode_nodes(
             },
             EMPTY => GraphOp::Empty,
             EVENT_RECORD | EVENT_WAIT if depth > 0 => {
-                return Err(bad("graph", format!("node {i}: an event node in a conditional body")))
+                return Err(bad(
+                    "graph",
+                    format!("node {i}: an event node in a conditional body"),
+                ))
             }
             EVENT_RECORD => GraphOp::EventRecord { event: r.u64()? },
             EVENT_WAIT => GraphOp::EventWait { event: r.u64()? },
@@ -352,7 +353,10 @@ fn decode_nodes(
                     return Err(bad("graph", format!("node {i}: {kind:?} with {n} bodies")));
                 }
                 if depth >= MAX_DEPTH {
-                    return Err(bad("graph", format!("conditionals nested over {MAX_DEPTH} deep")));
+                    return Err(bad(
+                        "graph",
+                        format!("conditionals nested over {MAX_DEPTH} deep"),
+                    ));
                 }
                 let mut bodies = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -519,12 +523,18 @@ mod tests {
     fn conditionals_round_trip_with_nested_and_empty_bodies() {
         let inner = cond(CondKind::If, vec![sample()[..3].to_vec(), vec![]]);
         let mut g = sample();
-        g.push(cond(CondKind::While, vec![vec![sample()[0].clone(), {
-            let mut i = inner.clone();
-            i.deps = vec![0];
-            i
-        }]]));
-        g.push(cond(CondKind::Switch, vec![vec![], sample()[..1].to_vec(), vec![]]));
+        g.push(cond(
+            CondKind::While,
+            vec![vec![sample()[0].clone(), {
+                let mut i = inner.clone();
+                i.deps = vec![0];
+                i
+            }]],
+        ));
+        g.push(cond(
+            CondKind::Switch,
+            vec![vec![], sample()[..1].to_vec(), vec![]],
+        ));
         let bytes = encode_graph(&g);
         assert_eq!(decode_graph(&bytes).unwrap(), g);
         let mut seen = 0;

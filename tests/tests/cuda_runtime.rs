@@ -146,7 +146,10 @@ fn conditional_graph_nodes_run_against_the_standin() {
     let lib = standin(&dir);
     let exe = build_c("conditional", &dir, &cuda, &[]);
     let kernels = workspace().join("host-backend/kernels");
-    let (base, cond) = (kernels.join("fairvgpu.ptx"), kernels.join("conditional.ptx"));
+    let (base, cond) = (
+        kernels.join("fairvgpu.ptx"),
+        kernels.join("conditional.ptx"),
+    );
     let stdout = run(&exe, &[&base, &cond], &lib, &cuda, &host.socket);
     assert_lines(
         &stdout,

@@ -814,8 +814,14 @@ fn conditional_graphs_name_only_the_callers_scopes_and_handles() {
     g.synchronize().unwrap();
     g.graph_destroy(x).unwrap();
     // Another process's scope: not built in, no handle made in it, not destroyed.
-    is(g.graph_instantiate_in(their_scope, &own), Status::InvalidHandle);
-    is(g.cond_handle_create(their_scope, 0, 0), Status::InvalidHandle);
+    is(
+        g.graph_instantiate_in(their_scope, &own),
+        Status::InvalidHandle,
+    );
+    is(
+        g.cond_handle_create(their_scope, 0, 0),
+        Status::InvalidHandle,
+    );
     assert!(matches!(
         g.cond_scope_destroy(their_scope),
         Err(guest_frontend::GuestError::Cuda(Status::InvalidHandle))
@@ -833,7 +839,10 @@ fn conditional_graphs_name_only_the_callers_scopes_and_handles() {
     );
     is(g.graph_instantiate(&own), Status::InvalidValue);
     // Malformed: garbage, a WHILE with two bodies, bad flags.
-    is(g.graph_instantiate_in(scope, &[0xff; 64]), Status::InvalidValue);
+    is(
+        g.graph_instantiate_in(scope, &[0xff; 64]),
+        Status::InvalidValue,
+    );
     let mut two = encode_graph(&[cond(h, vec![vec![], vec![]])]);
     two[20] = 1; // IF -> WHILE, which takes one body
     is(g.graph_instantiate_in(scope, &two), Status::InvalidValue);

@@ -546,7 +546,11 @@ pub(super) fn handle(
         Request::GraphInstantiate { len } => graph_data(sh, c, s, d, tag, opc, len, None),
         Request::GraphInstantiateIn { scope, len } => {
             if let Err(e) = s.conds.check_scope(scope) {
-                refuse(sh, c, "graph for a conditional scope the process does not hold");
+                refuse(
+                    sh,
+                    c,
+                    "graph for a conditional scope the process does not hold",
+                );
                 skip_data(c, d, u64::from(len));
                 return reply(sh, c, tag, opc, Err(e), &[]);
             }

@@ -106,7 +106,9 @@ pub(super) fn bodies_of<'a>(ops: impl Iterator<Item = &'a Op>) -> Vec<u64> {
 /// Whether a graph holds a conditional node (it cannot be a child graph).
 pub(super) fn refuse_child(g: &super::Graph) -> Result<(), CuResult> {
     if g.nodes.iter().any(|n| matches!(n.op, Op::Cond(_))) {
-        return Err(not_supported("a graph with conditional nodes as a child graph"));
+        return Err(not_supported(
+            "a graph with conditional nodes as a child graph",
+        ));
     }
     Ok(())
 }
@@ -135,7 +137,7 @@ fn scope_of(top: u64) -> Result<u64, CuResult> {
     // Not under the graphs' lock: this is a call to the host.
     let s = crate::state::gpu(|g| g.cond_scope_create())?;
     let mut st = graphs();
-    if st.graphs.get(&top).is_none() {
+    if !st.graphs.contains_key(&top) {
         // The graph went meanwhile.
         drop(st);
         drop_scope(Some(s));

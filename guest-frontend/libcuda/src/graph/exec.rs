@@ -48,35 +48,35 @@ pub(crate) struct Exec {
 /// host (a conditional node is built by `conditional.rs`).
 pub(super) fn host_op(op: &Op) -> Option<GraphOp> {
     Some(match op {
-            Op::Kernel(k) if k.cluster == protocol::Dim3::default() && k.flags == 0 => {
-                GraphOp::Kernel {
-                    func: k.handle,
-                    grid: k.grid,
-                    block: k.block,
-                    shared_mem: k.shared,
-                    params: k.params.clone(),
-                }
+        Op::Kernel(k) if k.cluster == protocol::Dim3::default() && k.flags == 0 => {
+            GraphOp::Kernel {
+                func: k.handle,
+                grid: k.grid,
+                block: k.block,
+                shared_mem: k.shared,
+                params: k.params.clone(),
             }
-            Op::Copy(b) if b.src.device && b.dst.device && b.height == 1 && b.depth == 1 => {
-                GraphOp::Copy {
-                    dst: b.dst.addr,
-                    src: b.src.addr,
-                    len: b.width,
-                }
+        }
+        Op::Copy(b) if b.src.device && b.dst.device && b.height == 1 && b.depth == 1 => {
+            GraphOp::Copy {
+                dst: b.dst.addr,
+                src: b.src.addr,
+                len: b.width,
             }
-            Op::Memset(m) => GraphOp::Memset {
-                dst: m.dst,
-                pitch: m.pitch as u64,
-                value: m.value,
-                elem: m.elem,
-                width: m.width as u64,
-                height: m.height as u64,
-            },
-            Op::EventRecord(e) => GraphOp::EventRecord { event: *e },
-            Op::EventWait(e) => GraphOp::EventWait { event: *e },
-            Op::Empty => GraphOp::Empty,
-            _ => return None,
-        })
+        }
+        Op::Memset(m) => GraphOp::Memset {
+            dst: m.dst,
+            pitch: m.pitch as u64,
+            value: m.value,
+            elem: m.elem,
+            width: m.width as u64,
+            height: m.height as u64,
+        },
+        Op::EventRecord(e) => GraphOp::EventRecord { event: *e },
+        Op::EventWait(e) => GraphOp::EventWait { event: *e },
+        Op::Empty => GraphOp::Empty,
+        _ => return None,
+    })
 }
 
 /// The host's nodes for `ops` with their dependencies `deps`, or `None` if

@@ -493,7 +493,13 @@ fn generic_op(p: *const NodeParams) -> Result<Op, CuResult> {
 
 /// Adds a node from `CUgraphNodeParams` (a conditional one writes its
 /// bodies back into them).
-fn add_generic(node: *mut u64, g: u64, d: *const u64, n: usize, p: *mut NodeParams) -> Result<(), CuResult> {
+fn add_generic(
+    node: *mut u64,
+    g: u64,
+    d: *const u64,
+    n: usize,
+    p: *mut NodeParams,
+) -> Result<(), CuResult> {
     // SAFETY: the type, first field of a CUgraphNodeParams (API contract).
     if !p.is_null() && unsafe { (*p).ty } == 13 {
         return conditional::add_node(node, g, d, n, p);

@@ -137,16 +137,18 @@ impl CudaContext {
         // SAFETY: out-parameters on our stack; `deps` are nodes of `g` (no edge
         // data: full dependencies); the
         // driver fills `phGraph_out` with its array of `size` body graphs.
-        check(unsafe { sys::cuGraphAddNode_v2(&mut out, g, deps.as_ptr(), null_mut(), deps.len(), &mut p) })?;
+        check(unsafe {
+            sys::cuGraphAddNode_v2(&mut out, g, deps.as_ptr(), null_mut(), deps.len(), &mut p)
+        })?;
         // SAFETY: the union holds the conditional parameters written above.
         let outs = unsafe { p.__bindgen_anon_1.conditional.phGraph_out };
         if outs.is_null() {
             return Err(Status::Unknown);
         }
-        for (i, body) in bodies.iter().enumerate() {
-            // SAFETY: the driver's array of `bodies.len()` graphs, alive as
-            // long as the node.
-            let bg = unsafe { *outs.add(i) };
+        // SAFETY: the driver's array of `bodies.len()` graphs, alive as
+        // long as the node.
+        let graphs = unsafe { std::slice::from_raw_parts(outs, bodies.len()) };
+        for (&bg, body) in graphs.iter().zip(bodies) {
             self.add_nodes(bg, body, funcs)?;
         }
         Ok(out)

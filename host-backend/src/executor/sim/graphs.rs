@@ -31,14 +31,17 @@ pub(super) struct CondHandle {
     flags: u32,
 }
 
+/// The handles of a scope (or an executable's copy of them).
+type Handles = Vec<(u64, CondHandle)>;
+
 /// The context's graphs and conditional state.
 #[derive(Default)]
 pub(super) struct SimGraphs {
     /// Executables: their nodes, and the handles of the scope they were
     /// made in.
-    execs: HashMap<Handle, (Vec<GraphNode>, Vec<(u64, CondHandle)>)>,
+    execs: HashMap<Handle, (Vec<GraphNode>, Handles)>,
     /// Scopes and their handles.
-    scopes: HashMap<Handle, Vec<(u64, CondHandle)>>,
+    scopes: HashMap<Handle, Handles>,
     /// The values of the handles of the graph being launched (a kernel
     /// sets one of these; another handle is an error).
     pub(super) values: HashMap<u64, u32>,
