@@ -25,6 +25,8 @@ fuzz_target!(|data: &[u8]| {
                 assert!(addr.checked_add(size).is_some_and(|e| e <= 1 << 47));
             }
             Request::VmmCreate { size } => assert!(size_ok(size)),
+            // What the conditional scopes rely on: the driver's two flags.
+            Request::CondHandleCreate { flags, .. } => assert!(flags <= 1),
             Request::VmmAddressFree { ptr, size } | Request::VmmUnmap { ptr, size } => {
                 assert!(granular(ptr) && size_ok(size))
             }

@@ -193,6 +193,41 @@ impl Gpu {
         self.call(&Request::GraphDestroy { exec }).map(drop)
     }
 
+    /// Makes a conditional scope on the host (the twin of a graph that
+    /// holds conditional handles); returns its handle.
+    pub fn cond_scope_create(&mut self) -> Result<u64> {
+        Ok(self.call(&Request::CondScopeCreate)?.vals[0])
+    }
+
+    /// Makes a conditional handle in `scope`; returns its value.
+    pub fn cond_handle_create(
+        &mut self,
+        scope: u64,
+        default_value: u32,
+        flags: u32,
+    ) -> Result<u64> {
+        let r = self.call(&Request::CondHandleCreate {
+            scope,
+            default_value,
+            flags,
+        })?;
+        Ok(r.vals[0])
+    }
+
+    /// Destroys a conditional scope.
+    pub fn cond_scope_destroy(&mut self, scope: u64) -> Result<()> {
+        self.call(&Request::CondScopeDestroy { scope }).map(drop)
+    }
+
+    /// Builds and instantiates a graph (with conditional nodes naming
+    /// `scope`'s handles) on the host; returns the executable's handle,
+    /// launched and destroyed as [`Gpu::graph_instantiate`]'s.
+    pub fn graph_instantiate_in(&mut self, scope: u64, graph: &[u8]) -> Result<u64> {
+        let len = u32::try_from(graph.len()).map_err(|_| GuestError::Cuda(Status::InvalidValue))?;
+        let (r, _) = self.call_data(&Request::GraphInstantiateIn { scope, len }, graph)?;
+        Ok(r.vals[0])
+    }
+
     /// cuEventRecord (asynchronous).
     pub fn event_record(&mut self, event: u64, stream: u64) -> Result<()> {
         self.send(&Request::EventRecord { event, stream }, &[])

@@ -10,6 +10,7 @@ use protocol::Status;
 use crate::executor::{Context, Handle, HandleMap, HandleSet, Launch, Queued};
 
 pub mod arrays;
+pub mod cond;
 pub mod ipc;
 pub mod vmm;
 
@@ -99,6 +100,8 @@ pub struct Session {
     events: HandleSet,
     /// Executable graphs built on the host.
     graphs: HandleSet,
+    /// Conditional scopes and their handles.
+    pub conds: cond::CondScopes,
     /// The first error of an asynchronous call, reported at the next synchronous one.
     pub pending_error: Option<Status>,
     /// Estimated GPU time of one launch of each function, learnt from busy
@@ -280,6 +283,7 @@ impl Session {
             streams: HandleSet::default(),
             events: HandleSet::default(),
             graphs: HandleSet::default(),
+            conds: Default::default(),
             pending_error: None,
             kernel_ns: HandleMap::default(),
             timing: HandleSet::default(),
@@ -444,10 +448,16 @@ impl Session {
     /// Checks a graph's nodes against what the session holds: every
     /// kernel's function is its own and gets the parameter bytes its
     /// parameters take, every range lies in its own memory, every event is
-    /// its own.
-    pub fn check_graph_nodes(&self, nodes: &[protocol::graph::GraphNode]) -> Result<(), Status> {
+    /// its own, at any depth of conditional bodies; every conditional node
+    /// names a handle of `scope` (a scope of its own).
+    pub fn check_graph_nodes(
+        &self,
+        scope: Option<Handle>,
+        nodes: &[protocol::graph::GraphNode],
+    ) -> Result<(), Status> {
         use protocol::graph::GraphOp;
-        for n in nodes {
+        self.conds.check_nodes(scope, nodes)?;
+        protocol::graph::visit(nodes, &mut |n| {
             match &n.op {
                 GraphOp::Kernel { func, params, .. } => {
                     let want: u64 = self.function(*func)?.iter().map(|&x| u64::from(x)).sum();
@@ -464,8 +474,8 @@ impl Session {
                     }
                 }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Checks a module handle.

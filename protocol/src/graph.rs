@@ -9,8 +9,16 @@
 //! A graph with anything else (a host function, a copy from or to the
 //! guest's own memory) stays in the guest and runs node by node.
 //!
+//! A conditional node (IF, WHILE, SWITCH; `GraphInstantiateIn` only, in a
+//! scope that holds its handle) carries its body graphs, each a node list
+//! of its own (possibly empty), nested at most [`MAX_DEPTH`] deep; the
+//! nodes of all bodies count toward [`MAX_NODES`]. Bodies hold only what
+//! the driver allows there: kernels, memsets, copies, empty nodes and
+//! conditionals.
+//!
 //! Layout, little-endian: `[count u32]`, then per node `[kind u32][deps
-//! u32][dep u32 x deps]` and the kind's fields.
+//! u32][dep u32 x deps]` and the kind's fields; a conditional's are
+//! `[handle u64][type u32][bodies u32]` and each body as a graph.
 
 use crate::codec::Reader;
 use crate::request::decode::read_dim;
@@ -22,6 +30,52 @@ pub const MAX_NODES: usize = 8192;
 pub const MAX_DEPS: usize = 256;
 /// Parameter bytes of a kernel node, at most (the driver's own limit).
 pub const MAX_PARAMS: usize = 32764;
+/// Conditional nodes nested in one another, at most.
+pub const MAX_DEPTH: usize = 8;
+/// Bodies of a SWITCH node, at most.
+pub const MAX_BODIES: usize = 256;
+
+/// `CUgraphConditionalNodeType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CondKind {
+    /// Runs body 0 if the value is non-zero (body 1, if there is one, if zero).
+    If,
+    /// Runs body 0 as long as the value is non-zero.
+    While,
+    /// Runs body n when the value is n (none when it is past the last).
+    Switch,
+}
+
+impl CondKind {
+    /// From the driver's number (0, 1, 2).
+    pub fn from_u32(v: u32) -> Option<CondKind> {
+        Some(match v {
+            0 => CondKind::If,
+            1 => CondKind::While,
+            2 => CondKind::Switch,
+            _ => return None,
+        })
+    }
+
+    /// The driver's number.
+    pub fn as_u32(self) -> u32 {
+        match self {
+            CondKind::If => 0,
+            CondKind::While => 1,
+            CondKind::Switch => 2,
+        }
+    }
+
+    /// Whether a node of this kind may have `n` bodies (the driver's rule:
+    /// IF 1 or 2, WHILE 1, SWITCH any number from 1).
+    pub fn bodies_ok(self, n: usize) -> bool {
+        match self {
+            CondKind::If => (1..=2).contains(&n),
+            CondKind::While => n == 1,
+            CondKind::Switch => (1..=MAX_BODIES).contains(&n),
+        }
+    }
+}
 
 /// What a node does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +130,16 @@ pub enum GraphOp {
         /// Event handle.
         event: u64,
     },
+    /// A conditional node: which of `bodies` run (and how often) is decided
+    /// on the device by the value of `handle` when the node is reached.
+    Conditional {
+        /// The conditional handle (the driver's value, made in the scope).
+        handle: u64,
+        /// IF, WHILE or SWITCH.
+        kind: CondKind,
+        /// Its body graphs.
+        bodies: Vec<Vec<GraphNode>>,
+    },
 }
 
 /// A node: what it does, and the indices of the nodes it comes after.
@@ -93,6 +157,7 @@ const COPY: u32 = 2;
 const EMPTY: u32 = 3;
 const EVENT_RECORD: u32 = 4;
 const EVENT_WAIT: u32 = 5;
+const CONDITIONAL: u32 = 6;
 
 fn put32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
@@ -111,7 +176,12 @@ fn put_dim(out: &mut Vec<u8>, d: Dim3) {
 /// Encodes a graph.
 pub fn encode_graph(nodes: &[GraphNode]) -> Vec<u8> {
     let mut out = Vec::new();
-    put32(&mut out, nodes.len() as u32);
+    encode_into(&mut out, nodes);
+    out
+}
+
+fn encode_into(out: &mut Vec<u8>, nodes: &[GraphNode]) {
+    put32(out, nodes.len() as u32);
     for n in nodes {
         let kind = match n.op {
             GraphOp::Kernel { .. } => KERNEL,
@@ -120,11 +190,12 @@ pub fn encode_graph(nodes: &[GraphNode]) -> Vec<u8> {
             GraphOp::Empty => EMPTY,
             GraphOp::EventRecord { .. } => EVENT_RECORD,
             GraphOp::EventWait { .. } => EVENT_WAIT,
+            GraphOp::Conditional { .. } => CONDITIONAL,
         };
-        put32(&mut out, kind);
-        put32(&mut out, n.deps.len() as u32);
+        put32(out, kind);
+        put32(out, n.deps.len() as u32);
         for &d in &n.deps {
-            put32(&mut out, d);
+            put32(out, d);
         }
         match &n.op {
             GraphOp::Kernel {
@@ -134,11 +205,11 @@ pub fn encode_graph(nodes: &[GraphNode]) -> Vec<u8> {
                 shared_mem,
                 params,
             } => {
-                put64(&mut out, *func);
-                put_dim(&mut out, *grid);
-                put_dim(&mut out, *block);
-                put32(&mut out, *shared_mem);
-                put32(&mut out, params.len() as u32);
+                put64(out, *func);
+                put_dim(out, *grid);
+                put_dim(out, *block);
+                put32(out, *shared_mem);
+                put32(out, params.len() as u32);
                 out.extend_from_slice(params);
             }
             GraphOp::Memset {
@@ -149,25 +220,34 @@ pub fn encode_graph(nodes: &[GraphNode]) -> Vec<u8> {
                 width,
                 height,
             } => {
-                put64(&mut out, *dst);
-                put64(&mut out, *pitch);
-                put32(&mut out, *value);
-                put32(&mut out, *elem);
-                put64(&mut out, *width);
-                put64(&mut out, *height);
+                put64(out, *dst);
+                put64(out, *pitch);
+                put32(out, *value);
+                put32(out, *elem);
+                put64(out, *width);
+                put64(out, *height);
             }
             GraphOp::Copy { dst, src, len } => {
-                put64(&mut out, *dst);
-                put64(&mut out, *src);
-                put64(&mut out, *len);
+                put64(out, *dst);
+                put64(out, *src);
+                put64(out, *len);
             }
             GraphOp::Empty => {}
-            GraphOp::EventRecord { event } | GraphOp::EventWait { event } => {
-                put64(&mut out, *event)
+            GraphOp::EventRecord { event } | GraphOp::EventWait { event } => put64(out, *event),
+            GraphOp::Conditional {
+                handle,
+                kind,
+                bodies,
+            } => {
+                put64(out, *handle);
+                put32(out, kind.as_u32());
+                put32(out, bodies.len() as u32);
+                for b in bodies {
+                    encode_into(out, b);
+                }
             }
         }
     }
-    out
 }
 
 /// Decodes a graph, checking every count, index and size: a dependency
@@ -175,9 +255,28 @@ pub fn encode_graph(nodes: &[GraphNode]) -> Vec<u8> {
 /// follow the last node.
 pub fn decode_graph(data: &[u8]) -> Result<Vec<GraphNode>, ProtoError> {
     let mut r = Reader::new(data);
+    let mut total = 0usize;
+    let nodes = decode_nodes(&mut r, 0, &mut total)?;
+    if nodes.is_empty() {
+        return Err(bad("graph", "no nodes"));
+    }
+    if r.remaining() != 0 {
+        return Err(bad("graph", "bytes after the last node"));
+    }
+    Ok(nodes)
+}
+
+/// One node list: the top graph (`depth` 0) or a conditional's body;
+/// `total` counts the nodes of every list so far.
+fn decode_nodes(
+    r: &mut Reader<'_>,
+    depth: usize,
+    total: &mut usize,
+) -> Result<Vec<GraphNode>, ProtoError> {
     let count = r.u32()? as usize;
-    if count == 0 || count > MAX_NODES {
-        return Err(bad("graph", format!("{count} nodes (1..={MAX_NODES})")));
+    *total = total.saturating_add(count);
+    if *total > MAX_NODES {
+        return Err(bad("graph", format!("more than {MAX_NODES} nodes")));
     }
     let mut nodes = Vec::with_capacity(count);
     for i in 0..count {
@@ -197,8 +296,8 @@ pub fn decode_graph(data: &[u8]) -> Result<Vec<GraphNode>, ProtoError> {
         let op = match kind {
             KERNEL => {
                 let func = r.u64()?;
-                let grid = read_dim(&mut r)?;
-                let block = read_dim(&mut r)?;
+                let grid = read_dim(r)?;
+                let block = read_dim(r)?;
                 let shared_mem = r.u32()?;
                 let len = r.u32()? as usize;
                 if len > MAX_PARAMS {
@@ -236,16 +335,61 @@ pub fn decode_graph(data: &[u8]) -> Result<Vec<GraphNode>, ProtoError> {
                 len: r.u64()?,
             },
             EMPTY => GraphOp::Empty,
+            EVENT_RECORD | EVENT_WAIT if depth > 0 => {
+                return Err(bad(
+                    "graph",
+                    format!("node {i}: an event node in a conditional body"),
+                ))
+            }
             EVENT_RECORD => GraphOp::EventRecord { event: r.u64()? },
             EVENT_WAIT => GraphOp::EventWait { event: r.u64()? },
+            CONDITIONAL => {
+                let handle = r.u64()?;
+                let kind = r.u32()?;
+                let kind = CondKind::from_u32(kind)
+                    .ok_or_else(|| bad("graph", format!("node {i}: conditional type {kind}")))?;
+                let n = r.u32()? as usize;
+                if !kind.bodies_ok(n) {
+                    return Err(bad("graph", format!("node {i}: {kind:?} with {n} bodies")));
+                }
+                if depth >= MAX_DEPTH {
+                    return Err(bad(
+                        "graph",
+                        format!("conditionals nested over {MAX_DEPTH} deep"),
+                    ));
+                }
+                let mut bodies = Vec::with_capacity(n);
+                for _ in 0..n {
+                    bodies.push(decode_nodes(r, depth + 1, total)?);
+                }
+                GraphOp::Conditional {
+                    handle,
+                    kind,
+                    bodies,
+                }
+            }
             k => return Err(bad("graph", format!("node {i}: kind {k}"))),
         };
         nodes.push(GraphNode { op, deps });
     }
-    if r.remaining() != 0 {
-        return Err(bad("graph", "bytes after the last node"));
-    }
     Ok(nodes)
+}
+
+/// Calls `f` on every node of `nodes` and of their conditionals' bodies,
+/// at any depth; stops at the first error.
+pub fn visit<E>(
+    nodes: &[GraphNode],
+    f: &mut impl FnMut(&GraphNode) -> Result<(), E>,
+) -> Result<(), E> {
+    for n in nodes {
+        f(n)?;
+        if let GraphOp::Conditional { bodies, .. } = &n.op {
+            for b in bodies {
+                visit(b, f)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 impl GraphOp {
@@ -362,6 +506,100 @@ mod tests {
         }
         assert!(decode_graph(&encode_graph(&g)).is_err());
         assert!(decode_graph(&encode_graph(&[])).is_err());
+    }
+
+    fn cond(kind: CondKind, bodies: Vec<Vec<GraphNode>>) -> GraphNode {
+        GraphNode {
+            op: GraphOp::Conditional {
+                handle: 0x77,
+                kind,
+                bodies,
+            },
+            deps: vec![0],
+        }
+    }
+
+    #[test]
+    fn conditionals_round_trip_with_nested_and_empty_bodies() {
+        let inner = cond(CondKind::If, vec![sample()[..3].to_vec(), vec![]]);
+        let mut g = sample();
+        g.push(cond(
+            CondKind::While,
+            vec![vec![sample()[0].clone(), {
+                let mut i = inner.clone();
+                i.deps = vec![0];
+                i
+            }]],
+        ));
+        g.push(cond(
+            CondKind::Switch,
+            vec![vec![], sample()[..1].to_vec(), vec![]],
+        ));
+        let bytes = encode_graph(&g);
+        assert_eq!(decode_graph(&bytes).unwrap(), g);
+        let mut seen = 0;
+        visit(&g, &mut |_| -> Result<(), ()> {
+            seen += 1;
+            Ok(())
+        })
+        .unwrap();
+        // 6 + while (1 + its 2: 1 + 3 in the IF) + switch (1 + 1).
+        assert_eq!(seen, 6 + 1 + 2 + 3 + 1 + 1);
+        for n in 0..bytes.len() {
+            assert!(decode_graph(&bytes[..n]).is_err(), "truncated to {n}");
+        }
+    }
+
+    #[test]
+    fn conditionals_with_bad_shapes_are_refused() {
+        let bad_graph = |c: GraphNode| {
+            let mut g = sample();
+            g.push(c);
+            decode_graph(&encode_graph(&g))
+        };
+        // Body counts the driver refuses.
+        assert!(bad_graph(cond(CondKind::If, vec![])).is_err());
+        assert!(bad_graph(cond(CondKind::If, vec![vec![]; 3])).is_err());
+        assert!(bad_graph(cond(CondKind::While, vec![vec![]; 2])).is_err());
+        assert!(bad_graph(cond(CondKind::Switch, vec![])).is_err());
+        assert!(bad_graph(cond(CondKind::Switch, vec![vec![]; 4])).is_ok());
+        // An event node in a body.
+        assert!(bad_graph(cond(CondKind::If, vec![sample()[4..5].to_vec()])).is_err());
+        // A body whose dependency is not an earlier node of the body.
+        let mut body = sample()[..2].to_vec();
+        body[1].deps = vec![1];
+        assert!(bad_graph(cond(CondKind::If, vec![body])).is_err());
+        // An unknown type.
+        let mut bytes = encode_graph(&[cond(CondKind::If, vec![vec![]])]);
+        // count, kind, deps=1, dep 0 -> the node depends on node 0: itself.
+        assert!(decode_graph(&bytes).is_err());
+        bytes = encode_graph(&[GraphNode {
+            op: GraphOp::Conditional {
+                handle: 1,
+                kind: CondKind::If,
+                bodies: vec![vec![]],
+            },
+            deps: vec![],
+        }]);
+        assert!(decode_graph(&bytes).is_ok());
+        bytes[20] = 3; // the type, after count, kind, deps and the handle
+        assert!(decode_graph(&bytes).is_err());
+        // Nesting past the limit.
+        let mut deep = GraphNode {
+            op: GraphOp::Empty,
+            deps: vec![],
+        };
+        for _ in 0..=MAX_DEPTH {
+            deep = GraphNode {
+                op: GraphOp::Conditional {
+                    handle: 1,
+                    kind: CondKind::If,
+                    bodies: vec![vec![deep]],
+                },
+                deps: vec![],
+            };
+        }
+        assert!(decode_graph(&encode_graph(&[deep])).is_err());
     }
 
     #[test]

@@ -134,6 +134,38 @@ fn graphs_stream_capture_and_pitched_copies_run_against_the_standin() {
     host.wait_program_freed();
 }
 
+/// Conditional graph nodes (`tests/c/conditional.c`): IF, IF/ELSE, WHILE
+/// (its body captured into it), SWITCH, a conditional nested in another's
+/// body and one added to a stream capture, built on the host in the graph's
+/// conditional scope and run by the sim, whose kernels set the handles.
+#[test]
+fn conditional_graph_nodes_run_against_the_standin() {
+    let Some(cuda) = cuda_root() else { return };
+    let host = Host::start("conditional", 1 << 30);
+    let dir = host.socket.parent().unwrap().to_owned();
+    let lib = standin(&dir);
+    let exe = build_c("conditional", &dir, &cuda, &[]);
+    let kernels = workspace().join("host-backend/kernels");
+    let (base, cond) = (
+        kernels.join("fairvgpu.ptx"),
+        kernels.join("conditional.ptx"),
+    );
+    let stdout = run(&exe, &[&base, &cond], &lib, &cuda, &host.socket);
+    assert_lines(
+        &stdout,
+        &[
+            "if: body ran only when the kernel set non-zero (2 of 3 launches), else ran once",
+            "while: 10 then 3 iterations until the kernel set 0",
+            "switch: values 0, 1, 2 ran their body, 3 ran none",
+            "nested: an IF inside a WHILE ran 4 times, then none",
+            "captured: a WHILE added to a capture ran 0 then 6 times, the node after it ran each time",
+            "errors: bad flags, a foreign handle, bad sizes and types refused",
+            "conditional: all checks passed",
+        ],
+    );
+    host.wait_program_freed();
+}
+
 #[test]
 fn an_nvcc_built_program_runs_against_the_standin() {
     let Some(cuda) = cuda_root() else { return };

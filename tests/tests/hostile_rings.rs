@@ -765,6 +765,106 @@ fn graphs_run_only_the_callers_own_kernels_memory_and_events() {
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
 }
 
+/// Conditional scopes and handles are the caller's own: another process's
+/// scope is neither used, built in nor destroyed, a graph naming a handle
+/// not made in its scope (another process's, another scope's, or none) is
+/// refused at any depth, and malformed conditionals are refused; the
+/// caller's own conditional graph runs, and the worker stays up.
+#[test]
+fn conditional_graphs_name_only_the_callers_scopes_and_handles() {
+    use protocol::graph::{encode_graph, CondKind, GraphNode, GraphOp};
+    use protocol::{Request, Status};
+    let host = Host::start("hostile-conditional", 64 << 20);
+    let mut victim = host.guest();
+    // (Handles count per process: the victim's are made past the caller's,
+    // so that they are not also handles of the caller's own.)
+    for _ in 0..16 {
+        victim.cond_scope_create().unwrap();
+    }
+    let their_scope = victim.cond_scope_create().unwrap();
+    let their_handle = victim.cond_handle_create(their_scope, 1, 1).unwrap();
+    let mut g = host.guest();
+    let scope = g.cond_scope_create().unwrap();
+    let other_scope = g.cond_scope_create().unwrap();
+    let h = g.cond_handle_create(scope, 0, 0).unwrap();
+    let other_h = g.cond_handle_create(other_scope, 0, 0).unwrap();
+    let cond = |handle, bodies| GraphNode {
+        op: GraphOp::Conditional {
+            handle,
+            kind: CondKind::If,
+            bodies,
+        },
+        deps: vec![],
+    };
+    let empty = || GraphNode {
+        op: GraphOp::Empty,
+        deps: vec![],
+    };
+    let is = |r: Result<u64, guest_frontend::GuestError>, want: Status| {
+        assert!(
+            matches!(r, Err(guest_frontend::GuestError::Cuda(s)) if s == want),
+            "{r:?}, want {want:?}"
+        );
+    };
+    // The caller's own: built, launched (the value is 0: the body is
+    // skipped), destroyed.
+    let own = encode_graph(&[cond(h, vec![vec![empty()]])]);
+    let x = g.graph_instantiate_in(scope, &own).unwrap();
+    g.graph_launch(x, 0).unwrap();
+    g.synchronize().unwrap();
+    g.graph_destroy(x).unwrap();
+    // Another process's scope: not built in, no handle made in it, not destroyed.
+    is(
+        g.graph_instantiate_in(their_scope, &own),
+        Status::InvalidHandle,
+    );
+    is(
+        g.cond_handle_create(their_scope, 0, 0),
+        Status::InvalidHandle,
+    );
+    assert!(matches!(
+        g.cond_scope_destroy(their_scope),
+        Err(guest_frontend::GuestError::Cuda(Status::InvalidHandle))
+    ));
+    // Handles not of the scope: another process's, another scope's (deep
+    // in a body), none at all (a plain GraphInstantiate).
+    is(
+        g.graph_instantiate_in(scope, &encode_graph(&[cond(their_handle, vec![vec![]])])),
+        Status::InvalidValue,
+    );
+    let deep = cond(h, vec![vec![empty(), cond(other_h, vec![vec![]])]]);
+    is(
+        g.graph_instantiate_in(scope, &encode_graph(&[deep])),
+        Status::InvalidValue,
+    );
+    is(g.graph_instantiate(&own), Status::InvalidValue);
+    // Malformed: garbage, a WHILE with two bodies, bad flags.
+    is(
+        g.graph_instantiate_in(scope, &[0xff; 64]),
+        Status::InvalidValue,
+    );
+    let mut two = encode_graph(&[cond(h, vec![vec![], vec![]])]);
+    two[20] = 1; // IF -> WHILE, which takes one body
+    is(g.graph_instantiate_in(scope, &two), Status::InvalidValue);
+    let bad_flags = g.request(&Request::CondHandleCreate {
+        scope,
+        default_value: 0,
+        flags: 2,
+    });
+    assert!(matches!(
+        bad_flags,
+        Err(guest_frontend::GuestError::Cuda(Status::InvalidValue))
+    ));
+    // The victim's scope still works; the caller's goes.
+    let theirs = encode_graph(&[cond(their_handle, vec![vec![empty()]])]);
+    let vx = victim.graph_instantiate_in(their_scope, &theirs).unwrap();
+    victim.graph_launch(vx, 0).unwrap();
+    victim.synchronize().unwrap();
+    g.cond_scope_destroy(scope).unwrap();
+    is(g.graph_instantiate_in(scope, &own), Status::InvalidHandle);
+    assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
+}
+
 /// Array requests name only the caller's own arrays and objects: another
 /// process's array, texture or surface handles are refused, as are arrays
 /// past the vGPU's memory or the device's limits and copies outside an

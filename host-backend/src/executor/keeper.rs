@@ -14,6 +14,9 @@ pub enum Keeper {
     /// the guest (in kernel parameters and device memory), and another GPU
     /// would give another.
     TextureObject,
+    /// A graph with conditional nodes, or the scope of one: its handles
+    /// are the driver's values, held by the guest's kernels.
+    ConditionalGraph,
     /// Something the executor does not know how to make again.
     Other,
 }
@@ -25,6 +28,7 @@ impl Keeper {
             Keeper::PlainMemory => 1,
             Keeper::TextureObject => 2,
             Keeper::Array => 3,
+            Keeper::ConditionalGraph => 4,
             Keeper::Other => 127,
         }
     }
@@ -36,6 +40,7 @@ impl Keeper {
             1 => Some(Keeper::PlainMemory),
             2 => Some(Keeper::TextureObject),
             3 => Some(Keeper::Array),
+            4 => Some(Keeper::ConditionalGraph),
             _ => Some(Keeper::Other),
         }
     }
@@ -50,6 +55,9 @@ impl Keeper {
                 "a texture or surface object (its value is the driver's, held by the guest)"
             }
             Keeper::Array => "a CUDA array",
+            Keeper::ConditionalGraph => {
+                "a graph with conditional nodes (its handles are the driver's, held by the guest)"
+            }
             Keeper::Other => "an object the executor cannot make again on another GPU",
         }
     }
@@ -71,6 +79,7 @@ mod tests {
             Keeper::PlainMemory,
             Keeper::TextureObject,
             Keeper::Array,
+            Keeper::ConditionalGraph,
             Keeper::Other,
         ] {
             assert_eq!(Keeper::from_code(k.code()), Some(k));

@@ -543,21 +543,48 @@ pub(super) fn handle(
             });
             continue_transfer(sh, c, s, d)
         }
-        Request::GraphInstantiate { len } => {
-            if len as usize > MAX_GRAPH_BYTES {
-                refuse(sh, c, "graph larger than the host takes");
+        Request::GraphInstantiate { len } => graph_data(sh, c, s, d, tag, opc, len, None),
+        Request::GraphInstantiateIn { scope, len } => {
+            if let Err(e) = s.conds.check_scope(scope) {
+                refuse(
+                    sh,
+                    c,
+                    "graph for a conditional scope the process does not hold",
+                );
                 skip_data(c, d, u64::from(len));
-                return reply(sh, c, tag, opc, Err(Status::InvalidValue), &[]);
+                return reply(sh, c, tag, opc, Err(e), &[]);
             }
-            c.transfer = Some(Transfer {
-                inbound: Inbound::Graph {
-                    buf: Vec::new(),
-                    tag,
-                },
-                remaining: u64::from(len),
-                offset: 0,
-            });
-            continue_transfer(sh, c, s, d)
+            graph_data(sh, c, s, d, tag, opc, len, Some(scope))
+        }
+        Request::CondScopeCreate => {
+            let r = s
+                .conds
+                .room()
+                .and_then(|()| s.ctx.cond_scope_create())
+                .inspect(|&h| s.conds.add_scope(h));
+            reply(sh, c, tag, opc, r.map(Reply::one), &[])
+        }
+        Request::CondHandleCreate {
+            scope,
+            default_value,
+            flags,
+        } => {
+            let r = s
+                .conds
+                .handle_room(scope)
+                .and_then(|()| s.ctx.cond_handle_create(scope, default_value, flags))
+                .inspect(|&h| s.conds.add_handle(scope, h));
+            reply(sh, c, tag, opc, r.map(Reply::one), &[])
+        }
+        Request::CondScopeDestroy { scope } => {
+            let r = s
+                .conds
+                .check_scope(scope)
+                .and_then(|()| s.ctx.cond_scope_destroy(scope));
+            if r.is_ok() {
+                s.conds.remove_scope(scope);
+            }
+            reply(sh, c, tag, opc, unit(r), &[])
         }
         Request::GraphLaunch { exec, stream } => {
             let r = s
@@ -939,6 +966,36 @@ fn park_drain(
 }
 
 /// A query's answer: success when done, `NotReady` otherwise (as CUDA reports it).
+/// Takes a graph's data (`GraphInstantiate`, or `GraphInstantiateIn` in
+/// `scope`): built when the last of it is in.
+#[allow(clippy::too_many_arguments)]
+fn graph_data(
+    sh: &mut Shared,
+    c: &mut Chan,
+    s: &mut Session,
+    d: &Descriptor,
+    tag: u64,
+    opc: u32,
+    len: u32,
+    scope: Option<u64>,
+) -> Result<(), Error> {
+    if len as usize > MAX_GRAPH_BYTES {
+        refuse(sh, c, "graph larger than the host takes");
+        skip_data(c, d, u64::from(len));
+        return reply(sh, c, tag, opc, Err(Status::InvalidValue), &[]);
+    }
+    c.transfer = Some(Transfer {
+        inbound: Inbound::Graph {
+            buf: Vec::new(),
+            tag,
+            scope,
+        },
+        remaining: u64::from(len),
+        offset: 0,
+    });
+    continue_transfer(sh, c, s, d)
+}
+
 fn ready(done: bool) -> Result<Reply, Status> {
     if done {
         Ok(Reply::default())

@@ -34,6 +34,8 @@ pub(super) enum Inbound {
     Graph {
         buf: Vec<u8>,
         tag: u64,
+        /// The conditional scope it is built in (`GraphInstantiateIn`).
+        scope: Option<u64>,
     },
 }
 
@@ -172,18 +174,27 @@ pub(super) fn continue_transfer(
                 Err(e) => reply(sh, c, tag, op::LINK, Err(e), &[]),
             }
         }
-        Inbound::Graph { buf, tag } => {
+        Inbound::Graph { buf, tag, scope } => {
             let r = protocol::graph::decode_graph(&buf)
                 .map_err(|e| {
                     refuse(sh, c, &format!("graph: {e}"));
                     Status::InvalidValue
                 })
                 .and_then(|nodes| {
-                    s.check_graph_nodes(&nodes)?;
-                    s.ctx.graph_instantiate(&nodes)
+                    s.check_graph_nodes(scope, &nodes).inspect_err(|_| {
+                        refuse(sh, c, "graph names what the process does not hold")
+                    })?;
+                    match scope {
+                        Some(sc) => s.ctx.graph_instantiate_in(sc, &nodes),
+                        None => s.ctx.graph_instantiate(&nodes),
+                    }
                 })
                 .inspect(|&g| s.add_graph(g));
-            reply(sh, c, tag, op::GRAPH_INSTANTIATE, r.map(Reply::one), &[])
+            let opc = match scope {
+                Some(_) => op::GRAPH_INSTANTIATE_IN,
+                None => op::GRAPH_INSTANTIATE,
+            };
+            reply(sh, c, tag, opc, r.map(Reply::one), &[])
         }
         Inbound::Htod { .. } => Ok(()),
     }

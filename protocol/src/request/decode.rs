@@ -186,6 +186,23 @@ impl Request {
                 stream: r.u64()?,
             },
             op::GRAPH_DESTROY => GraphDestroy { exec: r.u64()? },
+            op::COND_SCOPE_CREATE => CondScopeCreate,
+            op::COND_HANDLE_CREATE => {
+                let (scope, default_value, flags) = (r.u64()?, r.u32()?, r.u32()?);
+                if flags > 1 {
+                    return Err(bad("flags", format!("conditional handle flags {flags}")));
+                }
+                CondHandleCreate {
+                    scope,
+                    default_value,
+                    flags,
+                }
+            }
+            op::COND_SCOPE_DESTROY => CondScopeDestroy { scope: r.u64()? },
+            op::GRAPH_INSTANTIATE_IN => GraphInstantiateIn {
+                scope: r.u64()?,
+                len: r.u32()?,
+            },
             op::MODULE_FUNCTIONS => ModuleFunctions {
                 module: r.u64()?,
                 first: r.u32()?,
@@ -506,6 +523,14 @@ mod tests {
             Request::GraphInstantiate { len: 300 },
             Request::GraphLaunch { exec: 4, stream: 2 },
             Request::GraphDestroy { exec: 4 },
+            Request::CondScopeCreate,
+            Request::CondHandleCreate {
+                scope: 3,
+                default_value: 1,
+                flags: 1,
+            },
+            Request::CondScopeDestroy { scope: 3 },
+            Request::GraphInstantiateIn { scope: 3, len: 300 },
             Request::FuncGetAttribute { func: 5, attr: 4 },
             Request::Occupancy {
                 func: 5,

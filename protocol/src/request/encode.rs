@@ -103,6 +103,21 @@ impl Request {
                 w.u64(stream);
             }
             GraphDestroy { exec } => w.u64(exec),
+            CondScopeCreate => {}
+            CondHandleCreate {
+                scope,
+                default_value,
+                flags,
+            } => {
+                w.u64(scope);
+                w.u32(default_value);
+                w.u32(flags);
+            }
+            CondScopeDestroy { scope } => w.u64(scope),
+            GraphInstantiateIn { scope, len } => {
+                w.u64(scope);
+                w.u32(len);
+            }
             ModuleFunctions { module, first } => {
                 w.u64(module);
                 w.u32(first);

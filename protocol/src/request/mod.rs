@@ -231,6 +231,35 @@ pub enum Request {
         /// The executable's handle.
         exec: u64,
     },
+    /// Make a conditional scope: the host's twin of a guest graph that
+    /// holds conditional handles (on a GPU, an empty CUDA graph the handles
+    /// are made in). Reply: the scope's handle.
+    CondScopeCreate,
+    /// Make a conditional handle in a scope (cuGraphConditionalHandleCreate).
+    /// Reply: the handle's value, which kernels take as a parameter.
+    CondHandleCreate {
+        /// The scope's handle.
+        scope: u64,
+        /// The value it takes at the start of each launch (with `flags` 1).
+        default_value: u32,
+        /// 0, or `CU_GRAPH_COND_ASSIGN_DEFAULT` (1).
+        flags: u32,
+    },
+    /// Destroy a scope (its executables stay valid).
+    CondScopeDestroy {
+        /// The scope's handle.
+        scope: u64,
+    },
+    /// Build and instantiate a graph in a scope: its conditional nodes use
+    /// the scope's handles. `len` bytes of [`graph`](crate::graph) data
+    /// follow. Reply: the executable's handle (launched and destroyed as
+    /// `GraphInstantiate`'s).
+    GraphInstantiateIn {
+        /// The scope's handle.
+        scope: u64,
+        /// Bytes of graph data.
+        len: u32,
+    },
     /// Address and size of a module's global variable (name in data).
     ModuleGetGlobal {
         /// Module handle.
@@ -554,6 +583,10 @@ impl Request {
             GraphInstantiate { .. } => op::GRAPH_INSTANTIATE,
             GraphLaunch { .. } => op::GRAPH_LAUNCH,
             GraphDestroy { .. } => op::GRAPH_DESTROY,
+            CondScopeCreate => op::COND_SCOPE_CREATE,
+            CondHandleCreate { .. } => op::COND_HANDLE_CREATE,
+            CondScopeDestroy { .. } => op::COND_SCOPE_DESTROY,
+            GraphInstantiateIn { .. } => op::GRAPH_INSTANTIATE_IN,
             Link { .. } => op::LINK,
             Launch { .. } => op::LAUNCH,
             StreamCreate { .. } => op::STREAM_CREATE,
@@ -634,7 +667,9 @@ impl Request {
             Request::MemcpyHtoD { len, .. }
             | Request::ModuleLoad { len, .. }
             | Request::Link { len } => Some(*len),
-            Request::GraphInstantiate { len } => Some(u64::from(*len)),
+            Request::GraphInstantiate { len } | Request::GraphInstantiateIn { len, .. } => {
+                Some(u64::from(*len))
+            }
             _ => None,
         }
     }

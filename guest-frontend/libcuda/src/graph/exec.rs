@@ -40,6 +40,43 @@ pub(crate) struct Exec {
     pub allocs: Vec<u64>,
     /// The graph allocations its free nodes free.
     pub frees: Vec<u64>,
+    /// It holds conditional nodes: `host` is all it runs as.
+    pub conditional: bool,
+}
+
+/// The host's node for one operation, or `None` if it cannot run on the
+/// host (a conditional node is built by `conditional.rs`).
+pub(super) fn host_op(op: &Op) -> Option<GraphOp> {
+    Some(match op {
+        Op::Kernel(k) if k.cluster == protocol::Dim3::default() && k.flags == 0 => {
+            GraphOp::Kernel {
+                func: k.handle,
+                grid: k.grid,
+                block: k.block,
+                shared_mem: k.shared,
+                params: k.params.clone(),
+            }
+        }
+        Op::Copy(b) if b.src.device && b.dst.device && b.height == 1 && b.depth == 1 => {
+            GraphOp::Copy {
+                dst: b.dst.addr,
+                src: b.src.addr,
+                len: b.width,
+            }
+        }
+        Op::Memset(m) => GraphOp::Memset {
+            dst: m.dst,
+            pitch: m.pitch as u64,
+            value: m.value,
+            elem: m.elem,
+            width: m.width as u64,
+            height: m.height as u64,
+        },
+        Op::EventRecord(e) => GraphOp::EventRecord { event: *e },
+        Op::EventWait(e) => GraphOp::EventWait { event: *e },
+        Op::Empty => GraphOp::Empty,
+        _ => return None,
+    })
 }
 
 /// The host's nodes for `ops` with their dependencies `deps`, or `None` if
@@ -47,36 +84,7 @@ pub(crate) struct Exec {
 fn host_nodes(ops: &[(u64, Op)], deps: &[Vec<u32>]) -> Option<Vec<GraphNode>> {
     let mut nodes = Vec::with_capacity(ops.len());
     for (i, (_, op)) in ops.iter().enumerate() {
-        let op = match op {
-            Op::Kernel(k) if k.cluster == protocol::Dim3::default() && k.flags == 0 => {
-                GraphOp::Kernel {
-                    func: k.handle,
-                    grid: k.grid,
-                    block: k.block,
-                    shared_mem: k.shared,
-                    params: k.params.clone(),
-                }
-            }
-            Op::Copy(b) if b.src.device && b.dst.device && b.height == 1 && b.depth == 1 => {
-                GraphOp::Copy {
-                    dst: b.dst.addr,
-                    src: b.src.addr,
-                    len: b.width,
-                }
-            }
-            Op::Memset(m) => GraphOp::Memset {
-                dst: m.dst,
-                pitch: m.pitch as u64,
-                value: m.value,
-                elem: m.elem,
-                width: m.width as u64,
-                height: m.height as u64,
-            },
-            Op::EventRecord(e) => GraphOp::EventRecord { event: *e },
-            Op::EventWait(e) => GraphOp::EventWait { event: *e },
-            Op::Empty => GraphOp::Empty,
-            _ => return None,
-        };
+        let op = host_op(op)?;
         let deps = deps.get(i)?.clone();
         if deps.len() > protocol::graph::MAX_DEPS {
             return None;
@@ -103,13 +111,13 @@ fn drop_on_host(h: u64) {
 /// spread in place, empty nodes left out), each with the indices of the
 /// operations it must follow.
 #[derive(Default)]
-struct Flat {
-    ops: Vec<(u64, Op)>,
-    deps: Vec<Vec<u32>>,
+pub(super) struct Flat {
+    pub ops: Vec<(u64, Op)>,
+    pub deps: Vec<Vec<u32>>,
 }
 
 impl Flat {
-    fn of(graph: &super::Graph) -> Result<Flat, CuResult> {
+    pub(super) fn of(graph: &super::Graph) -> Result<Flat, CuResult> {
         let mut f = Flat::default();
         f.add(graph, true, &[])?;
         Ok(f)
@@ -180,7 +188,12 @@ fn instantiate(e: *mut u64, g: u64, flags: u64) -> Result<(), CuResult> {
         (Flat::of(graph)?, allocs, frees)
     };
     // Not under the graphs' lock: this is a call to the host.
-    let host = build_on_host(&flat.ops, &flat.deps);
+    let conditional = super::conditional::has_cond(&flat.ops);
+    let host = if conditional {
+        Some(super::conditional::instantiate(g, &flat.ops, &flat.deps)?)
+    } else {
+        build_on_host(&flat.ops, &flat.deps)
+    };
     let mut s = graphs();
     let h = s.issue();
     s.execs.insert(
@@ -193,6 +206,7 @@ fn instantiate(e: *mut u64, g: u64, flags: u64) -> Result<(), CuResult> {
             stale: false,
             allocs,
             frees,
+            conditional,
         },
     );
     out(e, h)
@@ -210,6 +224,9 @@ fn run(op: &Op, st: CUstream) -> Result<(), CuResult> {
         Op::EventRecord(e) => crate::stream::record(*e as _, st),
         Op::EventWait(e) => crate::stream::wait(st, *e as _),
         Op::Empty | Op::Graph(_) | Op::MemAlloc { .. } | Op::MemFree(_) => Ok(()),
+        Op::Cond(_) => Err(crate::not_supported(
+            "launching a graph with conditional nodes into a stream capture",
+        )),
     }
 }
 
@@ -284,6 +301,11 @@ pub(crate) fn kernel_params(k: &mut KernelOp) -> KernelParamsV1 {
 fn set_op(e: u64, node: u64, op: Op) -> Result<(), CuResult> {
     let mut s = graphs();
     let ex = s.execs.get_mut(&e).ok_or(code::INVALID_VALUE)?;
+    if ex.conditional {
+        return Err(crate::not_supported(
+            "changing a node of an executable graph with conditional nodes",
+        ));
+    }
     let ops = Arc::make_mut(&mut ex.ops);
     let slot = ops
         .iter_mut()
@@ -315,6 +337,11 @@ fn update(e: u64, g: u64) -> Result<(), c_int> {
     let allocs = super::memory::allocs_of(graph.nodes.iter().map(|n| &n.op));
     let Flat { mut ops, deps } = Flat::of(graph).map_err(|_| 1)?;
     let ex = s.execs.get_mut(&e).ok_or(1)?;
+    if ex.conditional {
+        crate::log_once("cuGraphExecUpdate of a graph with conditional nodes is not supported");
+        // CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED
+        return Err(7);
+    }
     if allocs != ex.allocs {
         return Err(2);
     }

@@ -15,9 +15,11 @@
 //!
 //! Graph, node and executable handles are numbers issued here; every one a
 //! program passes is looked up, and an unknown one is an invalid value.
-//! Memory nodes' allocations: [`memory`].
+//! Memory nodes' allocations: [`memory`]. Conditional nodes: graphs that
+//! hold one are built on the host as one real CUDA graph ([`conditional`]).
 
 pub mod capture;
+pub mod conditional;
 pub mod exec;
 pub mod memory;
 
@@ -84,6 +86,8 @@ pub(crate) enum Op {
     },
     /// The end of a graph allocation's use in the graph.
     MemFree(u64),
+    /// A conditional node ([`conditional`]).
+    Cond(conditional::CondOp),
 }
 
 impl Op {
@@ -100,6 +104,7 @@ impl Op {
             Op::EventRecord(_) => 7,
             Op::MemAlloc { .. } => 10,
             Op::MemFree(_) => 11,
+            Op::Cond(_) => 13,
         }
     }
 }
@@ -170,6 +175,7 @@ pub(crate) struct Store {
     pub execs: HashMap<u64, exec::Exec>,
     pub captures: capture::Captures,
     pub allocs: memory::GraphAllocs,
+    pub conds: conditional::Conds,
     next: u64,
 }
 
@@ -475,6 +481,7 @@ fn generic_op(p: *const NodeParams) -> Result<Op, CuResult> {
             if !memory::may_be_child(g.nodes.iter().map(|n| &n.op)) {
                 return Err(code::NOT_SUPPORTED);
             }
+            conditional::refuse_child(&g)?;
             Ok(Op::Graph(g))
         }
         5 => Ok(Op::Empty),
@@ -482,6 +489,22 @@ fn generic_op(p: *const NodeParams) -> Result<Op, CuResult> {
         7 => Ok(Op::EventRecord(read(body as *const u64)?)),
         t => Err(crate::not_supported(&format!("graph nodes of type {t}"))),
     }
+}
+
+/// Adds a node from `CUgraphNodeParams` (a conditional one writes its
+/// bodies back into them).
+fn add_generic(
+    node: *mut u64,
+    g: u64,
+    d: *const u64,
+    n: usize,
+    p: *mut NodeParams,
+) -> Result<(), CuResult> {
+    // SAFETY: the type, first field of a CUgraphNodeParams (API contract).
+    if !p.is_null() && unsafe { (*p).ty } == 13 {
+        return conditional::add_node(node, g, d, n, p);
+    }
+    add_node(node, g, d, n, generic_op(p))
 }
 
 export! {
@@ -493,8 +516,18 @@ export! {
         out(g, h)
     }
 
+    /// A conditional's body goes only with its node.
     fn cuGraphDestroy(g: u64) {
-        let allocs = graphs().destroy(g)?;
+        let (allocs, scope) = {
+            let mut s = graphs();
+            s.graph(g)?;
+            if s.is_body(g) {
+                return Err(code::INVALID_VALUE);
+            }
+            let scope = s.forget_conds(g);
+            (s.destroy(g)?, scope)
+        };
+        conditional::drop_scope(scope);
         memory::release(allocs);
         Ok(())
     }
@@ -503,6 +536,7 @@ export! {
         if clone.is_null() {
             return Err(code::INVALID_VALUE);
         }
+        conditional::refuse_clone(graphs().graph(g)?)?;
         let h = graphs().clone_graph(g)?;
         out(clone, h)
     }
@@ -544,6 +578,7 @@ export! {
         if !memory::may_be_child(c.nodes.iter().map(|n| &n.op)) {
             return Err(code::NOT_SUPPORTED);
         }
+        conditional::refuse_child(&c)?;
         add_node(node, g, d, n, Ok(Op::Graph(c)))
     }
 
@@ -555,14 +590,15 @@ export! {
         add_node(node, g, d, n, Ok(Op::EventWait(e as u64)))
     }
 
-    fn cuGraphAddNode(node: *mut u64, g: u64, d: *const u64, n: usize, p: *const NodeParams) {
-        add_node(node, g, d, n, generic_op(p))
+    /// A conditional node's body graphs are written to its parameters.
+    fn cuGraphAddNode(node: *mut u64, g: u64, d: *const u64, n: usize, p: *mut NodeParams) {
+        add_generic(node, g, d, n, p)
     }
 
     /// Edge data (programmatic dependencies) is not kept: every edge is a
     /// full dependency.
-    fn cuGraphAddNode_v2(node: *mut u64, g: u64, d: *const u64, _edges: *const c_void, n: usize, p: *const NodeParams) {
-        add_node(node, g, d, n, generic_op(p))
+    fn cuGraphAddNode_v2(node: *mut u64, g: u64, d: *const u64, _edges: *const c_void, n: usize, p: *mut NodeParams) {
+        add_generic(node, g, d, n, p)
     }
 
     fn cuGraphNodeGetType(node: u64, ty: *mut c_int) {
@@ -662,6 +698,10 @@ export! {
         let mut s = graphs();
         if matches!(s.node_mut(node)?.op, Op::MemAlloc { .. } | Op::MemFree(_)) {
             return Err(code::NOT_SUPPORTED);
+        }
+        if let Op::Cond(c) = &s.node_mut(node)?.op {
+            let bodies = c.bodies.to_vec();
+            s.drop_bodies(bodies);
         }
         let g = s.owner.remove(&node).ok_or(code::INVALID_VALUE)?;
         let graph = s.graph(g)?;

@@ -118,6 +118,8 @@ pub(super) struct CudaContext {
     pub(super) guest_vmm: GuestVmm,
     /// The guest's graphs, built here (see `graph.rs`).
     pub(super) graphs: std::collections::HashMap<Handle, super::graph::HostGraph>,
+    /// Conditional scopes: their graphs (see `conditional.rs`).
+    pub(super) scopes: std::collections::HashMap<Handle, sys::CUgraph>,
     /// The guest's arrays, texture and surface objects (see `arrays.rs`):
     /// a context holding any stays on its GPU.
     pub(super) arrays: super::arrays::CudaArrays,
@@ -184,6 +186,7 @@ impl CudaContext {
             copy: null_mut(),
             guest_vmm: GuestVmm::default(),
             graphs: Default::default(),
+            scopes: Default::default(),
             arrays: Default::default(),
         })
     }
@@ -267,6 +270,12 @@ impl Drop for CudaContext {
         if self.bind().is_ok() {
             for (_, g) in std::mem::take(&mut self.graphs) {
                 g.destroy();
+            }
+            for (_, g) in std::mem::take(&mut self.scopes) {
+                // SAFETY: our graph, destroyed once, in its context.
+                unsafe {
+                    sys::cuGraphDestroy(g);
+                }
             }
             self.guest_vmm.clear();
             for (va, a) in std::mem::take(&mut self.allocs) {
@@ -485,6 +494,31 @@ impl Context for CudaContext {
 
     fn graph_destroy(&mut self, exec: Handle) -> Result<(), Status> {
         CudaContext::graph_destroy(self, exec)
+    }
+
+    fn cond_scope_create(&mut self) -> Result<Handle, Status> {
+        CudaContext::cond_scope_create(self)
+    }
+
+    fn cond_handle_create(
+        &mut self,
+        scope: Handle,
+        default_value: u32,
+        flags: u32,
+    ) -> Result<u64, Status> {
+        CudaContext::cond_handle_create(self, scope, default_value, flags)
+    }
+
+    fn cond_scope_destroy(&mut self, scope: Handle) -> Result<(), Status> {
+        CudaContext::cond_scope_destroy(self, scope)
+    }
+
+    fn graph_instantiate_in(
+        &mut self,
+        scope: Handle,
+        nodes: &[protocol::graph::GraphNode],
+    ) -> Result<Handle, Status> {
+        CudaContext::graph_instantiate_in(self, scope, nodes)
     }
 
     fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {

@@ -22,12 +22,16 @@ use crate::executor::Handle;
 
 /// A graph built from a guest's nodes, and its executable.
 pub(super) struct HostGraph {
-    graph: sys::CUgraph,
-    exec: sys::CUgraphExec,
+    pub(super) graph: sys::CUgraph,
+    pub(super) exec: sys::CUgraphExec,
     /// The functions its kernel nodes run (to drop it with their module).
     pub(super) funcs: Vec<Handle>,
     /// The guest's nodes, to build it again on another GPU.
     pub(super) nodes: Vec<GraphNode>,
+    /// Built in a conditional scope (`conditional.rs`): its graph is the
+    /// scope's, and it cannot be built again elsewhere (its handles are
+    /// the driver's values, which the guest's kernels hold).
+    pub(super) scoped: bool,
 }
 
 impl HostGraph {
@@ -38,9 +42,11 @@ impl HostGraph {
         unsafe {
             sys::cuGraphExecDestroy(self.exec);
         }
-        // SAFETY: as above.
-        unsafe {
-            sys::cuGraphDestroy(self.graph);
+        if !self.scoped {
+            // SAFETY: as above.
+            unsafe {
+                sys::cuGraphDestroy(self.graph);
+            }
         }
     }
 }
@@ -76,8 +82,30 @@ impl CudaContext {
         let mut g = Building(null_mut());
         // SAFETY: out-parameter on our stack; flags 0.
         check(unsafe { sys::cuGraphCreate(&mut g.0, 0) })?;
-        let mut made: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
         let mut funcs = Vec::new();
+        self.add_nodes(g.0, &nodes, &mut funcs)?;
+        let mut exec: sys::CUgraphExec = null_mut();
+        // SAFETY: out-parameter on our stack; a complete graph of ours.
+        check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, g.0, 0) })?;
+        let graph = std::mem::replace(&mut g.0, null_mut());
+        Ok(HostGraph {
+            graph,
+            exec,
+            funcs,
+            nodes: guest_nodes.to_vec(),
+            scoped: false,
+        })
+    }
+
+    /// Adds `nodes` to graph `g` (empty, or a conditional's body); the
+    /// functions its kernels run are added to `funcs`.
+    pub(super) fn add_nodes(
+        &self,
+        g: sys::CUgraph,
+        nodes: &[GraphNode],
+        funcs: &mut Vec<Handle>,
+    ) -> Result<(), Status> {
+        let mut made: Vec<sys::CUgraphNode> = Vec::with_capacity(nodes.len());
         for n in nodes.iter() {
             // Dependencies name earlier nodes (checked when decoded).
             let deps: Vec<sys::CUgraphNode> = n
@@ -121,7 +149,7 @@ impl CudaContext {
                     // stack for the call, which copies them; `deps` are nodes
                     // of this graph.
                     unsafe {
-                        sys::cuGraphAddKernelNode_v2(&mut out, g.0, deps.as_ptr(), deps.len(), &p)
+                        sys::cuGraphAddKernelNode_v2(&mut out, g, deps.as_ptr(), deps.len(), &p)
                     }
                 }
                 GraphOp::Memset {
@@ -145,7 +173,7 @@ impl CudaContext {
                     unsafe {
                         sys::cuGraphAddMemsetNode(
                             &mut out,
-                            g.0,
+                            g,
                             deps.as_ptr(),
                             deps.len(),
                             &p,
@@ -169,7 +197,7 @@ impl CudaContext {
                     unsafe {
                         sys::cuGraphAddMemcpyNode(
                             &mut out,
-                            g.0,
+                            g,
                             deps.as_ptr(),
                             deps.len(),
                             &p,
@@ -179,36 +207,35 @@ impl CudaContext {
                 }
                 GraphOp::Empty => {
                     // SAFETY: out-parameter on our stack; nodes of this graph.
-                    unsafe { sys::cuGraphAddEmptyNode(&mut out, g.0, deps.as_ptr(), deps.len()) }
+                    unsafe { sys::cuGraphAddEmptyNode(&mut out, g, deps.as_ptr(), deps.len()) }
                 }
                 GraphOp::EventRecord { event } => {
                     let e = self.event(*event)?;
                     // SAFETY: as above; an event of this context.
                     unsafe {
-                        sys::cuGraphAddEventRecordNode(&mut out, g.0, deps.as_ptr(), deps.len(), e)
+                        sys::cuGraphAddEventRecordNode(&mut out, g, deps.as_ptr(), deps.len(), e)
                     }
                 }
                 GraphOp::EventWait { event } => {
                     let e = self.event(*event)?;
                     // SAFETY: as above; an event of this context.
                     unsafe {
-                        sys::cuGraphAddEventWaitNode(&mut out, g.0, deps.as_ptr(), deps.len(), e)
+                        sys::cuGraphAddEventWaitNode(&mut out, g, deps.as_ptr(), deps.len(), e)
                     }
+                }
+                GraphOp::Conditional {
+                    handle,
+                    kind,
+                    bodies,
+                } => {
+                    out = self.add_conditional(g, &deps, *handle, *kind, bodies, funcs)?;
+                    sys::CUresult::CUDA_SUCCESS
                 }
             };
             check(r)?;
             made.push(out);
         }
-        let mut exec: sys::CUgraphExec = null_mut();
-        // SAFETY: out-parameter on our stack; a complete graph of ours.
-        check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, g.0, 0) })?;
-        let graph = std::mem::replace(&mut g.0, null_mut());
-        Ok(HostGraph {
-            graph,
-            exec,
-            funcs,
-            nodes: guest_nodes.to_vec(),
-        })
+        Ok(())
     }
 
     pub(super) fn graph_launch(&mut self, exec: Handle, stream: Handle) -> Result<(), Status> {

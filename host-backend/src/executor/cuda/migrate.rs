@@ -229,6 +229,9 @@ impl CudaContext {
         if !self.vmm {
             return Some(Keeper::PlainMemory);
         }
+        if !self.scopes.is_empty() || self.graphs.values().any(|g| g.scoped) {
+            return Some(Keeper::ConditionalGraph);
+        }
         self.arrays.keeper()
     }
 

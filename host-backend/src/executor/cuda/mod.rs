@@ -21,6 +21,7 @@ use protocol::Status;
 
 mod arrays;
 mod batch;
+mod conditional;
 mod context;
 mod device;
 mod globals;

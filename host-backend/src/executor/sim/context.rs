@@ -74,8 +74,8 @@ pub(super) struct SimContext {
     /// VMM mappings: start -> (size, handle, offset in its memory). Their
     /// addresses resolve to the handle's bytes.
     pub(super) vmm_maps: BTreeMap<u64, (u64, Handle, u64)>,
-    /// Executable graphs: their nodes, run in order when launched.
-    pub(super) graphs: HashMap<Handle, Vec<protocol::graph::GraphNode>>,
+    /// Executable graphs and conditional scopes (`graphs.rs`).
+    pub(super) graphs: super::graphs::SimGraphs,
     /// CUDA arrays, texture and surface objects (`arrays.rs`).
     pub(super) arrays: super::arrays::SimArrays,
 }
@@ -84,6 +84,11 @@ impl SimContext {
     fn handle(&mut self) -> Handle {
         self.next_handle += 1;
         self.next_handle
+    }
+
+    /// A new handle of the context's (for `graphs.rs`).
+    pub(super) fn new_handle(&mut self) -> Handle {
+        self.handle()
     }
 
     pub(super) fn submit(&mut self, ns: u64, stream: Handle) -> Instant {
@@ -830,64 +835,45 @@ impl Context for SimContext {
         Ok(())
     }
 
-    /// The nodes are kept; a launch runs them in their order (each after
-    /// those it depends on), as one stream would.
+    /// The nodes are kept; a launch runs them (`graphs.rs`).
     fn graph_instantiate(
         &mut self,
         nodes: &[protocol::graph::GraphNode],
     ) -> Result<Handle, Status> {
-        self.alive()?;
-        for n in nodes {
-            if let protocol::graph::GraphOp::Kernel { func, .. } = n.op {
-                if !self.functions.contains_key(&func) {
-                    return Err(Status::InvalidHandle);
-                }
-            }
-        }
-        let h = self.handle();
-        self.graphs.insert(h, nodes.to_vec());
-        Ok(h)
+        self.sim_graph_instantiate(None, nodes)
     }
 
     fn graph_launch(&mut self, exec: Handle, stream: Handle) -> Result<(), Status> {
-        use protocol::graph::GraphOp;
-        let nodes = self.graphs.get(&exec).ok_or(Status::InvalidHandle)?.clone();
-        for n in &nodes {
-            match &n.op {
-                GraphOp::Kernel {
-                    func,
-                    grid,
-                    block,
-                    shared_mem,
-                    params,
-                } => self.launch(*func, *grid, *block, *shared_mem, stream, params)?,
-                GraphOp::Memset {
-                    dst,
-                    pitch,
-                    value,
-                    elem,
-                    width,
-                    height,
-                } => {
-                    for row in 0..*height {
-                        let at = dst + row * pitch;
-                        self.memset(at, *value, *elem, *width, stream)?;
-                    }
-                }
-                GraphOp::Copy { dst, src, len } => self.dtod(*dst, *src, *len, stream)?,
-                GraphOp::Empty => {}
-                GraphOp::EventRecord { event } => self.event_record(*event, stream)?,
-                GraphOp::EventWait { event } => self.stream_wait_event(stream, *event, 0)?,
-            }
-        }
-        Ok(())
+        self.sim_graph_launch(exec, stream)
     }
 
     fn graph_destroy(&mut self, exec: Handle) -> Result<(), Status> {
-        self.graphs
-            .remove(&exec)
-            .map(drop)
-            .ok_or(Status::InvalidHandle)
+        self.sim_graph_destroy(exec)
+    }
+
+    fn cond_scope_create(&mut self) -> Result<Handle, Status> {
+        self.sim_scope_create()
+    }
+
+    fn cond_handle_create(
+        &mut self,
+        scope: Handle,
+        default_value: u32,
+        flags: u32,
+    ) -> Result<u64, Status> {
+        self.sim_handle_create(scope, default_value, flags)
+    }
+
+    fn cond_scope_destroy(&mut self, scope: Handle) -> Result<(), Status> {
+        self.sim_scope_destroy(scope)
+    }
+
+    fn graph_instantiate_in(
+        &mut self,
+        scope: Handle,
+        nodes: &[protocol::graph::GraphNode],
+    ) -> Result<Handle, Status> {
+        self.sim_graph_instantiate(Some(scope), nodes)
     }
 
     fn mark(&mut self, stream: Option<Handle>) -> Result<crate::executor::Marker, Status> {

@@ -1,4 +1,5 @@
-//! The kernels of `kernels/fairvgpu.ptx` and `kernels/faults.ptx`,
+//! The kernels of `kernels/fairvgpu.ptx`, `kernels/faults.ptx` and
+//! `kernels/conditional.ptx`,
 //! implemented in Rust on the model's memory and found by entry name; each
 //! returns its modeled time.
 
@@ -21,6 +22,8 @@ pub(super) fn kernel_by_name(name: &str) -> Option<Kernel> {
         "fvg_printf" => k_printf,
         "fvg_assert" => k_assert,
         "fvg_trap" => k_trap,
+        "cond_set" => k_cond_set,
+        "cond_countdown" => k_cond_countdown,
         _ => return None,
     })
 }
@@ -186,4 +189,36 @@ fn k_assert(c: &mut SimContext, _grid: Dim3, _block: Dim3, p: &[u8]) -> Result<u
 /// A `trap` instruction: the launch fails (`CUDA_ERROR_LAUNCH_FAILED`).
 fn k_trap(_c: &mut SimContext, _grid: Dim3, _block: Dim3, _p: &[u8]) -> Result<u64, Status> {
     Err(Status::from_code(719))
+}
+
+/// `cond_set(handle, const unsigned *flag)`: sets the conditional handle to
+/// `*flag` (`cudaGraphSetConditional`).
+fn k_cond_set(c: &mut SimContext, _grid: Dim3, _block: Dim3, p: &[u8]) -> Result<u64, Status> {
+    let (handle, flag) = (u64_at(p, 0), u64_at(p, 8));
+    let v = read_u32(c, flag)?;
+    c.set_conditional(handle, v)?;
+    Ok(1_000)
+}
+
+/// `cond_countdown(handle, unsigned *counter)`: decrements `*counter` (when
+/// not 0) and sets the handle to 0 once it reaches 0 (the body of a loop
+/// that runs `*counter` times).
+fn k_cond_countdown(
+    c: &mut SimContext,
+    _grid: Dim3,
+    _block: Dim3,
+    p: &[u8],
+) -> Result<u64, Status> {
+    let (handle, counter) = (u64_at(p, 0), u64_at(p, 8));
+    let v = read_u32(c, counter)?.saturating_sub(1);
+    c.write_f32s(counter, &[f32::from_bits(v)])?;
+    if v == 0 {
+        c.set_conditional(handle, 0)?;
+    }
+    Ok(1_000)
+}
+
+/// The 4 bytes at `ptr` as a `u32`.
+fn read_u32(c: &mut SimContext, ptr: u64) -> Result<u32, Status> {
+    Ok(c.read_f32s(ptr, 1)?[0].to_bits())
 }

@@ -27,6 +27,7 @@ mod addresses;
 mod arrays;
 mod attributes;
 mod context;
+mod graphs;
 mod kernels;
 mod memory;
 mod vmm;
@@ -200,7 +201,7 @@ impl SimExecutor {
             imports: BTreeMap::new(),
             vmm_phys: HashMap::new(),
             vmm_maps: BTreeMap::new(),
-            graphs: HashMap::new(),
+            graphs: Default::default(),
             arrays: Default::default(),
         })
     }
