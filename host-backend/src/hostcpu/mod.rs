@@ -42,13 +42,15 @@ pub struct Opt {
 }
 
 impl Opt {
-    fn on(detail: impl Into<String>) -> Opt {
+    /// On, doing `detail`.
+    pub fn on(detail: impl Into<String>) -> Opt {
         Opt {
             on: true,
             detail: detail.into(),
         }
     }
-    fn off(why: impl Into<String>) -> Opt {
+    /// Off, for `why`.
+    pub fn off(why: impl Into<String>) -> Opt {
         Opt {
             on: false,
             detail: why.into(),
