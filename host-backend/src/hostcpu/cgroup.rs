@@ -35,6 +35,11 @@ impl WorkerCgroup {
         &self.dir
     }
 
+    /// Removes it, if no process is left in it (at the daemon's end).
+    pub fn remove(&self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+
     /// Moves process `pid` (a worker just started) into it.
     pub fn add(&self, pid: u32) -> Result<(), String> {
         write(&self.dir.join("cgroup.procs"), &pid.to_string())
@@ -71,6 +76,13 @@ pub fn setup(weight: u64) -> Result<WorkerCgroup, String> {
 
 /// [`setup`] for process `pid` in cgroup `own` under `mount`.
 pub fn setup_at(mount: &Path, own: &str, pid: u32, weight: u64) -> Result<WorkerCgroup, String> {
+    if own.trim_matches('/').is_empty() {
+        // Every process no one placed is there: not the daemon's to split.
+        return Err(
+            "the daemon runs in the root cgroup: give it a cgroup of its own (systemd: Delegate=yes)"
+                .into(),
+        );
+    }
     let dir = mount.join(own.trim_start_matches('/'));
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
     let has_cpu = |text: &str| text.split_whitespace().any(|c| c == "cpu");
@@ -173,6 +185,8 @@ mod tests {
         let (root, svc) = fake("memory pids", "", "77\n");
         let e = setup_at(&root, "/svc", 77, 1000).unwrap_err();
         assert!(e.contains("cpu controller is not available"), "{e}");
+        let e = setup_at(&root, "/", 77, 1000).unwrap_err();
+        assert!(e.contains("root cgroup"), "{e}");
         let (root2, svc2) = fake("cpu memory", "", "77\n78\n");
         let e = setup_at(&root2, "/svc", 77, 1000).unwrap_err();
         assert!(e.contains("holds other processes"), "{e}");

@@ -283,6 +283,16 @@ impl HostCpu {
     }
 }
 
+impl Drop for HostCpu {
+    fn drop(&mut self) {
+        // The workers have ended with the daemon (a worker still exiting
+        // keeps it: the kernel refuses to remove a cgroup in use).
+        if let Some(cg) = &self.cgroup {
+            cg.remove();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
