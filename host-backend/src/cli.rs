@@ -16,6 +16,22 @@ pub fn render_status(st: &Value) -> String {
         st["window_seconds"],
         st["uptime_seconds"].as_f64().unwrap_or(0.0)
     );
+    // The host CPU options (see `hostcpu`): on, or off with the reason.
+    for (key, name) in [
+        ("priority", "priority lift"),
+        ("vcpu_lift", "vCPU lift"),
+        ("cpus", "reserved CPUs"),
+        ("cgroup", "cgroup"),
+    ] {
+        let o = &st["host_cpu"][key];
+        if o.is_object() {
+            out.push_str(&format!(
+                "{name}: {} ({})\n",
+                if o["on"] == true { "on" } else { "off" },
+                o["detail"].as_str().unwrap_or("")
+            ));
+        }
+    }
     for g in st["gpus"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "\nGPU {}  utilization {}  MMR {}  memory {} MiB\n",
@@ -108,5 +124,29 @@ mod tests {
         assert!(s.contains("idle") && s.contains("75.0%"), "{s}");
         assert!(s.contains("logs cut") && s.contains("4242"), "{s}");
         assert!(s.contains("weight set to 3"), "{s}");
+        assert!(!s.contains("priority lift"), "no host_cpu, no lines: {s}");
+    }
+
+    #[test]
+    fn renders_the_host_cpu_options_with_the_reason_when_off() {
+        let st = serde_json::json!({
+            "executor": "sim", "scheduler": true, "window_seconds": 5.0, "uptime_seconds": 3.0,
+            "gpus": [], "events": [],
+            "host_cpu": {
+                "priority": { "on": true, "detail": "at nice -10" },
+                "vcpu_lift": { "on": true, "detail": "holder's threads" },
+                "cpus": { "on": false, "detail": "not set ([daemon] cpus)" },
+                "cgroup": { "on": false, "detail": "no cgroup v2 hierarchy is mounted" }
+            }
+        });
+        let s = super::render_status(&st);
+        for line in [
+            "priority lift: on (at nice -10)",
+            "vCPU lift: on (holder's threads)",
+            "reserved CPUs: off (not set ([daemon] cpus))",
+            "cgroup: off (no cgroup v2 hierarchy is mounted)",
+        ] {
+            assert!(s.lines().any(|l| l == line), "{line:?} in {s}");
+        }
     }
 }

@@ -95,6 +95,35 @@ pub struct DaemonConfig {
     /// NVIDIA's MPS control program, for GPUs with `[[gpu]] mps = true`.
     #[serde(default = "default_mps_control")]
     pub mps_control: PathBuf,
+    /// Priority lift: the nice value (-20..=-1) the grant services' threads
+    /// and each worker's serving thread run at, so that on a busy host they
+    /// do not wait for a CPU behind the VMs' vCPUs; 0 turns it off. Needs
+    /// CAP_SYS_NICE (or root); where the host refuses it, it is reported off
+    /// in `status` and nothing else changes (see `hostcpu/mod.rs`).
+    #[serde(default = "default_priority")]
+    pub priority: i32,
+    /// vCPU lift: while a VM holds its GPU's grant, its vCPU threads (QMP's,
+    /// or its native guest processes' threads) run at `priority` too, and
+    /// get their own nice back when the grant moves. Needs the priority lift.
+    #[serde(default = "yes")]
+    pub vcpu_lift: bool,
+    /// CPUs reserved for the daemon, its grant services and its workers, as
+    /// a list like "0-1" or "0,2,4-5"; left out, they run on any CPU.
+    #[serde(default)]
+    pub cpus: Option<String>,
+    /// The `cpu.weight` (1..=10000, the default cgroup's is 100) of a cgroup
+    /// v2 child that the workers go into, where the daemon has a writable
+    /// cgroup of its own; 0 turns it off (see `hostcpu/cgroup.rs`).
+    #[serde(default = "default_cgroup_cpu_weight")]
+    pub cgroup_cpu_weight: u64,
+}
+
+fn default_priority() -> i32 {
+    -10
+}
+
+fn default_cgroup_cpu_weight() -> u64 {
+    1000
 }
 
 fn default_mps_control() -> PathBuf {
@@ -140,6 +169,10 @@ impl Default for DaemonConfig {
             share_images: true,
             image_store_mib: default_image_store_mib(),
             mps_control: default_mps_control(),
+            priority: default_priority(),
+            vcpu_lift: true,
+            cpus: None,
+            cgroup_cpu_weight: default_cgroup_cpu_weight(),
         }
     }
 }
@@ -441,6 +474,32 @@ impl Config {
                     Loc::Table("daemon", Some(key)),
                 );
             }
+        }
+        if !(-20..=0).contains(&self.daemon.priority) {
+            return bad(
+                format!(
+                    "[daemon] priority must be a nice value -20..=0 (0: off), not {}",
+                    self.daemon.priority
+                ),
+                Loc::Table("daemon", Some("priority")),
+            );
+        }
+        if let Some(list) = &self.daemon.cpus {
+            if let Err(e) = crate::hostcpu::cpus::parse(list) {
+                return bad(
+                    format!("[daemon] cpus = {list:?}: {e} (a list like \"0-1\" or \"0,2,4-5\")"),
+                    Loc::Table("daemon", Some("cpus")),
+                );
+            }
+        }
+        if self.daemon.cgroup_cpu_weight > 10_000 {
+            return bad(
+                format!(
+                    "[daemon] cgroup_cpu_weight must be 1..=10000 (0: off), not {}",
+                    self.daemon.cgroup_cpu_weight
+                ),
+                Loc::Table("daemon", Some("cgroup_cpu_weight")),
+            );
         }
         for (i, g) in self.gpus.iter().enumerate() {
             if let Some(us) = g.slice_us.filter(|&us| !slice_ok(us)) {
@@ -775,6 +834,60 @@ memory_limit_mib = 1024
             .unwrap_err()
             .to_string();
         assert!(e.contains("line"), "{e}");
+    }
+
+    #[test]
+    fn host_cpu_options_default_and_bad_ones_are_one_line_naming_the_key() {
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!(
+            (
+                c.daemon.priority,
+                c.daemon.vcpu_lift,
+                c.daemon.cpus.as_deref()
+            ),
+            (-10, true, None)
+        );
+        assert_eq!(c.daemon.cgroup_cpu_weight, 1000);
+        let set = |extra: &str| {
+            GOOD.replace(
+                "executor = \"sim\"",
+                &format!("executor = \"sim\"\n{extra}"),
+            )
+        };
+        let c = Config::parse(&set(
+            "cpus = \"0-1,4\"\npriority = 0\nvcpu_lift = false\ncgroup_cpu_weight = 0",
+        ))
+        .unwrap();
+        assert_eq!(c.daemon.cpus.as_deref(), Some("0-1,4"));
+        assert_eq!((c.daemon.priority, c.daemon.vcpu_lift), (0, false));
+        for (extra, needle) in [
+            (
+                "cpus = \"1-0\"",
+                "[daemon] cpus = \"1-0\": the range \"1-0\" runs backwards",
+            ),
+            (
+                "cpus = \"0-1,x\"",
+                "[daemon] cpus = \"0-1,x\": \"x\" is not a CPU number",
+            ),
+            ("cpus = \"\"", "[daemon] cpus"),
+            ("cpus = 3", "cpus"),
+            ("priority = -21", "[daemon] priority must be"),
+            ("priority = 5", "[daemon] priority must be"),
+            (
+                "cgroup_cpu_weight = 10001",
+                "[daemon] cgroup_cpu_weight must be",
+            ),
+            ("vcpu_lifts = true", "vcpu_lifts"),
+        ] {
+            let text = set(extra);
+            let e = Config::parse(&text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e:?} should mention {needle:?}");
+            assert_eq!(e.lines().count(), 1, "{e:?}");
+            if !extra.starts_with("vcpu_lifts") && !extra.starts_with("cpus = 3") {
+                let line = text.lines().position(|l| l == extra).unwrap() + 1;
+                assert!(e.contains(&format!("line {line}:")), "{e}");
+            }
+        }
     }
 }
 

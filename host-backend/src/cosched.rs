@@ -132,7 +132,7 @@ impl Drop for VcpuBooster {
     }
 }
 
-fn get_nice(tid: u32) -> Option<i32> {
+pub(crate) fn get_nice(tid: u32) -> Option<i32> {
     // getpriority can return -1 legitimately: errno tells.
     nix::errno::Errno::clear();
     // SAFETY: getpriority only reads its integer arguments.
@@ -140,7 +140,7 @@ fn get_nice(tid: u32) -> Option<i32> {
     (n != -1 || nix::errno::Errno::last_raw() == 0).then_some(n)
 }
 
-fn try_set_nice(tid: u32, nice: i32) -> Result<(), nix::errno::Errno> {
+pub(crate) fn try_set_nice(tid: u32, nice: i32) -> Result<(), nix::errno::Errno> {
     // SAFETY: setpriority only reads its integer arguments.
     let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
     if r == 0 {

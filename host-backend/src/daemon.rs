@@ -111,6 +111,7 @@ pub fn run_worker(
         // An MPS client makes its contexts ahead, while it may still
         // connect (see `mps.rs` and `worker/contexts.rs`).
         prefill_contexts: if mps { cfg.gpu_mps_processes(gpu) } else { 0 },
+        lift_nice: (cfg.daemon.priority != 0).then_some(cfg.daemon.priority),
         ..WorkerConfig::new(
             vm,
             cfg.socket(vm),
@@ -168,6 +169,9 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         // Fail here, once, rather than in every worker start.
         crate::executor::cuda::available()?;
     }
+    // The host CPU options, on this thread before any other starts (the
+    // CPU mask of `[daemon] cpus` is inherited by every thread and worker).
+    let host_cpu = std::sync::Arc::new(crate::hostcpu::HostCpu::start(&cfg.daemon));
     // Before any socket in run_dir is touched: a second daemon there is
     // refused (see `run_lock.rs`).
     let run_lock = crate::run_lock::RunLock::take(&cfg.daemon.run_dir)?;
@@ -182,7 +186,16 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     // able to take them from its /proc/<pid>/fd.
     crate::sandbox::not_dumpable()?;
     // The grant services (one per GPU) start before any worker connects.
-    let plane = crate::control::ControlPlane::new(cfg.clone(), config_path)?;
+    let plane = crate::control::ControlPlane::new(cfg.clone(), config_path, host_cpu.clone())?;
+    // vCPU threads an earlier daemon was given (`fairvgpu attach`).
+    for vm in &cfg.vms {
+        let threads = crate::attach::read_vcpus(&crate::attach::vcpus_file(cfg, &vm.name));
+        if !threads.is_empty() {
+            host_cpu
+                .registry
+                .set_vcpus(plane.vgpu_id(&vm.name), threads);
+        }
+    }
     crate::control::start(&plane)?;
     // One MPS control daemon per GPU that asks for it (see `mps.rs`),
     // before any of its workers starts.
@@ -256,10 +269,12 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
             cmd.envs(m.side(side).client_env())
                 .env_remove("CUDA_VISIBLE_DEVICES");
         }
-        cmd.spawn().map_err(|source| Error::Io {
+        let child = cmd.spawn().map_err(|source| Error::Io {
             what: "spawning worker",
             source,
-        })
+        })?;
+        host_cpu.worker_started(child.id());
+        Ok(child)
         // `feed` closes here: the worker holds the only copy of its end.
     };
     let mut children: Vec<Supervised> = Vec::new();
@@ -307,6 +322,9 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                     let host =
                         VmHost::start(&vm.name, &want.socket(&vm.name), want.layout_for(vm))?;
                     plane.watch_log_suppressed(&vm.name, host.log_counter());
+                    host_cpu
+                        .registry
+                        .set_peers(plane.vgpu_id(&vm.name), host.peer_pids());
                     hosts.insert(vm.name.clone(), host);
                 }
                 let gpu = plane.gpu_of(&vm.name).unwrap_or(0);

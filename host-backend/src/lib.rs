@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod demo;
 pub mod executor;
 pub mod grant;
+pub mod hostcpu;
 pub mod identity;
 pub mod image_store;
 pub mod link;

@@ -242,6 +242,13 @@ impl ApiArgs {
     }
 }
 
+/// A switch given as `on` or `off`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
 #[derive(Subcommand)]
 enum BenchCmd {
     /// Isolation: one VM under every kind of guest abuse at once, the
@@ -299,6 +306,12 @@ enum BenchCmd {
         /// too); the last line then starts with `hogs=N`.
         #[arg(long, default_value_t = 0, conflicts_with = "sim")]
         hogs: usize,
+        /// The host CPU options' lifts (`[daemon] priority`, `vcpu_lift`):
+        /// the grant service and workers at nice -10, and each guest's
+        /// thread while its vGPU holds the GPU; "on" where this process may
+        /// raise priorities (it prints which options are on).
+        #[arg(long, value_enum, default_value = "on", conflicts_with = "sim")]
+        lift: OnOff,
     },
     /// Accounting of GPU time: its error against the guest's CUDA events, and its cost.
     Accounting {
@@ -594,6 +607,7 @@ fn run(cli: Cli) -> Result<()> {
                     mps,
                     mps_control,
                     hogs,
+                    lift,
                 },
         } => {
             if sim {
@@ -607,6 +621,7 @@ fn run(cli: Cli) -> Result<()> {
                     slice_us.map(|us| us.clamp(100, 1_000_000) * 1000),
                     mps.then_some(mps_control.as_path()),
                     hogs,
+                    lift == OnOff::On,
                 )
                 .map(drop)
             }

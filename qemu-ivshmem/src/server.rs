@@ -160,6 +160,12 @@ struct Peer {
 /// The bells of connected peers, shared between the server thread and the host worker.
 pub type PeerBells = Arc<Mutex<BTreeMap<u16, Vec<Arc<EventFdBell>>>>>;
 
+/// The process id of each connected peer, as the kernel gave it at its
+/// connection (`SO_PEERCRED`): QEMU's for a VM, the guest process's own for
+/// a native peer. The host's CPU lifts use it (what a peer says of itself
+/// is never asked).
+pub type PeerPids = Arc<Mutex<BTreeMap<u16, u32>>>;
+
 /// A running server.
 #[derive(Debug)]
 pub struct ServerHandle {
@@ -167,6 +173,8 @@ pub struct ServerHandle {
     pub host_bells: Vec<Arc<EventFdBell>>,
     /// Doorbells of the connected peers, by peer id and vector.
     pub peers: PeerBells,
+    /// Process ids of the connected peers, by peer id.
+    pub peer_pids: PeerPids,
     /// Peer arrivals and departures ([`serve`]; with [`serve_to`] they go
     /// to its sink and this one stays empty).
     pub events: Receiver<PeerEvent>,
@@ -247,6 +255,7 @@ pub fn serve_to(
         .map(|_| EventFdBell::new().map(Arc::new))
         .collect::<Result<_>>()?;
     let peers: PeerBells = Arc::default();
+    let peer_pids: PeerPids = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let log = LogLimiter::default();
     let log_suppressed = log.counter();
@@ -258,6 +267,7 @@ pub fn serve_to(
         host_bells: host_bells.clone(),
         peers: BTreeMap::new(),
         shared: peers.clone(),
+        pids: peer_pids.clone(),
         next_id: HOST_PEER + 1,
         sink: Box::new(sink),
         stop: stop.clone(),
@@ -272,6 +282,7 @@ pub fn serve_to(
     Ok(ServerHandle {
         host_bells,
         peers,
+        peer_pids,
         events: channel().1,
         log_suppressed,
         stop,
@@ -288,6 +299,7 @@ struct ServerLoop {
     host_bells: Vec<Arc<EventFdBell>>,
     peers: BTreeMap<u16, Peer>,
     shared: PeerBells,
+    pids: PeerPids,
     next_id: u16,
     sink: Box<dyn FnMut(PeerEvent) + Send>,
     stop: Arc<AtomicBool>,
@@ -447,6 +459,14 @@ impl ServerLoop {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, bells.clone());
+        if let Ok(cred) =
+            nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+        {
+            self.pids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, cred.pid() as u32);
+        }
         self.peers.insert(
             id,
             Peer {
@@ -515,6 +535,10 @@ impl ServerLoop {
             return;
         }
         self.shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        self.pids
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
@@ -647,6 +671,11 @@ mod tests {
             server.events.recv_timeout(Duration::from_secs(5)).unwrap(),
             PeerEvent::Connected(b.id)
         );
+        // Both peers are this process, as the kernel says.
+        let me = std::process::id();
+        let pids = server.peer_pids.lock().unwrap().clone();
+        assert_eq!(pids.get(&a.id), Some(&me));
+        assert_eq!(pids.get(&b.id), Some(&me));
 
         // Same memory on both sides.
         let mut g = a.region.claim(u32::from(a.id), 1, 1).unwrap();
@@ -668,6 +697,7 @@ mod tests {
             server.events.recv_timeout(Duration::from_secs(5)).unwrap(),
             PeerEvent::Gone(gone)
         );
+        assert!(!server.peer_pids.lock().unwrap().contains_key(&gone));
         drop(b);
         drop(server);
         assert!(!sock.exists());

@@ -196,6 +196,13 @@ fn operator_api_shares_weights_reload_token_metrics() {
         assert!(Instant::now() < deadline, "MMR stayed low: {st}");
         std::thread::sleep(Duration::from_millis(250));
     };
+    // The host CPU options: each on or off, with what it does or why not.
+    for opt in ["priority", "vcpu_lift", "cpus", "cgroup"] {
+        let o = &st["host_cpu"][opt];
+        assert!(o["on"].is_boolean(), "{opt}: {}", st["host_cpu"]);
+        assert!(!o["detail"].as_str().unwrap_or("").is_empty(), "{opt}: {o}");
+    }
+    assert_eq!(st["host_cpu"]["cpus"]["on"], false, "no [daemon] cpus here");
     let g = &st["gpus"][0];
     let vm1 = &g["vgpus"][0];
     assert_eq!(vm1["memory_used_bytes"], 64 << 20, "{vm1}");

@@ -18,6 +18,7 @@ use crate::daemon::build_executor;
 use crate::demo::KERNELS_PTX;
 use crate::executor::{sim::SimExecutor, Executor};
 use crate::grant::GrantService;
+use crate::hostcpu::{HostCpu, Opt};
 use crate::worker::{spawn, WorkerConfig};
 
 use super::threads::CpuUse;
@@ -247,6 +248,10 @@ pub(crate) struct Setup<'a> {
     /// The guests' contexts are MPS clients: the service knows (see
     /// `GrantService::start_with`).
     pub mps: bool,
+    /// The host CPU options' lifts (see `hostcpu`): the grant service's and
+    /// the workers' threads at the lifted nice, and each guest's thread
+    /// (as a VM's vCPU thread) while its vGPU holds the GPU; None: neither.
+    pub lift: Option<&'a HostCpu>,
 }
 
 /// Runs guests `which` (indices into the weights) at once, each through its
@@ -263,6 +268,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         spin,
         graphs,
         mps,
+        lift,
     } = setup;
     let dir = std::env::temp_dir().join(format!(
         "fairvgpu-fair-{}-{}",
@@ -272,11 +278,12 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     std::fs::create_dir_all(&dir)?;
     let svc = if fair {
         let policy = scheduler::DevicePolicy::default();
-        Some(GrantService::start_with(
+        Some(GrantService::start_lifted(
             &dir.join("grant.sock"),
             slice_ns,
             policy,
             mps,
+            lift.map(HostCpu::service_lift).unwrap_or_default(),
         )?)
     } else {
         None
@@ -299,6 +306,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
                 .map(|s| (s.path().to_owned(), g as u32, weights[g])),
             sample_every,
             time_launches,
+            lift_nice: lift.and_then(HostCpu::nice),
             ..WorkerConfig::new(&format!("vm{g}"), sock.clone(), layout, 1 << 30)
         };
         workers.push(spawn(&wc, exec)?);
@@ -312,9 +320,14 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         .zip(socks)
         .map(|(&g, sock)| {
             let (start, body) = (start.clone(), body.clone());
+            // The guest's thread stands in for its VM's vCPU thread.
+            let registry = lift.map(|l| l.registry.clone());
             std::thread::Builder::new()
                 .name(format!("guest-{g}"))
                 .spawn(move || -> Result<(u64, f64, CpuUse)> {
+                    if let Some(r) = registry {
+                        r.set_vcpus(g as u32, vec![nix::unistd::gettid().as_raw() as u32]);
+                    }
                     let mut gpu = Gpu::connect_with(&sock, spin).context("guest attach")?;
                     let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
                     let f = gpu.get_function(m, "spin_ns")?;
@@ -404,7 +417,12 @@ fn mps_clients(control: &std::path::Path) -> Result<crate::mps::MpsDaemon> {
 /// guests' contexts then are, as on a GPU with `[[gpu]] mps = true` (one
 /// hardware context: no context switch at a hand-off); `hogs`: busy-loop
 /// processes run beside the guests for the whole bench, solo rounds
-/// included (a busy host: [`super::hogs`]).
+/// included (a busy host: [`super::hogs`]), and then every round again
+/// without them (the quiet host), the last line
+/// `hogs=N fairvgpu_mmr=… fairvgpu_throughput=… quiet_mmr=… quiet_throughput=…`;
+/// `lift`: the host CPU options' priority and vCPU lifts (see `hostcpu`)
+/// where this process may raise priorities (it prints which are on).
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     kind: ExecutorKind,
     secs: f64,
@@ -413,6 +431,7 @@ pub fn run(
     slice_ns: Option<u64>,
     mps: Option<&std::path::Path>,
     hogs: usize,
+    lift: bool,
 ) -> Result<Summary> {
     // Started before any context exists, and quit at the end (its drop).
     let _mps = match mps {
@@ -423,15 +442,98 @@ pub fn run(
         Some(ns) => ns,
         None => crate::daemon::gpu_slice_ns(&config(kind, graphs)?, 0),
     };
+    let host_cpu = if lift {
+        HostCpu::lifts(
+            crate::config::DaemonConfig::default().priority,
+            true,
+            crate::hostcpu::lift::SysPriority,
+        )
+    } else {
+        HostCpu::off("--lift off")
+    };
+    let threads = "not used by the bench: its grant service and workers are threads of the bench";
+    host_cpu.set(|r| {
+        r.cpus = Opt::off(threads);
+        r.cgroup = Opt::off(threads);
+    });
+    println!(
+        "host CPU options (--lift {}):",
+        if lift { "on" } else { "off" }
+    );
+    let reported = host_cpu.report();
+    for l in reported.lines() {
+        println!("  {l}");
+    }
     // Killed on every way out of this function (their drop).
-    let hogs = super::hogs::Hogs::start(hogs)?;
-    if !hogs.is_empty() {
+    let running = super::hogs::Hogs::start(hogs)?;
+    let n = running.len();
+    if n > 0 {
         println!(
-            "{} busy-loop processes beside the guests on {} CPUs, solo rounds included",
-            hogs.len(),
+            "{n} busy-loop processes beside the guests on {} CPUs, solo rounds included",
             std::thread::available_parallelism().map_or(0, |n| n.get())
         );
     }
+    let at = Params {
+        kind,
+        secs,
+        spin,
+        graphs,
+        slice_ns,
+        mps: mps.is_some(),
+        lift: &host_cpu,
+    };
+    let prefix = if n == 0 {
+        String::new()
+    } else {
+        format!("hogs={n} ")
+    };
+    let busy = measure(at, &prefix)?;
+    drop(running);
+    if n == 0 {
+        return Ok(busy);
+    }
+    println!("the same on a quiet host: the busy-loop processes ended");
+    let quiet = measure(at, "quiet ")?;
+    // The host may have refused the vCPU lift along the way.
+    if host_cpu.report() != reported {
+        for l in host_cpu.report().lines() {
+            println!("at the end, {l}");
+        }
+    }
+    println!(
+        "hogs={n} fairvgpu_mmr={:.3} fairvgpu_throughput={:.3} quiet_mmr={:.3} quiet_throughput={:.3}",
+        busy.mmr, busy.throughput, quiet.mmr, quiet.throughput
+    );
+    Ok(Summary {
+        quiet: Some((quiet.mmr, quiet.throughput)),
+        ..busy
+    })
+}
+
+/// What one [`measure`] runs with.
+#[derive(Clone, Copy)]
+struct Params<'a> {
+    kind: ExecutorKind,
+    secs: f64,
+    spin: SpinPolicy,
+    graphs: GraphLaunches,
+    slice_ns: u64,
+    mps: bool,
+    lift: &'a HostCpu,
+}
+
+/// The solo rounds, the fair round and the unfair one, printed; the last
+/// line (machine-readable) starts with `prefix`.
+fn measure(at: Params<'_>, prefix: &str) -> Result<Summary> {
+    let Params {
+        kind,
+        secs,
+        spin,
+        graphs,
+        slice_ns,
+        mps,
+        lift,
+    } = at;
     let setup = |fair: bool, secs: f64| Setup {
         kind,
         weights: &WEIGHTS,
@@ -442,7 +544,8 @@ pub fn run(
         secs,
         spin,
         graphs,
-        mps: mps.is_some(),
+        mps,
+        lift: Some(lift),
     };
     // Each guest alone, for its rate in the aggregate throughput and its
     // kernel's measured duration: half of the time before the shared
@@ -544,11 +647,6 @@ pub fn run(
             .map(|s| s.handoff.figures())
             .collect::<Vec<_>>(),
     );
-    let prefix = if hogs.is_empty() {
-        String::new()
-    } else {
-        format!("hogs={} ", hogs.len())
-    };
     println!(
         "{prefix}fairvgpu_mmr={:.3} none_mmr={:.3} fairvgpu_throughput={:.3} none_throughput={:.3} grants={} idle_releases={} drain_us={:.1} submit_us={:.1} gap_us={gap_us:.1}",
         summary[0].1,
@@ -564,6 +662,7 @@ pub fn run(
         mmr: summary[0].1,
         throughput: summary[0].2,
         idle_releases: all.idle_releases,
+        quiet: None,
     })
 }
 
@@ -576,4 +675,7 @@ pub struct Summary {
     pub throughput: f64,
     /// Grants given back because the guest did not ask again in time.
     pub idle_releases: u64,
+    /// With hogs: MMR and aggregate throughput measured after them in the
+    /// same run, on the quiet host.
+    pub quiet: Option<(f64, f64)>,
 }

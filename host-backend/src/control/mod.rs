@@ -107,6 +107,8 @@ pub struct ControlPlane {
     placer: Mutex<Option<scheduler::placement::Placer>>,
     token: Option<String>,
     started: Instant,
+    /// The host CPU options in force (see `hostcpu`).
+    pub host_cpu: Arc<crate::hostcpu::HostCpu>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -119,8 +121,13 @@ impl std::fmt::Debug for ControlPlane {
 
 impl ControlPlane {
     /// The plane for `cfg`, read from `config_path`; starts one grant
-    /// service per GPU in use when the scheduler is on.
-    pub fn new(cfg: Config, config_path: &Path) -> Result<Arc<ControlPlane>, Error> {
+    /// service per GPU in use when the scheduler is on, with the host CPU
+    /// options `host_cpu`.
+    pub fn new(
+        cfg: Config,
+        config_path: &Path,
+        host_cpu: Arc<crate::hostcpu::HostCpu>,
+    ) -> Result<Arc<ControlPlane>, Error> {
         let token = read_token(&cfg)?;
         let plane = ControlPlane {
             config_path: config_path.to_owned(),
@@ -145,6 +152,7 @@ impl ControlPlane {
             placer: Mutex::new(None),
             token,
             started: Instant::now(),
+            host_cpu,
             cfg: Mutex::new(cfg.clone()),
         };
         let mut plane = plane;
@@ -197,11 +205,12 @@ impl ControlPlane {
         if let std::collections::hash_map::Entry::Vacant(e) = lock(&self.services).entry(gpu) {
             let slice_ns = self.slice_ns(cfg, gpu);
             tracing::info!(gpu, slice_us = slice_ns / 1000, "grant service starts");
-            let svc = GrantService::start_with(
+            let svc = GrantService::start_lifted(
                 &crate::daemon::grant_socket(cfg, gpu),
                 slice_ns,
                 cfg.gpu_policy(gpu),
                 cfg.gpu_mps(gpu),
+                self.host_cpu.service_lift(),
             )?;
             e.insert(Arc::new(svc));
         }

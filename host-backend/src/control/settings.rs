@@ -80,6 +80,9 @@ impl ControlPlane {
                 format!("{vm}: vGPU attached, vCPU threads {threads:?}")
             },
         );
+        self.host_cpu
+            .registry
+            .set_vcpus(self.vgpu_id(vm), threads.clone());
         lock(&self.vcpus).insert(vm.to_owned(), threads);
         Ok(())
     }

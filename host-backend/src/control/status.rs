@@ -176,6 +176,7 @@ impl ControlPlane {
             "window_seconds": WINDOW.as_secs_f64(),
             "scheduler": cfg.daemon.scheduler,
             "executor": format!("{:?}", cfg.daemon.executor).to_lowercase(),
+            "host_cpu": serde_json::to_value(self.host_cpu.report()).unwrap_or(Value::Null),
             "gpus": out,
             "events": lock(&self.events).iter().cloned().collect::<Vec<_>>(),
         })

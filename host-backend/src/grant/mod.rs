@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use scheduler::GpuScheduler;
 
+use crate::hostcpu::ServiceLift;
 use crate::Error;
 
 mod corun;
@@ -269,6 +270,19 @@ impl GrantService {
         policy: scheduler::DevicePolicy,
         corun: bool,
     ) -> Result<GrantService, Error> {
+        Self::start_lifted(path, slice_ns, policy, corun, ServiceLift::default())
+    }
+
+    /// [`GrantService::start_with`], with the host CPU options `lift`: its
+    /// thread at a raised priority, and each change of the GPU's holders
+    /// sent to the vCPU lift (see `hostcpu`).
+    pub fn start_lifted(
+        path: &Path,
+        slice_ns: u64,
+        policy: scheduler::DevicePolicy,
+        corun: bool,
+        lift: ServiceLift,
+    ) -> Result<GrantService, Error> {
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path).map_err(|e| Error::Io {
             what: "binding grant socket",
@@ -284,7 +298,23 @@ impl GrantService {
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("grant-service".into())
-            .spawn(move || serve(listener, slice_ns, policy, corun, &s2, &u2, &rx))
+            .spawn(move || {
+                if let Some(nice) = lift.nice {
+                    if let Err(e) = crate::hostcpu::lift_current_thread(nice) {
+                        tracing::warn!("grant service: priority lift refused: {e}");
+                    }
+                }
+                serve(
+                    listener,
+                    slice_ns,
+                    policy,
+                    corun,
+                    &s2,
+                    &u2,
+                    &rx,
+                    lift.holders,
+                )
+            })
             .map_err(|e| Error::Io {
                 what: "spawning grant service",
                 source: e,
@@ -433,8 +463,11 @@ fn serve(
     stop: &AtomicBool,
     usage: &Usage,
     commands: &std::sync::mpsc::Receiver<Command>,
+    lift: Option<std::sync::mpsc::Sender<Vec<u32>>>,
 ) {
     let epoch = Instant::now();
+    // The holders the vCPU lift was last told of (see `hostcpu::lift`).
+    let mut lifted: (Option<u32>, Vec<u32>) = (None, Vec::new());
     let mut sched = GpuScheduler::with_policy(slice_ns, policy);
     let mut conns: HashMap<u32, UnixStream> = HashMap::new();
     let mut holder: Option<u32> = None;
@@ -840,6 +873,17 @@ fn serve(
                         });
                     }
                 }
+            }
+        }
+        // The vCPU lift follows the holders: told only when they change
+        // (after the grant is sent), the syscalls on its own thread.
+        if let Some(tx) = &lift {
+            let same = holder == lifted.0
+                && co.holders.len() == lifted.1.len()
+                && co.holders.keys().all(|k| lifted.1.contains(k));
+            if !same {
+                lifted = (holder, co.holders.keys().copied().collect());
+                let _ = tx.send(holder.into_iter().chain(lifted.1.iter().copied()).collect());
             }
         }
     }

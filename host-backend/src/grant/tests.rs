@@ -335,3 +335,39 @@ fn without_mps_the_next_vgpu_waits_for_the_release() {
     granted(&mut b);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_vcpu_lift_is_told_of_each_change_of_holder_and_only_then() {
+    let dir = std::env::temp_dir().join(format!("fvg-grant-lift-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let lift = ServiceLift {
+        nice: None,
+        holders: Some(tx),
+    };
+    let policy = scheduler::DevicePolicy::default();
+    let svc =
+        GrantService::start_lifted(&dir.join("g.sock"), 2_000_000, policy, false, lift).unwrap();
+    let next = || rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let (mut a, mut b) = contended(&svc);
+    assert_eq!(next(), vec![1]);
+    // Nothing more while vGPU 1 holds the GPU, however often the service
+    // goes round.
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(rx.try_recv().is_err());
+    let used = a.held_ns();
+    a.release(used, false).unwrap();
+    granted(&mut b);
+    // Released (no holder), then vGPU 2; the service may have granted
+    // within the pass that took the release.
+    let mut seen = vec![next()];
+    if seen[0].is_empty() {
+        seen.push(next());
+    }
+    assert_eq!(seen.last().unwrap(), &vec![2], "{seen:?}");
+    let used = b.held_ns();
+    b.release(used, false).unwrap();
+    assert_eq!(next(), Vec::<u32>::new());
+    drop((a, b, svc));
+    let _ = std::fs::remove_dir_all(&dir);
+}

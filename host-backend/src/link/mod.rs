@@ -352,6 +352,11 @@ impl VmHost {
         &self.region
     }
 
+    /// The process id of each connected peer (see `hostcpu::lift`).
+    pub fn peer_pids(&self) -> qemu_ivshmem::server::PeerPids {
+        self.server.peer_pids.clone()
+    }
+
     /// Log lines about the VM's peers that the daemon suppressed so far.
     pub fn log_suppressed(&self) -> u64 {
         self.server.log_suppressed()

@@ -120,6 +120,9 @@ pub struct WorkerConfig {
     /// host's id and the VM's name under a daemon; from the socket's path
     /// and the name for a worker outside one.
     pub uuid: [u8; 16],
+    /// The serving thread's nice value (the host CPU options' priority
+    /// lift, see `hostcpu`); None leaves it as started.
+    pub lift_nice: Option<i32>,
 }
 
 impl WorkerConfig {
@@ -147,6 +150,7 @@ impl WorkerConfig {
             image_cache: 64 << 20,
             image_store: None,
             prefill_contexts: 0,
+            lift_nice: None,
         }
     }
 }
@@ -249,6 +253,7 @@ pub struct Worker {
     releasing: Option<release::Releasing>,
     spin: SpinPolicy,
     cpu: Option<usize>,
+    lift_nice: Option<i32>,
     stop: Arc<AtomicBool>,
     moving: Option<Moving>,
     /// When [`Worker::recheck_budget`] last asked the device.
@@ -516,6 +521,7 @@ impl Worker {
             releasing: None,
             spin: cfg.spin,
             cpu: cfg.cpu,
+            lift_nice: cfg.lift_nice,
             stop: Arc::default(),
             moving: None,
             budget_checked: Instant::now(),
@@ -575,6 +581,12 @@ impl Worker {
     fn serve(&mut self) -> Result<(), Error> {
         if let Some(cpu) = self.cpu {
             pin_current_thread(cpu)?;
+        }
+        if let Some(nice) = self.lift_nice {
+            // Refused (no CAP_SYS_NICE): it serves as it was started.
+            if let Err(e) = crate::hostcpu::lift_current_thread(nice) {
+                tracing::warn!("worker: priority lift refused: {e}");
+            }
         }
         let mut idle: u32 = 0;
         let mut last_report = Instant::now();
