@@ -30,7 +30,10 @@ LIBS = {
     "nppc": "nppc", "nppial": "nppial", "nppicc": "nppicc", "nppidei": "nppidei",
     "nppif": "nppif", "nppig": "nppig", "nppim": "nppim", "nppist": "nppist",
     "nppisu": "nppisu", "nppitc": "nppitc", "npps": "npps", "cuda_driver": "cuda",
+    "nvjpeg": "nvjpeg",
 }
+# Libraries a library needs beside it on the link line.
+NEEDS = {"cusolver": ["cusparse", "cublas", "cublasLt"]}
 
 
 def cmake_text(path):
@@ -61,7 +64,15 @@ def plan(d):
             for lib in re.findall(r"CUDA::(\w+)", lm.group(1)):
                 libs.add(lib.replace("_static", ""))
         rdc = bool(re.search(r"CUDA_SEPARABLE_COMPILATION\s+ON", tail))
-        targets.append((name, files, sorted(libs), rdc))
+        for lib in list(libs):
+            libs.update(NEEDS.get(lib, []))
+        incs = []
+        for im in re.finditer(r"target_include_directories\(\s*%s\b([^)]*)\)" % re.escape(name), text):
+            incs += [i for i in im.group(1).split() if i not in ("PRIVATE", "PUBLIC") and "$" not in i]
+        extra = ["-I" + i for i in incs]
+        if "find_package(OpenMP" in text:
+            extra += ["-Xcompiler", "-fopenmp", "-lgomp"]
+        targets.append((name, files, sorted(libs), rdc, extra))
     return targets, images
 
 
@@ -116,10 +127,10 @@ def build(d, common, dirs):
         if r.returncode:
             return name, None, "image %s: %s" % (out, r.stderr.strip().splitlines()[-1:])
     made = []
-    for target, files, libs, rdc in targets:
+    for target, files, libs, rdc, extra in targets:
         if not files:
             continue
-        cmd = base + (["-rdc=true"] if rdc else []) + files + ["-o", target]
+        cmd = base + extra + (["-rdc=true"] if rdc else []) + files + ["-o", target]
         need = set(libs) | {"cuda_driver"} | ({"cudadevrt"} if rdc else set())
         cmd += link_flags(sorted(need), dirs) + ["-lpthread", "-ldl"]
         r = subprocess.run(cmd, cwd=d, capture_output=True, text=True)

@@ -97,7 +97,7 @@ echo "== daemon warnings"; grep -aE 'WARN|ERROR' $W/logs/daemon.log | head -20
 # matrixMul again, native and through the stand-in in turn, three times
 # for each daemon setting in MODES (lines added to [daemon]; ';' for a
 # newline).
-MODES=${MODES:-'graph_launches = "all"|graph_launches = "off"|slice_us = 100000|scheduler = false'}
+MODES=${MODES-'graph_launches = "all"|graph_launches = "off"|slice_us = 100000|scheduler = false'}
 if [ -d .samples/bin/matrixMul ] && [ -n "$MODES" ]; then
     echo "== matrixMul GFlop/s, native vs stand-in, by daemon setting"
     IFS='|' read -ra modes <<< "$MODES"

@@ -150,9 +150,18 @@ int main(int argc, char **argv) {
         CK(cudaLaunchKernel((void *)count_k, (dim3){1, 1, 1}, (dim3){1, 1, 1}, cargs, 0, cs));
         void *dargs[] = {&h, &counter};
         CK(cudaLaunchKernel((void *)countdown_k, (dim3){1, 1, 1}, (dim3){1, 1, 1}, dargs, 0, cs));
-        cudaGraph_t same;
-        CK(cudaStreamEndCapture(cs, &same));
-        EXPECT(same == bodies[0]);
+        /* As graphConditionalNodes does: a capture into the program's own
+         * graph ends without taking it (a null out-parameter). */
+        CK(cudaStreamEndCapture(cs, NULL));
+        enum cudaStreamCaptureStatus st;
+        CK(cudaStreamIsCapturing(cs, &st));
+        EXPECT(st == cudaStreamCaptureStatusNone);
+        /* A capture of a graph made for it must hand the graph out. */
+        CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+        EXPECT(cudaStreamEndCapture(cs, NULL) == cudaErrorInvalidValue);
+        cudaGraph_t made;
+        CK(cudaStreamEndCapture(cs, &made));
+        CK(cudaGraphDestroy(made));
         size_t n = 0;
         CK(cudaGraphGetNodes(bodies[0], NULL, &n));
         EXPECT(n == 2);

@@ -37,6 +37,9 @@ pub(crate) struct Capture {
     pub deps: Vec<u64>,
     /// Whether this stream started it.
     pub origin: bool,
+    /// Whether it adds to a graph of the program's
+    /// (`cuStreamBeginCaptureToGraph`) rather than one made for it.
+    pub to_graph: bool,
     /// `CUstreamCaptureMode`.
     pub mode: u32,
 }
@@ -143,8 +146,8 @@ pub(crate) fn wait(st: CUstream, e: CUevent) -> Result<bool, CuResult> {
         .streams
         .values()
         .find(|c| c.id == id)
-        .map(|c| (c.graph, c.mode));
-    let Some((graph, mode)) = graph else {
+        .map(|c| (c.graph, c.mode, c.to_graph));
+    let Some((graph, mode, to_graph)) = graph else {
         // The capture it was recorded in is over.
         return Err(CAPTURE_UNMATCHED);
     };
@@ -165,6 +168,7 @@ pub(crate) fn wait(st: CUstream, e: CUevent) -> Result<bool, CuResult> {
                     graph,
                     deps: marked,
                     origin: false,
+                    to_graph,
                     mode,
                 },
             );
@@ -191,6 +195,7 @@ fn begin(st: CUstream, graph: Option<u64>, deps: &[u64], mode: c_int) -> Result<
     if s.captures.streams.contains_key(&h) {
         return Err(ILLEGAL_STATE);
     }
+    let graph_given = graph.is_some();
     let graph = match graph {
         Some(g) => {
             let gr = s.graph(g)?;
@@ -210,6 +215,7 @@ fn begin(st: CUstream, graph: Option<u64>, deps: &[u64], mode: c_int) -> Result<
             graph,
             deps: deps.to_vec(),
             origin: true,
+            to_graph: graph_given,
             mode,
         },
     );
@@ -218,7 +224,9 @@ fn begin(st: CUstream, graph: Option<u64>, deps: &[u64], mode: c_int) -> Result<
 }
 
 /// Ends the capture `st` started; its graph.
-fn end(st: CUstream) -> Result<u64, CuResult> {
+/// Ends the capture `st` started and answers its graph; `handed` says
+/// whether the caller takes the graph (a null out-parameter does not).
+fn end(st: CUstream, handed: bool) -> Result<u64, CuResult> {
     let h = resolve(st)?;
     let mut s = graphs();
     let c = match s.captures.streams.get(&h) {
@@ -226,11 +234,21 @@ fn end(st: CUstream) -> Result<u64, CuResult> {
         Some(_) => return Err(CAPTURE_UNMATCHED),
         None => return Err(ILLEGAL_STATE),
     };
+    // A capture into the program's own graph may be ended without taking
+    // it (graphConditionalNodes ends one so, into a conditional body); a
+    // graph made for the capture must be taken.
+    if !handed && !c.to_graph {
+        return Err(code::INVALID_VALUE);
+    }
     let before = s.captures.streams.len();
     s.captures.streams.retain(|_, x| x.id != c.id);
     CAPTURING.fetch_sub(before - s.captures.streams.len(), Ordering::AcqRel);
     s.captures.events.retain(|_, (id, _)| *id != c.id);
     if s.captures.invalid.remove(&c.id) {
+        if c.to_graph {
+            // The program's graph stays its own.
+            return Err(CAPTURE_INVALIDATED);
+        }
         let allocs = s.destroy(c.graph).unwrap_or_default();
         drop(s);
         // What the capture allocated goes with it.
@@ -326,10 +344,10 @@ export! {
     }
 
     fn cuStreamEndCapture [cuStreamEndCapture_ptsz per_thread] (st: CUstream, g: *mut u64) {
+        let graph = end(st, !g.is_null())?;
         if g.is_null() {
-            return Err(code::INVALID_VALUE);
+            return Ok(());
         }
-        let graph = end(st)?;
         out(g, graph)
     }
 
