@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use cudarc::driver::sys::{CUdeviceptr, CUstream};
 
-use super::{read, to_device, to_host, write, Advice, DEVICE_CPU, DEVICE_INVALID};
+use super::{read, to_device, write, Advice, DEVICE_CPU, DEVICE_INVALID};
 use crate::context::need_ctx;
 use crate::state::out;
 use crate::{code, CuResult};
@@ -80,11 +80,16 @@ fn prefetch(ptr: u64, count: u64, dev: i32, st: CUstream) -> Result<(), CuResult
         return Ok(());
     }
     let mut t = write();
-    if dev == DEVICE_CPU {
-        to_host(&mut t, (ptr, count))?;
-    } else {
+    if dev != DEVICE_CPU {
         to_device(&mut t, Some((ptr, count)), stream)?;
     }
+    // A prefetch to the CPU moves nothing now: bringing the data back
+    // means waiting for the context's work, and work queued before it may
+    // wait on the CPU itself (UnifiedMemoryPerf queues a kernel spinning
+    // on a latch, then prefetches to the CPU, then sets the latch: waiting
+    // here never returns). The CPU's first touch brings the range back
+    // (the fault synchronizes then), as the prefetch would have.
+
     if let Some((_, m)) = t.holding(ptr, count) {
         m.advice.last_prefetch = dev;
     }

@@ -37,8 +37,9 @@
 //!   pointer of a copy that is managed memory is copied as device memory,
 //!   and migrations copy through the second view.
 //! - **Prefetch** to the device sends dirty chunks on the given stream
-//!   (asynchronous); to the CPU it synchronizes the context and brings the
-//!   chunks back read-only (synchronous). **Advice** and **stream
+//!   (asynchronous); to the CPU it moves nothing at once (waiting for the
+//!   context's work could wait on work that waits on the CPU) and the
+//!   CPU's first touch brings each chunk back. **Advice** and **stream
 //!   attachment** are checked, kept and answered (`cuMemRangeGetAttribute`)
 //!   but change nothing: with every kernel able to reach any managed memory
 //!   (concurrentManagedAccess, see `crate::device`), attachment is a hint,
@@ -238,23 +239,6 @@ fn fetch(base: u64, m: &mut Managed, span: Span) -> Result<(), CuResult> {
         m.res.set(s, Where::HostClean);
     }
     Ok(())
-}
-
-/// Brings the part of the allocations `only` overlaps into the process
-/// (prefetch to the CPU), after the device's work.
-fn to_host(t: &mut Table, only: (u64, u64)) -> Result<(), CuResult> {
-    gpu(|g| g.synchronize())?;
-    let mut r = Ok(());
-    for (&base, m) in t.allocs.iter_mut() {
-        if let Some(span) = part(base, m.res.len(), Some(only)) {
-            r = fetch(base, m, span);
-            if r.is_err() {
-                break;
-            }
-        }
-    }
-    t.recount();
-    r
 }
 
 /// A CPU access faulted at `addr`: true if it was managed memory, now
