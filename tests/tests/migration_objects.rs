@@ -68,7 +68,13 @@ fn streams_events_globals_vmm_memory_and_graphs_move_with_their_guest() {
         })
         .unwrap()
         .vals[0];
-    let h = gpu.request(&Request::VmmCreate { size }).unwrap().vals[0];
+    let h = gpu
+        .request(&Request::VmmCreate {
+            size,
+            compression: 0,
+        })
+        .unwrap()
+        .vals[0];
     gpu.request(&Request::VmmMap {
         ptr: va,
         size,

@@ -71,6 +71,8 @@ pub(super) struct SimContext {
     pub(super) period: Option<(Instant, Option<Instant>)>,
     /// Physical memory of the VMM API, by handle.
     pub(super) vmm_phys: HashMap<Handle, super::memory::Buf>,
+    /// Compressible VMM memory, by handle: its compression type (`vmm.rs`).
+    pub(super) vmm_compressed: HashMap<Handle, u8>,
     /// VMM mappings: start -> (size, handle, offset in its memory). Their
     /// addresses resolve to the handle's bytes.
     pub(super) vmm_maps: BTreeMap<u64, (u64, Handle, u64)>,
@@ -316,6 +318,7 @@ impl Context for SimContext {
         self.slice_ns.clear();
         self.period = None;
         self.vmm_phys.clear();
+        self.vmm_compressed.clear();
         self.vmm_maps.clear();
         self.graphs.clear();
         self.clear_arrays();
@@ -917,8 +920,12 @@ impl Context for SimContext {
         Ok(())
     }
 
-    fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
-        SimContext::vmm_create(self, size)
+    fn vmm_create(&mut self, size: u64, compression: u8) -> Result<Handle, Status> {
+        SimContext::vmm_create(self, size, compression)
+    }
+
+    fn vmm_compression(&self, handle: Handle) -> Result<u8, Status> {
+        SimContext::vmm_compression(self, handle)
     }
 
     fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {

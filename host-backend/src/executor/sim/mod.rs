@@ -200,6 +200,7 @@ impl SimExecutor {
             period: None,
             imports: BTreeMap::new(),
             vmm_phys: HashMap::new(),
+            vmm_compressed: HashMap::new(),
             vmm_maps: BTreeMap::new(),
             graphs: Default::default(),
             arrays: Default::default(),

@@ -1,6 +1,8 @@
 //! VMM on the model: reserved address ranges (never handed out twice),
 //! physical allocations by handle, and the mappings between them, which
-//! the context's memory accesses look up (`memory.rs`).
+//! the context's memory accesses look up (`memory.rs`). The model is a GPU
+//! with generic compression (its attribute 107 is 1): compressible memory
+//! is granted as asked, and holds bytes as any other.
 
 use protocol::Status;
 
@@ -19,17 +21,32 @@ impl SimContext {
             .at(addr, size, align)
     }
 
-    pub(super) fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
+    pub(super) fn vmm_create(&mut self, size: u64, compression: u8) -> Result<Handle, Status> {
         self.alive()?;
+        // The driver's types: none or generic.
+        if compression > protocol::VMM_COMPRESSION_GENERIC {
+            return Err(Status::InvalidValue);
+        }
         let buf = zeroed(size)?;
         // Numbered apart from every other context's handles.
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0x564d_0000);
         let h = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.vmm_phys.insert(h, buf);
+        if compression != 0 {
+            self.vmm_compressed.insert(h, compression);
+        }
         Ok(h)
     }
 
+    pub(super) fn vmm_compression(&self, handle: Handle) -> Result<u8, Status> {
+        if !self.vmm_phys.contains_key(&handle) {
+            return Err(Status::InvalidHandle);
+        }
+        Ok(self.vmm_compressed.get(&handle).copied().unwrap_or(0))
+    }
+
     pub(super) fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
+        self.vmm_compressed.remove(&handle);
         self.vmm_phys
             .remove(&handle)
             .map(drop)
@@ -83,8 +100,8 @@ mod tests {
         let mut ctx = SimExecutor::new(SimParams::default()).open().unwrap();
         let va = ctx.vmm_reserve(4 * G, 0, 0).unwrap();
         let (a, b) = (
-            ctx.vmm_create(2 * G).unwrap(),
-            ctx.vmm_create(2 * G).unwrap(),
+            ctx.vmm_create(2 * G, 0).unwrap(),
+            ctx.vmm_create(2 * G, 0).unwrap(),
         );
         ctx.vmm_map(va, 2 * G, 0, a).unwrap();
         ctx.vmm_map(va + 2 * G, G, G, b).unwrap();
@@ -119,5 +136,33 @@ mod tests {
         assert_eq!(ctx.vmm_unmap(va, G), Err(Status::InvalidValue));
         ctx.vmm_unmap(va, 2 * G).unwrap();
         assert_eq!(ctx.memset(va, 0, 1, 1, 0), Err(Status::IllegalAddress));
+    }
+
+    #[test]
+    fn compressible_memory_is_granted_remembered_and_holds_bytes() {
+        const G: u64 = protocol::VMM_GRANULARITY;
+        let mut ctx = SimExecutor::new(SimParams::default()).open().unwrap();
+        let c = ctx
+            .vmm_create(G, protocol::VMM_COMPRESSION_GENERIC)
+            .unwrap();
+        let plain = ctx.vmm_create(G, 0).unwrap();
+        assert_eq!(
+            ctx.vmm_compression(c),
+            Ok(protocol::VMM_COMPRESSION_GENERIC)
+        );
+        assert_eq!(ctx.vmm_compression(plain), Ok(0));
+        assert_eq!(ctx.vmm_create(G, 2), Err(Status::InvalidValue));
+        let va = ctx.vmm_reserve(G, 0, 0).unwrap();
+        ctx.vmm_map(va, G, 0, c).unwrap();
+        let mut data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        ctx.htod(va + 4096, &VolatileSlice::from(&mut data[..]), 0)
+            .unwrap();
+        let mut back = vec![0u8; 4096];
+        ctx.dtoh(&VolatileSlice::from(&mut back[..]), va + 4096, 0)
+            .unwrap();
+        assert_eq!(back, data);
+        ctx.vmm_unmap(va, G).unwrap();
+        ctx.vmm_release(c).unwrap();
+        assert_eq!(ctx.vmm_compression(c), Err(Status::InvalidHandle));
     }
 }
