@@ -944,6 +944,11 @@ impl Context for SimContext {
         self.arrays_keeper()
     }
 
+    fn migration_keeper_to(&self, target: u32) -> Option<crate::executor::Keeper> {
+        self.arrays_keeper()
+            .or_else(|| self.compression_keeper(target))
+    }
+
     fn migrate(
         &mut self,
         device: u32,
@@ -958,8 +963,9 @@ impl Context for SimContext {
         if device == self.device {
             return Ok(Moved::default());
         }
-        if self.arrays_keeper().is_some() {
-            // As on a GPU: its arrays and objects stay where they are.
+        if self.arrays_keeper().is_some() || self.compression_keeper(device).is_some() {
+            // As on a GPU: its arrays and objects stay where they are, and
+            // compressible memory goes only where it stays compressible.
             return Err(Status::NotSupported);
         }
         // The model keeps device memory in host RAM under the same

@@ -1,8 +1,10 @@
 //! VMM on the model: reserved address ranges (never handed out twice),
 //! physical allocations by handle, and the mappings between them, which
-//! the context's memory accesses look up (`memory.rs`). The model is a GPU
-//! with generic compression (its attribute 107 is 1): compressible memory
-//! is granted as asked, and holds bytes as any other.
+//! the context's memory accesses look up (`memory.rs`). A simulated GPU has
+//! generic compression (its attribute 107 is 1) unless
+//! `SimParams::no_compression_gpu` names it: compressible memory is
+//! granted as asked where it has, made plain where not, and holds bytes as
+//! any other; it keeps the vGPU from moving to a GPU without.
 
 use protocol::Status;
 
@@ -32,7 +34,8 @@ impl SimContext {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0x564d_0000);
         let h = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.vmm_phys.insert(h, buf);
-        if compression != 0 {
+        // As a driver does: asked of a GPU without it, the memory is plain.
+        if compression != 0 && self.params.compresses(self.device) {
             self.vmm_compressed.insert(h, compression);
         }
         Ok(h)
@@ -43,6 +46,14 @@ impl SimContext {
             return Err(Status::InvalidHandle);
         }
         Ok(self.vmm_compressed.get(&handle).copied().unwrap_or(0))
+    }
+
+    /// Compressible memory keeps the vGPU from a GPU without compression.
+    pub(super) fn compression_keeper(&self, target: u32) -> Option<crate::executor::Keeper> {
+        (target != self.device
+            && !self.vmm_compressed.is_empty()
+            && !self.params.compresses(target))
+        .then_some(crate::executor::Keeper::CompressibleMemory)
     }
 
     pub(super) fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
@@ -164,5 +175,35 @@ mod tests {
         ctx.vmm_unmap(va, G).unwrap();
         ctx.vmm_release(c).unwrap();
         assert_eq!(ctx.vmm_compression(c), Err(Status::InvalidHandle));
+    }
+
+    #[test]
+    fn a_gpu_without_compression_makes_it_plain_and_keeps_compressible_memory_away() {
+        use crate::executor::Keeper;
+        const G: u64 = protocol::VMM_GRANULARITY;
+        let mut exec = SimExecutor::new(SimParams {
+            gpus: 2,
+            no_compression_gpu: Some(1),
+            ..SimParams::default()
+        });
+        let attr = |e: &SimExecutor| e.info().attributes.iter().find(|a| a.0 == 107).map(|a| a.1);
+        assert_eq!(attr(&exec), Some(1));
+        let mut ctx = exec.open().unwrap();
+        let c = ctx
+            .vmm_create(G, protocol::VMM_COMPRESSION_GENERIC)
+            .unwrap();
+        assert_eq!(ctx.migration_keeper_to(0), None);
+        assert_eq!(ctx.migration_keeper_to(1), Some(Keeper::CompressibleMemory));
+        assert_eq!(ctx.migrate(1, None).unwrap_err(), Status::NotSupported);
+        ctx.vmm_release(c).unwrap();
+        assert_eq!(ctx.migration_keeper_to(1), None);
+        ctx.migrate(1, None).unwrap();
+        // Asked of GPU 1, compressible memory is made plain.
+        let p = ctx
+            .vmm_create(G, protocol::VMM_COMPRESSION_GENERIC)
+            .unwrap();
+        assert_eq!(ctx.vmm_compression(p), Ok(0));
+        exec.set_device(1).unwrap();
+        assert_eq!(attr(&exec), Some(0));
     }
 }
