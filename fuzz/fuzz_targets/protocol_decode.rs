@@ -24,7 +24,9 @@ fuzz_target!(|data: &[u8]| {
                 assert!(addr == 0 || granular(addr));
                 assert!(addr.checked_add(size).is_some_and(|e| e <= 1 << 47));
             }
-            Request::VmmCreate { size } => assert!(size_ok(size)),
+            Request::VmmCreate { size, compression } => {
+                assert!(size_ok(size) && compression <= protocol::VMM_COMPRESSION_GENERIC)
+            }
             // What the conditional scopes rely on: the driver's two flags.
             Request::CondHandleCreate { flags, .. } => assert!(flags <= 1),
             Request::VmmAddressFree { ptr, size } | Request::VmmUnmap { ptr, size } => {

@@ -463,6 +463,19 @@ impl Config {
         let bad = |m: String, at: Loc| Err((m, at));
         Layout::new(self.layout)
             .map_err(|e| (format!("[layout]: {e}"), Loc::Table("layout", None)))?;
+        if let Some(g) = self
+            .sim
+            .no_compression_gpu
+            .filter(|&g| g >= self.sim.gpus.max(1))
+        {
+            return bad(
+                format!(
+                    "[sim] no_compression_gpu {g} does not exist ([sim] gpus = {})",
+                    self.sim.gpus
+                ),
+                Loc::Table("sim", Some("no_compression_gpu")),
+            );
+        }
         let slice_ok = |us: u64| (1..=MAX_SLICE_US).contains(&us);
         for (key, us) in [
             ("slice_us", self.daemon.slice_us),
@@ -810,6 +823,7 @@ memory_limit_mib = 1024
             (format!("{GOOD}\n[[gpu]]\nindex = 0\npolicy = \"fastest\"\n"), "fastest"),
             (format!("{GOOD}\n[[gpu]]\nindex = 0\n[[gpu]]\nindex = 0\npolicy = \"tfs\"\n"), "twice"),
             (format!("{GOOD}\n[[gpu]]\nindex = 0\nmps = true\nmps_processes = 0\n"), "mps_processes"),
+            (format!("{GOOD}\n[sim]\ngpus = 2\nno_compression_gpu = 2\n"), "no_compression_gpu 2 does not exist"),
         ] {
             let e = Config::parse(&text).unwrap_err().to_string();
             assert!(e.contains(needle), "{e:?} should mention {needle:?}");

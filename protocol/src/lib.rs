@@ -74,6 +74,10 @@ pub mod link_input {
 /// Size and address granularity of the virtual memory management requests
 /// (`Vmm*`: the driver's minimum granularity for device memory, 2 MiB).
 pub const VMM_GRANULARITY: u64 = 2 << 20;
+/// `CU_MEM_ALLOCATION_COMP_GENERIC`: VMM memory made compressible
+/// (`VmmCreate`'s `compression`); `CU_MEM_ALLOCATION_COMP_NONE` is 0, and
+/// the driver defines no other.
+pub const VMM_COMPRESSION_GENERIC: u8 = 1;
 
 /// Largest kernel parameter buffer (CUDA's limit is 32,764 bytes).
 pub const MAX_PARAMS: u64 = 32_764;

@@ -197,7 +197,7 @@ static void attributes(void) {
     CK(cuDeviceGetAttribute(&v, 86, 0)); /* HOST_NATIVE_ATOMIC_SUPPORTED */
     EXPECT("no host-native atomics", v == 0);
     CK(cuDeviceGetAttribute(&v, 107, 0)); /* GENERIC_COMPRESSION_SUPPORTED */
-    EXPECT("no generic compression", v == 0);
+    EXPECT("generic compression as the host's GPU has it", v == 1);
     CK(cuDeviceGetAttribute(&v, 103, 0)); /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
     EXPECT("no VMM handles as file descriptors", v == 0);
     CK(cuDeviceGetAttribute(&v, 119, 0)); /* MEMPOOL_SUPPORTED_HANDLE_TYPES */

@@ -4,7 +4,9 @@
  * release, free; and what must fail without harm (a foreign or released
  * handle, a foreign reservation, overlapping maps, unmapping part of a
  * mapping, copies to reserved but unmapped addresses, more memory than the
- * vGPU has). Builds with plain gcc: with -DHAVE_CUDA_H against CUDA 13's
+ * vGPU has). Compressible memory as cudaCompressibleMemory asks for it: made,
+ * its properties saying so (read back from the host), mapped, written and
+ * read back; a compression type the driver does not define is refused. Builds with plain gcc: with -DHAVE_CUDA_H against CUDA 13's
  * cuda.h, else with the declarations below and in cu_check.h (the driver's
  * ABI).
  *
@@ -49,6 +51,9 @@ enum {
     CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
     CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+    CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED = 107,
+    CU_MEM_ALLOCATION_COMP_NONE = 0,
+    CU_MEM_ALLOCATION_COMP_GENERIC = 1,
 };
 CUresult cuDeviceGetAttribute(int *, int, CUdevice);
 CUresult cuDeviceCanAccessPeer(int *, CUdevice, CUdevice);
@@ -144,7 +149,8 @@ int main(int argc, char **argv) {
     }
     CUmemAllocationProp got;
     CK(cuMemGetAllocationPropertiesFromHandle(&got, h2));
-    if (got.type != CU_MEM_ALLOCATION_TYPE_PINNED || got.location.id != dev) {
+    if (got.type != CU_MEM_ALLOCATION_TYPE_PINNED || got.location.id != dev ||
+        got.allocFlags.compressionType != CU_MEM_ALLOCATION_COMP_NONE) {
         fprintf(stderr, "properties of h2\n");
         return 1;
     }
@@ -221,6 +227,56 @@ int main(int argc, char **argv) {
     CK(cuMemMap(d + 3 * g, g, 0, h4, 0));
     CK(cuMemSetAccess(d + 3 * g, g, &acc, 1));
     CK(cuMemcpyHtoD_v2(d + 3 * g, src, 16));
+
+    /* Compressible memory, as cudaCompressibleMemory makes it. */
+    CK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, dev));
+    if (v != 1) {
+        fprintf(stderr, "no generic compression (%d)\n", v);
+        return 1;
+    }
+    CUmemAllocationProp cprop = prop;
+    cprop.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_GENERIC;
+    size_t cg = 0;
+    CK(cuMemGetAllocationGranularity(&cg, &cprop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CUdeviceptr cd = 0;
+    CUmemGenericAllocationHandle hc, hcr;
+    CK(cuMemAddressReserve(&cd, 2 * cg, 0, 0, 0));
+    CK(cuMemCreate(&hc, 2 * cg, &cprop, 0));
+    memset(&got, 0, sizeof got);
+    CK(cuMemGetAllocationPropertiesFromHandle(&got, hc));
+    if (got.allocFlags.compressionType != CU_MEM_ALLOCATION_COMP_GENERIC) {
+        fprintf(stderr, "compressible memory not compressible (%d)\n",
+                got.allocFlags.compressionType);
+        return 1;
+    }
+    CK(cuMemMap(cd, 2 * cg, 0, hc, 0));
+    CK(cuMemRelease(hc));
+    CK(cuMemSetAccess(cd, 2 * cg, &acc, 1));
+    /* Its handle found again from an address still says so. */
+    CK(cuMemRetainAllocationHandle(&hcr, (void *)(cd + cg)));
+    memset(&got, 0, sizeof got);
+    CK(cuMemGetAllocationPropertiesFromHandle(&got, hcr));
+    if (hcr != hc || got.allocFlags.compressionType != CU_MEM_ALLOCATION_COMP_GENERIC) {
+        fprintf(stderr, "retained compressible handle %llu: compression %d\n", hcr,
+                got.allocFlags.compressionType);
+        return 1;
+    }
+    CK(cuMemRelease(hcr));
+    size_t cn = 2 * cg < n ? 2 * cg : n;
+    memset(back, 0, cn);
+    CK(cuMemcpyHtoD_v2(cd, src, cn));
+    CK(cuMemcpyDtoH_v2(back, cd, cn));
+    if (memcmp(src, back, cn) != 0) {
+        fprintf(stderr, "compressible round trip differs\n");
+        return 1;
+    }
+    printf("vmm: compressible memory made, mapped, written and read back (%zu bytes)\n", cn);
+    CK(cuMemUnmap(cd, 2 * cg));
+    CK(cuMemAddressFree(cd, 2 * cg));
+    cprop.allocFlags.compressionType = 2;
+    BAD("compression type 2", cuMemCreate(&huge, g, &cprop, 0));
+    BAD("granularity of compression type 2",
+        cuMemGetAllocationGranularity(&cg, &cprop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
 
     /* Everything back, in pieces of whole mappings. */
     CK(cuMemUnmap(d, 3 * g));

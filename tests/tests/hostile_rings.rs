@@ -90,7 +90,14 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
     let host = Host::start("hostile-vmm", 64 << 20);
     let mut victim = host.guest();
     let req = |g: &mut guest_frontend::Gpu, r: Request| g.request(&r).map(|x| x.vals);
-    let h = req(&mut victim, Request::VmmCreate { size: 2 * G }).unwrap()[0];
+    let h = req(
+        &mut victim,
+        Request::VmmCreate {
+            size: 2 * G,
+            compression: 0,
+        },
+    )
+    .unwrap()[0];
     let va = req(
         &mut victim,
         Request::VmmReserve {
@@ -110,7 +117,14 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
     victim.memcpy_htod(va + G, &[9; 4096]).unwrap();
 
     let mut evil = host.guest();
-    let mine = req(&mut evil, Request::VmmCreate { size: G }).unwrap()[0];
+    let mine = req(
+        &mut evil,
+        Request::VmmCreate {
+            size: G,
+            compression: 0,
+        },
+    )
+    .unwrap()[0];
     let forged = [
         map.clone(),
         Request::VmmMap {
@@ -140,7 +154,10 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
             offset: 0,
             handle: mine,
         },
-        Request::VmmCreate { size: 1 << 40 },
+        Request::VmmCreate {
+            size: 1 << 40,
+            compression: 0,
+        },
     ];
     for r in forged {
         let e = req(&mut evil, r.clone()).unwrap_err();
@@ -162,7 +179,19 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
     // Malformed VMM requests on the wire (the guest side does not check
     // what it encodes): refused by decode, the channel lives on.
     for r in [
-        Request::VmmCreate { size: 4096 },
+        Request::VmmCreate {
+            size: 4096,
+            compression: 0,
+        },
+        // No CUmemAllocationCompType but none (0) and generic (1).
+        Request::VmmCreate {
+            size: G,
+            compression: 2,
+        },
+        Request::VmmCreate {
+            size: G,
+            compression: 0xff,
+        },
         Request::VmmMap {
             ptr: va + 1,
             size: G,

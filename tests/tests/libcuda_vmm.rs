@@ -2,8 +2,10 @@
 //! cuMemMap, ...) from a C program through the stand-in, against a sim
 //! worker: mapped memory works for copies, memsets and kernels; a foreign
 //! or released handle, a foreign reservation, overlapping maps and partial
-//! unmaps are refused; physical memory counts against the vGPU's limit and
-//! all of it comes back, also when the process dies holding it.
+//! unmaps are refused; compressible memory is made, says so and holds its
+//! bytes, and an undefined compression type is refused; physical memory
+//! counts against the vGPU's limit and all of it comes back, also when the
+//! process dies holding it.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -42,7 +44,13 @@ fn vmm_through_the_standin_maps_copies_refuses_and_leaks_nothing() {
     let lib = standin(&dir);
     // Another process of the VM, with a handle and a reservation of its own.
     let mut other = Gpu::connect_with(&host.socket, TEST_SPIN).unwrap();
-    let foreign = other.request(&Request::VmmCreate { size: G }).unwrap().vals[0];
+    let foreign = other
+        .request(&Request::VmmCreate {
+            size: G,
+            compression: 0,
+        })
+        .unwrap()
+        .vals[0];
     let reserve = |g: &mut Gpu, addr: u64| {
         g.request(&Request::VmmReserve {
             size: G,
@@ -89,6 +97,9 @@ fn vmm_through_the_standin_maps_copies_refuses_and_leaks_nothing() {
             "copy to reserved, unmapped memory refused",
             "memory over the vGPU's limit refused: CUDA_ERROR_OUT_OF_MEMORY",
             "use after free refused",
+            "vmm: compressible memory made, mapped, written and read back (4194304 bytes)",
+            "compression type 2 refused: CUDA_ERROR_INVALID_VALUE",
+            "granularity of compression type 2 refused: CUDA_ERROR_INVALID_VALUE",
             "vmm: all checks passed",
         ] {
             assert!(stdout.contains(line), "{line}\n{stdout}");

@@ -4,7 +4,8 @@
 //! and a graph kept on the host. The vGPU moves GPU 0 -> 1 -> 0 -> 1 while
 //! the guest runs rounds of that work, and every round's results are what
 //! they would have been had it stayed. A guest holding a CUDA array is
-//! refused a move, and the refusal names the array and the target GPU.
+//! refused a move, and the refusal names the array and the target GPU; so
+//! is one holding compressible memory, to a GPU without compression.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -21,13 +22,18 @@ use serde_json::Value;
 const ROUNDS: u64 = 60;
 
 fn daemon(name: &str) -> DaemonProc {
+    daemon_with(name, "")
+}
+
+/// With `sim` added to the `[sim]` table (two GPUs).
+fn daemon_with(name: &str, sim: &str) -> DaemonProc {
     let bin = cargo_build("fairvgpu").join("fairvgpu");
     DaemonProc::start_with(
         &bin,
         name,
         ExecutorKind::Sim,
         &[VmSpec::new("mover", 256)],
-        "\n[sim]\ngpus = 2\n\n[placement]\nenabled = false\n",
+        &format!("\n[sim]\ngpus = 2\n{sim}\n[placement]\nenabled = false\n"),
     )
     .unwrap()
 }
@@ -68,7 +74,13 @@ fn streams_events_globals_vmm_memory_and_graphs_move_with_their_guest() {
         })
         .unwrap()
         .vals[0];
-    let h = gpu.request(&Request::VmmCreate { size }).unwrap().vals[0];
+    let h = gpu
+        .request(&Request::VmmCreate {
+            size,
+            compression: 0,
+        })
+        .unwrap()
+        .vals[0];
     gpu.request(&Request::VmmMap {
         ptr: va,
         size,
@@ -200,4 +212,53 @@ fn a_guest_holding_a_cuda_array_stays_and_the_refusal_names_it() {
     assert_eq!(code, 200, "{body}");
     gpu.memcpy_dtoh(&mut back, buf, 0).unwrap();
     assert_eq!(back, [7u8; 64]);
+}
+
+#[test]
+fn compressible_memory_does_not_move_to_a_gpu_without_compression() {
+    let d = daemon_with("migration-compressible", "no_compression_gpu = 1\n");
+    let mut gpu = Gpu::connect_with(&d.socket("mover"), TEST_SPIN).unwrap();
+    let size = protocol::VMM_GRANULARITY;
+    let create = |gpu: &mut Gpu, compression| {
+        gpu.request(&Request::VmmCreate { size, compression })
+            .unwrap()
+            .vals
+    };
+    // Granted on GPU 0, which has generic compression.
+    let v = create(&mut gpu, protocol::VMM_COMPRESSION_GENERIC);
+    assert_eq!(v[1], u64::from(protocol::VMM_COMPRESSION_GENERIC));
+    let h = v[0];
+    let va = gpu
+        .request(&Request::VmmReserve {
+            size,
+            align: 0,
+            addr: 0,
+        })
+        .unwrap()
+        .vals[0];
+    gpu.request(&Request::VmmMap {
+        ptr: va,
+        size,
+        offset: 0,
+        handle: h,
+    })
+    .unwrap();
+    gpu.memcpy_htod(va, &[5u8; 64]).unwrap();
+    let (code, body) = migrate(&d, 1);
+    assert_eq!(code, 409, "{body}");
+    let text = body.to_string();
+    assert!(text.contains("compressible memory"), "{text}");
+    assert!(text.contains("could not move to GPU 1"), "{text}");
+    assert_eq!(d.vgpu("mover").unwrap()["gpu"], 0);
+    let mut back = [0u8; 64];
+    gpu.memcpy_dtoh(&mut back, va, 0).unwrap();
+    assert_eq!(back, [5u8; 64]);
+    // Once it goes, the vGPU moves; GPU 1 makes compressible memory plain
+    // and says so.
+    gpu.request(&Request::VmmUnmap { ptr: va, size }).unwrap();
+    gpu.request(&Request::VmmRelease { handle: h }).unwrap();
+    let (code, body) = migrate(&d, 1);
+    assert_eq!(code, 200, "{body}");
+    let v = create(&mut gpu, protocol::VMM_COMPRESSION_GENERIC);
+    assert_eq!(v[1], 0);
 }

@@ -27,7 +27,6 @@ mod attr {
     pub const CAN_MAP_HOST_MEMORY: u32 = 19;
     pub const HOST_NATIVE_ATOMIC_SUPPORTED: u32 = 86;
     pub const CONCURRENT_MANAGED_ACCESS: u32 = 89;
-    pub const GENERIC_COMPRESSION_SUPPORTED: u32 = 107;
     pub const PAGEABLE_MEMORY_ACCESS: u32 = 88;
     pub const PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: u32 = 100;
     pub const CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: u32 = 91;
@@ -82,12 +81,6 @@ pub(crate) fn vgpu_attribute(a: u32, host: Option<i32>) -> i32 {
         // CPU's and the device's atomics are exact because a migration
         // never lets them run at once).
         attr::CONCURRENT_MANAGED_ACCESS => 1,
-        // VMM memory is made without compression (cuMemCreate carries no
-        // compression type to the host, and a migrated vGPU's memory is made
-        // again on another GPU): as on a GPU without generic compression,
-        // so cudaCompressibleMemory waives at this attribute rather than
-        // after asking for compressible memory and not getting it.
-        attr::GENERIC_COMPRESSION_SUPPORTED => 0,
         // Nothing outside the VM can reach its GPU memory.
         attr::GPU_DIRECT_RDMA_SUPPORTED
         | attr::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
@@ -105,7 +98,10 @@ pub(crate) fn vgpu_attribute(a: u32, host: Option<i32>) -> i32 {
         // refused by cuMemPoolCreate or cuMemExportToShareableHandle.
         attr::MEMPOOL_SUPPORTED_HANDLE_TYPES => 0,
         a if attr::HOST_LOCATIONS.contains(&a) => 0,
-        // The driver answers 0 for attributes a device lacks.
+        // The driver answers 0 for attributes a device lacks. Generic
+        // compression is the GPU's own: the host makes VMM memory
+        // compressible with its driver (`vmm`), and a migration keeps it
+        // so or is refused.
         _ => host.unwrap_or(0),
     }
 }

@@ -88,7 +88,11 @@ fn mapped_alloc(size: u64) -> Result<u64, CuResult> {
         align: 0,
         addr,
     })?;
-    let mapped = req(Request::VmmCreate { size: len }).and_then(|handle| {
+    let mapped = req(Request::VmmCreate {
+        size: len,
+        compression: 0,
+    })
+    .and_then(|handle| {
         let m = req(Request::VmmMap {
             ptr: va,
             size: len,

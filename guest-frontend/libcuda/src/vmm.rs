@@ -11,7 +11,10 @@
 //! inferred direction. The host makes every mapping readable and writable
 //! from the device when it maps it; `cuMemGetAccess` reports what the
 //! program set, as the driver does. Memory is the vGPU's own device
-//! memory only (ordinal 0): no host or NUMA locations, no exporting.
+//! memory only (ordinal 0): no host or NUMA locations, no exporting. It
+//! may be compressible (`CU_MEM_ALLOCATION_COMP_GENERIC`): the host asks
+//! its driver for it and answers with what the driver gave, which the
+//! handle's properties report.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
@@ -68,12 +71,16 @@ struct Table {
     handles: BTreeMap<u64, (u32, c_uint)>,
     /// Mapping start -> (size, access flags set).
     maps: BTreeMap<u64, (u64, c_uint)>,
+    /// Handle -> the compression type the host's driver gave its memory
+    /// (handles of compressible memory only).
+    compressed: BTreeMap<u64, u8>,
 }
 
 fn table() -> MutexGuard<'static, Table> {
     static T: Mutex<Table> = Mutex::new(Table {
         handles: BTreeMap::new(),
         maps: BTreeMap::new(),
+        compressed: BTreeMap::new(),
     });
     T.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -98,7 +105,7 @@ fn device_location(l: Location) -> Result<(), CuResult> {
 }
 
 /// Reads and checks the caller's allocation properties: pinned memory of
-/// the device.
+/// the device, of a compression type the driver defines.
 fn read_prop(prop: *const AllocationProp) -> Result<AllocationProp, CuResult> {
     if prop.is_null() {
         return Err(code::INVALID_VALUE);
@@ -112,7 +119,18 @@ fn read_prop(prop: *const AllocationProp) -> Result<AllocationProp, CuResult> {
         ));
     }
     device_location(p.location)?;
+    if p.compression > protocol::VMM_COMPRESSION_GENERIC {
+        return Err(code::INVALID_VALUE);
+    }
     Ok(p)
+}
+
+/// Records the compression type the host reported for handle `h`.
+fn set_compression(t: &mut Table, h: u64, granted: u64) {
+    match u8::try_from(granted) {
+        Ok(0) | Err(_) => t.compressed.remove(&h),
+        Ok(c) => t.compressed.insert(h, c),
+    };
 }
 
 /// A host call with its reply values.
@@ -121,7 +139,7 @@ fn call(req: Request) -> Result<[u64; 4], CuResult> {
 }
 
 export! {
-    /// 2 MiB, minimum and recommended.
+    /// 2 MiB, minimum and recommended, compressible or not.
     fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const AllocationProp, option: c_int) {
         driver()?;
         read_prop(prop)?;
@@ -177,8 +195,16 @@ export! {
         if p.handle_types & !HANDLE_TYPE_POSIX_FD != 0 {
             return Err(crate::not_supported("VMM handles shareable other than as file descriptors"));
         }
-        let h = call(Request::VmmCreate { size: granular(size as u64)? })?[0];
-        table().handles.insert(h, (1, p.handle_types));
+        let v = call(Request::VmmCreate {
+            size: granular(size as u64)?,
+            compression: p.compression,
+        })?;
+        let h = v[0];
+        let mut t = table();
+        t.handles.insert(h, (1, p.handle_types));
+        // What the host's driver gave (the sample programs check it).
+        set_compression(&mut t, h, v[1]);
+        drop(t);
         out(handle, h)
     }
 
@@ -191,6 +217,7 @@ export! {
             e.0 -= 1;
             if e.0 == 0 {
                 t.handles.remove(&handle);
+                t.compressed.remove(&handle);
             }
         }
         Ok(())
@@ -270,13 +297,16 @@ export! {
 
     fn cuMemGetAllocationPropertiesFromHandle(prop: *mut AllocationProp, handle: c_ulonglong) {
         driver()?;
-        let &(_, handle_types) = table().handles.get(&handle).ok_or(code::INVALID_VALUE)?;
+        let t = table();
+        let &(_, handle_types) = t.handles.get(&handle).ok_or(code::INVALID_VALUE)?;
+        let compression = t.compressed.get(&handle).copied().unwrap_or(0);
+        drop(t);
         out(prop, AllocationProp {
             ty: PINNED,
             handle_types,
             location: Location { ty: LOCATION_DEVICE, id: 0 },
             win32_meta: std::ptr::null_mut(),
-            compression: 0,
+            compression,
             rdma_capable: 0,
             usage: 0,
             reserved: [0; 4],
@@ -289,8 +319,12 @@ export! {
         if handle.is_null() {
             return Err(code::INVALID_VALUE);
         }
-        let h = call(Request::VmmRetain { ptr: addr as u64 })?[0];
-        table().handles.entry(h).or_insert((0, 0)).0 += 1;
+        let v = call(Request::VmmRetain { ptr: addr as u64 })?;
+        let h = v[0];
+        let mut t = table();
+        t.handles.entry(h).or_insert((0, 0)).0 += 1;
+        set_compression(&mut t, h, v[2]);
+        drop(t);
         out(handle, h)
     }
 }

@@ -17,6 +17,9 @@ pub enum Keeper {
     /// A graph with conditional nodes, or the scope of one: its handles
     /// are the driver's values, held by the guest's kernels.
     ConditionalGraph,
+    /// Compressible VMM memory, and a target GPU without generic
+    /// compression (made there, it would silently not be compressible).
+    CompressibleMemory,
     /// Something the executor does not know how to make again.
     Other,
 }
@@ -29,6 +32,7 @@ impl Keeper {
             Keeper::TextureObject => 2,
             Keeper::Array => 3,
             Keeper::ConditionalGraph => 4,
+            Keeper::CompressibleMemory => 5,
             Keeper::Other => 127,
         }
     }
@@ -41,6 +45,7 @@ impl Keeper {
             2 => Some(Keeper::TextureObject),
             3 => Some(Keeper::Array),
             4 => Some(Keeper::ConditionalGraph),
+            5 => Some(Keeper::CompressibleMemory),
             _ => Some(Keeper::Other),
         }
     }
@@ -57,6 +62,10 @@ impl Keeper {
             Keeper::Array => "a CUDA array",
             Keeper::ConditionalGraph => {
                 "a graph with conditional nodes (its handles are the driver's, held by the guest)"
+            }
+            Keeper::CompressibleMemory => {
+                "compressible memory (cuMemCreate with CU_MEM_ALLOCATION_COMP_GENERIC) the target \
+                 GPU cannot make"
             }
             Keeper::Other => "an object the executor cannot make again on another GPU",
         }
@@ -80,6 +89,7 @@ mod tests {
             Keeper::TextureObject,
             Keeper::Array,
             Keeper::ConditionalGraph,
+            Keeper::CompressibleMemory,
             Keeper::Other,
         ] {
             assert_eq!(Keeper::from_code(k.code()), Some(k));

@@ -516,6 +516,12 @@ pub trait Context: Send {
     fn migration_keeper(&self) -> Option<Keeper> {
         None
     }
+    /// The object that keeps this context from moving to GPU `target` in
+    /// particular (memory with a property that GPU cannot give), or
+    /// whatever keeps it on its GPU.
+    fn migration_keeper_to(&self, _target: u32) -> Option<Keeper> {
+        self.migration_keeper()
+    }
     /// Reserves `size` bytes of device address space (`align`: 0 or a power
     /// of two; `addr`: 0, or the address asked for, which the device may
     /// not give) for the guest's own mappings (cuMemAddressReserve). The
@@ -528,9 +534,16 @@ pub trait Context: Send {
     fn vmm_address_free(&mut self, _ptr: u64, _size: u64) -> Result<(), Status> {
         Err(Status::NotSupported)
     }
-    /// Makes `size` bytes of physical memory on the context's GPU; returns
-    /// a handle of this executor's.
-    fn vmm_create(&mut self, _size: u64) -> Result<Handle, Status> {
+    /// Makes `size` bytes of physical memory on the context's GPU,
+    /// compressible if `compression` is `CU_MEM_ALLOCATION_COMP_GENERIC`
+    /// (the device may not grant it: [`Context::vmm_compression`] says);
+    /// returns a handle of this executor's.
+    fn vmm_create(&mut self, _size: u64, _compression: u8) -> Result<Handle, Status> {
+        Err(Status::NotSupported)
+    }
+    /// The compression type `handle`'s memory has, as the device reports
+    /// it (not as it was asked for).
+    fn vmm_compression(&self, _handle: Handle) -> Result<u8, Status> {
         Err(Status::NotSupported)
     }
     /// Frees physical memory that nothing maps.

@@ -782,7 +782,7 @@ impl Worker {
         let kept = self
             .sessions
             .iter_mut()
-            .any(|(_, e)| e.s.ctx.migration_keeper().is_some());
+            .any(|(_, e)| e.s.ctx.migration_keeper_to(gpu).is_some());
         let jobs: Vec<(u64, crate::executor::PrepareJob)> = if kept {
             Vec::new()
         } else {
@@ -837,7 +837,7 @@ impl Worker {
         let kept_by = self
             .sessions
             .iter_mut()
-            .find_map(|(_, e)| e.s.ctx.migration_keeper());
+            .find_map(|(_, e)| e.s.ctx.migration_keeper_to(gpu));
         if kept_by.is_none() {
             // Events are made anew wherever the contexts end up: the
             // handles other processes opened name the old ones.

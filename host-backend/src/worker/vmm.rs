@@ -46,17 +46,22 @@ fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>
             ),
             "free of a reservation it does not hold whole, or still mapped",
         ),
-        Request::VmmCreate { size } => {
+        Request::VmmCreate { size, compression } => {
             // Counted as `MemAlloc` counts: what it takes on the device.
             let r = if sh.mem_used.saturating_add(size) > sh.limit() {
                 Err(Status::OutOfMemory)
             } else {
-                s.ctx.vmm_create(size).map(|h| {
+                s.ctx.vmm_create(size, compression).map(|h| {
                     s.vmm.created(h, size, size);
                     s.mem_used += size;
                     sh.mem_used += size;
                     sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
-                    Reply::one(h)
+                    // The compression the device gave, which the guest's
+                    // cuMemGetAllocationPropertiesFromHandle answers.
+                    let granted = s.ctx.vmm_compression(h).unwrap_or(0);
+                    Reply {
+                        vals: [h, u64::from(granted), 0, 0],
+                    }
                 })
             };
             (r, "physical memory over the vGPU's limit")
@@ -109,7 +114,7 @@ fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>
         }
         Request::VmmRetain { ptr } => (
             s.vmm.retain(ptr).map(|(h, size)| Reply {
-                vals: [h, size, 0, 0],
+                vals: [h, size, u64::from(s.ctx.vmm_compression(h).unwrap_or(0)), 0],
             }),
             "retain of an address it has not mapped",
         ),

@@ -402,9 +402,20 @@ impl Request {
                 ptr: check_vmm("ptr", r.u64()?)?,
                 size: check_vmm("size", r.u64()?)?,
             },
-            op::VMM_CREATE => VmmCreate {
-                size: check_vmm("size", r.u64()?)?,
-            },
+            op::VMM_CREATE => {
+                let size = check_vmm("size", r.u64()?)?;
+                // CU_MEM_ALLOCATION_COMP_NONE or _GENERIC, nothing else.
+                let compression = match r.u32()? {
+                    c @ 0..=1 => c as u8,
+                    c => {
+                        return Err(bad(
+                            "compression",
+                            format!("{c} is no CUmemAllocationCompType"),
+                        ))
+                    }
+                };
+                VmmCreate { size, compression }
+            }
             op::VMM_RELEASE => VmmRelease { handle: r.u64()? },
             op::VMM_MAP => {
                 let (ptr, size) = (check_vmm("ptr", r.u64()?)?, check_vmm("size", r.u64()?)?);
@@ -616,7 +627,14 @@ mod tests {
                 ptr: 0x7f00_0000_0000,
                 size: 2 << 20,
             },
-            Request::VmmCreate { size: 6 << 20 },
+            Request::VmmCreate {
+                size: 6 << 20,
+                compression: 0,
+            },
+            Request::VmmCreate {
+                size: 2 << 20,
+                compression: crate::VMM_COMPRESSION_GENERIC,
+            },
             Request::VmmRelease { handle: 9 },
             Request::VmmMap {
                 ptr: 0x7f00_0020_0000,
@@ -787,13 +805,25 @@ mod tests {
                 value: 101,
             }),
             enc(Request::CtxSetLimit { limit: 7, value: 0 }),
-            enc(Request::VmmCreate { size: 0 }),
-            enc(Request::VmmCreate { size: 4096 }),
+            enc(Request::VmmCreate {
+                size: 0,
+                compression: 0,
+            }),
+            enc(Request::VmmCreate {
+                size: 4096,
+                compression: 0,
+            }),
             enc(Request::VmmCreate {
                 size: (3 << 20) / 2,
+                compression: 0,
             }),
             enc(Request::VmmCreate {
                 size: !((2 << 20) - 1),
+                compression: 0,
+            }),
+            enc(Request::VmmCreate {
+                size: 2 << 20,
+                compression: 2,
             }),
             enc(Request::VmmReserve {
                 size: 2 << 20,

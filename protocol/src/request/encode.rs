@@ -226,8 +226,11 @@ impl Request {
                 w.u64(a);
                 w.u64(b);
             }
-            VmmCreate { size: a }
-            | VmmRelease { handle: a }
+            VmmCreate { size, compression } => {
+                w.u64(size);
+                w.u32(u32::from(compression));
+            }
+            VmmRelease { handle: a }
             | VmmRetain { ptr: a }
             | IpcExport { ptr: a }
             | IpcOpen { token: a }

@@ -420,11 +420,15 @@ pub enum Request {
         /// Its size.
         size: u64,
     },
-    /// Physical device memory (cuMemCreate; reply: its handle), counted
-    /// against the vGPU's memory limit.
+    /// Physical device memory (cuMemCreate; reply: its handle, and the
+    /// compression type the driver gave it, read back from the driver),
+    /// counted against the vGPU's memory limit.
     VmmCreate {
         /// Bytes (a multiple of [`VMM_GRANULARITY`](crate::VMM_GRANULARITY)).
         size: u64,
+        /// `CUmemAllocationCompType` asked for: 0 (none) or
+        /// [`VMM_COMPRESSION_GENERIC`](crate::VMM_COMPRESSION_GENERIC).
+        compression: u8,
     },
     /// Lets go of a handle; the memory goes once nothing maps it either.
     VmmRelease {
@@ -461,7 +465,7 @@ pub enum Request {
         flags: u32,
     },
     /// The handle of the memory mapped at `ptr`, retained once more
-    /// (reply: the handle and its size).
+    /// (reply: the handle, its size and its compression type).
     VmmRetain {
         /// An address inside a mapping.
         ptr: u64,

@@ -731,8 +731,12 @@ impl Context for CudaContext {
         CudaContext::vmm_address_free(self, ptr, size)
     }
 
-    fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
-        CudaContext::vmm_create(self, size)
+    fn vmm_create(&mut self, size: u64, compression: u8) -> Result<Handle, Status> {
+        CudaContext::vmm_create(self, size, compression)
+    }
+
+    fn vmm_compression(&self, handle: Handle) -> Result<u8, Status> {
+        CudaContext::vmm_compression(self, handle)
     }
 
     fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
@@ -753,6 +757,10 @@ impl Context for CudaContext {
 
     fn migration_keeper(&self) -> Option<crate::executor::Keeper> {
         CudaContext::migration_keeper(self)
+    }
+
+    fn migration_keeper_to(&self, target: u32) -> Option<crate::executor::Keeper> {
+        CudaContext::migration_keeper_to(self, target)
     }
 
     fn migrate(

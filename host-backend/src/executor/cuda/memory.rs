@@ -41,7 +41,7 @@ impl CudaContext {
         // is kept aside while another is made, then given back.
         let mut aside = Vec::new();
         let made = loop {
-            let (va, handle) = match vmm_new(padded, self.ordinal) {
+            let (va, handle) = match vmm_new(padded, self.ordinal, 0) {
                 Ok(v) => v,
                 Err(e) => break Err(e),
             };

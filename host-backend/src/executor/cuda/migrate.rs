@@ -17,7 +17,10 @@ use super::check;
 use super::context::{CudaContext, Obj, ObjSpec, CURRENT};
 use super::device::device;
 use super::module::func_attr;
-use super::vmm::{vmm_access, vmm_free, vmm_new, vmm_reserve, VmmAlloc};
+use super::vmm::{
+    compression_supported, granted_compression, vmm_access, vmm_free, vmm_new, vmm_reserve,
+    VmmAlloc,
+};
 use crate::executor::{Handle, Keeper, Moved};
 
 /// A context that is no longer used, destroyed when dropped (on any thread).
@@ -143,12 +146,13 @@ impl Drop for PreparedCtx {
 
 /// Makes a context on GPU `ordinal` with the objects of `specs` and memory
 /// for the allocations `allocs` (va, padded size) and the guest's physical
-/// memory `phys` (handle, size), and leaves it current on no thread.
+/// memory `phys` (handle, size, compression type), and leaves it current
+/// on no thread.
 fn prepare(
     ordinal: u32,
     specs: &[(Handle, ObjSpec)],
     allocs: &[(u64, usize)],
-    phys: &[(Handle, usize)],
+    phys: &[(Handle, usize, u8)],
 ) -> Result<PreparedCtx, Status> {
     let dev = device(ordinal)?;
     let mut ctx: CUcontext = null_mut();
@@ -164,11 +168,11 @@ fn prepare(
     };
     let r = recreate_into(&mut p.objs, specs).and_then(|()| {
         for &(va, padded) in allocs {
-            let (tmp, h) = vmm_new(padded, ordinal)?;
+            let (tmp, h) = vmm_new(padded, ordinal, 0)?;
             p.staged.insert(va, (padded, h, tmp));
         }
-        for &(gh, n) in phys {
-            let (tmp, h) = vmm_new(n, ordinal)?;
+        for &(gh, n, comp) in phys {
+            let (tmp, h) = vmm_new(n, ordinal, comp)?;
             p.staged_phys.insert(gh, (n, h, tmp));
         }
         Ok(())
@@ -179,12 +183,14 @@ fn prepare(
     r.map(|()| p)
 }
 
-/// Takes memory made ahead (if its size still fits) or makes it now.
+/// Takes memory made ahead (if its size still fits) or makes it now (of
+/// compression type `compression`).
 fn staged_or_new<K: std::hash::Hash + Eq>(
     staged: &mut Staged<K>,
     key: &K,
     n: usize,
     target: u32,
+    compression: u8,
 ) -> Result<(sys::CUmemGenericAllocationHandle, u64), Status> {
     match staged.remove(key) {
         Some((padded, h, tmp)) if padded == n => Ok((h, tmp)),
@@ -192,7 +198,7 @@ fn staged_or_new<K: std::hash::Hash + Eq>(
             if let Some((padded, handle, tmp)) = other {
                 free_staged(padded, handle, tmp);
             }
-            let (tmp, h) = vmm_new(n, target)?;
+            let (tmp, h) = vmm_new(n, target, compression)?;
             Ok((h, tmp))
         }
     }
@@ -235,17 +241,28 @@ impl CudaContext {
         self.arrays.keeper()
     }
 
+    /// See [`crate::executor::Context::migration_keeper_to`]: compressible
+    /// memory stays where it is if the target has no generic compression.
+    pub(super) fn migration_keeper_to(&self, target: u32) -> Option<Keeper> {
+        self.migration_keeper().or_else(|| {
+            (target != self.ordinal
+                && !self.guest_vmm.compressed.is_empty()
+                && !compression_supported(target))
+            .then_some(Keeper::CompressibleMemory)
+        })
+    }
+
     pub(super) fn prepare_migration(&self, target: u32) -> Option<crate::executor::PrepareJob> {
-        if target == self.ordinal || self.migration_keeper().is_some() {
+        if target == self.ordinal || self.migration_keeper_to(target).is_some() {
             return None;
         }
         let specs = self.specs();
         let allocs: Vec<(u64, usize)> = self.allocs.iter().map(|(&va, a)| (va, a.padded)).collect();
-        let phys: Vec<(Handle, usize)> = self
+        let phys: Vec<(Handle, usize, u8)> = self
             .guest_vmm
             .phys
             .iter()
-            .map(|(&h, &(_, n))| (h, n))
+            .map(|(&h, &(_, n))| (h, n, self.guest_vmm.compression_of(h)))
             .collect();
         Some(Box::new(move || {
             prepare(target, &specs, &allocs, &phys)
@@ -261,7 +278,7 @@ impl CudaContext {
         if target == self.ordinal {
             return Ok(Moved::default());
         }
-        if let Some(k) = self.migration_keeper() {
+        if let Some(k) = self.migration_keeper_to(target) {
             tracing::warn!(to = target, "a guest process holds {k}: it cannot migrate");
             return Err(Status::NotSupported);
         }
@@ -325,7 +342,7 @@ impl CudaContext {
             let both = [vmm_access(src), vmm_access(target)];
             let mut bytes = 0u64;
             for (&va, a) in &self.allocs {
-                let (h, tmp) = staged_or_new(&mut p.staged, &va, a.padded, target)?;
+                let (h, tmp) = staged_or_new(&mut p.staged, &va, a.padded, target, 0)?;
                 staged.push((va, a.padded, h, tmp));
                 if direct {
                     // SAFETY: our own mapped range; two descriptors.
@@ -340,8 +357,25 @@ impl CudaContext {
             // The guest's own physical memory, mapped or not, through a
             // view of each on the source.
             for (&gh, &(old, n)) in &self.guest_vmm.phys {
-                let (h, tmp) = staged_or_new(&mut p.staged_phys, &gh, n, target)?;
+                let comp = self.guest_vmm.compression_of(gh);
+                let (h, tmp) = staged_or_new(&mut p.staged_phys, &gh, n, target, comp)?;
                 staged_phys.push((gh, n, h, tmp));
+                // The same memory, or none: never compressible memory made
+                // plain (or plain made compressible) behind the guest.
+                let got = if comp == 0 {
+                    0
+                } else {
+                    granted_compression(h)?
+                };
+                if got != comp {
+                    tracing::warn!(
+                        to = target,
+                        "GPU {target} made compression type {got} where the guest holds {comp} \
+                         ({}): the vGPU cannot move there",
+                        Keeper::CompressibleMemory
+                    );
+                    return Err(Status::NotSupported);
+                }
                 let view = vmm_reserve(n)?;
                 // SAFETY: a fresh reservation of `n` bytes; `old` has `n` bytes.
                 if let Err(e) = check(unsafe { sys::cuMemMap(view, n, 0, old, 0) }) {

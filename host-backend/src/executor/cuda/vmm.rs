@@ -21,6 +21,9 @@ pub(super) struct GuestVmm {
     /// base -> size, our handle and the offset in its memory of each
     /// mapping (to map the memory made on another GPU in its place).
     pub(super) maps: std::collections::HashMap<u64, (usize, Handle, u64)>,
+    /// Our handles whose memory the driver made compressible, with the
+    /// compression type it gave (made so again on another GPU).
+    pub(super) compressed: std::collections::HashMap<Handle, u8>,
 }
 
 impl GuestVmm {
@@ -38,6 +41,12 @@ impl GuestVmm {
             // SAFETY: our own reservation, nothing mapped in it any more.
             let _ = unsafe { sys::cuMemAddressFree(va, n) };
         }
+        self.compressed.clear();
+    }
+
+    /// The compression type our handle's memory has (0 if none).
+    pub(super) fn compression_of(&self, handle: Handle) -> u8 {
+        self.compressed.get(&handle).copied().unwrap_or(0)
     }
 }
 
@@ -46,6 +55,36 @@ impl GuestVmm {
 pub(super) struct VmmAlloc {
     pub(super) padded: usize,
     pub(super) handle: sys::CUmemGenericAllocationHandle,
+}
+
+/// Allocation properties for pinned device memory on GPU `ordinal`,
+/// compressible if `compression` is `CU_MEM_ALLOCATION_COMP_GENERIC`.
+pub(super) fn vmm_prop_compressed(ordinal: u32, compression: u8) -> sys::CUmemAllocationProp {
+    let mut prop = vmm_prop(ordinal);
+    prop.allocFlags.compressionType = compression;
+    prop
+}
+
+/// The compression type the driver gave the memory of handle `h`.
+pub(super) fn granted_compression(h: sys::CUmemGenericAllocationHandle) -> Result<u8, Status> {
+    // SAFETY: as in `vmm_prop`: all-zero is a valid property struct.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: out-parameter on our stack; a live handle of ours.
+    check(unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut prop, h) })?;
+    Ok(prop.allocFlags.compressionType)
+}
+
+/// Whether GPU `ordinal` makes compressible memory
+/// (`CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED`).
+pub(super) fn compression_supported(ordinal: u32) -> bool {
+    let Ok(dev) = super::device::device(ordinal) else {
+        return false;
+    };
+    let a = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED;
+    let mut v = 0;
+    // SAFETY: out-parameter on our stack; a device of the driver's.
+    let r = unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) };
+    r == sys::cudaError_enum::CUDA_SUCCESS && v != 0
 }
 
 /// Allocation properties for pinned device memory on GPU `ordinal`.
@@ -68,14 +107,16 @@ pub(super) fn vmm_access(ordinal: u32) -> sys::CUmemAccessDesc {
     d
 }
 
-/// Creates `padded` bytes of physical memory on GPU `ordinal` and maps it
-/// at `va` (reserved by the caller), readable and writable from that GPU.
+/// Creates `padded` bytes of physical memory on GPU `ordinal` (of
+/// compression type `compression`) and maps it at `va` (reserved by the
+/// caller), readable and writable from that GPU.
 pub(super) fn vmm_map(
     va: u64,
     padded: usize,
     ordinal: u32,
+    compression: u8,
 ) -> Result<sys::CUmemGenericAllocationHandle, Status> {
-    let prop = vmm_prop(ordinal);
+    let prop = vmm_prop_compressed(ordinal, compression);
     let mut h: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: out-parameter on our stack; `prop` is a valid property struct.
     check(unsafe { sys::cuMemCreate(&mut h, padded, &prop, 0) })?;
@@ -99,13 +140,15 @@ pub(super) fn vmm_map(
 }
 
 /// Reserves `padded` bytes of address space and maps new memory of GPU
-/// `ordinal` there; undoes the reservation if that fails.
+/// `ordinal` there (of compression type `compression`); undoes the
+/// reservation if that fails.
 pub(super) fn vmm_new(
     padded: usize,
     ordinal: u32,
+    compression: u8,
 ) -> Result<(u64, sys::CUmemGenericAllocationHandle), Status> {
     let va = vmm_reserve(padded)?;
-    match vmm_map(va, padded, ordinal) {
+    match vmm_map(va, padded, ordinal, compression) {
         Ok(h) => Ok((va, h)),
         Err(e) => {
             // SAFETY: our own reservation, nothing mapped.
@@ -158,18 +201,43 @@ impl CudaContext {
         check(unsafe { sys::cuMemAddressFree(ptr, size as usize) })
     }
 
-    pub(super) fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
+    pub(super) fn vmm_create(&mut self, size: u64, compression: u8) -> Result<Handle, Status> {
         self.bind()?;
         let n = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
-        let prop = vmm_prop(self.ordinal);
+        let prop = vmm_prop_compressed(self.ordinal, compression);
         let mut h: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: out-parameter on our stack; a valid property struct
-        // (pinned memory of this context's GPU); a size that is a multiple
-        // of 2 MiB (the protocol's check), no flags.
+        // (pinned memory of this context's GPU, a compression type the
+        // protocol checked: none or generic); a size that is a multiple of
+        // 2 MiB (the protocol's check), no flags.
         check(unsafe { sys::cuMemCreate(&mut h, n, &prop, 0) })?;
+        // What the driver gave, which may be less than was asked.
+        let granted = if compression == 0 {
+            Ok(0)
+        } else {
+            granted_compression(h)
+        };
+        let granted = match granted {
+            Ok(g) => g,
+            Err(e) => {
+                // SAFETY: the handle just made, released once.
+                let _ = unsafe { sys::cuMemRelease(h) };
+                return Err(e);
+            }
+        };
         self.next_handle += 1;
         self.guest_vmm.phys.insert(self.next_handle, (h, n));
+        if granted != 0 {
+            self.guest_vmm.compressed.insert(self.next_handle, granted);
+        }
         Ok(self.next_handle)
+    }
+
+    pub(super) fn vmm_compression(&self, handle: Handle) -> Result<u8, Status> {
+        if !self.guest_vmm.phys.contains_key(&handle) {
+            return Err(Status::InvalidHandle);
+        }
+        Ok(self.guest_vmm.compression_of(handle))
     }
 
     pub(super) fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
@@ -179,6 +247,7 @@ impl CudaContext {
             .phys
             .remove(&handle)
             .ok_or(Status::InvalidHandle)?;
+        self.guest_vmm.compressed.remove(&handle);
         // SAFETY: our own handle, no longer mapped (the worker checked),
         // released once.
         check(unsafe { sys::cuMemRelease(h) })

@@ -4,6 +4,10 @@
 //! `scripts/gpu/conformance.sh`), its PCI location left at zero.
 
 /// `(CUdevice_attribute, value)`.
+/// `CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED` (per simulated GPU:
+/// `SimParams::no_compression_gpu`).
+pub const GENERIC_COMPRESSION_SUPPORTED: u32 = 107;
+
 pub const H100: &[(u32, i32)] = &[
     (1, 1024),
     (2, 1024),

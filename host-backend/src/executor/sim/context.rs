@@ -71,6 +71,8 @@ pub(super) struct SimContext {
     pub(super) period: Option<(Instant, Option<Instant>)>,
     /// Physical memory of the VMM API, by handle.
     pub(super) vmm_phys: HashMap<Handle, super::memory::Buf>,
+    /// Compressible VMM memory, by handle: its compression type (`vmm.rs`).
+    pub(super) vmm_compressed: HashMap<Handle, u8>,
     /// VMM mappings: start -> (size, handle, offset in its memory). Their
     /// addresses resolve to the handle's bytes.
     pub(super) vmm_maps: BTreeMap<u64, (u64, Handle, u64)>,
@@ -316,6 +318,7 @@ impl Context for SimContext {
         self.slice_ns.clear();
         self.period = None;
         self.vmm_phys.clear();
+        self.vmm_compressed.clear();
         self.vmm_maps.clear();
         self.graphs.clear();
         self.clear_arrays();
@@ -917,8 +920,12 @@ impl Context for SimContext {
         Ok(())
     }
 
-    fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
-        SimContext::vmm_create(self, size)
+    fn vmm_create(&mut self, size: u64, compression: u8) -> Result<Handle, Status> {
+        SimContext::vmm_create(self, size, compression)
+    }
+
+    fn vmm_compression(&self, handle: Handle) -> Result<u8, Status> {
+        SimContext::vmm_compression(self, handle)
     }
 
     fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
@@ -937,6 +944,11 @@ impl Context for SimContext {
         self.arrays_keeper()
     }
 
+    fn migration_keeper_to(&self, target: u32) -> Option<crate::executor::Keeper> {
+        self.arrays_keeper()
+            .or_else(|| self.compression_keeper(target))
+    }
+
     fn migrate(
         &mut self,
         device: u32,
@@ -951,8 +963,9 @@ impl Context for SimContext {
         if device == self.device {
             return Ok(Moved::default());
         }
-        if self.arrays_keeper().is_some() {
-            // As on a GPU: its arrays and objects stay where they are.
+        if self.arrays_keeper().is_some() || self.compression_keeper(device).is_some() {
+            // As on a GPU: its arrays and objects stay where they are, and
+            // compressible memory goes only where it stays compressible.
             return Err(Status::NotSupported);
         }
         // The model keeps device memory in host RAM under the same

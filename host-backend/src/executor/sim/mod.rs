@@ -51,10 +51,21 @@ pub struct SimParams {
     /// queue and `memory`.
     #[serde(default = "one_gpu")]
     pub gpus: u32,
+    /// A simulated GPU without generic compression (its attribute 107 is
+    /// 0, compressible memory asked of it is made plain): a migration of
+    /// compressible memory to it is refused. Every other GPU has it.
+    pub no_compression_gpu: Option<u32>,
 }
 
 fn one_gpu() -> u32 {
     1
+}
+
+impl SimParams {
+    /// Whether simulated GPU `device` makes compressible memory.
+    pub fn compresses(&self, device: u32) -> bool {
+        self.no_compression_gpu != Some(device)
+    }
 }
 
 impl Default for SimParams {
@@ -65,6 +76,7 @@ impl Default for SimParams {
             mem_gbps: 2000.0,
             op_ns: 2_000,
             gpus: 1,
+            no_compression_gpu: None,
         }
     }
 }
@@ -153,7 +165,15 @@ impl Executor for SimExecutor {
             total_mem: self.params.memory,
             cc: (9, 0),
             sm_count: 132,
-            attributes: attributes::H100.to_vec(),
+            attributes: attributes::H100
+                .iter()
+                .map(|&(a, v)| match a {
+                    attributes::GENERIC_COMPRESSION_SUPPORTED => {
+                        (a, i32::from(self.params.compresses(self.device)))
+                    }
+                    _ => (a, v),
+                })
+                .collect(),
             driver_version: SIM_DRIVER_RELEASE.into(),
             cuda_version: 13000,
             ..Default::default()
@@ -200,6 +220,7 @@ impl SimExecutor {
             period: None,
             imports: BTreeMap::new(),
             vmm_phys: HashMap::new(),
+            vmm_compressed: HashMap::new(),
             vmm_maps: BTreeMap::new(),
             graphs: Default::default(),
             arrays: Default::default(),

@@ -1,6 +1,10 @@
 //! VMM on the model: reserved address ranges (never handed out twice),
 //! physical allocations by handle, and the mappings between them, which
-//! the context's memory accesses look up (`memory.rs`).
+//! the context's memory accesses look up (`memory.rs`). A simulated GPU has
+//! generic compression (its attribute 107 is 1) unless
+//! `SimParams::no_compression_gpu` names it: compressible memory is
+//! granted as asked where it has, made plain where not, and holds bytes as
+//! any other; it keeps the vGPU from moving to a GPU without.
 
 use protocol::Status;
 
@@ -19,17 +23,41 @@ impl SimContext {
             .at(addr, size, align)
     }
 
-    pub(super) fn vmm_create(&mut self, size: u64) -> Result<Handle, Status> {
+    pub(super) fn vmm_create(&mut self, size: u64, compression: u8) -> Result<Handle, Status> {
         self.alive()?;
+        // The driver's types: none or generic.
+        if compression > protocol::VMM_COMPRESSION_GENERIC {
+            return Err(Status::InvalidValue);
+        }
         let buf = zeroed(size)?;
         // Numbered apart from every other context's handles.
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0x564d_0000);
         let h = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.vmm_phys.insert(h, buf);
+        // As a driver does: asked of a GPU without it, the memory is plain.
+        if compression != 0 && self.params.compresses(self.device) {
+            self.vmm_compressed.insert(h, compression);
+        }
         Ok(h)
     }
 
+    pub(super) fn vmm_compression(&self, handle: Handle) -> Result<u8, Status> {
+        if !self.vmm_phys.contains_key(&handle) {
+            return Err(Status::InvalidHandle);
+        }
+        Ok(self.vmm_compressed.get(&handle).copied().unwrap_or(0))
+    }
+
+    /// Compressible memory keeps the vGPU from a GPU without compression.
+    pub(super) fn compression_keeper(&self, target: u32) -> Option<crate::executor::Keeper> {
+        (target != self.device
+            && !self.vmm_compressed.is_empty()
+            && !self.params.compresses(target))
+        .then_some(crate::executor::Keeper::CompressibleMemory)
+    }
+
     pub(super) fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
+        self.vmm_compressed.remove(&handle);
         self.vmm_phys
             .remove(&handle)
             .map(drop)
@@ -83,8 +111,8 @@ mod tests {
         let mut ctx = SimExecutor::new(SimParams::default()).open().unwrap();
         let va = ctx.vmm_reserve(4 * G, 0, 0).unwrap();
         let (a, b) = (
-            ctx.vmm_create(2 * G).unwrap(),
-            ctx.vmm_create(2 * G).unwrap(),
+            ctx.vmm_create(2 * G, 0).unwrap(),
+            ctx.vmm_create(2 * G, 0).unwrap(),
         );
         ctx.vmm_map(va, 2 * G, 0, a).unwrap();
         ctx.vmm_map(va + 2 * G, G, G, b).unwrap();
@@ -119,5 +147,63 @@ mod tests {
         assert_eq!(ctx.vmm_unmap(va, G), Err(Status::InvalidValue));
         ctx.vmm_unmap(va, 2 * G).unwrap();
         assert_eq!(ctx.memset(va, 0, 1, 1, 0), Err(Status::IllegalAddress));
+    }
+
+    #[test]
+    fn compressible_memory_is_granted_remembered_and_holds_bytes() {
+        const G: u64 = protocol::VMM_GRANULARITY;
+        let mut ctx = SimExecutor::new(SimParams::default()).open().unwrap();
+        let c = ctx
+            .vmm_create(G, protocol::VMM_COMPRESSION_GENERIC)
+            .unwrap();
+        let plain = ctx.vmm_create(G, 0).unwrap();
+        assert_eq!(
+            ctx.vmm_compression(c),
+            Ok(protocol::VMM_COMPRESSION_GENERIC)
+        );
+        assert_eq!(ctx.vmm_compression(plain), Ok(0));
+        assert_eq!(ctx.vmm_create(G, 2), Err(Status::InvalidValue));
+        let va = ctx.vmm_reserve(G, 0, 0).unwrap();
+        ctx.vmm_map(va, G, 0, c).unwrap();
+        let mut data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        ctx.htod(va + 4096, &VolatileSlice::from(&mut data[..]), 0)
+            .unwrap();
+        let mut back = vec![0u8; 4096];
+        ctx.dtoh(&VolatileSlice::from(&mut back[..]), va + 4096, 0)
+            .unwrap();
+        assert_eq!(back, data);
+        ctx.vmm_unmap(va, G).unwrap();
+        ctx.vmm_release(c).unwrap();
+        assert_eq!(ctx.vmm_compression(c), Err(Status::InvalidHandle));
+    }
+
+    #[test]
+    fn a_gpu_without_compression_makes_it_plain_and_keeps_compressible_memory_away() {
+        use crate::executor::Keeper;
+        const G: u64 = protocol::VMM_GRANULARITY;
+        let mut exec = SimExecutor::new(SimParams {
+            gpus: 2,
+            no_compression_gpu: Some(1),
+            ..SimParams::default()
+        });
+        let attr = |e: &SimExecutor| e.info().attributes.iter().find(|a| a.0 == 107).map(|a| a.1);
+        assert_eq!(attr(&exec), Some(1));
+        let mut ctx = exec.open().unwrap();
+        let c = ctx
+            .vmm_create(G, protocol::VMM_COMPRESSION_GENERIC)
+            .unwrap();
+        assert_eq!(ctx.migration_keeper_to(0), None);
+        assert_eq!(ctx.migration_keeper_to(1), Some(Keeper::CompressibleMemory));
+        assert_eq!(ctx.migrate(1, None).unwrap_err(), Status::NotSupported);
+        ctx.vmm_release(c).unwrap();
+        assert_eq!(ctx.migration_keeper_to(1), None);
+        ctx.migrate(1, None).unwrap();
+        // Asked of GPU 1, compressible memory is made plain.
+        let p = ctx
+            .vmm_create(G, protocol::VMM_COMPRESSION_GENERIC)
+            .unwrap();
+        assert_eq!(ctx.vmm_compression(p), Ok(0));
+        exec.set_device(1).unwrap();
+        assert_eq!(attr(&exec), Some(0));
     }
 }
