@@ -89,8 +89,8 @@ impl CudaContext {
         if let Ok(mut nodes) = nodes {
             // SAFETY: our context is current (bound by the caller); each
             // node's function is a live function of it with `ptrs` made by
-            // its parameter sizes; `st` is a stream of it.
-            if unsafe { self.templates.launch(st, &mut nodes) } {
+            // its parameter sizes; `st` is its stream `s`.
+            if unsafe { self.templates.launch(st, s, &mut nodes) } {
                 return Ok(());
             }
         }
