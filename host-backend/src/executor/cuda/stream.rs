@@ -54,6 +54,7 @@ impl CudaContext {
         check(unsafe { sys::cuStreamDestroy_v2(st) })?;
         self.objs.remove(&s);
         self.templates.forget_stream(s);
+        self.stream_attrs.forget(s);
         Ok(())
     }
 
