@@ -38,6 +38,20 @@ fuzz_target!(|data: &[u8]| {
             Request::VmmSetAccess { ptr, size, flags } => {
                 assert!(granular(ptr) && size_ok(size) && matches!(flags, 1 | 3))
             }
+            // What the host's stream attributes rely on: a known attribute,
+            // a window whose end is computable, its ratio in [0, 1].
+            Request::StreamSetAttribute { attr, .. } => {
+                use protocol::stream_attr::StreamAttr;
+                assert!(protocol::stream_attr::id::ALL.contains(&attr.id()));
+                if let StreamAttr::AccessPolicyWindow(w) = attr {
+                    assert!((0.0..=1.0).contains(&f32::from_bits(w.hit_ratio_bits)));
+                    assert!(w.hit_prop <= 2 && w.miss_prop <= 2);
+                    assert!(w.base.checked_add(w.bytes).is_some() && w.bytes <= protocol::MAX_LEN);
+                }
+            }
+            Request::StreamGetAttribute { attr, .. } => {
+                assert!(protocol::stream_attr::id::ALL.contains(&attr))
+            }
             // What the host's array checks rely on: a description within
             // the device's limits, a copy's box nonempty and every device
             // end's span computable and bounded.

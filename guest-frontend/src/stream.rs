@@ -149,6 +149,31 @@ impl Gpu {
         Ok(self.call(&Request::StreamCreate { flags, priority })?.vals[0])
     }
 
+    /// cuStreamSetAttribute: the host's stream takes it.
+    pub fn stream_set_attribute(
+        &mut self,
+        stream: u64,
+        attr: protocol::stream_attr::StreamAttr,
+    ) -> Result<()> {
+        self.call(&Request::StreamSetAttribute { stream, attr })
+            .map(drop)
+    }
+
+    /// cuStreamGetAttribute: attribute `id` as the host's stream has it.
+    pub fn stream_attribute(
+        &mut self,
+        stream: u64,
+        id: u32,
+    ) -> Result<protocol::stream_attr::StreamAttr> {
+        use protocol::stream_attr::{StreamAttr, RAW_LEN};
+        let r = self.call(&Request::StreamGetAttribute { stream, attr: id })?;
+        let mut raw = [0u8; RAW_LEN];
+        for (b, v) in raw.chunks_exact_mut(8).zip(r.vals) {
+            b.copy_from_slice(&v.to_le_bytes());
+        }
+        StreamAttr::from_raw(id, &raw).map_err(|_| GuestError::Cuda(Status::Unknown))
+    }
+
     /// cuStreamDestroy.
     pub fn stream_destroy(&mut self, stream: u64) -> Result<()> {
         self.call(&Request::StreamDestroy { stream }).map(drop)

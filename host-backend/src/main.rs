@@ -641,6 +641,7 @@ fn run(cli: Cli) -> Result<()> {
                 sync_20us: n(10_000.0),
                 async_launches: 10_000,
                 copies: n(10.0),
+                probes: n(5.0),
             };
             bench::overhead::run(executor, sizes, pin, graph_launches)
         }

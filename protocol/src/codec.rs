@@ -33,6 +33,10 @@ impl<'a> Writer<'a> {
     pub fn u64(&mut self, v: u64) {
         self.put(&v.to_le_bytes());
     }
+    /// Writes bytes as they are.
+    pub fn bytes(&mut self, b: &[u8]) {
+        self.put(b);
+    }
 }
 
 /// Reads fields in order; running off the end is [`ProtoError::Truncated`].

@@ -23,6 +23,7 @@ pub mod op;
 mod reply;
 mod request;
 pub mod status;
+pub mod stream_attr;
 pub mod tensor_map;
 mod values;
 

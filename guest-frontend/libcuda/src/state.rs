@@ -104,9 +104,6 @@ pub(crate) struct Objects {
     pub mapped_allocs: HashMap<u64, u64>,
     /// Streams made here, with their flags and priorities.
     pub streams: HashMap<u64, (u32, i32)>,
-    /// Stream attributes set (`CUstreamAttrID`, the 64-byte value): hints
-    /// kept to be read back.
-    pub stream_attrs: HashMap<(u64, u32), [u8; 64]>,
     /// Loaded modules (and libraries, which are modules here), with the
     /// module globals looked up in each.
     pub modules: HashMap<u64, Vec<u64>>,

@@ -15,6 +15,7 @@ use cudarc::driver::sys::{CUcontext, CUdevice, CUevent, CUstream};
 use crate::context::{current, need_ctx};
 use crate::state::{driver, gpu, objects, out};
 use crate::{code, CuResult};
+use protocol::stream_attr::{self, StreamAttr, RAW_LEN};
 
 /// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`.
 const LEGACY: u64 = 0x1;
@@ -124,60 +125,48 @@ fn wait_flags(st: CUstream, e: CUevent, flags: u32) -> Result<(), CuResult> {
     gpu(|g| g.stream_wait_event(h, e as u64, flags))
 }
 
-/// `CUstreamAttrID`s: the access policy window, synchronization policy,
-/// priority and memory synchronization domains, all hints to the device's
-/// scheduling and caches.
-const STREAM_ATTRS: [u32; 5] = [1, 3, 8, 9, 10];
-const PRIORITY_ATTR: u32 = 8;
+/// A stream attribute from the first bytes of a `CUstreamAttrValue`.
+fn read_attr(attr: c_uint, value: *const [u8; 64]) -> Result<StreamAttr, CuResult> {
+    if value.is_null() {
+        return Err(code::INVALID_VALUE);
+    }
+    // SAFETY: a 64-byte CUstreamAttrValue (API contract).
+    let v = unsafe { value.read_unaligned() };
+    let mut raw = [0u8; RAW_LEN];
+    raw.copy_from_slice(&v[..RAW_LEN]);
+    StreamAttr::from_raw(attr, &raw).map_err(|_| code::INVALID_VALUE)
+}
 
 export! {
-    /// Stream attributes shape caching and scheduling only: they are kept
-    /// (to be read back and copied) and not forwarded.
+    /// Stream attributes (the L2 access policy window, the priority, the
+    /// memory synchronization domains, the synchronization policy) are
+    /// set on the host's stream, which applies them to every kernel
+    /// launched into it, and read back from it.
     fn cuStreamSetAttribute [cuStreamSetAttribute_ptsz per_thread] (st: CUstream, attr: c_uint, value: *const [u8; 64]) {
         need_ctx()?;
         let h = resolve(st)?;
-        if !STREAM_ATTRS.contains(&attr) || value.is_null() {
-            return Err(code::INVALID_VALUE);
-        }
-        // SAFETY: a 64-byte CUstreamAttrValue (API contract).
-        let v = unsafe { value.read_unaligned() };
-        objects()?.stream_attrs.insert((h, attr), v);
-        Ok(())
+        let a = read_attr(attr, value)?;
+        gpu(|g| g.stream_set_attribute(h, a))
     }
 
     fn cuStreamGetAttribute [cuStreamGetAttribute_ptsz per_thread] (st: CUstream, attr: c_uint, value: *mut [u8; 64]) {
         need_ctx()?;
         let h = resolve(st)?;
-        if !STREAM_ATTRS.contains(&attr) || value.is_null() {
+        if !stream_attr::id::ALL.contains(&attr) || value.is_null() {
             return Err(code::INVALID_VALUE);
         }
-        let o = objects()?;
-        let v = match o.stream_attrs.get(&(h, attr)) {
-            Some(v) => *v,
-            None => {
-                let mut v = [0u8; 64];
-                if attr == PRIORITY_ATTR {
-                    let p = o.streams.get(&h).map_or(0, |s| s.1);
-                    v[..4].copy_from_slice(&p.to_le_bytes());
-                }
-                v
-            }
-        };
+        let a = gpu(|g| g.stream_attribute(h, attr))?;
+        let mut v = [0u8; 64];
+        v[..RAW_LEN].copy_from_slice(&a.to_raw());
         out(value, v)
     }
 
     fn cuStreamCopyAttributes [cuStreamCopyAttributes_ptsz per_thread] (dst: CUstream, src: CUstream) {
         need_ctx()?;
         let (d, s) = (resolve(dst)?, resolve(src)?);
-        let mut o = objects()?;
-        let copied: Vec<(u32, [u8; 64])> = o
-            .stream_attrs
-            .iter()
-            .filter(|((st, _), _)| *st == s)
-            .map(|((_, a), v)| (*a, *v))
-            .collect();
-        for (a, v) in copied {
-            o.stream_attrs.insert((d, a), v);
+        for attr in stream_attr::id::ALL {
+            let a = gpu(|g| g.stream_attribute(s, attr))?;
+            gpu(|g| g.stream_set_attribute(d, a))?;
         }
         Ok(())
     }

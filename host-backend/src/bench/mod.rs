@@ -8,6 +8,7 @@ pub mod hogs;
 pub mod hostile;
 pub mod migrate;
 pub mod overhead;
+mod overhead_probes;
 pub mod placement;
 pub mod recovery;
 pub mod ring;

@@ -18,6 +18,7 @@ use crate::demo::KERNELS_PTX;
 use crate::executor::{Context, Handle, Launch, Queued};
 use crate::worker::{spawn, WorkerConfig};
 
+use super::overhead_probes as probes;
 use super::percentile;
 
 const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
@@ -35,6 +36,16 @@ pub struct Sizes {
     pub async_launches: usize,
     /// 64 MiB copy repetitions (each way).
     pub copies: usize,
+    /// Runs of the 32-stream probe, and repetitions of each copy of
+    /// `overhead_probes` (each way).
+    pub probes: usize,
+}
+
+/// What `overhead_probes` measured on one path: the 32-stream probe's
+/// seconds, and (htod, dtoh) seconds per copy size.
+struct Probes {
+    hyperq: f64,
+    copies: Vec<(f64, f64)>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -308,9 +319,14 @@ pub fn run(
         };
         let native = measure(&mut t, n, false)?;
         t.as_worker = true;
-        (native, measure(&mut t, n, true)?)
+        let as_worker = measure(&mut t, n, true)?;
+        let probes = Probes {
+            hyperq: probes::hyperq_native(&mut *t.ctx, spin, n.probes)?,
+            copies: probes::copies_native(&mut *t.ctx, n.probes)?,
+        };
+        (native, as_worker, probes)
     };
-    let (native, as_worker) = native;
+    let (native, as_worker, native_probes) = native;
 
     // Remoted, through a worker on its own thread of this process.
     let dir = std::env::temp_dir().join(format!("fairvgpu-overhead-{}", std::process::id()));
@@ -335,6 +351,10 @@ pub fn run(
         let spin = gpu.get_function(m, "spin_ns")?;
         let mut t = Remote { gpu, empty, spin };
         let times = measure(&mut t, n, false)?;
+        let probes = Probes {
+            hyperq: probes::hyperq_remote(&mut t.gpu, &t.spin, n.probes)?,
+            copies: probes::copies_remote(&mut t.gpu, n.probes)?,
+        };
         let splits = t.gpu.copy_split_counts();
         let threads = t.gpu.copy_threads();
         (
@@ -342,9 +362,10 @@ pub fn run(
             copy_threads_ab(&mut t.gpu, n.copies)?,
             splits,
             threads,
+            probes,
         )
     };
-    let (remote, ab, (splits, helped), copy_threads) = remote;
+    let (remote, ab, (splits, helped), copy_threads, remote_probes) = remote;
     let batched = running.stats.batched_launches.load(Ordering::Relaxed);
     let dtoh_gbps = running.stats.dtoh_bytes.load(Ordering::Relaxed) as f64
         / running.stats.dtoh_ns.load(Ordering::Relaxed).max(1) as f64;
@@ -423,13 +444,34 @@ pub fn run(
         ("dtoh median (ms), 1 vs 2", ab[0].1 * 1e3, ab[1].1 * 1e3),
     ]);
     let copy = (remote.htod_med + remote.dtoh_med) / (native.htod_med + native.dtoh_med);
+    let (np, rp) = (&native_probes, &remote_probes);
     println!(
-        "overhead_sync_empty={:.3} overhead_sync_20us={:.3} overhead_async_20us={:.3} overhead_copy={:.3} transport_sync_20us={:.3}",
+        "{} streams x 2 kernels of 10 ms, and pageable copies (rate ratio: native time / remoted time):",
+        probes::STREAMS
+    );
+    print_rows(&[("32-stream probe (ms)", np.hyperq * 1e3, rp.hyperq * 1e3)]);
+    // Copies as a rate against native: >= 1 is at least native speed.
+    let mut rates = String::new();
+    for (i, (name, _)) in probes::COPY_SIZES.iter().enumerate() {
+        let (n, r) = (np.copies[i], rp.copies[i]);
+        print_rows(&[
+            (&format!("{name} htod pageable (ms)"), n.0 * 1e3, r.0 * 1e3),
+            (&format!("{name} dtoh pageable (ms)"), n.1 * 1e3, r.1 * 1e3),
+        ]);
+        rates += &format!(
+            " h2d_pageable_{name}={:.3} d2h_pageable_{name}={:.3}",
+            n.0 / r.0,
+            n.1 / r.1
+        );
+    }
+    println!(
+        "overhead_sync_empty={:.3} overhead_sync_20us={:.3} overhead_async_20us={:.3} overhead_copy={:.3} transport_sync_20us={:.3} hyperq_ratio={:.3}{rates}",
         remote.sync_empty_mean / native.sync_empty_mean,
         remote.sync_20us_mean / native.sync_20us_mean,
         remote.async_20us_total / native.async_20us_total,
         copy,
-        remote.sync_20us_mean / as_worker.sync_20us_mean
+        remote.sync_20us_mean / as_worker.sync_20us_mean,
+        rp.hyperq / np.hyperq,
     );
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use protocol::stream_attr::StreamAttr;
 use protocol::{DeviceInfo, Dim3, ImageKind, Param, Status};
 use vm_memory::VolatileSlice;
 
@@ -395,6 +396,11 @@ pub trait Context: Send {
     ) -> Result<(), Status>;
     /// Destroys a stream.
     fn stream_destroy(&mut self, stream: Handle) -> Result<(), Status>;
+    /// Sets an attribute of a stream (0: the default stream); every kernel
+    /// launched into it after runs with it, as natively.
+    fn stream_set_attribute(&mut self, stream: Handle, attr: StreamAttr) -> Result<(), Status>;
+    /// A stream's attribute `id` (one of `stream_attr::id::ALL`).
+    fn stream_attribute(&mut self, stream: Handle, id: u32) -> Result<StreamAttr, Status>;
     /// Waits for a stream (0: the default stream).
     fn stream_synchronize(&mut self, stream: Handle) -> Result<(), Status>;
     /// Whether a stream is idle.

@@ -807,6 +807,25 @@ pub(super) fn handle(
             let r = s.ctx.set_limit(limit, value);
             reply(sh, c, tag, opc, unit(r), &[])
         }
+        Request::StreamSetAttribute { stream, attr } => {
+            let r = s.check_stream(stream);
+            let r = r.and_then(|()| s.ctx.stream_set_attribute(stream, attr));
+            reply(sh, c, tag, opc, unit(r), &[])
+        }
+        Request::StreamGetAttribute { stream, attr } => {
+            let r = s.check_stream(stream);
+            let r = r
+                .and_then(|()| s.ctx.stream_attribute(stream, attr))
+                .map(|a| {
+                    let raw = a.to_raw();
+                    let mut vals = [0u64; 4];
+                    for (v, b) in vals.iter_mut().zip(raw.chunks_exact(8)) {
+                        *v = u64::from_le_bytes(b.try_into().unwrap_or_default());
+                    }
+                    Reply { vals }
+                });
+            reply(sh, c, tag, opc, r, &[])
+        }
         Request::StreamDestroy { stream } => {
             let r = if stream == 0 {
                 Err(Status::InvalidHandle)

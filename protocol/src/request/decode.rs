@@ -367,6 +367,25 @@ impl Request {
                 limit: check_len("limit", u64::from(r.u32()?), u64::from(MAX_LIMIT))? as u32,
                 value: check_len("value", r.u64()?, MAX_LEN)?,
             },
+            op::STREAM_SET_ATTRIBUTE => {
+                use crate::stream_attr::{StreamAttr, RAW_LEN};
+                let stream = r.u64()?;
+                let id = r.u32()?;
+                let mut raw = [0u8; RAW_LEN];
+                raw.copy_from_slice(r.bytes(RAW_LEN)?);
+                StreamSetAttribute {
+                    stream,
+                    attr: StreamAttr::from_raw(id, &raw)?,
+                }
+            }
+            op::STREAM_GET_ATTRIBUTE => {
+                let stream = r.u64()?;
+                let attr = r.u32()?;
+                if !crate::stream_attr::id::ALL.contains(&attr) {
+                    return Err(bad("attr", format!("unknown stream attribute {attr}")));
+                }
+                StreamGetAttribute { stream, attr }
+            }
             op::STREAM_DESTROY => StreamDestroy { stream: r.u64()? },
             op::STREAM_SYNCHRONIZE => StreamSynchronize { stream: r.u64()? },
             op::STREAM_QUERY => StreamQuery { stream: r.u64()? },
@@ -601,6 +620,23 @@ mod tests {
                 limit: 2,
                 value: 1 << 26,
             },
+            Request::StreamSetAttribute {
+                stream: 2,
+                attr: stream_attr::StreamAttr::AccessPolicyWindow(
+                    stream_attr::AccessPolicyWindow {
+                        base: 0x7f00_0000_0000,
+                        bytes: 4 << 20,
+                        hit_ratio_bits: 0.75f32.to_bits(),
+                        hit_prop: 2,
+                        miss_prop: 1,
+                    },
+                ),
+            },
+            Request::StreamSetAttribute {
+                stream: 0,
+                attr: stream_attr::StreamAttr::Priority(-2),
+            },
+            Request::StreamGetAttribute { stream: 2, attr: 8 },
             Request::StreamDestroy { stream: 2 },
             Request::StreamSynchronize { stream: 2 },
             Request::StreamQuery { stream: 2 },
@@ -975,6 +1011,28 @@ mod tests {
         assert!(matches!(
             Request::decode(op::VGPU_STATUS, &b),
             Err(ProtoError::BadField { field: "first", .. })
+        ));
+        // A stream attribute the host does not take, or a bad value.
+        for (opc, attr) in [
+            (op::STREAM_SET_ATTRIBUTE, 2u32),
+            (op::STREAM_GET_ATTRIBUTE, 11),
+        ] {
+            let mut b = [0u8; INLINE];
+            b[8..12].copy_from_slice(&attr.to_le_bytes());
+            assert!(matches!(
+                Request::decode(opc, &b),
+                Err(ProtoError::BadField { field: "attr", .. })
+            ));
+        }
+        let mut b = [0u8; INLINE];
+        b[8..12].copy_from_slice(&stream_attr::id::ACCESS_POLICY_WINDOW.to_le_bytes());
+        b[12 + 16..12 + 20].copy_from_slice(&2.0f32.to_le_bytes());
+        assert!(matches!(
+            Request::decode(op::STREAM_SET_ATTRIBUTE, &b),
+            Err(ProtoError::BadField {
+                field: "hit_ratio",
+                ..
+            })
         ));
         // An array copy with no array at either end.
         let b = [0u8; INLINE];

@@ -203,6 +203,15 @@ impl Request {
                 w.u32(limit);
                 w.u64(value);
             }
+            StreamSetAttribute { stream, attr } => {
+                w.u64(stream);
+                w.u32(attr.id());
+                w.bytes(&attr.to_raw());
+            }
+            StreamGetAttribute { stream, attr } => {
+                w.u64(stream);
+                w.u32(attr);
+            }
             StreamDestroy { stream } | StreamSynchronize { stream } | StreamQuery { stream } => {
                 w.u64(stream)
             }

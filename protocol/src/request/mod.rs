@@ -353,6 +353,22 @@ pub enum Request {
         /// Its value.
         value: u64,
     },
+    /// Sets an attribute of a stream (`cuStreamSetAttribute`): the host's
+    /// stream takes it, and so every kernel launched into it.
+    StreamSetAttribute {
+        /// Stream handle (0: the default stream).
+        stream: u64,
+        /// The attribute and its value, checked.
+        attr: crate::stream_attr::StreamAttr,
+    },
+    /// An attribute of a stream as the host's stream has it (reply: the
+    /// value's [`crate::stream_attr::RAW_LEN`] bytes in `vals`, little-endian).
+    StreamGetAttribute {
+        /// Stream handle (0: the default stream).
+        stream: u64,
+        /// One of [`crate::stream_attr::id::ALL`].
+        attr: u32,
+    },
     /// Destroy a stream.
     StreamDestroy {
         /// Stream handle.
@@ -594,6 +610,8 @@ impl Request {
             Link { .. } => op::LINK,
             Launch { .. } => op::LAUNCH,
             StreamCreate { .. } => op::STREAM_CREATE,
+            StreamSetAttribute { .. } => op::STREAM_SET_ATTRIBUTE,
+            StreamGetAttribute { .. } => op::STREAM_GET_ATTRIBUTE,
             StreamDestroy { .. } => op::STREAM_DESTROY,
             StreamSynchronize { .. } => op::STREAM_SYNCHRONIZE,
             StreamQuery { .. } => op::STREAM_QUERY,

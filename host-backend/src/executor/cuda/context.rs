@@ -7,6 +7,7 @@ use std::ffi::CString;
 use std::ptr::null_mut;
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice};
+use protocol::stream_attr::StreamAttr;
 use protocol::{Dim3, ImageKind, Param, Status};
 use vm_memory::VolatileSlice;
 
@@ -50,10 +51,7 @@ pub(super) enum Obj {
         local: sys::CUevent,
     },
     /// The image is kept to load the module again on another GPU.
-    Module {
-        raw: sys::CUmodule,
-        image: Vec<u8>,
-    },
+    Module { raw: sys::CUmodule, image: Vec<u8> },
     Function {
         raw: sys::CUfunction,
         module: Handle,
@@ -108,6 +106,8 @@ pub(super) struct CudaContext {
     pub(super) sliced: std::collections::HashMap<Handle, Option<sys::CUfunction>>,
     /// Graph templates for runs of queued launches (see `batch`).
     pub(super) templates: batch::Templates,
+    /// The guest's stream attributes (see `stream_attrs.rs`).
+    pub(super) stream_attrs: super::stream_attrs::StreamAttrs,
     /// Marks the worker waits on: their events, one per stream marked.
     pub(super) marks: std::collections::HashMap<crate::executor::Marker, Vec<sys::CUevent>>,
     pub(super) next_mark: crate::executor::Marker,
@@ -181,6 +181,7 @@ impl CudaContext {
             period: None,
             sliced: Default::default(),
             templates: batch::Templates::new(graphs),
+            stream_attrs: Default::default(),
             marks: Default::default(),
             next_mark: 0,
             copy: null_mut(),
@@ -323,6 +324,7 @@ impl CudaContext {
         // SAFETY: no arguments; our context is current.
         check(unsafe { sys::cuCtxSynchronize() })?;
         self.templates.clear();
+        self.reset_stream_attrs()?;
         self.sliced.clear();
         for (_, g) in std::mem::take(&mut self.graphs) {
             g.destroy();
@@ -646,6 +648,14 @@ impl Context for CudaContext {
 
     fn stream_destroy(&mut self, s: Handle) -> Result<(), Status> {
         CudaContext::stream_destroy(self, s)
+    }
+
+    fn stream_set_attribute(&mut self, s: Handle, attr: StreamAttr) -> Result<(), Status> {
+        CudaContext::stream_set_attribute(self, s, attr)
+    }
+
+    fn stream_attribute(&mut self, s: Handle, attr: u32) -> Result<StreamAttr, Status> {
+        CudaContext::stream_attribute(self, s, attr)
     }
 
     fn stream_synchronize(&mut self, s: Handle) -> Result<(), Status> {

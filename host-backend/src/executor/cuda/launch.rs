@@ -86,11 +86,20 @@ impl CudaContext {
                 })
             })
             .collect();
+        // A stream's attributes reach kernels launched into it, not a
+        // graph's nodes (see `stream_attrs.rs`).
+        let nodes = nodes.and_then(|n| {
+            if self.stream_attrs.shapes_kernels(s) {
+                Err(Status::NotSupported)
+            } else {
+                Ok(n)
+            }
+        });
         if let Ok(mut nodes) = nodes {
             // SAFETY: our context is current (bound by the caller); each
             // node's function is a live function of it with `ptrs` made by
-            // its parameter sizes; `st` is a stream of it.
-            if unsafe { self.templates.launch(st, &mut nodes) } {
+            // its parameter sizes; `st` is its stream `s`.
+            if unsafe { self.templates.launch(st, s, &mut nodes) } {
                 return Ok(());
             }
         }

@@ -507,6 +507,11 @@ impl CudaContext {
         // mark left is passed; its events went with the old context.
         self.marks.clear();
         self.copy = null_mut();
+        // The guest's stream attributes, on the new streams (a hint to the
+        // device: one the target refuses is not worth failing the move).
+        if let Err(e) = self.bind().and_then(|()| self.apply_stream_attrs()) {
+            tracing::debug!("stream attributes not set again after the move: {e:?}");
+        }
         Ok(Moved { bytes, allocations })
     }
 

@@ -31,6 +31,7 @@ mod memory;
 mod migrate;
 mod module;
 mod stream;
+mod stream_attrs;
 mod tensor_map;
 mod timing;
 mod vmm;

@@ -53,6 +53,8 @@ impl CudaContext {
         // SAFETY: a stream of this context, destroyed once.
         check(unsafe { sys::cuStreamDestroy_v2(st) })?;
         self.objs.remove(&s);
+        self.templates.forget_stream(s);
+        self.stream_attrs.forget(s);
         Ok(())
     }
 

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use protocol::stream_attr::StreamAttr;
 use protocol::{Dim3, ImageKind, Param, Status};
 use vm_memory::VolatileSlice;
 
@@ -57,6 +58,9 @@ pub(super) struct SimContext {
     /// contexts of the worker that opened it by IPC handle).
     pub(super) events: HashMap<Handle, SimEvent>,
     pub(super) streams: HashMap<Handle, Instant>,
+    /// Stream attributes set (and each stream's priority), by stream and
+    /// `CUstreamAttrID`; unset ones read their defaults.
+    pub(super) stream_attrs: HashMap<(Handle, u32), StreamAttr>,
     /// Context limits set (`CUlimit` -> value); unset ones read their defaults.
     pub(super) limits: HashMap<u32, u64>,
     /// Marks the worker waits on: when the queue passes each.
@@ -312,6 +316,7 @@ impl Context for SimContext {
         self.functions.clear();
         self.events.clear();
         self.streams.clear();
+        self.stream_attrs.clear();
         self.limits.clear();
         self.marks.clear();
         self.timings.clear();
@@ -687,10 +692,47 @@ impl Context for SimContext {
         (Instant::now() >= b).then(|| b.saturating_duration_since(a).as_nanos() as u64)
     }
 
-    fn stream_create(&mut self, _flags: u32, _priority: i32) -> Result<Handle, Status> {
+    fn stream_create(&mut self, _flags: u32, priority: i32) -> Result<Handle, Status> {
         let h = self.handle();
         self.streams.insert(h, Instant::now());
+        // Clamped to the H100's range, as the driver does.
+        let p = StreamAttr::Priority(priority.clamp(-5, 0));
+        self.stream_attrs.insert((h, p.id()), p);
         Ok(h)
+    }
+
+    fn stream_set_attribute(&mut self, stream: Handle, attr: StreamAttr) -> Result<(), Status> {
+        self.alive()?;
+        if stream != 0 && !self.streams.contains_key(&stream) {
+            return Err(Status::InvalidHandle);
+        }
+        let attr = match attr {
+            StreamAttr::Priority(p) => StreamAttr::Priority(p.clamp(-5, 0)),
+            a => a,
+        };
+        self.stream_attrs.insert((stream, attr.id()), attr);
+        Ok(())
+    }
+
+    fn stream_attribute(&mut self, stream: Handle, id: u32) -> Result<StreamAttr, Status> {
+        if stream != 0 && !self.streams.contains_key(&stream) {
+            return Err(Status::InvalidHandle);
+        }
+        if let Some(&a) = self.stream_attrs.get(&(stream, id)) {
+            return Ok(a);
+        }
+        use protocol::stream_attr::id;
+        Ok(match id {
+            id::ACCESS_POLICY_WINDOW => StreamAttr::AccessPolicyWindow(Default::default()),
+            id::SYNCHRONIZATION_POLICY => StreamAttr::SyncPolicy(1),
+            id::PRIORITY => StreamAttr::Priority(0),
+            id::MEM_SYNC_DOMAIN_MAP => StreamAttr::MemSyncDomainMap {
+                default: 0,
+                remote: 1,
+            },
+            id::MEM_SYNC_DOMAIN => StreamAttr::MemSyncDomain(0),
+            _ => return Err(Status::InvalidValue),
+        })
     }
 
     fn stream_wait_event(
@@ -762,6 +804,7 @@ impl Context for SimContext {
     }
 
     fn stream_destroy(&mut self, stream: Handle) -> Result<(), Status> {
+        self.stream_attrs.retain(|&(s, _), _| s != stream);
         self.streams
             .remove(&stream)
             .map(drop)

@@ -209,6 +209,7 @@ impl SimExecutor {
             modules: HashMap::new(),
             functions: HashMap::new(),
             func_attrs: HashMap::new(),
+            stream_attrs: HashMap::new(),
             events: HashMap::new(),
             streams: HashMap::new(),
             limits: HashMap::new(),
