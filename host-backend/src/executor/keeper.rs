@@ -17,6 +17,10 @@ pub enum Keeper {
     /// A graph with conditional nodes, or the scope of one: its handles
     /// are the driver's values, held by the guest's kernels.
     ConditionalGraph,
+    /// Physical memory shared with another process of the VM through a
+    /// shareable handle (exported or imported): both hold the same memory,
+    /// which one of them cannot take to another GPU alone.
+    SharedHandle,
     /// Something the executor does not know how to make again.
     Other,
 }
@@ -29,6 +33,7 @@ impl Keeper {
             Keeper::TextureObject => 2,
             Keeper::Array => 3,
             Keeper::ConditionalGraph => 4,
+            Keeper::SharedHandle => 5,
             Keeper::Other => 127,
         }
     }
@@ -41,6 +46,7 @@ impl Keeper {
             2 => Some(Keeper::TextureObject),
             3 => Some(Keeper::Array),
             4 => Some(Keeper::ConditionalGraph),
+            5 => Some(Keeper::SharedHandle),
             _ => Some(Keeper::Other),
         }
     }
@@ -57,6 +63,9 @@ impl Keeper {
             Keeper::Array => "a CUDA array",
             Keeper::ConditionalGraph => {
                 "a graph with conditional nodes (its handles are the driver's, held by the guest)"
+            }
+            Keeper::SharedHandle => {
+                "VMM memory shared with another process through a shareable handle"
             }
             Keeper::Other => "an object the executor cannot make again on another GPU",
         }
@@ -80,6 +89,7 @@ mod tests {
             Keeper::TextureObject,
             Keeper::Array,
             Keeper::ConditionalGraph,
+            Keeper::SharedHandle,
             Keeper::Other,
         ] {
             assert_eq!(Keeper::from_code(k.code()), Some(k));
