@@ -199,9 +199,11 @@ static void attributes(void) {
     CK(cuDeviceGetAttribute(&v, 107, 0)); /* GENERIC_COMPRESSION_SUPPORTED */
     EXPECT("no generic compression", v == 0);
     CK(cuDeviceGetAttribute(&v, 103, 0)); /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
-    EXPECT("no VMM handles as file descriptors", v == 0);
+    EXPECT("VMM handles as file descriptors", v == 1);
     CK(cuDeviceGetAttribute(&v, 119, 0)); /* MEMPOOL_SUPPORTED_HANDLE_TYPES */
-    EXPECT("no shareable memory pool handles", v == 0);
+    EXPECT("memory pools shareable as file descriptors only", v == 1);
+    CK(cuDeviceGetAttribute(&v, 128, 0)); /* HANDLE_TYPE_FABRIC_SUPPORTED */
+    EXPECT("no fabric handles", v == 0);
 }
 
 int main(int argc, char **argv) {
