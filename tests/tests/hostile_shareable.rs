@@ -139,10 +139,6 @@ fn forged_vmm_shareable_handles_reach_nothing_not_handed_over() {
     assert_eq!(used(&host), G, "still held by the importer");
     evil.memcpy_dtoh(&mut buf, eva + 4096, 0).unwrap();
     assert!(buf.iter().all(|&b| b == 6));
-    refused(
-        req(&mut evil, Request::VmmImport { token: t }),
-        "a token of memory its exporter released",
-    );
     unmap(&mut evil, eva);
     // The exporter's count settles at its next request.
     victim.synchronize().unwrap();

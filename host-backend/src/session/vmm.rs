@@ -93,9 +93,11 @@ impl Vmm {
         self.phys.get(&handle).filter(|p| p.refs > 0).map(|p| p.size)
     }
 
-    /// Holds `handle` once more (imported again); whether the guest held it.
+    /// Holds `handle` once more (imported again, as the driver gives a
+    /// handle of memory the process still maps even after releasing its
+    /// last one); whether the memory is still the guest's.
     pub fn hold(&mut self, handle: Handle) -> bool {
-        match self.phys.get_mut(&handle).filter(|p| p.refs > 0) {
+        match self.phys.get_mut(&handle) {
             Some(p) => p.refs.checked_add(1).map(|r| p.refs = r).is_some(),
             None => false,
         }
