@@ -4,7 +4,8 @@
 //! and a graph kept on the host. The vGPU moves GPU 0 -> 1 -> 0 -> 1 while
 //! the guest runs rounds of that work, and every round's results are what
 //! they would have been had it stayed. A guest holding a CUDA array is
-//! refused a move, and the refusal names the array and the target GPU.
+//! refused a move, and the refusal names the array and the target GPU; so
+//! are guests sharing VMM memory through a shareable handle.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -200,4 +201,28 @@ fn a_guest_holding_a_cuda_array_stays_and_the_refusal_names_it() {
     assert_eq!(code, 200, "{body}");
     gpu.memcpy_dtoh(&mut back, buf, 0).unwrap();
     assert_eq!(back, [7u8; 64]);
+}
+
+#[test]
+fn guests_sharing_vmm_memory_stay_and_the_refusal_names_it() {
+    use protocol::VMM_GRANULARITY as G;
+    let d = daemon("migration-shared");
+    let mut a = Gpu::connect_with(&d.socket("mover"), TEST_SPIN).unwrap();
+    let mut b = Gpu::connect_with(&d.socket("mover"), TEST_SPIN).unwrap();
+    let h = a.request(&Request::VmmCreate { size: G }).unwrap().vals[0];
+    let token = a.request(&Request::VmmExport { handle: h }).unwrap().vals[0];
+    let (code, body) = migrate(&d, 1);
+    assert_eq!(code, 409, "exported: {body}");
+    let imported = b.request(&Request::VmmImport { token }).unwrap().vals[0];
+    let (code, body) = migrate(&d, 1);
+    assert_eq!(code, 409, "{body}");
+    let text = body.to_string();
+    assert!(text.contains("shareable handle"), "{text}");
+    assert!(text.contains("stays on GPU 0"), "{text}");
+    assert_eq!(d.vgpu("mover").unwrap()["gpu"], 0);
+    // Once neither holds the shared memory, the vGPU moves.
+    b.request(&Request::VmmRelease { handle: imported }).unwrap();
+    a.request(&Request::VmmRelease { handle: h }).unwrap();
+    let (code, body) = migrate(&d, 1);
+    assert_eq!(code, 200, "{body}");
 }
