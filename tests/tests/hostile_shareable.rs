@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fairvgpu_tests::Host;
-use guest_frontend::{GuestError, Gpu};
+use guest_frontend::{Gpu, GuestError};
 use protocol::{Request, Status, VMM_GRANULARITY as G};
 
 fn req(g: &mut Gpu, r: Request) -> Result<[u64; 4], GuestError> {
@@ -83,7 +83,10 @@ fn forged_vmm_shareable_handles_reach_nothing_not_handed_over() {
         "export of another's handle",
     );
     for token in [1, u64::MAX, h, vva] {
-        refused(req(&mut evil, Request::VmmImport { token }), "made-up token");
+        refused(
+            req(&mut evil, Request::VmmImport { token }),
+            "made-up token",
+        );
     }
 
     // Handed over: the same memory, counted once.
@@ -210,13 +213,22 @@ fn forged_pool_tokens_import_nothing_not_exported_from_the_pool() {
         "a pointer through a pool not imported",
     );
     for token in [1, u64::MAX, t] {
-        refused(req(&mut evil, Request::PoolImport { token }), "made-up pool");
+        refused(
+            req(&mut evil, Request::PoolImport { token }),
+            "made-up pool",
+        );
     }
     req(&mut evil, Request::PoolImport { token: pt }).unwrap();
     // Memory exported as plain IPC memory is not the pool's.
     let [tq, ..] = req(&mut victim, Request::IpcExport { ptr: q }).unwrap();
     refused(
-        req(&mut evil, Request::PoolImportPointer { pool: pt, token: tq }),
+        req(
+            &mut evil,
+            Request::PoolImportPointer {
+                pool: pt,
+                token: tq,
+            },
+        ),
         "IPC memory not of the pool",
     );
     refused(

@@ -221,7 +221,8 @@ fn guests_sharing_vmm_memory_stay_and_the_refusal_names_it() {
     assert!(text.contains("stays on GPU 0"), "{text}");
     assert_eq!(d.vgpu("mover").unwrap()["gpu"], 0);
     // Once neither holds the shared memory, the vGPU moves.
-    b.request(&Request::VmmRelease { handle: imported }).unwrap();
+    b.request(&Request::VmmRelease { handle: imported })
+        .unwrap();
     a.request(&Request::VmmRelease { handle: h }).unwrap();
     let (code, body) = migrate(&d, 1);
     assert_eq!(code, 200, "{body}");

@@ -175,7 +175,13 @@ pub(crate) fn opened_range(base: u64, size: u64) -> Result<(), CuResult> {
         if !crate::reserve::reserve(base, size) {
             crate::log_once("opened IPC memory overlaps this process's own memory");
         }
-        objects()?.ranges.insert(base, Range { size, kind: RangeKind::Imported });
+        objects()?.ranges.insert(
+            base,
+            Range {
+                size,
+                kind: RangeKind::Imported,
+            },
+        );
     }
     Ok(())
 }

@@ -393,7 +393,8 @@ impl PtrExportData {
         if &b[..8] != PTR_MAGIC {
             return None;
         }
-        let v = |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().unwrap_or_default());
+        let v =
+            |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().unwrap_or_default());
         (v(0) != 0 && v(3) != 0).then(|| (v(0), v(3)))
     }
 }
@@ -531,7 +532,11 @@ mod tests {
         let d = PtrExportData::new(0xfeed, 0x7f00_0000_0000, 4096, 0xbeef);
         assert_eq!(d.tokens(), Some((0xfeed, 0xbeef)));
         assert_eq!(PtrExportData { reserved: [0; 64] }.tokens(), None, "zeroed");
-        assert_eq!(PtrExportData::new(0xfeed, 1, 1, 0).tokens(), None, "no pool");
+        assert_eq!(
+            PtrExportData::new(0xfeed, 1, 1, 0).tokens(),
+            None,
+            "no pool"
+        );
         let mut other = d;
         other.reserved[3] ^= 1;
         assert_eq!(other.tokens(), None, "not ours");

@@ -22,7 +22,8 @@ use crate::{code, CuResult};
 const MAGIC: &[u8; 8] = b"fvgshr01";
 
 /// The seals every handle of ours carries: its content never changes.
-const SEALS: c_int = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+const SEALS: c_int =
+    libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
 
 /// What a handle names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +57,8 @@ impl Content {
         if &b[..8] != MAGIC {
             return None;
         }
-        let v = |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().unwrap_or_default());
+        let v =
+            |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().unwrap_or_default());
         let c = Content {
             kind,
             token: v(1),
@@ -131,7 +133,11 @@ mod tests {
         };
         let fd = make(c).unwrap();
         assert_eq!(read(fd, Kind::Vmm), Ok(c));
-        assert_eq!(read(fd, Kind::Pool), Err(code::INVALID_VALUE), "another kind");
+        assert_eq!(
+            read(fd, Kind::Pool),
+            Err(code::INVALID_VALUE),
+            "another kind"
+        );
         // SAFETY: a plain write attempt on our descriptor; sealed, it fails.
         let w = unsafe { libc::pwrite(fd, b"x".as_ptr().cast(), 1, 0) };
         assert_eq!(w, -1, "sealed against writes");
@@ -166,11 +172,7 @@ mod tests {
         assert_eq!(unsafe { libc::pwrite(fd, b.as_ptr().cast(), 64, 0) }, 64);
         assert_eq!(read(fd, Kind::Vmm), Err(code::INVALID_VALUE), "not sealed");
         close(fd);
-        assert_eq!(
-            Content::parse(&[0; 64], Kind::Vmm),
-            None,
-            "no magic"
-        );
+        assert_eq!(Content::parse(&[0; 64], Kind::Vmm), None, "no magic");
         let mut zero = Content {
             kind: Kind::Pool,
             token: 1,

@@ -98,7 +98,9 @@ impl Shares {
     /// Whether it imported the pool `token` names and the pool is still
     /// exported.
     pub fn has_pool(&self, token: u64) -> bool {
-        self.pools_imported.get(&token).is_some_and(|e| e.is_alive())
+        self.pools_imported
+            .get(&token)
+            .is_some_and(|e| e.is_alive())
     }
 
     /// Whether it holds any shareable handle, exported or imported (such

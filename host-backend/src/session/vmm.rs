@@ -90,7 +90,10 @@ impl Vmm {
 
     /// The size of the memory of `handle`, if the guest holds it.
     pub fn held(&self, handle: Handle) -> Option<u64> {
-        self.phys.get(&handle).filter(|p| p.refs > 0).map(|p| p.size)
+        self.phys
+            .get(&handle)
+            .filter(|p| p.refs > 0)
+            .map(|p| p.size)
     }
 
     /// Holds `handle` once more (imported again, as the driver gives a

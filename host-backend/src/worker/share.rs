@@ -47,10 +47,7 @@ pub(super) fn handle(
             vmm_import(sh, s, token),
             "import of a token no process of the VM exports",
         ),
-        Request::PoolExport { pool } => (
-            pool_export(sh, s, pool),
-            "one pool export too many",
-        ),
+        Request::PoolExport { pool } => (pool_export(sh, s, pool), "one pool export too many"),
         Request::PoolImport { token } => (
             pool_import(sh, s, token),
             "import of a pool no other process of the VM exports",
@@ -156,7 +153,12 @@ fn pointer_export(sh: &mut Shared, s: &mut Session, pool: u64, ptr: u64) -> Resu
 
 /// Opens an allocation exported from pool `pool`, which the session
 /// imported: its start and size.
-fn pointer_import(sh: &mut Shared, s: &mut Session, pool: u64, token: u64) -> Result<Reply, Status> {
+fn pointer_import(
+    sh: &mut Shared,
+    s: &mut Session,
+    pool: u64,
+    token: u64,
+) -> Result<Reply, Status> {
     if !s.shares.has_pool(pool) {
         return Err(Status::InvalidValue);
     }

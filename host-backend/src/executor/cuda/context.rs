@@ -50,10 +50,7 @@ pub(super) enum Obj {
         local: sys::CUevent,
     },
     /// The image is kept to load the module again on another GPU.
-    Module {
-        raw: sys::CUmodule,
-        image: Vec<u8>,
-    },
+    Module { raw: sys::CUmodule, image: Vec<u8> },
     Function {
         raw: sys::CUfunction,
         module: Handle,

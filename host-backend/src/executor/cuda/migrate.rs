@@ -504,7 +504,13 @@ impl CudaContext {
         }
         let acc = vmm_access(target);
         for (&va, &(n, gh, off)) in &self.guest_vmm.maps {
-            let h = self.guest_vmm.phys.get(&gh).ok_or(Status::InvalidHandle)?.0 .0;
+            let h = self
+                .guest_vmm
+                .phys
+                .get(&gh)
+                .ok_or(Status::InvalidHandle)?
+                .0
+                 .0;
             // SAFETY: `va..va + n` lies in the guest's reservation, now
             // unmapped; `off + n` within `h`'s memory (as when first mapped).
             check(unsafe { sys::cuMemMap(va, n, off as usize, h, 0) })?;

@@ -209,9 +209,7 @@ impl CudaContext {
             .ok_or(Status::InvalidValue)?;
         let n = usize::try_from(size).map_err(|_| Status::InvalidValue)?;
         self.next_handle += 1;
-        self.guest_vmm
-            .phys
-            .insert(self.next_handle, (p.clone(), n));
+        self.guest_vmm.phys.insert(self.next_handle, (p.clone(), n));
         Ok(self.next_handle)
     }
 
