@@ -12,7 +12,9 @@
  *     (Numba's test_host_alloc_mapped sizes a memset of a mapped array
  *     so);
  *   - the attributes of features a vGPU lacks (systemWideAtomics,
- *     cudaCompressibleMemory, streamOrderedAllocationIPC, memMapIPCDrv).
+ *     cudaCompressibleMemory) and of the shareable handles it serves
+ *     (streamOrderedAllocationIPC, memMapIPCDrv: file descriptors only;
+ *     their use is tests/c/shareable.c's).
  *
  * usage: samples31 KERNELS.ptx   (host-backend/kernels/fairvgpu.ptx)
  * Prints "ok: ..." per check (cu_check.h); the last line says all passed.
