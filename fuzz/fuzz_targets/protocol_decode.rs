@@ -27,6 +27,12 @@ fuzz_target!(|data: &[u8]| {
             Request::VmmCreate { size, compression } => {
                 assert!(size_ok(size) && compression <= protocol::VMM_COMPRESSION_GENERIC)
             }
+            // What the shareable-handle tables rely on: 0 names nothing.
+            Request::VmmImport { token }
+            | Request::PoolExport { pool: token }
+            | Request::PoolImport { token }
+            | Request::PoolExportPointer { pool: token, .. } => assert!(token != 0),
+            Request::PoolImportPointer { pool, token } => assert!(pool != 0 && token != 0),
             // What the conditional scopes rely on: the driver's two flags.
             Request::CondHandleCreate { flags, .. } => assert!(flags <= 1),
             Request::VmmAddressFree { ptr, size } | Request::VmmUnmap { ptr, size } => {

@@ -12,6 +12,7 @@ use crate::executor::{Context, Handle, HandleMap, HandleSet, Launch, Queued};
 pub mod arrays;
 pub mod cond;
 pub mod ipc;
+pub mod share;
 pub mod vmm;
 
 /// Launches accepted from the ring but not yet submitted: a run on one
@@ -140,6 +141,8 @@ pub struct Session {
     /// Its events it destroyed while others had them open (IPC): each is
     /// destroyed once they let go of them.
     pub event_orphans: ipc::Orphans,
+    /// Its shareable handles (VMM memory and pools) exported and imported.
+    pub shares: share::Shares,
     /// Its CUDA arrays, texture and surface objects.
     pub arrays: arrays::Arrays,
 }
@@ -299,6 +302,7 @@ impl Session {
             exported_events: ipc::Exported::default(),
             imported_events: ipc::OpenedEvents::default(),
             event_orphans: ipc::Orphans::default(),
+            shares: share::Shares::default(),
             arrays: arrays::Arrays::default(),
         }
     }
@@ -386,6 +390,17 @@ impl Session {
         self.events.remove(&e);
         self.event_orphans.push(e, 0, x);
         true
+    }
+
+    /// What keeps the session's context on its GPU, if anything: an
+    /// object of the executor's, or memory shared through a shareable
+    /// handle (its other holder could not follow).
+    pub fn migration_keeper_to(&self, gpu: u32) -> Option<crate::executor::Keeper> {
+        self.ctx.migration_keeper_to(gpu).or_else(|| {
+            self.shares
+                .any()
+                .then_some(crate::executor::Keeper::SharedHandle)
+        })
     }
 
     /// Uncounts what a detached allocation took, once freed.

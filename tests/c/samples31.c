@@ -12,7 +12,9 @@
  *     (Numba's test_host_alloc_mapped sizes a memset of a mapped array
  *     so);
  *   - the attributes of features a vGPU lacks (systemWideAtomics,
- *     cudaCompressibleMemory, streamOrderedAllocationIPC, memMapIPCDrv).
+ *     cudaCompressibleMemory) and of the shareable handles it serves
+ *     (streamOrderedAllocationIPC, memMapIPCDrv: file descriptors only;
+ *     their use is tests/c/shareable.c's).
  *
  * usage: samples31 KERNELS.ptx   (host-backend/kernels/fairvgpu.ptx)
  * Prints "ok: ..." per check (cu_check.h); the last line says all passed.
@@ -199,9 +201,11 @@ static void attributes(void) {
     CK(cuDeviceGetAttribute(&v, 107, 0)); /* GENERIC_COMPRESSION_SUPPORTED */
     EXPECT("generic compression as the host's GPU has it", v == 1);
     CK(cuDeviceGetAttribute(&v, 103, 0)); /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
-    EXPECT("no VMM handles as file descriptors", v == 0);
+    EXPECT("VMM handles as file descriptors", v == 1);
     CK(cuDeviceGetAttribute(&v, 119, 0)); /* MEMPOOL_SUPPORTED_HANDLE_TYPES */
-    EXPECT("no shareable memory pool handles", v == 0);
+    EXPECT("memory pools shareable as file descriptors only", v == 1);
+    CK(cuDeviceGetAttribute(&v, 128, 0)); /* HANDLE_TYPE_FABRIC_SUPPORTED */
+    EXPECT("no fabric handles", v == 0);
 }
 
 int main(int argc, char **argv) {

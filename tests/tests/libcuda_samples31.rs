@@ -39,8 +39,9 @@ fn upstream_programs_get_the_drivers_answers() {
             "ok: concurrent managed access",
             "ok: no host-native atomics",
             "ok: generic compression as the host's GPU has it",
-            "ok: no VMM handles as file descriptors",
-            "ok: no shareable memory pool handles",
+            "ok: VMM handles as file descriptors",
+            "ok: memory pools shareable as file descriptors only",
+            "ok: no fabric handles",
             "samples31: all checks passed",
         ],
     );

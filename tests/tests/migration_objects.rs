@@ -5,7 +5,8 @@
 //! the guest runs rounds of that work, and every round's results are what
 //! they would have been had it stayed. A guest holding a CUDA array is
 //! refused a move, and the refusal names the array and the target GPU; so
-//! is one holding compressible memory, to a GPU without compression.
+//! is one holding compressible memory, to a GPU without compression, and
+//! so are guests sharing VMM memory through a shareable handle.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -261,4 +262,35 @@ fn compressible_memory_does_not_move_to_a_gpu_without_compression() {
     assert_eq!(code, 200, "{body}");
     let v = create(&mut gpu, protocol::VMM_COMPRESSION_GENERIC);
     assert_eq!(v[1], 0);
+}
+
+#[test]
+fn guests_sharing_vmm_memory_stay_and_the_refusal_names_it() {
+    use protocol::VMM_GRANULARITY as G;
+    let d = daemon("migration-shared");
+    let mut a = Gpu::connect_with(&d.socket("mover"), TEST_SPIN).unwrap();
+    let mut b = Gpu::connect_with(&d.socket("mover"), TEST_SPIN).unwrap();
+    let h = a
+        .request(&Request::VmmCreate {
+            size: G,
+            compression: 0,
+        })
+        .unwrap()
+        .vals[0];
+    let token = a.request(&Request::VmmExport { handle: h }).unwrap().vals[0];
+    let (code, body) = migrate(&d, 1);
+    assert_eq!(code, 409, "exported: {body}");
+    let imported = b.request(&Request::VmmImport { token }).unwrap().vals[0];
+    let (code, body) = migrate(&d, 1);
+    assert_eq!(code, 409, "{body}");
+    let text = body.to_string();
+    assert!(text.contains("shareable handle"), "{text}");
+    assert!(text.contains("stays on GPU 0"), "{text}");
+    assert_eq!(d.vgpu("mover").unwrap()["gpu"], 0);
+    // Once neither holds the shared memory, the vGPU moves.
+    b.request(&Request::VmmRelease { handle: imported })
+        .unwrap();
+    a.request(&Request::VmmRelease { handle: h }).unwrap();
+    let (code, body) = migrate(&d, 1);
+    assert_eq!(code, 200, "{body}");
 }

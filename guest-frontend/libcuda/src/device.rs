@@ -85,18 +85,21 @@ pub(crate) fn vgpu_attribute(a: u32, host: Option<i32>) -> i32 {
         attr::GPU_DIRECT_RDMA_SUPPORTED
         | attr::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
         | attr::GPU_DIRECT_RDMA_WRITES_ORDERING
-        | attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
         | attr::HANDLE_TYPE_FABRIC_SUPPORTED => 0,
+        // Shareable handles as file descriptors, for VMM memory and pools,
+        // between the VM's processes (`shareable.rs`: a descriptor that
+        // carries the host's token; every process of a VM is a context of
+        // one host worker, which hands the exporter's memory to the
+        // importer).
+        attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED => 1,
         // Interprocess events between the VM's processes are served
         // (cuIpcGetEventHandle / cuIpcOpenEventHandle, records relayed to
         // the owner's context on the host).
         attr::IPC_EVENT_SUPPORTED => 1,
-        // No shareable handles (file descriptors) for VMM memory or pools:
-        // a guest's descriptor cannot carry the host's memory. With none,
-        // as on a GPU without them, streamOrderedAllocationIPC and
-        // memMapIPCDrv skip the device and waive, rather than being
-        // refused by cuMemPoolCreate or cuMemExportToShareableHandle.
-        attr::MEMPOOL_SUPPORTED_HANDLE_TYPES => 0,
+        // Pools shareable as file descriptors
+        // (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`), as above; no
+        // fabric or Windows handles.
+        attr::MEMPOOL_SUPPORTED_HANDLE_TYPES => crate::vmm::HANDLE_TYPE_POSIX_FD as i32,
         a if attr::HOST_LOCATIONS.contains(&a) => 0,
         // The driver answers 0 for attributes a device lacks. Generic
         // compression is the GPU's own: the host makes VMM memory

@@ -149,44 +149,64 @@ export! {
         }
         let token = handle.token().ok_or(code::INVALID_VALUE)?;
         let [base, size, ..] = call(Request::IpcOpen { token })?;
-        let first = {
-            let mut o = opened();
-            let n = o.entry(base).or_insert(0);
-            *n += 1;
-            *n == 1
-        };
-        if first {
-            // The exporter's addresses were kept out of its own process's
-            // memory, not necessarily out of this one's.
-            if !crate::reserve::reserve(base, size) {
-                crate::log_once("opened IPC memory overlaps this process's own memory");
-            }
-            objects()?.ranges.insert(base, Range { size, kind: RangeKind::Imported });
-        }
+        opened_range(base, size)?;
         out(dptr, base)
     }
 
     fn cuIpcCloseMemHandle(dptr: CUdeviceptr) {
         need_ctx()?;
-        let last = {
-            let mut o = opened();
-            let n = o.get_mut(&dptr).ok_or(code::INVALID_VALUE)?;
-            *n -= 1;
-            let last = *n == 0;
-            if last {
-                o.remove(&dptr);
-            }
-            last
-        };
-        let r = call(Request::IpcClose { ptr: dptr }).map(drop);
-        if last {
-            let mut o = objects()?;
-            if let Some(range) = o.ranges.remove(&dptr) {
-                crate::reserve::release(dptr, range.size);
-            }
-        }
-        r
+        close(dptr)
     }
+}
+
+/// Memory of another process the host opened for this one (`IpcOpen`,
+/// `PoolImportPointer`): counted, and known to this process's pointer
+/// queries on its first open.
+pub(crate) fn opened_range(base: u64, size: u64) -> Result<(), CuResult> {
+    let first = {
+        let mut o = opened();
+        let n = o.entry(base).or_insert(0);
+        *n += 1;
+        *n == 1
+    };
+    if first {
+        // The exporter's addresses were kept out of its own process's
+        // memory, not necessarily out of this one's.
+        if !crate::reserve::reserve(base, size) {
+            crate::log_once("opened IPC memory overlaps this process's own memory");
+        }
+        objects()?.ranges.insert(
+            base,
+            Range {
+                size,
+                kind: RangeKind::Imported,
+            },
+        );
+    }
+    Ok(())
+}
+
+/// Closes memory opened at `dptr` once (`cuIpcCloseMemHandle`, or the
+/// free of a pointer imported from a pool).
+pub(crate) fn close(dptr: u64) -> Result<(), CuResult> {
+    let last = {
+        let mut o = opened();
+        let n = o.get_mut(&dptr).ok_or(code::INVALID_VALUE)?;
+        *n -= 1;
+        let last = *n == 0;
+        if last {
+            o.remove(&dptr);
+        }
+        last
+    };
+    let r = call(Request::IpcClose { ptr: dptr }).map(drop);
+    if last {
+        let mut o = objects()?;
+        if let Some(range) = o.ranges.remove(&dptr) {
+            crate::reserve::release(dptr, range.size);
+        }
+    }
+    r
 }
 
 export! {

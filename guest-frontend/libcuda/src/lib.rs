@@ -51,6 +51,7 @@ mod export;
 pub mod copy_nd;
 mod image;
 mod reserve;
+mod shareable;
 mod state;
 
 pub mod arrays;

@@ -7,8 +7,16 @@
 //! Pools are kept here: their attributes, and what is allocated from each
 //! (the figures `CU_MEMPOOL_ATTR_*_MEM_*` report). The memory itself comes
 //! from the vGPU's allocations, under its limit; a pool keeps nothing back
-//! once freed, so trimming has nothing to do. Pools cannot be shared with
-//! other processes (exporting one is not supported).
+//! once freed, so trimming has nothing to do.
+//!
+//! A pool made with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` is shared
+//! with the VM's other processes: exported as a file descriptor
+//! (`shareable.rs`) that carries the host's token for it, its allocations
+//! as `CUmemPoolPtrExportData` carrying the host's token for each (IPC
+//! memory tagged with the pool's token, the host's `session/share.rs`).
+//! An importer allocates nothing from an imported pool; it imports
+//! pointers through it and frees them (`cuMemFree`, `cuMemFreeAsync`),
+//! which closes them as `cuIpcCloseMemHandle` does.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -29,6 +37,13 @@ pub(crate) struct Pool {
     release_threshold: u64,
     used: u64,
     used_high: u64,
+    /// `CUmemPoolProps::handleTypes`.
+    handle_types: c_int,
+    /// The host's token for it once exported (0: not exported).
+    export: u64,
+    /// The token of another process's pool this one imports (0: a pool
+    /// of this process).
+    imported: u64,
 }
 
 impl Default for Pool {
@@ -38,6 +53,9 @@ impl Default for Pool {
             release_threshold: 0,
             used: 0,
             used_high: 0,
+            handle_types: 0,
+            export: 0,
+            imported: 0,
         }
     }
 }
@@ -50,6 +68,8 @@ pub(crate) struct Pools {
     default: usize,
     current: usize,
     of: HashMap<u64, (usize, u64)>,
+    /// Pointers imported from other processes' pools: start -> imports.
+    imported_ptrs: HashMap<u64, u32>,
 }
 
 impl Pools {
@@ -77,8 +97,10 @@ fn alloc_from(p: *mut CUdeviceptr, size: usize, pool: usize, st: CUstream) -> Re
         return Err(code::INVALID_VALUE);
     }
     resolve(st)?;
-    if !objects()?.pools.pools.contains_key(&pool) {
-        return Err(code::INVALID_VALUE);
+    // An imported pool gives pointers imported through it only.
+    match objects()?.pools.pools.get(&pool) {
+        Some(pl) if pl.imported == 0 => {}
+        _ => return Err(code::INVALID_VALUE),
     }
     let d = crate::memory::device_alloc(size as u64)?;
     let mut o = objects()?;
@@ -150,6 +172,9 @@ export! {
             return Ok(());
         }
         let stream = resolve(st)?;
+        if free_imported(ptr, Some(stream))? {
+            return Ok(());
+        }
         {
             let mut o = objects()?;
             match o.ranges.get(&ptr) {
@@ -228,11 +253,11 @@ export! {
         if p.alloc_type != 1 || p.location_type != 1 || p.location_id != 0 {
             return Err(crate::not_supported("cuMemPoolCreate of anything but device memory"));
         }
-        if p.handle_types != 0 {
-            return Err(crate::not_supported("cuMemPoolCreate with shareable handles"));
+        if p.handle_types & !(crate::vmm::HANDLE_TYPE_POSIX_FD as c_int) != 0 {
+            return Err(crate::not_supported("pools shareable other than as file descriptors"));
         }
         let h = Box::into_raw(Box::new(0u8)) as usize;
-        objects()?.pools.pools.insert(h, Pool::default());
+        objects()?.pools.pools.insert(h, Pool { handle_types: p.handle_types, ..Pool::default() });
         out(pool, h as *mut c_void)
     }
 
@@ -339,4 +364,181 @@ pub struct AccessDesc {
     location_type: c_int,
     location_id: c_int,
     flags: c_int,
+}
+
+/// `CUmemPoolPtrExportData`: 64 opaque bytes, ours [`PTR_MAGIC`], then the
+/// allocation's token, start, size and its pool's token.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PtrExportData {
+    reserved: [u8; 64],
+}
+
+/// What a pointer's export data of ours starts with.
+const PTR_MAGIC: &[u8; 8] = b"fvgpptr1";
+
+impl PtrExportData {
+    fn new(token: u64, base: u64, size: u64, pool: u64) -> Self {
+        let mut b = [0u8; 64];
+        b[..8].copy_from_slice(PTR_MAGIC);
+        for (i, v) in [token, base, size, pool].iter().enumerate() {
+            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        PtrExportData { reserved: b }
+    }
+
+    /// (allocation token, pool token) if it is ours.
+    fn tokens(&self) -> Option<(u64, u64)> {
+        let b = &self.reserved;
+        if &b[..8] != PTR_MAGIC {
+            return None;
+        }
+        let v =
+            |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().unwrap_or_default());
+        (v(0) != 0 && v(3) != 0).then(|| (v(0), v(3)))
+    }
+}
+
+/// Frees a pointer imported from another process's pool (closes it, once
+/// `stream`'s work before is done); false if `ptr` is not one.
+pub(crate) fn free_imported(ptr: u64, stream: Option<u64>) -> Result<bool, CuResult> {
+    {
+        let mut o = objects()?;
+        let Some(n) = o.pools.imported_ptrs.get_mut(&ptr) else {
+            return Ok(false);
+        };
+        *n -= 1;
+        if *n == 0 {
+            o.pools.imported_ptrs.remove(&ptr);
+        }
+    }
+    if let Some(st) = stream {
+        gpu(|g| g.stream_synchronize(st))?;
+    }
+    crate::ipc::close(ptr)?;
+    Ok(true)
+}
+
+/// The host's token for this process's pool `h`, exported on first use;
+/// the pool must have been made with the file descriptor handle type.
+fn pool_token(h: usize) -> Result<u64, CuResult> {
+    {
+        let o = objects()?;
+        let pl = o.pools.pools.get(&h).ok_or(code::INVALID_VALUE)?;
+        if pl.imported != 0 || pl.handle_types & crate::vmm::HANDLE_TYPE_POSIX_FD as c_int == 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        if pl.export != 0 {
+            return Ok(pl.export);
+        }
+    }
+    let token = gpu(|g| g.request(&protocol::Request::PoolExport { pool: h as u64 }))?.vals[0];
+    if let Some(pl) = objects()?.pools.pools.get_mut(&h) {
+        pl.export = token;
+    }
+    Ok(token)
+}
+
+export! {
+    /// A file descriptor for a pool made with the file descriptor handle
+    /// type, for another process of the VM.
+    fn cuMemPoolExportToShareableHandle(handle: *mut c_void, pool: *mut c_void, ty: c_int, flags: u64) {
+        let h = check_pool(pool)?;
+        if handle.is_null() || flags != 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        if ty != crate::vmm::HANDLE_TYPE_POSIX_FD as c_int {
+            return Err(crate::not_supported("shareable handles other than file descriptors"));
+        }
+        let token = pool_token(h)?;
+        let fd = crate::shareable::make(crate::shareable::Content {
+            kind: crate::shareable::Kind::Pool,
+            token,
+            size: 0,
+        })?;
+        out(handle as *mut c_int, fd)
+    }
+
+    /// A pool of this process standing for another process's exported
+    /// pool: pointers exported from it are imported through it.
+    fn cuMemPoolImportFromShareableHandle(pool: *mut *mut c_void, handle: *mut c_void, ty: c_int, flags: u64) {
+        crate::state::driver()?;
+        if pool.is_null() || flags != 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        if ty != crate::vmm::HANDLE_TYPE_POSIX_FD as c_int {
+            return Err(crate::not_supported("shareable handles other than file descriptors"));
+        }
+        let fd = crate::shareable::fd_of(handle)?;
+        let c = crate::shareable::read(fd, crate::shareable::Kind::Pool)?;
+        gpu(|g| g.request(&protocol::Request::PoolImport { token: c.token }))?;
+        let h = Box::into_raw(Box::new(0u8)) as usize;
+        let imported = Pool {
+            handle_types: crate::vmm::HANDLE_TYPE_POSIX_FD as c_int,
+            imported: c.token,
+            ..Pool::default()
+        };
+        objects()?.pools.pools.insert(h, imported);
+        out(pool, h as *mut c_void)
+    }
+
+    /// The export data of an allocation from an exportable pool.
+    fn cuMemPoolExportPointer(data: *mut PtrExportData, ptr: CUdeviceptr) {
+        need_ctx()?;
+        if data.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        let pool = objects()?.pools.of.get(&ptr).map(|&(p, _)| p).ok_or(code::INVALID_VALUE)?;
+        let token = pool_token(pool)?;
+        let r = gpu(|g| g.request(&protocol::Request::PoolExportPointer { pool: token, ptr }))?;
+        let [t, base, size, _] = r.vals;
+        out(data, PtrExportData::new(t, base, size, token))
+    }
+
+    /// Another process's allocation, through the pool imported for its
+    /// pool, at the exporter's address.
+    fn cuMemPoolImportPointer(ptr: *mut CUdeviceptr, pool: *mut c_void, data: *const PtrExportData) {
+        need_ctx()?;
+        let h = check_pool(pool)?;
+        if ptr.is_null() || data.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        let imported = objects()?.pools.pools.get(&h).map_or(0, |pl| pl.imported);
+        // SAFETY: 64 bytes of export data the caller provides (API contract).
+        let d = unsafe { data.read_unaligned() };
+        let (token, of_pool) = d.tokens().ok_or(code::INVALID_VALUE)?;
+        if imported == 0 || of_pool != imported {
+            return Err(code::INVALID_VALUE);
+        }
+        let r = gpu(|g| g.request(&protocol::Request::PoolImportPointer { pool: imported, token }))?;
+        let [base, size, ..] = r.vals;
+        crate::ipc::opened_range(base, size)?;
+        *objects()?.pools.imported_ptrs.entry(base).or_insert(0) += 1;
+        out(ptr, base)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_data_has_the_drivers_size_and_carries_its_tokens() {
+        assert_eq!(std::mem::size_of::<PtrExportData>(), 64);
+        assert_eq!(
+            std::mem::size_of::<PtrExportData>(),
+            std::mem::size_of::<cudarc::driver::sys::CUmemPoolPtrExportData>()
+        );
+        let d = PtrExportData::new(0xfeed, 0x7f00_0000_0000, 4096, 0xbeef);
+        assert_eq!(d.tokens(), Some((0xfeed, 0xbeef)));
+        assert_eq!(PtrExportData { reserved: [0; 64] }.tokens(), None, "zeroed");
+        assert_eq!(
+            PtrExportData::new(0xfeed, 1, 1, 0).tokens(),
+            None,
+            "no pool"
+        );
+        let mut other = d;
+        other.reserved[3] ^= 1;
+        assert_eq!(other.tokens(), None, "not ours");
+    }
 }

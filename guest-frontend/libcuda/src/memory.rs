@@ -149,6 +149,7 @@ fn free(p: CUdeviceptr) -> Result<(), CuResult> {
         || crate::managed::free(p)?
         || crate::host_memory::free_managed(p)?
         || crate::graph::memory::free_outside(p)?
+        || crate::mem_pool::free_imported(p, None)?
     {
         return Ok(());
     }

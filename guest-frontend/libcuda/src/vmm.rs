@@ -11,10 +11,14 @@
 //! inferred direction. The host makes every mapping readable and writable
 //! from the device when it maps it; `cuMemGetAccess` reports what the
 //! program set, as the driver does. Memory is the vGPU's own device
-//! memory only (ordinal 0): no host or NUMA locations, no exporting. It
-//! may be compressible (`CU_MEM_ALLOCATION_COMP_GENERIC`): the host asks
-//! its driver for it and answers with what the driver gave, which the
-//! handle's properties report.
+//! memory only (ordinal 0): no host or NUMA locations. It may be
+//! compressible (`CU_MEM_ALLOCATION_COMP_GENERIC`): the host asks its
+//! driver for it and answers with what the driver gave, which the
+//! handle's properties report. Memory made with
+//! `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` is exported to the VM's
+//! other processes as a file descriptor (`shareable.rs`); the importer
+//! gets a handle of its own for the same memory, which stays counted to
+//! the exporter (the host's `session/share.rs`).
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
@@ -23,6 +27,7 @@ use std::sync::{Mutex, MutexGuard};
 use cudarc::driver::sys::CUdeviceptr;
 use protocol::{Request, VMM_GRANULARITY as G};
 
+use crate::shareable;
 use crate::state::{driver, gpu, objects, out, Range, RangeKind};
 use crate::{code, CuResult};
 
@@ -58,9 +63,9 @@ pub struct AccessDesc {
 
 const PINNED: c_uint = 1;
 const LOCATION_DEVICE: c_int = 1;
-/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: may be asked for (handles
-/// are not exported here, cuMemExportToShareableHandle says so).
-const HANDLE_TYPE_POSIX_FD: c_uint = 1;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: the shareable handle
+/// served (`shareable.rs`), between the processes of the VM.
+pub(crate) const HANDLE_TYPE_POSIX_FD: c_uint = 1;
 const PROT_READ: c_uint = 1;
 const PROT_READWRITE: c_uint = 3;
 
@@ -311,6 +316,45 @@ export! {
             usage: 0,
             reserved: [0; 4],
         })
+    }
+
+    /// A file descriptor for memory made with the POSIX file descriptor
+    /// handle type, for another process of the VM.
+    fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: c_ulonglong, ty: c_uint, flags: c_ulonglong) {
+        driver()?;
+        if shareable.is_null() || flags != 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        if ty != HANDLE_TYPE_POSIX_FD {
+            return Err(crate::not_supported("shareable handles other than file descriptors"));
+        }
+        let &(_, types) = table().handles.get(&handle).ok_or(code::INVALID_VALUE)?;
+        if types & HANDLE_TYPE_POSIX_FD == 0 {
+            return Err(code::INVALID_VALUE);
+        }
+        let [token, size, ..] = call(Request::VmmExport { handle })?;
+        let fd = shareable::make(shareable::Content { kind: shareable::Kind::Vmm, token, size })?;
+        out(shareable as *mut c_int, fd)
+    }
+
+    /// A handle of this process for memory another process of the VM
+    /// exported; the descriptor stays the caller's.
+    fn cuMemImportFromShareableHandle(handle: *mut c_ulonglong, os_handle: *mut c_void, ty: c_uint) {
+        driver()?;
+        if handle.is_null() {
+            return Err(code::INVALID_VALUE);
+        }
+        if ty != HANDLE_TYPE_POSIX_FD {
+            return Err(crate::not_supported("shareable handles other than file descriptors"));
+        }
+        let c = shareable::read(shareable::fd_of(os_handle)?, shareable::Kind::Vmm)?;
+        let [h, ..] = call(Request::VmmImport { token: c.token })?;
+        let mut t = table();
+        let e = t.handles.entry(h).or_insert((0, HANDLE_TYPE_POSIX_FD));
+        e.0 += 1;
+        e.1 |= HANDLE_TYPE_POSIX_FD;
+        drop(t);
+        out(handle, h)
     }
 
     /// The handle of the memory mapped at `addr`, held once more.

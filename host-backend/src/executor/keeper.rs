@@ -20,6 +20,10 @@ pub enum Keeper {
     /// Compressible VMM memory, and a target GPU without generic
     /// compression (made there, it would silently not be compressible).
     CompressibleMemory,
+    /// Physical memory shared with another process of the VM through a
+    /// shareable handle (exported or imported): both hold the same memory,
+    /// which one of them cannot take to another GPU alone.
+    SharedHandle,
     /// Something the executor does not know how to make again.
     Other,
 }
@@ -33,6 +37,7 @@ impl Keeper {
             Keeper::Array => 3,
             Keeper::ConditionalGraph => 4,
             Keeper::CompressibleMemory => 5,
+            Keeper::SharedHandle => 6,
             Keeper::Other => 127,
         }
     }
@@ -46,6 +51,7 @@ impl Keeper {
             3 => Some(Keeper::Array),
             4 => Some(Keeper::ConditionalGraph),
             5 => Some(Keeper::CompressibleMemory),
+            6 => Some(Keeper::SharedHandle),
             _ => Some(Keeper::Other),
         }
     }
@@ -66,6 +72,9 @@ impl Keeper {
             Keeper::CompressibleMemory => {
                 "compressible memory (cuMemCreate with CU_MEM_ALLOCATION_COMP_GENERIC) the target \
                  GPU cannot make"
+            }
+            Keeper::SharedHandle => {
+                "VMM memory shared with another process through a shareable handle"
             }
             Keeper::Other => "an object the executor cannot make again on another GPU",
         }
@@ -90,6 +99,7 @@ mod tests {
             Keeper::Array,
             Keeper::ConditionalGraph,
             Keeper::CompressibleMemory,
+            Keeper::SharedHandle,
             Keeper::Other,
         ] {
             assert_eq!(Keeper::from_code(k.code()), Some(k));

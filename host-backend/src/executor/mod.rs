@@ -572,4 +572,16 @@ pub trait Context: Send {
     fn vmm_unmap(&mut self, _ptr: u64, _size: u64) -> Result<(), Status> {
         Err(Status::NotSupported)
     }
+    /// What another context of this worker needs to hold the physical
+    /// memory of `handle` (a shareable handle, `session/share.rs`): the
+    /// memory itself, freed once its last holder lets go.
+    fn share_phys(&mut self, _handle: Handle) -> Result<SharedMem, Status> {
+        Err(Status::NotSupported)
+    }
+    /// A handle of this context for `size` bytes of physical memory another
+    /// context shared ([`Context::share_phys`]): mapped, released and held
+    /// as one made by [`Context::vmm_create`].
+    fn import_phys(&mut self, _mem: &SharedMem, _size: u64) -> Result<Handle, Status> {
+        Err(Status::NotSupported)
+    }
 }

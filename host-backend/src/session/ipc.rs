@@ -34,7 +34,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use protocol::Status;
@@ -62,6 +62,9 @@ pub struct Export {
     alive: AtomicBool,
     /// Sessions that have it open.
     opens: AtomicU32,
+    /// The token of the pool it was exported from (0: none; see
+    /// `session::share`).
+    tag: AtomicU64,
 }
 
 impl Export {
@@ -76,6 +79,31 @@ impl Export {
 
     fn revoke(&self) {
         self.alive.store(false, Ordering::Release);
+    }
+
+    /// Whether its token still names it.
+    pub fn is_alive(&self) -> bool {
+        self.alive()
+    }
+
+    /// Another session holds it once more (a shareable handle imported).
+    pub fn hold(&self) {
+        self.opens.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Another session lets go of what [`Export::hold`] counted.
+    pub fn let_go(&self) {
+        self.opens.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The token of the pool it was exported from (0: none).
+    pub fn tag(&self) -> u64 {
+        self.tag.load(Ordering::Acquire)
+    }
+
+    /// Records the pool it was exported from.
+    pub fn set_tag(&self, pool: u64) {
+        self.tag.store(pool, Ordering::Release);
     }
 }
 
@@ -119,6 +147,7 @@ impl Exports {
             mem,
             alive: AtomicBool::new(true),
             opens: AtomicU32::new(0),
+            tag: AtomicU64::new(0),
         });
         self.by_token.insert(token, e.clone());
         Ok((token, e))
@@ -167,6 +196,36 @@ impl Exported {
         }
     }
 
+    /// Takes every live export some other session holds out of the table,
+    /// revoked (its owner ends: the token names nothing any more), for
+    /// what they hold to stay counted until they let go.
+    pub fn take_all_opened(&mut self) -> Vec<Arc<Export>> {
+        let held: Vec<u64> = self
+            .0
+            .iter()
+            .filter(|(_, (_, e))| e.alive() && e.opened())
+            .map(|(&b, _)| b)
+            .collect();
+        let out: Vec<Arc<Export>> = held
+            .into_iter()
+            .filter_map(|b| self.0.remove(&b).map(|(_, e)| e))
+            .collect();
+        for e in &out {
+            e.revoke();
+        }
+        out
+    }
+
+    /// How many it holds.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The memory at `[start, end)` is gone: revokes every export in it.
     pub fn revoke(&mut self, start: u64, end: u64) {
         let gone: Vec<u64> = self.0.range(start..end).map(|(&b, _)| b).collect();
@@ -211,6 +270,23 @@ impl Orphans {
             e.revoke();
             out.push((*b, *c));
             false
+        });
+        out
+    }
+}
+
+impl Orphans {
+    /// Takes out every one someone still has open, revoked: (charge,
+    /// export).
+    pub fn take_opened(&mut self) -> Vec<(u64, Arc<Export>)> {
+        let mut out = Vec::new();
+        self.0.retain(|(_, c, e)| {
+            if e.opened() {
+                e.revoke();
+                out.push((*c, e.clone()));
+                return false;
+            }
+            true
         });
         out
     }

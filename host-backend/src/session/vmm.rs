@@ -88,6 +88,24 @@ impl Vmm {
         );
     }
 
+    /// The size of the memory of `handle`, if the guest holds it.
+    pub fn held(&self, handle: Handle) -> Option<u64> {
+        self.phys
+            .get(&handle)
+            .filter(|p| p.refs > 0)
+            .map(|p| p.size)
+    }
+
+    /// Holds `handle` once more (imported again, as the driver gives a
+    /// handle of memory the process still maps even after releasing its
+    /// last one); whether the memory is still the guest's.
+    pub fn hold(&mut self, handle: Handle) -> bool {
+        match self.phys.get_mut(&handle) {
+            Some(p) => p.refs.checked_add(1).map(|r| p.refs = r).is_some(),
+            None => false,
+        }
+    }
+
     /// Lets go of one handle of the guest's; the memory, if that was all
     /// that held it.
     pub fn release(&mut self, handle: Handle) -> Result<Option<Dead>, Status> {

@@ -315,7 +315,8 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
     let ch = c.host.index();
     if let Some(id) = c.session.take() {
         wait::abandon(c, ss.get_mut(id).map(|e| &mut e.s));
-        if let Some(s) = ss.leave(id, ch) {
+        if let Some(mut s) = ss.leave(id, ch) {
+            super::share::keep_at_end(sh, &mut s);
             sh.pinned.release(s.id);
             sh.stats
                 .pinned_used
@@ -330,6 +331,8 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
             sh.output.borrow_mut().collect(None, false);
             sh.output.borrow_mut().forget(id);
         }
+        // What it held of other processes' memory is let go of.
+        super::share::settle_kept(sh);
     }
     c.parked = None;
     c.transfer = None;

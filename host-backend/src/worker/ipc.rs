@@ -52,7 +52,7 @@ pub(super) fn handle(
 
 /// The token of the allocation or mapping holding `ptr` (made on the
 /// first export), its start and size.
-fn export(sh: &mut Shared, s: &mut Session, ptr: u64) -> Result<Reply, Status> {
+pub(super) fn export(sh: &mut Shared, s: &mut Session, ptr: u64) -> Result<Reply, Status> {
     let (base, size) = s.exportable(ptr).ok_or(Status::InvalidValue)?;
     let token = match s.exported.token(base) {
         Some(t) => t,
@@ -69,7 +69,7 @@ fn export(sh: &mut Shared, s: &mut Session, ptr: u64) -> Result<Reply, Status> {
 }
 
 /// Opens another session's export: its start and size.
-fn open(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
+pub(super) fn open(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
     let e = sh.ipc.get(token).ok_or(Status::InvalidValue)?;
     if e.owner == s.id {
         // As the driver answers a process opening its own handle.

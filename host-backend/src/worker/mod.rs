@@ -35,6 +35,7 @@ mod pinned;
 mod release;
 mod requests;
 mod sessions;
+mod share;
 mod shared;
 mod status;
 mod transfer;
@@ -483,6 +484,7 @@ impl Worker {
                 contexts,
                 ipc: Default::default(),
                 ipc_events: Default::default(),
+                shares: Default::default(),
                 region,
                 link,
                 exec,
@@ -782,7 +784,7 @@ impl Worker {
         let kept = self
             .sessions
             .iter_mut()
-            .any(|(_, e)| e.s.ctx.migration_keeper_to(gpu).is_some());
+            .any(|(_, e)| e.s.migration_keeper_to(gpu).is_some());
         let jobs: Vec<(u64, crate::executor::PrepareJob)> = if kept {
             Vec::new()
         } else {
@@ -837,7 +839,7 @@ impl Worker {
         let kept_by = self
             .sessions
             .iter_mut()
-            .find_map(|(_, e)| e.s.ctx.migration_keeper_to(gpu));
+            .find_map(|(_, e)| e.s.migration_keeper_to(gpu));
         if kept_by.is_none() {
             // Events are made anew wherever the contexts end up: the
             // handles other processes opened name the old ones.

@@ -79,6 +79,12 @@ pub(super) fn handle(
         | Request::IpcClose { .. }
         | Request::IpcExportEvent { .. }
         | Request::IpcOpenEvent { .. }) => super::ipc::handle(sh, c, s, tag, opc, req),
+        req @ (Request::VmmExport { .. }
+        | Request::VmmImport { .. }
+        | Request::PoolExport { .. }
+        | Request::PoolImport { .. }
+        | Request::PoolExportPointer { .. }
+        | Request::PoolImportPointer { .. }) => super::share::handle(sh, c, s, tag, opc, req),
         req @ (Request::ArrayCreate { .. }
         | Request::ArrayDestroy { .. }
         | Request::ArrayCopy { .. }
@@ -929,6 +935,7 @@ pub(super) fn deferred_frees(sh: &mut Shared, s: &mut Session) {
     for (ptr, charge) in s.orphans.closed() {
         free_now(sh, s, ptr, charge);
     }
+    super::share::settle(sh, s);
     for (event, _) in s.event_orphans.closed() {
         if let Err(e) = s.ctx.event_destroy(event) {
             s.defer(e);

@@ -33,6 +33,9 @@ pub(super) struct Shared {
     pub ipc: crate::session::ipc::Exports,
     /// Events the VM's processes exported to each other (IPC).
     pub ipc_events: crate::session::ipc::Exports,
+    /// Shareable handles (VMM memory, pools) the VM's processes exported
+    /// to each other (`share.rs`).
+    pub shares: super::share::WorkerShares,
     pub region: Region,
     pub link: PeerLink,
     pub info_bytes: Vec<u8>,

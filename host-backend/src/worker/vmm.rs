@@ -128,7 +128,11 @@ fn bury(sh: &mut Shared, s: &mut Session, dead: Option<Dead>) {
     if let Err(e) = s.ctx.vmm_release(d.handle) {
         tracing::warn!(?e, "releasing physical memory failed");
     }
-    s.uncount(d.charge);
-    sh.mem_used -= d.charge;
-    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+    // Memory exported through a shareable handle that another process
+    // still holds stays counted until it lets go (`share.rs`).
+    if super::share::on_dead(s, d.handle, d.charge) {
+        s.uncount(d.charge);
+        sh.mem_used -= d.charge;
+    }
+    super::share::settle(sh, s);
 }

@@ -17,6 +17,14 @@ fn check_vmm(field: &'static str, v: u64) -> Result<u64, ProtoError> {
     Ok(v)
 }
 
+/// A token or pool handle: never 0 (0 names nothing the host hands out).
+fn nonzero(field: &'static str, v: u64) -> Result<u64, ProtoError> {
+    if v == 0 {
+        return Err(bad(field, "0 names nothing"));
+    }
+    Ok(v)
+}
+
 /// A cluster shape: none (all zero), or every dimension set, at most
 /// [`MAX_CLUSTER_BLOCKS`] blocks, dividing the grid.
 fn check_cluster(grid: Dim3, cluster: Dim3) -> Result<(), ProtoError> {
@@ -467,6 +475,24 @@ impl Request {
             op::IPC_CLOSE => IpcClose { ptr: r.u64()? },
             op::IPC_EXPORT_EVENT => IpcExportEvent { event: r.u64()? },
             op::IPC_OPEN_EVENT => IpcOpenEvent { token: r.u64()? },
+            op::VMM_EXPORT => VmmExport { handle: r.u64()? },
+            op::VMM_IMPORT => VmmImport {
+                token: nonzero("token", r.u64()?)?,
+            },
+            op::POOL_EXPORT => PoolExport {
+                pool: nonzero("pool", r.u64()?)?,
+            },
+            op::POOL_IMPORT => PoolImport {
+                token: nonzero("token", r.u64()?)?,
+            },
+            op::POOL_EXPORT_POINTER => PoolExportPointer {
+                pool: nonzero("pool", r.u64()?)?,
+                ptr: r.u64()?,
+            },
+            op::POOL_IMPORT_POINTER => PoolImportPointer {
+                pool: nonzero("pool", r.u64()?)?,
+                token: nonzero("token", r.u64()?)?,
+            },
             op::ARRAY_CREATE => ArrayCreate {
                 desc: array::ArrayDesc::read(&mut r)?,
             },
@@ -701,6 +727,18 @@ mod tests {
             },
             Request::IpcExportEvent { event: 17 },
             Request::IpcOpenEvent { token: 0xfeed_beef },
+            Request::VmmExport { handle: 9 },
+            Request::VmmImport { token: 0xfeed_beef },
+            Request::PoolExport { pool: 0x5555_0000 },
+            Request::PoolImport { token: 0xbeef },
+            Request::PoolExportPointer {
+                pool: 0xbeef,
+                ptr: 0x7f00_0020_0010,
+            },
+            Request::PoolImportPointer {
+                pool: 0xbeef,
+                token: 0xfeed,
+            },
             Request::ArrayCreate {
                 desc: array::ArrayDesc {
                     width: 64,
@@ -849,6 +887,12 @@ mod tests {
                 size: 4096,
                 compression: 0,
             }),
+            enc(Request::VmmImport { token: 0 }),
+            enc(Request::PoolExport { pool: 0 }),
+            enc(Request::PoolImport { token: 0 }),
+            enc(Request::PoolExportPointer { pool: 0, ptr: 1 }),
+            enc(Request::PoolImportPointer { pool: 1, token: 0 }),
+            enc(Request::PoolImportPointer { pool: 0, token: 1 }),
             enc(Request::VmmCreate {
                 size: (3 << 20) / 2,
                 compression: 0,

@@ -231,6 +231,10 @@ impl Request {
                 w.u64(align);
                 w.u64(addr);
             }
+            PoolExportPointer { pool: a, ptr: b } | PoolImportPointer { pool: a, token: b } => {
+                w.u64(a);
+                w.u64(b);
+            }
             VmmAddressFree { ptr: a, size: b } | VmmUnmap { ptr: a, size: b } => {
                 w.u64(a);
                 w.u64(b);
@@ -246,6 +250,10 @@ impl Request {
             | IpcClose { ptr: a }
             | IpcExportEvent { event: a }
             | IpcOpenEvent { token: a }
+            | VmmExport { handle: a }
+            | VmmImport { token: a }
+            | PoolExport { pool: a }
+            | PoolImport { token: a }
             | ArrayDestroy { array: a }
             | TexDestroy { obj: a }
             | SurfCreate { array: a }

@@ -528,6 +528,54 @@ pub enum Request {
         /// The exporter's token.
         token: u64,
     },
+    /// Exports physical memory the caller holds a handle of
+    /// (`cuMemExportToShareableHandle`, a POSIX file descriptor in the
+    /// guest that carries the token); reply: a token naming it and its
+    /// size. The same memory gets the same token while it is exported.
+    VmmExport {
+        /// The caller's handle.
+        handle: u64,
+    },
+    /// Imports physical memory another process of the VM exported
+    /// (`cuMemImportFromShareableHandle`); reply: a handle of the
+    /// caller's for it (released with `VmmRelease`) and its size. The
+    /// memory stays counted to its exporter.
+    VmmImport {
+        /// The exporter's token (never 0).
+        token: u64,
+    },
+    /// Exports one of the caller's memory pools (made with a POSIX file
+    /// descriptor handle type; `cuMemPoolExportToShareableHandle`); reply:
+    /// a token naming it.
+    PoolExport {
+        /// The guest's pool handle (never 0).
+        pool: u64,
+    },
+    /// Imports a pool another process of the VM exported
+    /// (`cuMemPoolImportFromShareableHandle`): pointers exported from it
+    /// may be imported through it from then on.
+    PoolImport {
+        /// The exporter's pool token (never 0).
+        token: u64,
+    },
+    /// Exports an allocation of one of the caller's exported pools
+    /// (`cuMemPoolExportPointer`); reply: a token naming it, its start
+    /// and size (the allocation is opened as `IpcOpen` opens, and closed
+    /// with `IpcClose`).
+    PoolExportPointer {
+        /// The pool's token (from `PoolExport`, never 0).
+        pool: u64,
+        /// An address inside the allocation.
+        ptr: u64,
+    },
+    /// Imports an allocation exported from a pool the caller imported
+    /// (`cuMemPoolImportPointer`); reply: its start and size.
+    PoolImportPointer {
+        /// The pool's token (from `PoolImport`, never 0).
+        pool: u64,
+        /// The allocation's token (from `PoolExportPointer`, never 0).
+        token: u64,
+    },
     /// A CUDA array (`cuArray3DCreate`), counted against the vGPU's memory
     /// limit; reply: its handle and the bytes counted.
     ArrayCreate {
@@ -642,6 +690,12 @@ impl Request {
             IpcClose { .. } => op::IPC_CLOSE,
             IpcExportEvent { .. } => op::IPC_EXPORT_EVENT,
             IpcOpenEvent { .. } => op::IPC_OPEN_EVENT,
+            VmmExport { .. } => op::VMM_EXPORT,
+            VmmImport { .. } => op::VMM_IMPORT,
+            PoolExport { .. } => op::POOL_EXPORT,
+            PoolImport { .. } => op::POOL_IMPORT,
+            PoolExportPointer { .. } => op::POOL_EXPORT_POINTER,
+            PoolImportPointer { .. } => op::POOL_IMPORT_POINTER,
             ArrayCreate { .. } => op::ARRAY_CREATE,
             ArrayDestroy { .. } => op::ARRAY_DESTROY,
             ArrayCopy { .. } => op::ARRAY_COPY,

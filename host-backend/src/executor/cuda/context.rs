@@ -761,6 +761,18 @@ impl Context for CudaContext {
         CudaContext::vmm_unmap(self, ptr, size)
     }
 
+    fn share_phys(&mut self, handle: Handle) -> Result<crate::executor::SharedMem, Status> {
+        CudaContext::share_phys(self, handle)
+    }
+
+    fn import_phys(
+        &mut self,
+        mem: &crate::executor::SharedMem,
+        size: u64,
+    ) -> Result<Handle, Status> {
+        CudaContext::import_phys(self, mem, size)
+    }
+
     fn prepare_migration(&self, target: u32) -> Option<crate::executor::PrepareJob> {
         CudaContext::prepare_migration(self, target)
     }

@@ -356,7 +356,8 @@ impl CudaContext {
             }
             // The guest's own physical memory, mapped or not, through a
             // view of each on the source.
-            for (&gh, &(old, n)) in &self.guest_vmm.phys {
+            for (&gh, (old, n)) in &self.guest_vmm.phys {
+                let (old, n) = (old.0, *n);
                 let comp = self.guest_vmm.compression_of(gh);
                 let (h, tmp) = staged_or_new(&mut p.staged_phys, &gh, n, target, comp)?;
                 staged_phys.push((gh, n, h, tmp));
@@ -529,10 +530,12 @@ impl CudaContext {
             let _ = unsafe { sys::cuMemUnmap(va, n) };
         }
         for (gh, n, h, tmp) in staged {
-            if let Some((old, _)) = self.guest_vmm.phys.insert(gh, (h, n)) {
-                // SAFETY: the old memory, no longer mapped anywhere.
-                let _ = unsafe { sys::cuMemRelease(old) };
-            }
+            // The old memory, no longer mapped anywhere, is released as
+            // it is dropped (`Phys::drop`; nothing else holds it: memory
+            // shared through a shareable handle keeps the vGPU).
+            self.guest_vmm
+                .phys
+                .insert(gh, (std::sync::Arc::new(super::vmm::Phys(h)), n));
             // SAFETY: the temporary view of `h`, undone once.
             let _ = unsafe { sys::cuMemUnmap(tmp, n) };
             // SAFETY: the temporary reservation, freed once.
@@ -540,7 +543,13 @@ impl CudaContext {
         }
         let acc = vmm_access(target);
         for (&va, &(n, gh, off)) in &self.guest_vmm.maps {
-            let &(h, _) = self.guest_vmm.phys.get(&gh).ok_or(Status::InvalidHandle)?;
+            let h = self
+                .guest_vmm
+                .phys
+                .get(&gh)
+                .ok_or(Status::InvalidHandle)?
+                .0
+                 .0;
             // SAFETY: `va..va + n` lies in the guest's reservation, now
             // unmapped; `off + n` within `h`'s memory (as when first mapped).
             check(unsafe { sys::cuMemMap(va, n, off as usize, h, 0) })?;

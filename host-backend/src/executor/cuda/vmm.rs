@@ -1,12 +1,14 @@
 //! Virtual memory management: the movable ranges allocations are made of,
 //! and the guest's own reservations, physical memory and mappings.
 
+use std::sync::Arc;
+
 use cudarc::driver::sys;
 use protocol::Status;
 
 use super::check;
 use super::context::CudaContext;
-use crate::executor::Handle;
+use crate::executor::{Handle, SharedMem};
 
 /// The guest's own virtual memory management objects (cuMemAddressReserve,
 /// cuMemCreate, cuMemMap; the worker checked each call against the
@@ -16,8 +18,9 @@ pub(super) struct GuestVmm {
     /// base -> size of each reservation.
     pub(super) reserved: std::collections::HashMap<u64, usize>,
     /// Our handle -> the driver's, and its size (to make it again on
-    /// another GPU).
-    pub(super) phys: crate::executor::HandleMap<(sys::CUmemGenericAllocationHandle, usize)>,
+    /// another GPU). Shared with another context of the worker when the
+    /// guest exported it through a shareable handle (`share_phys`).
+    pub(super) phys: crate::executor::HandleMap<(Arc<Phys>, usize)>,
     /// base -> size, our handle and the offset in its memory of each
     /// mapping (to map the memory made on another GPU in its place).
     pub(super) maps: std::collections::HashMap<u64, (usize, Handle, u64)>,
@@ -33,10 +36,8 @@ impl GuestVmm {
             // SAFETY: our own mapping, undone once.
             let _ = unsafe { sys::cuMemUnmap(va, n) };
         }
-        for (_, (h, _)) in self.phys.drain() {
-            // SAFETY: our own handle, released once.
-            let _ = unsafe { sys::cuMemRelease(h) };
-        }
+        // Released as the last holder lets go (`Phys::drop`).
+        self.phys.clear();
         for (va, n) in self.reserved.drain() {
             // SAFETY: our own reservation, nothing mapped in it any more.
             let _ = unsafe { sys::cuMemAddressFree(va, n) };
@@ -47,6 +48,20 @@ impl GuestVmm {
     /// The compression type our handle's memory has (0 if none).
     pub(super) fn compression_of(&self, handle: Handle) -> u8 {
         self.compressed.get(&handle).copied().unwrap_or(0)
+    }
+}
+
+/// The driver's handle of physical memory the guest made, released once
+/// every context holding it (the maker, importers of a shareable handle)
+/// let go; the driver keeps the memory while it is still mapped.
+pub(super) struct Phys(pub(super) sys::CUmemGenericAllocationHandle);
+
+impl Drop for Phys {
+    fn drop(&mut self) {
+        // SAFETY: the driver's handle, made by `cuMemCreate` and released
+        // once, here, when nothing of ours holds it any more (a VMM call
+        // that needs no current context).
+        let _ = unsafe { sys::cuMemRelease(self.0) };
     }
 }
 
@@ -226,10 +241,36 @@ impl CudaContext {
             }
         };
         self.next_handle += 1;
-        self.guest_vmm.phys.insert(self.next_handle, (h, n));
+        self.guest_vmm
+            .phys
+            .insert(self.next_handle, (Arc::new(Phys(h)), n));
         if granted != 0 {
             self.guest_vmm.compressed.insert(self.next_handle, granted);
         }
+        Ok(self.next_handle)
+    }
+
+    /// The driver's handle itself, for another context of this process
+    /// to hold (every context of a process reaches its VMM memory).
+    pub(super) fn share_phys(&mut self, handle: Handle) -> Result<SharedMem, Status> {
+        let (p, _) = self
+            .guest_vmm
+            .phys
+            .get(&handle)
+            .ok_or(Status::InvalidHandle)?;
+        Ok(SharedMem(Some(Arc::new(p.clone()))))
+    }
+
+    /// A handle of ours for physical memory another context shared.
+    pub(super) fn import_phys(&mut self, mem: &SharedMem, size: u64) -> Result<Handle, Status> {
+        let p = mem
+            .0
+            .as_ref()
+            .and_then(|m| m.downcast_ref::<Arc<Phys>>())
+            .ok_or(Status::InvalidValue)?;
+        let n = usize::try_from(size).map_err(|_| Status::InvalidValue)?;
+        self.next_handle += 1;
+        self.guest_vmm.phys.insert(self.next_handle, (p.clone(), n));
         Ok(self.next_handle)
     }
 
@@ -242,15 +283,15 @@ impl CudaContext {
 
     pub(super) fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
         self.bind()?;
-        let (h, _) = self
-            .guest_vmm
+        // Released once no context holds it (`Phys::drop`); no longer
+        // mapped by this one (the worker checked).
+        self.guest_vmm
             .phys
             .remove(&handle)
+            .map(drop)
             .ok_or(Status::InvalidHandle)?;
         self.guest_vmm.compressed.remove(&handle);
-        // SAFETY: our own handle, no longer mapped (the worker checked),
-        // released once.
-        check(unsafe { sys::cuMemRelease(h) })
+        Ok(())
     }
 
     pub(super) fn vmm_map(
@@ -261,11 +302,13 @@ impl CudaContext {
         handle: Handle,
     ) -> Result<(), Status> {
         self.bind()?;
-        let (h, _) = *self
+        let h = self
             .guest_vmm
             .phys
             .get(&handle)
-            .ok_or(Status::InvalidHandle)?;
+            .ok_or(Status::InvalidHandle)?
+            .0
+             .0;
         let n = size as usize;
         // SAFETY: `ptr..ptr + size` lies in a reservation of ours with
         // nothing mapped there, and `offset + size` within the handle's

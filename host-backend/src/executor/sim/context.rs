@@ -983,6 +983,18 @@ impl Context for SimContext {
         SimContext::vmm_unmap(self, ptr, size)
     }
 
+    fn share_phys(&mut self, handle: Handle) -> Result<crate::executor::SharedMem, Status> {
+        SimContext::share_phys(self, handle)
+    }
+
+    fn import_phys(
+        &mut self,
+        mem: &crate::executor::SharedMem,
+        size: u64,
+    ) -> Result<Handle, Status> {
+        SimContext::import_phys(self, mem, size)
+    }
+
     fn migration_keeper(&self) -> Option<crate::executor::Keeper> {
         self.arrays_keeper()
     }

@@ -21,7 +21,7 @@ pub(super) struct SharedBuf {
     pub offset: u64,
 }
 
-fn lock(b: &Buf) -> MutexGuard<'_, Vec<u8>> {
+pub(super) fn lock(b: &Buf) -> MutexGuard<'_, Vec<u8>> {
     b.lock().unwrap_or_else(|e| e.into_inner())
 }
 

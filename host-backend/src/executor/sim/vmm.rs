@@ -6,11 +6,20 @@
 //! granted as asked where it has, made plain where not, and holds bytes as
 //! any other; it keeps the vGPU from moving to a GPU without.
 
+use std::sync::Arc;
+
 use protocol::Status;
 
 use super::context::SimContext;
-use super::memory::zeroed;
-use crate::executor::Handle;
+use super::memory::{lock, zeroed, Buf};
+use crate::executor::{Handle, SharedMem};
+
+/// A new handle, numbered apart from every other context's handles (an
+/// imported one is used by the importer's context only).
+fn next_handle() -> Handle {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0x564d_0000);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 
 impl SimContext {
     pub(super) fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
@@ -30,9 +39,7 @@ impl SimContext {
             return Err(Status::InvalidValue);
         }
         let buf = zeroed(size)?;
-        // Numbered apart from every other context's handles.
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0x564d_0000);
-        let h = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let h = next_handle();
         self.vmm_phys.insert(h, buf);
         // As a driver does: asked of a GPU without it, the memory is plain.
         if compression != 0 && self.params.compresses(self.device) {
@@ -54,6 +61,29 @@ impl SimContext {
             && !self.vmm_compressed.is_empty()
             && !self.params.compresses(target))
         .then_some(crate::executor::Keeper::CompressibleMemory)
+    }
+
+    /// The handle's bytes themselves, for another context to hold.
+    pub(super) fn share_phys(&mut self, handle: Handle) -> Result<SharedMem, Status> {
+        self.alive()?;
+        let buf = self.vmm_phys.get(&handle).ok_or(Status::InvalidHandle)?;
+        Ok(SharedMem(Some(Arc::new(buf.clone()))))
+    }
+
+    /// A handle of this context for bytes another one shared.
+    pub(super) fn import_phys(&mut self, mem: &SharedMem, size: u64) -> Result<Handle, Status> {
+        self.alive()?;
+        let buf = mem
+            .0
+            .as_ref()
+            .and_then(|m| m.downcast_ref::<Buf>())
+            .ok_or(Status::InvalidValue)?;
+        if lock(buf).len() as u64 != size {
+            return Err(Status::InvalidValue);
+        }
+        let h = next_handle();
+        self.vmm_phys.insert(h, buf.clone());
+        Ok(h)
     }
 
     pub(super) fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {

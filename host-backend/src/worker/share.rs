@@ -1,0 +1,220 @@
+//! The shareable-handle requests (cuMemExportToShareableHandle,
+//! cuMemImportFromShareableHandle, cuMemPoolExportToShareableHandle,
+//! cuMemPoolImportFromShareableHandle, cuMemPoolExportPointer,
+//! cuMemPoolImportPointer): each checked against the session's own tables
+//! and the worker's exports (`session::share`), answered; and the count of
+//! shared memory, which stays the exporter's until its last importer lets
+//! go.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use protocol::{Reply, Request, Status};
+
+use super::channel::{answer, Chan};
+use super::shared::Shared;
+use crate::session::ipc::{Export, Exports};
+use crate::session::Session;
+use crate::Error;
+
+/// The worker's tables of shareable handles.
+#[derive(Debug, Default)]
+pub struct WorkerShares {
+    /// Physical memory exported, by token.
+    pub vmm: Exports,
+    /// Pools exported, by token.
+    pub pools: Exports,
+    /// Memory of processes that ended while others held imports of it:
+    /// (bytes counted, export), counted to the vGPU until they let go.
+    kept: Vec<(u64, Arc<Export>)>,
+}
+
+/// Runs a shareable-handle request of session `s` and replies.
+pub(super) fn handle(
+    sh: &mut Shared,
+    c: &mut Chan,
+    s: &mut Session,
+    tag: u64,
+    opc: u32,
+    req: Request,
+) -> Result<(), Error> {
+    let (r, why) = match req {
+        Request::VmmExport { handle } => (
+            vmm_export(sh, s, handle),
+            "export of a handle it does not hold, or one export too many",
+        ),
+        Request::VmmImport { token } => (
+            vmm_import(sh, s, token),
+            "import of a token no process of the VM exports",
+        ),
+        Request::PoolExport { pool } => (pool_export(sh, s, pool), "one pool export too many"),
+        Request::PoolImport { token } => (
+            pool_import(sh, s, token),
+            "import of a pool no other process of the VM exports",
+        ),
+        Request::PoolExportPointer { pool, ptr } => (
+            pointer_export(sh, s, pool, ptr),
+            "export of memory it does not own, or from a pool it did not export",
+        ),
+        Request::PoolImportPointer { pool, token } => (
+            pointer_import(sh, s, pool, token),
+            "import of a pointer not exported from a pool it imported",
+        ),
+        _ => (Err(Status::InvalidValue), "not a shareable-handle request"),
+    };
+    answer(sh, c, tag, opc, r, why)
+}
+
+/// The token of physical memory the session holds a handle of (made on
+/// its first export), and its size.
+fn vmm_export(sh: &mut Shared, s: &mut Session, handle: u64) -> Result<Reply, Status> {
+    let size = s.vmm.held(handle).ok_or(Status::InvalidValue)?;
+    if s.shares.is_import(handle) {
+        // Exported again by an importer: the memory is counted to its
+        // exporter, who alone exports it.
+        return Err(Status::NotSupported);
+    }
+    let token = match s.shares.exported.token(handle) {
+        Some(t) => t,
+        None => {
+            let mem = s.ctx.share_phys(handle)?;
+            let (t, e) = sh.shares.vmm.add(s.id, handle, size, mem)?;
+            s.shares.exported.insert(t, e);
+            t
+        }
+    };
+    Ok(Reply {
+        vals: [token, size, 0, 0],
+    })
+}
+
+/// A handle of the session's for exported physical memory, and its size.
+fn vmm_import(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
+    let e = sh.shares.vmm.get(token).ok_or(Status::InvalidValue)?;
+    // Its own memory, or memory it imported before: the same handle, held
+    // once more.
+    let again = if e.owner == s.id {
+        Some(e.base)
+    } else {
+        s.shares.import_of(&e)
+    };
+    if let Some(h) = again {
+        if s.vmm.hold(h) {
+            return Ok(Reply {
+                vals: [h, e.size, 0, 0],
+            });
+        }
+        return Err(Status::InvalidValue);
+    }
+    let h = s.ctx.import_phys(&e.mem, e.size)?;
+    if let Err(err) = s.shares.imported(h, e.clone()) {
+        let _ = s.ctx.vmm_release(h);
+        return Err(err);
+    }
+    // Counted to the exporter, not here.
+    s.vmm.created(h, e.size, 0);
+    Ok(Reply {
+        vals: [h, e.size, 0, 0],
+    })
+}
+
+/// The token of one of the session's pools (made on its first export).
+fn pool_export(sh: &mut Shared, s: &mut Session, pool: u64) -> Result<Reply, Status> {
+    let token = match s.shares.pools.token(pool) {
+        Some(t) => t,
+        None => {
+            let (t, e) = sh.shares.pools.add(s.id, pool, 0, Default::default())?;
+            s.shares.pools.insert(t, e);
+            t
+        }
+    };
+    Ok(Reply::one(token))
+}
+
+/// Records another session's pool as imported by this one.
+fn pool_import(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
+    let e = sh.shares.pools.get(token).ok_or(Status::InvalidValue)?;
+    s.shares.pool_imported(token, e)?;
+    Ok(Reply::default())
+}
+
+/// Exports the allocation holding `ptr` as IPC memory of the session's
+/// exported pool `pool`: its token, start and size.
+fn pointer_export(sh: &mut Shared, s: &mut Session, pool: u64, ptr: u64) -> Result<Reply, Status> {
+    match sh.shares.pools.get(pool) {
+        Some(p) if p.owner == s.id => {}
+        _ => return Err(Status::InvalidValue),
+    }
+    let r = super::ipc::export(sh, s, ptr)?;
+    let e = sh.ipc.get(r.vals[0]).ok_or(Status::InvalidValue)?;
+    e.set_tag(pool);
+    Ok(r)
+}
+
+/// Opens an allocation exported from pool `pool`, which the session
+/// imported: its start and size.
+fn pointer_import(
+    sh: &mut Shared,
+    s: &mut Session,
+    pool: u64,
+    token: u64,
+) -> Result<Reply, Status> {
+    if !s.shares.has_pool(pool) {
+        return Err(Status::InvalidValue);
+    }
+    match sh.ipc.get(token) {
+        Some(e) if e.tag() == pool => super::ipc::open(sh, s, token),
+        _ => Err(Status::InvalidValue),
+    }
+}
+
+/// Uncounts shared memory nobody holds any more: the session's own
+/// (released while imported elsewhere) and that of processes gone.
+pub(super) fn settle(sh: &mut Shared, s: &mut Session) {
+    for (_, charge) in s.shares.orphans.closed() {
+        s.uncount(charge);
+        sh.mem_used -= charge;
+    }
+    settle_kept(sh);
+}
+
+/// Uncounts memory of ended processes that nobody holds any more.
+pub(super) fn settle_kept(sh: &mut Shared) {
+    let mut freed = 0;
+    sh.shares.kept.retain(|(charge, e)| {
+        if e.opened() {
+            return true;
+        }
+        freed += charge;
+        false
+    });
+    sh.mem_used -= freed;
+    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+}
+
+/// The session ends: memory of its that others still hold leaves its
+/// count for the vGPU's, until they let go ([`settle_kept`]); its tokens
+/// are revoked.
+pub(super) fn keep_at_end(sh: &mut Shared, s: &mut Session) {
+    let held = s.shares.exported.take_all_opened();
+    let mut kept: Vec<(u64, Arc<Export>)> = held.into_iter().map(|e| (e.size, e)).collect();
+    kept.extend(s.shares.orphans.take_opened());
+    for (charge, e) in kept {
+        s.uncount(charge);
+        sh.shares.kept.push((charge, e));
+    }
+}
+
+/// Physical memory of `s` that nothing of the session holds any more was
+/// freed (`handle`, counted `charge`): an import lets go of its export;
+/// memory it exported that others still hold stays counted to it. Whether
+/// the charge may be uncounted now.
+pub(super) fn on_dead(s: &mut Session, handle: u64, charge: u64) -> bool {
+    s.shares.forget(handle);
+    if let Some(e) = s.shares.exported.take_opened(handle) {
+        s.shares.orphans.push(handle, charge, e);
+        return false;
+    }
+    s.shares.exported.revoke(handle, handle.saturating_add(1));
+    true
+}
