@@ -188,6 +188,12 @@ static void mapped_memory(void) {
     CK(cuMemGetAddressRange_v2(&base, &size, m + 100));
     EXPECT("a managed allocation's address range", base == m && size >= 4096);
     CK(cuMemFree_v2(m));
+    /* cuSPARSE's cusparseDestroyCsrilu02Info (conjugateGradientPrecond)
+     * frees with cudaFreeAsync what may be unset or managed. */
+    EXPECT("cuMemFreeAsync of a null pointer", cuMemFreeAsync(0, 0) == 0);
+    CK(cuMemAllocManaged(&m, 4096, 1));
+    EXPECT("cuMemFreeAsync of managed memory", cuMemFreeAsync(m, 0) == 0);
+    EXPECT("managed memory freed once", cuMemFreeAsync(m, 0) != 0);
 }
 
 static void attributes(void) {

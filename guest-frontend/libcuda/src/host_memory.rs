@@ -189,6 +189,11 @@ pub(crate) fn managed_from_pool(size: u64) -> Result<u64, CuResult> {
     alloc(size, Kind::Managed).map(|(addr, _)| addr)
 }
 
+/// Whether `ptr` is the start of a managed block of the pool.
+pub(crate) fn is_managed(ptr: u64) -> bool {
+    objects().is_ok_and(|o| o.host.get(&ptr).is_some_and(|b| b.kind == Kind::Managed))
+}
+
 /// Frees managed memory at `ptr` (`cuMemFree` of a managed pointer); false
 /// if `ptr` is no managed block.
 pub(crate) fn free_managed(ptr: u64) -> Result<bool, CuResult> {

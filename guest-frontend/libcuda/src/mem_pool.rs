@@ -172,8 +172,17 @@ export! {
             return Ok(());
         }
         let stream = resolve(st)?;
+        if ptr == 0 {
+            // As cuMemFree: nothing to free (cuSPARSE frees unset buffers so).
+            return Ok(());
+        }
         if free_imported(ptr, Some(stream))? {
             return Ok(());
+        }
+        if crate::managed::contains(ptr, 1) || crate::host_memory::is_managed(ptr) {
+            // Managed memory goes once the stream has got there.
+            gpu(|g| g.stream_synchronize(stream))?;
+            return crate::memory::free_managed_any(ptr);
         }
         {
             let mut o = objects()?;

@@ -160,6 +160,16 @@ fn free(p: CUdeviceptr) -> Result<(), CuResult> {
     free_device(p)
 }
 
+/// Frees managed memory at `p` (on the device or in the pinned pool);
+/// an invalid value if `p` is no managed allocation's start.
+pub(crate) fn free_managed_any(p: CUdeviceptr) -> Result<(), CuResult> {
+    if crate::managed::free(p)? || crate::host_memory::free_managed(p)? {
+        Ok(())
+    } else {
+        Err(code::INVALID_VALUE)
+    }
+}
+
 /// Frees device allocation `p` of the process on the host, and forgets it.
 pub(crate) fn free_device(p: CUdeviceptr) -> Result<(), CuResult> {
     host_free(p)?;
