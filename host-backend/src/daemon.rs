@@ -169,12 +169,12 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         // Fail here, once, rather than in every worker start.
         crate::executor::cuda::available()?;
     }
+    // Before any socket in run_dir is touched: a second daemon there is
+    // refused (see `run_lock.rs`), its error the only line it prints.
+    let run_lock = crate::run_lock::RunLock::take(&cfg.daemon.run_dir)?;
     // The host CPU options, on this thread before any other starts (the
     // CPU mask of `[daemon] cpus` is inherited by every thread and worker).
     let host_cpu = std::sync::Arc::new(crate::hostcpu::HostCpu::start(&cfg.daemon));
-    // Before any socket in run_dir is touched: a second daemon there is
-    // refused (see `run_lock.rs`).
-    let run_lock = crate::run_lock::RunLock::take(&cfg.daemon.run_dir)?;
     // The id the VMs' vGPU UUIDs derive from, made before any worker asks.
     crate::identity::host_id(&cfg.daemon.run_dir)?;
     let exe = std::env::current_exe().map_err(|source| Error::Io {
