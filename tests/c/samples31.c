@@ -56,6 +56,9 @@ CUresult cuMemHostAlloc(void **, size_t, unsigned);
 CUresult cuMemFreeHost(void *);
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *, void *, unsigned);
 CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
+CUresult cuMemHostRegister_v2(void *, size_t, unsigned);
+CUresult cuMemHostUnregister(void *);
+CUresult cuMemHostGetFlags(unsigned *, void *);
 
 /* CUDA_MEM_ALLOC_NODE_PARAMS: pool properties (88 bytes), access
  * descriptors, the size, the address the driver writes back. */
@@ -214,6 +217,26 @@ static void attributes(void) {
     EXPECT("no fabric handles", v == 0);
 }
 
+/* NPP's watershedSegmentationNPP registers a buffer on its own stack: the
+ * stand-in once mapped pool pages over the very frames of the call. */
+static __attribute__((noinline)) void stack_registration(void) {
+    unsigned char buf[300];
+    for (int i = 0; i < 300; i++) buf[i] = (unsigned char)i;
+    CK(cuMemHostRegister_v2(buf, sizeof buf, 0));
+    unsigned f = 99;
+    CK(cuMemHostGetFlags(&f, buf + 10));
+    CUdeviceptr d;
+    CK(cuMemAlloc_v2(&d, sizeof buf));
+    CK(cuMemcpyHtoD_v2(d, buf, sizeof buf));
+    unsigned char back[300] = {0};
+    CK(cuMemcpyDtoH_v2(back, d, sizeof back));
+    EXPECT("memory on the registering thread's stack registered, copied and intact",
+           f == 0 && memcmp(buf, back, sizeof buf) == 0);
+    EXPECT("registered twice refused", cuMemHostRegister_v2(buf, 16, 0) != 0);
+    CK(cuMemHostUnregister(buf));
+    CK(cuMemFree_v2(d));
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s KERNELS.ptx\n", argv[0]);
@@ -231,6 +254,8 @@ int main(int argc, char **argv) {
     max_threads(ptx);
     mapped_memory();
     attributes();
+    stack_registration();
+    printf("ok: the stack registration returned\n");
     CK(cuDevicePrimaryCtxRelease_v2(dev));
     free(ptx);
     printf("samples31: all checks passed\n");

@@ -45,6 +45,9 @@ fn upstream_programs_get_the_drivers_answers() {
             "ok: VMM handles as file descriptors",
             "ok: memory pools shareable as file descriptors only",
             "ok: no fabric handles",
+            "ok: memory on the registering thread's stack registered, copied and intact",
+            "ok: registered twice refused",
+            "ok: the stack registration returned",
             "samples31: all checks passed",
         ],
     );

@@ -171,6 +171,44 @@ fn alloc(len: u64, kind: Kind) -> Result<(u64, Block), CuResult> {
     Ok((addr, b))
 }
 
+/// Registrations of memory on the registering thread's own stack, kept
+/// without remapping (see `cuMemHostRegister`): start -> (length, flags).
+fn lock_stack_registrations() -> std::sync::MutexGuard<'static, BTreeMap<u64, (u64, c_uint)>> {
+    static R: std::sync::Mutex<BTreeMap<u64, (u64, c_uint)>> = std::sync::Mutex::new(BTreeMap::new());
+    R.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether the pages `[a, b)` overlap the calling thread's stack.
+fn on_own_stack(a: u64, b: u64) -> bool {
+    let here = 0u8;
+    let sp = std::ptr::addr_of!(here) as u64;
+    match thread_stack() {
+        Some((lo, hi)) => a < hi && lo < b,
+        // Bounds unknown: at least the pages this frame lives in.
+        None => a <= sp && sp < b,
+    }
+}
+
+/// The calling thread's stack, `[low, high)`, as the C library knows it.
+fn thread_stack() -> Option<(u64, u64)> {
+    // SAFETY: pthread_attr_t is a plain C struct; all zeroes is a valid
+    // value to hand to pthread_getattr_np, which initializes it.
+    let mut attr: libc::pthread_attr_t = unsafe { std::mem::zeroed() };
+    // SAFETY: no preconditions.
+    let me = unsafe { libc::pthread_self() };
+    // SAFETY: `attr` is ours; on success it must be destroyed (below).
+    if unsafe { libc::pthread_getattr_np(me, &mut attr) } != 0 {
+        return None;
+    }
+    let mut addr: *mut c_void = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: `attr` was initialized above; the out-parameters are ours.
+    let r = unsafe { libc::pthread_attr_getstack(&attr, &mut addr, &mut size) };
+    // SAFETY: initialized above, destroyed once.
+    unsafe { libc::pthread_attr_destroy(&mut attr) };
+    (r == 0 && !addr.is_null()).then(|| (addr as u64, addr as u64 + size as u64))
+}
+
 /// Gives the block at `addr` back to the pool.
 fn release(addr: u64) -> Result<Block, CuResult> {
     let b = objects()?.host.remove(&addr).ok_or(code::INVALID_VALUE)?;
@@ -310,6 +348,15 @@ export! {
 
     fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) {
         driver()?;
+        let q = p as u64;
+        if let Some(f) = lock_stack_registrations()
+            .range(..=q)
+            .next_back()
+            .filter(|(&s0, &(n, _))| q < s0 + n)
+            .map(|(_, &(_, f))| f)
+        {
+            return out(flags, f);
+        }
         let (_, b) = block_of(&objects()?.host, p as u64).ok_or(code::INVALID_VALUE)?;
         let f = match b.kind {
             Kind::Alloc(f) | Kind::Registered { flags: f, .. } => f,
@@ -337,6 +384,20 @@ export! {
                 return Err(code::HOST_MEMORY_ALREADY_REGISTERED);
             }
         }
+        if on_own_stack(a, b) {
+            // The pages hold this very call's frames: mapped over, the
+            // frames made after the copy would be lost (NPP's watershed
+            // registers a buffer on its stack, and the stand-in returned
+            // into garbage). Kept as the program's own pages: copies of
+            // them go the pageable way, which is what registration of them
+            // cannot change here.
+            let mut l = lock_stack_registrations();
+            if l.iter().any(|(&s0, &(n, _))| s0 < end && start < s0 + n) {
+                return Err(code::HOST_MEMORY_ALREADY_REGISTERED);
+            }
+            l.insert(start, (size as u64, flags));
+            return Ok(());
+        }
         let (addr, blk) = alloc(b - a, Kind::Registered { start, len: size as u64, flags })?;
         // SAFETY: [a, b) is the program's memory (it registers it: the API's
         // contract is that it is mapped and readable); the pool block at
@@ -360,6 +421,9 @@ export! {
     fn cuMemHostUnregister(p: *mut c_void) {
         need_ctx()?;
         let start = p as u64;
+        if lock_stack_registrations().remove(&start).is_some() {
+            return Ok(());
+        }
         let (a, blk) = objects()?
             .host
             .iter()
