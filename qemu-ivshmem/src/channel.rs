@@ -199,6 +199,35 @@ impl Region {
         }
     }
 
+    /// As [`Region::map_pinned_over`], copying the pages' bytes first to
+    /// `copy_to`, the caller's mapping of that part of the pool, with
+    /// nothing written to the caller's stack in between (see
+    /// [`crate::shm::SharedMemory::copy_and_map_part_over`]).
+    ///
+    /// # Safety
+    /// As that function.
+    pub unsafe fn copy_and_map_pinned_over(
+        &self,
+        off: u64,
+        len: usize,
+        addr: usize,
+        copy_to: usize,
+    ) -> Result<()> {
+        let size = self.layout.params.pinned_size;
+        if off.checked_add(len as u64).is_none_or(|end| end > size) {
+            return Err(Error::BadLayout(format!("pool part {off}+{len} of {size}")));
+        }
+        // SAFETY: per this function's contract.
+        unsafe {
+            self.mem.copy_and_map_part_over(
+                self.layout.pinned_offset + off as usize,
+                len,
+                addr,
+                copy_to,
+            )
+        }
+    }
+
     /// The host epoch: bumped every time a host creates or adopts the region.
     pub fn host_epoch(&self) -> Result<u32> {
         Ok(self

@@ -216,6 +216,165 @@ impl SharedMemory {
     }
 }
 
+impl SharedMemory {
+    /// Copies the caller's pages `[addr, addr + len)` to `copy_to` (the
+    /// caller's own mapping of `[off, off + len)` of the region) and maps
+    /// that part of the region over them, with nothing written to the
+    /// calling thread's stack in between: on x86-64 the copy and the
+    /// `mmap` are one block of instructions using registers only, so the
+    /// range may even hold the caller's live stack frames (a program that
+    /// registers a buffer on its stack: every frame in it is copied as it
+    /// is when mapped over). Elsewhere it is a copy and then
+    /// [`SharedMemory::map_part_over`].
+    ///
+    /// # Safety
+    /// As [`SharedMemory::map_part_over`] (page-aligned, replaceable,
+    /// readable), and `copy_to` must be a writable mapping of `len` bytes of
+    /// this region's part at `off`.
+    pub unsafe fn copy_and_map_part_over(
+        &self,
+        off: usize,
+        len: usize,
+        addr: usize,
+        copy_to: usize,
+    ) -> Result<()> {
+        let file = self
+            .file()
+            .ok_or_else(|| Error::BadLayout("heap memory has no file to map".into()))?;
+        if off.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Error::BadLayout(format!(
+                "part {off}+{len} of {} bytes",
+                self.len
+            )));
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let fd = file.as_fd().as_raw_fd() as usize;
+            let ret: isize;
+            // SAFETY: per this function's contract: `[addr, addr + len)` is
+            // readable and may be replaced, `copy_to` is writable for `len`
+            // bytes (a different mapping of the same file part); the block
+            // touches no memory but those two ranges and no stack (`rep
+            // movsb` then the mmap system call, registers only).
+            unsafe {
+                std::arch::asm!(
+                    "rep movsb",
+                    "mov rdi, {a}",
+                    "mov rsi, {n}",
+                    "mov eax, 9",
+                    "syscall",
+                    a = in(reg) addr,
+                    n = in(reg) len,
+                    inout("rdi") copy_to => _,
+                    inout("rsi") addr => _,
+                    inout("rcx") len => _,
+                    in("rdx") (libc::PROT_READ | libc::PROT_WRITE) as usize,
+                    in("r10") (libc::MAP_SHARED | libc::MAP_FIXED) as usize,
+                    in("r8") fd,
+                    in("r9") off,
+                    lateout("rax") ret,
+                    lateout("r11") _,
+                    options(nostack)
+                );
+            }
+            if ret < 0 {
+                return Err(Error::io(
+                    "mmap over registered memory",
+                    std::io::Error::from_raw_os_error(-ret as i32),
+                ));
+            }
+            Ok(())
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = file;
+            // SAFETY: per this function's contract.
+            unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, copy_to as *mut u8, len) };
+            // SAFETY: per this function's contract.
+            unsafe { self.map_part_over(off, len, addr) }
+        }
+    }
+}
+
+/// Maps fresh private pages over `[addr, addr + len)` holding the `len`
+/// bytes at `from` (registered memory given back to the program: the pool's
+/// pages mapped over it are replaced by pages of its own with what they
+/// hold), with nothing written to the calling thread's stack in between (on
+/// x86-64 one block of instructions using registers only), since the range
+/// may hold the caller's live stack frames.
+///
+/// # Safety
+/// `[addr, addr + len)` is page-aligned memory of the caller's that may be
+/// replaced, and `from` is readable for `len` bytes in another mapping.
+pub unsafe fn map_private_copy_over(addr: usize, len: usize, from: usize) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let ret: isize;
+        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as usize;
+        // SAFETY: per this function's contract: the mmap replaces only
+        // `[addr, addr + len)`; the copy reads `from` and writes the fresh
+        // pages; registers only, no stack.
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                "test rax, rax",
+                "js 2f",
+                "mov rcx, rsi",
+                "mov rsi, {from}",
+                "rep movsb",
+                "2:",
+                from = in(reg) from,
+                inout("rax") 9isize => ret,
+                inout("rdi") addr => _,
+                inout("rsi") len => _,
+                in("rdx") (libc::PROT_READ | libc::PROT_WRITE) as usize,
+                in("r10") flags,
+                in("r8") usize::MAX,
+                in("r9") 0usize,
+                out("rcx") _,
+                out("r11") _,
+                options(nostack)
+            );
+        }
+        if ret < 0 {
+            return Err(Error::io(
+                "mmap of private pages over registered memory",
+                std::io::Error::from_raw_os_error(-ret as i32),
+            ));
+        }
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let keep = {
+            let mut v = vec![0u8; len];
+            // SAFETY: per this function's contract.
+            unsafe { std::ptr::copy_nonoverlapping(from as *const u8, v.as_mut_ptr(), len) };
+            v
+        };
+        // SAFETY: per this function's contract, the range may be replaced.
+        let m = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if m == libc::MAP_FAILED {
+            return Err(Error::io(
+                "mmap of private pages over registered memory",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: the fresh pages are ours and `len` long.
+        unsafe { std::ptr::copy_nonoverlapping(keep.as_ptr(), addr as *mut u8, len) };
+        Ok(())
+    }
+}
+
 /// A part of the region mapped a second time, at an address of its own
 /// (the pinned pool at the address the GPU knows it by). Unmapped on drop.
 #[derive(Debug)]

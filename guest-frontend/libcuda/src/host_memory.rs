@@ -171,44 +171,6 @@ fn alloc(len: u64, kind: Kind) -> Result<(u64, Block), CuResult> {
     Ok((addr, b))
 }
 
-/// Registrations of memory on the registering thread's own stack, kept
-/// without remapping (see `cuMemHostRegister`): start -> (length, flags).
-fn lock_stack_registrations() -> std::sync::MutexGuard<'static, BTreeMap<u64, (u64, c_uint)>> {
-    static R: std::sync::Mutex<BTreeMap<u64, (u64, c_uint)>> = std::sync::Mutex::new(BTreeMap::new());
-    R.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Whether the pages `[a, b)` overlap the calling thread's stack.
-fn on_own_stack(a: u64, b: u64) -> bool {
-    let here = 0u8;
-    let sp = std::ptr::addr_of!(here) as u64;
-    match thread_stack() {
-        Some((lo, hi)) => a < hi && lo < b,
-        // Bounds unknown: at least the pages this frame lives in.
-        None => a <= sp && sp < b,
-    }
-}
-
-/// The calling thread's stack, `[low, high)`, as the C library knows it.
-fn thread_stack() -> Option<(u64, u64)> {
-    // SAFETY: pthread_attr_t is a plain C struct; all zeroes is a valid
-    // value to hand to pthread_getattr_np, which initializes it.
-    let mut attr: libc::pthread_attr_t = unsafe { std::mem::zeroed() };
-    // SAFETY: no preconditions.
-    let me = unsafe { libc::pthread_self() };
-    // SAFETY: `attr` is ours; on success it must be destroyed (below).
-    if unsafe { libc::pthread_getattr_np(me, &mut attr) } != 0 {
-        return None;
-    }
-    let mut addr: *mut c_void = std::ptr::null_mut();
-    let mut size: usize = 0;
-    // SAFETY: `attr` was initialized above; the out-parameters are ours.
-    let r = unsafe { libc::pthread_attr_getstack(&attr, &mut addr, &mut size) };
-    // SAFETY: initialized above, destroyed once.
-    unsafe { libc::pthread_attr_destroy(&mut attr) };
-    (r == 0 && !addr.is_null()).then(|| (addr as u64, addr as u64 + size as u64))
-}
-
 /// Gives the block at `addr` back to the pool.
 fn release(addr: u64) -> Result<Block, CuResult> {
     let b = objects()?.host.remove(&addr).ok_or(code::INVALID_VALUE)?;
@@ -348,15 +310,6 @@ export! {
 
     fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) {
         driver()?;
-        let q = p as u64;
-        if let Some(f) = lock_stack_registrations()
-            .range(..=q)
-            .next_back()
-            .filter(|(&s0, &(n, _))| q < s0 + n)
-            .map(|(_, &(_, f))| f)
-        {
-            return out(flags, f);
-        }
         let (_, b) = block_of(&objects()?.host, p as u64).ok_or(code::INVALID_VALUE)?;
         let f = match b.kind {
             Kind::Alloc(f) | Kind::Registered { flags: f, .. } => f,
@@ -384,28 +337,21 @@ export! {
                 return Err(code::HOST_MEMORY_ALREADY_REGISTERED);
             }
         }
-        if on_own_stack(a, b) {
-            // The pages hold this very call's frames: mapped over, the
-            // frames made after the copy would be lost (NPP's watershed
-            // registers a buffer on its stack, and the stand-in returned
-            // into garbage). Kept as the program's own pages: copies of
-            // them go the pageable way, which is what registration of them
-            // cannot change here.
-            let mut l = lock_stack_registrations();
-            if l.iter().any(|(&s0, &(n, _))| s0 < end && start < s0 + n) {
-                return Err(code::HOST_MEMORY_ALREADY_REGISTERED);
-            }
-            l.insert(start, (size as u64, flags));
-            return Ok(());
-        }
         let (addr, blk) = alloc(b - a, Kind::Registered { start, len: size as u64, flags })?;
-        // SAFETY: [a, b) is the program's memory (it registers it: the API's
-        // contract is that it is mapped and readable); the pool block at
-        // `addr` is ours and as long.
-        unsafe { std::ptr::copy_nonoverlapping(a as *const u8, addr as *mut u8, (b - a) as usize) };
-        // SAFETY: [a, b) is page-aligned memory of the program, whose bytes
-        // were just copied into the block mapped over it.
-        if let Err(e) = unsafe { pl.region.map_pinned_over(blk.offset, (b - a) as usize, a as usize) } {
+        // The bytes are copied into the block and the block mapped over the
+        // pages with nothing written to this thread's stack in between: the
+        // pages may hold this very call's frames (NPP's watershed registers
+        // a buffer on its stack; copied first and mapped over after, the
+        // frames made in between were lost and the call returned into
+        // garbage).
+        // SAFETY: [a, b) is page-aligned memory of the program (it registers
+        // it: the API's contract is that it is mapped and readable); the pool
+        // block at `addr` is ours, as long, and the same part of the pool.
+        let r = unsafe {
+            pl.region
+                .copy_and_map_pinned_over(blk.offset, (b - a) as usize, a as usize, addr as usize)
+        };
+        if let Err(e) = r {
             crate::log_once(&format!("cuMemHostRegister: {e}"));
             release(addr)?;
             return Err(code::INVALID_VALUE);
@@ -421,9 +367,6 @@ export! {
     fn cuMemHostUnregister(p: *mut c_void) {
         need_ctx()?;
         let start = p as u64;
-        if lock_stack_registrations().remove(&start).is_some() {
-            return Ok(());
-        }
         let (a, blk) = objects()?
             .host
             .iter()
@@ -431,27 +374,19 @@ export! {
             .map(|(&a, &b)| (a, b))
             .ok_or(code::HOST_MEMORY_NOT_REGISTERED)?;
         let len = blk.len as usize;
-        let mut keep = vec![0u8; len];
-        // SAFETY: [a, a + len) is the pool block mapped over the program's
-        // pages at registration, still mapped.
-        unsafe { std::ptr::copy_nonoverlapping(a as *const u8, keep.as_mut_ptr(), len) };
-        // SAFETY: replaces the pool mapping at [a, a + len) (page-aligned,
-        // ours since registration) with fresh private pages.
-        let m = unsafe {
-            libc::mmap(
-                a as *mut c_void,
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
-        if m == libc::MAP_FAILED {
-            return Err(code::UNKNOWN);
-        }
-        // SAFETY: the fresh pages at [a, a + len) are ours and as long.
-        unsafe { std::ptr::copy_nonoverlapping(keep.as_ptr(), a as *mut u8, len) };
+        let pl = pool()?;
+        // Fresh private pages replace the pool's over [a, a + len), holding
+        // what the block holds (read from the pool's own mapping of it),
+        // with nothing written to this thread's stack in between: the pages
+        // may hold this call's own frames (see cuMemHostRegister).
+        // SAFETY: [a, a + len) is page-aligned, the pool block mapped over
+        // the program's pages at registration (ours to replace); the pool's
+        // mapping of the block stays readable.
+        unsafe { qemu_ivshmem::shm::map_private_copy_over(a as usize, len, (pl.host + blk.offset) as usize) }
+            .map_err(|e| {
+                crate::log_once(&format!("cuMemHostUnregister: {e}"));
+                code::UNKNOWN
+            })?;
         objects()?.host.remove(&a);
         gpu(|g| g.pinned_free(blk.offset))
     }
