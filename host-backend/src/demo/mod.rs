@@ -226,8 +226,9 @@ pub fn run(executor: crate::config::ExecutorKind, seconds: f64) -> Result<()> {
             }
         }
     }
+    let mut phases = Vec::new();
     if result.is_ok() {
-        result = watch(&api, seconds, &ready, &mut tenants);
+        result = watch(&api, seconds, &ready, &mut tenants).map(|p| phases = p);
     }
     let mut tenant_errors = Vec::new();
     for t in &mut tenants {
@@ -240,6 +241,7 @@ pub fn run(executor: crate::config::ExecutorKind, seconds: f64) -> Result<()> {
     drop(tenants);
     drop(daemon);
     result?;
+    print_summary(&phases);
     if !tenant_errors.is_empty() {
         bail!("{}", tenant_errors.join("; "));
     }
@@ -273,14 +275,18 @@ fn pct(x: f64) -> String {
     format!("{:5.1}%", x * 100.0)
 }
 
-/// Prints the live shares each second, changes vm1's weight at 60% of the
-/// run, and prints the summary.
+/// A phase of the run: its name, each tenant's entitlement, each one's
+/// share of the GPU time charged in it.
+type Phase = (String, Vec<f64>, Vec<f64>);
+
+/// Prints the live shares each second and changes vm1's weight at 60% of
+/// the run; the phases for the summary.
 fn watch(
     api: &ApiTarget,
     seconds: f64,
     ready: &AtomicUsize,
     tenants: &mut [Tenant],
-) -> Result<()> {
+) -> Result<Vec<Phase>> {
     let t = Instant::now();
     while ready.load(Ordering::SeqCst) < 3 {
         for g in tenants.iter_mut() {
@@ -350,7 +356,7 @@ fn watch(
         println!("interrupted: stopping the tenants and the daemon");
     }
     // The summary: each phase's shares from the GPU time charged in it.
-    let mut phases: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+    let mut phases: Vec<Phase> = Vec::new();
     let w2 = [NEW_WEIGHT, WEIGHTS[1], WEIGHTS[2]];
     if let Some(a) = &p1_start {
         let b = p1_end.as_ref().unwrap_or(&end);
@@ -367,23 +373,29 @@ fn watch(
             shares_between(a, &end),
         ));
     }
+    Ok(phases)
+}
+
+/// The one-screen summary: entitlement against share per tenant and phase,
+/// and each phase's MMR.
+fn print_summary(phases: &[Phase]) {
     println!("\nsummary: each tenant's share of the GPU time charged in each phase");
     let mut head = format!("  {:<16}", "");
-    for (name, _, _) in &phases {
+    for (name, _, _) in phases {
         head.push_str(&format!(" | {:<26}", format!("weights {name}")));
     }
     println!("{head}");
     let mut worst: f64 = 0.0;
     for i in 0..3 {
         let mut row = format!("  {:<16}", format!("vm{} (tenant{})", i + 1, i + 1));
-        for (_, ent, got) in &phases {
+        for (_, ent, got) in phases {
             row.push_str(&format!(" | entitled {} got {}", pct(ent[i]), pct(got[i])));
             worst = worst.max((got[i] - ent[i]).abs());
         }
         println!("{row}");
     }
     let mut row = format!("  {:<16}", "MMR");
-    for (_, ent, got) in &phases {
+    for (_, ent, got) in phases {
         row.push_str(&format!(" | {:<26.3}", mmr(got, ent)));
     }
     println!("{row}");
@@ -398,5 +410,4 @@ fn watch(
             }
         );
     }
-    Ok(())
 }
