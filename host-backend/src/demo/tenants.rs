@@ -52,22 +52,23 @@ fn standin() -> Result<PathBuf> {
             if release {
                 cmd.arg("--release");
             }
-            let st = cmd
+            match cmd
                 .current_dir(ws)
                 .env("CARGO_TARGET_DIR", target)
                 .stdout(Stdio::null())
                 .status()
-                .with_context(|| {
-                    format!(
-                        "running {}: the demo builds the stand-in with cargo",
-                        Path::new(&cargo).display()
-                    )
-                })?;
-            if !st.success() {
-                bail!(
+            {
+                Ok(st) if st.success() => {}
+                Ok(st) => bail!(
                     "building the stand-in libcuda failed ({st}): {}",
                     build_hint(release)
-                );
+                ),
+                // No cargo here (a binary copied with its target folder):
+                // the stand-in beside it, if any, is used as it is.
+                Err(e) => println!(
+                    "  (no cargo to run: {e}; using the stand-in beside {})",
+                    exe.display()
+                ),
             }
         }
     }
@@ -82,7 +83,8 @@ fn standin() -> Result<PathBuf> {
         .find(|p| p.is_file())
         .with_context(|| {
             format!(
-                "the demo's tenants need the stand-in libcuda.so.1 and none is beside {}: {}",
+                "the demo's tenants need the stand-in libcuda.so.1 and none is beside {} or in \
+                 its ../lib: build it ({}) and put its libcuda.so beside the binary",
                 exe.display(),
                 build_hint(release)
             )
