@@ -99,7 +99,10 @@ fn demo_shares_follow_the_weights_and_its_dashboard_answers() {
     assert!(all.contains("dashboard answered: page HTTP 200"), "{all}");
     // The tenants are the C program, built by the demo against the
     // stand-in, and each ran to a clean stop on its own vGPU.
-    assert!(all.contains("tenant program: ") && all.contains("cc -lcuda"), "{all}");
+    assert!(
+        all.contains("tenant program: ") && all.contains("cc -lcuda"),
+        "{all}"
+    );
     assert!(
         all.contains("vm1's tenant: vector_add: 1048576 elements, 0 wrong")
             && all.contains("vm1's tenant: saxpy: 1048576 elements, 0 wrong"),

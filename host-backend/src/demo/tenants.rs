@@ -155,52 +155,52 @@ pub struct Tenant {
 }
 
 impl Program {
-/// Starts the tenant of `vm` on `socket` for at most `seconds` (a bound in
-/// case the demo dies without stopping it). Its output lines are printed
-/// prefixed by `vm`; its `running` line adds one to `ready`.
-pub fn spawn(
-    &self,
-    vm: &str,
-    socket: &Path,
-    seconds: f64,
-    check: bool,
-    ready: &Arc<AtomicUsize>,
-) -> Result<Tenant> {
-    let mut cmd = Command::new(&self.exe);
-    cmd.arg(&self.ptx).arg(format!("{seconds:.0}"));
-    if check {
-        cmd.arg("check");
-    }
-    let mut child = cmd
-        .env("LD_LIBRARY_PATH", &self.lib)
-        .env("FAIRVGPU_SOCKET", socket)
-        // A small spin budget: three tenants share a small machine with
-        // their workers.
-        .env("FAIRVGPU_SPINS", "2000")
-        .stdout(Stdio::piped())
-        // Its own process group: Ctrl-C reaches the demo, which stops the
-        // tenants itself before the daemon.
-        .process_group(0)
-        .spawn()
-        .with_context(|| format!("starting {}", self.exe.display()))?;
-    let out = child.stdout.take().context("the tenant's output")?;
-    let (who, ready) = (vm.to_owned(), ready.clone());
-    let relay = std::thread::spawn(move || {
-        for line in std::io::BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if line == "running" {
-                ready.fetch_add(1, Ordering::SeqCst);
-            } else {
-                println!("  {who}'s tenant: {line}");
-            }
+    /// Starts the tenant of `vm` on `socket` for at most `seconds` (a bound in
+    /// case the demo dies without stopping it). Its output lines are printed
+    /// prefixed by `vm`; its `running` line adds one to `ready`.
+    pub fn spawn(
+        &self,
+        vm: &str,
+        socket: &Path,
+        seconds: f64,
+        check: bool,
+        ready: &Arc<AtomicUsize>,
+    ) -> Result<Tenant> {
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg(&self.ptx).arg(format!("{seconds:.0}"));
+        if check {
+            cmd.arg("check");
         }
-    });
-    Ok(Tenant {
-        name: vm.to_owned(),
-        child,
-        relay: Some(relay),
-    })
-}
+        let mut child = cmd
+            .env("LD_LIBRARY_PATH", &self.lib)
+            .env("FAIRVGPU_SOCKET", socket)
+            // A small spin budget: three tenants share a small machine with
+            // their workers.
+            .env("FAIRVGPU_SPINS", "2000")
+            .stdout(Stdio::piped())
+            // Its own process group: Ctrl-C reaches the demo, which stops the
+            // tenants itself before the daemon.
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting {}", self.exe.display()))?;
+        let out = child.stdout.take().context("the tenant's output")?;
+        let (who, ready) = (vm.to_owned(), ready.clone());
+        let relay = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if line == "running" {
+                    ready.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    println!("  {who}'s tenant: {line}");
+                }
+            }
+        });
+        Ok(Tenant {
+            name: vm.to_owned(),
+            child,
+            relay: Some(relay),
+        })
+    }
 }
 
 impl Tenant {
