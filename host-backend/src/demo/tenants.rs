@@ -39,7 +39,8 @@ fn standin() -> Result<PathBuf> {
     let release = bin_dir.file_name().is_some_and(|n| n == "release");
     let target = bin_dir.parent();
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent();
-    let in_target = target.is_some_and(|t| t.join("CACHEDIR.TAG").is_file());
+    // A cargo profile folder (`target/release`) keeps its fingerprints.
+    let in_target = bin_dir.join(".fingerprint").is_dir();
     if let (true, Some(target), Some(ws)) = (in_target, target, workspace) {
         if ws.join("guest-frontend/libcuda/Cargo.toml").is_file() {
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
