@@ -147,7 +147,9 @@ enum Cmd {
         timeout: u64,
     },
     /// Three tenants at weights 1:2:3 on a daemon (sim executor by default),
-    /// their shares live, the dashboard served, a weight changed midway.
+    /// each a CUDA program (built with cc) in its own process through the
+    /// stand-in libcuda.so.1; their shares live, the dashboard served, a
+    /// weight changed midway.
     Demo {
         /// Executor the daemon uses.
         #[arg(long, value_enum, default_value = "sim")]

@@ -1,5 +1,6 @@
 //! `fairvgpu demo`, the README's first command: three tenants at 1:2:3 on
-//! the sim, a weight changed midway; its summary's shares must be within 5
+//! the sim, each an unmodified CUDA program in its own process loaded
+//! through the stand-in libcuda.so.1, a weight changed midway; its summary's shares must be within 5
 //! points of entitlement in both phases, and its dashboard must answer
 //! (checked here over HTTP, and in headless Chromium, while the demo
 //! runs). Ctrl-C ends it cleanly.
@@ -96,10 +97,32 @@ fn demo_shares_follow_the_weights_and_its_dashboard_answers() {
         }
     }
     assert!(all.contains("dashboard answered: page HTTP 200"), "{all}");
+    // The tenants are the C program, built by the demo against the
+    // stand-in, and each ran to a clean stop on its own vGPU.
     assert!(
-        all.contains("vector_add: 1048576 elements, 0 wrong"),
+        all.contains("tenant program: ") && all.contains("cc -lcuda"),
         "{all}"
     );
+    assert!(
+        all.contains("vm1's tenant: vector_add: 1048576 elements, 0 wrong")
+            && all.contains("vm1's tenant: saxpy: 1048576 elements, 0 wrong"),
+        "{all}"
+    );
+    for vm in ["vm1", "vm2", "vm3"] {
+        assert!(
+            all.contains(&format!("{vm}'s tenant: device fairvgpu sim GPU")),
+            "{all}"
+        );
+        let ran = lines
+            .iter()
+            .find_map(|l| {
+                l.split_once(&format!("{vm}'s tenant: "))
+                    .and_then(|(_, r)| r.split_once(" kernels of 2 ms"))
+                    .and_then(|(n, _)| n.parse::<u64>().ok())
+            })
+            .unwrap_or_else(|| panic!("{vm}'s tenant's count:\n{all}"));
+        assert!(ran > 0, "{vm}'s tenant ran no kernels:\n{all}");
+    }
     assert!(all.contains("set-weight vm1 4"), "{all}");
     let live = lines.iter().filter(|l| l.contains(" s  vm1 ")).count();
     assert!(live >= 8, "live shares each second:\n{all}");

@@ -1,6 +1,8 @@
 //! `fairvgpu demo`: what fairvgpu is for, in one command. A daemon (the sim
 //! executor by default, no root) serves three tenants' vGPUs at weights
-//! 1:2:3; a guest on each keeps its vGPU busy with 2 ms kernels; their
+//! 1:2:3; a tenant on each, an unmodified CUDA program in its own process
+//! loaded through the stand-in libcuda.so.1 (`tenants.rs`), keeps its vGPU
+//! busy with 2 ms kernels; their
 //! shares of GPU time are printed live as they converge, the dashboard is
 //! served (its URL printed) while it runs, a weight is changed midway
 //! through the control API (as `fairvgpu set-weight` does) and the shares
@@ -10,24 +12,25 @@
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
-use guest_frontend::Gpu;
-use protocol::{Dim3, ImageKind};
 use serde_json::Value;
+
+mod tenants;
+use tenants::Tenant;
 
 use crate::control::{client_call, ApiTarget};
 
 /// The kernels every executor understands.
-pub const KERNELS_PTX: &str = include_str!("../kernels/fairvgpu.ptx");
+pub const KERNELS_PTX: &str = include_str!("../../kernels/fairvgpu.ptx");
 
 /// The tenants' weights at the start, and vm1's weight after the change.
 const WEIGHTS: [f64; 3] = [1.0, 2.0, 3.0];
 const NEW_WEIGHT: f64 = 4.0;
-/// The guests' spin budget: they share a small machine with their workers.
+/// The workers' spin budget: they share a small machine with the tenants.
 const SPIN: qemu_ivshmem::SpinPolicy = qemu_ivshmem::SpinPolicy {
     spins: 2_000,
     max_block_us: 2_000,
@@ -127,8 +130,8 @@ fn entitlements(w: &[f64]) -> Vec<f64> {
     w.iter().map(|x| x / sum).collect()
 }
 
-/// Runs the demo for `seconds` of load; Ok only if the guests' results
-/// were right and the daemon answered throughout.
+/// Runs the demo for `seconds` of load; Ok only if the tenants' results
+/// were right, each ended cleanly and the daemon answered throughout.
 pub fn run(executor: crate::config::ExecutorKind, seconds: f64) -> Result<()> {
     ensure!(
         (6.0..=3600.0).contains(&seconds),
@@ -137,6 +140,13 @@ pub fn run(executor: crate::config::ExecutorKind, seconds: f64) -> Result<()> {
     crate::signals::install();
     let dir = std::env::temp_dir().join(format!("fairvgpu-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
+    let program = match tenants::build(&dir, KERNELS_PTX) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
     let token = token()?;
     std::fs::write(dir.join("token"), &token)?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -200,30 +210,40 @@ pub fn run(executor: crate::config::ExecutorKind, seconds: f64) -> Result<()> {
     println!("dashboard: http://127.0.0.1:{port}/#token={token}   (open it while the demo runs)");
     dashboard_answers(port, &token)?;
 
-    // The guests: one per vGPU, as a program in each VM would be.
-    let stop = Arc::new(AtomicBool::new(false));
+    // The tenants: one process per vGPU, as a program in each VM would be.
     let ready = Arc::new(AtomicUsize::new(0));
-    let guests: Vec<_> = (1..=3)
-        .map(|i| {
-            let sock = dir.join(format!("vm{i}.sock"));
-            let (stop, ready) = (stop.clone(), ready.clone());
-            std::thread::spawn(move || guest(i, &sock, &stop, &ready))
-        })
-        .collect();
-    let result = watch(&api, seconds, &ready, &guests);
-    stop.store(true, Ordering::Relaxed);
-    let mut guest_errors = Vec::new();
-    for (i, g) in guests.into_iter().enumerate() {
-        match g.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => guest_errors.push(format!("vm{}'s guest: {e:#}", i + 1)),
-            Err(_) => guest_errors.push(format!("vm{}'s guest panicked", i + 1)),
+    let mut tenants = Vec::new();
+    let mut result = Ok(());
+    for i in 1..=3 {
+        let vm = format!("vm{i}");
+        let sock = dir.join(format!("{vm}.sock"));
+        // A bound on its own in case the demo dies without stopping it.
+        match program.spawn(&vm, &sock, seconds + 120.0, i == 1, &ready) {
+            Ok(t) => tenants.push(t),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
         }
     }
+    let mut phases = Vec::new();
+    if result.is_ok() {
+        result = watch(&api, seconds, &ready, &mut tenants).map(|p| phases = p);
+    }
+    let mut tenant_errors = Vec::new();
+    for t in &mut tenants {
+        match t.stop(Duration::from_secs(10)) {
+            Ok(st) if st.success() => {}
+            Ok(st) => tenant_errors.push(format!("{}'s tenant ended {st}", t.name)),
+            Err(e) => tenant_errors.push(format!("{}'s tenant: {e:#}", t.name)),
+        }
+    }
+    drop(tenants);
     drop(daemon);
     result?;
-    if !guest_errors.is_empty() {
-        bail!("{}", guest_errors.join("; "));
+    print_summary(&phases);
+    if !tenant_errors.is_empty() {
+        bail!("{}", tenant_errors.join("; "));
     }
     Ok(())
 }
@@ -251,55 +271,36 @@ fn dashboard_answers(port: u16, token: &str) -> Result<()> {
     Ok(())
 }
 
-/// One tenant's guest: vm1 checks a vector add and a saxpy first; then each
-/// keeps its vGPU busy with 2 ms kernels, eight per synchronize, until told
-/// to stop.
-fn guest(i: usize, sock: &Path, stop: &AtomicBool, ready: &AtomicUsize) -> Result<()> {
-    let mut gpu = Gpu::connect_with(sock, SPIN).context("attaching")?;
-    if i == 1 {
-        check(&mut gpu)?;
-    }
-    let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
-    let f = gpu.get_function(m, "spin_ns")?;
-    let one = Dim3 { x: 1, y: 1, z: 1 };
-    let ns = 2_000_000u64.to_le_bytes();
-    ready.fetch_add(1, Ordering::SeqCst);
-    while !stop.load(Ordering::Relaxed) {
-        for _ in 0..8 {
-            gpu.launch(&f, one, one, 0, 0, &[&ns])?;
-        }
-        gpu.synchronize()?;
-    }
-    Ok(())
-}
-
 fn pct(x: f64) -> String {
     format!("{:5.1}%", x * 100.0)
 }
 
-/// Prints the live shares each second, changes vm1's weight at 60% of the
-/// run, and prints the summary.
+/// A phase of the run: its name, each tenant's entitlement, each one's
+/// share of the GPU time charged in it.
+type Phase = (String, Vec<f64>, Vec<f64>);
+
+/// Prints the live shares each second and changes vm1's weight at 60% of
+/// the run; the phases for the summary.
 fn watch(
     api: &ApiTarget,
     seconds: f64,
     ready: &AtomicUsize,
-    guests: &[std::thread::JoinHandle<Result<()>>],
-) -> Result<()> {
+    tenants: &mut [Tenant],
+) -> Result<Vec<Phase>> {
     let t = Instant::now();
     while ready.load(Ordering::SeqCst) < 3 {
-        ensure!(
-            !guests.iter().any(|g| g.is_finished()),
-            "a guest ended before it started"
-        );
+        for g in tenants.iter_mut() {
+            g.check_running()?;
+        }
         ensure!(
             t.elapsed() < Duration::from_secs(60),
-            "the guests did not start in time"
+            "the tenants did not start in time"
         );
         ensure!(!crate::signals::terminated(), "interrupted");
         std::thread::sleep(Duration::from_millis(20));
     }
     println!(
-        "guests running 2 ms kernels on vm1..vm3 for {seconds} s (Ctrl-C ends it); live shares over the last {} s:",
+        "tenants running 2 ms kernels on vm1..vm3 for {seconds} s (Ctrl-C ends it); live shares over the last {} s:",
         crate::control::WINDOW.as_secs()
     );
     let start = Instant::now();
@@ -310,7 +311,9 @@ fn watch(
     let mut changed = false;
     let mut next = 1.0;
     while now() < seconds && !crate::signals::terminated() {
-        ensure!(!guests.iter().any(|g| g.is_finished()), "a guest stopped");
+        for g in tenants.iter_mut() {
+            g.check_running()?;
+        }
         if p1_start.is_none() && now() >= warm {
             p1_start = Some(sample(api, now())?);
         }
@@ -350,10 +353,10 @@ fn watch(
     let end = sample(api, now())?;
     let interrupted = crate::signals::terminated();
     if interrupted {
-        println!("interrupted: stopping the guests and the daemon");
+        println!("interrupted: stopping the tenants and the daemon");
     }
     // The summary: each phase's shares from the GPU time charged in it.
-    let mut phases: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+    let mut phases: Vec<Phase> = Vec::new();
     let w2 = [NEW_WEIGHT, WEIGHTS[1], WEIGHTS[2]];
     if let Some(a) = &p1_start {
         let b = p1_end.as_ref().unwrap_or(&end);
@@ -370,23 +373,29 @@ fn watch(
             shares_between(a, &end),
         ));
     }
+    Ok(phases)
+}
+
+/// The one-screen summary: entitlement against share per tenant and phase,
+/// and each phase's MMR.
+fn print_summary(phases: &[Phase]) {
     println!("\nsummary: each tenant's share of the GPU time charged in each phase");
     let mut head = format!("  {:<16}", "");
-    for (name, _, _) in &phases {
+    for (name, _, _) in phases {
         head.push_str(&format!(" | {:<26}", format!("weights {name}")));
     }
     println!("{head}");
     let mut worst: f64 = 0.0;
     for i in 0..3 {
         let mut row = format!("  {:<16}", format!("vm{} (tenant{})", i + 1, i + 1));
-        for (_, ent, got) in &phases {
+        for (_, ent, got) in phases {
             row.push_str(&format!(" | entitled {} got {}", pct(ent[i]), pct(got[i])));
             worst = worst.max((got[i] - ent[i]).abs());
         }
         println!("{row}");
     }
     let mut row = format!("  {:<16}", "MMR");
-    for (_, ent, got) in &phases {
+    for (_, ent, got) in phases {
         row.push_str(&format!(" | {:<26.3}", mmr(got, ent)));
     }
     println!("{row}");
@@ -401,99 +410,4 @@ fn watch(
             }
         );
     }
-    Ok(())
-}
-
-/// vector add and saxpy on 1 Mi elements, every element checked.
-fn check(gpu: &mut Gpu) -> Result<()> {
-    let info = gpu.device_info().clone();
-    println!(
-        "vm1's guest: device {:?}, {} MiB; checking vector_add and saxpy",
-        info.name,
-        info.total_mem >> 20
-    );
-
-    let n: u32 = 1 << 20;
-    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
-    let b: Vec<f32> = (0..n).map(|i| (n - i) as f32 * 0.25).collect();
-    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let size = u64::from(n) * 4;
-    let (da, db, dc) = (
-        gpu.mem_alloc(size)?,
-        gpu.mem_alloc(size)?,
-        gpu.mem_alloc(size)?,
-    );
-    gpu.memcpy_htod(da, &bytes(&a))?;
-    gpu.memcpy_htod(db, &bytes(&b))?;
-    let module = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
-    let add = gpu.get_function(module, "vector_add")?;
-    let grid = Dim3 {
-        x: n.div_ceil(256),
-        y: 1,
-        z: 1,
-    };
-    let block = Dim3 { x: 256, y: 1, z: 1 };
-    let t = Instant::now();
-    gpu.launch(
-        &add,
-        grid,
-        block,
-        0,
-        0,
-        &[
-            &da.to_le_bytes(),
-            &db.to_le_bytes(),
-            &dc.to_le_bytes(),
-            &n.to_le_bytes(),
-        ],
-    )?;
-    gpu.synchronize()?;
-    let mut out = vec![0u8; size as usize];
-    gpu.memcpy_dtoh(&mut out, dc, 0)?;
-    let c: Vec<f32> = out
-        .chunks_exact(4)
-        .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-        .collect();
-    let wrong = (0..n as usize).filter(|&i| c[i] != a[i] + b[i]).count();
-    println!(
-        "  vector_add: {n} elements, {wrong} wrong, {:?} round trip",
-        t.elapsed()
-    );
-    if wrong > 0 {
-        bail!("vector_add returned {wrong} wrong elements");
-    }
-
-    let saxpy = gpu.get_function(module, "saxpy")?;
-    let alpha = 3.0f32;
-    gpu.launch(
-        &saxpy,
-        grid,
-        block,
-        0,
-        0,
-        &[
-            &alpha.to_le_bytes(),
-            &da.to_le_bytes(),
-            &db.to_le_bytes(),
-            &n.to_le_bytes(),
-        ],
-    )?;
-    gpu.memcpy_dtoh(&mut out, db, 0)?;
-    let y: Vec<f32> = out
-        .chunks_exact(4)
-        .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-        .collect();
-    let wrong = (0..n as usize)
-        .filter(|&i| y[i] != alpha.mul_add(a[i], b[i]))
-        .count();
-    println!("  saxpy: {n} elements, {wrong} wrong");
-    if wrong > 0 {
-        bail!("saxpy returned {wrong} wrong elements");
-    }
-    let (free, total) = gpu.mem_get_info()?;
-    println!("  memory: {} MiB of {} MiB free", free >> 20, total >> 20);
-    for p in [da, db, dc] {
-        gpu.mem_free(p)?;
-    }
-    Ok(())
 }
