@@ -5,7 +5,9 @@
 //! itself; a failed device-side assert reaches it as `CUDA_ERROR_ASSERT`
 //! (its message is not checked: see below), and a trap as
 //! `CUDA_ERROR_LAUNCH_FAILED`; after each, the VM's next process attaches
-//! and computes; nothing a kernel printed appears in the daemon's log.
+//! and computes (after the second fault, on the standby worker the VM
+//! keeps once it faulted); nothing a kernel printed appears in the
+//! daemon's log.
 //! A primary context reset is its process's alone.
 
 use std::path::Path;
@@ -93,6 +95,17 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
     );
     let after_assert = next_process_computes(&exe, &lib, &sock);
 
+    // Having faulted once, the VM keeps a standby worker (`[daemon]
+    // fault_standby`), which takes over at once after the next fault.
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(d.log_path())
+        .unwrap()
+        .contains("standby worker started")
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no standby worker");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     // A trap.
     let out = run(&exe, &lib, &sock, "trap");
     assert!(
@@ -116,8 +129,13 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
         !log.contains("kernel 3 thread") && !log.contains("Assertion"),
         "kernel output reached the daemon's log:\n{log}"
     );
-    // The faults were seen and handled (the worker restarted).
+    // The faults were seen and handled: the worker restarted after the
+    // first, its standby took over after the second.
     assert!(log.contains("poisoned"), "{log}");
+    assert!(
+        log.contains("its standby worker (ready) took over: a CUDA error poisoned"),
+        "{log}"
+    );
     drop(d);
 }
 
