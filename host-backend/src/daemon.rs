@@ -838,6 +838,7 @@ mod tests {
             quick_deaths: 0,
             restart_at: None,
             poisoned: false,
+            faulted: false,
             side: 0,
             standby: None,
             standby_at: Instant::now(),
