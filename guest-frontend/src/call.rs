@@ -123,7 +123,7 @@ impl Gpu {
     /// the process's own standard output and error, as the driver does
     /// natively at the same call. Keeps the reply's data in `self.buf`.
     pub(crate) fn take_output(&mut self, reply: &Descriptor) -> Result<()> {
-        if reply.flags & protocol::REPLY_OUTPUT == 0 {
+        if reply.flags & protocol::REPLY_OUTPUT == 0 || !self.take_output {
             return Ok(());
         }
         let data = std::mem::take(&mut self.buf);
@@ -182,5 +182,20 @@ impl Gpu {
     /// own here, such as the VMM API's); its reply values.
     pub fn request(&mut self, req: &Request) -> Result<Reply> {
         self.call(req)
+    }
+
+    /// A synchronous request of any kind; its reply values and data (what
+    /// `TakeOutput` answers, say).
+    pub fn request_data(&mut self, req: &Request) -> Result<(Reply, Vec<u8>)> {
+        self.call_data(req, &[])
+    }
+
+    /// Whether this channel takes the kernel output the host holds for the
+    /// process whenever a reply says there is some, writing it to the
+    /// process's standard output and error (the default), or leaves it with
+    /// the host, to be taken with [`Request::TakeOutput`] or never (as a
+    /// process that ignores its output, or a hostile one, does).
+    pub fn set_take_output(&mut self, on: bool) {
+        self.take_output = on;
     }
 }

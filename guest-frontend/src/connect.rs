@@ -211,6 +211,7 @@ impl Gpu {
             buf: Vec::new(),
             copier: copy::Copier::default(),
             transport,
+            take_output: true,
         };
         match how {
             Opening::Join(j) => {

@@ -115,6 +115,9 @@ pub struct Gpu {
     buf: Vec<u8>,
     copier: copy::Copier,
     transport: Transport,
+    /// Whether a reply that says kernel output is held makes the process
+    /// take it at once (the default; see [`Gpu::set_take_output`]).
+    take_output: bool,
 }
 
 /// Where a process found its vGPU: a host socket or a VM's device.

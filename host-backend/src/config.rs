@@ -88,6 +88,12 @@ pub struct DaemonConfig {
     /// hashes (see `image_store.rs`).
     #[serde(default = "yes")]
     pub share_images: bool,
+    /// A VM (on a GPU without MPS standbys) whose worker a sticky CUDA
+    /// error once poisoned keeps a standby worker from then on, made
+    /// ready beside the serving one and promoted at once after its next
+    /// fault (see `daemon.rs`). Costs a VM that never faults nothing.
+    #[serde(default = "yes")]
+    pub fault_standby: bool,
     /// MiB the daemon's image store keeps at most, all VMs together (each
     /// VM's worker adds at most `image_cache_mib`).
     #[serde(default = "default_image_store_mib")]
@@ -167,6 +173,7 @@ impl Default for DaemonConfig {
             graph_launches: GraphLaunches::default(),
             image_cache_mib: default_image_cache_mib(),
             share_images: true,
+            fault_standby: true,
             image_store_mib: default_image_store_mib(),
             mps_control: default_mps_control(),
             priority: default_priority(),

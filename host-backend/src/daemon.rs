@@ -337,6 +337,7 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                     quick_deaths: 0,
                     restart_at: None,
                     poisoned: false,
+                    faulted: false,
                     standby: None,
                     standby_at: Instant::now() + STANDBY_AFTER,
                 });
@@ -369,6 +370,15 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
             if let Some(status) = w.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 w.child = None;
                 w.poisoned = false;
+                let gpu = plane.gpu_of(&w.name).unwrap_or(0);
+                if status.code() == Some(EXIT_POISONED) && !mps.contains_key(&gpu) {
+                    // Without MPS a fault ends this worker alone: its
+                    // standby, if it has one ready, serves at once.
+                    w.faulted = true;
+                    if promote_fault_standby(&plane, &want, hosts.get(&w.name), w, gpu) {
+                        continue;
+                    }
+                }
                 let crashed = ended_by_fault(&status, w.started.elapsed());
                 let why = if status.code() == Some(EXIT_POISONED) {
                     "a CUDA error poisoned its GPU contexts".to_owned()
@@ -384,7 +394,6 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                 );
                 plane.worker_restarted(&w.name);
                 w.restart_at = Some(Instant::now() + w.backoff());
-                let gpu = plane.gpu_of(&w.name).unwrap_or(0);
                 if mps.contains_key(&gpu) && crashed && !mps_faults.contains(&gpu) {
                     mps_faults.push(gpu);
                 }
@@ -521,8 +530,15 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
         // one so as not to slow its start.
         for w in &mut children {
             let gpu = plane.gpu_of(&w.name).unwrap_or(0);
-            let Some((m, side)) = mps.get(&gpu).and_then(|m| Some((m, m.standby()?))) else {
-                continue;
+            // And, on a GPU without MPS, one for a VM that faulted before
+            // (`[daemon] fault_standby`).
+            let (client, side) = match mps.get(&gpu) {
+                Some(m) => match m.standby() {
+                    Some(side) => (Some((m, side)), side),
+                    None => continue,
+                },
+                None if want.daemon.fault_standby && w.faulted => (None, 0),
+                None => continue,
             };
             if let Some(sb) = w.standby.as_mut() {
                 if let Ok(Some(status)) = sb.child.try_wait() {
@@ -546,7 +562,7 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
                 continue;
             };
             w.standby = Some(Standby {
-                child: spawn(&w.name, host, Some((m, side)), true)?,
+                child: spawn(&w.name, host, client, true)?,
                 side,
             });
             tracing::info!(vm = w.name, gpu, side, "standby worker started");
@@ -611,6 +627,44 @@ fn remove_sockets(cfg: &Config) {
             Err(e) => tracing::warn!(path = %p.display(), "removing a socket: {e}"),
         }
     }
+}
+
+/// After a fault ended `w`'s worker (no MPS), makes its standby, if it
+/// has one, its worker at once; whether it did. The next standby starts
+/// `STANDBY_AFTER` later.
+fn promote_fault_standby(
+    plane: &crate::control::ControlPlane,
+    cfg: &Config,
+    host: Option<&VmHost>,
+    w: &mut Supervised,
+    gpu: u32,
+) -> bool {
+    let (Some(host), Some(mut sb)) = (host, w.standby.take()) else {
+        return false;
+    };
+    let ready = if host.standby_ready() {
+        "ready"
+    } else {
+        "still starting"
+    };
+    if let Err(e) = promote(plane, cfg, host, &w.name, gpu) {
+        tracing::warn!(vm = w.name, "promoting its standby worker: {e}");
+        stop_child(&mut sb.child);
+        return false;
+    }
+    plane.worker_restarted(&w.name);
+    w.child = Some(sb.child);
+    w.started = Instant::now();
+    w.restart_at = None;
+    w.standby_at = Instant::now() + STANDBY_AFTER;
+    plane.event(
+        "worker",
+        format!(
+            "{}: its standby worker ({ready}) took over: a CUDA error poisoned its GPU contexts",
+            w.name
+        ),
+    );
+    true
 }
 
 /// Makes `vm`'s standby worker its worker (the caller ended the serving
@@ -688,6 +742,9 @@ struct Supervised {
     restart_at: Option<Instant>,
     /// It said that a CUDA error poisoned its contexts (and will exit).
     poisoned: bool,
+    /// A sticky CUDA error ended one of its workers before (on a GPU
+    /// without MPS): it keeps a standby with `[daemon] fault_standby`.
+    faulted: bool,
     /// The MPS side (see `mps.rs`) the worker is a client of.
     side: usize,
     /// Its standby worker, on a GPU that keeps them.
@@ -781,6 +838,7 @@ mod tests {
             quick_deaths: 0,
             restart_at: None,
             poisoned: false,
+            faulted: false,
             side: 0,
             standby: None,
             standby_at: Instant::now(),

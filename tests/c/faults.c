@@ -20,6 +20,12 @@
  *                         fairvgpu.ptx) reads 4 floats at ADDR, another
  *                         process's memory: prints what it read, or the
  *                         error (natively: an illegal address).
+ *   keep SECONDS         process B: memory filled with a pattern, a stream and
+ *                         the module; after SECONDS it launches on its stream
+ *                         and reads its memory back: "keep: OK" if all held.
+ *   reset                process A: allocates, cuDevicePrimaryCtxReset, then
+ *                         retains the primary context again and computes:
+ *                         "reset: OK" (natively a reset is this process's only).
  * Every line goes out at once through write(2), so that its order against
  * the kernel output in the same descriptor is the order it happened in.
  */
@@ -38,6 +44,8 @@ CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
 CUresult cuModuleLoad(CUmodule *, const char *);
+CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
 
 static void say(const char *s) {
     char b[256];
@@ -142,6 +150,42 @@ int main(int argc, char **argv) {
         if (r == 0) r = cuMemcpyDtoH_v2(got, out, sizeof got);
         snprintf(line, sizeof line, "peek: %s, read %g %g %g %g", cu_name(r), got[0], got[1], got[2], got[3]);
         say(line);
+    } else if (!strcmp(mode, "keep") && argc == 4) {
+        enum { N = 1 << 18 };
+        CUdeviceptr p = 0;
+        CUstream s;
+        CK(cuMemAlloc_v2(&p, N * 4));
+        CK(cuMemsetD32_v2(p, 0x5eed0000u, N));
+        CK(cuStreamCreate(&s, 0));
+        CK(cuModuleGetFunction(&f, m, "fvg_assert"));
+        CK(cuCtxSynchronize());
+        say("keep: ready");
+        sleep(atoi(argv[3]));
+        CUdeviceptr zero = 0;
+        void *args[] = {&zero};
+        CK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, args, 0));
+        CK(cuStreamSynchronize(s));
+        static unsigned got[N];
+        CK(cuMemcpyDtoH_v2(got, p, sizeof got));
+        for (int i = 0; i < N; i++)
+            if (got[i] != 0x5eed0000u) { say("keep: memory changed"); return 1; }
+        say("keep: OK");
+    } else if (!strcmp(mode, "reset")) {
+        CUdeviceptr p = 0, zero = 0;
+        CK(cuMemAlloc_v2(&p, 4096));
+        CK(cuDevicePrimaryCtxReset_v2(dev));
+        CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+        CK(cuCtxSetCurrent(ctx));
+        CK(cuModuleLoadData(&m, read_file(argv[1])));
+        CK(cuModuleGetFunction(&f, m, "fvg_assert"));
+        void *args[] = {&zero};
+        CK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, args, 0));
+        CK(cuCtxSynchronize());
+        unsigned v = 0;
+        CK(cuMemAlloc_v2(&p, 4));
+        CK(cuMemsetD32_v2(p, 77, 1));
+        CK(cuMemcpyDtoH_v2(&v, p, 4));
+        say(v == 77 ? "reset: OK" : "reset: wrong value");
     } else {
         return 2;
     }

@@ -5,7 +5,10 @@
 //! itself; a failed device-side assert reaches it as `CUDA_ERROR_ASSERT`
 //! (its message is not checked: see below), and a trap as
 //! `CUDA_ERROR_LAUNCH_FAILED`; after each, the VM's next process attaches
-//! and computes; nothing a kernel printed appears in the daemon's log.
+//! and computes (after the second fault, on the standby worker the VM
+//! keeps once it faulted); nothing a kernel printed appears in the
+//! daemon's log.
+//! A primary context reset is its process's alone.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -92,6 +95,17 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
     );
     let after_assert = next_process_computes(&exe, &lib, &sock);
 
+    // Having faulted once, the VM keeps a standby worker (`[daemon]
+    // fault_standby`), which takes over at once after the next fault.
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(d.log_path())
+        .unwrap()
+        .contains("standby worker started")
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no standby worker");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     // A trap.
     let out = run(&exe, &lib, &sock, "trap");
     assert!(
@@ -115,7 +129,57 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
         !log.contains("kernel 3 thread") && !log.contains("Assertion"),
         "kernel output reached the daemon's log:\n{log}"
     );
-    // The faults were seen and handled (the worker restarted).
+    // The faults were seen and handled: the worker restarted after the
+    // first, its standby took over after the second.
     assert!(log.contains("poisoned"), "{log}");
+    assert!(
+        log.contains("its standby worker (ready) took over: a CUDA error poisoned"),
+        "{log}"
+    );
+    drop(d);
+}
+
+/// `cuDevicePrimaryCtxReset` in one process of a VM is that process's
+/// alone: another process of the same VM, holding memory, a stream and a
+/// module across the reset, computes on with its data intact, and the
+/// process that reset uses the device again.
+#[test]
+fn a_primary_context_reset_is_its_process_only() {
+    let d = DaemonProc::start_logged(
+        &cargo_build("fairvgpu").join("fairvgpu"),
+        "faults-reset",
+        ExecutorKind::Sim,
+        &[VmSpec::new("vm1", 256)],
+        "info",
+    )
+    .unwrap();
+    let dir = d.dir.clone();
+    let lib = standin(&dir);
+    let exe = build_c_standin("faults", &dir, &lib, &[]);
+    let sock = d.socket("vm1");
+    let mut b = Command::new(&exe)
+        .arg(workspace().join("host-backend/kernels/faults.ptx"))
+        .args(["keep", "4"])
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("FAIRVGPU_SOCKET", &sock)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("B runs");
+    // B holds its memory, stream and module before A resets.
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(b.stdout.as_mut().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    assert_eq!(ready, "keep: ready\n");
+    for _ in 0..2 {
+        let a = run(&exe, &lib, &sock, "reset");
+        assert_eq!(text(&a.stdout), "reset: OK\n", "{}", text(&a.stderr));
+    }
+    let b = b.wait_with_output().unwrap();
+    assert_eq!(text(&b.stdout), "keep: OK\n");
+    assert!(b.status.success());
     drop(d);
 }
