@@ -71,10 +71,16 @@ fn vector_add(gpu: &mut Gpu, f: &guest_frontend::Function, round: u32) -> Result
 }
 
 /// A guest computing checked vector adds until `stop`: its rounds, or its
-/// first failure.
-fn computer(socket: std::path::PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u32> {
+/// first failure, and the bytes of kernel output the host gave it (it
+/// prints nothing itself: it leaves its output with the host and takes it
+/// at the end, so that none is written to the test's own output).
+fn computer(
+    socket: std::path::PathBuf,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(u32, usize)> {
     std::thread::spawn(move || {
         let mut gpu = Gpu::connect_with(&socket, TEST_SPIN).expect("attaches");
+        gpu.set_take_output(false);
         let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
         let f = gpu.get_function(m, "vector_add").unwrap();
         let mut rounds = 0;
@@ -82,7 +88,8 @@ fn computer(socket: std::path::PathBuf, stop: Arc<AtomicBool>) -> std::thread::J
             vector_add(&mut gpu, &f, rounds).unwrap();
             rounds += 1;
         }
-        rounds
+        let given: usize = take_all(&mut gpu).iter().map(Vec::len).sum();
+        (rounds, given)
     })
 }
 
@@ -146,8 +153,20 @@ fn a_guest_printing_without_end_is_bounded_and_costs_no_one_else() {
     );
 
     stop.store(true, Ordering::Relaxed);
-    let (r2, r1) = (other_vm.join().unwrap(), same_vm.join().unwrap());
+    let ((r2, foreign2), (r1, foreign1)) = (other_vm.join().unwrap(), same_vm.join().unwrap());
     assert!(r2 > 0 && r1 > 0, "rounds: other VM {r2}, same VM {r1}");
+    // Another VM's worker never holds this VM's text.
+    assert_eq!(
+        foreign2, 0,
+        "the other VM's process was given kernel output"
+    );
+    // Nor a process of the same VM that printed nothing, though the
+    // printing process's marks are passed (and its text written) at slice
+    // ends served in other processes' passes.
+    assert_eq!(
+        foreign1, 0,
+        "a neighbour of the same VM was given kernel output"
+    );
 
     // The worker held at most the bound for the chatty process: only its
     // own lines, the oldest kept, whole up to the cut.

@@ -78,6 +78,12 @@ impl Worker {
                 None => Ok(true),
                 Some(m) => s.ctx.reached(m),
             };
+            if mark.is_some() && !matches!(done, Ok(false)) {
+                // The passed mark synchronized the context, where the driver
+                // writes its kernel printf text: this process's, though
+                // another channel's pass is being served.
+                self.sh.collect_output(Some(id));
+            }
             match done {
                 Ok(false) => pending.push((id, mark, period)),
                 Ok(true) => {

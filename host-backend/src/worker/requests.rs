@@ -945,6 +945,7 @@ pub(super) fn deferred_frees(sh: &mut Shared, s: &mut Session) {
         return;
     }
     let mut pending = std::mem::take(&mut s.deferred_frees);
+    let before = pending.len();
     pending.retain(|&(m, ptr, charge)| match s.ctx.reached(m) {
         Ok(false) => true,
         // Passed, or the work before failed (the free still happens).
@@ -953,7 +954,13 @@ pub(super) fn deferred_frees(sh: &mut Shared, s: &mut Session) {
             false
         }
     });
+    let passed = pending.len() < before;
     s.deferred_frees = pending;
+    if passed {
+        // A passed mark synchronizes (where the driver writes the context's
+        // kernel printf text): it is this process's, whichever pass this is.
+        sh.collect_output(Some(s.id));
+    }
 }
 
 /// Parks a synchronize of `stream` (`None`: the whole context) until the
