@@ -182,30 +182,13 @@ impl Region {
 
     /// Replaces `len` bytes of this process's memory at `addr` with pinned
     /// pool memory from pool offset `off` (registering memory: the
-    /// process's pages become pool pages the GPU reaches).
-    ///
-    /// # Safety
-    /// As [`crate::shm::SharedMemory::map_part_over`]: the range may be
-    /// replaced, and is page-aligned.
-    pub unsafe fn map_pinned_over(&self, off: u64, len: usize, addr: usize) -> Result<()> {
-        let size = self.layout.params.pinned_size;
-        if off.checked_add(len as u64).is_none_or(|end| end > size) {
-            return Err(Error::BadLayout(format!("pool part {off}+{len} of {size}")));
-        }
-        // SAFETY: per this function's contract.
-        unsafe {
-            self.mem
-                .map_part_over(self.layout.pinned_offset + off as usize, len, addr)
-        }
-    }
-
-    /// As [`Region::map_pinned_over`], copying the pages' bytes first to
-    /// `copy_to`, the caller's mapping of that part of the pool, with
-    /// nothing written to the caller's stack in between (see
+    /// process's pages become pool pages the GPU reaches), copying the
+    /// pages' bytes first to `copy_to`, the caller's mapping of that part of
+    /// the pool, with nothing written to the caller's stack in between (see
     /// [`crate::shm::SharedMemory::copy_and_map_part_over`]).
     ///
     /// # Safety
-    /// As that function.
+    /// As that function: the range may be replaced, and is page-aligned.
     pub unsafe fn copy_and_map_pinned_over(
         &self,
         off: u64,
