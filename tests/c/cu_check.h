@@ -49,6 +49,27 @@ CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
 static int failed __attribute__((unused));
 
 /* The name of a driver error, as the driver gives it. */
+/* The whole file at `path`, NUL-terminated (a PTX image); exits with 2 if
+ * it cannot be read. */
+static __attribute__((unused)) char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        perror(path);
+        exit(2);
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc(n + 1);
+    if (fread(b, 1, n, f) != (size_t)n) {
+        perror(path);
+        exit(2);
+    }
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
 static __attribute__((unused)) const char *cu_name(CUresult r) {
     const char *s = "?";
     cuGetErrorName(r, &s);

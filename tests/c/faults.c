@@ -53,19 +53,6 @@ static void say(const char *s) {
     if (write(1, b, n) != n) exit(3);
 }
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { perror(path); exit(2); }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc(n + 1);
-    if (fread(b, 1, n, f) != (size_t)n) exit(2);
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 int main(int argc, char **argv) {
     if (argc < 3) { fprintf(stderr, "usage: %s FAULTS.ptx printf|assert|trap|compute\n", argv[0]); return 2; }
     CUdevice dev;

@@ -43,25 +43,6 @@ CUresult cuMemAdvise(CUdeviceptr, size_t, int, CUdevice);
 CUresult cuMemRangeGetAttribute(void *, size_t, int, CUdeviceptr, size_t);
 CUresult cuStreamAttachMemAsync(CUstream, CUdeviceptr, size_t, unsigned);
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        perror(path);
-        exit(2);
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc(n + 1);
-    if (fread(b, 1, n, f) != (size_t)n) {
-        perror(path);
-        exit(2);
-    }
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 static CUfunction saxpy_k, spin_k, count_k;
 
 /* y = a * x + y over n floats, on the null stream, not waited for. */

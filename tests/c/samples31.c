@@ -70,25 +70,6 @@ struct alloc_params {
     CUdeviceptr dptr;
 };
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        perror(path);
-        exit(2);
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc(n + 1);
-    if (fread(b, 1, n, f) != (size_t)n) {
-        perror(path);
-        exit(2);
-    }
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 static void peer(CUcontext ctx) {
     int can = -1;
     CK(cuDeviceCanAccessPeer(&can, 0, 0));

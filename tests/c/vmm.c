@@ -76,22 +76,6 @@ CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *,
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *, void *);
 #endif
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        perror(path);
-        exit(1);
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc(n + 1);
-    if (fread(b, 1, n, f) != (size_t)n) exit(1);
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: %s KERNELS.ptx FOREIGN_HANDLE FOREIGN_RESERVATION [leak]\n", argv[0]);
