@@ -53,7 +53,7 @@
 #define IVSHMEM_IV_POSITION 0x08
 #define IVSHMEM_DOORBELL 0x0c
 
-/* The region header and channel control block (qemu-ivshmem/src/layout.rs). */
+/* The region header and channel control block (transport/src/layout.rs). */
 #define HDR_MAGIC 0
 #define HDR_CHANNELS 12
 #define HDR_VECTORS 20

@@ -22,7 +22,7 @@
  *   poll/read  the same wait as FVGPU_IOC_WAIT, for event loops: POLLIN when an
  *              interrupt is pending; read() returns the vector's u64 count.
  *
- * Rust's copy of these numbers lives in guest-frontend/src/device.rs; a test
+ * Rust's copy of these numbers lives in guest/src/device.rs; a test
  * there checks that both agree.
  */
 #ifndef FAIRVGPU_SHIM_H

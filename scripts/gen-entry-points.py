@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes guest-frontend/libcuda/data/entry_points.tsv: for every symbol the
+"""Writes libcuda/data/entry_points.tsv: for every symbol the
 real driver exports (data/driver-580-exports.txt), the base name that
 cuGetProcAddress takes, the CUDA version that introduced that variant, and
 whether it is the per-thread default stream flavour.
@@ -19,7 +19,7 @@ import os
 import re
 import sys
 
-here = os.path.join(os.path.dirname(__file__), "..", "guest-frontend", "libcuda", "data")
+here = os.path.join(os.path.dirname(__file__), "..", "libcuda", "data")
 exports = [l.strip() for l in open(os.path.join(here, "driver-580-exports.txt")) if l.strip()]
 typedefs = open(sys.argv[1]).read()
 

@@ -9,7 +9,7 @@
 #   KVER      Debian kernel ABI, e.g. 6.1.0-56-amd64 (default: the newest
 #             installed linux-headers-*-amd64; the same ABI is downloaded as
 #             the guest kernel, so module and kernel always match)
-#   LIBCUDA   the stand-in library (default: a release build of fairvgpu-libcuda)
+#   LIBCUDA   the stand-in library (default: a release build of libcuda)
 #   GUEST_BIN folder with the Rust guest programs cudarc-guest, test-guest and
 #             vm-probe (default: a release build of fairvgpu-tests)
 #
@@ -64,7 +64,7 @@ make -s -C "$root/kmod-shim" KVER="$KVER" check >/dev/null
 
 # The guest library and programs.
 if [ -z "${LIBCUDA:-}" ] || [ -z "${GUEST_BIN:-}" ]; then
-    (cd "$root" && cargo build --release -q -p fairvgpu-libcuda -p fairvgpu-tests --bins --lib)
+    (cd "$root" && cargo build --release -q -p libcuda -p fairvgpu-tests --bins --lib)
 fi
 tdir="${CARGO_TARGET_DIR:-$root/target}/release"
 LIBCUDA="${LIBCUDA:-$tdir/libcuda.so}"

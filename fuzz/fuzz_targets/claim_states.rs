@@ -4,7 +4,7 @@
 //! channel is always free and claimable again.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use qemu_ivshmem::{ClaimState, LayoutParams, Region};
+use transport::{ClaimState, LayoutParams, Region};
 
 fuzz_target!(|data: &[u8]| {
     let params = LayoutParams {

@@ -5,11 +5,11 @@ use std::io::Write;
 use std::os::fd::OwnedFd;
 
 use libfuzzer_sys::fuzz_target;
-use qemu_ivshmem::Region;
+use transport::Region;
 
 fuzz_target!(|data: &[u8]| {
     let size = 8192usize;
-    let fd: OwnedFd = qemu_ivshmem::shm::create_memfd("fuzz", size).expect("memfd");
+    let fd: OwnedFd = transport::shm::create_memfd("fuzz", size).expect("memfd");
     let mut f = std::fs::File::from(fd.try_clone().expect("dup"));
     let n = data.len().min(size);
     f.write_all(&data[..n]).expect("write");

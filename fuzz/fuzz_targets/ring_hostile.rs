@@ -3,7 +3,7 @@
 //! never panic, and never touch memory outside the region.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use qemu_ivshmem::{Descriptor, LayoutParams, Region};
+use transport::{Descriptor, LayoutParams, Region};
 
 fuzz_target!(|data: &[u8]| {
     let params = LayoutParams {

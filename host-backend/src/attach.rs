@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use qemu_ivshmem::qmp::Qmp;
 use serde_json::json;
+use transport::qmp::Qmp;
 
 use crate::config::Config;
 use crate::Error;
@@ -114,7 +114,7 @@ impl Plug {
         let id = self.id.clone();
         qmp.wait_event("DEVICE_DELETED", timeout, |d| d["device"] == id.as_str())
             .map_err(|e| match e {
-                qemu_ivshmem::Error::Timeout => Error::Attach(format!(
+                transport::Error::Timeout => Error::Attach(format!(
                     "the guest did not release {} within {timeout:?} (no ACPI hot-plug support?)",
                     self.id
                 )),
@@ -122,7 +122,7 @@ impl Plug {
             })?;
         match qmp.execute("chardev-remove", json!({ "id": self.id })) {
             // The device is gone; a QEMU that quit meanwhile took the chardev with it.
-            Ok(_) | Err(qemu_ivshmem::Error::Disconnected) => Ok(()),
+            Ok(_) | Err(transport::Error::Disconnected) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }

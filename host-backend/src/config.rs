@@ -5,8 +5,8 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use qemu_ivshmem::{Layout, LayoutParams, SpinPolicy};
 use serde::{Deserialize, Serialize};
+use transport::{Layout, LayoutParams, SpinPolicy};
 
 use crate::executor::sim::SimParams;
 use crate::Error;
@@ -58,7 +58,7 @@ pub struct DaemonConfig {
     #[serde(default = "yes")]
     pub scheduler: bool,
     /// Base time slice, microseconds, on a GPU that cannot preempt a
-    /// running kernel (FairGV: 6,000). See `scheduler::Slices`.
+    /// running kernel (FairGV: 6,000). See `sched::Slices`.
     #[serde(default = "default_slice_us")]
     pub slice_us: u64,
     /// Base time slice, microseconds, on a GPU that can (FairGV: 30,000),
@@ -149,11 +149,11 @@ fn default_image_cache_mib() -> u64 {
 }
 
 fn default_slice_us() -> u64 {
-    scheduler::Slices::default().non_preemptive_ns / 1000
+    sched::Slices::default().non_preemptive_ns / 1000
 }
 
 fn default_preemptive_slice_us() -> u64 {
-    scheduler::Slices::default().preemptive_ns / 1000
+    sched::Slices::default().preemptive_ns / 1000
 }
 
 fn default_run_dir() -> PathBuf {
@@ -297,11 +297,11 @@ pub struct GpuConfig {
     /// Who of its runnable vGPUs goes first: `"fair"` (start-tag fair
     /// queuing, the default), `"las"` (least attained service over weight,
     /// never forgotten) or `"tfs"` (attained service that fades): see
-    /// `scheduler::policy`; or `"phase"`: the fair queue's order, and where
+    /// `sched::policy`; or `"phase"`: the fair queue's order, and where
     /// vGPUs co-run (`mps`), one mostly copying and one computing may hold
     /// the GPU together (phase selection, `grant/corun.rs`).
     #[serde(default)]
-    pub policy: scheduler::DevicePolicy,
+    pub policy: sched::DevicePolicy,
     /// The daemon runs NVIDIA's Multi-Process Service for this GPU and its
     /// workers are its clients (see `mps.rs`: what it gives and costs; its
     /// vGPUs never move to another GPU), so opted-in vGPUs may co-run there.
@@ -659,7 +659,7 @@ impl Config {
     }
 
     /// The device policy of GPU `gpu`.
-    pub fn gpu_policy(&self, gpu: u32) -> scheduler::DevicePolicy {
+    pub fn gpu_policy(&self, gpu: u32) -> sched::DevicePolicy {
         self.gpus
             .iter()
             .find(|g| g.index == gpu)
@@ -683,8 +683,8 @@ impl Config {
     }
 
     /// `[daemon] slice_us` and `preemptive_slice_us`, ns.
-    pub fn slices(&self) -> scheduler::Slices {
-        scheduler::Slices {
+    pub fn slices(&self) -> sched::Slices {
+        sched::Slices {
             non_preemptive_ns: self.daemon.slice_us.saturating_mul(1000),
             preemptive_ns: self.daemon.preemptive_slice_us.saturating_mul(1000),
         }
@@ -785,8 +785,8 @@ memory_limit_mib = 1024
         // A GPU's policy; GPUs without a [[gpu]] take the fair queue.
         let las = format!("{GOOD}\n[[gpu]]\nindex = 1\npolicy = \"las\"\n");
         let c = Config::parse(&las).unwrap();
-        assert_eq!(c.gpu_policy(1), scheduler::DevicePolicy::Las);
-        assert_eq!(c.gpu_policy(0), scheduler::DevicePolicy::FairQueue);
+        assert_eq!(c.gpu_policy(1), sched::DevicePolicy::Las);
+        assert_eq!(c.gpu_policy(0), sched::DevicePolicy::FairQueue);
         // Processes at once per vGPU of an MPS GPU: 4 unless set.
         assert_eq!(c.gpu_mps_processes(1), 4);
         let eight = format!("{GOOD}\n[[gpu]]\nindex = 0\nmps = true\nmps_processes = 8\n");

@@ -80,7 +80,7 @@ impl VcpuBooster {
         }
         if let Some(d) = since {
             let rate = sync_calls.saturating_sub(self.last_sync_calls) as f64 / d.as_secs_f64();
-            self.interactive = rate > scheduler::classify::INTERACTIVE_SYNC_PER_SECOND;
+            self.interactive = rate > sched::classify::INTERACTIVE_SYNC_PER_SECOND;
         }
         self.last_sync_calls = sync_calls;
         self.last_refresh = Some(Instant::now());

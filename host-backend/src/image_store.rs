@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use protocol::ImageKind;
-use qemu_ivshmem::server::{recv_msg, send_msg};
+use transport::server::{recv_msg, send_msg};
 
 use crate::sealed::SealedBytes;
 use crate::Error;

@@ -31,7 +31,7 @@ pub mod worker;
 pub enum Error {
     /// The transport failed.
     #[error(transparent)]
-    Transport(#[from] qemu_ivshmem::Error),
+    Transport(#[from] transport::Error),
     /// An I/O operation failed.
     #[error("{what}: {source}")]
     Io {

@@ -618,7 +618,7 @@ fn run(cli: Cli) -> Result<()> {
                 bench::fairness::run(
                     executor,
                     seconds,
-                    qemu_ivshmem::SpinPolicy::default(),
+                    transport::SpinPolicy::default(),
                     graph_launches,
                     slice_us.map(|us| us.clamp(100, 1_000_000) * 1000),
                     mps.then_some(mps_control.as_path()),
@@ -649,7 +649,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Bench {
             which: BenchCmd::Accounting { executor, seconds },
-        } => bench::accounting::run(executor, seconds, qemu_ivshmem::SpinPolicy::default()),
+        } => bench::accounting::run(executor, seconds, transport::SpinPolicy::default()),
         Cmd::Bench {
             which: BenchCmd::Placement { sim, orders },
         } => {
@@ -668,7 +668,7 @@ fn run(cli: Cli) -> Result<()> {
                 },
         } => {
             if sim {
-                print!("{}", scheduler::space_sim::report::report()?);
+                print!("{}", sched::space_sim::report::report()?);
                 Ok(())
             } else {
                 bench::space::run(executor, seconds)

@@ -178,7 +178,7 @@ impl HostFnWait {
 }
 
 /// A busy period: from the first device operation after the session's work
-/// was drained to the next drain (see [`scheduler::accounting::PeriodMeter`]).
+/// was drained to the next drain (see [`sched::accounting::PeriodMeter`]).
 #[derive(Debug)]
 pub struct Period {
     /// Host time just before its first operation was submitted.

@@ -14,7 +14,7 @@ command -v cmake >/dev/null || apt-get install -y -q cmake >/dev/null || exit 1
 tk=$(scripts/cuda-wheels.sh "$out/x" libraries) || exit 1
 # Programs link against libcuda.so; any library of that name does (the
 # stand-in, built here).
-cargo build --release -q -p fairvgpu-libcuda || exit 1
+cargo build --release -q -p libcuda || exit 1
 mkdir -p "$tk/lib/stubs"; cp target/release/libcuda.so "$tk/lib/stubs/libcuda.so"
 export PATH="$tk/bin:$PATH"
 

@@ -1,6 +1,6 @@
 // What driver 580's cluster table (1734dc26, CU_ETID_ClusterPrototype)
 // answers, slot by slot, next to the public calls it mirrors: the stand-in
-// serves it the same way (guest-frontend/libcuda/src/export_table/cluster.rs).
+// serves it the same way (libcuda/src/export_table/cluster.rs).
 // Built and run by scripts/gpu/mixed-precision.sh. Each call is made before
 // its line prints what it wrote.
 #include "probe.h"

@@ -6,10 +6,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use guest_frontend::Gpu;
+use guest::Gpu;
 use host_backend::executor::sim::{SimExecutor, SimParams};
 use host_backend::worker::{spawn, Running, Stats, WorkerConfig};
-use qemu_ivshmem::{LayoutParams, SpinPolicy};
+use transport::{LayoutParams, SpinPolicy};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
@@ -37,7 +37,7 @@ pub fn cargo_build(package: &str) -> PathBuf {
 
 /// Builds the stand-in and gives a directory holding it as libcuda.so.1.
 pub fn standin(dir: &Path) -> PathBuf {
-    let so = cargo_build("fairvgpu-libcuda").join("libcuda.so");
+    let so = cargo_build("libcuda").join("libcuda.so");
     assert!(so.exists(), "{} missing", so.display());
     let lib = dir.join("lib");
     std::fs::create_dir_all(&lib).unwrap();
@@ -51,7 +51,7 @@ pub fn standin(dir: &Path) -> PathBuf {
 /// Builds the NVML stand-in and puts it as libnvidia-ml.so.1 beside the
 /// CUDA one in `lib` (a directory from [`standin`]).
 pub fn nvml_standin(lib: &Path) {
-    let so = cargo_build("fairvgpu-libnvml").join("libnvidia_ml.so");
+    let so = cargo_build("libnvml").join("libnvidia_ml.so");
     assert!(so.exists(), "{} missing", so.display());
     for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
         let _ = std::fs::remove_file(lib.join(name));

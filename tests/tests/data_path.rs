@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fairvgpu_tests::{bytes_f32, f32_bytes, Host, PTX};
-use guest_frontend::{Gpu, GuestError};
+use guest::{Gpu, GuestError};
 use protocol::{Dim3, ImageKind, Status};
 
 const BLOCK: Dim3 = Dim3 { x: 256, y: 1, z: 1 };

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fairvgpu_tests::{bytes_f32, cargo_build, f32_bytes, workspace, PTX, TEST_SPIN};
-use guest_frontend::{Gpu, GuestError};
+use guest::{Gpu, GuestError};
 use host_backend::bench::fixture::{DaemonProc, VmSpec};
 use host_backend::config::ExecutorKind;
 use protocol::{Dim3, ImageKind, Request};
@@ -41,7 +41,7 @@ fn take_all(gpu: &mut Gpu) -> [Vec<u8>; 2] {
 }
 
 /// One checked vector add on `gpu`; an error if it failed or was wrong.
-fn vector_add(gpu: &mut Gpu, f: &guest_frontend::Function, round: u32) -> Result<(), String> {
+fn vector_add(gpu: &mut Gpu, f: &guest::Function, round: u32) -> Result<(), String> {
     let n = 256u32;
     let a: Vec<f32> = (0..n).map(|i| (i + round) as f32).collect();
     let b: Vec<f32> = (0..n).map(|i| (2 * i) as f32).collect();

@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use fairvgpu_tests::{cargo_build, Host};
 use host_backend::config::ExecutorKind;
-use qemu_ivshmem::layout::{desc, ringctl, Direction, DESC_SIZE};
-use qemu_ivshmem::server::Client;
-use qemu_ivshmem::Descriptor;
+use transport::layout::{desc, ringctl, Direction, DESC_SIZE};
+use transport::server::Client;
+use transport::Descriptor;
 
 /// Writes garbage into the region of channel `ch`.
-type Scribble = fn(&qemu_ivshmem::Region, u32);
+type Scribble = fn(&transport::Region, u32);
 
 /// Claims a channel as a native guest would and returns the client and channel index.
-fn hostile(host: &Host) -> (Client, qemu_ivshmem::GuestChannel) {
+fn hostile(host: &Host) -> (Client, transport::GuestChannel) {
     let c = Client::connect(&host.socket, Duration::from_secs(5)).unwrap();
     let ch = c.region.claim(u32::from(c.id), 1, 0).unwrap();
     (c, ch)
@@ -77,7 +77,7 @@ fn corrupt_indices_and_descriptors_end_only_the_offending_channel() {
 }
 
 /// Writes a u32 into the shared region the way a hostile guest can.
-fn raw_u32(r: &qemu_ivshmem::Region, off: usize, v: u32) {
+fn raw_u32(r: &transport::Region, off: usize, v: u32) {
     r.raw_u32_for_tests(off).store(v, Ordering::Release);
 }
 
@@ -89,7 +89,7 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
     use protocol::{Request, Status, VMM_GRANULARITY as G};
     let host = Host::start("hostile-vmm", 64 << 20);
     let mut victim = host.guest();
-    let req = |g: &mut guest_frontend::Gpu, r: Request| g.request(&r).map(|x| x.vals);
+    let req = |g: &mut guest::Gpu, r: Request| g.request(&r).map(|x| x.vals);
     let h = req(
         &mut victim,
         Request::VmmCreate {
@@ -164,7 +164,7 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
         assert!(
             matches!(
                 e,
-                guest_frontend::GuestError::Cuda(
+                guest::GuestError::Cuda(
                     Status::InvalidValue | Status::InvalidHandle | Status::OutOfMemory
                 )
             ),
@@ -216,7 +216,7 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
     ] {
         let e = req(&mut evil, r.clone()).unwrap_err();
         assert!(
-            matches!(e, guest_frontend::GuestError::Cuda(Status::InvalidValue)),
+            matches!(e, guest::GuestError::Cuda(Status::InvalidValue)),
             "{r:?}: {e:?}"
         );
     }
@@ -235,12 +235,12 @@ fn forged_vmm_requests_touch_nothing_of_another_process() {
 fn forged_ipc_requests_reach_nothing_not_handed_over() {
     use protocol::{Request, Status};
     let host = Host::start("hostile-ipc", 64 << 20);
-    let req = |g: &mut guest_frontend::Gpu, r: Request| g.request(&r).map(|x| x.vals);
-    let refused = |r: Result<[u64; 4], guest_frontend::GuestError>, what: &str| {
+    let req = |g: &mut guest::Gpu, r: Request| g.request(&r).map(|x| x.vals);
+    let refused = |r: Result<[u64; 4], guest::GuestError>, what: &str| {
         assert!(
             matches!(
                 r,
-                Err(guest_frontend::GuestError::Cuda(
+                Err(guest::GuestError::Cuda(
                     Status::InvalidValue | Status::InvalidContext | Status::InvalidHandle
                 ))
             ),
@@ -405,7 +405,7 @@ fn kernel_lists_of_foreign_modules_are_refused() {
             .request(&Request::ModuleFunctions { module, first: 0 })
             .unwrap_err();
         assert!(
-            matches!(e, guest_frontend::GuestError::Cuda(Status::InvalidHandle)),
+            matches!(e, guest::GuestError::Cuda(Status::InvalidHandle)),
             "{module}: {e:?}"
         );
     }
@@ -426,7 +426,7 @@ fn kernel_lists_of_foreign_modules_are_refused() {
 /// memory, and takes no session of its own.
 #[test]
 fn vgpu_status_with_bad_fields_or_on_a_session_is_refused() {
-    use guest_frontend::{Gpu, GuestError};
+    use guest::{Gpu, GuestError};
     use protocol::{Request, Status, MAX_STATUS_PROCESSES};
     let host = Host::start("hostile-status", 64 << 20);
     let mut victim = host.guest();
@@ -475,7 +475,7 @@ fn vgpu_status_with_bad_fields_or_on_a_session_is_refused() {
 /// every time; neither breaks a channel or touches another process.
 #[test]
 fn take_output_gives_nothing_that_is_not_the_callers() {
-    use guest_frontend::{Gpu, GuestError};
+    use guest::{Gpu, GuestError};
     use protocol::{Request, Status};
     let host = Host::start("hostile-output", 64 << 20);
     let mut victim = host.guest();
@@ -536,7 +536,7 @@ fn cluster_occupancy_of_foreign_kernels_and_bad_shapes_is_refused() {
     ] {
         let e = evil.request(&r).unwrap_err();
         assert!(
-            matches!(e, guest_frontend::GuestError::Cuda(s) if s == want),
+            matches!(e, guest::GuestError::Cuda(s) if s == want),
             "{r:?}: {e:?}"
         );
     }
@@ -544,7 +544,7 @@ fn cluster_occupancy_of_foreign_kernels_and_bad_shapes_is_refused() {
     let e = victim.request(&ask(f, d(64), d(128), d(16))).unwrap_err();
     assert!(matches!(
         e,
-        guest_frontend::GuestError::Cuda(Status::InvalidClusterSize)
+        guest::GuestError::Cuda(Status::InvalidClusterSize)
     ));
     assert!(victim.request(&good).is_ok());
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
@@ -629,10 +629,10 @@ fn tensor_maps_cover_only_the_callers_memory() {
     };
     let map = g.tensor_map(&p(mine, 1024).encode()).unwrap();
     assert_eq!(map.len(), TENSOR_MAP_BYTES);
-    let refused = |g: &mut guest_frontend::Gpu, bytes: Vec<u8>| {
+    let refused = |g: &mut guest::Gpu, bytes: Vec<u8>| {
         let e = g.tensor_map(&bytes).unwrap_err();
         assert!(
-            matches!(e, guest_frontend::GuestError::Cuda(Status::InvalidValue)),
+            matches!(e, guest::GuestError::Cuda(Status::InvalidValue)),
             "{e:?}"
         );
     };
@@ -669,11 +669,11 @@ fn memsets_of_pinned_memory_reach_only_the_callers_blocks() {
     let theirs = victim.pinned_alloc(8192).unwrap();
     let mut evil = host.guest();
     let mine = evil.pinned_alloc(4096).unwrap();
-    let refused = |g: &mut guest_frontend::Gpu, dst: u64, count: u64| {
+    let refused = |g: &mut guest::Gpu, dst: u64, count: u64| {
         g.memset_async(dst, 0x5a, 1, count, 0).unwrap();
         let e = g.synchronize().unwrap_err();
         assert!(
-            matches!(e, guest_frontend::GuestError::Cuda(Status::InvalidValue)),
+            matches!(e, guest::GuestError::Cuda(Status::InvalidValue)),
             "{e:?}"
         );
     };
@@ -684,7 +684,7 @@ fn memsets_of_pinned_memory_reach_only_the_callers_blocks() {
     evil.memset_async(base + mine, 0x5a, 1, 16, 0).unwrap();
     let e = evil.synchronize().unwrap_err();
     assert!(
-        matches!(e, guest_frontend::GuestError::Cuda(Status::NotSupported)),
+        matches!(e, guest::GuestError::Cuda(Status::NotSupported)),
         "{e:?}"
     );
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
@@ -740,10 +740,10 @@ fn graphs_run_only_the_callers_own_kernels_memory_and_events() {
         .unwrap();
     g.graph_launch(ok, 0).unwrap();
     g.synchronize().unwrap();
-    let refused = |g: &mut guest_frontend::Gpu, nodes: &[GraphNode], want: Status| {
+    let refused = |g: &mut guest::Gpu, nodes: &[GraphNode], want: Status| {
         let e = g.graph_instantiate(&encode_graph(nodes)).unwrap_err();
         assert!(
-            matches!(e, guest_frontend::GuestError::Cuda(s) if s == want),
+            matches!(e, guest::GuestError::Cuda(s) if s == want),
             "{nodes:?}: {e:?}"
         );
     };
@@ -774,22 +774,13 @@ fn graphs_run_only_the_callers_own_kernels_memory_and_events() {
     cyclic[0].deps = vec![1];
     refused(&mut g, &cyclic, Status::InvalidValue);
     let e = g.graph_instantiate(&[0xff; 64]).unwrap_err();
-    assert!(matches!(
-        e,
-        guest_frontend::GuestError::Cuda(Status::InvalidValue)
-    ));
+    assert!(matches!(e, guest::GuestError::Cuda(Status::InvalidValue)));
     // Another process's executable: neither launched nor destroyed.
     let e = victim.graph_destroy(ok).unwrap_err();
-    assert!(matches!(
-        e,
-        guest_frontend::GuestError::Cuda(Status::InvalidHandle)
-    ));
+    assert!(matches!(e, guest::GuestError::Cuda(Status::InvalidHandle)));
     victim.graph_launch(ok, 0).unwrap(); // asynchronous: reported next
     let e = victim.synchronize().unwrap_err();
-    assert!(matches!(
-        e,
-        guest_frontend::GuestError::Cuda(Status::InvalidHandle)
-    ));
+    assert!(matches!(e, guest::GuestError::Cuda(Status::InvalidHandle)));
     g.graph_destroy(ok).unwrap();
     assert_eq!(host.stats().broken_channels.load(Ordering::Relaxed), 0);
 }
@@ -829,9 +820,9 @@ fn conditional_graphs_name_only_the_callers_scopes_and_handles() {
         op: GraphOp::Empty,
         deps: vec![],
     };
-    let is = |r: Result<u64, guest_frontend::GuestError>, want: Status| {
+    let is = |r: Result<u64, guest::GuestError>, want: Status| {
         assert!(
-            matches!(r, Err(guest_frontend::GuestError::Cuda(s)) if s == want),
+            matches!(r, Err(guest::GuestError::Cuda(s)) if s == want),
             "{r:?}, want {want:?}"
         );
     };
@@ -853,7 +844,7 @@ fn conditional_graphs_name_only_the_callers_scopes_and_handles() {
     );
     assert!(matches!(
         g.cond_scope_destroy(their_scope),
-        Err(guest_frontend::GuestError::Cuda(Status::InvalidHandle))
+        Err(guest::GuestError::Cuda(Status::InvalidHandle))
     ));
     // Handles not of the scope: another process's, another scope's (deep
     // in a body), none at all (a plain GraphInstantiate).
@@ -882,7 +873,7 @@ fn conditional_graphs_name_only_the_callers_scopes_and_handles() {
     });
     assert!(matches!(
         bad_flags,
-        Err(guest_frontend::GuestError::Cuda(Status::InvalidValue))
+        Err(guest::GuestError::Cuda(Status::InvalidValue))
     ));
     // The victim's scope still works; the caller's goes.
     let theirs = encode_graph(&[cond(their_handle, vec![vec![empty()]])]);
@@ -904,7 +895,7 @@ fn array_requests_reach_only_the_callers_arrays_and_memory() {
     use protocol::array::{resource, ArrayCopy, ArrayDesc, CopySide, TexParams, SURFACE_LDST};
     use protocol::{Request, Status};
     let host = Host::start("hostile-arrays", 64 << 20);
-    let req = |g: &mut guest_frontend::Gpu, r: Request| g.request(&r).map(|x| x.vals);
+    let req = |g: &mut guest::Gpu, r: Request| g.request(&r).map(|x| x.vals);
     let desc = ArrayDesc {
         width: 64,
         height: 16,
@@ -1016,7 +1007,7 @@ fn array_requests_reach_only_the_callers_arrays_and_memory() {
         assert!(
             matches!(
                 e,
-                guest_frontend::GuestError::Cuda(
+                guest::GuestError::Cuda(
                     Status::InvalidValue | Status::InvalidHandle | Status::OutOfMemory
                 )
             ),

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fairvgpu_tests::Host;
-use guest_frontend::{Gpu, GuestError};
+use guest::{Gpu, GuestError};
 use protocol::{Request, Status, VMM_GRANULARITY as G};
 
 fn req(g: &mut Gpu, r: Request) -> Result<[u64; 4], GuestError> {

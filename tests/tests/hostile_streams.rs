@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 
 use fairvgpu_tests::Host;
-use guest_frontend::GuestError;
+use guest::GuestError;
 use protocol::stream_attr::{id, AccessPolicyWindow, StreamAttr};
 use protocol::{Request, Status};
 

@@ -27,7 +27,7 @@ fn a_second_process_loads_a_large_image_by_its_hash() {
     // Not seen yet: a miss.
     let e = first.request(&ask(ImageKind::Ptx, len)).unwrap_err();
     assert!(
-        matches!(e, guest_frontend::GuestError::Cuda(Status::NotFound)),
+        matches!(e, guest::GuestError::Cuda(Status::NotFound)),
         "{e:?}"
     );
     // The first process sends the bytes (after its own miss).
@@ -41,7 +41,7 @@ fn a_second_process_loads_a_large_image_by_its_hash() {
     for r in [ask(ImageKind::Cubin, len), ask(ImageKind::Ptx, len - 1)] {
         let e = second.request(&r).unwrap_err();
         assert!(
-            matches!(e, guest_frontend::GuestError::Cuda(Status::NotFound)),
+            matches!(e, guest::GuestError::Cuda(Status::NotFound)),
             "{e:?}"
         );
     }

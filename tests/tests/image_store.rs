@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use fairvgpu_tests::{cargo_build, PTX};
-use guest_frontend::{Gpu, GuestError};
+use guest::{Gpu, GuestError};
 use host_backend::bench::fixture::{DaemonProc, VmSpec};
 use host_backend::config::ExecutorKind;
 use protocol::{image_hash, ImageKind, Request, Status};

@@ -150,11 +150,9 @@ fn rust_cudarc_program_runs_against_the_standin() {
 #[test]
 fn every_driver_symbol_is_exported() {
     use std::ffi::{c_char, c_int, c_void, CString};
-    let so = cargo_build("fairvgpu-libcuda").join("libcuda.so");
-    let list = std::fs::read_to_string(
-        workspace().join("guest-frontend/libcuda/data/driver-580-exports.txt"),
-    )
-    .unwrap();
+    let so = cargo_build("libcuda").join("libcuda.so");
+    let list =
+        std::fs::read_to_string(workspace().join("libcuda/data/driver-580-exports.txt")).unwrap();
     let path = CString::new(so.to_str().unwrap()).unwrap();
     // SAFETY: loading our own library; its initializers do nothing.
     let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
@@ -178,9 +176,7 @@ fn every_driver_symbol_is_exported() {
         unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> u32;
     // SAFETY: cuGetProcAddress_v2 has this signature.
     let get_proc: GetProc = unsafe { std::mem::transmute(sym("cuGetProcAddress_v2")) };
-    let table =
-        std::fs::read_to_string(workspace().join("guest-frontend/libcuda/data/entry_points.tsv"))
-            .unwrap();
+    let table = std::fs::read_to_string(workspace().join("libcuda/data/entry_points.tsv")).unwrap();
     let bases: std::collections::BTreeSet<&str> = table
         .lines()
         .filter(|l| !l.starts_with('#'))

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fairvgpu_tests::{build_c_standin, run_program, standin, workspace, Host, TEST_SPIN};
-use guest_frontend::Gpu;
+use guest::Gpu;
 use protocol::{Request, VMM_GRANULARITY as G};
 
 /// Builds `tests/c/vmm.c` into `dir` (`cuda_h`: against this CUDA

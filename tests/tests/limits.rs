@@ -2,7 +2,7 @@
 //! the running guest's next allocations, without restarting anything.
 
 use fairvgpu_tests::{cargo_build, TEST_SPIN};
-use guest_frontend::{Gpu, GuestError};
+use guest::{Gpu, GuestError};
 use host_backend::bench::fixture::{DaemonProc, VmSpec};
 use host_backend::config::ExecutorKind;
 use protocol::Status;

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use fairvgpu_tests::{cargo_build, PTX, TEST_SPIN};
-use guest_frontend::Gpu;
+use guest::Gpu;
 use host_backend::bench::fixture::{DaemonProc, VmSpec};
 use host_backend::config::ExecutorKind;
 use host_backend::control::{client_call, ApiTarget};

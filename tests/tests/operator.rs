@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fairvgpu_tests::{cargo_build, chromium, dashboard_dom, TEST_SPIN};
-use guest_frontend::Gpu;
+use guest::Gpu;
 use host_backend::control::{client_call, ApiTarget};
 use protocol::{Dim3, ImageKind};
 use serde_json::Value;

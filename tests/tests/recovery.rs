@@ -36,7 +36,7 @@ fn workers_free_everything_and_exit_when_the_daemon_is_killed() {
     let bin = cargo_build("fairvgpu").join("fairvgpu");
     let vms = [VmSpec::new("vm1", 256)];
     let mut d = DaemonProc::start(&bin, "daemon-kill", ExecutorKind::Sim, &vms).unwrap();
-    let mut gpu = guest_frontend::Gpu::connect_with(&d.socket("vm1"), fairvgpu_tests::TEST_SPIN)
+    let mut gpu = guest::Gpu::connect_with(&d.socket("vm1"), fairvgpu_tests::TEST_SPIN)
         .expect("guest attaches");
     gpu.mem_alloc(64 << 20).unwrap();
     let pid = d.worker_pid("vm1").expect("worker runs");
@@ -62,10 +62,7 @@ fn workers_free_everything_and_exit_when_the_daemon_is_killed() {
     // up (LOST) on the way out, whatever ended it.
     let t = Instant::now();
     let r = gpu.mem_alloc(16);
-    assert!(
-        matches!(r, Err(guest_frontend::GuestError::VgpuReset)),
-        "{r:?}"
-    );
+    assert!(matches!(r, Err(guest::GuestError::VgpuReset)), "{r:?}");
     assert!(
         t.elapsed() < Duration::from_secs(10),
         "took {:?}",

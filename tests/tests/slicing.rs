@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use fairvgpu_tests::{bytes_f32, cargo_build, f32_bytes, spin_guest, PTX, TEST_SPIN};
-use guest_frontend::Gpu;
+use guest::Gpu;
 use host_backend::bench::fixture::{DaemonProc, VmSpec};
 use host_backend::config::ExecutorKind;
 use protocol::{Dim3, ImageKind};

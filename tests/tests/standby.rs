@@ -10,11 +10,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use fairvgpu_tests::TEST_SPIN;
-use guest_frontend::{Gpu, GuestError};
+use guest::{Gpu, GuestError};
 use host_backend::executor::sim::SimExecutor;
 use host_backend::link::VmHost;
 use host_backend::worker::{Worker, WorkerConfig};
-use qemu_ivshmem::LayoutParams;
+use transport::LayoutParams;
 
 /// The tests' worker with a 4 MiB pinned pool and two contexts made ahead.
 fn config(socket: std::path::PathBuf) -> WorkerConfig {

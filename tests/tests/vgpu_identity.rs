@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use fairvgpu_tests::{cargo_build, TEST_SPIN};
-use guest_frontend::Gpu;
+use guest::Gpu;
 use host_backend::bench::fixture::{DaemonProc, VmSpec};
 use host_backend::config::ExecutorKind;
 use host_backend::identity;

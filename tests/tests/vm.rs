@@ -59,7 +59,7 @@ fn prerequisites() -> bool {
 fn image() -> &'static PathBuf {
     static IMAGE: OnceLock<PathBuf> = OnceLock::new();
     IMAGE.get_or_init(|| {
-        let lib = cargo_build("fairvgpu-libcuda");
+        let lib = cargo_build("libcuda");
         let bins = Path::new(env!("CARGO_BIN_EXE_vm-probe"))
             .parent()
             .unwrap()

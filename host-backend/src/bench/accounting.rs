@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use qemu_ivshmem::SpinPolicy;
+use transport::SpinPolicy;
 
 use super::fairness::{run_guests, GuestBody, Round, Setup, ONE};
 use crate::config::{ExecutorKind, GraphLaunches};

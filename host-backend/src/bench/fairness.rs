@@ -9,9 +9,9 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
-use guest_frontend::Gpu;
+use guest::Gpu;
 use protocol::{Dim3, ImageKind};
-use qemu_ivshmem::{LayoutParams, SpinPolicy};
+use transport::{LayoutParams, SpinPolicy};
 
 use crate::config::{Config, ExecutorKind, GraphLaunches};
 use crate::daemon::build_executor;
@@ -203,7 +203,7 @@ fn period_kinds(st: &crate::worker::Stats) -> String {
 /// A guest's loop: given its index, device and kernel, runs until the
 /// deadline and returns how many kernels it completed.
 pub(crate) type GuestBody =
-    dyn Fn(usize, &mut Gpu, &guest_frontend::Function, Instant) -> Result<u64> + Send + Sync;
+    dyn Fn(usize, &mut Gpu, &guest::Function, Instant) -> Result<u64> + Send + Sync;
 
 /// What one round measured per guest.
 pub(crate) struct Round {
@@ -277,7 +277,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     ));
     std::fs::create_dir_all(&dir)?;
     let svc = if fair {
-        let policy = scheduler::DevicePolicy::default();
+        let policy = sched::DevicePolicy::default();
         Some(GrantService::start_lifted(
             &dir.join("grant.sock"),
             slice_ns,
@@ -623,7 +623,7 @@ fn measure(at: Params<'_>, prefix: &str) -> Result<Summary> {
         let throughput: f64 = (0..3)
             .map(|g| counts[g] as f64 / r.loop_secs[g] / solo[g])
             .sum();
-        summary.push((name, scheduler::weighted_mmr(&gpu_ns, &WEIGHTS), throughput));
+        summary.push((name, sched::weighted_mmr(&gpu_ns, &WEIGHTS), throughput));
     }
     println!("charge per busy period (us) [periods] by how it was found: first of a grant / timed / host clock");
     for (g, (alone, shared)) in solo_stats.iter().zip(&fair.stats).enumerate() {

@@ -1,14 +1,14 @@
 //! `fairvgpu bench fairness --sim`: FairGV's scenarios in the discrete-event
-//! simulator (`scheduler::sim`), every policy side by side. The ideal each
+//! simulator (`sched::sim`), every policy side by side. The ideal each
 //! row is measured against (each VM alone, and weighted water-filling) is
-//! computed in the same run; see `scheduler::sim::scenario` for the figures.
+//! computed in the same run; see `sched::sim::scenario` for the figures.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use anyhow::Result;
-use scheduler::sim::scenario::{evaluate, paper_scenarios, Outcome, Scenario, SoloCache, POLICIES};
-use scheduler::sim::{Machine, Policy};
+use sched::sim::scenario::{evaluate, paper_scenarios, Outcome, Scenario, SoloCache, POLICIES};
+use sched::sim::{Machine, Policy};
 
 /// Runs every scenario under every policy for `seconds` of simulated time;
 /// the last line is machine-readable.

@@ -29,11 +29,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use guest_frontend::Gpu;
+use guest::Gpu;
 use protocol::Request;
-use qemu_ivshmem::layout::{ctl, desc, hdr, ringctl, Direction, DESC_SIZE, HEADER_SIZE};
-use qemu_ivshmem::server::{recv_msg, HOST_PEER, PROTOCOL_VERSION};
-use qemu_ivshmem::{Bell, Descriptor, EventFdBell, Region, SpinPolicy};
+use transport::layout::{ctl, desc, hdr, ringctl, Direction, DESC_SIZE, HEADER_SIZE};
+use transport::server::{recv_msg, HOST_PEER, PROTOCOL_VERSION};
+use transport::{Bell, Descriptor, EventFdBell, Region, SpinPolicy};
 
 use super::fixture::{DaemonProc, VmSpec};
 use super::percentile;
@@ -594,9 +594,9 @@ fn refused_requests(socket: &Path, done: &AtomicBool) {
             };
             if matches!(
                 r,
-                Err(guest_frontend::GuestError::Transport(_))
-                    | Err(guest_frontend::GuestError::VgpuReset)
-                    | Err(guest_frontend::GuestError::Protocol(_))
+                Err(guest::GuestError::Transport(_))
+                    | Err(guest::GuestError::VgpuReset)
+                    | Err(guest::GuestError::Protocol(_))
             ) {
                 break;
             }

@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-use guest_frontend::Gpu;
+use guest::Gpu;
 use protocol::{Dim3, ImageKind};
-use qemu_ivshmem::SpinPolicy;
 use serde_json::Value;
+use transport::SpinPolicy;
 
 use super::fixture::{DaemonProc, VmSpec};
 use crate::config::ExecutorKind;

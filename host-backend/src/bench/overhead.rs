@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
-use guest_frontend::{Function, Gpu};
+use guest::{Function, Gpu};
 use protocol::{Dim3, ImageKind};
-use qemu_ivshmem::LayoutParams;
+use transport::LayoutParams;
 use vm_memory::VolatileSlice;
 
 use crate::config::{Config, ExecutorKind, GraphLaunches};

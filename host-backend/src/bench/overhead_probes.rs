@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use guest_frontend::{Function, Gpu};
+use guest::{Function, Gpu};
 use protocol::Dim3;
 use vm_memory::VolatileSlice;
 

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use guest_frontend::{Gpu, GuestError};
+use guest::{Gpu, GuestError};
 use protocol::{Dim3, ImageKind};
-use qemu_ivshmem::SpinPolicy;
+use transport::SpinPolicy;
 
 use super::fixture::{DaemonProc, VmSpec};
 use crate::config::ExecutorKind;

@@ -15,8 +15,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use qemu_ivshmem::server::{serve, Client};
-use qemu_ivshmem::{Descriptor, LayoutParams, Region};
+use transport::server::{serve, Client};
+use transport::{Descriptor, LayoutParams, Region};
 
 use super::percentile;
 
@@ -59,7 +59,7 @@ pub fn run(mode: Mode, iters: usize) -> Result<()> {
 fn ring_setup(
     params: LayoutParams,
     dir: &Path,
-) -> Result<(Region, qemu_ivshmem::server::ServerHandle, Child)> {
+) -> Result<(Region, transport::server::ServerHandle, Child)> {
     let sock = dir.join("ring.sock");
     let (region, fd) = Region::create("bench", params)?;
     let server = serve(&sock, fd, params.vectors)?;

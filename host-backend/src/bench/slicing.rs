@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use guest_frontend::Gpu;
+use guest::Gpu;
 use protocol::{Dim3, ImageKind};
-use qemu_ivshmem::SpinPolicy;
+use transport::SpinPolicy;
 
 use super::fixture::{DaemonProc, VmSpec};
 use crate::config::ExecutorKind;

@@ -15,10 +15,10 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use guest_frontend::{Gpu, GuestError};
+use guest::{Gpu, GuestError};
 use protocol::{Dim3, ImageKind, Status};
-use qemu_ivshmem::SpinPolicy;
 use serde::{Deserialize, Serialize};
+use transport::SpinPolicy;
 
 use super::fixture::{DaemonProc, VmSpec};
 use crate::config::ExecutorKind;
@@ -73,8 +73,8 @@ impl Rng {
 struct Guest {
     gpu: Gpu,
     module: u64,
-    vector_add: guest_frontend::Function,
-    saxpy: guest_frontend::Function,
+    vector_add: guest::Function,
+    saxpy: guest::Function,
     c: Counts,
     rng: Rng,
 }

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
-use guest_frontend::Gpu;
+use guest::Gpu;
 use protocol::{Dim3, ImageKind};
 
 use super::fixture::{DaemonProc, VmSpec};
@@ -184,7 +184,7 @@ pub fn run(executor: ExecutorKind, secs: f64) -> Result<()> {
     for (k, (name, n)) in ["time-sliced", "co-running"].iter().zip(&both).enumerate() {
         agg[k] = n.iter().sum();
         let x: Vec<f64> = n.iter().zip(WEIGHTS).map(|(n, w)| n / (w / wsum)).collect();
-        figure[k] = scheduler::mmr(if k == 1 { n } else { &x });
+        figure[k] = sched::mmr(if k == 1 { n } else { &x });
         println!(
             "{name:<12} normalized {} aggregate {:.3} MMR {:.3}",
             fmt(n),

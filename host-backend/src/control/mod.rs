@@ -85,7 +85,7 @@ pub struct ControlPlane {
     /// Worker restarts per VM since the daemon started.
     restarts: Mutex<HashMap<String, u64>>,
     /// Per VM: log lines about its peers the daemon suppressed (its
-    /// ivshmem server's count, see `qemu_ivshmem::ratelimit`).
+    /// ivshmem server's count, see `transport::ratelimit`).
     daemon_logs_suppressed: Mutex<HashMap<String, Arc<std::sync::atomic::AtomicU64>>>,
     /// The module image store's figures, when images are shared.
     image_store: Mutex<Option<Arc<crate::image_store::StoreStats>>>,
@@ -104,7 +104,7 @@ pub struct ControlPlane {
     /// Each GPU's base time slice, ns (`daemon::gpu_slice_ns`).
     gpu_slice_ns: Vec<u64>,
     /// The balancer's view (DCUDA placement), kept between rounds.
-    placer: Mutex<Option<scheduler::placement::Placer>>,
+    placer: Mutex<Option<sched::placement::Placer>>,
     token: Option<String>,
     started: Instant,
     /// The host CPU options in force (see `hostcpu`).

@@ -33,8 +33,8 @@ impl ControlPlane {
     /// of the GPU as its load).
     pub(super) fn place_new(&self, cfg: &Config) {
         let mut p =
-            scheduler::placement::Placer::new(self.placement_params(cfg), self.gpu_memory.clone());
-        let demand = |v: &crate::config::VmConfig, g: u32| scheduler::placement::Demand {
+            sched::placement::Placer::new(self.placement_params(cfg), self.gpu_memory.clone());
+        let demand = |v: &crate::config::VmConfig, g: u32| sched::placement::Demand {
             cores: (v.memory_limit_mib << 20) as f64
                 / self.gpu_memory.get(g as usize).copied().unwrap_or(1).max(1) as f64,
             memory: v.memory_limit_mib << 20,
@@ -56,9 +56,9 @@ impl ControlPlane {
         }
     }
 
-    pub(super) fn placement_params(&self, cfg: &Config) -> scheduler::placement::Params {
+    pub(super) fn placement_params(&self, cfg: &Config) -> sched::placement::Params {
         let pl = cfg.placement;
-        scheduler::placement::Params {
+        sched::placement::Params {
             over: pl.over,
             under: pl.under,
             watermark: pl.watermark,
@@ -78,7 +78,7 @@ impl ControlPlane {
         let st = self.status();
         let mut guard = lock(&self.placer);
         let p = guard.get_or_insert_with(|| {
-            scheduler::placement::Placer::new(self.placement_params(&cfg), self.gpu_memory.clone())
+            sched::placement::Placer::new(self.placement_params(&cfg), self.gpu_memory.clone())
         });
         let mut seen = std::collections::HashSet::new();
         for g in st["gpus"].as_array().into_iter().flatten() {
@@ -89,7 +89,7 @@ impl ControlPlane {
                 let id = self.vgpu_id(name);
                 seen.insert(id);
                 let gpu = v["gpu"].as_u64().unwrap_or(0) as usize;
-                let d = scheduler::placement::Demand {
+                let d = sched::placement::Demand {
                     cores: v["demand"].as_f64().unwrap_or(0.0),
                     memory: v["memory_used_bytes"].as_u64().unwrap_or(0),
                 };

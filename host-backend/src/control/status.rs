@@ -65,17 +65,17 @@ impl ControlPlane {
                 |r: &(u32, VgpuLive, u64, u64)| r.2 > 0 || r.1.report.queued > 0 || r.1.holding;
             // Entitlements follow the weights the vGPUs run under: a
             // tenant's weight split among its active vGPUs.
-            let members: Vec<scheduler::tenants::Member<'_>> = vms
+            let members: Vec<sched::tenants::Member<'_>> = vms
                 .iter()
                 .zip(&rows)
-                .map(|(v, r)| scheduler::tenants::Member {
+                .map(|(v, r)| sched::tenants::Member {
                     tenant: &v.tenant,
                     weight: v.weight,
                     tenant_weight: cfg.tenant_weight(&v.tenant),
                     active: active(r),
                 })
                 .collect();
-            let eff = scheduler::tenants::effective_weights(&members);
+            let eff = sched::tenants::effective_weights(&members);
             let wsum: f64 = eff
                 .iter()
                 .zip(&rows)
@@ -115,7 +115,7 @@ impl ControlPlane {
                     "effective_weight": eff,
                     "queue_depth": r.1.report.queued,
                     "sync_calls_per_second": sync_rate,
-                    "interactive": sync_rate > scheduler::classify::INTERACTIVE_SYNC_PER_SECOND,
+                    "interactive": sync_rate > sched::classify::INTERACTIVE_SYNC_PER_SECOND,
                     "launches": r.1.report.launches,
                     "memory_used_bytes": r.1.report.mem_used,
                     "memory_limit_bytes": v.memory_limit_mib << 20,
@@ -141,7 +141,7 @@ impl ControlPlane {
                 }));
             }
             let mmr = if ratios.len() >= 2 && ratios.iter().any(|&r| r > 0.0) {
-                json!(scheduler::mmr(&ratios))
+                json!(sched::mmr(&ratios))
             } else {
                 Value::Null
             };

@@ -31,7 +31,7 @@ pub const KERNELS_PTX: &str = include_str!("../../kernels/fairvgpu.ptx");
 const WEIGHTS: [f64; 3] = [1.0, 2.0, 3.0];
 const NEW_WEIGHT: f64 = 4.0;
 /// The workers' spin budget: they share a small machine with the tenants.
-const SPIN: qemu_ivshmem::SpinPolicy = qemu_ivshmem::SpinPolicy {
+const SPIN: transport::SpinPolicy = transport::SpinPolicy {
     spins: 2_000,
     max_block_us: 2_000,
 };

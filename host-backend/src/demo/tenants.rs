@@ -5,7 +5,7 @@
 //! in that VM would be.
 //!
 //! The stand-in comes from the demo's own build: in a cargo target folder
-//! (the binary run from a clone) cargo builds `fairvgpu-libcuda` beside the
+//! (the binary run from a clone) cargo builds `libcuda` beside the
 //! running binary, with the profile the binary was built with; elsewhere (an
 //! installed binary) it is looked for beside the binary and in `../lib`.
 
@@ -25,7 +25,7 @@ const TENANT_C: &str = include_str!("../../demo/tenant.c");
 /// The stand-in's build, named as the user would type it.
 fn build_hint(release: bool) -> String {
     format!(
-        "cargo build{} -p fairvgpu-libcuda",
+        "cargo build{} -p libcuda",
         if release { " --release" } else { "" }
     )
 }
@@ -42,14 +42,14 @@ fn standin() -> Result<PathBuf> {
     // A cargo profile folder (`target/release`) keeps its fingerprints.
     let in_target = bin_dir.join(".fingerprint").is_dir();
     if let (true, Some(target), Some(ws)) = (in_target, target, workspace) {
-        if ws.join("guest-frontend/libcuda/Cargo.toml").is_file() {
+        if ws.join("libcuda/Cargo.toml").is_file() {
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             println!(
                 "building the stand-in libcuda.so.1 the tenants load: {}",
                 build_hint(release)
             );
             let mut cmd = Command::new(&cargo);
-            cmd.args(["build", "-q", "-p", "fairvgpu-libcuda"]);
+            cmd.args(["build", "-q", "-p", "libcuda"]);
             if release {
                 cmd.arg("--release");
             }

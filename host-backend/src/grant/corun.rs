@@ -1,11 +1,11 @@
 //! Co-running on a GPU whose vGPUs are MPS clients (`[[gpu]] mps = true`):
 //! while the fair queue's holder of a slice is a vGPU whose VM opted in
 //! (`[[vm]] corun = true`), the next vGPUs in the queue's order that also
-//! opted in and fit beside it ([`scheduler::corun::plan`]: their measured
+//! opted in and fit beside it ([`sched::corun::plan`]: their measured
 //! SM occupancy together within the GPU) hold the GPU with it until its
 //! slice ends, their kernels side by side on the SMs. Each is charged its
 //! time held alone in full and its time held with others at its share of
-//! the GPU (SM-time, [`scheduler::corun::charge_ns`]), so weights hold
+//! the GPU (SM-time, [`sched::corun::charge_ns`]), so weights hold
 //! when tenants co-run and a tenant gains nothing by filling the GPU with
 //! idle blocks. Under `[[gpu]] policy = "phase"`, a vGPU whose recent
 //! device work is half or more copies (its worker reports the share)
@@ -17,8 +17,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use scheduler::corun::{self, Demand};
-use scheduler::GpuScheduler;
+use sched::corun::{self, Demand};
+use sched::GpuScheduler;
 
 use super::VgpuLive;
 
@@ -164,7 +164,7 @@ mod tests {
             occupancy,
             &[0; 4],
             out,
-            scheduler::DevicePolicy::default(),
+            sched::DevicePolicy::default(),
         )
     }
 
@@ -174,7 +174,7 @@ mod tests {
         occupancy: f64,
         copy_ppm: &[u64; 4],
         out: &[u32],
-        policy: scheduler::DevicePolicy,
+        policy: sched::DevicePolicy,
     ) -> (Vec<u64>, Vec<u64>, usize) {
         let dir = std::env::temp_dir().join(format!("fvg-corun-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -255,7 +255,7 @@ mod tests {
             .zip([1.0, 1.0, 2.0, 4.0])
             .map(|(&h, w)| h as f64 / total as f64 / (w / 8.0))
             .collect();
-        let mmr = scheduler::mmr(&x);
+        let mmr = sched::mmr(&x);
         assert!(mmr > 0.8, "MMR {mmr}, held {held:?}");
     }
 
@@ -265,10 +265,10 @@ mod tests {
         // Fair queue: nobody co-holds. Phase selection:
         // the copier holds the GPU beside one that computes.
         let copies = [0, 0, 0, 900_000];
-        let fair = scheduler::DevicePolicy::FairQueue;
+        let fair = sched::DevicePolicy::FairQueue;
         let (_, _, most) = round_with("phase-off", 0.6, &copies, &[], fair);
         assert_eq!(most, 1);
-        let phase = scheduler::DevicePolicy::PhaseSelection;
+        let phase = sched::DevicePolicy::PhaseSelection;
         let (_, _, most) = round_with("phase-on", 0.6, &copies, &[], phase);
         assert_eq!(
             most, 2,
@@ -294,7 +294,7 @@ mod tests {
         // Slices long enough that a loaded machine's scheduling delays do
         // not end one before its extension arrives.
         let slice = Duration::from_millis(20);
-        let policy = scheduler::DevicePolicy::default();
+        let policy = sched::DevicePolicy::default();
         let svc = GrantService::start_with(&dir.join("g.sock"), 20_000_000, policy, true).unwrap();
         for id in 0..3 {
             svc.set_corun(id, true).unwrap();
@@ -353,7 +353,7 @@ mod tests {
     fn a_holder_that_leaves_early_can_come_back_into_the_round() {
         let dir = std::env::temp_dir().join(format!("fvg-corun-back-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let policy = scheduler::DevicePolicy::default();
+        let policy = sched::DevicePolicy::default();
         let svc = GrantService::start_with(&dir.join("g.sock"), 200_000_000, policy, true).unwrap();
         let small = Report {
             occupancy_ppm: 60_000,

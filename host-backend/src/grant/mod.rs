@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use scheduler::GpuScheduler;
+use sched::GpuScheduler;
 
 use crate::hostcpu::ServiceLift;
 use crate::Error;
@@ -204,7 +204,7 @@ struct Share {
 }
 
 /// Recomputes every connected vGPU's effective weight (see
-/// `scheduler::tenants`) and hands the changed ones to the fair queue.
+/// `sched::tenants`) and hands the changed ones to the fair queue.
 fn apply_shares(
     sched: &mut GpuScheduler,
     shares: &HashMap<u32, Share>,
@@ -213,16 +213,16 @@ fn apply_shares(
     usage: &Usage,
 ) {
     let ids: Vec<u32> = connected.keys().copied().collect();
-    let members: Vec<scheduler::tenants::Member<'_>> = ids
+    let members: Vec<sched::tenants::Member<'_>> = ids
         .iter()
         .map(|id| match shares.get(id) {
-            Some(s) => scheduler::tenants::Member {
+            Some(s) => sched::tenants::Member {
                 tenant: &s.tenant,
                 weight: s.weight,
                 tenant_weight: s.tenant_weight,
                 active: active.contains(id),
             },
-            None => scheduler::tenants::Member {
+            None => sched::tenants::Member {
                 tenant: "",
                 weight: sched.queue().weight(*id).unwrap_or(1.0),
                 tenant_weight: None,
@@ -230,7 +230,7 @@ fn apply_shares(
             },
         })
         .collect();
-    let eff = scheduler::tenants::effective_weights(&members);
+    let eff = sched::tenants::effective_weights(&members);
     let mut u = usage.lock().unwrap_or_else(|e| e.into_inner());
     for (id, w) in ids.iter().zip(eff) {
         if sched.queue().weight(*id) != Some(w) {
@@ -257,7 +257,7 @@ pub struct GrantService {
 impl GrantService {
     /// Starts serving at `path` with slices of `slice_ns`, fair queuing.
     pub fn start(path: &Path, slice_ns: u64) -> Result<GrantService, Error> {
-        Self::start_with(path, slice_ns, scheduler::DevicePolicy::default(), false)
+        Self::start_with(path, slice_ns, sched::DevicePolicy::default(), false)
     }
 
     /// Starts serving at `path` with slices of `slice_ns` under `policy`;
@@ -267,7 +267,7 @@ impl GrantService {
     pub fn start_with(
         path: &Path,
         slice_ns: u64,
-        policy: scheduler::DevicePolicy,
+        policy: sched::DevicePolicy,
         corun: bool,
     ) -> Result<GrantService, Error> {
         Self::start_lifted(path, slice_ns, policy, corun, ServiceLift::default())
@@ -279,7 +279,7 @@ impl GrantService {
     pub fn start_lifted(
         path: &Path,
         slice_ns: u64,
-        policy: scheduler::DevicePolicy,
+        policy: sched::DevicePolicy,
         corun: bool,
         lift: ServiceLift,
     ) -> Result<GrantService, Error> {
@@ -458,7 +458,7 @@ fn forget_worker(id: u32, st: &mut Registry<'_>, shares: &HashMap<u32, Share>, u
 fn serve(
     listener: UnixListener,
     slice_ns: u64,
-    policy: scheduler::DevicePolicy,
+    policy: sched::DevicePolicy,
     corun: bool,
     stop: &AtomicBool,
     usage: &Usage,
@@ -479,7 +479,7 @@ fn serve(
     let slice = Duration::from_nanos(slice_ns);
     let hold_limit = hold_limit(slice_ns);
     // What a vGPU's worker does is up to its guests: rate-limited, per vGPU.
-    let mut logs: HashMap<u32, qemu_ivshmem::LogLimiter> = HashMap::new();
+    let mut logs: HashMap<u32, transport::LogLimiter> = HashMap::new();
     let mut pending: Vec<Pending> = Vec::new();
     let mut shares: HashMap<u32, Share> = HashMap::new();
     let mut co = corun::CoRun::new(corun);
@@ -767,7 +767,7 @@ fn serve(
                 v.holding = false;
                 v.revoked += 1;
             });
-            qemu_ivshmem::rate_limited!(
+            transport::rate_limited!(
                 logs.entry(id).or_default(),
                 warn,
                 vgpu = id,

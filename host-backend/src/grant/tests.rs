@@ -8,7 +8,7 @@ use super::*;
 fn service(name: &str, slice_ns: u64, mps: bool) -> (PathBuf, GrantService) {
     let dir = std::env::temp_dir().join(format!("fvg-grant-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let policy = scheduler::DevicePolicy::default();
+    let policy = sched::DevicePolicy::default();
     let svc = GrantService::start_with(&dir.join("g.sock"), slice_ns, policy, mps).unwrap();
     (dir, svc)
 }
@@ -345,7 +345,7 @@ fn the_vcpu_lift_is_told_of_each_change_of_holder_and_only_then() {
         nice: None,
         holders: Some(tx),
     };
-    let policy = scheduler::DevicePolicy::default();
+    let policy = sched::DevicePolicy::default();
     let svc =
         GrantService::start_lifted(&dir.join("g.sock"), 2_000_000, policy, false, lift).unwrap();
     let next = || rx.recv_timeout(Duration::from_secs(5)).unwrap();

@@ -14,7 +14,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
-use qemu_ivshmem::server::PeerPids;
+use transport::server::PeerPids;
 
 /// Reads and sets the nice value of one thread (a fake in tests, which
 /// then need no privilege).

@@ -9,8 +9,8 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use qemu_ivshmem::server::{recv_msg, send_msg, PeerBells, PeerEvent, ServerHandle};
-use qemu_ivshmem::{Bell, EventFdBell};
+use transport::server::{recv_msg, send_msg, PeerBells, PeerEvent, ServerHandle};
+use transport::{Bell, EventFdBell};
 
 use super::{
     decode, MigrationReport, GRANT, HOST_BELL, LIMIT, LIMIT_MASK, MIGRATE, MIGRATION_KIB,

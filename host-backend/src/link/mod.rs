@@ -8,7 +8,7 @@
 //! own eventfds, then the eventfds of every connected peer, and afterwards
 //! every peer that comes or goes. When a worker dies (a crash, a poisoned
 //! GPU context), the daemon starts another, feeds it the same region, and
-//! the new worker adopts it ([`qemu_ivshmem::Region::adopt`]): channels
+//! the new worker adopts it ([`transport::Region::adopt`]): channels
 //! whose GPU state died become LOST, their guests get an error they recover
 //! from by claiming a new channel, and nobody has to re-plug a device.
 //!
@@ -26,10 +26,10 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use qemu_ivshmem::server::{
+use transport::server::{
     recv_msg, send_msg, serve_to, PeerBells, PeerEvent, ServerHandle, MAX_PEERS,
 };
-use qemu_ivshmem::{Bell, EventFdBell, LayoutParams, Region};
+use transport::{Bell, EventFdBell, LayoutParams, Region};
 
 use crate::Error;
 
@@ -353,7 +353,7 @@ impl VmHost {
     }
 
     /// The process id of each connected peer (see `hostcpu::lift`).
-    pub fn peer_pids(&self) -> qemu_ivshmem::server::PeerPids {
+    pub fn peer_pids(&self) -> transport::server::PeerPids {
         self.server.peer_pids.clone()
     }
 
@@ -435,7 +435,7 @@ impl Feeder {
 
     /// Writes to the current worker's feed; a worker that does not take it
     /// within [`FEED_SEND_TIMEOUT`] (or whose feed broke) loses its feed.
-    fn write(&mut self, f: impl FnOnce(&UnixStream) -> Result<(), qemu_ivshmem::Error>) {
+    fn write(&mut self, f: impl FnOnce(&UnixStream) -> Result<(), transport::Error>) {
         let Some(s) = self.current.as_ref() else {
             return;
         };
@@ -520,17 +520,13 @@ impl Feeder {
     }
 
     /// The snapshot's first message: the region.
-    fn send_region(&self, s: &UnixStream) -> Result<(), qemu_ivshmem::Error> {
+    fn send_region(&self, s: &UnixStream) -> Result<(), transport::Error> {
         send_msg(s, encode(REGION, 0, 0), Some(self.fd.as_raw_fd()))
     }
 
     /// The rest of the snapshot: the host's doorbells, the peers, the
     /// limit, the grant connection if any, then `SYNCED`.
-    fn send_rest(
-        &self,
-        s: &UnixStream,
-        grant: Option<&OwnedFd>,
-    ) -> Result<(), qemu_ivshmem::Error> {
+    fn send_rest(&self, s: &UnixStream, grant: Option<&OwnedFd>) -> Result<(), transport::Error> {
         for (v, b) in self.host_bells.iter().enumerate() {
             send_msg(s, encode(HOST_BELL, 0, v as u16), Some(b.fd().as_raw_fd()))?;
         }
@@ -592,7 +588,7 @@ fn send_bells(
     sock: &UnixStream,
     id: u16,
     bells: &[Arc<EventFdBell>],
-) -> Result<(), qemu_ivshmem::Error> {
+) -> Result<(), transport::Error> {
     for (v, b) in bells.iter().enumerate() {
         send_msg(
             sock,
@@ -606,8 +602,8 @@ fn send_bells(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use qemu_ivshmem::server::Client;
-    use qemu_ivshmem::ClaimState;
+    use transport::server::Client;
+    use transport::ClaimState;
 
     fn layout() -> LayoutParams {
         LayoutParams {
@@ -636,7 +632,7 @@ mod tests {
     }
 
     /// A channel `client` claims and the worker of `region` serves.
-    fn served_claim(client: &Client, region: &Region) -> qemu_ivshmem::GuestChannel {
+    fn served_claim(client: &Client, region: &Region) -> transport::GuestChannel {
         let g = client.region.claim(u32::from(client.id), 1, 0).unwrap();
         region
             .host_channel(g.index())

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use protocol::array::{resource, CopySide, TexParams, TEX_PARAMS_BYTES};
 use protocol::{Reply, Request, Status};
-use qemu_ivshmem::Descriptor;
+use transport::Descriptor;
 
 use super::channel::{answer, Chan};
 use super::shared::Shared;

@@ -5,8 +5,8 @@ use std::sync::atomic::{fence, Ordering};
 use std::time::Duration;
 
 use protocol::{op, Reply, Request, Status, INLINE};
-use qemu_ivshmem::layout::Direction;
-use qemu_ivshmem::{ClaimState, Descriptor, HostChannel};
+use transport::layout::Direction;
+use transport::{ClaimState, Descriptor, HostChannel};
 
 use super::requests::handle;
 use super::sessions::{SessionId, Sessions};
@@ -93,7 +93,7 @@ pub(super) fn service(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> bool 
         Ok(did) => did,
         Err(e) => {
             // Corrupt rings: the guest broke its own channel. End it.
-            qemu_ivshmem::rate_limited!(
+            transport::rate_limited!(
                 sh.log.borrow_mut(),
                 warn,
                 channel = c.host.index(),
@@ -137,7 +137,7 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
                     return Ok(true);
                 }
                 Err(s) if s == Status::MpsMaxClientsReached => {
-                    qemu_ivshmem::rate_limited!(
+                    transport::rate_limited!(
                         sh.log.borrow_mut(),
                         warn,
                         channel = c.host.index(),
@@ -146,7 +146,7 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
                     Err(s)
                 }
                 Err(s) => {
-                    qemu_ivshmem::rate_limited!(
+                    transport::rate_limited!(
                         sh.log.borrow_mut(),
                         error,
                         channel = c.host.index(),
@@ -186,7 +186,7 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
         }
     };
     sh.stats.requests.fetch_add(1, Ordering::Relaxed);
-    if d.flags & qemu_ivshmem::FLAG_NO_REPLY == 0 {
+    if d.flags & transport::FLAG_NO_REPLY == 0 {
         reply(sh, c, d.tag, d.opcode, r, &[])?;
     }
     c.host.req.consume(&d)?;
@@ -437,7 +437,7 @@ pub(super) fn ring_if_sleeping(sh: &Shared, ch: u32) -> Result<bool, Error> {
 
 pub(super) fn refuse(sh: &Shared, c: &mut Chan, what: &str) {
     sh.stats.refused.fetch_add(1, Ordering::Relaxed);
-    qemu_ivshmem::rate_limited!(
+    transport::rate_limited!(
         sh.log.borrow_mut(),
         info,
         channel = c.host.index(),

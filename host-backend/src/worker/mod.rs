@@ -50,9 +50,9 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use protocol::DeviceInfo;
-use qemu_ivshmem::layout::Direction;
-use qemu_ivshmem::server::serve;
-use qemu_ivshmem::{ClaimState, LayoutParams, Region, SpinPolicy};
+use transport::layout::Direction;
+use transport::server::serve;
+use transport::{ClaimState, LayoutParams, Region, SpinPolicy};
 
 use crate::executor::Executor;
 use crate::link::{Fed, FeedStart, PeerLink};
@@ -234,7 +234,7 @@ impl Stats {
 
 /// What one copy engine moves between host and device per second (PCIe 4/5
 /// order of magnitude): a copy's device time, for the copy share reported
-/// for phase selection (`scheduler::corun`).
+/// for phase selection (`sched::corun`).
 const COPY_BYTES_PER_S: f64 = 25e9;
 
 /// A migration being prepared on a helper thread.
@@ -280,7 +280,7 @@ impl std::fmt::Debug for Worker {
 struct Device {
     exec: Box<dyn Executor>,
     region: Region,
-    pinned_map: Option<qemu_ivshmem::shm::FixedMapping>,
+    pinned_map: Option<transport::shm::FixedMapping>,
     info: DeviceInfo,
     /// The device's whole memory (`info.total_mem` is the vGPU's limit).
     device_mem: u64,
@@ -466,7 +466,7 @@ impl Worker {
         info.total_mem = mem_limit;
         let chans = (0..region.channels())
             .map(|i| Ok(Chan::new(region.host_channel(i)?)))
-            .collect::<Result<Vec<_>, qemu_ivshmem::Error>>()?;
+            .collect::<Result<Vec<_>, transport::Error>>()?;
         let chunk = (cfg.layout.arena_size as usize / 4).max(4096);
         let stats: Arc<Stats> = Arc::default();
         stats
@@ -506,7 +506,7 @@ impl Worker {
                 grant_id: cfg.grant.as_ref().map(|g| (g.1, g.2)),
                 charged_ns: 0,
                 issued_ns: 0,
-                meter: scheduler::accounting::PeriodMeter::new(cfg.sample_every),
+                meter: sched::accounting::PeriodMeter::new(cfg.sample_every),
                 params: Vec::new(),
                 period_grant: 0,
                 time_launches: cfg.time_launches,
@@ -515,7 +515,7 @@ impl Worker {
                 )),
                 worked: false,
                 poisoned: std::cell::Cell::new(None),
-                log: std::cell::RefCell::new(qemu_ivshmem::LogLimiter::default()),
+                log: std::cell::RefCell::new(transport::LogLimiter::default()),
                 output: std::cell::RefCell::new(output::Output::new()),
             },
             chans,

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use protocol::{Reply, Request, Status};
-use qemu_ivshmem::Descriptor;
+use transport::Descriptor;
 
 use super::channel::{refuse, reply, Chan};
 use super::shared::Shared;
@@ -41,7 +41,7 @@ pub(super) fn handle(
         Ok(r) => r,
         Err(e) => {
             refuse(sh, c, &e.to_string());
-            if d.flags & qemu_ivshmem::FLAG_NO_REPLY == 0 {
+            if d.flags & transport::FLAG_NO_REPLY == 0 {
                 return reply(sh, c, d.tag, d.opcode, Err(Status::InvalidValue), &[]);
             }
             s.defer(Status::InvalidValue);
@@ -693,11 +693,10 @@ pub(super) fn handle(
                 // while this vGPU holds the GPU (see `pump_sliced`).
                 if scheduled
                     && sh.slice_blocks > 0
-                    && grid.count() > sh.slice_blocks.max(scheduler::slicing::MIN_BLOCKS)
+                    && grid.count() > sh.slice_blocks.max(sched::slicing::MIN_BLOCKS)
                     && s.ctx.can_slice(func)
                 {
-                    let parts =
-                        scheduler::slicing::slice_grid(grid.x, grid.y, grid.z, sh.slice_blocks);
+                    let parts = sched::slicing::slice_grid(grid.x, grid.y, grid.z, sh.slice_blocks);
                     if parts.len() > 1 {
                         sh.flush_launches(s);
                         sh.stats.launches.fetch_add(1, Ordering::Relaxed);

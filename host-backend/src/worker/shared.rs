@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::Status;
-use qemu_ivshmem::Region;
+use transport::Region;
 
 use super::Stats;
 use crate::executor::{Executor, Handle, Launch};
@@ -22,7 +22,7 @@ pub(super) struct Shared {
     /// The pinned pool mapped where the device knows it (after `exec`,
     /// which registered it, so that it is unmapped after the executor let
     /// go of it).
-    pub pinned_map: Option<qemu_ivshmem::shm::FixedMapping>,
+    pub pinned_map: Option<transport::shm::FixedMapping>,
     /// Who holds which block of the pool.
     pub pinned: super::pinned::PinnedPool,
     /// Module images by content (see `image_cache.rs`).
@@ -51,8 +51,8 @@ pub(super) struct Shared {
     /// GPU time issued under the current grant, by the kernels' estimates:
     /// what says whether more work fits in the slice.
     pub issued_ns: u64,
-    /// Times busy periods (see `scheduler::accounting::PeriodMeter`).
-    pub meter: scheduler::accounting::PeriodMeter,
+    /// Times busy periods (see `sched::accounting::PeriodMeter`).
+    pub meter: sched::accounting::PeriodMeter,
     /// A launch's parameter bytes (reused).
     pub params: Vec<u8>,
     /// The grant under which the last period opened.
@@ -63,8 +63,8 @@ pub(super) struct Shared {
     /// The VM's vCPU threads, kicked when a blocked guest is woken.
     pub booster: std::cell::RefCell<crate::cosched::VcpuBooster>,
     /// What the VM's guests can make the worker log goes through here
-    /// (see `qemu_ivshmem::ratelimit`): one VM's worker, one limit.
-    pub log: std::cell::RefCell<qemu_ivshmem::LogLimiter>,
+    /// (see `transport::ratelimit`): one VM's worker, one limit.
+    pub log: std::cell::RefCell<transport::LogLimiter>,
     /// What the processes' kernels printed, for them to take (see
     /// `output.rs`).
     pub output: std::cell::RefCell<super::output::Output>,

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use protocol::{op, ImageKind, Reply, Status};
-use qemu_ivshmem::{Descriptor, FLAG_MORE};
+use transport::{Descriptor, FLAG_MORE};
 
 use super::channel::{notify_guest, refuse, reply, Chan};
 use super::shared::Shared;
@@ -63,7 +63,7 @@ pub(super) struct Sliced {
     pub stream: u64,
     pub params: Vec<u8>,
     pub grid_x: u32,
-    pub rest: std::collections::VecDeque<scheduler::slicing::SubGrid>,
+    pub rest: std::collections::VecDeque<sched::slicing::SubGrid>,
 }
 
 pub(super) fn start_module(

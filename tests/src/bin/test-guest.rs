@@ -2,7 +2,7 @@
 //! it, prints "ready", then keeps streaming copies into it until killed.
 
 use anyhow::{Context, Result};
-use guest_frontend::Gpu;
+use guest::Gpu;
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);

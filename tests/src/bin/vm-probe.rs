@@ -13,11 +13,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use guest_frontend::device::default_device;
-use guest_frontend::Gpu;
+use guest::device::default_device;
+use guest::Gpu;
 use host_backend::demo::KERNELS_PTX;
 use protocol::{Dim3, ImageKind};
-use qemu_ivshmem::SpinPolicy;
+use transport::SpinPolicy;
 
 fn open(spins: u32) -> Result<Gpu> {
     let dev = default_device().context("no /dev/fairvgpu0: module not loaded or no vGPU")?;
@@ -87,7 +87,7 @@ fn main() -> Result<()> {
         }
         "info" => {
             let dev = default_device().context("no /dev/fairvgpu0")?;
-            let d = guest_frontend::device::Device::open(&dev)?;
+            let d = guest::device::Device::open(&dev)?;
             println!("{:?}", d.info()?);
         }
         other => bail!("unknown command {other}"),

@@ -111,7 +111,7 @@ pub fn device_memory(ordinal: u32) -> Result<u64, Error> {
 
 /// Whether GPU `ordinal` can preempt a running kernel (compute preemption,
 /// every NVIDIA GPU since Pascal): it then gets the preemptive time slice
-/// (`scheduler::Slices`).
+/// (`sched::Slices`).
 pub fn device_preemptive(ordinal: u32) -> Result<bool, Error> {
     device_count()?;
     let dev = device(ordinal)

@@ -34,12 +34,12 @@ use std::time::Duration;
 
 use protocol::{DeviceInfo, Status};
 
-use qemu_ivshmem::server::Client;
-use qemu_ivshmem::{Bell, GuestChannel, SpinPolicy};
 pub use status::{
     cuda_version, driver_release, uuid_string, vgpu_uuid, VgpuReport, CUDA_DRIVER_VERSION,
     FALLBACK_DRIVER_RELEASE, PCI_BUS_ID,
 };
+use transport::server::Client;
+use transport::{Bell, GuestChannel, SpinPolicy};
 
 /// What a call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +49,7 @@ pub enum GuestError {
     Cuda(Status),
     /// The transport failed (host gone, channel reclaimed, ...).
     #[error("transport: {0}")]
-    Transport(qemu_ivshmem::Error),
+    Transport(transport::Error),
     /// The vGPU's host worker restarted (it crashed, or a kernel fault
     /// poisoned its GPU contexts): everything this connection held on the
     /// GPU is gone. Drop this `Gpu` and open a new one to go on.
@@ -73,10 +73,10 @@ pub enum GuestError {
     NoVgpu,
 }
 
-impl From<qemu_ivshmem::Error> for GuestError {
-    fn from(e: qemu_ivshmem::Error) -> Self {
+impl From<transport::Error> for GuestError {
+    fn from(e: transport::Error) -> Self {
         match e {
-            qemu_ivshmem::Error::HostRestarted { .. } => GuestError::VgpuReset,
+            transport::Error::HostRestarted { .. } => GuestError::VgpuReset,
             e => GuestError::Transport(e),
         }
     }

@@ -27,7 +27,7 @@ const PARAM_BUFFER_SIZE: usize = 2;
 /// that parameter's value; `extra` must be null or a `CU_LAUNCH_PARAM_END`
 /// terminated list (the driver API's contract).
 unsafe fn pack(
-    f: &guest_frontend::Function,
+    f: &guest::Function,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> Result<Vec<u8>, CuResult> {
@@ -381,7 +381,7 @@ fn potential_block_size(
 
 /// Parameter `index`'s offset and size.
 fn param_info(
-    f: &guest_frontend::Function,
+    f: &guest::Function,
     index: usize,
     offset: *mut usize,
     size: *mut usize,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::{DeviceInfo, Request};
-use qemu_ivshmem::server::Client;
-use qemu_ivshmem::{Bell, GuestChannel, SpinPolicy};
+use transport::server::Client;
+use transport::{Bell, GuestChannel, SpinPolicy};
 
 use crate::{
     copy, current_cpu, device, Gpu, GuestError, Joiner, Joining, Opening, Origin, Result, Transport,

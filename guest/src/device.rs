@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use qemu_ivshmem::{Bell, PollingBell, Region};
+use transport::{Bell, PollingBell, Region};
 
 use crate::{GuestError, Result};
 
@@ -195,8 +195,8 @@ impl Device {
 }
 
 /// A device error as the transport's waiting code sees it.
-fn transport_err(e: GuestError) -> qemu_ivshmem::Error {
-    qemu_ivshmem::Error::Protocol(e.to_string())
+fn transport_err(e: GuestError) -> transport::Error {
+    transport::Error::Protocol(e.to_string())
 }
 
 /// The host's doorbell, rung through BAR0.
@@ -214,11 +214,11 @@ impl HostDoorbell {
 }
 
 impl Bell for HostDoorbell {
-    fn ring(&self) -> qemu_ivshmem::Result<()> {
+    fn ring(&self) -> transport::Result<()> {
         self.dev.ring(HOST_PEER, self.vector).map_err(transport_err)
     }
 
-    fn wait(&self, timeout: Duration) -> qemu_ivshmem::Result<bool> {
+    fn wait(&self, timeout: Duration) -> transport::Result<bool> {
         // Nobody waits on the host's bell from a guest.
         PollingBell.wait(timeout)
     }
@@ -256,11 +256,11 @@ impl VcpuBell {
 }
 
 impl Bell for VcpuBell {
-    fn ring(&self) -> qemu_ivshmem::Result<()> {
+    fn ring(&self) -> transport::Result<()> {
         Ok(()) // only the host rings the guest
     }
 
-    fn prepare(&self) -> qemu_ivshmem::Result<()> {
+    fn prepare(&self) -> transport::Result<()> {
         if self.vectors == 0 {
             return Ok(());
         }
@@ -274,7 +274,7 @@ impl Bell for VcpuBell {
         Ok(())
     }
 
-    fn wait(&self, timeout: Duration) -> qemu_ivshmem::Result<bool> {
+    fn wait(&self, timeout: Duration) -> transport::Result<bool> {
         if self.vectors == 0 {
             // No interrupts: poll, as without the module.
             return PollingBell.wait(timeout);

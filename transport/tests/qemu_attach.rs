@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use qemu_ivshmem::qmp::Qmp;
-use qemu_ivshmem::server::{serve, PeerEvent};
-use qemu_ivshmem::{LayoutParams, Region};
+use transport::qmp::Qmp;
+use transport::server::{serve, PeerEvent};
+use transport::{LayoutParams, Region};
 
 fn qemu() -> Option<PathBuf> {
     let p = PathBuf::from("/usr/bin/qemu-system-x86_64");

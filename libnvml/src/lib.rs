@@ -2,8 +2,8 @@
 //!
 //! Whatever the host has, a process sees exactly its vGPU, as device 0:
 //! its name, its UUID (the host's for it) and PCI address (the same the
-//! `libcuda.so.1` stand-in gives: `guest_frontend::vgpu_uuid`,
-//! `guest_frontend::PCI_BUS_ID`), its memory limit as the device's memory,
+//! `libcuda.so.1` stand-in gives: `guest::vgpu_uuid`,
+//! `guest::PCI_BUS_ID`), its memory limit as the device's memory,
 //! what its processes hold as the host counts it, its share of the GPU as
 //! the utilization, and its processes. The figures that change come from
 //! the host (`VgpuStatus`) on a channel of this library's own that opens no
@@ -31,7 +31,7 @@
 //! not pass on (temperature, power, fans, clocks, ECC, serial) are
 //! `NVML_ERROR_NOT_SUPPORTED`, which monitoring tools show as "N/A".
 //!
-//! The vGPU is found as `guest_frontend::Gpu::from_env` says: in a VM, the
+//! The vGPU is found as `guest::Gpu::from_env` says: in a VM, the
 //! kernel module's `/dev/fairvgpu0` (or `FAIRVGPU_DEVICE`); on the host and
 //! in tests, `FAIRVGPU_SOCKET`. Every exported function catches panics and
 //! checks every pointer it is given.

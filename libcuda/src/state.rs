@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use guest_frontend::{Function, Gpu, GuestError};
+use guest::{Function, Gpu, GuestError};
 use protocol::DeviceInfo;
 
 use crate::{code, CuResult};
@@ -35,7 +35,7 @@ pub(crate) struct Driver {
     /// which a thread picks or opens one.
     opened: Mutex<usize>,
     /// What opens further channels.
-    joiner: guest_frontend::Joiner,
+    joiner: guest::Joiner,
     /// The vGPU's pinned pool as mapped here (none if it has none).
     pool: Option<crate::host_memory::Pool>,
     /// The tables.
@@ -292,10 +292,7 @@ pub(crate) fn driver() -> Result<&'static Driver, CuResult> {
 
 impl Driver {
     /// Runs `f` on the calling thread's connection.
-    pub fn gpu<R>(
-        &self,
-        f: impl FnOnce(&mut Gpu) -> guest_frontend::Result<R>,
-    ) -> Result<R, CuResult> {
+    pub fn gpu<R>(&self, f: impl FnOnce(&mut Gpu) -> guest::Result<R>) -> Result<R, CuResult> {
         let _in = InCall::enter();
         let slot = self.slot();
         let mut g = self.channels[slot]
@@ -343,7 +340,7 @@ impl Driver {
     }
 
     /// What opens a further channel to the process's session.
-    pub fn joiner(&self) -> &guest_frontend::Joiner {
+    pub fn joiner(&self) -> &guest::Joiner {
         &self.joiner
     }
 
@@ -354,7 +351,7 @@ impl Driver {
 }
 
 /// Shorthand: runs `f` on the connection of the initialized driver.
-pub(crate) fn gpu<R>(f: impl FnOnce(&mut Gpu) -> guest_frontend::Result<R>) -> Result<R, CuResult> {
+pub(crate) fn gpu<R>(f: impl FnOnce(&mut Gpu) -> guest::Result<R>) -> Result<R, CuResult> {
     driver()?.gpu(f)
 }
 
@@ -363,7 +360,7 @@ pub(crate) fn gpu<R>(f: impl FnOnce(&mut Gpu) -> guest_frontend::Result<R>) -> R
 /// (`crate::managed::for_work`) and kept so while `f` submits the work.
 pub(crate) fn work<R>(
     stream: u64,
-    f: impl FnOnce(&mut Gpu) -> guest_frontend::Result<R>,
+    f: impl FnOnce(&mut Gpu) -> guest::Result<R>,
 ) -> Result<R, CuResult> {
     let _managed = crate::managed::for_work(stream)?;
     gpu(f)

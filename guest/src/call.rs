@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use protocol::{op, Reply, Request, Status, INLINE};
-use qemu_ivshmem::layout::Direction;
-use qemu_ivshmem::wait::{notify_if_sleeping, wait_for};
-use qemu_ivshmem::{Descriptor, FLAG_MORE, FLAG_NO_REPLY};
+use transport::layout::Direction;
+use transport::wait::{notify_if_sleeping, wait_for};
+use transport::{Descriptor, FLAG_MORE, FLAG_NO_REPLY};
 
 use crate::{current_cpu, Gpu, GuestError, Result, CALL_TIMEOUT};
 

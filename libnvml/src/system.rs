@@ -21,8 +21,8 @@ pub(crate) fn device0() -> Device {
 fn nvml_version(info: &protocol::DeviceInfo) -> String {
     format!(
         "{}.{}",
-        guest_frontend::cuda_version(info) / 1000,
-        guest_frontend::driver_release(info)
+        guest::cuda_version(info) / 1000,
+        guest::driver_release(info)
     )
 }
 
@@ -41,7 +41,7 @@ pub(crate) fn parse_bus_id(s: &str) -> Option<(u32, u32, u32)> {
 
 /// The vGPU's (domain, bus, device): CUDA's PCI attributes for it.
 pub(crate) fn vgpu_bus() -> (u32, u32, u32) {
-    parse_bus_id(guest_frontend::PCI_BUS_ID).unwrap_or((0, 0, 0))
+    parse_bus_id(guest::PCI_BUS_ID).unwrap_or((0, 0, 0))
 }
 
 export! {
@@ -64,7 +64,7 @@ export! {
     /// The host driver's release.
     fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uint) {
         let info = state::info()?;
-        out_str(buf, len, guest_frontend::driver_release(&info))
+        out_str(buf, len, guest::driver_release(&info))
     }
 
     fn nvmlSystemGetNVMLVersion(buf: *mut c_char, len: c_uint) {
@@ -77,7 +77,7 @@ export! {
         if v.is_null() {
             return Err(code::INVALID_ARGUMENT);
         }
-        out(v, guest_frontend::cuda_version(&*state::info_any()?))
+        out(v, guest::cuda_version(&*state::info_any()?))
     }
 
     /// A guest process's name (the processes NVML lists are this
@@ -123,7 +123,7 @@ export! {
         let info = state::info()?;
         // SAFETY: a NUL-terminated string (NVML's contract); null is refused.
         let want = unsafe { crate::c_str(uuid) }?;
-        let ours = guest_frontend::uuid_string(&guest_frontend::vgpu_uuid(&info));
+        let ours = guest::uuid_string(&guest::vgpu_uuid(&info));
         if !want.trim().eq_ignore_ascii_case(&ours) {
             return Err(code::NOT_FOUND);
         }

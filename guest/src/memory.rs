@@ -1,7 +1,7 @@
 //! Memory calls: allocations, the pinned pool, copies and memsets.
 
 use protocol::Request;
-use qemu_ivshmem::FLAG_MORE;
+use transport::FLAG_MORE;
 
 use crate::{DevPtr, Gpu, GuestError, Result};
 
@@ -76,7 +76,7 @@ impl Gpu {
     }
 
     /// The shared region this connection uses.
-    pub fn region(&self) -> &qemu_ivshmem::Region {
+    pub fn region(&self) -> &transport::Region {
         self.ch.region()
     }
 

@@ -263,7 +263,7 @@ extern "C" fn integrity_check(version: u32, unix_seconds: u64, result: *mut [u64
         let devices = match state::driver() {
             Ok(d) => {
                 let a = |n| crate::device::vgpu_attribute(n, d.attrs.get(&n).copied());
-                vec![(guest_frontend::vgpu_uuid(&d.info), a(50), a(33), a(34))]
+                vec![(guest::vgpu_uuid(&d.info), a(50), a(33), a(34))]
             }
             Err(_) => Vec::new(),
         };

@@ -96,7 +96,7 @@ export! {
     /// The UUID `cuDeviceGetUuid` gives through the CUDA stand-in.
     fn nvmlDeviceGetUUID(d: Device, buf: *mut c_char, len: c_uint) {
         let info = dev(d)?;
-        out_str(buf, len, &guest_frontend::uuid_string(&guest_frontend::vgpu_uuid(&info)))
+        out_str(buf, len, &guest::uuid_string(&guest::vgpu_uuid(&info)))
     }
 
     fn nvmlDeviceGetPciInfo_v3(d: Device, pci: *mut PciInfo) {
@@ -327,7 +327,7 @@ mod tests {
                 .collect();
             String::from_utf8(b).unwrap()
         };
-        assert_eq!(s(&p.bus_id_legacy), guest_frontend::PCI_BUS_ID);
+        assert_eq!(s(&p.bus_id_legacy), guest::PCI_BUS_ID);
         assert_eq!(s(&p.bus_id), "00000000:00:00.0");
         assert_eq!((p.domain, p.bus, p.device), (0, 0, 0));
     }

@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use std::ffi::{c_uint, c_void};
 
 use cudarc::driver::sys::CUdeviceptr;
-use qemu_ivshmem::shm::FixedMapping;
+use transport::shm::FixedMapping;
 
 use crate::context::need_ctx;
 use crate::state::{driver, gpu, objects, out};
@@ -53,12 +53,12 @@ pub(crate) struct Pool {
     /// The mapping at the device address (when it could be made there).
     _at_device: Option<FixedMapping>,
     /// The region, to map pool pages over registered memory.
-    region: qemu_ivshmem::Region,
+    region: transport::Region,
 }
 
 impl Pool {
     /// Maps the pool of `region`, whose device address is `dev`.
-    pub fn map(region: &qemu_ivshmem::Region, size: u64, dev: u64) -> Option<Pool> {
+    pub fn map(region: &transport::Region, size: u64, dev: u64) -> Option<Pool> {
         if size == 0 {
             return None;
         }
@@ -382,7 +382,7 @@ export! {
         // SAFETY: [a, a + len) is page-aligned, the pool block mapped over
         // the program's pages at registration (ours to replace); the pool's
         // mapping of the block stays readable.
-        unsafe { qemu_ivshmem::shm::map_private_copy_over(a as usize, len, (pl.host + blk.offset) as usize) }
+        unsafe { transport::shm::map_private_copy_over(a as usize, len, (pl.host + blk.offset) as usize) }
             .map_err(|e| {
                 crate::log_once(&format!("cuMemHostUnregister: {e}"));
                 code::UNKNOWN

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use guest_frontend::{Gpu, GuestError, VgpuReport};
+use guest::{Gpu, GuestError, VgpuReport};
 use protocol::DeviceInfo;
 
 use crate::{code, Ret};

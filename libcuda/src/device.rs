@@ -132,7 +132,7 @@ fn write_c_string(buf: *mut c_char, len: c_int, text: &[u8]) -> Result<(), CuRes
 }
 
 /// The PCI bus id a vGPU reports (shared with the NVML stand-in).
-const PCI_BUS_ID: &[u8] = guest_frontend::PCI_BUS_ID.as_bytes();
+const PCI_BUS_ID: &[u8] = guest::PCI_BUS_ID.as_bytes();
 
 export! {
     /// Attaches to the vGPU (once per process).
@@ -195,7 +195,7 @@ export! {
     fn cuDeviceGetUuid_v2 [cuDeviceGetUuid] (uuid: *mut CUuuid, d: CUdevice) {
         let drv = driver()?;
         check_dev(d)?;
-        let bytes = guest_frontend::vgpu_uuid(&drv.info).map(|b| b as c_char);
+        let bytes = guest::vgpu_uuid(&drv.info).map(|b| b as c_char);
         out(uuid, CUuuid { bytes })
     }
 

@@ -1,5 +1,5 @@
 //! `libcuda.so.1` for guests: the CUDA driver API, each call forwarded to
-//! the vGPU through [`guest_frontend::Gpu`].
+//! the vGPU through [`guest::Gpu`].
 //!
 //! Every symbol the real driver exports is exported here
 //! (`data/entry_points.tsv`, checked against `data/driver-580-exports.txt`
@@ -36,7 +36,7 @@
 //! versions, error strings, the current context) are given here without a
 //! round trip.
 //!
-//! The vGPU is found as [`guest_frontend::Gpu::from_env`] says: in a VM, the
+//! The vGPU is found as [`guest::Gpu::from_env`] says: in a VM, the
 //! kernel module's `/dev/fairvgpu0` (or `FAIRVGPU_DEVICE`); on the host
 //! itself and in tests, `FAIRVGPU_SOCKET` (the vGPU's ivshmem-server socket).
 //!
@@ -115,7 +115,7 @@ pub(crate) mod code {
 }
 
 /// The CUDA version this library reports (13.0).
-pub(crate) const DRIVER_VERSION: i32 = guest_frontend::CUDA_DRIVER_VERSION;
+pub(crate) const DRIVER_VERSION: i32 = guest::CUDA_DRIVER_VERSION;
 
 /// Runs an entry point's body: its `Err` is the call's `CUresult`, and a
 /// panic (a bug here) becomes `CUDA_ERROR_UNKNOWN` instead of unwinding
