@@ -77,7 +77,7 @@ cp "$busybox" "$stage/bin/busybox"
 cp "$root/kmod-shim/fairvgpu_shim.ko" "$stage/lib/"
 cp "$LIBCUDA" "$stage/usr/lib/fairvgpu/libcuda.so.1"
 ln -s libcuda.so.1 "$stage/usr/lib/fairvgpu/libcuda.so"
-cp "$root/host-backend/kernels/fairvgpu.ptx" "$stage/fvg/"
+cp "$root/worker/kernels/fairvgpu.ptx" "$stage/fvg/"
 for b in cudarc-guest test-guest vm-probe; do
     cp "$GUEST_BIN/$b" "$stage/fvg/"
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: `fairvgpu demo --executor cuda`, its three tenants
-# (host-backend/demo/tenant.c, built there with cc against the stand-in) on
+# (cli/src/demo/tenant.c, built there with cc against the stand-in) on
 # the real GPU. Carried: the release fairvgpu and libcuda.so in $R (default
 # .carry/release); the demo finds the stand-in beside the binary.
 # Expected: each tenant prints `device <the GPU's name>`, vm1's

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: a guest process's faults, printf and memory, through
 # a one-VM daemon (cuda executor) and natively, with tests/c/faults.c
-# (kernels of host-backend/kernels/faults.ptx) and NVIDIA's simplePrintf
+# (kernels of worker/kernels/faults.ptx) and NVIDIA's simplePrintf
 # (carried in .carry/samples with the samples' Common folder).
 #  1. printf: faults' and simplePrintf's lines through the stand-in equal
 #     the native ones; the daemon's log holds none of them.
@@ -20,7 +20,7 @@ set -uo pipefail
 R=${R:-.carry/release}
 W=/tmp/fvg-faults; rm -rf $W; mkdir -p $W/lib $W/bin
 cp $R/libcuda.so $W/lib/libcuda.so.1; ln -sf libcuda.so.1 $W/lib/libcuda.so
-FP=host-backend/kernels/faults.ptx; KP=host-backend/kernels/fairvgpu.ptx
+FP=worker/kernels/faults.ptx; KP=worker/kernels/fairvgpu.ptx
 header
 gcc -O2 -Itests/c -o $W/bin/faults tests/c/faults.c -L$W/lib -lcuda || echo "build failed"
 nvcc -O2 -I.carry/samples/Common -o $W/bin/simplePrintf .carry/samples/simplePrintf/simplePrintf.cu || echo "simplePrintf build failed"

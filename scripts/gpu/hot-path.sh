@@ -40,6 +40,6 @@ TOML
   RUST_LOG=warn $B serve --config $W/nosched.toml &
   D=$!
   for i in $(seq 100); do [ -S $W/run2/vm1.sock ] && break; sleep 0.1; done
-  FAIRVGPU_SOCKET=$W/run2/vm1.sock LD_LIBRARY_PATH=$W/lib $W/driver_api $PWD/host-backend/kernels/fairvgpu.ptx rate | grep -E "launches=|bursts="; echo "rc=$?"
+  FAIRVGPU_SOCKET=$W/run2/vm1.sock LD_LIBRARY_PATH=$W/lib $W/driver_api $PWD/worker/kernels/fairvgpu.ptx rate | grep -E "launches=|bursts="; echo "rc=$?"
   kill $D; wait $D
 } 2>&1 | tee -a "$OUT/libcuda.log"

@@ -6,7 +6,7 @@ set -uo pipefail
 . scripts/gpu/lib.sh
 W=/tmp/fvg; rm -rf $W; mkdir -p $W/lib $W/run
 cp target/release/libcuda.so $W/lib/libcuda.so.1; cp target/release/libcuda.so $W/lib/libcuda.so
-PTX=$PWD/host-backend/kernels/fairvgpu.ptx
+PTX=$PWD/worker/kernels/fairvgpu.ptx
 cat > $W/host.toml <<TOML
 [daemon]
 run_dir = "$W/run"

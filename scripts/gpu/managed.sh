@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: managed memory on the device through the stand-in
 # (a one-VM daemon on the cuda executor, 8 GiB vGPU).
-#   1. tests/c/managed.c with the real kernels of host-backend/kernels/
+#   1. tests/c/managed.c with the real kernels of worker/kernels/
 #      fairvgpu.ptx: arrays larger than the pinned pool, CPU/GPU hand-offs,
 #      a CPU access while kernels are queued, CPU and GPU atomics on one
 #      counter, prefetch, advice, the program's own SIGSEGV handler.
@@ -22,7 +22,7 @@ python3 -c "import numba.cuda" 2>/dev/null || pip install -q numba-cuda numpy >/
 
 daemon_start $W 8192
 echo "== tests/c/managed.c through the stand-in"
-LD_LIBRARY_PATH=$W/lib timeout 300 $W/managed host-backend/kernels/fairvgpu.ptx | tee $W/logs/managed.out
+LD_LIBRARY_PATH=$W/lib timeout 300 $W/managed worker/kernels/fairvgpu.ptx | tee $W/logs/managed.out
 grep -q "managed: all checks passed" $W/logs/managed.out && c_ok=1 || c_ok=0
 
 count() { grep -E "^Ran [0-9]+ test" "$1" | awk '{print $2}'; }

@@ -4,7 +4,7 @@
  * stand-in on the sim (whose model runs cond_set and cond_countdown).
  *
  * usage: conditional FAIRVGPU.ptx CONDITIONAL.ptx
- *   (host-backend/kernels/fairvgpu.ptx, host-backend/kernels/conditional.ptx)
+ *   (worker/kernels/fairvgpu.ptx, worker/kernels/conditional.ptx)
  * Checks: an IF whose body runs only when a kernel set 1, and an IF/ELSE;
  * a WHILE (default value 1) whose body, captured into it with
  * cudaStreamBeginCaptureToGraph, counts its iterations until a kernel sets

@@ -1,6 +1,6 @@
 /*
  * What a tenant's buggy or chatty kernel does to its own process, run
- * through the stand-in: the kernels of host-backend/kernels/faults.ptx.
+ * through the stand-in: the kernels of worker/kernels/faults.ptx.
  *
  * usage: faults FAULTS.ptx printf|assert|trap|compute
  *   printf   puts a line in C stdio's buffer, launches fvg_printf (tag 3,

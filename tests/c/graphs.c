@@ -3,7 +3,7 @@
  * libcudart.so), built with plain gcc; runs on a real GPU or through
  * fairvgpu's libcuda.so.1 stand-in.
  *
- * usage: graphs KERNELS.ptx   (host-backend/kernels/fairvgpu.ptx)
+ * usage: graphs KERNELS.ptx   (worker/kernels/fairvgpu.ptx)
  * Checks: a graph built node by node (memset, copies, a kernel, a host
  * node) launched three times on new inputs; a kernel node's parameters
  * changed in the executable; a clone; a graph of device work only

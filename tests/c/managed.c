@@ -13,7 +13,7 @@
  *   - the program's own SIGSEGV handler still gets its own faults.
  *
  * usage: managed KERNELS.ptx [pool]
- *   (host-backend/kernels/fairvgpu.ptx; "pool": run with
+ *   (worker/kernels/fairvgpu.ptx; "pool": run with
  *   FAIRVGPU_MANAGED=pool, managed memory from the pinned pool)
  * Prints "ok: ..." per check (cu_check.h); the last line says all passed.
  */

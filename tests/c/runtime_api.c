@@ -4,7 +4,7 @@
  * fairvgpu's libcuda.so.1 stand-in.
  *
  * usage: runtime_api KERNELS.ptx
- * KERNELS.ptx: host-backend/kernels/fairvgpu.ptx (vector_add, spin_ns, ...),
+ * KERNELS.ptx: worker/kernels/fairvgpu.ptx (vector_add, spin_ns, ...),
  * loaded with cudaLibraryLoadData and launched with cudaLaunchKernel.
  * Checks device properties, allocations, copies both ways, memsets, a
  * launch, events, stream callbacks and host functions (their order in the

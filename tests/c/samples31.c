@@ -16,7 +16,7 @@
  *     (streamOrderedAllocationIPC, memMapIPCDrv: file descriptors only;
  *     their use is tests/c/shareable.c's).
  *
- * usage: samples31 KERNELS.ptx   (host-backend/kernels/fairvgpu.ptx)
+ * usage: samples31 KERNELS.ptx   (worker/kernels/fairvgpu.ptx)
  * Prints "ok: ..." per check (cu_check.h); the last line says all passed.
  */
 #include <stdio.h>

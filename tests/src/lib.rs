@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use guest::Gpu;
-use host_backend::executor::sim::{SimExecutor, SimParams};
-use host_backend::worker::{spawn, Running, Stats, WorkerConfig};
 use transport::{LayoutParams, SpinPolicy};
+use worker::executor::sim::{SimExecutor, SimParams};
+use worker::serve::{spawn, Running, Stats, WorkerConfig};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
@@ -229,7 +229,7 @@ pub fn bytes_f32(b: &[u8]) -> Vec<f32> {
 }
 
 /// The shipped kernels.
-pub const PTX: &str = host_backend::demo::KERNELS_PTX;
+pub const PTX: &str = worker::KERNELS_PTX;
 
 /// A guest thread on `socket` that loops `per_sync` launches of a `spin_ns`
 /// kernel of `ns` nanoseconds and a synchronize until `stop` is set,

@@ -17,7 +17,7 @@ const MMR_FLOOR: f64 = 0.1;
 
 #[test]
 fn fairness_beside_two_hogs_prints_busy_and_quiet_figures_above_a_floor() {
-    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let bin = cargo_build("cli").join("fairvgpu");
     let t = std::time::Instant::now();
     let out = std::process::Command::new(bin)
         .args(["bench", "fairness", "--executor", "sim"])

@@ -46,7 +46,7 @@ fn a_c_program_on_nvidias_cuda_runtime_runs_against_the_standin() {
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
     let exe = build_c("runtime_api", &dir, &cuda, &[]);
-    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let ptx = workspace().join("worker/kernels/fairvgpu.ptx");
     let stdout = run(&exe, &[&ptx], &lib, &cuda, &host.socket);
     assert_lines(
         &stdout,
@@ -115,7 +115,7 @@ fn graphs_stream_capture_and_pitched_copies_run_against_the_standin() {
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
     let exe = build_c("graphs", &dir, &cuda, &[]);
-    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let ptx = workspace().join("worker/kernels/fairvgpu.ptx");
     let stdout = run(&exe, &[&ptx], &lib, &cuda, &host.socket);
     assert_lines(
         &stdout,
@@ -145,7 +145,7 @@ fn conditional_graph_nodes_run_against_the_standin() {
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
     let exe = build_c("conditional", &dir, &cuda, &[]);
-    let kernels = workspace().join("host-backend/kernels");
+    let kernels = workspace().join("worker/kernels");
     let (base, cond) = (
         kernels.join("fairvgpu.ptx"),
         kernels.join("conditional.ptx"),

@@ -280,7 +280,7 @@ fn killed_guest_is_cleaned_up_and_others_continue() {
 }
 
 /// Launches the worker finds queued behind one another are submitted as one
-/// run (`host_backend::session::LaunchRun`; on a GPU one graph launch) and
+/// run (`worker::session::LaunchRun`; on a GPU one graph launch) and
 /// keep the guest's order: on one stream, across two streams, and around
 /// copies and memsets.
 #[test]

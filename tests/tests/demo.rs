@@ -10,15 +10,15 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use daemon::control::{client_call, ApiTarget};
 use fairvgpu_tests::{cargo_build, chromium, dashboard_dom};
-use host_backend::control::{client_call, ApiTarget};
 
 /// One demo at a time: two would share the machine's cores and each
 /// other's shares.
 static ONE_DEMO: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn fairvgpu_bin() -> PathBuf {
-    cargo_build("fairvgpu").join("fairvgpu")
+    cargo_build("cli").join("fairvgpu")
 }
 
 /// `(entitled, got)` pairs of a summary row, as fractions.

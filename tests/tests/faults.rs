@@ -14,13 +14,13 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
 use fairvgpu_tests::{build_c_standin, cargo_build, standin, workspace};
-use host_backend::bench::fixture::{DaemonProc, VmSpec};
-use host_backend::config::ExecutorKind;
 
 fn run(exe: &Path, lib: &Path, socket: &Path, mode: &str) -> Output {
     Command::new(exe)
-        .arg(workspace().join("host-backend/kernels/faults.ptx"))
+        .arg(workspace().join("worker/kernels/faults.ptx"))
         .arg(mode)
         .env("LD_LIBRARY_PATH", lib)
         .env("FAIRVGPU_SOCKET", socket)
@@ -55,7 +55,7 @@ fn next_process_computes(exe: &Path, lib: &Path, socket: &Path) -> Duration {
 fn kernel_output_and_faults_reach_their_own_process_only() {
     // The daemon's log holds all it and its workers write, stdout too.
     let d = DaemonProc::start_logged(
-        &cargo_build("fairvgpu").join("fairvgpu"),
+        &cargo_build("cli").join("fairvgpu"),
         "faults",
         ExecutorKind::Sim,
         &[VmSpec::new("vm1", 256)],
@@ -146,7 +146,7 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
 #[test]
 fn a_primary_context_reset_is_its_process_only() {
     let d = DaemonProc::start_logged(
-        &cargo_build("fairvgpu").join("fairvgpu"),
+        &cargo_build("cli").join("fairvgpu"),
         "faults-reset",
         ExecutorKind::Sim,
         &[VmSpec::new("vm1", 256)],
@@ -158,7 +158,7 @@ fn a_primary_context_reset_is_its_process_only() {
     let exe = build_c_standin("faults", &dir, &lib, &[]);
     let sock = d.socket("vm1");
     let mut b = Command::new(&exe)
-        .arg(workspace().join("host-backend/kernels/faults.ptx"))
+        .arg(workspace().join("worker/kernels/faults.ptx"))
         .args(["keep", "4"])
         .env("LD_LIBRARY_PATH", &lib)
         .env("FAIRVGPU_SOCKET", &sock)

@@ -9,14 +9,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
 use fairvgpu_tests::{bytes_f32, cargo_build, f32_bytes, workspace, PTX, TEST_SPIN};
 use guest::{Gpu, GuestError};
-use host_backend::bench::fixture::{DaemonProc, VmSpec};
-use host_backend::config::ExecutorKind;
 use protocol::{Dim3, ImageKind, Request};
 
 fn faults_ptx() -> Vec<u8> {
-    std::fs::read(workspace().join("host-backend/kernels/faults.ptx")).unwrap()
+    std::fs::read(workspace().join("worker/kernels/faults.ptx")).unwrap()
 }
 
 fn dim(x: u32) -> Dim3 {
@@ -96,7 +96,7 @@ fn computer(
 #[test]
 fn a_guest_printing_without_end_is_bounded_and_costs_no_one_else() {
     let d = DaemonProc::start_logged(
-        &cargo_build("fairvgpu").join("fairvgpu"),
+        &cargo_build("cli").join("fairvgpu"),
         "hostile-output",
         ExecutorKind::Sim,
         &[VmSpec::new("vm1", 256), VmSpec::new("vm2", 256)],

@@ -4,8 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use daemon::config::ExecutorKind;
 use fairvgpu_tests::{cargo_build, Host};
-use host_backend::config::ExecutorKind;
 use transport::layout::{desc, ringctl, Direction, DESC_SIZE};
 use transport::server::Client;
 use transport::Descriptor;
@@ -560,8 +560,8 @@ fn cluster_occupancy_of_foreign_kernels_and_bad_shapes_is_refused() {
 /// only the lines the per-VM limits let through.
 #[test]
 fn combined_abuse_of_one_vm_leaves_the_other_vms_alone() {
-    let bin = cargo_build("fairvgpu").join("fairvgpu");
-    let r = host_backend::bench::hostile::measure(&bin, ExecutorKind::Sim, 0.0, 8.0, None)
+    let bin = cargo_build("cli").join("fairvgpu");
+    let r = bench::hostile::measure(&bin, ExecutorKind::Sim, 0.0, 8.0, None)
         .expect("the scenario runs");
     assert!(r.daemon_alive, "the daemon died");
     let good = &r.abuse;

@@ -5,16 +5,16 @@
 
 use std::time::Duration;
 
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
 use fairvgpu_tests::{cargo_build, PTX};
 use guest::{Gpu, GuestError};
-use host_backend::bench::fixture::{DaemonProc, VmSpec};
-use host_backend::config::ExecutorKind;
 use protocol::{image_hash, ImageKind, Request, Status};
 use serde_json::Value;
 
 fn start(name: &str, share: bool) -> DaemonProc {
     let vms = [VmSpec::new("vm1", 256), VmSpec::new("vm2", 256)];
-    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let bin = cargo_build("cli").join("fairvgpu");
     let keys = format!("share_images = {share}");
     DaemonProc::start_full(
         &bin,

@@ -57,7 +57,7 @@ fn arrays_through_the_standin_round_trip_refuse_and_leak_nothing() {
 
     // Counted while it lives; given back when destroyed, and when its
     // process ends holding one.
-    let mem = |s: &host_backend::worker::Stats| s.mem_used.load(Ordering::Relaxed);
+    let mem = |s: &worker::serve::Stats| s.mem_used.load(Ordering::Relaxed);
     let desc = ArrayDesc {
         width: 1024,
         height: 1024,

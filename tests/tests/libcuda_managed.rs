@@ -11,7 +11,7 @@ fn managed_memory_lives_on_the_device_and_migrates_on_touch() {
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
     let exe = build_c_standin("managed", &dir, &lib, &[]);
-    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let ptx = workspace().join("worker/kernels/fairvgpu.ptx");
     let lp = lib.to_string_lossy().into_owned();
     let out = run_program(&exe, &[&ptx], &lp, &host.socket, &[]);
     assert_lines(

@@ -13,7 +13,7 @@ fn upstream_programs_get_the_drivers_answers() {
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
     let exe = build_c_standin("samples31", &dir, &lib, &[]);
-    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let ptx = workspace().join("worker/kernels/fairvgpu.ptx");
     let out = run_program(&exe, &[ptx], &lib.to_string_lossy(), &host.socket, &[]);
     assert_lines(
         &out,

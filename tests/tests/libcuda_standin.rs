@@ -17,7 +17,7 @@ fn run_driver_api(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> String {
-    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let ptx = workspace().join("worker/kernels/fairvgpu.ptx");
     let mut all = vec![ptx.into_os_string()];
     all.extend(args.iter().map(|a| a.into()));
     run_program(exe, &all, &lib.to_string_lossy(), socket, env)
@@ -124,7 +124,7 @@ fn rust_cudarc_program_runs_against_the_standin() {
     let host = Host::start("cudarc", 256 << 20);
     let dir = host.socket.parent().unwrap().to_owned();
     let lib = standin(&dir);
-    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let ptx = workspace().join("worker/kernels/fairvgpu.ptx");
     let run = Command::new(env!("CARGO_BIN_EXE_cudarc-guest"))
         .arg(&ptx)
         .env("LD_LIBRARY_PATH", &lib)
@@ -220,8 +220,7 @@ print("uuid", bytes(uuid).hex())
         &host.socket,
         &[],
     );
-    let want =
-        host_backend::identity::vgpu_uuid(host.socket.as_os_str().as_encoded_bytes(), "uuid");
+    let want = wire::identity::vgpu_uuid(host.socket.as_os_str().as_encoded_bytes(), "uuid");
     let want: String = want.iter().map(|b| format!("{b:02x}")).collect();
     assert_lines(&stdout, &[&format!("uuid {want}")]);
 }

@@ -31,7 +31,7 @@ fn build(dir: &Path, lib: &Path, cuda_h: Option<&Path>) -> PathBuf {
 
 /// Runs `vmm.c`'s program on the kernels' PTX with `args` after it.
 fn run(exe: &Path, lib: &Path, socket: &Path, args: &[String]) -> String {
-    let ptx = workspace().join("host-backend/kernels/fairvgpu.ptx");
+    let ptx = workspace().join("worker/kernels/fairvgpu.ptx");
     let mut all = vec![ptx.display().to_string()];
     all.extend(args.iter().cloned());
     run_program(exe, &all, &lib.to_string_lossy(), socket, &[])
@@ -69,7 +69,7 @@ fn vmm_through_the_standin_maps_copies_refuses_and_leaks_nothing() {
     other
         .request(&Request::VmmAddressFree { ptr: hint, size: G })
         .unwrap();
-    let mem = |s: &host_backend::worker::Stats| s.mem_used.load(Ordering::Relaxed);
+    let mem = |s: &worker::serve::Stats| s.mem_used.load(Ordering::Relaxed);
     host.wait_until("the other's memory", Duration::from_secs(10), |s| {
         mem(s) == G
     });

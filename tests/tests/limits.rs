@@ -1,10 +1,10 @@
 //! A VM's device-memory limit changed in host.toml applies on reload to
 //! the running guest's next allocations, without restarting anything.
 
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
 use fairvgpu_tests::{cargo_build, TEST_SPIN};
 use guest::{Gpu, GuestError};
-use host_backend::bench::fixture::{DaemonProc, VmSpec};
-use host_backend::config::ExecutorKind;
 use protocol::Status;
 
 fn set_limit_and_reload(d: &DaemonProc, mib: u64) {
@@ -28,7 +28,7 @@ fn set_limit_and_reload(d: &DaemonProc, mib: u64) {
 
 #[test]
 fn memory_limit_changes_apply_to_the_running_guest() {
-    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let bin = cargo_build("cli").join("fairvgpu");
     let vms = [VmSpec::new("vm1", 256)];
     let d = DaemonProc::start(&bin, "limits", ExecutorKind::Sim, &vms).unwrap();
     let mut gpu = Gpu::connect_with(&d.socket("vm1"), TEST_SPIN).unwrap();

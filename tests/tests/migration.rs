@@ -8,11 +8,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
+use daemon::control::{client_call, ApiTarget};
 use fairvgpu_tests::{cargo_build, spin_guest, PTX, TEST_SPIN};
 use guest::Gpu;
-use host_backend::bench::fixture::{DaemonProc, VmSpec};
-use host_backend::config::ExecutorKind;
-use host_backend::control::{client_call, ApiTarget};
 use protocol::{Dim3, ImageKind};
 use serde_json::Value;
 
@@ -37,7 +37,7 @@ fn migrate(d: &DaemonProc, vm: &str, gpu: u32) -> (u16, Value) {
 
 #[test]
 fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
-    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let bin = cargo_build("cli").join("fairvgpu");
     let vm = |name: &str| VmSpec::new(name, 256);
     let d = DaemonProc::start_with(
         &bin,
@@ -178,7 +178,7 @@ fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
 
 #[test]
 fn the_balancer_moves_a_busy_vgpu_off_an_overloaded_gpu() {
-    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let bin = cargo_build("cli").join("fairvgpu");
     let vm = |name: &str| VmSpec::new(name, 256);
     // Both VMs start on GPU 0 of two; both keep their GPU busy.
     let vms = [vm("a"), vm("b")];

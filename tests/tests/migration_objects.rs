@@ -11,11 +11,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
+use daemon::control::{client_call, ApiTarget};
 use fairvgpu_tests::{cargo_build, PTX, TEST_SPIN};
 use guest::Gpu;
-use host_backend::bench::fixture::{DaemonProc, VmSpec};
-use host_backend::config::ExecutorKind;
-use host_backend::control::{client_call, ApiTarget};
 use protocol::graph::{encode_graph, GraphNode, GraphOp};
 use protocol::{Dim3, ImageKind, Request};
 use serde_json::Value;
@@ -28,7 +28,7 @@ fn daemon(name: &str) -> DaemonProc {
 
 /// With `sim` added to the `[sim]` table (two GPUs).
 fn daemon_with(name: &str, sim: &str) -> DaemonProc {
-    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let bin = cargo_build("cli").join("fairvgpu");
     DaemonProc::start_with(
         &bin,
         name,

@@ -37,11 +37,11 @@ fn nvidia_ml_py_sees_the_vgpu_through_the_standin() {
     let script = workspace().join("tests/py/nvml_probe.py");
     let py = py.display().to_string();
     // A worker outside a daemon names its vGPU by its socket and VM name.
-    let uuid = guest::uuid_string(&host_backend::identity::vgpu_uuid(
+    let uuid = guest::uuid_string(&wire::identity::vgpu_uuid(
         host.socket.as_os_str().as_encoded_bytes(),
         "nvml",
     ));
-    let release = host_backend::executor::sim::SIM_DRIVER_RELEASE;
+    let release = worker::executor::sim::SIM_DRIVER_RELEASE;
     let stdout = run_program(
         std::path::Path::new("python3"),
         &[

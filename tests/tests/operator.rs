@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use daemon::control::{client_call, ApiTarget};
 use fairvgpu_tests::{cargo_build, chromium, dashboard_dom, TEST_SPIN};
 use guest::Gpu;
-use host_backend::control::{client_call, ApiTarget};
 use protocol::{Dim3, ImageKind};
 use serde_json::Value;
 
@@ -26,7 +26,7 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn fairvgpu_bin() -> PathBuf {
-    cargo_build("fairvgpu").join("fairvgpu")
+    cargo_build("cli").join("fairvgpu")
 }
 
 fn free_port() -> u16 {
@@ -113,7 +113,7 @@ fn start(name: &str) -> Daemon {
         d.guests.push(std::thread::spawn(move || {
             let mut gpu = Gpu::connect_with(&sock, TEST_SPIN).expect("guest attaches");
             let m = gpu
-                .module_load(ImageKind::Ptx, host_backend::demo::KERNELS_PTX.as_bytes())
+                .module_load(ImageKind::Ptx, worker::KERNELS_PTX.as_bytes())
                 .unwrap();
             let f = gpu.get_function(m, "spin_ns").unwrap();
             let one = Dim3 { x: 1, y: 1, z: 1 };
@@ -395,7 +395,7 @@ fn dashboard_in_headless_chromium() {
         "the change is listed as an event"
     );
     // The screenshot, kept as a test artifact.
-    let shot = cargo_build("fairvgpu")
+    let shot = cargo_build("cli")
         .parent()
         .expect("target folder")
         .join("test-artifacts/dashboard.png");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use fairvgpu_tests::cargo_build;
 
 fn fairvgpu_bin() -> PathBuf {
-    cargo_build("fairvgpu").join("fairvgpu")
+    cargo_build("cli").join("fairvgpu")
 }
 
 fn scratch(name: &str) -> PathBuf {

@@ -6,13 +6,13 @@
 //! without one error. (The same scenario is `fairvgpu bench recovery`,
 //! which runs it on a real GPU with `--executor cuda`.)
 
+use bench::recovery::measure;
+use daemon::config::ExecutorKind;
 use fairvgpu_tests::cargo_build;
-use host_backend::bench::recovery::measure;
-use host_backend::config::ExecutorKind;
 
 #[test]
 fn poisoned_or_killed_worker_is_replaced_and_only_its_guests_see_it() {
-    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let bin = cargo_build("cli").join("fairvgpu");
     let r = measure(&bin, ExecutorKind::Sim).expect("scenario runs");
     assert_eq!(r.fault, "IllegalAddress");
     assert!(r.reset_seen, "vm1's guests were told VgpuReset");
@@ -31,9 +31,9 @@ fn poisoned_or_killed_worker_is_replaced_and_only_its_guests_see_it() {
 
 #[test]
 fn workers_free_everything_and_exit_when_the_daemon_is_killed() {
-    use host_backend::bench::fixture::{DaemonProc, VmSpec};
+    use bench::fixture::{DaemonProc, VmSpec};
     use std::time::{Duration, Instant};
-    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let bin = cargo_build("cli").join("fairvgpu");
     let vms = [VmSpec::new("vm1", 256)];
     let mut d = DaemonProc::start(&bin, "daemon-kill", ExecutorKind::Sim, &vms).unwrap();
     let mut gpu = guest::Gpu::connect_with(&d.socket("vm1"), fairvgpu_tests::TEST_SPIN)

@@ -6,15 +6,15 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
 use fairvgpu_tests::{bytes_f32, cargo_build, f32_bytes, spin_guest, PTX, TEST_SPIN};
 use guest::Gpu;
-use host_backend::bench::fixture::{DaemonProc, VmSpec};
-use host_backend::config::ExecutorKind;
 use protocol::{Dim3, ImageKind};
 
 #[test]
 fn a_large_grid_runs_as_sub_grids_with_exact_results() {
-    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let bin = cargo_build("cli").join("fairvgpu");
     let vm = |name: &str| VmSpec::new(name, 512);
     let d = DaemonProc::start_full(
         &bin,

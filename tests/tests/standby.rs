@@ -1,4 +1,4 @@
-//! A standby worker (`host_backend::mps`, `Worker::standby`) on the sim
+//! A standby worker (`daemon::mps`, `Worker::standby`) on the sim
 //! executor, driven as the daemon drives it: it maps and registers the VM's
 //! region while the serving worker's guest goes on undisturbed, makes its
 //! contexts, says it is ready; when the serving worker has ended and the
@@ -9,12 +9,12 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use daemon::link::VmHost;
 use fairvgpu_tests::TEST_SPIN;
 use guest::{Gpu, GuestError};
-use host_backend::executor::sim::SimExecutor;
-use host_backend::link::VmHost;
-use host_backend::worker::{Worker, WorkerConfig};
 use transport::LayoutParams;
+use worker::executor::sim::SimExecutor;
+use worker::serve::{Worker, WorkerConfig};
 
 /// The tests' worker with a 4 MiB pinned pool and two contexts made ahead.
 fn config(socket: std::path::PathBuf) -> WorkerConfig {

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
 use fairvgpu_tests::{cargo_build, spin_guest};
-use host_backend::bench::fixture::{DaemonProc, VmSpec};
-use host_backend::config::ExecutorKind;
 
 /// Waits until the shares of `names` are within `tol` of `want`.
 fn wait_shares(d: &DaemonProc, names: &[&str], want: &[f64], tol: f64) -> Vec<f64> {
@@ -31,7 +31,7 @@ fn wait_shares(d: &DaemonProc, names: &[&str], want: &[f64], tol: f64) -> Vec<f6
 
 #[test]
 fn a_tenant_weight_is_split_among_its_vms() {
-    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let bin = cargo_build("cli").join("fairvgpu");
     let vm = |name: &str, weight: f64, tenant: &str| VmSpec {
         name: name.into(),
         weight,

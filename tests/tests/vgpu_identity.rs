@@ -6,11 +6,11 @@
 
 use std::time::{Duration, Instant};
 
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
 use fairvgpu_tests::{cargo_build, TEST_SPIN};
 use guest::Gpu;
-use host_backend::bench::fixture::{DaemonProc, VmSpec};
-use host_backend::config::ExecutorKind;
-use host_backend::identity;
+use wire::identity;
 
 /// The description a guest of `vm` gets, waiting for its worker to serve.
 fn info(d: &DaemonProc, vm: &str) -> protocol::DeviceInfo {
@@ -26,7 +26,7 @@ fn info(d: &DaemonProc, vm: &str) -> protocol::DeviceInfo {
 
 #[test]
 fn each_vm_has_its_own_uuid_kept_across_a_worker_restart() {
-    let bin = cargo_build("fairvgpu").join("fairvgpu");
+    let bin = cargo_build("cli").join("fairvgpu");
     let vms = [VmSpec::new("vm1", 256), VmSpec::new("vm2", 256)];
     let d = DaemonProc::start(&bin, "identity", ExecutorKind::Sim, &vms).unwrap();
     let run_dir = d.socket("vm1").parent().unwrap().to_owned();
@@ -37,10 +37,7 @@ fn each_vm_has_its_own_uuid_kept_across_a_worker_restart() {
     assert_eq!(b.uuid, Some(identity::vgpu_uuid(&host, "vm2")));
     assert_ne!(a.uuid, b.uuid, "two VMs of one daemon share a UUID");
     for i in [&a, &b] {
-        assert_eq!(
-            i.driver_version,
-            host_backend::executor::sim::SIM_DRIVER_RELEASE
-        );
+        assert_eq!(i.driver_version, worker::executor::sim::SIM_DRIVER_RELEASE);
         assert_eq!(i.cuda_version, 13000);
     }
 

@@ -13,8 +13,8 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use daemon::control::{client_call, ApiTarget};
 use fairvgpu_tests::{cargo_build, workspace};
-use host_backend::control::{client_call, ApiTarget};
 use serde_json::Value;
 
 /// One VM at a time: TCG on two cores is slow enough already.
@@ -86,7 +86,7 @@ struct Daemon {
 
 impl Daemon {
     fn start(name: &str) -> Daemon {
-        let bin = cargo_build("fairvgpu").join("fairvgpu");
+        let bin = cargo_build("cli").join("fairvgpu");
         let dir = std::env::temp_dir().join(format!("fvg-vm-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use guest::device::default_device;
 use guest::Gpu;
-use host_backend::demo::KERNELS_PTX;
 use protocol::{Dim3, ImageKind};
 use transport::SpinPolicy;
+use worker::KERNELS_PTX;
 
 fn open(spins: u32) -> Result<Gpu> {
     let dev = default_device().context("no /dev/fairvgpu0: module not loaded or no vGPU")?;

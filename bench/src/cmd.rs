@@ -1,0 +1,326 @@
+//! The `fairvgpu bench` command line: which benchmark, with what, and the
+//! internal subcommands a benchmark starts its helper processes with.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+/// A switch given as `on` or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Isolation: one VM under every kind of guest abuse at once, the
+    /// guests of two other VMs checked and timed (a baseline phase first).
+    Hostile {
+        /// Executor the daemon uses.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: daemon::config::ExecutorKind,
+        /// Seconds per phase (baseline, then abuse).
+        #[arg(long, default_value_t = 60.0)]
+        seconds: f64,
+        /// Keep the daemon's log (its workers' too) in this file.
+        #[arg(long)]
+        log: Option<PathBuf>,
+    },
+    /// Transport: ring round trip vs unix socket and TCP, or arena throughput vs memcpy.
+    Ring {
+        /// What to measure.
+        #[arg(long, value_enum, default_value = "latency")]
+        mode: crate::ring::Mode,
+        /// Measured iterations.
+        #[arg(long, default_value_t = 200_000)]
+        iters: usize,
+    },
+    /// Scheduling: three guests 1:2:3 with 20 us / 400 us / 1.6 ms kernels, ours vs none.
+    Fairness {
+        /// Executor to measure.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: daemon::config::ExecutorKind,
+        /// Seconds per policy (simulated seconds with --sim).
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Run FairGV's scenarios in the discrete-event simulator, every
+        /// policy side by side, instead of guests on an executor.
+        #[arg(long)]
+        sim: bool,
+        /// Which launches go as CUDA graph launches (`[daemon] graph_launches`).
+        #[arg(long, value_enum, default_value = "all")]
+        graph_launches: daemon::config::GraphLaunches,
+        /// The scheduler's base time slice, µs; by default the daemon's for
+        /// GPU 0 (`[daemon] preemptive_slice_us`, 30 ms, where it can
+        /// preempt a running kernel; `slice_us`, 6 ms, where it cannot, as
+        /// on the sim).
+        #[arg(long)]
+        slice_us: Option<u64>,
+        /// Run the guests' contexts as clients of an MPS control daemon
+        /// started for the bench, as on a GPU with `[[gpu]] mps = true`.
+        #[arg(long)]
+        mps: bool,
+        /// The MPS control program (`[daemon] mps_control`).
+        #[arg(long, default_value = "nvidia-cuda-mps-control")]
+        mps_control: std::path::PathBuf,
+        /// Busy-loop processes run beside the guests for the whole bench
+        /// (a busy host; each guest's alone rate is measured beside them
+        /// too); the last line then starts with `hogs=N`.
+        #[arg(long, default_value_t = 0, conflicts_with = "sim")]
+        hogs: usize,
+        /// The host CPU options' lifts (`[daemon] priority`, `vcpu_lift`):
+        /// the grant service and workers at nice -10, and each guest's
+        /// thread while its vGPU holds the GPU; "on" where this process may
+        /// raise priorities (it prints which options are on).
+        #[arg(long, value_enum, default_value = "on", conflicts_with = "sim")]
+        lift: OnOff,
+    },
+    /// Accounting of GPU time: its error against the guest's CUDA events, and its cost.
+    Accounting {
+        /// Executor to measure.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: daemon::config::ExecutorKind,
+        /// Seconds per run (twelve runs).
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+    },
+    /// Load and leaks: guest processes with random call mixes (bad inputs
+    /// among them) killed and replaced at random, on the sim executor.
+    Soak {
+        /// Run on the sim executor (the only one the soak uses).
+        #[arg(long)]
+        sim: bool,
+        /// Minutes of load.
+        #[arg(long, default_value_t = 10.0)]
+        minutes: f64,
+        /// Guest processes (4 per VM).
+        #[arg(long, default_value_t = 32)]
+        guests: usize,
+    },
+    /// Placement: DCUDA's experiment, least-loaded static placement vs
+    /// fairvgpu's balancing, on simulated GPUs.
+    Placement {
+        /// Simulated GPUs (the only kind the experiment uses).
+        #[arg(long)]
+        sim: bool,
+        /// Random arrival orders.
+        #[arg(long, default_value_t = 50)]
+        orders: usize,
+    },
+    /// Space sharing: time slices against co-running (MPS-like) with SM-time
+    /// charges, phase selection, and LAS/TFS beside the fair queue, on a
+    /// simulated GPU of SMs and copy engines.
+    Space {
+        /// The simulated experiment (a model of a GPU's SMs and copy
+        /// engines) instead of guests on a daemon.
+        #[arg(long)]
+        sim: bool,
+        /// Executor of the daemon's run (cuda: co-running under MPS).
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: daemon::config::ExecutorKind,
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+    },
+    /// Migration: a running guest with 1 GiB and 8 GiB moved between two
+    /// GPUs; pause and copy rate against the peer bandwidth.
+    Migrate {
+        /// Executor to run on (cuda needs two GPUs).
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: daemon::config::ExecutorKind,
+        /// Device memory sizes to move, GiB.
+        #[arg(long, value_delimiter = ',', default_values_t = vec![1u64, 8])]
+        gib: Vec<u64>,
+    },
+    /// Kernel slicing: a small tenant's latency beside long kernels, with
+    /// launches whole and sliced.
+    Slicing {
+        /// Executor to run on.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: daemon::config::ExecutorKind,
+        /// Seconds per configuration.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+    },
+    /// Faults: a guest's out-of-bounds kernel poisons its worker, later the
+    /// worker is killed; the other VM's guest must not notice.
+    Recovery {
+        /// Executor to run on.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: daemon::config::ExecutorKind,
+    },
+    /// Data path: the same CUDA workload native vs through the ring and a worker.
+    Overhead {
+        /// Executor to measure.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: daemon::config::ExecutorKind,
+        /// Scale all iteration counts (1.0 = the full run).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+        /// Pin the guest (and the native loop) and the worker: GUEST_CPU,WORKER_CPU.
+        #[arg(long, value_parser = parse_pin)]
+        pin: Option<(usize, usize)>,
+        /// Which launches go as CUDA graph launches (`[daemon] graph_launches`).
+        #[arg(long, value_enum, default_value = "all")]
+        graph_launches: daemon::config::GraphLaunches,
+    },
+}
+
+impl BenchCmd {
+    /// Runs the benchmark.
+    pub fn run(self) -> Result<()> {
+        match self {
+            BenchCmd::Ring { mode, iters } => crate::ring::run(mode, iters),
+            BenchCmd::Fairness {
+                executor,
+                seconds,
+                sim,
+                graph_launches,
+                slice_us,
+                mps,
+                mps_control,
+                hogs,
+                lift,
+            } => {
+                if sim {
+                    crate::fairness_sim::run(seconds)
+                } else {
+                    crate::fairness::run(
+                        executor,
+                        seconds,
+                        transport::SpinPolicy::default(),
+                        graph_launches,
+                        slice_us.map(|us| us.clamp(100, 1_000_000) * 1000),
+                        mps.then_some(mps_control.as_path()),
+                        hogs,
+                        lift == OnOff::On,
+                    )
+                    .map(drop)
+                }
+            }
+            BenchCmd::Overhead {
+                executor,
+                scale,
+                pin,
+                graph_launches,
+            } => {
+                let n = |x: f64| ((x * scale) as usize).max(2);
+                let sizes = crate::overhead::Sizes {
+                    sync_empty: n(20_000.0),
+                    sync_20us: n(10_000.0),
+                    async_launches: 10_000,
+                    copies: n(10.0),
+                    probes: n(5.0),
+                };
+                crate::overhead::run(executor, sizes, pin, graph_launches)
+            }
+            BenchCmd::Accounting { executor, seconds } => {
+                crate::accounting::run(executor, seconds, transport::SpinPolicy::default())
+            }
+            BenchCmd::Placement { sim, orders } => {
+                anyhow::ensure!(
+                    sim,
+                    "the placement experiment runs on simulated GPUs: pass --sim"
+                );
+                crate::placement::run(orders)
+            }
+            BenchCmd::Space {
+                sim,
+                executor,
+                seconds,
+            } => {
+                if sim {
+                    print!("{}", sched::space_sim::report::report()?);
+                    Ok(())
+                } else {
+                    crate::space::run(executor, seconds)
+                }
+            }
+            BenchCmd::Migrate { executor, gib } => crate::migrate::run(executor, &gib),
+            BenchCmd::Slicing { executor, seconds } => crate::slicing::run(executor, seconds),
+            BenchCmd::Recovery { executor } => crate::recovery::run(executor),
+            BenchCmd::Soak {
+                sim,
+                minutes,
+                guests,
+            } => {
+                anyhow::ensure!(sim, "the soak runs on the sim executor: pass --sim");
+                crate::soak::run(minutes, guests)
+            }
+            BenchCmd::Hostile {
+                executor,
+                seconds,
+                log,
+            } => crate::hostile::run(executor, seconds, log.as_deref()),
+        }
+    }
+}
+
+/// The helper processes benchmarks start (`current_exe` with these).
+#[derive(Subcommand, Debug)]
+pub enum Internal {
+    /// Internal: the peer process of a bench.
+    #[command(name = "__echo", hide = true)]
+    Echo { kind: String, target: String },
+    /// Internal: a new good guest process of the hostile bench.
+    #[command(name = "__good-guest", hide = true)]
+    GoodGuest {
+        #[arg(long)]
+        socket: PathBuf,
+    },
+    /// Internal: the hostile process of the hostile bench.
+    #[command(name = "__hostile-guest", hide = true)]
+    HostileGuest {
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long)]
+        seconds: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Internal: one guest process of the soak bench.
+    #[command(name = "__soak-guest", hide = true)]
+    SoakGuest {
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long)]
+        seed: u64,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        stop: PathBuf,
+    },
+}
+
+impl Internal {
+    /// Runs the helper process.
+    pub fn run(self) -> Result<()> {
+        match self {
+            Internal::GoodGuest { socket } => crate::hostile::good_guest(&socket),
+            Internal::HostileGuest {
+                socket,
+                seconds,
+                seed,
+            } => crate::hostile::abuse(&socket, seconds, seed),
+            Internal::SoakGuest {
+                socket,
+                seed,
+                out,
+                stop,
+            } => crate::soak::guest(&socket, seed, &out, &stop),
+            Internal::Echo { kind, target } => crate::ring::echo(&kind, &target),
+        }
+    }
+}
+
+fn parse_pin(s: &str) -> Result<(usize, usize), String> {
+    let (a, b) = s.split_once(',').ok_or("expected GUEST_CPU,WORKER_CPU")?;
+    Ok((
+        a.trim().parse().map_err(|e| format!("{e}"))?,
+        b.trim().parse().map_err(|e| format!("{e}"))?,
+    ))
+}

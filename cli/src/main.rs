@@ -1,0 +1,414 @@
+//! `fairvgpu`: the host daemon and its tools.
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+use std::path::PathBuf;
+
+use daemon::{attach, config::Config, control, supervisor};
+
+mod demo;
+mod render;
+
+#[derive(Parser)]
+#[command(
+    name = "fairvgpu",
+    version,
+    about = "Fair sharing of NVIDIA GPUs between KVM virtual machines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+    /// On an error, print its whole chain and where it came from; log at
+    /// debug level unless RUST_LOG says otherwise.
+    #[arg(long, global = true)]
+    debug: bool,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve the VMs of a config file: one vGPU worker process each.
+    Serve {
+        /// Path of host.toml.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run one vGPU worker (started by `serve`).
+    Worker {
+        /// Path of host.toml.
+        #[arg(long)]
+        config: PathBuf,
+        /// Which VM.
+        #[arg(long)]
+        vm: String,
+        /// Its vGPU id at the grant service (set by the daemon).
+        #[arg(long)]
+        id: Option<u32>,
+        /// The fd of the daemon's feed (region and doorbells); without it
+        /// the worker serves its own region and socket.
+        #[arg(long)]
+        feed_fd: Option<i32>,
+        /// The GPU the vGPU is on now (set by the daemon; default: the
+        /// config's).
+        #[arg(long)]
+        gpu: Option<u32>,
+        /// Start as a standby (set by the daemon for an MPS GPU): make the
+        /// contexts ahead, then wait on the feed until promoted.
+        #[arg(long, requires = "feed_fd")]
+        standby: bool,
+    },
+    /// Move a running vGPU to another GPU of the host (through the API).
+    Migrate {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM whose vGPU moves.
+        #[arg(long)]
+        vm: String,
+        /// The target GPU.
+        #[arg(long)]
+        gpu: u32,
+    },
+    /// Forbid moving a vGPU (or, with --off, allow it again).
+    Pin {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM.
+        #[arg(long)]
+        vm: String,
+        /// Allow moving it again.
+        #[arg(long)]
+        off: bool,
+    },
+    /// Live status of the GPUs and vGPUs, from the running daemon.
+    Status {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A live terminal view of the status (Ctrl-C to leave).
+    Top {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// Refresh interval, seconds.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
+    /// Sets a vGPU's weight in the running daemon (until the next reload).
+    SetWeight {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM.
+        vm: String,
+        /// The new weight (> 0).
+        weight: f64,
+    },
+    /// Sets a VM's device-memory limit now (until the next reload or restart).
+    SetLimit {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM.
+        vm: String,
+        /// The new limit, MiB.
+        mib: u64,
+    },
+    /// Makes the running daemon re-read its config (as SIGHUP does).
+    Reload {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Attach a VM's vGPU to QEMU: hot-plug it through QMP (done by the
+    /// daemon, over its API), or print the QEMU arguments / libvirt element
+    /// to start the VM with.
+    Attach {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM (as named in host.toml).
+        #[arg(long)]
+        vm: String,
+        /// QMP socket of the running QEMU to hot-plug into.
+        #[arg(long, required_unless_present = "print")]
+        qmp: Option<PathBuf>,
+        /// Print instead: `qemu` arguments or the `libvirt` <shmem> element.
+        #[arg(long, value_parser = ["qemu", "libvirt"])]
+        print: Option<String>,
+    },
+    /// Hot-unplug a VM's vGPU from a running QEMU (the guest releases it first);
+    /// done by the daemon, over its API.
+    Detach {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM.
+        #[arg(long)]
+        vm: String,
+        /// QMP socket of the running QEMU.
+        #[arg(long)]
+        qmp: PathBuf,
+        /// Seconds the guest gets to release the device.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+    /// Three tenants at weights 1:2:3 on a daemon (sim executor by default),
+    /// each a CUDA program (built with cc) in its own process through the
+    /// stand-in libcuda.so.1; their shares live, the dashboard served, a
+    /// weight changed midway.
+    Demo {
+        /// Executor the daemon uses.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: daemon::config::ExecutorKind,
+        /// Seconds of load (the weight changes at 60% of them).
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+    },
+    /// Benchmarks (each prints a baseline measured in the same run).
+    #[cfg(feature = "bench")]
+    Bench {
+        #[command(subcommand)]
+        which: bench::cmd::BenchCmd,
+    },
+    #[cfg(feature = "bench")]
+    #[command(flatten)]
+    Internal(bench::cmd::Internal),
+}
+
+/// Where the daemon's API is.
+#[derive(clap::Args)]
+struct ApiArgs {
+    /// The daemon's host.toml (its [api] socket is used).
+    #[arg(long, default_value = "/etc/fairvgpu/host.toml")]
+    config: PathBuf,
+    /// Or the API's unix socket directly.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Or a TCP address (host:port) of the API, with --token-file.
+    #[arg(long)]
+    tcp: Option<String>,
+    /// File with the bearer token for --tcp.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+impl ApiArgs {
+    fn target(&self) -> Result<control::ApiTarget> {
+        if let Some(addr) = &self.tcp {
+            let token = match &self.token_file {
+                Some(p) => Some(control::token_from_file(p)?),
+                None => None,
+            };
+            return Ok(control::ApiTarget::Tcp {
+                addr: addr.clone(),
+                token,
+            });
+        }
+        if let Some(p) = &self.socket {
+            return Ok(control::ApiTarget::Unix(p.clone()));
+        }
+        Ok(control::ApiTarget::Unix(
+            Config::load(&self.config)?.api_socket(),
+        ))
+    }
+
+    fn call(&self, method: &str, path: &str, body: &[u8]) -> Result<serde_json::Value> {
+        let (status, body) = control::client_call(&self.target()?, method, path, body)?;
+        let v: serde_json::Value = serde_json::from_slice(&body)
+            .with_context(|| format!("the API answered {status} with no JSON"))?;
+        if status != 200 {
+            bail!("{}", v["error"].as_str().unwrap_or("request failed"));
+        }
+        Ok(v)
+    }
+}
+
+/// A path the daemon can use whatever its working directory.
+fn absolute(p: &std::path::Path) -> Result<PathBuf> {
+    std::path::absolute(p).with_context(|| format!("{}", p.display()))
+}
+
+/// An error as one line for the user: each cause once (an error whose text
+/// already holds its cause's is not followed by it again), a cause's own
+/// lines joined.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        let c = c.split_whitespace().collect::<Vec<_>>().join(" ");
+        if c.is_empty() || msg.contains(&c) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&c);
+    }
+    msg
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let debug = cli.debug;
+    if let Err(e) = run(cli) {
+        // Printed here rather than by returning it from main: anyhow would
+        // add a backtrace wherever RUST_BACKTRACE is set.
+        eprintln!("error: {}", one_line(&e));
+        if debug {
+            eprintln!("{e:?}");
+        }
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let level = if cli.debug { "debug" } else { "info" };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()),
+        )
+        // Standard error, or in a worker process the copy of it kept when
+        // the guests' kernel output took descriptor 2 (`worker/output.rs`).
+        .with_writer(worker::serve::log_writer)
+        // Colour only for a terminal: a log file or journal gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match cli.cmd {
+        Cmd::Serve { config } => Ok(supervisor::serve(&Config::load(&config)?, &config)?),
+        Cmd::Worker {
+            config,
+            vm,
+            id,
+            feed_fd,
+            gpu,
+            standby,
+        } => {
+            let spec = supervisor::worker_spec(
+                &Config::load(&config)?,
+                &vm,
+                id,
+                feed_fd.map(|fd| (fd, standby)),
+                gpu,
+            )?;
+            match worker::process::run(&spec) {
+                // The daemon tells this exit apart from a crash.
+                Err(worker::Error::Poisoned(_)) => {
+                    std::process::exit(worker::process::EXIT_POISONED)
+                }
+                r => Ok(r?),
+            }
+        }
+        Cmd::Migrate { api, vm, gpu } => {
+            let body = serde_json::json!({ "gpu": gpu }).to_string();
+            let r = api.call(
+                "POST",
+                &format!("/api/v1/vgpus/{vm}/migrate"),
+                body.as_bytes(),
+            )?;
+            println!(
+                "{vm}: on GPU {} (paused {} ms, {} bytes copied)",
+                r["gpu"], r["pause_ms"], r["copied_bytes"]
+            );
+            Ok(())
+        }
+        Cmd::Pin { api, vm, off } => {
+            let body = serde_json::json!({ "pinned": !off }).to_string();
+            api.call("POST", &format!("/api/v1/vgpus/{vm}/pin"), body.as_bytes())?;
+            println!("{vm}: {}", if off { "may move" } else { "pinned" });
+            Ok(())
+        }
+        Cmd::Status { api, json } => {
+            let st = api.call("GET", "/api/v1/status", b"")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&st)?);
+            } else {
+                print!("{}", render::render_status(&st));
+            }
+            Ok(())
+        }
+        Cmd::Top { api, interval } => loop {
+            let st = api.call("GET", "/api/v1/status", b"")?;
+            // Clear the screen and home the cursor, then redraw.
+            print!("\x1b[2J\x1b[H{}", render::render_status(&st));
+            std::io::Write::flush(&mut std::io::stdout())?;
+            std::thread::sleep(std::time::Duration::from_secs_f64(interval.max(0.1)));
+        },
+        Cmd::SetWeight { api, vm, weight } => {
+            let body = serde_json::json!({ "weight": weight }).to_string();
+            api.call(
+                "POST",
+                &format!("/api/v1/vgpus/{vm}/weight"),
+                body.as_bytes(),
+            )?;
+            println!("{vm}: weight {weight}");
+            Ok(())
+        }
+        Cmd::SetLimit { api, vm, mib } => {
+            let body = serde_json::json!({ "mib": mib }).to_string();
+            api.call(
+                "POST",
+                &format!("/api/v1/vgpus/{vm}/memory_limit"),
+                body.as_bytes(),
+            )?;
+            println!("{vm}: memory limit {mib} MiB");
+            Ok(())
+        }
+        Cmd::Reload { api } => {
+            let r = api.call("POST", "/api/v1/reload", b"")?;
+            for n in r["notes"].as_array().into_iter().flatten() {
+                println!("{}", n.as_str().unwrap_or_default());
+            }
+            Ok(())
+        }
+        Cmd::Attach {
+            api,
+            vm,
+            qmp,
+            print,
+        } => {
+            match (print.as_deref(), qmp) {
+                (Some(kind), _) => {
+                    let plug = attach::Plug::for_vm(&Config::load(&api.config)?, &vm)?;
+                    if kind == "qemu" {
+                        println!("{}", plug.qemu_args().join(" "));
+                    } else {
+                        print!("{}", plug.libvirt_xml());
+                    }
+                }
+                (None, Some(qmp)) => {
+                    // The daemon does it: it serves the vGPU and keeps the vCPU threads.
+                    let body = serde_json::json!({ "qmp": absolute(&qmp)? }).to_string();
+                    let r = api.call(
+                        "POST",
+                        &format!("/api/v1/vgpus/{vm}/attach"),
+                        body.as_bytes(),
+                    )?;
+                    println!("{vm}: vGPU attached; vCPU threads {}", r["vcpu_threads"]);
+                    if let Some(w) = r["warning"].as_str() {
+                        eprintln!("warning: {w}");
+                    }
+                }
+                (None, None) => bail!("--qmp or --print is needed"),
+            }
+            Ok(())
+        }
+        Cmd::Detach {
+            api,
+            vm,
+            qmp,
+            timeout,
+        } => {
+            let body = serde_json::json!({ "qmp": absolute(&qmp)?, "timeout_seconds": timeout })
+                .to_string();
+            api.call(
+                "POST",
+                &format!("/api/v1/vgpus/{vm}/detach"),
+                body.as_bytes(),
+            )?;
+            println!("{vm}: vGPU detached");
+            Ok(())
+        }
+        Cmd::Demo { executor, seconds } => demo::run(executor, seconds),
+        #[cfg(feature = "bench")]
+        Cmd::Bench { which } => which.run(),
+        #[cfg(feature = "bench")]
+        Cmd::Internal(i) => i.run(),
+    }
+}

@@ -1,0 +1,404 @@
+//! The vCPU lift (FairGV's GPU-centric coscheduling on a busy host): while
+//! a vGPU holds its GPU's grant, the threads that feed it work (the VM's
+//! vCPU threads, or the guest processes' threads for native guests) run at
+//! the lifted nice value; when the grant moves they get their own back.
+//!
+//! The grant service only hands the set of holders to the lifter's thread
+//! ([`Lifter::holders`]) when it changes: the `setpriority` calls (one per
+//! thread at a hand-off, and reading `/proc/<pid>/task` for native guests)
+//! happen there, never on the service's path between a release and the
+//! next grant, and nothing is done per request.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+use nix::errno::Errno;
+use transport::server::PeerPids;
+
+pub use worker::cosched::{PrioritySetter, SysPriority};
+
+/// Which threads are lifted now, and what each had before.
+#[derive(Debug)]
+pub struct Lifts<P: PrioritySetter> {
+    setter: P,
+    nice: i32,
+    /// Lifted thread -> its nice before the lift.
+    lifted: BTreeMap<u32, i32>,
+    /// Why lifting stopped (the host refused it), if it did.
+    pub refused: Option<String>,
+    /// Threads lifted so far.
+    pub lifts: u64,
+    /// Changes of the set of holders applied.
+    pub changes: u64,
+}
+
+impl<P: PrioritySetter> Lifts<P> {
+    /// Lifts to `nice` with `setter`.
+    pub fn new(setter: P, nice: i32) -> Self {
+        Lifts {
+            setter,
+            nice,
+            lifted: BTreeMap::new(),
+            refused: None,
+            lifts: 0,
+            changes: 0,
+        }
+    }
+
+    /// Makes `targets` (thread ids) the lifted set: threads lifted before
+    /// and not in it get their own nice back (unless something else changed
+    /// it meanwhile: then it is left alone), the new ones are lifted. A
+    /// thread already at the lifted value or higher is left as it is. The
+    /// first refusal (no CAP_SYS_NICE) turns lifting off for good, with the
+    /// reason in [`Lifts::refused`]; a thread that has gone is skipped.
+    pub fn apply(&mut self, targets: &[u32]) {
+        self.changes += 1;
+        let drop: Vec<u32> = self
+            .lifted
+            .keys()
+            .filter(|t| !targets.contains(t))
+            .copied()
+            .collect();
+        for tid in drop {
+            if let Some(before) = self.lifted.remove(&tid) {
+                if self.setter.get(tid) == Some(self.nice) {
+                    let _ = self.setter.set(tid, before);
+                }
+            }
+        }
+        if self.refused.is_some() {
+            return;
+        }
+        for &tid in targets {
+            if self.lifted.contains_key(&tid) {
+                continue;
+            }
+            let Some(before) = self.setter.get(tid) else {
+                continue;
+            };
+            if before <= self.nice {
+                continue;
+            }
+            match self.setter.set(tid, self.nice) {
+                Ok(()) => {
+                    self.lifted.insert(tid, before);
+                    self.lifts += 1;
+                }
+                Err(e @ (Errno::EPERM | Errno::EACCES)) => {
+                    self.refused = Some(format!(
+                        "raising a vCPU thread to nice {} was refused ({e}): needs CAP_SYS_NICE",
+                        self.nice
+                    ));
+                    tracing::warn!("vCPU lift off: {}", self.refused.as_deref().unwrap_or(""));
+                    return;
+                }
+                Err(_) => {} // gone meanwhile
+            }
+        }
+    }
+
+    /// The threads lifted now.
+    pub fn lifted(&self) -> Vec<u32> {
+        self.lifted.keys().copied().collect()
+    }
+}
+
+impl<P: PrioritySetter> Drop for Lifts<P> {
+    fn drop(&mut self) {
+        self.apply(&[]);
+    }
+}
+
+/// Where a vGPU's threads to lift are found.
+#[derive(Debug, Default, Clone)]
+struct Source {
+    /// The VM's vCPU threads (QMP, `fairvgpu attach`; or a bench's guest
+    /// threads); when known, only these are lifted.
+    vcpus: Vec<u32>,
+    /// The peers of the VM's ivshmem server: without vCPU threads, every
+    /// thread of each peer process is lifted (native guest processes).
+    peers: Option<PeerPids>,
+}
+
+/// vGPU id -> where its threads are found; shared by the daemon (which
+/// learns vCPU threads and serves the peers) and the lifter.
+#[derive(Debug, Default, Clone)]
+pub struct Registry(Arc<Mutex<HashMap<u32, Source>>>);
+
+impl Registry {
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<u32, Source>) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// `vgpu`'s vCPU threads (empty: none known; the peers count again).
+    pub fn set_vcpus(&self, vgpu: u32, threads: Vec<u32>) {
+        self.with(|m| m.entry(vgpu).or_default().vcpus = threads);
+    }
+
+    /// The peers of `vgpu`'s VM.
+    pub fn set_peers(&self, vgpu: u32, peers: PeerPids) {
+        self.with(|m| m.entry(vgpu).or_default().peers = Some(peers));
+    }
+
+    /// The threads to lift while `vgpu` holds its GPU: its vCPU threads, or
+    /// else every thread of its peer processes (from `/proc/<pid>/task`).
+    pub fn threads(&self, vgpu: u32) -> Vec<u32> {
+        let Some(src) = self.with(|m| m.get(&vgpu).cloned()) else {
+            return Vec::new();
+        };
+        if !src.vcpus.is_empty() {
+            return src.vcpus;
+        }
+        let pids: Vec<u32> = src.peers.map_or_else(Vec::new, |p| {
+            let own = std::process::id();
+            p.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                // Never the daemon's own threads (a peer in this process).
+                .filter(|&&pid| pid != own)
+                .copied()
+                .collect()
+        });
+        pids.into_iter().flat_map(tasks).collect()
+    }
+}
+
+/// The thread ids of process `pid` (none if it is gone).
+fn tasks(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The lifter's thread: takes each new set of holders and lifts their
+/// threads. Dropped, it puts every lifted thread back and ends.
+#[derive(Debug)]
+pub struct Lifter {
+    tx: Option<Sender<Vec<u32>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    refused: Arc<Mutex<Option<String>>>,
+}
+
+impl Lifter {
+    /// Starts lifting the threads `registry` gives for each holder to
+    /// `nice` with `setter`; the thread itself runs at `nice` too (where
+    /// allowed), so that a hand-off's lift is not late behind the hogs.
+    pub fn start<P: PrioritySetter>(registry: Registry, nice: i32, setter: P) -> Lifter {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let refused: Arc<Mutex<Option<String>>> = Arc::default();
+        let r2 = refused.clone();
+        let thread = std::thread::Builder::new()
+            .name("vcpu-lift".into())
+            .spawn(move || {
+                let _ = worker::cosched::try_set_nice(nix::unistd::gettid().as_raw() as u32, nice);
+                run(&rx, &registry, Lifts::new(setter, nice), &r2);
+            })
+            .ok();
+        Lifter {
+            tx: Some(tx),
+            thread,
+            refused,
+        }
+    }
+
+    /// What the grant service sends the holders on (see [`run`]).
+    pub fn holders(&self) -> Option<Sender<Vec<u32>>> {
+        self.thread.as_ref().and(self.tx.clone())
+    }
+
+    /// Why the lift stopped, if the host refused it.
+    pub fn refused(&self) -> Option<String> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for Lifter {
+    fn drop(&mut self) {
+        // The thread ends once every sender is gone (the grant services'
+        // too): it is not waited for here.
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// The lifter's loop: applies the newest set of holders each time one comes
+/// (several queued: only the last counts); ends, putting everything back,
+/// when every sender is gone.
+fn run<P: PrioritySetter>(
+    rx: &Receiver<Vec<u32>>,
+    registry: &Registry,
+    mut lifts: Lifts<P>,
+    refused: &Mutex<Option<String>>,
+) {
+    while let Ok(mut holders) = rx.recv() {
+        while let Ok(newer) = rx.try_recv() {
+            holders = newer;
+        }
+        let targets: Vec<u32> = holders.iter().flat_map(|&v| registry.threads(v)).collect();
+        lifts.apply(&targets);
+        if lifts.refused.is_some() {
+            *refused.lock().unwrap_or_else(|e| e.into_inner()) = lifts.refused.clone();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Nice values per thread in a map; `deny` refuses every raise.
+    #[derive(Clone, Default)]
+    struct Fake {
+        nice: Arc<Mutex<HashMap<u32, i32>>>,
+        deny: bool,
+    }
+
+    impl PrioritySetter for Fake {
+        fn get(&self, tid: u32) -> Option<i32> {
+            self.nice.lock().unwrap().get(&tid).copied()
+        }
+        fn set(&self, tid: u32, nice: i32) -> Result<(), Errno> {
+            let mut m = self.nice.lock().unwrap();
+            let cur = *m.get(&tid).ok_or(Errno::ESRCH)?;
+            if self.deny && nice < cur {
+                return Err(Errno::EPERM);
+            }
+            m.insert(tid, nice);
+            Ok(())
+        }
+    }
+
+    fn fake(threads: &[(u32, i32)]) -> Fake {
+        let f = Fake::default();
+        f.nice.lock().unwrap().extend(threads.iter().copied());
+        f
+    }
+
+    fn nice_of(f: &Fake, tid: u32) -> i32 {
+        f.nice.lock().unwrap()[&tid]
+    }
+
+    #[test]
+    fn after_a_sequence_of_grants_only_the_holders_threads_are_lifted() {
+        // vGPU 0's vCPUs 10, 11; vGPU 1's 20; vGPU 2's 30 (at nice 5).
+        let f = fake(&[(10, 0), (11, 0), (20, 0), (30, 5)]);
+        let reg = Registry::default();
+        reg.set_vcpus(0, vec![10, 11]);
+        reg.set_vcpus(1, vec![20]);
+        reg.set_vcpus(2, vec![30]);
+        let mut l = Lifts::new(f.clone(), -10);
+        let grant = |l: &mut Lifts<Fake>, holders: &[u32]| {
+            let t: Vec<u32> = holders.iter().flat_map(|&v| reg.threads(v)).collect();
+            l.apply(&t);
+        };
+        grant(&mut l, &[0]);
+        assert_eq!(l.lifted(), [10, 11]);
+        assert_eq!((nice_of(&f, 10), nice_of(&f, 20)), (-10, 0));
+        grant(&mut l, &[1]);
+        assert_eq!(l.lifted(), [20]);
+        assert_eq!(
+            (nice_of(&f, 10), nice_of(&f, 11), nice_of(&f, 20)),
+            (0, 0, -10)
+        );
+        grant(&mut l, &[]); // released, nobody granted yet
+        assert!(l.lifted().is_empty());
+        grant(&mut l, &[2, 0]); // a holder and a co-holder
+        assert_eq!(l.lifted(), [10, 11, 30]);
+        grant(&mut l, &[0]);
+        assert_eq!(l.lifted(), [10, 11]);
+        assert_eq!(nice_of(&f, 30), 5, "vGPU 2's thread gets its own nice back");
+        assert_eq!(nice_of(&f, 20), 0);
+        // 10, 11; 20; 30, 10, 11 again.
+        assert_eq!((l.lifts, l.changes), (6, 5));
+        drop(l);
+        for (t, n) in [(10, 0), (11, 0), (20, 0), (30, 5)] {
+            assert_eq!(nice_of(&f, t), n, "thread {t} after the lifter ends");
+        }
+    }
+
+    #[test]
+    fn threads_already_high_gone_or_changed_meanwhile_are_left_alone() {
+        let f = fake(&[(1, -15), (2, 0), (3, 0)]);
+        let mut l = Lifts::new(f.clone(), -10);
+        l.apply(&[1, 2, 3, 4]); // 4 does not exist
+        assert_eq!(l.lifted(), [2, 3]);
+        assert_eq!(nice_of(&f, 1), -15);
+        // Someone else set thread 3 while it was lifted: not undone.
+        f.nice.lock().unwrap().insert(3, 7);
+        l.apply(&[]);
+        assert_eq!((nice_of(&f, 2), nice_of(&f, 3)), (0, 7));
+    }
+
+    #[test]
+    fn a_refusal_turns_the_lift_off_and_says_why() {
+        let f = Fake {
+            deny: true,
+            ..fake(&[(1, 0), (2, 0)])
+        };
+        let mut l = Lifts::new(f.clone(), -10);
+        l.apply(&[1]);
+        assert!(l.lifted().is_empty());
+        let why = l.refused.clone().unwrap();
+        assert!(why.contains("CAP_SYS_NICE"), "{why}");
+        l.apply(&[2]);
+        assert_eq!(nice_of(&f, 2), 0);
+    }
+
+    #[test]
+    fn native_peers_threads_come_from_proc() {
+        // A peer process that is this one is never lifted (the daemon's
+        // own threads); another process's threads are listed.
+        let reg = Registry::default();
+        let peers: PeerPids = Arc::default();
+        peers.lock().unwrap().insert(1, std::process::id());
+        reg.set_peers(0, peers.clone());
+        assert!(reg.threads(0).is_empty());
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        peers.lock().unwrap().insert(2, child.id());
+        assert_eq!(reg.threads(0), [child.id()]);
+        // vCPU threads, once known, are what is lifted.
+        reg.set_vcpus(0, vec![42]);
+        assert_eq!(reg.threads(0), [42]);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(reg.threads(7).is_empty());
+    }
+
+    #[test]
+    fn the_lifter_thread_follows_the_newest_holders() {
+        let f = fake(&[(10, 0), (20, 0)]);
+        let reg = Registry::default();
+        reg.set_vcpus(0, vec![10]);
+        reg.set_vcpus(1, vec![20]);
+        let lifter = Lifter::start(reg, -5, f.clone());
+        let tx = lifter.holders().unwrap();
+        tx.send(vec![0]).unwrap();
+        tx.send(vec![1]).unwrap();
+        let t = std::time::Instant::now();
+        while nice_of(&f, 20) != -5 && t.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!((nice_of(&f, 10), nice_of(&f, 20)), (0, -5));
+        drop(tx);
+        drop(lifter);
+        let t = std::time::Instant::now();
+        while nice_of(&f, 20) != 0 && t.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(nice_of(&f, 20), 0, "put back when the lifter ends");
+    }
+}

@@ -1,0 +1,709 @@
+//! How a worker reaches its VM's peers, and how a VM's region outlives its
+//! worker.
+//!
+//! Under `fairvgpu serve` the daemon owns each VM's region (a memfd) and its
+//! ivshmem-server socket ([`VmHost`]); QEMU stays connected to the daemon
+//! whatever happens to the worker. A worker is handed the region and the
+//! doorbells over a socket pair (its *feed*): the region's fd, the host's
+//! own eventfds, then the eventfds of every connected peer, and afterwards
+//! every peer that comes or goes. When a worker dies (a crash, a poisoned
+//! GPU context), the daemon starts another, feeds it the same region, and
+//! the new worker adopts it ([`transport::Region::adopt`]): channels
+//! whose GPU state died become LOST, their guests get an error they recover
+//! from by claiming a new channel, and nobody has to re-plug a device.
+//!
+//! A worker started by hand (or by a test) instead serves its own region
+//! and socket ([`PeerLink::Local`]).
+//!
+//! Feed messages reuse the ivshmem-server framing (one `i64`, optionally one
+//! fd): kind in bits 40..48, peer in bits 16..32, vector in bits 0..16.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use transport::server::{
+    recv_msg, send_msg, serve_to, PeerBells, PeerEvent, ServerHandle, MAX_PEERS,
+};
+use transport::{Bell, EventFdBell, LayoutParams, Region};
+
+use crate::Error;
+
+pub use wire::feed::MigrationReport;
+use wire::feed::*;
+
+/// How long the daemon waits for a worker to take a feed message before it
+/// counts the worker as stuck and closes its feed (the worker then exits
+/// and is restarted): a stuck worker holds up nobody but its own VM.
+const FEED_SEND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the VM's feed thread is asked to pass on.
+enum FeedMsg {
+    Peer(PeerEvent),
+    /// A new worker's feed: the snapshot goes first, then what follows.
+    NewFeed(UnixStream),
+    Limit(u64),
+    Migrate(u32, Option<OwnedFd>),
+    /// A standby worker's feed: the region alone, the rest on promotion.
+    NewStandby(UnixStream),
+    /// The standby takes over, with its grant connection if any.
+    Promote(Option<OwnedFd>),
+}
+
+/// The daemon's side of one VM: its region, its ivshmem-server socket, and
+/// the feed of whichever worker serves it now.
+///
+/// Only the VM's own feed thread ever writes to its worker's feed; the
+/// supervisor and the control API hand it messages and never wait, so no
+/// VM's slow or stuck worker, nor its peers, can hold up the daemon's work
+/// for another VM.
+#[derive(Debug)]
+pub struct VmHost {
+    region: Region,
+    server: ServerHandle,
+    tx: Mutex<Sender<FeedMsg>>,
+    /// Whether a worker's feed is open now.
+    fed: Arc<AtomicBool>,
+    /// Migration reports from the current worker, oldest first.
+    reports: Arc<Mutex<Vec<MigrationReport>>>,
+    /// The current worker said its GPU contexts are poisoned.
+    poisoned: Arc<AtomicBool>,
+    /// The standby worker said it is ready to take over.
+    standby_ready: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for FeedMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FeedMsg::Peer(_) => "Peer",
+            FeedMsg::NewFeed(_) => "NewFeed",
+            FeedMsg::Limit(_) => "Limit",
+            FeedMsg::Migrate(..) => "Migrate",
+            FeedMsg::NewStandby(_) => "NewStandby",
+            FeedMsg::Promote(_) => "Promote",
+        })
+    }
+}
+
+/// The state of one VM's feed thread.
+struct Feeder {
+    name: String,
+    region: Region,
+    fd: OwnedFd,
+    peers: PeerBells,
+    host_bells: Vec<Arc<EventFdBell>>,
+    current: Option<UnixStream>,
+    fed: Arc<AtomicBool>,
+    /// The limit last set while running (MiB), passed on to new workers too.
+    limit_mib: Option<u64>,
+    reports: Arc<Mutex<Vec<MigrationReport>>>,
+    poisoned: Arc<AtomicBool>,
+    /// A standby worker's feed, fed the region alone until promoted.
+    standby: Option<UnixStream>,
+    standby_ready: Arc<AtomicBool>,
+    /// Cleared when the standby is promoted or replaced: from then on its
+    /// feed's reader no longer speaks for the standby's readiness.
+    standby_live: Arc<AtomicBool>,
+}
+
+impl VmHost {
+    /// Creates the region and starts serving `socket`.
+    pub fn start(name: &str, socket: &Path, layout: LayoutParams) -> Result<VmHost, Error> {
+        let (region, fd) = Region::create(&format!("fairvgpu-{name}"), layout)?;
+        let server_fd = fd.try_clone().map_err(|source| Error::Io {
+            what: "dup of region fd",
+            source,
+        })?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let peer_tx = tx.clone();
+        let server = serve_to(socket, server_fd, layout.vectors, MAX_PEERS, move |ev| {
+            let _ = peer_tx.send(FeedMsg::Peer(ev));
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let fed = Arc::new(AtomicBool::new(false));
+        let reports: Arc<Mutex<Vec<MigrationReport>>> = Arc::default();
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let standby_ready = Arc::new(AtomicBool::new(false));
+        let mut feeder = Feeder {
+            name: name.to_owned(),
+            region: region.clone(),
+            fd,
+            peers: server.peers.clone(),
+            host_bells: server.host_bells.clone(),
+            current: None,
+            fed: fed.clone(),
+            limit_mib: None,
+            reports: reports.clone(),
+            poisoned: poisoned.clone(),
+            standby: None,
+            standby_ready: standby_ready.clone(),
+            standby_live: Arc::default(),
+        };
+        let thread = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name(format!("feed-{name}"))
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        match rx.recv_timeout(Duration::from_millis(100)) {
+                            Ok(m) => feeder.handle(m),
+                            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                            Err(_) => break,
+                        }
+                    }
+                    feeder.close();
+                })
+                .map_err(|source| Error::Io {
+                    what: "spawning feed thread",
+                    source,
+                })?
+        };
+        Ok(VmHost {
+            region,
+            server,
+            tx: Mutex::new(tx),
+            fed,
+            reports,
+            poisoned,
+            standby_ready,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, m: FeedMsg) -> Result<(), Error> {
+        self.tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(m)
+            .map_err(|_| Error::Config("the VM's feed thread has stopped".into()))
+    }
+
+    /// A feed for a new worker: returns the worker's end; the VM's feed
+    /// thread sends it the region, the host's doorbells and the current
+    /// peers, then every change. The previous worker's feed (if any) is
+    /// closed. Never waits for the worker.
+    pub fn feed(&self) -> Result<OwnedFd, Error> {
+        let (ours, theirs) = feed_pair()?;
+        self.send(FeedMsg::NewFeed(ours))?;
+        Ok(theirs.into())
+    }
+
+    /// A feed for a standby worker: it gets the region alone, to map and
+    /// register with the device while the current worker still serves it,
+    /// says [`Fed`]'s `READY` once its contexts are made, and waits. On
+    /// [`VmHost::promote`] it gets the rest of the snapshot and serves; the
+    /// current worker's feed is closed then. A later standby feed replaces
+    /// this one. Never waits for the worker.
+    pub fn standby_feed(&self) -> Result<OwnedFd, Error> {
+        let (ours, theirs) = feed_pair()?;
+        self.standby_ready.store(false, Ordering::Relaxed);
+        self.send(FeedMsg::NewStandby(ours))?;
+        Ok(theirs.into())
+    }
+
+    /// Whether the standby worker said it is ready to take over.
+    pub fn standby_ready(&self) -> bool {
+        self.standby_ready.load(Ordering::Relaxed)
+    }
+
+    /// Makes the standby worker the VM's worker at once (the caller ended
+    /// the current one): it gets the rest of its snapshot, with `grant` (a
+    /// connection to its GPU's grant service) when the scheduler runs. One
+    /// still making its contexts serves once they are made.
+    pub fn promote(&self, grant: Option<UnixStream>) -> Result<(), Error> {
+        self.standby_ready.store(false, Ordering::Relaxed);
+        self.send(FeedMsg::Promote(grant.map(OwnedFd::from)))
+    }
+
+    /// Changes the vGPU's device-memory limit now: the worker refuses
+    /// allocations beyond it from its next one on (what is allocated stays).
+    pub fn set_memory_limit(&self, mib: u64) -> Result<(), Error> {
+        self.send(FeedMsg::Limit(mib.min(LIMIT_MASK as u64)))
+    }
+
+    /// Asks the current worker to move the vGPU to GPU `gpu`, registering
+    /// there over `grant` (a connection to that GPU's grant service).
+    /// Its answer comes in [`VmHost::take_reports`].
+    pub fn migrate(&self, gpu: u32, grant: Option<&UnixStream>) -> Result<(), Error> {
+        if !self.fed.load(Ordering::Relaxed) {
+            return Err(Error::Config("no worker serves this VM now".into()));
+        }
+        let grant = match grant {
+            Some(g) => Some(OwnedFd::from(g.try_clone().map_err(|source| {
+                Error::Io {
+                    what: "grant socket clone",
+                    source,
+                }
+            })?)),
+            None => None,
+        };
+        self.send(FeedMsg::Migrate(gpu, grant))
+    }
+
+    /// Migration reports received since the last call.
+    pub fn take_reports(&self) -> Vec<MigrationReport> {
+        std::mem::take(&mut *self.reports.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Whether the current worker said, since the last call, that a CUDA
+    /// error poisoned its GPU contexts (it exits next).
+    pub fn take_poisoned(&self) -> bool {
+        self.poisoned.swap(false, Ordering::Relaxed)
+    }
+
+    /// The region (the daemon marks the channels of departed peers).
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// The process id of each connected peer (see `hostcpu::lift`).
+    pub fn peer_pids(&self) -> transport::server::PeerPids {
+        self.server.peer_pids.clone()
+    }
+
+    /// Log lines about the VM's peers that the daemon suppressed so far.
+    pub fn log_suppressed(&self) -> u64 {
+        self.server.log_suppressed()
+    }
+
+    /// The count behind [`VmHost::log_suppressed`], to read elsewhere.
+    pub fn log_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.server.log_counter()
+    }
+}
+
+/// A feed's socket pair: ours with the send timeout, the worker's.
+fn feed_pair() -> Result<(UnixStream, UnixStream), Error> {
+    let (ours, theirs) = UnixStream::pair().map_err(|source| Error::Io {
+        what: "feed socket pair",
+        source,
+    })?;
+    ours.set_write_timeout(Some(FEED_SEND_TIMEOUT))
+        .map_err(|source| Error::Io {
+            what: "feed timeout",
+            source,
+        })?;
+    Ok((ours, theirs))
+}
+
+impl Drop for VmHost {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Feeder {
+    fn handle(&mut self, m: FeedMsg) {
+        match m {
+            FeedMsg::Peer(PeerEvent::Connected(id)) => {
+                let bells = self
+                    .peers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&id)
+                    .cloned();
+                if let Some(bells) = bells {
+                    // A dead worker's feed fails; its successor gets a snapshot.
+                    self.write(|s| send_bells(s, id, &bells));
+                }
+            }
+            FeedMsg::Peer(PeerEvent::Gone(id)) => {
+                // Marked here, so that this happens even while no worker runs.
+                for ch in 0..self.region.channels() {
+                    if self.region.owner_peer(ch).ok() == Some(u32::from(id)) {
+                        let _ = self.region.mark_abandoned(ch);
+                    }
+                }
+                self.write(|s| send_msg(s, encode(PEER_GONE, id, 0), None));
+                if let Some(b) = self.host_bells.first() {
+                    let _ = b.ring();
+                }
+            }
+            FeedMsg::NewFeed(ours) => self.start_feed(ours),
+            FeedMsg::Limit(mib) => {
+                self.limit_mib = Some(mib);
+                // A dead worker's successor gets it with its snapshot.
+                self.write(|s| send_msg(s, (LIMIT << 40) | mib as i64, None));
+            }
+            FeedMsg::Migrate(gpu, grant) => {
+                let fd = grant.as_ref().map(|g| g.as_raw_fd());
+                self.write(|s| send_msg(s, (MIGRATE << 40) | i64::from(gpu as u16), fd));
+            }
+            FeedMsg::NewStandby(ours) => self.start_standby(ours),
+            FeedMsg::Promote(grant) => self.promote(grant),
+        }
+    }
+
+    /// Writes to the current worker's feed; a worker that does not take it
+    /// within [`FEED_SEND_TIMEOUT`] (or whose feed broke) loses its feed.
+    fn write(&mut self, f: impl FnOnce(&UnixStream) -> Result<(), transport::Error>) {
+        let Some(s) = self.current.as_ref() else {
+            return;
+        };
+        if let Err(e) = f(s) {
+            tracing::warn!(vm = self.name, "worker feed closed: {e}");
+            self.close();
+        }
+    }
+
+    fn close(&mut self) {
+        if let Some(old) = self.current.take() {
+            // For the worker, and for the thread reading its answers (which
+            // holds a clone).
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+        self.fed.store(false, Ordering::Relaxed);
+    }
+
+    fn start_feed(&mut self, ours: UnixStream) {
+        let sent = self
+            .send_region(&ours)
+            .and_then(|()| self.send_rest(&ours, None));
+        if let Err(e) = sent {
+            tracing::warn!(vm = self.name, "worker feed failed: {e}");
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        if self.listen_back(&ours, None) {
+            self.make_current(ours);
+        }
+    }
+
+    /// Reads what the worker says back on its feed until it goes: migration
+    /// reports, poisoned contexts, and, from a standby (`ready`), that it
+    /// is ready. False (the feed shut) if no thread could be started.
+    fn listen_back(
+        &self,
+        ours: &UnixStream,
+        ready: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>,
+    ) -> bool {
+        let Ok(back) = ours.try_clone() else {
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+            return false;
+        };
+        let reports = self.reports.clone();
+        let poisoned = self.poisoned.clone();
+        let spawned = std::thread::Builder::new()
+            .name("feed-back".into())
+            .spawn(move || {
+                let (mut pause_us, mut kib) = (0, 0);
+                while let Ok(Some((v, _))) = recv_msg(&back) {
+                    match v >> 40 {
+                        MIGRATION_PAUSE_US => pause_us = (v & LIMIT_MASK) as u64,
+                        MIGRATION_KIB => kib = (v & LIMIT_MASK) as u64,
+                        MIGRATED => reports
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(MigrationReport::decode(v, pause_us, kib)),
+                        POISONED => poisoned.store(true, Ordering::Relaxed),
+                        READY => {
+                            if let Some((r, live)) = &ready {
+                                if live.load(Ordering::Relaxed) {
+                                    r.store(true, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                // A standby that went before it was promoted is not ready.
+                if let Some((r, live)) = &ready {
+                    if live.load(Ordering::Relaxed) {
+                        r.store(false, Ordering::Relaxed);
+                    }
+                }
+            });
+        if spawned.is_err() {
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+            return false;
+        }
+        true
+    }
+
+    /// The snapshot's first message: the region.
+    fn send_region(&self, s: &UnixStream) -> Result<(), transport::Error> {
+        send_msg(s, encode(REGION, 0, 0), Some(self.fd.as_raw_fd()))
+    }
+
+    /// The rest of the snapshot: the host's doorbells, the peers, the
+    /// limit, the grant connection if any, then `SYNCED`.
+    fn send_rest(&self, s: &UnixStream, grant: Option<&OwnedFd>) -> Result<(), transport::Error> {
+        for (v, b) in self.host_bells.iter().enumerate() {
+            send_msg(s, encode(HOST_BELL, 0, v as u16), Some(b.fd().as_raw_fd()))?;
+        }
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for (id, bells) in &peers {
+            send_bells(s, *id, bells)?;
+        }
+        if let Some(mib) = self.limit_mib {
+            send_msg(s, (LIMIT << 40) | (mib as i64 & LIMIT_MASK), None)?;
+        }
+        if let Some(g) = grant {
+            send_msg(s, encode(GRANT, 0, 0), Some(g.as_raw_fd()))?;
+        }
+        send_msg(s, encode(SYNCED, 0, 0), None)
+    }
+
+    /// Makes `ours`, fed its snapshot, the current worker's feed.
+    fn make_current(&mut self, ours: UnixStream) {
+        self.close();
+        // Said by the worker before this one, if at all.
+        self.poisoned.store(false, Ordering::Relaxed);
+        self.current = Some(ours);
+        self.fed.store(true, Ordering::Relaxed);
+    }
+
+    fn start_standby(&mut self, ours: UnixStream) {
+        if let Some(old) = self.standby.take() {
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+        if let Err(e) = self.send_region(&ours) {
+            tracing::warn!(vm = self.name, "standby feed failed: {e}");
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        self.standby_live.store(false, Ordering::Relaxed);
+        self.standby_live = Arc::new(AtomicBool::new(true));
+        let ready = (self.standby_ready.clone(), self.standby_live.clone());
+        if !self.listen_back(&ours, Some(ready)) {
+            return;
+        }
+        self.standby = Some(ours);
+    }
+
+    fn promote(&mut self, grant: Option<OwnedFd>) {
+        let Some(ours) = self.standby.take() else {
+            return;
+        };
+        self.standby_live.store(false, Ordering::Relaxed);
+        if let Err(e) = self.send_rest(&ours, grant.as_ref()) {
+            tracing::warn!(vm = self.name, "promoting the standby worker failed: {e}");
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        self.make_current(ours);
+    }
+}
+
+fn send_bells(
+    sock: &UnixStream,
+    id: u16,
+    bells: &[Arc<EventFdBell>],
+) -> Result<(), transport::Error> {
+    for (v, b) in bells.iter().enumerate() {
+        send_msg(
+            sock,
+            encode(PEER_BELL, id, v as u16),
+            Some(b.fd().as_raw_fd()),
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use transport::server::Client;
+    use transport::ClaimState;
+    use worker::fed::{Fed, FeedStart, PeerLink};
+
+    fn layout() -> LayoutParams {
+        LayoutParams {
+            channels: 2,
+            ring_entries: 8,
+            arena_size: 8192,
+            vectors: 2,
+            pinned_size: 0,
+        }
+    }
+
+    /// A VM's host side for one test: its folder (removed at the test's
+    /// end), the socket guests attach to, and the `VmHost`.
+    fn vm_host(name: &str) -> (std::path::PathBuf, std::path::PathBuf, VmHost) {
+        let dir = std::env::temp_dir().join(format!("fvg-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("vm.sock");
+        let host = VmHost::start(name, &sock, layout()).unwrap();
+        (dir, sock, host)
+    }
+
+    /// A worker fed by `host`: the region it adopted, and its link.
+    fn fed_worker(host: &VmHost) -> (Region, PeerLink) {
+        let (fd, fed) = Fed::receive(host.feed().unwrap()).unwrap();
+        (Region::adopt(fd, layout()).unwrap(), PeerLink::Fed(fed))
+    }
+
+    /// A channel `client` claims and the worker of `region` serves.
+    fn served_claim(client: &Client, region: &Region) -> transport::GuestChannel {
+        let g = client.region.claim(u32::from(client.id), 1, 0).unwrap();
+        region
+            .host_channel(g.index())
+            .unwrap()
+            .mark_serving()
+            .unwrap();
+        g
+    }
+
+    #[test]
+    fn feed_carries_region_bells_and_peer_changes_to_successive_workers() {
+        let (dir, sock, host) = vm_host("link-test");
+        let client = Client::connect(&sock, Duration::from_secs(5)).unwrap();
+
+        let (region, link) = fed_worker(&host);
+        assert_eq!(link.host_bells().len(), 2);
+        // The worker can ring the peer that was there before it started...
+        link.ring_peer(client.id, 1).unwrap();
+        assert!(wait_readable(&client.own_bells[1]));
+        // ...and the guest rings the worker's bell.
+        client.host_bells[0].ring().unwrap();
+        assert!(wait_readable(&link.host_bells()[0]));
+
+        // A guest claims a channel; the worker dies; a second worker adopts.
+        let g = served_claim(&client, &region);
+        drop(link);
+        let (region2, link2) = fed_worker(&host);
+        assert_eq!(region2.claim_state(g.index()).unwrap(), ClaimState::Lost);
+        link2.ring_peer(client.id, 0).unwrap();
+        assert!(wait_readable(&client.own_bells[0]));
+
+        // A peer that leaves: the daemon marks its channels abandoned.
+        let idx = g.index();
+        std::mem::forget(g);
+        drop(client);
+        eventually("not abandoned", || {
+            region2.claim_state(idx).unwrap().needs_reclaim()
+        });
+        assert!(!link2.orphaned());
+        // A limit set while running reaches the worker, and its successors.
+        assert_eq!(link2.memory_limit(), None);
+        host.set_memory_limit(300).unwrap();
+        eventually("limit not fed", || link2.memory_limit() == Some(300 << 20));
+        // A worker whose contexts are poisoned says so before it exits.
+        assert!(!host.take_poisoned());
+        link2.report_poisoned();
+        eventually("poison not heard", || host.take_poisoned());
+        assert!(!host.take_poisoned(), "heard once");
+        let (_fd3, fed3) = Fed::receive(host.feed().unwrap()).unwrap();
+        assert_eq!(PeerLink::Fed(fed3).memory_limit(), Some(300 << 20));
+        drop(region);
+        drop(host);
+        eventually("feed not closed", || link2.orphaned());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_standby_gets_the_region_alone_until_promoted() {
+        let (dir, sock, host) = vm_host("link-standby");
+        let client = Client::connect(&sock, Duration::from_secs(5)).unwrap();
+        let (region, old) = fed_worker(&host);
+        let g = served_claim(&client, &region);
+
+        // The standby maps the region and hears nothing more for now.
+        let (fd2, start) = FeedStart::receive_region(host.standby_feed().unwrap()).unwrap();
+        let standby = Region::map_existing(fd2, layout()).unwrap();
+        assert_eq!(standby.claim_state(g.index()).unwrap(), ClaimState::Claimed);
+        start
+            .sock
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        assert!(
+            recv_msg(&start.sock).is_err(),
+            "only the region until promoted"
+        );
+        start.sock.set_read_timeout(None).unwrap();
+        assert!(!host.standby_ready());
+        start.ready().unwrap();
+        eventually("ready not heard", || host.standby_ready());
+        host.set_memory_limit(200).unwrap();
+
+        // Promoted: the rest of the snapshot, the grant connection, and the
+        // old worker's feed closed.
+        let (grant, _service_end) = UnixStream::pair().unwrap();
+        host.promote(Some(grant)).unwrap();
+        let mut fed2 = start.finish().unwrap();
+        assert!(fed2.take_grant().is_some());
+        assert!(fed2.take_grant().is_none(), "once");
+        assert!(!host.standby_ready(), "the promoted one is no standby");
+        let link2 = PeerLink::Fed(fed2);
+        assert_eq!(link2.memory_limit(), Some(200 << 20));
+        standby.take_over().unwrap();
+        assert_eq!(standby.claim_state(g.index()).unwrap(), ClaimState::Lost);
+        link2.ring_peer(client.id, 1).unwrap();
+        assert!(wait_readable(&client.own_bells[1]));
+        eventually("old feed not closed", || old.orphaned());
+        // The promoted worker's reports reach the daemon.
+        link2.report_poisoned();
+        eventually("poison not heard", || host.take_poisoned());
+        drop(g);
+        drop(host);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_worker_that_does_not_read_its_feed_holds_up_nobody() {
+        let (dir, sock, host) = vm_host("link-stuck");
+        // A worker that never reads its feed.
+        let stuck = UnixStream::from(host.feed().unwrap());
+        // Peers come and go: more news than its socket holds.
+        for _ in 0..200 {
+            drop(Client::connect(&sock, Duration::from_secs(5)).unwrap());
+        }
+        // The daemon's calls never wait on it...
+        let t = std::time::Instant::now();
+        host.set_memory_limit(100).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        // ...and its feed is closed once it has not read for a while.
+        while host.fed.load(Ordering::Relaxed) {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the stuck feed stays open"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        stuck
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        while let Some(_m) = recv_msg(&stuck).expect("the stuck feed ends, not times out") {}
+        // The next worker gets its snapshot.
+        let (_fd, fed) = Fed::receive(host.feed().unwrap()).unwrap();
+        assert_eq!(PeerLink::Fed(fed).memory_limit(), Some(100 << 20));
+        drop(host);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Waits up to 5 s for `f` to hold; fails naming `what` if it does not.
+    fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+        let t = std::time::Instant::now();
+        while !f() {
+            assert!(t.elapsed() < Duration::from_secs(5), "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn wait_readable(b: &EventFdBell) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        let mut fds = [PollFd::new(b.fd().as_fd(), PollFlags::POLLIN)];
+        let ok = poll(&mut fds, PollTimeout::from(2000u16)).unwrap_or(0) == 1;
+        let mut buf = [0u8; 8];
+        let _ = nix::unistd::read(b.fd().as_fd(), &mut buf);
+        ok
+    }
+
+    #[test]
+    fn feed_messages_round_trip() {
+        for (k, p, v) in [(REGION, 0, 0), (PEER_BELL, 65535, 31), (PEER_GONE, 7, 0)] {
+            assert_eq!(decode(encode(k, p, v)), (k, p, v));
+        }
+    }
+}

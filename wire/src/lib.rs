@@ -1,0 +1,39 @@
+//! What fairvgpu's processes say to each other.
+//!
+//! The daemon and a vGPU's worker are separate processes (the worker is
+//! sandboxed); this crate is all they share: the feed that carries a VM's
+//! region and doorbells to its worker (`feed`), the grant service's
+//! messages (`grant`), the module image store's (`image`), a vGPU's
+//! identity (`identity`), what keeps a vGPU on its GPU (`keeper`), a VM's
+//! vCPU file (`vcpus`), and the termination signals both handle alike
+//! (`signals`).
+
+#![warn(missing_docs)]
+
+pub mod feed;
+pub mod grant;
+pub mod identity;
+pub mod image;
+pub mod keeper;
+pub mod signals;
+pub mod vcpus;
+
+pub use keeper::Keeper;
+
+/// What can go wrong in this crate's helpers.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An I/O operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file the daemon keeps holds what it should not: the message names
+    /// it and what to do.
+    #[error("{0}")]
+    Setup(String),
+}

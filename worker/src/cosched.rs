@@ -1,0 +1,262 @@
+//! GPU-centric coscheduling, the host's half: when the worker wakes a guest
+//! that blocked waiting for a reply, the doorbell it rings is the guest's
+//! vCPU-affine vector (the guest wrote it before sleeping), so the MSI-X
+//! interrupt lands on the vCPU that waits. For a CPU-GPU interactive vGPU
+//! (more than 10 synchronous calls per 10 ms) the worker also gives that
+//! vCPU's host thread a short priority boost, so that the host scheduler
+//! runs it now rather than at its next turn.
+//!
+//! The vCPU thread ids come from QMP `query-cpus-fast` (`fairvgpu attach`),
+//! through the daemon, in `<run_dir>/<vm>.vcpus`. Lowering a nice value needs
+//! CAP_SYS_NICE; where the host does not allow it the boost turns itself
+//! off (once, with a log line) and the doorbell alone remains.
+
+use nix::errno::Errno;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+/// How much a kicked vCPU thread is boosted (nice levels).
+pub const BOOST_NICE: i32 = 5;
+/// How long a boost lasts at least (it is undone at the worker's next look
+/// at the clock after this).
+pub const BOOST_FOR: Duration = Duration::from_millis(1);
+/// How often the vCPU file is looked at.
+const REFRESH_EVERY: Duration = Duration::from_millis(200);
+
+/// A VM's vCPU threads and the one boost in flight.
+#[derive(Debug)]
+pub struct VcpuBooster {
+    file: Option<PathBuf>,
+    mtime: Option<SystemTime>,
+    last_refresh: Option<Instant>,
+    last_sync_calls: u64,
+    threads: Vec<u32>,
+    /// (thread, its nice before the boost, when boosted).
+    boosted: Option<(u32, i32, Instant)>,
+    enabled: bool,
+    /// Whether the vGPU is CPU-GPU interactive (set from the call rate).
+    pub interactive: bool,
+    /// Kicks of a known vCPU thread.
+    pub kicks: u64,
+    /// Boosts applied.
+    pub boosts: u64,
+}
+
+impl VcpuBooster {
+    /// A booster reading its threads from `file` (None: no VM, no boost).
+    pub fn new(file: Option<PathBuf>) -> VcpuBooster {
+        VcpuBooster {
+            file,
+            mtime: None,
+            last_refresh: None,
+            last_sync_calls: 0,
+            threads: Vec::new(),
+            boosted: None,
+            enabled: true,
+            interactive: false,
+            kicks: 0,
+            boosts: 0,
+        }
+    }
+
+    /// The vCPU threads known now.
+    pub fn threads(&self) -> &[u32] {
+        &self.threads
+    }
+
+    /// Undoes a boost that has lasted [`BOOST_FOR`]; every 200 ms, re-reads
+    /// the vCPU file if it changed and classifies the vGPU from its count of
+    /// synchronous calls so far (FairGV: interactive above 10 per 10 ms).
+    pub fn tick(&mut self, sync_calls: u64) {
+        if let Some((tid, nice, at)) = self.boosted {
+            if at.elapsed() >= BOOST_FOR {
+                set_nice(tid, nice);
+                self.boosted = None;
+            }
+        }
+        let Some(file) = &self.file else { return };
+        let since = self.last_refresh.map(|t| t.elapsed());
+        if since.is_some_and(|d| d < REFRESH_EVERY) {
+            return;
+        }
+        if let Some(d) = since {
+            let rate = sync_calls.saturating_sub(self.last_sync_calls) as f64 / d.as_secs_f64();
+            self.interactive = rate > sched::classify::INTERACTIVE_SYNC_PER_SECOND;
+        }
+        self.last_sync_calls = sync_calls;
+        self.last_refresh = Some(Instant::now());
+        let mtime = std::fs::metadata(file).and_then(|m| m.modified()).ok();
+        if mtime != self.mtime {
+            self.mtime = mtime;
+            self.threads = wire::vcpus::read_vcpus(file);
+            tracing::info!(threads = ?self.threads, "vCPU threads for coscheduling");
+        }
+    }
+
+    /// The worker rang vector `vcpu` of a sleeping guest.
+    pub fn kick(&mut self, vcpu: u32) {
+        let Some(&tid) = self.threads.get(vcpu as usize) else {
+            return;
+        };
+        self.kicks += 1;
+        if !self.enabled || !self.interactive {
+            return;
+        }
+        if let Some((old, nice, _)) = self.boosted.take() {
+            set_nice(old, nice);
+        }
+        let Some(nice) = get_nice(tid) else { return };
+        let boosted = (nice - BOOST_NICE).max(-20);
+        if boosted == nice {
+            return;
+        }
+        match try_set_nice(tid, boosted) {
+            Ok(()) => {
+                self.boosts += 1;
+                self.boosted = Some((tid, nice, Instant::now()));
+            }
+            Err(e) => {
+                self.enabled = false;
+                tracing::info!(
+                    "vCPU priority boost not permitted ({e}); coscheduling kicks by doorbell only"
+                );
+            }
+        }
+    }
+}
+
+impl Drop for VcpuBooster {
+    fn drop(&mut self) {
+        if let Some((tid, nice, _)) = self.boosted.take() {
+            set_nice(tid, nice);
+        }
+    }
+}
+
+/// Thread `tid`'s nice value; `None` if it is gone.
+pub fn get_nice(tid: u32) -> Option<i32> {
+    // getpriority can return -1 legitimately: errno tells.
+    nix::errno::Errno::clear();
+    // SAFETY: getpriority only reads its integer arguments.
+    let n = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+    (n != -1 || nix::errno::Errno::last_raw() == 0).then_some(n)
+}
+
+/// Sets thread `tid`'s nice value.
+pub fn try_set_nice(tid: u32, nice: i32) -> Result<(), nix::errno::Errno> {
+    // SAFETY: setpriority only reads its integer arguments.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(nix::errno::Errno::last())
+    }
+}
+
+fn set_nice(tid: u32, nice: i32) {
+    // Undoing a boost: the thread may have exited meanwhile.
+    let _ = try_set_nice(tid, nice);
+}
+
+/// Reads and sets the nice value of one thread (a fake in tests, which
+/// then need no privilege).
+pub trait PrioritySetter: Send + 'static {
+    /// The thread's nice value; `None` if it is gone.
+    fn get(&self, tid: u32) -> Option<i32>;
+    /// Sets it.
+    fn set(&self, tid: u32, nice: i32) -> Result<(), Errno>;
+}
+
+/// The kernel's `getpriority`/`setpriority` on a thread id.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SysPriority;
+
+impl PrioritySetter for SysPriority {
+    fn get(&self, tid: u32) -> Option<i32> {
+        get_nice(tid)
+    }
+    fn set(&self, tid: u32, nice: i32) -> Result<(), Errno> {
+        try_set_nice(tid, nice)
+    }
+}
+
+/// Raises the calling thread to `nice`; the error says why not.
+pub fn lift_current_thread(nice: i32) -> Result<(), String> {
+    lift_thread(&SysPriority, nix::unistd::gettid().as_raw() as u32, nice)
+}
+
+/// Raises thread `tid` to `nice` through `p`; the error says why not.
+pub fn lift_thread(p: &impl PrioritySetter, tid: u32, nice: i32) -> Result<(), String> {
+    match p.set(tid, nice) {
+        Ok(()) => Ok(()),
+        Err(e @ (Errno::EPERM | Errno::EACCES)) => Err(format!(
+            "raising a thread to nice {nice} was refused ({e}): needs CAP_SYS_NICE, root, or RLIMIT_NICE of at least {}",
+            20 - nice
+        )),
+        Err(e) => Err(format!("setpriority: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread of our own stands in for a vCPU thread.
+    fn spawn_vcpu() -> (
+        u32,
+        std::sync::mpsc::Sender<()>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (ttx, trx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            ttx.send(nix::unistd::gettid().as_raw() as u32).unwrap();
+            let _ = rx.recv();
+        });
+        (trx.recv().unwrap(), tx, h)
+    }
+
+    #[test]
+    fn threads_come_from_the_file_and_kicks_boost_then_restore() {
+        let dir = std::env::temp_dir().join(format!("fvg-cosched-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("vm.vcpus");
+        let (tid, stop, h) = spawn_vcpu();
+        // Start the thread at nice 10 so that a boost of 5 needs no privilege
+        // beyond our own (down to our RLIMIT_NICE / original nice).
+        try_set_nice(tid, 10).unwrap();
+        std::fs::write(&file, format!("{tid}\n")).unwrap();
+
+        let mut b = VcpuBooster::new(Some(file.clone()));
+        b.tick(0);
+        assert_eq!(b.threads(), [tid]);
+        b.kick(3); // no such vCPU
+        assert_eq!(b.kicks, 0);
+        b.kick(0); // not interactive: counted, not boosted
+        assert_eq!((b.kicks, b.boosts), (1, 0));
+        assert_eq!(get_nice(tid), Some(10));
+
+        // 100 synchronous calls in a bit over 200 ms (< 500/s) is not
+        // interactive; 10,000 (< 50,000/s) is.
+        std::thread::sleep(REFRESH_EVERY);
+        b.tick(100);
+        assert!(!b.interactive);
+        std::thread::sleep(REFRESH_EVERY);
+        b.tick(10_100);
+        assert!(b.interactive);
+        b.kick(0);
+        if b.boosts == 1 {
+            assert_eq!(get_nice(tid), Some(10 - BOOST_NICE));
+            std::thread::sleep(BOOST_FOR * 2);
+            b.tick(0);
+            assert_eq!(get_nice(tid), Some(10), "the boost must be undone");
+        } else {
+            // Without CAP_SYS_NICE lowering nice is refused: the boost turns off.
+            assert!(!b.enabled);
+            assert_eq!(get_nice(tid), Some(10));
+        }
+        stop.send(()).unwrap();
+        h.join().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,812 @@
+//! A guest process's CUDA context: its driver objects under our handles,
+//! making it current, its limits, and the `Context` trait, each call passed
+//! to the file of its API family.
+
+use std::cell::Cell;
+use std::ffi::CString;
+use std::ptr::null_mut;
+
+use cudarc::driver::sys::{self, CUcontext, CUdevice};
+use protocol::stream_attr::StreamAttr;
+use protocol::{Dim3, ImageKind, Param, Status};
+use vm_memory::VolatileSlice;
+
+use super::batch;
+use super::check;
+use super::vmm::{vmm_free, vmm_prop, GuestVmm, VmmAlloc};
+use crate::executor::GraphLaunches;
+use crate::executor::{Context, Handle, Moved, Queued};
+
+thread_local! {
+    pub(super) static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// A driver object the guest holds by handle. Handles are ours (not the
+/// driver's pointers), so that the objects can be re-created on another GPU
+/// under the same handles when the vGPU moves.
+pub(super) enum Obj {
+    Stream {
+        raw: sys::CUstream,
+        flags: u32,
+        priority: i32,
+    },
+    Event {
+        raw: sys::CUevent,
+        flags: u32,
+        /// Once exported (IPC): a stream of this context on which other
+        /// contexts' records of the event are made (see
+        /// `CudaContext::event_record`); null until then.
+        relay: sys::CUstream,
+    },
+    /// Another context's event, opened by IPC handle: used, never
+    /// destroyed here, not made again elsewhere (the worker revokes event
+    /// handles when it migrates).
+    ImportedEvent {
+        raw: sys::CUevent,
+        /// The owner's relay stream for the event.
+        relay: sys::CUstream,
+        /// An event of this context marking where a record of the
+        /// imported event was made on one of its streams; null until the
+        /// first record.
+        local: sys::CUevent,
+    },
+    /// The image is kept to load the module again on another GPU.
+    Module { raw: sys::CUmodule, image: Vec<u8> },
+    Function {
+        raw: sys::CUfunction,
+        module: Handle,
+        name: CString,
+        sizes: Vec<u32>,
+        /// Attributes the guest set, set again when the function is made
+        /// again on another GPU.
+        attrs: Vec<(u32, i32)>,
+    },
+}
+
+/// How to make an [`Obj`] again (on another GPU).
+#[derive(Clone)]
+pub(super) enum ObjSpec {
+    /// Flags and priority.
+    Stream(u32, i32),
+    Event(u32),
+    Module(Vec<u8>),
+    /// Module, name, parameter sizes, attributes set.
+    Function(Handle, CString, Vec<u32>, Vec<(u32, i32)>),
+    /// Not made again (an imported event).
+    Nothing,
+}
+
+pub(super) struct CudaContext {
+    pub(super) ctx: CUcontext,
+    pub(super) dev: CUdevice,
+    pub(super) ordinal: u32,
+    /// Allocations are VMM ranges (movable to another GPU at the same
+    /// addresses); false on one-GPU hosts, where plain cuMemAlloc is used.
+    pub(super) vmm: bool,
+    pub(super) granularity: usize,
+    pub(super) allocs: std::collections::BTreeMap<u64, VmmAlloc>,
+    /// Plain (`cuMemAlloc`) allocations, freed one by one when the context
+    /// is recycled (destroying it frees them all at once).
+    pub(super) plain: std::collections::HashSet<u64>,
+    /// The limits of the context as it was made, restored when recycled.
+    pub(super) limits0: Vec<(u32, usize)>,
+    pub(super) objs: crate::executor::HandleMap<Obj>,
+    pub(super) next_handle: Handle,
+    /// The module globals whose addresses the guest learnt, and where each
+    /// is after a move (see `globals.rs`).
+    pub(super) globals: super::globals::Globals,
+    /// Idle timing events, and (function, start, end) of timed launches in flight.
+    pub(super) event_pool: Vec<sys::CUevent>,
+    pub(super) timed: Vec<(Handle, sys::CUevent, sys::CUevent)>,
+    /// The busy period being timed: its start event and, once it ended,
+    /// one end event per stream it used.
+    pub(super) period: Option<(sys::CUevent, Vec<sys::CUevent>)>,
+    /// Each function's sliceable variant (`ptx::SLICE_SUFFIX`), looked up
+    /// once; `None`: it has none.
+    pub(super) sliced: std::collections::HashMap<Handle, Option<sys::CUfunction>>,
+    /// Graph templates for runs of queued launches (see `batch`).
+    pub(super) templates: batch::Templates,
+    /// The guest's stream attributes (see `stream_attrs.rs`).
+    pub(super) stream_attrs: super::stream_attrs::StreamAttrs,
+    /// Marks the worker waits on: their events, one per stream marked.
+    pub(super) marks: std::collections::HashMap<crate::executor::Marker, Vec<sys::CUevent>>,
+    pub(super) next_mark: crate::executor::Marker,
+    /// The stream device-to-host copies into the arenas go on (made when
+    /// first needed; non-blocking, so that it waits for no other stream).
+    pub(super) copy: sys::CUstream,
+    /// The guest's own reservations, physical memory and mappings.
+    pub(super) guest_vmm: GuestVmm,
+    /// The guest's graphs, built here (see `graph.rs`).
+    pub(super) graphs: std::collections::HashMap<Handle, super::graph::HostGraph>,
+    /// Conditional scopes: their graphs (see `conditional.rs`).
+    pub(super) scopes: std::collections::HashMap<Handle, sys::CUgraph>,
+    /// The guest's arrays, texture and surface objects (see `arrays.rs`):
+    /// a context holding any stays on its GPU.
+    pub(super) arrays: super::arrays::CudaArrays,
+}
+
+// SAFETY: a CUcontext may be used from any thread once made current there;
+// every entry point below makes it current before use.
+unsafe impl Send for CudaContext {}
+
+impl CudaContext {
+    pub(super) fn new(
+        dev: CUdevice,
+        ordinal: u32,
+        vmm: bool,
+        graphs: GraphLaunches,
+    ) -> Result<CudaContext, Status> {
+        let mut ctx: CUcontext = null_mut();
+        // SAFETY: out-parameter on our stack; null create-params means defaults.
+        check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, dev) })?;
+        CURRENT.with(|c| c.set(ctx as usize));
+        let mut granularity = 1;
+        if vmm {
+            let prop = vmm_prop(ordinal);
+            // SAFETY: out-parameter on our stack; a valid property struct.
+            let r = check(unsafe {
+                sys::cuMemGetAllocationGranularity(
+                    &mut granularity,
+                    &prop,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+                )
+            });
+            if let Err(e) = r {
+                // SAFETY: our own fresh context.
+                let _ = unsafe { sys::cuCtxDestroy_v2(ctx) };
+                return Err(e);
+            }
+        }
+        Ok(CudaContext {
+            ctx,
+            dev,
+            ordinal,
+            vmm,
+            granularity: granularity.max(1),
+            allocs: Default::default(),
+            plain: Default::default(),
+            limits0: (0..7)
+                .filter_map(|l| {
+                    let mut v = 0usize;
+                    // SAFETY: out-parameter on our stack; the new context is current.
+                    let r = unsafe { sys::cuCtxGetLimit(&mut v, cu_limit(l).ok()?) };
+                    (r == sys::CUresult::CUDA_SUCCESS).then_some((l, v))
+                })
+                .collect(),
+            objs: Default::default(),
+            next_handle: 0x1000,
+            globals: Default::default(),
+            event_pool: Vec::new(),
+            timed: Vec::new(),
+            period: None,
+            sliced: Default::default(),
+            templates: batch::Templates::new(graphs),
+            stream_attrs: Default::default(),
+            marks: Default::default(),
+            next_mark: 0,
+            copy: null_mut(),
+            guest_vmm: GuestVmm::default(),
+            graphs: Default::default(),
+            scopes: Default::default(),
+            arrays: Default::default(),
+        })
+    }
+
+    pub(super) fn bind(&self) -> Result<(), Status> {
+        if CURRENT.with(Cell::get) != self.ctx as usize {
+            // SAFETY: `self.ctx` is a live context owned by self.
+            check(unsafe { sys::cuCtxSetCurrent(self.ctx) })?;
+            CURRENT.with(|c| c.set(self.ctx as usize));
+        }
+        Ok(())
+    }
+
+    pub(super) fn insert(&mut self, o: Obj) -> Handle {
+        self.next_handle += 1;
+        self.objs.insert(self.next_handle, o);
+        self.next_handle
+    }
+
+    /// The driver stream of a handle (0: the default stream).
+    pub(super) fn stream(&self, h: Handle) -> Result<sys::CUstream, Status> {
+        if h == 0 {
+            return Ok(null_mut());
+        }
+        match self.objs.get(&h) {
+            Some(Obj::Stream { raw, .. }) => Ok(*raw),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    pub(super) fn event(&self, h: Handle) -> Result<sys::CUevent, Status> {
+        match self.objs.get(&h) {
+            Some(Obj::Event { raw, .. } | Obj::ImportedEvent { raw, .. }) => Ok(*raw),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    pub(super) fn module(&self, h: Handle) -> Result<sys::CUmodule, Status> {
+        match self.objs.get(&h) {
+            Some(Obj::Module { raw, .. }) => Ok(*raw),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    pub(super) fn func(&self, h: Handle) -> Result<(sys::CUfunction, &[u32]), Status> {
+        match self.objs.get(&h) {
+            Some(Obj::Function { raw, sizes, .. }) => Ok((*raw, sizes)),
+            _ => Err(Status::InvalidHandle),
+        }
+    }
+
+    /// What it takes to make this context's objects again elsewhere.
+    pub(super) fn specs(&self) -> Vec<(Handle, ObjSpec)> {
+        self.objs
+            .iter()
+            .map(|(&h, o)| {
+                let spec = match o {
+                    Obj::Stream {
+                        flags, priority, ..
+                    } => ObjSpec::Stream(*flags, *priority),
+                    Obj::Event { flags, .. } => ObjSpec::Event(*flags),
+                    Obj::ImportedEvent { .. } => ObjSpec::Nothing,
+                    Obj::Module { image, .. } => ObjSpec::Module(image.clone()),
+                    Obj::Function {
+                        module,
+                        name,
+                        sizes,
+                        attrs,
+                        ..
+                    } => ObjSpec::Function(*module, name.clone(), sizes.clone(), attrs.clone()),
+                };
+                (h, spec)
+            })
+            .collect()
+    }
+}
+impl Drop for CudaContext {
+    fn drop(&mut self) {
+        // The graphs go before the context they were made in.
+        self.templates.clear();
+        if self.bind().is_ok() {
+            for (_, g) in std::mem::take(&mut self.graphs) {
+                g.destroy();
+            }
+            for (_, g) in std::mem::take(&mut self.scopes) {
+                // SAFETY: our graph, destroyed once, in its context.
+                unsafe {
+                    sys::cuGraphDestroy(g);
+                }
+            }
+            self.guest_vmm.clear();
+            for (va, a) in std::mem::take(&mut self.allocs) {
+                vmm_free(va, &a);
+            }
+        }
+        // SAFETY: destroying our own context frees all it holds; nothing uses it after.
+        let _ = unsafe { sys::cuCtxDestroy_v2(self.ctx) };
+        CURRENT.with(|c| {
+            if c.get() == self.ctx as usize {
+                c.set(0)
+            }
+        });
+    }
+}
+
+impl CudaContext {
+    /// See [`Context::recycle`]. The driver's memory goes back to the
+    /// driver (which clears it before anyone else gets it); what stays is
+    /// the context itself, its copy stream and idle timing events.
+    pub(super) fn recycle(&mut self) -> Result<(), Status> {
+        self.bind()?;
+        // Only a context with no work left is reused: one whose departed
+        // process left a kernel running (for ever, maybe) is destroyed
+        // instead, which does not wait for it.
+        let streams: Vec<sys::CUstream> = self
+            .objs
+            .values()
+            .filter_map(|o| match o {
+                Obj::Stream { raw, .. } => Some(*raw),
+                _ => None,
+            })
+            .chain([null_mut(), self.copy])
+            .collect();
+        for st in streams {
+            // SAFETY: a stream of this context (or the null stream); the
+            // context is current.
+            match unsafe { sys::cuStreamQuery(st) } {
+                sys::CUresult::CUDA_SUCCESS => {}
+                sys::CUresult::CUDA_ERROR_NOT_READY => return Err(Status::NotReady),
+                e => return check(e),
+            }
+        }
+        // A sticky error shows here, and such a context is never reused.
+        // SAFETY: no arguments; our context is current.
+        check(unsafe { sys::cuCtxSynchronize() })?;
+        self.templates.clear();
+        self.reset_stream_attrs()?;
+        self.sliced.clear();
+        for (_, g) in std::mem::take(&mut self.graphs) {
+            g.destroy();
+        }
+        self.arrays.clear()?;
+        let idle = self
+            .timed
+            .drain(..)
+            .flat_map(|(_, a, b)| [a, b])
+            .chain(
+                self.period
+                    .take()
+                    .into_iter()
+                    .flat_map(|(a, ends)| std::iter::once(a).chain(ends)),
+            )
+            .chain(self.marks.drain().flat_map(|(_, evs)| evs))
+            .collect::<Vec<_>>();
+        self.event_pool.extend(idle);
+        self.guest_vmm.clear();
+        for (va, a) in std::mem::take(&mut self.allocs) {
+            vmm_free(va, &a);
+        }
+        for p in std::mem::take(&mut self.plain) {
+            // SAFETY: a live allocation of this context, freed once.
+            check(unsafe { sys::cuMemFree_v2(p) })?;
+        }
+        // Functions go with their modules; streams and events one by one.
+        for (_, o) in std::mem::take(&mut self.objs) {
+            let r = match o {
+                // SAFETY: a stream of this context, destroyed once.
+                Obj::Stream { raw, .. } => unsafe { sys::cuStreamDestroy_v2(raw) },
+                Obj::Event { raw, relay, .. } => destroy_event(raw, relay),
+                // SAFETY: a module of this context, unloaded once.
+                Obj::Module { raw, .. } => unsafe { sys::cuModuleUnload(raw) },
+                Obj::ImportedEvent { local, .. } => destroy_event(local, null_mut()),
+                Obj::Function { .. } => sys::CUresult::CUDA_SUCCESS,
+            };
+            check(r)?;
+        }
+        self.globals.clear();
+        for &(l, v) in &self.limits0 {
+            let mut now = 0usize;
+            let lim = cu_limit(l)?;
+            // SAFETY: out-parameter on our stack; the context is current.
+            check(unsafe { sys::cuCtxGetLimit(&mut now, lim) })?;
+            if now != v {
+                // SAFETY: the context is current; a limit it was made with.
+                check(unsafe { sys::cuCtxSetLimit(lim, v) })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The driver's `CUlimit` for a range-checked limit number.
+fn cu_limit(limit: u32) -> Result<sys::CUlimit, Status> {
+    use sys::CUlimit as L;
+    Ok(match limit {
+        0 => L::CU_LIMIT_STACK_SIZE,
+        1 => L::CU_LIMIT_PRINTF_FIFO_SIZE,
+        2 => L::CU_LIMIT_MALLOC_HEAP_SIZE,
+        3 => L::CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH,
+        4 => L::CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT,
+        5 => L::CU_LIMIT_MAX_L2_FETCH_GRANULARITY,
+        6 => L::CU_LIMIT_PERSISTING_L2_CACHE_SIZE,
+        _ => return Err(Status::InvalidValue),
+    })
+}
+
+impl CudaContext {
+    pub(super) fn limit(&mut self, limit: u32) -> Result<u64, Status> {
+        self.bind()?;
+        let mut v = 0usize;
+        // SAFETY: out-parameter on our stack; `limit` was range-checked.
+        check(unsafe { sys::cuCtxGetLimit(&mut v, cu_limit(limit)?) })?;
+        Ok(v as u64)
+    }
+
+    pub(super) fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: the context is current; `limit` was range-checked.
+        check(unsafe { sys::cuCtxSetLimit(cu_limit(limit)?, value as usize) })
+    }
+}
+
+// Each call is the inherent method of the same name, in the file of its
+// family (`memory`, `module`, `launch`, `timing`, `stream`, `vmm`, `migrate`):
+// `CudaContext::name` resolves to the inherent method first, and rustc's
+// `unconditional_recursion` lint would flag one that went missing.
+impl Context for CudaContext {
+    fn recycle(&mut self) -> Result<(), Status> {
+        CudaContext::recycle(self)
+    }
+
+    fn array_op(&mut self, op: crate::executor::ArrayOp) -> Result<u64, Status> {
+        self.cuda_array_op(op)
+    }
+
+    fn alloc(&mut self, size: u64) -> Result<u64, Status> {
+        CudaContext::alloc(self, size)
+    }
+
+    fn footprint(&self, size: u64) -> u64 {
+        CudaContext::footprint(self, size)
+    }
+
+    fn free(&mut self, ptr: u64) -> Result<(), Status> {
+        CudaContext::free(self, ptr)
+    }
+
+    fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, s: Handle) -> Result<(), Status> {
+        let dst = self.globals.addr(dst);
+        CudaContext::htod(self, dst, src, s)
+    }
+
+    fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, s: Handle) -> Result<(), Status> {
+        let src = self.globals.addr(src);
+        CudaContext::dtoh(self, dst, src, s)
+    }
+
+    fn dtoh_async(&mut self, dst: &VolatileSlice<'_>, src: u64, s: Handle) -> Result<(), Status> {
+        let src = self.globals.addr(src);
+        CudaContext::dtoh_async(self, dst, src, s)
+    }
+
+    fn dtod(&mut self, dst: u64, src: u64, len: u64, s: Handle) -> Result<(), Status> {
+        let (dst, src) = (self.globals.addr(dst), self.globals.addr(src));
+        CudaContext::dtod(self, dst, src, len, s)
+    }
+
+    fn memset(
+        &mut self,
+        dst: u64,
+        value: u32,
+        width: u32,
+        count: u64,
+        s: Handle,
+    ) -> Result<(), Status> {
+        let dst = self.globals.addr(dst);
+        CudaContext::memset(self, dst, value, width, count, s)
+    }
+
+    fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
+        CudaContext::load_module(self, kind, image)
+    }
+
+    fn unload_module(&mut self, module: Handle) -> Result<(), Status> {
+        CudaContext::unload_module(self, module)
+    }
+
+    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<Param>), Status> {
+        CudaContext::function(self, module, name)
+    }
+
+    fn function_names(&mut self, module: Handle) -> Result<Vec<String>, Status> {
+        CudaContext::function_names(self, module)
+    }
+
+    fn graph_instantiate(
+        &mut self,
+        nodes: &[protocol::graph::GraphNode],
+    ) -> Result<Handle, Status> {
+        CudaContext::graph_instantiate(self, nodes)
+    }
+
+    fn graph_launch(&mut self, exec: Handle, stream: Handle) -> Result<(), Status> {
+        CudaContext::graph_launch(self, exec, stream)
+    }
+
+    fn graph_destroy(&mut self, exec: Handle) -> Result<(), Status> {
+        CudaContext::graph_destroy(self, exec)
+    }
+
+    fn cond_scope_create(&mut self) -> Result<Handle, Status> {
+        CudaContext::cond_scope_create(self)
+    }
+
+    fn cond_handle_create(
+        &mut self,
+        scope: Handle,
+        default_value: u32,
+        flags: u32,
+    ) -> Result<u64, Status> {
+        CudaContext::cond_handle_create(self, scope, default_value, flags)
+    }
+
+    fn cond_scope_destroy(&mut self, scope: Handle) -> Result<(), Status> {
+        CudaContext::cond_scope_destroy(self, scope)
+    }
+
+    fn graph_instantiate_in(
+        &mut self,
+        scope: Handle,
+        nodes: &[protocol::graph::GraphNode],
+    ) -> Result<Handle, Status> {
+        CudaContext::graph_instantiate_in(self, scope, nodes)
+    }
+
+    fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
+        CudaContext::func_attribute(self, func, attr)
+    }
+
+    fn occupancy(&mut self, func: Handle, block_size: u32, shared_mem: u32) -> Result<i32, Status> {
+        CudaContext::occupancy(self, func, block_size, shared_mem)
+    }
+
+    fn available_smem(
+        &mut self,
+        func: Handle,
+        num_blocks: u32,
+        block_size: u32,
+    ) -> Result<u64, Status> {
+        CudaContext::available_smem(self, func, num_blocks, block_size)
+    }
+
+    fn tensor_map(
+        &mut self,
+        p: &protocol::tensor_map::TensorMapParams,
+    ) -> Result<[u8; protocol::tensor_map::TENSOR_MAP_BYTES], Status> {
+        CudaContext::tensor_map(self, p)
+    }
+
+    fn occupancy_clusters(
+        &mut self,
+        shape: crate::executor::Launch,
+        cluster: Dim3,
+        potential: bool,
+    ) -> Result<i32, Status> {
+        CudaContext::occupancy_clusters(self, shape, cluster, potential)
+    }
+
+    fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status> {
+        CudaContext::module_global(self, module, name)
+    }
+
+    fn link(&mut self, inputs: &[(u32, &[u8])]) -> Result<Vec<u8>, Status> {
+        CudaContext::link(self, inputs)
+    }
+
+    fn launch(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+    ) -> Result<(), Status> {
+        let params = self.moved_params(func, params);
+        CudaContext::launch(self, func, g, b, smem, s, &params)
+    }
+
+    fn launch_many(&mut self, s: Handle, launches: &[Queued], params: &[u8]) -> Result<(), Status> {
+        let params = self.moved_run(launches, params);
+        CudaContext::launch_many(self, s, launches, &params)
+    }
+
+    fn launch_timed(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+    ) -> Result<(), Status> {
+        let params = self.moved_params(func, params);
+        CudaContext::launch_timed(self, func, g, b, smem, s, &params)
+    }
+
+    fn take_timings(&mut self) -> Vec<(Handle, u64)> {
+        CudaContext::take_timings(self)
+    }
+
+    fn period_begin(&mut self) -> Result<(), Status> {
+        CudaContext::period_begin(self)
+    }
+
+    fn period_end(&mut self, streams: &[Handle]) -> Result<(), Status> {
+        CudaContext::period_end(self, streams)
+    }
+
+    fn period_ns(&mut self) -> Option<u64> {
+        CudaContext::period_ns(self)
+    }
+
+    fn stream_create(&mut self, flags: u32, priority: i32) -> Result<Handle, Status> {
+        CudaContext::stream_create(self, flags, priority)
+    }
+
+    fn stream_wait_event(&mut self, s: Handle, e: Handle, flags: u32) -> Result<(), Status> {
+        CudaContext::stream_wait_event(self, s, e, flags)
+    }
+
+    fn func_set_attribute(&mut self, func: Handle, attr: u32, value: i32) -> Result<(), Status> {
+        CudaContext::func_set_attribute(self, func, attr, value)
+    }
+
+    fn limit(&mut self, limit: u32) -> Result<u64, Status> {
+        CudaContext::limit(self, limit)
+    }
+
+    fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
+        CudaContext::set_limit(self, limit, value)
+    }
+
+    fn launch_ex(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+        cluster: Dim3,
+        cooperative: bool,
+    ) -> Result<(), Status> {
+        let params = self.moved_params(func, params);
+        CudaContext::launch_ex(self, func, g, b, smem, s, &params, cluster, cooperative)
+    }
+
+    fn stream_destroy(&mut self, s: Handle) -> Result<(), Status> {
+        CudaContext::stream_destroy(self, s)
+    }
+
+    fn stream_set_attribute(&mut self, s: Handle, attr: StreamAttr) -> Result<(), Status> {
+        CudaContext::stream_set_attribute(self, s, attr)
+    }
+
+    fn stream_attribute(&mut self, s: Handle, attr: u32) -> Result<StreamAttr, Status> {
+        CudaContext::stream_attribute(self, s, attr)
+    }
+
+    fn stream_synchronize(&mut self, s: Handle) -> Result<(), Status> {
+        CudaContext::stream_synchronize(self, s)
+    }
+
+    fn stream_query(&mut self, s: Handle) -> Result<bool, Status> {
+        CudaContext::stream_query(self, s)
+    }
+
+    fn event_create(&mut self, flags: u32) -> Result<Handle, Status> {
+        CudaContext::event_create(self, flags)
+    }
+
+    fn event_destroy(&mut self, e: Handle) -> Result<(), Status> {
+        CudaContext::event_destroy(self, e)
+    }
+
+    fn share_event(&mut self, e: Handle) -> Result<crate::executor::SharedMem, Status> {
+        CudaContext::share_event(self, e)
+    }
+
+    fn import_event(&mut self, shared: &crate::executor::SharedMem) -> Result<Handle, Status> {
+        CudaContext::import_event(self, shared)
+    }
+
+    fn event_record(&mut self, e: Handle, s: Handle) -> Result<(), Status> {
+        CudaContext::event_record(self, e, s)
+    }
+
+    fn event_synchronize(&mut self, e: Handle) -> Result<(), Status> {
+        CudaContext::event_synchronize(self, e)
+    }
+
+    fn event_query(&mut self, e: Handle) -> Result<bool, Status> {
+        CudaContext::event_query(self, e)
+    }
+
+    fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status> {
+        CudaContext::event_elapsed(self, start, end)
+    }
+
+    fn synchronize(&mut self) -> Result<(), Status> {
+        CudaContext::synchronize(self)
+    }
+
+    fn mark(&mut self, stream: Option<Handle>) -> Result<crate::executor::Marker, Status> {
+        CudaContext::mark(self, stream)
+    }
+
+    fn reached(&mut self, m: crate::executor::Marker) -> Result<bool, Status> {
+        CudaContext::reached(self, m)
+    }
+
+    fn forget(&mut self, m: crate::executor::Marker) {
+        CudaContext::forget(self, m)
+    }
+
+    fn can_slice(&mut self, func: Handle) -> bool {
+        CudaContext::can_slice(self, func)
+    }
+
+    fn launch_slice(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+        x_offset: u32,
+        grid_x: u32,
+    ) -> Result<(), Status> {
+        let params = self.moved_params(func, params);
+        CudaContext::launch_slice(self, func, g, b, smem, s, &params, x_offset, grid_x)
+    }
+
+    fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
+        CudaContext::vmm_reserve(self, size, align, addr)
+    }
+
+    fn vmm_address_free(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        CudaContext::vmm_address_free(self, ptr, size)
+    }
+
+    fn vmm_create(&mut self, size: u64, compression: u8) -> Result<Handle, Status> {
+        CudaContext::vmm_create(self, size, compression)
+    }
+
+    fn vmm_compression(&self, handle: Handle) -> Result<u8, Status> {
+        CudaContext::vmm_compression(self, handle)
+    }
+
+    fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
+        CudaContext::vmm_release(self, handle)
+    }
+
+    fn vmm_map(&mut self, ptr: u64, size: u64, offset: u64, handle: Handle) -> Result<(), Status> {
+        CudaContext::vmm_map(self, ptr, size, offset, handle)
+    }
+
+    fn vmm_unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+        CudaContext::vmm_unmap(self, ptr, size)
+    }
+
+    fn share_phys(&mut self, handle: Handle) -> Result<crate::executor::SharedMem, Status> {
+        CudaContext::share_phys(self, handle)
+    }
+
+    fn import_phys(
+        &mut self,
+        mem: &crate::executor::SharedMem,
+        size: u64,
+    ) -> Result<Handle, Status> {
+        CudaContext::import_phys(self, mem, size)
+    }
+
+    fn prepare_migration(&self, target: u32) -> Option<crate::executor::PrepareJob> {
+        CudaContext::prepare_migration(self, target)
+    }
+
+    fn migration_keeper(&self) -> Option<crate::executor::Keeper> {
+        CudaContext::migration_keeper(self)
+    }
+
+    fn migration_keeper_to(&self, target: u32) -> Option<crate::executor::Keeper> {
+        CudaContext::migration_keeper_to(self, target)
+    }
+
+    fn migrate(
+        &mut self,
+        target: u32,
+        prepared: Option<crate::executor::Prepared>,
+    ) -> Result<Moved, Status> {
+        CudaContext::migrate(self, target, prepared)
+    }
+}
+
+/// Destroys an event of a context and, when it was exported, its relay
+/// stream (see `CudaContext::share_event`); either may be null (none).
+pub(super) fn destroy_event(event: sys::CUevent, relay: sys::CUstream) -> sys::CUresult {
+    if !relay.is_null() {
+        // SAFETY: the event's relay stream, destroyed once, with it.
+        let r = unsafe { sys::cuStreamDestroy_v2(relay) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return r;
+        }
+    }
+    if event.is_null() {
+        return sys::CUresult::CUDA_SUCCESS;
+    }
+    // SAFETY: a live event, destroyed once.
+    unsafe { sys::cuEventDestroy_v2(event) }
+}

@@ -1,0 +1,343 @@
+//! The driver and its GPUs: loading it, counting and opening GPUs, and the
+//! executor of one GPU (its device attributes, host memory registered for DMA).
+
+use std::ffi::c_void;
+use std::ptr::null_mut;
+
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
+use protocol::{DeviceInfo, Status};
+use vm_memory::VolatileSlice;
+
+use super::check;
+use super::context::{CudaContext, CURRENT};
+use crate::executor::GraphLaunches;
+use crate::executor::{Context, Executor};
+use crate::Error;
+
+/// Checks that the NVIDIA driver library can be loaded.
+pub fn available() -> Result<(), Error> {
+    // SAFETY: only probes whether the shared library can be loaded.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::Config(
+            "executor \"cuda\": libcuda.so.1 (the NVIDIA driver) was not found on this host".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// How long `cuInit` waits for an MPS server that is not ready: one
+/// recovering from a client's fatal fault turns new clients away until
+/// every client it had has exited (the daemon ends them; see `mps.rs`).
+const MPS_READY_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `cuInit`, tried again while an MPS server is not ready for clients.
+fn init_through_mps() -> Result<(), Status> {
+    let end = std::time::Instant::now() + MPS_READY_WAIT;
+    loop {
+        // SAFETY: cuInit takes flags only.
+        let r = unsafe { sys::cuInit(0) };
+        let retry = matches!(
+            r,
+            CUresult::CUDA_ERROR_MPS_SERVER_NOT_READY | CUresult::CUDA_ERROR_MPS_CONNECTION_FAILED
+        );
+        if !retry || std::time::Instant::now() >= end {
+            return check(r);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Number of GPUs the driver sees.
+pub fn device_count() -> Result<u32, Error> {
+    available()?;
+    let fail = |what: &str, s: Status| Error::Config(format!("executor \"cuda\": {what}: {s:?}"));
+    init_through_mps().map_err(|s| fail("cuInit", s))?;
+    let mut count = 0;
+    // SAFETY: out-parameter on our stack.
+    check(unsafe { sys::cuDeviceGetCount(&mut count) }).map_err(|s| fail("cuDeviceGetCount", s))?;
+    Ok(count.max(0) as u32)
+}
+
+/// Peer-to-peer copy bandwidth from GPU `src` to GPU `dst`, GB/s: the best
+/// of a few copies of `bytes` between plain allocations (the baseline a
+/// migration's copy is compared with).
+pub fn peer_bandwidth(src: u32, dst: u32, bytes: usize) -> Result<f64, Error> {
+    device_count()?;
+    let fail = |what: &str, s: Status| Error::Config(format!("peer bandwidth: {what}: {s:?}"));
+    let mut ctxs = [null_mut(); 2];
+    let mut ptrs = [0u64; 2];
+    for (i, o) in [src, dst].into_iter().enumerate() {
+        let d = device(o).map_err(|s| fail("cuDeviceGet", s))?;
+        // SAFETY: out-parameter on our stack; default parameters.
+        check(unsafe { sys::cuCtxCreate_v4(&mut ctxs[i], null_mut(), 0, d) })
+            .map_err(|s| fail("cuCtxCreate", s))?;
+        // SAFETY: out-parameter on our stack, in the context just made current.
+        check(unsafe { sys::cuMemAlloc_v2(&mut ptrs[i], bytes) })
+            .map_err(|s| fail("cuMemAlloc", s))?;
+    }
+    // Direct peer access where the GPUs allow it (NVLink, PCIe P2P): the
+    // fastest a copy between them can be. The destination context is current.
+    // SAFETY: both contexts are ours and alive.
+    let _ = unsafe { sys::cuCtxEnablePeerAccess(ctxs[0], 0) };
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        // SAFETY: two live allocations of `bytes` in their contexts.
+        check(unsafe { sys::cuMemcpyPeer(ptrs[1], ctxs[1], ptrs[0], ctxs[0], bytes) })
+            .map_err(|s| fail("cuMemcpyPeer", s))?;
+        // SAFETY: the destination context is current after the allocation above.
+        check(unsafe { sys::cuCtxSynchronize() }).map_err(|s| fail("sync", s))?;
+        best = best.max(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    for c in ctxs {
+        // SAFETY: our own contexts; their allocations go with them.
+        let _ = unsafe { sys::cuCtxDestroy_v2(c) };
+    }
+    CURRENT.with(|c| c.set(0));
+    Ok(best)
+}
+
+/// Memory of GPU `ordinal`, bytes.
+pub fn device_memory(ordinal: u32) -> Result<u64, Error> {
+    device_count()?;
+    let fail = |what: &str, s: Status| Error::Config(format!("executor \"cuda\": {what}: {s:?}"));
+    let dev = device(ordinal).map_err(|s| fail("cuDeviceGet", s))?;
+    let mut total = 0usize;
+    // SAFETY: out-parameter on our stack.
+    check(unsafe { sys::cuDeviceTotalMem_v2(&mut total, dev) })
+        .map_err(|s| fail("cuDeviceTotalMem", s))?;
+    Ok(total as u64)
+}
+
+/// Whether GPU `ordinal` can preempt a running kernel (compute preemption,
+/// every NVIDIA GPU since Pascal): it then gets the preemptive time slice
+/// (`sched::Slices`).
+pub fn device_preemptive(ordinal: u32) -> Result<bool, Error> {
+    device_count()?;
+    let dev = device(ordinal)
+        .map_err(|s| Error::Config(format!("executor \"cuda\": cuDeviceGet: {s:?}")))?;
+    let a = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED;
+    Ok(attr(dev, a) == 1)
+}
+
+/// Opens GPU `ordinal`; a clear error where there is no driver or no such GPU.
+/// `graphs`: which launches go as graph launches (see `batch`).
+pub fn open(ordinal: u32, graphs: GraphLaunches) -> Result<Box<dyn Executor>, Error> {
+    let count = device_count()?;
+    if ordinal >= count {
+        return Err(Error::Config(format!(
+            "executor \"cuda\": no GPU {ordinal} (this host has {count})"
+        )));
+    }
+    let dev = device(ordinal)
+        .map_err(|s| Error::Config(format!("executor \"cuda\": cuDeviceGet: {s:?}")))?;
+    // Allocations are made movable (virtual memory management) where there
+    // is another GPU to move to and every GPU supports it.
+    let vmm = count > 1
+        && (0..count).all(|o| {
+            device(o).is_ok_and(|d| {
+                attr(
+                d,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            ) != 0
+            })
+        });
+    let mut cuda_version = 0;
+    // SAFETY: out-parameter on our stack.
+    let _ = unsafe { sys::cuDriverGetVersion(&mut cuda_version) };
+    // Read now: the worker is confined later.
+    let driver_release = wire::identity::driver_release().unwrap_or_default();
+    if driver_release.is_empty() {
+        tracing::warn!("the NVIDIA driver's release is unknown (no /sys/module/nvidia/version)");
+    }
+    Ok(Box::new(CudaExecutor {
+        dev,
+        ordinal,
+        driver_release,
+        cuda_version: cuda_version.max(0) as u32,
+        devices: count,
+        vmm,
+        registered: Vec::new(),
+        primary: null_mut(),
+        primary_dev: dev,
+        graphs,
+    }))
+}
+
+/// One GPU.
+#[derive(Debug)]
+pub struct CudaExecutor {
+    dev: CUdevice,
+    ordinal: u32,
+    /// The driver's release ("580.159.04"; empty: unknown), read at open.
+    driver_release: String,
+    /// `cuDriverGetVersion` (0: unknown).
+    cuda_version: u32,
+    devices: u32,
+    /// Contexts allocate with the virtual memory management API (so they can
+    /// move to another GPU).
+    vmm: bool,
+    /// Host ranges page-locked for DMA (unregistered on drop).
+    registered: Vec<usize>,
+    primary: CUcontext,
+    /// The device whose primary context `primary` is.
+    primary_dev: CUdevice,
+    /// Which launches contexts submit as graph launches.
+    graphs: GraphLaunches,
+}
+
+// SAFETY: the primary context handle is only used from the worker thread
+// that owns the executor, after making it current there.
+unsafe impl Send for CudaExecutor {}
+
+impl Drop for CudaExecutor {
+    fn drop(&mut self) {
+        if self.primary.is_null() {
+            return;
+        }
+        // SAFETY: the primary context was retained by us and is still alive.
+        let _ = unsafe { sys::cuCtxSetCurrent(self.primary) };
+        for &p in &self.registered {
+            // SAFETY: `p` was registered by us and its mapping is still alive
+            // (the worker drops the executor before the region).
+            let _ = unsafe { sys::cuMemHostUnregister(p as *mut c_void) };
+        }
+        // SAFETY: balances the retain in `register_dma_targets`.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.primary_dev) };
+        CURRENT.with(|c| c.set(0));
+    }
+}
+
+fn attr(dev: CUdevice, a: sys::CUdevice_attribute) -> i32 {
+    let mut v = 0;
+    // SAFETY: out-parameter on our stack.
+    let _ = unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) };
+    v
+}
+
+impl Executor for CudaExecutor {
+    fn info(&self) -> DeviceInfo {
+        let mut name = [0 as std::ffi::c_char; 256];
+        // SAFETY: the buffer is 256 bytes long, as passed.
+        let _ = unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, self.dev) };
+        // SAFETY: the driver NUL-terminates within the buffer (zeroed beforehand).
+        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let mut total = 0usize;
+        // SAFETY: out-parameter on our stack.
+        let _ = unsafe { sys::cuDeviceTotalMem_v2(&mut total, self.dev) };
+        use sys::CUdevice_attribute as A;
+        // Every attribute the driver knows (1 ..= CU_DEVICE_ATTRIBUTE_MAX - 1):
+        // the runtime's cudaGetDeviceProperties asks for most of them.
+        let attributes: Vec<(u32, i32)> = (1..A::CU_DEVICE_ATTRIBUTE_MAX as u32)
+            .filter_map(|a| {
+                let mut v = 0;
+                // SAFETY: the enum declares every value from 1 to its MAX
+                // (CUDA 13.0's list has no gaps), so `a` is one of its variants.
+                let attr = unsafe { std::mem::transmute::<u32, A>(a) };
+                // SAFETY: out-parameter on our stack.
+                let r = unsafe { sys::cuDeviceGetAttribute(&mut v, attr, self.dev) };
+                (r == CUresult::CUDA_SUCCESS).then_some((a, v))
+            })
+            .collect();
+        let cc = (
+            attr(self.dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) as u32,
+            attr(self.dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) as u32,
+        );
+        let sm_count = attr(self.dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) as u32;
+        DeviceInfo {
+            name,
+            total_mem: total as u64,
+            cc,
+            sm_count,
+            attributes,
+            driver_version: self.driver_release.clone(),
+            cuda_version: self.cuda_version,
+            ..Default::default()
+        }
+    }
+
+    fn register_host_memory(&mut self, ranges: &[VolatileSlice<'_>]) -> Result<(), Status> {
+        if self.primary.is_null() {
+            let mut p: CUcontext = null_mut();
+            // SAFETY: out-parameter on our stack.
+            check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut p, self.dev) })?;
+            self.primary = p;
+            self.primary_dev = self.dev;
+        }
+        // SAFETY: a retained context of ours.
+        check(unsafe { sys::cuCtxSetCurrent(self.primary) })?;
+        CURRENT.with(|c| c.set(self.primary as usize));
+        for a in ranges {
+            let p = a.ptr_guard_mut().as_ptr() as *mut c_void;
+            // SAFETY: `a` is a live, page-aligned shared mapping of `a.len()` bytes
+            // that outlives the executor; PORTABLE makes it pinned for every context.
+            check(unsafe {
+                sys::cuMemHostRegister_v2(p, a.len(), sys::CU_MEMHOSTREGISTER_PORTABLE)
+            })?;
+            self.registered.push(p as usize);
+        }
+        Ok(())
+    }
+
+    fn register_pinned(&mut self, pool: &VolatileSlice<'_>) -> Result<u64, Status> {
+        self.register_host_memory(&[])?;
+        let p = pool.ptr_guard_mut().as_ptr() as *mut c_void;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: `pool` is a live, page-aligned shared mapping of
+        // `pool.len()` bytes that outlives the executor (the worker drops the
+        // executor first).
+        check(unsafe { sys::cuMemHostRegister_v2(p, pool.len(), flags) })?;
+        self.registered.push(p as usize);
+        let mut dev = 0;
+        // SAFETY: out-parameter on our stack; `p` was just registered mapped.
+        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) })?;
+        Ok(dev)
+    }
+
+    fn open(&mut self) -> Result<Box<dyn Context>, Status> {
+        Ok(Box::new(CudaContext::new(
+            self.dev,
+            self.ordinal,
+            self.vmm,
+            self.graphs,
+        )?))
+    }
+
+    fn opener(&self) -> Option<crate::executor::Opener> {
+        // A context made on another thread is current there only; the
+        // worker's thread makes each current before its first use.
+        let (dev, ordinal, vmm, graphs) = (self.dev, self.ordinal, self.vmm, self.graphs);
+        Some(Box::new(move || {
+            Ok(Box::new(CudaContext::new(dev, ordinal, vmm, graphs)?) as Box<dyn Context>)
+        }))
+    }
+
+    fn devices(&self) -> u32 {
+        self.devices
+    }
+
+    fn device(&self) -> u32 {
+        self.ordinal
+    }
+
+    fn set_device(&mut self, ordinal: u32) -> Result<(), Status> {
+        if ordinal >= self.devices {
+            return Err(Status::InvalidValue);
+        }
+        if ordinal != self.ordinal && !self.vmm {
+            return Err(Status::NotSupported);
+        }
+        self.dev = device(ordinal)?;
+        self.ordinal = ordinal;
+        Ok(())
+    }
+}
+
+pub(super) fn device(ordinal: u32) -> Result<CUdevice, Status> {
+    let mut dev: CUdevice = 0;
+    // SAFETY: out-parameter on our stack.
+    check(unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })?;
+    Ok(dev)
+}

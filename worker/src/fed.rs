@@ -1,0 +1,330 @@
+//! The worker's side of its feed: the region and doorbells the daemon
+//! passes ([`Fed`]), read at once or, by a standby worker, up to the region
+//! until it is promoted ([`FeedStart`]), and how the worker reaches its
+//! peers either way ([`PeerLink`]).
+
+use std::collections::BTreeMap;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use transport::server::{recv_msg, send_msg, PeerBells, PeerEvent, ServerHandle};
+use transport::{Bell, EventFdBell};
+
+use crate::Error;
+use wire::feed::{
+    decode, MigrationReport, GRANT, HOST_BELL, LIMIT, LIMIT_MASK, MIGRATE, MIGRATION_KIB,
+    MIGRATION_PAUSE_US, PEER_BELL, PEER_GONE, POISONED, READY, REGION, SYNCED,
+};
+
+/// A migration the daemon asked for: the target GPU and a connection to its
+/// grant service.
+type MigrationAsk = Arc<Mutex<Option<(u32, Option<OwnedFd>)>>>;
+
+/// A worker's view of the peers, fed by the daemon.
+#[derive(Debug)]
+pub struct Fed {
+    host_bells: Vec<Arc<EventFdBell>>,
+    peers: PeerBells,
+    closed: Arc<AtomicBool>,
+    /// Bytes; 0 while the daemon set none (the config's applies).
+    limit: Arc<AtomicU64>,
+    /// A migration the daemon asked for: (GPU, grant socket).
+    migration: MigrationAsk,
+    migration_asked: Arc<AtomicBool>,
+    /// Our end of the feed, for answers.
+    back: UnixStream,
+    /// A promoted standby's connection to its GPU's grant service.
+    grant: Option<OwnedFd>,
+}
+
+/// A feed read up to the region: a standby worker's, until the daemon
+/// promotes it (see the daemon's `link::VmHost::standby_feed`).
+#[derive(Debug)]
+pub struct FeedStart {
+    /// The feed, read as far as the region.
+    pub sock: UnixStream,
+}
+
+impl FeedStart {
+    /// Reads the feed's first message, the region's fd.
+    pub fn receive_region(feed: OwnedFd) -> Result<(OwnedFd, FeedStart), Error> {
+        let sock = UnixStream::from(feed);
+        match recv_msg(&sock)? {
+            Some((v, Some(fd))) if decode(v).0 == REGION => Ok((fd, FeedStart { sock })),
+            Some(_) => Err(Error::Config(
+                "the feed did not start with the region".into(),
+            )),
+            None => Err(Error::Config("the daemon closed the feed".into())),
+        }
+    }
+
+    /// Tells the daemon that this standby can take over.
+    pub fn ready(&self) -> Result<(), Error> {
+        send_msg(&self.sock, READY << 40, None)?;
+        Ok(())
+    }
+}
+
+/// Takes over the feed fd the daemon passed (by number, on the command line).
+pub fn feed_from_fd(fd: RawFd) -> Result<OwnedFd, Error> {
+    let bad = |what: &'static str| Error::Io {
+        what,
+        source: std::io::Error::from_raw_os_error(libc::EBADF),
+    };
+    if fd < 3 {
+        return Err(bad("feed fd must not be a standard stream"));
+    }
+    nix::fcntl::fcntl(
+        // SAFETY: borrowed only for this call; F_GETFD just checks it is open.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+        nix::fcntl::FcntlArg::F_GETFD,
+    )
+    .map_err(|_| bad("feed fd is not open"))?;
+    // SAFETY: the daemon opened this fd for this process alone and named it
+    // on the command line; nothing else in the process owns it, and it was
+    // just checked to be open.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    nix::fcntl::fcntl(
+        &owned,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .map_err(|_| bad("feed fd flags"))?;
+    Ok(owned)
+}
+
+impl Fed {
+    /// Reads the feed up to its first synchronization point: returns the
+    /// region's fd and the link; a thread keeps the peers up to date after.
+    pub fn receive(feed: OwnedFd) -> Result<(OwnedFd, Fed), Error> {
+        let (region, start) = FeedStart::receive_region(feed)?;
+        Ok((region, start.finish()?))
+    }
+
+    /// A promoted standby's grant connection, once.
+    pub fn take_grant(&mut self) -> Option<OwnedFd> {
+        self.grant.take()
+    }
+}
+
+impl FeedStart {
+    /// Waits for the rest of the snapshot (a standby: until promoted) and
+    /// returns the link; a thread keeps the peers up to date after.
+    pub fn finish(self) -> Result<Fed, Error> {
+        let sock = self.sock;
+        let mut grant = None;
+        let mut host_bells: BTreeMap<u16, Arc<EventFdBell>> = BTreeMap::new();
+        let peers: PeerBells = Arc::default();
+        let limit = Arc::new(AtomicU64::new(0));
+        loop {
+            let Some((v, fd)) = recv_msg(&sock)? else {
+                return Err(Error::Config("the daemon closed the feed".into()));
+            };
+            let (kind, peer, vector) = decode(v);
+            match (kind, fd) {
+                (GRANT, Some(fd)) => grant = Some(fd),
+                (HOST_BELL, Some(fd)) => {
+                    host_bells.insert(vector, Arc::new(EventFdBell::from_fd(fd)));
+                }
+                (SYNCED, None) => break,
+                (LIMIT, None) => set_limit(&limit, v),
+                (_, fd) => apply(&peers, kind, peer, vector, fd)?,
+            }
+        }
+        let host_bells: Vec<_> = host_bells.into_values().collect();
+        let closed = Arc::new(AtomicBool::new(false));
+        let migration: MigrationAsk = Arc::default();
+        let migration_asked = Arc::new(AtomicBool::new(false));
+        let back = sock.try_clone().map_err(|source| Error::Io {
+            what: "feed clone",
+            source,
+        })?;
+        {
+            let (peers, closed, limit) = (peers.clone(), closed.clone(), limit.clone());
+            let (migration, asked) = (migration.clone(), migration_asked.clone());
+            std::thread::Builder::new()
+                .name("feed".into())
+                .spawn(move || loop {
+                    match recv_msg(&sock) {
+                        Ok(Some((v, fd))) => {
+                            let (kind, peer, vector) = decode(v);
+                            if kind == LIMIT {
+                                set_limit(&limit, v);
+                            } else if kind == MIGRATE {
+                                *migration.lock().unwrap_or_else(|e| e.into_inner()) =
+                                    Some(((v & 0xffff) as u32, fd));
+                                asked.store(true, Ordering::Release);
+                            } else if apply(&peers, kind, peer, vector, fd).is_err() {
+                                tracing::warn!("unexpected feed message {v:#x}");
+                            }
+                        }
+                        _ => {
+                            closed.store(true, Ordering::Relaxed);
+                            return;
+                        }
+                    }
+                })
+                .map_err(|source| Error::Io {
+                    what: "spawning feed thread",
+                    source,
+                })?;
+        }
+        Ok(Fed {
+            host_bells,
+            peers,
+            closed,
+            limit,
+            migration,
+            migration_asked,
+            back,
+            grant,
+        })
+    }
+}
+
+fn set_limit(limit: &AtomicU64, v: i64) {
+    let mib = (v & LIMIT_MASK) as u64;
+    limit.store(mib.saturating_mul(1 << 20).max(1), Ordering::Relaxed);
+}
+
+fn apply(
+    peers: &PeerBells,
+    kind: i64,
+    peer: u16,
+    vector: u16,
+    fd: Option<OwnedFd>,
+) -> Result<(), Error> {
+    let mut map = peers.lock().unwrap_or_else(|e| e.into_inner());
+    match (kind, fd) {
+        (PEER_BELL, Some(fd)) => {
+            // Vectors arrive in order; a peer sent again (a snapshot
+            // overlapping an event) replaces its bells one by one.
+            let bells = map.entry(peer).or_default();
+            let bell = Arc::new(EventFdBell::from_fd(fd));
+            match usize::from(vector) {
+                v if v < bells.len() => bells[v] = bell,
+                v if v == bells.len() => bells.push(bell),
+                v => return Err(Error::Config(format!("feed: vector {v} out of order"))),
+            }
+            Ok(())
+        }
+        (PEER_GONE, None) => {
+            map.remove(&peer);
+            Ok(())
+        }
+        _ => Err(Error::Config(format!(
+            "unexpected feed message kind {kind}"
+        ))),
+    }
+}
+
+/// How the worker reaches its peers.
+#[derive(Debug)]
+pub enum PeerLink {
+    /// The worker serves its own socket (started by hand, tests, benches).
+    Local(ServerHandle),
+    /// The daemon serves the socket and feeds the worker.
+    Fed(Fed),
+}
+
+impl PeerLink {
+    /// The host's own doorbells (guests ring these).
+    pub fn host_bells(&self) -> &[Arc<EventFdBell>] {
+        match self {
+            PeerLink::Local(s) => &s.host_bells,
+            PeerLink::Fed(f) => &f.host_bells,
+        }
+    }
+
+    /// Rings vector `vector` of peer `peer`, if it is connected.
+    pub fn ring_peer(&self, peer: u16, vector: u32) -> Result<(), Error> {
+        match self {
+            PeerLink::Local(s) => Ok(s.ring_peer(peer, vector)?),
+            PeerLink::Fed(f) => {
+                let bell = f
+                    .peers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&peer)
+                    .and_then(|b| b.get(vector as usize).cloned());
+                match bell {
+                    Some(b) => Ok(b.ring()?),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Peers that left since the last call (a local server only: under the
+    /// daemon, the daemon marks their channels).
+    pub fn departed(&self) -> Vec<u16> {
+        match self {
+            PeerLink::Local(s) => s
+                .events
+                .try_iter()
+                .filter_map(|ev| match ev {
+                    PeerEvent::Gone(p) => Some(p),
+                    PeerEvent::Connected(_) => None,
+                })
+                .collect(),
+            PeerLink::Fed(_) => Vec::new(),
+        }
+    }
+
+    /// The device-memory limit the daemon set while running, if any.
+    pub fn memory_limit(&self) -> Option<u64> {
+        match self {
+            PeerLink::Local(_) => None,
+            PeerLink::Fed(f) => Some(f.limit.load(Ordering::Relaxed)).filter(|&b| b > 0),
+        }
+    }
+
+    /// A migration the daemon asked for since the last call: the target GPU
+    /// and, when the scheduler runs, a connection to its grant service.
+    /// Cheap when there is none (one atomic load).
+    pub fn take_migration(&self) -> Option<(u32, Option<OwnedFd>)> {
+        match self {
+            PeerLink::Local(_) => None,
+            PeerLink::Fed(f) => {
+                if !f.migration_asked.swap(false, Ordering::Acquire) {
+                    return None;
+                }
+                f.migration.lock().unwrap_or_else(|e| e.into_inner()).take()
+            }
+        }
+    }
+
+    /// Tells the daemon how a migration went.
+    pub fn report_migration(&self, r: &MigrationReport) {
+        if let PeerLink::Fed(f) = self {
+            let _ = send_msg(
+                &f.back,
+                (MIGRATION_PAUSE_US << 40) | (r.pause_us as i64 & LIMIT_MASK),
+                None,
+            );
+            let _ = send_msg(
+                &f.back,
+                (MIGRATION_KIB << 40) | (r.kib as i64 & LIMIT_MASK),
+                None,
+            );
+            let _ = send_msg(&f.back, r.encode(), None);
+        }
+    }
+
+    /// Tells the daemon that a CUDA error poisoned this worker's GPU
+    /// contexts (it exits next).
+    pub fn report_poisoned(&self) {
+        if let PeerLink::Fed(f) = self {
+            let _ = send_msg(&f.back, POISONED << 40, None);
+        }
+    }
+
+    /// Whether the daemon went away (its end of the feed closed).
+    pub fn orphaned(&self) -> bool {
+        match self {
+            PeerLink::Local(_) => false,
+            PeerLink::Fed(f) => f.closed.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! A worker's side of the grant service: it asks for the grant, waits for
+//! it, knows when its slice is over (extensions counted) and releases it,
+//! reporting what it used and its live figures (see the module above for
+//! the messages).
+
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use wire::grant::{
+    decode, encode, Report, CONTENDED, CONTEXTS, COPIES, DRAINING, EXTEND, GRANT, HELLO, LOGS,
+    OCCUPANCY, PROCESS, QUEUE, RELEASE, REPORT, SERVED, SLICED, WANT,
+};
+
+use crate::Error;
+
+/// A worker's side: asks for the grant, knows when its slice is over.
+#[derive(Debug)]
+pub struct Gate {
+    stream: UnixStream,
+    vgpu: u32,
+    wanted: bool,
+    held_since: Option<Instant>,
+    slice: Duration,
+    /// Grants received so far.
+    grants: u64,
+    /// Slices added by `EXTEND` so far.
+    extensions: u64,
+    /// See [`Gate::alone`].
+    alone: bool,
+}
+
+impl Gate {
+    /// Registers vGPU `vgpu` with `weight` at the service listening on `path`.
+    pub fn connect(path: &Path, vgpu: u32, weight: f64) -> Result<Gate, Error> {
+        let stream = UnixStream::connect(path).map_err(|e| Error::Io {
+            what: "connecting to grant service",
+            source: e,
+        })?;
+        Self::over(stream, vgpu, weight)
+    }
+
+    /// Registers over a connection made for us (a confined worker cannot
+    /// connect: when it moves to another GPU the daemon connects to that
+    /// GPU's service and passes the socket).
+    pub fn over(mut stream: UnixStream, vgpu: u32, weight: f64) -> Result<Gate, Error> {
+        let w = (weight * 1000.0).round().max(1.0) as u64;
+        stream
+            .write_all(&encode(HELLO, vgpu, w, 0))
+            .map_err(|e| Error::Io {
+                what: "grant hello",
+                source: e,
+            })?;
+        Ok(Gate {
+            stream,
+            vgpu,
+            wanted: false,
+            held_since: None,
+            grants: 0,
+            extensions: 0,
+            alone: false,
+            slice: Duration::ZERO,
+        })
+    }
+
+    /// Asks for the grant.
+    fn want(&mut self) -> Result<(), Error> {
+        self.stream
+            .write_all(&encode(WANT, self.vgpu, 0, 0))
+            .map_err(|e| Error::Io {
+                what: "grant want",
+                source: e,
+            })?;
+        self.wanted = true;
+        Ok(())
+    }
+
+    /// Whether a request for the grant is outstanding (a grant may arrive).
+    pub fn wanted(&self) -> bool {
+        self.wanted
+    }
+
+    /// The socket, to wait on together with other events.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+
+    /// Whether the grant is held.
+    pub fn holding(&self) -> bool {
+        self.held_since.is_some()
+    }
+
+    /// Asks for the grant (once) and waits up to `wait` for it, blocked;
+    /// true if held.
+    pub fn acquire(&mut self, wait: Duration) -> Result<bool, Error> {
+        if self.holding() {
+            return Ok(true);
+        }
+        if !self.wanted {
+            self.want()?;
+        }
+        let timeout = PollTimeout::from(wait.as_millis().min(u128::from(u16::MAX)) as u16);
+        let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, timeout).unwrap_or(0) == 0 {
+            return Ok(false);
+        }
+        let mut m = [0u8; 24];
+        self.stream.read_exact(&mut m).map_err(|e| Error::Io {
+            what: "grant read",
+            source: e,
+        })?;
+        let (kind, _, slice_ns, lone) = decode(&m);
+        if kind != GRANT {
+            // An extension sent as this vGPU gave its grant back is stale.
+            return Ok(false);
+        }
+        self.wanted = false;
+        self.alone = lone == 1;
+        self.slice = Duration::from_nanos(slice_ns);
+        self.held_since = Some(Instant::now());
+        self.grants += 1;
+        Ok(true)
+    }
+
+    /// Tells the service that this holder is giving the GPU back: its last
+    /// work is finishing on the device. Said only while another vGPU waits
+    /// (under MPS the service then grants the next one at once).
+    pub fn draining(&mut self) -> Result<(), Error> {
+        if !self.holding() || self.alone {
+            return Ok(());
+        }
+        self.stream
+            .write_all(&encode(DRAINING, self.vgpu, 0, 0))
+            .map_err(|e| Error::Io {
+                what: "grant draining",
+                source: e,
+            })
+    }
+
+    /// How many grants this vGPU has received (tells one grant from the next).
+    pub fn grants(&self) -> u64 {
+        self.grants
+    }
+
+    /// Whether the slice has run out (extensions the service sent counted).
+    pub fn slice_over(&mut self) -> bool {
+        if self.held_since.is_none_or(|t| t.elapsed() < self.slice) {
+            return false;
+        }
+        !self.extended()
+    }
+
+    /// Takes the extensions waiting on the socket, if any; true if there
+    /// were (the slice is longer by them). Reads only while holding: any
+    /// other message is the next grant's, which [`Gate::acquire`] reads.
+    pub fn extended(&mut self) -> bool {
+        let mut more = false;
+        while self.holding() {
+            let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
+            if poll(&mut fds, PollTimeout::ZERO).unwrap_or(0) == 0 {
+                break;
+            }
+            let mut m = [0u8; 24];
+            if self.stream.read_exact(&mut m).is_err() {
+                break;
+            }
+            let (kind, _, ns, _) = decode(&m);
+            match kind {
+                EXTEND => {
+                    // No other vGPU waits: a co-holder granted while one
+                    // did learns it here.
+                    self.slice += Duration::from_nanos(ns);
+                    self.extensions += 1;
+                    self.alone = true;
+                    more = true;
+                }
+                CONTENDED => self.alone = false,
+                _ => {}
+            }
+        }
+        more
+    }
+
+    /// Whether no other vGPU has wanted the GPU since this grant (as far
+    /// as the messages read so far tell): the service then extends the
+    /// slice instead of having it end.
+    pub fn alone(&self) -> bool {
+        self.holding() && self.alone
+    }
+
+    /// Slices added to grants so far by extensions.
+    pub fn extensions(&self) -> u64 {
+        self.extensions
+    }
+
+    /// The length of the current slice, ns.
+    pub fn slice_ns(&self) -> u64 {
+        self.slice.as_nanos() as u64
+    }
+
+    /// Time since the grant was received.
+    pub fn held_ns(&self) -> u64 {
+        self.held_since.map_or(0, |t| t.elapsed().as_nanos() as u64)
+    }
+
+    /// Reports live figures to the service (for the operator's view).
+    pub fn report(&mut self, r: &Report) -> Result<(), Error> {
+        let mut m = [0u8; 216];
+        m[..24].copy_from_slice(&encode(REPORT, self.vgpu, r.mem_used, r.sync_calls));
+        m[24..48].copy_from_slice(&encode(QUEUE, self.vgpu, r.queued, r.launches));
+        m[48..72].copy_from_slice(&encode(SERVED, self.vgpu, r.requests, r.refused));
+        m[72..96].copy_from_slice(&encode(PROCESS, self.vgpu, r.rss_bytes, r.open_fds));
+        m[96..120].copy_from_slice(&encode(OCCUPANCY, self.vgpu, r.occupancy_ppm, 0));
+        m[120..144].copy_from_slice(&encode(SLICED, self.vgpu, r.sliced_launches, 0));
+        m[144..168].copy_from_slice(&encode(LOGS, self.vgpu, r.log_suppressed, 0));
+        m[168..192].copy_from_slice(&encode(
+            CONTEXTS,
+            self.vgpu,
+            r.contexts_created,
+            r.contexts_reused,
+        ));
+        m[192..].copy_from_slice(&encode(COPIES, self.vgpu, r.copy_ppm, 0));
+        self.stream.write_all(&m).map_err(|e| Error::Io {
+            what: "grant report",
+            source: e,
+        })
+    }
+
+    /// Gives the grant back after the caller synchronized, charging `used_ns`
+    /// of GPU time. `busy`: the vGPU still has work (stays in the run queue).
+    pub fn release(&mut self, used_ns: u64, busy: bool) -> Result<(), Error> {
+        if self.held_since.take().is_none() {
+            return Ok(());
+        }
+        self.stream
+            .write_all(&encode(RELEASE, self.vgpu, used_ns, u64::from(busy)))
+            .map_err(|e| Error::Io {
+                what: "grant release",
+                source: e,
+            })?;
+        if busy {
+            // Still runnable: the service keeps it queued; ask again.
+            self.want()?;
+        }
+        Ok(())
+    }
+}

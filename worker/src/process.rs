@@ -1,0 +1,122 @@
+//! The worker process's start: its executor, its region (fed by the daemon
+//! or its own), its confinement, then the serving loop until SIGTERM.
+//!
+//! What the process is to do comes from the daemon as a [`Spec`] (the
+//! daemon's `supervisor::worker_spec` reads it from the config), so that
+//! nothing of the daemon's configuration is linked into the worker.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::executor::sim::{SimExecutor, SimParams};
+use crate::executor::{Executor, ExecutorKind, GraphLaunches};
+use crate::serve::{Worker, WorkerConfig};
+use crate::Error;
+
+/// The exit status of a worker whose GPU contexts a sticky CUDA error poisoned.
+pub const EXIT_POISONED: i32 = 75;
+
+/// How long a standby worker tries to initialize CUDA.
+const STANDBY_INIT_TRIES: Duration = Duration::from_secs(10);
+
+/// Which executor a worker opens, on which GPU.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecutorSpec {
+    /// The sim or a real GPU.
+    pub kind: ExecutorKind,
+    /// The sim's model (its GPUs among them).
+    pub sim: SimParams,
+    /// Which launches the cuda executor submits as graph launches.
+    pub graph_launches: GraphLaunches,
+}
+
+impl ExecutorSpec {
+    /// Opens the executor for GPU `gpu` (as this process sees it: an MPS
+    /// client sees its server's GPU as 0).
+    pub fn open(&self, gpu: u32) -> Result<Box<dyn Executor>, Error> {
+        match self.kind {
+            ExecutorKind::Sim => {
+                let mut e = SimExecutor::new(self.sim);
+                e.set_device(gpu).map_err(|_| {
+                    Error::Config(format!("no GPU {gpu}: [sim] gpus = {}", self.sim.gpus))
+                })?;
+                Ok(Box::new(e))
+            }
+            ExecutorKind::Cuda => crate::executor::cuda::open(gpu, self.graph_launches),
+        }
+    }
+}
+
+/// What one worker process is to do.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Its region, socket, limits and grant service.
+    pub worker: WorkerConfig,
+    /// Its executor.
+    pub executor: ExecutorSpec,
+    /// The GPU ordinal it opens (see [`ExecutorSpec::open`]).
+    pub ordinal: u32,
+    /// The fd of the daemon's feed (region and doorbells) and whether to
+    /// start as a standby; without, it serves its own region and socket.
+    pub feed: Option<(i32, bool)>,
+    /// Whether it confines itself once set up.
+    pub sandbox: bool,
+}
+
+/// Runs one worker in this process until SIGTERM.
+pub fn run(spec: &Spec) -> Result<(), Error> {
+    let started = Instant::now();
+    let vm = spec.worker.name.as_str();
+    let standby = spec.feed.is_some_and(|f| f.1);
+    // The guests' kernel printf text goes to them, never to the daemon's
+    // log: this process's descriptors 1 and 2 are theirs from here on.
+    crate::serve::capture_output().map_err(|source| Error::Io {
+        what: "capturing kernel output",
+        source,
+    })?;
+    let exec = if standby {
+        // A standby may start as its MPS server is still being torn down
+        // after a fault (`CUDA_ERROR_MPS_SERVER_NOT_READY`): it has time.
+        let t = Instant::now();
+        loop {
+            match spec.executor.open(spec.ordinal) {
+                Ok(e) => break e,
+                Err(e) if t.elapsed() < STANDBY_INIT_TRIES => {
+                    tracing::debug!(vm, "standby: GPU not ready yet: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    } else {
+        spec.executor.open(spec.ordinal)?
+    };
+    let init_ms = started.elapsed().as_millis() as u64;
+    let wc = &spec.worker;
+    let mut worker = match spec.feed {
+        Some((fd, true)) => Worker::standby(wc, exec, crate::fed::feed_from_fd(fd)?, spec.sandbox)?,
+        Some((fd, false)) => Worker::adopt(wc, exec, crate::fed::feed_from_fd(fd)?)?,
+        None => Worker::new(wc, exec)?,
+    };
+    let stop = worker.stop_flag();
+    wire::signals::install();
+    if spec.sandbox {
+        worker.confine()?;
+        tracing::debug!(vm, "worker confined");
+    }
+    std::thread::spawn(move || {
+        while !wire::signals::terminated() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    tracing::info!(
+        vm,
+        socket = %wc.socket.display(),
+        init_ms,
+        ready_ms = started.elapsed().as_millis() as u64,
+        standby,
+        "worker serving"
+    );
+    worker.run()
+}
