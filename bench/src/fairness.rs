@@ -412,7 +412,7 @@ fn mps_clients(control: &std::path::Path) -> Result<daemon::mps::MpsDaemon> {
 /// GPU somewhat longer than the time it spins.
 /// `graphs`: which launches the executor submits as graph launches;
 /// `slice_ns`: the scheduler's base time slice (by default the one the
-/// daemon would give GPU 0: DESIGN.md's 6 ms where it cannot preempt a
+/// daemon would give GPU 0: docs/design.md's 6 ms where it cannot preempt a
 /// kernel, as on the sim, 30 ms where it can); `mps`: the MPS control program to start, whose clients the
 /// guests' contexts then are, as on a GPU with `[[gpu]] mps = true` (one
 /// hardware context: no context switch at a hand-off); `hogs`: busy-loop

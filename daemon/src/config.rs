@@ -768,7 +768,7 @@ memory_limit_mib = 1024
 
     #[test]
     fn a_gpu_that_preempts_gets_the_preemptive_slice_unless_it_has_its_own() {
-        // DESIGN.md's slices: 6 ms where kernels cannot be preempted, 30 ms where they can.
+        // docs/design.md's slices: 6 ms where kernels cannot be preempted, 30 ms where they can.
         let c = Config::parse(GOOD).unwrap();
         assert_eq!(c.gpu_slice_ns(0, false), 6_000_000);
         assert_eq!(c.gpu_slice_ns(0, true), 30_000_000);

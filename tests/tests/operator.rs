@@ -317,7 +317,7 @@ fn operator_api_shares_weights_reload_token_metrics() {
     }
     let (_, st) = call(&unix(&d), "GET", "/api/v1/status", "");
     assert_eq!(st["gpus"][0]["vgpus"][1]["weight"], 2.0, "old config kept");
-    // The sim cannot preempt a kernel: DESIGN.md's non-preemptive 6 ms.
+    // The sim cannot preempt a kernel: docs/design.md's non-preemptive 6 ms.
     assert_eq!(st["gpus"][0]["slice_us"], 6000, "{st}");
     // A good reload (the file's 1:2:3 again, vm3 at 1) applies: 1:2:1.
     std::fs::write(&path, good.replace("weight = 3", "weight = 1")).unwrap();

@@ -39,7 +39,7 @@ pub const GPU_MEMORY: u64 = 11 * GIB;
 pub const APPS: usize = 20;
 /// Seconds between arrivals (DCUDA: 5 s).
 pub const ARRIVAL_S: f64 = 5.0;
-/// Simulation step = balancing interval, s (100 ms, DESIGN.md).
+/// Simulation step = balancing interval, s (100 ms, docs/design.md, "Placement and migration").
 pub const DT: f64 = 0.1;
 /// Start-up of an application, s (our choice).
 pub const STARTUP_S: f64 = 2.0;
