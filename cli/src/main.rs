@@ -265,7 +265,7 @@ fn run(cli: Cli) -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()),
         )
         // Standard error, or in a worker process the copy of it kept when
-        // the guests' kernel output took descriptor 2 (`worker/output.rs`).
+        // the guests' kernel output took descriptor 2 (`serve/output.rs`).
         .with_writer(worker::serve::log_writer)
         // Colour only for a terminal: a log file or journal gets plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

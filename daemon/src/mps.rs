@@ -13,18 +13,18 @@
 //! from a worker crash), and a client cannot move to another GPU, so these
 //! vGPUs are never migrated. After a client's fatal fault the server takes
 //! no new client until every client it had has exited, so the daemon then
-//! ends and restarts every worker of that GPU (`daemon.rs`). An MPS client
+//! ends and restarts every worker of that GPU (`supervisor.rs`). An MPS client
 //! cannot make a context once the sandbox confines it (it must connect to
 //! the server): such a worker makes `[[gpu]] mps_processes` contexts ahead,
 //! and they bound how many of its VM's processes run at once
-//! (`worker/contexts.rs`). Measured on an H100:
+//! (`serve/contexts.rs`). Measured on an H100:
 //! `results/2026-11-23-h100-verify-2.md`.
 //!
 //! Standby workers (`[[gpu]] mps_standby`, on by default): the daemon runs a
 //! second control daemon for the GPU (`<run_dir>/mps-gpu<N>-b/`), and each
 //! vGPU of the GPU keeps a standby worker that is its server's client: it
 //! has mapped its VM's region, registered it, made its contexts and been
-//! confined, and waits on its feed (`link/`). When a client's fault ends
+//! confined, and waits on its feed (`link.rs`). When a client's fault ends
 //! the serving workers, each VM's standby takes over at once (the daemon
 //! promotes it) while the driver still tears the ended clients down, and
 //! the two sides swap: new standbys become clients of the old side once

@@ -26,10 +26,10 @@ pub const MIGRATION_KIB: i64 = 9;
 pub const MIGRATED: i64 = 10;
 /// Worker -> daemon: a sticky CUDA error poisoned its GPU contexts; it
 /// exits. Said first, so that the daemon need not wait for that exit to
-/// restart the other clients of the GPU's MPS server (`daemon.rs`).
+/// restart the other clients of the GPU's MPS server (`supervisor.rs`).
 pub const POISONED: i64 = 11;
 /// Standby worker -> daemon: its GPU contexts are made and the region is
-/// registered; it waits to be promoted (see [`VmHost::standby_feed`]).
+/// registered; it waits to be promoted (see the daemon's `VmHost::standby_feed`).
 pub const READY: i64 = 12;
 /// Daemon -> promoted standby, before `SYNCED`: its connection to the GPU's
 /// grant service (a confined worker cannot connect).

@@ -2,7 +2,7 @@
 //!
 //! The daemon runs a [`GrantService`] per GPU: the start-tag fair queue of
 //! `scheduler` decides which vGPU may submit work, for one slice. Each worker
-//! holds a [`Gate`]: before device work it asks for the grant and waits for
+//! holds a `Gate` (the worker's `gate.rs`): before device work it asks for the grant and waits for
 //! it; at the end of its slice, or when it has had nothing to do for a
 //! bounded spin, it synchronizes its contexts (so that the GPU is really
 //! free), and releases, reporting the GPU time it used. Non-preemptive GPUs
@@ -328,7 +328,7 @@ impl GrantService {
 
     /// The daemon ended `vgpu`'s worker, whose connection may stay open
     /// until the driver has torn the process down: it is forgotten now, its
-    /// grant with it, so that its successor can register (see `daemon.rs`).
+    /// grant with it, so that its successor can register (see `supervisor.rs`).
     pub fn forget(&self, vgpu: u32) -> Result<(), Error> {
         self.send(Command::Forget { vgpu })
     }

@@ -51,7 +51,7 @@ pub trait Executor: Send {
     /// Where the executor can make contexts on another thread: what makes
     /// one there, as [`Executor::open`] would (a worker then makes the
     /// contexts it makes ahead while it already serves; see
-    /// `worker/contexts.rs`). None: only `open`, on the worker's thread.
+    /// `serve/contexts.rs`). None: only `open`, on the worker's thread.
     fn opener(&self) -> Option<Opener> {
         None
     }
@@ -228,7 +228,7 @@ pub trait Context: Send {
     fn import_event(&mut self, shared: &SharedMem) -> Result<Handle, Status>;
 
     /// Makes the context as a new one is, for a later process of the same
-    /// vGPU (see `worker/contexts.rs`): if none of its work is left, destroys
+    /// vGPU (see `serve/contexts.rs`): if none of its work is left, destroys
     /// every object it holds, gives every allocation back to the driver,
     /// and sets what the process may have changed (limits) back to a new
     /// context's values. An error: it cannot be made clean (work still

@@ -10,7 +10,7 @@
 //! its bytes are part of the worker's resident memory in the status.
 //!
 //! Images are kept in sealed memfds ([`crate::sealed`]) and offered to the
-//! daemon's store ([`crate::image_store`]), where the other VMs' workers
+//! daemon's store (the daemon's `image_store`), where the other VMs' workers
 //! find them: a hash this cache misses is asked of the store before the
 //! guest is told to send the bytes.
 

@@ -369,7 +369,7 @@ impl Worker {
         Self::build(cfg, dev, PeerLink::Local(server), connect_gate(cfg)?)
     }
 
-    /// Adopts the region the daemon feeds (see [`crate::link`]): channels
+    /// Adopts the region the daemon feeds (see the daemon's `link`): channels
     /// whose owners' GPU state died with a previous worker become LOST, and
     /// their owners are woken to find out.
     pub fn adopt(
@@ -385,7 +385,7 @@ impl Worker {
         Ok(w)
     }
 
-    /// A standby worker (see `crate::mps`): maps the region the daemon
+    /// A standby worker (see the daemon's `mps`): maps the region the daemon
     /// feeds without touching it, registers it with the device and makes
     /// every context ahead while another worker still serves it, is
     /// confined (`confine`), tells the daemon it is ready, and waits. Once

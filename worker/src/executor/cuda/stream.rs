@@ -271,7 +271,7 @@ impl CudaContext {
             if let Some(&e) = events.last() {
                 // The guest synchronized: the driver writes the context's
                 // kernel printf text at an event's synchronize (even of a
-                // finished one), not at a query (see `worker/output.rs`).
+                // finished one), not at a query (see `serve/output.rs`).
                 // SAFETY: our own recorded event, finished.
                 outcome = check(unsafe { sys::cuEventSynchronize(e) }).map(|()| true);
             }
