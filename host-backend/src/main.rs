@@ -668,7 +668,7 @@ fn run(cli: Cli) -> Result<()> {
                 },
         } => {
             if sim {
-                print!("{}", sched::space_sim::report::report()?);
+                print!("{}", sched_sim::space::report::report()?);
                 Ok(())
             } else {
                 bench::space::run(executor, seconds)

@@ -24,8 +24,10 @@ pub mod workload;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+use sched::{DevicePolicy, GpuScheduler};
+
 use crate::credit::{self, CreditScheduler};
-use crate::{DevicePolicy, GpuScheduler};
+use crate::SimError;
 pub use workload::{Step, Workload};
 
 /// GPU scheduling policies the simulator can run.
@@ -50,10 +52,10 @@ pub enum Policy {
     /// own gaps while it holds the GPU): an ablation of the charge.
     FairGvGpuCharge,
     /// fairvgpu's machinery with Strings' least-attained-service order
-    /// ([`crate::DevicePolicy::Las`]) instead of start tags.
+    /// ([`sched::DevicePolicy::Las`]) instead of start tags.
     FairGvLas,
     /// fairvgpu's machinery with Strings' true-fair-share order
-    /// ([`crate::DevicePolicy::Tfs`]).
+    /// ([`sched::DevicePolicy::Tfs`]).
     FairGvTfs,
 }
 
@@ -188,30 +190,6 @@ impl RunStats {
     pub fn gpu_util(&self) -> f64 {
         self.gpu_ns.iter().sum::<u64>() as f64 / self.window_ns as f64
     }
-}
-
-/// Errors in a scenario description.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SimError {
-    /// A VM names a core the scenario does not have.
-    #[error("VM {vm} is pinned to core {core} but there are {cores} cores")]
-    NoSuchCore {
-        /// The VM.
-        vm: usize,
-        /// Its core.
-        core: usize,
-        /// Cores in the scenario.
-        cores: usize,
-    },
-    /// A workload whose loop takes no time.
-    #[error("workload {0} has an empty loop")]
-    EmptyLoop(String),
-    /// A weight that is not positive.
-    #[error("VM {0} has a weight that is not a positive number")]
-    BadWeight(usize),
-    /// No VMs.
-    #[error("a scenario needs at least one VM")]
-    NoVms,
 }
 
 // ---------------------------------------------------------------------------

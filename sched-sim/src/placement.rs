@@ -26,7 +26,7 @@
 //! - a migration pauses its application for [`MIGRATION_PAUSE_S`] plus its
 //!   memory over [`PEER_GBPS`].
 
-use super::{Demand, Feedback, Params, Placer};
+use sched::placement::{Demand, Feedback, Params, Placer};
 
 const GIB: u64 = 1 << 30;
 
