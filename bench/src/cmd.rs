@@ -234,7 +234,7 @@ impl BenchCmd {
                 seconds,
             } => {
                 if sim {
-                    print!("{}", sched::space_sim::report::report()?);
+                    print!("{}", sched_sim::space::report::report()?);
                     Ok(())
                 } else {
                     crate::space::run(executor, seconds)

@@ -1,14 +1,16 @@
 //! `fairvgpu bench fairness --sim`: FairGV's scenarios in the discrete-event
-//! simulator (`sched::sim`), every policy side by side. The ideal each
+//! simulator (`sched_sim::time`), every policy side by side. The ideal each
 //! row is measured against (each VM alone, and weighted water-filling) is
-//! computed in the same run; see `sched::sim::scenario` for the figures.
+//! computed in the same run; see `sched_sim::time::scenario` for the figures.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use anyhow::Result;
-use sched::sim::scenario::{evaluate, paper_scenarios, Outcome, Scenario, SoloCache, POLICIES};
-use sched::sim::{Machine, Policy};
+use sched_sim::time::scenario::{
+    evaluate, paper_scenarios, Outcome, Scenario, SoloCache, POLICIES,
+};
+use sched_sim::time::{Machine, Policy};
 
 /// Runs every scenario under every policy for `seconds` of simulated time;
 /// the last line is machine-readable.

@@ -1,7 +1,7 @@
 //! `fairvgpu bench placement --sim`: DCUDA's experiment on simulated GPUs.
 //!
 //! The workload, the model and the policies are in
-//! [`sched::placement::sim`]: four GPUs, twenty applications of about
+//! [`sched_sim::placement`]: four GPUs, twenty applications of about
 //! 30 s arriving one every 5 s, 50 random orders, a core-intensive and a
 //! memory-intensive mix. Printed: one table per mix (overloaded
 //! GPU-seconds, mean execution time, utilization of the GPUs in use, GPUs
@@ -12,7 +12,7 @@
 //! time reduced by up to (the better mix), both against least-loaded static.
 
 use anyhow::Result;
-use sched::placement::sim::{self, Mix, Outcome, Policy, Setup};
+use sched_sim::placement::{self as sim, Mix, Outcome, Policy, Setup};
 
 const SEED: u64 = 2019;
 

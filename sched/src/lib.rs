@@ -6,28 +6,27 @@
 //! in a red-black tree ([`sfq`]), interactivity classification for
 //! GPU-centric coscheduling ([`classify`]), collaborative scheduling of a
 //! non-preemptive GPU with sampled accounting ([`accounting`]), and kernel
-//! slicing ([`slicing`]). [`credit`] is the Xen-style baseline and [`sim`] a
-//! discrete-event simulator that runs any of the policies on described
-//! workloads. [`GpuScheduler`] ties them together.
+//! slicing ([`slicing`]). [`GpuScheduler`] ties them together.
 //!
 //! Sharing in space (issue 20): [`policy`] holds the per-GPU device-level
-//! policies (fair queue, Strings' LAS and TFS, phase selection), [`corun`]
-//! decides which vGPUs may hold the GPU at the same time and what each is
-//! charged, and [`space_sim`] simulates a GPU of many SMs and copy engines
-//! on which co-holders' kernels and copies run side by side.
+//! policies (fair queue, Strings' LAS and TFS, phase selection), and
+//! [`corun`] decides which vGPUs may hold the GPU at the same time and what
+//! each is charged. [`placement`] places vGPUs on a host's GPUs (DCUDA) and
+//! [`tenants`] splits a tenant's weight among its vGPUs.
+//!
+//! The simulators that run these policies on modeled GPUs and workloads
+//! (and the Xen-style credit baseline they compare against) are the
+//! `sched-sim` crate.
 
 #![warn(missing_docs)]
 
 pub mod accounting;
 pub mod classify;
 pub mod corun;
-pub mod credit;
 pub mod placement;
 pub mod policy;
 pub mod sfq;
-pub mod sim;
 pub mod slicing;
-pub mod space_sim;
 pub mod tenants;
 
 use std::collections::HashMap;

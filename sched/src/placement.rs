@@ -43,8 +43,6 @@
 
 use std::collections::HashMap;
 
-pub mod sim;
-
 /// A vGPU as placement sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Demand {

@@ -26,7 +26,7 @@
 //! - a migration pauses its application for [`MIGRATION_PAUSE_S`] plus its
 //!   memory over [`PEER_GBPS`].
 
-use super::{Demand, Feedback, Params, Placer};
+use sched::placement::{Demand, Feedback, Params, Placer};
 
 const GIB: u64 = 1 << 30;
 
@@ -240,69 +240,165 @@ pub struct Outcome {
 
 /// Simulates one arrival order under one policy.
 pub fn simulate(apps: &[App], order: &[usize], policy: Policy, setup: Setup) -> Outcome {
-    let params = Params {
-        compaction: policy == Policy::Dcuda,
-        ..setup.params
-    };
-    let mut placer = Placer::new(params, vec![GPU_MEMORY; GPUS]);
-    let n = apps.len();
-    let mut arrival = vec![0.0; n];
-    for (k, &i) in order.iter().enumerate() {
-        arrival[i] = k as f64 * ARRIVAL_S;
-    }
-    let mut started: Vec<Option<f64>> = vec![None; n];
-    let mut left: Vec<f64> = apps.iter().map(|a| a.work_s).collect();
-    let mut pause = vec![0.0f64; n];
-    let mut finish: Vec<Option<f64>> = vec![None; n];
-    let mut waiting: Vec<usize> = Vec::new();
-    let mut next = 0;
-    let mut feedback = vec![Feedback::default(); GPUS];
-    let (mut overloaded, mut util_sum, mut in_use_sum, mut samples) = (0.0, 0.0, 0.0, 0usize);
-    let mut peak_memory = 0.0f64;
-    let mut migrations = 0usize;
-    let mut t = 0.0;
+    let mut run = Run::new(apps, order, policy, setup);
     let mut step = 0u64;
-    let now =
-        |i: usize, t: f64, started: &[Option<f64>]| apps[i].demand_at(t - started[i].unwrap_or(t));
-    while finish.iter().any(Option::is_none) && step < 1_000_000 {
-        while next < n && arrival[order[next]] <= t + 1e-9 {
-            waiting.push(order[next]);
-            next += 1;
+    while run.finish.iter().any(Option::is_none) && step < 1_000_000 {
+        run.step();
+        step += 1;
+    }
+    run.outcome()
+}
+
+/// One run of [`simulate`], advanced [`DT`] at a time.
+struct Run<'a> {
+    apps: &'a [App],
+    order: &'a [usize],
+    policy: Policy,
+    setup: Setup,
+    placer: Placer,
+    /// Per application: when it arrives, starts (is placed) and finishes,
+    /// the work it has left (s at full speed) and the migration pause it
+    /// still owes.
+    arrival: Vec<f64>,
+    started: Vec<Option<f64>>,
+    finish: Vec<Option<f64>>,
+    left: Vec<f64>,
+    pause: Vec<f64>,
+    /// Arrived and not placed yet (no GPU had room), in arrival order.
+    waiting: Vec<usize>,
+    /// The next arrival's index in `order`.
+    next: usize,
+    /// Strings' measured utilization per GPU.
+    feedback: Vec<Feedback>,
+    /// The figures, summed over the steps so far.
+    overloaded: f64,
+    util_sum: f64,
+    in_use_sum: f64,
+    samples: usize,
+    peak_memory: f64,
+    migrations: usize,
+    t: f64,
+}
+
+impl<'a> Run<'a> {
+    fn new(apps: &'a [App], order: &'a [usize], policy: Policy, setup: Setup) -> Self {
+        let params = Params {
+            compaction: policy == Policy::Dcuda,
+            ..setup.params
+        };
+        let n = apps.len();
+        let mut arrival = vec![0.0; n];
+        for (k, &i) in order.iter().enumerate() {
+            arrival[i] = k as f64 * ARRIVAL_S;
         }
-        // Placement, in arrival order; those that find no room wait.
+        Run {
+            apps,
+            order,
+            policy,
+            setup,
+            placer: Placer::new(params, vec![GPU_MEMORY; GPUS]),
+            arrival,
+            started: vec![None; n],
+            finish: vec![None; n],
+            left: apps.iter().map(|a| a.work_s).collect(),
+            pause: vec![0.0f64; n],
+            waiting: Vec::new(),
+            next: 0,
+            feedback: vec![Feedback::default(); GPUS],
+            overloaded: 0.0,
+            util_sum: 0.0,
+            in_use_sum: 0.0,
+            samples: 0,
+            peak_memory: 0.0f64,
+            migrations: 0,
+            t: 0.0,
+        }
+    }
+
+    /// Application `i`'s demand now: (cores, copy, memory).
+    fn demand(&self, i: usize) -> (f64, f64, u64) {
+        let t = self.t;
+        self.apps[i].demand_at(t - self.started[i].unwrap_or(t))
+    }
+
+    fn step(&mut self) {
+        self.arrive();
+        self.place_waiting();
+        self.update_demands();
+        if matches!(self.policy, Policy::Balance | Policy::Dcuda) {
+            self.balance();
+        }
+        let (mut busy, mut util) = (0usize, 0.0);
+        for g in 0..GPUS {
+            if let Some(u) = self.run_gpu(g) {
+                busy += 1;
+                util += u;
+            }
+        }
+        if busy > 0 {
+            self.util_sum += util / busy as f64;
+            self.in_use_sum += busy as f64;
+            self.samples += 1;
+        }
+        self.t += DT;
+    }
+
+    /// Those whose time has come join the waiting line.
+    fn arrive(&mut self) {
+        let n = self.apps.len();
+        while self.next < n && self.arrival[self.order[self.next]] <= self.t + 1e-9 {
+            self.waiting.push(self.order[self.next]);
+            self.next += 1;
+        }
+    }
+
+    /// Placement, in arrival order; those that find no room wait.
+    fn place_waiting(&mut self) {
+        let mut waiting = std::mem::take(&mut self.waiting);
         waiting.retain(|&i| {
-            let (c, _, _) = apps[i].demand_at(0.0);
-            let d = Demand {
-                cores: c,
-                memory: apps[i].memory,
-            };
-            let placed = match policy {
-                Policy::Static => {
-                    let g = (0..GPUS)
-                        .min_by(|&a, &b| placer.load(a).total_cmp(&placer.load(b)).then(a.cmp(&b)))
-                        .unwrap_or(0);
-                    placer.pin(
-                        i as u32,
-                        g,
-                        Demand {
-                            cores: c,
-                            memory: 0,
-                        },
-                    );
-                    true
-                }
-                Policy::Strings => placer.place_feedback(i as u32, d, &feedback).is_some(),
-                _ => placer.place(i as u32, d).is_some(),
-            };
+            let placed = self.place(i);
             if placed {
-                started[i] = Some(t);
+                self.started[i] = Some(self.t);
             }
             !placed
         });
-        for i in 0..n {
-            if started[i].is_some() && finish[i].is_none() {
-                let (c, _, m) = now(i, t, &started);
-                placer.update(
+        self.waiting = waiting;
+    }
+
+    /// Places application `i` by the policy; false if no GPU has room.
+    fn place(&mut self, i: usize) -> bool {
+        let (c, _, _) = self.apps[i].demand_at(0.0);
+        let d = Demand {
+            cores: c,
+            memory: self.apps[i].memory,
+        };
+        let placer = &mut self.placer;
+        match self.policy {
+            Policy::Static => {
+                let g = (0..GPUS)
+                    .min_by(|&a, &b| placer.load(a).total_cmp(&placer.load(b)).then(a.cmp(&b)))
+                    .unwrap_or(0);
+                placer.pin(
+                    i as u32,
+                    g,
+                    Demand {
+                        cores: c,
+                        memory: 0,
+                    },
+                );
+                true
+            }
+            Policy::Strings => placer.place_feedback(i as u32, d, &self.feedback).is_some(),
+            _ => placer.place(i as u32, d).is_some(),
+        }
+    }
+
+    /// Tells placement what each running application demands now.
+    fn update_demands(&mut self) {
+        for i in 0..self.apps.len() {
+            if self.started[i].is_some() && self.finish[i].is_none() {
+                let (c, _, m) = self.demand(i);
+                self.placer.update(
                     i as u32,
                     Demand {
                         cores: c,
@@ -311,74 +407,76 @@ pub fn simulate(apps: &[App], order: &[usize], policy: Policy, setup: Setup) -> 
                 );
             }
         }
-        if matches!(policy, Policy::Balance | Policy::Dcuda) {
-            for m in placer.balance((t * 1e9) as u64) {
-                let i = m.vgpu as usize;
-                let (_, _, mem) = now(i, t, &started);
-                pause[i] += MIGRATION_PAUSE_S + mem as f64 / (PEER_GBPS * 1e9);
-                migrations += 1;
-            }
-        }
-        let (mut busy, mut util) = (0usize, 0.0);
-        for (g, fb) in feedback.iter_mut().enumerate() {
-            let on = placer.on(g);
-            let cores = placer.load(g);
-            let copy: f64 = on.iter().map(|&v| now(v as usize, t, &started).1).sum();
-            let mem = placer.memory(g) as f64 / GPU_MEMORY as f64;
-            peak_memory = peak_memory.max(mem);
-            // Strings' feedback: measured, so capped at 100%, averaged over
-            // about the last second.
-            let a = DT / 1.0;
-            fb.utilization += a * (cores.min(1.0) - fb.utilization);
-            fb.transfer += a * (copy.min(1.0) - fb.transfer);
-            if on.is_empty() {
-                continue;
-            }
-            busy += 1;
-            util += cores.min(1.0);
-            if cores > 1.0 + 1e-9 || mem > 1.0 + 1e-9 {
-                overloaded += DT;
-            }
-            let held: f64 = on
-                .iter()
-                .map(|&v| (now(v as usize, t, &started).0 / setup.occupancy.max(1e-3)).min(1.0))
-                .sum();
-            let mut rate = 1.0 / cores.max(held).max(copy).max(1.0);
-            if mem > 1.0 {
-                rate /= 1.0 + setup.thrash * (mem - 1.0);
-            }
-            for v in on {
-                let i = v as usize;
-                let mut dt = DT;
-                let p = pause[i].min(dt);
-                pause[i] -= p;
-                dt -= p;
-                left[i] -= dt * rate;
-                if left[i] <= 0.0 {
-                    finish[i] = Some(t + DT);
-                    placer.remove(v);
-                }
-            }
-        }
-        if busy > 0 {
-            util_sum += util / busy as f64;
-            in_use_sum += busy as f64;
-            samples += 1;
-        }
-        t += DT;
-        step += 1;
     }
-    let exec = (0..n)
-        .map(|i| finish[i].unwrap_or(t) - arrival[i])
-        .sum::<f64>()
-        / n as f64;
-    Outcome {
-        overloaded_s: overloaded,
-        exec_s: exec,
-        utilization: util_sum / samples.max(1) as f64,
-        gpus_in_use: in_use_sum / samples.max(1) as f64,
-        migrations_per_app: migrations as f64 / n as f64,
-        peak_memory,
+
+    /// DCUDA's balancer; a moved application pauses while its memory moves.
+    fn balance(&mut self) {
+        for m in self.placer.balance((self.t * 1e9) as u64) {
+            let i = m.vgpu as usize;
+            let (_, _, mem) = self.demand(i);
+            self.pause[i] += MIGRATION_PAUSE_S + mem as f64 / (PEER_GBPS * 1e9);
+            self.migrations += 1;
+        }
+    }
+
+    /// One step of GPU `g`: Strings' feedback, its overload, and its
+    /// applications' progress at the rate sharing leaves them. The busy
+    /// fraction of its cores, or None if it has no applications.
+    fn run_gpu(&mut self, g: usize) -> Option<f64> {
+        let on = self.placer.on(g);
+        let cores = self.placer.load(g);
+        let copy: f64 = on.iter().map(|&v| self.demand(v as usize).1).sum();
+        let mem = self.placer.memory(g) as f64 / GPU_MEMORY as f64;
+        self.peak_memory = self.peak_memory.max(mem);
+        // Strings' feedback: measured, so capped at 100%, averaged over
+        // about the last second.
+        let a = DT / 1.0;
+        let fb = &mut self.feedback[g];
+        fb.utilization += a * (cores.min(1.0) - fb.utilization);
+        fb.transfer += a * (copy.min(1.0) - fb.transfer);
+        if on.is_empty() {
+            return None;
+        }
+        if cores > 1.0 + 1e-9 || mem > 1.0 + 1e-9 {
+            self.overloaded += DT;
+        }
+        let held: f64 = on
+            .iter()
+            .map(|&v| (self.demand(v as usize).0 / self.setup.occupancy.max(1e-3)).min(1.0))
+            .sum();
+        let mut rate = 1.0 / cores.max(held).max(copy).max(1.0);
+        if mem > 1.0 {
+            rate /= 1.0 + self.setup.thrash * (mem - 1.0);
+        }
+        for v in on {
+            let i = v as usize;
+            let mut dt = DT;
+            let p = self.pause[i].min(dt);
+            self.pause[i] -= p;
+            dt -= p;
+            self.left[i] -= dt * rate;
+            if self.left[i] <= 0.0 {
+                self.finish[i] = Some(self.t + DT);
+                self.placer.remove(v);
+            }
+        }
+        Some(cores.min(1.0))
+    }
+
+    fn outcome(&self) -> Outcome {
+        let n = self.apps.len();
+        let exec = (0..n)
+            .map(|i| self.finish[i].unwrap_or(self.t) - self.arrival[i])
+            .sum::<f64>()
+            / n as f64;
+        Outcome {
+            overloaded_s: self.overloaded,
+            exec_s: exec,
+            utilization: self.util_sum / self.samples.max(1) as f64,
+            gpus_in_use: self.in_use_sum / self.samples.max(1) as f64,
+            migrations_per_app: self.migrations as f64 / n as f64,
+            peak_memory: self.peak_memory,
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! A discrete-event simulator of one GPU shared in space as well as time.
 //!
-//! The [`crate::sim`] executor models one non-preemptive GPU running
+//! The [`crate::time`] executor models one non-preemptive GPU running
 //! operations one at a time in submission order, with the guests' CPUs in
 //! detail; it cannot express two tenants' kernels running at once. This
 //! one models the GPU's resources instead, and leaves the CPUs out:
@@ -22,8 +22,8 @@
 //!   predicted to end past the slice), charged its held time; handing the
 //!   GPU to another context costs [`Gpu::switch_ns`] (drain and context
 //!   switch) during which nothing runs;
-//! - **co-running** (MPS): holders are admitted by [`crate::corun::plan`]
-//!   in the policy's order and charged by [`crate::corun::charge_ns`]; the
+//! - **co-running** (MPS): holders are admitted by [`sched::corun::plan`]
+//!   in the policy's order and charged by [`sched::corun::charge_ns`]; the
 //!   tenants that opted in are clients of one MPS server, so handing the
 //!   GPU between them costs no context switch (a tenant that did not opt in
 //!   has its own context and pays it). Each holder keeps the GPU for one
@@ -44,9 +44,10 @@ pub mod report;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use crate::corun::{self, CorunConfig, Demand};
-use crate::sim::SimError;
-use crate::{DevicePolicy, GpuScheduler};
+use sched::corun::{self, CorunConfig, Demand};
+use sched::{DevicePolicy, GpuScheduler};
+
+use crate::SimError;
 
 /// The simulated GPU.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -160,7 +161,7 @@ impl Guest {
 pub enum Sharing {
     /// One holder at a time (FairGV's slices).
     TimeSliced,
-    /// Co-running holders admitted by [`crate::corun::plan`] (MPS).
+    /// Co-running holders admitted by [`sched::corun::plan`] (MPS).
     CoRun,
 }
 
@@ -176,7 +177,7 @@ pub struct Setup {
 }
 
 impl Setup {
-    /// `policy` with `sharing`, charged as [`crate::corun`] says.
+    /// `policy` with `sharing`, charged as [`sched::corun`] says.
     pub fn new(policy: DevicePolicy, sharing: Sharing) -> Self {
         Setup {
             policy,

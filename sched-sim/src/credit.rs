@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::{SchedError, VgpuId};
+use sched::{SchedError, VgpuId};
 
 /// Xen's constants: 10 ms ticks, 30 ms accounting periods and time slices.
 pub const TICK_NS: u64 = 10_000_000;

@@ -12,11 +12,13 @@
 
 use std::fmt::Write as _;
 
+use sched::corun::Demand;
+use sched::{mmr, DevicePolicy};
+
 use super::{run, Gpu, Guest, Op, Setup, Sharing, Stats};
-use crate::corun::Demand;
-use crate::sim::scenario::{self, entitlements, paper_scenarios, SoloCache};
-use crate::sim::{Machine, Policy, SimError};
-use crate::{mmr, DevicePolicy};
+use crate::time::scenario::{self, entitlements, paper_scenarios, SoloCache};
+use crate::time::{Machine, Policy};
+use crate::SimError;
 
 /// One setup on one scenario.
 #[derive(Debug, Clone)]
@@ -191,7 +193,7 @@ pub fn report() -> Result<String, SimError> {
     Ok(out)
 }
 
-/// The fair queue, LAS and TFS on FairGV's scenarios ([`crate::sim`]).
+/// The fair queue, LAS and TFS on FairGV's scenarios ([`crate::time`]).
 fn policies_side_by_side() -> Result<String, SimError> {
     let m = Machine::default();
     let mut solos = SoloCache::default();
@@ -217,7 +219,7 @@ fn policies_side_by_side() -> Result<String, SimError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weighted_mmr;
+    use sched::weighted_mmr;
 
     const DUR: u64 = 1_000_000_000;
 

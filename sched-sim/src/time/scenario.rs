@@ -15,8 +15,10 @@
 
 use std::collections::HashMap;
 
-use super::{run, Machine, Policy, RunStats, SimError, VmSpec, Workload};
-use crate::mmr;
+use sched::mmr;
+
+use super::{run, Machine, Policy, RunStats, VmSpec, Workload};
+use crate::SimError;
 
 /// A named set of VMs on a number of cores.
 #[derive(Debug, Clone)]
