@@ -6,6 +6,10 @@ use crate::{op, Dim3, ImageKind};
 
 pub(crate) mod decode;
 mod encode;
+#[cfg(test)]
+mod golden;
+#[cfg(test)]
+mod samples;
 
 /// A CUDA call from the guest. Handles (`module`, `func`, `stream`, `event`)
 /// and device pointers are opaque numbers the host issued; the host checks
