@@ -390,3 +390,42 @@ fn every_opcode_has_a_sample() {
         assert_eq!(known, sampled, "opcode {opcode}");
     }
 }
+
+#[test]
+fn device_flags_are_as_before() {
+    // The worker's lists before they moved into the table.
+    let needs = [
+        op::LAUNCH,
+        op::MEMCPY_HTOD,
+        op::MEMCPY_DTOH,
+        op::MEMCPY_DTOD,
+        op::MEMSET,
+        op::DATA,
+        op::EVENT_RECORD,
+        op::STREAM_WAIT_EVENT,
+        op::MEM_FREE_ASYNC,
+        op::HOST_FN,
+        op::MEMCPY_HTOD_PINNED,
+        op::MEMCPY_DTOH_PINNED,
+        op::GRAPH_LAUNCH,
+        op::ARRAY_COPY,
+    ];
+    let drains = [
+        op::CTX_SYNCHRONIZE,
+        op::STREAM_SYNCHRONIZE,
+        op::EVENT_SYNCHRONIZE,
+        op::MEMCPY_DTOH,
+    ];
+    for opcode in 0..256 {
+        assert_eq!(
+            op::needs_device(opcode),
+            needs.contains(&opcode),
+            "{opcode}"
+        );
+        assert_eq!(
+            op::drains_device(opcode),
+            drains.contains(&opcode),
+            "{opcode}"
+        );
+    }
+}
