@@ -1,6 +1,6 @@
 //! The macro that turns the request table (`table.rs`) into the
 //! `Request` enum, its opcodes, its encoder and checked decoder, and its
-//! flags. Its rows are read in `table.rs`'s own documentation.
+//! flags. `table.rs`'s documentation explains a row.
 
 /// Whether a row's flag list holds a flag.
 macro_rules! has_flag {
