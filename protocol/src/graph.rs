@@ -21,7 +21,7 @@
 //! `[handle u64][type u32][bodies u32]` and each body as a graph.
 
 use crate::codec::Reader;
-use crate::request::decode::read_dim;
+use crate::request::wire::read_dim;
 use crate::{bad, Dim3, ProtoError};
 
 /// Nodes a graph may have, at most.

@@ -8,8 +8,9 @@
 //! anything else with a [`ProtoError`] — it never panics on any input.
 //!
 //! Here: the limits and the error type; `array.rs` (CUDA arrays, their
-//! copies, texture parameters); `request/` (the requests, their
-//! encoding and their checked decoding), `reply.rs`, `values.rs` (what
+//! copies, texture parameters); `request/` (the requests: `table.rs`, one
+//! row per request, from which the enum, the encoding, the checked
+//! decoding and the flags are made), `reply.rs`, `values.rs` (what
 //! requests carry), `op.rs` (opcodes), `codec.rs` (the little-endian reader
 //! and writer).
 

@@ -251,7 +251,7 @@ pub(super) fn serve_channel(
         }
         // A request that does not decode is refused without the GPU: a
         // guest's garbage must not take the grant from other vGPUs.
-        if needs_device(d.opcode)
+        if op::needs_device(d.opcode)
             && (d.opcode == op::DATA || Request::decode(d.opcode, &d.inline).is_ok())
         {
             if sh.releasing {
@@ -284,7 +284,7 @@ pub(super) fn serve_channel(
                 e.next_seq = d.tag.wrapping_add(1);
             }
         }
-        if sh.gate.is_some() && drains_device(d.opcode) {
+        if sh.gate.is_some() && op::drains_device(d.opcode) {
             sh.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
             Shared::collect_timings(&mut e.s);
         }
@@ -376,38 +376,6 @@ pub(super) fn wake_owner(sh: &Shared, ch: u32) {
     if let Ok(p) = u16::try_from(peer) {
         let _ = sh.link.ring_peer(p, vector);
     }
-}
-
-/// Requests that put work on the device: they run only under the grant.
-/// (A synchronize only marks where the work is and waits, parked, without
-/// holding the GPU: a guest waiting for work that the end of a slice cut
-/// short holds up none of its other threads.)
-pub(super) fn needs_device(opcode: u32) -> bool {
-    matches!(
-        opcode,
-        op::LAUNCH
-            | op::MEMCPY_HTOD
-            | op::MEMCPY_DTOH
-            | op::MEMCPY_DTOD
-            | op::MEMSET
-            | op::DATA
-            | op::EVENT_RECORD
-            | op::STREAM_WAIT_EVENT
-            | op::MEM_FREE_ASYNC
-            | op::HOST_FN
-            | op::MEMCPY_HTOD_PINNED
-            | op::MEMCPY_DTOH_PINNED
-            | op::GRAPH_LAUNCH
-            | op::ARRAY_COPY
-    )
-}
-
-/// Requests that return only when the device work before them is done.
-pub(super) fn drains_device(opcode: u32) -> bool {
-    matches!(
-        opcode,
-        op::CTX_SYNCHRONIZE | op::STREAM_SYNCHRONIZE | op::EVENT_SYNCHRONIZE | op::MEMCPY_DTOH
-    )
 }
 
 pub(super) fn notify_guest(sh: &Shared, ch: u32) -> Result<(), Error> {
