@@ -16,9 +16,9 @@ use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::sys::CUstream;
 
-use crate::context::need_ctx;
+use crate::state::thread::need_ctx;
+use crate::state::thread::resolve;
 use crate::state::{driver, gpu};
-use crate::stream::resolve;
 use crate::{code, CuResult};
 
 /// `CUhostFn`.

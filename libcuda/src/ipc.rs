@@ -26,7 +26,7 @@ use std::sync::{Mutex, MutexGuard};
 use cudarc::driver::sys::{CUdeviceptr, CUevent};
 use protocol::Request;
 
-use crate::context::need_ctx;
+use crate::state::thread::need_ctx;
 use crate::state::{gpu, objects, out, Range, RangeKind};
 use crate::{code, CuResult};
 

@@ -117,6 +117,9 @@ pub(crate) mod code {
 /// The CUDA version this library reports (13.0).
 pub(crate) const DRIVER_VERSION: i32 = guest::CUDA_DRIVER_VERSION;
 
+/// The highest stream priority (numerically lowest) a vGPU offers.
+pub(crate) const GREATEST_PRIORITY: std::ffi::c_int = -5;
+
 /// Runs an entry point's body: its `Err` is the call's `CUresult`, and a
 /// panic (a bug here) becomes `CUDA_ERROR_UNKNOWN` instead of unwinding
 /// into C.

@@ -51,7 +51,7 @@ fn encode(out: *mut Map, p: TensorMapParams) -> Result<(), CuResult> {
     if out.is_null() {
         return Err(code::INVALID_VALUE);
     }
-    crate::context::need_ctx()?;
+    crate::state::thread::need_ctx()?;
     let bytes = gpu(|g| g.tensor_map(&p.encode()))?;
     let map: Map = bytes.try_into().map_err(|_| code::UNKNOWN)?;
     // SAFETY: checked for null; the caller's descriptor to fill.

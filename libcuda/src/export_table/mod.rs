@@ -19,7 +19,7 @@ use std::ffi::{c_char, c_void};
 
 use cudarc::driver::sys::{CUcontext, CUdevice, CUfunction, CUmodule, CUuuid};
 
-use crate::context::current;
+use crate::state::thread::current;
 use crate::state::{self, objects, out};
 use crate::{code, CuResult};
 

@@ -244,7 +244,7 @@ fn fetch(base: u64, m: &mut Managed, span: Span) -> Result<(), CuResult> {
 /// A CPU access faulted at `addr`: true if it was managed memory, now
 /// accessible for the access to run again.
 fn on_fault(addr: u64) -> bool {
-    if COUNT.load(Ordering::Acquire) == 0 || crate::state::in_call() {
+    if COUNT.load(Ordering::Acquire) == 0 || crate::state::thread::in_call() {
         return false;
     }
     let mut t = write();

@@ -10,7 +10,6 @@
 //! on it); the host runs the process's calls in the order they were made
 //! across all its channels.
 
-use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -19,6 +18,10 @@ use guest::{Function, Gpu, GuestError};
 use protocol::DeviceInfo;
 
 use crate::{code, CuResult};
+
+pub(crate) mod thread;
+
+use thread::InCall;
 
 /// What `cuInit` made.
 pub(crate) struct Driver {
@@ -150,42 +153,10 @@ impl Objects {
 
 static DRIVER: OnceLock<Result<Driver, CuResult>> = OnceLock::new();
 
-/// A thread's slot, given back when the thread ends.
-struct Binding(Cell<Option<usize>>);
-
-impl Drop for Binding {
-    fn drop(&mut self) {
-        if let (Some(s), Some(Ok(d))) = (self.0.get(), DRIVER.get()) {
-            d.users[s].fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-}
-
-thread_local! {
-    static SLOT: Binding = const { Binding(Cell::new(None)) };
-    /// Calls to the host the thread is inside (read by the managed-memory
-    /// fault handler, which must not wait on the call's own lock).
-    static IN_CALL: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Whether the calling thread is inside a call to the host.
-pub(crate) fn in_call() -> bool {
-    IN_CALL.try_with(Cell::get).unwrap_or(0) > 0
-}
-
-/// Counts the thread in a call to the host while alive.
-struct InCall;
-
-impl InCall {
-    fn enter() -> InCall {
-        let _ = IN_CALL.try_with(|c| c.set(c.get() + 1));
-        InCall
-    }
-}
-
-impl Drop for InCall {
-    fn drop(&mut self) {
-        let _ = IN_CALL.try_with(|c| c.set(c.get() - 1));
+/// Gives back a thread's binding to `slot` (the thread ended).
+fn unbind(slot: usize) {
+    if let Some(Ok(d)) = DRIVER.get() {
+        d.users[slot].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -306,7 +277,7 @@ impl Driver {
     /// thread uses, a new channel while there are fewer than the cap, else
     /// the least used slot.
     fn slot(&self) -> usize {
-        if let Some(s) = SLOT.try_with(|b| b.0.get()).ok().flatten() {
+        if let Some(s) = thread::bound_slot() {
             return s;
         }
         let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
@@ -327,7 +298,7 @@ impl Driver {
             None => (0..*opened).min_by_key(|&i| used(i)).unwrap_or(0),
         };
         self.users[slot].fetch_add(1, Ordering::Relaxed);
-        if SLOT.try_with(|b| b.0.set(Some(slot))).is_err() {
+        if !thread::bind_slot(slot) {
             // The thread is ending; it keeps no binding.
             self.users[slot].fetch_sub(1, Ordering::Relaxed);
         }
