@@ -15,9 +15,8 @@
 //! row, slice after slice. Array copies are not captured into graphs;
 //! mipmapped arrays are not served.
 
-use std::collections::BTreeMap;
 use std::ffi::{c_uint, c_void};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
 use cudarc::driver::sys::{CUdeviceptr, CUstream};
 use protocol::array::{resource, ArrayCopy, ArrayDesc, CopySide, TexParams};
@@ -25,6 +24,9 @@ use protocol::Request;
 
 use crate::copy_nd::Memcpy3d;
 use crate::memory::{is_device, memtype};
+use crate::state::process::{
+    lock, ArrayTable as Table, Texture, ARRAYS, RES_DESC, TEX_DESC, VIEW_DESC,
+};
 use crate::state::thread::resolve;
 use crate::state::{driver, gpu, out};
 use crate::{code, CuResult};
@@ -51,34 +53,8 @@ pub struct Array3dDescriptor {
     flags: c_uint,
 }
 
-/// Bytes of `CUDA_RESOURCE_DESC`, `CUDA_TEXTURE_DESC`,
-/// `CUDA_RESOURCE_VIEW_DESC`.
-const RES_DESC: usize = 144;
-const TEX_DESC: usize = 104;
-const VIEW_DESC: usize = 112;
-
-/// A texture object as the program described it.
-#[derive(Debug, Clone, Copy)]
-struct Texture {
-    res: [u8; RES_DESC],
-    tex: [u8; TEX_DESC],
-    view: Option<[u8; VIEW_DESC]>,
-}
-
-#[derive(Debug)]
-struct Table {
-    arrays: BTreeMap<u64, ArrayDesc>,
-    textures: BTreeMap<u64, Texture>,
-    surfaces: BTreeMap<u64, [u8; RES_DESC]>,
-}
-
 fn table() -> MutexGuard<'static, Table> {
-    static T: Mutex<Table> = Mutex::new(Table {
-        arrays: BTreeMap::new(),
-        textures: BTreeMap::new(),
-        surfaces: BTreeMap::new(),
-    });
-    T.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&ARRAYS)
 }
 
 /// One of the process's arrays.

@@ -10,11 +10,12 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use cudarc::driver::sys::{CUevent, CUstream};
 
 use super::{graphs, Op};
+use crate::state::process::CAPTURING;
 use crate::state::thread::resolve;
 use crate::state::{out, out_opt};
 use crate::{code, CuResult};
@@ -54,10 +55,6 @@ pub(crate) struct Captures {
     invalid: std::collections::HashSet<u64>,
     next_id: u64,
 }
-
-/// Streams capturing now (so that a stream's operations look no further
-/// while none is).
-static CAPTURING: AtomicUsize = AtomicUsize::new(0);
 
 /// If `st` is capturing, adds the operation `op` makes to its graph after
 /// the stream's dependencies and returns true; otherwise false (the caller

@@ -19,6 +19,8 @@ use protocol::DeviceInfo;
 
 use crate::{code, CuResult};
 
+pub(crate) mod log;
+pub(crate) mod process;
 pub(crate) mod thread;
 
 use thread::InCall;
