@@ -62,7 +62,7 @@ fn host_limit(limit: c_int) -> Result<Option<u32>, CuResult> {
     }
 }
 
-type ClsEntries = Vec<(usize, usize, crate::export_table::ClsDtor)>;
+type ClsEntries = Vec<(usize, usize, crate::state::ClsDtor)>;
 
 /// Takes the context-local storage of context `h`: (key, value, destructor).
 fn take_cls(o: &mut crate::state::Objects, h: usize) -> ClsEntries {

@@ -92,6 +92,11 @@ pub(crate) struct ContextInfo {
     pub primary: bool,
 }
 
+/// The destructor the runtime gives for a value it stores per context
+/// (context-local storage, `export_table`).
+pub(crate) type ClsDtor =
+    extern "C" fn(cudarc::driver::sys::CUcontext, *mut std::ffi::c_void, *mut std::ffi::c_void);
+
 /// What the process holds, by handle.
 #[derive(Debug, Default)]
 pub(crate) struct Objects {
@@ -121,7 +126,7 @@ pub(crate) struct Objects {
     pub libraries: HashMap<usize, crate::module::Library>,
     /// The runtime's context-local storage: (context, key) -> (value,
     /// destructor), see `export_table`.
-    pub cls: HashMap<(usize, usize), (usize, Option<crate::export_table::ClsDtor>)>,
+    pub cls: HashMap<(usize, usize), (usize, Option<ClsDtor>)>,
 }
 
 impl Objects {
