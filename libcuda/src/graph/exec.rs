@@ -461,7 +461,8 @@ export! {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Graph, Node};
+    use super::super::model::Node;
+    use super::super::Graph;
     use super::*;
 
     fn node(id: u64, op: Op, deps: &[u64]) -> Node {

@@ -24,7 +24,7 @@ pub mod exec;
 pub mod memory;
 mod model;
 
-pub(crate) use model::{graphs, Graph, KernelOp, MemsetOp, Node, Op, Store};
+pub(crate) use model::{graphs, Graph, KernelOp, MemsetOp, Op, Store};
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -522,6 +522,7 @@ export! {
 
 #[cfg(test)]
 mod tests {
+    use super::model::Node;
     use super::*;
 
     fn graph(deps: &[&[u64]]) -> Graph {

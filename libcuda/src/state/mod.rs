@@ -9,6 +9,23 @@
 //! channels. A thread keeps its channel for life (its calls stay in order
 //! on it); the host runs the process's calls in the order they were made
 //! across all its channels.
+//!
+//! Every piece of mutable state the stand-in keeps is here, each item
+//! saying what it holds and who changes it:
+//! - this file: [`Driver`] (made once by `cuInit`: the channels, the
+//!   pinned pool, and the handle tables of [`Objects`]) and whether the
+//!   process let go of its vGPU at exit;
+//! - [`process`]: the other process-wide tables (graphs and captures,
+//!   managed memory, VMM, arrays and textures, IPC, host functions, tensor
+//!   maps, the fault handler's previous action);
+//! - [`thread`]: every `thread_local!` (context stack, default streams,
+//!   channel slot, calls in flight, capture mode and info);
+//! - [`log`]: what was logged once, and whether calls are traced.
+//!
+//! The other `static`s of the crate are constants: the export tables and
+//! the zeroed blocks they hand out (`export_table/`), the error texts
+//! (`device.rs`, built once from constant tables), and the entry-point
+//! table `build.rs` makes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -158,6 +175,8 @@ impl Objects {
     }
 }
 
+/// The driver state: set once by the first `cuInit` ([`init`]), never
+/// changed after (its parts have their own locks).
 static DRIVER: OnceLock<Result<Driver, CuResult>> = OnceLock::new();
 
 /// Gives back a thread's binding to `slot` (the thread ended).
