@@ -15,9 +15,8 @@
 //! row, slice after slice. Array copies are not captured into graphs;
 //! mipmapped arrays are not served.
 
-use std::collections::BTreeMap;
 use std::ffi::{c_uint, c_void};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
 use cudarc::driver::sys::{CUdeviceptr, CUstream};
 use protocol::array::{resource, ArrayCopy, ArrayDesc, CopySide, TexParams};
@@ -25,8 +24,11 @@ use protocol::Request;
 
 use crate::copy_nd::Memcpy3d;
 use crate::memory::{is_device, memtype};
+use crate::state::process::{
+    lock, ArrayTable as Table, Texture, ARRAYS, RES_DESC, TEX_DESC, VIEW_DESC,
+};
+use crate::state::thread::resolve;
 use crate::state::{driver, gpu, out};
-use crate::stream::resolve;
 use crate::{code, CuResult};
 
 /// `CUDA_ARRAY_DESCRIPTOR`.
@@ -51,34 +53,8 @@ pub struct Array3dDescriptor {
     flags: c_uint,
 }
 
-/// Bytes of `CUDA_RESOURCE_DESC`, `CUDA_TEXTURE_DESC`,
-/// `CUDA_RESOURCE_VIEW_DESC`.
-const RES_DESC: usize = 144;
-const TEX_DESC: usize = 104;
-const VIEW_DESC: usize = 112;
-
-/// A texture object as the program described it.
-#[derive(Debug, Clone, Copy)]
-struct Texture {
-    res: [u8; RES_DESC],
-    tex: [u8; TEX_DESC],
-    view: Option<[u8; VIEW_DESC]>,
-}
-
-#[derive(Debug)]
-struct Table {
-    arrays: BTreeMap<u64, ArrayDesc>,
-    textures: BTreeMap<u64, Texture>,
-    surfaces: BTreeMap<u64, [u8; RES_DESC]>,
-}
-
 fn table() -> MutexGuard<'static, Table> {
-    static T: Mutex<Table> = Mutex::new(Table {
-        arrays: BTreeMap::new(),
-        textures: BTreeMap::new(),
-        surfaces: BTreeMap::new(),
-    });
-    T.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&ARRAYS)
 }
 
 /// One of the process's arrays.
@@ -96,7 +72,7 @@ fn texture(obj: u64) -> Result<Texture, CuResult> {
 }
 
 fn create(desc: ArrayDesc) -> Result<u64, CuResult> {
-    crate::context::need_ctx()?;
+    crate::state::thread::need_ctx()?;
     if desc.check().is_err() {
         return Err(code::INVALID_VALUE);
     }
@@ -209,7 +185,7 @@ fn not_captured(st: CUstream) -> Result<(), CuResult> {
 
 /// A `CUDA_MEMCPY3D` with an array at one end or both.
 pub(crate) fn copy_3d(p: &Memcpy3d, st: CUstream, sync: bool) -> Result<(), CuResult> {
-    crate::context::need_ctx()?;
+    crate::state::thread::need_ctx()?;
     if p.src_lod != 0 || p.dst_lod != 0 {
         return Err(code::INVALID_VALUE);
     }
@@ -362,7 +338,7 @@ fn copy_1d(
     st: CUstream,
     sync: bool,
 ) -> Result<(), CuResult> {
-    crate::context::need_ctx()?;
+    crate::state::thread::need_ctx()?;
     not_captured(st)?;
     let d = array(h)?;
     let stream = resolve(st)?;
@@ -571,7 +547,7 @@ export! {
     }
 
     fn cuMemcpyAtoA_v2 [cuMemcpyAtoA_v2_ptds per_thread] (dst: u64, dst_offset: usize, src: u64, src_offset: usize, n: usize) {
-        crate::context::need_ctx()?;
+        crate::state::thread::need_ctx()?;
         let (d, s) = (array(dst)?, array(src)?);
         let stream = resolve(std::ptr::null_mut())?;
         // Runs within one row of both arrays.
@@ -603,7 +579,7 @@ export! {
     }
 
     fn cuTexObjectCreate(obj: *mut u64, res: *const [u8; RES_DESC], tex: *const [u8; TEX_DESC], view: *const [u8; VIEW_DESC]) {
-        crate::context::need_ctx()?;
+        crate::state::thread::need_ctx()?;
         let (res, tex) = (read(res)?, read(tex)?);
         let view = if view.is_null() { None } else { Some(read(view)?) };
         if obj.is_null() {
@@ -642,7 +618,7 @@ export! {
     }
 
     fn cuSurfObjectCreate(obj: *mut u64, res: *const [u8; RES_DESC]) {
-        crate::context::need_ctx()?;
+        crate::state::thread::need_ctx()?;
         let res = read(res)?;
         if obj.is_null() || u32_at(&res, 0) != resource::ARRAY || u32_at(&res, 136) != 0 {
             return Err(code::INVALID_VALUE);

@@ -5,100 +5,13 @@
 //! the driver API promises. Context-wide settings that only shape a query
 //! (cache and shared-memory configuration) are kept here.
 
-use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
 
 use cudarc::driver::sys::{CUcontext, CUdevice};
 
+use crate::state::thread::{current, need_ctx, pop, push, remove, set_current};
 use crate::state::{driver, gpu, objects, out, ContextInfo};
 use crate::{code, CuResult, DRIVER_VERSION};
-
-/// How deep a thread's context stack may grow.
-const STACK_DEPTH: usize = 64;
-
-/// A thread's context stack. It owns nothing to drop, so the thread-local
-/// holding it is never destroyed: other libraries' thread-exit destructors
-/// (cudart's, a framework's) that call the driver still see it.
-struct Stack {
-    len: Cell<usize>,
-    items: [Cell<usize>; STACK_DEPTH],
-}
-
-thread_local! {
-    /// The calling thread's context stack; the current context is its top.
-    static STACK: Stack = const {
-        Stack { len: Cell::new(0), items: [const { Cell::new(0) }; STACK_DEPTH] }
-    };
-}
-
-/// The calling thread's current context (0: none).
-pub(crate) fn current() -> usize {
-    STACK.with(|s| {
-        s.len
-            .get()
-            .checked_sub(1)
-            .map_or(0, |top| s.items[top].get())
-    })
-}
-
-fn set_current(h: usize) {
-    STACK.with(|s| match s.len.get() {
-        0 if h != 0 => {
-            s.items[0].set(h);
-            s.len.set(1);
-        }
-        0 => {}
-        n if h == 0 => s.len.set(n - 1),
-        n => s.items[n - 1].set(h),
-    })
-}
-
-/// Pushes `h`; `CUDA_ERROR_OUT_OF_MEMORY` past `STACK_DEPTH` contexts.
-fn push(h: usize) -> Result<(), CuResult> {
-    STACK.with(|s| {
-        let n = s.len.get();
-        if n == STACK_DEPTH {
-            return Err(code::OUT_OF_MEMORY);
-        }
-        s.items[n].set(h);
-        s.len.set(n + 1);
-        Ok(())
-    })
-}
-
-/// Pops the top context, if any.
-fn pop() -> Option<usize> {
-    STACK.with(|s| {
-        let n = s.len.get().checked_sub(1)?;
-        s.len.set(n);
-        Some(s.items[n].get())
-    })
-}
-
-/// Takes `h` out of this thread's stack wherever it is.
-fn remove(h: usize) {
-    STACK.with(|s| {
-        let mut kept = 0;
-        for i in 0..s.len.get() {
-            let c = s.items[i].get();
-            if c != h {
-                s.items[kept].set(c);
-                kept += 1;
-            }
-        }
-        s.len.set(kept);
-    })
-}
-
-/// `CUDA_ERROR_INVALID_CONTEXT` unless the calling thread has a current
-/// context (after `cuInit`).
-pub(crate) fn need_ctx() -> Result<(), CuResult> {
-    driver()?;
-    if current() == 0 {
-        return Err(code::INVALID_CONTEXT);
-    }
-    Ok(())
-}
 
 fn check_dev(d: CUdevice) -> Result<(), CuResult> {
     if d == 0 {
@@ -149,7 +62,7 @@ fn host_limit(limit: c_int) -> Result<Option<u32>, CuResult> {
     }
 }
 
-type ClsEntries = Vec<(usize, usize, crate::export_table::ClsDtor)>;
+type ClsEntries = Vec<(usize, usize, crate::state::ClsDtor)>;
 
 /// Takes the context-local storage of context `h`: (key, value, destructor).
 fn take_cls(o: &mut crate::state::Objects, h: usize) -> ClsEntries {
@@ -341,7 +254,7 @@ export! {
     fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) {
         need_ctx()?;
         crate::state::out_opt(least, 0)?;
-        crate::state::out_opt(greatest, crate::stream::GREATEST_PRIORITY)
+        crate::state::out_opt(greatest, crate::GREATEST_PRIORITY)
     }
 
     /// The persisting part of L2 is the host's; nothing to reset for a vGPU.
@@ -404,40 +317,5 @@ export! {
         drop(o);
         run_cls_dtors(p, dtors);
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn set_current_replaces_the_top_and_null_pops() {
-        set_current(5);
-        assert_eq!(current(), 5);
-        push(7).unwrap();
-        assert_eq!(current(), 7);
-        set_current(9);
-        assert_eq!(current(), 9);
-        set_current(0);
-        assert_eq!(current(), 5);
-        set_current(0);
-        assert_eq!(current(), 0);
-        set_current(0);
-        assert_eq!(current(), 0);
-    }
-
-    #[test]
-    fn the_stack_is_bounded_and_removal_keeps_the_order() {
-        for h in 1..=STACK_DEPTH {
-            push(h).unwrap();
-        }
-        assert_eq!(push(99), Err(code::OUT_OF_MEMORY));
-        remove(STACK_DEPTH);
-        remove(3);
-        assert_eq!(current(), STACK_DEPTH - 1);
-        assert_eq!(pop(), Some(STACK_DEPTH - 1));
-        while pop().is_some() {}
-        assert_eq!(current(), 0);
     }
 }

@@ -12,7 +12,7 @@ use cudarc::driver::sys::{CUdeviceptr, CUstream};
 
 use crate::memory::{dtod, dtoh, host_view, htod, is_device, memtype};
 use crate::state::gpu;
-use crate::stream::resolve;
+use crate::state::thread::resolve;
 use crate::{code, CuResult};
 
 /// `CUDA_MEMCPY2D`.
@@ -312,7 +312,7 @@ fn copy1(
 
 /// A box copy in `st`'s order, or a memcpy node when `st` is capturing.
 fn copy_box(b: Box3d, st: CUstream, sync: bool) -> Result<(), CuResult> {
-    crate::context::need_ctx()?;
+    crate::state::thread::need_ctx()?;
     if crate::graph::capture::add(st, || Ok(crate::graph::Op::Copy(b)))? {
         return Ok(());
     }

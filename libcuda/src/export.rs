@@ -15,7 +15,7 @@
 /// The body returns `Result<(), CuResult>`; panics are caught. Each name in
 /// brackets is exported too, as the same function; a `per_thread` alias
 /// (the `_ptds`/`_ptsz` variants) runs it with the per-thread default
-/// stream as the default stream ([`stream::per_thread`]). `build.rs` reads
+/// stream as the default stream ([`state::thread::per_thread`](crate::state::thread::per_thread)). `build.rs` reads
 /// these `fn` lines to know which symbols are served, so the name and its
 /// aliases stay on the `fn` line.
 macro_rules! export {
@@ -57,7 +57,7 @@ macro_rules! export {
         #[no_mangle]
         pub unsafe extern "C" fn $alias($($arg: $ty),*) -> $crate::CuResult {
             // SAFETY: the caller keeps the contract of the function it names.
-            $crate::stream::per_thread(|| unsafe { $name($($arg),*) })
+            $crate::state::thread::per_thread(|| unsafe { $name($($arg),*) })
         }
     };
 }

@@ -10,28 +10,16 @@
 //! Should no channel be free for the thread, a host function runs in the
 //! calling thread once its stream is done instead.
 
-use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
-use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::sys::CUstream;
 
-use crate::context::need_ctx;
+use crate::state::process::{lock, HostFns, CALLBACK_THREAD, HOST_FNS};
+pub(crate) use crate::state::process::{Call, HostFn, StreamCallback};
+use crate::state::thread::need_ctx;
+use crate::state::thread::resolve;
 use crate::state::{driver, gpu};
-use crate::stream::resolve;
 use crate::{code, CuResult};
-
-/// `CUhostFn`.
-pub(crate) type HostFn = unsafe extern "C" fn(*mut c_void);
-/// `CUstreamCallback`.
-pub(crate) type StreamCallback = unsafe extern "C" fn(CUstream, CuResult, *mut c_void);
-
-/// A function waiting to run.
-#[derive(Clone, Copy)]
-pub(crate) enum Call {
-    Fn(HostFn, usize),
-    Callback(StreamCallback, usize, usize),
-}
 
 impl Call {
     /// Runs it, with the error of the work before it (callbacks see it).
@@ -48,19 +36,9 @@ impl Call {
     }
 }
 
-#[derive(Default)]
-struct Registry {
-    next: u64,
-    calls: HashMap<u64, Call>,
-}
-
-static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
-/// Whether the callback thread runs (false: none could be started).
-static THREAD: OnceLock<bool> = OnceLock::new();
-
 /// Starts the callback thread on a channel of its own, once.
 fn callback_thread() -> bool {
-    *THREAD.get_or_init(|| {
+    *CALLBACK_THREAD.get_or_init(|| {
         let Ok(d) = driver() else { return false };
         let Ok(mut g) = d.joiner().join() else {
             return false;
@@ -71,11 +49,7 @@ fn callback_thread() -> bool {
                 match g.wait_host_fn() {
                     Ok((0, _)) => {}
                     Ok((id, status)) => {
-                        let call = REGISTRY
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .as_mut()
-                            .and_then(|r| r.calls.remove(&id));
+                        let call = lock(&HOST_FNS).as_mut().and_then(|r| r.calls.remove(&id));
                         if let Some(call) = call {
                             let _ = std::panic::catch_unwind(|| call.run(status));
                         }
@@ -106,14 +80,14 @@ pub(crate) fn enqueue(st: CUstream, call: Call) -> Result<(), CuResult> {
         return Ok(());
     }
     let id = {
-        let mut g = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
-        let r = g.get_or_insert_with(Registry::default);
+        let mut g = lock(&HOST_FNS);
+        let r = g.get_or_insert_with(HostFns::default);
         r.next += 1;
         r.calls.insert(r.next, call);
         r.next
     };
     gpu(|g| g.host_fn(stream, id)).inspect_err(|_| {
-        if let Some(r) = REGISTRY.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        if let Some(r) = lock(&HOST_FNS).as_mut() {
             r.calls.remove(&id);
         }
     })

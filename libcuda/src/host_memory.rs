@@ -33,7 +33,7 @@ use std::ffi::{c_uint, c_void};
 use cudarc::driver::sys::CUdeviceptr;
 use transport::shm::FixedMapping;
 
-use crate::context::need_ctx;
+use crate::state::thread::need_ctx;
 use crate::state::{driver, gpu, objects, out};
 use crate::{code, CuResult};
 
@@ -228,13 +228,13 @@ pub(crate) fn attribute(ptr: u64, attr: i32) -> Option<Result<Attr, CuResult>> {
         } else {
             crate::memory::memtype::HOST
         }),
-        1 => Attr::U64(crate::context::current() as u64), // CONTEXT
-        3 => Attr::U64(dev),                              // DEVICE_POINTER
-        4 => Attr::U64(ptr),                              // HOST_POINTER
-        6 => Attr::I32(1),                                // SYNC_MEMOPS
-        7 | 20 => Attr::U64(base),                        // BUFFER_ID, MEMORY_BLOCK_ID
-        8 => Attr::I32(i32::from(managed)),               // IS_MANAGED
-        9 => Attr::I32(0),                                // DEVICE_ORDINAL
+        1 => Attr::U64(crate::state::thread::current() as u64), // CONTEXT
+        3 => Attr::U64(dev),                                    // DEVICE_POINTER
+        4 => Attr::U64(ptr),                                    // HOST_POINTER
+        6 => Attr::I32(1),                                      // SYNC_MEMOPS
+        7 | 20 => Attr::U64(base),                              // BUFFER_ID, MEMORY_BLOCK_ID
+        8 => Attr::I32(i32::from(managed)),                     // IS_MANAGED
+        9 => Attr::I32(0),                                      // DEVICE_ORDINAL
         10 | 15 | 21 => Attr::I32(0),
         11 | 19 => Attr::U64(start), // RANGE_START_ADDR, MAPPING_BASE_ADDR
         12 | 18 => Attr::U64(len),   // RANGE_SIZE, MAPPING_SIZE

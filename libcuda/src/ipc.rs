@@ -21,12 +21,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::c_uint;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
 use cudarc::driver::sys::{CUdeviceptr, CUevent};
 use protocol::Request;
 
-use crate::context::need_ctx;
+use crate::state::process::{lock, IPC_EVENTS, IPC_OPENED};
+use crate::state::thread::need_ctx;
 use crate::state::{gpu, objects, out, Range, RangeKind};
 use crate::{code, CuResult};
 
@@ -103,8 +104,7 @@ impl IpcEventHandle {
 
 /// Events of this process made with `CU_EVENT_INTERPROCESS`.
 fn interprocess() -> MutexGuard<'static, BTreeSet<u64>> {
-    static E: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
-    E.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&IPC_EVENTS)
 }
 
 /// An event was made (`cuEventCreate`) with `flags`.
@@ -121,8 +121,7 @@ pub(crate) fn event_destroyed(event: u64) {
 
 /// Ranges this process opened: start -> opens.
 fn opened() -> MutexGuard<'static, BTreeMap<u64, u32>> {
-    static O: Mutex<BTreeMap<u64, u32>> = Mutex::new(BTreeMap::new());
-    O.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&IPC_OPENED)
 }
 
 fn call(req: Request) -> Result<[u64; 4], CuResult> {

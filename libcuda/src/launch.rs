@@ -9,10 +9,10 @@ use std::ffi::{c_int, c_uint, c_void};
 use cudarc::driver::sys::{CUdevice, CUfunction, CUstream};
 use protocol::Dim3;
 
-use crate::context::need_ctx;
 use crate::module::kernel;
+use crate::state::thread::need_ctx;
+use crate::state::thread::resolve;
 use crate::state::{driver, gpu, out};
-use crate::stream::resolve;
 use crate::{code, CuResult};
 
 /// `extra` markers of `cuLaunchKernel` (`CU_LAUNCH_PARAM_*`).

@@ -74,9 +74,9 @@ pub mod stream;
 pub mod tensor_map;
 pub mod vmm;
 
-use std::collections::HashSet;
 use std::ffi::c_uint;
-use std::sync::Mutex;
+
+pub(crate) use state::log::{log_once, not_supported, trace};
 
 /// `CUresult` as the C ABI carries it.
 pub type CuResult = c_uint;
@@ -117,6 +117,9 @@ pub(crate) mod code {
 /// The CUDA version this library reports (13.0).
 pub(crate) const DRIVER_VERSION: i32 = guest::CUDA_DRIVER_VERSION;
 
+/// The highest stream priority (numerically lowest) a vGPU offers.
+pub(crate) const GREATEST_PRIORITY: std::ffi::c_int = -5;
+
 /// Runs an entry point's body: its `Err` is the call's `CUresult`, and a
 /// panic (a bug here) becomes `CUDA_ERROR_UNKNOWN` instead of unwinding
 /// into C.
@@ -126,37 +129,6 @@ pub(crate) fn entry(f: impl FnOnce() -> Result<(), CuResult>) -> CuResult {
         Ok(Err(e)) => e,
         Err(_) => code::UNKNOWN,
     }
-}
-
-/// Whether `FAIRVGPU_LIBCUDA_TRACE` asks for every call to be logged.
-fn tracing_calls() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("FAIRVGPU_LIBCUDA_TRACE").is_some())
-}
-
-/// Logs a call and its result on standard error when
-/// `FAIRVGPU_LIBCUDA_TRACE` is set (a debugging aid; off, it costs one load).
-pub(crate) fn trace(name: &str, r: CuResult) {
-    if tracing_calls() {
-        eprintln!("fairvgpu libcuda: {name} -> {r}");
-    }
-}
-
-/// Logs `what` on standard error, once per process.
-pub(crate) fn log_once(what: &str) {
-    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-    let mut g = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if g.get_or_insert_with(HashSet::new).insert(what.to_owned()) {
-        eprintln!("fairvgpu libcuda: {what}");
-    }
-}
-
-/// What a feature we do not serve answers (logged once).
-pub(crate) fn not_supported(what: &str) -> CuResult {
-    log_once(&format!(
-        "{what} is not supported; returning CUDA_ERROR_NOT_SUPPORTED"
-    ));
-    code::NOT_SUPPORTED
 }
 
 /// What every entry point that no module serves answers.

@@ -23,9 +23,9 @@ use std::ffi::{c_int, c_void};
 
 use cudarc::driver::sys::{CUdevice, CUdeviceptr, CUstream};
 
-use crate::context::need_ctx;
+use crate::state::thread::need_ctx;
+use crate::state::thread::resolve;
 use crate::state::{gpu, objects, out, RangeKind};
-use crate::stream::resolve;
 use crate::{code, CuResult};
 
 /// A pool: its settable attributes, and what is allocated from it.

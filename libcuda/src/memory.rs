@@ -9,11 +9,11 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUstream};
 
-use crate::context::{current, need_ctx};
 use crate::copy_nd::Box3d;
 use crate::graph::{MemsetOp, Op};
+use crate::state::thread::resolve;
+use crate::state::thread::{current, need_ctx};
 use crate::state::{gpu, host_dst, host_src, objects, out, out_opt, work, Range, RangeKind};
-use crate::stream::resolve;
 use crate::{code, CuResult};
 
 /// `CUmemorytype`.

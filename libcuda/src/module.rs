@@ -17,7 +17,7 @@ use std::mem::MaybeUninit;
 
 use cudarc::driver::sys::{CUdeviceptr, CUfunction, CUmodule};
 
-use crate::context::need_ctx;
+use crate::state::thread::need_ctx;
 use crate::state::{c_str, gpu, host_src, objects, out, out_opt, Kernel, Range, RangeKind};
 use crate::{code, CuResult};
 use protocol::ImageKind;

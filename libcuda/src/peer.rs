@@ -12,8 +12,8 @@ use std::ffi::c_uint;
 
 use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUstream};
 
-use crate::context::need_ctx;
 use crate::state::objects;
+use crate::state::thread::need_ctx;
 use crate::{code, CuResult};
 
 /// `CUDA_ERROR_INVALID_CONTEXT` unless `ctx` is a live context of this

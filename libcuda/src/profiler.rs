@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_int};
 
-use crate::context::need_ctx;
+use crate::state::thread::need_ctx;
 
 export! {
     fn cuProfilerInitialize(_config: *const c_char, _out: *const c_char, _mode: c_int) {

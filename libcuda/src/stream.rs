@@ -7,82 +7,17 @@
 //! it: a blocking stream, which synchronizes with the legacy stream as
 //! CUDA's per-thread stream does.
 
-use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_ulonglong};
 
 use cudarc::driver::sys::{CUcontext, CUdevice, CUevent, CUstream};
 
-use crate::context::{current, need_ctx};
+use crate::state::thread::{current, need_ctx, resolve};
 use crate::state::{driver, gpu, objects, out};
-use crate::{code, CuResult};
+use crate::{code, CuResult, GREATEST_PRIORITY};
 use protocol::stream_attr::{self, StreamAttr, RAW_LEN};
 
-/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`.
-const LEGACY: u64 = 0x1;
-const PER_THREAD: u64 = 0x2;
-/// The highest stream priority (numerically lowest) a vGPU offers.
-pub(crate) const GREATEST_PRIORITY: c_int = -5;
 /// `CU_STREAM_NON_BLOCKING`.
 const NON_BLOCKING: u32 = 0x1;
-
-thread_local! {
-    /// Whether the entry point running on this thread is a per-thread
-    /// default stream variant.
-    static PTDS: Cell<bool> = const { Cell::new(false) };
-    /// This thread's default stream, once made.
-    static OWN: ThreadStream = const { ThreadStream(Cell::new(0)) };
-}
-
-/// A thread's own default stream, destroyed on the host when the thread ends.
-struct ThreadStream(Cell<u64>);
-
-impl Drop for ThreadStream {
-    fn drop(&mut self) {
-        let h = self.0.get();
-        if h != 0 {
-            let _ = gpu(|g| g.stream_destroy(h));
-        }
-    }
-}
-
-/// Runs `f` (an entry point) with the per-thread default stream as the
-/// default stream.
-pub(crate) fn per_thread(f: impl FnOnce() -> CuResult) -> CuResult {
-    let was = PTDS.with(|p| p.replace(true));
-    let r = f();
-    PTDS.with(|p| p.set(was));
-    r
-}
-
-/// This thread's default stream on the host.
-fn thread_stream() -> Result<u64, CuResult> {
-    if let Some(h) = OWN.try_with(|s| s.0.get()).ok().filter(|&h| h != 0) {
-        return Ok(h);
-    }
-    let h = gpu(|g| g.stream_create(0, 0))?;
-    if OWN.try_with(|s| s.0.set(h)).is_err() {
-        // The thread is ending: use the stream once and let it go.
-        let _ = gpu(|g| g.stream_destroy(h));
-        return Ok(0);
-    }
-    objects()?.streams.insert(h, (0, 0));
-    Ok(h)
-}
-
-/// The host stream a `CUstream` argument names.
-pub(crate) fn resolve(st: CUstream) -> Result<u64, CuResult> {
-    match st as u64 {
-        0 if PTDS.with(Cell::get) => thread_stream(),
-        0 | LEGACY => Ok(0),
-        PER_THREAD => thread_stream(),
-        h => {
-            if !objects()?.streams.contains_key(&h) {
-                return Err(code::INVALID_HANDLE);
-            }
-            Ok(h)
-        }
-    }
-}
 
 /// Flags and priority of a stream argument (the default streams are
 /// blocking, of priority 0).

@@ -9,22 +9,17 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void};
-use std::sync::Mutex;
 
 use protocol::tensor_map::{TensorMapKind, TensorMapParams, TENSOR_MAP_BYTES};
 
 use crate::state::gpu;
+use crate::state::process::{lock, TensorMap as Map, TENSOR_MAPS};
 use crate::{code, CuResult};
 
-/// `CUtensorMap`: 128 bytes, 64-byte aligned.
-type Map = [u8; TENSOR_MAP_BYTES];
-
-/// Descriptors made here, most recent last, and their shapes (bounded).
-static MADE: Mutex<Option<HashMap<Map, TensorMapParams>>> = Mutex::new(None);
 const KEEP: usize = 4096;
 
 fn remember(map: Map, p: TensorMapParams) {
-    let mut g = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = lock(&TENSOR_MAPS);
     let m = g.get_or_insert_with(HashMap::new);
     if m.len() >= KEEP {
         m.clear();
@@ -51,7 +46,7 @@ fn encode(out: *mut Map, p: TensorMapParams) -> Result<(), CuResult> {
     if out.is_null() {
         return Err(code::INVALID_VALUE);
     }
-    crate::context::need_ctx()?;
+    crate::state::thread::need_ctx()?;
     let bytes = gpu(|g| g.tensor_map(&p.encode()))?;
     let map: Map = bytes.try_into().map_err(|_| code::UNKNOWN)?;
     // SAFETY: checked for null; the caller's descriptor to fill.
@@ -134,9 +129,7 @@ export! {
         }
         // SAFETY: checked for null; the caller's descriptor.
         let old = unsafe { map.read_unaligned() };
-        let p = MADE
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let p = lock(&TENSOR_MAPS)
             .as_ref()
             .and_then(|m| m.get(&old).copied())
             .ok_or(code::INVALID_VALUE)?;

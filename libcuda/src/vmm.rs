@@ -20,14 +20,14 @@
 //! gets a handle of its own for the same memory, which stays counted to
 //! the exporter (the host's `session/share.rs`).
 
-use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
 use cudarc::driver::sys::CUdeviceptr;
 use protocol::{Request, VMM_GRANULARITY as G};
 
 use crate::shareable;
+use crate::state::process::{lock, VmmTable as Table, VMM};
 use crate::state::{driver, gpu, objects, out, Range, RangeKind};
 use crate::{code, CuResult};
 
@@ -69,25 +69,8 @@ pub(crate) const HANDLE_TYPE_POSIX_FD: c_uint = 1;
 const PROT_READ: c_uint = 1;
 const PROT_READWRITE: c_uint = 3;
 
-/// What the process holds, as the host answered.
-#[derive(Debug)]
-struct Table {
-    /// Handle -> (handles held, requested handle types).
-    handles: BTreeMap<u64, (u32, c_uint)>,
-    /// Mapping start -> (size, access flags set).
-    maps: BTreeMap<u64, (u64, c_uint)>,
-    /// Handle -> the compression type the host's driver gave its memory
-    /// (handles of compressible memory only).
-    compressed: BTreeMap<u64, u8>,
-}
-
 fn table() -> MutexGuard<'static, Table> {
-    static T: Mutex<Table> = Mutex::new(Table {
-        handles: BTreeMap::new(),
-        maps: BTreeMap::new(),
-        compressed: BTreeMap::new(),
-    });
-    T.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&VMM)
 }
 
 /// A size or address of the API: nonzero, a multiple of the granularity.

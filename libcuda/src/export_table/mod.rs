@@ -19,7 +19,7 @@ use std::ffi::{c_char, c_void};
 
 use cudarc::driver::sys::{CUcontext, CUdevice, CUfunction, CUmodule, CUuuid};
 
-use crate::context::current;
+use crate::state::thread::current;
 use crate::state::{self, objects, out};
 use crate::{code, CuResult};
 
@@ -162,8 +162,7 @@ static TOOLS_TLS: Table<3> = Table([
 
 // ---------------------------------------------------------------- context-local storage
 
-/// What the runtime stores per context.
-pub(crate) type ClsDtor = extern "C" fn(CUcontext, *mut c_void, *mut c_void);
+use crate::state::ClsDtor;
 
 /// The context `ctx` names, or the current one.
 fn cls_context(ctx: CUcontext) -> Result<usize, CuResult> {

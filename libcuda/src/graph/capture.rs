@@ -8,16 +8,16 @@
 //! for every stream in it and gives the graph. Synchronizing a capturing
 //! stream is refused and spoils the capture, as CUDA does.
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use cudarc::driver::sys::{CUevent, CUstream};
 
 use super::{graphs, Op};
+use crate::state::process::CAPTURING;
+use crate::state::thread::resolve;
 use crate::state::{out, out_opt};
-use crate::stream::resolve;
 use crate::{code, CuResult};
 
 /// `CUDA_ERROR_STREAM_CAPTURE_*`.
@@ -54,15 +54,6 @@ pub(crate) struct Captures {
     /// Captures spoiled by an illegal call.
     invalid: std::collections::HashSet<u64>,
     next_id: u64,
-}
-
-/// Streams capturing now (so that a stream's operations look no further
-/// while none is).
-static CAPTURING: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// This thread's `CUstreamCaptureMode` (cuThreadExchangeStreamCaptureMode).
-    static MODE: Cell<c_uint> = const { Cell::new(0) };
 }
 
 /// If `st` is capturing, adds the operation `op` makes to its graph after
@@ -180,7 +171,7 @@ pub(crate) fn wait(st: CUstream, e: CUevent) -> Result<bool, CuResult> {
 
 /// Starts capturing `st` into `graph` (a new one if `None`) after `deps`.
 fn begin(st: CUstream, graph: Option<u64>, deps: &[u64], mode: c_int) -> Result<(), CuResult> {
-    crate::context::need_ctx()?;
+    crate::state::thread::need_ctx()?;
     let mode = u32::try_from(mode)
         .ok()
         .filter(|m| *m <= 2)
@@ -276,12 +267,6 @@ fn info(st: CUstream) -> Result<(c_int, u64, u64, Vec<u64>), CuResult> {
     })
 }
 
-thread_local! {
-    /// The dependencies last handed out by cuStreamGetCaptureInfo on this
-    /// thread (the caller reads them through the pointer it was given).
-    static DEPS_OUT: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// Writes a capture's details through the caller's optional pointers.
 fn write_info(
     st: CUstream,
@@ -291,7 +276,7 @@ fn write_info(
     deps: *mut *const u64,
     n: *mut usize,
 ) -> Result<(), CuResult> {
-    crate::context::need_ctx()?;
+    crate::state::thread::need_ctx()?;
     let (s, i, g, d) = info(st)?;
     out(status, s)?;
     if s == 0 {
@@ -301,12 +286,7 @@ fn write_info(
     out_opt(graph, g)?;
     out_opt(n, d.len())?;
     // A thread-exit destructor finds this thread's list gone.
-    let p = DEPS_OUT
-        .try_with(|v| {
-            *v.borrow_mut() = d;
-            v.borrow().as_ptr()
-        })
-        .map_err(|_| code::DEINITIALIZED)?;
+    let p = crate::state::thread::hand_out_deps(d)?;
     out_opt(deps, p)
 }
 
@@ -352,7 +332,7 @@ export! {
     }
 
     fn cuStreamIsCapturing [cuStreamIsCapturing_ptsz per_thread] (st: CUstream, status: *mut c_int) {
-        crate::context::need_ctx()?;
+        crate::state::thread::need_ctx()?;
         out(status, info(st)?.0)
     }
 
@@ -389,7 +369,7 @@ export! {
         if new > 2 {
             return Err(code::INVALID_VALUE);
         }
-        let old = MODE.with(|m| m.replace(new));
+        let old = crate::state::thread::exchange_capture_mode(new);
         out(mode, old)
     }
 }

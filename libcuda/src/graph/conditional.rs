@@ -286,7 +286,7 @@ export! {
         if h.is_null() || flags & !ASSIGN_DEFAULT != 0 {
             return Err(code::INVALID_VALUE);
         }
-        crate::context::need_ctx()?;
+        crate::state::thread::need_ctx()?;
         let top = {
             let mut s = graphs();
             s.graph(g)?;

@@ -231,7 +231,7 @@ fn run(op: &Op, st: CUstream) -> Result<(), CuResult> {
 }
 
 fn launch(e: u64, st: CUstream) -> Result<(), CuResult> {
-    crate::context::need_ctx()?;
+    crate::state::thread::need_ctx()?;
     let (ops, deps, mut host, stale, allocs, frees) = {
         let s = graphs();
         let ex = s.execs.get(&e).ok_or(code::INVALID_VALUE)?;
@@ -246,7 +246,7 @@ fn launch(e: u64, st: CUstream) -> Result<(), CuResult> {
         )
     };
     // The stream is checked once, before any of it is sent.
-    let stream = crate::stream::resolve(st)?;
+    let stream = crate::state::thread::resolve(st)?;
     super::memory::launched(&allocs, &frees);
     if stale {
         // Its operations changed since the host built it: again.
@@ -397,7 +397,7 @@ export! {
 
     /// Nothing to upload ahead: the operations go when launched.
     fn cuGraphUpload [cuGraphUpload_ptsz per_thread] (e: u64, st: CUstream) {
-        crate::stream::resolve(st)?;
+        crate::state::thread::resolve(st)?;
         graphs().execs.get(&e).map(drop).ok_or(code::INVALID_VALUE)
     }
 
@@ -461,7 +461,8 @@ export! {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Graph, Node};
+    use super::super::model::Node;
+    use super::super::Graph;
     use super::*;
 
     fn node(id: u64, op: Op, deps: &[u64]) -> Node {

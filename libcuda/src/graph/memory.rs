@@ -110,7 +110,7 @@ pub(crate) fn release(ptrs: Vec<u64>) {
 
 /// A new graph allocation of `size` bytes (its address fixed from now on).
 fn allocate(size: u64) -> Result<u64, CuResult> {
-    crate::context::need_ctx()?;
+    crate::state::thread::need_ctx()?;
     if size == 0 {
         return Err(code::INVALID_VALUE);
     }

@@ -6,8 +6,8 @@ use std::ffi::{c_int, c_uint, c_void};
 use cudarc::driver::sys::{CUdeviceptr, CUstream};
 
 use super::{read, to_device, write, Advice, DEVICE_CPU, DEVICE_INVALID};
-use crate::context::need_ctx;
 use crate::state::out;
+use crate::state::thread::need_ctx;
 use crate::{code, CuResult};
 
 /// `CUmemLocation`, passed by value: type and id.
@@ -75,7 +75,7 @@ fn with_advice(ptr: u64, count: u64, f: impl FnOnce(&mut Advice)) -> Result<(), 
 /// Migrates `[ptr, ptr + count)` to `dev` (0 or [`DEVICE_CPU`]).
 fn prefetch(ptr: u64, count: u64, dev: i32, st: CUstream) -> Result<(), CuResult> {
     need_ctx()?;
-    let stream = crate::stream::resolve(st)?;
+    let stream = crate::state::thread::resolve(st)?;
     if !managed_range(ptr, count)? {
         return Ok(());
     }
@@ -194,7 +194,7 @@ export! {
     /// Checked and kept; every kernel may reach any managed memory here.
     fn cuStreamAttachMemAsync [cuStreamAttachMemAsync_ptsz per_thread] (st: CUstream, ptr: CUdeviceptr, len: usize, flags: c_uint) {
         need_ctx()?;
-        crate::stream::resolve(st)?;
+        crate::state::thread::resolve(st)?;
         if !ATTACH_FLAGS.contains(&flags) {
             return Err(code::INVALID_VALUE);
         }

@@ -4,19 +4,7 @@
 //! allocation's goes to the handler that was there before (the program's
 //! own, or the default action: the process dies of SIGSEGV as without us).
 
-use std::sync::{Once, OnceLock};
-
-/// The action that was installed before ours.
-struct Prev(libc::sigaction);
-
-// SAFETY: a plain C struct of function pointers and flags, written once
-// before the handler can run and only read after.
-unsafe impl Send for Prev {}
-// SAFETY: as above.
-unsafe impl Sync for Prev {}
-
-static PREV: OnceLock<Prev> = OnceLock::new();
-static INSTALL: Once = Once::new();
+use crate::state::process::{Prev, FAULT_INSTALL as INSTALL, FAULT_PREV as PREV};
 
 /// `si_code` of a fault on a mapped page the access was not allowed to.
 const SEGV_ACCERR: libc::c_int = 2;

@@ -72,13 +72,14 @@ mod map;
 pub(crate) mod residence;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 use map::{Prot, View};
 use residence::{Residence, Span, Where, CHUNK};
 
 use crate::state::gpu;
+use crate::state::process::{MANAGED as TABLE, MANAGED_COUNT as COUNT};
 use crate::{code, CuResult};
 
 const PAGE: u64 = 4096;
@@ -136,13 +137,15 @@ impl Table {
     }
 }
 
-static TABLE: RwLock<Table> = RwLock::new(Table {
-    allocs: BTreeMap::new(),
-    on_host: 0,
-});
-
-/// Allocations in [`TABLE`]: with none, device work takes no lock.
-static COUNT: AtomicUsize = AtomicUsize::new(0);
+impl Table {
+    /// The empty table.
+    pub(crate) const fn new() -> Table {
+        Table {
+            allocs: BTreeMap::new(),
+            on_host: 0,
+        }
+    }
+}
 
 fn read() -> RwLockReadGuard<'static, Table> {
     TABLE.read().unwrap_or_else(|e| e.into_inner())
@@ -244,7 +247,7 @@ fn fetch(base: u64, m: &mut Managed, span: Span) -> Result<(), CuResult> {
 /// A CPU access faulted at `addr`: true if it was managed memory, now
 /// accessible for the access to run again.
 fn on_fault(addr: u64) -> bool {
-    if COUNT.load(Ordering::Acquire) == 0 || crate::state::in_call() {
+    if COUNT.load(Ordering::Acquire) == 0 || crate::state::thread::in_call() {
         return false;
     }
     let mut t = write();

@@ -9,8 +9,24 @@
 //! channels. A thread keeps its channel for life (its calls stay in order
 //! on it); the host runs the process's calls in the order they were made
 //! across all its channels.
+//!
+//! Every piece of mutable state the stand-in keeps is here, each item
+//! saying what it holds and who changes it:
+//! - this file: [`Driver`] (made once by `cuInit`: the channels, the
+//!   pinned pool, and the handle tables of [`Objects`]) and whether the
+//!   process let go of its vGPU at exit;
+//! - [`process`]: the other process-wide tables (graphs and captures,
+//!   managed memory, VMM, arrays and textures, IPC, host functions, tensor
+//!   maps, the fault handler's previous action);
+//! - [`thread`]: every `thread_local!` (context stack, default streams,
+//!   channel slot, calls in flight, capture mode and info);
+//! - [`log`]: what was logged once, and whether calls are traced.
+//!
+//! The other `static`s of the crate are constants: the export tables and
+//! the zeroed blocks they hand out (`export_table/`), the error texts
+//! (`device.rs`, built once from constant tables), and the entry-point
+//! table `build.rs` makes.
 
-use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -19,6 +35,12 @@ use guest::{Function, Gpu, GuestError};
 use protocol::DeviceInfo;
 
 use crate::{code, CuResult};
+
+pub(crate) mod log;
+pub(crate) mod process;
+pub(crate) mod thread;
+
+use thread::InCall;
 
 /// What `cuInit` made.
 pub(crate) struct Driver {
@@ -87,6 +109,11 @@ pub(crate) struct ContextInfo {
     pub primary: bool,
 }
 
+/// The destructor the runtime gives for a value it stores per context
+/// (context-local storage, `export_table`).
+pub(crate) type ClsDtor =
+    extern "C" fn(cudarc::driver::sys::CUcontext, *mut std::ffi::c_void, *mut std::ffi::c_void);
+
 /// What the process holds, by handle.
 #[derive(Debug, Default)]
 pub(crate) struct Objects {
@@ -116,7 +143,7 @@ pub(crate) struct Objects {
     pub libraries: HashMap<usize, crate::module::Library>,
     /// The runtime's context-local storage: (context, key) -> (value,
     /// destructor), see `export_table`.
-    pub cls: HashMap<(usize, usize), (usize, Option<crate::export_table::ClsDtor>)>,
+    pub cls: HashMap<(usize, usize), (usize, Option<ClsDtor>)>,
 }
 
 impl Objects {
@@ -148,44 +175,14 @@ impl Objects {
     }
 }
 
+/// The driver state: set once by the first `cuInit` ([`init`]), never
+/// changed after (its parts have their own locks).
 static DRIVER: OnceLock<Result<Driver, CuResult>> = OnceLock::new();
 
-/// A thread's slot, given back when the thread ends.
-struct Binding(Cell<Option<usize>>);
-
-impl Drop for Binding {
-    fn drop(&mut self) {
-        if let (Some(s), Some(Ok(d))) = (self.0.get(), DRIVER.get()) {
-            d.users[s].fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-}
-
-thread_local! {
-    static SLOT: Binding = const { Binding(Cell::new(None)) };
-    /// Calls to the host the thread is inside (read by the managed-memory
-    /// fault handler, which must not wait on the call's own lock).
-    static IN_CALL: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Whether the calling thread is inside a call to the host.
-pub(crate) fn in_call() -> bool {
-    IN_CALL.try_with(Cell::get).unwrap_or(0) > 0
-}
-
-/// Counts the thread in a call to the host while alive.
-struct InCall;
-
-impl InCall {
-    fn enter() -> InCall {
-        let _ = IN_CALL.try_with(|c| c.set(c.get() + 1));
-        InCall
-    }
-}
-
-impl Drop for InCall {
-    fn drop(&mut self) {
-        let _ = IN_CALL.try_with(|c| c.set(c.get() - 1));
+/// Gives back a thread's binding to `slot` (the thread ended).
+fn unbind(slot: usize) {
+    if let Some(Ok(d)) = DRIVER.get() {
+        d.users[slot].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -306,7 +303,7 @@ impl Driver {
     /// thread uses, a new channel while there are fewer than the cap, else
     /// the least used slot.
     fn slot(&self) -> usize {
-        if let Some(s) = SLOT.try_with(|b| b.0.get()).ok().flatten() {
+        if let Some(s) = thread::bound_slot() {
             return s;
         }
         let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
@@ -327,7 +324,7 @@ impl Driver {
             None => (0..*opened).min_by_key(|&i| used(i)).unwrap_or(0),
         };
         self.users[slot].fetch_add(1, Ordering::Relaxed);
-        if SLOT.try_with(|b| b.0.set(Some(slot))).is_err() {
+        if !thread::bind_slot(slot) {
             // The thread is ending; it keeps no binding.
             self.users[slot].fetch_sub(1, Ordering::Relaxed);
         }
