@@ -103,8 +103,7 @@ fn a_forked_child_leaves_the_parents_vgpu_alone() {
 
 #[test]
 fn without_a_vgpu_cuinit_reports_no_device() {
-    let dir = std::env::temp_dir().join(format!("fvg-nodev-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch::dir("fvg-nodev");
     let lib = standin(&dir);
     let exe = build_c_standin("driver_api", &dir, &lib, &[]);
     let run = Command::new(&exe)
