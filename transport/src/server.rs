@@ -700,6 +700,7 @@ mod tests {
         drop(b);
         drop(server);
         assert!(!sock.exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
