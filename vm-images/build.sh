@@ -70,7 +70,7 @@ tdir="${CARGO_TARGET_DIR:-$root/target}/release"
 LIBCUDA="${LIBCUDA:-$tdir/libcuda.so}"
 GUEST_BIN="${GUEST_BIN:-$tdir}"
 
-stage="$(mktemp -d)"
+stage="$(mktemp -d "$cache/stage.XXXXXX")"
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage"/{bin,sbin,etc,proc,sys,dev,tmp,run,lib,lib64,usr/lib/fairvgpu,fvg}
 cp "$busybox" "$stage/bin/busybox"

@@ -115,7 +115,12 @@ impl DaemonProc {
         extra: &str,
         log_level: Option<&str>,
     ) -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!("fvg-{tag}-{}", std::process::id()));
+        // Inside the cargo target folder for tests and the benches run
+        // from it; the system's temporary folder for an installed binary.
+        let dir = scratch::root().join(format!("fvg-{tag}-{}", std::process::id()));
+        if let Err(e) = scratch::fits_socket(&dir.join("grant-gpu0.sock")) {
+            bail!("run_dir for the daemon: {e}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let exec = match executor {
@@ -289,6 +294,12 @@ impl Drop for DaemonProc {
             nix::sys::signal::Signal::SIGTERM,
         );
         let _ = self.child.wait();
+        // A failing test shows the log it captured before it goes.
+        if std::thread::panicking() {
+            if let Ok(log) = std::fs::read_to_string(self.log_path()) {
+                eprintln!("--- daemon log ({}):\n{log}---", self.log_path().display());
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

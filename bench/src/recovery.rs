@@ -48,6 +48,8 @@ pub struct Report {
     pub restarts: (u64, u64),
     /// Device memory still allocated to the faulting VM at the end.
     pub leaked_bytes: u64,
+    /// The daemon's log, when [`measure`] was asked to keep it.
+    pub daemon_log: Option<String>,
 }
 
 fn grid() -> (Dim3, Dim3) {
@@ -148,13 +150,18 @@ pub(crate) fn until_working(sock: &Path, timeout: Duration) -> Result<Gpu> {
     }
 }
 
-/// Runs the scenario against `bin serve` with `executor`.
-pub fn measure(bin: &Path, executor: ExecutorKind) -> Result<Report> {
+/// Runs the scenario against `bin serve` with `executor`; with `log_level`
+/// the daemon logs at that level into [`Report::daemon_log`] instead of our
+/// standard error.
+pub fn measure(bin: &Path, executor: ExecutorKind, log_level: Option<&str>) -> Result<Report> {
     let vms: Vec<VmSpec> = ["vm1", "vm2"]
         .iter()
         .map(|n| VmSpec::new(n, 1024))
         .collect();
-    let d = DaemonProc::start(bin, "recovery", executor, &vms)?;
+    let d = match log_level {
+        Some(level) => DaemonProc::start_logged(bin, "recovery", executor, &vms, level)?,
+        None => DaemonProc::start(bin, "recovery", executor, &vms)?,
+    };
     let (vm1, vm2): (PathBuf, PathBuf) = (d.socket("vm1"), d.socket("vm2"));
     let mut rep = Report::default();
 
@@ -276,6 +283,9 @@ pub fn measure(bin: &Path, executor: ExecutorKind) -> Result<Report> {
             .is_ok_and(|v| v["memory_used_bytes"].as_u64() == Some(0))
     });
     rep.leaked_bytes = d.vgpu("vm1")?["memory_used_bytes"].as_u64().unwrap_or(0);
+    if log_level.is_some() {
+        rep.daemon_log = Some(std::fs::read_to_string(d.log_path())?);
+    }
     Ok(rep)
 }
 
@@ -286,7 +296,7 @@ pub fn run(executor: ExecutorKind) -> Result<()> {
     println!(
         "recovery ({executor:?} executor): vm1's guest reads out of bounds, later vm1's worker is killed; vm2's guest runs checked vector adds of {N} elements throughout"
     );
-    let r = measure(&bin, executor)?;
+    let r = measure(&bin, executor, None)?;
     println!("fault reported to the guest:       {}", r.fault);
     println!("VgpuReset seen by vm1's guests:    {}", r.reset_seen);
     println!(

@@ -158,13 +158,19 @@ mod tests {
     fn a_thread_that_spins_shows_its_time_on_a_cpu() {
         let before = snapshot();
         let mine = CpuUse::this_thread();
-        let t = std::time::Instant::now();
-        while t.elapsed() < std::time::Duration::from_millis(30) {
-            std::hint::spin_loop();
-        }
-        let used = CpuUse::this_thread().since(mine);
         if before.threads.is_empty() {
             return; // no schedstat on this kernel
+        }
+        // Spins until its own account shows 20 ms on a CPU: on a loaded
+        // machine that takes longer than 20 ms of wall time. An account that
+        // never grows fails after 10 s.
+        let t = std::time::Instant::now();
+        let mut used = CpuUse::this_thread().since(mine);
+        while used.run_ns < 20_000_000 && t.elapsed() < std::time::Duration::from_secs(10) {
+            for _ in 0..10_000 {
+                std::hint::spin_loop();
+            }
+            used = CpuUse::this_thread().since(mine);
         }
         assert!(used.run_ns >= 20_000_000, "{used:?}");
         let (by_name, _) = snapshot().since(&before);

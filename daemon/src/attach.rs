@@ -198,8 +198,7 @@ memory_limit_mib = 256
 
     #[test]
     fn vcpu_files_tolerate_garbage() {
-        let dir = std::env::temp_dir().join(format!("fvg-vcpus-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir("fvg-vcpus");
         let f = dir.join("x.vcpus");
         std::fs::write(&f, "101\n102\nbad\n103\n").unwrap();
         assert_eq!(read_vcpus(&f), [101, 102]);

@@ -330,8 +330,7 @@ mod tests {
     }
 
     fn store(name: &str, cap: u64, quota: u64) -> (ImageStore, PathBuf) {
-        let dir = std::env::temp_dir().join(format!("fvg-store-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir(&format!("fvg-store-{name}"));
         let s = ImageStore::start(&dir.join("s.sock"), cap, quota).unwrap();
         (s, dir)
     }

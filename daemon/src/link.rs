@@ -530,8 +530,7 @@ mod tests {
     /// A VM's host side for one test: its folder (removed at the test's
     /// end), the socket guests attach to, and the `VmHost`.
     fn vm_host(name: &str) -> (std::path::PathBuf, std::path::PathBuf, VmHost) {
-        let dir = std::env::temp_dir().join(format!("fvg-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir(&format!("fvg-{name}"));
         let sock = dir.join("vm.sock");
         let host = VmHost::start(name, &sock, layout()).unwrap();
         (dir, sock, host)

@@ -237,8 +237,7 @@ read cmd
     #[test]
     fn the_daemon_runs_for_its_gpu_and_quits_when_dropped() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("fvg-mps-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir("fvg-mps");
         let fake = dir.join("mps-control");
         std::fs::write(&fake, FAKE).unwrap();
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();

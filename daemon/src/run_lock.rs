@@ -105,8 +105,7 @@ mod tests {
 
     #[test]
     fn a_second_lock_on_the_same_run_dir_is_refused_until_the_first_is_dropped() {
-        let dir = std::env::temp_dir().join(format!("fvg-runlock-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = scratch::dir("fvg-runlock");
         let first = RunLock::take(&dir).expect("first lock");
         let pid = std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap();
         assert_eq!(pid.trim(), std::process::id().to_string());

@@ -149,8 +149,7 @@ pub struct Host {
 impl Host {
     /// Starts a worker with `mem_limit` bytes of device memory.
     pub fn start(name: &str, mem_limit: u64) -> Host {
-        let dir = std::env::temp_dir().join(format!("fvg-e2e-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir(&format!("fvg-e2e-{name}"));
         let cfg = worker_config(name, dir.join("vgpu.sock"), mem_limit);
         let exec = SimExecutor::new(SimParams {
             copy_gbps: 100.0,
@@ -298,7 +297,8 @@ pub fn dashboard_dom(browser: &Path, url: &str, screenshot: Option<&Path>) -> St
     };
     let out = cmd
         .arg(url)
-        .env("HOME", std::env::temp_dir())
+        .env("HOME", scratch::child_tmpdir())
+        .env("TMPDIR", scratch::child_tmpdir())
         .output()
         .expect("chromium runs");
     assert!(

@@ -37,6 +37,7 @@ fn demo_shares_follow_the_weights_and_its_dashboard_answers() {
     let mut demo = Command::new(fairvgpu_bin())
         .args(["demo", "--seconds", "10"])
         .env("RUST_BACKTRACE", "1")
+        .env("TMPDIR", scratch::child_tmpdir())
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
         .spawn()
@@ -151,6 +152,7 @@ fn ctrl_c_ends_the_demo_cleanly() {
     let _one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
     let mut demo = Command::new(fairvgpu_bin())
         .args(["demo", "--seconds", "600"])
+        .env("TMPDIR", scratch::child_tmpdir())
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
         .spawn()
@@ -175,6 +177,6 @@ fn ctrl_c_ends_the_demo_cleanly() {
     assert!(t.elapsed() < Duration::from_secs(30), "{all}");
     assert!(st.success(), "{all}");
     assert!(all.contains("interrupted: stopping"), "{all}");
-    let dir = std::env::temp_dir().join(format!("fairvgpu-demo-{pid}"));
+    let dir = scratch::child_tmpdir().join(format!("fairvgpu-demo-{pid}"));
     assert!(!dir.exists(), "{} left behind", dir.display());
 }

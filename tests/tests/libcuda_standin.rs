@@ -103,8 +103,7 @@ fn a_forked_child_leaves_the_parents_vgpu_alone() {
 
 #[test]
 fn without_a_vgpu_cuinit_reports_no_device() {
-    let dir = std::env::temp_dir().join(format!("fvg-nodev-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch::dir("fvg-nodev");
     let lib = standin(&dir);
     let exe = build_c_standin("driver_api", &dir, &lib, &[]);
     let run = Command::new(&exe)
@@ -144,9 +143,9 @@ fn rust_cudarc_program_runs_against_the_standin() {
 }
 
 /// Every symbol the real driver (580, CUDA 13.0) exports is exported by the
-/// stand-in, so no program fails to load or resolve an entry point; one we
-/// do not serve answers CUDA_ERROR_NOT_SUPPORTED, and cuGetProcAddress
-/// finds every base name.
+/// stand-in, so no program fails to load or resolve an entry point (one we
+/// do not serve answers CUDA_ERROR_NOT_SUPPORTED: the next test), and
+/// cuGetProcAddress finds every base name.
 #[test]
 fn every_driver_symbol_is_exported() {
     use std::ffi::{c_char, c_int, c_void, CString};
@@ -166,11 +165,6 @@ fn every_driver_symbol_is_exported() {
     assert_eq!(names.len(), 674);
     let missing: Vec<&&str> = names.iter().filter(|n| sym(n).is_null()).collect();
     assert!(missing.is_empty(), "not exported: {missing:?}");
-
-    // A graphics-interop entry point is not served: a clear error.
-    // SAFETY: cuGLInit takes no arguments and returns a CUresult.
-    let gl_init: extern "C" fn() -> u32 = unsafe { std::mem::transmute(sym("cuGLInit")) };
-    assert_eq!(gl_init(), 801, "CUDA_ERROR_NOT_SUPPORTED");
 
     type GetProc =
         unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> u32;
@@ -193,6 +187,47 @@ fn every_driver_symbol_is_exported() {
     }
     // SAFETY: nothing of the library is in use any more.
     unsafe { libc::dlclose(lib) };
+}
+
+/// Set, to the stand-in's path, in the child process of
+/// [`an_unserved_entry_point_answers_not_supported_and_says_so_once`].
+const UNSERVED_CHILD: &str = "FAIRVGPU_TEST_UNSERVED_CHILD";
+
+/// A graphics-interop entry point is not served: CUDA_ERROR_NOT_SUPPORTED,
+/// and one line on standard error saying so however often it is called.
+/// The calls are made in a child process (this test again), whose standard
+/// error the test reads.
+#[test]
+fn an_unserved_entry_point_answers_not_supported_and_says_so_once() {
+    const NAME: &str = "an_unserved_entry_point_answers_not_supported_and_says_so_once";
+    if let Some(so) = std::env::var_os(UNSERVED_CHILD) {
+        let path = std::ffi::CString::new(so.into_encoded_bytes()).unwrap();
+        // SAFETY: loading our own library; its initializers do nothing.
+        let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!lib.is_null());
+        // SAFETY: a live handle and a NUL-terminated name.
+        let f = unsafe { libc::dlsym(lib, c"cuGLInit".as_ptr()) };
+        assert!(!f.is_null());
+        // SAFETY: cuGLInit takes no arguments and returns a CUresult.
+        let gl_init: extern "C" fn() -> u32 = unsafe { std::mem::transmute(f) };
+        println!("cuGLInit answers {} then {}", gl_init(), gl_init());
+        return;
+    }
+    let so = cargo_build("libcuda").join("libcuda.so");
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .env(UNSERVED_CHILD, &so)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("cuGLInit answers 801 then 801"),
+        "CUDA_ERROR_NOT_SUPPORTED both times: {stdout}\n{stderr}"
+    );
+    let said = "fairvgpu libcuda: cuGLInit is not supported; returning CUDA_ERROR_NOT_SUPPORTED";
+    assert_eq!(stderr.matches(said).count(), 1, "{stderr}");
 }
 
 /// `cuDeviceGetUuid` through the stand-in is the UUID the host gives the

@@ -26,17 +26,31 @@ fn daemon(name: &str) -> DaemonProc {
     daemon_with(name, "")
 }
 
-/// With `sim` added to the `[sim]` table (two GPUs).
+/// With `sim` added to the `[sim]` table (two GPUs). Its log (warnings up)
+/// goes to a file: the refusals these tests cause are asserted there.
 fn daemon_with(name: &str, sim: &str) -> DaemonProc {
     let bin = cargo_build("cli").join("fairvgpu");
-    DaemonProc::start_with(
+    DaemonProc::start_with_logged(
         &bin,
         name,
         ExecutorKind::Sim,
         &[VmSpec::new("mover", 256)],
         &format!("\n[sim]\ngpus = 2\n{sim}\n[placement]\nenabled = false\n"),
+        "warn",
     )
     .unwrap()
+}
+
+/// How many warnings in the daemon's log refuse a move to GPU 1 because of
+/// `what`.
+fn refusals(d: &DaemonProc, what: &str) -> usize {
+    std::fs::read_to_string(d.log_path())
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            l.contains("WARN") && l.contains("migration to GPU 1 refused") && l.contains(what)
+        })
+        .count()
 }
 
 fn migrate(d: &DaemonProc, gpu: u32) -> (u16, Value) {
@@ -200,6 +214,7 @@ fn a_guest_holding_a_cuda_array_stays_and_the_refusal_names_it() {
     assert!(text.contains("a CUDA array"), "{text}");
     assert!(text.contains("could not move to GPU 1"), "{text}");
     assert!(text.contains("stays on GPU 0"), "{text}");
+    assert_eq!(refusals(&d, "a CUDA array"), 1);
     let events = d.status().unwrap()["events"].to_string();
     assert!(events.contains("a CUDA array"), "{events}");
     // Nothing moved or broke: the guest computes on, and once the array
@@ -250,6 +265,7 @@ fn compressible_memory_does_not_move_to_a_gpu_without_compression() {
     let text = body.to_string();
     assert!(text.contains("compressible memory"), "{text}");
     assert!(text.contains("could not move to GPU 1"), "{text}");
+    assert_eq!(refusals(&d, "compressible memory"), 1);
     assert_eq!(d.vgpu("mover").unwrap()["gpu"], 0);
     let mut back = [0u8; 64];
     gpu.memcpy_dtoh(&mut back, va, 0).unwrap();
@@ -286,6 +302,11 @@ fn guests_sharing_vmm_memory_stay_and_the_refusal_names_it() {
     let text = body.to_string();
     assert!(text.contains("shareable handle"), "{text}");
     assert!(text.contains("stays on GPU 0"), "{text}");
+    assert_eq!(
+        refusals(&d, "shareable handle"),
+        2,
+        "exported, then imported"
+    );
     assert_eq!(d.vgpu("mover").unwrap()["gpu"], 0);
     // Once neither holds the shared memory, the vGPU moves.
     b.request(&Request::VmmRelease { handle: imported })

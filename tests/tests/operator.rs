@@ -80,9 +80,7 @@ impl Drop for Daemon {
 /// A daemon with three guests running 2 ms kernels, eight per synchronize.
 fn start(name: &str) -> Daemon {
     let bin = fairvgpu_bin();
-    let dir = std::env::temp_dir().join(format!("fvg-op-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch::dir(&format!("fvg-op-{name}"));
     std::fs::write(dir.join("token"), TOKEN).unwrap();
     let port = free_port();
     std::fs::write(dir.join("host.toml"), config(&dir, port, ["1", "2", "3"])).unwrap();

@@ -14,10 +14,7 @@ fn fairvgpu_bin() -> PathBuf {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("fvg-operr-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    scratch::dir(&format!("fvg-operr-{name}"))
 }
 
 fn config(run_dir: &Path) -> String {

@@ -26,8 +26,7 @@ fn readme_host_example_runs_as_written() {
     // The build folder the test's own cargo uses (`<dir>/debug`).
     let debug = cargo_build("cli");
     let target = debug.parent().unwrap().to_string_lossy().into_owned();
-    let scratch = std::env::temp_dir().join(format!("fvg-readme-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
+    let scratch = scratch::dir("fvg-readme");
     let script = script
         .replace("--release ", "")
         .replace("./target/release/", &format!("{target}/debug/"))

@@ -13,7 +13,9 @@ use fairvgpu_tests::cargo_build;
 #[test]
 fn poisoned_or_killed_worker_is_replaced_and_only_its_guests_see_it() {
     let bin = cargo_build("cli").join("fairvgpu");
-    let r = measure(&bin, ExecutorKind::Sim).expect("scenario runs");
+    // The daemon's log is kept, not printed: its fault and restarts are
+    // expected, and asserted below.
+    let r = measure(&bin, ExecutorKind::Sim, Some("warn")).expect("scenario runs");
     assert_eq!(r.fault, "IllegalAddress");
     assert!(r.reset_seen, "vm1's guests were told VgpuReset");
     assert_eq!(r.restarts, (2, 0), "vm1 restarted twice, vm2 never");
@@ -27,6 +29,17 @@ fn poisoned_or_killed_worker_is_replaced_and_only_its_guests_see_it() {
         "vm2 ran during the restarts"
     );
     assert_eq!(r.leaked_bytes, 0, "vm1's memory freed");
+    let log = r.daemon_log.expect("log kept");
+    assert!(
+        log.lines().any(|l| l.contains("ERROR")
+            && l.contains("IllegalAddress poisoned this worker's GPU contexts")),
+        "the poisoning is logged as an error:\n{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| (l.contains("WARN") || l.contains("ERROR")) && l.contains("vm2")),
+        "nothing went wrong for vm2:\n{log}"
+    );
 }
 
 #[test]

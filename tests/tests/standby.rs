@@ -41,8 +41,7 @@ fn round_trip(gpu: &mut Gpu, v: u8) -> Result<Vec<u8>, GuestError> {
 
 #[test]
 fn a_standby_worker_takes_over_its_vms_region_at_once() {
-    let dir = std::env::temp_dir().join(format!("fvg-standby-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch::dir("fvg-standby");
     let sock = dir.join("vm.sock");
     let cfg = config(sock.clone());
     let host = VmHost::start("standby", &sock, cfg.layout).unwrap();

@@ -87,9 +87,7 @@ struct Daemon {
 impl Daemon {
     fn start(name: &str) -> Daemon {
         let bin = cargo_build("cli").join("fairvgpu");
-        let dir = std::env::temp_dir().join(format!("fvg-vm-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir(&format!("fvg-vm-{name}"));
         let config = dir.join("host.toml");
         std::fs::write(
             &config,

@@ -647,8 +647,7 @@ mod tests {
 
     #[test]
     fn native_peers_get_region_and_bells_and_departures_are_reported() {
-        let dir = std::env::temp_dir().join(format!("fvg-srv-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir("fvg-srv");
         let sock = dir.join("s");
         let params = LayoutParams {
             channels: 2,
@@ -701,12 +700,12 @@ mod tests {
         drop(b);
         drop(server);
         assert!(!sock.exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_peer_that_never_reads_holds_up_nobody_and_is_dropped() {
-        let dir = std::env::temp_dir().join(format!("fvg-srv-silent-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir("fvg-srv-silent");
         let sock = dir.join("s");
         let params = LayoutParams {
             channels: 2,

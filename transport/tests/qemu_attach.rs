@@ -26,8 +26,7 @@ fn qemu() -> Option<PathBuf> {
 #[test]
 fn qemu_ivshmem_doorbell_attaches_to_our_server() {
     let Some(qemu) = qemu() else { return };
-    let dir = std::env::temp_dir().join(format!("fvg-qemu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch::dir("fvg-qemu");
     let sock = dir.join("ivshmem.sock");
     let qmp_sock = dir.join("qmp.sock");
     let params = LayoutParams {

@@ -175,8 +175,7 @@ mod tests {
 
     #[test]
     fn the_host_id_is_made_once_and_kept() {
-        let dir = std::env::temp_dir().join(format!("fvg-hostid-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir("fvg-hostid");
         let _ = std::fs::remove_file(dir.join(HOST_ID_FILE));
         let first = host_id(&dir).unwrap();
         assert_ne!(first, [0; 16]);

@@ -218,8 +218,7 @@ mod tests {
 
     #[test]
     fn threads_come_from_the_file_and_kicks_boost_then_restore() {
-        let dir = std::env::temp_dir().join(format!("fvg-cosched-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir("fvg-cosched");
         let file = dir.join("vm.vcpus");
         let (tid, stop, h) = spawn_vcpu();
         // Start the thread at nice 10 so that a boost of 5 needs no privilege

@@ -168,8 +168,9 @@ mod tests {
     /// set to the path of a listening socket named `sock` (which it may try
     /// to connect to); the child must pass and print `passed`.
     fn in_child(name: &str, var: &str, sock: &str, passed: &str) {
-        let dir = std::env::temp_dir().join(format!("fvg-sandbox-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // Named by the socket (each test's differs): the test's name is too
+        // long for a socket path.
+        let dir = scratch::dir(&format!("fvg-sandbox-{}", sock.trim_end_matches(".sock")));
         let sock = dir.join(sock);
         let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         let out = Command::new(std::env::current_exe().unwrap())

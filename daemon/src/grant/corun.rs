@@ -177,8 +177,7 @@ mod tests {
         out: &[u32],
         policy: sched::DevicePolicy,
     ) -> (Vec<u64>, Vec<u64>, usize) {
-        let dir = std::env::temp_dir().join(format!("fvg-corun-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir(&format!("fvg-corun-{name}"));
         let svc = GrantService::start_with(&dir.join("g.sock"), 2_000_000, policy, true).unwrap();
         let weights = [1.0, 1.0, 2.0, 4.0];
         for id in 0..4u32 {
@@ -290,8 +289,7 @@ mod tests {
 
     #[test]
     fn co_holders_nobody_waits_beside_are_extended_together() {
-        let dir = std::env::temp_dir().join(format!("fvg-corun-ext-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir("fvg-corun-ext");
         // Slices long enough that a loaded machine's scheduling delays do
         // not end one before its extension arrives.
         let slice = Duration::from_millis(20);
@@ -352,8 +350,7 @@ mod tests {
 
     #[test]
     fn a_holder_that_leaves_early_can_come_back_into_the_round() {
-        let dir = std::env::temp_dir().join(format!("fvg-corun-back-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::dir("fvg-corun-back");
         let policy = sched::DevicePolicy::default();
         let svc = GrantService::start_with(&dir.join("g.sock"), 200_000_000, policy, true).unwrap();
         let small = Report {

@@ -500,6 +500,14 @@ fn serve(
             match p.s.read(&mut p.m[p.got..]) {
                 Ok(n) if n > 0 => p.got += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                // A peer that leaves without a word holds nothing and did
+                // nothing wrong (a worker refused a move drops the
+                // connection the daemon made for it); one that leaves
+                // halfway through its HELLO is worth a warning.
+                _ if p.got == 0 => {
+                    tracing::debug!("grant service: a connection closed before saying anything");
+                    continue;
+                }
                 _ => {
                     tracing::warn!("grant service: a connection closed before its HELLO");
                     continue;

@@ -7,8 +7,7 @@ use worker::gate::Gate;
 /// folder of its own (removed at the test's end); `mps`: its vGPUs are MPS
 /// clients (see [`GrantService::start_with`]).
 fn service(name: &str, slice_ns: u64, mps: bool) -> (PathBuf, GrantService) {
-    let dir = std::env::temp_dir().join(format!("fvg-grant-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch::dir(&format!("fvg-grant-{name}"));
     let policy = sched::DevicePolicy::default();
     let svc = GrantService::start_with(&dir.join("g.sock"), slice_ns, policy, mps).unwrap();
     (dir, svc)
@@ -339,8 +338,7 @@ fn without_mps_the_next_vgpu_waits_for_the_release() {
 
 #[test]
 fn the_vcpu_lift_is_told_of_each_change_of_holder_and_only_then() {
-    let dir = std::env::temp_dir().join(format!("fvg-grant-lift-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch::dir("fvg-grant-lift");
     let (tx, rx) = std::sync::mpsc::channel();
     let lift = ServiceLift {
         nice: None,

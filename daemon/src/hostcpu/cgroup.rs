@@ -135,8 +135,7 @@ mod tests {
     /// A directory laid out as a cgroup v2 mount with the daemon's cgroup
     /// `/svc` (regular files stand in for the kernel's).
     fn fake(controllers: &str, subtree: &str, procs: &str) -> (PathBuf, PathBuf) {
-        let root =
-            std::env::temp_dir().join(format!("fvg-cg-{}-{}", std::process::id(), rand_suffix()));
+        let root = scratch::dir(&format!("fvg-cg-{}", rand_suffix()));
         let svc = root.join("svc");
         std::fs::create_dir_all(&svc).unwrap();
         std::fs::write(svc.join("cgroup.controllers"), controllers).unwrap();
