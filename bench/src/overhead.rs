@@ -45,7 +45,10 @@ pub struct Sizes {
 /// seconds, and (htod, dtoh) seconds per copy size.
 struct Probes {
     hyperq: f64,
+    /// (htod, dtoh) seconds per size, pageable memory.
     copies: Vec<(f64, f64)>,
+    /// The same from pinned memory.
+    pinned: Vec<(f64, f64)>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -295,9 +298,24 @@ pub fn run(
     cfg.daemon.executor = kind;
     cfg.daemon.graph_launches = graphs;
 
-    // Native.
+    // Native. Its pinned memory for the pinned copies: a region's pool,
+    // registered with the driver as the worker registers a VM's (it lives
+    // until the executor, which the worker later owns, is gone).
     let mut exec = build_executor(&cfg, 0)?;
     let info = exec.info();
+    let (native_pinned, _fd) = transport::Region::create(
+        "bench-pinned",
+        LayoutParams {
+            channels: 1,
+            ring_entries: 64,
+            arena_size: 1 << 20,
+            vectors: 1,
+            pinned_size: probes::PINNED_POOL,
+        },
+    )?;
+    let native_pool = native_pinned.pinned()?;
+    exec.register_pinned(&native_pool)
+        .map_err(|s| anyhow::anyhow!("registering pinned memory: {s:?}"))?;
     let native = {
         let mut ctx = exec.open().map_err(|s| anyhow::anyhow!("context: {s:?}"))?;
         let m = ctx
@@ -323,6 +341,7 @@ pub fn run(
         let probes = Probes {
             hyperq: probes::hyperq_native(&mut *t.ctx, spin, n.probes)?,
             copies: probes::copies_native(&mut *t.ctx, n.probes)?,
+            pinned: probes::pinned_copies_native(&mut *t.ctx, &native_pool, n.probes)?,
         };
         (native, as_worker, probes)
     };
@@ -336,7 +355,7 @@ pub fn run(
         ring_entries: 1024,
         arena_size: 16 << 20,
         vectors: 2,
-        pinned_size: 0,
+        pinned_size: probes::PINNED_POOL,
     };
     let wc = WorkerConfig {
         spin: cfg.spin,
@@ -354,6 +373,7 @@ pub fn run(
         let probes = Probes {
             hyperq: probes::hyperq_remote(&mut t.gpu, &t.spin, n.probes)?,
             copies: probes::copies_remote(&mut t.gpu, n.probes)?,
+            pinned: probes::pinned_copies_remote(&mut t.gpu, n.probes)?,
         };
         let splits = t.gpu.copy_split_counts();
         let threads = t.gpu.copy_threads();
@@ -371,6 +391,7 @@ pub fn run(
         / running.stats.dtoh_ns.load(Ordering::Relaxed).max(1) as f64;
     let launches = running.stats.launches.load(Ordering::Relaxed);
     running.shutdown()?;
+    drop(native_pinned);
     let _ = std::fs::remove_dir_all(&dir);
 
     println!(
@@ -446,23 +467,27 @@ pub fn run(
     let copy = (remote.htod_med + remote.dtoh_med) / (native.htod_med + native.dtoh_med);
     let (np, rp) = (&native_probes, &remote_probes);
     println!(
-        "{} streams x 2 kernels of 10 ms, and pageable copies (rate ratio: native time / remoted time):",
+        "{} streams x 2 kernels of 10 ms, and copies from pageable and pinned memory (rate ratio: native time / remoted time):",
         probes::STREAMS
     );
     print_rows(&[("32-stream probe (ms)", np.hyperq * 1e3, rp.hyperq * 1e3)]);
     // Copies as a rate against native: >= 1 is at least native speed.
     let mut rates = String::new();
     for (i, (name, _)) in probes::COPY_SIZES.iter().enumerate() {
-        let (n, r) = (np.copies[i], rp.copies[i]);
-        print_rows(&[
-            (&format!("{name} htod pageable (ms)"), n.0 * 1e3, r.0 * 1e3),
-            (&format!("{name} dtoh pageable (ms)"), n.1 * 1e3, r.1 * 1e3),
-        ]);
-        rates += &format!(
-            " h2d_pageable_{name}={:.3} d2h_pageable_{name}={:.3}",
-            n.0 / r.0,
-            n.1 / r.1
-        );
+        for (kind, n, r) in [
+            ("pageable", np.copies[i], rp.copies[i]),
+            ("pinned", np.pinned[i], rp.pinned[i]),
+        ] {
+            print_rows(&[
+                (&format!("{name} htod {kind} (ms)"), n.0 * 1e3, r.0 * 1e3),
+                (&format!("{name} dtoh {kind} (ms)"), n.1 * 1e3, r.1 * 1e3),
+            ]);
+            rates += &format!(
+                " h2d_{kind}_{name}={:.3} d2h_{kind}_{name}={:.3}",
+                n.0 / r.0,
+                n.1 / r.1
+            );
+        }
     }
     println!(
         "overhead_sync_empty={:.3} overhead_sync_20us={:.3} overhead_async_20us={:.3} overhead_copy={:.3} transport_sync_20us={:.3} hyperq_ratio={:.3}{rates}",
