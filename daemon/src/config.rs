@@ -64,7 +64,7 @@ pub struct DaemonConfig {
     /// A VM (on a GPU without MPS standbys) whose worker a sticky CUDA
     /// error once poisoned keeps a standby worker from then on, made
     /// ready beside the serving one and promoted at once after its next
-    /// fault (see `supervisor.rs`). Costs a VM that never faults nothing.
+    /// fault (see `supervisor/faults.rs`). Costs a VM that never faults nothing.
     #[serde(default = "yes")]
     pub fault_standby: bool,
     /// MiB the daemon's image store keeps at most, all VMs together (each

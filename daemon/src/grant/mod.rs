@@ -242,7 +242,7 @@ impl GrantService {
 
     /// The daemon ended `vgpu`'s worker, whose connection may stay open
     /// until the driver has torn the process down: it is forgotten now, its
-    /// grant with it, so that its successor can register (see `supervisor.rs`).
+    /// grant with it, so that its successor can register (see `supervisor/`).
     pub fn forget(&self, vgpu: u32) -> Result<(), Error> {
         self.send(Command::Forget { vgpu })
     }
