@@ -13,7 +13,7 @@
 //! from a worker crash), and a client cannot move to another GPU, so these
 //! vGPUs are never migrated. After a client's fatal fault the server takes
 //! no new client until every client it had has exited, so the daemon then
-//! ends and restarts every worker of that GPU (`supervisor.rs`). An MPS client
+//! ends and restarts every worker of that GPU (`supervisor/faults.rs`). An MPS client
 //! cannot make a context once the sandbox confines it (it must connect to
 //! the server): such a worker makes `[[gpu]] mps_processes` contexts ahead,
 //! and they bound how many of its VM's processes run at once

@@ -26,7 +26,7 @@ pub const MIGRATION_KIB: i64 = 9;
 pub const MIGRATED: i64 = 10;
 /// Worker -> daemon: a sticky CUDA error poisoned its GPU contexts; it
 /// exits. Said first, so that the daemon need not wait for that exit to
-/// restart the other clients of the GPU's MPS server (`supervisor.rs`).
+/// restart the other clients of the GPU's MPS server (the daemon's `supervisor/faults.rs`).
 pub const POISONED: i64 = 11;
 /// Standby worker -> daemon: its GPU contexts are made and the region is
 /// registered; it waits to be promoted (see the daemon's `VmHost::standby_feed`).

@@ -86,7 +86,7 @@ impl Report {
     }
 }
 
-/// What a grant service does for the host's CPUs (see `grant::serve`).
+/// What a grant service does for the host's CPUs (see `grant::service`).
 #[derive(Debug, Clone, Default)]
 pub struct ServiceLift {
     /// Its thread's nice value, if lifted.

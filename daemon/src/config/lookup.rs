@@ -1,0 +1,96 @@
+//! What the daemon asks of the config per VM and per GPU.
+
+use std::path::PathBuf;
+
+use transport::LayoutParams;
+
+use super::{default_mps_processes, Config, VmConfig};
+
+impl Config {
+    /// The region layout of VM `vm` (the `[layout]`, with the VM's own
+    /// pinned pool size if it sets one).
+    pub fn layout_for(&self, vm: &VmConfig) -> LayoutParams {
+        LayoutParams {
+            pinned_size: vm.pinned_mib.map_or(self.layout.pinned_size, |m| m << 20),
+            ..self.layout
+        }
+    }
+
+    /// The device policy of GPU `gpu`.
+    pub fn gpu_policy(&self, gpu: u32) -> sched::DevicePolicy {
+        self.gpus
+            .iter()
+            .find(|g| g.index == gpu)
+            .map(|g| g.policy)
+            .unwrap_or_default()
+    }
+
+    /// The base time slice of GPU `gpu`, ns: its own `[[gpu]] slice_us`,
+    /// else `[daemon] preemptive_slice_us` where it can preempt a running
+    /// kernel (`preemptive`), else `[daemon] slice_us`.
+    pub fn gpu_slice_ns(&self, gpu: u32, preemptive: bool) -> u64 {
+        let own = self
+            .gpus
+            .iter()
+            .find(|g| g.index == gpu)
+            .and_then(|g| g.slice_us);
+        own.map_or_else(
+            || self.slices().for_gpu(preemptive),
+            |us| us.saturating_mul(1000),
+        )
+    }
+
+    /// `[daemon] slice_us` and `preemptive_slice_us`, ns.
+    pub fn slices(&self) -> sched::Slices {
+        sched::Slices {
+            non_preemptive_ns: self.daemon.slice_us.saturating_mul(1000),
+            preemptive_ns: self.daemon.preemptive_slice_us.saturating_mul(1000),
+        }
+    }
+
+    /// Whether the daemon runs MPS for GPU `gpu`.
+    pub fn gpu_mps(&self, gpu: u32) -> bool {
+        self.gpus.iter().any(|g| g.index == gpu && g.mps)
+    }
+
+    /// Whether GPU `gpu` runs MPS with standby workers (`[[gpu]] mps_standby`).
+    pub fn gpu_mps_standby(&self, gpu: u32) -> bool {
+        self.gpus
+            .iter()
+            .any(|g| g.index == gpu && g.mps && g.mps_standby)
+    }
+
+    /// `[[gpu]] mps_processes` of GPU `gpu` (its default if not listed).
+    pub fn gpu_mps_processes(&self, gpu: u32) -> usize {
+        self.gpus
+            .iter()
+            .find(|g| g.index == gpu)
+            .map_or_else(default_mps_processes, |g| g.mps_processes)
+    }
+
+    /// The weight of a tenant, if it has one of its own.
+    pub fn tenant_weight(&self, tenant: &str) -> Option<f64> {
+        self.tenants
+            .iter()
+            .find(|t| t.name == tenant)
+            .map(|t| t.weight)
+    }
+
+    /// The VM of that name.
+    pub fn vm(&self, name: &str) -> Option<&VmConfig> {
+        self.vms.iter().find(|v| v.name == name)
+    }
+
+    /// The API's unix socket.
+    pub fn api_socket(&self) -> PathBuf {
+        self.api
+            .socket
+            .clone()
+            .unwrap_or_else(|| self.daemon.run_dir.join("api.sock"))
+    }
+
+    /// Socket path of a VM.
+    pub fn socket(&self, name: &str) -> PathBuf {
+        self.daemon.run_dir.join(format!("{name}.sock"))
+    }
+}

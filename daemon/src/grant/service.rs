@@ -1,0 +1,692 @@
+//! The grant service's thread: its state as a [`Service`], one method per
+//! message a worker sends and per event (a new connection, a command from
+//! the daemon, a grant overdue), and a loop that polls and dispatches.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use sched::GpuScheduler;
+use wire::grant::*;
+
+use super::{corun, hold_limit, Usage, VgpuLive, HELLO_WAIT};
+
+/// What the daemon asks of a running service (see [`super::GrantService`]).
+pub(super) enum Command {
+    SetShare {
+        vgpu: u32,
+        tenant: String,
+        weight: f64,
+        tenant_weight: Option<f64>,
+    },
+    /// Whether a vGPU's VM opted in to co-running (see `corun.rs`).
+    SetCorun { vgpu: u32, ok: bool },
+    /// How far ahead of virtual time a vGPU is (it is leaving this GPU).
+    Lag {
+        vgpu: u32,
+        reply: Sender<Option<u128>>,
+    },
+    /// A vGPU arriving from another GPU: place it this far ahead.
+    Expect { vgpu: u32, lag: u128 },
+    /// The daemon ended a vGPU's worker: forget its connection now.
+    Forget { vgpu: u32 },
+}
+
+/// What the service knows of a vGPU's place among the tenants.
+#[derive(Debug, Clone)]
+struct Share {
+    tenant: String,
+    weight: f64,
+    tenant_weight: Option<f64>,
+}
+
+/// A connection whose HELLO has not all arrived.
+struct Pending {
+    s: UnixStream,
+    since: Instant,
+    m: [u8; 24],
+    got: usize,
+}
+
+/// One GPU's grant service: everything its loop keeps between turns.
+pub(super) struct Service {
+    listener: UnixListener,
+    /// Zero of the scheduler's clock.
+    epoch: Instant,
+    slice_ns: u64,
+    slice: Duration,
+    hold_limit: Duration,
+    usage: Usage,
+    /// Where the holders go each time they change (the vCPU lift).
+    lift: Option<Sender<Vec<u32>>>,
+    /// The holders the vCPU lift was last told of (see `hostcpu::lift`).
+    lifted: (Option<u32>, Vec<u32>),
+    sched: GpuScheduler,
+    conns: HashMap<u32, UnixStream>,
+    holder: Option<u32>,
+    held_since: Instant,
+    /// When the holder's slice ends, extensions included.
+    deadline: Instant,
+    /// Whether no vGPU has waited beside those holding since it was
+    /// granted.
+    alone: bool,
+    /// What a vGPU's worker does is up to its guests: rate-limited, per vGPU.
+    logs: HashMap<u32, transport::LogLimiter>,
+    pending: Vec<Pending>,
+    shares: HashMap<u32, Share>,
+    co: corun::CoRun,
+    /// vGPUs that want or hold the GPU.
+    active: HashSet<u32>,
+    /// vGPUs on their way here from another GPU, and their lag.
+    arriving: HashMap<u32, u128>,
+    last_tick: Instant,
+    /// When the last release freed the GPU while some vGPU waited for it
+    /// (the hand-off the next grant completes).
+    freed: Option<Instant>,
+    /// Since when the holder has been draining (see `DRAINING`).
+    draining_since: Option<Instant>,
+    /// Under MPS, a holder that drains while the next vGPU holds the GPU
+    /// already, and since when it held it (see `DRAINING`).
+    drainer: Option<(u32, Instant)>,
+}
+
+impl Service {
+    /// A service accepting workers on `listener`, with slices of
+    /// `slice_ns` under `policy`; `corun`: see [`super::GrantService::start_with`].
+    pub fn new(
+        listener: UnixListener,
+        slice_ns: u64,
+        policy: sched::DevicePolicy,
+        corun: bool,
+        usage: Usage,
+        lift: Option<Sender<Vec<u32>>>,
+    ) -> Service {
+        let now = Instant::now();
+        Service {
+            listener,
+            epoch: now,
+            slice_ns,
+            slice: Duration::from_nanos(slice_ns),
+            hold_limit: hold_limit(slice_ns),
+            usage,
+            lift,
+            lifted: (None, Vec::new()),
+            sched: GpuScheduler::with_policy(slice_ns, policy),
+            conns: HashMap::new(),
+            holder: None,
+            held_since: now,
+            deadline: now,
+            alone: false,
+            logs: HashMap::new(),
+            pending: Vec::new(),
+            shares: HashMap::new(),
+            co: corun::CoRun::new(corun),
+            active: HashSet::new(),
+            arriving: HashMap::new(),
+            last_tick: now,
+            freed: None,
+            draining_since: None,
+            drainer: None,
+        }
+    }
+
+    /// Serves until `stop`: each turn takes the daemon's commands, new
+    /// connections and the workers' messages, takes back overdue grants,
+    /// and grants the GPU as the fair queue says.
+    pub fn run(mut self, stop: &AtomicBool, commands: &Receiver<Command>) {
+        while !stop.load(Ordering::Relaxed) {
+            let mut changed = false;
+            while let Ok(cmd) = commands.try_recv() {
+                changed |= self.on_command(cmd);
+            }
+            if changed {
+                self.apply_shares();
+            }
+            self.on_tick();
+            self.accept();
+            for id in self.readable() {
+                self.read_from(id);
+            }
+            self.revoke_overdue();
+            self.pass_round();
+            self.admit_co_holders();
+            self.extend_or_contend();
+            self.grant_next();
+            self.tell_lift();
+        }
+    }
+
+    /// Changes the live figures.
+    fn live(&self, f: impl FnOnce(&mut HashMap<u32, VgpuLive>)) {
+        f(&mut self.usage.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// Scheduler time now (ns since the service started).
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    // --- Commands from the daemon -------------------------------------
+
+    /// One command; whether the vGPUs' shares changed.
+    fn on_command(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::SetShare {
+                vgpu,
+                tenant,
+                weight,
+                tenant_weight,
+            } => {
+                self.shares.insert(
+                    vgpu,
+                    Share {
+                        tenant,
+                        weight,
+                        tenant_weight,
+                    },
+                );
+                self.live(|u| u.entry(vgpu).or_default().weight = weight);
+                return true;
+            }
+            Command::SetCorun { vgpu, ok } => {
+                if ok {
+                    self.co.ok.insert(vgpu);
+                } else {
+                    self.co.ok.remove(&vgpu);
+                }
+            }
+            Command::Lag { vgpu, reply } => {
+                let _ = reply.send(self.sched.queue().lag(vgpu));
+            }
+            Command::Expect { vgpu, lag } => {
+                self.arriving.insert(vgpu, lag);
+            }
+            Command::Forget { vgpu } => {
+                if self.conns.contains_key(&vgpu) {
+                    self.forget_worker(vgpu);
+                }
+            }
+        }
+        false
+    }
+
+    /// Recomputes every connected vGPU's effective weight (see
+    /// `sched::tenants`) and hands the changed ones to the fair queue.
+    fn apply_shares(&mut self) {
+        let ids: Vec<u32> = self.conns.keys().copied().collect();
+        let members: Vec<sched::tenants::Member<'_>> = ids
+            .iter()
+            .map(|id| match self.shares.get(id) {
+                Some(s) => sched::tenants::Member {
+                    tenant: &s.tenant,
+                    weight: s.weight,
+                    tenant_weight: s.tenant_weight,
+                    active: self.active.contains(id),
+                },
+                None => sched::tenants::Member {
+                    tenant: "",
+                    weight: self.sched.queue().weight(*id).unwrap_or(1.0),
+                    tenant_weight: None,
+                    active: self.active.contains(id),
+                },
+            })
+            .collect();
+        let eff = sched::tenants::effective_weights(&members);
+        let mut u = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, w) in ids.iter().zip(eff) {
+            if self.sched.queue().weight(*id) != Some(w) {
+                let _ = self.sched.queue().set_weight(*id, w);
+            }
+            let v = u.entry(*id).or_default();
+            v.effective_weight = w;
+            if let Some(s) = self.shares.get(id) {
+                v.weight = s.weight;
+            }
+        }
+    }
+
+    /// Forgets vGPU `id`'s worker (it went away, or the daemon ended it):
+    /// its connection, its place in the queue, and its grant.
+    fn forget_worker(&mut self, id: u32) {
+        self.conns.remove(&id);
+        let _ = self.sched.remove(id);
+        self.active.remove(&id);
+        self.apply_shares();
+        if self.holder == Some(id) {
+            self.holder = None;
+        }
+        self.co.forget(id);
+        self.live(|u| {
+            let v = u.entry(id).or_default();
+            v.connected = false;
+            v.holding = false;
+            v.report.queued = 0;
+        });
+    }
+
+    /// Demand: time each vGPU spends wanting or holding the GPU.
+    fn on_tick(&mut self) {
+        let tick = self.last_tick.elapsed().as_nanos() as u64;
+        self.last_tick = Instant::now();
+        self.co.tick(self.holder, tick);
+        if !self.active.is_empty() {
+            let active = &self.active;
+            self.live(|u| {
+                for id in active {
+                    u.entry(*id).or_default().active_ns += tick;
+                }
+            });
+        }
+    }
+
+    // --- New connections ----------------------------------------------
+
+    /// Registration of new workers (their first message is HELLO), read
+    /// without blocking: a connection that says nothing holds up no
+    /// vGPU, and is refused after `HELLO_WAIT`.
+    fn accept(&mut self) {
+        while let Ok((s, _)) = self.listener.accept() {
+            let _ = s.set_nonblocking(true);
+            self.pending.push(Pending {
+                s,
+                since: Instant::now(),
+                m: [0; 24],
+                got: 0,
+            });
+        }
+        for mut p in std::mem::take(&mut self.pending) {
+            match p.s.read(&mut p.m[p.got..]) {
+                Ok(n) if n > 0 => p.got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                // A peer that leaves without a word holds nothing and did
+                // nothing wrong (a worker refused a move drops the
+                // connection the daemon made for it); one that leaves
+                // halfway through its HELLO is worth a warning.
+                _ if p.got == 0 => {
+                    tracing::debug!("grant service: a connection closed before saying anything");
+                    continue;
+                }
+                _ => {
+                    tracing::warn!("grant service: a connection closed before its HELLO");
+                    continue;
+                }
+            }
+            if p.got < p.m.len() {
+                if p.since.elapsed() < HELLO_WAIT {
+                    self.pending.push(p);
+                } else {
+                    tracing::warn!("grant service: refused a connection that sent no HELLO");
+                }
+                continue;
+            }
+            self.on_hello(p);
+        }
+    }
+
+    /// A connection's first message, whole: a worker registers its vGPU.
+    fn on_hello(&mut self, p: Pending) {
+        let (kind, vgpu, weight_milli, _) = decode(&p.m);
+        let weight = self
+            .shares
+            .get(&vgpu)
+            .map_or(weight_milli as f64 / 1000.0, |s| s.weight);
+        if kind == HELLO && !self.conns.contains_key(&vgpu) && self.sched.add(vgpu, weight).is_ok()
+        {
+            self.conns.insert(vgpu, p.s);
+            if let Some(lag) = self.arriving.remove(&vgpu) {
+                let _ = self.sched.queue().set_lag(vgpu, lag);
+            }
+            self.live(|u| {
+                let v = u.entry(vgpu).or_default();
+                v.weight = weight;
+                v.connected = true;
+            });
+            self.apply_shares();
+            return;
+        }
+        tracing::warn!("grant service: refused a connection without a valid HELLO");
+    }
+
+    // --- Workers' messages --------------------------------------------
+
+    /// The workers with something to read (or gone), waiting 1 ms at most.
+    fn readable(&self) -> Vec<u32> {
+        let ids: Vec<u32> = self.conns.keys().copied().collect();
+        let mut fds: Vec<PollFd<'_>> = ids
+            .iter()
+            .map(|i| PollFd::new(self.conns[i].as_fd(), PollFlags::POLLIN))
+            .collect();
+        let _ = poll(&mut fds, PollTimeout::from(1u8));
+        fds.iter()
+            .zip(&ids)
+            .filter(|(fd, _)| fd.revents().is_some_and(|r| !r.is_empty()))
+            .map(|(_, &id)| id)
+            .collect()
+    }
+
+    /// Reads one message of `id`'s worker and handles it.
+    fn read_from(&mut self, id: u32) {
+        let Some(s) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let mut m = [0u8; 24];
+        match s.read_exact(&mut m) {
+            Ok(()) => {
+                let now = self.now_ns();
+                let (kind, _, a, b) = decode(&m);
+                match kind {
+                    WANT => self.on_want(id, now),
+                    DRAINING => self.on_draining(id, now),
+                    RELEASE => self.on_release(id, a, b, now),
+                    _ => self.on_report(id, kind, a, b),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            // The worker went away: forget it, and its grant.
+            Err(_) => self.forget_worker(id),
+        }
+    }
+
+    /// `WANT`: the vGPU has work for the GPU.
+    fn on_want(&mut self, id: u32, now: u64) {
+        if self.active.insert(id) {
+            self.apply_shares();
+        }
+        let _ = self.sched.request(id, now, None);
+    }
+
+    /// `DRAINING`: the holder drains. Under MPS (one hardware context:
+    /// nothing to switch) the next vGPU is granted at once, its first work
+    /// running beside the drain: the GPU idles for no hand-off. The drainer
+    /// is charged at its release as ever. Without MPS the next vGPU waits
+    /// for the release as it waits for any grant, blocked: telling it to
+    /// spin for the grant (and to wake its guests) took CPU time from busy
+    /// hosts' guests and cost the lightest vGPU its share beside CPU hogs
+    /// (MMR 0.80-0.83 against 0.97 on an H100,
+    /// `results/2026-11-26-h100-busy-host-bisect.md`).
+    fn on_draining(&mut self, id: u32, now: u64) {
+        if !(self.holder == Some(id) && self.co.holders.is_empty() && self.draining_since.is_none())
+        {
+            return;
+        }
+        self.draining_since = Some(Instant::now());
+        // One drainer at a time: a holder granted beside a drainer keeps
+        // the GPU to its release.
+        if self.co.enabled && self.drainer.is_none() {
+            self.drainer = Some((id, self.held_since));
+            self.holder = None;
+            self.freed = (!self.sched.candidates(now, &[id]).is_empty()).then(Instant::now);
+        }
+    }
+
+    /// `RELEASE`: a holder, co-holder or drainer gives the GPU back,
+    /// having used `used` ns of it; `wants` 0: it has nothing more to do.
+    fn on_release(&mut self, id: u32, used: u64, wants: u64, now: u64) {
+        let holds = self.holder == Some(id)
+            || self.co.holders.contains_key(&id)
+            || self.drainer.is_some_and(|d| d.0 == id);
+        if !holds {
+            return;
+        }
+        self.drainer = self.drainer.filter(|d| d.0 != id);
+        let a = self.co.charge(
+            id,
+            used,
+            &self.usage.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        let _ = self.sched.release(id, a);
+        self.live(|u| {
+            let v = u.entry(id).or_default();
+            v.charged_ns += a;
+            v.holding = false;
+        });
+        if wants == 0 {
+            let _ = self.sched.idle(id, now);
+            if self.active.remove(&id) {
+                self.apply_shares();
+            }
+        }
+        if self.holder == Some(id) {
+            self.holder = None;
+        }
+        self.co.forget(id);
+        self.freed = (self.holder.is_none()
+            && self.co.holders.is_empty()
+            && self.sched.queue().runnable() > 0)
+            .then(Instant::now);
+    }
+
+    /// The figures a worker reports (`REPORT`, `QUEUE`, ...); other kinds
+    /// are ignored.
+    fn on_report(&mut self, id: u32, kind: u32, a: u64, b: u64) {
+        let known = [
+            REPORT, QUEUE, SERVED, PROCESS, OCCUPANCY, SLICED, LOGS, COPIES, CONTEXTS,
+        ];
+        if !known.contains(&kind) {
+            return;
+        }
+        self.live(|u| {
+            let r = &mut u.entry(id).or_default().report;
+            match kind {
+                REPORT => (r.mem_used, r.sync_calls) = (a, b),
+                QUEUE => (r.queued, r.launches) = (a, b),
+                SERVED => (r.requests, r.refused) = (a, b),
+                PROCESS => (r.rss_bytes, r.open_fds) = (a, b),
+                OCCUPANCY => r.occupancy_ppm = a,
+                SLICED => r.sliced_launches = a,
+                LOGS => r.log_suppressed = a,
+                COPIES => r.copy_ppm = a,
+                CONTEXTS => (r.contexts_created, r.contexts_reused) = (a, b),
+                _ => {}
+            }
+        });
+    }
+
+    // --- Grants -------------------------------------------------------
+
+    /// A worker that keeps the GPU far past its slice (stuck, or busy with
+    /// something that never ends) loses it: every other vGPU would wait on
+    /// it otherwise; so does a co-holder past the round's end, and a
+    /// drainer that never releases.
+    fn revoke_overdue(&mut self) {
+        let mut revoked: Vec<(u32, u64)> = Vec::new();
+        let overrun = Instant::now().saturating_duration_since(self.deadline);
+        if let Some(id) = self
+            .holder
+            .filter(|_| overrun + self.slice > self.hold_limit)
+        {
+            revoked.push((id, self.held_since.elapsed().as_nanos() as u64));
+            self.holder = None;
+        }
+        for id in self.co.overdue(self.hold_limit.saturating_sub(self.slice)) {
+            revoked.push((id, self.co.held_ns(id)));
+        }
+        // A drainer that went away, or never releases.
+        self.drainer = self.drainer.filter(|d| self.conns.contains_key(&d.0));
+        if let Some((id, since)) = self.drainer.filter(|d| d.1.elapsed() > self.hold_limit) {
+            revoked.push((id, since.elapsed().as_nanos() as u64));
+            self.drainer = None;
+        }
+        for (id, held) in revoked {
+            self.revoke(id, held);
+        }
+    }
+
+    /// Takes the GPU back from `id`, which held it `held` ns: it is charged
+    /// that (as at a release) and counts as idle until it asks again; its
+    /// late release is ignored.
+    fn revoke(&mut self, id: u32, held: u64) {
+        let charge = self.co.charge(
+            id,
+            held,
+            &self.usage.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        self.co.forget(id);
+        let now = self.now_ns();
+        let _ = self.sched.release(id, charge);
+        let _ = self.sched.idle(id, now);
+        if self.active.remove(&id) {
+            self.apply_shares();
+        }
+        self.live(|u| {
+            let v = u.entry(id).or_default();
+            v.charged_ns += charge;
+            v.holding = false;
+            v.revoked += 1;
+        });
+        transport::rate_limited!(
+            self.logs.entry(id).or_default(),
+            warn,
+            vgpu = id,
+            held_ms = held / 1_000_000,
+            "grant taken back from a worker that kept it past its slice"
+        );
+    }
+
+    /// A holder that gave the GPU back before its co-holders hands the
+    /// round to one of them: vGPUs that fit can still join it, and the one
+    /// that left can come back into it (without, it would wait for the
+    /// round's end while the GPU has room).
+    fn pass_round(&mut self) {
+        if self.holder.is_some() {
+            return;
+        }
+        if let Some(next) = self.co.holders.keys().next().copied() {
+            self.co.holders.remove(&next);
+            self.holder = Some(next);
+            self.held_since = Instant::now()
+                .checked_sub(Duration::from_nanos(self.co.held_ns(next)))
+                .unwrap_or_else(Instant::now);
+        }
+    }
+
+    /// Beside a holder that opted in, the next vGPUs that did and fit (see
+    /// `corun.rs`), until the holder's slice ends.
+    fn admit_co_holders(&mut self) {
+        let Some(h) = self.holder else {
+            return;
+        };
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if !(self.co.enabled && self.drainer.is_none() && left > Duration::from_millis(1)) {
+            return;
+        }
+        let now_ns = self.now_ns();
+        let snapshot = self.usage.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for id in self.co.admit(&mut self.sched, h, now_ns, &snapshot) {
+            if let Some(s) = self.conns.get_mut(&id) {
+                if s.write_all(&encode(GRANT, id, left.as_nanos() as u64, 0))
+                    .is_ok()
+                {
+                    self.co.holders.insert(id, self.deadline);
+                    self.live(|u| u.entry(id).or_default().holding = true);
+                }
+            }
+        }
+    }
+
+    /// While no vGPU waits beside those holding the GPU (the holder and its
+    /// co-holders), they get one slice more whenever less than a slice is
+    /// left (`EXTEND`); once one waits, they are told so (`CONTENDED`) and
+    /// the round ends at its deadline (see the module's doc).
+    fn extend_or_contend(&mut self) {
+        let (Some(id), true) = (self.holder, self.alone) else {
+            return;
+        };
+        let q = self.sched.queue();
+        let waiting = self
+            .conns
+            .keys()
+            .filter(|&&v| v != id && !self.co.holders.contains_key(&v) && q.is_runnable(v))
+            .count();
+        let holding: Vec<u32> = std::iter::once(id)
+            .chain(self.co.holders.keys().copied())
+            .collect();
+        if waiting > 0 {
+            self.alone = false;
+            for v in holding {
+                if let Some(s) = self.conns.get_mut(&v) {
+                    let _ = s.write_all(&encode(CONTENDED, v, 0, 0));
+                }
+            }
+        } else if self.deadline.saturating_duration_since(Instant::now()) <= self.slice {
+            self.deadline += self.slice;
+            for v in holding {
+                if let Some(s) = self.conns.get_mut(&v) {
+                    let _ = s.write_all(&encode(EXTEND, v, self.slice_ns, 0));
+                }
+                if let Some(end) = self.co.holders.get_mut(&v) {
+                    *end = self.deadline;
+                }
+            }
+        }
+    }
+
+    /// A new round once the holder and every co-holder gave the GPU back.
+    fn grant_next(&mut self) {
+        if !(self.holder.is_none() && self.co.holders.is_empty()) {
+            return;
+        }
+        let now = self.now_ns();
+        // Not the drainer again: it has not been charged yet.
+        // Heavier vGPUs hold longer slices (fewer hand-offs).
+        let next = match self.drainer {
+            Some((d, _)) => self
+                .sched
+                .candidates(now, &[d])
+                .first()
+                .map(|&v| (v, self.sched.slice_for(v))),
+            None => self.sched.grant(now).map(|g| (g.vgpu, g.slice_ns)),
+        };
+        let Some((vgpu, granted)) = next else {
+            return;
+        };
+        let q = self.sched.queue();
+        let others = q.runnable() - usize::from(q.is_runnable(vgpu));
+        let Some(s) = self.conns.get_mut(&vgpu) else {
+            return;
+        };
+        let lone = u64::from(others == 0);
+        if s.write_all(&encode(GRANT, vgpu, granted, lone)).is_err() {
+            return;
+        }
+        self.holder = Some(vgpu);
+        self.draining_since = None;
+        self.alone = true;
+        self.held_since = Instant::now();
+        self.deadline = self.held_since + Duration::from_nanos(granted);
+        let handoff = self.freed.take().map(|t| t.elapsed().as_nanos() as u64);
+        self.live(|u| {
+            let v = u.entry(vgpu).or_default();
+            v.holding = true;
+            if let Some(ns) = handoff {
+                v.handoffs += 1;
+                v.handoff_ns += ns;
+            }
+        });
+    }
+
+    /// The vCPU lift follows the holders: told only when they change (after
+    /// the grant is sent), the syscalls on its own thread.
+    fn tell_lift(&mut self) {
+        let Some(tx) = &self.lift else {
+            return;
+        };
+        let same = self.holder == self.lifted.0
+            && self.co.holders.len() == self.lifted.1.len()
+            && self.co.holders.keys().all(|k| self.lifted.1.contains(k));
+        if !same {
+            self.lifted = (self.holder, self.co.holders.keys().copied().collect());
+            let _ = tx.send(
+                self.holder
+                    .into_iter()
+                    .chain(self.lifted.1.iter().copied())
+                    .collect(),
+            );
+        }
+    }
+}

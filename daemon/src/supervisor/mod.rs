@@ -1,0 +1,321 @@
+//! `fairvgpu serve`: one worker process per vGPU, restarted if it dies
+//! (`worker_spec` says what each is to do).
+//!
+//! The serving loop is a [`Supervisor`]: its state as named fields, one
+//! method per event it handles, in files of one job each:
+//! - here: the daemon's start and stop, and the loop (a reload on SIGHUP,
+//!   the config's changes, then each event in turn),
+//! - `workers.rs`: workers started, stopped, restarted when they exit, and
+//!   their standbys,
+//! - `faults.rs`: a GPU fault or crash among an MPS server's clients ends
+//!   them all; standbys promoted, ended workers reaped,
+//! - `migration.rs`: migrations asked for started, workers' reports
+//!   collected, the balancer run.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wire::signals;
+use worker::executor::Executor;
+use worker::process::{ExecutorSpec, Spec};
+use worker::serve::WorkerConfig;
+
+use crate::config::{Config, ExecutorKind};
+use crate::control::ControlPlane;
+use crate::link::VmHost;
+use crate::mps::MpsGpu;
+use crate::Error;
+
+mod faults;
+mod migration;
+mod workers;
+
+use faults::Ending;
+use workers::{stop_child, Launcher, Supervised};
+
+/// The executor the config names.
+pub fn executor_spec(cfg: &Config) -> ExecutorSpec {
+    ExecutorSpec {
+        kind: cfg.daemon.executor,
+        sim: cfg.sim,
+        graph_launches: cfg.daemon.graph_launches,
+    }
+}
+
+/// Builds the configured executor for one GPU.
+pub fn build_executor(cfg: &Config, gpu: u32) -> Result<Box<dyn Executor>, Error> {
+    Ok(executor_spec(cfg).open(gpu)?)
+}
+
+/// The base time slice of GPU `gpu`, ns (see [`Config::gpu_slice_ns`]): the
+/// sim models a GPU that cannot preempt a running kernel; a real GPU says
+/// whether it can (one whose driver cannot be asked is taken as one that
+/// cannot: the shorter slice).
+pub fn gpu_slice_ns(cfg: &Config, gpu: u32) -> u64 {
+    let preemptive = match cfg.daemon.executor {
+        ExecutorKind::Sim => false,
+        ExecutorKind::Cuda => worker::executor::cuda::device_preemptive(gpu).unwrap_or(false),
+    };
+    cfg.gpu_slice_ns(gpu, preemptive)
+}
+
+/// What the worker process of VM `vm` is to do (`fairvgpu worker`): `id`
+/// is its vGPU's id at the grant service (the daemon's; by default its
+/// position in the config), `gpu` where the vGPU is now (it may have
+/// moved; default the config's). With `feed` (the fd of the daemon's feed,
+/// see [`crate::link`], and whether to start as a standby, see
+/// `crate::mps`) it adopts the region the daemon serves; without, it
+/// serves its own.
+pub fn worker_spec(
+    cfg: &Config,
+    vm: &str,
+    id: Option<u32>,
+    feed: Option<(i32, bool)>,
+    gpu: Option<u32>,
+) -> Result<Spec, Error> {
+    let vmc = cfg
+        .vm(vm)
+        .ok_or_else(|| Error::Config(format!("no vm named {vm:?}")))?;
+    let gpu = gpu.or(vmc.gpu).unwrap_or(0);
+    // An MPS client sees only the GPU its server was started for, as 0.
+    let mps = cfg.gpu_mps(gpu) && cfg.daemon.executor == ExecutorKind::Cuda;
+    let host_id = wire::identity::host_id(&cfg.daemon.run_dir)?;
+    let wc = WorkerConfig {
+        uuid: wire::identity::vgpu_uuid(&host_id, vm),
+        spin: cfg.spin,
+        cpu: vmc.worker_cpu,
+        grant: cfg.daemon.scheduler.then(|| {
+            let id =
+                id.unwrap_or_else(|| cfg.vms.iter().position(|v| v.name == vm).unwrap_or(0) as u32);
+            (grant_socket(cfg, gpu), id, vmc.weight)
+        }),
+        vcpus_file: Some(crate::attach::vcpus_file(cfg, vm)),
+        slice_blocks: cfg.daemon.slice_blocks,
+        image_cache: cfg.daemon.image_cache_mib << 20,
+        // Only under the daemon, which runs the store.
+        image_store: (feed.is_some() && cfg.daemon.share_images).then(|| image_store_socket(cfg)),
+        // An MPS client makes its contexts ahead, while it may still
+        // connect (see `mps.rs` and the worker's `serve/contexts.rs`).
+        prefill_contexts: if mps { cfg.gpu_mps_processes(gpu) } else { 0 },
+        lift_nice: (cfg.daemon.priority != 0).then_some(cfg.daemon.priority),
+        ..WorkerConfig::new(
+            vm,
+            cfg.socket(vm),
+            cfg.layout_for(vmc),
+            vmc.memory_limit_mib << 20,
+        )
+    };
+    Ok(Spec {
+        worker: wc,
+        executor: executor_spec(cfg),
+        ordinal: if mps { 0 } else { gpu },
+        feed,
+        sandbox: cfg.daemon.sandbox,
+    })
+}
+
+/// Socket of the daemon's module image store (see `image_store.rs`).
+pub fn image_store_socket(cfg: &Config) -> PathBuf {
+    cfg.daemon.run_dir.join("images.sock")
+}
+
+/// Socket of the grant service of GPU `gpu`.
+pub fn grant_socket(cfg: &Config, gpu: u32) -> PathBuf {
+    cfg.daemon.run_dir.join(format!("grant-gpu{gpu}.sock"))
+}
+
+/// Supervises one worker process per VM until SIGTERM, serves the control
+/// API, and reloads the config on SIGHUP (or the API's reload).
+pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
+    if cfg.daemon.executor == ExecutorKind::Cuda {
+        // Fail here, once, rather than in every worker start.
+        worker::executor::cuda::available()?;
+    }
+    // Before any socket in run_dir is touched: a second daemon there is
+    // refused (see `run_lock.rs`), its error the only line it prints.
+    let run_lock = crate::run_lock::RunLock::take(&cfg.daemon.run_dir)?;
+    let mut sup = Supervisor::start(cfg, config_path)?;
+    sup.run()?;
+    let cfg = sup.stop();
+    remove_sockets(&cfg);
+    drop(run_lock);
+    tracing::info!(run_dir = %cfg.daemon.run_dir.display(), "stopped: workers ended, sockets and lock removed");
+    Ok(())
+}
+
+/// The daemon's serving loop and all it keeps between turns.
+struct Supervisor {
+    /// One per configured VM.
+    children: Vec<Supervised>,
+    /// Workers the daemon ended, until reaped.
+    ending: Vec<Ending>,
+    /// Each VM's region and socket live here, in the daemon, so that they
+    /// outlive its worker (see crate::link).
+    hosts: BTreeMap<String, VmHost>,
+    /// The memory limit each VM's region was last given, MiB.
+    limits: HashMap<String, u64>,
+    last_balance: Instant,
+    /// The module image store the workers share (see `image_store.rs`).
+    _images: Option<crate::image_store::ImageStore>,
+    /// One MPS control daemon per GPU that asks for it (see `mps.rs`).
+    mps: HashMap<u32, MpsGpu>,
+    plane: Arc<ControlPlane>,
+    /// What starts worker processes.
+    launcher: Launcher,
+}
+
+impl Supervisor {
+    /// Everything the workers need before the first starts: the host CPU
+    /// options, the host id, the grant services and control API, the MPS
+    /// servers and the image store.
+    fn start(cfg: &Config, config_path: &Path) -> Result<Supervisor, Error> {
+        // The host CPU options, on this thread before any other starts (the
+        // CPU mask of `[daemon] cpus` is inherited by every thread and worker).
+        let host_cpu = Arc::new(crate::hostcpu::HostCpu::start(&cfg.daemon));
+        // The id the VMs' vGPU UUIDs derive from, made before any worker asks.
+        wire::identity::host_id(&cfg.daemon.run_dir)?;
+        let exe = std::env::current_exe().map_err(|source| Error::Io {
+            what: "finding own executable",
+            source,
+        })?;
+        signals::install();
+        // The daemon holds every VM's region: workers (same user) must not be
+        // able to take them from its /proc/<pid>/fd.
+        worker::sandbox::not_dumpable()?;
+        // The grant services (one per GPU) start before any worker connects.
+        let plane = ControlPlane::new(cfg.clone(), config_path, host_cpu.clone())?;
+        // vCPU threads an earlier daemon was given (`fairvgpu attach`).
+        for vm in &cfg.vms {
+            let threads = crate::attach::read_vcpus(&crate::attach::vcpus_file(cfg, &vm.name));
+            if !threads.is_empty() {
+                host_cpu
+                    .registry
+                    .set_vcpus(plane.vgpu_id(&vm.name), threads);
+            }
+        }
+        crate::control::start(&plane)?;
+        // One MPS control daemon per GPU that asks for it (see `mps.rs`),
+        // before any of its workers starts.
+        let mut mps: HashMap<u32, MpsGpu> = Default::default();
+        for g in cfg
+            .gpus
+            .iter()
+            .filter(|g| g.mps && cfg.daemon.executor == ExecutorKind::Cuda)
+        {
+            let d = MpsGpu::start(
+                &cfg.daemon.mps_control,
+                &cfg.daemon.run_dir,
+                g.index,
+                g.mps_standby,
+            )?;
+            mps.insert(g.index, d);
+        }
+        // The module image store the workers share (see `image_store.rs`).
+        let images = if cfg.daemon.share_images {
+            let store = crate::image_store::ImageStore::start(
+                &image_store_socket(cfg),
+                cfg.daemon.image_store_mib << 20,
+                cfg.daemon.image_cache_mib << 20,
+            )?;
+            plane.watch_image_store(store.stats().clone());
+            Some(store)
+        } else {
+            None
+        };
+        Ok(Supervisor {
+            children: Vec::new(),
+            ending: Vec::new(),
+            hosts: BTreeMap::new(),
+            limits: HashMap::new(),
+            last_balance: Instant::now(),
+            _images: images,
+            mps,
+            plane,
+            launcher: Launcher {
+                exe,
+                config_path: config_path.to_owned(),
+                host_cpu,
+            },
+        })
+    }
+
+    /// Serves until SIGTERM or SIGINT: each turn follows the config, then
+    /// handles what happened to the workers, the MPS servers' faults, the
+    /// migrations, and balances the GPUs.
+    fn run(&mut self) -> Result<(), Error> {
+        while !signals::terminated() {
+            if signals::take_hangup() {
+                self.on_hangup();
+            }
+            let want = self.plane.config();
+            self.stop_removed(&want);
+            self.apply_memory_limits(&want)?;
+            self.start_missing(&want)?;
+            let mut mps_faults = self.poisoned_gpus();
+            for i in 0..self.children.len() {
+                self.on_worker_exited(i, &want, &mut mps_faults);
+            }
+            for &gpu in &mps_faults {
+                self.on_mps_fault(gpu, &want);
+            }
+            self.reap_ended();
+            let dying = self.dying();
+            self.restart_due(&dying)?;
+            self.start_standbys(&want, &dying)?;
+            self.on_migrations();
+            self.balance(&want);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// SIGHUP: the config file is read again (as by the API's reload).
+    fn on_hangup(&self) {
+        let _ = self.plane.reload();
+    }
+
+    /// Shutdown: every worker and standby ended, the regions dropped;
+    /// returns the config the daemon ran last.
+    fn stop(&mut self) -> Config {
+        tracing::info!(
+            workers = self.children.len(),
+            "stopping (SIGTERM or SIGINT): ending the workers"
+        );
+        for w in &mut self.children {
+            if let Some(child) = w.child.as_mut() {
+                stop_child(child);
+            }
+            if let Some(sb) = w.standby.as_mut() {
+                stop_child(&mut sb.child);
+            }
+        }
+        for e in &mut self.ending {
+            let _ = e.child.wait();
+        }
+        drop(std::mem::take(&mut self.hosts));
+        self.plane.config()
+    }
+}
+
+/// Removes the sockets the daemon made: the API's, each VM's, the image
+/// store's and every GPU's grant service's.
+fn remove_sockets(cfg: &Config) {
+    let mut paths = vec![cfg.api_socket(), image_store_socket(cfg)];
+    paths.extend(cfg.vms.iter().map(|vm| cfg.socket(&vm.name)));
+    if let Ok(dir) = std::fs::read_dir(&cfg.daemon.run_dir) {
+        paths.extend(dir.flatten().map(|e| e.path()).filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("grant-gpu") && n.ends_with(".sock"))
+        }));
+    }
+    for p in paths {
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(path = %p.display(), "removing a socket: {e}"),
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! The supervisor's workers: started for each configured VM, stopped when
+//! it leaves the config, restarted when they exit, and their standbys.
+
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use worker::process::EXIT_POISONED;
+
+use super::faults::{ended_by_fault, promote_fault_standby};
+use super::Supervisor;
+use crate::config::Config;
+use crate::control::ControlPlane;
+use crate::link::VmHost;
+use crate::mps::MpsGpu;
+use crate::Error;
+
+/// One VM's worker as the supervisor sees it.
+pub(super) struct Supervised {
+    pub name: String,
+    /// None while waiting to restart it.
+    pub child: Option<Child>,
+    pub started: Instant,
+    /// Deaths in a row within a second of starting.
+    quick_deaths: u32,
+    pub restart_at: Option<Instant>,
+    /// It said that a CUDA error poisoned its contexts (and will exit).
+    pub poisoned: bool,
+    /// A sticky CUDA error ended one of its workers before (on a GPU
+    /// without MPS): it keeps a standby with `[daemon] fault_standby`.
+    faulted: bool,
+    /// The MPS side (see `mps.rs`) the worker is a client of.
+    pub side: usize,
+    /// Its standby worker, on a GPU that keeps them.
+    pub standby: Option<Standby>,
+    /// No standby is started before this.
+    pub standby_at: Instant,
+}
+
+/// A standby worker: its process and the MPS side it is a client of.
+pub(super) struct Standby {
+    pub child: Child,
+    pub side: usize,
+}
+
+/// A standby worker starts this long after its VM's serving worker (whose
+/// contexts come first).
+pub(super) const STANDBY_AFTER: Duration = Duration::from_secs(2);
+/// And this long after the last standby exited without being promoted.
+const STANDBY_RETRY: Duration = Duration::from_secs(5);
+
+impl Supervised {
+    /// How long to wait before restarting a worker that just died: at once,
+    /// unless it keeps dying as soon as it starts (a broken GPU or config),
+    /// then 1, 2, 4 ... up to 16 seconds, so that it does not spin.
+    pub fn backoff(&mut self) -> Duration {
+        if self.started.elapsed() < Duration::from_secs(1) {
+            self.quick_deaths += 1;
+        } else {
+            self.quick_deaths = 0;
+        }
+        match self.quick_deaths {
+            0 | 1 => Duration::ZERO,
+            n => Duration::from_secs(1 << (n - 2).min(4)),
+        }
+    }
+}
+
+/// What starts worker processes: the daemon's own executable, run as
+/// `fairvgpu worker`.
+pub(super) struct Launcher {
+    pub exe: PathBuf,
+    pub config_path: PathBuf,
+    pub host_cpu: Arc<crate::hostcpu::HostCpu>,
+}
+
+impl Launcher {
+    /// A worker for `name`, or a standby one, the client of MPS side `side`
+    /// of its GPU (if the GPU runs MPS).
+    pub fn spawn(
+        &self,
+        plane: &ControlPlane,
+        name: &str,
+        host: &VmHost,
+        mps: Option<(&MpsGpu, usize)>,
+        standby: bool,
+    ) -> Result<Child, Error> {
+        let feed = if standby {
+            host.standby_feed()?
+        } else {
+            host.feed()?
+        };
+        // Only this fd crosses the exec (the rest are close-on-exec); the
+        // supervisor is the only thread that starts processes.
+        nix::fcntl::fcntl(
+            &feed,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .map_err(|e| Error::Io {
+            what: "feed fd flags",
+            source: e.into(),
+        })?;
+        let gpu = plane.gpu_of(name).unwrap_or(0);
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(["worker", "--config"])
+            .arg(&self.config_path)
+            .args(["--vm", name, "--id"])
+            .arg(plane.vgpu_id(name).to_string())
+            .arg("--feed-fd")
+            .arg(feed.as_raw_fd().to_string())
+            .arg("--gpu")
+            .arg(gpu.to_string());
+        if standby {
+            cmd.arg("--standby");
+        }
+        if let Some((m, side)) = mps {
+            cmd.envs(m.side(side).client_env())
+                .env_remove("CUDA_VISIBLE_DEVICES");
+        }
+        let child = cmd.spawn().map_err(|source| Error::Io {
+            what: "spawning worker",
+            source,
+        })?;
+        self.host_cpu.worker_started(child.id());
+        Ok(child)
+        // `feed` closes here: the worker holds the only copy of its end.
+    }
+}
+
+impl Supervisor {
+    /// Workers of VMs no longer configured stop.
+    pub(super) fn stop_removed(&mut self, want: &Config) {
+        let plane = &self.plane;
+        self.children.retain_mut(|w| {
+            if want.vm(&w.name).is_some() {
+                return true;
+            }
+            if let Some(child) = w.child.as_mut() {
+                stop_child(child);
+            }
+            if let Some(sb) = w.standby.as_mut() {
+                stop_child(&mut sb.child);
+            }
+            plane.event(
+                "worker",
+                format!("{}: removed from the config, worker stopped", w.name),
+            );
+            false
+        });
+        self.hosts.retain(|name, _| want.vm(name).is_some());
+    }
+
+    /// Memory limits changed by a reload apply now.
+    pub(super) fn apply_memory_limits(&mut self, want: &Config) -> Result<(), Error> {
+        for vm in &want.vms {
+            let Some(host) = self.hosts.get(&vm.name) else {
+                continue;
+            };
+            if self.limits.get(&vm.name) != Some(&vm.memory_limit_mib) {
+                if self.limits.contains_key(&vm.name) {
+                    host.set_memory_limit(vm.memory_limit_mib)?;
+                }
+                self.limits.insert(vm.name.clone(), vm.memory_limit_mib);
+            }
+        }
+        Ok(())
+    }
+
+    /// Configured VMs without a worker get one.
+    pub(super) fn start_missing(&mut self, want: &Config) -> Result<(), Error> {
+        for vm in &want.vms {
+            if self.children.iter().any(|w| w.name == vm.name) {
+                continue;
+            }
+            if !self.hosts.contains_key(&vm.name) {
+                let host = VmHost::start(&vm.name, &want.socket(&vm.name), want.layout_for(vm))?;
+                self.plane
+                    .watch_log_suppressed(&vm.name, host.log_counter());
+                self.launcher
+                    .host_cpu
+                    .registry
+                    .set_peers(self.plane.vgpu_id(&vm.name), host.peer_pids());
+                self.hosts.insert(vm.name.clone(), host);
+            }
+            let gpu = self.plane.gpu_of(&vm.name).unwrap_or(0);
+            let side = self.mps.get(&gpu).map(|m| (m, m.serving()));
+            let child =
+                self.launcher
+                    .spawn(&self.plane, &vm.name, &self.hosts[&vm.name], side, false)?;
+            self.children.push(Supervised {
+                name: vm.name.clone(),
+                child: Some(child),
+                side: side.map_or(0, |s| s.1),
+                started: Instant::now(),
+                quick_deaths: 0,
+                restart_at: None,
+                poisoned: false,
+                faulted: false,
+                standby: None,
+                standby_at: Instant::now() + STANDBY_AFTER,
+            });
+            tracing::info!(
+                vm = vm.name,
+                tenant = vm.tenant,
+                weight = vm.weight,
+                "vGPU worker started"
+            );
+        }
+        Ok(())
+    }
+
+    /// The `i`-th worker, if it exited: a restart is set (or, after a fault
+    /// on a GPU without MPS, its standby serves at once); a GPU whose MPS
+    /// server it may have left faulted joins `mps_faults`.
+    pub(super) fn on_worker_exited(&mut self, i: usize, want: &Config, mps_faults: &mut Vec<u32>) {
+        let w = &mut self.children[i];
+        let Some(status) = w.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) else {
+            return;
+        };
+        w.child = None;
+        w.poisoned = false;
+        let gpu = self.plane.gpu_of(&w.name).unwrap_or(0);
+        if status.code() == Some(EXIT_POISONED) && !self.mps.contains_key(&gpu) {
+            // Without MPS a fault ends this worker alone: its
+            // standby, if it has one ready, serves at once.
+            w.faulted = true;
+            if promote_fault_standby(&self.plane, want, self.hosts.get(&w.name), w, gpu) {
+                return;
+            }
+        }
+        let crashed = ended_by_fault(&status, w.started.elapsed());
+        let why = if status.code() == Some(EXIT_POISONED) {
+            "a CUDA error poisoned its GPU contexts".to_owned()
+        } else {
+            status.to_string()
+        };
+        self.plane.event(
+            "worker",
+            format!(
+                "{}: worker exited ({why}); restarting it on the same region",
+                w.name
+            ),
+        );
+        self.plane.worker_restarted(&w.name);
+        w.restart_at = Some(Instant::now() + w.backoff());
+        if self.mps.contains_key(&gpu) && crashed && !mps_faults.contains(&gpu) {
+            mps_faults.push(gpu);
+        }
+    }
+
+    /// Workers whose restart is due start again. New clients of an MPS
+    /// server start only once every client it had is gone (`dying`), as
+    /// the server needs (measured on an H100: starting them at once, their
+    /// `cuInit` waiting on the server, took longer).
+    pub(super) fn restart_due(
+        &mut self,
+        dying: &std::collections::HashSet<(u32, usize)>,
+    ) -> Result<(), Error> {
+        for w in &mut self.children {
+            let gpu = self.plane.gpu_of(&w.name).unwrap_or(0);
+            let side = self.mps.get(&gpu).map(|m| (m, m.serving()));
+            if w.restart_at.is_some_and(|t| Instant::now() >= t)
+                && !dying.contains(&(gpu, side.map_or(0, |s| s.1)))
+            {
+                let Some(host) = self.hosts.get(w.name.as_str()) else {
+                    continue;
+                };
+                w.child = Some(
+                    self.launcher
+                        .spawn(&self.plane, &w.name, host, side, false)?,
+                );
+                w.side = side.map_or(0, |s| s.1);
+                w.started = Instant::now();
+                w.restart_at = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Standby workers (see `mps.rs`): one per serving worker of a GPU that
+    /// keeps them, a client of the other side once none of that side's old
+    /// clients is left (`dying`), started a while after the serving one so
+    /// as not to slow its start. A standby that exited is noted.
+    pub(super) fn start_standbys(
+        &mut self,
+        want: &Config,
+        dying: &std::collections::HashSet<(u32, usize)>,
+    ) -> Result<(), Error> {
+        for w in &mut self.children {
+            let gpu = self.plane.gpu_of(&w.name).unwrap_or(0);
+            // And, on a GPU without MPS, one for a VM that faulted before
+            // (`[daemon] fault_standby`).
+            let (client, side) = match self.mps.get(&gpu) {
+                Some(m) => match m.standby() {
+                    Some(side) => (Some((m, side)), side),
+                    None => continue,
+                },
+                None if want.daemon.fault_standby && w.faulted => (None, 0),
+                None => continue,
+            };
+            if let Some(sb) = w.standby.as_mut() {
+                if let Ok(Some(status)) = sb.child.try_wait() {
+                    self.plane.event(
+                        "worker",
+                        format!("{}: standby worker exited ({status})", w.name),
+                    );
+                    w.standby = None;
+                    w.standby_at = Instant::now() + STANDBY_RETRY;
+                }
+                continue;
+            }
+            if w.child.is_none()
+                || Instant::now() < w.standby_at
+                || w.started.elapsed() < STANDBY_AFTER
+                || dying.contains(&(gpu, side))
+            {
+                continue;
+            }
+            let Some(host) = self.hosts.get(w.name.as_str()) else {
+                continue;
+            };
+            w.standby = Some(Standby {
+                child: self
+                    .launcher
+                    .spawn(&self.plane, &w.name, host, client, true)?,
+                side,
+            });
+            tracing::info!(vm = w.name, gpu, side, "standby worker started");
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn signal_child(child: &Child, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig);
+}
+
+pub(super) fn stop_child(child: &mut Child) {
+    signal_child(child, nix::sys::signal::Signal::SIGTERM);
+    let _ = child.wait();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_at_once_unless_the_worker_keeps_dying_at_start() {
+        let mut w = Supervised {
+            name: "vm".into(),
+            child: None,
+            started: Instant::now() - Duration::from_secs(60),
+            quick_deaths: 0,
+            restart_at: None,
+            poisoned: false,
+            faulted: false,
+            side: 0,
+            standby: None,
+            standby_at: Instant::now(),
+        };
+        assert_eq!(w.backoff(), Duration::ZERO, "died after a long run");
+        w.started = Instant::now();
+        assert_eq!(w.backoff(), Duration::ZERO, "one quick death");
+        let pauses: Vec<u64> = (0..6).map(|_| w.backoff().as_secs()).collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 16], "a crash loop backs off");
+        w.started = Instant::now() - Duration::from_secs(5);
+        assert_eq!(w.backoff(), Duration::ZERO, "a worker that ran resets it");
+    }
+}
