@@ -5,8 +5,6 @@
 //! vGPU's memory limit as `MemAlloc` does, until destroyed or the session
 //! ends (the executor context frees it, and the session's count goes).
 
-use std::sync::atomic::Ordering;
-
 use protocol::array::{resource, CopySide, TexParams, TEX_PARAMS_BYTES};
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
@@ -34,7 +32,7 @@ pub(super) fn handle(
         None
     };
     let (r, why) = run(sh, s, req, tex);
-    answer(sh, c, tag, opc, r, why)
+    answer(&sh.port, c, tag, opc, r, why)
 }
 
 /// How much of `[ptr, ptr + len)`, from `ptr` on, is the caller's own
@@ -67,14 +65,15 @@ fn run(
     match req {
         Request::ArrayCreate { desc } => {
             let charge = s.ctx.footprint(desc.bytes());
-            let r = if s.arrays.full() || sh.mem_used.saturating_add(charge) > sh.limit() {
+            let r = if s.arrays.full()
+                || sh.mem.used.saturating_add(charge) > sh.mem.limit(&sh.port.link)
+            {
                 Err(Status::OutOfMemory)
             } else {
                 s.ctx.array_op(ArrayOp::Create(desc)).map(|h| {
                     s.arrays.add(h, desc, charge);
                     s.mem_used += charge;
-                    sh.mem_used += charge;
-                    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                    sh.mem.add(charge);
                     Reply {
                         vals: [h, charge, 0, 0],
                     }
@@ -90,8 +89,7 @@ fn run(
                 let r = s.ctx.array_op(ArrayOp::Destroy(array));
                 // The array is the guest's no more either way.
                 s.uncount(charge);
-                sh.mem_used -= charge;
-                sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                sh.mem.sub(charge);
                 r.map(|_| Reply::default())
             });
             (r, "destroy of an array it does not hold")
@@ -108,7 +106,8 @@ fn run(
                 })
             });
             let r = r.and_then(|()| {
-                sh.in_period(s, stream, None, |x| x.array_op(ArrayOp::Copy(copy, stream)))
+                sh.slice
+                    .in_period(s, stream, None, |x| x.array_op(ArrayOp::Copy(copy, stream)))
             });
             (
                 r.map(|_| Reply::default()),

@@ -47,7 +47,7 @@ pub(super) fn handle(
         ),
         _ => (Err(Status::InvalidValue), "not an IPC request"),
     };
-    answer(sh, c, tag, opc, r, why)
+    answer(&sh.port, c, tag, opc, r, why)
 }
 
 /// The token of the allocation or mapping holding `ptr` (made on the
@@ -58,7 +58,7 @@ pub(super) fn export(sh: &mut Shared, s: &mut Session, ptr: u64) -> Result<Reply
         Some(t) => t,
         None => {
             let mem = s.ctx.share_mem(base, size)?;
-            let (t, e) = sh.ipc.add(s.id, base, size, mem)?;
+            let (t, e) = sh.tables.ipc.add(s.id, base, size, mem)?;
             s.exported.insert(t, e);
             t
         }
@@ -70,7 +70,7 @@ pub(super) fn export(sh: &mut Shared, s: &mut Session, ptr: u64) -> Result<Reply
 
 /// Opens another session's export: its start and size.
 pub(super) fn open(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
-    let e = sh.ipc.get(token).ok_or(Status::InvalidValue)?;
+    let e = sh.tables.ipc.get(token).ok_or(Status::InvalidValue)?;
     if e.owner == s.id {
         // As the driver answers a process opening its own handle.
         return Err(Status::InvalidContext);
@@ -94,7 +94,7 @@ fn export_event(sh: &mut Shared, s: &mut Session, event: u64) -> Result<Reply, S
         Some(t) => t,
         None => {
             let shared = s.ctx.share_event(event)?;
-            let (t, e) = sh.ipc_events.add(s.id, event, 0, shared)?;
+            let (t, e) = sh.tables.ipc_events.add(s.id, event, 0, shared)?;
             s.exported_events.insert(t, e);
             t
         }
@@ -104,7 +104,11 @@ fn export_event(sh: &mut Shared, s: &mut Session, event: u64) -> Result<Reply, S
 
 /// Opens another session's exported event: a handle of this session's.
 fn open_event(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
-    let e = sh.ipc_events.get(token).ok_or(Status::InvalidValue)?;
+    let e = sh
+        .tables
+        .ipc_events
+        .get(token)
+        .ok_or(Status::InvalidValue)?;
     if e.owner == s.id {
         return Err(Status::InvalidContext);
     }

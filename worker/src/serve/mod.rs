@@ -433,13 +433,13 @@ impl Worker {
     /// previous worker, to find out.
     fn wake_lost(&self) -> Result<(), Error> {
         let w = self;
-        for ch in 0..w.sh.region.channels() {
-            if w.sh.region.claim_state(ch)? == ClaimState::Lost {
+        for ch in 0..w.sh.port.region.channels() {
+            if w.sh.port.region.claim_state(ch)? == ClaimState::Lost {
                 tracing::warn!(
                     channel = ch,
                     "its GPU state died with the previous worker; its guest must claim again"
                 );
-                wake_owner(&w.sh, ch);
+                wake_owner(&w.sh.port, ch);
             }
         }
         Ok(())
@@ -474,49 +474,54 @@ impl Worker {
             .store(u64::from(exec.device()), Ordering::Relaxed);
         let worker = Worker {
             sh: Shared {
-                pinned_map,
-                pinned: {
-                    let mut p = pinned::PinnedPool::new(pinned_size);
-                    p.set_device_base(info.pinned_base);
-                    p
+                gpu: shared::Gpu {
+                    exec,
+                    pinned_map,
+                    pinned: {
+                        let mut p = pinned::PinnedPool::new(pinned_size);
+                        p.set_device_base(info.pinned_base);
+                        p
+                    },
+                    images,
+                    contexts,
+                    sm_count: info.sm_count.max(1),
                 },
-                images,
-                contexts,
-                ipc: Default::default(),
-                ipc_events: Default::default(),
-                shares: Default::default(),
-                region,
-                link,
-                exec,
-                sm_count: info.sm_count.max(1),
-                slice_blocks: cfg.slice_blocks,
-                budget_spent: false,
-                releasing: false,
-                occupancy: (0.0, 0.0),
-                last_occupancy: 0.0,
-                copy_mark: 0,
-                util: Default::default(),
-                info_bytes: info.to_bytes(),
-                mem_limit,
-                device_mem,
-                mem_used: 0,
-                stats,
-                chunk,
-                gate,
-                grant_id: cfg.grant.as_ref().map(|g| (g.1, g.2)),
-                charged_ns: 0,
-                issued_ns: 0,
-                meter: sched::accounting::PeriodMeter::new(cfg.sample_every),
-                params: Vec::new(),
-                period_grant: 0,
-                time_launches: cfg.time_launches,
-                booster: std::cell::RefCell::new(crate::cosched::VcpuBooster::new(
-                    cfg.vcpus_file.clone(),
-                )),
-                worked: false,
-                poisoned: std::cell::Cell::new(None),
-                log: std::cell::RefCell::new(transport::LogLimiter::default()),
-                output: std::cell::RefCell::new(output::Output::new()),
+                tables: shared::Tables::default(),
+                port: shared::Port {
+                    region,
+                    link,
+                    info_bytes: info.to_bytes(),
+                    chunk,
+                    stats: stats.clone(),
+                    booster: std::cell::RefCell::new(crate::cosched::VcpuBooster::new(
+                        cfg.vcpus_file.clone(),
+                    )),
+                    log: std::cell::RefCell::new(transport::LogLimiter::default()),
+                    output: std::cell::RefCell::new(output::Output::new()),
+                    poisoned: std::cell::Cell::new(None),
+                },
+                mem: shared::Memory {
+                    mem_limit,
+                    device_mem,
+                    used: 0,
+                    stats: stats.clone(),
+                },
+                slice: shared::Slice {
+                    gate,
+                    grant_id: cfg.grant.as_ref().map(|g| (g.1, g.2)),
+                    slice_blocks: cfg.slice_blocks,
+                    time_launches: cfg.time_launches,
+                    charged_ns: 0,
+                    issued_ns: 0,
+                    meter: sched::accounting::PeriodMeter::new(cfg.sample_every),
+                    params: Vec::new(),
+                    period_grant: 0,
+                    worked: false,
+                    budget_spent: false,
+                    releasing: false,
+                    stats,
+                },
+                figures: shared::Figures::default(),
             },
             chans,
             sessions: Sessions::default(),
@@ -530,8 +535,8 @@ impl Worker {
             confine_when_filled: false,
             confined: false,
         };
-        let counts = worker.sh.contexts.counts;
-        worker.sh.stats.count_contexts(&counts);
+        let counts = worker.sh.gpu.contexts.counts;
+        worker.sh.port.stats.count_contexts(&counts);
         Ok(worker)
     }
 
@@ -544,7 +549,7 @@ impl Worker {
         if self.confined {
             return Ok(()); // a standby, before it was promoted
         }
-        if self.sh.contexts.filled() {
+        if self.sh.gpu.contexts.filled() {
             return crate::sandbox::confine();
         }
         crate::sandbox::confine_thread()?;
@@ -559,7 +564,7 @@ impl Worker {
 
     /// The worker's counters.
     pub fn stats(&self) -> Arc<Stats> {
-        self.sh.stats.clone()
+        self.sh.port.stats.clone()
     }
 
     /// Serves until the stop flag is set. Everything guests held is freed on return.
@@ -573,7 +578,7 @@ impl Worker {
         for c in &mut self.chans {
             retire(&mut self.sh, c, &mut self.sessions);
         }
-        match self.sh.poisoned.get() {
+        match self.sh.port.poisoned.get() {
             Some(status) => Err(Error::Poisoned(status)),
             None => served,
         }
@@ -594,18 +599,18 @@ impl Worker {
         let mut last_report = Instant::now();
         let mut turns: u32 = 0;
         let mut poisoned_at = None::<Instant>;
-        while !self.stop.load(Ordering::Relaxed) && !self.sh.link.orphaned() {
-            if self.sh.poisoned.get().is_some() {
+        while !self.stop.load(Ordering::Relaxed) && !self.sh.port.link.orphaned() {
+            if self.sh.port.poisoned.get().is_some() {
                 // The fault's process may still take what its kernels
                 // printed (the failed assert's message): a moment for it,
                 // no more (every other request now fails).
                 let since = *poisoned_at.get_or_insert_with(Instant::now);
-                if !self.sh.output.borrow().any_held() || since.elapsed() > POISON_GRACE {
-                    self.sh.link.report_poisoned();
+                if !self.sh.port.output.borrow().any_held() || since.elapsed() > POISON_GRACE {
+                    self.sh.port.link.report_poisoned();
                     break;
                 }
             }
-            if let Some((gpu, grant)) = self.sh.link.take_migration() {
+            if let Some((gpu, grant)) = self.sh.port.link.take_migration() {
                 self.start_migration(gpu, grant)?;
             }
             if let Some(p) = self.moving.as_ref() {
@@ -636,13 +641,13 @@ impl Worker {
                     idle = 0;
                     continue;
                 }
-            } else if self.sh.slice_ended() {
-                self.sh.budget_spent = false;
+            } else if self.sh.slice.slice_ended() {
+                self.sh.slice.budget_spent = false;
                 // A vGPU whose slice ran out while it was running work stays
                 // runnable even if its ring is momentarily empty (its guest is
                 // between a reply and its next call): reporting it idle would
                 // reset its start tag and forfeit the credit it has.
-                let active = self.sh.worked;
+                let active = self.sh.slice.worked;
                 self.begin_release(active)?;
                 idle = 0;
                 continue;
@@ -653,7 +658,7 @@ impl Worker {
             }
             // A grant can arrive while there is nothing to run (the vGPU was
             // still queued): take it, so that the idle spin above returns it.
-            if let Some(g) = self.sh.gate.as_mut() {
+            if let Some(g) = self.sh.slice.gate.as_mut() {
                 if !g.holding() && g.wanted() && idle.is_multiple_of(64) {
                     g.acquire(Duration::ZERO)?;
                 }
@@ -664,7 +669,7 @@ impl Worker {
                 continue;
             }
             if self.releasing.is_some()
-                || self.sh.budget_spent
+                || self.sh.slice.budget_spent
                 || self.chans.iter().any(Chan::waiting)
                 || self.sessions.host_fn_pending()
             {
@@ -672,7 +677,7 @@ impl Worker {
                 // the vGPU keeps the GPU, and the worker looks again soon
                 // (without spinning the core through a long kernel).
                 if self.releasing.is_some() {
-                    Handoff::add(&self.sh.stats.handoff.drain_sleeps, 1);
+                    Handoff::add(&self.sh.port.stats.handoff.drain_sleeps, 1);
                 }
                 std::thread::sleep(WAITING_POLL);
                 if idle.is_multiple_of(256) {
@@ -680,9 +685,9 @@ impl Worker {
                 }
                 continue;
             }
-            if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
+            if self.sh.slice.gate.as_ref().is_some_and(|g| g.holding()) {
                 // Work-conserving: a holder with nothing to run yields after its spin.
-                Handoff::add(&self.sh.stats.handoff.idle_releases, 1);
+                Handoff::add(&self.sh.port.stats.handoff.idle_releases, 1);
                 self.release_grant(false)?;
                 idle = 0;
                 continue;
@@ -691,7 +696,7 @@ impl Worker {
             self.periodic(&mut last_report)?;
             idle = 0;
         }
-        if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
+        if self.sh.slice.gate.as_ref().is_some_and(|g| g.holding()) {
             self.release_grant(false)?;
         }
         Ok(())
@@ -700,21 +705,21 @@ impl Worker {
     /// What the serving loop does when it looks at the clock: report, and
     /// let the coscheduling booster undo boosts and re-read its vCPU file.
     fn periodic(&mut self, last_report: &mut Instant) -> Result<(), Error> {
-        if self.confine_when_filled && self.sh.contexts.filled() {
+        if self.confine_when_filled && self.sh.gpu.contexts.filled() {
             crate::sandbox::confine()?;
             self.confine_when_filled = false;
             tracing::info!("contexts made ahead; every thread confined");
         }
         self.maybe_report(last_report)?;
-        let sync = self.sh.stats.sync_calls.load(Ordering::Relaxed);
-        self.sh.booster.borrow_mut().tick(sync);
+        let sync = self.sh.port.stats.sync_calls.load(Ordering::Relaxed);
+        self.sh.port.booster.borrow_mut().tick(sync);
         Ok(())
     }
 
     /// Reports if [`REPORT_EVERY`] has passed since `last` (and there is a
     /// scheduler to report to).
     fn maybe_report(&mut self, last: &mut Instant) -> Result<(), Error> {
-        if self.sh.gate.is_none() || last.elapsed() < REPORT_EVERY {
+        if self.sh.slice.gate.is_none() || last.elapsed() < REPORT_EVERY {
             return Ok(());
         }
         *last = Instant::now();
@@ -729,23 +734,23 @@ impl Worker {
             .map(|c| u64::from(c.host.req.pending().unwrap_or(0)))
             .sum();
         let (rss_bytes, open_fds) = crate::procfs::own_usage();
-        let (num, den) = std::mem::take(&mut self.sh.occupancy);
+        let (num, den) = std::mem::take(&mut self.sh.figures.occupancy);
         if den > 0.0 {
-            self.sh.last_occupancy = num / den;
+            self.sh.figures.last_occupancy = num / den;
         }
         // The share of its device work since the last report that was
         // copies: their time at a copy engine's rate against that and its
         // kernels' estimated time (`den`, ns). A guest that only copies is
         // at 1 however fast its copies go through the rings.
-        let bytes = self.sh.stats.copy_bytes.load(Ordering::Relaxed);
-        let b0 = std::mem::replace(&mut self.sh.copy_mark, bytes);
+        let bytes = self.sh.port.stats.copy_bytes.load(Ordering::Relaxed);
+        let b0 = std::mem::replace(&mut self.sh.figures.copy_mark, bytes);
         let copy_ns = bytes.saturating_sub(b0) as f64 / COPY_BYTES_PER_S * 1e9;
         let copy_share = if copy_ns > 0.0 {
             copy_ns / (copy_ns + den)
         } else {
             0.0
         };
-        let st = &self.sh.stats;
+        let st = &self.sh.port.stats;
         let r = wire::grant::Report {
             mem_used: st.mem_used.load(Ordering::Relaxed),
             sync_calls: st.sync_calls.load(Ordering::Relaxed),
@@ -755,14 +760,14 @@ impl Worker {
             refused: st.refused.load(Ordering::Relaxed),
             rss_bytes,
             open_fds,
-            occupancy_ppm: (self.sh.last_occupancy * 1e6).round() as u64,
+            occupancy_ppm: (self.sh.figures.last_occupancy * 1e6).round() as u64,
             sliced_launches: st.sliced_launches.load(Ordering::Relaxed),
-            log_suppressed: self.sh.log.borrow().suppressed(),
+            log_suppressed: self.sh.port.log.borrow().suppressed(),
             contexts_created: st.contexts_created.load(Ordering::Relaxed),
             contexts_reused: st.contexts_reused.load(Ordering::Relaxed),
             copy_ppm: (copy_share * 1e6).round() as u64,
         };
-        if let Some(g) = self.sh.gate.as_mut() {
+        if let Some(g) = self.sh.slice.gate.as_mut() {
             g.report(&r)?;
         }
         Ok(())
@@ -833,7 +838,7 @@ impl Worker {
         let mut prepared: std::collections::HashMap<u64, crate::executor::Prepared> =
             prepared.into_iter().collect();
         let t0 = Instant::now();
-        let from = self.sh.exec.device();
+        let from = self.sh.gpu.exec.device();
         // An object no GPU but this one can hold keeps the vGPU here,
         // refused before anything moves.
         let kept_by = self
@@ -843,9 +848,9 @@ impl Worker {
         if kept_by.is_none() {
             // Events are made anew wherever the contexts end up: the
             // handles other processes opened name the old ones.
-            self.sh.ipc_events.revoke_all();
+            self.sh.tables.ipc_events.revoke_all();
         }
-        if self.sh.gate.as_ref().is_some_and(|g| g.holding()) {
+        if self.sh.slice.gate.as_ref().is_some_and(|g| g.holding()) {
             self.release_grant(true)?;
         }
         // Waits on the source are over now that its work is drained.
@@ -884,7 +889,7 @@ impl Worker {
                 }
             }
         }
-        let ok = failed.is_none() && self.sh.exec.set_device(gpu).is_ok();
+        let ok = failed.is_none() && self.sh.gpu.exec.set_device(gpu).is_ok();
         if !ok {
             for (_, e) in self.sessions.iter_mut() {
                 let s = &mut e.s;
@@ -903,18 +908,23 @@ impl Worker {
             }
         }
         if ok {
-            if let (Some(fd), Some((id, weight))) = (grant, self.sh.grant_id) {
+            if let (Some(fd), Some((id, weight))) = (grant, self.sh.slice.grant_id) {
                 // The source's service forgets the vGPU when this closes.
-                self.sh.gate = Some(crate::gate::Gate::over(
+                self.sh.slice.gate = Some(crate::gate::Gate::over(
                     std::os::unix::net::UnixStream::from(fd),
                     id,
                     weight,
                 )?);
             }
             // Spare contexts are on the GPU the vGPU left.
-            self.sh.contexts.clear();
-            self.sh.stats.migrations.fetch_add(1, Ordering::Relaxed);
+            self.sh.gpu.contexts.clear();
             self.sh
+                .port
+                .stats
+                .migrations
+                .fetch_add(1, Ordering::Relaxed);
+            self.sh
+                .port
                 .stats
                 .device
                 .store(u64::from(gpu), Ordering::Relaxed);
@@ -939,16 +949,16 @@ impl Worker {
             kib = report.kib,
             "migration"
         );
-        self.sh.link.report_migration(&report);
+        self.sh.port.link.report_migration(&report);
         Ok(())
     }
 
     fn peer_events(&mut self) {
-        for peer in self.sh.link.departed() {
+        for peer in self.sh.port.link.departed() {
             // A native guest process (or a whole VM) went away: its channels are orphans.
-            for ch in 0..self.sh.region.channels() {
-                if self.sh.region.owner_peer(ch).ok() == Some(u32::from(peer)) {
-                    let _ = self.sh.region.mark_abandoned(ch);
+            for ch in 0..self.sh.port.region.channels() {
+                if self.sh.port.region.owner_peer(ch).ok() == Some(u32::from(peer)) {
+                    let _ = self.sh.port.region.mark_abandoned(ch);
                 }
             }
         }
@@ -964,12 +974,13 @@ impl Worker {
     /// the extension. (A contended holder gives the GPU back in the turn
     /// its prediction fills the slice, so this rarely reaches it.)
     fn recheck_budget(&mut self) {
-        if !self.sh.budget_spent || self.budget_checked.elapsed() < BUDGET_CHECK {
+        if !self.sh.slice.budget_spent || self.budget_checked.elapsed() < BUDGET_CHECK {
             return;
         }
         self.budget_checked = Instant::now();
         let Some(held) = self
             .sh
+            .slice
             .gate
             .as_ref()
             .filter(|g| g.holding())
@@ -978,13 +989,13 @@ impl Worker {
             return;
         };
         if self.sessions.device_idle() {
-            self.sh.issued_ns = held;
-            self.sh.budget_spent = false;
+            self.sh.slice.issued_ns = held;
+            self.sh.slice.budget_spent = false;
         }
     }
 
     fn block(&mut self) -> Result<(), Error> {
-        let region = self.sh.region.clone();
+        let region = self.sh.port.region.clone();
         let flag = region.host_sleeping()?;
         flag.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
@@ -993,13 +1004,13 @@ impl Worker {
             busy |= service(&mut self.sh, c, &mut self.sessions);
         }
         if !busy {
-            let bells = self.sh.link.host_bells();
+            let bells = self.sh.port.link.host_bells();
             let mut fds: Vec<PollFd<'_>> = bells
                 .iter()
                 .map(|b| PollFd::new(b.fd().as_fd(), PollFlags::POLLIN))
                 .collect();
             // A grant arriving wakes the worker too.
-            if let Some(g) = self.sh.gate.as_ref().filter(|g| g.wanted()) {
+            if let Some(g) = self.sh.slice.gate.as_ref().filter(|g| g.wanted()) {
                 fds.push(PollFd::new(g.fd(), PollFlags::POLLIN));
             }
             let ms = (self.spin.max_block_us / 1000).clamp(1, 1000) as u16;

@@ -7,7 +7,7 @@ use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
 use super::channel::{refuse, reply, Chan};
-use super::shared::Shared;
+use super::shared::{Shared, Slice};
 use super::transfer::{continue_transfer, skip_data, start_module, Inbound, Sliced, Transfer};
 use super::wait::{self, Parked, Then, Wait};
 use crate::executor::{Handle, Launch};
@@ -34,15 +34,19 @@ pub(super) fn handle(
     if c.transfer.is_some() {
         // A new request while data was still owed: the guest broke the stream.
         c.transfer = None;
-        refuse(sh, c, "request before the previous one's data was complete");
+        refuse(
+            &sh.port,
+            c,
+            "request before the previous one's data was complete",
+        );
         s.defer(Status::InvalidValue);
     }
     let req = match Request::decode(d.opcode, &d.inline) {
         Ok(r) => r,
         Err(e) => {
-            refuse(sh, c, &e.to_string());
+            refuse(&sh.port, c, &e.to_string());
             if d.flags & transport::FLAG_NO_REPLY == 0 {
-                return reply(sh, c, d.tag, d.opcode, Err(Status::InvalidValue), &[]);
+                return reply(&sh.port, c, d.tag, d.opcode, Err(Status::InvalidValue), &[]);
             }
             s.defer(Status::InvalidValue);
             return Ok(());
@@ -60,7 +64,7 @@ pub(super) fn handle(
                 skip_data(c, d, len);
             }
             super::wait::written_at_fault(s, err);
-            return reply(sh, c, tag, opc, Err(err), &[]);
+            return reply(&sh.port, c, tag, opc, Err(err), &[]);
         }
     }
     let one = |r: Result<u64, Status>| r.map(Reply::one);
@@ -99,30 +103,37 @@ pub(super) fn handle(
             } else {
                 Err(Status::NotSupported)
             };
-            let info = sh.info_bytes.clone();
-            reply(sh, c, tag, opc, r, &info)
+            let info = sh.port.info_bytes.clone();
+            reply(&sh.port, c, tag, opc, r, &info)
         }
         Request::TakeOutput => {
             // A message's worth of the process's oldest text, with its
             // stream; stream 0 and no bytes: nothing held.
-            let max = sh.chunk;
+            let max = sh.port.chunk;
             let taken = c
                 .session
-                .and_then(|id| sh.output.borrow_mut().take(id, max));
+                .and_then(|id| sh.port.output.borrow_mut().take(id, max));
             let (stream, text) = taken.unwrap_or((0, Vec::new()));
-            reply(sh, c, tag, opc, Ok(Reply::one(u64::from(stream))), &text)
+            reply(
+                &sh.port,
+                c,
+                tag,
+                opc,
+                Ok(Reply::one(u64::from(stream))),
+                &text,
+            )
         }
         Request::VgpuStatus { .. } => {
             refuse(
-                sh,
+                &sh.port,
                 c,
                 "VgpuStatus on a session's channel (ask before Hello)",
             );
-            reply(sh, c, tag, opc, Err(Status::InvalidValue), &[])
+            reply(&sh.port, c, tag, opc, Err(Status::InvalidValue), &[])
         }
         Request::Join { .. } => {
-            refuse(sh, c, "join on a channel already serving a session");
-            reply(sh, c, tag, opc, Err(Status::InvalidValue), &[])
+            refuse(&sh.port, c, "join on a channel already serving a session");
+            reply(&sh.port, c, tag, opc, Err(Status::InvalidValue), &[])
         }
         Request::CtxSynchronize => park_drain(sh, c, s, tag, opc, None),
         Request::MemAlloc { size } => {
@@ -130,23 +141,22 @@ pub(super) fn handle(
             // asked: tiny allocations rounded up to a large granularity
             // must not add up past the limit.
             let charge = s.ctx.footprint(size);
-            let r = if sh.mem_used.saturating_add(charge) > sh.limit() {
+            let r = if sh.mem.used.saturating_add(charge) > sh.mem.limit(&sh.port.link) {
                 Err(Status::OutOfMemory)
             } else {
                 s.ctx.alloc(size).inspect(|&p| s.add_alloc(p, size, charge))
             };
             if r.is_ok() {
-                sh.mem_used += charge;
-                sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                sh.mem.add(charge);
             }
-            reply(sh, c, tag, opc, one(r), &[])
+            reply(&sh.port, c, tag, opc, one(r), &[])
         }
         // The memory goes once the work submitted so far is done (as the
         // driver's free waits for it), without the worker waiting: the
         // guest has it no more from now on.
         Request::MemFree { ptr } if s.orphan_if_opened(ptr) => {
             // Another process has it open (IPC): freed once it closes it.
-            reply(sh, c, tag, opc, Ok(Reply::default()), &[])
+            reply(&sh.port, c, tag, opc, Ok(Reply::default()), &[])
         }
         Request::MemFree { ptr } => {
             let r = s.detach_alloc(ptr).map(|charge| match s.ctx.mark(None) {
@@ -154,10 +164,10 @@ pub(super) fn handle(
                 Err(_) => free_now(sh, s, ptr, charge),
             });
             if r.is_err() {
-                refuse(sh, c, "free of a pointer it does not own");
+                refuse(&sh.port, c, "free of a pointer it does not own");
             }
             deferred_frees(sh, s);
-            reply(sh, c, tag, opc, unit(r), &[])
+            reply(&sh.port, c, tag, opc, unit(r), &[])
         }
         Request::MemFreeAsync { ptr, stream }
             if s.check_stream(stream).is_ok() && s.orphan_if_opened(ptr) =>
@@ -180,7 +190,11 @@ pub(super) fn handle(
             });
             if let Err(e) = r {
                 s.defer(e);
-                refuse(sh, c, "stream-ordered free of a pointer it does not own");
+                refuse(
+                    &sh.port,
+                    c,
+                    "stream-ordered free of a pointer it does not own",
+                );
             }
             Ok(())
         }
@@ -200,11 +214,11 @@ pub(super) fn handle(
                 Ok(m) => {
                     s.ctx.forget(m);
                     s.defer(Status::InvalidValue);
-                    refuse(sh, c, "host function numbered 0");
+                    refuse(&sh.port, c, "host function numbered 0");
                 }
                 Err(e) => {
                     s.defer(e);
-                    refuse(sh, c, "host function on a stream it does not own");
+                    refuse(&sh.port, c, "host function on a stream it does not own");
                 }
             }
             Ok(())
@@ -224,29 +238,31 @@ pub(super) fn handle(
         Request::HostFnDone { id } => {
             match &s.host_fn {
                 Some(h) if h.id == id && h.delivered => s.host_fn = None,
-                _ => refuse(sh, c, "host function done that was not handed out"),
+                _ => refuse(&sh.port, c, "host function done that was not handed out"),
             }
             Ok(())
         }
         Request::PinnedAlloc { size } => {
-            let r = sh.pinned.alloc(size, s.id);
+            let r = sh.gpu.pinned.alloc(size, s.id);
             if r.is_err() {
-                refuse(sh, c, "pinned pool exhausted");
+                refuse(&sh.port, c, "pinned pool exhausted");
             }
-            sh.stats
+            sh.port
+                .stats
                 .pinned_used
-                .store(sh.pinned.used(), Ordering::Relaxed);
-            reply(sh, c, tag, opc, one(r), &[])
+                .store(sh.gpu.pinned.used(), Ordering::Relaxed);
+            reply(&sh.port, c, tag, opc, one(r), &[])
         }
         Request::PinnedFree { offset } => {
-            let r = sh.pinned.free(offset, s.id);
+            let r = sh.gpu.pinned.free(offset, s.id);
             if r.is_err() {
-                refuse(sh, c, "free of pinned memory it does not own");
+                refuse(&sh.port, c, "free of pinned memory it does not own");
             }
-            sh.stats
+            sh.port
+                .stats
                 .pinned_used
-                .store(sh.pinned.used(), Ordering::Relaxed);
-            reply(sh, c, tag, opc, unit(r), &[])
+                .store(sh.gpu.pinned.used(), Ordering::Relaxed);
+            reply(&sh.port, c, tag, opc, unit(r), &[])
         }
         Request::MemcpyHtoDPinned {
             dst,
@@ -257,15 +273,16 @@ pub(super) fn handle(
             let r = s
                 .check_range(dst, len)
                 .and(s.check_stream(stream))
-                .and(sh.pinned.check(s.id, offset, len))
+                .and(sh.gpu.pinned.check(s.id, offset, len))
                 .and_then(|()| super::pinned::part(sh, offset, len))
                 .and_then(|part| {
-                    sh.stats.copy_bytes.fetch_add(len, Ordering::Relaxed);
-                    sh.in_period(s, stream, None, |x| x.htod(dst, &part.as_slice(), stream))
+                    sh.port.stats.copy_bytes.fetch_add(len, Ordering::Relaxed);
+                    sh.slice
+                        .in_period(s, stream, None, |x| x.htod(dst, &part.as_slice(), stream))
                 });
             if let Err(e) = r {
                 s.defer(e);
-                refuse(sh, c, "host-to-device copy outside its allocations");
+                refuse(&sh.port, c, "host-to-device copy outside its allocations");
             }
             Ok(())
         }
@@ -278,25 +295,30 @@ pub(super) fn handle(
             let r = s
                 .check_range(src, len)
                 .and(s.check_stream(stream))
-                .and(sh.pinned.check(s.id, offset, len))
+                .and(sh.gpu.pinned.check(s.id, offset, len))
                 .and_then(|()| super::pinned::part(sh, offset, len))
                 .and_then(|part| {
-                    sh.stats.copy_bytes.fetch_add(len, Ordering::Relaxed);
-                    sh.in_period(s, stream, None, |x| {
+                    sh.port.stats.copy_bytes.fetch_add(len, Ordering::Relaxed);
+                    sh.slice.in_period(s, stream, None, |x| {
                         x.dtoh_async(&part.as_slice(), src, stream)
                     })
                 });
             if let Err(e) = r {
                 s.defer(e);
-                refuse(sh, c, "device-to-host copy outside its allocations");
+                refuse(&sh.port, c, "device-to-host copy outside its allocations");
             }
             Ok(())
         }
         Request::MemGetInfo => {
             let r = Reply {
-                vals: [sh.limit().saturating_sub(sh.mem_used), sh.limit(), 0, 0],
+                vals: [
+                    sh.mem.limit(&sh.port.link).saturating_sub(sh.mem.used),
+                    sh.mem.limit(&sh.port.link),
+                    0,
+                    0,
+                ],
             };
-            reply(sh, c, tag, opc, Ok(r), &[])
+            reply(&sh.port, c, tag, opc, Ok(r), &[])
         }
         Request::MemcpyHtoD { dst, len, stream } => {
             let ok = s
@@ -304,10 +326,10 @@ pub(super) fn handle(
                 .and_then(|()| s.check_stream(stream));
             match ok {
                 // The copy itself follows with its data.
-                Ok(()) => sh.in_period(s, stream, None, |_| ()),
+                Ok(()) => sh.slice.in_period(s, stream, None, |_| ()),
                 Err(e) => {
                     s.defer(e);
-                    refuse(sh, c, "host-to-device copy outside its allocations");
+                    refuse(&sh.port, c, "host-to-device copy outside its allocations");
                 }
             }
             c.transfer = Some(Transfer {
@@ -327,13 +349,13 @@ pub(super) fn handle(
                 .and_then(|()| s.check_stream(stream));
             match ok {
                 Err(e) => {
-                    refuse(sh, c, "device-to-host copy outside its allocations");
-                    reply(sh, c, tag, opc, Err(e), &[])
+                    refuse(&sh.port, c, "device-to-host copy outside its allocations");
+                    reply(&sh.port, c, tag, opc, Err(e), &[])
                 }
                 Ok(()) => {
                     // Synchronous: its own time is the device's. It streams
                     // out once the work before it on its stream is done.
-                    sh.in_period(s, stream, None, |_| ());
+                    sh.slice.in_period(s, stream, None, |_| ());
                     match s.ctx.mark(Some(stream)) {
                         Ok(m) => {
                             let p = Parked {
@@ -345,7 +367,7 @@ pub(super) fn handle(
                             };
                             wait::park(sh, c, s, p)
                         }
-                        Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+                        Err(e) => reply(&sh.port, c, tag, opc, Err(e), &[]),
                     }
                 }
             }
@@ -360,11 +382,13 @@ pub(super) fn handle(
                 .check_range(dst, len)
                 .and(s.check_range(src, len))
                 .and(s.check_stream(stream));
-            let r =
-                r.and_then(|()| sh.in_period(s, stream, None, |x| x.dtod(dst, src, len, stream)));
+            let r = r.and_then(|()| {
+                sh.slice
+                    .in_period(s, stream, None, |x| x.dtod(dst, src, len, stream))
+            });
             if let Err(e) = r {
                 s.defer(e);
-                refuse(sh, c, "device-to-device copy outside its allocations");
+                refuse(&sh.port, c, "device-to-device copy outside its allocations");
             }
             Ok(())
         }
@@ -380,7 +404,7 @@ pub(super) fn handle(
             let r = s
                 .check_range(dst, len)
                 .or_else(|e| {
-                    if sh.pinned.owns_device_range(s.id, dst, len) {
+                    if sh.gpu.pinned.owns_device_range(s.id, dst, len) {
                         Ok(())
                     } else {
                         Err(e)
@@ -388,13 +412,13 @@ pub(super) fn handle(
                 })
                 .and(s.check_stream(stream));
             let r = r.and_then(|()| {
-                sh.in_period(s, stream, None, |x| {
+                sh.slice.in_period(s, stream, None, |x| {
                     x.memset(dst, value, width, count, stream)
                 })
             });
             if let Err(e) = r {
                 s.defer(e);
-                refuse(sh, c, "memset outside its allocations");
+                refuse(&sh.port, c, "memset outside its allocations");
             }
             Ok(())
         }
@@ -409,7 +433,7 @@ pub(super) fn handle(
             if r.is_ok() {
                 s.remove_module(module);
             }
-            reply(sh, c, tag, opc, unit(r), &[])
+            reply(&sh.port, c, tag, opc, unit(r), &[])
         }
         Request::ModuleGetFunction { module } => {
             let mut name = vec![0u8; d.data_len.min(MAX_NAME) as usize];
@@ -423,9 +447,9 @@ pub(super) fn handle(
                 Ok((h, params)) => {
                     let bytes = protocol::Param::encode_all(&params);
                     s.add_function(h, params.iter().map(|p| p.size).collect());
-                    reply(sh, c, tag, opc, Ok(Reply::one(h)), &bytes)
+                    reply(&sh.port, c, tag, opc, Ok(Reply::one(h)), &bytes)
                 }
-                Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+                Err(e) => reply(&sh.port, c, tag, opc, Err(e), &[]),
             }
         }
         Request::ModuleFunctions { module, first } => {
@@ -437,20 +461,20 @@ pub(super) fn handle(
                     // From `first` on, as many names as one message holds.
                     let mut data = Vec::new();
                     for n in names.iter().skip(first as usize) {
-                        if data.len() + n.len() + 1 > sh.chunk {
+                        if data.len() + n.len() + 1 > sh.port.chunk {
                             break;
                         }
                         data.extend_from_slice(n.as_bytes());
                         data.push(0);
                     }
                     if data.is_empty() && (first as usize) < names.len() {
-                        refuse(sh, c, "kernel name longer than one arena chunk");
-                        return reply(sh, c, tag, opc, Err(Status::NotSupported), &[]);
+                        refuse(&sh.port, c, "kernel name longer than one arena chunk");
+                        return reply(&sh.port, c, tag, opc, Err(Status::NotSupported), &[]);
                     }
                     let count = Reply::one(names.len() as u64);
-                    reply(sh, c, tag, opc, Ok(count), &data)
+                    reply(&sh.port, c, tag, opc, Ok(count), &data)
                 }
-                Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+                Err(e) => reply(&sh.port, c, tag, opc, Err(e), &[]),
             }
         }
         Request::Occupancy {
@@ -463,7 +487,7 @@ pub(super) fn handle(
                 .map(drop)
                 .and_then(|()| s.ctx.occupancy(func, block_size, shared_mem))
                 .map(|v| Reply::one(u64::from(v as u32)));
-            reply(sh, c, tag, opc, r, &[])
+            reply(&sh.port, c, tag, opc, r, &[])
         }
         Request::OccupancySmem {
             func,
@@ -474,7 +498,7 @@ pub(super) fn handle(
                 .function(func)
                 .map(drop)
                 .and_then(|()| s.ctx.available_smem(func, num_blocks, block_size));
-            reply(sh, c, tag, opc, one(r), &[])
+            reply(&sh.port, c, tag, opc, one(r), &[])
         }
         Request::OccupancyClusters {
             func,
@@ -495,17 +519,17 @@ pub(super) fn handle(
                 .map(drop)
                 .and_then(|()| s.ctx.occupancy_clusters(shape, cluster, potential))
                 .map(|v| Reply::one(u64::from(v as u32)));
-            reply(sh, c, tag, opc, r, &[])
+            reply(&sh.port, c, tag, opc, r, &[])
         }
         Request::ModuleLoadCached { kind, len, hash } => {
-            let r = match sh.images.get(&hash, kind, len) {
+            let r = match sh.gpu.images.get(&hash, kind, len) {
                 Some(image) => s
                     .ctx
                     .load_module(kind, image.bytes())
                     .inspect(|&m| s.add_module(m)),
                 None => Err(Status::NotFound),
             };
-            reply(sh, c, tag, opc, r.map(Reply::one), &[])
+            reply(&sh.port, c, tag, opc, r.map(Reply::one), &[])
         }
         Request::TensorMapEncode => {
             let mut b = vec![0u8; d.data_len.min(PARAMS_BYTES as u32) as usize];
@@ -518,8 +542,8 @@ pub(super) fn handle(
                     s.ctx.tensor_map(&p)
                 });
             match r {
-                Ok(map) => reply(sh, c, tag, opc, Ok(Reply::default()), &map),
-                Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+                Ok(map) => reply(&sh.port, c, tag, opc, Ok(Reply::default()), &map),
+                Err(e) => reply(&sh.port, c, tag, opc, Err(e), &[]),
             }
         }
         Request::ModuleGetGlobal { module } => {
@@ -536,7 +560,7 @@ pub(super) fn handle(
                     vals: [p, size, 0, 0],
                 }
             });
-            reply(sh, c, tag, opc, r, &[])
+            reply(&sh.port, c, tag, opc, r, &[])
         }
         Request::Link { len } => {
             c.transfer = Some(Transfer {
@@ -553,12 +577,12 @@ pub(super) fn handle(
         Request::GraphInstantiateIn { scope, len } => {
             if let Err(e) = s.conds.check_scope(scope) {
                 refuse(
-                    sh,
+                    &sh.port,
                     c,
                     "graph for a conditional scope the process does not hold",
                 );
                 skip_data(c, d, u64::from(len));
-                return reply(sh, c, tag, opc, Err(e), &[]);
+                return reply(&sh.port, c, tag, opc, Err(e), &[]);
             }
             graph_data(sh, c, s, d, tag, opc, len, Some(scope))
         }
@@ -568,7 +592,7 @@ pub(super) fn handle(
                 .room()
                 .and_then(|()| s.ctx.cond_scope_create())
                 .inspect(|&h| s.conds.add_scope(h));
-            reply(sh, c, tag, opc, r.map(Reply::one), &[])
+            reply(&sh.port, c, tag, opc, r.map(Reply::one), &[])
         }
         Request::CondHandleCreate {
             scope,
@@ -580,7 +604,7 @@ pub(super) fn handle(
                 .handle_room(scope)
                 .and_then(|()| s.ctx.cond_handle_create(scope, default_value, flags))
                 .inspect(|&h| s.conds.add_handle(scope, h));
-            reply(sh, c, tag, opc, r.map(Reply::one), &[])
+            reply(&sh.port, c, tag, opc, r.map(Reply::one), &[])
         }
         Request::CondScopeDestroy { scope } => {
             let r = s
@@ -590,16 +614,19 @@ pub(super) fn handle(
             if r.is_ok() {
                 s.conds.remove_scope(scope);
             }
-            reply(sh, c, tag, opc, unit(r), &[])
+            reply(&sh.port, c, tag, opc, unit(r), &[])
         }
         Request::GraphLaunch { exec, stream } => {
             let r = s
                 .check_graph(exec)
                 .and(s.check_stream(stream))
-                .and_then(|()| sh.in_period(s, stream, None, |x| x.graph_launch(exec, stream)));
+                .and_then(|()| {
+                    sh.slice
+                        .in_period(s, stream, None, |x| x.graph_launch(exec, stream))
+                });
             if let Err(e) = r {
                 s.defer(e);
-                refuse(sh, c, "graph launch refused");
+                refuse(&sh.port, c, "graph launch refused");
             }
             Ok(())
         }
@@ -608,7 +635,7 @@ pub(super) fn handle(
             if r.is_ok() {
                 s.remove_graph(exec);
             }
-            reply(sh, c, tag, opc, unit(r), &[])
+            reply(&sh.port, c, tag, opc, unit(r), &[])
         }
         Request::FuncGetAttribute { func, attr } => {
             let r = s
@@ -616,7 +643,7 @@ pub(super) fn handle(
                 .map(drop)
                 .and_then(|()| s.ctx.func_attribute(func, attr))
                 .map(|v| Reply::one(u64::from(v as u32)));
-            reply(sh, c, tag, opc, r, &[])
+            reply(&sh.port, c, tag, opc, r, &[])
         }
         Request::Launch {
             func,
@@ -643,9 +670,9 @@ pub(super) fn handle(
                     .data(d)
                     .map_err(|_| Status::InvalidValue)?
                     .copy_to(&mut params[..]);
-                sh.stats.launches.fetch_add(1, Ordering::Relaxed);
+                sh.port.stats.launches.fetch_add(1, Ordering::Relaxed);
                 let coop = flags & protocol::launch_flags::COOPERATIVE != 0;
-                sh.in_period(s, stream, Some(func), |x| {
+                sh.slice.in_period(s, stream, Some(func), |x| {
                     x.launch_ex(
                         func, grid, block, shared_mem, stream, &params, cluster, coop,
                     )
@@ -653,7 +680,7 @@ pub(super) fn handle(
             });
             if let Err(e) = r {
                 s.defer(e);
-                refuse(sh, c, "launch refused");
+                refuse(&sh.port, c, "launch refused");
             }
             Ok(())
         }
@@ -678,10 +705,10 @@ pub(super) fn handle(
                 }
                 Ok(())
             });
-            let scheduled = sh.gate.is_some();
+            let scheduled = sh.slice.gate.is_some();
             let r = r.and(s.check_stream(stream)).and_then(|()| {
                 // The buffer is reused from launch to launch (a sliced launch keeps it).
-                let mut params = std::mem::take(&mut sh.params);
+                let mut params = std::mem::take(&mut sh.slice.params);
                 params.clear();
                 params.resize(d.data_len as usize, 0);
                 c.host
@@ -692,15 +719,19 @@ pub(super) fn handle(
                 // Kernel slicing: a large grid runs as sub-grids, issued
                 // while this vGPU holds the GPU (see `pump_sliced`).
                 if scheduled
-                    && sh.slice_blocks > 0
-                    && grid.count() > sh.slice_blocks.max(sched::slicing::MIN_BLOCKS)
+                    && sh.slice.slice_blocks > 0
+                    && grid.count() > sh.slice.slice_blocks.max(sched::slicing::MIN_BLOCKS)
                     && s.ctx.can_slice(func)
                 {
-                    let parts = sched::slicing::slice_grid(grid.x, grid.y, grid.z, sh.slice_blocks);
+                    let parts =
+                        sched::slicing::slice_grid(grid.x, grid.y, grid.z, sh.slice.slice_blocks);
                     if parts.len() > 1 {
-                        sh.flush_launches(s);
-                        sh.stats.launches.fetch_add(1, Ordering::Relaxed);
-                        sh.stats.sliced_launches.fetch_add(1, Ordering::Relaxed);
+                        sh.slice.flush_launches(s);
+                        sh.port.stats.launches.fetch_add(1, Ordering::Relaxed);
+                        sh.port
+                            .stats
+                            .sliced_launches
+                            .fetch_add(1, Ordering::Relaxed);
                         c.sliced = Some(Sliced {
                             func,
                             block,
@@ -716,9 +747,9 @@ pub(super) fn handle(
                     }
                 }
                 if !scheduled {
-                    sh.stats.launches.fetch_add(1, Ordering::Relaxed);
-                    sh.queue_launch(s, stream, shape, &params);
-                    sh.params = params;
+                    sh.port.stats.launches.fetch_add(1, Ordering::Relaxed);
+                    sh.slice.queue_launch(s, stream, shape, &params);
+                    sh.slice.params = params;
                     return Ok(());
                 }
                 // The monitor: how much of the GPU's cores this launch can
@@ -735,39 +766,41 @@ pub(super) fn handle(
                             .occupancy(func, block.count() as u32, shared_mem)
                             .map_or(0, |n| n.max(0) as u32)
                     });
-                let resident = u64::from(bps).saturating_mul(u64::from(sh.sm_count)).max(1);
+                let resident = u64::from(bps)
+                    .saturating_mul(u64::from(sh.gpu.sm_count))
+                    .max(1);
                 let fraction = (grid.count() as f64 / resident as f64).min(1.0);
                 let mut est = s.kernel_ns.get(&func).copied();
                 if est.is_none() && s.timing.contains(&func) {
                     // The kernel's timed launch may be done by now.
-                    Shared::collect_timings(s);
+                    Slice::collect_timings(s);
                     est = s.kernel_ns.get(&func).copied();
                 }
                 let weight = est.unwrap_or(1_000) as f64;
-                sh.occupancy.0 += fraction * weight;
-                sh.occupancy.1 += weight;
+                sh.figures.occupancy.0 += fraction * weight;
+                sh.figures.occupancy.1 += weight;
                 // The prediction of what fits in the slice; the charge
                 // comes from the busy period.
-                sh.issued_ns += est.unwrap_or(0);
-                sh.stats.launches.fetch_add(1, Ordering::Relaxed);
+                sh.slice.issued_ns += est.unwrap_or(0);
+                sh.port.stats.launches.fetch_add(1, Ordering::Relaxed);
                 // One timed launch per unknown kernel at a time; the others
                 // go untimed meanwhile.
-                let r = if sh.time_launches || est.is_none() && s.timing.insert(func) {
-                    sh.stats.timed_launches.fetch_add(1, Ordering::Relaxed);
-                    sh.flush_launches(s);
-                    sh.in_period(s, stream, Some(func), |x| {
+                let r = if sh.slice.time_launches || est.is_none() && s.timing.insert(func) {
+                    sh.port.stats.timed_launches.fetch_add(1, Ordering::Relaxed);
+                    sh.slice.flush_launches(s);
+                    sh.slice.in_period(s, stream, Some(func), |x| {
                         x.launch_timed(func, grid, block, shared_mem, stream, &params)
                     })
                 } else {
-                    sh.queue_launch(s, stream, shape, &params);
+                    sh.slice.queue_launch(s, stream, shape, &params);
                     Ok(())
                 };
-                sh.params = params;
+                sh.slice.params = params;
                 r
             });
             if let Err(e) = r {
                 s.defer(e);
-                refuse(sh, c, "launch refused");
+                refuse(&sh.port, c, "launch refused");
             }
             Ok(())
         }
@@ -776,7 +809,7 @@ pub(super) fn handle(
                 .ctx
                 .stream_create(flags, priority)
                 .inspect(|&h| s.add_stream(h));
-            reply(sh, c, tag, opc, one(r), &[])
+            reply(&sh.port, c, tag, opc, one(r), &[])
         }
         Request::StreamWaitEvent {
             stream,
@@ -787,13 +820,13 @@ pub(super) fn handle(
                 .check_stream(stream)
                 .and(s.check_event(event))
                 .and_then(|()| {
-                    sh.in_period(s, stream, None, |x| {
+                    sh.slice.in_period(s, stream, None, |x| {
                         x.stream_wait_event(stream, event, flags)
                     })
                 });
             if let Err(e) = r {
                 s.defer(e);
-                refuse(sh, c, "wait on a stream or event it does not own");
+                refuse(&sh.port, c, "wait on a stream or event it does not own");
             }
             Ok(())
         }
@@ -802,20 +835,20 @@ pub(super) fn handle(
                 .function(func)
                 .map(drop)
                 .and_then(|()| s.ctx.func_set_attribute(func, attr, value));
-            reply(sh, c, tag, opc, unit(r), &[])
+            reply(&sh.port, c, tag, opc, unit(r), &[])
         }
         Request::CtxGetLimit { limit } => {
             let r = s.ctx.limit(limit);
-            reply(sh, c, tag, opc, one(r), &[])
+            reply(&sh.port, c, tag, opc, one(r), &[])
         }
         Request::CtxSetLimit { limit, value } => {
             let r = s.ctx.set_limit(limit, value);
-            reply(sh, c, tag, opc, unit(r), &[])
+            reply(&sh.port, c, tag, opc, unit(r), &[])
         }
         Request::StreamSetAttribute { stream, attr } => {
             let r = s.check_stream(stream);
             let r = r.and_then(|()| s.ctx.stream_set_attribute(stream, attr));
-            reply(sh, c, tag, opc, unit(r), &[])
+            reply(&sh.port, c, tag, opc, unit(r), &[])
         }
         Request::StreamGetAttribute { stream, attr } => {
             let r = s.check_stream(stream);
@@ -829,7 +862,7 @@ pub(super) fn handle(
                     }
                     Reply { vals }
                 });
-            reply(sh, c, tag, opc, r, &[])
+            reply(&sh.port, c, tag, opc, r, &[])
         }
         Request::StreamDestroy { stream } => {
             let r = if stream == 0 {
@@ -840,22 +873,22 @@ pub(super) fn handle(
             let r = r
                 .and_then(|()| s.ctx.stream_destroy(stream))
                 .inspect(|()| s.remove_stream(stream));
-            reply(sh, c, tag, opc, unit(r), &[])
+            reply(&sh.port, c, tag, opc, unit(r), &[])
         }
         Request::StreamSynchronize { stream } => match s.check_stream(stream) {
             Ok(()) => park_drain(sh, c, s, tag, opc, Some(stream)),
-            Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+            Err(e) => reply(&sh.port, c, tag, opc, Err(e), &[]),
         },
         Request::StreamQuery { stream } => {
             let r = s
                 .check_stream(stream)
                 .and_then(|()| s.ctx.stream_query(stream));
             let r = r.and_then(ready);
-            reply(sh, c, tag, opc, r, &[])
+            reply(&sh.port, c, tag, opc, r, &[])
         }
         Request::EventCreate { flags } => {
             let r = s.ctx.event_create(flags).inspect(|&h| s.add_event(h));
-            reply(sh, c, tag, opc, one(r), &[])
+            reply(&sh.port, c, tag, opc, one(r), &[])
         }
         Request::EventDestroy { event } => {
             let r = if s.imported_events.remove(event) {
@@ -871,13 +904,16 @@ pub(super) fn handle(
                     .and_then(|()| s.ctx.event_destroy(event))
                     .inspect(|()| s.remove_event(event))
             };
-            reply(sh, c, tag, opc, unit(r), &[])
+            reply(&sh.port, c, tag, opc, unit(r), &[])
         }
         Request::EventRecord { event, stream } => {
             let r = s
                 .check_event(event)
                 .and(s.check_stream(stream))
-                .and_then(|()| sh.in_period(s, stream, None, |x| x.event_record(event, stream)));
+                .and_then(|()| {
+                    sh.slice
+                        .in_period(s, stream, None, |x| x.event_record(event, stream))
+                });
             if let Err(e) = r {
                 s.defer(e);
             }
@@ -894,12 +930,12 @@ pub(super) fn handle(
                 };
                 wait::park(sh, c, s, p)
             }
-            Err(e) => reply(sh, c, tag, opc, Err(e), &[]),
+            Err(e) => reply(&sh.port, c, tag, opc, Err(e), &[]),
         },
         Request::EventQuery { event } => {
             let r = s.check_event(event).and_then(|()| s.ctx.event_query(event));
             let r = r.and_then(ready);
-            reply(sh, c, tag, opc, r, &[])
+            reply(&sh.port, c, tag, opc, r, &[])
         }
         Request::EventElapsedTime { start, end } => {
             let r = s
@@ -907,7 +943,7 @@ pub(super) fn handle(
                 .and(s.check_event(end))
                 .and_then(|()| s.ctx.event_elapsed(start, end));
             reply(
-                sh,
+                &sh.port,
                 c,
                 tag,
                 opc,
@@ -921,8 +957,7 @@ pub(super) fn handle(
 /// Frees a detached allocation and uncounts it.
 pub(super) fn free_now(sh: &mut Shared, s: &mut Session, ptr: u64, charge: u64) {
     s.uncount(charge);
-    sh.mem_used -= charge;
-    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+    sh.mem.sub(charge);
     if let Err(e) = s.ctx.free(ptr) {
         s.defer(e);
     }
@@ -958,7 +993,7 @@ pub(super) fn deferred_frees(sh: &mut Shared, s: &mut Session) {
     if passed {
         // A passed mark synchronizes (where the driver writes the context's
         // kernel printf text): it is this process's, whichever pass this is.
-        sh.collect_output(Some(s.id));
+        sh.port.collect_output(Some(s.id));
     }
 }
 
@@ -973,7 +1008,7 @@ fn park_drain(
     opc: u32,
     stream: Option<Handle>,
 ) -> Result<(), Error> {
-    let period = if Shared::period_ending(s, stream) {
+    let period = if Slice::period_ending(s, stream) {
         s.period.take()
     } else {
         None
@@ -992,7 +1027,7 @@ fn park_drain(
         // The work before failed: so does the drain (its period with it).
         Err(e) => {
             wait::written_at_fault(s, e);
-            reply(sh, c, tag, opc, Err(e), &[])
+            reply(&sh.port, c, tag, opc, Err(e), &[])
         }
     }
 }
@@ -1012,9 +1047,9 @@ fn graph_data(
     scope: Option<u64>,
 ) -> Result<(), Error> {
     if len as usize > MAX_GRAPH_BYTES {
-        refuse(sh, c, "graph larger than the host takes");
+        refuse(&sh.port, c, "graph larger than the host takes");
         skip_data(c, d, u64::from(len));
-        return reply(sh, c, tag, opc, Err(Status::InvalidValue), &[]);
+        return reply(&sh.port, c, tag, opc, Err(Status::InvalidValue), &[]);
     }
     c.transfer = Some(Transfer {
         inbound: Inbound::Graph {

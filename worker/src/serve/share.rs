@@ -6,7 +6,6 @@
 //! shared memory, which stays the exporter's until its last importer lets
 //! go.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use protocol::{Reply, Request, Status};
@@ -62,7 +61,7 @@ pub(super) fn handle(
         ),
         _ => (Err(Status::InvalidValue), "not a shareable-handle request"),
     };
-    answer(sh, c, tag, opc, r, why)
+    answer(&sh.port, c, tag, opc, r, why)
 }
 
 /// The token of physical memory the session holds a handle of (made on
@@ -78,7 +77,7 @@ fn vmm_export(sh: &mut Shared, s: &mut Session, handle: u64) -> Result<Reply, St
         Some(t) => t,
         None => {
             let mem = s.ctx.share_phys(handle)?;
-            let (t, e) = sh.shares.vmm.add(s.id, handle, size, mem)?;
+            let (t, e) = sh.tables.shares.vmm.add(s.id, handle, size, mem)?;
             s.shares.exported.insert(t, e);
             t
         }
@@ -90,7 +89,12 @@ fn vmm_export(sh: &mut Shared, s: &mut Session, handle: u64) -> Result<Reply, St
 
 /// A handle of the session's for exported physical memory, and its size.
 fn vmm_import(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
-    let e = sh.shares.vmm.get(token).ok_or(Status::InvalidValue)?;
+    let e = sh
+        .tables
+        .shares
+        .vmm
+        .get(token)
+        .ok_or(Status::InvalidValue)?;
     // Its own memory, or memory it imported before: the same handle, held
     // once more.
     let again = if e.owner == s.id {
@@ -123,7 +127,11 @@ fn pool_export(sh: &mut Shared, s: &mut Session, pool: u64) -> Result<Reply, Sta
     let token = match s.shares.pools.token(pool) {
         Some(t) => t,
         None => {
-            let (t, e) = sh.shares.pools.add(s.id, pool, 0, Default::default())?;
+            let (t, e) = sh
+                .tables
+                .shares
+                .pools
+                .add(s.id, pool, 0, Default::default())?;
             s.shares.pools.insert(t, e);
             t
         }
@@ -133,7 +141,12 @@ fn pool_export(sh: &mut Shared, s: &mut Session, pool: u64) -> Result<Reply, Sta
 
 /// Records another session's pool as imported by this one.
 fn pool_import(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
-    let e = sh.shares.pools.get(token).ok_or(Status::InvalidValue)?;
+    let e = sh
+        .tables
+        .shares
+        .pools
+        .get(token)
+        .ok_or(Status::InvalidValue)?;
     s.shares.pool_imported(token, e)?;
     Ok(Reply::default())
 }
@@ -141,12 +154,12 @@ fn pool_import(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, St
 /// Exports the allocation holding `ptr` as IPC memory of the session's
 /// exported pool `pool`: its token, start and size.
 fn pointer_export(sh: &mut Shared, s: &mut Session, pool: u64, ptr: u64) -> Result<Reply, Status> {
-    match sh.shares.pools.get(pool) {
+    match sh.tables.shares.pools.get(pool) {
         Some(p) if p.owner == s.id => {}
         _ => return Err(Status::InvalidValue),
     }
     let r = super::ipc::export(sh, s, ptr)?;
-    let e = sh.ipc.get(r.vals[0]).ok_or(Status::InvalidValue)?;
+    let e = sh.tables.ipc.get(r.vals[0]).ok_or(Status::InvalidValue)?;
     e.set_tag(pool);
     Ok(r)
 }
@@ -162,7 +175,7 @@ fn pointer_import(
     if !s.shares.has_pool(pool) {
         return Err(Status::InvalidValue);
     }
-    match sh.ipc.get(token) {
+    match sh.tables.ipc.get(token) {
         Some(e) if e.tag() == pool => super::ipc::open(sh, s, token),
         _ => Err(Status::InvalidValue),
     }
@@ -173,7 +186,7 @@ fn pointer_import(
 pub(super) fn settle(sh: &mut Shared, s: &mut Session) {
     for (_, charge) in s.shares.orphans.closed() {
         s.uncount(charge);
-        sh.mem_used -= charge;
+        sh.mem.used -= charge;
     }
     settle_kept(sh);
 }
@@ -181,15 +194,14 @@ pub(super) fn settle(sh: &mut Shared, s: &mut Session) {
 /// Uncounts memory of ended processes that nobody holds any more.
 pub(super) fn settle_kept(sh: &mut Shared) {
     let mut freed = 0;
-    sh.shares.kept.retain(|(charge, e)| {
+    sh.tables.shares.kept.retain(|(charge, e)| {
         if e.opened() {
             return true;
         }
         freed += charge;
         false
     });
-    sh.mem_used -= freed;
-    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+    sh.mem.sub(freed);
 }
 
 /// The session ends: memory of its that others still hold leaves its
@@ -201,7 +213,7 @@ pub(super) fn keep_at_end(sh: &mut Shared, s: &mut Session) {
     kept.extend(s.shares.orphans.take_opened());
     for (charge, e) in kept {
         s.uncount(charge);
-        sh.shares.kept.push((charge, e));
+        sh.tables.shares.kept.push((charge, e));
     }
 }
 

@@ -5,8 +5,6 @@
 //! does, until it is both released and unmapped (or the session ends: the
 //! executor context frees it all, and the session's count goes with it).
 
-use std::sync::atomic::Ordering;
-
 use protocol::{Reply, Request, Status};
 
 use super::channel::{answer, Chan};
@@ -25,7 +23,7 @@ pub(super) fn handle(
     req: Request,
 ) -> Result<(), Error> {
     let (r, why) = run(sh, s, req);
-    answer(sh, c, tag, opc, r, why)
+    answer(&sh.port, c, tag, opc, r, why)
 }
 
 fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>, &'static str) {
@@ -48,14 +46,13 @@ fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>
         ),
         Request::VmmCreate { size, compression } => {
             // Counted as `MemAlloc` counts: what it takes on the device.
-            let r = if sh.mem_used.saturating_add(size) > sh.limit() {
+            let r = if sh.mem.used.saturating_add(size) > sh.mem.limit(&sh.port.link) {
                 Err(Status::OutOfMemory)
             } else {
                 s.ctx.vmm_create(size, compression).map(|h| {
                     s.vmm.created(h, size, size);
                     s.mem_used += size;
-                    sh.mem_used += size;
-                    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                    sh.mem.add(size);
                     // The compression the device gave, which the guest's
                     // cuMemGetAllocationPropertiesFromHandle answers.
                     let granted = s.ctx.vmm_compression(h).unwrap_or(0);
@@ -132,7 +129,7 @@ fn bury(sh: &mut Shared, s: &mut Session, dead: Option<Dead>) {
     // still holds stays counted until it lets go (`share.rs`).
     if super::share::on_dead(s, d.handle, d.charge) {
         s.uncount(d.charge);
-        sh.mem_used -= d.charge;
+        sh.mem.used -= d.charge;
     }
     super::share::settle(sh, s);
 }
