@@ -319,7 +319,7 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
     if let Some(id) = c.session.take() {
         wait::abandon(c, ss.get_mut(id).map(|e| &mut e.s));
         if let Some(mut s) = ss.leave(id, ch) {
-            super::share::keep_at_end(sh, &mut s);
+            super::requests::share::keep_at_end(&mut sh.tables, &mut s);
             sh.gpu.pinned.release(s.id);
             sh.port
                 .stats
@@ -335,7 +335,7 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
             sh.port.output.borrow_mut().forget(id);
         }
         // What it held of other processes' memory is let go of.
-        super::share::settle_kept(sh);
+        super::requests::share::settle_kept(&mut sh.mem, &mut sh.tables);
     }
     c.parked = None;
     c.transfer = None;

@@ -24,22 +24,18 @@
 //! | `shared.rs` | state of all channels; grants, busy periods, launch runs |
 //! | `status.rs` | `VgpuStatus`: memory, share and processes for a monitor |
 
-mod arrays;
 mod channel;
 mod contexts;
 mod handoff;
 mod image_cache;
-mod ipc;
 mod output;
 mod pinned;
 mod release;
 mod requests;
 mod sessions;
-mod share;
 mod shared;
 mod status;
 mod transfer;
-mod vmm;
 mod wait;
 
 use std::os::fd::AsFd;

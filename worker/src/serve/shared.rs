@@ -54,7 +54,7 @@ pub(super) struct Tables {
     /// Events exported through IPC handles.
     pub ipc_events: crate::session::ipc::Exports,
     /// Shareable handles (VMM memory, pools; `requests/share.rs`).
-    pub shares: super::share::WorkerShares,
+    pub shares: super::requests::share::WorkerShares,
 }
 
 /// The worker's side toward its guests: the region and its peers, what

@@ -9,21 +9,22 @@ use protocol::array::{resource, CopySide, TexParams, TEX_PARAMS_BYTES};
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::channel::{answer, Chan};
-use super::shared::Shared;
+use super::super::channel::{answer, Chan};
+use super::super::shared::{Memory, Port, Slice};
 use crate::executor::ArrayOp;
 use crate::session::Session;
 use crate::Error;
 
 /// Runs an array request of session `s` and replies.
 pub(super) fn handle(
-    sh: &mut Shared,
+    port: &Port,
+    mem: &mut Memory,
+    slice: &mut Slice,
     c: &mut Chan,
     s: &mut Session,
     d: &Descriptor,
     req: Request,
 ) -> Result<(), Error> {
-    let (tag, opc) = (d.tag, d.opcode);
     let tex = if matches!(req, Request::TexCreate) {
         let mut b = vec![0u8; d.data_len.min(TEX_PARAMS_BYTES as u32 + 1) as usize];
         c.host.req.data(d)?.copy_to(&mut b[..]);
@@ -31,8 +32,8 @@ pub(super) fn handle(
     } else {
         None
     };
-    let (r, why) = run(sh, s, req, tex);
-    answer(&sh.port, c, tag, opc, r, why)
+    let (r, why) = run(port, mem, slice, s, req, tex);
+    answer(port, c, d.tag, d.opcode, r, why)
 }
 
 /// How much of `[ptr, ptr + len)`, from `ptr` on, is the caller's own
@@ -56,7 +57,9 @@ fn own_len(s: &Session, ptr: u64, len: u64) -> u64 {
 }
 
 fn run(
-    sh: &mut Shared,
+    port: &Port,
+    mem: &mut Memory,
+    slice: &mut Slice,
     s: &mut Session,
     req: Request,
     tex: Option<Result<TexParams, Status>>,
@@ -65,15 +68,13 @@ fn run(
     match req {
         Request::ArrayCreate { desc } => {
             let charge = s.ctx.footprint(desc.bytes());
-            let r = if s.arrays.full()
-                || sh.mem.used.saturating_add(charge) > sh.mem.limit(&sh.port.link)
-            {
+            let r = if s.arrays.full() || mem.used.saturating_add(charge) > mem.limit(&port.link) {
                 Err(Status::OutOfMemory)
             } else {
                 s.ctx.array_op(ArrayOp::Create(desc)).map(|h| {
                     s.arrays.add(h, desc, charge);
                     s.mem_used += charge;
-                    sh.mem.add(charge);
+                    mem.add(charge);
                     Reply {
                         vals: [h, charge, 0, 0],
                     }
@@ -89,7 +90,7 @@ fn run(
                 let r = s.ctx.array_op(ArrayOp::Destroy(array));
                 // The array is the guest's no more either way.
                 s.uncount(charge);
-                sh.mem.sub(charge);
+                mem.sub(charge);
                 r.map(|_| Reply::default())
             });
             (r, "destroy of an array it does not hold")
@@ -106,8 +107,7 @@ fn run(
                 })
             });
             let r = r.and_then(|()| {
-                sh.slice
-                    .in_period(s, stream, None, |x| x.array_op(ArrayOp::Copy(copy, stream)))
+                slice.in_period(s, stream, None, |x| x.array_op(ArrayOp::Copy(copy, stream)))
             });
             (
                 r.map(|_| Reply::default()),
