@@ -9,7 +9,7 @@ use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
 use super::super::channel::{refuse, reply, Chan};
-use super::super::shared::{Gpu, Memory, Port, Shared, Tables};
+use super::super::shared::{Gpu, Memory, Port, Shared, Slice, Tables};
 use super::super::transfer::{continue_transfer, Inbound, Transfer};
 use super::super::wait::{self, Parked, Then, Wait};
 use super::{one, unit};
@@ -74,49 +74,8 @@ pub(super) fn handle(
             pinned_used(&sh.port, &sh.gpu);
             reply(&sh.port, c, tag, opc, unit(r), &[])
         }
-        Request::MemcpyHtoDPinned {
-            dst,
-            offset,
-            len,
-            stream,
-        } => {
-            let r = s
-                .check_range(dst, len)
-                .and(s.check_stream(stream))
-                .and(sh.gpu.pinned.check(s.id, offset, len))
-                .and_then(|()| super::super::pinned::part(&sh.gpu, offset, len))
-                .and_then(|part| {
-                    sh.port.stats.copy_bytes.fetch_add(len, Ordering::Relaxed);
-                    sh.slice
-                        .in_period(s, stream, None, |x| x.htod(dst, &part.as_slice(), stream))
-                });
-            if let Err(e) = r {
-                s.defer(e);
-                refuse(&sh.port, c, "host-to-device copy outside its allocations");
-            }
-            Ok(())
-        }
-        Request::MemcpyDtoHPinned {
-            src,
-            offset,
-            len,
-            stream,
-        } => {
-            let r = s
-                .check_range(src, len)
-                .and(s.check_stream(stream))
-                .and(sh.gpu.pinned.check(s.id, offset, len))
-                .and_then(|()| super::super::pinned::part(&sh.gpu, offset, len))
-                .and_then(|part| {
-                    sh.port.stats.copy_bytes.fetch_add(len, Ordering::Relaxed);
-                    sh.slice.in_period(s, stream, None, |x| {
-                        x.dtoh_async(&part.as_slice(), src, stream)
-                    })
-                });
-            if let Err(e) = r {
-                s.defer(e);
-                refuse(&sh.port, c, "device-to-host copy outside its allocations");
-            }
+        req @ (Request::MemcpyHtoDPinned { .. } | Request::MemcpyDtoHPinned { .. }) => {
+            pinned_copy(&sh.port, &sh.gpu, &mut sh.slice, c, s, req);
             Ok(())
         }
         Request::MemGetInfo => {
@@ -217,6 +176,57 @@ fn free_async(port: &Port, mem: &mut Memory, c: &mut Chan, s: &mut Session, ptr:
     if let Err(e) = r {
         s.defer(e);
         refuse(port, c, "stream-ordered free of a pointer it does not own");
+    }
+}
+
+/// A copy between device memory and the VM's pinned pool, on the
+/// session's stream; a failure is reported at its next synchronous call.
+fn pinned_copy(
+    port: &Port,
+    gpu: &Gpu,
+    slice: &mut Slice,
+    c: &mut Chan,
+    s: &mut Session,
+    req: Request,
+) {
+    let (dev, offset, len, stream, to_device) = match req {
+        Request::MemcpyHtoDPinned {
+            dst,
+            offset,
+            len,
+            stream,
+        } => (dst, offset, len, stream, true),
+        Request::MemcpyDtoHPinned {
+            src,
+            offset,
+            len,
+            stream,
+        } => (src, offset, len, stream, false),
+        _ => return,
+    };
+    let r = s
+        .check_range(dev, len)
+        .and(s.check_stream(stream))
+        .and(gpu.pinned.check(s.id, offset, len))
+        .and_then(|()| super::super::pinned::part(gpu, offset, len))
+        .and_then(|part| {
+            port.stats.copy_bytes.fetch_add(len, Ordering::Relaxed);
+            slice.in_period(s, stream, None, |x| {
+                if to_device {
+                    x.htod(dev, &part.as_slice(), stream)
+                } else {
+                    x.dtoh_async(&part.as_slice(), dev, stream)
+                }
+            })
+        });
+    if let Err(e) = r {
+        s.defer(e);
+        let what = if to_device {
+            "host-to-device copy outside its allocations"
+        } else {
+            "device-to-host copy outside its allocations"
+        };
+        refuse(port, c, what);
     }
 }
 
