@@ -10,7 +10,7 @@ use transport::{ClaimState, Descriptor, HostChannel};
 
 use super::requests::handle;
 use super::sessions::{SessionId, Sessions};
-use super::shared::Shared;
+use super::shared::{Port, Shared, Slice};
 use super::transfer::{continue_transfer, pump_outbound, pump_sliced, Outbound, Sliced, Transfer};
 use super::wait::{self, Parked};
 use crate::session::Session;
@@ -69,7 +69,7 @@ pub(super) fn service(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> bool 
     }
     let r = serve_channel(sh, c, ss);
     if let (Ok(true), Some(id)) = (&r, c.session) {
-        sh.output.borrow_mut().touch(id);
+        sh.port.output.borrow_mut().touch(id);
     }
     // A launch's fault kept for the process's next call poisons the
     // worker as a reply's does (before its output is given to anyone), and
@@ -79,7 +79,7 @@ pub(super) fn service(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> bool 
     // error may come after it would have gone.
     if let Some(e) = c.session.and_then(|id| ss.get_mut(id)) {
         if let Some(s) = e.s.pending_error.filter(|s| s.is_sticky()) {
-            sh.note_fault(s, c.host.index());
+            sh.port.note_fault(s, c.host.index());
             super::wait::written_at_fault(&mut e.s, s);
         }
     }
@@ -87,21 +87,24 @@ pub(super) fn service(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> bool 
     // pass that ran nothing made the driver write nothing: the worker polls
     // every channel on every turn, and this costs two reads of the pipes.
     if !matches!(r, Ok(false)) {
-        sh.collect_output(c.session);
+        sh.port.collect_output(c.session);
     }
     match r {
         Ok(did) => did,
         Err(e) => {
             // Corrupt rings: the guest broke its own channel. End it.
             transport::rate_limited!(
-                sh.log.borrow_mut(),
+                sh.port.log.borrow_mut(),
                 warn,
                 channel = c.host.index(),
                 "channel ended: {e}"
             );
             teardown(sh, c, ss);
             // Counted once done, so that whoever reads it sees the channel freed.
-            sh.stats.broken_channels.fetch_add(1, Ordering::Relaxed);
+            sh.port
+                .stats
+                .broken_channels
+                .fetch_add(1, Ordering::Relaxed);
             true
         }
     }
@@ -115,30 +118,30 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
     };
     let r = match Request::decode(d.opcode, &d.inline) {
         Ok(Request::Hello { version }) if version == protocol::PROTOCOL_VERSION => {
-            match sh.contexts.take(sh.exec.as_mut()) {
+            match sh.gpu.contexts.take(sh.gpu.exec.as_mut()) {
                 // No spare and no token: the Hello waits in its ring.
                 Ok(None) => {
-                    sh.stats.count_contexts(&sh.contexts.counts);
+                    sh.port.stats.count_contexts(&sh.gpu.contexts.counts);
                     return Ok(false);
                 }
                 Ok(Some(ctx)) => {
-                    sh.stats.requests.fetch_add(1, Ordering::Relaxed);
-                    sh.stats.count_contexts(&sh.contexts.counts);
-                    let pid = sh.region.owner_pid(c.host.index()).unwrap_or(0);
+                    sh.port.stats.requests.fetch_add(1, Ordering::Relaxed);
+                    sh.port.stats.count_contexts(&sh.gpu.contexts.counts);
+                    let pid = sh.port.region.owner_pid(c.host.index()).unwrap_or(0);
                     let (id, token) = ss.open(Session::new(ctx), d.tag.wrapping_add(1), pid);
                     c.session = Some(id);
                     let _ = c.host.mark_serving();
-                    let info = sh.info_bytes.clone();
+                    let info = sh.port.info_bytes.clone();
                     let r = Reply {
                         vals: [token[0], token[1], 0, 0],
                     };
-                    reply(sh, c, d.tag, d.opcode, Ok(r), &info)?;
+                    reply(&sh.port, c, d.tag, d.opcode, Ok(r), &info)?;
                     c.host.req.consume(&d)?;
                     return Ok(true);
                 }
                 Err(s) if s == Status::MpsMaxClientsReached => {
                     transport::rate_limited!(
-                        sh.log.borrow_mut(),
+                        sh.port.log.borrow_mut(),
                         warn,
                         channel = c.host.index(),
                         "a guest process was turned away: the vGPU runs as many at once as [[gpu]] mps_processes allows"
@@ -147,7 +150,7 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
                 }
                 Err(s) => {
                     transport::rate_limited!(
-                        sh.log.borrow_mut(),
+                        sh.port.log.borrow_mut(),
                         error,
                         channel = c.host.index(),
                         "cannot create a context: {s:?}"
@@ -159,9 +162,9 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
         Ok(Request::Hello { .. }) => Err(Status::NotSupported),
         // A monitor's question: answered without a session.
         Ok(Request::VgpuStatus { first }) => {
-            sh.stats.requests.fetch_add(1, Ordering::Relaxed);
+            sh.port.stats.requests.fetch_add(1, Ordering::Relaxed);
             let (r, data) = super::status::answer(sh, ss, first);
-            reply(sh, c, d.tag, d.opcode, Ok(r), &data)?;
+            reply(&sh.port, c, d.tag, d.opcode, Ok(r), &data)?;
             c.host.req.consume(&d)?;
             return Ok(true);
         }
@@ -172,22 +175,22 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
                 Ok(Reply::default())
             }
             None => {
-                refuse(sh, c, "join with a token of no session");
+                refuse(&sh.port, c, "join with a token of no session");
                 Err(Status::InvalidValue)
             }
         },
         Ok(_) => {
-            refuse(sh, c, "request before Hello");
+            refuse(&sh.port, c, "request before Hello");
             Err(Status::NotInitialized)
         }
         Err(e) => {
-            refuse(sh, c, &e.to_string());
+            refuse(&sh.port, c, &e.to_string());
             Err(Status::InvalidValue)
         }
     };
-    sh.stats.requests.fetch_add(1, Ordering::Relaxed);
+    sh.port.stats.requests.fetch_add(1, Ordering::Relaxed);
     if d.flags & transport::FLAG_NO_REPLY == 0 {
-        reply(sh, c, d.tag, d.opcode, r, &[])?;
+        reply(&sh.port, c, d.tag, d.opcode, r, &[])?;
     }
     c.host.req.consume(&d)?;
     Ok(true)
@@ -203,7 +206,7 @@ pub(super) fn serve_channel(
             c.outbox = Some((d, data));
             return Ok(false);
         }
-        notify_guest(sh, c.host.index())?;
+        notify_guest(&sh.port, c.host.index())?;
     }
     let Some(id) = c.session else {
         return serve_unbound(sh, c, ss);
@@ -254,27 +257,27 @@ pub(super) fn serve_channel(
         if op::needs_device(d.opcode)
             && (d.opcode == op::DATA || Request::decode(d.opcode, &d.inline).is_ok())
         {
-            if sh.releasing {
+            if sh.slice.releasing {
                 break;
             }
-            if sh.slice_filled() {
-                sh.budget_spent = true;
+            if sh.slice.slice_filled() {
+                sh.slice.budget_spent = true;
                 break;
             }
-            if let Some(g) = sh.gate.as_mut() {
+            if let Some(g) = sh.slice.gate.as_mut() {
                 if g.slice_over() || !g.acquire(Duration::from_millis(1))? {
                     break;
                 }
             }
         }
         did = true;
-        sh.stats.requests.fetch_add(1, Ordering::Relaxed);
-        if sh.gate.as_ref().is_some_and(|g| g.holding()) {
-            sh.worked = true;
+        sh.port.stats.requests.fetch_add(1, Ordering::Relaxed);
+        if sh.slice.gate.as_ref().is_some_and(|g| g.holding()) {
+            sh.slice.worked = true;
         }
         if d.opcode != op::LAUNCH {
             // Launches queued before go first: the stream order is the guest's.
-            sh.flush_launches(&mut e.s);
+            sh.slice.flush_launches(&mut e.s);
         }
         if d.opcode == op::DATA {
             continue_transfer(sh, c, &mut e.s, &d)?;
@@ -284,9 +287,9 @@ pub(super) fn serve_channel(
                 e.next_seq = d.tag.wrapping_add(1);
             }
         }
-        if sh.gate.is_some() && op::drains_device(d.opcode) {
-            sh.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
-            Shared::collect_timings(&mut e.s);
+        if sh.slice.gate.is_some() && op::drains_device(d.opcode) {
+            sh.port.stats.sync_calls.fetch_add(1, Ordering::Relaxed);
+            Slice::collect_timings(&mut e.s);
         }
         // A request still taking its data (or issuing sub-grids) holds the
         // session's other channels back.
@@ -299,7 +302,7 @@ pub(super) fn serve_channel(
     }
     // Nothing waits in the ring behind the queued launches (or the pass is
     // over): submit them now, still under the grant they were taken in.
-    sh.flush_launches(&mut e.s);
+    sh.slice.flush_launches(&mut e.s);
     Ok(did)
 }
 
@@ -316,23 +319,23 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
     if let Some(id) = c.session.take() {
         wait::abandon(c, ss.get_mut(id).map(|e| &mut e.s));
         if let Some(mut s) = ss.leave(id, ch) {
-            super::share::keep_at_end(sh, &mut s);
-            sh.pinned.release(s.id);
-            sh.stats
+            super::requests::share::keep_at_end(&mut sh.tables, &mut s);
+            sh.gpu.pinned.release(s.id);
+            sh.port
+                .stats
                 .pinned_used
-                .store(sh.pinned.used(), Ordering::Relaxed);
-            sh.mem_used -= s.mem_used;
-            sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                .store(sh.gpu.pinned.used(), Ordering::Relaxed);
+            sh.mem.sub(s.mem_used);
             // The context frees its device memory and is kept for the
             // vGPU's next process, or destroyed (see `contexts.rs`).
-            let poisoned = sh.poisoned.get().is_some();
-            sh.contexts.give_back(s.ctx, poisoned);
+            let poisoned = sh.port.poisoned.get().is_some();
+            sh.gpu.contexts.give_back(s.ctx, poisoned);
             // What a context prints as it is destroyed has nobody to go to.
-            sh.output.borrow_mut().collect(None, false);
-            sh.output.borrow_mut().forget(id);
+            sh.port.output.borrow_mut().collect(None, false);
+            sh.port.output.borrow_mut().forget(id);
         }
         // What it held of other processes' memory is let go of.
-        super::share::settle_kept(sh);
+        super::requests::share::settle_kept(&mut sh.mem, &mut sh.tables);
     }
     c.parked = None;
     c.transfer = None;
@@ -345,7 +348,7 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
 pub(super) fn teardown(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
     drop_session(sh, c, ss);
     if c.host.reclaim().is_ok() {
-        sh.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
+        sh.port.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
     }
     // What the departed guest's buffers took stays with the allocator
     // otherwise (the sim executor keeps device memory in host RAM).
@@ -360,7 +363,7 @@ pub(super) fn retire(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
         Ok(ClaimState::Claimed) => {
             drop_session(sh, c, ss);
             if c.host.mark_lost().unwrap_or(false) {
-                wake_owner(sh, c.host.index());
+                wake_owner(&sh.port, c.host.index());
             }
         }
         Ok(st) if st.needs_reclaim() => teardown(sh, c, ss),
@@ -369,44 +372,44 @@ pub(super) fn retire(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
 }
 
 /// Rings the vector the owner of channel `ch` waits on, sleeping or not.
-pub(super) fn wake_owner(sh: &Shared, ch: u32) {
-    let (Ok(peer), Ok(vector)) = (sh.region.owner_peer(ch), sh.region.guest_vector(ch)) else {
+pub(super) fn wake_owner(port: &Port, ch: u32) {
+    let (Ok(peer), Ok(vector)) = (port.region.owner_peer(ch), port.region.guest_vector(ch)) else {
         return;
     };
     if let Ok(p) = u16::try_from(peer) {
-        let _ = sh.link.ring_peer(p, vector);
+        let _ = port.link.ring_peer(p, vector);
     }
 }
 
-pub(super) fn notify_guest(sh: &Shared, ch: u32) -> Result<(), Error> {
-    if ring_if_sleeping(sh, ch)? {
-        super::handoff::Handoff::add(&sh.stats.handoff.guest_bells, 1);
+pub(super) fn notify_guest(port: &Port, ch: u32) -> Result<(), Error> {
+    if ring_if_sleeping(port, ch)? {
+        super::handoff::Handoff::add(&port.stats.handoff.guest_bells, 1);
     }
     Ok(())
 }
 
 /// Rings the guest of channel `ch` if it announced that it sleeps, and
 /// kicks the vCPU it waits on; true if it did.
-pub(super) fn ring_if_sleeping(sh: &Shared, ch: u32) -> Result<bool, Error> {
-    let flag = sh.region.ring_sleeping(ch, Direction::ToGuest)?;
+pub(super) fn ring_if_sleeping(port: &Port, ch: u32) -> Result<bool, Error> {
+    let flag = port.region.ring_sleeping(ch, Direction::ToGuest)?;
     fence(Ordering::SeqCst);
     if flag.load(Ordering::Relaxed) == 0 {
         return Ok(false);
     }
-    let Ok(p) = u16::try_from(sh.region.owner_peer(ch)?) else {
+    let Ok(p) = u16::try_from(port.region.owner_peer(ch)?) else {
         return Ok(false);
     };
     // The guest's vector is that of the vCPU it waits on.
-    let vector = sh.region.guest_vector(ch)?;
-    sh.link.ring_peer(p, vector)?;
-    sh.booster.borrow_mut().kick(vector);
+    let vector = port.region.guest_vector(ch)?;
+    port.link.ring_peer(p, vector)?;
+    port.booster.borrow_mut().kick(vector);
     Ok(true)
 }
 
-pub(super) fn refuse(sh: &Shared, c: &mut Chan, what: &str) {
-    sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+pub(super) fn refuse(port: &Port, c: &mut Chan, what: &str) {
+    port.stats.refused.fetch_add(1, Ordering::Relaxed);
     transport::rate_limited!(
-        sh.log.borrow_mut(),
+        port.log.borrow_mut(),
         info,
         channel = c.host.index(),
         "refused: {what}"
@@ -416,7 +419,7 @@ pub(super) fn refuse(sh: &Shared, c: &mut Chan, what: &str) {
 /// Replies `result`, counting and logging a refusal (`why`) first if it
 /// is an error.
 pub(super) fn answer(
-    sh: &Shared,
+    port: &Port,
     c: &mut Chan,
     tag: u64,
     opcode: u32,
@@ -424,13 +427,13 @@ pub(super) fn answer(
     why: &str,
 ) -> Result<(), Error> {
     if result.is_err() {
-        refuse(sh, c, why);
+        refuse(port, c, why);
     }
-    reply(sh, c, tag, opcode, result, &[])
+    reply(port, c, tag, opcode, result, &[])
 }
 
 pub(super) fn reply(
-    sh: &Shared,
+    port: &Port,
     c: &mut Chan,
     tag: u64,
     opcode: u32,
@@ -443,12 +446,12 @@ pub(super) fn reply(
         Ok(r) => r.encode(&mut inline),
         Err(s) => {
             d.status = s.code();
-            sh.note_fault(s, c.host.index());
+            port.note_fault(s, c.host.index());
         }
     }
     // Text the call made the driver write goes with its reply's flag.
-    sh.collect_output(c.session);
-    if c.session.is_some_and(|id| sh.output.borrow().has(id)) {
+    port.collect_output(c.session);
+    if c.session.is_some_and(|id| port.output.borrow().has(id)) {
         d.flags |= protocol::REPLY_OUTPUT;
     }
     d.inline = inline;
@@ -459,5 +462,5 @@ pub(super) fn reply(
         c.outbox = Some((d, data.to_vec()));
         return Ok(());
     }
-    notify_guest(sh, c.host.index())
+    notify_guest(port, c.host.index())
 }

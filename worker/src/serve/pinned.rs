@@ -124,8 +124,8 @@ impl PoolPart {
     }
 }
 
-pub(super) fn part(sh: &super::shared::Shared, offset: u64, len: u64) -> Result<PoolPart, Status> {
-    let m = sh.pinned_map.as_ref().ok_or(Status::NotSupported)?;
+pub(super) fn part(gpu: &super::shared::Gpu, offset: u64, len: u64) -> Result<PoolPart, Status> {
+    let m = gpu.pinned_map.as_ref().ok_or(Status::NotSupported)?;
     let end = offset.checked_add(len).ok_or(Status::InvalidValue)?;
     if end > m.len() as u64 {
         return Err(Status::InvalidValue);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::handoff::Handoff;
 use super::requests::deferred_frees;
 use super::sessions::SessionId;
-use super::shared::Shared;
+use super::shared::Slice;
 use super::Worker;
 use crate::executor::Marker;
 use crate::session::Period;
@@ -34,7 +34,7 @@ impl Worker {
         let mut marks = Vec::new();
         for (&id, e) in self.sessions.iter_mut() {
             let s = &mut e.s;
-            let period = if Shared::period_ending(s, None) {
+            let period = if Slice::period_ending(s, None) {
                 s.period.take()
             } else {
                 None
@@ -50,10 +50,10 @@ impl Worker {
             }
         }
         // The vGPU first in line is told now, while this work finishes.
-        if let Some(g) = self.sh.gate.as_mut() {
+        if let Some(g) = self.sh.slice.gate.as_mut() {
             g.draining()?;
         }
-        self.sh.releasing = true;
+        self.sh.slice.releasing = true;
         self.releasing = Some(Releasing {
             marks,
             still_active,
@@ -82,15 +82,15 @@ impl Worker {
                 // The passed mark synchronized the context, where the driver
                 // writes its kernel printf text: this process's, though
                 // another channel's pass is being served.
-                self.sh.collect_output(Some(id));
+                self.sh.port.collect_output(Some(id));
             }
             match done {
                 Ok(false) => pending.push((id, mark, period)),
                 Ok(true) => {
                     if let Some(p) = period {
-                        self.sh.charge_period(s, p);
+                        self.sh.slice.charge_period(s, p);
                     }
-                    Shared::collect_timings(s);
+                    Slice::collect_timings(s);
                     deferred_frees(&mut self.sh, s);
                 }
                 Err(err) => s.defer(err),
@@ -101,11 +101,15 @@ impl Worker {
             self.releasing = Some(rel);
             return Ok(false);
         }
-        self.sh.releasing = false;
-        self.sh.issued_ns = 0;
-        let used = std::mem::take(&mut self.sh.charged_ns);
-        self.sh.stats.charged_ns.fetch_add(used, Ordering::Relaxed);
-        self.sh.worked = false;
+        self.sh.slice.releasing = false;
+        self.sh.slice.issued_ns = 0;
+        let used = std::mem::take(&mut self.sh.slice.charged_ns);
+        self.sh
+            .port
+            .stats
+            .charged_ns
+            .fetch_add(used, Ordering::Relaxed);
+        self.sh.slice.worked = false;
         let pending = rel.still_active
             || self.chans.iter().any(|c| {
                 c.host.req.pending().unwrap_or(0) > 0
@@ -113,8 +117,8 @@ impl Worker {
                     || c.sliced.is_some()
                     || c.waiting()
             });
-        if let Some(g) = self.sh.gate.as_mut() {
-            let h = &self.sh.stats.handoff;
+        if let Some(g) = self.sh.slice.gate.as_mut() {
+            let h = &self.sh.port.stats.handoff;
             if g.holding() {
                 Handoff::add(&h.grants, 1);
                 Handoff::add(&h.held_ns, g.held_ns());

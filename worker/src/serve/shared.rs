@@ -14,10 +14,23 @@ use crate::executor::{Executor, Handle, Launch};
 use crate::fed::PeerLink;
 use crate::session::{Period, Session};
 
-/// State shared by all channels of the worker.
+/// State shared by all channels of the worker, by what it holds: each
+/// request's handler is given the pieces it uses (see `requests/`).
 pub(super) struct Shared {
     // Declared first so it is dropped first: it may hold DMA registrations
     // of the region's memory.
+    pub gpu: Gpu,
+    /// What the VM's processes exported to each other.
+    pub tables: Tables,
+    pub port: Port,
+    pub mem: Memory,
+    pub slice: Slice,
+    pub figures: Figures,
+}
+
+/// The device side: the executor and what is registered with it or made
+/// on it for the vGPU's processes.
+pub(super) struct Gpu {
     pub exec: Box<dyn Executor>,
     /// The pinned pool mapped where the device knows it (after `exec`,
     /// which registered it, so that it is unmapped after the executor let
@@ -29,23 +42,64 @@ pub(super) struct Shared {
     pub images: super::image_cache::ImageCache,
     /// Contexts of ended processes, for the next ones (see `contexts.rs`).
     pub contexts: super::contexts::ContextPool,
-    /// Memory the VM's processes exported to each other (IPC).
+    /// Multiprocessors of the GPU.
+    pub sm_count: u32,
+}
+
+/// What the VM's processes exported to each other, by token.
+#[derive(Default)]
+pub(super) struct Tables {
+    /// Memory exported through IPC handles.
     pub ipc: crate::session::ipc::Exports,
-    /// Events the VM's processes exported to each other (IPC).
+    /// Events exported through IPC handles.
     pub ipc_events: crate::session::ipc::Exports,
-    /// Shareable handles (VMM memory, pools) the VM's processes exported
-    /// to each other (`share.rs`).
-    pub shares: super::share::WorkerShares,
+    /// Shareable handles (VMM memory, pools; `requests/share.rs`).
+    pub shares: super::requests::share::WorkerShares,
+}
+
+/// The worker's side toward its guests: the region and its peers, what
+/// replies ring and count, what the guests are told of the device, what
+/// their requests may make the worker log, and their kernels' output.
+pub(super) struct Port {
     pub region: Region,
     pub link: PeerLink,
+    /// The device as `Hello` answers it.
     pub info_bytes: Vec<u8>,
+    /// Bytes of one message's data (a quarter of an arena).
+    pub chunk: usize,
+    pub stats: Arc<Stats>,
+    /// The VM's vCPU threads, kicked when a blocked guest is woken.
+    pub booster: std::cell::RefCell<crate::cosched::VcpuBooster>,
+    /// What the VM's guests can make the worker log goes through here
+    /// (see `transport::ratelimit`): one VM's worker, one limit.
+    pub log: std::cell::RefCell<transport::LogLimiter>,
+    /// What the processes' kernels printed, for them to take (see
+    /// `output.rs`).
+    pub output: std::cell::RefCell<super::output::Output>,
+    /// A sticky CUDA error: every context of this process is unusable.
+    pub poisoned: std::cell::Cell<Option<Status>>,
+}
+
+/// The vGPU's device memory: its limit and what its processes hold.
+pub(super) struct Memory {
+    /// The config's limit (never more than the device has).
     pub mem_limit: u64,
     /// The device's own memory.
     pub device_mem: u64,
-    pub mem_used: u64,
+    pub used: u64,
     pub stats: Arc<Stats>,
-    pub chunk: usize,
+}
+
+/// The grant and what is accounted under it: busy periods and their
+/// charges, the work issued against the slice, queued launch runs.
+pub(super) struct Slice {
     pub gate: Option<crate::gate::Gate>,
+    /// This vGPU's id and weight at the grant services (to register at
+    /// another GPU's after a migration).
+    pub grant_id: Option<(u32, f64)>,
+    /// Kernel slicing threshold (0: off).
+    pub slice_blocks: u64,
+    pub time_launches: bool,
     /// GPU time measured under the current grant (busy periods).
     pub charged_ns: u64,
     /// GPU time issued under the current grant, by the kernels' estimates:
@@ -57,31 +111,20 @@ pub(super) struct Shared {
     pub params: Vec<u8>,
     /// The grant under which the last period opened.
     pub period_grant: u64,
-    pub time_launches: bool,
     /// Whether any request ran under the current grant.
     pub worked: bool,
-    /// The VM's vCPU threads, kicked when a blocked guest is woken.
-    pub booster: std::cell::RefCell<crate::cosched::VcpuBooster>,
-    /// What the VM's guests can make the worker log goes through here
-    /// (see `transport::ratelimit`): one VM's worker, one limit.
-    pub log: std::cell::RefCell<transport::LogLimiter>,
-    /// What the processes' kernels printed, for them to take (see
-    /// `output.rs`).
-    pub output: std::cell::RefCell<super::output::Output>,
-    /// A sticky CUDA error: every context of this process is unusable.
-    pub poisoned: std::cell::Cell<Option<Status>>,
-    /// This vGPU's id and weight at the grant services (to register at
-    /// another GPU's after a migration).
-    pub grant_id: Option<(u32, f64)>,
-    /// Multiprocessors of the GPU.
-    pub sm_count: u32,
-    /// Kernel slicing threshold (0: off).
-    pub slice_blocks: u64,
     /// The sub-grids issued under the current grant fill its slice: give
     /// the GPU back once they are done, whatever the clock says.
     pub budget_spent: bool,
     /// The grant is being given back: no new device work until it is.
     pub releasing: bool,
+    pub stats: Arc<Stats>,
+}
+
+/// Figures kept between reports to the grant service and answers to a
+/// monitor.
+#[derive(Default)]
+pub(super) struct Figures {
     /// Since the last report: sum of (occupied fraction x kernel time) and
     /// of kernel time, over launches.
     pub occupancy: (f64, f64),
@@ -100,7 +143,7 @@ pub(super) const REPORT_EVERY: Duration = Duration::from_millis(200);
 /// By default, one busy period in this many is timed on the device.
 pub const SAMPLE_EVERY: u64 = 8;
 
-impl Shared {
+impl Port {
     /// A sticky CUDA error (a kernel fault) poisons every context of the
     /// worker process: it restarts once its processes have their replies.
     pub fn note_fault(&self, s: Status, channel: u32) {
@@ -119,15 +162,31 @@ impl Shared {
         let faulted = self.poisoned.get().is_some();
         self.output.borrow_mut().collect(owner, faulted);
     }
+}
 
+impl Memory {
     /// The device memory this vGPU may hold now: the daemon's live setting
-    /// if it made one, else the config's (never more than the device has).
-    pub fn limit(&self) -> u64 {
-        self.link
-            .memory_limit()
+    /// (asked of `link`) if it made one, else the config's (never more than
+    /// the device has).
+    pub fn limit(&self, link: &PeerLink) -> u64 {
+        link.memory_limit()
             .map_or(self.mem_limit, |l| l.min(self.device_mem))
     }
 
+    /// Counts `charge` more bytes held, and says so to the counters.
+    pub fn add(&mut self, charge: u64) {
+        self.used += charge;
+        self.stats.mem_used.store(self.used, Ordering::Relaxed);
+    }
+
+    /// Counts `charge` bytes fewer held, and says so to the counters.
+    pub fn sub(&mut self, charge: u64) {
+        self.used -= charge;
+        self.stats.mem_used.store(self.used, Ordering::Relaxed);
+    }
+}
+
+impl Slice {
     /// Collects the measured times of timed launches: each becomes its
     /// function's estimate (the charge comes from the busy periods).
     pub fn collect_timings(s: &mut Session) {
@@ -268,7 +327,7 @@ impl Shared {
         true
     }
 
-    /// Charges a drained busy period (see [`Shared::period_close`]).
+    /// Charges a drained busy period (see [`Slice::period_ending`]).
     pub fn charge_period(&mut self, s: &mut Session, p: Period) {
         let host = p.since.elapsed().as_nanos() as u64;
         // The device idled between the start mark and the first operation

@@ -45,17 +45,22 @@ impl UtilMeter {
 }
 
 /// The reply and data of a `VgpuStatus` asking for processes from
-/// `first` on: as many as fit in one message of `sh.chunk` bytes.
+/// `first` on: as many as fit in one message of `sh.port.chunk` bytes.
 pub(super) fn answer(sh: &mut Shared, ss: &Sessions, first: u32) -> (Reply, Vec<u8>) {
-    let charged = sh.stats.charged_ns.load(Ordering::Relaxed) + sh.charged_ns;
-    let util_ppm = sh.util.sample(Instant::now(), charged);
+    let charged = sh.port.stats.charged_ns.load(Ordering::Relaxed) + sh.slice.charged_ns;
+    let util_ppm = sh.figures.util.sample(Instant::now(), charged);
     let procs = ss.processes();
-    let fit = VgpuStatus::fit(sh.info_bytes.len(), sh.chunk);
+    let fit = VgpuStatus::fit(sh.port.info_bytes.len(), sh.port.chunk);
     let from = (first as usize).min(procs.len());
     let upto = procs.len().min(from.saturating_add(fit));
-    let data = VgpuStatus::encode(&sh.info_bytes, &procs[from..upto]);
+    let data = VgpuStatus::encode(&sh.port.info_bytes, &procs[from..upto]);
     let r = Reply {
-        vals: [sh.limit(), sh.mem_used, util_ppm, procs.len() as u64],
+        vals: [
+            sh.mem.limit(&sh.port.link),
+            sh.mem.used,
+            util_ppm,
+            procs.len() as u64,
+        ],
     };
     (r, data)
 }

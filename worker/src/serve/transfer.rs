@@ -111,13 +111,13 @@ pub(super) fn continue_transfer(
     d: &Descriptor,
 ) -> Result<(), Error> {
     let Some(mut t) = c.transfer.take() else {
-        refuse(sh, c, "data chunk with no transfer in progress");
+        refuse(&sh.port, c, "data chunk with no transfer in progress");
         s.defer(Status::InvalidValue);
         return Ok(());
     };
     let n = u64::from(d.data_len);
     if n > t.remaining {
-        refuse(sh, c, "more data than announced");
+        refuse(&sh.port, c, "more data than announced");
         s.defer(Status::InvalidValue);
         return Ok(());
     }
@@ -125,7 +125,7 @@ pub(super) fn continue_transfer(
     match &mut t.inbound {
         Inbound::Htod { dst, stream, ok } => {
             if *ok && n > 0 {
-                sh.stats.copy_bytes.fetch_add(n, Ordering::Relaxed);
+                sh.port.stats.copy_bytes.fetch_add(n, Ordering::Relaxed);
                 if let Err(e) = s.ctx.htod(*dst + t.offset, &data, *stream) {
                     s.defer(e);
                     *ok = false;
@@ -148,10 +148,10 @@ pub(super) fn continue_transfer(
         Inbound::Module { kind, buf, tag } => {
             let r = s.ctx.load_module(kind, &buf).inspect(|&m| s.add_module(m));
             if r.is_ok() {
-                sh.images.insert(kind, &buf);
-                tracing::debug!(cached_bytes = sh.images.bytes(), "module image kept");
+                sh.gpu.images.insert(kind, &buf);
+                tracing::debug!(cached_bytes = sh.gpu.images.bytes(), "module image kept");
             }
-            reply(sh, c, tag, op::MODULE_LOAD, r.map(Reply::one), &[])
+            reply(&sh.port, c, tag, op::MODULE_LOAD, r.map(Reply::one), &[])
         }
         Inbound::Link { buf, tag } => {
             let r = protocol::link_records(&buf)
@@ -159,30 +159,30 @@ pub(super) fn continue_transfer(
                 .and_then(|inputs| s.ctx.link(&inputs));
             match r {
                 // The linked image goes back in one message.
-                Ok(image) if image.len() > sh.chunk => {
-                    refuse(sh, c, "linked image larger than one arena chunk");
-                    reply(sh, c, tag, op::LINK, Err(Status::NotSupported), &[])
+                Ok(image) if image.len() > sh.port.chunk => {
+                    refuse(&sh.port, c, "linked image larger than one arena chunk");
+                    reply(&sh.port, c, tag, op::LINK, Err(Status::NotSupported), &[])
                 }
                 Ok(image) => reply(
-                    sh,
+                    &sh.port,
                     c,
                     tag,
                     op::LINK,
                     Ok(Reply::one(image.len() as u64)),
                     &image,
                 ),
-                Err(e) => reply(sh, c, tag, op::LINK, Err(e), &[]),
+                Err(e) => reply(&sh.port, c, tag, op::LINK, Err(e), &[]),
             }
         }
         Inbound::Graph { buf, tag, scope } => {
             let r = protocol::graph::decode_graph(&buf)
                 .map_err(|e| {
-                    refuse(sh, c, &format!("graph: {e}"));
+                    refuse(&sh.port, c, &format!("graph: {e}"));
                     Status::InvalidValue
                 })
                 .and_then(|nodes| {
                     s.check_graph_nodes(scope, &nodes).inspect_err(|_| {
-                        refuse(sh, c, "graph names what the process does not hold")
+                        refuse(&sh.port, c, "graph names what the process does not hold")
                     })?;
                     match scope {
                         Some(sc) => s.ctx.graph_instantiate_in(sc, &nodes),
@@ -194,7 +194,7 @@ pub(super) fn continue_transfer(
                 Some(_) => op::GRAPH_INSTANTIATE_IN,
                 None => op::GRAPH_INSTANTIATE,
             };
-            reply(sh, c, tag, opc, r.map(Reply::one), &[])
+            reply(&sh.port, c, tag, opc, r.map(Reply::one), &[])
         }
         Inbound::Htod { .. } => Ok(()),
     }
@@ -212,12 +212,12 @@ pub(super) fn pump_sliced(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Res
             c.sliced = None;
             break;
         };
-        if let Some(g) = sh.gate.as_mut() {
+        if let Some(g) = sh.slice.gate.as_mut() {
             if g.slice_over() || !g.acquire(Duration::from_millis(1))? {
                 break;
             }
-            if sh.slice_filled() {
-                sh.budget_spent = true;
+            if sh.slice.slice_filled() {
+                sh.slice.budget_spent = true;
                 break;
             }
         }
@@ -228,7 +228,7 @@ pub(super) fn pump_sliced(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Res
         };
         let est = s.kernel_ns.get(&sl.func).copied();
         let mut t0 = Instant::now();
-        let r = sh.in_period(s, sl.stream, Some(sl.func), |x| {
+        let r = sh.slice.in_period(s, sl.stream, Some(sl.func), |x| {
             t0 = Instant::now();
             x.launch_slice(
                 sl.func,
@@ -248,19 +248,19 @@ pub(super) fn pump_sliced(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Res
                 c.sliced = None;
                 break;
             }
-            (Ok(()), Some(ns)) => sh.issued_ns += (ns as f64 * share) as u64,
+            (Ok(()), Some(ns)) => sh.slice.issued_ns += (ns as f64 * share) as u64,
             (Ok(()), None) => {
                 // Measure this sub-grid: wait for it on the host clock.
                 if let Err(e) = s.ctx.synchronize() {
                     s.defer(e);
                 }
                 let ns = t0.elapsed().as_nanos() as u64;
-                sh.issued_ns += ns;
+                sh.slice.issued_ns += ns;
                 s.kernel_ns
                     .insert(sl.func, (ns as f64 / share.max(1e-9)) as u64);
             }
         }
-        sh.worked = true;
+        sh.slice.worked = true;
         did = true;
         if let Some(sl) = c.sliced.as_mut() {
             sl.rest.pop_front();
@@ -283,21 +283,21 @@ pub(super) fn pump_outbound(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> R
         // still in the host's cache when the guest reads it (a 64 MiB copy
         // out of 256 KiB-1 MiB chunks moved 11.6-12.5 GB/s on an H100 host,
         // out of 4 MiB ones 10.4; `scripts/gpu/copy_probe.c`).
-        let n = (ob.len - ob.off).min(sh.chunk.min(DTOH_CHUNK) as u64);
+        let n = (ob.len - ob.off).min(sh.port.chunk.min(DTOH_CHUNK) as u64);
         let mut d = Descriptor::new(ob.tag, op::MEMCPY_DTOH);
         if ob.off + n < ob.len {
             d.flags = FLAG_MORE;
         } else {
             // The last chunk: kernel output flushed by the wait before the
             // copy goes with it (see `output.rs`).
-            sh.collect_output(c.session);
-            if c.session.is_some_and(|id| sh.output.borrow().has(id)) {
+            sh.port.collect_output(c.session);
+            if c.session.is_some_and(|id| sh.port.output.borrow().has(id)) {
                 d.flags = protocol::REPLY_OUTPUT;
             }
         }
         let (src, stream) = (ob.src + ob.off, ob.stream);
         let ctx = &mut s.ctx;
-        let st = &sh.stats;
+        let st = &sh.port.stats;
         let sent = c.host.resp.try_send_with(&d, n as usize, |out, slice| {
             let t0 = Instant::now();
             if let Err(e) = ctx.dtoh(&slice, src, stream) {
@@ -320,7 +320,7 @@ pub(super) fn pump_outbound(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> R
             }
             break;
         }
-        notify_guest(sh, ch)?;
+        notify_guest(&sh.port, ch)?;
         ob.off += n;
         if failed || ob.off >= ob.len {
             return Ok(());

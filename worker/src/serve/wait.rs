@@ -78,14 +78,14 @@ pub(super) fn poll(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Result<boo
     let p = c.parked.take().expect("checked above");
     match (r, p.then) {
         (Ok(_), Then::Reply) => {
-            reply(sh, c, p.tag, p.opcode, Ok(Reply::default()), &[])?;
+            reply(&sh.port, c, p.tag, p.opcode, Ok(Reply::default()), &[])?;
             if let Some(period) = p.period {
-                sh.charge_period(s, period);
+                sh.slice.charge_period(s, period);
             }
         }
         (Ok(_), Then::Dtoh { src, len, stream }) => {
             if let Some(period) = p.period {
-                sh.charge_period(s, period);
+                sh.slice.charge_period(s, period);
             }
             c.outbound = Some(Outbound {
                 tag: p.tag,
@@ -100,7 +100,7 @@ pub(super) fn poll(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Result<boo
         // is dropped: there is nothing more to charge).
         (Err(e), _) => {
             written_at_fault(s, e);
-            reply(sh, c, p.tag, p.opcode, Err::<Reply, Status>(e), &[])?
+            reply(&sh.port, c, p.tag, p.opcode, Err::<Reply, Status>(e), &[])?
         }
     }
     Ok(true)
@@ -130,7 +130,7 @@ fn hand_out_host_fn(
         None => return Ok(false),
     };
     let p = c.parked.take().expect("the caller found it parked");
-    reply(sh, c, p.tag, p.opcode, Ok(Reply { vals }), &[])?;
+    reply(&sh.port, c, p.tag, p.opcode, Ok(Reply { vals }), &[])?;
     Ok(true)
 }
 

@@ -5,30 +5,36 @@
 //! does, until it is both released and unmapped (or the session ends: the
 //! executor context frees it all, and the session's count goes with it).
 
-use std::sync::atomic::Ordering;
-
 use protocol::{Reply, Request, Status};
+use transport::Descriptor;
 
-use super::channel::{answer, Chan};
-use super::shared::Shared;
+use super::super::channel::{answer, Chan};
+use super::super::shared::{Memory, Port, Tables};
 use crate::session::vmm::Dead;
 use crate::session::Session;
 use crate::Error;
 
 /// Runs a VMM request of session `s` and replies.
 pub(super) fn handle(
-    sh: &mut Shared,
+    port: &Port,
+    mem: &mut Memory,
+    tables: &mut Tables,
     c: &mut Chan,
     s: &mut Session,
-    tag: u64,
-    opc: u32,
+    d: &Descriptor,
     req: Request,
 ) -> Result<(), Error> {
-    let (r, why) = run(sh, s, req);
-    answer(sh, c, tag, opc, r, why)
+    let (r, why) = run(port, mem, tables, s, req);
+    answer(port, c, d.tag, d.opcode, r, why)
 }
 
-fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>, &'static str) {
+fn run(
+    port: &Port,
+    mem: &mut Memory,
+    tables: &mut Tables,
+    s: &mut Session,
+    req: Request,
+) -> (Result<Reply, Status>, &'static str) {
     let unit = |r: Result<(), Status>| r.map(|()| Reply::default());
     match req {
         Request::VmmReserve { size, align, addr } => (
@@ -48,14 +54,13 @@ fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>
         ),
         Request::VmmCreate { size, compression } => {
             // Counted as `MemAlloc` counts: what it takes on the device.
-            let r = if sh.mem_used.saturating_add(size) > sh.limit() {
+            let r = if mem.used.saturating_add(size) > mem.limit(&port.link) {
                 Err(Status::OutOfMemory)
             } else {
                 s.ctx.vmm_create(size, compression).map(|h| {
                     s.vmm.created(h, size, size);
                     s.mem_used += size;
-                    sh.mem_used += size;
-                    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                    mem.add(size);
                     // The compression the device gave, which the guest's
                     // cuMemGetAllocationPropertiesFromHandle answers.
                     let granted = s.ctx.vmm_compression(h).unwrap_or(0);
@@ -67,7 +72,7 @@ fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>
             (r, "physical memory over the vGPU's limit")
         }
         Request::VmmRelease { handle } => (
-            unit(s.vmm.release(handle).map(|dead| bury(sh, s, dead))),
+            unit(s.vmm.release(handle).map(|dead| bury(mem, tables, s, dead))),
             "release of a handle it does not hold",
         ),
         Request::VmmMap {
@@ -92,7 +97,7 @@ fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>
                     s.exported.revoke(p, p + n);
                     s.ctx.vmm_unmap(p, n)?;
                     let dead = s.vmm.unmapped(p);
-                    bury(sh, s, dead);
+                    bury(mem, tables, s, dead);
                 }
                 Ok(())
             });
@@ -123,7 +128,7 @@ fn run(sh: &mut Shared, s: &mut Session, req: Request) -> (Result<Reply, Status>
 }
 
 /// Frees physical memory nothing holds any more, and uncounts it.
-fn bury(sh: &mut Shared, s: &mut Session, dead: Option<Dead>) {
+fn bury(mem: &mut Memory, tables: &mut Tables, s: &mut Session, dead: Option<Dead>) {
     let Some(d) = dead else { return };
     if let Err(e) = s.ctx.vmm_release(d.handle) {
         tracing::warn!(?e, "releasing physical memory failed");
@@ -132,7 +137,7 @@ fn bury(sh: &mut Shared, s: &mut Session, dead: Option<Dead>) {
     // still holds stays counted until it lets go (`share.rs`).
     if super::share::on_dead(s, d.handle, d.charge) {
         s.uncount(d.charge);
-        sh.mem_used -= d.charge;
+        mem.used -= d.charge;
     }
-    super::share::settle(sh, s);
+    super::share::settle(mem, tables, s);
 }

@@ -4,28 +4,29 @@
 //! (`session::ipc`), answered.
 
 use protocol::{Reply, Request, Status};
+use transport::Descriptor;
 
-use super::channel::{answer, Chan};
-use super::shared::Shared;
+use super::super::channel::{answer, Chan};
+use super::super::shared::{Port, Tables};
 use crate::session::Session;
 use crate::Error;
 
 /// Runs an IPC request of session `s` and replies.
 pub(super) fn handle(
-    sh: &mut Shared,
+    port: &Port,
+    tables: &mut Tables,
     c: &mut Chan,
     s: &mut Session,
-    tag: u64,
-    opc: u32,
+    d: &Descriptor,
     req: Request,
 ) -> Result<(), Error> {
     let (r, why) = match req {
         Request::IpcExport { ptr } => (
-            export(sh, s, ptr),
+            export(tables, s, ptr),
             "export of memory it does not own, or one export too many",
         ),
         Request::IpcOpen { token } => (
-            open(sh, s, token),
+            open(tables, s, token),
             "open of a token no other process of the VM exports",
         ),
         Request::IpcClose { ptr } => (
@@ -38,27 +39,27 @@ pub(super) fn handle(
             "close of memory it has not opened",
         ),
         Request::IpcExportEvent { event } => (
-            export_event(sh, s, event),
+            export_event(tables, s, event),
             "export of an event it did not make, or one export too many",
         ),
         Request::IpcOpenEvent { token } => (
-            open_event(sh, s, token),
+            open_event(tables, s, token),
             "open of an event token no other process of the VM exports",
         ),
         _ => (Err(Status::InvalidValue), "not an IPC request"),
     };
-    answer(sh, c, tag, opc, r, why)
+    answer(port, c, d.tag, d.opcode, r, why)
 }
 
 /// The token of the allocation or mapping holding `ptr` (made on the
 /// first export), its start and size.
-pub(super) fn export(sh: &mut Shared, s: &mut Session, ptr: u64) -> Result<Reply, Status> {
+pub(super) fn export(tables: &mut Tables, s: &mut Session, ptr: u64) -> Result<Reply, Status> {
     let (base, size) = s.exportable(ptr).ok_or(Status::InvalidValue)?;
     let token = match s.exported.token(base) {
         Some(t) => t,
         None => {
             let mem = s.ctx.share_mem(base, size)?;
-            let (t, e) = sh.ipc.add(s.id, base, size, mem)?;
+            let (t, e) = tables.ipc.add(s.id, base, size, mem)?;
             s.exported.insert(t, e);
             t
         }
@@ -69,8 +70,8 @@ pub(super) fn export(sh: &mut Shared, s: &mut Session, ptr: u64) -> Result<Reply
 }
 
 /// Opens another session's export: its start and size.
-pub(super) fn open(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
-    let e = sh.ipc.get(token).ok_or(Status::InvalidValue)?;
+pub(super) fn open(tables: &mut Tables, s: &mut Session, token: u64) -> Result<Reply, Status> {
+    let e = tables.ipc.get(token).ok_or(Status::InvalidValue)?;
     if e.owner == s.id {
         // As the driver answers a process opening its own handle.
         return Err(Status::InvalidContext);
@@ -88,13 +89,13 @@ pub(super) fn open(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply
 
 /// The token of one of the session's own events (made on its first
 /// export).
-fn export_event(sh: &mut Shared, s: &mut Session, event: u64) -> Result<Reply, Status> {
+fn export_event(tables: &mut Tables, s: &mut Session, event: u64) -> Result<Reply, Status> {
     s.check_own_event(event)?;
     let token = match s.exported_events.token(event) {
         Some(t) => t,
         None => {
             let shared = s.ctx.share_event(event)?;
-            let (t, e) = sh.ipc_events.add(s.id, event, 0, shared)?;
+            let (t, e) = tables.ipc_events.add(s.id, event, 0, shared)?;
             s.exported_events.insert(t, e);
             t
         }
@@ -103,8 +104,8 @@ fn export_event(sh: &mut Shared, s: &mut Session, event: u64) -> Result<Reply, S
 }
 
 /// Opens another session's exported event: a handle of this session's.
-fn open_event(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
-    let e = sh.ipc_events.get(token).ok_or(Status::InvalidValue)?;
+fn open_event(tables: &mut Tables, s: &mut Session, token: u64) -> Result<Reply, Status> {
+    let e = tables.ipc_events.get(token).ok_or(Status::InvalidValue)?;
     if e.owner == s.id {
         return Err(Status::InvalidContext);
     }

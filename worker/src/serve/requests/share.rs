@@ -6,13 +6,13 @@
 //! shared memory, which stays the exporter's until its last importer lets
 //! go.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use protocol::{Reply, Request, Status};
+use transport::Descriptor;
 
-use super::channel::{answer, Chan};
-use super::shared::Shared;
+use super::super::channel::{answer, Chan};
+use super::super::shared::{Memory, Port, Tables};
 use crate::session::ipc::{Export, Exports};
 use crate::session::Session;
 use crate::Error;
@@ -31,43 +31,43 @@ pub struct WorkerShares {
 
 /// Runs a shareable-handle request of session `s` and replies.
 pub(super) fn handle(
-    sh: &mut Shared,
+    port: &Port,
+    tables: &mut Tables,
     c: &mut Chan,
     s: &mut Session,
-    tag: u64,
-    opc: u32,
+    d: &Descriptor,
     req: Request,
 ) -> Result<(), Error> {
     let (r, why) = match req {
         Request::VmmExport { handle } => (
-            vmm_export(sh, s, handle),
+            vmm_export(tables, s, handle),
             "export of a handle it does not hold, or one export too many",
         ),
         Request::VmmImport { token } => (
-            vmm_import(sh, s, token),
+            vmm_import(tables, s, token),
             "import of a token no process of the VM exports",
         ),
-        Request::PoolExport { pool } => (pool_export(sh, s, pool), "one pool export too many"),
+        Request::PoolExport { pool } => (pool_export(tables, s, pool), "one pool export too many"),
         Request::PoolImport { token } => (
-            pool_import(sh, s, token),
+            pool_import(tables, s, token),
             "import of a pool no other process of the VM exports",
         ),
         Request::PoolExportPointer { pool, ptr } => (
-            pointer_export(sh, s, pool, ptr),
+            pointer_export(tables, s, pool, ptr),
             "export of memory it does not own, or from a pool it did not export",
         ),
         Request::PoolImportPointer { pool, token } => (
-            pointer_import(sh, s, pool, token),
+            pointer_import(tables, s, pool, token),
             "import of a pointer not exported from a pool it imported",
         ),
         _ => (Err(Status::InvalidValue), "not a shareable-handle request"),
     };
-    answer(sh, c, tag, opc, r, why)
+    answer(port, c, d.tag, d.opcode, r, why)
 }
 
 /// The token of physical memory the session holds a handle of (made on
 /// its first export), and its size.
-fn vmm_export(sh: &mut Shared, s: &mut Session, handle: u64) -> Result<Reply, Status> {
+fn vmm_export(tables: &mut Tables, s: &mut Session, handle: u64) -> Result<Reply, Status> {
     let size = s.vmm.held(handle).ok_or(Status::InvalidValue)?;
     if s.shares.is_import(handle) {
         // Exported again by an importer: the memory is counted to its
@@ -78,7 +78,7 @@ fn vmm_export(sh: &mut Shared, s: &mut Session, handle: u64) -> Result<Reply, St
         Some(t) => t,
         None => {
             let mem = s.ctx.share_phys(handle)?;
-            let (t, e) = sh.shares.vmm.add(s.id, handle, size, mem)?;
+            let (t, e) = tables.shares.vmm.add(s.id, handle, size, mem)?;
             s.shares.exported.insert(t, e);
             t
         }
@@ -89,8 +89,8 @@ fn vmm_export(sh: &mut Shared, s: &mut Session, handle: u64) -> Result<Reply, St
 }
 
 /// A handle of the session's for exported physical memory, and its size.
-fn vmm_import(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
-    let e = sh.shares.vmm.get(token).ok_or(Status::InvalidValue)?;
+fn vmm_import(tables: &mut Tables, s: &mut Session, token: u64) -> Result<Reply, Status> {
+    let e = tables.shares.vmm.get(token).ok_or(Status::InvalidValue)?;
     // Its own memory, or memory it imported before: the same handle, held
     // once more.
     let again = if e.owner == s.id {
@@ -119,11 +119,11 @@ fn vmm_import(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Sta
 }
 
 /// The token of one of the session's pools (made on its first export).
-fn pool_export(sh: &mut Shared, s: &mut Session, pool: u64) -> Result<Reply, Status> {
+fn pool_export(tables: &mut Tables, s: &mut Session, pool: u64) -> Result<Reply, Status> {
     let token = match s.shares.pools.token(pool) {
         Some(t) => t,
         None => {
-            let (t, e) = sh.shares.pools.add(s.id, pool, 0, Default::default())?;
+            let (t, e) = tables.shares.pools.add(s.id, pool, 0, Default::default())?;
             s.shares.pools.insert(t, e);
             t
         }
@@ -132,21 +132,26 @@ fn pool_export(sh: &mut Shared, s: &mut Session, pool: u64) -> Result<Reply, Sta
 }
 
 /// Records another session's pool as imported by this one.
-fn pool_import(sh: &mut Shared, s: &mut Session, token: u64) -> Result<Reply, Status> {
-    let e = sh.shares.pools.get(token).ok_or(Status::InvalidValue)?;
+fn pool_import(tables: &mut Tables, s: &mut Session, token: u64) -> Result<Reply, Status> {
+    let e = tables.shares.pools.get(token).ok_or(Status::InvalidValue)?;
     s.shares.pool_imported(token, e)?;
     Ok(Reply::default())
 }
 
 /// Exports the allocation holding `ptr` as IPC memory of the session's
 /// exported pool `pool`: its token, start and size.
-fn pointer_export(sh: &mut Shared, s: &mut Session, pool: u64, ptr: u64) -> Result<Reply, Status> {
-    match sh.shares.pools.get(pool) {
+fn pointer_export(
+    tables: &mut Tables,
+    s: &mut Session,
+    pool: u64,
+    ptr: u64,
+) -> Result<Reply, Status> {
+    match tables.shares.pools.get(pool) {
         Some(p) if p.owner == s.id => {}
         _ => return Err(Status::InvalidValue),
     }
-    let r = super::ipc::export(sh, s, ptr)?;
-    let e = sh.ipc.get(r.vals[0]).ok_or(Status::InvalidValue)?;
+    let r = super::ipc::export(tables, s, ptr)?;
+    let e = tables.ipc.get(r.vals[0]).ok_or(Status::InvalidValue)?;
     e.set_tag(pool);
     Ok(r)
 }
@@ -154,7 +159,7 @@ fn pointer_export(sh: &mut Shared, s: &mut Session, pool: u64, ptr: u64) -> Resu
 /// Opens an allocation exported from pool `pool`, which the session
 /// imported: its start and size.
 fn pointer_import(
-    sh: &mut Shared,
+    tables: &mut Tables,
     s: &mut Session,
     pool: u64,
     token: u64,
@@ -162,46 +167,45 @@ fn pointer_import(
     if !s.shares.has_pool(pool) {
         return Err(Status::InvalidValue);
     }
-    match sh.ipc.get(token) {
-        Some(e) if e.tag() == pool => super::ipc::open(sh, s, token),
+    match tables.ipc.get(token) {
+        Some(e) if e.tag() == pool => super::ipc::open(tables, s, token),
         _ => Err(Status::InvalidValue),
     }
 }
 
 /// Uncounts shared memory nobody holds any more: the session's own
 /// (released while imported elsewhere) and that of processes gone.
-pub(super) fn settle(sh: &mut Shared, s: &mut Session) {
+pub(in crate::serve) fn settle(mem: &mut Memory, tables: &mut Tables, s: &mut Session) {
     for (_, charge) in s.shares.orphans.closed() {
         s.uncount(charge);
-        sh.mem_used -= charge;
+        mem.used -= charge;
     }
-    settle_kept(sh);
+    settle_kept(mem, tables);
 }
 
 /// Uncounts memory of ended processes that nobody holds any more.
-pub(super) fn settle_kept(sh: &mut Shared) {
+pub(in crate::serve) fn settle_kept(mem: &mut Memory, tables: &mut Tables) {
     let mut freed = 0;
-    sh.shares.kept.retain(|(charge, e)| {
+    tables.shares.kept.retain(|(charge, e)| {
         if e.opened() {
             return true;
         }
         freed += charge;
         false
     });
-    sh.mem_used -= freed;
-    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+    mem.sub(freed);
 }
 
 /// The session ends: memory of its that others still hold leaves its
 /// count for the vGPU's, until they let go ([`settle_kept`]); its tokens
 /// are revoked.
-pub(super) fn keep_at_end(sh: &mut Shared, s: &mut Session) {
+pub(in crate::serve) fn keep_at_end(tables: &mut Tables, s: &mut Session) {
     let held = s.shares.exported.take_all_opened();
     let mut kept: Vec<(u64, Arc<Export>)> = held.into_iter().map(|e| (e.size, e)).collect();
     kept.extend(s.shares.orphans.take_opened());
     for (charge, e) in kept {
         s.uncount(charge);
-        sh.shares.kept.push((charge, e));
+        tables.shares.kept.push((charge, e));
     }
 }
 
@@ -209,7 +213,7 @@ pub(super) fn keep_at_end(sh: &mut Shared, s: &mut Session) {
 /// freed (`handle`, counted `charge`): an import lets go of its export;
 /// memory it exported that others still hold stays counted to it. Whether
 /// the charge may be uncounted now.
-pub(super) fn on_dead(s: &mut Session, handle: u64, charge: u64) -> bool {
+pub(in crate::serve) fn on_dead(s: &mut Session, handle: u64, charge: u64) -> bool {
     s.shares.forget(handle);
     if let Some(e) = s.shares.exported.take_opened(handle) {
         s.shares.orphans.push(handle, charge, e);

@@ -5,27 +5,26 @@
 //! vGPU's memory limit as `MemAlloc` does, until destroyed or the session
 //! ends (the executor context frees it, and the session's count goes).
 
-use std::sync::atomic::Ordering;
-
 use protocol::array::{resource, CopySide, TexParams, TEX_PARAMS_BYTES};
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::channel::{answer, Chan};
-use super::shared::Shared;
+use super::super::channel::{answer, Chan};
+use super::super::shared::{Memory, Port, Slice};
 use crate::executor::ArrayOp;
 use crate::session::Session;
 use crate::Error;
 
 /// Runs an array request of session `s` and replies.
 pub(super) fn handle(
-    sh: &mut Shared,
+    port: &Port,
+    mem: &mut Memory,
+    slice: &mut Slice,
     c: &mut Chan,
     s: &mut Session,
     d: &Descriptor,
     req: Request,
 ) -> Result<(), Error> {
-    let (tag, opc) = (d.tag, d.opcode);
     let tex = if matches!(req, Request::TexCreate) {
         let mut b = vec![0u8; d.data_len.min(TEX_PARAMS_BYTES as u32 + 1) as usize];
         c.host.req.data(d)?.copy_to(&mut b[..]);
@@ -33,8 +32,8 @@ pub(super) fn handle(
     } else {
         None
     };
-    let (r, why) = run(sh, s, req, tex);
-    answer(sh, c, tag, opc, r, why)
+    let (r, why) = run(port, mem, slice, s, req, tex);
+    answer(port, c, d.tag, d.opcode, r, why)
 }
 
 /// How much of `[ptr, ptr + len)`, from `ptr` on, is the caller's own
@@ -58,7 +57,9 @@ fn own_len(s: &Session, ptr: u64, len: u64) -> u64 {
 }
 
 fn run(
-    sh: &mut Shared,
+    port: &Port,
+    mem: &mut Memory,
+    slice: &mut Slice,
     s: &mut Session,
     req: Request,
     tex: Option<Result<TexParams, Status>>,
@@ -67,14 +68,13 @@ fn run(
     match req {
         Request::ArrayCreate { desc } => {
             let charge = s.ctx.footprint(desc.bytes());
-            let r = if s.arrays.full() || sh.mem_used.saturating_add(charge) > sh.limit() {
+            let r = if s.arrays.full() || mem.used.saturating_add(charge) > mem.limit(&port.link) {
                 Err(Status::OutOfMemory)
             } else {
                 s.ctx.array_op(ArrayOp::Create(desc)).map(|h| {
                     s.arrays.add(h, desc, charge);
                     s.mem_used += charge;
-                    sh.mem_used += charge;
-                    sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                    mem.add(charge);
                     Reply {
                         vals: [h, charge, 0, 0],
                     }
@@ -90,8 +90,7 @@ fn run(
                 let r = s.ctx.array_op(ArrayOp::Destroy(array));
                 // The array is the guest's no more either way.
                 s.uncount(charge);
-                sh.mem_used -= charge;
-                sh.stats.mem_used.store(sh.mem_used, Ordering::Relaxed);
+                mem.sub(charge);
                 r.map(|_| Reply::default())
             });
             (r, "destroy of an array it does not hold")
@@ -108,7 +107,7 @@ fn run(
                 })
             });
             let r = r.and_then(|()| {
-                sh.in_period(s, stream, None, |x| x.array_op(ArrayOp::Copy(copy, stream)))
+                slice.in_period(s, stream, None, |x| x.array_op(ArrayOp::Copy(copy, stream)))
             });
             (
                 r.map(|_| Reply::default()),

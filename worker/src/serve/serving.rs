@@ -1,0 +1,236 @@
+//! The serving loop: every channel polled in turn, the grant taken and
+//! given back, migrations and reports looked at between turns, and the
+//! doorbells slept on when every channel is idle.
+
+use std::os::fd::AsFd;
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use super::channel::{retire, service, Chan};
+use super::handoff::Handoff;
+use super::{pin_current_thread, Worker};
+use crate::Error;
+
+/// How often a worker whose guests wait on the device (and that has
+/// nothing else to do) looks whether it is there.
+const WAITING_POLL: Duration = Duration::from_micros(20);
+
+/// How often a holder whose predicted work fills its slice looks whether
+/// the device has in fact run it all (see [`Worker::recheck_budget`]).
+const BUDGET_CHECK: Duration = Duration::from_micros(50);
+
+/// How long a poisoned worker goes on serving so that its processes can
+/// take the kernel output they are owed (see `output.rs`).
+const POISON_GRACE: Duration = Duration::from_millis(200);
+
+impl Worker {
+    /// Serves until the stop flag is set. Everything guests held is freed on return.
+    pub fn run(mut self) -> Result<(), Error> {
+        let served = self.serve();
+        // However serving ended (stopped, orphaned, poisoned, or an error
+        // such as the grant service gone with the daemon), guests still
+        // holding channels lose their GPU state: their channels become LOST
+        // (not FREE, which would let another guest claim rings the owner may
+        // still write), and their owners are woken to see it.
+        for c in &mut self.chans {
+            retire(&mut self.sh, c, &mut self.sessions);
+        }
+        match self.sh.port.poisoned.get() {
+            Some(status) => Err(Error::Poisoned(status)),
+            None => served,
+        }
+    }
+
+    /// The serving loop of [`Worker::run`].
+    fn serve(&mut self) -> Result<(), Error> {
+        if let Some(cpu) = self.cpu {
+            pin_current_thread(cpu)?;
+        }
+        if let Some(nice) = self.lift_nice {
+            // Refused (no CAP_SYS_NICE): it serves as it was started.
+            if let Err(e) = crate::cosched::lift_current_thread(nice) {
+                tracing::warn!("worker: priority lift refused: {e}");
+            }
+        }
+        let mut idle: u32 = 0;
+        let mut last_report = Instant::now();
+        let mut turns: u32 = 0;
+        let mut poisoned_at = None::<Instant>;
+        while !self.stop.load(Ordering::Relaxed) && !self.sh.port.link.orphaned() {
+            if self.sh.port.poisoned.get().is_some() {
+                // The fault's process may still take what its kernels
+                // printed (the failed assert's message): a moment for it,
+                // no more (every other request now fails).
+                let since = *poisoned_at.get_or_insert_with(Instant::now);
+                if !self.sh.port.output.borrow().any_held() || since.elapsed() > POISON_GRACE {
+                    self.sh.port.link.report_poisoned();
+                    break;
+                }
+            }
+            self.migrations()?;
+            self.peer_events();
+            // Reading the clock on every turn of the polling loop would cost
+            // more than the reports themselves: look every 256 turns (and
+            // after blocking, below).
+            turns = turns.wrapping_add(1);
+            if turns.is_multiple_of(256) {
+                self.periodic(&mut last_report)?;
+            }
+            let mut busy = false;
+            for c in &mut self.chans {
+                busy |= service(&mut self.sh, c, &mut self.sessions);
+            }
+            self.recheck_budget();
+            if self.releasing.is_some() {
+                if self.poll_release()? {
+                    idle = 0;
+                    continue;
+                }
+            } else if self.sh.slice.slice_ended() {
+                self.sh.slice.budget_spent = false;
+                // A vGPU whose slice ran out while it was running work stays
+                // runnable even if its ring is momentarily empty (its guest is
+                // between a reply and its next call): reporting it idle would
+                // reset its start tag and forfeit the credit it has.
+                let active = self.sh.slice.worked;
+                self.begin_release(active)?;
+                idle = 0;
+                continue;
+            }
+            if busy {
+                idle = 0;
+                continue;
+            }
+            // A grant can arrive while there is nothing to run (the vGPU was
+            // still queued): take it, so that the idle spin above returns it.
+            if let Some(g) = self.sh.slice.gate.as_mut() {
+                if !g.holding() && g.wanted() && idle.is_multiple_of(64) {
+                    g.acquire(Duration::ZERO)?;
+                }
+            }
+            idle += 1;
+            if idle < self.spin.spins / 16 {
+                std::hint::spin_loop();
+                continue;
+            }
+            if self.releasing.is_some()
+                || self.sh.slice.budget_spent
+                || self.chans.iter().any(Chan::waiting)
+                || self.sessions.host_fn_pending()
+            {
+                // A guest waits for the device, which still runs its work:
+                // the vGPU keeps the GPU, and the worker looks again soon
+                // (without spinning the core through a long kernel).
+                if self.releasing.is_some() {
+                    Handoff::add(&self.sh.port.stats.handoff.drain_sleeps, 1);
+                }
+                std::thread::sleep(WAITING_POLL);
+                if idle.is_multiple_of(256) {
+                    self.periodic(&mut last_report)?;
+                }
+                continue;
+            }
+            if self.sh.slice.gate.as_ref().is_some_and(|g| g.holding()) {
+                // Work-conserving: a holder with nothing to run yields after its spin.
+                Handoff::add(&self.sh.port.stats.handoff.idle_releases, 1);
+                self.release_grant(false)?;
+                idle = 0;
+                continue;
+            }
+            self.block()?;
+            self.periodic(&mut last_report)?;
+            idle = 0;
+        }
+        if self.sh.slice.gate.as_ref().is_some_and(|g| g.holding()) {
+            self.release_grant(false)?;
+        }
+        Ok(())
+    }
+
+    /// What the serving loop does when it looks at the clock: report, and
+    /// let the coscheduling booster undo boosts and re-read its vCPU file.
+    fn periodic(&mut self, last_report: &mut Instant) -> Result<(), Error> {
+        if self.confine_when_filled && self.sh.gpu.contexts.filled() {
+            crate::sandbox::confine()?;
+            self.confine_when_filled = false;
+            tracing::info!("contexts made ahead; every thread confined");
+        }
+        self.maybe_report(last_report)?;
+        let sync = self.sh.port.stats.sync_calls.load(Ordering::Relaxed);
+        self.sh.port.booster.borrow_mut().tick(sync);
+        Ok(())
+    }
+
+    fn peer_events(&mut self) {
+        for peer in self.sh.port.link.departed() {
+            // A native guest process (or a whole VM) went away: its channels are orphans.
+            for ch in 0..self.sh.port.region.channels() {
+                if self.sh.port.region.owner_peer(ch).ok() == Some(u32::from(peer)) {
+                    let _ = self.sh.port.region.mark_abandoned(ch);
+                }
+            }
+        }
+    }
+
+    /// What the holder issued is predicted from its kernels' estimated
+    /// times (`Shared::slice_filled`), and an estimate can run ahead of the
+    /// device (matrixMul's did on an H100: its 300 launches waited for an
+    /// extension while the device idled, 0.71 of native). Once the device
+    /// has run everything while the prediction says the slice is full,
+    /// nothing is queued ahead, so the slice's budget is what the clock
+    /// leaves: a lone holder issues on instead of its device idling until
+    /// the extension. (A contended holder gives the GPU back in the turn
+    /// its prediction fills the slice, so this rarely reaches it.)
+    fn recheck_budget(&mut self) {
+        if !self.sh.slice.budget_spent || self.budget_checked.elapsed() < BUDGET_CHECK {
+            return;
+        }
+        self.budget_checked = Instant::now();
+        let Some(held) = self
+            .sh
+            .slice
+            .gate
+            .as_ref()
+            .filter(|g| g.holding())
+            .map(|g| g.held_ns())
+        else {
+            return;
+        };
+        if self.sessions.device_idle() {
+            self.sh.slice.issued_ns = held;
+            self.sh.slice.budget_spent = false;
+        }
+    }
+
+    fn block(&mut self) -> Result<(), Error> {
+        let region = self.sh.port.region.clone();
+        let flag = region.host_sleeping()?;
+        flag.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let mut busy = false;
+        for c in &mut self.chans {
+            busy |= service(&mut self.sh, c, &mut self.sessions);
+        }
+        if !busy {
+            let bells = self.sh.port.link.host_bells();
+            let mut fds: Vec<PollFd<'_>> = bells
+                .iter()
+                .map(|b| PollFd::new(b.fd().as_fd(), PollFlags::POLLIN))
+                .collect();
+            // A grant arriving wakes the worker too.
+            if let Some(g) = self.sh.slice.gate.as_ref().filter(|g| g.wanted()) {
+                fds.push(PollFd::new(g.fd(), PollFlags::POLLIN));
+            }
+            let ms = (self.spin.max_block_us / 1000).clamp(1, 1000) as u16;
+            let _ = poll(&mut fds, PollTimeout::from(ms));
+            for b in bells {
+                let mut buf = [0u8; 8];
+                let _ = nix::unistd::read(b.fd().as_fd(), &mut buf);
+            }
+        }
+        flag.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+}

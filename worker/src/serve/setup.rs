@@ -1,0 +1,312 @@
+//! Set-up: what a worker makes before it serves (the region registered
+//! with the device, the contexts made ahead, the image cache), and the
+//! three ways it comes to serve a region: on its own ([`Worker::new`]),
+//! adopting the region the daemon feeds ([`Worker::adopt`]), or as a
+//! standby made ready while another worker serves ([`Worker::standby`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use protocol::DeviceInfo;
+use transport::layout::Direction;
+use transport::server::serve;
+use transport::{ClaimState, Region};
+
+use super::channel::{wake_owner, Chan};
+use super::sessions::Sessions;
+use super::shared::{self, Shared};
+use super::{contexts, image_cache, output, pinned, Stats, Worker, WorkerConfig};
+use crate::executor::Executor;
+use crate::fed::{Fed, FeedStart, PeerLink};
+use crate::Error;
+
+/// Where a worker maps its VM's pinned pool (and its guests map it too when
+/// that address is free in their processes), so that a pinned pointer is
+/// the same value in the guest, on the host and on the device: an address
+/// far from where programs, their heaps and their libraries usually lie.
+const PINNED_ADDR: usize = 0x3f00_0000_0000;
+
+/// What a worker makes on the device before it serves: the region
+/// registered with it (response arenas, pinned pool) and the contexts made
+/// ahead. A standby worker makes it while another worker still serves.
+struct Device {
+    exec: Box<dyn Executor>,
+    region: Region,
+    pinned_map: Option<transport::shm::FixedMapping>,
+    info: DeviceInfo,
+    /// The device's whole memory (`info.total_mem` is the vGPU's limit).
+    device_mem: u64,
+    contexts: contexts::ContextPool,
+    /// Connected to the daemon's image store here: a standby worker is
+    /// confined (no `connect`) before it serves.
+    images: image_cache::ImageCache,
+}
+
+impl Device {
+    fn prepare(
+        cfg: &WorkerConfig,
+        exec: Box<dyn Executor>,
+        region: Region,
+    ) -> Result<Device, Error> {
+        let mut exec = exec;
+        let arenas = (0..region.channels())
+            .map(|i| region.arena(i, Direction::ToGuest))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Err(s) = exec.register_host_memory(&arenas) {
+            tracing::warn!(
+                "response arenas not registered for DMA ({s:?}); copies stay correct, only slower"
+            );
+        }
+        drop(arenas);
+        let mut info: DeviceInfo = exec.info();
+        info.uuid = Some(cfg.uuid);
+        let pinned_size = cfg.layout.pinned_size;
+        let pinned_map = if pinned_size > 0 {
+            let m = region.map_pinned_at(PINNED_ADDR)?;
+            info.pinned_size = pinned_size;
+            info.pinned_base = match exec.register_pinned(&m.slice()) {
+                Ok(base) => base,
+                Err(s) => {
+                    tracing::warn!(
+                        "pinned pool not registered with the device ({s:?}): copies stay correct, kernels cannot reach it"
+                    );
+                    m.addr() as u64
+                }
+            };
+            Some(m)
+        } else {
+            None
+        };
+        let device_mem = info.total_mem;
+        let mut contexts = contexts::ContextPool::default();
+        if cfg.prefill_contexts > 0 {
+            contexts
+                .prefill(exec.as_mut(), cfg.prefill_contexts)
+                .map_err(|s| Error::Config(format!("making GPU contexts ahead: {s:?}")))?;
+        }
+        let images = image_cache::ImageCache::new(
+            cfg.image_cache,
+            cfg.image_store.as_deref().and_then(|p| {
+                crate::image_client::StoreClient::connect(p)
+                    .inspect_err(|e| tracing::warn!("images not shared: {e}"))
+                    .ok()
+            }),
+        );
+        Ok(Device {
+            exec,
+            region,
+            pinned_map,
+            info,
+            device_mem,
+            contexts,
+            images,
+        })
+    }
+}
+
+/// The worker's connection to its GPU's grant service, if the scheduler runs.
+fn connect_gate(cfg: &WorkerConfig) -> Result<Option<crate::gate::Gate>, Error> {
+    match &cfg.grant {
+        Some((path, id, weight)) => Ok(Some(crate::gate::Gate::connect(path, *id, *weight)?)),
+        None => Ok(None),
+    }
+}
+
+impl Worker {
+    /// Creates the region, starts serving the socket (a worker on its own).
+    pub fn new(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Worker, Error> {
+        let (region, fd) = Region::create(&format!("fairvgpu-{}", cfg.name), cfg.layout)?;
+        let server = serve(&cfg.socket, fd, cfg.layout.vectors)?;
+        let dev = Device::prepare(cfg, exec, region)?;
+        Self::build(cfg, dev, PeerLink::Local(server), connect_gate(cfg)?)
+    }
+
+    /// Adopts the region the daemon feeds (see the daemon's `link`): channels
+    /// whose owners' GPU state died with a previous worker become LOST, and
+    /// their owners are woken to find out.
+    pub fn adopt(
+        cfg: &WorkerConfig,
+        exec: Box<dyn Executor>,
+        feed: std::os::fd::OwnedFd,
+    ) -> Result<Worker, Error> {
+        let (fd, fed) = Fed::receive(feed)?;
+        let region = Region::adopt(fd, cfg.layout)?;
+        let dev = Device::prepare(cfg, exec, region)?;
+        let w = Self::build(cfg, dev, PeerLink::Fed(fed), connect_gate(cfg)?)?;
+        w.wake_lost()?;
+        Ok(w)
+    }
+
+    /// A standby worker (see the daemon's `mps`): maps the region the daemon
+    /// feeds without touching it, registers it with the device and makes
+    /// every context ahead while another worker still serves it, is
+    /// confined (`confine`), tells the daemon it is ready, and waits. Once
+    /// the daemon promotes it (having ended the serving worker) it adopts
+    /// the region as [`Worker::adopt`] does and serves at once.
+    pub fn standby(
+        cfg: &WorkerConfig,
+        exec: Box<dyn Executor>,
+        feed: std::os::fd::OwnedFd,
+        confine: bool,
+    ) -> Result<Worker, Error> {
+        let (fd, start) = FeedStart::receive_region(feed)?;
+        let region = Region::map_existing(fd, cfg.layout)?;
+        let mut dev = Device::prepare(cfg, exec, region)?;
+        while !dev.contexts.filled() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if confine {
+            crate::sandbox::confine()?;
+        }
+        start.ready()?;
+        tracing::info!(vm = cfg.name, "standby worker ready");
+        let mut fed = start.finish()?;
+        dev.region.take_over()?;
+        let gate = match (&cfg.grant, fed.take_grant()) {
+            (Some((_, id, weight)), Some(s)) => Some(crate::gate::Gate::over(
+                std::os::unix::net::UnixStream::from(s),
+                *id,
+                *weight,
+            )?),
+            (Some(_), None) => {
+                return Err(Error::Config(
+                    "promoted without a connection to the grant service".into(),
+                ))
+            }
+            (None, _) => None,
+        };
+        let mut w = Self::build(cfg, dev, PeerLink::Fed(fed), gate)?;
+        w.confined = confine;
+        w.wake_lost()?;
+        Ok(w)
+    }
+
+    /// Wakes the owners of the channels whose GPU state died with the
+    /// previous worker, to find out.
+    fn wake_lost(&self) -> Result<(), Error> {
+        let w = self;
+        for ch in 0..w.sh.port.region.channels() {
+            if w.sh.port.region.claim_state(ch)? == ClaimState::Lost {
+                tracing::warn!(
+                    channel = ch,
+                    "its GPU state died with the previous worker; its guest must claim again"
+                );
+                wake_owner(&w.sh.port, ch);
+            }
+        }
+        Ok(())
+    }
+
+    fn build(
+        cfg: &WorkerConfig,
+        dev: Device,
+        link: PeerLink,
+        gate: Option<crate::gate::Gate>,
+    ) -> Result<Worker, Error> {
+        let Device {
+            exec,
+            region,
+            pinned_map,
+            info,
+            device_mem,
+            contexts,
+            images,
+        } = dev;
+        let mut info = info;
+        let pinned_size = cfg.layout.pinned_size;
+        let mem_limit = cfg.mem_limit.min(device_mem);
+        info.total_mem = mem_limit;
+        let chans = (0..region.channels())
+            .map(|i| Ok(Chan::new(region.host_channel(i)?)))
+            .collect::<Result<Vec<_>, transport::Error>>()?;
+        let chunk = (cfg.layout.arena_size as usize / 4).max(4096);
+        let stats: Arc<Stats> = Arc::default();
+        stats
+            .device
+            .store(u64::from(exec.device()), Ordering::Relaxed);
+        let worker = Worker {
+            sh: Shared {
+                gpu: shared::Gpu {
+                    exec,
+                    pinned_map,
+                    pinned: {
+                        let mut p = pinned::PinnedPool::new(pinned_size);
+                        p.set_device_base(info.pinned_base);
+                        p
+                    },
+                    images,
+                    contexts,
+                    sm_count: info.sm_count.max(1),
+                },
+                tables: shared::Tables::default(),
+                port: shared::Port {
+                    region,
+                    link,
+                    info_bytes: info.to_bytes(),
+                    chunk,
+                    stats: stats.clone(),
+                    booster: std::cell::RefCell::new(crate::cosched::VcpuBooster::new(
+                        cfg.vcpus_file.clone(),
+                    )),
+                    log: std::cell::RefCell::new(transport::LogLimiter::default()),
+                    output: std::cell::RefCell::new(output::Output::new()),
+                    poisoned: std::cell::Cell::new(None),
+                },
+                mem: shared::Memory {
+                    mem_limit,
+                    device_mem,
+                    used: 0,
+                    stats: stats.clone(),
+                },
+                slice: shared::Slice {
+                    gate,
+                    grant_id: cfg.grant.as_ref().map(|g| (g.1, g.2)),
+                    slice_blocks: cfg.slice_blocks,
+                    time_launches: cfg.time_launches,
+                    charged_ns: 0,
+                    issued_ns: 0,
+                    meter: sched::accounting::PeriodMeter::new(cfg.sample_every),
+                    params: Vec::new(),
+                    period_grant: 0,
+                    worked: false,
+                    budget_spent: false,
+                    releasing: false,
+                    stats,
+                },
+                figures: shared::Figures::default(),
+            },
+            chans,
+            sessions: Sessions::default(),
+            releasing: None,
+            spin: cfg.spin,
+            cpu: cfg.cpu,
+            lift_nice: cfg.lift_nice,
+            stop: Arc::default(),
+            moving: None,
+            budget_checked: Instant::now(),
+            confine_when_filled: false,
+            confined: false,
+        };
+        let counts = worker.sh.gpu.contexts.counts;
+        worker.sh.port.stats.count_contexts(&counts);
+        Ok(worker)
+    }
+
+    /// Confines the worker (`crate::sandbox`) from the thread that will
+    /// run it. While contexts are still being made ahead on a thread of
+    /// their own (an MPS client must connect to its server for each), only
+    /// this thread is confined now, and every thread once they are all
+    /// made (the serving loop looks when it reads the clock).
+    pub fn confine(&mut self) -> Result<(), Error> {
+        if self.confined {
+            return Ok(()); // a standby, before it was promoted
+        }
+        if self.sh.gpu.contexts.filled() {
+            return crate::sandbox::confine();
+        }
+        crate::sandbox::confine_thread()?;
+        self.confine_when_filled = true;
+        Ok(())
+    }
+}
