@@ -5,9 +5,8 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::error::Error;
-use crate::layout::{ctl, hdr, LayoutParams};
+use crate::layout::{ctl, LayoutParams};
 use crate::ring::Descriptor;
-use crate::shm::SharedMemory;
 
 fn small() -> LayoutParams {
     LayoutParams {
@@ -209,6 +208,8 @@ fn concurrent_claims_never_share_a_channel() {
 #[cfg(not(miri))]
 #[test]
 fn header_is_validated_on_open() {
+    use crate::layout::hdr;
+    use crate::shm::SharedMemory;
     let (_r, fd) = Region::create("t", small()).unwrap();
     let g = Region::open(fd.try_clone().unwrap()).unwrap();
     assert_eq!(g.layout().params, small());
