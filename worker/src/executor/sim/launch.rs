@@ -78,6 +78,7 @@ impl SimContext {
         self.functions.contains_key(&func)
     }
 
+    #[allow(clippy::too_many_arguments)] // the `Context` method's arguments
     pub(super) fn launch_slice(
         &mut self,
         func: Handle,
@@ -140,6 +141,7 @@ impl SimContext {
         (Instant::now() >= b).then(|| b.saturating_duration_since(a).as_nanos() as u64)
     }
 
+    #[allow(clippy::too_many_arguments)] // the `Context` method's arguments
     pub(super) fn launch_ex(
         &mut self,
         func: Handle,
