@@ -229,6 +229,19 @@ unsafe fn copy_over(
     }
 }
 
+/// What a migration made on the target and on the source, put in place or
+/// undone once the copy is over: the target's memory for each allocation
+/// (address, padded size, the driver's handle, its temporary view) and for
+/// the guest's own physical memory (by our handle), the views of the
+/// latter on the source, and where each global the guest holds landed.
+#[derive(Default)]
+struct Copied {
+    staged: Vec<(u64, usize, sys::CUmemGenericAllocationHandle, u64)>,
+    staged_phys: Vec<(Handle, usize, sys::CUmemGenericAllocationHandle, u64)>,
+    views: Vec<(u64, usize)>,
+    homes: Vec<u64>,
+}
+
 impl CudaContext {
     /// See [`crate::executor::Context::migration_keeper`].
     pub(super) fn migration_keeper(&self) -> Option<Keeper> {
@@ -307,119 +320,9 @@ impl CudaContext {
             .filter(|h| !self.objs.contains_key(h))
             .copied()
             .collect();
-        let src = self.ordinal;
-        let mut staged: Vec<(u64, usize, sys::CUmemGenericAllocationHandle, u64)> = Vec::new();
-        let mut staged_phys: Vec<(Handle, usize, sys::CUmemGenericAllocationHandle, u64)> =
-            Vec::new();
-        // Views of the guest's physical memory on the source, to copy it.
-        let mut views: Vec<(u64, usize)> = Vec::new();
-        let mut homes: Vec<u64> = Vec::new();
-        let result = (|| {
-            recreate_into(&mut p.objs, &missing)?;
-            for h in gone {
-                // Objects of the prepared context, each destroyed once.
-                match p.objs.remove(&h) {
-                    Some(Obj::Stream { raw, .. }) => {
-                        // SAFETY: see above.
-                        let _ = unsafe { sys::cuStreamDestroy_v2(raw) };
-                    }
-                    Some(Obj::Event { raw, relay, .. }) => {
-                        let _ = super::context::destroy_event(raw, relay);
-                    }
-                    Some(Obj::Module { raw, .. }) => {
-                        // SAFETY: see above.
-                        let _ = unsafe { sys::cuModuleUnload(raw) };
-                    }
-                    _ => {}
-                }
-            }
-            // Copy over NVLink/PCIe peer-to-peer where the target may read
-            // the source's memory directly, else through the driver's staging.
-            let mut direct = 0;
-            // SAFETY: out-parameter on our stack.
-            let _ = unsafe { sys::cuDeviceCanAccessPeer(&mut direct, p.dev, self.dev) };
-            let direct = direct != 0;
-            let both = [vmm_access(src), vmm_access(target)];
-            let mut bytes = 0u64;
-            for (&va, a) in &self.allocs {
-                let (h, tmp) = staged_or_new(&mut p.staged, &va, a.padded, target, 0)?;
-                staged.push((va, a.padded, h, tmp));
-                if direct {
-                    // SAFETY: our own mapped range; two descriptors.
-                    check(unsafe { sys::cuMemSetAccess(va, a.padded, both.as_ptr(), 2) })?;
-                }
-                // SAFETY: `tmp` (target) and `va` (source) are live ranges of
-                // `a.padded` bytes in the two contexts, `va` open to the
-                // target if `direct`; the target context is current.
-                unsafe { copy_over(tmp, p.ctx, va, self.ctx, a.padded, direct) }?;
-                bytes += a.padded as u64;
-            }
-            // The guest's own physical memory, mapped or not, through a
-            // view of each on the source.
-            for (&gh, (old, n)) in &self.guest_vmm.phys {
-                let (old, n) = (old.0, *n);
-                let comp = self.guest_vmm.compression_of(gh);
-                let (h, tmp) = staged_or_new(&mut p.staged_phys, &gh, n, target, comp)?;
-                staged_phys.push((gh, n, h, tmp));
-                // The same memory, or none: never compressible memory made
-                // plain (or plain made compressible) behind the guest.
-                let got = if comp == 0 {
-                    0
-                } else {
-                    granted_compression(h)?
-                };
-                if got != comp {
-                    tracing::warn!(
-                        to = target,
-                        "GPU {target} made compression type {got} where the guest holds {comp} \
-                         ({}): the vGPU cannot move there",
-                        Keeper::CompressibleMemory
-                    );
-                    return Err(Status::NotSupported);
-                }
-                let view = vmm_reserve(n)?;
-                // SAFETY: a fresh reservation of `n` bytes; `old` has `n` bytes.
-                if let Err(e) = check(unsafe { sys::cuMemMap(view, n, 0, old, 0) }) {
-                    // SAFETY: our own reservation, nothing mapped.
-                    let _ = unsafe { sys::cuMemAddressFree(view, n) };
-                    return Err(e);
-                }
-                views.push((view, n));
-                let k = if direct { 2 } else { 1 };
-                // SAFETY: the range just mapped; `k` descriptors.
-                check(unsafe { sys::cuMemSetAccess(view, n, both.as_ptr(), k) })?;
-                // SAFETY: `tmp` (target) and `view` (source) are live ranges
-                // of `n` bytes, `view` open to the target if `direct`.
-                unsafe { copy_over(tmp, p.ctx, view, self.ctx, n, direct) }?;
-                bytes += n as u64;
-            }
-            // The globals the guest holds: where each lands in the target's
-            // modules, with its contents.
-            for t in &self.globals.taken {
-                let Some(Obj::Module { raw: m, .. }) = p.objs.get(&t.module) else {
-                    return Err(Status::InvalidHandle);
-                };
-                let (mut at, mut size) = (0u64, 0usize);
-                // SAFETY: a module of the target context; out-parameters on
-                // our stack; a NUL-terminated name.
-                check(unsafe {
-                    sys::cuModuleGetGlobal_v2(&mut at, &mut size, *m, t.name.as_ptr())
-                })?;
-                if size as u64 != t.size {
-                    return Err(Status::InvalidImage);
-                }
-                if size > 0 {
-                    // SAFETY: the global's `size` bytes in each context.
-                    check(unsafe { sys::cuMemcpyPeer(at, p.ctx, t.now, self.ctx, size) })?;
-                }
-                homes.push(at);
-                bytes += size as u64;
-            }
-            // SAFETY: no arguments; the target context is current.
-            check(unsafe { sys::cuCtxSynchronize() })?;
-            Ok(bytes)
-        })();
-        for (view, n) in views.drain(..) {
+        let mut c = Copied::default();
+        let result = self.copy_to(&mut p, target, &missing, gone, &mut c);
+        for (view, n) in c.views.drain(..) {
             // SAFETY: our own view, its copies done (synchronized above, or
             // given up); undone once.
             let _ = unsafe { sys::cuMemUnmap(view, n) };
@@ -430,7 +333,7 @@ impl CudaContext {
         // objects, and its globals' new homes).
         let old_homes: Vec<u64> = self.globals.taken.iter().map(|t| t.now).collect();
         let result = result.and_then(|bytes| {
-            self.globals.set_homes(&homes);
+            self.globals.set_homes(&c.homes);
             std::mem::swap(&mut self.ctx, &mut p.ctx);
             std::mem::swap(&mut self.objs, &mut p.objs);
             let built: Result<std::collections::HashMap<Handle, super::graph::HostGraph>, Status> =
@@ -446,10 +349,11 @@ impl CudaContext {
             Ok(b) => b,
             Err(e) => {
                 self.globals.set_homes(&old_homes);
-                for (_, padded, h, tmp) in staged
-                    .into_iter()
-                    .chain(staged_phys.into_iter().map(|(_, n, h, tmp)| (0, n, h, tmp)))
-                {
+                for (_, padded, h, tmp) in c.staged.into_iter().chain(
+                    c.staged_phys
+                        .into_iter()
+                        .map(|(_, n, h, tmp)| (0, n, h, tmp)),
+                ) {
                     free_staged(padded, h, tmp);
                 }
                 drop(p); // the prepared context, its objects and graphs
@@ -459,33 +363,8 @@ impl CudaContext {
             }
         };
         // The switch: each address range now maps the target's copy.
-        let mut allocations = 0;
-        for (va, padded, h, tmp) in staged {
-            let old = self.allocs.get(&va).map(|a| a.handle);
-            // `va` is remapped to the new physical memory (which holds the
-            // data already) and opened to the target GPU; the temporary view
-            // goes, and the old memory is freed with its last mapping.
-            // SAFETY: our own mapping of `va`, undone once.
-            let _ = unsafe { sys::cuMemUnmap(va, padded) };
-            if let Some(o) = old {
-                // SAFETY: the old handle, no longer mapped anywhere.
-                let _ = unsafe { sys::cuMemRelease(o) };
-            }
-            // SAFETY: `va` is reserved and now unmapped; `h` has `padded` bytes.
-            check(unsafe { sys::cuMemMap(va, padded, 0, h, 0) })?;
-            let acc = vmm_access(target);
-            // SAFETY: the range just mapped; one descriptor.
-            check(unsafe { sys::cuMemSetAccess(va, padded, &acc, 1) })?;
-            // SAFETY: the temporary view of `h`, undone once (`h` stays mapped at `va`).
-            let _ = unsafe { sys::cuMemUnmap(tmp, padded) };
-            // SAFETY: the temporary reservation, freed once.
-            let _ = unsafe { sys::cuMemAddressFree(tmp, padded) };
-            if let Some(a) = self.allocs.get_mut(&va) {
-                a.handle = h;
-            }
-            allocations += 1;
-        }
-        self.switch_guest_vmm(staged_phys, target)?;
+        let mut allocations = self.switch_allocs(c.staged, target)?;
+        self.switch_guest_vmm(c.staged_phys, target)?;
         allocations += self.guest_vmm.phys.len() as u64;
         // The old context (its streams, events, modules and graphs; their
         // replacements live in the new one) is destroyed off the pause, on
@@ -514,6 +393,162 @@ impl CudaContext {
             tracing::debug!("stream attributes not set again after the move: {e:?}");
         }
         Ok(Moved { bytes, allocations })
+    }
+
+    /// Copies the context's memory (its allocations and the guest's own
+    /// physical memory) and the globals the guest holds into the prepared
+    /// context `p` on `target`, after making there the objects made since it
+    /// was prepared (`missing`) and destroying those dropped since (`gone`);
+    /// notes in `c` what it made on the target. Returns the bytes copied.
+    fn copy_to(
+        &self,
+        p: &mut PreparedCtx,
+        target: u32,
+        missing: &[(Handle, ObjSpec)],
+        gone: Vec<Handle>,
+        c: &mut Copied,
+    ) -> Result<u64, Status> {
+        let src = self.ordinal;
+        recreate_into(&mut p.objs, missing)?;
+        for h in gone {
+            // Objects of the prepared context, each destroyed once.
+            match p.objs.remove(&h) {
+                Some(Obj::Stream { raw, .. }) => {
+                    // SAFETY: a stream of the prepared context (current
+                    // here), out of its map: destroyed once.
+                    let _ = unsafe { sys::cuStreamDestroy_v2(raw) };
+                }
+                Some(Obj::Event { raw, relay, .. }) => {
+                    let _ = super::context::destroy_event(raw, relay);
+                }
+                Some(Obj::Module { raw, .. }) => {
+                    // SAFETY: a module of the prepared context (current
+                    // here), out of its map: unloaded once.
+                    let _ = unsafe { sys::cuModuleUnload(raw) };
+                }
+                _ => {}
+            }
+        }
+        // Copy over NVLink/PCIe peer-to-peer where the target may read
+        // the source's memory directly, else through the driver's staging.
+        let mut direct = 0;
+        // SAFETY: out-parameter on our stack.
+        let _ = unsafe { sys::cuDeviceCanAccessPeer(&mut direct, p.dev, self.dev) };
+        let direct = direct != 0;
+        let both = [vmm_access(src), vmm_access(target)];
+        let mut bytes = 0u64;
+        for (&va, a) in &self.allocs {
+            let (h, tmp) = staged_or_new(&mut p.staged, &va, a.padded, target, 0)?;
+            c.staged.push((va, a.padded, h, tmp));
+            if direct {
+                // SAFETY: our own mapped range; two descriptors.
+                check(unsafe { sys::cuMemSetAccess(va, a.padded, both.as_ptr(), 2) })?;
+            }
+            // SAFETY: `tmp` (target) and `va` (source) are live ranges of
+            // `a.padded` bytes in the two contexts, `va` open to the
+            // target if `direct`; the target context is current.
+            unsafe { copy_over(tmp, p.ctx, va, self.ctx, a.padded, direct) }?;
+            bytes += a.padded as u64;
+        }
+        // The guest's own physical memory, mapped or not, through a
+        // view of each on the source.
+        for (&gh, (old, n)) in &self.guest_vmm.phys {
+            let (old, n) = (old.0, *n);
+            let comp = self.guest_vmm.compression_of(gh);
+            let (h, tmp) = staged_or_new(&mut p.staged_phys, &gh, n, target, comp)?;
+            c.staged_phys.push((gh, n, h, tmp));
+            // The same memory, or none: never compressible memory made
+            // plain (or plain made compressible) behind the guest.
+            let got = if comp == 0 {
+                0
+            } else {
+                granted_compression(h)?
+            };
+            if got != comp {
+                tracing::warn!(
+                    to = target,
+                    "GPU {target} made compression type {got} where the guest holds {comp} \
+                     ({}): the vGPU cannot move there",
+                    Keeper::CompressibleMemory
+                );
+                return Err(Status::NotSupported);
+            }
+            let view = vmm_reserve(n)?;
+            // SAFETY: a fresh reservation of `n` bytes; `old` has `n` bytes.
+            if let Err(e) = check(unsafe { sys::cuMemMap(view, n, 0, old, 0) }) {
+                // SAFETY: our own reservation, nothing mapped.
+                let _ = unsafe { sys::cuMemAddressFree(view, n) };
+                return Err(e);
+            }
+            c.views.push((view, n));
+            let k = if direct { 2 } else { 1 };
+            // SAFETY: the range just mapped; `k` descriptors.
+            check(unsafe { sys::cuMemSetAccess(view, n, both.as_ptr(), k) })?;
+            // SAFETY: `tmp` (target) and `view` (source) are live ranges
+            // of `n` bytes, `view` open to the target if `direct`.
+            unsafe { copy_over(tmp, p.ctx, view, self.ctx, n, direct) }?;
+            bytes += n as u64;
+        }
+        // The globals the guest holds: where each lands in the target's
+        // modules, with its contents.
+        for t in &self.globals.taken {
+            let Some(Obj::Module { raw: m, .. }) = p.objs.get(&t.module) else {
+                return Err(Status::InvalidHandle);
+            };
+            let (mut at, mut size) = (0u64, 0usize);
+            // SAFETY: a module of the target context; out-parameters on
+            // our stack; a NUL-terminated name.
+            check(unsafe { sys::cuModuleGetGlobal_v2(&mut at, &mut size, *m, t.name.as_ptr()) })?;
+            if size as u64 != t.size {
+                return Err(Status::InvalidImage);
+            }
+            if size > 0 {
+                // SAFETY: the global's `size` bytes in each context.
+                check(unsafe { sys::cuMemcpyPeer(at, p.ctx, t.now, self.ctx, size) })?;
+            }
+            c.homes.push(at);
+            bytes += size as u64;
+        }
+        // SAFETY: no arguments; the target context is current.
+        check(unsafe { sys::cuCtxSynchronize() })?;
+        Ok(bytes)
+    }
+
+    /// Maps each allocation's range to its copy on the target (`staged`:
+    /// the address, padded size, the driver's handle, its temporary view)
+    /// and releases the old memory. Returns how many ranges it switched.
+    fn switch_allocs(
+        &mut self,
+        staged: Vec<(u64, usize, sys::CUmemGenericAllocationHandle, u64)>,
+        target: u32,
+    ) -> Result<u64, Status> {
+        let mut allocations = 0;
+        for (va, padded, h, tmp) in staged {
+            let old = self.allocs.get(&va).map(|a| a.handle);
+            // `va` is remapped to the new physical memory (which holds the
+            // data already) and opened to the target GPU; the temporary view
+            // goes, and the old memory is freed with its last mapping.
+            // SAFETY: our own mapping of `va`, undone once.
+            let _ = unsafe { sys::cuMemUnmap(va, padded) };
+            if let Some(o) = old {
+                // SAFETY: the old handle, no longer mapped anywhere.
+                let _ = unsafe { sys::cuMemRelease(o) };
+            }
+            // SAFETY: `va` is reserved and now unmapped; `h` has `padded` bytes.
+            check(unsafe { sys::cuMemMap(va, padded, 0, h, 0) })?;
+            let acc = vmm_access(target);
+            // SAFETY: the range just mapped; one descriptor.
+            check(unsafe { sys::cuMemSetAccess(va, padded, &acc, 1) })?;
+            // SAFETY: the temporary view of `h`, undone once (`h` stays mapped at `va`).
+            let _ = unsafe { sys::cuMemUnmap(tmp, padded) };
+            // SAFETY: the temporary reservation, freed once.
+            let _ = unsafe { sys::cuMemAddressFree(tmp, padded) };
+            if let Some(a) = self.allocs.get_mut(&va) {
+                a.handle = h;
+            }
+            allocations += 1;
+        }
+        Ok(allocations)
     }
 
     /// Maps the guest's physical memory made on the target (`staged`: our

@@ -9,8 +9,9 @@
 //! either out-parameters on our stack or ranges the worker validated.
 //!
 //! One file per family of the driver API: `device` (the driver, GPUs, the
-//! executor), `context` (a guest process's context, its objects and the
-//! `Context` trait), `memory`, `module`, `launch` (with `batch`: runs as
+//! executor), `context` (a guest process's context and its objects),
+//! `calls` (the `Context` trait, each call passed to its family's file),
+//! `memory`, `module`, `launch` (with `batch`: runs as
 //! graph launches), `graph` (the guest's own graphs, built here), `timing`,
 //! `stream` (streams, events, marks), `vmm`, `migrate` (with `globals`: the
 //! module globals a guest holds, found at their old addresses after a move),
@@ -21,6 +22,7 @@ use protocol::Status;
 
 mod arrays;
 mod batch;
+mod calls;
 mod conditional;
 mod context;
 mod device;

@@ -17,7 +17,7 @@ use protocol::graph::{visit, CondKind, GraphNode, GraphOp};
 use protocol::Status;
 
 use super::context::SimContext;
-use crate::executor::{Context, Handle};
+use crate::executor::Handle;
 
 /// Iterations a WHILE node may run in one launch on the model (a GPU runs
 /// on; the model would hang its worker): past it the launch fails as a

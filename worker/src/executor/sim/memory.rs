@@ -7,6 +7,7 @@ use protocol::Status;
 use vm_memory::VolatileSlice;
 
 use super::context::SimContext;
+use crate::executor::{Handle, SharedMem};
 
 /// Bytes of model memory: an allocation's, or a VMM handle's. Shared with
 /// the contexts of the worker that import it (IPC, see
@@ -155,4 +156,150 @@ pub(super) fn zeroed(size: u64) -> Result<Buf, Status> {
         .map_err(|_| Status::OutOfMemory)?;
     buf.resize(len, 0);
     Ok(Arc::new(Mutex::new(buf)))
+}
+
+impl SimContext {
+    pub(super) fn share_mem(&mut self, base: u64, size: u64) -> Result<SharedMem, Status> {
+        let shared = self.share(base, size)?;
+        Ok(SharedMem(Some(std::sync::Arc::new(shared))))
+    }
+
+    pub(super) fn import_mem(
+        &mut self,
+        base: u64,
+        size: u64,
+        mem: &SharedMem,
+    ) -> Result<(), Status> {
+        let shared = mem
+            .0
+            .as_ref()
+            .and_then(|m| m.downcast_ref::<super::memory::SharedBuf>())
+            .ok_or(Status::InvalidValue)?;
+        let copy = super::memory::SharedBuf {
+            buf: shared.buf.clone(),
+            offset: shared.offset,
+        };
+        self.imports.insert(base, (size, copy));
+        Ok(())
+    }
+
+    pub(super) fn close_mem(&mut self, base: u64) {
+        self.imports.remove(&base);
+    }
+
+    pub(super) fn alloc(&mut self, size: u64) -> Result<u64, Status> {
+        self.alive()?;
+        let buf = zeroed(size)?;
+        // Kept apart (and 2 MiB aligned) so that an overrun is an error.
+        let base = self
+            .addresses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .fresh(size, 0)?;
+        self.mem.insert(base, buf);
+        Ok(base)
+    }
+
+    pub(super) fn free(&mut self, ptr: u64) -> Result<(), Status> {
+        self.mem.remove(&ptr).map(drop).ok_or(Status::InvalidValue)
+    }
+
+    pub(super) fn htod(
+        &mut self,
+        dst: u64,
+        src: &VolatileSlice<'_>,
+        stream: Handle,
+    ) -> Result<(), Status> {
+        self.alive()?;
+        let len = src.len();
+        for (p, n) in self.pieces(dst, len as u64) {
+            let (mut buf, off) = self.locate(p, n)?;
+            let part = src
+                .subslice((p - dst) as usize, n as usize)
+                .map_err(|_| Status::InvalidValue)?;
+            part.copy_to(&mut buf[off..off + n as usize]);
+        }
+        let ns = self.copy_ns(len as u64);
+        self.submit(ns, stream);
+        Ok(())
+    }
+
+    pub(super) fn dtoh(
+        &mut self,
+        dst: &VolatileSlice<'_>,
+        src: u64,
+        stream: Handle,
+    ) -> Result<(), Status> {
+        self.alive()?;
+        let len = dst.len();
+        let ns = self.copy_ns(len as u64);
+        let done = self.submit(ns, stream);
+        self.read_into(dst, src)?;
+        Self::wait_until(done);
+        Ok(())
+    }
+
+    pub(super) fn dtoh_async(
+        &mut self,
+        dst: &VolatileSlice<'_>,
+        src: u64,
+        stream: Handle,
+    ) -> Result<(), Status> {
+        self.alive()?;
+        // The model computes at submission: the bytes are those the work
+        // submitted before has written.
+        let len = dst.len();
+        self.read_into(dst, src)?;
+        let ns = self.copy_ns(len as u64);
+        self.submit(ns, stream);
+        Ok(())
+    }
+
+    pub(super) fn dtod(
+        &mut self,
+        dst: u64,
+        src: u64,
+        len: u64,
+        stream: Handle,
+    ) -> Result<(), Status> {
+        let mut data = Vec::new();
+        for (p, n) in self.pieces(src, len) {
+            let (buf, off) = self.locate(p, n)?;
+            data.extend_from_slice(&buf[off..off + n as usize]);
+        }
+        for (p, n) in self.pieces(dst, len) {
+            let (mut out, off) = self.locate(p, n)?;
+            let from = (p - dst) as usize;
+            out[off..off + n as usize].copy_from_slice(&data[from..from + n as usize]);
+        }
+        let ns = self.mem_ns(2 * len);
+        self.submit(ns, stream);
+        Ok(())
+    }
+
+    pub(super) fn memset(
+        &mut self,
+        dst: u64,
+        value: u32,
+        width: u32,
+        count: u64,
+        stream: Handle,
+    ) -> Result<(), Status> {
+        let w = width as usize;
+        let len = count
+            .checked_mul(u64::from(width))
+            .ok_or(Status::InvalidValue)?;
+        let pat = &value.to_le_bytes()[..w];
+        for (p, n) in self.pieces(dst, len) {
+            let (mut buf, off) = self.locate(p, n)?;
+            // The pattern by byte offset from `dst` (pieces split anywhere).
+            let from = (p - dst) as usize;
+            for (i, b) in buf[off..off + n as usize].iter_mut().enumerate() {
+                *b = pat[(from + i) % w];
+            }
+        }
+        let ns = self.mem_ns(len);
+        self.submit(ns, stream);
+        Ok(())
+    }
 }

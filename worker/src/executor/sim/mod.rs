@@ -9,10 +9,12 @@
 //! found by their PTX entry name.
 //!
 //! Here the model's parameters and the executor (one device of the shared
-//! queue); `context.rs` a guest process's context, `memory.rs` the model's
-//! device memory, `addresses.rs` the device addresses it hands out,
-//! `kernels.rs` the kernels, `attributes.rs` the device
-//! attributes it reports.
+//! queue); `context.rs` a guest process's context, `calls.rs` the `Context`
+//! trait over it, each call in the file of its API family (`memory.rs` the
+//! model's device memory and copies, `module.rs`, `launch.rs`, `stream.rs`,
+//! `vmm.rs`, `graphs.rs`, `arrays.rs`, `migrate.rs`), `addresses.rs` the
+//! device addresses it hands out, `kernels.rs` the kernels, `attributes.rs`
+//! the device attributes it reports.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -26,10 +28,15 @@ use super::{Context, Executor};
 mod addresses;
 mod arrays;
 mod attributes;
+mod calls;
 mod context;
 mod graphs;
 mod kernels;
+mod launch;
 mod memory;
+mod migrate;
+mod module;
+mod stream;
 mod vmm;
 
 use context::SimContext;

@@ -1,0 +1,80 @@
+//! The host's end of a channel: its rings, recording that it serves the
+//! claim, giving a claim up (LOST), and reclaiming the channel between
+//! owners.
+
+use std::sync::atomic::Ordering;
+
+use super::claim::{ABANDONED, CLAIMED, FREE, LOST};
+use super::{ClaimState, Region};
+use crate::error::Result;
+use crate::layout::ctl;
+use crate::ring::{Consumer, Producer};
+
+/// The host's end of a channel: it consumes requests and produces responses.
+#[derive(Debug)]
+pub struct HostChannel {
+    pub(super) region: Region,
+    pub(super) index: u32,
+    /// Requests from the guest.
+    pub req: Consumer,
+    /// Responses to the guest.
+    pub resp: Producer,
+}
+
+impl HostChannel {
+    /// The channel number.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The claim state the guest left.
+    pub fn state(&self) -> Result<ClaimState> {
+        self.region.claim_state(self.index)
+    }
+
+    /// Records that this host now serves the channel's claim (it opened GPU
+    /// state for it), so that a host adopting the region after this one
+    /// marks it LOST.
+    pub fn mark_serving(&self) -> Result<()> {
+        let epoch = self.region.host_epoch()?.max(1);
+        self.region
+            .ctl_word(self.index, ctl::HOST_SERVING)?
+            .store(epoch, Ordering::Release);
+        Ok(())
+    }
+
+    /// Gives up a claimed channel whose GPU state this host lost (it is
+    /// going away, or its GPU context is poisoned): CLAIMED -> LOST. The
+    /// owner sees [`Error::HostRestarted`] and lets go; the rings are reset
+    /// only then.
+    pub fn mark_lost(&self) -> Result<bool> {
+        let w = self.region.ctl_word(self.index, ctl::STATE)?;
+        Ok(
+            w.compare_exchange(CLAIMED, LOST, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok(),
+        )
+    }
+
+    /// Resets the rings, bumps the generation and frees the channel. The
+    /// caller has already released everything the owner held.
+    pub fn reclaim(&mut self) -> Result<()> {
+        let r = &self.region;
+        let state = r.ctl_word(self.index, ctl::STATE)?;
+        // Keep guests from claiming it while the rings are reset.
+        state.store(ABANDONED, Ordering::Release);
+        self.req.reset()?;
+        self.resp.reset()?;
+        for off in [
+            ctl::OWNER_PEER,
+            ctl::OWNER_PID,
+            ctl::GUEST_VECTOR,
+            ctl::HOST_SERVING,
+        ] {
+            r.ctl_word(self.index, off)?.store(0, Ordering::Relaxed);
+        }
+        let g = r.ctl_word(self.index, ctl::GENERATION)?;
+        g.store(g.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
+        state.store(FREE, Ordering::Release);
+        Ok(())
+    }
+}
