@@ -394,9 +394,67 @@ pub fn run(
     drop(native_pinned);
     let _ = std::fs::remove_dir_all(&dir);
 
+    report(&Report {
+        device: info.name,
+        kind,
+        pin,
+        native,
+        as_worker,
+        remote,
+        ab,
+        splits,
+        helped,
+        copy_threads,
+        batched,
+        launches,
+        dtoh_gbps,
+        native_probes,
+        remote_probes,
+    });
+    Ok(())
+}
+
+/// What one run measured, for [`report`].
+struct Report {
+    device: String,
+    kind: ExecutorKind,
+    pin: Option<(usize, usize)>,
+    native: Times,
+    as_worker: Times,
+    remote: Times,
+    ab: [(f64, f64); 2],
+    splits: u64,
+    helped: u64,
+    copy_threads: usize,
+    batched: u64,
+    launches: u64,
+    dtoh_gbps: f64,
+    native_probes: Probes,
+    remote_probes: Probes,
+}
+
+/// Prints a run's rows, native against remoted, and its last line.
+fn report(m: &Report) {
+    let Report {
+        device,
+        kind,
+        pin,
+        native,
+        as_worker,
+        remote,
+        ab,
+        splits,
+        helped,
+        copy_threads,
+        batched,
+        launches,
+        dtoh_gbps,
+        native_probes,
+        remote_probes,
+    } = m;
     println!(
         "device: {} ({:?} executor), pinned (guest, worker): {:?}",
-        info.name, kind, pin
+        device, kind, pin
     );
     println!(
         "{:<28} {:>14} {:>14} {:>8}",
@@ -498,5 +556,4 @@ pub fn run(
         remote.sync_20us_mean / as_worker.sync_20us_mean,
         rp.hyperq / np.hyperq,
     );
-    Ok(())
 }

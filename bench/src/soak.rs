@@ -503,18 +503,7 @@ pub fn run(minutes: f64, guests: usize) -> Result<()> {
         }
     }
     let late = host_figures(&d)?;
-    // Every guest stops cleanly now.
-    std::fs::write(dir.join("stop"), b"")?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    for p in &mut procs {
-        while matches!(p.child.try_wait(), Ok(None)) {
-            if Instant::now() > deadline {
-                let _ = p.child.kill();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        done.add(&read_counts(&p.out));
-    }
+    stop_guests(&dir, &mut procs, &mut done)?;
     // The host frees what the last guests held.
     let leaked = |d: &DaemonProc| -> u64 {
         d.vgpus()
@@ -545,25 +534,7 @@ pub fn run(minutes: f64, guests: usize) -> Result<()> {
     // moves with whatever the guests have allocated at that instant.)
     let growth = (rss(end) / rss(cold).max(1.0) - 1.0) * 100.0;
     let load_growth = (rss(late) / rss(warm).max(1.0) - 1.0) * 100.0;
-    let mib = |b: u64| b as f64 / 1048576.0;
-    println!(
-        "{:<34} {:>12} {:>12} {:>12} {:>12}",
-        "", "daemon rss", "daemon fds", "workers rss", "workers fds"
-    );
-    for (name, f) in [
-        ("start (no guests)", cold),
-        ("warm (10% in, under load)", warm),
-        ("late (end of load)", late),
-        ("end (guests gone)", end),
-    ] {
-        println!(
-            "{name:<34} {:>9.1}MiB {:>12} {:>9.1}MiB {:>12}",
-            mib(f.0),
-            f.1,
-            mib(f.2),
-            f.3
-        );
-    }
+    print_figures([cold, warm, late, end]);
     println!(
         "guests killed and replaced: {kills}; operations: {}; requests served by workers: {served} (refused {refused})",
         done.ops
@@ -591,4 +562,45 @@ pub fn run(minutes: f64, guests: usize) -> Result<()> {
         bail!("soak failed: host_crashes={host_crashes} leaked_bytes={leaked_bytes} leaked_fds={leaked_fds} unexpected={unexpected}");
     }
     Ok(())
+}
+
+/// Has every guest stop cleanly (killing one that takes over a minute) and
+/// adds up what each did.
+fn stop_guests(dir: &std::path::Path, procs: &mut [GuestProc], done: &mut Counts) -> Result<()> {
+    std::fs::write(dir.join("stop"), b"")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for p in procs {
+        while matches!(p.child.try_wait(), Ok(None)) {
+            if Instant::now() > deadline {
+                let _ = p.child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        done.add(&read_counts(&p.out));
+    }
+    Ok(())
+}
+
+/// The host's figures (daemon rss and fds, workers' rss and fds) at the
+/// start, 10% in, the end of the load and after it.
+fn print_figures([cold, warm, late, end]: [(u64, u64, u64, u64); 4]) {
+    let mib = |b: u64| b as f64 / 1048576.0;
+    println!(
+        "{:<34} {:>12} {:>12} {:>12} {:>12}",
+        "", "daemon rss", "daemon fds", "workers rss", "workers fds"
+    );
+    for (name, f) in [
+        ("start (no guests)", cold),
+        ("warm (10% in, under load)", warm),
+        ("late (end of load)", late),
+        ("end (guests gone)", end),
+    ] {
+        println!(
+            "{name:<34} {:>9.1}MiB {:>12} {:>9.1}MiB {:>12}",
+            mib(f.0),
+            f.1,
+            mib(f.2),
+            f.3
+        );
+    }
 }

@@ -279,22 +279,7 @@ fn run(cli: Cli) -> Result<()> {
             feed_fd,
             gpu,
             standby,
-        } => {
-            let spec = supervisor::worker_spec(
-                &Config::load(&config)?,
-                &vm,
-                id,
-                feed_fd.map(|fd| (fd, standby)),
-                gpu,
-            )?;
-            match worker::process::run(&spec) {
-                // The daemon tells this exit apart from a crash.
-                Err(worker::Error::Poisoned(_)) => {
-                    std::process::exit(worker::process::EXIT_POISONED)
-                }
-                r => Ok(r?),
-            }
-        }
+        } => worker_process(&config, &vm, id, feed_fd.map(|fd| (fd, standby)), gpu),
         Cmd::Migrate { api, vm, gpu } => {
             let body = serde_json::json!({ "gpu": gpu }).to_string();
             let r = api.call(
@@ -362,53 +347,75 @@ fn run(cli: Cli) -> Result<()> {
             vm,
             qmp,
             print,
-        } => {
-            match (print.as_deref(), qmp) {
-                (Some(kind), _) => {
-                    let plug = attach::Plug::for_vm(&Config::load(&api.config)?, &vm)?;
-                    if kind == "qemu" {
-                        println!("{}", plug.qemu_args().join(" "));
-                    } else {
-                        print!("{}", plug.libvirt_xml());
-                    }
-                }
-                (None, Some(qmp)) => {
-                    // The daemon does it: it serves the vGPU and keeps the vCPU threads.
-                    let body = serde_json::json!({ "qmp": absolute(&qmp)? }).to_string();
-                    let r = api.call(
-                        "POST",
-                        &format!("/api/v1/vgpus/{vm}/attach"),
-                        body.as_bytes(),
-                    )?;
-                    println!("{vm}: vGPU attached; vCPU threads {}", r["vcpu_threads"]);
-                    if let Some(w) = r["warning"].as_str() {
-                        eprintln!("warning: {w}");
-                    }
-                }
-                (None, None) => bail!("--qmp or --print is needed"),
-            }
-            Ok(())
-        }
+        } => attach_vm(&api, &vm, qmp, print),
         Cmd::Detach {
             api,
             vm,
             qmp,
             timeout,
-        } => {
-            let body = serde_json::json!({ "qmp": absolute(&qmp)?, "timeout_seconds": timeout })
-                .to_string();
-            api.call(
-                "POST",
-                &format!("/api/v1/vgpus/{vm}/detach"),
-                body.as_bytes(),
-            )?;
-            println!("{vm}: vGPU detached");
-            Ok(())
-        }
+        } => detach_vm(&api, &vm, &qmp, timeout),
         Cmd::Demo { executor, seconds } => demo::run(executor, seconds),
         #[cfg(feature = "bench")]
         Cmd::Bench { which } => which.run(),
         #[cfg(feature = "bench")]
         Cmd::Internal(i) => i.run(),
+    }
+}
+
+/// `fairvgpu attach`: prints the QEMU arguments or libvirt element, or has
+/// the daemon hot-plug the vGPU.
+fn attach_vm(api: &ApiArgs, vm: &str, qmp: Option<PathBuf>, print: Option<String>) -> Result<()> {
+    match (print.as_deref(), qmp) {
+        (Some(kind), _) => {
+            let plug = attach::Plug::for_vm(&Config::load(&api.config)?, vm)?;
+            if kind == "qemu" {
+                println!("{}", plug.qemu_args().join(" "));
+            } else {
+                print!("{}", plug.libvirt_xml());
+            }
+        }
+        (None, Some(qmp)) => {
+            // The daemon does it: it serves the vGPU and keeps the vCPU threads.
+            let body = serde_json::json!({ "qmp": absolute(&qmp)? }).to_string();
+            let r = api.call(
+                "POST",
+                &format!("/api/v1/vgpus/{vm}/attach"),
+                body.as_bytes(),
+            )?;
+            println!("{vm}: vGPU attached; vCPU threads {}", r["vcpu_threads"]);
+            if let Some(w) = r["warning"].as_str() {
+                eprintln!("warning: {w}");
+            }
+        }
+        (None, None) => bail!("--qmp or --print is needed"),
+    }
+    Ok(())
+}
+
+/// `fairvgpu detach`: has the daemon hot-unplug the vGPU.
+fn detach_vm(api: &ApiArgs, vm: &str, qmp: &std::path::Path, timeout: u64) -> Result<()> {
+    let body = serde_json::json!({ "qmp": absolute(qmp)?, "timeout_seconds": timeout }).to_string();
+    api.call(
+        "POST",
+        &format!("/api/v1/vgpus/{vm}/detach"),
+        body.as_bytes(),
+    )?;
+    println!("{vm}: vGPU detached");
+    Ok(())
+}
+
+/// `fairvgpu worker`: one vGPU worker process, as the daemon's config says.
+fn worker_process(
+    config: &std::path::Path,
+    vm: &str,
+    id: Option<u32>,
+    feed: Option<(i32, bool)>,
+    gpu: Option<u32>,
+) -> Result<()> {
+    let spec = supervisor::worker_spec(&Config::load(config)?, vm, id, feed, gpu)?;
+    match worker::process::run(&spec) {
+        // The daemon tells this exit apart from a crash.
+        Err(worker::Error::Poisoned(_)) => std::process::exit(worker::process::EXIT_POISONED),
+        r => Ok(r?),
     }
 }
