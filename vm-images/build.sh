@@ -11,7 +11,7 @@
 #             the guest kernel, so module and kernel always match)
 #   LIBCUDA   the stand-in library (default: a release build of libcuda)
 #   GUEST_BIN folder with the Rust guest programs cudarc-guest, test-guest and
-#             vm-probe (default: a release build of fairvgpu-tests)
+#             vm-probe (default: a release build of tests)
 #
 # Produces OUT/vmlinuz, OUT/initrd.img and OUT/kver. Start it with
 # vm-images/run-vm.sh. Needs: linux-headers-amd64, busybox-static, gcc, cpio.
@@ -64,7 +64,7 @@ make -s -C "$root/kmod-shim" KVER="$KVER" check >/dev/null
 
 # The guest library and programs.
 if [ -z "${LIBCUDA:-}" ] || [ -z "${GUEST_BIN:-}" ]; then
-    (cd "$root" && cargo build --release -q -p libcuda -p fairvgpu-tests --bins --lib)
+    (cd "$root" && cargo build --release -q -p libcuda -p tests --bins --lib)
 fi
 tdir="${CARGO_TARGET_DIR:-$root/target}/release"
 LIBCUDA="${LIBCUDA:-$tdir/libcuda.so}"

@@ -197,7 +197,7 @@ impl VmHost {
 
     /// A feed for a standby worker: it gets the region alone, to map and
     /// register with the device while the current worker still serves it,
-    /// says [`Fed`]'s `READY` once its contexts are made, and waits. On
+    /// says [`Feed`]'s `READY` once its contexts are made, and waits. On
     /// [`VmHost::promote`] it gets the rest of the snapshot and serves; the
     /// current worker's feed is closed then. A later standby feed replaces
     /// this one. Never waits for the worker.
@@ -515,7 +515,7 @@ mod tests {
     use super::*;
     use transport::server::Client;
     use transport::ClaimState;
-    use worker::fed::{Fed, FeedStart, PeerLink};
+    use worker::feed::{Feed, FeedStart, PeerLink};
 
     fn layout() -> LayoutParams {
         LayoutParams {
@@ -538,8 +538,8 @@ mod tests {
 
     /// A worker fed by `host`: the region it adopted, and its link.
     fn fed_worker(host: &VmHost) -> (Region, PeerLink) {
-        let (fd, fed) = Fed::receive(host.feed().unwrap()).unwrap();
-        (Region::adopt(fd, layout()).unwrap(), PeerLink::Fed(fed))
+        let (fd, fed) = Feed::receive(host.feed().unwrap()).unwrap();
+        (Region::adopt(fd, layout()).unwrap(), PeerLink::Feed(fed))
     }
 
     /// A channel `client` claims and the worker of `region` serves.
@@ -592,8 +592,8 @@ mod tests {
         link2.report_poisoned();
         eventually("poison not heard", || host.take_poisoned());
         assert!(!host.take_poisoned(), "heard once");
-        let (_fd3, fed3) = Fed::receive(host.feed().unwrap()).unwrap();
-        assert_eq!(PeerLink::Fed(fed3).memory_limit(), Some(300 << 20));
+        let (_fd3, fed3) = Feed::receive(host.feed().unwrap()).unwrap();
+        assert_eq!(PeerLink::Feed(fed3).memory_limit(), Some(300 << 20));
         drop(region);
         drop(host);
         eventually("feed not closed", || link2.orphaned());
@@ -633,7 +633,7 @@ mod tests {
         assert!(fed2.take_grant().is_some());
         assert!(fed2.take_grant().is_none(), "once");
         assert!(!host.standby_ready(), "the promoted one is no standby");
-        let link2 = PeerLink::Fed(fed2);
+        let link2 = PeerLink::Feed(fed2);
         assert_eq!(link2.memory_limit(), Some(200 << 20));
         standby.take_over().unwrap();
         assert_eq!(standby.claim_state(g.index()).unwrap(), ClaimState::Lost);
@@ -674,8 +674,8 @@ mod tests {
             .unwrap();
         while let Some(_m) = recv_msg(&stuck).expect("the stuck feed ends, not times out") {}
         // The next worker gets its snapshot.
-        let (_fd, fed) = Fed::receive(host.feed().unwrap()).unwrap();
-        assert_eq!(PeerLink::Fed(fed).memory_limit(), Some(100 << 20));
+        let (_fd, fed) = Feed::receive(host.feed().unwrap()).unwrap();
+        assert_eq!(PeerLink::Feed(fed).memory_limit(), Some(100 << 20));
         drop(host);
         let _ = std::fs::remove_dir_all(&dir);
     }

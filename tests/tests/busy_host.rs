@@ -10,7 +10,7 @@
 //! of the GPU, a round that measured nothing), not noise; the figures
 //! themselves are printed for the log.
 
-use fairvgpu_tests::cargo_build;
+use tests::cargo_build;
 
 /// Below this the lightest guest has as good as lost its share.
 const MMR_FLOOR: f64 = 0.1;

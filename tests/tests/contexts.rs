@@ -5,8 +5,8 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fairvgpu_tests::{Host, PTX};
 use protocol::ImageKind;
+use tests::{Host, PTX};
 
 #[test]
 fn the_next_process_gets_the_ended_ones_context_and_nothing_of_its_work() {

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fairvgpu_tests::{assert_lines, run_program, standin, workspace, Host};
+use tests::{assert_lines, run_program, standin, workspace, Host};
 
 /// The unpacked CUDA wheels, or `None` (the test skips).
 fn cuda_root() -> Option<PathBuf> {

@@ -5,9 +5,9 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fairvgpu_tests::{bytes_f32, f32_bytes, Host, PTX};
 use guest::{Gpu, GuestError};
 use protocol::{Dim3, ImageKind, Status};
+use tests::{bytes_f32, f32_bytes, Host, PTX};
 
 const BLOCK: Dim3 = Dim3 { x: 256, y: 1, z: 1 };
 const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
@@ -315,7 +315,7 @@ fn queued_launches_run_together_in_the_guests_order() {
     let socket = host.socket.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let blocker = std::thread::spawn(move || {
-        let mut b = Gpu::connect_with(&socket, fairvgpu_tests::TEST_SPIN).unwrap();
+        let mut b = Gpu::connect_with(&socket, tests::TEST_SPIN).unwrap();
         let m = b.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
         let spin = b.get_function(m, "spin_ns").unwrap();
         b.launch(&spin, ONE, ONE, 0, 0, &[&300_000_000u64.to_le_bytes()])

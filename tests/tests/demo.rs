@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use daemon::control::{client_call, ApiTarget};
-use fairvgpu_tests::{cargo_build, chromium, dashboard_dom};
+use tests::{cargo_build, chromium, dashboard_dom};
 
 /// One demo at a time: two would share the machine's cores and each
 /// other's shares.

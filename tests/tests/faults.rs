@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
-use fairvgpu_tests::{build_c_standin, cargo_build, standin, workspace};
+use tests::{build_c_standin, cargo_build, standin, workspace};
 
 fn run(exe: &Path, lib: &Path, socket: &Path, mode: &str) -> Output {
     Command::new(exe)

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use fairvgpu_tests::{assert_lines, run_program, standin, workspace, Host};
+use tests::{assert_lines, run_program, standin, workspace, Host};
 
 fn cupy_path() -> Option<PathBuf> {
     let p = std::env::var_os("FAIRVGPU_PYTHONPATH").map(PathBuf::from);

@@ -5,8 +5,8 @@
 
 use std::sync::atomic::Ordering;
 
-use fairvgpu_tests::hostile::assert_no_broken_channel;
-use fairvgpu_tests::Host;
+use tests::hostile::assert_no_broken_channel;
+use tests::Host;
 
 /// Listing another process's module's kernels is refused, a list from
 /// past the end is empty, and the owner's own list is whole.
@@ -16,7 +16,7 @@ fn kernel_lists_of_foreign_modules_are_refused() {
     let host = Host::start("hostile-kernel-list", 64 << 20);
     let mut victim = host.guest();
     let m = victim
-        .module_load(ImageKind::Ptx, fairvgpu_tests::PTX.as_bytes())
+        .module_load(ImageKind::Ptx, tests::PTX.as_bytes())
         .unwrap();
     let names = victim.module_functions(m).unwrap();
     assert!(names.iter().any(|n| n == "vector_add"), "{names:?}");
@@ -55,7 +55,7 @@ fn vgpu_status_with_bad_fields_or_on_a_session_is_refused() {
     victim.memcpy_htod(p, &[9; 4096]).unwrap();
     let refused = host.stats().refused.load(Ordering::Relaxed);
 
-    let mut evil = Gpu::monitor(&host.socket, fairvgpu_tests::TEST_SPIN).unwrap();
+    let mut evil = Gpu::monitor(&host.socket, tests::TEST_SPIN).unwrap();
     for first in [MAX_STATUS_PROCESSES + 1, u32::MAX] {
         let e = evil.request(&Request::VgpuStatus { first }).unwrap_err();
         assert!(
@@ -104,7 +104,7 @@ fn take_output_gives_nothing_that_is_not_the_callers() {
     victim.memcpy_htod(p, &[7; 4096]).unwrap();
     let refused = host.stats().refused.load(Ordering::Relaxed);
 
-    let mut monitor = Gpu::monitor(&host.socket, fairvgpu_tests::TEST_SPIN).unwrap();
+    let mut monitor = Gpu::monitor(&host.socket, tests::TEST_SPIN).unwrap();
     let e = monitor.request(&Request::TakeOutput).unwrap_err();
     assert!(
         matches!(e, GuestError::Cuda(Status::NotInitialized)),
@@ -131,7 +131,7 @@ fn cluster_occupancy_of_foreign_kernels_and_bad_shapes_is_refused() {
     let host = Host::start("hostile-clusters", 64 << 20);
     let mut victim = host.guest();
     let m = victim
-        .module_load(ImageKind::Ptx, fairvgpu_tests::PTX.as_bytes())
+        .module_load(ImageKind::Ptx, tests::PTX.as_bytes())
         .unwrap();
     let f = victim.get_function(m, "vector_add").unwrap().handle;
     let d = |x| Dim3 { x, y: 1, z: 1 };
@@ -182,7 +182,7 @@ fn graphs_run_only_the_callers_own_kernels_memory_and_events() {
     let host = Host::start("hostile-graphs", 64 << 20);
     let mut victim = host.guest();
     let vm = victim
-        .module_load(ImageKind::Ptx, fairvgpu_tests::PTX.as_bytes())
+        .module_load(ImageKind::Ptx, tests::PTX.as_bytes())
         .unwrap();
     // (Handles count per process: one more lookup than the other process
     // makes, so that this one is not also a handle of the other's.)
@@ -192,7 +192,7 @@ fn graphs_run_only_the_callers_own_kernels_memory_and_events() {
     let their_event = victim.event_create(0).unwrap();
     let mut g = host.guest();
     let m = g
-        .module_load(ImageKind::Ptx, fairvgpu_tests::PTX.as_bytes())
+        .module_load(ImageKind::Ptx, tests::PTX.as_bytes())
         .unwrap();
     let f = g.get_function(m, "spin_ns").unwrap().handle;
     let mine = g.mem_alloc(1 << 16).unwrap();

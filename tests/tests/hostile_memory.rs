@@ -6,8 +6,8 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fairvgpu_tests::hostile::{assert_no_broken_channel, vals};
-use fairvgpu_tests::Host;
+use tests::hostile::{assert_no_broken_channel, vals};
+use tests::Host;
 
 /// A guest process that forges VMM requests against another process's
 /// handle, reservation and mappings is refused each time; the other

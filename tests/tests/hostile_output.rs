@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
-use fairvgpu_tests::{bytes_f32, cargo_build, f32_bytes, workspace, PTX, TEST_SPIN};
 use guest::{Gpu, GuestError};
 use protocol::{Dim3, ImageKind, Request};
+use tests::{bytes_f32, cargo_build, f32_bytes, workspace, PTX, TEST_SPIN};
 
 fn faults_ptx() -> Vec<u8> {
     std::fs::read(workspace().join("worker/kernels/faults.ptx")).unwrap()

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use daemon::config::ExecutorKind;
-use fairvgpu_tests::{cargo_build, Host};
+use tests::{cargo_build, Host};
 use transport::layout::{desc, ringctl, Direction, DESC_SIZE};
 use transport::server::Client;
 use transport::Descriptor;

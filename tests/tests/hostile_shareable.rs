@@ -8,9 +8,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fairvgpu_tests::Host;
 use guest::{Gpu, GuestError};
 use protocol::{Request, Status, VMM_GRANULARITY as G};
+use tests::Host;
 
 fn req(g: &mut Gpu, r: Request) -> Result<[u64; 4], GuestError> {
     g.request(&r).map(|x| x.vals)

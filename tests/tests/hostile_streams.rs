@@ -6,10 +6,10 @@
 
 use std::sync::atomic::Ordering;
 
-use fairvgpu_tests::Host;
 use guest::GuestError;
 use protocol::stream_attr::{id, AccessPolicyWindow, StreamAttr};
 use protocol::{Request, Status};
+use tests::Host;
 
 fn window(base: u64, bytes: u64, ratio: f32) -> AccessPolicyWindow {
     AccessPolicyWindow {

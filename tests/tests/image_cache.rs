@@ -3,8 +3,8 @@
 //! not its bytes, and gets a working module; a hash the host has not seen,
 //! or of another kind or length, is an ordinary miss.
 
-use fairvgpu_tests::{Host, PTX};
 use protocol::{image_hash, ImageKind, Request, Status};
+use tests::{Host, PTX};
 
 /// The kernels' PTX padded with a comment to more than
 /// `protocol::CACHED_IMAGE` bytes (a large image).

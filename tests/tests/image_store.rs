@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
-use fairvgpu_tests::{cargo_build, PTX};
 use guest::{Gpu, GuestError};
 use protocol::{image_hash, ImageKind, Request, Status};
 use serde_json::Value;
+use tests::{cargo_build, PTX};
 
 fn start(name: &str, share: bool) -> DaemonProc {
     let vms = [VmSpec::new("vm1", 256), VmSpec::new("vm2", 256)];

@@ -7,9 +7,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fairvgpu_tests::{assert_lines, build_c_standin, run_program, standin, Host};
 use protocol::array::ArrayDesc;
 use protocol::Request;
+use tests::{assert_lines, build_c_standin, run_program, standin, Host};
 
 #[test]
 fn arrays_through_the_standin_round_trip_refuse_and_leak_nothing() {

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use fairvgpu_tests::{assert_lines, build_c_standin, run_program, standin, Host};
+use tests::{assert_lines, build_c_standin, run_program, standin, Host};
 
 /// A program of `tests/c/ipc.c` running with its stdin and stdout piped.
 struct Driven {

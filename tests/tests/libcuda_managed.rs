@@ -3,7 +3,7 @@
 //! pool, exact with the CPU's and a kernel's atomics on one counter, and
 //! from the pool where the program asks for it (`FAIRVGPU_MANAGED=pool`).
 
-use fairvgpu_tests::{assert_lines, build_c_standin, run_program, standin, workspace, Host};
+use tests::{assert_lines, build_c_standin, run_program, standin, workspace, Host};
 
 #[test]
 fn managed_memory_lives_on_the_device_and_migrates_on_touch() {

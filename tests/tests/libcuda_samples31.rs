@@ -5,7 +5,7 @@
 //! `tests/c/samples31.c` against a sim worker: each answer is the driver's
 //! on a machine of one GPU without the features a vGPU lacks.
 
-use fairvgpu_tests::{assert_lines, build_c_standin, run_program, standin, workspace, Host};
+use tests::{assert_lines, build_c_standin, run_program, standin, workspace, Host};
 
 #[test]
 fn upstream_programs_get_the_drivers_answers() {

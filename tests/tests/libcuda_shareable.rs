@@ -6,7 +6,7 @@
 //! descriptors that are not handles are refused; once the exporter ends its
 //! descriptors import nothing, and all the memory comes back.
 
-use fairvgpu_tests::{assert_lines, build_c_standin, run_program, standin, Host};
+use tests::{assert_lines, build_c_standin, run_program, standin, Host};
 
 #[test]
 fn shareable_handles_share_vmm_memory_and_pools_between_processes_of_a_vm() {

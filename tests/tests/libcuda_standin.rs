@@ -4,9 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use fairvgpu_tests::{
-    assert_lines, build_c_standin, cargo_build, run_program, standin, workspace, Host,
-};
+use tests::{assert_lines, build_c_standin, cargo_build, run_program, standin, workspace, Host};
 
 /// Runs the C program on the kernels' PTX with `args` after it, through
 /// the stand-in in `lib` on the host at `socket`, with `env` set too.

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use fairvgpu_tests::{build_c_standin, run_program, standin, workspace, Host, TEST_SPIN};
 use guest::Gpu;
 use protocol::{Request, VMM_GRANULARITY as G};
+use tests::{build_c_standin, run_program, standin, workspace, Host, TEST_SPIN};
 
 /// Builds `tests/c/vmm.c` into `dir` (`cuda_h`: against this CUDA
 /// toolkit's `cuda.h` rather than the program's own declarations).

@@ -3,9 +3,9 @@
 
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
-use fairvgpu_tests::{cargo_build, TEST_SPIN};
 use guest::{Gpu, GuestError};
 use protocol::Status;
+use tests::{cargo_build, TEST_SPIN};
 
 fn set_limit_and_reload(d: &DaemonProc, mib: u64) {
     let path = d.dir.join("host.toml");

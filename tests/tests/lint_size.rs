@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use fairvgpu_tests::workspace;
+use tests::workspace;
 
 /// A function `name` of exactly `lines` lines whose body hides closing
 /// braces in every kind of literal and comment the scanner must skip.

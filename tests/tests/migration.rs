@@ -11,10 +11,10 @@ use std::sync::Arc;
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
 use daemon::control::{client_call, ApiTarget};
-use fairvgpu_tests::{cargo_build, spin_guest, PTX, TEST_SPIN};
 use guest::Gpu;
 use protocol::{Dim3, ImageKind};
 use serde_json::Value;
+use tests::{cargo_build, spin_guest, PTX, TEST_SPIN};
 
 const NODES: u32 = 1000;
 

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
 use daemon::control::{client_call, ApiTarget};
-use fairvgpu_tests::{cargo_build, PTX, TEST_SPIN};
 use guest::Gpu;
 use protocol::graph::{encode_graph, GraphNode, GraphOp};
 use protocol::{Dim3, ImageKind, Request};
 use serde_json::Value;
+use tests::{cargo_build, PTX, TEST_SPIN};
 
 const ROUNDS: u64 = 60;
 

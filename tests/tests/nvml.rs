@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 
-use fairvgpu_tests::{assert_lines, nvml_standin, run_program, standin, workspace, Host};
+use tests::{assert_lines, nvml_standin, run_program, standin, workspace, Host};
 
 fn pynvml_path() -> Option<PathBuf> {
     let p = std::env::var_os("FAIRVGPU_PYTHONPATH").map(PathBuf::from);

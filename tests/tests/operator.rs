@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use daemon::control::{client_call, ApiTarget};
-use fairvgpu_tests::{cargo_build, chromium, dashboard_dom, TEST_SPIN};
 use guest::Gpu;
 use protocol::{Dim3, ImageKind};
 use serde_json::Value;
+use tests::{cargo_build, chromium, dashboard_dom, TEST_SPIN};
 
 const TOKEN: &str = "operator-test-token-0123456789";
 
@@ -117,7 +117,7 @@ fn start(name: &str) -> Daemon {
             let one = Dim3 { x: 1, y: 1, z: 1 };
             let ns = 2_000_000u64.to_le_bytes();
             let _buf = gpu.mem_alloc(64 << 20).unwrap();
-            // Eight kernels per synchronize: see `fairvgpu_tests::spin_guest`
+            // Eight kernels per synchronize: see `tests::spin_guest`
             // on why a shares test does not synchronize after each one.
             while !stop.load(Ordering::Relaxed) {
                 for _ in 0..8 {

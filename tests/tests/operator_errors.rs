@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use fairvgpu_tests::cargo_build;
+use tests::cargo_build;
 
 fn fairvgpu_bin() -> PathBuf {
     cargo_build("cli").join("fairvgpu")

@@ -7,7 +7,7 @@
 
 use std::process::Command;
 
-use fairvgpu_tests::{cargo_build, workspace};
+use tests::{cargo_build, workspace};
 
 #[test]
 fn readme_host_example_runs_as_written() {

@@ -8,7 +8,7 @@
 
 use bench::recovery::measure;
 use daemon::config::ExecutorKind;
-use fairvgpu_tests::cargo_build;
+use tests::cargo_build;
 
 #[test]
 fn poisoned_or_killed_worker_is_replaced_and_only_its_guests_see_it() {
@@ -49,8 +49,8 @@ fn workers_free_everything_and_exit_when_the_daemon_is_killed() {
     let bin = cargo_build("cli").join("fairvgpu");
     let vms = [VmSpec::new("vm1", 256)];
     let mut d = DaemonProc::start(&bin, "daemon-kill", ExecutorKind::Sim, &vms).unwrap();
-    let mut gpu = guest::Gpu::connect_with(&d.socket("vm1"), fairvgpu_tests::TEST_SPIN)
-        .expect("guest attaches");
+    let mut gpu =
+        guest::Gpu::connect_with(&d.socket("vm1"), tests::TEST_SPIN).expect("guest attaches");
     gpu.mem_alloc(64 << 20).unwrap();
     let pid = d.worker_pid("vm1").expect("worker runs");
     d.kill_hard();

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
-use fairvgpu_tests::{bytes_f32, cargo_build, f32_bytes, spin_guest, PTX, TEST_SPIN};
 use guest::Gpu;
 use protocol::{Dim3, ImageKind};
+use tests::{bytes_f32, cargo_build, f32_bytes, spin_guest, PTX, TEST_SPIN};
 
 #[test]
 fn a_large_grid_runs_as_sub_grids_with_exact_results() {

@@ -10,15 +10,15 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use daemon::link::VmHost;
-use fairvgpu_tests::TEST_SPIN;
 use guest::{Gpu, GuestError};
+use tests::TEST_SPIN;
 use transport::LayoutParams;
 use worker::executor::sim::SimExecutor;
 use worker::serve::{Worker, WorkerConfig};
 
 /// The tests' worker with a 4 MiB pinned pool and two contexts made ahead.
 fn config(socket: std::path::PathBuf) -> WorkerConfig {
-    let cfg = fairvgpu_tests::worker_config("standby", socket, 1 << 30);
+    let cfg = tests::worker_config("standby", socket, 1 << 30);
     WorkerConfig {
         layout: LayoutParams {
             pinned_size: 4 << 20,

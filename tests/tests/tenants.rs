@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
-use fairvgpu_tests::{cargo_build, spin_guest};
+use tests::{cargo_build, spin_guest};
 
 /// Waits until the shares of `names` are within `tol` of `want`.
 fn wait_shares(d: &DaemonProc, names: &[&str], want: &[f64], tol: f64) -> Vec<f64> {

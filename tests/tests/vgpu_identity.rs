@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
-use fairvgpu_tests::{cargo_build, TEST_SPIN};
 use guest::Gpu;
+use tests::{cargo_build, TEST_SPIN};
 use wire::identity;
 
 /// The description a guest of `vm` gets, waiting for its worker to serve.

@@ -14,8 +14,8 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use daemon::control::{client_call, ApiTarget};
-use fairvgpu_tests::{cargo_build, workspace};
 use serde_json::Value;
+use tests::{cargo_build, workspace};
 
 /// One VM at a time: TCG on two cores is slow enough already.
 static ONE_VM: Mutex<()> = Mutex::new(());

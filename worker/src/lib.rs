@@ -11,19 +11,19 @@
 //! - `session`: what one guest process holds and may touch,
 //! - `executor/`: where the calls run: `cuda` (a real GPU) or `sim`,
 //! - `process`: the worker process's start (executor, feed, sandbox),
-//! - `fed`, `gate`, `image_client`: its ends of the feed, the grant
+//! - `feed`, `gate`, `image_client`: its ends of the feed, the grant
 //!   service and the image store,
-//! - `sandbox`, `cosched`, `procfs`, `sealed`, `ptx`: the process's
+//! - `sandbox`, `priority`, `procfs`, `sealed`, `ptx`: the process's
 //!   confinement, thread priorities and vCPU boost, own usage, sealed
 //!   memfds, PTX text.
 
 #![warn(missing_docs)]
 
-pub mod cosched;
 pub mod executor;
-pub mod fed;
+pub mod feed;
 pub mod gate;
 pub mod image_client;
+pub mod priority;
 pub mod process;
 pub mod procfs;
 pub mod ptx;

@@ -94,8 +94,10 @@ pub fn run(spec: &Spec) -> Result<(), Error> {
     let init_ms = started.elapsed().as_millis() as u64;
     let wc = &spec.worker;
     let mut worker = match spec.feed {
-        Some((fd, true)) => Worker::standby(wc, exec, crate::fed::feed_from_fd(fd)?, spec.sandbox)?,
-        Some((fd, false)) => Worker::adopt(wc, exec, crate::fed::feed_from_fd(fd)?)?,
+        Some((fd, true)) => {
+            Worker::standby(wc, exec, crate::feed::feed_from_fd(fd)?, spec.sandbox)?
+        }
+        Some((fd, false)) => Worker::adopt(wc, exec, crate::feed::feed_from_fd(fd)?)?,
         None => Worker::new(wc, exec)?,
     };
     let stop = worker.stop_flag();

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use nix::errno::Errno;
 use transport::server::PeerPids;
 
-pub use worker::cosched::{PrioritySetter, SysPriority};
+pub use worker::priority::{PrioritySetter, SysPriority};
 
 /// Which threads are lifted now, and what each had before.
 #[derive(Debug)]
@@ -194,7 +194,7 @@ impl Lifter {
         let thread = std::thread::Builder::new()
             .name("vcpu-lift".into())
             .spawn(move || {
-                let _ = worker::cosched::try_set_nice(nix::unistd::gettid().as_raw() as u32, nice);
+                let _ = worker::priority::try_set_nice(nix::unistd::gettid().as_raw() as u32, nice);
                 run(&rx, &registry, Lifts::new(setter, nice), &r2);
             })
             .ok();

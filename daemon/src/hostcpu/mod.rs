@@ -96,8 +96,8 @@ pub struct ServiceLift {
     pub holders: Option<Sender<Vec<u32>>>,
 }
 
-pub use worker::cosched::lift_current_thread;
-use worker::cosched::lift_thread;
+pub use worker::priority::lift_current_thread;
+use worker::priority::lift_thread;
 
 /// Whether threads may be raised to `nice` here: tried on thread `tid`
 /// (the probe's own), which gets its value back.

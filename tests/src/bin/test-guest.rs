@@ -11,7 +11,7 @@ fn main() -> Result<()> {
         .next()
         .context("usage: test-guest SOCKET MIB")?
         .parse()?;
-    let mut gpu = Gpu::open(sock.as_ref(), fairvgpu_tests::TEST_SPIN)?;
+    let mut gpu = Gpu::open(sock.as_ref(), tests::TEST_SPIN)?;
     let size = mib << 20;
     let p = gpu.mem_alloc(size)?;
     let chunk = vec![0xa5u8; 8 << 20];

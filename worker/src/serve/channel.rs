@@ -20,7 +20,7 @@ use crate::Error;
 const BATCH: usize = 64;
 
 /// What the worker keeps for one channel of the region.
-pub(super) struct Chan {
+pub(super) struct ChannelState {
     pub host: HostChannel,
     /// The session (guest process) the channel serves, once it said
     /// `Hello` or joined one.
@@ -35,9 +35,9 @@ pub(super) struct Chan {
     pub parked: Option<Parked>,
 }
 
-impl Chan {
-    pub fn new(host: HostChannel) -> Chan {
-        Chan {
+impl ChannelState {
+    pub fn new(host: HostChannel) -> ChannelState {
+        ChannelState {
             host,
             session: None,
             sliced: None,
@@ -55,7 +55,7 @@ impl Chan {
 }
 
 /// Polls one channel; true if it did any work.
-pub(super) fn service(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> bool {
+pub(super) fn service(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) -> bool {
     let state = match c.host.state() {
         Ok(s) => s,
         Err(_) => return false,
@@ -112,7 +112,7 @@ pub(super) fn service(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> bool 
 
 /// Serves a channel bound to no session: its first request must open one
 /// (`Hello`) or join one (`Join`).
-fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<bool, Error> {
+fn serve_unbound(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) -> Result<bool, Error> {
     let Some(d) = c.host.req.peek()? else {
         return Ok(false);
     };
@@ -198,7 +198,7 @@ fn serve_unbound(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) -> Result<boo
 
 pub(super) fn serve_channel(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     ss: &mut Sessions,
 ) -> Result<bool, Error> {
     if let Some((d, data)) = c.outbox.take() {
@@ -314,7 +314,7 @@ fn unnumbered(d: &Descriptor) -> bool {
 
 /// Unbinds the channel from its session, freeing the session (everything
 /// its process held on the GPU) if it was the last channel.
-fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
+fn drop_session(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) {
     let ch = c.host.index();
     if let Some(id) = c.session.take() {
         wait::abandon(c, ss.get_mut(id).map(|e| &mut e.s));
@@ -345,7 +345,7 @@ fn drop_session(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
 }
 
 /// Frees what the channel's owner held and returns the channel to FREE.
-pub(super) fn teardown(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
+pub(super) fn teardown(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) {
     drop_session(sh, c, ss);
     if c.host.reclaim().is_ok() {
         sh.port.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
@@ -358,7 +358,7 @@ pub(super) fn teardown(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
 /// The worker is going away: frees what the channel's owner held; a
 /// channel still claimed becomes LOST and its owner is woken, one that
 /// needed reclaiming is reclaimed.
-pub(super) fn retire(sh: &mut Shared, c: &mut Chan, ss: &mut Sessions) {
+pub(super) fn retire(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) {
     match c.host.state() {
         Ok(ClaimState::Claimed) => {
             drop_session(sh, c, ss);
@@ -406,7 +406,7 @@ pub(super) fn ring_if_sleeping(port: &Port, ch: u32) -> Result<bool, Error> {
     Ok(true)
 }
 
-pub(super) fn refuse(port: &Port, c: &mut Chan, what: &str) {
+pub(super) fn refuse(port: &Port, c: &mut ChannelState, what: &str) {
     port.stats.refused.fetch_add(1, Ordering::Relaxed);
     transport::rate_limited!(
         port.log.borrow_mut(),
@@ -420,7 +420,7 @@ pub(super) fn refuse(port: &Port, c: &mut Chan, what: &str) {
 /// is an error.
 pub(super) fn answer(
     port: &Port,
-    c: &mut Chan,
+    c: &mut ChannelState,
     tag: u64,
     opcode: u32,
     result: Result<Reply, Status>,
@@ -434,7 +434,7 @@ pub(super) fn answer(
 
 pub(super) fn reply(
     port: &Port,
-    c: &mut Chan,
+    c: &mut ChannelState,
     tag: u64,
     opcode: u32,
     result: Result<Reply, Status>,

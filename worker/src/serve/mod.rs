@@ -55,7 +55,7 @@ use transport::{LayoutParams, SpinPolicy};
 
 use crate::executor::Executor;
 use crate::Error;
-use channel::Chan;
+use channel::ChannelState;
 use sessions::Sessions;
 use shared::Shared;
 
@@ -159,7 +159,7 @@ pub fn pin_current_thread(cpu: usize) -> Result<(), Error> {
 /// A running worker.
 pub struct Worker {
     sh: Shared,
-    chans: Vec<Chan>,
+    chans: Vec<ChannelState>,
     sessions: Sessions,
     /// The grant being given back: the marks its work must pass first.
     releasing: Option<release::Releasing>,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use super::channel::{retire, service, Chan};
+use super::channel::{retire, service, ChannelState};
 use super::handoff::Handoff;
 use super::{pin_current_thread, Worker};
 use crate::Error;
@@ -50,7 +50,7 @@ impl Worker {
         }
         if let Some(nice) = self.lift_nice {
             // Refused (no CAP_SYS_NICE): it serves as it was started.
-            if let Err(e) = crate::cosched::lift_current_thread(nice) {
+            if let Err(e) = crate::priority::lift_current_thread(nice) {
                 tracing::warn!("worker: priority lift refused: {e}");
             }
         }
@@ -117,7 +117,7 @@ impl Worker {
             }
             if self.releasing.is_some()
                 || self.sh.slice.budget_spent
-                || self.chans.iter().any(Chan::waiting)
+                || self.chans.iter().any(ChannelState::waiting)
                 || self.sessions.host_fn_pending()
             {
                 // A guest waits for the device, which still runs its work:

@@ -13,12 +13,12 @@ use transport::layout::Direction;
 use transport::server::serve;
 use transport::{ClaimState, Region};
 
-use super::channel::{wake_owner, Chan};
+use super::channel::{wake_owner, ChannelState};
 use super::sessions::Sessions;
 use super::shared::{self, Shared};
 use super::{contexts, image_cache, output, pinned, Stats, Worker, WorkerConfig};
 use crate::executor::Executor;
-use crate::fed::{Fed, FeedStart, PeerLink};
+use crate::feed::{Feed, FeedStart, PeerLink};
 use crate::Error;
 
 /// Where a worker maps its VM's pinned pool (and its guests map it too when
@@ -130,10 +130,10 @@ impl Worker {
         exec: Box<dyn Executor>,
         feed: std::os::fd::OwnedFd,
     ) -> Result<Worker, Error> {
-        let (fd, fed) = Fed::receive(feed)?;
+        let (fd, fed) = Feed::receive(feed)?;
         let region = Region::adopt(fd, cfg.layout)?;
         let dev = Device::prepare(cfg, exec, region)?;
-        let w = Self::build(cfg, dev, PeerLink::Fed(fed), connect_gate(cfg)?)?;
+        let w = Self::build(cfg, dev, PeerLink::Feed(fed), connect_gate(cfg)?)?;
         w.wake_lost()?;
         Ok(w)
     }
@@ -176,7 +176,7 @@ impl Worker {
             }
             (None, _) => None,
         };
-        let mut w = Self::build(cfg, dev, PeerLink::Fed(fed), gate)?;
+        let mut w = Self::build(cfg, dev, PeerLink::Feed(fed), gate)?;
         w.confined = confine;
         w.wake_lost()?;
         Ok(w)
@@ -218,7 +218,7 @@ impl Worker {
         let mem_limit = cfg.mem_limit.min(device_mem);
         info.total_mem = mem_limit;
         let chans = (0..region.channels())
-            .map(|i| Ok(Chan::new(region.host_channel(i)?)))
+            .map(|i| Ok(ChannelState::new(region.host_channel(i)?)))
             .collect::<Result<Vec<_>, transport::Error>>()?;
         let chunk = (cfg.layout.arena_size as usize / 4).max(4096);
         let stats: Arc<Stats> = Arc::default();
@@ -246,7 +246,7 @@ impl Worker {
                     info_bytes: info.to_bytes(),
                     chunk,
                     stats: stats.clone(),
-                    booster: std::cell::RefCell::new(crate::cosched::VcpuBooster::new(
+                    booster: std::cell::RefCell::new(crate::priority::VcpuBooster::new(
                         cfg.vcpus_file.clone(),
                     )),
                     log: std::cell::RefCell::new(transport::LogLimiter::default()),

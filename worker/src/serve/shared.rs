@@ -11,7 +11,7 @@ use transport::Region;
 
 use super::Stats;
 use crate::executor::{Executor, Handle, Launch};
-use crate::fed::PeerLink;
+use crate::feed::PeerLink;
 use crate::session::{Period, Session};
 
 /// State shared by all channels of the worker, by what it holds: each
@@ -69,7 +69,7 @@ pub(super) struct Port {
     pub chunk: usize,
     pub stats: Arc<Stats>,
     /// The VM's vCPU threads, kicked when a blocked guest is woken.
-    pub booster: std::cell::RefCell<crate::cosched::VcpuBooster>,
+    pub booster: std::cell::RefCell<crate::priority::VcpuBooster>,
     /// What the VM's guests can make the worker log goes through here
     /// (see `transport::ratelimit`): one VM's worker, one limit.
     pub log: std::cell::RefCell<transport::LogLimiter>,

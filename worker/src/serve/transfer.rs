@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use protocol::{op, ImageKind, Reply, Status};
 use transport::{Descriptor, FLAG_MORE};
 
-use super::channel::{notify_guest, refuse, reply, Chan};
+use super::channel::{notify_guest, refuse, reply, ChannelState};
 use super::shared::Shared;
 use crate::session::Session;
 use crate::Error;
@@ -67,7 +67,7 @@ pub(super) struct Sliced {
 }
 
 pub(super) fn start_module(
-    c: &mut Chan,
+    c: &mut ChannelState,
     tag: u64,
     kind: ImageKind,
     len: u64,
@@ -88,7 +88,7 @@ pub(super) fn start_module(
 }
 
 /// Drops `len` bytes of data owed by a refused request (they arrive as DATA chunks).
-pub(super) fn skip_data(c: &mut Chan, d: &Descriptor, len: u64) {
+pub(super) fn skip_data(c: &mut ChannelState, d: &Descriptor, len: u64) {
     let rest = len.saturating_sub(u64::from(d.data_len));
     if rest > 0 {
         c.transfer = Some(Transfer {
@@ -106,7 +106,7 @@ pub(super) fn skip_data(c: &mut Chan, d: &Descriptor, len: u64) {
 /// Applies the data of `d` to the transfer in progress.
 pub(super) fn continue_transfer(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
 ) -> Result<(), Error> {
@@ -205,7 +205,11 @@ pub(super) fn continue_transfer(
 /// releases the GPU between, so other vGPUs get their turn). Each sub-grid
 /// is charged its share of the kernel's measured time; a kernel not
 /// measured yet has its first sub-grid timed.
-pub(super) fn pump_sliced(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Result<bool, Error> {
+pub(super) fn pump_sliced(
+    sh: &mut Shared,
+    c: &mut ChannelState,
+    s: &mut Session,
+) -> Result<bool, Error> {
     let mut did = false;
     while let Some(sl) = c.sliced.as_mut() {
         let Some(sub) = sl.rest.front().copied() else {
@@ -271,7 +275,11 @@ pub(super) fn pump_sliced(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Res
 
 /// Streams a device-to-host copy into the response ring, as far as it has
 /// room (the work before it is done: see `wait`).
-pub(super) fn pump_outbound(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Result<(), Error> {
+pub(super) fn pump_outbound(
+    sh: &mut Shared,
+    c: &mut ChannelState,
+    s: &mut Session,
+) -> Result<(), Error> {
     let Some(mut ob) = c.outbound.take() else {
         return Ok(());
     };

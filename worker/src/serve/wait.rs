@@ -10,7 +10,7 @@
 
 use protocol::{Reply, Status};
 
-use super::channel::{reply, Chan};
+use super::channel::{reply, ChannelState};
 use super::shared::Shared;
 use super::transfer::{pump_outbound, Outbound};
 use crate::executor::{Handle, Marker};
@@ -51,14 +51,19 @@ pub(super) struct Parked {
 
 /// Parks a request on `c` and looks at it once (the device may be there
 /// already).
-pub(super) fn park(sh: &mut Shared, c: &mut Chan, s: &mut Session, p: Parked) -> Result<(), Error> {
+pub(super) fn park(
+    sh: &mut Shared,
+    c: &mut ChannelState,
+    s: &mut Session,
+    p: Parked,
+) -> Result<(), Error> {
     c.parked = Some(p);
     poll(sh, c, s).map(drop)
 }
 
 /// Whether the device passed what the channel's parked request waits for;
 /// if so, finishes it. True when it finished.
-pub(super) fn poll(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Result<bool, Error> {
+pub(super) fn poll(sh: &mut Shared, c: &mut ChannelState, s: &mut Session) -> Result<bool, Error> {
     let Some(p) = c.parked.as_ref() else {
         return Ok(false);
     };
@@ -111,7 +116,7 @@ pub(super) fn poll(sh: &mut Shared, c: &mut Chan, s: &mut Session) -> Result<boo
 /// any, in the reply's second value), or "none" (id 0) at the deadline.
 fn hand_out_host_fn(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     until: std::time::Instant,
 ) -> Result<bool, Error> {
@@ -145,7 +150,7 @@ pub(super) fn written_at_fault(s: &mut Session, e: Status) {
 }
 
 /// Lets a parked request go unanswered (its channel or session is going).
-pub(super) fn abandon(c: &mut Chan, s: Option<&mut Session>) {
+pub(super) fn abandon(c: &mut ChannelState, s: Option<&mut Session>) {
     if let (Some(p), Some(s)) = (c.parked.take(), s) {
         if let Wait::Mark(m) = p.wait {
             s.ctx.forget(m);

@@ -9,7 +9,7 @@ use protocol::array::{resource, CopySide, TexParams, TEX_PARAMS_BYTES};
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::super::channel::{answer, Chan};
+use super::super::channel::{answer, ChannelState};
 use super::super::shared::{Memory, Port, Slice};
 use crate::executor::ArrayOp;
 use crate::session::Session;
@@ -20,7 +20,7 @@ pub(super) fn handle(
     port: &Port,
     mem: &mut Memory,
     slice: &mut Slice,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,

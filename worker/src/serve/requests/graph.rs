@@ -6,7 +6,7 @@
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::super::channel::{refuse, reply, Chan};
+use super::super::channel::{refuse, reply, ChannelState};
 use super::super::shared::{Port, Shared, Slice};
 use super::super::transfer::{continue_transfer, skip_data, Inbound, Transfer};
 use super::unit;
@@ -20,7 +20,7 @@ const MAX_GRAPH_BYTES: usize = 16 << 20;
 /// Runs a graph request of session `s` and replies if it expects one.
 pub(super) fn handle(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,
@@ -51,7 +51,7 @@ pub(super) fn handle(
 /// `scope`): built when the last of it is in.
 fn graph_data(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     len: u32,
@@ -76,7 +76,14 @@ fn graph_data(
 
 /// Launches executable graph `exec` on `stream`; a failure is reported at
 /// the next synchronous call.
-fn launch(port: &Port, slice: &mut Slice, c: &mut Chan, s: &mut Session, exec: u64, stream: u64) {
+fn launch(
+    port: &Port,
+    slice: &mut Slice,
+    c: &mut ChannelState,
+    s: &mut Session,
+    exec: u64,
+    stream: u64,
+) {
     let r = s
         .check_graph(exec)
         .and(s.check_stream(stream))
@@ -90,7 +97,7 @@ fn launch(port: &Port, slice: &mut Slice, c: &mut Chan, s: &mut Session, exec: u
 /// The graph requests answered at once, from the session alone.
 fn run(
     port: &Port,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,

@@ -6,7 +6,7 @@
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::super::channel::{answer, Chan};
+use super::super::channel::{answer, ChannelState};
 use super::super::shared::{Port, Tables};
 use crate::session::Session;
 use crate::Error;
@@ -15,7 +15,7 @@ use crate::Error;
 pub(super) fn handle(
     port: &Port,
     tables: &mut Tables,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use protocol::{Dim3, Request, Status};
 use transport::Descriptor;
 
-use super::super::channel::{refuse, Chan};
+use super::super::channel::{refuse, ChannelState};
 use super::super::shared::{Figures, Port, Shared, Slice};
 use super::super::transfer::Sliced;
 use super::super::wait::{self, Parked, Then, Wait};
@@ -24,7 +24,7 @@ const HOST_FN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// reply: the rest report failures at the next synchronous call).
 pub(super) fn handle(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,
@@ -116,7 +116,7 @@ fn check_params(s: &Session, d: &Descriptor, func: Handle) -> Result<(), Status>
 }
 
 /// Copies the request's data (the launch's parameters) into `params`.
-fn read_params(c: &mut Chan, d: &Descriptor, params: &mut Vec<u8>) -> Result<(), Status> {
+fn read_params(c: &mut ChannelState, d: &Descriptor, params: &mut Vec<u8>) -> Result<(), Status> {
     params.clear();
     params.resize(d.data_len as usize, 0);
     c.host
@@ -133,7 +133,7 @@ fn read_params(c: &mut Chan, d: &Descriptor, params: &mut Vec<u8>) -> Result<(),
 fn launch_alone(
     port: &Port,
     slice: &mut Slice,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     shape: Launch,
@@ -168,7 +168,7 @@ fn launch(
     slice: &mut Slice,
     figures: &mut Figures,
     sm_count: u32,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     shape: Launch,
@@ -220,7 +220,7 @@ fn launch(
 fn try_slice(
     port: &Port,
     slice: &mut Slice,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     shape: Launch,
     stream: Handle,
@@ -308,7 +308,7 @@ fn estimate(
 
 /// A host function on `stream`: handed to the process's `WaitHostFn` once
 /// the device reaches it.
-fn host_fn(port: &Port, c: &mut Chan, s: &mut Session, stream: Handle, id: u64) {
+fn host_fn(port: &Port, c: &mut ChannelState, s: &mut Session, stream: Handle, id: u64) {
     let r = s
         .check_stream(stream)
         .and_then(|()| s.ctx.mark(Some(stream)));

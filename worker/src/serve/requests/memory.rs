@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::super::channel::{refuse, reply, Chan};
+use super::super::channel::{refuse, reply, ChannelState};
 use super::super::shared::{Gpu, Memory, Port, Shared, Slice, Tables};
 use super::super::transfer::{continue_transfer, Inbound, Transfer};
 use super::super::wait::{self, Parked, Then, Wait};
@@ -19,7 +19,7 @@ use crate::Error;
 /// Runs a memory request of session `s` and replies if it expects one.
 pub(super) fn handle(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,
@@ -160,7 +160,14 @@ fn alloc(port: &Port, mem: &mut Memory, s: &mut Session, size: u64) -> Result<u6
 
 /// A stream-ordered free: done once the device passes the stream's work
 /// so far (see [`deferred_frees`]).
-fn free_async(port: &Port, mem: &mut Memory, c: &mut Chan, s: &mut Session, ptr: u64, stream: u64) {
+fn free_async(
+    port: &Port,
+    mem: &mut Memory,
+    c: &mut ChannelState,
+    s: &mut Session,
+    ptr: u64,
+    stream: u64,
+) {
     let r = s.check_stream(stream).and_then(|()| s.detach_alloc(ptr));
     let r = r.and_then(|charge| match s.ctx.mark(Some(stream)) {
         Ok(m) => {
@@ -185,7 +192,7 @@ fn pinned_copy(
     port: &Port,
     gpu: &Gpu,
     slice: &mut Slice,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     req: Request,
 ) {
@@ -241,7 +248,7 @@ fn pinned_used(port: &Port, gpu: &Gpu) {
 /// (`transfer.rs`).
 fn htod(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     dst: u64,
@@ -275,7 +282,7 @@ fn htod(
 /// is done, then streamed out (`wait.rs`, `transfer.rs`).
 fn dtoh(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     src: u64,

@@ -34,7 +34,7 @@ mod vmm;
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::channel::{refuse, reply, Chan};
+use super::channel::{refuse, reply, ChannelState};
 use super::shared::{Port, Shared};
 use super::transfer::{skip_data, start_module};
 use crate::session::Session;
@@ -46,7 +46,7 @@ pub(super) use memory::deferred_frees;
 /// follow go to [`super::transfer::continue_transfer`]) for session `s`.
 pub(super) fn handle(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
 ) -> Result<(), Error> {
@@ -173,7 +173,7 @@ pub(super) fn handle(
 
 /// A request its family's handler was not given: refused (the routing in
 /// [`handle`] gives each family only its own).
-fn misrouted(port: &Port, c: &mut Chan, d: &Descriptor, family: &str) -> Result<(), Error> {
+fn misrouted(port: &Port, c: &mut ChannelState, d: &Descriptor, family: &str) -> Result<(), Error> {
     refuse(port, c, &format!("not a {family} request"));
     reply(port, c, d.tag, d.opcode, Err(Status::InvalidValue), &[])
 }

@@ -6,7 +6,7 @@ use protocol::tensor_map::{TensorMapParams, PARAMS_BYTES};
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::super::channel::{refuse, reply, Chan};
+use super::super::channel::{refuse, reply, ChannelState};
 use super::super::shared::{Gpu, Port, Shared};
 use super::super::transfer::{continue_transfer, start_module, Inbound, Transfer};
 use super::{one, unit};
@@ -19,7 +19,7 @@ const MAX_NAME: u32 = 4096;
 /// Runs a module request of session `s` and replies.
 pub(super) fn handle(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,
@@ -68,7 +68,7 @@ fn load_cached(
 /// The module requests that need nothing but the session and the port.
 fn run(
     port: &Port,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,
@@ -195,7 +195,7 @@ fn run(
 }
 
 /// A name sent as the request's data (a kernel's, a global's).
-fn read_name(c: &mut Chan, d: &Descriptor) -> Result<Vec<u8>, Error> {
+fn read_name(c: &mut ChannelState, d: &Descriptor) -> Result<Vec<u8>, Error> {
     let mut name = vec![0u8; d.data_len.min(MAX_NAME) as usize];
     c.host.req.data(d)?.copy_to(&mut name[..]);
     Ok(name)
@@ -204,7 +204,7 @@ fn read_name(c: &mut Chan, d: &Descriptor) -> Result<Vec<u8>, Error> {
 /// A module's kernel names from `first` on, as many as one message holds.
 fn functions(
     port: &Port,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     module: u64,

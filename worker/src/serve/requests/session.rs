@@ -6,12 +6,17 @@
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::super::channel::{refuse, reply, Chan};
+use super::super::channel::{refuse, reply, ChannelState};
 use super::super::shared::Port;
 use crate::Error;
 
 /// Runs a session request on `c` and replies.
-pub(super) fn handle(port: &Port, c: &mut Chan, d: &Descriptor, req: Request) -> Result<(), Error> {
+pub(super) fn handle(
+    port: &Port,
+    c: &mut ChannelState,
+    d: &Descriptor,
+    req: Request,
+) -> Result<(), Error> {
     let (tag, opc) = (d.tag, d.opcode);
     match req {
         // A second Hello on a channel: the device again (its session stays).

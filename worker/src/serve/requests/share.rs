@@ -11,7 +11,7 @@ use std::sync::Arc;
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::super::channel::{answer, Chan};
+use super::super::channel::{answer, ChannelState};
 use super::super::shared::{Memory, Port, Tables};
 use crate::session::ipc::{Export, Exports};
 use crate::session::Session;
@@ -33,7 +33,7 @@ pub struct WorkerShares {
 pub(super) fn handle(
     port: &Port,
     tables: &mut Tables,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,

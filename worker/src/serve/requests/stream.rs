@@ -5,7 +5,7 @@
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::super::channel::{refuse, reply, Chan};
+use super::super::channel::{refuse, reply, ChannelState};
 use super::super::shared::{Shared, Slice};
 use super::super::wait::{self, Parked, Then, Wait};
 use super::{one, ready, unit};
@@ -17,7 +17,7 @@ use crate::Error;
 /// one.
 pub(super) fn handle(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,
@@ -161,7 +161,7 @@ fn run(s: &mut Session, req: Request) -> Option<Result<Reply, Status>> {
 /// busy period it drains (charged once the device is there).
 fn park_drain(
     sh: &mut Shared,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     stream: Option<Handle>,

@@ -8,7 +8,7 @@
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::super::channel::{answer, Chan};
+use super::super::channel::{answer, ChannelState};
 use super::super::shared::{Memory, Port, Tables};
 use crate::session::vmm::Dead;
 use crate::session::Session;
@@ -19,7 +19,7 @@ pub(super) fn handle(
     port: &Port,
     mem: &mut Memory,
     tables: &mut Tables,
-    c: &mut Chan,
+    c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,

@@ -1,5 +1,5 @@
 //! The worker's side of its feed: the region and doorbells the daemon
-//! passes ([`Fed`]), read at once or, by a standby worker, up to the region
+//! passes ([`Feed`]), read at once or, by a standby worker, up to the region
 //! until it is promoted ([`FeedStart`]), and how the worker reaches its
 //! peers either way ([`PeerLink`]).
 
@@ -24,7 +24,7 @@ type MigrationAsk = Arc<Mutex<Option<(u32, Option<OwnedFd>)>>>;
 
 /// A worker's view of the peers, fed by the daemon.
 #[derive(Debug)]
-pub struct Fed {
+pub struct Feed {
     host_bells: Vec<Arc<EventFdBell>>,
     peers: PeerBells,
     closed: Arc<AtomicBool>,
@@ -94,10 +94,10 @@ pub fn feed_from_fd(fd: RawFd) -> Result<OwnedFd, Error> {
     Ok(owned)
 }
 
-impl Fed {
+impl Feed {
     /// Reads the feed up to its first synchronization point: returns the
     /// region's fd and the link; a thread keeps the peers up to date after.
-    pub fn receive(feed: OwnedFd) -> Result<(OwnedFd, Fed), Error> {
+    pub fn receive(feed: OwnedFd) -> Result<(OwnedFd, Feed), Error> {
         let (region, start) = FeedStart::receive_region(feed)?;
         Ok((region, start.finish()?))
     }
@@ -111,7 +111,7 @@ impl Fed {
 impl FeedStart {
     /// Waits for the rest of the snapshot (a standby: until promoted) and
     /// returns the link; a thread keeps the peers up to date after.
-    pub fn finish(self) -> Result<Fed, Error> {
+    pub fn finish(self) -> Result<Feed, Error> {
         let sock = self.sock;
         let mut grant = None;
         let mut host_bells: BTreeMap<u16, Arc<EventFdBell>> = BTreeMap::new();
@@ -170,7 +170,7 @@ impl FeedStart {
                     source,
                 })?;
         }
-        Ok(Fed {
+        Ok(Feed {
             host_bells,
             peers,
             closed,
@@ -225,7 +225,7 @@ pub enum PeerLink {
     /// The worker serves its own socket (started by hand, tests, benches).
     Local(ServerHandle),
     /// The daemon serves the socket and feeds the worker.
-    Fed(Fed),
+    Feed(Feed),
 }
 
 impl PeerLink {
@@ -233,7 +233,7 @@ impl PeerLink {
     pub fn host_bells(&self) -> &[Arc<EventFdBell>] {
         match self {
             PeerLink::Local(s) => &s.host_bells,
-            PeerLink::Fed(f) => &f.host_bells,
+            PeerLink::Feed(f) => &f.host_bells,
         }
     }
 
@@ -241,7 +241,7 @@ impl PeerLink {
     pub fn ring_peer(&self, peer: u16, vector: u32) -> Result<(), Error> {
         match self {
             PeerLink::Local(s) => Ok(s.ring_peer(peer, vector)?),
-            PeerLink::Fed(f) => {
+            PeerLink::Feed(f) => {
                 let bell = f
                     .peers
                     .lock()
@@ -268,7 +268,7 @@ impl PeerLink {
                     PeerEvent::Connected(_) => None,
                 })
                 .collect(),
-            PeerLink::Fed(_) => Vec::new(),
+            PeerLink::Feed(_) => Vec::new(),
         }
     }
 
@@ -276,7 +276,7 @@ impl PeerLink {
     pub fn memory_limit(&self) -> Option<u64> {
         match self {
             PeerLink::Local(_) => None,
-            PeerLink::Fed(f) => Some(f.limit.load(Ordering::Relaxed)).filter(|&b| b > 0),
+            PeerLink::Feed(f) => Some(f.limit.load(Ordering::Relaxed)).filter(|&b| b > 0),
         }
     }
 
@@ -286,7 +286,7 @@ impl PeerLink {
     pub fn take_migration(&self) -> Option<(u32, Option<OwnedFd>)> {
         match self {
             PeerLink::Local(_) => None,
-            PeerLink::Fed(f) => {
+            PeerLink::Feed(f) => {
                 if !f.migration_asked.swap(false, Ordering::Acquire) {
                     return None;
                 }
@@ -297,7 +297,7 @@ impl PeerLink {
 
     /// Tells the daemon how a migration went.
     pub fn report_migration(&self, r: &MigrationReport) {
-        if let PeerLink::Fed(f) = self {
+        if let PeerLink::Feed(f) = self {
             let _ = send_msg(
                 &f.back,
                 (MIGRATION_PAUSE_US << 40) | (r.pause_us as i64 & LIMIT_MASK),
@@ -315,7 +315,7 @@ impl PeerLink {
     /// Tells the daemon that a CUDA error poisoned this worker's GPU
     /// contexts (it exits next).
     pub fn report_poisoned(&self) {
-        if let PeerLink::Fed(f) = self {
+        if let PeerLink::Feed(f) = self {
             let _ = send_msg(&f.back, POISONED << 40, None);
         }
     }
@@ -324,7 +324,7 @@ impl PeerLink {
     pub fn orphaned(&self) -> bool {
         match self {
             PeerLink::Local(_) => false,
-            PeerLink::Fed(f) => f.closed.load(Ordering::Relaxed),
+            PeerLink::Feed(f) => f.closed.load(Ordering::Relaxed),
         }
     }
 }
