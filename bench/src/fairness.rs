@@ -16,7 +16,7 @@ use transport::{LayoutParams, SpinPolicy};
 use daemon::config::{Config, ExecutorKind, GraphLaunches};
 use daemon::grant::GrantService;
 use daemon::hostcpu::{HostCpu, Opt};
-use daemon::supervisor::build_executor;
+use daemon::setup::build_executor;
 use worker::executor::{sim::SimExecutor, Executor};
 use worker::serve::{spawn, WorkerConfig};
 use worker::KERNELS_PTX;
@@ -440,7 +440,7 @@ pub fn run(
     };
     let slice_ns = match slice_ns {
         Some(ns) => ns,
-        None => daemon::supervisor::gpu_slice_ns(&config(kind, graphs)?, 0),
+        None => daemon::setup::gpu_slice_ns(&config(kind, graphs)?, 0),
     };
     let host_cpu = if lift {
         HostCpu::lifts(

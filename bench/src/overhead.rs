@@ -13,7 +13,7 @@ use transport::LayoutParams;
 use vm_memory::VolatileSlice;
 
 use daemon::config::{Config, ExecutorKind, GraphLaunches};
-use daemon::supervisor::build_executor;
+use daemon::setup::build_executor;
 use worker::executor::{Context, Handle, Launch, Queued};
 use worker::serve::{spawn, WorkerConfig};
 use worker::KERNELS_PTX;

@@ -173,7 +173,7 @@ pub fn run(executor: ExecutorKind, secs: f64) -> Result<()> {
     let cfg = super::fairness::config(executor, Default::default())?;
     println!(
         "time slices: {} ms base on GPU 0 (the daemon's, as for any GPU without its own)",
-        daemon::supervisor::gpu_slice_ns(&cfg, 0) as f64 / 1e6
+        daemon::setup::gpu_slice_ns(&cfg, 0) as f64 / 1e6
     );
     let alone = rates(&bin, executor, &vms(false)[..1], &[SMALL], "", secs)?[0];
     println!("alone: {alone:.1} kernels/s");

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 
 use std::path::PathBuf;
 
-use daemon::{attach, config::Config, control, supervisor};
+use daemon::{attach, config::Config, control, setup, supervisor};
 
 mod demo;
 mod render;
@@ -412,7 +412,7 @@ fn worker_process(
     feed: Option<(i32, bool)>,
     gpu: Option<u32>,
 ) -> Result<()> {
-    let spec = supervisor::worker_spec(&Config::load(config)?, vm, id, feed, gpu)?;
+    let spec = setup::worker_spec(&Config::load(config)?, vm, id, feed, gpu)?;
     match worker::process::run(&spec) {
         // The daemon tells this exit apart from a crash.
         Err(worker::Error::Poisoned(_)) => std::process::exit(worker::process::EXIT_POISONED),

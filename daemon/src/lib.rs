@@ -3,6 +3,8 @@
 //! grant service per GPU, places and migrates vGPUs, and serves the
 //! control API and dashboard.
 //!
+//! - `setup`: what the config makes of each GPU and worker (executor,
+//!   slice, sockets, a worker's `Spec`),
 //! - `supervisor`: the serving loop: workers started, restarted, migrated;
 //!   reloads,
 //! - `config`: host.toml, validated,
@@ -26,6 +28,7 @@ pub mod image_store;
 pub mod link;
 pub mod mps;
 pub mod run_lock;
+pub mod setup;
 pub mod supervisor;
 
 /// What can go wrong in the daemon.

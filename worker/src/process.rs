@@ -2,7 +2,7 @@
 //! or its own), its confinement, then the serving loop until SIGTERM.
 //!
 //! What the process is to do comes from the daemon as a [`Spec`] (the
-//! daemon's `supervisor::worker_spec` reads it from the config), so that
+//! daemon's `setup::worker_spec` reads it from the config), so that
 //! nothing of the daemon's configuration is linked into the worker.
 
 use std::sync::atomic::Ordering;

@@ -163,7 +163,7 @@ impl ControlPlane {
             })
             .collect();
         plane.gpu_slice_ns = (0..plane.gpu_count())
-            .map(|g| crate::supervisor::gpu_slice_ns(&cfg, g))
+            .map(|g| crate::setup::gpu_slice_ns(&cfg, g))
             .collect();
         for vm in &cfg.vms {
             plane.vgpu_id(&vm.name);
@@ -206,7 +206,7 @@ impl ControlPlane {
             let slice_ns = self.slice_ns(cfg, gpu);
             tracing::info!(gpu, slice_us = slice_ns / 1000, "grant service starts");
             let svc = GrantService::start_lifted(
-                &crate::supervisor::grant_socket(cfg, gpu),
+                &crate::setup::grant_socket(cfg, gpu),
                 slice_ns,
                 cfg.gpu_policy(gpu),
                 cfg.gpu_mps(gpu),
@@ -223,7 +223,7 @@ impl ControlPlane {
         self.gpu_slice_ns
             .get(gpu as usize)
             .copied()
-            .unwrap_or_else(|| crate::supervisor::gpu_slice_ns(cfg, gpu))
+            .unwrap_or_else(|| crate::setup::gpu_slice_ns(cfg, gpu))
     }
 
     /// GPUs on this host.

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use worker::process::EXIT_POISONED;
 
 use super::workers::{signal_child, stop_child, Supervised, STANDBY_AFTER};
-use super::{grant_socket, Supervisor};
+use super::Supervisor;
 use crate::config::Config;
 use crate::control::ControlPlane;
 use crate::link::VmHost;
+use crate::setup::grant_socket;
 use crate::Error;
 
 /// A worker the daemon ended (its GPU's MPS server lost a client), until

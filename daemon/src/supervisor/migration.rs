@@ -3,10 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use super::{grant_socket, Supervisor};
+use super::Supervisor;
 use crate::config::Config;
 use crate::control::ControlPlane;
 use crate::link::VmHost;
+use crate::setup::grant_socket;
 
 impl Supervisor {
     /// Migrations: start those asked for, collect the workers' reports,

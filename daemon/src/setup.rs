@@ -1,0 +1,104 @@
+//! What the config makes of each GPU and each VM's worker: the executor,
+//! a GPU's base time slice, the sockets of its grant service and of the
+//! image store, and what a worker process is to do (its `Spec`). The
+//! supervisor, the control plane, the CLI and the benches all ask here.
+
+use std::path::PathBuf;
+
+use worker::executor::Executor;
+use worker::process::{ExecutorSpec, Spec};
+use worker::serve::WorkerConfig;
+
+use crate::config::{Config, ExecutorKind};
+use crate::Error;
+
+/// The executor the config names.
+pub fn executor_spec(cfg: &Config) -> ExecutorSpec {
+    ExecutorSpec {
+        kind: cfg.daemon.executor,
+        sim: cfg.sim,
+        graph_launches: cfg.daemon.graph_launches,
+    }
+}
+
+/// Builds the configured executor for one GPU.
+pub fn build_executor(cfg: &Config, gpu: u32) -> Result<Box<dyn Executor>, Error> {
+    Ok(executor_spec(cfg).open(gpu)?)
+}
+
+/// The base time slice of GPU `gpu`, ns (see [`Config::gpu_slice_ns`]): the
+/// sim models a GPU that cannot preempt a running kernel; a real GPU says
+/// whether it can (one whose driver cannot be asked is taken as one that
+/// cannot: the shorter slice).
+pub fn gpu_slice_ns(cfg: &Config, gpu: u32) -> u64 {
+    let preemptive = match cfg.daemon.executor {
+        ExecutorKind::Sim => false,
+        ExecutorKind::Cuda => worker::executor::cuda::device_preemptive(gpu).unwrap_or(false),
+    };
+    cfg.gpu_slice_ns(gpu, preemptive)
+}
+
+/// What the worker process of VM `vm` is to do (`fairvgpu worker`): `id`
+/// is its vGPU's id at the grant service (the daemon's; by default its
+/// position in the config), `gpu` where the vGPU is now (it may have
+/// moved; default the config's). With `feed` (the fd of the daemon's feed,
+/// see [`crate::link`], and whether to start as a standby, see
+/// `crate::mps`) it adopts the region the daemon serves; without, it
+/// serves its own.
+pub fn worker_spec(
+    cfg: &Config,
+    vm: &str,
+    id: Option<u32>,
+    feed: Option<(i32, bool)>,
+    gpu: Option<u32>,
+) -> Result<Spec, Error> {
+    let vmc = cfg
+        .vm(vm)
+        .ok_or_else(|| Error::Config(format!("no vm named {vm:?}")))?;
+    let gpu = gpu.or(vmc.gpu).unwrap_or(0);
+    // An MPS client sees only the GPU its server was started for, as 0.
+    let mps = cfg.gpu_mps(gpu) && cfg.daemon.executor == ExecutorKind::Cuda;
+    let host_id = wire::identity::host_id(&cfg.daemon.run_dir)?;
+    let wc = WorkerConfig {
+        uuid: wire::identity::vgpu_uuid(&host_id, vm),
+        spin: cfg.spin,
+        cpu: vmc.worker_cpu,
+        grant: cfg.daemon.scheduler.then(|| {
+            let id =
+                id.unwrap_or_else(|| cfg.vms.iter().position(|v| v.name == vm).unwrap_or(0) as u32);
+            (grant_socket(cfg, gpu), id, vmc.weight)
+        }),
+        vcpus_file: Some(crate::attach::vcpus_file(cfg, vm)),
+        slice_blocks: cfg.daemon.slice_blocks,
+        image_cache: cfg.daemon.image_cache_mib << 20,
+        // Only under the daemon, which runs the store.
+        image_store: (feed.is_some() && cfg.daemon.share_images).then(|| image_store_socket(cfg)),
+        // An MPS client makes its contexts ahead, while it may still
+        // connect (see `mps.rs` and the worker's `serve/contexts.rs`).
+        prefill_contexts: if mps { cfg.gpu_mps_processes(gpu) } else { 0 },
+        lift_nice: (cfg.daemon.priority != 0).then_some(cfg.daemon.priority),
+        ..WorkerConfig::new(
+            vm,
+            cfg.socket(vm),
+            cfg.layout_for(vmc),
+            vmc.memory_limit_mib << 20,
+        )
+    };
+    Ok(Spec {
+        worker: wc,
+        executor: executor_spec(cfg),
+        ordinal: if mps { 0 } else { gpu },
+        feed,
+        sandbox: cfg.daemon.sandbox,
+    })
+}
+
+/// Socket of the daemon's module image store (see `image_store.rs`).
+pub fn image_store_socket(cfg: &Config) -> PathBuf {
+    cfg.daemon.run_dir.join("images.sock")
+}
+
+/// Socket of the grant service of GPU `gpu`.
+pub fn grant_socket(cfg: &Config, gpu: u32) -> PathBuf {
+    cfg.daemon.run_dir.join(format!("grant-gpu{gpu}.sock"))
+}
