@@ -76,6 +76,9 @@ pub fn worker_spec(
         // An MPS client makes its contexts ahead, while it may still
         // connect (see `mps.rs` and the worker's `serve/contexts.rs`).
         prefill_contexts: if mps { cfg.gpu_mps_processes(gpu) } else { 0 },
+        // A fault standby (`[daemon] fault_standby`, a GPU without MPS)
+        // holds a context ready for the VM's next process.
+        warm_contexts: usize::from(!mps && feed.is_some_and(|f| f.1)),
         lift_nice: (cfg.daemon.priority != 0).then_some(cfg.daemon.priority),
         ..WorkerConfig::new(
             vm,

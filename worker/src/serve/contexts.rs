@@ -202,6 +202,27 @@ impl ContextPool {
         Ok(())
     }
 
+    /// Makes `n` spares now, outside the bucket, for a worker that may
+    /// still make more later (unlike [`ContextPool::prefill`]): a standby
+    /// kept for a VM that faulted holds one, so that the VM's next process
+    /// after a fault finds a context made (see the daemon's
+    /// `[daemon] fault_standby`). A failure is logged: the contexts are
+    /// then made as processes come, as without.
+    pub fn warm(&mut self, exec: &mut dyn Executor, n: usize) {
+        for i in 0..n.min(self.max_spares) {
+            match exec.open() {
+                Ok(c) => {
+                    self.spares.push(c);
+                    self.counts.created += 1;
+                }
+                Err(s) => {
+                    tracing::warn!(made = i, "making a context ahead: {s:?}");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Takes in the contexts made ahead on another thread since the last
     /// look; true once that thread is done (or there was none), from then
     /// on the worker may confine all its threads.
@@ -445,6 +466,25 @@ mod tests {
         pool.give_back(held.pop().unwrap(), false);
         assert!(pool.take(&mut exec).unwrap().is_some());
         assert_eq!(pool.counts.created, 4);
+    }
+
+    #[test]
+    fn warm_contexts_come_first_and_more_are_made_after_them() {
+        let mut exec = sim();
+        let mut pool = ContextPool::default();
+        pool.warm(exec.as_mut(), 1);
+        assert_eq!(pool.counts.created, 1);
+        let first = pool.take(exec.as_mut()).unwrap().unwrap();
+        assert_eq!(
+            pool.counts.reused, 1,
+            "the warm one is handed out as a spare"
+        );
+        // Unlike contexts made ahead for MPS, the pool is not fixed: the
+        // next process gets a new one.
+        let second = pool.take(exec.as_mut()).unwrap();
+        assert!(second.is_some());
+        assert_eq!(pool.counts.created, 2);
+        drop(first);
     }
 
     #[test]

@@ -103,6 +103,10 @@ pub struct WorkerConfig {
     /// client cannot make one after); if any, they are all the guest
     /// processes can use at once (see `contexts.rs`). 0: made as needed.
     pub prefill_contexts: usize,
+    /// Contexts to make at the start for its first processes, without
+    /// limiting later ones (a fault standby's; see `contexts.rs`); unused
+    /// where `prefill_contexts` is set.
+    pub warm_contexts: usize,
     /// The vGPU's UUID as its guest sees it (see `identity.rs`): from the
     /// host's id and the VM's name under a daemon; from the socket's path
     /// and the name for a worker outside one.
@@ -137,6 +141,7 @@ impl WorkerConfig {
             image_cache: 64 << 20,
             image_store: None,
             prefill_contexts: 0,
+            warm_contexts: 0,
             lift_nice: None,
         }
     }

@@ -84,6 +84,8 @@ impl Device {
             contexts
                 .prefill(exec.as_mut(), cfg.prefill_contexts)
                 .map_err(|s| Error::Config(format!("making GPU contexts ahead: {s:?}")))?;
+        } else if cfg.warm_contexts > 0 {
+            contexts.warm(exec.as_mut(), cfg.warm_contexts);
         }
         let images = image_cache::ImageCache::new(
             cfg.image_cache,
