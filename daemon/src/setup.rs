@@ -105,3 +105,27 @@ pub fn image_store_socket(cfg: &Config) -> PathBuf {
 pub fn grant_socket(cfg: &Config, gpu: u32) -> PathBuf {
     cfg.daemon.run_dir.join(format!("grant-gpu{gpu}.sock"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_standby_on_a_gpu_without_mps_holds_a_context_ready_and_a_serving_worker_none() {
+        let dir = scratch::dir("fvg-setup");
+        let cfg = Config::parse(&format!(
+            "[daemon]\nrun_dir = {:?}\n[[vm]]\nname = \"vm1\"\ntenant = \"t\"\nmemory_limit_mib = 1024\n",
+            dir.display().to_string()
+        ))
+        .unwrap();
+        let standby = worker_spec(&cfg, "vm1", None, Some((3, true)), None).unwrap();
+        assert_eq!(standby.worker.warm_contexts, 1);
+        assert_eq!(standby.worker.prefill_contexts, 0);
+        let serving = worker_spec(&cfg, "vm1", None, Some((3, false)), None).unwrap();
+        assert_eq!(serving.worker.warm_contexts, 0);
+        let alone = worker_spec(&cfg, "vm1", None, None, None).unwrap();
+        assert_eq!(alone.worker.warm_contexts, 0);
+        assert!(worker_spec(&cfg, "nope", None, None, None).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
