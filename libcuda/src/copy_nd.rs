@@ -15,6 +15,9 @@ use crate::state::gpu;
 use crate::state::thread::resolve;
 use crate::{code, CuResult};
 
+/// Bytes of host rows packed into one copy at most (see [`Box3d::pack`]).
+const PACK: usize = 4 << 20;
+
 /// `CUDA_MEMCPY2D`.
 #[repr(C)]
 #[derive(Debug)]
@@ -245,11 +248,47 @@ impl Box3d {
         if self.src.device && !self.dst.device {
             return self.gather(st);
         }
+        if !self.src.device && self.dst.device && self.contiguous(self.dst) {
+            return self.pack(st, sync);
+        }
         for z in 0..self.depth {
             for y in 0..self.height {
                 let (d, s) = (Self::row(self.dst, y, z), Self::row(self.src, y, z));
                 copy1(self.dst, self.src, d, s, self.width, st, false)?;
             }
+        }
+        if sync {
+            let h = resolve(st)?;
+            gpu(|g| g.stream_synchronize(h))?;
+        }
+        Ok(())
+    }
+
+    /// Host rows with gaps into device memory without: the rows packed
+    /// into runs of at most [`PACK`] bytes, one copy each (a copy a row
+    /// would be a request a row: cuBLAS-XT copies its 64-row tiles so).
+    /// Each run's bytes are taken before its copy returns, as with any
+    /// copy from pageable memory.
+    fn pack(&self, st: CUstream, sync: bool) -> Result<(), CuResult> {
+        let w = usize::try_from(self.width).map_err(|_| code::INVALID_VALUE)?;
+        let per_run = (PACK / w).max(1) as u64;
+        let rows = self.height * self.depth;
+        let mut tmp = Vec::with_capacity(w.saturating_mul(per_run.min(rows) as usize));
+        let mut done = 0;
+        while done < rows {
+            let n = (rows - done).min(per_run);
+            tmp.clear();
+            for r in done..done + n {
+                let s = host_view(Self::row(self.src, r % self.height, r / self.height), w);
+                // SAFETY: the caller's box: `width` readable bytes at each of
+                // its source rows (API contract).
+                tmp.extend_from_slice(unsafe { std::slice::from_raw_parts(s as *const u8, w) });
+            }
+            // The destination's rows follow one another: run `done` starts
+            // `done` rows in.
+            let d = self.dst.addr + done * self.width;
+            htod(d, tmp.as_ptr() as *const c_void, tmp.len(), st, false)?;
+            done += n;
         }
         if sync {
             let h = resolve(st)?;

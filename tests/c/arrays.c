@@ -280,6 +280,42 @@ int main(int argc, char **argv) {
     same = 1;
     for (int y = 0; y < 8; y++) same &= memcmp(back + y * 256, hd + y * 512, 256) == 0;
     EXPECT("2D device to array to device", same);
+    /* Host rows with gaps (pitch 300) into device memory without: the
+       stand-in packs the rows into one copy; sync and async. */
+    memset(&c2, 0, sizeof c2);
+    c2.srcMemoryType = CU_MEMORYTYPE_HOST;
+    c2.srcHost = host2;
+    c2.srcPitch = 300;
+    c2.srcXInBytes = 8;
+    c2.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c2.dstDevice = dbuf + 40960;
+    c2.dstPitch = 256;
+    c2.WidthInBytes = 256;
+    c2.Height = 16;
+    CK(cuMemcpy2D_v2(&c2));
+    CK(cuMemcpyDtoH_v2(back, dbuf + 40960, 4096));
+    same = 1;
+    for (int y = 0; y < 16; y++) same &= memcmp(back + y * 256, host2 + y * 300 + 8, 256) == 0;
+    EXPECT("2D host rows packed into device memory", same);
+    /* More rows than one packed copy takes (4 MiB): 5000 rows of 1 KiB. */
+    static unsigned char tall[1100 * 5000], tall_back[1024 * 5000];
+    fill(tall, sizeof tall, 9);
+    CUdeviceptr dtall;
+    CK(cuMemAlloc_v2(&dtall, 1024 * 5000));
+    c2.srcHost = tall;
+    c2.srcPitch = 1100;
+    c2.srcXInBytes = 0;
+    c2.dstDevice = dtall;
+    c2.dstPitch = 1024;
+    c2.WidthInBytes = 1024;
+    c2.Height = 5000;
+    CK(cuMemcpy2DAsync_v2(&c2, st));
+    CK(cuStreamSynchronize(st));
+    CK(cuMemcpyDtoH_v2(tall_back, dtall, sizeof tall_back));
+    same = 1;
+    for (int y = 0; y < 5000; y++) same &= memcmp(tall_back + y * 1024, tall + y * 1100, 1024) == 0;
+    EXPECT("2D host rows packed in runs, async", same);
+    CK(cuMemFree_v2(dtall));
     memset(&c2, 0, sizeof c2);
     c2.srcMemoryType = CU_MEMORYTYPE_HOST;
     c2.srcHost = host2;
