@@ -182,24 +182,14 @@ impl ContextPool {
                 return Ok(());
             }
         }
-        if n > 0 {
-            self.spares.push(exec.open()?);
-            self.counts.created += 1;
-        }
-        while self.spares.len() < n {
-            match exec.open() {
-                Ok(c) => {
-                    self.spares.push(c);
-                    self.counts.created += 1;
-                }
-                Err(s) if self.spares.is_empty() => return Err(s),
-                Err(s) => {
-                    tracing::warn!(made = self.spares.len(), "making a context ahead: {s:?}");
-                    break;
-                }
+        match self.make_spares(exec, n) {
+            Err((0, s)) => Err(s),
+            Err((made, s)) => {
+                tracing::warn!(made, "making a context ahead: {s:?}");
+                Ok(())
             }
+            Ok(()) => Ok(()),
         }
-        Ok(())
     }
 
     /// Makes `n` spares now, outside the bucket, for a worker that may
@@ -209,18 +199,20 @@ impl ContextPool {
     /// `[daemon] fault_standby`). A failure is logged: the contexts are
     /// then made as processes come, as without.
     pub fn warm(&mut self, exec: &mut dyn Executor, n: usize) {
-        for i in 0..n.min(self.max_spares) {
-            match exec.open() {
-                Ok(c) => {
-                    self.spares.push(c);
-                    self.counts.created += 1;
-                }
-                Err(s) => {
-                    tracing::warn!(made = i, "making a context ahead: {s:?}");
-                    return;
-                }
-            }
+        if let Err((made, s)) = self.make_spares(exec, n.min(self.max_spares)) {
+            tracing::warn!(made, "making a context ahead: {s:?}");
         }
+    }
+
+    /// Makes `n` more spares on this thread; at the first failure, stops
+    /// and says how many it made before it.
+    fn make_spares(&mut self, exec: &mut dyn Executor, n: usize) -> Result<(), (usize, Status)> {
+        for made in 0..n {
+            let c = exec.open().map_err(|s| (made, s))?;
+            self.spares.push(c);
+            self.counts.created += 1;
+        }
+        Ok(())
     }
 
     /// Takes in the contexts made ahead on another thread since the last
