@@ -16,6 +16,10 @@ use wire::grant::*;
 
 use super::{corun, hold_limit, Usage, VgpuLive, HELLO_WAIT};
 
+/// How long the service sleeps while no vGPU holds or wants its GPU: the
+/// latest a daemon's command (a weight changed, a vGPU leaving) is taken.
+const QUIET_WAIT_MS: u8 = 10;
+
 /// What the daemon asks of a running service (see [`super::GrantService`]).
 pub(super) enum Command {
     SetShare {
@@ -354,14 +358,26 @@ impl Service {
 
     // --- Workers' messages --------------------------------------------
 
-    /// The workers with something to read (or gone), waiting 1 ms at most.
+    /// The workers with something to read (or gone), waiting 1 ms at most
+    /// while a vGPU holds or wants the GPU (its grant's deadline and the
+    /// next hand-off are timed to the millisecond), and up to `QUIET_WAIT`
+    /// while none does, woken at once by a worker's message or a new
+    /// connection: an idle GPU's service takes no CPU from busy threads.
     fn readable(&self) -> Vec<u32> {
         let ids: Vec<u32> = self.conns.keys().copied().collect();
         let mut fds: Vec<PollFd<'_>> = ids
             .iter()
             .map(|i| PollFd::new(self.conns[i].as_fd(), PollFlags::POLLIN))
             .collect();
-        let _ = poll(&mut fds, PollTimeout::from(1u8));
+        let quiet = self.holder.is_none()
+            && self.drainer.is_none()
+            && self.active.is_empty()
+            && self.pending.is_empty();
+        if quiet {
+            fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
+        }
+        let wait = if quiet { QUIET_WAIT_MS } else { 1 };
+        let _ = poll(&mut fds, PollTimeout::from(wait));
         fds.iter()
             .zip(&ids)
             .filter(|(fd, _)| fd.revents().is_some_and(|r| !r.is_empty()))
