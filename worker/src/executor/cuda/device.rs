@@ -10,8 +10,7 @@ use vm_memory::VolatileSlice;
 
 use super::check;
 use super::context::{CudaContext, CURRENT};
-use crate::executor::GraphLaunches;
-use crate::executor::{Context, Executor};
+use crate::executor::{Context, Executor, GraphLaunches};
 use crate::Error;
 
 /// Checks that the NVIDIA driver library can be loaded.

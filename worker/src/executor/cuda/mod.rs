@@ -22,7 +22,6 @@ use protocol::Status;
 
 mod arrays;
 mod batch;
-mod calls;
 mod conditional;
 mod context;
 mod device;

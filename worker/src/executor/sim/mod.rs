@@ -28,7 +28,6 @@ use super::{Context, Executor};
 mod addresses;
 mod arrays;
 mod attributes;
-mod calls;
 mod context;
 mod graphs;
 mod kernels;
