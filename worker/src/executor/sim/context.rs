@@ -275,7 +275,7 @@ mod tests {
     use super::super::kernels::vector_add_params;
     use super::*;
     use crate::executor::sim::{SimExecutor, SimParams};
-    use crate::executor::Executor;
+    use crate::executor::{Executor, Launches, Modules, Streams};
     use protocol::{Dim3, ImageKind};
     use vm_memory::VolatileSlice;
 
