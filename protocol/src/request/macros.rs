@@ -149,5 +149,33 @@ macro_rules! requests {
                 })
             }
         }
+
+        /// One request of every row, with its variant's name and its
+        /// fields' names, the fields taken from their types' samples
+        /// (`sample.rs`) as the row's checks allow (tests only); `None`: no
+        /// sample passes a check.
+        #[cfg(test)]
+        pub(crate) fn generated_samples() -> Vec<$crate::request::sample::Generated> {
+            use super::sample::pick;
+            let of = |n: &mut u64| {
+                *n += 1;
+                *n
+            };
+            vec![
+                $(
+                    (stringify!($variant), &[$($(stringify!($field)),*)?], (|| {
+                        #[allow(unused_mut, unused_variables)]
+                        let mut n = 0u64;
+                        $($(
+                            let $field = pick::<$ty>(of(&mut n), stringify!($field), |raw| {
+                                let _ = raw;
+                                true $(&& $check(stringify!($field), raw $($(, $arg)*)?).is_ok())?
+                            })?;
+                        )*)?
+                        Some(Request::$variant $({ $($field),* })?)
+                    })()),
+                )*
+            ]
+        }
     };
 }
