@@ -155,6 +155,8 @@ macro_rules! requests {
         /// (`sample.rs`) as the row's checks allow (tests only); `None`: no
         /// sample passes a check.
         #[cfg(test)]
+        // Each row's closure, called at once, lets `?` end that row alone.
+        #[allow(clippy::redundant_closure_call)]
         pub(crate) fn generated_samples() -> Vec<$crate::request::sample::Generated> {
             use super::sample::pick;
             let of = |n: &mut u64| {
