@@ -38,7 +38,8 @@ mod timing;
 mod vmm;
 
 pub use device::{
-    available, device_count, device_memory, device_preemptive, open, peer_bandwidth, CudaExecutor,
+    available, device_count, device_memory, device_preemptive, open, peer_bandwidth, CudaError,
+    CudaExecutor,
 };
 
 fn check(r: CUresult) -> Result<(), Status> {
