@@ -422,3 +422,143 @@ fn device_flags_are_as_before() {
         );
     }
 }
+
+#[test]
+fn families_are_as_before() {
+    // The worker's routing before the families moved into the table.
+    let families: &[(Family, &[u32])] = &[
+        (
+            Family::Session,
+            &[op::HELLO, op::JOIN, op::TAKE_OUTPUT, op::VGPU_STATUS],
+        ),
+        (
+            Family::Stream,
+            &[
+                op::CTX_SYNCHRONIZE,
+                op::STREAM_CREATE,
+                op::STREAM_WAIT_EVENT,
+                op::CTX_GET_LIMIT,
+                op::CTX_SET_LIMIT,
+                op::STREAM_SET_ATTRIBUTE,
+                op::STREAM_GET_ATTRIBUTE,
+                op::STREAM_DESTROY,
+                op::STREAM_SYNCHRONIZE,
+                op::STREAM_QUERY,
+                op::EVENT_CREATE,
+                op::EVENT_DESTROY,
+                op::EVENT_RECORD,
+                op::EVENT_SYNCHRONIZE,
+                op::EVENT_QUERY,
+                op::EVENT_ELAPSED_TIME,
+            ],
+        ),
+        (
+            Family::Memory,
+            &[
+                op::MEM_ALLOC,
+                op::MEM_FREE,
+                op::MEM_FREE_ASYNC,
+                op::MEM_GET_INFO,
+                op::PINNED_ALLOC,
+                op::PINNED_FREE,
+                op::MEMCPY_HTOD_PINNED,
+                op::MEMCPY_DTOH_PINNED,
+                op::MEMCPY_HTOD,
+                op::MEMCPY_DTOH,
+                op::MEMCPY_DTOD,
+                op::MEMSET,
+            ],
+        ),
+        (
+            Family::Module,
+            &[
+                op::MODULE_LOAD,
+                op::MODULE_UNLOAD,
+                op::MODULE_GET_FUNCTION,
+                op::FUNC_GET_ATTRIBUTE,
+                op::OCCUPANCY,
+                op::OCCUPANCY_SMEM,
+                op::OCCUPANCY_CLUSTERS,
+                op::TENSOR_MAP_ENCODE,
+                op::MODULE_LOAD_CACHED,
+                op::MODULE_FUNCTIONS,
+                op::MODULE_GET_GLOBAL,
+                op::LINK,
+                op::FUNC_SET_ATTRIBUTE,
+            ],
+        ),
+        (
+            Family::Graph,
+            &[
+                op::GRAPH_INSTANTIATE,
+                op::GRAPH_LAUNCH,
+                op::GRAPH_DESTROY,
+                op::COND_SCOPE_CREATE,
+                op::COND_HANDLE_CREATE,
+                op::COND_SCOPE_DESTROY,
+                op::GRAPH_INSTANTIATE_IN,
+            ],
+        ),
+        (
+            Family::Launch,
+            &[op::LAUNCH, op::HOST_FN, op::WAIT_HOST_FN, op::HOST_FN_DONE],
+        ),
+        (
+            Family::Vmm,
+            &[
+                op::VMM_RESERVE,
+                op::VMM_ADDRESS_FREE,
+                op::VMM_CREATE,
+                op::VMM_RELEASE,
+                op::VMM_MAP,
+                op::VMM_UNMAP,
+                op::VMM_SET_ACCESS,
+                op::VMM_RETAIN,
+            ],
+        ),
+        (
+            Family::Ipc,
+            &[
+                op::IPC_EXPORT,
+                op::IPC_OPEN,
+                op::IPC_CLOSE,
+                op::IPC_EXPORT_EVENT,
+                op::IPC_OPEN_EVENT,
+            ],
+        ),
+        (
+            Family::Share,
+            &[
+                op::VMM_EXPORT,
+                op::VMM_IMPORT,
+                op::POOL_EXPORT,
+                op::POOL_IMPORT,
+                op::POOL_EXPORT_POINTER,
+                op::POOL_IMPORT_POINTER,
+            ],
+        ),
+        (
+            Family::Arrays,
+            &[
+                op::ARRAY_CREATE,
+                op::ARRAY_DESTROY,
+                op::ARRAY_COPY,
+                op::TEX_CREATE,
+                op::TEX_DESTROY,
+                op::SURF_CREATE,
+                op::SURF_DESTROY,
+            ],
+        ),
+    ];
+    // A request added since names its own family in its row.
+    for r in generated() {
+        if let Some(&(want, _)) = families
+            .iter()
+            .find(|(_, codes)| codes.contains(&r.opcode()))
+        {
+            assert_eq!(r.family(), want, "{r:?}");
+        }
+    }
+    let listed: usize = families.iter().map(|(_, codes)| codes.len()).sum();
+    assert_eq!(listed, 82, "every request that stood then");
+}

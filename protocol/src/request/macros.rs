@@ -31,7 +31,7 @@ macro_rules! requests {
         pub enum Request {
             $(
                 $(#[$meta:meta])*
-                $variant:ident ($code:ident = $value:literal) [$($flag:ident)*]
+                $variant:ident ($code:ident = $value:literal) in $family:ident [$($flag:ident)*]
                 $(data($data:ident))?
                 $({
                     $(
@@ -82,6 +82,14 @@ macro_rules! requests {
             pub fn opcode(&self) -> u32 {
                 match self {
                     $(Request::$variant { .. } => codes::$code,)*
+                }
+            }
+
+            /// The API family the request belongs to (the table's `in`):
+            /// the worker hands it to that family's handler.
+            pub fn family(&self) -> Family {
+                match self {
+                    $(Request::$variant { .. } => Family::$family,)*
                 }
             }
 

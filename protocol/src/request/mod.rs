@@ -12,7 +12,7 @@ mod checks;
 pub(crate) mod table;
 pub(crate) mod wire;
 
-pub use table::Request;
+pub use table::{Family, Request};
 
 #[cfg(test)]
 mod golden;
