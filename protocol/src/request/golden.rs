@@ -409,7 +409,11 @@ fn device_flags_are_as_before() {
         op::EVENT_SYNCHRONIZE,
         op::MEMCPY_DTOH,
     ];
-    for opcode in 0..256 {
+    // A request added since sets its own flags in its row.
+    let added = |o: u32| {
+        !FINGERPRINTS.iter().any(|&(l, _)| l == o) && generated().iter().any(|r| r.opcode() == o)
+    };
+    for opcode in (0..256).filter(|&o| !added(o)) {
         assert_eq!(
             op::needs_device(opcode),
             needs.contains(&opcode),
