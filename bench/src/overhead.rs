@@ -80,7 +80,7 @@ struct Native {
     ctx: Box<dyn Context>,
     empty: Handle,
     spin: Handle,
-    /// Launch the way the worker submits (`Context::launch_many`: on a GPU
+    /// Launch the way the worker submits (`Launches::launch_many`: on a GPU
     /// a graph launch) instead of the driver's launch call a program makes.
     as_worker: bool,
 }

@@ -30,7 +30,7 @@ mod values;
 
 pub use codec::{Reader, Writer};
 pub use reply::{DeviceInfo, Reply, VgpuProcess, VgpuStatus, MAX_DRIVER_VERSION};
-pub use request::Request;
+pub use request::{Family, Request};
 pub use status::Status;
 pub use values::{link_records, Dim3, ImageKind, Param};
 

@@ -58,6 +58,10 @@ pub enum Error {
     /// refused.
     #[error("image: {0}")]
     Image(String),
+    /// No driver, no such GPU, or a driver call failing while finding or
+    /// opening GPUs (`executor/cuda/device.rs`).
+    #[error("config: {0}")]
+    Cuda(#[from] executor::cuda::CudaError),
     /// A sticky CUDA error left every GPU context of the worker unusable.
     #[error("a CUDA error ({0:?}) poisoned the worker's GPU contexts")]
     Poisoned(protocol::Status),

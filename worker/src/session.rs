@@ -17,7 +17,7 @@ pub mod vmm;
 
 /// Launches accepted from the ring but not yet submitted: a run on one
 /// stream, submitted together (possibly as one graph launch, see
-/// [`Context::launch_many`]) before anything else of the session runs and
+/// [`crate::executor::Launches::launch_many`]) before anything else of the session runs and
 /// before the worker leaves the channel's queued requests.
 #[derive(Debug, Default)]
 pub struct LaunchRun {

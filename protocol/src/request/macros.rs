@@ -31,7 +31,7 @@ macro_rules! requests {
         pub enum Request {
             $(
                 $(#[$meta:meta])*
-                $variant:ident ($code:ident = $value:literal) [$($flag:ident)*]
+                $variant:ident ($code:ident = $value:literal) in $family:ident [$($flag:ident)*]
                 $(data($data:ident))?
                 $({
                     $(
@@ -82,6 +82,14 @@ macro_rules! requests {
             pub fn opcode(&self) -> u32 {
                 match self {
                     $(Request::$variant { .. } => codes::$code,)*
+                }
+            }
+
+            /// The API family the request belongs to (the table's `in`):
+            /// the worker hands it to that family's handler.
+            pub fn family(&self) -> Family {
+                match self {
+                    $(Request::$variant { .. } => Family::$family,)*
                 }
             }
 
@@ -148,6 +156,36 @@ macro_rules! requests {
                     other => return Err($crate::ProtoError::UnknownOpcode(other)),
                 })
             }
+        }
+
+        /// One request of every row, with its variant's name and its
+        /// fields' names, the fields taken from their types' samples
+        /// (`sample.rs`) as the row's checks allow (tests only); `None`: no
+        /// sample passes a check.
+        #[cfg(test)]
+        // Each row's closure, called at once, lets `?` end that row alone.
+        #[allow(clippy::redundant_closure_call)]
+        pub(crate) fn generated_samples() -> Vec<$crate::request::sample::Generated> {
+            use super::sample::pick;
+            let of = |n: &mut u64| {
+                *n += 1;
+                *n
+            };
+            vec![
+                $(
+                    (stringify!($variant), &[$($(stringify!($field)),*)?], (|| {
+                        #[allow(unused_mut, unused_variables)]
+                        let mut n = 0u64;
+                        $($(
+                            let $field = pick::<$ty>(of(&mut n), stringify!($field), |raw| {
+                                let _ = raw;
+                                true $(&& $check(stringify!($field), raw $($(, $arg)*)?).is_ok())?
+                            })?;
+                        )*)?
+                        Some(Request::$variant $({ $($field),* })?)
+                    })()),
+                )*
+            ]
         }
     };
 }

@@ -1,9 +1,13 @@
-//! One representative value of every request (tests only): the round
-//! trip, the golden encodings and the decode fingerprints run over them.
+//! Hand-written values of the requests that stood before the table
+//! generated one of every row (tests only): the golden encodings and the
+//! decode fingerprints (`golden.rs`) are pinned to these bytes, and the
+//! round trip runs over them too. A new request needs none here: the
+//! table generates its sample (`sample.rs`).
 
 use crate::*;
 
-/// At least one of each request, with fields off their defaults.
+/// One or more of each request that stood then, with fields off their
+/// defaults.
 pub(crate) fn samples() -> Vec<Request> {
     let d = |x, y, z| Dim3 { x, y, z };
     vec![

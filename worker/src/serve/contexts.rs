@@ -5,7 +5,7 @@
 //! locks that every process on the machine shares: one VM that opens and
 //! drops sessions in a loop slows every other VM's new processes, whatever
 //! the scheduler grants. So the worker keeps the contexts of processes that
-//! ended, made clean again ([`Context::recycle`]: their work finished, every
+//! ended, made clean again ([`crate::executor::Limits::recycle`]: their work finished, every
 //! object destroyed, every allocation given back to the driver), and gives
 //! them to the next processes of the same vGPU. A context never passes
 //! between vGPUs: each vGPU has its own worker.

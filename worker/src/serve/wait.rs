@@ -2,7 +2,7 @@
 //!
 //! A request that must wait for work on the device (a synchronize, an event
 //! synchronize, a device-to-host copy, which reads what the work before it
-//! wrote) marks its point in the work ([`crate::executor::Context::mark`])
+//! wrote) marks its point in the work ([`crate::executor::Streams::mark`])
 //! and is *parked* on its channel. The worker goes on serving every other
 //! channel, its guest's other threads included, and looks at the mark on
 //! each pass; when the device passes it, the request is answered (or the

@@ -57,7 +57,7 @@ pub struct Export {
     pub base: u64,
     /// Its length.
     pub size: u64,
-    /// What another context needs to reach it (see `Context::share_mem`).
+    /// What another context needs to reach it (see `Ipc::share_mem`).
     pub mem: SharedMem,
     alive: AtomicBool,
     /// Sessions that have it open.

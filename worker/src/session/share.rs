@@ -8,7 +8,7 @@
 //!
 //! Every guest process of a VM is a context of the VM's one worker, so an
 //! importer's handle is the exporter's physical memory itself: the
-//! executor hands it over (`Context::share_phys` / `import_phys`) and the
+//! executor hands it over (`Vmm::share_phys` / `import_phys`) and the
 //! importer maps it like its own. What the host adds is the bookkeeping:
 //!
 //! - An exporter exports only memory it holds a handle of; a token of

@@ -13,7 +13,7 @@ use protocol::Status;
 
 use super::check;
 use super::context::CudaContext;
-use crate::executor::{ArrayOp, Handle, HandleMap};
+use crate::executor::{ArrayOp, Arrays, Handle, HandleMap};
 
 /// A context's arrays (by our handle) and objects (by the driver's value).
 #[derive(Default)]
@@ -198,8 +198,8 @@ fn copy_params(a: &CudaArrays, c: &ArrayCopy) -> Result<sys::CUDA_MEMCPY3D, Stat
     })
 }
 
-impl CudaContext {
-    pub(super) fn cuda_array_op(&mut self, op: ArrayOp) -> Result<u64, Status> {
+impl Arrays for CudaContext {
+    fn array_op(&mut self, op: ArrayOp) -> Result<u64, Status> {
         self.bind()?;
         match op {
             ArrayOp::Create(d) => {

@@ -18,7 +18,7 @@ use protocol::Status;
 use super::check;
 use super::context::CudaContext;
 use super::graph::HostGraph;
-use crate::executor::Handle;
+use crate::executor::{Conditionals, Handle};
 
 /// Removes every node of `g` (a conditional node takes its bodies).
 fn clear(g: sys::CUgraph) -> Result<(), Status> {
@@ -36,75 +36,6 @@ fn clear(g: sys::CUgraph) -> Result<(), Status> {
 }
 
 impl CudaContext {
-    pub(super) fn cond_scope_create(&mut self) -> Result<Handle, Status> {
-        self.bind()?;
-        let mut g: sys::CUgraph = null_mut();
-        // SAFETY: out-parameter on our stack; flags 0.
-        check(unsafe { sys::cuGraphCreate(&mut g, 0) })?;
-        self.next_handle += 1;
-        let h = self.next_handle;
-        self.scopes.insert(h, g);
-        Ok(h)
-    }
-
-    pub(super) fn cond_handle_create(
-        &mut self,
-        scope: Handle,
-        default_value: u32,
-        flags: u32,
-    ) -> Result<u64, Status> {
-        self.bind()?;
-        let g = *self.scopes.get(&scope).ok_or(Status::InvalidHandle)?;
-        let mut h: sys::CUgraphConditionalHandle = 0;
-        // SAFETY: out-parameter on our stack; a graph of this context (the
-        // driver checks the flags).
-        check(unsafe {
-            sys::cuGraphConditionalHandleCreate(&mut h, g, self.ctx, default_value, flags)
-        })?;
-        Ok(h)
-    }
-
-    pub(super) fn cond_scope_destroy(&mut self, scope: Handle) -> Result<(), Status> {
-        self.bind()?;
-        let g = self.scopes.remove(&scope).ok_or(Status::InvalidHandle)?;
-        // SAFETY: our graph, destroyed once; executables made from it are
-        // independent of it.
-        check(unsafe { sys::cuGraphDestroy(g) })
-    }
-
-    pub(super) fn graph_instantiate_in(
-        &mut self,
-        scope: Handle,
-        nodes: &[GraphNode],
-    ) -> Result<Handle, Status> {
-        self.bind()?;
-        let g = *self.scopes.get(&scope).ok_or(Status::InvalidHandle)?;
-        let mut funcs = Vec::new();
-        let built = self.add_nodes(g, nodes, &mut funcs).and_then(|()| {
-            let mut exec: sys::CUgraphExec = null_mut();
-            // SAFETY: out-parameter on our stack; a complete graph of ours.
-            check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, g, 0) }).map(|()| exec)
-        });
-        // Empty again for the next graph, whatever happened.
-        let cleared = clear(g);
-        let exec = built?;
-        let host = HostGraph {
-            graph: g,
-            exec,
-            funcs,
-            nodes: Vec::new(),
-            scoped: true,
-        };
-        if let Err(e) = cleared {
-            host.destroy();
-            return Err(e);
-        }
-        self.next_handle += 1;
-        let h = self.next_handle;
-        self.graphs.insert(h, host);
-        Ok(h)
-    }
-
     /// Adds a conditional node to `g` after `deps`, and its bodies into the
     /// graphs the driver made for them.
     pub(super) fn add_conditional(
@@ -152,5 +83,76 @@ impl CudaContext {
             self.add_nodes(bg, body, funcs)?;
         }
         Ok(out)
+    }
+}
+
+impl Conditionals for CudaContext {
+    fn cond_scope_create(&mut self) -> Result<Handle, Status> {
+        self.bind()?;
+        let mut g: sys::CUgraph = null_mut();
+        // SAFETY: out-parameter on our stack; flags 0.
+        check(unsafe { sys::cuGraphCreate(&mut g, 0) })?;
+        self.next_handle += 1;
+        let h = self.next_handle;
+        self.scopes.insert(h, g);
+        Ok(h)
+    }
+
+    fn cond_handle_create(
+        &mut self,
+        scope: Handle,
+        default_value: u32,
+        flags: u32,
+    ) -> Result<u64, Status> {
+        self.bind()?;
+        let g = *self.scopes.get(&scope).ok_or(Status::InvalidHandle)?;
+        let mut h: sys::CUgraphConditionalHandle = 0;
+        // SAFETY: out-parameter on our stack; a graph of this context (the
+        // driver checks the flags).
+        check(unsafe {
+            sys::cuGraphConditionalHandleCreate(&mut h, g, self.ctx, default_value, flags)
+        })?;
+        Ok(h)
+    }
+
+    fn cond_scope_destroy(&mut self, scope: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let g = self.scopes.remove(&scope).ok_or(Status::InvalidHandle)?;
+        // SAFETY: our graph, destroyed once; executables made from it are
+        // independent of it.
+        check(unsafe { sys::cuGraphDestroy(g) })
+    }
+
+    fn graph_instantiate_in(
+        &mut self,
+        scope: Handle,
+        nodes: &[GraphNode],
+    ) -> Result<Handle, Status> {
+        self.bind()?;
+        let g = *self.scopes.get(&scope).ok_or(Status::InvalidHandle)?;
+        let mut funcs = Vec::new();
+        let built = self.add_nodes(g, nodes, &mut funcs).and_then(|()| {
+            let mut exec: sys::CUgraphExec = null_mut();
+            // SAFETY: out-parameter on our stack; a complete graph of ours.
+            check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, g, 0) }).map(|()| exec)
+        });
+        // Empty again for the next graph, whatever happened.
+        let cleared = clear(g);
+        let exec = built?;
+        let host = HostGraph {
+            graph: g,
+            exec,
+            funcs,
+            nodes: Vec::new(),
+            scoped: true,
+        };
+        if let Err(e) = cleared {
+            host.destroy();
+            return Err(e);
+        }
+        self.next_handle += 1;
+        let h = self.next_handle;
+        self.graphs.insert(h, host);
+        Ok(h)
     }
 }

@@ -12,7 +12,7 @@ use protocol::Status;
 use super::batch;
 use super::check;
 use super::vmm::{vmm_free, vmm_prop, GuestVmm, VmmAlloc};
-use crate::executor::{GraphLaunches, Handle};
+use crate::executor::{GraphLaunches, Handle, Limits};
 
 thread_local! {
     pub(super) static CURRENT: Cell<usize> = const { Cell::new(0) };
@@ -290,11 +290,57 @@ impl Drop for CudaContext {
     }
 }
 
-impl CudaContext {
-    /// See [`Context::recycle`]. The driver's memory goes back to the
+/// The driver's `CUlimit` for a range-checked limit number.
+fn cu_limit(limit: u32) -> Result<sys::CUlimit, Status> {
+    use sys::CUlimit as L;
+    Ok(match limit {
+        0 => L::CU_LIMIT_STACK_SIZE,
+        1 => L::CU_LIMIT_PRINTF_FIFO_SIZE,
+        2 => L::CU_LIMIT_MALLOC_HEAP_SIZE,
+        3 => L::CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH,
+        4 => L::CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT,
+        5 => L::CU_LIMIT_MAX_L2_FETCH_GRANULARITY,
+        6 => L::CU_LIMIT_PERSISTING_L2_CACHE_SIZE,
+        _ => return Err(Status::InvalidValue),
+    })
+}
+
+/// Destroys an event of a context and, when it was exported, its relay
+/// stream (see `CudaContext::share_event`); either may be null (none).
+pub(super) fn destroy_event(event: sys::CUevent, relay: sys::CUstream) -> sys::CUresult {
+    if !relay.is_null() {
+        // SAFETY: the event's relay stream, destroyed once, with it.
+        let r = unsafe { sys::cuStreamDestroy_v2(relay) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return r;
+        }
+    }
+    if event.is_null() {
+        return sys::CUresult::CUDA_SUCCESS;
+    }
+    // SAFETY: a live event, destroyed once.
+    unsafe { sys::cuEventDestroy_v2(event) }
+}
+
+impl Limits for CudaContext {
+    fn limit(&mut self, limit: u32) -> Result<u64, Status> {
+        self.bind()?;
+        let mut v = 0usize;
+        // SAFETY: out-parameter on our stack; `limit` was range-checked.
+        check(unsafe { sys::cuCtxGetLimit(&mut v, cu_limit(limit)?) })?;
+        Ok(v as u64)
+    }
+
+    fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: the context is current; `limit` was range-checked.
+        check(unsafe { sys::cuCtxSetLimit(cu_limit(limit)?, value as usize) })
+    }
+
+    /// See [`crate::executor::Limits::recycle`]. The driver's memory goes back to the
     /// driver (which clears it before anyone else gets it); what stays is
     /// the context itself, its copy stream and idle timing events.
-    pub(super) fn recycle(&mut self) -> Result<(), Status> {
+    fn recycle(&mut self) -> Result<(), Status> {
         self.bind()?;
         // Only a context with no work left is reused: one whose departed
         // process left a kernel running (for ever, maybe) is destroyed
@@ -374,52 +420,4 @@ impl CudaContext {
         }
         Ok(())
     }
-}
-
-/// The driver's `CUlimit` for a range-checked limit number.
-fn cu_limit(limit: u32) -> Result<sys::CUlimit, Status> {
-    use sys::CUlimit as L;
-    Ok(match limit {
-        0 => L::CU_LIMIT_STACK_SIZE,
-        1 => L::CU_LIMIT_PRINTF_FIFO_SIZE,
-        2 => L::CU_LIMIT_MALLOC_HEAP_SIZE,
-        3 => L::CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH,
-        4 => L::CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT,
-        5 => L::CU_LIMIT_MAX_L2_FETCH_GRANULARITY,
-        6 => L::CU_LIMIT_PERSISTING_L2_CACHE_SIZE,
-        _ => return Err(Status::InvalidValue),
-    })
-}
-
-impl CudaContext {
-    pub(super) fn limit(&mut self, limit: u32) -> Result<u64, Status> {
-        self.bind()?;
-        let mut v = 0usize;
-        // SAFETY: out-parameter on our stack; `limit` was range-checked.
-        check(unsafe { sys::cuCtxGetLimit(&mut v, cu_limit(limit)?) })?;
-        Ok(v as u64)
-    }
-
-    pub(super) fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
-        self.bind()?;
-        // SAFETY: the context is current; `limit` was range-checked.
-        check(unsafe { sys::cuCtxSetLimit(cu_limit(limit)?, value as usize) })
-    }
-}
-
-/// Destroys an event of a context and, when it was exported, its relay
-/// stream (see `CudaContext::share_event`); either may be null (none).
-pub(super) fn destroy_event(event: sys::CUevent, relay: sys::CUstream) -> sys::CUresult {
-    if !relay.is_null() {
-        // SAFETY: the event's relay stream, destroyed once, with it.
-        let r = unsafe { sys::cuStreamDestroy_v2(relay) };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return r;
-        }
-    }
-    if event.is_null() {
-        return sys::CUresult::CUDA_SUCCESS;
-    }
-    // SAFETY: a live event, destroyed once.
-    unsafe { sys::cuEventDestroy_v2(event) }
 }

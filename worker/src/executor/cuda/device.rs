@@ -10,17 +10,53 @@ use vm_memory::VolatileSlice;
 
 use super::check;
 use super::context::{CudaContext, CURRENT};
-use crate::executor::GraphLaunches;
-use crate::executor::{Context, Executor};
+use crate::executor::{Context, Executor, GraphLaunches};
 use crate::Error;
+
+/// What can go wrong finding and opening GPUs: the driver missing, a GPU
+/// asked for that is not there, or a driver call failing (which, and its
+/// status). It reaches callers as [`Error::Cuda`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CudaError {
+    /// The driver library could not be loaded.
+    #[error("executor \"cuda\": libcuda.so.1 (the NVIDIA driver) was not found on this host")]
+    NoDriver,
+    /// No GPU of that ordinal.
+    #[error("executor \"cuda\": no GPU {ordinal} (this host has {count})")]
+    NoSuchGpu {
+        /// The GPU asked for.
+        ordinal: u32,
+        /// GPUs the driver sees.
+        count: u32,
+    },
+    /// A driver call failed while finding or opening a GPU.
+    #[error("executor \"cuda\": {call}: {status:?}")]
+    Driver {
+        /// The call (`cuInit`, `cuDeviceGet`...).
+        call: &'static str,
+        /// What it answered.
+        status: Status,
+    },
+    /// A driver call failed while measuring peer bandwidth.
+    #[error("peer bandwidth: {call}: {status:?}")]
+    Peer {
+        /// The call.
+        call: &'static str,
+        /// What it answered.
+        status: Status,
+    },
+}
+
+/// A failed driver call `call` as an [`Error`].
+fn driver(call: &'static str) -> impl Fn(Status) -> Error {
+    move |status| CudaError::Driver { call, status }.into()
+}
 
 /// Checks that the NVIDIA driver library can be loaded.
 pub fn available() -> Result<(), Error> {
     // SAFETY: only probes whether the shared library can be loaded.
     if !unsafe { sys::is_culib_present() } {
-        return Err(Error::Config(
-            "executor \"cuda\": libcuda.so.1 (the NVIDIA driver) was not found on this host".into(),
-        ));
+        return Err(CudaError::NoDriver.into());
     }
     Ok(())
 }
@@ -50,11 +86,10 @@ fn init_through_mps() -> Result<(), Status> {
 /// Number of GPUs the driver sees.
 pub fn device_count() -> Result<u32, Error> {
     available()?;
-    let fail = |what: &str, s: Status| Error::Config(format!("executor \"cuda\": {what}: {s:?}"));
-    init_through_mps().map_err(|s| fail("cuInit", s))?;
+    init_through_mps().map_err(driver("cuInit"))?;
     let mut count = 0;
     // SAFETY: out-parameter on our stack.
-    check(unsafe { sys::cuDeviceGetCount(&mut count) }).map_err(|s| fail("cuDeviceGetCount", s))?;
+    check(unsafe { sys::cuDeviceGetCount(&mut count) }).map_err(driver("cuDeviceGetCount"))?;
     Ok(count.max(0) as u32)
 }
 
@@ -63,7 +98,7 @@ pub fn device_count() -> Result<u32, Error> {
 /// migration's copy is compared with).
 pub fn peer_bandwidth(src: u32, dst: u32, bytes: usize) -> Result<f64, Error> {
     device_count()?;
-    let fail = |what: &str, s: Status| Error::Config(format!("peer bandwidth: {what}: {s:?}"));
+    let fail = |call: &'static str, status: Status| Error::from(CudaError::Peer { call, status });
     let mut ctxs = [null_mut(); 2];
     let mut ptrs = [0u64; 2];
     for (i, o) in [src, dst].into_iter().enumerate() {
@@ -100,12 +135,11 @@ pub fn peer_bandwidth(src: u32, dst: u32, bytes: usize) -> Result<f64, Error> {
 /// Memory of GPU `ordinal`, bytes.
 pub fn device_memory(ordinal: u32) -> Result<u64, Error> {
     device_count()?;
-    let fail = |what: &str, s: Status| Error::Config(format!("executor \"cuda\": {what}: {s:?}"));
-    let dev = device(ordinal).map_err(|s| fail("cuDeviceGet", s))?;
+    let dev = device(ordinal).map_err(driver("cuDeviceGet"))?;
     let mut total = 0usize;
     // SAFETY: out-parameter on our stack.
     check(unsafe { sys::cuDeviceTotalMem_v2(&mut total, dev) })
-        .map_err(|s| fail("cuDeviceTotalMem", s))?;
+        .map_err(driver("cuDeviceTotalMem"))?;
     Ok(total as u64)
 }
 
@@ -114,8 +148,7 @@ pub fn device_memory(ordinal: u32) -> Result<u64, Error> {
 /// (`sched::Slices`).
 pub fn device_preemptive(ordinal: u32) -> Result<bool, Error> {
     device_count()?;
-    let dev = device(ordinal)
-        .map_err(|s| Error::Config(format!("executor \"cuda\": cuDeviceGet: {s:?}")))?;
+    let dev = device(ordinal).map_err(driver("cuDeviceGet"))?;
     let a = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED;
     Ok(attr(dev, a) == 1)
 }
@@ -125,12 +158,9 @@ pub fn device_preemptive(ordinal: u32) -> Result<bool, Error> {
 pub fn open(ordinal: u32, graphs: GraphLaunches) -> Result<Box<dyn Executor>, Error> {
     let count = device_count()?;
     if ordinal >= count {
-        return Err(Error::Config(format!(
-            "executor \"cuda\": no GPU {ordinal} (this host has {count})"
-        )));
+        return Err(CudaError::NoSuchGpu { ordinal, count }.into());
     }
-    let dev = device(ordinal)
-        .map_err(|s| Error::Config(format!("executor \"cuda\": cuDeviceGet: {s:?}")))?;
+    let dev = device(ordinal).map_err(driver("cuDeviceGet"))?;
     // Allocations are made movable (virtual memory management) where there
     // is another GPU to move to and every GPU supports it.
     let vmm = count > 1
@@ -340,4 +370,41 @@ pub(super) fn device(ordinal: u32) -> Result<CUdevice, Status> {
     // SAFETY: out-parameter on our stack.
     check(unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })?;
     Ok(dev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_carry_their_kind_and_read_as_before() {
+        let e = Error::from(CudaError::NoSuchGpu {
+            ordinal: 3,
+            count: 2,
+        });
+        assert!(matches!(
+            e,
+            Error::Cuda(CudaError::NoSuchGpu {
+                ordinal: 3,
+                count: 2
+            })
+        ));
+        assert_eq!(
+            e.to_string(),
+            "config: executor \"cuda\": no GPU 3 (this host has 2)"
+        );
+        let e = driver("cuDeviceGet")(Status::InvalidDevice);
+        assert_eq!(
+            e.to_string(),
+            "config: executor \"cuda\": cuDeviceGet: InvalidDevice"
+        );
+        let e = Error::from(CudaError::Peer {
+            call: "cuMemcpyPeer",
+            status: Status::OutOfMemory,
+        });
+        assert_eq!(
+            e.to_string(),
+            "config: peer bandwidth: cuMemcpyPeer: OutOfMemory"
+        );
+    }
 }

@@ -18,7 +18,7 @@ use protocol::Status;
 
 use super::check;
 use super::context::CudaContext;
-use crate::executor::Handle;
+use crate::executor::{Graphs, Handle};
 
 /// A graph built from a guest's nodes, and its executable.
 pub(super) struct HostGraph {
@@ -66,15 +66,6 @@ impl Drop for Building {
 }
 
 impl CudaContext {
-    pub(super) fn graph_instantiate(&mut self, nodes: &[GraphNode]) -> Result<Handle, Status> {
-        self.bind()?;
-        let built = self.build_graph(nodes)?;
-        self.next_handle += 1;
-        let h = self.next_handle;
-        self.graphs.insert(h, built);
-        Ok(h)
-    }
-
     /// Builds and instantiates the guest's `nodes` in the current context
     /// (`self.ctx`, with the objects of `self.objs`).
     pub(super) fn build_graph(&self, guest_nodes: &[GraphNode]) -> Result<HostGraph, Status> {
@@ -238,21 +229,6 @@ impl CudaContext {
         Ok(())
     }
 
-    pub(super) fn graph_launch(&mut self, exec: Handle, stream: Handle) -> Result<(), Status> {
-        self.bind()?;
-        let st = self.stream(stream)?;
-        let g = self.graphs.get(&exec).ok_or(Status::InvalidHandle)?;
-        // SAFETY: an executable of this context and one of its streams.
-        check(unsafe { sys::cuGraphLaunch(g.exec, st) })
-    }
-
-    pub(super) fn graph_destroy(&mut self, exec: Handle) -> Result<(), Status> {
-        self.bind()?;
-        let g = self.graphs.remove(&exec).ok_or(Status::InvalidHandle)?;
-        g.destroy();
-        Ok(())
-    }
-
     /// Destroys the graphs that run any of `funcs` (their module goes).
     pub(super) fn drop_graphs_of(&mut self, funcs: &[Handle]) {
         let gone: Vec<Handle> = self
@@ -266,5 +242,31 @@ impl CudaContext {
                 g.destroy();
             }
         }
+    }
+}
+
+impl Graphs for CudaContext {
+    fn graph_instantiate(&mut self, nodes: &[GraphNode]) -> Result<Handle, Status> {
+        self.bind()?;
+        let built = self.build_graph(nodes)?;
+        self.next_handle += 1;
+        let h = self.next_handle;
+        self.graphs.insert(h, built);
+        Ok(h)
+    }
+
+    fn graph_launch(&mut self, exec: Handle, stream: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let st = self.stream(stream)?;
+        let g = self.graphs.get(&exec).ok_or(Status::InvalidHandle)?;
+        // SAFETY: an executable of this context and one of its streams.
+        check(unsafe { sys::cuGraphLaunch(g.exec, st) })
+    }
+
+    fn graph_destroy(&mut self, exec: Handle) -> Result<(), Status> {
+        self.bind()?;
+        let g = self.graphs.remove(&exec).ok_or(Status::InvalidHandle)?;
+        g.destroy();
+        Ok(())
     }
 }

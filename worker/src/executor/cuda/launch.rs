@@ -10,7 +10,7 @@ use protocol::{Dim3, Status};
 use super::batch;
 use super::check;
 use super::context::{CudaContext, Obj};
-use crate::executor::{Handle, Queued};
+use crate::executor::{Handle, Launches, Queued};
 
 /// cuLaunchKernel wants one pointer per parameter; the parameters come
 /// packed back to back, so point into that buffer (`spare`: room for more).
@@ -110,13 +110,14 @@ impl CudaContext {
             .map(|q| {
                 let (l, p) = (q.launch, params.get(q.params.clone()));
                 p.ok_or(Status::InvalidValue).and_then(|p| {
-                    CudaContext::launch(self, l.func, l.grid, l.block, l.shared_mem, s, p)
+                    CudaContext::launch_moved(self, l.func, l.grid, l.block, l.shared_mem, s, p)
                 })
             })
             .fold(Ok(()), Result::and)
     }
 
-    pub(super) fn launch(
+    /// A launch whose parameters are translated already (see `globals.rs`).
+    pub(super) fn launch_moved(
         &mut self,
         func: Handle,
         g: Dim3,
@@ -134,22 +135,10 @@ impl CudaContext {
         // before returning.
         check(unsafe { launch_raw(f, g, b, smem, st, &mut ptrs) })
     }
+}
 
-    pub(super) fn launch_many(
-        &mut self,
-        s: Handle,
-        launches: &[Queued],
-        params: &[u8],
-    ) -> Result<(), Status> {
-        self.bind()?;
-        let st = self.stream(s)?;
-        batch::chunks(launches)
-            .map(|chunk| self.launch_chunk(st, s, chunk, params))
-            // Every chunk runs; the first error stays.
-            .fold(Ok(()), Result::and)
-    }
-
-    pub(super) fn launch_timed(
+impl Launches for CudaContext {
+    fn launch(
         &mut self,
         func: Handle,
         g: Dim3,
@@ -158,12 +147,37 @@ impl CudaContext {
         s: Handle,
         params: &[u8],
     ) -> Result<(), Status> {
+        let params = self.moved_params(func, params);
+        self.launch_moved(func, g, b, smem, s, &params)
+    }
+
+    fn launch_many(&mut self, s: Handle, launches: &[Queued], params: &[u8]) -> Result<(), Status> {
+        let params = self.moved_run(launches, params);
+        let params = &*params;
+        self.bind()?;
+        let st = self.stream(s)?;
+        batch::chunks(launches)
+            .map(|chunk| self.launch_chunk(st, s, chunk, params))
+            // Every chunk runs; the first error stays.
+            .fold(Ok(()), Result::and)
+    }
+
+    fn launch_timed(
+        &mut self,
+        func: Handle,
+        g: Dim3,
+        b: Dim3,
+        smem: u32,
+        s: Handle,
+        params: &[u8],
+    ) -> Result<(), Status> {
+        let params = self.moved_params(func, params);
         self.bind()?;
         let st = self.stream(s)?;
         let ev = [self.pooled_event()?, self.pooled_event()?];
         // SAFETY: our own events and a stream of this context.
         check(unsafe { sys::cuEventRecord(ev[0], st) })?;
-        self.launch(func, g, b, smem, s, params)?;
+        self.launch_moved(func, g, b, smem, s, &params)?;
         // SAFETY: as above.
         check(unsafe { sys::cuEventRecord(ev[1], st) })?;
         self.timed.push((func, ev[0], ev[1]));
@@ -171,7 +185,7 @@ impl CudaContext {
     }
 
     #[allow(clippy::too_many_arguments)] // the `Context` method's arguments
-    pub(super) fn launch_ex(
+    fn launch_ex(
         &mut self,
         func: Handle,
         g: Dim3,
@@ -182,6 +196,8 @@ impl CudaContext {
         cluster: Dim3,
         cooperative: bool,
     ) -> Result<(), Status> {
+        let params = self.moved_params(func, params);
+        let params = &*params;
         self.bind()?;
         let st = self.stream(s)?;
         let (f, sizes) = self.func(func)?;
@@ -218,7 +234,7 @@ impl CudaContext {
         check(unsafe { sys::cuLaunchKernelEx(&cfg, f, ptrs.as_mut_ptr(), null_mut()) })
     }
 
-    pub(super) fn can_slice(&mut self, func: Handle) -> bool {
+    fn can_slice(&mut self, func: Handle) -> bool {
         if let Some(v) = self.sliced.get(&func) {
             return v.is_some();
         }
@@ -248,7 +264,7 @@ impl CudaContext {
     }
 
     #[allow(clippy::too_many_arguments)] // the `Context` method's arguments
-    pub(super) fn launch_slice(
+    fn launch_slice(
         &mut self,
         func: Handle,
         g: Dim3,
@@ -259,6 +275,8 @@ impl CudaContext {
         x_offset: u32,
         grid_x: u32,
     ) -> Result<(), Status> {
+        let params = self.moved_params(func, params);
+        let params = &*params;
         if !self.can_slice(func) {
             return Err(Status::NotSupported);
         }

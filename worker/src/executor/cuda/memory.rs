@@ -11,7 +11,7 @@ use vm_memory::VolatileSlice;
 use super::check;
 use super::context::CudaContext;
 use super::vmm::{vmm_free, vmm_new, VmmAlloc};
-use crate::executor::Handle;
+use crate::executor::{Handle, Ipc, Memory};
 
 impl CudaContext {
     /// The stream of device-to-host copies into the arenas.
@@ -26,8 +26,10 @@ impl CudaContext {
         }
         Ok(self.copy)
     }
+}
 
-    pub(super) fn alloc(&mut self, size: u64) -> Result<u64, Status> {
+impl Memory for CudaContext {
+    fn alloc(&mut self, size: u64) -> Result<u64, Status> {
         self.bind()?;
         if !self.vmm {
             let mut p = 0;
@@ -61,12 +63,12 @@ impl CudaContext {
         Ok(va)
     }
 
-    pub(super) fn footprint(&self, size: u64) -> u64 {
+    fn footprint(&self, size: u64) -> u64 {
         let g = self.granularity as u64;
         size.div_ceil(g).saturating_mul(g)
     }
 
-    pub(super) fn free(&mut self, ptr: u64) -> Result<(), Status> {
+    fn free(&mut self, ptr: u64) -> Result<(), Status> {
         self.bind()?;
         if let Some(a) = self.allocs.remove(&ptr) {
             // Work still using it must finish first, as cuMemFree would wait.
@@ -81,12 +83,8 @@ impl CudaContext {
         Ok(())
     }
 
-    pub(super) fn htod(
-        &mut self,
-        dst: u64,
-        src: &VolatileSlice<'_>,
-        s: Handle,
-    ) -> Result<(), Status> {
+    fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, s: Handle) -> Result<(), Status> {
+        let dst = self.globals.addr(dst);
         self.bind()?;
         let st = self.stream(s)?;
         let p = src.ptr_guard().as_ptr() as *const c_void;
@@ -95,12 +93,8 @@ impl CudaContext {
         check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, p, src.len(), st) })
     }
 
-    pub(super) fn dtoh(
-        &mut self,
-        dst: &VolatileSlice<'_>,
-        src: u64,
-        s: Handle,
-    ) -> Result<(), Status> {
+    fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, s: Handle) -> Result<(), Status> {
+        let src = self.globals.addr(src);
         self.bind()?;
         self.stream(s)?;
         // The work before the copy is done (the worker waited for its
@@ -115,12 +109,8 @@ impl CudaContext {
         check(unsafe { sys::cuStreamSynchronize(st) })
     }
 
-    pub(super) fn dtoh_async(
-        &mut self,
-        dst: &VolatileSlice<'_>,
-        src: u64,
-        s: Handle,
-    ) -> Result<(), Status> {
+    fn dtoh_async(&mut self, dst: &VolatileSlice<'_>, src: u64, s: Handle) -> Result<(), Status> {
+        let src = self.globals.addr(src);
         self.bind()?;
         let st = self.stream(s)?;
         let p = dst.ptr_guard_mut().as_ptr() as *mut c_void;
@@ -130,14 +120,15 @@ impl CudaContext {
         check(unsafe { sys::cuMemcpyDtoHAsync_v2(p, src, dst.len(), st) })
     }
 
-    pub(super) fn dtod(&mut self, dst: u64, src: u64, len: u64, s: Handle) -> Result<(), Status> {
+    fn dtod(&mut self, dst: u64, src: u64, len: u64, s: Handle) -> Result<(), Status> {
+        let (dst, src) = (self.globals.addr(dst), self.globals.addr(src));
         self.bind()?;
         let st = self.stream(s)?;
         // SAFETY: both ranges validated by the worker.
         check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, st) })
     }
 
-    pub(super) fn memset(
+    fn memset(
         &mut self,
         dst: u64,
         value: u32,
@@ -145,6 +136,7 @@ impl CudaContext {
         count: u64,
         s: Handle,
     ) -> Result<(), Status> {
+        let dst = self.globals.addr(dst);
         self.bind()?;
         let n = count as usize;
         let st = self.stream(s)?;
@@ -159,3 +151,7 @@ impl CudaContext {
         check(r)
     }
 }
+
+/// Memory shared with another context of the worker needs nothing on a GPU:
+/// every context of a process reaches every device address.
+impl Ipc for CudaContext {}

@@ -21,7 +21,7 @@ use super::vmm::{
     compression_supported, granted_compression, vmm_access, vmm_free, vmm_new, vmm_reserve,
     VmmAlloc,
 };
-use crate::executor::{Handle, Keeper, Moved};
+use crate::executor::{Handle, Keeper, Migration, Moved, Timing};
 
 /// A context that is no longer used, destroyed when dropped (on any thread).
 struct OldContext(CUcontext);
@@ -243,158 +243,6 @@ struct Copied {
 }
 
 impl CudaContext {
-    /// See [`crate::executor::Context::migration_keeper`].
-    pub(super) fn migration_keeper(&self) -> Option<Keeper> {
-        if !self.vmm {
-            return Some(Keeper::PlainMemory);
-        }
-        if !self.scopes.is_empty() || self.graphs.values().any(|g| g.scoped) {
-            return Some(Keeper::ConditionalGraph);
-        }
-        self.arrays.keeper()
-    }
-
-    /// See [`crate::executor::Context::migration_keeper_to`]: compressible
-    /// memory stays where it is if the target has no generic compression.
-    pub(super) fn migration_keeper_to(&self, target: u32) -> Option<Keeper> {
-        self.migration_keeper().or_else(|| {
-            (target != self.ordinal
-                && !self.guest_vmm.compressed.is_empty()
-                && !compression_supported(target))
-            .then_some(Keeper::CompressibleMemory)
-        })
-    }
-
-    pub(super) fn prepare_migration(&self, target: u32) -> Option<crate::executor::PrepareJob> {
-        if target == self.ordinal || self.migration_keeper_to(target).is_some() {
-            return None;
-        }
-        let specs = self.specs();
-        let allocs: Vec<(u64, usize)> = self.allocs.iter().map(|(&va, a)| (va, a.padded)).collect();
-        let phys: Vec<(Handle, usize, u8)> = self
-            .guest_vmm
-            .phys
-            .iter()
-            .map(|(&h, &(_, n))| (h, n, self.guest_vmm.compression_of(h)))
-            .collect();
-        Some(Box::new(move || {
-            prepare(target, &specs, &allocs, &phys)
-                .map(|p| Box::new(p) as crate::executor::Prepared)
-        }))
-    }
-
-    pub(super) fn migrate(
-        &mut self,
-        target: u32,
-        prepared: Option<crate::executor::Prepared>,
-    ) -> Result<Moved, Status> {
-        if target == self.ordinal {
-            return Ok(Moved::default());
-        }
-        if let Some(k) = self.migration_keeper_to(target) {
-            tracing::warn!(to = target, "a guest process holds {k}: it cannot migrate");
-            return Err(Status::NotSupported);
-        }
-        self.bind()?;
-        // Drain at a kernel boundary: what was submitted finishes here.
-        // SAFETY: no arguments; our context is current.
-        check(unsafe { sys::cuCtxSynchronize() })?;
-        let _ = self.take_timings();
-        // The target's context, made ahead on a helper thread if it was.
-        let mut p = match prepared.and_then(|b| b.downcast::<PreparedCtx>().ok()) {
-            Some(p) if p.ordinal == target => *p,
-            _ => prepare(target, &self.specs(), &[], &[])?,
-        };
-        // SAFETY: the prepared context, current on no other thread.
-        check(unsafe { sys::cuCtxSetCurrent(p.ctx) })?;
-        CURRENT.with(|c| c.set(p.ctx as usize));
-        // Objects made or dropped by the guest since it was prepared.
-        let missing: Vec<(Handle, ObjSpec)> = self
-            .specs()
-            .into_iter()
-            .filter(|(h, _)| !p.objs.contains_key(h))
-            .collect();
-        let gone: Vec<Handle> = p
-            .objs
-            .keys()
-            .filter(|h| !self.objs.contains_key(h))
-            .copied()
-            .collect();
-        let mut c = Copied::default();
-        let result = self.copy_to(&mut p, target, &missing, gone, &mut c);
-        for (view, n) in c.views.drain(..) {
-            // SAFETY: our own view, its copies done (synchronized above, or
-            // given up); undone once.
-            let _ = unsafe { sys::cuMemUnmap(view, n) };
-            // SAFETY: as above.
-            let _ = unsafe { sys::cuMemAddressFree(view, n) };
-        }
-        // The guest's graphs, built again in the target's context (with its
-        // objects, and its globals' new homes).
-        let old_homes: Vec<u64> = self.globals.taken.iter().map(|t| t.now).collect();
-        let result = result.and_then(|bytes| {
-            self.globals.set_homes(&c.homes);
-            std::mem::swap(&mut self.ctx, &mut p.ctx);
-            std::mem::swap(&mut self.objs, &mut p.objs);
-            let built: Result<std::collections::HashMap<Handle, super::graph::HostGraph>, Status> =
-                self.graphs
-                    .iter()
-                    .map(|(&h, g)| Ok((h, self.build_graph(&g.nodes)?)))
-                    .collect();
-            std::mem::swap(&mut self.ctx, &mut p.ctx);
-            std::mem::swap(&mut self.objs, &mut p.objs);
-            built.map(|g| (bytes, g))
-        });
-        let (bytes, graphs) = match result {
-            Ok(b) => b,
-            Err(e) => {
-                self.globals.set_homes(&old_homes);
-                for (_, padded, h, tmp) in c.staged.into_iter().chain(
-                    c.staged_phys
-                        .into_iter()
-                        .map(|(_, n, h, tmp)| (0, n, h, tmp)),
-                ) {
-                    free_staged(padded, h, tmp);
-                }
-                drop(p); // the prepared context, its objects and graphs
-                CURRENT.with(|c| c.set(0));
-                self.bind()?;
-                return Err(e);
-            }
-        };
-        // The switch: each address range now maps the target's copy.
-        let mut allocations = self.switch_allocs(c.staged, target)?;
-        self.switch_guest_vmm(c.staged_phys, target)?;
-        allocations += self.guest_vmm.phys.len() as u64;
-        // The old context (its streams, events, modules and graphs; their
-        // replacements live in the new one) is destroyed off the pause, on
-        // a thread of its own: that takes tens of milliseconds.
-        self.templates.clear();
-        let old = OldContext(self.ctx);
-        let _ = std::thread::Builder::new()
-            .name("ctx-destroy".into())
-            .spawn(move || drop(old));
-        self.ctx = std::mem::replace(&mut p.ctx, null_mut());
-        self.dev = p.dev;
-        self.ordinal = target;
-        self.objs = std::mem::take(&mut p.objs);
-        self.graphs = graphs;
-        self.event_pool.clear();
-        self.timed.clear();
-        self.period = None;
-        self.sliced.clear();
-        // The worker moves a vGPU between requests, its work drained: any
-        // mark left is passed; its events went with the old context.
-        self.marks.clear();
-        self.copy = null_mut();
-        // The guest's stream attributes, on the new streams (a hint to the
-        // device: one the target refuses is not worth failing the move).
-        if let Err(e) = self.bind().and_then(|()| self.apply_stream_attrs()) {
-            tracing::debug!("stream attributes not set again after the move: {e:?}");
-        }
-        Ok(Moved { bytes, allocations })
-    }
-
     /// Copies the context's memory (its allocations and the guest's own
     /// physical memory) and the globals the guest holds into the prepared
     /// context `p` on `target`, after making there the objects made since it
@@ -592,5 +440,159 @@ impl CudaContext {
             check(unsafe { sys::cuMemSetAccess(va, n, &acc, 1) })?;
         }
         Ok(())
+    }
+}
+
+impl Migration for CudaContext {
+    fn migrate(
+        &mut self,
+        target: u32,
+        prepared: Option<crate::executor::Prepared>,
+    ) -> Result<Moved, Status> {
+        if target == self.ordinal {
+            return Ok(Moved::default());
+        }
+        if let Some(k) = self.migration_keeper_to(target) {
+            tracing::warn!(to = target, "a guest process holds {k}: it cannot migrate");
+            return Err(Status::NotSupported);
+        }
+        self.bind()?;
+        // Drain at a kernel boundary: what was submitted finishes here.
+        // SAFETY: no arguments; our context is current.
+        check(unsafe { sys::cuCtxSynchronize() })?;
+        let _ = self.take_timings();
+        // The target's context, made ahead on a helper thread if it was.
+        let mut p = match prepared.and_then(|b| b.downcast::<PreparedCtx>().ok()) {
+            Some(p) if p.ordinal == target => *p,
+            _ => prepare(target, &self.specs(), &[], &[])?,
+        };
+        // SAFETY: the prepared context, current on no other thread.
+        check(unsafe { sys::cuCtxSetCurrent(p.ctx) })?;
+        CURRENT.with(|c| c.set(p.ctx as usize));
+        // Objects made or dropped by the guest since it was prepared.
+        let missing: Vec<(Handle, ObjSpec)> = self
+            .specs()
+            .into_iter()
+            .filter(|(h, _)| !p.objs.contains_key(h))
+            .collect();
+        let gone: Vec<Handle> = p
+            .objs
+            .keys()
+            .filter(|h| !self.objs.contains_key(h))
+            .copied()
+            .collect();
+        let mut c = Copied::default();
+        let result = self.copy_to(&mut p, target, &missing, gone, &mut c);
+        for (view, n) in c.views.drain(..) {
+            // SAFETY: our own view, its copies done (synchronized above, or
+            // given up); undone once.
+            let _ = unsafe { sys::cuMemUnmap(view, n) };
+            // SAFETY: as above.
+            let _ = unsafe { sys::cuMemAddressFree(view, n) };
+        }
+        // The guest's graphs, built again in the target's context (with its
+        // objects, and its globals' new homes).
+        let old_homes: Vec<u64> = self.globals.taken.iter().map(|t| t.now).collect();
+        let result = result.and_then(|bytes| {
+            self.globals.set_homes(&c.homes);
+            std::mem::swap(&mut self.ctx, &mut p.ctx);
+            std::mem::swap(&mut self.objs, &mut p.objs);
+            let built: Result<std::collections::HashMap<Handle, super::graph::HostGraph>, Status> =
+                self.graphs
+                    .iter()
+                    .map(|(&h, g)| Ok((h, self.build_graph(&g.nodes)?)))
+                    .collect();
+            std::mem::swap(&mut self.ctx, &mut p.ctx);
+            std::mem::swap(&mut self.objs, &mut p.objs);
+            built.map(|g| (bytes, g))
+        });
+        let (bytes, graphs) = match result {
+            Ok(b) => b,
+            Err(e) => {
+                self.globals.set_homes(&old_homes);
+                for (_, padded, h, tmp) in c.staged.into_iter().chain(
+                    c.staged_phys
+                        .into_iter()
+                        .map(|(_, n, h, tmp)| (0, n, h, tmp)),
+                ) {
+                    free_staged(padded, h, tmp);
+                }
+                drop(p); // the prepared context, its objects and graphs
+                CURRENT.with(|c| c.set(0));
+                self.bind()?;
+                return Err(e);
+            }
+        };
+        // The switch: each address range now maps the target's copy.
+        let mut allocations = self.switch_allocs(c.staged, target)?;
+        self.switch_guest_vmm(c.staged_phys, target)?;
+        allocations += self.guest_vmm.phys.len() as u64;
+        // The old context (its streams, events, modules and graphs; their
+        // replacements live in the new one) is destroyed off the pause, on
+        // a thread of its own: that takes tens of milliseconds.
+        self.templates.clear();
+        let old = OldContext(self.ctx);
+        let _ = std::thread::Builder::new()
+            .name("ctx-destroy".into())
+            .spawn(move || drop(old));
+        self.ctx = std::mem::replace(&mut p.ctx, null_mut());
+        self.dev = p.dev;
+        self.ordinal = target;
+        self.objs = std::mem::take(&mut p.objs);
+        self.graphs = graphs;
+        self.event_pool.clear();
+        self.timed.clear();
+        self.period = None;
+        self.sliced.clear();
+        // The worker moves a vGPU between requests, its work drained: any
+        // mark left is passed; its events went with the old context.
+        self.marks.clear();
+        self.copy = null_mut();
+        // The guest's stream attributes, on the new streams (a hint to the
+        // device: one the target refuses is not worth failing the move).
+        if let Err(e) = self.bind().and_then(|()| self.apply_stream_attrs()) {
+            tracing::debug!("stream attributes not set again after the move: {e:?}");
+        }
+        Ok(Moved { bytes, allocations })
+    }
+
+    fn prepare_migration(&self, target: u32) -> Option<crate::executor::PrepareJob> {
+        if target == self.ordinal || self.migration_keeper_to(target).is_some() {
+            return None;
+        }
+        let specs = self.specs();
+        let allocs: Vec<(u64, usize)> = self.allocs.iter().map(|(&va, a)| (va, a.padded)).collect();
+        let phys: Vec<(Handle, usize, u8)> = self
+            .guest_vmm
+            .phys
+            .iter()
+            .map(|(&h, &(_, n))| (h, n, self.guest_vmm.compression_of(h)))
+            .collect();
+        Some(Box::new(move || {
+            prepare(target, &specs, &allocs, &phys)
+                .map(|p| Box::new(p) as crate::executor::Prepared)
+        }))
+    }
+
+    /// See [`crate::executor::Migration::migration_keeper`].
+    fn migration_keeper(&self) -> Option<Keeper> {
+        if !self.vmm {
+            return Some(Keeper::PlainMemory);
+        }
+        if !self.scopes.is_empty() || self.graphs.values().any(|g| g.scoped) {
+            return Some(Keeper::ConditionalGraph);
+        }
+        self.arrays.keeper()
+    }
+
+    /// See [`crate::executor::Migration::migration_keeper_to`]: compressible
+    /// memory stays where it is if the target has no generic compression.
+    fn migration_keeper_to(&self, target: u32) -> Option<Keeper> {
+        self.migration_keeper().or_else(|| {
+            (target != self.ordinal
+                && !self.guest_vmm.compressed.is_empty()
+                && !compression_supported(target))
+            .then_some(Keeper::CompressibleMemory)
+        })
     }
 }

@@ -8,10 +8,10 @@
 //! Every `unsafe` block here is a driver call whose pointer arguments are
 //! either out-parameters on our stack or ranges the worker validated.
 //!
-//! One file per family of the driver API: `device` (the driver, GPUs, the
-//! executor), `context` (a guest process's context and its objects),
-//! `calls` (the `Context` trait, each call passed to its family's file),
-//! `memory`, `module`, `launch` (with `batch`: runs as
+//! One file per family of the driver API, each implementing its family's
+//! trait of `executor/` for the context: `device` (the driver, GPUs, the
+//! executor), `context` (a guest process's context and its objects;
+//! `Limits`), `memory` (`Memory`, `Ipc`), `module`, `launch` (with `batch`: runs as
 //! graph launches), `graph` (the guest's own graphs, built here), `timing`,
 //! `stream` (streams, events, marks), `vmm`, `migrate` (with `globals`: the
 //! module globals a guest holds, found at their old addresses after a move),
@@ -22,7 +22,6 @@ use protocol::Status;
 
 mod arrays;
 mod batch;
-mod calls;
 mod conditional;
 mod context;
 mod device;
@@ -39,7 +38,8 @@ mod timing;
 mod vmm;
 
 pub use device::{
-    available, device_count, device_memory, device_preemptive, open, peer_bandwidth, CudaExecutor,
+    available, device_count, device_memory, device_preemptive, open, peer_bandwidth, CudaError,
+    CudaExecutor,
 };
 
 fn check(r: CUresult) -> Result<(), Status> {

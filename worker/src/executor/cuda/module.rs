@@ -10,7 +10,7 @@ use protocol::{Dim3, ImageKind, Param, Status};
 use super::check;
 use super::context::{CudaContext, Obj};
 use super::tensor_map;
-use crate::executor::Handle;
+use crate::executor::{Handle, Modules};
 
 /// The driver's `CUfunction_attribute` for a range-checked number.
 pub(super) fn func_attr(attr: u32) -> Result<sys::CUfunction_attribute, Status> {
@@ -36,8 +36,8 @@ pub(super) fn func_attr(attr: u32) -> Result<sys::CUfunction_attribute, Status> 
     })
 }
 
-impl CudaContext {
-    pub(super) fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
+impl Modules for CudaContext {
+    fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
         self.bind()?;
         let terminated = |mut v: Vec<u8>| {
             if kind == ImageKind::Ptx && v.last() != Some(&0) {
@@ -69,7 +69,7 @@ impl CudaContext {
         Ok(self.insert(Obj::Module { raw: m, image: img }))
     }
 
-    pub(super) fn unload_module(&mut self, module: Handle) -> Result<(), Status> {
+    fn unload_module(&mut self, module: Handle) -> Result<(), Status> {
         self.bind()?;
         let m = self.module(module)?;
         // Their nodes may name the module's functions.
@@ -90,40 +90,7 @@ impl CudaContext {
         Ok(())
     }
 
-    /// The names of a module's kernels, without the variants made for
-    /// kernel slicing (ours, not the guest's).
-    pub(super) fn function_names(&mut self, module: Handle) -> Result<Vec<String>, Status> {
-        self.bind()?;
-        let m = self.module(module)?;
-        let mut n = 0u32;
-        // SAFETY: a module of this context; out-parameter on our stack.
-        check(unsafe { sys::cuModuleGetFunctionCount(&mut n, m) })?;
-        let mut fs: Vec<sys::CUfunction> = vec![std::ptr::null_mut(); n as usize];
-        // SAFETY: room for the `n` handles the driver writes.
-        check(unsafe { sys::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, m) })?;
-        let mut names = Vec::with_capacity(fs.len());
-        for f in fs {
-            let mut p: *const std::ffi::c_char = std::ptr::null();
-            // SAFETY: a function of this module; out-parameter on our stack.
-            check(unsafe { sys::cuFuncGetName(&mut p, f) })?;
-            if p.is_null() {
-                return Err(Status::Unknown);
-            }
-            // SAFETY: the driver's NUL-terminated name, kept while the
-            // module is loaded.
-            let name = unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy();
-            if !name.ends_with(crate::ptx::SLICE_SUFFIX) {
-                names.push(name.into_owned());
-            }
-        }
-        Ok(names)
-    }
-
-    pub(super) fn function(
-        &mut self,
-        module: Handle,
-        name: &str,
-    ) -> Result<(Handle, Vec<Param>), Status> {
+    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<Param>), Status> {
         self.bind()?;
         let m = self.module(module)?;
         let cname = CString::new(name).map_err(|_| Status::InvalidValue)?;
@@ -153,7 +120,36 @@ impl CudaContext {
         Ok((h, params))
     }
 
-    pub(super) fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
+    /// The names of a module's kernels, without the variants made for
+    /// kernel slicing (ours, not the guest's).
+    fn function_names(&mut self, module: Handle) -> Result<Vec<String>, Status> {
+        self.bind()?;
+        let m = self.module(module)?;
+        let mut n = 0u32;
+        // SAFETY: a module of this context; out-parameter on our stack.
+        check(unsafe { sys::cuModuleGetFunctionCount(&mut n, m) })?;
+        let mut fs: Vec<sys::CUfunction> = vec![std::ptr::null_mut(); n as usize];
+        // SAFETY: room for the `n` handles the driver writes.
+        check(unsafe { sys::cuModuleEnumerateFunctions(fs.as_mut_ptr(), n, m) })?;
+        let mut names = Vec::with_capacity(fs.len());
+        for f in fs {
+            let mut p: *const std::ffi::c_char = std::ptr::null();
+            // SAFETY: a function of this module; out-parameter on our stack.
+            check(unsafe { sys::cuFuncGetName(&mut p, f) })?;
+            if p.is_null() {
+                return Err(Status::Unknown);
+            }
+            // SAFETY: the driver's NUL-terminated name, kept while the
+            // module is loaded.
+            let name = unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy();
+            if !name.ends_with(crate::ptx::SLICE_SUFFIX) {
+                names.push(name.into_owned());
+            }
+        }
+        Ok(names)
+    }
+
+    fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
         let a = func_attr(attr)?;
         self.bind()?;
         let (f, _) = self.func(func)?;
@@ -163,12 +159,7 @@ impl CudaContext {
         Ok(v)
     }
 
-    pub(super) fn func_set_attribute(
-        &mut self,
-        func: Handle,
-        attr: u32,
-        value: i32,
-    ) -> Result<(), Status> {
+    fn func_set_attribute(&mut self, func: Handle, attr: u32, value: i32) -> Result<(), Status> {
         let a = func_attr(attr)?;
         self.bind()?;
         let (f, _) = self.func(func)?;
@@ -181,12 +172,7 @@ impl CudaContext {
         Ok(())
     }
 
-    pub(super) fn occupancy(
-        &mut self,
-        func: Handle,
-        block_size: u32,
-        shared_mem: u32,
-    ) -> Result<i32, Status> {
+    fn occupancy(&mut self, func: Handle, block_size: u32, shared_mem: u32) -> Result<i32, Status> {
         self.bind()?;
         let (f, _) = self.func(func)?;
         let mut n = 0;
@@ -202,7 +188,7 @@ impl CudaContext {
         Ok(n)
     }
 
-    pub(super) fn available_smem(
+    fn available_smem(
         &mut self,
         func: Handle,
         num_blocks: u32,
@@ -223,7 +209,7 @@ impl CudaContext {
         Ok(bytes as u64)
     }
 
-    pub(super) fn tensor_map(
+    fn tensor_map(
         &mut self,
         p: &protocol::tensor_map::TensorMapParams,
     ) -> Result<[u8; protocol::tensor_map::TENSOR_MAP_BYTES], Status> {
@@ -231,7 +217,7 @@ impl CudaContext {
         tensor_map::encode(p)
     }
 
-    pub(super) fn occupancy_clusters(
+    fn occupancy_clusters(
         &mut self,
         shape: crate::executor::Launch,
         cluster: Dim3,
@@ -275,11 +261,7 @@ impl CudaContext {
         Ok(v)
     }
 
-    pub(super) fn module_global(
-        &mut self,
-        module: Handle,
-        name: &str,
-    ) -> Result<(u64, u64), Status> {
+    fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status> {
         self.bind()?;
         let m = self.module(module)?;
         let cname = CString::new(name).map_err(|_| Status::InvalidValue)?;
@@ -306,7 +288,7 @@ impl CudaContext {
         Ok((p, size as u64))
     }
 
-    pub(super) fn link(&mut self, inputs: &[(u32, &[u8])]) -> Result<Vec<u8>, Status> {
+    fn link(&mut self, inputs: &[(u32, &[u8])]) -> Result<Vec<u8>, Status> {
         use sys::CUjitInputType as J;
         self.bind()?;
         let mut state: sys::CUlinkState = null_mut();

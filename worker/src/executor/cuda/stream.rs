@@ -8,7 +8,7 @@ use protocol::Status;
 
 use super::check;
 use super::context::{CudaContext, Obj};
-use crate::executor::{Handle, SharedMem};
+use crate::executor::{Events, Handle, SharedMem, Streams};
 
 /// An event of one context shared with another of the process, with the
 /// owner's relay stream for it (as addresses: the worker thread alone uses
@@ -18,8 +18,8 @@ struct RawEvent {
     relay: usize,
 }
 
-impl CudaContext {
-    pub(super) fn stream_create(&mut self, flags: u32, priority: i32) -> Result<Handle, Status> {
+impl Streams for CudaContext {
+    fn stream_create(&mut self, flags: u32, priority: i32) -> Result<Handle, Status> {
         self.bind()?;
         let mut st: sys::CUstream = null_mut();
         // SAFETY: out-parameter on our stack; the driver clamps the priority.
@@ -31,12 +31,7 @@ impl CudaContext {
         }))
     }
 
-    pub(super) fn stream_wait_event(
-        &mut self,
-        s: Handle,
-        e: Handle,
-        flags: u32,
-    ) -> Result<(), Status> {
+    fn stream_wait_event(&mut self, s: Handle, e: Handle, flags: u32) -> Result<(), Status> {
         self.bind()?;
         let st = self.stream(s)?;
         let ev = self.event(e)?;
@@ -44,7 +39,7 @@ impl CudaContext {
         check(unsafe { sys::cuStreamWaitEvent(st, ev, flags) })
     }
 
-    pub(super) fn stream_destroy(&mut self, s: Handle) -> Result<(), Status> {
+    fn stream_destroy(&mut self, s: Handle) -> Result<(), Status> {
         self.bind()?;
         if s == 0 {
             return Err(Status::InvalidHandle);
@@ -58,14 +53,14 @@ impl CudaContext {
         Ok(())
     }
 
-    pub(super) fn stream_synchronize(&mut self, s: Handle) -> Result<(), Status> {
+    fn stream_synchronize(&mut self, s: Handle) -> Result<(), Status> {
         self.bind()?;
         let st = self.stream(s)?;
         // SAFETY: a stream of this context (or the default one).
         check(unsafe { sys::cuStreamSynchronize(st) })
     }
 
-    pub(super) fn stream_query(&mut self, s: Handle) -> Result<bool, Status> {
+    fn stream_query(&mut self, s: Handle) -> Result<bool, Status> {
         self.bind()?;
         let st = self.stream(s)?;
         // SAFETY: a stream of this context.
@@ -76,7 +71,76 @@ impl CudaContext {
         }
     }
 
-    pub(super) fn event_create(&mut self, flags: u32) -> Result<Handle, Status> {
+    fn synchronize(&mut self) -> Result<(), Status> {
+        self.bind()?;
+        // SAFETY: no arguments; our context is current.
+        check(unsafe { sys::cuCtxSynchronize() })
+    }
+
+    fn mark(&mut self, stream: Option<Handle>) -> Result<crate::executor::Marker, Status> {
+        self.bind()?;
+        let streams: Vec<sys::CUstream> = match stream {
+            Some(s) => vec![self.stream(s)?],
+            None => std::iter::once(null_mut())
+                .chain(self.objs.values().filter_map(|o| match o {
+                    Obj::Stream { raw, .. } => Some(*raw),
+                    _ => None,
+                }))
+                .collect(),
+        };
+        let mut events = Vec::with_capacity(streams.len());
+        for st in streams {
+            let e = self.pooled_event()?;
+            // SAFETY: our own event and a stream of this context.
+            let r = check(unsafe { sys::cuEventRecord(e, st) });
+            events.push(e);
+            if let Err(err) = r {
+                self.event_pool.extend(events);
+                return Err(err);
+            }
+        }
+        self.next_mark += 1;
+        self.marks.insert(self.next_mark, events);
+        Ok(self.next_mark)
+    }
+
+    fn reached(&mut self, m: crate::executor::Marker) -> Result<bool, Status> {
+        self.bind()?;
+        let events = self.marks.get(&m).ok_or(Status::InvalidHandle)?;
+        let mut outcome = Ok(true);
+        for &e in events {
+            // SAFETY: our own recorded event.
+            match unsafe { sys::cuEventQuery(e) } {
+                CUresult::CUDA_SUCCESS => {}
+                CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
+                r => {
+                    outcome = Err(Status::from_code(r as u32));
+                    break;
+                }
+            }
+        }
+        if outcome.is_ok() {
+            if let Some(&e) = events.last() {
+                // The guest synchronized: the driver writes the context's
+                // kernel printf text at an event's synchronize (even of a
+                // finished one), not at a query (see `serve/output.rs`).
+                // SAFETY: our own recorded event, finished.
+                outcome = check(unsafe { sys::cuEventSynchronize(e) }).map(|()| true);
+            }
+        }
+        self.forget(m);
+        outcome
+    }
+
+    fn forget(&mut self, m: crate::executor::Marker) {
+        if let Some(events) = self.marks.remove(&m) {
+            self.event_pool.extend(events);
+        }
+    }
+}
+
+impl Events for CudaContext {
+    fn event_create(&mut self, flags: u32) -> Result<Handle, Status> {
         self.bind()?;
         // Made without CU_EVENT_INTERPROCESS: the guests' IPC event handles
         // are the worker's own (`session::ipc`), and the driver's
@@ -94,7 +158,7 @@ impl CudaContext {
         }))
     }
 
-    pub(super) fn event_destroy(&mut self, e: Handle) -> Result<(), Status> {
+    fn event_destroy(&mut self, e: Handle) -> Result<(), Status> {
         self.bind()?;
         match self.objs.get(&e) {
             Some(&Obj::ImportedEvent { local, .. }) => {
@@ -111,46 +175,6 @@ impl CudaContext {
         }
     }
 
-    /// See [`crate::executor::Context::share_event`]: the driver's event,
-    /// which every context of the process can wait on, and a stream of
-    /// this context (made on the first export) on which the others record
-    /// it: the driver records an event only on a stream of its own context.
-    pub(super) fn share_event(&mut self, e: Handle) -> Result<SharedMem, Status> {
-        self.bind()?;
-        let Some(Obj::Event { raw, relay, .. }) = self.objs.get_mut(&e) else {
-            return Err(Status::InvalidHandle);
-        };
-        if relay.is_null() {
-            let mut st: sys::CUstream = null_mut();
-            // SAFETY: out-parameter on our stack; this context is current.
-            // Non-blocking: records relayed on it wait only for what the
-            // recording context's stream has queued, never for this
-            // context's legacy default stream.
-            check(unsafe {
-                sys::cuStreamCreate(&mut st, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-            })?;
-            *relay = st;
-        }
-        Ok(SharedMem(Some(Arc::new(RawEvent {
-            event: *raw as usize,
-            relay: *relay as usize,
-        }))))
-    }
-
-    /// See [`crate::executor::Context::import_event`].
-    pub(super) fn import_event(&mut self, shared: &SharedMem) -> Result<Handle, Status> {
-        let &RawEvent { event, relay } = shared
-            .0
-            .as_ref()
-            .and_then(|m| m.downcast_ref::<RawEvent>())
-            .ok_or(Status::InvalidValue)?;
-        Ok(self.insert(Obj::ImportedEvent {
-            raw: event as sys::CUevent,
-            relay: relay as sys::CUstream,
-            local: null_mut(),
-        }))
-    }
-
     /// Records `e` on stream `s`. Another context's event (IPC) cannot be
     /// recorded on a stream of this one (the driver answers an invalid
     /// handle), so its record is relayed: a marker event of this context
@@ -158,7 +182,7 @@ impl CudaContext {
     /// owner's event is recorded there. Whoever waits on the event then
     /// waits for `s`'s work up to this point, as with the driver's own
     /// interprocess events.
-    pub(super) fn event_record(&mut self, e: Handle, s: Handle) -> Result<(), Status> {
+    fn event_record(&mut self, e: Handle, s: Handle) -> Result<(), Status> {
         self.bind()?;
         let st = self.stream(s)?;
         let (raw, relay, local) = match self.objs.get_mut(&e) {
@@ -189,14 +213,14 @@ impl CudaContext {
         check(unsafe { sys::cuEventRecord(raw, relay) })
     }
 
-    pub(super) fn event_synchronize(&mut self, e: Handle) -> Result<(), Status> {
+    fn event_synchronize(&mut self, e: Handle) -> Result<(), Status> {
         self.bind()?;
         let ev = self.event(e)?;
         // SAFETY: an event of this context.
         check(unsafe { sys::cuEventSynchronize(ev) })
     }
 
-    pub(super) fn event_query(&mut self, e: Handle) -> Result<bool, Status> {
+    fn event_query(&mut self, e: Handle) -> Result<bool, Status> {
         self.bind()?;
         let ev = self.event(e)?;
         // SAFETY: an event of this context.
@@ -207,7 +231,7 @@ impl CudaContext {
         }
     }
 
-    pub(super) fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status> {
+    fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status> {
         self.bind()?;
         let (a, b) = (self.event(start)?, self.event(end)?);
         let mut ms = 0f32;
@@ -216,73 +240,43 @@ impl CudaContext {
         Ok(ms)
     }
 
-    pub(super) fn synchronize(&mut self) -> Result<(), Status> {
+    /// See [`crate::executor::Events::share_event`]: the driver's event,
+    /// which every context of the process can wait on, and a stream of
+    /// this context (made on the first export) on which the others record
+    /// it: the driver records an event only on a stream of its own context.
+    fn share_event(&mut self, e: Handle) -> Result<SharedMem, Status> {
         self.bind()?;
-        // SAFETY: no arguments; our context is current.
-        check(unsafe { sys::cuCtxSynchronize() })
-    }
-
-    pub(super) fn mark(
-        &mut self,
-        stream: Option<Handle>,
-    ) -> Result<crate::executor::Marker, Status> {
-        self.bind()?;
-        let streams: Vec<sys::CUstream> = match stream {
-            Some(s) => vec![self.stream(s)?],
-            None => std::iter::once(null_mut())
-                .chain(self.objs.values().filter_map(|o| match o {
-                    Obj::Stream { raw, .. } => Some(*raw),
-                    _ => None,
-                }))
-                .collect(),
+        let Some(Obj::Event { raw, relay, .. }) = self.objs.get_mut(&e) else {
+            return Err(Status::InvalidHandle);
         };
-        let mut events = Vec::with_capacity(streams.len());
-        for st in streams {
-            let e = self.pooled_event()?;
-            // SAFETY: our own event and a stream of this context.
-            let r = check(unsafe { sys::cuEventRecord(e, st) });
-            events.push(e);
-            if let Err(err) = r {
-                self.event_pool.extend(events);
-                return Err(err);
-            }
+        if relay.is_null() {
+            let mut st: sys::CUstream = null_mut();
+            // SAFETY: out-parameter on our stack; this context is current.
+            // Non-blocking: records relayed on it wait only for what the
+            // recording context's stream has queued, never for this
+            // context's legacy default stream.
+            check(unsafe {
+                sys::cuStreamCreate(&mut st, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+            })?;
+            *relay = st;
         }
-        self.next_mark += 1;
-        self.marks.insert(self.next_mark, events);
-        Ok(self.next_mark)
+        Ok(SharedMem(Some(Arc::new(RawEvent {
+            event: *raw as usize,
+            relay: *relay as usize,
+        }))))
     }
 
-    pub(super) fn reached(&mut self, m: crate::executor::Marker) -> Result<bool, Status> {
-        self.bind()?;
-        let events = self.marks.get(&m).ok_or(Status::InvalidHandle)?;
-        let mut outcome = Ok(true);
-        for &e in events {
-            // SAFETY: our own recorded event.
-            match unsafe { sys::cuEventQuery(e) } {
-                CUresult::CUDA_SUCCESS => {}
-                CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
-                r => {
-                    outcome = Err(Status::from_code(r as u32));
-                    break;
-                }
-            }
-        }
-        if outcome.is_ok() {
-            if let Some(&e) = events.last() {
-                // The guest synchronized: the driver writes the context's
-                // kernel printf text at an event's synchronize (even of a
-                // finished one), not at a query (see `serve/output.rs`).
-                // SAFETY: our own recorded event, finished.
-                outcome = check(unsafe { sys::cuEventSynchronize(e) }).map(|()| true);
-            }
-        }
-        self.forget(m);
-        outcome
-    }
-
-    pub(super) fn forget(&mut self, m: crate::executor::Marker) {
-        if let Some(events) = self.marks.remove(&m) {
-            self.event_pool.extend(events);
-        }
+    /// See [`crate::executor::Events::import_event`].
+    fn import_event(&mut self, shared: &SharedMem) -> Result<Handle, Status> {
+        let &RawEvent { event, relay } = shared
+            .0
+            .as_ref()
+            .and_then(|m| m.downcast_ref::<RawEvent>())
+            .ok_or(Status::InvalidValue)?;
+        Ok(self.insert(Obj::ImportedEvent {
+            raw: event as sys::CUevent,
+            relay: relay as sys::CUstream,
+            local: null_mut(),
+        }))
     }
 }

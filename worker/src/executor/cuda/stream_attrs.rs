@@ -16,7 +16,7 @@ use protocol::Status;
 
 use super::check;
 use super::context::CudaContext;
-use crate::executor::Handle;
+use crate::executor::{Handle, StreamAttributes};
 
 /// The attributes set on each stream, one per `CUstreamAttrID`.
 #[derive(Default)]
@@ -77,38 +77,6 @@ fn apply(st: sys::CUstream, a: &StreamAttr) -> Result<(), Status> {
 }
 
 impl CudaContext {
-    pub(super) fn stream_set_attribute(&mut self, s: Handle, a: StreamAttr) -> Result<(), Status> {
-        self.bind()?;
-        let st = self.stream(s)?;
-        let saved = &self.stream_attrs.default_before;
-        if s == 0 && !saved.iter().any(|o| o.id() == a.id()) {
-            let before = self.stream_attribute(0, a.id())?;
-            self.stream_attrs.default_before.push(before);
-        }
-        apply(st, &a)?;
-        self.stream_attrs.record(s, a);
-        Ok(())
-    }
-
-    pub(super) fn stream_attribute(&mut self, s: Handle, attr: u32) -> Result<StreamAttr, Status> {
-        self.bind()?;
-        let st = self.stream(s)?;
-        // SAFETY: as in `apply`.
-        let mut v: sys::CUstreamAttrValue = unsafe { std::mem::zeroed() };
-        // SAFETY: a stream of this context; out-parameter on our stack.
-        check(unsafe { sys::cuStreamGetAttribute(st, driver_id(attr)?, &mut v) })?;
-        let mut raw = [0u8; RAW_LEN];
-        // SAFETY: the union is larger than RAW_LEN bytes, all initialized
-        // (zeroed, then written by the driver).
-        unsafe {
-            std::ptr::copy_nonoverlapping((&v as *const _) as *const u8, raw.as_mut_ptr(), RAW_LEN)
-        };
-        StreamAttr::from_raw(attr, &raw).map_err(|e| {
-            tracing::debug!("stream attribute {attr} as the driver gave it: {e}");
-            Status::Unknown
-        })
-    }
-
     /// Gives the default stream back its values before the guest set any
     /// and forgets the rest (the context is current; its other streams
     /// are gone).
@@ -130,6 +98,40 @@ impl CudaContext {
             }
         }
         Ok(())
+    }
+}
+
+impl StreamAttributes for CudaContext {
+    fn stream_set_attribute(&mut self, s: Handle, a: StreamAttr) -> Result<(), Status> {
+        self.bind()?;
+        let st = self.stream(s)?;
+        let saved = &self.stream_attrs.default_before;
+        if s == 0 && !saved.iter().any(|o| o.id() == a.id()) {
+            let before = self.stream_attribute(0, a.id())?;
+            self.stream_attrs.default_before.push(before);
+        }
+        apply(st, &a)?;
+        self.stream_attrs.record(s, a);
+        Ok(())
+    }
+
+    fn stream_attribute(&mut self, s: Handle, attr: u32) -> Result<StreamAttr, Status> {
+        self.bind()?;
+        let st = self.stream(s)?;
+        // SAFETY: as in `apply`.
+        let mut v: sys::CUstreamAttrValue = unsafe { std::mem::zeroed() };
+        // SAFETY: a stream of this context; out-parameter on our stack.
+        check(unsafe { sys::cuStreamGetAttribute(st, driver_id(attr)?, &mut v) })?;
+        let mut raw = [0u8; RAW_LEN];
+        // SAFETY: the union is larger than RAW_LEN bytes, all initialized
+        // (zeroed, then written by the driver).
+        unsafe {
+            std::ptr::copy_nonoverlapping((&v as *const _) as *const u8, raw.as_mut_ptr(), RAW_LEN)
+        };
+        StreamAttr::from_raw(attr, &raw).map_err(|e| {
+            tracing::debug!("stream attribute {attr} as the driver gave it: {e}");
+            Status::Unknown
+        })
     }
 }
 

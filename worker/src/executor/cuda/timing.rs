@@ -8,7 +8,7 @@ use protocol::Status;
 
 use super::check;
 use super::context::CudaContext;
-use crate::executor::Handle;
+use crate::executor::{Handle, Timing};
 
 impl CudaContext {
     /// An idle event from the pool, or a new one (timing enabled).
@@ -33,8 +33,10 @@ impl CudaContext {
         (unsafe { sys::cuEventElapsedTime_v2(&mut ms, a, b) } == CUresult::CUDA_SUCCESS)
             .then(|| (f64::from(ms).max(0.0) * 1e6) as u64)
     }
+}
 
-    pub(super) fn take_timings(&mut self) -> Vec<(Handle, u64)> {
+impl Timing for CudaContext {
+    fn take_timings(&mut self) -> Vec<(Handle, u64)> {
         if self.bind().is_err() {
             return Vec::new();
         }
@@ -53,7 +55,7 @@ impl CudaContext {
         out
     }
 
-    pub(super) fn period_begin(&mut self) -> Result<(), Status> {
+    fn period_begin(&mut self) -> Result<(), Status> {
         self.bind()?;
         if let Some((a, ends)) = self.period.take() {
             self.event_pool.push(a);
@@ -68,7 +70,7 @@ impl CudaContext {
         Ok(())
     }
 
-    pub(super) fn period_end(&mut self, streams: &[Handle]) -> Result<(), Status> {
+    fn period_end(&mut self, streams: &[Handle]) -> Result<(), Status> {
         self.bind()?;
         let raw = streams
             .iter()
@@ -94,7 +96,7 @@ impl CudaContext {
         }
     }
 
-    pub(super) fn period_ns(&mut self) -> Option<u64> {
+    fn period_ns(&mut self) -> Option<u64> {
         self.bind().ok()?;
         let (a, ends) = self.period.take()?;
         // The last stream to finish ends it; unknown while any has not.

@@ -8,7 +8,7 @@ use protocol::Status;
 
 use super::check;
 use super::context::CudaContext;
-use crate::executor::{Handle, SharedMem};
+use crate::executor::{Handle, SharedMem, Vmm};
 
 /// The guest's own virtual memory management objects (cuMemAddressReserve,
 /// cuMemCreate, cuMemMap; the worker checked each call against the
@@ -191,8 +191,8 @@ pub(super) fn vmm_free(va: u64, a: &VmmAlloc) {
     let _ = unsafe { sys::cuMemAddressFree(va, a.padded) };
 }
 
-impl CudaContext {
-    pub(super) fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
+impl Vmm for CudaContext {
+    fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
         self.bind()?;
         let n = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
         let mut va = 0;
@@ -204,7 +204,7 @@ impl CudaContext {
         Ok(va)
     }
 
-    pub(super) fn vmm_address_free(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+    fn vmm_address_free(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
         self.bind()?;
         match self.guest_vmm.reserved.get(&ptr) {
             Some(&n) if n as u64 == size => {}
@@ -216,7 +216,7 @@ impl CudaContext {
         check(unsafe { sys::cuMemAddressFree(ptr, size as usize) })
     }
 
-    pub(super) fn vmm_create(&mut self, size: u64, compression: u8) -> Result<Handle, Status> {
+    fn vmm_create(&mut self, size: u64, compression: u8) -> Result<Handle, Status> {
         self.bind()?;
         let n = usize::try_from(size).map_err(|_| Status::OutOfMemory)?;
         let prop = vmm_prop_compressed(self.ordinal, compression);
@@ -250,38 +250,14 @@ impl CudaContext {
         Ok(self.next_handle)
     }
 
-    /// The driver's handle itself, for another context of this process
-    /// to hold (every context of a process reaches its VMM memory).
-    pub(super) fn share_phys(&mut self, handle: Handle) -> Result<SharedMem, Status> {
-        let (p, _) = self
-            .guest_vmm
-            .phys
-            .get(&handle)
-            .ok_or(Status::InvalidHandle)?;
-        Ok(SharedMem(Some(Arc::new(p.clone()))))
-    }
-
-    /// A handle of ours for physical memory another context shared.
-    pub(super) fn import_phys(&mut self, mem: &SharedMem, size: u64) -> Result<Handle, Status> {
-        let p = mem
-            .0
-            .as_ref()
-            .and_then(|m| m.downcast_ref::<Arc<Phys>>())
-            .ok_or(Status::InvalidValue)?;
-        let n = usize::try_from(size).map_err(|_| Status::InvalidValue)?;
-        self.next_handle += 1;
-        self.guest_vmm.phys.insert(self.next_handle, (p.clone(), n));
-        Ok(self.next_handle)
-    }
-
-    pub(super) fn vmm_compression(&self, handle: Handle) -> Result<u8, Status> {
+    fn vmm_compression(&self, handle: Handle) -> Result<u8, Status> {
         if !self.guest_vmm.phys.contains_key(&handle) {
             return Err(Status::InvalidHandle);
         }
         Ok(self.guest_vmm.compression_of(handle))
     }
 
-    pub(super) fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
+    fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
         self.bind()?;
         // Released once no context holds it (`Phys::drop`); no longer
         // mapped by this one (the worker checked).
@@ -294,13 +270,7 @@ impl CudaContext {
         Ok(())
     }
 
-    pub(super) fn vmm_map(
-        &mut self,
-        ptr: u64,
-        size: u64,
-        offset: u64,
-        handle: Handle,
-    ) -> Result<(), Status> {
+    fn vmm_map(&mut self, ptr: u64, size: u64, offset: u64, handle: Handle) -> Result<(), Status> {
         self.bind()?;
         let h = self
             .guest_vmm
@@ -325,7 +295,7 @@ impl CudaContext {
         Ok(())
     }
 
-    pub(super) fn vmm_unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+    fn vmm_unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
         self.bind()?;
         match self.guest_vmm.maps.get(&ptr) {
             Some(&(n, _, _)) if n as u64 == size => {}
@@ -335,5 +305,29 @@ impl CudaContext {
         // SAFETY: one whole mapping of ours, undone once (the driver waits
         // for work still using it).
         check(unsafe { sys::cuMemUnmap(ptr, size as usize) })
+    }
+
+    /// The driver's handle itself, for another context of this process
+    /// to hold (every context of a process reaches its VMM memory).
+    fn share_phys(&mut self, handle: Handle) -> Result<SharedMem, Status> {
+        let (p, _) = self
+            .guest_vmm
+            .phys
+            .get(&handle)
+            .ok_or(Status::InvalidHandle)?;
+        Ok(SharedMem(Some(Arc::new(p.clone()))))
+    }
+
+    /// A handle of ours for physical memory another context shared.
+    fn import_phys(&mut self, mem: &SharedMem, size: u64) -> Result<Handle, Status> {
+        let p = mem
+            .0
+            .as_ref()
+            .and_then(|m| m.downcast_ref::<Arc<Phys>>())
+            .ok_or(Status::InvalidValue)?;
+        let n = usize::try_from(size).map_err(|_| Status::InvalidValue)?;
+        self.next_handle += 1;
+        self.guest_vmm.phys.insert(self.next_handle, (p.clone(), n));
+        Ok(self.next_handle)
     }
 }

@@ -10,7 +10,7 @@ use protocol::array::{ArrayCopy, ArrayDesc, CopySide};
 use protocol::Status;
 
 use super::context::SimContext;
-use crate::executor::{ArrayOp, Handle};
+use crate::executor::{ArrayOp, Arrays, Handle};
 
 /// A context's arrays and objects.
 #[derive(Default)]
@@ -29,57 +29,6 @@ static ARRAYS: AtomicU64 = AtomicU64::new(0x4152_0000_0001);
 static OBJECTS: AtomicU64 = AtomicU64::new(1);
 
 impl SimContext {
-    pub(super) fn sim_array_op(&mut self, op: ArrayOp) -> Result<u64, Status> {
-        self.alive()?;
-        let a = &mut self.arrays;
-        match op {
-            ArrayOp::Create(desc) => {
-                let len = usize::try_from(desc.bytes()).map_err(|_| Status::OutOfMemory)?;
-                let mut bytes = Vec::new();
-                bytes
-                    .try_reserve_exact(len)
-                    .map_err(|_| Status::OutOfMemory)?;
-                bytes.resize(len, 0);
-                let h = next(&ARRAYS);
-                a.arrays.insert(h, (desc, bytes));
-                Ok(h)
-            }
-            ArrayOp::Destroy(h) => a.arrays.remove(&h).map(|_| 0).ok_or(Status::InvalidHandle),
-            ArrayOp::TexCreate(p) => {
-                if p.kind == protocol::array::resource::ARRAY && !a.arrays.contains_key(&p.base) {
-                    return Err(Status::InvalidHandle);
-                }
-                let v = next(&OBJECTS);
-                a.textures.insert(v);
-                Ok(v)
-            }
-            ArrayOp::TexDestroy(v) => a
-                .textures
-                .remove(&v)
-                .then_some(0)
-                .ok_or(Status::InvalidHandle),
-            ArrayOp::SurfCreate(h) => {
-                // Without SURFACE_LDST too, as the driver makes it.
-                a.arrays.get(&h).ok_or(Status::InvalidHandle)?;
-                let v = next(&OBJECTS);
-                a.surfaces.insert(v);
-                Ok(v)
-            }
-            ArrayOp::SurfDestroy(v) => a
-                .surfaces
-                .remove(&v)
-                .then_some(0)
-                .ok_or(Status::InvalidHandle),
-            ArrayOp::Copy(c, stream) => {
-                let data = self.gather(&c)?;
-                self.scatter(&c, &data)?;
-                let ns = self.mem_ns(2 * data.len() as u64);
-                self.submit(ns, stream);
-                Ok(0)
-            }
-        }
-    }
-
     /// Forgets every array and object (a recycled context).
     pub(super) fn clear_arrays(&mut self) {
         self.arrays = SimArrays::default();
@@ -178,6 +127,59 @@ impl SimContext {
             }
         }
         Ok(())
+    }
+}
+
+impl Arrays for SimContext {
+    fn array_op(&mut self, op: ArrayOp) -> Result<u64, Status> {
+        self.alive()?;
+        let a = &mut self.arrays;
+        match op {
+            ArrayOp::Create(desc) => {
+                let len = usize::try_from(desc.bytes()).map_err(|_| Status::OutOfMemory)?;
+                let mut bytes = Vec::new();
+                bytes
+                    .try_reserve_exact(len)
+                    .map_err(|_| Status::OutOfMemory)?;
+                bytes.resize(len, 0);
+                let h = next(&ARRAYS);
+                a.arrays.insert(h, (desc, bytes));
+                Ok(h)
+            }
+            ArrayOp::Destroy(h) => a.arrays.remove(&h).map(|_| 0).ok_or(Status::InvalidHandle),
+            ArrayOp::TexCreate(p) => {
+                if p.kind == protocol::array::resource::ARRAY && !a.arrays.contains_key(&p.base) {
+                    return Err(Status::InvalidHandle);
+                }
+                let v = next(&OBJECTS);
+                a.textures.insert(v);
+                Ok(v)
+            }
+            ArrayOp::TexDestroy(v) => a
+                .textures
+                .remove(&v)
+                .then_some(0)
+                .ok_or(Status::InvalidHandle),
+            ArrayOp::SurfCreate(h) => {
+                // Without SURFACE_LDST too, as the driver makes it.
+                a.arrays.get(&h).ok_or(Status::InvalidHandle)?;
+                let v = next(&OBJECTS);
+                a.surfaces.insert(v);
+                Ok(v)
+            }
+            ArrayOp::SurfDestroy(v) => a
+                .surfaces
+                .remove(&v)
+                .then_some(0)
+                .ok_or(Status::InvalidHandle),
+            ArrayOp::Copy(c, stream) => {
+                let data = self.gather(&c)?;
+                self.scatter(&c, &data)?;
+                let ns = self.mem_ns(2 * data.len() as u64);
+                self.submit(ns, stream);
+                Ok(0)
+            }
+        }
     }
 }
 

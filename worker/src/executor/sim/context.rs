@@ -13,7 +13,7 @@ use protocol::Status;
 
 use super::kernels::Kernel;
 use super::{Queue, SimParams};
-use crate::executor::Handle;
+use crate::executor::{Handle, Limits};
 use crate::ptx;
 
 pub(super) struct SimModule {
@@ -187,57 +187,6 @@ impl SimContext {
     }
 }
 
-impl SimContext {
-    /// An idle context keeps only what a new context shares with it (the
-    /// device, its queue and address space).
-    pub(super) fn recycle(&mut self) -> Result<(), Status> {
-        self.alive()?;
-        // Work still queued: not reused (a GPU context with a kernel still
-        // running is destroyed instead).
-        if self.last_done > Instant::now() {
-            return Err(Status::NotReady);
-        }
-        self.mem.clear();
-        self.imports.clear();
-        self.modules.clear();
-        self.functions.clear();
-        self.events.clear();
-        self.streams.clear();
-        self.stream_attrs.clear();
-        self.limits.clear();
-        self.marks.clear();
-        self.timings.clear();
-        self.slice_ns.clear();
-        self.period = None;
-        self.vmm_phys.clear();
-        self.vmm_compressed.clear();
-        self.vmm_maps.clear();
-        self.graphs.clear();
-        self.clear_arrays();
-        Ok(())
-    }
-
-    pub(super) fn limit(&mut self, limit: u32) -> Result<u64, Status> {
-        Ok(match self.limits.get(&limit) {
-            Some(&v) => v,
-            None => match limit {
-                0 => 1024,
-                1 => 1 << 20,
-                2 => 8 << 20,
-                3 => 2,
-                4 => 2048,
-                5 => 32,
-                _ => 0,
-            },
-        })
-    }
-
-    pub(super) fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
-        self.limits.insert(limit, value);
-        Ok(())
-    }
-}
-
 /// Writes kernel output to descriptor 1 or 2, as the driver does.
 #[cfg(not(test))]
 fn write_printed(fd: u8, text: &[u8]) {
@@ -270,12 +219,63 @@ impl Drop for SimContext {
     }
 }
 
+impl Limits for SimContext {
+    fn limit(&mut self, limit: u32) -> Result<u64, Status> {
+        Ok(match self.limits.get(&limit) {
+            Some(&v) => v,
+            None => match limit {
+                0 => 1024,
+                1 => 1 << 20,
+                2 => 8 << 20,
+                3 => 2,
+                4 => 2048,
+                5 => 32,
+                _ => 0,
+            },
+        })
+    }
+
+    fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
+        self.limits.insert(limit, value);
+        Ok(())
+    }
+
+    /// An idle context keeps only what a new context shares with it (the
+    /// device, its queue and address space).
+    fn recycle(&mut self) -> Result<(), Status> {
+        self.alive()?;
+        // Work still queued: not reused (a GPU context with a kernel still
+        // running is destroyed instead).
+        if self.last_done > Instant::now() {
+            return Err(Status::NotReady);
+        }
+        self.mem.clear();
+        self.imports.clear();
+        self.modules.clear();
+        self.functions.clear();
+        self.events.clear();
+        self.streams.clear();
+        self.stream_attrs.clear();
+        self.limits.clear();
+        self.marks.clear();
+        self.timings.clear();
+        self.slice_ns.clear();
+        self.period = None;
+        self.vmm_phys.clear();
+        self.vmm_compressed.clear();
+        self.vmm_maps.clear();
+        self.graphs.clear();
+        self.clear_arrays();
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::kernels::vector_add_params;
     use super::*;
     use crate::executor::sim::{SimExecutor, SimParams};
-    use crate::executor::Executor;
+    use crate::executor::{Executor, Launches, Modules, Streams};
     use protocol::{Dim3, ImageKind};
     use vm_memory::VolatileSlice;
 

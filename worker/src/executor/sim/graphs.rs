@@ -17,7 +17,7 @@ use protocol::graph::{visit, CondKind, GraphNode, GraphOp};
 use protocol::Status;
 
 use super::context::SimContext;
-use crate::executor::Handle;
+use crate::executor::{Conditionals, Events, Graphs, Handle, Launches, Memory, Streams};
 
 /// Iterations a WHILE node may run in one launch on the model (a GPU runs
 /// on; the model would hang its worker): past it the launch fails as a
@@ -83,70 +83,6 @@ impl SimContext {
         let h = self.new_handle();
         self.graphs.execs.insert(h, (nodes.to_vec(), handles));
         Ok(h)
-    }
-
-    pub(super) fn sim_graph_launch(&mut self, exec: Handle, stream: Handle) -> Result<(), Status> {
-        let (nodes, handles) = self
-            .graphs
-            .execs
-            .get(&exec)
-            .ok_or(Status::InvalidHandle)?
-            .clone();
-        for (h, c) in &handles {
-            let v = if c.flags & 1 != 0 { c.default_value } else { 0 };
-            self.graphs.values.insert(*h, v);
-        }
-        let r = self.run_nodes(&nodes, stream);
-        for (h, _) in &handles {
-            self.graphs.values.remove(h);
-        }
-        r
-    }
-
-    pub(super) fn sim_graph_destroy(&mut self, exec: Handle) -> Result<(), Status> {
-        self.graphs
-            .execs
-            .remove(&exec)
-            .map(drop)
-            .ok_or(Status::InvalidHandle)
-    }
-
-    pub(super) fn sim_scope_create(&mut self) -> Result<Handle, Status> {
-        self.alive()?;
-        let h = self.new_handle();
-        self.graphs.scopes.insert(h, Vec::new());
-        Ok(h)
-    }
-
-    pub(super) fn sim_handle_create(
-        &mut self,
-        scope: Handle,
-        default_value: u32,
-        flags: u32,
-    ) -> Result<u64, Status> {
-        if flags > 1 {
-            return Err(Status::InvalidValue);
-        }
-        if !self.graphs.scopes.contains_key(&scope) {
-            return Err(Status::InvalidHandle);
-        }
-        let h = self.new_handle();
-        let c = CondHandle {
-            default_value,
-            flags,
-        };
-        if let Some(s) = self.graphs.scopes.get_mut(&scope) {
-            s.push((h, c));
-        }
-        Ok(h)
-    }
-
-    pub(super) fn sim_scope_destroy(&mut self, scope: Handle) -> Result<(), Status> {
-        self.graphs
-            .scopes
-            .remove(&scope)
-            .map(drop)
-            .ok_or(Status::InvalidHandle)
     }
 
     /// Sets a conditional handle's value from a kernel: only a handle of
@@ -237,5 +173,89 @@ impl SimContext {
                 Ok(())
             }
         }
+    }
+}
+
+impl Graphs for SimContext {
+    /// The nodes are kept; a launch runs them.
+    fn graph_instantiate(
+        &mut self,
+        nodes: &[protocol::graph::GraphNode],
+    ) -> Result<Handle, Status> {
+        self.sim_graph_instantiate(None, nodes)
+    }
+
+    fn graph_launch(&mut self, exec: Handle, stream: Handle) -> Result<(), Status> {
+        let (nodes, handles) = self
+            .graphs
+            .execs
+            .get(&exec)
+            .ok_or(Status::InvalidHandle)?
+            .clone();
+        for (h, c) in &handles {
+            let v = if c.flags & 1 != 0 { c.default_value } else { 0 };
+            self.graphs.values.insert(*h, v);
+        }
+        let r = self.run_nodes(&nodes, stream);
+        for (h, _) in &handles {
+            self.graphs.values.remove(h);
+        }
+        r
+    }
+
+    fn graph_destroy(&mut self, exec: Handle) -> Result<(), Status> {
+        self.graphs
+            .execs
+            .remove(&exec)
+            .map(drop)
+            .ok_or(Status::InvalidHandle)
+    }
+}
+
+impl Conditionals for SimContext {
+    fn graph_instantiate_in(
+        &mut self,
+        scope: Handle,
+        nodes: &[protocol::graph::GraphNode],
+    ) -> Result<Handle, Status> {
+        self.sim_graph_instantiate(Some(scope), nodes)
+    }
+
+    fn cond_scope_create(&mut self) -> Result<Handle, Status> {
+        self.alive()?;
+        let h = self.new_handle();
+        self.graphs.scopes.insert(h, Vec::new());
+        Ok(h)
+    }
+
+    fn cond_handle_create(
+        &mut self,
+        scope: Handle,
+        default_value: u32,
+        flags: u32,
+    ) -> Result<u64, Status> {
+        if flags > 1 {
+            return Err(Status::InvalidValue);
+        }
+        if !self.graphs.scopes.contains_key(&scope) {
+            return Err(Status::InvalidHandle);
+        }
+        let h = self.new_handle();
+        let c = CondHandle {
+            default_value,
+            flags,
+        };
+        if let Some(s) = self.graphs.scopes.get_mut(&scope) {
+            s.push((h, c));
+        }
+        Ok(h)
+    }
+
+    fn cond_scope_destroy(&mut self, scope: Handle) -> Result<(), Status> {
+        self.graphs
+            .scopes
+            .remove(&scope)
+            .map(drop)
+            .ok_or(Status::InvalidHandle)
     }
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use protocol::{Dim3, Status};
 
 use super::context::SimContext;
-use crate::executor::Handle;
+use crate::executor::{Handle, Launches, Timing};
 
 impl SimContext {
     /// Runs a kernel (results now, time on the queue); returns its modeled time.
@@ -46,8 +46,10 @@ impl SimContext {
             }
         })
     }
+}
 
-    pub(super) fn launch(
+impl Launches for SimContext {
+    fn launch(
         &mut self,
         func: Handle,
         grid: Dim3,
@@ -59,7 +61,23 @@ impl SimContext {
         self.run_kernel(func, grid, block, stream, params).map(drop)
     }
 
-    pub(super) fn launch_timed(
+    #[allow(clippy::too_many_arguments)] // the `Context` method's arguments
+    fn launch_ex(
+        &mut self,
+        func: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: Handle,
+        params: &[u8],
+        _cluster: Dim3,
+        _cooperative: bool,
+    ) -> Result<(), Status> {
+        // The model runs every block at once in any case.
+        self.launch(func, grid, block, shared_mem, stream, params)
+    }
+
+    fn launch_timed(
         &mut self,
         func: Handle,
         grid: Dim3,
@@ -74,12 +92,12 @@ impl SimContext {
         Ok(())
     }
 
-    pub(super) fn can_slice(&mut self, func: Handle) -> bool {
+    fn can_slice(&mut self, func: Handle) -> bool {
         self.functions.contains_key(&func)
     }
 
     #[allow(clippy::too_many_arguments)] // the `Context` method's arguments
-    pub(super) fn launch_slice(
+    fn launch_slice(
         &mut self,
         func: Handle,
         grid: Dim3,
@@ -109,18 +127,20 @@ impl SimContext {
         self.submit(part, stream);
         Ok(())
     }
+}
 
-    pub(super) fn take_timings(&mut self) -> Vec<(Handle, u64)> {
+impl Timing for SimContext {
+    fn take_timings(&mut self) -> Vec<(Handle, u64)> {
         std::mem::take(&mut self.timings)
     }
 
-    pub(super) fn period_begin(&mut self) -> Result<(), Status> {
+    fn period_begin(&mut self) -> Result<(), Status> {
         let t = self.queue_mark(0);
         self.period = Some((t, None));
         Ok(())
     }
 
-    pub(super) fn period_end(&mut self, streams: &[Handle]) -> Result<(), Status> {
+    fn period_end(&mut self, streams: &[Handle]) -> Result<(), Status> {
         let mut end = None::<Instant>;
         for &s in streams {
             let t = self.stream_done(s)?;
@@ -135,25 +155,9 @@ impl SimContext {
         }
     }
 
-    pub(super) fn period_ns(&mut self) -> Option<u64> {
+    fn period_ns(&mut self) -> Option<u64> {
         let (a, b) = self.period.take()?;
         let b = b?;
         (Instant::now() >= b).then(|| b.saturating_duration_since(a).as_nanos() as u64)
-    }
-
-    #[allow(clippy::too_many_arguments)] // the `Context` method's arguments
-    pub(super) fn launch_ex(
-        &mut self,
-        func: Handle,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        stream: Handle,
-        params: &[u8],
-        _cluster: Dim3,
-        _cooperative: bool,
-    ) -> Result<(), Status> {
-        // The model runs every block at once in any case.
-        self.launch(func, grid, block, shared_mem, stream, params)
     }
 }

@@ -7,7 +7,7 @@ use protocol::Status;
 use vm_memory::VolatileSlice;
 
 use super::context::SimContext;
-use crate::executor::{Handle, SharedMem};
+use crate::executor::{Handle, Ipc, Memory, SharedMem};
 
 /// Bytes of model memory: an allocation's, or a VMM handle's. Shared with
 /// the contexts of the worker that import it (IPC, see
@@ -158,36 +158,8 @@ pub(super) fn zeroed(size: u64) -> Result<Buf, Status> {
     Ok(Arc::new(Mutex::new(buf)))
 }
 
-impl SimContext {
-    pub(super) fn share_mem(&mut self, base: u64, size: u64) -> Result<SharedMem, Status> {
-        let shared = self.share(base, size)?;
-        Ok(SharedMem(Some(std::sync::Arc::new(shared))))
-    }
-
-    pub(super) fn import_mem(
-        &mut self,
-        base: u64,
-        size: u64,
-        mem: &SharedMem,
-    ) -> Result<(), Status> {
-        let shared = mem
-            .0
-            .as_ref()
-            .and_then(|m| m.downcast_ref::<super::memory::SharedBuf>())
-            .ok_or(Status::InvalidValue)?;
-        let copy = super::memory::SharedBuf {
-            buf: shared.buf.clone(),
-            offset: shared.offset,
-        };
-        self.imports.insert(base, (size, copy));
-        Ok(())
-    }
-
-    pub(super) fn close_mem(&mut self, base: u64) {
-        self.imports.remove(&base);
-    }
-
-    pub(super) fn alloc(&mut self, size: u64) -> Result<u64, Status> {
+impl Memory for SimContext {
+    fn alloc(&mut self, size: u64) -> Result<u64, Status> {
         self.alive()?;
         let buf = zeroed(size)?;
         // Kept apart (and 2 MiB aligned) so that an overrun is an error.
@@ -200,16 +172,11 @@ impl SimContext {
         Ok(base)
     }
 
-    pub(super) fn free(&mut self, ptr: u64) -> Result<(), Status> {
+    fn free(&mut self, ptr: u64) -> Result<(), Status> {
         self.mem.remove(&ptr).map(drop).ok_or(Status::InvalidValue)
     }
 
-    pub(super) fn htod(
-        &mut self,
-        dst: u64,
-        src: &VolatileSlice<'_>,
-        stream: Handle,
-    ) -> Result<(), Status> {
+    fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, stream: Handle) -> Result<(), Status> {
         self.alive()?;
         let len = src.len();
         for (p, n) in self.pieces(dst, len as u64) {
@@ -224,12 +191,7 @@ impl SimContext {
         Ok(())
     }
 
-    pub(super) fn dtoh(
-        &mut self,
-        dst: &VolatileSlice<'_>,
-        src: u64,
-        stream: Handle,
-    ) -> Result<(), Status> {
+    fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, stream: Handle) -> Result<(), Status> {
         self.alive()?;
         let len = dst.len();
         let ns = self.copy_ns(len as u64);
@@ -239,7 +201,7 @@ impl SimContext {
         Ok(())
     }
 
-    pub(super) fn dtoh_async(
+    fn dtoh_async(
         &mut self,
         dst: &VolatileSlice<'_>,
         src: u64,
@@ -255,13 +217,7 @@ impl SimContext {
         Ok(())
     }
 
-    pub(super) fn dtod(
-        &mut self,
-        dst: u64,
-        src: u64,
-        len: u64,
-        stream: Handle,
-    ) -> Result<(), Status> {
+    fn dtod(&mut self, dst: u64, src: u64, len: u64, stream: Handle) -> Result<(), Status> {
         let mut data = Vec::new();
         for (p, n) in self.pieces(src, len) {
             let (buf, off) = self.locate(p, n)?;
@@ -277,7 +233,7 @@ impl SimContext {
         Ok(())
     }
 
-    pub(super) fn memset(
+    fn memset(
         &mut self,
         dst: u64,
         value: u32,
@@ -301,5 +257,30 @@ impl SimContext {
         let ns = self.mem_ns(len);
         self.submit(ns, stream);
         Ok(())
+    }
+}
+
+impl Ipc for SimContext {
+    fn share_mem(&mut self, base: u64, size: u64) -> Result<SharedMem, Status> {
+        let shared = self.share(base, size)?;
+        Ok(SharedMem(Some(std::sync::Arc::new(shared))))
+    }
+
+    fn import_mem(&mut self, base: u64, size: u64, mem: &SharedMem) -> Result<(), Status> {
+        let shared = mem
+            .0
+            .as_ref()
+            .and_then(|m| m.downcast_ref::<super::memory::SharedBuf>())
+            .ok_or(Status::InvalidValue)?;
+        let copy = super::memory::SharedBuf {
+            buf: shared.buf.clone(),
+            offset: shared.offset,
+        };
+        self.imports.insert(base, (size, copy));
+        Ok(())
+    }
+
+    fn close_mem(&mut self, base: u64) {
+        self.imports.remove(&base);
     }
 }

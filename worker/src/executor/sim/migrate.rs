@@ -5,10 +5,19 @@
 use protocol::Status;
 
 use super::context::SimContext;
-use crate::executor::Moved;
+use crate::executor::{Migration, Moved};
 
-impl SimContext {
-    pub(super) fn migrate(
+impl Migration for SimContext {
+    fn migration_keeper(&self) -> Option<crate::executor::Keeper> {
+        self.arrays_keeper()
+    }
+
+    fn migration_keeper_to(&self, target: u32) -> Option<crate::executor::Keeper> {
+        self.arrays_keeper()
+            .or_else(|| self.compression_keeper(target))
+    }
+
+    fn migrate(
         &mut self,
         device: u32,
         _prepared: Option<crate::executor::Prepared>,

@@ -9,8 +9,8 @@
 //! found by their PTX entry name.
 //!
 //! Here the model's parameters and the executor (one device of the shared
-//! queue); `context.rs` a guest process's context, `calls.rs` the `Context`
-//! trait over it, each call in the file of its API family (`memory.rs` the
+//! queue); `context.rs` a guest process's context, and each family trait of
+//! `executor/` implemented in the file of its API family (`memory.rs` the
 //! model's device memory and copies, `module.rs`, `launch.rs`, `stream.rs`,
 //! `vmm.rs`, `graphs.rs`, `arrays.rs`, `migrate.rs`), `addresses.rs` the
 //! device addresses it hands out, `kernels.rs` the kernels, `attributes.rs`
@@ -28,7 +28,6 @@ use super::{Context, Executor};
 mod addresses;
 mod arrays;
 mod attributes;
-mod calls;
 mod context;
 mod graphs;
 mod kernels;

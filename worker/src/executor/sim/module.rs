@@ -8,11 +8,11 @@ use protocol::{Dim3, ImageKind, Param, Status};
 
 use super::context::{SimContext, SimModule};
 use super::kernels::{k_unmodeled, kernel_by_name};
-use crate::executor::{Handle, Launch};
+use crate::executor::{Handle, Launch, Memory, Modules};
 use crate::ptx;
 
-impl SimContext {
-    pub(super) fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
+impl Modules for SimContext {
+    fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
         // Machine code cannot run on the model; PTX can, also the PTX a
         // fat binary carries (what nvcc-built programs register).
         let ptx;
@@ -47,18 +47,14 @@ impl SimContext {
         Ok(h)
     }
 
-    pub(super) fn unload_module(&mut self, module: Handle) -> Result<(), Status> {
+    fn unload_module(&mut self, module: Handle) -> Result<(), Status> {
         self.modules
             .remove(&module)
             .map(drop)
             .ok_or(Status::InvalidHandle)
     }
 
-    pub(super) fn function(
-        &mut self,
-        module: Handle,
-        name: &str,
-    ) -> Result<(Handle, Vec<Param>), Status> {
+    fn function(&mut self, module: Handle, name: &str) -> Result<(Handle, Vec<Param>), Status> {
         let sizes = self
             .modules
             .get(&module)
@@ -76,12 +72,12 @@ impl SimContext {
         Ok((h, params))
     }
 
-    pub(super) fn function_names(&mut self, module: Handle) -> Result<Vec<String>, Status> {
+    fn function_names(&mut self, module: Handle) -> Result<Vec<String>, Status> {
         let m = self.modules.get(&module).ok_or(Status::InvalidHandle)?;
         Ok(m.names.clone())
     }
 
-    pub(super) fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
+    fn func_attribute(&mut self, func: Handle, attr: u32) -> Result<i32, Status> {
         if !self.functions.contains_key(&func) {
             return Err(Status::InvalidHandle);
         }
@@ -100,12 +96,24 @@ impl SimContext {
         })
     }
 
-    pub(super) fn occupancy(
-        &mut self,
-        func: Handle,
-        block_size: u32,
-        shared_mem: u32,
-    ) -> Result<i32, Status> {
+    fn func_set_attribute(&mut self, func: Handle, attr: u32, value: i32) -> Result<(), Status> {
+        // The model's kernels take any shared memory and cluster shape; the
+        // settable attributes read back as set, as the driver's do (the
+        // dynamic shared memory limit, the carveout, the cluster shape,
+        // its non-portable permission and scheduling policy).
+        if !self.functions.contains_key(&func) {
+            return Err(Status::InvalidHandle);
+        }
+        match attr {
+            8 | 9 | 11..=15 if value >= -1 => {
+                self.func_attrs.insert((func, attr), value);
+                Ok(())
+            }
+            _ => Err(Status::InvalidValue),
+        }
+    }
+
+    fn occupancy(&mut self, func: Handle, block_size: u32, shared_mem: u32) -> Result<i32, Status> {
         if !self.functions.contains_key(&func) {
             return Err(Status::InvalidHandle);
         }
@@ -115,7 +123,7 @@ impl SimContext {
         Ok(by_threads.min(by_smem).min(32) as i32)
     }
 
-    pub(super) fn available_smem(
+    fn available_smem(
         &mut self,
         func: Handle,
         num_blocks: u32,
@@ -136,7 +144,7 @@ impl SimContext {
 
     /// The model cannot run kernels that read tensor maps; its descriptor
     /// holds the address and the shape, not Hopper's encoding.
-    pub(super) fn tensor_map(
+    fn tensor_map(
         &mut self,
         p: &protocol::tensor_map::TensorMapParams,
     ) -> Result<[u8; protocol::tensor_map::TENSOR_MAP_BYTES], Status> {
@@ -146,7 +154,7 @@ impl SimContext {
         Ok(map)
     }
 
-    pub(super) fn occupancy_clusters(
+    fn occupancy_clusters(
         &mut self,
         shape: Launch,
         cluster: Dim3,
@@ -168,16 +176,12 @@ impl SimContext {
         Ok((per_gpc / size) * 8)
     }
 
-    pub(super) fn module_global(
-        &mut self,
-        module: Handle,
-        name: &str,
-    ) -> Result<(u64, u64), Status> {
+    fn module_global(&mut self, module: Handle, name: &str) -> Result<(u64, u64), Status> {
         let m = self.modules.get(&module).ok_or(Status::InvalidHandle)?;
         m.globals.get(name).copied().ok_or(Status::NotFound)
     }
 
-    pub(super) fn link(&mut self, inputs: &[(u32, &[u8])]) -> Result<Vec<u8>, Status> {
+    fn link(&mut self, inputs: &[(u32, &[u8])]) -> Result<Vec<u8>, Status> {
         // The model runs PTX: linking PTX inputs is putting their entries in one text.
         let mut out = String::new();
         for (kind, bytes) in inputs {
@@ -192,27 +196,5 @@ impl SimContext {
         let mut v = out.into_bytes();
         v.push(0);
         Ok(v)
-    }
-
-    pub(super) fn func_set_attribute(
-        &mut self,
-        func: Handle,
-        attr: u32,
-        value: i32,
-    ) -> Result<(), Status> {
-        // The model's kernels take any shared memory and cluster shape; the
-        // settable attributes read back as set, as the driver's do (the
-        // dynamic shared memory limit, the carveout, the cluster shape,
-        // its non-portable permission and scheduling policy).
-        if !self.functions.contains_key(&func) {
-            return Err(Status::InvalidHandle);
-        }
-        match attr {
-            8 | 9 | 11..=15 if value >= -1 => {
-                self.func_attrs.insert((func, attr), value);
-                Ok(())
-            }
-            _ => Err(Status::InvalidValue),
-        }
     }
 }

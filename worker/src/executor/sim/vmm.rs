@@ -12,7 +12,7 @@ use protocol::Status;
 
 use super::context::SimContext;
 use super::memory::{lock, zeroed, Buf};
-use crate::executor::{Handle, SharedMem};
+use crate::executor::{Handle, SharedMem, Vmm};
 
 /// A new handle, numbered apart from every other context's handles (an
 /// imported one is used by the importer's context only).
@@ -22,7 +22,22 @@ fn next_handle() -> Handle {
 }
 
 impl SimContext {
-    pub(super) fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
+    /// Compressible memory keeps the vGPU from a GPU without compression.
+    pub(super) fn compression_keeper(&self, target: u32) -> Option<crate::executor::Keeper> {
+        (target != self.device
+            && !self.vmm_compressed.is_empty()
+            && !self.params.compresses(target))
+        .then_some(crate::executor::Keeper::CompressibleMemory)
+    }
+}
+
+impl Vmm for SimContext {
+    fn vmm_address_free(&mut self, _ptr: u64, _size: u64) -> Result<(), Status> {
+        // Addresses are never handed out again in the model.
+        Ok(())
+    }
+
+    fn vmm_reserve(&mut self, size: u64, align: u64, addr: u64) -> Result<u64, Status> {
         self.alive()?;
         // The address asked for is taken where the model has handed out
         // nothing (`addresses.rs`); a gap after it, as after allocations.
@@ -32,7 +47,7 @@ impl SimContext {
             .at(addr, size, align)
     }
 
-    pub(super) fn vmm_create(&mut self, size: u64, compression: u8) -> Result<Handle, Status> {
+    fn vmm_create(&mut self, size: u64, compression: u8) -> Result<Handle, Status> {
         self.alive()?;
         // The driver's types: none or generic.
         if compression > protocol::VMM_COMPRESSION_GENERIC {
@@ -48,45 +63,14 @@ impl SimContext {
         Ok(h)
     }
 
-    pub(super) fn vmm_compression(&self, handle: Handle) -> Result<u8, Status> {
+    fn vmm_compression(&self, handle: Handle) -> Result<u8, Status> {
         if !self.vmm_phys.contains_key(&handle) {
             return Err(Status::InvalidHandle);
         }
         Ok(self.vmm_compressed.get(&handle).copied().unwrap_or(0))
     }
 
-    /// Compressible memory keeps the vGPU from a GPU without compression.
-    pub(super) fn compression_keeper(&self, target: u32) -> Option<crate::executor::Keeper> {
-        (target != self.device
-            && !self.vmm_compressed.is_empty()
-            && !self.params.compresses(target))
-        .then_some(crate::executor::Keeper::CompressibleMemory)
-    }
-
-    /// The handle's bytes themselves, for another context to hold.
-    pub(super) fn share_phys(&mut self, handle: Handle) -> Result<SharedMem, Status> {
-        self.alive()?;
-        let buf = self.vmm_phys.get(&handle).ok_or(Status::InvalidHandle)?;
-        Ok(SharedMem(Some(Arc::new(buf.clone()))))
-    }
-
-    /// A handle of this context for bytes another one shared.
-    pub(super) fn import_phys(&mut self, mem: &SharedMem, size: u64) -> Result<Handle, Status> {
-        self.alive()?;
-        let buf = mem
-            .0
-            .as_ref()
-            .and_then(|m| m.downcast_ref::<Buf>())
-            .ok_or(Status::InvalidValue)?;
-        if lock(buf).len() as u64 != size {
-            return Err(Status::InvalidValue);
-        }
-        let h = next_handle();
-        self.vmm_phys.insert(h, buf.clone());
-        Ok(h)
-    }
-
-    pub(super) fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
+    fn vmm_release(&mut self, handle: Handle) -> Result<(), Status> {
         self.vmm_compressed.remove(&handle);
         self.vmm_phys
             .remove(&handle)
@@ -94,13 +78,7 @@ impl SimContext {
             .ok_or(Status::InvalidHandle)
     }
 
-    pub(super) fn vmm_map(
-        &mut self,
-        ptr: u64,
-        size: u64,
-        offset: u64,
-        handle: Handle,
-    ) -> Result<(), Status> {
+    fn vmm_map(&mut self, ptr: u64, size: u64, offset: u64, handle: Handle) -> Result<(), Status> {
         let len = self
             .vmm_phys
             .get(&handle)
@@ -115,7 +93,7 @@ impl SimContext {
         Ok(())
     }
 
-    pub(super) fn vmm_unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
+    fn vmm_unmap(&mut self, ptr: u64, size: u64) -> Result<(), Status> {
         match self.vmm_maps.get(&ptr) {
             Some(&(n, ..)) if n == size => {
                 self.vmm_maps.remove(&ptr);
@@ -123,6 +101,29 @@ impl SimContext {
             }
             _ => Err(Status::InvalidValue),
         }
+    }
+
+    /// The handle's bytes themselves, for another context to hold.
+    fn share_phys(&mut self, handle: Handle) -> Result<SharedMem, Status> {
+        self.alive()?;
+        let buf = self.vmm_phys.get(&handle).ok_or(Status::InvalidHandle)?;
+        Ok(SharedMem(Some(Arc::new(buf.clone()))))
+    }
+
+    /// A handle of this context for bytes another one shared.
+    fn import_phys(&mut self, mem: &SharedMem, size: u64) -> Result<Handle, Status> {
+        self.alive()?;
+        let buf = mem
+            .0
+            .as_ref()
+            .and_then(|m| m.downcast_ref::<Buf>())
+            .ok_or(Status::InvalidValue)?;
+        if lock(buf).len() as u64 != size {
+            return Err(Status::InvalidValue);
+        }
+        let h = next_handle();
+        self.vmm_phys.insert(h, buf.clone());
+        Ok(h)
     }
 }
 

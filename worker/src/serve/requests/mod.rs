@@ -1,6 +1,7 @@
 //! What each request does, by driver-API family: [`handle`] takes a
 //! channel's request, reports an earlier asynchronous failure first, and
-//! hands the request to its family's handler, one file each:
+//! hands the request to the handler of its family (the table row's `in`,
+//! [`protocol::Family`]), one file each:
 //!
 //! | file | family |
 //! | --- | --- |
@@ -84,95 +85,24 @@ pub(super) fn handle(
             return reply(&sh.port, c, d.tag, d.opcode, Err(err), &[]);
         }
     }
-    use Request as R;
-    match req {
-        R::Hello { .. } | R::TakeOutput | R::VgpuStatus { .. } | R::Join { .. } => {
-            session::handle(&sh.port, c, d, req)
-        }
-        R::MemAlloc { .. }
-        | R::MemFree { .. }
-        | R::MemFreeAsync { .. }
-        | R::MemGetInfo
-        | R::MemcpyHtoD { .. }
-        | R::MemcpyDtoH { .. }
-        | R::MemcpyDtoD { .. }
-        | R::Memset { .. }
-        | R::PinnedAlloc { .. }
-        | R::PinnedFree { .. }
-        | R::MemcpyHtoDPinned { .. }
-        | R::MemcpyDtoHPinned { .. } => memory::handle(sh, c, s, d, req),
-        R::ModuleLoad { .. }
-        | R::ModuleLoadCached { .. }
-        | R::ModuleUnload { .. }
-        | R::ModuleGetFunction { .. }
-        | R::ModuleFunctions { .. }
-        | R::ModuleGetGlobal { .. }
-        | R::Link { .. }
-        | R::TensorMapEncode
-        | R::FuncGetAttribute { .. }
-        | R::FuncSetAttribute { .. }
-        | R::Occupancy { .. }
-        | R::OccupancySmem { .. }
-        | R::OccupancyClusters { .. } => module::handle(sh, c, s, d, req),
-        R::Launch { .. } | R::HostFn { .. } | R::WaitHostFn | R::HostFnDone { .. } => {
-            launch::handle(sh, c, s, d, req)
-        }
-        R::CtxSynchronize
-        | R::CtxGetLimit { .. }
-        | R::CtxSetLimit { .. }
-        | R::StreamCreate { .. }
-        | R::StreamWaitEvent { .. }
-        | R::StreamSetAttribute { .. }
-        | R::StreamGetAttribute { .. }
-        | R::StreamDestroy { .. }
-        | R::StreamSynchronize { .. }
-        | R::StreamQuery { .. }
-        | R::EventCreate { .. }
-        | R::EventDestroy { .. }
-        | R::EventRecord { .. }
-        | R::EventSynchronize { .. }
-        | R::EventQuery { .. }
-        | R::EventElapsedTime { .. } => stream::handle(sh, c, s, d, req),
-        R::GraphInstantiate { .. }
-        | R::GraphInstantiateIn { .. }
-        | R::CondScopeCreate
-        | R::CondHandleCreate { .. }
-        | R::CondScopeDestroy { .. }
-        | R::GraphLaunch { .. }
-        | R::GraphDestroy { .. } => graph::handle(sh, c, s, d, req),
-        R::VmmReserve { .. }
-        | R::VmmAddressFree { .. }
-        | R::VmmCreate { .. }
-        | R::VmmRelease { .. }
-        | R::VmmMap { .. }
-        | R::VmmUnmap { .. }
-        | R::VmmSetAccess { .. }
-        | R::VmmRetain { .. } => vmm::handle(&sh.port, &mut sh.mem, &mut sh.tables, c, s, d, req),
-        R::IpcExport { .. }
-        | R::IpcOpen { .. }
-        | R::IpcClose { .. }
-        | R::IpcExportEvent { .. }
-        | R::IpcOpenEvent { .. } => ipc::handle(&sh.port, &mut sh.tables, c, s, d, req),
-        R::VmmExport { .. }
-        | R::VmmImport { .. }
-        | R::PoolExport { .. }
-        | R::PoolImport { .. }
-        | R::PoolExportPointer { .. }
-        | R::PoolImportPointer { .. } => share::handle(&sh.port, &mut sh.tables, c, s, d, req),
-        R::ArrayCreate { .. }
-        | R::ArrayDestroy { .. }
-        | R::ArrayCopy { .. }
-        | R::TexCreate
-        | R::TexDestroy { .. }
-        | R::SurfCreate { .. }
-        | R::SurfDestroy { .. } => {
-            arrays::handle(&sh.port, &mut sh.mem, &mut sh.slice, c, s, d, req)
-        }
+    use protocol::Family as F;
+    match req.family() {
+        F::Session => session::handle(&sh.port, c, d, req),
+        F::Memory => memory::handle(sh, c, s, d, req),
+        F::Module => module::handle(sh, c, s, d, req),
+        F::Launch => launch::handle(sh, c, s, d, req),
+        F::Stream => stream::handle(sh, c, s, d, req),
+        F::Graph => graph::handle(sh, c, s, d, req),
+        F::Vmm => vmm::handle(&sh.port, &mut sh.mem, &mut sh.tables, c, s, d, req),
+        F::Ipc => ipc::handle(&sh.port, &mut sh.tables, c, s, d, req),
+        F::Share => share::handle(&sh.port, &mut sh.tables, c, s, d, req),
+        F::Arrays => arrays::handle(&sh.port, &mut sh.mem, &mut sh.slice, c, s, d, req),
     }
 }
 
-/// A request its family's handler was not given: refused (the routing in
-/// [`handle`] gives each family only its own).
+/// A request its family's handler does not serve: refused (the table
+/// names each request's family, and [`handle`] gives each family only its
+/// own, so only a row whose family's file lacks its handler comes here).
 fn misrouted(port: &Port, c: &mut ChannelState, d: &Descriptor, family: &str) -> Result<(), Error> {
     refuse(port, c, &format!("not a {family} request"));
     reply(port, c, d.tag, d.opcode, Err(Status::InvalidValue), &[])
