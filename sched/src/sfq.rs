@@ -14,6 +14,13 @@
 
 use std::collections::HashMap;
 
+/// `units` of tag, rounded, saturating as Rust's `as` does (negative and NaN
+/// give 0); from ns and a checked weight, it is far below `u128::MAX`.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // saturates, as said
+fn tag_of(units: f64) -> u128 {
+    units.round() as u128
+}
+
 use rbtree::RBTree;
 
 use crate::SchedError;
@@ -158,7 +165,7 @@ impl StartTagQueue {
         if e.runnable {
             return Ok(());
         }
-        let credit = (credit_ns as f64 * TAG_SCALE / e.weight).round() as u128;
+        let credit = tag_of(credit_ns as f64 * TAG_SCALE / e.weight);
         e.start = e.start.max(vtime.saturating_sub(credit));
         e.runnable = true;
         let key = (e.start, id);
@@ -191,7 +198,7 @@ impl StartTagQueue {
         if e.runnable {
             self.run.remove(&(e.start, id));
         }
-        let inc = (used_ns as f64 * TAG_SCALE / e.weight).round() as u128;
+        let inc = tag_of(used_ns as f64 * TAG_SCALE / e.weight);
         let finish = e.start + inc;
         let entry = self.entry(id)?;
         entry.finish = finish;
@@ -294,8 +301,9 @@ mod tests {
         ) {
             let mut q = StartTagQueue::new();
             for (i, &w) in weights.iter().enumerate() {
-                q.add(i as u32, w).unwrap();
-                q.wake(i as u32).unwrap();
+                let id = u32::try_from(i).unwrap();
+                q.add(id, w).unwrap();
+                q.wake(id).unwrap();
             }
             let mut used = vec![0u64; weights.len()];
             // Long enough that one kernel is a small part of everyone's share.
