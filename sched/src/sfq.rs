@@ -131,7 +131,7 @@ impl StartTagQueue {
         if e.runnable {
             self.run.remove(&(e.start, id));
         }
-        let start = vtime + lag;
+        let start = vtime.saturating_add(lag);
         let entry = self.entry(id)?;
         entry.start = start;
         if e.runnable {
@@ -199,7 +199,9 @@ impl StartTagQueue {
             self.run.remove(&(e.start, id));
         }
         let inc = tag_of(used_ns as f64 * TAG_SCALE / e.weight);
-        let finish = e.start + inc;
+        // Saturating: a tiny weight and a huge charge must not wrap the tag
+        // to a small one (first in line) or panic.
+        let finish = e.start.saturating_add(inc);
         let entry = self.entry(id)?;
         entry.finish = finish;
         entry.start = finish;
@@ -351,6 +353,20 @@ mod tests {
         run(&mut q, &[k, k], 400 * k, &mut after);
         let share1 = after[1] as f64 / (after[0] + after[1]) as f64;
         assert!((share1 - 0.75).abs() < 0.01, "share {share1}");
+    }
+
+    #[test]
+    fn a_huge_charge_at_a_tiny_weight_saturates_its_tag() {
+        let mut q = StartTagQueue::new();
+        q.add(1, 1e-300).unwrap();
+        q.add(2, 1.0).unwrap();
+        for id in [1, 2] {
+            q.wake(id).unwrap();
+        }
+        q.charge(1, u64::MAX).unwrap();
+        q.charge(1, u64::MAX).unwrap();
+        assert_eq!(q.start_tag(1), Some(u128::MAX));
+        assert_eq!(q.pick(), Some(2), "the tag did not wrap to a small one");
     }
 
     #[test]
