@@ -141,7 +141,9 @@ impl Shared {
             if len < protocol::CACHED_IMAGE || self.lock().map.contains_key(&hash) {
                 return Ok(false);
             }
-            let image = SealedBytes::from_fd(fd, len as usize)?;
+            let len_bytes = usize::try_from(len)
+                .map_err(|_| Error::Image(format!("an image of {len} bytes")))?;
+            let image = SealedBytes::from_fd(fd, len_bytes)?;
             // Hashed outside the lock: another worker's GET waits for no one.
             if protocol::image_hash(image.bytes()) != hash {
                 return Err(Error::Image("bytes not of their hash".into()));
@@ -268,7 +270,7 @@ fn accept_loop(listener: &UnixListener, shared: &Arc<Shared>, stop: &AtomicBool)
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((s, _)) => {
-                if shared.connections.load(Ordering::Relaxed) as usize >= MAX_CONNECTIONS {
+                if shared.connections.load(Ordering::Relaxed) >= MAX_CONNECTIONS as u64 {
                     continue;
                 }
                 next_owner += 1;
@@ -324,8 +326,8 @@ mod tests {
     use super::*;
 
     fn image(seed: u8) -> Vec<u8> {
-        (0..protocol::CACHED_IMAGE as usize + 100)
-            .map(|i| (i as u8).wrapping_mul(seed))
+        (0..protocol::CACHED_IMAGE + 100)
+            .map(|i| i.to_le_bytes()[0].wrapping_mul(seed))
             .collect()
     }
 

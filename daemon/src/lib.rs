@@ -18,6 +18,11 @@
 //!   servers, the shared module image store, the run_dir lock.
 
 #![warn(missing_docs)]
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 pub mod attach;
 pub mod config;
@@ -30,6 +35,11 @@ pub mod mps;
 pub mod run_lock;
 pub mod setup;
 pub mod supervisor;
+
+/// `d` in whole nanoseconds, saturating at `u64::MAX` (584 years).
+pub(crate) fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// What can go wrong in the daemon.
 #[derive(Debug, thiserror::Error)]

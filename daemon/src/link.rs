@@ -47,7 +47,7 @@ enum FeedMsg {
     /// A new worker's feed: the snapshot goes first, then what follows.
     NewFeed(UnixStream),
     Limit(u64),
-    Migrate(u32, Option<OwnedFd>),
+    Migrate(u16, Option<OwnedFd>),
     /// A standby worker's feed: the region alone, the rest on promotion.
     NewStandby(UnixStream),
     /// The standby takes over, with its grant connection if any.
@@ -235,6 +235,9 @@ impl VmHost {
         if !self.fed.load(Ordering::Relaxed) {
             return Err(Error::Config("no worker serves this VM now".into()));
         }
+        // The feed's MIGRATE carries 16 bits of GPU.
+        let gpu = u16::try_from(gpu)
+            .map_err(|_| Error::Config(format!("GPU {gpu} is past the feed's 16 bits")))?;
         let grant = match grant {
             Some(g) => Some(OwnedFd::from(g.try_clone().map_err(|source| {
                 Error::Io {
@@ -333,11 +336,11 @@ impl Feeder {
             FeedMsg::Limit(mib) => {
                 self.limit_mib = Some(mib);
                 // A dead worker's successor gets it with its snapshot.
-                self.write(|s| send_msg(s, (LIMIT << 40) | mib as i64, None));
+                self.write(|s| send_msg(s, encode_value(LIMIT, mib), None));
             }
             FeedMsg::Migrate(gpu, grant) => {
                 let fd = grant.as_ref().map(|g| g.as_raw_fd());
-                self.write(|s| send_msg(s, (MIGRATE << 40) | i64::from(gpu as u16), fd));
+                self.write(|s| send_msg(s, (MIGRATE << 40) | i64::from(gpu), fd));
             }
             FeedMsg::NewStandby(ours) => self.start_standby(ours),
             FeedMsg::Promote(grant) => self.promote(grant),
@@ -399,8 +402,8 @@ impl Feeder {
                 let (mut pause_us, mut kib) = (0, 0);
                 while let Ok(Some((v, _))) = recv_msg(&back) {
                     match v >> 40 {
-                        MIGRATION_PAUSE_US => pause_us = (v & LIMIT_MASK) as u64,
-                        MIGRATION_KIB => kib = (v & LIMIT_MASK) as u64,
+                        MIGRATION_PAUSE_US => pause_us = decode_value(v),
+                        MIGRATION_KIB => kib = decode_value(v),
                         MIGRATED => reports
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
@@ -438,15 +441,16 @@ impl Feeder {
     /// The rest of the snapshot: the host's doorbells, the peers, the
     /// limit, the grant connection if any, then `SYNCED`.
     fn send_rest(&self, s: &UnixStream, grant: Option<&OwnedFd>) -> Result<(), transport::Error> {
-        for (v, b) in self.host_bells.iter().enumerate() {
-            send_msg(s, encode(HOST_BELL, 0, v as u16), Some(b.fd().as_raw_fd()))?;
+        // At most a layout's 64 vectors; the zip would stop at 16 bits.
+        for (v, b) in (0..=u16::MAX).zip(&self.host_bells) {
+            send_msg(s, encode(HOST_BELL, 0, v), Some(b.fd().as_raw_fd()))?;
         }
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for (id, bells) in &peers {
             send_bells(s, *id, bells)?;
         }
         if let Some(mib) = self.limit_mib {
-            send_msg(s, (LIMIT << 40) | (mib as i64 & LIMIT_MASK), None)?;
+            send_msg(s, encode_value(LIMIT, mib), None)?;
         }
         if let Some(g) = grant {
             send_msg(s, encode(GRANT, 0, 0), Some(g.as_raw_fd()))?;
@@ -500,12 +504,9 @@ fn send_bells(
     id: u16,
     bells: &[Arc<EventFdBell>],
 ) -> Result<(), transport::Error> {
-    for (v, b) in bells.iter().enumerate() {
-        send_msg(
-            sock,
-            encode(PEER_BELL, id, v as u16),
-            Some(b.fd().as_raw_fd()),
-        )?;
+    // At most a layout's 64 vectors; the zip would stop at 16 bits.
+    for (v, b) in (0..=u16::MAX).zip(bells) {
+        send_msg(sock, encode(PEER_BELL, id, v), Some(b.fd().as_raw_fd()))?;
     }
     Ok(())
 }

@@ -64,8 +64,13 @@ pub fn worker_spec(
         spin: cfg.spin,
         cpu: vmc.worker_cpu,
         grant: cfg.daemon.scheduler.then(|| {
-            let id =
-                id.unwrap_or_else(|| cfg.vms.iter().position(|v| v.name == vm).unwrap_or(0) as u32);
+            let id = id.unwrap_or_else(|| {
+                cfg.vms
+                    .iter()
+                    .position(|v| v.name == vm)
+                    .and_then(|i| u32::try_from(i).ok())
+                    .unwrap_or(0)
+            });
             (grant_socket(cfg, gpu), id, vmc.weight)
         }),
         vcpus_file: Some(crate::attach::vcpus_file(cfg, vm)),

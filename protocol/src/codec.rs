@@ -39,6 +39,13 @@ impl<'a> Writer<'a> {
     }
 }
 
+/// A length or count as the wire's `u32`, saturated: one past `u32::MAX`
+/// (above every limit a decoder accepts) then reads back as too large,
+/// never as a smaller, wrong length that would shift every later field.
+pub(crate) fn len_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
 /// Reads fields in order; running off the end is [`ProtoError::Truncated`].
 #[derive(Debug)]
 pub struct Reader<'a> {

@@ -112,7 +112,8 @@ pub fn entries(image: &[u8]) -> Result<Vec<Entry>, ProtoError> {
             let src = payload
                 .get(..compressed)
                 .ok_or_else(|| bad("compressed size past the payload"))?;
-            decompress(src, full as usize, flags & ZSTD != 0)?
+            let full = usize::try_from(full).map_err(|_| bad("uncompressed size"))?;
+            decompress(src, full, flags & ZSTD != 0)?
         } else {
             payload.to_vec()
         };
@@ -221,7 +222,7 @@ mod tests {
         let mut img = build(&[(Kind::Ptx, 90, &packed)]);
         // Mark the entry compressed: its sizes and flags.
         let e = 16;
-        img[e + 16..e + 20].copy_from_slice(&(packed.len() as u32).to_le_bytes());
+        img[e + 16..e + 20].copy_from_slice(&u32::try_from(packed.len()).unwrap().to_le_bytes());
         img[e + 40..e + 48].copy_from_slice(&(0x11u64 | LZ4).to_le_bytes());
         img[e + 56..e + 64].copy_from_slice(&(text.len() as u64).to_le_bytes());
         assert_eq!(best_ptx(&img).unwrap().unwrap(), text);

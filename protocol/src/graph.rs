@@ -20,7 +20,7 @@
 //! u32][dep u32 x deps]` and the kind's fields; a conditional's are
 //! `[handle u64][type u32][bodies u32]` and each body as a graph.
 
-use crate::codec::Reader;
+use crate::codec::{len_u32, Reader};
 use crate::request::wire::read_dim;
 use crate::{bad, Dim3, ProtoError};
 
@@ -181,7 +181,7 @@ pub fn encode_graph(nodes: &[GraphNode]) -> Vec<u8> {
 }
 
 fn encode_into(out: &mut Vec<u8>, nodes: &[GraphNode]) {
-    put32(out, nodes.len() as u32);
+    put32(out, len_u32(nodes.len()));
     for n in nodes {
         let kind = match n.op {
             GraphOp::Kernel { .. } => KERNEL,
@@ -193,7 +193,7 @@ fn encode_into(out: &mut Vec<u8>, nodes: &[GraphNode]) {
             GraphOp::Conditional { .. } => CONDITIONAL,
         };
         put32(out, kind);
-        put32(out, n.deps.len() as u32);
+        put32(out, len_u32(n.deps.len()));
         for &d in &n.deps {
             put32(out, d);
         }
@@ -209,7 +209,7 @@ fn encode_into(out: &mut Vec<u8>, nodes: &[GraphNode]) {
                 put_dim(out, *grid);
                 put_dim(out, *block);
                 put32(out, *shared_mem);
-                put32(out, params.len() as u32);
+                put32(out, len_u32(params.len()));
                 out.extend_from_slice(params);
             }
             GraphOp::Memset {
@@ -241,7 +241,7 @@ fn encode_into(out: &mut Vec<u8>, nodes: &[GraphNode]) {
             } => {
                 put64(out, *handle);
                 put32(out, kind.as_u32());
-                put32(out, bodies.len() as u32);
+                put32(out, len_u32(bodies.len()));
                 for b in bodies {
                     encode_into(out, b);
                 }

@@ -15,6 +15,11 @@
 //! and writer).
 
 #![warn(missing_docs)]
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 pub mod array;
 mod codec;

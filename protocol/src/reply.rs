@@ -1,6 +1,7 @@
 //! Replies: the inline values of a reply, the device description
 //! `Hello` answers with, and the vGPU's figures `VgpuStatus` answers with.
 
+use crate::codec::len_u32;
 use crate::{ProtoError, Reader, Writer, INLINE};
 
 /// A reply: the status travels in the descriptor, up to ten u64 values inline.
@@ -81,13 +82,13 @@ impl DeviceInfo {
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut v = Vec::new();
         let name = self.name.as_bytes();
-        v.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        v.extend_from_slice(&len_u32(name.len()).to_le_bytes());
         v.extend_from_slice(name);
         v.extend_from_slice(&self.total_mem.to_le_bytes());
         v.extend_from_slice(&self.cc.0.to_le_bytes());
         v.extend_from_slice(&self.cc.1.to_le_bytes());
         v.extend_from_slice(&self.sm_count.to_le_bytes());
-        v.extend_from_slice(&(self.attributes.len() as u32).to_le_bytes());
+        v.extend_from_slice(&len_u32(self.attributes.len()).to_le_bytes());
         for (a, val) in &self.attributes {
             v.extend_from_slice(&a.to_le_bytes());
             v.extend_from_slice(&val.to_le_bytes());
@@ -99,7 +100,7 @@ impl DeviceInfo {
         v.extend_from_slice(&self.cuda_version.to_le_bytes());
         let dv =
             &self.driver_version.as_bytes()[..self.driver_version.len().min(MAX_DRIVER_VERSION)];
-        v.extend_from_slice(&(dv.len() as u32).to_le_bytes());
+        v.extend_from_slice(&len_u32(dv.len()).to_le_bytes());
         v.extend_from_slice(dv);
         v
     }
@@ -116,7 +117,7 @@ impl DeviceInfo {
         let count = r.u32()? as usize;
         let mut attributes = Vec::with_capacity(count.min(1024));
         for _ in 0..count {
-            attributes.push((r.u32()?, r.u32()? as i32));
+            attributes.push((r.u32()?, r.u32()?.cast_signed()));
         }
         let pinned_size = r.u64()?;
         let pinned_base = r.u64()?;
@@ -181,7 +182,7 @@ impl VgpuStatus {
     /// Serializes (the device already serialized, as the host keeps it).
     pub fn encode(info: &[u8], processes: &[VgpuProcess]) -> Vec<u8> {
         let mut v = Vec::with_capacity(4 + info.len() + processes.len() * PROCESS_BYTES);
-        v.extend_from_slice(&(info.len() as u32).to_le_bytes());
+        v.extend_from_slice(&len_u32(info.len()).to_le_bytes());
         v.extend_from_slice(info);
         for p in processes {
             v.extend_from_slice(&p.pid.to_le_bytes());

@@ -128,7 +128,7 @@ impl StreamAttr {
                 p @ 1..=4 => StreamAttr::SyncPolicy(p),
                 p => return Err(bad("sync_policy", format!("unknown policy {p}"))),
             },
-            id::PRIORITY => match word(raw, 0) as i32 {
+            id::PRIORITY => match word(raw, 0).cast_signed() {
                 p @ -64..=64 => StreamAttr::Priority(p),
                 p => return Err(bad("priority", format!("{p}"))),
             },

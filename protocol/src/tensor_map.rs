@@ -177,8 +177,9 @@ impl TensorMapParams {
             p.elem_strides[i] = u32_at(140 + 4 * i);
         }
         for i in 0..3 {
-            p.lower[i] = u32_at(160 + 4 * i) as i32;
-            p.upper[i] = u32_at(172 + 4 * i) as i32;
+            // Signed corners, stored as their two's complement bits.
+            p.lower[i] = u32_at(160 + 4 * i).cast_signed();
+            p.upper[i] = u32_at(172 + 4 * i).cast_signed();
         }
         p.map.copy_from_slice(&b[184..]);
         p.check()?;

@@ -196,7 +196,7 @@ pub fn plan(
 /// with others at the vGPU's [`Demand::share`]. Pass it to
 /// [`crate::GpuScheduler::release`].
 pub fn charge_ns(alone_ns: u64, shared_ns: u64, demand: &Demand) -> u64 {
-    alone_ns + (shared_ns as f64 * demand.share()).round() as u64
+    alone_ns.saturating_add(crate::round_ns(shared_ns as f64 * demand.share()))
 }
 
 #[cfg(test)]
@@ -213,7 +213,10 @@ mod tests {
     }
 
     fn cands(ds: &[Demand]) -> Vec<(VgpuId, Demand)> {
-        ds.iter().enumerate().map(|(i, &x)| (i as u32, x)).collect()
+        ds.iter()
+            .enumerate()
+            .map(|(i, &x)| (u32::try_from(i).unwrap(), x))
+            .collect()
     }
 
     #[test]
@@ -285,6 +288,9 @@ mod tests {
         // Idle blocks raise the SM fraction and with it the charge.
         let padded = d(1.0, 0.1, 0.0);
         assert_eq!(charge_ns(0, 1_000_000, &padded), 1_000_000);
+        // Times past any real hold saturate instead of wrapping or panicking.
+        assert_eq!(charge_ns(u64::MAX - 10, 1_000_000, &small), u64::MAX);
+        assert_eq!(charge_ns(0, u64::MAX, &padded), u64::MAX);
         // A copier is charged its copy engine share.
         assert!((d(1.0, 0.0, 0.8).share() - 0.8).abs() < 1e-12);
         assert_eq!(d(0.0, 0.0, 0.0).share(), MIN_SHARE);

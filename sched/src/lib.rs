@@ -19,6 +19,11 @@
 //! `sched-sim` crate.
 
 #![warn(missing_docs)]
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 pub mod accounting;
 pub mod classify;
@@ -30,6 +35,14 @@ pub mod slicing;
 pub mod tenants;
 
 use std::collections::HashMap;
+
+/// `ns` rounded to whole nanoseconds, saturating as Rust's `as` does:
+/// negative and NaN give 0, anything past `u64::MAX` gives `u64::MAX`.
+/// For durations computed in f64 from durations in u64.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // saturates, as said
+pub(crate) fn round_ns(ns: f64) -> u64 {
+    ns.round() as u64
+}
 
 pub use corun::{CorunConfig, Demand};
 pub use policy::DevicePolicy;
@@ -311,7 +324,7 @@ impl GpuScheduler {
             .filter_map(|v| self.queue.weight(v))
             .fold(w, f64::min);
         let factor = (w / lightest).clamp(1.0, MAX_SLICE_FACTOR);
-        (self.slice_ns as f64 * factor).round() as u64
+        round_ns(self.slice_ns as f64 * factor)
     }
 
     /// Whether the vGPU is CPU-GPU interactive now.

@@ -518,8 +518,14 @@ mod tests {
         for round in 0..300 {
             let mut p = Placer::new(Params::default(), vec![16 * GIB; 4]);
             for v in 0..12 {
-                let g = (rnd() * 4.0) as usize % 4;
-                p.pin(v, g, d(rnd() * 0.6, (rnd() * 4.0) as u64));
+                // rnd() is in [0, 1): small and non-negative products.
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let (g, cores, gib) = (
+                    (rnd() * 4.0) as usize % 4,
+                    rnd() * 0.6,
+                    (rnd() * 4.0) as u64,
+                );
+                p.pin(v, g, d(cores, gib));
             }
             let before: Vec<f64> = (0..4).map(|g| p.load(g)).collect();
             let moves = p.balance(round);

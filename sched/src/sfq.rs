@@ -14,6 +14,13 @@
 
 use std::collections::HashMap;
 
+/// `units` of tag, rounded, saturating as Rust's `as` does (negative and NaN
+/// give 0); from ns and a checked weight, it is far below `u128::MAX`.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // saturates, as said
+fn tag_of(units: f64) -> u128 {
+    units.round() as u128
+}
+
 use rbtree::RBTree;
 
 use crate::SchedError;
@@ -124,7 +131,7 @@ impl StartTagQueue {
         if e.runnable {
             self.run.remove(&(e.start, id));
         }
-        let start = vtime + lag;
+        let start = vtime.saturating_add(lag);
         let entry = self.entry(id)?;
         entry.start = start;
         if e.runnable {
@@ -158,7 +165,7 @@ impl StartTagQueue {
         if e.runnable {
             return Ok(());
         }
-        let credit = (credit_ns as f64 * TAG_SCALE / e.weight).round() as u128;
+        let credit = tag_of(credit_ns as f64 * TAG_SCALE / e.weight);
         e.start = e.start.max(vtime.saturating_sub(credit));
         e.runnable = true;
         let key = (e.start, id);
@@ -191,8 +198,10 @@ impl StartTagQueue {
         if e.runnable {
             self.run.remove(&(e.start, id));
         }
-        let inc = (used_ns as f64 * TAG_SCALE / e.weight).round() as u128;
-        let finish = e.start + inc;
+        let inc = tag_of(used_ns as f64 * TAG_SCALE / e.weight);
+        // Saturating: a tiny weight and a huge charge must not wrap the tag
+        // to a small one (first in line) or panic.
+        let finish = e.start.saturating_add(inc);
         let entry = self.entry(id)?;
         entry.finish = finish;
         entry.start = finish;
@@ -294,8 +303,9 @@ mod tests {
         ) {
             let mut q = StartTagQueue::new();
             for (i, &w) in weights.iter().enumerate() {
-                q.add(i as u32, w).unwrap();
-                q.wake(i as u32).unwrap();
+                let id = u32::try_from(i).unwrap();
+                q.add(id, w).unwrap();
+                q.wake(id).unwrap();
             }
             let mut used = vec![0u64; weights.len()];
             // Long enough that one kernel is a small part of everyone's share.
@@ -343,6 +353,20 @@ mod tests {
         run(&mut q, &[k, k], 400 * k, &mut after);
         let share1 = after[1] as f64 / (after[0] + after[1]) as f64;
         assert!((share1 - 0.75).abs() < 0.01, "share {share1}");
+    }
+
+    #[test]
+    fn a_huge_charge_at_a_tiny_weight_saturates_its_tag() {
+        let mut q = StartTagQueue::new();
+        q.add(1, 1e-300).unwrap();
+        q.add(2, 1.0).unwrap();
+        for id in [1, 2] {
+            q.wake(id).unwrap();
+        }
+        q.charge(1, u64::MAX).unwrap();
+        q.charge(1, u64::MAX).unwrap();
+        assert_eq!(q.start_tag(1), Some(u128::MAX));
+        assert_eq!(q.pick(), Some(2), "the tag did not wrap to a small one");
     }
 
     #[test]

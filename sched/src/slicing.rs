@@ -26,7 +26,8 @@ pub fn slice_grid(x: u32, y: u32, z: u32, max_blocks: u64) -> Vec<SubGrid> {
         }];
     }
     let target = max_blocks.max(MIN_BLOCKS);
-    let cols = target.div_ceil(column).clamp(1, u64::from(x)) as u32;
+    // At most x, a u32.
+    let cols = u32::try_from(target.div_ceil(column).clamp(1, u64::from(x))).unwrap_or(x);
     let mut out = Vec::new();
     let mut off = 0u32;
     while off < x {

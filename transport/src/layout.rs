@@ -19,6 +19,7 @@
 //! a cache line (128 rather than 64 to defeat the adjacent-line prefetcher).
 
 use crate::error::{Error, Result};
+use crate::usize_from;
 
 /// "FVGPUSHM", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FVGPUSHM");
@@ -222,15 +223,15 @@ impl Layout {
         // Bounded above, so plain arithmetic cannot overflow on 64-bit.
         let rings = 2 * params.ring_entries as usize * DESC_SIZE;
         let before_arena = align_up(ctl::SIZE + 2 * ringctl::SIZE + rings, 4096);
-        let channel_stride = before_arena + 2 * params.arena_size as usize;
+        let channel_stride = before_arena + 2 * usize_from(params.arena_size);
         let channels_offset = HEADER_SIZE;
         let channels_end = channels_offset + params.channels as usize * channel_stride;
         let pinned_offset = if params.pinned_size > 0 {
-            align_up(channels_end, PINNED_ALIGN as usize)
+            align_up(channels_end, usize_from(PINNED_ALIGN))
         } else {
             channels_end
         };
-        let needed = pinned_offset + params.pinned_size as usize;
+        let needed = pinned_offset + usize_from(params.pinned_size);
         let region_size = needed.next_power_of_two();
         Ok(Layout {
             params,
@@ -258,7 +259,7 @@ impl Layout {
         RingParts {
             ctl: ctl::SIZE + k * ringctl::SIZE,
             descs: descs0 + k * entries * DESC_SIZE,
-            arena: arena0 + k * self.params.arena_size as usize,
+            arena: arena0 + k * usize_from(self.params.arena_size),
         }
     }
 }

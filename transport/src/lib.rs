@@ -11,10 +11,21 @@
 //! Everything the peer writes is validated before use; see [`ring`].
 
 #![warn(missing_docs)]
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 // Offsets are computed in u64 and used as usize: the host is 64-bit only.
 #[cfg(not(target_pointer_width = "64"))]
 compile_error!("fairvgpu supports 64-bit hosts and guests only");
+
+/// `x` as a `usize`, for sizes and offsets kept in `u64`.
+#[allow(clippy::cast_possible_truncation)] // lossless: usize is 64 bits (see above)
+pub(crate) const fn usize_from(x: u64) -> usize {
+    x as usize
+}
 
 pub mod channel;
 pub mod error;

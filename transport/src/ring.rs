@@ -14,6 +14,7 @@ use vm_memory::VolatileSlice;
 use crate::error::{Error, Result};
 use crate::layout::{desc, ringctl, RingParts, DESC_SIZE, INLINE_SIZE};
 use crate::shm::SharedMemory;
+use crate::usize_from;
 
 /// The message continues in the next descriptor (a chunk of a larger payload).
 pub const FLAG_MORE: u32 = 1;
@@ -163,7 +164,7 @@ impl RingMem {
         Ok(self
             .mem
             .slice()
-            .subslice(self.arena + off as usize, len as usize)?)
+            .subslice(self.arena + usize_from(off), usize_from(len))?)
     }
     fn corrupt(&self, what: &'static str, value: u64) -> Error {
         Error::CorruptIndex {
@@ -234,7 +235,7 @@ pub(crate) fn ends(
 impl Producer {
     /// Largest payload one descriptor can carry.
     pub fn max_data(&self) -> usize {
-        self.ring.arena_size as usize
+        usize_from(self.ring.arena_size)
     }
 
     /// The flag the consumer sets before it blocks.
@@ -263,7 +264,7 @@ impl Producer {
         if len as u64 > size {
             return Err(Error::TooLarge {
                 len,
-                arena: size as usize,
+                arena: usize_from(size),
             });
         }
         if len == 0 {
@@ -305,10 +306,18 @@ impl Producer {
         let Some((off, end)) = self.alloc(len)? else {
             return Ok(false);
         };
+        // Both below the arena size, which a layout bounds to 1 GiB; checked
+        // all the same, as the descriptor carries them in 32 bits.
+        let (Ok(data_off), Ok(data_len)) = (u32::try_from(off), u32::try_from(len)) else {
+            return Err(Error::TooLarge {
+                len,
+                arena: usize_from(self.ring.arena_size),
+            });
+        };
         let mut out = d.clone();
         fill(&mut out, self.ring.arena_slice(off, len as u64)?)?;
-        out.data_off = off as u32;
-        out.data_len = len as u32;
+        out.data_off = data_off;
+        out.data_len = data_len;
         out.data_end = end;
         self.ring.slot(self.head)?.copy_from(&out.encode());
         self.head = self.head.wrapping_add(1);
@@ -435,14 +444,14 @@ mod tests {
     fn messages_round_trip_in_order_with_wrap() {
         let (_m, mut p, mut c, _) = ring(4, 4096);
         let mut buf = Vec::new();
-        for i in 0..50u64 {
-            let mut d = Descriptor::new(i, 7);
-            d.inline[0] = i as u8;
-            let data = vec![i as u8; (i as usize * 97) % 1500];
+        for i in 0..50u8 {
+            let mut d = Descriptor::new(u64::from(i), 7);
+            d.inline[0] = i;
+            let data = vec![i; (usize::from(i) * 97) % 1500];
             assert!(p.try_send(&d, &data).unwrap());
             let got = c.try_recv(&mut buf).unwrap().unwrap();
-            assert_eq!(got.tag, i);
-            assert_eq!(got.inline[0], i as u8);
+            assert_eq!(got.tag, u64::from(i));
+            assert_eq!(got.inline[0], i);
             assert_eq!(buf, data);
         }
         assert!(c.try_recv(&mut buf).unwrap().is_none());

@@ -328,7 +328,10 @@ impl ServerLoop {
             let wait_ms = if listening {
                 100u8
             } else {
-                (1000.0 / ACCEPT_PER_SECOND).ceil() as u8
+                // 20 ms for the 50 a second above (`as` saturates at 255).
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let ms = (1000.0 / ACCEPT_PER_SECOND).ceil() as u8;
+                ms
             };
             {
                 let mut fds = vec![PollFd::new(
@@ -459,13 +462,15 @@ impl ServerLoop {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, bells.clone());
-        if let Ok(cred) =
+        if let Some(pid) =
             nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+                .ok()
+                .and_then(|cred| u32::try_from(cred.pid()).ok())
         {
             self.pids
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(id, cred.pid() as u32);
+                .insert(id, pid);
         }
         self.peers.insert(
             id,

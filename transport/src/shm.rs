@@ -145,6 +145,9 @@ impl SharedMemory {
                 self.len
             )));
         }
+        // Below the mapping's length, so within off_t.
+        let file_off = libc::off_t::try_from(off)
+            .map_err(|_| Error::BadLayout(format!("part offset {off} past off_t")))?;
         let flags = libc::MAP_SHARED
             | if addr != 0 {
                 libc::MAP_FIXED_NOREPLACE
@@ -161,7 +164,7 @@ impl SharedMemory {
                 libc::PROT_READ | libc::PROT_WRITE,
                 flags,
                 file.as_fd().as_raw_fd(),
-                off as libc::off_t,
+                file_off,
             )
         };
         if p == libc::MAP_FAILED {
@@ -195,6 +198,9 @@ impl SharedMemory {
                 self.len
             )));
         }
+        // Below the mapping's length, so within off_t.
+        let file_off = libc::off_t::try_from(off)
+            .map_err(|_| Error::BadLayout(format!("part offset {off} past off_t")))?;
         // SAFETY: per this function's contract, the range may be replaced.
         let p = unsafe {
             libc::mmap(
@@ -203,7 +209,7 @@ impl SharedMemory {
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_FIXED,
                 file.as_fd().as_raw_fd(),
-                off as libc::off_t,
+                file_off,
             )
         };
         if p == libc::MAP_FAILED {
@@ -249,7 +255,9 @@ impl SharedMemory {
         }
         #[cfg(target_arch = "x86_64")]
         {
-            let fd = file.as_fd().as_raw_fd() as usize;
+            // An open descriptor is never negative.
+            let fd = usize::try_from(file.as_fd().as_raw_fd())
+                .map_err(|_| Error::BadLayout("negative file descriptor".into()))?;
             let ret: isize;
             // SAFETY: per this function's contract: `[addr, addr + len)` is
             // readable and may be replaced, `copy_to` is writable for `len`
@@ -278,10 +286,7 @@ impl SharedMemory {
                 );
             }
             if ret < 0 {
-                return Err(Error::io(
-                    "mmap over registered memory",
-                    std::io::Error::from_raw_os_error(-ret as i32),
-                ));
+                return Err(Error::io("mmap over registered memory", errno_of(ret)));
             }
             Ok(())
         }
@@ -339,7 +344,7 @@ pub unsafe fn map_private_copy_over(addr: usize, len: usize, from: usize) -> Res
         if ret < 0 {
             return Err(Error::io(
                 "mmap of private pages over registered memory",
-                std::io::Error::from_raw_os_error(-ret as i32),
+                errno_of(ret),
             ));
         }
         Ok(())
@@ -416,6 +421,13 @@ impl Drop for FixedMapping {
     }
 }
 
+/// The error of a raw system call that returned `ret` (negative: `-errno`).
+#[cfg(target_arch = "x86_64")]
+fn errno_of(ret: isize) -> std::io::Error {
+    // The kernel returns -4095..=-1; anything else is not an errno.
+    std::io::Error::from_raw_os_error(i32::try_from(-ret).unwrap_or(libc::EINVAL))
+}
+
 fn extend<'a, T>(r: &T, _owner: &'a SharedMemory) -> &'a T {
     // SAFETY: `r` points into the memory owned by `_owner` (it came from
     // `_owner.slice()`), which stays mapped for as long as `_owner` is
@@ -431,7 +443,9 @@ pub fn create_memfd(name: &str, len: usize) -> Result<OwnedFd> {
     use nix::sys::memfd::{memfd_create, MFdFlags};
     let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
         .map_err(|e| Error::io("memfd_create", e))?;
-    nix::unistd::ftruncate(fd.as_fd(), len as i64).map_err(|e| Error::io("ftruncate", e))?;
+    let size = i64::try_from(len)
+        .map_err(|_| Error::BadLayout(format!("memfd of {len} bytes past off_t")))?;
+    nix::unistd::ftruncate(fd.as_fd(), size).map_err(|e| Error::io("ftruncate", e))?;
     fcntl(
         fd.as_fd(),
         FcntlArg::F_ADD_SEALS(

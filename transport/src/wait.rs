@@ -87,7 +87,9 @@ impl Bell for EventFdBell {
     }
 
     fn wait(&self, timeout: Duration) -> Result<bool> {
-        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        let ms = i32::try_from(timeout.as_millis())
+            .unwrap_or(i32::MAX)
+            .max(1);
         let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
         let n = match poll(
             &mut fds,

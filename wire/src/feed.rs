@@ -61,18 +61,21 @@ impl MigrationReport {
         let moved = if self.moved { 1 << 16 } else { 0 };
         let kept = i64::from(self.kept_by.map_or(0, |k| k.code() & 0x7f)) << 17;
         let failed = i64::from(self.failed.map_or(0, |s| s.code().min(0xffff))) << 24;
-        (MIGRATED << 40) | failed | kept | moved | i64::from(self.gpu as u16)
+        // A GPU past 16 bits (none is) saturates rather than naming another.
+        let gpu = u16::try_from(self.gpu).unwrap_or(u16::MAX);
+        (MIGRATED << 40) | failed | kept | moved | i64::from(gpu)
     }
 
     /// The report a MIGRATED message `v` ends, after its pause and KiB.
     pub fn decode(v: i64, pause_us: u64, kib: u64) -> MigrationReport {
-        let failed = ((v >> 24) & 0xffff) as u32;
+        let failed = u32::from(u16_at(v, 24));
+        let [kept, _] = (u16_at(v, 17) & 0x7f).to_le_bytes();
         MigrationReport {
-            gpu: (v & 0xffff) as u32,
+            gpu: u32::from(u16_at(v, 0)),
             moved: v & (1 << 16) != 0,
             pause_us,
             kib,
-            kept_by: crate::Keeper::from_code(((v >> 17) & 0x7f) as u8),
+            kept_by: crate::Keeper::from_code(kept),
             failed: (failed != 0).then(|| protocol::Status::from_code(failed)),
         }
     }
@@ -87,6 +90,27 @@ impl MigrationReport {
     }
 }
 
+/// A message of `kind` whose low 40 bits carry `value` (`LIMIT`,
+/// `MIGRATION_PAUSE_US`, `MIGRATION_KIB`), saturated at [`LIMIT_MASK`]: a
+/// larger value goes as the largest, never wrapped into a small one or
+/// into the kind's bits.
+pub fn encode_value(kind: i64, value: u64) -> i64 {
+    let value = i64::try_from(value).map_or(LIMIT_MASK, |v| v.min(LIMIT_MASK));
+    (kind << 40) | value
+}
+
+/// The value in a message's low 40 bits (see [`encode_value`]).
+pub fn decode_value(v: i64) -> u64 {
+    // Masked to 40 bits, so non-negative: the bits are the value.
+    (v & LIMIT_MASK).cast_unsigned()
+}
+
+/// Bits `at..at + 16` of a message word.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // keeping 16 bits is the point
+fn u16_at(v: i64, at: u32) -> u16 {
+    (v >> at) as u16
+}
+
 /// One feed message's word: kind, peer, vector.
 pub fn encode(kind: i64, peer: u16, vector: u16) -> i64 {
     (kind << 40) | (i64::from(peer) << 16) | i64::from(vector)
@@ -94,5 +118,55 @@ pub fn encode(kind: i64, peer: u16, vector: u16) -> i64 {
 
 /// A feed message's kind, peer and vector.
 pub fn decode(v: i64) -> (i64, u16, u16) {
-    ((v >> 40) & 0xff, (v >> 16) as u16, v as u16)
+    ((v >> 40) & 0xff, u16_at(v, 16), u16_at(v, 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_round_trip_their_fields() {
+        for (kind, peer, vector) in [
+            (REGION, 0, 0),
+            (PEER_BELL, 7, 3),
+            (GRANT, u16::MAX, u16::MAX),
+        ] {
+            assert_eq!(decode(encode(kind, peer, vector)), (kind, peer, vector));
+        }
+    }
+
+    #[test]
+    fn values_saturate_rather_than_wrap_into_the_kind() {
+        assert_eq!(decode_value(encode_value(LIMIT, 81920)), 81920);
+        let max = LIMIT_MASK.cast_unsigned();
+        for big in [max, max + 1, 1 << 40 | 5, u64::MAX] {
+            let v = encode_value(LIMIT, big);
+            assert_eq!(decode(v).0, LIMIT, "{big}: kind kept");
+            assert_eq!(decode_value(v), max, "{big}: saturated");
+        }
+    }
+
+    #[test]
+    fn migration_reports_round_trip() {
+        let r = MigrationReport {
+            gpu: 3,
+            moved: false,
+            pause_us: 1200,
+            kib: 4096,
+            kept_by: Some(crate::Keeper::Array),
+            failed: Some(protocol::Status::from_code(700)),
+        };
+        assert_eq!(MigrationReport::decode(r.encode(), 1200, 4096), r);
+        let moved = MigrationReport {
+            moved: true,
+            kept_by: None,
+            failed: None,
+            ..r
+        };
+        assert_eq!(MigrationReport::decode(moved.encode(), 1200, 4096), moved);
+        // A GPU past 16 bits is sent as the last one, not as GPU 1.
+        let far = MigrationReport { gpu: 65537, ..r };
+        assert_eq!(MigrationReport::decode(far.encode(), 0, 0).gpu, 65535);
+    }
 }

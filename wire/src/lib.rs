@@ -9,6 +9,11 @@
 //! (`signals`).
 
 #![warn(missing_docs)]
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 pub mod feed;
 pub mod grant;

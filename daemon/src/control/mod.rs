@@ -194,7 +194,8 @@ impl ControlPlane {
     /// The stable id of a VM's vGPU (its grant-service id).
     pub fn vgpu_id(&self, name: &str) -> u32 {
         let mut ids = lock(&self.ids);
-        let next = ids.len() as u32;
+        // One id per VM name ever seen: never near u32::MAX.
+        let next = u32::try_from(ids.len()).unwrap_or(u32::MAX);
         *ids.entry(name.to_owned()).or_insert(next)
     }
 

@@ -47,7 +47,10 @@ impl ControlPlane {
             }
         }
         for v in unplaced {
-            let g = p.place(self.vgpu_id(&v.name), demand(v, 0)).unwrap_or(0) as u32;
+            let g = p
+                .place(self.vgpu_id(&v.name), demand(v, 0))
+                .and_then(|g| u32::try_from(g).ok())
+                .unwrap_or(0);
             lock(&self.current).insert(v.name.clone(), g);
             if let Err(e) = self.ensure_service(cfg, g) {
                 tracing::error!("GPU {g}'s grant service: {e}");
@@ -58,11 +61,14 @@ impl ControlPlane {
 
     pub(super) fn placement_params(&self, cfg: &Config) -> sched::placement::Params {
         let pl = cfg.placement;
+        // The config checks it finite and >= 0; `as` saturates a huge one.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let cooldown_ns = (pl.cooldown_s * 1e9) as u64;
         sched::placement::Params {
             over: pl.over,
             under: pl.under,
             watermark: pl.watermark,
-            cooldown_ns: (pl.cooldown_s * 1e9) as u64,
+            cooldown_ns,
             compaction: pl.compaction,
         }
     }
@@ -88,7 +94,12 @@ impl ControlPlane {
                 };
                 let id = self.vgpu_id(name);
                 seen.insert(id);
-                let gpu = v["gpu"].as_u64().unwrap_or(0) as usize;
+                // The status's own GPU index (a config's u32).
+                let gpu_index = v["gpu"]
+                    .as_u64()
+                    .and_then(|g| u32::try_from(g).ok())
+                    .unwrap_or(0);
+                let gpu = gpu_index as usize;
                 let d = sched::placement::Demand {
                     cores: v["demand"].as_f64().unwrap_or(0.0),
                     memory: v["memory_used_bytes"].as_u64().unwrap_or(0),
@@ -107,7 +118,7 @@ impl ControlPlane {
                     )
                 );
                 // An MPS client cannot leave its GPU's server.
-                let mps = cfg.gpu_mps(gpu as u32);
+                let mps = cfg.gpu_mps(gpu_index);
                 p.set_pinned(id, v["pinned"] == true || busy_or_failed || mps);
                 // CASE's rule: a vGPU goes only where its whole memory
                 // limit fits, not just what it uses now.
@@ -121,7 +132,7 @@ impl ControlPlane {
                 p.remove(id);
             }
         }
-        let now = self.started.elapsed().as_nanos() as u64;
+        let now = crate::nanos(self.started.elapsed());
         let moves = p.balance(now);
         drop(guard);
         let names: HashMap<u32, String> = lock(&self.ids)
@@ -129,8 +140,8 @@ impl ControlPlane {
             .map(|(n, id)| (*id, n.clone()))
             .collect();
         for m in moves {
-            if let Some(vm) = names.get(&m.vgpu) {
-                if let Err(e) = self.request_migration(vm, m.to as u32) {
+            if let (Some(vm), Ok(to)) = (names.get(&m.vgpu), u32::try_from(m.to)) {
+                if let Err(e) = self.request_migration(vm, to) {
                     tracing::debug!(vm, "balancer's move not made: {e}");
                 }
             }

@@ -197,7 +197,9 @@ mod tests {
                 );
                 let copy = copy_ppm[i];
                 std::thread::spawn(move || {
-                    let mut g = Gate::connect(&path, i as u32, w).unwrap();
+                    let mut g = Gate::connect(&path, u32::try_from(i).unwrap(), w).unwrap();
+                    // A fraction in [0, 1]: a million at most.
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                     let ppm = (occupancy * 1e6) as u64;
                     g.report(&Report {
                         occupancy_ppm: ppm,

@@ -172,7 +172,7 @@ impl Service {
 
     /// Scheduler time now (ns since the service started).
     fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        crate::nanos(self.epoch.elapsed())
     }
 
     // --- Commands from the daemon -------------------------------------
@@ -275,7 +275,7 @@ impl Service {
 
     /// Demand: time each vGPU spends wanting or holding the GPU.
     fn on_tick(&mut self) {
-        let tick = self.last_tick.elapsed().as_nanos() as u64;
+        let tick = crate::nanos(self.last_tick.elapsed());
         self.last_tick = Instant::now();
         self.co.tick(self.holder, tick);
         if !self.active.is_empty() {
@@ -458,7 +458,8 @@ impl Service {
         let _ = self.sched.release(id, a);
         self.live(|u| {
             let v = u.entry(id).or_default();
-            v.charged_ns += a;
+            // `used` is the worker's word: a huge one saturates.
+            v.charged_ns = v.charged_ns.saturating_add(a);
             v.holding = false;
         });
         if wants == 0 {
@@ -516,7 +517,7 @@ impl Service {
             .holder
             .filter(|_| overrun + self.slice > self.hold_limit)
         {
-            revoked.push((id, self.held_since.elapsed().as_nanos() as u64));
+            revoked.push((id, crate::nanos(self.held_since.elapsed())));
             self.holder = None;
         }
         for id in self.co.overdue(self.hold_limit.saturating_sub(self.slice)) {
@@ -525,7 +526,7 @@ impl Service {
         // A drainer that went away, or never releases.
         self.drainer = self.drainer.filter(|d| self.conns.contains_key(&d.0));
         if let Some((id, since)) = self.drainer.filter(|d| d.1.elapsed() > self.hold_limit) {
-            revoked.push((id, since.elapsed().as_nanos() as u64));
+            revoked.push((id, crate::nanos(since.elapsed())));
             self.drainer = None;
         }
         for (id, held) in revoked {
@@ -551,7 +552,7 @@ impl Service {
         }
         self.live(|u| {
             let v = u.entry(id).or_default();
-            v.charged_ns += charge;
+            v.charged_ns = v.charged_ns.saturating_add(charge);
             v.holding = false;
             v.revoked += 1;
         });
@@ -595,7 +596,7 @@ impl Service {
         let snapshot = self.usage.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for id in self.co.admit(&mut self.sched, h, now_ns, &snapshot) {
             if let Some(s) = self.conns.get_mut(&id) {
-                if s.write_all(&encode(GRANT, id, left.as_nanos() as u64, 0))
+                if s.write_all(&encode(GRANT, id, crate::nanos(left), 0))
                     .is_ok()
                 {
                     self.co.holders.insert(id, self.deadline);
@@ -675,7 +676,7 @@ impl Service {
         self.alone = true;
         self.held_since = Instant::now();
         self.deadline = self.held_since + Duration::from_nanos(granted);
-        let handoff = self.freed.take().map(|t| t.elapsed().as_nanos() as u64);
+        let handoff = self.freed.take().map(|t| crate::nanos(t.elapsed()));
         self.live(|u| {
             let v = u.entry(vgpu).or_default();
             v.holding = true;

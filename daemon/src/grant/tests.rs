@@ -82,7 +82,7 @@ fn grants_follow_weights_between_busy_workers() {
         .map(|(i, &w)| {
             let (path, all) = (svc.path().to_owned(), all.clone());
             std::thread::spawn(move || {
-                let mut g = Gate::connect(&path, i as u32, w).unwrap();
+                let mut g = Gate::connect(&path, u32::try_from(i).unwrap(), w).unwrap();
                 all.wait();
                 std::thread::sleep(Duration::from_millis(20));
                 busy_until(&mut g, Instant::now() + Duration::from_millis(1500), |_| {})
@@ -187,7 +187,7 @@ fn a_connection_that_says_nothing_holds_up_no_vgpu() {
 #[test]
 fn a_lone_holder_is_extended_until_another_vgpu_wants_the_gpu() {
     let slice = Duration::from_millis(4);
-    let (dir, svc) = service("ext", slice.as_nanos() as u64, false);
+    let (dir, svc) = service("ext", crate::nanos(slice), false);
     let mut lone = Gate::connect(svc.path(), 1, 1.0).unwrap();
     assert!(lone.acquire(Duration::from_secs(5)).unwrap());
     assert!(lone.alone());
@@ -218,7 +218,7 @@ fn a_lone_holder_is_extended_until_another_vgpu_wants_the_gpu() {
     assert!(!other.alone(), "vGPU 1 still wants the GPU");
     // All it held is charged at its release, extensions included.
     std::thread::sleep(Duration::from_millis(20));
-    assert!(svc.live()[&1].charged_ns >= 5 * slice.as_nanos() as u64);
+    assert!(svc.live()[&1].charged_ns >= 5 * crate::nanos(slice));
     other.release(1000, false).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -368,5 +368,24 @@ fn the_vcpu_lift_is_told_of_each_change_of_holder_and_only_then() {
     b.release(used, false).unwrap();
     assert_eq!(next(), Vec::<u32>::new());
     drop((a, b, svc));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_worker_claiming_huge_use_saturates_its_charge_and_the_service_serves_on() {
+    let (dir, svc) = service("huge", 2_000_000, false);
+    let mut g = Gate::connect(svc.path(), 1, 1.0).unwrap();
+    for _ in 0..2 {
+        granted(&mut g);
+        g.release(u64::MAX, true).unwrap();
+    }
+    let live = live_when(&svc, Duration::from_secs(5), |l| {
+        l.get(&1).is_some_and(|v| v.charged_ns == u64::MAX)
+    });
+    assert_eq!(live[&1].charged_ns, u64::MAX);
+    // Still serving: another vGPU gets the GPU.
+    let mut other = Gate::connect(svc.path(), 2, 1.0).unwrap();
+    granted(&mut other);
+    other.release(1000, false).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

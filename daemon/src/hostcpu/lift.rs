@@ -194,7 +194,7 @@ impl Lifter {
         let thread = std::thread::Builder::new()
             .name("vcpu-lift".into())
             .spawn(move || {
-                let _ = worker::priority::try_set_nice(nix::unistd::gettid().as_raw() as u32, nice);
+                let _ = worker::priority::try_set_nice(super::own_tid(), nice);
                 run(&rx, &registry, Lifts::new(setter, nice), &r2);
             })
             .ok();

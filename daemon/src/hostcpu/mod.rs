@@ -99,6 +99,12 @@ pub struct ServiceLift {
 pub use worker::priority::lift_current_thread;
 use worker::priority::lift_thread;
 
+/// The calling thread's id. A thread id is positive; were it not, 0 is
+/// what `setpriority` takes for the calling thread as well.
+pub(crate) fn own_tid() -> u32 {
+    u32::try_from(nix::unistd::gettid().as_raw()).unwrap_or(0)
+}
+
 /// Whether threads may be raised to `nice` here: tried on thread `tid`
 /// (the probe's own), which gets its value back.
 fn probe_priority(p: &impl PrioritySetter, tid: u32, nice: i32) -> Opt {
@@ -179,7 +185,7 @@ impl HostCpu {
     /// no cgroup), with `setter` for the vCPU threads.
     pub fn lifts<P: PrioritySetter>(priority: i32, vcpu_lift: bool, setter: P) -> HostCpu {
         let probe = std::thread::spawn(move || {
-            let tid = nix::unistd::gettid().as_raw() as u32;
+            let tid = own_tid();
             probe_priority(&SysPriority, tid, priority)
         })
         .join()

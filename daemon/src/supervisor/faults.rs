@@ -152,7 +152,7 @@ impl Supervisor {
                 tracing::info!(
                     vm = e.name,
                     gpu = e.gpu,
-                    ms = e.since.elapsed().as_millis() as u64,
+                    ms = crate::nanos(e.since.elapsed()) / 1_000_000,
                     "ended MPS client reaped"
                 );
                 false

@@ -334,7 +334,11 @@ impl Supervisor {
 }
 
 pub(super) fn signal_child(child: &Child, sig: nix::sys::signal::Signal) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig);
+    // A pid past i32 (none is) must not wrap into a negative one: kill()
+    // would signal a process group, or at -1 every process.
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+    }
 }
 
 pub(super) fn stop_child(child: &mut Child) {

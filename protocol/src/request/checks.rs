@@ -235,7 +235,7 @@ fn func_attr_range(attr: u32) -> Option<std::ops::RangeInclusive<i32>> {
     Some(match attr {
         8 => 0..=256 << 10,
         9 => -1..=100,
-        11..=13 => 0..=MAX_CLUSTER_BLOCKS as i32,
+        11..=13 => 0..=i32::try_from(MAX_CLUSTER_BLOCKS).unwrap_or(i32::MAX),
         14 => 0..=1,
         15 => 0..=2,
         _ => return None,

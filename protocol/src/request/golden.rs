@@ -71,8 +71,8 @@ const U32S: [u32; 28] = [
     0x7fff_ffff,
     0x8000_0000,
     0xffff_ffff,
-    -64i32 as u32,
-    -65i32 as u32,
+    (-64i32).cast_unsigned(),
+    (-65i32).cast_unsigned(),
 ];
 const U64S: [u64; 16] = [
     0,
@@ -141,8 +141,9 @@ fn payloads(opcode: u32) -> Vec<[u8; INLINE]> {
         for at in (0..INLINE).step_by(4) {
             let x = rng.next();
             let word = match x % 4 {
-                0 => x as u32 >> 8,
-                1 => U32S[(x >> 8) as usize % U32S.len()],
+                // Bits 8..32 of x; a word of U32S picked by x's upper bits.
+                0 => u32::try_from((x >> 8) & 0xff_ffff).unwrap(),
+                1 => U32S[usize::try_from((x >> 8) % U32S.len() as u64).unwrap()],
                 _ => continue,
             };
             b[at..at + 4].copy_from_slice(&word.to_le_bytes());

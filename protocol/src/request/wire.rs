@@ -43,7 +43,9 @@ macro_rules! plain {
 
 plain!(u32, |r| r.u32(), |v, w| w.u32(*v));
 plain!(u64, |r| r.u64(), |v, w| w.u64(*v));
-plain!(i32, |r| Ok(r.u32()? as i32), |v, w| w.u32(*v as u32));
+// An i32 travels as its two's complement bits.
+plain!(i32, |r| Ok(r.u32()?.cast_signed()), |v, w| w
+    .u32(v.cast_unsigned()));
 plain!(Dim3, |r| read_dim(r), |v, w| {
     w.u32(v.x);
     w.u32(v.y);

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::layout::{ctl, hdr, Direction, Layout, LayoutParams, LAYOUT_VERSION, MAGIC};
 use crate::ring::{ends, Consumer, Producer};
 use crate::shm::{create_memfd, SharedMemory};
+use crate::usize_from;
 
 /// A mapped region with a validated layout.
 #[derive(Debug, Clone)]
@@ -92,7 +93,7 @@ impl Region {
     pub fn pinned(&self) -> Result<vm_memory::VolatileSlice<'_>> {
         Ok(self.mem.slice().subslice(
             self.layout.pinned_offset,
-            self.layout.params.pinned_size as usize,
+            usize_from(self.layout.params.pinned_size),
         )?)
     }
 
@@ -101,7 +102,7 @@ impl Region {
     pub fn map_pinned_at(&self, addr: usize) -> Result<crate::shm::FixedMapping> {
         self.mem.map_part(
             self.layout.pinned_offset,
-            self.layout.params.pinned_size as usize,
+            usize_from(self.layout.params.pinned_size),
             addr,
         )
     }
@@ -129,7 +130,7 @@ impl Region {
         // SAFETY: per this function's contract.
         unsafe {
             self.mem.copy_and_map_part_over(
-                self.layout.pinned_offset + off as usize,
+                self.layout.pinned_offset + usize_from(off),
                 len,
                 addr,
                 copy_to,
@@ -304,7 +305,7 @@ impl Region {
         Ok(self
             .mem
             .slice()
-            .subslice(off, self.layout.params.arena_size as usize)?)
+            .subslice(off, usize_from(self.layout.params.arena_size))?)
     }
 
     pub(super) fn ring_ends(&self, ch: u32, dir: Direction) -> (Producer, Consumer) {
