@@ -10,6 +10,14 @@
 //! the checks are known to take (a 2 MiB multiple, a divisor of any grid),
 //! for fields whose check the first one fails.
 
+// `n` is a field's position in its row (a few dozen at most), so the
+// narrowing casts below keep its value.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
 use super::wire::Wire;
 use crate::array::{ArrayCopy, ArrayDesc, CopySide, SURFACE_LDST};
 use crate::stream_attr::StreamAttr;
