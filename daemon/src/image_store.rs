@@ -45,6 +45,17 @@ use worker::sealed::SealedBytes;
 /// Workers connected at once, at most (more are refused).
 const MAX_CONNECTIONS: usize = 256;
 
+/// Why the store refused an image a worker offered.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageRefused {
+    /// Its bytes do not hash to the hash it was offered under.
+    #[error("bytes not of their hash")]
+    NotOfItsHash,
+    /// Keeping it would pass the store's size or the worker's quota.
+    #[error("over the store's bounds")]
+    OverBounds,
+}
+
 /// The store's figures, for the status and metrics.
 #[derive(Debug, Default)]
 pub struct StoreStats {
@@ -144,14 +155,14 @@ impl Shared {
             let image = SealedBytes::from_fd(fd, len as usize)?;
             // Hashed outside the lock: another worker's GET waits for no one.
             if protocol::image_hash(image.bytes()) != hash {
-                return Err(Error::Image("bytes not of their hash".into()));
+                return Err(ImageRefused::NotOfItsHash.into());
             }
             let mut i = self.lock();
             if i.map.contains_key(&hash) {
                 return Ok(false);
             }
             if !i.make_room(owner, len, self.cap, self.quota) {
-                return Err(Error::Image("over the store's bounds".into()));
+                return Err(ImageRefused::OverBounds.into());
             }
             i.tick += 1;
             let used = i.tick;

@@ -285,14 +285,15 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), Error> {
 
 /// Reads a bearer token file: one word of at least 16 characters.
 pub fn token_from_file(path: &Path) -> Result<String, Error> {
-    let t = std::fs::read_to_string(path)
-        .map_err(|e| Error::Config(format!("token file {}: {e}", path.display())))?;
+    let t = std::fs::read_to_string(path).map_err(|source| Error::TokenFile {
+        path: path.to_owned(),
+        source,
+    })?;
     let t = t.trim().to_owned();
     if t.len() < 16 || t.chars().any(|c| c.is_whitespace()) {
-        return Err(Error::Config(format!(
-            "token file {}: the token must be one word of at least 16 characters",
-            path.display()
-        )));
+        return Err(Error::BadToken {
+            path: path.to_owned(),
+        });
     }
     Ok(t)
 }
