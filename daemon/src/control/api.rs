@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::http::{self, Request, Response};
-use super::{ControlPlane, SAMPLE_EVERY};
+use super::{ControlPlane, Refusal, SAMPLE_EVERY};
 use crate::config::Config;
 use crate::Error;
 
@@ -74,8 +74,8 @@ impl ControlPlane {
                 };
                 match self.set_weight(vm, w) {
                     Ok(()) => Response::json(200, &json!({ "vm": vm, "weight": w })),
-                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
-                    Err(e) => Response::error(400, e),
+                    Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+                    Err(e) => Response::error(400, e.to_string()),
                 }
             }
             ("POST", ["api", "v1", "vgpus", vm, "vcpus"]) => {
@@ -96,8 +96,8 @@ impl ControlPlane {
                 };
                 match self.set_vcpus(vm, threads.clone()) {
                     Ok(()) => Response::json(200, &json!({ "vm": vm, "threads": threads })),
-                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
-                    Err(e) => Response::error(500, e),
+                    Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+                    Err(e) => Response::error(500, e.to_string()),
                 }
             }
             ("POST", ["api", "v1", "vgpus", vm, verb @ ("attach" | "detach")]) => {
@@ -128,8 +128,8 @@ impl ControlPlane {
                 };
                 match r {
                     Ok(v) => Response::json(200, &v),
-                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
-                    Err(e) => Response::error(409, e),
+                    Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+                    Err(e) => Response::error(409, e.to_string()),
                 }
             }
             ("POST", ["api", "v1", "vgpus", vm, "memory_limit"]) => {
@@ -141,8 +141,8 @@ impl ControlPlane {
                 };
                 match self.set_memory_limit(vm, mib) {
                     Ok(()) => Response::json(200, &json!({ "vm": vm, "memory_limit_mib": mib })),
-                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
-                    Err(e) => Response::error(400, e),
+                    Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+                    Err(e) => Response::error(400, e.to_string()),
                 }
             }
             ("POST", ["api", "v1", "vgpus", vm, "migrate"]) => {
@@ -155,8 +155,8 @@ impl ControlPlane {
                 };
                 match self.migrate(vm, gpu, Duration::from_secs(60)) {
                     Ok(v) => Response::json(200, &v),
-                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
-                    Err(e) => Response::error(409, e),
+                    Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+                    Err(e) => Response::error(409, e.to_string()),
                 }
             }
             ("POST", ["api", "v1", "vgpus", vm, "pin"]) => {
@@ -168,7 +168,7 @@ impl ControlPlane {
                 };
                 match self.set_pinned(vm, pinned) {
                     Ok(()) => Response::json(200, &json!({ "vm": vm, "pinned": pinned })),
-                    Err(e) => Response::error(404, e),
+                    Err(e) => Response::error(404, e.to_string()),
                 }
             }
             ("POST", ["api", "v1", "reload"]) => match self.reload() {
