@@ -30,6 +30,28 @@ pub struct Plug {
     pub vectors: u32,
 }
 
+/// Why a vGPU could not be hot-plugged or unplugged (besides QMP's own
+/// errors).
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The VM's ivshmem-server socket is not there to plug.
+    #[error("{} does not exist: is `fairvgpu serve` running with vm {vm:?}?", socket.display())]
+    NoSocket {
+        /// The socket.
+        socket: PathBuf,
+        /// The VM.
+        vm: String,
+    },
+    /// The guest did not release the device in time.
+    #[error("the guest did not release {id} within {timeout:?} (no ACPI hot-plug support?)")]
+    NotReleased {
+        /// The device's QEMU id.
+        id: String,
+        /// How long it was given.
+        timeout: Duration,
+    },
+}
+
 /// How long the guest gets to release an unplugged device.
 pub const UNPLUG_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -37,7 +59,7 @@ impl Plug {
     /// The plug of VM `vm` of a config.
     pub fn for_vm(cfg: &Config, vm: &str) -> Result<Plug, Error> {
         if cfg.vm(vm).is_none() {
-            return Err(Error::Config(format!("no vm named {vm:?}")));
+            return Err(Error::NoVm(vm.to_owned()));
         }
         Ok(Plug {
             vm: vm.to_owned(),
@@ -75,11 +97,11 @@ impl Plug {
     /// thread ids (vCPU order) for coscheduling.
     pub fn attach(&self, qmp: &mut Qmp) -> Result<Vec<u32>, Error> {
         if !self.socket.exists() {
-            return Err(Error::Attach(format!(
-                "{} does not exist: is `fairvgpu serve` running with vm {:?}?",
-                self.socket.display(),
-                self.vm
-            )));
+            return Err(AttachError::NoSocket {
+                socket: self.socket.clone(),
+                vm: self.vm.clone(),
+            }
+            .into());
         }
         qmp.execute(
             "chardev-add",
@@ -114,10 +136,10 @@ impl Plug {
         let id = self.id.clone();
         qmp.wait_event("DEVICE_DELETED", timeout, |d| d["device"] == id.as_str())
             .map_err(|e| match e {
-                transport::Error::Timeout => Error::Attach(format!(
-                    "the guest did not release {} within {timeout:?} (no ACPI hot-plug support?)",
-                    self.id
-                )),
+                transport::Error::Timeout => Error::Attach(AttachError::NotReleased {
+                    id: self.id.clone(),
+                    timeout,
+                }),
                 e => e.into(),
             })?;
         match qmp.execute("chardev-remove", json!({ "id": self.id })) {
@@ -193,7 +215,9 @@ memory_limit_mib = 256
         assert!(x.contains("<model type='ivshmem-doorbell'/>"), "{x}");
         assert!(x.contains("<server path='/run/fv/a.sock'/>"), "{x}");
         assert!(x.contains("<msi vectors='4' ioeventfd='on'/>"), "{x}");
-        assert!(Plug::for_vm(&cfg(), "b").is_err());
+        let e = Plug::for_vm(&cfg(), "b").unwrap_err();
+        assert!(matches!(&e, Error::NoVm(vm) if vm == "b"), "{e:?}");
+        assert_eq!(e.to_string(), "config: no vm named \"b\"");
     }
 
     #[test]

@@ -45,6 +45,20 @@ use worker::sealed::SealedBytes;
 /// Workers connected at once, at most (more are refused).
 const MAX_CONNECTIONS: usize = 256;
 
+/// Why the store refused an image a worker offered.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageRefused {
+    /// Its bytes do not hash to the hash it was offered under.
+    #[error("bytes not of their hash")]
+    NotOfItsHash,
+    /// Keeping it would pass the store's size or the worker's quota.
+    #[error("over the store's bounds")]
+    OverBounds,
+    /// Its length does not fit this host's address space.
+    #[error("an image of {0} bytes")]
+    TooLong(u64),
+}
+
 /// The store's figures, for the status and metrics.
 #[derive(Debug, Default)]
 pub struct StoreStats {
@@ -141,19 +155,18 @@ impl Shared {
             if len < protocol::CACHED_IMAGE || self.lock().map.contains_key(&hash) {
                 return Ok(false);
             }
-            let len_bytes = usize::try_from(len)
-                .map_err(|_| Error::Image(format!("an image of {len} bytes")))?;
+            let len_bytes = usize::try_from(len).map_err(|_| ImageRefused::TooLong(len))?;
             let image = SealedBytes::from_fd(fd, len_bytes)?;
             // Hashed outside the lock: another worker's GET waits for no one.
             if protocol::image_hash(image.bytes()) != hash {
-                return Err(Error::Image("bytes not of their hash".into()));
+                return Err(ImageRefused::NotOfItsHash.into());
             }
             let mut i = self.lock();
             if i.map.contains_key(&hash) {
                 return Ok(false);
             }
             if !i.make_room(owner, len, self.cap, self.quota) {
-                return Err(Error::Image("over the store's bounds".into()));
+                return Err(ImageRefused::OverBounds.into());
             }
             i.tick += 1;
             let used = i.tick;

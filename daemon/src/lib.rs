@@ -62,17 +62,67 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// The daemon cannot start as configured (its run_dir is in use or
-    /// cannot be written): the message names the thing and what to do.
-    #[error("{0}")]
-    Setup(String),
-    /// The configuration is invalid.
-    #[error("config: {0}")]
-    Config(String),
+    /// The daemon cannot take its run_dir (in use, or not writable).
+    #[error(transparent)]
+    RunLock(#[from] run_lock::RunLockError),
+    /// The CLI cannot reach the control API's unix socket.
+    #[error(
+        "API socket {}: {source}; is `fairvgpu serve` running with this config (or pass --socket)?",
+        path.display()
+    )]
+    ApiSocket {
+        /// The socket.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// host.toml cannot be read or is invalid.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// The config has no VM of this name.
+    #[error("config: no vm named {0:?}")]
+    NoVm(String),
+    /// A weight that is not a positive number.
+    #[error("config: weight must be a positive number, not {0}")]
+    BadWeight(f64),
+    /// The control API's token file cannot be read.
+    #[error("config: token file {}: {source}", path.display())]
+    TokenFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The control API's token file holds no usable token.
+    #[error(
+        "config: token file {}: the token must be one word of at least 16 characters",
+        path.display()
+    )]
+    BadToken {
+        /// The file.
+        path: std::path::PathBuf,
+    },
+    /// A GPU's grant service thread has ended.
+    #[error("config: the grant service has stopped")]
+    GrantStopped,
+    /// A VM's feed thread has ended.
+    #[error("config: the VM's feed thread has stopped")]
+    FeedStopped,
+    /// A migration was asked of a VM that no worker serves now.
+    #[error("config: no worker serves this VM now")]
+    NoWorker,
+    /// A migration's target GPU does not fit the feed's 16 bits.
+    #[error("config: GPU {0} is past the feed's 16 bits")]
+    GpuPastFeed(u32),
+    /// A GPU's MPS control daemon did not start.
+    #[error(transparent)]
+    Mps(#[from] mps::MpsError),
     /// Attaching a vGPU to QEMU (or detaching it) failed.
     #[error("attach: {0}")]
-    Attach(String),
+    Attach(#[from] attach::AttachError),
     /// A module image a worker handed over was refused.
     #[error("image: {0}")]
-    Image(String),
+    Image(#[from] image_store::ImageRefused),
 }

@@ -182,7 +182,7 @@ impl VmHost {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(m)
-            .map_err(|_| Error::Config("the VM's feed thread has stopped".into()))
+            .map_err(|_| Error::FeedStopped)
     }
 
     /// A feed for a new worker: returns the worker's end; the VM's feed
@@ -233,11 +233,10 @@ impl VmHost {
     /// Its answer comes in [`VmHost::take_reports`].
     pub fn migrate(&self, gpu: u32, grant: Option<&UnixStream>) -> Result<(), Error> {
         if !self.fed.load(Ordering::Relaxed) {
-            return Err(Error::Config("no worker serves this VM now".into()));
+            return Err(Error::NoWorker);
         }
         // The feed's MIGRATE carries 16 bits of GPU.
-        let gpu = u16::try_from(gpu)
-            .map_err(|_| Error::Config(format!("GPU {gpu} is past the feed's 16 bits")))?;
+        let gpu = u16::try_from(gpu).map_err(|_| Error::GpuPastFeed(gpu))?;
         let grant = match grant {
             Some(g) => Some(OwnedFd::from(g.try_clone().map_err(|source| {
                 Error::Io {

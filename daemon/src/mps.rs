@@ -44,6 +44,38 @@ use crate::Error;
 /// How long a `quit` to a control daemon may take.
 const QUIT_WAIT: Duration = Duration::from_secs(5);
 
+/// Why a GPU's MPS control daemon did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MpsError {
+    /// `control -d` exited with a failure.
+    #[error(
+        "config: {} -d for GPU {gpu} failed ({status}); see {}",
+        control.display(),
+        logs.display()
+    )]
+    Failed {
+        /// The control program.
+        control: PathBuf,
+        /// The GPU.
+        gpu: u32,
+        /// How it exited.
+        status: std::process::ExitStatus,
+        /// Its log directory.
+        logs: PathBuf,
+    },
+    /// It made no control pipe in time.
+    #[error(
+        "config: the MPS control daemon of GPU {gpu} made no control pipe in {}",
+        pipes.display()
+    )]
+    NoPipe {
+        /// The GPU.
+        gpu: u32,
+        /// The pipe directory.
+        pipes: PathBuf,
+    },
+}
+
 /// The MPS control daemon of one GPU.
 #[derive(Debug)]
 pub struct MpsDaemon {
@@ -88,20 +120,23 @@ impl MpsDaemon {
             .status()
             .map_err(|e| io("starting the MPS control daemon", e))?;
         if !st.success() {
-            return Err(Error::Config(format!(
-                "{} -d for GPU {gpu} failed ({st}); see {}",
-                control.display(),
-                d.logs.display()
-            )));
+            return Err(MpsError::Failed {
+                control: control.to_owned(),
+                gpu,
+                status: st,
+                logs: d.logs.clone(),
+            }
+            .into());
         }
         d.running = true;
         let t = Instant::now();
         while !d.pipes.join("control").exists() {
             if t.elapsed() > Duration::from_secs(10) {
-                return Err(Error::Config(format!(
-                    "the MPS control daemon of GPU {gpu} made no control pipe in {}",
-                    d.pipes.display()
-                )));
+                return Err(MpsError::NoPipe {
+                    gpu,
+                    pipes: d.pipes.clone(),
+                }
+                .into());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -259,7 +294,13 @@ read cmd
         assert!(base.join("log/stopped").exists());
         // A control program that fails is an error that says where to look.
         std::fs::write(&fake, "#!/bin/sh\nexit 1\n").unwrap();
-        let e = MpsDaemon::start(&fake, &dir, 4).unwrap_err().to_string();
+        let e = MpsDaemon::start(&fake, &dir, 4).unwrap_err();
+        assert!(
+            matches!(&e, Error::Mps(MpsError::Failed { gpu: 4, status, logs, .. })
+                if status.code() == Some(1) && *logs == dir.join("mps-gpu4/log")),
+            "{e:?}"
+        );
+        let e = e.to_string();
         assert!(e.contains("GPU 4") && e.contains("mps-gpu4"), "{e}");
         std::fs::write(&fake, FAKE).unwrap();
         // With standby workers: a second daemon of its own; the sides swap.

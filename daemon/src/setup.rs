@@ -52,9 +52,7 @@ pub fn worker_spec(
     feed: Option<(i32, bool)>,
     gpu: Option<u32>,
 ) -> Result<Spec, Error> {
-    let vmc = cfg
-        .vm(vm)
-        .ok_or_else(|| Error::Config(format!("no vm named {vm:?}")))?;
+    let vmc = cfg.vm(vm).ok_or_else(|| Error::NoVm(vm.to_owned()))?;
     let gpu = gpu.or(vmc.gpu).unwrap_or(0);
     // An MPS client sees only the GPU its server was started for, as 0.
     let mps = cfg.gpu_mps(gpu) && cfg.daemon.executor == ExecutorKind::Cuda;

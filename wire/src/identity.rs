@@ -77,11 +77,9 @@ fn parse_host_id(text: &str, path: &Path) -> Result<[u8; 16], Error> {
                 .is_ok()
         });
     if !ok {
-        return Err(Error::Setup(format!(
-            "{} is not a host id (32 hex digits); remove it and a new one is made \
-             (the VMs' vGPU UUIDs change with it)",
-            path.display()
-        )));
+        return Err(Error::BadHostId {
+            path: path.to_owned(),
+        });
     }
     Ok(id)
 }
@@ -185,8 +183,12 @@ mod tests {
         // Only the file remains (the temporary one is gone).
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
         std::fs::write(dir.join(HOST_ID_FILE), "not hex\n").unwrap();
-        let e = host_id(&dir).unwrap_err().to_string();
-        assert!(e.contains("not a host id"), "{e}");
+        let e = host_id(&dir).unwrap_err();
+        assert!(
+            matches!(&e, Error::BadHostId { path } if *path == dir.join(HOST_ID_FILE)),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("not a host id"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

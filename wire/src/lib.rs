@@ -37,8 +37,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// A file the daemon keeps holds what it should not: the message names
-    /// it and what to do.
-    #[error("{0}")]
-    Setup(String),
+    /// `run_dir/host-id` holds something other than a host id.
+    #[error(
+        "{} is not a host id (32 hex digits); remove it and a new one is made \
+         (the VMs' vGPU UUIDs change with it)",
+        path.display()
+    )]
+    BadHostId {
+        /// The file.
+        path: std::path::PathBuf,
+    },
 }

@@ -18,6 +18,24 @@ use wire::feed::{
     MIGRATION_PAUSE_US, PEER_BELL, PEER_GONE, POISONED, READY, REGION, SYNCED,
 };
 
+/// What the daemon's feed did that it should not have.
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    /// The first message did not carry the region's fd.
+    #[error("config: the feed did not start with the region")]
+    NoRegion,
+    /// The daemon closed the feed before the snapshot was complete.
+    #[error("config: the daemon closed the feed")]
+    Closed,
+    /// A peer's doorbell vector came before the ones below it.
+    #[error("config: feed: vector {0} out of order")]
+    VectorOutOfOrder(usize),
+    /// A message of a kind the feed does not send here, or without (or with)
+    /// the fd its kind carries.
+    #[error("config: unexpected feed message kind {0}")]
+    UnexpectedKind(i64),
+}
+
 /// A migration the daemon asked for: the target GPU and a connection to its
 /// grant service.
 type MigrationAsk = Arc<Mutex<Option<(u32, Option<OwnedFd>)>>>;
@@ -53,10 +71,8 @@ impl FeedStart {
         let sock = UnixStream::from(feed);
         match recv_msg(&sock)? {
             Some((v, Some(fd))) if decode(v).0 == REGION => Ok((fd, FeedStart { sock })),
-            Some(_) => Err(Error::Config(
-                "the feed did not start with the region".into(),
-            )),
-            None => Err(Error::Config("the daemon closed the feed".into())),
+            Some(_) => Err(FeedError::NoRegion.into()),
+            None => Err(FeedError::Closed.into()),
         }
     }
 
@@ -119,7 +135,7 @@ impl FeedStart {
         let limit = Arc::new(AtomicU64::new(0));
         loop {
             let Some((v, fd)) = recv_msg(&sock)? else {
-                return Err(Error::Config("the daemon closed the feed".into()));
+                return Err(FeedError::Closed.into());
             };
             let (kind, peer, vector) = decode(v);
             match (kind, fd) {
@@ -205,7 +221,7 @@ fn apply(
             match usize::from(vector) {
                 v if v < bells.len() => bells[v] = bell,
                 v if v == bells.len() => bells.push(bell),
-                v => return Err(Error::Config(format!("feed: vector {v} out of order"))),
+                v => return Err(FeedError::VectorOutOfOrder(v).into()),
             }
             Ok(())
         }
@@ -213,9 +229,7 @@ fn apply(
             map.remove(&peer);
             Ok(())
         }
-        _ => Err(Error::Config(format!(
-            "unexpected feed message kind {kind}"
-        ))),
+        _ => Err(FeedError::UnexpectedKind(kind).into()),
     }
 }
 
@@ -326,5 +340,34 @@ impl PeerLink {
             PeerLink::Local(_) => false,
             PeerLink::Feed(f) => f.closed.load(Ordering::Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bell_fd() -> OwnedFd {
+        EventFdBell::new().unwrap().fd().try_clone().unwrap()
+    }
+
+    #[test]
+    fn a_vector_out_of_order_or_a_kind_without_its_fd_is_refused_by_kind() {
+        let peers = PeerBells::default();
+        apply(&peers, PEER_BELL, 7, 0, Some(bell_fd())).unwrap();
+        let e = apply(&peers, PEER_BELL, 7, 2, Some(bell_fd())).unwrap_err();
+        assert!(
+            matches!(e, Error::Feed(FeedError::VectorOutOfOrder(2))),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "config: feed: vector 2 out of order");
+        let e = apply(&peers, PEER_BELL, 7, 1, None).unwrap_err();
+        assert!(
+            matches!(e, Error::Feed(FeedError::UnexpectedKind(k)) if k == PEER_BELL),
+            "{e:?}"
+        );
+        // The one bell that came in order is kept.
+        let map = peers.lock().unwrap();
+        assert_eq!(map.get(&7).map(Vec::len), Some(1));
     }
 }

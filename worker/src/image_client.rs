@@ -13,7 +13,7 @@ use transport::server::{recv_msg, send_msg};
 use wire::image::{header, FOUND, GET, MISSING, PUT};
 
 use crate::sealed::SealedBytes;
-use crate::Error;
+use crate::{Error, ImageError};
 
 /// A worker's side of the store.
 #[derive(Debug)]
@@ -60,11 +60,11 @@ impl StoreClient {
         self.send_header(kind, len, hash)?;
         match recv_msg(&self.stream)? {
             Some((FOUND, Some(fd))) => {
-                let len = usize::try_from(len).map_err(|_| Error::Image("too long".into()))?;
+                let len = usize::try_from(len).map_err(|_| ImageError::TooLong)?;
                 SealedBytes::from_fd(fd, len).map(Some)
             }
             Some((MISSING, _)) => Ok(None),
-            _ => Err(Error::Image("the image store answered nonsense".into())),
+            _ => Err(ImageError::Nonsense.into()),
         }
     }
 

@@ -51,13 +51,31 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// What the worker was asked to do cannot be done (no such GPU).
-    #[error("config: {0}")]
-    Config(String),
+    /// The sim executor has no GPU of that number.
+    #[error("config: no GPU {gpu}: [sim] gpus = {gpus}")]
+    NoGpu {
+        /// The GPU asked for.
+        gpu: u32,
+        /// How many the sim has.
+        gpus: u32,
+    },
+    /// Making the GPU contexts ahead (`prefill_contexts`) failed.
+    #[error("config: making GPU contexts ahead: {0:?}")]
+    Prefill(protocol::Status),
+    /// A standby was promoted to a VM that uses the grant service but
+    /// was handed no connection to it.
+    #[error("config: promoted without a connection to the grant service")]
+    PromotedWithoutGrant,
+    /// The worker's seccomp filter could not be made or installed.
+    #[error(transparent)]
+    Sandbox(#[from] sandbox::SandboxError),
+    /// The daemon's feed said something it should not, or closed.
+    #[error(transparent)]
+    Feed(#[from] feed::FeedError),
     /// A module image another process handed over (see the daemon's image store) was
     /// refused.
     #[error("image: {0}")]
-    Image(String),
+    Image(#[from] ImageError),
     /// No driver, no such GPU, or a driver call failing while finding or
     /// opening GPUs (`executor/cuda/device.rs`).
     #[error("config: {0}")]
@@ -65,4 +83,30 @@ pub enum Error {
     /// A sticky CUDA error left every GPU context of the worker unusable.
     #[error("a CUDA error ({0:?}) poisoned the worker's GPU contexts")]
     Poisoned(protocol::Status),
+}
+
+/// Why a module image handed over by another process (a sealed memfd, see
+/// `sealed`) or the image store's answer was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// The fd is not sealed against writing, shrinking and growing.
+    #[error("an image fd that is not sealed")]
+    NotSealed,
+    /// The fd is not of the length the sender gave.
+    #[error("an image fd of {size} bytes, not {len}")]
+    WrongSize {
+        /// What fstat says.
+        size: libc::off_t,
+        /// What the sender said.
+        len: usize,
+    },
+    /// An image of no bytes.
+    #[error("an empty image")]
+    Empty,
+    /// The length the store gave does not fit this process.
+    #[error("too long")]
+    TooLong,
+    /// The image store answered with a message it should not send.
+    #[error("the image store answered nonsense")]
+    Nonsense,
 }

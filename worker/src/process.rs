@@ -37,8 +37,9 @@ impl ExecutorSpec {
         match self.kind {
             ExecutorKind::Sim => {
                 let mut e = SimExecutor::new(self.sim);
-                e.set_device(gpu).map_err(|_| {
-                    Error::Config(format!("no GPU {gpu}: [sim] gpus = {}", self.sim.gpus))
+                e.set_device(gpu).map_err(|_| Error::NoGpu {
+                    gpu,
+                    gpus: self.sim.gpus,
                 })?;
                 Ok(Box::new(e))
             }

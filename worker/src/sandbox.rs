@@ -79,14 +79,27 @@ const DENIED: &[i64] = &[
     libc::SYS_quotactl,
 ];
 
+/// Why the worker's seccomp filter could not be made or installed.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// seccompiler knows no filter for this architecture.
+    #[error("config: sandbox: {0}")]
+    Arch(#[source] seccompiler::BackendError),
+    /// The filter could not be compiled.
+    #[error("config: sandbox filter: {0}")]
+    Filter(#[source] seccompiler::BackendError),
+    /// The kernel refused the filter.
+    #[error("config: installing the worker's seccomp filter: {0}")]
+    Install(#[source] seccompiler::Error),
+}
+
 fn arch() -> Result<seccompiler::TargetArch, Error> {
-    seccompiler::TargetArch::try_from(std::env::consts::ARCH)
-        .map_err(|e| Error::Config(format!("sandbox: {e}")))
+    Ok(seccompiler::TargetArch::try_from(std::env::consts::ARCH).map_err(SandboxError::Arch)?)
 }
 
 /// The worker's filter, compiled.
 fn program() -> Result<seccompiler::BpfProgram, Error> {
-    let err = |e: seccompiler::BackendError| Error::Config(format!("sandbox filter: {e}"));
+    let err = |e: seccompiler::BackendError| Error::from(SandboxError::Filter(e));
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
     // socket(domain, ...) with a domain other than AF_UNIX.
@@ -130,16 +143,14 @@ pub fn not_dumpable() -> Result<(), Error> {
 pub fn confine_thread() -> Result<(), Error> {
     not_dumpable()?;
     let prog = program()?;
-    seccompiler::apply_filter(&prog)
-        .map_err(|e| Error::Config(format!("installing the worker's seccomp filter: {e}")))
+    Ok(seccompiler::apply_filter(&prog).map_err(SandboxError::Install)?)
 }
 
 /// Confines every thread of this process, for good.
 pub fn confine() -> Result<(), Error> {
     not_dumpable()?;
     let prog = program()?;
-    seccompiler::apply_filter_all_threads(&prog)
-        .map_err(|e| Error::Config(format!("installing the worker's seccomp filter: {e}")))
+    Ok(seccompiler::apply_filter_all_threads(&prog).map_err(SandboxError::Install)?)
 }
 
 #[cfg(test)]

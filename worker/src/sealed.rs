@@ -13,7 +13,7 @@ use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 
-use crate::Error;
+use crate::{Error, ImageError};
 
 /// The seals that make the bytes immutable.
 fn immutable() -> SealFlag {
@@ -70,22 +70,19 @@ impl SealedBytes {
     pub fn from_fd(fd: OwnedFd, len: usize) -> Result<SealedBytes, Error> {
         let seals = fcntl(fd.as_fd(), FcntlArg::F_GET_SEALS).map_err(|e| io("reading seals", e))?;
         if !SealFlag::from_bits_truncate(seals).contains(immutable()) {
-            return Err(Error::Image("an image fd that is not sealed".into()));
+            return Err(ImageError::NotSealed.into());
         }
         let size = nix::sys::stat::fstat(fd.as_fd())
             .map_err(|e| io("fstat of an image fd", e))?
             .st_size;
         if u64::try_from(size).ok() != Some(len as u64) {
-            return Err(Error::Image(format!(
-                "an image fd of {size} bytes, not {len}"
-            )));
+            return Err(ImageError::WrongSize { size, len }.into());
         }
         Self::map(fd, len)
     }
 
     fn map(fd: OwnedFd, len: usize) -> Result<SealedBytes, Error> {
-        let n = std::num::NonZeroUsize::new(len)
-            .ok_or_else(|| Error::Image("an empty image".into()))?;
+        let n = std::num::NonZeroUsize::new(len).ok_or(ImageError::Empty)?;
         // SAFETY: a new read-only shared mapping of `len` bytes of a file
         // that is exactly that long and can no longer shrink (sealed), so
         // no access through it can fault; nothing else is at the address
@@ -158,7 +155,12 @@ mod tests {
         let again = SealedBytes::from_fd(s.fd().try_clone_to_owned().unwrap(), 12).unwrap();
         assert_eq!(again.bytes(), b"module image");
         // The length must be the file's.
-        assert!(SealedBytes::from_fd(s.fd().try_clone_to_owned().unwrap(), 11).is_err());
+        let e = SealedBytes::from_fd(s.fd().try_clone_to_owned().unwrap(), 11).unwrap_err();
+        assert!(
+            matches!(e, Error::Image(ImageError::WrongSize { size: 12, len: 11 })),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "image: an image fd of 12 bytes, not 11");
     }
 
     #[test]
@@ -167,6 +169,7 @@ mod tests {
         let mut f = File::from(fd);
         f.write_all(b"abc").unwrap();
         let e = SealedBytes::from_fd(OwnedFd::from(f), 3).unwrap_err();
+        assert!(matches!(e, Error::Image(ImageError::NotSealed)), "{e:?}");
         assert!(e.to_string().contains("not sealed"), "{e}");
     }
 }

@@ -2,12 +2,84 @@
 //! error naming the key and, where the key is in the text, its line.
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use transport::Layout;
 
 use super::{Config, ExecutorKind};
 use crate::Error;
+
+/// Why host.toml cannot be used. The complaint itself (`what`) stays text:
+/// it names the key and what it may be, for the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// There is no such file.
+    #[error(
+        "config: {}: no such file; pass --config with the path of host.toml \
+         (docs/host.example.toml is one)",
+        path.display()
+    )]
+    NotFound {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file could not be read.
+    #[error("config: {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text is not TOML, or not a config (an unknown key, a value of
+    /// the wrong type); `what` is the parser's complaint with its line and
+    /// column.
+    #[error("config: {}{what}", in_file(file.as_deref()))]
+    Syntax {
+        /// The file, when one was read.
+        file: Option<PathBuf>,
+        /// The complaint.
+        what: String,
+    },
+    /// A value the config may not have (a check serde cannot make).
+    #[error("config: {}{}{what}", in_file(file.as_deref()), at_line(*line))]
+    Invalid {
+        /// The file, when one was read.
+        file: Option<PathBuf>,
+        /// The line of the key, when it is in the text.
+        line: Option<usize>,
+        /// The complaint, naming the key.
+        what: String,
+    },
+}
+
+impl ConfigError {
+    /// The same error, said of the file `path`.
+    fn in_file(self, path: &Path) -> ConfigError {
+        match self {
+            ConfigError::Syntax { what, .. } => ConfigError::Syntax {
+                file: Some(path.to_owned()),
+                what,
+            },
+            ConfigError::Invalid { line, what, .. } => ConfigError::Invalid {
+                file: Some(path.to_owned()),
+                line,
+                what,
+            },
+            e @ (ConfigError::NotFound { .. } | ConfigError::Read { .. }) => e,
+        }
+    }
+}
+
+fn in_file(file: Option<&Path>) -> String {
+    file.map(|f| format!("{}: ", f.display()))
+        .unwrap_or_default()
+}
+
+fn at_line(line: Option<usize>) -> String {
+    line.map(|n| format!("line {n}: ")).unwrap_or_default()
+}
 
 /// The longest time slice a config may set, µs (one second).
 const MAX_SLICE_US: u64 = 1_000_000;
@@ -74,34 +146,42 @@ impl Config {
     /// Parses and validates TOML text. Errors name the key and, where the
     /// key is in the text, its line.
     pub fn parse(text: &str) -> Result<Config, Error> {
-        let cfg: Config = toml::from_str(text).map_err(|e| Error::Config(toml_error(text, &e)))?;
-        cfg.check().map_err(|(m, at)| match at.line_in(text) {
-            Some(n) => Error::Config(format!("line {n}: {m}")),
-            None => Error::Config(m),
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            file: None,
+            what: toml_error(text, &e),
+        })?;
+        cfg.check().map_err(|(what, at)| ConfigError::Invalid {
+            file: None,
+            line: at.line_in(text),
+            what,
         })?;
         Ok(cfg)
     }
 
     /// Reads, parses and validates a file.
     pub fn load(path: &Path) -> Result<Config, Error> {
-        let shown = path.display();
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::Config(match e.kind() {
-                std::io::ErrorKind::NotFound => format!(
-                    "{shown}: no such file; pass --config with the path of host.toml (docs/host.example.toml is one)"
-                ),
-                _ => format!("{shown}: {e}"),
-            })
+        let text = std::fs::read_to_string(path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => ConfigError::NotFound {
+                path: path.to_owned(),
+            },
+            _ => ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            },
         })?;
         Self::parse(&text).map_err(|e| match e {
-            Error::Config(m) => Error::Config(format!("{shown}: {m}")),
+            Error::Config(c) => c.in_file(path).into(),
             e => e,
         })
     }
 
     /// Checks what serde cannot.
     pub fn validate(&self) -> Result<(), Error> {
-        self.check().map_err(|(m, _)| Error::Config(m))
+        Ok(self.check().map_err(|(what, _)| ConfigError::Invalid {
+            file: None,
+            line: None,
+            what,
+        })?)
     }
 
     /// [`Config::validate`], also saying where in the file the problem is.

@@ -16,6 +16,8 @@ use worker::executor::sim::SimParams;
 mod check;
 mod lookup;
 
+pub use check::ConfigError;
+
 pub use worker::executor::{ExecutorKind, GraphLaunches};
 
 /// Daemon-wide settings.

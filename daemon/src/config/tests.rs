@@ -89,7 +89,13 @@ fn errors_found_after_parsing_name_the_line() {
         "{GOOD}\n[[vm]]\nname = \"vm2\"\ntenant = \"b\"\nweight = 0\nmemory_limit_mib = 1\n"
     );
     let line = two.lines().position(|l| l == "weight = 0").unwrap() + 1;
-    let e = Config::parse(&two).unwrap_err().to_string();
+    let e = Config::parse(&two).unwrap_err();
+    assert!(
+        matches!(&e, crate::Error::Config(ConfigError::Invalid { file: None, line: Some(n), .. })
+            if *n == line),
+        "{e:?}"
+    );
+    let e = e.to_string();
     assert!(e.starts_with(&format!("config: line {line}: ")), "{e}");
     assert!(e.contains("weight"), "{e}");
     let api = format!("{GOOD}\n[api]\ntcp = \"x\"\ntoken_file = \"/t\"\n");
@@ -97,10 +103,50 @@ fn errors_found_after_parsing_name_the_line() {
     let e = Config::parse(&api).unwrap_err().to_string();
     assert!(e.contains(&format!("line {tcp}:")), "{e}");
     // Syntax and unknown keys: the TOML parser's own line and column.
-    let e = Config::parse(&GOOD.replace("tenant", "tenantt"))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("line"), "{e}");
+    let e = Config::parse(&GOOD.replace("tenant", "tenantt")).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            crate::Error::Config(ConfigError::Syntax { file: None, .. })
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("line"), "{e}");
+}
+
+#[test]
+fn a_file_that_cannot_be_read_or_is_invalid_is_named() {
+    let dir = scratch::dir("fvg-config-load");
+    let path = dir.join("host.toml");
+    let _ = std::fs::remove_file(&path);
+    let e = Config::load(&path).unwrap_err();
+    assert!(
+        matches!(&e, crate::Error::Config(ConfigError::NotFound { path: p }) if *p == path),
+        "{e:?}"
+    );
+    let shown = path.display();
+    assert!(
+        e.to_string()
+            .starts_with(&format!("config: {shown}: no such file; pass --config")),
+        "{e}"
+    );
+    let bad = format!(
+        "{GOOD}\n[[vm]]\nname = \"vm2\"\ntenant = \"b\"\nweight = 0\nmemory_limit_mib = 1\n"
+    );
+    let line = bad.lines().position(|l| l == "weight = 0").unwrap() + 1;
+    std::fs::write(&path, &bad).unwrap();
+    let e = Config::load(&path).unwrap_err();
+    assert!(
+        matches!(&e, crate::Error::Config(ConfigError::Invalid { file: Some(f), line: Some(n), .. })
+            if *f == path && *n == line),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .starts_with(&format!("config: {shown}: line {line}: ")),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::http::{self, Request, Response};
-use super::{ControlPlane, SAMPLE_EVERY};
+use super::{ControlPlane, Refusal, SAMPLE_EVERY};
 use crate::config::Config;
 use crate::Error;
 
@@ -74,8 +74,8 @@ impl ControlPlane {
                 };
                 match self.set_weight(vm, w) {
                     Ok(()) => Response::json(200, &json!({ "vm": vm, "weight": w })),
-                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
-                    Err(e) => Response::error(400, e),
+                    Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+                    Err(e) => Response::error(400, e.to_string()),
                 }
             }
             ("POST", ["api", "v1", "vgpus", vm, "vcpus"]) => {
@@ -96,8 +96,8 @@ impl ControlPlane {
                 };
                 match self.set_vcpus(vm, threads.clone()) {
                     Ok(()) => Response::json(200, &json!({ "vm": vm, "threads": threads })),
-                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
-                    Err(e) => Response::error(500, e),
+                    Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+                    Err(e) => Response::error(500, e.to_string()),
                 }
             }
             ("POST", ["api", "v1", "vgpus", vm, verb @ ("attach" | "detach")]) => {
@@ -128,8 +128,8 @@ impl ControlPlane {
                 };
                 match r {
                     Ok(v) => Response::json(200, &v),
-                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
-                    Err(e) => Response::error(409, e),
+                    Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+                    Err(e) => Response::error(409, e.to_string()),
                 }
             }
             ("POST", ["api", "v1", "vgpus", vm, "memory_limit"]) => {
@@ -141,8 +141,8 @@ impl ControlPlane {
                 };
                 match self.set_memory_limit(vm, mib) {
                     Ok(()) => Response::json(200, &json!({ "vm": vm, "memory_limit_mib": mib })),
-                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
-                    Err(e) => Response::error(400, e),
+                    Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+                    Err(e) => Response::error(400, e.to_string()),
                 }
             }
             ("POST", ["api", "v1", "vgpus", vm, "migrate"]) => {
@@ -155,8 +155,8 @@ impl ControlPlane {
                 };
                 match self.migrate(vm, gpu, Duration::from_secs(60)) {
                     Ok(v) => Response::json(200, &v),
-                    Err(e) if e.starts_with("no vm") => Response::error(404, e),
-                    Err(e) => Response::error(409, e),
+                    Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+                    Err(e) => Response::error(409, e.to_string()),
                 }
             }
             ("POST", ["api", "v1", "vgpus", vm, "pin"]) => {
@@ -168,7 +168,7 @@ impl ControlPlane {
                 };
                 match self.set_pinned(vm, pinned) {
                     Ok(()) => Response::json(200, &json!({ "vm": vm, "pinned": pinned })),
-                    Err(e) => Response::error(404, e),
+                    Err(e) => Response::error(404, e.to_string()),
                 }
             }
             ("POST", ["api", "v1", "reload"]) => match self.reload() {
@@ -285,14 +285,15 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), Error> {
 
 /// Reads a bearer token file: one word of at least 16 characters.
 pub fn token_from_file(path: &Path) -> Result<String, Error> {
-    let t = std::fs::read_to_string(path)
-        .map_err(|e| Error::Config(format!("token file {}: {e}", path.display())))?;
+    let t = std::fs::read_to_string(path).map_err(|source| Error::TokenFile {
+        path: path.to_owned(),
+        source,
+    })?;
     let t = t.trim().to_owned();
     if t.len() < 16 || t.chars().any(|c| c.is_whitespace()) {
-        return Err(Error::Config(format!(
-            "token file {}: the token must be one word of at least 16 characters",
-            path.display()
-        )));
+        return Err(Error::BadToken {
+            path: path.to_owned(),
+        });
     }
     Ok(t)
 }

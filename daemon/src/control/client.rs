@@ -19,12 +19,11 @@ pub fn client_call(
     };
     match target {
         ApiTarget::Unix(p) => {
-            let s = std::os::unix::net::UnixStream::connect(p).map_err(|e| {
-                Error::Setup(format!(
-                    "API socket {}: {e}; is `fairvgpu serve` running with this config (or pass --socket)?",
-                    p.display()
-                ))
-            })?;
+            let s =
+                std::os::unix::net::UnixStream::connect(p).map_err(|source| Error::ApiSocket {
+                    path: p.clone(),
+                    source,
+                })?;
             http::call(s, method, path, None, body).map_err(io)
         }
         ApiTarget::Tcp { addr, token } => {

@@ -46,6 +46,24 @@ pub use api::{start, token_from_file};
 pub use client::{client_call, ApiTarget};
 pub use placement::Migration;
 
+/// Why the control plane refused an operator's change. Besides a VM it does
+/// not know (the API's 404), the text is the API's answer as it stands.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// The config has no VM of this name.
+    #[error("no vm named {0:?}")]
+    NoVm(String),
+    /// Any other reason, said for the operator.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Refusal {
+        Refusal::Other(why)
+    }
+}
+
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{lock, ControlPlane};
+use super::{lock, ControlPlane, Refusal};
 use crate::config::Config;
 
 /// A migration as the control plane tracks it.
@@ -149,30 +149,30 @@ impl ControlPlane {
     }
 
     /// Asks for `vm`'s vGPU to move to `gpu` (the supervisor carries it out).
-    pub fn request_migration(&self, vm: &str, gpu: u32) -> Result<(), String> {
+    pub fn request_migration(&self, vm: &str, gpu: u32) -> Result<(), Refusal> {
         let from = self
             .gpu_of(vm)
-            .ok_or_else(|| format!("no vm named {vm:?}"))?;
+            .ok_or_else(|| Refusal::NoVm(vm.to_owned()))?;
         if gpu >= self.gpu_count() {
-            return Err(format!("no GPU {gpu}: this host has {}", self.gpu_count()));
+            return Err(format!("no GPU {gpu}: this host has {}", self.gpu_count()).into());
         }
         if gpu == from {
-            return Err(format!("{vm} is on GPU {gpu} already"));
+            return Err(format!("{vm} is on GPU {gpu} already").into());
         }
         if lock(&self.pinned).contains(vm) {
-            return Err(format!("{vm} is pinned: unpin it to move it"));
+            return Err(format!("{vm} is pinned: unpin it to move it").into());
         }
         if self.config().gpu_mps(from) || self.config().gpu_mps(gpu) {
             return Err(format!(
                 "{vm}: a vGPU on a GPU with [[gpu]] mps = true does not move (an MPS client stays with its GPU's server)"
-            ));
+            ).into());
         }
         let mut m = lock(&self.migrations);
         if matches!(
             m.get(vm),
             Some(Migration::Requested(_) | Migration::InFlight { .. })
         ) {
-            return Err(format!("{vm} is moving already"));
+            return Err(format!("{vm} is moving already").into());
         }
         m.insert(vm.to_owned(), Migration::Requested(gpu));
         Ok(())
@@ -252,7 +252,7 @@ impl ControlPlane {
     }
 
     /// Moves `vm` to `gpu` and waits until it has moved (or failed).
-    pub fn migrate(&self, vm: &str, gpu: u32, timeout: Duration) -> Result<Value, String> {
+    pub fn migrate(&self, vm: &str, gpu: u32, timeout: Duration) -> Result<Value, Refusal> {
         self.request_migration(vm, gpu)?;
         let t = Instant::now();
         loop {
@@ -265,20 +265,25 @@ impl ControlPlane {
                         "copied_bytes": r.kib * 1024,
                     }))
                 }
-                Some(Migration::Failed(e)) => return Err(e.clone()),
+                // A VM removed by a reload meanwhile is the API's 404, as
+                // when it was gone before the request.
+                Some(Migration::Failed(_)) if lock(&self.cfg).vm(vm).is_none() => {
+                    return Err(Refusal::NoVm(vm.to_owned()))
+                }
+                Some(Migration::Failed(e)) => return Err(e.clone().into()),
                 _ => {}
             }
             if t.elapsed() > timeout {
-                return Err(format!("{vm}: the migration did not finish in {timeout:?}"));
+                return Err(format!("{vm}: the migration did not finish in {timeout:?}").into());
             }
             std::thread::sleep(Duration::from_millis(5));
         }
     }
 
     /// Forbids (or allows again) moving `vm`.
-    pub fn set_pinned(&self, vm: &str, pinned: bool) -> Result<(), String> {
+    pub fn set_pinned(&self, vm: &str, pinned: bool) -> Result<(), Refusal> {
         if lock(&self.cfg).vm(vm).is_none() {
-            return Err(format!("no vm named {vm:?}"));
+            return Err(Refusal::NoVm(vm.to_owned()));
         }
         if pinned {
             lock(&self.pinned).insert(vm.to_owned());

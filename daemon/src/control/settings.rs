@@ -4,19 +4,19 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::{lock, ControlPlane};
+use super::{lock, ControlPlane, Refusal};
 use crate::config::{Config, ExecutorKind};
 
 impl ControlPlane {
     /// Sets a VM's weight now (until the next reload or restart).
-    pub fn set_weight(&self, vm: &str, weight: f64) -> Result<(), String> {
+    pub fn set_weight(&self, vm: &str, weight: f64) -> Result<(), Refusal> {
         if !(weight.is_finite() && weight > 0.0) {
-            return Err(format!("weight must be a positive number, not {weight}"));
+            return Err(format!("weight must be a positive number, not {weight}").into());
         }
         let (gpu, tenant, tenant_weight) = {
             let mut cfg = lock(&self.cfg);
             let Some(v) = cfg.vms.iter_mut().find(|v| v.name == vm) else {
-                return Err(format!("no vm named {vm:?}"));
+                return Err(Refusal::NoVm(vm.to_owned()));
             };
             v.weight = weight;
             let tenant = v.tenant.clone();
@@ -38,19 +38,16 @@ impl ControlPlane {
     /// Sets a VM's memory limit now (until the next reload or restart): the
     /// supervisor passes it to the worker, whose guests' next allocations
     /// see it.
-    pub fn set_memory_limit(&self, vm: &str, mib: u64) -> Result<(), String> {
+    pub fn set_memory_limit(&self, vm: &str, mib: u64) -> Result<(), Refusal> {
         let mut cfg = lock(&self.cfg);
         if cfg.daemon.executor == ExecutorKind::Sim && mib << 20 > cfg.sim.memory {
-            return Err(format!(
-                "{mib} MiB exceeds the GPU's {} MiB",
-                cfg.sim.memory >> 20
-            ));
+            return Err(format!("{mib} MiB exceeds the GPU's {} MiB", cfg.sim.memory >> 20).into());
         }
         if mib == 0 || mib > (1 << 40) {
-            return Err(format!("memory limit {mib} MiB is out of range"));
+            return Err(format!("memory limit {mib} MiB is out of range").into());
         }
         let Some(v) = cfg.vms.iter_mut().find(|v| v.name == vm) else {
-            return Err(format!("no vm named {vm:?}"));
+            return Err(Refusal::NoVm(vm.to_owned()));
         };
         v.memory_limit_mib = mib;
         drop(cfg);
@@ -61,10 +58,10 @@ impl ControlPlane {
     /// Records the vCPU thread ids of a VM (vCPU order; empty when its vGPU
     /// was detached) and hands them to its worker through
     /// `<run_dir>/<vm>.vcpus`, for the coscheduling boost.
-    pub fn set_vcpus(&self, vm: &str, threads: Vec<u32>) -> Result<(), String> {
+    pub fn set_vcpus(&self, vm: &str, threads: Vec<u32>) -> Result<(), Refusal> {
         let cfg = self.config();
         if cfg.vm(vm).is_none() {
-            return Err(format!("no vm named {vm:?}"));
+            return Err(Refusal::NoVm(vm.to_owned()));
         }
         let file = crate::attach::vcpus_file(&cfg, vm);
         let text: String = threads.iter().map(|t| format!("{t}\n")).collect();
@@ -88,17 +85,17 @@ impl ControlPlane {
     }
 
     /// VM `vm`'s plug, or "no vm named ..." (the API's 404).
-    pub(super) fn plug(&self, vm: &str) -> Result<crate::attach::Plug, String> {
+    pub(super) fn plug(&self, vm: &str) -> Result<crate::attach::Plug, Refusal> {
         let cfg = self.config();
         if cfg.vm(vm).is_none() {
-            return Err(format!("no vm named {vm:?}"));
+            return Err(Refusal::NoVm(vm.to_owned()));
         }
-        crate::attach::Plug::for_vm(&cfg, vm).map_err(|e| e.to_string())
+        Ok(crate::attach::Plug::for_vm(&cfg, vm).map_err(|e| e.to_string())?)
     }
 
     /// Hot-plugs VM `vm`'s vGPU into the QEMU behind the QMP socket `qmp`
     /// and keeps its vCPU threads; returns them.
-    pub fn attach(&self, vm: &str, qmp: &Path) -> Result<Vec<u32>, String> {
+    pub fn attach(&self, vm: &str, qmp: &Path) -> Result<Vec<u32>, Refusal> {
         let plug = self.plug(vm)?;
         let threads = crate::attach::connect(qmp)
             .and_then(|mut q| plug.attach(&mut q))
@@ -108,7 +105,7 @@ impl ControlPlane {
     }
 
     /// Hot-unplugs VM `vm`'s vGPU (the guest gets `timeout` to release it).
-    pub fn detach(&self, vm: &str, qmp: &Path, timeout: Duration) -> Result<(), String> {
+    pub fn detach(&self, vm: &str, qmp: &Path, timeout: Duration) -> Result<(), Refusal> {
         let plug = self.plug(vm)?;
         crate::attach::connect(qmp)
             .and_then(|mut q| plug.detach(&mut q, timeout))

@@ -200,9 +200,7 @@ impl GrantService {
     ) -> Result<(), Error> {
         for w in std::iter::once(weight).chain(tenant_weight) {
             if !(w.is_finite() && w > 0.0) {
-                return Err(Error::Config(format!(
-                    "weight must be a positive number, not {w}"
-                )));
+                return Err(Error::BadWeight(w));
             }
         }
         self.commands
@@ -214,7 +212,7 @@ impl GrantService {
                 weight,
                 tenant_weight,
             })
-            .map_err(|_| Error::Config("the grant service has stopped".into()))
+            .map_err(|_| Error::GrantStopped)
     }
 
     /// Whether `vgpu`'s VM opted in to co-running (see `corun.rs`).
@@ -223,7 +221,7 @@ impl GrantService {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(Command::SetCorun { vgpu, ok })
-            .map_err(|_| Error::Config("the grant service has stopped".into()))
+            .map_err(|_| Error::GrantStopped)
     }
 
     /// How far ahead of this GPU's virtual time `vgpu` is (tag units), as
@@ -252,7 +250,7 @@ impl GrantService {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(c)
-            .map_err(|_| Error::Config("the grant service has stopped".into()))
+            .map_err(|_| Error::GrantStopped)
     }
 
     /// The socket path.

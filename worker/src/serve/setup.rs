@@ -83,7 +83,7 @@ impl Device {
         if cfg.prefill_contexts > 0 {
             contexts
                 .prefill(exec.as_mut(), cfg.prefill_contexts)
-                .map_err(|s| Error::Config(format!("making GPU contexts ahead: {s:?}")))?;
+                .map_err(Error::Prefill)?;
         } else if cfg.warm_contexts > 0 {
             contexts.warm(exec.as_mut(), cfg.warm_contexts);
         }
@@ -171,11 +171,7 @@ impl Worker {
                 *id,
                 *weight,
             )?),
-            (Some(_), None) => {
-                return Err(Error::Config(
-                    "promoted without a connection to the grant service".into(),
-                ))
-            }
+            (Some(_), None) => return Err(Error::PromotedWithoutGrant),
             (None, _) => None,
         };
         let mut w = Self::build(cfg, dev, PeerLink::Feed(fed), gate)?;
