@@ -153,7 +153,8 @@ pub fn run(executor: daemon::config::ExecutorKind, seconds: f64) -> Result<()> {
         .port();
     let mut cfg = format!(
         "[daemon]\nrun_dir = {:?}\nexecutor = \"{}\"\n\n[spin]\nspins = {}\nmax_block_us = {}\n\n\
-         [api]\ntcp = \"127.0.0.1:{port}\"\ntoken_file = {:?}\n",
+         [api]\ntcp = \"127.0.0.1:{port}\"\ntoken_file = {:?}\n\n\
+         [placement]\nenabled = false\n",
         dir.display().to_string(),
         match executor {
             daemon::config::ExecutorKind::Sim => "sim",
@@ -163,9 +164,11 @@ pub fn run(executor: daemon::config::ExecutorKind, seconds: f64) -> Result<()> {
         SPIN.max_block_us,
         dir.join("token").display().to_string(),
     );
+    // All three on GPU 0, where the placer leaves them: the demo shows
+    // tenants sharing one GPU by weight, on a host of several GPUs too.
     for (i, w) in WEIGHTS.iter().enumerate() {
         cfg.push_str(&format!(
-            "\n[[vm]]\nname = \"vm{n}\"\ntenant = \"tenant{n}\"\nweight = {w}\nmemory_limit_mib = 1024\n",
+            "\n[[vm]]\nname = \"vm{n}\"\ntenant = \"tenant{n}\"\nweight = {w}\nmemory_limit_mib = 1024\ngpu = 0\n",
             n = i + 1
         ));
     }
@@ -200,7 +203,7 @@ pub fn run(executor: daemon::config::ExecutorKind, seconds: f64) -> Result<()> {
     }
     let api = ApiTarget::Unix(dir.join("api.sock"));
     println!(
-        "daemon up ({} executor): vm1, vm2, vm3 of tenant1..3 at weights 1:2:3",
+        "daemon up ({} executor): vm1, vm2, vm3 of tenant1..3 at weights 1:2:3, all on GPU 0",
         match executor {
             daemon::config::ExecutorKind::Sim => "sim",
             daemon::config::ExecutorKind::Cuda => "cuda",
