@@ -47,6 +47,11 @@ for i in $(seq 100); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
 
 # The program's verdict: its last line saying pass, fail or waive.
 verdict() { grep -aiE 'pass|fail|waiv' "$1" | tail -1 | tr -s ' ' | cut -c1-100; }
+# One field (`wall=…`) of timed_run.py's line.
+field() { echo "$2" | sed -n "s/.*\b$1=\([0-9.]*\).*/\1/p"; }
+# The first timing a program prints of its own, if any.
+own() { grep -aiE '(time|throughput|bandwidth)[^0-9]*[0-9]' "$1" | head -1 | tr -s ' \t' ' ' | cut -c1-60; }
+TR=$PWD/scripts/gpu/timed_run.py
 
 # Each program's time limit, natively and through the stand-in.
 T=${T:-60}
@@ -56,14 +61,12 @@ names=("$@")
 native_pass=0 pass=0
 for n in "${names[@]}"; do
     d=.samples/bin/$n
-    t0=$(date +%s%N)
-    (cd $d && LD_LIBRARY_PATH=$NV:$LIBS timeout $T ./$n > $W/logs/$n.native 2>&1); nrc=$?
-    t1=$(date +%s%N)
-    (cd $d && FAIRVGPU_LIBCUDA_DEBUG=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
-        LD_LIBRARY_PATH=$W/lib:$LIBS timeout $T ./$n > $W/logs/$n.standin 2>&1); src=$?
-    t2=$(date +%s%N)
-    ns=$(awk -v a=$t0 -v b=$t1 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
-    ss=$(awk -v a=$t1 -v b=$t2 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
+    # Each run's wall and CPU time, and the CPU the daemon and its workers
+    # spent meanwhile (scripts/gpu/timed_run.py).
+    nl=$(cd $d && LD_LIBRARY_PATH=$NV:$LIBS python3 $TR $D $T $W/logs/$n.native ./$n); nrc=$?
+    sl=$(cd $d && FAIRVGPU_LIBCUDA_DEBUG=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
+        LD_LIBRARY_PATH=$W/lib:$LIBS python3 $TR $D $T $W/logs/$n.standin ./$n); src=$?
+    ns=$(field wall "$nl"); ss=$(field wall "$sl")
     nv=$(verdict $W/logs/$n.native); sv=$(verdict $W/logs/$n.standin)
     if [ $nrc -eq 0 ]; then
         native_pass=$((native_pass + 1))
@@ -77,8 +80,11 @@ for n in "${names[@]}"; do
     fi
     ratio_n=$(awk -v s=$ss -v n=$ns 'BEGIN { printf "%.2f", s / n }')
     [ "$r" = ok ] && echo "$n $ratio_n" >> $W/ratios
-    printf '%-26s native rc=%-3s stand-in rc=%-3s %-8s wall %7ss %7ss x%s\n' \
-        "$n" "$nrc" "$src" "$r" "$ns" "$ss" "$ratio_n"
+    printf '%-26s native rc=%-3s stand-in rc=%-3s %-8s wall %7ss %7ss x%s  cpu %s %s  host %s %s\n' \
+        "$n" "$nrc" "$src" "$r" "$ns" "$ss" "$ratio_n" "$(field cpu "$nl")" "$(field cpu "$sl")" \
+        "$(field host_cpu "$nl")" "$(field host_cpu "$sl")"
+    o=$(own $W/logs/$n.native)
+    [ -n "$o" ] && echo "   own timing: native: $o | stand-in: $(own $W/logs/$n.standin)"
     if [ "$r" = DIFFERS ]; then
         echo "   native:   $nv"; echo "   stand-in: $sv"
         tail -5 $W/logs/$n.standin | sed 's/^/   | /'
