@@ -18,8 +18,9 @@ use crate::link::VmHost;
 use crate::setup::grant_socket;
 use crate::Error;
 
-/// A worker the daemon ended (its GPU's MPS server lost a client), until
-/// the driver has torn it down and it is reaped.
+/// A worker the daemon ended (its GPU's MPS server lost a client, or its
+/// own fault made its standby the VM's worker), until the driver has torn
+/// it down and it is reaped.
 pub(super) struct Ending {
     name: String,
     pub child: Child,
@@ -30,23 +31,52 @@ pub(super) struct Ending {
 }
 
 impl Supervisor {
-    /// GPUs whose MPS server lost a client to a GPU fault or a crash (not
-    /// one that failed to start, which never was its client): so far, those
-    /// of workers that said that a CUDA error poisoned their contexts
-    /// before they tear them down and exit: their GPU's clients are ended
-    /// at once.
-    pub(super) fn poisoned_gpus(&mut self) -> Vec<u32> {
+    /// Workers that said a CUDA error poisoned their contexts (they say so
+    /// before they tear them down and exit). On a GPU without MPS, one whose
+    /// VM keeps a standby is ended and its standby serves at once, without
+    /// waiting for the driver to tear the ended one's contexts down (on an
+    /// H100 its exit came 136-171 ms after its report). Returns the MPS
+    /// GPUs among them, whose clients are all ended ([`Self::on_mps_fault`]).
+    pub(super) fn poisoned_gpus(&mut self, want: &Config) -> Vec<u32> {
         let mut mps_faults: Vec<u32> = Vec::new();
         for w in &mut self.children {
             let gpu = self.plane.gpu_of(&w.name).unwrap_or(0);
-            if self.hosts.get(&w.name).is_some_and(VmHost::take_poisoned)
-                && w.child.is_some()
-                && self.mps.contains_key(&gpu)
-            {
+            let host = self.hosts.get(&w.name);
+            if !host.is_some_and(VmHost::take_poisoned) || w.child.is_none() {
+                continue;
+            }
+            if self.mps.contains_key(&gpu) {
                 w.poisoned = true;
                 if !mps_faults.contains(&gpu) {
                     mps_faults.push(gpu);
                 }
+                continue;
+            }
+            if w.standby.is_none() {
+                continue; // restarted once it has exited (on_worker_exited)
+            }
+            // Its contexts are lost already: killed, as a crash would end
+            // it, and reaped in a later turn.
+            if let Some(child) = w.child.take() {
+                signal_child(&child, nix::sys::signal::Signal::SIGKILL);
+                self.ending.push(Ending {
+                    name: w.name.clone(),
+                    child,
+                    gpu,
+                    side: w.side,
+                    since: Instant::now(),
+                });
+            }
+            if !promote_fault_standby(&self.plane, want, host, w, gpu) {
+                self.plane.event(
+                    "worker",
+                    format!(
+                        "{}: worker ended (a CUDA error poisoned its GPU contexts); restarting it on the same region",
+                        w.name
+                    ),
+                );
+                self.plane.worker_restarted(&w.name);
+                w.restart_at = Some(Instant::now() + w.backoff());
             }
         }
         mps_faults
@@ -144,7 +174,7 @@ impl Supervisor {
         );
     }
 
-    /// Ended MPS clients the driver has torn down are reaped.
+    /// Ended workers the driver has torn down are reaped.
     pub(super) fn reap_ended(&mut self) {
         self.ending.retain_mut(|e| match e.child.try_wait() {
             Ok(None) => true,
@@ -153,7 +183,7 @@ impl Supervisor {
                     vm = e.name,
                     gpu = e.gpu,
                     ms = crate::nanos(e.since.elapsed()) / 1_000_000,
-                    "ended MPS client reaped"
+                    "ended worker reaped"
                 );
                 false
             }
@@ -163,7 +193,11 @@ impl Supervisor {
     /// The MPS servers (GPU and side) some of whose ended clients are still
     /// being torn down: none of their new clients starts yet.
     pub(super) fn dying(&self) -> HashSet<(u32, usize)> {
-        self.ending.iter().map(|e| (e.gpu, e.side)).collect()
+        self.ending
+            .iter()
+            .filter(|e| self.mps.contains_key(&e.gpu))
+            .map(|e| (e.gpu, e.side))
+            .collect()
     }
 }
 

@@ -160,7 +160,7 @@ impl Supervisor {
             self.stop_removed(&want);
             self.apply_memory_limits(&want)?;
             self.start_missing(&want)?;
-            let mut mps_faults = self.poisoned_gpus();
+            let mut mps_faults = self.poisoned_gpus(&want);
             for i in 0..self.children.len() {
                 self.on_worker_exited(i, &want, &mut mps_faults);
             }
