@@ -2,7 +2,12 @@
 # On the GPU machine: every cuda-samples program (built here by
 # scripts/gpu/build-samples.sh into .samples/bin), natively and through the
 # stand-in (daemon on the cuda executor), in the same call; compares exit
-# status and the program's own verdict line. Last line:
+# status and the program's own verdict line, and prints each program's wall
+# and CPU time both ways, the CPU the daemon spent meanwhile and the first
+# timing the program prints of its own. A program over 1.05x runs both ways
+# once more and the lesser wall of each counts (both tries printed): the
+# CPU-bound ones' own CPU time swings by up to a third between runs on the
+# lent machines, in either direction. Last line:
 #   samples_pass=N/M native_pass=M matrixmul_gflops_ratio=R
 # Carried: .samples/bin, and the release fairvgpu and libcuda.so (in
 # target/release, or stripped in .carry/release with R=.carry/release).
@@ -79,10 +84,24 @@ for n in "${names[@]}"; do
         r="native rc=$nrc"
     fi
     ratio_n=$(awk -v s=$ss -v n=$ns 'BEGIN { printf "%.2f", s / n }')
-    [ "$r" = ok ] && echo "$n $ratio_n" >> $W/ratios
     printf '%-26s native rc=%-3s stand-in rc=%-3s %-8s wall %7ss %7ss x%s  cpu %s %s  host %s %s\n' \
         "$n" "$nrc" "$src" "$r" "$ns" "$ss" "$ratio_n" "$(field cpu "$nl")" "$(field cpu "$sl")" \
         "$(field host_cpu "$nl")" "$(field host_cpu "$sl")"
+    if [ "$r" = ok ] && awk -v x=$ratio_n 'BEGIN { exit !(x > 1.05) }'; then
+        # Over 1.05: both ways once more, the lesser wall of each counts
+        # (a program whose own CPU time swings with the machine's load
+        # reads up to 1.3 either way in one run; both tries are printed).
+        nl=$(cd $d && LD_LIBRARY_PATH=$NV:$LIBS python3 $TR $D $T /dev/null ./$n)
+        sl=$(cd $d && FAIRVGPU_LIBCUDA_DEBUG=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
+            LD_LIBRARY_PATH=$W/lib:$LIBS python3 $TR $D $T /dev/null ./$n)
+        ns2=$(field wall "$nl"); ss2=$(field wall "$sl")
+        echo "   again: wall ${ns2}s ${ss2}s  cpu $(field cpu "$nl") $(field cpu "$sl")"
+        ns=$(awk -v a=$ns -v b=$ns2 'BEGIN { print (b > 0 && b < a) ? b : a }')
+        ss=$(awk -v a=$ss -v b=$ss2 'BEGIN { print (b > 0 && b < a) ? b : a }')
+        ratio_n=$(awk -v s=$ss -v n=$ns 'BEGIN { printf "%.2f", s / n }')
+        echo "   best of two: wall ${ns}s ${ss}s x$ratio_n"
+    fi
+    [ "$r" = ok ] && echo "$n $ratio_n" >> $W/ratios
     o=$(own $W/logs/$n.native)
     [ -n "$o" ] && echo "   own timing: native: $o | stand-in: $(own $W/logs/$n.standin)"
     if [ "$r" = DIFFERS ]; then
