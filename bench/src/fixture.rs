@@ -35,6 +35,8 @@ pub struct VmSpec {
     pub tenant: Option<String>,
     /// Opted in to co-running (`[[vm]] corun`).
     pub corun: bool,
+    /// Keeps a fault standby from its start (`[[vm]] standby`).
+    pub standby: bool,
 }
 
 impl VmSpec {
@@ -46,6 +48,7 @@ impl VmSpec {
             memory_limit_mib,
             tenant: None,
             corun: false,
+            standby: false,
         }
     }
 }
@@ -135,8 +138,8 @@ impl DaemonProc {
         for v in vms {
             let tenant = v.tenant.clone().unwrap_or_else(|| format!("t-{}", v.name));
             cfg.push_str(&format!(
-                "\n[[vm]]\nname = \"{}\"\ntenant = \"{tenant}\"\nweight = {}\nmemory_limit_mib = {}\ncorun = {}\n",
-                v.name, v.weight, v.memory_limit_mib, v.corun
+                "\n[[vm]]\nname = \"{}\"\ntenant = \"{tenant}\"\nweight = {}\nmemory_limit_mib = {}\ncorun = {}\nstandby = {}\n",
+                v.name, v.weight, v.memory_limit_mib, v.corun, v.standby
             ));
         }
         std::fs::write(dir.join("host.toml"), cfg)?;

@@ -432,6 +432,7 @@ pub fn run(minutes: f64, guests: usize) -> Result<()> {
             memory_limit_mib: MEM_LIMIT_MIB,
             tenant: None,
             corun: false,
+            standby: false,
         })
         .collect();
     let total_time = Duration::from_secs_f64((minutes * 60.0).max(5.0));

@@ -7,7 +7,8 @@
 //! `CUDA_ERROR_LAUNCH_FAILED`; after each, the VM's next process attaches
 //! and computes (after the second fault, on the standby worker the VM
 //! keeps once it faulted); nothing a kernel printed appears in the
-//! daemon's log.
+//! daemon's log. A VM that keeps a standby from its start (`[[vm]]
+//! standby`) recovers from its first fault on it.
 //! A primary context reset is its process's alone.
 
 use std::path::Path;
@@ -49,6 +50,57 @@ fn next_process_computes(exe: &Path, lib: &Path, socket: &Path) -> Duration {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits until the daemon's log holds `line`.
+fn await_log(d: &DaemonProc, line: &str) {
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(d.log_path())
+        .unwrap()
+        .contains(line)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no {line:?} in the log"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_vm_that_keeps_a_standby_from_its_start_recovers_from_its_first_fault_on_it() {
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.standby = true;
+    let d = DaemonProc::start_logged(
+        &cargo_build("cli").join("fairvgpu"),
+        "faults-standby",
+        ExecutorKind::Sim,
+        &[vm],
+        "info",
+    )
+    .unwrap();
+    let dir = d.dir.clone();
+    let lib = standin(&dir);
+    let exe = build_c_standin("faults", &dir, &lib, &[]);
+    let sock = d.socket("vm1");
+    // Before any fault, a standby beside the serving worker.
+    await_log(&d, "standby worker ready");
+    let out = run(&exe, &lib, &sock, "trap");
+    assert!(
+        text(&out.stdout).contains("trap sync: CUDA_ERROR_LAUNCH_FAILED"),
+        "{}",
+        text(&out.stdout)
+    );
+    next_process_computes(&exe, &lib, &sock);
+    let log = std::fs::read_to_string(d.log_path()).unwrap();
+    assert!(
+        log.contains("its standby worker (ready) took over: a CUDA error poisoned"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("restarting it on the same region"),
+        "the first fault restarted the worker instead:\n{log}"
+    );
 }
 
 #[test]
@@ -97,14 +149,7 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
 
     // Having faulted once, the VM keeps a standby worker (`[daemon]
     // fault_standby`), which takes over at once after the next fault.
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(d.log_path())
-        .unwrap()
-        .contains("standby worker started")
-    {
-        assert!(t0.elapsed() < Duration::from_secs(30), "no standby worker");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    await_log(&d, "standby worker started");
 
     // A trap.
     let out = run(&exe, &lib, &sock, "trap");

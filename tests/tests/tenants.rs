@@ -38,6 +38,7 @@ fn a_tenant_weight_is_split_among_its_vms() {
         memory_limit_mib: 256,
         tenant: Some(tenant.into()),
         corun: false,
+        standby: false,
     };
     let vms = [
         vm("small", 1.0, "acme"),

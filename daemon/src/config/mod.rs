@@ -209,6 +209,13 @@ pub struct VmConfig {
     /// `grant/corun.rs`).
     #[serde(default)]
     pub corun: bool,
+    /// On a GPU without MPS, the VM keeps a fault standby (`[daemon]
+    /// fault_standby`) from its start, not only once it has faulted: its
+    /// first fault costs its next process no worker start either. Costs a
+    /// second worker process and one context (about 0.5 GiB of GPU memory)
+    /// from the start.
+    #[serde(default)]
+    pub standby: bool,
 }
 
 fn one() -> f64 {

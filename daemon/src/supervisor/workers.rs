@@ -291,13 +291,18 @@ impl Supervisor {
         for w in &mut self.children {
             let gpu = self.plane.gpu_of(&w.name).unwrap_or(0);
             // And, on a GPU without MPS, one for a VM that faulted before
-            // (`[daemon] fault_standby`).
+            // (`[daemon] fault_standby`) or keeps one from its start
+            // (`[[vm]] standby`).
             let (client, side) = match self.mps.get(&gpu) {
                 Some(m) => match m.standby() {
                     Some(side) => (Some((m, side)), side),
                     None => continue,
                 },
-                None if want.daemon.fault_standby && w.faulted => (None, 0),
+                None if want.daemon.fault_standby
+                    && (w.faulted || want.vm(&w.name).is_some_and(|v| v.standby)) =>
+                {
+                    (None, 0)
+                }
                 None => continue,
             };
             if let Some(sb) = w.standby.as_mut() {

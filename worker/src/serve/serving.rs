@@ -22,7 +22,8 @@ const WAITING_POLL: Duration = Duration::from_micros(20);
 const BUDGET_CHECK: Duration = Duration::from_micros(50);
 
 /// How long a poisoned worker goes on serving so that its processes can
-/// take the kernel output they are owed (see `output.rs`).
+/// take the kernel output (see `output.rs`) and the fault's error they
+/// are owed.
 const POISON_GRACE: Duration = Duration::from_millis(200);
 
 impl Worker {
@@ -61,10 +62,12 @@ impl Worker {
         while !self.stop.load(Ordering::Relaxed) && !self.sh.port.link.orphaned() {
             if self.sh.port.poisoned.get().is_some() {
                 // The fault's process may still take what its kernels
-                // printed (the failed assert's message): a moment for it,
-                // no more (every other request now fails).
+                // printed (the failed assert's message) and the error of
+                // its launch that faulted, which it gets at its next call:
+                // a moment for it, no more (every other request now fails).
                 let since = *poisoned_at.get_or_insert_with(Instant::now);
-                if !self.sh.port.output.borrow().any_held() || since.elapsed() > POISON_GRACE {
+                let owed = self.sh.port.output.borrow().any_held() || self.sessions.fault_owed();
+                if !owed || since.elapsed() > POISON_GRACE {
                     self.sh.port.link.report_poisoned();
                     break;
                 }

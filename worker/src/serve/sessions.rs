@@ -93,6 +93,14 @@ impl Sessions {
             .any(|e| e.s.host_fn.as_ref().is_some_and(|h| !h.delivered))
     }
 
+    /// Whether a process is still owed the sticky error of a launch of its
+    /// that faulted (it gets it at its next call, as natively).
+    pub fn fault_owed(&self) -> bool {
+        self.map
+            .values()
+            .any(|e| e.s.pending_error.is_some_and(|s| s.is_sticky()))
+    }
+
     /// Whether the device has run all the sessions' work: no launches
     /// queued here, and every open busy period's streams idle.
     pub fn device_idle(&mut self) -> bool {
