@@ -33,7 +33,7 @@ probe() {
 }
 
 # Starts the daemon ($R/fairvgpu) on the cuda executor with one VM, vm1,
-# of $2 MiB, its run folder and log (logs/daemon.log) under $1, and waits
+# of $2 MiB (and the keys in $VM_KEYS), its run folder and log (logs/daemon.log) under $1, and waits
 # for the VM's socket; D is its pid and FAIRVGPU_SOCKET is exported.
 daemon_start() {
   local w=$1 mib=$2
@@ -46,6 +46,7 @@ executor = "cuda"
 name = "vm1"
 tenant = "t"
 memory_limit_mib = $mib
+${VM_KEYS:-}
 TOML
   RUST_LOG=info "$R/fairvgpu" serve --config "$w/host.toml" 2> "$w/logs/daemon.log" &
   D=$!
