@@ -96,8 +96,10 @@ pub struct Placer {
     params: Params,
     /// Memory of each GPU, bytes.
     gpu_memory: Vec<u64>,
-    /// vGPU -> (GPU, demand, last moved at).
-    vgpus: HashMap<u32, (usize, Demand, Option<u64>)>,
+    /// vGPU -> (GPU, demand, last moved at); in vGPU order, so that a
+    /// GPU's load sums the same way every time (a hash order made its
+    /// last digits differ from run to run).
+    vgpus: std::collections::BTreeMap<u32, (usize, Demand, Option<u64>)>,
     /// vGPUs that must not move.
     pinned: std::collections::HashSet<u32>,
     /// vGPU -> the most memory it may hold (CASE's reservation), bytes.
@@ -121,7 +123,7 @@ impl Placer {
         Placer {
             params,
             gpu_memory,
-            vgpus: HashMap::new(),
+            vgpus: std::collections::BTreeMap::new(),
             pinned: Default::default(),
             limits: HashMap::new(),
             peaks: HashMap::new(),
