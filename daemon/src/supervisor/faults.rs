@@ -30,6 +30,22 @@ pub(super) struct Ending {
     since: Instant,
 }
 
+impl Ending {
+    /// Ends `vm`'s worker `child` with SIGKILL, as a crash would (its
+    /// contexts are lost already, and a clean exit would only wait on the
+    /// driver), to be reaped once the driver has torn it down.
+    fn kill(vm: &str, child: Child, gpu: u32, side: usize) -> Ending {
+        signal_child(&child, nix::sys::signal::Signal::SIGKILL);
+        Ending {
+            name: vm.to_owned(),
+            child,
+            gpu,
+            side,
+            since: Instant::now(),
+        }
+    }
+}
+
 impl Supervisor {
     /// Workers that said a CUDA error poisoned their contexts (they say so
     /// before they tear them down and exit). On a GPU without MPS, one whose
@@ -58,14 +74,7 @@ impl Supervisor {
             // Its contexts are lost already: killed, as a crash would end
             // it, and reaped in a later turn.
             if let Some(child) = w.child.take() {
-                signal_child(&child, nix::sys::signal::Signal::SIGKILL);
-                self.ending.push(Ending {
-                    name: w.name.clone(),
-                    child,
-                    gpu,
-                    side: w.side,
-                    since: Instant::now(),
-                });
+                self.ending.push(Ending::kill(&w.name, child, gpu, w.side));
             }
             if !promote_fault_standby(&self.plane, want, host, w, gpu) {
                 self.plane.event(
@@ -105,14 +114,7 @@ impl Supervisor {
             let exited = w.child.is_none();
             match w.child.take() {
                 Some(child) => {
-                    signal_child(&child, nix::sys::signal::Signal::SIGKILL);
-                    self.ending.push(Ending {
-                        name: w.name.clone(),
-                        child,
-                        gpu,
-                        side: w.side,
-                        since: Instant::now(),
-                    });
+                    self.ending.push(Ending::kill(&w.name, child, gpu, w.side));
                     n += 1;
                     self.plane.worker_restarted(&w.name);
                 }
