@@ -167,8 +167,11 @@ mod tests {
     #[test]
     fn both_views_see_the_same_bytes_and_protection_is_the_programs_alone() {
         let len = 4 * 4096;
-        let addr = crate::reserve::free_range(len as u64, 4096);
-        assert!(crate::reserve::reserve(addr, len as u64));
+        // A free range is a guess another test's thread may take first.
+        let addr = (0..10)
+            .map(|_| crate::reserve::free_range(len as u64, 4096))
+            .find(|&a| a != 0 && crate::reserve::reserve(a, len as u64))
+            .expect("a free range");
         // SAFETY: our own reservation just made.
         let v = unsafe { View::over_reservation(addr, len, Prot::ReadWrite) }.unwrap();
         // SAFETY: the program's view, read-write.
