@@ -98,7 +98,7 @@ fn read<T: Copy>(p: *const T) -> Result<T, CuResult> {
 
 /// Runs one array copy on the host in `stream`'s order.
 fn send(copy: ArrayCopy, stream: u64) -> Result<(), CuResult> {
-    crate::state::work(stream, |g| g.request(&Request::ArrayCopy { copy, stream })).map(drop)
+    crate::managed::work(stream, |g| g.request(&Request::ArrayCopy { copy, stream })).map(drop)
 }
 
 /// A box from or to host memory: through a device buffer of the box's

@@ -19,7 +19,7 @@
 //!   (program's pages inaccessible), on both (read-only) or on the host
 //!   only (read-write, dirty).
 //! - **Device work** (every launch, graph launch, copy, memset: the calls
-//!   that go through `crate::state::work`) first sends every dirty chunk to
+//!   that go through [`work`]) first sends every dirty chunk to
 //!   the device on the work's own stream and makes every host chunk
 //!   inaccessible ([`for_work`]); the work is submitted holding the table's
 //!   read lock, so no fault migrates a chunk between the check and the
@@ -72,14 +72,13 @@ mod map;
 pub(crate) mod residence;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
-use std::sync::{RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use map::{Prot, View};
 use residence::{Residence, Span, Where, CHUNK};
 
 use crate::state::gpu;
-use crate::state::process::{MANAGED as TABLE, MANAGED_COUNT as COUNT};
 use crate::{code, CuResult};
 
 const PAGE: u64 = 4096;
@@ -147,6 +146,15 @@ impl Table {
     }
 }
 
+/// Every managed allocation on the device and where its chunks are:
+/// changed by `cuMemAllocManaged`, `cuMemFree`, prefetches, advice, the
+/// fault handler and the migration before device work ([`for_work`]).
+static TABLE: RwLock<Table> = RwLock::new(Table::new());
+
+/// Allocations in [`TABLE`]: with none, device work takes no lock.
+/// Counted with them by this module.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
 fn read() -> RwLockReadGuard<'static, Table> {
     TABLE.read().unwrap_or_else(|e| e.into_inner())
 }
@@ -172,6 +180,17 @@ pub(crate) fn for_work(stream: u64) -> Result<WorkGuard, CuResult> {
         drop(r);
         to_device(&mut write(), None, stream)?;
     }
+}
+
+/// Device work on `stream` (a launch, a graph launch, a copy, a memset):
+/// the one choke point where managed memory is made the device's first
+/// ([`for_work`]) and kept so while `f` submits the work.
+pub(crate) fn work<R>(
+    stream: u64,
+    f: impl FnOnce(&mut guest::Gpu) -> guest::Result<R>,
+) -> Result<R, CuResult> {
+    let _managed = for_work(stream)?;
+    gpu(f)
 }
 
 fn io_error(what: &str, e: std::io::Error) -> CuResult {

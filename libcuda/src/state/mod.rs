@@ -15,14 +15,18 @@
 //! - this file: [`Driver`] (made once by `cuInit`: the channels, the
 //!   pinned pool, and the handle tables of [`Objects`]) and whether the
 //!   process let go of its vGPU at exit;
-//! - [`process`]: the other process-wide tables (graphs and captures,
-//!   managed memory, VMM, arrays and textures, IPC, host functions, tensor
-//!   maps, the fault handler's previous action);
+//! - [`process`]: the other process-wide tables (streams capturing, VMM,
+//!   arrays and textures, IPC, host functions, tensor maps, the fault
+//!   handler's previous action);
 //! - [`thread`]: every `thread_local!` (context stack, default streams,
 //!   channel slot, calls in flight, capture mode and info);
 //! - [`log`]: what was logged once, and whether calls are traced.
 //!
-//! The other `static`s of the crate are constants: the export tables and
+//! Two tables live beside the types they hold, so that this module names
+//! no API family: the graph store (`GRAPHS` in `graph/model.rs`: graphs,
+//! executable graphs, captures) and the managed-memory table (`TABLE` and
+//! `COUNT` in `managed/mod.rs`). The other `static`s of the crate are
+//! constants: the export tables and
 //! the zeroed blocks they hand out (`export_table/`), the error texts
 //! (`device.rs`, built once from constant tables), and the entry-point
 //! table `build.rs` makes.
@@ -350,17 +354,6 @@ impl Driver {
 /// Shorthand: runs `f` on the connection of the initialized driver.
 pub(crate) fn gpu<R>(f: impl FnOnce(&mut Gpu) -> guest::Result<R>) -> Result<R, CuResult> {
     driver()?.gpu(f)
-}
-
-/// Device work on `stream` (a launch, a graph launch, a copy, a memset):
-/// the one choke point where managed memory is made the device's first
-/// (`crate::managed::for_work`) and kept so while `f` submits the work.
-pub(crate) fn work<R>(
-    stream: u64,
-    f: impl FnOnce(&mut Gpu) -> guest::Result<R>,
-) -> Result<R, CuResult> {
-    let _managed = crate::managed::for_work(stream)?;
-    gpu(f)
 }
 
 /// Shorthand: the tables of the initialized driver.
