@@ -18,78 +18,15 @@
 //! pointers through it and frees them (`cuMemFree`, `cuMemFreeAsync`),
 //! which closes them as `cuIpcCloseMemHandle` does.
 
-use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 
 use cudarc::driver::sys::{CUdevice, CUdeviceptr, CUstream};
 
+use crate::state::tables::Pool;
 use crate::state::thread::need_ctx;
 use crate::state::thread::resolve;
 use crate::state::{gpu, objects, out, RangeKind};
 use crate::{code, CuResult};
-
-/// A pool: its settable attributes, and what is allocated from it.
-#[derive(Debug, Clone)]
-pub(crate) struct Pool {
-    /// REUSE_FOLLOW_EVENT_DEPENDENCIES, REUSE_ALLOW_OPPORTUNISTIC,
-    /// REUSE_ALLOW_INTERNAL_DEPENDENCIES.
-    reuse: [c_int; 3],
-    release_threshold: u64,
-    used: u64,
-    used_high: u64,
-    /// `CUmemPoolProps::handleTypes`.
-    handle_types: c_int,
-    /// The host's token for it once exported (0: not exported).
-    export: u64,
-    /// The token of another process's pool this one imports (0: a pool
-    /// of this process).
-    imported: u64,
-}
-
-impl Default for Pool {
-    fn default() -> Self {
-        Pool {
-            reuse: [1, 1, 1],
-            release_threshold: 0,
-            used: 0,
-            used_high: 0,
-            handle_types: 0,
-            export: 0,
-            imported: 0,
-        }
-    }
-}
-
-/// The pools: by handle, the device's current one, and which pool each
-/// stream-ordered allocation came from.
-#[derive(Debug, Default)]
-pub(crate) struct Pools {
-    pools: HashMap<usize, Pool>,
-    default: usize,
-    current: usize,
-    of: HashMap<u64, (usize, u64)>,
-    /// Pointers imported from other processes' pools: start -> imports.
-    imported_ptrs: HashMap<u64, u32>,
-}
-
-impl Pools {
-    /// The device's default pool, made on first use.
-    fn default_pool(&mut self) -> usize {
-        if self.default == 0 {
-            let h = Box::into_raw(Box::new(0u8)) as usize;
-            self.pools.insert(h, Pool::default());
-            self.default = h;
-        }
-        self.default
-    }
-
-    fn current(&mut self) -> usize {
-        if self.current == 0 {
-            self.current = self.default_pool();
-        }
-        self.current
-    }
-}
 
 fn alloc_from(p: *mut CUdeviceptr, size: usize, pool: usize, st: CUstream) -> Result<(), CuResult> {
     need_ctx()?;

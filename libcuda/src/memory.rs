@@ -11,9 +11,9 @@ use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUstream};
 
 use crate::copy_nd::Box3d;
 use crate::graph::{MemsetOp, Op};
+use crate::managed::work;
 use crate::state::thread::resolve;
 use crate::state::thread::{current, need_ctx};
-use crate::managed::work;
 use crate::state::{gpu, host_dst, host_src, objects, out, out_opt, Range, RangeKind};
 use crate::{code, CuResult};
 

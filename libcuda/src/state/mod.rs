@@ -41,7 +41,9 @@ use protocol::DeviceInfo;
 use crate::{code, CuResult};
 
 pub(crate) mod log;
+pub(crate) mod pinned;
 pub(crate) mod process;
+pub(crate) mod tables;
 pub(crate) mod thread;
 
 use thread::InCall;
@@ -63,7 +65,7 @@ pub(crate) struct Driver {
     /// What opens further channels.
     joiner: guest::Joiner,
     /// The vGPU's pinned pool as mapped here (none if it has none).
-    pool: Option<crate::host_memory::Pool>,
+    pool: Option<pinned::Pool>,
     /// The tables.
     objects: Mutex<Objects>,
 }
@@ -140,11 +142,11 @@ pub(crate) struct Objects {
     pub modules: HashMap<u64, Vec<u64>>,
     /// Blocks of the pinned pool (host, registered and managed memory), by
     /// their address in the process.
-    pub host: crate::host_memory::Blocks,
+    pub host: pinned::Blocks,
     /// Memory pools and stream-ordered allocations.
-    pub pools: crate::mem_pool::Pools,
+    pub pools: tables::Pools,
     /// Libraries by handle (loaded on the host when first used).
-    pub libraries: HashMap<usize, crate::module::Library>,
+    pub libraries: HashMap<usize, tables::Library>,
     /// The runtime's context-local storage: (context, key) -> (value,
     /// destructor), see `export_table`.
     pub cls: HashMap<(usize, usize), (usize, Option<ClsDtor>)>,
@@ -238,8 +240,7 @@ fn attach() -> Result<Driver, CuResult> {
             unsafe { libc::atexit(release_at_exit) };
             let slots = channels_per_process();
             let joiner = gpu.joiner();
-            let pool =
-                crate::host_memory::Pool::map(gpu.region(), info.pinned_size, info.pinned_base);
+            let pool = pinned::Pool::map(gpu.region(), info.pinned_size, info.pinned_base);
             let mut channels: Vec<Mutex<Option<Gpu>>> =
                 (0..slots).map(|_| Mutex::new(None)).collect();
             channels[0] = Mutex::new(Some(gpu));
@@ -336,7 +337,7 @@ impl Driver {
     }
 
     /// The pinned pool as mapped here.
-    pub fn pool(&self) -> Option<&crate::host_memory::Pool> {
+    pub fn pool(&self) -> Option<&pinned::Pool> {
         self.pool.as_ref()
     }
 
