@@ -23,7 +23,8 @@ use protocol::array::{resource, ArrayCopy, ArrayDesc, CopySide, TexParams};
 use protocol::Request;
 
 use crate::copy_nd::Memcpy3d;
-use crate::memory::{is_device, memtype};
+use crate::memory::is_device;
+use crate::memtype;
 use crate::state::process::{
     lock, ArrayTable as Table, Texture, ARRAYS, RES_DESC, TEX_DESC, VIEW_DESC,
 };

@@ -156,9 +156,9 @@ pub(crate) fn attribute(ptr: u64, attr: i32) -> Option<Result<Attr, CuResult>> {
     Some(Ok(match attr {
         // MEMORY_TYPE: host memory, or managed (device, with IS_MANAGED).
         2 => Attr::U32(if managed {
-            crate::memory::memtype::DEVICE
+            crate::memtype::DEVICE
         } else {
-            crate::memory::memtype::HOST
+            crate::memtype::HOST
         }),
         1 => Attr::U64(crate::state::thread::current() as u64), // CONTEXT
         3 => Attr::U64(dev),                                    // DEVICE_POINTER

@@ -39,7 +39,7 @@ fn alloc_from(p: *mut CUdeviceptr, size: usize, pool: usize, st: CUstream) -> Re
         Some(pl) if pl.imported == 0 => {}
         _ => return Err(code::INVALID_VALUE),
     }
-    let d = crate::memory::device_alloc(size as u64)?;
+    let d = crate::alloc::device_alloc(size as u64)?;
     let mut o = objects()?;
     if let Some(pl) = o.pools.pools.get_mut(&pool) {
         pl.used += size as u64;
@@ -65,15 +65,6 @@ fn device_location(location: *const [c_int; 2], ty: c_int) -> Result<(), CuResul
         return Err(code::INVALID_DEVICE);
     }
     Ok(())
-}
-
-/// Forgets what a freed allocation took from its pool (if it came from one).
-pub(crate) fn freed(o: &mut crate::state::Objects, ptr: u64) {
-    if let Some((pool, size)) = o.pools.of.remove(&ptr) {
-        if let Some(pl) = o.pools.pools.get_mut(&pool) {
-            pl.used = pl.used.saturating_sub(size);
-        }
-    }
 }
 
 fn check_pool(pool: *mut c_void) -> Result<usize, CuResult> {
@@ -128,15 +119,15 @@ export! {
                 _ => return Err(code::INVALID_VALUE),
             }
             if !o.mapped_allocs.contains_key(&ptr) {
-                crate::memory::forget_alloc(&mut o, ptr);
+                crate::alloc::forget_alloc(&mut o, ptr);
                 drop(o);
                 return gpu(|g| g.mem_free_async(ptr, stream));
             }
         }
-        // Memory made as a mapping (see `memory::device_alloc`) is
+        // Memory made as a mapping (see `alloc::device_alloc`) is
         // unmapped once the stream has got there.
         gpu(|g| g.stream_synchronize(stream))?;
-        crate::memory::free_device(ptr)
+        crate::alloc::free_device(ptr)
     }
 
     /// CUDA 13's pools by location: the device's (memory of type pinned).

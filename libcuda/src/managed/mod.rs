@@ -315,7 +315,7 @@ pub(crate) fn alloc(size: u64, flags: u32) -> Result<u64, CuResult> {
         crate::log_once("managed memory: no SIGSEGV handler could be installed; from the pool");
         return crate::host_memory::managed_from_pool(size);
     }
-    let d = match crate::memory::device_alloc_as(len, crate::state::RangeKind::Managed)? {
+    let d = match crate::alloc::device_alloc_as(len, crate::state::RangeKind::Managed)? {
         Some(d) => d,
         None => {
             crate::log_once(
@@ -332,7 +332,7 @@ pub(crate) fn alloc(size: u64, flags: u32) -> Result<u64, CuResult> {
         g.stream_synchronize(0)
     });
     if let Err(e) = zeroed {
-        let _ = crate::memory::free_device(d);
+        let _ = crate::alloc::free_device(d);
         return Err(e);
     }
     // SAFETY: [d, d + len) is the reservation device_alloc_as made for
@@ -343,7 +343,7 @@ pub(crate) fn alloc(size: u64, flags: u32) -> Result<u64, CuResult> {
             crate::log_once(&format!(
                 "managed memory: cannot map it in the process ({e}); from the pinned pool"
             ));
-            crate::memory::free_device(d)?;
+            crate::alloc::free_device(d)?;
             return crate::host_memory::managed_from_pool(size);
         }
     };
@@ -386,7 +386,7 @@ pub(crate) fn free(p: u64) -> Result<bool, CuResult> {
     drop(m);
     // Frees the device memory and unmaps the program's view with the
     // range's reservation.
-    crate::memory::free_device(p)?;
+    crate::alloc::free_device(p)?;
     Ok(true)
 }
 

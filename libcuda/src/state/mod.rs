@@ -133,7 +133,7 @@ pub(crate) struct Objects {
     /// Device ranges by start address.
     pub ranges: BTreeMap<u64, Range>,
     /// Device allocations made as VMM mappings (see
-    /// `memory::device_alloc`): start -> length mapped on the host.
+    /// `alloc::device_alloc`): start -> length mapped on the host.
     pub mapped_allocs: HashMap<u64, u64>,
     /// Streams made here, with their flags and priorities.
     pub streams: HashMap<u64, (u32, i32)>,

@@ -70,6 +70,15 @@ impl Pools {
         }
         self.current
     }
+
+    /// Forgets what a freed allocation took from its pool (if it came from one).
+    pub fn freed(&mut self, ptr: u64) {
+        if let Some((pool, size)) = self.of.remove(&ptr) {
+            if let Some(pl) = self.pools.get_mut(&pool) {
+                pl.used = pl.used.saturating_sub(size);
+            }
+        }
+    }
 }
 
 // Libraries (`module.rs`).
