@@ -19,7 +19,7 @@
 //!   (program's pages inaccessible), on both (read-only) or on the host
 //!   only (read-write, dirty).
 //! - **Device work** (every launch, graph launch, copy, memset: the calls
-//!   that go through [`work`]) first sends every dirty chunk to
+//!   that go through `work`) first sends every dirty chunk to
 //!   the device on the work's own stream and makes every host chunk
 //!   inaccessible ([`for_work`]); the work is submitted holding the table's
 //!   read lock, so no fault migrates a chunk between the check and the

@@ -20,7 +20,10 @@
 //!   handler's previous action);
 //! - [`thread`]: every `thread_local!` (context stack, default streams,
 //!   channel slot, calls in flight, capture mode and info);
-//! - [`log`]: what was logged once, and whether calls are traced.
+//! - [`log`]: what was logged once, and whether calls are traced;
+//! - [`pinned`] and [`tables`]: the entries the API families keep in
+//!   [`Driver`] and [`Objects`] (the pinned pool and its blocks, memory
+//!   pools, libraries), defined here so that this module names no family.
 //!
 //! Two tables live beside the types they hold, so that this module names
 //! no API family: the graph store (`GRAPHS` in `graph/model.rs`: graphs,
