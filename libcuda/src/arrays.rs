@@ -23,7 +23,8 @@ use protocol::array::{resource, ArrayCopy, ArrayDesc, CopySide, TexParams};
 use protocol::Request;
 
 use crate::copy_nd::Memcpy3d;
-use crate::memory::{is_device, memtype};
+use crate::memory::is_device;
+use crate::memtype;
 use crate::state::process::{
     lock, ArrayTable as Table, Texture, ARRAYS, RES_DESC, TEX_DESC, VIEW_DESC,
 };
@@ -98,7 +99,7 @@ fn read<T: Copy>(p: *const T) -> Result<T, CuResult> {
 
 /// Runs one array copy on the host in `stream`'s order.
 fn send(copy: ArrayCopy, stream: u64) -> Result<(), CuResult> {
-    crate::state::work(stream, |g| g.request(&Request::ArrayCopy { copy, stream })).map(drop)
+    crate::managed::work(stream, |g| g.request(&Request::ArrayCopy { copy, stream })).map(drop)
 }
 
 /// A box from or to host memory: through a device buffer of the box's

@@ -10,7 +10,8 @@ use std::ffi::{c_uint, c_void};
 
 use cudarc::driver::sys::{CUdeviceptr, CUstream};
 
-use crate::memory::{dtod, dtoh, host_view, htod, is_device, memtype};
+use crate::memory::{dtod, dtoh, host_view, htod, is_device};
+use crate::memtype;
 use crate::state::gpu;
 use crate::state::thread::resolve;
 use crate::{code, CuResult};

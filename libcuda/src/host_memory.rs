@@ -27,12 +27,11 @@
 //! When the pool is exhausted, allocations fail with
 //! `CUDA_ERROR_OUT_OF_MEMORY` and a message naming the setting.
 
-use std::collections::BTreeMap;
 use std::ffi::{c_uint, c_void};
 
 use cudarc::driver::sys::CUdeviceptr;
-use transport::shm::FixedMapping;
 
+use crate::state::pinned::{Block, Blocks, Kind, Pool};
 use crate::state::thread::need_ctx;
 use crate::state::{driver, gpu, objects, out};
 use crate::{code, CuResult};
@@ -41,73 +40,6 @@ const PAGE: u64 = 4096;
 
 /// `CU_MEMHOSTALLOC_*` / `CU_MEMHOSTREGISTER_*` flags.
 const HOST_REGISTER_IOMEMORY: c_uint = 0x4;
-
-/// The pool as this process sees it.
-#[derive(Debug)]
-pub(crate) struct Pool {
-    /// Where the pool's first byte is in this process.
-    host: u64,
-    /// Where the device reaches it.
-    dev: u64,
-    size: u64,
-    /// The mapping at the device address (when it could be made there).
-    _at_device: Option<FixedMapping>,
-    /// The region, to map pool pages over registered memory.
-    region: transport::Region,
-}
-
-impl Pool {
-    /// Maps the pool of `region`, whose device address is `dev`.
-    pub fn map(region: &transport::Region, size: u64, dev: u64) -> Option<Pool> {
-        if size == 0 {
-            return None;
-        }
-        let m = region.map_pinned_at(dev as usize).ok()?;
-        let host = m.addr() as u64;
-        if host != dev {
-            crate::log_once(&format!(
-                "the pinned pool could not be mapped at its device address {dev:#x}; pinned \
-                 pointers differ from their device addresses and managed memory is not available"
-            ));
-        }
-        Some(Pool {
-            host,
-            dev,
-            size,
-            _at_device: Some(m),
-            region: region.clone(),
-        })
-    }
-
-    /// Whether pinned pointers are their own device addresses.
-    fn identity(&self) -> bool {
-        self.host == self.dev
-    }
-}
-
-/// What a block of the pool is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// `cuMemHostAlloc`/`cuMemAllocHost`, with its flags.
-    Alloc(c_uint),
-    /// `cuMemHostRegister` of the program's `[start, start + len)`.
-    Registered { start: u64, len: u64, flags: c_uint },
-    /// `cuMemAllocManaged`.
-    Managed,
-}
-
-/// A block of the pool the process holds, by the address it has in the
-/// process.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Block {
-    pub len: u64,
-    /// Its offset in the pool.
-    pub offset: u64,
-    pub kind: Kind,
-}
-
-/// The blocks, by address in the process.
-pub(crate) type Blocks = BTreeMap<u64, Block>;
 
 fn pool() -> Result<&'static Pool, CuResult> {
     driver()?.pool().ok_or(code::NOT_SUPPORTED)
@@ -224,9 +156,9 @@ pub(crate) fn attribute(ptr: u64, attr: i32) -> Option<Result<Attr, CuResult>> {
     Some(Ok(match attr {
         // MEMORY_TYPE: host memory, or managed (device, with IS_MANAGED).
         2 => Attr::U32(if managed {
-            crate::memory::memtype::DEVICE
+            crate::memtype::DEVICE
         } else {
-            crate::memory::memtype::HOST
+            crate::memtype::HOST
         }),
         1 => Attr::U64(crate::state::thread::current() as u64), // CONTEXT
         3 => Attr::U64(dev),                                    // DEVICE_POINTER

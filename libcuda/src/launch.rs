@@ -130,7 +130,7 @@ fn launch(
     // SAFETY: the caller's arguments, per the driver API's contract.
     let packed = unsafe { pack(&k.func, params, extra) }?;
     let h = k.func.handle;
-    crate::state::work(stream, |g| {
+    crate::managed::work(stream, |g| {
         g.launch_ex(h, grid, block, shared, stream, x.cluster, x.flags, &packed)
     })
 }
@@ -207,7 +207,7 @@ pub(crate) fn kernel_op(
 /// Sends a launch to `st`.
 pub(crate) fn run_kernel(k: &crate::graph::KernelOp, st: CUstream) -> Result<(), CuResult> {
     let stream = resolve(st)?;
-    crate::state::work(stream, |g| {
+    crate::managed::work(stream, |g| {
         g.launch_ex(
             k.handle, k.grid, k.block, k.shared, stream, k.cluster, k.flags, &k.params,
         )

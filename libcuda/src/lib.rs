@@ -48,6 +48,7 @@
 
 #[macro_use]
 mod export;
+mod alloc;
 pub mod copy_nd;
 mod image;
 mod reserve;
@@ -112,6 +113,15 @@ pub(crate) mod code {
     pub const NOT_PERMITTED: CuResult = 800;
     pub const NOT_SUPPORTED: CuResult = 801;
     pub const UNKNOWN: CuResult = 999;
+}
+
+/// `CUmemorytype`.
+#[allow(dead_code)]
+pub(crate) mod memtype {
+    pub const HOST: u32 = 1;
+    pub const DEVICE: u32 = 2;
+    pub const ARRAY: u32 = 3;
+    pub const UNIFIED: u32 = 4;
 }
 
 /// The CUDA version this library reports (13.0).

@@ -18,78 +18,15 @@
 //! pointers through it and frees them (`cuMemFree`, `cuMemFreeAsync`),
 //! which closes them as `cuIpcCloseMemHandle` does.
 
-use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 
 use cudarc::driver::sys::{CUdevice, CUdeviceptr, CUstream};
 
+use crate::state::tables::Pool;
 use crate::state::thread::need_ctx;
 use crate::state::thread::resolve;
 use crate::state::{gpu, objects, out, RangeKind};
 use crate::{code, CuResult};
-
-/// A pool: its settable attributes, and what is allocated from it.
-#[derive(Debug, Clone)]
-pub(crate) struct Pool {
-    /// REUSE_FOLLOW_EVENT_DEPENDENCIES, REUSE_ALLOW_OPPORTUNISTIC,
-    /// REUSE_ALLOW_INTERNAL_DEPENDENCIES.
-    reuse: [c_int; 3],
-    release_threshold: u64,
-    used: u64,
-    used_high: u64,
-    /// `CUmemPoolProps::handleTypes`.
-    handle_types: c_int,
-    /// The host's token for it once exported (0: not exported).
-    export: u64,
-    /// The token of another process's pool this one imports (0: a pool
-    /// of this process).
-    imported: u64,
-}
-
-impl Default for Pool {
-    fn default() -> Self {
-        Pool {
-            reuse: [1, 1, 1],
-            release_threshold: 0,
-            used: 0,
-            used_high: 0,
-            handle_types: 0,
-            export: 0,
-            imported: 0,
-        }
-    }
-}
-
-/// The pools: by handle, the device's current one, and which pool each
-/// stream-ordered allocation came from.
-#[derive(Debug, Default)]
-pub(crate) struct Pools {
-    pools: HashMap<usize, Pool>,
-    default: usize,
-    current: usize,
-    of: HashMap<u64, (usize, u64)>,
-    /// Pointers imported from other processes' pools: start -> imports.
-    imported_ptrs: HashMap<u64, u32>,
-}
-
-impl Pools {
-    /// The device's default pool, made on first use.
-    fn default_pool(&mut self) -> usize {
-        if self.default == 0 {
-            let h = Box::into_raw(Box::new(0u8)) as usize;
-            self.pools.insert(h, Pool::default());
-            self.default = h;
-        }
-        self.default
-    }
-
-    fn current(&mut self) -> usize {
-        if self.current == 0 {
-            self.current = self.default_pool();
-        }
-        self.current
-    }
-}
 
 fn alloc_from(p: *mut CUdeviceptr, size: usize, pool: usize, st: CUstream) -> Result<(), CuResult> {
     need_ctx()?;
@@ -102,7 +39,7 @@ fn alloc_from(p: *mut CUdeviceptr, size: usize, pool: usize, st: CUstream) -> Re
         Some(pl) if pl.imported == 0 => {}
         _ => return Err(code::INVALID_VALUE),
     }
-    let d = crate::memory::device_alloc(size as u64)?;
+    let d = crate::alloc::device_alloc(size as u64)?;
     let mut o = objects()?;
     if let Some(pl) = o.pools.pools.get_mut(&pool) {
         pl.used += size as u64;
@@ -128,15 +65,6 @@ fn device_location(location: *const [c_int; 2], ty: c_int) -> Result<(), CuResul
         return Err(code::INVALID_DEVICE);
     }
     Ok(())
-}
-
-/// Forgets what a freed allocation took from its pool (if it came from one).
-pub(crate) fn freed(o: &mut crate::state::Objects, ptr: u64) {
-    if let Some((pool, size)) = o.pools.of.remove(&ptr) {
-        if let Some(pl) = o.pools.pools.get_mut(&pool) {
-            pl.used = pl.used.saturating_sub(size);
-        }
-    }
 }
 
 fn check_pool(pool: *mut c_void) -> Result<usize, CuResult> {
@@ -191,15 +119,15 @@ export! {
                 _ => return Err(code::INVALID_VALUE),
             }
             if !o.mapped_allocs.contains_key(&ptr) {
-                crate::memory::forget_alloc(&mut o, ptr);
+                crate::alloc::forget_alloc(&mut o, ptr);
                 drop(o);
                 return gpu(|g| g.mem_free_async(ptr, stream));
             }
         }
-        // Memory made as a mapping (see `memory::device_alloc`) is
+        // Memory made as a mapping (see `alloc::device_alloc`) is
         // unmapped once the stream has got there.
         gpu(|g| g.stream_synchronize(stream))?;
-        crate::memory::free_device(ptr)
+        crate::alloc::free_device(ptr)
     }
 
     /// CUDA 13's pools by location: the device's (memory of type pinned).

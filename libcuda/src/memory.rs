@@ -9,129 +9,18 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use cudarc::driver::sys::{CUcontext, CUdeviceptr, CUstream};
 
+use crate::alloc::{device_alloc, free_device};
 use crate::copy_nd::Box3d;
 use crate::graph::{MemsetOp, Op};
+use crate::managed::work;
 use crate::state::thread::resolve;
 use crate::state::thread::{current, need_ctx};
-use crate::state::{gpu, host_dst, host_src, objects, out, out_opt, work, Range, RangeKind};
-use crate::{code, CuResult};
-
-/// `CUmemorytype`.
-#[allow(dead_code)]
-pub(crate) mod memtype {
-    pub const HOST: u32 = 1;
-    pub const DEVICE: u32 = 2;
-    pub const ARRAY: u32 = 3;
-    pub const UNIFIED: u32 = 4;
-}
+use crate::state::{gpu, host_dst, host_src, objects, out, out_opt, RangeKind};
+use crate::{code, memtype, CuResult};
 
 /// Whether `ptr` lies in a device range of the process.
 pub(crate) fn is_device(ptr: u64) -> Result<bool, CuResult> {
     Ok(objects()?.range_of(ptr).is_some())
-}
-
-/// Plain allocations (`cuMemAlloc` on the host) tried before memory is
-/// mapped at an address free in this process instead.
-const PLAIN_TRIES: usize = 2;
-
-/// Allocates `size` bytes of device memory whose addresses are reserved in
-/// this process. The host's driver picks the address of a plain
-/// allocation, and it may land on memory the process uses itself (a large
-/// library mapped there, say): the driver's next allocation then usually
-/// lands beside it, on the same mapping. So after [`PLAIN_TRIES`] such
-/// tries the memory is made as a VMM mapping at an address this process
-/// has free, which the host's driver takes where it is free there too.
-/// The tries that landed badly are given back either way.
-pub(crate) fn device_alloc(size: u64) -> Result<u64, CuResult> {
-    device_alloc_as(size, RangeKind::Device)?.ok_or_else(|| {
-        crate::log_once("device addresses keep landing on the process's own memory");
-        code::OUT_OF_MEMORY
-    })
-}
-
-/// [`device_alloc`] of a range of kind `kind`; `None` where no placement
-/// kept the addresses out of the process's own memory.
-pub(crate) fn device_alloc_as(size: u64, kind: RangeKind) -> Result<Option<u64>, CuResult> {
-    let Some(d) = crate::reserve::place_or(
-        size,
-        |i| {
-            if i < PLAIN_TRIES {
-                gpu(|g| g.mem_alloc(size))
-            } else {
-                mapped_alloc(size)
-            }
-        },
-        |d| {
-            let _ = host_free(d);
-        },
-    )?
-    else {
-        return Ok(None);
-    };
-    objects()?.ranges.insert(d, Range { size, kind });
-    Ok(Some(d))
-}
-
-/// `size` bytes of device memory as a VMM mapping (reservation, physical
-/// memory, map) at an address free in this process, which it answers. The
-/// physical memory's handle is let go at once: the mapping holds it, and
-/// unmapping gives it back. Nothing is left held if a step fails.
-fn mapped_alloc(size: u64) -> Result<u64, CuResult> {
-    use protocol::Request;
-    let req = |r: Request| gpu(|g| g.request(&r)).map(|r| r.vals[0]);
-    let len = size
-        .checked_next_multiple_of(protocol::VMM_GRANULARITY)
-        .ok_or(code::OUT_OF_MEMORY)?;
-    let addr = crate::reserve::free_range(len, protocol::VMM_GRANULARITY);
-    let va = req(Request::VmmReserve {
-        size: len,
-        align: 0,
-        addr,
-    })?;
-    let mapped = req(Request::VmmCreate {
-        size: len,
-        compression: 0,
-    })
-    .and_then(|handle| {
-        let m = req(Request::VmmMap {
-            ptr: va,
-            size: len,
-            offset: 0,
-            handle,
-        });
-        let _ = req(Request::VmmRelease { handle });
-        m
-    });
-    if let Err(e) = mapped {
-        let _ = req(Request::VmmAddressFree { ptr: va, size: len });
-        return Err(e);
-    }
-    objects()?.mapped_allocs.insert(va, len);
-    Ok(va)
-}
-
-/// Gives device memory at `p` back to the host: unmapped and its
-/// reservation freed if [`mapped_alloc`] made it, else freed.
-fn host_free(p: u64) -> Result<(), CuResult> {
-    use protocol::Request;
-    let mapped = objects()?.mapped_allocs.remove(&p);
-    match mapped {
-        Some(len) => {
-            let _ = gpu(|g| g.request(&Request::VmmUnmap { ptr: p, size: len }));
-            let _ = gpu(|g| g.request(&Request::VmmAddressFree { ptr: p, size: len }));
-            Ok(())
-        }
-        None => gpu(|g| g.mem_free(p)),
-    }
-}
-
-/// Forgets a device allocation (its reservation too), after the host freed
-/// it.
-pub(crate) fn forget_alloc(o: &mut crate::state::Objects, p: u64) {
-    if let Some(r) = o.ranges.remove(&p) {
-        crate::reserve::release(p, r.size);
-    }
-    crate::mem_pool::freed(o, p);
 }
 
 fn alloc(p: *mut CUdeviceptr, size: usize) -> Result<(), CuResult> {
@@ -168,13 +57,6 @@ pub(crate) fn free_managed_any(p: CUdeviceptr) -> Result<(), CuResult> {
     } else {
         Err(code::INVALID_VALUE)
     }
-}
-
-/// Frees device allocation `p` of the process on the host, and forgets it.
-pub(crate) fn free_device(p: CUdeviceptr) -> Result<(), CuResult> {
-    host_free(p)?;
-    forget_alloc(&mut *objects()?, p);
-    Ok(())
 }
 
 pub(crate) fn htod(

@@ -17,6 +17,7 @@ use std::mem::MaybeUninit;
 
 use cudarc::driver::sys::{CUdeviceptr, CUfunction, CUmodule};
 
+use crate::state::tables::{Image, Library};
 use crate::state::thread::need_ctx;
 use crate::state::{c_str, gpu, host_src, objects, out, out_opt, Kernel, Range, RangeKind};
 use crate::{code, CuResult};
@@ -52,22 +53,6 @@ fn load_bytes(kind: ImageKind, bytes: &[u8]) -> Result<u64, CuResult> {
     let h = gpu(|g| g.module_load(kind, bytes))?;
     objects()?.modules.insert(h, Vec::new());
     Ok(h)
-}
-
-/// A library's image: the caller's bytes, which it keeps alive until the
-/// library is unloaded (`CU_LIBRARY_BINARY_IS_PRESERVED`), or our copy.
-#[derive(Debug)]
-enum Image {
-    Preserved { start: usize, len: usize },
-    Copied(Vec<u8>),
-}
-
-/// A library: its image, and its module on the host once loaded.
-#[derive(Debug)]
-pub(crate) struct Library {
-    kind: ImageKind,
-    image: Image,
-    module: Option<u64>,
 }
 
 /// `CU_LIBRARY_BINARY_IS_PRESERVED`.

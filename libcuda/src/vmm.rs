@@ -147,7 +147,7 @@ export! {
         }
         let align = alignment as u64;
         // Addresses the process uses itself are kept aside while another
-        // reservation is made (as `memory::device_alloc` does); after the
+        // reservation is made (as `alloc::device_alloc` does); after the
         // first, at an address free in this process, which the host's
         // driver takes where it is free there too.
         let va = crate::reserve::place(

@@ -262,7 +262,7 @@ fn launch(e: u64, st: CUstream) -> Result<(), CuResult> {
     match host {
         // Into a capture, the operations join it one by one.
         Some(h) if !super::capture::capturing(st)? => {
-            crate::state::work(stream, |g| g.graph_launch(h, stream))
+            crate::managed::work(stream, |g| g.graph_launch(h, stream))
         }
         _ => {
             for (_, op) in ops.iter() {

@@ -104,7 +104,7 @@ pub(crate) fn release(ptrs: Vec<u64>) {
     };
     // Not under the graphs' lock: these are calls to the host.
     for p in gone {
-        let _ = crate::memory::free_device(p);
+        let _ = crate::alloc::free_device(p);
     }
 }
 
@@ -114,7 +114,7 @@ fn allocate(size: u64) -> Result<u64, CuResult> {
     if size == 0 {
         return Err(code::INVALID_VALUE);
     }
-    let p = crate::memory::device_alloc(size)?;
+    let p = crate::alloc::device_alloc(size)?;
     let mut s = graphs();
     s.allocs.live.insert(p, size);
     let used = s.allocs.used();

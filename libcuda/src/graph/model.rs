@@ -1,17 +1,16 @@
 //! The graph data model: the operations a node holds, nodes, graphs, and
 //! the store of every graph, executable graph and capture of the process
-//! (`crate::state::process::GRAPHS`).
+//! ([`GRAPHS`]).
 
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::sync::MutexGuard;
+use std::sync::{Mutex, MutexGuard};
 
 use protocol::Dim3;
 
 use super::{capture, conditional, exec, memory};
 use crate::copy_nd::Box3d;
 use crate::host_fn::Call;
-use crate::state::process::GRAPHS;
 use crate::{code, CuResult};
 
 /// A kernel launch as a node keeps it: the host's function handle and the
@@ -250,6 +249,11 @@ impl Store {
         Ok(memory::allocs_of(graph.nodes.iter().map(|n| &n.op)))
     }
 }
+
+/// Every graph, executable graph, capture, graph allocation and
+/// conditional of the process (`None` until first used): changed by the
+/// graph entry points and by stream capture, through [`graphs`].
+static GRAPHS: Mutex<Option<Store>> = Mutex::new(None);
 
 /// [`store`]'s lock.
 pub(crate) struct StoreGuard(MutexGuard<'static, Option<Store>>);

@@ -19,7 +19,7 @@
 //!   (program's pages inaccessible), on both (read-only) or on the host
 //!   only (read-write, dirty).
 //! - **Device work** (every launch, graph launch, copy, memset: the calls
-//!   that go through `crate::state::work`) first sends every dirty chunk to
+//!   that go through `work`) first sends every dirty chunk to
 //!   the device on the work's own stream and makes every host chunk
 //!   inaccessible ([`for_work`]); the work is submitted holding the table's
 //!   read lock, so no fault migrates a chunk between the check and the
@@ -72,14 +72,13 @@ mod map;
 pub(crate) mod residence;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
-use std::sync::{RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use map::{Prot, View};
 use residence::{Residence, Span, Where, CHUNK};
 
 use crate::state::gpu;
-use crate::state::process::{MANAGED as TABLE, MANAGED_COUNT as COUNT};
 use crate::{code, CuResult};
 
 const PAGE: u64 = 4096;
@@ -147,6 +146,15 @@ impl Table {
     }
 }
 
+/// Every managed allocation on the device and where its chunks are:
+/// changed by `cuMemAllocManaged`, `cuMemFree`, prefetches, advice, the
+/// fault handler and the migration before device work ([`for_work`]).
+static TABLE: RwLock<Table> = RwLock::new(Table::new());
+
+/// Allocations in [`TABLE`]: with none, device work takes no lock.
+/// Counted with them by this module.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
 fn read() -> RwLockReadGuard<'static, Table> {
     TABLE.read().unwrap_or_else(|e| e.into_inner())
 }
@@ -172,6 +180,17 @@ pub(crate) fn for_work(stream: u64) -> Result<WorkGuard, CuResult> {
         drop(r);
         to_device(&mut write(), None, stream)?;
     }
+}
+
+/// Device work on `stream` (a launch, a graph launch, a copy, a memset):
+/// the one choke point where managed memory is made the device's first
+/// ([`for_work`]) and kept so while `f` submits the work.
+pub(crate) fn work<R>(
+    stream: u64,
+    f: impl FnOnce(&mut guest::Gpu) -> guest::Result<R>,
+) -> Result<R, CuResult> {
+    let _managed = for_work(stream)?;
+    gpu(f)
 }
 
 fn io_error(what: &str, e: std::io::Error) -> CuResult {
@@ -296,7 +315,7 @@ pub(crate) fn alloc(size: u64, flags: u32) -> Result<u64, CuResult> {
         crate::log_once("managed memory: no SIGSEGV handler could be installed; from the pool");
         return crate::host_memory::managed_from_pool(size);
     }
-    let d = match crate::memory::device_alloc_as(len, crate::state::RangeKind::Managed)? {
+    let d = match crate::alloc::device_alloc_as(len, crate::state::RangeKind::Managed)? {
         Some(d) => d,
         None => {
             crate::log_once(
@@ -313,7 +332,7 @@ pub(crate) fn alloc(size: u64, flags: u32) -> Result<u64, CuResult> {
         g.stream_synchronize(0)
     });
     if let Err(e) = zeroed {
-        let _ = crate::memory::free_device(d);
+        let _ = crate::alloc::free_device(d);
         return Err(e);
     }
     // SAFETY: [d, d + len) is the reservation device_alloc_as made for
@@ -324,7 +343,7 @@ pub(crate) fn alloc(size: u64, flags: u32) -> Result<u64, CuResult> {
             crate::log_once(&format!(
                 "managed memory: cannot map it in the process ({e}); from the pinned pool"
             ));
-            crate::memory::free_device(d)?;
+            crate::alloc::free_device(d)?;
             return crate::host_memory::managed_from_pool(size);
         }
     };
@@ -367,7 +386,7 @@ pub(crate) fn free(p: u64) -> Result<bool, CuResult> {
     drop(m);
     // Frees the device memory and unmaps the program's view with the
     // range's reservation.
-    crate::memory::free_device(p)?;
+    crate::alloc::free_device(p)?;
     Ok(true)
 }
 

@@ -15,14 +15,21 @@
 //! - this file: [`Driver`] (made once by `cuInit`: the channels, the
 //!   pinned pool, and the handle tables of [`Objects`]) and whether the
 //!   process let go of its vGPU at exit;
-//! - [`process`]: the other process-wide tables (graphs and captures,
-//!   managed memory, VMM, arrays and textures, IPC, host functions, tensor
-//!   maps, the fault handler's previous action);
+//! - [`process`]: the other process-wide tables (streams capturing, VMM,
+//!   arrays and textures, IPC, host functions, tensor maps, the fault
+//!   handler's previous action);
 //! - [`thread`]: every `thread_local!` (context stack, default streams,
 //!   channel slot, calls in flight, capture mode and info);
-//! - [`log`]: what was logged once, and whether calls are traced.
+//! - [`log`]: what was logged once, and whether calls are traced;
+//! - [`pinned`] and [`tables`]: the entries the API families keep in
+//!   [`Driver`] and [`Objects`] (the pinned pool and its blocks, memory
+//!   pools, libraries), defined here so that this module names no family.
 //!
-//! The other `static`s of the crate are constants: the export tables and
+//! Two tables live beside the types they hold, so that this module names
+//! no API family: the graph store (`GRAPHS` in `graph/model.rs`: graphs,
+//! executable graphs, captures) and the managed-memory table (`TABLE` and
+//! `COUNT` in `managed/mod.rs`). The other `static`s of the crate are
+//! constants: the export tables and
 //! the zeroed blocks they hand out (`export_table/`), the error texts
 //! (`device.rs`, built once from constant tables), and the entry-point
 //! table `build.rs` makes.
@@ -37,7 +44,9 @@ use protocol::DeviceInfo;
 use crate::{code, CuResult};
 
 pub(crate) mod log;
+pub(crate) mod pinned;
 pub(crate) mod process;
+pub(crate) mod tables;
 pub(crate) mod thread;
 
 use thread::InCall;
@@ -59,7 +68,7 @@ pub(crate) struct Driver {
     /// What opens further channels.
     joiner: guest::Joiner,
     /// The vGPU's pinned pool as mapped here (none if it has none).
-    pool: Option<crate::host_memory::Pool>,
+    pool: Option<pinned::Pool>,
     /// The tables.
     objects: Mutex<Objects>,
 }
@@ -127,7 +136,7 @@ pub(crate) struct Objects {
     /// Device ranges by start address.
     pub ranges: BTreeMap<u64, Range>,
     /// Device allocations made as VMM mappings (see
-    /// `memory::device_alloc`): start -> length mapped on the host.
+    /// `alloc::device_alloc`): start -> length mapped on the host.
     pub mapped_allocs: HashMap<u64, u64>,
     /// Streams made here, with their flags and priorities.
     pub streams: HashMap<u64, (u32, i32)>,
@@ -136,11 +145,11 @@ pub(crate) struct Objects {
     pub modules: HashMap<u64, Vec<u64>>,
     /// Blocks of the pinned pool (host, registered and managed memory), by
     /// their address in the process.
-    pub host: crate::host_memory::Blocks,
+    pub host: pinned::Blocks,
     /// Memory pools and stream-ordered allocations.
-    pub pools: crate::mem_pool::Pools,
+    pub pools: tables::Pools,
     /// Libraries by handle (loaded on the host when first used).
-    pub libraries: HashMap<usize, crate::module::Library>,
+    pub libraries: HashMap<usize, tables::Library>,
     /// The runtime's context-local storage: (context, key) -> (value,
     /// destructor), see `export_table`.
     pub cls: HashMap<(usize, usize), (usize, Option<ClsDtor>)>,
@@ -234,8 +243,7 @@ fn attach() -> Result<Driver, CuResult> {
             unsafe { libc::atexit(release_at_exit) };
             let slots = channels_per_process();
             let joiner = gpu.joiner();
-            let pool =
-                crate::host_memory::Pool::map(gpu.region(), info.pinned_size, info.pinned_base);
+            let pool = pinned::Pool::map(gpu.region(), info.pinned_size, info.pinned_base);
             let mut channels: Vec<Mutex<Option<Gpu>>> =
                 (0..slots).map(|_| Mutex::new(None)).collect();
             channels[0] = Mutex::new(Some(gpu));
@@ -332,7 +340,7 @@ impl Driver {
     }
 
     /// The pinned pool as mapped here.
-    pub fn pool(&self) -> Option<&crate::host_memory::Pool> {
+    pub fn pool(&self) -> Option<&pinned::Pool> {
         self.pool.as_ref()
     }
 
@@ -350,17 +358,6 @@ impl Driver {
 /// Shorthand: runs `f` on the connection of the initialized driver.
 pub(crate) fn gpu<R>(f: impl FnOnce(&mut Gpu) -> guest::Result<R>) -> Result<R, CuResult> {
     driver()?.gpu(f)
-}
-
-/// Device work on `stream` (a launch, a graph launch, a copy, a memset):
-/// the one choke point where managed memory is made the device's first
-/// (`crate::managed::for_work`) and kept so while `f` submits the work.
-pub(crate) fn work<R>(
-    stream: u64,
-    f: impl FnOnce(&mut Gpu) -> guest::Result<R>,
-) -> Result<R, CuResult> {
-    let _managed = crate::managed::for_work(stream)?;
-    gpu(f)
 }
 
 /// Shorthand: the tables of the initialized driver.

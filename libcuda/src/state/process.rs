@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::c_void;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Mutex, MutexGuard, Once, OnceLock, RwLock};
+use std::sync::{Mutex, MutexGuard, Once, OnceLock};
 
 use cudarc::driver::sys::CUstream;
 use protocol::array::ArrayDesc;
@@ -39,13 +39,6 @@ pub(crate) type TensorMap = [u8; protocol::tensor_map::TENSOR_MAP_BYTES];
 /// `cuTensorMapReplaceAddress`.
 pub(crate) static TENSOR_MAPS: Mutex<Option<HashMap<TensorMap, TensorMapParams>>> =
     Mutex::new(None);
-
-// Graphs (`graph/`).
-
-/// Every graph, executable graph, capture, graph allocation and
-/// conditional of the process (`None` until first used): changed by the
-/// graph entry points and by stream capture, through `graph::graphs()`.
-pub(crate) static GRAPHS: Mutex<Option<crate::graph::Store>> = Mutex::new(None);
 
 // Stream capture (`graph/capture.rs`).
 
@@ -139,18 +132,6 @@ pub(crate) static ARRAYS: Mutex<ArrayTable> = Mutex::new(ArrayTable {
     textures: BTreeMap::new(),
     surfaces: BTreeMap::new(),
 });
-
-// Managed memory on the device (`managed/`).
-
-/// Every managed allocation on the device and where its chunks are:
-/// changed by `cuMemAllocManaged`, `cuMemFree`, prefetches, advice, the
-/// fault handler and the migration before device work (`managed::for_work`).
-pub(crate) static MANAGED: RwLock<crate::managed::Table> =
-    RwLock::new(crate::managed::Table::new());
-
-/// Allocations in [`MANAGED`]: with none, device work takes no lock.
-/// Counted with them by `managed/mod.rs`.
-pub(crate) static MANAGED_COUNT: AtomicUsize = AtomicUsize::new(0);
 
 // The managed-memory fault handler (`managed/fault.rs`).
 
