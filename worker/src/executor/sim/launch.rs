@@ -158,6 +158,6 @@ impl Timing for SimContext {
     fn period_ns(&mut self) -> Option<u64> {
         let (a, b) = self.period.take()?;
         let b = b?;
-        (Instant::now() >= b).then(|| b.saturating_duration_since(a).as_nanos() as u64)
+        (Instant::now() >= b).then(|| crate::nanos(b.saturating_duration_since(a)))
     }
 }

@@ -120,7 +120,9 @@ impl Modules for SimContext {
         // A Hopper-like multiprocessor: 2048 threads, 32 blocks, 228 KiB shared memory.
         let by_threads = 2048 / block_size.max(1);
         let by_smem = (228u32 << 10).checked_div(shared_mem).unwrap_or(u32::MAX);
-        Ok(by_threads.min(by_smem).min(32) as i32)
+        #[allow(clippy::cast_possible_wrap)] // at most 32
+        let blocks = by_threads.min(by_smem).min(32) as i32;
+        Ok(blocks)
     }
 
     fn available_smem(
@@ -162,16 +164,18 @@ impl Modules for SimContext {
     ) -> Result<i32, Status> {
         // Hopper: portable clusters of up to 8 blocks; a cluster's blocks
         // share one GPC, 132 multiprocessors in GPCs of 16 or 18.
+        // A block of more threads than a u32 holds (the guest's three
+        // dimensions multiplied) is no block a GPU runs.
+        let threads = u32::try_from(shape.block.count()).map_err(|_| Status::InvalidValue)?;
         if potential {
-            let per_sm =
-                self.occupancy(shape.func, shape.block.count() as u32, shape.shared_mem)?;
+            let per_sm = self.occupancy(shape.func, threads, shape.shared_mem)?;
             return Ok(if per_sm == 0 { 0 } else { 8 });
         }
         if cluster.count() > 8 {
             return Err(Status::InvalidClusterSize);
         }
-        let size = cluster.count().max(1) as i32;
-        let per_sm = self.occupancy(shape.func, shape.block.count() as u32, shape.shared_mem)?;
+        let size = i32::try_from(cluster.count().max(1)).map_err(|_| Status::InvalidClusterSize)?;
+        let per_sm = self.occupancy(shape.func, threads, shape.shared_mem)?;
         let per_gpc = per_sm * 16;
         Ok((per_gpc / size) * 8)
     }
