@@ -58,12 +58,6 @@ pub(crate) fn sat_u64(x: f64) -> u64 {
     x as u64
 }
 
-// The executors' casts are still to be audited (issue 34).
-#[allow(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss
-)]
 pub mod executor;
 pub mod feed;
 pub mod gate;

@@ -123,7 +123,7 @@ impl Launches for SimContext {
             self.slice_ns.insert(func, ns);
         }
         let ns = self.slice_ns.get(&func).copied().unwrap_or(0);
-        let part = (ns as f64 * f64::from(grid.x) / f64::from(grid_x)) as u64;
+        let part = crate::sat_u64(ns as f64 * f64::from(grid.x) / f64::from(grid_x));
         self.submit(part, stream);
         Ok(())
     }

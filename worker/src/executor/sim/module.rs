@@ -202,3 +202,42 @@ impl Modules for SimContext {
         Ok(v)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::executor::sim::{SimExecutor, SimParams};
+    use crate::executor::{Executor, Launch, Modules};
+    use protocol::{Dim3, ImageKind, Status};
+
+    #[test]
+    fn a_block_past_u32_threads_is_refused_not_truncated() {
+        let mut ctx = SimExecutor::new(SimParams::default()).open().unwrap();
+        let m = ctx
+            .load_module(ImageKind::Ptx, crate::KERNELS_PTX.as_bytes())
+            .unwrap();
+        let (func, _) = ctx.function(m, "vector_add").unwrap();
+        let one = Dim3 { x: 1, y: 1, z: 1 };
+        let shape = |block| Launch {
+            func,
+            grid: one,
+            block,
+            shared_mem: 0,
+        };
+        let fine = Dim3 { x: 256, y: 1, z: 1 };
+        assert_eq!(ctx.occupancy_clusters(shape(fine), one, true), Ok(8));
+        assert_eq!(ctx.occupancy_clusters(shape(fine), one, false), Ok(1024));
+        // 65536 x 65536 threads is 2^32: as a u32 it would read 0, a block
+        // the model gives the most room to.
+        let huge = Dim3 {
+            x: 65536,
+            y: 65536,
+            z: 1,
+        };
+        for potential in [true, false] {
+            assert_eq!(
+                ctx.occupancy_clusters(shape(huge), one, potential),
+                Err(Status::InvalidValue)
+            );
+        }
+    }
+}
