@@ -206,7 +206,7 @@ impl Modules for SimContext {
 #[cfg(test)]
 mod tests {
     use crate::executor::sim::{SimExecutor, SimParams};
-    use crate::executor::{Executor, Launch, Modules};
+    use crate::executor::{Executor, Launch};
     use protocol::{Dim3, ImageKind, Status};
 
     #[test]
