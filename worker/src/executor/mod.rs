@@ -17,12 +17,6 @@ use vm_memory::VolatileSlice;
 
 mod arrays;
 mod conditional;
-// The cuda executor's casts are still to be audited (issue 34).
-#[allow(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss
-)]
 pub mod cuda;
 mod event;
 mod graph;
