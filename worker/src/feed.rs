@@ -14,8 +14,8 @@ use transport::{Bell, EventFdBell};
 
 use crate::Error;
 use wire::feed::{
-    decode, MigrationReport, GRANT, HOST_BELL, LIMIT, LIMIT_MASK, MIGRATE, MIGRATION_KIB,
-    MIGRATION_PAUSE_US, PEER_BELL, PEER_GONE, POISONED, READY, REGION, SYNCED,
+    decode, MigrationReport, GRANT, HOST_BELL, LIMIT, MIGRATE, MIGRATION_KIB, MIGRATION_PAUSE_US,
+    PEER_BELL, PEER_GONE, POISONED, READY, REGION, SYNCED,
 };
 
 /// What the daemon's feed did that it should not have.
@@ -169,7 +169,7 @@ impl FeedStart {
                                 set_limit(&limit, v);
                             } else if kind == MIGRATE {
                                 *migration.lock().unwrap_or_else(|e| e.into_inner()) =
-                                    Some(((v & 0xffff) as u32, fd));
+                                    Some((u32::from(vector), fd));
                                 asked.store(true, Ordering::Release);
                             } else if apply(&peers, kind, peer, vector, fd).is_err() {
                                 tracing::warn!("unexpected feed message {v:#x}");
@@ -200,7 +200,7 @@ impl FeedStart {
 }
 
 fn set_limit(limit: &AtomicU64, v: i64) {
-    let mib = (v & LIMIT_MASK) as u64;
+    let mib = wire::feed::decode_value(v);
     limit.store(mib.saturating_mul(1 << 20).max(1), Ordering::Relaxed);
 }
 
@@ -314,12 +314,12 @@ impl PeerLink {
         if let PeerLink::Feed(f) = self {
             let _ = send_msg(
                 &f.back,
-                (MIGRATION_PAUSE_US << 40) | (r.pause_us as i64 & LIMIT_MASK),
+                wire::feed::encode_value(MIGRATION_PAUSE_US, r.pause_us),
                 None,
             );
             let _ = send_msg(
                 &f.back,
-                (MIGRATION_KIB << 40) | (r.kib as i64 & LIMIT_MASK),
+                wire::feed::encode_value(MIGRATION_KIB, r.kib),
                 None,
             );
             let _ = send_msg(&f.back, r.encode(), None);

@@ -48,7 +48,7 @@ impl Gate {
     /// connect: when it moves to another GPU the daemon connects to that
     /// GPU's service and passes the socket).
     pub fn over(mut stream: UnixStream, vgpu: u32, weight: f64) -> Result<Gate, Error> {
-        let w = (weight * 1000.0).round().max(1.0) as u64;
+        let w = crate::sat_u64((weight * 1000.0).round().max(1.0));
         stream
             .write_all(&encode(HELLO, vgpu, w, 0))
             .map_err(|e| Error::Io {
@@ -103,7 +103,7 @@ impl Gate {
         if !self.wanted {
             self.want()?;
         }
-        let timeout = PollTimeout::from(wait.as_millis().min(u128::from(u16::MAX)) as u16);
+        let timeout = PollTimeout::from(u16::try_from(wait.as_millis()).unwrap_or(u16::MAX));
         let mut fds = [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)];
         if poll(&mut fds, timeout).unwrap_or(0) == 0 {
             return Ok(false);
@@ -199,12 +199,12 @@ impl Gate {
 
     /// The length of the current slice, ns.
     pub fn slice_ns(&self) -> u64 {
-        self.slice.as_nanos() as u64
+        crate::nanos(self.slice)
     }
 
     /// Time since the grant was received.
     pub fn held_ns(&self) -> u64 {
-        self.held_since.map_or(0, |t| t.elapsed().as_nanos() as u64)
+        self.held_since.map_or(0, |t| crate::nanos(t.elapsed()))
     }
 
     /// Reports live figures to the service (for the operator's view).

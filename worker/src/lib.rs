@@ -18,6 +18,45 @@
 //!   memfds, PTX text.
 
 #![warn(missing_docs)]
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
+// Offsets and lengths are kept in u64 and used as usize: the host is
+// 64-bit only.
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!("fairvgpu supports 64-bit hosts only");
+
+/// `x` as a `usize`, for sizes and offsets kept in `u64`.
+#[allow(clippy::cast_possible_truncation)] // lossless: usize is 64 bits (see above)
+pub(crate) const fn usize_from(x: u64) -> usize {
+    x as usize
+}
+
+/// `d` in whole nanoseconds, saturating at `u64::MAX` (584 years).
+pub(crate) fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// `d` in whole microseconds, saturating at `u64::MAX`.
+pub(crate) fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// `d` in whole milliseconds, saturating at `u64::MAX`.
+pub(crate) fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `x` truncated toward zero to a `u64`, saturating as Rust's `as` does:
+/// negative and NaN give 0, anything past `u64::MAX` gives `u64::MAX`.
+/// For figures and durations computed in f64.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // saturates, as said
+pub(crate) fn sat_u64(x: f64) -> u64 {
+    x as u64
+}
 
 pub mod executor;
 pub mod feed;

@@ -182,7 +182,13 @@ impl PrioritySetter for SysPriority {
 
 /// Raises the calling thread to `nice`; the error says why not.
 pub fn lift_current_thread(nice: i32) -> Result<(), String> {
-    lift_thread(&SysPriority, nix::unistd::gettid().as_raw() as u32, nice)
+    lift_thread(&SysPriority, current_tid(), nice)
+}
+
+/// The calling thread's id. Thread ids are positive (gettid(2)); were one
+/// not, 0 names the calling thread to setpriority(2) all the same.
+fn current_tid() -> u32 {
+    u32::try_from(nix::unistd::gettid().as_raw()).unwrap_or(0)
 }
 
 /// Raises thread `tid` to `nice` through `p`; the error says why not.
@@ -210,7 +216,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let (ttx, trx) = std::sync::mpsc::channel();
         let h = std::thread::spawn(move || {
-            ttx.send(nix::unistd::gettid().as_raw() as u32).unwrap();
+            ttx.send(current_tid()).unwrap();
             let _ = rx.recv();
         });
         (trx.recv().unwrap(), tx, h)

@@ -92,7 +92,7 @@ pub fn run(spec: &Spec) -> Result<(), Error> {
     } else {
         spec.executor.open(spec.ordinal)?
     };
-    let init_ms = started.elapsed().as_millis() as u64;
+    let init_ms = crate::millis(started.elapsed());
     let wc = &spec.worker;
     let mut worker = match spec.feed {
         Some((fd, true)) => {
@@ -117,7 +117,7 @@ pub fn run(spec: &Spec) -> Result<(), Error> {
         vm,
         socket = %wc.socket.display(),
         init_ms,
-        ready_ms = started.elapsed().as_millis() as u64,
+        ready_ms = crate::millis(started.elapsed()),
         standby,
         "worker serving"
     );

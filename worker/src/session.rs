@@ -243,7 +243,7 @@ impl Period {
     /// since the start mark is the mark's own gap.
     pub fn submitted(&mut self) {
         if let Some(t) = self.mark_at.take() {
-            self.gap_ns = t.elapsed().as_nanos() as u64;
+            self.gap_ns = crate::nanos(t.elapsed());
         }
     }
 

@@ -153,7 +153,7 @@ mod tests {
     #[test]
     fn images_come_back_by_hash_kind_and_length_and_the_oldest_go_first() {
         let k = protocol::CACHED_IMAGE;
-        let n = k as usize;
+        let n = crate::usize_from(k);
         let mut c = ImageCache::new(2 * k + k / 2, None);
         let (a, b, d) = (vec![1u8; n], vec![2u8; n], vec![3u8; n]);
         c.insert(ImageKind::Cubin, &a);

@@ -194,7 +194,7 @@ impl Worker {
         let report = wire::feed::MigrationReport {
             gpu: if ok { gpu } else { from },
             moved: ok,
-            pause_us: t0.elapsed().as_micros() as u64,
+            pause_us: crate::micros(t0.elapsed()),
             kib: bytes.div_ceil(1024),
             kept_by: if ok { None } else { kept_by },
             failed: if ok || kept_by.is_some() {

@@ -246,9 +246,10 @@ impl Output {
             owner
         };
         let owners = [if faulted { alone } else { owner }, alone];
-        for (i, text) in st.text.into_iter().enumerate() {
+        // Stream 1 is stdout, 2 stderr.
+        for ((text, owner), stream) in st.text.into_iter().zip(owners).zip([1, 2]) {
             if !text.is_empty() {
-                self.give(owners[i], i as u8 + 1, text);
+                self.give(owner, stream, text);
             }
         }
     }

@@ -131,8 +131,8 @@ pub(super) fn part(gpu: &super::shared::Gpu, offset: u64, len: u64) -> Result<Po
         return Err(Status::InvalidValue);
     }
     Ok(PoolPart {
-        addr: m.addr() + offset as usize,
-        len: len as usize,
+        addr: m.addr() + crate::usize_from(offset),
+        len: crate::usize_from(len),
     })
 }
 

@@ -122,7 +122,7 @@ impl Worker {
             if g.holding() {
                 Handoff::add(&h.grants, 1);
                 Handoff::add(&h.held_ns, g.held_ns());
-                Handoff::add(&h.drain_ns, rel.since.elapsed().as_nanos() as u64);
+                Handoff::add(&h.drain_ns, crate::nanos(rel.since.elapsed()));
             }
             g.release(used, pending)?;
         }

@@ -121,12 +121,12 @@ impl Worker {
             refused: st.refused.load(Ordering::Relaxed),
             rss_bytes,
             open_fds,
-            occupancy_ppm: (self.sh.figures.last_occupancy * 1e6).round() as u64,
+            occupancy_ppm: crate::sat_u64((self.sh.figures.last_occupancy * 1e6).round()),
             sliced_launches: st.sliced_launches.load(Ordering::Relaxed),
             log_suppressed: self.sh.port.log.borrow().suppressed(),
             contexts_created: st.contexts_created.load(Ordering::Relaxed),
             contexts_reused: st.contexts_reused.load(Ordering::Relaxed),
-            copy_ppm: (copy_share * 1e6).round() as u64,
+            copy_ppm: crate::sat_u64((copy_share * 1e6).round()),
         };
         if let Some(g) = self.sh.slice.gate.as_mut() {
             g.report(&r)?;

@@ -150,7 +150,7 @@ fn token() -> [u64; 2] {
         // back to the clock and the address space's randomness.
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+            .map_or(0, crate::nanos);
         let a = &b as *const _ as u64;
         return [
             t ^ a.rotate_left(17),

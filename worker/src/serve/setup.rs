@@ -218,7 +218,7 @@ impl Worker {
         let chans = (0..region.channels())
             .map(|i| Ok(ChannelState::new(region.host_channel(i)?)))
             .collect::<Result<Vec<_>, transport::Error>>()?;
-        let chunk = (cfg.layout.arena_size as usize / 4).max(4096);
+        let chunk = (crate::usize_from(cfg.layout.arena_size) / 4).max(4096);
         let stats: Arc<Stats> = Arc::default();
         stats
             .device

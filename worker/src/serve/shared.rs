@@ -329,7 +329,7 @@ impl Slice {
 
     /// Charges a drained busy period (see [`Slice::period_ending`]).
     pub fn charge_period(&mut self, s: &mut Session, p: Period) {
-        let host = p.since.elapsed().as_nanos() as u64;
+        let host = crate::nanos(p.since.elapsed());
         // The device idled between the start mark and the first operation
         // only because the mark was submitted first: not the vGPU's time.
         // Not so in the first period of a grant: there the device switches

@@ -134,7 +134,7 @@ pub(super) fn continue_transfer(
         }
         Inbound::Module { buf, .. } | Inbound::Link { buf, .. } | Inbound::Graph { buf, .. } => {
             let start = buf.len();
-            buf.resize(start + n as usize, 0);
+            buf.resize(start + crate::usize_from(n), 0);
             data.copy_to(&mut buf[start..]);
         }
     }
@@ -252,16 +252,16 @@ pub(super) fn pump_sliced(
                 c.sliced = None;
                 break;
             }
-            (Ok(()), Some(ns)) => sh.slice.issued_ns += (ns as f64 * share) as u64,
+            (Ok(()), Some(ns)) => sh.slice.issued_ns += crate::sat_u64(ns as f64 * share),
             (Ok(()), None) => {
                 // Measure this sub-grid: wait for it on the host clock.
                 if let Err(e) = s.ctx.synchronize() {
                     s.defer(e);
                 }
-                let ns = t0.elapsed().as_nanos() as u64;
+                let ns = crate::nanos(t0.elapsed());
                 sh.slice.issued_ns += ns;
                 s.kernel_ns
-                    .insert(sl.func, (ns as f64 / share.max(1e-9)) as u64);
+                    .insert(sl.func, crate::sat_u64(ns as f64 / share.max(1e-9)));
             }
         }
         sh.slice.worked = true;
@@ -306,19 +306,22 @@ pub(super) fn pump_outbound(
         let (src, stream) = (ob.src + ob.off, ob.stream);
         let ctx = &mut s.ctx;
         let st = &sh.port.stats;
-        let sent = c.host.resp.try_send_with(&d, n as usize, |out, slice| {
-            let t0 = Instant::now();
-            if let Err(e) = ctx.dtoh(&slice, src, stream) {
-                out.status = e.code();
-                out.flags &= protocol::REPLY_OUTPUT;
-                failed = true;
-            }
-            st.dtoh_ns
-                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            st.dtoh_bytes.fetch_add(n, Ordering::Relaxed);
-            st.copy_bytes.fetch_add(n, Ordering::Relaxed);
-            Ok(())
-        })?;
+        let sent = c
+            .host
+            .resp
+            .try_send_with(&d, crate::usize_from(n), |out, slice| {
+                let t0 = Instant::now();
+                if let Err(e) = ctx.dtoh(&slice, src, stream) {
+                    out.status = e.code();
+                    out.flags &= protocol::REPLY_OUTPUT;
+                    failed = true;
+                }
+                st.dtoh_ns
+                    .fetch_add(crate::nanos(t0.elapsed()), Ordering::Relaxed);
+                st.dtoh_bytes.fetch_add(n, Ordering::Relaxed);
+                st.copy_bytes.fetch_add(n, Ordering::Relaxed);
+                Ok(())
+            })?;
         if !sent {
             // The guest has not copied a chunk out yet. The loop comes back
             // at once (nothing rings when it does), but without hammering

@@ -152,8 +152,8 @@ fn side(a: &CudaArrays, s: &CopySide) -> Result<Side, Status> {
             at: (0, 0, 0),
             device: ptr,
             array: null_mut(),
-            pitch: pitch as usize,
-            height: height as usize,
+            pitch: crate::usize_from(pitch),
+            height: crate::usize_from(height),
         },
     })
 }

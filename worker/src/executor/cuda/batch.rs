@@ -487,7 +487,7 @@ mod tests {
         assert_eq!(made, 32, "one template per stream, kept");
         for round in 0..50u64 {
             for st in 0..8u64 {
-                let size = SIZES[((round + st) % SIZES.len() as u64) as usize];
+                let size = SIZES[crate::usize_from(round + st) % SIZES.len()];
                 launch(&mut slots, &mut made, st, size);
             }
         }

@@ -60,7 +60,7 @@ impl CudaContext {
         p.__bindgen_anon_1.conditional = sys::CUDA_CONDITIONAL_NODE_PARAMS {
             handle,
             type_,
-            size: bodies.len() as u32,
+            size: u32::try_from(bodies.len()).map_err(|_| Status::InvalidValue)?,
             phGraph_out: null_mut(),
             ctx: self.ctx,
         };

@@ -334,7 +334,7 @@ impl Limits for CudaContext {
     fn set_limit(&mut self, limit: u32, value: u64) -> Result<(), Status> {
         self.bind()?;
         // SAFETY: the context is current; `limit` was range-checked.
-        check(unsafe { sys::cuCtxSetLimit(cu_limit(limit)?, value as usize) })
+        check(unsafe { sys::cuCtxSetLimit(cu_limit(limit)?, crate::usize_from(value)) })
     }
 
     /// See [`crate::executor::Limits::recycle`]. The driver's memory goes back to the

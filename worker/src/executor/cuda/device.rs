@@ -90,7 +90,7 @@ pub fn device_count() -> Result<u32, Error> {
     let mut count = 0;
     // SAFETY: out-parameter on our stack.
     check(unsafe { sys::cuDeviceGetCount(&mut count) }).map_err(driver("cuDeviceGetCount"))?;
-    Ok(count.max(0) as u32)
+    Ok(non_negative(count))
 }
 
 /// Peer-to-peer copy bandwidth from GPU `src` to GPU `dst`, GB/s: the best
@@ -184,7 +184,7 @@ pub fn open(ordinal: u32, graphs: GraphLaunches) -> Result<Box<dyn Executor>, Er
         dev,
         ordinal,
         driver_release,
-        cuda_version: cuda_version.max(0) as u32,
+        cuda_version: non_negative(cuda_version),
         devices: count,
         vmm,
         registered: Vec::new(),
@@ -238,6 +238,12 @@ impl Drop for CudaExecutor {
     }
 }
 
+/// A count or version the driver gave as an `int`; a negative one (none
+/// is) counts as 0.
+fn non_negative(v: i32) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
 fn attr(dev: CUdevice, a: sys::CUdevice_attribute) -> i32 {
     let mut v = 0;
     // SAFETY: out-parameter on our stack.
@@ -272,10 +278,16 @@ impl Executor for CudaExecutor {
             })
             .collect();
         let cc = (
-            attr(self.dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) as u32,
-            attr(self.dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) as u32,
+            non_negative(attr(
+                self.dev,
+                A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            )),
+            non_negative(attr(
+                self.dev,
+                A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            )),
         );
-        let sm_count = attr(self.dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) as u32;
+        let sm_count = non_negative(attr(self.dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT));
         DeviceInfo {
             name,
             total_mem: total as u64,
@@ -368,7 +380,9 @@ impl Executor for CudaExecutor {
 pub(super) fn device(ordinal: u32) -> Result<CUdevice, Status> {
     let mut dev: CUdevice = 0;
     // SAFETY: out-parameter on our stack.
-    check(unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })?;
+    let ordinal = i32::try_from(ordinal).map_err(|_| Status::InvalidDevice)?;
+    // SAFETY: out-parameter on our stack.
+    check(unsafe { sys::cuDeviceGet(&mut dev, ordinal) })?;
     Ok(dev)
 }
 

@@ -153,11 +153,11 @@ impl CudaContext {
                 } => {
                     let p = sys::CUDA_MEMSET_NODE_PARAMS {
                         dst: *dst,
-                        pitch: *pitch as usize,
+                        pitch: crate::usize_from(*pitch),
                         value: *value,
                         elementSize: *elem,
-                        width: *width as usize,
-                        height: *height as usize,
+                        width: crate::usize_from(*width),
+                        height: crate::usize_from(*height),
                     };
                     // SAFETY: as above; the range lies in the session's own
                     // memory (checked by the worker).
@@ -180,7 +180,7 @@ impl CudaContext {
                     p.srcDevice = *src;
                     p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
                     p.dstDevice = *dst;
-                    p.WidthInBytes = *len as usize;
+                    p.WidthInBytes = crate::usize_from(*len);
                     p.Height = 1;
                     p.Depth = 1;
                     // SAFETY: as above; both ranges lie in the session's own

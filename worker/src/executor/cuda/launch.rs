@@ -217,6 +217,8 @@ impl Launches for CudaContext {
             attrs[n].value.cooperative = 1;
             n += 1;
         }
+        #[allow(clippy::cast_possible_truncation)] // at most 2, the array's length
+        let attrs_used = n as u32;
         let cfg = sys::CUlaunchConfig {
             gridDimX: g.x,
             gridDimY: g.y,
@@ -227,7 +229,7 @@ impl Launches for CudaContext {
             sharedMemBytes: smem,
             hStream: st,
             attrs: attrs.as_mut_ptr(),
-            numAttrs: n as u32,
+            numAttrs: attrs_used,
         };
         // SAFETY: `ptrs` holds one pointer per kernel parameter into `params`;
         // `cfg` and its attributes live across the call.

@@ -34,11 +34,11 @@ impl Memory for CudaContext {
         if !self.vmm {
             let mut p = 0;
             // SAFETY: out-parameter on our stack.
-            check(unsafe { sys::cuMemAlloc_v2(&mut p, size as usize) })?;
+            check(unsafe { sys::cuMemAlloc_v2(&mut p, crate::usize_from(size)) })?;
             self.plain.insert(p);
             return Ok(p);
         }
-        let padded = self.footprint(size.max(1)) as usize;
+        let padded = crate::usize_from(self.footprint(size.max(1)));
         // A range over a moved global's old address (see `globals.rs`)
         // is kept aside while another is made, then given back.
         let mut aside = Vec::new();
@@ -125,7 +125,7 @@ impl Memory for CudaContext {
         self.bind()?;
         let st = self.stream(s)?;
         // SAFETY: both ranges validated by the worker.
-        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, st) })
+        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, crate::usize_from(len), st) })
     }
 
     fn memset(
@@ -138,13 +138,15 @@ impl Memory for CudaContext {
     ) -> Result<(), Status> {
         let dst = self.globals.addr(dst);
         self.bind()?;
-        let n = count as usize;
+        let n = crate::usize_from(count);
         let st = self.stream(s)?;
+        // The value's low `width` bytes, as the protocol says (and the sim).
+        let [b0, b1, _, _] = value.to_le_bytes();
         let r = match width {
             // SAFETY: range validated by the worker.
-            1 => unsafe { sys::cuMemsetD8Async(dst, value as u8, n, st) },
+            1 => unsafe { sys::cuMemsetD8Async(dst, b0, n, st) },
             // SAFETY: as above.
-            2 => unsafe { sys::cuMemsetD16Async(dst, value as u16, n, st) },
+            2 => unsafe { sys::cuMemsetD16Async(dst, u16::from_le_bytes([b0, b1]), n, st) },
             // SAFETY: as above.
             _ => unsafe { sys::cuMemsetD32Async(dst, value, n, st) },
         };

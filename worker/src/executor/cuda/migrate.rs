@@ -435,7 +435,7 @@ impl CudaContext {
                  .0;
             // SAFETY: `va..va + n` lies in the guest's reservation, now
             // unmapped; `off + n` within `h`'s memory (as when first mapped).
-            check(unsafe { sys::cuMemMap(va, n, off as usize, h, 0) })?;
+            check(unsafe { sys::cuMemMap(va, n, crate::usize_from(off), h, 0) })?;
             // SAFETY: the range just mapped; one descriptor.
             check(unsafe { sys::cuMemSetAccess(va, n, &acc, 1) })?;
         }

@@ -12,6 +12,12 @@ use super::context::{CudaContext, Obj};
 use super::tensor_map;
 use crate::executor::{Handle, Modules};
 
+/// A count the guest gave as an unsigned number, for a driver call that
+/// takes an `int`: past `i32::MAX` it is no count the driver takes.
+fn int(v: u32) -> Result<i32, Status> {
+    i32::try_from(v).map_err(|_| Status::InvalidValue)
+}
+
 /// The driver's `CUfunction_attribute` for a range-checked number.
 pub(super) fn func_attr(attr: u32) -> Result<sys::CUfunction_attribute, Status> {
     use sys::CUfunction_attribute as A;
@@ -105,9 +111,12 @@ impl Modules for CudaContext {
             if r != CUresult::CUDA_SUCCESS || params.len() > 4096 {
                 break;
             }
+            // A parameter past 4 GiB (the driver allows 32 KiB of them)
+            // cannot be described to the guest.
+            let fits = |x: usize| u32::try_from(x).map_err(|_| Status::NotSupported);
             params.push(Param {
-                offset: off as u32,
-                size: size as u32,
+                offset: fits(off)?,
+                size: fits(size)?,
             });
         }
         let h = self.insert(Obj::Function {
@@ -181,7 +190,7 @@ impl Modules for CudaContext {
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 &mut n,
                 f,
-                block_size as i32,
+                int(block_size)?,
                 shared_mem as usize,
             )
         })?;
@@ -202,8 +211,8 @@ impl Modules for CudaContext {
             sys::cuOccupancyAvailableDynamicSMemPerBlock(
                 &mut bytes,
                 f,
-                num_blocks as i32,
-                block_size as i32,
+                int(num_blocks)?,
+                int(block_size)?,
             )
         })?;
         Ok(bytes as u64)

@@ -31,7 +31,7 @@ impl CudaContext {
         let mut ms = 0f32;
         // SAFETY: both events recorded by us; out-parameter on our stack.
         (unsafe { sys::cuEventElapsedTime_v2(&mut ms, a, b) } == CUresult::CUDA_SUCCESS)
-            .then(|| (f64::from(ms).max(0.0) * 1e6) as u64)
+            .then(|| crate::sat_u64(f64::from(ms).max(0.0) * 1e6))
     }
 }
 

@@ -109,15 +109,22 @@ pub(super) fn vmm_prop(ordinal: u32) -> sys::CUmemAllocationProp {
     let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = ordinal as i32;
+    prop.location.id = location_id(ordinal);
     prop
+}
+
+/// GPU `ordinal` as a memory location's id. The executor's ordinal passed
+/// `device` (an `int`) when it opened; one past `i32::MAX` would be
+/// `i32::MAX`, which names no GPU, and the driver refuses it.
+fn location_id(ordinal: u32) -> i32 {
+    i32::try_from(ordinal).unwrap_or(i32::MAX)
 }
 
 pub(super) fn vmm_access(ordinal: u32) -> sys::CUmemAccessDesc {
     // SAFETY: as in `vmm_prop`.
     let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
     d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-    d.location.id = ordinal as i32;
+    d.location.id = location_id(ordinal);
     d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     d
 }
@@ -199,7 +206,7 @@ impl Vmm for CudaContext {
         // SAFETY: out-parameter on our stack; an alignment of 0 or a power
         // of two and an address of 0 or a multiple of the granularity
         // (checked by the protocol), which the driver takes as a hint only.
-        check(unsafe { sys::cuMemAddressReserve(&mut va, n, align as usize, addr, 0) })?;
+        check(unsafe { sys::cuMemAddressReserve(&mut va, n, crate::usize_from(align), addr, 0) })?;
         self.guest_vmm.reserved.insert(va, n);
         Ok(va)
     }
@@ -213,7 +220,7 @@ impl Vmm for CudaContext {
         self.guest_vmm.reserved.remove(&ptr);
         // SAFETY: our own whole reservation, nothing mapped in it (the
         // worker checked), freed once.
-        check(unsafe { sys::cuMemAddressFree(ptr, size as usize) })
+        check(unsafe { sys::cuMemAddressFree(ptr, crate::usize_from(size)) })
     }
 
     fn vmm_create(&mut self, size: u64, compression: u8) -> Result<Handle, Status> {
@@ -279,11 +286,11 @@ impl Vmm for CudaContext {
             .ok_or(Status::InvalidHandle)?
             .0
              .0;
-        let n = size as usize;
+        let n = crate::usize_from(size);
         // SAFETY: `ptr..ptr + size` lies in a reservation of ours with
         // nothing mapped there, and `offset + size` within the handle's
         // memory (the worker checked both); no flags.
-        check(unsafe { sys::cuMemMap(ptr, n, offset as usize, h, 0) })?;
+        check(unsafe { sys::cuMemMap(ptr, n, crate::usize_from(offset), h, 0) })?;
         let acc = vmm_access(self.ordinal);
         // SAFETY: the range just mapped; one descriptor.
         if let Err(e) = check(unsafe { sys::cuMemSetAccess(ptr, n, &acc, 1) }) {
@@ -304,7 +311,7 @@ impl Vmm for CudaContext {
         self.guest_vmm.maps.remove(&ptr);
         // SAFETY: one whole mapping of ours, undone once (the driver waits
         // for work still using it).
-        check(unsafe { sys::cuMemUnmap(ptr, size as usize) })
+        check(unsafe { sys::cuMemUnmap(ptr, crate::usize_from(size)) })
     }
 
     /// The driver's handle itself, for another context of this process

@@ -83,14 +83,16 @@ impl SimContext {
                     return Err(Status::InvalidValue);
                 }
                 for at in Self::rows(c, &c.src, Some(d)) {
-                    data.extend_from_slice(&bytes[at as usize..at as usize + w]);
+                    data.extend_from_slice(
+                        &bytes[crate::usize_from(at)..crate::usize_from(at) + w],
+                    );
                 }
             }
             CopySide::Device { .. } => {
                 for at in Self::rows(c, &c.src, None) {
                     for (p, n) in self.pieces(at, w as u64) {
                         let (buf, off) = self.locate(p, n)?;
-                        data.extend_from_slice(&buf[off..off + n as usize]);
+                        data.extend_from_slice(&buf[off..off + crate::usize_from(n)]);
                     }
                 }
             }
@@ -113,15 +115,17 @@ impl SimContext {
                 }
                 let d = *d;
                 for (i, at) in Self::rows(c, &c.dst, Some(&d)).into_iter().enumerate() {
-                    bytes[at as usize..at as usize + w].copy_from_slice(&data[i * w..(i + 1) * w]);
+                    bytes[crate::usize_from(at)..crate::usize_from(at) + w]
+                        .copy_from_slice(&data[i * w..(i + 1) * w]);
                 }
             }
             CopySide::Device { .. } => {
                 for (i, at) in Self::rows(c, &c.dst, None).into_iter().enumerate() {
                     for (p, n) in self.pieces(at, w as u64) {
                         let (mut buf, off) = self.locate(p, n)?;
-                        let from = i * w + (p - at) as usize;
-                        buf[off..off + n as usize].copy_from_slice(&data[from..from + n as usize]);
+                        let from = i * w + crate::usize_from(p - at);
+                        buf[off..off + crate::usize_from(n)]
+                            .copy_from_slice(&data[from..from + crate::usize_from(n)]);
                     }
                 }
             }

@@ -135,7 +135,8 @@ impl SimContext {
     /// (`CU_LIMIT_PRINTF_FIFO_SIZE`): as on a GPU, what does not fit is
     /// lost.
     pub(super) fn print(&mut self, stream: usize, text: &[u8]) {
-        let fifo = self.limits.get(&1).copied().unwrap_or(1 << 20) as usize;
+        let fifo = self.limits.get(&1).copied().unwrap_or(1 << 20);
+        let fifo = crate::usize_from(fifo);
         let used = self.printed[0].len() + self.printed[1].len();
         let n = text.len().min(fifo.saturating_sub(used));
         self.printed[stream].extend_from_slice(&text[..n]);
@@ -166,11 +167,11 @@ impl SimContext {
     }
 
     pub(super) fn copy_ns(&self, bytes: u64) -> u64 {
-        (bytes as f64 / self.params.copy_gbps) as u64
+        crate::sat_u64(bytes as f64 / self.params.copy_gbps)
     }
 
     pub(super) fn mem_ns(&self, bytes: u64) -> u64 {
-        (bytes as f64 / self.params.mem_gbps) as u64
+        crate::sat_u64(bytes as f64 / self.params.mem_gbps)
     }
 
     pub(super) fn wait_until(t: Instant) {

@@ -43,7 +43,7 @@ fn threads(grid: Dim3, block: Dim3) -> u64 {
 
 fn k_vector_add(c: &mut SimContext, grid: Dim3, block: Dim3, p: &[u8]) -> Result<u64, Status> {
     let (a, b, out, n) = (u64_at(p, 0), u64_at(p, 8), u64_at(p, 16), u32_at(p, 24));
-    let n = (u64::from(n)).min(threads(grid, block)) as usize;
+    let n = crate::usize_from(u64::from(n).min(threads(grid, block)));
     let x = c.read_f32s(a, n)?;
     let y = c.read_f32s(b, n)?;
     let z: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
@@ -54,7 +54,7 @@ fn k_vector_add(c: &mut SimContext, grid: Dim3, block: Dim3, p: &[u8]) -> Result
 fn k_saxpy(c: &mut SimContext, grid: Dim3, block: Dim3, p: &[u8]) -> Result<u64, Status> {
     let a = f32::from_bits(u32_at(p, 0));
     let (x, y, n) = (u64_at(p, 4), u64_at(p, 12), u32_at(p, 20));
-    let n = (u64::from(n)).min(threads(grid, block)) as usize;
+    let n = crate::usize_from(u64::from(n).min(threads(grid, block)));
     let xs = c.read_f32s(x, n)?;
     let mut ys = c.read_f32s(y, n)?;
     for (yi, xi) in ys.iter_mut().zip(&xs) {
@@ -109,8 +109,9 @@ fn k_spin_blocks(c: &mut SimContext, grid: Dim3, _b: Dim3, p: &[u8]) -> Result<u
     let (out, ns) = (u64_at(p, 0), u64_at(p, 8).min(10_000_000_000));
     let blocks = grid.x;
     let (mut buf, off) = c.locate(out, u64::from(blocks) * 4)?;
-    for b in 0..blocks as usize {
-        buf[off + 4 * b..off + 4 * b + 4].copy_from_slice(&(b as u32).to_le_bytes());
+    for b in 0..blocks {
+        let at = off + 4 * crate::usize_from(u64::from(b));
+        buf[at..at + 4].copy_from_slice(&b.to_le_bytes());
     }
     let waves = u64::from(blocks).div_ceil(132 * 32);
     Ok(waves.saturating_mul(ns).min(10_000_000_000))
@@ -130,7 +131,11 @@ fn k_atomic_count(c: &mut SimContext, grid: Dim3, block: Dim3, p: &[u8]) -> Resu
             .try_into()
             .map_err(|_| Status::IllegalAddress)?,
     );
-    buf[off..off + 4].copy_from_slice(&v.wrapping_add(threads as u32).to_le_bytes());
+    // The count wraps at 2^32, as a GPU's 32-bit atomicAdd would: keeping
+    // the low 32 bits of the threads is the point.
+    #[allow(clippy::cast_possible_truncation)]
+    let added = v.wrapping_add(threads as u32);
+    buf[off..off + 4].copy_from_slice(&added.to_le_bytes());
     Ok(threads.min(10_000_000_000))
 }
 
@@ -163,7 +168,7 @@ pub(super) fn vector_add_params(a: u64, b: u64, c: u64, n: u32) -> Vec<u8> {
 /// `printf("kernel %d thread %d\n", tag, threadIdx.x)` in every thread of
 /// one block (the model prints the first block's threads, in order).
 fn k_printf(c: &mut SimContext, _grid: Dim3, block: Dim3, p: &[u8]) -> Result<u64, Status> {
-    let tag = u32_at(p, 0) as i32;
+    let tag = i32::from_le_bytes(u32_at(p, 0).to_le_bytes());
     let mut text = Vec::new();
     for t in 0..block.x {
         text.extend_from_slice(format!("kernel {tag} thread {t}\n").as_bytes());

@@ -123,7 +123,7 @@ impl Launches for SimContext {
             self.slice_ns.insert(func, ns);
         }
         let ns = self.slice_ns.get(&func).copied().unwrap_or(0);
-        let part = (ns as f64 * f64::from(grid.x) / f64::from(grid_x)) as u64;
+        let part = crate::sat_u64(ns as f64 * f64::from(grid.x) / f64::from(grid_x));
         self.submit(part, stream);
         Ok(())
     }
@@ -158,6 +158,6 @@ impl Timing for SimContext {
     fn period_ns(&mut self) -> Option<u64> {
         let (a, b) = self.period.take()?;
         let b = b?;
-        (Instant::now() >= b).then(|| b.saturating_duration_since(a).as_nanos() as u64)
+        (Instant::now() >= b).then(|| crate::nanos(b.saturating_duration_since(a)))
     }
 }

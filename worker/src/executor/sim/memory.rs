@@ -44,14 +44,14 @@ impl SimContext {
         if let Some((&base, buf)) = self.mem.range(..=ptr).next_back() {
             let g = lock(buf);
             if fits(base, g.len() as u64) {
-                return Ok((g, (ptr - base) as usize));
+                return Ok((g, crate::usize_from(ptr - base)));
             }
         }
         // Mapped VMM memory: the handle's bytes.
         if let Some((&va, &(size, h, offset))) = self.vmm_maps.range(..=ptr).next_back() {
             if fits(va, size) {
                 let buf = self.vmm_phys.get(&h).ok_or(Status::IllegalAddress)?;
-                return Ok((lock(buf), (offset + ptr - va) as usize));
+                return Ok((lock(buf), crate::usize_from(offset + ptr - va)));
             }
         }
         let (&base, &(size, ref shared)) = self
@@ -62,7 +62,10 @@ impl SimContext {
         if !fits(base, size) {
             return Err(Status::IllegalAddress);
         }
-        Ok((lock(&shared.buf), (shared.offset + ptr - base) as usize))
+        Ok((
+            lock(&shared.buf),
+            crate::usize_from(shared.offset + ptr - base),
+        ))
     }
 
     /// What another context of the worker needs to reach `[base, base +
@@ -139,9 +142,9 @@ impl SimContext {
         for (p, n) in self.pieces(src, dst.len() as u64) {
             let (buf, off) = self.locate(p, n)?;
             let part = dst
-                .subslice((p - src) as usize, n as usize)
+                .subslice(crate::usize_from(p - src), crate::usize_from(n))
                 .map_err(|_| Status::InvalidValue)?;
-            part.copy_from(&buf[off..off + n as usize]);
+            part.copy_from(&buf[off..off + crate::usize_from(n)]);
         }
         Ok(())
     }
@@ -182,9 +185,9 @@ impl Memory for SimContext {
         for (p, n) in self.pieces(dst, len as u64) {
             let (mut buf, off) = self.locate(p, n)?;
             let part = src
-                .subslice((p - dst) as usize, n as usize)
+                .subslice(crate::usize_from(p - dst), crate::usize_from(n))
                 .map_err(|_| Status::InvalidValue)?;
-            part.copy_to(&mut buf[off..off + n as usize]);
+            part.copy_to(&mut buf[off..off + crate::usize_from(n)]);
         }
         let ns = self.copy_ns(len as u64);
         self.submit(ns, stream);
@@ -221,12 +224,13 @@ impl Memory for SimContext {
         let mut data = Vec::new();
         for (p, n) in self.pieces(src, len) {
             let (buf, off) = self.locate(p, n)?;
-            data.extend_from_slice(&buf[off..off + n as usize]);
+            data.extend_from_slice(&buf[off..off + crate::usize_from(n)]);
         }
         for (p, n) in self.pieces(dst, len) {
             let (mut out, off) = self.locate(p, n)?;
-            let from = (p - dst) as usize;
-            out[off..off + n as usize].copy_from_slice(&data[from..from + n as usize]);
+            let from = crate::usize_from(p - dst);
+            out[off..off + crate::usize_from(n)]
+                .copy_from_slice(&data[from..from + crate::usize_from(n)]);
         }
         let ns = self.mem_ns(2 * len);
         self.submit(ns, stream);
@@ -249,8 +253,8 @@ impl Memory for SimContext {
         for (p, n) in self.pieces(dst, len) {
             let (mut buf, off) = self.locate(p, n)?;
             // The pattern by byte offset from `dst` (pieces split anywhere).
-            let from = (p - dst) as usize;
-            for (i, b) in buf[off..off + n as usize].iter_mut().enumerate() {
+            let from = crate::usize_from(p - dst);
+            for (i, b) in buf[off..off + crate::usize_from(n)].iter_mut().enumerate() {
                 *b = pat[(from + i) % w];
             }
         }

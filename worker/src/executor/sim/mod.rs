@@ -150,7 +150,8 @@ impl Executor for SimExecutor {
     }
 
     fn devices(&self) -> u32 {
-        self.queues.len() as u32
+        // One queue per GPU of a u32 count (`[sim] gpus`).
+        u32::try_from(self.queues.len()).unwrap_or(u32::MAX)
     }
 
     fn device(&self) -> u32 {

@@ -120,7 +120,9 @@ impl Modules for SimContext {
         // A Hopper-like multiprocessor: 2048 threads, 32 blocks, 228 KiB shared memory.
         let by_threads = 2048 / block_size.max(1);
         let by_smem = (228u32 << 10).checked_div(shared_mem).unwrap_or(u32::MAX);
-        Ok(by_threads.min(by_smem).min(32) as i32)
+        #[allow(clippy::cast_possible_wrap)] // at most 32
+        let blocks = by_threads.min(by_smem).min(32) as i32;
+        Ok(blocks)
     }
 
     fn available_smem(
@@ -162,16 +164,18 @@ impl Modules for SimContext {
     ) -> Result<i32, Status> {
         // Hopper: portable clusters of up to 8 blocks; a cluster's blocks
         // share one GPC, 132 multiprocessors in GPCs of 16 or 18.
+        // A block of more threads than a u32 holds (the guest's three
+        // dimensions multiplied) is no block a GPU runs.
+        let threads = u32::try_from(shape.block.count()).map_err(|_| Status::InvalidValue)?;
         if potential {
-            let per_sm =
-                self.occupancy(shape.func, shape.block.count() as u32, shape.shared_mem)?;
+            let per_sm = self.occupancy(shape.func, threads, shape.shared_mem)?;
             return Ok(if per_sm == 0 { 0 } else { 8 });
         }
         if cluster.count() > 8 {
             return Err(Status::InvalidClusterSize);
         }
-        let size = cluster.count().max(1) as i32;
-        let per_sm = self.occupancy(shape.func, shape.block.count() as u32, shape.shared_mem)?;
+        let size = i32::try_from(cluster.count().max(1)).map_err(|_| Status::InvalidClusterSize)?;
+        let per_sm = self.occupancy(shape.func, threads, shape.shared_mem)?;
         let per_gpc = per_sm * 16;
         Ok((per_gpc / size) * 8)
     }
@@ -196,5 +200,44 @@ impl Modules for SimContext {
         let mut v = out.into_bytes();
         v.push(0);
         Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::executor::sim::{SimExecutor, SimParams};
+    use crate::executor::{Executor, Launch};
+    use protocol::{Dim3, ImageKind, Status};
+
+    #[test]
+    fn a_block_past_u32_threads_is_refused_not_truncated() {
+        let mut ctx = SimExecutor::new(SimParams::default()).open().unwrap();
+        let m = ctx
+            .load_module(ImageKind::Ptx, crate::KERNELS_PTX.as_bytes())
+            .unwrap();
+        let (func, _) = ctx.function(m, "vector_add").unwrap();
+        let one = Dim3 { x: 1, y: 1, z: 1 };
+        let shape = |block| Launch {
+            func,
+            grid: one,
+            block,
+            shared_mem: 0,
+        };
+        let fine = Dim3 { x: 256, y: 1, z: 1 };
+        assert_eq!(ctx.occupancy_clusters(shape(fine), one, true), Ok(8));
+        assert_eq!(ctx.occupancy_clusters(shape(fine), one, false), Ok(1024));
+        // 65536 x 65536 threads is 2^32: as a u32 it would read 0, a block
+        // the model gives the most room to.
+        let huge = Dim3 {
+            x: 65536,
+            y: 65536,
+            z: 1,
+        };
+        for potential in [true, false] {
+            assert_eq!(
+                ctx.occupancy_clusters(shape(huge), one, potential),
+                Err(Status::InvalidValue)
+            );
+        }
     }
 }

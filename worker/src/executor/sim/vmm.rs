@@ -148,7 +148,7 @@ mod tests {
         ctx.vmm_map(va, 2 * G, 0, a).unwrap();
         ctx.vmm_map(va + 2 * G, G, G, b).unwrap();
         // A copy across the two mappings, as one range.
-        let mut data: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+        let mut data: Vec<u8> = (0..=255u8).cycle().take(4096).collect();
         let at = va + 2 * G - 2048;
         ctx.htod(at, &VolatileSlice::from(&mut data[..]), 0)
             .unwrap();
@@ -196,7 +196,9 @@ mod tests {
         assert_eq!(ctx.vmm_create(G, 2), Err(Status::InvalidValue));
         let va = ctx.vmm_reserve(G, 0, 0).unwrap();
         ctx.vmm_map(va, G, 0, c).unwrap();
-        let mut data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        let mut data: Vec<u8> = (0..4096u32)
+            .map(|i| u8::try_from(i * 7 % 256).unwrap())
+            .collect();
         ctx.htod(va + 4096, &VolatileSlice::from(&mut data[..]), 0)
             .unwrap();
         let mut back = vec![0u8; 4096];

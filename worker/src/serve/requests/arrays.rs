@@ -26,7 +26,7 @@ pub(super) fn handle(
     req: Request,
 ) -> Result<(), Error> {
     let tex = if matches!(req, Request::TexCreate) {
-        let mut b = vec![0u8; d.data_len.min(TEX_PARAMS_BYTES as u32 + 1) as usize];
+        let mut b = vec![0u8; crate::usize_from(u64::from(d.data_len)).min(TEX_PARAMS_BYTES + 1)];
         c.host.req.data(d)?.copy_to(&mut b[..]);
         Some(TexParams::decode(&b).map_err(|_| Status::InvalidValue))
     } else {

@@ -277,17 +277,17 @@ fn estimate(
     } = shape;
     // The monitor: how much of the GPU's cores this launch can
     // occupy, weighted by its estimated time.
+    // A block past u32::MAX threads (the guest's dimensions multiplied)
+    // is asked as u32::MAX, which no GPU runs: the same key and the same
+    // question, never a truncated block that looks small.
+    let threads = u32::try_from(block.count()).unwrap_or(u32::MAX);
     let bps = *s
         .occupancy
-        .entry((
-            func,
-            block.count().min(u64::from(u32::MAX)) as u32,
-            shared_mem,
-        ))
+        .entry((func, threads, shared_mem))
         .or_insert_with(|| {
             s.ctx
-                .occupancy(func, block.count() as u32, shared_mem)
-                .map_or(0, |n| n.max(0) as u32)
+                .occupancy(func, threads, shared_mem)
+                .map_or(0, |n| u32::try_from(n).unwrap_or(0))
         });
     let resident = u64::from(bps).saturating_mul(u64::from(sm_count)).max(1);
     let fraction = (grid.count() as f64 / resident as f64).min(1.0);

@@ -117,7 +117,7 @@ fn run(
             reply(port, c, tag, opc, r, &[])
         }
         Request::TensorMapEncode => {
-            let mut b = vec![0u8; d.data_len.min(PARAMS_BYTES as u32) as usize];
+            let mut b = vec![0u8; crate::usize_from(u64::from(d.data_len)).min(PARAMS_BYTES)];
             c.host.req.data(d)?.copy_to(&mut b[..]);
             let r = TensorMapParams::decode(&b)
                 .map_err(|_| Status::InvalidValue)
@@ -136,7 +136,7 @@ fn run(
                 .function(func)
                 .map(drop)
                 .and_then(|()| s.ctx.func_attribute(func, attr))
-                .map(|v| Reply::one(u64::from(v as u32)));
+                .map(reply_i32);
             reply(port, c, tag, opc, r, &[])
         }
         Request::FuncSetAttribute { func, attr, value } => {
@@ -155,7 +155,7 @@ fn run(
                 .function(func)
                 .map(drop)
                 .and_then(|()| s.ctx.occupancy(func, block_size, shared_mem))
-                .map(|v| Reply::one(u64::from(v as u32)));
+                .map(reply_i32);
             reply(port, c, tag, opc, r, &[])
         }
         Request::OccupancySmem {
@@ -187,7 +187,7 @@ fn run(
                 .function(func)
                 .map(drop)
                 .and_then(|()| s.ctx.occupancy_clusters(shape, cluster, potential))
-                .map(|v| Reply::one(u64::from(v as u32)));
+                .map(reply_i32);
             reply(port, c, tag, opc, r, &[])
         }
         _ => super::misrouted(port, c, d, "module"),
@@ -233,4 +233,10 @@ fn functions(
         }
         Err(e) => reply(port, c, tag, opc, Err(e), &[]),
     }
+}
+
+/// The reply to a request answered with an `int`: its 32 bits, which the
+/// guest reads back as an `int` (a negative value stays negative).
+fn reply_i32(v: i32) -> Reply {
+    Reply::one(u64::from(u32::from_ne_bytes(v.to_ne_bytes())))
 }
