@@ -83,8 +83,13 @@ fn a_vm_that_keeps_a_standby_from_its_start_recovers_from_its_first_fault_on_it(
     let lib = standin(&dir);
     let exe = build_c_standin("faults", &dir, &lib, &[]);
     let sock = d.socket("vm1");
-    // Before any fault, a standby beside the serving worker.
+    // Before any fault, a standby beside the serving worker, which the
+    // status shows.
     await_log(&d, "standby worker ready");
+    d.wait("the status's standby ready", Duration::from_secs(5), |d| {
+        d.vgpu("vm1").is_ok_and(|v| v["standby"] == "ready")
+    })
+    .unwrap();
     let out = run(&exe, &lib, &sock, "trap");
     assert!(
         text(&out.stdout).contains("trap sync: CUDA_ERROR_LAUNCH_FAILED"),
@@ -118,6 +123,8 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
     let lib = standin(&dir);
     let exe = build_c_standin("faults", &dir, &lib, &[]);
     let sock = d.socket("vm1");
+    // A VM that never faulted keeps no standby.
+    assert_eq!(d.vgpu("vm1").unwrap()["standby"], "none");
 
     // printf: the kernel's lines at the synchronize, before what follows.
     let out = run(&exe, &lib, &sock, "printf");

@@ -102,6 +102,9 @@ pub struct ControlPlane {
     vcpus: Mutex<HashMap<String, Vec<u32>>>,
     /// Worker restarts per VM since the daemon started.
     restarts: Mutex<HashMap<String, u64>>,
+    /// Each VM's fault standby worker: "ready", "starting" (status
+    /// `standby`; a VM missing here has none).
+    standbys: Mutex<HashMap<String, &'static str>>,
     /// Per VM: log lines about its peers the daemon suppressed (its
     /// ivshmem server's count, see `transport::ratelimit`).
     daemon_logs_suppressed: Mutex<HashMap<String, Arc<std::sync::atomic::AtomicU64>>>,
@@ -155,6 +158,7 @@ impl ControlPlane {
             events: Mutex::new(VecDeque::new()),
             vcpus: Mutex::new(HashMap::new()),
             restarts: Mutex::new(HashMap::new()),
+            standbys: Mutex::new(HashMap::new()),
             daemon_logs_suppressed: Mutex::new(HashMap::new()),
             image_store: Mutex::new(None),
             current: Mutex::new(HashMap::new()),
@@ -275,6 +279,17 @@ impl ControlPlane {
     /// Where the daemon's module image store counts (status `image_store`).
     pub fn watch_image_store(&self, stats: Arc<crate::image_store::StoreStats>) {
         *lock(&self.image_store) = Some(stats);
+    }
+
+    /// Whether `vm` has a standby worker and whether it is ready (`None`:
+    /// none), for the status's `standby`.
+    pub fn set_standby(&self, vm: &str, ready: Option<bool>) {
+        let mut m = lock(&self.standbys);
+        match ready {
+            None => m.remove(vm),
+            Some(true) => m.insert(vm.to_owned(), "ready"),
+            Some(false) => m.insert(vm.to_owned(), "starting"),
+        };
     }
 
     /// Counts a restart of a VM's worker (status `worker_restarts`).

@@ -155,6 +155,7 @@ impl ControlPlane {
                 "memory_used_bytes": r.1.report.mem_used,
                 "memory_limit_bytes": v.memory_limit_mib << 20,
                 "worker_restarts": lock(&self.restarts).get(&v.name).copied().unwrap_or(0),
+                "standby": lock(&self.standbys).get(&v.name).copied().unwrap_or("none"),
                 "gpu": g,
                 "demand": demand(r.0),
                 "occupancy": r.1.report.occupancy_ppm as f64 / 1e6,

@@ -171,6 +171,7 @@ impl Supervisor {
             let dying = self.dying();
             self.restart_due(&dying)?;
             self.start_standbys(&want, &dying)?;
+            self.report_standbys();
             self.on_migrations();
             self.balance(&want);
             std::thread::sleep(Duration::from_millis(20));

@@ -250,6 +250,19 @@ impl Supervisor {
         }
     }
 
+    /// Tells the control plane which VMs have a standby worker and whether
+    /// it is ready (status `standby`).
+    pub(super) fn report_standbys(&self) {
+        for w in &self.children {
+            let ready = w.standby.as_ref().map(|_| {
+                self.hosts
+                    .get(&w.name)
+                    .is_some_and(crate::link::VmHost::standby_ready)
+            });
+            self.plane.set_standby(&w.name, ready);
+        }
+    }
+
     /// Workers whose restart is due start again. New clients of an MPS
     /// server start only once every client it had is gone (`dying`), as
     /// the server needs (measured on an H100: starting them at once, their
