@@ -54,17 +54,22 @@ fn next_process_computes(exe: &Path, lib: &Path, socket: &Path) -> Duration {
 
 /// Waits until the daemon's log holds `line`.
 fn await_log(d: &DaemonProc, line: &str) {
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(d.log_path())
-        .unwrap()
-        .contains(line)
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no {line:?} in the log"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    d.wait(
+        &format!("{line:?} in the log"),
+        Duration::from_secs(30),
+        |d| std::fs::read_to_string(d.log_path()).is_ok_and(|l| l.contains(line)),
+    )
+    .unwrap();
+}
+
+/// A process whose kernel traps gets `CUDA_ERROR_LAUNCH_FAILED` itself.
+fn trap_fails_its_own_process(exe: &Path, lib: &Path, socket: &Path) {
+    let out = run(exe, lib, socket, "trap");
+    assert!(
+        text(&out.stdout).contains("trap sync: CUDA_ERROR_LAUNCH_FAILED"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 #[test]
@@ -90,12 +95,7 @@ fn a_vm_that_keeps_a_standby_from_its_start_recovers_from_its_first_fault_on_it(
         d.vgpu("vm1").is_ok_and(|v| v["standby"] == "ready")
     })
     .unwrap();
-    let out = run(&exe, &lib, &sock, "trap");
-    assert!(
-        text(&out.stdout).contains("trap sync: CUDA_ERROR_LAUNCH_FAILED"),
-        "{}",
-        text(&out.stdout)
-    );
+    trap_fails_its_own_process(&exe, &lib, &sock);
     next_process_computes(&exe, &lib, &sock);
     let log = std::fs::read_to_string(d.log_path()).unwrap();
     assert!(
@@ -159,12 +159,7 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
     await_log(&d, "standby worker started");
 
     // A trap.
-    let out = run(&exe, &lib, &sock, "trap");
-    assert!(
-        text(&out.stdout).contains("trap sync: CUDA_ERROR_LAUNCH_FAILED"),
-        "{}",
-        text(&out.stdout)
-    );
+    trap_fails_its_own_process(&exe, &lib, &sock);
     let after_trap = next_process_computes(&exe, &lib, &sock);
     eprintln!(
         "next process computed {} ms after an assert, {} ms after a trap",
