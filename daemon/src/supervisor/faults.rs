@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use worker::process::EXIT_POISONED;
 
-use super::workers::{signal_child, stop_child, Supervised, STANDBY_AFTER};
+use super::workers::{restart_later, signal_child, stop_child, Supervised, STANDBY_AFTER};
 use super::Supervisor;
 use crate::config::Config;
 use crate::control::ControlPlane;
@@ -77,15 +77,11 @@ impl Supervisor {
                 self.ending.push(Ending::kill(&w.name, child, gpu, w.side));
             }
             if !promote_fault_standby(&self.plane, want, host, w, gpu) {
-                self.plane.event(
-                    "worker",
-                    format!(
-                        "{}: worker ended (a CUDA error poisoned its GPU contexts); restarting it on the same region",
-                        w.name
-                    ),
+                restart_later(
+                    &self.plane,
+                    w,
+                    "ended (a CUDA error poisoned its GPU contexts)",
                 );
-                self.plane.worker_restarted(&w.name);
-                w.restart_at = Some(Instant::now() + w.backoff());
             }
         }
         mps_faults

@@ -236,15 +236,7 @@ impl Supervisor {
         } else {
             status.to_string()
         };
-        self.plane.event(
-            "worker",
-            format!(
-                "{}: worker exited ({why}); restarting it on the same region",
-                w.name
-            ),
-        );
-        self.plane.worker_restarted(&w.name);
-        w.restart_at = Some(Instant::now() + w.backoff());
+        restart_later(&self.plane, w, &format!("exited ({why})"));
         if self.mps.contains_key(&gpu) && crashed && !mps_faults.contains(&gpu) {
             mps_faults.push(gpu);
         }
@@ -362,6 +354,20 @@ pub(super) fn signal_child(child: &Child, sig: nix::sys::signal::Signal) {
 pub(super) fn stop_child(child: &mut Child) {
     signal_child(child, nix::sys::signal::Signal::SIGTERM);
     let _ = child.wait();
+}
+
+/// `w`'s worker `ended` ("exited (..)", "ended (..)"): said in the events
+/// and counted, and a new one started on the same region after its backoff.
+pub(super) fn restart_later(plane: &ControlPlane, w: &mut Supervised, ended: &str) {
+    plane.event(
+        "worker",
+        format!(
+            "{}: worker {ended}; restarting it on the same region",
+            w.name
+        ),
+    );
+    plane.worker_restarted(&w.name);
+    w.restart_at = Some(Instant::now() + w.backoff());
 }
 
 #[cfg(test)]
