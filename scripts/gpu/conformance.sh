@@ -57,6 +57,14 @@ field() { echo "$2" | sed -n "s/.*\b$1=\([0-9.]*\).*/\1/p"; }
 # The first timing a program prints of its own, if any.
 own() { grep -aiE '(time|throughput|bandwidth)[^0-9]*[0-9]' "$1" | head -1 | tr -s ' \t' ' ' | cut -c1-60; }
 TR=$PWD/scripts/gpu/timed_run.py
+# Runs program $1 natively (output to $2) and through the stand-in (output
+# to $3): timed_run.py's lines in nl and sl, the exit statuses in nrc, src.
+run_both() {
+    local d=.samples/bin/$1
+    nl=$(cd $d && LD_LIBRARY_PATH=$NV:$LIBS python3 $TR $D $T $2 ./$1); nrc=$?
+    sl=$(cd $d && FAIRVGPU_LIBCUDA_DEBUG=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
+        LD_LIBRARY_PATH=$W/lib:$LIBS python3 $TR $D $T $3 ./$1); src=$?
+}
 
 # Each program's time limit, natively and through the stand-in.
 T=${T:-60}
@@ -65,12 +73,9 @@ names=("$@")
 [ ${#names[@]} -eq 0 ] && names=($(ls .samples/bin))
 native_pass=0 pass=0
 for n in "${names[@]}"; do
-    d=.samples/bin/$n
     # Each run's wall and CPU time, and the CPU the daemon and its workers
     # spent meanwhile (scripts/gpu/timed_run.py).
-    nl=$(cd $d && LD_LIBRARY_PATH=$NV:$LIBS python3 $TR $D $T $W/logs/$n.native ./$n); nrc=$?
-    sl=$(cd $d && FAIRVGPU_LIBCUDA_DEBUG=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
-        LD_LIBRARY_PATH=$W/lib:$LIBS python3 $TR $D $T $W/logs/$n.standin ./$n); src=$?
+    run_both $n $W/logs/$n.native $W/logs/$n.standin
     ns=$(field wall "$nl"); ss=$(field wall "$sl")
     nv=$(verdict $W/logs/$n.native); sv=$(verdict $W/logs/$n.standin)
     if [ $nrc -eq 0 ]; then
@@ -91,9 +96,7 @@ for n in "${names[@]}"; do
         # Over 1.05: both ways once more, the lesser wall of each counts
         # (a program whose own CPU time swings with the machine's load
         # reads up to 1.3 either way in one run; both tries are printed).
-        nl=$(cd $d && LD_LIBRARY_PATH=$NV:$LIBS python3 $TR $D $T /dev/null ./$n)
-        sl=$(cd $d && FAIRVGPU_LIBCUDA_DEBUG=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
-            LD_LIBRARY_PATH=$W/lib:$LIBS python3 $TR $D $T /dev/null ./$n)
+        run_both $n /dev/null /dev/null
         ns2=$(field wall "$nl"); ss2=$(field wall "$sl")
         echo "   again: wall ${ns2}s ${ss2}s  cpu $(field cpu "$nl") $(field cpu "$sl")"
         ns=$(awk -v a=$ns -v b=$ns2 'BEGIN { print (b > 0 && b < a) ? b : a }')
