@@ -243,6 +243,18 @@ impl Producer {
         self.ring.sleeping()
     }
 
+    /// Number of messages published that the consumer has not taken yet
+    /// (its tail re-read and validated). The host asks this of a reply
+    /// ring: a guest that has not taken its reply has not run since.
+    pub fn unread(&self) -> Result<u32> {
+        let tail = self.ring.tail()?.load(Ordering::Acquire);
+        let used = self.head.wrapping_sub(tail);
+        if used > self.ring.entries {
+            return Err(self.ring.corrupt("consumer tail", u64::from(tail)));
+        }
+        Ok(used)
+    }
+
     /// Whether a slot is free, re-reading (and validating) the consumer's
     /// tail only when the cached one says the ring is full.
     fn has_slot(&mut self) -> Result<bool> {
@@ -487,6 +499,31 @@ mod tests {
         );
         assert_eq!(c.try_recv(&mut buf).unwrap().unwrap().tag, 11);
         assert_eq!(buf, vec![2; 3000]);
+    }
+
+    #[test]
+    fn unread_counts_what_the_consumer_has_not_taken_and_checks_its_tail() {
+        let (_m, mut p, mut c, rm) = ring(4, 4096);
+        assert_eq!(p.unread().unwrap(), 0);
+        for i in 0..3 {
+            assert!(p.try_send(&Descriptor::new(i, 1), &[]).unwrap());
+        }
+        assert_eq!(p.unread().unwrap(), 3);
+        let mut buf = Vec::new();
+        c.try_recv(&mut buf).unwrap().unwrap();
+        assert_eq!(p.unread().unwrap(), 2);
+        c.try_recv(&mut buf).unwrap().unwrap();
+        c.try_recv(&mut buf).unwrap().unwrap();
+        assert_eq!(p.unread().unwrap(), 0);
+        // A consumer tail ahead of the head (a hostile guest) is an error.
+        rm.tail().unwrap().store(9, Ordering::Release);
+        assert!(matches!(
+            p.unread(),
+            Err(Error::CorruptIndex {
+                what: "consumer tail",
+                ..
+            })
+        ));
     }
 
     #[test]

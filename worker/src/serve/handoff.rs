@@ -32,6 +32,12 @@ pub struct Handoff {
     pub first_submit_ns: AtomicU64,
     /// Replies that had to wake a sleeping guest (its doorbell rung).
     pub guest_bells: AtomicU64,
+    /// Times a holder with nothing to run kept the grant because a guest
+    /// had not yet taken its reply (it had not run since: on a busy host,
+    /// waiting for a CPU), and the time it so waited (ns).
+    pub late_guests: AtomicU64,
+    /// See `late_guests`.
+    pub late_guest_ns: AtomicU64,
 }
 
 impl Handoff {
@@ -47,6 +53,8 @@ impl Handoff {
             first_submits: l(&self.first_submits),
             first_submit_ns: l(&self.first_submit_ns),
             guest_bells: l(&self.guest_bells),
+            late_guests: l(&self.late_guests),
+            late_guest_ns: l(&self.late_guest_ns),
         }
     }
 
@@ -68,6 +76,8 @@ pub struct Figures {
     pub first_submits: u64,
     pub first_submit_ns: u64,
     pub guest_bells: u64,
+    pub late_guests: u64,
+    pub late_guest_ns: u64,
 }
 
 fn mean_us(ns: u64, n: u64) -> f64 {
@@ -105,21 +115,25 @@ impl Figures {
             first_submits: a.first_submits + f.first_submits,
             first_submit_ns: a.first_submit_ns + f.first_submit_ns,
             guest_bells: a.guest_bells + f.guest_bells,
+            late_guests: a.late_guests + f.late_guests,
+            late_guest_ns: a.late_guest_ns + f.late_guest_ns,
         })
     }
 
     /// One line: grants (idle releases), mean hold, drain and grant to
-    /// first submission, drain sleeps, guest wakes.
+    /// first submission, drain sleeps, guest wakes, waits for late guests.
     pub fn line(&self) -> String {
         format!(
-            "grants {} (idle {}) held {:.0} us drain {:.1} us grant->submit {:.1} us drain_sleeps {} guest_bells {}",
+            "grants {} (idle {}) held {:.0} us drain {:.1} us grant->submit {:.1} us drain_sleeps {} guest_bells {} late_guests {} ({:.1} us each)",
             self.grants,
             self.idle_releases,
             self.held_us(),
             self.drain_us(),
             self.first_submit_us(),
             self.drain_sleeps,
-            self.guest_bells
+            self.guest_bells,
+            self.late_guests,
+            mean_us(self.late_guest_ns, self.late_guests)
         )
     }
 }
@@ -158,11 +172,15 @@ mod tests {
             first_submits: 7,
             first_submit_ns: 8,
             guest_bells: 9,
+            late_guests: 10,
+            late_guest_ns: 11,
         };
         let s = Figures::sum([&a, &a]);
         assert_eq!(s.grants, 2);
         assert_eq!(s.guest_bells, 18);
         assert_eq!(s.first_submit_ns, 16);
         assert_eq!(s.idle_releases, 6);
+        assert_eq!(s.late_guests, 20);
+        assert_eq!(s.late_guest_ns, 22);
     }
 }

@@ -31,6 +31,8 @@ impl Worker {
     /// Marks every session's work and stops issuing device work until the
     /// grant is back (see [`Worker::poll_release`]).
     pub(super) fn begin_release(&mut self, still_active: bool) -> Result<(), Error> {
+        // A wait for a late guest ends with the grant it was waited in.
+        self.late_guest_came();
         let mut marks = Vec::new();
         for (&id, e) in self.sessions.iter_mut() {
             let s = &mut e.s;
@@ -104,6 +106,7 @@ impl Worker {
         self.sh.slice.releasing = false;
         self.sh.slice.issued_ns = 0;
         let used = std::mem::take(&mut self.sh.slice.charged_ns);
+        self.sh.slice.late_free_ns = 0;
         self.sh
             .port
             .stats

@@ -263,6 +263,8 @@ impl Worker {
                     slice_blocks: cfg.slice_blocks,
                     time_launches: cfg.time_launches,
                     charged_ns: 0,
+                    late_since: None,
+                    late_free_ns: 0,
                     issued_ns: 0,
                     meter: sched::accounting::PeriodMeter::new(cfg.sample_every),
                     params: Vec::new(),

@@ -102,6 +102,11 @@ pub(super) struct Slice {
     pub time_launches: bool,
     /// GPU time measured under the current grant (busy periods).
     pub charged_ns: u64,
+    /// Since when the holder waits for a late guest (see
+    /// `Worker::late_guest`).
+    pub late_since: Option<std::time::Instant>,
+    /// Time the current grant was kept, uncharged, for late guests.
+    pub late_free_ns: u64,
     /// GPU time issued under the current grant, by the kernels' estimates:
     /// what says whether more work fits in the slice.
     pub issued_ns: u64,
