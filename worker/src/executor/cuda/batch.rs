@@ -276,11 +276,54 @@ impl<T> Slots<T> {
     }
 }
 
+/// Chunks of one size a stream submits without a template before its
+/// template of that size is built: building and instantiating one costs
+/// the host several launches' time, which a stream that launches once or
+/// twice (`simpleHyperQ`'s 32 streams) never earns back.
+const BUILD_AT: u32 = 3;
+
+/// Counts each (stream, size)'s chunks submitted without a template, to
+/// build one only for a stream that keeps launching ([`BUILD_AT`]).
+#[derive(Default)]
+struct Warmup {
+    misses: std::collections::HashMap<(u64, usize), u32>,
+}
+
+impl Warmup {
+    /// Counts one more chunk of `size` on `stream` without a template;
+    /// whether its template is due now.
+    fn due(&mut self, stream: u64, size: usize) -> bool {
+        let n = self.misses.entry((stream, size)).or_insert(0);
+        *n += 1;
+        if *n < BUILD_AT {
+            return false;
+        }
+        self.misses.remove(&(stream, size));
+        true
+    }
+
+    fn forget_stream(&mut self, stream: u64) {
+        self.misses.retain(|&(s, _), _| s != stream);
+    }
+}
+
+/// Why no template launched a chunk.
+enum NoTemplate {
+    /// Its stream has not launched enough chunks of its size yet.
+    NotDue,
+    /// The driver refused to build it.
+    Failed(CUresult),
+}
+
 /// A context's templates, one per stream and size in [`SIZES`].
 pub(super) struct Templates {
     /// The smallest chunk submitted as a graph (0: none is).
     min: usize,
     kept: Slots<Template>,
+    warmup: Warmup,
+    /// Streams whose last operation was an event record: their next single
+    /// launch goes to `cuLaunchKernel` (see [`Templates::recorded`]).
+    after_record: std::collections::HashSet<u64>,
     /// Failed builds per size (a kernel or configuration a graph cannot
     /// hold fails on any stream).
     failures: [u8; SIZES.len()],
@@ -296,8 +339,21 @@ impl Templates {
                 GraphLaunches::All => 1,
             },
             kept: Slots::new(MAX_TEMPLATES),
+            warmup: Warmup::default(),
+            after_record: std::collections::HashSet::new(),
             failures: [0; SIZES.len()],
         }
+    }
+
+    /// Guest stream `s` recorded an event. A program that records an event
+    /// before a kernel and one after it measures the kernel on the device,
+    /// and a one-node graph launched between two event records started its
+    /// kernel later than `cuLaunchKernel` does (`stereoDisparity`'s kernel:
+    /// 0.12-0.16 ms against 0.08 natively and with `cuLaunchKernel`, on an
+    /// H100, `results/2026-11-26-h100-graph-launch-timing.md`): that launch
+    /// goes straight.
+    pub(super) fn recorded(&mut self, s: u64) {
+        self.after_record.insert(s);
     }
 
     /// Submits `nodes` on `st` (the guest's stream `s`) as one graph
@@ -315,19 +371,28 @@ impl Templates {
         s: u64,
         nodes: &mut [Node<'_>],
     ) -> bool {
+        let after_record = self.after_record.remove(&s);
         let Some(k) = SIZES.iter().position(|&s| s == nodes.len()) else {
             return false;
         };
         if self.min == 0 || nodes.len() < self.min || self.failures[k] >= MAX_BUILD_FAILURES {
             return false;
         }
+        if after_record && nodes.len() == 1 {
+            return false;
+        }
+        let warmup = &mut self.warmup;
         let made = self.kept.get_or_make(s, nodes.len(), || {
+            if !warmup.due(s, nodes.len()) {
+                return Err(NoTemplate::NotDue);
+            }
             // SAFETY: the caller's promise.
-            unsafe { Template::build(nodes) }
+            unsafe { Template::build(nodes) }.map_err(NoTemplate::Failed)
         });
         let t = match made {
             Ok(t) => t,
-            Err(e) => {
+            Err(NoTemplate::NotDue) => return false,
+            Err(NoTemplate::Failed(e)) => {
                 self.failures[k] += 1;
                 tracing::debug!(size = nodes.len(), "launch template not built: {e:?}");
                 return false;
@@ -354,6 +419,8 @@ impl Templates {
     /// Drops the templates of stream `s` (destroyed).
     pub(super) fn forget_stream(&mut self, s: u64) {
         self.kept.forget_stream(s);
+        self.warmup.forget_stream(s);
+        self.after_record.remove(&s);
     }
 
     /// Drops every template (before a module unload, a move, the end).
@@ -444,6 +511,24 @@ mod tests {
                 })
             })
             .unwrap()
+    }
+
+    #[test]
+    fn a_template_is_due_at_its_streams_third_chunk_of_that_size() {
+        let mut w = Warmup::default();
+        assert!(!w.due(1, 1));
+        assert!(!w.due(1, 1));
+        assert!(!w.due(2, 1), "another stream counts apart");
+        assert!(!w.due(1, 4), "another size counts apart");
+        assert!(w.due(1, 1));
+        // Due once; counted again from nothing (a template evicted later
+        // earns its place again).
+        assert!(!w.due(1, 1));
+        assert!(!w.due(2, 1));
+        w.forget_stream(2);
+        assert!(!w.due(2, 1), "a destroyed stream's count goes with it");
+        assert!(!w.due(2, 1));
+        assert!(w.due(2, 1));
     }
 
     #[test]

@@ -185,6 +185,7 @@ impl Events for CudaContext {
     fn event_record(&mut self, e: Handle, s: Handle) -> Result<(), Status> {
         self.bind()?;
         let st = self.stream(s)?;
+        self.templates.recorded(s);
         let (raw, relay, local) = match self.objs.get_mut(&e) {
             Some(Obj::ImportedEvent { raw, relay, local }) => {
                 if local.is_null() {
