@@ -15,8 +15,11 @@
 //! with `"runs"`, none with `"off"`. Under the fair scheduler the two
 //! graph modes share the GPU alike (`results/2026-11-22-h100-wake-credit.md`).
 //! A context keeps one template per stream and size in [`SIZES`]: a chain
-//! of that many kernel nodes, built and instantiated from the first run of
-//! that size on that stream and after that updated node by node. Per
+//! of that many kernel nodes, built and instantiated from the third run of
+//! that size on that stream ([`BUILD_AT`]: a stream that launches once or
+//! twice does not pay for a build) and after that updated node by node. A
+//! single launch right after an event record on its stream goes to
+//! `cuLaunchKernel` ([`Templates::recorded`]: the program is timing it). Per
 //! stream, because the driver orders each launch of an executable graph
 //! behind its previous launch, whatever the stream: one template shared by
 //! two streams would run their kernels one after the other, where natively
