@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine: builds against each other on a busy host (issue 32).
+# BUILDS: directories each holding a built `fairvgpu` (for instance
+# .carry/new .carry/old); ROUNDS times (default 2), the order reversed every
+# other round, each build's `bench fairness --executor cuda --seconds SECS
+# --hogs HOGS` (host CPU lifts on, the bench's default), which measures
+# beside the hogs (alone rates beside the same hogs) and then on the quiet
+# host. A line per run: the build, the bench's last line, its idle
+# releases, the lightest guest's share beside the hogs (fair: 0.167) and
+# the holders' waits for late guests (count, mean).
+# usage: BUILDS="..." [ROUNDS=2] [SECS=8] [HOGS=12] bash scripts/gpu/busy-host-ab.sh
+set -uo pipefail
+. scripts/gpu/lib.sh
+LOG=$OUT/busy-host-ab.log
+{ header; uptime; } | tee -a "$LOG"
+for round in $(seq "${ROUNDS:-2}"); do
+  order=$BUILDS
+  [ $((round % 2)) -eq 0 ] && order=$(echo "$BUILDS" | tr ' ' '\n' | tac | tr '\n' ' ')
+  for b in $order; do
+    echo "== round $round: $b/fairvgpu bench fairness --executor cuda --seconds ${SECS:-8} --hogs ${HOGS:-12}" >> "$LOG"
+    RUST_LOG=warn timeout 300 "$b/fairvgpu" bench fairness --executor cuda --seconds "${SECS:-8}" \
+      --hogs "${HOGS:-12}" > "$OUT/run.txt" 2>&1
+    rc=$?
+    cat "$OUT/run.txt" >> "$LOG"
+    share=$(grep -a -m1 "^fairvgpu  *0 " "$OUT/run.txt" | awk '{print $6}')
+    idle=$(grep -a -m1 -o 'idle_releases=[0-9]*' "$OUT/run.txt")
+    late=$(grep -a -m1 "^all: grants" "$OUT/run.txt" | grep -o 'late_guests [0-9]* ([0-9.]* us each)')
+    echo "$b rc=$rc $(tail -1 "$OUT/run.txt") $idle guest0_share=${share:--} ${late}" | tee -a "$LOG"
+  done
+done
+rm -f "$OUT/run.txt"
+uptime | tee -a "$LOG"
