@@ -1,0 +1,173 @@
+//! A guest that leaves its replies unread while its vGPU holds the GPU.
+//! To the worker it looks like a guest late for a CPU on a busy host, for
+//! which a holder with nothing to run keeps the grant up to 2 ms at a time
+//! (`worker/src/serve/serving.rs`, `Worker::late_guest`). Such waits are
+//! free only up to an eighth of each grant's slice: a guest that hoards its
+//! replies on purpose pays for the GPU time it holds idle past that, so it
+//! cannot keep the GPU from the others for nothing. Sim workers under a
+//! real grant service, the hoarder speaking the protocol by hand.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use daemon::grant::GrantService;
+use guest::Gpu;
+use protocol::{Request, INLINE};
+use transport::server::Client;
+use transport::{Descriptor, LayoutParams, SpinPolicy, FLAG_NO_REPLY};
+use worker::executor::sim::SimExecutor;
+use worker::serve::{spawn, WorkerConfig};
+
+/// The grant service's base slice.
+const SLICE_NS: u64 = 6_000_000;
+
+/// How long the hoarder leaves each batch of replies unread: under the
+/// worker's 2 ms, so that every wait ends with the guest taking them (the
+/// most it can get for free).
+const HOARD: Duration = Duration::from_micros(1500);
+
+/// `req` as the descriptor a guest sends, numbered `tag`.
+fn descriptor(req: &Request, tag: u64) -> Descriptor {
+    let mut d = Descriptor::new(tag, req.opcode());
+    let mut inline = [0u8; INLINE];
+    req.encode(&mut inline);
+    d.inline = inline;
+    if !req.expects_reply() {
+        d.flags |= FLAG_NO_REPLY;
+    }
+    d
+}
+
+/// The hoarder: opens a session and takes memory, then until `stop` puts
+/// a memset and a synchronize on the GPU, leaves the synchronize's reply
+/// unread for [`HOARD`], takes it, and goes on.
+fn hoard(socket: &std::path::Path, stop: &AtomicBool) -> u64 {
+    let client = Client::connect(socket, Duration::from_secs(5)).unwrap();
+    let mut ch = client.region.claim(u32::from(client.id), 1, 0).unwrap();
+    let mut buf = Vec::new();
+    let mut tag = 1;
+    let call = |ch: &mut transport::GuestChannel, req: Request, tag: &mut u64| {
+        assert!(ch.req.try_send(&descriptor(&req, *tag), &[]).unwrap());
+        *tag += 1;
+    };
+    let take = |ch: &mut transport::GuestChannel, buf: &mut Vec<u8>| loop {
+        if let Some(d) = ch.resp.try_recv(buf).unwrap() {
+            return d;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    };
+    call(
+        &mut ch,
+        Request::Hello {
+            version: protocol::PROTOCOL_VERSION,
+        },
+        &mut tag,
+    );
+    take(&mut ch, &mut buf);
+    call(&mut ch, Request::MemAlloc { size: 1 << 20 }, &mut tag);
+    let reply = take(&mut ch, &mut buf);
+    let dst = protocol::Reply::decode(&reply.inline).vals[0];
+    assert_ne!(dst, 0, "the hoarder's allocation");
+    let mut rounds = 0;
+    while !stop.load(Ordering::Relaxed) {
+        call(
+            &mut ch,
+            Request::Memset {
+                dst,
+                value: 7,
+                width: 1,
+                count: 4096,
+                stream: 0,
+            },
+            &mut tag,
+        );
+        call(&mut ch, Request::CtxSynchronize, &mut tag);
+        std::thread::sleep(HOARD);
+        take(&mut ch, &mut buf);
+        rounds += 1;
+    }
+    rounds
+}
+
+#[test]
+fn a_guest_leaving_its_replies_unread_pays_for_the_idle_grant_past_an_eighth_of_each_slice() {
+    let dir = scratch::dir("late-replies");
+    let svc = GrantService::start(&dir.join("grant.sock"), SLICE_NS).unwrap();
+    let dev = SimExecutor::new(Default::default());
+    let layout = LayoutParams {
+        channels: 1,
+        ring_entries: 256,
+        arena_size: 1 << 20,
+        vectors: 1,
+        pinned_size: 0,
+    };
+    let mut workers = Vec::new();
+    let mut sockets = Vec::new();
+    for g in 0..2u32 {
+        let socket = dir.join(format!("vm{g}.sock"));
+        let wc = WorkerConfig {
+            // A short idle spin (a debug build's default spin outlasts the
+            // hoarder's gaps), so that the worker reaches its choice
+            // between giving the grant back and waiting for the guest.
+            spin: SpinPolicy {
+                spins: 2_000,
+                ..SpinPolicy::default()
+            },
+            grant: Some((svc.path().to_owned(), g, 1.0)),
+            ..WorkerConfig::new(&format!("vm{g}"), socket.clone(), layout, 1 << 30)
+        };
+        workers.push(spawn(&wc, Box::new(dev.clone())).unwrap());
+        sockets.push(socket);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    // An honest guest on the other vGPU wants the GPU all along.
+    let good = {
+        let (socket, stop) = (sockets[1].clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut gpu = Gpu::connect(&socket).unwrap();
+            let p = gpu.mem_alloc(1 << 20).unwrap();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                gpu.memset_async(p, 3, 1, 4096, 0).unwrap();
+                gpu.synchronize().unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let hoarder = {
+        let (socket, stop) = (sockets[0].clone(), stop.clone());
+        std::thread::spawn(move || hoard(&socket, &stop))
+    };
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (rounds, good_rounds) = (hoarder.join().unwrap(), good.join().unwrap());
+    let late = workers[0].stats.handoff.figures();
+    let charged = workers[0].stats.charged_ns.load(Ordering::Relaxed);
+    for w in workers {
+        w.shutdown().unwrap();
+    }
+    println!(
+        "hoarder rounds {rounds}, good rounds {good_rounds}; hoarder's worker: {}, charged {:.1} ms",
+        late.line(),
+        charged as f64 / 1e6
+    );
+    assert!(rounds > 10 && good_rounds > 10, "both guests ran");
+    assert!(
+        late.late_guests > 0,
+        "the worker kept the grant for the unread replies"
+    );
+    // What the hoarder's worker waited for free is at most an eighth of
+    // each grant's slice; the rest of its waits was charged.
+    let free_at_most = (late.grants + 1) * (SLICE_NS / 8);
+    assert!(
+        charged + free_at_most >= late.late_guest_ns,
+        "waited {} ns for unread replies over {} grants, charged only {charged} ns",
+        late.late_guest_ns,
+        late.grants
+    );
+}
