@@ -178,9 +178,9 @@ impl Worker {
     /// busy host: the hogs, other VMs' vCPUs), and giving the grant back
     /// would cost its vGPU the rest of its slice and a hand-off for the
     /// host's lateness. Kept for at most [`LATE_GUEST`] from the first time
-    /// it is seen (however many replies are unread: a guest that never
-    /// takes its replies holds no grant longer than that), within the
-    /// slice (whose end the loop still looks for).
+    /// it is seen, however many replies are unread (a guest that never
+    /// takes its replies keeps a grant no more than that past its work),
+    /// and never past the slice's end, which the loop still looks for.
     fn late_guest(&mut self) -> bool {
         let unread = self
             .chans
@@ -200,9 +200,9 @@ impl Worker {
 
     /// The late guest took its reply (or the wait ended: given up, or the
     /// grant is being given back, see `begin_release`): counts the wait
-    /// and decides who pays for it, under the grant it was waited in. The host's CPUs made the guest late,
-    /// not its vGPU: charged, the wait costs most the vGPU whose guest the
-    /// host runs least (beside 12 hogs on an H100, MMR 0.862-0.974 charged
+    /// and decides who pays for it, under the grant it was waited in. The
+    /// host's CPUs made the guest late, not its vGPU: charged, the wait
+    /// costs most the vGPU whose guest the host runs least (beside 12 hogs on an H100, MMR 0.862-0.974 charged
     /// against 0.976-0.994 free, `results/2026-11-26-h100-late-guest.md`).
     /// Never charged, though, a guest that never takes its replies would
     /// hold the GPU idle for nothing. So a wait is free up to an eighth of
