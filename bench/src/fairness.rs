@@ -50,6 +50,16 @@ fn executors(
     }
 }
 
+/// The region of each of the bench's VMs: one guest thread, one channel,
+/// no pinned pool.
+pub const GUEST_LAYOUT: LayoutParams = LayoutParams {
+    channels: 1,
+    ring_entries: 256,
+    arena_size: 1 << 20,
+    vectors: 1,
+    pinned_size: 0,
+};
+
 /// The daemon's defaults, with the bench's executor for GPU 0.
 pub(crate) fn config(kind: ExecutorKind, graphs: GraphLaunches) -> Result<Config> {
     let mut cfg = Config::parse("[[vm]]\nname = \"b\"\ntenant = \"b\"\nmemory_limit_mib = 1024\n")?;
@@ -292,13 +302,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     let mut socks = Vec::new();
     for (exec, &g) in executors(kind, which.len(), graphs)?.into_iter().zip(which) {
         let sock = dir.join(format!("vm{g}.sock"));
-        let layout = LayoutParams {
-            channels: 1,
-            ring_entries: 256,
-            arena_size: 1 << 20,
-            vectors: 1,
-            pinned_size: 0,
-        };
+        let layout = GUEST_LAYOUT;
         let wc = WorkerConfig {
             spin,
             grant: svc

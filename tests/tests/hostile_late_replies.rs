@@ -15,7 +15,7 @@ use daemon::grant::GrantService;
 use guest::Gpu;
 use protocol::{Request, INLINE};
 use transport::server::Client;
-use transport::{Descriptor, LayoutParams, SpinPolicy, FLAG_NO_REPLY};
+use transport::{Descriptor, SpinPolicy, FLAG_NO_REPLY};
 use worker::executor::sim::SimExecutor;
 use worker::serve::{spawn, WorkerConfig};
 
@@ -95,13 +95,7 @@ fn a_guest_leaving_its_replies_unread_pays_for_the_idle_grant_past_an_eighth_of_
     let dir = scratch::dir("late-replies");
     let svc = GrantService::start(&dir.join("grant.sock"), SLICE_NS).unwrap();
     let dev = SimExecutor::new(Default::default());
-    let layout = LayoutParams {
-        channels: 1,
-        ring_entries: 256,
-        arena_size: 1 << 20,
-        vectors: 1,
-        pinned_size: 0,
-    };
+    let layout = bench::fairness::GUEST_LAYOUT;
     let mut workers = Vec::new();
     let mut sockets = Vec::new();
     for g in 0..2u32 {
