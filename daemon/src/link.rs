@@ -13,7 +13,7 @@
 //! from by claiming a new channel, and nobody has to re-plug a device.
 //!
 //! A worker started by hand (or by a test) instead serves its own region
-//! and socket ([`PeerLink::Local`]).
+//! and socket (`PeerLink::Local`).
 //!
 //! Feed messages reuse the ivshmem-server framing (one `i64`, optionally one
 //! fd): kind in bits 40..48, peer in bits 16..32, vector in bits 0..16.
@@ -197,7 +197,7 @@ impl VmHost {
 
     /// A feed for a standby worker: it gets the region alone, to map and
     /// register with the device while the current worker still serves it,
-    /// says [`Feed`]'s `READY` once its contexts are made, and waits. On
+    /// says `Feed`'s `READY` once its contexts are made, and waits. On
     /// [`VmHost::promote`] it gets the rest of the snapshot and serves; the
     /// current worker's feed is closed then. A later standby feed replaces
     /// this one. Never waits for the worker.

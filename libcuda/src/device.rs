@@ -3,7 +3,7 @@
 //! A vGPU is one device, ordinal 0. Its name, memory (the vGPU's limit) and
 //! attributes come from the host at attach time and are answered here; a
 //! few attributes describe what a vGPU can do rather than the physical GPU
-//! ([`vgpu_attribute`]).
+//! (`vgpu_attribute`).
 
 use std::ffi::{c_char, c_int, c_uint, CStr};
 

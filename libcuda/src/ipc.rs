@@ -31,7 +31,7 @@ use crate::state::thread::need_ctx;
 use crate::state::{gpu, objects, out, Range, RangeKind};
 use crate::{code, CuResult};
 
-/// `CUipcMemHandle`: 64 opaque bytes, ours [`MAGIC`], then the token, the
+/// `CUipcMemHandle`: 64 opaque bytes, ours `MAGIC`, then the token, the
 /// memory's start and size.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -39,7 +39,7 @@ pub struct IpcMemHandle {
     reserved: [u8; 64],
 }
 
-/// `CUipcEventHandle`: 64 opaque bytes, ours [`EVENT_MAGIC`], then the token.
+/// `CUipcEventHandle`: 64 opaque bytes, ours `EVENT_MAGIC`, then the token.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct IpcEventHandle {

@@ -303,7 +303,7 @@ pub struct AccessDesc {
     flags: c_int,
 }
 
-/// `CUmemPoolPtrExportData`: 64 opaque bytes, ours [`PTR_MAGIC`], then the
+/// `CUmemPoolPtrExportData`: 64 opaque bytes, ours `PTR_MAGIC`, then the
 /// allocation's token, start, size and its pool's token.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

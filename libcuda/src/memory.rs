@@ -1,7 +1,7 @@
 //! Device memory: allocation, copies, memsets, and what a pointer is.
 //!
 //! Device pointers are the host worker's device addresses. The process's
-//! device ranges are kept here ([`crate::state::Objects::ranges`]), so that
+//! device ranges are kept here (`state::Objects::ranges`), so that
 //! copies of inferred direction (`cuMemcpy`) and pointer queries are
 //! answered without a round trip.
 

@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use crate::{code, out, out_str, state, Ret};
 
-/// `nvmlDevice_t`: an opaque pointer; ours points at [`DEVICE0`].
+/// `nvmlDevice_t`: an opaque pointer; ours points at `DEVICE0`.
 pub type Device = *mut c_void;
 
 /// What the one device's handle points at.

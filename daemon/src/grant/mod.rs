@@ -9,7 +9,7 @@
 //! make the release collaborative; a kernel that overruns is charged in full.
 //!
 //! A grant's slice is the configured one times the vGPU's weight over the
-//! lightest waiting vGPU's, at most four times ([`GpuScheduler::slice_for`]):
+//! lightest waiting vGPU's, at most four times (`GpuScheduler::slice_for`):
 //! at 1:2:3 the GPU changes hands three times a round instead of five, and
 //! each change costs the GPU a context switch.
 //!

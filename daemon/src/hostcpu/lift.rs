@@ -205,7 +205,7 @@ impl Lifter {
         }
     }
 
-    /// What the grant service sends the holders on (see [`run`]).
+    /// What the grant service sends the holders on (see `run`).
     pub fn holders(&self) -> Option<Sender<Vec<u32>>> {
         self.thread.as_ref().and(self.tx.clone())
     }

@@ -1,7 +1,7 @@
 //! `fairvgpu serve`: one worker process per vGPU, restarted if it dies
 //! (`setup::worker_spec` says what each is to do).
 //!
-//! The serving loop is a [`Supervisor`]: its state as named fields, one
+//! The serving loop is a `Supervisor`: its state as named fields, one
 //! method per event it handles, in files of one job each:
 //! - here: the daemon's start and stop, and the loop (a reload on SIGHUP,
 //!   the config's changes, then each event in turn),

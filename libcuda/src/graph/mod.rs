@@ -2,7 +2,7 @@
 //! executable graphs ([`exec`]).
 //!
 //! A graph lives here, in the process: its nodes are the operations the
-//! stand-in already forwards ([`Op`]: a launch, a box copy, a memset, a
+//! stand-in already forwards (`Op`: a launch, a box copy, a memset, a
 //! host function, an event record or wait, a child graph), each with the
 //! nodes it depends on. Capturing a stream adds the stream's work to a
 //! graph instead of sending it, so nothing of a capture reaches the host

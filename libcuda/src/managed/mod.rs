@@ -8,24 +8,24 @@
 //!   the process's pages at the *same address*: a memfd mapped over the
 //!   inaccessible reservation `crate::reserve` keeps at every device range
 //!   (so the pointer is one value for the program and its kernels), plus a
-//!   second view of the memfd only the stand-in uses ([`map`]). The device
+//!   second view of the memfd only the stand-in uses (`map`). The device
 //!   copy is zeroed as the pages are, so a new allocation starts on both
 //!   sides, read-only to the program. Where no device address is free in
 //!   this process (`crate::reserve::place` fails), or the mapping cannot be
 //!   made, or `FAIRVGPU_MANAGED=pool`, it comes from the pinned pool as
 //!   before (`crate::host_memory`: coherent host memory, reached by the
 //!   device over the bus, as much as the pool holds).
-//! - **Residence**, per 2 MiB chunk ([`residence`]): on the device
+//! - **Residence**, per 2 MiB chunk (`residence`): on the device
 //!   (program's pages inaccessible), on both (read-only) or on the host
 //!   only (read-write, dirty).
 //! - **Device work** (every launch, graph launch, copy, memset: the calls
 //!   that go through `work`) first sends every dirty chunk to
 //!   the device on the work's own stream and makes every host chunk
-//!   inaccessible ([`for_work`]); the work is submitted holding the table's
+//!   inaccessible (`for_work`); the work is submitted holding the table's
 //!   read lock, so no fault migrates a chunk between the check and the
 //!   submission.
 //! - **CPU access** to an inaccessible chunk faults into our SIGSEGV
-//!   handler ([`fault`], chaining to any earlier handler for every other
+//!   handler (`fault`, chaining to any earlier handler for every other
 //!   fault): it synchronizes the context (the device work that may use the
 //!   chunk), copies the chunk into the process and makes it read-only; a
 //!   write to a read-only chunk faults again and makes it read-write and

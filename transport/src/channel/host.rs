@@ -45,7 +45,7 @@ impl HostChannel {
 
     /// Gives up a claimed channel whose GPU state this host lost (it is
     /// going away, or its GPU context is poisoned): CLAIMED -> LOST. The
-    /// owner sees [`Error::HostRestarted`] and lets go; the rings are reset
+    /// owner sees `Error::HostRestarted` and lets go; the rings are reset
     /// only then.
     pub fn mark_lost(&self) -> Result<bool> {
         let w = self.region.ctl_word(self.index, ctl::STATE)?;

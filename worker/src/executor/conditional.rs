@@ -30,7 +30,7 @@ pub trait Conditionals {
     }
     /// Builds and instantiates a graph of `nodes` in `scope` (the worker
     /// checked every handle in them, conditional ones against the scope);
-    /// launched and destroyed as [`Graphs::graph_instantiate`]'s.
+    /// launched and destroyed as `Graphs::graph_instantiate`'s.
     fn graph_instantiate_in(
         &mut self,
         scope: Handle,

@@ -86,7 +86,7 @@ pub trait Launches {
         launch_each(self, stream, launches, params)
     }
     /// A launch whose GPU time the device measures (events around it); the
-    /// time is read later with [`Timing::take_timings`].
+    /// time is read later with `Timing::take_timings`.
     fn launch_timed(
         &mut self,
         func: Handle,

@@ -22,7 +22,7 @@ pub trait Memory {
     fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, stream: Handle) -> Result<(), Status>;
     /// Copies device bytes into `dst` (in the response arena) now, and
     /// returns when they are there. The worker calls it once the work
-    /// submitted to `stream` before the copy has completed (a [`Marker`]),
+    /// submitted to `stream` before the copy has completed (a `Marker`),
     /// and the copy must not wait for work submitted since.
     fn dtoh(&mut self, dst: &VolatileSlice<'_>, src: u64, stream: Handle) -> Result<(), Status>;
     /// Copies device bytes into `dst` (pinned memory) when `stream` gets

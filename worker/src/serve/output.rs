@@ -45,7 +45,7 @@ static LOG: OnceLock<File> = OnceLock::new();
 static CAPTURE: OnceLock<Capture> = OnceLock::new();
 
 /// Captures descriptors 1 and 2 of this process for the guests (see
-/// [`Capture::start`]): for a worker process of the daemon, which alone
+/// `Capture::start`): for a worker process of the daemon, which alone
 /// owns its descriptors. Workers inside tests and benches share theirs and
 /// do not call it: their guests' kernel output goes where it would.
 pub fn capture_output() -> std::io::Result<()> {
@@ -56,7 +56,7 @@ pub fn capture_output() -> std::io::Result<()> {
 }
 
 /// The worker's log writer (for `tracing_subscriber`): standard error, or
-/// the copy of it kept before [`Capture::start`] took descriptor 2.
+/// the copy of it kept before `Capture::start` took descriptor 2.
 pub fn log_writer() -> LogWriter {
     LogWriter
 }

@@ -3,7 +3,7 @@
 //! memory pools with their allocations (`cuMemPoolExportToShareableHandle`,
 //! `cuMemPoolExportPointer` and their imports). In the guest a handle is a
 //! file descriptor of the process that carries a token; on the host the
-//! token names an export in one of the worker's tables ([`Exports`], as
+//! token names an export in one of the worker's tables (`Exports`, as
 //! legacy IPC names memory, `session/ipc.rs`).
 //!
 //! Every guest process of a VM is a context of the VM's one worker, so an
