@@ -261,12 +261,8 @@ impl Producer {
         if self.head.wrapping_sub(self.cached_tail) < self.ring.entries {
             return Ok(true);
         }
-        let tail = self.ring.tail()?.load(Ordering::Acquire);
-        let used = self.head.wrapping_sub(tail);
-        if used > self.ring.entries {
-            return Err(self.ring.corrupt("consumer tail", u64::from(tail)));
-        }
-        self.cached_tail = tail;
+        let used = self.unread()?;
+        self.cached_tail = self.head.wrapping_sub(used);
         Ok(used < self.ring.entries)
     }
 
