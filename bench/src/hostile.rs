@@ -33,7 +33,7 @@ use guest::Gpu;
 use protocol::Request;
 use transport::layout::{ctl, desc, hdr, ringctl, Direction, DESC_SIZE, HEADER_SIZE};
 use transport::server::{recv_msg, HOST_PEER, PROTOCOL_VERSION};
-use transport::{Bell, Descriptor, EventFdBell, Region, SpinPolicy};
+use transport::{Bell, EventFdBell, Region, SpinPolicy};
 
 use super::fixture::{DaemonProc, VmSpec};
 use super::percentile;
@@ -525,12 +525,10 @@ fn scribble(region: &Region, bells: &[EventFdBell], rng: &mut Rng) {
                 // A claim taken the honest way, then a Hello (a session).
                 7 => {
                     if let Ok(mut g) = region.claim(1, std::process::id(), 0) {
-                        let mut d = Descriptor::new(1, protocol::op::HELLO);
-                        Request::Hello {
+                        let hello = Request::Hello {
                             version: protocol::PROTOCOL_VERSION,
-                        }
-                        .encode(&mut d.inline);
-                        let _ = g.req.try_send(&d, &[]);
+                        };
+                        let _ = g.req.try_send(&guest::descriptor(&hello, 1), &[]);
                         // Left claimed: the host serves it until it is scribbled over.
                         std::mem::forget(g);
                     }

@@ -3,12 +3,23 @@
 
 use std::time::Duration;
 
-use protocol::{op, Reply, Request, Status, INLINE};
+use protocol::{op, Reply, Request, Status};
 use transport::layout::Direction;
 use transport::wait::{notify_if_sleeping, wait_for};
 use transport::{Descriptor, FLAG_MORE, FLAG_NO_REPLY};
 
 use crate::{current_cpu, Gpu, GuestError, Result, CALL_TIMEOUT};
+
+/// `req` as the descriptor that carries it, numbered `tag`: its opcode,
+/// its fields inline, and whether the host is to reply.
+pub fn descriptor(req: &Request, tag: u64) -> Descriptor {
+    let mut d = Descriptor::new(tag, req.opcode());
+    req.encode(&mut d.inline);
+    if !req.expects_reply() {
+        d.flags |= FLAG_NO_REPLY;
+    }
+    d
+}
 
 impl Gpu {
     pub(crate) fn descriptor(&mut self, req: &Request) -> Descriptor {
@@ -18,14 +29,8 @@ impl Gpu {
         } else {
             self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         };
-        let mut d = Descriptor::new(tag, req.opcode());
-        let mut inline = [0u8; INLINE];
-        req.encode(&mut inline);
-        d.inline = inline;
+        let mut d = descriptor(req, tag);
         d.vcpu = current_cpu();
-        if !req.expects_reply() {
-            d.flags |= FLAG_NO_REPLY;
-        }
         d
     }
 

@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 
 mod call;
+pub use call::descriptor;
 mod connect;
 pub mod copy;
 pub mod device;

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use daemon::grant::GrantService;
-use guest::Gpu;
-use protocol::{Request, INLINE};
+use guest::{descriptor, Gpu};
+use protocol::Request;
 use transport::server::Client;
-use transport::{Descriptor, SpinPolicy, FLAG_NO_REPLY};
+use transport::SpinPolicy;
 use worker::executor::sim::SimExecutor;
 use worker::serve::{spawn, WorkerConfig};
 
@@ -26,18 +26,6 @@ const SLICE_NS: u64 = 6_000_000;
 /// worker's 2 ms, so that every wait ends with the guest taking them (the
 /// most it can get for free).
 const HOARD: Duration = Duration::from_micros(1500);
-
-/// `req` as the descriptor a guest sends, numbered `tag`.
-fn descriptor(req: &Request, tag: u64) -> Descriptor {
-    let mut d = Descriptor::new(tag, req.opcode());
-    let mut inline = [0u8; INLINE];
-    req.encode(&mut inline);
-    d.inline = inline;
-    if !req.expects_reply() {
-        d.flags |= FLAG_NO_REPLY;
-    }
-    d
-}
 
 /// The hoarder: opens a session and takes memory, then until `stop` puts
 /// a memset and a synchronize on the GPU, leaves the synchronize's reply
