@@ -10,6 +10,21 @@ header() {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 }
 
+# Builds NVIDIA's cuda-samples from .carry/upstream.tar.xz into .samples
+# (kept for later calls on the same machine; REBUILD=1 to redo it), the
+# build's log in $OUT/build.log.
+samples_build() {
+  local u=/tmp/fvg-upstream
+  if [ ! -d .samples/bin ] || [ -n "${REBUILD:-}" ]; then
+    rm -rf "$u" .samples; mkdir -p "$u"
+    tar xJf .carry/upstream.tar.xz -C "$u" || return 1
+    echo "== cuda-samples $(cat $u/COMMIT), built with $(nvcc --version | tail -2 | head -1)"
+    python3 scripts/gpu/build_upstream.py "$u" .samples > $OUT/build.log 2>&1
+    grep 'not built' $OUT/build.log | cut -c1-160
+    tail -1 $OUT/build.log
+  fi
+}
+
 # Starts $1 busy-loop processes (a noisy host) until hogs_stop.
 hogs_start() {
   echo "== $1 busy-loop processes on $(nproc) CPUs"
@@ -32,9 +47,10 @@ probe() {
   "$dir/$name" "$@"; echo "rc=$?"
 }
 
-# Starts the daemon ($R/fairvgpu) on the cuda executor with one VM, vm1,
-# of $2 MiB (and the keys in $VM_KEYS), its run folder and log (logs/daemon.log) under $1, and waits
-# for the VM's socket; D is its pid and FAIRVGPU_SOCKET is exported.
+# Starts the daemon ($R/fairvgpu) on the cuda executor (and the keys in
+# $DAEMON_KEYS) with one VM, vm1, of $2 MiB (and the keys in $VM_KEYS), its
+# run folder and log (logs/daemon.log) under $1, and waits for the VM's
+# socket; D is its pid and FAIRVGPU_SOCKET is exported.
 daemon_start() {
   local w=$1 mib=$2
   mkdir -p "$w/run" "$w/logs"
@@ -42,6 +58,7 @@ daemon_start() {
 [daemon]
 run_dir = "$w/run"
 executor = "cuda"
+${DAEMON_KEYS:-}
 [[vm]]
 name = "vm1"
 tenant = "t"

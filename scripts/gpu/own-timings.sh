@@ -9,16 +9,9 @@
 # usage: [PAIRS=".carry/a:all .carry/b:all"] [PROGS="stereoDisparity ..."] bash scripts/gpu/own-timings.sh
 set -uo pipefail
 . scripts/gpu/lib.sh
-R=${R:-.carry/release}
-U=/tmp/fvg-upstream
-if [ ! -d .samples/bin ]; then
-  rm -rf "$U" .samples; mkdir -p "$U"
-  tar xJf .carry/upstream.tar.xz -C "$U" || exit 1
-  python3 scripts/gpu/build_upstream.py "$U" .samples > $OUT/build.log 2>&1
-  tail -1 $OUT/build.log
-fi
+samples_build || exit 1
 header
-W=/tmp/gl33; rm -rf $W; mkdir -p $W/lib
+W=/tmp/own-timings; rm -rf $W; mkdir -p $W
 PROGS=${PROGS:-stereoDisparity sortingNetworks jacobiCudaGraphs simpleHyperQ fastWalshTransform}
 timing() { grep -a -i -E 'time|throughput' "$1" | grep -a -E '[0-9]' | grep -a -v -i 'cudaDeviceSynchronize' | head -4 | tr '\n' ';' | cut -c1-300; }
 run_all() { # label, env...
@@ -34,22 +27,10 @@ run_all() { # label, env...
 run_all native LD_LIBRARY_PATH=$NV
 for pair in ${PAIRS:-.carry/release:all}; do
   R=${pair%%:*}; mode=${pair##*:}; tag=$(basename $R)-$mode
-  mkdir -p $W/lib-$tag $W/run-$tag; cp $R/libcuda.so $W/lib-$tag/libcuda.so.1
-  cat > $W/host-$tag.toml <<TOML
-[daemon]
-run_dir = "$W/run-$tag"
-executor = "cuda"
-graph_launches = "$mode"
-[[vm]]
-name = "vm1"
-tenant = "t"
-memory_limit_mib = 40000
-TOML
-  RUST_LOG=warn $R/fairvgpu serve --config $W/host-$tag.toml 2>> $W/daemon.log &
-  D=$!
-  for i in $(seq 100); do [ -S $W/run-$tag/vm1.sock ] && break; sleep 0.1; done
-  run_all "$tag" FAIRVGPU_SOCKET=$W/run-$tag/vm1.sock LD_LIBRARY_PATH=$W/lib-$tag
-  kill $D; wait $D 2>/dev/null
+  mkdir -p $W/$tag/lib; cp $R/libcuda.so $W/$tag/lib/libcuda.so.1
+  DAEMON_KEYS="graph_launches = \"$mode\"" daemon_start $W/$tag 40000
+  run_all "$tag" FAIRVGPU_SOCKET=$FAIRVGPU_SOCKET LD_LIBRARY_PATH=$W/$tag/lib
+  daemon_stop
+  grep -aE 'WARN|ERROR' $W/$tag/logs/daemon.log | head -5
 done
 run_all native LD_LIBRARY_PATH=$NV
-grep -aE 'WARN|ERROR' $W/daemon.log | head -5

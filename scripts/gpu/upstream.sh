@@ -9,15 +9,7 @@
 #   CATEGORY: a Samples folder prefix, e.g. 0 1 2 (default: all)
 set -uo pipefail
 . scripts/gpu/lib.sh
-U=/tmp/fvg-upstream
-if [ ! -d .samples/bin ] || [ -n "${REBUILD:-}" ]; then
-    rm -rf "$U" .samples; mkdir -p "$U"
-    tar xJf .carry/upstream.tar.xz -C "$U" || exit 1
-    echo "== cuda-samples $(cat $U/COMMIT), built with $(nvcc --version | tail -2 | head -1)"
-    python3 scripts/gpu/build_upstream.py "$U" .samples > $OUT/build.log 2>&1
-    grep 'not built' $OUT/build.log | cut -c1-160
-    tail -1 $OUT/build.log
-fi
+samples_build || exit 1
 names=()
 for n in $(ls .samples/bin); do
     cat=$(readlink .samples/bin/$n | sed -n 's|.*/Samples/\([0-9]\)_.*|\1|p')
