@@ -22,10 +22,7 @@ for round in $(seq "${ROUNDS:-2}"); do
       --hogs "${HOGS:-12}" > "$OUT/run.txt" 2>&1
     rc=$?
     cat "$OUT/run.txt" >> "$LOG"
-    share=$(grep -a -m1 "^fairvgpu  *0 " "$OUT/run.txt" | awk '{print $6}')
-    idle=$(grep -a -m1 -o 'idle_releases=[0-9]*' "$OUT/run.txt")
-    late=$(grep -a -m1 "^all: grants" "$OUT/run.txt" | grep -o 'late_guests [0-9]* ([0-9.]* us each)')
-    echo "$b rc=$rc $(tail -1 "$OUT/run.txt") $idle guest0_share=${share:--} ${late}" | tee -a "$LOG"
+    echo "$b rc=$rc $(fairness_summary "$OUT/run.txt")" | tee -a "$LOG"
   done
 done
 rm -f "$OUT/run.txt"

@@ -44,12 +44,9 @@ run() {
     "${EXTRA[@]}" --hogs "$HOGS" --lift "$lift" > "$OUT/run.txt" 2>&1
   local rc=$?
   cat "$OUT/run.txt" >> "$LOG"
-  local on share idle
+  local on
   on=$(grep -a -E '^  (priority|vCPU) lift: on' "$OUT/run.txt" | awk '{print $1}' | paste -sd, -)
-  # Beside the hogs: the first table and the first machine-readable line.
-  share=$(grep -a -m1 "^fairvgpu  *0 " "$OUT/run.txt" | awk '{print $6}')
-  idle=$(grep -a -m1 -o 'idle_releases=[0-9]*' "$OUT/run.txt")
-  echo "lift=$lift rc=$rc on=${on:-none} $(tail -1 "$OUT/run.txt") $idle guest0_share=${share:--}" | tee -a "$LOG"
+  echo "lift=$lift rc=$rc on=${on:-none} $(fairness_summary "$OUT/run.txt")" | tee -a "$LOG"
 }
 for round in $(seq "$ROUNDS"); do
   order=$LIFTS

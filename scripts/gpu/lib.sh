@@ -25,6 +25,17 @@ samples_build() {
   fi
 }
 
+# From the output $1 of a `bench fairness --hogs` run, its summary: the
+# last line, the idle releases and the lightest guest's share beside the
+# hogs (fair: 0.167), and the holders' waits for late guests.
+fairness_summary() {
+  local share idle late
+  share=$(grep -a -m1 "^fairvgpu  *0 " "$1" | awk '{print $6}')
+  idle=$(grep -a -m1 -o 'idle_releases=[0-9]*' "$1")
+  late=$(grep -a -m1 "^all: grants" "$1" | grep -o 'late_guests [0-9]* ([0-9.]* us each)')
+  echo "$(tail -1 "$1") $idle guest0_share=${share:--} $late"
+}
+
 # Starts $1 busy-loop processes (a noisy host) until hogs_stop.
 hogs_start() {
   echo "== $1 busy-loop processes on $(nproc) CPUs"
