@@ -4,8 +4,9 @@
 //! `scheduler` decides which vGPU may submit work, for one slice. Each worker
 //! holds a `Gate` (the worker's `gate.rs`): before device work it asks for the grant and waits for
 //! it; at the end of its slice, or when it has had nothing to do for a
-//! bounded spin, it synchronizes its contexts (so that the GPU is really
-//! free), and releases, reporting the GPU time it used. Non-preemptive GPUs
+//! bounded spin while another vGPU wants the GPU (alone, it keeps the grant
+//! through its guests' short pauses), it synchronizes its contexts (so that
+//! the GPU is really free), and releases, reporting the GPU time it used. Non-preemptive GPUs
 //! make the release collaborative; a kernel that overruns is charged in full.
 //!
 //! A grant's slice is the configured one times the vGPU's weight over the

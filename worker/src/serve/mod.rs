@@ -175,6 +175,9 @@ pub struct Worker {
     moving: Option<migration::Moving>,
     /// When [`Worker::recheck_budget`] last asked the device.
     budget_checked: Instant,
+    /// Since when a lone holder has had nothing to run (see
+    /// [`Worker::keep_alone`]).
+    lone_idle_since: Option<Instant>,
     /// The serving thread alone is confined yet: the others are, once the
     /// contexts made ahead are all made (see [`Worker::confine`]).
     confine_when_filled: bool,

@@ -31,6 +31,14 @@ const LATE_GUEST: Duration = Duration::from_millis(2);
 /// for its late guests uncharged (see [`Worker::late_guest_came`]).
 const LATE_GUEST_FREE_PART: u64 = 8;
 
+/// How long a holder that no other vGPU waits beside keeps the grant with
+/// nothing to run (see [`Worker::keep_alone`]). A program that computes on
+/// the CPU between short bursts of GPU work (a size of a sort, an
+/// iteration of a solver, a request of an inference server) finds it held
+/// when it comes back within this; after it, an idle VM's worker gives the
+/// grant back and sleeps until a guest rings.
+const LONE_IDLE_KEEP: Duration = Duration::from_millis(100);
+
 /// How long a poisoned worker goes on serving so that its processes can
 /// take the kernel output (see `output.rs`) and the fault's error they
 /// are owed.
@@ -114,6 +122,7 @@ impl Worker {
             }
             if busy {
                 self.late_guest_came();
+                self.lone_idle_since = None;
                 idle = 0;
                 continue;
             }
@@ -152,6 +161,14 @@ impl Worker {
                     std::thread::sleep(WAITING_POLL);
                     continue;
                 }
+                if self.keep_alone() {
+                    // Asleep on the doorbells and the grant's socket: a
+                    // guest's call, or another vGPU wanting the GPU, wakes it.
+                    let rung = self.block()?;
+                    self.periodic(&mut last_report)?;
+                    idle = if rung { 0 } else { self.spin.spins / 16 };
+                    continue;
+                }
                 // Work-conserving: a holder with nothing to run yields after its spin.
                 Handoff::add(&self.sh.port.stats.handoff.idle_releases, 1);
                 self.release_grant(false)?;
@@ -170,6 +187,33 @@ impl Worker {
             self.release_grant(false)?;
         }
         Ok(())
+    }
+
+    /// Whether a holder with nothing to run keeps the grant while no other
+    /// vGPU wants the GPU, for up to [`LONE_IDLE_KEEP`]: given back, the
+    /// guest's next call would wait for the grant service to grant it again
+    /// (a worker and a service woken from sleep: 0.17-0.25 ms on an H100
+    /// host after a 10 ms pause, where the call takes 0.012 ms natively,
+    /// `results/2026-11-26-h100-burst-after-pause.md`). Nothing is charged
+    /// for it: a vGPU is charged the GPU time its work takes. The grant's
+    /// socket wakes the sleeping holder when another vGPU wants the GPU
+    /// (`CONTENDED`), and it gives the grant back at once.
+    fn keep_alone(&mut self) -> bool {
+        let Some(g) = self.sh.slice.gate.as_mut() else {
+            return false;
+        };
+        // Reads what the service said meanwhile (`CONTENDED`, `EXTEND`).
+        g.extended();
+        if !g.alone() {
+            self.lone_idle_since = None;
+            return false;
+        }
+        let since = *self.lone_idle_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < LONE_IDLE_KEEP {
+            return true;
+        }
+        self.lone_idle_since = None;
+        false
     }
 
     /// Whether a holder with nothing to run keeps the grant a little
@@ -291,24 +335,40 @@ impl Worker {
         for c in &mut self.chans {
             busy |= service(&mut self.sh, c, &mut self.sessions);
         }
+        let mut said = false;
         if !busy {
             let bells = self.sh.port.link.host_bells();
             let mut fds: Vec<PollFd<'_>> = bells
                 .iter()
                 .map(|b| PollFd::new(b.fd().as_fd(), PollFlags::POLLIN))
                 .collect();
-            // A grant arriving wakes the worker too.
-            if let Some(g) = self.sh.slice.gate.as_ref().filter(|g| g.wanted()) {
+            // A grant arriving wakes the worker too, and so does what the
+            // service tells a holder (another vGPU wants the GPU).
+            let gate = self.sh.slice.gate.as_ref();
+            let wanted = gate.is_some_and(|g| g.wanted());
+            if let Some(g) = gate.filter(|g| g.wanted() || g.holding()) {
                 fds.push(PollFd::new(g.fd(), PollFlags::POLLIN));
             }
             let ms = (self.spin.max_block_us / 1000).clamp(1, 1000) as u16;
-            busy = poll(&mut fds, PollTimeout::from(ms)).is_ok_and(|n| n > 0);
+            let n = poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0);
+            let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
+            let rang = fds.iter().take(bells.len()).any(ready);
+            said = n > 0 && fds.len() > bells.len() && fds.last().is_some_and(ready);
+            busy = rang || (said && wanted);
+            drop(fds);
             for b in bells {
                 let mut buf = [0u8; 8];
                 let _ = nix::unistd::read(b.fd().as_fd(), &mut buf);
             }
         }
         flag.store(0, Ordering::Relaxed);
+        if said {
+            // A holder's messages, read now (else the socket stays readable
+            // and the next sleep returns at once).
+            if let Some(g) = self.sh.slice.gate.as_mut().filter(|g| g.holding()) {
+                g.extended();
+            }
+        }
         Ok(busy)
     }
 }

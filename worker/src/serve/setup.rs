@@ -285,6 +285,7 @@ impl Worker {
             stop: Arc::default(),
             moving: None,
             budget_checked: Instant::now(),
+            lone_idle_since: None,
             confine_when_filled: false,
             confined: false,
         };
