@@ -24,11 +24,7 @@ pub fn descriptor(req: &Request, tag: u64) -> Descriptor {
 impl Gpu {
     pub(crate) fn descriptor(&mut self, req: &Request) -> Descriptor {
         // Some requests are outside the process's numbering.
-        let tag = if req.unnumbered() {
-            0
-        } else {
-            self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        };
+        let tag = if req.unnumbered() { 0 } else { self.seq.take() };
         let mut d = descriptor(req, tag);
         d.vcpu = current_cpu();
         d

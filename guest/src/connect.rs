@@ -3,7 +3,6 @@
 //! `Hello`, and further channels joined to it.
 
 use std::path::Path;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -197,7 +196,7 @@ impl Gpu {
         ch.set_guest_vector(vector)?;
         let seq = match &how {
             Opening::Join(j) => j.seq.clone(),
-            _ => Arc::new(AtomicU64::new(1)),
+            _ => Arc::default(),
         };
         let mut gpu = Gpu {
             ch,

@@ -25,11 +25,11 @@ pub mod copy;
 pub mod device;
 mod memory;
 mod module;
+mod numbering;
 mod status;
 mod stdio;
 mod stream;
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,7 +107,7 @@ pub struct Gpu {
     own_bell: Arc<dyn Bell>,
     policy: SpinPolicy,
     /// The process's request numbering, shared by all its channels.
-    seq: Arc<AtomicU64>,
+    seq: Arc<numbering::Numbering>,
     /// The session's token (for further channels to join it).
     token: [u64; 2],
     /// Where the vGPU was found (for further channels).
@@ -133,7 +133,7 @@ enum Origin {
 pub struct Joiner {
     origin: Origin,
     policy: SpinPolicy,
-    seq: Arc<AtomicU64>,
+    seq: Arc<numbering::Numbering>,
     token: [u64; 2],
     info: DeviceInfo,
 }
@@ -148,7 +148,7 @@ enum Opening {
 
 /// What a further channel of a process takes from its first.
 struct Joining {
-    seq: Arc<AtomicU64>,
+    seq: Arc<numbering::Numbering>,
     token: [u64; 2],
     info: DeviceInfo,
 }

@@ -3,6 +3,7 @@
 use protocol::Request;
 use transport::FLAG_MORE;
 
+use crate::numbering::Waited;
 use crate::{DevPtr, Gpu, GuestError, Result};
 
 impl Gpu {
@@ -145,6 +146,8 @@ impl Gpu {
                 "host sent {off} of {len} bytes"
             )));
         }
+        // The copy came after all the stream's earlier work.
+        self.seq.waited(tag, Waited::Stream(stream));
         Ok(())
     }
 

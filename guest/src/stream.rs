@@ -3,6 +3,7 @@
 
 use protocol::{Dim3, Request, Status};
 
+use crate::numbering::Waited;
 use crate::{Function, Gpu, GuestError, Result};
 
 impl Gpu {
@@ -141,7 +142,7 @@ impl Gpu {
 
     /// cuCtxSynchronize.
     pub fn synchronize(&mut self) -> Result<()> {
-        self.call(&Request::CtxSynchronize).map(drop)
+        self.wait_for(&Request::CtxSynchronize, Waited::Context)
     }
 
     /// cuStreamCreateWithPriority.
@@ -181,12 +182,32 @@ impl Gpu {
 
     /// cuStreamSynchronize.
     pub fn stream_synchronize(&mut self, stream: u64) -> Result<()> {
-        self.call(&Request::StreamSynchronize { stream }).map(drop)
+        self.wait_for(
+            &Request::StreamSynchronize { stream },
+            Waited::Stream(stream),
+        )
     }
 
     /// cuStreamQuery: Ok(true) when idle.
     pub fn stream_query(&mut self, stream: u64) -> Result<bool> {
+        if self.seq.idle(Waited::Stream(stream)) {
+            return Ok(true);
+        }
         self.query(&Request::StreamQuery { stream })
+    }
+
+    /// A synchronize (`req`) of what `what` names: answered here when the
+    /// numbering proves it idle (see `numbering.rs`), else by the host,
+    /// whose answer without error is a proof for the next.
+    fn wait_for(&mut self, req: &Request, what: Waited) -> Result<()> {
+        if self.seq.idle(what) {
+            return Ok(());
+        }
+        let tag = self.send(req, &[])?;
+        let d = self.recv(tag)?;
+        Self::status(&d)?;
+        self.seq.waited(tag, what);
+        Ok(())
     }
 
     /// cuEventCreate.
