@@ -310,3 +310,28 @@ pub fn dashboard_dom(browser: &Path, url: &str, screenshot: Option<&Path>) -> St
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// `n` sim workers (VMs `vm0`, `vm1`, ...) sharing one simulated GPU under
+/// the grant service listening on `grant`, each of weight 1, idling as
+/// `spin` says; their handles, and the sockets their guests attach to
+/// (in `dir`).
+pub fn granted_sim_workers(
+    dir: &Path,
+    grant: &Path,
+    n: u32,
+    spin: SpinPolicy,
+) -> (Vec<Running>, Vec<PathBuf>) {
+    let dev = SimExecutor::new(SimParams::default());
+    let layout = bench::fairness::GUEST_LAYOUT;
+    (0..n)
+        .map(|g| {
+            let socket = dir.join(format!("vm{g}.sock"));
+            let wc = WorkerConfig {
+                spin,
+                grant: Some((grant.to_owned(), g, 1.0)),
+                ..WorkerConfig::new(&format!("vm{g}"), socket.clone(), layout, 1 << 30)
+            };
+            (spawn(&wc, Box::new(dev.clone())).unwrap(), socket)
+        })
+        .unzip()
+}

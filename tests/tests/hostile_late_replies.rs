@@ -16,8 +16,6 @@ use guest::{descriptor, Gpu};
 use protocol::Request;
 use transport::server::Client;
 use transport::SpinPolicy;
-use worker::executor::sim::SimExecutor;
-use worker::serve::{spawn, WorkerConfig};
 
 /// The grant service's base slice.
 const SLICE_NS: u64 = 6_000_000;
@@ -82,26 +80,14 @@ fn hoard(socket: &std::path::Path, stop: &AtomicBool) -> u64 {
 fn a_guest_leaving_its_replies_unread_pays_for_the_idle_grant_past_an_eighth_of_each_slice() {
     let dir = scratch::dir("late-replies");
     let svc = GrantService::start(&dir.join("grant.sock"), SLICE_NS).unwrap();
-    let dev = SimExecutor::new(Default::default());
-    let layout = bench::fairness::GUEST_LAYOUT;
-    let mut workers = Vec::new();
-    let mut sockets = Vec::new();
-    for g in 0..2u32 {
-        let socket = dir.join(format!("vm{g}.sock"));
-        let wc = WorkerConfig {
-            // A short idle spin (a debug build's default spin outlasts the
-            // hoarder's gaps), so that the worker reaches its choice
-            // between giving the grant back and waiting for the guest.
-            spin: SpinPolicy {
-                spins: 2_000,
-                ..SpinPolicy::default()
-            },
-            grant: Some((svc.path().to_owned(), g, 1.0)),
-            ..WorkerConfig::new(&format!("vm{g}"), socket.clone(), layout, 1 << 30)
-        };
-        workers.push(spawn(&wc, Box::new(dev.clone())).unwrap());
-        sockets.push(socket);
-    }
+    // A short idle spin (a debug build's default spin outlasts the
+    // hoarder's gaps), so that the worker reaches its choice between
+    // giving the grant back and waiting for the guest.
+    let spin = SpinPolicy {
+        spins: 2_000,
+        ..SpinPolicy::default()
+    };
+    let (workers, sockets) = tests::granted_sim_workers(&dir, svc.path(), 2, spin);
     let stop = Arc::new(AtomicBool::new(false));
     // An honest guest on the other vGPU wants the GPU all along.
     let good = {

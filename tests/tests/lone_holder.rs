@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 use daemon::grant::GrantService;
 use guest::Gpu;
 use transport::SpinPolicy;
-use worker::executor::sim::SimExecutor;
-use worker::serve::{spawn, WorkerConfig};
 
 /// The grant service's base slice.
 const SLICE_NS: u64 = 6_000_000;
@@ -25,26 +23,14 @@ fn gpu_call(gpu: &mut Gpu, p: u64) {
 fn a_lone_vgpu_keeps_its_grant_through_short_pauses_and_gives_it_up_when_asked() {
     let dir = scratch::dir("lone-holder");
     let svc = GrantService::start(&dir.join("grant.sock"), SLICE_NS).unwrap();
-    let dev = SimExecutor::new(Default::default());
-    let layout = bench::fairness::GUEST_LAYOUT;
-    let mut workers = Vec::new();
-    let mut sockets = Vec::new();
-    for g in 0..2u32 {
-        let socket = dir.join(format!("vm{g}.sock"));
-        let wc = WorkerConfig {
-            // A short idle spin, so that each pause outlasts it; and long
-            // sleeps, so that only the grant's socket can wake a sleeping
-            // holder in time for the other vGPU.
-            spin: SpinPolicy {
-                spins: 2_000,
-                max_block_us: 500_000,
-            },
-            grant: Some((svc.path().to_owned(), g, 1.0)),
-            ..WorkerConfig::new(&format!("vm{g}"), socket.clone(), layout, 1 << 30)
-        };
-        workers.push(spawn(&wc, Box::new(dev.clone())).unwrap());
-        sockets.push(socket);
-    }
+    // A short idle spin, so that each pause outlasts it; and long sleeps,
+    // so that only the grant's socket can wake a sleeping holder in time
+    // for the other vGPU.
+    let spin = SpinPolicy {
+        spins: 2_000,
+        max_block_us: 500_000,
+    };
+    let (workers, sockets) = tests::granted_sim_workers(&dir, svc.path(), 2, spin);
     let mut a = Gpu::connect(&sockets[0]).unwrap();
     let pa = a.mem_alloc(1 << 20).unwrap();
     for _ in 0..6 {
