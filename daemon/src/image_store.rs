@@ -429,6 +429,10 @@ mod tests {
         settle(&s, 3, 0);
         put(&mut greedy, 3);
         put(&mut greedy, 4);
+        // Taken once its own connection answers after it (the image count
+        // stays 3 throughout, so it cannot tell; another connection's
+        // question may be answered first).
+        assert!(greedy.get(ImageKind::Ptx, n, &hash(4)).unwrap().is_some());
         settle(&s, 3, 0);
         for i in [0, 1, 4] {
             assert!(
