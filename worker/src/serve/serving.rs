@@ -161,19 +161,17 @@ impl Worker {
                     std::thread::sleep(WAITING_POLL);
                     continue;
                 }
-                if self.keep_alone() {
-                    // Asleep on the doorbells and the grant's socket: a
-                    // guest's call, or another vGPU wanting the GPU, wakes it.
-                    let rung = self.block()?;
-                    self.periodic(&mut last_report)?;
-                    idle = if rung { 0 } else { self.spin.spins / 16 };
+                if !self.keep_alone() {
+                    // Work-conserving: a holder with nothing to run yields
+                    // after its spin while another vGPU wants the GPU.
+                    Handoff::add(&self.sh.port.stats.handoff.idle_releases, 1);
+                    self.release_grant(false)?;
+                    idle = 0;
                     continue;
                 }
-                // Work-conserving: a holder with nothing to run yields after its spin.
-                Handoff::add(&self.sh.port.stats.handoff.idle_releases, 1);
-                self.release_grant(false)?;
-                idle = 0;
-                continue;
+                // Alone, it sleeps with the grant as an idle worker does
+                // without: a guest's call, or another vGPU wanting the GPU
+                // (the grant's socket), wakes it.
             }
             let rung = self.block()?;
             self.periodic(&mut last_report)?;
@@ -335,7 +333,6 @@ impl Worker {
         for c in &mut self.chans {
             busy |= service(&mut self.sh, c, &mut self.sessions);
         }
-        let mut said = false;
         if !busy {
             let bells = self.sh.port.link.host_bells();
             let mut fds: Vec<PollFd<'_>> = bells
@@ -350,10 +347,12 @@ impl Worker {
                 fds.push(PollFd::new(g.fd(), PollFlags::POLLIN));
             }
             let ms = (self.spin.max_block_us / 1000).clamp(1, 1000) as u16;
-            let n = poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0);
+            // A holder's messages are read by `keep_alone` before it
+            // sleeps again; only a grant counts as rung.
+            let _ = poll(&mut fds, PollTimeout::from(ms));
             let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
             let rang = fds.iter().take(bells.len()).any(ready);
-            said = n > 0 && fds.len() > bells.len() && fds.last().is_some_and(ready);
+            let said = fds.len() > bells.len() && fds.last().is_some_and(ready);
             busy = rang || (said && wanted);
             drop(fds);
             for b in bells {
@@ -362,13 +361,6 @@ impl Worker {
             }
         }
         flag.store(0, Ordering::Relaxed);
-        if said {
-            // A holder's messages, read now (else the socket stays readable
-            // and the next sleep returns at once).
-            if let Some(g) = self.sh.slice.gate.as_mut().filter(|g| g.holding()) {
-                g.extended();
-            }
-        }
         Ok(busy)
     }
 }
