@@ -5,7 +5,7 @@
 
 #![allow(missing_docs)]
 
-pub const HELLO: u32 = 1; // a = weight in millis
+pub const HELLO: u32 = 1; // a = weight in millis, b = 0 or MEMBER
 pub const WANT: u32 = 2;
 pub const RELEASE: u32 = 3; // a = used ns, b = still busy (0/1)
 pub const GRANT: u32 = 4; // a = slice ns, b = 1 if no other vGPU wants the GPU
@@ -22,6 +22,10 @@ pub const EXTEND: u32 = 12; // a = ns added to the holder's slice
 pub const CONTENDED: u32 = 13; // another vGPU wants the GPU: no more extensions this grant
 pub const DRAINING: u32 = 16; // the holder is giving the GPU back: its last work is finishing
 
+/// `HELLO`'s `b` from one of several workers serving one vGPU (a worker per
+/// guest process): the service treats them as one place in its queue,
+/// sharing the vGPU's grants (the daemon's `grant/group.rs`).
+pub const MEMBER: u64 = 1;
 /// A 24-byte message.
 pub fn encode(kind: u32, vgpu: u32, a: u64, b: u64) -> [u8; 24] {
     let mut m = [0u8; 24];

@@ -13,7 +13,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use wire::grant::{
     decode, encode, Report, CONTENDED, CONTEXTS, COPIES, DRAINING, EXTEND, GRANT, HELLO, LOGS,
-    OCCUPANCY, PROCESS, QUEUE, RELEASE, REPORT, SERVED, SLICED, WANT,
+    MEMBER, OCCUPANCY, PROCESS, QUEUE, RELEASE, REPORT, SERVED, SLICED, WANT,
 };
 
 use crate::Error;
@@ -44,13 +44,29 @@ impl Gate {
         Self::over(stream, vgpu, weight)
     }
 
+    /// Registers as one of the workers serving vGPU `vgpu` (a worker per
+    /// guest process), which share its place in the service's queue and
+    /// its grants (`wire::grant::MEMBER`).
+    pub fn connect_member(path: &Path, vgpu: u32, weight: f64) -> Result<Gate, Error> {
+        let stream = UnixStream::connect(path).map_err(|e| Error::Io {
+            what: "connecting to grant service",
+            source: e,
+        })?;
+        Self::hello(stream, vgpu, weight, MEMBER)
+    }
+
     /// Registers over a connection made for us (a confined worker cannot
     /// connect: when it moves to another GPU the daemon connects to that
     /// GPU's service and passes the socket).
-    pub fn over(mut stream: UnixStream, vgpu: u32, weight: f64) -> Result<Gate, Error> {
+    pub fn over(stream: UnixStream, vgpu: u32, weight: f64) -> Result<Gate, Error> {
+        Self::hello(stream, vgpu, weight, 0)
+    }
+
+    /// Says `HELLO` (`member`: 0 or `MEMBER`) and makes the gate.
+    fn hello(mut stream: UnixStream, vgpu: u32, weight: f64, member: u64) -> Result<Gate, Error> {
         let w = crate::sat_u64((weight * 1000.0).round().max(1.0));
         stream
-            .write_all(&encode(HELLO, vgpu, w, 0))
+            .write_all(&encode(HELLO, vgpu, w, member))
             .map_err(|e| Error::Io {
                 what: "grant hello",
                 source: e,

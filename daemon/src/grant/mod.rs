@@ -33,6 +33,10 @@
 //! on a busy host took the CPU from the guests and cost the lightest vGPU
 //! its share (`results/2026-11-26-h100-busy-host-bisect.md`).
 //!
+//! A vGPU may be served by several workers, one per guest process (their
+//! `HELLO` says `MEMBER`): they are one place in the queue, sharing its
+//! grants (`group.rs`).
+//!
 //! Messages are 24 bytes, little-endian: `[kind u32][vgpu u32][a u64][b u64]`.
 
 use std::collections::HashMap;
@@ -48,7 +52,9 @@ use std::{os::unix::net::UnixStream, time::Instant};
 use crate::hostcpu::ServiceLift;
 use crate::Error;
 
+mod conn;
 mod corun;
+mod group;
 mod service;
 
 use service::{Command, Service};

@@ -3,7 +3,7 @@
 //! the daemon, a grant overdue), and a loop that polls and dispatches.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +14,8 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use sched::GpuScheduler;
 use wire::grant::*;
 
+use super::conn::{Conn, Heard};
+use super::group::Group;
 use super::{corun, hold_limit, Usage, VgpuLive, HELLO_WAIT};
 
 /// How long the service sleeps while no vGPU holds or wants its GPU: the
@@ -71,7 +73,7 @@ pub(super) struct Service {
     /// The holders the vCPU lift was last told of (see `hostcpu::lift`).
     lifted: (Option<u32>, Vec<u32>),
     sched: GpuScheduler,
-    conns: HashMap<u32, UnixStream>,
+    conns: HashMap<u32, Conn>,
     holder: Option<u32>,
     held_since: Instant,
     /// When the holder's slice ends, extensions included.
@@ -153,8 +155,13 @@ impl Service {
             }
             self.on_tick();
             self.accept();
-            for id in self.readable() {
-                self.read_from(id);
+            for (id, i) in self.readable() {
+                self.read_from(id, i);
+            }
+            let ids: Vec<u32> = self.conns.keys().copied().collect();
+            for id in ids {
+                let heard = self.conns.get_mut(&id).map_or(Vec::new(), Conn::tick);
+                self.on_heard(id, heard);
             }
             self.revoke_overdue();
             self.pass_round();
@@ -332,16 +339,31 @@ impl Service {
         }
     }
 
-    /// A connection's first message, whole: a worker registers its vGPU.
+    /// A connection's first message, whole: a worker registers its vGPU,
+    /// alone or as one of its members (`MEMBER`, see `group.rs`).
     fn on_hello(&mut self, p: Pending) {
-        let (kind, vgpu, weight_milli, _) = decode(&p.m);
+        let (kind, vgpu, weight_milli, member) = decode(&p.m);
         let weight = self
             .shares
             .get(&vgpu)
             .map_or(weight_milli as f64 / 1000.0, |s| s.weight);
-        if kind == HELLO && !self.conns.contains_key(&vgpu) && self.sched.add(vgpu, weight).is_ok()
-        {
-            self.conns.insert(vgpu, p.s);
+        let conn = match (kind, member, self.conns.get_mut(&vgpu)) {
+            (HELLO, MEMBER, Some(Conn::Group(g))) => {
+                if g.add(p.s) {
+                    return;
+                }
+                None
+            }
+            (HELLO, MEMBER, None) => {
+                let mut g = Group::new(vgpu, self.hold_limit);
+                g.add(p.s);
+                Some(Conn::Group(g))
+            }
+            (HELLO, 0, None) => Some(Conn::Worker(p.s)),
+            _ => None,
+        };
+        if let Some(conn) = conn.filter(|_| self.sched.add(vgpu, weight).is_ok()) {
+            self.conns.insert(vgpu, conn);
             if let Some(lag) = self.arriving.remove(&vgpu) {
                 let _ = self.sched.queue().set_lag(vgpu, lag);
             }
@@ -363,12 +385,15 @@ impl Service {
     /// next hand-off are timed to the millisecond), and up to `QUIET_WAIT`
     /// while none does, woken at once by a worker's message or a new
     /// connection: an idle GPU's service takes no CPU from busy threads.
-    fn readable(&self) -> Vec<u32> {
-        let ids: Vec<u32> = self.conns.keys().copied().collect();
-        let mut fds: Vec<PollFd<'_>> = ids
-            .iter()
-            .map(|i| PollFd::new(self.conns[i].as_fd(), PollFlags::POLLIN))
-            .collect();
+    fn readable(&self) -> Vec<(u32, usize)> {
+        let mut ids: Vec<(u32, usize)> = Vec::new();
+        let mut fds: Vec<PollFd<'_>> = Vec::new();
+        for (&id, c) in &self.conns {
+            for (i, fd) in c.fds().into_iter().enumerate() {
+                ids.push((id, i));
+                fds.push(PollFd::new(fd, PollFlags::POLLIN));
+            }
+        }
         let quiet = self.holder.is_none()
             && self.drainer.is_none()
             && self.active.is_empty()
@@ -385,26 +410,24 @@ impl Service {
             .collect()
     }
 
-    /// Reads one message of `id`'s worker and handles it.
-    fn read_from(&mut self, id: u32) {
-        let Some(s) = self.conns.get_mut(&id) else {
-            return;
-        };
-        let mut m = [0u8; 24];
-        match s.read_exact(&mut m) {
-            Ok(()) => {
-                let now = self.now_ns();
-                let (kind, _, a, b) = decode(&m);
-                match kind {
-                    WANT => self.on_want(id, now),
-                    DRAINING => self.on_draining(id, now),
-                    RELEASE => self.on_release(id, a, b, now),
-                    _ => self.on_report(id, kind, a, b),
-                }
+    /// Reads one message from socket `i` of `id`'s connection and handles
+    /// what the vGPU said.
+    fn read_from(&mut self, id: u32, i: usize) {
+        let heard = self.conns.get_mut(&id).map_or(Vec::new(), |c| c.read(i));
+        self.on_heard(id, heard);
+    }
+
+    /// What vGPU `id` said, in order; gone, it is forgotten with its grant.
+    fn on_heard(&mut self, id: u32, heard: Vec<Heard>) {
+        for h in heard {
+            let now = self.now_ns();
+            match h {
+                Heard::Said((WANT, _, _)) => self.on_want(id, now),
+                Heard::Said((DRAINING, _, _)) => self.on_draining(id, now),
+                Heard::Said((RELEASE, a, b)) => self.on_release(id, a, b, now),
+                Heard::Said((kind, a, b)) => self.on_report(id, kind, a, b),
+                Heard::Gone => return self.forget_worker(id),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            // The worker went away: forget it, and its grant.
-            Err(_) => self.forget_worker(id),
         }
     }
 
@@ -595,10 +618,8 @@ impl Service {
         let now_ns = self.now_ns();
         let snapshot = self.usage.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for id in self.co.admit(&mut self.sched, h, now_ns, &snapshot) {
-            if let Some(s) = self.conns.get_mut(&id) {
-                if s.write_all(&encode(GRANT, id, crate::nanos(left), 0))
-                    .is_ok()
-                {
+            if let Some(c) = self.conns.get_mut(&id) {
+                if c.send(id, GRANT, crate::nanos(left), 0) {
                     self.co.holders.insert(id, self.deadline);
                     self.live(|u| u.entry(id).or_default().holding = true);
                 }
@@ -626,15 +647,15 @@ impl Service {
         if waiting > 0 {
             self.alone = false;
             for v in holding {
-                if let Some(s) = self.conns.get_mut(&v) {
-                    let _ = s.write_all(&encode(CONTENDED, v, 0, 0));
+                if let Some(c) = self.conns.get_mut(&v) {
+                    c.send(v, CONTENDED, 0, 0);
                 }
             }
         } else if self.deadline.saturating_duration_since(Instant::now()) <= self.slice {
             self.deadline += self.slice;
             for v in holding {
-                if let Some(s) = self.conns.get_mut(&v) {
-                    let _ = s.write_all(&encode(EXTEND, v, self.slice_ns, 0));
+                if let Some(c) = self.conns.get_mut(&v) {
+                    c.send(v, EXTEND, self.slice_ns, 0);
                 }
                 if let Some(end) = self.co.holders.get_mut(&v) {
                     *end = self.deadline;
@@ -664,11 +685,11 @@ impl Service {
         };
         let q = self.sched.queue();
         let others = q.runnable() - usize::from(q.is_runnable(vgpu));
-        let Some(s) = self.conns.get_mut(&vgpu) else {
+        let Some(c) = self.conns.get_mut(&vgpu) else {
             return;
         };
         let lone = u64::from(others == 0);
-        if s.write_all(&encode(GRANT, vgpu, granted, lone)).is_err() {
+        if !c.send(vgpu, GRANT, granted, lone) {
             return;
         }
         self.holder = Some(vgpu);

@@ -389,3 +389,44 @@ fn a_worker_claiming_huge_use_saturates_its_charge_and_the_service_serves_on() {
     other.release(1000, false).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two workers of one vGPU (a worker per guest process, `group.rs`) are
+/// one place in the queue: busy beside another vGPU of the same weight,
+/// the other holds the GPU about half the time (as two places it would
+/// hold a third; charged the sum of its members' times, two thirds).
+#[test]
+fn a_vgpus_workers_share_its_place_in_the_queue() {
+    let (dir, svc) = service("members", 2_000_000, false);
+    let all = Arc::new(std::sync::Barrier::new(3));
+    let run = Duration::from_millis(1500);
+    let threads: Vec<_> = [(1, true), (1, true), (2, false)]
+        .into_iter()
+        .map(|(vgpu, member)| {
+            let (path, all) = (svc.path().to_owned(), all.clone());
+            std::thread::spawn(move || {
+                let mut g = if member {
+                    Gate::connect_member(&path, vgpu, 1.0).unwrap()
+                } else {
+                    Gate::connect(&path, vgpu, 1.0).unwrap()
+                };
+                all.wait();
+                std::thread::sleep(Duration::from_millis(20));
+                let start = Instant::now();
+                let held = busy_until(&mut g, start + run, |_| {});
+                held as f64 / crate::nanos(start.elapsed()) as f64
+            })
+        })
+        .collect();
+    let share: Vec<f64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(
+        share[0] > 0.2 && share[1] > 0.2,
+        "both members granted: {share:?}"
+    );
+    assert!(
+        (0.4..0.6).contains(&share[2]),
+        "the other vGPU's share {share:?}"
+    );
+    let live = svc.live();
+    assert_eq!(live.len(), 2, "{live:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
