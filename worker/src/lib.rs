@@ -62,6 +62,7 @@ pub mod executor;
 pub mod feed;
 pub mod gate;
 pub mod image_client;
+pub mod ledger;
 pub mod priority;
 pub mod process;
 pub mod procfs;

@@ -114,6 +114,12 @@ pub struct WorkerConfig {
     /// The serving thread's nice value (the host CPU options' priority
     /// lift, see `hostcpu`); None leaves it as started.
     pub lift_nice: Option<i32>,
+    /// Set when this worker is one of several serving its vGPU (a worker
+    /// per guest process): the memfd of the vGPU's memory ledger they all
+    /// count in (`ledger.rs`); its gate then registers as a member of the
+    /// vGPU, which shares one place in the GPU's queue
+    /// (`wire::grant::MEMBER`). None: the vGPU's one worker.
+    pub shared_vgpu: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 impl WorkerConfig {
@@ -143,6 +149,7 @@ impl WorkerConfig {
             prefill_contexts: 0,
             warm_contexts: 0,
             lift_nice: None,
+            shared_vgpu: None,
         }
     }
 }

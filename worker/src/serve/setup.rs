@@ -110,6 +110,9 @@ impl Device {
 /// The worker's connection to its GPU's grant service, if the scheduler runs.
 fn connect_gate(cfg: &WorkerConfig) -> Result<Option<crate::gate::Gate>, Error> {
     match &cfg.grant {
+        Some((path, id, weight)) if cfg.shared_vgpu.is_some() => {
+            Ok(Some(crate::gate::Gate::connect_member(path, *id, *weight)?))
+        }
         Some((path, id, weight)) => Ok(Some(crate::gate::Gate::connect(path, *id, *weight)?)),
         None => Ok(None),
     }
@@ -219,6 +222,13 @@ impl Worker {
             .map(|i| Ok(ChannelState::new(region.host_channel(i)?)))
             .collect::<Result<Vec<_>, transport::Error>>()?;
         let chunk = (crate::usize_from(cfg.layout.arena_size) / 4).max(4096);
+        let ledger = match &cfg.shared_vgpu {
+            Some(fd) => crate::ledger::Ledger::shared(fd.try_clone().map_err(|e| Error::Io {
+                what: "the vGPU's memory ledger",
+                source: e,
+            })?)?,
+            None => crate::ledger::Ledger::own(),
+        };
         let stats: Arc<Stats> = Arc::default();
         stats
             .device
@@ -255,6 +265,7 @@ impl Worker {
                     mem_limit,
                     device_mem,
                     used: 0,
+                    ledger,
                     stats: stats.clone(),
                 },
                 slice: shared::Slice {

@@ -86,7 +86,11 @@ pub(super) struct Memory {
     pub mem_limit: u64,
     /// The device's own memory.
     pub device_mem: u64,
+    /// What this worker's processes hold.
     pub used: u64,
+    /// What the vGPU holds, over all its workers (see `ledger.rs`): what
+    /// the limit is checked against.
+    pub ledger: crate::ledger::Ledger,
     pub stats: Arc<Stats>,
 }
 
@@ -178,16 +182,29 @@ impl Memory {
             .map_or(self.mem_limit, |l| l.min(self.device_mem))
     }
 
-    /// Counts `charge` more bytes held, and says so to the counters.
-    pub fn add(&mut self, charge: u64) {
+    /// Counts `charge` more bytes held if the vGPU's limit leaves room
+    /// (over all its workers), and says so to the counters; false, nothing
+    /// counted, if not. Reserved before the allocation, given back with
+    /// [`Memory::sub`] if it fails.
+    pub fn reserve(&mut self, charge: u64, link: &PeerLink) -> bool {
+        if !self.ledger.reserve(charge, self.limit(link)) {
+            return false;
+        }
         self.used += charge;
         self.stats.mem_used.store(self.used, Ordering::Relaxed);
+        true
     }
 
     /// Counts `charge` bytes fewer held, and says so to the counters.
     pub fn sub(&mut self, charge: u64) {
         self.used -= charge;
+        self.ledger.release(charge);
         self.stats.mem_used.store(self.used, Ordering::Relaxed);
+    }
+
+    /// What the vGPU holds, over all its workers.
+    pub fn vgpu_used(&self) -> u64 {
+        self.ledger.used()
     }
 }
 

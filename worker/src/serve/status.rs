@@ -57,7 +57,7 @@ pub(super) fn answer(sh: &mut Shared, ss: &Sessions, first: u32) -> (Reply, Vec<
     let r = Reply {
         vals: [
             sh.mem.limit(&sh.port.link),
-            sh.mem.used,
+            sh.mem.vgpu_used(),
             util_ppm,
             procs.len() as u64,
         ],

@@ -68,17 +68,17 @@ fn run(
     match req {
         Request::ArrayCreate { desc } => {
             let charge = s.ctx.footprint(desc.bytes());
-            let r = if s.arrays.full() || mem.used.saturating_add(charge) > mem.limit(&port.link) {
+            let r = if s.arrays.full() || !mem.reserve(charge, &port.link) {
                 Err(Status::OutOfMemory)
             } else {
-                s.ctx.array_op(ArrayOp::Create(desc)).map(|h| {
+                let r = s.ctx.array_op(ArrayOp::Create(desc)).map(|h| {
                     s.arrays.add(h, desc, charge);
                     s.mem_used += charge;
-                    mem.add(charge);
                     Reply {
                         vals: [h, charge, 0, 0],
                     }
-                })
+                });
+                r.inspect_err(|_| mem.sub(charge))
             };
             (
                 r,

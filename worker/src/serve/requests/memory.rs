@@ -81,7 +81,7 @@ pub(super) fn handle(
         Request::MemGetInfo => {
             let limit = sh.mem.limit(&sh.port.link);
             let r = Reply {
-                vals: [limit.saturating_sub(sh.mem.used), limit, 0, 0],
+                vals: [limit.saturating_sub(sh.mem.vgpu_used()), limit, 0, 0],
             };
             reply(&sh.port, c, tag, opc, Ok(r), &[])
         }
@@ -147,13 +147,12 @@ fn alloc(port: &Port, mem: &mut Memory, s: &mut Session, size: u64) -> Result<u6
     // asked: tiny allocations rounded up to a large granularity
     // must not add up past the limit.
     let charge = s.ctx.footprint(size);
-    let r = if mem.used.saturating_add(charge) > mem.limit(&port.link) {
-        Err(Status::OutOfMemory)
-    } else {
-        s.ctx.alloc(size).inspect(|&p| s.add_alloc(p, size, charge))
-    };
-    if r.is_ok() {
-        mem.add(charge);
+    if !mem.reserve(charge, &port.link) {
+        return Err(Status::OutOfMemory);
+    }
+    let r = s.ctx.alloc(size).inspect(|&p| s.add_alloc(p, size, charge));
+    if r.is_err() {
+        mem.sub(charge);
     }
     r
 }

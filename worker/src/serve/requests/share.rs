@@ -178,7 +178,7 @@ fn pointer_import(
 pub(in crate::serve) fn settle(mem: &mut Memory, tables: &mut Tables, s: &mut Session) {
     for (_, charge) in s.shares.orphans.closed() {
         s.uncount(charge);
-        mem.used -= charge;
+        mem.sub(charge);
     }
     settle_kept(mem, tables);
 }

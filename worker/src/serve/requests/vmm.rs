@@ -54,20 +54,20 @@ fn run(
         ),
         Request::VmmCreate { size, compression } => {
             // Counted as `MemAlloc` counts: what it takes on the device.
-            let r = if mem.used.saturating_add(size) > mem.limit(&port.link) {
+            let r = if !mem.reserve(size, &port.link) {
                 Err(Status::OutOfMemory)
             } else {
-                s.ctx.vmm_create(size, compression).map(|h| {
+                let r = s.ctx.vmm_create(size, compression).map(|h| {
                     s.vmm.created(h, size, size);
                     s.mem_used += size;
-                    mem.add(size);
                     // The compression the device gave, which the guest's
                     // cuMemGetAllocationPropertiesFromHandle answers.
                     let granted = s.ctx.vmm_compression(h).unwrap_or(0);
                     Reply {
                         vals: [h, u64::from(granted), 0, 0],
                     }
-                })
+                });
+                r.inspect_err(|_| mem.sub(size))
             };
             (r, "physical memory over the vGPU's limit")
         }
@@ -137,7 +137,7 @@ fn bury(mem: &mut Memory, tables: &mut Tables, s: &mut Session, dead: Option<Dea
     // still holds stays counted until it lets go (`share.rs`).
     if super::share::on_dead(s, d.handle, d.charge) {
         s.uncount(d.charge);
-        mem.used -= d.charge;
+        mem.sub(d.charge);
     }
     super::share::settle(mem, tables, s);
 }

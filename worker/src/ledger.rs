@@ -1,0 +1,147 @@
+//! The device memory a vGPU holds, counted against its limit: by its one
+//! worker, or across the workers of a vGPU served by several (a worker per
+//! guest process), in a page only the host's processes share (a memfd
+//! the daemon makes and passes to each; the guest never sees it).
+//!
+//! Memory is reserved before it is allocated ([`Ledger::reserve`]: the
+//! check against the limit and the count are one atomic step, so that two
+//! workers allocating at once cannot both fit under it) and given back if
+//! the allocation fails.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use transport::shm::SharedMemory;
+
+use crate::Error;
+
+/// Bytes of a shared ledger: one page, the count at offset 0.
+pub const LEDGER_SIZE: usize = 4096;
+
+/// A vGPU's count of device memory held.
+#[derive(Debug)]
+pub struct Ledger {
+    count: Count,
+}
+
+#[derive(Debug)]
+enum Count {
+    /// This worker's alone.
+    Own(u64),
+    /// Shared by the vGPU's workers.
+    Shared(SharedMemory),
+}
+
+impl Ledger {
+    /// A ledger of this worker's alone.
+    pub fn own() -> Ledger {
+        Ledger {
+            count: Count::Own(0),
+        }
+    }
+
+    /// A ledger shared by a vGPU's workers, in the memfd `fd`
+    /// ([`LEDGER_SIZE`] bytes, see [`Ledger::create`]).
+    pub fn shared(fd: OwnedFd) -> Result<Ledger, Error> {
+        let m = SharedMemory::map(fd, LEDGER_SIZE)?;
+        m.atomic_u64(0)?;
+        Ok(Ledger {
+            count: Count::Shared(m),
+        })
+    }
+
+    /// A new shared ledger's memfd, counting nothing (the daemon makes one
+    /// per vGPU served by several workers).
+    pub fn create(name: &str) -> Result<OwnedFd, Error> {
+        Ok(transport::shm::create_memfd(name, LEDGER_SIZE)?)
+    }
+
+    /// Bytes the vGPU holds (over all its workers).
+    pub fn used(&self) -> u64 {
+        match &self.count {
+            Count::Own(n) => *n,
+            Count::Shared(m) => Self::atomic(m).load(Ordering::Acquire),
+        }
+    }
+
+    /// Counts `bytes` more held if that keeps the vGPU within `limit`;
+    /// false (nothing counted) if not.
+    pub fn reserve(&mut self, bytes: u64, limit: u64) -> bool {
+        let fits = |n: u64| n.checked_add(bytes).filter(|&t| t <= limit);
+        match &mut self.count {
+            Count::Own(n) => fits(*n).map(|t| *n = t).is_some(),
+            Count::Shared(m) => Self::atomic(m)
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, fits)
+                .is_ok(),
+        }
+    }
+
+    /// Counts `bytes` fewer held (never below zero: another worker's
+    /// mistake must not wrap the vGPU's count).
+    pub fn release(&mut self, bytes: u64) {
+        match &mut self.count {
+            Count::Own(n) => *n = n.saturating_sub(bytes),
+            Count::Shared(m) => {
+                let _ = Self::atomic(m).fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    Some(n.saturating_sub(bytes))
+                });
+            }
+        }
+    }
+
+    /// The count of a shared ledger (mapped and checked at
+    /// [`Ledger::shared`]: offset 0 of a page is in bounds and aligned).
+    fn atomic(m: &SharedMemory) -> &AtomicU64 {
+        static NONE: AtomicU64 = AtomicU64::new(0);
+        m.atomic_u64(0).unwrap_or(&NONE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reservation_fits_under_the_limit_or_counts_nothing() {
+        let mut l = Ledger::own();
+        assert!(l.reserve(60, 100));
+        assert!(!l.reserve(41, 100));
+        assert_eq!(l.used(), 60);
+        assert!(l.reserve(40, 100));
+        assert!(!l.reserve(u64::MAX, u64::MAX), "no overflow");
+        l.release(200);
+        assert_eq!(l.used(), 0, "never below zero");
+    }
+
+    /// Two workers' ledgers on one memfd count together: what one holds
+    /// the other cannot take, and gets once it is given back; allocating
+    /// at once from several threads never passes the limit.
+    #[test]
+    fn workers_sharing_a_ledger_count_together() {
+        let fd = Ledger::create("fvg-ledger-test").unwrap();
+        let mut a = Ledger::shared(fd.try_clone().unwrap()).unwrap();
+        let mut b = Ledger::shared(fd.try_clone().unwrap()).unwrap();
+        assert!(a.reserve(40 << 20, 64 << 20));
+        assert!(!b.reserve(40 << 20, 64 << 20));
+        assert!(b.reserve(20 << 20, 64 << 20));
+        assert_eq!(a.used(), 60 << 20);
+        a.release(40 << 20);
+        assert!(b.reserve(40 << 20, 64 << 20));
+        b.release(60 << 20);
+        assert_eq!(a.used(), 0);
+        let taken: u64 = (0..4)
+            .map(|_| {
+                let fd = fd.try_clone().unwrap();
+                std::thread::spawn(move || {
+                    let mut l = Ledger::shared(fd).unwrap();
+                    (0..1000).filter(|_| l.reserve(3, 1000)).count() as u64 * 3
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .sum();
+        assert_eq!(taken, 999, "exactly what fits, however the threads raced");
+        assert_eq!(a.used(), 999);
+    }
+}
