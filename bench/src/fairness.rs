@@ -58,6 +58,7 @@ pub const GUEST_LAYOUT: LayoutParams = LayoutParams {
     arena_size: 1 << 20,
     vectors: 1,
     pinned_size: 0,
+    partitions: 1,
 };
 
 /// The daemon's defaults, with the bench's executor for GPU 0.

@@ -311,6 +311,7 @@ pub fn run(
             arena_size: 1 << 20,
             vectors: 1,
             pinned_size: probes::PINNED_POOL,
+            partitions: 1,
         },
     )?;
     let native_pool = native_pinned.pinned()?;
@@ -356,6 +357,7 @@ pub fn run(
         arena_size: 16 << 20,
         vectors: 2,
         pinned_size: probes::PINNED_POOL,
+        partitions: 1,
     };
     let wc = WorkerConfig {
         spin: cfg.spin,

@@ -78,6 +78,7 @@ fn latency(iters: usize) -> Result<()> {
         arena_size: 64 << 10,
         vectors: 1,
         pinned_size: 0,
+        partitions: 1,
     };
     let (region, _server, mut child) = ring_setup(params, &dir)?;
     let mut g = region.claim(0, std::process::id(), 0)?;
@@ -169,6 +170,7 @@ fn throughput(iters: usize) -> Result<()> {
         arena_size: 4 * PAYLOAD as u64,
         vectors: 1,
         pinned_size: 0,
+        partitions: 1,
     };
     let (region, _server, mut child) = ring_setup(params, &dir)?;
     let mut g = region.claim(0, std::process::id(), 0)?;

@@ -524,6 +524,7 @@ mod tests {
             arena_size: 8192,
             vectors: 2,
             pinned_size: 0,
+            partitions: 1,
         }
     }
 

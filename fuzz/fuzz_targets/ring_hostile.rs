@@ -12,6 +12,7 @@ fuzz_target!(|data: &[u8]| {
         arena_size: 4096,
         vectors: 1,
         pinned_size: 0,
+        partitions: 1,
     };
     let region = Region::create_in_heap(params).expect("region");
     let l = *region.layout();

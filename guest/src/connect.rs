@@ -21,6 +21,7 @@ impl Joiner {
             seq: self.seq.clone(),
             token: self.token,
             info: self.info.clone(),
+            first: self.first,
         });
         match &self.origin {
             Origin::Socket(p) => Gpu::attach_socket(p, self.policy, join),
@@ -42,13 +43,12 @@ impl Gpu {
 
     fn attach_socket(path: &Path, policy: SpinPolicy, join: Opening) -> Result<Gpu> {
         let client = Client::connect(path, Duration::from_secs(10))?;
-        let vectors = client.region.layout().params.vectors;
-        let ch = client
-            .region
-            .claim(u32::from(client.id), std::process::id(), 0)?;
-        let vector = ch.index() % vectors;
+        let layout = *client.region.layout();
+        let ch = claim(&client.region, &join, u32::from(client.id), 0)?;
+        let vector = ch.index() % layout.params.vectors;
         let own_bell: Arc<dyn Bell> = client.own_bells[vector as usize].clone();
-        let host_bell: Arc<dyn Bell> = client.host_bells[vector as usize].clone();
+        let host_bell: Arc<dyn Bell> =
+            client.host_bells[layout.host_vector(ch.index()) as usize].clone();
         Self::start(
             ch,
             vector,
@@ -70,13 +70,13 @@ impl Gpu {
         let dev = Arc::new(device::Device::open(path)?);
         let info = dev.info()?;
         let region = dev.region(&info)?;
-        let host_vectors = region.layout().params.vectors;
+        let layout = *region.layout();
         let vector = if info.vectors == 0 {
             0
         } else {
             current_cpu() % info.vectors
         };
-        let ch = region.claim(info.peer_id, std::process::id(), vector)?;
+        let ch = claim(&region, &join, info.peer_id, vector)?;
         // From here on, if this process dies, the module gives the channel back.
         dev.bind(ch.index(), ch.generation())?;
         if info.vectors > 0 {
@@ -91,7 +91,7 @@ impl Gpu {
         ));
         let host_bell: Arc<dyn Bell> = Arc::new(device::HostDoorbell::new(
             dev.clone(),
-            ch.index() % host_vectors,
+            layout.host_vector(ch.index()),
         ));
         Self::start(
             ch,
@@ -124,6 +124,7 @@ impl Gpu {
             seq: self.seq.clone(),
             token: self.token,
             info: self.info.clone(),
+            first: self.first,
         }
     }
 
@@ -194,6 +195,7 @@ impl Gpu {
         how: Opening,
     ) -> Result<Gpu> {
         ch.set_guest_vector(vector)?;
+        let index = ch.index();
         let seq = match &how {
             Opening::Join(j) => j.seq.clone(),
             _ => Arc::default(),
@@ -211,9 +213,11 @@ impl Gpu {
             copier: copy::Copier::default(),
             transport,
             take_output: true,
+            first: index,
         };
         match how {
             Opening::Join(j) => {
+                gpu.first = j.first;
                 gpu.call(&Request::Join { token: j.token })?;
                 gpu.token = j.token;
                 gpu.info = j.info;
@@ -236,4 +240,16 @@ impl Gpu {
             DeviceInfo::from_bytes(&data).map_err(|e| GuestError::Protocol(e.to_string()))?;
         Ok(gpu)
     }
+}
+
+/// Claims the channel a new connection opens `how`: a process's first
+/// (a whole process slot's, where the region is split into them), a
+/// further one in its session's slot, or a monitor's.
+fn claim(region: &transport::Region, how: &Opening, peer: u32, vector: u32) -> Result<GuestChannel> {
+    let pid = std::process::id();
+    Ok(match how {
+        Opening::Hello => region.claim_process(peer, pid, vector)?,
+        Opening::Join(j) => region.claim_in_slot(j.first, peer, pid, vector)?,
+        Opening::Monitor => region.claim_monitor(peer, pid, vector)?,
+    })
 }

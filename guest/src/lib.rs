@@ -119,6 +119,9 @@ pub struct Gpu {
     /// Whether a reply that says kernel output is held makes the process
     /// take it at once (the default; see [`Gpu::set_take_output`]).
     take_output: bool,
+    /// The session's first channel: where the region's channels are split
+    /// into process slots, further channels come from its slot.
+    first: u32,
 }
 
 /// Where a process found its vGPU: a host socket or a VM's device.
@@ -136,6 +139,7 @@ pub struct Joiner {
     seq: Arc<numbering::Numbering>,
     token: [u64; 2],
     info: DeviceInfo,
+    first: u32,
 }
 
 /// How a new channel starts: a process's first (`Hello`), a further one
@@ -151,6 +155,8 @@ struct Joining {
     seq: Arc<numbering::Numbering>,
     token: [u64; 2],
     info: DeviceInfo,
+    /// The session's first channel.
+    first: u32,
 }
 
 /// What keeps the channel reachable: the host socket (native) or the kernel

@@ -132,6 +132,7 @@ pub fn worker_config(name: &str, socket: PathBuf, mem_limit: u64) -> WorkerConfi
         arena_size: 1 << 20,
         vectors: 4,
         pinned_size: 32 << 20,
+        partitions: 1,
     };
     WorkerConfig {
         spin: TEST_SPIN,

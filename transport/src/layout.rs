@@ -24,7 +24,7 @@ use crate::usize_from;
 /// "FVGPUSHM", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FVGPUSHM");
 /// Bumped on every incompatible change of this file.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Alignment (and size unit) of the pinned pool: a huge page.
 pub const PINNED_ALIGN: u64 = 2 << 20;
 /// Size of the header page.
@@ -60,9 +60,14 @@ pub mod hdr {
     pub const PINNED_SIZE: usize = 56;
     /// u64 offset of the pinned pool.
     pub const PINNED_OFFSET: usize = 64;
+    /// u32 process slots the channels are split into (see
+    /// [`super::LayoutParams::partitions`]).
+    pub const PARTITIONS: usize = 72;
     /// u32 host epoch, bumped by every host start; 0 while no host serves.
     pub const HOST_EPOCH: usize = 128;
-    /// u32 set by the host worker before it blocks on its doorbell.
+    /// u32 set by the host worker before it blocks on its doorbell: one
+    /// per process slot, [`super::LINE`] apart (the first is the only one
+    /// where the channels are not split).
     pub const HOST_SLEEPING: usize = 256;
 }
 
@@ -140,6 +145,19 @@ pub struct LayoutParams {
     /// memory); a multiple of 2 MiB, 0 for none.
     #[serde(default = "default_pinned")]
     pub pinned_size: u64,
+    /// Process slots: the channels split into this many equal runs, each
+    /// served by a worker process of its own, a guest process's channels
+    /// all in one run (its first channel, the run's first, held for the
+    /// process's life); the guest rings the slot's own host doorbell
+    /// vector and reads its own host-sleeping word. 1: one worker serves
+    /// every channel. See docs/design.md, "Isolation between a VM's
+    /// processes".
+    #[serde(default = "one")]
+    pub partitions: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn default_pinned() -> u64 {
@@ -154,6 +172,7 @@ impl Default for LayoutParams {
             arena_size: 4 << 20,
             vectors: 4,
             pinned_size: 256 << 20,
+            partitions: 1,
         }
     }
 }
@@ -179,6 +198,8 @@ const MAX_RING_ENTRIES: u32 = 1 << 16;
 const MAX_ARENA: u64 = 1 << 30;
 const MAX_VECTORS: u32 = 64;
 const MAX_PINNED: u64 = 64 << 30;
+/// Process slots at most: their host-sleeping words fit the header page.
+pub const MAX_PARTITIONS: u32 = 16;
 
 impl Layout {
     /// Computes and validates a layout.
@@ -214,6 +235,16 @@ impl Layout {
                 params.vectors
             ));
         }
+        if params.partitions == 0
+            || params.partitions > MAX_PARTITIONS
+            || !params.channels.is_multiple_of(params.partitions)
+            || (params.partitions > 1 && params.vectors < params.partitions)
+        {
+            return bad(format!(
+                "partitions must be 1..={MAX_PARTITIONS}, divide the {} channels and be at most the {} vectors, not {}",
+                params.channels, params.vectors, params.partitions
+            ));
+        }
         if !params.pinned_size.is_multiple_of(PINNED_ALIGN) || params.pinned_size > MAX_PINNED {
             return bad(format!(
                 "pinned_size must be a multiple of {PINNED_ALIGN} up to {MAX_PINNED}, not {}",
@@ -240,6 +271,34 @@ impl Layout {
             pinned_offset,
             region_size,
         })
+    }
+
+    /// Channels per process slot.
+    pub fn slot_channels(&self) -> u32 {
+        self.params.channels / self.params.partitions
+    }
+
+    /// The process slot of channel `ch`.
+    pub fn partition_of(&self, ch: u32) -> u32 {
+        ch / self.slot_channels()
+    }
+
+    /// The channels of process slot `k`.
+    pub fn partition_channels(&self, k: u32) -> std::ops::Range<u32> {
+        let n = self.slot_channels();
+        let start = k.min(self.params.partitions) * n;
+        start..start + n
+    }
+
+    /// The host doorbell vector a guest rings for channel `ch`: its slot's
+    /// where the channels are split (each slot's worker waits on its own),
+    /// else spread over the vectors.
+    pub fn host_vector(&self, ch: u32) -> u32 {
+        if self.params.partitions > 1 {
+            self.partition_of(ch)
+        } else {
+            ch % self.params.vectors
+        }
     }
 
     /// Offset of channel `i`'s start.

@@ -439,6 +439,7 @@ mod tests {
             arena_size: arena,
             vectors: 1,
             pinned_size: 0,
+            partitions: 1,
         })
         .unwrap();
         let mem = Arc::new(SharedMemory::heap(l.channels_offset + l.channel_stride));

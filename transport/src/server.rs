@@ -660,6 +660,7 @@ mod tests {
             arena_size: 8192,
             vectors: 2,
             pinned_size: 0,
+            partitions: 1,
         };
         let (region, fd) = Region::create("t", params).unwrap();
         let server = serve(&sock, fd, 2).unwrap();
@@ -718,6 +719,7 @@ mod tests {
             arena_size: 8192,
             vectors: 4,
             pinned_size: 0,
+            partitions: 1,
         };
         let (_region, fd) = Region::create("t", params).unwrap();
         let (tx, rx) = channel();

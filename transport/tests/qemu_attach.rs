@@ -35,6 +35,7 @@ fn qemu_ivshmem_doorbell_attaches_to_our_server() {
         arena_size: 64 << 10,
         vectors: 2,
         pinned_size: 0,
+        partitions: 1,
     };
     let (region, fd) = Region::create("qemu-test", params).unwrap();
     let server = serve(&sock, fd, params.vectors).unwrap();

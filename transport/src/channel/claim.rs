@@ -130,7 +130,78 @@ impl Region {
     /// Guest: claims the first free channel for `peer` (its ivshmem peer id),
     /// process `pid`, waiting on doorbell vector `vector`.
     pub fn claim(&self, peer: u32, pid: u32, vector: u32) -> Result<GuestChannel> {
-        for ch in 0..self.channels() {
+        self.claim_among(0..self.channels(), peer, pid, vector)
+    }
+
+    /// Guest: claims a guest process's first channel. Where the channels
+    /// are split into process slots (`LayoutParams::partitions`), the
+    /// first channel of a slot whose channels are all free: the process
+    /// holds it for its life, and its other threads' channels come from
+    /// the same slot ([`Region::claim_in_slot`]), served by the slot's own
+    /// worker. Else any free channel.
+    pub fn claim_process(&self, peer: u32, pid: u32, vector: u32) -> Result<GuestChannel> {
+        let l = self.layout;
+        if l.params.partitions <= 1 {
+            return self.claim(peer, pid, vector);
+        }
+        for k in 0..l.params.partitions {
+            let run = l.partition_channels(k);
+            let all_free = run
+                .clone()
+                .all(|ch| self.claim_state(ch).is_ok_and(|s| s == ClaimState::Free));
+            if !all_free {
+                continue;
+            }
+            if let Ok(c) = self.claim_among(run.start..run.start + 1, peer, pid, vector) {
+                return Ok(c);
+            }
+        }
+        Err(Error::NoFreeChannel)
+    }
+
+    /// Guest: claims a further channel for a thread of the process whose
+    /// first channel is `first`: in that channel's process slot, not the
+    /// slot's first (where the channels are split), else any.
+    pub fn claim_in_slot(
+        &self,
+        first: u32,
+        peer: u32,
+        pid: u32,
+        vector: u32,
+    ) -> Result<GuestChannel> {
+        let l = self.layout;
+        if l.params.partitions <= 1 {
+            return self.claim(peer, pid, vector);
+        }
+        let run = l.partition_channels(l.partition_of(first));
+        self.claim_among(run.start + 1..run.end, peer, pid, vector)
+    }
+
+    /// Guest: claims a monitor's channel (one that opens no session): not
+    /// a process slot's first (where the channels are split), else any.
+    pub fn claim_monitor(&self, peer: u32, pid: u32, vector: u32) -> Result<GuestChannel> {
+        let l = self.layout;
+        if l.params.partitions <= 1 {
+            return self.claim(peer, pid, vector);
+        }
+        let n = l.slot_channels();
+        for ch in (0..self.channels()).filter(|ch| ch % n != 0) {
+            if let Ok(c) = self.claim_among(ch..ch + 1, peer, pid, vector) {
+                return Ok(c);
+            }
+        }
+        Err(Error::NoFreeChannel)
+    }
+
+    /// Claims the first free channel of `chans`.
+    fn claim_among(
+        &self,
+        chans: std::ops::Range<u32>,
+        peer: u32,
+        pid: u32,
+        vector: u32,
+    ) -> Result<GuestChannel> {
+        for ch in chans {
             let state = self.ctl_word(ch, ctl::STATE)?;
             if state
                 .compare_exchange(FREE, CLAIMING, Ordering::AcqRel, Ordering::Relaxed)

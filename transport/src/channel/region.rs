@@ -167,6 +167,8 @@ impl Region {
             .store(p.ring_entries, Ordering::Relaxed);
         m.atomic_u32(hdr::VECTORS)?
             .store(p.vectors, Ordering::Relaxed);
+        m.atomic_u32(hdr::PARTITIONS)?
+            .store(p.partitions, Ordering::Relaxed);
         m.atomic_u64(hdr::ARENA_SIZE)?
             .store(p.arena_size, Ordering::Relaxed);
         m.atomic_u64(hdr::CHANNEL_STRIDE)?
@@ -239,6 +241,7 @@ impl Region {
             arena_size: m.atomic_u64(hdr::ARENA_SIZE)?.load(Ordering::Relaxed),
             vectors: m.atomic_u32(hdr::VECTORS)?.load(Ordering::Relaxed),
             pinned_size: m.atomic_u64(hdr::PINNED_SIZE)?.load(Ordering::Relaxed),
+            partitions: m.atomic_u32(hdr::PARTITIONS)?.load(Ordering::Relaxed),
         };
         let layout = Layout::new(params).map_err(|e| Error::BadHeader(e.to_string()))?;
         let stride = m.atomic_u64(hdr::CHANNEL_STRIDE)?.load(Ordering::Relaxed);
@@ -283,6 +286,22 @@ impl Region {
     /// The word the host worker sets before blocking on its doorbell.
     pub fn host_sleeping(&self) -> Result<&AtomicU32> {
         self.mem.atomic_u32(hdr::HOST_SLEEPING)
+    }
+
+    /// The host-sleeping word a guest of channel `ch` reads before it
+    /// rings the host: its process slot's.
+    pub fn host_sleeping_for(&self, ch: u32) -> Result<&AtomicU32> {
+        self.slot_sleeping(self.layout.partition_of(ch))
+    }
+
+    /// The host-sleeping word of process slot `k` (see
+    /// [`LayoutParams::partitions`]): set by that slot's worker.
+    pub fn slot_sleeping(&self, k: u32) -> Result<&AtomicU32> {
+        if k >= self.layout.params.partitions {
+            return Err(Error::NoSuchChannel(k));
+        }
+        self.mem
+            .atomic_u32(hdr::HOST_SLEEPING + k as usize * crate::layout::LINE)
     }
 
     /// The "consumer sleeps" word of one ring of channel `ch`.

@@ -15,6 +15,7 @@ fn small() -> LayoutParams {
         arena_size: 8192,
         vectors: 2,
         pinned_size: 0,
+        partitions: 1,
     }
 }
 
@@ -235,4 +236,73 @@ fn header_is_validated_on_open() {
         .unwrap()
         .store(1, Ordering::Relaxed);
     assert!(matches!(Region::open(fd), Err(Error::BadHeader(_))));
+}
+
+/// Channels split into process slots: a process's first channel is a
+/// whole free slot's first, its threads' come from the same slot, a
+/// monitor's from no slot's first; each slot has its own host doorbell
+/// vector and host-sleeping word; the header carries the split.
+#[test]
+#[cfg_attr(miri, ignore = "memfd_create is a system call Miri does not model")]
+fn process_slots_keep_each_process_in_its_own_run_of_channels() {
+    let p = LayoutParams {
+        channels: 6,
+        vectors: 3,
+        partitions: 3,
+        ..small()
+    };
+    let (host, fd) = Region::create("slots-test", p).unwrap();
+    let guest = Region::open(fd).unwrap();
+    assert_eq!(guest.layout().params.partitions, 3);
+    let a = guest.claim_process(1, 100, 0).unwrap();
+    let b = guest.claim_process(1, 200, 0).unwrap();
+    assert_eq!((a.index(), b.index()), (0, 2));
+    let a2 = guest.claim_in_slot(a.index(), 1, 100, 0).unwrap();
+    assert_eq!(a2.index(), 1);
+    assert!(
+        matches!(
+            guest.claim_in_slot(a.index(), 1, 100, 0),
+            Err(Error::NoFreeChannel)
+        ),
+        "slot 0 is full"
+    );
+    let m = guest.claim_monitor(1, 300, 0).unwrap();
+    assert_eq!(m.index(), 3, "a monitor takes no slot's first channel");
+    // Slot 1 is not all free (the monitor holds one): the next process
+    // takes slot 2; then none is left.
+    let c = guest.claim_process(1, 400, 0).unwrap();
+    assert_eq!(c.index(), 4);
+    assert!(matches!(
+        guest.claim_process(1, 500, 0),
+        Err(Error::NoFreeChannel)
+    ));
+    let l = guest.layout();
+    let vectors: Vec<u32> = (0..6).map(|ch| l.host_vector(ch)).collect();
+    assert_eq!(vectors, [0, 0, 1, 1, 2, 2]);
+    host.slot_sleeping(1).unwrap().store(1, Ordering::Relaxed);
+    assert_eq!(
+        guest.host_sleeping_for(2).unwrap().load(Ordering::Relaxed),
+        1
+    );
+    assert_eq!(
+        guest.host_sleeping_for(0).unwrap().load(Ordering::Relaxed),
+        0
+    );
+    assert!(host.slot_sleeping(3).is_err());
+}
+
+#[test]
+fn a_split_must_divide_the_channels_and_fit_the_vectors() {
+    for (channels, vectors, partitions) in [(6, 3, 4), (6, 2, 3), (6, 8, 0), (32, 32, 32)] {
+        let p = LayoutParams {
+            channels,
+            vectors,
+            partitions,
+            ..small()
+        };
+        assert!(
+            matches!(Region::create_in_heap(p), Err(Error::BadLayout(_))),
+            "{p:?}"
+        );
+    }
 }
