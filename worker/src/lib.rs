@@ -106,6 +106,9 @@ pub enum Error {
     /// was handed no connection to it.
     #[error("config: promoted without a connection to the grant service")]
     PromotedWithoutGrant,
+    /// A process slot the region does not have.
+    #[error("config: no process slot {0}: the region has {1}")]
+    NoSuchSlot(u32, u32),
     /// The worker's seccomp filter could not be made or installed.
     #[error(transparent)]
     Sandbox(#[from] sandbox::SandboxError),

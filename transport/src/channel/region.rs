@@ -68,8 +68,15 @@ impl Region {
     /// rewrites the header, bumps the host epoch, and marks LOST the
     /// channels the previous host served.
     pub fn take_over(&self) -> Result<()> {
+        self.take_over_channels(0..self.channels())
+    }
+
+    /// [`Region::take_over`] for the channels `chans` alone: a process
+    /// slot's worker (see [`LayoutParams::partitions`]) takes over its own
+    /// slot, leaving the others' claims to their workers.
+    pub fn take_over_channels(&self, chans: std::ops::Range<u32>) -> Result<()> {
         self.write_header()?;
-        for ch in 0..self.channels() {
+        for ch in chans.start..chans.end.min(self.channels()) {
             // A claim no host served yet (its guest came while no worker
             // ran) lost nothing: the new host serves it from the start.
             if self

@@ -117,6 +117,12 @@ fn serve_unbound(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) -> Re
         return Ok(false);
     };
     let r = match Request::decode(d.opcode, &d.inline) {
+        Ok(Request::Hello { .. }) if sh.port.slot.is_some() && !ss.is_empty() => {
+            // A process slot is one process's: a second would share its
+            // worker process, and so its faults and its address space.
+            refuse(&sh.port, c, "a second process in a process slot");
+            Err(Status::NotPermitted)
+        }
         Ok(Request::Hello { version }) if version == protocol::PROTOCOL_VERSION => {
             match sh.gpu.contexts.take(sh.gpu.exec.as_mut()) {
                 // No spare and no token: the Hello waits in its ring.

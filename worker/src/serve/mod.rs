@@ -120,9 +120,38 @@ pub struct WorkerConfig {
     /// vGPU, which shares one place in the GPU's queue
     /// (`wire::grant::MEMBER`). None: the vGPU's one worker.
     pub shared_vgpu: Option<Arc<std::os::fd::OwnedFd>>,
+    /// The process slot this worker serves where the region's channels are
+    /// split into them (`LayoutParams::partitions`): its channels alone,
+    /// one guest process at a time, its own doorbell vector, host-sleeping
+    /// word and part of the pinned pool. None: every channel.
+    pub slot: Option<u32>,
 }
 
 impl WorkerConfig {
+    /// The channels this worker serves: its process slot's, or all.
+    pub fn served(&self) -> Result<std::ops::Range<u32>, Error> {
+        let layout = transport::layout::Layout::new(self.layout)?;
+        Ok(match self.slot {
+            Some(k) if k < self.layout.partitions => layout.partition_channels(k),
+            Some(k) => return Err(Error::NoSuchSlot(k, self.layout.partitions)),
+            None => 0..self.layout.channels,
+        })
+    }
+
+    /// The part of the pinned pool this worker hands out, `[start, end)`
+    /// bytes: its process slot's share (whole 2 MiB units), or all of it.
+    pub fn pinned_part(&self) -> (u64, u64) {
+        let size = self.layout.pinned_size;
+        match self.slot {
+            Some(k) if self.layout.partitions > 1 => {
+                let unit = transport::layout::PINNED_ALIGN;
+                let part = size / u64::from(self.layout.partitions) / unit * unit;
+                (u64::from(k) * part, u64::from(k + 1) * part)
+            }
+            _ => (0, size),
+        }
+    }
+
     /// A worker of VM `name` serving `socket` with `layout` and `mem_limit`
     /// bytes of device memory; the rest as a worker outside the daemon has
     /// it: the default spin, no pinning, no scheduler, one busy period in
@@ -150,6 +179,7 @@ impl WorkerConfig {
             warm_contexts: 0,
             lift_nice: None,
             shared_vgpu: None,
+            slot: None,
         }
     }
 }

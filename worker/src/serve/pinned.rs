@@ -17,6 +17,9 @@ pub(super) const PAGE: u64 = 4096;
 /// The pool's blocks: offset -> (length, owner).
 #[derive(Debug, Default)]
 pub(super) struct PinnedPool {
+    /// Where its part of the region's pool begins (a process slot's
+    /// worker hands out its slot's part alone) and ends.
+    start: u64,
     size: u64,
     /// The pool's device address (0: not reachable by the device).
     device_base: u64,
@@ -25,9 +28,11 @@ pub(super) struct PinnedPool {
 }
 
 impl PinnedPool {
-    pub fn new(size: u64) -> PinnedPool {
+    /// A pool handing out `[start, end)` of the region's pool.
+    pub fn new_part(start: u64, end: u64) -> PinnedPool {
         PinnedPool {
-            size,
+            start,
+            size: end,
             ..Default::default()
         }
     }
@@ -52,7 +57,7 @@ impl PinnedPool {
         let len = len
             .checked_next_multiple_of(PAGE)
             .ok_or(Status::OutOfMemory)?;
-        let mut at = 0u64;
+        let mut at = self.start;
         for (&off, &(l, _)) in &self.blocks {
             if off - at >= len {
                 break;
@@ -142,7 +147,7 @@ mod tests {
 
     #[test]
     fn blocks_are_first_fit_owned_and_checked() {
-        let mut p = PinnedPool::new(16 * PAGE);
+        let mut p = PinnedPool::new_part(0, 16 * PAGE);
         let a = p.alloc(1, 1).unwrap();
         let b = p.alloc(3 * PAGE, 2).unwrap();
         assert_eq!((a, b), (0, PAGE));
@@ -158,5 +163,15 @@ mod tests {
         p.release(3);
         assert_eq!(p.used(), 3 * PAGE);
         assert!(p.alloc(u64::MAX, 1).is_err());
+    }
+
+    /// A process slot's worker hands out its part of the region's pool
+    /// alone.
+    #[test]
+    fn a_part_of_the_pool_hands_out_its_own_pages_alone() {
+        let mut p = PinnedPool::new_part(8 * PAGE, 16 * PAGE);
+        assert_eq!(p.alloc(PAGE, 1), Ok(8 * PAGE));
+        assert_eq!(p.alloc(7 * PAGE, 1), Ok(9 * PAGE));
+        assert_eq!(p.alloc(1, 1), Err(Status::OutOfMemory));
     }
 }

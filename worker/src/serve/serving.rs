@@ -283,7 +283,7 @@ impl Worker {
     fn peer_events(&mut self) {
         for peer in self.sh.port.link.departed() {
             // A native guest process (or a whole VM) went away: its channels are orphans.
-            for ch in 0..self.sh.port.region.channels() {
+            for ch in self.chans.iter().map(|c| c.host.index()) {
                 if self.sh.port.region.owner_peer(ch).ok() == Some(u32::from(peer)) {
                     let _ = self.sh.port.region.mark_abandoned(ch);
                 }
@@ -326,7 +326,7 @@ impl Worker {
     /// slept).
     fn block(&mut self) -> Result<bool, Error> {
         let region = self.sh.port.region.clone();
-        let flag = region.host_sleeping()?;
+        let flag = region.slot_sleeping(self.sh.port.slot.unwrap_or(0))?;
         flag.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         let mut busy = false;
@@ -334,7 +334,12 @@ impl Worker {
             busy |= service(&mut self.sh, c, &mut self.sessions);
         }
         if !busy {
-            let bells = self.sh.port.link.host_bells();
+            let all = self.sh.port.link.host_bells();
+            // A process slot's worker waits on its own vector alone.
+            let bells = match self.sh.port.slot {
+                Some(k) => all.get(k as usize..=k as usize).unwrap_or_default(),
+                None => all,
+            };
             let mut fds: Vec<PollFd<'_>> = bells
                 .iter()
                 .map(|b| PollFd::new(b.fd().as_fd(), PollFlags::POLLIN))

@@ -81,6 +81,11 @@ impl Sessions {
         self.map.remove(&id).map(|e| e.s)
     }
 
+    /// Whether no session is open.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
     pub fn get_mut(&mut self, id: SessionId) -> Option<&mut Entry> {
         self.map.get_mut(&id)
     }

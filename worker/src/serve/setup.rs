@@ -50,7 +50,10 @@ impl Device {
         region: Region,
     ) -> Result<Device, Error> {
         let mut exec = exec;
-        let arenas = (0..region.channels())
+        // Its own channels' arenas alone: a process slot's worker reaches
+        // no other slot's memory from the device.
+        let arenas = cfg
+            .served()?
             .map(|i| region.arena(i, Direction::ToGuest))
             .collect::<Result<Vec<_>, _>>()?;
         if let Err(s) = exec.register_host_memory(&arenas) {
@@ -65,8 +68,16 @@ impl Device {
         let pinned_map = if pinned_size > 0 {
             let m = region.map_pinned_at(PINNED_ADDR)?;
             info.pinned_size = pinned_size;
-            info.pinned_base = match exec.register_pinned(&m.slice()) {
-                Ok(base) => base,
+            // Its part of the pool alone is registered (a process slot's
+            // worker reaches no other slot's blocks from the device); the
+            // pool's device address is that of its offset 0.
+            let (start, end) = cfg.pinned_part();
+            let part = m
+                .slice()
+                .subslice(crate::usize_from(start), crate::usize_from(end - start))
+                .map_err(transport::Error::from)?;
+            info.pinned_base = match exec.register_pinned(&part) {
+                Ok(base) => base.wrapping_sub(start),
                 Err(s) => {
                     tracing::warn!(
                         "pinned pool not registered with the device ({s:?}): copies stay correct, kernels cannot reach it"
@@ -136,7 +147,8 @@ impl Worker {
         feed: std::os::fd::OwnedFd,
     ) -> Result<Worker, Error> {
         let (fd, fed) = Feed::receive(feed)?;
-        let region = Region::adopt(fd, cfg.layout)?;
+        let region = Region::map_existing(fd, cfg.layout)?;
+        region.take_over_channels(cfg.served()?)?;
         let dev = Device::prepare(cfg, exec, region)?;
         let w = Self::build(cfg, dev, PeerLink::Feed(fed), connect_gate(cfg)?)?;
         w.wake_lost()?;
@@ -167,7 +179,7 @@ impl Worker {
         start.ready()?;
         tracing::info!(vm = cfg.name, "standby worker ready");
         let mut fed = start.finish()?;
-        dev.region.take_over()?;
+        dev.region.take_over_channels(cfg.served()?)?;
         let gate = match (&cfg.grant, fed.take_grant()) {
             (Some((_, id, weight)), Some(s)) => Some(crate::gate::Gate::over(
                 std::os::unix::net::UnixStream::from(s),
@@ -187,7 +199,7 @@ impl Worker {
     /// previous worker, to find out.
     fn wake_lost(&self) -> Result<(), Error> {
         let w = self;
-        for ch in 0..w.sh.port.region.channels() {
+        for ch in w.chans.iter().map(|c| c.host.index()) {
             if w.sh.port.region.claim_state(ch)? == ClaimState::Lost {
                 tracing::warn!(
                     channel = ch,
@@ -215,10 +227,10 @@ impl Worker {
             images,
         } = dev;
         let mut info = info;
-        let pinned_size = cfg.layout.pinned_size;
         let mem_limit = cfg.mem_limit.min(device_mem);
         info.total_mem = mem_limit;
-        let chans = (0..region.channels())
+        let chans = cfg
+            .served()?
             .map(|i| Ok(ChannelState::new(region.host_channel(i)?)))
             .collect::<Result<Vec<_>, transport::Error>>()?;
         let chunk = (crate::usize_from(cfg.layout.arena_size) / 4).max(4096);
@@ -239,7 +251,8 @@ impl Worker {
                     exec,
                     pinned_map,
                     pinned: {
-                        let mut p = pinned::PinnedPool::new(pinned_size);
+                        let (start, end) = cfg.pinned_part();
+                        let mut p = pinned::PinnedPool::new_part(start, end);
                         p.set_device_base(info.pinned_base);
                         p
                     },
@@ -260,6 +273,7 @@ impl Worker {
                     log: std::cell::RefCell::new(transport::LogLimiter::default()),
                     output: std::cell::RefCell::new(output::Output::new()),
                     poisoned: std::cell::Cell::new(None),
+                    slot: cfg.slot,
                 },
                 mem: shared::Memory {
                     mem_limit,

@@ -78,6 +78,9 @@ pub(super) struct Port {
     pub output: std::cell::RefCell<super::output::Output>,
     /// A sticky CUDA error: every context of this process is unusable.
     pub poisoned: std::cell::Cell<Option<Status>>,
+    /// The process slot served (see `WorkerConfig::slot`): one process at
+    /// a time; its host-sleeping word and doorbell vector.
+    pub slot: Option<u32>,
 }
 
 /// The vGPU's device memory: its limit and what its processes hold.
