@@ -37,6 +37,9 @@ pub struct VmSpec {
     pub corun: bool,
     /// Keeps a fault standby from its start (`[[vm]] standby`).
     pub standby: bool,
+    /// A worker per guest process, this many at once (`[[vm]]
+    /// process_slots`; 0: one worker for all).
+    pub process_slots: u32,
 }
 
 impl VmSpec {
@@ -49,6 +52,7 @@ impl VmSpec {
             tenant: None,
             corun: false,
             standby: false,
+            process_slots: 0,
         }
     }
 }
@@ -138,8 +142,8 @@ impl DaemonProc {
         for v in vms {
             let tenant = v.tenant.clone().unwrap_or_else(|| format!("t-{}", v.name));
             cfg.push_str(&format!(
-                "\n[[vm]]\nname = \"{}\"\ntenant = \"{tenant}\"\nweight = {}\nmemory_limit_mib = {}\ncorun = {}\nstandby = {}\n",
-                v.name, v.weight, v.memory_limit_mib, v.corun, v.standby
+                "\n[[vm]]\nname = \"{}\"\ntenant = \"{tenant}\"\nweight = {}\nmemory_limit_mib = {}\ncorun = {}\nstandby = {}\nprocess_slots = {}\n",
+                v.name, v.weight, v.memory_limit_mib, v.corun, v.standby, v.process_slots
             ));
         }
         std::fs::write(dir.join("host.toml"), cfg)?;

@@ -56,6 +56,14 @@ enum Cmd {
         /// contexts ahead, then wait on the feed until promoted.
         #[arg(long, requires = "feed_fd")]
         standby: bool,
+        /// The process slot it serves, in a VM with them (set by the
+        /// daemon).
+        #[arg(long, requires = "ledger_fd")]
+        slot: Option<u32>,
+        /// The fd of the VM's memory ledger, for a process slot's worker
+        /// (set by the daemon).
+        #[arg(long, requires = "slot")]
+        ledger_fd: Option<i32>,
     },
     /// Move a running vGPU to another GPU of the host (through the API).
     Migrate {
@@ -279,7 +287,16 @@ fn run(cli: Cli) -> Result<()> {
             feed_fd,
             gpu,
             standby,
-        } => worker_process(&config, &vm, id, feed_fd.map(|fd| (fd, standby)), gpu),
+            slot,
+            ledger_fd,
+        } => worker_process(
+            &config,
+            &vm,
+            id,
+            feed_fd.map(|fd| (fd, standby)),
+            gpu,
+            slot.zip(ledger_fd),
+        ),
         Cmd::Migrate { api, vm, gpu } => {
             let body = serde_json::json!({ "gpu": gpu }).to_string();
             let r = api.call(
@@ -411,8 +428,9 @@ fn worker_process(
     id: Option<u32>,
     feed: Option<(i32, bool)>,
     gpu: Option<u32>,
+    slot: Option<(u32, i32)>,
 ) -> Result<()> {
-    let spec = setup::worker_spec(&Config::load(config)?, vm, id, feed, gpu)?;
+    let spec = setup::worker_spec(&Config::load(config)?, vm, id, feed, gpu, slot)?;
     match worker::process::run(&spec) {
         // The daemon tells this exit apart from a crash.
         Err(worker::Error::Poisoned(_)) => std::process::exit(worker::process::EXIT_POISONED),

@@ -58,14 +58,14 @@ pub const UNPLUG_TIMEOUT: Duration = Duration::from_secs(60);
 impl Plug {
     /// The plug of VM `vm` of a config.
     pub fn for_vm(cfg: &Config, vm: &str) -> Result<Plug, Error> {
-        if cfg.vm(vm).is_none() {
+        let Some(vmc) = cfg.vm(vm) else {
             return Err(Error::NoVm(vm.to_owned()));
-        }
+        };
         Ok(Plug {
             vm: vm.to_owned(),
             id: format!("fairvgpu-{vm}"),
             socket: cfg.socket(vm),
-            vectors: cfg.layout.vectors,
+            vectors: cfg.layout_for(vmc).vectors,
         })
     }
 

@@ -44,8 +44,9 @@ const FEED_SEND_TIMEOUT: Duration = Duration::from_secs(2);
 /// What the VM's feed thread is asked to pass on.
 enum FeedMsg {
     Peer(PeerEvent),
-    /// A new worker's feed: the snapshot goes first, then what follows.
-    NewFeed(UnixStream),
+    /// A new worker's feed, for lane (process slot) `.1`: the snapshot
+    /// goes first, then what follows.
+    NewFeed(UnixStream, u32),
     Limit(u64),
     Migrate(u16, Option<OwnedFd>),
     /// A standby worker's feed: the region alone, the rest on promotion.
@@ -55,7 +56,10 @@ enum FeedMsg {
 }
 
 /// The daemon's side of one VM: its region, its ivshmem-server socket, and
-/// the feed of whichever worker serves it now.
+/// the feed of whichever worker serves it now (of each process slot's
+/// worker, where its processes have slots: a lane each), and its memory
+/// ledger (`worker::ledger`), which the workers of a VM with process slots
+/// share.
 ///
 /// Only the VM's own feed thread ever writes to its worker's feed; the
 /// supervisor and the control API hand it messages and never wait, so no
@@ -65,6 +69,7 @@ enum FeedMsg {
 pub struct VmHost {
     region: Region,
     server: ServerHandle,
+    ledger: OwnedFd,
     tx: Mutex<Sender<FeedMsg>>,
     /// Whether a worker's feed is open now.
     fed: Arc<AtomicBool>,
@@ -82,7 +87,7 @@ impl std::fmt::Debug for FeedMsg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             FeedMsg::Peer(_) => "Peer",
-            FeedMsg::NewFeed(_) => "NewFeed",
+            FeedMsg::NewFeed(..) => "NewFeed",
             FeedMsg::Limit(_) => "Limit",
             FeedMsg::Migrate(..) => "Migrate",
             FeedMsg::NewStandby(_) => "NewStandby",
@@ -98,7 +103,9 @@ struct Feeder {
     fd: OwnedFd,
     peers: PeerBells,
     host_bells: Vec<Arc<EventFdBell>>,
-    current: Option<UnixStream>,
+    /// The serving workers' feeds, by lane (process slot; 0 for a VM's
+    /// one worker).
+    lanes: std::collections::BTreeMap<u32, UnixStream>,
     fed: Arc<AtomicBool>,
     /// The limit last set while running (MiB), passed on to new workers too.
     limit_mib: Option<u64>,
@@ -136,7 +143,7 @@ impl VmHost {
             fd,
             peers: server.peers.clone(),
             host_bells: server.host_bells.clone(),
-            current: None,
+            lanes: Default::default(),
             fed: fed.clone(),
             limit_mib: None,
             reports: reports.clone(),
@@ -164,9 +171,11 @@ impl VmHost {
                     source,
                 })?
         };
+        let ledger = worker::ledger::Ledger::create(&format!("fairvgpu-{name}-ledger"))?;
         Ok(VmHost {
             region,
             server,
+            ledger,
             tx: Mutex::new(tx),
             fed,
             reports,
@@ -190,9 +199,24 @@ impl VmHost {
     /// peers, then every change. The previous worker's feed (if any) is
     /// closed. Never waits for the worker.
     pub fn feed(&self) -> Result<OwnedFd, Error> {
+        self.feed_slot(0)
+    }
+
+    /// A feed for the worker of process slot `slot` (as [`VmHost::feed`],
+    /// replacing that slot's worker's feed alone).
+    pub fn feed_slot(&self, slot: u32) -> Result<OwnedFd, Error> {
         let (ours, theirs) = feed_pair()?;
-        self.send(FeedMsg::NewFeed(ours))?;
+        self.send(FeedMsg::NewFeed(ours, slot))?;
         Ok(theirs.into())
+    }
+
+    /// The VM's memory ledger (a dup, for a worker of a VM with process
+    /// slots).
+    pub fn ledger(&self) -> Result<OwnedFd, Error> {
+        self.ledger.try_clone().map_err(|source| Error::Io {
+            what: "dup of the memory ledger",
+            source,
+        })
     }
 
     /// A feed for a standby worker: it gets the region alone, to map and
@@ -327,47 +351,66 @@ impl Feeder {
                     }
                 }
                 self.write(|s| send_msg(s, encode(PEER_GONE, id, 0), None));
-                if let Some(b) = self.host_bells.first() {
+                // Every worker looks (each process slot's waits on its own
+                // vector).
+                for b in &self.host_bells {
                     let _ = b.ring();
                 }
             }
-            FeedMsg::NewFeed(ours) => self.start_feed(ours),
+            FeedMsg::NewFeed(ours, lane) => self.start_feed(ours, lane),
             FeedMsg::Limit(mib) => {
                 self.limit_mib = Some(mib);
                 // A dead worker's successor gets it with its snapshot.
                 self.write(|s| send_msg(s, encode_value(LIMIT, mib), None));
             }
             FeedMsg::Migrate(gpu, grant) => {
-                let fd = grant.as_ref().map(|g| g.as_raw_fd());
-                self.write(|s| send_msg(s, (MIGRATE << 40) | i64::from(gpu), fd));
+                // A VM's one worker moves; a VM with process slots does not.
+                if self.lanes.len() == 1 && self.lanes.contains_key(&0) {
+                    let fd = grant.as_ref().map(|g| g.as_raw_fd());
+                    self.write(|s| send_msg(s, (MIGRATE << 40) | i64::from(gpu), fd));
+                }
             }
             FeedMsg::NewStandby(ours) => self.start_standby(ours),
             FeedMsg::Promote(grant) => self.promote(grant),
         }
     }
 
-    /// Writes to the current worker's feed; a worker that does not take it
-    /// within [`FEED_SEND_TIMEOUT`] (or whose feed broke) loses its feed.
-    fn write(&mut self, f: impl FnOnce(&UnixStream) -> Result<(), transport::Error>) {
-        let Some(s) = self.current.as_ref() else {
-            return;
-        };
-        if let Err(e) = f(s) {
-            tracing::warn!(vm = self.name, "worker feed closed: {e}");
-            self.close();
+    /// Writes to every serving worker's feed; a worker that does not take
+    /// it within [`FEED_SEND_TIMEOUT`] (or whose feed broke) loses its feed.
+    fn write(&mut self, f: impl Fn(&UnixStream) -> Result<(), transport::Error>) {
+        let failed: Vec<u32> = self
+            .lanes
+            .iter()
+            .filter_map(|(&lane, s)| {
+                f(s).err().map(|e| {
+                    tracing::warn!(vm = self.name, lane, "worker feed closed: {e}");
+                    lane
+                })
+            })
+            .collect();
+        for lane in failed {
+            self.close_lane(lane);
         }
     }
 
+    /// Closes every worker's feed.
     fn close(&mut self) {
-        if let Some(old) = self.current.take() {
+        let lanes: Vec<u32> = self.lanes.keys().copied().collect();
+        for lane in lanes {
+            self.close_lane(lane);
+        }
+    }
+
+    fn close_lane(&mut self, lane: u32) {
+        if let Some(old) = self.lanes.remove(&lane) {
             // For the worker, and for the thread reading its answers (which
             // holds a clone).
             let _ = old.shutdown(std::net::Shutdown::Both);
         }
-        self.fed.store(false, Ordering::Relaxed);
+        self.fed.store(!self.lanes.is_empty(), Ordering::Relaxed);
     }
 
-    fn start_feed(&mut self, ours: UnixStream) {
+    fn start_feed(&mut self, ours: UnixStream, lane: u32) {
         let sent = self
             .send_region(&ours)
             .and_then(|()| self.send_rest(&ours, None));
@@ -377,7 +420,7 @@ impl Feeder {
             return;
         }
         if self.listen_back(&ours, None) {
-            self.make_current(ours);
+            self.make_current(ours, lane);
         }
     }
 
@@ -457,12 +500,12 @@ impl Feeder {
         send_msg(s, encode(SYNCED, 0, 0), None)
     }
 
-    /// Makes `ours`, fed its snapshot, the current worker's feed.
-    fn make_current(&mut self, ours: UnixStream) {
-        self.close();
+    /// Makes `ours`, fed its snapshot, lane `lane`'s worker's feed.
+    fn make_current(&mut self, ours: UnixStream, lane: u32) {
+        self.close_lane(lane);
         // Said by the worker before this one, if at all.
         self.poisoned.store(false, Ordering::Relaxed);
-        self.current = Some(ours);
+        self.lanes.insert(lane, ours);
         self.fed.store(true, Ordering::Relaxed);
     }
 
@@ -494,7 +537,7 @@ impl Feeder {
             let _ = ours.shutdown(std::net::Shutdown::Both);
             return;
         }
-        self.make_current(ours);
+        self.make_current(ours, 0);
     }
 }
 

@@ -51,6 +51,7 @@ pub fn worker_spec(
     id: Option<u32>,
     feed: Option<(i32, bool)>,
     gpu: Option<u32>,
+    slot: Option<(u32, i32)>,
 ) -> Result<Spec, Error> {
     let vmc = cfg.vm(vm).ok_or_else(|| Error::NoVm(vm.to_owned()))?;
     let gpu = gpu.or(vmc.gpu).unwrap_or(0);
@@ -78,11 +79,17 @@ pub fn worker_spec(
         image_store: (feed.is_some() && cfg.daemon.share_images).then(|| image_store_socket(cfg)),
         // An MPS client makes its contexts ahead, while it may still
         // connect (see `mps.rs` and the worker's `serve/contexts.rs`).
-        prefill_contexts: if mps { cfg.gpu_mps_processes(gpu) } else { 0 },
+        // A process slot's worker serves one process at a time.
+        prefill_contexts: match (mps, slot) {
+            (true, Some(_)) => 1,
+            (true, None) => cfg.gpu_mps_processes(gpu),
+            (false, _) => 0,
+        },
         // A fault standby (`[daemon] fault_standby`, a GPU without MPS)
         // holds a context ready for the VM's next process.
         warm_contexts: usize::from(!mps && feed.is_some_and(|f| f.1)),
         lift_nice: (cfg.daemon.priority != 0).then_some(cfg.daemon.priority),
+        slot: slot.map(|s| s.0),
         ..WorkerConfig::new(
             vm,
             cfg.socket(vm),
@@ -95,6 +102,7 @@ pub fn worker_spec(
         executor: executor_spec(cfg),
         ordinal: if mps { 0 } else { gpu },
         feed,
+        ledger: slot.map(|s| s.1),
         sandbox: cfg.daemon.sandbox,
     })
 }
@@ -121,14 +129,14 @@ mod tests {
             dir.display().to_string()
         ))
         .unwrap();
-        let standby = worker_spec(&cfg, "vm1", None, Some((3, true)), None).unwrap();
+        let standby = worker_spec(&cfg, "vm1", None, Some((3, true)), None, None).unwrap();
         assert_eq!(standby.worker.warm_contexts, 1);
         assert_eq!(standby.worker.prefill_contexts, 0);
-        let serving = worker_spec(&cfg, "vm1", None, Some((3, false)), None).unwrap();
+        let serving = worker_spec(&cfg, "vm1", None, Some((3, false)), None, None).unwrap();
         assert_eq!(serving.worker.warm_contexts, 0);
-        let alone = worker_spec(&cfg, "vm1", None, None, None).unwrap();
+        let alone = worker_spec(&cfg, "vm1", None, None, None, None).unwrap();
         assert_eq!(alone.worker.warm_contexts, 0);
-        assert!(worker_spec(&cfg, "nope", None, None, None).is_err());
+        assert!(worker_spec(&cfg, "nope", None, None, None, None).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -43,7 +43,10 @@ impl Gpu {
             Ok(())
         })? {
             // Ring or arena full: the host is behind. Make sure it is awake.
-            notify_if_sleeping(self.ch.region().host_sleeping_for(self.ch.index())?, &*self.host_bell)?;
+            notify_if_sleeping(
+                self.ch.region().host_sleeping_for(self.ch.index())?,
+                &*self.host_bell,
+            )?;
             spins += 1;
             if spins > 1000 {
                 self.ch.check_alive()?;
@@ -52,7 +55,10 @@ impl Gpu {
                 std::hint::spin_loop();
             }
         }
-        notify_if_sleeping(self.ch.region().host_sleeping_for(self.ch.index())?, &*self.host_bell)?;
+        notify_if_sleeping(
+            self.ch.region().host_sleeping_for(self.ch.index())?,
+            &*self.host_bell,
+        )?;
         Ok(())
     }
 

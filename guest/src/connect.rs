@@ -245,7 +245,12 @@ impl Gpu {
 /// Claims the channel a new connection opens `how`: a process's first
 /// (a whole process slot's, where the region is split into them), a
 /// further one in its session's slot, or a monitor's.
-fn claim(region: &transport::Region, how: &Opening, peer: u32, vector: u32) -> Result<GuestChannel> {
+fn claim(
+    region: &transport::Region,
+    how: &Opening,
+    peer: u32,
+    vector: u32,
+) -> Result<GuestChannel> {
     let pid = std::process::id();
     Ok(match how {
         Opening::Hello => region.claim_process(peer, pid, vector)?,

@@ -39,6 +39,7 @@ fn a_tenant_weight_is_split_among_its_vms() {
         tenant: Some(tenant.into()),
         corun: false,
         standby: false,
+        process_slots: 0,
     };
     let vms = [
         vm("small", 1.0, "acme"),

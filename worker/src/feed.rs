@@ -83,7 +83,8 @@ impl FeedStart {
     }
 }
 
-/// Takes over the feed fd the daemon passed (by number, on the command line).
+/// Takes over an fd the daemon passed (by number, on the command line):
+/// the feed, or a VM's memory ledger.
 pub fn feed_from_fd(fd: RawFd) -> Result<OwnedFd, Error> {
     let bad = |what: &'static str| Error::Io {
         what,

@@ -60,6 +60,10 @@ pub struct Spec {
     /// The fd of the daemon's feed (region and doorbells) and whether to
     /// start as a standby; without, it serves its own region and socket.
     pub feed: Option<(i32, bool)>,
+    /// The fd of the VM's memory ledger, for a process slot's worker
+    /// (`WorkerConfig::slot`): it counts in the ledger the VM's workers
+    /// share.
+    pub ledger: Option<i32>,
     /// Whether it confines itself once set up.
     pub sandbox: bool,
 }
@@ -93,7 +97,11 @@ pub fn run(spec: &Spec) -> Result<(), Error> {
         spec.executor.open(spec.ordinal)?
     };
     let init_ms = crate::millis(started.elapsed());
-    let wc = &spec.worker;
+    let mut wc = spec.worker.clone();
+    if let Some(fd) = spec.ledger {
+        wc.shared_vgpu = Some(std::sync::Arc::new(crate::feed::feed_from_fd(fd)?));
+    }
+    let wc = &wc;
     let mut worker = match spec.feed {
         Some((fd, true)) => {
             Worker::standby(wc, exec, crate::feed::feed_from_fd(fd)?, spec.sandbox)?

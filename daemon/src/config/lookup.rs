@@ -8,12 +8,22 @@ use super::{default_mps_processes, Config, VmConfig};
 
 impl Config {
     /// The region layout of VM `vm` (the `[layout]`, with the VM's own
-    /// pinned pool size if it sets one).
+    /// pinned pool size if it sets one). A VM with process slots has its
+    /// channels split into them (at least two per slot, the `[layout]`'s
+    /// count rounded up to a multiple of the slots) and a host doorbell
+    /// vector per slot at least.
     pub fn layout_for(&self, vm: &VmConfig) -> LayoutParams {
-        LayoutParams {
+        let mut l = LayoutParams {
             pinned_size: vm.pinned_mib.map_or(self.layout.pinned_size, |m| m << 20),
             ..self.layout
+        };
+        if vm.process_slots > 0 {
+            let k = vm.process_slots;
+            l.partitions = k;
+            l.channels = l.channels.max(2 * k).div_ceil(k).saturating_mul(k);
+            l.vectors = l.vectors.max(k);
         }
+        l
     }
 
     /// The device policy of GPU `gpu`.

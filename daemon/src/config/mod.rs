@@ -216,6 +216,17 @@ pub struct VmConfig {
     /// from the start.
     #[serde(default)]
     pub standby: bool,
+    /// Each guest process of the VM served by a worker process of its own,
+    /// at most this many processes at once (1..=16; 0, the default: one
+    /// worker serves all the VM's processes). A process's fault, kernels
+    /// and memory are then its own, as natively: another process's
+    /// sticky error or stray pointer cannot reach it. Costs a worker
+    /// process and its GPU context per slot, from the VM's start; the
+    /// VM's processes cannot share memory through IPC handles, and the
+    /// vGPU does not migrate (see docs/design.md, "Isolation between a
+    /// VM's processes").
+    #[serde(default)]
+    pub process_slots: u32,
 }
 
 fn one() -> f64 {

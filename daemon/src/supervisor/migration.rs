@@ -51,6 +51,11 @@ fn start_migration(
     let from = plane.gpu_of(vm).unwrap_or(0);
     let cfg = plane.config();
     let vmc = cfg.vm(vm).ok_or_else(|| format!("no vm named {vm:?}"))?;
+    if vmc.process_slots > 0 {
+        return Err(format!(
+            "{vm} has process slots: its workers do not move between GPUs"
+        ));
+    }
     let grant = if cfg.daemon.scheduler {
         let src = plane.service(from).map_err(|e| e.to_string())?;
         let dst = plane

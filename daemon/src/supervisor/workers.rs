@@ -20,6 +20,9 @@ use crate::Error;
 /// One VM's worker as the supervisor sees it.
 pub(super) struct Supervised {
     pub name: String,
+    /// The process slot it serves, in a VM with process slots (a worker
+    /// per slot); None: the VM's one worker.
+    pub slot: Option<u32>,
     /// None while waiting to restart it.
     pub child: Option<Child>,
     pub started: Instant,
@@ -77,31 +80,35 @@ pub(super) struct Launcher {
 }
 
 impl Launcher {
-    /// A worker for `name`, or a standby one, the client of MPS side `side`
-    /// of its GPU (if the GPU runs MPS).
+    /// A worker for `name` (of process slot `slot`, in a VM with them), or
+    /// a standby one, the client of MPS side `side` of its GPU (if the GPU
+    /// runs MPS).
     pub fn spawn(
         &self,
         plane: &ControlPlane,
-        name: &str,
+        (name, slot): (&str, Option<u32>),
         host: &VmHost,
         mps: Option<(&MpsGpu, usize)>,
         standby: bool,
     ) -> Result<Child, Error> {
-        let feed = if standby {
-            host.standby_feed()?
-        } else {
-            host.feed()?
+        let feed = match (standby, slot) {
+            (true, _) => host.standby_feed()?,
+            (false, Some(k)) => host.feed_slot(k)?,
+            (false, None) => host.feed()?,
         };
-        // Only this fd crosses the exec (the rest are close-on-exec); the
+        let ledger = slot.map(|_| host.ledger()).transpose()?;
+        // Only these fds cross the exec (the rest are close-on-exec); the
         // supervisor is the only thread that starts processes.
-        nix::fcntl::fcntl(
-            &feed,
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-        )
-        .map_err(|e| Error::Io {
-            what: "feed fd flags",
-            source: e.into(),
-        })?;
+        for fd in std::iter::once(&feed).chain(ledger.as_ref()) {
+            nix::fcntl::fcntl(
+                fd,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+            )
+            .map_err(|e| Error::Io {
+                what: "feed fd flags",
+                source: e.into(),
+            })?;
+        }
         let gpu = plane.gpu_of(name).unwrap_or(0);
         let mut cmd = Command::new(&self.exe);
         cmd.args(["worker", "--config"])
@@ -114,6 +121,12 @@ impl Launcher {
             .arg(gpu.to_string());
         if standby {
             cmd.arg("--standby");
+        }
+        if let (Some(k), Some(l)) = (slot, &ledger) {
+            cmd.arg("--slot")
+                .arg(k.to_string())
+                .arg("--ledger-fd")
+                .arg(l.as_raw_fd().to_string());
         }
         if let Some((m, side)) = mps {
             cmd.envs(m.side(side).client_env())
@@ -168,46 +181,74 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Configured VMs without a worker get one.
+    /// Configured VMs without a worker get one (a worker per process slot
+    /// where they have slots).
     pub(super) fn start_missing(&mut self, want: &Config) -> Result<(), Error> {
         for vm in &want.vms {
-            if self.children.iter().any(|w| w.name == vm.name) {
-                continue;
+            let slots: Vec<Option<u32>> = match vm.process_slots {
+                0 => vec![None],
+                n => (0..n).map(Some).collect(),
+            };
+            for slot in slots {
+                if !self
+                    .children
+                    .iter()
+                    .any(|w| w.name == vm.name && w.slot == slot)
+                {
+                    self.start_worker(want, vm, slot)?;
+                }
             }
-            if !self.hosts.contains_key(&vm.name) {
-                let host = VmHost::start(&vm.name, &want.socket(&vm.name), want.layout_for(vm))?;
-                self.plane
-                    .watch_log_suppressed(&vm.name, host.log_counter());
-                self.launcher
-                    .host_cpu
-                    .registry
-                    .set_peers(self.plane.vgpu_id(&vm.name), host.peer_pids());
-                self.hosts.insert(vm.name.clone(), host);
-            }
-            let gpu = self.plane.gpu_of(&vm.name).unwrap_or(0);
-            let side = self.mps.get(&gpu).map(|m| (m, m.serving()));
-            let child =
-                self.launcher
-                    .spawn(&self.plane, &vm.name, &self.hosts[&vm.name], side, false)?;
-            self.children.push(Supervised {
-                name: vm.name.clone(),
-                child: Some(child),
-                side: side.map_or(0, |s| s.1),
-                started: Instant::now(),
-                quick_deaths: 0,
-                restart_at: None,
-                poisoned: false,
-                faulted: false,
-                standby: None,
-                standby_at: Instant::now() + STANDBY_AFTER,
-            });
-            tracing::info!(
-                vm = vm.name,
-                tenant = vm.tenant,
-                weight = vm.weight,
-                "vGPU worker started"
-            );
         }
+        Ok(())
+    }
+
+    /// Starts VM `vm`'s worker (of process slot `slot`), and the VM's host
+    /// side first if it has none yet.
+    fn start_worker(
+        &mut self,
+        want: &Config,
+        vm: &crate::config::VmConfig,
+        slot: Option<u32>,
+    ) -> Result<(), Error> {
+        if !self.hosts.contains_key(&vm.name) {
+            let host = VmHost::start(&vm.name, &want.socket(&vm.name), want.layout_for(vm))?;
+            self.plane
+                .watch_log_suppressed(&vm.name, host.log_counter());
+            self.launcher
+                .host_cpu
+                .registry
+                .set_peers(self.plane.vgpu_id(&vm.name), host.peer_pids());
+            self.hosts.insert(vm.name.clone(), host);
+        }
+        let gpu = self.plane.gpu_of(&vm.name).unwrap_or(0);
+        let side = self.mps.get(&gpu).map(|m| (m, m.serving()));
+        let child = self.launcher.spawn(
+            &self.plane,
+            (&vm.name, slot),
+            &self.hosts[&vm.name],
+            side,
+            false,
+        )?;
+        self.children.push(Supervised {
+            name: vm.name.clone(),
+            slot,
+            child: Some(child),
+            side: side.map_or(0, |s| s.1),
+            started: Instant::now(),
+            quick_deaths: 0,
+            restart_at: None,
+            poisoned: false,
+            faulted: false,
+            standby: None,
+            standby_at: Instant::now() + STANDBY_AFTER,
+        });
+        tracing::info!(
+            vm = vm.name,
+            slot,
+            tenant = vm.tenant,
+            weight = vm.weight,
+            "vGPU worker started"
+        );
         Ok(())
     }
 
@@ -222,7 +263,8 @@ impl Supervisor {
         w.child = None;
         w.poisoned = false;
         let gpu = self.plane.gpu_of(&w.name).unwrap_or(0);
-        if status.code() == Some(EXIT_POISONED) && !self.mps.contains_key(&gpu) {
+        if status.code() == Some(EXIT_POISONED) && !self.mps.contains_key(&gpu) && w.slot.is_none()
+        {
             // Without MPS a fault ends this worker alone: its
             // standby, if it has one ready, serves at once.
             w.faulted = true;
@@ -245,7 +287,7 @@ impl Supervisor {
     /// Tells the control plane which VMs have a standby worker and whether
     /// it is ready (status `standby`).
     pub(super) fn report_standbys(&self) {
-        for w in &self.children {
+        for w in self.children.iter().filter(|w| w.slot.is_none()) {
             let ready = w.standby.as_ref().map(|_| {
                 self.hosts
                     .get(&w.name)
@@ -272,10 +314,11 @@ impl Supervisor {
                 let Some(host) = self.hosts.get(w.name.as_str()) else {
                     continue;
                 };
-                w.child = Some(
-                    self.launcher
-                        .spawn(&self.plane, &w.name, host, side, false)?,
-                );
+                w.child =
+                    Some(
+                        self.launcher
+                            .spawn(&self.plane, (&w.name, w.slot), host, side, false)?,
+                    );
                 w.side = side.map_or(0, |s| s.1);
                 w.started = Instant::now();
                 w.restart_at = None;
@@ -293,7 +336,9 @@ impl Supervisor {
         want: &Config,
         dying: &std::collections::HashSet<(u32, usize)>,
     ) -> Result<(), Error> {
-        for w in &mut self.children {
+        // A process slot's worker has no standby: the VM's next process
+        // takes another slot.
+        for w in self.children.iter_mut().filter(|w| w.slot.is_none()) {
             let gpu = self.plane.gpu_of(&w.name).unwrap_or(0);
             // And, on a GPU without MPS, one for a VM that faulted before
             // (`[daemon] fault_standby`) or keeps one from its start
@@ -334,7 +379,7 @@ impl Supervisor {
             w.standby = Some(Standby {
                 child: self
                     .launcher
-                    .spawn(&self.plane, &w.name, host, client, true)?,
+                    .spawn(&self.plane, (&w.name, None), host, client, true)?,
                 side,
             });
             tracing::info!(vm = w.name, gpu, side, "standby worker started");
@@ -378,6 +423,7 @@ mod tests {
     fn restarts_at_once_unless_the_worker_keeps_dying_at_start() {
         let mut w = Supervised {
             name: "vm".into(),
+            slot: None,
             child: None,
             started: Instant::now() - Duration::from_secs(60),
             quick_deaths: 0,

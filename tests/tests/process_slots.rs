@@ -1,0 +1,208 @@
+//! A VM with process slots (`[[vm]] process_slots`), each guest process
+//! served by a worker process of its own, against a real `fairvgpu serve`
+//! on the sim: one process's sticky faults (a failed assert, a trap) and
+//! its kernels' stray pointers stay its own. A checked process computing
+//! throughout sees no error, the VM's next process computes at once after
+//! each fault, and a kernel given another process's buffer by address
+//! faults in its own process alone. (The sim gives each context addresses
+//! of its own, so the read fails here with one worker for the VM too; on
+//! a GPU the contexts of one process share their addresses, and only
+//! process slots keep the read out: `scripts/gpu/faults.sh`. With one
+//! worker for the VM, the checked process here sees the faults' errors.)
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
+use tests::{build_c_standin, cargo_build, standin, workspace};
+
+/// The faults program (`tests/c/faults.c`) in `mode` with `args`.
+fn program(exe: &Path, lib: &Path, socket: &Path, mode: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(exe);
+    c.arg(workspace().join("worker/kernels/faults.ptx"))
+        .arg(mode)
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib)
+        .env("FAIRVGPU_SOCKET", socket)
+        .stdin(Stdio::null());
+    c
+}
+
+fn run(exe: &Path, lib: &Path, socket: &Path, mode: &str, args: &[&str]) -> Output {
+    program(exe, lib, socket, mode, args)
+        .output()
+        .expect("program runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Starts a program in `mode` and reads its first line.
+fn started(exe: &Path, lib: &Path, socket: &Path, mode: &str, args: &[&str]) -> (Child, String) {
+    let mut child = program(exe, lib, socket, mode, args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("program starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().expect("stdout"))
+        .read_line(&mut line)
+        .expect("a line");
+    (child, line)
+}
+
+/// The address a `hold` process holds its buffer at, and its process.
+fn holder(exe: &Path, lib: &Path, socket: &Path, secs: &str) -> (Child, String) {
+    let (child, line) = started(exe, lib, socket, "hold", &[secs]);
+    let addr = line
+        .trim()
+        .strip_prefix("holding ")
+        .unwrap_or_else(|| panic!("{line:?}"))
+        .to_owned();
+    (child, addr)
+}
+
+/// What a process reading `addr` by kernel (`peek`) got.
+fn peek(exe: &Path, lib: &Path, socket: &Path, addr: &str) -> String {
+    let kernels = workspace().join("worker/kernels/fairvgpu.ptx");
+    let kernels = kernels.to_str().expect("a path in UTF-8");
+    text(&run(exe, lib, socket, "peek", &[addr, kernels]).stdout)
+}
+
+/// How long until a new process computed.
+fn next_process_computes(exe: &Path, lib: &Path, socket: &Path) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let out = run(exe, lib, socket, "compute", &[]);
+        if text(&out.stdout).contains("compute sync: CUDA_SUCCESS") {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no process computed after the fault: {}\n{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn each_process_of_a_vm_with_slots_keeps_its_faults_and_memory_to_itself() {
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 4;
+    let d = DaemonProc::start_logged(
+        &cargo_build("cli").join("fairvgpu"),
+        "process-slots",
+        ExecutorKind::Sim,
+        &[vm],
+        "info",
+    )
+    .unwrap();
+    let dir = d.dir.clone();
+    let lib = standin(&dir);
+    let exe = build_c_standin("faults", &dir, &lib, &[]);
+    let sock = d.socket("vm1");
+
+    // The checked process computes for the whole sequence.
+    let checked = program(&exe, &lib, &sock, "loop", &["8"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // Another process's buffer, read by address from a kernel: not there.
+    let (mut held, addr) = holder(&exe, &lib, &sock, "3");
+    let seen = peek(&exe, &lib, &sock, &addr);
+    assert!(seen.starts_with("peek: "), "{seen}");
+    assert!(
+        !seen.contains("1234.5"),
+        "read another process's memory: {seen}"
+    );
+    assert!(held.wait().unwrap().success());
+
+    // Faults, in turn: each its own process's error; the next process
+    // computes at once (another slot's worker serves it).
+    let out = run(&exe, &lib, &sock, "assert", &[]);
+    assert!(
+        text(&out.stdout).contains("assert sync: CUDA_ERROR_ASSERT"),
+        "{}",
+        text(&out.stdout)
+    );
+    let after_assert = next_process_computes(&exe, &lib, &sock);
+    let out = run(&exe, &lib, &sock, "trap", &[]);
+    assert!(
+        text(&out.stdout).contains("trap sync: CUDA_ERROR_LAUNCH_FAILED"),
+        "{}",
+        text(&out.stdout)
+    );
+    let after_trap = next_process_computes(&exe, &lib, &sock);
+    eprintln!(
+        "next process computed {} ms after an assert, {} ms after a trap",
+        after_assert.as_millis(),
+        after_trap.as_millis()
+    );
+
+    let out = checked.wait_with_output().unwrap();
+    let line = text(&out.stdout);
+    assert!(
+        line.contains(" 0 errors"),
+        "the checked process saw: {line}"
+    );
+    let rounds: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(rounds > 10, "{line}");
+    let log = std::fs::read_to_string(d.log_path()).unwrap();
+    assert!(log.contains("poisoned"), "the faults were not seen:\n{log}");
+}
+
+/// A guest process that forces its way into another's slot (claiming a
+/// channel there itself and saying `Hello` on it) is turned away: a slot's
+/// worker serves one process, so none shares another's worker process.
+#[test]
+fn a_second_process_in_a_slot_is_turned_away() {
+    use guest::{descriptor, Gpu};
+    use protocol::{Request, Status};
+    use transport::server::Client;
+
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 2;
+    let d = DaemonProc::start(
+        &cargo_build("cli").join("fairvgpu"),
+        "slot-intruder",
+        ExecutorKind::Sim,
+        &[vm],
+    )
+    .unwrap();
+    let sock = d.socket("vm1");
+    let mut owner = Gpu::connect_with(&sock, tests::TEST_SPIN).unwrap();
+    let p = owner.mem_alloc(1 << 20).unwrap();
+
+    let client = Client::connect(&sock, Duration::from_secs(5)).unwrap();
+    let mut ch = client
+        .region
+        .claim_in_slot(0, u32::from(client.id), 1, 0)
+        .unwrap();
+    assert_eq!(ch.index(), 1, "a channel of the owner's slot");
+    let hello = Request::Hello {
+        version: protocol::PROTOCOL_VERSION,
+    };
+    assert!(ch.req.try_send(&descriptor(&hello, 1), &[]).unwrap());
+    let mut buf = Vec::new();
+    let t = Instant::now();
+    let reply = loop {
+        if let Some(r) = ch.resp.try_recv(&mut buf).unwrap() {
+            break r;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no reply");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(Status::from_code(reply.status), Status::NotPermitted);
+    // The owner is served on.
+    owner.mem_free(p).unwrap();
+}
