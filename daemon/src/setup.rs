@@ -86,8 +86,9 @@ pub fn worker_spec(
             (false, _) => 0,
         },
         // A fault standby (`[daemon] fault_standby`, a GPU without MPS)
-        // holds a context ready for the VM's next process.
-        warm_contexts: usize::from(!mps && feed.is_some_and(|f| f.1)),
+        // holds a context ready for the VM's next process, and so does a
+        // process slot's worker for the slot's next process.
+        warm_contexts: usize::from(!mps && (feed.is_some_and(|f| f.1) || slot.is_some())),
         lift_nice: (cfg.daemon.priority != 0).then_some(cfg.daemon.priority),
         slot: slot.map(|s| s.0),
         ..WorkerConfig::new(

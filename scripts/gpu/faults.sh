@@ -13,6 +13,7 @@
 #     the same VM reads it by address with a kernel (natively: illegal
 #     address).
 # Carried: fairvgpu and libcuda.so in $R (default .carry/release).
+# SLOTS=N runs the VM with process slots (a worker per guest process).
 # Last line: next_process_ok=… next_process_ms=… neighbour_errors=…
 #   printf_lines=N/M host_log_guest_lines=… cross_process_reads=…
 set -uo pipefail
@@ -34,8 +35,18 @@ $W/bin/simplePrintf > $W/n.sp.out 2>&1; echo "simplePrintf rc=$?"
 # The VM keeps a fault standby from its start ([[vm]] standby), so that
 # its first fault, too, is recovered on a worker that is ready
 # (STANDBY=0: as the daemon does by default, only once it has faulted).
-[ "${STANDBY:-1}" = 1 ] && VM_KEYS="standby = true"
+# SLOTS=N: each guest process served by a worker of its own, N at once
+# ([[vm]] process_slots; no standby then).
+if [ "${SLOTS:-0}" -gt 0 ]; then
+  STANDBY=0; VM_KEYS="process_slots = $SLOTS"
+elif [ "${STANDBY:-1}" = 1 ]; then
+  VM_KEYS="standby = true"
+fi
+echo "== VM keys: ${VM_KEYS:-none}"
 daemon_start $W 8192
+sleep 3
+echo "-- the daemon's workers on the GPU, idle (pid, GPU memory)"
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
 echo "== through the stand-in"
 $SI $W/bin/faults $FP printf > $W/s.printf.out 2> $W/s.printf.err; echo "printf rc=$?"; cat $W/s.printf.out
 $SI $W/bin/simplePrintf > $W/s.sp.out 2>&1; echo "simplePrintf rc=$?"
