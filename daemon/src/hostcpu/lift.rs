@@ -23,6 +23,10 @@ pub use worker::priority::{PrioritySetter, SysPriority};
 pub struct Lifts<P: PrioritySetter> {
     setter: P,
     nice: i32,
+    /// The EEVDF slice lifted threads get besides the nice (ns, see
+    /// `worker::priority::LIFT_SLICE_NS`), and lose again with it; `None`:
+    /// the nice alone.
+    slice_ns: Option<u64>,
     /// Lifted thread -> its nice before the lift.
     lifted: BTreeMap<u32, i32>,
     /// Why lifting stopped (the host refused it), if it did.
@@ -36,9 +40,16 @@ pub struct Lifts<P: PrioritySetter> {
 impl<P: PrioritySetter> Lifts<P> {
     /// Lifts to `nice` with `setter`.
     pub fn new(setter: P, nice: i32) -> Self {
+        Self::with_slice(setter, nice, None)
+    }
+
+    /// Lifts to `nice` and, if `slice_ns` is given, to that EEVDF slice
+    /// (see [`worker::priority::set_slice`]) with `setter`.
+    pub fn with_slice(setter: P, nice: i32, slice_ns: Option<u64>) -> Self {
         Lifts {
             setter,
             nice,
+            slice_ns,
             lifted: BTreeMap::new(),
             refused: None,
             lifts: 0,
@@ -63,7 +74,11 @@ impl<P: PrioritySetter> Lifts<P> {
         for tid in drop {
             if let Some(before) = self.lifted.remove(&tid) {
                 if self.setter.get(tid) == Some(self.nice) {
-                    let _ = self.setter.set(tid, before);
+                    let _ = match self.slice_ns {
+                        // The default slice back with its nice.
+                        Some(_) => self.setter.set_with_slice(tid, before, 0),
+                        None => self.setter.set(tid, before),
+                    };
                 }
             }
         }
@@ -80,7 +95,11 @@ impl<P: PrioritySetter> Lifts<P> {
             if before <= self.nice {
                 continue;
             }
-            match self.setter.set(tid, self.nice) {
+            let set = match self.slice_ns {
+                Some(ns) => self.setter.set_with_slice(tid, self.nice, ns),
+                None => self.setter.set(tid, self.nice),
+            };
+            match set {
                 Ok(()) => {
                     self.lifted.insert(tid, before);
                     self.lifts += 1;
@@ -194,8 +213,9 @@ impl Lifter {
         let thread = std::thread::Builder::new()
             .name("vcpu-lift".into())
             .spawn(move || {
-                let _ = worker::priority::try_set_nice(super::own_tid(), nice);
-                run(&rx, &registry, Lifts::new(setter, nice), &r2);
+                let _ = worker::priority::lift_current_thread(nice);
+                let slice = Some(worker::priority::LIFT_SLICE_NS);
+                run(&rx, &registry, Lifts::with_slice(setter, nice, slice), &r2);
             })
             .ok();
         Lifter {
