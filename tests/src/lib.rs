@@ -1,6 +1,7 @@
 //! Fixtures for the end-to-end tests: a sim worker on a thread of the test
 //! process, serving a real ivshmem-server socket that guests attach to.
 
+pub mod faults;
 pub mod hostile;
 
 use std::path::{Path, PathBuf};

@@ -10,49 +10,13 @@
 //! process slots keep the read out: `scripts/gpu/faults.sh`. With one
 //! worker for the VM, the checked process here sees the faults' errors.)
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Stdio};
 
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
+use tests::faults::{next_process_computes, program, run, started, text};
 use tests::{build_c_standin, cargo_build, standin, workspace};
-
-/// The faults program (`tests/c/faults.c`) in `mode` with `args`.
-fn program(exe: &Path, lib: &Path, socket: &Path, mode: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(exe);
-    c.arg(workspace().join("worker/kernels/faults.ptx"))
-        .arg(mode)
-        .args(args)
-        .env("LD_LIBRARY_PATH", lib)
-        .env("FAIRVGPU_SOCKET", socket)
-        .stdin(Stdio::null());
-    c
-}
-
-fn run(exe: &Path, lib: &Path, socket: &Path, mode: &str, args: &[&str]) -> Output {
-    program(exe, lib, socket, mode, args)
-        .output()
-        .expect("program runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// Starts a program in `mode` and reads its first line.
-fn started(exe: &Path, lib: &Path, socket: &Path, mode: &str, args: &[&str]) -> (Child, String) {
-    let mut child = program(exe, lib, socket, mode, args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("program starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().expect("stdout"))
-        .read_line(&mut line)
-        .expect("a line");
-    (child, line)
-}
 
 /// The address a `hold` process holds its buffer at, and its process.
 fn holder(exe: &Path, lib: &Path, socket: &Path, secs: &str) -> (Child, String) {
@@ -70,24 +34,6 @@ fn peek(exe: &Path, lib: &Path, socket: &Path, addr: &str) -> String {
     let kernels = workspace().join("worker/kernels/fairvgpu.ptx");
     let kernels = kernels.to_str().expect("a path in UTF-8");
     text(&run(exe, lib, socket, "peek", &[addr, kernels]).stdout)
-}
-
-/// How long until a new process computed.
-fn next_process_computes(exe: &Path, lib: &Path, socket: &Path) -> Duration {
-    let t0 = Instant::now();
-    loop {
-        let out = run(exe, lib, socket, "compute", &[]);
-        if text(&out.stdout).contains("compute sync: CUDA_SUCCESS") {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "no process computed after the fault: {}\n{}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
