@@ -106,3 +106,41 @@ fn each_process_of_a_vm_with_slots_keeps_its_faults_and_memory_to_itself() {
     let log = std::fs::read_to_string(d.log_path()).unwrap();
     assert!(log.contains("poisoned"), "the faults were not seen:\n{log}");
 }
+
+/// A monitor (`nvidia-smi` in the guest, through the NVML stand-in) sees
+/// every process of a VM with process slots, each served by another worker,
+/// with the memory it holds, and the VM's memory over all of them.
+#[test]
+fn a_monitor_sees_the_processes_of_every_slot() {
+    use guest::Gpu;
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 3;
+    let d = DaemonProc::start(
+        &cargo_build("cli").join("fairvgpu"),
+        "slot-monitor",
+        ExecutorKind::Sim,
+        &[vm],
+    )
+    .unwrap();
+    let sock = d.socket("vm1");
+    let mut a = Gpu::connect_with(&sock, tests::TEST_SPIN).unwrap();
+    let mut b = Gpu::connect_with(&sock, tests::TEST_SPIN).unwrap();
+    a.mem_alloc(8 << 20).unwrap();
+    b.mem_alloc(16 << 20).unwrap();
+    let mut monitor = Gpu::monitor(&sock, tests::TEST_SPIN).unwrap();
+    // Each slot's worker publishes its process when it next looks at the
+    // clock (within milliseconds).
+    let t = std::time::Instant::now();
+    let report = loop {
+        let r = monitor.vgpu_status().unwrap();
+        let mut held: Vec<u64> = r.processes.iter().map(|p| p.mem_used).collect();
+        held.sort_unstable();
+        if held.len() == 2 && held[0] >= 8 << 20 && held[1] >= 16 << 20 {
+            break r;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "{r:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(report.mem_used >= 24 << 20, "{report:?}");
+    drop((a, b));
+}

@@ -15,8 +15,17 @@ use transport::shm::SharedMemory;
 
 use crate::Error;
 
-/// Bytes of a shared ledger: one page, the count at offset 0.
+/// Bytes of a shared ledger: one page, the count at offset 0, then from
+/// [`SLOTS_AT`] each process slot's process (its pid and the bytes it
+/// holds, 8 bytes each), which the slot's worker publishes for the VM's
+/// monitors.
 pub const LEDGER_SIZE: usize = 4096;
+
+/// Where the slots' entries begin.
+const SLOTS_AT: usize = 64;
+
+/// Slots with an entry (as many as a region has process slots at most).
+const SLOTS: u32 = transport::layout::MAX_PARTITIONS;
 
 /// A vGPU's count of device memory held.
 #[derive(Debug)]
@@ -89,6 +98,41 @@ impl Ledger {
         }
     }
 
+    /// Publishes process slot `slot`'s process: its `pid` (0: none) and the
+    /// device memory it holds. Nothing for a ledger of one worker's own.
+    pub fn publish(&self, slot: u32, pid: u32, bytes: u64) {
+        let Count::Shared(m) = &self.count else {
+            return;
+        };
+        if slot >= SLOTS {
+            return;
+        }
+        let at = SLOTS_AT + slot as usize * 16;
+        if let (Ok(p), Ok(b)) = (m.atomic_u64(at), m.atomic_u64(at + 8)) {
+            b.store(bytes, Ordering::Relaxed);
+            p.store(u64::from(pid), Ordering::Release);
+        }
+    }
+
+    /// Every slot's process as published, `(pid, bytes)` in slot order;
+    /// None for a ledger of one worker's own.
+    pub fn processes(&self) -> Option<Vec<(u32, u64)>> {
+        let Count::Shared(m) = &self.count else {
+            return None;
+        };
+        let entry = |k: u32| {
+            let at = SLOTS_AT + k as usize * 16;
+            let pid = m.atomic_u64(at).ok()?.load(Ordering::Acquire);
+            let bytes = m.atomic_u64(at + 8).ok()?.load(Ordering::Relaxed);
+            // What another worker wrote: a pid past 32 bits is not one.
+            u32::try_from(pid)
+                .ok()
+                .filter(|&p| p != 0)
+                .map(|p| (p, bytes))
+        };
+        Some((0..SLOTS).filter_map(entry).collect())
+    }
+
     /// The count of a shared ledger (mapped and checked at
     /// [`Ledger::shared`]: offset 0 of a page is in bounds and aligned).
     fn atomic(m: &SharedMemory) -> &AtomicU64 {
@@ -143,5 +187,20 @@ mod tests {
             .sum();
         assert_eq!(taken, 999, "exactly what fits, however the threads raced");
         assert_eq!(a.used(), 999);
+    }
+
+    /// Each slot's worker publishes its process; any of them reads all.
+    #[test]
+    fn slots_publish_their_processes_to_each_other() {
+        let fd = Ledger::create("fvg-ledger-slots").unwrap();
+        let a = Ledger::shared(fd.try_clone().unwrap()).unwrap();
+        let b = Ledger::shared(fd).unwrap();
+        a.publish(0, 41, 1 << 20);
+        b.publish(3, 42, 2 << 20);
+        b.publish(99, 43, 0);
+        assert_eq!(a.processes(), Some(vec![(41, 1 << 20), (42, 2 << 20)]));
+        a.publish(0, 0, 0);
+        assert_eq!(b.processes(), Some(vec![(42, 2 << 20)]));
+        assert_eq!(Ledger::own().processes(), None);
     }
 }

@@ -49,7 +49,15 @@ impl UtilMeter {
 pub(super) fn answer(sh: &mut Shared, ss: &Sessions, first: u32) -> (Reply, Vec<u8>) {
     let charged = sh.port.stats.charged_ns.load(Ordering::Relaxed) + sh.slice.charged_ns;
     let util_ppm = sh.figures.util.sample(Instant::now(), charged);
-    let procs = ss.processes();
+    // A process slot's worker lists the VM's processes as every slot's
+    // worker published them.
+    let procs = match sh.mem.ledger.processes().filter(|_| sh.port.slot.is_some()) {
+        Some(all) => all
+            .into_iter()
+            .map(|(pid, mem_used)| protocol::VgpuProcess { pid, mem_used })
+            .collect(),
+        None => ss.processes(),
+    };
     let fit = VgpuStatus::fit(sh.port.info_bytes.len(), sh.port.chunk);
     let from = (first as usize).min(procs.len());
     let upto = procs.len().min(from.saturating_add(fit));
