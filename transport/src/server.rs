@@ -237,6 +237,34 @@ pub fn serve(path: &Path, shm: OwnedFd, vectors: u32) -> Result<ServerHandle> {
     Ok(h)
 }
 
+/// Binds a listening socket at `path` that appears there only once it
+/// listens (and has file mode `mode`, if given): bound under a short
+/// temporary name in the same folder, then renamed (atomically) over
+/// `path`. Bound at `path` itself, the file would exist a moment before
+/// `listen`, and a client that found it then would be refused (seen once in
+/// CI, on a loaded machine).
+pub fn bind_listening(path: &Path, mode: Option<u32>) -> Result<UnixListener> {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_file_name(format!(".{:x}-{n:x}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(|e| Error::io("binding a socket", e))?;
+    let placed = match mode {
+        Some(m) => {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(m))
+                .map_err(|e| Error::io("socket permissions", e))
+        }
+        None => Ok(()),
+    }
+    .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io("placing a socket", e)));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
 /// [`serve`], handing peer arrivals and departures to `sink` (called on the
 /// server's thread: it must not block), with at most `max_peers` peers.
 pub fn serve_to(
@@ -246,8 +274,7 @@ pub fn serve_to(
     max_peers: usize,
     sink: impl FnMut(PeerEvent) + Send + 'static,
 ) -> Result<ServerHandle> {
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path).map_err(|e| Error::io("binding ivshmem socket", e))?;
+    let listener = bind_listening(path, None)?;
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::io("nonblocking listener", e))?;

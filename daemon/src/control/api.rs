@@ -1,8 +1,6 @@
 //! The control API: its routes, the bearer token, and serving it on the
 //! unix socket (and TCP) with the sampler, on background threads.
 
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -186,17 +184,8 @@ impl ControlPlane {
 pub fn start(plane: &Arc<ControlPlane>) -> Result<(), Error> {
     let cfg = plane.config();
     let path = cfg.api_socket();
-    let _ = std::fs::remove_file(&path);
-    let unix = UnixListener::bind(&path).map_err(|source| Error::Io {
-        what: "binding the API socket",
-        source,
-    })?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660)).map_err(|source| {
-        Error::Io {
-            what: "API socket permissions",
-            source,
-        }
-    })?;
+    // It appears with its mode, listening (clients wait for the file).
+    let unix = transport::server::bind_listening(&path, Some(0o660))?;
     let p = plane.clone();
     spawn("api-unix", move || {
         for s in unix.incoming().flatten() {
