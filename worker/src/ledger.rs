@@ -1,7 +1,8 @@
-//! The device memory a vGPU holds, counted against its limit: by its one
-//! worker, or across the workers of a vGPU served by several (a worker per
-//! guest process), in a page only the host's processes share (a memfd
-//! the daemon makes and passes to each; the guest never sees it).
+//! The device memory a vGPU served by several workers (a worker per guest
+//! process) holds, counted against its limit across them, in a page only
+//! the host's processes share (a memfd the daemon makes and passes to
+//! each; the guest never sees it). A vGPU's one worker counts alone
+//! (`serve/shared.rs`, `Memory`).
 //!
 //! Memory is reserved before it is allocated ([`Ledger::reserve`]: the
 //! check against the limit and the count are one atomic step, so that two
@@ -15,7 +16,7 @@ use transport::shm::SharedMemory;
 
 use crate::Error;
 
-/// Bytes of a shared ledger: one page, the count at offset 0, then from
+/// Bytes of a ledger: one page, the count at offset 0, then from
 /// [`SLOTS_AT`] each process slot's process (its pid and the bytes it
 /// holds, 8 bytes each), which the slot's worker publishes for the VM's
 /// monitors.
@@ -27,117 +28,85 @@ const SLOTS_AT: usize = 64;
 /// Slots with an entry (as many as a region has process slots at most).
 const SLOTS: u32 = transport::layout::MAX_PARTITIONS;
 
-/// A vGPU's count of device memory held.
+/// A vGPU's count of device memory held, shared by its workers.
 #[derive(Debug)]
 pub struct Ledger {
-    count: Count,
-}
-
-#[derive(Debug)]
-enum Count {
-    /// This worker's alone.
-    Own(u64),
-    /// Shared by the vGPU's workers.
-    Shared(SharedMemory),
+    page: SharedMemory,
 }
 
 impl Ledger {
-    /// A ledger of this worker's alone.
-    pub fn own() -> Ledger {
-        Ledger {
-            count: Count::Own(0),
-        }
-    }
-
-    /// A ledger shared by a vGPU's workers, in the memfd `fd`
-    /// ([`LEDGER_SIZE`] bytes, see [`Ledger::create`]).
+    /// The ledger in the memfd `fd` ([`LEDGER_SIZE`] bytes, see
+    /// [`Ledger::create`]).
     pub fn shared(fd: OwnedFd) -> Result<Ledger, Error> {
-        let m = SharedMemory::map(fd, LEDGER_SIZE)?;
-        m.atomic_u64(0)?;
-        Ok(Ledger {
-            count: Count::Shared(m),
-        })
+        let page = SharedMemory::map(fd, LEDGER_SIZE)?;
+        page.atomic_u64(0)?;
+        Ok(Ledger { page })
     }
 
-    /// A new shared ledger's memfd, counting nothing (the daemon makes one
-    /// per vGPU served by several workers).
+    /// A new ledger's memfd, counting nothing (the daemon makes one per
+    /// VM).
     pub fn create(name: &str) -> Result<OwnedFd, Error> {
         Ok(transport::shm::create_memfd(name, LEDGER_SIZE)?)
     }
 
     /// Bytes the vGPU holds (over all its workers).
     pub fn used(&self) -> u64 {
-        match &self.count {
-            Count::Own(n) => *n,
-            Count::Shared(m) => Self::atomic(m).load(Ordering::Acquire),
-        }
+        self.count().load(Ordering::Acquire)
     }
 
     /// Counts `bytes` more held if that keeps the vGPU within `limit`;
     /// false (nothing counted) if not.
-    pub fn reserve(&mut self, bytes: u64, limit: u64) -> bool {
-        let fits = |n: u64| n.checked_add(bytes).filter(|&t| t <= limit);
-        match &mut self.count {
-            Count::Own(n) => fits(*n).map(|t| *n = t).is_some(),
-            Count::Shared(m) => Self::atomic(m)
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, fits)
-                .is_ok(),
-        }
+    pub fn reserve(&self, bytes: u64, limit: u64) -> bool {
+        self.count()
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                n.checked_add(bytes).filter(|&t| t <= limit)
+            })
+            .is_ok()
     }
 
     /// Counts `bytes` fewer held (never below zero: another worker's
     /// mistake must not wrap the vGPU's count).
-    pub fn release(&mut self, bytes: u64) {
-        match &mut self.count {
-            Count::Own(n) => *n = n.saturating_sub(bytes),
-            Count::Shared(m) => {
-                let _ = Self::atomic(m).fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    Some(n.saturating_sub(bytes))
-                });
-            }
-        }
+    pub fn release(&self, bytes: u64) {
+        let _ = self
+            .count()
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(bytes))
+            });
     }
 
     /// Publishes process slot `slot`'s process: its `pid` (0: none) and the
-    /// device memory it holds. Nothing for a ledger of one worker's own.
+    /// device memory it holds.
     pub fn publish(&self, slot: u32, pid: u32, bytes: u64) {
-        let Count::Shared(m) = &self.count else {
-            return;
-        };
         if slot >= SLOTS {
             return;
         }
         let at = SLOTS_AT + slot as usize * 16;
-        if let (Ok(p), Ok(b)) = (m.atomic_u64(at), m.atomic_u64(at + 8)) {
+        if let (Ok(p), Ok(b)) = (self.page.atomic_u64(at), self.page.atomic_u64(at + 8)) {
             b.store(bytes, Ordering::Relaxed);
             p.store(u64::from(pid), Ordering::Release);
         }
     }
 
-    /// Every slot's process as published, `(pid, bytes)` in slot order;
-    /// None for a ledger of one worker's own.
-    pub fn processes(&self) -> Option<Vec<(u32, u64)>> {
-        let Count::Shared(m) = &self.count else {
-            return None;
-        };
+    /// Every slot's process as published, `(pid, bytes)` in slot order.
+    pub fn processes(&self) -> Vec<(u32, u64)> {
         let entry = |k: u32| {
             let at = SLOTS_AT + k as usize * 16;
-            let pid = m.atomic_u64(at).ok()?.load(Ordering::Acquire);
-            let bytes = m.atomic_u64(at + 8).ok()?.load(Ordering::Relaxed);
+            let pid = self.page.atomic_u64(at).ok()?.load(Ordering::Acquire);
+            let bytes = self.page.atomic_u64(at + 8).ok()?.load(Ordering::Relaxed);
             // What another worker wrote: a pid past 32 bits is not one.
             u32::try_from(pid)
                 .ok()
                 .filter(|&p| p != 0)
                 .map(|p| (p, bytes))
         };
-        Some((0..SLOTS).filter_map(entry).collect())
+        (0..SLOTS).filter_map(entry).collect()
     }
 
-    /// The count of a shared ledger (mapped and checked at
-    /// [`Ledger::shared`]: offset 0 of a page is in bounds and aligned).
-    fn atomic(m: &SharedMemory) -> &AtomicU64 {
+    /// The count (mapped and checked at [`Ledger::shared`]: offset 0 of a
+    /// page is in bounds and aligned).
+    fn count(&self) -> &AtomicU64 {
         static NONE: AtomicU64 = AtomicU64::new(0);
-        m.atomic_u64(0).unwrap_or(&NONE)
+        self.page.atomic_u64(0).unwrap_or(&NONE)
     }
 }
 
@@ -147,7 +116,7 @@ mod tests {
 
     #[test]
     fn a_reservation_fits_under_the_limit_or_counts_nothing() {
-        let mut l = Ledger::own();
+        let l = Ledger::shared(Ledger::create("fvg-ledger-fit").unwrap()).unwrap();
         assert!(l.reserve(60, 100));
         assert!(!l.reserve(41, 100));
         assert_eq!(l.used(), 60);
@@ -163,8 +132,8 @@ mod tests {
     #[test]
     fn workers_sharing_a_ledger_count_together() {
         let fd = Ledger::create("fvg-ledger-test").unwrap();
-        let mut a = Ledger::shared(fd.try_clone().unwrap()).unwrap();
-        let mut b = Ledger::shared(fd.try_clone().unwrap()).unwrap();
+        let a = Ledger::shared(fd.try_clone().unwrap()).unwrap();
+        let b = Ledger::shared(fd.try_clone().unwrap()).unwrap();
         assert!(a.reserve(40 << 20, 64 << 20));
         assert!(!b.reserve(40 << 20, 64 << 20));
         assert!(b.reserve(20 << 20, 64 << 20));
@@ -177,7 +146,7 @@ mod tests {
             .map(|_| {
                 let fd = fd.try_clone().unwrap();
                 std::thread::spawn(move || {
-                    let mut l = Ledger::shared(fd).unwrap();
+                    let l = Ledger::shared(fd).unwrap();
                     (0..1000).filter(|_| l.reserve(3, 1000)).count() as u64 * 3
                 })
             })
@@ -198,9 +167,8 @@ mod tests {
         a.publish(0, 41, 1 << 20);
         b.publish(3, 42, 2 << 20);
         b.publish(99, 43, 0);
-        assert_eq!(a.processes(), Some(vec![(41, 1 << 20), (42, 2 << 20)]));
+        assert_eq!(a.processes(), vec![(41, 1 << 20), (42, 2 << 20)]);
         a.publish(0, 0, 0);
-        assert_eq!(b.processes(), Some(vec![(42, 2 << 20)]));
-        assert_eq!(Ledger::own().processes(), None);
+        assert_eq!(b.processes(), vec![(42, 2 << 20)]);
     }
 }

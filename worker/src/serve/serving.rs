@@ -56,8 +56,8 @@ impl Worker {
         for c in &mut self.chans {
             retire(&mut self.sh, c, &mut self.sessions);
         }
-        if let Some(k) = self.sh.port.slot {
-            self.sh.mem.ledger.publish(k, 0, 0);
+        if let (Some(k), Some(l)) = (self.sh.port.slot, &self.sh.mem.ledger) {
+            l.publish(k, 0, 0);
         }
         match self.sh.port.poisoned.get() {
             Some(status) => Err(Error::Poisoned(status)),
@@ -278,11 +278,11 @@ impl Worker {
             tracing::info!("contexts made ahead; every thread confined");
         }
         self.maybe_report(last_report)?;
-        if let Some(k) = self.sh.port.slot {
+        if let (Some(k), Some(l)) = (self.sh.port.slot, &self.sh.mem.ledger) {
             // Its process, for the VM's monitors (see `status.rs`).
             let p = self.sessions.processes();
             let (pid, bytes) = p.first().map_or((0, 0), |p| (p.pid, p.mem_used));
-            self.sh.mem.ledger.publish(k, pid, bytes);
+            l.publish(k, pid, bytes);
         }
         let sync = self.sh.port.stats.sync_calls.load(Ordering::Relaxed);
         self.sh.port.booster.borrow_mut().tick(sync);

@@ -235,11 +235,13 @@ impl Worker {
             .collect::<Result<Vec<_>, transport::Error>>()?;
         let chunk = (crate::usize_from(cfg.layout.arena_size) / 4).max(4096);
         let ledger = match &cfg.shared_vgpu {
-            Some(fd) => crate::ledger::Ledger::shared(fd.try_clone().map_err(|e| Error::Io {
-                what: "the vGPU's memory ledger",
-                source: e,
-            })?)?,
-            None => crate::ledger::Ledger::own(),
+            Some(fd) => Some(crate::ledger::Ledger::shared(fd.try_clone().map_err(
+                |e| Error::Io {
+                    what: "the vGPU's memory ledger",
+                    source: e,
+                },
+            )?)?),
+            None => None,
         };
         let stats: Arc<Stats> = Arc::default();
         stats

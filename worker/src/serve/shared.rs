@@ -91,9 +91,10 @@ pub(super) struct Memory {
     pub device_mem: u64,
     /// What this worker's processes hold.
     pub used: u64,
-    /// What the vGPU holds, over all its workers (see `ledger.rs`): what
-    /// the limit is checked against.
-    pub ledger: crate::ledger::Ledger,
+    /// Where the vGPU is served by several workers (a worker per guest
+    /// process), what it holds over all of them (see `ledger.rs`): what
+    /// the limit is checked against. None: `used` is the vGPU's.
+    pub ledger: Option<crate::ledger::Ledger>,
     pub stats: Arc<Stats>,
 }
 
@@ -190,7 +191,12 @@ impl Memory {
     /// counted, if not. Reserved before the allocation, given back with
     /// [`Memory::sub`] if it fails.
     pub fn reserve(&mut self, charge: u64, link: &PeerLink) -> bool {
-        if !self.ledger.reserve(charge, self.limit(link)) {
+        let limit = self.limit(link);
+        let fits = match &self.ledger {
+            Some(l) => l.reserve(charge, limit),
+            None => self.used.saturating_add(charge) <= limit,
+        };
+        if !fits {
             return false;
         }
         self.used += charge;
@@ -201,13 +207,17 @@ impl Memory {
     /// Counts `charge` bytes fewer held, and says so to the counters.
     pub fn sub(&mut self, charge: u64) {
         self.used -= charge;
-        self.ledger.release(charge);
+        if let Some(l) = &self.ledger {
+            l.release(charge);
+        }
         self.stats.mem_used.store(self.used, Ordering::Relaxed);
     }
 
     /// What the vGPU holds, over all its workers.
     pub fn vgpu_used(&self) -> u64 {
-        self.ledger.used()
+        self.ledger
+            .as_ref()
+            .map_or(self.used, crate::ledger::Ledger::used)
     }
 }
 

@@ -51,7 +51,8 @@ pub(super) fn answer(sh: &mut Shared, ss: &Sessions, first: u32) -> (Reply, Vec<
     let util_ppm = sh.figures.util.sample(Instant::now(), charged);
     // A process slot's worker lists the VM's processes as every slot's
     // worker published them.
-    let procs = match sh.mem.ledger.processes().filter(|_| sh.port.slot.is_some()) {
+    let published = sh.mem.ledger.as_ref().filter(|_| sh.port.slot.is_some());
+    let procs = match published.map(crate::ledger::Ledger::processes) {
         Some(all) => all
             .into_iter()
             .map(|(pid, mem_used)| protocol::VgpuProcess { pid, mem_used })
