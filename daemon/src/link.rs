@@ -364,11 +364,10 @@ impl Feeder {
                 self.write(|s| send_msg(s, encode_value(LIMIT, mib), None));
             }
             FeedMsg::Migrate(gpu, grant) => {
-                // A VM's one worker moves; a VM with process slots does not.
-                if self.lanes.len() == 1 && self.lanes.contains_key(&0) {
-                    let fd = grant.as_ref().map(|g| g.as_raw_fd());
-                    self.write(|s| send_msg(s, (MIGRATE << 40) | i64::from(gpu), fd));
-                }
+                // Only a VM's one worker is asked (the supervisor refuses to
+                // move a VM with process slots).
+                let fd = grant.as_ref().map(|g| g.as_raw_fd());
+                self.write(|s| send_msg(s, (MIGRATE << 40) | i64::from(gpu), fd));
             }
             FeedMsg::NewStandby(ours) => self.start_standby(ours),
             FeedMsg::Promote(grant) => self.promote(grant),
