@@ -11,13 +11,10 @@
 //! standby`) recovers from its first fault on it.
 //! A primary context reset is its process's alone.
 
-use std::path::Path;
 use std::time::Duration;
 
 use bench::fixture::{DaemonProc, VmSpec};
-use daemon::config::ExecutorKind;
-use tests::faults::{next_process_computes, run, started, text};
-use tests::{build_c_standin, cargo_build, standin};
+use tests::faults::{text, Rig};
 
 /// Waits until the daemon's log holds `line`.
 fn await_log(d: &DaemonProc, line: &str) {
@@ -29,42 +26,20 @@ fn await_log(d: &DaemonProc, line: &str) {
     .unwrap();
 }
 
-/// A process whose kernel traps gets `CUDA_ERROR_LAUNCH_FAILED` itself.
-fn trap_fails_its_own_process(exe: &Path, lib: &Path, socket: &Path) {
-    let out = run(exe, lib, socket, "trap", &[]);
-    assert!(
-        text(&out.stdout).contains("trap sync: CUDA_ERROR_LAUNCH_FAILED"),
-        "{}",
-        text(&out.stdout)
-    );
-}
-
 #[test]
 fn a_vm_that_keeps_a_standby_from_its_start_recovers_from_its_first_fault_on_it() {
     let mut vm = VmSpec::new("vm1", 256);
     vm.standby = true;
-    let d = DaemonProc::start_logged(
-        &cargo_build("cli").join("fairvgpu"),
-        "faults-standby",
-        ExecutorKind::Sim,
-        &[vm],
-        "info",
-    )
-    .unwrap();
-    let dir = d.dir.clone();
-    let lib = standin(&dir);
-    let exe = build_c_standin("faults", &dir, &lib, &[]);
-    let sock = d.socket("vm1");
+    let r = Rig::start("faults-standby", vm);
     // Before any fault, a standby beside the serving worker, which the
     // status shows.
-    await_log(&d, "standby worker ready");
-    d.wait("the status's standby ready", Duration::from_secs(5), |d| {
+    await_log(&r.d, "standby worker ready");
+    r.d.wait("the status's standby ready", Duration::from_secs(5), |d| {
         d.vgpu("vm1").is_ok_and(|v| v["standby"] == "ready")
     })
     .unwrap();
-    trap_fails_its_own_process(&exe, &lib, &sock);
-    next_process_computes(&exe, &lib, &sock);
-    let log = std::fs::read_to_string(d.log_path()).unwrap();
+    r.fault_then_next("trap", "trap sync: CUDA_ERROR_LAUNCH_FAILED");
+    let log = std::fs::read_to_string(r.d.log_path()).unwrap();
     assert!(
         log.contains("its standby worker (ready) took over: a CUDA error poisoned"),
         "{log}"
@@ -78,23 +53,12 @@ fn a_vm_that_keeps_a_standby_from_its_start_recovers_from_its_first_fault_on_it(
 #[test]
 fn kernel_output_and_faults_reach_their_own_process_only() {
     // The daemon's log holds all it and its workers write, stdout too.
-    let d = DaemonProc::start_logged(
-        &cargo_build("cli").join("fairvgpu"),
-        "faults",
-        ExecutorKind::Sim,
-        &[VmSpec::new("vm1", 256)],
-        "info",
-    )
-    .unwrap();
-    let dir = d.dir.clone();
-    let lib = standin(&dir);
-    let exe = build_c_standin("faults", &dir, &lib, &[]);
-    let sock = d.socket("vm1");
+    let r = Rig::start("faults", VmSpec::new("vm1", 256));
     // A VM that never faulted keeps no standby.
-    assert_eq!(d.vgpu("vm1").unwrap()["standby"], "none");
+    assert_eq!(r.d.vgpu("vm1").unwrap()["standby"], "none");
 
     // printf: the kernel's lines at the synchronize, before what follows.
-    let out = run(&exe, &lib, &sock, "printf", &[]);
+    let out = r.run("printf", &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout),
@@ -113,24 +77,17 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
     // (the worker gives it to nobody: it is dropped, never given to another
     // process). scripts/gpu/faults.sh prints it on the GPU.
     std::thread::sleep(Duration::from_millis(2000));
-    let out = run(&exe, &lib, &sock, "assert", &[]);
-    assert!(
-        text(&out.stdout).contains("assert sync: CUDA_ERROR_ASSERT"),
-        "{}",
-        text(&out.stdout)
-    );
-    let after_assert = next_process_computes(&exe, &lib, &sock);
+    let after_assert = r.fault_then_next("assert", "assert sync: CUDA_ERROR_ASSERT");
 
     // Having faulted once, the VM keeps a standby worker (`[daemon]
     // fault_standby`), which takes over at once after the next fault.
     // Ready, not only started: on a loaded machine a trap that comes
     // before the standby made its context finds none ready, and the
     // worker restarts instead (the assertion below failed so once).
-    await_log(&d, "standby worker ready");
+    await_log(&r.d, "standby worker ready");
 
     // A trap.
-    trap_fails_its_own_process(&exe, &lib, &sock);
-    let after_trap = next_process_computes(&exe, &lib, &sock);
+    let after_trap = r.fault_then_next("trap", "trap sync: CUDA_ERROR_LAUNCH_FAILED");
     eprintln!(
         "next process computed {} ms after an assert, {} ms after a trap",
         after_assert.as_millis(),
@@ -138,10 +95,10 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
     );
 
     // And printf still goes to its process on the replaced worker.
-    let out = run(&exe, &lib, &sock, "printf", &[]);
+    let out = r.run("printf", &[]);
     assert!(text(&out.stdout).contains("kernel 3 thread 3\nafter sync\n"));
 
-    let log = std::fs::read_to_string(d.log_path()).unwrap();
+    let log = std::fs::read_to_string(r.d.log_path()).unwrap();
     assert!(
         !log.contains("kernel 3 thread") && !log.contains("Assertion"),
         "kernel output reached the daemon's log:\n{log}"
@@ -153,7 +110,7 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
         log.contains("its standby worker (ready) took over: a CUDA error poisoned"),
         "{log}"
     );
-    drop(d);
+    drop(r);
 }
 
 /// `cuDevicePrimaryCtxReset` in one process of a VM is that process's
@@ -162,27 +119,16 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
 /// process that reset uses the device again.
 #[test]
 fn a_primary_context_reset_is_its_process_only() {
-    let d = DaemonProc::start_logged(
-        &cargo_build("cli").join("fairvgpu"),
-        "faults-reset",
-        ExecutorKind::Sim,
-        &[VmSpec::new("vm1", 256)],
-        "info",
-    )
-    .unwrap();
-    let dir = d.dir.clone();
-    let lib = standin(&dir);
-    let exe = build_c_standin("faults", &dir, &lib, &[]);
-    let sock = d.socket("vm1");
+    let r = Rig::start("faults-reset", VmSpec::new("vm1", 256));
     // B holds its memory, stream and module before A resets.
-    let (b, ready) = started(&exe, &lib, &sock, "keep", &["4"]);
+    let (b, ready) = r.started("keep", &["4"]);
     assert_eq!(ready, "keep: ready\n");
     for _ in 0..2 {
-        let a = run(&exe, &lib, &sock, "reset", &[]);
+        let a = r.run("reset", &[]);
         assert_eq!(text(&a.stdout), "reset: OK\n", "{}", text(&a.stderr));
     }
     let b = b.wait_with_output().unwrap();
     assert_eq!(text(&b.stdout), "keep: OK\n");
     assert!(b.status.success());
-    drop(d);
+    drop(r);
 }

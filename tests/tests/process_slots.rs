@@ -10,17 +10,16 @@
 //! process slots keep the read out: `scripts/gpu/faults.sh`. With one
 //! worker for the VM, the checked process here sees the faults' errors.)
 
-use std::path::Path;
 use std::process::{Child, Stdio};
 
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
-use tests::faults::{next_process_computes, program, run, started, text};
-use tests::{build_c_standin, cargo_build, standin, workspace};
+use tests::faults::{text, Rig};
+use tests::{cargo_build, workspace};
 
 /// The address a `hold` process holds its buffer at, and its process.
-fn holder(exe: &Path, lib: &Path, socket: &Path, secs: &str) -> (Child, String) {
-    let (child, line) = started(exe, lib, socket, "hold", &[secs]);
+fn holder(r: &Rig, secs: &str) -> (Child, String) {
+    let (child, line) = r.started("hold", &[secs]);
     let addr = line
         .trim()
         .strip_prefix("holding ")
@@ -30,38 +29,28 @@ fn holder(exe: &Path, lib: &Path, socket: &Path, secs: &str) -> (Child, String) 
 }
 
 /// What a process reading `addr` by kernel (`peek`) got.
-fn peek(exe: &Path, lib: &Path, socket: &Path, addr: &str) -> String {
+fn peek(r: &Rig, addr: &str) -> String {
     let kernels = workspace().join("worker/kernels/fairvgpu.ptx");
     let kernels = kernels.to_str().expect("a path in UTF-8");
-    text(&run(exe, lib, socket, "peek", &[addr, kernels]).stdout)
+    text(&r.run("peek", &[addr, kernels]).stdout)
 }
 
 #[test]
 fn each_process_of_a_vm_with_slots_keeps_its_faults_and_memory_to_itself() {
     let mut vm = VmSpec::new("vm1", 256);
     vm.process_slots = 4;
-    let d = DaemonProc::start_logged(
-        &cargo_build("cli").join("fairvgpu"),
-        "process-slots",
-        ExecutorKind::Sim,
-        &[vm],
-        "info",
-    )
-    .unwrap();
-    let dir = d.dir.clone();
-    let lib = standin(&dir);
-    let exe = build_c_standin("faults", &dir, &lib, &[]);
-    let sock = d.socket("vm1");
+    let r = Rig::start("process-slots", vm);
 
     // The checked process computes for the whole sequence.
-    let checked = program(&exe, &lib, &sock, "loop", &["8"])
+    let checked = r
+        .program("loop", &["8"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
 
     // Another process's buffer, read by address from a kernel: not there.
-    let (mut held, addr) = holder(&exe, &lib, &sock, "3");
-    let seen = peek(&exe, &lib, &sock, &addr);
+    let (mut held, addr) = holder(&r, "3");
+    let seen = peek(&r, &addr);
     assert!(seen.starts_with("peek: "), "{seen}");
     assert!(
         !seen.contains("1234.5"),
@@ -71,20 +60,8 @@ fn each_process_of_a_vm_with_slots_keeps_its_faults_and_memory_to_itself() {
 
     // Faults, in turn: each its own process's error; the next process
     // computes at once (another slot's worker serves it).
-    let out = run(&exe, &lib, &sock, "assert", &[]);
-    assert!(
-        text(&out.stdout).contains("assert sync: CUDA_ERROR_ASSERT"),
-        "{}",
-        text(&out.stdout)
-    );
-    let after_assert = next_process_computes(&exe, &lib, &sock);
-    let out = run(&exe, &lib, &sock, "trap", &[]);
-    assert!(
-        text(&out.stdout).contains("trap sync: CUDA_ERROR_LAUNCH_FAILED"),
-        "{}",
-        text(&out.stdout)
-    );
-    let after_trap = next_process_computes(&exe, &lib, &sock);
+    let after_assert = r.fault_then_next("assert", "assert sync: CUDA_ERROR_ASSERT");
+    let after_trap = r.fault_then_next("trap", "trap sync: CUDA_ERROR_LAUNCH_FAILED");
     eprintln!(
         "next process computed {} ms after an assert, {} ms after a trap",
         after_assert.as_millis(),
@@ -103,7 +80,7 @@ fn each_process_of_a_vm_with_slots_keeps_its_faults_and_memory_to_itself() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     assert!(rounds > 10, "{line}");
-    let log = std::fs::read_to_string(d.log_path()).unwrap();
+    let log = std::fs::read_to_string(r.d.log_path()).unwrap();
     assert!(log.contains("poisoned"), "the faults were not seen:\n{log}");
 }
 
