@@ -280,8 +280,8 @@ impl Worker {
         self.maybe_report(last_report)?;
         if let (Some(k), Some(l)) = (self.sh.port.slot, &self.sh.mem.ledger) {
             // Its process, for the VM's monitors (see `status.rs`).
-            let p = self.sessions.processes();
-            let (pid, bytes) = p.first().map_or((0, 0), |p| (p.pid, p.mem_used));
+            let p = self.sessions.first_process();
+            let (pid, bytes) = p.map_or((0, 0), |p| (p.pid, p.mem_used));
             l.publish(k, pid, bytes);
         }
         let sync = self.sh.port.stats.sync_calls.load(Ordering::Relaxed);

@@ -125,12 +125,23 @@ impl Sessions {
     pub fn processes(&self) -> Vec<protocol::VgpuProcess> {
         let mut v: Vec<_> = self.map.iter().collect();
         v.sort_by_key(|(&id, _)| id);
-        v.into_iter()
-            .map(|(_, e)| protocol::VgpuProcess {
-                pid: e.pid,
-                mem_used: e.s.mem_used,
-            })
-            .collect()
+        v.into_iter().map(|(_, e)| Self::process(e)).collect()
+    }
+
+    /// The oldest session's process (a process slot's worker has one at
+    /// most), without gathering them all.
+    pub fn first_process(&self) -> Option<protocol::VgpuProcess> {
+        self.map
+            .iter()
+            .min_by_key(|(&id, _)| id)
+            .map(|(_, e)| Self::process(e))
+    }
+
+    fn process(e: &Entry) -> protocol::VgpuProcess {
+        protocol::VgpuProcess {
+            pid: e.pid,
+            mem_used: e.s.mem_used,
+        }
     }
 
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&SessionId, &mut Entry)> {
