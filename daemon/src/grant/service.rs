@@ -158,8 +158,14 @@ impl Service {
             for (id, i) in self.readable() {
                 self.read_from(id, i);
             }
-            let ids: Vec<u32> = self.conns.keys().copied().collect();
-            for id in ids {
+            // Groups' members gone or overdue (a worker alone has none).
+            let groups: Vec<u32> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| matches!(c, Conn::Group(_)))
+                .map(|(&id, _)| id)
+                .collect();
+            for id in groups {
                 let heard = self.conns.get_mut(&id).map_or(Vec::new(), Conn::tick);
                 self.on_heard(id, heard);
             }
