@@ -107,6 +107,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
                 graphs: GraphLaunches::default(),
                 mps: false,
                 lift: None,
+                guest_cpus: None,
             };
             let r = run_guests(setup, &[0], batch(per_sync, dur, events.clone()))?;
             anyhow::Ok(per_launch(&r, events.load(Ordering::Relaxed)))
@@ -171,6 +172,7 @@ mod tests {
                 graphs: GraphLaunches::default(),
                 mps: false,
                 lift: None,
+                guest_cpus: None,
             };
             let r = run_guests(setup, &[0], batch(4, |_| 500_000, events.clone())).unwrap();
             let events = events.load(Ordering::Relaxed);

@@ -78,6 +78,12 @@ pub enum BenchCmd {
         /// raise priorities (it prints which options are on).
         #[arg(long, value_enum, default_value = "on", conflicts_with = "sim")]
         lift: OnOff,
+        /// CPUs reserved for the host's side, as `[daemon] cpus` (a list
+        /// like "0-1"): the grant service and workers run there, the guests'
+        /// threads and the busy-loop processes on the other CPUs, as on a
+        /// host that keeps its VMs off the CPUs it reserves.
+        #[arg(long, conflicts_with = "sim")]
+        cpus: Option<String>,
     },
     /// Accounting of GPU time: its error against the guest's CUDA events, and its cost.
     Accounting {
@@ -185,20 +191,22 @@ impl BenchCmd {
                 mps_control,
                 hogs,
                 lift,
+                cpus,
             } => {
                 if sim {
                     crate::fairness_sim::run(seconds)
                 } else {
-                    crate::fairness::run(
-                        executor,
-                        seconds,
-                        transport::SpinPolicy::default(),
-                        graph_launches,
-                        slice_us.map(|us| us.clamp(100, 1_000_000) * 1000),
-                        mps.then_some(mps_control.as_path()),
+                    crate::fairness::run(crate::fairness::Options {
+                        kind: executor,
+                        secs: seconds,
+                        spin: transport::SpinPolicy::default(),
+                        graphs: graph_launches,
+                        slice_ns: slice_us.map(|us| us.clamp(100, 1_000_000) * 1000),
+                        mps: mps.then_some(mps_control.as_path()),
                         hogs,
-                        lift == OnOff::On,
-                    )
+                        lift: lift == OnOff::On,
+                        cpus: cpus.as_deref(),
+                    })
                     .map(drop)
                 }
             }

@@ -15,7 +15,7 @@ use transport::{LayoutParams, SpinPolicy};
 
 use daemon::config::{Config, ExecutorKind, GraphLaunches};
 use daemon::grant::GrantService;
-use daemon::hostcpu::{HostCpu, Opt};
+use daemon::hostcpu::{cpus, HostCpu, Opt};
 use daemon::setup::build_executor;
 use worker::executor::{sim::SimExecutor, Executor};
 use worker::serve::{spawn, WorkerConfig};
@@ -263,6 +263,9 @@ pub(crate) struct Setup<'a> {
     /// the workers' threads at the lifted nice, and each guest's thread
     /// (as a VM's vCPU thread) while its vGPU holds the GPU; None: neither.
     pub lift: Option<&'a HostCpu>,
+    /// The CPUs each guest's thread is pinned to (a host whose VMs are
+    /// kept off the CPUs it reserves for itself); None: not pinned.
+    pub guest_cpus: Option<&'a [usize]>,
 }
 
 /// Runs guests `which` (indices into the weights) at once, each through its
@@ -280,6 +283,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         graphs,
         mps,
         lift,
+        guest_cpus,
     } = setup;
     let dir = std::env::temp_dir().join(format!(
         "fairvgpu-fair-{}-{}",
@@ -327,9 +331,14 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
             let (start, body) = (start.clone(), body.clone());
             // The guest's thread stands in for its VM's vCPU thread.
             let registry = lift.map(|l| l.registry.clone());
+            let cpus = guest_cpus.map(<[usize]>::to_vec);
             std::thread::Builder::new()
                 .name(format!("guest-{g}"))
                 .spawn(move || -> Result<(u64, f64, CpuUse)> {
+                    if let Some(cpus) = cpus {
+                        daemon::hostcpu::cpus::pin_current_thread(&cpus)
+                            .map_err(|e| anyhow::anyhow!("pinning guest {g}'s thread: {e}"))?;
+                    }
                     if let Some(r) = registry {
                         r.set_vcpus(g as u32, vec![nix::unistd::gettid().as_raw() as u32]);
                     }
@@ -426,18 +435,26 @@ fn mps_clients(control: &std::path::Path) -> Result<daemon::mps::MpsDaemon> {
 /// without them (the quiet host), the last line
 /// `hogs=N fairvgpu_mmr=… fairvgpu_throughput=… quiet_mmr=… quiet_throughput=…`;
 /// `lift`: the host CPU options' priority and vCPU lifts (see `hostcpu`)
-/// where this process may raise priorities (it prints which are on).
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    kind: ExecutorKind,
-    secs: f64,
-    spin: SpinPolicy,
-    graphs: GraphLaunches,
-    slice_ns: Option<u64>,
-    mps: Option<&std::path::Path>,
-    hogs: usize,
-    lift: bool,
-) -> Result<Summary> {
+/// where this process may raise priorities (it prints which are on);
+/// `cpus`: CPUs reserved for the host's side as `[daemon] cpus` does (the
+/// grant service, the workers and their driver threads pinned there), the
+/// guests' threads and the hogs pinned to the others, as VMs kept off them.
+pub fn run(o: Options<'_>) -> Result<Summary> {
+    let Options {
+        kind,
+        secs,
+        spin,
+        graphs,
+        slice_ns,
+        mps,
+        hogs,
+        lift,
+        cpus,
+    } = o;
+    // First: every thread and process the bench starts after this (the MPS
+    // daemon, the lift's thread, the grant service, the workers) inherits it.
+    let machine_cpus = cpus::current().len();
+    let reserved = cpus.map(reserve).transpose()?;
     // Started before any context exists, and quit at the end (its drop).
     let _mps = match mps {
         Some(control) => Some(mps_clients(control)?),
@@ -458,7 +475,14 @@ pub fn run(
     };
     let threads = "not used by the bench: its grant service and workers are threads of the bench";
     host_cpu.set(|r| {
-        r.cpus = Opt::off(threads);
+        r.cpus = match &reserved {
+            Some((host, vms)) => Opt::on(format!(
+                "grant service and workers on CPUs {}; the guests' threads (as VMs' vCPUs) and busy-loop processes on {}",
+                cpus::format(host),
+                cpus::format(vms)
+            )),
+            None => Opt::off("not set (--cpus)"),
+        };
         r.cgroup = Opt::off(threads);
     });
     println!(
@@ -469,13 +493,16 @@ pub fn run(
     for l in reported.lines() {
         println!("  {l}");
     }
+    let guest_cpus = reserved.as_ref().map(|(_, vms)| vms.as_slice());
     // Killed on every way out of this function (their drop).
-    let running = super::hogs::Hogs::start(hogs)?;
+    let running = match guest_cpus {
+        Some(vms) => super::hogs::Hogs::start_on(hogs, vms)?,
+        None => super::hogs::Hogs::start(hogs)?,
+    };
     let n = running.len();
     if n > 0 {
         println!(
-            "{n} busy-loop processes beside the guests on {} CPUs, solo rounds included",
-            std::thread::available_parallelism().map_or(0, |n| n.get())
+            "{n} busy-loop processes beside the guests on {machine_cpus} CPUs, solo rounds included"
         );
     }
     let at = Params {
@@ -486,6 +513,7 @@ pub fn run(
         slice_ns,
         mps: mps.is_some(),
         lift: &host_cpu,
+        guest_cpus,
     };
     let prefix = if n == 0 {
         String::new()
@@ -515,6 +543,36 @@ pub fn run(
     })
 }
 
+/// What [`run`] measures, as `bench fairness` is told.
+#[derive(Debug)]
+pub struct Options<'a> {
+    pub kind: ExecutorKind,
+    /// Seconds per policy.
+    pub secs: f64,
+    pub spin: SpinPolicy,
+    pub graphs: GraphLaunches,
+    /// The scheduler's base slice, ns; None: the daemon's for GPU 0.
+    pub slice_ns: Option<u64>,
+    /// The MPS control program to start; None: no MPS.
+    pub mps: Option<&'a std::path::Path>,
+    /// Busy-loop processes beside the guests.
+    pub hogs: usize,
+    /// The host CPU options' priority and vCPU lifts.
+    pub lift: bool,
+    /// CPUs reserved for the host's side (a list like `"0-1"`).
+    pub cpus: Option<&'a str>,
+}
+
+/// Pins this thread to the CPUs `list` names (which every thread started
+/// after inherits); returns them and the CPUs left for the VMs.
+fn reserve(list: &str) -> Result<(Vec<usize>, Vec<usize>)> {
+    let why = |e: String| anyhow::anyhow!("--cpus {list:?}: {e}");
+    let (host, vms) =
+        cpus::split(&cpus::parse(list).map_err(why)?, &cpus::current()).map_err(why)?;
+    cpus::pin_current_thread(&host).map_err(why)?;
+    Ok((host, vms))
+}
+
 /// What one [`measure`] runs with.
 #[derive(Clone, Copy)]
 struct Params<'a> {
@@ -525,6 +583,7 @@ struct Params<'a> {
     slice_ns: u64,
     mps: bool,
     lift: &'a HostCpu,
+    guest_cpus: Option<&'a [usize]>,
 }
 
 /// The solo rounds, the fair round and the unfair one, printed; the last
@@ -538,6 +597,7 @@ fn measure(at: Params<'_>, prefix: &str) -> Result<Summary> {
         slice_ns,
         mps,
         lift,
+        guest_cpus,
     } = at;
     let setup = |fair: bool, secs: f64| Setup {
         kind,
@@ -551,6 +611,7 @@ fn measure(at: Params<'_>, prefix: &str) -> Result<Summary> {
         graphs,
         mps,
         lift: Some(lift),
+        guest_cpus,
     };
     // Each guest alone, for its rate in the aggregate throughput and its
     // kernel's measured duration: half of the time before the shared

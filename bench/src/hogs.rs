@@ -27,11 +27,18 @@ impl Hogs {
     /// start, those already started are killed (the drop of the partial
     /// set) and the error returned.
     pub fn start(n: usize) -> Result<Hogs> {
-        Self::start_script(n, BUSY_LOOP)
+        Self::start_script(n, BUSY_LOOP, None)
     }
 
-    /// Starts `n` children running the shell script `script`, as [`Hogs::start`].
-    fn start_script(n: usize, script: &str) -> Result<Hogs> {
+    /// As [`Hogs::start`], each pinned to `cpus` (as other VMs' vCPUs kept
+    /// off a host's reserved CPUs).
+    pub fn start_on(n: usize, cpus: &[usize]) -> Result<Hogs> {
+        Self::start_script(n, BUSY_LOOP, Some(cpus))
+    }
+
+    /// Starts `n` children running the shell script `script`, as
+    /// [`Hogs::start`], each pinned to `cpus` where given.
+    fn start_script(n: usize, script: &str, cpus: Option<&[usize]>) -> Result<Hogs> {
         let mut hogs = Hogs {
             children: Vec::with_capacity(n),
         };
@@ -60,7 +67,12 @@ impl Hogs {
             let child = cmd
                 .spawn()
                 .with_context(|| format!("starting busy-loop process {}", i + 1))?;
+            let pid = child.id();
             hogs.children.push(child);
+            if let Some(cpus) = cpus {
+                daemon::hostcpu::cpus::pin_task(pid as i32, cpus)
+                    .map_err(|e| anyhow::anyhow!("pinning busy-loop process {}: {e}", i + 1))?;
+            }
         }
         Ok(hogs)
     }
@@ -118,7 +130,7 @@ mod tests {
         // Their lifecycle with a script that sleeps instead of spinning: the
         // other tests of this binary run beside it, some timing a thread on
         // a CPU of a machine that may have two.
-        let hogs = Hogs::start_script(2, IDLE_LOOP).unwrap();
+        let hogs = Hogs::start_script(2, IDLE_LOOP, None).unwrap();
         assert_eq!(hogs.len(), 2);
         let pids = hogs.pids();
         for &p in &pids {
@@ -142,7 +154,7 @@ mod tests {
         // A panic while they run: the unwind's drop ends them too.
         let mut seen = Vec::new();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let h = Hogs::start_script(1, IDLE_LOOP).unwrap();
+            let h = Hogs::start_script(1, IDLE_LOOP, None).unwrap();
             seen = h.pids();
             panic!("bench failed");
         }));
@@ -150,5 +162,28 @@ mod tests {
         assert_eq!(seen.len(), 1);
         assert!(!alive(seen[0]), "hog still running after a panic");
         assert!(Hogs::start(0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn pinned_hogs_run_only_on_their_cpus() {
+        let allowed = daemon::hostcpu::cpus::current();
+        let last = *allowed.last().unwrap();
+        let hogs = Hogs::start_script(1, IDLE_LOOP, Some(&[last])).unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", hogs.pids()[0])).unwrap();
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("Cpus_allowed_list:"))
+            .unwrap();
+        assert_eq!(
+            line.split_whitespace().nth(1),
+            Some(last.to_string().as_str()),
+            "{line}"
+        );
+        // A CPU this process may not use: an error naming the hog.
+        let e = Hogs::start_script(1, IDLE_LOOP, Some(&[1023])).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("pinning busy-loop process 1"),
+            "{e:#}"
+        );
     }
 }

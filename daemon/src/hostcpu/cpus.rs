@@ -44,17 +44,48 @@ pub fn parse(list: &str) -> Result<Vec<usize>, String> {
 /// Pins the calling thread to `cpus`; threads it starts and processes it
 /// spawns after this inherit the mask.
 pub fn pin_current_thread(cpus: &[usize]) -> Result<(), String> {
+    pin_task(0, cpus)
+}
+
+/// Pins the thread (or process's main thread) `tid` to `cpus`; 0 is the
+/// calling thread.
+pub fn pin_task(tid: i32, cpus: &[usize]) -> Result<(), String> {
     use nix::sched::{sched_setaffinity, CpuSet};
     let mut set = CpuSet::new();
     for &c in cpus {
         set.set(c).map_err(|e| format!("CPU {c}: {e}"))?;
     }
-    sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(|e| match e {
+    sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set).map_err(|e| match e {
         nix::errno::Errno::EINVAL => {
             "none of these CPUs is online and allowed to this process".into()
         }
         e => e.to_string(),
     })
+}
+
+/// A host that reserves `reserved` for its own threads out of `allowed`
+/// (the CPUs this process may use): the reserved CPUs and the rest, where
+/// the VMs run. Every reserved CPU must be allowed and at least one must be
+/// left over.
+pub fn split(reserved: &[usize], allowed: &[usize]) -> Result<(Vec<usize>, Vec<usize>), String> {
+    if let Some(c) = reserved.iter().find(|c| !allowed.contains(c)) {
+        return Err(format!(
+            "CPU {c} is not one this process may use ({})",
+            format(allowed)
+        ));
+    }
+    let rest: Vec<usize> = allowed
+        .iter()
+        .copied()
+        .filter(|c| !reserved.contains(c))
+        .collect();
+    if rest.is_empty() {
+        return Err(format!(
+            "it leaves no CPU for the VMs (this process may use {})",
+            format(allowed)
+        ));
+    }
+    Ok((reserved.to_vec(), rest))
 }
 
 /// The CPUs the calling thread may run on.
@@ -124,6 +155,20 @@ mod tests {
         assert_eq!(format(&[2]), "2");
         assert_eq!(format(&[]), "");
         assert_eq!(parse(&format(&[0, 2, 3, 9])).unwrap(), [0, 2, 3, 9]);
+    }
+
+    #[test]
+    fn a_reservation_splits_the_allowed_cpus_or_says_why_not() {
+        let allowed = [0, 1, 2, 3, 6];
+        assert_eq!(
+            split(&[0, 1], &allowed).unwrap(),
+            (vec![0, 1], vec![2, 3, 6])
+        );
+        assert_eq!(split(&[6], &allowed).unwrap(), (vec![6], vec![0, 1, 2, 3]));
+        let e = split(&[4], &allowed).unwrap_err();
+        assert!(e.contains("CPU 4") && e.contains("0-3,6"), "{e}");
+        let e = split(&allowed, &allowed).unwrap_err();
+        assert!(e.contains("no CPU for the VMs"), "{e}");
     }
 
     #[test]
