@@ -527,7 +527,7 @@ fn report(m: &Report) {
     let copy = (remote.htod_med + remote.dtoh_med) / (native.htod_med + native.dtoh_med);
     let (np, rp) = (&native_probes, &remote_probes);
     println!(
-        "{} streams x 2 kernels of 10 ms, and copies from pageable and pinned memory (rate ratio: native time / remoted time):",
+        "{} streams x 2 kernels of 10 ms, and copies from pageable and pinned memory (native, remoted, remoted over native time; the last line gives the copies as rates against native: native time over remoted):",
         probes::STREAMS
     );
     print_rows(&[("32-stream probe (ms)", np.hyperq * 1e3, rp.hyperq * 1e3)]);

@@ -63,6 +63,7 @@ pub use contexts::SPARES;
 pub use handoff::{Figures as HandoffFigures, Handoff};
 pub use output::{capture_output, log_writer, LogWriter};
 pub use report::Stats;
+pub use serving::TIMER_SLACK_NS;
 pub use shared::SAMPLE_EVERY;
 
 /// Settings of one worker.
