@@ -38,6 +38,19 @@ kill_mid_copy() {
     dmesg | grep "abandoned by an exiting process"
 }
 
+# Two processes waiting on the device at once (with process slots, each in
+# a slot of its own, served by its own worker and woken on its own vector).
+two_at_once() {
+    /fvg/vm-probe block 20 >/tmp/a.out 2>&1 &
+    a=$!
+    /fvg/vm-probe block 20 >/tmp/b.out 2>&1 &
+    b=$!
+    wait $a; ra=$?
+    wait $b; rb=$?
+    cat /tmp/a.out /tmp/b.out
+    [ $ra -eq 0 ] && [ $rb -eq 0 ]
+}
+
 if [ "$1" = hotplug ]; then
     echo "FVG waiting for hot-plug"
     if wait_for 120 test -e /dev/fairvgpu0; then
@@ -65,5 +78,6 @@ show_device
 step driver_api /fvg/driver_api /fvg/fairvgpu.ptx
 step cudarc /fvg/cudarc-guest /fvg/fairvgpu.ptx
 step blocking /fvg/vm-probe block 50
+step two_at_once two_at_once
 step kill_mid_copy kill_mid_copy
 echo "FVG interrupts=$(cat /sys/class/fairvgpu/fairvgpu0/interrupts) wakeups=$(cat /sys/class/fairvgpu/fairvgpu0/wakeups)"

@@ -86,6 +86,11 @@ struct Daemon {
 
 impl Daemon {
     fn start(name: &str) -> Daemon {
+        Self::start_with(name, "")
+    }
+
+    /// As [`Daemon::start`], vm1 with the further keys `vm_keys`.
+    fn start_with(name: &str, vm_keys: &str) -> Daemon {
         let bin = cargo_build("cli").join("fairvgpu");
         let dir = scratch::dir(&format!("fvg-vm-{name}"));
         let config = dir.join("host.toml");
@@ -106,6 +111,7 @@ vectors = 2
 name = "vm1"
 tenant = "acme"
 memory_limit_mib = 512
+{vm_keys}
 "#,
                 run = dir.join("run").display()
             ),
@@ -295,8 +301,54 @@ fn guest_programs_run_through_the_module_and_a_killed_one_gives_back_its_memory(
         return;
     }
     let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
-    let d = Daemon::start("boot");
-    let mut g = Guest::boot(&d, "tests", &[]);
+    guest_checks(&Daemon::start("boot"));
+}
+
+/// The same checks with each guest process served by a worker of its own
+/// (`process_slots`): the module's doorbells reach each slot's worker on
+/// its own vector, a waiting process is woken by its own worker, and a
+/// killed process's slot and memory come back.
+#[test]
+fn with_process_slots_guest_programs_run_and_a_killed_one_gives_back_its_memory() {
+    if !prerequisites() {
+        return;
+    }
+    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let d = Daemon::start_with("slots", "process_slots = 2");
+    // A worker process per slot serves the VM (started once its socket is up).
+    let slots = |d: &Daemon| {
+        let mut k: Vec<String> = worker_args(d.child.id())
+            .iter()
+            .filter_map(|a| a.split_once("\0--slot\0"))
+            .map(|(_, rest)| rest.split('\0').next().unwrap_or("").to_owned())
+            .collect();
+        k.sort();
+        k
+    };
+    let start = Instant::now();
+    while slots(&d) != ["0", "1"] && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(slots(&d), ["0", "1"], "the daemon's workers, by slot");
+    guest_checks(&d);
+}
+
+/// The command lines (arguments joined by NULs) of the child processes of
+/// `pid` that are workers.
+fn worker_args(pid: u32) -> Vec<String> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    children
+        .split_whitespace()
+        .filter_map(|c| std::fs::read(format!("/proc/{c}/cmdline")).ok())
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .filter(|a| a.contains("\0worker\0"))
+        .collect()
+}
+
+/// Boots the test guest against `d` and runs its checks (`vm-images/guest-tests.sh`).
+fn guest_checks(d: &Daemon) {
+    let mut g = Guest::boot(d, "tests", &[]);
     g.expect("FVG module loaded", BOOT);
     let dev = g.expect("FVG device", STEP);
     assert!(dev.contains("vectors=2"), "{dev}");
@@ -306,6 +358,7 @@ fn guest_programs_run_through_the_module_and_a_killed_one_gives_back_its_memory(
     g.expect("FVG-PASS blocking", STEP);
     let block = g.expect("    blocking: block: 50 synchronizations", STEP);
     assert!(block.contains("wake-ups"), "{block}");
+    g.expect("FVG-PASS two_at_once", STEP);
 
     // Kill mid-copy: the host sees the memory held, then freed, while the
     // VM (the ivshmem peer) stays attached: the module gave the channel back.
