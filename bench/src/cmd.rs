@@ -84,6 +84,10 @@ pub enum BenchCmd {
         /// host that keeps its VMs off the CPUs it reserves.
         #[arg(long, conflicts_with = "sim")]
         cpus: Option<String>,
+        /// The nice value of the lifts (`[daemon] priority`, -20..=-1).
+        #[arg(long, default_value_t = -10, allow_negative_numbers = true,
+              value_parser = clap::value_parser!(i32).range(-20..=-1), conflicts_with = "sim")]
+        priority: i32,
     },
     /// Accounting of GPU time: its error against the guest's CUDA events, and its cost.
     Accounting {
@@ -192,6 +196,7 @@ impl BenchCmd {
                 hogs,
                 lift,
                 cpus,
+                priority,
             } => {
                 if sim {
                     crate::fairness_sim::run(seconds)
@@ -204,7 +209,7 @@ impl BenchCmd {
                         slice_ns: slice_us.map(|us| us.clamp(100, 1_000_000) * 1000),
                         mps: mps.then_some(mps_control.as_path()),
                         hogs,
-                        lift: lift == OnOff::On,
+                        lift: (lift == OnOff::On).then_some(priority),
                         cpus: cpus.as_deref(),
                     })
                     .map(drop)

@@ -434,7 +434,7 @@ fn mps_clients(control: &std::path::Path) -> Result<daemon::mps::MpsDaemon> {
 /// included (a busy host: [`super::hogs`]), and then every round again
 /// without them (the quiet host), the last line
 /// `hogs=N fairvgpu_mmr=… fairvgpu_throughput=… quiet_mmr=… quiet_throughput=…`;
-/// `lift`: the host CPU options' priority and vCPU lifts (see `hostcpu`)
+/// `lift`: the host CPU options' priority and vCPU lifts at this nice value (see `hostcpu`)
 /// where this process may raise priorities (it prints which are on);
 /// `cpus`: CPUs reserved for the host's side as `[daemon] cpus` does (the
 /// grant service, the workers and their driver threads pinned there), the
@@ -464,14 +464,9 @@ pub fn run(o: Options<'_>) -> Result<Summary> {
         Some(ns) => ns,
         None => daemon::setup::gpu_slice_ns(&config(kind, graphs)?, 0),
     };
-    let host_cpu = if lift {
-        HostCpu::lifts(
-            daemon::config::DaemonConfig::default().priority,
-            true,
-            daemon::hostcpu::lift::SysPriority,
-        )
-    } else {
-        HostCpu::off("--lift off")
+    let host_cpu = match lift {
+        Some(nice) => HostCpu::lifts(nice, true, daemon::hostcpu::lift::SysPriority),
+        None => HostCpu::off("--lift off"),
     };
     let threads = "not used by the bench: its grant service and workers are threads of the bench";
     host_cpu.set(|r| {
@@ -487,7 +482,7 @@ pub fn run(o: Options<'_>) -> Result<Summary> {
     });
     println!(
         "host CPU options (--lift {}):",
-        if lift { "on" } else { "off" }
+        if lift.is_some() { "on" } else { "off" }
     );
     let reported = host_cpu.report();
     for l in reported.lines() {
@@ -557,8 +552,9 @@ pub struct Options<'a> {
     pub mps: Option<&'a std::path::Path>,
     /// Busy-loop processes beside the guests.
     pub hogs: usize,
-    /// The host CPU options' priority and vCPU lifts.
-    pub lift: bool,
+    /// The host CPU options' priority and vCPU lifts, at this nice value
+    /// (`[daemon] priority`); None: off.
+    pub lift: Option<i32>,
     /// CPUs reserved for the host's side (a list like `"0-1"`).
     pub cpus: Option<&'a str>,
 }
