@@ -220,6 +220,25 @@ pub struct CudaExecutor {
 // that owns the executor, after making it current there.
 unsafe impl Send for CudaExecutor {}
 
+/// The current context runs no kernel (the worker's registration context:
+/// guests' work runs in contexts of their own): its kernels' stack, printf
+/// buffer and heap go down to the least the driver keeps. On an H100 the
+/// stack alone held 264 of the context's 524 MiB
+/// (`results/2026-11-26-h100-registration-context.md`). Refused, the
+/// context keeps them, nothing else changes.
+fn shrink_kernel_limits() {
+    for (limit, what) in [
+        (sys::CUlimit::CU_LIMIT_STACK_SIZE, "stack"),
+        (sys::CUlimit::CU_LIMIT_PRINTF_FIFO_SIZE, "printf buffer"),
+        (sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, "heap"),
+    ] {
+        // SAFETY: sets a limit of the current context, which is ours.
+        if let Err(s) = check(unsafe { sys::cuCtxSetLimit(limit, 0) }) {
+            tracing::debug!("registration context: its kernels' {what} kept ({s:?})");
+        }
+    }
+}
+
 impl Drop for CudaExecutor {
     fn drop(&mut self) {
         if self.primary.is_null() {
@@ -307,6 +326,10 @@ impl Executor for CudaExecutor {
             check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut p, self.dev) })?;
             self.primary = p;
             self.primary_dev = self.dev;
+            // SAFETY: the context was just retained.
+            check(unsafe { sys::cuCtxSetCurrent(self.primary) })?;
+            CURRENT.with(|c| c.set(self.primary as usize));
+            shrink_kernel_limits();
         }
         // SAFETY: a retained context of ours.
         check(unsafe { sys::cuCtxSetCurrent(self.primary) })?;
