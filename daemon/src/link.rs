@@ -59,7 +59,7 @@ enum FeedMsg {
 /// the feed of whichever worker serves it now (of each process slot's
 /// worker, where its processes have slots: a lane each), and its memory
 /// ledger (`worker::ledger`), which the workers of a VM with process slots
-/// share.
+/// share (made when the first of them asks for it, kept for the VM's life).
 ///
 /// Only the VM's own feed thread ever writes to its worker's feed; the
 /// supervisor and the control API hand it messages and never wait, so no
@@ -69,7 +69,9 @@ enum FeedMsg {
 pub struct VmHost {
     region: Region,
     server: ServerHandle,
-    ledger: OwnedFd,
+    /// The VM's name, which names its ledger.
+    name: String,
+    ledger: std::sync::OnceLock<OwnedFd>,
     tx: Mutex<Sender<FeedMsg>>,
     /// Whether a worker's feed is open now.
     fed: Arc<AtomicBool>,
@@ -171,11 +173,11 @@ impl VmHost {
                     source,
                 })?
         };
-        let ledger = worker::ledger::Ledger::create(&format!("fairvgpu-{name}-ledger"))?;
         Ok(VmHost {
             region,
             server,
-            ledger,
+            name: name.to_owned(),
+            ledger: std::sync::OnceLock::new(),
             tx: Mutex::new(tx),
             fed,
             reports,
@@ -213,7 +215,13 @@ impl VmHost {
     /// The VM's memory ledger (a dup, for a worker of a VM with process
     /// slots).
     pub fn ledger(&self) -> Result<OwnedFd, Error> {
-        self.ledger.try_clone().map_err(|source| Error::Io {
+        if self.ledger.get().is_none() {
+            let made = worker::ledger::Ledger::create(&format!("fairvgpu-{}-ledger", self.name))?;
+            // Two callers at once: one ledger is kept, the other dropped.
+            let _ = self.ledger.set(made);
+        }
+        let ledger = self.ledger.get().expect("made above");
+        ledger.try_clone().map_err(|source| Error::Io {
             what: "dup of the memory ledger",
             source,
         })
