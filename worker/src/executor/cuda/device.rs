@@ -320,20 +320,20 @@ impl Executor for CudaExecutor {
     }
 
     fn register_host_memory(&mut self, ranges: &[VolatileSlice<'_>]) -> Result<(), Status> {
-        if self.primary.is_null() {
+        let first = self.primary.is_null();
+        if first {
             let mut p: CUcontext = null_mut();
             // SAFETY: out-parameter on our stack.
             check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut p, self.dev) })?;
             self.primary = p;
             self.primary_dev = self.dev;
-            // SAFETY: the context was just retained.
-            check(unsafe { sys::cuCtxSetCurrent(self.primary) })?;
-            CURRENT.with(|c| c.set(self.primary as usize));
-            shrink_kernel_limits();
         }
         // SAFETY: a retained context of ours.
         check(unsafe { sys::cuCtxSetCurrent(self.primary) })?;
         CURRENT.with(|c| c.set(self.primary as usize));
+        if first {
+            shrink_kernel_limits();
+        }
         for a in ranges {
             let p = a.ptr_guard_mut().as_ptr() as *mut c_void;
             // SAFETY: `a` is a live, page-aligned shared mapping of `a.len()` bytes
