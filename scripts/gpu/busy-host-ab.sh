@@ -13,17 +13,6 @@ set -uo pipefail
 . scripts/gpu/lib.sh
 LOG=$OUT/busy-host-ab.log
 { header; uptime; } | tee -a "$LOG"
-for round in $(seq "${ROUNDS:-2}"); do
-  order=$BUILDS
-  [ $((round % 2)) -eq 0 ] && order=$(echo "$BUILDS" | tr ' ' '\n' | tac | tr '\n' ' ')
-  for b in $order; do
-    echo "== round $round: $b/fairvgpu bench fairness --executor cuda --seconds ${SECS:-8} --hogs ${HOGS:-12}" >> "$LOG"
-    RUST_LOG=warn timeout 300 "$b/fairvgpu" bench fairness --executor cuda --seconds "${SECS:-8}" \
-      --hogs "${HOGS:-12}" > "$OUT/run.txt" 2>&1
-    rc=$?
-    cat "$OUT/run.txt" >> "$LOG"
-    echo "$b rc=$rc $(fairness_summary "$OUT/run.txt")" | tee -a "$LOG"
-  done
-done
-rm -f "$OUT/run.txt"
+alternate_builds "${ROUNDS:-2}" "$LOG" fairness_summary bench fairness --executor cuda \
+  --seconds "${SECS:-8}" --hogs "${HOGS:-12}"
 uptime | tee -a "$LOG"

@@ -36,6 +36,31 @@ fairness_summary() {
   echo "$(tail -1 "$1") $idle guest0_share=${share:--} $late"
 }
 
+# Builds against each other: `$b/fairvgpu ARGS...` for each directory b in
+# $BUILDS, $1 rounds, the order reversed every other round. Each run's output
+# is appended to the log $2, and a line per run (to the log and stdout)
+# names the build, its exit status and what `$3 OUTPUT` makes of its output.
+# usage: alternate_builds ROUNDS LOG SUMMARY ARGS...
+alternate_builds() {
+  local rounds=$1 log=$2 summary=$3 round order b rc
+  shift 3
+  for round in $(seq "$rounds"); do
+    order=$BUILDS
+    [ $((round % 2)) -eq 0 ] && order=$(echo "$BUILDS" | tr ' ' '\n' | tac | tr '\n' ' ')
+    for b in $order; do
+      echo "== round $round: $b/fairvgpu $*" >> "$log"
+      RUST_LOG=warn timeout 300 "$b/fairvgpu" "$@" > "$OUT/run.txt" 2>&1
+      rc=$?
+      cat "$OUT/run.txt" >> "$log"
+      echo "$b rc=$rc $("$summary" "$OUT/run.txt")" | tee -a "$log"
+    done
+  done
+  rm -f "$OUT/run.txt"
+}
+
+# The last line of the output $1.
+last_line() { tail -1 "$1"; }
+
 # Starts $1 busy-loop processes (a noisy host) until hogs_stop.
 hogs_start() {
   echo "== $1 busy-loop processes on $(nproc) CPUs"

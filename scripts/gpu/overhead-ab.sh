@@ -10,15 +10,4 @@ set -uo pipefail
 . scripts/gpu/lib.sh
 LOG=$OUT/overhead-ab.log
 header | tee -a "$LOG"
-for round in $(seq "${ROUNDS:-3}"); do
-  order=$BUILDS
-  [ $((round % 2)) -eq 0 ] && order=$(echo "$BUILDS" | tr ' ' '\n' | tac | tr '\n' ' ')
-  for b in $order; do
-    echo "== round $round: $b/fairvgpu bench overhead --executor cuda" >> "$LOG"
-    RUST_LOG=warn timeout 300 "$b/fairvgpu" bench overhead --executor cuda > "$OUT/run.txt" 2>&1
-    rc=$?
-    cat "$OUT/run.txt" >> "$LOG"
-    echo "$b rc=$rc $(tail -1 "$OUT/run.txt")" | tee -a "$LOG"
-  done
-done
-rm -f "$OUT/run.txt"
+alternate_builds "${ROUNDS:-3}" "$LOG" last_line bench overhead --executor cuda
