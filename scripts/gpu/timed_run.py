@@ -8,11 +8,17 @@ usage: timed_run.py DAEMON_PID TIMEOUT_S OUTPUT_FILE PROGRAM [ARGS...]
   OUTPUT_FILE; prints one line: `rc=N wall=S cpu=S host_cpu=S`. DAEMON_PID 0:
   no daemon to account (host_cpu=0). Exit status: the program's (124 when
   TIMEOUT_S passed and it was killed).
+
+The wall time ends when the program does: the script blocks in wait4(2),
+and a timer kills the program at the time limit. (subprocess's own wait
+with a timeout polls, sleeping up to 50 ms between looks, which added 0-50
+ms to every wall time, 8% of a 0.6 s program.)
 """
 import os
-import resource
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -44,16 +50,23 @@ def tree_cpu(root):
 def main():
     daemon, timeout, out, cmd = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4:]
     h0 = tree_cpu(daemon)
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.monotonic()
+    killed = threading.Event()
     with open(out, "wb") as f:
-        try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
-    wall = time.monotonic() - t0
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        t0 = time.monotonic()
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+
+        def kill():
+            killed.set()
+            p.send_signal(signal.SIGKILL)
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        _, status, usage = os.wait4(p.pid, 0)
+        wall = time.monotonic() - t0
+        timer.cancel()
+    # Reaped here: Popen must not wait for it again.
+    p.returncode = rc = 124 if killed.is_set() else os.waitstatus_to_exitcode(status)
+    cpu = usage.ru_utime + usage.ru_stime
     print(f"rc={rc} wall={wall:.3f} cpu={cpu:.3f} host_cpu={tree_cpu(daemon) - h0:.3f}")
     sys.exit(rc)
 
