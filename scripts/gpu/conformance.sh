@@ -5,10 +5,11 @@
 # status and the program's own verdict line, and prints each program's wall
 # and CPU time both ways, the CPU the daemon spent meanwhile and the first
 # timing the program prints of its own. A program over 1.05x runs both ways
-# once more and the lesser wall of each counts (both tries printed): the
-# CPU-bound ones' own CPU time swings by up to a third between runs on the
-# lent machines, in either direction. Last line:
-#   samples_pass=N/M native_pass=M matrixmul_gflops_ratio=R
+# twice more, the order turned each time, and the median wall of each way's
+# three runs counts (all printed): the CPU-bound ones' own CPU time swings
+# by up to a third between runs on the lent machines, in either direction,
+# and the least of each way would count a lucky run. Last line:
+#   samples_pass=N/M native_pass=M matrixmul_gflops_ratio=R slowest=NAME:R geomean_ratio=G
 # Carried: .samples/bin, and the release fairvgpu and libcuda.so (in
 # target/release, or stripped in .carry/release with R=.carry/release).
 # usage: scripts/gpu/conformance.sh [SAMPLE...]   (default: all)
@@ -66,6 +67,16 @@ run_both() {
         LD_LIBRARY_PATH=$W/lib:$LIBS python3 $TR $D $T $3 ./$1); src=$?
 }
 
+# run_both with the stand-in first.
+run_both_turned() {
+    local d=.samples/bin/$1
+    sl=$(cd $d && FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib:$LIBS \
+        python3 $TR $D $T /dev/null ./$1); src=$?
+    nl=$(cd $d && LD_LIBRARY_PATH=$NV:$LIBS python3 $TR $D $T /dev/null ./$1); nrc=$?
+}
+# The median of its arguments.
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+
 # Each program's time limit, natively and through the stand-in.
 T=${T:-60}
 : > $W/ratios
@@ -93,16 +104,21 @@ for n in "${names[@]}"; do
         "$n" "$nrc" "$src" "$r" "$ns" "$ss" "$ratio_n" "$(field cpu "$nl")" "$(field cpu "$sl")" \
         "$(field host_cpu "$nl")" "$(field host_cpu "$sl")"
     if [ "$r" = ok ] && awk -v x=$ratio_n 'BEGIN { exit !(x > 1.05) }'; then
-        # Over 1.05: both ways once more, the lesser wall of each counts
-        # (a program whose own CPU time swings with the machine's load
-        # reads up to 1.3 either way in one run; both tries are printed).
-        run_both $n /dev/null /dev/null
-        ns2=$(field wall "$nl"); ss2=$(field wall "$sl")
-        echo "   again: wall ${ns2}s ${ss2}s  cpu $(field cpu "$nl") $(field cpu "$sl")"
-        ns=$(awk -v a=$ns -v b=$ns2 'BEGIN { print (b > 0 && b < a) ? b : a }')
-        ss=$(awk -v a=$ss -v b=$ss2 'BEGIN { print (b > 0 && b < a) ? b : a }')
+        # Over 1.05: two more pairs, the stand-in first in the second, and
+        # the median of each way's three walls counts.
+        nw="$ns" sw="$ss"
+        for k in 2 3; do
+            if [ $k = 2 ]; then
+                run_both_turned $n
+            else
+                run_both $n /dev/null /dev/null
+            fi
+            nw="$nw $(field wall "$nl")"; sw="$sw $(field wall "$sl")"
+            echo "   again ($k): wall $(field wall "$nl")s $(field wall "$sl")s  cpu $(field cpu "$nl") $(field cpu "$sl")"
+        done
+        ns=$(median $nw); ss=$(median $sw)
         ratio_n=$(awk -v s=$ss -v n=$ns 'BEGIN { printf "%.2f", s / n }')
-        echo "   best of two: wall ${ns}s ${ss}s x$ratio_n"
+        echo "   median of three: wall ${ns}s ${ss}s x$ratio_n"
     fi
     [ "$r" = ok ] && echo "$n $ratio_n" >> $W/ratios
     o=$(own $W/logs/$n.native)
