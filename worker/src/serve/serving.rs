@@ -6,7 +6,8 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::poll::{ppoll, PollFd, PollFlags};
+use nix::sys::time::TimeSpec;
 
 use super::channel::{retire, service, ChannelState};
 use super::handoff::Handoff;
@@ -44,6 +45,15 @@ const LATE_GUEST_FREE_PART: u64 = 8;
 /// when it comes back within this; after it, an idle VM's worker gives the
 /// grant back and sleeps until a guest rings.
 const LONE_IDLE_KEEP: Duration = Duration::from_millis(100);
+
+/// How long a worker sleeps at a time while its guests were active within
+/// [`LONE_IDLE_KEEP`] and no other vGPU waits for the GPU (see
+/// [`Worker::light_sleep`]). A sleep the timer ends this soon keeps the
+/// worker's CPU out of a deep idle state: after a 10 ms sleep a doorbell
+/// took 49-60 us to wake the thread on an H100 host (a virtual machine
+/// whose idle CPUs halt), after sleeps of 50 us 10-14 us
+/// (`scripts/gpu/wake.c`).
+const LIGHT_SLEEP: Duration = Duration::from_micros(50);
 
 /// How long a poisoned worker goes on serving so that its processes can
 /// take the kernel output (see `output.rs`) and the fault's error they
@@ -186,7 +196,8 @@ impl Worker {
                 // without: a guest's call, or another vGPU wanting the GPU
                 // (the grant's socket), wakes it.
             }
-            let rung = self.block()?;
+            let light = self.light_sleep();
+            let rung = self.block(light)?;
             self.periodic(&mut last_report)?;
             // Rung (a guest's doorbell, a grant): more requests tend to
             // follow, so spin for them. Woken by the timeout alone (an idle
@@ -225,6 +236,23 @@ impl Worker {
         }
         self.lone_idle_since = None;
         false
+    }
+
+    /// Whether the worker sleeps [`LIGHT_SLEEP`] at a time rather than up
+    /// to `max_block_us`: while it keeps the grant alone through its
+    /// guests' pause ([`Worker::keep_alone`] decided so just before), or,
+    /// with no scheduler, for [`LONE_IDLE_KEEP`] after its last work. A
+    /// program that computes on the CPU between short bursts of GPU work
+    /// then finds it awake sooner, for a few microseconds of CPU per sleep;
+    /// an idle VM's worker sleeps long again after it.
+    fn light_sleep(&mut self) -> bool {
+        match self.sh.slice.gate.as_ref() {
+            Some(g) => g.holding() && self.lone_idle_since.is_some(),
+            None => {
+                let since = *self.lone_idle_since.get_or_insert_with(Instant::now);
+                since.elapsed() < LONE_IDLE_KEEP
+            }
+        }
     }
 
     /// Whether a holder with nothing to run keeps the grant a little
@@ -341,9 +369,9 @@ impl Worker {
     }
 
     /// Sleeps until a doorbell rings or a grant arrives, or `max_block_us`
-    /// passes; whether something rang (or a channel had work before it
-    /// slept).
-    fn block(&mut self) -> Result<bool, Error> {
+    /// passes ([`LIGHT_SLEEP`] if `light`); whether something rang (or a
+    /// channel had work before it slept).
+    fn block(&mut self, light: bool) -> Result<bool, Error> {
         let region = self.sh.port.region.clone();
         let flag = region.slot_sleeping(self.sh.port.slot.unwrap_or(0))?;
         flag.store(1, Ordering::Relaxed);
@@ -370,10 +398,15 @@ impl Worker {
             if let Some(g) = gate.filter(|g| g.wanted() || g.holding()) {
                 fds.push(PollFd::new(g.fd(), PollFlags::POLLIN));
             }
-            let ms = (self.spin.max_block_us / 1000).clamp(1, 1000) as u16;
+            let timeout = if light {
+                TimeSpec::from_duration(LIGHT_SLEEP)
+            } else {
+                let us = self.spin.max_block_us.clamp(1_000, 1_000_000);
+                TimeSpec::from_duration(Duration::from_micros(us))
+            };
             // A holder's messages are read by `keep_alone` before it
             // sleeps again; only a grant counts as rung.
-            let _ = poll(&mut fds, PollTimeout::from(ms));
+            let _ = ppoll(&mut fds, Some(timeout), None);
             let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
             let rang = fds.iter().take(bells.len()).any(ready);
             let said = fds.len() > bells.len() && fds.last().is_some_and(ready);
