@@ -111,11 +111,15 @@ fn a_guest_leaving_its_replies_unread_pays_for_the_idle_grant_past_an_eighth_of_
     std::thread::sleep(Duration::from_secs(3));
     stop.store(true, Ordering::Relaxed);
     let (rounds, good_rounds) = (hoarder.join().unwrap(), good.join().unwrap());
-    let late = workers[0].stats.handoff.figures();
-    let charged = workers[0].stats.charged_ns.load(Ordering::Relaxed);
+    // Read once the workers are down: a grant's charge reaches the
+    // counters when it is given back (at the latest as its worker stops),
+    // its waits as they end.
+    let stats = workers[0].stats.clone();
     for w in workers {
         w.shutdown().unwrap();
     }
+    let late = stats.handoff.figures();
+    let charged = stats.charged_ns.load(Ordering::Relaxed);
     println!(
         "hoarder rounds {rounds}, good rounds {good_rounds}; hoarder's worker: {}, charged {:.1} ms",
         late.line(),
