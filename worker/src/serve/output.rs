@@ -89,13 +89,15 @@ struct Stash {
     dropped: u64,
 }
 
+/// How much a read from a pipe takes at a time.
+const READ_CHUNK: usize = 64 << 10;
+
 impl Stash {
-    /// Reads what each pipe holds now, without waiting.
-    fn fill(&mut self, pipes: &[File; 2]) {
-        let mut buf = [0u8; 64 << 10];
+    /// Reads what each pipe holds now, without waiting, through `buf`.
+    fn fill(&mut self, pipes: &[File; 2], buf: &mut [u8]) {
         for (i, mut p) in pipes.iter().enumerate() {
             loop {
-                match p.read(&mut buf) {
+                match p.read(buf) {
                     Ok(0) => break,
                     Ok(n) => {
                         let room = STASH.saturating_sub(self.text[i].len());
@@ -111,11 +113,20 @@ impl Stash {
     }
 }
 
+/// The stash and the serving thread's buffer for reading into it (made
+/// once: zeroing 64 KiB at each synchronize cost more than the rest of
+/// the look at the pipes).
+#[derive(Debug)]
+struct Inbox {
+    stash: Stash,
+    buf: Vec<u8>,
+}
+
 /// Descriptors 1 and 2 of the worker process, captured.
 #[derive(Debug)]
 struct Capture {
     pipes: Arc<[File; 2]>,
-    stash: Arc<Mutex<Stash>>,
+    inbox: Arc<Mutex<Inbox>>,
 }
 
 impl Capture {
@@ -142,28 +153,58 @@ impl Capture {
         }
         let err = reads.pop().expect("two pipes");
         let out = reads.pop().expect("two pipes");
-        let pipes = Arc::new([out, err]);
-        let stash = Arc::new(Mutex::new(Stash::default()));
-        let (p, s) = (pipes.clone(), stash.clone());
+        Capture::reading([out, err])
+    }
+
+    /// The capture of the read ends of standard output's and standard
+    /// error's pipes, with its reader thread started.
+    fn reading(pipes: [File; 2]) -> std::io::Result<Capture> {
+        let pipes = Arc::new(pipes);
+        let inbox = Arc::new(Mutex::new(Inbox {
+            stash: Stash::default(),
+            buf: vec![0; READ_CHUNK],
+        }));
+        let (p, s) = (pipes.clone(), inbox.clone());
         std::thread::Builder::new()
             .name("kernel-output".into())
             .spawn(move || read_forever(&p, &s))?;
-        Ok(Capture { pipes, stash })
+        Ok(Capture { pipes, inbox })
     }
 
     /// Everything written so far: what the reader took and what the pipes
     /// still hold. Text written before the call returned is all there.
+    /// Asked at every synchronize: one look (a poll) at both pipes, read
+    /// only if one holds text.
     fn take(&self) -> Stash {
-        let mut s = self.stash.lock().unwrap_or_else(|e| e.into_inner());
-        s.fill(&self.pipes);
-        std::mem::take(&mut *s)
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        if any_readable(&self.pipes) {
+            let Inbox { stash, buf } = &mut *inbox;
+            stash.fill(&self.pipes, buf);
+        }
+        std::mem::take(&mut inbox.stash)
+    }
+}
+
+/// Whether either pipe holds text (or reports an error or hang-up, which
+/// a read then meets), without waiting.
+fn any_readable(pipes: &[File; 2]) -> bool {
+    let mut fds = [
+        PollFd::new(pipes[0].as_fd(), PollFlags::POLLIN),
+        PollFd::new(pipes[1].as_fd(), PollFlags::POLLIN),
+    ];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(0) => false,
+        Ok(_) => true,
+        // Interrupted or failed: read, as before this look existed.
+        Err(_) => true,
     }
 }
 
 /// The reader thread: waits for text and moves it to the stash, under the
 /// stash's lock (so that the serving thread, reading under the same lock,
 /// never misses bytes in flight).
-fn read_forever(pipes: &[File; 2], stash: &Mutex<Stash>) {
+fn read_forever(pipes: &[File; 2], inbox: &Mutex<Inbox>) {
+    let mut buf = vec![0; READ_CHUNK];
     loop {
         let mut fds = [
             PollFd::new(pipes[0].as_fd(), PollFlags::POLLIN),
@@ -181,7 +222,11 @@ fn read_forever(pipes: &[File; 2], stash: &Mutex<Stash>) {
         if hung_up {
             return;
         }
-        stash.lock().unwrap_or_else(|e| e.into_inner()).fill(pipes);
+        inbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stash
+            .fill(pipes, &mut buf);
     }
 }
 
@@ -340,13 +385,10 @@ fn test_capture() -> (&'static Capture, [OwnedFd; 2]) {
     }
     let err = reads.pop().unwrap();
     let out = reads.pop().unwrap();
-    let pipes = Arc::new([out, err]);
-    let stash = Arc::new(Mutex::new(Stash::default()));
-    let (p, s) = (pipes.clone(), stash.clone());
-    std::thread::spawn(move || read_forever(&p, &s));
+    let capture = Capture::reading([out, err]).unwrap();
     let w2 = writes.pop().unwrap();
     let w1 = writes.pop().unwrap();
-    (Box::leak(Box::new(Capture { pipes, stash })), [w1, w2])
+    (Box::leak(Box::new(capture)), [w1, w2])
 }
 
 #[cfg(test)]
