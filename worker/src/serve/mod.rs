@@ -214,7 +214,8 @@ pub struct Worker {
     /// When [`Worker::recheck_budget`] last asked the device.
     budget_checked: Instant,
     /// Since when a lone holder has had nothing to run (see
-    /// [`Worker::keep_alone`]).
+    /// [`Worker::keep_alone`]), or, with no scheduler, the worker (see
+    /// [`Worker::light_sleep`]).
     lone_idle_since: Option<Instant>,
     /// The serving thread alone is confined yet: the others are, once the
     /// contexts made ahead are all made (see [`Worker::confine`]).
