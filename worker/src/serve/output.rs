@@ -113,9 +113,9 @@ impl Stash {
     }
 }
 
-/// The stash and the serving thread's buffer for reading into it (made
-/// once: zeroing 64 KiB at each synchronize cost more than the rest of
-/// the look at the pipes).
+/// The stash and the buffer it is filled through, by whichever thread
+/// holds the lock (made once: zeroing 64 KiB at each synchronize cost
+/// more than the rest of the look at the pipes).
 #[derive(Debug)]
 struct Inbox {
     stash: Stash,
@@ -178,20 +178,32 @@ impl Capture {
     fn take(&self) -> Stash {
         let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
         if any_readable(&self.pipes) {
-            let Inbox { stash, buf } = &mut *inbox;
-            stash.fill(&self.pipes, buf);
+            inbox.fill(&self.pipes);
         }
         std::mem::take(&mut inbox.stash)
     }
 }
 
+impl Inbox {
+    /// Moves what the pipes hold now into the stash.
+    fn fill(&mut self, pipes: &[File; 2]) {
+        let Inbox { stash, buf } = self;
+        stash.fill(pipes, buf);
+    }
+}
+
+/// Both pipes, to be polled for text.
+fn poll_fds(pipes: &[File; 2]) -> [PollFd<'_>; 2] {
+    [
+        PollFd::new(pipes[0].as_fd(), PollFlags::POLLIN),
+        PollFd::new(pipes[1].as_fd(), PollFlags::POLLIN),
+    ]
+}
+
 /// Whether either pipe holds text (or reports an error or hang-up, which
 /// a read then meets), without waiting.
 fn any_readable(pipes: &[File; 2]) -> bool {
-    let mut fds = [
-        PollFd::new(pipes[0].as_fd(), PollFlags::POLLIN),
-        PollFd::new(pipes[1].as_fd(), PollFlags::POLLIN),
-    ];
+    let mut fds = poll_fds(pipes);
     match poll(&mut fds, PollTimeout::ZERO) {
         Ok(0) => false,
         Ok(_) => true,
@@ -204,12 +216,8 @@ fn any_readable(pipes: &[File; 2]) -> bool {
 /// stash's lock (so that the serving thread, reading under the same lock,
 /// never misses bytes in flight).
 fn read_forever(pipes: &[File; 2], inbox: &Mutex<Inbox>) {
-    let mut buf = vec![0; READ_CHUNK];
     loop {
-        let mut fds = [
-            PollFd::new(pipes[0].as_fd(), PollFlags::POLLIN),
-            PollFd::new(pipes[1].as_fd(), PollFlags::POLLIN),
-        ];
+        let mut fds = poll_fds(pipes);
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
@@ -222,11 +230,7 @@ fn read_forever(pipes: &[File; 2], inbox: &Mutex<Inbox>) {
         if hung_up {
             return;
         }
-        inbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .stash
-            .fill(pipes, &mut buf);
+        inbox.lock().unwrap_or_else(|e| e.into_inner()).fill(pipes);
     }
 }
 
