@@ -313,6 +313,17 @@ pub fn dashboard_dom(browser: &Path, url: &str, screenshot: Option<&Path>) -> St
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The thread id of this process's thread named `name` (its `comm`), if
+/// there is one: its files are under `/proc/<tid>` (a worker's serving
+/// thread, for instance, named `worker-<vm>`).
+pub fn own_thread(name: &str) -> Option<String> {
+    std::fs::read_dir("/proc/self/task").ok()?.find_map(|t| {
+        let t = t.ok()?;
+        let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+        (comm.trim_end() == name).then(|| t.file_name().into_string().ok())?
+    })
+}
+
 /// `n` sim workers (VMs `vm0`, `vm1`, ...) sharing one simulated GPU under
 /// the grant service listening on `grant`, each of weight 1, idling as
 /// `spin` says; their handles, and the sockets their guests attach to

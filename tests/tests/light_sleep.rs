@@ -17,21 +17,13 @@ use transport::SpinPolicy;
 /// The voluntary context switches so far of this process's thread named
 /// `name`.
 fn switches_of(name: &str) -> u64 {
-    let found = std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(Result::ok)
-        .find_map(|t| {
-            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-            if comm.trim_end() != name {
-                return None;
-            }
-            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-                .and_then(|v| v.trim().parse().ok())
-        });
-    found.unwrap_or_else(|| panic!("no thread named {name}"))
+    let tid = tests::own_thread(name).unwrap_or_else(|| panic!("no thread named {name}"));
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no voluntary_ctxt_switches for {name}"))
 }
 
 #[test]

@@ -12,16 +12,12 @@ use worker::serve::{spawn, WorkerConfig, TIMER_SLACK_NS};
 
 /// The timer slack of this process's thread named `name`, if there is one.
 fn slack_of(name: &str) -> Option<u64> {
-    std::fs::read_dir("/proc/self/task").ok()?.find_map(|t| {
-        let t = t.ok()?;
-        let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-        // The file is under /proc/<tid>, not /proc/self/task/<tid>.
-        let tid = t.file_name().into_string().ok()?;
-        (comm.trim_end() == name)
-            .then(|| std::fs::read_to_string(format!("/proc/{tid}/timerslack_ns")).ok())
-            .flatten()
-            .and_then(|s| s.trim().parse().ok())
-    })
+    let tid = tests::own_thread(name)?;
+    std::fs::read_to_string(format!("/proc/{tid}/timerslack_ns"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 #[test]
