@@ -58,21 +58,22 @@ field() { echo "$2" | sed -n "s/.*\b$1=\([0-9.]*\).*/\1/p"; }
 # The first timing a program prints of its own, if any.
 own() { grep -aiE '(time|throughput|bandwidth)[^0-9]*[0-9]' "$1" | head -1 | tr -s ' \t' ' ' | cut -c1-60; }
 TR=$PWD/scripts/gpu/timed_run.py
-# Runs program $1 natively (output to $2) and through the stand-in (output
-# to $3): timed_run.py's lines in nl and sl, the exit statuses in nrc, src.
-run_both() {
-    local d=.samples/bin/$1
-    nl=$(cd $d && LD_LIBRARY_PATH=$NV:$LIBS python3 $TR $D $T $2 ./$1); nrc=$?
-    sl=$(cd $d && FAIRVGPU_LIBCUDA_DEBUG=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
-        LD_LIBRARY_PATH=$W/lib:$LIBS python3 $TR $D $T $3 ./$1); src=$?
+# Runs program $1 natively (its output to $2, timed_run.py's line in nl,
+# the exit status in nrc), and through the stand-in (to $3; sl, src).
+run_native() {
+    nl=$(cd .samples/bin/$1 && LD_LIBRARY_PATH=$NV:$LIBS python3 $TR $D $T $2 ./$1); nrc=$?
 }
-
-# run_both with the stand-in first.
-run_both_turned() {
-    local d=.samples/bin/$1
-    sl=$(cd $d && FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib:$LIBS \
-        python3 $TR $D $T /dev/null ./$1); src=$?
-    nl=$(cd $d && LD_LIBRARY_PATH=$NV:$LIBS python3 $TR $D $T /dev/null ./$1); nrc=$?
+run_standin() {
+    sl=$(cd .samples/bin/$1 && FAIRVGPU_LIBCUDA_DEBUG=1 FAIRVGPU_SOCKET=$W/run/vm1.sock \
+        LD_LIBRARY_PATH=$W/lib:$LIBS python3 $TR $D $T $2 ./$1); src=$?
+}
+# Both ways, natively first (TURNED=1: the stand-in first).
+run_both() {
+    if [ -n "${TURNED:-}" ]; then
+        run_standin $1 $3; run_native $1 $2
+    else
+        run_native $1 $2; run_standin $1 $3
+    fi
 }
 # The median of its arguments.
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
@@ -108,11 +109,7 @@ for n in "${names[@]}"; do
         # the median of each way's three walls counts.
         nw="$ns" sw="$ss"
         for k in 2 3; do
-            if [ $k = 2 ]; then
-                run_both_turned $n
-            else
-                run_both $n /dev/null /dev/null
-            fi
+            TURNED=$([ $k = 2 ] && echo 1) run_both $n /dev/null /dev/null
             nw="$nw $(field wall "$nl")"; sw="$sw $(field wall "$sl")"
             echo "   again ($k): wall $(field wall "$nl")s $(field wall "$sl")s  cpu $(field cpu "$nl") $(field cpu "$sl")"
         done
