@@ -7,19 +7,14 @@
 // stand-in and compare the lines.
 // build: nvcc -O2 -o burst burst.cu
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <thread>
 #include <vector>
 
+#include "runtime_probe.h"
+
 __global__ void touch(int *p) {
   if (threadIdx.x == 0) p[blockIdx.x] += 1;
-}
-
-static double now_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 // Spins the CPU for `us` (the program's own work between bursts).
@@ -34,15 +29,6 @@ static void report(const char *what, double pause, std::vector<double> &t) {
   printf("%-34s pause %6.0f us: median %8.1f us  p90 %8.1f us\n", what, pause,
          t[t.size() / 2], t[t.size() * 9 / 10]);
 }
-
-#define CK(x)                                                      \
-  do {                                                             \
-    cudaError_t e = (x);                                           \
-    if (e != cudaSuccess) {                                        \
-      printf("%s: %s\n", #x, cudaGetErrorString(e));               \
-      return 1;                                                    \
-    }                                                              \
-  } while (0)
 
 int main() {
   int *d;

@@ -7,9 +7,10 @@
 // microseconds; run it natively and through the stand-in and compare.
 // build: nvcc -O2 -o chain chain.cu
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <vector>
+
+#include "runtime_probe.h"
 
 __global__ void step_a(int *p, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -23,21 +24,6 @@ __global__ void step_c(int *p, int n, int stride, int dir) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n && (i & stride)) p[i] += dir;
 }
-
-static double now_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-#define CK(x)                                                      \
-  do {                                                             \
-    cudaError_t e = (x);                                           \
-    if (e != cudaSuccess) {                                        \
-      printf("%s: %s\n", #x, cudaGetErrorString(e));               \
-      return 1;                                                    \
-    }                                                              \
-  } while (0)
 
 static void report(const char *what, int len, std::vector<double> &t) {
   std::sort(t.begin(), t.end());
