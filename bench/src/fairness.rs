@@ -201,14 +201,15 @@ fn print_charged(fair: &Round, kernel_ns: &[f64; 3]) {
     );
 }
 
-/// "first / timed / host" mean charges per period, with their counts.
+/// "first / timed / host / estimated" mean charges per period, with their
+/// counts.
 fn period_kinds(st: &worker::serve::Stats) -> String {
     let part = |k: usize| {
         let n = st.periods[k].load(Ordering::Relaxed);
         let ns = st.period_charges[k].load(Ordering::Relaxed);
         format!("{:.2} [{n}]", ns as f64 / n.max(1) as f64 / 1e3)
     };
-    format!("{} / {} / {}", part(0), part(1), part(2))
+    format!("{} / {} / {} / {}", part(0), part(1), part(2), part(3))
 }
 
 /// A guest's loop: given its index, device and kernel, runs until the
@@ -687,7 +688,7 @@ fn measure(at: Params<'_>, prefix: &str) -> Result<Summary> {
             .sum();
         summary.push((name, sched::weighted_mmr(&gpu_ns, &WEIGHTS), throughput));
     }
-    println!("charge per busy period (us) [periods] by how it was found: first of a grant / timed / host clock");
+    println!("charge per busy period (us) [periods] by how it was found: first of a grant / timed / host clock / the kernel's timed mean");
     for (g, (alone, shared)) in solo_stats.iter().zip(&fair.stats).enumerate() {
         println!(
             "guest {g}: alone {}  shared {}",

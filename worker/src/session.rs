@@ -108,6 +108,9 @@ pub struct Session {
     /// Estimated GPU time of one launch of each function, learnt from busy
     /// periods that ran only that function (or from timed launches).
     pub kernel_ns: HandleMap<u64>,
+    /// Each kernel's device time per launch from its timed busy periods,
+    /// which charges its untimed ones (see `sched::accounting::LaunchTime`).
+    pub launch_times: HandleMap<sched::accounting::LaunchTime>,
     /// Functions with a timed launch on its way (one at a time: timing
     /// every launch of a kernel not yet known would keep the device waiting
     /// on events between them).
@@ -289,6 +292,7 @@ impl Session {
             conds: Default::default(),
             pending_error: None,
             kernel_ns: HandleMap::default(),
+            launch_times: HandleMap::default(),
             timing: HandleSet::default(),
             period: None,
             occupancy: HashMap::new(),

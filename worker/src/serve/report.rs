@@ -25,10 +25,11 @@ pub struct Stats {
     /// GPU time charged to the scheduler so far (ns).
     pub charged_ns: AtomicU64,
     /// Busy periods charged, and their charges (ns), by how the charge was
-    /// found: [first of a grant (events), other timed (events), host clock].
-    pub periods: [AtomicU64; 3],
+    /// found: [first of a grant (events), other timed (events), host clock,
+    /// the kernel's timed mean (`sched::accounting::LaunchTime`)].
+    pub periods: [AtomicU64; 4],
     /// See `periods`.
-    pub period_charges: [AtomicU64; 3],
+    pub period_charges: [AtomicU64; 4],
     /// Host time the worker spent in device-to-host copies into the
     /// response arenas (ns), and their bytes.
     pub dtoh_ns: AtomicU64,

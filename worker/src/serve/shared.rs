@@ -380,15 +380,27 @@ impl Slice {
         };
         // The kernel's estimate is the period's own time: not what the
         // charge carries over from earlier periods (see `PeriodMeter`).
+        let single = p.single_function();
         let (ns, own, kind) = match device {
             Some(d) => {
+                if let (Some((f, n)), false) = (single, p.first) {
+                    s.launch_times.entry(f).or_default().learn(d, n);
+                }
                 let ns = self.meter.timed(host, d, !p.first);
                 (ns, ns, usize::from(!p.first))
             }
-            None => {
-                let own = host.saturating_sub(self.meter.bias_ns());
-                (self.meter.untimed(host), own, 2)
-            }
+            None => match single.and_then(|(f, n)| s.launch_times.get(&f)?.estimate(n)) {
+                // One kernel's launches: its timed periods' mean, which
+                // the host's delays do not reach.
+                Some(est) => {
+                    let ns = self.meter.estimated(est);
+                    (ns, ns, 3)
+                }
+                None => {
+                    let own = host.saturating_sub(self.meter.bias_ns());
+                    (self.meter.untimed(host), own, 2)
+                }
+            },
         };
         self.charged_ns += ns;
         self.stats.periods[kind].fetch_add(1, Ordering::Relaxed);
