@@ -156,11 +156,13 @@ impl PeriodMeter {
 ///
 /// An untimed period's host time holds whatever delayed the worker: on a
 /// busy host, where the worker, its guest and the driver's threads wait
-/// for CPUs, a 20 us kernel's untimed periods came out 2-4 us longer on
-/// the host clock than its timed ones did, and the learnt bias (taken from
-/// the timed periods) did not take that off: the lightest guest was
-/// charged 4-39% over its device time (an H100 beside 12 CPU hogs with the
-/// holders' threads in SCHED_FIFO, `results/2026-11-27-h100-busy-host-fifo.md`).
+/// for CPUs, a 20 us kernel's untimed periods were charged 20.8-29.0 us on
+/// the host clock less the learnt latency, where its timed ones read
+/// 21.4-21.8 us on the device: the untimed periods' host time grew and the
+/// timed ones' did not, so the latency learnt from the timed ones did not
+/// take it off, and the lightest guest was charged 4-39% over its device
+/// time (an H100 beside 12 CPU hogs with the holders' threads in
+/// SCHED_FIFO, `results/2026-11-27-h100-busy-host-fifo.md`).
 /// Periods of one kernel are charged instead by the mean of that kernel's
 /// recent timed periods per launch, which the host's delays do not reach.
 /// The timed periods are a random sample the guest cannot predict (see
@@ -340,6 +342,7 @@ mod tests {
             prop_assert_eq!(m.bias_ns(), new_lat);
         }
     }
+
     #[test]
     fn a_kernels_untimed_periods_are_charged_its_timed_mean_not_host_delays() {
         let mut t = LaunchTime::default();
