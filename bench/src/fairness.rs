@@ -317,6 +317,8 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
             sample_every,
             time_launches,
             lift_nice: lift.and_then(HostCpu::nice),
+            // Its guest's thread, as a VM's vCPU thread (written below).
+            vcpus_file: Some(vcpus_file(&dir, g)),
             ..WorkerConfig::new(&format!("vm{g}"), sock.clone(), layout, 1 << 30)
         };
         workers.push(spawn(&wc, exec)?);
@@ -333,6 +335,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
             // The guest's thread stands in for its VM's vCPU thread.
             let registry = lift.map(|l| l.registry.clone());
             let cpus = guest_cpus.map(<[usize]>::to_vec);
+            let vdir = dir.clone();
             std::thread::Builder::new()
                 .name(format!("guest-{g}"))
                 .spawn(move || -> Result<(u64, f64, CpuUse)> {
@@ -340,9 +343,12 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
                         daemon::hostcpu::cpus::pin_current_thread(&cpus)
                             .map_err(|e| anyhow::anyhow!("pinning guest {g}'s thread: {e}"))?;
                     }
+                    let tid = nix::unistd::gettid().as_raw() as u32;
                     if let Some(r) = registry {
-                        r.set_vcpus(g as u32, vec![nix::unistd::gettid().as_raw() as u32]);
+                        r.set_vcpus(g as u32, vec![tid]);
                     }
+                    std::fs::write(vcpus_file(&vdir, g), format!("{tid}\n"))
+                        .context("writing a guest's vCPU file")?;
                     let mut gpu = Gpu::connect_with(&sock, spin).context("guest attach")?;
                     let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
                     let f = gpu.get_function(m, "spin_ns")?;
@@ -387,6 +393,13 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         guest_cpu,
         threads,
     })
+}
+
+/// Guest `g`'s vCPU file in the round's directory: its thread's id, which
+/// its worker reads as a VM's vCPU threads (the coscheduling kick, and
+/// whether a late guest waited for a CPU).
+fn vcpus_file(dir: &std::path::Path, g: usize) -> std::path::PathBuf {
+    dir.join(format!("vm{g}.vcpus"))
 }
 
 /// The fairness guests: a launch + synchronize loop of their kernel.

@@ -327,12 +327,25 @@ pub fn own_thread(name: &str) -> Option<String> {
 /// `n` sim workers (VMs `vm0`, `vm1`, ...) sharing one simulated GPU under
 /// the grant service listening on `grant`, each of weight 1, idling as
 /// `spin` says; their handles, and the sockets their guests attach to
-/// (in `dir`).
+/// (in `dir`). Each reads its VM's vCPU threads from [`vcpus_file`]
+/// (absent: none), where a test may write a guest thread's id.
 pub fn granted_sim_workers(
     dir: &Path,
     grant: &Path,
     n: u32,
     spin: SpinPolicy,
+) -> (Vec<Running>, Vec<PathBuf>) {
+    granted_sim_workers_on(dir, grant, n, spin, None)
+}
+
+/// [`granted_sim_workers`] with each worker's serving thread pinned to
+/// `cpu`, if given.
+pub fn granted_sim_workers_on(
+    dir: &Path,
+    grant: &Path,
+    n: u32,
+    spin: SpinPolicy,
+    cpu: Option<usize>,
 ) -> (Vec<Running>, Vec<PathBuf>) {
     let dev = SimExecutor::new(SimParams::default());
     let layout = bench::fairness::GUEST_LAYOUT;
@@ -341,10 +354,18 @@ pub fn granted_sim_workers(
             let socket = dir.join(format!("vm{g}.sock"));
             let wc = WorkerConfig {
                 spin,
+                cpu,
                 grant: Some((grant.to_owned(), g, 1.0)),
+                vcpus_file: Some(vcpus_file(dir, g)),
                 ..WorkerConfig::new(&format!("vm{g}"), socket.clone(), layout, 1 << 30)
             };
             (spawn(&wc, Box::new(dev.clone())).unwrap(), socket)
         })
         .unzip()
+}
+
+/// VM `vm<g>`'s vCPU file in `dir`, as [`granted_sim_workers`] gives it to
+/// its worker: one thread id per line.
+pub fn vcpus_file(dir: &Path, g: u32) -> PathBuf {
+    dir.join(format!("vm{g}.vcpus"))
 }

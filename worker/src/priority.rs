@@ -133,6 +133,39 @@ impl Drop for VcpuBooster {
     }
 }
 
+/// The most threads whose waits for a CPU [`run_delays`] reads: a VM with
+/// more vCPUs is not looked at (its late guests get the allowance alone).
+pub const MAX_RUN_DELAY_THREADS: usize = 16;
+
+/// How long each of threads `tids` has waited on a run queue for a CPU so
+/// far (ns, `/proc/<tid>/schedstat`'s second field), in their order;
+/// `None` for more than [`MAX_RUN_DELAY_THREADS`] threads or none, or a
+/// thread not readable (gone, or a kernel without schedstats).
+pub fn run_delays(tids: &[u32]) -> Option<Vec<(u32, u64)>> {
+    if tids.is_empty() || tids.len() > MAX_RUN_DELAY_THREADS {
+        return None;
+    }
+    tids.iter()
+        .map(|&t| {
+            let s = std::fs::read_to_string(format!("/proc/{t}/schedstat")).ok()?;
+            Some((t, s.split_whitespace().nth(1)?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The longest any one thread waited for a CPU between two readings of
+/// [`run_delays`] (threads in only one of them are skipped).
+pub fn longest_run_wait(before: &[(u32, u64)], after: &[(u32, u64)]) -> u64 {
+    after
+        .iter()
+        .filter_map(|(t, d)| {
+            let (_, d0) = before.iter().find(|(t0, _)| t0 == t)?;
+            Some(d.saturating_sub(*d0))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Thread `tid`'s nice value; `None` if it is gone.
 pub fn get_nice(tid: u32) -> Option<i32> {
     // getpriority can return -1 legitimately: errno tells.
@@ -352,6 +385,24 @@ mod tests {
             let _ = rx.recv();
         });
         (trx.recv().unwrap(), tx, h)
+    }
+
+    #[test]
+    fn the_longest_wait_for_a_cpu_is_one_threads_not_their_sum() {
+        let before = [(1, 100), (2, 1_000), (3, 5)];
+        // Thread 2 waited 700 ns, thread 1 300; thread 4 came meanwhile.
+        let after = [(1, 400), (2, 1_700), (4, 9_999)];
+        assert_eq!(longest_run_wait(&before, &after), 700);
+        assert_eq!(longest_run_wait(&before, &[]), 0);
+        // Too many threads, or none: not read.
+        assert!(run_delays(&[]).is_none());
+        let many: Vec<u32> = (1..=u32::try_from(MAX_RUN_DELAY_THREADS).unwrap() + 1).collect();
+        assert!(run_delays(&many).is_none());
+        // This thread's own count, where the kernel keeps one.
+        let me = current_tid();
+        if let Some(d) = run_delays(&[me]) {
+            assert_eq!(d[0].0, me);
+        }
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub struct Handoff {
     pub late_guests: AtomicU64,
     /// See `late_guests`.
     pub late_guest_ns: AtomicU64,
+    /// Of `late_guest_ns`, what the late guests' vCPU threads spent
+    /// waiting for a CPU (never charged), ns.
+    pub late_guest_cpu_ns: AtomicU64,
 }
 
 impl Handoff {
@@ -55,6 +58,7 @@ impl Handoff {
             guest_bells: l(&self.guest_bells),
             late_guests: l(&self.late_guests),
             late_guest_ns: l(&self.late_guest_ns),
+            late_guest_cpu_ns: l(&self.late_guest_cpu_ns),
         }
     }
 
@@ -78,6 +82,7 @@ pub struct Figures {
     pub guest_bells: u64,
     pub late_guests: u64,
     pub late_guest_ns: u64,
+    pub late_guest_cpu_ns: u64,
 }
 
 fn mean_us(ns: u64, n: u64) -> f64 {
@@ -117,6 +122,7 @@ impl Figures {
             guest_bells: a.guest_bells + f.guest_bells,
             late_guests: a.late_guests + f.late_guests,
             late_guest_ns: a.late_guest_ns + f.late_guest_ns,
+            late_guest_cpu_ns: a.late_guest_cpu_ns + f.late_guest_cpu_ns,
         })
     }
 
@@ -124,7 +130,7 @@ impl Figures {
     /// first submission, drain sleeps, guest wakes, waits for late guests.
     pub fn line(&self) -> String {
         format!(
-            "grants {} (idle {}) held {:.0} us drain {:.1} us grant->submit {:.1} us drain_sleeps {} guest_bells {} late_guests {} ({:.1} us each)",
+            "grants {} (idle {}) held {:.0} us drain {:.1} us grant->submit {:.1} us drain_sleeps {} guest_bells {} late_guests {} ({:.1} us each) waiting_for_cpu {:.1} us each",
             self.grants,
             self.idle_releases,
             self.held_us(),
@@ -133,7 +139,8 @@ impl Figures {
             self.drain_sleeps,
             self.guest_bells,
             self.late_guests,
-            mean_us(self.late_guest_ns, self.late_guests)
+            mean_us(self.late_guest_ns, self.late_guests),
+            mean_us(self.late_guest_cpu_ns, self.late_guests)
         )
     }
 }
@@ -174,6 +181,7 @@ mod tests {
             guest_bells: 9,
             late_guests: 10,
             late_guest_ns: 11,
+            late_guest_cpu_ns: 12,
         };
         let s = Figures::sum([&a, &a]);
         assert_eq!(s.grants, 2);
@@ -182,5 +190,6 @@ mod tests {
         assert_eq!(s.idle_releases, 6);
         assert_eq!(s.late_guests, 20);
         assert_eq!(s.late_guest_ns, 22);
+        assert_eq!(s.late_guest_cpu_ns, 24);
     }
 }

@@ -273,6 +273,10 @@ impl Worker {
             self.late_guest_came();
             return false;
         }
+        if self.sh.slice.late_since.is_none() {
+            let threads = self.sh.port.booster.borrow().threads().to_vec();
+            self.sh.slice.late_run_delays = crate::priority::run_delays(&threads);
+        }
         let t = *self.sh.slice.late_since.get_or_insert_with(Instant::now);
         if t.elapsed() < LATE_GUEST {
             return true;
@@ -288,23 +292,37 @@ impl Worker {
     /// costs most the vGPU whose guest the host runs least (beside 12 hogs on an H100, MMR 0.862-0.974 charged
     /// against 0.976-0.994 free, `results/2026-11-26-h100-late-guest.md`).
     /// Never charged, though, a guest that never takes its replies would
-    /// hold the GPU idle for nothing. So a wait is free up to an eighth of
-    /// each grant's slice and charged past that.
+    /// hold the GPU idle for nothing. So the part of the wait that one of
+    /// the VM's vCPU threads spent waiting for a CPU (the kernel's count of
+    /// its run-queue waits, where the VM's vCPU threads are known) is the
+    /// host's and free; the rest is free up to an eighth of each grant's
+    /// slice and charged past that. One thread's wait, not their sum: a VM
+    /// cannot make its replies' lateness look like the host's by keeping
+    /// many vCPUs runnable.
     pub(super) fn late_guest_came(&mut self) {
         let Some(t) = self.sh.slice.late_since.take() else {
             return;
         };
         let ns = crate::nanos(t.elapsed());
+        let host_ns = self.sh.slice.late_run_delays.take().map_or(0, |before| {
+            let threads = self.sh.port.booster.borrow().threads().to_vec();
+            crate::priority::run_delays(&threads)
+                .map_or(0, |after| {
+                    crate::priority::longest_run_wait(&before, &after)
+                })
+                .min(ns)
+        });
         let h = &self.sh.port.stats.handoff;
         Handoff::add(&h.late_guests, 1);
         Handoff::add(&h.late_guest_ns, ns);
+        Handoff::add(&h.late_guest_cpu_ns, host_ns);
         let slice = &mut self.sh.slice;
         let Some(g) = slice.gate.as_ref().filter(|g| g.holding()) else {
             return;
         };
-        let free = late_wait_free(ns, g.slice_ns(), slice.late_free_ns);
+        let free = late_wait_free(ns - host_ns, g.slice_ns(), slice.late_free_ns);
         slice.late_free_ns += free;
-        slice.charged_ns = slice.charged_ns.saturating_add(ns - free);
+        slice.charged_ns = slice.charged_ns.saturating_add(ns - host_ns - free);
     }
 
     /// What the serving loop does when it looks at the clock: report, and

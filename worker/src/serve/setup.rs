@@ -291,6 +291,7 @@ impl Worker {
                     time_launches: cfg.time_launches,
                     charged_ns: 0,
                     late_since: None,
+                    late_run_delays: None,
                     late_free_ns: 0,
                     issued_ns: 0,
                     meter: sched::accounting::PeriodMeter::new(cfg.sample_every),

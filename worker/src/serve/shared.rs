@@ -113,6 +113,9 @@ pub(super) struct Slice {
     /// Since when the holder waits for a late guest (see
     /// `Worker::late_guest`).
     pub late_since: Option<std::time::Instant>,
+    /// How long each of the VM's vCPU threads had waited for a CPU when
+    /// the wait for a late guest began (see `Worker::late_guest_came`).
+    pub late_run_delays: Option<Vec<(u32, u64)>>,
     /// Time the current grant was kept, uncharged, for late guests.
     pub late_free_ns: u64,
     /// GPU time issued under the current grant, by the kernels' estimates:
