@@ -3,10 +3,12 @@
 //! quiet host, and prints both figures on its last line.
 //!
 //! The floor is loose on purpose: on the 2-CPU CI machine, shared with
-//! other builds, the sim's MMR reads anywhere from 0.15 to 0.8 with or
+//! other builds, the sim's MMR read anywhere from 0.15 to 0.8 with or
 //! without hogs (`results/2026-11-26-sim-busy-host.md`: the lightest
 //! guest's 20 us kernels cannot fill its share when each launch and
-//! synchronize waits for a CPU). It catches a collapse (a guest starved
+//! synchronize waits for a CPU), 0.70-0.82 beside the hogs once late
+//! guests' waits for a CPU went uncharged
+//! (`results/2026-11-27-sim-late-guest-cpu.md`). It catches a collapse (a guest starved
 //! of the GPU, a round that measured nothing), not noise; the figures
 //! themselves are printed for the log.
 
