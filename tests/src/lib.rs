@@ -364,6 +364,20 @@ pub fn granted_sim_workers_on(
         .unzip()
 }
 
+/// A guest on `socket` that wants the GPU all along: a small memset and a
+/// synchronize, again and again until `stop`; how many it completed.
+pub fn memset_loop(socket: &Path, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    let mut gpu = Gpu::connect(socket).unwrap();
+    let p = gpu.mem_alloc(1 << 20).unwrap();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        gpu.memset_async(p, 3, 1, 4096, 0).unwrap();
+        gpu.synchronize().unwrap();
+        n += 1;
+    }
+    n
+}
+
 /// VM `vm<g>`'s vCPU file in `dir`, as [`granted_sim_workers`] gives it to
 /// its worker: one thread id per line.
 pub fn vcpus_file(dir: &Path, g: u32) -> PathBuf {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use daemon::grant::GrantService;
-use guest::{descriptor, Gpu};
+use guest::descriptor;
 use protocol::Request;
 use transport::server::Client;
 use transport::SpinPolicy;
@@ -93,17 +93,7 @@ fn a_guest_leaving_its_replies_unread_pays_for_the_idle_grant_past_an_eighth_of_
     // An honest guest on the other vGPU wants the GPU all along.
     let good = {
         let (socket, stop) = (sockets[1].clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut gpu = Gpu::connect(&socket).unwrap();
-            let p = gpu.mem_alloc(1 << 20).unwrap();
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                gpu.memset_async(p, 3, 1, 4096, 0).unwrap();
-                gpu.synchronize().unwrap();
-                n += 1;
-            }
-            n
-        })
+        std::thread::spawn(move || tests::memset_loop(&socket, &stop))
     };
     // The hoarder's thread is its VM's vCPU thread: the worker reads how
     // long it waited for a CPU, and a thread that sleeps on purpose waits

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use daemon::grant::GrantService;
-use guest::Gpu;
 use transport::SpinPolicy;
 
 const SLICE_NS: u64 = 6_000_000;
@@ -48,15 +47,7 @@ fn a_guest_waiting_for_its_cpu_is_late_on_the_hosts_account() {
         std::thread::spawn(move || {
             daemon::hostcpu::cpus::pin_current_thread(&[0]).unwrap();
             std::fs::write(vcpus, format!("{}\n", nix::unistd::gettid())).unwrap();
-            let mut gpu = Gpu::connect(&socket).unwrap();
-            let p = gpu.mem_alloc(1 << 20).unwrap();
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                gpu.memset_async(p, 3, 1, 4096, 0).unwrap();
-                gpu.synchronize().unwrap();
-                n += 1;
-            }
-            n
+            tests::memset_loop(&socket, &stop)
         })
     };
     std::thread::sleep(Duration::from_secs(3));
