@@ -33,8 +33,6 @@ pub struct VcpuBooster {
     threads: Vec<u32>,
     /// (thread, its nice before the boost, when boosted).
     boosted: Option<(u32, i32, Instant)>,
-    /// The boosted nice value (undone only if the thread still has it).
-    boosted_to: i32,
     enabled: bool,
     /// Whether the vGPU is CPU-GPU interactive (set from the call rate).
     pub interactive: bool,
@@ -54,7 +52,6 @@ impl VcpuBooster {
             last_sync_calls: 0,
             threads: Vec::new(),
             boosted: None,
-            boosted_to: 0,
             enabled: true,
             interactive: false,
             kicks: 0,
@@ -73,7 +70,7 @@ impl VcpuBooster {
     pub fn tick(&mut self, sync_calls: u64) {
         if let Some((tid, nice, at)) = self.boosted {
             if at.elapsed() >= BOOST_FOR {
-                self.undo(tid, nice);
+                set_nice(tid, nice);
                 self.boosted = None;
             }
         }
@@ -106,7 +103,7 @@ impl VcpuBooster {
             return;
         }
         if let Some((old, nice, _)) = self.boosted.take() {
-            self.undo(old, nice);
+            set_nice(old, nice);
         }
         let Some(nice) = get_nice(tid) else { return };
         let boosted = (nice - BOOST_NICE).max(-20);
@@ -117,7 +114,6 @@ impl VcpuBooster {
             Ok(()) => {
                 self.boosts += 1;
                 self.boosted = Some((tid, nice, Instant::now()));
-                self.boosted_to = boosted;
             }
             Err(e) => {
                 self.enabled = false;
@@ -129,21 +125,10 @@ impl VcpuBooster {
     }
 }
 
-impl VcpuBooster {
-    /// Gives `tid` its nice `before` the boost back, unless something else
-    /// (the daemon's vCPU lift, as the grant moved) set another meanwhile:
-    /// that one stands.
-    fn undo(&self, tid: u32, before: i32) {
-        if get_nice(tid) == Some(self.boosted_to) {
-            set_nice(tid, before);
-        }
-    }
-}
-
 impl Drop for VcpuBooster {
     fn drop(&mut self) {
         if let Some((tid, nice, _)) = self.boosted.take() {
-            self.undo(tid, nice);
+            set_nice(tid, nice);
         }
     }
 }
@@ -471,14 +456,6 @@ mod tests {
             std::thread::sleep(BOOST_FOR * 2);
             b.tick(0);
             assert_eq!(get_nice(tid), Some(10), "the boost must be undone");
-            // Boosted again, then set by someone else (the vCPU lift as the
-            // grant moved): the undo leaves that value.
-            b.kick(0);
-            assert_eq!(get_nice(tid), Some(10 - BOOST_NICE));
-            try_set_nice(tid, 12).unwrap();
-            std::thread::sleep(BOOST_FOR * 2);
-            b.tick(0);
-            assert_eq!(get_nice(tid), Some(12), "the undo overwrote a newer value");
         } else {
             // Without CAP_SYS_NICE lowering nice is refused: the boost turns off.
             assert!(!b.enabled);
