@@ -317,8 +317,13 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
             sample_every,
             time_launches,
             lift_nice: lift.and_then(HostCpu::nice),
-            // Its guest's thread, as a VM's vCPU thread (written below).
+            // Its guest's thread, as a VM's vCPU thread (written below), for
+            // whether a late guest waits for a CPU. No kicks: the bench's
+            // vCPU lift moves the same thread's nice value, and a kick's
+            // undo after the grant moved would leave the lift's value on a
+            // thread that no longer holds the GPU.
             vcpus_file: Some(vcpus_file(&dir, g)),
+            vcpu_kick: false,
             ..WorkerConfig::new(&format!("vm{g}"), sock.clone(), layout, 1 << 30)
         };
         workers.push(spawn(&wc, exec)?);
@@ -396,8 +401,8 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
 }
 
 /// Guest `g`'s vCPU file in the round's directory: its thread's id, which
-/// its worker reads as a VM's vCPU threads (the coscheduling kick, and
-/// whether a late guest waited for a CPU).
+/// its worker reads as a VM's vCPU threads (whether a late guest waited
+/// for a CPU).
 fn vcpus_file(dir: &std::path::Path, g: usize) -> std::path::PathBuf {
     dir.join(format!("vm{g}.vcpus"))
 }

@@ -59,6 +59,13 @@ impl VcpuBooster {
         }
     }
 
+    /// The same without kicks: the vCPU threads are read, never boosted
+    /// (a bench whose guests' nice values the vCPU lift moves).
+    pub fn without_kicks(mut self) -> VcpuBooster {
+        self.enabled = false;
+        self
+    }
+
     /// The vCPU threads known now.
     pub fn threads(&self) -> &[u32] {
         &self.threads

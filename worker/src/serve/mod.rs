@@ -90,9 +90,14 @@ pub struct WorkerConfig {
     pub sample_every: u64,
     /// Also time every launch with events (the costly way, for comparison).
     pub time_launches: bool,
-    /// Where the daemon keeps the VM's vCPU thread ids (coscheduling boost);
-    /// None for guests that are not VMs.
+    /// Where the daemon keeps the VM's vCPU thread ids (coscheduling boost,
+    /// and whether a late guest waits for a CPU); None for guests that are
+    /// not VMs.
     pub vcpus_file: Option<PathBuf>,
+    /// Whether the worker kicks (briefly boosts) the vCPU thread of a
+    /// sleeping interactive guest it wakes; off, the vCPU threads are only
+    /// read.
+    pub vcpu_kick: bool,
     /// Kernel slicing threshold in blocks (0: off); only under the scheduler.
     pub slice_blocks: u64,
     /// Bytes of module images kept by content for the vGPU's processes
@@ -173,6 +178,7 @@ impl WorkerConfig {
             sample_every: SAMPLE_EVERY,
             time_launches: false,
             vcpus_file: None,
+            vcpu_kick: true,
             slice_blocks: 0,
             image_cache: 64 << 20,
             image_store: None,
