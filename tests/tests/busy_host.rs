@@ -6,7 +6,7 @@
 //! other builds, the sim's MMR read anywhere from 0.15 to 0.8 with or
 //! without hogs (`results/2026-11-26-sim-busy-host.md`: the lightest
 //! guest's 20 us kernels cannot fill its share when each launch and
-//! synchronize waits for a CPU), 0.70-0.82 beside the hogs once late
+//! synchronize waits for a CPU), 0.80-0.82 beside the hogs once late
 //! guests' waits for a CPU went uncharged
 //! (`results/2026-11-27-sim-late-guest-cpu.md`). It catches a collapse (a guest starved
 //! of the GPU, a round that measured nothing), not noise; the figures
