@@ -352,7 +352,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
                     if let Some(r) = registry {
                         r.set_vcpus(g as u32, vec![tid]);
                     }
-                    std::fs::write(vcpus_file(&vdir, g), format!("{tid}\n"))
+                    wire::vcpus::write_vcpus(&vcpus_file(&vdir, g), &[tid])
                         .context("writing a guest's vCPU file")?;
                     let mut gpu = Gpu::connect_with(&sock, spin).context("guest attach")?;
                     let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
@@ -400,10 +400,10 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
     })
 }
 
-/// Guest `g`'s vCPU file in the round's directory: its thread's id, which
-/// its worker reads as a VM's vCPU threads (whether a late guest waited
-/// for a CPU).
-fn vcpus_file(dir: &std::path::Path, g: usize) -> std::path::PathBuf {
+/// VM `vm<g>`'s vCPU file in `dir`, beside its socket: its guest's thread
+/// id, which its worker reads as the VM's vCPU threads (whether a late
+/// guest waited for a CPU). The tests' sim workers use it too.
+pub fn vcpus_file(dir: &std::path::Path, g: usize) -> std::path::PathBuf {
     dir.join(format!("vm{g}.vcpus"))
 }
 

@@ -356,7 +356,7 @@ pub fn granted_sim_workers_on(
                 spin,
                 cpu,
                 grant: Some((grant.to_owned(), g, 1.0)),
-                vcpus_file: Some(vcpus_file(dir, g)),
+                vcpus_file: Some(vcpus_file(dir, g as usize)),
                 ..WorkerConfig::new(&format!("vm{g}"), socket.clone(), layout, 1 << 30)
             };
             (spawn(&wc, Box::new(dev.clone())).unwrap(), socket)
@@ -379,7 +379,5 @@ pub fn memset_loop(socket: &Path, stop: &std::sync::atomic::AtomicBool) -> u64 {
 }
 
 /// VM `vm<g>`'s vCPU file in `dir`, as [`granted_sim_workers`] gives it to
-/// its worker: one thread id per line.
-pub fn vcpus_file(dir: &Path, g: u32) -> PathBuf {
-    dir.join(format!("vm{g}.vcpus"))
-}
+/// its worker (written with `wire::vcpus::write_vcpus`).
+pub use bench::fairness::vcpus_file;

@@ -102,7 +102,8 @@ fn a_guest_leaving_its_replies_unread_pays_for_the_idle_grant_past_an_eighth_of_
         let (socket, stop) = (sockets[0].clone(), stop.clone());
         let vcpus = tests::vcpus_file(&dir, 0);
         std::thread::spawn(move || {
-            std::fs::write(vcpus, format!("{}\n", nix::unistd::gettid())).unwrap();
+            let tid = u32::try_from(nix::unistd::gettid().as_raw()).unwrap();
+            wire::vcpus::write_vcpus(&vcpus, &[tid]).unwrap();
             hoard(&socket, &stop)
         })
     };

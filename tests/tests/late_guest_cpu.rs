@@ -46,7 +46,8 @@ fn a_guest_waiting_for_its_cpu_is_late_on_the_hosts_account() {
         let (socket, stop, vcpus) = (sockets[0].clone(), stop.clone(), tests::vcpus_file(&dir, 0));
         std::thread::spawn(move || {
             daemon::hostcpu::cpus::pin_current_thread(&[0]).unwrap();
-            std::fs::write(vcpus, format!("{}\n", nix::unistd::gettid())).unwrap();
+            let tid = u32::try_from(nix::unistd::gettid().as_raw()).unwrap();
+            wire::vcpus::write_vcpus(&vcpus, &[tid]).unwrap();
             tests::memset_loop(&socket, &stop)
         })
     };

@@ -64,10 +64,7 @@ impl ControlPlane {
             return Err(Refusal::NoVm(vm.to_owned()));
         }
         let file = crate::attach::vcpus_file(&cfg, vm);
-        let text: String = threads.iter().map(|t| format!("{t}\n")).collect();
-        let tmp = file.with_extension("vcpus.tmp");
-        std::fs::write(&tmp, text)
-            .and_then(|()| std::fs::rename(&tmp, &file))
+        wire::vcpus::write_vcpus(&file, &threads)
             .map_err(|e| format!("writing {}: {e}", file.display()))?;
         self.event(
             "vcpus",

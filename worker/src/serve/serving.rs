@@ -274,8 +274,8 @@ impl Worker {
             return false;
         }
         if self.sh.slice.late_since.is_none() {
-            let threads = self.sh.port.booster.borrow().threads().to_vec();
-            self.sh.slice.late_run_delays = crate::priority::run_delays(&threads);
+            self.sh.slice.late_run_delays =
+                crate::priority::run_delays(self.sh.port.booster.borrow().threads());
         }
         let t = *self.sh.slice.late_since.get_or_insert_with(Instant::now);
         if t.elapsed() < LATE_GUEST {
@@ -305,8 +305,7 @@ impl Worker {
         };
         let ns = crate::nanos(t.elapsed());
         let host_ns = self.sh.slice.late_run_delays.take().map_or(0, |before| {
-            let threads = self.sh.port.booster.borrow().threads().to_vec();
-            crate::priority::run_delays(&threads)
+            crate::priority::run_delays(self.sh.port.booster.borrow().threads())
                 .map_or(0, |after| {
                     crate::priority::longest_run_wait(&before, &after)
                 })
