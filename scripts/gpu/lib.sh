@@ -27,13 +27,17 @@ samples_build() {
 
 # From the output $1 of a `bench fairness --hogs` run, its summary: the
 # last line, the idle releases and the lightest guest's share beside the
-# hogs (fair: 0.167), and the holders' waits for late guests.
+# hogs (fair: 0.167) and what it was charged against its device time, and
+# the holders' waits for late guests (with their part waiting for a CPU).
 fairness_summary() {
-  local share idle late
+  local share idle late charged
   share=$(grep -a -m1 "^fairvgpu  *0 " "$1" | awk '{print $6}')
   idle=$(grep -a -m1 -o 'idle_releases=[0-9]*' "$1")
-  late=$(grep -a -m1 "^all: grants" "$1" | grep -o 'late_guests [0-9]* ([0-9.]* us each)')
-  echo "$(tail -1 "$1") $idle guest0_share=${share:--} $late"
+  charged=$(grep -a -m1 "^charged by the grant service" "$1" |
+    grep -o 'guest 0 [0-9.]* ([0-9.]*' | awk '{print $4}' | tr -d '(')
+  late=$(grep -a -m1 "^all: grants" "$1" |
+    grep -o 'late_guests [0-9]* ([0-9.]* us each)\( waiting_for_cpu [0-9.]* us each\)\?')
+  echo "$(tail -1 "$1") $idle guest0_share=${share:--} guest0_charged=${charged:--} $late"
 }
 
 # Builds against each other: `$b/fairvgpu ARGS...` for each directory b in

@@ -381,3 +381,60 @@ pub fn memset_loop(socket: &Path, stop: &std::sync::atomic::AtomicBool) -> u64 {
 /// VM `vm<g>`'s vCPU file in `dir`, as [`granted_sim_workers`] gives it to
 /// its worker (written with `wire::vcpus::write_vcpus`).
 pub use bench::fairness::vcpus_file;
+
+/// Where a test's threads run (see [`late_waits_beside_a_busy_thread`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Placement {
+    /// The worker's CPU.
+    pub worker: usize,
+    /// The guest's CPU; its thread is the VM's one vCPU.
+    pub guest: usize,
+    /// The CPU a busy thread spins on.
+    pub busy: usize,
+}
+
+/// One sim worker with its VM's vCPU file, under a grant service with
+/// slices of `slice_ns`, its guest running [`memset_loop`] for `run` and
+/// a busy thread beside them, as `at` places them: how many rounds the
+/// guest completed, and the worker's hand-off figures (its waits for the
+/// late guest among them).
+pub fn late_waits_beside_a_busy_thread(
+    name: &str,
+    slice_ns: u64,
+    spin: SpinPolicy,
+    at: Placement,
+    run: Duration,
+) -> (u64, worker::serve::HandoffFigures) {
+    use std::sync::atomic::AtomicBool;
+    let dir = scratch::dir(name);
+    let svc = daemon::grant::GrantService::start(&dir.join("grant.sock"), slice_ns).unwrap();
+    let (workers, sockets) = granted_sim_workers_on(&dir, svc.path(), 1, spin, Some(at.worker));
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            daemon::hostcpu::cpus::pin_current_thread(&[at.busy]).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        })
+    };
+    let guest = {
+        let (socket, stop, vcpus) = (sockets[0].clone(), stop.clone(), vcpus_file(&dir, 0));
+        std::thread::spawn(move || {
+            daemon::hostcpu::cpus::pin_current_thread(&[at.guest]).unwrap();
+            let tid = u32::try_from(nix::unistd::gettid().as_raw()).unwrap();
+            wire::vcpus::write_vcpus(&vcpus, &[tid]).unwrap();
+            memset_loop(&socket, &stop)
+        })
+    };
+    std::thread::sleep(run);
+    stop.store(true, Ordering::Relaxed);
+    let rounds = guest.join().unwrap();
+    busy.join().unwrap();
+    let stats = workers[0].stats.clone();
+    for w in workers {
+        w.shutdown().unwrap();
+    }
+    (rounds, stats.handoff.figures())
+}

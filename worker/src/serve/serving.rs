@@ -11,6 +11,7 @@ use nix::sys::time::TimeSpec;
 
 use super::channel::{retire, service, ChannelState};
 use super::handoff::Handoff;
+use super::shared::LateWait;
 use super::{pin_current_thread, Worker};
 use crate::Error;
 
@@ -273,12 +274,15 @@ impl Worker {
             self.late_guest_came();
             return false;
         }
-        if self.sh.slice.late_since.is_none() {
-            self.sh.slice.late_run_delays =
-                crate::priority::run_delays(self.sh.port.booster.borrow().threads());
-        }
-        let t = *self.sh.slice.late_since.get_or_insert_with(Instant::now);
-        if t.elapsed() < LATE_GUEST {
+        let now = Instant::now();
+        let booster = &self.sh.port.booster;
+        let late = self.sh.slice.late.get_or_insert_with(|| LateWait {
+            since: now,
+            seen: now,
+            run_delays: crate::priority::run_delays(booster.borrow().threads()),
+        });
+        late.seen = now;
+        if now.duration_since(late.since) < LATE_GUEST {
             return true;
         }
         self.late_guest_came();
@@ -289,8 +293,14 @@ impl Worker {
     /// grant is being given back, see `begin_release`): counts the wait
     /// and decides who pays for it, under the grant it was waited in. The
     /// host's CPUs made the guest late, not its vGPU: charged, the wait
-    /// costs most the vGPU whose guest the host runs least (beside 12 hogs on an H100, MMR 0.862-0.974 charged
-    /// against 0.976-0.994 free, `results/2026-11-26-h100-late-guest.md`).
+    /// costs most the vGPU whose guest the host runs least (beside 12 hogs
+    /// on an H100, MMR 0.862-0.974 charged against 0.976-0.994 free,
+    /// `results/2026-11-26-h100-late-guest.md`). The wait counts to the
+    /// last look that still saw the reply unread ([`LateWait::seen`]):
+    /// what came after it up to the look that found the reply taken was
+    /// this worker's own lateness, its sleep between looks and its wait
+    /// for a CPU after it (on two CPUs beside two hogs that was 0.7 ms of
+    /// each 0.7 ms wait, `results/2026-11-27-sim-late-look.md`).
     /// Never charged, though, a guest that never takes its replies would
     /// hold the GPU idle for nothing. So the part of the wait that one of
     /// the VM's vCPU threads spent waiting for a CPU (the kernel's count of
@@ -300,11 +310,11 @@ impl Worker {
     /// cannot make its replies' lateness look like the host's by keeping
     /// many vCPUs runnable.
     pub(super) fn late_guest_came(&mut self) {
-        let Some(t) = self.sh.slice.late_since.take() else {
+        let Some(late) = self.sh.slice.late.take() else {
             return;
         };
-        let ns = crate::nanos(t.elapsed());
-        let host_ns = self.sh.slice.late_run_delays.take().map_or(0, |before| {
+        let ns = crate::nanos(late.seen.duration_since(late.since));
+        let host_ns = late.run_delays.map_or(0, |before| {
             crate::priority::run_delays(self.sh.port.booster.borrow().threads())
                 .map_or(0, |after| {
                     crate::priority::longest_run_wait(&before, &after)

@@ -110,12 +110,8 @@ pub(super) struct Slice {
     pub time_launches: bool,
     /// GPU time measured under the current grant (busy periods).
     pub charged_ns: u64,
-    /// Since when the holder waits for a late guest (see
-    /// `Worker::late_guest`).
-    pub late_since: Option<std::time::Instant>,
-    /// How long each of the VM's vCPU threads had waited for a CPU when
-    /// the wait for a late guest began (see `Worker::late_guest_came`).
-    pub late_run_delays: Option<Vec<(u32, u64)>>,
+    /// The wait for a late guest under way (see `Worker::late_guest`).
+    pub late: Option<LateWait>,
     /// Time the current grant was kept, uncharged, for late guests.
     pub late_free_ns: u64,
     /// GPU time issued under the current grant, by the kernels' estimates:
@@ -135,6 +131,21 @@ pub(super) struct Slice {
     /// The grant is being given back: no new device work until it is.
     pub releasing: bool,
     pub stats: Arc<Stats>,
+}
+
+/// A holder's wait for a guest that has not taken its reply (see
+/// `Worker::late_guest`).
+pub(super) struct LateWait {
+    /// When the holder, with nothing to run, first saw the reply unread.
+    pub since: std::time::Instant,
+    /// The last look that still saw it unread. The guest took it between
+    /// this look and the next, which comes late where the worker itself
+    /// waited for a CPU: the wait is measured to this look, what the
+    /// worker knows the guest was late.
+    pub seen: std::time::Instant,
+    /// How long each of the VM's vCPU threads had waited for a CPU when
+    /// the wait began (see `Worker::late_guest_came`).
+    pub run_delays: Option<Vec<(u32, u64)>>,
 }
 
 /// Figures kept between reports to the grant service and answers to a

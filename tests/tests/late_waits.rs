@@ -1,0 +1,94 @@
+//! Who a holder's waits for a late guest are put down to
+//! (`Worker::late_guest_came`). One sim worker under a real grant service,
+//! its guest the VM's one vCPU, and a busy thread on the CPU of one of the
+//! two; skipped on one CPU.
+//!
+//! - The guest shares its CPU with the busy thread: its waits for that CPU
+//!   are the host's lateness, read from the kernel's count of its
+//!   run-queue waits (`/proc/<tid>/schedstat`) and left uncharged.
+//! - The worker shares its CPU with the busy thread: a wait counts to the
+//!   worker's last look that still saw the reply unread
+//!   (`LateWait::seen`), so the worker's own sleep between looks and its
+//!   wait for a CPU after it are not the guest's lateness.
+
+use std::time::Duration;
+
+use tests::Placement;
+use transport::SpinPolicy;
+use worker::serve::HandoffFigures;
+
+const SLICE_NS: u64 = 6_000_000;
+
+/// The two tests pin threads to the same two CPUs: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs the guest for 3 s with the worker spinning `spins` turns before it
+/// looks for a late guest; the worker's figures, or None where skipped.
+fn late_waits(name: &str, spins: u32, at: Placement) -> Option<HandoffFigures> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        eprintln!("skipped: needs two CPUs");
+        return None;
+    }
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let spin = SpinPolicy {
+        spins,
+        ..SpinPolicy::default()
+    };
+    let run = Duration::from_secs(3);
+    let (rounds, late) = tests::late_waits_beside_a_busy_thread(name, SLICE_NS, spin, at, run);
+    println!("guest rounds {rounds}; its worker: {}", late.line());
+    assert!(rounds > 10, "the guest ran");
+    assert!(
+        late.late_guests >= 10,
+        "the worker waited for the guest too seldom to tell: {}",
+        late.line()
+    );
+    Some(late)
+}
+
+#[test]
+fn a_guest_waiting_for_its_cpu_is_late_on_the_hosts_account() {
+    let me = u32::try_from(nix::unistd::gettid().as_raw()).unwrap();
+    if worker::priority::run_delays(&[me]).is_none() {
+        eprintln!("skipped: needs schedstats");
+        return;
+    }
+    // The worker on CPU 1; the guest and the busy thread on CPU 0.
+    let at = Placement {
+        worker: 1,
+        guest: 0,
+        busy: 0,
+    };
+    let Some(late) = late_waits("late-guest-cpu", 2_000, at) else {
+        return;
+    };
+    assert!(
+        late.late_guest_cpu_ns * 100 >= late.late_guest_ns * 15,
+        "the guest's waits for its CPU were not seen as the host's: {}",
+        late.line()
+    );
+}
+
+#[test]
+fn a_worker_late_to_look_does_not_make_its_guest_late() {
+    // The worker and the busy thread on CPU 0; the guest, spinning on its
+    // replies, on CPU 1. The worker looks for a late guest after one idle
+    // turn.
+    let at = Placement {
+        worker: 0,
+        guest: 1,
+        busy: 0,
+    };
+    let Some(late) = late_waits("late-look", 16, at) else {
+        return;
+    };
+    // Measured to the look that found the reply taken, each wait lasted
+    // until the worker got its CPU back from the busy thread (0.7 ms on
+    // average here); to the last look that saw it unread, microseconds.
+    assert!(
+        late.late_guest_ns <= late.late_guests * 250_000,
+        "the worker's own waits for its CPU were counted as its guest's lateness: {}",
+        late.line()
+    );
+}
