@@ -1,6 +1,6 @@
 //! A guest that leaves its replies unread while its vGPU holds the GPU.
 //! To the worker it looks like a guest late for a CPU on a busy host, for
-//! which a holder with nothing to run keeps the grant up to 2 ms at a time
+//! which a holder with nothing to run keeps the grant up to 4 ms at a time
 //! (`worker/src/serve/serving.rs`, `Worker::late_guest`). Such waits are
 //! free only for the time the VM's vCPU thread waited for a CPU, and up to
 //! an eighth of each grant's slice: a guest that hoards its replies on
@@ -22,9 +22,9 @@ use transport::SpinPolicy;
 const SLICE_NS: u64 = 6_000_000;
 
 /// How long the hoarder leaves each batch of replies unread: under the
-/// worker's 2 ms, so that every wait ends with the guest taking them (the
+/// worker's 4 ms, so that every wait ends with the guest taking them (the
 /// most it can get for free).
-const HOARD: Duration = Duration::from_micros(1500);
+const HOARD: Duration = Duration::from_micros(3500);
 
 /// The hoarder: opens a session and takes memory, then until `stop` puts
 /// a memset and a synchronize on the GPU, leaves the synchronize's reply
