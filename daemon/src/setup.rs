@@ -90,6 +90,14 @@ pub fn worker_spec(
         // process slot's worker for the slot's next process.
         warm_contexts: usize::from(!mps && (feed.is_some_and(|f| f.1) || slot.is_some())),
         lift_nice: (cfg.daemon.priority != 0).then_some(cfg.daemon.priority),
+        // One owner of a vCPU thread's nice value. Where the vCPU lift is
+        // on, it raises the holder's vCPU threads for the whole grant and
+        // the worker's kick stays off: a kick boosts relative to the value
+        // it finds and puts it back a millisecond later, so a kick taken
+        // just before the grant moved left the lifted value on a thread
+        // that no longer held the GPU (the lift, finding a value it had
+        // not set, leaves the thread alone).
+        vcpu_kick: !(cfg.daemon.vcpu_lift && cfg.daemon.priority != 0),
         slot: slot.map(|s| s.0),
         ..WorkerConfig::new(
             vm,
@@ -138,6 +146,28 @@ mod tests {
         let alone = worker_spec(&cfg, "vm1", None, None, None, None).unwrap();
         assert_eq!(alone.worker.warm_contexts, 0);
         assert!(worker_spec(&cfg, "nope", None, None, None, None).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_kick_is_on_only_where_the_vcpu_lift_is_off() {
+        let dir = scratch::dir("fvg-setup-kick");
+        let kick = |daemon: &str| {
+            let cfg = Config::parse(&format!(
+                "[daemon]\nrun_dir = {:?}\n{daemon}\n[[vm]]\nname = \"vm1\"\ntenant = \"t\"\nmemory_limit_mib = 1024\n",
+                dir.display().to_string()
+            ))
+            .unwrap();
+            worker_spec(&cfg, "vm1", None, None, None, None)
+                .unwrap()
+                .worker
+                .vcpu_kick
+        };
+        // The defaults: priority lift and vCPU lift on.
+        assert!(!kick(""));
+        assert!(kick("vcpu_lift = false"));
+        // The vCPU lift needs the priority lift.
+        assert!(kick("priority = 0"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -96,7 +96,8 @@ pub struct WorkerConfig {
     pub vcpus_file: Option<PathBuf>,
     /// Whether the worker kicks (briefly boosts) the vCPU thread of a
     /// sleeping interactive guest it wakes; off, the vCPU threads are only
-    /// read.
+    /// read (the daemon turns it off where its vCPU lift owns the threads'
+    /// nice values).
     pub vcpu_kick: bool,
     /// Kernel slicing threshold in blocks (0: off); only under the scheduler.
     pub slice_blocks: u64,
