@@ -9,7 +9,7 @@
 //! synchronize waits for a CPU), 0.80-0.82 beside the hogs once late
 //! guests' waits for a CPU went uncharged
 //! (`results/2026-11-27-sim-late-guest-cpu.md`), 0.87-0.98 once those waits
-//! were counted to the worker's last look, 0.95-0.99 with their cap at 4 ms
+//! were counted to the worker's last look, 0.92-0.99 with their cap at 4 ms
 //! (`results/2026-11-27-sim-late-look.md`; as low as 0.39 before, in a run
 //! on the same machine). It catches a collapse (a guest starved
 //! of the GPU, a round that measured nothing), not noise; the figures
