@@ -31,8 +31,8 @@ const BUDGET_CHECK: Duration = Duration::from_micros(50);
 
 /// How long a holder with nothing to run keeps the grant for a guest that
 /// has not yet taken its reply (see [`Worker::late_guest`]): a scheduler
-/// tick at 250 Hz, the longest a woken thread that does not preempt the
-/// busy one beside it waits for its CPU (0.45 ms on average on a 16-CPU
+/// tick at 250 Hz, about the longest a woken thread that does not preempt
+/// the busy one beside it waits for its CPU (0.45 ms on average on a 16-CPU
 /// H100 host beside 12 busy loops). The kernel counts a run-queue wait
 /// only once the thread runs, so a wait cut short before the guest ran
 /// cannot be told to be the host's: with 2 ms, 10-44 waits a round ran out
@@ -304,8 +304,9 @@ impl Worker {
     /// last look that still saw the reply unread ([`LateWait::seen`]):
     /// what came after it up to the look that found the reply taken was
     /// this worker's own lateness, its sleep between looks and its wait
-    /// for a CPU after it (on two CPUs beside two hogs that was 0.7 ms of
-    /// each 0.7 ms wait, `results/2026-11-27-sim-late-look.md`).
+    /// for a CPU after it (on two CPUs beside two hogs, waits of 0.7-1.0 ms
+    /// to the look that found the reply taken read 20-134 us to the last
+    /// that saw it unread, `results/2026-11-27-sim-late-look.md`).
     /// Never charged, though, a guest that never takes its replies would
     /// hold the GPU idle for nothing. So the part of the wait that one of
     /// the VM's vCPU threads spent waiting for a CPU (the kernel's count of
