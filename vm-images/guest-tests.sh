@@ -51,6 +51,19 @@ two_at_once() {
     [ $ra -eq 0 ] && [ $rb -eq 0 ]
 }
 
+if [ "$1" = loop ]; then
+    # A tenant's kernel loop for the host's fairness measurement
+    # (scripts/vm-fairness.sh): fairvgpu.loop=US,SECS on the command line.
+    spec=$(sed -n 's/.*fairvgpu\.loop=\([0-9]*,[0-9]*\).*/\1/p' /proc/cmdline)
+    echo "FVG waiting for hot-plug"
+    if wait_for 600 test -e /dev/fairvgpu0; then
+        /fvg/vm-probe loop "${spec%,*}" "${spec#*,}" || echo "FVG-FAIL loop"
+    else
+        echo "FVG-FAIL hotplug"
+    fi
+    exit 0
+fi
+
 if [ "$1" = hotplug ]; then
     echo "FVG waiting for hot-plug"
     if wait_for 120 test -e /dev/fairvgpu0; then

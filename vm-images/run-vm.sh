@@ -11,10 +11,11 @@
 #     --qmp SOCKET     serve QMP there
 #     --smp N          vCPUs (default 2; keep <= the layout's vectors)
 #     --fairvgpu BIN   the fairvgpu binary (default: target/release/fairvgpu)
+#     --append WORDS   more of the kernel command line (fairvgpu.loop=US,SECS)
 # The console is the terminal (serial); the guest powers off when its mode ends.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-image="$root/target/vm" mode=shell accel="" vgpu=1 qmp="" smp=2 config="" vm=""
+image="$root/target/vm" mode=shell accel="" vgpu=1 qmp="" smp=2 config="" vm="" append=""
 fairvgpu="${CARGO_TARGET_DIR:-$root/target}/release/fairvgpu"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -27,6 +28,7 @@ while [ $# -gt 0 ]; do
     --qmp) qmp="$2"; shift 2 ;;
     --smp) smp="$2"; shift 2 ;;
     --fairvgpu) fairvgpu="$2"; shift 2 ;;
+    --append) append="$2"; shift 2 ;;
     --) shift; break ;;
     *) echo "run-vm.sh: unknown option $1" >&2; exit 2 ;;
     esac
@@ -38,7 +40,7 @@ if [ -z "$accel" ]; then
 fi
 args=(-machine pc -m 1024 -smp "$smp" -nodefaults -display none -no-reboot
       -serial stdio -kernel "$image/vmlinuz" -initrd "$image/initrd.img"
-      -append "console=ttyS0 quiet panic=-1 fairvgpu.mode=$mode")
+      -append "console=ttyS0 quiet panic=-1 fairvgpu.mode=$mode $append")
 case "$accel" in
 kvm) args+=(-enable-kvm -cpu host) ;;
 tcg) args+=(-accel tcg) ;;

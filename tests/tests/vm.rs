@@ -420,3 +420,41 @@ fn hot_plug_into_a_running_guest_and_unplug_again() {
     assert_eq!(v["vcpu_threads"], serde_json::json!([]), "{v}");
     g.finish(STEP);
 }
+
+/// The guest's `loop` mode, as `scripts/vm-fairness.py` runs it: once its
+/// vGPU is hot-plugged, a kernel loop for the given seconds, its count on
+/// the console every 250 ms, the count growing.
+#[test]
+fn a_hot_plugged_guest_runs_its_kernel_loop_and_counts_on_the_console() {
+    if !prerequisites() {
+        return;
+    }
+    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let d = Daemon::start("loop");
+    let qmp = d.dir.join("qmp.sock");
+    let qmp_arg = qmp.to_string_lossy().into_owned();
+    let extra = [
+        "--no-vgpu",
+        "--qmp",
+        &qmp_arg,
+        "--append",
+        "fairvgpu.loop=400,2",
+    ];
+    let mut g = Guest::boot(&d, "loop", &extra);
+    g.expect("FVG waiting for hot-plug", BOOT);
+    let out = d.fairvgpu(&["attach", "--vm", "vm1", "--qmp", &qmp_arg]);
+    assert!(
+        out.status.success(),
+        "attach failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let count = |l: String| -> u64 { l["FVG-LOOP ".len()..].trim().parse().unwrap() };
+    let first = count(g.expect("FVG-LOOP ", STEP));
+    let mut last = first;
+    // Two seconds of loop: about eight lines, the last when it ends.
+    for _ in 0..4 {
+        last = count(g.expect("FVG-LOOP ", STEP));
+    }
+    assert!(last > first, "the count did not grow: {first} then {last}");
+    g.finish(STEP);
+}

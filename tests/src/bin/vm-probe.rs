@@ -9,6 +9,12 @@
 //!                            again (after a killed process's channel was
 //!                            given back), or fails after SECS
 //!   vm-probe info            prints the module's counters
+//!   vm-probe loop US SECS    a kernel of US microseconds launched and
+//!                            synchronized again and again for SECS, with
+//!                            the default spin budget (a tenant's loop, as
+//!                            `bench fairness` runs it on the host); every
+//!                            250 ms a line `FVG-LOOP <count so far>`, for
+//!                            the host to time (scripts/vm-fairness.sh)
 
 use std::time::{Duration, Instant};
 
@@ -32,8 +38,9 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let cmd = args
         .next()
-        .context("usage: vm-probe block|memfree|info [N]")?;
+        .context("usage: vm-probe block|memfree|info|loop [N [SECS]]")?;
     let n: u64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(100);
+    let secs: u64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(10);
     match cmd.as_str() {
         "block" => {
             // One spin, and a reply that waits for a 5 ms kernel: a wait must
@@ -89,6 +96,27 @@ fn main() -> Result<()> {
             let dev = default_device().context("no /dev/fairvgpu0")?;
             let d = guest::device::Device::open(&dev)?;
             println!("{:?}", d.info()?);
+        }
+        "loop" => {
+            let mut gpu = open(SpinPolicy::default().spins)?;
+            let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
+            let spin = gpu.get_function(m, "spin_ns")?;
+            let one = Dim3 { x: 1, y: 1, z: 1 };
+            let ns = (n * 1000).to_le_bytes();
+            let start = Instant::now();
+            let end = start + Duration::from_secs(secs);
+            let mut next = start;
+            let mut count = 0u64;
+            while Instant::now() < end {
+                gpu.launch(&spin, one, one, 0, 0, &[&ns])?;
+                gpu.synchronize()?;
+                count += 1;
+                if Instant::now() >= next {
+                    println!("FVG-LOOP {count}");
+                    next += Duration::from_millis(250);
+                }
+            }
+            println!("FVG-LOOP {count}");
         }
         other => bail!("unknown command {other}"),
     }
