@@ -239,6 +239,22 @@ impl Guest {
     }
 
     /// Waits for a console line starting with `prefix`; returns it.
+    /// Boots the guest in `mode` without its vGPU, with QMP (and the run-vm
+    /// options `more`), and hot-plugs the vGPU once the guest waits for it:
+    /// the guest, the QMP socket, and what `fairvgpu attach` printed.
+    fn hot_plugged(d: &Daemon, mode: &str, more: &[&str]) -> (Guest, String, String) {
+        let qmp = d.dir.join("qmp.sock").to_string_lossy().into_owned();
+        let mut args = vec!["--no-vgpu", "--qmp", &qmp];
+        args.extend_from_slice(more);
+        let mut g = Guest::boot(d, mode, &args);
+        g.expect("FVG waiting for hot-plug", BOOT);
+        let out = d.fairvgpu(&["attach", "--vm", "vm1", "--qmp", &qmp]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "attach failed: {text}");
+        (g, qmp, text)
+    }
+
     fn expect(&mut self, prefix: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
         loop {
@@ -390,15 +406,7 @@ fn hot_plug_into_a_running_guest_and_unplug_again() {
     }
     let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
     let d = Daemon::start("hotplug");
-    let qmp = d.dir.join("qmp.sock");
-    let qmp_arg = qmp.to_string_lossy().into_owned();
-    let mut g = Guest::boot(&d, "hotplug", &["--no-vgpu", "--qmp", &qmp_arg]);
-    g.expect("FVG waiting for hot-plug", BOOT);
-
-    let out = d.fairvgpu(&["attach", "--vm", "vm1", "--qmp", &qmp_arg]);
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "attach failed: {text}");
+    let (mut g, qmp_arg, text) = Guest::hot_plugged(&d, "hotplug", &[]);
     assert!(text.contains("vCPU threads"), "{text}");
     assert!(!text.contains("warning"), "{text}");
     g.expect("FVG appeared", STEP);
@@ -431,23 +439,7 @@ fn a_hot_plugged_guest_runs_its_kernel_loop_and_counts_on_the_console() {
     }
     let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
     let d = Daemon::start("loop");
-    let qmp = d.dir.join("qmp.sock");
-    let qmp_arg = qmp.to_string_lossy().into_owned();
-    let extra = [
-        "--no-vgpu",
-        "--qmp",
-        &qmp_arg,
-        "--append",
-        "fairvgpu.loop=400,2",
-    ];
-    let mut g = Guest::boot(&d, "loop", &extra);
-    g.expect("FVG waiting for hot-plug", BOOT);
-    let out = d.fairvgpu(&["attach", "--vm", "vm1", "--qmp", &qmp_arg]);
-    assert!(
-        out.status.success(),
-        "attach failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (mut g, _, _) = Guest::hot_plugged(&d, "loop", &["--append", "fairvgpu.loop=400,2"]);
     let count = |l: String| -> u64 { l["FVG-LOOP ".len()..].trim().parse().unwrap() };
     let first = count(g.expect("FVG-LOOP ", STEP));
     let mut last = first;

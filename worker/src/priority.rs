@@ -59,10 +59,10 @@ impl VcpuBooster {
         }
     }
 
-    /// The same without kicks: the vCPU threads are read, never boosted
-    /// (a bench whose guests' nice values the vCPU lift moves).
-    pub fn without_kicks(mut self) -> VcpuBooster {
-        self.enabled = false;
+    /// The same with kicks off if not `kick`: the vCPU threads are read,
+    /// never boosted (where the vCPU lift owns their nice values).
+    pub fn with_kicks(mut self, kick: bool) -> VcpuBooster {
+        self.enabled &= kick;
         self
     }
 

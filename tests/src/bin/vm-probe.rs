@@ -14,7 +14,7 @@
 //!                            the default spin budget (a tenant's loop, as
 //!                            `bench fairness` runs it on the host); every
 //!                            250 ms a line `FVG-LOOP <count so far>`, for
-//!                            the host to time (scripts/vm-fairness.sh)
+//!                            the host to time (scripts/vm-fairness.py)
 
 use std::time::{Duration, Instant};
 

@@ -269,14 +269,10 @@ impl Worker {
                     info_bytes: info.to_bytes(),
                     chunk,
                     stats: stats.clone(),
-                    booster: std::cell::RefCell::new({
-                        let b = crate::priority::VcpuBooster::new(cfg.vcpus_file.clone());
-                        if cfg.vcpu_kick {
-                            b
-                        } else {
-                            b.without_kicks()
-                        }
-                    }),
+                    booster: std::cell::RefCell::new(
+                        crate::priority::VcpuBooster::new(cfg.vcpus_file.clone())
+                            .with_kicks(cfg.vcpu_kick),
+                    ),
                     log: std::cell::RefCell::new(transport::LogLimiter::default()),
                     output: std::cell::RefCell::new(output::Output::new()),
                     poisoned: std::cell::Cell::new(None),

@@ -419,7 +419,7 @@ impl Slice {
         self.charged_ns += ns;
         self.stats.periods[kind].fetch_add(1, Ordering::Relaxed);
         self.stats.period_charges[kind].fetch_add(ns, Ordering::Relaxed);
-        if let Some((f, n)) = p.single_function() {
+        if let Some((f, n)) = single {
             s.kernel_ns.insert(f, own / u64::from(n.max(1)));
         }
     }
