@@ -32,6 +32,9 @@ pub struct Gate {
     extensions: u64,
     /// See [`Gate::alone`].
     alone: bool,
+    /// The serving thread in `SCHED_FIFO` while it holds a grant another
+    /// vGPU waits for, up to the slice's end (the real-time lift).
+    fifo: crate::priority::OwnFifo,
 }
 
 impl Gate {
@@ -80,7 +83,21 @@ impl Gate {
             extensions: 0,
             alone: false,
             slice: Duration::ZERO,
+            fifo: crate::priority::OwnFifo::default(),
         })
+    }
+
+    /// With the real-time lift (`[daemon] realtime`): the calling thread,
+    /// the worker's serving thread, goes into `SCHED_FIFO` while it holds
+    /// a grant another vGPU waits for, until the slice's end.
+    pub fn with_realtime(mut self, on: bool) -> Gate {
+        self.fifo = crate::priority::OwnFifo::new(on);
+        self
+    }
+
+    /// Times the serving thread went into `SCHED_FIFO` so far.
+    pub fn realtime_entries(&self) -> u64 {
+        self.fifo.entered
     }
 
     /// Asks for the grant.
@@ -139,6 +156,9 @@ impl Gate {
         self.slice = Duration::from_nanos(slice_ns);
         self.held_since = Some(Instant::now());
         self.grants += 1;
+        if !self.alone {
+            self.fifo.enter();
+        }
         Ok(true)
     }
 
@@ -167,7 +187,12 @@ impl Gate {
         if self.held_since.is_none_or(|t| t.elapsed() < self.slice) {
             return false;
         }
-        !self.extended()
+        let over = !self.extended();
+        if over {
+            // What is left is the drain: no more need to be first.
+            self.fifo.leave();
+        }
+        over
     }
 
     /// Takes the extensions waiting on the socket, if any; true if there
@@ -193,8 +218,12 @@ impl Gate {
                     self.extensions += 1;
                     self.alone = true;
                     more = true;
+                    self.fifo.leave();
                 }
-                CONTENDED => self.alone = false,
+                CONTENDED => {
+                    self.alone = false;
+                    self.fifo.enter();
+                }
                 _ => {}
             }
         }
@@ -252,6 +281,7 @@ impl Gate {
         if self.held_since.take().is_none() {
             return Ok(());
         }
+        self.fifo.leave();
         self.stream
             .write_all(&encode(RELEASE, self.vgpu, used_ns, u64::from(busy)))
             .map_err(|e| Error::Io {

@@ -212,6 +212,18 @@ pub trait PrioritySetter: Send + 'static {
         let _ = slice_ns;
         self.set(tid, nice)
     }
+    /// Moves the thread into `SCHED_FIFO` at `prio` (see [`enter_fifo`]).
+    /// A setter that knows no classes refuses.
+    fn enter_fifo(&self, tid: u32, prio: u32) -> Result<(), Errno> {
+        let _ = (tid, prio);
+        Err(Errno::ENOSYS)
+    }
+    /// Moves the thread back from `SCHED_FIFO` at `prio` (see
+    /// [`leave_fifo`]).
+    fn leave_fifo(&self, tid: u32, prio: u32, slice_ns: u64) -> Result<(), Errno> {
+        let _ = (tid, prio, slice_ns);
+        Ok(())
+    }
 }
 
 /// The kernel's `getpriority`/`setpriority` on a thread id.
@@ -227,6 +239,12 @@ impl PrioritySetter for SysPriority {
     }
     fn set_with_slice(&self, tid: u32, nice: i32, slice_ns: u64) -> Result<(), Errno> {
         set_slice(tid, nice, slice_ns)
+    }
+    fn enter_fifo(&self, tid: u32, prio: u32) -> Result<(), Errno> {
+        enter_fifo(tid, prio)
+    }
+    fn leave_fifo(&self, tid: u32, prio: u32, slice_ns: u64) -> Result<(), Errno> {
+        leave_fifo(tid, prio, slice_ns)
     }
 }
 
@@ -292,7 +310,11 @@ struct SchedAttr {
 
 /// The kernel's scheduling classes used here (`SCHED_*` of sched(7)).
 const SCHED_OTHER: u32 = 0;
+const SCHED_FIFO: u32 = 1;
 const SCHED_BATCH: u32 = 3;
+/// `sched_flags`: a thread's children start in `SCHED_OTHER` at nice 0
+/// whatever its own class.
+const SCHED_FLAG_RESET_ON_FORK: u64 = 1;
 
 /// The size the kernel is told (a 56-byte struct: the cast cannot truncate).
 #[allow(clippy::cast_possible_truncation)]
@@ -369,6 +391,140 @@ pub fn set_slice(tid: u32, nice: i32, slice_ns: u64) -> Result<(), Errno> {
     )
 }
 
+/// The real-time lift's `SCHED_FIFO` priorities (see `daemon::hostcpu`):
+/// the holder's vCPU threads lowest, then its worker's serving thread
+/// (which its own guest's vCPU thread must not keep waiting on one CPU),
+/// then the grant services' threads and the vCPU lift's. All far below the
+/// kernel's own real-time threads (interrupt threads run at 50).
+pub const REALTIME_VCPU: u32 = 1;
+/// See [`REALTIME_VCPU`].
+pub const REALTIME_WORKER: u32 = 2;
+/// See [`REALTIME_VCPU`].
+pub const REALTIME_SERVICE: u32 = 3;
+
+/// Moves thread `tid` into `SCHED_FIFO` at `prio`. Its nice value stays
+/// with it for its way back ([`leave_fifo`]); threads it creates meanwhile
+/// start in `SCHED_OTHER` (reset on fork), so that no driver thread made
+/// during a grant stays real-time. Needs CAP_SYS_NICE (or `RLIMIT_RTPRIO`
+/// of at least `prio`) and, where real-time group scheduling is on,
+/// real-time runtime in the thread's cgroup: `EPERM` otherwise.
+pub fn enter_fifo(tid: u32, prio: u32) -> Result<(), Errno> {
+    sched_setattr(
+        tid,
+        &SchedAttr {
+            sched_policy: SCHED_FIFO,
+            sched_flags: SCHED_FLAG_RESET_ON_FORK,
+            sched_priority: prio,
+            ..SchedAttr::default()
+        },
+    )
+}
+
+/// Moves thread `tid` back to `SCHED_OTHER` at the nice value it kept, with
+/// the EEVDF slice `slice_ns` (0: the default), if it is still in
+/// `SCHED_FIFO` at `prio`; a thread someone else moved meanwhile is left
+/// alone (`Ok`).
+pub fn leave_fifo(tid: u32, prio: u32, slice_ns: u64) -> Result<(), Errno> {
+    let now = sched_getattr(tid)?;
+    if now.sched_policy != SCHED_FIFO || now.sched_priority != prio {
+        return Ok(());
+    }
+    // sched_getattr gives a real-time thread's nice as 0; getpriority its
+    // kept one.
+    let nice = get_nice(tid).ok_or(Errno::ESRCH)?;
+    sched_setattr(
+        tid,
+        &SchedAttr {
+            sched_policy: SCHED_OTHER,
+            sched_nice: nice,
+            sched_runtime: slice_ns,
+            ..SchedAttr::default()
+        },
+    )
+}
+
+/// Thread `tid`'s `SCHED_FIFO` priority, `None` in any other class.
+pub fn fifo_priority(tid: u32) -> Result<Option<u32>, Errno> {
+    let a = sched_getattr(tid)?;
+    Ok((a.sched_policy == SCHED_FIFO).then_some(a.sched_priority))
+}
+
+/// Why moving a thread into `SCHED_FIFO` at `prio` failed, for the log and
+/// `status`.
+pub fn fifo_refusal(e: Errno, prio: u32) -> String {
+    match e {
+        Errno::EPERM | Errno::EACCES => format!(
+            "SCHED_FIFO {prio} was refused ({e}): needs CAP_SYS_NICE (or RLIMIT_RTPRIO of at least {prio}) and, where the kernel has real-time group scheduling, real-time runtime for the thread's cgroup"
+        ),
+        e => format!("SCHED_FIFO {prio}: {e}"),
+    }
+}
+
+/// The calling thread in `SCHED_FIFO` while its worker holds a grant
+/// another vGPU waits for (the real-time lift): entered and left by the
+/// worker's gate, never twice, and off for good at the first refusal.
+#[derive(Debug, Default)]
+pub struct OwnFifo {
+    /// Whether to enter at all (`[daemon] realtime`).
+    on: bool,
+    /// The thread entered and the slice it leaves with, while inside.
+    inside: Option<(u32, u64)>,
+    /// Times entered.
+    pub entered: u64,
+}
+
+impl OwnFifo {
+    /// Enters only where `on`.
+    pub fn new(on: bool) -> OwnFifo {
+        OwnFifo {
+            on,
+            ..OwnFifo::default()
+        }
+    }
+
+    /// Into `SCHED_FIFO` at [`REALTIME_WORKER`], if not already.
+    pub fn enter(&mut self) {
+        if !self.on || self.inside.is_some() {
+            return;
+        }
+        let tid = current_tid();
+        let slice = slice_of(tid).unwrap_or(0);
+        match enter_fifo(tid, REALTIME_WORKER) {
+            Ok(()) => {
+                self.inside = Some((tid, slice));
+                self.entered += 1;
+            }
+            Err(e) => {
+                self.on = false;
+                tracing::warn!(
+                    "worker: real-time lift off: {}",
+                    fifo_refusal(e, REALTIME_WORKER)
+                );
+            }
+        }
+    }
+
+    /// Back to the class it had, if inside.
+    pub fn leave(&mut self) {
+        if let Some((tid, slice)) = self.inside.take() {
+            if let Err(e) = leave_fifo(tid, REALTIME_WORKER, slice) {
+                tracing::warn!("worker: leaving SCHED_FIFO: {e}");
+            }
+        }
+    }
+
+    /// Whether a thread is in `SCHED_FIFO` by this now.
+    pub fn inside(&self) -> bool {
+        self.inside.is_some()
+    }
+}
+
+impl Drop for OwnFifo {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
 /// Thread `tid`'s slice as the kernel reports it (ns; for a fair-class
 /// thread on Linux 6.12 and later its slice, default or set).
 pub fn slice_of(tid: u32) -> Result<u64, Errno> {
@@ -428,6 +584,69 @@ mod tests {
         assert_eq!(get_nice(tid), Some(nice));
         stop.send(()).unwrap();
         h.join().unwrap();
+    }
+
+    #[test]
+    fn a_thread_enters_fifo_and_leaves_it_with_its_nice_and_slice() {
+        let (tid, stop, h) = spawn_vcpu();
+        // A nice of its own (raising it needs no privilege): kept inside
+        // SCHED_FIFO and had again after.
+        try_set_nice(tid, 7).unwrap();
+        let nice = 7;
+        match enter_fifo(tid, REALTIME_VCPU) {
+            Ok(()) => {
+                assert_eq!(fifo_priority(tid), Ok(Some(REALTIME_VCPU)));
+                // Moved by someone else meanwhile (another priority): left.
+                leave_fifo(tid, REALTIME_SERVICE, 0).unwrap();
+                assert_eq!(fifo_priority(tid), Ok(Some(REALTIME_VCPU)));
+                leave_fifo(tid, REALTIME_VCPU, LIFT_SLICE_NS).unwrap();
+                assert_eq!(fifo_priority(tid), Ok(None));
+                assert_eq!(get_nice(tid), Some(nice));
+                let slice = slice_of(tid).unwrap();
+                // Linux 6.12 and later keep the slice; older kernels none.
+                assert!(slice == LIFT_SLICE_NS || slice == 0, "{slice}");
+            }
+            // Without the privilege: refused, and the reason says what
+            // it needs.
+            Err(e) => {
+                assert!(fifo_refusal(e, 1).contains("CAP_SYS_NICE"), "{e}");
+                assert_eq!(fifo_priority(tid), Ok(None));
+            }
+        }
+        stop.send(()).unwrap();
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn own_fifo_enters_once_leaves_on_drop_and_stays_off_when_off() {
+        std::thread::spawn(|| {
+            let me = current_tid();
+            try_set_nice(me, 3).unwrap();
+            let mut f = OwnFifo::new(true);
+            f.enter();
+            f.enter();
+            let inside = f.inside();
+            assert_eq!(fifo_priority(me), Ok(inside.then_some(REALTIME_WORKER)));
+            assert_eq!(f.entered, u64::from(inside));
+            // A thread made meanwhile (a driver's) starts outside.
+            let child = std::thread::spawn(|| fifo_priority(current_tid()))
+                .join()
+                .unwrap();
+            assert_eq!(child, Ok(None));
+            drop(f);
+            assert_eq!(fifo_priority(me), Ok(None));
+            assert_eq!(get_nice(me), Some(3), "its nice had again");
+        })
+        .join()
+        .unwrap();
+        std::thread::spawn(|| {
+            let mut off = OwnFifo::new(false);
+            off.enter();
+            assert!(!off.inside());
+            assert_eq!(fifo_priority(current_tid()), Ok(None));
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

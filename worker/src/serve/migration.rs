@@ -172,11 +172,10 @@ impl Worker {
         if ok {
             if let (Some(fd), Some((id, weight))) = (grant, self.sh.slice.grant_id) {
                 // The source's service forgets the vGPU when this closes.
-                self.sh.slice.gate = Some(crate::gate::Gate::over(
-                    std::os::unix::net::UnixStream::from(fd),
-                    id,
-                    weight,
-                )?);
+                self.sh.slice.gate = Some(
+                    crate::gate::Gate::over(std::os::unix::net::UnixStream::from(fd), id, weight)?
+                        .with_realtime(self.sh.slice.realtime),
+                );
             }
             // Spare contexts are on the GPU the vGPU left.
             self.sh.gpu.contexts.clear();

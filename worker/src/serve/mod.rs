@@ -121,6 +121,9 @@ pub struct WorkerConfig {
     /// The serving thread's nice value (the host CPU options' priority
     /// lift, see `hostcpu`); None leaves it as started.
     pub lift_nice: Option<i32>,
+    /// The real-time lift (`[daemon] realtime`): the serving thread in
+    /// `SCHED_FIFO` while it holds a grant another vGPU waits for.
+    pub realtime: bool,
     /// Set when this worker is one of several serving its vGPU (a worker
     /// per guest process): the memfd of the vGPU's memory ledger they all
     /// count in (`ledger.rs`); its gate then registers as a member of the
@@ -186,6 +189,7 @@ impl WorkerConfig {
             prefill_contexts: 0,
             warm_contexts: 0,
             lift_nice: None,
+            realtime: false,
             shared_vgpu: None,
             slot: None,
         }
