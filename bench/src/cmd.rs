@@ -88,6 +88,12 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = -10, allow_negative_numbers = true,
               value_parser = clap::value_parser!(i32).range(-20..=-1), conflicts_with = "sim")]
         priority: i32,
+        /// The real-time lift (`[daemon] realtime`) besides the lifts:
+        /// while another guest waits for the GPU, the holder's thread, its
+        /// worker's and the grant service's run in SCHED_FIFO until the
+        /// round's deadline, where this process may (it prints whether).
+        #[arg(long, conflicts_with = "sim")]
+        realtime: bool,
     },
     /// Accounting of GPU time: its error against the guest's CUDA events, and its cost.
     Accounting {
@@ -197,6 +203,7 @@ impl BenchCmd {
                 lift,
                 cpus,
                 priority,
+                realtime,
             } => {
                 if sim {
                     crate::fairness_sim::run(seconds)
@@ -210,6 +217,7 @@ impl BenchCmd {
                         mps: mps.then_some(mps_control.as_path()),
                         hogs,
                         lift: (lift == OnOff::On).then_some(priority),
+                        realtime,
                         cpus: cpus.as_deref(),
                     })
                     .map(drop)

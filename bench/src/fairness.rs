@@ -317,6 +317,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
             sample_every,
             time_launches,
             lift_nice: lift.and_then(HostCpu::nice),
+            realtime: lift.is_some_and(HostCpu::realtime),
             // Its guest's thread, as a VM's vCPU thread (written below), for
             // whether a late guest waits for a CPU. No kicks: the bench's
             // vCPU lift moves the same thread's nice value, and a kick's
@@ -468,6 +469,7 @@ pub fn run(o: Options<'_>) -> Result<Summary> {
         mps,
         hogs,
         lift,
+        realtime,
         cpus,
     } = o;
     // First: every thread and process the bench starts after this (the MPS
@@ -483,8 +485,11 @@ pub fn run(o: Options<'_>) -> Result<Summary> {
         Some(ns) => ns,
         None => daemon::setup::gpu_slice_ns(&config(kind, graphs)?, 0),
     };
+    if realtime && lift.is_none() {
+        anyhow::bail!("--realtime needs the lifts (--lift on): it lifts the threads they choose");
+    }
     let host_cpu = match lift {
-        Some(nice) => HostCpu::lifts(nice, true, daemon::hostcpu::lift::SysPriority),
+        Some(nice) => HostCpu::lifts(nice, true, daemon::hostcpu::lift::SysPriority, realtime),
         None => HostCpu::off("--lift off"),
     };
     let threads = "not used by the bench: its grant service and workers are threads of the bench";
@@ -547,6 +552,12 @@ pub fn run(o: Options<'_>) -> Result<Summary> {
             println!("at the end, {l}");
         }
     }
+    if let (true, Some(st)) = (host_cpu.realtime(), host_cpu.lift_state()) {
+        println!(
+            "real-time lift: guests' threads moved into SCHED_FIFO {} times, {} of those out at the round's deadline (before the next holder)",
+            st.fifo_entries, st.deadlines_passed
+        );
+    }
     println!(
         "hogs={n} fairvgpu_mmr={:.3} fairvgpu_throughput={:.3} quiet_mmr={:.3} quiet_throughput={:.3}",
         busy.mmr, busy.throughput, quiet.mmr, quiet.throughput
@@ -574,6 +585,8 @@ pub struct Options<'a> {
     /// The host CPU options' priority and vCPU lifts, at this nice value
     /// (`[daemon] priority`); None: off.
     pub lift: Option<i32>,
+    /// The real-time lift besides (`[daemon] realtime`).
+    pub realtime: bool,
     /// CPUs reserved for the host's side (a list like `"0-1"`).
     pub cpus: Option<&'a str>,
 }

@@ -17,12 +17,7 @@ pub fn render_status(st: &Value) -> String {
         st["uptime_seconds"].as_f64().unwrap_or(0.0)
     );
     // The host CPU options (see `hostcpu`): on, or off with the reason.
-    for (key, name) in [
-        ("priority", "priority lift"),
-        ("vcpu_lift", "vCPU lift"),
-        ("cpus", "reserved CPUs"),
-        ("cgroup", "cgroup"),
-    ] {
+    for (key, name) in daemon::hostcpu::OPTIONS {
         let o = &st["host_cpu"][key];
         if o.is_object() {
             out.push_str(&format!(
@@ -135,6 +130,7 @@ mod tests {
             "host_cpu": {
                 "priority": { "on": true, "detail": "at nice -10" },
                 "vcpu_lift": { "on": true, "detail": "holder's threads" },
+                "realtime": { "on": false, "detail": "[daemon] realtime = false" },
                 "cpus": { "on": false, "detail": "not set ([daemon] cpus)" },
                 "cgroup": { "on": false, "detail": "no cgroup v2 hierarchy is mounted" }
             }
@@ -143,6 +139,7 @@ mod tests {
         for line in [
             "priority lift: on (at nice -10)",
             "vCPU lift: on (holder's threads)",
+            "real-time lift: off ([daemon] realtime = false)",
             "reserved CPUs: off (not set ([daemon] cpus))",
             "cgroup: off (no cgroup v2 hierarchy is mounted)",
         ] {

@@ -90,6 +90,7 @@ pub fn worker_spec(
         // process slot's worker for the slot's next process.
         warm_contexts: usize::from(!mps && (feed.is_some_and(|f| f.1) || slot.is_some())),
         lift_nice: (cfg.daemon.priority != 0).then_some(cfg.daemon.priority),
+        realtime: cfg.daemon.realtime,
         // One owner of a vCPU thread's nice value. Where the vCPU lift is
         // on, it raises the holder's vCPU threads for the whole grant and
         // the worker's kick stays off: a kick boosts relative to the value
@@ -149,25 +150,37 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The worker's spec for vm1 under a config whose `[daemon]` table
+    /// holds `daemon`.
+    fn spec_with(dir: &std::path::Path, daemon: &str) -> WorkerConfig {
+        let cfg = Config::parse(&format!(
+            "[daemon]\nrun_dir = {:?}\n{daemon}\n[[vm]]\nname = \"vm1\"\ntenant = \"t\"\nmemory_limit_mib = 1024\n",
+            dir.display().to_string()
+        ))
+        .unwrap();
+        worker_spec(&cfg, "vm1", None, None, None, None)
+            .unwrap()
+            .worker
+    }
+
     #[test]
     fn the_kick_is_on_only_where_the_vcpu_lift_is_off() {
         let dir = scratch::dir("fvg-setup-kick");
-        let kick = |daemon: &str| {
-            let cfg = Config::parse(&format!(
-                "[daemon]\nrun_dir = {:?}\n{daemon}\n[[vm]]\nname = \"vm1\"\ntenant = \"t\"\nmemory_limit_mib = 1024\n",
-                dir.display().to_string()
-            ))
-            .unwrap();
-            worker_spec(&cfg, "vm1", None, None, None, None)
-                .unwrap()
-                .worker
-                .vcpu_kick
-        };
+        let kick = |daemon: &str| spec_with(&dir, daemon).vcpu_kick;
         // The defaults: priority lift and vCPU lift on.
         assert!(!kick(""));
         assert!(kick("vcpu_lift = false"));
         // The vCPU lift needs the priority lift.
         assert!(kick("priority = 0"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_real_time_lift_reaches_the_workers_only_when_set() {
+        let dir = scratch::dir("fvg-setup-realtime");
+        assert!(!spec_with(&dir, "").realtime);
+        let on = spec_with(&dir, "realtime = true");
+        assert!(on.realtime && on.lift_nice == Some(-10));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -234,6 +234,13 @@ impl Config {
                 Loc::Table("daemon", Some("priority")),
             );
         }
+        if self.daemon.realtime && !(self.daemon.vcpu_lift && self.daemon.priority != 0) {
+            return bad(
+                "[daemon] realtime = true needs the vCPU lift (vcpu_lift = true and a priority below 0): it lifts the threads that one chooses"
+                    .to_owned(),
+                Loc::Table("daemon", Some("realtime")),
+            );
+        }
         if let Some(list) = &self.daemon.cpus {
             if let Err(e) = crate::hostcpu::cpus::parse(list) {
                 return bad(

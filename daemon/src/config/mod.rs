@@ -90,6 +90,16 @@ pub struct DaemonConfig {
     /// get their own nice back when the grant moves. Needs the priority lift.
     #[serde(default = "yes")]
     pub vcpu_lift: bool,
+    /// Real-time lift: while a VM holds a GPU that another VM waits for,
+    /// its vCPU threads, its worker's serving thread and the grant
+    /// services' threads run in `SCHED_FIFO` (priorities 1, 2 and 3), each
+    /// only to the round's end, back at the lifted nice after. Off by
+    /// default: ahead of every fair-class thread on their CPUs for up to a
+    /// slice. Needs the vCPU lift, CAP_SYS_NICE, and where the kernel has
+    /// real-time group scheduling, real-time runtime for the cgroups of the
+    /// daemon and the VMs (see `hostcpu/mod.rs`).
+    #[serde(default)]
+    pub realtime: bool,
     /// CPUs reserved for the daemon, its grant services and its workers, as
     /// a list like "0-1" or "0,2,4-5"; left out, they run on any CPU.
     #[serde(default)]
@@ -155,6 +165,7 @@ impl Default for DaemonConfig {
             mps_control: default_mps_control(),
             priority: default_priority(),
             vcpu_lift: true,
+            realtime: false,
             cpus: None,
             cgroup_cpu_weight: default_cgroup_cpu_weight(),
         }

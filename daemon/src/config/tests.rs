@@ -161,6 +161,10 @@ fn host_cpu_options_default_and_bad_ones_are_one_line_naming_the_key() {
         (-10, true, None)
     );
     assert_eq!(c.daemon.cgroup_cpu_weight, 1000);
+    assert!(
+        !c.daemon.realtime,
+        "the real-time lift is the operator's choice"
+    );
     let set = |extra: &str| {
         GOOD.replace(
             "executor = \"sim\"",
@@ -173,6 +177,25 @@ fn host_cpu_options_default_and_bad_ones_are_one_line_naming_the_key() {
     .unwrap();
     assert_eq!(c.daemon.cpus.as_deref(), Some("0-1,4"));
     assert_eq!((c.daemon.priority, c.daemon.vcpu_lift), (0, false));
+    assert!(
+        Config::parse(&set("realtime = true"))
+            .unwrap()
+            .daemon
+            .realtime
+    );
+    // The real-time lift lifts what the vCPU lift chooses: without it, one
+    // line naming the key.
+    for without in ["vcpu_lift = false", "priority = 0"] {
+        let text = set(&format!("realtime = true\n{without}"));
+        let e = Config::parse(&text).unwrap_err().to_string();
+        assert!(
+            e.contains("[daemon] realtime = true needs the vCPU lift"),
+            "{e}"
+        );
+        let line = text.lines().position(|l| l == "realtime = true").unwrap() + 1;
+        assert!(e.contains(&format!("line {line}:")), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e:?}");
+    }
     for (extra, needle) in [
         (
             "cpus = \"1-0\"",

@@ -165,6 +165,14 @@ impl GrantService {
                         tracing::warn!("grant service: priority lift refused: {e}");
                     }
                 }
+                if lift.realtime {
+                    let prio = worker::priority::REALTIME_SERVICE;
+                    let own = crate::hostcpu::own_tid();
+                    if let Err(e) = worker::priority::enter_fifo(own, prio) {
+                        let why = worker::priority::fifo_refusal(e, prio);
+                        tracing::warn!("grant service: {why}");
+                    }
+                }
                 Service::new(listener, slice_ns, policy, corun, u2, lift.holders).run(&s2, &rx)
             })
             .map_err(|e| Error::Io {

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
+use crate::hostcpu::lift::Holders;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use sched::GpuScheduler;
 use wire::grant::*;
@@ -69,9 +70,9 @@ pub(super) struct Service {
     hold_limit: Duration,
     usage: Usage,
     /// Where the holders go each time they change (the vCPU lift).
-    lift: Option<Sender<Vec<u32>>>,
-    /// The holders the vCPU lift was last told of (see `hostcpu::lift`).
-    lifted: (Option<u32>, Vec<u32>),
+    lift: Option<Sender<Holders>>,
+    /// What the vCPU lift was last told (see `hostcpu::lift`).
+    lifted: Holders,
     sched: GpuScheduler,
     conns: HashMap<u32, Conn>,
     holder: Option<u32>,
@@ -110,7 +111,7 @@ impl Service {
         policy: sched::DevicePolicy,
         corun: bool,
         usage: Usage,
-        lift: Option<Sender<Vec<u32>>>,
+        lift: Option<Sender<Holders>>,
     ) -> Service {
         let now = Instant::now();
         Service {
@@ -121,7 +122,7 @@ impl Service {
             hold_limit: hold_limit(slice_ns),
             usage,
             lift,
-            lifted: (None, Vec::new()),
+            lifted: Holders::default(),
             sched: GpuScheduler::with_policy(slice_ns, policy),
             conns: HashMap::new(),
             holder: None,
@@ -715,22 +716,35 @@ impl Service {
     }
 
     /// The vCPU lift follows the holders: told only when they change (after
-    /// the grant is sent), the syscalls on its own thread.
+    /// the grant is sent), or whether another vGPU waits does, the
+    /// syscalls on its own thread. While one waits the round ends at its
+    /// deadline: the real-time lift's bound (see `hostcpu::lift`).
     fn tell_lift(&mut self) {
         let Some(tx) = &self.lift else {
             return;
         };
-        let same = self.holder == self.lifted.0
-            && self.co.holders.len() == self.lifted.1.len()
-            && self.co.holders.keys().all(|k| self.lifted.1.contains(k));
+        let vgpus: Vec<u32> = self
+            .holder
+            .into_iter()
+            .chain(self.co.holders.keys().copied())
+            .collect();
+        let contended = self.holder.is_some() && !self.alone;
+        let realtime_until = contended.then(|| {
+            self.co
+                .holders
+                .values()
+                .fold(self.deadline, |a, &b| a.max(b))
+        });
+        let now = Holders {
+            vgpus,
+            realtime_until,
+        };
+        let same = now.vgpus.len() == self.lifted.vgpus.len()
+            && now.vgpus.iter().all(|v| self.lifted.vgpus.contains(v))
+            && now.realtime_until == self.lifted.realtime_until;
         if !same {
-            self.lifted = (self.holder, self.co.holders.keys().copied().collect());
-            let _ = tx.send(
-                self.holder
-                    .into_iter()
-                    .chain(self.lifted.1.iter().copied())
-                    .collect(),
-            );
+            let _ = tx.send(now.clone());
+            self.lifted = now;
         }
     }
 }

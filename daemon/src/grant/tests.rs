@@ -3,6 +3,8 @@
 use super::*;
 use worker::gate::Gate;
 
+use crate::hostcpu::lift::Holders;
+
 /// A grant service of `slice_ns` slices for one test, its socket in a
 /// folder of its own (removed at the test's end); `mps`: its vGPUs are MPS
 /// clients (see [`GrantService::start_with`]).
@@ -343,13 +345,24 @@ fn the_vcpu_lift_is_told_of_each_change_of_holder_and_only_then() {
     let lift = ServiceLift {
         nice: None,
         holders: Some(tx),
+        realtime: false,
     };
     let policy = sched::DevicePolicy::default();
     let svc =
         GrantService::start_lifted(&dir.join("g.sock"), 2_000_000, policy, false, lift).unwrap();
     let next = || rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let t0 = Instant::now();
     let (mut a, mut b) = contended(&svc);
-    assert_eq!(next(), vec![1]);
+    // vGPU 1 holds, nobody waits; then vGPU 2 waits: the same holder, now
+    // with the round's deadline, the real-time lift's bound (at most two
+    // slices of 2 ms away: a lone holder's is extended by one whenever
+    // less than one is left).
+    let first = next();
+    assert_eq!((first.vgpus, first.realtime_until), (vec![1], None));
+    let waited = next();
+    assert_eq!(waited.vgpus, vec![1]);
+    let until = waited.realtime_until.expect("another vGPU waits");
+    assert!(until > t0 && until <= Instant::now() + Duration::from_millis(4));
     // Nothing more while vGPU 1 holds the GPU, however often the service
     // goes round.
     std::thread::sleep(Duration::from_millis(20));
@@ -357,16 +370,21 @@ fn the_vcpu_lift_is_told_of_each_change_of_holder_and_only_then() {
     let used = a.held_ns();
     a.release(used, false).unwrap();
     granted(&mut b);
-    // Released (no holder), then vGPU 2; the service may have granted
-    // within the pass that took the release.
+    // Released (no holder), then vGPU 2 alone (vGPU 1 wants nothing); the
+    // service may have granted within the pass that took the release.
     let mut seen = vec![next()];
-    if seen[0].is_empty() {
+    if seen[0].vgpus.is_empty() {
         seen.push(next());
     }
-    assert_eq!(seen.last().unwrap(), &vec![2], "{seen:?}");
+    let last = seen.last().unwrap();
+    assert_eq!(
+        (&last.vgpus, last.realtime_until),
+        (&vec![2], None),
+        "{seen:?}"
+    );
     let used = b.held_ns();
     b.release(used, false).unwrap();
-    assert_eq!(next(), Vec::<u32>::new());
+    assert_eq!(next(), Holders::default());
     drop((a, b, svc));
     let _ = std::fs::remove_dir_all(&dir);
 }

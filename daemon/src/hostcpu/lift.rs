@@ -8,15 +8,36 @@
 //! thread at a hand-off, and reading `/proc/<pid>/task` for native guests)
 //! happen there, never on the service's path between a release and the
 //! next grant, and nothing is done per request.
+//!
+//! With the real-time lift (`[daemon] realtime`) the holders' threads also
+//! go into `SCHED_FIFO` while another vGPU waits for the GPU, until the
+//! round's deadline that the service sends with them ([`Holders`]): a
+//! thread lifted so is back in the fair class at the next change of
+//! holders or at that deadline, whichever comes first, even if the service
+//! said nothing more.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::mpsc::{Receiver, Sender};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use nix::errno::Errno;
 use transport::server::PeerPids;
 
+use worker::priority::{fifo_refusal, REALTIME_VCPU};
 pub use worker::priority::{PrioritySetter, SysPriority};
+
+/// What the grant service tells the vCPU lift at each change: the vGPUs
+/// holding the GPU, and while another waits for it, the round's deadline
+/// (the real-time lift's bound).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holders {
+    /// The holder and its co-holders.
+    pub vgpus: Vec<u32>,
+    /// Another vGPU waits: the holders' threads may be real-time until
+    /// then. None: nobody waits.
+    pub realtime_until: Option<Instant>,
+}
 
 /// Which threads are lifted now, and what each had before.
 #[derive(Debug)]
@@ -29,8 +50,16 @@ pub struct Lifts<P: PrioritySetter> {
     slice_ns: Option<u64>,
     /// Lifted thread -> its nice before the lift.
     lifted: BTreeMap<u32, i32>,
+    /// The real-time lift is on (and the host has not refused it yet).
+    realtime: bool,
+    /// Threads in `SCHED_FIFO` by this now.
+    fifo: BTreeSet<u32>,
     /// Why lifting stopped (the host refused it), if it did.
     pub refused: Option<String>,
+    /// Why the real-time lift stopped, if the host refused it.
+    pub realtime_refused: Option<String>,
+    /// Threads moved into `SCHED_FIFO` so far.
+    pub fifo_entries: u64,
     /// Threads lifted so far.
     pub lifts: u64,
     /// Changes of the set of holders applied.
@@ -51,10 +80,86 @@ impl<P: PrioritySetter> Lifts<P> {
             nice,
             slice_ns,
             lifted: BTreeMap::new(),
+            realtime: false,
+            fifo: BTreeSet::new(),
             refused: None,
+            realtime_refused: None,
+            fifo_entries: 0,
             lifts: 0,
             changes: 0,
         }
+    }
+
+    /// With the real-time lift: [`Lifts::apply_realtime`] moves the
+    /// targets into `SCHED_FIFO` too.
+    pub fn with_realtime(mut self, on: bool) -> Self {
+        self.realtime = on;
+        self
+    }
+
+    /// [`Lifts::apply`], and with `realtime` (another vGPU waits) the
+    /// targets into `SCHED_FIFO` at [`REALTIME_VCPU`] as well, where the
+    /// real-time lift is on; without, every thread this put there leaves
+    /// it. A thread leaves `SCHED_FIFO` before it gets its nice back. The
+    /// first refusal turns the real-time lift off for good, with the
+    /// reason in [`Lifts::realtime_refused`]; the nice lift goes on.
+    pub fn apply_realtime(&mut self, targets: &[u32], realtime: bool) {
+        let keep = realtime && self.realtime;
+        let out: Vec<u32> = self
+            .fifo
+            .iter()
+            .filter(|t| !(keep && targets.contains(t)))
+            .copied()
+            .collect();
+        for tid in out {
+            self.leave_fifo(tid);
+        }
+        self.apply(targets);
+        if !keep {
+            return;
+        }
+        for &tid in targets {
+            if self.fifo.contains(&tid) {
+                continue;
+            }
+            match self.setter.enter_fifo(tid, REALTIME_VCPU) {
+                Ok(()) => {
+                    self.fifo.insert(tid);
+                    self.fifo_entries += 1;
+                }
+                Err(e @ (Errno::EPERM | Errno::EACCES | Errno::ENOSYS)) => {
+                    let why = fifo_refusal(e, REALTIME_VCPU);
+                    tracing::warn!("real-time lift off: a vCPU thread's {why}");
+                    self.realtime_refused = Some(format!("a vCPU thread's {why}"));
+                    self.realtime = false;
+                    self.leave_realtime();
+                    return;
+                }
+                Err(_) => {} // gone meanwhile
+            }
+        }
+    }
+
+    /// Every thread this put in `SCHED_FIFO` back in the fair class, its
+    /// nice lift kept.
+    pub fn leave_realtime(&mut self) {
+        for tid in std::mem::take(&mut self.fifo) {
+            self.leave_fifo(tid);
+        }
+    }
+
+    /// Thread `tid` out of `SCHED_FIFO`, at the lifted slice if it keeps
+    /// its lift.
+    fn leave_fifo(&mut self, tid: u32) {
+        self.fifo.remove(&tid);
+        let slice = self.slice_ns.unwrap_or(0);
+        // Gone meanwhile, or moved by someone else: nothing to undo.
+        let _ = self.setter.leave_fifo(tid, REALTIME_VCPU, slice);
+    }
+
+    /// Threads in `SCHED_FIFO` by this now.
+    pub fn in_fifo(&self) -> Vec<u32> {
+        self.fifo.iter().copied().collect()
     }
 
     /// Makes `targets` (thread ids) the lifted set: threads lifted before
@@ -72,6 +177,9 @@ impl<P: PrioritySetter> Lifts<P> {
             .copied()
             .collect();
         for tid in drop {
+            if self.fifo.contains(&tid) {
+                self.leave_fifo(tid);
+            }
             if let Some(before) = self.lifted.remove(&tid) {
                 if self.setter.get(tid) == Some(self.nice) {
                     let _ = match self.slice_ns {
@@ -125,7 +233,7 @@ impl<P: PrioritySetter> Lifts<P> {
 
 impl<P: PrioritySetter> Drop for Lifts<P> {
     fn drop(&mut self) {
-        self.apply(&[]);
+        self.apply_realtime(&[], false);
     }
 }
 
@@ -193,49 +301,80 @@ fn tasks(pid: u32) -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// What the lifter's thread has to say: refusals and counts.
+#[derive(Debug, Default, Clone)]
+pub struct LiftState {
+    /// Why the nice lift stopped, if the host refused it.
+    pub refused: Option<String>,
+    /// Why the real-time lift stopped, if the host refused it.
+    pub realtime_refused: Option<String>,
+    /// Threads moved into `SCHED_FIFO` so far.
+    pub fifo_entries: u64,
+    /// Times a round's deadline passed with threads still in `SCHED_FIFO`
+    /// and no word from the service: they left it then.
+    pub deadlines_passed: u64,
+}
+
 /// The lifter's thread: takes each new set of holders and lifts their
 /// threads. Dropped, it puts every lifted thread back and ends.
 #[derive(Debug)]
 pub struct Lifter {
-    tx: Option<Sender<Vec<u32>>>,
+    tx: Option<Sender<Holders>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    refused: Arc<Mutex<Option<String>>>,
+    state: Arc<Mutex<LiftState>>,
 }
 
 impl Lifter {
     /// Starts lifting the threads `registry` gives for each holder to
-    /// `nice` with `setter`; the thread itself runs at `nice` too (where
-    /// allowed), so that a hand-off's lift is not late behind the hogs.
-    pub fn start<P: PrioritySetter>(registry: Registry, nice: i32, setter: P) -> Lifter {
+    /// `nice` with `setter`, and with `realtime` into `SCHED_FIFO` while the
+    /// GPU is contended; the thread itself runs at `nice` too (where
+    /// allowed), so that a hand-off's lift is not late behind the hogs,
+    /// and with `realtime` in `SCHED_FIFO` above every thread it lifts.
+    pub fn start<P: PrioritySetter>(
+        registry: Registry,
+        nice: i32,
+        setter: P,
+        realtime: bool,
+    ) -> Lifter {
         let (tx, rx) = std::sync::mpsc::channel();
-        let refused: Arc<Mutex<Option<String>>> = Arc::default();
-        let r2 = refused.clone();
+        let state: Arc<Mutex<LiftState>> = Arc::default();
+        let s2 = state.clone();
         let thread = std::thread::Builder::new()
             .name("vcpu-lift".into())
             .spawn(move || {
                 let _ = worker::priority::lift_current_thread(nice);
+                if realtime {
+                    let own = crate::hostcpu::own_tid();
+                    let prio = worker::priority::REALTIME_SERVICE;
+                    if let Err(e) = worker::priority::enter_fifo(own, prio) {
+                        tracing::warn!("vCPU lift's thread: {}", fifo_refusal(e, prio));
+                    }
+                }
                 let slice = Some(worker::priority::LIFT_SLICE_NS);
-                run(&rx, &registry, Lifts::with_slice(setter, nice, slice), &r2);
+                let lifts = Lifts::with_slice(setter, nice, slice).with_realtime(realtime);
+                run(&rx, &registry, lifts, &s2);
             })
             .ok();
         Lifter {
             tx: Some(tx),
             thread,
-            refused,
+            state,
         }
     }
 
     /// What the grant service sends the holders on (see `run`).
-    pub fn holders(&self) -> Option<Sender<Vec<u32>>> {
+    pub fn holders(&self) -> Option<Sender<Holders>> {
         self.thread.as_ref().and(self.tx.clone())
     }
 
     /// Why the lift stopped, if the host refused it.
     pub fn refused(&self) -> Option<String> {
-        self.refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.state().refused
+    }
+
+    /// Refusals and counts so far.
+    pub fn state(&self) -> LiftState {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -253,23 +392,47 @@ impl Drop for Lifter {
 }
 
 /// The lifter's loop: applies the newest set of holders each time one comes
-/// (several queued: only the last counts); ends, putting everything back,
-/// when every sender is gone.
+/// (several queued: only the last counts); at a round's deadline with
+/// threads still in `SCHED_FIFO` and nothing newer, takes them out of it;
+/// ends, putting everything back, when every sender is gone.
 fn run<P: PrioritySetter>(
-    rx: &Receiver<Vec<u32>>,
+    rx: &Receiver<Holders>,
     registry: &Registry,
     mut lifts: Lifts<P>,
-    refused: &Mutex<Option<String>>,
+    state: &Mutex<LiftState>,
 ) {
-    while let Ok(mut holders) = rx.recv() {
-        while let Ok(newer) = rx.try_recv() {
-            holders = newer;
+    let mut until: Option<Instant> = None;
+    loop {
+        let next = match until {
+            Some(t) => rx.recv_timeout(t.saturating_duration_since(Instant::now())),
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        let mut passed = false;
+        match next {
+            Ok(mut holders) => {
+                while let Ok(newer) = rx.try_recv() {
+                    holders = newer;
+                }
+                let targets: Vec<u32> = holders
+                    .vgpus
+                    .iter()
+                    .flat_map(|&v| registry.threads(v))
+                    .collect();
+                until = holders.realtime_until.filter(|&t| t > Instant::now());
+                lifts.apply_realtime(&targets, until.is_some());
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                until = None;
+                passed = !lifts.in_fifo().is_empty();
+                lifts.leave_realtime();
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
         }
-        let targets: Vec<u32> = holders.iter().flat_map(|&v| registry.threads(v)).collect();
-        lifts.apply(&targets);
-        if lifts.refused.is_some() {
-            *refused.lock().unwrap_or_else(|e| e.into_inner()) = lifts.refused.clone();
-        }
+        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        st.refused.clone_from(&lifts.refused);
+        st.realtime_refused.clone_from(&lifts.realtime_refused);
+        st.fifo_entries = lifts.fifo_entries;
+        st.deadlines_passed += u64::from(passed);
     }
 }
 
@@ -277,11 +440,15 @@ fn run<P: PrioritySetter>(
 mod tests {
     use super::*;
 
-    /// Nice values per thread in a map; `deny` refuses every raise.
+    /// Nice values per thread in a map, and the `SCHED_FIFO` priority of
+    /// those in it; `deny` refuses every raise, `deny_fifo` every move
+    /// into `SCHED_FIFO`.
     #[derive(Clone, Default)]
     struct Fake {
         nice: Arc<Mutex<HashMap<u32, i32>>>,
+        fifo: Arc<Mutex<HashMap<u32, u32>>>,
         deny: bool,
+        deny_fifo: bool,
     }
 
     impl PrioritySetter for Fake {
@@ -296,6 +463,34 @@ mod tests {
             }
             m.insert(tid, nice);
             Ok(())
+        }
+        fn enter_fifo(&self, tid: u32, prio: u32) -> Result<(), Errno> {
+            self.get(tid).ok_or(Errno::ESRCH)?;
+            if self.deny_fifo {
+                return Err(Errno::EPERM);
+            }
+            self.fifo.lock().unwrap().insert(tid, prio);
+            Ok(())
+        }
+        fn leave_fifo(&self, tid: u32, prio: u32, _: u64) -> Result<(), Errno> {
+            let mut m = self.fifo.lock().unwrap();
+            if m.get(&tid) == Some(&prio) {
+                m.remove(&tid);
+            }
+            Ok(())
+        }
+    }
+
+    fn in_fifo(f: &Fake) -> Vec<u32> {
+        let mut v: Vec<u32> = f.fifo.lock().unwrap().keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn held(vgpus: &[u32], realtime_until: Option<Instant>) -> Holders {
+        Holders {
+            vgpus: vgpus.to_vec(),
+            realtime_until,
         }
     }
 
@@ -345,6 +540,95 @@ mod tests {
         for (t, n) in [(10, 0), (11, 0), (20, 0), (30, 5)] {
             assert_eq!(nice_of(&f, t), n, "thread {t} after the lifter ends");
         }
+    }
+
+    #[test]
+    fn contended_holders_threads_are_real_time_only_while_another_waits() {
+        let f = fake(&[(10, 0), (11, 0), (20, 0)]);
+        let mut l = Lifts::with_slice(f.clone(), -10, Some(100_000)).with_realtime(true);
+        l.apply_realtime(&[10, 11], true);
+        assert_eq!(in_fifo(&f), [10, 11]);
+        assert_eq!((nice_of(&f, 10), f.fifo.lock().unwrap()[&10]), (-10, 1));
+        // Nobody waits any more (the service extends the slice): out of
+        // SCHED_FIFO, the nice lift kept.
+        l.apply_realtime(&[10, 11], false);
+        assert!(in_fifo(&f).is_empty());
+        assert_eq!(nice_of(&f, 11), -10);
+        l.apply_realtime(&[10, 11], true);
+        // The grant moves: the old holder's threads leave SCHED_FIFO and
+        // get their nice back; the new one's go in.
+        l.apply_realtime(&[20], true);
+        assert_eq!(in_fifo(&f), [20]);
+        assert_eq!((nice_of(&f, 10), nice_of(&f, 20)), (0, -10));
+        // Moved by someone else meanwhile: left where it was put.
+        f.fifo.lock().unwrap().insert(20, 7);
+        l.apply_realtime(&[], false);
+        assert_eq!(f.fifo.lock().unwrap().get(&20), Some(&7));
+        f.fifo.lock().unwrap().clear();
+        l.apply_realtime(&[10], true);
+        assert_eq!(l.fifo_entries, 6);
+        drop(l);
+        assert!(in_fifo(&f).is_empty(), "none left real-time by the lifter");
+        assert_eq!(nice_of(&f, 10), 0);
+    }
+
+    #[test]
+    fn without_the_real_time_lift_or_where_refused_only_the_nice_lift() {
+        let f = fake(&[(10, 0)]);
+        let mut off = Lifts::new(f.clone(), -10);
+        off.apply_realtime(&[10], true);
+        assert!(in_fifo(&f).is_empty());
+        assert_eq!(nice_of(&f, 10), -10);
+        drop(off);
+        let f = Fake {
+            deny_fifo: true,
+            ..fake(&[(10, 0), (20, 0)])
+        };
+        let mut l = Lifts::new(f.clone(), -10).with_realtime(true);
+        l.apply_realtime(&[10], true);
+        let why = l.realtime_refused.clone().unwrap();
+        assert!(
+            why.contains("CAP_SYS_NICE") && why.contains("SCHED_FIFO 1"),
+            "{why}"
+        );
+        assert_eq!(nice_of(&f, 10), -10, "the nice lift goes on");
+        l.apply_realtime(&[20], true);
+        assert_eq!((nice_of(&f, 10), nice_of(&f, 20)), (0, -10));
+        assert!(l.refused.is_none() && l.fifo_entries == 0);
+    }
+
+    #[test]
+    fn the_lifter_takes_threads_out_of_fifo_at_the_rounds_deadline() {
+        let f = fake(&[(10, 0), (20, 0)]);
+        let reg = Registry::default();
+        reg.set_vcpus(0, vec![10]);
+        reg.set_vcpus(1, vec![20]);
+        let lifter = Lifter::start(reg, -5, f.clone(), true);
+        let tx = lifter.holders().unwrap();
+        let wait_for = |what: &dyn Fn() -> bool| {
+            let t = Instant::now();
+            while !what() && t.elapsed().as_secs() < 5 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            what()
+        };
+        let until = Instant::now() + std::time::Duration::from_millis(300);
+        tx.send(held(&[0], Some(until))).unwrap();
+        assert!(wait_for(&|| in_fifo(&f) == [10]));
+        // Nothing more from the service: out at the deadline, not before,
+        // the nice lift kept.
+        assert!(wait_for(&|| in_fifo(&f).is_empty()));
+        assert!(Instant::now() >= until);
+        assert_eq!(nice_of(&f, 10), -5);
+        let st = lifter.state();
+        assert_eq!((st.fifo_entries, st.deadlines_passed), (1, 1));
+        // A deadline already past lifts the nice alone.
+        tx.send(held(&[1], Some(Instant::now()))).unwrap();
+        assert!(wait_for(&|| nice_of(&f, 20) == -5));
+        assert!(in_fifo(&f).is_empty());
+        drop(tx);
+        drop(lifter);
+        assert!(wait_for(&|| nice_of(&f, 20) == 0));
     }
 
     #[test]
@@ -404,10 +688,10 @@ mod tests {
         let reg = Registry::default();
         reg.set_vcpus(0, vec![10]);
         reg.set_vcpus(1, vec![20]);
-        let lifter = Lifter::start(reg, -5, f.clone());
+        let lifter = Lifter::start(reg, -5, f.clone(), false);
         let tx = lifter.holders().unwrap();
-        tx.send(vec![0]).unwrap();
-        tx.send(vec![1]).unwrap();
+        tx.send(held(&[0], None)).unwrap();
+        tx.send(held(&[1], None)).unwrap();
         let t = std::time::Instant::now();
         while nice_of(&f, 20) != -5 && t.elapsed().as_secs() < 5 {
             std::thread::sleep(std::time::Duration::from_millis(5));

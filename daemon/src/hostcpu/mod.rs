@@ -15,6 +15,18 @@
 //! - vCPU lift (`[daemon] vcpu_lift`, FairGV's GPU-centric coscheduling):
 //!   while a VM holds its GPU's grant, its vCPU threads (or its native guest
 //!   processes' threads) run at the lifted value too (`lift.rs`).
+//! - real-time lift (`[daemon] realtime`, off by default): while another
+//!   vGPU waits for the GPU, the holder's vCPU threads, its worker's
+//!   serving thread and the grant services' threads run in `SCHED_FIFO`
+//!   (priorities 1, 2, 3), each only until the round's deadline. A lifted
+//!   fair-class thread still cedes about a tenth of its CPU to a busy
+//!   nice-0 thread, in pieces up to a tick long, and a guest launching
+//!   short kernels loses its GPU time with it; in `SCHED_FIFO` it does
+//!   not. The cost: other threads on those CPUs (other VMs' vCPUs, the
+//!   host's own) wait up to a slice (the kernel keeps them 5% of each
+//!   CPU). A thread made meanwhile starts in the fair class (reset on
+//!   fork). Needs CAP_SYS_NICE and, where the kernel has real-time group
+//!   scheduling, real-time runtime for the daemon's and the VMs' cgroups.
 //! - reserved CPUs (`[daemon] cpus = "0-1"`): the daemon pins itself at
 //!   start, and its threads and workers inherit the mask (`cpus.rs`).
 //! - cgroup v2 (`[daemon] cgroup_cpu_weight`): workers in a child cgroup
@@ -65,24 +77,41 @@ pub struct Report {
     pub priority: Opt,
     /// The grant holder's vCPU threads at a raised nice.
     pub vcpu_lift: Opt,
+    /// A contended holder's threads in `SCHED_FIFO`.
+    pub realtime: Opt,
     /// Reserved CPUs.
     pub cpus: Opt,
     /// Workers in a cgroup v2 child with a higher `cpu.weight`.
     pub cgroup: Opt,
 }
 
+/// Each option's key in the status (`host_cpu`) and its name in a line,
+/// in [`Report::lines`]' order (`fairvgpu status` renders the same).
+pub const OPTIONS: [(&str, &str); 5] = [
+    ("priority", "priority lift"),
+    ("vcpu_lift", "vCPU lift"),
+    ("realtime", "real-time lift"),
+    ("cpus", "reserved CPUs"),
+    ("cgroup", "cgroup"),
+];
+
 impl Report {
     /// One line per option, as `fairvgpu status` and the bench print them.
     pub fn lines(&self) -> Vec<String> {
-        [
-            ("priority lift", &self.priority),
-            ("vCPU lift", &self.vcpu_lift),
-            ("reserved CPUs", &self.cpus),
-            ("cgroup", &self.cgroup),
-        ]
-        .iter()
-        .map(|(name, o)| format!("{name}: {} ({})", if o.on { "on" } else { "off" }, o.detail))
-        .collect()
+        let opts = [
+            &self.priority,
+            &self.vcpu_lift,
+            &self.realtime,
+            &self.cpus,
+            &self.cgroup,
+        ];
+        OPTIONS
+            .iter()
+            .zip(opts)
+            .map(|((_, name), o)| {
+                format!("{name}: {} ({})", if o.on { "on" } else { "off" }, o.detail)
+            })
+            .collect()
     }
 }
 
@@ -93,7 +122,9 @@ pub struct ServiceLift {
     pub nice: Option<i32>,
     /// Where it sends the set of holders each time it changes (the vCPU
     /// lift's thread), if the vCPU lift is on.
-    pub holders: Option<Sender<Vec<u32>>>,
+    pub holders: Option<Sender<lift::Holders>>,
+    /// Its thread in `SCHED_FIFO` (the real-time lift).
+    pub realtime: bool,
 }
 
 pub use worker::priority::lift_current_thread;
@@ -123,12 +154,29 @@ fn probe_priority(p: &impl PrioritySetter, tid: u32, nice: i32) -> Opt {
     }
 }
 
+/// Whether threads may go into `SCHED_FIFO` here: tried on thread `tid`
+/// (the probe's own), which goes back after.
+fn probe_realtime(p: &impl PrioritySetter, tid: u32) -> Opt {
+    let prio = worker::priority::REALTIME_SERVICE;
+    match p.enter_fifo(tid, prio) {
+        Ok(()) => {
+            let _ = p.leave_fifo(tid, prio, 0);
+            Opt::on(
+                "while another vGPU waits, the holder's vCPU threads, its worker's serving thread and the grant services in SCHED_FIFO 1/2/3 until the round's deadline",
+            )
+        }
+        Err(e) => Opt::off(worker::priority::fifo_refusal(e, prio)),
+    }
+}
+
 /// The options a daemon runs with, and what they need at run time.
 #[derive(Debug)]
 pub struct HostCpu {
     report: Mutex<Report>,
     /// The lifted nice value, if the priority lift is on.
     nice: Option<i32>,
+    /// The real-time lift is on.
+    realtime: bool,
     lifter: Option<Lifter>,
     /// Where the vCPU lift finds each vGPU's threads.
     pub registry: Registry,
@@ -168,7 +216,7 @@ impl HostCpu {
                 Err(why) => (None, Opt::off(why)),
             }
         };
-        let mut h = Self::lifts(d.priority, d.vcpu_lift, SysPriority);
+        let mut h = Self::lifts(d.priority, d.vcpu_lift, SysPriority, d.realtime);
         h.cgroup = cgroup;
         {
             let mut r = h.report.lock().unwrap_or_else(|e| e.into_inner());
@@ -181,15 +229,22 @@ impl HostCpu {
         h
     }
 
-    /// The priority and vCPU lifts alone (what the bench uses: no pinning,
-    /// no cgroup), with `setter` for the vCPU threads.
-    pub fn lifts<P: PrioritySetter>(priority: i32, vcpu_lift: bool, setter: P) -> HostCpu {
-        let probe = std::thread::spawn(move || {
+    /// The priority, vCPU and (with `realtime`) real-time lifts alone
+    /// (what the bench uses: no pinning, no cgroup), with `setter` for the
+    /// vCPU threads.
+    pub fn lifts<P: PrioritySetter>(
+        priority: i32,
+        vcpu_lift: bool,
+        setter: P,
+        realtime: bool,
+    ) -> HostCpu {
+        let (probe, rt_probe) = std::thread::spawn(move || {
             let tid = own_tid();
-            probe_priority(&SysPriority, tid, priority)
+            let rt = realtime.then(|| probe_realtime(&SysPriority, tid));
+            (probe_priority(&SysPriority, tid, priority), rt)
         })
         .join()
-        .unwrap_or_else(|_| Opt::off("the probe failed"));
+        .unwrap_or_else(|_| (Opt::off("the probe failed"), None));
         let nice = probe.on.then_some(priority);
         let registry = Registry::default();
         let (lifter, vcpu) = match (vcpu_lift, nice) {
@@ -202,20 +257,32 @@ impl HostCpu {
                 )),
             ),
             (true, Some(n)) => (
-                Some(Lifter::start(registry.clone(), n, setter)),
+                Some(n),
                 Opt::on(format!(
                     "the threads of the VM holding a GPU at nice {n} while it holds it"
                 )),
             ),
         };
+        // The real-time lift lifts the threads the vCPU lift chooses.
+        let realtime = match (rt_probe, lifter) {
+            (None, _) => Opt::off("[daemon] realtime = false"),
+            (Some(_), None) => Opt::off(format!(
+                "needs the vCPU lift, which is off: {}",
+                vcpu.detail
+            )),
+            (Some(p), Some(_)) => p,
+        };
+        let lifter = lifter.map(|n| Lifter::start(registry.clone(), n, setter, realtime.on));
         HostCpu {
             report: Mutex::new(Report {
                 priority: probe,
                 vcpu_lift: vcpu,
+                realtime: realtime.clone(),
                 cpus: Opt::off("not set"),
                 cgroup: Opt::off("not set"),
             }),
             nice,
+            realtime: realtime.on,
             lifter,
             registry,
             cgroup: None,
@@ -228,10 +295,12 @@ impl HostCpu {
             report: Mutex::new(Report {
                 priority: Opt::off(why),
                 vcpu_lift: Opt::off(why),
+                realtime: Opt::off(why),
                 cpus: Opt::off(why),
                 cgroup: Opt::off(why),
             }),
             nice: None,
+            realtime: false,
             lifter: None,
             registry: Registry::default(),
             cgroup: None,
@@ -241,8 +310,13 @@ impl HostCpu {
     /// The options' state now (a vCPU lift the host refused later reads off).
     pub fn report(&self) -> Report {
         let mut r = self.report.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(why) = self.lifter.as_ref().and_then(Lifter::refused) {
-            r.vcpu_lift = Opt::off(why);
+        if let Some(st) = self.lifter.as_ref().map(Lifter::state) {
+            if let Some(why) = st.refused {
+                r.vcpu_lift = Opt::off(why);
+            }
+            if let Some(why) = st.realtime_refused {
+                r.realtime = Opt::off(why);
+            }
         }
         r.clone()
     }
@@ -258,11 +332,23 @@ impl HostCpu {
         self.nice
     }
 
+    /// Whether the real-time lift is on (a worker's serving thread then
+    /// goes into `SCHED_FIFO` while it holds a contended grant).
+    pub fn realtime(&self) -> bool {
+        self.realtime
+    }
+
+    /// What the vCPU lift's thread has done, if it runs.
+    pub fn lift_state(&self) -> Option<lift::LiftState> {
+        self.lifter.as_ref().map(Lifter::state)
+    }
+
     /// What a grant service gets.
     pub fn service_lift(&self) -> ServiceLift {
         ServiceLift {
             nice: self.nice,
             holders: self.lifter.as_ref().and_then(Lifter::holders),
+            realtime: self.realtime,
         }
     }
 
@@ -318,7 +404,7 @@ mod tests {
 
     #[test]
     fn the_vcpu_lift_needs_the_priority_lift_and_says_so() {
-        let h = HostCpu::lifts(0, true, Fixed(Ok(())));
+        let h = HostCpu::lifts(0, true, Fixed(Ok(())), true);
         let r = h.report();
         assert!(!r.priority.on && !r.vcpu_lift.on);
         assert!(
@@ -326,8 +412,11 @@ mod tests {
             "{r:?}"
         );
         assert!(h.service_lift().holders.is_none() && h.nice().is_none());
-        let h = HostCpu::lifts(0, false, Fixed(Ok(())));
+        assert!(!r.realtime.on && r.realtime.detail.contains("needs the vCPU lift"));
+        assert!(!h.realtime() && !h.service_lift().realtime);
+        let h = HostCpu::lifts(0, false, Fixed(Ok(())), false);
         assert_eq!(h.report().vcpu_lift, Opt::off("[daemon] vcpu_lift = false"));
+        assert_eq!(h.report().realtime, Opt::off("[daemon] realtime = false"));
     }
 
     #[test]
@@ -335,10 +424,15 @@ mod tests {
         let h = HostCpu::off("not in this test");
         h.set(|r| r.cpus = Opt::on("daemon on CPUs 0-1"));
         let lines = h.report().lines();
-        assert_eq!(lines.len(), 4);
-        assert_eq!(lines[2], "reserved CPUs: on (daemon on CPUs 0-1)");
+        assert_eq!(lines.len(), 5);
+        assert_eq!(lines[3], "reserved CPUs: on (daemon on CPUs 0-1)");
+        assert_eq!(lines[2], "real-time lift: off (not in this test)");
         assert_eq!(lines[0], "priority lift: off (not in this test)");
         let json = serde_json::to_value(h.report()).unwrap();
+        // The status's keys are the ones `fairvgpu status` looks up.
+        for (key, _) in OPTIONS {
+            assert!(json[key].is_object(), "{key} in {json}");
+        }
         assert_eq!(json["cpus"]["on"], true);
         assert_eq!(json["cgroup"]["detail"], "not in this test");
     }
@@ -347,7 +441,7 @@ mod tests {
     fn where_this_process_may_raise_priorities_the_lifts_are_on() {
         // As root or with CAP_SYS_NICE (the CI machine) on; otherwise off
         // with the reason. Either way the report says which.
-        let h = HostCpu::lifts(-5, true, SysPriority);
+        let h = HostCpu::lifts(-5, true, SysPriority, true);
         let r = h.report();
         let allowed = std::thread::spawn(|| lift_current_thread(-5).is_ok())
             .join()
@@ -355,5 +449,39 @@ mod tests {
         assert_eq!(r.priority.on, allowed, "{r:?}");
         assert_eq!(r.vcpu_lift.on, allowed, "{r:?}");
         assert_eq!(h.service_lift().holders.is_some(), allowed);
+        let fifo = std::thread::spawn(|| {
+            let tid = own_tid();
+            let ok = worker::priority::enter_fifo(tid, 3).is_ok();
+            let _ = worker::priority::leave_fifo(tid, 3, 0);
+            ok
+        })
+        .join()
+        .unwrap();
+        assert_eq!(r.realtime.on, allowed && fifo, "{r:?}");
+        assert_eq!(h.service_lift().realtime, r.realtime.on);
+    }
+
+    /// Refuses `SCHED_FIFO`, or lets it.
+    struct Rt(Result<(), Errno>);
+    impl PrioritySetter for Rt {
+        fn get(&self, _: u32) -> Option<i32> {
+            Some(0)
+        }
+        fn set(&self, _: u32, _: i32) -> Result<(), Errno> {
+            Ok(())
+        }
+        fn enter_fifo(&self, _: u32, _: u32) -> Result<(), Errno> {
+            self.0
+        }
+    }
+
+    #[test]
+    fn the_real_time_probe_reports_on_or_off_with_the_reason() {
+        let on = probe_realtime(&Rt(Ok(())), 1);
+        assert!(on.on && on.detail.contains("SCHED_FIFO 1/2/3"), "{on:?}");
+        let off = probe_realtime(&Rt(Err(Errno::EPERM)), 1);
+        assert!(!off.on, "{off:?}");
+        assert!(off.detail.contains("CAP_SYS_NICE"), "{off:?}");
+        assert!(off.detail.contains("real-time group scheduling"), "{off:?}");
     }
 }
