@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: builds against each other on a busy host (issue 32).
 # BUILDS: directories each holding a built `fairvgpu` (for instance
-# .carry/new .carry/old); ROUNDS times (default 2), the order reversed every
+# .carry/new .carry/old; `.carry/new+--realtime` runs .carry/new's with the
+# real-time lift); ROUNDS times (default 2), the order reversed every
 # other round, each build's `bench fairness --executor cuda --seconds SECS
 # --hogs HOGS` (host CPU lifts on, the bench's default), which measures
 # beside the hogs (alone rates beside the same hogs) and then on the quiet

@@ -41,19 +41,23 @@ fairness_summary() {
 }
 
 # Builds against each other: `$b/fairvgpu ARGS...` for each directory b in
-# $BUILDS, $1 rounds, the order reversed every other round. Each run's output
+# $BUILDS (an entry `dir+--flag` runs dir's binary with `--flag` last), $1 rounds, the order reversed every other round. Each run's output
 # is appended to the log $2, and a line per run (to the log and stdout)
 # names the build, its exit status and what `$3 OUTPUT` makes of its output.
 # usage: alternate_builds ROUNDS LOG SUMMARY ARGS...
 alternate_builds() {
-  local rounds=$1 log=$2 summary=$3 round order b rc
+  local rounds=$1 log=$2 summary=$3 round order b rc dir extra
   shift 3
   for round in $(seq "$rounds"); do
     order=$BUILDS
     [ $((round % 2)) -eq 0 ] && order=$(echo "$BUILDS" | tr ' ' '\n' | tac | tr '\n' ' ')
     for b in $order; do
-      echo "== round $round: $b/fairvgpu $*" >> "$log"
-      RUST_LOG=warn timeout 300 "$b/fairvgpu" "$@" > "$OUT/run.txt" 2>&1
+      # A build "dir+--flag" runs dir's binary with --flag after the rest.
+      dir=${b%%+*} extra=""
+      [ "$dir" != "$b" ] && extra=${b#*+}
+      echo "== round $round: $dir/fairvgpu $* $extra" >> "$log"
+      # shellcheck disable=SC2086 # the extra flags split at spaces
+      RUST_LOG=warn timeout 300 "$dir/fairvgpu" "$@" $extra > "$OUT/run.txt" 2>&1
       rc=$?
       cat "$OUT/run.txt" >> "$log"
       echo "$b rc=$rc $("$summary" "$OUT/run.txt")" | tee -a "$log"
