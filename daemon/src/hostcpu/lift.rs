@@ -313,6 +313,8 @@ pub struct LiftState {
     /// Times a round's deadline passed with threads still in `SCHED_FIFO`
     /// and no word from the service: they left it then.
     pub deadlines_passed: u64,
+    /// Sets of holders taken from the channel so far (the newest applied).
+    pub taken: u64,
 }
 
 /// The lifter's thread: takes each new set of holders and lifts their
@@ -376,6 +378,24 @@ impl Lifter {
     pub fn state(&self) -> LiftState {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
+
+    /// Puts every lifted thread back (no holders), waiting up to `wait`
+    /// for the lift's thread to have done it: a daemon that stops leaves
+    /// no VM's thread lifted, real-time least of all. True if done.
+    pub fn put_back(&self, wait: std::time::Duration) -> bool {
+        let (Some(tx), Some(_)) = (&self.tx, &self.thread) else {
+            return true;
+        };
+        let before = self.state().taken;
+        if tx.send(Holders::default()).is_err() {
+            return false;
+        }
+        let t = Instant::now();
+        while self.state().taken == before && t.elapsed() < wait {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.state().taken > before
+    }
 }
 
 impl Drop for Lifter {
@@ -407,11 +427,13 @@ fn run<P: PrioritySetter>(
             Some(t) => rx.recv_timeout(t.saturating_duration_since(Instant::now())),
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
-        let mut passed = false;
+        let (mut passed, mut taken) = (false, 0);
         match next {
             Ok(mut holders) => {
+                taken += 1;
                 while let Ok(newer) = rx.try_recv() {
                     holders = newer;
+                    taken += 1;
                 }
                 let targets: Vec<u32> = holders
                     .vgpus
@@ -433,6 +455,7 @@ fn run<P: PrioritySetter>(
         st.realtime_refused.clone_from(&lifts.realtime_refused);
         st.fifo_entries = lifts.fifo_entries;
         st.deadlines_passed += u64::from(passed);
+        st.taken += taken;
     }
 }
 
@@ -622,6 +645,16 @@ mod tests {
         assert_eq!(nice_of(&f, 10), -5);
         let st = lifter.state();
         assert_eq!((st.fifo_entries, st.deadlines_passed), (1, 1));
+        // Put back on demand (a daemon that stops): nobody lifted.
+        tx.send(held(
+            &[0],
+            Some(Instant::now() + std::time::Duration::from_secs(9)),
+        ))
+        .unwrap();
+        assert!(wait_for(&|| in_fifo(&f) == [10]));
+        assert!(lifter.put_back(std::time::Duration::from_secs(5)));
+        assert!(in_fifo(&f).is_empty());
+        assert_eq!(nice_of(&f, 10), 0);
         // A deadline already past lifts the nice alone.
         tx.send(held(&[1], Some(Instant::now()))).unwrap();
         assert!(wait_for(&|| nice_of(&f, 20) == -5));

@@ -343,6 +343,16 @@ impl HostCpu {
         self.lifter.as_ref().map(Lifter::state)
     }
 
+    /// Every thread the vCPU lift raised gets its own nice and class back
+    /// (the daemon stopping); waits up to a second for it.
+    pub fn put_back(&self) {
+        if let Some(l) = &self.lifter {
+            if !l.put_back(std::time::Duration::from_secs(1)) {
+                tracing::warn!("the vCPU lift did not put its threads back within 1 s");
+            }
+        }
+    }
+
     /// What a grant service gets.
     pub fn service_lift(&self) -> ServiceLift {
         ServiceLift {

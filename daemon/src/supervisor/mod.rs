@@ -202,6 +202,8 @@ impl Supervisor {
         for e in &mut self.ending {
             let _ = e.child.wait();
         }
+        // No VM's vCPU thread stays lifted (or real-time) after the daemon.
+        self.launcher.host_cpu.put_back();
         drop(std::mem::take(&mut self.hosts));
         self.plane.config()
     }
