@@ -18,10 +18,11 @@ loop is mostly the CPU's: the figures say how the host's CPU options hold a
 VM's share, not how fast anything is.
 
 usage: scripts/vm-fairness.py [--hogs N] [--seconds S] [--lift on|off]
-           [--accel kvm|tcg] [--image DIR] [--fairvgpu BIN]
+           [--realtime] [--accel kvm|tcg] [--image DIR] [--fairvgpu BIN]
+(--realtime: `[daemon] realtime = true`, the real-time lift besides the lifts.)
 Needs a built fairvgpu (cargo build --release -p cli) and a guest image
 (vm-images/build.sh). Last line:
-    vms=3 hogs=N lift=on|off vm_mmr=... vm_throughput=...
+    vms=3 hogs=N lift=on|off realtime=on|off vm_mmr=... vm_throughput=...
 """
 
 import argparse
@@ -39,12 +40,13 @@ WEIGHTS = [1, 2, 3]
 WARMUP_S = 1.0
 
 
-def config(run_dir, lift):
+def config(run_dir, lift, realtime):
     text = f'''[daemon]
 run_dir = "{run_dir}"
 executor = "sim"
 priority = {-10 if lift else 0}
 vcpu_lift = {"true" if lift else "false"}
+realtime = {"true" if realtime else "false"}
 
 [layout]
 channels = 8
@@ -151,15 +153,18 @@ def main():
     p.add_argument("--hogs", type=int, default=2)
     p.add_argument("--seconds", type=int, default=20)
     p.add_argument("--lift", choices=["on", "off"], default="on")
+    p.add_argument("--realtime", action="store_true")
     p.add_argument("--accel", choices=["kvm", "tcg"])
     p.add_argument("--image", type=Path, default=ROOT / "target/vm")
     p.add_argument("--fairvgpu", type=Path, default=ROOT / "target/release/fairvgpu")
     args = p.parse_args()
+    if args.realtime and args.lift == "off":
+        sys.exit("--realtime needs the lifts (--lift on)")
     if not (args.image / "vmlinuz").exists():
         sys.exit(f"no guest image in {args.image}: run vm-images/build.sh")
     tmp = Path(tempfile.mkdtemp(prefix="fvg-vm-fairness-"))
     cfg = tmp / "host.toml"
-    cfg.write_text(config(tmp / "run", args.lift == "on"))
+    cfg.write_text(config(tmp / "run", args.lift == "on", args.realtime))
     log = open(tmp / "daemon.log", "w")
     daemon = subprocess.Popen([str(args.fairvgpu), "serve", "--config", str(cfg)],
                               stdout=log, stderr=subprocess.STDOUT,
@@ -171,6 +176,11 @@ def main():
             if time.monotonic() > deadline or daemon.poll() is not None:
                 sys.exit(f"the daemon did not start: {(tmp / 'daemon.log').read_text()}")
             time.sleep(0.1)
+        status = subprocess.run([str(args.fairvgpu), "status", "--config", str(cfg)],
+                                capture_output=True, text=True).stdout
+        for line in status.splitlines():
+            if "lift:" in line:
+                print(f"daemon: {line}")
         hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"])
                 for _ in range(args.hogs)]
         print(f"{args.hogs} busy loops on {os.cpu_count()} CPUs; lifts {args.lift}; "
@@ -195,7 +205,8 @@ def main():
         for g in range(3):
             print(f"vm{g}  {WEIGHTS[g]:>5}  {KERNELS_US[g]:>9}  {alone[g]:>7.1f}"
                   f"  {shared[g]:>10.1f}  {share[g]:.3f}  {fair[g]:.3f}")
-        print(f"vms=3 hogs={args.hogs} lift={args.lift} vm_mmr={mmr:.3f} "
+        rt = "on" if args.realtime else "off"
+        print(f"vms=3 hogs={args.hogs} lift={args.lift} realtime={rt} vm_mmr={mmr:.3f} "
               f"vm_throughput={throughput:.3f}")
     finally:
         for h in hogs:
