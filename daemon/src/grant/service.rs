@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
-use crate::hostcpu::lift::Holders;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use sched::GpuScheduler;
 use wire::grant::*;
@@ -18,6 +17,7 @@ use wire::grant::*;
 use super::conn::{Conn, Heard};
 use super::group::Group;
 use super::{corun, hold_limit, Usage, VgpuLive, HELLO_WAIT};
+use crate::hostcpu::lift::Holders;
 
 /// How long the service sleeps while no vGPU holds or wants its GPU: the
 /// latest a daemon's command (a weight changed, a vGPU leaving) is taken.
@@ -723,11 +723,6 @@ impl Service {
         let Some(tx) = &self.lift else {
             return;
         };
-        let vgpus: Vec<u32> = self
-            .holder
-            .into_iter()
-            .chain(self.co.holders.keys().copied())
-            .collect();
         let contended = self.holder.is_some() && !self.alone;
         let realtime_until = contended.then(|| {
             self.co
@@ -735,14 +730,19 @@ impl Service {
                 .values()
                 .fold(self.deadline, |a, &b| a.max(b))
         });
-        let now = Holders {
-            vgpus,
-            realtime_until,
+        let holders = || {
+            self.holder
+                .into_iter()
+                .chain(self.co.holders.keys().copied())
         };
-        let same = now.vgpus.len() == self.lifted.vgpus.len()
-            && now.vgpus.iter().all(|v| self.lifted.vgpus.contains(v))
-            && now.realtime_until == self.lifted.realtime_until;
+        let same = realtime_until == self.lifted.realtime_until
+            && holders().count() == self.lifted.vgpus.len()
+            && holders().all(|v| self.lifted.vgpus.contains(&v));
         if !same {
+            let now = Holders {
+                vgpus: holders().collect(),
+                realtime_until,
+            };
             let _ = tx.send(now.clone());
             self.lifted = now;
         }
