@@ -95,6 +95,11 @@ impl Gate {
         self
     }
 
+    /// Whether the real-time lift is on for this gate (and was not refused).
+    pub fn realtime(&self) -> bool {
+        self.fifo.on()
+    }
+
     /// Times the serving thread went into `SCHED_FIFO` so far.
     pub fn realtime_entries(&self) -> u64 {
         self.fifo.entered

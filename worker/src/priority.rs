@@ -443,6 +443,12 @@ pub fn leave_fifo(tid: u32, prio: u32, slice_ns: u64) -> Result<(), Errno> {
     )
 }
 
+/// Moves the calling thread into `SCHED_FIFO` at `prio` (see
+/// [`enter_fifo`]); the error says why not, as [`fifo_refusal`] words it.
+pub fn fifo_current_thread(prio: u32) -> Result<(), String> {
+    enter_fifo(current_tid(), prio).map_err(|e| fifo_refusal(e, prio))
+}
+
 /// Thread `tid`'s `SCHED_FIFO` priority, `None` in any other class.
 pub fn fifo_priority(tid: u32) -> Result<Option<u32>, Errno> {
     let a = sched_getattr(tid)?;
@@ -511,6 +517,11 @@ impl OwnFifo {
                 tracing::warn!("worker: leaving SCHED_FIFO: {e}");
             }
         }
+    }
+
+    /// Whether it still enters (`on`, and never refused).
+    pub fn on(&self) -> bool {
+        self.on
     }
 
     /// Whether a thread is in `SCHED_FIFO` by this now.

@@ -167,9 +167,7 @@ impl GrantService {
                 }
                 if lift.realtime {
                     let prio = worker::priority::REALTIME_SERVICE;
-                    let own = crate::hostcpu::own_tid();
-                    if let Err(e) = worker::priority::enter_fifo(own, prio) {
-                        let why = worker::priority::fifo_refusal(e, prio);
+                    if let Err(why) = worker::priority::fifo_current_thread(prio) {
                         tracing::warn!("grant service: {why}");
                     }
                 }

@@ -97,7 +97,7 @@ impl<P: PrioritySetter> Lifts<P> {
         self
     }
 
-    /// [`Lifts::apply`], and with `realtime` (another vGPU waits) the
+    /// The nice lift of [`Lifts::apply`], and with `realtime` (another vGPU waits) the
     /// targets into `SCHED_FIFO` at [`REALTIME_VCPU`] as well, where the
     /// real-time lift is on; without, every thread this put there leaves
     /// it. A thread leaves `SCHED_FIFO` before it gets its nice back. The
@@ -114,7 +114,7 @@ impl<P: PrioritySetter> Lifts<P> {
         for tid in out {
             self.leave_fifo(tid);
         }
-        self.apply(targets);
+        self.apply_nice(targets);
         if !keep {
             return;
         }
@@ -141,11 +141,13 @@ impl<P: PrioritySetter> Lifts<P> {
     }
 
     /// Every thread this put in `SCHED_FIFO` back in the fair class, its
-    /// nice lift kept.
-    pub fn leave_realtime(&mut self) {
+    /// nice lift kept; true if there was any.
+    pub fn leave_realtime(&mut self) -> bool {
+        let any = !self.fifo.is_empty();
         for tid in std::mem::take(&mut self.fifo) {
             self.leave_fifo(tid);
         }
+        any
     }
 
     /// Thread `tid` out of `SCHED_FIFO`, at the lifted slice if it keeps
@@ -157,18 +159,20 @@ impl<P: PrioritySetter> Lifts<P> {
         let _ = self.setter.leave_fifo(tid, REALTIME_VCPU, slice);
     }
 
-    /// Threads in `SCHED_FIFO` by this now.
-    pub fn in_fifo(&self) -> Vec<u32> {
-        self.fifo.iter().copied().collect()
-    }
-
     /// Makes `targets` (thread ids) the lifted set: threads lifted before
     /// and not in it get their own nice back (unless something else changed
     /// it meanwhile: then it is left alone), the new ones are lifted. A
     /// thread already at the lifted value or higher is left as it is. The
     /// first refusal (no CAP_SYS_NICE) turns lifting off for good, with the
     /// reason in [`Lifts::refused`]; a thread that has gone is skipped.
+    /// Any thread this put in `SCHED_FIFO` leaves it.
     pub fn apply(&mut self, targets: &[u32]) {
+        self.apply_realtime(targets, false);
+    }
+
+    /// The nice part of [`Lifts::apply`] (threads in `SCHED_FIFO` by this
+    /// have left it first, in [`Lifts::apply_realtime`]).
+    fn apply_nice(&mut self, targets: &[u32]) {
         self.changes += 1;
         let drop: Vec<u32> = self
             .lifted
@@ -177,9 +181,6 @@ impl<P: PrioritySetter> Lifts<P> {
             .copied()
             .collect();
         for tid in drop {
-            if self.fifo.contains(&tid) {
-                self.leave_fifo(tid);
-            }
             if let Some(before) = self.lifted.remove(&tid) {
                 if self.setter.get(tid) == Some(self.nice) {
                     let _ = match self.slice_ns {
@@ -233,7 +234,7 @@ impl<P: PrioritySetter> Lifts<P> {
 
 impl<P: PrioritySetter> Drop for Lifts<P> {
     fn drop(&mut self) {
-        self.apply_realtime(&[], false);
+        self.apply(&[]);
     }
 }
 
@@ -346,10 +347,9 @@ impl Lifter {
             .spawn(move || {
                 let _ = worker::priority::lift_current_thread(nice);
                 if realtime {
-                    let own = crate::hostcpu::own_tid();
                     let prio = worker::priority::REALTIME_SERVICE;
-                    if let Err(e) = worker::priority::enter_fifo(own, prio) {
-                        tracing::warn!("vCPU lift's thread: {}", fifo_refusal(e, prio));
+                    if let Err(why) = worker::priority::fifo_current_thread(prio) {
+                        tracing::warn!("vCPU lift's thread: {why}");
                     }
                 }
                 let slice = Some(worker::priority::LIFT_SLICE_NS);
@@ -445,8 +445,7 @@ fn run<P: PrioritySetter>(
             }
             Err(RecvTimeoutError::Timeout) => {
                 until = None;
-                passed = !lifts.in_fifo().is_empty();
-                lifts.leave_realtime();
+                passed = lifts.leave_realtime();
             }
             Err(RecvTimeoutError::Disconnected) => break,
         }
@@ -508,6 +507,16 @@ mod tests {
         let mut v: Vec<u32> = f.fifo.lock().unwrap().keys().copied().collect();
         v.sort_unstable();
         v
+    }
+
+    /// Polls `what` every millisecond for up to 5 s (the lifter's thread
+    /// acts on its own time); its last answer.
+    fn wait_for(what: &dyn Fn() -> bool) -> bool {
+        let t = Instant::now();
+        while !what() && t.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        what()
     }
 
     fn held(vgpus: &[u32], realtime_until: Option<Instant>) -> Holders {
@@ -628,13 +637,6 @@ mod tests {
         reg.set_vcpus(1, vec![20]);
         let lifter = Lifter::start(reg, -5, f.clone(), true);
         let tx = lifter.holders().unwrap();
-        let wait_for = |what: &dyn Fn() -> bool| {
-            let t = Instant::now();
-            while !what() && t.elapsed().as_secs() < 5 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            what()
-        };
         let until = Instant::now() + std::time::Duration::from_millis(300);
         tx.send(held(&[0], Some(until))).unwrap();
         assert!(wait_for(&|| in_fifo(&f) == [10]));
@@ -725,17 +727,11 @@ mod tests {
         let tx = lifter.holders().unwrap();
         tx.send(held(&[0], None)).unwrap();
         tx.send(held(&[1], None)).unwrap();
-        let t = std::time::Instant::now();
-        while nice_of(&f, 20) != -5 && t.elapsed().as_secs() < 5 {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        wait_for(&|| nice_of(&f, 20) == -5);
         assert_eq!((nice_of(&f, 10), nice_of(&f, 20)), (0, -5));
         drop(tx);
         drop(lifter);
-        let t = std::time::Instant::now();
-        while nice_of(&f, 20) != 0 && t.elapsed().as_secs() < 5 {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        wait_for(&|| nice_of(&f, 20) == 0);
         assert_eq!(nice_of(&f, 20), 0, "put back when the lifter ends");
     }
 }

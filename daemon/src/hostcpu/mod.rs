@@ -247,7 +247,7 @@ impl HostCpu {
         .unwrap_or_else(|_| (Opt::off("the probe failed"), None));
         let nice = probe.on.then_some(priority);
         let registry = Registry::default();
-        let (lifter, vcpu) = match (vcpu_lift, nice) {
+        let (lift_nice, vcpu) = match (vcpu_lift, nice) {
             (false, _) => (None, Opt::off("[daemon] vcpu_lift = false")),
             (true, None) => (
                 None,
@@ -264,7 +264,7 @@ impl HostCpu {
             ),
         };
         // The real-time lift lifts the threads the vCPU lift chooses.
-        let realtime = match (rt_probe, lifter) {
+        let realtime = match (rt_probe, lift_nice) {
             (None, _) => Opt::off("[daemon] realtime = false"),
             (Some(_), None) => Opt::off(format!(
                 "needs the vCPU lift, which is off: {}",
@@ -272,7 +272,7 @@ impl HostCpu {
             )),
             (Some(p), Some(_)) => p,
         };
-        let lifter = lifter.map(|n| Lifter::start(registry.clone(), n, setter, realtime.on));
+        let lifter = lift_nice.map(|n| Lifter::start(registry.clone(), n, setter, realtime.on));
         HostCpu {
             report: Mutex::new(Report {
                 priority: probe,

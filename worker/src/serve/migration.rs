@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{wait, Worker};
+use crate::gate::Gate;
 use crate::Error;
 
 /// A migration being prepared on a helper thread.
@@ -171,10 +172,12 @@ impl Worker {
         }
         if ok {
             if let (Some(fd), Some((id, weight))) = (grant, self.sh.slice.grant_id) {
-                // The source's service forgets the vGPU when this closes.
+                // The source's service forgets the vGPU when this closes;
+                // the new gate lifts as the old one did.
+                let realtime = self.sh.slice.gate.as_ref().is_some_and(Gate::realtime);
                 self.sh.slice.gate = Some(
-                    crate::gate::Gate::over(std::os::unix::net::UnixStream::from(fd), id, weight)?
-                        .with_realtime(self.sh.slice.realtime),
+                    Gate::over(std::os::unix::net::UnixStream::from(fd), id, weight)?
+                        .with_realtime(realtime),
                 );
             }
             // Spare contexts are on the GPU the vGPU left.

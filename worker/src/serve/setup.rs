@@ -288,7 +288,6 @@ impl Worker {
                 slice: shared::Slice {
                     gate: gate.map(|g| g.with_realtime(cfg.realtime)),
                     grant_id: cfg.grant.as_ref().map(|g| (g.1, g.2)),
-                    realtime: cfg.realtime,
                     slice_blocks: cfg.slice_blocks,
                     time_launches: cfg.time_launches,
                     charged_ns: 0,

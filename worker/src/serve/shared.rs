@@ -105,9 +105,6 @@ pub(super) struct Slice {
     /// This vGPU's id and weight at the grant services (to register at
     /// another GPU's after a migration).
     pub grant_id: Option<(u32, f64)>,
-    /// The real-time lift: the serving thread in `SCHED_FIFO` while it
-    /// holds a contended grant (see `Gate::with_realtime`).
-    pub realtime: bool,
     /// Kernel slicing threshold (0: off).
     pub slice_blocks: u64,
     pub time_launches: bool,
