@@ -519,6 +519,17 @@ mod tests {
         what()
     }
 
+    /// A lifter to nice -5 (with `realtime`, into `SCHED_FIFO` too) of
+    /// vGPU 0's thread 10 and vGPU 1's thread 20, both at nice 0.
+    fn lifter_of_two(realtime: bool) -> (Fake, Lifter) {
+        let f = fake(&[(10, 0), (20, 0)]);
+        let reg = Registry::default();
+        reg.set_vcpus(0, vec![10]);
+        reg.set_vcpus(1, vec![20]);
+        let lifter = Lifter::start(reg, -5, f.clone(), realtime);
+        (f, lifter)
+    }
+
     fn held(vgpus: &[u32], realtime_until: Option<Instant>) -> Holders {
         Holders {
             vgpus: vgpus.to_vec(),
@@ -631,11 +642,7 @@ mod tests {
 
     #[test]
     fn the_lifter_takes_threads_out_of_fifo_at_the_rounds_deadline() {
-        let f = fake(&[(10, 0), (20, 0)]);
-        let reg = Registry::default();
-        reg.set_vcpus(0, vec![10]);
-        reg.set_vcpus(1, vec![20]);
-        let lifter = Lifter::start(reg, -5, f.clone(), true);
+        let (f, lifter) = lifter_of_two(true);
         let tx = lifter.holders().unwrap();
         let until = Instant::now() + std::time::Duration::from_millis(300);
         tx.send(held(&[0], Some(until))).unwrap();
@@ -719,11 +726,7 @@ mod tests {
 
     #[test]
     fn the_lifter_thread_follows_the_newest_holders() {
-        let f = fake(&[(10, 0), (20, 0)]);
-        let reg = Registry::default();
-        reg.set_vcpus(0, vec![10]);
-        reg.set_vcpus(1, vec![20]);
-        let lifter = Lifter::start(reg, -5, f.clone(), false);
+        let (f, lifter) = lifter_of_two(false);
         let tx = lifter.holders().unwrap();
         tx.send(held(&[0], None)).unwrap();
         tx.send(held(&[1], None)).unwrap();
