@@ -405,15 +405,22 @@ pub fn late_waits_beside_a_busy_thread(
     at: Placement,
     run: Duration,
 ) -> (u64, worker::serve::HandoffFigures) {
+    use daemon::hostcpu::cpus;
     use std::sync::atomic::AtomicBool;
     let dir = scratch::dir(name);
+    // The threads started here that `at` does not place (the grant
+    // service's, the worker's socket threads) inherit this thread's CPUs:
+    // the worker's, so that the guest's CPU holds only what `at` puts there.
+    let own = cpus::current();
+    cpus::pin_current_thread(&[at.worker]).unwrap();
     let svc = daemon::grant::GrantService::start(&dir.join("grant.sock"), slice_ns).unwrap();
     let (workers, sockets) = granted_sim_workers_on(&dir, svc.path(), 1, spin, Some(at.worker));
+    cpus::pin_current_thread(&own).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let busy = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            daemon::hostcpu::cpus::pin_current_thread(&[at.busy]).unwrap();
+            cpus::pin_current_thread(&[at.busy]).unwrap();
             while !stop.load(Ordering::Relaxed) {
                 std::hint::spin_loop();
             }
@@ -422,7 +429,7 @@ pub fn late_waits_beside_a_busy_thread(
     let guest = {
         let (socket, stop, vcpus) = (sockets[0].clone(), stop.clone(), vcpus_file(&dir, 0));
         std::thread::spawn(move || {
-            daemon::hostcpu::cpus::pin_current_thread(&[at.guest]).unwrap();
+            cpus::pin_current_thread(&[at.guest]).unwrap();
             let tid = u32::try_from(nix::unistd::gettid().as_raw()).unwrap();
             wire::vcpus::write_vcpus(&vcpus, &[tid]).unwrap();
             memset_loop(&socket, &stop)

@@ -86,8 +86,13 @@ fn a_worker_late_to_look_does_not_make_its_guest_late() {
     // Measured to the look that found the reply taken, each wait lasted
     // until the worker got its CPU back from the busy thread (0.7 ms on
     // average here); to the last look that saw it unread, microseconds.
+    // What the guest's own thread waited for its CPU meanwhile (waking on
+    // its CPU, idle but for it, took 100-200 us on this virtual machine
+    // at times) is its lateness on the host's account, read from the
+    // kernel: the rest is what the worker puts down to the guest itself.
+    let own = late.late_guest_ns.saturating_sub(late.late_guest_cpu_ns);
     assert!(
-        late.late_guest_ns <= late.late_guests * 250_000,
+        own <= late.late_guests * 250_000,
         "the worker's own waits for its CPU were counted as its guest's lateness: {}",
         late.line()
     );
