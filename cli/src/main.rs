@@ -30,10 +30,11 @@ enum Cmd {
     /// Serve the VMs of a config file: one vGPU worker process each.
     Serve {
         /// Path of host.toml.
-        #[arg(long)]
+        #[arg(long, default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
     /// Run one vGPU worker (started by `serve`).
+    #[command(hide = true)]
     Worker {
         /// Path of host.toml.
         #[arg(long)]
@@ -109,7 +110,8 @@ enum Cmd {
         api: ApiArgs,
         /// The VM.
         vm: String,
-        /// The new weight (> 0).
+        /// The new weight (> 0; a negative one is refused by the daemon).
+        #[arg(allow_negative_numbers = true)]
         weight: f64,
     },
     /// Sets a VM's device-memory limit now (until the next reload or restart).
@@ -119,7 +121,8 @@ enum Cmd {
         /// The VM.
         vm: String,
         /// The new limit, MiB.
-        mib: u64,
+        #[arg(allow_negative_numbers = true)]
+        mib: i64,
     },
     /// Makes the running daemon re-read its config (as SIGHUP does).
     Reload {
@@ -180,11 +183,14 @@ enum Cmd {
     Internal(bench::cmd::Internal),
 }
 
+/// Where `serve` and the API's clients look for host.toml unless told.
+const DEFAULT_CONFIG: &str = "/etc/fairvgpu/host.toml";
+
 /// Where the daemon's API is.
 #[derive(clap::Args)]
 struct ApiArgs {
     /// The daemon's host.toml (its [api] socket is used).
-    #[arg(long, default_value = "/etc/fairvgpu/host.toml")]
+    #[arg(long, default_value = DEFAULT_CONFIG)]
     config: PathBuf,
     /// Or the API's unix socket directly.
     #[arg(long)]
@@ -343,6 +349,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::SetLimit { api, vm, mib } => {
+            anyhow::ensure!(mib > 0, "memory limit {mib}: give a positive number of MiB");
             let body = serde_json::json!({ "mib": mib }).to_string();
             api.call(
                 "POST",

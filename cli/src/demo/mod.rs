@@ -174,9 +174,11 @@ pub fn run(executor: daemon::config::ExecutorKind, seconds: f64) -> Result<()> {
     }
     let cfg_path = dir.join("host.toml");
     std::fs::write(&cfg_path, cfg)?;
-    let log = dir.join("daemon.log");
+    // The log outlives the demo's folder: it is what to read if a run
+    // looked wrong.
+    let log = std::env::temp_dir().join(format!("fairvgpu-demo-{}.log", std::process::id()));
     println!(
-        "config: {} (its daemon's log: {})",
+        "config: {} (removed at the end); the daemon's log: {} (kept)",
         cfg_path.display(),
         log.display()
     );
