@@ -67,6 +67,10 @@ pub(crate) fn htod(
     sync: bool,
 ) -> CuResult2 {
     need_ctx()?;
+    if n == 0 {
+        // Nothing to copy: success whatever the addresses, as natively.
+        return Ok(());
+    }
     if captured(
         st,
         Box3d::linear((dst, true), (src as u64, false), n as u64),
@@ -112,6 +116,10 @@ pub(crate) fn dtoh(
     sync: bool,
 ) -> CuResult2 {
     need_ctx()?;
+    if n == 0 {
+        // Nothing to copy: success whatever the addresses, as natively.
+        return Ok(());
+    }
     if captured(
         st,
         Box3d::linear((dst as u64, false), (src, true), n as u64),
@@ -152,6 +160,9 @@ pub(crate) fn dtod(
     sync: bool,
 ) -> CuResult2 {
     need_ctx()?;
+    if n == 0 {
+        return Ok(());
+    }
     if captured(st, Box3d::linear((dst, true), (src, true), n as u64))? {
         return Ok(());
     }

@@ -355,6 +355,16 @@ int main(int argc, char **argv) {
     CK(cuGetErrorString(bad, &estr));
     printf("bad copy refused: %s (%s)\n", ename, estr);
 
+    /* Copies of zero bytes succeed and do nothing, as natively (Numba
+       copies zero-size arrays so), whatever the addresses. */
+    CK(cuMemcpyDtoH_v2(c, da, 0));
+    CK(cuMemcpyDtoH_v2(NULL, 0, 0));
+    CK(cuMemcpyHtoD_v2(da, a, 0));
+    CK(cuMemcpyDtoD_v2(db, da, 0));
+    CK(cuMemcpyDtoHAsync_v2(c, da, 0, NULL));
+    CK(cuMemcpy(db, da, 0));
+    printf("zero-byte copies: success\n");
+
     /* cuGetProcAddress hands out working entry points. */
     void *fp = NULL;
     int st = -1;

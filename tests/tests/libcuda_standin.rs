@@ -40,6 +40,7 @@ fn c_driver_api_program_runs_against_the_standin() {
         stdout.contains("bad copy refused: CUDA_ERROR_INVALID_VALUE"),
         "{stdout}"
     );
+    assert!(stdout.contains("zero-byte copies: success"), "{stdout}");
     assert!(
         stdout.contains("kernels: 8 enumerated, the same through the tools module table"),
         "{stdout}"
