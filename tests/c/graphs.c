@@ -10,6 +10,9 @@
  * (memset, kernel, device copy, event record) launched three times, its
  * kernel node changed between; stream capture across two streams
  * joined by events (fork and join), with a host function, launched twice;
+ * a user object whose references a captured graph and its executable
+ * hold (as cuda-core's GraphBuilder.complete makes one), its destroy
+ * callback run once, after the last of them is gone;
  * a synchronize inside a capture refused and the capture spoiled; 2D
  * copies with different pitches both ways, a 2D memset and a 3D copy.
  * Exit 0 only if all is right; the last line says so.
@@ -17,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_runtime_api.h>
 
@@ -54,6 +58,11 @@ static struct cudaPos pos(size_t x, size_t y, size_t z) {
 
 static int host_runs;
 static void CUDART_CB count(void *data) { host_runs += (int)(long)data; }
+
+static int user_objects_destroyed;
+static void CUDART_CB destroyed(void *data) {
+    __atomic_fetch_add((int *)data, 1, __ATOMIC_SEQ_CST);
+}
 
 static void check_sum(const float *c, const float *a, const float *b, unsigned n, float k) {
     for (unsigned i = 0; i < n; i++)
@@ -331,6 +340,41 @@ int main(int argc, char **argv) {
         CK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemCurrent, &used));
         EXPECT(used == 0);
         printf("memory nodes: captured cudaMallocAsync and cudaFreeAsync, 2 launches correct\n");
+    }
+
+    /* A user object held by a captured graph and its executable, as
+       cuda-core's GraphBuilder.complete does: created with one reference,
+       moved to the graph, the executable takes its own, the graph's is
+       released; the callback runs once both graphs are gone. */
+    {
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        CK(cudaMemsetAsync(c, 0x3c, bytes, s));
+        cudaGraph_t ug;
+        CK(cudaStreamEndCapture(s, &ug));
+        cudaUserObject_t obj;
+        CK(cudaUserObjectCreate(&obj, &user_objects_destroyed, destroyed, 1,
+                                cudaUserObjectNoDestructorSync));
+        CK(cudaGraphRetainUserObject(ug, obj, 1, cudaGraphUserObjectMove));
+        cudaGraphInstantiateParams ip = {0};
+        cudaGraphExec_t ux;
+        CK(cudaGraphInstantiateWithParams(&ux, ug, &ip));
+        EXPECT(ip.result_out == cudaGraphInstantiateSuccess);
+        CK(cudaGraphReleaseUserObject(ug, obj, 1));
+        memset(hc, 0, bytes);
+        CK(cudaGraphLaunch(ux, s));
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(hc, c, bytes, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < bytes; i++) EXPECT(((unsigned char *)hc)[i] == 0x3c);
+        EXPECT(__atomic_load_n(&user_objects_destroyed, __ATOMIC_SEQ_CST) == 0);
+        CK(cudaGraphExecDestroy(ux));
+        CK(cudaGraphDestroy(ug));
+        struct timespec ms = {0, 1000000};
+        for (int i = 0; i < 1000 && __atomic_load_n(&user_objects_destroyed, __ATOMIC_SEQ_CST) == 0; i++)
+            nanosleep(&ms, NULL);
+        ms.tv_nsec = 20000000;
+        nanosleep(&ms, NULL); /* a second call would come late */
+        EXPECT(__atomic_load_n(&user_objects_destroyed, __ATOMIC_SEQ_CST) == 1);
+        printf("user objects: released with the last graph\n");
     }
 
     /* A synchronize inside a capture is refused and spoils it. */

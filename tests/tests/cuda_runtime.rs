@@ -126,6 +126,7 @@ fn graphs_stream_capture_and_pitched_copies_run_against_the_standin() {
             "capture: two streams forked and joined, 4 nodes, 2 launches correct",
             "memory nodes: the graph's own buffer, 2 launches correct, given back with its executable",
             "memory nodes: captured cudaMallocAsync and cudaFreeAsync, 2 launches correct",
+            "user objects: released with the last graph",
             "capture: a synchronize inside it is refused",
             "pitched: 2D copies both ways, 2D memset and 3D copy correct",
             "graphs: all checks passed",

@@ -42,6 +42,8 @@ pub(crate) struct Exec {
     pub frees: Vec<u64>,
     /// It holds conditional nodes: `host` is all it runs as.
     pub conditional: bool,
+    /// Its own references to its graph's user objects (released with it).
+    pub objects: super::user_object::Refs,
 }
 
 /// The host's node for one operation, or `None` if it cannot run on the
@@ -180,12 +182,15 @@ fn instantiate(e: *mut u64, g: u64, flags: u64) -> Result<(), CuResult> {
     if e.is_null() {
         return Err(code::INVALID_VALUE);
     }
-    let (flat, allocs, frees) = {
+    let (flat, allocs, frees, objects) = {
         let mut s = graphs();
         let graph = s.graph(g)?;
         let allocs = super::memory::allocs_of(graph.nodes.iter().map(|n| &n.op));
         let frees = super::memory::frees_of(graph.nodes.iter().map(|n| &n.op));
-        (Flat::of(graph)?, allocs, frees)
+        let flat = Flat::of(graph)?;
+        let graph = s.graphs.get(&g).ok_or(code::INVALID_VALUE)?;
+        let objects = super::user_object::gather(&s, graph);
+        (flat, allocs, frees, objects)
     };
     // Not under the graphs' lock: this is a call to the host.
     let conditional = super::conditional::has_cond(&flat.ops);
@@ -207,6 +212,7 @@ fn instantiate(e: *mut u64, g: u64, flags: u64) -> Result<(), CuResult> {
             allocs,
             frees,
             conditional,
+            objects,
         },
     );
     out(e, h)
@@ -336,6 +342,7 @@ fn update(e: u64, g: u64) -> Result<(), c_int> {
     // Memory nodes cannot be updated: the graph must have the same ones.
     let allocs = super::memory::allocs_of(graph.nodes.iter().map(|n| &n.op));
     let Flat { mut ops, deps } = Flat::of(graph).map_err(|_| 1)?;
+    let objects = super::user_object::gather(&s, s.graphs.get(&g).ok_or(1)?);
     let ex = s.execs.get_mut(&e).ok_or(1)?;
     if ex.conditional {
         crate::log_once("cuGraphExecUpdate of a graph with conditional nodes is not supported");
@@ -361,6 +368,7 @@ fn update(e: u64, g: u64) -> Result<(), c_int> {
     ex.ops = Arc::new(ops);
     ex.deps = Arc::new(deps);
     ex.stale = ex.host.is_some();
+    ex.objects = objects;
     Ok(())
 }
 
@@ -496,6 +504,7 @@ mod tests {
                 node(11, ev(101), &[10]),
                 node(12, ev(102), &[10]),
             ],
+            ..Default::default()
         };
         let g = Graph {
             nodes: vec![
@@ -505,6 +514,7 @@ mod tests {
                 node(5, Op::Empty, &[2, 3]),
                 node(4, ev(4), &[5]),
             ],
+            ..Default::default()
         };
         let f = Flat::of(&g).unwrap();
         let at = |e: u64| f.ops.iter().position(|(_, op)| event_of(op) == e).unwrap() as u32;

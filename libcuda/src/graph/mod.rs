@@ -17,12 +17,14 @@
 //! program passes is looked up, and an unknown one is an invalid value.
 //! Memory nodes' allocations: [`memory`]. Conditional nodes: graphs that
 //! hold one are built on the host as one real CUDA graph ([`conditional`]).
+//! User objects and the references graphs hold to them: [`user_object`].
 
 pub mod capture;
 pub mod conditional;
 pub mod exec;
 pub mod memory;
 mod model;
+pub mod user_object;
 
 pub(crate) use model::{graphs, Graph, KernelOp, MemsetOp, Op, Store};
 
@@ -537,6 +539,7 @@ mod tests {
                     from: 0,
                 })
                 .collect(),
+            ..Default::default()
         }
     }
 

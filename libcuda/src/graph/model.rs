@@ -8,7 +8,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use protocol::Dim3;
 
-use super::{capture, conditional, exec, memory};
+use super::{capture, conditional, exec, memory, user_object};
 use crate::copy_nd::Box3d;
 use crate::host_fn::Call;
 use crate::{code, CuResult};
@@ -101,6 +101,9 @@ pub(crate) struct Node {
 #[derive(Clone, Default)]
 pub(crate) struct Graph {
     pub nodes: Vec<Node>,
+    /// The references to user objects it holds (taken again by a clone or
+    /// a child graph node's copy, released when it goes).
+    pub objects: user_object::Refs,
 }
 
 impl Graph {
