@@ -33,6 +33,12 @@ pub(super) struct ChannelState {
     pub outbox: Option<(Descriptor, Vec<u8>)>,
     /// A request waiting for the device (see `wait`).
     pub parked: Option<Parked>,
+    /// The tag of the request last held back (see [`hold_for_departed`]):
+    /// the next time it is answered, whatever it finds.
+    pub held_back: Option<u64>,
+    /// Set by a handler that held its request back (see
+    /// [`hold_for_departed`]): it stays in the ring for the next turn.
+    pub hold: bool,
 }
 
 impl ChannelState {
@@ -45,6 +51,8 @@ impl ChannelState {
             outbound: None,
             outbox: None,
             parked: None,
+            held_back: None,
+            hold: false,
         }
     }
 
@@ -144,6 +152,14 @@ fn serve_unbound(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) -> Re
                     reply(&sh.port, c, d.tag, d.opcode, Ok(r), &info)?;
                     c.host.req.consume(&d)?;
                     return Ok(true);
+                }
+                // A process that has gone still holds its context: the
+                // Hello waits in its ring for the teardown.
+                Err(s)
+                    if s == Status::MpsMaxClientsReached
+                        && hold_for_departed(&sh.port, c, d.tag) =>
+                {
+                    return Ok(false);
                 }
                 Err(s) if s == Status::MpsMaxClientsReached => {
                     transport::rate_limited!(
@@ -289,6 +305,11 @@ pub(super) fn serve_channel(
             continue_transfer(sh, c, &mut e.s, &d)?;
         } else {
             handle(sh, c, &mut e.s, &d)?;
+            if std::mem::take(&mut c.hold) {
+                // Held back (see `hold_for_departed`): served again on the
+                // next turn, once the departed process's teardown is done.
+                break;
+            }
             if numbered {
                 e.next_seq = d.tag.wrapping_add(1);
             }
@@ -348,6 +369,9 @@ fn drop_session(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) {
     c.outbound = None;
     c.outbox = None;
     c.sliced = None;
+    // The next owner numbers its requests from the start again.
+    c.held_back = None;
+    c.hold = false;
 }
 
 /// Frees what the channel's owner held and returns the channel to FREE.
@@ -410,6 +434,21 @@ pub(super) fn ring_if_sleeping(port: &Port, ch: u32) -> Result<bool, Error> {
     port.link.ring_peer(p, vector)?;
     port.booster.borrow_mut().kick(vector);
     Ok(true)
+}
+
+/// Whether request `tag` of channel `c`, which found the vGPU short (of
+/// memory, or of a context made ahead), is rather held back for a turn,
+/// unanswered in its ring: another process of the vGPU has gone and what
+/// it held is freed only when the pass reaches its channel, which may come
+/// after this one in the pass. Once per request, so that a limit really
+/// reached is answered.
+pub(super) fn hold_for_departed(port: &Port, c: &mut ChannelState, tag: u64) -> bool {
+    if c.held_back == Some(tag) || !port.departed() {
+        c.held_back = None;
+        return false;
+    }
+    c.held_back = Some(tag);
+    true
 }
 
 pub(super) fn refuse(port: &Port, c: &mut ChannelState, what: &str) {

@@ -171,6 +171,21 @@ pub(super) const REPORT_EVERY: Duration = Duration::from_millis(200);
 pub const SAMPLE_EVERY: u64 = 8;
 
 impl Port {
+    /// Whether a channel this worker serves has an owner that let go of it
+    /// (or went away) and waits for its teardown, which frees what that
+    /// process held (its memory, its context) when the pass reaches it.
+    /// Read after a request was: a process that exited before another one's
+    /// request was written is seen here.
+    pub fn departed(&self) -> bool {
+        let served = match self.slot {
+            Some(k) => self.region.layout().partition_channels(k),
+            None => 0..self.region.channels(),
+        };
+        served
+            .into_iter()
+            .any(|ch| self.region.claim_state(ch).is_ok_and(|s| s.needs_reclaim()))
+    }
+
     /// A sticky CUDA error (a kernel fault) poisons every context of the
     /// worker process: it restarts once its processes have their replies.
     pub fn note_fault(&self, s: Status, channel: u32) {

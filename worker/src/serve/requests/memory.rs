@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
-use super::super::channel::{refuse, reply, ChannelState};
+use super::super::channel::{hold_for_departed, refuse, reply, ChannelState};
 use super::super::shared::{Gpu, Memory, Port, Shared, Slice, Tables};
 use super::super::transfer::{continue_transfer, Inbound, Transfer};
 use super::super::wait::{self, Parked, Then, Wait};
@@ -28,6 +28,10 @@ pub(super) fn handle(
     match req {
         Request::MemAlloc { size } => {
             let r = alloc(&sh.port, &mut sh.mem, s, size);
+            if r == Err(Status::OutOfMemory) && hold_for_departed(&sh.port, c, tag) {
+                c.hold = true;
+                return Ok(());
+            }
             reply(&sh.port, c, tag, opc, one(r), &[])
         }
         // The memory goes once the work submitted so far is done (as the
