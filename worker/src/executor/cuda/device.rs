@@ -207,8 +207,9 @@ pub struct CudaExecutor {
     /// Contexts allocate with the virtual memory management API (so they can
     /// move to another GPU).
     vmm: bool,
-    /// Host ranges page-locked for DMA (unregistered on drop).
-    registered: Vec<usize>,
+    /// Host ranges page-locked for DMA (unregistered on drop): address,
+    /// length and the flags they were registered with.
+    registered: Vec<(usize, usize, u32)>,
     primary: CUcontext,
     /// The device whose primary context `primary` is.
     primary_dev: CUdevice,
@@ -246,7 +247,7 @@ impl Drop for CudaExecutor {
         }
         // SAFETY: the primary context was retained by us and is still alive.
         let _ = unsafe { sys::cuCtxSetCurrent(self.primary) };
-        for &p in &self.registered {
+        for &(p, _, _) in &self.registered {
             // SAFETY: `p` was registered by us and its mapping is still alive
             // (the worker drops the executor before the region).
             let _ = unsafe { sys::cuMemHostUnregister(p as *mut c_void) };
@@ -341,7 +342,8 @@ impl Executor for CudaExecutor {
             check(unsafe {
                 sys::cuMemHostRegister_v2(p, a.len(), sys::CU_MEMHOSTREGISTER_PORTABLE)
             })?;
-            self.registered.push(p as usize);
+            let flags = sys::CU_MEMHOSTREGISTER_PORTABLE;
+            self.registered.push((p as usize, a.len(), flags));
         }
         Ok(())
     }
@@ -354,7 +356,7 @@ impl Executor for CudaExecutor {
         // `pool.len()` bytes that outlives the executor (the worker drops the
         // executor first).
         check(unsafe { sys::cuMemHostRegister_v2(p, pool.len(), flags) })?;
-        self.registered.push(p as usize);
+        self.registered.push((p as usize, pool.len(), flags));
         let mut dev = 0;
         // SAFETY: out-parameter on our stack; `p` was just registered mapped.
         check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) })?;
@@ -396,7 +398,68 @@ impl Executor for CudaExecutor {
         }
         self.dev = device(ordinal)?;
         self.ordinal = ordinal;
+        self.move_registrations()
+    }
+}
+
+impl CudaExecutor {
+    /// After the vGPU moved to another GPU: the host memory registered in
+    /// the old GPU's primary context is registered again in the new GPU's,
+    /// and the old one is released, so that nothing of the worker stays on
+    /// the GPU it left (a context of some 250 MiB did). The worker moves
+    /// between requests, its work drained: nothing uses the memory between
+    /// the two registrations. Mapped memory keeps its device address (one
+    /// address space for host and devices).
+    fn move_registrations(&mut self) -> Result<(), Status> {
+        if self.primary.is_null() || self.primary_dev == self.dev {
+            return Ok(());
+        }
+        let mut p: CUcontext = null_mut();
+        // SAFETY: out-parameter on our stack.
+        check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut p, self.dev) })?;
+        // SAFETY: the old primary context, retained by us and alive.
+        let _ = unsafe { sys::cuCtxSetCurrent(self.primary) };
+        let before: Vec<u64> = self.registered.iter().map(|r| mapped_at(r.0)).collect();
+        for &(a, _, _) in &self.registered {
+            // SAFETY: registered by us in the current context; its mapping is alive.
+            let _ = unsafe { sys::cuMemHostUnregister(a as *mut c_void) };
+        }
+        // SAFETY: balances the retain of the old device's primary context.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.primary_dev) };
+        self.primary = p;
+        self.primary_dev = self.dev;
+        // SAFETY: the new primary context, just retained.
+        check(unsafe { sys::cuCtxSetCurrent(p) })?;
+        CURRENT.with(|c| c.set(p as usize));
+        shrink_kernel_limits();
+        for (&(a, len, flags), was) in self.registered.iter().zip(before) {
+            // SAFETY: `a` is a live, page-aligned shared mapping of `len`
+            // bytes that outlives the executor, unregistered above.
+            check(unsafe { sys::cuMemHostRegister_v2(a as *mut c_void, len, flags) })?;
+            let now = mapped_at(a);
+            if was != 0 && now != was {
+                tracing::warn!(
+                    was,
+                    now,
+                    "pinned memory's device address changed in the move"
+                );
+                return Err(Status::Unknown);
+            }
+        }
         Ok(())
+    }
+}
+
+/// The device address of registered, mapped host memory at `a` (0 if not
+/// mapped).
+fn mapped_at(a: usize) -> u64 {
+    let mut dev = 0;
+    // SAFETY: out-parameter on our stack; an unmapped range answers an error.
+    let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, a as *mut c_void, 0) };
+    if r == CUresult::CUDA_SUCCESS {
+        dev
+    } else {
+        0
     }
 }
 
