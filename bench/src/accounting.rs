@@ -106,6 +106,7 @@ pub fn run(kind: ExecutorKind, secs: f64, spin: SpinPolicy) -> Result<()> {
                 spin,
                 graphs: GraphLaunches::default(),
                 mps: false,
+                sharing: sched::Sharing::default(),
                 lift: None,
                 guest_cpus: None,
             };
@@ -171,6 +172,7 @@ mod tests {
                 },
                 graphs: GraphLaunches::default(),
                 mps: false,
+                sharing: sched::Sharing::default(),
                 lift: None,
                 guest_cpus: None,
             };

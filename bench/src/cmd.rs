@@ -6,6 +6,24 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Subcommand;
 
+/// `[[gpu]] sharing` on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Sharing {
+    /// Every vGPU with work at once, one ahead of its share held back.
+    Concurrent,
+    /// One vGPU a slice.
+    Exclusive,
+}
+
+impl From<Sharing> for sched::Sharing {
+    fn from(s: Sharing) -> Self {
+        match s {
+            Sharing::Concurrent => sched::Sharing::Concurrent,
+            Sharing::Exclusive => sched::Sharing::Exclusive,
+        }
+    }
+}
+
 /// A switch given as `on` or `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnOff {
@@ -54,6 +72,17 @@ pub enum BenchCmd {
         /// Which launches go as CUDA graph launches (`[daemon] graph_launches`).
         #[arg(long, value_enum, default_value = "all")]
         graph_launches: daemon::config::GraphLaunches,
+        /// How the scheduled guests hold the GPU (`[[gpu]] sharing`).
+        #[arg(long, value_enum, default_value = "concurrent")]
+        sharing: Sharing,
+        /// After the three guests, the density scenario with these VM
+        /// counts (latency-bound loops, equal weights) and the two mixes;
+        /// the last line then gives all their figures.
+        #[arg(long, value_delimiter = ',', conflicts_with = "sim")]
+        density: Vec<usize>,
+        /// With --density: that scenario alone, a line per VM count.
+        #[arg(long, requires = "density")]
+        density_only: bool,
         /// The scheduler's base time slice, µs; by default the daemon's for
         /// GPU 0 (`[daemon] preemptive_slice_us`, 30 ms, where it can
         /// preempt a running kernel; `slice_us`, 6 ms, where it cannot, as
@@ -196,6 +225,9 @@ impl BenchCmd {
                 seconds,
                 sim,
                 graph_launches,
+                sharing,
+                density,
+                density_only,
                 slice_us,
                 mps,
                 mps_control,
@@ -208,19 +240,44 @@ impl BenchCmd {
                 if sim {
                     crate::fairness_sim::run(seconds)
                 } else {
-                    crate::fairness::run(crate::fairness::Options {
+                    let slice_ns = slice_us.map(|us| us.clamp(100, 1_000_000) * 1000);
+                    let dense = crate::density::Options {
+                        kind: executor,
+                        secs: seconds,
+                        graphs: graph_launches,
+                        slice_ns: slice_ns.unwrap_or_else(|| crate::fairness::slice_ns(executor)),
+                        vms: &density,
+                        sharing: sharing.into(),
+                    };
+                    if density_only {
+                        for &n in &density {
+                            let (t, m) = crate::density::density(&dense, n)?;
+                            println!("vms={n} throughput_vs_unscheduled={t:.3} mmr={m:.3}");
+                        }
+                        return Ok(());
+                    }
+                    let three = crate::fairness::run(crate::fairness::Options {
                         kind: executor,
                         secs: seconds,
                         spin: transport::SpinPolicy::default(),
                         graphs: graph_launches,
-                        slice_ns: slice_us.map(|us| us.clamp(100, 1_000_000) * 1000),
+                        slice_ns,
                         mps: mps.then_some(mps_control.as_path()),
                         hogs,
                         lift: (lift == OnOff::On).then_some(priority),
                         realtime,
                         cpus: cpus.as_deref(),
-                    })
-                    .map(drop)
+                        sharing: sharing.into(),
+                    })?;
+                    if density.is_empty() {
+                        return Ok(());
+                    }
+                    let f = crate::density::run(dense)?;
+                    println!(
+                        "vms={} throughput_vs_unscheduled={:.3} mmr={:.3} mix_throughput={:.3} mix_min_share={:.3} bench_mmr={:.3} bench_throughput={:.3}",
+                        f.vms, f.throughput, f.mmr, f.mix_throughput, f.mix_min_share, three.mmr, three.throughput
+                    );
+                    Ok(())
                 }
             }
             BenchCmd::Overhead {

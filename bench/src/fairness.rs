@@ -260,6 +260,8 @@ pub(crate) struct Setup<'a> {
     /// The guests' contexts are MPS clients: the service knows (see
     /// `GrantService::start_with`).
     pub mps: bool,
+    /// How the scheduled guests hold the GPU (see `sched::Sharing`).
+    pub sharing: sched::Sharing,
     /// The host CPU options' lifts (see `hostcpu`): the grant service's and
     /// the workers' threads at the lifted nice, and each guest's thread
     /// (as a VM's vCPU thread) while its vGPU holds the GPU; None: neither.
@@ -283,6 +285,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
         spin,
         graphs,
         mps,
+        sharing,
         lift,
         guest_cpus,
     } = setup;
@@ -299,6 +302,7 @@ pub(crate) fn run_guests(setup: Setup<'_>, which: &[usize], body: Arc<GuestBody>
             slice_ns,
             policy,
             mps,
+            sharing,
             lift.map(HostCpu::service_lift).unwrap_or_default(),
         )?)
     } else {
@@ -434,6 +438,11 @@ fn mps_clients(control: &std::path::Path) -> Result<daemon::mps::MpsDaemon> {
     Ok(d)
 }
 
+/// The scheduler's base slice the daemon gives GPU 0 on `kind`, ns.
+pub fn slice_ns(kind: ExecutorKind) -> u64 {
+    config(kind, GraphLaunches::default()).map_or(6_000_000, |c| daemon::setup::gpu_slice_ns(&c, 0))
+}
+
 /// Runs the bench; the last line is machine-readable.
 ///
 /// A guest's GPU time is its kernels times the GPU time one of its kernels
@@ -471,6 +480,7 @@ pub fn run(o: Options<'_>) -> Result<Summary> {
         lift,
         realtime,
         cpus,
+        sharing,
     } = o;
     // First: every thread and process the bench starts after this (the MPS
     // daemon, the lift's thread, the grant service, the workers) inherits it.
@@ -531,6 +541,7 @@ pub fn run(o: Options<'_>) -> Result<Summary> {
         graphs,
         slice_ns,
         mps: mps.is_some(),
+        sharing,
         lift: &host_cpu,
         guest_cpus,
     };
@@ -589,6 +600,8 @@ pub struct Options<'a> {
     pub realtime: bool,
     /// CPUs reserved for the host's side (a list like `"0-1"`).
     pub cpus: Option<&'a str>,
+    /// How the scheduled guests hold the GPU.
+    pub sharing: sched::Sharing,
 }
 
 /// Pins this thread to the CPUs `list` names (which every thread started
@@ -610,6 +623,7 @@ struct Params<'a> {
     graphs: GraphLaunches,
     slice_ns: u64,
     mps: bool,
+    sharing: sched::Sharing,
     lift: &'a HostCpu,
     guest_cpus: Option<&'a [usize]>,
 }
@@ -624,6 +638,7 @@ fn measure(at: Params<'_>, prefix: &str) -> Result<Summary> {
         graphs,
         slice_ns,
         mps,
+        sharing,
         lift,
         guest_cpus,
     } = at;
@@ -638,6 +653,7 @@ fn measure(at: Params<'_>, prefix: &str) -> Result<Summary> {
         spin,
         graphs,
         mps,
+        sharing,
         lift: Some(lift),
         guest_cpus,
     };

@@ -2,6 +2,7 @@
 
 pub mod accounting;
 pub mod cmd;
+pub mod density;
 pub mod fairness;
 pub mod fairness_sim;
 pub mod fixture;

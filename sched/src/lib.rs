@@ -45,7 +45,7 @@ pub(crate) fn round_ns(ns: f64) -> u64 {
 }
 
 pub use corun::{CorunConfig, Demand};
-pub use policy::DevicePolicy;
+pub use policy::{DevicePolicy, Sharing};
 pub use sfq::{StartTagQueue, VgpuId};
 
 /// Errors of the scheduler.

@@ -40,6 +40,23 @@ use crate::SchedError;
 /// TFS remembers service with this half-life, in slices (384 ms at 6 ms).
 pub const TFS_HALF_LIFE_SLICES: u64 = 64;
 
+/// How the vGPUs of one GPU hold it (`[[gpu]] sharing = "…"`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize,
+)]
+pub enum Sharing {
+    /// Every vGPU with work holds the GPU at once, its work beside the
+    /// others' as the driver interleaves contexts, except one ahead of its
+    /// share, which waits until the others catch up; `"concurrent"`.
+    #[default]
+    #[serde(rename = "concurrent")]
+    Concurrent,
+    /// One vGPU at a time holds the GPU for a slice (co-holders only under
+    /// MPS with `corun`); `"exclusive"`.
+    #[serde(rename = "exclusive")]
+    Exclusive,
+}
+
 /// The device-level scheduling policy of one GPU (`[[gpu]] policy = "…"`).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize,

@@ -67,6 +67,7 @@ fn a_contended_holders_threads_are_real_time_until_the_rounds_deadline_only() {
         slice_ns,
         policy,
         false,
+        sched::Sharing::Exclusive,
         host.service_lift(),
     )
     .unwrap();

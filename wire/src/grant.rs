@@ -8,7 +8,7 @@
 pub const HELLO: u32 = 1; // a = weight in millis, b = 0 or MEMBER
 pub const WANT: u32 = 2;
 pub const RELEASE: u32 = 3; // a = used ns, b = still busy (0/1)
-pub const GRANT: u32 = 4; // a = slice ns, b = 1 if no other vGPU wants the GPU
+pub const GRANT: u32 = 4; // a = slice ns, b = LONE and/or SHARED bits
 pub const REPORT: u32 = 5; // a = device memory used, b = synchronous calls so far
 pub const QUEUE: u32 = 6; // a = requests waiting in the rings, b = launches so far
 pub const SERVED: u32 = 7; // a = requests served so far, b = requests refused so far
@@ -21,6 +21,22 @@ pub const COPIES: u32 = 15; // a = share of its device work that was copies, par
 pub const EXTEND: u32 = 12; // a = ns added to the holder's slice
 pub const CONTENDED: u32 = 13; // another vGPU wants the GPU: no more extensions this grant
 pub const DRAINING: u32 = 16; // the holder is giving the GPU back: its last work is finishing
+pub const IDLE: u32 = 17; // a shared holder has nothing to run; it keeps the grant (WANT: work again)
+pub const CHARGE: u32 = 18; // a = ns of GPU time a shared holder used since its last charge, b = in how many stretches
+
+/// `GRANT`'s `b` bit: no other vGPU waits for the GPU (the holder keeps the
+/// grant through its guests' pauses and waits for `EXTEND` at its slice's
+/// end).
+pub const LONE: u64 = 1;
+/// `GRANT`'s `b` bit: the GPU is shared (`sched::Sharing::Concurrent`):
+/// other vGPUs hold it at the same time; the holder charges what it uses
+/// as it goes (`CHARGE`) and says when it has nothing to run (`IDLE`) and
+/// when it has again (`WANT`), keeping the grant.
+pub const SHARED: u64 = 2;
+/// `GRANT`'s `b` bit, with `SHARED`: this holder holds the GPU alone (a
+/// heavy vGPU's turn): as under exclusive sharing, it keeps the grant a
+/// little for a late guest while others wait, and pays for the wait.
+pub const ALONE: u64 = 4;
 
 /// `HELLO`'s `b` from one of several workers serving one vGPU (a worker per
 /// guest process): the service treats them as one place in its queue,

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use wire::grant::{
-    decode, encode, Report, CONTENDED, CONTEXTS, COPIES, DRAINING, EXTEND, GRANT, HELLO, LOGS,
-    MEMBER, OCCUPANCY, PROCESS, QUEUE, RELEASE, REPORT, SERVED, SLICED, WANT,
+    decode, encode, Report, ALONE, CHARGE, CONTENDED, CONTEXTS, COPIES, DRAINING, EXTEND, GRANT,
+    HELLO, IDLE, LOGS, LONE, MEMBER, OCCUPANCY, PROCESS, QUEUE, RELEASE, REPORT, SERVED, SHARED,
+    SLICED, WANT,
 };
 
 use crate::Error;
@@ -32,6 +33,13 @@ pub struct Gate {
     extensions: u64,
     /// See [`Gate::alone`].
     alone: bool,
+    /// See [`Gate::shared`].
+    shared: bool,
+    /// See [`Gate::shared_alone`].
+    alone_on_shared: bool,
+    /// A shared holder said it has nothing to run (`IDLE`) and has not
+    /// said since that it has again.
+    idle_said: bool,
     /// The serving thread in `SCHED_FIFO` while it holds a grant another
     /// vGPU waits for, up to the slice's end (the real-time lift).
     fifo: crate::priority::OwnFifo,
@@ -82,6 +90,9 @@ impl Gate {
             grants: 0,
             extensions: 0,
             alone: false,
+            shared: false,
+            alone_on_shared: false,
+            idle_said: false,
             slice: Duration::ZERO,
             fifo: crate::priority::OwnFifo::default(),
         })
@@ -151,13 +162,16 @@ impl Gate {
             what: "grant read",
             source: e,
         })?;
-        let (kind, _, slice_ns, lone) = decode(&m);
+        let (kind, _, slice_ns, bits) = decode(&m);
         if kind != GRANT {
             // An extension sent as this vGPU gave its grant back is stale.
             return Ok(false);
         }
         self.wanted = false;
-        self.alone = lone == 1;
+        self.alone = bits & LONE != 0;
+        self.shared = bits & SHARED != 0;
+        self.alone_on_shared = bits & ALONE != 0;
+        self.idle_said = false;
         self.slice = Duration::from_nanos(slice_ns);
         self.held_since = Some(Instant::now());
         self.grants += 1;
@@ -180,6 +194,56 @@ impl Gate {
                 what: "grant draining",
                 source: e,
             })
+    }
+
+    /// Whether the grant held is one of several on a shared GPU
+    /// (`wire::grant::SHARED`): the worker charges what it uses as it goes
+    /// and says when it has nothing to run and when it has again.
+    pub fn shared(&self) -> bool {
+        self.holding() && self.shared
+    }
+
+    /// Whether the grant held is a heavy vGPU's turn on a shared GPU
+    /// (`wire::grant::ALONE`): no other vGPU holds beside it.
+    pub fn shared_alone(&self) -> bool {
+        self.shared() && self.alone_on_shared
+    }
+
+    /// A shared holder with nothing to run says so once (`IDLE`), keeping
+    /// the grant: a vGPU between calls for long holds back no other one.
+    /// No-op otherwise.
+    pub fn idle(&mut self) -> Result<(), Error> {
+        if !self.shared() || self.idle_said {
+            return Ok(());
+        }
+        self.idle_said = true;
+        self.send(IDLE, 0, 0, "grant idle")
+    }
+
+    /// A shared holder that said `IDLE` has work again (`WANT`); it runs it
+    /// at once, under the grant it kept. No-op otherwise.
+    pub fn busy(&mut self) -> Result<(), Error> {
+        if !self.shared() || !self.idle_said {
+            return Ok(());
+        }
+        self.idle_said = false;
+        self.send(WANT, 0, 0, "grant busy")
+    }
+
+    /// A shared holder charges `used_ns` of GPU time used since its last
+    /// charge, in `bursts` stretches of device work (busy periods, chunks
+    /// of copies out), keeping the grant (`CHARGE`).
+    pub fn charge(&mut self, used_ns: u64, bursts: u64) -> Result<(), Error> {
+        if !self.shared() || used_ns == 0 {
+            return Ok(());
+        }
+        self.send(CHARGE, used_ns, bursts, "grant charge")
+    }
+
+    fn send(&mut self, kind: u32, a: u64, b: u64, what: &'static str) -> Result<(), Error> {
+        self.stream
+            .write_all(&encode(kind, self.vgpu, a, b))
+            .map_err(|e| Error::Io { what, source: e })
     }
 
     /// How many grants this vGPU has received (tells one grant from the next).

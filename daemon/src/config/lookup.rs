@@ -35,6 +35,15 @@ impl Config {
             .unwrap_or_default()
     }
 
+    /// How GPU `gpu`'s vGPUs hold it (`[[gpu]] sharing`).
+    pub fn gpu_sharing(&self, gpu: u32) -> sched::Sharing {
+        self.gpus
+            .iter()
+            .find(|g| g.index == gpu)
+            .map(|g| g.sharing)
+            .unwrap_or_default()
+    }
+
     /// The base time slice of GPU `gpu`, ns: its own `[[gpu]] slice_us`,
     /// else `[daemon] preemptive_slice_us` where it can preempt a running
     /// kernel (`preemptive`), else `[daemon] slice_us`.

@@ -308,6 +308,12 @@ pub struct GpuConfig {
     /// the GPU together (phase selection, `grant/corun.rs`).
     #[serde(default)]
     pub policy: sched::DevicePolicy,
+    /// How its vGPUs hold it: `"concurrent"` (the default: every vGPU with
+    /// work at once, one ahead of its share held back) or `"exclusive"`
+    /// (one vGPU a slice; `corun` and `"phase"` co-holding apply only
+    /// there). See docs/design.md, "Sharing the GPU at once".
+    #[serde(default)]
+    pub sharing: sched::Sharing,
     /// The daemon runs NVIDIA's Multi-Process Service for this GPU and its
     /// workers are its clients (see `mps.rs`: what it gives and costs; its
     /// vGPUs never move to another GPU), so opted-in vGPUs may co-run there.

@@ -233,6 +233,7 @@ impl ControlPlane {
                 slice_ns,
                 cfg.gpu_policy(gpu),
                 cfg.gpu_mps(gpu),
+                cfg.gpu_sharing(gpu),
                 self.host_cpu.service_lift(),
             )?;
             e.insert(Arc::new(svc));

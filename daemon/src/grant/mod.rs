@@ -121,17 +121,44 @@ impl GrantService {
         Self::start_with(path, slice_ns, sched::DevicePolicy::default(), false)
     }
 
-    /// Starts serving at `path` with slices of `slice_ns` under `policy`;
-    /// `corun`: the GPU's vGPUs are MPS clients: those that opted in may
-    /// hold it together (see `corun.rs`), and the next vGPU is granted as
-    /// the holder drains (see the module's doc).
+    /// Starts serving at `path` with slices of `slice_ns`, fair queuing,
+    /// the GPU held under `sharing` (see `service/share.rs`).
+    pub fn start_sharing(
+        path: &Path,
+        slice_ns: u64,
+        sharing: sched::Sharing,
+    ) -> Result<GrantService, Error> {
+        let policy = sched::DevicePolicy::default();
+        Self::start_lifted(
+            path,
+            slice_ns,
+            policy,
+            false,
+            sharing,
+            ServiceLift::default(),
+        )
+    }
+
+    /// Starts serving at `path` with slices of `slice_ns` under `policy`,
+    /// one vGPU a slice (`Sharing::Exclusive`); `corun`: the GPU's vGPUs
+    /// are MPS clients: those that opted in may hold it together (see
+    /// `corun.rs`), and the next vGPU is granted as the holder drains (see
+    /// the module's doc).
     pub fn start_with(
         path: &Path,
         slice_ns: u64,
         policy: sched::DevicePolicy,
         corun: bool,
     ) -> Result<GrantService, Error> {
-        Self::start_lifted(path, slice_ns, policy, corun, ServiceLift::default())
+        let exclusive = sched::Sharing::Exclusive;
+        Self::start_lifted(
+            path,
+            slice_ns,
+            policy,
+            corun,
+            exclusive,
+            ServiceLift::default(),
+        )
     }
 
     /// [`GrantService::start_with`], with the host CPU options `lift`: its
@@ -142,6 +169,7 @@ impl GrantService {
         slice_ns: u64,
         policy: sched::DevicePolicy,
         corun: bool,
+        sharing: sched::Sharing,
         lift: ServiceLift,
     ) -> Result<GrantService, Error> {
         let _ = std::fs::remove_file(path);
@@ -171,7 +199,8 @@ impl GrantService {
                         tracing::warn!("grant service: {why}");
                     }
                 }
-                Service::new(listener, slice_ns, policy, corun, u2, lift.holders).run(&s2, &rx)
+                let svc = Service::new(listener, slice_ns, policy, corun, u2, lift.holders);
+                svc.sharing(sharing).run(&s2, &rx)
             })
             .map_err(|e| Error::Io {
                 what: "spawning grant service",

@@ -19,6 +19,8 @@ use super::group::Group;
 use super::{corun, hold_limit, Usage, VgpuLive, HELLO_WAIT};
 use crate::hostcpu::lift::Holders;
 
+mod share;
+
 /// How long the service sleeps while no vGPU holds or wants its GPU: the
 /// latest a daemon's command (a weight changed, a vGPU leaving) is taken.
 const QUIET_WAIT_MS: u8 = 10;
@@ -100,6 +102,18 @@ pub(super) struct Service {
     /// Under MPS, a holder that drains while the next vGPU holds the GPU
     /// already, and since when it held it (see `DRAINING`).
     drainer: Option<(u32, Instant)>,
+    /// How the vGPUs hold the GPU (see `share.rs`).
+    sharing: sched::Sharing,
+    /// Holders of a shared GPU told to end their grant at its slice's end
+    /// (`CONTENDED`): they ran ahead of their share.
+    stopping: HashSet<u32>,
+    /// Holders of a shared GPU that said they have nothing to run, and
+    /// since when (`share.rs`).
+    idle_since: HashMap<u32, Instant>,
+    /// vGPUs of a shared GPU that hold it alone (`share.rs`).
+    heavy: HashSet<u32>,
+    /// The mean stretch of each vGPU's device work, ns (`share.rs`).
+    burst_ns: HashMap<u32, f64>,
 }
 
 impl Service {
@@ -139,7 +153,22 @@ impl Service {
             freed: None,
             draining_since: None,
             drainer: None,
+            sharing: sched::Sharing::Exclusive,
+            stopping: HashSet::new(),
+            idle_since: HashMap::new(),
+            heavy: HashSet::new(),
+            burst_ns: HashMap::new(),
         }
+    }
+
+    /// The service with its vGPUs holding the GPU under `sharing`.
+    pub fn sharing(mut self, sharing: sched::Sharing) -> Service {
+        if sharing == sched::Sharing::Concurrent {
+            // Co-holding by fit (MPS) is the exclusive mode's.
+            self.co = corun::CoRun::new(false);
+        }
+        self.sharing = sharing;
+        self
     }
 
     /// Serves until `stop`: each turn takes the daemon's commands, new
@@ -171,10 +200,14 @@ impl Service {
                 self.on_heard(id, heard);
             }
             self.revoke_overdue();
-            self.pass_round();
-            self.admit_co_holders();
-            self.extend_or_contend();
-            self.grant_next();
+            if self.sharing == sched::Sharing::Concurrent {
+                self.share();
+            } else {
+                self.pass_round();
+                self.admit_co_holders();
+                self.extend_or_contend();
+                self.grant_next();
+            }
             self.tell_lift();
         }
     }
@@ -279,6 +312,10 @@ impl Service {
             self.holder = None;
         }
         self.co.forget(id);
+        self.stopping.remove(&id);
+        self.idle_since.remove(&id);
+        self.heavy.remove(&id);
+        self.burst_ns.remove(&id);
         self.live(|u| {
             let v = u.entry(id).or_default();
             v.connected = false;
@@ -432,6 +469,8 @@ impl Service {
                 Heard::Said((WANT, _, _)) => self.on_want(id, now),
                 Heard::Said((DRAINING, _, _)) => self.on_draining(id, now),
                 Heard::Said((RELEASE, a, b)) => self.on_release(id, a, b, now),
+                Heard::Said((IDLE, _, _)) => self.on_idle(id),
+                Heard::Said((CHARGE, a, b)) => self.on_charge(id, a, b),
                 Heard::Said((kind, a, b)) => self.on_report(id, kind, a, b),
                 Heard::Gone => return self.forget_worker(id),
             }
@@ -440,6 +479,7 @@ impl Service {
 
     /// `WANT`: the vGPU has work for the GPU.
     fn on_want(&mut self, id: u32, now: u64) {
+        self.idle_since.remove(&id);
         if self.active.insert(id) {
             self.apply_shares();
         }
@@ -486,6 +526,7 @@ impl Service {
             &self.usage.lock().unwrap_or_else(|e| e.into_inner()),
         );
         let _ = self.sched.release(id, a);
+        self.idle_since.remove(&id);
         self.live(|u| {
             let v = u.entry(id).or_default();
             // `used` is the worker's word: a huge one saturates.
@@ -502,6 +543,7 @@ impl Service {
             self.holder = None;
         }
         self.co.forget(id);
+        self.stopping.remove(&id);
         self.freed = (self.holder.is_none()
             && self.co.holders.is_empty()
             && self.sched.queue().runnable() > 0)
@@ -574,6 +616,7 @@ impl Service {
             &self.usage.lock().unwrap_or_else(|e| e.into_inner()),
         );
         self.co.forget(id);
+        self.stopping.remove(&id);
         let now = self.now_ns();
         let _ = self.sched.release(id, charge);
         let _ = self.sched.idle(id, now);
@@ -723,7 +766,13 @@ impl Service {
         let Some(tx) = &self.lift else {
             return;
         };
-        let contended = self.holder.is_some() && !self.alone;
+        // On a shared GPU: a heavy vGPU holding it alone while others wait.
+        let contended = (self.holder.is_some() && !self.alone)
+            || self
+                .co
+                .holders
+                .keys()
+                .any(|h| self.heavy.contains(h) && self.stopping.contains(h));
         let realtime_until = contended.then(|| {
             self.co
                 .holders

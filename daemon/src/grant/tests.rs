@@ -1,6 +1,8 @@
 //! The grant service with real workers' gates over its socket.
 
 use super::*;
+
+const EXCLUSIVE: sched::Sharing = sched::Sharing::Exclusive;
 use worker::gate::Gate;
 
 use crate::hostcpu::lift::Holders;
@@ -348,8 +350,15 @@ fn the_vcpu_lift_is_told_of_each_change_of_holder_and_only_then() {
         realtime: false,
     };
     let policy = sched::DevicePolicy::default();
-    let svc =
-        GrantService::start_lifted(&dir.join("g.sock"), 2_000_000, policy, false, lift).unwrap();
+    let svc = GrantService::start_lifted(
+        &dir.join("g.sock"),
+        2_000_000,
+        policy,
+        false,
+        EXCLUSIVE,
+        lift,
+    )
+    .unwrap();
     let next = || rx.recv_timeout(Duration::from_secs(5)).unwrap();
     let t0 = Instant::now();
     let (mut a, mut b) = contended(&svc);

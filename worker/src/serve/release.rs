@@ -106,6 +106,7 @@ impl Worker {
         self.sh.slice.releasing = false;
         self.sh.slice.issued_ns = 0;
         let used = std::mem::take(&mut self.sh.slice.charged_ns);
+        self.sh.slice.bursts = 0;
         self.sh.slice.late_free_ns = 0;
         self.sh
             .port

@@ -149,9 +149,13 @@ impl Worker {
                 idle = 0;
                 continue;
             }
+            self.charge_shared(false)?;
             if busy {
                 self.late_guest_came();
                 self.lone_idle_since = None;
+                if let Some(g) = self.sh.slice.gate.as_mut() {
+                    g.busy()?;
+                }
                 idle = 0;
                 continue;
             }
@@ -200,7 +204,12 @@ impl Worker {
                 }
                 // Alone, it sleeps with the grant as an idle worker does
                 // without: a guest's call, or another vGPU wanting the GPU
-                // (the grant's socket), wakes it.
+                // (the grant's socket), wakes it. On a shared GPU it
+                // charges first what it used, and says it has nothing to run.
+                self.charge_shared(true)?;
+                if let Some(g) = self.sh.slice.gate.as_mut() {
+                    g.idle()?;
+                }
             }
             let light = self.light_sleep();
             let rung = self.block(light)?;
@@ -271,6 +280,17 @@ impl Worker {
     /// takes its replies keeps a grant no more than that past its work),
     /// and never past the slice's end, which the loop still looks for.
     fn late_guest(&mut self) -> bool {
+        if self
+            .sh
+            .slice
+            .gate
+            .as_ref()
+            .is_some_and(|g| g.shared() && !g.shared_alone())
+        {
+            // A grant held beside others keeps no vGPU off the GPU: nothing
+            // to keep it for (the guest's next call finds it held anyway).
+            return false;
+        }
         let unread = self
             .chans
             .iter()
@@ -332,12 +352,43 @@ impl Worker {
         Handoff::add(&h.late_guest_ns, ns);
         Handoff::add(&h.late_guest_cpu_ns, host_ns);
         let slice = &mut self.sh.slice;
-        let Some(g) = slice.gate.as_ref().filter(|g| g.holding()) else {
+        // Held beside others, no vGPU waited for the grant: nothing to pay.
+        let Some(g) = slice
+            .gate
+            .as_ref()
+            .filter(|g| g.holding() && (!g.shared() || g.shared_alone()))
+        else {
             return;
         };
         let free = late_wait_free(ns - host_ns, g.slice_ns(), slice.late_free_ns);
         slice.late_free_ns += free;
         slice.charged_ns = slice.charged_ns.saturating_add(ns - host_ns - free);
+    }
+
+    /// On a shared GPU (`wire::grant::SHARED`), charges what the holder's
+    /// drained busy periods used since its last charge, keeping the grant:
+    /// `now`, whatever it is, else once it reaches an eighth of the slice,
+    /// so that the fair queue sees a holder's use within its slice and can
+    /// hold back one that runs ahead of its share.
+    fn charge_shared(&mut self, now: bool) -> Result<(), Error> {
+        let slice = &mut self.sh.slice;
+        let Some(g) = slice.gate.as_mut().filter(|g| g.shared()) else {
+            return Ok(());
+        };
+        if slice.releasing || slice.charged_ns == 0 {
+            return Ok(());
+        }
+        if !now && slice.charged_ns < g.slice_ns() / 8 {
+            return Ok(());
+        }
+        let ns = std::mem::take(&mut slice.charged_ns);
+        let bursts = std::mem::take(&mut slice.bursts);
+        self.sh
+            .port
+            .stats
+            .charged_ns
+            .fetch_add(ns, Ordering::Relaxed);
+        g.charge(ns, bursts)
     }
 
     /// What the serving loop does when it looks at the clock: report, and

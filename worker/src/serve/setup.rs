@@ -291,6 +291,7 @@ impl Worker {
                     slice_blocks: cfg.slice_blocks,
                     time_launches: cfg.time_launches,
                     charged_ns: 0,
+                    bursts: 0,
                     late: None,
                     late_free_ns: 0,
                     issued_ns: 0,

@@ -110,6 +110,9 @@ pub(super) struct Slice {
     pub time_launches: bool,
     /// GPU time measured under the current grant (busy periods).
     pub charged_ns: u64,
+    /// Stretches of device work in `charged_ns` (busy periods, chunks of
+    /// copies out): how heavy the vGPU is (see the daemon's `share.rs`).
+    pub bursts: u64,
     /// The wait for a late guest under way (see `Worker::late_guest`).
     pub late: Option<LateWait>,
     /// Time the current grant was kept, uncharged, for late guests.
@@ -432,6 +435,7 @@ impl Slice {
             },
         };
         self.charged_ns += ns;
+        self.bursts += 1;
         self.stats.periods[kind].fetch_add(1, Ordering::Relaxed);
         self.stats.period_charges[kind].fetch_add(ns, Ordering::Relaxed);
         if let Some((f, n)) = single {

@@ -306,6 +306,7 @@ pub(super) fn pump_outbound(
         let (src, stream) = (ob.src + ob.off, ob.stream);
         let ctx = &mut s.ctx;
         let st = &sh.port.stats;
+        let mut took = 0;
         let sent = c
             .host
             .resp
@@ -316,8 +317,8 @@ pub(super) fn pump_outbound(
                     out.flags &= protocol::REPLY_OUTPUT;
                     failed = true;
                 }
-                st.dtoh_ns
-                    .fetch_add(crate::nanos(t0.elapsed()), Ordering::Relaxed);
+                took = crate::nanos(t0.elapsed());
+                st.dtoh_ns.fetch_add(took, Ordering::Relaxed);
                 st.dtoh_bytes.fetch_add(n, Ordering::Relaxed);
                 st.copy_bytes.fetch_add(n, Ordering::Relaxed);
                 Ok(())
@@ -330,6 +331,11 @@ pub(super) fn pump_outbound(
                 std::hint::spin_loop();
             }
             break;
+        }
+        if sh.slice.gate.is_some() {
+            // The chunk's copy, synchronous: its device time (see `dtoh`).
+            sh.slice.charged_ns += took;
+            sh.slice.bursts += 1;
         }
         notify_guest(&sh.port, ch)?;
         ob.off += n;

@@ -69,6 +69,11 @@ pub(super) struct SimContext {
     /// The busy period being timed: when the queue reaches its start, and
     /// when its work ends (once ended).
     pub(super) period: Option<(Instant, Option<Instant>)>,
+    /// Within the period: the queue's `total_ns` after this context's last
+    /// submission, and the other contexts' work that ran between its
+    /// operations since the period began (ns): not its own time.
+    pub(super) period_seen: u64,
+    pub(super) period_others: u64,
     /// Physical memory of the VMM API, by handle.
     pub(super) vmm_phys: HashMap<Handle, super::memory::Buf>,
     /// Compressible VMM memory, by handle: its compression type (`vmm.rs`).
@@ -111,9 +116,17 @@ impl SimContext {
         stream: Handle,
         put: impl FnOnce(&mut Queue) -> Instant,
     ) -> Instant {
-        let done = put(&mut self.queues[self.device as usize]
+        let mut q = self.queues[self.device as usize]
             .lock()
-            .unwrap_or_else(|e| e.into_inner()));
+            .unwrap_or_else(|e| e.into_inner());
+        if self.period.is_some() {
+            // In order: what others queued since this context's last
+            // operation runs before this one.
+            self.period_others += q.total_ns.saturating_sub(self.period_seen);
+        }
+        let done = put(&mut q);
+        self.period_seen = q.total_ns;
+        drop(q);
         self.last_done = self.last_done.max(done);
         if let Some(s) = self.streams.get_mut(&stream) {
             *s = (*s).max(done);

@@ -135,8 +135,10 @@ impl Timing for SimContext {
     }
 
     fn period_begin(&mut self) -> Result<(), Status> {
+        self.period = None;
         let t = self.queue_mark(0);
         self.period = Some((t, None));
+        self.period_others = 0;
         Ok(())
     }
 
@@ -155,9 +157,15 @@ impl Timing for SimContext {
         }
     }
 
+    /// The period's time on the device less the other contexts' work that
+    /// ran between its operations (the in-order queue interleaves them):
+    /// its own time, its own gaps included, as a GPU's events time a
+    /// context that had the engine to itself.
     fn period_ns(&mut self) -> Option<u64> {
         let (a, b) = self.period.take()?;
         let b = b?;
-        (Instant::now() >= b).then(|| crate::nanos(b.saturating_duration_since(a)))
+        let others = std::mem::take(&mut self.period_others);
+        (Instant::now() >= b)
+            .then(|| crate::nanos(b.saturating_duration_since(a)).saturating_sub(others))
     }
 }

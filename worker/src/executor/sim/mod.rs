@@ -91,6 +91,9 @@ impl Default for SimParams {
 #[derive(Debug)]
 struct Queue {
     busy_until: Instant,
+    /// Device time of everything ever submitted, every context's (ns): what
+    /// a context's busy period waited behind others' work (`launch.rs`).
+    total_ns: u64,
 }
 
 impl Queue {
@@ -98,6 +101,7 @@ impl Queue {
     fn submit(&mut self, ns: u64) -> Instant {
         let start = self.busy_until.max(Instant::now());
         self.busy_until = start + Duration::from_nanos(ns);
+        self.total_ns += ns;
         self.busy_until
     }
 }
@@ -130,6 +134,7 @@ impl SimExecutor {
                     .map(|_| {
                         Mutex::new(Queue {
                             busy_until: Instant::now(),
+                            total_ns: 0,
                         })
                     })
                     .collect(),
@@ -226,6 +231,8 @@ impl SimExecutor {
             timings: Vec::new(),
             slice_ns: HashMap::new(),
             period: None,
+            period_seen: 0,
+            period_others: 0,
             imports: BTreeMap::new(),
             vmm_phys: HashMap::new(),
             vmm_compressed: HashMap::new(),

@@ -300,9 +300,18 @@ fn dtoh(
         refuse(&sh.port, c, "device-to-host copy outside its allocations");
         return reply(&sh.port, c, tag, opc, Err(e), &[]);
     }
-    // Synchronous: its own time is the device's. It streams
-    // out once the work before it on its stream is done.
+    // Synchronous: it streams out once the work before it on its stream
+    // is done, which drains the stream: the busy period ends there (charged
+    // when the device passes the mark), and the copy's own time is charged
+    // chunk by chunk as it streams out (`transfer.rs`). A guest that only
+    // launches and reads back (a small inference server) is charged as it
+    // goes, not once a slice.
     sh.slice.in_period(s, stream, None, |_| ());
+    let period = if Slice::period_ending(s, Some(stream)) {
+        s.period.take()
+    } else {
+        None
+    };
     match s.ctx.mark(Some(stream)) {
         Ok(m) => {
             let p = Parked {
@@ -310,7 +319,7 @@ fn dtoh(
                 opcode: opc,
                 wait: Wait::Mark(m),
                 then: Then::Dtoh { src, len, stream },
-                period: None,
+                period,
             };
             wait::park(sh, c, s, p)
         }
