@@ -29,7 +29,10 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
     echo "vm-images: installing ${need_pkgs[*]}" >&2
     sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
     sudo_ apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive sudo_ apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+    # Quiet unless it fails (apt says "debconf: delaying package
+    # configuration" on every install without apt-utils).
+    DEBIAN_FRONTEND=noninteractive sudo_ apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" \
+        >/tmp/fairvgpu-apt.log 2>&1 || { cat /tmp/fairvgpu-apt.log >&2; exit 1; }
 fi
 busybox="$(command -v busybox)"
 if ldd "$busybox" >/dev/null 2>&1; then
@@ -46,8 +49,8 @@ echo "vm-images: guest kernel $KVER" >&2
 if [ ! -f "$cache/vmlinuz-$KVER" ]; then
     fetch() {
         (cd "$cache" && rm -f linux-image-*.deb &&
-            { apt-get download "linux-image-$KVER" 2>/dev/null ||
-              apt-get download "linux-image-$KVER-unsigned" 2>/dev/null; })
+            { apt-get download -qq "linux-image-$KVER" >/dev/null 2>&1 ||
+              apt-get download -qq "linux-image-$KVER-unsigned" >/dev/null 2>&1; })
     }
     if ! fetch; then
         # Stale package lists on a long-lived machine.
