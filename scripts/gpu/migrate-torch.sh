@@ -65,6 +65,15 @@ move_at() {
     fi
 }
 move_at fp32 1 $((STEPS / 4))
+# What the vGPU's worker processes still hold on the GPU they left (issue
+# 50: a context stayed there), once the old context's teardown is done.
+sleep 1
+gpu0=$(nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader | awk -F', ' '$1 == 0 {print $2}')
+workers=$(pgrep -d'|' -f 'fairvgpu worker' || true)
+nvidia-smi --query-compute-apps=gpu_bus_id,pid,used_memory --format=csv,noheader,nounits | tee $W/logs/apps-after-move
+old_gpu_mib=$(awk -F', ' -v bus="$gpu0" -v w="^($workers)$" '$1 == bus && $2 ~ w {s += $3} END {print s + 0}' $W/logs/apps-after-move)
+echo "-- GPU 0 is $gpu0; the vGPU's workers: ${workers:-none}"
+echo "-- worker memory left on GPU 0 after the move: ${old_gpu_mib} MiB"
 move_at bf16 0 $((STEPS / 4))
 wait $P; src=$?
 echo "rc=$src"; tail -n 2 $W/logs/standin
@@ -82,4 +91,4 @@ losses_same=0; [ $same -eq 0 ] && [ $src -eq 0 ] && losses_same=1
 migrate_ok=0; [ $moves -eq 2 ] && [ $src -eq 0 ] && migrate_ok=1
 pause=$(echo $pauses | tr ' ' '\n' | sort -g | tail -n 1)
 cp $W/logs/* "$OUT"/ 2>/dev/null
-echo "migrate_ok=$migrate_ok losses_same=$losses_same pause_ms=${pause:-none}"
+echo "migrate_ok=$migrate_ok losses_same=$losses_same pause_ms=${pause:-none} old_gpu_mib=${old_gpu_mib:-none}"
