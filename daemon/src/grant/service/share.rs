@@ -198,3 +198,86 @@ impl Service {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use worker::gate::Gate;
+
+    use crate::grant::GrantService;
+
+    const SLICE_NS: u64 = 4_000_000;
+
+    fn shared(name: &str) -> GrantService {
+        let dir = scratch::dir(&format!("fvg-share-{name}"));
+        GrantService::start_sharing(&dir.join("g.sock"), SLICE_NS, sched::Sharing::Concurrent)
+            .unwrap()
+    }
+
+    /// Whether `g` holds the grant within `wait`.
+    fn granted_within(g: &mut Gate, wait: Duration) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < wait {
+            if g.acquire(Duration::from_millis(1)).unwrap() {
+                return true;
+            }
+        }
+        false
+    }
+
+    #[test]
+    fn light_vgpus_hold_the_gpu_at_once() {
+        let svc = shared("light");
+        let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
+        assert!(granted_within(&mut a, Duration::from_secs(5)));
+        // Under exclusive sharing b would wait for a's slice to end.
+        assert!(granted_within(&mut b, Duration::from_secs(1)));
+        assert!(a.holding() && a.shared() && b.shared() && !a.shared_alone());
+    }
+
+    #[test]
+    fn a_heavy_vgpu_holds_the_gpu_alone_and_others_wait_for_its_slice() {
+        let svc = shared("heavy");
+        let mut h = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        assert!(granted_within(&mut h, Duration::from_secs(5)));
+        // Stretches of 1 ms: heavy once the moving mean passes 250 us.
+        for _ in 0..32 {
+            h.charge(1_000_000, 1).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let mut l = Gate::connect(svc.path(), 2, 1.0).unwrap();
+        assert!(!granted_within(&mut l, Duration::from_millis(2)));
+        // The heavy holder is told to end its grant at its slice's end
+        // (`CONTENDED`): it was alone when granted.
+        let t = Instant::now();
+        while h.alone() {
+            h.extended();
+            assert!(t.elapsed() < Duration::from_secs(1), "never told");
+        }
+        h.release(1_000_000, true).unwrap();
+        assert!(granted_within(&mut l, Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_vgpu_far_ahead_of_its_share_waits_while_the_other_catches_up() {
+        let svc = shared("ahead");
+        let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
+        assert!(granted_within(&mut a, Duration::from_secs(5)));
+        assert!(granted_within(&mut b, Duration::from_secs(1)));
+        // a used five slices in short stretches (light), b nothing: a gives
+        // its grant back and is not granted again while b has not caught up.
+        for _ in 0..50 {
+            a.charge(SLICE_NS / 10, 40).unwrap();
+        }
+        a.release(0, true).unwrap();
+        assert!(!granted_within(&mut a, Duration::from_millis(50)));
+        // b charges as much: a is granted again.
+        for _ in 0..50 {
+            b.charge(SLICE_NS / 10, 40).unwrap();
+        }
+        assert!(granted_within(&mut a, Duration::from_secs(1)));
+    }
+}
