@@ -39,12 +39,12 @@ fn late_waits(name: &str, spins: u32, at: Placement) -> Option<HandoffFigures> {
     let (rounds, late) = tests::late_waits_beside_a_busy_thread(name, SLICE_NS, spin, at, run);
     println!("guest rounds {rounds}; its worker: {}", late.line());
     assert!(rounds > 10, "the guest ran");
-    assert!(
-        late.late_guests >= 10,
-        "the worker waited for the guest too seldom to tell: {}",
-        late.line()
-    );
     Some(late)
+}
+
+/// Whether the worker waited for the guest often enough to tell.
+fn enough(late: &HandoffFigures) -> bool {
+    late.late_guests >= 10
 }
 
 #[test]
@@ -63,6 +63,11 @@ fn a_guest_waiting_for_its_cpu_is_late_on_the_hosts_account() {
     let Some(late) = late_waits("late-guest-cpu", 2_000, at) else {
         return;
     };
+    assert!(
+        enough(&late),
+        "the worker waited for the guest too seldom to tell: {}",
+        late.line()
+    );
     assert!(
         late.late_guest_cpu_ns * 100 >= late.late_guest_ns * 15,
         "the guest's waits for its CPU were not seen as the host's: {}",
@@ -90,20 +95,22 @@ fn a_worker_late_to_look_does_not_make_its_guest_late() {
     // On this 2-CPU virtual machine a run now and then holds a few waits
     // of milliseconds that neither count explains (the code of 298f289,
     // which set this bound, failed 1 of 4 runs here with 455-1,100 us a
-    // wait): the best of up to five runs is held to the bound.
+    // wait): the best of up to five runs is held to the bound (a run in
+    // which the worker waited for the guest too seldom to tell counts as
+    // not passing).
     let mut lines = Vec::new();
     for _ in 0..5 {
         let Some(late) = late_waits("late-look", 16, at) else {
             return;
         };
         let own = late.late_guest_ns.saturating_sub(late.late_guest_cpu_ns);
-        if own <= late.late_guests * 250_000 {
+        if enough(&late) && own <= late.late_guests * 250_000 {
             return;
         }
         lines.push(late.line());
     }
     panic!(
-        "the worker's own waits for its CPU were counted as its guest's lateness: {}",
+        "the worker's own waits for its CPU were counted as its guest's lateness, or it waited too seldom to tell: {}",
         lines.join("; ")
     );
 }
