@@ -121,16 +121,7 @@ pub fn latency_loop(kind: ExecutorKind) -> Arc<GuestBody> {
 
 /// The GPU-bound guest: long kernels launched and synchronized back to back.
 fn gpu_bound_loop() -> Arc<GuestBody> {
-    Arc::new(|_, gpu, f, end| {
-        let ns = LONG_KERNEL_NS.to_le_bytes();
-        let mut n = 0;
-        while Instant::now() < end {
-            gpu.launch(f, ONE, ONE, 0, 0, &[&ns])?;
-            gpu.synchronize()?;
-            n += 1;
-        }
-        Ok(n)
-    })
+    super::fairness::spin_sync_loop(|_| LONG_KERNEL_NS)
 }
 
 fn setup<'a>(o: &Options<'a>, weights: &'a [f64], fair: bool, secs: f64) -> Setup<'a> {

@@ -414,8 +414,16 @@ pub fn vcpus_file(dir: &std::path::Path, g: usize) -> std::path::PathBuf {
 
 /// The fairness guests: a launch + synchronize loop of their kernel.
 fn sync_loop() -> Arc<GuestBody> {
-    Arc::new(|g, gpu, f, end| {
-        let ns = KERNELS_NS[g].to_le_bytes();
+    spin_sync_loop(|g| KERNELS_NS[g])
+}
+
+/// Guest `g` launches a spin kernel of `kernel_ns(g)` and synchronizes, in
+/// a loop; its kernels completed.
+pub(crate) fn spin_sync_loop(
+    kernel_ns: impl Fn(usize) -> u64 + Send + Sync + 'static,
+) -> Arc<GuestBody> {
+    Arc::new(move |g, gpu, f, end| {
+        let ns = kernel_ns(g).to_le_bytes();
         let mut n = 0;
         while Instant::now() < end {
             gpu.launch(f, ONE, ONE, 0, 0, &[&ns])?;
