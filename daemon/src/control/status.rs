@@ -171,6 +171,7 @@ impl ControlPlane {
                     + lock(&self.daemon_logs_suppressed)
                         .get(&v.name)
                         .map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed)),
+                "grants": r.1.grants,
                 "grants_revoked": r.1.revoked,
                 "contexts_created": r.1.report.contexts_created,
                 "contexts_reused": r.1.report.contexts_reused,

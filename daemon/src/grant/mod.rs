@@ -87,6 +87,8 @@ pub struct VgpuLive {
     /// Grants taken back because its worker kept the GPU past
     /// [`hold_limit`].
     pub revoked: u64,
+    /// Grants sent to it, all kinds.
+    pub grants: u64,
     /// Grants it got at a hand-off: the GPU was given back while it (or
     /// another vGPU) waited, and the next grant went to it.
     pub handoffs: u64,
@@ -112,6 +114,8 @@ pub struct GrantService {
     stop: Arc<AtomicBool>,
     usage: Usage,
     commands: Mutex<std::sync::mpsc::Sender<Command>>,
+    /// Rung after each command and at the stop: a quiet service sleeps on it.
+    wake: Arc<transport::EventFdBell>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -185,6 +189,11 @@ impl GrantService {
         let usage: Usage = Arc::default();
         let (s2, u2) = (stop.clone(), usage.clone());
         let (tx, rx) = std::sync::mpsc::channel();
+        let wake = Arc::new(transport::EventFdBell::new().map_err(|e| Error::Io {
+            what: "grant service's wake-up eventfd",
+            source: std::io::Error::other(e),
+        })?);
+        let w2 = wake.clone();
         let thread = std::thread::Builder::new()
             .name("grant-service".into())
             .spawn(move || {
@@ -200,7 +209,7 @@ impl GrantService {
                     }
                 }
                 let svc = Service::new(listener, slice_ns, policy, corun, u2, lift.holders);
-                svc.sharing(sharing).run(&s2, &rx)
+                svc.sharing(sharing).run(&s2, &rx, &w2)
             })
             .map_err(|e| Error::Io {
                 what: "spawning grant service",
@@ -211,6 +220,7 @@ impl GrantService {
             stop,
             usage,
             commands: Mutex::new(tx),
+            wake,
             thread: Some(thread),
         })
     }
@@ -245,25 +255,17 @@ impl GrantService {
                 return Err(Error::BadWeight(w));
             }
         }
-        self.commands
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(Command::SetShare {
-                vgpu,
-                tenant: tenant.to_owned(),
-                weight,
-                tenant_weight,
-            })
-            .map_err(|_| Error::GrantStopped)
+        self.send(Command::SetShare {
+            vgpu,
+            tenant: tenant.to_owned(),
+            weight,
+            tenant_weight,
+        })
     }
 
     /// Whether `vgpu`'s VM opted in to co-running (see `corun.rs`).
     pub fn set_corun(&self, vgpu: u32, ok: bool) -> Result<(), Error> {
-        self.commands
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(Command::SetCorun { vgpu, ok })
-            .map_err(|_| Error::GrantStopped)
+        self.send(Command::SetCorun { vgpu, ok })
     }
 
     /// How far ahead of this GPU's virtual time `vgpu` is (tag units), as
@@ -292,7 +294,9 @@ impl GrantService {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(c)
-            .map_err(|_| Error::GrantStopped)
+            .map_err(|_| Error::GrantStopped)?;
+        let _ = transport::Bell::ring(&*self.wake);
+        Ok(())
     }
 
     /// The socket path.
@@ -304,6 +308,7 @@ impl GrantService {
 impl Drop for GrantService {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        let _ = transport::Bell::ring(&*self.wake);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -18,12 +18,14 @@ use super::conn::{Conn, Heard};
 use super::group::Group;
 use super::{corun, hold_limit, Usage, VgpuLive, HELLO_WAIT};
 use crate::hostcpu::lift::Holders;
+use transport::EventFdBell;
 
 mod share;
 
-/// How long the service sleeps while no vGPU holds or wants its GPU: the
-/// latest a daemon's command (a weight changed, a vGPU leaving) is taken.
-const QUIET_WAIT_MS: u8 = 10;
+/// How long the service sleeps while no vGPU holds or wants its GPU, at
+/// most: a worker's message, a new worker and the daemon's commands (which
+/// ring its wake-up eventfd) end the sleep at once.
+const QUIET_WAIT_MS: u8 = 250;
 
 /// What the daemon asks of a running service (see [`super::GrantService`]).
 pub(super) enum Command {
@@ -107,13 +109,8 @@ pub(super) struct Service {
     /// Holders of a shared GPU told to end their grant at its slice's end
     /// (`CONTENDED`): they ran ahead of their share.
     stopping: HashSet<u32>,
-    /// Holders of a shared GPU that said they have nothing to run, and
-    /// since when (`share.rs`).
-    idle_since: HashMap<u32, Instant>,
-    /// vGPUs of a shared GPU that hold it alone (`share.rs`).
-    heavy: HashSet<u32>,
-    /// The mean stretch of each vGPU's device work, ns (`share.rs`).
-    burst_ns: HashMap<u32, f64>,
+    /// What sharing the GPU at once keeps of each vGPU (`share.rs`).
+    shared: share::Shared,
 }
 
 impl Service {
@@ -155,9 +152,7 @@ impl Service {
             drainer: None,
             sharing: sched::Sharing::Exclusive,
             stopping: HashSet::new(),
-            idle_since: HashMap::new(),
-            heavy: HashSet::new(),
-            burst_ns: HashMap::new(),
+            shared: share::Shared::new(Duration::from_nanos(slice_ns)),
         }
     }
 
@@ -174,7 +169,7 @@ impl Service {
     /// Serves until `stop`: each turn takes the daemon's commands, new
     /// connections and the workers' messages, takes back overdue grants,
     /// and grants the GPU as the fair queue says.
-    pub fn run(mut self, stop: &AtomicBool, commands: &Receiver<Command>) {
+    pub fn run(mut self, stop: &AtomicBool, commands: &Receiver<Command>, wake: &EventFdBell) {
         while !stop.load(Ordering::Relaxed) {
             let mut changed = false;
             while let Ok(cmd) = commands.try_recv() {
@@ -185,7 +180,7 @@ impl Service {
             }
             self.on_tick();
             self.accept();
-            for (id, i) in self.readable() {
+            for (id, i) in self.readable(wake) {
                 self.read_from(id, i);
             }
             // Groups' members gone or overdue (a worker alone has none).
@@ -313,9 +308,7 @@ impl Service {
         }
         self.co.forget(id);
         self.stopping.remove(&id);
-        self.idle_since.remove(&id);
-        self.heavy.remove(&id);
-        self.burst_ns.remove(&id);
+        self.shared.forget(id);
         self.live(|u| {
             let v = u.entry(id).or_default();
             v.connected = false;
@@ -425,11 +418,10 @@ impl Service {
     // --- Workers' messages --------------------------------------------
 
     /// The workers with something to read (or gone), waiting 1 ms at most
-    /// while a vGPU holds or wants the GPU (its grant's deadline and the
-    /// next hand-off are timed to the millisecond), and up to `QUIET_WAIT`
-    /// while none does, woken at once by a worker's message or a new
-    /// connection: an idle GPU's service takes no CPU from busy threads.
-    fn readable(&self) -> Vec<(u32, usize)> {
+    /// while a vGPU holds or wants the GPU (deadlines and hand-offs are
+    /// timed to the millisecond), else up to [`QUIET_WAIT_MS`], woken by a
+    /// message, a connection or a command: an idle GPU costs no CPU.
+    fn readable(&self, wake: &EventFdBell) -> Vec<(u32, usize)> {
         let mut ids: Vec<(u32, usize)> = Vec::new();
         let mut fds: Vec<PollFd<'_>> = Vec::new();
         for (&id, c) in &self.conns {
@@ -444,9 +436,13 @@ impl Service {
             && self.pending.is_empty();
         if quiet {
             fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
+            fds.push(PollFd::new(wake.fd().as_fd(), PollFlags::POLLIN));
         }
         let wait = if quiet { QUIET_WAIT_MS } else { 1 };
         let _ = poll(&mut fds, PollTimeout::from(wait));
+        if quiet {
+            let _ = nix::unistd::read(wake.fd().as_fd(), &mut [0u8; 8]);
+        }
         fds.iter()
             .zip(&ids)
             .filter(|(fd, _)| fd.revents().is_some_and(|r| !r.is_empty()))
@@ -479,7 +475,7 @@ impl Service {
 
     /// `WANT`: the vGPU has work for the GPU.
     fn on_want(&mut self, id: u32, now: u64) {
-        self.idle_since.remove(&id);
+        self.shared.idle_since.remove(&id);
         if self.active.insert(id) {
             self.apply_shares();
         }
@@ -526,7 +522,7 @@ impl Service {
             &self.usage.lock().unwrap_or_else(|e| e.into_inner()),
         );
         let _ = self.sched.release(id, a);
-        self.idle_since.remove(&id);
+        self.shared.used(id, a);
         self.live(|u| {
             let v = u.entry(id).or_default();
             // `used` is the worker's word: a huge one saturates.
@@ -671,7 +667,11 @@ impl Service {
             if let Some(c) = self.conns.get_mut(&id) {
                 if c.send(id, GRANT, crate::nanos(left), 0) {
                     self.co.holders.insert(id, self.deadline);
-                    self.live(|u| u.entry(id).or_default().holding = true);
+                    self.live(|u| {
+                        let v = u.entry(id).or_default();
+                        v.holding = true;
+                        v.grants += 1;
+                    });
                 }
             }
         }
@@ -751,6 +751,7 @@ impl Service {
         self.live(|u| {
             let v = u.entry(vgpu).or_default();
             v.holding = true;
+            v.grants += 1;
             if let Some(ns) = handoff {
                 v.handoffs += 1;
                 v.handoff_ns += ns;
@@ -772,7 +773,7 @@ impl Service {
                 .co
                 .holders
                 .keys()
-                .any(|h| self.heavy.contains(h) && self.stopping.contains(h));
+                .any(|h| self.shared.heavy.contains(h) && self.stopping.contains(h));
         let realtime_until = contended.then(|| {
             self.co
                 .holders

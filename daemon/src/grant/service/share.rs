@@ -15,16 +15,17 @@
 //!   needs no round trip; it says so (`IDLE`, then `WANT` when it has work
 //!   again), and one idle for more than [`IDLE_SLICES`] of a slice is not
 //!   backlogged: it does not want the GPU now.
-//! - A vGPU whose start tag is more than [`LEAD_SLICES`] of the lightest
-//!   runnable vGPU's slices ahead of the smallest start tag among the
-//!   backlogged vGPUs (holders not idle, and those waiting) is ahead of its
-//!   share: it is not granted, and a holder that gets there is told
+//! - A backlogged vGPU (a holder not idle, or one waiting) is *short*
+//!   while its own GPU time (a moving rate of its charges, less the
+//!   stretching of its work by the others' beside it) is below its
+//!   entitlement: its weight over the backlogged vGPUs' weights, of the
+//!   whole GPU. A vGPU whose start tag is more than [`LEAD_SLICES`] of the
+//!   lightest runnable vGPU's slices ahead of a short vGPU's is ahead of
+//!   its share: it is not granted, and a holder that gets there is told
 //!   `CONTENDED`, so it gives the grant back at its slice's end and waits
-//!   until the others catch up; those behind run alone meanwhile. A guest
-//!   slowed by the others' work beside its own stays backlogged through its
-//!   short pauses between calls, so it gets its share back this way; one
-//!   whose guest computes between calls is not backlogged then, and the
-//!   others are not held back for it.
+//!   until the short ones have their share. No vGPU is held back for one
+//!   that gets its entitlement already: a latency-bound guest that cannot
+//!   use more costs the others nothing (max-min fairness, work-conserving).
 //! - A heavy vGPU (long stretches of device work: [`HEAVY_BURST_NS`]) keeps
 //!   the GPU busy by itself; beside it, others' work would only wait and
 //!   slow it. It holds the GPU alone, for a slice, in its turn by the fair
@@ -34,6 +35,7 @@
 //! - Every other holder gets one slice more (`EXTEND`) whenever less than
 //!   one is left: nothing drains at slice ends while no one waits.
 
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use wire::grant::{ALONE, CONTENDED, EXTEND, GRANT, LONE, SHARED};
@@ -46,6 +48,190 @@ pub(super) const LEAD_SLICES: u128 = 4;
 
 /// A holder idle this long, in base slices, is not backlogged.
 pub(super) const IDLE_SLICES: f64 = 0.25;
+
+/// A backlogged vGPU whose own GPU time is below this much of its
+/// entitlement is short, until it passes [`CAUGHT_UP`] of it (hysteresis:
+/// holding others back for it takes effect a slice late).
+pub(super) const SHORT: f64 = 1.0;
+pub(super) const CAUGHT_UP: f64 = 1.1;
+
+/// The moving rates' time constant, in base slices.
+pub(super) const RATE_SLICES: f64 = 4.0;
+
+/// What sharing the GPU at once keeps of each vGPU.
+#[derive(Debug)]
+pub(super) struct Shared {
+    /// Holders that said they have nothing to run, and since when.
+    pub idle_since: HashMap<u32, Instant>,
+    /// vGPUs that hold the GPU alone.
+    pub heavy: HashSet<u32>,
+    /// The stretches of each vGPU's device work.
+    bursts: HashMap<u32, Bursts>,
+    /// vGPUs found short (see [`SHORT`]) and not yet past [`CAUGHT_UP`].
+    short: HashSet<u32>,
+    /// Each vGPU's GPU time a second lately, and when it was last updated.
+    rate: HashMap<u32, (f64, Instant)>,
+    /// The rates' time constant.
+    rate_tau: Duration,
+}
+
+impl Shared {
+    /// Nothing kept yet, on a GPU of base slices `slice`.
+    pub fn new(slice: Duration) -> Shared {
+        Shared {
+            idle_since: HashMap::new(),
+            heavy: HashSet::new(),
+            bursts: HashMap::new(),
+            short: HashSet::new(),
+            rate: HashMap::new(),
+            rate_tau: slice.mul_f64(RATE_SLICES),
+        }
+    }
+
+    /// `id` used `ns` of GPU time (a charge or a release): its rate grows,
+    /// and it is not idle.
+    pub fn used(&mut self, id: u32, ns: u64) {
+        self.idle_since.remove(&id);
+        self.add(id, ns, Instant::now());
+    }
+
+    fn add(&mut self, id: u32, ns: u64, now: Instant) {
+        let tau = self.tau();
+        let r = self.rate.entry(id).or_insert((0.0, now));
+        r.0 = decayed(*r, now, tau) + ns as f64 / tau.as_nanos() as f64;
+        r.1 = now;
+    }
+
+    /// `id`'s GPU time a second lately.
+    fn rate(&self, id: u32, now: Instant) -> f64 {
+        self.rate
+            .get(&id)
+            .map_or(0.0, |&r| decayed(r, now, self.tau()))
+    }
+
+    /// `id`'s own GPU time a second lately: its rate, less the stretching
+    /// of its work by the others' work beside it (its stretches now
+    /// against its shortest lately, see [`Bursts`]).
+    fn own_rate(&self, id: u32, now: Instant) -> f64 {
+        let stretch = self.bursts.get(&id).map_or(1.0, Bursts::stretch);
+        self.rate(id, now) / stretch
+    }
+
+    /// Whether backlogged `id`, entitled to `share` of the GPU, is short
+    /// of it: below [`SHORT`] of it, until past [`CAUGHT_UP`] again.
+    fn is_short(&mut self, id: u32, share: f64, now: Instant) -> bool {
+        let own = self.own_rate(id, now);
+        if own < SHORT * share {
+            self.short.insert(id);
+        } else if own >= CAUGHT_UP * share {
+            self.short.remove(&id);
+        }
+        self.short.contains(&id)
+    }
+
+    /// A charge of `used` ns in `n` stretches: whether `id` is heavy now.
+    fn stretches(&mut self, id: u32, used: u64, n: u64) -> bool {
+        let b = self.bursts.entry(id).or_default();
+        if let Some(mean) = used.checked_div(n) {
+            b.add(mean as f64);
+        }
+        if b.mean >= HEAVY_BURST_NS as f64 {
+            self.heavy.insert(id);
+        } else if b.mean < HEAVY_BURST_NS as f64 / 2.0 {
+            self.heavy.remove(&id);
+        }
+        self.heavy.contains(&id)
+    }
+
+    fn tau(&self) -> Duration {
+        self.rate_tau
+    }
+
+    /// `id` left the GPU.
+    pub fn forget(&mut self, id: u32) {
+        self.idle_since.remove(&id);
+        self.heavy.remove(&id);
+        self.bursts.remove(&id);
+        self.short.remove(&id);
+        self.rate.remove(&id);
+    }
+}
+
+/// The stretches of a vGPU's device work (a busy period between two
+/// synchronizations; a chunk of a copy out): a slow moving mean, and the
+/// smallest that mean was lately, which rises back slowly. Work beside
+/// its own on the GPU (contexts interleaved) stretches them; their mean
+/// over the smallest is how much, what its charges hold of the others'.
+#[derive(Debug, Default)]
+struct Bursts {
+    mean: f64,
+    floor: f64,
+    charges: u32,
+}
+
+impl Bursts {
+    /// Charges before the floor is trusted (the mean starts at 0).
+    const SETTLED: u32 = 64;
+
+    fn add(&mut self, burst: f64) {
+        // Slow: a few long stretches (a busy host's CPU late, a setup
+        // copy) make no vGPU heavy.
+        self.mean += (burst - self.mean) / 16.0;
+        self.charges = self.charges.saturating_add(1);
+        if self.charges == Self::SETTLED {
+            self.floor = self.mean;
+        } else if self.charges > Self::SETTLED {
+            self.floor = self.floor.min(self.mean);
+            self.floor += (self.mean - self.floor) / 256.0;
+        }
+    }
+
+    /// How much longer its stretches are now than lately at their
+    /// shortest (1 until settled; at most 4).
+    fn stretch(&self) -> f64 {
+        if self.charges <= Self::SETTLED || self.floor <= 0.0 {
+            return 1.0;
+        }
+        (self.mean / self.floor).clamp(1.0, 4.0)
+    }
+}
+
+/// The short vGPUs' two smallest start tags (a vGPU is never held back
+/// for itself) and the lead allowed over them, for one pass.
+#[derive(Debug, Default)]
+pub(super) struct Lead {
+    shortest: [Option<(u32, u128)>; 2],
+    bound: u128,
+}
+
+impl Lead {
+    fn add_short(&mut self, id: u32, tag: u128) {
+        let e = Some((id, tag));
+        match self.shortest {
+            [None, _] => self.shortest[0] = e,
+            [Some(a), _] if tag < a.1 => self.shortest = [e, Some(a)],
+            [_, None] => self.shortest[1] = e,
+            [_, Some(b)] if tag < b.1 => self.shortest[1] = e,
+            _ => {}
+        }
+    }
+
+    /// Whether `id` is ahead of its share: more than the bound ahead of a
+    /// short vGPU other than itself.
+    fn ahead(&self, svc: &mut Service, id: u32) -> bool {
+        let floor = self.shortest.iter().flatten().find(|s| s.0 != id);
+        let (Some(&(_, floor)), Some(tag)) = (floor, svc.sched.queue().start_tag(id)) else {
+            return false;
+        };
+        tag.saturating_sub(floor) > self.bound
+    }
+}
+
+/// A moving rate `(value, at)` decayed to `now` with time constant `tau`.
+fn decayed((value, at): (f64, Instant), now: Instant, tau: Duration) -> f64 {
+    let dt = now.saturating_duration_since(at).as_secs_f64();
+    value * (-dt / tau.as_secs_f64().max(1e-9)).exp()
+}
 
 /// A vGPU whose stretches of device work (a busy period between two
 /// synchronizations; a chunk of a copy out) last this long on average is
@@ -61,7 +247,7 @@ impl Service {
     pub(super) fn share(&mut self) {
         let now_ns = self.now_ns();
         let holding: Vec<u32> = self.co.holders.keys().copied().collect();
-        let heavy_holds = holding.iter().any(|id| self.heavy.contains(id));
+        let heavy_holds = holding.iter().any(|id| self.shared.heavy.contains(id));
         // Who may run now, in the queue's order: lights while no heavy
         // holds or waits before them; a heavy one once nobody holds. One
         // found heavy while it held beside others has them end their grants.
@@ -69,11 +255,12 @@ impl Service {
         let mut grant = Vec::new();
         let candidates = self.sched.candidates(now_ns, &holding);
         let others = candidates.len() > 1;
+        let lead = self.lead();
         for id in candidates {
-            if self.ahead(id) {
+            if lead.ahead(self, id) {
                 continue;
             }
-            let heavy = self.heavy.contains(&id);
+            let heavy = self.shared.heavy.contains(&id);
             if heavy_holds || waiting {
                 waiting = true;
                 break;
@@ -94,7 +281,7 @@ impl Service {
                 continue;
             };
             // A heavy one holds alone: lone only while no other wants it.
-            let bits = if self.heavy.contains(&id) {
+            let bits = if self.shared.heavy.contains(&id) {
                 SHARED | ALONE | if others { 0 } else { LONE }
             } else {
                 SHARED | LONE
@@ -103,14 +290,18 @@ impl Service {
                 self.co
                     .holders
                     .insert(id, Instant::now() + Duration::from_nanos(slice));
-                self.live(|u| u.entry(id).or_default().holding = true);
+                self.live(|u| {
+                    let v = u.entry(id).or_default();
+                    v.holding = true;
+                    v.grants += 1;
+                });
             }
         }
         let now = Instant::now();
         for id in holding {
             // Ahead of its share, or in the way of one waiting: it ends
             // its grant at its slice's end.
-            if waiting || self.ahead(id) {
+            if waiting || lead.ahead(self, id) {
                 if self.stopping.insert(id) {
                     if let Some(c) = self.conns.get_mut(&id) {
                         c.send(id, CONTENDED, 0, 0);
@@ -135,39 +326,54 @@ impl Service {
         }
     }
 
-    /// Whether `id`'s start tag is more than [`LEAD_SLICES`] of the
-    /// lightest runnable vGPU's slices ahead of the backlogged vGPUs.
-    fn ahead(&mut self, id: u32) -> bool {
-        let idle_for = Duration::from_secs_f64(self.slice.as_secs_f64() * IDLE_SLICES);
+    /// The bound on how far a vGPU may run ahead of the short ones, for
+    /// one pass (see the module's comment).
+    fn lead(&mut self) -> Lead {
+        let now = Instant::now();
+        let mut lead = Lead::default();
+        let idle_for = self.slice.mul_f64(IDLE_SLICES);
         let q = self.sched.queue();
+        let backlogged: Vec<(u32, f64)> = q
+            .runnable_ids()
+            .filter(|v| {
+                self.shared
+                    .idle_since
+                    .get(v)
+                    .is_none_or(|t| t.elapsed() < idle_for)
+            })
+            .filter_map(|v| Some((v, q.weight(v)?)))
+            .collect();
+        let weights: f64 = backlogged.iter().map(|b| b.1).sum();
         let lightest = q
             .runnable_ids()
             .filter_map(|v| q.weight(v))
             .fold(f64::INFINITY, f64::min);
-        let backlogged = q
-            .runnable_ids()
-            .filter(|v| {
-                self.idle_since
-                    .get(v)
-                    .is_none_or(|t| t.elapsed() < idle_for)
-            })
-            .filter_map(|v| q.start_tag(v))
-            .min();
-        let (Some(floor), true) = (backlogged, lightest.is_finite()) else {
-            return false;
-        };
+        if !lightest.is_finite() {
+            return lead;
+        }
+        for &(v, w) in &backlogged {
+            let Some(tag) = q.start_tag(v) else {
+                continue;
+            };
+            if self.shared.is_short(v, w / weights, now) {
+                lead.add_short(v, tag);
+            }
+        }
         let per_slice = self.slice_ns as f64 * sched::sfq::TAG_SCALE / lightest;
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         // positive, far below u128::MAX
         let bound = LEAD_SLICES * per_slice.round() as u128;
-        q.start_tag(id)
-            .is_some_and(|s| s.saturating_sub(floor) > bound)
+        lead.bound = bound;
+        lead
     }
 
     /// `IDLE`: a shared holder has nothing to run; it keeps its grant.
     pub(super) fn on_idle(&mut self, id: u32) {
         if self.co.holders.contains_key(&id) {
-            self.idle_since.entry(id).or_insert_with(Instant::now);
+            self.shared
+                .idle_since
+                .entry(id)
+                .or_insert_with(Instant::now);
         }
     }
 
@@ -179,18 +385,9 @@ impl Service {
         if !self.co.holders.contains_key(&id) {
             return;
         }
-        if let Some(mean) = used.checked_div(bursts) {
-            // A slow moving mean: a few long stretches (a busy host's CPU
-            // late, a setup copy) make no vGPU heavy.
-            let burst = self.burst_ns.entry(id).or_default();
-            *burst += (mean as f64 - *burst) / 16.0;
-            if *burst >= HEAVY_BURST_NS as f64 {
-                self.heavy.insert(id);
-            } else if *burst < HEAVY_BURST_NS as f64 / 2.0 {
-                self.heavy.remove(&id);
-            }
-        }
+        self.shared.stretches(id, used, bursts);
         let _ = self.sched.release(id, used);
+        self.shared.add(id, used, Instant::now());
         self.live(|u| {
             let v = u.entry(id).or_default();
             // The worker's word: a huge one saturates.
@@ -261,23 +458,84 @@ mod tests {
     }
 
     #[test]
-    fn a_vgpu_far_ahead_of_its_share_waits_while_the_other_catches_up() {
+    fn a_vgpu_far_ahead_of_a_short_one_waits_until_it_has_its_share() {
         let svc = shared("ahead");
         let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
         let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
-        assert!(granted_within(&mut a, Duration::from_secs(5)));
-        assert!(granted_within(&mut b, Duration::from_secs(1)));
-        // a used five slices in short stretches (light), b nothing: a gives
-        // its grant back and is not granted again while b has not caught up.
+        let mut c = Gate::connect(svc.path(), 3, 1.0).unwrap();
+        for g in [&mut a, &mut b, &mut c] {
+            assert!(granted_within(g, Duration::from_secs(5)));
+        }
+        // a used five slices in short stretches (light); c, backlogged,
+        // nothing yet: c is short of its third.
         for _ in 0..50 {
             a.charge(SLICE_NS / 10, 40).unwrap();
         }
         a.release(0, true).unwrap();
-        assert!(!granted_within(&mut a, Duration::from_millis(50)));
-        // b charges as much: a is granted again.
+        // b busy too (1 ms of GPU time each 1 ms or so): a waits for c.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(50) {
+            b.charge(1_000_000, 10).unwrap();
+            assert!(!a.acquire(Duration::from_millis(1)).unwrap(), "a ran ahead");
+        }
+        // c charges as much as a did: a is granted again.
         for _ in 0..50 {
-            b.charge(SLICE_NS / 10, 40).unwrap();
+            c.charge(SLICE_NS / 10, 40).unwrap();
         }
         assert!(granted_within(&mut a, Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_vgpu_ahead_runs_on_beside_one_that_has_its_share() {
+        let svc = shared("spare");
+        let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
+        let mut b = Gate::connect(svc.path(), 2, 1.0).unwrap();
+        assert!(granted_within(&mut a, Duration::from_secs(5)));
+        assert!(granted_within(&mut b, Duration::from_secs(1)));
+        // a far ahead (fifty slices), then b busy at the whole GPU's rate
+        // for a while: b's start tag is still far behind a's, but b gets
+        // more than its half now. Under a start-tag bound alone a would
+        // wait for b; holding a back would only slow a.
+        for _ in 0..500 {
+            a.charge(SLICE_NS / 10, 40).unwrap();
+        }
+        a.release(0, true).unwrap();
+        let t = Instant::now();
+        let mut granted = false;
+        while t.elapsed() < Duration::from_millis(80) {
+            b.charge(3_000_000, 30).unwrap();
+            granted |= t.elapsed() > Duration::from_millis(40)
+                && a.acquire(Duration::from_millis(1)).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(granted, "a was held back for b, which had its share");
+    }
+
+    #[test]
+    fn the_lead_keeps_the_two_smallest_short_tags() {
+        let mut lead = super::Lead::default();
+        for (id, tag) in [(1, 50), (2, 30), (3, 40), (4, 10), (5, 20)] {
+            lead.add_short(id, tag);
+        }
+        assert_eq!(lead.shortest, [Some((4, 10)), Some((5, 20))]);
+    }
+
+    #[test]
+    fn stretches_are_measured_against_the_shortest_lately() {
+        let mut b = super::Bursts::default();
+        for _ in 0..300 {
+            b.add(100.0);
+        }
+        assert!((b.stretch() - 1.0).abs() < 0.02, "{}", b.stretch());
+        // Others' work beside its own: stretches of 150.
+        for _ in 0..48 {
+            b.add(150.0);
+        }
+        assert!(b.stretch() > 1.3 && b.stretch() < 1.5, "{}", b.stretch());
+        // For good: the floor rises to the new length in time.
+        for _ in 0..4000 {
+            b.add(150.0);
+        }
+        assert!(b.stretch() < 1.05, "{}", b.stretch());
     }
 }
