@@ -53,6 +53,8 @@ enum FeedMsg {
     NewStandby(UnixStream),
     /// The standby takes over, with its grant connection if any.
     Promote(Option<OwnedFd>),
+    /// The VM is going: the feed thread closes the feeds and ends.
+    Stop,
 }
 
 /// The daemon's side of one VM: its region, its ivshmem-server socket, and
@@ -81,7 +83,6 @@ pub struct VmHost {
     poisoned: Arc<AtomicBool>,
     /// The standby worker said it is ready to take over.
     standby_ready: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -94,6 +95,7 @@ impl std::fmt::Debug for FeedMsg {
             FeedMsg::Migrate(..) => "Migrate",
             FeedMsg::NewStandby(_) => "NewStandby",
             FeedMsg::Promote(_) => "Promote",
+            FeedMsg::Stop => "Stop",
         })
     }
 }
@@ -134,7 +136,6 @@ impl VmHost {
         let server = serve_to(socket, server_fd, layout.vectors, MAX_PEERS, move |ev| {
             let _ = peer_tx.send(FeedMsg::Peer(ev));
         })?;
-        let stop = Arc::new(AtomicBool::new(false));
         let fed = Arc::new(AtomicBool::new(false));
         let reports: Arc<Mutex<Vec<MigrationReport>>> = Arc::default();
         let poisoned = Arc::new(AtomicBool::new(false));
@@ -154,25 +155,22 @@ impl VmHost {
             standby_ready: standby_ready.clone(),
             standby_live: Arc::default(),
         };
-        let thread = {
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name(format!("feed-{name}"))
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        match rx.recv_timeout(Duration::from_millis(100)) {
-                            Ok(m) => feeder.handle(m),
-                            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                            Err(_) => break,
-                        }
+        // It sleeps until a message comes: an idle VM costs no wake-ups.
+        let thread = std::thread::Builder::new()
+            .name(format!("feed-{name}"))
+            .spawn(move || {
+                while let Ok(m) = rx.recv() {
+                    if matches!(m, FeedMsg::Stop) {
+                        break;
                     }
-                    feeder.close();
-                })
-                .map_err(|source| Error::Io {
-                    what: "spawning feed thread",
-                    source,
-                })?
-        };
+                    feeder.handle(m);
+                }
+                feeder.close();
+            })
+            .map_err(|source| Error::Io {
+                what: "spawning feed thread",
+                source,
+            })?;
         Ok(VmHost {
             region,
             server,
@@ -183,7 +181,6 @@ impl VmHost {
             reports,
             poisoned,
             standby_ready,
-            stop,
             thread: Some(thread),
         })
     }
@@ -329,7 +326,7 @@ fn feed_pair() -> Result<(UnixStream, UnixStream), Error> {
 
 impl Drop for VmHost {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.send(FeedMsg::Stop);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -379,6 +376,7 @@ impl Feeder {
             }
             FeedMsg::NewStandby(ours) => self.start_standby(ours),
             FeedMsg::Promote(grant) => self.promote(grant),
+            FeedMsg::Stop => {}
         }
     }
 

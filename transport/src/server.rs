@@ -180,6 +180,8 @@ pub struct ServerHandle {
     pub events: Receiver<PeerEvent>,
     log_suppressed: Arc<std::sync::atomic::AtomicU64>,
     stop: Arc<AtomicBool>,
+    /// Rung with the stop flag set: the server's thread sleeps on it.
+    wake: Arc<EventFdBell>,
     thread: Option<std::thread::JoinHandle<()>>,
     path: PathBuf,
 }
@@ -219,6 +221,7 @@ impl ServerHandle {
 impl Drop for ServerHandle {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        let _ = self.wake.ring();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -284,6 +287,7 @@ pub fn serve_to(
     let peers: PeerBells = Arc::default();
     let peer_pids: PeerPids = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
+    let wake = Arc::new(EventFdBell::new()?);
     let log = LogLimiter::default();
     let log_suppressed = log.counter();
     let state = ServerLoop {
@@ -298,6 +302,7 @@ pub fn serve_to(
         next_id: HOST_PEER + 1,
         sink: Box::new(sink),
         stop: stop.clone(),
+        wake: wake.clone(),
         log,
         tokens: ACCEPT_BURST,
         refilled: std::time::Instant::now(),
@@ -313,6 +318,7 @@ pub fn serve_to(
         events: channel().1,
         log_suppressed,
         stop,
+        wake,
         thread: Some(thread),
         path: path.to_owned(),
     })
@@ -330,6 +336,7 @@ struct ServerLoop {
     next_id: u16,
     sink: Box<dyn FnMut(PeerEvent) + Send>,
     stop: Arc<AtomicBool>,
+    wake: Arc<EventFdBell>,
     /// Everything here is triggered by the VM's peers: rate-limited.
     log: LogLimiter,
     /// New peers it may take now (see [`ACCEPT_PER_SECOND`]).
@@ -352,13 +359,15 @@ impl ServerLoop {
             // Out of tokens: the listener is left out of the poll, for the
             // time one token takes.
             let listening = self.tokens >= 1.0;
-            let wait_ms = if listening {
-                100u8
+            // Listening, it sleeps until a peer or the stop comes (an idle
+            // VM's server wakes for nothing).
+            let wait = if listening {
+                PollTimeout::NONE
             } else {
                 // 20 ms for the 50 a second above (`as` saturates at 255).
                 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                 let ms = (1000.0 / ACCEPT_PER_SECOND).ceil() as u8;
-                ms
+                PollTimeout::from(ms)
             };
             {
                 let mut fds = vec![PollFd::new(
@@ -377,7 +386,8 @@ impl ServerLoop {
                     }
                     fds.push(PollFd::new(p.stream.as_fd(), ev));
                 }
-                match poll(&mut fds, PollTimeout::from(wait_ms)) {
+                fds.push(PollFd::new(self.wake.fd().as_fd(), PollFlags::POLLIN));
+                match poll(&mut fds, wait) {
                     Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
                     Ok(_) => {}
                     Err(e) => {

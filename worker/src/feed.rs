@@ -160,10 +160,24 @@ impl FeedStart {
         {
             let (peers, closed, limit) = (peers.clone(), closed.clone(), limit.clone());
             let (migration, asked) = (migration.clone(), migration_asked.clone());
+            // What the feed brings, the serving thread must see even while
+            // it sleeps: every message rings its bells.
+            let wake = host_bells.clone();
+            let ring = move || {
+                for b in &wake {
+                    let _ = b.ring();
+                }
+            };
             std::thread::Builder::new()
                 .name("feed".into())
                 .spawn(move || loop {
-                    match recv_msg(&sock) {
+                    let msg = recv_msg(&sock);
+                    if !matches!(msg, Ok(Some(_))) {
+                        closed.store(true, Ordering::Relaxed);
+                        ring();
+                        return;
+                    }
+                    match msg {
                         Ok(Some((v, fd))) => {
                             let (kind, peer, vector) = decode(v);
                             if kind == LIMIT {
@@ -175,11 +189,9 @@ impl FeedStart {
                             } else if apply(&peers, kind, peer, vector, fd).is_err() {
                                 tracing::warn!("unexpected feed message {v:#x}");
                             }
+                            ring();
                         }
-                        _ => {
-                            closed.store(true, Ordering::Relaxed);
-                            return;
-                        }
+                        _ => return,
                     }
                 })
                 .map_err(|source| Error::Io {
@@ -245,6 +257,14 @@ pub enum PeerLink {
 
 impl PeerLink {
     /// The host's own doorbells (guests ring these).
+    /// Whether the daemon's feed rings the worker's bells when it brings
+    /// something (a migration, a peer gone, its end): the worker may then
+    /// sleep long while idle.
+    pub fn wakes_on_feed(&self) -> bool {
+        matches!(self, PeerLink::Feed(_))
+    }
+
+    /// The bells the worker sleeps on.
     pub fn host_bells(&self) -> &[Arc<EventFdBell>] {
         match self {
             PeerLink::Local(s) => &s.host_bells,

@@ -110,16 +110,19 @@ pub fn run(spec: &Spec) -> Result<(), Error> {
         None => Worker::new(wc, exec)?,
     };
     let stop = worker.stop_flag();
+    let wake = worker.wake_bells();
     wire::signals::install();
     if spec.sandbox {
         worker.confine()?;
         tracing::debug!(vm, "worker confined");
     }
     std::thread::spawn(move || {
-        while !wire::signals::terminated() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wire::signals::wait_terminated();
         stop.store(true, Ordering::Relaxed);
+        // It may sleep long while idle: woken to see the flag.
+        for b in &wake {
+            let _ = transport::Bell::ring(&**b);
+        }
     });
     tracing::info!(
         vm,

@@ -228,6 +228,9 @@ pub struct Worker {
     /// [`Worker::keep_alone`]), or, with no scheduler, the worker (see
     /// [`Worker::light_sleep`]).
     lone_idle_since: Option<Instant>,
+    /// Since when the worker's sleeps have all ended by their timeout
+    /// (see [`Worker::block`]).
+    quiet_since: Option<Instant>,
     /// The serving thread alone is confined yet: the others are, once the
     /// contexts made ahead are all made (see [`Worker::confine`]).
     confine_when_filled: bool,
@@ -247,6 +250,12 @@ impl Worker {
     /// A flag that stops [`Worker::run`] when set.
     pub fn stop_flag(&self) -> Arc<AtomicBool> {
         self.stop.clone()
+    }
+
+    /// The doorbells the worker sleeps on: ringing one wakes it (after
+    /// setting the stop flag, for one).
+    pub fn wake_bells(&self) -> Vec<Arc<transport::EventFdBell>> {
+        self.sh.port.link.host_bells().to_vec()
     }
 
     /// The worker's counters.

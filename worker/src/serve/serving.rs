@@ -61,6 +61,12 @@ const LONE_IDLE_KEEP: Duration = Duration::from_millis(100);
 /// (`scripts/gpu/wake.c`).
 const LIGHT_SLEEP: Duration = Duration::from_micros(50);
 
+/// A worker whose sleeps have ended by their timeout alone for this
+/// long sleeps [`DEEP_IDLE_SLEEP`] at a time: an idle VM's worker wakes
+/// once a second instead of every `max_block_us`.
+const DEEP_IDLE_AFTER: Duration = Duration::from_secs(1);
+const DEEP_IDLE_SLEEP: Duration = Duration::from_secs(1);
+
 /// How long a poisoned worker goes on serving so that its processes can
 /// take the kernel output (see `output.rs`) and the fault's error they
 /// are owed.
@@ -482,8 +488,21 @@ impl Worker {
             if let Some(g) = gate.filter(|g| g.wanted() || g.holding()) {
                 fds.push(PollFd::new(g.fd(), PollFlags::POLLIN));
             }
+            // Quiet for a while (no doorbell, no grant, no guest waiting):
+            // a long sleep, so that idle VMs cost the host no CPU. What
+            // could need the worker rings a bell: a guest's call, the
+            // daemon's feed (a migration, a peer gone, closing), the stop.
+            let deep = !wanted
+                && gate.is_none_or(|g| !g.holding())
+                && self.moving.is_none()
+                && self.sh.port.link.wakes_on_feed()
+                && self
+                    .quiet_since
+                    .is_some_and(|t| t.elapsed() >= DEEP_IDLE_AFTER);
             let timeout = if light {
                 TimeSpec::from_duration(LIGHT_SLEEP)
+            } else if deep {
+                TimeSpec::from_duration(DEEP_IDLE_SLEEP)
             } else {
                 let us = self.spin.max_block_us.clamp(1_000, 1_000_000);
                 TimeSpec::from_duration(Duration::from_micros(us))
@@ -495,11 +514,17 @@ impl Worker {
             let rang = fds.iter().take(bells.len()).any(ready);
             let said = fds.len() > bells.len() && fds.last().is_some_and(ready);
             busy = rang || (said && wanted);
+            if !busy && !light {
+                self.quiet_since.get_or_insert_with(Instant::now);
+            }
             drop(fds);
             for b in bells {
                 let mut buf = [0u8; 8];
                 let _ = nix::unistd::read(b.fd().as_fd(), &mut buf);
             }
+        }
+        if busy || light {
+            self.quiet_since = None;
         }
         flag.store(0, Ordering::Relaxed);
         Ok(busy)

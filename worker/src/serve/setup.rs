@@ -315,6 +315,7 @@ impl Worker {
             moving: None,
             budget_checked: Instant::now(),
             lone_idle_since: None,
+            quiet_since: None,
             confine_when_filled: false,
             confined: false,
         };
