@@ -78,7 +78,7 @@ move_at bf16 0 $((STEPS / 4))
 wait $P; src=$?
 echo "rc=$src"; tail -n 2 $W/logs/standin
 echo "== the daemon's lines on the moves"
-grep -E "migrat|stays on|refused" $W/logs/daemon.log | tail -n 20
+grep -E "migrat|stays on|refused|registered again" $W/logs/daemon.log | tail -n 20
 $R/fairvgpu status --config $W/host.toml 2>&1 | head -n 20
 kill $D; wait $D 2>/dev/null
 

@@ -414,6 +414,7 @@ impl CudaExecutor {
         if self.primary.is_null() || self.primary_dev == self.dev {
             return Ok(());
         }
+        let t = std::time::Instant::now();
         let mut p: CUcontext = null_mut();
         // SAFETY: out-parameter on our stack.
         check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut p, self.dev) })?;
@@ -424,14 +425,21 @@ impl CudaExecutor {
             // SAFETY: registered by us in the current context; its mapping is alive.
             let _ = unsafe { sys::cuMemHostUnregister(a as *mut c_void) };
         }
-        // SAFETY: balances the retain of the old device's primary context.
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.primary_dev) };
+        let unregistered = t.elapsed();
+        // Releasing the old primary context destroys it, which takes tens
+        // of milliseconds: on a thread of its own, off the pause. Nothing
+        // of ours is in it any more.
+        let old = OldPrimary(self.primary_dev);
+        let _ = std::thread::Builder::new()
+            .name("primary-release".into())
+            .spawn(move || drop(old));
         self.primary = p;
         self.primary_dev = self.dev;
         // SAFETY: the new primary context, just retained.
         check(unsafe { sys::cuCtxSetCurrent(p) })?;
         CURRENT.with(|c| c.set(p as usize));
         shrink_kernel_limits();
+        let bytes: usize = self.registered.iter().map(|r| r.1).sum();
         for (&(a, len, flags), was) in self.registered.iter().zip(before) {
             // SAFETY: `a` is a live, page-aligned shared mapping of `len`
             // bytes that outlives the executor, unregistered above.
@@ -446,7 +454,24 @@ impl CudaExecutor {
                 return Err(Status::Unknown);
             }
         }
+        tracing::info!(
+            mib = bytes >> 20,
+            unregister_us = crate::micros(unregistered),
+            total_us = crate::micros(t.elapsed()),
+            "host memory registered again on the new GPU"
+        );
         Ok(())
+    }
+}
+
+/// A device whose primary context we retained, released on drop.
+struct OldPrimary(CUdevice);
+
+impl Drop for OldPrimary {
+    fn drop(&mut self) {
+        // SAFETY: balances our retain of this device's primary context;
+        // the driver allows it from any thread.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.0) };
     }
 }
 
