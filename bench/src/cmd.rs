@@ -198,6 +198,23 @@ pub enum BenchCmd {
         #[arg(long, value_enum, default_value = "sim")]
         executor: daemon::config::ExecutorKind,
     },
+    /// The host side at density: a daemon with N VMs over G GPUs, its and
+    /// its workers' CPU and memory with no guests, idle guests and busy
+    /// ones, and its CPU per grant.
+    Scale {
+        /// Executor the daemon uses.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: daemon::config::ExecutorKind,
+        /// VMs, spread over the GPUs in turn.
+        #[arg(long, default_value_t = 64)]
+        vms: usize,
+        /// GPUs (on the sim, simulated ones).
+        #[arg(long, default_value_t = 4)]
+        gpus: u32,
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+    },
     /// Data path: the same CUDA workload native vs through the ring and a worker.
     Overhead {
         /// Executor to measure.
@@ -220,6 +237,17 @@ impl BenchCmd {
     pub fn run(self) -> Result<()> {
         match self {
             BenchCmd::Ring { mode, iters } => crate::ring::run(mode, iters),
+            BenchCmd::Scale {
+                executor,
+                vms,
+                gpus,
+                seconds,
+            } => crate::scale::run(crate::scale::Options {
+                kind: executor,
+                vms,
+                gpus,
+                secs: seconds,
+            }),
             BenchCmd::Fairness {
                 executor,
                 seconds,

@@ -35,7 +35,7 @@ const N_SIM: u32 = 1 << 14;
 const SIM_KERNEL_NS: u64 = 100_000;
 /// Waiting for a reply, guests and workers poll this long before they
 /// sleep: many VMs share the host's CPUs, as VMs do (the demo's policy).
-const SPIN: SpinPolicy = SpinPolicy {
+pub(crate) const SPIN: SpinPolicy = SpinPolicy {
     spins: 2_000,
     max_block_us: 2_000,
 };
@@ -268,8 +268,12 @@ fn mix(o: &Options<'_>, name: &str, weights: &[f64], gpu_bound: bool) -> Result<
         worst = worst.min(ratio);
         work.0 += rates(&fair)[g] / alone(g);
         work.1 += rates(&none)[g] / alone(g);
+        // What the scheduler saw: its charges a second.
+        let charged = fair.stats[g].charged_ns.load(Ordering::Relaxed) as f64
+            / 1e9
+            / fair.loop_secs[g].max(1e-9);
         line.push(format!(
-            "{g}(w{}) {sf:.3}/{:.3} none {sn:.3}",
+            "{g}(w{}) {sf:.3}/{:.3} none {sn:.3} charged {charged:.3}",
             weights[g], fair_share[g]
         ));
     }

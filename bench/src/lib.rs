@@ -14,6 +14,7 @@ mod overhead_probes;
 pub mod placement;
 pub mod recovery;
 pub mod ring;
+pub mod scale;
 pub mod slicing;
 pub mod soak;
 pub mod space;
