@@ -145,6 +145,27 @@ enum Cmd {
         #[arg(long, value_parser = ["qemu", "libvirt"])]
         print: Option<String>,
     },
+    /// Add a vGPU to a libvirt domain's XML, read on stdin and written to
+    /// stdout: fairvgpu's metadata element (what `fairvgpu-libvirt` declares
+    /// when the domain starts) and the `<shmem>` device; the vGPU is named
+    /// after the domain. Then `virsh define` the result.
+    LibvirtXml {
+        /// The daemon's host.toml (its run_dir and [layout] vectors).
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// The tenant the domain belongs to.
+        #[arg(long)]
+        tenant: String,
+        /// Scheduling weight (> 0).
+        #[arg(long, default_value_t = 1.0)]
+        weight: f64,
+        /// Device memory the vGPU may allocate, MiB.
+        #[arg(long)]
+        memory_limit_mib: u64,
+        /// The GPU it runs on (left out: the daemon places it).
+        #[arg(long)]
+        gpu: Option<u32>,
+    },
     /// Hot-unplug a VM's vGPU from a running QEMU (the guest releases it first);
     /// done by the daemon, over its API.
     Detach {
@@ -378,12 +399,42 @@ fn run(cli: Cli) -> Result<()> {
             qmp,
             timeout,
         } => detach_vm(&api, &vm, &qmp, timeout),
+        Cmd::LibvirtXml {
+            config,
+            tenant,
+            weight,
+            memory_limit_mib,
+            gpu,
+        } => {
+            let d = daemon::control::VgpuDeclaration {
+                tenant,
+                weight,
+                memory_limit_mib,
+                gpu,
+                owner: Some(daemon::libvirt_xml::OWNER.into()),
+            };
+            libvirt_xml(&Config::load(&config)?, &d)
+        }
         Cmd::Demo { executor, seconds } => demo::run(executor, seconds),
         #[cfg(feature = "bench")]
         Cmd::Bench { which } => which.run(),
         #[cfg(feature = "bench")]
         Cmd::Internal(i) => i.run(),
     }
+}
+
+/// `fairvgpu libvirt-xml`: the domain XML on stdin, with `d` added, to stdout.
+fn libvirt_xml(cfg: &Config, d: &daemon::control::VgpuDeclaration) -> Result<()> {
+    use daemon::libvirt_xml as lx;
+    let mut xml = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut xml)?;
+    let name = lx::domain_name(&xml)?;
+    // What the domain's start would be refused for, said now.
+    let meta = lx::vgpu_element_xml(d);
+    lx::element_declaration(&meta)?;
+    let plug = attach::Plug::declared(cfg, &name);
+    print!("{}", lx::add_vgpu(&xml, d, &plug.libvirt_xml())?);
+    Ok(())
 }
 
 /// `fairvgpu attach`: prints the QEMU arguments or libvirt element, or has
