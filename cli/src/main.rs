@@ -45,6 +45,10 @@ enum Cmd {
         /// Its vGPU id at the grant service (set by the daemon).
         #[arg(long)]
         id: Option<u32>,
+        /// Its `[[vm]]` entry, TOML, for a vGPU declared through the API
+        /// rather than listed in host.toml (set by the daemon).
+        #[arg(long)]
+        declared: Option<String>,
         /// The fd of the daemon's feed (region and doorbells); without it
         /// the worker serves its own region and socket.
         #[arg(long)]
@@ -311,6 +315,7 @@ fn run(cli: Cli) -> Result<()> {
             config,
             vm,
             id,
+            declared,
             feed_fd,
             gpu,
             standby,
@@ -318,6 +323,7 @@ fn run(cli: Cli) -> Result<()> {
             ledger_fd,
         } => worker_process(
             &config,
+            declared.as_deref(),
             &vm,
             id,
             feed_fd.map(|fd| (fd, standby)),
@@ -482,13 +488,21 @@ fn detach_vm(api: &ApiArgs, vm: &str, qmp: &std::path::Path, timeout: u64) -> Re
 /// `fairvgpu worker`: one vGPU worker process, as the daemon's config says.
 fn worker_process(
     config: &std::path::Path,
+    declared: Option<&str>,
     vm: &str,
     id: Option<u32>,
     feed: Option<(i32, bool)>,
     gpu: Option<u32>,
     slot: Option<(u32, i32)>,
 ) -> Result<()> {
-    let spec = setup::worker_spec(&Config::load(config)?, vm, id, feed, gpu, slot)?;
+    let mut cfg = Config::load(config)?;
+    if let Some(entry) = declared {
+        let v: daemon::config::VmConfig =
+            toml::from_str(entry).context("the declared vGPU's entry")?;
+        cfg.vms.retain(|o| o.name != v.name);
+        cfg.vms.push(v);
+    }
+    let spec = setup::worker_spec(&cfg, vm, id, feed, gpu, slot)?;
     match worker::process::run(&spec) {
         // The daemon tells this exit apart from a crash.
         Err(worker::Error::Poisoned(_)) => std::process::exit(worker::process::EXIT_POISONED),

@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# The operator guide's libvirt walkthrough (docs/operator-guide.md, "libvirt
+# domains"), run against a real libvirtd with the test guest of vm-images/
+# under TCG and the daemon on the sim executor. tests/tests/libvirt.rs runs
+# it; it needs root, libvirt-daemon-system and a built guest image.
+#
+#   tests/libvirt/walkthrough.sh WORK
+#     WORK              an empty folder for the daemon, domains and consoles
+#   Environment:
+#     FAIRVGPU          the fairvgpu binary
+#     FAIRVGPU_LIBVIRT  the fairvgpu-libvirt binary
+#     IMAGE             the guest image (vm-images/build.sh's OUT)
+#
+# Each step prints "== step"; a failed check prints "FAIL: ..." and exits 1.
+# libvirt's state it touches (the hook, /etc/default/fairvgpu-libvirt, the
+# domains fvg-lv-*) is put back on exit; libvirtd is left running.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+work="$(realpath -m "$1")"
+: "${FAIRVGPU:?}" "${FAIRVGPU_LIBVIRT:?}" "${IMAGE:?}"
+run="$work/run"
+config="$work/host.toml"
+hook=/etc/libvirt/hooks/qemu.d/fairvgpu
+virsh() { command virsh -q -c qemu:///system "$@"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+step() { echo "== $*"; }
+
+pids=()
+cleanup() {
+    set +e
+    for d in fvg-lv-a fvg-lv-b fvg-lv-bad; do
+        virsh destroy "$d" >/dev/null 2>&1
+        virsh undefine "$d" >/dev/null 2>&1
+    done
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    rm -f "$hook" /etc/default/fairvgpu-libvirt
+    [ -e "$hook.fvg-saved" ] && mv "$hook.fvg-saved" "$hook"
+    [ -e /etc/default/fairvgpu-libvirt.fvg-saved ] &&
+        mv /etc/default/fairvgpu-libvirt.fvg-saved /etc/default/fairvgpu-libvirt
+}
+trap cleanup EXIT
+
+# (Re)starts libvirtd, as root without systemd: it finds hooks at its start.
+restart_libvirtd() {
+    if [ -s /run/libvirtd.pid ] && kill -0 "$(cat /run/libvirtd.pid)" 2>/dev/null; then
+        local p; p="$(cat /run/libvirtd.pid)"
+        kill "$p"
+        for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    fi
+    pgrep -x virtlogd >/dev/null || virtlogd -d
+    libvirtd -d
+    for _ in $(seq 100); do virsh version >/dev/null 2>&1 && return; sleep 0.1; done
+    fail "libvirtd did not come up"
+}
+
+# A vGPU's field in the daemon's status ("" where it has no such vGPU).
+vgpu() { # vgpu NAME FIELD
+    "$FAIRVGPU" status --json --config "$config" | python3 -c '
+import json, sys
+st = json.load(sys.stdin)
+for g in st["gpus"]:
+    for v in g["vgpus"]:
+        if v["name"] == sys.argv[1]:
+            print(json.dumps(v[sys.argv[2]]))' "$1" "$2"
+}
+
+wait_for() { # wait_for SECONDS WHAT COMMAND...
+    local n=$(($1 * 5)) what=$2; shift 2
+    while ! "$@" >/dev/null 2>&1; do
+        n=$((n - 1)); [ $n -gt 0 ] || fail "timed out waiting for $what"
+        sleep 0.2
+    done
+}
+console_has() { grep -q "$2" "$work/$1.console" 2>/dev/null; }
+
+step "the daemon: host.toml without [[vm]], sockets QEMU's group may open"
+mkdir -p "$run"
+# As the packaged unit has it (Group=fairvgpu, UMask=0007, QEMU's user in
+# group fairvgpu), here with QEMU's own group on the run folder.
+chgrp libvirt-qemu "$run" && chmod 2770 "$run"
+chmod o+x "$work"
+cat >"$config" <<EOF
+[daemon]
+run_dir = "$run"
+executor = "sim"
+
+[layout]
+channels = 8
+ring_entries = 64
+arena_size = 1048576
+vectors = 2
+EOF
+(umask 0007; exec "$FAIRVGPU" serve --config "$config") 2>"$work/daemon.log" &
+pids+=($!)
+wait_for 30 "the daemon's API" test -S "$run/api.sock"
+
+step "the hook and the watch"
+[ -e "$hook" ] && mv "$hook" "$hook.fvg-saved"
+[ -e /etc/default/fairvgpu-libvirt ] &&
+    mv /etc/default/fairvgpu-libvirt /etc/default/fairvgpu-libvirt.fvg-saved
+mkdir -p "$(dirname "$hook")"
+install -m 0755 "$root/packaging/libvirt-hook" "$hook"
+printf 'FAIRVGPU_LIBVIRT=%s\nFAIRVGPU_API=%s\n' "$FAIRVGPU_LIBVIRT" "$run/api.sock" \
+    >/etc/default/fairvgpu-libvirt
+restart_libvirtd
+"$FAIRVGPU_LIBVIRT" --api "$run/api.sock" watch --every 1 2>"$work/watch.log" &
+pids+=($!)
+
+# A TCG domain booting the test guest directly, its serial console to a
+# file; `fairvgpu libvirt-xml` adds the vGPU (metadata and <shmem>).
+domain() { # domain NAME SECONDS(of its kernel loop)
+    cat <<EOF
+<domain type='qemu'>
+  <name>$1</name>
+  <memory unit='MiB'>1024</memory>
+  <vcpu>2</vcpu>
+  <os>
+    <type arch='x86_64' machine='pc'>hvm</type>
+    <kernel>$IMAGE/vmlinuz</kernel>
+    <initrd>$IMAGE/initrd.img</initrd>
+    <cmdline>console=ttyS0 quiet panic=-1 fairvgpu.mode=loop fairvgpu.loop=1600,$2</cmdline>
+  </os>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>destroy</on_reboot>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <serial type='file'><source path='$work/$1.console'/><target port='0'/></serial>
+  </devices>
+</domain>
+EOF
+}
+
+step "a domain with a bad weight refuses to start, naming the field"
+domain fvg-lv-bad 1 | "$FAIRVGPU" libvirt-xml --config "$config" --tenant acme \
+    --memory-limit-mib 256 >"$work/fvg-lv-bad.xml"
+sed -i 's/weight="1"/weight="-2"/' "$work/fvg-lv-bad.xml"
+virsh define "$work/fvg-lv-bad.xml" >/dev/null
+if virsh start fvg-lv-bad >"$work/bad.out" 2>&1; then fail "fvg-lv-bad started"; fi
+grep -q "weight must be a positive number" "$work/bad.out" || fail "start error: $(cat "$work/bad.out")"
+echo "virsh start: $(grep -o 'fairvgpu:.*' "$work/bad.out" | head -1)"
+# A field only the daemon can judge: a GPU this host does not have.
+sed -i 's/weight="-2"/weight="1" gpu="7"/' "$work/fvg-lv-bad.xml"
+virsh define "$work/fvg-lv-bad.xml" >/dev/null
+if virsh start fvg-lv-bad >"$work/bad.out" 2>&1; then fail "fvg-lv-bad started on GPU 7"; fi
+grep -q "gpu 7 does not exist" "$work/bad.out" || fail "start error: $(cat "$work/bad.out")"
+echo "virsh start: $(grep -o 'fairvgpu:.*' "$work/bad.out" | head -1)"
+[ -z "$(vgpu fvg-lv-bad name)" ] || fail "the bad domain's vGPU is in the status"
+[ ! -e "$run/fvg-lv-bad.sock" ] || fail "the bad domain's socket is there"
+
+step "two domains at weights 1:2: defined, started, computing through their vGPUs"
+domain fvg-lv-a 600 | "$FAIRVGPU" libvirt-xml --config "$config" --tenant acme \
+    --weight 1 --memory-limit-mib 256 >"$work/fvg-lv-a.xml"
+domain fvg-lv-b 600 | "$FAIRVGPU" libvirt-xml --config "$config" --tenant beta \
+    --weight 2 --memory-limit-mib 256 >"$work/fvg-lv-b.xml"
+virsh define "$work/fvg-lv-a.xml" >/dev/null
+virsh define "$work/fvg-lv-b.xml" >/dev/null
+virsh start fvg-lv-a >/dev/null
+virsh start fvg-lv-b >/dev/null
+[ "$(vgpu fvg-lv-a declared_by)" = '"libvirt"' ] || fail "fvg-lv-a not declared by libvirt"
+wait_for 180 "fvg-lv-a's kernel loop" console_has fvg-lv-a "FVG-LOOP "
+wait_for 180 "fvg-lv-b's kernel loop" console_has fvg-lv-b "FVG-LOOP "
+[ "$(vgpu fvg-lv-a connected)" = true ] || fail "fvg-lv-a's guest is not connected"
+
+step "the sim's GPU time shared by weight (5 s window)"
+sleep 6
+a="$(vgpu fvg-lv-a share)" b="$(vgpu fvg-lv-b share)"
+echo "shares: fvg-lv-a $a, fvg-lv-b $b"
+python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(not (a > 0 and 1.4 <= b / a <= 2.8))" "$a" "$b" ||
+    fail "shares $a : $b are not near 1:2"
+
+step "virsh metadata sets fvg-lv-a's weight live"
+weight_is() { [ "$(vgpu "$1" weight)" = "$2" ]; }
+virsh metadata fvg-lv-a https://fairvgpu.dev/xmlns/vgpu/1 --key fairvgpu --live \
+    --set '<vgpu tenant="acme" weight="3" memory_limit_mib="256"/>'
+wait_for 10 "the daemon to show fvg-lv-a at weight 3" weight_is fvg-lv-a 3.0
+echo "fvg-lv-a: weight $(vgpu fvg-lv-a weight)"
+
+step "libvirtd restarted while the domains run: their vGPUs keep working"
+last_count() { grep -a "FVG-LOOP " "$work/$1.console" | tail -1 | tr -dc 0-9; }
+restart_libvirtd
+[ "$(virsh domstate fvg-lv-a)" = running ] || fail "fvg-lv-a is $(virsh domstate fvg-lv-a)"
+[ "$(vgpu fvg-lv-a declared_by)" = '"libvirt"' ] || fail "fvg-lv-a's vGPU is gone"
+before="$(last_count fvg-lv-a)"
+grows() { [ "$(last_count fvg-lv-a)" -gt "$before" ]; }
+wait_for 30 "fvg-lv-a's loop count to grow past $before" grows
+echo "fvg-lv-a's loop: $before, then $(last_count fvg-lv-a)"
+
+step "virsh destroy gives the vGPU back: status and socket"
+virsh destroy fvg-lv-a >/dev/null
+gone() { [ -z "$(vgpu fvg-lv-a name)" ] && [ ! -e "$run/fvg-lv-a.sock" ]; }
+wait_for 10 "fvg-lv-a's vGPU and socket to go" gone
+[ "$(vgpu fvg-lv-b connected)" = true ] || fail "fvg-lv-b lost its vGPU"
+virsh destroy fvg-lv-b >/dev/null
+none() { [ ! -e "$run/fvg-lv-b.sock" ] && [ -z "$(vgpu fvg-lv-b name)" ]; }
+wait_for 10 "fvg-lv-b's vGPU and socket to go" none
+ls "$run"
+echo "walkthrough: all checks passed"
