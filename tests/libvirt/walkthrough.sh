@@ -13,7 +13,8 @@
 #
 # Each step prints "== step"; a failed check prints "FAIL: ..." and exits 1.
 # libvirt's state it touches (the hook, /etc/default/fairvgpu-libvirt, the
-# domains fvg-lv-*) is put back on exit; libvirtd is left running.
+# domains fvg-lv-*) is put back on exit; a libvirtd (and virtlogd) it
+# started where none ran is stopped again, one that ran is left restarted.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(realpath -m "$1")"
@@ -26,6 +27,10 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 step() { echo "== $*"; }
 
 pids=()
+started=() # daemons this script started where none ran: stopped at its end
+had_libvirtd=0
+libvirtd_running() { [ -s /run/libvirtd.pid ] && kill -0 "$(cat /run/libvirtd.pid)" 2>/dev/null; }
+{ systemctl is-active -q libvirtd 2>/dev/null || libvirtd_running; } && had_libvirtd=1
 cleanup() {
     set +e
     for d in fvg-lv-a fvg-lv-b fvg-lv-bad; do
@@ -37,18 +42,27 @@ cleanup() {
     [ -e "$hook.fvg-saved" ] && mv "$hook.fvg-saved" "$hook"
     [ -e /etc/default/fairvgpu-libvirt.fvg-saved ] &&
         mv /etc/default/fairvgpu-libvirt.fvg-saved /etc/default/fairvgpu-libvirt
+    for d in "${started[@]}"; do
+        [ -s "/run/$d.pid" ] && kill "$(cat "/run/$d.pid")"
+    done
 }
 trap cleanup EXIT
 
-# (Re)starts libvirtd, as root without systemd: it finds hooks at its start.
+# (Re)starts libvirtd (it finds hooks when it starts): through systemd
+# where it runs libvirtd, else as root without it (CI).
 restart_libvirtd() {
-    if [ -s /run/libvirtd.pid ] && kill -0 "$(cat /run/libvirtd.pid)" 2>/dev/null; then
+    if systemctl is-active -q libvirtd 2>/dev/null; then
+        systemctl restart libvirtd
+    elif libvirtd_running; then
         local p; p="$(cat /run/libvirtd.pid)"
         kill "$p"
         for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     fi
-    pgrep -x virtlogd >/dev/null || virtlogd -d
-    libvirtd -d
+    if ! systemctl is-active -q libvirtd 2>/dev/null && ! libvirtd_running; then
+        pgrep -x virtlogd >/dev/null || { virtlogd -d; started+=(virtlogd); }
+        libvirtd -d
+        [ "${had_libvirtd:-1}" = 1 ] || started+=(libvirtd)
+    fi
     for _ in $(seq 100); do virsh version >/dev/null 2>&1 && return; sleep 0.1; done
     fail "libvirtd did not come up"
 }
