@@ -249,7 +249,7 @@ pub fn add_vgpu(xml: &str, d: &VgpuDeclaration, shmem: &str) -> Result<String, X
             )),
         }
     }
-    edits.sort_by(|a, b| b.0.start.cmp(&a.0.start));
+    edits.sort_by_key(|e| std::cmp::Reverse(e.0.start));
     let mut out = xml.to_owned();
     for (range, text) in edits {
         out.replace_range(range, &text);

@@ -117,15 +117,13 @@ pub fn watch(conn: &Connect, tx: Sender<Event>) -> Result<()> {
         *mut c_void,
     );
     type Generic = unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void);
-    // SAFETY: libvirt's C API takes each event's callback as the generic
-    // type and calls it with the signature of its event id (C's
+    // SAFETY (both): libvirt's C API takes each event's callback as the
+    // generic type and calls it with the signature of its event id (C's
     // VIR_DOMAIN_EVENT_CALLBACK cast); the ids below match the signatures.
-    let (lifecycle, metadata) = unsafe {
-        (
-            std::mem::transmute::<Lifecycle, Generic>(on_lifecycle),
-            std::mem::transmute::<Metadata, Generic>(on_metadata),
-        )
-    };
+    // SAFETY: see above (VIR_DOMAIN_EVENT_ID_LIFECYCLE).
+    let lifecycle = unsafe { std::mem::transmute::<Lifecycle, Generic>(on_lifecycle) };
+    // SAFETY: see above (VIR_DOMAIN_EVENT_ID_METADATA_CHANGE).
+    let metadata = unsafe { std::mem::transmute::<Metadata, Generic>(on_metadata) };
     for (id, cb) in [
         (sys::VIR_DOMAIN_EVENT_ID_LIFECYCLE, lifecycle),
         (sys::VIR_DOMAIN_EVENT_ID_METADATA_CHANGE, metadata),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::http::{self, Request, Response};
-use super::{ControlPlane, Declared, Refusal, VgpuDeclaration, SAMPLE_EVERY};
+use super::{ControlPlane, Refusal, SAMPLE_EVERY};
 use crate::config::Config;
 use crate::Error;
 
@@ -169,31 +169,8 @@ impl ControlPlane {
                     Err(e) => Response::error(404, e.to_string()),
                 }
             }
-            ("PUT", ["api", "v1", "vgpus", vm]) => {
-                let d = match VgpuDeclaration::from_json(&req.body) {
-                    Ok(d) => d,
-                    Err(e) => return Response::error(400, format!("the declaration: {e}")),
-                };
-                match self.declare(vm, &d) {
-                    Ok(done) => Response::json(
-                        if done == Declared::Added { 201 } else { 200 },
-                        &json!({
-                            "vm": vm,
-                            "declared": true,
-                            "added": done == Declared::Added,
-                            "socket": self.config().socket(vm),
-                        }),
-                    ),
-                    Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
-                    Err(e @ Refusal::Conflict(_)) => Response::error(409, e.to_string()),
-                    Err(e) => Response::error(400, e.to_string()),
-                }
-            }
-            ("DELETE", ["api", "v1", "vgpus", vm]) => match self.undeclare(vm) {
-                Ok(()) => Response::json(200, &json!({ "vm": vm, "declared": false })),
-                Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
-                Err(e) => Response::error(409, e.to_string()),
-            },
+            ("PUT", ["api", "v1", "vgpus", vm]) => self.put_vgpu(vm, &req.body),
+            ("DELETE", ["api", "v1", "vgpus", vm]) => self.delete_vgpu(vm),
             ("POST", ["api", "v1", "reload"]) => match self.reload() {
                 Ok(notes) => Response::json(200, &json!({ "reloaded": true, "notes": notes })),
                 Err(e) => Response::error(400, format!("config kept: {e}")),

@@ -5,7 +5,9 @@
 //! reloaded one, and a reload of host.toml keeps it.
 
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
+use super::http::Response;
 use super::{lock, ControlPlane, Refusal};
 use crate::config::{ExecutorKind, VmConfig};
 
@@ -264,6 +266,37 @@ impl ControlPlane {
         lock(&self.vcpus).remove(vm);
         self.event("undeclared", format!("{vm}: vGPU given back"));
         Ok(())
+    }
+
+    /// `PUT /api/v1/vgpus/{vm}`: 201 when added, 200 when updated.
+    pub(super) fn put_vgpu(&self, vm: &str, body: &[u8]) -> Response {
+        let d = match VgpuDeclaration::from_json(body) {
+            Ok(d) => d,
+            Err(e) => return Response::error(400, format!("the declaration: {e}")),
+        };
+        match self.declare(vm, &d) {
+            Ok(done) => Response::json(
+                if done == Declared::Added { 201 } else { 200 },
+                &json!({
+                    "vm": vm,
+                    "declared": true,
+                    "added": done == Declared::Added,
+                    "socket": self.config().socket(vm),
+                }),
+            ),
+            Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+            Err(e @ Refusal::Conflict(_)) => Response::error(409, e.to_string()),
+            Err(e) => Response::error(400, e.to_string()),
+        }
+    }
+
+    /// `DELETE /api/v1/vgpus/{vm}`.
+    pub(super) fn delete_vgpu(&self, vm: &str) -> Response {
+        match self.undeclare(vm) {
+            Ok(()) => Response::json(200, &json!({ "vm": vm, "declared": false })),
+            Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+            Err(e) => Response::error(409, e.to_string()),
+        }
     }
 
     /// Who declared `vm` (`Some("")` for an owner left out), or `None` for
