@@ -215,6 +215,19 @@ virsh destroy fvg-lv-a >/dev/null
 gone() { [ -z "$(vgpu fvg-lv-a name)" ] && [ ! -e "$run/fvg-lv-a.sock" ]; }
 wait_for 10 "fvg-lv-a's vGPU and socket to go" gone
 [ "$(vgpu fvg-lv-b connected)" = true ] || fail "fvg-lv-b lost its vGPU"
+
+step "the watch reconciles: a vGPU the daemon lost is declared again, a stale one freed"
+hook() { "$FAIRVGPU_LIBVIRT" --api "$run/api.sock" hook "$@"; }
+# As if the daemon had lost fvg-lv-b's vGPU while its domain runs.
+virsh dumpxml fvg-lv-b | hook fvg-lv-b release end
+back() { [ "$(vgpu fvg-lv-b declared_by)" = '"libvirt"' ]; }
+wait_for 10 "the watch to declare fvg-lv-b's vGPU again" back
+# As if a hook had declared a domain that then never ran.
+domain fvg-lv-ghost 1 | "$FAIRVGPU" libvirt-xml --config "$config" --tenant acme \
+    --memory-limit-mib 64 | hook fvg-lv-ghost prepare begin
+[ "$(vgpu fvg-lv-ghost declared_by)" = '"libvirt"' ] || fail "fvg-lv-ghost not declared"
+ghost_gone() { [ -z "$(vgpu fvg-lv-ghost name)" ]; }
+wait_for 10 "the watch to free fvg-lv-ghost's vGPU" ghost_gone
 virsh destroy fvg-lv-b >/dev/null
 none() { [ ! -e "$run/fvg-lv-b.sock" ] && [ -z "$(vgpu fvg-lv-b name)" ]; }
 wait_for 10 "fvg-lv-b's vGPU and socket to go" none
