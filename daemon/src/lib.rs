@@ -30,12 +30,15 @@ pub mod control;
 pub mod grant;
 pub mod hostcpu;
 pub mod image_store;
-pub mod libvirt_xml;
 pub mod link;
 pub mod mps;
 pub mod run_lock;
 pub mod setup;
 pub mod supervisor;
+
+/// A libvirt domain's vGPU in its XML (kept in `wire`, with the
+/// declaration it makes, for `fairvgpu-libvirt` and the fuzz targets).
+pub use wire::libvirt_xml;
 
 /// `d` in whole nanoseconds, saturating at `u64::MAX` (584 years).
 pub(crate) fn nanos(d: std::time::Duration) -> u64 {

@@ -3,8 +3,8 @@
 //! metadata): parsing either is an error or a declaration whose every field
 //! is in range, never a panic.
 #![no_main]
-use daemon::control::VgpuDeclaration;
-use daemon::libvirt_xml::{domain_vgpu, element_declaration};
+use wire::declaration::VgpuDeclaration;
+use wire::libvirt_xml::{domain_vgpu, element_declaration};
 use libfuzzer_sys::fuzz_target;
 
 fn sane(d: &VgpuDeclaration) {

@@ -132,7 +132,7 @@ domain() { # domain NAME SECONDS(of its kernel loop)
     <type arch='x86_64' machine='pc'>hvm</type>
     <kernel>$IMAGE/vmlinuz</kernel>
     <initrd>$IMAGE/initrd.img</initrd>
-    <cmdline>console=ttyS0 quiet panic=-1 fairvgpu.mode=loop fairvgpu.loop=10000,$2</cmdline>
+    <cmdline>console=ttyS0 quiet panic=-1 fairvgpu.mode=loop fairvgpu.loop=20000,$2</cmdline>
   </os>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>destroy</on_reboot>

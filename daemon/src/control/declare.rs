@@ -4,35 +4,12 @@
 //! host.toml does not list: the supervisor starts and stops it as it does a
 //! reloaded one, and a reload of host.toml keeps it.
 
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::http::Response;
 use super::{lock, ControlPlane, Refusal};
 use crate::config::{ExecutorKind, VmConfig};
-
-/// The body of `PUT /api/v1/vgpus/{vm}`: what a VM's vGPU is.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VgpuDeclaration {
-    /// The tenant the VM belongs to.
-    pub tenant: String,
-    /// Scheduling weight (> 0); default 1.
-    #[serde(default = "one")]
-    pub weight: f64,
-    /// Device memory the vGPU may allocate, MiB (> 0, at most the GPU's).
-    pub memory_limit_mib: u64,
-    /// The GPU it runs on; left out, the daemon places it.
-    #[serde(default)]
-    pub gpu: Option<u32>,
-    /// Who manages it (e.g. "libvirt"): reconciliation frees only its own.
-    #[serde(default)]
-    pub owner: Option<String>,
-}
-
-fn one() -> f64 {
-    1.0
-}
+pub use wire::declaration::VgpuDeclaration;
 
 /// Longest tenant or owner name.
 const MAX_NAME: usize = 64;
@@ -51,64 +28,19 @@ fn plain_name(what: &str, s: &str) -> Result<(), String> {
     Ok(())
 }
 
-impl VgpuDeclaration {
-    /// Parses a declaration from JSON; a field of the wrong type or an
-    /// unknown one is named in the error (serde's own type errors give only
-    /// a column).
-    pub fn from_json(body: &[u8]) -> Result<VgpuDeclaration, String> {
-        let v: serde_json::Value =
-            serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
-        let Some(obj) = v.as_object() else {
-            return Err(
-                "expected an object like {\"tenant\": \"acme\", \"memory_limit_mib\": 4096}".into(),
-            );
-        };
-        const TYPES: [(&str, &str); 5] = [
-            ("tenant", "a string"),
-            ("weight", "a number"),
-            ("memory_limit_mib", "a whole number of MiB"),
-            ("gpu", "a GPU index"),
-            ("owner", "a string"),
-        ];
-        for (k, _) in obj {
-            if !TYPES.iter().any(|(f, _)| f == k) {
-                return Err(format!(
-                    "unknown field {k:?} (known: tenant, weight, memory_limit_mib, gpu, owner)"
-                ));
-            }
-        }
-        for (field, ty) in TYPES {
-            if let Some(x) = obj.get(field) {
-                let ok = match field {
-                    "tenant" | "owner" => x.is_string() || (field == "owner" && x.is_null()),
-                    "weight" => x.is_number(),
-                    "gpu" => x.is_null() || x.as_u64().is_some_and(|g| u32::try_from(g).is_ok()),
-                    _ => x.as_u64().is_some(),
-                };
-                if !ok {
-                    return Err(format!("{field} must be {ty}, not {x}"));
-                }
-            } else if matches!(field, "tenant" | "memory_limit_mib") {
-                return Err(format!("{field} is missing"));
-            }
-        }
-        serde_json::from_value(v).map_err(|e| e.to_string())
-    }
-
-    /// The `[[vm]]` it declares, named `vm`.
-    pub fn vm_config(&self, vm: &str) -> VmConfig {
-        VmConfig {
-            name: vm.to_owned(),
-            tenant: self.tenant.clone(),
-            weight: self.weight,
-            memory_limit_mib: self.memory_limit_mib,
-            gpu: self.gpu,
-            worker_cpu: None,
-            pinned_mib: None,
-            corun: false,
-            standby: false,
-            process_slots: 0,
-        }
+/// The `[[vm]]` that `d` declares, named `vm`.
+pub fn vm_config(d: &VgpuDeclaration, vm: &str) -> VmConfig {
+    VmConfig {
+        name: vm.to_owned(),
+        tenant: d.tenant.clone(),
+        weight: d.weight,
+        memory_limit_mib: d.memory_limit_mib,
+        gpu: d.gpu,
+        worker_cpu: None,
+        pinned_mib: None,
+        corun: false,
+        standby: false,
+        process_slots: 0,
     }
 }
 
@@ -168,7 +100,7 @@ impl ControlPlane {
         // What host.toml's check says of it there (its region's layout).
         let mut probe = cfg.clone();
         probe.vms.retain(|v| v.name != vm);
-        probe.vms.push(d.vm_config(vm));
+        probe.vms.push(vm_config(d, vm));
         probe.validate().map_err(|e| e.to_string())?;
         Ok(())
     }
@@ -211,7 +143,7 @@ impl ControlPlane {
             return Ok(Declared::Updated);
         }
         let mut cfg = self.config();
-        cfg.vms.push(d.vm_config(vm));
+        cfg.vms.push(vm_config(d, vm));
         self.vgpu_id(vm);
         lock(&self.current).remove(vm);
         self.place_new(&cfg);
@@ -457,19 +389,6 @@ mod tests {
         let e = p.reload().unwrap_err();
         assert!(e.contains("declared through the API"), "{e}");
         assert_eq!(names(&p), ["vm1", "dom1"]);
-    }
-
-    #[test]
-    fn a_declaration_refuses_unknown_fields_and_defaults_its_weight() {
-        let d: VgpuDeclaration =
-            serde_json::from_str(r#"{"tenant": "acme", "memory_limit_mib": 512}"#).unwrap();
-        assert_eq!(d.weight, 1.0);
-        assert_eq!(d.gpu, None);
-        let e = serde_json::from_str::<VgpuDeclaration>(
-            r#"{"tenant": "acme", "memory_limit_mib": 512, "wieght": 2}"#,
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("wieght"), "{e}");
     }
 
     #[test]

@@ -140,7 +140,7 @@ impl ControlPlane {
                     "vm {name:?} is declared through the API; host.toml cannot list it too"
                 ));
             }
-            new.vms.push(d.vm_config(name));
+            new.vms.push(super::declare::vm_config(d, name));
         }
         let old = self.config();
         if !same(&old.daemon, &new.daemon)

@@ -13,7 +13,7 @@
 //! `weight` (default 1) and `gpu` (default: the daemon places it) may be
 //! left out; the vGPU's name is the domain's.
 
-use crate::control::VgpuDeclaration;
+use crate::declaration::VgpuDeclaration;
 
 /// fairvgpu's XML namespace in libvirt domain metadata.
 pub const NAMESPACE: &str = "https://fairvgpu.dev/xmlns/vgpu/1";
