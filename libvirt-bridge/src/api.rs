@@ -19,6 +19,8 @@ pub struct Served {
     pub by_libvirt: bool,
     /// Its weight now.
     pub weight: f64,
+    /// Whether the daemon has its vCPU threads.
+    pub has_vcpus: bool,
 }
 
 impl Api {
@@ -49,6 +51,17 @@ impl Api {
         }
     }
 
+    /// Hands the daemon domain `name`'s vCPU thread ids (vCPU order), for
+    /// the vCPU lift and the kick.
+    pub fn set_vcpus(&self, name: &str, threads: &[u32]) -> Result<()> {
+        let body = serde_json::to_vec(&serde_json::json!({ "threads": threads }))?;
+        let (code, r) = self.call("POST", &format!("/api/v1/vgpus/{name}/vcpus"), &body)?;
+        match code {
+            200 => Ok(()),
+            _ => bail!("{}", r["error"].as_str().unwrap_or("the daemon refused it")),
+        }
+    }
+
     /// Every vGPU the daemon serves.
     pub fn served(&self) -> Result<Vec<Served>> {
         let (code, st) = self.call("GET", "/api/v1/status", b"")?;
@@ -64,6 +77,7 @@ impl Api {
                     name: v["name"].as_str()?.to_owned(),
                     by_libvirt: v["declared_by"].as_str() == Some(OWNER),
                     weight: v["weight"].as_f64().unwrap_or(0.0),
+                    has_vcpus: v["vcpu_threads"].as_array().is_some_and(|t| !t.is_empty()),
                 })
             })
             .collect())

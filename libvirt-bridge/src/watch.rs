@@ -58,6 +58,41 @@ pub fn plan(running: &[DomainVgpu], served: &[Served], missing_before: &BTreeSet
     p
 }
 
+/// The vCPU thread ids of domain `name`'s QEMU, in vCPU order: its threads
+/// named `CPU <n>/KVM` (or `/TCG`), found through the pid file libvirt
+/// keeps in `pid_dir` (`/run/libvirt/qemu`). Empty if none are found.
+pub fn vcpu_threads(pid_dir: &std::path::Path, name: &str) -> Vec<u32> {
+    let Some(pid) = std::fs::read_to_string(pid_dir.join(format!("{name}.pid")))
+        .ok()
+        .and_then(|p| p.trim().parse::<u32>().ok())
+    else {
+        return Vec::new();
+    };
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(u32, u32)> = tasks
+        .flatten()
+        .filter_map(|t| {
+            let tid = t.file_name().to_str()?.parse::<u32>().ok()?;
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            Some((vcpu_index(&comm)?, tid))
+        })
+        .collect();
+    found.sort_unstable();
+    found.into_iter().map(|(_, tid)| tid).collect()
+}
+
+/// The vCPU index of a QEMU thread named `CPU <n>/<accel>`.
+fn vcpu_index(comm: &str) -> Option<u32> {
+    let rest = comm.trim().strip_prefix("CPU ")?;
+    let (n, _) = rest.split_once('/')?;
+    n.parse().ok()
+}
+
+/// Where libvirt's QEMU driver keeps its domains' pid files.
+const PID_DIR: &str = "/run/libvirt/qemu";
+
 /// The running domains' vGPUs (a domain whose metadata is malformed is
 /// logged and left out).
 fn running(conn: &Connect) -> Result<Vec<DomainVgpu>> {
@@ -98,6 +133,16 @@ impl Watch {
                 Err(e) => tracing::warn!(domain = v.name, "declaring its vGPU: {e:#}"),
             }
         }
+        // The vCPU threads of running domains the daemon lacks them of
+        // (a domain just started, or the daemon restarted).
+        for v in &running {
+            if served
+                .iter()
+                .any(|s| s.name == v.name && s.by_libvirt && !s.has_vcpus)
+            {
+                self.give_vcpus(&v.name);
+            }
+        }
         for name in &p.free {
             match self.api.undeclare(name) {
                 Ok(()) => tracing::info!(domain = name, "domain gone: vGPU given back"),
@@ -106,6 +151,17 @@ impl Watch {
         }
         self.missing = p.missing;
         Ok(())
+    }
+
+    fn give_vcpus(&self, name: &str) {
+        let threads = vcpu_threads(std::path::Path::new(PID_DIR), name);
+        if threads.is_empty() {
+            return;
+        }
+        match self.api.set_vcpus(name, &threads) {
+            Ok(()) => tracing::info!(domain = name, ?threads, "vCPU threads given"),
+            Err(e) => tracing::warn!(domain = name, "giving its vCPU threads: {e:#}"),
+        }
     }
 
     fn follow(&mut self, conn: &Connect, e: Event) -> Result<()> {
@@ -132,6 +188,7 @@ impl Watch {
                 let dom = Domain::lookup_by_name(conn, &name)?;
                 if let Some(v) = domain_vgpu(&dom.get_xml_desc(0)?)? {
                     self.api.declare(&v)?;
+                    self.give_vcpus(&v.name);
                 }
             }
             Event::Lifecycle { name, kind } if kind == events::STOPPED => {
@@ -236,6 +293,43 @@ mod tests {
             name: name.into(),
             by_libvirt,
             weight,
+            has_vcpus: false,
+        }
+    }
+
+    #[test]
+    fn vcpu_threads_are_found_by_name_in_vcpu_order() {
+        assert_eq!(vcpu_index("CPU 3/KVM\n"), Some(3));
+        assert_eq!(vcpu_index("CPU 0/TCG"), Some(0));
+        assert_eq!(vcpu_index("qemu-system-x86"), None);
+        assert_eq!(vcpu_index("CPU x/KVM"), None);
+        // This process, as a domain's QEMU: two threads named as its vCPUs.
+        let dir = scratch::dir("bridge-vcpus");
+        std::fs::write(dir.join("d.pid"), format!("{}\n", std::process::id())).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut handles = Vec::new();
+        let mut tids = Vec::new();
+        for n in ["CPU 1/TCG", "CPU 0/TCG"] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let stop = stop.clone();
+            let h = std::thread::Builder::new()
+                .name(n.into())
+                .spawn(move || {
+                    // SAFETY: gettid has no preconditions.
+                    tx.send(unsafe { libc::gettid() }).unwrap();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                })
+                .unwrap();
+            handles.push(h);
+            tids.push(u32::try_from(rx.recv().unwrap()).unwrap());
+        }
+        assert_eq!(vcpu_threads(&dir, "d"), [tids[1], tids[0]]);
+        assert!(vcpu_threads(&dir, "other").is_empty());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for h in handles {
+            h.join().unwrap();
         }
     }
 

@@ -174,6 +174,11 @@ virsh start fvg-lv-b >/dev/null
 wait_for 180 "fvg-lv-a's kernel loop" console_has fvg-lv-a "FVG-LOOP "
 wait_for 180 "fvg-lv-b's kernel loop" console_has fvg-lv-b "FVG-LOOP "
 [ "$(vgpu fvg-lv-a connected)" = true ] || fail "fvg-lv-a's guest is not connected"
+# The watch gave the daemon each domain's two vCPU threads (the vCPU lift's).
+two_vcpus() { [ "$(vgpu "$1" vcpu_threads | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 2 ]; }
+wait_for 10 "fvg-lv-a's vCPU threads" two_vcpus fvg-lv-a
+wait_for 10 "fvg-lv-b's vCPU threads" two_vcpus fvg-lv-b
+echo "fvg-lv-a: vCPU threads $(vgpu fvg-lv-a vcpu_threads)"
 
 step "the sim's GPU time shared by weight: 1:2 over 8 s"
 both() { # both FIELD: fvg-lv-a's and fvg-lv-b's, from one status
@@ -212,8 +217,8 @@ echo "fvg-lv-a's loop: $before, then $(last_count fvg-lv-a)"
 
 step "virsh destroy gives the vGPU back: status and socket"
 virsh destroy fvg-lv-a >/dev/null
-gone() { [ -z "$(vgpu fvg-lv-a name)" ] && [ ! -e "$run/fvg-lv-a.sock" ]; }
-wait_for 10 "fvg-lv-a's vGPU and socket to go" gone
+gone() { [ -z "$(vgpu fvg-lv-a name)" ] && [ -z "$(ls "$run" | grep '^fvg-lv-a\.')" ]; }
+wait_for 10 "fvg-lv-a's vGPU, socket and vCPU file to go" gone
 [ "$(vgpu fvg-lv-b connected)" = true ] || fail "fvg-lv-b lost its vGPU"
 
 step "the watch reconciles: a vGPU the daemon lost is declared again, a stale one freed"
@@ -229,7 +234,7 @@ domain fvg-lv-ghost 1 | "$FAIRVGPU" libvirt-xml --config "$config" --tenant acme
 ghost_gone() { [ -z "$(vgpu fvg-lv-ghost name)" ]; }
 wait_for 10 "the watch to free fvg-lv-ghost's vGPU" ghost_gone
 virsh destroy fvg-lv-b >/dev/null
-none() { [ ! -e "$run/fvg-lv-b.sock" ] && [ -z "$(vgpu fvg-lv-b name)" ]; }
-wait_for 10 "fvg-lv-b's vGPU and socket to go" none
+none() { [ -z "$(ls "$run" | grep '^fvg-lv-')" ] && [ -z "$(vgpu fvg-lv-b name)" ]; }
+wait_for 10 "fvg-lv-b's vGPU and files to go" none
 ls "$run"
 echo "walkthrough: all checks passed"

@@ -196,6 +196,12 @@ impl ControlPlane {
         lock(&self.current).remove(vm);
         lock(&self.pinned).remove(vm);
         lock(&self.vcpus).remove(vm);
+        self.host_cpu
+            .registry
+            .set_vcpus(self.vgpu_id(vm), Vec::new());
+        // Its vCPU file goes with it (its region and socket go with its
+        // worker, in the supervisor's next turn).
+        let _ = std::fs::remove_file(crate::attach::vcpus_file(&self.config(), vm));
         self.event("undeclared", format!("{vm}: vGPU given back"));
         Ok(())
     }
