@@ -5,7 +5,8 @@
 //! naming the field, two domains at weights 1:2 compute through their vGPUs
 //! and share by weight, `virsh metadata` sets a weight live, a libvirtd
 //! restart leaves a running domain's vGPU working, `virsh destroy` frees
-//! the vGPU (status and socket).
+//! the vGPU (status, socket and vCPU file). And only `fairvgpu-libvirt`
+//! links libvirt, not `fairvgpu`.
 //!
 //! Needs root, libvirt-daemon-system (libvirtd, virsh) and what the VM tests
 //! need (scripts/check installs them). Skips, saying why, without them,
@@ -115,4 +116,25 @@ fn libvirt_domains_get_and_give_back_their_vgpus() {
     assert!(text.contains("walkthrough: all checks passed"), "{text}");
     eprintln!("walkthrough: {:?}", start.elapsed());
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// The `fairvgpu` binary goes to GPU hosts without libvirt: only
+/// `fairvgpu-libvirt` may link it.
+#[test]
+fn only_the_bridge_links_libvirt() {
+    let debug = cargo_build("cli");
+    let needed = |bin: &str| {
+        let out = Command::new("ldd")
+            .arg(debug.join(bin))
+            .output()
+            .expect("ldd runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let main = needed("fairvgpu");
+    assert!(main.contains("libc.so"), "ldd said: {main}");
+    assert!(!main.contains("libvirt"), "fairvgpu links libvirt: {main}");
+    if prerequisites() {
+        cargo_build("libvirt-bridge");
+        assert!(needed("fairvgpu-libvirt").contains("libvirt.so"));
+    }
 }
