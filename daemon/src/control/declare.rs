@@ -159,7 +159,9 @@ impl ControlPlane {
             .map_err(|e| e.to_string())?;
         }
         declared.insert(vm.to_owned(), d.clone());
-        *lock(&self.cfg) = cfg;
+        // Into the running config as it is now (not the copy above, which
+        // a concurrent weight change may have left behind).
+        lock(&self.cfg).vms.push(vm_config(d, vm));
         drop(declared);
         self.event(
             "declared",
