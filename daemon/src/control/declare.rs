@@ -84,10 +84,11 @@ impl ControlPlane {
             }
         }
         let cfg = self.config();
-        let on = d.gpu.unwrap_or(0) as usize;
-        let gpu_bytes = match cfg.daemon.executor {
-            ExecutorKind::Sim => cfg.sim.memory,
-            ExecutorKind::Cuda => self.gpu_memory.get(on).copied().unwrap_or(0),
+        // Its GPU's memory; placed by the daemon, the largest GPU's.
+        let gpu_bytes = match (cfg.daemon.executor, d.gpu) {
+            (ExecutorKind::Sim, _) => cfg.sim.memory,
+            (ExecutorKind::Cuda, Some(g)) => self.gpu_memory.get(g as usize).copied().unwrap_or(0),
+            (ExecutorKind::Cuda, None) => self.gpu_memory.iter().copied().max().unwrap_or(0),
         };
         if d.memory_limit_mib == 0 || d.memory_limit_mib.saturating_mul(1 << 20) > gpu_bytes {
             return Err(format!(
@@ -148,15 +149,21 @@ impl ControlPlane {
         lock(&self.current).remove(vm);
         self.place_new(&cfg);
         let gpu = self.gpu_of_in(&cfg, vm);
-        self.ensure_service(&cfg, gpu).map_err(|e| e.to_string())?;
-        if let Some(svc) = lock(&self.services).get(&gpu) {
-            svc.set_share(
-                self.vgpu_id(vm),
-                &d.tenant,
-                d.weight,
-                cfg.tenant_weight(&d.tenant),
-            )
-            .map_err(|e| e.to_string())?;
+        let scheduled =
+            self.ensure_service(&cfg, gpu)
+                .and_then(|()| match lock(&self.services).get(&gpu) {
+                    Some(svc) => svc.set_share(
+                        self.vgpu_id(vm),
+                        &d.tenant,
+                        d.weight,
+                        cfg.tenant_weight(&d.tenant),
+                    ),
+                    None => Ok(()),
+                });
+        if let Err(e) = scheduled {
+            // Nothing of it stays: not even its placement.
+            lock(&self.current).remove(vm);
+            return Err(e.to_string().into());
         }
         declared.insert(vm.to_owned(), d.clone());
         // Into the running config as it is now (not the copy above, which
