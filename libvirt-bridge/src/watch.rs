@@ -21,8 +21,13 @@ use crate::events::{self, Event};
 /// What one reconciliation does.
 #[derive(Debug, Default, PartialEq)]
 pub struct Plan {
-    /// Running domains whose vGPU the daemon lacks, or has at another weight.
+    /// Running domains whose vGPU the daemon lacks (the second look in a
+    /// row), or has at another weight.
     pub declare: Vec<DomainVgpu>,
+    /// Running domains whose vGPU the daemon lacks this time (declared if
+    /// still so next time: a domain being stopped may still be listed as
+    /// running after its hook gave its vGPU back).
+    pub absent: BTreeSet<String>,
     /// vGPUs libvirt declared whose domain was not running twice in a row.
     pub free: Vec<String>,
     /// Those not running this time (freed if still so next time: a domain
@@ -31,8 +36,9 @@ pub struct Plan {
 }
 
 /// The reconciliation of the running domains' vGPUs `running` with those
-/// the daemon serves, `served`; `missing_before`: the last plan's `missing`.
-pub fn plan(running: &[DomainVgpu], served: &[Served], missing_before: &BTreeSet<String>) -> Plan {
+/// the daemon serves, `served`; `before`: the last plan.
+pub fn plan(running: &[DomainVgpu], served: &[Served], before: &Plan) -> Plan {
+    let missing_before = &before.missing;
     let mut p = Plan::default();
     for d in running {
         match served.iter().find(|s| s.name == d.name) {
@@ -43,7 +49,11 @@ pub fn plan(running: &[DomainVgpu], served: &[Served], missing_before: &BTreeSet
                 );
             }
             Some(s) if s.weight == d.declaration.weight => {}
-            _ => p.declare.push(d.clone()),
+            Some(_) => p.declare.push(d.clone()),
+            None if before.absent.contains(&d.name) => p.declare.push(d.clone()),
+            None => {
+                p.absent.insert(d.name.clone());
+            }
         }
     }
     for s in served.iter().filter(|s| s.by_libvirt) {
@@ -113,15 +123,15 @@ fn running(conn: &Connect) -> Result<Vec<DomainVgpu>> {
 
 struct Watch {
     api: Api,
-    /// vGPUs found without a running domain last time.
-    missing: BTreeSet<String>,
+    /// The last reconciliation (what it found missing or absent).
+    last: Plan,
 }
 
 impl Watch {
     fn reconcile(&mut self, conn: &Connect) -> Result<()> {
         let running = running(conn)?;
         let served = self.api.served().context("the daemon's status")?;
-        let p = plan(&running, &served, &self.missing);
+        let p = plan(&running, &served, &self.last);
         for v in &p.declare {
             match self.api.declare(v) {
                 Ok(added) => tracing::info!(
@@ -149,7 +159,11 @@ impl Watch {
                 Err(e) => tracing::warn!(domain = name, "giving back its vGPU: {e:#}"),
             }
         }
-        self.missing = p.missing;
+        self.last = Plan {
+            missing: p.missing,
+            absent: p.absent,
+            ..Plan::default()
+        };
         Ok(())
     }
 
@@ -237,6 +251,8 @@ impl Watch {
 /// Runs the watch on libvirt at `uri` for the daemon at `api`, reconciling
 /// every `every`; reconnects to libvirtd whenever it goes.
 pub fn run(api: Api, uri: &str, every: Duration) -> Result<()> {
+    // Errors are logged here, with their context, not by libvirt itself.
+    virt::error::clear_error_callback();
     virt::event::event_register_default_impl()?;
     std::thread::Builder::new()
         .name("libvirt-events".into())
@@ -248,7 +264,7 @@ pub fn run(api: Api, uri: &str, every: Duration) -> Result<()> {
         })?;
     let mut w = Watch {
         api,
-        missing: BTreeSet::new(),
+        last: Plan::default(),
     };
     loop {
         match Connect::open(Some(uri)) {
@@ -342,15 +358,21 @@ mod tests {
             served("vm1", false, 1.0), // host.toml's: never touched
             served("gone", true, 1.0),
         ];
-        let p = plan(&running, &served_now, &BTreeSet::new());
+        let p = plan(&running, &served_now, &Plan::default());
         let names: Vec<_> = p.declare.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(names, ["b", "c"]);
+        assert_eq!(names, ["b"], "only the weight is set at first sight");
+        assert_eq!(p.absent, BTreeSet::from(["c".to_owned()]));
         assert!(p.free.is_empty(), "freed at first sight: {:?}", p.free);
         assert_eq!(p.missing, BTreeSet::from(["gone".to_owned()]));
-        let p2 = plan(&running, &served_now, &p.missing);
+        let p2 = plan(&running, &served_now, &p);
+        let names: Vec<_> = p2.declare.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["b", "c"]);
         assert_eq!(p2.free, ["gone"]);
+        // A domain seen once without its vGPU, then stopped: nothing to do.
+        let p3 = plan(&running[..2], &served_now[..2], &p);
+        assert!(p3.declare.iter().all(|d| d.name != "c"));
         // A domain of host.toml's name is left alone, not re-declared.
-        let p3 = plan(&[dom("vm1", 1.0)], &served_now, &BTreeSet::new());
-        assert!(p3.declare.is_empty());
+        let p4 = plan(&[dom("vm1", 1.0)], &served_now, &p2);
+        assert!(p4.declare.is_empty());
     }
 }

@@ -178,11 +178,13 @@ pub fn domain_vgpu(xml: &str) -> Result<Option<DomainVgpu>, XmlError> {
 }
 
 /// The declaration of a bare vGPU element, as `virsh metadata` (and
-/// `virDomainGetMetadata`) give it.
+/// `virDomainGetMetadata`, which asks by namespace and answers without
+/// it) give it.
 pub fn element_declaration(xml: &str) -> Result<VgpuDeclaration, XmlError> {
     let doc = roxmltree::Document::parse(xml)?;
     let root = doc.root_element();
-    match vgpu_element(root) {
+    let bare = root.tag_name().name() == "vgpu" && root.tag_name().namespace().is_none();
+    match vgpu_element(root).or(bare.then_some(root)) {
         Some(el) => declaration(el),
         None => Err(XmlError::Attr {
             attr: "element",
@@ -349,6 +351,13 @@ mod tests {
         assert_eq!(d, decl());
         let plain = format!("<vgpu xmlns='{NAMESPACE}' tenant='t' memory_limit_mib='8'/>");
         assert_eq!(element_declaration(&plain).unwrap().weight, 1.0);
+        // As libvirt answers a metadata query: without the namespace.
+        let bare = "<vgpu tenant='t' weight='3' memory_limit_mib='8'/>";
+        assert_eq!(element_declaration(bare).unwrap().weight, 3.0);
+        assert!(
+            element_declaration("<vgpu xmlns='urn:other' tenant='t' memory_limit_mib='8'/>")
+                .is_err()
+        );
         assert!(element_declaration("<other/>").is_err());
     }
 }
