@@ -45,6 +45,10 @@ enum Cmd {
         /// Its vGPU id at the grant service (set by the daemon).
         #[arg(long)]
         id: Option<u32>,
+        /// Its `[[vm]]` entry, TOML, for a vGPU declared through the API
+        /// rather than listed in host.toml (set by the daemon).
+        #[arg(long)]
+        declared: Option<String>,
         /// The fd of the daemon's feed (region and doorbells); without it
         /// the worker serves its own region and socket.
         #[arg(long)]
@@ -144,6 +148,27 @@ enum Cmd {
         /// Print instead: `qemu` arguments or the `libvirt` <shmem> element.
         #[arg(long, value_parser = ["qemu", "libvirt"])]
         print: Option<String>,
+    },
+    /// Add a vGPU to a libvirt domain's XML, read on stdin and written to
+    /// stdout: fairvgpu's metadata element (what `fairvgpu-libvirt` declares
+    /// when the domain starts) and the `<shmem>` device; the vGPU is named
+    /// after the domain. Then `virsh define` the result.
+    LibvirtXml {
+        /// The daemon's host.toml (its run_dir and [layout] vectors).
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// The tenant the domain belongs to.
+        #[arg(long)]
+        tenant: String,
+        /// Scheduling weight (> 0).
+        #[arg(long, default_value_t = 1.0)]
+        weight: f64,
+        /// Device memory the vGPU may allocate, MiB.
+        #[arg(long)]
+        memory_limit_mib: u64,
+        /// The GPU it runs on (left out: the daemon places it).
+        #[arg(long)]
+        gpu: Option<u32>,
     },
     /// Hot-unplug a VM's vGPU from a running QEMU (the guest releases it first);
     /// done by the daemon, over its API.
@@ -290,6 +315,7 @@ fn run(cli: Cli) -> Result<()> {
             config,
             vm,
             id,
+            declared,
             feed_fd,
             gpu,
             standby,
@@ -297,6 +323,7 @@ fn run(cli: Cli) -> Result<()> {
             ledger_fd,
         } => worker_process(
             &config,
+            declared.as_deref(),
             &vm,
             id,
             feed_fd.map(|fd| (fd, standby)),
@@ -378,12 +405,42 @@ fn run(cli: Cli) -> Result<()> {
             qmp,
             timeout,
         } => detach_vm(&api, &vm, &qmp, timeout),
+        Cmd::LibvirtXml {
+            config,
+            tenant,
+            weight,
+            memory_limit_mib,
+            gpu,
+        } => {
+            let d = daemon::control::VgpuDeclaration {
+                tenant,
+                weight,
+                memory_limit_mib,
+                gpu,
+                owner: Some(daemon::libvirt_xml::OWNER.into()),
+            };
+            libvirt_xml(&Config::load(&config)?, &d)
+        }
         Cmd::Demo { executor, seconds } => demo::run(executor, seconds),
         #[cfg(feature = "bench")]
         Cmd::Bench { which } => which.run(),
         #[cfg(feature = "bench")]
         Cmd::Internal(i) => i.run(),
     }
+}
+
+/// `fairvgpu libvirt-xml`: the domain XML on stdin, with `d` added, to stdout.
+fn libvirt_xml(cfg: &Config, d: &daemon::control::VgpuDeclaration) -> Result<()> {
+    use daemon::libvirt_xml as lx;
+    let mut xml = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut xml)?;
+    let name = lx::domain_name(&xml)?;
+    // What the domain's start would be refused for, said now.
+    let meta = lx::vgpu_element_xml(d);
+    lx::element_declaration(&meta)?;
+    let plug = attach::Plug::declared(cfg, &name);
+    print!("{}", lx::add_vgpu(&xml, d, &plug.libvirt_xml())?);
+    Ok(())
 }
 
 /// `fairvgpu attach`: prints the QEMU arguments or libvirt element, or has
@@ -431,13 +488,21 @@ fn detach_vm(api: &ApiArgs, vm: &str, qmp: &std::path::Path, timeout: u64) -> Re
 /// `fairvgpu worker`: one vGPU worker process, as the daemon's config says.
 fn worker_process(
     config: &std::path::Path,
+    declared: Option<&str>,
     vm: &str,
     id: Option<u32>,
     feed: Option<(i32, bool)>,
     gpu: Option<u32>,
     slot: Option<(u32, i32)>,
 ) -> Result<()> {
-    let spec = setup::worker_spec(&Config::load(config)?, vm, id, feed, gpu, slot)?;
+    let mut cfg = Config::load(config)?;
+    if let Some(entry) = declared {
+        let v: daemon::config::VmConfig =
+            toml::from_str(entry).context("the declared vGPU's entry")?;
+        cfg.vms.retain(|o| o.name != v.name);
+        cfg.vms.push(v);
+    }
+    let spec = setup::worker_spec(&cfg, vm, id, feed, gpu, slot)?;
     match worker::process::run(&spec) {
         // The daemon tells this exit apart from a crash.
         Err(worker::Error::Poisoned(_)) => std::process::exit(worker::process::EXIT_POISONED),

@@ -69,6 +69,17 @@ impl Plug {
         })
     }
 
+    /// The plug of a vGPU named `vm` that host.toml need not list (one
+    /// declared through the API, as libvirt's domains are).
+    pub fn declared(cfg: &Config, vm: &str) -> Plug {
+        Plug {
+            vm: vm.to_owned(),
+            id: format!("fairvgpu-{vm}"),
+            socket: cfg.socket(vm),
+            vectors: cfg.layout.vectors,
+        }
+    }
+
     /// QEMU command-line arguments that attach the vGPU at start-up.
     pub fn qemu_args(&self) -> Vec<String> {
         vec![

@@ -36,6 +36,10 @@ pub mod run_lock;
 pub mod setup;
 pub mod supervisor;
 
+/// A libvirt domain's vGPU in its XML (kept in `wire`, with the
+/// declaration it makes, for `fairvgpu-libvirt` and the fuzz targets).
+pub use wire::libvirt_xml;
+
 /// `d` in whole nanoseconds, saturating at `u64::MAX` (584 years).
 pub(crate) fn nanos(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)

@@ -6,7 +6,9 @@
 //! messages (`grant`), the module image store's (`image`), a vGPU's
 //! identity (`identity`), what keeps a vGPU on its GPU (`keeper`), a VM's
 //! vCPU file (`vcpus`), and the termination signals both handle alike
-//! (`signals`).
+//! (`signals`). And what a manager of VMs sends the daemon: a vGPU's
+//! declaration (`declaration`), and the libvirt domain XML it is read from
+//! (`libvirt_xml`).
 
 #![warn(missing_docs)]
 #![warn(
@@ -15,11 +17,13 @@
     clippy::cast_sign_loss
 )]
 
+pub mod declaration;
 pub mod feed;
 pub mod grant;
 pub mod identity;
 pub mod image;
 pub mod keeper;
+pub mod libvirt_xml;
 pub mod signals;
 pub mod vcpus;
 

@@ -97,7 +97,6 @@ fn bad(m: String, at: Loc) -> Result<(), (String, Loc)> {
 /// Where a problem found after parsing is, for the error message.
 #[derive(Debug, Clone, Copy)]
 enum Loc {
-    Nowhere,
     /// A `[table]`, and a key in it.
     Table(&'static str, Option<&'static str>),
     /// A key of the i-th `[[vm]]`.
@@ -113,7 +112,6 @@ impl Loc {
     /// files written the usual way (one key per line, tables by header).
     fn line_in(self, text: &str) -> Option<usize> {
         let (header, nth, key) = match self {
-            Loc::Nowhere => return None,
             Loc::Table(t, k) => (format!("[{t}]"), 0, k),
             Loc::Vm(i, k) => ("[[vm]]".to_owned(), i, Some(k)),
             Loc::Tenant(i, k) => ("[[tenant]]".to_owned(), i, Some(k)),
@@ -188,9 +186,6 @@ impl Config {
     fn check(&self) -> Result<(), (String, Loc)> {
         self.check_daemon()?;
         self.check_gpus()?;
-        if self.vms.is_empty() {
-            return bad("no [[vm]] configured".into(), Loc::Nowhere);
-        }
         self.check_api()?;
         self.check_placement()?;
         self.check_tenants()?;

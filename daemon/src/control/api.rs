@@ -169,6 +169,8 @@ impl ControlPlane {
                     Err(e) => Response::error(404, e.to_string()),
                 }
             }
+            ("PUT", ["api", "v1", "vgpus", vm]) => self.put_vgpu(vm, &req.body),
+            ("DELETE", ["api", "v1", "vgpus", vm]) => self.delete_vgpu(vm),
             ("POST", ["api", "v1", "reload"]) => match self.reload() {
                 Ok(notes) => Response::json(200, &json!({ "reloaded": true, "notes": notes })),
                 Err(e) => Response::error(400, format!("config kept: {e}")),

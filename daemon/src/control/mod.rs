@@ -18,7 +18,11 @@
 //!   to another GPU now; answers when it has moved (with the pause)
 //! - `POST /api/v1/vgpus/{vm}/pin` `{"pinned": true}`: forbid (or allow
 //!   again) moving it, by the balancer or by hand
-//! - `POST /api/v1/reload`: re-read host.toml (also on SIGHUP)
+//! - `PUT /api/v1/vgpus/{vm}` `{"tenant": "acme", "weight": 2,
+//!   "memory_limit_mib": 4096}`: declare a vGPU now (or update a declared
+//!   one's weight and limit); `DELETE /api/v1/vgpus/{vm}`: give it back
+//! - `POST /api/v1/reload`: re-read host.toml (also on SIGHUP; declared
+//!   vGPUs stay)
 //! - `GET /metrics`: Prometheus text format
 //! - `GET /`: the dashboard
 //!
@@ -30,12 +34,14 @@
 //!
 //! Here the live state (`ControlPlane`) and its sampling; `placement.rs`
 //! the balancer and migrations, `settings.rs` what the operator changes at
-//! run time (weights, limits, hot-plug, reload), `status.rs` and
+//! run time (weights, limits, hot-plug, reload), `declare.rs` vGPUs
+//! declared and given back through the API, `status.rs` and
 //! `metrics.rs` the figures, `api.rs` the API's routes and sockets,
 //! `client.rs` the CLI's side, `http.rs` the HTTP it speaks.
 
 mod api;
 mod client;
+mod declare;
 pub mod http;
 mod metrics;
 mod placement;
@@ -44,6 +50,7 @@ mod status;
 
 pub use api::{start, token_from_file};
 pub use client::{client_call, ApiTarget};
+pub use declare::{Declared, VgpuDeclaration};
 pub use placement::Migration;
 
 /// Why the control plane refused an operator's change. Besides a VM it does
@@ -53,6 +60,9 @@ pub enum Refusal {
     /// The config has no VM of this name.
     #[error("no vm named {0:?}")]
     NoVm(String),
+    /// The VM is there, but not as the change needs it (the API's 409).
+    #[error("{0}")]
+    Conflict(String),
     /// Any other reason, said for the operator.
     #[error("{0}")]
     Other(String),
@@ -116,6 +126,8 @@ pub struct ControlPlane {
     pinned: Mutex<std::collections::HashSet<String>>,
     /// Migrations asked for, under way, or just finished, per VM.
     migrations: Mutex<HashMap<String, Migration>>,
+    /// vGPUs declared through the API (not in host.toml), by VM name.
+    declared: Mutex<std::collections::BTreeMap<String, VgpuDeclaration>>,
     /// Migrations done per VM.
     migrated: Mutex<HashMap<String, u64>>,
     /// GPUs on this host.
@@ -165,6 +177,7 @@ impl ControlPlane {
             pinned: Mutex::new(Default::default()),
             migrations: Mutex::new(HashMap::new()),
             migrated: Mutex::new(HashMap::new()),
+            declared: Mutex::new(Default::default()),
             gpu_count: std::sync::atomic::AtomicU32::new(match cfg.daemon.executor {
                 ExecutorKind::Sim => cfg.sim.gpus.max(1),
                 ExecutorKind::Cuda => worker::executor::cuda::device_count().unwrap_or(1),

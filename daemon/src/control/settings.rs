@@ -31,6 +31,9 @@ impl ControlPlane {
             svc.set_share(self.vgpu_id(vm), &tenant, weight, tenant_weight)
                 .map_err(|e| e.to_string())?;
         }
+        if let Some(d) = lock(&self.declared).get_mut(vm) {
+            d.weight = weight;
+        }
         self.event("weight", format!("{vm}: weight set to {weight}"));
         Ok(())
     }
@@ -51,6 +54,9 @@ impl ControlPlane {
         };
         v.memory_limit_mib = mib;
         drop(cfg);
+        if let Some(d) = lock(&self.declared).get_mut(vm) {
+            d.memory_limit_mib = mib;
+        }
         self.event("limit", format!("{vm}: memory limit set to {mib} MiB"));
         Ok(())
     }
@@ -124,7 +130,18 @@ impl ControlPlane {
     }
 
     pub(super) fn try_reload(&self) -> Result<Vec<String>, String> {
-        let new = Config::load(&self.config_path).map_err(|e| e.to_string())?;
+        let mut new = Config::load(&self.config_path).map_err(|e| e.to_string())?;
+        // The vGPUs declared through the API are not host.toml's: they stay
+        // (held locked, so that none is declared or given back meanwhile).
+        let declared = lock(&self.declared);
+        for (name, d) in declared.iter() {
+            if new.vm(name).is_some() {
+                return Err(format!(
+                    "vm {name:?} is declared through the API; host.toml cannot list it too"
+                ));
+            }
+            new.vms.push(super::declare::vm_config(d, name));
+        }
         let old = self.config();
         if !same(&old.daemon, &new.daemon)
             || !same(&old.layout, &new.layout)
@@ -221,6 +238,7 @@ impl ControlPlane {
             notes.push("no change".into());
         }
         *lock(&self.cfg) = new;
+        drop(declared);
         Ok(notes)
     }
 }

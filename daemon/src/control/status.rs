@@ -140,6 +140,7 @@ impl ControlPlane {
                 "name": v.name,
                 "tenant": v.tenant,
                 "weight": v.weight,
+                "declared_by": self.declared_by(&v.name),
                 "vcpu_threads": lock(&self.vcpus).get(&v.name).cloned().unwrap_or_default(),
                 "connected": r.1.connected,
                 "holding": r.1.holding,

@@ -122,6 +122,17 @@ impl Launcher {
         if standby {
             cmd.arg("--standby");
         }
+        // A vGPU declared through the API is not in host.toml, which the
+        // worker reads: its entry goes along.
+        if plane.declared_by(name).is_some() {
+            if let Some(v) = plane.config().vm(name) {
+                let entry = toml::to_string(v).map_err(|e| Error::Io {
+                    what: "writing a declared vGPU's entry",
+                    source: std::io::Error::other(e),
+                })?;
+                cmd.arg("--declared").arg(entry);
+            }
+        }
         if let (Some(k), Some(l)) = (slot, &ledger) {
             cmd.arg("--slot")
                 .arg(k.to_string())
