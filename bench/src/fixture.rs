@@ -40,6 +40,8 @@ pub struct VmSpec {
     /// A worker per guest process, this many at once (`[[vm]]
     /// process_slots`; 0: one worker for all).
     pub process_slots: u32,
+    /// The GPU it starts on (`[[vm]] gpu`; None: the daemon places it).
+    pub gpu: Option<u32>,
 }
 
 impl VmSpec {
@@ -53,6 +55,7 @@ impl VmSpec {
             corun: false,
             standby: false,
             process_slots: 0,
+            gpu: None,
         }
     }
 }
@@ -145,6 +148,9 @@ impl DaemonProc {
                 "\n[[vm]]\nname = \"{}\"\ntenant = \"{tenant}\"\nweight = {}\nmemory_limit_mib = {}\ncorun = {}\nstandby = {}\nprocess_slots = {}\n",
                 v.name, v.weight, v.memory_limit_mib, v.corun, v.standby, v.process_slots
             ));
+            if let Some(g) = v.gpu {
+                cfg.push_str(&format!("gpu = {g}\n"));
+            }
         }
         std::fs::write(dir.join("host.toml"), cfg)?;
         let mut cmd = Command::new(bin);

@@ -13,20 +13,19 @@
 //! CPU per grant it sent. On the cuda executor each worker's GPU memory
 //! comes from `nvidia-smi` while the guests idle.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use daemon::config::ExecutorKind;
-use daemon::control::{client_call, ApiTarget};
 use guest::Gpu;
 use protocol::ImageKind;
 use worker::KERNELS_PTX;
 
 use super::density::latency_loop;
+use super::fixture::{DaemonProc, VmSpec};
 
 /// What the scale bench is run with.
 #[derive(Debug, Clone, Copy)]
@@ -124,103 +123,35 @@ struct Sample {
     grants: u64,
 }
 
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    api: ApiTarget,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+/// The daemon under test and what is sampled of it.
+struct Daemon(DaemonProc);
 
 impl Daemon {
     fn start(o: &Options) -> Result<Daemon> {
-        let dir = std::env::temp_dir().join(format!("fairvgpu-scale-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)?;
-        let spin = super::density::SPIN;
-        let mut cfg = format!(
-            "[daemon]\nrun_dir = {:?}\nexecutor = \"{}\"\n\n[sim]\ngpus = {}\n\n\
-             [spin]\nspins = {}\nmax_block_us = {}\n\n[placement]\nenabled = false\n",
-            dir.display().to_string(),
-            match o.kind {
-                ExecutorKind::Sim => "sim",
-                ExecutorKind::Cuda => "cuda",
-            },
-            o.gpus,
-            spin.spins,
-            spin.max_block_us,
+        let vms: Vec<VmSpec> = (0..o.vms)
+            .map(|i| VmSpec {
+                gpu: Some(i as u32 % o.gpus),
+                ..VmSpec::new(&format!("vm{i}"), 256)
+            })
+            .collect();
+        let extra = format!(
+            "\n[sim]\ngpus = {}\n\n[placement]\nenabled = false\n",
+            o.gpus
         );
-        for i in 0..o.vms {
-            cfg.push_str(&format!(
-                "\n[[vm]]\nname = \"vm{i}\"\ntenant = \"t{i}\"\nweight = 1\nmemory_limit_mib = 256\ngpu = {}\n",
-                i as u32 % o.gpus
-            ));
-        }
-        let path = dir.join("host.toml");
-        std::fs::write(&path, cfg)?;
-        let log = dir.join("daemon.log");
-        let child = Command::new(std::env::current_exe()?)
-            .args(["serve", "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .process_group(0)
-            .spawn()
-            .context("starting the daemon")?;
-        let mut d = Daemon {
-            child,
-            api: ApiTarget::Unix(dir.join("api.sock")),
-            dir,
-        };
-        let t = Instant::now();
-        for i in 0..o.vms {
-            while !d.sock(i).exists() {
-                if let Ok(Some(st)) = d.child.try_wait() {
-                    let tail = std::fs::read_to_string(&log).unwrap_or_default();
-                    bail!("the daemon ended ({st}): {}", tail.trim_end());
-                }
-                ensure!(
-                    t.elapsed() < Duration::from_secs(120),
-                    "vm{i}'s socket never came"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        Ok(d)
+        let d = DaemonProc::start_with(&std::env::current_exe()?, "scale", o.kind, &vms, &extra)?;
+        Ok(Daemon(d))
     }
 
     fn sock(&self, vm: usize) -> PathBuf {
-        self.dir.join(format!("vm{vm}.sock"))
+        self.0.socket(&format!("vm{vm}"))
     }
 
     /// Grants sent to all vGPUs so far, from the daemon's status.
     fn grants(&self) -> Result<u64> {
-        let (code, body) = client_call(&self.api, "GET", "/api/v1/status", b"")?;
-        ensure!(code == 200, "status: HTTP {code}");
-        let v: serde_json::Value = serde_json::from_slice(&body)?;
-        Ok(v["gpus"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|g| g["vgpus"].as_array().into_iter().flatten())
+        Ok(self
+            .0
+            .vgpus()?
+            .iter()
             .filter_map(|u| u["grants"].as_u64())
             .sum())
     }
@@ -244,7 +175,7 @@ impl Daemon {
     }
 
     fn sample(&self) -> Result<Sample> {
-        let pid = self.child.id();
+        let pid = self.0.pid();
         Ok(Sample {
             at: Instant::now(),
             daemon: proc_use(pid),
@@ -366,7 +297,7 @@ pub fn run(o: Options) -> Result<()> {
     std::thread::sleep(phase);
     let s3 = d.sample()?;
     let (daemon_idle, workers_idle, _) = report("idle (guests attached, no calls)", &o, &s2, &s3);
-    let pids = children(d.child.id());
+    let pids = children(d.0.pid());
     let gpu_mib = match o.kind {
         ExecutorKind::Cuda => worker_gpu_mib(&pids),
         ExecutorKind::Sim => None,

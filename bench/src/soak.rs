@@ -434,6 +434,7 @@ pub fn run(minutes: f64, guests: usize) -> Result<()> {
             corun: false,
             standby: false,
             process_slots: 0,
+            gpu: None,
         })
         .collect();
     let total_time = Duration::from_secs_f64((minutes * 60.0).max(5.0));

@@ -40,6 +40,7 @@ fn a_tenant_weight_is_split_among_its_vms() {
         corun: false,
         standby: false,
         process_slots: 0,
+        gpu: None,
     };
     let vms = [
         vm("small", 1.0, "acme"),
