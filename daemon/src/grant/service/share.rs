@@ -96,7 +96,7 @@ impl Shared {
     }
 
     fn add(&mut self, id: u32, ns: u64, now: Instant) {
-        let tau = self.tau();
+        let tau = self.rate_tau;
         let r = self.rate.entry(id).or_insert((0.0, now));
         r.0 = decayed(*r, now, tau) + ns as f64 / tau.as_nanos() as f64;
         r.1 = now;
@@ -106,7 +106,7 @@ impl Shared {
     fn rate(&self, id: u32, now: Instant) -> f64 {
         self.rate
             .get(&id)
-            .map_or(0.0, |&r| decayed(r, now, self.tau()))
+            .map_or(0.0, |&r| decayed(r, now, self.rate_tau))
     }
 
     /// `id`'s own GPU time a second lately: its rate, less the stretching
@@ -141,10 +141,6 @@ impl Shared {
             self.heavy.remove(&id);
         }
         self.heavy.contains(&id)
-    }
-
-    fn tau(&self) -> Duration {
-        self.rate_tau
     }
 
     /// `id` left the GPU.
