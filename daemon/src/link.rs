@@ -416,6 +416,7 @@ impl Feeder {
     }
 
     fn start_feed(&mut self, ours: UnixStream, lane: u32) {
+        self.retire_lane(lane);
         let sent = self
             .send_region(&ours)
             .and_then(|()| self.send_rest(&ours, None));
@@ -505,11 +506,17 @@ impl Feeder {
         send_msg(s, encode(SYNCED, 0, 0), None)
     }
 
-    /// Makes `ours`, fed its snapshot, lane `lane`'s worker's feed.
-    fn make_current(&mut self, ours: UnixStream, lane: u32) {
+    /// Lane `lane`'s worker is being replaced: its feed is closed and what
+    /// it said of poisoned contexts forgotten, before its successor's
+    /// snapshot ends (after that, the successor may say it too).
+    fn retire_lane(&mut self, lane: u32) {
         self.close_lane(lane);
-        // Said by the worker before this one, if at all.
         self.poisoned.store(false, Ordering::Relaxed);
+    }
+
+    /// Makes `ours`, fed its snapshot, lane `lane`'s worker's feed (its
+    /// predecessor retired already).
+    fn make_current(&mut self, ours: UnixStream, lane: u32) {
         self.lanes.insert(lane, ours);
         self.fed.store(true, Ordering::Relaxed);
     }
@@ -537,6 +544,7 @@ impl Feeder {
             return;
         };
         self.standby_live.store(false, Ordering::Relaxed);
+        self.retire_lane(0);
         if let Err(e) = self.send_rest(&ours, grant.as_ref()) {
             tracing::warn!(vm = self.name, "promoting the standby worker failed: {e}");
             let _ = ours.shutdown(std::net::Shutdown::Both);
