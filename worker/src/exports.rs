@@ -223,6 +223,15 @@ impl VmExports {
         Some((e, token, after))
     }
 
+    /// Entry `index` of generation `gen`, live or held.
+    pub fn entry(&self, index: u16, gen: u32) -> Option<Entry> {
+        let i = usize::from(index);
+        if i >= ENTRIES {
+            return None;
+        }
+        self.read(i).map(|r| r.0).filter(|e| e.gen == gen)
+    }
+
     /// The live entry `token` names, if any.
     pub fn find(&self, token: u64) -> Option<Entry> {
         if token == 0 {

@@ -40,6 +40,22 @@ use std::sync::Arc;
 use protocol::Status;
 
 use crate::executor::SharedMem;
+use crate::exports::VmExports;
+
+/// An export's entry in the VM's export table (a VM whose processes each
+/// have a worker of their own, `exports.rs`): the exporter's, or an
+/// opener's (`opener`: its slot).
+#[derive(Debug)]
+pub struct VmLink {
+    /// The table.
+    pub table: Arc<VmExports>,
+    /// The entry's index.
+    pub index: u16,
+    /// Its generation.
+    pub gen: u32,
+    /// The opener's slot, for an opener's link.
+    pub opener: Option<u32>,
+}
 
 /// Exports a worker keeps at most (live ones; each names an allocation or
 /// mapping of a live process).
@@ -65,6 +81,8 @@ pub struct Export {
     /// The token of the pool it was exported from (0: none; see
     /// `session::share`).
     tag: AtomicU64,
+    /// Its entry in the VM's export table, if published there.
+    vm: std::sync::OnceLock<VmLink>,
 }
 
 impl Export {
@@ -72,14 +90,67 @@ impl Export {
         self.alive.load(Ordering::Acquire)
     }
 
-    /// Whether some other session has it open.
+    /// Whether some other session has it open (of this worker, or of
+    /// another worker of the VM).
     pub fn opened(&self) -> bool {
         self.opens.load(Ordering::Acquire) > 0
+            || self
+                .vm
+                .get()
+                .is_some_and(|l| l.opener.is_none() && l.table.opened(l.index, l.gen))
     }
 
     fn revoke(&self) {
         self.alive.store(false, Ordering::Release);
+        if let Some(l) = self.vm.get().filter(|l| l.opener.is_none()) {
+            l.table.revoke(l.index, l.gen);
+        }
     }
+
+    /// Records its entry in the VM's export table (once).
+    pub fn link(&self, l: VmLink) {
+        let _ = self.vm.set(l);
+    }
+
+    /// Its entry in the VM's export table, if any.
+    pub fn vm_link(&self) -> Option<&VmLink> {
+        self.vm.get()
+    }
+
+    /// Memory another worker of the VM exported, opened by this one at
+    /// `base` (`link`: the opener's).
+    pub fn opened_remote(base: u64, size: u64, link: VmLink) -> Arc<Export> {
+        let e = Export {
+            owner: u64::MAX,
+            base,
+            size,
+            mem: SharedMem::default(),
+            alive: AtomicBool::new(true),
+            opens: AtomicU32::new(0),
+            tag: AtomicU64::new(0),
+            vm: std::sync::OnceLock::new(),
+        };
+        let _ = e.vm.set(link);
+        Arc::new(e)
+    }
+
+    /// Whether it is another worker's memory opened here.
+    pub fn is_remote(&self) -> bool {
+        self.vm.get().is_some_and(|l| l.opener.is_some())
+    }
+}
+
+impl Drop for Export {
+    fn drop(&mut self) {
+        match self.vm.get() {
+            Some(l @ VmLink { opener: Some(slot), .. }) => l.table.close(l.index, l.gen, *slot),
+            Some(l) => l.table.revoke(l.index, l.gen),
+            None => {}
+        }
+    }
+}
+
+impl Export {
 
     /// Whether its token still names it.
     pub fn is_alive(&self) -> bool {
@@ -148,6 +219,7 @@ impl Exports {
             alive: AtomicBool::new(true),
             opens: AtomicU32::new(0),
             tag: AtomicU64::new(0),
+            vm: std::sync::OnceLock::new(),
         });
         self.by_token.insert(token, e.clone());
         Ok((token, e))
@@ -339,6 +411,16 @@ impl Imports {
         }
     }
 
+    /// Opens the range opened at `base` once more.
+    pub fn open_again(&mut self, base: u64) -> Result<(), Status> {
+        let i = self.0.get_mut(&base).ok_or(Status::InvalidValue)?;
+        if i.opens >= MAX_OPENS {
+            return Err(Status::OutOfMemory);
+        }
+        i.opens += 1;
+        Ok(())
+    }
+
     /// Closes the range opened at `base` once; true if that was its last
     /// open (the context must forget it).
     pub fn close(&mut self, base: u64) -> Result<bool, Status> {
@@ -351,6 +433,31 @@ impl Imports {
             i.export.opens.fetch_sub(1, Ordering::AcqRel);
         }
         Ok(true)
+    }
+
+    /// The start of this session's open of another worker's entry
+    /// (`index`, `gen`), if it has one.
+    pub fn remote_base(&self, index: u16, gen: u32) -> Option<u64> {
+        self.0.iter().find_map(|(&b, i)| {
+            i.export
+                .vm_link()
+                .filter(|l| l.opener.is_some() && l.index == index && l.gen == gen)
+                .map(|_| b)
+        })
+    }
+
+    /// Whether the range opened at `base` is another worker's memory.
+    pub fn is_remote(&self, base: u64) -> bool {
+        self.0.get(&base).is_some_and(|i| i.export.is_remote())
+    }
+
+    /// The starts of every range of another worker's it has open.
+    pub fn remote(&self) -> Vec<u64> {
+        self.0
+            .iter()
+            .filter(|(_, i)| i.export.is_remote())
+            .map(|(&b, _)| b)
+            .collect()
     }
 
     /// Whether `[ptr, end)` lies in one range opened and still exported.

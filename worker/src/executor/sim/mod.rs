@@ -28,6 +28,7 @@ use super::{Context, Executor};
 mod addresses;
 mod arrays;
 mod attributes;
+mod bytes;
 mod context;
 mod graphs;
 mod kernels;

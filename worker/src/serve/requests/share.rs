@@ -200,10 +200,21 @@ pub(in crate::serve) fn settle_kept(mem: &mut Memory, tables: &mut Tables) {
 /// count for the vGPU's, until they let go ([`settle_kept`]); its tokens
 /// are revoked.
 pub(in crate::serve) fn keep_at_end(tables: &mut Tables, s: &mut Session) {
+    super::ipc_across::close_all(s);
     let held = s.shares.exported.take_all_opened();
     let mut kept: Vec<(u64, Arc<Export>)> = held.into_iter().map(|e| (e.size, e)).collect();
+    // Memory another worker of the VM has open stays with it, as the
+    // driver keeps it, counted until it lets go.
+    kept.extend(
+        s.exported
+            .take_all_opened()
+            .into_iter()
+            .filter(|e| e.vm_link().is_some())
+            .map(|e| (e.size, e)),
+    );
     kept.extend(s.shares.orphans.take_opened());
     for (charge, e) in kept {
+        let charge = charge.min(s.mem_used);
         s.uncount(charge);
         tables.shares.kept.push((charge, e));
     }

@@ -1,0 +1,167 @@
+//! IPC between the processes of a VM with process slots, each served by a
+//! worker process of its own, against a real `fairvgpu serve` on the sim:
+//! memory one process exports is opened by another (at an address of its
+//! own worker's), and what either writes the other reads, live; the
+//! memory stays counted once, to its exporter, until the last holder
+//! lets go. And the refusals: a token of another VM, a made-up one, one
+//! whose exporter ended, a close too many.
+
+use std::time::{Duration, Instant};
+
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
+use guest::{Gpu, GuestError};
+use protocol::{Request, Status};
+use tests::cargo_build;
+
+const MIB: u64 = 1 << 20;
+
+fn daemon(tag: &str) -> DaemonProc {
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 3;
+    let mut other = VmSpec::new("vm2", 256);
+    other.process_slots = 2;
+    DaemonProc::start(
+        &cargo_build("cli").join("fairvgpu"),
+        tag,
+        ExecutorKind::Sim,
+        &[vm, other],
+    )
+    .unwrap()
+}
+
+fn guest(d: &DaemonProc, vm: &str) -> Gpu {
+    Gpu::connect_with(&d.socket(vm), tests::TEST_SPIN).unwrap()
+}
+
+fn req(g: &mut Gpu, r: Request) -> Result<[u64; 4], GuestError> {
+    g.request(&r).map(|x| x.vals)
+}
+
+fn refused(r: Result<[u64; 4], GuestError>, what: &str) {
+    assert!(
+        matches!(
+            r,
+            Err(GuestError::Cuda(Status::InvalidValue | Status::InvalidContext))
+        ),
+        "{what}: {r:?}"
+    );
+}
+
+fn read(g: &mut Gpu, ptr: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    g.memcpy_dtoh(&mut out, ptr, 0).unwrap();
+    out
+}
+
+/// The vGPU's memory over all its workers, as a monitor sees it, once it
+/// is what `ok` wants (within 10 s).
+fn vm_memory(d: &DaemonProc, ok: impl Fn(u64) -> bool) -> u64 {
+    let mut m = Gpu::monitor(&d.socket("vm1"), tests::TEST_SPIN).unwrap();
+    let t = Instant::now();
+    loop {
+        let used = m.vgpu_status().unwrap().mem_used;
+        if ok(used) || t.elapsed() > Duration::from_secs(10) {
+            return used;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn memory_exported_by_one_process_is_shared_live_with_another_workers_process() {
+    let d = daemon("ipc-across");
+    let mut a = guest(&d, "vm1");
+    let mut b = guest(&d, "vm1");
+    let ptr = a.mem_alloc(4 * MIB).unwrap();
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    a.memcpy_htod(ptr + MIB, &data).unwrap();
+    let [token, base, size, _] = req(&mut a, Request::IpcExport { ptr: ptr + MIB }).unwrap();
+    assert_eq!((base, size), (ptr, 4 * MIB));
+    // The token is the host's, not an address or a driver's handle.
+    assert_ne!(token, ptr);
+
+    let [at, n, ..] = req(&mut b, Request::IpcOpen { token }).unwrap();
+    assert_eq!(n, 4 * MIB);
+    assert_eq!(read(&mut b, at + MIB, data.len()), data, "b reads a's bytes");
+    // What b writes, a reads, and the other way round: one memory.
+    b.memcpy_htod(at, b"written by b").unwrap();
+    assert_eq!(read(&mut a, ptr, 12), b"written by b");
+    a.memcpy_htod(ptr + 100, b"then by a").unwrap();
+    assert_eq!(read(&mut b, at + 100, 9), b"then by a");
+    // Opened again: the same address, closed as often.
+    let [again, ..] = req(&mut b, Request::IpcOpen { token }).unwrap();
+    assert_eq!(again, at);
+    req(&mut b, Request::IpcClose { ptr: at }).unwrap();
+    assert_eq!(read(&mut b, at, 12), b"written by b", "one open left");
+
+    // Counted once, to its exporter: the VM holds a's 4 MiB, not 8.
+    let used = vm_memory(&d, |u| u >= 4 * MIB);
+    assert!((4 * MIB..8 * MIB).contains(&used), "{used}");
+    // a frees it while b has it open: it stays, counted, for b.
+    a.mem_free(ptr).unwrap();
+    assert_eq!(read(&mut b, at + MIB, data.len()), data, "kept for b");
+    assert!(vm_memory(&d, |u| u >= 4 * MIB) >= 4 * MIB, "still counted");
+    req(&mut b, Request::IpcClose { ptr: at }).unwrap();
+    // Once b closed it, a's worker lets it go on its next pass.
+    a.synchronize().unwrap();
+    let used = vm_memory(&d, |u| u < 4 * MIB);
+    assert!(used < 4 * MIB, "not let go: {used}");
+    refused(
+        req(&mut b, Request::IpcClose { ptr: at }),
+        "a close too many",
+    );
+    refused(
+        req(&mut b, Request::IpcOpen { token }),
+        "the token of freed memory",
+    );
+}
+
+#[test]
+fn tokens_of_another_vm_made_up_or_of_an_ended_exporter_open_nothing() {
+    let d = daemon("ipc-across-hostile");
+    let mut a = guest(&d, "vm1");
+    let mut b = guest(&d, "vm1");
+    let mut stranger = guest(&d, "vm2");
+    let mut stranger2 = guest(&d, "vm2");
+    let ptr = a.mem_alloc(2 * MIB).unwrap();
+    a.memcpy_htod(ptr, b"vm1's secret").unwrap();
+    let [token, ..] = req(&mut a, Request::IpcExport { ptr }).unwrap();
+
+    // Another VM's processes cannot open it, nor a made-up token here.
+    refused(req(&mut stranger, Request::IpcOpen { token }), "vm2 opens vm1's");
+    let theirs = stranger2.mem_alloc(2 * MIB).unwrap();
+    let [their_token, ..] = req(&mut stranger2, Request::IpcExport { ptr: theirs }).unwrap();
+    refused(
+        req(&mut b, Request::IpcOpen { token: their_token }),
+        "vm1 opens vm2's",
+    );
+    for forged in [token ^ 1, token.wrapping_add(1), 1, u64::MAX, ptr] {
+        refused(req(&mut b, Request::IpcOpen { token: forged }), "a forged token");
+    }
+    // Its own token, opened by the exporter: as the driver answers.
+    refused(req(&mut a, Request::IpcOpen { token }), "its own");
+
+    // b opens it; then a's process ends.
+    let [at, ..] = req(&mut b, Request::IpcOpen { token }).unwrap();
+    drop(a);
+    let mut c = guest(&d, "vm1");
+    let t = Instant::now();
+    loop {
+        match req(&mut c, Request::IpcOpen { token }) {
+            Err(_) => break,
+            Ok([x, ..]) => {
+                req(&mut c, Request::IpcClose { ptr: x }).unwrap();
+                assert!(t.elapsed() < Duration::from_secs(10), "still opens");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    // b keeps what it opened, as the driver keeps it, until it closes.
+    assert_eq!(read(&mut b, at, 12), b"vm1's secret");
+    req(&mut b, Request::IpcClose { ptr: at }).unwrap();
+    refused(req(&mut b, Request::IpcClose { ptr: at }), "closed twice");
+    // b cannot reach it any more.
+    let mut out = [0u8; 12];
+    assert!(b.memcpy_dtoh(&mut out, at, 0).is_err(), "read after close");
+}
