@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 
-use worker::exports::VmExports;
 use wire::feed::{decode, decode_entry, IPC_DROPPED, IPC_EXPORTED, IPC_WANT};
+use worker::exports::VmExports;
 
 use crate::Error;
 
@@ -131,12 +131,17 @@ mod tests {
         let r = IpcRelay::new("relay-test").unwrap();
         let (i, g) = publish(&r.table, 5, 1);
         // Lane 2 claims lane 1's entry: nothing kept.
-        assert!(r.heard(2, encode_entry(IPC_EXPORTED, i, g), Some(memfd())).is_none());
+        assert!(r
+            .heard(2, encode_entry(IPC_EXPORTED, i, g), Some(memfd()))
+            .is_none());
         assert!(r.answer(i, g).is_none());
         r.heard(1, encode_entry(IPC_EXPORTED, i, g), Some(memfd()));
         assert_eq!(r.heard(3, encode_entry(IPC_WANT, i, g), None), Some((i, g)));
         assert!(r.answer(i, g).is_some());
-        assert!(r.answer(i, g.wrapping_add(1)).is_none(), "another generation");
+        assert!(
+            r.answer(i, g.wrapping_add(1)).is_none(),
+            "another generation"
+        );
         // Lane 1 ends: the entry is revoked, its fd gone.
         r.lane_ended(1);
         assert!(r.answer(i, g).is_none());

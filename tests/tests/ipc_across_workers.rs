@@ -3,8 +3,9 @@
 //! memory one process exports is opened by another (at an address of its
 //! own worker's), and what either writes the other reads, live; the
 //! memory stays counted once, to its exporter, until the last holder
-//! lets go. And the refusals: a token of another VM, a made-up one, one
-//! whose exporter ended, a close too many.
+//! lets go. An event one records, another waits on. And the refusals: a
+//! token of another VM, a made-up one, one whose exporter ended, a close
+//! too many.
 
 use std::time::{Duration, Instant};
 
@@ -42,7 +43,9 @@ fn refused(r: Result<[u64; 4], GuestError>, what: &str) {
     assert!(
         matches!(
             r,
-            Err(GuestError::Cuda(Status::InvalidValue | Status::InvalidContext))
+            Err(GuestError::Cuda(
+                Status::InvalidValue | Status::InvalidContext
+            ))
         ),
         "{what}: {r:?}"
     );
@@ -83,7 +86,11 @@ fn memory_exported_by_one_process_is_shared_live_with_another_workers_process() 
 
     let [at, n, ..] = req(&mut b, Request::IpcOpen { token }).unwrap();
     assert_eq!(n, 4 * MIB);
-    assert_eq!(read(&mut b, at + MIB, data.len()), data, "b reads a's bytes");
+    assert_eq!(
+        read(&mut b, at + MIB, data.len()),
+        data,
+        "b reads a's bytes"
+    );
     // What b writes, a reads, and the other way round: one memory.
     b.memcpy_htod(at, b"written by b").unwrap();
     assert_eq!(read(&mut a, ptr, 12), b"written by b");
@@ -129,7 +136,10 @@ fn tokens_of_another_vm_made_up_or_of_an_ended_exporter_open_nothing() {
     let [token, ..] = req(&mut a, Request::IpcExport { ptr }).unwrap();
 
     // Another VM's processes cannot open it, nor a made-up token here.
-    refused(req(&mut stranger, Request::IpcOpen { token }), "vm2 opens vm1's");
+    refused(
+        req(&mut stranger, Request::IpcOpen { token }),
+        "vm2 opens vm1's",
+    );
     let theirs = stranger2.mem_alloc(2 * MIB).unwrap();
     let [their_token, ..] = req(&mut stranger2, Request::IpcExport { ptr: theirs }).unwrap();
     refused(
@@ -137,15 +147,20 @@ fn tokens_of_another_vm_made_up_or_of_an_ended_exporter_open_nothing() {
         "vm1 opens vm2's",
     );
     for forged in [token ^ 1, token.wrapping_add(1), 1, u64::MAX, ptr] {
-        refused(req(&mut b, Request::IpcOpen { token: forged }), "a forged token");
+        refused(
+            req(&mut b, Request::IpcOpen { token: forged }),
+            "a forged token",
+        );
     }
     // Its own token, opened by the exporter: as the driver answers.
     refused(req(&mut a, Request::IpcOpen { token }), "its own");
 
-    // b opens it; then a's process ends.
+    // b and c open it; then a's process ends.
     let [at, ..] = req(&mut b, Request::IpcOpen { token }).unwrap();
-    drop(a);
     let mut c = guest(&d, "vm1");
+    let [x, ..] = req(&mut c, Request::IpcOpen { token }).unwrap();
+    req(&mut c, Request::IpcClose { ptr: x }).unwrap();
+    drop(a);
     let t = Instant::now();
     loop {
         match req(&mut c, Request::IpcOpen { token }) {
@@ -164,4 +179,64 @@ fn tokens_of_another_vm_made_up_or_of_an_ended_exporter_open_nothing() {
     // b cannot reach it any more.
     let mut out = [0u8; 12];
     assert!(b.memcpy_dtoh(&mut out, at, 0).is_err(), "read after close");
+}
+
+/// `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`.
+const IPC_EVENT: u32 = 4 | 2;
+
+#[test]
+fn an_event_recorded_by_one_process_is_waited_on_by_another_workers_process() {
+    let d = daemon("ipc-across-event");
+    let mut a = guest(&d, "vm1");
+    let mut b = guest(&d, "vm1");
+    let m = a
+        .module_load(protocol::ImageKind::Ptx, tests::PTX.as_bytes())
+        .unwrap();
+    let spin = a.get_function(m, "spin_ns").unwrap();
+    let ev = a.event_create(IPC_EVENT).unwrap();
+    let [token, ..] = req(&mut a, Request::IpcExportEvent { event: ev }).unwrap();
+    let [theirs, ..] = req(&mut b, Request::IpcOpenEvent { token }).unwrap();
+    assert!(b.event_query(theirs).unwrap(), "never recorded: done");
+
+    // a records it behind 400 ms of work: b sees it pending, then done.
+    let one = protocol::Dim3 { x: 1, y: 1, z: 1 };
+    let ns: u64 = 400_000_000;
+    a.launch(&spin, one, one, 0, 0, &[&ns.to_le_bytes()])
+        .unwrap();
+    a.event_record(ev, 0).unwrap();
+    let t = Instant::now();
+    // Asked of a first: its record was made (launches and records are
+    // not answered).
+    assert!(!a.event_query(ev).unwrap(), "pending for a");
+    assert!(!b.event_query(theirs).unwrap(), "b sees a's record pending");
+    b.event_synchronize(theirs).unwrap();
+    assert!(b.event_query(theirs).unwrap());
+    assert!(
+        t.elapsed() >= Duration::from_millis(200),
+        "b waited {:?}",
+        t.elapsed()
+    );
+    // Another handle for the same event; each let go of on its own.
+    let [again, ..] = req(&mut b, Request::IpcOpenEvent { token }).unwrap();
+    assert_ne!(again, theirs);
+    b.event_destroy(theirs).unwrap();
+    assert!(b.event_query(again).unwrap());
+    b.event_destroy(again).unwrap();
+
+    // Made-up tokens, a memory token as an event's, another VM's.
+    let ptr = a.mem_alloc(MIB).unwrap();
+    let [mem_token, ..] = req(&mut a, Request::IpcExport { ptr }).unwrap();
+    refused(
+        req(&mut b, Request::IpcOpenEvent { token: mem_token }),
+        "a memory token",
+    );
+    refused(
+        req(&mut b, Request::IpcOpenEvent { token: token ^ 1 }),
+        "forged",
+    );
+    let mut stranger = guest(&d, "vm2");
+    refused(
+        req(&mut stranger, Request::IpcOpenEvent { token }),
+        "another VM's",
+    );
 }

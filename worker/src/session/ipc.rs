@@ -143,7 +143,11 @@ impl Export {
 impl Drop for Export {
     fn drop(&mut self) {
         match self.vm.get() {
-            Some(l @ VmLink { opener: Some(slot), .. }) => l.table.close(l.index, l.gen, *slot),
+            Some(
+                l @ VmLink {
+                    opener: Some(slot), ..
+                },
+            ) => l.table.close(l.index, l.gen, *slot),
             Some(l) => l.table.revoke(l.index, l.gen),
             None => {}
         }
@@ -151,7 +155,6 @@ impl Drop for Export {
 }
 
 impl Export {
-
     /// Whether its token still names it.
     pub fn is_alive(&self) -> bool {
         self.alive()
@@ -500,6 +503,18 @@ impl OpenedEvents {
             }
             None => false,
         }
+    }
+
+    /// The export of another worker's entry (`index`, `gen`) it opened,
+    /// if it holds a handle for it.
+    pub fn remote(&self, index: u16, gen: u32) -> Option<Arc<Export>> {
+        self.0
+            .values()
+            .find(|e| {
+                e.vm_link()
+                    .is_some_and(|l| l.opener.is_some() && l.index == index && l.gen == gen)
+            })
+            .cloned()
     }
 
     /// Whether `handle` names an event still exported.

@@ -49,7 +49,8 @@ pub(super) fn posix_fd_supported(ordinal: u32) -> bool {
     let Ok(dev) = super::device::device(ordinal) else {
         return false;
     };
-    let a = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
+    let a =
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
     let mut v = 0;
     // SAFETY: out-parameter on our stack; a device of the driver's.
     let r = unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) };
@@ -167,11 +168,7 @@ impl Ipc for CudaContext {
         let (h, offset, len) = if let Some(a) = self.allocs.get(&base) {
             (a.handle, 0, a.padded as u64)
         } else if let Some(&(n, ours, offset)) = self.guest_vmm.maps.get(&base) {
-            let (p, _) = self
-                .guest_vmm
-                .phys
-                .get(&ours)
-                .ok_or(Status::InvalidValue)?;
+            let (p, _) = self.guest_vmm.phys.get(&ours).ok_or(Status::InvalidValue)?;
             (p.0, offset, n as u64)
         } else {
             return Err(Status::InvalidValue);

@@ -298,17 +298,15 @@ impl Ipc for SimContext {
         b.make_shared()?;
         let mut handle = [0u8; 64];
         handle[..8].copy_from_slice(&shared.offset.to_le_bytes());
-        Ok(Portable {
-            handle,
-            fd: b.fd(),
-        })
+        Ok(Portable { handle, fd: b.fd() })
     }
 
     /// The other worker's memfd mapped, at an address of this context's.
     fn open_mem(&mut self, size: u64, p: Portable) -> Result<u64, Status> {
         self.alive()?;
         let fd = p.fd.ok_or(Status::InvalidValue)?;
-        let offset = u64::from_le_bytes(p.handle[..8].try_into().map_err(|_| Status::InvalidValue)?);
+        let offset =
+            u64::from_le_bytes(p.handle[..8].try_into().map_err(|_| Status::InvalidValue)?);
         let len = offset
             .checked_add(size)
             .and_then(|n| usize::try_from(n).ok())
@@ -321,6 +319,16 @@ impl Ipc for SimContext {
             .fresh(size, 0)?;
         self.imports.insert(base, (size, SharedBuf { buf, offset }));
         Ok(base)
+    }
+
+    fn export_event(&mut self, event: Handle) -> Result<Portable, Status> {
+        self.alive()?;
+        self.export_shared_event(event)
+    }
+
+    fn open_event(&mut self, p: Portable) -> Result<Handle, Status> {
+        self.alive()?;
+        self.open_shared_event(p)
     }
 
     fn close_opened(&mut self, base: u64) -> Result<(), Status> {

@@ -224,6 +224,7 @@ impl SimExecutor {
             func_attrs: HashMap::new(),
             stream_attrs: HashMap::new(),
             events: HashMap::new(),
+            event_pages: HashMap::new(),
             streams: HashMap::new(),
             limits: HashMap::new(),
             marks: HashMap::new(),

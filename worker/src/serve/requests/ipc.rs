@@ -32,28 +32,25 @@ pub(super) fn handle(
         ),
         Request::IpcOpen { token } => match open(tables, s, token) {
             Err(Status::InvalidValue) if tables.vm.is_some() && slot.is_some() => {
-                return across::open(sh, c, s, d, token);
+                return across::open(sh, c, s, d, token, across::OpenKind::Mem);
             }
             r => (r, "open of a token no other process of the VM exports"),
         },
-        Request::IpcClose { ptr } => (
-            close(s, ptr),
-            "close of memory it has not opened",
-        ),
+        Request::IpcClose { ptr } => (close(s, ptr), "close of memory it has not opened"),
         Request::IpcExportEvent { event } => (
             export_event(tables, s, event)
                 .and_then(|r| across::publish_event(&sh.port, tables, s, event, r)),
             "export of an event it did not make, or one export too many",
         ),
-        Request::IpcOpenEvent { token } => (
-            match open_event(tables, s, token) {
-                Err(Status::InvalidValue) if tables.vm.is_some() && slot.is_some() => {
-                    across::open_event(&sh.port, tables, s, token)
-                }
-                r => r,
-            },
-            "open of an event token no other process of the VM exports",
-        ),
+        Request::IpcOpenEvent { token } => match open_event(tables, s, token) {
+            Err(Status::InvalidValue) if tables.vm.is_some() && slot.is_some() => {
+                return across::open(sh, c, s, d, token, across::OpenKind::Event);
+            }
+            r => (
+                r,
+                "open of an event token no other process of the VM exports",
+            ),
+        },
         _ => (Err(Status::InvalidValue), "not an IPC request"),
     };
     answer(&sh.port, c, d.tag, d.opcode, r, why)

@@ -22,6 +22,7 @@ use super::super::channel::{answer, reply, ChannelState};
 use super::super::shared::{Port, Shared, Tables};
 use super::super::wait::{self, Parked, Then, Wait};
 use crate::executor::Portable;
+pub(super) use crate::exports::Kind as OpenKind;
 use crate::exports::{Entry, Kind, Publish, VmExports};
 use crate::session::ipc::{Export, VmLink};
 use crate::session::Session;
@@ -33,6 +34,7 @@ const FD_WAIT: Duration = Duration::from_secs(5);
 /// An open waiting for its fd.
 #[derive(Debug, Clone, Copy)]
 pub(in crate::serve) struct OpenWait {
+    kind: Kind,
     index: u16,
     gen: u32,
     size: u64,
@@ -136,30 +138,38 @@ fn entry(table: &VmExports, slot: u32, token: u64, kind: Kind) -> Result<Entry, 
     }
 }
 
-/// Opens memory another worker of the VM exported under `token`: at once
-/// if it needs no fd, else once the daemon handed it over (parked).
+/// Opens memory or an event (`kind`) another worker of the VM exported
+/// under `token`: at once if it needs no fd, else once the daemon handed
+/// it over (parked).
 pub(super) fn open(
     sh: &mut Shared,
     c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     token: u64,
+    kind: Kind,
 ) -> Result<(), Error> {
     const WHY: &str = "open of a token no other process of the VM exports";
-    let Some((table, slot)) = vm(&sh.port, &sh.tables) else {
-        return answer(&sh.port, c, d.tag, d.opcode, Err(Status::InvalidValue), WHY);
+    let e = match vm(&sh.port, &sh.tables).map(|(t, slot)| entry(&t, slot, token, kind)) {
+        Some(Ok(e)) => e,
+        Some(Err(err)) => return answer(&sh.port, c, d.tag, d.opcode, Err(err), WHY),
+        None => return answer(&sh.port, c, d.tag, d.opcode, Err(Status::InvalidValue), WHY),
     };
-    let e = match entry(&table, slot, token, Kind::Mem) {
-        Ok(e) => e,
-        Err(err) => return answer(&sh.port, c, d.tag, d.opcode, Err(err), WHY),
-    };
-    if let Some(base) = s.imports.remote_base(e.index, e.gen) {
+    if let Some(base) = s
+        .imports
+        .remote_base(e.index, e.gen)
+        .filter(|_| kind == Kind::Mem)
+    {
         let r = s.imports.open_again(base).map(|()| Reply {
             vals: [base, e.size, 0, 0],
         });
         return answer(&sh.port, c, d.tag, d.opcode, r, WHY);
     }
+    if kind == Kind::Event && s.imported_events.len() >= crate::session::ipc::MAX_EXPORTS {
+        return answer(&sh.port, c, d.tag, d.opcode, Err(Status::OutOfMemory), WHY);
+    }
     let w = OpenWait {
+        kind,
         index: e.index,
         gen: e.gen,
         size: e.size,
@@ -167,10 +177,14 @@ pub(super) fn open(
         until: Instant::now() + FD_WAIT,
     };
     if !e.has_fd {
-        let r = finish(&table, slot, s, w, None);
+        let r = finish(&sh.port, &sh.tables, s, w, None);
         return answer(&sh.port, c, d.tag, d.opcode, r, WHY);
     }
-    if !sh.port.link.say_ipc(encode_entry(IPC_WANT, e.index, e.gen), None) {
+    if !sh
+        .port
+        .link
+        .say_ipc(encode_entry(IPC_WANT, e.index, e.gen), None)
+    {
         return answer(&sh.port, c, d.tag, d.opcode, Err(Status::InvalidValue), WHY);
     }
     let p = Parked {
@@ -183,35 +197,52 @@ pub(super) fn open(
     wait::park(sh, c, s, p)
 }
 
-/// Opens entry `w` with `fd` (if it has one) and records it: its start
-/// and size in this worker.
+/// Opens entry `w` with `fd` (if it has one) and records it: the start
+/// and size of memory in this worker, or an event handle of the session's.
 fn finish(
-    table: &Arc<VmExports>,
-    slot: u32,
+    port: &Port,
+    tables: &Tables,
     s: &mut Session,
     w: OpenWait,
     fd: Option<std::os::fd::OwnedFd>,
 ) -> Result<Reply, Status> {
+    let (table, slot) = vm(port, tables).ok_or(Status::InvalidValue)?;
     // Marked open first: the exporter keeps it from then on.
     if !table.open(w.index, w.gen, slot) {
         return Err(Status::InvalidValue);
     }
+    let link = VmLink {
+        table: table.clone(),
+        index: w.index,
+        gen: w.gen,
+        opener: Some(slot),
+    };
     let p = Portable {
         handle: w.handle,
         fd,
     };
+    if w.kind == Kind::Event {
+        // One open mark per entry for the session, however many handles.
+        let proxy = s.imported_events.remote(w.index, w.gen);
+        let h = match s.ctx.open_event(p) {
+            Ok(h) => h,
+            Err(err) => {
+                if proxy.is_none() {
+                    table.close(w.index, w.gen, slot);
+                }
+                return Err(err);
+            }
+        };
+        let proxy = proxy.unwrap_or_else(|| Export::opened_remote(0, 0, link));
+        s.imported_events.insert(h, proxy);
+        return Ok(Reply::one(h));
+    }
     let base = match s.ctx.open_mem(w.size, p) {
         Ok(b) => b,
         Err(err) => {
             table.close(w.index, w.gen, slot);
             return Err(err);
         }
-    };
-    let link = VmLink {
-        table: table.clone(),
-        index: w.index,
-        gen: w.gen,
-        opener: Some(slot),
     };
     if let Err(err) = s.imports.open(Export::opened_remote(base, w.size, link)) {
         let _ = s.ctx.close_opened(base);
@@ -238,50 +269,13 @@ pub(in crate::serve) fn poll_open(
     let Some(p) = c.parked.take() else {
         return Ok(false);
     };
-    let r = match (fd, vm(&sh.port, &sh.tables)) {
-        (Some(fd), Some((table, slot))) => finish(&table, slot, s, w, Some(fd)),
+    let r = match fd {
+        Some(fd) => finish(&sh.port, &sh.tables, s, w, Some(fd)),
         // The export went before its fd could be handed over.
-        _ => Err(Status::InvalidValue),
+        None => Err(Status::InvalidValue),
     };
     reply(&sh.port, c, p.tag, p.opcode, r, &[])?;
     Ok(true)
-}
-
-/// Opens an event another worker of the VM exported under `token`: an
-/// event handle of this session's.
-pub(super) fn open_event(
-    port: &Port,
-    tables: &mut Tables,
-    s: &mut Session,
-    token: u64,
-) -> Result<Reply, Status> {
-    let (table, slot) = vm(port, tables).ok_or(Status::InvalidValue)?;
-    let e = entry(&table, slot, token, Kind::Event)?;
-    if s.imported_events.len() >= crate::session::ipc::MAX_EXPORTS {
-        return Err(Status::OutOfMemory);
-    }
-    if !table.open(e.index, e.gen, slot) {
-        return Err(Status::InvalidValue);
-    }
-    let h = match s.ctx.open_event(Portable {
-        handle: e.handle,
-        fd: None,
-    }) {
-        Ok(h) => h,
-        Err(err) => {
-            table.close(e.index, e.gen, slot);
-            return Err(err);
-        }
-    };
-    let link = VmLink {
-        table,
-        index: e.index,
-        gen: e.gen,
-        opener: Some(slot),
-    };
-    s.imported_events
-        .insert(h, Export::opened_remote(0, 0, link));
-    Ok(Reply::one(h))
 }
 
 /// The session ends: what it opened of other workers' is closed on its
