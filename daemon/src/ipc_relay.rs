@@ -63,6 +63,9 @@ impl IpcRelay {
                     .entry(index, gen)
                     .is_some_and(|e| e.owner == lane && self.table.live(index, gen));
                 if own && !kept.contains_key(&(index, gen)) {
+                    // The entry's earlier generations are gone: at most
+                    // one fd per entry of the table is kept.
+                    kept.retain(|&(i, _), _| i != index);
                     kept.insert((index, gen), (lane, fd));
                 } else {
                     tracing::debug!(lane, index, "IPC export of an entry not the worker's");
@@ -86,6 +89,19 @@ impl IpcRelay {
         self.table.entry(index, gen)?;
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         kept.get(&(index, gen))?.1.as_ref()?.try_clone().ok()
+    }
+
+    /// Answers an `IPC_WANT` of entry (`index`, `gen`) on feed `s` (the
+    /// feed thread's own write): the fd kept for it, or none.
+    pub fn hand_down(
+        &self,
+        s: &std::os::unix::net::UnixStream,
+        index: u16,
+        gen: u32,
+    ) -> Result<(), transport::Error> {
+        let fd = self.answer(index, gen);
+        let v = wire::feed::encode_entry(wire::feed::IPC_FD, index, gen);
+        transport::server::send_msg(s, v, fd.as_ref().map(AsRawFd::as_raw_fd))
     }
 
     /// Lane `lane`'s worker is gone: its exports are revoked and their fds
@@ -142,9 +158,17 @@ mod tests {
             r.answer(i, g.wrapping_add(1)).is_none(),
             "another generation"
         );
+        // The entry reused (freed, then published again): the old fd goes.
+        r.table.revoke(i, g);
+        let (i2, g2) = publish(&r.table, 6, 1);
+        assert_eq!(i2, i);
+        r.heard(1, encode_entry(IPC_EXPORTED, i2, g2), Some(memfd()));
+        assert_eq!(r.kept.lock().unwrap().len(), 1, "one fd per entry");
+        assert!(r.answer(i2, g2).is_some());
+        let (i, g) = (i2, g2);
         // Lane 1 ends: the entry is revoked, its fd gone.
         r.lane_ended(1);
         assert!(r.answer(i, g).is_none());
-        assert!(r.table.find(5).is_none());
+        assert!(r.table.find(6).is_none());
     }
 }

@@ -387,12 +387,10 @@ impl Feeder {
             FeedMsg::NewStandby(ours) => self.start_standby(ours),
             FeedMsg::Promote(grant) => self.promote(grant),
             FeedMsg::IpcFd(lane, index, gen) => {
-                let fd = self.ipc.answer(index, gen);
-                let v = wire::feed::encode_entry(IPC_FD, index, gen);
                 let sent = self
                     .lanes
                     .get(&lane)
-                    .map(|s| send_msg(s, v, fd.as_ref().map(AsRawFd::as_raw_fd)));
+                    .map(|s| self.ipc.hand_down(s, index, gen));
                 if let Some(Err(e)) = sent {
                     tracing::warn!(vm = self.name, lane, "worker feed closed: {e}");
                     self.close_lane(lane);

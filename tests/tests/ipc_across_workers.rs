@@ -3,9 +3,8 @@
 //! memory one process exports is opened by another (at an address of its
 //! own worker's), and what either writes the other reads, live; the
 //! memory stays counted once, to its exporter, until the last holder
-//! lets go. An event one records, another waits on. And the refusals: a
-//! token of another VM, a made-up one, one whose exporter ended, a close
-//! too many.
+//! lets go. An event one records, another waits on. (The refusals of
+//! hostile tokens: `hostile_ipc_across.rs`.)
 
 use std::time::{Duration, Instant};
 
@@ -109,6 +108,12 @@ fn memory_exported_by_one_process_is_shared_live_with_another_workers_process() 
     a.mem_free(ptr).unwrap();
     assert_eq!(read(&mut b, at + MIB, data.len()), data, "kept for b");
     assert!(vm_memory(&d, |u| u >= 4 * MIB) >= 4 * MIB, "still counted");
+    // Nobody opens freed memory anew, as the driver refuses its handle.
+    let mut c = guest(&d, "vm1");
+    refused(
+        req(&mut c, Request::IpcOpen { token }),
+        "freed memory's token",
+    );
     req(&mut b, Request::IpcClose { ptr: at }).unwrap();
     // Once b closed it, a's worker lets it go on its next pass.
     a.synchronize().unwrap();
@@ -122,63 +127,6 @@ fn memory_exported_by_one_process_is_shared_live_with_another_workers_process() 
         req(&mut b, Request::IpcOpen { token }),
         "the token of freed memory",
     );
-}
-
-#[test]
-fn tokens_of_another_vm_made_up_or_of_an_ended_exporter_open_nothing() {
-    let d = daemon("ipc-across-hostile");
-    let mut a = guest(&d, "vm1");
-    let mut b = guest(&d, "vm1");
-    let mut stranger = guest(&d, "vm2");
-    let mut stranger2 = guest(&d, "vm2");
-    let ptr = a.mem_alloc(2 * MIB).unwrap();
-    a.memcpy_htod(ptr, b"vm1's secret").unwrap();
-    let [token, ..] = req(&mut a, Request::IpcExport { ptr }).unwrap();
-
-    // Another VM's processes cannot open it, nor a made-up token here.
-    refused(
-        req(&mut stranger, Request::IpcOpen { token }),
-        "vm2 opens vm1's",
-    );
-    let theirs = stranger2.mem_alloc(2 * MIB).unwrap();
-    let [their_token, ..] = req(&mut stranger2, Request::IpcExport { ptr: theirs }).unwrap();
-    refused(
-        req(&mut b, Request::IpcOpen { token: their_token }),
-        "vm1 opens vm2's",
-    );
-    for forged in [token ^ 1, token.wrapping_add(1), 1, u64::MAX, ptr] {
-        refused(
-            req(&mut b, Request::IpcOpen { token: forged }),
-            "a forged token",
-        );
-    }
-    // Its own token, opened by the exporter: as the driver answers.
-    refused(req(&mut a, Request::IpcOpen { token }), "its own");
-
-    // b and c open it; then a's process ends.
-    let [at, ..] = req(&mut b, Request::IpcOpen { token }).unwrap();
-    let mut c = guest(&d, "vm1");
-    let [x, ..] = req(&mut c, Request::IpcOpen { token }).unwrap();
-    req(&mut c, Request::IpcClose { ptr: x }).unwrap();
-    drop(a);
-    let t = Instant::now();
-    loop {
-        match req(&mut c, Request::IpcOpen { token }) {
-            Err(_) => break,
-            Ok([x, ..]) => {
-                req(&mut c, Request::IpcClose { ptr: x }).unwrap();
-                assert!(t.elapsed() < Duration::from_secs(10), "still opens");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-    // b keeps what it opened, as the driver keeps it, until it closes.
-    assert_eq!(read(&mut b, at, 12), b"vm1's secret");
-    req(&mut b, Request::IpcClose { ptr: at }).unwrap();
-    refused(req(&mut b, Request::IpcClose { ptr: at }), "closed twice");
-    // b cannot reach it any more.
-    let mut out = [0u8; 12];
-    assert!(b.memcpy_dtoh(&mut out, at, 0).is_err(), "read after close");
 }
 
 /// `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`.

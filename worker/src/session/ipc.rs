@@ -25,6 +25,14 @@
 //!   after free does. A process never opens its own export (the driver
 //!   says `CUDA_ERROR_INVALID_CONTEXT`).
 //!
+//! Where each process of the VM has a worker of its own (process slots),
+//! an export is also published in the VM's export table
+//! (`exports.rs`, [`VmLink`]) and another worker opens it through the
+//! driver's own inter-process handles, at an address of its own
+//! (`serve/requests/ipc_across.rs`). There the opener keeps what it opened
+//! after the exporter ends, as the driver keeps it, and the memory stays
+//! counted to the vGPU until it closes it.
+//!
 //! Events are exported the same way, from a table of their own: the opener
 //! gets a handle of its own for the exporter's event (the driver's event,
 //! which every context of the process can use; [`OpenedEvents`]). An event
@@ -102,6 +110,15 @@ impl Export {
 
     fn revoke(&self) {
         self.alive.store(false, Ordering::Release);
+        if let Some(l) = self.vm.get().filter(|l| l.opener.is_none()) {
+            l.table.revoke(l.index, l.gen);
+        }
+    }
+
+    /// Its memory is freed while opened: no other worker opens it anew (as
+    /// the driver refuses the handle of freed memory); those that have it
+    /// keep it.
+    pub fn withdraw(&self) {
         if let Some(l) = self.vm.get().filter(|l| l.opener.is_none()) {
             l.table.revoke(l.index, l.gen);
         }
@@ -301,6 +318,14 @@ impl Exported {
         self.0.is_empty()
     }
 
+    /// Whether another worker of the VM has one of them open.
+    pub fn any_opened_across(&self) -> bool {
+        self.0.values().any(|(_, e)| {
+            e.vm_link()
+                .is_some_and(|l| l.opener.is_none() && l.table.opened(l.index, l.gen))
+        })
+    }
+
     /// The memory at `[start, end)` is gone: revokes every export in it.
     pub fn revoke(&mut self, start: u64, end: u64) {
         let gone: Vec<u64> = self.0.range(start..end).map(|(&b, _)| b).collect();
@@ -351,6 +376,14 @@ impl Orphans {
 }
 
 impl Orphans {
+    /// Whether another worker of the VM still has one of them open.
+    pub fn any_opened_across(&self) -> bool {
+        self.0.iter().any(|(_, _, e)| {
+            e.vm_link()
+                .is_some_and(|l| l.opener.is_none() && l.table.opened(l.index, l.gen))
+        })
+    }
+
     /// Takes out every one someone still has open, revoked: (charge,
     /// export).
     pub fn take_opened(&mut self) -> Vec<(u64, Arc<Export>)> {
@@ -517,6 +550,11 @@ impl OpenedEvents {
             .cloned()
     }
 
+    /// Whether it holds an event of another worker's.
+    pub fn any_remote(&self) -> bool {
+        self.0.values().any(|e| e.is_remote())
+    }
+
     /// Whether `handle` names an event still exported.
     pub fn alive(&self, handle: u64) -> bool {
         self.0.get(&handle).is_some_and(|e| e.alive())
@@ -633,6 +671,61 @@ mod tests {
         orphans.push(0x3000_0000, 1, mine.take_opened(0x3000_0000).unwrap());
         drop(orphans);
         assert!(!holder.covers(0x3000_0000, 0x3000_0001));
+    }
+
+    /// An export published in the VM's table is opened by another
+    /// worker (slot 2): it counts as opened for the exporter until that
+    /// worker's proxy goes; freed meanwhile, it waits for it; the entry is
+    /// free once both let go.
+    #[test]
+    fn an_export_opened_by_another_worker_waits_for_it() {
+        use crate::exports::{Kind, Publish, VmExports};
+        let fd = VmExports::create("fvg-ipc-across").unwrap();
+        let here = Arc::new(VmExports::shared(fd.try_clone().unwrap()).unwrap());
+        let there = Arc::new(VmExports::shared(fd).unwrap());
+        let mut t = Exports::default();
+        let mut mine = Exported::default();
+        let (tok, e) = export(&mut t, 1, 0x1000_0000);
+        let (index, gen) = here
+            .publish(&Publish {
+                token: tok,
+                kind: Kind::Mem,
+                owner: 1,
+                size: 4096,
+                handle: [0; 64],
+                has_fd: true,
+            })
+            .unwrap();
+        let link = |table: &Arc<VmExports>, opener| VmLink {
+            table: table.clone(),
+            index,
+            gen,
+            opener,
+        };
+        e.link(link(&here, None));
+        mine.insert(tok, e);
+        assert!(!mine.any_opened_across());
+        // The other worker opens it (its bit, then its proxy).
+        let found = there.find(tok).unwrap();
+        assert!(there.open(found.index, found.gen, 2));
+        let proxy = Export::opened_remote(0x7000_0000, 4096, link(&there, Some(2)));
+        let mut theirs = Imports::default();
+        assert!(theirs.open(proxy).unwrap());
+        assert!(theirs.remote_base(index, gen) == Some(0x7000_0000));
+        assert!(mine.any_opened_across());
+        // Freed by its exporter: kept, no new opens, still opened.
+        let kept = mine.take_opened(0x1000_0000).expect("opened elsewhere");
+        kept.withdraw();
+        assert!(there.find(tok).is_none(), "no new opens");
+        let mut orphans = Orphans::default();
+        orphans.push(0x1000_0000, 4096, kept);
+        assert!(orphans.any_opened_across());
+        assert!(orphans.closed().is_empty());
+        // The other worker closes it: let go everywhere.
+        assert!(theirs.close(0x7000_0000).unwrap());
+        assert!(!orphans.any_opened_across());
+        assert_eq!(orphans.closed(), vec![(0x1000_0000, 4096)]);
+        assert!(here.entry(index, gen).is_none(), "the entry is free");
     }
 
     #[test]

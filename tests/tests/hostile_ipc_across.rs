@@ -1,0 +1,143 @@
+//! IPC handles between the processes of a VM with process slots (each
+//! served by a worker of its own), asked for by hand as a hostile guest
+//! would, against a real `fairvgpu serve` on the sim: a token of another
+//! VM, a made-up one, one whose exporter ended, a close too many are
+//! refused as the driver refuses an invalid handle, and no other VM's
+//! memory is reached. (The working paths: `ipc_across_workers.rs`.)
+
+use std::time::{Duration, Instant};
+
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
+use guest::{Gpu, GuestError};
+use protocol::{Request, Status};
+use tests::cargo_build;
+
+const MIB: u64 = 1 << 20;
+
+fn daemon(tag: &str) -> DaemonProc {
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 3;
+    let mut other = VmSpec::new("vm2", 256);
+    other.process_slots = 2;
+    DaemonProc::start(
+        &cargo_build("cli").join("fairvgpu"),
+        tag,
+        ExecutorKind::Sim,
+        &[vm, other],
+    )
+    .unwrap()
+}
+
+fn guest(d: &DaemonProc, vm: &str) -> Gpu {
+    Gpu::connect_with(&d.socket(vm), tests::TEST_SPIN).unwrap()
+}
+
+fn req(g: &mut Gpu, r: Request) -> Result<[u64; 4], GuestError> {
+    g.request(&r).map(|x| x.vals)
+}
+
+fn refused(r: Result<[u64; 4], GuestError>, what: &str) {
+    assert!(
+        matches!(
+            r,
+            Err(GuestError::Cuda(
+                Status::InvalidValue | Status::InvalidContext
+            ))
+        ),
+        "{what}: {r:?}"
+    );
+}
+
+fn read(g: &mut Gpu, ptr: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    g.memcpy_dtoh(&mut out, ptr, 0).unwrap();
+    out
+}
+
+#[test]
+fn tokens_of_another_vm_made_up_or_of_an_ended_exporter_open_nothing() {
+    let d = daemon("ipc-across-hostile");
+    let mut a = guest(&d, "vm1");
+    let mut b = guest(&d, "vm1");
+    let mut stranger = guest(&d, "vm2");
+    let mut stranger2 = guest(&d, "vm2");
+    let ptr = a.mem_alloc(2 * MIB).unwrap();
+    a.memcpy_htod(ptr, b"vm1's secret").unwrap();
+    let [token, ..] = req(&mut a, Request::IpcExport { ptr }).unwrap();
+
+    // Another VM's processes cannot open it, nor a made-up token here.
+    refused(
+        req(&mut stranger, Request::IpcOpen { token }),
+        "vm2 opens vm1's",
+    );
+    let theirs = stranger2.mem_alloc(2 * MIB).unwrap();
+    let [their_token, ..] = req(&mut stranger2, Request::IpcExport { ptr: theirs }).unwrap();
+    refused(
+        req(&mut b, Request::IpcOpen { token: their_token }),
+        "vm1 opens vm2's",
+    );
+    for forged in [token ^ 1, token.wrapping_add(1), 1, u64::MAX, ptr] {
+        refused(
+            req(&mut b, Request::IpcOpen { token: forged }),
+            "a forged token",
+        );
+    }
+    // Its own token, opened by the exporter: as the driver answers.
+    refused(req(&mut a, Request::IpcOpen { token }), "its own");
+
+    // b and c open it; then a's process ends.
+    let [at, ..] = req(&mut b, Request::IpcOpen { token }).unwrap();
+    let mut c = guest(&d, "vm1");
+    let [x, ..] = req(&mut c, Request::IpcOpen { token }).unwrap();
+    req(&mut c, Request::IpcClose { ptr: x }).unwrap();
+    drop(a);
+    let t = Instant::now();
+    loop {
+        match req(&mut c, Request::IpcOpen { token }) {
+            Err(_) => break,
+            Ok([x, ..]) => {
+                req(&mut c, Request::IpcClose { ptr: x }).unwrap();
+                assert!(t.elapsed() < Duration::from_secs(10), "still opens");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    // b keeps what it opened, as the driver keeps it, until it closes.
+    assert_eq!(read(&mut b, at, 12), b"vm1's secret");
+    req(&mut b, Request::IpcClose { ptr: at }).unwrap();
+    refused(req(&mut b, Request::IpcClose { ptr: at }), "closed twice");
+    // b cannot reach it any more.
+    let mut out = [0u8; 12];
+    assert!(b.memcpy_dtoh(&mut out, at, 0).is_err(), "read after close");
+}
+
+/// An opener reaches the range it opened, and nothing past it: not the
+/// exporter's neighbouring allocation, not by an address of another
+/// slot's worker.
+#[test]
+fn an_opened_range_reaches_nothing_beyond_it() {
+    let d = daemon("ipc-across-bounds");
+    let mut a = guest(&d, "vm1");
+    let mut b = guest(&d, "vm1");
+    let shared = a.mem_alloc(2 * MIB).unwrap();
+    let private = a.mem_alloc(2 * MIB).unwrap();
+    a.memcpy_htod(private, b"not shared").unwrap();
+    let [token, ..] = req(&mut a, Request::IpcExport { ptr: shared }).unwrap();
+    let [at, n, ..] = req(&mut b, Request::IpcOpen { token }).unwrap();
+    assert_eq!(n, 2 * MIB);
+    let mut out = vec![0u8; 16];
+    assert!(
+        b.memcpy_dtoh(&mut out, at + n - 8, 0).is_err(),
+        "past its end"
+    );
+    assert!(
+        b.memcpy_dtoh(&mut out, private, 0).is_err(),
+        "a's own address"
+    );
+    assert!(
+        b.memcpy_dtoh(&mut out, at + 2 * MIB, 0).is_err(),
+        "where a's next allocation would be"
+    );
+    assert_eq!(read(&mut b, at, 4), vec![0; 4]);
+}
