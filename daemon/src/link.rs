@@ -473,8 +473,8 @@ impl Feeder {
                 while let Ok(Some((v, fd))) = recv_msg(&back) {
                     match v >> 40 {
                         k if is_ipc(k) => {
-                            if let Some((i, g)) = ipc.heard(lane, v, fd) {
-                                let _ = tx.send(FeedMsg::IpcFd(lane, i, g));
+                            for (l, i, g) in ipc.heard(lane, v, fd) {
+                                let _ = tx.send(FeedMsg::IpcFd(l, i, g));
                             }
                         }
                         MIGRATION_PAUSE_US => pause_us = decode_value(v),
@@ -494,7 +494,9 @@ impl Feeder {
                         _ => {}
                     }
                 }
-                ipc.lane_ended(lane);
+                for (l, i, g) in ipc.lane_ended(lane) {
+                    let _ = tx.send(FeedMsg::IpcFd(l, i, g));
+                }
                 // A standby that went before it was promoted is not ready.
                 if let Some((r, live)) = &ready {
                     if live.load(Ordering::Relaxed) {

@@ -44,12 +44,10 @@ pub const IPC_TABLE: i64 = 20;
 /// Worker -> daemon: it exported the entry, with the fd an opener needs
 /// (if any); the entry is revoked when the worker's feed ends.
 pub const IPC_EXPORTED: i64 = 21;
-/// Worker -> daemon: the entry's export is gone; its fd is dropped.
-pub const IPC_DROPPED: i64 = 22;
 /// Worker -> daemon: it opens the entry and needs its fd.
-pub const IPC_WANT: i64 = 23;
+pub const IPC_WANT: i64 = 22;
 /// Daemon -> worker: the entry's fd it asked for (none: none kept).
-pub const IPC_FD: i64 = 24;
+pub const IPC_FD: i64 = 23;
 
 /// Whether `kind` is one of the IPC messages.
 pub fn is_ipc(kind: i64) -> bool {

@@ -49,6 +49,11 @@ const HELD: u64 = 3;
 /// Open bits: one per process slot.
 const MASK: u64 = 0xffff;
 
+/// Entry `i`'s index as the feed names it (every index of the table fits).
+fn idx(i: usize) -> u16 {
+    u16::try_from(i).unwrap_or(u16::MAX)
+}
+
 fn state_of(w: u64) -> u64 {
     (w >> 16) & 0xff
 }
@@ -181,7 +186,7 @@ impl VmExports {
                 self.at(i, 6 + k).store(v, Ordering::Relaxed);
             }
             self.state(i).store(word(gen, LIVE, 0), Ordering::Release);
-            return Some((i as u16, gen));
+            return Some((idx(i), gen));
         }
         None
     }
@@ -211,7 +216,7 @@ impl VmExports {
             return None;
         }
         let e = Entry {
-            index: i as u16,
+            index: idx(i),
             gen: gen_of(w),
             kind,
             owner,
@@ -318,7 +323,9 @@ impl VmExports {
     }
 
     /// Lane (process slot) `lane`'s worker is gone: the entries it
-    /// exported are revoked and its open bits cleared everywhere.
+    /// exported (`exported`, and any other its slot owns: it may have
+    /// gone between publishing one and saying so) are revoked and its open
+    /// bits cleared everywhere.
     pub fn lane_ended(&self, lane: u32, exported: &[(u16, u32)]) {
         for &(index, gen) in exported {
             self.revoke(index, gen);
@@ -327,9 +334,14 @@ impl VmExports {
             return;
         }
         for i in 0..ENTRIES {
+            if let Some((e, _, _)) = self.read(i).filter(|r| r.0.owner == lane) {
+                self.revoke(e.index, e.gen);
+            }
+        }
+        for i in 0..ENTRIES {
             let w = self.state(i).load(Ordering::Acquire);
             if matches!(state_of(w), LIVE | HELD) && w & (1 << lane) != 0 {
-                self.close(i as u16, gen_of(w), lane);
+                self.close(idx(i), gen_of(w), lane);
             }
         }
     }

@@ -100,17 +100,19 @@ impl CudaContext {
     /// Imports `fd` and maps `len` bytes of it from `offset` at a new range.
     fn import_fd(&mut self, fd: OwnedFd, offset: u64, len: u64) -> Result<u64, Status> {
         let g = self.granularity as u64;
-        if offset % g != 0 || len == 0 || len % g != 0 {
+        if !offset.is_multiple_of(g) || len == 0 || !len.is_multiple_of(g) {
             return Err(Status::InvalidValue);
         }
         let n = usize::try_from(len).map_err(|_| Status::InvalidValue)?;
+        let at = usize::try_from(offset).map_err(|_| Status::InvalidValue)?;
         let mut h: sys::CUmemGenericAllocationHandle = 0;
         let raw = fd.into_raw_fd();
+        // The driver takes the fd's number in the pointer (an open fd is
+        // never negative).
+        let os = std::ptr::without_provenance_mut::<c_void>(usize::try_from(raw).unwrap_or(0));
         // SAFETY: out-parameter on our stack; the fd is passed by value in
         // the pointer, as the driver takes a POSIX fd.
-        let r = check(unsafe {
-            sys::cuMemImportFromShareableHandle(&mut h, raw as usize as *mut c_void, POSIX_FD)
-        });
+        let r = check(unsafe { sys::cuMemImportFromShareableHandle(&mut h, os, POSIX_FD) });
         // SAFETY: ours (taken from the OwnedFd above); the driver keeps its
         // own reference once imported.
         drop(unsafe { OwnedFd::from_raw_fd(raw) });
@@ -126,7 +128,7 @@ impl CudaContext {
         let acc = vmm_access(self.ordinal);
         // SAFETY: `va` is a fresh reservation of `n` bytes; the driver
         // checks `offset + n` against the memory's size.
-        let mapped = check(unsafe { sys::cuMemMap(va, n, offset as usize, h, 0) }).and_then(|()| {
+        let mapped = check(unsafe { sys::cuMemMap(va, n, at, h, 0) }).and_then(|()| {
             // SAFETY: the range just mapped; one descriptor.
             check(unsafe { sys::cuMemSetAccess(va, n, &acc, 1) })
         });
@@ -159,7 +161,7 @@ impl Ipc for CudaContext {
             check(unsafe { sys::cuIpcGetMemHandle(&mut h, base) })?;
             let mut handle = [0u8; 64];
             for (d, s) in handle.iter_mut().zip(h.reserved.iter()) {
-                *d = *s as u8;
+                *d = u8::from_ne_bytes(s.to_ne_bytes());
             }
             // The driver's bytes, whole: a legacy handle is told by the
             // absent fd.
@@ -198,7 +200,7 @@ impl Ipc for CudaContext {
         // SAFETY: all-zero is a valid handle, filled below.
         let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
         for (d, s) in h.reserved.iter_mut().zip(p.handle.iter()) {
-            *d = *s as std::ffi::c_char;
+            *d = std::ffi::c_char::from_ne_bytes([*s]);
         }
         let mut dptr = 0;
         let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
@@ -240,7 +242,7 @@ impl Ipc for CudaContext {
         check(unsafe { sys::cuIpcGetEventHandle(&mut h, raw) })?;
         let mut handle = [0u8; 64];
         for (d, s) in handle.iter_mut().zip(h.reserved.iter()) {
-            *d = *s as u8;
+            *d = u8::from_ne_bytes(s.to_ne_bytes());
         }
         Ok(Portable { handle, fd: None })
     }
@@ -250,7 +252,7 @@ impl Ipc for CudaContext {
         // SAFETY: all-zero is a valid handle, filled below.
         let mut h: sys::CUipcEventHandle = unsafe { std::mem::zeroed() };
         for (d, s) in h.reserved.iter_mut().zip(p.handle.iter()) {
-            *d = *s as std::ffi::c_char;
+            *d = std::ffi::c_char::from_ne_bytes([*s]);
         }
         let mut e: sys::CUevent = null_mut();
         // SAFETY: out-parameter on our stack; the driver checks the bytes.

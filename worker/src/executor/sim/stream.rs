@@ -239,12 +239,12 @@ impl SimContext {
     /// to a memfd word (once) that the other worker maps.
     pub(super) fn export_shared_event(&mut self, event: Handle) -> Result<Portable, Status> {
         let e = self.events.get(&event).ok_or(Status::InvalidHandle)?;
-        if !self.event_pages.contains_key(&event) {
+        if let std::collections::hash_map::Entry::Vacant(v) = self.event_pages.entry(event) {
             let mut p = Bytes::Heap(vec![0u8; 8]);
             p.make_shared()?;
             let now = when(e).map_or(0, to_ns);
             p.copy_from_slice(&now.to_le_bytes());
-            self.event_pages.insert(event, p);
+            v.insert(p);
         }
         let fd = self.event_pages.get(&event).and_then(Bytes::fd);
         Ok(Portable {
