@@ -12,7 +12,10 @@ fn check(e: &worker::exports::Entry) {
     assert!(usize::from(e.index) < ENTRIES);
     assert!(e.size <= MAX_SIZE);
     assert!(e.owner < transport::layout::MAX_PARTITIONS);
-    assert!(matches!(e.kind, Kind::Mem | Kind::Event));
+    assert!(matches!(
+        e.kind,
+        Kind::Mem | Kind::Event | Kind::Phys | Kind::Pool
+    ));
 }
 
 fuzz_target!(|data: &[u8]| {

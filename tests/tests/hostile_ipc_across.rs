@@ -141,3 +141,51 @@ fn an_opened_range_reaches_nothing_beyond_it() {
     );
     assert_eq!(read(&mut b, at, 4), vec![0; 4]);
 }
+
+/// Shareable handles across workers: another VM's tokens, tokens of
+/// another kind and made-up ones import nothing.
+#[test]
+fn shareable_tokens_of_another_vm_or_kind_import_nothing() {
+    let d = daemon("ipc-across-share-hostile");
+    let mut a = guest(&d, "vm1");
+    let mut b = guest(&d, "vm1");
+    let mut stranger = guest(&d, "vm2");
+    let g = protocol::VMM_GRANULARITY;
+    let h = req(
+        &mut stranger,
+        Request::VmmCreate {
+            size: g,
+            compression: 0,
+        },
+    )
+    .unwrap()[0];
+    let [their_phys, ..] = req(&mut stranger, Request::VmmExport { handle: h }).unwrap();
+    let [their_pool, ..] = req(&mut stranger, Request::PoolExport { pool: 7 }).unwrap();
+    refused(
+        req(&mut b, Request::VmmImport { token: their_phys }),
+        "another VM's memory",
+    );
+    refused(
+        req(&mut b, Request::PoolImport { token: their_pool }),
+        "another VM's pool",
+    );
+    // Tokens of vm1 of one kind, asked for as another.
+    let ptr = a.mem_alloc(2 * MIB).unwrap();
+    let [mem_token, ..] = req(&mut a, Request::IpcExport { ptr }).unwrap();
+    let [pool, ..] = req(&mut a, Request::PoolExport { pool: 9 }).unwrap();
+    refused(
+        req(&mut b, Request::VmmImport { token: mem_token }),
+        "IPC memory as physical memory",
+    );
+    refused(
+        req(&mut b, Request::IpcOpen { token: pool }),
+        "a pool as memory",
+    );
+    refused(
+        req(&mut b, Request::PoolImport { token: mem_token }),
+        "memory as a pool",
+    );
+    for forged in [1, u64::MAX, pool ^ 1] {
+        refused(req(&mut b, Request::PoolImport { token: forged }), "forged");
+    }
+}

@@ -3,7 +3,8 @@
 //! memory one process exports is opened by another (at an address of its
 //! own worker's), and what either writes the other reads, live; the
 //! memory stays counted once, to its exporter, until the last holder
-//! lets go. An event one records, another waits on. (The refusals of
+//! lets go. An event one records, another waits on. VMM memory through a
+//! shareable handle and a pool's allocation likewise. (The refusals of
 //! hostile tokens: `hostile_ipc_across.rs`.)
 
 use std::time::{Duration, Instant};
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
 use guest::{Gpu, GuestError};
-use protocol::{Request, Status};
+use protocol::{Request, Status, VMM_GRANULARITY as G};
 use tests::cargo_build;
 
 const MIB: u64 = 1 << 20;
@@ -187,4 +188,90 @@ fn an_event_recorded_by_one_process_is_waited_on_by_another_workers_process() {
         req(&mut stranger, Request::IpcOpenEvent { token }),
         "another VM's",
     );
+}
+
+/// Reserves `2 * G` and maps `handle` (`G` bytes) at its start.
+fn map(g: &mut Gpu, handle: u64) -> u64 {
+    let va = req(
+        g,
+        Request::VmmReserve {
+            size: 2 * G,
+            align: 0,
+            addr: 0,
+        },
+    )
+    .unwrap()[0];
+    req(
+        g,
+        Request::VmmMap {
+            ptr: va,
+            size: G,
+            offset: 0,
+            handle,
+        },
+    )
+    .unwrap();
+    va
+}
+
+/// VMM memory through a shareable handle (`memMapIPCDrv`) and a pool's
+/// allocation (`streamOrderedAllocationIPC`), each imported by a process
+/// another worker serves: one memory, live, whoever writes.
+#[test]
+fn shareable_handles_and_pools_pass_between_workers() {
+    let d = daemon("ipc-across-share");
+    let mut a = guest(&d, "vm1");
+    let mut b = guest(&d, "vm1");
+    let h = req(
+        &mut a,
+        Request::VmmCreate {
+            size: G,
+            compression: 0,
+        },
+    )
+    .unwrap()[0];
+    let va = map(&mut a, h);
+    a.memcpy_htod(va, &[5; 4096]).unwrap();
+    let [t, size, ..] = req(&mut a, Request::VmmExport { handle: h }).unwrap();
+    assert_eq!(size, G);
+    let [hb, bsize, ..] = req(&mut b, Request::VmmImport { token: t }).unwrap();
+    assert_eq!(bsize, G);
+    let [again, ..] = req(&mut b, Request::VmmImport { token: t }).unwrap();
+    assert_eq!(again, hb, "the same handle, held once more");
+    let vb = map(&mut b, hb);
+    assert_eq!(read(&mut b, vb, 4096), vec![5; 4096], "a's bytes");
+    b.memcpy_htod(vb + 4096, &[6; 4096]).unwrap();
+    assert_eq!(read(&mut a, va + 4096, 4096), vec![6; 4096], "b's writes");
+    refused(
+        req(&mut b, Request::VmmImport { token: t ^ 1 }),
+        "a made-up token",
+    );
+
+    // A pool exported, imported; its allocation exported and imported
+    // through it alone.
+    let [pool, ..] = req(&mut a, Request::PoolExport { pool: 0x1234 }).unwrap();
+    let ptr = a.mem_alloc(2 * MIB).unwrap();
+    a.memcpy_htod(ptr, b"from the pool").unwrap();
+    let [pt, ..] = req(&mut a, Request::PoolExportPointer { pool, ptr }).unwrap();
+    refused(
+        req(&mut b, Request::PoolImportPointer { pool, token: pt }),
+        "through a pool it did not import",
+    );
+    req(&mut b, Request::PoolImport { token: pool }).unwrap();
+    let plain = a.mem_alloc(2 * MIB).unwrap();
+    let [plain_token, ..] = req(&mut a, Request::IpcExport { ptr: plain }).unwrap();
+    refused(
+        req(
+            &mut b,
+            Request::PoolImportPointer {
+                pool,
+                token: plain_token,
+            },
+        ),
+        "memory not exported from that pool",
+    );
+    let [at, n, ..] = req(&mut b, Request::PoolImportPointer { pool, token: pt }).unwrap();
+    assert_eq!(n, 2 * MIB);
+    assert_eq!(read(&mut b, at, 13), b"from the pool");
+    req(&mut b, Request::IpcClose { ptr: at }).unwrap();
 }

@@ -73,6 +73,10 @@ pub enum Kind {
     Mem = 1,
     /// An event (`cuIpcGetEventHandle`).
     Event = 2,
+    /// Physical VMM memory (`cuMemExportToShareableHandle`).
+    Phys = 3,
+    /// A memory pool (`cuMemPoolExportToShareableHandle`): its token alone.
+    Pool = 4,
 }
 
 impl Kind {
@@ -80,6 +84,8 @@ impl Kind {
         match c {
             1 => Some(Kind::Mem),
             2 => Some(Kind::Event),
+            3 => Some(Kind::Phys),
+            4 => Some(Kind::Pool),
             _ => None,
         }
     }

@@ -82,6 +82,18 @@ pub trait Ipc {
         let _ = event;
         Err(Status::NotSupported)
     }
+    /// What another worker's context needs to hold physical memory
+    /// `handle` of this one (a shareable handle the guest exported).
+    fn export_phys(&mut self, handle: super::Handle) -> Result<Portable, Status> {
+        let _ = handle;
+        Err(Status::NotSupported)
+    }
+    /// A handle of this context for `size` bytes of physical memory
+    /// another worker exported ([`Self::export_phys`]).
+    fn open_phys(&mut self, size: u64, p: Portable) -> Result<super::Handle, Status> {
+        let _ = (size, p);
+        Err(Status::NotSupported)
+    }
     /// An event of this context for one another worker exported.
     fn open_event(&mut self, p: Portable) -> Result<u64, Status> {
         let _ = p;

@@ -228,6 +228,43 @@ impl Ipc for CudaContext {
         }
     }
 
+    fn export_phys(&mut self, handle: Handle) -> Result<Portable, Status> {
+        self.bind()?;
+        let (p, n) = self
+            .guest_vmm
+            .phys
+            .get(&handle)
+            .ok_or(Status::InvalidHandle)?;
+        let fd = Self::export_fd(p.0)?;
+        Ok(Portable {
+            handle: pack(VMM, 0, *n as u64),
+            fd: Some(fd),
+        })
+    }
+
+    fn open_phys(&mut self, size: u64, p: Portable) -> Result<Handle, Status> {
+        self.bind()?;
+        let fd = p.fd.ok_or(Status::InvalidValue)?;
+        let n = usize::try_from(size).map_err(|_| Status::InvalidValue)?;
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        let raw = fd.into_raw_fd();
+        let os = std::ptr::without_provenance_mut::<c_void>(usize::try_from(raw).unwrap_or(0));
+        // SAFETY: out-parameter on our stack; the fd's number in the
+        // pointer, as the driver takes a POSIX fd.
+        let r = check(unsafe { sys::cuMemImportFromShareableHandle(&mut h, os, POSIX_FD) });
+        // SAFETY: ours (taken from the OwnedFd above); the driver keeps its
+        // own reference once imported.
+        drop(unsafe { OwnedFd::from_raw_fd(raw) });
+        r?;
+        self.next_handle += 1;
+        // Released as the last holder lets go (`Phys::drop`).
+        self.guest_vmm.phys.insert(
+            self.next_handle,
+            (std::sync::Arc::new(super::vmm::Phys(h)), n),
+        );
+        Ok(self.next_handle)
+    }
+
     fn export_event(&mut self, event: Handle) -> Result<Portable, Status> {
         self.bind()?;
         let Some(&Obj::Event { raw, flags, .. }) = self.objs.get(&event) else {

@@ -321,6 +321,27 @@ impl Ipc for SimContext {
         Ok(base)
     }
 
+    /// The handle's bytes moved into a memfd (once) the other worker maps.
+    fn export_phys(&mut self, handle: Handle) -> Result<Portable, Status> {
+        self.alive()?;
+        let buf = self.vmm_phys.get(&handle).ok_or(Status::InvalidHandle)?;
+        let mut b = lock(buf);
+        b.make_shared()?;
+        Ok(Portable {
+            handle: [0; 64],
+            fd: b.fd(),
+        })
+    }
+
+    /// A handle of this context for the other worker's memfd, mapped.
+    fn open_phys(&mut self, size: u64, p: Portable) -> Result<Handle, Status> {
+        self.alive()?;
+        let fd = p.fd.ok_or(Status::InvalidValue)?;
+        let len = usize::try_from(size).map_err(|_| Status::InvalidValue)?;
+        let buf = Arc::new(Mutex::new(Bytes::map(fd, len)?));
+        Ok(self.adopt_phys(buf))
+    }
+
     fn export_event(&mut self, event: Handle) -> Result<Portable, Status> {
         self.alive()?;
         self.export_shared_event(event)

@@ -32,7 +32,7 @@ pub(super) fn handle(
         ),
         Request::IpcOpen { token } => match open(tables, s, token) {
             Err(Status::InvalidValue) if tables.vm.is_some() && slot.is_some() => {
-                return across::open(sh, c, s, d, token, across::OpenKind::Mem);
+                return across::open(sh, c, s, d, token, (across::OpenKind::Mem, None));
             }
             r => (r, "open of a token no other process of the VM exports"),
         },
@@ -44,7 +44,7 @@ pub(super) fn handle(
         ),
         Request::IpcOpenEvent { token } => match open_event(tables, s, token) {
             Err(Status::InvalidValue) if tables.vm.is_some() && slot.is_some() => {
-                return across::open(sh, c, s, d, token, across::OpenKind::Event);
+                return across::open(sh, c, s, d, token, (across::OpenKind::Event, None));
             }
             r => (
                 r,

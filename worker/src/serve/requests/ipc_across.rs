@@ -1,4 +1,5 @@
-//! IPC between the workers of a VM whose processes each have a worker of
+//! IPC and shareable handles (VMM memory, pools and their allocations)
+//! between the workers of a VM whose processes each have a worker of
 //! their own (process slots): an export made here is also published in
 //! the VM's export table (`exports.rs`) under the guest's token, with the
 //! driver's handle and, where an opener needs one, an fd handed to the
@@ -130,12 +131,107 @@ pub(super) fn publish_event(
     Ok(r)
 }
 
-/// The live entry of another worker's that `token` names, of `kind`.
-fn entry(table: &VmExports, slot: u32, token: u64, kind: Kind) -> Result<Entry, Status> {
+/// The live entry of another worker's that `token` names, of `kind` (and
+/// exported from pool `tag`, if given).
+fn entry(
+    table: &VmExports,
+    slot: u32,
+    token: u64,
+    (kind, tag): (Kind, Option<u64>),
+) -> Result<Entry, Status> {
     match table.find(token) {
-        Some(e) if e.kind == kind && e.owner != slot => Ok(e),
+        Some(e) if e.kind == kind && e.owner != slot && tag.is_none_or(|t| t == e.tag) => Ok(e),
         _ => Err(Status::InvalidValue),
     }
+}
+
+/// After an export of physical memory `handle` (`r`: token, size):
+/// published too, once.
+pub(super) fn publish_phys(
+    port: &Port,
+    tables: &mut Tables,
+    s: &mut Session,
+    handle: u64,
+    r: Reply,
+) -> Result<Reply, Status> {
+    let Some(vm) = vm(port, tables) else {
+        return Ok(r);
+    };
+    let e = tables
+        .shares
+        .vmm
+        .get(r.vals[0])
+        .ok_or(Status::InvalidValue)?;
+    if e.vm_link().is_some() {
+        return Ok(r);
+    }
+    match s.ctx.export_phys(handle) {
+        Ok(p) => publish(port, vm, &e, r.vals[0], Kind::Phys, p)?,
+        Err(Status::NotSupported) => {}
+        Err(err) => return Err(err),
+    }
+    Ok(r)
+}
+
+/// After an export of a pool (`r`: its token): published too, once.
+pub(super) fn publish_pool(port: &Port, tables: &mut Tables, r: Reply) -> Result<Reply, Status> {
+    let Some(vm) = vm(port, tables) else {
+        return Ok(r);
+    };
+    let e = tables
+        .shares
+        .pools
+        .get(r.vals[0])
+        .ok_or(Status::InvalidValue)?;
+    if e.vm_link().is_none() {
+        let p = Portable {
+            handle: [0; 64],
+            fd: None,
+        };
+        publish(port, vm, &e, r.vals[0], Kind::Pool, p)?;
+    }
+    Ok(r)
+}
+
+/// After an export of a pool's allocation (`r`: token, start, size):
+/// published too, tagged with the pool's token.
+pub(super) fn publish_pointer(
+    port: &Port,
+    tables: &mut Tables,
+    s: &mut Session,
+    pool: u64,
+    r: Reply,
+) -> Result<Reply, Status> {
+    let r = publish_mem(port, tables, s, r)?;
+    if let Some(l) = tables
+        .ipc
+        .get(r.vals[0])
+        .as_deref()
+        .and_then(Export::vm_link)
+    {
+        l.table.set_tag(l.index, l.gen, pool);
+    }
+    Ok(r)
+}
+
+/// Records another worker's pool as imported by the session.
+pub(super) fn pool_import(
+    port: &Port,
+    tables: &mut Tables,
+    s: &mut Session,
+    token: u64,
+) -> Result<Reply, Status> {
+    let (table, slot) = vm(port, tables).ok_or(Status::InvalidValue)?;
+    let e = entry(&table, slot, token, (Kind::Pool, None))?;
+    let link = VmLink {
+        table,
+        index: e.index,
+        gen: e.gen,
+        opener: Some(slot),
+    };
+    s.shares
+        .pool_imported(token, Export::opened_remote(0, 0, link))?;
+    Ok(Reply::default())
 }
 
 /// Opens memory or an event (`kind`) another worker of the VM exported
@@ -147,10 +243,10 @@ pub(super) fn open(
     s: &mut Session,
     d: &Descriptor,
     token: u64,
-    kind: Kind,
+    (kind, tag): (Kind, Option<u64>),
 ) -> Result<(), Error> {
     const WHY: &str = "open of a token no other process of the VM exports";
-    let e = match vm(&sh.port, &sh.tables).map(|(t, slot)| entry(&t, slot, token, kind)) {
+    let e = match vm(&sh.port, &sh.tables).map(|(t, slot)| entry(&t, slot, token, (kind, tag))) {
         Some(Ok(e)) => e,
         Some(Err(err)) => return answer(&sh.port, c, d.tag, d.opcode, Err(err), WHY),
         None => return answer(&sh.port, c, d.tag, d.opcode, Err(Status::InvalidValue), WHY),
@@ -163,6 +259,20 @@ pub(super) fn open(
         let r = s.imports.open_again(base).map(|()| Reply {
             vals: [base, e.size, 0, 0],
         });
+        return answer(&sh.port, c, d.tag, d.opcode, r, WHY);
+    }
+    if let Some(h) = s
+        .shares
+        .remote_import(e.index, e.gen)
+        .filter(|_| kind == Kind::Phys)
+    {
+        let r = if s.vmm.hold(h) {
+            Ok(Reply {
+                vals: [h, e.size, 0, 0],
+            })
+        } else {
+            Err(Status::InvalidValue)
+        };
         return answer(&sh.port, c, d.tag, d.opcode, r, WHY);
     }
     if kind == Kind::Event && s.imported_events.len() >= crate::session::ipc::MAX_EXPORTS {
@@ -221,6 +331,24 @@ fn finish(
         handle: w.handle,
         fd,
     };
+    if w.kind == Kind::Phys {
+        let h = match s.ctx.open_phys(w.size, p) {
+            Ok(h) => h,
+            Err(err) => {
+                table.close(w.index, w.gen, slot);
+                return Err(err);
+            }
+        };
+        if let Err(err) = s.shares.imported(h, Export::opened_remote(h, w.size, link)) {
+            let _ = s.ctx.vmm_release(h);
+            return Err(err);
+        }
+        // Counted to the exporter, not here.
+        s.vmm.created(h, w.size, 0);
+        return Ok(Reply {
+            vals: [h, w.size, 0, 0],
+        });
+    }
     if w.kind == Kind::Event {
         // One open mark per entry for the session, however many handles.
         let proxy = s.imported_events.remote(w.index, w.gen);

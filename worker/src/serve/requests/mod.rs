@@ -97,7 +97,7 @@ pub(super) fn handle(
         F::Graph => graph::handle(sh, c, s, d, req),
         F::Vmm => vmm::handle(&sh.port, &mut sh.mem, &mut sh.tables, c, s, d, req),
         F::Ipc => ipc::handle(sh, c, s, d, req),
-        F::Share => share::handle(&sh.port, &mut sh.tables, c, s, d, req),
+        F::Share => share::handle(sh, c, s, d, req),
         F::Arrays => arrays::handle(&sh.port, &mut sh.mem, &mut sh.slice, c, s, d, req),
     }
 }
