@@ -49,6 +49,20 @@ fn refused(r: Result<[u64; 4], GuestError>, what: &str) {
     );
 }
 
+/// vm1's memory over all its workers, as a monitor sees it, once it is
+/// what `ok` wants (within 10 s).
+fn vm_memory(d: &DaemonProc, ok: impl Fn(u64) -> bool) -> u64 {
+    let mut m = Gpu::monitor(&d.socket("vm1"), tests::TEST_SPIN).unwrap();
+    let t = Instant::now();
+    loop {
+        let used = m.vgpu_status().unwrap().mem_used;
+        if ok(used) || t.elapsed() > Duration::from_secs(10) {
+            return used;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn read(g: &mut Gpu, ptr: u64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
     g.memcpy_dtoh(&mut out, ptr, 0).unwrap();
@@ -103,9 +117,16 @@ fn tokens_of_another_vm_made_up_or_of_an_ended_exporter_open_nothing() {
             }
         }
     }
-    // b keeps what it opened, as the driver keeps it, until it closes.
+    // b keeps what it opened, as the driver keeps it, until it closes;
+    // counted to the vGPU until then, and not after.
     assert_eq!(read(&mut b, at, 12), b"vm1's secret");
+    assert!(
+        vm_memory(&d, |u| u >= 2 * MIB) >= 2 * MIB,
+        "uncounted while held"
+    );
     req(&mut b, Request::IpcClose { ptr: at }).unwrap();
+    let left = vm_memory(&d, |u| u == 0);
+    assert_eq!(left, 0, "still counted after the last holder let go");
     refused(req(&mut b, Request::IpcClose { ptr: at }), "closed twice");
     // b cannot reach it any more.
     let mut out = [0u8; 12];
