@@ -262,16 +262,16 @@ impl Worker {
             }
         };
         let ledger = shared_ledger()?;
-        // The pool's chunks are claimed in the VM's ledger where the vGPU
-        // has several workers; a vGPU's one worker keeps its own table.
-        // Made here, once the worker serves (a standby made ready while
-        // its predecessor served is promoted by now): it frees what the
-        // slot's previous worker held.
-        let mut pinned = pinned::PinnedPool::new(
-            cfg.layout.pinned_size,
-            shared_ledger()?.unwrap_or_else(crate::ledger::Ledger::local),
-            cfg.slot.unwrap_or(0),
-        );
+        // The pool's chunks are claimed in the VM's ledger by a process
+        // slot's worker; a vGPU's one worker keeps its own table. Made
+        // here, once the worker serves its slot (a standby made ready
+        // while its predecessor served is promoted by now): it frees what
+        // the slot's previous worker held.
+        let (table, slot) = match (shared_ledger()?, cfg.slot) {
+            (Some(l), Some(k)) => (l, k),
+            _ => (crate::ledger::Ledger::local(), 0),
+        };
+        let mut pinned = pinned::PinnedPool::new(cfg.layout.pinned_size, table, slot);
         pinned.set_device_base(info.pinned_base, per_block);
         let stats: Arc<Stats> = Arc::default();
         stats
