@@ -1,7 +1,7 @@
 //! The pinned pool is one budget for a VM's workers (`worker/src/serve/pinned.rs`), against a
 //! real `fairvgpu serve` on the sim: in a VM with four process slots one process takes more
-//! than a quarter of the pool (what `cuMemHostAlloc` and `cudaMallocHost` ask for through
-//! `Gpu::pinned_alloc`); two processes allocating at once get disjoint blocks whose bytes stay
+//! than a quarter of the pool (through `Gpu::pinned_alloc`, and through the stand-in's
+//! `cuMemAllocHost` in `tests/c/faults.c`'s `pinned`); two processes allocating at once get disjoint blocks whose bytes stay
 //! their own and reach the device (the sim refuses DMA with a block its worker did not
 //! register); neither reaches the other's blocks; a process's blocks come back when it ends,
 //! and a killed worker's when the daemon replaces it.
@@ -207,4 +207,42 @@ fn worker_pids(d: &DaemonProc) -> Vec<i32> {
         }
     }
     pids
+}
+
+/// Through the stand-in, as a program asks (`cuMemAllocHost`, what
+/// `cudaMallocHost` calls): in a VM with four slots one process holds more
+/// than a quarter of the pool and another most of the rest at once, each
+/// copying through its block; a third finds too little left.
+#[test]
+fn programs_in_a_vm_with_slots_share_the_pool_as_they_ask() {
+    use tests::faults::{text, Rig};
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 4;
+    let r = Rig::start("pinned-programs", vm);
+    let size = Gpu::connect_with(&r.sock, tests::TEST_SPIN)
+        .unwrap()
+        .device_info()
+        .pinned_size;
+    let mib = |n: u64| (n >> 20).to_string();
+    let (mut first, line) = r.started("pinned", &[&mib(size / 8 * 5), "3"]);
+    assert_eq!(line.trim(), "pinned: OK", "more than a quarter of the pool");
+    let (mut second, line) = r.started("pinned", &[&mib(size / 4), "3"]);
+    assert_eq!(line.trim(), "pinned: OK", "most of the rest, at once");
+    let third = text(&r.run("pinned", &[&mib(size / 4), "0"]).stdout);
+    assert_eq!(third.trim(), "pinned: out of memory", "an eighth is left");
+    assert!(first.wait().unwrap().success());
+    assert!(second.wait().unwrap().success());
+    // Given back once their workers see them leave (within moments).
+    let t = Instant::now();
+    loop {
+        let after = text(&r.run("pinned", &[&mib(size / 4 * 3), "0"]).stdout);
+        if after.trim() == "pinned: OK" {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "never given back: {after}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
