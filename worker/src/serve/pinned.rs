@@ -92,6 +92,9 @@ impl PinnedPool {
     /// A block of at least `len` bytes for `owner`: first fit in the
     /// chunks this worker holds, else in chunks it claims; its offset.
     pub fn alloc(&mut self, len: u64, owner: SessionId) -> Result<u64, Status> {
+        if len == 0 {
+            return Err(Status::InvalidValue);
+        }
         let len = len
             .checked_next_multiple_of(PAGE)
             .filter(|&l| l <= self.size)
@@ -251,7 +254,9 @@ pub(super) fn alloc(
         let len = gpu.pinned.block(off, owner)?;
         let r = part(gpu, off, len).and_then(|p| gpu.exec.register_pinned_block(&p.as_slice()));
         if let Err(s) = r {
-            tracing::warn!("a pinned block not registered with the device: {s:?}");
+            // A guest can cause it (the host's locked memory exhausted):
+            // its refusal is logged, rate-limited, by the caller.
+            tracing::debug!("a pinned block not registered with the device: {s:?}");
             let _ = gpu.pinned.free(off, owner);
             return Err(Status::OutOfMemory);
         }
@@ -341,6 +346,7 @@ mod tests {
         }
         assert_eq!(p.used(), 3 * PAGE);
         assert!(p.alloc(u64::MAX, 1).is_err());
+        assert_eq!(p.alloc(0, 1), Err(Status::InvalidValue), "no empty block");
     }
 
     /// Two workers of a VM (two pools over one ledger memfd, as two

@@ -66,7 +66,11 @@ pub(super) fn handle(
         Request::PinnedAlloc { size } => {
             let r = pinned::alloc(&mut sh.gpu, size, s.id);
             if r.is_err() {
-                refuse(&sh.port, c, "pinned pool exhausted");
+                refuse(
+                    &sh.port,
+                    c,
+                    "pinned pool exhausted (or the block not registered)",
+                );
             }
             pinned_used(&sh.port, &sh.gpu);
             reply(&sh.port, c, tag, opc, one(r), &[])
