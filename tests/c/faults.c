@@ -28,8 +28,8 @@
  *                         "reset: OK" (natively a reset is this process's only).
  *   pinned MIB SECONDS   cuMemAllocHost of MIB MiB: "pinned: out of memory" if
  *                         refused; else fills it, copies it to the device and
- *                         back into its second half, says "pinned: OK" if the
- *                         bytes came back, and keeps it for SECONDS.
+ *                         back into its second half, says "pinned: OK at ADDR"
+ *                         if the bytes came back, and keeps it for SECONDS.
  * Every line goes out at once through write(2), so that its order against
  * the kernel output in the same descriptor is the order it happened in.
  */
@@ -190,7 +190,9 @@ int main(int argc, char **argv) {
         memset(h + half, 0, half);
         CK(cuMemcpyHtoD_v2(p, h, half));
         CK(cuMemcpyDtoH_v2(h + half, p, half));
-        say(memcmp(h, h + half, half) ? "pinned: wrong bytes" : "pinned: OK");
+        if (memcmp(h, h + half, half)) { say("pinned: wrong bytes"); return 1; }
+        snprintf(line, sizeof line, "pinned: OK at 0x%llx", (unsigned long long)(size_t)h);
+        say(line);
         sleep(atoi(argv[4]));
     } else {
         return 2;
