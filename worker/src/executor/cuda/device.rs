@@ -486,8 +486,9 @@ impl CudaExecutor {
     /// live blocks alone (`serve/pinned.rs` registers each block as it is
     /// handed out): the pause grows with the pinned memory the guests hold,
     /// not with the pool's size, where registering the whole pool again
-    /// (288 MiB: 164-174 ms of unregistering alone on an H100) was most of
-    /// it. Where the GPU needs the whole pool registered, it still is.
+    /// was most of it (unregistering 288 MiB alone took 164-174 ms of a
+    /// 205-224 ms pause: docs/measured.md, "Several GPUs"). Where the GPU
+    /// needs the whole pool registered, it still is.
     fn move_registrations(&mut self) -> Result<(), Status> {
         if self.primary.is_null() || self.primary_dev == self.dev {
             return Ok(());
