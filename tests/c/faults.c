@@ -26,6 +26,10 @@
  *   reset                process A: allocates, cuDevicePrimaryCtxReset, then
  *                         retains the primary context again and computes:
  *                         "reset: OK" (natively a reset is this process's only).
+ *   pinned MIB SECONDS   cuMemAllocHost of MIB MiB: "pinned: out of memory" if
+ *                         refused; else fills it, copies it to the device and
+ *                         back into its second half, says "pinned: OK at ADDR"
+ *                         if the bytes came back, and keeps it for SECONDS.
  * Every line goes out at once through write(2), so that its order against
  * the kernel output in the same descriptor is the order it happened in.
  */
@@ -46,6 +50,7 @@ CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsi
 CUresult cuModuleLoad(CUmodule *, const char *);
 CUresult cuStreamCreate(CUstream *, unsigned);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
+CUresult cuMemAllocHost_v2(void **, size_t);
 
 static void say(const char *s) {
     char b[256];
@@ -173,6 +178,22 @@ int main(int argc, char **argv) {
         CK(cuMemsetD32_v2(p, 77, 1));
         CK(cuMemcpyDtoH_v2(&v, p, 4));
         say(v == 77 ? "reset: OK" : "reset: wrong value");
+    } else if (!strcmp(mode, "pinned") && argc == 5) {
+        size_t bytes = (size_t)atoi(argv[3]) << 20, half = bytes / 2;
+        unsigned char *h = NULL;
+        CUresult r = cuMemAllocHost_v2((void **)&h, bytes);
+        if (r == 2 /* CUDA_ERROR_OUT_OF_MEMORY */) { say("pinned: out of memory"); return 0; }
+        CK(r);
+        CUdeviceptr p;
+        CK(cuMemAlloc_v2(&p, half));
+        for (size_t i = 0; i < half; i++) h[i] = (unsigned char)(i * 7 + 1);
+        memset(h + half, 0, half);
+        CK(cuMemcpyHtoD_v2(p, h, half));
+        CK(cuMemcpyDtoH_v2(h + half, p, half));
+        if (memcmp(h, h + half, half)) { say("pinned: wrong bytes"); return 1; }
+        snprintf(line, sizeof line, "pinned: OK at 0x%llx", (unsigned long long)(size_t)h);
+        say(line);
+        sleep(atoi(argv[4]));
     } else {
         return 2;
     }

@@ -1,7 +1,7 @@
 //! The faults program (`tests/c/faults.c`, kernels of
 //! `worker/kernels/faults.ptx`) run through the stand-in on a daemon of
 //! its own, for the tests of a process's faults, output and memory
-//! (`faults.rs`, `process_slots.rs`).
+//! (`faults.rs`, `process_slots.rs`, `pinned_budget.rs`).
 
 use std::io::BufRead;
 use std::path::PathBuf;

@@ -1,7 +1,8 @@
 //! A hostile guest process in a VM with process slots (`[[vm]]
 //! process_slots`): one that claims a channel in another process's slot
 //! itself and says `Hello` there is turned away, so that no process shares
-//! another's worker process (its faults and its address space).
+//! another's worker process (its faults and its address space); one that
+//! names another process's pinned blocks by their offsets reaches none.
 
 use std::time::{Duration, Instant};
 
@@ -53,4 +54,63 @@ fn a_second_process_in_a_slot_is_turned_away() {
     assert_eq!(Status::from_code(reply.status), Status::NotPermitted);
     // The owner is served on.
     owner.mem_free(p).unwrap();
+}
+
+/// A process in another slot naming a process's pinned blocks by their
+/// offsets (copies into and out of them, a memset through their device
+/// address, a free, offsets past the pool) is refused by its own worker,
+/// which holds none of them; the owner's bytes stay as they were and its
+/// block serves it on.
+#[test]
+fn another_slots_process_reaches_none_of_a_processs_pinned_blocks() {
+    use guest::{Gpu, GuestError};
+    use protocol::Status;
+
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 2;
+    let d = DaemonProc::start(
+        &cargo_build("cli").join("fairvgpu"),
+        "slot-pinned",
+        ExecutorKind::Sim,
+        &[vm],
+    )
+    .unwrap();
+    let sock = d.socket("vm1");
+    let mut owner = Gpu::connect_with(&sock, tests::TEST_SPIN).unwrap();
+    let block = owner.pinned_alloc(1 << 20).unwrap();
+    let pool = owner.region().pinned().unwrap();
+    let mine = pool.subslice(block as usize, 1 << 20).unwrap();
+    mine.copy_from(&vec![0x3cu8; 1 << 20]);
+
+    let mut evil = Gpu::connect_with(&sock, tests::TEST_SPIN).unwrap();
+    let dev = evil.mem_alloc(1 << 20).unwrap();
+    evil.memset_async(dev, 0xee, 1, 1 << 20, 0).unwrap();
+    evil.synchronize().unwrap();
+    let size = evil.device_info().pinned_size;
+    let base = evil.device_info().pinned_base;
+    for (offset, len) in [
+        (block, 1 << 20),
+        (block + 4096, 4096),
+        (size - 4096, 8192),
+        (u64::MAX - 10, 20),
+    ] {
+        evil.memcpy_dtoh_pinned(dev, offset, len, 0).unwrap();
+        let e = evil.synchronize().unwrap_err();
+        assert!(matches!(e, GuestError::Cuda(Status::InvalidValue)), "{e:?}");
+        evil.memcpy_htod_pinned(dev, offset, len, 0).unwrap();
+        assert!(evil.synchronize().is_err());
+    }
+    evil.memset_async(base + block, 0xee, 1, 4096, 0).unwrap();
+    assert!(evil.synchronize().is_err());
+    assert!(evil.pinned_free(block).is_err());
+
+    let mut seen = vec![0u8; 1 << 20];
+    mine.copy_to(&mut seen[..]);
+    assert!(seen.iter().all(|&b| b == 0x3c), "the owner's bytes changed");
+    let back = owner.mem_alloc(1 << 20).unwrap();
+    owner.memcpy_htod_pinned(back, block, 1 << 20, 0).unwrap();
+    let mut out = vec![0u8; 1 << 20];
+    owner.memcpy_dtoh(&mut out, back, 0).unwrap();
+    assert!(out.iter().all(|&b| b == 0x3c));
+    owner.pinned_free(block).unwrap();
 }

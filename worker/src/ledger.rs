@@ -8,6 +8,15 @@
 //! check against the limit and the count are one atomic step, so that two
 //! workers allocating at once cannot both fit under it) and given back if
 //! the allocation fails.
+//!
+//! After the first page, the ledger holds the VM's pinned pool's chunk
+//! table: one word per chunk of the pool (see [`chunk_size`]), 0 when the
+//! chunk is free, else 1 + the process slot whose worker holds it. A
+//! worker claims a chunk with a compare-and-swap from 0 and gives it back
+//! with one to 0, so no two workers ever hold one chunk; a new worker for a
+//! slot frees what its dead predecessor held ([`Ledger::reclaim_chunks`]).
+//! Another worker writes this page too: a word that is neither 0 nor a
+//! slot's is taken by nobody we know, and never handed out.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,11 +25,42 @@ use transport::shm::SharedMemory;
 
 use crate::Error;
 
-/// Bytes of a ledger: one page, the count at offset 0, then from
+/// Bytes of a ledger: a first page, the count at offset 0, then from
 /// [`SLOTS_AT`] each process slot's process (its pid and the bytes it
 /// holds, 8 bytes each), which the slot's worker publishes for the VM's
-/// monitors.
-pub const LEDGER_SIZE: usize = 4096;
+/// monitors; then the pinned pool's chunk table ([`CHUNKS`] words).
+pub const LEDGER_SIZE: usize = CHUNKS_AT + CHUNKS * 8;
+
+/// Where the chunk table begins.
+const CHUNKS_AT: usize = 4096;
+
+/// Words of the chunk table: a pool is cut into this many chunks at most.
+pub const CHUNKS: usize = 8192;
+
+/// The smallest chunk of the pinned pool.
+pub const MIN_CHUNK: u64 = 64 << 10;
+
+/// Bytes of one chunk of a pinned pool of `pool` bytes: 64 KiB, or the
+/// power of two that cuts the pool into [`CHUNKS`] chunks at most (every
+/// worker of a VM computes the same from the region's layout).
+pub fn chunk_size(pool: u64) -> u64 {
+    pool.div_ceil(CHUNKS as u64)
+        .checked_next_power_of_two()
+        .unwrap_or(u64::MAX)
+        .max(MIN_CHUNK)
+}
+
+/// Who holds a chunk of the pinned pool, as the chunk table says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkOwner {
+    /// Nobody: any worker may claim it.
+    Free,
+    /// The worker of this process slot.
+    Slot(u32),
+    /// A word no worker writes (another process's mistake): held, by
+    /// nobody we know; never handed out.
+    Invalid(u64),
+}
 
 /// Where the slots' entries begin.
 const SLOTS_AT: usize = 64;
@@ -47,6 +87,74 @@ impl Ledger {
     /// VM).
     pub fn create(name: &str) -> Result<OwnedFd, Error> {
         Ok(transport::shm::create_memfd(name, LEDGER_SIZE)?)
+    }
+
+    /// A ledger of this worker's alone (a vGPU's one worker: its pinned
+    /// pool's chunk table), in its own memory.
+    pub fn local() -> Ledger {
+        Ledger {
+            page: SharedMemory::heap(LEDGER_SIZE),
+        }
+    }
+
+    /// Who holds chunk `k` of the pinned pool (a chunk past the table:
+    /// nobody may take it).
+    pub fn chunk(&self, k: usize) -> ChunkOwner {
+        match self.chunk_word(k).map(|w| w.load(Ordering::Acquire)) {
+            None => ChunkOwner::Invalid(0),
+            Some(0) => ChunkOwner::Free,
+            Some(v) => match u32::try_from(v - 1) {
+                Ok(slot) if slot < SLOTS => ChunkOwner::Slot(slot),
+                _ => ChunkOwner::Invalid(v),
+            },
+        }
+    }
+
+    /// Claims chunk `k` for process slot `slot`'s worker if it is free;
+    /// whether it did.
+    pub fn claim_chunk(&self, k: usize, slot: u32) -> bool {
+        match self.chunk_word(k) {
+            Some(w) if slot < SLOTS => w
+                .compare_exchange(0, u64::from(slot) + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok(),
+            _ => false,
+        }
+    }
+
+    /// Gives back chunk `k` if slot `slot`'s worker holds it; whether it did.
+    pub fn give_back_chunk(&self, k: usize, slot: u32) -> bool {
+        match self.chunk_word(k) {
+            Some(w) if slot < SLOTS => w
+                .compare_exchange(u64::from(slot) + 1, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok(),
+            _ => false,
+        }
+    }
+
+    /// Gives back every chunk slot `slot`'s worker holds (a new worker for
+    /// the slot: its predecessor ended, perhaps without giving them back);
+    /// how many.
+    pub fn reclaim_chunks(&self, slot: u32) -> usize {
+        (0..CHUNKS)
+            .filter(|&k| self.give_back_chunk(k, slot))
+            .count()
+    }
+
+    /// Writes `v` into chunk `k`'s word, as a buggy or hostile worker
+    /// could.
+    #[cfg(test)]
+    pub fn poke_chunk(&self, k: usize, v: u64) {
+        if let Some(w) = self.chunk_word(k) {
+            w.store(v, Ordering::Release);
+        }
+    }
+
+    /// The word of chunk `k` (None past the table).
+    fn chunk_word(&self, k: usize) -> Option<&AtomicU64> {
+        if k >= CHUNKS {
+            return None;
+        }
+        self.page.atomic_u64(CHUNKS_AT + k * 8).ok()
     }
 
     /// Bytes the vGPU holds (over all its workers).
@@ -170,5 +278,70 @@ mod tests {
         assert_eq!(a.processes(), vec![(41, 1 << 20), (42, 2 << 20)]);
         a.publish(0, 0, 0);
         assert_eq!(b.processes(), vec![(42, 2 << 20)]);
+    }
+
+    /// Two workers claiming chunks at once never both get one; a chunk
+    /// goes back to its holder's slot alone; a new worker for a slot frees
+    /// what the slot held, and nothing of another slot's.
+    #[test]
+    fn chunks_are_claimed_by_one_worker_and_reclaimed_by_slot() {
+        let fd = Ledger::create("fvg-ledger-chunks").unwrap();
+        let a = Ledger::shared(fd.try_clone().unwrap()).unwrap();
+        let b = Ledger::shared(fd.try_clone().unwrap()).unwrap();
+        assert!(a.claim_chunk(0, 0));
+        assert!(!b.claim_chunk(0, 1), "held");
+        assert_eq!(b.chunk(0), ChunkOwner::Slot(0));
+        assert!(!b.give_back_chunk(0, 1), "not its own");
+        assert!(!a.claim_chunk(CHUNKS, 0), "past the table");
+        assert!(!a.claim_chunk(1, SLOTS), "no such slot");
+        assert_eq!(a.chunk(CHUNKS), ChunkOwner::Invalid(0));
+        assert!(b.claim_chunk(1, 1) && b.claim_chunk(2, 1));
+        assert_eq!(a.reclaim_chunks(1), 2);
+        assert_eq!(
+            (a.chunk(0), a.chunk(1)),
+            (ChunkOwner::Slot(0), ChunkOwner::Free)
+        );
+        let won: usize = (0..4u32)
+            .map(|slot| {
+                let fd = fd.try_clone().unwrap();
+                std::thread::spawn(move || {
+                    let l = Ledger::shared(fd).unwrap();
+                    (0..CHUNKS).filter(|&k| l.claim_chunk(k, slot)).count()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .sum();
+        assert_eq!(won, CHUNKS - 1, "each free chunk claimed once");
+    }
+
+    /// What another process wrote into the chunk table is read as held by
+    /// nobody unless it is 0 or a slot's word; such a chunk is neither
+    /// claimed nor reclaimed.
+    #[test]
+    fn hostile_chunk_words_are_refused() {
+        let l = Ledger::local();
+        for (k, v) in [(0, u64::MAX), (1, u64::from(SLOTS) + 1), (2, 1 << 40)] {
+            l.poke_chunk(k, v);
+            assert_eq!(l.chunk(k), ChunkOwner::Invalid(v));
+            assert!(!l.claim_chunk(k, 0));
+        }
+        l.poke_chunk(3, u64::from(SLOTS));
+        assert_eq!(l.chunk(3), ChunkOwner::Slot(SLOTS - 1));
+        for slot in 0..SLOTS {
+            l.reclaim_chunks(slot);
+        }
+        assert_eq!(l.chunk(0), ChunkOwner::Invalid(u64::MAX));
+        assert_eq!(l.chunk(3), ChunkOwner::Free);
+    }
+
+    #[test]
+    fn chunks_cut_any_pool_into_the_table() {
+        assert_eq!(chunk_size(0), MIN_CHUNK);
+        assert_eq!(chunk_size(256 << 20), MIN_CHUNK);
+        assert_eq!(chunk_size(1 << 30), 128 << 10);
+        assert_eq!(chunk_size(64 << 30), 8 << 20);
+        assert!((64u64 << 30).div_ceil(chunk_size(64 << 30)) <= CHUNKS as u64);
     }
 }

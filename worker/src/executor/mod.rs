@@ -102,6 +102,24 @@ pub trait Executor: Send {
     fn register_pinned(&mut self, pool: &VolatileSlice<'_>) -> Result<u64, Status> {
         Ok(pool.ptr_guard().as_ptr() as u64)
     }
+    /// Whether blocks of the region's pinned pool (alive as long as the
+    /// executor) can be registered with the device one by one as they are
+    /// handed out ([`Executor::register_pinned_block`]), each reached by
+    /// the device at its host address. False: the pool is registered whole
+    /// ([`Executor::register_pinned`]).
+    fn pinned_blocks(&mut self, _pool: &VolatileSlice<'_>) -> Result<bool, Status> {
+        Ok(false)
+    }
+    /// Makes `block` of the pinned pool page-locked and reachable by the
+    /// device at its host address, until [`Executor::unregister_pinned_block`].
+    fn register_pinned_block(&mut self, _block: &VolatileSlice<'_>) -> Result<(), Status> {
+        Ok(())
+    }
+    /// Undoes [`Executor::register_pinned_block`] of `block` (the same
+    /// range): the device reaches it no more.
+    fn unregister_pinned_block(&mut self, _block: &VolatileSlice<'_>) -> Result<(), Status> {
+        Ok(())
+    }
     /// GPUs this executor can run on (migration targets).
     fn devices(&self) -> u32 {
         1

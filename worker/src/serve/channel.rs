@@ -351,7 +351,7 @@ fn drop_session(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) {
         wait::abandon(c, ss.get_mut(id).map(|e| &mut e.s));
         if let Some(mut s) = ss.leave(id, ch) {
             super::requests::share::keep_at_end(&mut sh.tables, &mut s);
-            sh.gpu.pinned.release(s.id);
+            super::pinned::release(&mut sh.gpu, s.id);
             sh.port
                 .stats
                 .pinned_used

@@ -152,6 +152,11 @@ impl Worker {
                 }
             }
         }
+        // The executor registers its host memory again in the target's
+        // context: the response arenas and the pinned blocks the guests
+        // hold now (each registered as it was handed out, `pinned.rs`),
+        // not the whole pool, whose unregistering alone was most of the
+        // pause; so the pause grows with the pinned memory held.
         let ok = failed.is_none() && self.sh.gpu.exec.set_device(gpu).is_ok();
         if !ok {
             for (_, e) in self.sessions.iter_mut() {

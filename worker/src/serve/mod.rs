@@ -132,8 +132,9 @@ pub struct WorkerConfig {
     pub shared_vgpu: Option<Arc<std::os::fd::OwnedFd>>,
     /// The process slot this worker serves where the region's channels are
     /// split into them (`LayoutParams::partitions`): its channels alone,
-    /// one guest process at a time, its own doorbell vector, host-sleeping
-    /// word and part of the pinned pool. None: every channel.
+    /// one guest process at a time, its own doorbell vector and host-sleeping
+    /// word; the pinned pool's chunks it holds are marked with it in the
+    /// VM's ledger. None: every channel.
     pub slot: Option<u32>,
 }
 
@@ -146,20 +147,6 @@ impl WorkerConfig {
             Some(k) => return Err(Error::NoSuchSlot(k, self.layout.partitions)),
             None => 0..self.layout.channels,
         })
-    }
-
-    /// The part of the pinned pool this worker hands out, `[start, end)`
-    /// bytes: its process slot's share (whole 2 MiB units), or all of it.
-    pub fn pinned_part(&self) -> (u64, u64) {
-        let size = self.layout.pinned_size;
-        match self.slot {
-            Some(k) if self.layout.partitions > 1 => {
-                let unit = transport::layout::PINNED_ALIGN;
-                let part = size / u64::from(self.layout.partitions) / unit * unit;
-                (u64::from(k) * part, u64::from(k + 1) * part)
-            }
-            _ => (0, size),
-        }
     }
 
     /// A worker of VM `name` serving `socket` with `layout` and `mem_limit`

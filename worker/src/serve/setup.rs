@@ -34,6 +34,9 @@ struct Device {
     exec: Box<dyn Executor>,
     region: Region,
     pinned_map: Option<transport::shm::FixedMapping>,
+    /// Whether the pool's blocks are registered one by one (else it was
+    /// registered whole here).
+    per_block: bool,
     info: DeviceInfo,
     /// The device's whole memory (`info.total_mem` is the vGPU's limit).
     device_mem: u64,
@@ -65,29 +68,14 @@ impl Device {
         let mut info: DeviceInfo = exec.info();
         info.uuid = Some(cfg.uuid);
         let pinned_size = cfg.layout.pinned_size;
-        let pinned_map = if pinned_size > 0 {
+        let (pinned_map, per_block) = if pinned_size > 0 {
             let m = region.map_pinned_at(PINNED_ADDR)?;
             info.pinned_size = pinned_size;
-            // Its part of the pool alone is registered (a process slot's
-            // worker reaches no other slot's blocks from the device); the
-            // pool's device address is that of its offset 0.
-            let (start, end) = cfg.pinned_part();
-            let part = m
-                .slice()
-                .subslice(crate::usize_from(start), crate::usize_from(end - start))
-                .map_err(transport::Error::from)?;
-            info.pinned_base = match exec.register_pinned(&part) {
-                Ok(base) => base.wrapping_sub(start),
-                Err(s) => {
-                    tracing::warn!(
-                        "pinned pool not registered with the device ({s:?}): copies stay correct, kernels cannot reach it"
-                    );
-                    m.addr() as u64
-                }
-            };
-            Some(m)
+            let (base, per_block) = register_pool(exec.as_mut(), &m);
+            info.pinned_base = base;
+            (Some(m), per_block)
         } else {
-            None
+            (None, false)
         };
         let device_mem = info.total_mem;
         let mut contexts = contexts::ContextPool::default();
@@ -110,11 +98,38 @@ impl Device {
             exec,
             region,
             pinned_map,
+            per_block,
             info,
             device_mem,
             contexts,
             images,
         })
+    }
+}
+
+/// Makes the pinned pool `m` reachable by the device: its blocks
+/// registered one by one as they are handed out (`pinned.rs`), where the
+/// device reaches registered memory at its host address; else the whole
+/// pool registered now, as any worker of the VM may hand out any part of
+/// it. The pool's device address, and whether blocks are registered one
+/// by one.
+fn register_pool(exec: &mut dyn Executor, m: &transport::shm::FixedMapping) -> (u64, bool) {
+    match exec.pinned_blocks(&m.slice()) {
+        Ok(true) => return (m.addr() as u64, true),
+        Ok(false) => tracing::info!(
+            "the GPU reaches registered host memory at another address than its host one: \
+             the pinned pool is registered whole (pinned all the time, and slower to migrate)"
+        ),
+        Err(s) => tracing::warn!("pinned pool blocks cannot be registered one by one ({s:?})"),
+    }
+    match exec.register_pinned(&m.slice()) {
+        Ok(base) => (base, false),
+        Err(s) => {
+            tracing::warn!(
+                "pinned pool not registered with the device ({s:?}): copies stay correct, kernels cannot reach it"
+            );
+            (m.addr() as u64, false)
+        }
     }
 }
 
@@ -226,6 +241,7 @@ impl Worker {
             exec,
             region,
             pinned_map,
+            per_block,
             info,
             device_mem,
             contexts,
@@ -239,15 +255,29 @@ impl Worker {
             .map(|i| Ok(ChannelState::new(region.host_channel(i)?)))
             .collect::<Result<Vec<_>, transport::Error>>()?;
         let chunk = (crate::usize_from(cfg.layout.arena_size) / 4).max(4096);
-        let ledger = match &cfg.shared_vgpu {
-            Some(fd) => Some(crate::ledger::Ledger::shared(fd.try_clone().map_err(
-                |e| Error::Io {
-                    what: "the vGPU's memory ledger",
-                    source: e,
-                },
-            )?)?),
-            None => None,
+        let shared_ledger = || -> Result<Option<crate::ledger::Ledger>, Error> {
+            match &cfg.shared_vgpu {
+                Some(fd) => Ok(Some(crate::ledger::Ledger::shared(
+                    fd.try_clone().map_err(|e| Error::Io {
+                        what: "the vGPU's memory ledger",
+                        source: e,
+                    })?,
+                )?)),
+                None => Ok(None),
+            }
         };
+        let ledger = shared_ledger()?;
+        // The pool's chunks are claimed in the VM's ledger by a process
+        // slot's worker; a vGPU's one worker keeps its own table. Made
+        // here, once the worker serves its slot (a standby made ready
+        // while its predecessor served is promoted by now): it frees what
+        // the slot's previous worker held.
+        let (table, slot) = match (shared_ledger()?, cfg.slot) {
+            (Some(l), Some(k)) => (l, k),
+            _ => (crate::ledger::Ledger::local(), 0),
+        };
+        let mut pinned = pinned::PinnedPool::new(cfg.layout.pinned_size, table, slot);
+        pinned.set_device_base(info.pinned_base, per_block);
         let stats: Arc<Stats> = Arc::default();
         stats
             .device
@@ -257,12 +287,8 @@ impl Worker {
                 gpu: shared::Gpu {
                     exec,
                     pinned_map,
-                    pinned: {
-                        let (start, end) = cfg.pinned_part();
-                        let mut p = pinned::PinnedPool::new_part(start, end);
-                        p.set_device_base(info.pinned_base);
-                        p
-                    },
+                    pinned,
+
                     images,
                     contexts,
                     sm_count: info.sm_count.max(1),

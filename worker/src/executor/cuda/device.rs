@@ -363,6 +363,60 @@ impl Executor for CudaExecutor {
         Ok(dev)
     }
 
+    fn pinned_blocks(&mut self, _pool: &VolatileSlice<'_>) -> Result<bool, Status> {
+        // The registration context, made current as for the arenas.
+        self.register_host_memory(&[])?;
+        // Registered memory is reached at its host address only where
+        // every GPU the process sees says so (the driver's rule for
+        // cuMemHostGetDevicePointer); a migration may take the vGPU to any.
+        for o in 0..self.devices {
+            let a = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM;
+            if attr(device(o)?, a) != 1 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn register_pinned_block(&mut self, block: &VolatileSlice<'_>) -> Result<(), Status> {
+        let p = block.ptr_guard_mut().as_ptr() as *mut c_void;
+        let len = block.len();
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        self.in_primary(|| {
+            // SAFETY: `block` is a live, page-aligned range of the pinned
+            // pool's shared mapping, which outlives the executor; no other
+            // registration of ours overlaps it (the worker registers each
+            // block it hands out once, and unregisters it before freeing).
+            check(unsafe { sys::cuMemHostRegister_v2(p, len, flags) })?;
+            let dev = mapped_at(p as usize);
+            if dev != p as u64 {
+                // SAFETY: registered just above, in the current context.
+                let _ = unsafe { sys::cuMemHostUnregister(p) };
+                tracing::warn!(
+                    dev,
+                    "a pinned block's device address is not its host address"
+                );
+                return Err(Status::Unknown);
+            }
+            Ok(())
+        })?;
+        self.registered.push((p as usize, len, flags));
+        Ok(())
+    }
+
+    fn unregister_pinned_block(&mut self, block: &VolatileSlice<'_>) -> Result<(), Status> {
+        let p = block.ptr_guard().as_ptr() as usize;
+        let i = self
+            .registered
+            .iter()
+            .position(|r| r.0 == p && r.1 == block.len())
+            .ok_or(Status::InvalidValue)?;
+        self.registered.swap_remove(i);
+        // SAFETY: `p` is the base of a range we registered (found above),
+        // whose mapping is alive.
+        self.in_primary(|| check(unsafe { sys::cuMemHostUnregister(p as *mut c_void) }))
+    }
+
     fn open(&mut self) -> Result<Box<dyn Context>, Status> {
         Ok(Box::new(CudaContext::new(
             self.dev,
@@ -403,6 +457,23 @@ impl Executor for CudaExecutor {
 }
 
 impl CudaExecutor {
+    /// Runs `f` with the registration (primary) context current, and the
+    /// context current before made current again after: host memory is
+    /// registered there (a guest's context may be destroyed before the
+    /// memory is unregistered, which would fail then).
+    fn in_primary<T>(&self, f: impl FnOnce() -> Result<T, Status>) -> Result<T, Status> {
+        if self.primary.is_null() {
+            return Err(Status::NotInitialized);
+        }
+        // SAFETY: our retained primary context, alive.
+        check(unsafe { sys::cuCtxPushCurrent_v2(self.primary) })?;
+        let r = f();
+        let mut popped: CUcontext = null_mut();
+        // SAFETY: pops the context pushed above; out-parameter on our stack.
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        r
+    }
+
     /// After the vGPU moved to another GPU: the host memory registered in
     /// the old GPU's primary context is registered again in the new GPU's,
     /// and the old one is released, so that nothing of the worker stays on
@@ -410,14 +481,26 @@ impl CudaExecutor {
     /// between requests, its work drained: nothing uses the memory between
     /// the two registrations. Mapped memory keeps its device address (one
     /// address space for host and devices).
+    ///
+    /// What is registered is the response arenas and the pinned pool's
+    /// live blocks alone (`serve/pinned.rs` registers each block as it is
+    /// handed out): the pause grows with the pinned memory the guests hold,
+    /// not with the pool's size, where registering the whole pool again
+    /// was most of it (unregistering 288 MiB alone took 164-174 ms of a
+    /// 205-224 ms pause: docs/measured.md, "Several GPUs"). Where the GPU
+    /// needs the whole pool registered, it still is.
     fn move_registrations(&mut self) -> Result<(), Status> {
         if self.primary.is_null() || self.primary_dev == self.dev {
             return Ok(());
         }
         let t = std::time::Instant::now();
         let mut p: CUcontext = null_mut();
+        // Retained ahead by the migration's preparation (`retain_ahead`),
+        // this is only a count: made here, the context would take 100-170
+        // ms of the pause (measured on H200s).
         // SAFETY: out-parameter on our stack.
         check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut p, self.dev) })?;
+        release_ahead(self.dev);
         // SAFETY: the old primary context, retained by us and alive.
         let _ = unsafe { sys::cuCtxSetCurrent(self.primary) };
         let before: Vec<u64> = self.registered.iter().map(|r| mapped_at(r.0)).collect();
@@ -472,6 +555,45 @@ impl Drop for OldPrimary {
         // SAFETY: balances our retain of this device's primary context;
         // the driver allows it from any thread.
         let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.0) };
+    }
+}
+
+/// The target GPU's primary context, retained while a migration is
+/// prepared so that the move finds it made (see `retain_ahead`).
+static AHEAD: std::sync::Mutex<Option<OldPrimary>> = std::sync::Mutex::new(None);
+
+/// Makes GPU `dev`'s primary context (the host memory's registrations move
+/// there in the migration's pause) and holds it until the move retained it
+/// itself, or a later preparation replaces it. Called on the preparing
+/// thread: making a context is most of what a move to a GPU this worker
+/// never used costs.
+pub(super) fn retain_ahead(dev: CUdevice) -> Result<(), Status> {
+    let mut p: CUcontext = null_mut();
+    // SAFETY: out-parameter on our stack; balanced by `OldPrimary`'s drop.
+    check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut p, dev) })?;
+    let old = AHEAD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .replace(OldPrimary(dev));
+    drop(old);
+    Ok(())
+}
+
+/// Lets go of the context `retain_ahead` held, now that the move to `dev`
+/// holds its own: a count, unless it was made for another GPU (a move that
+/// failed), whose destruction goes on a thread of its own.
+fn release_ahead(dev: CUdevice) {
+    let held = AHEAD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    match held {
+        Some(p) if p.0 != dev => {
+            let _ = std::thread::Builder::new()
+                .name("primary-release".into())
+                .spawn(move || drop(p));
+        }
+        other => drop(other),
     }
 }
 

@@ -15,7 +15,7 @@ use protocol::Status;
 
 use super::check;
 use super::context::{CudaContext, Obj, ObjSpec, CURRENT};
-use super::device::device;
+use super::device::{device, retain_ahead};
 use super::module::func_attr;
 use super::vmm::{
     compression_supported, granted_compression, vmm_access, vmm_free, vmm_new, vmm_reserve,
@@ -155,6 +155,7 @@ fn prepare(
     phys: &[(Handle, usize, u8)],
 ) -> Result<PreparedCtx, Status> {
     let dev = device(ordinal)?;
+    retain_ahead(dev)?;
     let mut ctx: CUcontext = null_mut();
     // SAFETY: out-parameter on our stack; default parameters.
     check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, dev) })?;

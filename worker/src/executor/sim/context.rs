@@ -33,9 +33,10 @@ pub(super) struct SimContext {
     pub(super) queues: Arc<Vec<Mutex<Queue>>>,
     pub(super) device: u32,
     pub(super) addresses: Arc<Mutex<super::addresses::Addresses>>,
-    /// The pinned pool's device range: the model's kernels do not reach
-    /// host memory.
-    pub(super) pinned: (u64, u64),
+    /// The pinned pool's blocks the device reaches (the model's kernels
+    /// do not write host memory, but are refused the rest of the pool as
+    /// on a GPU).
+    pub(super) pinned: super::pinned::Pinned,
     /// The sticky error that poisoned the device's contexts (0: none).
     pub(super) poisoned: Arc<std::sync::atomic::AtomicU32>,
     /// What the context's kernels printed and not yet written (as the

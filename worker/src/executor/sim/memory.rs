@@ -35,10 +35,13 @@ impl SimContext {
         ptr: u64,
         len: u64,
     ) -> Result<(MutexGuard<'_, Bytes>, usize), Status> {
-        let (pool, pool_len) = self.pinned;
-        if ptr >= pool && ptr - pool < pool_len {
-            // Mapped host memory: real kernels reach it; the model's do not.
-            return Err(Status::NotSupported);
+        match self.pinned.reach(ptr, len) {
+            // Mapped host memory this worker registered: real kernels
+            // reach it; the model's do not.
+            Some(Ok(())) => return Err(Status::NotSupported),
+            // The rest of the pool: not mapped for the device.
+            Some(Err(e)) => return Err(e),
+            None => {}
         }
         let fits =
             |base: u64, size: u64| (ptr - base).checked_add(len).is_some_and(|end| end <= size);
@@ -182,6 +185,7 @@ impl Memory for SimContext {
 
     fn htod(&mut self, dst: u64, src: &VolatileSlice<'_>, stream: Handle) -> Result<(), Status> {
         self.alive()?;
+        self.pinned.reach_slice(src)?;
         let len = src.len();
         for (p, n) in self.pieces(dst, len as u64) {
             let (mut buf, off) = self.locate(p, n)?;
@@ -212,6 +216,7 @@ impl Memory for SimContext {
         stream: Handle,
     ) -> Result<(), Status> {
         self.alive()?;
+        self.pinned.reach_slice(dst)?;
         // The model computes at submission: the bytes are those the work
         // submitted before has written.
         let len = dst.len();

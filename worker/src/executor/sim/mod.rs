@@ -13,7 +13,8 @@
 //! `executor/` implemented in the file of its API family (`memory.rs` the
 //! model's device memory and copies, `module.rs`, `launch.rs`, `stream.rs`,
 //! `vmm.rs`, `graphs.rs`, `arrays.rs`, `migrate.rs`), `addresses.rs` the
-//! device addresses it hands out, `kernels.rs` the kernels, `attributes.rs`
+//! device addresses it hands out, `pinned.rs` the pinned pool's blocks it
+//! reaches, `kernels.rs` the kernels, `attributes.rs`
 //! the device attributes it reports.
 
 use std::collections::{BTreeMap, HashMap};
@@ -36,6 +37,7 @@ mod launch;
 mod memory;
 mod migrate;
 mod module;
+mod pinned;
 mod stream;
 mod vmm;
 
@@ -121,8 +123,8 @@ pub struct SimExecutor {
     device: u32,
     addresses: Arc<Mutex<addresses::Addresses>>,
     poisoned: Arc<std::sync::atomic::AtomicU32>,
-    /// The pinned pool's device range (start, length).
-    pinned: (u64, u64),
+    /// The pinned pool and what this worker registered of it.
+    pinned: pinned::Pinned,
 }
 
 impl SimExecutor {
@@ -143,16 +145,30 @@ impl SimExecutor {
             device: 0,
             addresses: Arc::default(),
             poisoned: Arc::default(),
-            pinned: (0, 0),
+            pinned: pinned::Pinned::default(),
         }
     }
 }
 
 impl Executor for SimExecutor {
     fn register_pinned(&mut self, pool: &VolatileSlice<'_>) -> Result<u64, Status> {
-        let base = pool.ptr_guard().as_ptr() as u64;
-        self.pinned = (base, pool.len() as u64);
-        Ok(base)
+        self.pinned.set_pool(pool, true);
+        Ok(pool.ptr_guard().as_ptr() as u64)
+    }
+
+    /// The model reaches registered host memory at its host address, as
+    /// an H100 does.
+    fn pinned_blocks(&mut self, pool: &VolatileSlice<'_>) -> Result<bool, Status> {
+        self.pinned.set_pool(pool, false);
+        Ok(true)
+    }
+
+    fn register_pinned_block(&mut self, block: &VolatileSlice<'_>) -> Result<(), Status> {
+        self.pinned.register(block)
+    }
+
+    fn unregister_pinned_block(&mut self, block: &VolatileSlice<'_>) -> Result<(), Status> {
+        self.pinned.unregister(block)
     }
 
     fn devices(&self) -> u32 {
@@ -215,7 +231,7 @@ impl SimExecutor {
             queues: self.queues.clone(),
             device: self.device,
             addresses: self.addresses.clone(),
-            pinned: self.pinned,
+            pinned: self.pinned.share(),
             poisoned: self.poisoned.clone(),
             printed: Default::default(),
             mem: BTreeMap::new(),

@@ -9,6 +9,7 @@ use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
 use super::super::channel::{hold_for_departed, refuse, reply, ChannelState};
+use super::super::pinned;
 use super::super::shared::{Gpu, Memory, Port, Shared, Slice, Tables};
 use super::super::transfer::{continue_transfer, Inbound, Transfer};
 use super::super::wait::{self, Parked, Then, Wait};
@@ -63,15 +64,19 @@ pub(super) fn handle(
             Ok(())
         }
         Request::PinnedAlloc { size } => {
-            let r = sh.gpu.pinned.alloc(size, s.id);
+            let r = pinned::alloc(&mut sh.gpu, size, s.id);
             if r.is_err() {
-                refuse(&sh.port, c, "pinned pool exhausted");
+                refuse(
+                    &sh.port,
+                    c,
+                    "pinned pool exhausted (or the block not registered)",
+                );
             }
             pinned_used(&sh.port, &sh.gpu);
             reply(&sh.port, c, tag, opc, one(r), &[])
         }
         Request::PinnedFree { offset } => {
-            let r = sh.gpu.pinned.free(offset, s.id);
+            let r = pinned::free(&mut sh.gpu, offset, s.id);
             if r.is_err() {
                 refuse(&sh.port, c, "free of pinned memory it does not own");
             }
@@ -218,7 +223,7 @@ fn pinned_copy(
         .check_range(dev, len)
         .and(s.check_stream(stream))
         .and(gpu.pinned.check(s.id, offset, len))
-        .and_then(|()| super::super::pinned::part(gpu, offset, len))
+        .and_then(|()| pinned::part(gpu, offset, len))
         .and_then(|part| {
             port.stats.copy_bytes.fetch_add(len, Ordering::Relaxed);
             slice.in_period(s, stream, None, |x| {
