@@ -30,6 +30,7 @@ pub mod control;
 pub mod grant;
 pub mod hostcpu;
 pub mod image_store;
+pub mod ipc_relay;
 pub mod link;
 pub mod mps;
 pub mod run_lock;

@@ -53,6 +53,9 @@ enum FeedMsg {
     NewStandby(UnixStream),
     /// The standby takes over, with its grant connection if any.
     Promote(Option<OwnedFd>),
+    /// Hands lane `.0`'s worker the fd of an export it opens
+    /// (`ipc_relay.rs`).
+    IpcFd(u32, u16, u32),
     /// The VM is going: the feed thread closes the feeds and ends.
     Stop,
 }
@@ -95,6 +98,7 @@ impl std::fmt::Debug for FeedMsg {
             FeedMsg::Migrate(..) => "Migrate",
             FeedMsg::NewStandby(_) => "NewStandby",
             FeedMsg::Promote(_) => "Promote",
+            FeedMsg::IpcFd(..) => "IpcFd",
             FeedMsg::Stop => "Stop",
         })
     }
@@ -121,6 +125,10 @@ struct Feeder {
     /// Cleared when the standby is promoted or replaced: from then on its
     /// feed's reader no longer speaks for the standby's readiness.
     standby_live: Arc<AtomicBool>,
+    /// IPC between the VM's workers: its export table and the fds kept.
+    ipc: Arc<crate::ipc_relay::IpcRelay>,
+    /// The feed thread's own queue (IPC answers come back through it).
+    tx: Sender<FeedMsg>,
 }
 
 impl VmHost {
@@ -154,6 +162,8 @@ impl VmHost {
             standby: None,
             standby_ready: standby_ready.clone(),
             standby_live: Arc::default(),
+            ipc: Arc::new(crate::ipc_relay::IpcRelay::new(name)?),
+            tx: tx.clone(),
         };
         // It sleeps until a message comes: an idle VM costs no wake-ups.
         let thread = std::thread::Builder::new()
@@ -376,6 +386,16 @@ impl Feeder {
             }
             FeedMsg::NewStandby(ours) => self.start_standby(ours),
             FeedMsg::Promote(grant) => self.promote(grant),
+            FeedMsg::IpcFd(lane, index, gen) => {
+                let sent = self
+                    .lanes
+                    .get(&lane)
+                    .map(|s| self.ipc.hand_down(s, index, gen));
+                if let Some(Err(e)) = sent {
+                    tracing::warn!(vm = self.name, lane, "worker feed closed: {e}");
+                    self.close_lane(lane);
+                }
+            }
             FeedMsg::Stop => {}
         }
     }
@@ -425,7 +445,7 @@ impl Feeder {
             let _ = ours.shutdown(std::net::Shutdown::Both);
             return;
         }
-        if self.listen_back(&ours, None) {
+        if self.listen_back(&ours, None, lane) {
             self.make_current(ours, lane);
         }
     }
@@ -437,6 +457,7 @@ impl Feeder {
         &self,
         ours: &UnixStream,
         ready: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>,
+        lane: u32,
     ) -> bool {
         let Ok(back) = ours.try_clone() else {
             let _ = ours.shutdown(std::net::Shutdown::Both);
@@ -444,12 +465,18 @@ impl Feeder {
         };
         let reports = self.reports.clone();
         let poisoned = self.poisoned.clone();
+        let (ipc, tx) = (self.ipc.clone(), self.tx.clone());
         let spawned = std::thread::Builder::new()
             .name("feed-back".into())
             .spawn(move || {
                 let (mut pause_us, mut kib) = (0, 0);
-                while let Ok(Some((v, _))) = recv_msg(&back) {
+                while let Ok(Some((v, fd))) = recv_msg(&back) {
                     match v >> 40 {
+                        k if is_ipc(k) => {
+                            for (l, i, g) in ipc.heard(lane, v, fd) {
+                                let _ = tx.send(FeedMsg::IpcFd(l, i, g));
+                            }
+                        }
                         MIGRATION_PAUSE_US => pause_us = decode_value(v),
                         MIGRATION_KIB => kib = decode_value(v),
                         MIGRATED => reports
@@ -466,6 +493,9 @@ impl Feeder {
                         }
                         _ => {}
                     }
+                }
+                for (l, i, g) in ipc.lane_ended(lane) {
+                    let _ = tx.send(FeedMsg::IpcFd(l, i, g));
                 }
                 // A standby that went before it was promoted is not ready.
                 if let Some((r, live)) = &ready {
@@ -503,6 +533,7 @@ impl Feeder {
         if let Some(g) = grant {
             send_msg(s, encode(GRANT, 0, 0), Some(g.as_raw_fd()))?;
         }
+        send_msg(s, encode(IPC_TABLE, 0, 0), Some(self.ipc.table_fd()))?;
         send_msg(s, encode(SYNCED, 0, 0), None)
     }
 
@@ -533,7 +564,7 @@ impl Feeder {
         self.standby_live.store(false, Ordering::Relaxed);
         self.standby_live = Arc::new(AtomicBool::new(true));
         let ready = (self.standby_ready.clone(), self.standby_live.clone());
-        if !self.listen_back(&ours, Some(ready)) {
+        if !self.listen_back(&ours, Some(ready), 0) {
             return;
         }
         self.standby = Some(ours);

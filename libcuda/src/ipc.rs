@@ -5,8 +5,10 @@
 //! A handle names memory the host exported for this process
 //! (`protocol::Request::IpcExport`): a token, the memory's start and size.
 //! Another process of the same VM opens it (`IpcOpen`) and reaches it at
-//! the same address, as every process of a VM is a context of one worker
-//! on the host (see the host's `session/ipc.rs`). Memory the exporter
+//! the address the host answers: the exporter's own where the VM's
+//! processes are contexts of one worker, one its own worker chose where
+//! each has a worker of its own (process slots; see the host's
+//! `session/ipc.rs` and `serve/requests/ipc_across.rs`). Memory the exporter
 //! frees stays until the last opener closes it, as the driver keeps it;
 //! once the exporter's process ends, the host refuses the opener's copies
 //! and memsets on it. A handle from another VM names nothing there

@@ -4,12 +4,16 @@
 //! exporter's bytes and writes its own, which the exporter sees; memory the
 //! exporter frees stays while the opener has it open, and is freed once it
 //! closes it; then the handles open nothing; all the memory comes back.
+//! Then the same where each process has a worker of its own (process
+//! slots), the stand-in unchanged.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use tests::{assert_lines, build_c_standin, run_program, standin, Host};
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
+use tests::{assert_lines, build_c_standin, cargo_build, run_program, standin, Host};
 
 /// A program of `tests/c/ipc.c` running with its stdin and stdout piped.
 struct Driven {
@@ -73,13 +77,38 @@ impl Driven {
 fn ipc_handles_share_memory_between_processes_of_a_vm() {
     let host = Host::start("ipc", 256 << 20);
     let dir = host.socket.parent().unwrap().to_owned();
-    let lib = standin(&dir);
-    let exe = build_c_standin("ipc", &dir, &lib, &[]);
+    sequence(&dir, &host.socket);
+    host.wait_program_freed();
+}
 
-    let mut exporter = Driven::start(&exe, &["export"], &lib, &host.socket);
+/// The same programs where each process of the VM has a worker of its own
+/// (process slots): the handles cross worker processes (`ipc_across.rs`).
+#[test]
+fn ipc_handles_share_memory_between_processes_of_a_vm_with_process_slots() {
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 3;
+    let d = DaemonProc::start(
+        &cargo_build("cli").join("fairvgpu"),
+        "ipc-slots",
+        ExecutorKind::Sim,
+        &[vm],
+    )
+    .unwrap();
+    let socket = d.socket("vm1");
+    let dir = socket.parent().unwrap().to_owned();
+    sequence(&dir, &socket);
+}
+
+/// Runs `tests/c/ipc.c`'s exporter, importer and stale-handle programs on
+/// the VM at `socket` and checks what each printed.
+fn sequence(dir: &Path, socket: &Path) {
+    let lib = standin(dir);
+    let exe = build_c_standin("ipc", dir, &lib, &[]);
+
+    let mut exporter = Driven::start(&exe, &["export"], &lib, socket);
     let handle = exporter.until("handle ");
     let event = exporter.until("event ");
-    let mut importer = Driven::start(&exe, &["import", &handle, &event], &lib, &host.socket);
+    let mut importer = Driven::start(&exe, &["import", &handle, &event], &lib, socket);
     importer.until("written");
     exporter.say("check");
     exporter.until("freed");
@@ -89,7 +118,7 @@ fn ipc_handles_share_memory_between_processes_of_a_vm() {
         &exe,
         &["stale", handle.as_str()],
         &lib.to_string_lossy(),
-        &host.socket,
+        socket,
         &[],
     );
     exporter.say("exit");
@@ -132,5 +161,4 @@ fn ipc_handles_share_memory_between_processes_of_a_vm() {
             "ipc stale: all checks passed",
         ],
     );
-    host.wait_program_freed();
 }

@@ -4,17 +4,46 @@
 //! importer maps the exporter's VMM memory and both see each other's
 //! writes; a pool and one of its allocations are imported and read;
 //! descriptors that are not handles are refused; once the exporter ends its
-//! descriptors import nothing, and all the memory comes back.
+//! descriptors import nothing, and all the memory comes back. Then the same
+//! where each process has a worker of its own (process slots).
 
-use tests::{assert_lines, build_c_standin, run_program, standin, Host};
+use std::path::Path;
+
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
+use tests::{assert_lines, build_c_standin, cargo_build, run_program, standin, Host};
 
 #[test]
 fn shareable_handles_share_vmm_memory_and_pools_between_processes_of_a_vm() {
     let host = Host::start("shareable", 256 << 20);
     let dir = host.socket.parent().unwrap().to_owned();
-    let lib = standin(&dir);
-    let exe = build_c_standin("shareable", &dir, &lib, &[]);
-    let out = run_program::<&str>(&exe, &[], &lib.to_string_lossy(), &host.socket, &[]);
+    run(&dir, &host.socket);
+    host.wait_program_freed();
+}
+
+/// The same program where each process of the VM has a worker of its own
+/// (process slots): the handles cross worker processes (`ipc_across.rs`).
+#[test]
+fn shareable_handles_pass_between_processes_of_a_vm_with_process_slots() {
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 3;
+    let d = DaemonProc::start(
+        &cargo_build("cli").join("fairvgpu"),
+        "shareable-slots",
+        ExecutorKind::Sim,
+        &[vm],
+    )
+    .unwrap();
+    let socket = d.socket("vm1");
+    run(socket.parent().unwrap(), &socket);
+}
+
+/// Runs `tests/c/shareable.c` on the VM at `socket` and checks what it
+/// printed.
+fn run(dir: &Path, socket: &Path) {
+    let lib = standin(dir);
+    let exe = build_c_standin("shareable", dir, &lib, &[]);
+    let out = run_program::<&str>(&exe, &[], &lib.to_string_lossy(), socket, &[]);
     assert_lines(
         &out,
         &[
@@ -44,5 +73,4 @@ fn shareable_handles_share_vmm_memory_and_pools_between_processes_of_a_vm() {
             "shareable: all checks passed",
         ],
     );
-    host.wait_program_freed();
 }

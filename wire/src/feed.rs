@@ -35,6 +35,37 @@ pub const READY: i64 = 12;
 /// grant service (a confined worker cannot connect).
 pub const GRANT: i64 = 13;
 
+// IPC between the workers of a VM with process slots (the worker's
+// `exports.rs`, the daemon's `ipc_relay.rs`). An entry of the VM's export
+// table is named by its index (bits 24..40) and generation (bits 0..24).
+/// Daemon -> a process slot's worker, in its snapshot: the VM's export
+/// table (a memfd only the VM's workers share).
+pub const IPC_TABLE: i64 = 20;
+/// Worker -> daemon: it exported the entry, with the fd an opener needs
+/// (if any); the entry is revoked when the worker's feed ends.
+pub const IPC_EXPORTED: i64 = 21;
+/// Worker -> daemon: it opens the entry and needs its fd.
+pub const IPC_WANT: i64 = 22;
+/// Daemon -> worker: the entry's fd it asked for (none: none kept).
+pub const IPC_FD: i64 = 23;
+
+/// Whether `kind` is one of the IPC messages.
+pub fn is_ipc(kind: i64) -> bool {
+    (IPC_TABLE..=IPC_FD).contains(&kind)
+}
+
+/// An IPC message naming entry `index` of generation `gen` (its low 24
+/// bits).
+pub fn encode_entry(kind: i64, index: u16, gen: u32) -> i64 {
+    (kind << 40) | (i64::from(index) << 24) | i64::from(gen & 0xff_ffff)
+}
+
+/// The entry an IPC message names: (index, generation's low 24 bits).
+pub fn decode_entry(v: i64) -> (u16, u32) {
+    let gen = u32::from(u16_at(v, 0)) | (u32::from(u16_at(v, 16) & 0xff) << 16);
+    (u16_at(v, 24), gen)
+}
+
 /// What a worker reported of a migration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MigrationReport {
@@ -134,6 +165,26 @@ mod tests {
         ] {
             assert_eq!(decode(encode(kind, peer, vector)), (kind, peer, vector));
         }
+    }
+
+    #[test]
+    fn ipc_entries_round_trip() {
+        for (k, i, g) in [
+            (IPC_EXPORTED, 0, 0),
+            (IPC_FD, u16::MAX, 0xff_ffff),
+            (IPC_WANT, 7, 9),
+        ] {
+            let v = encode_entry(k, i, g);
+            assert_eq!(decode(v).0, k);
+            assert!(is_ipc(decode(v).0));
+            assert_eq!(decode_entry(v), (i, g));
+        }
+        assert_eq!(
+            decode_entry(encode_entry(IPC_FD, 1, 1 << 24 | 5)),
+            (1, 5),
+            "24 bits kept"
+        );
+        assert!(!is_ipc(GRANT));
     }
 
     #[test]

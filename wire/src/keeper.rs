@@ -24,6 +24,10 @@ pub enum Keeper {
     /// shareable handle (exported or imported): both hold the same memory,
     /// which one of them cannot take to another GPU alone.
     SharedHandle,
+    /// IPC memory or an event opened by a process another worker of the
+    /// VM serves (process slots), or opened here from one: the other
+    /// worker holds the driver's handle on this GPU.
+    IpcAcrossWorkers,
     /// Something the executor does not know how to make again.
     Other,
 }
@@ -38,6 +42,7 @@ impl Keeper {
             Keeper::ConditionalGraph => 4,
             Keeper::CompressibleMemory => 5,
             Keeper::SharedHandle => 6,
+            Keeper::IpcAcrossWorkers => 7,
             Keeper::Other => 127,
         }
     }
@@ -52,6 +57,7 @@ impl Keeper {
             4 => Some(Keeper::ConditionalGraph),
             5 => Some(Keeper::CompressibleMemory),
             6 => Some(Keeper::SharedHandle),
+            7 => Some(Keeper::IpcAcrossWorkers),
             _ => Some(Keeper::Other),
         }
     }
@@ -75,6 +81,10 @@ impl Keeper {
             }
             Keeper::SharedHandle => {
                 "VMM memory shared with another process through a shareable handle"
+            }
+            Keeper::IpcAcrossWorkers => {
+                "IPC memory or an event open between processes of the VM served by different \
+                 workers (close the handles to move)"
             }
             Keeper::Other => "an object the executor cannot make again on another GPU",
         }
@@ -100,6 +110,7 @@ mod tests {
             Keeper::ConditionalGraph,
             Keeper::CompressibleMemory,
             Keeper::SharedHandle,
+            Keeper::IpcAcrossWorkers,
             Keeper::Other,
         ] {
             assert_eq!(Keeper::from_code(k.code()), Some(k));

@@ -55,6 +55,9 @@ pub struct Feed {
     back: UnixStream,
     /// A promoted standby's connection to its GPU's grant service.
     grant: Option<OwnedFd>,
+    /// IPC across the VM's workers: its export table and the fds the
+    /// daemon hands over (`exports.rs`).
+    ipc: (Option<OwnedFd>, Arc<crate::exports::Mailbox>),
 }
 
 /// A feed read up to the region: a standby worker's, until the daemon
@@ -131,6 +134,8 @@ impl FeedStart {
     pub fn finish(self) -> Result<Feed, Error> {
         let sock = self.sock;
         let mut grant = None;
+        let mut ipc_table = None;
+        let mailbox: Arc<crate::exports::Mailbox> = Arc::default();
         let mut host_bells: BTreeMap<u16, Arc<EventFdBell>> = BTreeMap::new();
         let peers: PeerBells = Arc::default();
         let limit = Arc::new(AtomicU64::new(0));
@@ -141,6 +146,7 @@ impl FeedStart {
             let (kind, peer, vector) = decode(v);
             match (kind, fd) {
                 (GRANT, Some(fd)) => grant = Some(fd),
+                (wire::feed::IPC_TABLE, Some(fd)) => ipc_table = Some(fd),
                 (HOST_BELL, Some(fd)) => {
                     host_bells.insert(vector, Arc::new(EventFdBell::from_fd(fd)));
                 }
@@ -160,6 +166,7 @@ impl FeedStart {
         {
             let (peers, closed, limit) = (peers.clone(), closed.clone(), limit.clone());
             let (migration, asked) = (migration.clone(), migration_asked.clone());
+            let mailbox = mailbox.clone();
             // What the feed brings, the serving thread must see even while
             // it sleeps: every message rings its bells.
             let wake = host_bells.clone();
@@ -186,6 +193,9 @@ impl FeedStart {
                                 *migration.lock().unwrap_or_else(|e| e.into_inner()) =
                                     Some((u32::from(vector), fd));
                                 asked.store(true, Ordering::Release);
+                            } else if kind == wire::feed::IPC_FD {
+                                let (index, gen) = wire::feed::decode_entry(v);
+                                mailbox.put(index, gen, fd);
                             } else if apply(&peers, kind, peer, vector, fd).is_err() {
                                 tracing::warn!("unexpected feed message {v:#x}");
                             }
@@ -208,6 +218,7 @@ impl FeedStart {
             migration_asked,
             back,
             grant,
+            ipc: (ipc_table, mailbox),
         })
     }
 }
@@ -352,6 +363,32 @@ impl PeerLink {
     pub fn report_poisoned(&self) {
         if let PeerLink::Feed(f) = self {
             let _ = send_msg(&f.back, POISONED << 40, None);
+        }
+    }
+
+    /// The VM's export table the daemon fed (a process slot's worker), once.
+    pub fn take_ipc_table(&mut self) -> Option<OwnedFd> {
+        match self {
+            PeerLink::Local(_) => None,
+            PeerLink::Feed(f) => f.ipc.0.take(),
+        }
+    }
+
+    /// Says an IPC message (`wire::feed`'s `IPC_*`) to the daemon; false
+    /// if there is no daemon or it did not take it.
+    pub fn say_ipc(&self, v: i64, fd: Option<RawFd>) -> bool {
+        match self {
+            PeerLink::Local(_) => false,
+            PeerLink::Feed(f) => send_msg(&f.back, v, fd).is_ok(),
+        }
+    }
+
+    /// The daemon's answer to an `IPC_WANT` of entry (`index`, `gen`), if
+    /// it came.
+    pub fn ipc_answer(&self, index: u16, gen: u32) -> Option<Option<OwnedFd>> {
+        match self {
+            PeerLink::Local(_) => None,
+            PeerLink::Feed(f) => f.ipc.1.take(index, gen),
         }
     }
 

@@ -377,6 +377,7 @@ impl Session {
         };
         self.allocs.remove(&base);
         let charge = self.charges.remove(&base).unwrap_or(0);
+        e.withdraw();
         self.orphans.push(base, charge, e);
         true
     }
@@ -392,6 +393,7 @@ impl Session {
             return false;
         };
         self.events.remove(&e);
+        x.withdraw();
         self.event_orphans.push(e, 0, x);
         true
     }
@@ -401,10 +403,25 @@ impl Session {
     /// handle (its other holder could not follow).
     pub fn migration_keeper_to(&self, gpu: u32) -> Option<crate::executor::Keeper> {
         self.ctx.migration_keeper_to(gpu).or_else(|| {
+            if self.ipc_across() {
+                return Some(crate::executor::Keeper::IpcAcrossWorkers);
+            }
             self.shares
                 .any()
                 .then_some(crate::executor::Keeper::SharedHandle)
         })
+    }
+
+    /// Whether it holds IPC memory or events open across the VM's workers
+    /// (opened from another worker's process, or its own opened by one):
+    /// the other worker holds the driver's handles on this GPU, so the
+    /// vGPU stays while they are open (see `requests/ipc_across.rs`).
+    pub fn ipc_across(&self) -> bool {
+        !self.imports.remote().is_empty()
+            || self.imported_events.any_remote()
+            || self.exported.any_opened_across()
+            || self.exported_events.any_opened_across()
+            || self.orphans.any_opened_across()
     }
 
     /// Uncounts what a detached allocation took, once freed.

@@ -36,7 +36,7 @@ pub use arrays::{ArrayOp, Arrays};
 pub use conditional::Conditionals;
 pub use event::Events;
 pub use graph::Graphs;
-pub use ipc::{Ipc, SharedMem};
+pub use ipc::{Ipc, Portable, SharedMem};
 pub use launch::{launch_each, Launch, Launches, Queued};
 pub use limits::Limits;
 pub use memory::Memory;

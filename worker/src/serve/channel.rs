@@ -138,7 +138,11 @@ fn serve_unbound(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) -> Re
                     sh.port.stats.count_contexts(&sh.gpu.contexts.counts);
                     return Ok(false);
                 }
-                Ok(Some(ctx)) => {
+                Ok(Some(mut ctx)) => {
+                    if sh.tables.vm.is_some() && sh.port.slot.is_some() {
+                        // Its IPC handles go to other workers (`ipc_across.rs`).
+                        ctx.set_across();
+                    }
                     sh.port.stats.requests.fetch_add(1, Ordering::Relaxed);
                     sh.port.stats.count_contexts(&sh.gpu.contexts.counts);
                     let pid = sh.port.region.owner_pid(c.host.index()).unwrap_or(0);

@@ -406,6 +406,8 @@ impl Worker {
             tracing::info!("contexts made ahead; every thread confined");
         }
         self.maybe_report(last_report)?;
+        // Memory of ended processes that other workers held, let go since.
+        super::requests::share::settle_kept(&mut self.sh.mem, &mut self.sh.tables);
         if let (Some(k), Some(l)) = (self.sh.port.slot, &self.sh.mem.ledger) {
             // Its process, for the VM's monitors (see `status.rs`).
             let p = self.sessions.first_process();

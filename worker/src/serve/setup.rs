@@ -229,9 +229,14 @@ impl Worker {
     fn build(
         cfg: &WorkerConfig,
         dev: Device,
-        link: PeerLink,
+        mut link: PeerLink,
         gate: Option<crate::gate::Gate>,
     ) -> Result<Worker, Error> {
+        // A process slot's worker opens what the VM's other workers export.
+        let vm_exports = match (cfg.slot, link.take_ipc_table()) {
+            (Some(_), Some(fd)) => Some(Arc::new(crate::exports::VmExports::shared(fd)?)),
+            _ => None,
+        };
         let Device {
             exec,
             region,
@@ -288,7 +293,10 @@ impl Worker {
                     contexts,
                     sm_count: info.sm_count.max(1),
                 },
-                tables: shared::Tables::default(),
+                tables: shared::Tables {
+                    vm: vm_exports,
+                    ..Default::default()
+                },
                 port: shared::Port {
                     region,
                     link,

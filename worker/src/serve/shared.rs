@@ -55,6 +55,9 @@ pub(super) struct Tables {
     pub ipc_events: crate::session::ipc::Exports,
     /// Shareable handles (VMM memory, pools; `requests/share.rs`).
     pub shares: super::requests::share::WorkerShares,
+    /// The VM's export table, where each of its processes has a worker
+    /// of its own (`exports.rs`): what the others exported.
+    pub vm: Option<Arc<crate::exports::VmExports>>,
 }
 
 /// The worker's side toward its guests: the region and its peers, what

@@ -27,6 +27,9 @@ pub(super) enum Wait {
     /// A guest host function to hand out (`Request::WaitHostFn`), until
     /// the deadline (then: none yet).
     HostFn { until: std::time::Instant },
+    /// The fd of another worker's export it opens, from the daemon
+    /// (`requests/ipc_across.rs`).
+    IpcFd(super::requests::ipc_across::OpenWait),
 }
 
 /// What follows once it is there.
@@ -76,6 +79,7 @@ pub(super) fn poll(sh: &mut Shared, c: &mut ChannelState, s: &mut Session) -> Re
             r => r,
         },
         Wait::HostFn { until } => return hand_out_host_fn(sh, c, s, until),
+        Wait::IpcFd(w) => return super::requests::ipc_across::poll_open(sh, c, s, w),
     };
     if let Ok(false) = r {
         return Ok(false);
@@ -162,6 +166,6 @@ impl Parked {
     /// Whether it waits for the device (not for a guest's host function
     /// that may never come).
     pub fn on_device(&self) -> bool {
-        !matches!(self.wait, Wait::HostFn { .. })
+        !matches!(self.wait, Wait::HostFn { .. } | Wait::IpcFd(_))
     }
 }

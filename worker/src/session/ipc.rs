@@ -25,6 +25,14 @@
 //!   after free does. A process never opens its own export (the driver
 //!   says `CUDA_ERROR_INVALID_CONTEXT`).
 //!
+//! Where each process of the VM has a worker of its own (process slots),
+//! an export is also published in the VM's export table
+//! (`exports.rs`, [`VmLink`]) and another worker opens it through the
+//! driver's own inter-process handles, at an address of its own
+//! (`serve/requests/ipc_across.rs`). There the opener keeps what it opened
+//! after the exporter ends, as the driver keeps it, and the memory stays
+//! counted to the vGPU until it closes it.
+//!
 //! Events are exported the same way, from a table of their own: the opener
 //! gets a handle of its own for the exporter's event (the driver's event,
 //! which every context of the process can use; [`OpenedEvents`]). An event
@@ -40,6 +48,22 @@ use std::sync::Arc;
 use protocol::Status;
 
 use crate::executor::SharedMem;
+use crate::exports::VmExports;
+
+/// An export's entry in the VM's export table (a VM whose processes each
+/// have a worker of their own, `exports.rs`): the exporter's, or an
+/// opener's (`opener`: its slot).
+#[derive(Debug)]
+pub struct VmLink {
+    /// The table.
+    pub table: Arc<VmExports>,
+    /// The entry's index.
+    pub index: u16,
+    /// Its generation.
+    pub gen: u32,
+    /// The opener's slot, for an opener's link.
+    pub opener: Option<u32>,
+}
 
 /// Exports a worker keeps at most (live ones; each names an allocation or
 /// mapping of a live process).
@@ -65,6 +89,8 @@ pub struct Export {
     /// The token of the pool it was exported from (0: none; see
     /// `session::share`).
     tag: AtomicU64,
+    /// Its entry in the VM's export table, if published there.
+    vm: std::sync::OnceLock<VmLink>,
 }
 
 impl Export {
@@ -72,15 +98,80 @@ impl Export {
         self.alive.load(Ordering::Acquire)
     }
 
-    /// Whether some other session has it open.
+    /// Whether some other session has it open (of this worker, or of
+    /// another worker of the VM).
     pub fn opened(&self) -> bool {
         self.opens.load(Ordering::Acquire) > 0
+            || self
+                .vm
+                .get()
+                .is_some_and(|l| l.opener.is_none() && l.table.opened(l.index, l.gen))
     }
 
     fn revoke(&self) {
         self.alive.store(false, Ordering::Release);
+        if let Some(l) = self.vm.get().filter(|l| l.opener.is_none()) {
+            l.table.revoke(l.index, l.gen);
+        }
     }
 
+    /// Its memory is freed while opened: no other worker opens it anew (as
+    /// the driver refuses the handle of freed memory); those that have it
+    /// keep it.
+    pub fn withdraw(&self) {
+        if let Some(l) = self.vm.get().filter(|l| l.opener.is_none()) {
+            l.table.revoke(l.index, l.gen);
+        }
+    }
+
+    /// Records its entry in the VM's export table (once).
+    pub fn link(&self, l: VmLink) {
+        let _ = self.vm.set(l);
+    }
+
+    /// Its entry in the VM's export table, if any.
+    pub fn vm_link(&self) -> Option<&VmLink> {
+        self.vm.get()
+    }
+
+    /// Memory another worker of the VM exported, opened by this one at
+    /// `base` (`link`: the opener's).
+    pub fn opened_remote(base: u64, size: u64, link: VmLink) -> Arc<Export> {
+        let e = Export {
+            owner: u64::MAX,
+            base,
+            size,
+            mem: SharedMem::default(),
+            alive: AtomicBool::new(true),
+            opens: AtomicU32::new(0),
+            tag: AtomicU64::new(0),
+            vm: std::sync::OnceLock::new(),
+        };
+        let _ = e.vm.set(link);
+        Arc::new(e)
+    }
+
+    /// Whether it is another worker's memory opened here.
+    pub fn is_remote(&self) -> bool {
+        self.vm.get().is_some_and(|l| l.opener.is_some())
+    }
+}
+
+impl Drop for Export {
+    fn drop(&mut self) {
+        match self.vm.get() {
+            Some(
+                l @ VmLink {
+                    opener: Some(slot), ..
+                },
+            ) => l.table.close(l.index, l.gen, *slot),
+            Some(l) => l.table.revoke(l.index, l.gen),
+            None => {}
+        }
+    }
+}
+
+impl Export {
     /// Whether its token still names it.
     pub fn is_alive(&self) -> bool {
         self.alive()
@@ -148,6 +239,7 @@ impl Exports {
             alive: AtomicBool::new(true),
             opens: AtomicU32::new(0),
             tag: AtomicU64::new(0),
+            vm: std::sync::OnceLock::new(),
         });
         self.by_token.insert(token, e.clone());
         Ok((token, e))
@@ -226,6 +318,14 @@ impl Exported {
         self.0.is_empty()
     }
 
+    /// Whether another worker of the VM has one of them open.
+    pub fn any_opened_across(&self) -> bool {
+        self.0.values().any(|(_, e)| {
+            e.vm_link()
+                .is_some_and(|l| l.opener.is_none() && l.table.opened(l.index, l.gen))
+        })
+    }
+
     /// The memory at `[start, end)` is gone: revokes every export in it.
     pub fn revoke(&mut self, start: u64, end: u64) {
         let gone: Vec<u64> = self.0.range(start..end).map(|(&b, _)| b).collect();
@@ -276,6 +376,14 @@ impl Orphans {
 }
 
 impl Orphans {
+    /// Whether another worker of the VM still has one of them open.
+    pub fn any_opened_across(&self) -> bool {
+        self.0.iter().any(|(_, _, e)| {
+            e.vm_link()
+                .is_some_and(|l| l.opener.is_none() && l.table.opened(l.index, l.gen))
+        })
+    }
+
     /// Takes out every one someone still has open, revoked: (charge,
     /// export).
     pub fn take_opened(&mut self) -> Vec<(u64, Arc<Export>)> {
@@ -339,6 +447,16 @@ impl Imports {
         }
     }
 
+    /// Opens the range opened at `base` once more.
+    pub fn open_again(&mut self, base: u64) -> Result<(), Status> {
+        let i = self.0.get_mut(&base).ok_or(Status::InvalidValue)?;
+        if i.opens >= MAX_OPENS {
+            return Err(Status::OutOfMemory);
+        }
+        i.opens += 1;
+        Ok(())
+    }
+
     /// Closes the range opened at `base` once; true if that was its last
     /// open (the context must forget it).
     pub fn close(&mut self, base: u64) -> Result<bool, Status> {
@@ -351,6 +469,31 @@ impl Imports {
             i.export.opens.fetch_sub(1, Ordering::AcqRel);
         }
         Ok(true)
+    }
+
+    /// The start of this session's open of another worker's entry
+    /// (`index`, `gen`), if it has one.
+    pub fn remote_base(&self, index: u16, gen: u32) -> Option<u64> {
+        self.0.iter().find_map(|(&b, i)| {
+            i.export
+                .vm_link()
+                .filter(|l| l.opener.is_some() && l.index == index && l.gen == gen)
+                .map(|_| b)
+        })
+    }
+
+    /// Whether the range opened at `base` is another worker's memory.
+    pub fn is_remote(&self, base: u64) -> bool {
+        self.0.get(&base).is_some_and(|i| i.export.is_remote())
+    }
+
+    /// The starts of every range of another worker's it has open.
+    pub fn remote(&self) -> Vec<u64> {
+        self.0
+            .iter()
+            .filter(|(_, i)| i.export.is_remote())
+            .map(|(&b, _)| b)
+            .collect()
     }
 
     /// Whether `[ptr, end)` lies in one range opened and still exported.
@@ -393,6 +536,23 @@ impl OpenedEvents {
             }
             None => false,
         }
+    }
+
+    /// The export of another worker's entry (`index`, `gen`) it opened,
+    /// if it holds a handle for it.
+    pub fn remote(&self, index: u16, gen: u32) -> Option<Arc<Export>> {
+        self.0
+            .values()
+            .find(|e| {
+                e.vm_link()
+                    .is_some_and(|l| l.opener.is_some() && l.index == index && l.gen == gen)
+            })
+            .cloned()
+    }
+
+    /// Whether it holds an event of another worker's.
+    pub fn any_remote(&self) -> bool {
+        self.0.values().any(|e| e.is_remote())
     }
 
     /// Whether `handle` names an event still exported.
@@ -511,6 +671,61 @@ mod tests {
         orphans.push(0x3000_0000, 1, mine.take_opened(0x3000_0000).unwrap());
         drop(orphans);
         assert!(!holder.covers(0x3000_0000, 0x3000_0001));
+    }
+
+    /// An export published in the VM's table is opened by another
+    /// worker (slot 2): it counts as opened for the exporter until that
+    /// worker's proxy goes; freed meanwhile, it waits for it; the entry is
+    /// free once both let go.
+    #[test]
+    fn an_export_opened_by_another_worker_waits_for_it() {
+        use crate::exports::{Kind, Publish, VmExports};
+        let fd = VmExports::create("fvg-ipc-across").unwrap();
+        let here = Arc::new(VmExports::shared(fd.try_clone().unwrap()).unwrap());
+        let there = Arc::new(VmExports::shared(fd).unwrap());
+        let mut t = Exports::default();
+        let mut mine = Exported::default();
+        let (tok, e) = export(&mut t, 1, 0x1000_0000);
+        let (index, gen) = here
+            .publish(&Publish {
+                token: tok,
+                kind: Kind::Mem,
+                owner: 1,
+                size: 4096,
+                handle: [0; 64],
+                has_fd: true,
+            })
+            .unwrap();
+        let link = |table: &Arc<VmExports>, opener| VmLink {
+            table: table.clone(),
+            index,
+            gen,
+            opener,
+        };
+        e.link(link(&here, None));
+        mine.insert(tok, e);
+        assert!(!mine.any_opened_across());
+        // The other worker opens it (its bit, then its proxy).
+        let found = there.find(tok).unwrap();
+        assert!(there.open(found.index, found.gen, 2));
+        let proxy = Export::opened_remote(0x7000_0000, 4096, link(&there, Some(2)));
+        let mut theirs = Imports::default();
+        assert!(theirs.open(proxy).unwrap());
+        assert!(theirs.remote_base(index, gen) == Some(0x7000_0000));
+        assert!(mine.any_opened_across());
+        // Freed by its exporter: kept, no new opens, still opened.
+        let kept = mine.take_opened(0x1000_0000).expect("opened elsewhere");
+        kept.withdraw();
+        assert!(there.find(tok).is_none(), "no new opens");
+        let mut orphans = Orphans::default();
+        orphans.push(0x1000_0000, 4096, kept);
+        assert!(orphans.any_opened_across());
+        assert!(orphans.closed().is_empty());
+        // The other worker closes it: let go everywhere.
+        assert!(theirs.close(0x7000_0000).unwrap());
+        assert!(!orphans.any_opened_across());
+        assert_eq!(orphans.closed(), vec![(0x1000_0000, 4096)]);
+        assert!(here.entry(index, gen).is_none(), "the entry is free");
     }
 
     #[test]

@@ -23,6 +23,9 @@
 //!   new imports) and what importers still hold stays counted to the vGPU
 //!   (`worker::share`) until they let go or end. Physical memory is freed
 //!   when its last holder, exporter or importer, lets go.
+//! - Where each process has a worker of its own (process slots), exports
+//!   are also published in the VM's export table and opened by another
+//!   worker through a POSIX fd of the driver's (`serve/requests/ipc_across.rs`).
 //! - Pools live in the guest; the host keeps a token per exported pool
 //!   and which pools a process imported, and a pool's allocation is
 //!   exported as IPC memory tagged with its pool's token: it is imported
@@ -71,6 +74,16 @@ impl Shares {
             .iter()
             .find(|(_, x)| Arc::ptr_eq(x, e))
             .map(|(&h, _)| h)
+    }
+
+    /// This session's handle for another worker's entry (`index`, `gen`),
+    /// if it imported it before.
+    pub fn remote_import(&self, index: u16, gen: u32) -> Option<Handle> {
+        self.imported.iter().find_map(|(&h, e)| {
+            e.vm_link()
+                .filter(|l| l.opener.is_some() && l.index == index && l.gen == gen)
+                .map(|_| h)
+        })
     }
 
     /// Whether `handle` is an import.

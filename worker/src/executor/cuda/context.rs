@@ -120,6 +120,10 @@ pub(super) struct CudaContext {
     /// The guest's arrays, texture and surface objects (see `arrays.rs`):
     /// a context holding any stays on its GPU.
     pub(super) arrays: super::arrays::CudaArrays,
+    /// Memory of other workers' processes opened here (see `ipc.rs`).
+    pub(super) opened: std::collections::HashMap<u64, super::ipc::Opened>,
+    /// Its interprocess events are made so (process slots, `ipc.rs`).
+    pub(super) ipc_events: bool,
 }
 
 // SAFETY: a CUcontext may be used from any thread once made current there;
@@ -186,6 +190,8 @@ impl CudaContext {
             graphs: Default::default(),
             scopes: Default::default(),
             arrays: Default::default(),
+            opened: Default::default(),
+            ipc_events: false,
         })
     }
 

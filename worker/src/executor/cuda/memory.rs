@@ -11,7 +11,7 @@ use vm_memory::VolatileSlice;
 use super::check;
 use super::context::CudaContext;
 use super::vmm::{vmm_free, vmm_new, VmmAlloc};
-use crate::executor::{Handle, Ipc, Memory};
+use crate::executor::{Handle, Memory};
 
 impl CudaContext {
     /// The stream of device-to-host copies into the arenas.
@@ -153,7 +153,3 @@ impl Memory for CudaContext {
         check(r)
     }
 }
-
-/// Memory shared with another context of the worker needs nothing on a GPU:
-/// every context of a process reaches every device address.
-impl Ipc for CudaContext {}

@@ -27,6 +27,7 @@ mod context;
 mod device;
 mod globals;
 mod graph;
+mod ipc;
 mod launch;
 mod memory;
 mod migrate;

@@ -147,7 +147,13 @@ impl Events for CudaContext {
         // interprocess event, used from another context of the process,
         // crashes it (an H100 with driver 580, `scripts/gpu/ipc.sh`: a
         // segfault in cuStreamWaitEvent; a plain event works there).
-        let flags = flags & !(sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32);
+        // Kept where each process has a worker of its own (process slots):
+        // another process opens it in its own worker (`ipc.rs`).
+        let flags = if self.ipc_events {
+            flags
+        } else {
+            flags & !(sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32)
+        };
         let mut e: sys::CUevent = null_mut();
         // SAFETY: out-parameter on our stack.
         check(unsafe { sys::cuEventCreate(&mut e, flags) })?;

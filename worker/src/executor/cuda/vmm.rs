@@ -110,6 +110,7 @@ pub(super) fn vmm_prop(ordinal: u32) -> sys::CUmemAllocationProp {
     prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = location_id(ordinal);
+    super::ipc::request_fd(&mut prop, ordinal);
     prop
 }
 

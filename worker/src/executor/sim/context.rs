@@ -54,6 +54,10 @@ pub(super) struct SimContext {
     /// Events: when the device passes each one's last record (shared with
     /// contexts of the worker that opened it by IPC handle).
     pub(super) events: HashMap<Handle, SimEvent>,
+    /// Events shared with another worker of the VM (IPC across process
+    /// slots): a memfd word both map, the time of the last record as
+    /// `CLOCK_MONOTONIC` nanoseconds (0: none), the truth for either.
+    pub(super) event_pages: HashMap<Handle, super::bytes::Bytes>,
     pub(super) streams: HashMap<Handle, Instant>,
     /// Stream attributes set (and each stream's priority), by stream and
     /// `CUstreamAttrID`; unset ones read their defaults.

@@ -6,14 +6,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use protocol::Status;
 use vm_memory::VolatileSlice;
 
+use super::bytes::Bytes;
 use super::context::SimContext;
-use crate::executor::{Handle, Ipc, Memory, SharedMem};
+use crate::executor::{Handle, Ipc, Memory, Portable, SharedMem};
 
 /// Bytes of model memory: an allocation's, or a VMM handle's. Shared with
 /// the contexts of the worker that import it (IPC, see
 /// [`SimContext::share_mem`]), as every context of one process reaches
 /// every device address on a GPU.
-pub(super) type Buf = Arc<Mutex<Vec<u8>>>;
+pub(super) type Buf = Arc<Mutex<Bytes>>;
 
 /// Memory another context of the worker imports: its bytes and where the
 /// range starts in them.
@@ -22,7 +23,7 @@ pub(super) struct SharedBuf {
     pub offset: u64,
 }
 
-pub(super) fn lock(b: &Buf) -> MutexGuard<'_, Vec<u8>> {
+pub(super) fn lock(b: &Buf) -> MutexGuard<'_, Bytes> {
     b.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -33,7 +34,7 @@ impl SimContext {
         &self,
         ptr: u64,
         len: u64,
-    ) -> Result<(MutexGuard<'_, Vec<u8>>, usize), Status> {
+    ) -> Result<(MutexGuard<'_, Bytes>, usize), Status> {
         match self.pinned.reach(ptr, len) {
             // Mapped host memory this worker registered: real kernels
             // reach it; the model's do not.
@@ -161,7 +162,7 @@ pub(super) fn zeroed(size: u64) -> Result<Buf, Status> {
     buf.try_reserve_exact(len)
         .map_err(|_| Status::OutOfMemory)?;
     buf.resize(len, 0);
-    Ok(Arc::new(Mutex::new(buf)))
+    Ok(Arc::new(Mutex::new(Bytes::Heap(buf))))
 }
 
 impl Memory for SimContext {
@@ -291,5 +292,75 @@ impl Ipc for SimContext {
 
     fn close_mem(&mut self, base: u64) {
         self.imports.remove(&base);
+    }
+
+    /// The bytes moved into a memfd (once), which the other worker maps;
+    /// the handle's first 8 bytes say where the range starts in it.
+    fn export_mem(&mut self, base: u64, size: u64) -> Result<Portable, Status> {
+        self.alive()?;
+        let shared = self.share(base, size)?;
+        let mut b = lock(&shared.buf);
+        b.make_shared()?;
+        let mut handle = [0u8; 64];
+        handle[..8].copy_from_slice(&shared.offset.to_le_bytes());
+        Ok(Portable { handle, fd: b.fd() })
+    }
+
+    /// The other worker's memfd mapped, at an address of this context's.
+    fn open_mem(&mut self, size: u64, p: Portable) -> Result<u64, Status> {
+        self.alive()?;
+        let fd = p.fd.ok_or(Status::InvalidValue)?;
+        let offset =
+            u64::from_le_bytes(p.handle[..8].try_into().map_err(|_| Status::InvalidValue)?);
+        let len = offset
+            .checked_add(size)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or(Status::InvalidValue)?;
+        let buf = Arc::new(Mutex::new(Bytes::map(fd, len)?));
+        let base = self
+            .addresses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .fresh(size, 0)?;
+        self.imports.insert(base, (size, SharedBuf { buf, offset }));
+        Ok(base)
+    }
+
+    /// The handle's bytes moved into a memfd (once) the other worker maps.
+    fn export_phys(&mut self, handle: Handle) -> Result<Portable, Status> {
+        self.alive()?;
+        let buf = self.vmm_phys.get(&handle).ok_or(Status::InvalidHandle)?;
+        let mut b = lock(buf);
+        b.make_shared()?;
+        Ok(Portable {
+            handle: [0; 64],
+            fd: b.fd(),
+        })
+    }
+
+    /// A handle of this context for the other worker's memfd, mapped.
+    fn open_phys(&mut self, size: u64, p: Portable) -> Result<Handle, Status> {
+        self.alive()?;
+        let fd = p.fd.ok_or(Status::InvalidValue)?;
+        let len = usize::try_from(size).map_err(|_| Status::InvalidValue)?;
+        let buf = Arc::new(Mutex::new(Bytes::map(fd, len)?));
+        Ok(self.adopt_phys(buf))
+    }
+
+    fn export_event(&mut self, event: Handle) -> Result<Portable, Status> {
+        self.alive()?;
+        self.export_shared_event(event)
+    }
+
+    fn open_event(&mut self, p: Portable) -> Result<Handle, Status> {
+        self.alive()?;
+        self.open_shared_event(p)
+    }
+
+    fn close_opened(&mut self, base: u64) -> Result<(), Status> {
+        self.imports
+            .remove(&base)
+            .map(drop)
+            .ok_or(Status::InvalidValue)
     }
 }

@@ -29,6 +29,7 @@ use super::{Context, Executor};
 mod addresses;
 mod arrays;
 mod attributes;
+mod bytes;
 mod context;
 mod graphs;
 mod kernels;
@@ -239,6 +240,7 @@ impl SimExecutor {
             func_attrs: HashMap::new(),
             stream_attrs: HashMap::new(),
             events: HashMap::new(),
+            event_pages: HashMap::new(),
             streams: HashMap::new(),
             limits: HashMap::new(),
             marks: HashMap::new(),

@@ -6,12 +6,66 @@ use std::time::Instant;
 use protocol::stream_attr::StreamAttr;
 use protocol::Status;
 
+use super::bytes::Bytes;
 use super::context::{SimContext, SimEvent};
-use crate::executor::{Events, Handle, SharedMem, StreamAttributes, Streams};
+use crate::executor::{Events, Handle, Portable, SharedMem, StreamAttributes, Streams};
 
 /// When the device passes event `e`'s last record.
 fn when(e: &SimEvent) -> Option<Instant> {
     *e.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds, with the `Instant` of the same
+/// moment (the clock every process of the host shares).
+fn clock_now() -> (u64, Instant) {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).ok();
+    let ns = ts.map_or(0, |t| {
+        u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(t.tv_nsec()).unwrap_or(0)
+    });
+    (ns, Instant::now())
+}
+
+/// `t` on the shared clock (never 0).
+fn to_ns(t: Instant) -> u64 {
+    let (ns, now) = clock_now();
+    let ns = if t >= now {
+        ns.saturating_add(u64::try_from((t - now).as_nanos()).unwrap_or(u64::MAX))
+    } else {
+        ns.saturating_sub(u64::try_from((now - t).as_nanos()).unwrap_or(u64::MAX))
+    };
+    ns.max(1)
+}
+
+/// A time on the shared clock as an `Instant` (0: none).
+fn from_ns(v: u64) -> Option<Instant> {
+    if v == 0 {
+        return None;
+    }
+    let (ns, now) = clock_now();
+    Some(if v >= ns {
+        now + std::time::Duration::from_nanos(v - ns)
+    } else {
+        now.checked_sub(std::time::Duration::from_nanos(ns - v))
+            .unwrap_or(now)
+    })
+}
+
+/// The word of a shared event's page.
+fn page_word(p: &Bytes) -> u64 {
+    p.get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+impl SimContext {
+    /// A shared event's state as its page says (another worker may have
+    /// recorded it).
+    fn refresh(&self, event: Handle) {
+        if let (Some(p), Some(e)) = (self.event_pages.get(&event), self.events.get(&event)) {
+            *e.lock().unwrap_or_else(|e| e.into_inner()) = from_ns(page_word(p));
+        }
+    }
 }
 
 impl Streams for SimContext {
@@ -110,6 +164,7 @@ impl Events for SimContext {
     }
 
     fn event_destroy(&mut self, event: Handle) -> Result<(), Status> {
+        self.event_pages.remove(&event);
         self.events
             .remove(&event)
             .map(drop)
@@ -124,12 +179,18 @@ impl Events for SimContext {
         if let Some(e) = self.events.get(&event) {
             *e.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
         }
+        if let Some(p) = self.event_pages.get_mut(&event) {
+            if let Some(w) = p.get_mut(..8) {
+                w.copy_from_slice(&to_ns(t).to_le_bytes());
+            }
+        }
         Ok(())
     }
 
     fn event_synchronize(&mut self, event: Handle) -> Result<(), Status> {
         self.flush_printed();
         self.alive()?;
+        self.refresh(event);
         if let Some(t) = when(self.events.get(&event).ok_or(Status::InvalidHandle)?) {
             Self::wait_until(t);
         }
@@ -137,11 +198,14 @@ impl Events for SimContext {
     }
 
     fn event_query(&mut self, event: Handle) -> Result<bool, Status> {
+        self.refresh(event);
         Ok(when(self.events.get(&event).ok_or(Status::InvalidHandle)?)
             .is_none_or(|t| Instant::now() >= t))
     }
 
     fn event_elapsed(&mut self, start: Handle, end: Handle) -> Result<f32, Status> {
+        self.refresh(start);
+        self.refresh(end);
         let s = when(self.events.get(&start).ok_or(Status::InvalidHandle)?)
             .ok_or(Status::InvalidHandle)?;
         let e = when(self.events.get(&end).ok_or(Status::InvalidHandle)?)
@@ -166,6 +230,37 @@ impl Events for SimContext {
             .clone();
         let h = self.handle();
         self.events.insert(h, e);
+        Ok(h)
+    }
+}
+
+impl SimContext {
+    /// See [`crate::executor::Ipc::export_event`]: the event's state moves
+    /// to a memfd word (once) that the other worker maps.
+    pub(super) fn export_shared_event(&mut self, event: Handle) -> Result<Portable, Status> {
+        let e = self.events.get(&event).ok_or(Status::InvalidHandle)?;
+        if let std::collections::hash_map::Entry::Vacant(v) = self.event_pages.entry(event) {
+            let mut p = Bytes::Heap(vec![0u8; 8]);
+            p.make_shared()?;
+            let now = when(e).map_or(0, to_ns);
+            p.copy_from_slice(&now.to_le_bytes());
+            v.insert(p);
+        }
+        let fd = self.event_pages.get(&event).and_then(Bytes::fd);
+        Ok(Portable {
+            handle: [0; 64],
+            fd: Some(fd.ok_or(Status::OutOfMemory)?),
+        })
+    }
+
+    /// See [`crate::executor::Ipc::open_event`]: an event of this context
+    /// whose state is the other worker's memfd word.
+    pub(super) fn open_shared_event(&mut self, p: Portable) -> Result<Handle, Status> {
+        let page = Bytes::map(p.fd.ok_or(Status::InvalidValue)?, 8)?;
+        let h = self.handle();
+        self.events.insert(h, SimEvent::default());
+        self.event_pages.insert(h, page);
+        self.refresh(h);
         Ok(h)
     }
 }

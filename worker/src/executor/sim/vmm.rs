@@ -31,6 +31,16 @@ impl SimContext {
     }
 }
 
+impl SimContext {
+    /// A handle of this context for `buf` (physical memory another worker
+    /// exported).
+    pub(super) fn adopt_phys(&mut self, buf: Buf) -> Handle {
+        let h = next_handle();
+        self.vmm_phys.insert(h, buf);
+        h
+    }
+}
+
 impl Vmm for SimContext {
     fn vmm_address_free(&mut self, _ptr: u64, _size: u64) -> Result<(), Status> {
         // Addresses are never handed out again in the model.

@@ -1,54 +1,74 @@
 //! The IPC requests (cuIpcGetMemHandle, cuIpcOpenMemHandle,
 //! cuIpcCloseMemHandle, cuIpcGetEventHandle, cuIpcOpenEventHandle): each
 //! checked against the session's own tables and the worker's exports
-//! (`session::ipc`), answered.
+//! (`session::ipc`), or, where each process of the VM has a worker of its
+//! own, the VM's export table (`exports.rs`, `across.rs`), answered.
 
 use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
 use super::super::channel::{answer, ChannelState};
-use super::super::shared::{Port, Tables};
+use super::super::shared::{Shared, Tables};
 use crate::session::Session;
 use crate::Error;
 
+use super::ipc_across as across;
+
 /// Runs an IPC request of session `s` and replies.
 pub(super) fn handle(
-    port: &Port,
-    tables: &mut Tables,
+    sh: &mut Shared,
     c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,
 ) -> Result<(), Error> {
+    super::share::settle_kept(&mut sh.mem, &mut sh.tables);
+    let slot = sh.port.slot;
+    let tables = &mut sh.tables;
     let (r, why) = match req {
         Request::IpcExport { ptr } => (
-            export(tables, s, ptr),
+            export(tables, s, ptr).and_then(|r| across::publish_mem(&sh.port, tables, s, r)),
             "export of memory it does not own, or one export too many",
         ),
-        Request::IpcOpen { token } => (
-            open(tables, s, token),
-            "open of a token no other process of the VM exports",
-        ),
-        Request::IpcClose { ptr } => (
-            s.imports.close(ptr).map(|last| {
-                if last {
-                    s.ctx.close_mem(ptr);
-                }
-                Reply::default()
-            }),
-            "close of memory it has not opened",
-        ),
+        Request::IpcOpen { token } => match open(tables, s, token) {
+            Err(Status::InvalidValue) if tables.vm.is_some() && slot.is_some() => {
+                return across::open(sh, c, s, d, token, (across::OpenKind::Mem, None));
+            }
+            r => (r, "open of a token no other process of the VM exports"),
+        },
+        Request::IpcClose { ptr } => (close(s, ptr), "close of memory it has not opened"),
         Request::IpcExportEvent { event } => (
-            export_event(tables, s, event),
+            export_event(tables, s, event)
+                .and_then(|r| across::publish_event(&sh.port, tables, s, event, r)),
             "export of an event it did not make, or one export too many",
         ),
-        Request::IpcOpenEvent { token } => (
-            open_event(tables, s, token),
-            "open of an event token no other process of the VM exports",
-        ),
+        Request::IpcOpenEvent { token } => match open_event(tables, s, token) {
+            Err(Status::InvalidValue) if tables.vm.is_some() && slot.is_some() => {
+                return across::open(sh, c, s, d, token, (across::OpenKind::Event, None));
+            }
+            r => (
+                r,
+                "open of an event token no other process of the VM exports",
+            ),
+        },
         _ => (Err(Status::InvalidValue), "not an IPC request"),
     };
-    answer(port, c, d.tag, d.opcode, r, why)
+    answer(&sh.port, c, d.tag, d.opcode, r, why)
+}
+
+/// Closes memory opened at `ptr` once (another worker's, or a process's
+/// of this worker).
+fn close(s: &mut Session, ptr: u64) -> Result<Reply, Status> {
+    let remote = s.imports.is_remote(ptr);
+    let last = s.imports.close(ptr)?;
+    if last {
+        if remote {
+            let _ = s.ctx.close_opened(ptr);
+        } else {
+            s.ctx.close_mem(ptr);
+        }
+    }
+    Ok(Reply::default())
 }
 
 /// The token of the allocation or mapping holding `ptr` (made on the

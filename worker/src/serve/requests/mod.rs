@@ -13,6 +13,7 @@
 //! | `graph.rs` | graphs and conditional scopes |
 //! | `vmm.rs` | virtual memory management |
 //! | `ipc.rs` | IPC memory and event handles |
+//! | `ipc_across.rs` | IPC between the workers of a VM with process slots |
 //! | `share.rs` | shareable handles: VMM memory and pools |
 //! | `arrays.rs` | CUDA arrays, texture and surface objects |
 //!
@@ -24,6 +25,7 @@
 mod arrays;
 mod graph;
 mod ipc;
+pub(super) mod ipc_across;
 mod launch;
 mod memory;
 mod module;
@@ -94,8 +96,8 @@ pub(super) fn handle(
         F::Stream => stream::handle(sh, c, s, d, req),
         F::Graph => graph::handle(sh, c, s, d, req),
         F::Vmm => vmm::handle(&sh.port, &mut sh.mem, &mut sh.tables, c, s, d, req),
-        F::Ipc => ipc::handle(&sh.port, &mut sh.tables, c, s, d, req),
-        F::Share => share::handle(&sh.port, &mut sh.tables, c, s, d, req),
+        F::Ipc => ipc::handle(sh, c, s, d, req),
+        F::Share => share::handle(sh, c, s, d, req),
         F::Arrays => arrays::handle(&sh.port, &mut sh.mem, &mut sh.slice, c, s, d, req),
     }
 }

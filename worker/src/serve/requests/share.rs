@@ -12,7 +12,8 @@ use protocol::{Reply, Request, Status};
 use transport::Descriptor;
 
 use super::super::channel::{answer, ChannelState};
-use super::super::shared::{Memory, Port, Tables};
+use super::super::shared::{Memory, Shared, Tables};
+use super::ipc_across::{self as across, OpenKind};
 use crate::session::ipc::{Export, Exports};
 use crate::session::Session;
 use crate::Error;
@@ -31,38 +32,58 @@ pub struct WorkerShares {
 
 /// Runs a shareable-handle request of session `s` and replies.
 pub(super) fn handle(
-    port: &Port,
-    tables: &mut Tables,
+    sh: &mut Shared,
     c: &mut ChannelState,
     s: &mut Session,
     d: &Descriptor,
     req: Request,
 ) -> Result<(), Error> {
+    // Where each process has a worker of its own, a token this worker
+    // does not know may be another's (`ipc_across.rs`).
+    let across = sh.tables.vm.is_some() && sh.port.slot.is_some();
+    let (port, tables) = (&sh.port, &mut sh.tables);
     let (r, why) = match req {
         Request::VmmExport { handle } => (
-            vmm_export(tables, s, handle),
+            vmm_export(tables, s, handle)
+                .and_then(|r| across::publish_phys(port, tables, s, handle, r)),
             "export of a handle it does not hold, or one export too many",
         ),
-        Request::VmmImport { token } => (
-            vmm_import(tables, s, token),
-            "import of a token no process of the VM exports",
+        Request::VmmImport { token } => match vmm_import(tables, s, token) {
+            Err(Status::InvalidValue) if across => {
+                return across::open(sh, c, s, d, token, (OpenKind::Phys, None));
+            }
+            r => (r, "import of a token no process of the VM exports"),
+        },
+        Request::PoolExport { pool } => (
+            pool_export(tables, s, pool).and_then(|r| across::publish_pool(port, tables, r)),
+            "one pool export too many",
         ),
-        Request::PoolExport { pool } => (pool_export(tables, s, pool), "one pool export too many"),
         Request::PoolImport { token } => (
-            pool_import(tables, s, token),
+            match pool_import(tables, s, token) {
+                Err(Status::InvalidValue) if across => across::pool_import(port, tables, s, token),
+                r => r,
+            },
             "import of a pool no other process of the VM exports",
         ),
         Request::PoolExportPointer { pool, ptr } => (
-            pointer_export(tables, s, pool, ptr),
+            pointer_export(tables, s, pool, ptr)
+                .and_then(|r| across::publish_pointer(port, tables, s, pool, r)),
             "export of memory it does not own, or from a pool it did not export",
         ),
-        Request::PoolImportPointer { pool, token } => (
-            pointer_import(tables, s, pool, token),
-            "import of a pointer not exported from a pool it imported",
-        ),
+        Request::PoolImportPointer { pool, token } => {
+            match pointer_import(tables, s, pool, token) {
+                Err(Status::InvalidValue) if across && s.shares.has_pool(pool) => {
+                    return across::open(sh, c, s, d, token, (OpenKind::Mem, Some(pool)));
+                }
+                r => (
+                    r,
+                    "import of a pointer not exported from a pool it imported",
+                ),
+            }
+        }
         _ => (Err(Status::InvalidValue), "not a shareable-handle request"),
     };
-    answer(port, c, d.tag, d.opcode, r, why)
+    answer(&sh.port, c, d.tag, d.opcode, r, why)
 }
 
 /// The token of physical memory the session holds a handle of (made on
@@ -200,10 +221,21 @@ pub(in crate::serve) fn settle_kept(mem: &mut Memory, tables: &mut Tables) {
 /// count for the vGPU's, until they let go ([`settle_kept`]); its tokens
 /// are revoked.
 pub(in crate::serve) fn keep_at_end(tables: &mut Tables, s: &mut Session) {
+    super::ipc_across::close_all(s);
     let held = s.shares.exported.take_all_opened();
     let mut kept: Vec<(u64, Arc<Export>)> = held.into_iter().map(|e| (e.size, e)).collect();
+    // Memory another worker of the VM has open stays with it, as the
+    // driver keeps it, counted until it lets go.
+    kept.extend(
+        s.exported
+            .take_all_opened()
+            .into_iter()
+            .filter(|e| e.vm_link().is_some())
+            .map(|e| (e.size, e)),
+    );
     kept.extend(s.shares.orphans.take_opened());
     for (charge, e) in kept {
+        let charge = charge.min(s.mem_used);
         s.uncount(charge);
         tables.shares.kept.push((charge, e));
     }
