@@ -87,6 +87,35 @@ impl Ledger {
         }
     }
 
+    /// Records that process slot `slot`'s worker holds `bytes` now (kept
+    /// exact, so that the daemon can give back what a worker that died
+    /// held: [`Ledger::forget`]).
+    pub fn hold(&self, slot: u32, bytes: u64) {
+        if slot < SLOTS {
+            if let Ok(b) = self.page.atomic_u64(SLOTS_AT + slot as usize * 16 + 8) {
+                b.store(bytes, Ordering::Release);
+            }
+        }
+    }
+
+    /// Process slot `slot`'s worker ended (the daemon, once it is gone):
+    /// its process is no longer published and what it still held (a
+    /// worker that crashed freed nothing) is given back to the count.
+    /// Returns those bytes.
+    pub fn forget(&self, slot: u32) -> u64 {
+        if slot >= SLOTS {
+            return 0;
+        }
+        let at = SLOTS_AT + slot as usize * 16;
+        let (Ok(p), Ok(b)) = (self.page.atomic_u64(at), self.page.atomic_u64(at + 8)) else {
+            return 0;
+        };
+        p.store(0, Ordering::Release);
+        let held = b.swap(0, Ordering::AcqRel);
+        self.release(held);
+        held
+    }
+
     /// Every slot's process as published, `(pid, bytes)` in slot order.
     pub fn processes(&self) -> Vec<(u32, u64)> {
         let entry = |k: u32| {
@@ -170,5 +199,21 @@ mod tests {
         assert_eq!(a.processes(), vec![(41, 1 << 20), (42, 2 << 20)]);
         a.publish(0, 0, 0);
         assert_eq!(b.processes(), vec![(42, 2 << 20)]);
+    }
+
+    /// A slot's worker that died holding memory: the daemon gives it back.
+    #[test]
+    fn what_a_dead_slot_held_is_given_back() {
+        let l = Ledger::shared(Ledger::create("fvg-ledger-forget").unwrap()).unwrap();
+        assert!(l.reserve(30, 100));
+        l.hold(1, 30);
+        l.publish(1, 77, 30);
+        assert!(l.reserve(10, 100));
+        l.hold(2, 10);
+        assert_eq!(l.forget(1), 30);
+        assert_eq!(l.used(), 10, "slot 2's own stays counted");
+        assert!(l.processes().is_empty(), "{:?}", l.processes());
+        assert_eq!(l.forget(1), 0, "once");
+        assert_eq!(l.forget(99), 0);
     }
 }

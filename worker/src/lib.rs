@@ -71,6 +71,7 @@ pub mod sandbox;
 pub mod sealed;
 pub mod serve;
 pub mod session;
+pub mod spare;
 
 /// The PTX of the kernels the sim executor implements (`kernels/`), which
 /// the demo's tenants and the tests load.
@@ -106,6 +107,9 @@ pub enum Error {
     /// was handed no connection to it.
     #[error("config: promoted without a connection to the grant service")]
     PromotedWithoutGrant,
+    /// A spare worker was bound without a feed, or as a standby.
+    #[error("config: a spare is bound to a process slot's feed alone")]
+    SpareNotFed,
     /// A process slot the region does not have.
     #[error("config: no process slot {0}: the region has {1}")]
     NoSuchSlot(u32, u32),
@@ -115,6 +119,10 @@ pub enum Error {
     /// The daemon's feed said something it should not, or closed.
     #[error(transparent)]
     Feed(#[from] feed::FeedError),
+    /// The daemon's binding of a spare worker said something it should
+    /// not, or closed.
+    #[error(transparent)]
+    Spare(#[from] spare::SpareError),
     /// A module image another process handed over (see the daemon's image store) was
     /// refused.
     #[error("image: {0}")]

@@ -64,6 +64,7 @@ pub use handoff::{Figures as HandoffFigures, Handoff};
 pub use output::{capture_output, log_writer, LogWriter};
 pub use report::Stats;
 pub use serving::TIMER_SLACK_NS;
+pub use setup::Warm;
 pub use shared::SAMPLE_EVERY;
 
 /// Settings of one worker.
@@ -135,6 +136,11 @@ pub struct WorkerConfig {
     /// one guest process at a time, its own doorbell vector, host-sleeping
     /// word and part of the pinned pool. None: every channel.
     pub slot: Option<u32>,
+    /// A process slot's worker that ends with its process: once no
+    /// session is open and its slot's channels are all free it marks its
+    /// host end asleep, looks once more, and returns from `run` (the
+    /// daemon binds a new worker when a process claims the slot again).
+    pub ends_with_process: bool,
 }
 
 impl WorkerConfig {
@@ -192,6 +198,7 @@ impl WorkerConfig {
             realtime: false,
             shared_vgpu: None,
             slot: None,
+            ends_with_process: false,
         }
     }
 }
@@ -236,6 +243,8 @@ pub struct Worker {
     confine_when_filled: bool,
     /// Confined already (a standby worker is, before it is promoted).
     confined: bool,
+    /// See [`WorkerConfig::ends_with_process`].
+    ends_with_process: bool,
 }
 
 impl std::fmt::Debug for Worker {

@@ -1,0 +1,173 @@
+//! Process slots' workers, bound on demand: a VM with process slots starts
+//! no worker; when one of its processes claims a slot that has none (the
+//! link's slot watch says so), a spare worker of the VM's GPU is bound to
+//! it (`spares.rs`), or, if none is ready, a worker is started for the slot
+//! and the process waits for it. A slot's worker ends with its process and
+//! is not restarted, however it ended: the slot goes back to the watch.
+
+use std::process::ExitStatus;
+use std::sync::mpsc::{Receiver, Sender};
+use std::time::Duration;
+
+use wire::feed::SpareBinding;
+use worker::process::EXIT_POISONED;
+
+use super::workers::{declared_entry, Supervised};
+use super::Supervisor;
+use crate::config::Config;
+use crate::control::ControlPlane;
+use crate::link::{SlotClaim, VmHost};
+use crate::Error;
+
+/// The claims of slots without a worker, from every VM's slot watch.
+pub(super) struct Claims {
+    tx: Sender<SlotClaim>,
+    rx: Receiver<SlotClaim>,
+    /// Claims not served yet (their VM is moving between GPUs).
+    pending: Vec<SlotClaim>,
+}
+
+impl Claims {
+    pub fn new() -> Claims {
+        let (tx, rx) = std::sync::mpsc::channel();
+        Claims {
+            tx,
+            rx,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Where a VM's slot watch sends its claims.
+    pub fn sender(&self) -> Sender<SlotClaim> {
+        self.tx.clone()
+    }
+
+    /// Waits up to `pause` for a claim (the supervisor's pause between
+    /// turns: a claim ends it at once), and takes every claim that came.
+    pub fn wait(&mut self, pause: Duration) {
+        if let Ok(c) = self.rx.recv_timeout(pause) {
+            self.pending.push(c);
+        }
+        while let Ok(c) = self.rx.try_recv() {
+            self.pending.push(c);
+        }
+    }
+}
+
+impl Supervisor {
+    /// Binds a worker to each slot claimed (a spare, or one started for
+    /// it); a VM moving between GPUs gets its workers once it has moved.
+    pub(super) fn on_slot_claims(&mut self, want: &Config) {
+        self.claims.wait(Duration::ZERO);
+        for c in std::mem::take(&mut self.claims.pending) {
+            let Some(vm) = want.vm(&c.vm) else {
+                continue; // removed meanwhile
+            };
+            if self.moves.contains_key(&c.vm) {
+                self.claims.pending.push(c);
+                continue;
+            }
+            let served = self
+                .children
+                .iter()
+                .any(|w| w.name == c.vm && w.slot == Some(c.slot) && !w.ended);
+            if served || c.slot >= vm.process_slots {
+                continue;
+            }
+            if let Err(e) = self.bind_slot(vm, c.slot) {
+                tracing::warn!(
+                    vm = c.vm,
+                    slot = c.slot,
+                    "no worker for a claimed slot: {e}"
+                );
+                if let Some(h) = self.hosts.get(&c.vm) {
+                    h.slot_unserved(c.slot);
+                }
+            }
+        }
+    }
+
+    /// Gives slot `slot` of `vm` a worker: the VM's GPU's spare if one is
+    /// ready, else one started for it.
+    fn bind_slot(&mut self, vm: &crate::config::VmConfig, slot: u32) -> Result<(), Error> {
+        let gpu = self.plane.gpu_of(&vm.name).unwrap_or(0);
+        let side = self.mps.get(&gpu).map_or(0, crate::mps::MpsGpu::serving);
+        if let Some(mut spare) = self.take_spare(gpu, side) {
+            let host = self.hosts.get(&vm.name).ok_or(Error::NoWorker)?;
+            let binding = SpareBinding {
+                vm: vm.name.clone(),
+                id: self.plane.vgpu_id(&vm.name),
+                slot,
+                declared: declared_entry(&self.plane, &vm.name)?,
+            };
+            let sent = host.feed_slot(slot).and_then(|feed| {
+                let ledger = host.ledger()?;
+                Ok(worker::spare::send_binding(
+                    &spare.sock,
+                    &binding,
+                    &feed,
+                    &ledger,
+                )?)
+            });
+            match sent {
+                Ok(()) => {
+                    tracing::info!(vm = vm.name, slot, gpu, "spare worker bound to a slot");
+                    self.children
+                        .push(Supervised::new(&vm.name, Some(slot), spare.child, side));
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(vm = vm.name, slot, "binding a spare worker: {e}");
+                    super::workers::stop_child(&mut spare.child);
+                }
+            }
+        }
+        self.plane.event(
+            "worker",
+            format!(
+                "{}: no spare worker ready for process slot {slot}: one started for it, its process waits",
+                vm.name
+            ),
+        );
+        self.start_worker(vm, Some(slot))
+    }
+}
+
+/// Slot `slot`'s worker of `w`'s VM exited with `status`: not restarted;
+/// its slot is given back to the watch (which frees what it left and
+/// looks for a process that came meanwhile), and what it held to the
+/// VM's ledger. A crash or a fault is said; its process sees the error,
+/// the VM's other processes nothing.
+pub(super) fn slot_worker_ended(
+    plane: &ControlPlane,
+    host: Option<&VmHost>,
+    w: &mut Supervised,
+    slot: u32,
+    status: &ExitStatus,
+) {
+    w.ended = true;
+    w.restart_at = None;
+    if let Some(h) = host {
+        h.slot_worker_gone(slot, !status.success());
+    }
+    if status.success() {
+        tracing::info!(
+            vm = w.name,
+            slot,
+            "a process slot's worker ended with its process"
+        );
+        return;
+    }
+    let why = if status.code() == Some(EXIT_POISONED) {
+        "a CUDA error poisoned its GPU context".to_owned()
+    } else {
+        status.to_string()
+    };
+    plane.event(
+        "worker",
+        format!(
+            "{}: process slot {slot}'s worker exited ({why}); not restarted: its process sees the error, the slot's next process gets a new worker",
+            w.name
+        ),
+    );
+}
