@@ -325,6 +325,7 @@ impl Supervisor {
         tracing::info!(
             vm = vm.name,
             slot,
+            gpu,
             tenant = vm.tenant,
             weight = vm.weight,
             "vGPU worker started"

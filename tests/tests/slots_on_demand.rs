@@ -1,0 +1,271 @@
+//! Process slots' workers bound on demand, against a real `fairvgpu serve`
+//! on the sim: a VM with slots starts no worker (the daemon keeps one spare
+//! per GPU, bound to no VM); a process that attaches gets the spare bound
+//! to its slot and computes; its worker ends with it; a fault's worker is
+//! not restarted and the next process computes at once; a burst of more
+//! processes than spares all compute; and a vGPU with two running
+//! processes moves to another GPU with both, their pointers intact.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
+use guest::Gpu;
+use protocol::{Dim3, ImageKind};
+use tests::faults::{text, Rig};
+use tests::{cargo_build, worker_processes as workers, PTX, TEST_SPIN};
+
+/// Waits up to 10 s for the daemon to have `n` worker processes.
+fn eventually_workers(d: &DaemonProc, n: usize, what: &str) {
+    let t = Instant::now();
+    while workers(d) != n {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{what}: {} worker processes, not {n}",
+            workers(d)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn log(d: &DaemonProc) -> String {
+    std::fs::read_to_string(d.log_path()).unwrap_or_default()
+}
+
+#[test]
+fn a_vm_with_slots_holds_no_worker_until_a_process_attaches_and_none_after_it() {
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 4;
+    let r = Rig::start("slots-demand", vm);
+    // The GPU's spare alone, however long the VM idles.
+    eventually_workers(&r.d, 1, "an idle VM with slots");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(workers(&r.d), 1, "an idle VM holds no worker");
+    assert!(!log(&r.d).contains("bound to a slot"), "{}", log(&r.d));
+
+    // The first process computes, on the spare bound to its slot.
+    let out = r.run("compute", &[]);
+    assert!(
+        text(&out.stdout).contains("compute sync: CUDA_SUCCESS"),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        log(&r.d).contains("spare worker bound to a slot"),
+        "{}",
+        log(&r.d)
+    );
+    // Its worker ended with it; a new spare waits.
+    eventually_workers(&r.d, 1, "after the process");
+
+    // Two processes at once: a worker each, both gone once they are.
+    let (mut a, _) = r.started("hold", &["2"]);
+    let (mut b, _) = r.started("hold", &["2"]);
+    eventually_workers(&r.d, 3, "two bound workers and the next spare");
+    assert!(a.wait().unwrap().success());
+    assert!(b.wait().unwrap().success());
+    eventually_workers(&r.d, 1, "after the two processes");
+    let status = r.d.vgpu("vm1").unwrap();
+    assert_eq!(status["worker_restarts"], 0, "{status}");
+}
+
+#[test]
+fn a_faulted_slots_worker_is_not_restarted_and_the_next_process_computes_at_once() {
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 2;
+    let r = Rig::start("slots-fault", vm);
+    eventually_workers(&r.d, 1, "the spare");
+    let out = r.run("trap", &[]);
+    assert!(
+        text(&out.stdout).contains("trap sync: CUDA_ERROR_LAUNCH_FAILED"),
+        "{}",
+        text(&out.stdout)
+    );
+    // The very next process computes: no retry.
+    let out = r.run("compute", &[]);
+    assert!(
+        text(&out.stdout).contains("compute sync: CUDA_SUCCESS"),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let l = log(&r.d);
+    assert!(l.contains("not restarted"), "{l}");
+    assert!(!l.contains("restarting it on the same region"), "{l}");
+    eventually_workers(&r.d, 1, "after the fault and the next process");
+}
+
+#[test]
+fn a_burst_of_more_processes_than_spares_all_compute() {
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 4;
+    let r = Rig::start("slots-burst", vm);
+    eventually_workers(&r.d, 1, "the spare");
+    let burst: Vec<_> = (0..4)
+        .map(|_| r.program("compute", &[]).output_handle())
+        .collect();
+    for p in burst {
+        let out = p.join().unwrap();
+        assert!(
+            text(&out.stdout).contains("compute sync: CUDA_SUCCESS"),
+            "{}\n{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+    let l = log(&r.d);
+    assert!(l.contains("no spare worker ready"), "{l}");
+    eventually_workers(&r.d, 1, "after the burst");
+}
+
+/// Runs a command to its end on a thread of its own.
+trait OutputHandle {
+    fn output_handle(self) -> std::thread::JoinHandle<std::process::Output>;
+}
+
+impl OutputHandle for &mut std::process::Command {
+    fn output_handle(self) -> std::thread::JoinHandle<std::process::Output> {
+        let child = self
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::spawn(move || child.wait_with_output().unwrap())
+    }
+}
+
+/// A guest process that keeps incrementing a two-node list whose pointers
+/// live in device memory (each node in an allocation of its own) until
+/// `stop`; its launches go to `launches`. Returns whether the list's sum
+/// at the end is exact.
+fn list_walker(
+    sock: std::path::PathBuf,
+    stop: Arc<AtomicBool>,
+    launches: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<Result<(), String>> {
+    std::thread::spawn(move || {
+        let mut gpu = Gpu::connect_with(&sock, TEST_SPIN).map_err(|e| e.to_string())?;
+        let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
+        let inc = gpu.get_function(m, "list_inc").unwrap();
+        let sum = gpu.get_function(m, "list_sum").unwrap();
+        let (a, b) = (gpu.mem_alloc(16).unwrap(), gpu.mem_alloc(16).unwrap());
+        let node = |next: u64, v: f32| {
+            let mut n = [0u8; 16];
+            n[..8].copy_from_slice(&next.to_le_bytes());
+            n[8..12].copy_from_slice(&v.to_le_bytes());
+            n
+        };
+        gpu.memcpy_htod(a, &node(b, 1.0)).unwrap();
+        gpu.memcpy_htod(b, &node(0, 2.0)).unwrap();
+        let out = gpu.mem_alloc(4).unwrap();
+        let one = Dim3 { x: 1, y: 1, z: 1 };
+        let mut k = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            gpu.launch(
+                &inc,
+                one,
+                one,
+                0,
+                0,
+                &[&a.to_le_bytes(), &2u32.to_le_bytes()],
+            )
+            .map_err(|e| format!("launch {k}: {e}"))?;
+            gpu.synchronize().map_err(|e| format!("sync {k}: {e}"))?;
+            k += 1;
+            launches.fetch_add(1, Ordering::Relaxed);
+        }
+        gpu.launch(
+            &sum,
+            one,
+            one,
+            0,
+            0,
+            &[&a.to_le_bytes(), &out.to_le_bytes(), &2u32.to_le_bytes()],
+        )
+        .unwrap();
+        let mut four = [0u8; 4];
+        gpu.memcpy_dtoh(&mut four, out, 0).unwrap();
+        let got = f32::from_le_bytes(four);
+        let want = 3.0 + 2.0 * k as f32;
+        (got == want)
+            .then_some(())
+            .ok_or(format!("sum {got}, not {want}, after {k} launches"))
+    })
+}
+
+#[test]
+fn a_vgpu_with_two_running_processes_moves_with_both() {
+    let mut vm = VmSpec::new("mover", 256);
+    vm.process_slots = 2;
+    let d = DaemonProc::start_with_logged(
+        &cargo_build("cli").join("fairvgpu"),
+        "slots-migrate",
+        ExecutorKind::Sim,
+        &[vm],
+        "\n[sim]\ngpus = 2\n\n[placement]\nenabled = false\n",
+        "info",
+    )
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts: Vec<Arc<AtomicU64>> = (0..2).map(|_| Arc::default()).collect();
+    let walkers: Vec<_> = counts
+        .iter()
+        .map(|c| list_walker(d.socket("mover"), stop.clone(), c.clone()))
+        .collect();
+    let launched = |n: u64| {
+        let t = Instant::now();
+        while counts.iter().any(|c| c.load(Ordering::Relaxed) < n) {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the processes stalled"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    launched(10);
+    let (code, body) = d
+        .post("/api/v1/vgpus/mover/migrate", "{\"gpu\": 1}")
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["gpu"], 1, "{body}");
+    let before: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    launched(before.iter().max().unwrap() + 10);
+    stop.store(true, Ordering::Relaxed);
+    for w in walkers {
+        w.join().unwrap().unwrap();
+    }
+    let v = d.vgpu("mover").unwrap();
+    assert_eq!(v["gpu"], 1, "{v}");
+    assert_eq!(v["migrations"], 1, "{v}");
+    // Both slots free again: a new process computes, on GPU 1.
+    let t = Instant::now();
+    let mut gpu = loop {
+        match Gpu::connect_with(&d.socket("mover"), TEST_SPIN) {
+            Ok(g) => break g,
+            Err(e) => {
+                assert!(t.elapsed() < Duration::from_secs(10), "{e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    let p = gpu.mem_alloc(4096).unwrap();
+    gpu.memcpy_htod(p, &[7u8; 4096]).unwrap();
+    let mut back = [0u8; 4096];
+    gpu.memcpy_dtoh(&mut back, p, 0).unwrap();
+    assert_eq!(back, [7u8; 4096]);
+    let l = log(&d);
+    assert!(
+        l.contains("moving its 2 workers from GPU 0 to GPU 1"),
+        "{l}"
+    );
+    // Its worker, bound after the move, is on GPU 1.
+    let bound = l
+        .lines()
+        .filter(|s| s.contains("bound to a slot") || s.contains("vGPU worker started"))
+        .last()
+        .unwrap_or_default();
+    assert!(bound.contains("gpu=1"), "{bound}\n{l}");
+}
