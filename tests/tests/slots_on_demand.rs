@@ -264,8 +264,7 @@ fn a_vgpu_with_two_running_processes_moves_with_both() {
     // Its worker, bound after the move, is on GPU 1.
     let bound = l
         .lines()
-        .filter(|s| s.contains("bound to a slot") || s.contains("vGPU worker started"))
-        .last()
+        .rfind(|s| s.contains("bound to a slot") || s.contains("vGPU worker started"))
         .unwrap_or_default();
     assert!(bound.contains("gpu=1"), "{bound}\n{l}");
 }

@@ -338,7 +338,8 @@ mod tests {
         assert_eq!(SpareBinding::total_len(&huge), Err(BindingError::Name));
         // An entry past its limit, or not UTF-8.
         let mut big = bytes.clone();
-        big[14..18].copy_from_slice(&(BINDING_ENTRY_MAX as u32 + 1).to_le_bytes());
+        let past = u32::try_from(BINDING_ENTRY_MAX + 1).unwrap();
+        big[14..18].copy_from_slice(&past.to_le_bytes());
         assert_eq!(SpareBinding::total_len(&big), Err(BindingError::Entry));
         let mut bad_entry = bytes;
         let last = bad_entry.len() - 1;
