@@ -383,8 +383,9 @@ impl VmHost {
     /// crashed one's served claims become LOST and their guests are woken
     /// to see it (a worker that exited did both itself); the slot's host
     /// end shows asleep; and the watch looks at the slot at once, so that
-    /// a process that came as the worker left gets a new one.
-    pub fn slot_worker_gone(&self, slot: u32, crashed: bool) {
+    /// a process that came as the worker left gets a new one (where
+    /// `release`; else the caller does it later, [`VmHost::slot_unserved`]).
+    pub fn slot_worker_gone(&self, slot: u32, crashed: bool, release: bool) {
         let _ = self.send(FeedMsg::CloseLane(slot));
         let ledger = self.ledger.get().and_then(|fd| fd.try_clone().ok());
         if let Some(l) = ledger.and_then(|fd| worker::ledger::Ledger::shared(fd).ok()) {
@@ -398,8 +399,8 @@ impl VmHost {
         if let Ok(w) = self.region.slot_sleeping(slot) {
             w.store(1, Ordering::SeqCst);
         }
-        if let Some(w) = self.watch.get() {
-            w.release(slot);
+        if release {
+            self.slot_unserved(slot);
         }
     }
 

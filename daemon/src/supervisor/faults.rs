@@ -119,13 +119,15 @@ impl Supervisor {
                     self.ending.push(Ending::kill(&w.name, child, gpu, w.side));
                     n += 1;
                     let killed = std::os::unix::process::ExitStatusExt::from_raw(9);
-                    super::slots::slot_worker_ended(
+                    if super::slots::slot_worker_ended(
                         &self.plane,
                         self.hosts.get(&w.name),
                         w,
                         k,
                         &killed,
-                    );
+                    ) {
+                        self.claims.release_later(&w.name, k);
+                    }
                 }
                 continue;
             }

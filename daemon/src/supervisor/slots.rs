@@ -7,7 +7,7 @@
 
 use std::process::ExitStatus;
 use std::sync::mpsc::{Receiver, Sender};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wire::feed::SpareBinding;
 use worker::process::EXIT_POISONED;
@@ -25,7 +25,18 @@ pub(super) struct Claims {
     rx: Receiver<SlotClaim>,
     /// Claims not served yet (their VM is moving between GPUs).
     pending: Vec<SlotClaim>,
+    /// Slots given back to their watch only at the time given: their
+    /// worker failed to start, or died as it started (a broken GPU or
+    /// config), so that a slot's process does not start workers in a loop.
+    later: Vec<(SlotClaim, Instant)>,
 }
+
+/// How long a slot whose worker could not start or died as it started
+/// waits before its watch looks again.
+const SLOT_RETRY: Duration = Duration::from_secs(1);
+
+/// A slot's worker that exits before this has run died as it started.
+const QUICK_DEATH: Duration = Duration::from_secs(1);
 
 impl Claims {
     pub fn new() -> Claims {
@@ -34,6 +45,7 @@ impl Claims {
             tx,
             rx,
             pending: Vec::new(),
+            later: Vec::new(),
         }
     }
 
@@ -58,6 +70,16 @@ impl Supervisor {
     /// Binds a worker to each slot claimed (a spare, or one started for
     /// it); a VM moving between GPUs gets its workers once it has moved.
     pub(super) fn on_slot_claims(&mut self, want: &Config) {
+        let now = Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.claims.later)
+            .into_iter()
+            .partition(|(_, at)| *at <= now);
+        self.claims.later = later;
+        for (c, _) in due {
+            if let Some(h) = self.hosts.get(&c.vm) {
+                h.slot_unserved(c.slot);
+            }
+        }
         self.claims.wait(Duration::ZERO);
         for c in std::mem::take(&mut self.claims.pending) {
             let Some(vm) = want.vm(&c.vm) else {
@@ -80,9 +102,7 @@ impl Supervisor {
                     slot = c.slot,
                     "no worker for a claimed slot: {e}"
                 );
-                if let Some(h) = self.hosts.get(&c.vm) {
-                    h.slot_unserved(c.slot);
-                }
+                self.claims.later.push((c, now + SLOT_RETRY));
             }
         }
     }
@@ -133,22 +153,35 @@ impl Supervisor {
     }
 }
 
+impl Claims {
+    /// Gives `vm`'s slot `slot` back to its watch after [`SLOT_RETRY`].
+    pub fn release_later(&mut self, vm: &str, slot: u32) {
+        let c = SlotClaim {
+            vm: vm.to_owned(),
+            slot,
+        };
+        self.later.push((c, Instant::now() + SLOT_RETRY));
+    }
+}
+
 /// Slot `slot`'s worker of `w`'s VM exited with `status`: not restarted;
-/// its slot is given back to the watch (which frees what it left and
-/// looks for a process that came meanwhile), and what it held to the
-/// VM's ledger. A crash or a fault is said; its process sees the error,
-/// the VM's other processes nothing.
+/// what it held goes back to the VM's ledger, and its slot to the watch
+/// (which frees what it left and looks for a process that came
+/// meanwhile): at once, or, for a worker that died as it started, after
+/// [`SLOT_RETRY`] (true: the caller does it then). A crash or a fault is
+/// said; its process sees the error, the VM's other processes nothing.
 pub(super) fn slot_worker_ended(
     plane: &ControlPlane,
     host: Option<&VmHost>,
     w: &mut Supervised,
     slot: u32,
     status: &ExitStatus,
-) {
+) -> bool {
     w.ended = true;
     w.restart_at = None;
+    let quick = !status.success() && w.started.elapsed() < QUICK_DEATH;
     if let Some(h) = host {
-        h.slot_worker_gone(slot, !status.success());
+        h.slot_worker_gone(slot, !status.success(), !quick);
     }
     if status.success() {
         tracing::info!(
@@ -156,7 +189,7 @@ pub(super) fn slot_worker_ended(
             slot,
             "a process slot's worker ended with its process"
         );
-        return;
+        return false;
     }
     let why = if status.code() == Some(EXIT_POISONED) {
         "a CUDA error poisoned its GPU context".to_owned()
@@ -170,4 +203,5 @@ pub(super) fn slot_worker_ended(
             w.name
         ),
     );
+    quick
 }

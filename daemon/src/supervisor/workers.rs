@@ -348,7 +348,10 @@ impl Supervisor {
             // A process slot's worker is not restarted, however it ended.
             let crashed =
                 self.mps.contains_key(&gpu) && ended_by_fault(&status, w.started.elapsed());
-            super::slots::slot_worker_ended(&self.plane, self.hosts.get(&w.name), w, k, &status);
+            if super::slots::slot_worker_ended(&self.plane, self.hosts.get(&w.name), w, k, &status)
+            {
+                self.claims.release_later(&w.name, k);
+            }
             if crashed && !mps_faults.contains(&gpu) {
                 mps_faults.push(gpu);
             }
