@@ -268,3 +268,67 @@ fn a_vgpu_with_two_running_processes_moves_with_both() {
         .unwrap_or_default();
     assert!(bound.contains("gpu=1"), "{bound}\n{l}");
 }
+
+/// The daemon's worker processes' pids.
+fn worker_pids(d: &DaemonProc) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(d.pid()) && cmd.split(|&b| b == 0).any(|a| a == b"worker") {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// A slot's worker killed while its process holds memory: the process
+/// sees an error, the memory it held counts against the VM's limit no
+/// more, and the next process gets all of it.
+#[test]
+fn what_a_killed_slots_worker_held_is_given_back() {
+    let mut vm = VmSpec::new("vm1", 64);
+    vm.process_slots = 2;
+    let d = DaemonProc::start_logged(
+        &cargo_build("cli").join("fairvgpu"),
+        "slots-killed",
+        ExecutorKind::Sim,
+        &[vm],
+        "info",
+    )
+    .unwrap();
+    let sock = d.socket("vm1");
+    let mut a = Gpu::connect_with(&sock, TEST_SPIN).unwrap();
+    a.mem_alloc(48 << 20).unwrap();
+    // Every worker process of the daemon (the bound one and the spare).
+    for pid in worker_pids(&d) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert!(a.mem_alloc(1 << 20).is_err(), "its worker is gone");
+    drop(a);
+    let t = Instant::now();
+    loop {
+        let got = Gpu::connect_with(&sock, TEST_SPIN).and_then(|mut b| b.mem_alloc(48 << 20));
+        if got.is_ok() {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the next process cannot have the memory: {got:?}\n{}",
+            log(&d)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(log(&d).contains("not restarted"), "{}", log(&d));
+}

@@ -35,7 +35,7 @@ pub(super) struct Claims {
 /// waits before its watch looks again.
 const SLOT_RETRY: Duration = Duration::from_secs(1);
 
-/// A slot's worker that exits before this has run died as it started.
+/// A slot's worker that fails before this has run failed as it started.
 const QUICK_DEATH: Duration = Duration::from_secs(1);
 
 impl Claims {
@@ -179,7 +179,10 @@ pub(super) fn slot_worker_ended(
 ) -> bool {
     w.ended = true;
     w.restart_at = None;
-    let quick = !status.success() && w.started.elapsed() < QUICK_DEATH;
+    // One that failed as it started (an exit code of its own, not a
+    // fault's nor a signal's): a broken GPU or config would do it again.
+    let failed = status.code().is_some_and(|c| c != 0 && c != EXIT_POISONED);
+    let quick = failed && w.started.elapsed() < QUICK_DEATH;
     if let Some(h) = host {
         h.slot_worker_gone(slot, !status.success(), !quick);
     }
