@@ -332,3 +332,62 @@ fn what_a_killed_slots_worker_held_is_given_back() {
     }
     assert!(log(&d).contains("not restarted"), "{}", log(&d));
 }
+
+/// A vGPU with two running processes, one of which holds a CUDA array
+/// (which cannot move): the migration fails naming that process's slot,
+/// the other process's worker, which had moved, comes back, and both
+/// compute on GPU 0 with their data.
+#[test]
+fn a_move_one_worker_cannot_make_brings_the_others_back() {
+    use protocol::Request;
+    let mut vm = VmSpec::new("mover", 256);
+    vm.process_slots = 2;
+    let d = DaemonProc::start_with_logged(
+        &cargo_build("cli").join("fairvgpu"),
+        "slots-move-back",
+        ExecutorKind::Sim,
+        &[vm],
+        "\n[sim]\ngpus = 2\n\n[placement]\nenabled = false\n",
+        "info",
+    )
+    .unwrap();
+    let sock = d.socket("mover");
+    let mut plain = Gpu::connect_with(&sock, TEST_SPIN).unwrap();
+    let mut keeper = Gpu::connect_with(&sock, TEST_SPIN).unwrap();
+    let bufs: Vec<u64> = [&mut plain, &mut keeper]
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let b = g.mem_alloc(64).unwrap();
+            g.memcpy_htod(b, &[i as u8 + 1; 64]).unwrap();
+            b
+        })
+        .collect();
+    let desc = protocol::array::ArrayDesc {
+        width: 64,
+        height: 64,
+        depth: 0,
+        format: 0x20,
+        channels: 1,
+        flags: 0,
+    };
+    keeper.request(&Request::ArrayCreate { desc }).unwrap();
+    let (code, body) = d
+        .post("/api/v1/vgpus/mover/migrate", "{\"gpu\": 1}")
+        .unwrap();
+    assert_eq!(code, 409, "{body}");
+    let text = body.to_string();
+    assert!(
+        text.contains("process slot 1's worker could not move"),
+        "{text}"
+    );
+    assert!(text.contains("a CUDA array"), "{text}");
+    assert_eq!(d.vgpu("mover").unwrap()["gpu"], 0);
+    for (i, (g, b)) in [&mut plain, &mut keeper].into_iter().zip(&bufs).enumerate() {
+        let mut back = [0u8; 64];
+        g.memcpy_dtoh(&mut back, *b, 0).unwrap();
+        assert_eq!(back, [i as u8 + 1; 64], "process {i}");
+    }
+    let l = log(&d);
+    assert!(l.contains("go back to GPU 0"), "{l}");
+}
