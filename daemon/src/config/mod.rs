@@ -231,11 +231,12 @@ pub struct VmConfig {
     /// at most this many processes at once (1..=16; 0, the default: one
     /// worker serves all the VM's processes). A process's fault, kernels
     /// and memory are then its own, as natively: another process's
-    /// sticky error or stray pointer cannot reach it. Costs a worker
-    /// process and its GPU context per slot, from the VM's start; the
-    /// VM's processes cannot share memory through IPC handles, and the
-    /// vGPU does not migrate (see docs/design.md, "Isolation between a
-    /// VM's processes").
+    /// sticky error or stray pointer cannot reach it. A process's worker
+    /// is bound when it attaches (from a spare the daemon keeps per GPU)
+    /// and ends with it: a worker process and its GPU context per running
+    /// process. The VM's processes cannot share memory through IPC
+    /// handles (see docs/design.md, "Isolation between a VM's
+    /// processes").
     #[serde(default)]
     pub process_slots: u32,
 }
