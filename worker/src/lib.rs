@@ -13,6 +13,7 @@
 //! - `process`: the worker process's start (executor, feed, sandbox),
 //! - `feed`, `gate`, `image_client`: its ends of the feed, the grant
 //!   service and the image store,
+//! - `spare`: a spare worker's binding to a VM's process slot,
 //! - `sandbox`, `priority`, `procfs`, `sealed`, `ptx`: the process's
 //!   confinement, thread priorities and vCPU boost, own usage, sealed
 //!   memfds, PTX text.

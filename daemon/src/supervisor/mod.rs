@@ -10,7 +10,10 @@
 //! - `faults.rs`: a GPU fault or crash among an MPS server's clients ends
 //!   them all; standbys promoted, ended workers reaped,
 //! - `migration.rs`: migrations asked for started, workers' reports
-//!   collected, the balancer run.
+//!   collected, the balancer run,
+//! - `slots.rs`: process slots' workers bound when their processes claim
+//!   them, and never restarted,
+//! - `spares.rs`: a spare worker per GPU, started ahead for those slots.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
