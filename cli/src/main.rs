@@ -559,6 +559,6 @@ fn spare_process(config: &std::path::Path, fd: i32, gpu: u32) -> Result<()> {
         Some(gpu),
         Some((b.slot, ledger.into_raw_fd())),
     )?;
-    tracing::info!(vm = b.vm, slot = b.slot, gpu, "spare worker bound");
+    tracing::debug!(vm = b.vm, slot = b.slot, gpu, "spare worker bound");
     exit_as_worker(worker::process::run_warm(&spec, Some(warm)))
 }

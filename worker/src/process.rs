@@ -162,13 +162,25 @@ pub fn run_warm(spec: &Spec, warm: Option<Warm>) -> Result<(), Error> {
             let _ = transport::Bell::ring(&**b);
         }
     });
-    tracing::info!(
-        vm,
-        socket = %wc.socket.display(),
-        init_ms,
-        ready_ms = crate::millis(started.elapsed()),
-        standby,
-        "worker serving"
-    );
+    let ready_ms = crate::millis(started.elapsed());
+    if wc.ends_with_process {
+        // One per guest process (which a guest starts at will): debug.
+        tracing::debug!(
+            vm,
+            init_ms,
+            ready_ms,
+            slot = wc.slot,
+            "slot's worker serving"
+        );
+    } else {
+        tracing::info!(
+            vm,
+            socket = %wc.socket.display(),
+            init_ms,
+            ready_ms,
+            standby,
+            "worker serving"
+        );
+    }
     worker.run()
 }

@@ -119,15 +119,14 @@ impl Supervisor {
                     self.ending.push(Ending::kill(&w.name, child, gpu, w.side));
                     n += 1;
                     let killed = std::os::unix::process::ExitStatusExt::from_raw(9);
-                    if super::slots::slot_worker_ended(
+                    super::slots::slot_worker_ended(
                         &self.plane,
                         self.hosts.get(&w.name),
                         w,
                         k,
                         &killed,
-                    ) {
-                        self.claims.release_later(&w.name, k);
-                    }
+                        &mut self.claims,
+                    );
                 }
                 continue;
             }

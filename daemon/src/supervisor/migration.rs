@@ -173,7 +173,8 @@ impl Supervisor {
                     self.plane.finish_migration(&vm, Ok(r));
                 }
                 Some(why) if m.moved.is_empty() => {
-                    self.plane.finish_migration(&vm, Err(why));
+                    self.plane
+                        .finish_migration(&vm, Err(format!("{vm}: {why}")));
                 }
                 Some(why) => {
                     self.move_back(&vm, m.from, m.to, m.moved.keys().copied().collect(), why)
@@ -185,6 +186,7 @@ impl Supervisor {
     /// After a worker of `vm` could not move to `to`: those that did
     /// (`lanes`) go back to `from`; the migration fails with `why`.
     fn move_back(&mut self, vm: &str, from: u32, to: u32, lanes: BTreeSet<u32>, why: String) {
+        let why = format!("{vm}: {why}");
         let cfg = self.plane.config();
         let back = prepare_target(&self.plane, &cfg, vm, to, from);
         let host = self.hosts.get(vm);
@@ -268,17 +270,15 @@ impl Moving {
             self.stuck.insert(lane);
         } else if self.failed.is_none() {
             let why = r.reason();
-            self.failed = Some(if why.is_empty() {
-                format!(
-                    "process slot {lane}'s worker could not move to GPU {}",
-                    self.to
-                )
+            let (to, from) = (self.to, self.from);
+            let why = if why.is_empty() {
+                String::new()
             } else {
-                format!(
-                    "process slot {lane}'s worker could not move to GPU {}: {why}",
-                    self.to
-                )
-            });
+                format!(": {why}")
+            };
+            self.failed = Some(format!(
+                "could not move to GPU {to}: process slot {lane}'s worker could not{why}; it stays on GPU {from}"
+            ));
         }
     }
 }

@@ -29,6 +29,9 @@ pub(super) struct Claims {
     /// worker failed to start, or died as it started (a broken GPU or
     /// config), so that a slot's process does not start workers in a loop.
     later: Vec<(SlotClaim, Instant)>,
+    /// Each VM's limit on the events its processes' comings and goings
+    /// make (a guest can start and end workers at will).
+    logs: std::collections::HashMap<String, transport::LogLimiter>,
 }
 
 /// How long a slot whose worker could not start or died as it started
@@ -46,6 +49,7 @@ impl Claims {
             rx,
             pending: Vec::new(),
             later: Vec::new(),
+            logs: std::collections::HashMap::new(),
         }
     }
 
@@ -131,7 +135,9 @@ impl Supervisor {
             });
             match sent {
                 Ok(()) => {
-                    tracing::info!(vm = vm.name, slot, gpu, "spare worker bound to a slot");
+                    if self.claims.line(&vm.name) {
+                        tracing::info!(vm = vm.name, slot, gpu, "spare worker bound to a slot");
+                    }
                     self.children
                         .push(Supervised::new(&vm.name, Some(slot), spare.child, side));
                     return Ok(());
@@ -142,8 +148,9 @@ impl Supervisor {
                 }
             }
         }
-        self.plane.event(
-            "worker",
+        self.claims.event(
+            &self.plane,
+            &vm.name,
             format!(
                 "{}: no spare worker ready for process slot {slot}: one started for it, its process waits",
                 vm.name
@@ -154,6 +161,26 @@ impl Supervisor {
 }
 
 impl Claims {
+    /// Says `message` about `vm`'s slots in the daemon's events, unless
+    /// the VM said its share of them this minute (those are counted).
+    fn event(&mut self, plane: &ControlPlane, vm: &str, message: String) {
+        match self.limit(vm).allow() {
+            Some(0) => plane.event("worker", message),
+            Some(n) => plane.event("worker", format!("{message} ({n} more not said)")),
+            None => {}
+        }
+    }
+
+    /// Whether a line about `vm`'s slots may be logged now (see
+    /// [`Claims::event`]).
+    fn line(&mut self, vm: &str) -> bool {
+        self.limit(vm).allow().is_some()
+    }
+
+    fn limit(&mut self, vm: &str) -> &mut transport::LogLimiter {
+        self.logs.entry(vm.to_owned()).or_default()
+    }
+
     /// Gives `vm`'s slot `slot` back to its watch after [`SLOT_RETRY`].
     pub fn release_later(&mut self, vm: &str, slot: u32) {
         let c = SlotClaim {
@@ -168,15 +195,17 @@ impl Claims {
 /// what it held goes back to the VM's ledger, and its slot to the watch
 /// (which frees what it left and looks for a process that came
 /// meanwhile): at once, or, for a worker that died as it started, after
-/// [`SLOT_RETRY`] (true: the caller does it then). A crash or a fault is
-/// said; its process sees the error, the VM's other processes nothing.
+/// [`SLOT_RETRY`]. A crash or a fault is said (at most a few lines a
+/// minute per VM: a guest can end its workers at will); its process sees
+/// the error, the VM's other processes nothing.
 pub(super) fn slot_worker_ended(
     plane: &ControlPlane,
     host: Option<&VmHost>,
     w: &mut Supervised,
     slot: u32,
     status: &ExitStatus,
-) -> bool {
+    claims: &mut Claims,
+) {
     w.ended = true;
     w.restart_at = None;
     // One that failed as it started (an exit code of its own, not a
@@ -186,25 +215,28 @@ pub(super) fn slot_worker_ended(
     if let Some(h) = host {
         h.slot_worker_gone(slot, !status.success(), !quick);
     }
+    if quick {
+        claims.release_later(&w.name, slot);
+    }
     if status.success() {
-        tracing::info!(
+        tracing::debug!(
             vm = w.name,
             slot,
             "a process slot's worker ended with its process"
         );
-        return false;
+        return;
     }
     let why = if status.code() == Some(EXIT_POISONED) {
         "a CUDA error poisoned its GPU context".to_owned()
     } else {
         status.to_string()
     };
-    plane.event(
-        "worker",
+    claims.event(
+        plane,
+        &w.name,
         format!(
             "{}: process slot {slot}'s worker exited ({why}); not restarted: its process sees the error, the slot's next process gets a new worker",
             w.name
         ),
     );
-    quick
 }

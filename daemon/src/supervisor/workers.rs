@@ -322,14 +322,18 @@ impl Supervisor {
             child,
             side.map_or(0, |s| s.1),
         ));
-        tracing::info!(
-            vm = vm.name,
-            slot,
-            gpu,
-            tenant = vm.tenant,
-            weight = vm.weight,
-            "vGPU worker started"
-        );
+        if slot.is_some() {
+            // One per guest process (the event said it, within its limit).
+            tracing::debug!(vm = vm.name, slot, gpu, "a process slot's worker started");
+        } else {
+            tracing::info!(
+                vm = vm.name,
+                gpu,
+                tenant = vm.tenant,
+                weight = vm.weight,
+                "vGPU worker started"
+            );
+        }
         Ok(())
     }
 
@@ -348,10 +352,8 @@ impl Supervisor {
             // A process slot's worker is not restarted, however it ended.
             let crashed =
                 self.mps.contains_key(&gpu) && ended_by_fault(&status, w.started.elapsed());
-            if super::slots::slot_worker_ended(&self.plane, self.hosts.get(&w.name), w, k, &status)
-            {
-                self.claims.release_later(&w.name, k);
-            }
+            let host = self.hosts.get(&w.name);
+            super::slots::slot_worker_ended(&self.plane, host, w, k, &status, &mut self.claims);
             if crashed && !mps_faults.contains(&gpu) {
                 mps_faults.push(gpu);
             }

@@ -251,7 +251,7 @@ impl Worker {
         sleeping.store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         if self.all_free()? {
-            tracing::info!(slot = k, "its process is gone; the slot's worker ends");
+            tracing::debug!(slot = k, "its process is gone; the slot's worker ends");
             return Ok(true);
         }
         sleeping.store(0, Ordering::SeqCst);
