@@ -130,6 +130,8 @@ struct Feeder {
     poisoned: Arc<AtomicBool>,
     /// A standby worker's feed, fed the region alone until promoted.
     standby: Option<UnixStream>,
+    /// The lines its workers' feeds closing make.
+    log: transport::LogLimiter,
     standby_ready: Arc<AtomicBool>,
     /// Cleared when the standby is promoted or replaced: from then on its
     /// feed's reader no longer speaks for the standby's readiness.
@@ -165,6 +167,7 @@ impl VmHost {
             reports: reports.clone(),
             poisoned: poisoned.clone(),
             standby: None,
+            log: transport::LogLimiter::default(),
             standby_ready: standby_ready.clone(),
             standby_live: Arc::default(),
         };
@@ -513,17 +516,24 @@ impl Feeder {
     /// Writes to every serving worker's feed; a worker that does not take
     /// it within [`FEED_SEND_TIMEOUT`] (or whose feed broke) loses its feed.
     fn write(&mut self, f: impl Fn(&UnixStream) -> Result<(), transport::Error>) {
-        let failed: Vec<u32> = self
+        let failed: Vec<(u32, transport::Error)> = self
             .lanes
             .iter()
-            .filter_map(|(&lane, s)| {
-                f(s).err().map(|e| {
-                    tracing::warn!(vm = self.name, lane, "worker feed closed: {e}");
-                    lane
-                })
-            })
+            .filter_map(|(&lane, s)| f(s).err().map(|e| (lane, e)))
             .collect();
-        for lane in failed {
+        for (lane, e) in failed {
+            if self.region.layout().params.partitions > 1 {
+                // A process slot's worker ends with its process.
+                tracing::debug!(vm = self.name, lane, "worker feed closed: {e}");
+            } else {
+                transport::rate_limited!(
+                    self.log,
+                    warn,
+                    vm = self.name,
+                    lane,
+                    "worker feed closed: {e}"
+                );
+            }
             self.close_lane(lane);
         }
     }

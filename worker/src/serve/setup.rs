@@ -255,13 +255,24 @@ impl Worker {
     fn wake_lost(&self) -> Result<(), Error> {
         let w = self;
         for ch in w.chans.iter().map(|c| c.host.index()) {
-            if w.sh.port.region.claim_state(ch)? == ClaimState::Lost {
-                tracing::warn!(
+            if w.sh.port.region.claim_state(ch)? != ClaimState::Lost {
+                continue;
+            }
+            if w.ends_with_process {
+                // The daemon said that the slot's previous worker ended.
+                tracing::debug!(
+                    channel = ch,
+                    "its GPU state died with the slot's previous worker"
+                );
+            } else {
+                transport::rate_limited!(
+                    w.sh.port.log.borrow_mut(),
+                    warn,
                     channel = ch,
                     "its GPU state died with the previous worker; its guest must claim again"
                 );
-                wake_owner(&w.sh.port, ch);
             }
+            wake_owner(&w.sh.port, ch);
         }
         Ok(())
     }
@@ -328,7 +339,14 @@ impl Worker {
                         crate::priority::VcpuBooster::new(cfg.vcpus_file.clone())
                             .with_kicks(cfg.vcpu_kick),
                     ),
-                    log: std::cell::RefCell::new(transport::LogLimiter::default()),
+                    // A worker per process (which a guest starts at will):
+                    // a line a minute each, so that the VM's lines do not
+                    // grow with the processes it starts.
+                    log: std::cell::RefCell::new(if cfg.ends_with_process {
+                        transport::LogLimiter::new(1, transport::ratelimit::DEFAULT_PERIOD)
+                    } else {
+                        transport::LogLimiter::default()
+                    }),
                     output: std::cell::RefCell::new(output::Output::new()),
                     poisoned: std::cell::Cell::new(None),
                     slot: cfg.slot,
