@@ -3,6 +3,7 @@
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
+use std::os::fd::IntoRawFd as _;
 use std::path::PathBuf;
 
 use daemon::{attach, config::Config, control, setup, supervisor};
@@ -39,9 +40,14 @@ enum Cmd {
         /// Path of host.toml.
         #[arg(long)]
         config: PathBuf,
-        /// Which VM.
-        #[arg(long)]
-        vm: String,
+        /// Which VM (a spare learns it when it is bound).
+        #[arg(long, required_unless_present = "spare_fd")]
+        vm: Option<String>,
+        /// Start as a spare (set by the daemon): open GPU `--gpu`, make a
+        /// context, say so on this fd, and wait there to be bound to a
+        /// VM's process slot (`worker::spare`).
+        #[arg(long, requires = "gpu", conflicts_with_all = ["vm", "feed_fd", "slot"])]
+        spare_fd: Option<i32>,
         /// Its vGPU id at the grant service (set by the daemon).
         #[arg(long)]
         id: Option<u32>,
@@ -321,15 +327,20 @@ fn run(cli: Cli) -> Result<()> {
             standby,
             slot,
             ledger_fd,
-        } => worker_process(
-            &config,
-            declared.as_deref(),
-            &vm,
-            id,
-            feed_fd.map(|fd| (fd, standby)),
-            gpu,
-            slot.zip(ledger_fd),
-        ),
+            spare_fd,
+        } => match (spare_fd, vm, gpu) {
+            (Some(fd), _, Some(gpu)) => spare_process(&config, fd, gpu),
+            (_, Some(vm), _) => worker_process(
+                &config,
+                declared.as_deref(),
+                &vm,
+                id,
+                feed_fd.map(|fd| (fd, standby)),
+                gpu,
+                slot.zip(ledger_fd),
+            ),
+            _ => anyhow::bail!("a worker needs --vm, or --spare-fd and --gpu"),
+        },
         Cmd::Migrate { api, vm, gpu } => {
             let body = serde_json::json!({ "gpu": gpu }).to_string();
             let r = api.call(
@@ -495,17 +506,59 @@ fn worker_process(
     gpu: Option<u32>,
     slot: Option<(u32, i32)>,
 ) -> Result<()> {
+    let cfg = worker_config(config, declared, vm)?;
+    let spec = setup::worker_spec(&cfg, vm, id, feed, gpu, slot)?;
+    exit_as_worker(worker::process::run(&spec))
+}
+
+/// The config a worker of `vm` reads: host.toml, with `declared` (a vGPU
+/// declared through the API, which is not in it) in place of its entry.
+fn worker_config(config: &std::path::Path, declared: Option<&str>, vm: &str) -> Result<Config> {
     let mut cfg = Config::load(config)?;
     if let Some(entry) = declared {
         let v: daemon::config::VmConfig =
             toml::from_str(entry).context("the declared vGPU's entry")?;
+        anyhow::ensure!(
+            v.name == vm,
+            "the declared entry is {:?}'s, not {vm:?}'s",
+            v.name
+        );
         cfg.vms.retain(|o| o.name != v.name);
         cfg.vms.push(v);
     }
-    let spec = setup::worker_spec(&cfg, vm, id, feed, gpu, slot)?;
-    match worker::process::run(&spec) {
+    Ok(cfg)
+}
+
+/// A worker's end: a poisoned one exits with `EXIT_POISONED`.
+fn exit_as_worker(r: Result<(), worker::Error>) -> Result<()> {
+    match r {
         // The daemon tells this exit apart from a crash.
         Err(worker::Error::Poisoned(_)) => std::process::exit(worker::process::EXIT_POISONED),
         r => Ok(r?),
     }
+}
+
+/// A spare worker (see the daemon's `supervisor/spares.rs`): GPU `gpu`
+/// opened and a context made, then, once bound over `fd` to a VM's process
+/// slot, that slot's worker (as `worker_process` with `--slot`).
+fn spare_process(config: &std::path::Path, fd: i32, gpu: u32) -> Result<()> {
+    let cfg = Config::load(config)?;
+    let mps = cfg.gpu_mps(gpu) && cfg.daemon.executor == daemon::config::ExecutorKind::Cuda;
+    let sock = std::os::unix::net::UnixStream::from(worker::feed::feed_from_fd(fd)?);
+    let warm = worker::process::spare(&setup::executor_spec(&cfg), if mps { 0 } else { gpu }, mps)?;
+    worker::spare::say_ready(&sock)?;
+    let (b, feed, ledger) = worker::spare::recv_binding(&sock)?;
+    drop(sock);
+    // Read now, not at the spare's start: the VM may be newer than it.
+    let cfg = worker_config(config, b.declared.as_deref(), &b.vm)?;
+    let spec = setup::worker_spec(
+        &cfg,
+        &b.vm,
+        Some(b.id),
+        Some((feed.into_raw_fd(), false)),
+        Some(gpu),
+        Some((b.slot, ledger.into_raw_fd())),
+    )?;
+    tracing::debug!(vm = b.vm, slot = b.slot, gpu, "spare worker bound");
+    exit_as_worker(worker::process::run_warm(&spec, Some(warm)))
 }

@@ -8,7 +8,8 @@
 //! - `supervisor`: the serving loop: workers started, restarted, migrated;
 //!   reloads,
 //! - `config`: host.toml, validated,
-//! - `link`: each VM's region and socket, and the feed to its worker,
+//! - `link`: each VM's region and socket, the feed to its workers, and the
+//!   watch over its process slots without a worker,
 //! - `grant/`: a GPU's grant service (the fair queue behind a socket) and
 //!   co-running,
 //! - `control/`: the API, dashboard, metrics, status, placement,

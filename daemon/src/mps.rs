@@ -24,7 +24,7 @@
 //! second control daemon for the GPU (`<run_dir>/mps-gpu<N>-b/`), and each
 //! vGPU of the GPU keeps a standby worker that is its server's client: it
 //! has mapped its VM's region, registered it, made its contexts and been
-//! confined, and waits on its feed (`link.rs`). When a client's fault ends
+//! confined, and waits on its feed (`link/mod.rs`). When a client's fault ends
 //! the serving workers, each VM's standby takes over at once (the daemon
 //! promotes it) while the driver still tears the ended clients down, and
 //! the two sides swap: new standbys become clients of the old side once

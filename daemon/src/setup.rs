@@ -100,6 +100,9 @@ pub fn worker_spec(
         // not set, leaves the thread alone).
         vcpu_kick: !(cfg.daemon.vcpu_lift && cfg.daemon.priority != 0),
         slot: slot.map(|s| s.0),
+        // A process slot's worker is bound when a process claims the slot
+        // and ends with it (`supervisor/slots.rs`).
+        ends_with_process: slot.is_some(),
         ..WorkerConfig::new(
             vm,
             cfg.socket(vm),

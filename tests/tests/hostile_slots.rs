@@ -2,7 +2,8 @@
 //! process_slots`): one that claims a channel in another process's slot
 //! itself and says `Hello` there is turned away, so that no process shares
 //! another's worker process (its faults and its address space); one that
-//! names another process's pinned blocks by their offsets reaches none.
+//! names another process's pinned blocks by their offsets reaches none; one
+//! that rings the slots' doorbells without claiming starts no worker.
 
 use std::time::{Duration, Instant};
 
@@ -54,6 +55,68 @@ fn a_second_process_in_a_slot_is_turned_away() {
     assert_eq!(Status::from_code(reply.status), Status::NotPermitted);
     // The owner is served on.
     owner.mem_free(p).unwrap();
+}
+
+/// A guest that rings every slot's host doorbell in a loop without
+/// claiming a channel gets no worker started: the daemon binds one only
+/// for a claimed channel (and one per slot at most). A process that
+/// attaches afterwards still computes.
+#[test]
+fn ringing_the_slots_doorbells_without_claiming_starts_no_worker() {
+    use guest::Gpu;
+    use transport::server::Client;
+    use transport::Bell as _;
+
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 4;
+    let d = DaemonProc::start(
+        &cargo_build("cli").join("fairvgpu"),
+        "slot-ringer",
+        ExecutorKind::Sim,
+        &[vm],
+    )
+    .unwrap();
+    let sock = d.socket("vm1");
+    let settle = Instant::now();
+    while tests::worker_processes(&d) != 1 {
+        assert!(settle.elapsed() < Duration::from_secs(10), "no spare");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = Client::connect(&sock, Duration::from_secs(5)).unwrap();
+    let t = Instant::now();
+    let mut rings = 0u64;
+    while t.elapsed() < Duration::from_millis(500) {
+        for b in &client.host_bells {
+            b.ring().unwrap();
+            rings += 1;
+        }
+        assert!(
+            tests::worker_processes(&d) <= 1,
+            "a worker started for a ring without a claim"
+        );
+    }
+    assert!(rings > 100, "{rings}");
+    assert_eq!(tests::worker_processes(&d), 1, "the spare alone");
+    // Claimed slots get at most one worker each, however they ring.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut g = Gpu::connect_with(&sock, tests::TEST_SPIN).unwrap();
+        let p = g.mem_alloc(1 << 20).unwrap();
+        held.push((g, p));
+    }
+    for _ in 0..1000 {
+        for b in &client.host_bells {
+            b.ring().unwrap();
+        }
+    }
+    assert!(
+        tests::worker_processes(&d) <= 5,
+        "four slots' workers and a spare at most: {}",
+        tests::worker_processes(&d)
+    );
+    for (g, p) in &mut held {
+        g.mem_free(*p).unwrap();
+    }
 }
 
 /// A process in another slot naming a process's pinned blocks by their

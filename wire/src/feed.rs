@@ -66,6 +66,138 @@ pub fn decode_entry(v: i64) -> (u16, u32) {
     (u16_at(v, 24), gen)
 }
 
+/// Spare worker -> daemon: its executor is open and its context made
+/// (the word a standby says `READY` with); it waits for its
+/// [`SpareBinding`].
+pub const SPARE_READY: i64 = READY;
+
+/// The first bytes of a [`SpareBinding`].
+const BINDING_MAGIC: [u8; 4] = *b"FVGB";
+/// A binding's fixed part: magic, slot, vGPU id, name length, entry length.
+const BINDING_HEAD: usize = 4 + 4 + 4 + 2 + 4;
+/// Longest VM name a binding carries (bytes).
+pub const BINDING_NAME_MAX: usize = 255;
+/// Longest declared `[[vm]]` entry a binding carries (bytes of TOML).
+pub const BINDING_ENTRY_MAX: usize = 64 << 10;
+/// Longest binding, head included.
+pub const BINDING_MAX: usize = BINDING_HEAD + BINDING_NAME_MAX + BINDING_ENTRY_MAX;
+/// Process slots a binding may name (a region's at most,
+/// `transport::layout::MAX_PARTITIONS`).
+const BINDING_SLOTS: u32 = 16;
+
+/// What binds a spare worker (started ahead for a GPU, bound to no VM) to
+/// one VM's process slot: the VM, its vGPU id, the slot, and the VM's
+/// `[[vm]]` entry where it was declared through the API rather than read
+/// from host.toml. The feed and the VM's ledger go beside it as fds (see
+/// the worker's `spare.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpareBinding {
+    /// The VM.
+    pub vm: String,
+    /// Its vGPU id at the grant services.
+    pub id: u32,
+    /// The process slot the spare serves.
+    pub slot: u32,
+    /// The declared vGPU's entry (TOML), if it is not in host.toml.
+    pub declared: Option<String>,
+}
+
+/// A binding that does not read as one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindingError {
+    /// Shorter than its head or than the lengths it gives, or longer.
+    #[error("spare binding: {0} bytes do not hold what its head says")]
+    Length(usize),
+    /// It does not start with the binding's magic.
+    #[error("spare binding: not a binding")]
+    Magic,
+    /// The name is empty, too long, not UTF-8, or holds a `/` or a NUL.
+    #[error("spare binding: not a VM name")]
+    Name,
+    /// The entry is too long or not UTF-8.
+    #[error("spare binding: the declared entry is not UTF-8 text of at most 64 KiB")]
+    Entry,
+    /// The slot is past a region's process slots.
+    #[error("spare binding: no process slot {0}")]
+    Slot(u32),
+}
+
+impl SpareBinding {
+    /// The binding's bytes: magic, slot, id (u32 each, little-endian), the
+    /// name's length (u16) and the entry's (u32, 0: none), then the name
+    /// and the entry.
+    pub fn encode(&self) -> Vec<u8> {
+        let entry = self.declared.as_deref().unwrap_or("");
+        let name_len = u16::try_from(self.vm.len()).unwrap_or(u16::MAX);
+        let entry_len = u32::try_from(entry.len()).unwrap_or(u32::MAX);
+        let mut b = Vec::with_capacity(BINDING_HEAD + self.vm.len() + entry.len());
+        b.extend_from_slice(&BINDING_MAGIC);
+        b.extend_from_slice(&self.slot.to_le_bytes());
+        b.extend_from_slice(&self.id.to_le_bytes());
+        b.extend_from_slice(&name_len.to_le_bytes());
+        b.extend_from_slice(&entry_len.to_le_bytes());
+        b.extend_from_slice(self.vm.as_bytes());
+        b.extend_from_slice(entry.as_bytes());
+        b
+    }
+
+    /// How many bytes the binding that `head` (its first
+    /// [`SpareBinding::head_len`] bytes) begins holds in all; an error if
+    /// the head is not a binding's or gives lengths past the limits.
+    pub fn total_len(head: &[u8]) -> Result<usize, BindingError> {
+        let h = head
+            .get(..BINDING_HEAD)
+            .ok_or(BindingError::Length(head.len()))?;
+        if h[..4] != BINDING_MAGIC {
+            return Err(BindingError::Magic);
+        }
+        let name = usize::from(u16::from_le_bytes([h[12], h[13]]));
+        let entry =
+            usize::try_from(u32::from_le_bytes([h[14], h[15], h[16], h[17]])).unwrap_or(usize::MAX);
+        if name == 0 || name > BINDING_NAME_MAX {
+            return Err(BindingError::Name);
+        }
+        if entry > BINDING_ENTRY_MAX {
+            return Err(BindingError::Entry);
+        }
+        Ok(BINDING_HEAD + name + entry)
+    }
+
+    /// Bytes of a binding's head (what [`SpareBinding::total_len`] reads).
+    pub fn head_len() -> usize {
+        BINDING_HEAD
+    }
+
+    /// Reads a binding, checking every field: the whole of `b` and nothing
+    /// more, a name of 1 to 255 bytes of UTF-8 without `/` or NUL, an entry
+    /// of UTF-8 text, a slot below a region's most.
+    pub fn decode(b: &[u8]) -> Result<SpareBinding, BindingError> {
+        let total = Self::total_len(b)?;
+        if b.len() != total {
+            return Err(BindingError::Length(b.len()));
+        }
+        let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let (slot, id) = (word(4), word(8));
+        if slot >= BINDING_SLOTS {
+            return Err(BindingError::Slot(slot));
+        }
+        let name_len = usize::from(u16::from_le_bytes([b[12], b[13]]));
+        let vm = std::str::from_utf8(&b[BINDING_HEAD..BINDING_HEAD + name_len])
+            .map_err(|_| BindingError::Name)?;
+        if vm.contains(['/', '\0']) {
+            return Err(BindingError::Name);
+        }
+        let entry =
+            std::str::from_utf8(&b[BINDING_HEAD + name_len..]).map_err(|_| BindingError::Entry)?;
+        Ok(SpareBinding {
+            vm: vm.to_owned(),
+            id,
+            slot,
+            declared: (!entry.is_empty()).then(|| entry.to_owned()),
+        })
+    }
+}
+
 /// What a worker reported of a migration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MigrationReport {
@@ -196,6 +328,74 @@ mod tests {
             assert_eq!(decode(v).0, LIMIT, "{big}: kind kept");
             assert_eq!(decode_value(v), max, "{big}: saturated");
         }
+    }
+
+    #[test]
+    fn a_spare_binding_round_trips_and_every_field_is_checked() {
+        let b = SpareBinding {
+            vm: "vm-1".into(),
+            id: 7,
+            slot: 3,
+            declared: Some("name = \"vm-1\"\n".into()),
+        };
+        let bytes = b.encode();
+        assert_eq!(SpareBinding::total_len(&bytes), Ok(bytes.len()));
+        assert_eq!(SpareBinding::decode(&bytes), Ok(b.clone()));
+        let plain = SpareBinding {
+            declared: None,
+            ..b.clone()
+        };
+        assert_eq!(SpareBinding::decode(&plain.encode()), Ok(plain));
+        // Cut short, or with bytes after it.
+        for n in [0, 5, SpareBinding::head_len(), bytes.len() - 1] {
+            assert!(SpareBinding::decode(&bytes[..n]).is_err(), "{n} bytes");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert_eq!(
+            SpareBinding::decode(&long),
+            Err(BindingError::Length(long.len()))
+        );
+        // Not a binding.
+        let mut m = bytes.clone();
+        m[0] = b'X';
+        assert_eq!(SpareBinding::decode(&m), Err(BindingError::Magic));
+        // A slot past a region's.
+        let far = SpareBinding {
+            slot: 16,
+            ..b.clone()
+        };
+        assert_eq!(
+            SpareBinding::decode(&far.encode()),
+            Err(BindingError::Slot(16))
+        );
+        // Names: empty, a path, a NUL, not UTF-8, too long.
+        for bad in ["", "../x", "a\0b"] {
+            let v = SpareBinding {
+                vm: bad.into(),
+                ..b.clone()
+            };
+            assert_eq!(
+                SpareBinding::decode(&v.encode()),
+                Err(BindingError::Name),
+                "{bad:?}"
+            );
+        }
+        let mut not_utf8 = bytes.clone();
+        not_utf8[SpareBinding::head_len()] = 0xff;
+        assert_eq!(SpareBinding::decode(&not_utf8), Err(BindingError::Name));
+        let mut huge = bytes.clone();
+        huge[12..14].copy_from_slice(&300u16.to_le_bytes());
+        assert_eq!(SpareBinding::total_len(&huge), Err(BindingError::Name));
+        // An entry past its limit, or not UTF-8.
+        let mut big = bytes.clone();
+        let past = u32::try_from(BINDING_ENTRY_MAX + 1).unwrap();
+        big[14..18].copy_from_slice(&past.to_le_bytes());
+        assert_eq!(SpareBinding::total_len(&big), Err(BindingError::Entry));
+        let mut bad_entry = bytes;
+        let last = bad_entry.len() - 1;
+        bad_entry[last] = 0xfe;
+        assert_eq!(SpareBinding::decode(&bad_entry), Err(BindingError::Entry));
     }
 
     #[test]

@@ -73,6 +73,17 @@ impl Gate {
         Self::hello(stream, vgpu, weight, 0)
     }
 
+    /// [`Gate::over`], as one of the workers serving vGPU `vgpu` (see
+    /// [`Gate::connect_member`]) where `member`.
+    pub fn over_as(
+        stream: UnixStream,
+        vgpu: u32,
+        weight: f64,
+        member: bool,
+    ) -> Result<Gate, Error> {
+        Self::hello(stream, vgpu, weight, if member { MEMBER } else { 0 })
+    }
+
     /// Says `HELLO` (`member`: 0 or `MEMBER`) and makes the gate.
     fn hello(mut stream: UnixStream, vgpu: u32, weight: f64, member: u64) -> Result<Gate, Error> {
         let w = crate::sat_u64((weight * 1000.0).round().max(1.0));

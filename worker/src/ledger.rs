@@ -195,6 +195,37 @@ impl Ledger {
         }
     }
 
+    /// Records that process slot `slot`'s worker holds `bytes` now (kept
+    /// exact, so that the daemon can give back what a worker that died
+    /// held: [`Ledger::forget`]).
+    pub fn hold(&self, slot: u32, bytes: u64) {
+        if slot < SLOTS {
+            if let Ok(b) = self.page.atomic_u64(SLOTS_AT + slot as usize * 16 + 8) {
+                b.store(bytes, Ordering::Release);
+            }
+        }
+    }
+
+    /// Process slot `slot`'s worker ended (the daemon, once it is gone):
+    /// its process is no longer published, the pinned pool's chunks it
+    /// still held go back, and what device memory it still held (a worker
+    /// that crashed freed nothing) is given back to the count. Returns
+    /// those bytes.
+    pub fn forget(&self, slot: u32) -> u64 {
+        if slot >= SLOTS {
+            return 0;
+        }
+        self.reclaim_chunks(slot);
+        let at = SLOTS_AT + slot as usize * 16;
+        let (Ok(p), Ok(b)) = (self.page.atomic_u64(at), self.page.atomic_u64(at + 8)) else {
+            return 0;
+        };
+        p.store(0, Ordering::Release);
+        let held = b.swap(0, Ordering::AcqRel);
+        self.release(held);
+        held
+    }
+
     /// Every slot's process as published, `(pid, bytes)` in slot order.
     pub fn processes(&self) -> Vec<(u32, u64)> {
         let entry = |k: u32| {
@@ -343,5 +374,26 @@ mod tests {
         assert_eq!(chunk_size(1 << 30), 128 << 10);
         assert_eq!(chunk_size(64 << 30), 8 << 20);
         assert!((64u64 << 30).div_ceil(chunk_size(64 << 30)) <= CHUNKS as u64);
+    }
+
+    /// A slot's worker that died holding memory: the daemon gives it back.
+    #[test]
+    fn what_a_dead_slot_held_is_given_back() {
+        let l = Ledger::shared(Ledger::create("fvg-ledger-forget").unwrap()).unwrap();
+        assert!(l.reserve(30, 100));
+        l.hold(1, 30);
+        l.publish(1, 77, 30);
+        assert!(l.reserve(10, 100));
+        l.hold(2, 10);
+        assert!(l.claim_chunk(5, 1) && l.claim_chunk(6, 2));
+        assert_eq!(l.forget(1), 30);
+        assert_eq!(l.used(), 10, "slot 2's own stays counted");
+        assert_eq!(
+            (l.chunk(5), l.chunk(6)),
+            (ChunkOwner::Free, ChunkOwner::Slot(2))
+        );
+        assert!(l.processes().is_empty(), "{:?}", l.processes());
+        assert_eq!(l.forget(1), 0, "once");
+        assert_eq!(l.forget(99), 0);
     }
 }

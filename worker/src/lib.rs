@@ -13,6 +13,7 @@
 //! - `process`: the worker process's start (executor, feed, sandbox),
 //! - `feed`, `gate`, `image_client`: its ends of the feed, the grant
 //!   service and the image store,
+//! - `spare`: a spare worker's binding to a VM's process slot,
 //! - `sandbox`, `priority`, `procfs`, `sealed`, `ptx`: the process's
 //!   confinement, thread priorities and vCPU boost, own usage, sealed
 //!   memfds, PTX text.
@@ -72,6 +73,7 @@ pub mod sandbox;
 pub mod sealed;
 pub mod serve;
 pub mod session;
+pub mod spare;
 
 /// The PTX of the kernels the sim executor implements (`kernels/`), which
 /// the demo's tenants and the tests load.
@@ -107,6 +109,9 @@ pub enum Error {
     /// was handed no connection to it.
     #[error("config: promoted without a connection to the grant service")]
     PromotedWithoutGrant,
+    /// A spare worker was bound without a feed, or as a standby.
+    #[error("config: a spare is bound to a process slot's feed alone")]
+    SpareNotFed,
     /// A process slot the region does not have.
     #[error("config: no process slot {0}: the region has {1}")]
     NoSuchSlot(u32, u32),
@@ -116,6 +121,10 @@ pub enum Error {
     /// The daemon's feed said something it should not, or closed.
     #[error(transparent)]
     Feed(#[from] feed::FeedError),
+    /// The daemon's binding of a spare worker said something it should
+    /// not, or closed.
+    #[error(transparent)]
+    Spare(#[from] spare::SpareError),
     /// A module image another process handed over (see the daemon's image store) was
     /// refused.
     #[error("image: {0}")]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::executor::sim::{SimExecutor, SimParams};
 use crate::executor::{Executor, ExecutorKind, GraphLaunches};
-use crate::serve::{Worker, WorkerConfig};
+use crate::serve::{Warm, Worker, WorkerConfig};
 use crate::Error;
 
 /// The exit status of a worker whose GPU contexts a sticky CUDA error poisoned.
@@ -68,33 +68,65 @@ pub struct Spec {
     pub sandbox: bool,
 }
 
-/// Runs one worker in this process until SIGTERM.
-pub fn run(spec: &Spec) -> Result<(), Error> {
-    let started = Instant::now();
-    let vm = spec.worker.name.as_str();
-    let standby = spec.feed.is_some_and(|f| f.1);
-    // The guests' kernel printf text goes to them, never to the daemon's
-    // log: this process's descriptors 1 and 2 are theirs from here on.
+/// Opens `exec`'s GPU `ordinal`, retrying for a while where `patient` (a
+/// standby or a spare may start as its MPS server is still being torn
+/// down after a fault, `CUDA_ERROR_MPS_SERVER_NOT_READY`: it has time).
+fn open_executor(
+    exec: &ExecutorSpec,
+    ordinal: u32,
+    patient: bool,
+) -> Result<Box<dyn Executor>, Error> {
+    if !patient {
+        return exec.open(ordinal);
+    }
+    let t = Instant::now();
+    loop {
+        match exec.open(ordinal) {
+            Ok(e) => return Ok(e),
+            Err(e) if t.elapsed() < STANDBY_INIT_TRIES => {
+                tracing::debug!("GPU not ready yet: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The guests' kernel printf text goes to them, never to the daemon's
+/// log: this process's descriptors 1 and 2 are theirs from here on.
+fn capture() -> Result<(), Error> {
     crate::serve::capture_output().map_err(|source| Error::Io {
         what: "capturing kernel output",
         source,
-    })?;
-    let exec = if standby {
-        // A standby may start as its MPS server is still being torn down
-        // after a fault (`CUDA_ERROR_MPS_SERVER_NOT_READY`): it has time.
-        let t = Instant::now();
-        loop {
-            match spec.executor.open(spec.ordinal) {
-                Ok(e) => break e,
-                Err(e) if t.elapsed() < STANDBY_INIT_TRIES => {
-                    tracing::debug!(vm, "standby: GPU not ready yet: {e}");
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    } else {
-        spec.executor.open(spec.ordinal)?
+    })
+}
+
+/// A spare worker's start, before it knows its VM (see `spare.rs`): its
+/// executor open on GPU `ordinal` and a context made ahead, all it makes
+/// where `fixed` (an MPS client's, made before it is confined).
+pub fn spare(exec: &ExecutorSpec, ordinal: u32, fixed: bool) -> Result<Warm, Error> {
+    capture()?;
+    Warm::make(open_executor(exec, ordinal, true)?, fixed)
+}
+
+/// Runs one worker in this process until SIGTERM.
+pub fn run(spec: &Spec) -> Result<(), Error> {
+    run_warm(spec, None)
+}
+
+/// [`run`], by a spare bound to the VM (`warm`, see [`spare`]) where one
+/// is given: the executor it opened and the context it made are used.
+pub fn run_warm(spec: &Spec, warm: Option<Warm>) -> Result<(), Error> {
+    let started = Instant::now();
+    let vm = spec.worker.name.as_str();
+    let standby = spec.feed.is_some_and(|f| f.1);
+    capture()?;
+    let (exec, warm) = match warm {
+        Some(w) => (None, Some(w)),
+        None => (
+            Some(open_executor(&spec.executor, spec.ordinal, standby)?),
+            None,
+        ),
     };
     let init_ms = crate::millis(started.elapsed());
     let mut wc = spec.worker.clone();
@@ -102,12 +134,18 @@ pub fn run(spec: &Spec) -> Result<(), Error> {
         wc.shared_vgpu = Some(std::sync::Arc::new(crate::feed::feed_from_fd(fd)?));
     }
     let wc = &wc;
-    let mut worker = match spec.feed {
-        Some((fd, true)) => {
+    let mut worker = match (spec.feed, exec, warm) {
+        (Some((fd, false)), None, Some(w)) => {
+            Worker::adopt_warm(wc, w, crate::feed::feed_from_fd(fd)?)?
+        }
+        (Some((fd, true)), Some(exec), _) => {
             Worker::standby(wc, exec, crate::feed::feed_from_fd(fd)?, spec.sandbox)?
         }
-        Some((fd, false)) => Worker::adopt(wc, exec, crate::feed::feed_from_fd(fd)?)?,
-        None => Worker::new(wc, exec)?,
+        (Some((fd, false)), Some(exec), _) => {
+            Worker::adopt(wc, exec, crate::feed::feed_from_fd(fd)?)?
+        }
+        (None, Some(exec), _) => Worker::new(wc, exec)?,
+        _ => return Err(Error::SpareNotFed),
     };
     let stop = worker.stop_flag();
     let wake = worker.wake_bells();
@@ -124,13 +162,25 @@ pub fn run(spec: &Spec) -> Result<(), Error> {
             let _ = transport::Bell::ring(&**b);
         }
     });
-    tracing::info!(
-        vm,
-        socket = %wc.socket.display(),
-        init_ms,
-        ready_ms = crate::millis(started.elapsed()),
-        standby,
-        "worker serving"
-    );
+    let ready_ms = crate::millis(started.elapsed());
+    if wc.ends_with_process {
+        // One per guest process (which a guest starts at will): debug.
+        tracing::debug!(
+            vm,
+            init_ms,
+            ready_ms,
+            slot = wc.slot,
+            "slot's worker serving"
+        );
+    } else {
+        tracing::info!(
+            vm,
+            socket = %wc.socket.display(),
+            init_ms,
+            ready_ms,
+            standby,
+            "worker serving"
+        );
+    }
     worker.run()
 }

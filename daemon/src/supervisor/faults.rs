@@ -103,8 +103,31 @@ impl Supervisor {
         // another: 0.44 s for four on an H100), so that the loop never
         // waits on one.
         let (mut n, mut promoted) = (0, 0);
+        // The GPU's spare is a client of the failed server too.
+        if let Some(s) = self.spares.take_gpu(gpu) {
+            self.ending
+                .push(Ending::kill("(spare)", s.child, gpu, s.side));
+        }
         for w in &mut self.children {
             if self.plane.gpu_of(&w.name).unwrap_or(0) != gpu {
+                continue;
+            }
+            if let Some(k) = w.slot.filter(|_| !w.ended) {
+                // A process slot's worker is not restarted: its process
+                // sees the error; the slot's next one gets a new worker.
+                if let Some(child) = w.child.take() {
+                    self.ending.push(Ending::kill(&w.name, child, gpu, w.side));
+                    n += 1;
+                    let killed = std::os::unix::process::ExitStatusExt::from_raw(9);
+                    super::slots::slot_worker_ended(
+                        &self.plane,
+                        self.hosts.get(&w.name),
+                        w,
+                        k,
+                        &killed,
+                        &mut self.claims,
+                    );
+                }
                 continue;
             }
             let exited = w.child.is_none();

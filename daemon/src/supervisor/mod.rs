@@ -10,7 +10,10 @@
 //! - `faults.rs`: a GPU fault or crash among an MPS server's clients ends
 //!   them all; standbys promoted, ended workers reaped,
 //! - `migration.rs`: migrations asked for started, workers' reports
-//!   collected, the balancer run.
+//!   collected, the balancer run,
+//! - `slots.rs`: process slots' workers bound when their processes claim
+//!   them, and never restarted,
+//! - `spares.rs`: a spare worker per GPU, started ahead for those slots.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -28,6 +31,8 @@ use crate::Error;
 
 mod faults;
 mod migration;
+mod slots;
+mod spares;
 mod workers;
 
 use faults::Ending;
@@ -71,6 +76,12 @@ struct Supervisor {
     plane: Arc<ControlPlane>,
     /// What starts worker processes.
     launcher: Launcher,
+    /// The spare workers, one per GPU with a VM with process slots.
+    spares: spares::Spares,
+    /// Process slots claimed while they had no worker.
+    claims: slots::Claims,
+    /// Migrations of vGPUs with process slots under way, by VM.
+    moves: HashMap<String, migration::Moving>,
 }
 
 impl Supervisor {
@@ -145,6 +156,9 @@ impl Supervisor {
                 config_path: config_path.to_owned(),
                 host_cpu,
             },
+            spares: spares::Spares::default(),
+            claims: slots::Claims::new(),
+            moves: HashMap::new(),
         })
     }
 
@@ -167,14 +181,19 @@ impl Supervisor {
             for &gpu in &mps_faults {
                 self.on_mps_fault(gpu, &want);
             }
+            // Process slots' workers that ended are not restarted.
+            self.children.retain(|w| !w.ended);
             self.reap_ended();
             let dying = self.dying();
             self.restart_due(&dying)?;
             self.start_standbys(&want, &dying)?;
             self.report_standbys();
             self.on_migrations();
+            self.on_slot_claims(&want);
+            self.keep_spares(&want, &dying);
             self.balance(&want);
-            std::thread::sleep(Duration::from_millis(20));
+            // A slot claimed meanwhile ends the pause at once.
+            self.claims.wait(Duration::from_millis(20));
         }
         Ok(())
     }
@@ -199,6 +218,7 @@ impl Supervisor {
                 stop_child(&mut sb.child);
             }
         }
+        self.spares.stop();
         for e in &mut self.ending {
             let _ = e.child.wait();
         }

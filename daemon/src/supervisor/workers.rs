@@ -2,6 +2,7 @@
 //! it leaves the config, restarted when they exit, and their standbys.
 
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::Arc;
@@ -40,6 +41,9 @@ pub(super) struct Supervised {
     pub standby: Option<Standby>,
     /// No standby is started before this.
     pub standby_at: Instant,
+    /// A process slot's worker that ended (with its process, or not): it
+    /// is not restarted, and leaves the supervisor's list this turn.
+    pub ended: bool,
 }
 
 /// A standby worker: its process and the MPS side it is a client of.
@@ -55,6 +59,25 @@ pub(super) const STANDBY_AFTER: Duration = Duration::from_secs(2);
 const STANDBY_RETRY: Duration = Duration::from_secs(5);
 
 impl Supervised {
+    /// VM `name`'s worker (of process slot `slot`), just started as
+    /// `child`, a client of MPS side `side`.
+    pub fn new(name: &str, slot: Option<u32>, child: Child, side: usize) -> Supervised {
+        Supervised {
+            name: name.to_owned(),
+            slot,
+            child: Some(child),
+            side,
+            started: Instant::now(),
+            quick_deaths: 0,
+            restart_at: None,
+            poisoned: false,
+            faulted: false,
+            standby: None,
+            standby_at: Instant::now() + STANDBY_AFTER,
+            ended: false,
+        }
+    }
+
     /// How long to wait before restarting a worker that just died: at once,
     /// unless it keeps dying as soon as it starts (a broken GPU or config),
     /// then 1, 2, 4 ... up to 16 seconds, so that it does not spin.
@@ -124,14 +147,8 @@ impl Launcher {
         }
         // A vGPU declared through the API is not in host.toml, which the
         // worker reads: its entry goes along.
-        if plane.declared_by(name).is_some() {
-            if let Some(v) = plane.config().vm(name) {
-                let entry = toml::to_string(v).map_err(|e| Error::Io {
-                    what: "writing a declared vGPU's entry",
-                    source: std::io::Error::other(e),
-                })?;
-                cmd.arg("--declared").arg(entry);
-            }
+        if let Some(entry) = declared_entry(plane, name)? {
+            cmd.arg("--declared").arg(entry);
         }
         if let (Some(k), Some(l)) = (slot, &ledger) {
             cmd.arg("--slot")
@@ -151,6 +168,62 @@ impl Launcher {
         Ok(child)
         // `feed` closes here: the worker holds the only copy of its end.
     }
+
+    /// A spare worker for GPU `gpu` (see `spares.rs`), the client of MPS
+    /// side `side` of it (if it runs MPS): the process, and the daemon's
+    /// end of the socket it says it is ready on and is bound over.
+    pub fn spawn_spare(
+        &self,
+        gpu: u32,
+        mps: Option<(&MpsGpu, usize)>,
+    ) -> Result<(Child, UnixStream), Error> {
+        let (ours, theirs) = UnixStream::pair().map_err(|source| Error::Io {
+            what: "spare socket pair",
+            source,
+        })?;
+        // Only this fd crosses the exec; the supervisor is the only thread
+        // that starts processes.
+        nix::fcntl::fcntl(
+            &theirs,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .map_err(|e| Error::Io {
+            what: "spare fd flags",
+            source: e.into(),
+        })?;
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(["worker", "--config"])
+            .arg(&self.config_path)
+            .arg("--spare-fd")
+            .arg(theirs.as_raw_fd().to_string())
+            .arg("--gpu")
+            .arg(gpu.to_string());
+        if let Some((m, side)) = mps {
+            cmd.envs(m.side(side).client_env())
+                .env_remove("CUDA_VISIBLE_DEVICES");
+        }
+        let child = cmd.spawn().map_err(|source| Error::Io {
+            what: "spawning a spare worker",
+            source,
+        })?;
+        self.host_cpu.worker_started(child.id());
+        Ok((child, ours))
+    }
+}
+
+/// The `[[vm]]` entry of a vGPU declared through the API (TOML), which a
+/// worker does not find in host.toml; None for one that is there.
+pub(super) fn declared_entry(plane: &ControlPlane, name: &str) -> Result<Option<String>, Error> {
+    if plane.declared_by(name).is_none() {
+        return Ok(None);
+    }
+    let Some(v) = plane.config().vm(name).cloned() else {
+        return Ok(None);
+    };
+    toml::to_string(&v).map(Some).map_err(|e| Error::Io {
+        what: "writing a declared vGPU's entry",
+        source: std::io::Error::other(e),
+    })
 }
 
 impl Supervisor {
@@ -192,74 +265,75 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Configured VMs without a worker get one (a worker per process slot
-    /// where they have slots).
+    /// Configured VMs get their host side; those without process slots a
+    /// worker. A VM with process slots starts none: its slots' workers
+    /// are bound as its processes claim them (`slots.rs`).
     pub(super) fn start_missing(&mut self, want: &Config) -> Result<(), Error> {
         for vm in &want.vms {
-            let slots: Vec<Option<u32>> = match vm.process_slots {
-                0 => vec![None],
-                n => (0..n).map(Some).collect(),
-            };
-            for slot in slots {
-                if !self
-                    .children
-                    .iter()
-                    .any(|w| w.name == vm.name && w.slot == slot)
-                {
-                    self.start_worker(want, vm, slot)?;
-                }
+            self.ensure_host(want, vm)?;
+            if vm.slots() == 0 && !self.children.iter().any(|w| w.name == vm.name) {
+                self.start_worker(vm, None)?;
             }
         }
         Ok(())
     }
 
-    /// Starts VM `vm`'s worker (of process slot `slot`), and the VM's host
-    /// side first if it has none yet.
-    fn start_worker(
+    /// VM `vm`'s host side (its region and socket), made if it has none
+    /// yet; with process slots, watched for processes claiming them.
+    fn ensure_host(&mut self, want: &Config, vm: &crate::config::VmConfig) -> Result<(), Error> {
+        if self.hosts.contains_key(&vm.name) {
+            return Ok(());
+        }
+        let host = VmHost::start(&vm.name, &want.socket(&vm.name), want.layout_for(vm))?;
+        self.plane
+            .watch_log_suppressed(&vm.name, host.log_counter());
+        self.launcher
+            .host_cpu
+            .registry
+            .set_peers(self.plane.vgpu_id(&vm.name), host.peer_pids());
+        if vm.slots() > 0 {
+            host.watch_slots(self.claims.sender())?;
+            tracing::info!(
+                vm = vm.name,
+                slots = vm.slots(),
+                "vGPU ready: a worker is bound to each process slot its processes claim"
+            );
+        }
+        self.hosts.insert(vm.name.clone(), host);
+        Ok(())
+    }
+
+    /// Starts VM `vm`'s worker (of process slot `slot`); its host side is
+    /// there.
+    pub(super) fn start_worker(
         &mut self,
-        want: &Config,
         vm: &crate::config::VmConfig,
         slot: Option<u32>,
     ) -> Result<(), Error> {
-        if !self.hosts.contains_key(&vm.name) {
-            let host = VmHost::start(&vm.name, &want.socket(&vm.name), want.layout_for(vm))?;
-            self.plane
-                .watch_log_suppressed(&vm.name, host.log_counter());
-            self.launcher
-                .host_cpu
-                .registry
-                .set_peers(self.plane.vgpu_id(&vm.name), host.peer_pids());
-            self.hosts.insert(vm.name.clone(), host);
-        }
         let gpu = self.plane.gpu_of(&vm.name).unwrap_or(0);
         let side = self.mps.get(&gpu).map(|m| (m, m.serving()));
-        let child = self.launcher.spawn(
-            &self.plane,
-            (&vm.name, slot),
-            &self.hosts[&vm.name],
-            side,
-            false,
-        )?;
-        self.children.push(Supervised {
-            name: vm.name.clone(),
+        let host = self.hosts.get(&vm.name).ok_or(Error::NoWorker)?;
+        let child = self
+            .launcher
+            .spawn(&self.plane, (&vm.name, slot), host, side, false)?;
+        self.children.push(Supervised::new(
+            &vm.name,
             slot,
-            child: Some(child),
-            side: side.map_or(0, |s| s.1),
-            started: Instant::now(),
-            quick_deaths: 0,
-            restart_at: None,
-            poisoned: false,
-            faulted: false,
-            standby: None,
-            standby_at: Instant::now() + STANDBY_AFTER,
-        });
-        tracing::info!(
-            vm = vm.name,
-            slot,
-            tenant = vm.tenant,
-            weight = vm.weight,
-            "vGPU worker started"
-        );
+            child,
+            side.map_or(0, |s| s.1),
+        ));
+        if slot.is_some() {
+            // One per guest process (the event said it, within its limit).
+            tracing::debug!(vm = vm.name, slot, gpu, "a process slot's worker started");
+        } else {
+            tracing::info!(
+                vm = vm.name,
+                gpu,
+                tenant = vm.tenant,
+                weight = vm.weight,
+                "vGPU worker started"
+            );
+        }
         Ok(())
     }
 
@@ -274,6 +348,17 @@ impl Supervisor {
         w.child = None;
         w.poisoned = false;
         let gpu = self.plane.gpu_of(&w.name).unwrap_or(0);
+        if let Some(k) = w.slot {
+            // A process slot's worker is not restarted, however it ended.
+            let crashed =
+                self.mps.contains_key(&gpu) && ended_by_fault(&status, w.started.elapsed());
+            let host = self.hosts.get(&w.name);
+            super::slots::slot_worker_ended(&self.plane, host, w, k, &status, &mut self.claims);
+            if crashed && !mps_faults.contains(&gpu) {
+                mps_faults.push(gpu);
+            }
+            return;
+        }
         if status.code() == Some(EXIT_POISONED) && !self.mps.contains_key(&gpu) && w.slot.is_none()
         {
             // Without MPS a fault ends this worker alone: its
@@ -444,6 +529,7 @@ mod tests {
             side: 0,
             standby: None,
             standby_at: Instant::now(),
+            ended: false,
         };
         assert_eq!(w.backoff(), Duration::ZERO, "died after a long run");
         w.started = Instant::now();

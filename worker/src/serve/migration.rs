@@ -181,8 +181,15 @@ impl Worker {
                 // the new gate lifts as the old one did.
                 let realtime = self.sh.slice.gate.as_ref().is_some_and(Gate::realtime);
                 self.sh.slice.gate = Some(
-                    Gate::over(std::os::unix::net::UnixStream::from(fd), id, weight)?
-                        .with_realtime(realtime),
+                    // One of the vGPU's workers (a worker per process)
+                    // registers as a member there too.
+                    Gate::over_as(
+                        std::os::unix::net::UnixStream::from(fd),
+                        id,
+                        weight,
+                        self.sh.mem.ledger.is_some(),
+                    )?
+                    .with_realtime(realtime),
                 );
             }
             // Spare contexts are on the GPU the vGPU left.

@@ -64,6 +64,7 @@ pub use handoff::{Figures as HandoffFigures, Handoff};
 pub use output::{capture_output, log_writer, LogWriter};
 pub use report::Stats;
 pub use serving::TIMER_SLACK_NS;
+pub use setup::Warm;
 pub use shared::SAMPLE_EVERY;
 
 /// Settings of one worker.
@@ -136,6 +137,11 @@ pub struct WorkerConfig {
     /// word; the pinned pool's chunks it holds are marked with it in the
     /// VM's ledger. None: every channel.
     pub slot: Option<u32>,
+    /// A process slot's worker that ends with its process: once no
+    /// session is open and its slot's channels are all free it marks its
+    /// host end asleep, looks once more, and returns from `run` (the
+    /// daemon binds a new worker when a process claims the slot again).
+    pub ends_with_process: bool,
 }
 
 impl WorkerConfig {
@@ -179,6 +185,7 @@ impl WorkerConfig {
             realtime: false,
             shared_vgpu: None,
             slot: None,
+            ends_with_process: false,
         }
     }
 }
@@ -223,6 +230,8 @@ pub struct Worker {
     confine_when_filled: bool,
     /// Confined already (a standby worker is, before it is promoted).
     confined: bool,
+    /// See [`WorkerConfig::ends_with_process`].
+    ends_with_process: bool,
 }
 
 impl std::fmt::Debug for Worker {

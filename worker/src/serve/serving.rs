@@ -194,6 +194,9 @@ impl Worker {
                 }
                 continue;
             }
+            if self.ends_with_process && self.leave_if_unclaimed()? {
+                break;
+            }
             if self.sh.slice.gate.as_ref().is_some_and(|g| g.holding()) {
                 if self.late_guest() {
                     // Its CPU, not this one's spin, is what the guest needs.
@@ -230,6 +233,39 @@ impl Worker {
             self.release_grant(false)?;
         }
         Ok(())
+    }
+
+    /// A worker that ends with its process (`ends_with_process`), idle:
+    /// true if no session is open and its slot's channels are all free,
+    /// after it marked its host end asleep and looked once more, so that a
+    /// process claiming the slot from then on rings the slot's doorbell,
+    /// which the daemon watches once this worker is gone.
+    fn leave_if_unclaimed(&mut self) -> Result<bool, Error> {
+        if !self.sessions.is_empty() || !self.all_free()? {
+            return Ok(false);
+        }
+        let Some(k) = self.sh.port.slot else {
+            return Ok(false);
+        };
+        let sleeping = self.sh.port.region.slot_sleeping(k)?;
+        sleeping.store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.all_free()? {
+            tracing::debug!(slot = k, "its process is gone; the slot's worker ends");
+            return Ok(true);
+        }
+        sleeping.store(0, Ordering::SeqCst);
+        Ok(false)
+    }
+
+    /// Whether every channel this worker serves is free.
+    fn all_free(&self) -> Result<bool, Error> {
+        for c in &self.chans {
+            if c.host.state()? != transport::ClaimState::Free {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Whether a holder with nothing to run keeps the grant while no other
@@ -410,9 +446,10 @@ impl Worker {
         super::requests::share::settle_kept(&mut self.sh.mem, &mut self.sh.tables);
         if let (Some(k), Some(l)) = (self.sh.port.slot, &self.sh.mem.ledger) {
             // Its process, for the VM's monitors (see `status.rs`).
-            let p = self.sessions.first_process();
-            let (pid, bytes) = p.map_or((0, 0), |p| (p.pid, p.mem_used));
-            l.publish(k, pid, bytes);
+            // The bytes are what the worker holds (`Memory::held` keeps
+            // them exact, for the daemon to give back if it dies).
+            let pid = self.sessions.first_process().map_or(0, |p| p.pid);
+            l.publish(k, pid, self.sh.mem.used);
         }
         let sync = self.sh.port.stats.sync_calls.load(Ordering::Relaxed);
         self.sh.port.booster.borrow_mut().tick(sync);

@@ -47,10 +47,13 @@ struct Device {
 }
 
 impl Device {
+    /// Registers `region` with the device and makes the contexts ahead,
+    /// or takes those a spare made (`made`).
     fn prepare(
         cfg: &WorkerConfig,
         exec: Box<dyn Executor>,
         region: Region,
+        made: Option<contexts::ContextPool>,
     ) -> Result<Device, Error> {
         let mut exec = exec;
         // Its own channels' arenas alone: a process slot's worker reaches
@@ -79,7 +82,9 @@ impl Device {
         };
         let device_mem = info.total_mem;
         let mut contexts = contexts::ContextPool::default();
-        if cfg.prefill_contexts > 0 {
+        if let Some(made) = made {
+            contexts = made;
+        } else if cfg.prefill_contexts > 0 {
             contexts
                 .prefill(exec.as_mut(), cfg.prefill_contexts)
                 .map_err(Error::Prefill)?;
@@ -133,6 +138,39 @@ fn register_pool(exec: &mut dyn Executor, m: &transport::shm::FixedMapping) -> (
     }
 }
 
+/// What a spare worker makes before it is bound to a VM (the daemon keeps
+/// one per GPU, see its `supervisor/spares.rs`): its executor open and a
+/// context made ahead for the process it will serve, nothing of any VM.
+pub struct Warm {
+    exec: Box<dyn Executor>,
+    contexts: Option<contexts::ContextPool>,
+}
+
+impl std::fmt::Debug for Warm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Warm").finish_non_exhaustive()
+    }
+}
+
+impl Warm {
+    /// Makes one context ahead on `exec`: on this thread, all it ever
+    /// makes where `fixed` (an MPS client, which cannot make one once
+    /// confined), else one to start with, more made as needed.
+    pub fn make(exec: Box<dyn Executor>, fixed: bool) -> Result<Warm, Error> {
+        let mut exec = exec;
+        let mut pool = contexts::ContextPool::default();
+        if fixed {
+            pool.prefill(exec.as_mut(), 1).map_err(Error::Prefill)?;
+        } else {
+            pool.warm(exec.as_mut(), 1);
+        }
+        Ok(Warm {
+            exec,
+            contexts: Some(pool),
+        })
+    }
+}
+
 /// The worker's connection to its GPU's grant service, if the scheduler runs.
 fn connect_gate(cfg: &WorkerConfig) -> Result<Option<crate::gate::Gate>, Error> {
     match &cfg.grant {
@@ -149,7 +187,7 @@ impl Worker {
     pub fn new(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Worker, Error> {
         let (region, fd) = Region::create(&format!("fairvgpu-{}", cfg.name), cfg.layout)?;
         let server = serve(&cfg.socket, fd, cfg.layout.vectors)?;
-        let dev = Device::prepare(cfg, exec, region)?;
+        let dev = Device::prepare(cfg, exec, region, None)?;
         Self::build(cfg, dev, PeerLink::Local(server), connect_gate(cfg)?)
     }
 
@@ -161,10 +199,27 @@ impl Worker {
         exec: Box<dyn Executor>,
         feed: std::os::fd::OwnedFd,
     ) -> Result<Worker, Error> {
+        Self::adopt_warm(
+            cfg,
+            Warm {
+                exec,
+                contexts: None,
+            },
+            feed,
+        )
+    }
+
+    /// [`Worker::adopt`] by a spare bound to the VM (see [`Warm`]): its
+    /// executor open and its context made before it knew the VM.
+    pub fn adopt_warm(
+        cfg: &WorkerConfig,
+        warm: Warm,
+        feed: std::os::fd::OwnedFd,
+    ) -> Result<Worker, Error> {
         let (fd, fed) = Feed::receive(feed)?;
         let region = Region::map_existing(fd, cfg.layout)?;
         region.take_over_channels(cfg.served()?)?;
-        let dev = Device::prepare(cfg, exec, region)?;
+        let dev = Device::prepare(cfg, warm.exec, region, warm.contexts)?;
         let w = Self::build(cfg, dev, PeerLink::Feed(fed), connect_gate(cfg)?)?;
         w.wake_lost()?;
         Ok(w)
@@ -184,7 +239,7 @@ impl Worker {
     ) -> Result<Worker, Error> {
         let (fd, start) = FeedStart::receive_region(feed)?;
         let region = Region::map_existing(fd, cfg.layout)?;
-        let mut dev = Device::prepare(cfg, exec, region)?;
+        let mut dev = Device::prepare(cfg, exec, region, None)?;
         while !dev.contexts.filled() {
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -215,13 +270,24 @@ impl Worker {
     fn wake_lost(&self) -> Result<(), Error> {
         let w = self;
         for ch in w.chans.iter().map(|c| c.host.index()) {
-            if w.sh.port.region.claim_state(ch)? == ClaimState::Lost {
-                tracing::warn!(
+            if w.sh.port.region.claim_state(ch)? != ClaimState::Lost {
+                continue;
+            }
+            if w.ends_with_process {
+                // The daemon said that the slot's previous worker ended.
+                tracing::debug!(
+                    channel = ch,
+                    "its GPU state died with the slot's previous worker"
+                );
+            } else {
+                transport::rate_limited!(
+                    w.sh.port.log.borrow_mut(),
+                    warn,
                     channel = ch,
                     "its GPU state died with the previous worker; its guest must claim again"
                 );
-                wake_owner(&w.sh.port, ch);
             }
+            wake_owner(&w.sh.port, ch);
         }
         Ok(())
     }
@@ -307,7 +373,14 @@ impl Worker {
                         crate::priority::VcpuBooster::new(cfg.vcpus_file.clone())
                             .with_kicks(cfg.vcpu_kick),
                     ),
-                    log: std::cell::RefCell::new(transport::LogLimiter::default()),
+                    // A worker per process (which a guest starts at will):
+                    // a line a minute each, so that the VM's lines do not
+                    // grow with the processes it starts.
+                    log: std::cell::RefCell::new(if cfg.ends_with_process {
+                        transport::LogLimiter::new(1, transport::ratelimit::DEFAULT_PERIOD)
+                    } else {
+                        transport::LogLimiter::default()
+                    }),
                     output: std::cell::RefCell::new(output::Output::new()),
                     poisoned: std::cell::Cell::new(None),
                     slot: cfg.slot,
@@ -317,6 +390,7 @@ impl Worker {
                     device_mem,
                     used: 0,
                     ledger,
+                    slot: cfg.slot,
                     stats: stats.clone(),
                 },
                 slice: shared::Slice {
@@ -352,6 +426,7 @@ impl Worker {
             quiet_since: None,
             confine_when_filled: false,
             confined: false,
+            ends_with_process: cfg.ends_with_process && cfg.slot.is_some(),
         };
         let counts = worker.sh.gpu.contexts.counts;
         worker.sh.port.stats.count_contexts(&counts);

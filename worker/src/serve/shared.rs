@@ -98,6 +98,9 @@ pub(super) struct Memory {
     /// process), what it holds over all of them (see `ledger.rs`): what
     /// the limit is checked against. None: `used` is the vGPU's.
     pub ledger: Option<crate::ledger::Ledger>,
+    /// The process slot whose entry in the ledger says what this worker
+    /// holds (`Ledger::hold`).
+    pub slot: Option<u32>,
     pub stats: Arc<Stats>,
 }
 
@@ -235,7 +238,7 @@ impl Memory {
             return false;
         }
         self.used += charge;
-        self.stats.mem_used.store(self.used, Ordering::Relaxed);
+        self.held();
         true
     }
 
@@ -245,7 +248,15 @@ impl Memory {
         if let Some(l) = &self.ledger {
             l.release(charge);
         }
+        self.held();
+    }
+
+    /// Says what this worker holds to the counters and its slot's entry.
+    fn held(&self) {
         self.stats.mem_used.store(self.used, Ordering::Relaxed);
+        if let (Some(l), Some(k)) = (&self.ledger, self.slot) {
+            l.hold(k, self.used);
+        }
     }
 
     /// What the vGPU holds, over all its workers.

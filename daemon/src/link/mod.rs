@@ -33,6 +33,8 @@ use transport::{Bell, EventFdBell, LayoutParams, Region};
 
 use crate::Error;
 
+mod slots;
+pub use slots::{SlotClaim, SlotWatch};
 pub use wire::feed::MigrationReport;
 use wire::feed::*;
 
@@ -48,7 +50,10 @@ enum FeedMsg {
     /// goes first, then what follows.
     NewFeed(UnixStream, u32),
     Limit(u64),
-    Migrate(u16, Option<OwnedFd>),
+    /// Lane `.0`'s worker moves to GPU `.1`, over `.2`.
+    Migrate(u32, u16, Option<OwnedFd>),
+    /// Lane `.0`'s worker ended (a process slot's, with its process).
+    CloseLane(u32),
     /// A standby worker's feed: the region alone, the rest on promotion.
     NewStandby(UnixStream),
     /// The standby takes over, with its grant connection if any.
@@ -78,10 +83,13 @@ pub struct VmHost {
     name: String,
     ledger: std::sync::OnceLock<OwnedFd>,
     tx: Mutex<Sender<FeedMsg>>,
-    /// Whether a worker's feed is open now.
-    fed: Arc<AtomicBool>,
-    /// Migration reports from the current worker, oldest first.
-    reports: Arc<Mutex<Vec<MigrationReport>>>,
+    /// The lanes whose worker's feed is open now.
+    live: Arc<Mutex<std::collections::BTreeSet<u32>>>,
+    /// Migration reports from the current workers, oldest first, by lane.
+    reports: Reports,
+    /// The watch over the process slots without a worker, where the
+    /// VM's workers are bound on demand ([`VmHost::watch_slots`]).
+    watch: std::sync::OnceLock<SlotWatch>,
     /// The current worker said its GPU contexts are poisoned.
     poisoned: Arc<AtomicBool>,
     /// The standby worker said it is ready to take over.
@@ -96,6 +104,7 @@ impl std::fmt::Debug for FeedMsg {
             FeedMsg::NewFeed(..) => "NewFeed",
             FeedMsg::Limit(_) => "Limit",
             FeedMsg::Migrate(..) => "Migrate",
+            FeedMsg::CloseLane(_) => "CloseLane",
             FeedMsg::NewStandby(_) => "NewStandby",
             FeedMsg::Promote(_) => "Promote",
             FeedMsg::IpcFd(..) => "IpcFd",
@@ -103,6 +112,9 @@ impl std::fmt::Debug for FeedMsg {
         })
     }
 }
+
+/// Migration reports, each with the lane (process slot) of its worker.
+type Reports = Arc<Mutex<Vec<(u32, MigrationReport)>>>;
 
 /// The state of one VM's feed thread.
 struct Feeder {
@@ -114,13 +126,16 @@ struct Feeder {
     /// The serving workers' feeds, by lane (process slot; 0 for a VM's
     /// one worker).
     lanes: std::collections::BTreeMap<u32, UnixStream>,
-    fed: Arc<AtomicBool>,
+    /// The keys of `lanes`, for the daemon to read.
+    live: Arc<Mutex<std::collections::BTreeSet<u32>>>,
     /// The limit last set while running (MiB), passed on to new workers too.
     limit_mib: Option<u64>,
-    reports: Arc<Mutex<Vec<MigrationReport>>>,
+    reports: Reports,
     poisoned: Arc<AtomicBool>,
     /// A standby worker's feed, fed the region alone until promoted.
     standby: Option<UnixStream>,
+    /// The lines its workers' feeds closing make.
+    log: transport::LogLimiter,
     standby_ready: Arc<AtomicBool>,
     /// Cleared when the standby is promoted or replaced: from then on its
     /// feed's reader no longer speaks for the standby's readiness.
@@ -144,8 +159,8 @@ impl VmHost {
         let server = serve_to(socket, server_fd, layout.vectors, MAX_PEERS, move |ev| {
             let _ = peer_tx.send(FeedMsg::Peer(ev));
         })?;
-        let fed = Arc::new(AtomicBool::new(false));
-        let reports: Arc<Mutex<Vec<MigrationReport>>> = Arc::default();
+        let live: Arc<Mutex<std::collections::BTreeSet<u32>>> = Arc::default();
+        let reports: Reports = Arc::default();
         let poisoned = Arc::new(AtomicBool::new(false));
         let standby_ready = Arc::new(AtomicBool::new(false));
         let mut feeder = Feeder {
@@ -155,11 +170,12 @@ impl VmHost {
             peers: server.peers.clone(),
             host_bells: server.host_bells.clone(),
             lanes: Default::default(),
-            fed: fed.clone(),
+            live: live.clone(),
             limit_mib: None,
             reports: reports.clone(),
             poisoned: poisoned.clone(),
             standby: None,
+            log: transport::LogLimiter::default(),
             standby_ready: standby_ready.clone(),
             standby_live: Arc::default(),
             ipc: Arc::new(crate::ipc_relay::IpcRelay::new(name)?),
@@ -187,8 +203,9 @@ impl VmHost {
             name: name.to_owned(),
             ledger: std::sync::OnceLock::new(),
             tx: Mutex::new(tx),
-            fed,
+            live,
             reports,
+            watch: std::sync::OnceLock::new(),
             poisoned,
             standby_ready,
             thread: Some(thread),
@@ -271,7 +288,18 @@ impl VmHost {
     /// there over `grant` (a connection to that GPU's grant service).
     /// Its answer comes in [`VmHost::take_reports`].
     pub fn migrate(&self, gpu: u32, grant: Option<&UnixStream>) -> Result<(), Error> {
-        if !self.fed.load(Ordering::Relaxed) {
+        self.migrate_lane(0, gpu, grant)
+    }
+
+    /// [`VmHost::migrate`] for lane (process slot) `lane`'s worker alone;
+    /// each of a VM's workers moves over a grant connection of its own.
+    pub fn migrate_lane(
+        &self,
+        lane: u32,
+        gpu: u32,
+        grant: Option<&UnixStream>,
+    ) -> Result<(), Error> {
+        if !self.lanes().contains(&lane) {
             return Err(Error::NoWorker);
         }
         // The feed's MIGRATE carries 16 bits of GPU.
@@ -285,11 +313,23 @@ impl VmHost {
             })?)),
             None => None,
         };
-        self.send(FeedMsg::Migrate(gpu, grant))
+        self.send(FeedMsg::Migrate(lane, gpu, grant))
     }
 
-    /// Migration reports received since the last call.
-    pub fn take_reports(&self) -> Vec<MigrationReport> {
+    /// The lanes (process slots; 0 for a VM's one worker) whose worker's
+    /// feed is open now.
+    pub fn lanes(&self) -> Vec<u32> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect()
+    }
+
+    /// Migration reports received since the last call, each with its
+    /// worker's lane.
+    pub fn take_reports(&self) -> Vec<(u32, MigrationReport)> {
         std::mem::take(&mut *self.reports.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -317,6 +357,90 @@ impl VmHost {
     /// The count behind [`VmHost::log_suppressed`], to read elsewhere.
     pub fn log_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.server.log_counter()
+    }
+
+    /// Watches the VM's process slots that have no worker (see
+    /// `slots.rs`): a process claiming one is sent to `claims`. Once.
+    pub fn watch_slots(&self, claims: Sender<SlotClaim>) -> Result<(), Error> {
+        if self.watch.get().is_none() {
+            let w = SlotWatch::start(
+                &self.name,
+                self.region.clone(),
+                self.server.host_bells.clone(),
+                claims,
+            )?;
+            let _ = self.watch.set(w);
+        }
+        Ok(())
+    }
+
+    /// Slot `slot` has a worker now, started other than on the watch's
+    /// asking: the watch leaves its doorbell to it.
+    pub fn slot_taken(&self, slot: u32) {
+        if let Some(w) = self.watch.get() {
+            w.take(slot);
+        }
+    }
+
+    /// Slot `slot` got no worker after all (none could be started): the
+    /// watch looks at it again.
+    pub fn slot_unserved(&self, slot: u32) {
+        if let Some(w) = self.watch.get() {
+            w.release(slot);
+        }
+    }
+
+    /// Slot `slot`'s worker is gone (`crashed`: without retiring its
+    /// channels, a crash or a kill): its lane is closed; what it held is
+    /// given back to the VM's ledger and its process no longer shown; a
+    /// crashed one's served claims become LOST and their guests are woken
+    /// to see it (a worker that exited did both itself); the slot's host
+    /// end shows asleep; and the watch looks at the slot at once, so that
+    /// a process that came as the worker left gets a new one (where
+    /// `release`; else the caller does it later, [`VmHost::slot_unserved`]).
+    pub fn slot_worker_gone(&self, slot: u32, crashed: bool, release: bool) {
+        let _ = self.send(FeedMsg::CloseLane(slot));
+        let ledger = self.ledger.get().and_then(|fd| fd.try_clone().ok());
+        if let Some(l) = ledger.and_then(|fd| worker::ledger::Ledger::shared(fd).ok()) {
+            l.forget(slot);
+        }
+        let chans = self.region.layout().partition_channels(slot);
+        if crashed {
+            let _ = self.region.take_over_channels(chans.clone());
+            self.wake_lost(chans);
+        }
+        if let Ok(w) = self.region.slot_sleeping(slot) {
+            w.store(1, Ordering::SeqCst);
+        }
+        if release {
+            self.slot_unserved(slot);
+        }
+    }
+
+    /// Rings the guests whose channels among `chans` are LOST, to see it.
+    fn wake_lost(&self, chans: std::ops::Range<u32>) {
+        let peers = self
+            .server
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for ch in chans {
+            if self.region.claim_state(ch).ok() != Some(transport::ClaimState::Lost) {
+                continue;
+            }
+            let (Ok(peer), Ok(v)) = (self.region.owner_peer(ch), self.region.guest_vector(ch))
+            else {
+                continue;
+            };
+            let bell = u16::try_from(peer)
+                .ok()
+                .and_then(|p| peers.get(&p))
+                .and_then(|b| b.get(v as usize));
+            if let Some(b) = bell {
+                let _ = b.ring();
+            }
+        }
     }
 }
 
@@ -378,12 +502,21 @@ impl Feeder {
                 // A dead worker's successor gets it with its snapshot.
                 self.write(|s| send_msg(s, encode_value(LIMIT, mib), None));
             }
-            FeedMsg::Migrate(gpu, grant) => {
-                // Only a VM's one worker is asked (the supervisor refuses to
-                // move a VM with process slots).
+            FeedMsg::Migrate(lane, gpu, grant) => {
+                // That lane's worker alone, over its own connection.
                 let fd = grant.as_ref().map(|g| g.as_raw_fd());
-                self.write(|s| send_msg(s, (MIGRATE << 40) | i64::from(gpu), fd));
+                let failed = self.lanes.get(&lane).is_some_and(|s| {
+                    send_msg(s, (MIGRATE << 40) | i64::from(gpu), fd)
+                        .inspect_err(|e| {
+                            tracing::warn!(vm = self.name, lane, "worker feed closed: {e}")
+                        })
+                        .is_err()
+                });
+                if failed {
+                    self.close_lane(lane);
+                }
             }
+            FeedMsg::CloseLane(lane) => self.close_lane(lane),
             FeedMsg::NewStandby(ours) => self.start_standby(ours),
             FeedMsg::Promote(grant) => self.promote(grant),
             FeedMsg::IpcFd(lane, index, gen) => {
@@ -403,17 +536,24 @@ impl Feeder {
     /// Writes to every serving worker's feed; a worker that does not take
     /// it within [`FEED_SEND_TIMEOUT`] (or whose feed broke) loses its feed.
     fn write(&mut self, f: impl Fn(&UnixStream) -> Result<(), transport::Error>) {
-        let failed: Vec<u32> = self
+        let failed: Vec<(u32, transport::Error)> = self
             .lanes
             .iter()
-            .filter_map(|(&lane, s)| {
-                f(s).err().map(|e| {
-                    tracing::warn!(vm = self.name, lane, "worker feed closed: {e}");
-                    lane
-                })
-            })
+            .filter_map(|(&lane, s)| f(s).err().map(|e| (lane, e)))
             .collect();
-        for lane in failed {
+        for (lane, e) in failed {
+            if self.region.layout().params.partitions > 1 {
+                // A process slot's worker ends with its process.
+                tracing::debug!(vm = self.name, lane, "worker feed closed: {e}");
+            } else {
+                transport::rate_limited!(
+                    self.log,
+                    warn,
+                    vm = self.name,
+                    lane,
+                    "worker feed closed: {e}"
+                );
+            }
             self.close_lane(lane);
         }
     }
@@ -432,7 +572,10 @@ impl Feeder {
             // holds a clone).
             let _ = old.shutdown(std::net::Shutdown::Both);
         }
-        self.fed.store(!self.lanes.is_empty(), Ordering::Relaxed);
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&lane);
     }
 
     fn start_feed(&mut self, ours: UnixStream, lane: u32) {
@@ -445,7 +588,7 @@ impl Feeder {
             let _ = ours.shutdown(std::net::Shutdown::Both);
             return;
         }
-        if self.listen_back(&ours, None, lane) {
+        if self.listen_back(&ours, lane, None) {
             self.make_current(ours, lane);
         }
     }
@@ -456,8 +599,8 @@ impl Feeder {
     fn listen_back(
         &self,
         ours: &UnixStream,
-        ready: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>,
         lane: u32,
+        ready: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>,
     ) -> bool {
         let Ok(back) = ours.try_clone() else {
             let _ = ours.shutdown(std::net::Shutdown::Both);
@@ -482,7 +625,7 @@ impl Feeder {
                         MIGRATED => reports
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .push(MigrationReport::decode(v, pause_us, kib)),
+                            .push((lane, MigrationReport::decode(v, pause_us, kib))),
                         POISONED => poisoned.store(true, Ordering::Relaxed),
                         READY => {
                             if let Some((r, live)) = &ready {
@@ -549,7 +692,10 @@ impl Feeder {
     /// predecessor retired already).
     fn make_current(&mut self, ours: UnixStream, lane: u32) {
         self.lanes.insert(lane, ours);
-        self.fed.store(true, Ordering::Relaxed);
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(lane);
     }
 
     fn start_standby(&mut self, ours: UnixStream) {
@@ -564,7 +710,7 @@ impl Feeder {
         self.standby_live.store(false, Ordering::Relaxed);
         self.standby_live = Arc::new(AtomicBool::new(true));
         let ready = (self.standby_ready.clone(), self.standby_live.clone());
-        if !self.listen_back(&ours, Some(ready), 0) {
+        if !self.listen_back(&ours, 0, Some(ready)) {
             return;
         }
         self.standby = Some(ours);
@@ -598,199 +744,4 @@ fn send_bells(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use transport::server::Client;
-    use transport::ClaimState;
-    use worker::feed::{Feed, FeedStart, PeerLink};
-
-    fn layout() -> LayoutParams {
-        LayoutParams {
-            channels: 2,
-            ring_entries: 8,
-            arena_size: 8192,
-            vectors: 2,
-            pinned_size: 0,
-            partitions: 1,
-        }
-    }
-
-    /// A VM's host side for one test: its folder (removed at the test's
-    /// end), the socket guests attach to, and the `VmHost`.
-    fn vm_host(name: &str) -> (std::path::PathBuf, std::path::PathBuf, VmHost) {
-        let dir = scratch::dir(&format!("fvg-{name}"));
-        let sock = dir.join("vm.sock");
-        let host = VmHost::start(name, &sock, layout()).unwrap();
-        (dir, sock, host)
-    }
-
-    /// A worker fed by `host`: the region it adopted, and its link.
-    fn fed_worker(host: &VmHost) -> (Region, PeerLink) {
-        let (fd, fed) = Feed::receive(host.feed().unwrap()).unwrap();
-        (Region::adopt(fd, layout()).unwrap(), PeerLink::Feed(fed))
-    }
-
-    /// A channel `client` claims and the worker of `region` serves.
-    fn served_claim(client: &Client, region: &Region) -> transport::GuestChannel {
-        let g = client.region.claim(u32::from(client.id), 1, 0).unwrap();
-        region
-            .host_channel(g.index())
-            .unwrap()
-            .mark_serving()
-            .unwrap();
-        g
-    }
-
-    #[test]
-    fn feed_carries_region_bells_and_peer_changes_to_successive_workers() {
-        let (dir, sock, host) = vm_host("link-test");
-        let client = Client::connect(&sock, Duration::from_secs(5)).unwrap();
-
-        let (region, link) = fed_worker(&host);
-        assert_eq!(link.host_bells().len(), 2);
-        // The worker can ring the peer that was there before it started...
-        link.ring_peer(client.id, 1).unwrap();
-        assert!(wait_readable(&client.own_bells[1]));
-        // ...and the guest rings the worker's bell.
-        client.host_bells[0].ring().unwrap();
-        assert!(wait_readable(&link.host_bells()[0]));
-
-        // A guest claims a channel; the worker dies; a second worker adopts.
-        let g = served_claim(&client, &region);
-        drop(link);
-        let (region2, link2) = fed_worker(&host);
-        assert_eq!(region2.claim_state(g.index()).unwrap(), ClaimState::Lost);
-        link2.ring_peer(client.id, 0).unwrap();
-        assert!(wait_readable(&client.own_bells[0]));
-
-        // A peer that leaves: the daemon marks its channels abandoned.
-        let idx = g.index();
-        std::mem::forget(g);
-        drop(client);
-        eventually("not abandoned", || {
-            region2.claim_state(idx).unwrap().needs_reclaim()
-        });
-        assert!(!link2.orphaned());
-        // A limit set while running reaches the worker, and its successors.
-        assert_eq!(link2.memory_limit(), None);
-        host.set_memory_limit(300).unwrap();
-        eventually("limit not fed", || link2.memory_limit() == Some(300 << 20));
-        // A worker whose contexts are poisoned says so before it exits.
-        assert!(!host.take_poisoned());
-        link2.report_poisoned();
-        eventually("poison not heard", || host.take_poisoned());
-        assert!(!host.take_poisoned(), "heard once");
-        let (_fd3, fed3) = Feed::receive(host.feed().unwrap()).unwrap();
-        assert_eq!(PeerLink::Feed(fed3).memory_limit(), Some(300 << 20));
-        drop(region);
-        drop(host);
-        eventually("feed not closed", || link2.orphaned());
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_standby_gets_the_region_alone_until_promoted() {
-        let (dir, sock, host) = vm_host("link-standby");
-        let client = Client::connect(&sock, Duration::from_secs(5)).unwrap();
-        let (region, old) = fed_worker(&host);
-        let g = served_claim(&client, &region);
-
-        // The standby maps the region and hears nothing more for now.
-        let (fd2, start) = FeedStart::receive_region(host.standby_feed().unwrap()).unwrap();
-        let standby = Region::map_existing(fd2, layout()).unwrap();
-        assert_eq!(standby.claim_state(g.index()).unwrap(), ClaimState::Claimed);
-        start
-            .sock
-            .set_read_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
-        assert!(
-            recv_msg(&start.sock).is_err(),
-            "only the region until promoted"
-        );
-        start.sock.set_read_timeout(None).unwrap();
-        assert!(!host.standby_ready());
-        start.ready().unwrap();
-        eventually("ready not heard", || host.standby_ready());
-        host.set_memory_limit(200).unwrap();
-
-        // Promoted: the rest of the snapshot, the grant connection, and the
-        // old worker's feed closed.
-        let (grant, _service_end) = UnixStream::pair().unwrap();
-        host.promote(Some(grant)).unwrap();
-        let mut fed2 = start.finish().unwrap();
-        assert!(fed2.take_grant().is_some());
-        assert!(fed2.take_grant().is_none(), "once");
-        assert!(!host.standby_ready(), "the promoted one is no standby");
-        let link2 = PeerLink::Feed(fed2);
-        assert_eq!(link2.memory_limit(), Some(200 << 20));
-        standby.take_over().unwrap();
-        assert_eq!(standby.claim_state(g.index()).unwrap(), ClaimState::Lost);
-        link2.ring_peer(client.id, 1).unwrap();
-        assert!(wait_readable(&client.own_bells[1]));
-        eventually("old feed not closed", || old.orphaned());
-        // The promoted worker's reports reach the daemon.
-        link2.report_poisoned();
-        eventually("poison not heard", || host.take_poisoned());
-        drop(g);
-        drop(host);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_worker_that_does_not_read_its_feed_holds_up_nobody() {
-        let (dir, sock, host) = vm_host("link-stuck");
-        // A worker that never reads its feed.
-        let stuck = UnixStream::from(host.feed().unwrap());
-        // Peers come and go: more news than its socket holds.
-        for _ in 0..200 {
-            drop(Client::connect(&sock, Duration::from_secs(5)).unwrap());
-        }
-        // The daemon's calls never wait on it...
-        let t = std::time::Instant::now();
-        host.set_memory_limit(100).unwrap();
-        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
-        // ...and its feed is closed once it has not read for a while.
-        while host.fed.load(Ordering::Relaxed) {
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "the stuck feed stays open"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        stuck
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        while let Some(_m) = recv_msg(&stuck).expect("the stuck feed ends, not times out") {}
-        // The next worker gets its snapshot.
-        let (_fd, fed) = Feed::receive(host.feed().unwrap()).unwrap();
-        assert_eq!(PeerLink::Feed(fed).memory_limit(), Some(100 << 20));
-        drop(host);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// Waits up to 5 s for `f` to hold; fails naming `what` if it does not.
-    fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-        let t = std::time::Instant::now();
-        while !f() {
-            assert!(t.elapsed() < Duration::from_secs(5), "{what}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    fn wait_readable(b: &EventFdBell) -> bool {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        use std::os::fd::AsFd;
-        let mut fds = [PollFd::new(b.fd().as_fd(), PollFlags::POLLIN)];
-        let ok = poll(&mut fds, PollTimeout::from(2000u16)).unwrap_or(0) == 1;
-        let mut buf = [0u8; 8];
-        let _ = nix::unistd::read(b.fd().as_fd(), &mut buf);
-        ok
-    }
-
-    #[test]
-    fn feed_messages_round_trip() {
-        for (k, p, v) in [(REGION, 0, 0), (PEER_BELL, 65535, 31), (PEER_GONE, 7, 0)] {
-            assert_eq!(decode(encode(k, p, v)), (k, p, v));
-        }
-    }
-}
+mod tests;

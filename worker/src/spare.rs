@@ -1,0 +1,177 @@
+//! A spare worker's socket to the daemon: the daemon keeps one spare per
+//! GPU started ahead (its executor open, a context made) and bound to no
+//! VM; a guest process that claims a process slot with no worker gets one
+//! bound to it. The spare says it is ready ([`say_ready`]), then gets its
+//! [`SpareBinding`] with two fds, the slot's feed and the VM's memory
+//! ledger ([`send_binding`], [`recv_binding`]), over `SCM_RIGHTS` as the
+//! feed passes the region.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use wire::feed::{BindingError, SpareBinding, BINDING_MAX, SPARE_READY};
+
+use crate::Error;
+
+/// What the daemon's binding message did that it should not have.
+#[derive(Debug, thiserror::Error)]
+pub enum SpareError {
+    /// The bytes are not a binding (see [`SpareBinding::decode`]).
+    #[error(transparent)]
+    Binding(#[from] BindingError),
+    /// It came without the feed and the ledger, or with more fds.
+    #[error("spare binding: {0} fds, not the feed and the ledger")]
+    Fds(usize),
+    /// The daemon closed the socket before a whole binding came.
+    #[error("spare binding: the daemon closed the socket")]
+    Closed,
+}
+
+/// Tells the daemon that the spare is ready to be bound.
+pub fn say_ready(sock: &UnixStream) -> Result<(), Error> {
+    transport::server::send_msg(sock, SPARE_READY << 40, None)?;
+    Ok(())
+}
+
+/// Sends `b` with the slot's `feed` and the VM's `ledger` (the daemon).
+pub fn send_binding(
+    sock: &UnixStream,
+    b: &SpareBinding,
+    feed: &OwnedFd,
+    ledger: &OwnedFd,
+) -> Result<(), Error> {
+    let bytes = b.encode();
+    let fds = [feed.as_raw_fd(), ledger.as_raw_fd()];
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let iov = [IoSlice::new(&bytes[sent..])];
+        let rights = [ControlMessage::ScmRights(&fds)];
+        let cmsgs: &[ControlMessage] = if sent == 0 { &rights } else { &[] };
+        sent +=
+            sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None).map_err(|e| {
+                Error::Io {
+                    what: "sending a spare its binding",
+                    source: e.into(),
+                }
+            })?;
+    }
+    Ok(())
+}
+
+/// Waits for the binding (the spare): the binding, checked, and its feed
+/// and ledger fds. Any other number of fds, or bytes that do not read as
+/// a binding, is an error (the spare then exits; the daemon starts a
+/// worker for the slot instead).
+pub fn recv_binding(sock: &UnixStream) -> Result<(SpareBinding, OwnedFd, OwnedFd), Error> {
+    let mut buf = vec![0u8; SpareBinding::head_len()];
+    let mut got = 0;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let mut total = None;
+    loop {
+        let want = match total {
+            Some(t) => t,
+            None if got < buf.len() => buf.len(),
+            None => {
+                let t = SpareBinding::total_len(&buf).map_err(SpareError::from)?;
+                buf.resize(t.min(BINDING_MAX), 0);
+                total = Some(t);
+                continue;
+            }
+        };
+        if got >= want {
+            break;
+        }
+        let mut iov = [IoSliceMut::new(&mut buf[got..want])];
+        let mut space = nix::cmsg_space!([RawFd; 4]);
+        let msg = recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(|e| Error::Io {
+            what: "receiving a spare's binding",
+            source: e.into(),
+        })?;
+        for c in msg.cmsgs().map_err(|e| Error::Io {
+            what: "a spare binding's fds",
+            source: e.into(),
+        })? {
+            if let ControlMessageOwned::ScmRights(rights) = c {
+                // SAFETY: the kernel just installed each of these in our
+                // table for us; nothing else owns them.
+                fds.extend(
+                    rights
+                        .into_iter()
+                        .map(|f| unsafe { OwnedFd::from_raw_fd(f) }),
+                );
+            }
+        }
+        if msg.bytes == 0 {
+            return Err(SpareError::Closed.into());
+        }
+        got += msg.bytes;
+    }
+    let b = SpareBinding::decode(&buf).map_err(SpareError::from)?;
+    let n = fds.len();
+    let mut it = fds.into_iter();
+    match (it.next(), it.next(), it.next()) {
+        (Some(feed), Some(ledger), None) => Ok((b, feed, ledger)),
+        _ => Err(SpareError::Fds(n).into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binding() -> SpareBinding {
+        SpareBinding {
+            vm: "vm1".into(),
+            id: 2,
+            slot: 1,
+            declared: None,
+        }
+    }
+
+    fn memfd() -> OwnedFd {
+        transport::shm::create_memfd("fvg-spare-test", 4096).unwrap()
+    }
+
+    #[test]
+    fn a_binding_arrives_with_its_feed_and_ledger() {
+        let (a, b) = UnixStream::pair().unwrap();
+        send_binding(&a, &binding(), &memfd(), &memfd()).unwrap();
+        let (got, _feed, _ledger) = recv_binding(&b).unwrap();
+        assert_eq!(got, binding());
+    }
+
+    #[test]
+    fn a_binding_without_its_fds_or_cut_short_is_refused() {
+        // No fds at all.
+        let (a, b) = UnixStream::pair().unwrap();
+        std::io::Write::write_all(&mut &a, &binding().encode()).unwrap();
+        assert!(matches!(
+            recv_binding(&b),
+            Err(Error::Spare(SpareError::Fds(0)))
+        ));
+        // Cut short: the daemon closed the socket.
+        let (a, b) = UnixStream::pair().unwrap();
+        let bytes = binding().encode();
+        std::io::Write::write_all(&mut &a, &bytes[..bytes.len() - 1]).unwrap();
+        drop(a);
+        assert!(matches!(
+            recv_binding(&b),
+            Err(Error::Spare(SpareError::Closed))
+        ));
+        // Bytes that are no binding.
+        let (a, b) = UnixStream::pair().unwrap();
+        std::io::Write::write_all(&mut &a, &[0u8; 64]).unwrap();
+        assert!(matches!(
+            recv_binding(&b),
+            Err(Error::Spare(SpareError::Binding(BindingError::Magic)))
+        ));
+    }
+}
