@@ -153,15 +153,17 @@ fn a_process_takes_any_part_of_the_pool_and_two_never_share_a_page() {
 }
 
 /// A worker killed while its process holds most of the pool leaks none of
-/// it: the daemon's new worker for its slot frees what it held.
+/// it: the daemon frees what it held once it is gone (a slot's worker is
+/// not restarted; the next process gets a new one).
 #[test]
 fn a_killed_workers_pinned_memory_is_freed_by_its_successor() {
     let d = vm_with_slots("pinned-killed");
     let mut a = connect(&d);
     let size = a.device_info().pinned_size;
     a.pinned_alloc(size / 4 * 3).unwrap();
+    // The process's worker, and the GPU's spare.
     let before = worker_pids(&d);
-    assert_eq!(before.len(), 4, "a worker per slot");
+    assert!(!before.is_empty(), "no worker");
     for &pid in &before {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
@@ -169,21 +171,16 @@ fn a_killed_workers_pinned_memory_is_freed_by_its_successor() {
         )
         .unwrap();
     }
-    d.wait("the slots' new workers", Duration::from_secs(60), |d| {
-        let now = worker_pids(d);
-        now.len() == 4 && now.iter().all(|p| !before.contains(p))
-    })
-    .unwrap();
     drop(a);
     let mut c = connect(&d);
     assert_eq!(
-        eventually("the whole pool after the workers were replaced", || c
+        eventually("the whole pool after the worker was killed", || c
             .pinned_alloc(size)),
         0
     );
 }
 
-/// The pids of the VM's workers (its slots').
+/// The pids of the daemon's workers (its VM's slots', and the spare).
 fn worker_pids(d: &DaemonProc) -> Vec<i32> {
     let mut pids = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -198,11 +195,9 @@ fn worker_pids(d: &DaemonProc) -> Vec<i32> {
             .next()
             .and_then(|r| r.split_whitespace().nth(1))
             .and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(d.pid())
-            && args.contains(&&b"worker"[..])
-            && args.contains(&&b"--slot"[..])
-            && args.windows(2).any(|w| w[0] == b"--vm" && w[1] == b"vm1")
-        {
+        // Its one VM's slots' workers (bound spares, or started for a
+        // slot) and the GPU's spare.
+        if ppid == Some(d.pid()) && args.contains(&&b"worker"[..]) {
             pids.push(pid);
         }
     }

@@ -241,7 +241,9 @@ impl Worker {
     /// process claiming the slot from then on rings the slot's doorbell,
     /// which the daemon watches once this worker is gone.
     fn leave_if_unclaimed(&mut self) -> Result<bool, Error> {
-        if !self.sessions.is_empty() || !self.all_free()? {
+        // Memory of its ended process that another worker still has open
+        // stays with it (and counted) until that one lets go.
+        if !self.sessions.is_empty() || self.sh.tables.shares.keeps_any() || !self.all_free()? {
             return Ok(false);
         }
         let Some(k) = self.sh.port.slot else {

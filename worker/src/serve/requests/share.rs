@@ -30,6 +30,14 @@ pub struct WorkerShares {
     kept: Vec<(u64, Arc<Export>)>,
 }
 
+impl WorkerShares {
+    /// Whether memory of an ended process is still held by another worker
+    /// (a worker that ends with its process stays until it is let go).
+    pub fn keeps_any(&self) -> bool {
+        !self.kept.is_empty()
+    }
+}
+
 /// Runs a shareable-handle request of session `s` and replies.
 pub(super) fn handle(
     sh: &mut Shared,
