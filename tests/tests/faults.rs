@@ -53,7 +53,15 @@ fn a_vm_that_keeps_a_standby_from_its_start_recovers_from_its_first_fault_on_it(
 #[test]
 fn kernel_output_and_faults_reach_their_own_process_only() {
     // The daemon's log holds all it and its workers write, stdout too.
-    let r = Rig::start("faults", VmSpec::new("vm1", 256));
+    // A vGPU's one worker, whose fault the standby recovers (a worker per
+    // process, the default: `process_slots.rs`).
+    let r = Rig::start(
+        "faults",
+        VmSpec {
+            process_slots: 0,
+            ..VmSpec::new("vm1", 256)
+        },
+    );
     // A VM that never faulted keeps no standby.
     assert_eq!(r.d.vgpu("vm1").unwrap()["standby"], "none");
 

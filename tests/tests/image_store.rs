@@ -13,7 +13,12 @@ use serde_json::Value;
 use tests::{cargo_build, PTX};
 
 fn start(name: &str, share: bool) -> DaemonProc {
-    let vms = [VmSpec::new("vm1", 256), VmSpec::new("vm2", 256)];
+    // A vGPU's one worker, whose cache its next process finds (a worker
+    // per process starts with an empty one: the store shares them).
+    let vms = ["vm1", "vm2"].map(|n| VmSpec {
+        process_slots: 0,
+        ..VmSpec::new(n, 256)
+    });
     let bin = cargo_build("cli").join("fairvgpu");
     let keys = format!("share_images = {share}");
     DaemonProc::start_full(

@@ -47,7 +47,11 @@ fn workers_free_everything_and_exit_when_the_daemon_is_killed() {
     use bench::fixture::{DaemonProc, VmSpec};
     use std::time::{Duration, Instant};
     let bin = cargo_build("cli").join("fairvgpu");
-    let vms = [VmSpec::new("vm1", 256)];
+    // A vGPU's one worker, restarted on its region (a worker per process,
+    // the default, is not: `slots_on_demand.rs`).
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 0;
+    let vms = [vm];
     let mut d = DaemonProc::start(&bin, "daemon-kill", ExecutorKind::Sim, &vms).unwrap();
     let mut gpu =
         guest::Gpu::connect_with(&d.socket("vm1"), tests::TEST_SPIN).expect("guest attaches");

@@ -205,10 +205,16 @@ impl Group {
     /// the service is to take as the vGPU's.
     pub fn tick(&mut self, now: Instant) -> Vec<Up> {
         let mut up = Vec::new();
+        // The grant's end, extended while the vGPU is alone on its GPU (a
+        // lone holder keeps the GPU as long as it has work, and the service
+        // extends it): a member is overdue past that end, as the service's
+        // own holder is past its deadline.
+        let end = self.granted_at.map(|g| g + self.slice);
         for m in &mut self.members {
             if let Some(since) = m.state.held_since() {
                 let held = now.saturating_duration_since(since);
-                if held > self.hold_limit {
+                let over = end.map_or(held, |e| now.saturating_duration_since(e.max(since)));
+                if over > self.hold_limit {
                     tracing::warn!(
                         vgpu = self.vgpu,
                         held_ms = held.as_millis(),
@@ -523,6 +529,29 @@ mod tests {
         assert_eq!(g.read(0, later), vec![], "its late release is ignored");
         assert!(g.on_service(GRANT, 1_000_000, 0, later));
         assert_eq!(g.tick(later), vec![(RELEASE, 0, 0)], "a grant none took");
+    }
+
+    /// A grant the service extends (the vGPU alone on its GPU) is not taken
+    /// back from its members while the extensions last, only once one keeps
+    /// it past the limit after the extended end.
+    #[test]
+    fn an_extended_grant_stays_with_its_members() {
+        let (mut g, mut far) = group(1);
+        let t = Instant::now();
+        say(&mut far[0], WANT, 0, 0);
+        g.read(0, t);
+        g.on_service(GRANT, 100_000_000, 1, t);
+        for k in 1..=50u64 {
+            assert!(g.on_service(EXTEND, 100_000_000, 0, t + Duration::from_millis(100 * k)));
+        }
+        let up = g.tick(t + Duration::from_secs(4));
+        assert!(
+            !up.iter().any(|u| u.0 == RELEASE),
+            "revoked while extended: {up:?}"
+        );
+        assert!(g.holding());
+        let up = g.tick(t + Duration::from_millis(5_100 + 2_100));
+        assert!(up.iter().any(|u| u.0 == RELEASE), "{up:?}");
     }
 
     /// Figures are summed over the members; the share of copies is the
