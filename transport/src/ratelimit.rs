@@ -19,6 +19,10 @@ pub const DEFAULT_BURST: u32 = 5;
 /// See [`DEFAULT_BURST`].
 pub const DEFAULT_PERIOD: Duration = Duration::from_secs(60);
 
+/// A limit other limiters share (the workers of one VM, each a process of
+/// its own): asked after a limiter's own, whether one more line may go.
+pub type SharedLimit = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// A fixed-window limit on log lines.
 #[derive(Debug)]
 pub struct LogLimiter {
@@ -30,6 +34,17 @@ pub struct LogLimiter {
     pending: u64,
     /// Suppressed in all.
     total: Arc<AtomicU64>,
+    /// Asked too, where set.
+    shared: Option<Shared>,
+}
+
+/// A [`SharedLimit`], which has no `Debug` of its own.
+struct Shared(SharedLimit);
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedLimit")
+    }
 }
 
 impl Default for LogLimiter {
@@ -48,7 +63,15 @@ impl LogLimiter {
             used: 0,
             pending: 0,
             total: Arc::default(),
+            shared: None,
         }
+    }
+
+    /// The same, a line going only if `shared` lets it too (a limit of the
+    /// VM's, whatever the number of its workers).
+    pub fn with_shared(mut self, shared: SharedLimit) -> LogLimiter {
+        self.shared = Some(Shared(shared));
+        self
     }
 
     /// Whether a line may be logged now. `Some(n)`: yes, and `n` lines were
@@ -66,7 +89,7 @@ impl LogLimiter {
             self.window = Some(now);
             self.used = 0;
         }
-        if self.used < self.burst {
+        if self.used < self.burst && self.shared.as_ref().is_none_or(|s| (s.0)()) {
             self.used += 1;
             Some(std::mem::take(&mut self.pending))
         } else {
@@ -106,6 +129,22 @@ macro_rules! rate_limited {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shared limit that says no stops a line the limiter's own allows.
+    #[test]
+    fn a_shared_limit_is_asked_too() {
+        let left = Arc::new(AtomicU64::new(2));
+        let l = left.clone();
+        let mut a = LogLimiter::new(5, DEFAULT_PERIOD).with_shared(Arc::new(move || {
+            l.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+        }));
+        assert_eq!(a.allow(), Some(0));
+        assert_eq!(a.allow(), Some(0));
+        assert_eq!(a.allow(), None, "the shared limit is spent");
+        assert_eq!(a.suppressed(), 1);
+        assert_eq!(left.load(Ordering::Acquire), 0);
+    }
 
     #[test]
     fn lets_a_burst_through_per_period_and_counts_the_rest() {

@@ -65,6 +65,10 @@ pub enum ChunkOwner {
 /// Where the slots' entries begin.
 const SLOTS_AT: usize = 64;
 
+/// The VM's log window: its start (seconds since the epoch) and the lines
+/// its workers logged in it (see [`Ledger::log_line`]).
+const LOG_WINDOW_AT: usize = 16;
+
 /// Slots with an entry (as many as a region has process slots at most).
 const SLOTS: u32 = transport::layout::MAX_PARTITIONS;
 
@@ -226,6 +230,35 @@ impl Ledger {
         held
     }
 
+    /// Whether one more line of the VM's workers may go to the host's log:
+    /// at most `burst` a `period_s` seconds for the whole VM, however many
+    /// workers its processes have. Approximate at a window's turn (two
+    /// words, each changed atomically).
+    pub fn log_line(&self, burst: u64, period_s: u64) -> bool {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let (Ok(start), Ok(used)) = (
+            self.page.atomic_u64(LOG_WINDOW_AT),
+            self.page.atomic_u64(LOG_WINDOW_AT + 8),
+        ) else {
+            return true;
+        };
+        let s = start.load(Ordering::Acquire);
+        // A start in the future is another process's mistake: a new window.
+        if (now < s || now - s >= period_s)
+            && start
+                .compare_exchange(s, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            used.store(0, Ordering::Release);
+        }
+        used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < burst).then_some(n + 1)
+        })
+        .is_ok()
+    }
+
     /// Every slot's process as published, `(pid, bytes)` in slot order.
     pub fn processes(&self) -> Vec<(u32, u64)> {
         let entry = |k: u32| {
@@ -374,6 +407,27 @@ mod tests {
         assert_eq!(chunk_size(1 << 30), 128 << 10);
         assert_eq!(chunk_size(64 << 30), 8 << 20);
         assert!((64u64 << 30).div_ceil(chunk_size(64 << 30)) <= CHUNKS as u64);
+    }
+
+    /// The VM's workers share one window of log lines.
+    #[test]
+    fn a_vms_workers_share_one_log_window() {
+        let fd = Ledger::create("fvg-ledger-log").unwrap();
+        let a = Ledger::shared(fd.try_clone().unwrap()).unwrap();
+        let b = Ledger::shared(fd).unwrap();
+        assert!(a.log_line(3, 60) && b.log_line(3, 60) && a.log_line(3, 60));
+        assert!(
+            !b.log_line(3, 60) && !a.log_line(3, 60),
+            "the VM's three are spent"
+        );
+        // A window that started long ago, or in the future, starts anew.
+        for start in [1, u64::MAX] {
+            a.page
+                .atomic_u64(LOG_WINDOW_AT)
+                .unwrap()
+                .store(start, Ordering::Release);
+            assert!(b.log_line(3, 60));
+        }
     }
 
     /// A slot's worker that died holding memory: the daemon gives it back.

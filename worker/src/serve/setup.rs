@@ -138,6 +138,22 @@ fn register_pool(exec: &mut dyn Executor, m: &transport::shm::FixedMapping) -> (
     }
 }
 
+/// The worker's limit on the log lines its guests cause: its own, and for a
+/// process slot's worker also the VM's, shared with its other workers.
+fn log_limiter(cfg: &WorkerConfig) -> Result<transport::LogLimiter, Error> {
+    let own = transport::LogLimiter::default();
+    let (Some(fd), true) = (&cfg.shared_vgpu, cfg.ends_with_process) else {
+        return Ok(own);
+    };
+    let ledger = crate::ledger::Ledger::shared(fd.try_clone().map_err(|e| Error::Io {
+        what: "the vGPU's memory ledger",
+        source: e,
+    })?)?;
+    let burst = u64::from(transport::ratelimit::DEFAULT_BURST);
+    let period = transport::ratelimit::DEFAULT_PERIOD.as_secs();
+    Ok(own.with_shared(std::sync::Arc::new(move || ledger.log_line(burst, period))))
+}
+
 /// What a spare worker makes before it is bound to a VM (the daemon keeps
 /// one per GPU, see its `supervisor/spares.rs`): its executor open and a
 /// context made ahead for the process it will serve, nothing of any VM.
@@ -374,13 +390,10 @@ impl Worker {
                             .with_kicks(cfg.vcpu_kick),
                     ),
                     // A worker per process (which a guest starts at will):
-                    // a line a minute each, so that the VM's lines do not
-                    // grow with the processes it starts.
-                    log: std::cell::RefCell::new(if cfg.ends_with_process {
-                        transport::LogLimiter::new(1, transport::ratelimit::DEFAULT_PERIOD)
-                    } else {
-                        transport::LogLimiter::default()
-                    }),
+                    // the VM's workers share one window in its ledger, so
+                    // that the VM's lines do not grow with the processes
+                    // it starts.
+                    log: std::cell::RefCell::new(log_limiter(cfg)?),
                     output: std::cell::RefCell::new(output::Output::new()),
                     poisoned: std::cell::Cell::new(None),
                     slot: cfg.slot,
