@@ -8,7 +8,9 @@
 # in the same call; the two are compared step by step
 # (scripts/gpu/migrate_torch.py compare). Carried: the release fairvgpu and
 # libcuda.so in $R (default .carry/release). MT_STEPS: steps per phase
-# (default 400).
+# (default 400). MT_NEIGHBOUR=SECONDS: a second process of the VM (tests/c/faults.c's
+# checked loop) computes for SECONDS from the training's start, moved with the training (its errors
+# counted: neighbour_errors=…).
 # Last line: migrate_ok=… losses_same=… pause_ms=… (the longer pause).
 set -uo pipefail
 . scripts/gpu/lib.sh
@@ -45,6 +47,13 @@ echo "== through the stand-in, moved GPU 0 -> 1 (fp32) -> 0 (bf16)"
 FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH \
     timeout 300 python3 scripts/gpu/migrate_torch.py $STEPS $W/progress > $W/logs/standin 2>&1 &
 P=$!
+if [ -n "${MT_NEIGHBOUR:-}" ]; then
+    gcc -O2 -Itests/c -o $W/faults tests/c/faults.c -L$W/lib -lcuda 2>/dev/null ||
+        { ln -sf libcuda.so.1 $W/lib/libcuda.so; gcc -O2 -Itests/c -o $W/faults tests/c/faults.c -L$W/lib -lcuda; }
+    FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH \
+        $W/faults worker/kernels/faults.ptx loop $MT_NEIGHBOUR > $W/logs/neighbour 2>&1 &
+    NB=$!
+fi
 moves=0; pauses=""
 # Moves the vGPU to GPU $2 once the run has done step $3 of phase $1.
 move_at() {
@@ -77,6 +86,13 @@ echo "-- worker memory left on GPU 0 after the move: ${old_gpu_mib} MiB"
 move_at bf16 0 $((STEPS / 4))
 wait $P; src=$?
 echo "rc=$src"; tail -n 2 $W/logs/standin
+nb=""
+if [ -n "${NB:-}" ]; then
+    wait $NB
+    tail -n 3 $W/logs/neighbour
+    nb=" neighbour_errors=$(grep -o 'loop: [0-9]* rounds, [0-9]* errors' $W/logs/neighbour | sed 's/.*, \([0-9]*\) errors/\1/')"
+    [ "$nb" = " neighbour_errors=" ] && nb=" neighbour_errors=missing"
+fi
 echo "== the daemon's lines on the moves"
 grep -E "migrat|stays on|refused|registered again" $W/logs/daemon.log | tail -n 20
 $R/fairvgpu status --config $W/host.toml 2>&1 | head -n 20
@@ -91,4 +107,4 @@ losses_same=0; [ $same -eq 0 ] && [ $src -eq 0 ] && losses_same=1
 migrate_ok=0; [ $moves -eq 2 ] && [ $src -eq 0 ] && migrate_ok=1
 pause=$(echo $pauses | tr ' ' '\n' | sort -g | tail -n 1)
 cp $W/logs/* "$OUT"/ 2>/dev/null
-echo "migrate_ok=$migrate_ok losses_same=$losses_same pause_ms=${pause:-none} old_gpu_mib=${old_gpu_mib:-none}"
+echo "migrate_ok=$migrate_ok losses_same=$losses_same pause_ms=${pause:-none} old_gpu_mib=${old_gpu_mib:-none}$nb"
