@@ -5,10 +5,16 @@
 #   numba_pass=N/M native_pass=M differs=NAME,...
 # Carried: the release fairvgpu and libcuda.so (R=.carry/release).
 # usage: R=.carry/release scripts/gpu/numba-suite.sh [TEST MODULE...]
+#   NUMBA_PAR=N: numba's runner in N processes (`-m N`; through the stand-in
+#   at most a VM's process_slots at once). ONLY=native, then ONLY=standin in
+#   a later call on the same machine: one side per call, compared at the
+#   second.
 set -uo pipefail
 . scripts/gpu/lib.sh
 R=${R:-target/release}
-W=/tmp/fvg-numba; rm -rf $W; mkdir -p $W/lib $W/py
+W=/tmp/fvg-numba
+[ "${ONLY:-}" = standin ] || rm -rf $W
+mkdir -p $W/lib $W/py
 cp $R/libcuda.so $W/lib/libcuda.so.1
 # Numba there needs numpy's row_stack, gone from numpy 2.x.
 echo 'import numpy as np; np.row_stack = np.vstack' > $W/py/sitecustomize.py
@@ -39,7 +45,8 @@ header
 python3 -c "import numba, numba.cuda; print('numba', numba.__version__)" 2>&1 | tail -1
 run() {  # label, then env assignments
     local label=$1; shift
-    env "$@" PYTHONPATH=$W/py timeout 540 python3 -m numba.runtests -v "${mods[@]}" \
+    env "$@" PYTHONPATH=$W/py timeout ${NUMBA_TIMEOUT:-540} python3 -m numba.runtests -v \
+        ${NUMBA_PAR:+-m $NUMBA_PAR} "${mods[@]}" \
         > $W/$label.log 2>&1
     echo "-- $label: rc=$? $(grep -aE '^(Ran|OK|FAILED)' $W/$label.log | tr '\n' ' ')"
     # One line per test: "name outcome".
@@ -47,7 +54,8 @@ run() {  # label, then env assignments
         sed -E 's/^(test\w*) \(([^)]*)\).*\.\.\. *(ok|FAIL|ERROR|skipped|expected failure|unexpected success).*/\2.\1 \3/' |
         sort > $W/$label.txt
 }
-run native LD_LIBRARY_PATH=$NV
+[ "${ONLY:-}" = standin ] || run native LD_LIBRARY_PATH=$NV
+[ "${ONLY:-}" = native ] && exit 0
 daemon_start $W 8192
 run standin LD_LIBRARY_PATH=$W/lib FAIRVGPU_SOCKET=$FAIRVGPU_SOCKET
 daemon_stop
