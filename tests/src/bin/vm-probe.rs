@@ -71,8 +71,12 @@ fn main() -> Result<()> {
                 wakeups >= n - n / 5,
                 "only {wakeups} of {n} synchronizations blocked and were woken"
             );
+            // The counters are the device's, read one after the other: an
+            // interrupt of another process waiting at once (two_at_once)
+            // counted before this one's first read, its wake-up after, makes
+            // one wake-up more than interrupts between the reads.
             ensure!(
-                irqs >= wakeups,
+                irqs + 1 >= wakeups,
                 "{wakeups} wake-ups but only {irqs} interrupts"
             );
             println!("block: ok");
