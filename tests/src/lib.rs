@@ -449,26 +449,25 @@ pub fn late_waits_beside_a_busy_thread(
 /// The daemon's worker processes (spares, bound or not, and workers
 /// started for a slot).
 pub fn worker_processes(d: &bench::fixture::DaemonProc) -> usize {
-    let mut n = 0;
+    worker_pids(d).len()
+}
+
+/// The pids of the daemon's live worker processes (zombies not counted).
+pub fn worker_pids(d: &bench::fixture::DaemonProc) -> Vec<i32> {
+    let mut pids = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        let state = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next());
+        let mut after = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+        let state = after.next();
+        let ppid = after.next().and_then(|p| p.parse::<u32>().ok());
         let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let is_worker = cmd.split(|&b| b == 0).any(|a| a == b"worker");
         if ppid == Some(d.pid()) && is_worker && state != Some("Z") {
-            n += 1;
+            pids.push(pid);
         }
     }
-    n
+    pids
 }

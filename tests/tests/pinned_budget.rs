@@ -7,6 +7,7 @@
 //! and a killed worker's when the daemon replaces it.
 
 use std::time::{Duration, Instant};
+use tests::worker_pids;
 
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
@@ -178,30 +179,6 @@ fn a_killed_workers_pinned_memory_is_freed_by_its_successor() {
             .pinned_alloc(size)),
         0
     );
-}
-
-/// The pids of the daemon's workers (its VM's slots', and the spare).
-fn worker_pids(d: &DaemonProc) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        // Its one VM's slots' workers (bound spares, or started for a
-        // slot) and the GPU's spare.
-        if ppid == Some(d.pid()) && args.contains(&&b"worker"[..]) {
-            pids.push(pid);
-        }
-    }
-    pids
 }
 
 /// Through the stand-in, as a program asks (`cuMemAllocHost`, what

@@ -9,6 +9,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tests::worker_pids;
 
 use bench::fixture::{DaemonProc, VmSpec};
 use daemon::config::ExecutorKind;
@@ -286,27 +287,6 @@ fn a_vgpu_with_two_running_processes_moves_with_both() {
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(gpu);
-}
-
-/// The daemon's worker processes' pids.
-fn worker_pids(d: &DaemonProc) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if ppid == Some(d.pid()) && cmd.split(|&b| b == 0).any(|a| a == b"worker") {
-            pids.push(pid);
-        }
-    }
-    pids
 }
 
 /// A slot's worker killed while its process holds memory: the process
