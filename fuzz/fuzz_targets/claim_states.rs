@@ -39,8 +39,9 @@ fuzz_target!(|data: &[u8]| {
             }
             3 => {
                 let h = &mut hosts[ch as usize];
-                if h.state().expect("state").needs_reclaim() {
-                    h.reclaim().expect("reclaim");
+                let seen = h.state().expect("state");
+                if seen.needs_reclaim() {
+                    assert!(h.reclaim(seen).expect("reclaim"));
                     assert_eq!(region.claim_state(ch).expect("state"), ClaimState::Free);
                 }
             }

@@ -732,7 +732,7 @@ mod tests {
         assert!(a.own_bells[1].wait(Duration::from_secs(5)).unwrap());
 
         drop(g);
-        h.reclaim().unwrap();
+        assert!(h.reclaim(h.state().unwrap()).unwrap());
         let gone = a.id;
         drop(a);
         assert_eq!(

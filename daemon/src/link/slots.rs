@@ -221,7 +221,7 @@ impl Thread {
                 Ok(st) if st.needs_reclaim() => {
                     // No worker holds anything of it: freed here.
                     if let Ok(mut h) = self.region.host_channel(ch) {
-                        let _ = h.reclaim();
+                        let _ = h.reclaim(st);
                     }
                 }
                 _ => {}

@@ -56,6 +56,19 @@ impl ClaimState {
         )
     }
 
+    /// The word that reads as this state.
+    pub(super) fn word(self) -> u32 {
+        match self {
+            ClaimState::Free => FREE,
+            ClaimState::Claiming => CLAIMING,
+            ClaimState::Claimed => CLAIMED,
+            ClaimState::Closing => CLOSING,
+            ClaimState::Abandoned => ABANDONED,
+            ClaimState::Lost => LOST,
+            ClaimState::Invalid(v) => v,
+        }
+    }
+
     pub(super) fn name(self) -> &'static str {
         match self {
             ClaimState::Free => "free",

@@ -55,13 +55,25 @@ impl HostChannel {
         )
     }
 
-    /// Resets the rings, bumps the generation and frees the channel. The
-    /// caller has already released everything the owner held.
-    pub fn reclaim(&mut self) -> Result<()> {
+    /// Resets the rings, bumps the generation and frees the channel, if
+    /// its claim word still says `seen` (what the caller read when it
+    /// chose to free it); true if it did. The caller has already released
+    /// everything the owner held. A channel that moved on meanwhile is left
+    /// as it is: one freed by another host end and claimed again by a new
+    /// guest keeps that guest's claim.
+    pub fn reclaim(&mut self, seen: ClaimState) -> Result<bool> {
         let r = &self.region;
         let state = r.ctl_word(self.index, ctl::STATE)?;
+        if matches!(seen, ClaimState::Free | ClaimState::Claiming) {
+            return Ok(false); // a guest's to take, or taking
+        }
         // Keep guests from claiming it while the rings are reset.
-        state.store(ABANDONED, Ordering::Release);
+        if state
+            .compare_exchange(seen.word(), ABANDONED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return Ok(false);
+        }
         self.req.reset()?;
         self.resp.reset()?;
         for off in [
@@ -75,6 +87,6 @@ impl HostChannel {
         let g = r.ctl_word(self.index, ctl::GENERATION)?;
         g.store(g.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
         state.store(FREE, Ordering::Release);
-        Ok(())
+        Ok(true)
     }
 }

@@ -48,7 +48,11 @@ fn adopted_region_loses_claimed_channels_until_their_owners_let_go() {
     assert!(matches!(new.claim(6, 103, 0), Err(Error::NoFreeChannel)));
     drop(g);
     assert_eq!(new.claim_state(0).unwrap(), ClaimState::Closing);
-    new.host_channel(0).unwrap().reclaim().unwrap();
+    assert!(new
+        .host_channel(0)
+        .unwrap()
+        .reclaim(ClaimState::Closing)
+        .unwrap());
     assert_eq!(new.claim_state(0).unwrap(), ClaimState::Free);
     // A wrong layout is refused.
     let (_r, fd2) = Region::create("adopt-test-2", small()).unwrap();
@@ -118,7 +122,7 @@ fn claim_serve_close_reclaim_cycle() {
     drop(g);
     assert_eq!(region.claim_state(0).unwrap(), ClaimState::Closing);
     assert!(hosts[0].state().unwrap().needs_reclaim());
-    hosts[0].reclaim().unwrap();
+    assert!(hosts[0].reclaim(ClaimState::Closing).unwrap());
     assert_eq!(region.claim_state(0).unwrap(), ClaimState::Free);
 
     // The next owner starts with clean rings.
@@ -158,7 +162,7 @@ fn abandoned_and_garbage_states_are_reclaimed_and_stale_owner_notices() {
     let g = region.claim(1, 1, 0).unwrap();
     region.mark_abandoned(0).unwrap();
     assert_eq!(h.state().unwrap(), ClaimState::Abandoned);
-    h.reclaim().unwrap();
+    assert!(h.reclaim(ClaimState::Abandoned).unwrap());
     assert!(
         g.check_alive().is_err(),
         "the old owner must see it lost the channel"
@@ -172,7 +176,7 @@ fn abandoned_and_garbage_states_are_reclaimed_and_stale_owner_notices() {
         .store(0xdead, Ordering::Relaxed);
     assert_eq!(h.state().unwrap(), ClaimState::Invalid(0xdead));
     assert!(h.state().unwrap().needs_reclaim());
-    h.reclaim().unwrap();
+    assert!(h.reclaim(ClaimState::Invalid(0xdead)).unwrap());
     assert_eq!(region.claim_state(0).unwrap(), ClaimState::Free);
     assert!(matches!(
         region.host_channel(3),
@@ -182,6 +186,32 @@ fn abandoned_and_garbage_states_are_reclaimed_and_stale_owner_notices() {
         region.claim_state(99),
         Err(Error::NoSuchChannel(99))
     ));
+}
+
+#[test]
+fn a_stale_reclaim_leaves_a_new_claim_alone() {
+    // Two host ends see the first owner's channel closing; one frees it,
+    // a new guest claims it, then the other acts on what it saw.
+    let region = Region::create_in_heap(small()).unwrap();
+    let (mut first, mut late) = (
+        region.host_channel(0).unwrap(),
+        region.host_channel(0).unwrap(),
+    );
+    drop(region.claim(1, 1, 0).unwrap());
+    let seen = late.state().unwrap();
+    assert_eq!(seen, ClaimState::Closing);
+    assert!(first.reclaim(first.state().unwrap()).unwrap());
+    let g = region.claim(2, 2, 0).unwrap();
+    assert_eq!(g.index(), 0);
+    assert!(
+        !late.reclaim(seen).unwrap(),
+        "freed a channel claimed since"
+    );
+    assert!(g.check_alive().is_ok());
+    // What a guest takes or is taking is never freed, seen so or not.
+    assert!(!late.reclaim(ClaimState::Free).unwrap());
+    assert!(!late.reclaim(ClaimState::Claiming).unwrap());
+    assert!(g.check_alive().is_ok());
 }
 
 #[test]

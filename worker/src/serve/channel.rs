@@ -69,7 +69,7 @@ pub(super) fn service(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) 
         Err(_) => return false,
     };
     if state.needs_reclaim() {
-        teardown(sh, c, ss);
+        teardown(sh, c, ss, state);
         return true;
     }
     if state != ClaimState::Claimed {
@@ -107,7 +107,7 @@ pub(super) fn service(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) 
                 channel = c.host.index(),
                 "channel ended: {e}"
             );
-            teardown(sh, c, ss);
+            teardown(sh, c, ss, state);
             // Counted once done, so that whoever reads it sees the channel freed.
             sh.port
                 .stats
@@ -378,10 +378,11 @@ fn drop_session(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) {
     c.hold = false;
 }
 
-/// Frees what the channel's owner held and returns the channel to FREE.
-pub(super) fn teardown(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) {
+/// Frees what the channel's owner held and returns the channel to FREE,
+/// if its claim is still in the state `seen` that the caller read.
+pub(super) fn teardown(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions, seen: ClaimState) {
     drop_session(sh, c, ss);
-    if c.host.reclaim().is_ok() {
+    if c.host.reclaim(seen).unwrap_or(false) {
         sh.port.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
     }
     // What the departed guest's buffers took stays with the allocator
@@ -400,7 +401,7 @@ pub(super) fn retire(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) {
                 wake_owner(&sh.port, c.host.index());
             }
         }
-        Ok(st) if st.needs_reclaim() => teardown(sh, c, ss),
+        Ok(st) if st.needs_reclaim() => teardown(sh, c, ss, st),
         _ => drop_session(sh, c, ss),
     }
 }
