@@ -38,7 +38,8 @@ pub struct VmSpec {
     /// Keeps a fault standby from its start (`[[vm]] standby`).
     pub standby: bool,
     /// A worker per guest process, this many at once (`[[vm]]
-    /// process_slots`; 0: one worker for all).
+    /// process_slots`; 0: one worker for all; the config's default is left
+    /// unwritten, so that a VM with `standby` gets one worker).
     pub process_slots: u32,
     /// The GPU it starts on (`[[vm]] gpu`; None: the daemon places it).
     pub gpu: Option<u32>,
@@ -54,7 +55,7 @@ impl VmSpec {
             tenant: None,
             corun: false,
             standby: false,
-            process_slots: 0,
+            process_slots: daemon::config::DEFAULT_PROCESS_SLOTS,
             gpu: None,
         }
     }
@@ -145,9 +146,12 @@ impl DaemonProc {
         for v in vms {
             let tenant = v.tenant.clone().unwrap_or_else(|| format!("t-{}", v.name));
             cfg.push_str(&format!(
-                "\n[[vm]]\nname = \"{}\"\ntenant = \"{tenant}\"\nweight = {}\nmemory_limit_mib = {}\ncorun = {}\nstandby = {}\nprocess_slots = {}\n",
-                v.name, v.weight, v.memory_limit_mib, v.corun, v.standby, v.process_slots
+                "\n[[vm]]\nname = \"{}\"\ntenant = \"{tenant}\"\nweight = {}\nmemory_limit_mib = {}\ncorun = {}\nstandby = {}\n",
+                v.name, v.weight, v.memory_limit_mib, v.corun, v.standby
             ));
+            if v.process_slots != daemon::config::DEFAULT_PROCESS_SLOTS {
+                cfg.push_str(&format!("process_slots = {}\n", v.process_slots));
+            }
             if let Some(g) = v.gpu {
                 cfg.push_str(&format!("gpu = {g}\n"));
             }

@@ -219,13 +219,14 @@ memory_limit_mib = 256
                 "-chardev",
                 "socket,path=/run/fv/a.sock,id=fairvgpu-a",
                 "-device",
-                "ivshmem-doorbell,chardev=fairvgpu-a,vectors=4,id=fairvgpu-a"
+                // A vector per process slot (8 by default) at least.
+                "ivshmem-doorbell,chardev=fairvgpu-a,vectors=8,id=fairvgpu-a"
             ]
         );
         let x = p.libvirt_xml();
         assert!(x.contains("<model type='ivshmem-doorbell'/>"), "{x}");
         assert!(x.contains("<server path='/run/fv/a.sock'/>"), "{x}");
-        assert!(x.contains("<msi vectors='4' ioeventfd='on'/>"), "{x}");
+        assert!(x.contains("<msi vectors='8' ioeventfd='on'/>"), "{x}");
         let e = Plug::for_vm(&cfg(), "b").unwrap_err();
         assert!(matches!(&e, Error::NoVm(vm) if vm == "b"), "{e:?}");
         assert_eq!(e.to_string(), "config: no vm named \"b\"");

@@ -317,7 +317,9 @@ fn guest_programs_run_through_the_module_and_a_killed_one_gives_back_its_memory(
         return;
     }
     let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
-    guest_checks(&Daemon::start("boot"), 2);
+    // The default: a worker per guest process, eight at once, each slot
+    // with a doorbell vector of its own (the layout's two grow to eight).
+    guest_checks(&Daemon::start("boot"), 8);
 }
 
 /// The same checks with each guest process served by a worker of its own
@@ -363,8 +365,8 @@ fn worker_args(pid: u32) -> Vec<String> {
 }
 
 /// Boots the test guest against `d` and runs its checks
-/// (`vm-images/guest-tests.sh`), the device having `vectors` doorbell
-/// vectors.
+/// (`vm-images/guest-tests.sh`); its processes have workers of their own,
+/// which end with them, and the device has `vectors` doorbell vectors.
 fn guest_checks(d: &Daemon, vectors: u32) {
     let mut g = Guest::boot(d, "tests", &[]);
     g.expect("FVG module loaded", BOOT);

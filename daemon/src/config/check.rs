@@ -379,18 +379,18 @@ impl Config {
                     Loc::Vm(i, "weight"),
                 );
             }
-            if vm.process_slots > transport::layout::MAX_PARTITIONS {
+            if vm.slots() > transport::layout::MAX_PARTITIONS {
                 return bad(
                     format!(
                         "vm {:?}: process_slots must be 0..={}, not {}",
                         vm.name,
                         transport::layout::MAX_PARTITIONS,
-                        vm.process_slots
+                        vm.slots()
                     ),
                     Loc::Vm(i, "process_slots"),
                 );
             }
-            if vm.process_slots > 0 && vm.standby {
+            if vm.slots() > 0 && vm.standby {
                 return bad(
                     format!(
                         "vm {:?}: standby and process_slots do not go together: with process slots a fault ends one slot's worker, and the VM's next process takes another slot at once",

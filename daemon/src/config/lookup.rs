@@ -6,21 +6,29 @@ use transport::LayoutParams;
 
 use super::{default_mps_processes, Config, VmConfig};
 
+/// Channels a process slot has at least: as many as the CUDA stand-in gives
+/// a process's threads, one each, by default (`FAIRVGPU_CHANNELS_PER_PROCESS`).
+pub const CHANNELS_PER_SLOT: u32 = 4;
+
 impl Config {
     /// The region layout of VM `vm` (the `[layout]`, with the VM's own
     /// pinned pool size if it sets one). A VM with process slots has its
-    /// channels split into them (at least two per slot, the `[layout]`'s
-    /// count rounded up to a multiple of the slots) and a host doorbell
-    /// vector per slot at least.
+    /// channels split into them (at least [`CHANNELS_PER_SLOT`] per slot,
+    /// the `[layout]`'s count rounded up to a multiple of the slots) and a
+    /// host doorbell vector per slot at least.
     pub fn layout_for(&self, vm: &VmConfig) -> LayoutParams {
         let mut l = LayoutParams {
             pinned_size: vm.pinned_mib.map_or(self.layout.pinned_size, |m| m << 20),
             ..self.layout
         };
-        if vm.process_slots > 0 {
-            let k = vm.process_slots;
+        if vm.slots() > 0 {
+            let k = vm.slots();
             l.partitions = k;
-            l.channels = l.channels.max(2 * k).div_ceil(k).saturating_mul(k);
+            l.channels = l
+                .channels
+                .max(CHANNELS_PER_SLOT * k)
+                .div_ceil(k)
+                .saturating_mul(k);
             l.vectors = l.vectors.max(k);
         }
         l

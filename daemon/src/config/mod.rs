@@ -228,8 +228,9 @@ pub struct VmConfig {
     #[serde(default)]
     pub standby: bool,
     /// Each guest process of the VM served by a worker process of its own,
-    /// at most this many processes at once (1..=16; 0, the default: one
-    /// worker serves all the VM's processes). A process's fault, kernels
+    /// at most this many processes at once (1..=16; 0: one worker serves
+    /// all the VM's processes). Unset: [`DEFAULT_PROCESS_SLOTS`], or 0 for
+    /// a VM with `standby` (see [`VmConfig::slots`]). A process's fault, kernels
     /// and memory are then its own, as natively: another process's
     /// sticky error or stray pointer cannot reach it. A process's worker
     /// is bound when it attaches (from a spare the daemon keeps per GPU)
@@ -237,8 +238,25 @@ pub struct VmConfig {
     /// process. The VM's processes cannot share memory through IPC
     /// handles (see docs/design.md, "Isolation between a VM's
     /// processes").
-    #[serde(default)]
-    pub process_slots: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_slots: Option<u32>,
+}
+
+/// Process slots of a VM that sets none: as many processes at once as
+/// this get a worker each.
+pub const DEFAULT_PROCESS_SLOTS: u32 = 8;
+
+impl VmConfig {
+    /// The VM's process slots: `process_slots`, else
+    /// [`DEFAULT_PROCESS_SLOTS`], except for a VM with `standby` (one
+    /// worker and its standby), which sets none: 0.
+    pub fn slots(&self) -> u32 {
+        self.process_slots.unwrap_or(if self.standby {
+            0
+        } else {
+            DEFAULT_PROCESS_SLOTS
+        })
+    }
 }
 
 fn one() -> f64 {

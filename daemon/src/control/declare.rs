@@ -40,7 +40,7 @@ pub fn vm_config(d: &VgpuDeclaration, vm: &str) -> VmConfig {
         pinned_mib: None,
         corun: false,
         standby: false,
-        process_slots: 0,
+        process_slots: None,
     }
 }
 

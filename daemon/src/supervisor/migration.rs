@@ -48,11 +48,7 @@ impl Supervisor {
     /// and give up on those that never report.
     pub(super) fn on_migrations(&mut self) {
         for (vm, to) in self.plane.take_requested() {
-            let slotted = self
-                .plane
-                .config()
-                .vm(&vm)
-                .is_some_and(|v| v.process_slots > 0);
+            let slotted = self.plane.config().vm(&vm).is_some_and(|v| v.slots() > 0);
             let started = if slotted {
                 self.start_slotted(&vm, to)
             } else {

@@ -97,7 +97,7 @@ impl Supervisor {
                 .children
                 .iter()
                 .any(|w| w.name == c.vm && w.slot == Some(c.slot) && !w.ended);
-            if served || c.slot >= vm.process_slots {
+            if served || c.slot >= vm.slots() {
                 continue;
             }
             if let Err(e) = self.bind_slot(vm, c.slot) {

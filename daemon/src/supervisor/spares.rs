@@ -81,7 +81,7 @@ impl Supervisor {
         let wanted: BTreeSet<u32> = want
             .vms
             .iter()
-            .filter(|v| v.process_slots > 0)
+            .filter(|v| v.slots() > 0)
             .map(|v| self.plane.gpu_of(&v.name).unwrap_or(0))
             .collect();
         let serving = |gpu: u32| self.mps.get(&gpu).map_or(0, crate::mps::MpsGpu::serving);

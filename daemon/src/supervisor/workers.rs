@@ -271,7 +271,7 @@ impl Supervisor {
     pub(super) fn start_missing(&mut self, want: &Config) -> Result<(), Error> {
         for vm in &want.vms {
             self.ensure_host(want, vm)?;
-            if vm.process_slots == 0 && !self.children.iter().any(|w| w.name == vm.name) {
+            if vm.slots() == 0 && !self.children.iter().any(|w| w.name == vm.name) {
                 self.start_worker(vm, None)?;
             }
         }
@@ -291,11 +291,11 @@ impl Supervisor {
             .host_cpu
             .registry
             .set_peers(self.plane.vgpu_id(&vm.name), host.peer_pids());
-        if vm.process_slots > 0 {
+        if vm.slots() > 0 {
             host.watch_slots(self.claims.sender())?;
             tracing::info!(
                 vm = vm.name,
-                slots = vm.process_slots,
+                slots = vm.slots(),
                 "vGPU ready: a worker is bound to each process slot its processes claim"
             );
         }
