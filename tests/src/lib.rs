@@ -446,6 +446,20 @@ pub fn late_waits_beside_a_busy_thread(
     (rounds, stats.handoff.figures())
 }
 
+/// Waits up to 10 s for the daemon to have `n` worker processes; `what`
+/// says what they should be.
+pub fn wait_for_workers(d: &bench::fixture::DaemonProc, n: usize, what: &str) {
+    let t = std::time::Instant::now();
+    while worker_processes(d) != n {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "{what}: {} worker processes, not {n}",
+            worker_processes(d)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// The daemon's worker processes (spares, bound or not, and workers
 /// started for a slot).
 pub fn worker_processes(d: &bench::fixture::DaemonProc) -> usize {

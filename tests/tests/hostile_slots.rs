@@ -77,11 +77,7 @@ fn ringing_the_slots_doorbells_without_claiming_starts_no_worker() {
     )
     .unwrap();
     let sock = d.socket("vm1");
-    let settle = Instant::now();
-    while tests::worker_processes(&d) != 1 {
-        assert!(settle.elapsed() < Duration::from_secs(10), "no spare");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    tests::wait_for_workers(&d, 1, "the GPU's spare");
     let client = Client::connect(&sock, Duration::from_secs(5)).unwrap();
     let t = Instant::now();
     let mut rings = 0u64;

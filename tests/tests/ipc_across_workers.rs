@@ -275,3 +275,24 @@ fn shareable_handles_and_pools_pass_between_workers() {
     assert_eq!(read(&mut b, at, 13), b"from the pool");
     req(&mut b, Request::IpcClose { ptr: at }).unwrap();
 }
+
+/// Two processes that end without closing what they shared: the exporter
+/// first, while the other has its memory open, then the other. Each one's
+/// worker ends with it (what was kept for the opener is let go of when it
+/// goes), and the VM holds nothing: the GPU's spare is all that runs.
+#[test]
+fn workers_of_processes_that_ended_with_memory_shared_end_too() {
+    let d = daemon("ipc-across-ends");
+    tests::wait_for_workers(&d, 1, "the GPU's spare");
+    let mut a = guest(&d, "vm1");
+    let mut b = guest(&d, "vm1");
+    let ptr = a.mem_alloc(4 * MIB).unwrap();
+    let [token, ..] = req(&mut a, Request::IpcExport { ptr }).unwrap();
+    let [at, ..] = req(&mut b, Request::IpcOpen { token }).unwrap();
+    b.memcpy_htod(at, b"kept").unwrap();
+    drop(a);
+    assert_eq!(read(&mut b, at, 4), b"kept", "kept for b");
+    drop(b);
+    assert_eq!(vm_memory(&d, |u| u == 0), 0, "the VM still holds memory");
+    tests::wait_for_workers(&d, 1, "the spare alone, both processes' workers ended");
+}

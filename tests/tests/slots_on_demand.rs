@@ -16,20 +16,7 @@ use daemon::config::ExecutorKind;
 use guest::Gpu;
 use protocol::{Dim3, ImageKind};
 use tests::faults::{text, Rig};
-use tests::{cargo_build, worker_processes as workers, PTX, TEST_SPIN};
-
-/// Waits up to 10 s for the daemon to have `n` worker processes.
-fn eventually_workers(d: &DaemonProc, n: usize, what: &str) {
-    let t = Instant::now();
-    while workers(d) != n {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "{what}: {} worker processes, not {n}",
-            workers(d)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use tests::{cargo_build, wait_for_workers, worker_processes as workers, PTX, TEST_SPIN};
 
 fn log(d: &DaemonProc) -> String {
     std::fs::read_to_string(d.log_path()).unwrap_or_default()
@@ -41,7 +28,7 @@ fn a_vm_with_slots_holds_no_worker_until_a_process_attaches_and_none_after_it() 
     vm.process_slots = 4;
     let r = Rig::start("slots-demand", vm);
     // The GPU's spare alone, however long the VM idles.
-    eventually_workers(&r.d, 1, "an idle VM with slots");
+    wait_for_workers(&r.d, 1, "an idle VM with slots");
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(workers(&r.d), 1, "an idle VM holds no worker");
     assert!(!log(&r.d).contains("bound to a slot"), "{}", log(&r.d));
@@ -60,15 +47,15 @@ fn a_vm_with_slots_holds_no_worker_until_a_process_attaches_and_none_after_it() 
         log(&r.d)
     );
     // Its worker ended with it; a new spare waits.
-    eventually_workers(&r.d, 1, "after the process");
+    wait_for_workers(&r.d, 1, "after the process");
 
     // Two processes at once: a worker each, both gone once they are.
     let (mut a, _) = r.started("hold", &["2"]);
     let (mut b, _) = r.started("hold", &["2"]);
-    eventually_workers(&r.d, 3, "two bound workers and the next spare");
+    wait_for_workers(&r.d, 3, "two bound workers and the next spare");
     assert!(a.wait().unwrap().success());
     assert!(b.wait().unwrap().success());
-    eventually_workers(&r.d, 1, "after the two processes");
+    wait_for_workers(&r.d, 1, "after the two processes");
     let status = r.d.vgpu("vm1").unwrap();
     assert_eq!(status["worker_restarts"], 0, "{status}");
 }
@@ -78,7 +65,7 @@ fn a_faulted_slots_worker_is_not_restarted_and_the_next_process_computes_at_once
     let mut vm = VmSpec::new("vm1", 256);
     vm.process_slots = 2;
     let r = Rig::start("slots-fault", vm);
-    eventually_workers(&r.d, 1, "the spare");
+    wait_for_workers(&r.d, 1, "the spare");
     let out = r.run("trap", &[]);
     assert!(
         text(&out.stdout).contains("trap sync: CUDA_ERROR_LAUNCH_FAILED"),
@@ -96,7 +83,7 @@ fn a_faulted_slots_worker_is_not_restarted_and_the_next_process_computes_at_once
     let l = log(&r.d);
     assert!(l.contains("not restarted"), "{l}");
     assert!(!l.contains("restarting it on the same region"), "{l}");
-    eventually_workers(&r.d, 1, "after the fault and the next process");
+    wait_for_workers(&r.d, 1, "after the fault and the next process");
 }
 
 #[test]
@@ -104,7 +91,7 @@ fn a_burst_of_more_processes_than_spares_all_compute() {
     let mut vm = VmSpec::new("vm1", 256);
     vm.process_slots = 4;
     let r = Rig::start("slots-burst", vm);
-    eventually_workers(&r.d, 1, "the spare");
+    wait_for_workers(&r.d, 1, "the spare");
     let burst: Vec<_> = (0..4)
         .map(|_| r.program("compute", &[]).output_handle())
         .collect();
@@ -119,7 +106,7 @@ fn a_burst_of_more_processes_than_spares_all_compute() {
     }
     let l = log(&r.d);
     assert!(l.contains("no spare worker ready"), "{l}");
-    eventually_workers(&r.d, 1, "after the burst");
+    wait_for_workers(&r.d, 1, "after the burst");
 }
 
 /// Runs a command to its end on a thread of its own.
