@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use protocol::{DeviceInfo, Request};
 use transport::server::Client;
@@ -242,9 +242,16 @@ impl Gpu {
     }
 }
 
+/// How long a new process waits for a channel of its vGPU to be let go of
+/// when every one is held (every process slot by a running process, where
+/// the region is split into them): as natively, where a process does not
+/// fail for the others that run, it waits, and attaches once one ends.
+const CLAIM_WAIT: Duration = Duration::from_secs(600);
+
 /// Claims the channel a new connection opens `how`: a process's first
 /// (a whole process slot's, where the region is split into them), a
-/// further one in its session's slot, or a monitor's.
+/// further one in its session's slot, or a monitor's. A process's first
+/// waits up to [`CLAIM_WAIT`] while none is free.
 fn claim(
     region: &transport::Region,
     how: &Opening,
@@ -252,9 +259,22 @@ fn claim(
     vector: u32,
 ) -> Result<GuestChannel> {
     let pid = std::process::id();
-    Ok(match how {
-        Opening::Hello => region.claim_process(peer, pid, vector)?,
-        Opening::Join(j) => region.claim_in_slot(j.first, peer, pid, vector)?,
-        Opening::Monitor => region.claim_monitor(peer, pid, vector)?,
-    })
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let r = match how {
+            Opening::Hello => region.claim_process(peer, pid, vector),
+            Opening::Join(j) => region.claim_in_slot(j.first, peer, pid, vector),
+            Opening::Monitor => region.claim_monitor(peer, pid, vector),
+        };
+        match r {
+            Err(transport::Error::NoFreeChannel)
+                if matches!(how, Opening::Hello) && started.elapsed() < CLAIM_WAIT =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+            r => return Ok(r?),
+        }
+    }
 }

@@ -86,6 +86,29 @@ fn a_faulted_slots_worker_is_not_restarted_and_the_next_process_computes_at_once
     wait_for_workers(&r.d, 1, "after the fault and the next process");
 }
 
+/// A VM's processes beyond its slots wait for one to end, as natively they
+/// would not fail for the others that run, and then compute.
+#[test]
+fn a_process_beyond_the_slots_waits_for_one_and_computes() {
+    let mut vm = VmSpec::new("vm1", 256);
+    vm.process_slots = 2;
+    let r = Rig::start("slots-beyond", vm);
+    let held: Vec<Gpu> = (0..2)
+        .map(|_| Gpu::connect_with(&r.d.socket("vm1"), TEST_SPIN).unwrap())
+        .collect();
+    let third = r.program("compute", &[]).output_handle();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!third.is_finished(), "the third did not wait for a slot");
+    drop(held);
+    let out = third.join().unwrap();
+    assert!(
+        text(&out.stdout).contains("compute sync: CUDA_SUCCESS"),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
 #[test]
 fn a_burst_of_more_processes_than_spares_all_compute() {
     let mut vm = VmSpec::new("vm1", 256);
