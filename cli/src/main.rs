@@ -546,7 +546,9 @@ fn spare_process(config: &std::path::Path, fd: i32, gpu: u32) -> Result<()> {
     let mps = cfg.gpu_mps(gpu) && cfg.daemon.executor == daemon::config::ExecutorKind::Cuda;
     let sock = std::os::unix::net::UnixStream::from(worker::feed::feed_from_fd(fd)?);
     let warm = worker::process::spare(&setup::executor_spec(&cfg), if mps { 0 } else { gpu }, mps)?;
-    worker::spare::say_ready(&sock)?;
+    // Bound while it was starting, its binding waits in the socket and the
+    // daemon's end is closed: the word is not heard, and need not be.
+    let _ = worker::spare::say_ready(&sock);
     let (b, feed, ledger) = worker::spare::recv_binding(&sock)?;
     drop(sock);
     // Read now, not at the spare's start: the VM may be newer than it.

@@ -128,7 +128,7 @@ fn a_burst_of_more_processes_than_spares_all_compute() {
         );
     }
     let l = log(&r.d);
-    assert!(l.contains("no spare worker ready"), "{l}");
+    assert!(l.contains("no spare worker for process slot"), "{l}");
     wait_for_workers(&r.d, 1, "after the burst");
 }
 

@@ -152,7 +152,7 @@ impl Supervisor {
             &self.plane,
             &vm.name,
             format!(
-                "{}: no spare worker ready for process slot {slot}: one started for it, its process waits",
+                "{}: no spare worker for process slot {slot}: one started for it, its process waits",
                 vm.name
             ),
         );

@@ -146,13 +146,18 @@ impl Supervisor {
         })
     }
 
-    /// GPU `gpu`'s spare, if it is ready and a client of MPS side `side`,
-    /// taken to be bound (its socket blocking again); the next turn starts
-    /// another.
+    /// GPU `gpu`'s spare, if it is a client of MPS side `side`, taken to be
+    /// bound (its socket blocking again); the next turn starts another.
+    /// One still starting is taken too: its binding waits in its socket
+    /// until its context is made, which is sooner than a worker started
+    /// now would have one.
     pub(super) fn take_spare(&mut self, gpu: u32, side: usize) -> Option<Spare> {
         let s = self.spares.by_gpu.get_mut(&gpu)?;
-        if s.side != side || !s.poll_ready() {
+        if s.side != side {
             return None;
+        }
+        if !s.poll_ready() {
+            tracing::debug!(gpu, "a spare still starting is bound");
         }
         let s = self.spares.by_gpu.remove(&gpu)?;
         // A binding fits the socket's buffer: sent whole either way.
