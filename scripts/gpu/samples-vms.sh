@@ -51,7 +51,7 @@ awk '$2 != 0 { printf "native rc=%s %s\n", $2, $1 }' .samples/native.txt
             $v $v $((60000 / VMS)) "${VM_KEYS:-}"
     done
 } > $W/host.toml
-RUST_LOG=info $R/fairvgpu serve --config $W/host.toml 2> $W/logs/daemon.log &
+RUST_LOG=info,daemon::supervisor=debug $R/fairvgpu serve --config $W/host.toml 2> $W/logs/daemon.log &
 D=$!
 for _ in $(seq 200); do [ -S $W/run/vm$VMS.sock ] && break; sleep 0.1; done
 sleep 2
@@ -85,6 +85,12 @@ for n in $(awk '$2 != 0 { print $1 }' $W/vms.txt); do
 done
 echo "-- after the run: the daemon's processes on the GPU"
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+sleep 2
+echo "-- 2 s later: each worker on the GPU, what it serves, and the programs still running"
+for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
+    echo "$p $(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-120) | $(grep -a "pid=$p\b" $W/logs/daemon.log | tail -1 | cut -c1-160)"
+done
+ps -eo pid,ppid,etimes,stat,args | grep -F .samples/bin | grep -v grep | head -10
 kill $D; wait $D 2>/dev/null
 echo "== daemon warnings and errors (first 20)"; grep -aE 'WARN|ERROR' $W/logs/daemon.log | head -20
 echo "samples_vms=${VMS}x$PER_VM pass=$pass/$npass alone_pass=$alone failed=${failed:-none}"

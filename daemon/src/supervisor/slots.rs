@@ -135,8 +135,23 @@ impl Supervisor {
             });
             match sent {
                 Ok(()) => {
+                    let pid = spare.child.id();
                     if self.claims.line(&vm.name) {
-                        tracing::info!(vm = vm.name, slot, gpu, "spare worker bound to a slot");
+                        tracing::info!(
+                            vm = vm.name,
+                            slot,
+                            gpu,
+                            pid,
+                            "spare worker bound to a slot"
+                        );
+                    } else {
+                        tracing::debug!(
+                            vm = vm.name,
+                            slot,
+                            gpu,
+                            pid,
+                            "spare worker bound to a slot"
+                        );
                     }
                     self.children
                         .push(Supervised::new(&vm.name, Some(slot), spare.child, side));

@@ -324,7 +324,18 @@ impl Supervisor {
         ));
         if slot.is_some() {
             // One per guest process (the event said it, within its limit).
-            tracing::debug!(vm = vm.name, slot, gpu, "a process slot's worker started");
+            let pid = self
+                .children
+                .last()
+                .and_then(|w| w.child.as_ref())
+                .map(Child::id);
+            tracing::debug!(
+                vm = vm.name,
+                slot,
+                gpu,
+                pid,
+                "a process slot's worker started"
+            );
         } else {
             tracing::info!(
                 vm = vm.name,
