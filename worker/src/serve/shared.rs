@@ -201,7 +201,7 @@ impl Port {
         if s.is_sticky() && self.poisoned.get().is_none() {
             tracing::error!(
                 channel,
-                "CUDA error {s:?} poisoned this worker's GPU contexts; the worker restarts"
+                "CUDA error {s:?} poisoned this worker's GPU contexts; it ends once its processes have their errors"
             );
             self.poisoned.set(Some(s));
         }
