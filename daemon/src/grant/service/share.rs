@@ -28,12 +28,10 @@
 //!   use more costs the others nothing (max-min fairness, work-conserving).
 //! - A heavy vGPU (long stretches of device work: [`HEAVY_BURST_NS`]) keeps
 //!   the GPU busy by itself; beside it, others' work would only wait and
-//!   slow it. While a backlogged vGPU is short, it holds the GPU alone,
-//!   for a slice, in its turn by the fair queue's order, as under
-//!   exclusive sharing; light ones hold it together. Holders in the way
-//!   of a waiting vGPU end their grants at their slices' ends
-//!   (`CONTENDED`). While none is short, everyone gets what it can use,
-//!   and heavy ones hold beside the others.
+//!   slow it. It holds the GPU alone, for a slice, in its turn by the fair
+//!   queue's order, as under exclusive sharing; light ones hold it
+//!   together. Holders in the way of a waiting vGPU end their grants at
+//!   their slices' ends (`CONTENDED`).
 //! - Every other holder gets one slice more (`EXTEND`) whenever less than
 //!   one is left: nothing drains at slice ends while no one waits.
 
@@ -214,11 +212,6 @@ impl Lead {
         }
     }
 
-    /// Whether any backlogged vGPU is short.
-    fn any_short(&self) -> bool {
-        self.shortest[0].is_some()
-    }
-
     /// Whether `id` is ahead of its share: more than the bound ahead of a
     /// short vGPU other than itself.
     fn ahead(&self, svc: &mut Service, id: u32) -> bool {
@@ -250,13 +243,7 @@ impl Service {
     pub(super) fn share(&mut self) {
         let now_ns = self.now_ns();
         let holding: Vec<u32> = self.co.holders.keys().copied().collect();
-        let lead = self.lead();
-        // A heavy vGPU holds alone only while a backlogged vGPU is short:
-        // else, everyone has what it can use, and all hold at once, as
-        // the driver interleaves processes natively.
-        let alone = lead.any_short();
-        let is_heavy = |svc: &Service, id: &u32| alone && svc.shared.heavy.contains(id);
-        let heavy_holds = holding.iter().any(|id| is_heavy(self, id));
+        let heavy_holds = holding.iter().any(|id| self.shared.heavy.contains(id));
         // Who may run now, in the queue's order: lights while no heavy
         // holds or waits before them; a heavy one once nobody holds. One
         // found heavy while it held beside others has them end their grants.
@@ -264,11 +251,12 @@ impl Service {
         let mut grant = Vec::new();
         let candidates = self.sched.candidates(now_ns, &holding);
         let others = candidates.len() > 1;
+        let lead = self.lead();
         for id in candidates {
             if lead.ahead(self, id) {
                 continue;
             }
-            let heavy = is_heavy(self, &id);
+            let heavy = self.shared.heavy.contains(&id);
             if heavy_holds || waiting {
                 waiting = true;
                 break;
@@ -285,12 +273,11 @@ impl Service {
         }
         for id in grant {
             let slice = self.sched.slice_for(id);
-            let heavy = is_heavy(self, &id);
             let Some(c) = self.conns.get_mut(&id) else {
                 continue;
             };
             // A heavy one holds alone: lone only while no other wants it.
-            let bits = if heavy {
+            let bits = if self.shared.heavy.contains(&id) {
                 SHARED | ALONE | if others { 0 } else { LONE }
             } else {
                 SHARED | LONE
@@ -464,30 +451,6 @@ mod tests {
         }
         h.release(1_000_000, true).unwrap();
         assert!(granted_within(&mut l, Duration::from_secs(1)));
-    }
-
-    #[test]
-    fn a_heavy_vgpu_holds_beside_others_while_none_is_short() {
-        let svc = shared("heavy-beside");
-        let mut l = Gate::connect(svc.path(), 2, 1.0).unwrap();
-        let mut h = Gate::connect(svc.path(), 1, 1.0).unwrap();
-        assert!(granted_within(&mut l, Duration::from_secs(5)));
-        assert!(granted_within(&mut h, Duration::from_secs(1)));
-        // h heavy (stretches of 1 ms); both far past their halves of the
-        // GPU lately (the rates' time constant is four slices: these last
-        // well past a loaded machine's pauses).
-        for _ in 0..32 {
-            h.charge(3_000_000_000, 3_000).unwrap();
-        }
-        // The service has read h's charges (another socket than l's).
-        std::thread::sleep(Duration::from_millis(20));
-        l.charge(100_000_000_000, 1_000_000).unwrap();
-        l.release(0, true).unwrap();
-        // l asks again while h holds: no one is short, so the heavy one
-        // does not hold alone, and l is granted beside it.
-        assert!(granted_within(&mut l, Duration::from_millis(100)));
-        h.extended();
-        assert!(h.holding() && !h.shared_alone(), "h was made to hold alone");
     }
 
     #[test]
