@@ -20,6 +20,10 @@
 //!   release ignored), so that its group's other members are not held up.
 //! - Figures are the sum over the members of what each reported last (the
 //!   share of copies: the largest).
+//! - On a GPU shared at once (`SHARED` grants), a holding member's `CHARGE`
+//!   is the vGPU's as it comes; the vGPU is `IDLE` once every holding
+//!   member said it is, and wants the GPU again (`WANT`) when one of them
+//!   has work again or another member asks.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -70,6 +74,8 @@ impl State {
 struct Member {
     s: UnixStream,
     state: State,
+    /// Holding a shared grant with nothing to run (it said `IDLE`).
+    idle: bool,
     /// What it reported last, by kind (as [`FIGURES`]).
     figures: [(u64, u64); FIGURES.len()],
     /// Its socket failed: removed at the next [`Group::tick`].
@@ -85,8 +91,11 @@ pub(super) struct Group {
     granted_at: Option<Instant>,
     /// Its slice, extensions included.
     slice: Duration,
-    /// No other vGPU has waited since the grant (as the service said).
-    lone: bool,
+    /// The grant's bits as the service gave them (`LONE`, `SHARED`,
+    /// `ALONE`), `LONE` as its `EXTEND` and `CONTENDED` have it since.
+    bits: u64,
+    /// The vGPU said `IDLE` (every holding member did) and no `WANT` since.
+    idle_said: bool,
     /// `WANT` said and no grant yet.
     wanted: bool,
     /// What the members used of the grant so far, and whether any said it
@@ -107,7 +116,8 @@ impl Group {
             members: Vec::new(),
             granted_at: None,
             slice: Duration::ZERO,
-            lone: false,
+            bits: 0,
+            idle_said: false,
             wanted: false,
             used_ns: 0,
             busy: false,
@@ -124,6 +134,7 @@ impl Group {
         self.members.push(Member {
             s,
             state: State::Idle,
+            idle: false,
             figures: [(0, 0); FIGURES.len()],
             dead: false,
         });
@@ -173,7 +184,8 @@ impl Group {
             GRANT => {
                 self.granted_at = Some(now);
                 self.slice = Duration::from_nanos(a);
-                self.lone = b == 1;
+                self.bits = b;
+                self.idle_said = false;
                 self.wanted = false;
                 self.draining_said = false;
                 for i in 0..self.members.len() {
@@ -186,9 +198,9 @@ impl Group {
             EXTEND | CONTENDED if self.holding() => {
                 if kind == EXTEND {
                     self.slice += Duration::from_nanos(a);
-                    self.lone = true;
+                    self.bits |= LONE;
                 } else {
-                    self.lone = false;
+                    self.bits &= !LONE;
                 }
                 for i in 0..self.members.len() {
                     if self.members[i].state.held_since().is_some() {
@@ -234,15 +246,22 @@ impl Group {
         let state = self.members[i].state;
         match kind {
             WANT => {
+                if state.held_since().is_some() {
+                    // A shared holder with work again.
+                    self.members[i].idle = false;
+                    self.busy_again(up);
+                    return;
+                }
                 if state != State::Idle {
                     return;
                 }
                 self.members[i].state = State::Wanting;
                 let left = self.left(now);
                 if self.holding() && left >= MIN_LEFT {
-                    self.send(i, GRANT, crate::nanos(left), u64::from(self.lone));
+                    self.send(i, GRANT, crate::nanos(left), self.bits);
                     if !self.members[i].dead {
                         self.members[i].state = State::Holding(now);
+                        self.busy_again(up);
                     }
                 } else if !self.holding() && !self.wanted {
                     self.wanted = true;
@@ -256,7 +275,16 @@ impl Group {
                 self.used_ns = self.used_ns.saturating_add(a);
                 self.busy |= b != 0;
                 self.members[i].state = State::Idle;
+                self.members[i].idle = false;
                 self.settle(now, up);
+                self.all_idle(up);
+            }
+            CHARGE if state.held_since().is_some() && self.holding() => {
+                up.push((CHARGE, a, b));
+            }
+            IDLE if state.held_since().is_some() => {
+                self.members[i].idle = true;
+                self.all_idle(up);
             }
             DRAINING => {
                 if let State::Holding(t) = state {
@@ -327,6 +355,7 @@ impl Group {
             }
         }
         self.settle(now, up);
+        self.all_idle(up);
     }
 
     /// Gives the vGPU's grant back once no member holds it: what they used
@@ -350,6 +379,30 @@ impl Group {
         if wanting {
             self.wanted = true;
             up.push((WANT, 0, 0));
+        }
+    }
+
+    /// A holding member has work: the vGPU wants the GPU again if it had
+    /// said it was idle.
+    fn busy_again(&mut self, up: &mut Vec<Up>) {
+        if std::mem::take(&mut self.idle_said) {
+            up.push((WANT, 0, 0));
+        }
+    }
+
+    /// The vGPU is idle once every holding member is (and one holds).
+    fn all_idle(&mut self, up: &mut Vec<Up>) {
+        let mut holders = self
+            .members
+            .iter()
+            .filter(|m| m.state.held_since().is_some())
+            .peekable();
+        if holders.peek().is_none() || !self.holding() || self.idle_said {
+            return;
+        }
+        if holders.all(|m| m.idle) {
+            self.idle_said = true;
+            up.push((IDLE, 0, 0));
         }
     }
 
@@ -405,6 +458,49 @@ mod tests {
         let mut m = [0u8; 24];
         assert!(s.read(&mut m).is_err(), "a message was sent");
         s.set_nonblocking(false).unwrap();
+    }
+
+    /// On a GPU shared at once: members' charges are the vGPU's as they
+    /// come; the vGPU is idle once every holder is, and wants the GPU
+    /// again when one has work; a member granted at once gets the
+    /// service's bits (`SHARED`).
+    #[test]
+    fn shared_grants_pass_charges_and_idle_for_the_whole_vgpu() {
+        let (mut g, mut far) = group(3);
+        let t = Instant::now();
+        say(&mut far[0], WANT, 0, 0);
+        assert_eq!(g.read(0, t), vec![(WANT, 0, 0)]);
+        say(&mut far[1], WANT, 0, 0);
+        assert_eq!(g.read(1, t), vec![]);
+        assert!(g.on_service(GRANT, 30_000_000, SHARED | LONE, t));
+        assert_eq!(heard(&mut far[0]), (GRANT, 30_000_000, SHARED | LONE));
+        assert_eq!(heard(&mut far[1]), (GRANT, 30_000_000, SHARED | LONE));
+        say(&mut far[0], CHARGE, 2_000_000, 8);
+        assert_eq!(g.read(0, t), vec![(CHARGE, 2_000_000, 8)]);
+        // Idle only once both holders are.
+        say(&mut far[0], IDLE, 0, 0);
+        assert_eq!(g.read(0, t), vec![]);
+        say(&mut far[1], IDLE, 0, 0);
+        assert_eq!(g.read(1, t), vec![(IDLE, 0, 0)]);
+        // Work again: said once.
+        say(&mut far[1], WANT, 0, 0);
+        assert_eq!(g.read(1, t), vec![(WANT, 0, 0)]);
+        say(&mut far[0], WANT, 0, 0);
+        assert_eq!(g.read(0, t), vec![]);
+        // Contended since: a member that asks now gets the bits without LONE.
+        assert!(g.on_service(CONTENDED, 0, 0, t));
+        assert_eq!(heard(&mut far[0]).0, CONTENDED);
+        assert_eq!(heard(&mut far[1]).0, CONTENDED);
+        say(&mut far[2], WANT, 0, 0);
+        assert_eq!(g.read(2, t), vec![]);
+        let (k, _, bits) = heard(&mut far[2]);
+        assert_eq!((k, bits), (GRANT, SHARED));
+        // A member that is not holding charges nothing.
+        let (mut g2, mut far2) = group(1);
+        say(&mut far2[0], CHARGE, 5, 1);
+        assert_eq!(g2.read(0, t), vec![]);
+        say(&mut far2[0], IDLE, 0, 0);
+        assert_eq!(g2.read(0, t), vec![]);
     }
 
     /// The group asks once however many members want, grants them all,
