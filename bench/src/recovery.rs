@@ -154,9 +154,15 @@ pub(crate) fn until_working(sock: &Path, timeout: Duration) -> Result<Gpu> {
 /// the daemon logs at that level into [`Report::daemon_log`] instead of our
 /// standard error.
 pub fn measure(bin: &Path, executor: ExecutorKind, log_level: Option<&str>) -> Result<Report> {
+    // One worker per vGPU, restarted on its region (`process_slots = 0`):
+    // with a worker per process, the default, a fault ends the faulting
+    // process's worker alone and nothing restarts (`tests/tests/slots_on_demand.rs`).
     let vms: Vec<VmSpec> = ["vm1", "vm2"]
         .iter()
-        .map(|n| VmSpec::new(n, 1024))
+        .map(|n| VmSpec {
+            process_slots: 0,
+            ..VmSpec::new(n, 1024)
+        })
         .collect();
     let d = match log_level {
         Some(level) => DaemonProc::start_logged(bin, "recovery", executor, &vms, level)?,

@@ -302,9 +302,12 @@ fn guests_sharing_vmm_memory_stay_and_the_refusal_names_it() {
     let text = body.to_string();
     assert!(text.contains("shareable handle"), "{text}");
     assert!(text.contains("stays on GPU 0"), "{text}");
+    // Every worker of the vGPU is asked to move at once, and each that
+    // holds the shared memory refuses: a's once exported, then a's and
+    // b's once imported.
     assert_eq!(
         refusals(&d, "shareable handle"),
-        2,
+        3,
         "exported, then imported"
     );
     assert_eq!(d.vgpu("mover").unwrap()["gpu"], 0);

@@ -27,7 +27,12 @@ fn info(d: &DaemonProc, vm: &str) -> protocol::DeviceInfo {
 #[test]
 fn each_vm_has_its_own_uuid_kept_across_a_worker_restart() {
     let bin = cargo_build("cli").join("fairvgpu");
-    let vms = [VmSpec::new("vm1", 256), VmSpec::new("vm2", 256)];
+    // One worker per vGPU, restarted on its region (with a worker per
+    // process, the default, each process's worker reports the same id).
+    let vms = [VmSpec::new("vm1", 256), VmSpec::new("vm2", 256)].map(|v| VmSpec {
+        process_slots: 0,
+        ..v
+    });
     let d = DaemonProc::start(&bin, "identity", ExecutorKind::Sim, &vms).unwrap();
     let run_dir = d.socket("vm1").parent().unwrap().to_owned();
     let host = identity::host_id(&run_dir).expect("the daemon made the host id");

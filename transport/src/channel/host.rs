@@ -43,6 +43,17 @@ impl HostChannel {
         Ok(())
     }
 
+    /// Whether a host served the channel's claim (see
+    /// [`HostChannel::mark_serving`]): a claim none served lost nothing
+    /// when its host goes, and the next host serves it from the start.
+    pub fn served(&self) -> Result<bool> {
+        Ok(self
+            .region
+            .ctl_word(self.index, ctl::HOST_SERVING)?
+            .load(Ordering::Acquire)
+            != 0)
+    }
+
     /// Gives up a claimed channel whose GPU state this host lost (it is
     /// going away, or its GPU context is poisoned): CLAIMED -> LOST. The
     /// owner sees `Error::HostRestarted` and lets go; the rings are reset

@@ -188,6 +188,8 @@ fn serve_unbound(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) -> Re
         Ok(Request::Hello { .. }) => Err(Status::NotSupported),
         // A monitor's question: answered without a session.
         Ok(Request::VgpuStatus { first }) => {
+            // Served here: should this worker go, the monitor is told.
+            let _ = c.host.mark_serving();
             sh.port.stats.requests.fetch_add(1, Ordering::Relaxed);
             let (r, data) = super::status::answer(sh, ss, first);
             reply(&sh.port, c, d.tag, d.opcode, Ok(r), &data)?;
@@ -391,10 +393,13 @@ pub(super) fn teardown(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions,
 }
 
 /// The worker is going away: frees what the channel's owner held; a
-/// channel still claimed becomes LOST and its owner is woken, one that
-/// needed reclaiming is reclaimed.
+/// channel still claimed becomes LOST and its owner is woken (unless no
+/// worker served its claim yet), one that needed reclaiming is reclaimed.
 pub(super) fn retire(sh: &mut Shared, c: &mut ChannelState, ss: &mut Sessions) {
     match c.host.state() {
+        // Claimed as this worker went, its Hello not served: it lost
+        // nothing, and the next worker serves it from the start.
+        Ok(ClaimState::Claimed) if c.session.is_none() && !c.host.served().unwrap_or(true) => {}
         Ok(ClaimState::Claimed) => {
             drop_session(sh, c, ss);
             if c.host.mark_lost().unwrap_or(false) {
