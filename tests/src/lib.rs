@@ -3,6 +3,7 @@
 
 pub mod faults;
 pub mod hostile;
+pub mod ipc;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;

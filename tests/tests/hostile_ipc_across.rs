@@ -7,67 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use bench::fixture::{DaemonProc, VmSpec};
-use daemon::config::ExecutorKind;
-use guest::{Gpu, GuestError};
-use protocol::{Request, Status};
-use tests::cargo_build;
+use protocol::Request;
+use tests::ipc::{daemon, guest, read, refused, req, vm_memory};
 
 const MIB: u64 = 1 << 20;
-
-fn daemon(tag: &str) -> DaemonProc {
-    let mut vm = VmSpec::new("vm1", 256);
-    vm.process_slots = 3;
-    let mut other = VmSpec::new("vm2", 256);
-    other.process_slots = 2;
-    DaemonProc::start(
-        &cargo_build("cli").join("fairvgpu"),
-        tag,
-        ExecutorKind::Sim,
-        &[vm, other],
-    )
-    .unwrap()
-}
-
-fn guest(d: &DaemonProc, vm: &str) -> Gpu {
-    Gpu::connect_with(&d.socket(vm), tests::TEST_SPIN).unwrap()
-}
-
-fn req(g: &mut Gpu, r: Request) -> Result<[u64; 4], GuestError> {
-    g.request(&r).map(|x| x.vals)
-}
-
-fn refused(r: Result<[u64; 4], GuestError>, what: &str) {
-    assert!(
-        matches!(
-            r,
-            Err(GuestError::Cuda(
-                Status::InvalidValue | Status::InvalidContext
-            ))
-        ),
-        "{what}: {r:?}"
-    );
-}
-
-/// vm1's memory over all its workers, as a monitor sees it, once it is
-/// what `ok` wants (within 10 s).
-fn vm_memory(d: &DaemonProc, ok: impl Fn(u64) -> bool) -> u64 {
-    let mut m = Gpu::monitor(&d.socket("vm1"), tests::TEST_SPIN).unwrap();
-    let t = Instant::now();
-    loop {
-        let used = m.vgpu_status().unwrap().mem_used;
-        if ok(used) || t.elapsed() > Duration::from_secs(10) {
-            return used;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn read(g: &mut Gpu, ptr: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    g.memcpy_dtoh(&mut out, ptr, 0).unwrap();
-    out
-}
 
 #[test]
 fn tokens_of_another_vm_made_up_or_of_an_ended_exporter_open_nothing() {

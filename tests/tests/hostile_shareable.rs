@@ -10,11 +10,8 @@ use std::time::Duration;
 
 use guest::{Gpu, GuestError};
 use protocol::{Request, Status, VMM_GRANULARITY as G};
+use tests::ipc::{map, req};
 use tests::Host;
-
-fn req(g: &mut Gpu, r: Request) -> Result<[u64; 4], GuestError> {
-    g.request(&r).map(|x| x.vals)
-}
 
 fn refused(r: Result<[u64; 4], GuestError>, what: &str) {
     assert!(
@@ -26,30 +23,6 @@ fn refused(r: Result<[u64; 4], GuestError>, what: &str) {
         ),
         "{what}: {r:?}"
     );
-}
-
-/// Reserves `2 * G` and maps `handle` (`G` bytes) at its start.
-fn map(g: &mut Gpu, handle: u64) -> u64 {
-    let va = req(
-        g,
-        Request::VmmReserve {
-            size: 2 * G,
-            align: 0,
-            addr: 0,
-        },
-    )
-    .unwrap()[0];
-    req(
-        g,
-        Request::VmmMap {
-            ptr: va,
-            size: G,
-            offset: 0,
-            handle,
-        },
-    )
-    .unwrap();
-    va
 }
 
 fn unmap(g: &mut Gpu, va: u64) {

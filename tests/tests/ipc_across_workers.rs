@@ -9,67 +9,10 @@
 
 use std::time::{Duration, Instant};
 
-use bench::fixture::{DaemonProc, VmSpec};
-use daemon::config::ExecutorKind;
-use guest::{Gpu, GuestError};
-use protocol::{Request, Status, VMM_GRANULARITY as G};
-use tests::cargo_build;
+use protocol::{Request, VMM_GRANULARITY as G};
+use tests::ipc::{daemon, guest, map, read, refused, req, vm_memory};
 
 const MIB: u64 = 1 << 20;
-
-fn daemon(tag: &str) -> DaemonProc {
-    let mut vm = VmSpec::new("vm1", 256);
-    vm.process_slots = 3;
-    let mut other = VmSpec::new("vm2", 256);
-    other.process_slots = 2;
-    DaemonProc::start(
-        &cargo_build("cli").join("fairvgpu"),
-        tag,
-        ExecutorKind::Sim,
-        &[vm, other],
-    )
-    .unwrap()
-}
-
-fn guest(d: &DaemonProc, vm: &str) -> Gpu {
-    Gpu::connect_with(&d.socket(vm), tests::TEST_SPIN).unwrap()
-}
-
-fn req(g: &mut Gpu, r: Request) -> Result<[u64; 4], GuestError> {
-    g.request(&r).map(|x| x.vals)
-}
-
-fn refused(r: Result<[u64; 4], GuestError>, what: &str) {
-    assert!(
-        matches!(
-            r,
-            Err(GuestError::Cuda(
-                Status::InvalidValue | Status::InvalidContext
-            ))
-        ),
-        "{what}: {r:?}"
-    );
-}
-
-fn read(g: &mut Gpu, ptr: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    g.memcpy_dtoh(&mut out, ptr, 0).unwrap();
-    out
-}
-
-/// The vGPU's memory over all its workers, as a monitor sees it, once it
-/// is what `ok` wants (within 10 s).
-fn vm_memory(d: &DaemonProc, ok: impl Fn(u64) -> bool) -> u64 {
-    let mut m = Gpu::monitor(&d.socket("vm1"), tests::TEST_SPIN).unwrap();
-    let t = Instant::now();
-    loop {
-        let used = m.vgpu_status().unwrap().mem_used;
-        if ok(used) || t.elapsed() > Duration::from_secs(10) {
-            return used;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 #[test]
 fn memory_exported_by_one_process_is_shared_live_with_another_workers_process() {
@@ -188,30 +131,6 @@ fn an_event_recorded_by_one_process_is_waited_on_by_another_workers_process() {
         req(&mut stranger, Request::IpcOpenEvent { token }),
         "another VM's",
     );
-}
-
-/// Reserves `2 * G` and maps `handle` (`G` bytes) at its start.
-fn map(g: &mut Gpu, handle: u64) -> u64 {
-    let va = req(
-        g,
-        Request::VmmReserve {
-            size: 2 * G,
-            align: 0,
-            addr: 0,
-        },
-    )
-    .unwrap()[0];
-    req(
-        g,
-        Request::VmmMap {
-            ptr: va,
-            size: G,
-            offset: 0,
-            handle,
-        },
-    )
-    .unwrap();
-    va
 }
 
 /// VMM memory through a shareable handle (`memMapIPCDrv`) and a pool's
