@@ -105,18 +105,7 @@ impl CudaContext {
         }
         let n = usize::try_from(len).map_err(|_| Status::InvalidValue)?;
         let at = usize::try_from(offset).map_err(|_| Status::InvalidValue)?;
-        let mut h: sys::CUmemGenericAllocationHandle = 0;
-        let raw = fd.into_raw_fd();
-        // The driver takes the fd's number in the pointer (an open fd is
-        // never negative).
-        let os = std::ptr::without_provenance_mut::<c_void>(usize::try_from(raw).unwrap_or(0));
-        // SAFETY: out-parameter on our stack; the fd is passed by value in
-        // the pointer, as the driver takes a POSIX fd.
-        let r = check(unsafe { sys::cuMemImportFromShareableHandle(&mut h, os, POSIX_FD) });
-        // SAFETY: ours (taken from the OwnedFd above); the driver keeps its
-        // own reference once imported.
-        drop(unsafe { OwnedFd::from_raw_fd(raw) });
-        r?;
+        let h = import_shareable(fd)?;
         let va = match super::vmm::vmm_reserve(n) {
             Ok(va) => va,
             Err(e) => {
@@ -246,16 +235,7 @@ impl Ipc for CudaContext {
         self.bind()?;
         let fd = p.fd.ok_or(Status::InvalidValue)?;
         let n = usize::try_from(size).map_err(|_| Status::InvalidValue)?;
-        let mut h: sys::CUmemGenericAllocationHandle = 0;
-        let raw = fd.into_raw_fd();
-        let os = std::ptr::without_provenance_mut::<c_void>(usize::try_from(raw).unwrap_or(0));
-        // SAFETY: out-parameter on our stack; the fd's number in the
-        // pointer, as the driver takes a POSIX fd.
-        let r = check(unsafe { sys::cuMemImportFromShareableHandle(&mut h, os, POSIX_FD) });
-        // SAFETY: ours (taken from the OwnedFd above); the driver keeps its
-        // own reference once imported.
-        drop(unsafe { OwnedFd::from_raw_fd(raw) });
-        r?;
+        let h = import_shareable(fd)?;
         self.next_handle += 1;
         // Released as the last holder lets go (`Phys::drop`).
         self.guest_vmm.phys.insert(
@@ -302,4 +282,20 @@ impl Ipc for CudaContext {
             relay: null_mut(),
         }))
     }
+}
+
+/// Imports a POSIX-fd shareable handle (the fd is closed here; the driver
+/// keeps its own reference once imported).
+fn import_shareable(fd: OwnedFd) -> Result<sys::CUmemGenericAllocationHandle, Status> {
+    let mut h: sys::CUmemGenericAllocationHandle = 0;
+    let raw = fd.into_raw_fd();
+    // The driver takes the fd's number in the pointer (an open fd is never
+    // negative).
+    let os = std::ptr::without_provenance_mut::<c_void>(usize::try_from(raw).unwrap_or(0));
+    // SAFETY: out-parameter on our stack; the fd is passed by value in the
+    // pointer, as the driver takes a POSIX fd.
+    let r = check(unsafe { sys::cuMemImportFromShareableHandle(&mut h, os, POSIX_FD) });
+    // SAFETY: ours (taken from the OwnedFd above), closed once.
+    drop(unsafe { OwnedFd::from_raw_fd(raw) });
+    r.map(|()| h)
 }
