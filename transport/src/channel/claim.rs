@@ -109,6 +109,16 @@ impl Region {
         Ok(self.ctl_word(ch, ctl::OWNER_PID)?.load(Ordering::Relaxed))
     }
 
+    /// Whether a host served channel `ch`'s claim (see
+    /// [`HostChannel::mark_serving`]): a claim none served lost nothing
+    /// when its host goes, and the next host serves it from the start.
+    pub fn host_served(&self, ch: u32) -> Result<bool> {
+        Ok(self
+            .ctl_word(ch, ctl::HOST_SERVING)?
+            .load(Ordering::Acquire)
+            != 0)
+    }
+
     /// The doorbell vector the guest of channel `ch` waits on, reduced into range.
     pub fn guest_vector(&self, ch: u32) -> Result<u32> {
         Ok(self

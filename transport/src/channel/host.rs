@@ -43,15 +43,9 @@ impl HostChannel {
         Ok(())
     }
 
-    /// Whether a host served the channel's claim (see
-    /// [`HostChannel::mark_serving`]): a claim none served lost nothing
-    /// when its host goes, and the next host serves it from the start.
+    /// Whether a host served the channel's claim ([`Region::host_served`]).
     pub fn served(&self) -> Result<bool> {
-        Ok(self
-            .region
-            .ctl_word(self.index, ctl::HOST_SERVING)?
-            .load(Ordering::Acquire)
-            != 0)
+        self.region.host_served(self.index)
     }
 
     /// Gives up a claimed channel whose GPU state this host lost (it is

@@ -79,11 +79,7 @@ impl Region {
         for ch in chans.start..chans.end.min(self.channels()) {
             // A claim no host served yet (its guest came while no worker
             // ran) lost nothing: the new host serves it from the start.
-            if self
-                .ctl_word(ch, ctl::HOST_SERVING)?
-                .load(Ordering::Acquire)
-                == 0
-            {
+            if !self.host_served(ch)? {
                 continue;
             }
             let _ = self.ctl_word(ch, ctl::STATE)?.compare_exchange(
