@@ -35,11 +35,8 @@ pub struct VmSpec {
     pub tenant: Option<String>,
     /// Opted in to co-running (`[[vm]] corun`).
     pub corun: bool,
-    /// Keeps a fault standby from its start (`[[vm]] standby`).
-    pub standby: bool,
     /// A worker per guest process, this many at once (`[[vm]]
-    /// process_slots`; 0: one worker for all; the config's default is left
-    /// unwritten, so that a VM with `standby` gets one worker).
+    /// process_slots`; the config's default is left unwritten).
     pub process_slots: u32,
     /// The GPU it starts on (`[[vm]] gpu`; None: the daemon places it).
     pub gpu: Option<u32>,
@@ -54,7 +51,6 @@ impl VmSpec {
             memory_limit_mib,
             tenant: None,
             corun: false,
-            standby: false,
             process_slots: daemon::config::DEFAULT_PROCESS_SLOTS,
             gpu: None,
         }
@@ -146,8 +142,8 @@ impl DaemonProc {
         for v in vms {
             let tenant = v.tenant.clone().unwrap_or_else(|| format!("t-{}", v.name));
             cfg.push_str(&format!(
-                "\n[[vm]]\nname = \"{}\"\ntenant = \"{tenant}\"\nweight = {}\nmemory_limit_mib = {}\ncorun = {}\nstandby = {}\n",
-                v.name, v.weight, v.memory_limit_mib, v.corun, v.standby
+                "\n[[vm]]\nname = \"{}\"\ntenant = \"{tenant}\"\nweight = {}\nmemory_limit_mib = {}\ncorun = {}\n",
+                v.name, v.weight, v.memory_limit_mib, v.corun
             ));
             if v.process_slots != daemon::config::DEFAULT_PROCESS_SLOTS {
                 cfg.push_str(&format!("process_slots = {}\n", v.process_slots));
@@ -277,30 +273,19 @@ impl DaemonProc {
         Ok(())
     }
 
-    /// The pid of the worker process of `vm`.
-    pub fn worker_pid(&self, vm: &str) -> Option<i32> {
-        for e in std::fs::read_dir("/proc").ok()?.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let ppid = stat
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().nth(1))
-                .and_then(|p| p.parse::<u32>().ok());
-            if ppid == Some(self.child.id())
-                && args.contains(&&b"worker"[..])
-                && args
-                    .windows(2)
-                    .any(|w| w[0] == b"--vm" && w[1] == vm.as_bytes())
-            {
-                return Some(pid);
-            }
-        }
-        None
+    /// The pids of the workers of `vm`'s running processes (status
+    /// `worker_pids`); empty while it runs none, or the API does not answer.
+    pub fn worker_pids(&self, vm: &str) -> Vec<i32> {
+        self.vgpu(vm)
+            .ok()
+            .and_then(|v| {
+                v["worker_pids"].as_array().map(|a| {
+                    a.iter()
+                        .filter_map(|p| p.as_i64().and_then(|p| i32::try_from(p).ok()))
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
     }
 }
 

@@ -322,10 +322,10 @@ pub fn run(executor: ExecutorKind, seconds: f64, keep_log: Option<&Path>) -> Res
         }
     }
     println!(
-        "evil: gpu_seconds={:.3} requests={} worker_restarts={} log_lines_suppressed={} grants_revoked={} refused={} contexts_created={} contexts_reused={}",
+        "evil: gpu_seconds={:.3} requests={} worker_faults={} log_lines_suppressed={} grants_revoked={} refused={} contexts_created={} contexts_reused={}",
         r.evil["gpu_seconds"].as_f64().unwrap_or(0.0),
         r.evil["requests"].as_u64().unwrap_or(0),
-        r.evil["worker_restarts"].as_u64().unwrap_or(0),
+        r.evil["worker_faults"].as_u64().unwrap_or(0),
         r.evil["log_lines_suppressed"].as_u64().unwrap_or(0),
         r.evil["grants_revoked"].as_u64().unwrap_or(0),
         r.evil["refused"].as_u64().unwrap_or(0),

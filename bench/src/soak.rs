@@ -432,8 +432,7 @@ pub fn run(minutes: f64, guests: usize) -> Result<()> {
             memory_limit_mib: MEM_LIMIT_MIB,
             tenant: None,
             corun: false,
-            standby: false,
-            process_slots: 0,
+            process_slots: daemon::config::DEFAULT_PROCESS_SLOTS,
             gpu: None,
         })
         .collect();
@@ -524,7 +523,7 @@ pub fn run(minutes: f64, guests: usize) -> Result<()> {
     let vg = d.vgpus()?;
     let restarts: u64 = vg
         .iter()
-        .map(|v| v["worker_restarts"].as_u64().unwrap_or(0))
+        .map(|v| v["worker_faults"].as_u64().unwrap_or(0))
         .sum();
     let served: u64 = vg.iter().map(|v| v["requests"].as_u64().unwrap_or(0)).sum();
     let refused: u64 = vg.iter().map(|v| v["refused"].as_u64().unwrap_or(0)).sum();

@@ -63,10 +63,6 @@ enum Cmd {
         /// config's).
         #[arg(long)]
         gpu: Option<u32>,
-        /// Start as a standby (set by the daemon for an MPS GPU): make the
-        /// contexts ahead, then wait on the feed until promoted.
-        #[arg(long, requires = "feed_fd")]
-        standby: bool,
         /// The process slot it serves, in a VM with them (set by the
         /// daemon).
         #[arg(long, requires = "ledger_fd")]
@@ -324,7 +320,6 @@ fn run(cli: Cli) -> Result<()> {
             declared,
             feed_fd,
             gpu,
-            standby,
             slot,
             ledger_fd,
             spare_fd,
@@ -335,7 +330,7 @@ fn run(cli: Cli) -> Result<()> {
                 declared.as_deref(),
                 &vm,
                 id,
-                feed_fd.map(|fd| (fd, standby)),
+                feed_fd,
                 gpu,
                 slot.zip(ledger_fd),
             ),
@@ -502,7 +497,7 @@ fn worker_process(
     declared: Option<&str>,
     vm: &str,
     id: Option<u32>,
-    feed: Option<(i32, bool)>,
+    feed: Option<i32>,
     gpu: Option<u32>,
     slot: Option<(u32, i32)>,
 ) -> Result<()> {
@@ -557,7 +552,7 @@ fn spare_process(config: &std::path::Path, fd: i32, gpu: u32) -> Result<()> {
         &cfg,
         &b.vm,
         Some(b.id),
-        Some((feed.into_raw_fd(), false)),
+        Some(feed.into_raw_fd()),
         Some(gpu),
         Some((b.slot, ledger.into_raw_fd())),
     )?;

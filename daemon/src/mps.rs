@@ -8,31 +8,24 @@
 //! What it gives: the vGPUs' contexts become clients of one MPS server, so
 //! the GPU does not switch between them as between processes when the
 //! grant passes from one vGPU to the next. What it costs: MPS clients share
-//! fault fate (one client's fatal fault can end every client on that GPU:
-//! each of those workers then restarts and its VM's guests recover as
-//! from a worker crash), and a client cannot move to another GPU, so these
-//! vGPUs are never migrated. After a client's fatal fault the server takes
-//! no new client until every client it had has exited, so the daemon then
-//! ends and restarts every worker of that GPU (`supervisor/faults.rs`). An MPS client
-//! cannot make a context once the sandbox confines it (it must connect to
-//! the server): such a worker makes `[[gpu]] mps_processes` contexts ahead,
-//! and they bound how many of its VM's processes run at once
-//! (`serve/contexts.rs`). Measured on an H100:
+//! fault fate (one client's fatal fault can end every client on that GPU,
+//! so every guest process whose worker it was sees the error, as every
+//! client process would natively), and a client cannot move to another
+//! GPU, so these vGPUs are never migrated. After a client's fatal fault
+//! the server takes no new client until every client it had has exited,
+//! so the daemon then ends every worker of that GPU
+//! (`supervisor/faults.rs`). An MPS client cannot make a context once the
+//! sandbox confines it (it must connect to the server): such a worker
+//! makes its context ahead (`serve/contexts.rs`). Measured on an H100:
 //! `results/2026-11-23-h100-verify-2.md`.
 //!
-//! Standby workers (`[[gpu]] mps_standby`, on by default): the daemon runs a
-//! second control daemon for the GPU (`<run_dir>/mps-gpu<N>-b/`), and each
-//! vGPU of the GPU keeps a standby worker that is its server's client: it
-//! has mapped its VM's region, registered it, made its contexts and been
-//! confined, and waits on its feed (`link/mod.rs`). When a client's fault ends
-//! the serving workers, each VM's standby takes over at once (the daemon
-//! promotes it) while the driver still tears the ended clients down, and
-//! the two sides swap: new standbys become clients of the old side once
-//! its clients are all gone. An H100 served a guest's first work on a
-//! standby's contexts 1-22 ms after the fault, during the teardown
-//! (`results/2026-11-23-h100-mps-standby.md`). It costs each vGPU a second
-//! worker: its contexts (about 0.5 GiB of GPU memory each) and its
-//! registration of the VM's region.
+//! A second server (`[[gpu]] mps_standby`, on by default): the daemon runs
+//! a second control daemon for the GPU (`<run_dir>/mps-gpu<N>-b/`). When a
+//! client's fault ends the serving side's workers, the sides swap: the
+//! GPU's next workers (its spare, and those of processes that attach) are
+//! clients of the other server at once, while the driver still tears the
+//! ended clients down, instead of waiting for that teardown (about 1.3 s
+//! for four clients on an H100, `results/2026-11-23-h100-mps-recovery.md`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -199,8 +192,8 @@ impl MpsDaemon {
     }
 }
 
-/// The MPS control daemons of one GPU: one, or two with standby workers
-/// (one side's clients serve, the other's stand by; they swap after a
+/// The MPS control daemons of one GPU: one, or two with `mps_standby`
+/// (new workers are clients of the serving side; the sides swap after a
 /// fault).
 #[derive(Debug)]
 pub struct MpsGpu {
@@ -209,7 +202,8 @@ pub struct MpsGpu {
 }
 
 impl MpsGpu {
-    /// Starts the GPU's control daemon, and with `standby` a second one.
+    /// Starts the GPU's control daemon, and with `standby` a second one
+    /// (`[[gpu]] mps_standby`).
     pub fn start(control: &Path, run_dir: &Path, gpu: u32, standby: bool) -> Result<MpsGpu, Error> {
         let mut sides = vec![MpsDaemon::start(control, run_dir, gpu)?];
         if standby {
@@ -224,7 +218,7 @@ impl MpsGpu {
         self.serving
     }
 
-    /// The side standby workers are clients of, if there is one.
+    /// The side that is not serving, if there is one.
     pub fn standby(&self) -> Option<usize> {
         (self.sides.len() > 1).then(|| 1 - self.serving)
     }

@@ -42,14 +42,13 @@ pub fn gpu_slice_ns(cfg: &Config, gpu: u32) -> u64 {
 /// is its vGPU's id at the grant service (the daemon's; by default its
 /// position in the config), `gpu` where the vGPU is now (it may have
 /// moved; default the config's). With `feed` (the fd of the daemon's feed,
-/// see [`crate::link`], and whether to start as a standby, see
-/// `crate::mps`) it adopts the region the daemon serves; without, it
-/// serves its own.
+/// see [`crate::link`]) it serves its process slot `slot` of the region
+/// the daemon serves; without, it serves its own.
 pub fn worker_spec(
     cfg: &Config,
     vm: &str,
     id: Option<u32>,
-    feed: Option<(i32, bool)>,
+    feed: Option<i32>,
     gpu: Option<u32>,
     slot: Option<(u32, i32)>,
 ) -> Result<Spec, Error> {
@@ -85,10 +84,8 @@ pub fn worker_spec(
             (true, None) => cfg.gpu_mps_processes(gpu),
             (false, _) => 0,
         },
-        // A fault standby (`[daemon] fault_standby`, a GPU without MPS)
-        // holds a context ready for the VM's next process, and so does a
-        // process slot's worker for the slot's next process.
-        warm_contexts: usize::from(!mps && (feed.is_some_and(|f| f.1) || slot.is_some())),
+        // A process slot's worker holds a context ready for its process.
+        warm_contexts: usize::from(!mps && slot.is_some()),
         lift_nice: (cfg.daemon.priority != 0).then_some(cfg.daemon.priority),
         realtime: cfg.daemon.realtime,
         // One owner of a vCPU thread's nice value. Where the vCPU lift is
@@ -135,18 +132,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_standby_on_a_gpu_without_mps_holds_a_context_ready_and_a_serving_worker_none() {
+    fn a_slots_worker_without_mps_holds_a_context_ready_and_a_worker_alone_none() {
         let dir = scratch::dir("fvg-setup");
         let cfg = Config::parse(&format!(
             "[daemon]\nrun_dir = {:?}\n[[vm]]\nname = \"vm1\"\ntenant = \"t\"\nmemory_limit_mib = 1024\n",
             dir.display().to_string()
         ))
         .unwrap();
-        let standby = worker_spec(&cfg, "vm1", None, Some((3, true)), None, None).unwrap();
-        assert_eq!(standby.worker.warm_contexts, 1);
-        assert_eq!(standby.worker.prefill_contexts, 0);
-        let serving = worker_spec(&cfg, "vm1", None, Some((3, false)), None, None).unwrap();
-        assert_eq!(serving.worker.warm_contexts, 0);
+        let slot = worker_spec(&cfg, "vm1", None, Some(3), None, Some((1, 4))).unwrap();
+        assert_eq!(slot.worker.warm_contexts, 1);
+        assert_eq!(slot.worker.prefill_contexts, 0);
+        assert_eq!(slot.worker.slot, Some(1));
         let alone = worker_spec(&cfg, "vm1", None, None, None, None).unwrap();
         assert_eq!(alone.worker.warm_contexts, 0);
         assert!(worker_spec(&cfg, "nope", None, None, None, None).is_err());

@@ -13,8 +13,8 @@
 #     the same VM reads it by address with a kernel (natively: illegal
 #     address).
 # Carried: fairvgpu and libcuda.so in $R (default .carry/release).
-# SLOTS=N runs the VM with N process slots; STANDBY=0 as the daemon's default
-# configuration is; NO_BENCH=1 leaves out the overhead bench at the end.
+# SLOTS=N runs the VM with N process slots (default: the config's default);
+# NO_BENCH=1 leaves out the overhead bench at the end.
 # Last line: next_process_ok=… next_process_ms=… native_process_ms=… neighbour_errors=…
 #   printf_lines=N/M host_log_guest_lines=… cross_process_reads=…
 set -uo pipefail
@@ -42,15 +42,10 @@ for _ in 1 2 3; do
   ms=$(( ($(date +%s%N) - t0) / 1000000 )); [ $ms -gt $native_ms ] && native_ms=$ms
 done
 echo "a new native process computes in $native_ms ms (slowest of 3)"
-# The VM keeps a fault standby from its start ([[vm]] standby), so that
-# its first fault, too, is recovered on a worker that is ready
-# (STANDBY=0: as the daemon does by default, only once it has faulted).
-# SLOTS=N: each guest process served by a worker of its own, N at once
-# ([[vm]] process_slots; no standby then).
+# Each guest process is served by a worker of its own; SLOTS=N: N at once
+# ([[vm]] process_slots).
 if [ "${SLOTS:-0}" -gt 0 ]; then
-  STANDBY=0; VM_KEYS="process_slots = $SLOTS"
-elif [ "${STANDBY:-1}" = 1 ]; then
-  VM_KEYS="standby = true"
+  VM_KEYS="process_slots = $SLOTS"
 fi
 echo "== VM keys: ${VM_KEYS:-none}"
 daemon_start $W 8192
@@ -70,10 +65,6 @@ echo "printf lines native $want, through the stand-in $got, identical: $same"
 echo "-- a checked neighbour loops; faults in other processes of the VM"
 $SI $W/bin/faults $FP loop 25 > $W/s.loop.out 2>&1 & L=$!
 sleep 2
-if [ "${STANDBY:-1}" = 1 ]; then
-  for _ in $(seq 100); do grep -q "standby worker ready" $W/logs/daemon.log && break; sleep 0.1; done
-  echo "standby ready before the first fault: $(grep -c 'standby worker ready' $W/logs/daemon.log)"
-fi
 ok=1; worst=0
 for k in assert read trap; do
   case $k in read) args="peek 0x10 $KP";; *) args=$k;; esac
@@ -86,7 +77,7 @@ for k in assert read trap; do
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   echo "after $k: next process computed=$done_ in $ms ms"
   [ $done_ = 1 ] || ok=0; [ $ms -gt $worst ] && worst=$ms
-  sleep 3  # a VM that faulted keeps a standby worker, started 2 s after its replacement ([daemon] fault_standby)
+  sleep 3  # the GPU's spare worker, bound to the process that computed, is started again
 done
 wait $L; cat $W/s.loop.out
 nerr=$(grep -o 'loop: [0-9]* rounds, [0-9]* errors' $W/s.loop.out | sed 's/.*, \([0-9]*\) errors/\1/')

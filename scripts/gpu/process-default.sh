@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with two GPUs: a VM's processes in the daemon's default
 # configuration (a worker per guest process), issue 52's sequence:
-#  1. scripts/gpu/faults.sh (no standby key): a checked neighbour while other
+#  1. scripts/gpu/faults.sh: a checked neighbour while other
 #     processes of its VM assert, read an illegal address and trap; the next
 #     process after each; printf; a cross-process read;
 #  2. scripts/gpu/ipc.sh: memory and event handles between two processes;
@@ -21,7 +21,7 @@ R=${R:-.carry/release}
 export R
 header
 echo "=== 1. faults"
-STANDBY=0 bash scripts/gpu/faults.sh 2>&1 | tee $OUT/faults.log | grep -vaE '^stderr: ' | tail -40
+bash scripts/gpu/faults.sh 2>&1 | tee $OUT/faults.log | grep -vaE '^stderr: ' | tail -40
 f=$(tail -1 $OUT/faults.log)
 get() { echo "$2" | grep -o "$1=[^ ]*" | cut -d= -f2; }
 

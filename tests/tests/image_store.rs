@@ -1,7 +1,8 @@
 //! Module images shared between VMs through the daemon's store, against a
 //! real `fairvgpu serve` (sim executor) with two VMs of two tenants: what a
 //! process of one VM sent is loaded by a process of the other from its
-//! hash, and the daemon's status counts it; with sharing off it is not.
+//! hash, and the daemon's status counts it; with sharing off only the
+//! process that sent it finds it again.
 
 use std::time::Duration;
 
@@ -13,12 +14,7 @@ use serde_json::Value;
 use tests::{cargo_build, PTX};
 
 fn start(name: &str, share: bool) -> DaemonProc {
-    // A vGPU's one worker, whose cache its next process finds (a worker
-    // per process starts with an empty one: the store shares them).
-    let vms = ["vm1", "vm2"].map(|n| VmSpec {
-        process_slots: 0,
-        ..VmSpec::new(n, 256)
-    });
+    let vms = ["vm1", "vm2"].map(|n| VmSpec::new(n, 256));
     let bin = cargo_build("cli").join("fairvgpu");
     let keys = format!("share_images = {share}");
     DaemonProc::start_full(
@@ -114,11 +110,17 @@ fn with_sharing_off_each_vm_sends_its_own() {
     let image = large_ptx();
     let mut one = guest(&d, "vm1");
     one.module_load(ImageKind::Ptx, &image).unwrap();
-    // vm1's own next process finds it (its worker's cache)...
-    assert!(guest(&d, "vm1").request(&ask(&image)).is_ok());
-    // ...vm2's does not, and there is no store.
-    let e = guest(&d, "vm2").request(&ask(&image)).unwrap_err();
-    assert!(matches!(e, GuestError::Cuda(Status::NotFound)), "{e:?}");
+    // The process itself finds it again (its worker's cache)...
+    assert!(one.request(&ask(&image)).is_ok());
+    // ...no other process does, of its VM (a worker of its own) or of
+    // another, and there is no store.
+    for vm in ["vm1", "vm2"] {
+        let e = guest(&d, vm).request(&ask(&image)).unwrap_err();
+        assert!(
+            matches!(e, GuestError::Cuda(Status::NotFound)),
+            "{vm}: {e:?}"
+        );
+    }
     assert!(store_status(&d).is_null());
     assert!(!d.dir.join("images.sock").exists());
 }

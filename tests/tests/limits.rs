@@ -66,5 +66,5 @@ fn memory_limit_changes_apply_to_the_running_guest() {
     gpu.mem_free(small).unwrap();
     let v = d.vgpu("vm1").unwrap();
     assert_eq!(v["memory_limit_bytes"], 64u64 << 20);
-    assert_eq!(v["worker_restarts"], 0, "nothing restarted");
+    assert_eq!(v["worker_faults"], 0, "nothing restarted");
 }

@@ -158,7 +158,7 @@ fn a_running_vgpu_moves_between_gpus_with_its_pointers_intact() {
     let v = d.vgpu("mover").unwrap();
     assert_eq!(v["gpu"], 1);
     assert_eq!(v["migrations"], 3);
-    assert_eq!(v["worker_restarts"], 0);
+    assert_eq!(v["worker_faults"], 0);
     assert!(pauses.iter().all(|&p| p > 0.0 && p < 1000.0), "{pauses:?}");
     let events = d.status().unwrap()["events"].to_string();
     assert!(events.contains("mover: GPU 0 -> 1"), "{events}");

@@ -185,7 +185,7 @@ fn streams_events_globals_vmm_memory_and_graphs_move_with_their_guest() {
     let v = d.vgpu("mover").unwrap();
     assert_eq!(v["gpu"], 1);
     assert_eq!(v["migrations"], 3);
-    assert_eq!(v["worker_restarts"], 0);
+    assert_eq!(v["worker_faults"], 0);
     // The handles still name what they named: the module global's
     // address is the one the guest learnt.
     assert_eq!(gpu.module_global(m, "fvg_counter").unwrap(), (global, 4));

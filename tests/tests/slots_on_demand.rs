@@ -57,7 +57,7 @@ fn a_vm_with_slots_holds_no_worker_until_a_process_attaches_and_none_after_it() 
     assert!(b.wait().unwrap().success());
     wait_for_workers(&r.d, 1, "after the two processes");
     let status = r.d.vgpu("vm1").unwrap();
-    assert_eq!(status["worker_restarts"], 0, "{status}");
+    assert_eq!(status["worker_faults"], 0, "{status}");
 }
 
 #[test]

@@ -38,8 +38,7 @@ fn a_tenant_weight_is_split_among_its_vms() {
         memory_limit_mib: 256,
         tenant: Some(tenant.into()),
         corun: false,
-        standby: false,
-        process_slots: 0,
+        process_slots: daemon::config::DEFAULT_PROCESS_SLOTS,
         gpu: None,
     };
     let vms = [

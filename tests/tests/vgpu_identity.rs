@@ -1,8 +1,8 @@
 //! The identity a vGPU shows its guests under a real `fairvgpu serve` (sim
 //! executor), two VMs: each vGPU has its own UUID, derived from the host id
 //! the daemon keeps in run_dir and the VM's name; it is the same after the
-//! VM's worker is killed and restarted; the driver release and CUDA version
-//! are the host's (the sim's).
+//! process's worker is killed and the VM's next process has a new one;
+//! the driver release and CUDA version are the host's (the sim's).
 
 use std::time::{Duration, Instant};
 
@@ -25,14 +25,9 @@ fn info(d: &DaemonProc, vm: &str) -> protocol::DeviceInfo {
 }
 
 #[test]
-fn each_vm_has_its_own_uuid_kept_across_a_worker_restart() {
+fn each_vm_has_its_own_uuid_kept_across_its_processes_workers() {
     let bin = cargo_build("cli").join("fairvgpu");
-    // One worker per vGPU, restarted on its region (with a worker per
-    // process, the default, each process's worker reports the same id).
-    let vms = [VmSpec::new("vm1", 256), VmSpec::new("vm2", 256)].map(|v| VmSpec {
-        process_slots: 0,
-        ..v
-    });
+    let vms = [VmSpec::new("vm1", 256), VmSpec::new("vm2", 256)];
     let d = DaemonProc::start(&bin, "identity", ExecutorKind::Sim, &vms).unwrap();
     let run_dir = d.socket("vm1").parent().unwrap().to_owned();
     let host = identity::host_id(&run_dir).expect("the daemon made the host id");
@@ -46,22 +41,27 @@ fn each_vm_has_its_own_uuid_kept_across_a_worker_restart() {
         assert_eq!(i.cuda_version, 13000);
     }
 
-    let pid = d.worker_pid("vm1").expect("vm1's worker process");
+    // A process of vm1 whose worker is killed, then the VM's next process
+    // on a new worker: the same UUID.
+    let held = Gpu::connect_with(&d.socket("vm1"), TEST_SPIN).expect("vm1 attaches");
+    d.wait("vm1's worker", Duration::from_secs(20), |d| {
+        d.worker_pids("vm1").len() == 1
+    })
+    .unwrap();
+    let pid = d.worker_pids("vm1")[0];
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    d.wait("vm1's worker restart", Duration::from_secs(60), |d| {
+    d.wait("vm1's worker's end noted", Duration::from_secs(60), |d| {
         d.vgpu("vm1")
-            .is_ok_and(|v| v["worker_restarts"].as_u64() == Some(1))
+            .is_ok_and(|v| v["worker_faults"].as_u64() == Some(1))
     })
     .unwrap();
-    assert_ne!(d.worker_pid("vm1"), Some(pid), "a new worker");
-    assert_eq!(
-        info(&d, "vm1").uuid,
-        a.uuid,
-        "the UUID changed with the worker"
-    );
+    drop(held);
+    let next = info(&d, "vm1");
+    assert!(!d.worker_pids("vm1").contains(&pid), "a new worker");
+    assert_eq!(next.uuid, a.uuid, "the UUID changed with the worker");
     assert_eq!(info(&d, "vm2").uuid, b.uuid);
 }

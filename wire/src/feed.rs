@@ -28,12 +28,8 @@ pub const MIGRATED: i64 = 10;
 /// exits. Said first, so that the daemon need not wait for that exit to
 /// restart the other clients of the GPU's MPS server (the daemon's `supervisor/faults.rs`).
 pub const POISONED: i64 = 11;
-/// Standby worker -> daemon: its GPU contexts are made and the region is
-/// registered; it waits to be promoted (see the daemon's `VmHost::standby_feed`).
-pub const READY: i64 = 12;
-/// Daemon -> promoted standby, before `SYNCED`: its connection to the GPU's
-/// grant service (a confined worker cannot connect).
-pub const GRANT: i64 = 13;
+// 13 was a standby worker's, in a release that had one worker per VM;
+// not reused.
 
 // IPC between the workers of a VM with process slots (the worker's
 // `exports.rs`, the daemon's `ipc_relay.rs`). An entry of the VM's export
@@ -66,10 +62,9 @@ pub fn decode_entry(v: i64) -> (u16, u32) {
     (u16_at(v, 24), gen)
 }
 
-/// Spare worker -> daemon: its executor is open and its context made
-/// (the word a standby says `READY` with); it waits for its
-/// [`SpareBinding`].
-pub const SPARE_READY: i64 = READY;
+/// Spare worker -> daemon, on its own socket (not a feed): its executor
+/// is open and its context made; it waits for its [`SpareBinding`].
+pub const SPARE_READY: i64 = 12;
 
 /// The first bytes of a [`SpareBinding`].
 const BINDING_MAGIC: [u8; 4] = *b"FVGB";
@@ -293,7 +288,7 @@ mod tests {
         for (kind, peer, vector) in [
             (REGION, 0, 0),
             (PEER_BELL, 7, 3),
-            (GRANT, u16::MAX, u16::MAX),
+            (POISONED, u16::MAX, u16::MAX),
         ] {
             assert_eq!(decode(encode(kind, peer, vector)), (kind, peer, vector));
         }
@@ -316,7 +311,7 @@ mod tests {
             (1, 5),
             "24 bits kept"
         );
-        assert!(!is_ipc(GRANT));
+        assert!(!is_ipc(POISONED));
     }
 
     #[test]

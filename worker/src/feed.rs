@@ -1,7 +1,6 @@
 //! The worker's side of its feed: the region and doorbells the daemon
-//! passes ([`Feed`]), read at once or, by a standby worker, up to the region
-//! until it is promoted ([`FeedStart`]), and how the worker reaches its
-//! peers either way ([`PeerLink`]).
+//! passes ([`Feed`]), and how the worker reaches its peers, fed or on its
+//! own ([`PeerLink`]).
 
 use std::collections::BTreeMap;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -14,8 +13,8 @@ use transport::{Bell, EventFdBell};
 
 use crate::Error;
 use wire::feed::{
-    decode, MigrationReport, GRANT, HOST_BELL, LIMIT, MIGRATE, MIGRATION_KIB, MIGRATION_PAUSE_US,
-    PEER_BELL, PEER_GONE, POISONED, READY, REGION, SYNCED,
+    decode, MigrationReport, HOST_BELL, LIMIT, MIGRATE, MIGRATION_KIB, MIGRATION_PAUSE_US,
+    PEER_BELL, PEER_GONE, POISONED, REGION, SYNCED,
 };
 
 /// What the daemon's feed did that it should not have.
@@ -53,37 +52,9 @@ pub struct Feed {
     migration_asked: Arc<AtomicBool>,
     /// Our end of the feed, for answers.
     back: UnixStream,
-    /// A promoted standby's connection to its GPU's grant service.
-    grant: Option<OwnedFd>,
     /// IPC across the VM's workers: its export table and the fds the
     /// daemon hands over (`exports.rs`).
     ipc: (Option<OwnedFd>, Arc<crate::exports::Mailbox>),
-}
-
-/// A feed read up to the region: a standby worker's, until the daemon
-/// promotes it (see the daemon's `link::VmHost::standby_feed`).
-#[derive(Debug)]
-pub struct FeedStart {
-    /// The feed, read as far as the region.
-    pub sock: UnixStream,
-}
-
-impl FeedStart {
-    /// Reads the feed's first message, the region's fd.
-    pub fn receive_region(feed: OwnedFd) -> Result<(OwnedFd, FeedStart), Error> {
-        let sock = UnixStream::from(feed);
-        match recv_msg(&sock)? {
-            Some((v, Some(fd))) if decode(v).0 == REGION => Ok((fd, FeedStart { sock })),
-            Some(_) => Err(FeedError::NoRegion.into()),
-            None => Err(FeedError::Closed.into()),
-        }
-    }
-
-    /// Tells the daemon that this standby can take over.
-    pub fn ready(&self) -> Result<(), Error> {
-        send_msg(&self.sock, READY << 40, None)?;
-        Ok(())
-    }
 }
 
 /// Takes over an fd the daemon passed (by number, on the command line):
@@ -118,22 +89,12 @@ impl Feed {
     /// Reads the feed up to its first synchronization point: returns the
     /// region's fd and the link; a thread keeps the peers up to date after.
     pub fn receive(feed: OwnedFd) -> Result<(OwnedFd, Feed), Error> {
-        let (region, start) = FeedStart::receive_region(feed)?;
-        Ok((region, start.finish()?))
-    }
-
-    /// A promoted standby's grant connection, once.
-    pub fn take_grant(&mut self) -> Option<OwnedFd> {
-        self.grant.take()
-    }
-}
-
-impl FeedStart {
-    /// Waits for the rest of the snapshot (a standby: until promoted) and
-    /// returns the link; a thread keeps the peers up to date after.
-    pub fn finish(self) -> Result<Feed, Error> {
-        let sock = self.sock;
-        let mut grant = None;
+        let sock = UnixStream::from(feed);
+        let region = match recv_msg(&sock)? {
+            Some((v, Some(fd))) if decode(v).0 == REGION => fd,
+            Some(_) => return Err(FeedError::NoRegion.into()),
+            None => return Err(FeedError::Closed.into()),
+        };
         let mut ipc_table = None;
         let mailbox: Arc<crate::exports::Mailbox> = Arc::default();
         let mut host_bells: BTreeMap<u16, Arc<EventFdBell>> = BTreeMap::new();
@@ -145,7 +106,6 @@ impl FeedStart {
             };
             let (kind, peer, vector) = decode(v);
             match (kind, fd) {
-                (GRANT, Some(fd)) => grant = Some(fd),
                 (wire::feed::IPC_TABLE, Some(fd)) => ipc_table = Some(fd),
                 (HOST_BELL, Some(fd)) => {
                     host_bells.insert(vector, Arc::new(EventFdBell::from_fd(fd)));
@@ -209,17 +169,19 @@ impl FeedStart {
                     source,
                 })?;
         }
-        Ok(Feed {
-            host_bells,
-            peers,
-            closed,
-            limit,
-            migration,
-            migration_asked,
-            back,
-            grant,
-            ipc: (ipc_table, mailbox),
-        })
+        Ok((
+            region,
+            Feed {
+                host_bells,
+                peers,
+                closed,
+                limit,
+                migration,
+                migration_asked,
+                back,
+                ipc: (ipc_table, mailbox),
+            },
+        ))
     }
 }
 

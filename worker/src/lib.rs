@@ -105,11 +105,7 @@ pub enum Error {
     /// Making the GPU contexts ahead (`prefill_contexts`) failed.
     #[error("config: making GPU contexts ahead: {0:?}")]
     Prefill(protocol::Status),
-    /// A standby was promoted to a VM that uses the grant service but
-    /// was handed no connection to it.
-    #[error("config: promoted without a connection to the grant service")]
-    PromotedWithoutGrant,
-    /// A spare worker was bound without a feed, or as a standby.
+    /// A spare worker was bound without a feed.
     #[error("config: a spare is bound to a process slot's feed alone")]
     SpareNotFed,
     /// A process slot the region does not have.

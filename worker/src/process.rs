@@ -16,8 +16,8 @@ use crate::Error;
 /// The exit status of a worker whose GPU contexts a sticky CUDA error poisoned.
 pub const EXIT_POISONED: i32 = 75;
 
-/// How long a standby worker tries to initialize CUDA.
-const STANDBY_INIT_TRIES: Duration = Duration::from_secs(10);
+/// How long a spare worker tries to initialize CUDA.
+const SPARE_INIT_TRIES: Duration = Duration::from_secs(10);
 
 /// Which executor a worker opens, on which GPU.
 #[derive(Debug, Clone, Copy)]
@@ -57,9 +57,9 @@ pub struct Spec {
     pub executor: ExecutorSpec,
     /// The GPU ordinal it opens (see [`ExecutorSpec::open`]).
     pub ordinal: u32,
-    /// The fd of the daemon's feed (region and doorbells) and whether to
-    /// start as a standby; without, it serves its own region and socket.
-    pub feed: Option<(i32, bool)>,
+    /// The fd of the daemon's feed (region and doorbells); without, it
+    /// serves its own region and socket.
+    pub feed: Option<i32>,
     /// The fd of the VM's memory ledger, for a process slot's worker
     /// (`WorkerConfig::slot`): it counts in the ledger the VM's workers
     /// share.
@@ -69,8 +69,8 @@ pub struct Spec {
 }
 
 /// Opens `exec`'s GPU `ordinal`, retrying for a while where `patient` (a
-/// standby or a spare may start as its MPS server is still being torn
-/// down after a fault, `CUDA_ERROR_MPS_SERVER_NOT_READY`: it has time).
+/// spare may start as its MPS server is still being torn down after a
+/// fault, `CUDA_ERROR_MPS_SERVER_NOT_READY`: it has time).
 fn open_executor(
     exec: &ExecutorSpec,
     ordinal: u32,
@@ -83,7 +83,7 @@ fn open_executor(
     loop {
         match exec.open(ordinal) {
             Ok(e) => return Ok(e),
-            Err(e) if t.elapsed() < STANDBY_INIT_TRIES => {
+            Err(e) if t.elapsed() < SPARE_INIT_TRIES => {
                 tracing::debug!("GPU not ready yet: {e}");
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -119,14 +119,10 @@ pub fn run(spec: &Spec) -> Result<(), Error> {
 pub fn run_warm(spec: &Spec, warm: Option<Warm>) -> Result<(), Error> {
     let started = Instant::now();
     let vm = spec.worker.name.as_str();
-    let standby = spec.feed.is_some_and(|f| f.1);
     capture()?;
     let (exec, warm) = match warm {
         Some(w) => (None, Some(w)),
-        None => (
-            Some(open_executor(&spec.executor, spec.ordinal, standby)?),
-            None,
-        ),
+        None => (Some(spec.executor.open(spec.ordinal)?), None),
     };
     let init_ms = crate::millis(started.elapsed());
     let mut wc = spec.worker.clone();
@@ -135,15 +131,8 @@ pub fn run_warm(spec: &Spec, warm: Option<Warm>) -> Result<(), Error> {
     }
     let wc = &wc;
     let mut worker = match (spec.feed, exec, warm) {
-        (Some((fd, false)), None, Some(w)) => {
-            Worker::adopt_warm(wc, w, crate::feed::feed_from_fd(fd)?)?
-        }
-        (Some((fd, true)), Some(exec), _) => {
-            Worker::standby(wc, exec, crate::feed::feed_from_fd(fd)?, spec.sandbox)?
-        }
-        (Some((fd, false)), Some(exec), _) => {
-            Worker::adopt(wc, exec, crate::feed::feed_from_fd(fd)?)?
-        }
+        (Some(fd), None, Some(w)) => Worker::adopt_warm(wc, w, crate::feed::feed_from_fd(fd)?)?,
+        (Some(fd), Some(exec), _) => Worker::adopt(wc, exec, crate::feed::feed_from_fd(fd)?)?,
         (None, Some(exec), _) => Worker::new(wc, exec)?,
         _ => return Err(Error::SpareNotFed),
     };
@@ -178,7 +167,6 @@ pub fn run_warm(spec: &Spec, warm: Option<Warm>) -> Result<(), Error> {
             socket = %wc.socket.display(),
             init_ms,
             ready_ms,
-            standby,
             "worker serving"
         );
     }

@@ -144,6 +144,14 @@ impl Config {
     /// Parses and validates TOML text. Errors name the key and, where the
     /// key is in the text, its line.
     pub fn parse(text: &str) -> Result<Config, Error> {
+        if let Some((what, at)) = removed_key(text) {
+            return Err(ConfigError::Invalid {
+                file: None,
+                line: at.line_in(text),
+                what,
+            }
+            .into());
+        }
         let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Syntax {
             file: None,
             what: toml_error(text, &e),
@@ -379,24 +387,15 @@ impl Config {
                     Loc::Vm(i, "weight"),
                 );
             }
-            if vm.slots() > transport::layout::MAX_PARTITIONS {
+            if !(1..=transport::layout::MAX_PARTITIONS).contains(&vm.slots()) {
                 return bad(
                     format!(
-                        "vm {:?}: process_slots must be 0..={}, not {}",
+                        "vm {:?}: process_slots must be 1..={}, not {} (it is how many of the VM's processes run at once, each with its own worker)",
                         vm.name,
                         transport::layout::MAX_PARTITIONS,
                         vm.slots()
                     ),
                     Loc::Vm(i, "process_slots"),
-                );
-            }
-            if vm.slots() > 0 && vm.standby {
-                return bad(
-                    format!(
-                        "vm {:?}: standby and process_slots do not go together: with process slots a fault ends one slot's worker, and the VM's next process takes another slot at once",
-                        vm.name
-                    ),
-                    Loc::Vm(i, "standby"),
                 );
             }
             if vm.memory_limit_mib == 0 {
@@ -446,4 +445,27 @@ fn toml_error(text: &str, e: &toml::de::Error) -> String {
         }
         _ => what,
     }
+}
+
+/// A key a release before this one took and this one refuses, with why
+/// and where (so that an old file is never read as something else).
+fn removed_key(text: &str) -> Option<(String, Loc)> {
+    let table: toml::Table = toml::from_str(text).ok()?;
+    let standby_gone = "every guest process has a worker of its own, and each GPU keeps a warm spare worker that the next process after a fault is bound to";
+    if table
+        .get("daemon")
+        .and_then(|d| d.get("fault_standby"))
+        .is_some()
+    {
+        return Some((
+            format!("[daemon] fault_standby is no longer a setting: {standby_gone}; remove it"),
+            Loc::Table("daemon", Some("fault_standby")),
+        ));
+    }
+    let vms = table.get("vm").and_then(toml::Value::as_array)?;
+    let i = vms.iter().position(|v| v.get("standby").is_some())?;
+    Some((
+        format!("[[vm]] standby is no longer a setting: {standby_gone}; remove it"),
+        Loc::Vm(i, "standby"),
+    ))
 }

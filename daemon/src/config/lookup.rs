@@ -12,8 +12,8 @@ pub const CHANNELS_PER_SLOT: u32 = 4;
 
 impl Config {
     /// The region layout of VM `vm` (the `[layout]`, with the VM's own
-    /// pinned pool size if it sets one). A VM with process slots has its
-    /// channels split into them (at least [`CHANNELS_PER_SLOT`] per slot,
+    /// pinned pool size if it sets one), its channels split into its
+    /// process slots (at least [`CHANNELS_PER_SLOT`] per slot,
     /// the `[layout]`'s count rounded up to a multiple of the slots) and a
     /// host doorbell vector per slot at least.
     pub fn layout_for(&self, vm: &VmConfig) -> LayoutParams {
@@ -21,16 +21,15 @@ impl Config {
             pinned_size: vm.pinned_mib.map_or(self.layout.pinned_size, |m| m << 20),
             ..self.layout
         };
-        if vm.slots() > 0 {
-            let k = vm.slots();
-            l.partitions = k;
-            l.channels = l
-                .channels
-                .max(CHANNELS_PER_SLOT * k)
-                .div_ceil(k)
-                .saturating_mul(k);
-            l.vectors = l.vectors.max(k);
-        }
+        // At least one (a config with 0 is refused; it may be checked after this).
+        let k = vm.slots().max(1);
+        l.partitions = k;
+        l.channels = l
+            .channels
+            .max(CHANNELS_PER_SLOT * k)
+            .div_ceil(k)
+            .saturating_mul(k);
+        l.vectors = l.vectors.max(k);
         l
     }
 

@@ -56,23 +56,18 @@ pub struct DaemonConfig {
     /// Which launches go to the GPU as CUDA graph launches.
     #[serde(default)]
     pub graph_launches: GraphLaunches,
-    /// MiB of module images each vGPU's worker keeps by content, so that
-    /// its processes send a library's images once (0: none).
+    /// MiB of module images each guest process's worker keeps by content,
+    /// so that a process sends an image it loads again once (0: none).
     #[serde(default = "default_image_cache_mib")]
     pub image_cache_mib: u64,
-    /// Share module images between VMs through the daemon's store: the
-    /// bytes exist once on the host and a second VM's processes send only
-    /// hashes (see `image_store.rs`).
+    /// Share module images between processes, of one VM or of several,
+    /// through the daemon's store: the bytes exist once on the host and a
+    /// later process sends only hashes (see `image_store.rs`). Off: each
+    /// process sends its own.
     #[serde(default = "yes")]
     pub share_images: bool,
-    /// A VM (on a GPU without MPS standbys) whose worker a sticky CUDA
-    /// error once poisoned keeps a standby worker from then on, made
-    /// ready beside the serving one and promoted at once after its next
-    /// fault (see `supervisor/faults.rs`). Costs a VM that never faults nothing.
-    #[serde(default = "yes")]
-    pub fault_standby: bool,
     /// MiB the daemon's image store keeps at most, all VMs together (each
-    /// VM's worker adds at most `image_cache_mib`).
+    /// process's worker adds at most `image_cache_mib`).
     #[serde(default = "default_image_store_mib")]
     pub image_store_mib: u64,
     /// NVIDIA's MPS control program, for GPUs with `[[gpu]] mps = true`.
@@ -160,7 +155,6 @@ impl Default for DaemonConfig {
             graph_launches: GraphLaunches::default(),
             image_cache_mib: default_image_cache_mib(),
             share_images: true,
-            fault_standby: true,
             image_store_mib: default_image_store_mib(),
             mps_control: default_mps_control(),
             priority: default_priority(),
@@ -220,24 +214,12 @@ pub struct VmConfig {
     /// `grant/corun.rs`).
     #[serde(default)]
     pub corun: bool,
-    /// On a GPU without MPS, the VM keeps a fault standby (`[daemon]
-    /// fault_standby`) from its start, not only once it has faulted: its
-    /// first fault costs its next process no worker start either. Costs a
-    /// second worker process and one context (about 0.5 GiB of GPU memory)
-    /// from the start.
-    #[serde(default)]
-    pub standby: bool,
-    /// Each guest process of the VM served by a worker process of its own,
-    /// at most this many processes at once (1..=16; 0: one worker serves
-    /// all the VM's processes). Unset: [`DEFAULT_PROCESS_SLOTS`], or 0 for
-    /// a VM with `standby` (see [`VmConfig::slots`]). A process's fault, kernels
-    /// and memory are then its own, as natively: another process's
-    /// sticky error or stray pointer cannot reach it. A process's worker
-    /// is bound when it attaches (from a spare the daemon keeps per GPU)
-    /// and ends with it: a worker process and its GPU context per running
-    /// process. The VM's processes cannot share memory through IPC
-    /// handles (see docs/design.md, "Isolation between a VM's
-    /// processes").
+    /// How many of the VM's guest processes run at once (1..=16); unset:
+    /// [`DEFAULT_PROCESS_SLOTS`]. Each process has a worker process of its
+    /// own, bound when it attaches and ended with it, so its faults,
+    /// kernels and memory are its own as natively; a process beyond the
+    /// limit waits in `cuInit` for one to end (see docs/design.md,
+    /// "Isolation between a VM's processes").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process_slots: Option<u32>,
 }
@@ -248,14 +230,9 @@ pub const DEFAULT_PROCESS_SLOTS: u32 = 8;
 
 impl VmConfig {
     /// The VM's process slots: `process_slots`, else
-    /// [`DEFAULT_PROCESS_SLOTS`], except for a VM with `standby` (one
-    /// worker and its standby), which sets none: 0.
+    /// [`DEFAULT_PROCESS_SLOTS`].
     pub fn slots(&self) -> u32 {
-        self.process_slots.unwrap_or(if self.standby {
-            0
-        } else {
-            DEFAULT_PROCESS_SLOTS
-        })
+        self.process_slots.unwrap_or(DEFAULT_PROCESS_SLOTS)
     }
 }
 
@@ -340,21 +317,18 @@ pub struct GpuConfig {
     /// do (the sim runs one kernel at a time, so they test the plumbing).
     #[serde(default)]
     pub mps: bool,
-    /// With `mps`: how many guest processes each vGPU of this GPU runs at
-    /// once (1 to 32). A worker that is an MPS client cannot make a context
-    /// once the sandbox confines it, so it makes this many ahead, at each
-    /// start (about 160 ms each on an H100, 500 ms after a fault restarted
-    /// the MPS server); a process beyond them gets
-    /// `CUDA_ERROR_MPS_MAX_CLIENTS_REACHED`.
+    /// With `mps`: how many guest processes a worker run by hand
+    /// (`fairvgpu worker` outside the daemon, serving its own region)
+    /// serves at once (1 to 32): an MPS client cannot make a context once
+    /// the sandbox confines it, so it makes this many ahead. Under the
+    /// daemon each process's worker makes its one context ahead.
     #[serde(default = "default_mps_processes")]
     pub mps_processes: usize,
-    /// With `mps`: each vGPU of this GPU keeps a standby worker, a client of
-    /// a second MPS server with its contexts made ahead, which takes over
-    /// at once when a client's fault ends the serving workers (see
-    /// `mps.rs`). Costs each vGPU a second set of contexts (about 0.5 GiB
-    /// of GPU memory each on an H100). Off: after a fault the workers are
-    /// started again once the driver has torn the old ones down (about
-    /// 1.3 s for four on an H100).
+    /// With `mps`: a second MPS server for this GPU, which its next
+    /// workers (its spare, new processes' workers) are clients of at once
+    /// after a client's fault ended the serving server's clients (see
+    /// `mps.rs`). Off: they start once the driver has torn the ended ones
+    /// down (about 1.3 s for four on an H100).
     #[serde(default = "default_mps_standby")]
     pub mps_standby: bool,
     /// This GPU's base time slice, microseconds, in place of `[daemon]

@@ -227,24 +227,33 @@ fn host_cpu_options_default_and_bad_ones_are_one_line_naming_the_key() {
 }
 
 /// A VM that sets no `process_slots` has a worker per process, up to
-/// eight at once, with channels for each process's threads; one with
-/// `standby` keeps one worker; a VM's own setting stands.
+/// eight at once, with channels for each process's threads; a VM's own
+/// setting stands, from 1; the one-worker settings of earlier releases
+/// are refused, saying why.
 #[test]
-fn process_slots_default_to_eight_unless_standby() {
+fn process_slots_default_to_eight_and_one_worker_for_all_is_refused() {
     let c = Config::parse(GOOD).unwrap();
     assert_eq!(c.vms[0].slots(), DEFAULT_PROCESS_SLOTS);
     let l = c.layout_for(&c.vms[0]);
     assert_eq!(l.partitions, 8);
     assert_eq!(l.channels, 8 * lookup::CHANNELS_PER_SLOT);
     assert!(l.vectors >= 8);
-    let standby = GOOD.replace("weight = 2", "weight = 2\nstandby = true");
-    let c = Config::parse(&standby).unwrap();
-    assert_eq!(c.vms[0].slots(), 0);
+    let one = GOOD.replace("weight = 2", "weight = 2\nprocess_slots = 1");
+    let c = Config::parse(&one).unwrap();
+    assert_eq!(c.vms[0].slots(), 1);
     assert_eq!(c.layout_for(&c.vms[0]).partitions, 1);
-    let both = standby.replace("standby = true", "standby = true\nprocess_slots = 2");
-    assert!(Config::parse(&both).is_err(), "standby with slots set");
-    let one = GOOD.replace("weight = 2", "weight = 2\nprocess_slots = 0");
-    assert_eq!(Config::parse(&one).unwrap().vms[0].slots(), 0);
+    let none = GOOD.replace("weight = 2", "weight = 2\nprocess_slots = 0");
+    let e = Config::parse(&none).unwrap_err().to_string();
+    assert!(e.contains("process_slots must be 1..=16, not 0"), "{e}");
+    let standby = GOOD.replace("weight = 2", "weight = 2\nstandby = true");
+    let e = Config::parse(&standby).unwrap_err().to_string();
+    assert!(e.contains("[[vm]] standby is no longer a setting"), "{e}");
+    let fault = GOOD.replace("[daemon]", "[daemon]\nfault_standby = true");
+    let e = Config::parse(&fault).unwrap_err().to_string();
+    assert!(
+        e.contains("[daemon] fault_standby is no longer a setting"),
+        "{e}"
+    );
     // A declared entry written out keeps an unset value unset.
     let text = toml::to_string(&Config::parse(GOOD).unwrap().vms[0]).unwrap();
     assert!(!text.contains("process_slots"), "{text}");

@@ -39,7 +39,6 @@ pub fn vm_config(d: &VgpuDeclaration, vm: &str) -> VmConfig {
         worker_cpu: None,
         pinned_mib: None,
         corun: false,
-        standby: false,
         process_slots: None,
     }
 }

@@ -214,10 +214,10 @@ fn vgpu_metrics(m: &mut Metrics, l: &str, v: &Value) {
         &v["grants_revoked"],
     );
     m.counter(
-        "fairvgpu_vgpu_worker_restarts_total",
-        "Times the vGPU's worker died and was restarted on the same region.",
+        "fairvgpu_vgpu_worker_faults_total",
+        "Workers of the vGPU's processes that ended other than with their process (a crash, a poisoned context).",
         l,
-        &v["worker_restarts"],
+        &v["worker_faults"],
     );
     m.gauge(
         "fairvgpu_vgpu_connected",

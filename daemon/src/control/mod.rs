@@ -110,11 +110,11 @@ pub struct ControlPlane {
     events: Mutex<VecDeque<Value>>,
     /// vCPU thread ids per VM, as `fairvgpu attach` read them from QMP.
     vcpus: Mutex<HashMap<String, Vec<u32>>>,
-    /// Worker restarts per VM since the daemon started.
-    restarts: Mutex<HashMap<String, u64>>,
-    /// Each VM's fault standby worker: "ready", "starting" (status
-    /// `standby`; a VM missing here has none).
-    standbys: Mutex<HashMap<String, &'static str>>,
+    /// Workers per VM that ended other than with their process (a crash,
+    /// a poisoned context, ended by the daemon), since the daemon started.
+    faults: Mutex<HashMap<String, u64>>,
+    /// Per VM: the host pids of its running processes' workers.
+    workers: Mutex<HashMap<String, Vec<u32>>>,
     /// Per VM: log lines about its peers the daemon suppressed (its
     /// ivshmem server's count, see `transport::ratelimit`).
     daemon_logs_suppressed: Mutex<HashMap<String, Arc<std::sync::atomic::AtomicU64>>>,
@@ -169,8 +169,8 @@ impl ControlPlane {
             history: Mutex::new(VecDeque::new()),
             events: Mutex::new(VecDeque::new()),
             vcpus: Mutex::new(HashMap::new()),
-            restarts: Mutex::new(HashMap::new()),
-            standbys: Mutex::new(HashMap::new()),
+            faults: Mutex::new(HashMap::new()),
+            workers: Mutex::new(HashMap::new()),
             daemon_logs_suppressed: Mutex::new(HashMap::new()),
             image_store: Mutex::new(None),
             current: Mutex::new(HashMap::new()),
@@ -295,20 +295,16 @@ impl ControlPlane {
         *lock(&self.image_store) = Some(stats);
     }
 
-    /// Whether `vm` has a standby worker and whether it is ready (`None`:
-    /// none), for the status's `standby`.
-    pub fn set_standby(&self, vm: &str, ready: Option<bool>) {
-        let mut m = lock(&self.standbys);
-        match ready {
-            None => m.remove(vm),
-            Some(true) => m.insert(vm.to_owned(), "ready"),
-            Some(false) => m.insert(vm.to_owned(), "starting"),
-        };
+    /// Counts a worker of `vm` that ended other than with its process
+    /// (status `worker_faults`).
+    pub fn worker_faulted(&self, vm: &str) {
+        *lock(&self.faults).entry(vm.to_owned()).or_default() += 1;
     }
 
-    /// Counts a restart of a VM's worker (status `worker_restarts`).
-    pub fn worker_restarted(&self, vm: &str) {
-        *lock(&self.restarts).entry(vm.to_owned()).or_default() += 1;
+    /// Each VM's running workers' pids (status `worker_pids`), as the
+    /// supervisor last saw them.
+    pub fn set_workers(&self, workers: HashMap<String, Vec<u32>>) {
+        *lock(&self.workers) = workers;
     }
 
     /// The daemon ended `vm`'s worker: its GPU's grant service forgets it

@@ -1,16 +1,17 @@
 //! How a worker reaches its VM's peers, and how a VM's region outlives its
-//! worker.
+//! workers.
 //!
 //! Under `fairvgpu serve` the daemon owns each VM's region (a memfd) and its
 //! ivshmem-server socket ([`VmHost`]); QEMU stays connected to the daemon
-//! whatever happens to the worker. A worker is handed the region and the
-//! doorbells over a socket pair (its *feed*): the region's fd, the host's
-//! own eventfds, then the eventfds of every connected peer, and afterwards
-//! every peer that comes or goes. When a worker dies (a crash, a poisoned
-//! GPU context), the daemon starts another, feeds it the same region, and
-//! the new worker adopts it ([`transport::Region::adopt`]): channels
-//! whose GPU state died become LOST, their guests get an error they recover
-//! from by claiming a new channel, and nobody has to re-plug a device.
+//! whatever happens to the workers. Each process slot's worker is handed
+//! the region and the doorbells over a socket pair (its *feed*, a lane of
+//! the VM's): the region's fd, the host's own eventfds, then the eventfds
+//! of every connected peer, and afterwards every peer that comes or goes.
+//! When a slot's worker ends (with its process, a crash, a poisoned GPU
+//! context), the slot's next process gets a new worker, fed the same
+//! region, which takes over the slot's channels
+//! ([`transport::Region::take_over_channels`]): those whose GPU state died
+//! become LOST, and nobody has to re-plug a device.
 //!
 //! A worker started by hand (or by a test) instead serves its own region
 //! and socket (`PeerLink::Local`).
@@ -54,10 +55,6 @@ enum FeedMsg {
     Migrate(u32, u16, Option<OwnedFd>),
     /// Lane `.0`'s worker ended (a process slot's, with its process).
     CloseLane(u32),
-    /// A standby worker's feed: the region alone, the rest on promotion.
-    NewStandby(UnixStream),
-    /// The standby takes over, with its grant connection if any.
-    Promote(Option<OwnedFd>),
     /// Hands lane `.0`'s worker the fd of an export it opens
     /// (`ipc_relay.rs`).
     IpcFd(u32, u16, u32),
@@ -66,10 +63,9 @@ enum FeedMsg {
 }
 
 /// The daemon's side of one VM: its region, its ivshmem-server socket, and
-/// the feed of whichever worker serves it now (of each process slot's
-/// worker, where its processes have slots: a lane each), and its memory
-/// ledger (`worker::ledger`), which the workers of a VM with process slots
-/// share (made when the first of them asks for it, kept for the VM's life).
+/// the feeds of its process slots' workers (a lane each), and its memory
+/// ledger (`worker::ledger`), which the VM's workers share (made when the
+/// first of them asks for it, kept for the VM's life).
 ///
 /// Only the VM's own feed thread ever writes to its worker's feed; the
 /// supervisor and the control API hand it messages and never wait, so no
@@ -90,10 +86,8 @@ pub struct VmHost {
     /// The watch over the process slots without a worker, where the
     /// VM's workers are bound on demand ([`VmHost::watch_slots`]).
     watch: std::sync::OnceLock<SlotWatch>,
-    /// The current worker said its GPU contexts are poisoned.
+    /// A worker said its GPU contexts are poisoned.
     poisoned: Arc<AtomicBool>,
-    /// The standby worker said it is ready to take over.
-    standby_ready: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -105,8 +99,6 @@ impl std::fmt::Debug for FeedMsg {
             FeedMsg::Limit(_) => "Limit",
             FeedMsg::Migrate(..) => "Migrate",
             FeedMsg::CloseLane(_) => "CloseLane",
-            FeedMsg::NewStandby(_) => "NewStandby",
-            FeedMsg::Promote(_) => "Promote",
             FeedMsg::IpcFd(..) => "IpcFd",
             FeedMsg::Stop => "Stop",
         })
@@ -123,8 +115,7 @@ struct Feeder {
     fd: OwnedFd,
     peers: PeerBells,
     host_bells: Vec<Arc<EventFdBell>>,
-    /// The serving workers' feeds, by lane (process slot; 0 for a VM's
-    /// one worker).
+    /// The serving workers' feeds, by lane (process slot).
     lanes: std::collections::BTreeMap<u32, UnixStream>,
     /// The keys of `lanes`, for the daemon to read.
     live: Arc<Mutex<std::collections::BTreeSet<u32>>>,
@@ -132,14 +123,6 @@ struct Feeder {
     limit_mib: Option<u64>,
     reports: Reports,
     poisoned: Arc<AtomicBool>,
-    /// A standby worker's feed, fed the region alone until promoted.
-    standby: Option<UnixStream>,
-    /// The lines its workers' feeds closing make.
-    log: transport::LogLimiter,
-    standby_ready: Arc<AtomicBool>,
-    /// Cleared when the standby is promoted or replaced: from then on its
-    /// feed's reader no longer speaks for the standby's readiness.
-    standby_live: Arc<AtomicBool>,
     /// IPC between the VM's workers: its export table and the fds kept.
     ipc: Arc<crate::ipc_relay::IpcRelay>,
     /// The feed thread's own queue (IPC answers come back through it).
@@ -162,7 +145,6 @@ impl VmHost {
         let live: Arc<Mutex<std::collections::BTreeSet<u32>>> = Arc::default();
         let reports: Reports = Arc::default();
         let poisoned = Arc::new(AtomicBool::new(false));
-        let standby_ready = Arc::new(AtomicBool::new(false));
         let mut feeder = Feeder {
             name: name.to_owned(),
             region: region.clone(),
@@ -174,10 +156,6 @@ impl VmHost {
             limit_mib: None,
             reports: reports.clone(),
             poisoned: poisoned.clone(),
-            standby: None,
-            log: transport::LogLimiter::default(),
-            standby_ready: standby_ready.clone(),
-            standby_live: Arc::default(),
             ipc: Arc::new(crate::ipc_relay::IpcRelay::new(name)?),
             tx: tx.clone(),
         };
@@ -207,7 +185,6 @@ impl VmHost {
             reports,
             watch: std::sync::OnceLock::new(),
             poisoned,
-            standby_ready,
             thread: Some(thread),
         })
     }
@@ -220,24 +197,18 @@ impl VmHost {
             .map_err(|_| Error::FeedStopped)
     }
 
-    /// A feed for a new worker: returns the worker's end; the VM's feed
-    /// thread sends it the region, the host's doorbells and the current
-    /// peers, then every change. The previous worker's feed (if any) is
-    /// closed. Never waits for the worker.
-    pub fn feed(&self) -> Result<OwnedFd, Error> {
-        self.feed_slot(0)
-    }
-
-    /// A feed for the worker of process slot `slot` (as [`VmHost::feed`],
-    /// replacing that slot's worker's feed alone).
+    /// A feed for a new worker of process slot `slot`: returns the
+    /// worker's end; the VM's feed thread sends it the region, the host's
+    /// doorbells and the current peers, then every change. The slot's
+    /// previous worker's feed (if any) is closed. Never waits for the
+    /// worker.
     pub fn feed_slot(&self, slot: u32) -> Result<OwnedFd, Error> {
         let (ours, theirs) = feed_pair()?;
         self.send(FeedMsg::NewFeed(ours, slot))?;
         Ok(theirs.into())
     }
 
-    /// The VM's memory ledger (a dup, for a worker of a VM with process
-    /// slots).
+    /// The VM's memory ledger (a dup, for one of its workers).
     pub fn ledger(&self) -> Result<OwnedFd, Error> {
         if self.ledger.get().is_none() {
             let made = worker::ledger::Ledger::create(&format!("fairvgpu-{}-ledger", self.name))?;
@@ -251,48 +222,16 @@ impl VmHost {
         })
     }
 
-    /// A feed for a standby worker: it gets the region alone, to map and
-    /// register with the device while the current worker still serves it,
-    /// says `Feed`'s `READY` once its contexts are made, and waits. On
-    /// [`VmHost::promote`] it gets the rest of the snapshot and serves; the
-    /// current worker's feed is closed then. A later standby feed replaces
-    /// this one. Never waits for the worker.
-    pub fn standby_feed(&self) -> Result<OwnedFd, Error> {
-        let (ours, theirs) = feed_pair()?;
-        self.standby_ready.store(false, Ordering::Relaxed);
-        self.send(FeedMsg::NewStandby(ours))?;
-        Ok(theirs.into())
-    }
-
-    /// Whether the standby worker said it is ready to take over.
-    pub fn standby_ready(&self) -> bool {
-        self.standby_ready.load(Ordering::Relaxed)
-    }
-
-    /// Makes the standby worker the VM's worker at once (the caller ended
-    /// the current one): it gets the rest of its snapshot, with `grant` (a
-    /// connection to its GPU's grant service) when the scheduler runs. One
-    /// still making its contexts serves once they are made.
-    pub fn promote(&self, grant: Option<UnixStream>) -> Result<(), Error> {
-        self.standby_ready.store(false, Ordering::Relaxed);
-        self.send(FeedMsg::Promote(grant.map(OwnedFd::from)))
-    }
-
     /// Changes the vGPU's device-memory limit now: the worker refuses
     /// allocations beyond it from its next one on (what is allocated stays).
     pub fn set_memory_limit(&self, mib: u64) -> Result<(), Error> {
         self.send(FeedMsg::Limit(mib.min(LIMIT_MASK as u64)))
     }
 
-    /// Asks the current worker to move the vGPU to GPU `gpu`, registering
-    /// there over `grant` (a connection to that GPU's grant service).
-    /// Its answer comes in [`VmHost::take_reports`].
-    pub fn migrate(&self, gpu: u32, grant: Option<&UnixStream>) -> Result<(), Error> {
-        self.migrate_lane(0, gpu, grant)
-    }
-
-    /// [`VmHost::migrate`] for lane (process slot) `lane`'s worker alone;
-    /// each of a VM's workers moves over a grant connection of its own.
+    /// Asks lane (process slot) `lane`'s worker to move to GPU `gpu`,
+    /// registering there over `grant` (a connection to that GPU's grant
+    /// service; each of a VM's workers moves over one of its own). Its
+    /// answer comes in [`VmHost::take_reports`].
     pub fn migrate_lane(
         &self,
         lane: u32,
@@ -517,8 +456,6 @@ impl Feeder {
                 }
             }
             FeedMsg::CloseLane(lane) => self.close_lane(lane),
-            FeedMsg::NewStandby(ours) => self.start_standby(ours),
-            FeedMsg::Promote(grant) => self.promote(grant),
             FeedMsg::IpcFd(lane, index, gen) => {
                 let sent = self
                     .lanes
@@ -542,18 +479,8 @@ impl Feeder {
             .filter_map(|(&lane, s)| f(s).err().map(|e| (lane, e)))
             .collect();
         for (lane, e) in failed {
-            if self.region.layout().params.partitions > 1 {
-                // A process slot's worker ends with its process.
-                tracing::debug!(vm = self.name, lane, "worker feed closed: {e}");
-            } else {
-                transport::rate_limited!(
-                    self.log,
-                    warn,
-                    vm = self.name,
-                    lane,
-                    "worker feed closed: {e}"
-                );
-            }
+            // A process slot's worker ends with its process.
+            tracing::debug!(vm = self.name, lane, "worker feed closed: {e}");
             self.close_lane(lane);
         }
     }
@@ -580,28 +507,21 @@ impl Feeder {
 
     fn start_feed(&mut self, ours: UnixStream, lane: u32) {
         self.retire_lane(lane);
-        let sent = self
-            .send_region(&ours)
-            .and_then(|()| self.send_rest(&ours, None));
+        let sent = self.send_region(&ours).and_then(|()| self.send_rest(&ours));
         if let Err(e) = sent {
             tracing::warn!(vm = self.name, "worker feed failed: {e}");
             let _ = ours.shutdown(std::net::Shutdown::Both);
             return;
         }
-        if self.listen_back(&ours, lane, None) {
+        if self.listen_back(&ours, lane) {
             self.make_current(ours, lane);
         }
     }
 
     /// Reads what the worker says back on its feed until it goes: migration
-    /// reports, poisoned contexts, and, from a standby (`ready`), that it
-    /// is ready. False (the feed shut) if no thread could be started.
-    fn listen_back(
-        &self,
-        ours: &UnixStream,
-        lane: u32,
-        ready: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>,
-    ) -> bool {
+    /// reports, poisoned contexts, IPC. False (the feed shut) if no thread
+    /// could be started.
+    fn listen_back(&self, ours: &UnixStream, lane: u32) -> bool {
         let Ok(back) = ours.try_clone() else {
             let _ = ours.shutdown(std::net::Shutdown::Both);
             return false;
@@ -627,24 +547,11 @@ impl Feeder {
                             .unwrap_or_else(|e| e.into_inner())
                             .push((lane, MigrationReport::decode(v, pause_us, kib))),
                         POISONED => poisoned.store(true, Ordering::Relaxed),
-                        READY => {
-                            if let Some((r, live)) = &ready {
-                                if live.load(Ordering::Relaxed) {
-                                    r.store(true, Ordering::Relaxed);
-                                }
-                            }
-                        }
                         _ => {}
                     }
                 }
                 for (l, i, g) in ipc.lane_ended(lane) {
                     let _ = tx.send(FeedMsg::IpcFd(l, i, g));
-                }
-                // A standby that went before it was promoted is not ready.
-                if let Some((r, live)) = &ready {
-                    if live.load(Ordering::Relaxed) {
-                        r.store(false, Ordering::Relaxed);
-                    }
                 }
             });
         if spawned.is_err() {
@@ -660,8 +567,8 @@ impl Feeder {
     }
 
     /// The rest of the snapshot: the host's doorbells, the peers, the
-    /// limit, the grant connection if any, then `SYNCED`.
-    fn send_rest(&self, s: &UnixStream, grant: Option<&OwnedFd>) -> Result<(), transport::Error> {
+    /// limit, the VM's export table, then `SYNCED`.
+    fn send_rest(&self, s: &UnixStream) -> Result<(), transport::Error> {
         // At most a layout's 64 vectors; the zip would stop at 16 bits.
         for (v, b) in (0..=u16::MAX).zip(&self.host_bells) {
             send_msg(s, encode(HOST_BELL, 0, v), Some(b.fd().as_raw_fd()))?;
@@ -672,9 +579,6 @@ impl Feeder {
         }
         if let Some(mib) = self.limit_mib {
             send_msg(s, encode_value(LIMIT, mib), None)?;
-        }
-        if let Some(g) = grant {
-            send_msg(s, encode(GRANT, 0, 0), Some(g.as_raw_fd()))?;
         }
         send_msg(s, encode(IPC_TABLE, 0, 0), Some(self.ipc.table_fd()))?;
         send_msg(s, encode(SYNCED, 0, 0), None)
@@ -696,38 +600,6 @@ impl Feeder {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(lane);
-    }
-
-    fn start_standby(&mut self, ours: UnixStream) {
-        if let Some(old) = self.standby.take() {
-            let _ = old.shutdown(std::net::Shutdown::Both);
-        }
-        if let Err(e) = self.send_region(&ours) {
-            tracing::warn!(vm = self.name, "standby feed failed: {e}");
-            let _ = ours.shutdown(std::net::Shutdown::Both);
-            return;
-        }
-        self.standby_live.store(false, Ordering::Relaxed);
-        self.standby_live = Arc::new(AtomicBool::new(true));
-        let ready = (self.standby_ready.clone(), self.standby_live.clone());
-        if !self.listen_back(&ours, 0, Some(ready)) {
-            return;
-        }
-        self.standby = Some(ours);
-    }
-
-    fn promote(&mut self, grant: Option<OwnedFd>) {
-        let Some(ours) = self.standby.take() else {
-            return;
-        };
-        self.standby_live.store(false, Ordering::Relaxed);
-        self.retire_lane(0);
-        if let Err(e) = self.send_rest(&ours, grant.as_ref()) {
-            tracing::warn!(vm = self.name, "promoting the standby worker failed: {e}");
-            let _ = ours.shutdown(std::net::Shutdown::Both);
-            return;
-        }
-        self.make_current(ours, 0);
     }
 }
 

@@ -1,9 +1,9 @@
-//! The feed, lanes and standbys of `link`, against workers in-process.
+//! The feed and lanes of `link`, against workers in-process.
 
 use super::*;
 use transport::server::Client;
 use transport::ClaimState;
-use worker::feed::{Feed, FeedStart, PeerLink};
+use worker::feed::{Feed, PeerLink};
 
 fn layout() -> LayoutParams {
     LayoutParams {
@@ -27,7 +27,7 @@ fn vm_host(name: &str) -> (std::path::PathBuf, std::path::PathBuf, VmHost) {
 
 /// A worker fed by `host`: the region it adopted, and its link.
 fn fed_worker(host: &VmHost) -> (Region, PeerLink) {
-    let (fd, fed) = Feed::receive(host.feed().unwrap()).unwrap();
+    let (fd, fed) = Feed::receive(host.feed_slot(0).unwrap()).unwrap();
     (Region::adopt(fd, layout()).unwrap(), PeerLink::Feed(fed))
 }
 
@@ -81,7 +81,7 @@ fn feed_carries_region_bells_and_peer_changes_to_successive_workers() {
     link2.report_poisoned();
     eventually("poison not heard", || host.take_poisoned());
     assert!(!host.take_poisoned(), "heard once");
-    let (_fd3, fed3) = Feed::receive(host.feed().unwrap()).unwrap();
+    let (_fd3, fed3) = Feed::receive(host.feed_slot(0).unwrap()).unwrap();
     assert_eq!(PeerLink::Feed(fed3).memory_limit(), Some(300 << 20));
     drop(region);
     drop(host);
@@ -90,58 +90,10 @@ fn feed_carries_region_bells_and_peer_changes_to_successive_workers() {
 }
 
 #[test]
-fn a_standby_gets_the_region_alone_until_promoted() {
-    let (dir, sock, host) = vm_host("link-standby");
-    let client = Client::connect(&sock, Duration::from_secs(5)).unwrap();
-    let (region, old) = fed_worker(&host);
-    let g = served_claim(&client, &region);
-
-    // The standby maps the region and hears nothing more for now.
-    let (fd2, start) = FeedStart::receive_region(host.standby_feed().unwrap()).unwrap();
-    let standby = Region::map_existing(fd2, layout()).unwrap();
-    assert_eq!(standby.claim_state(g.index()).unwrap(), ClaimState::Claimed);
-    start
-        .sock
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    assert!(
-        recv_msg(&start.sock).is_err(),
-        "only the region until promoted"
-    );
-    start.sock.set_read_timeout(None).unwrap();
-    assert!(!host.standby_ready());
-    start.ready().unwrap();
-    eventually("ready not heard", || host.standby_ready());
-    host.set_memory_limit(200).unwrap();
-
-    // Promoted: the rest of the snapshot, the grant connection, and the
-    // old worker's feed closed.
-    let (grant, _service_end) = UnixStream::pair().unwrap();
-    host.promote(Some(grant)).unwrap();
-    let mut fed2 = start.finish().unwrap();
-    assert!(fed2.take_grant().is_some());
-    assert!(fed2.take_grant().is_none(), "once");
-    assert!(!host.standby_ready(), "the promoted one is no standby");
-    let link2 = PeerLink::Feed(fed2);
-    assert_eq!(link2.memory_limit(), Some(200 << 20));
-    standby.take_over().unwrap();
-    assert_eq!(standby.claim_state(g.index()).unwrap(), ClaimState::Lost);
-    link2.ring_peer(client.id, 1).unwrap();
-    assert!(wait_readable(&client.own_bells[1]));
-    eventually("old feed not closed", || old.orphaned());
-    // The promoted worker's reports reach the daemon.
-    link2.report_poisoned();
-    eventually("poison not heard", || host.take_poisoned());
-    drop(g);
-    drop(host);
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[test]
 fn a_worker_that_does_not_read_its_feed_holds_up_nobody() {
     let (dir, sock, host) = vm_host("link-stuck");
     // A worker that never reads its feed.
-    let stuck = UnixStream::from(host.feed().unwrap());
+    let stuck = UnixStream::from(host.feed_slot(0).unwrap());
     // Peers come and go: more news than its socket holds.
     for _ in 0..200 {
         drop(Client::connect(&sock, Duration::from_secs(5)).unwrap());
@@ -163,7 +115,7 @@ fn a_worker_that_does_not_read_its_feed_holds_up_nobody() {
         .unwrap();
     while let Some(_m) = recv_msg(&stuck).expect("the stuck feed ends, not times out") {}
     // The next worker gets its snapshot.
-    let (_fd, fed) = Feed::receive(host.feed().unwrap()).unwrap();
+    let (_fd, fed) = Feed::receive(host.feed_slot(0).unwrap()).unwrap();
     assert_eq!(PeerLink::Feed(fed).memory_limit(), Some(100 << 20));
     drop(host);
     let _ = std::fs::remove_dir_all(&dir);

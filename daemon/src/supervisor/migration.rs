@@ -1,7 +1,7 @@
 //! Migrations between GPUs: those the control API or the balancer asked
 //! for start here, and the workers' reports of those done are collected.
 //!
-//! A vGPU with process slots has a worker per running process: each is
+//! A vGPU has a worker per running process: each is
 //! told to move, over a grant connection of its own, and the vGPU's
 //! placement changes once all have moved. If one cannot move, those that
 //! moved are moved back, so that a vGPU never runs on two GPUs (its place
@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 use super::Supervisor;
 use crate::config::Config;
 use crate::control::ControlPlane;
-use crate::link::{MigrationReport, VmHost};
+use crate::link::MigrationReport;
 use crate::setup::grant_socket;
 
 /// How long a migration's workers have to report.
 const MIGRATION_LIMIT: Duration = Duration::from_secs(30);
 
-/// A migration of a vGPU with process slots, under way.
+/// A migration of a vGPU, under way.
 pub(super) struct Moving {
     from: u32,
     to: u32,
@@ -48,13 +48,7 @@ impl Supervisor {
     /// and give up on those that never report.
     pub(super) fn on_migrations(&mut self) {
         for (vm, to) in self.plane.take_requested() {
-            let slotted = self.plane.config().vm(&vm).is_some_and(|v| v.slots() > 0);
-            let started = if slotted {
-                self.start_slotted(&vm, to)
-            } else {
-                start_migration(&self.plane, self.hosts.get(&vm), &vm, to)
-            };
-            if let Err(e) = started {
+            if let Err(e) = self.start_moving(&vm, to) {
                 self.plane.finish_migration(&vm, Err(e));
             }
         }
@@ -81,9 +75,8 @@ impl Supervisor {
             .expire_migrations(MIGRATION_LIMIT + Duration::from_secs(5));
     }
 
-    /// Moves every running worker of `vm` (a vGPU with process slots) to
-    /// GPU `to`.
-    fn start_slotted(&mut self, vm: &str, to: u32) -> Result<(), String> {
+    /// Moves every running worker of `vm` to GPU `to`.
+    fn start_moving(&mut self, vm: &str, to: u32) -> Result<(), String> {
         let host = self
             .hosts
             .get(vm)
@@ -231,7 +224,7 @@ impl Supervisor {
     /// handled as any slot's worker's).
     fn end_workers(&mut self, vm: &str, lanes: &BTreeSet<u32>) {
         for w in &self.children {
-            if w.name == vm && w.slot.is_some_and(|k| lanes.contains(&k)) {
+            if w.name == vm && lanes.contains(&w.slot) {
                 if let Some(c) = &w.child {
                     tracing::warn!(
                         vm,
@@ -330,26 +323,4 @@ fn prepare_target(
         .map_err(|e| e.to_string())?;
     dst.expect(id, lag).map_err(|e| e.to_string())?;
     Ok(Some(()))
-}
-
-/// Tells `vm`'s worker to move to GPU `to`; the worker, which may not
-/// connect anywhere itself, gets the target's grant socket.
-fn start_migration(
-    plane: &ControlPlane,
-    host: Option<&VmHost>,
-    vm: &str,
-    to: u32,
-) -> Result<(), String> {
-    let host = host.ok_or_else(|| format!("{vm} has no worker"))?;
-    let from = plane.gpu_of(vm).unwrap_or(0);
-    let cfg = plane.config();
-    let grant = match prepare_target(plane, &cfg, vm, from, to)? {
-        Some(()) => Some(connect(&cfg, to)?),
-        None => None,
-    };
-    plane.event(
-        "migration",
-        format!("{vm}: moving from GPU {from} to GPU {to}"),
-    );
-    host.migrate(to, grant.as_ref()).map_err(|e| e.to_string())
 }

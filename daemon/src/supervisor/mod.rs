@@ -1,14 +1,15 @@
-//! `fairvgpu serve`: one worker process per vGPU, restarted if it dies
-//! (`setup::worker_spec` says what each is to do).
+//! `fairvgpu serve`: one worker process per running guest process, bound
+//! when the process attaches and ended with it (`setup::worker_spec` says
+//! what each is to do).
 //!
 //! The serving loop is a `Supervisor`: its state as named fields, one
 //! method per event it handles, in files of one job each:
 //! - here: the daemon's start and stop, and the loop (a reload on SIGHUP,
 //!   the config's changes, then each event in turn),
-//! - `workers.rs`: workers started, stopped, restarted when they exit, and
-//!   their standbys,
+//! - `workers.rs`: workers started, stopped with their VM, and their exits
+//!   noted,
 //! - `faults.rs`: a GPU fault or crash among an MPS server's clients ends
-//!   them all; standbys promoted, ended workers reaped,
+//!   them all; ended workers reaped,
 //! - `migration.rs`: migrations asked for started, workers' reports
 //!   collected, the balancer run,
 //! - `slots.rs`: process slots' workers bound when their processes claim
@@ -38,7 +39,7 @@ mod workers;
 use faults::Ending;
 use workers::{stop_child, Launcher, Supervised};
 
-/// Supervises one worker process per VM until SIGTERM, serves the control
+/// Supervises a worker process per guest process until SIGTERM, serves the control
 /// API, and reloads the config on SIGHUP (or the API's reload).
 pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
     if cfg.daemon.executor == ExecutorKind::Cuda {
@@ -59,7 +60,7 @@ pub fn serve(cfg: &Config, config_path: &Path) -> Result<(), Error> {
 
 /// The daemon's serving loop and all it keeps between turns.
 struct Supervisor {
-    /// One per configured VM.
+    /// One per running guest process.
     children: Vec<Supervised>,
     /// Workers the daemon ended, until reaped.
     ending: Vec<Ending>,
@@ -76,12 +77,14 @@ struct Supervisor {
     plane: Arc<ControlPlane>,
     /// What starts worker processes.
     launcher: Launcher,
-    /// The spare workers, one per GPU with a VM with process slots.
+    /// The spare workers, one per GPU with a VM.
     spares: spares::Spares,
     /// Process slots claimed while they had no worker.
     claims: slots::Claims,
-    /// Migrations of vGPUs with process slots under way, by VM.
+    /// Migrations of vGPUs under way, by VM.
     moves: HashMap<String, migration::Moving>,
+    /// The workers' pids the control plane was last told, by VM.
+    reported: HashMap<String, Vec<u32>>,
 }
 
 impl Supervisor {
@@ -159,6 +162,7 @@ impl Supervisor {
             spares: spares::Spares::default(),
             claims: slots::Claims::new(),
             moves: HashMap::new(),
+            reported: HashMap::new(),
         })
     }
 
@@ -174,20 +178,18 @@ impl Supervisor {
             self.stop_removed(&want);
             self.apply_memory_limits(&want)?;
             self.start_missing(&want)?;
-            let mut mps_faults = self.poisoned_gpus(&want);
+            let mut mps_faults = self.poisoned_gpus();
             for i in 0..self.children.len() {
-                self.on_worker_exited(i, &want, &mut mps_faults);
+                self.on_worker_exited(i, &mut mps_faults);
             }
             for &gpu in &mps_faults {
-                self.on_mps_fault(gpu, &want);
+                self.on_mps_fault(gpu);
             }
             // Process slots' workers that ended are not restarted.
             self.children.retain(|w| !w.ended);
+            self.report_workers();
             self.reap_ended();
             let dying = self.dying();
-            self.restart_due(&dying)?;
-            self.start_standbys(&want, &dying)?;
-            self.report_standbys();
             self.on_migrations();
             self.on_slot_claims(&want);
             self.keep_spares(&want, &dying);
@@ -203,7 +205,7 @@ impl Supervisor {
         let _ = self.plane.reload();
     }
 
-    /// Shutdown: every worker and standby ended, the regions dropped;
+    /// Shutdown: every worker ended, the regions dropped;
     /// returns the config the daemon ran last.
     fn stop(&mut self) -> Config {
         tracing::info!(
@@ -213,9 +215,6 @@ impl Supervisor {
         for w in &mut self.children {
             if let Some(child) = w.child.as_mut() {
                 stop_child(child);
-            }
-            if let Some(sb) = w.standby.as_mut() {
-                stop_child(&mut sb.child);
             }
         }
         self.spares.stop();

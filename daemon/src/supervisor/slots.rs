@@ -1,5 +1,4 @@
-//! Process slots' workers, bound on demand: a VM with process slots starts
-//! no worker; when one of its processes claims a slot that has none (the
+//! Process slots' workers, bound on demand: a VM starts no worker; when one of its processes claims a slot that has none (the
 //! link's slot watch says so), a spare worker of the VM's GPU is bound to
 //! it (`spares.rs`), or, if none is ready, a worker is started for the slot
 //! and the process waits for it. A slot's worker ends with its process and
@@ -96,7 +95,7 @@ impl Supervisor {
             let served = self
                 .children
                 .iter()
-                .any(|w| w.name == c.vm && w.slot == Some(c.slot) && !w.ended);
+                .any(|w| w.name == c.vm && w.slot == c.slot && !w.ended);
             if served || c.slot >= vm.slots() {
                 continue;
             }
@@ -154,7 +153,7 @@ impl Supervisor {
                         );
                     }
                     self.children
-                        .push(Supervised::new(&vm.name, Some(slot), spare.child, side));
+                        .push(Supervised::new(&vm.name, slot, spare.child, side));
                     return Ok(());
                 }
                 Err(e) => {
@@ -171,7 +170,7 @@ impl Supervisor {
                 vm.name
             ),
         );
-        self.start_worker(vm, Some(slot))
+        self.start_worker(vm, slot)
     }
 }
 
@@ -222,7 +221,6 @@ pub(super) fn slot_worker_ended(
     claims: &mut Claims,
 ) {
     w.ended = true;
-    w.restart_at = None;
     // One that failed as it started (an exit code of its own, not a
     // fault's nor a signal's): a broken GPU or config would do it again.
     let failed = status.code().is_some_and(|c| c != 0 && c != EXIT_POISONED);
@@ -241,6 +239,7 @@ pub(super) fn slot_worker_ended(
         );
         return;
     }
+    plane.worker_faulted(&w.name);
     let why = if status.code() == Some(EXIT_POISONED) {
         "a CUDA error poisoned its GPU context".to_owned()
     } else {

@@ -1,4 +1,4 @@
-//! Spare workers: one per GPU that has a VM with process slots (a client
+//! Spare workers: one per GPU that has a VM (a client
 //! of the MPS side new clients go to, where the GPU runs MPS), started
 //! ahead and bound to no VM. It opens the GPU and makes a context, says it
 //! is ready, and waits on its socket; a process claiming a slot with no
@@ -72,7 +72,7 @@ impl Spare {
 }
 
 impl Supervisor {
-    /// Keeps a spare for each GPU with a VM with process slots on it:
+    /// Keeps a spare for each GPU with a VM on it:
     /// those that exited are noted (a new one starts `SPARE_RETRY` later),
     /// those of a GPU with none, or of an MPS side new clients no longer
     /// go to, are ended, and a GPU without one gets one (once its MPS
@@ -81,7 +81,6 @@ impl Supervisor {
         let wanted: BTreeSet<u32> = want
             .vms
             .iter()
-            .filter(|v| v.slots() > 0)
             .map(|v| self.plane.gpu_of(&v.name).unwrap_or(0))
             .collect();
         let serving = |gpu: u32| self.mps.get(&gpu).map_or(0, crate::mps::MpsGpu::serving);

@@ -45,9 +45,10 @@ impl Region {
     }
 
     /// Host: maps a region created earlier without touching it, as a
-    /// standby host does while another still serves it (it may register
-    /// the memory with the device meanwhile). [`Region::take_over`] makes
-    /// it the serving host's.
+    /// process slot's worker does while others serve their slots (it may
+    /// register the memory with the device meanwhile).
+    /// [`Region::take_over_channels`] then makes its slot's channels its
+    /// own, [`Region::take_over`] the whole region.
     pub fn map_existing(fd: OwnedFd, params: LayoutParams) -> Result<Region> {
         let layout = Layout::new(params)?;
         let size = std::fs::File::from(fd.try_clone().map_err(|e| Error::io("dup", e))?)

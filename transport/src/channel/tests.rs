@@ -65,19 +65,19 @@ fn adopted_region_loses_claimed_channels_until_their_owners_let_go() {
 
 #[test]
 #[cfg_attr(miri, ignore = "memfd_create is a system call Miri does not model")]
-fn a_standby_host_maps_the_region_untouched_until_it_takes_over() {
-    let (old, fd) = Region::create("standby-test", small()).unwrap();
+fn a_second_host_maps_the_region_untouched_until_it_takes_over() {
+    let (old, fd) = Region::create("second-host-test", small()).unwrap();
     let epoch = old.host_epoch().unwrap();
     let g = old.claim(5, 100, 0).unwrap();
     old.host_channel(0).unwrap().mark_serving().unwrap();
-    let standby = Region::map_existing(fd, small()).unwrap();
+    let second = Region::map_existing(fd, small()).unwrap();
     // The old host still serves: nothing changed for it or its guest.
     assert_eq!(old.host_epoch().unwrap(), epoch);
-    assert_eq!(standby.claim_state(0).unwrap(), ClaimState::Claimed);
+    assert_eq!(second.claim_state(0).unwrap(), ClaimState::Claimed);
     assert!(g.check_alive().is_ok());
-    standby.take_over().unwrap();
+    second.take_over().unwrap();
     assert_eq!(old.host_epoch().unwrap(), epoch + 1);
-    assert_eq!(standby.claim_state(0).unwrap(), ClaimState::Lost);
+    assert_eq!(second.claim_state(0).unwrap(), ClaimState::Lost);
     assert!(matches!(
         g.check_alive(),
         Err(Error::HostRestarted { channel: 0 })

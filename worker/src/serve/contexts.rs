@@ -193,11 +193,10 @@ impl ContextPool {
     }
 
     /// Makes `n` spares now, outside the bucket, for a worker that may
-    /// still make more later (unlike [`ContextPool::prefill`]): a standby
-    /// kept for a VM that faulted holds one, so that the VM's next process
-    /// after a fault finds a context made (see the daemon's
-    /// `[daemon] fault_standby`). A failure is logged: the contexts are
-    /// then made as processes come, as without.
+    /// still make more later (unlike [`ContextPool::prefill`]): a process
+    /// slot's worker started for its process holds one made as it starts.
+    /// A failure is logged: the contexts are then made as processes come,
+    /// as without.
     pub fn warm(&mut self, exec: &mut dyn Executor, n: usize) {
         if let Err((made, s)) = self.make_spares(exec, n.min(self.max_spares)) {
             tracing::warn!(made, "making a context ahead: {s:?}");

@@ -14,7 +14,7 @@
 //!
 //! | file | what |
 //! | --- | --- |
-//! | `setup.rs` | set-up: the device prepared; a worker alone, adopting, or standby |
+//! | `setup.rs` | set-up: the device prepared; a worker alone, or taking over its slot |
 //! | `serving.rs` | the serving loop: channels polled, the grant, sleeping on doorbells |
 //! | `migration.rs` | every context moved to another GPU between two requests |
 //! | `report.rs` | the counters, and the live figures reported to the grant service |
@@ -112,8 +112,9 @@ pub struct WorkerConfig {
     /// processes can use at once (see `contexts.rs`). 0: made as needed.
     pub prefill_contexts: usize,
     /// Contexts to make at the start for its first processes, without
-    /// limiting later ones (a fault standby's; see `contexts.rs`); unused
-    /// where `prefill_contexts` is set.
+    /// limiting later ones (a process slot's worker's, for the slot's next
+    /// process; see `contexts.rs`); unused where `prefill_contexts` is
+    /// set.
     pub warm_contexts: usize,
     /// The vGPU's UUID as its guest sees it (see `identity.rs`): from the
     /// host's id and the VM's name under a daemon; from the socket's path
@@ -228,8 +229,6 @@ pub struct Worker {
     /// The serving thread alone is confined yet: the others are, once the
     /// contexts made ahead are all made (see [`Worker::confine`]).
     confine_when_filled: bool,
-    /// Confined already (a standby worker is, before it is promoted).
-    confined: bool,
     /// See [`WorkerConfig::ends_with_process`].
     ends_with_process: bool,
 }

@@ -1,12 +1,12 @@
 //! Set-up: what a worker makes before it serves (the region registered
 //! with the device, the contexts made ahead, the image cache), and the
-//! three ways it comes to serve a region: on its own ([`Worker::new`]),
-//! adopting the region the daemon feeds ([`Worker::adopt`]), or as a
-//! standby made ready while another worker serves ([`Worker::standby`]).
+//! ways it comes to serve a region: on its own ([`Worker::new`]), or
+//! taking over its slot of the region the daemon feeds ([`Worker::adopt`],
+//! and [`Worker::adopt_warm`] for a spare bound to the slot).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use protocol::DeviceInfo;
 use transport::layout::Direction;
@@ -18,7 +18,7 @@ use super::sessions::Sessions;
 use super::shared::{self, Shared};
 use super::{contexts, image_cache, output, pinned, Stats, Worker, WorkerConfig};
 use crate::executor::Executor;
-use crate::feed::{Feed, FeedStart, PeerLink};
+use crate::feed::{Feed, PeerLink};
 use crate::Error;
 
 /// Where a worker maps its VM's pinned pool (and its guests map it too when
@@ -29,7 +29,7 @@ const PINNED_ADDR: usize = 0x3f00_0000_0000;
 
 /// What a worker makes on the device before it serves: the region
 /// registered with it (response arenas, pinned pool) and the contexts made
-/// ahead. A standby worker makes it while another worker still serves.
+/// ahead.
 struct Device {
     exec: Box<dyn Executor>,
     region: Region,
@@ -41,8 +41,8 @@ struct Device {
     /// The device's whole memory (`info.total_mem` is the vGPU's limit).
     device_mem: u64,
     contexts: contexts::ContextPool,
-    /// Connected to the daemon's image store here: a standby worker is
-    /// confined (no `connect`) before it serves.
+    /// Connected to the daemon's image store here, before the worker is
+    /// confined (no `connect`).
     images: image_cache::ImageCache,
 }
 
@@ -241,46 +241,6 @@ impl Worker {
         Ok(w)
     }
 
-    /// A standby worker (see the daemon's `mps`): maps the region the daemon
-    /// feeds without touching it, registers it with the device and makes
-    /// every context ahead while another worker still serves it, is
-    /// confined (`confine`), tells the daemon it is ready, and waits. Once
-    /// the daemon promotes it (having ended the serving worker) it adopts
-    /// the region as [`Worker::adopt`] does and serves at once.
-    pub fn standby(
-        cfg: &WorkerConfig,
-        exec: Box<dyn Executor>,
-        feed: std::os::fd::OwnedFd,
-        confine: bool,
-    ) -> Result<Worker, Error> {
-        let (fd, start) = FeedStart::receive_region(feed)?;
-        let region = Region::map_existing(fd, cfg.layout)?;
-        let mut dev = Device::prepare(cfg, exec, region, None)?;
-        while !dev.contexts.filled() {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if confine {
-            crate::sandbox::confine()?;
-        }
-        start.ready()?;
-        tracing::info!(vm = cfg.name, "standby worker ready");
-        let mut fed = start.finish()?;
-        dev.region.take_over_channels(cfg.served()?)?;
-        let gate = match (&cfg.grant, fed.take_grant()) {
-            (Some((_, id, weight)), Some(s)) => Some(crate::gate::Gate::over(
-                std::os::unix::net::UnixStream::from(s),
-                *id,
-                *weight,
-            )?),
-            (Some(_), None) => return Err(Error::PromotedWithoutGrant),
-            (None, _) => None,
-        };
-        let mut w = Self::build(cfg, dev, PeerLink::Feed(fed), gate)?;
-        w.confined = confine;
-        w.wake_lost()?;
-        Ok(w)
-    }
-
     /// Wakes the owners of the channels whose GPU state died with the
     /// previous worker, to find out.
     fn wake_lost(&self) -> Result<(), Error> {
@@ -351,9 +311,8 @@ impl Worker {
         let ledger = shared_ledger()?;
         // The pool's chunks are claimed in the VM's ledger by a process
         // slot's worker; a vGPU's one worker keeps its own table. Made
-        // here, once the worker serves its slot (a standby made ready
-        // while its predecessor served is promoted by now): it frees what
-        // the slot's previous worker held.
+        // here, once the worker serves its slot: it frees what the slot's
+        // previous worker held.
         let (table, slot) = match (shared_ledger()?, cfg.slot) {
             (Some(l), Some(k)) => (l, k),
             _ => (crate::ledger::Ledger::local(), 0),
@@ -438,7 +397,6 @@ impl Worker {
             lone_idle_since: None,
             quiet_since: None,
             confine_when_filled: false,
-            confined: false,
             ends_with_process: cfg.ends_with_process && cfg.slot.is_some(),
         };
         let counts = worker.sh.gpu.contexts.counts;
@@ -452,9 +410,6 @@ impl Worker {
     /// this thread is confined now, and every thread once they are all
     /// made (the serving loop looks when it reads the clock).
     pub fn confine(&mut self) -> Result<(), Error> {
-        if self.confined {
-            return Ok(()); // a standby, before it was promoted
-        }
         if self.sh.gpu.contexts.filled() {
             return crate::sandbox::confine();
         }
