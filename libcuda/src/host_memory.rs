@@ -24,7 +24,8 @@
 //!   with the CPU's, and there is only as much as the pool holds (`[layout] pinned_size`, or the VM's
 //!   `pinned_mib`). It needs the pool at its device address.
 //!
-//! When the pool is exhausted, allocations fail with
+//! When the pool is used up, host allocations and registrations are made
+//! outside it (`host_spill.rs`); managed memory then fails with
 //! `CUDA_ERROR_OUT_OF_MEMORY` and a message naming the setting.
 
 use std::ffi::{c_uint, c_void};
@@ -144,6 +145,9 @@ pub(crate) fn free_managed(ptr: u64) -> Result<bool, CuResult> {
 /// What `cuPointerGetAttribute` says of pool memory at `ptr`; `None` if
 /// `ptr` is not pool memory of the process.
 pub(crate) fn attribute(ptr: u64, attr: i32) -> Option<Result<Attr, CuResult>> {
+    if let Some(a) = crate::host_spill::attribute(ptr, attr) {
+        return Some(a);
+    }
     let d = driver().ok()?;
     let p = d.pool()?;
     let (base, b) = block_of(&d.objects().host, ptr)?;
@@ -206,7 +210,11 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> Result<(), Cu
     if pp.is_null() || flags & !0x7 != 0 {
         return Err(code::INVALID_VALUE);
     }
-    let (addr, _) = alloc(size as u64, Kind::Alloc(flags))?;
+    let addr = match alloc(size as u64, Kind::Alloc(flags)) {
+        Ok((addr, _)) => addr,
+        Err(code::OUT_OF_MEMORY) => crate::host_spill::alloc(size as u64, flags)?,
+        Err(e) => return Err(e),
+    };
     out(pp, addr as *mut c_void)
 }
 
@@ -223,6 +231,9 @@ export! {
 
     fn cuMemFreeHost(p: *mut c_void) {
         driver()?;
+        if let Some(r) = crate::host_spill::free(p as u64) {
+            return r;
+        }
         let b = objects()?.host.get(&(p as u64)).copied().ok_or(code::INVALID_VALUE)?;
         if !matches!(b.kind, Kind::Alloc(_)) {
             return Err(code::INVALID_VALUE);
@@ -235,6 +246,9 @@ export! {
         if flags != 0 {
             return Err(code::INVALID_VALUE);
         }
+        if let Some(e) = crate::host_spill::device_pointer(p as u64) {
+            return Err(e);
+        }
         let pl = pool()?;
         let (base, b) = block_of(&objects()?.host, p as u64).ok_or(code::INVALID_VALUE)?;
         out(dptr, pl.dev + b.offset + (p as u64 - base))
@@ -242,6 +256,9 @@ export! {
 
     fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) {
         driver()?;
+        if let Some(f) = crate::host_spill::flags(p as u64) {
+            return out(flags, f);
+        }
         let (_, b) = block_of(&objects()?.host, p as u64).ok_or(code::INVALID_VALUE)?;
         let f = match b.kind {
             Kind::Alloc(f) | Kind::Registered { flags: f, .. } => f,
@@ -269,7 +286,11 @@ export! {
                 return Err(code::HOST_MEMORY_ALREADY_REGISTERED);
             }
         }
-        let (addr, blk) = alloc(b - a, Kind::Registered { start, len: size as u64, flags })?;
+        let (addr, blk) = match alloc(b - a, Kind::Registered { start, len: size as u64, flags }) {
+            Ok(r) => r,
+            Err(code::OUT_OF_MEMORY) => return crate::host_spill::register(start, size as u64, flags),
+            Err(e) => return Err(e),
+        };
         // The bytes are copied into the block and the block mapped over the
         // pages with nothing written to this thread's stack in between: the
         // pages may hold this very call's frames (NPP's watershed registers
@@ -299,6 +320,9 @@ export! {
     fn cuMemHostUnregister(p: *mut c_void) {
         need_ctx()?;
         let start = p as u64;
+        if crate::host_spill::unregister(start) {
+            return Ok(());
+        }
         let (a, blk) = objects()?
             .host
             .iter()

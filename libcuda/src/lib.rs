@@ -62,6 +62,7 @@ pub mod export_table;
 pub mod graph;
 pub mod host_fn;
 pub mod host_memory;
+mod host_spill;
 pub mod ipc;
 pub mod launch;
 pub mod managed;

@@ -46,7 +46,7 @@ $SI $W/faults worker/kernels/faults.ptx pinned 64 4 > $W/b.out 2>&1; b=$?
 wait $A; a=$?
 cat $W/a.out $W/b.out
 daemon_stop
-pinned_ok=0; [ $a = 0 ] && [ $b = 0 ] && grep -q "pinned: OK" $W/a.out && grep -q "pinned: OK" $W/b.out && pinned_ok=1
+pinned_ok=0; [ $a = 0 ] && [ $b = 0 ] && grep -qx "pinned: OK at 0x[0-9a-f]*" $W/a.out && grep -qx "pinned: OK at 0x[0-9a-f]*" $W/b.out && pinned_ok=1
 
 echo "=== 4. migration of every worker, a PyTorch training and a checked neighbour"
 MT_STEPS=150 MT_NEIGHBOUR=30 bash scripts/gpu/migrate-torch.sh > $OUT/migrate.log 2>&1

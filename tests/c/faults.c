@@ -51,6 +51,10 @@ CUresult cuModuleLoad(CUmodule *, const char *);
 CUresult cuStreamCreate(CUstream *, unsigned);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
 CUresult cuMemAllocHost_v2(void **, size_t);
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *, void *, unsigned);
+CUresult cuMemFreeHost(void *);
+CUresult cuMemHostRegister_v2(void *, size_t, unsigned);
+CUresult cuMemHostUnregister(void *);
 
 static void say(const char *s) {
     char b[256];
@@ -191,9 +195,33 @@ int main(int argc, char **argv) {
         CK(cuMemcpyHtoD_v2(p, h, half));
         CK(cuMemcpyDtoH_v2(h + half, p, half));
         if (memcmp(h, h + half, half)) { say("pinned: wrong bytes"); return 1; }
-        snprintf(line, sizeof line, "pinned: OK at 0x%llx", (unsigned long long)(size_t)h);
+        /* Beyond the vGPU's pinned pool it is the process's own memory,
+           which the device does not map. */
+        CUdeviceptr dp = 0;
+        int mapped = cuMemHostGetDevicePointer_v2(&dp, h, 0) == 0 /* CUDA_SUCCESS */;
+        snprintf(line, sizeof line, "pinned: OK at 0x%llx%s", (unsigned long long)(size_t)h,
+                 mapped ? "" : " (not device-mapped)");
         say(line);
         sleep(atoi(argv[4]));
+        CK(cuMemFree_v2(p));
+        CK(cuMemFreeHost(h));
+        if (cuMemFreeHost(h) == 0) { say("pinned: freed twice"); return 1; }
+    } else if (!strcmp(mode, "register") && argc == 4) {
+        /* The program's own buffer registered, copied through, given back. */
+        size_t bytes = (size_t)atoi(argv[3]) << 20, half = bytes / 2;
+        unsigned char *h = aligned_alloc(4096, bytes);
+        if (!h) return 2;
+        for (size_t i = 0; i < half; i++) h[i] = (unsigned char)(i * 5 + 3);
+        memset(h + half, 0, half);
+        CK(cuMemHostRegister_v2(h, bytes, 0));
+        CUdeviceptr p, dp = 0;
+        CK(cuMemAlloc_v2(&p, half));
+        CK(cuMemcpyHtoD_v2(p, h, half));
+        CK(cuMemcpyDtoH_v2(h + half, p, half));
+        int mapped = cuMemHostGetDevicePointer_v2(&dp, h, 0) == 0 /* CUDA_SUCCESS */;
+        CK(cuMemHostUnregister(h));
+        if (memcmp(h, h + half, half)) { say("register: wrong bytes"); return 1; }
+        say(mapped ? "register: OK" : "register: OK (not device-mapped)");
     } else {
         return 2;
     }

@@ -146,6 +146,9 @@ pub(crate) struct Objects {
     /// Blocks of the pinned pool (host, registered and managed memory), by
     /// their address in the process.
     pub host: pinned::Blocks,
+    /// Page-locked memory the pool could not hold, by its start in the
+    /// process (`host_spill.rs`).
+    pub spilled: BTreeMap<u64, pinned::Spilled>,
     /// Memory pools and stream-ordered allocations.
     pub pools: tables::Pools,
     /// Libraries by handle (loaded on the host when first used).

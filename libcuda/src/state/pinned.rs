@@ -74,3 +74,20 @@ pub(crate) struct Block {
 
 /// The blocks, by address in the process.
 pub(crate) type Blocks = BTreeMap<u64, Block>;
+
+/// What page-locked memory beyond the pool is (`host_spill.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Spill {
+    /// `cuMemHostAlloc`/`cuMemAllocHost`: memory of the process's own.
+    Alloc,
+    /// `cuMemHostRegister`: the program's pages, left as they are.
+    Registered,
+}
+
+/// Page-locked memory beyond the pool, by its start in the process.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spilled {
+    pub len: u64,
+    pub flags: c_uint,
+    pub kind: Spill,
+}
