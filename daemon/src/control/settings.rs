@@ -206,7 +206,7 @@ impl ControlPlane {
                     }
                     if o.worker_cpu != vm.worker_cpu {
                         notes.push(format!(
-                            "{}: worker_cpu applies when its worker restarts",
+                            "{}: worker_cpu applies to the workers of its next processes",
                             vm.name
                         ));
                     }

@@ -4,11 +4,13 @@
 //! to hundreds of milliseconds on an H100), and the driver does it under
 //! locks that every process on the machine shares: one VM that opens and
 //! drops sessions in a loop slows every other VM's new processes, whatever
-//! the scheduler grants. So the worker keeps the contexts of processes that
-//! ended, made clean again ([`crate::executor::Limits::recycle`]: their work finished, every
+//! the scheduler grants. So a worker that serves processes one after
+//! another (one run by hand, serving a region of its own; under the daemon
+//! each process has a worker of its own, which made its context before the
+//! process came) keeps the contexts of processes that ended, made clean
+//! again ([`crate::executor::Limits::recycle`]: their work finished, every
 //! object destroyed, every allocation given back to the driver), and gives
-//! them to the next processes of the same vGPU. A context never passes
-//! between vGPUs: each vGPU has its own worker.
+//! them to its next processes. A context never passes between vGPUs.
 //!
 //! Contexts that must be made new are rationed per vGPU by the time the
 //! executor spends making them: a token bucket of seconds refilled at
@@ -27,8 +29,8 @@
 //! worker serves; where the executor can ([`Executor::opener`]), the rest
 //! are made on a thread of their own while it serves (a `Hello` that finds
 //! none yet waits in its ring), and the worker confines its other threads
-//! once they are all made ([`ContextPool::filled`]): a restarted worker
-//! computes again after one context, not after all of them. An ended process's context whose
+//! once they are all made ([`ContextPool::filled`]): it computes after one
+//! context, not after all of them. An ended process's context whose
 //! work still runs waits aside (draining) and is made clean once it is
 //! done, so that a process killed mid-kernel costs no slot for good.
 
