@@ -2,9 +2,11 @@
 //! (`fairvgpu serve`, as an operator runs it) serves N VMs spread over G
 //! GPUs, in three phases of the same length:
 //!
-//! 1. *empty*: every VM's worker started, no guest attached;
-//! 2. *idle*: each VM's guest attached (a module loaded, 12 MiB allocated)
-//!    and doing nothing, as most VMs of a cloud do most of the time;
+//! 1. *empty*: no guest attached (the daemon runs only a spare worker per
+//!    GPU);
+//! 2. *idle*: each VM's guest attached (a worker of its own, a module
+//!    loaded, 12 MiB allocated) and doing nothing, as most VMs of a cloud
+//!    do most of the time;
 //! 3. *busy*: every guest running the latency-bound loop of the density
 //!    scenario (a kernel, a synchronous copy back, checked).
 //!
@@ -188,7 +190,7 @@ impl Daemon {
 
 /// What a phase cost: CPU per cent of one CPU of the daemon and of all
 /// workers, their memory, and the grants sent.
-fn report(phase: &str, o: &Options, a: &Sample, b: &Sample) -> (f64, f64, f64) {
+fn report(phase: &str, a: &Sample, b: &Sample) -> (f64, f64, f64) {
     let secs = b.at.duration_since(a.at).as_secs_f64().max(1e-9);
     let sum = |s: &Sample| s.workers.iter().map(|w| w.cpu_ns).sum::<u64>();
     let daemon_pct = b.daemon.cpu_ns.saturating_sub(a.daemon.cpu_ns) as f64 / 1e9 / secs * 100.0;
@@ -200,7 +202,7 @@ fn report(phase: &str, o: &Options, a: &Sample, b: &Sample) -> (f64, f64, f64) {
         "{phase}: daemon {daemon_pct:.2}% of a CPU, {:.1} MiB; {} workers {workers_pct:.2}% of a CPU together ({:.3}% each), {:.1} MiB each (max {:.1}); grants {grants} ({:.0}/s)",
         b.daemon.rss as f64 / 1048576.0,
         b.workers.len(),
-        workers_pct / o.vms as f64,
+        workers_pct / b.workers.len().max(1) as f64,
         mean_rss / 1048576.0,
         rss.iter().max().copied().unwrap_or(0) as f64 / 1048576.0,
         grants as f64 / secs,
@@ -243,7 +245,7 @@ pub fn run(o: Options) -> Result<()> {
     let t = Instant::now();
     let d = Daemon::start(&o)?;
     println!(
-        "daemon up with {} workers in {:.1} s",
+        "daemon up with {} VMs in {:.1} s",
         o.vms,
         t.elapsed().as_secs_f64()
     );
@@ -255,7 +257,7 @@ pub fn run(o: Options) -> Result<()> {
     let s0 = d.sample()?;
     std::thread::sleep(phase);
     let s1 = d.sample()?;
-    report("empty (no guest attached)", &o, &s0, &s1);
+    report("empty (no guest attached)", &s0, &s1);
 
     // The guests: attached, a module loaded and 12 MiB allocated, then idle
     // until told to run.
@@ -296,7 +298,7 @@ pub fn run(o: Options) -> Result<()> {
     let s2 = d.sample()?;
     std::thread::sleep(phase);
     let s3 = d.sample()?;
-    let (daemon_idle, workers_idle, _) = report("idle (guests attached, no calls)", &o, &s2, &s3);
+    let (daemon_idle, workers_idle, _) = report("idle (guests attached, no calls)", &s2, &s3);
     let pids = children(d.0.pid());
     let gpu_mib = match o.kind {
         ExecutorKind::Cuda => worker_gpu_mib(&pids),
@@ -327,7 +329,7 @@ pub fn run(o: Options) -> Result<()> {
     }
     let s5 = d.sample()?;
     ensure!(failed.is_empty(), "{}", failed.join("; "));
-    let (daemon_busy, _, _) = report("busy (every guest in the loop)", &o, &s4, &s5);
+    let (daemon_busy, _, _) = report("busy (every guest in the loop)", &s4, &s5);
     let secs = s5.at.duration_since(s4.at).as_secs_f64();
     let grants = s5.grants.saturating_sub(s4.grants).max(1);
     let per_grant_us = daemon_busy / 100.0 * secs * 1e6 / grants as f64;
@@ -342,7 +344,7 @@ pub fn run(o: Options) -> Result<()> {
         o.vms,
         o.gpus,
         rounds as f64 / secs,
-        workers_idle / o.vms as f64,
+        workers_idle / s3.workers.len().max(1) as f64,
         s3.daemon.rss as f64 / 1048576.0,
         s3.workers.iter().map(|w| w.rss).sum::<u64>() as f64 / s3.workers.len().max(1) as f64 / 1048576.0,
         gpu_mib.map_or("n/a".into(), |m| format!(
