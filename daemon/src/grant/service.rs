@@ -579,33 +579,42 @@ impl Service {
     /// it otherwise; so does a co-holder past the round's end, and a
     /// drainer that never releases.
     fn revoke_overdue(&mut self) {
-        let mut revoked: Vec<(u32, u64)> = Vec::new();
-        let overrun = Instant::now().saturating_duration_since(self.deadline);
+        // (vGPU, its charge as at a release, how long past its grant's end)
+        let mut revoked: Vec<(u32, u64, Duration)> = Vec::new();
+        let now = Instant::now();
+        let overrun = now.saturating_duration_since(self.deadline);
         if let Some(id) = self
             .holder
             .filter(|_| overrun + self.slice > self.hold_limit)
         {
-            revoked.push((id, crate::nanos(self.held_since.elapsed())));
+            revoked.push((id, crate::nanos(self.held_since.elapsed()), overrun));
             self.holder = None;
         }
         for id in self.co.overdue(self.hold_limit.saturating_sub(self.slice)) {
-            revoked.push((id, self.co.held_ns(id)));
+            // A shared holder's time is charged as it goes (`CHARGE`); a
+            // co-runner's, by its round's split.
+            let past = self
+                .co
+                .holders
+                .get(&id)
+                .map_or(Duration::ZERO, |&end| now.saturating_duration_since(end));
+            revoked.push((id, self.co.held_ns(id), past));
         }
         // A drainer that went away, or never releases.
         self.drainer = self.drainer.filter(|d| self.conns.contains_key(&d.0));
         if let Some((id, since)) = self.drainer.filter(|d| d.1.elapsed() > self.hold_limit) {
-            revoked.push((id, crate::nanos(since.elapsed())));
+            revoked.push((id, crate::nanos(since.elapsed()), since.elapsed()));
             self.drainer = None;
         }
-        for (id, held) in revoked {
-            self.revoke(id, held);
+        for (id, held, past) in revoked {
+            self.revoke(id, held, past);
         }
     }
 
-    /// Takes the GPU back from `id`, which held it `held` ns: it is charged
-    /// that (as at a release) and counts as idle until it asks again; its
-    /// late release is ignored.
-    fn revoke(&mut self, id: u32, held: u64) {
+    /// Takes the GPU back from `id`, which kept it `past` beyond its
+    /// grant's end: it is charged `held` ns (as at a release) and counts as
+    /// idle until it asks again; its late release is ignored.
+    fn revoke(&mut self, id: u32, held: u64, past: Duration) {
         let charge = self.co.charge(
             id,
             held,
@@ -629,7 +638,8 @@ impl Service {
             self.logs.entry(id).or_default(),
             warn,
             vgpu = id,
-            held_ms = held / 1_000_000,
+            past_ms = crate::nanos(past) / 1_000_000,
+            charged_ms = charge / 1_000_000,
             "grant taken back from a worker that kept it past its slice"
         );
     }
