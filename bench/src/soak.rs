@@ -3,8 +3,10 @@
 //! among them, for M minutes; every second or so a random guest is killed
 //! (SIGKILL) and another started in its place. At the end every guest stops
 //! and the host must be back where it started: no device memory allocated,
-//! no more open fds in the daemon and its workers than before the first
-//! guest came, no worker restarted, and resident memory flat under load.
+//! no more open fds in the daemon and its workers (the GPU's spare, each
+//! guest process's worker having ended with it) than before the first
+//! guest came, no worker ended by a fault, and resident memory flat under
+//! load.
 //!
 //! Each guest process writes its counters to a file twice a second (the
 //! killed ones lose at most that half second of counts).
@@ -21,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use transport::SpinPolicy;
 
 use super::fixture::{DaemonProc, VmSpec};
+use super::procfs::{children, open_fds, proc_use};
 use daemon::config::ExecutorKind;
 
 /// Guests per VM.
@@ -399,20 +402,40 @@ fn read_counts(path: &Path) -> Counts {
         .unwrap_or_default()
 }
 
-/// Host figures from the status: (daemon rss, daemon fds, workers' rss, workers' fds).
+/// The host's figures from `/proc`: the daemon's resident memory and
+/// open fds, and those of its worker processes together.
 fn host_figures(d: &DaemonProc) -> Result<(u64, u64, u64, u64)> {
-    let st = d.status()?;
-    let (mut wr, mut wf) = (0, 0);
-    for v in d.vgpus()? {
-        wr += v["worker_rss_bytes"].as_u64().unwrap_or(0);
-        wf += v["worker_open_fds"].as_u64().unwrap_or(0);
-    }
+    let pid = d.pid();
+    let workers = children(pid);
     Ok((
-        st["daemon"]["rss_bytes"].as_u64().unwrap_or(0),
-        st["daemon"]["open_fds"].as_u64().unwrap_or(0),
-        wr,
-        wf,
+        proc_use(pid).rss,
+        open_fds(pid),
+        workers.iter().map(|&w| proc_use(w).rss).sum(),
+        workers.iter().map(|&w| open_fds(w)).sum(),
     ))
+}
+
+/// Of each VM's memory limit, what a new process of it cannot allocate in
+/// one piece (a whole limit where it cannot), summed over the VMs.
+fn unavailable(d: &DaemonProc, specs: &[VmSpec]) -> Result<u64> {
+    let mut missing = 0;
+    for v in specs {
+        let mut g = Gpu::connect_with(&d.socket(&v.name), GUEST_SPIN)
+            .with_context(|| format!("a new process of {}", v.name))?;
+        match g.mem_alloc(v.memory_limit_mib << 20) {
+            Ok(p) => g.mem_free(p)?,
+            Err(_) => missing += v.memory_limit_mib << 20,
+        }
+    }
+    Ok(missing)
+}
+
+/// Waits until the daemon's only worker process is the GPU's spare (no
+/// guest process attached, or every guest's worker ended with it).
+fn spare_alone(d: &DaemonProc, what: &str) -> Result<()> {
+    d.wait(what, Duration::from_secs(30), |d| {
+        children(d.pid()).len() == 1
+    })
 }
 
 /// Waits for two fresh rounds of worker reports (every 200 ms).
@@ -442,10 +465,7 @@ pub fn run(minutes: f64, guests: usize) -> Result<()> {
         total_time.as_secs_f64() / 60.0
     );
     let mut d = DaemonProc::start(&bin, "soak", ExecutorKind::Sim, &specs)?;
-    d.wait("every worker reporting", Duration::from_secs(30), |d| {
-        d.vgpus()
-            .is_ok_and(|v| v.iter().all(|v| v["worker_open_fds"].as_u64() > Some(0)))
-    })?;
+    spare_alone(&d, "the GPU's spare worker")?;
     settle();
     let cold = host_figures(&d)?;
     let dir = d.dir.join("soak");
@@ -517,17 +537,22 @@ pub fn run(minutes: f64, guests: usize) -> Result<()> {
             .unwrap_or(u64::MAX)
     };
     let _ = d.wait("memory freed", Duration::from_secs(20), |d| leaked(d) == 0);
+    spare_alone(&d, "every guest's worker ended")?;
+    // What the ended processes left counted against their VMs' limits:
+    // each VM's next process must have the whole limit.
+    let unavailable = unavailable(&d, &specs)?;
+    spare_alone(&d, "the checking processes' workers ended")?;
     settle();
-    let leaked_bytes = leaked(&d);
+    let leaked_bytes = leaked(&d) + unavailable;
     let end = host_figures(&d)?;
     let vg = d.vgpus()?;
-    let restarts: u64 = vg
+    let faults: u64 = vg
         .iter()
         .map(|v| v["worker_faults"].as_u64().unwrap_or(0))
         .sum();
     let served: u64 = vg.iter().map(|v| v["requests"].as_u64().unwrap_or(0)).sum();
     let refused: u64 = vg.iter().map(|v| v["refused"].as_u64().unwrap_or(0)).sum();
-    let host_crashes = restarts + u64::from(!d.alive());
+    let host_crashes = faults + u64::from(!d.alive());
     let leaked_fds = (end.1 + end.3) as i64 - (cold.1 + cold.3) as i64;
     let warm = warm.unwrap_or(cold);
     let rss = |f: (u64, u64, u64, u64)| (f.0 + f.2) as f64;

@@ -22,7 +22,7 @@ pub(super) enum Conn {
     /// Its one worker.
     Worker(UnixStream),
     /// Its workers, one per guest process.
-    Group(Group),
+    Group(Box<Group>),
 }
 
 impl Conn {

@@ -19,7 +19,8 @@
 //!   a worker loses it at the service (charged what it held, its late
 //!   release ignored), so that its group's other members are not held up.
 //! - Figures are the sum over the members of what each reported last (the
-//!   share of copies: the largest).
+//!   share of copies: the largest); counters (requests served, launches,
+//!   contexts made...) keep what members that ended had counted.
 //! - On a GPU shared at once (`SHARED` grants), a holding member's `CHARGE`
 //!   is the vGPU's as it comes; the vGPU is `IDLE` once every holding
 //!   member said it is, and wants the GPU again (`WANT`) when one of them
@@ -45,6 +46,29 @@ pub(super) const MAX_MEMBERS: usize = 64;
 const FIGURES: [u32; 9] = [
     REPORT, QUEUE, SERVED, PROCESS, OCCUPANCY, SLICED, LOGS, CONTEXTS, COPIES,
 ];
+
+/// Which of each kind's two figures count up for the worker's life (sync
+/// calls, launches, requests served and refused, sliced launches, log
+/// lines suppressed, contexts made and reused), as [`FIGURES`]: a member
+/// that ends keeps adding its last ones to the vGPU's. The others (memory
+/// in use, queue depth, resident memory, occupancy, copy share) are what
+/// the live members have now.
+const COUNTERS: [(bool, bool); 9] = [
+    (false, true),
+    (false, true),
+    (true, true),
+    (false, false),
+    (false, false),
+    (true, true),
+    (true, true),
+    (true, true),
+    (false, false),
+];
+
+/// The counters of a vGPU's members (see [`COUNTERS`]), by kind as
+/// [`FIGURES`]: kept by the service while the vGPU has no member, so that
+/// they count on across its processes.
+pub(super) type Counters = [(u64, u64); FIGURES.len()];
 
 /// A message for the service to take as the vGPU's: `(kind, a, b)`.
 pub(super) type Up = (u32, u64, u64);
@@ -77,7 +101,7 @@ struct Member {
     /// Holding a shared grant with nothing to run (it said `IDLE`).
     idle: bool,
     /// What it reported last, by kind (as [`FIGURES`]).
-    figures: [(u64, u64); FIGURES.len()],
+    figures: Counters,
     /// Its socket failed: removed at the next [`Group::tick`].
     dead: bool,
 }
@@ -105,6 +129,8 @@ pub(super) struct Group {
     draining_said: bool,
     /// A member's grant is taken back after this.
     hold_limit: Duration,
+    /// The counters (see [`COUNTERS`]) of members that ended.
+    ended: Counters,
 }
 
 impl Group {
@@ -123,6 +149,7 @@ impl Group {
             busy: false,
             draining_said: false,
             hold_limit,
+            ended: [(0, 0); FIGURES.len()],
         }
     }
 
@@ -139,6 +166,23 @@ impl Group {
             dead: false,
         });
         true
+    }
+
+    /// Its counters (see [`COUNTERS`]): those of the members that ended
+    /// and of those still here.
+    pub fn counters(&self) -> Counters {
+        let mut c = self.ended;
+        for m in &self.members {
+            add_counters(&mut c, &m.figures);
+        }
+        c
+    }
+
+    /// Counts `c` (an earlier group's [`Group::counters`]) as its own.
+    pub fn carry(&mut self, c: &Counters) {
+        for (e, x) in self.ended.iter_mut().zip(c) {
+            *e = (e.0.saturating_add(x.0), e.1.saturating_add(x.1));
+        }
     }
 
     /// Whether no member is left.
@@ -315,7 +359,8 @@ impl Group {
         }
     }
 
-    /// The vGPU's figure of kind `FIGURES[k]`, over its members.
+    /// The vGPU's figure of kind `FIGURES[k]`, over its members and, for
+    /// counters, those that ended.
     fn figure(&self, k: usize) -> Up {
         let kind = FIGURES[k];
         let each = self.members.iter().map(|m| m.figures[k]);
@@ -331,7 +376,8 @@ impl Group {
         } else {
             a
         };
-        (kind, a, b)
+        let (ea, eb) = self.ended[k];
+        (kind, a.saturating_add(ea), b.saturating_add(eb))
     }
 
     /// Members whose sockets failed are removed (charged what they held),
@@ -339,11 +385,13 @@ impl Group {
     fn reap(&mut self, now: Instant, up: &mut Vec<Up>) {
         let before = self.members.len();
         let mut held = 0u64;
+        let ended = &mut self.ended;
         self.members.retain(|m| {
             if m.dead {
                 if let Some(t) = m.state.held_since() {
                     held = held.saturating_add(crate::nanos(now.saturating_duration_since(t)));
                 }
+                add_counters(ended, &m.figures);
             }
             !m.dead
         });
@@ -420,6 +468,18 @@ impl Group {
         let ok = m.s.write_all(&encode(kind, self.vgpu, a, b)).is_ok();
         m.dead |= !ok;
         ok
+    }
+}
+
+/// Adds the counters among a member's `figures` (see [`COUNTERS`]) to `to`.
+fn add_counters(to: &mut Counters, figures: &Counters) {
+    for ((t, &(a, b)), &(ca, cb)) in to.iter_mut().zip(figures).zip(&COUNTERS) {
+        if ca {
+            t.0 = t.0.saturating_add(a);
+        }
+        if cb {
+            t.1 = t.1.saturating_add(b);
+        }
     }
 }
 
@@ -651,7 +711,7 @@ mod tests {
     }
 
     /// Figures are summed over the members; the share of copies is the
-    /// largest; a member gone leaves the sums.
+    /// largest; a member gone leaves the sums, but not its counters.
     #[test]
     fn figures_are_summed_over_members() {
         let (mut g, mut far) = group(2);
@@ -666,8 +726,33 @@ mod tests {
         g.read(0, t);
         say(&mut far[1], OCCUPANCY, 800_000, 0);
         assert_eq!(g.read(1, t), vec![(OCCUPANCY, 1_000_000, 0)]);
+        say(&mut far[1], SERVED, 40, 2);
+        assert_eq!(g.read(1, t), vec![(SERVED, 40, 2)]);
         drop(far.remove(1));
         let up = g.read(1, t);
-        assert!(up.contains(&(REPORT, 100, 3)), "{up:?}");
+        // Memory in use is the live members'; sync calls and requests
+        // served count on.
+        assert!(up.contains(&(REPORT, 100, 7)), "{up:?}");
+        assert!(up.contains(&(SERVED, 40, 2)), "{up:?}");
+    }
+
+    /// A vGPU's counters go on across its groups (the service keeps them
+    /// while it has no process): a later process's requests add to an
+    /// earlier one's; memory in use does not.
+    #[test]
+    fn counters_carry_into_the_next_group() {
+        let (mut g, mut far) = group(1);
+        let t = Instant::now();
+        say(&mut far[0], SERVED, 40, 2);
+        g.read(0, t);
+        say(&mut far[0], REPORT, 4096, 9);
+        g.read(0, t);
+        let c = g.counters();
+        let (mut next, mut far) = group(1);
+        next.carry(&c);
+        say(&mut far[0], SERVED, 5, 1);
+        assert_eq!(next.read(0, t), vec![(SERVED, 45, 3)]);
+        say(&mut far[0], REPORT, 100, 1);
+        assert_eq!(next.read(0, t), vec![(REPORT, 100, 10)]);
     }
 }

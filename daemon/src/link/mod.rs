@@ -64,8 +64,8 @@ enum FeedMsg {
 
 /// The daemon's side of one VM: its region, its ivshmem-server socket, and
 /// the feeds of its process slots' workers (a lane each), and its memory
-/// ledger (`worker::ledger`), which the VM's workers share (made when the
-/// first of them asks for it, kept for the VM's life).
+/// ledger (`worker::ledger`), which the VM's workers share (made with it,
+/// kept for the VM's life).
 ///
 /// Only the VM's own feed thread ever writes to its worker's feed; the
 /// supervisor and the control API hand it messages and never wait, so no
@@ -75,9 +75,10 @@ enum FeedMsg {
 pub struct VmHost {
     region: Region,
     server: ServerHandle,
-    /// The VM's name, which names its ledger.
+    /// The VM's name.
     name: String,
-    ledger: std::sync::OnceLock<OwnedFd>,
+    /// Its memory ledger (`worker::ledger`), which its workers share.
+    ledger: OwnedFd,
     tx: Mutex<Sender<FeedMsg>>,
     /// The lanes whose worker's feed is open now.
     live: Arc<Mutex<std::collections::BTreeSet<u32>>>,
@@ -179,7 +180,7 @@ impl VmHost {
             region,
             server,
             name: name.to_owned(),
-            ledger: std::sync::OnceLock::new(),
+            ledger: worker::ledger::Ledger::create(&format!("fairvgpu-{name}-ledger"))?,
             tx: Mutex::new(tx),
             live,
             reports,
@@ -210,13 +211,7 @@ impl VmHost {
 
     /// The VM's memory ledger (a dup, for one of its workers).
     pub fn ledger(&self) -> Result<OwnedFd, Error> {
-        if self.ledger.get().is_none() {
-            let made = worker::ledger::Ledger::create(&format!("fairvgpu-{}-ledger", self.name))?;
-            // Two callers at once: one ledger is kept, the other dropped.
-            let _ = self.ledger.set(made);
-        }
-        let ledger = self.ledger.get().expect("made above");
-        ledger.try_clone().map_err(|source| Error::Io {
+        self.ledger.try_clone().map_err(|source| Error::Io {
             what: "dup of the memory ledger",
             source,
         })
@@ -339,7 +334,7 @@ impl VmHost {
     /// `release`; else the caller does it later, [`VmHost::slot_unserved`]).
     pub fn slot_worker_gone(&self, slot: u32, crashed: bool, release: bool) {
         let _ = self.send(FeedMsg::CloseLane(slot));
-        let ledger = self.ledger.get().and_then(|fd| fd.try_clone().ok());
+        let ledger = self.ledger.try_clone().ok();
         if let Some(l) = ledger.and_then(|fd| worker::ledger::Ledger::shared(fd).ok()) {
             l.forget(slot);
         }
