@@ -1,5 +1,5 @@
-//! Resource figures of this process, from procfs (for the operator's view
-//! and the soak bench's leak checks).
+//! Resource figures of this process, from procfs (for the operator's view:
+//! the status's worker memory and fds).
 
 /// Resident memory (bytes) and open file descriptors of this process;
 /// zeros where procfs cannot be read. The memory is the process's own
