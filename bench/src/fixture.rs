@@ -273,6 +273,15 @@ impl DaemonProc {
         Ok(())
     }
 
+    /// Waits up to `timeout` until `vm`'s status counts `n` workers that
+    /// ended by a fault (`worker_faults`).
+    pub fn wait_worker_faults(&self, vm: &str, n: u64, timeout: Duration) -> Result<()> {
+        self.wait(&format!("{n} worker faults of {vm}"), timeout, |d| {
+            d.vgpu(vm)
+                .is_ok_and(|v| v["worker_faults"].as_u64() == Some(n))
+        })
+    }
+
     /// The pids of the workers of `vm`'s running processes (status
     /// `worker_pids`); empty while it runs none, or the API does not answer.
     pub fn worker_pids(&self, vm: &str) -> Vec<i32> {

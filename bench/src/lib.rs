@@ -12,7 +12,7 @@ pub mod migrate;
 pub mod overhead;
 mod overhead_probes;
 pub mod placement;
-mod procfs;
+pub mod procfs;
 pub mod recovery;
 pub mod ring;
 pub mod scale;

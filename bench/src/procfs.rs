@@ -1,6 +1,7 @@
 //! What `/proc` says of the daemon and its worker processes: their CPU
 //! time, resident memory and open descriptors, and which processes are a
-//! process's children (the benches that measure the host side read them).
+//! process's children (the benches that measure the host side, and the
+//! tests that look for the daemon's workers, read them).
 
 /// One process's CPU time and resident memory.
 #[derive(Debug, Clone, Copy, Default)]
@@ -60,8 +61,20 @@ pub(crate) fn threads_cpu_ns(pid: u32, name: &str) -> u64 {
         .sum()
 }
 
-/// The processes whose parent is `pid`.
+/// The processes whose parent is `pid`, exited ones not yet reaped
+/// (zombies) among them.
 pub(crate) fn children(pid: u32) -> Vec<u32> {
+    children_where(pid, |_| true)
+}
+
+/// The processes whose parent is `pid` and that run (zombies left out).
+pub fn live_children(pid: u32) -> Vec<u32> {
+    children_where(pid, |state| state != "Z")
+}
+
+/// The children of `pid` whose state (`/proc/<pid>/stat`'s third field)
+/// passes `state_ok`.
+fn children_where(pid: u32, state_ok: impl Fn(&str) -> bool) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -70,10 +83,13 @@ pub(crate) fn children(pid: u32) -> Vec<u32> {
             std::fs::read_to_string(format!("/proc/{p}/stat"))
                 .ok()
                 .and_then(|s| {
-                    let rest = s.get(s.rfind(')')? + 2..)?;
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                    // After the command's closing parenthesis: state, ppid.
+                    let mut f = s.get(s.rfind(')')? + 2..)?.split_whitespace();
+                    let state = f.next()?;
+                    let ppid = f.next()?.parse::<u32>().ok()?;
+                    Some(ppid == pid && state_ok(state))
                 })
-                == Some(pid)
+                == Some(true)
         })
         .collect()
 }

@@ -225,14 +225,8 @@ pub fn measure(bin: &Path, executor: ExecutorKind, log_level: Option<&str>) -> R
     if !matches!(fault, Err(GuestError::Cuda(s)) if s.is_sticky()) {
         bail!("the out-of-bounds kernel did not fault: {}", rep.fault);
     }
-    d.wait(
-        "the faulting process's worker to end",
-        Duration::from_secs(60),
-        |d| {
-            d.vgpu("vm1")
-                .is_ok_and(|v| v["worker_faults"].as_u64() == Some(1))
-        },
-    )?;
+    // The faulting process's worker ended.
+    d.wait_worker_faults("vm1", 1, Duration::from_secs(60))?;
     rep.reset_seen = matches!(bad.mem_alloc(16), Err(GuestError::VgpuReset));
     drop(bad);
     let mut again = until_working(&vm1, Duration::from_secs(60))?;
@@ -259,14 +253,8 @@ pub fn measure(bin: &Path, executor: ExecutorKind, log_level: Option<&str>) -> R
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
     )?;
-    d.wait(
-        "the killed worker's end noted",
-        Duration::from_secs(60),
-        |d| {
-            d.vgpu("vm1")
-                .is_ok_and(|v| v["worker_faults"].as_u64() == Some(2))
-        },
-    )?;
+    // The killed worker's end noted.
+    d.wait_worker_faults("vm1", 2, Duration::from_secs(60))?;
     if !matches!(again.mem_alloc(16), Err(GuestError::VgpuReset)) {
         rep.reset_seen = false;
     }

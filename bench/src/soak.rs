@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use transport::SpinPolicy;
 
 use super::fixture::{DaemonProc, VmSpec};
-use super::procfs::{children, open_fds, proc_use};
+use super::procfs::{children, live_children, open_fds, proc_use};
 use daemon::config::ExecutorKind;
 
 /// Guests per VM.
@@ -434,7 +434,7 @@ fn unavailable(d: &DaemonProc, specs: &[VmSpec]) -> Result<u64> {
 /// guest process attached, or every guest's worker ended with it).
 fn spare_alone(d: &DaemonProc, what: &str) -> Result<()> {
     d.wait(what, Duration::from_secs(30), |d| {
-        children(d.pid()).len() == 1
+        live_children(d.pid()).len() == 1
     })
 }
 

@@ -469,20 +469,12 @@ pub fn worker_processes(d: &bench::fixture::DaemonProc) -> usize {
 
 /// The pids of the daemon's live worker processes (zombies not counted).
 pub fn worker_pids(d: &bench::fixture::DaemonProc) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let mut after = stat.rsplit(')').next().unwrap_or("").split_whitespace();
-        let state = after.next();
-        let ppid = after.next().and_then(|p| p.parse::<u32>().ok());
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let is_worker = cmd.split(|&b| b == 0).any(|a| a == b"worker");
-        if ppid == Some(d.pid()) && is_worker && state != Some("Z") {
-            pids.push(pid);
-        }
-    }
-    pids
+    bench::procfs::live_children(d.pid())
+        .into_iter()
+        .filter(|p| {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            cmd.split(|&b| b == 0).any(|a| a == b"worker")
+        })
+        .filter_map(|p| i32::try_from(p).ok())
+        .collect()
 }

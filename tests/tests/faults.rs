@@ -63,10 +63,8 @@ fn kernel_output_and_faults_reach_their_own_process_only() {
     // are limited to a few a minute: the first is said, both counted).
     let ended = "worker exited (a CUDA error poisoned its GPU context); not restarted";
     assert!(log.contains(ended), "{log}");
-    r.d.wait("both faults counted", Duration::from_secs(10), |d| {
-        d.vgpu("vm1").is_ok_and(|v| v["worker_faults"] == 2)
-    })
-    .unwrap();
+    r.d.wait_worker_faults("vm1", 2, Duration::from_secs(10))
+        .unwrap();
     drop(r);
 }
 

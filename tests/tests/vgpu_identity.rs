@@ -54,11 +54,8 @@ fn each_vm_has_its_own_uuid_kept_across_its_processes_workers() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    d.wait("vm1's worker's end noted", Duration::from_secs(60), |d| {
-        d.vgpu("vm1")
-            .is_ok_and(|v| v["worker_faults"].as_u64() == Some(1))
-    })
-    .unwrap();
+    d.wait_worker_faults("vm1", 1, Duration::from_secs(60))
+        .unwrap();
     drop(held);
     let next = info(&d, "vm1");
     assert!(!d.worker_pids("vm1").contains(&pid), "a new worker");

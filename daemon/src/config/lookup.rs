@@ -79,13 +79,6 @@ impl Config {
         self.gpus.iter().any(|g| g.index == gpu && g.mps)
     }
 
-    /// Whether GPU `gpu` runs MPS with standby workers (`[[gpu]] mps_standby`).
-    pub fn gpu_mps_standby(&self, gpu: u32) -> bool {
-        self.gpus
-            .iter()
-            .any(|g| g.index == gpu && g.mps && g.mps_standby)
-    }
-
     /// `[[gpu]] mps_processes` of GPU `gpu` (its default if not listed).
     pub fn gpu_mps_processes(&self, gpu: u32) -> usize {
         self.gpus

@@ -46,9 +46,9 @@ impl Supervisor {
     /// its contexts (it says so before it tears them down and exits): all
     /// their clients are ended ([`Self::on_mps_fault`]). Without MPS such a
     /// worker ends alone.
-    pub(super) fn poisoned_gpus(&mut self) -> Vec<u32> {
+    pub(super) fn poisoned_gpus(&self) -> Vec<u32> {
         let mut mps_faults: Vec<u32> = Vec::new();
-        for w in &mut self.children {
+        for w in &self.children {
             let gpu = self.plane.gpu_of(&w.name).unwrap_or(0);
             let host = self.hosts.get(&w.name);
             if !self.mps.contains_key(&gpu)
@@ -57,7 +57,6 @@ impl Supervisor {
             {
                 continue;
             }
-            w.poisoned = true;
             if !mps_faults.contains(&gpu) {
                 mps_faults.push(gpu);
             }

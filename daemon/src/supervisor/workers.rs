@@ -26,8 +26,6 @@ pub(super) struct Supervised {
     /// None once it ended or the daemon ended it.
     pub child: Option<Child>,
     pub started: Instant,
-    /// It said that a CUDA error poisoned its contexts (and will exit).
-    pub poisoned: bool,
     /// The MPS side (see `mps.rs`) the worker is a client of.
     pub side: usize,
     /// It ended (with its process, or not): it is not restarted, and
@@ -45,7 +43,6 @@ impl Supervised {
             child: Some(child),
             side,
             started: Instant::now(),
-            poisoned: false,
             ended: false,
         }
     }
@@ -295,7 +292,6 @@ impl Supervisor {
             return;
         };
         w.child = None;
-        w.poisoned = false;
         let gpu = self.plane.gpu_of(&w.name).unwrap_or(0);
         let crashed = self.mps.contains_key(&gpu) && ended_by_fault(&status, w.started.elapsed());
         let host = self.hosts.get(&w.name);
