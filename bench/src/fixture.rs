@@ -276,21 +276,33 @@ impl DaemonProc {
     /// Waits up to `timeout` until `vm`'s status counts `n` workers that
     /// ended by a fault (`worker_faults`).
     pub fn wait_worker_faults(&self, vm: &str, n: u64, timeout: Duration) -> Result<()> {
+        let faults = |d: &Self| d.vgpu(vm).ok().and_then(|v| v["worker_faults"].as_u64());
         self.wait(&format!("{n} worker faults of {vm}"), timeout, |d| {
-            d.vgpu(vm)
-                .is_ok_and(|v| v["worker_faults"].as_u64() == Some(n))
+            faults(d) == Some(n)
+        })
+        .with_context(|| {
+            format!(
+                "{vm}'s status counts {:?} worker faults, workers {:?}",
+                faults(self),
+                self.worker_pids(vm)
+            )
         })
     }
 
     /// The pids of the workers of `vm`'s running processes (status
     /// `worker_pids`); empty while it runs none, or the API does not answer.
+    /// One that exited before the daemon noticed is left out: the status
+    /// lags the workers by up to one round of the daemon's supervisor.
     pub fn worker_pids(&self, vm: &str) -> Vec<i32> {
+        let live = crate::procfs::live_children(self.pid());
         self.vgpu(vm)
             .ok()
             .and_then(|v| {
                 v["worker_pids"].as_array().map(|a| {
                     a.iter()
-                        .filter_map(|p| p.as_i64().and_then(|p| i32::try_from(p).ok()))
+                        .filter_map(|p| p.as_u64().and_then(|p| u32::try_from(p).ok()))
+                        .filter(|p| live.contains(p))
+                        .filter_map(|p| i32::try_from(p).ok())
                         .collect()
                 })
             })

@@ -231,6 +231,11 @@ pub fn measure(bin: &Path, executor: ExecutorKind, log_level: Option<&str>) -> R
     drop(bad);
     let mut again = until_working(&vm1, Duration::from_secs(60))?;
     rep.poison_recovery_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // The status lists the workers of both of vm1's processes (it may lag
+    // the binding of the new one), so that "one" below is the new one's.
+    d.wait("vm1's two workers listed", Duration::from_secs(20), |d| {
+        d.worker_pids("vm1").len() == 2
+    })?;
     let mut during = rounds.load(Ordering::Relaxed) - before;
     // The bystander's memory and context are its own: it computes on.
     let mut back = [0u8; 16];

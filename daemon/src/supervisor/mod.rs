@@ -187,11 +187,12 @@ impl Supervisor {
             }
             // Process slots' workers that ended are not restarted.
             self.children.retain(|w| !w.ended);
-            self.report_workers();
             self.reap_ended();
             let dying = self.dying();
             self.on_migrations();
             self.on_slot_claims(&want);
+            // Workers ended and bound this round, before a spare's start.
+            self.report_workers();
             self.keep_spares(&want, &dying);
             self.balance(&want);
             // A slot claimed meanwhile ends the pause at once.
