@@ -5,6 +5,7 @@
 use std::cell::Cell;
 use std::ffi::CString;
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice};
 use protocol::Status;
@@ -17,6 +18,17 @@ use crate::executor::{GraphLaunches, Handle, Limits};
 thread_local! {
     pub(super) static CURRENT: Cell<usize> = const { Cell::new(0) };
 }
+
+/// Whether a guest context of this worker is its GPU's primary context.
+///
+/// A GPU takes about a hundred contexts, whatever memory is free
+/// (`results/2026-11-28-h100-contexts-per-gpu.md`). The worker registers
+/// the VM's host memory in the primary context (`device.rs`); were the
+/// guest's context one more, each attached process would cost two. So the
+/// first guest context of a worker is the primary context itself, retained
+/// rather than made, and emptied rather than destroyed when the guest is
+/// done with it; later ones are made, as natively.
+static PRIMARY_TAKEN: AtomicBool = AtomicBool::new(false);
 
 /// A driver object the guest holds by handle. Handles are ours (not the
 /// driver's pointers), so that the objects can be re-created on another GPU
@@ -75,6 +87,10 @@ pub(super) enum ObjSpec {
 
 pub(super) struct CudaContext {
     pub(super) ctx: CUcontext,
+    /// `ctx` is `dev`'s primary context (see [`PRIMARY_TAKEN`]): shared
+    /// with the executor's registrations, so released, not destroyed, and
+    /// emptied of the guest's objects first.
+    pub(super) primary: bool,
     pub(super) dev: CUdevice,
     pub(super) ordinal: u32,
     /// Allocations are VMM ranges (movable to another GPU at the same
@@ -137,9 +153,16 @@ impl CudaContext {
         vmm: bool,
         graphs: GraphLaunches,
     ) -> Result<CudaContext, Status> {
-        let mut ctx: CUcontext = null_mut();
-        // SAFETY: out-parameter on our stack; null create-params means defaults.
-        check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, dev) })?;
+        let primary = !PRIMARY_TAKEN.swap(true, Ordering::AcqRel);
+        let ctx = match make_context(dev, primary) {
+            Ok(c) => c,
+            Err(e) => {
+                if primary {
+                    PRIMARY_TAKEN.store(false, Ordering::Release);
+                }
+                return Err(e);
+            }
+        };
         CURRENT.with(|c| c.set(ctx as usize));
         let mut granularity = 1;
         if vmm {
@@ -153,13 +176,16 @@ impl CudaContext {
                 )
             });
             if let Err(e) = r {
-                // SAFETY: our own fresh context.
-                let _ = unsafe { sys::cuCtxDestroy_v2(ctx) };
+                let_go(ctx, primary.then_some(dev));
+                if primary {
+                    PRIMARY_TAKEN.store(false, Ordering::Release);
+                }
                 return Err(e);
             }
         }
         Ok(CudaContext {
             ctx,
+            primary,
             dev,
             ordinal,
             vmm,
@@ -285,14 +311,87 @@ impl Drop for CudaContext {
             for (va, a) in std::mem::take(&mut self.allocs) {
                 vmm_free(va, &a);
             }
+            if self.primary {
+                self.empty_primary();
+            }
         }
-        // SAFETY: destroying our own context frees all it holds; nothing uses it after.
-        let _ = unsafe { sys::cuCtxDestroy_v2(self.ctx) };
+        let_go(self.ctx, self.primary.then_some(self.dev));
+        if self.primary {
+            PRIMARY_TAKEN.store(false, Ordering::Release);
+        }
         CURRENT.with(|c| {
             if c.get() == self.ctx as usize {
                 c.set(0)
             }
         });
+    }
+}
+
+impl CudaContext {
+    /// Destroys what the guest made in the primary context, which outlives
+    /// it (the executor's registrations hold it): what recycling destroys,
+    /// and the copy stream and idle events it keeps. Work still running
+    /// keeps its objects; they go with the context, at the worker's end.
+    fn empty_primary(&mut self) {
+        if let Err(s) = Limits::recycle(self) {
+            tracing::debug!("the primary context is left as the guest left it: {s:?}");
+            return;
+        }
+        for e in std::mem::take(&mut self.event_pool) {
+            // SAFETY: an idle event of this context, destroyed once.
+            let _ = unsafe { sys::cuEventDestroy_v2(e) };
+        }
+        if !self.copy.is_null() {
+            // SAFETY: our copy stream, destroyed once.
+            let _ =
+                unsafe { sys::cuStreamDestroy_v2(std::mem::replace(&mut self.copy, null_mut())) };
+        }
+    }
+}
+
+/// Makes a context on `dev`, current on this thread: its primary context
+/// (retained) if `primary`, else a new one.
+pub(super) fn make_context(dev: CUdevice, primary: bool) -> Result<CUcontext, Status> {
+    let mut ctx: CUcontext = null_mut();
+    if primary {
+        // SAFETY: out-parameter on our stack; balanced by `let_go`.
+        check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) })?;
+        // SAFETY: the context just retained.
+        if let Err(e) = check(unsafe { sys::cuCtxSetCurrent(ctx) }) {
+            let_go(ctx, Some(dev));
+            return Err(e);
+        }
+    } else {
+        // SAFETY: out-parameter on our stack; null create-params means defaults.
+        check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, dev) })?;
+    }
+    Ok(ctx)
+}
+
+/// Ends our hold on `ctx`: releases it if it is `primary`'s primary
+/// context (the driver destroys it with the last release), else destroys
+/// it, and all it holds.
+pub(super) fn let_go(ctx: CUcontext, primary: Option<CUdevice>) {
+    let _ = match primary {
+        // SAFETY: balances a retain of ours (`make_context`); allowed from
+        // any thread.
+        Some(dev) => unsafe { sys::cuDevicePrimaryCtxRelease_v2(dev) },
+        // SAFETY: our own context, destroyed once; nothing uses it after.
+        None => unsafe { sys::cuCtxDestroy_v2(ctx) },
+    };
+}
+
+/// Destroys one guest object of the current context (a function goes with
+/// its module).
+pub(super) fn destroy_obj(o: Obj) -> sys::CUresult {
+    match o {
+        // SAFETY: a stream of the current context, destroyed once.
+        Obj::Stream { raw, .. } => unsafe { sys::cuStreamDestroy_v2(raw) },
+        Obj::Event { raw, relay, .. } => destroy_event(raw, relay),
+        // SAFETY: a module of the current context, unloaded once.
+        Obj::Module { raw, .. } => unsafe { sys::cuModuleUnload(raw) },
+        Obj::ImportedEvent { local, .. } => destroy_event(local, null_mut()),
+        Obj::Function { .. } => sys::CUresult::CUDA_SUCCESS,
     }
 }
 
@@ -400,18 +499,14 @@ impl Limits for CudaContext {
             // SAFETY: a live allocation of this context, freed once.
             check(unsafe { sys::cuMemFree_v2(p) })?;
         }
+        // Memory of other processes it opened, closed.
+        let opened: Vec<u64> = self.opened.keys().copied().collect();
+        for base in opened {
+            crate::executor::Ipc::close_opened(self, base)?;
+        }
         // Functions go with their modules; streams and events one by one.
         for (_, o) in std::mem::take(&mut self.objs) {
-            let r = match o {
-                // SAFETY: a stream of this context, destroyed once.
-                Obj::Stream { raw, .. } => unsafe { sys::cuStreamDestroy_v2(raw) },
-                Obj::Event { raw, relay, .. } => destroy_event(raw, relay),
-                // SAFETY: a module of this context, unloaded once.
-                Obj::Module { raw, .. } => unsafe { sys::cuModuleUnload(raw) },
-                Obj::ImportedEvent { local, .. } => destroy_event(local, null_mut()),
-                Obj::Function { .. } => sys::CUresult::CUDA_SUCCESS,
-            };
-            check(r)?;
+            check(destroy_obj(o))?;
         }
         self.globals.clear();
         for &(l, v) in &self.limits0 {

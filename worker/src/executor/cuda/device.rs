@@ -210,6 +210,9 @@ pub struct CudaExecutor {
     /// Host ranges page-locked for DMA (unregistered on drop): address,
     /// length and the flags they were registered with.
     registered: Vec<(usize, usize, u32)>,
+    /// The GPU's primary context, where the host memory is registered: the
+    /// worker's first guest context is this one too (`context.rs`), so a
+    /// worker holds one context, as a native process does.
     primary: CUcontext,
     /// The device whose primary context `primary` is.
     primary_dev: CUdevice,
@@ -220,25 +223,6 @@ pub struct CudaExecutor {
 // SAFETY: the primary context handle is only used from the worker thread
 // that owns the executor, after making it current there.
 unsafe impl Send for CudaExecutor {}
-
-/// The current context runs no kernel (the worker's registration context:
-/// guests' work runs in contexts of their own): its kernels' stack, printf
-/// buffer and heap go down to the least the driver keeps. On an H100 the
-/// stack alone held 264 of the context's 524 MiB
-/// (`results/2026-11-26-h100-registration-context.md`). Refused, the
-/// context keeps them, nothing else changes.
-fn shrink_kernel_limits() {
-    for (limit, what) in [
-        (sys::CUlimit::CU_LIMIT_STACK_SIZE, "stack"),
-        (sys::CUlimit::CU_LIMIT_PRINTF_FIFO_SIZE, "printf buffer"),
-        (sys::CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE, "heap"),
-    ] {
-        // SAFETY: sets a limit of the current context, which is ours.
-        if let Err(s) = check(unsafe { sys::cuCtxSetLimit(limit, 0) }) {
-            tracing::debug!("registration context: its kernels' {what} kept ({s:?})");
-        }
-    }
-}
 
 impl Drop for CudaExecutor {
     fn drop(&mut self) {
@@ -332,9 +316,6 @@ impl Executor for CudaExecutor {
         // SAFETY: a retained context of ours.
         check(unsafe { sys::cuCtxSetCurrent(self.primary) })?;
         CURRENT.with(|c| c.set(self.primary as usize));
-        if first {
-            shrink_kernel_limits();
-        }
         for a in ranges {
             let p = a.ptr_guard_mut().as_ptr() as *mut c_void;
             // SAFETY: `a` is a live, page-aligned shared mapping of `a.len()` bytes
@@ -521,7 +502,6 @@ impl CudaExecutor {
         // SAFETY: the new primary context, just retained.
         check(unsafe { sys::cuCtxSetCurrent(p) })?;
         CURRENT.with(|c| c.set(p as usize));
-        shrink_kernel_limits();
         let bytes: usize = self.registered.iter().map(|r| r.1).sum();
         for (&(a, len, flags), was) in self.registered.iter().zip(before) {
             // SAFETY: `a` is a live, page-aligned shared mapping of `len`

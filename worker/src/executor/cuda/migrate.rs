@@ -14,7 +14,7 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice};
 use protocol::Status;
 
 use super::check;
-use super::context::{CudaContext, Obj, ObjSpec, CURRENT};
+use super::context::{destroy_obj, let_go, make_context, CudaContext, Obj, ObjSpec, CURRENT};
 use super::device::{device, retain_ahead};
 use super::module::func_attr;
 use super::vmm::{
@@ -23,17 +23,48 @@ use super::vmm::{
 };
 use crate::executor::{Handle, Keeper, Migration, Moved, Timing};
 
-/// A context that is no longer used, destroyed when dropped (on any thread).
-struct OldContext(CUcontext);
+/// A context that is no longer used, let go of when dropped (on any
+/// thread): destroyed, or, for a primary context (`context.rs`), emptied
+/// of the guest's objects and released.
+struct OldContext {
+    ctx: CUcontext,
+    /// The device whose primary context `ctx` is.
+    primary: Option<CUdevice>,
+    /// What the guest made in it, and the worker's own streams and events.
+    objs: Vec<Obj>,
+    streams: Vec<sys::CUstream>,
+    events: Vec<sys::CUevent>,
+}
 
-// SAFETY: nothing else refers to the context any more; the driver allows
-// destroying a context from any thread.
+// SAFETY: nothing else refers to the context or its objects any more; the
+// driver allows using a context from any thread made current there.
 unsafe impl Send for OldContext {}
 
 impl Drop for OldContext {
     fn drop(&mut self) {
-        // SAFETY: see the Send impl; destroyed once.
-        let _ = unsafe { sys::cuCtxDestroy_v2(self.0) };
+        // A primary context may outlive our release (the executor's
+        // registrations hold it until they move): its objects go now.
+        if self.primary.is_some() {
+            // SAFETY: the context is alive (we hold it); current on this
+            // thread only to destroy what is ours in it.
+            let r = unsafe { sys::cuCtxSetCurrent(self.ctx) };
+            if r == sys::CUresult::CUDA_SUCCESS {
+                for o in self.objs.drain(..) {
+                    let _ = destroy_obj(o);
+                }
+                for st in self.streams.drain(..) {
+                    // SAFETY: a stream of ours in this context, destroyed once.
+                    let _ = unsafe { sys::cuStreamDestroy_v2(st) };
+                }
+                for e in self.events.drain(..) {
+                    // SAFETY: an event of ours in this context, destroyed once.
+                    let _ = unsafe { sys::cuEventDestroy_v2(e) };
+                }
+                // SAFETY: detaches the context from this thread.
+                let _ = unsafe { sys::cuCtxSetCurrent(null_mut()) };
+            }
+        }
+        let_go(self.ctx, self.primary);
     }
 }
 
@@ -118,6 +149,8 @@ fn free_staged(padded: usize, handle: sys::CUmemGenericAllocationHandle, tmp: u6
 /// the context to move (as they were when it was prepared).
 struct PreparedCtx {
     ctx: CUcontext,
+    /// `ctx` is `dev`'s primary context (for a primary one's move).
+    primary: bool,
     dev: CUdevice,
     ordinal: u32,
     objs: crate::executor::HandleMap<Obj>,
@@ -138,8 +171,14 @@ impl Drop for PreparedCtx {
             free_staged(padded, handle, tmp);
         }
         if !self.ctx.is_null() {
-            // SAFETY: a context of ours nobody uses; its objects go with it.
-            let _ = unsafe { sys::cuCtxDestroy_v2(self.ctx) };
+            // A context of ours nobody uses; its objects go with it.
+            drop(OldContext {
+                ctx: self.ctx,
+                primary: self.primary.then_some(self.dev),
+                objs: std::mem::take(&mut self.objs).into_values().collect(),
+                streams: Vec::new(),
+                events: Vec::new(),
+            });
         }
     }
 }
@@ -147,20 +186,20 @@ impl Drop for PreparedCtx {
 /// Makes a context on GPU `ordinal` with the objects of `specs` and memory
 /// for the allocations `allocs` (va, padded size) and the guest's physical
 /// memory `phys` (handle, size, compression type), and leaves it current
-/// on no thread.
+/// on no thread; the GPU's primary context if `primary`.
 fn prepare(
     ordinal: u32,
+    primary: bool,
     specs: &[(Handle, ObjSpec)],
     allocs: &[(u64, usize)],
     phys: &[(Handle, usize, u8)],
 ) -> Result<PreparedCtx, Status> {
     let dev = device(ordinal)?;
     retain_ahead(dev)?;
-    let mut ctx: CUcontext = null_mut();
-    // SAFETY: out-parameter on our stack; default parameters.
-    check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, dev) })?;
+    let ctx = make_context(dev, primary)?;
     let mut p = PreparedCtx {
         ctx,
+        primary,
         dev,
         ordinal,
         objs: Default::default(),
@@ -464,8 +503,8 @@ impl Migration for CudaContext {
         let _ = self.take_timings();
         // The target's context, made ahead on a helper thread if it was.
         let mut p = match prepared.and_then(|b| b.downcast::<PreparedCtx>().ok()) {
-            Some(p) if p.ordinal == target => *p,
-            _ => prepare(target, &self.specs(), &[], &[])?,
+            Some(p) if p.ordinal == target && p.primary == self.primary => *p,
+            _ => prepare(target, self.primary, &self.specs(), &[], &[])?,
         };
         // SAFETY: the prepared context, current on no other thread.
         check(unsafe { sys::cuCtxSetCurrent(p.ctx) })?;
@@ -532,23 +571,39 @@ impl Migration for CudaContext {
         // replacements live in the new one) is destroyed off the pause, on
         // a thread of its own: that takes tens of milliseconds.
         self.templates.clear();
-        let old = OldContext(self.ctx);
+        // The worker moves a vGPU between requests, its work drained: any
+        // timing or mark left is passed; its events go with the old context.
+        let events: Vec<sys::CUevent> = std::mem::take(&mut self.event_pool)
+            .into_iter()
+            .chain(self.timed.drain(..).flat_map(|(_, a, b)| [a, b]))
+            .chain(
+                self.period
+                    .take()
+                    .into_iter()
+                    .flat_map(|(a, ends)| std::iter::once(a).chain(ends)),
+            )
+            .chain(self.marks.drain().flat_map(|(_, evs)| evs))
+            .collect();
+        let old = OldContext {
+            ctx: self.ctx,
+            primary: self.primary.then_some(self.dev),
+            objs: std::mem::replace(&mut self.objs, std::mem::take(&mut p.objs))
+                .into_values()
+                .collect(),
+            streams: [std::mem::replace(&mut self.copy, null_mut())]
+                .into_iter()
+                .filter(|s| !s.is_null())
+                .collect(),
+            events,
+        };
         let _ = std::thread::Builder::new()
             .name("ctx-destroy".into())
             .spawn(move || drop(old));
         self.ctx = std::mem::replace(&mut p.ctx, null_mut());
         self.dev = p.dev;
         self.ordinal = target;
-        self.objs = std::mem::take(&mut p.objs);
         self.graphs = graphs;
-        self.event_pool.clear();
-        self.timed.clear();
-        self.period = None;
         self.sliced.clear();
-        // The worker moves a vGPU between requests, its work drained: any
-        // mark left is passed; its events went with the old context.
-        self.marks.clear();
-        self.copy = null_mut();
         // The guest's stream attributes, on the new streams (a hint to the
         // device: one the target refuses is not worth failing the move).
         if let Err(e) = self.bind().and_then(|()| self.apply_stream_attrs()) {
@@ -569,8 +624,9 @@ impl Migration for CudaContext {
             .iter()
             .map(|(&h, &(_, n))| (h, n, self.guest_vmm.compression_of(h)))
             .collect();
+        let primary = self.primary;
         Some(Box::new(move || {
-            prepare(target, &specs, &allocs, &phys)
+            prepare(target, primary, &specs, &allocs, &phys)
                 .map(|p| Box::new(p) as crate::executor::Prepared)
         }))
     }
