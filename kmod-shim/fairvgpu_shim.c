@@ -45,7 +45,7 @@
 #define FVGPU_MAX_DEVICES 16
 #define FVGPU_MAX_VECTORS 64
 #define FVGPU_MAX_BINDS 8
-#define FVGPU_HOST_PEER 0
+#define FVGPU_HOST_PEER 1 /* transport/src/server.rs HOST_PEER */
 
 /* ivshmem BAR0 registers. */
 #define IVSHMEM_INTR_MASK 0x00

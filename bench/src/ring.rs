@@ -62,7 +62,7 @@ fn ring_setup(
 ) -> Result<(Region, transport::server::ServerHandle, Child)> {
     let sock = dir.join("ring.sock");
     let (region, fd) = Region::create("bench", params)?;
-    let server = serve(&sock, fd, params.vectors)?;
+    let server = serve(&sock, fd, &region)?;
     let child = spawn_echo("ring", sock.to_str().context("socket path")?)?;
     Ok((region, server, child))
 }

@@ -17,7 +17,7 @@ use transport::{Bell, PollingBell, Region};
 use crate::{GuestError, Result};
 
 /// The host's peer id on every ivshmem server.
-const HOST_PEER: u32 = 0;
+const HOST_PEER: u32 = transport::server::HOST_PEER as u32;
 
 // The ioctl numbers of fairvgpu_shim.h, spelled out (Linux's _IOC encoding).
 const IOC_WRITE: u32 = 1;

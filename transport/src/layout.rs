@@ -23,8 +23,9 @@ use crate::usize_from;
 
 /// "FVGPUSHM", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FVGPUSHM");
-/// Bumped on every incompatible change of this file.
-pub const LAYOUT_VERSION: u32 = 3;
+/// Bumped on every incompatible change of this file or of the peer ids
+/// (`server.rs`: guests rang the host at peer 0 up to version 3).
+pub const LAYOUT_VERSION: u32 = 4;
 /// Alignment (and size unit) of the pinned pool: a huge page.
 pub const PINNED_ALIGN: u64 = 2 << 20;
 /// Size of the header page.

@@ -4,13 +4,21 @@
 //! Every message is one little-endian `i64`, optionally with one fd passed
 //! with SCM_RIGHTS. To a new peer the server sends: the protocol version (0),
 //! the peer's id, then `-1` with the shared-memory fd; then for every peer
-//! already present (the host is peer 0) its id once per vector, each with
+//! already present (the host first) its id once per vector, each with
 //! that vector's eventfd; then the new peer's own id once per vector with
 //! its own eventfds. Existing peers learn of the new one the same way, and
 //! of a departed one by its id with no fd.
 //!
 //! One server (one unix socket) serves one VM's region: every peer on it is
 //! the same tenant, so handing peers each other's eventfds crosses nobody.
+//!
+//! Peer ids. The host is [`HOST_PEER`] (1). A new peer gets 0 whenever 0 is
+//! free: a QEMU whose device is `master=on` (the one whose region QEMU
+//! migrates) refuses to start with any other id. Other peers get ids in
+//! rotation from 2 on, so that an id is not soon given again (QEMU keeps a
+//! departed peer's entry). Before a departure is announced, the server
+//! marks the departed peer's channels abandoned, so that a peer given its
+//! id next never finds its own claims taken for the departed one's.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{IoSlice, IoSliceMut};
@@ -32,8 +40,12 @@ use crate::wait::{Bell, EventFdBell};
 
 /// The protocol version QEMU expects.
 pub const PROTOCOL_VERSION: i64 = 0;
-/// The host's own peer id.
-pub const HOST_PEER: u16 = 0;
+/// The host's own peer id: not 0, which a VM's QEMU takes (see the
+/// module's doc). Guests ring the host here (`kmod-shim`'s
+/// `FVGPU_HOST_PEER`, the guest library's `device.rs`).
+pub const HOST_PEER: u16 = 1;
+/// The id a new peer gets while it is free: a `master=on` QEMU's.
+pub const FIRST_PEER: u16 = 0;
 
 /// Sends one protocol message (waiting for room if the socket blocks).
 pub fn send_msg(sock: &impl AsRawFd, value: i64, fd: Option<RawFd>) -> Result<()> {
@@ -124,7 +136,8 @@ pub fn recv_msg(sock: &impl AsRawFd) -> Result<Option<(i64, Option<OwnedFd>)>> {
 pub enum PeerEvent {
     /// A peer (a QEMU process or a native guest) connected.
     Connected(u16),
-    /// A peer went away; the host should reclaim its channels.
+    /// A peer went away; its channels are already marked abandoned, for
+    /// the host to reclaim.
     Gone(u16),
 }
 
@@ -231,9 +244,10 @@ impl Drop for ServerHandle {
 
 /// Starts serving `shm` on a unix socket at `path` (replacing a stale socket
 /// file); peer arrivals and departures come on [`ServerHandle::events`].
-pub fn serve(path: &Path, shm: OwnedFd, vectors: u32) -> Result<ServerHandle> {
+/// `shm` is `region`'s memory.
+pub fn serve(path: &Path, shm: OwnedFd, region: &Region) -> Result<ServerHandle> {
     let (tx, rx) = channel();
-    let mut h = serve_to(path, shm, vectors, MAX_PEERS, move |ev| {
+    let mut h = serve_to(path, shm, region, MAX_PEERS, move |ev| {
         let _ = tx.send(ev);
     })?;
     h.events = rx;
@@ -273,10 +287,11 @@ pub fn bind_listening(path: &Path, mode: Option<u32>) -> Result<UnixListener> {
 pub fn serve_to(
     path: &Path,
     shm: OwnedFd,
-    vectors: u32,
+    region: &Region,
     max_peers: usize,
     sink: impl FnMut(PeerEvent) + Send + 'static,
 ) -> Result<ServerHandle> {
+    let vectors = region.layout().params.vectors;
     let listener = bind_listening(path, None)?;
     listener
         .set_nonblocking(true)
@@ -293,6 +308,7 @@ pub fn serve_to(
     let state = ServerLoop {
         listener,
         shm,
+        region: region.clone(),
         vectors,
         max_peers,
         host_bells: host_bells.clone(),
@@ -327,6 +343,8 @@ pub fn serve_to(
 struct ServerLoop {
     listener: UnixListener,
     shm: OwnedFd,
+    /// `shm` mapped: a departed peer's channels are marked here.
+    region: Region,
     vectors: u32,
     max_peers: usize,
     host_bells: Vec<Arc<EventFdBell>>,
@@ -458,17 +476,27 @@ impl ServerLoop {
         4 * (3 + self.vectors as usize * (self.max_peers + 2))
     }
 
+    /// The id for a new peer (see the module's doc): [`FIRST_PEER`] while
+    /// free, else the next free one in rotation, never [`HOST_PEER`].
+    fn free_id(&mut self) -> Option<u16> {
+        if !self.peers.contains_key(&FIRST_PEER) {
+            return Some(FIRST_PEER);
+        }
+        let first = HOST_PEER + 1;
+        let id = (self.next_id.max(first)..=u16::MAX)
+            .chain(first..self.next_id)
+            .find(|i| !self.peers.contains_key(i))?;
+        self.next_id = id.checked_add(1).unwrap_or(first);
+        Some(id)
+    }
+
     fn add_peer(&mut self, stream: UnixStream) -> Result<()> {
         stream
             .set_nonblocking(true)
             .map_err(|e| Error::io("nonblocking peer socket", e))?;
-        let Some(id) = (self.next_id..=u16::MAX)
-            .chain(HOST_PEER + 1..self.next_id)
-            .find(|i| !self.peers.contains_key(i))
-        else {
+        let Some(id) = self.free_id() else {
             return Err(Error::Protocol("out of peer ids".into()));
         };
-        self.next_id = id.wrapping_add(1).max(HOST_PEER + 1);
         let bells: Vec<Arc<EventFdBell>> = (0..self.vectors)
             .map(|_| EventFdBell::new().map(Arc::new))
             .collect::<Result<_>>()?;
@@ -584,6 +612,13 @@ impl ServerLoop {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
+        // Its channels, before anyone learns it left and before the next
+        // peer (which may get its id) is taken.
+        for ch in 0..self.region.channels() {
+            if self.region.owner_peer(ch).ok() == Some(u32::from(id)) {
+                let _ = self.region.mark_abandoned(ch);
+            }
+        }
         let others: Vec<u16> = self.peers.keys().copied().collect();
         for p in self.peers.values_mut() {
             p.outbox.push_back((i64::from(id), None));
@@ -682,116 +717,4 @@ impl Drop for Client {
 }
 
 #[cfg(all(test, not(miri)))]
-mod tests {
-    use super::*;
-    use crate::layout::LayoutParams;
-    use crate::ring::Descriptor;
-
-    #[test]
-    fn native_peers_get_region_and_bells_and_departures_are_reported() {
-        let dir = scratch::dir("fvg-srv");
-        let sock = dir.join("s");
-        let params = LayoutParams {
-            channels: 2,
-            ring_entries: 8,
-            arena_size: 8192,
-            vectors: 2,
-            pinned_size: 0,
-            partitions: 1,
-        };
-        let (region, fd) = Region::create("t", params).unwrap();
-        let server = serve(&sock, fd, 2).unwrap();
-        let a = Client::connect(&sock, Duration::from_secs(5)).unwrap();
-        let b = Client::connect(&sock, Duration::from_secs(5)).unwrap();
-        assert_ne!(a.id, b.id);
-        assert_eq!(a.own_bells.len(), 2);
-        assert_eq!(
-            server.events.recv_timeout(Duration::from_secs(5)).unwrap(),
-            PeerEvent::Connected(a.id)
-        );
-        assert_eq!(
-            server.events.recv_timeout(Duration::from_secs(5)).unwrap(),
-            PeerEvent::Connected(b.id)
-        );
-        // Both peers are this process, as the kernel says.
-        let me = std::process::id();
-        let pids = server.peer_pids.lock().unwrap().clone();
-        assert_eq!(pids.get(&a.id), Some(&me));
-        assert_eq!(pids.get(&b.id), Some(&me));
-
-        // Same memory on both sides.
-        let mut g = a.region.claim(u32::from(a.id), 1, 1).unwrap();
-        let mut h = region.host_channel(g.index()).unwrap();
-        assert!(g.req.try_send(&Descriptor::new(3, 4), b"abc").unwrap());
-        let mut buf = Vec::new();
-        assert_eq!(h.req.try_recv(&mut buf).unwrap().unwrap().tag, 3);
-        // The host's bell reaches the host; the host rings the guest's bell.
-        a.host_bells[1].ring().unwrap();
-        assert!(server.host_bells[1].wait(Duration::from_secs(5)).unwrap());
-        server.ring_peer(a.id, 1).unwrap();
-        assert!(a.own_bells[1].wait(Duration::from_secs(5)).unwrap());
-
-        drop(g);
-        assert!(h.reclaim(h.state().unwrap()).unwrap());
-        let gone = a.id;
-        drop(a);
-        assert_eq!(
-            server.events.recv_timeout(Duration::from_secs(5)).unwrap(),
-            PeerEvent::Gone(gone)
-        );
-        assert!(!server.peer_pids.lock().unwrap().contains_key(&gone));
-        drop(b);
-        drop(server);
-        assert!(!sock.exists());
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_peer_that_never_reads_holds_up_nobody_and_is_dropped() {
-        let dir = scratch::dir("fvg-srv-silent");
-        let sock = dir.join("s");
-        let params = LayoutParams {
-            channels: 2,
-            ring_entries: 8,
-            arena_size: 8192,
-            vectors: 4,
-            pinned_size: 0,
-            partitions: 1,
-        };
-        let (_region, fd) = Region::create("t", params).unwrap();
-        let (tx, rx) = channel();
-        let server = serve_to(&sock, fd, 4, 8, move |ev| {
-            let _ = tx.send(ev);
-        })
-        .unwrap();
-        // Connects, and never reads a byte.
-        let silent = UnixStream::connect(&sock).unwrap();
-        let Ok(PeerEvent::Connected(silent_id)) = rx.recv_timeout(Duration::from_secs(5)) else {
-            panic!("the silent peer was not taken");
-        };
-        // Every arrival is news for the silent peer; its socket fills, then
-        // its queue; the others come and go all the same.
-        let mut dropped = false;
-        for _ in 0..400 {
-            let c = Client::connect(&sock, Duration::from_secs(5)).expect("a new peer attaches");
-            assert_eq!(c.own_bells.len(), 4);
-            drop(c);
-            while let Ok(ev) = rx.try_recv() {
-                dropped |= ev == PeerEvent::Gone(silent_id);
-            }
-            if dropped {
-                break;
-            }
-        }
-        assert!(dropped, "the peer that never reads was never dropped");
-        // More peers than allowed: the ninth is closed at once.
-        let peers: Vec<Client> = (0..8)
-            .map(|_| Client::connect(&sock, Duration::from_secs(5)).unwrap())
-            .collect();
-        assert!(Client::connect(&sock, Duration::from_secs(5)).is_err());
-        drop(peers);
-        drop(silent);
-        drop(server);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
+mod tests;

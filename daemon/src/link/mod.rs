@@ -112,7 +112,6 @@ type Reports = Arc<Mutex<Vec<(u32, MigrationReport)>>>;
 /// The state of one VM's feed thread.
 struct Feeder {
     name: String,
-    region: Region,
     fd: OwnedFd,
     peers: PeerBells,
     host_bells: Vec<Arc<EventFdBell>>,
@@ -140,7 +139,7 @@ impl VmHost {
         })?;
         let (tx, rx) = std::sync::mpsc::channel();
         let peer_tx = tx.clone();
-        let server = serve_to(socket, server_fd, layout.vectors, MAX_PEERS, move |ev| {
+        let server = serve_to(socket, server_fd, &region, MAX_PEERS, move |ev| {
             let _ = peer_tx.send(FeedMsg::Peer(ev));
         })?;
         let live: Arc<Mutex<std::collections::BTreeSet<u32>>> = Arc::default();
@@ -148,7 +147,6 @@ impl VmHost {
         let poisoned = Arc::new(AtomicBool::new(false));
         let mut feeder = Feeder {
             name: name.to_owned(),
-            region: region.clone(),
             fd,
             peers: server.peers.clone(),
             host_bells: server.host_bells.clone(),
@@ -417,12 +415,8 @@ impl Feeder {
                 }
             }
             FeedMsg::Peer(PeerEvent::Gone(id)) => {
-                // Marked here, so that this happens even while no worker runs.
-                for ch in 0..self.region.channels() {
-                    if self.region.owner_peer(ch).ok() == Some(u32::from(id)) {
-                        let _ = self.region.mark_abandoned(ch);
-                    }
-                }
+                // Its channels are marked abandoned already (by the
+                // server, before the next peer could take its id).
                 self.write(|s| send_msg(s, encode(PEER_GONE, id, 0), None));
                 // Every worker looks (each process slot's waits on its own
                 // vector).

@@ -202,7 +202,7 @@ impl Worker {
     /// Creates the region, starts serving the socket (a worker on its own).
     pub fn new(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Worker, Error> {
         let (region, fd) = Region::create(&format!("fairvgpu-{}", cfg.name), cfg.layout)?;
-        let server = serve(&cfg.socket, fd, cfg.layout.vectors)?;
+        let server = serve(&cfg.socket, fd, &region)?;
         let dev = Device::prepare(cfg, exec, region, None)?;
         Self::build(cfg, dev, PeerLink::Local(server), connect_gate(cfg)?)
     }

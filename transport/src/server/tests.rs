@@ -1,0 +1,164 @@
+//! The server against native peers: ids, doorbells, departures, peers
+//! that never read.
+
+use super::*;
+use crate::channel::ClaimState;
+use crate::layout::LayoutParams;
+use crate::ring::Descriptor;
+
+#[test]
+fn native_peers_get_region_and_bells_and_departures_are_reported() {
+    let dir = scratch::dir("fvg-srv");
+    let sock = dir.join("s");
+    let params = LayoutParams {
+        channels: 2,
+        ring_entries: 8,
+        arena_size: 8192,
+        vectors: 2,
+        pinned_size: 0,
+        partitions: 1,
+    };
+    let (region, fd) = Region::create("t", params).unwrap();
+    let server = serve(&sock, fd, &region).unwrap();
+    let a = Client::connect(&sock, Duration::from_secs(5)).unwrap();
+    let b = Client::connect(&sock, Duration::from_secs(5)).unwrap();
+    assert_ne!(a.id, b.id);
+    assert_eq!(a.own_bells.len(), 2);
+    assert_eq!(
+        server.events.recv_timeout(Duration::from_secs(5)).unwrap(),
+        PeerEvent::Connected(a.id)
+    );
+    assert_eq!(
+        server.events.recv_timeout(Duration::from_secs(5)).unwrap(),
+        PeerEvent::Connected(b.id)
+    );
+    // Both peers are this process, as the kernel says.
+    let me = std::process::id();
+    let pids = server.peer_pids.lock().unwrap().clone();
+    assert_eq!(pids.get(&a.id), Some(&me));
+    assert_eq!(pids.get(&b.id), Some(&me));
+
+    // Same memory on both sides.
+    let mut g = a.region.claim(u32::from(a.id), 1, 1).unwrap();
+    let mut h = region.host_channel(g.index()).unwrap();
+    assert!(g.req.try_send(&Descriptor::new(3, 4), b"abc").unwrap());
+    let mut buf = Vec::new();
+    assert_eq!(h.req.try_recv(&mut buf).unwrap().unwrap().tag, 3);
+    // The host's bell reaches the host; the host rings the guest's bell.
+    a.host_bells[1].ring().unwrap();
+    assert!(server.host_bells[1].wait(Duration::from_secs(5)).unwrap());
+    server.ring_peer(a.id, 1).unwrap();
+    assert!(a.own_bells[1].wait(Duration::from_secs(5)).unwrap());
+
+    drop(g);
+    assert!(h.reclaim(h.state().unwrap()).unwrap());
+    let gone = a.id;
+    drop(a);
+    assert_eq!(
+        server.events.recv_timeout(Duration::from_secs(5)).unwrap(),
+        PeerEvent::Gone(gone)
+    );
+    assert!(!server.peer_pids.lock().unwrap().contains_key(&gone));
+    drop(b);
+    drop(server);
+    assert!(!sock.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_vm_gets_peer_0_again_and_never_the_hosts_id_or_a_departed_peers_claims() {
+    let dir = scratch::dir("fvg-srv-ids");
+    let sock = dir.join("s");
+    let params = LayoutParams {
+        channels: 4,
+        ring_entries: 8,
+        arena_size: 8192,
+        vectors: 1,
+        pinned_size: 0,
+        partitions: 1,
+    };
+    let (region, fd) = Region::create("t", params).unwrap();
+    let server = serve(&sock, fd, &region).unwrap();
+    // A `master=on` QEMU needs 0; the host is 1; later peers rotate.
+    let vm = Client::connect(&sock, Duration::from_secs(5)).unwrap();
+    let other = Client::connect(&sock, Duration::from_secs(5)).unwrap();
+    assert_eq!((vm.id, other.id), (FIRST_PEER, HOST_PEER + 1));
+    assert_eq!(
+        vm.host_bells.len(),
+        1,
+        "the host's bells, announced as peer 1"
+    );
+    let held = vm.region.claim(u32::from(vm.id), 1, 0).unwrap();
+    let ch = held.index();
+    std::mem::forget(held); // the process dies holding it
+    drop(vm);
+    let mut events = Vec::new();
+    while !events.contains(&PeerEvent::Gone(FIRST_PEER)) {
+        events.push(server.events.recv_timeout(Duration::from_secs(5)).unwrap());
+    }
+    // Marked before the departure was announced.
+    assert_eq!(region.claim_state(ch).unwrap(), ClaimState::Abandoned);
+    // The VM's next QEMU gets 0 again; its claim is its own.
+    let again = Client::connect(&sock, Duration::from_secs(5)).unwrap();
+    assert_eq!(again.id, FIRST_PEER);
+    let mine = again.region.claim(u32::from(again.id), 2, 0).unwrap();
+    assert_ne!(mine.index(), ch);
+    assert_eq!(
+        region.claim_state(mine.index()).unwrap(),
+        ClaimState::Claimed
+    );
+    // Rotation goes on past the departed ids, never through the host's.
+    let third = Client::connect(&sock, Duration::from_secs(5)).unwrap();
+    assert_eq!(third.id, HOST_PEER + 2);
+    drop((mine, again, other, third, server));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_peer_that_never_reads_holds_up_nobody_and_is_dropped() {
+    let dir = scratch::dir("fvg-srv-silent");
+    let sock = dir.join("s");
+    let params = LayoutParams {
+        channels: 2,
+        ring_entries: 8,
+        arena_size: 8192,
+        vectors: 4,
+        pinned_size: 0,
+        partitions: 1,
+    };
+    let (region, fd) = Region::create("t", params).unwrap();
+    let (tx, rx) = channel();
+    let server = serve_to(&sock, fd, &region, 8, move |ev| {
+        let _ = tx.send(ev);
+    })
+    .unwrap();
+    // Connects, and never reads a byte.
+    let silent = UnixStream::connect(&sock).unwrap();
+    let Ok(PeerEvent::Connected(silent_id)) = rx.recv_timeout(Duration::from_secs(5)) else {
+        panic!("the silent peer was not taken");
+    };
+    // Every arrival is news for the silent peer; its socket fills, then
+    // its queue; the others come and go all the same.
+    let mut dropped = false;
+    for _ in 0..400 {
+        let c = Client::connect(&sock, Duration::from_secs(5)).expect("a new peer attaches");
+        assert_eq!(c.own_bells.len(), 4);
+        drop(c);
+        while let Ok(ev) = rx.try_recv() {
+            dropped |= ev == PeerEvent::Gone(silent_id);
+        }
+        if dropped {
+            break;
+        }
+    }
+    assert!(dropped, "the peer that never reads was never dropped");
+    // More peers than allowed: the ninth is closed at once.
+    let peers: Vec<Client> = (0..8)
+        .map(|_| Client::connect(&sock, Duration::from_secs(5)).unwrap())
+        .collect();
+    assert!(Client::connect(&sock, Duration::from_secs(5)).is_err());
+    drop(peers);
+    drop(silent);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
