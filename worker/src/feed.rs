@@ -264,8 +264,8 @@ impl PeerLink {
         }
     }
 
-    /// Peers that left since the last call (a local server only: under the
-    /// daemon, the daemon marks their channels).
+    /// Peers that left since the last call (a local server only); the
+    /// server marked their channels abandoned before it said so.
     pub fn departed(&self) -> Vec<u16> {
         match self {
             PeerLink::Local(s) => s

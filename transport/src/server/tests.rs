@@ -6,19 +6,24 @@ use crate::channel::ClaimState;
 use crate::layout::LayoutParams;
 use crate::ring::Descriptor;
 
+/// A small region of `channels` channels and `vectors` doorbell vectors.
+fn small_region(channels: u32, vectors: u32) -> (Region, OwnedFd) {
+    let params = LayoutParams {
+        channels,
+        ring_entries: 8,
+        arena_size: 8192,
+        vectors,
+        pinned_size: 0,
+        partitions: 1,
+    };
+    Region::create("t", params).unwrap()
+}
+
 #[test]
 fn native_peers_get_region_and_bells_and_departures_are_reported() {
     let dir = scratch::dir("fvg-srv");
     let sock = dir.join("s");
-    let params = LayoutParams {
-        channels: 2,
-        ring_entries: 8,
-        arena_size: 8192,
-        vectors: 2,
-        pinned_size: 0,
-        partitions: 1,
-    };
-    let (region, fd) = Region::create("t", params).unwrap();
+    let (region, fd) = small_region(2, 2);
     let server = serve(&sock, fd, &region).unwrap();
     let a = Client::connect(&sock, Duration::from_secs(5)).unwrap();
     let b = Client::connect(&sock, Duration::from_secs(5)).unwrap();
@@ -69,15 +74,7 @@ fn native_peers_get_region_and_bells_and_departures_are_reported() {
 fn a_vm_gets_peer_0_again_and_never_the_hosts_id_or_a_departed_peers_claims() {
     let dir = scratch::dir("fvg-srv-ids");
     let sock = dir.join("s");
-    let params = LayoutParams {
-        channels: 4,
-        ring_entries: 8,
-        arena_size: 8192,
-        vectors: 1,
-        pinned_size: 0,
-        partitions: 1,
-    };
-    let (region, fd) = Region::create("t", params).unwrap();
+    let (region, fd) = small_region(4, 1);
     let server = serve(&sock, fd, &region).unwrap();
     // A `master=on` QEMU needs 0; the host is 1; later peers rotate.
     let vm = Client::connect(&sock, Duration::from_secs(5)).unwrap();
@@ -118,15 +115,7 @@ fn a_vm_gets_peer_0_again_and_never_the_hosts_id_or_a_departed_peers_claims() {
 fn a_peer_that_never_reads_holds_up_nobody_and_is_dropped() {
     let dir = scratch::dir("fvg-srv-silent");
     let sock = dir.join("s");
-    let params = LayoutParams {
-        channels: 2,
-        ring_entries: 8,
-        arena_size: 8192,
-        vectors: 4,
-        pinned_size: 0,
-        partitions: 1,
-    };
-    let (region, fd) = Region::create("t", params).unwrap();
+    let (region, fd) = small_region(2, 4);
     let (tx, rx) = channel();
     let server = serve_to(&sock, fd, &region, 8, move |ev| {
         let _ = tx.send(ev);

@@ -328,6 +328,22 @@ impl Drop for CudaContext {
 }
 
 impl CudaContext {
+    /// The events of timed launches, the busy period and marks, taken out
+    /// (their work is done: the context is recycled or moves).
+    pub(super) fn take_timing_events(&mut self) -> Vec<sys::CUevent> {
+        self.timed
+            .drain(..)
+            .flat_map(|(_, a, b)| [a, b])
+            .chain(
+                self.period
+                    .take()
+                    .into_iter()
+                    .flat_map(|(a, ends)| std::iter::once(a).chain(ends)),
+            )
+            .chain(self.marks.drain().flat_map(|(_, evs)| evs))
+            .collect()
+    }
+
     /// Destroys what the guest made in the primary context, which outlives
     /// it (the executor's registrations hold it): what recycling destroys,
     /// and the copy stream and idle events it keeps. Work still running
@@ -478,18 +494,7 @@ impl Limits for CudaContext {
             g.destroy();
         }
         self.arrays.clear()?;
-        let idle = self
-            .timed
-            .drain(..)
-            .flat_map(|(_, a, b)| [a, b])
-            .chain(
-                self.period
-                    .take()
-                    .into_iter()
-                    .flat_map(|(a, ends)| std::iter::once(a).chain(ends)),
-            )
-            .chain(self.marks.drain().flat_map(|(_, evs)| evs))
-            .collect::<Vec<_>>();
+        let idle = self.take_timing_events();
         self.event_pool.extend(idle);
         self.guest_vmm.clear();
         for (va, a) in std::mem::take(&mut self.allocs) {

@@ -573,17 +573,8 @@ impl Migration for CudaContext {
         self.templates.clear();
         // The worker moves a vGPU between requests, its work drained: any
         // timing or mark left is passed; its events go with the old context.
-        let events: Vec<sys::CUevent> = std::mem::take(&mut self.event_pool)
-            .into_iter()
-            .chain(self.timed.drain(..).flat_map(|(_, a, b)| [a, b]))
-            .chain(
-                self.period
-                    .take()
-                    .into_iter()
-                    .flat_map(|(a, ends)| std::iter::once(a).chain(ends)),
-            )
-            .chain(self.marks.drain().flat_map(|(_, evs)| evs))
-            .collect();
+        let mut events = std::mem::take(&mut self.event_pool);
+        events.extend(self.take_timing_events());
         let old = OldContext {
             ctx: self.ctx,
             primary: self.primary.then_some(self.dev),
