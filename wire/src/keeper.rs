@@ -28,6 +28,11 @@ pub enum Keeper {
     /// VM serves (process slots), or opened here from one: the other
     /// worker holds the driver's handle on this GPU.
     IpcAcrossWorkers,
+    /// An executable graph (not put in a checkpoint yet).
+    Graph,
+    /// Memory of the VMM API: reservations, physical memory and their
+    /// mappings (not put in a checkpoint yet).
+    VirtualMemory,
     /// Something the executor does not know how to make again.
     Other,
 }
@@ -43,6 +48,8 @@ impl Keeper {
             Keeper::CompressibleMemory => 5,
             Keeper::SharedHandle => 6,
             Keeper::IpcAcrossWorkers => 7,
+            Keeper::Graph => 8,
+            Keeper::VirtualMemory => 9,
             Keeper::Other => 127,
         }
     }
@@ -58,6 +65,8 @@ impl Keeper {
             5 => Some(Keeper::CompressibleMemory),
             6 => Some(Keeper::SharedHandle),
             7 => Some(Keeper::IpcAcrossWorkers),
+            8 => Some(Keeper::Graph),
+            9 => Some(Keeper::VirtualMemory),
             _ => Some(Keeper::Other),
         }
     }
@@ -86,6 +95,10 @@ impl Keeper {
                 "IPC memory or an event open between processes of the VM served by different \
                  workers (close the handles to move)"
             }
+            Keeper::Graph => "an executable graph (not put in a checkpoint yet)",
+            Keeper::VirtualMemory => {
+                "memory of the VMM API (cuMemCreate, cuMemMap; not put in a checkpoint yet)"
+            }
             Keeper::Other => "an object the executor cannot make again on another GPU",
         }
     }
@@ -109,6 +122,8 @@ mod tests {
             Keeper::Array,
             Keeper::ConditionalGraph,
             Keeper::CompressibleMemory,
+            Keeper::Graph,
+            Keeper::VirtualMemory,
             Keeper::SharedHandle,
             Keeper::IpcAcrossWorkers,
             Keeper::Other,

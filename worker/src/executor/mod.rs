@@ -8,7 +8,8 @@
 //! `module` (modules, kernels, occupancy), `launch`, `timing` (timed
 //! launches, busy periods), `stream` (streams, marks), `stream_attrs`,
 //! `event`, `graph`, `conditional` (conditional graph nodes), `vmm`,
-//! `arrays`, `migrate`, `limits` (limits, recycling). [`Context`] is every
+//! `arrays`, `migrate`, `checkpoint` (a context's image, for another
+//! worker), `limits` (limits, recycling). [`Context`] is every
 //! family at once; the `cuda` and `sim` executors implement each family in
 //! their file of that family.
 
@@ -16,6 +17,7 @@ use protocol::{DeviceInfo, Status};
 use vm_memory::VolatileSlice;
 
 mod arrays;
+pub mod checkpoint;
 mod conditional;
 pub mod cuda;
 mod event;
@@ -33,6 +35,7 @@ mod timing;
 mod vmm;
 
 pub use arrays::{ArrayOp, Arrays};
+pub use checkpoint::{Checkpoint, ContextImage};
 pub use conditional::Conditionals;
 pub use event::Events;
 pub use graph::Graphs;
@@ -128,6 +131,13 @@ pub trait Executor: Send {
     fn device(&self) -> u32 {
         0
     }
+    /// A context made again from `image`, taken by [`Checkpoint::checkpoint`]
+    /// in another worker (of this host or another): the same handles, the
+    /// same device addresses and bytes there. The image is checked first
+    /// ([`ContextImage::check`]); its addresses must be free here.
+    fn restore(&mut self, _image: &ContextImage) -> Result<Box<dyn Context>, Status> {
+        Err(Status::NotSupported)
+    }
     /// Opens new contexts on `device` from now on (after a migration).
     fn set_device(&mut self, device: u32) -> Result<(), Status> {
         if device == self.device() {
@@ -157,6 +167,7 @@ pub trait Context:
     + Vmm
     + Arrays
     + Migration
+    + Checkpoint
     + Limits
     + Send
 {
@@ -176,6 +187,7 @@ impl<T> Context for T where
         + Vmm
         + Arrays
         + Migration
+        + Checkpoint
         + Limits
         + Send
 {

@@ -17,6 +17,8 @@ use crate::executor::{Handle, Limits};
 use crate::ptx;
 
 pub(super) struct SimModule {
+    /// The PTX it was loaded from (what a checkpoint carries).
+    pub(super) text: String,
     pub(super) entries: ptx::Entries,
     /// The kernels' names in the text's order.
     pub(super) names: Vec<String>,
@@ -49,6 +51,9 @@ pub(super) struct SimContext {
     pub(super) imports: BTreeMap<u64, (u64, super::memory::SharedBuf)>,
     pub(super) modules: HashMap<Handle, SimModule>,
     pub(super) functions: HashMap<Handle, (Kernel, Vec<u32>)>,
+    /// The module and name each function was looked up by (what a
+    /// checkpoint carries).
+    pub(super) function_of: HashMap<Handle, (Handle, String)>,
     /// Function attributes set with `cuFuncSetAttribute`, by kernel.
     pub(super) func_attrs: HashMap<(Handle, u32), i32>,
     /// Events: when the device passes each one's last record (shared with
@@ -272,6 +277,7 @@ impl Limits for SimContext {
         self.imports.clear();
         self.modules.clear();
         self.functions.clear();
+        self.function_of.clear();
         self.events.clear();
         self.streams.clear();
         self.stream_attrs.clear();

@@ -48,6 +48,11 @@ pub(super) struct SimGraphs {
 }
 
 impl SimGraphs {
+    /// Whether it holds no executable graph and no conditional scope.
+    pub(super) fn is_empty(&self) -> bool {
+        self.execs.is_empty() && self.scopes.is_empty()
+    }
+
     pub(super) fn clear(&mut self) {
         *self = SimGraphs::default();
     }

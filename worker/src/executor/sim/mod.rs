@@ -24,12 +24,13 @@ use std::time::{Duration, Instant};
 use protocol::{DeviceInfo, Status};
 use vm_memory::VolatileSlice;
 
-use super::{Context, Executor};
+use super::{Context, ContextImage, Executor};
 
 mod addresses;
 mod arrays;
 mod attributes;
 mod bytes;
+mod checkpoint;
 mod context;
 mod graphs;
 mod kernels;
@@ -212,6 +213,10 @@ impl Executor for SimExecutor {
     fn open(&mut self) -> Result<Box<dyn Context>, Status> {
         Ok(Box::new(self.open_sim()?))
     }
+
+    fn restore(&mut self, image: &ContextImage) -> Result<Box<dyn Context>, Status> {
+        Ok(Box::new(self.restore_sim(image)?))
+    }
 }
 
 /// The driver release the sim reports as its host's: a real 580 release
@@ -237,6 +242,7 @@ impl SimExecutor {
             mem: BTreeMap::new(),
             modules: HashMap::new(),
             functions: HashMap::new(),
+            function_of: HashMap::new(),
             func_attrs: HashMap::new(),
             stream_attrs: HashMap::new(),
             events: HashMap::new(),

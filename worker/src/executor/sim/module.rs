@@ -11,27 +11,56 @@ use super::kernels::{k_unmodeled, kernel_by_name};
 use crate::executor::{Handle, Launch, Memory, Modules};
 use crate::ptx;
 
+/// The PTX text of a module image (the model runs PTX only, also the PTX a
+/// fat binary carries, which nvcc-built programs register), its kernels'
+/// parameters and their names in the text's order.
+pub(super) fn parse_module(
+    kind: ImageKind,
+    image: &[u8],
+) -> Result<(String, ptx::Entries, Vec<String>), Status> {
+    let ptx;
+    let image = match kind {
+        ImageKind::Ptx => image,
+        ImageKind::Cubin if protocol::fatbin::is_fatbin(image) => {
+            ptx = protocol::fatbin::best_ptx(image)
+                .map_err(|_| Status::InvalidImage)?
+                .ok_or(Status::NoBinaryForGpu)?;
+            &ptx
+        }
+        ImageKind::Cubin => return Err(Status::NoBinaryForGpu),
+    };
+    let text = std::str::from_utf8(image).map_err(|_| Status::InvalidPtx)?;
+    let text = text.trim_end_matches('\0');
+    let entries = ptx::entries(text).ok_or(Status::InvalidPtx)?;
+    let names = ptx::entry_names(text, &entries);
+    Ok((text.to_owned(), entries, names))
+}
+
+impl SimContext {
+    /// Function `h`: kernel `name` of `module`, whose parameters are
+    /// `sizes`; its parameters' layout.
+    pub(super) fn insert_function(
+        &mut self,
+        h: Handle,
+        module: Handle,
+        name: &str,
+        sizes: Vec<u32>,
+    ) -> Vec<Param> {
+        // A kernel the model does not implement can be looked up (programs
+        // look up every kernel they might use); launching it fails.
+        let k = kernel_by_name(name).unwrap_or(k_unmodeled);
+        let params = crate::ptx::layout(&sizes);
+        self.functions.insert(h, (k, sizes));
+        self.function_of.insert(h, (module, name.to_owned()));
+        params
+    }
+}
+
 impl Modules for SimContext {
     fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
-        // Machine code cannot run on the model; PTX can, also the PTX a
-        // fat binary carries (what nvcc-built programs register).
-        let ptx;
-        let image = match kind {
-            ImageKind::Ptx => image,
-            ImageKind::Cubin if protocol::fatbin::is_fatbin(image) => {
-                ptx = protocol::fatbin::best_ptx(image)
-                    .map_err(|_| Status::InvalidImage)?
-                    .ok_or(Status::NoBinaryForGpu)?;
-                &ptx
-            }
-            ImageKind::Cubin => return Err(Status::NoBinaryForGpu),
-        };
-        let text = std::str::from_utf8(image).map_err(|_| Status::InvalidPtx)?;
-        let text = text.trim_end_matches('\0');
-        let entries = ptx::entries(text).ok_or(Status::InvalidPtx)?;
-        let names = ptx::entry_names(text, &entries);
+        let (text, entries, names) = parse_module(kind, image)?;
         let mut globals = HashMap::new();
-        for (name, size) in ptx::globals(text) {
+        for (name, size) in ptx::globals(&text) {
             let p = self.alloc(size)?;
             globals.insert(name, (p, size));
         }
@@ -39,6 +68,7 @@ impl Modules for SimContext {
         self.modules.insert(
             h,
             SimModule {
+                text,
                 entries,
                 names,
                 globals,
@@ -63,12 +93,8 @@ impl Modules for SimContext {
             .get(name)
             .ok_or(Status::NotFound)?
             .clone();
-        // A kernel the model does not implement can be looked up (programs
-        // look up every kernel they might use); launching it fails.
-        let k = kernel_by_name(name).unwrap_or(k_unmodeled);
         let h = self.handle();
-        let params = crate::ptx::layout(&sizes);
-        self.functions.insert(h, (k, sizes));
+        let params = self.insert_function(h, module, name, sizes);
         Ok((h, params))
     }
 

@@ -1,0 +1,235 @@
+//! The `Checkpoint` family of [`super::Context`]: a context's whole state as
+//! plain data (a [`ContextImage`]), from which another worker, on another
+//! host or from a file, makes the context again: the same handles, the same
+//! device addresses, the same bytes there.
+//!
+//! An image is taken between two requests once the context's work is done;
+//! what an executor cannot put in one (a [`Keeper`]) is named before
+//! anything is taken, as for a move between GPUs. An image may come from
+//! another host: [`ContextImage::check`] is what a restore trusts of it.
+
+use protocol::stream_attr::{StreamAttr, RAW_LEN};
+use protocol::Status;
+use serde::{Deserialize, Serialize};
+
+use super::{Handle, Keeper};
+
+/// A context's state between two requests, its work done.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextImage {
+    /// The next handle the context gives (the handles of its objects are
+    /// below it).
+    pub next_handle: Handle,
+    /// Context limits set (`CUlimit`, value); unset ones keep their defaults.
+    pub limits: Vec<(u32, u64)>,
+    /// Its allocations at their device addresses, module globals included.
+    pub memory: Vec<Allocation>,
+    /// Its modules.
+    pub modules: Vec<ModuleImage>,
+    /// The functions it looked up in them.
+    pub functions: Vec<FunctionImage>,
+    /// Its streams.
+    pub streams: Vec<StreamImage>,
+    /// Its events.
+    pub events: Vec<EventImage>,
+}
+
+/// One allocation: `len` bytes at device address `addr`. Its bytes travel
+/// after the image's description (`checkpoint::format`), not in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    /// Its device address.
+    pub addr: u64,
+    /// Its size in bytes.
+    pub len: u64,
+    /// Its contents (`len` bytes once taken or read).
+    #[serde(skip)]
+    pub bytes: Vec<u8>,
+}
+
+/// A module: the image it was loaded from, and where its globals are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleImage {
+    /// Its handle.
+    pub handle: Handle,
+    /// Whether the image is PTX text (else a cubin or fat binary).
+    pub ptx: bool,
+    /// Bytes of the image.
+    pub len: u64,
+    /// Its global variables: (name, device address, size); their bytes are
+    /// in [`ContextImage::memory`].
+    pub globals: Vec<(String, u64, u64)>,
+    /// The image (`len` bytes), travelling after the description.
+    #[serde(skip)]
+    pub image: Vec<u8>,
+}
+
+/// A function of a module.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionImage {
+    /// Its handle.
+    pub handle: Handle,
+    /// The module's handle.
+    pub module: Handle,
+    /// Its name in the module.
+    pub name: String,
+    /// Attributes set (`CUfunction_attribute`, value).
+    pub attrs: Vec<(u32, i32)>,
+}
+
+/// A stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamImage {
+    /// Its handle.
+    pub handle: Handle,
+    /// `CUstream_flags`.
+    pub flags: u32,
+    /// Attributes set, priority included: (`CUstreamAttrID`, the value's
+    /// bytes as on the wire), checked again when made.
+    pub attrs: Vec<(u32, Vec<u8>)>,
+}
+
+impl StreamImage {
+    /// The stream's attributes, each checked as a guest's would be.
+    pub fn checked_attrs(&self) -> Result<Vec<StreamAttr>, Status> {
+        self.attrs
+            .iter()
+            .map(|(id, raw)| {
+                let raw: &[u8; RAW_LEN] = raw
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| Status::InvalidValue)?;
+                StreamAttr::from_raw(*id, raw).map_err(|_| Status::InvalidValue)
+            })
+            .collect()
+    }
+}
+
+/// An event.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventImage {
+    /// Its handle.
+    pub handle: Handle,
+    /// `CUevent_flags`.
+    pub flags: u32,
+    /// Whether it was ever recorded (its work is done: it reads complete).
+    pub recorded: bool,
+}
+
+/// The most objects of one kind an image may hold.
+pub const MAX_OBJECTS: usize = 1 << 20;
+
+impl ContextImage {
+    /// Bytes of device memory it holds.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory.iter().map(|a| a.len).sum()
+    }
+
+    /// Checks what a restore relies on, whoever wrote the image: every
+    /// handle nonzero, below [`Self::next_handle`] and used once; every
+    /// function's module in the image; allocations of nonzero size that do
+    /// not overlap and whose bytes are all there; every global inside an
+    /// allocation; module images present; stream attributes valid.
+    pub fn check(&self) -> Result<(), Status> {
+        let counts = [
+            self.memory.len(),
+            self.modules.len(),
+            self.functions.len(),
+            self.streams.len(),
+            self.events.len(),
+            self.limits.len(),
+        ];
+        if counts.iter().any(|&n| n > MAX_OBJECTS) {
+            return Err(Status::InvalidValue);
+        }
+        let mut handles = std::collections::HashSet::new();
+        let handle_ok = |h: Handle, set: &mut std::collections::HashSet<Handle>| {
+            h != 0 && h < self.next_handle && set.insert(h)
+        };
+        let all = self
+            .modules
+            .iter()
+            .map(|m| m.handle)
+            .chain(self.functions.iter().map(|f| f.handle))
+            .chain(self.streams.iter().map(|s| s.handle))
+            .chain(self.events.iter().map(|e| e.handle));
+        for h in all {
+            if !handle_ok(h, &mut handles) {
+                return Err(Status::InvalidHandle);
+            }
+        }
+        let modules: std::collections::HashSet<Handle> =
+            self.modules.iter().map(|m| m.handle).collect();
+        if self.functions.iter().any(|f| !modules.contains(&f.module)) {
+            return Err(Status::InvalidHandle);
+        }
+        let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(self.memory.len());
+        for a in &self.memory {
+            let end = a.addr.checked_add(a.len).ok_or(Status::InvalidValue)?;
+            if a.len == 0 || a.addr == 0 || a.bytes.len() as u64 != a.len {
+                return Err(Status::InvalidValue);
+            }
+            ranges.push((a.addr, end));
+        }
+        ranges.sort_unstable();
+        if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
+            return Err(Status::InvalidValue);
+        }
+        let inside = |addr: u64, len: u64| {
+            let i = ranges.partition_point(|r| r.0 <= addr);
+            i > 0
+                && addr
+                    .checked_add(len)
+                    .is_some_and(|end| end <= ranges[i - 1].1)
+        };
+        for m in &self.modules {
+            if m.image.len() as u64 != m.len || m.len == 0 {
+                return Err(Status::InvalidImage);
+            }
+            if m.globals.iter().any(|(_, addr, len)| !inside(*addr, *len)) {
+                return Err(Status::InvalidValue);
+            }
+        }
+        for s in &self.streams {
+            s.checked_attrs()?;
+        }
+        // As a guest's `cuCtxSetLimit` is checked.
+        let limit_ok = |&(l, v): &(u32, u64)| l <= protocol::MAX_LIMIT && v <= protocol::MAX_LEN;
+        if !self.limits.iter().all(limit_ok) {
+            return Err(Status::InvalidValue);
+        }
+        Ok(())
+    }
+
+    /// Puts every list in its handles' (or addresses') order, so that the
+    /// same state gives the same image.
+    pub fn sort(&mut self) {
+        self.limits.sort_unstable();
+        self.memory.sort_unstable_by_key(|a| a.addr);
+        self.modules.sort_unstable_by_key(|m| m.handle);
+        for m in &mut self.modules {
+            m.globals.sort_unstable();
+        }
+        self.functions.sort_unstable_by_key(|f| f.handle);
+        self.streams.sort_unstable_by_key(|s| s.handle);
+        for s in &mut self.streams {
+            s.attrs.sort_unstable();
+        }
+        self.events.sort_unstable_by_key(|e| e.handle);
+    }
+}
+
+/// Taking a context's image.
+pub trait Checkpoint {
+    /// What keeps this context from being put in an image (an object the
+    /// executor cannot make again elsewhere), if anything does.
+    fn checkpoint_keeper(&self) -> Option<Keeper> {
+        Some(Keeper::Other)
+    }
+
+    /// Waits for the context's work, then takes its image. The context
+    /// goes on as it was.
+    fn checkpoint(&mut self) -> Result<ContextImage, Status> {
+        Err(Status::NotSupported)
+    }
+}

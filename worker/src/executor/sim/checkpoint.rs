@@ -1,0 +1,208 @@
+//! A model context's image, and a context made again from one: its memory
+//! at the same addresses in the new worker's address space, its modules
+//! from their PTX, its functions, streams and events under the same
+//! handles.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use protocol::{ImageKind, Status};
+
+use super::bytes::Bytes;
+use super::context::{SimContext, SimModule};
+use super::memory::lock;
+use super::module::parse_module;
+use super::SimExecutor;
+use crate::executor::checkpoint::{
+    Allocation, Checkpoint, ContextImage, EventImage, FunctionImage, ModuleImage, StreamImage,
+};
+use crate::executor::Keeper;
+
+impl Checkpoint for SimContext {
+    fn checkpoint_keeper(&self) -> Option<Keeper> {
+        if let Some(k) = self.arrays_keeper() {
+            return Some(k);
+        }
+        let shared = self
+            .mem
+            .values()
+            .any(|b| matches!(*lock(b), Bytes::Shared(..)));
+        if shared || !self.imports.is_empty() || !self.event_pages.is_empty() {
+            return Some(Keeper::IpcAcrossWorkers);
+        }
+        if !self.vmm_phys.is_empty() || !self.vmm_maps.is_empty() {
+            return Some(Keeper::VirtualMemory);
+        }
+        if !self.graphs.is_empty() {
+            return Some(Keeper::Graph);
+        }
+        None
+    }
+
+    fn checkpoint(&mut self) -> Result<ContextImage, Status> {
+        self.alive()?;
+        if self.checkpoint_keeper().is_some() {
+            return Err(Status::NotSupported);
+        }
+        // Its work finishes first, as a synchronize would.
+        Self::wait_until(self.last_done);
+        let memory = self
+            .mem
+            .iter()
+            .map(|(&addr, b)| {
+                let bytes = lock(b).to_vec();
+                Allocation {
+                    addr,
+                    len: bytes.len() as u64,
+                    bytes,
+                }
+            })
+            .collect();
+        let modules = self
+            .modules
+            .iter()
+            .map(|(&handle, m)| ModuleImage {
+                handle,
+                ptx: true,
+                len: m.text.len() as u64,
+                globals: m
+                    .globals
+                    .iter()
+                    .map(|(n, &(addr, len))| (n.clone(), addr, len))
+                    .collect(),
+                image: m.text.as_bytes().to_vec(),
+            })
+            .collect();
+        // A function of a module since unloaded cannot run: left out.
+        let functions = self
+            .function_of
+            .iter()
+            .filter(|(_, (m, _))| self.modules.contains_key(m))
+            .map(|(&handle, (module, name))| FunctionImage {
+                handle,
+                module: *module,
+                name: name.clone(),
+                attrs: attrs_of(&self.func_attrs, handle),
+            })
+            .collect();
+        let streams = self
+            .streams
+            .keys()
+            .map(|&handle| StreamImage {
+                handle,
+                flags: 0,
+                attrs: self
+                    .stream_attrs
+                    .iter()
+                    .filter(|((s, _), _)| *s == handle)
+                    .map(|(&(_, id), a)| (id, a.to_raw().to_vec()))
+                    .collect(),
+            })
+            .collect();
+        let events = self
+            .events
+            .iter()
+            .map(|(&handle, e)| EventImage {
+                handle,
+                flags: 0,
+                recorded: e.lock().unwrap_or_else(|e| e.into_inner()).is_some(),
+            })
+            .collect();
+        let mut image = ContextImage {
+            next_handle: self.next_handle + 1,
+            limits: self.limits.iter().map(|(&k, &v)| (k, v)).collect(),
+            memory,
+            modules,
+            functions,
+            streams,
+            events,
+        };
+        image.sort();
+        Ok(image)
+    }
+}
+
+/// The attributes set on function `f`, in order.
+fn attrs_of(attrs: &HashMap<(u64, u32), i32>, f: u64) -> Vec<(u32, i32)> {
+    let mut v: Vec<(u32, i32)> = attrs
+        .iter()
+        .filter(|((g, _), _)| *g == f)
+        .map(|(&(_, a), &v)| (a, v))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+impl SimExecutor {
+    /// A context made again from `image` ([`ContextImage::check`]ed here):
+    /// its memory at the same addresses, which nothing in this worker may
+    /// hold yet.
+    pub(super) fn restore_sim(&mut self, image: &ContextImage) -> Result<SimContext, Status> {
+        image.check()?;
+        let mut ctx = self.open_sim()?;
+        {
+            let mut addresses = self.addresses.lock().unwrap_or_else(|e| e.into_inner());
+            for a in &image.memory {
+                if addresses.at(a.addr, a.len, 0)? != a.addr {
+                    // Taken already, or not where the model puts memory.
+                    return Err(Status::InvalidValue);
+                }
+                let bytes = Bytes::Heap(a.bytes.clone());
+                ctx.mem.insert(a.addr, Arc::new(Mutex::new(bytes)));
+            }
+        }
+        for m in &image.modules {
+            let kind = if m.ptx {
+                ImageKind::Ptx
+            } else {
+                ImageKind::Cubin
+            };
+            let (text, entries, names) = parse_module(kind, &m.image)?;
+            let globals = m
+                .globals
+                .iter()
+                .map(|(n, addr, len)| (n.clone(), (*addr, *len)))
+                .collect();
+            ctx.modules.insert(
+                m.handle,
+                SimModule {
+                    text,
+                    entries,
+                    names,
+                    globals,
+                },
+            );
+        }
+        for f in &image.functions {
+            let sizes = ctx
+                .modules
+                .get(&f.module)
+                .and_then(|m| m.entries.get(&f.name))
+                .ok_or(Status::NotFound)?
+                .clone();
+            ctx.insert_function(f.handle, f.module, &f.name, sizes);
+            for &(a, v) in &f.attrs {
+                ctx.func_attrs.insert((f.handle, a), v);
+            }
+        }
+        let now = Instant::now();
+        for s in &image.streams {
+            ctx.streams.insert(s.handle, now);
+            for a in s.checked_attrs()? {
+                ctx.stream_attrs.insert((s.handle, a.id()), a);
+            }
+        }
+        for e in &image.events {
+            let state = e.recorded.then_some(now);
+            ctx.events.insert(e.handle, Arc::new(Mutex::new(state)));
+        }
+        ctx.limits = image.limits.iter().copied().collect();
+        // `handle()` gives the one after it.
+        ctx.next_handle = image.next_handle - 1;
+        Ok(ctx)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,208 @@
+use protocol::stream_attr::StreamAttr;
+use protocol::{Dim3, ImageKind, Status};
+use vm_memory::VolatileSlice;
+
+use super::super::kernels::vector_add_params;
+use crate::executor::checkpoint::ContextImage;
+use crate::executor::sim::{SimExecutor, SimParams};
+use crate::executor::{Context, Executor};
+
+const N: u32 = 1024;
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn write(ctx: &mut dyn Context, dst: u64, v: &[f32]) {
+    let mut bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    ctx.htod(dst, &VolatileSlice::from(bytes.as_mut_slice()), 0)
+        .unwrap();
+}
+
+fn read(ctx: &mut dyn Context, src: u64, n: u32) -> Vec<f32> {
+    let mut bytes = vec![0u8; n as usize * 4];
+    ctx.dtoh(&VolatileSlice::from(bytes.as_mut_slice()), src, 0)
+        .unwrap();
+    f32s(&bytes)
+}
+
+/// A context with memory, a module (and its global), a function with an
+/// attribute set, a stream with its priority, a recorded event and a limit.
+struct Built {
+    ctx: Box<dyn Context>,
+    module: u64,
+    add: u64,
+    stream: u64,
+    event: u64,
+    bufs: [u64; 3],
+}
+
+fn build(exec: &mut SimExecutor) -> Built {
+    let mut ctx = exec.open().unwrap();
+    let module = ctx
+        .load_module(ImageKind::Ptx, crate::KERNELS_PTX.as_bytes())
+        .unwrap();
+    let (add, _) = ctx.function(module, "vector_add").unwrap();
+    ctx.func_set_attribute(add, 8, 1024).unwrap();
+    let stream = ctx.stream_create(0, -3).unwrap();
+    let event = ctx.event_create(0).unwrap();
+    let bufs = [0; 3].map(|_| ctx.alloc(u64::from(N) * 4).unwrap());
+    let a: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..N).map(|i| 2.0 * i as f32).collect();
+    write(&mut *ctx, bufs[0], &a);
+    write(&mut *ctx, bufs[1], &b);
+    let (g, bl) = (Dim3 { x: 4, y: 1, z: 1 }, Dim3 { x: 256, y: 1, z: 1 });
+    let p = vector_add_params(bufs[0], bufs[1], bufs[2], N);
+    ctx.launch(add, g, bl, 0, stream, &p).unwrap();
+    ctx.event_record(event, stream).unwrap();
+    ctx.set_limit(2, 16 << 20).unwrap();
+    Built {
+        ctx,
+        module,
+        add,
+        stream,
+        event,
+        bufs,
+    }
+}
+
+#[test]
+fn a_context_made_again_from_its_image_computes_on_with_the_same_handles_and_bytes() {
+    let mut exec = SimExecutor::new(SimParams::default());
+    let mut b = build(&mut exec);
+    let image = b.ctx.checkpoint().unwrap();
+    image.check().unwrap();
+    assert_eq!(
+        image.memory.len(),
+        4,
+        "three buffers and the module's global"
+    );
+    assert_eq!(
+        (
+            image.modules.len(),
+            image.functions.len(),
+            image.streams.len()
+        ),
+        (1, 1, 1)
+    );
+    // The same state gives the same image.
+    assert_eq!(b.ctx.checkpoint().unwrap(), image);
+
+    // Another worker (another executor, as on another host).
+    let mut there = SimExecutor::new(SimParams::default());
+    let mut ctx = there.restore(&image).unwrap();
+    let sum: Vec<f32> = (0..N).map(|i| 3.0 * i as f32).collect();
+    assert_eq!(read(&mut *ctx, b.bufs[2], N), sum, "the bytes came along");
+    assert!(
+        ctx.event_query(b.event).unwrap(),
+        "a recorded event reads done"
+    );
+    assert_eq!(
+        ctx.stream_attribute(b.stream, 8).unwrap(),
+        StreamAttr::Priority(-3)
+    );
+    assert_eq!(ctx.func_attribute(b.add, 8).unwrap(), 1024);
+    assert_eq!(ctx.limit(2).unwrap(), 16 << 20);
+    let (global, size) = ctx.module_global(b.module, "fvg_counter").unwrap();
+    assert_eq!(size, 4);
+    assert!(image.memory.iter().any(|a| a.addr == global));
+    // The pointers and handles the guest holds work there: c = a + c.
+    let (g, bl) = (Dim3 { x: 4, y: 1, z: 1 }, Dim3 { x: 256, y: 1, z: 1 });
+    let p = vector_add_params(b.bufs[0], b.bufs[2], b.bufs[2], N);
+    ctx.launch(b.add, g, bl, 0, b.stream, &p).unwrap();
+    ctx.stream_synchronize(b.stream).unwrap();
+    let want: Vec<f32> = (0..N).map(|i| 4.0 * i as f32).collect();
+    assert_eq!(read(&mut *ctx, b.bufs[2], N), want);
+    // New objects get handles the image never used.
+    let s = ctx.stream_create(0, 0).unwrap();
+    assert!(s >= image.next_handle);
+    let fresh = ctx.alloc(64).unwrap();
+    assert!(image.memory.iter().all(|a| a.addr != fresh));
+    // Its image is the same again, with the new stream and memory.
+    let again = ctx.checkpoint().unwrap();
+    assert_eq!(again.memory.len(), 5);
+    assert_eq!(again.streams.len(), 2);
+}
+
+#[test]
+fn a_restore_where_its_addresses_are_taken_is_refused() {
+    let mut exec = SimExecutor::new(SimParams::default());
+    let mut b = build(&mut exec);
+    let image = b.ctx.checkpoint().unwrap();
+    // The same executor: the addresses are its own context's already.
+    assert_eq!(exec.restore(&image).err(), Some(Status::InvalidValue));
+}
+
+#[test]
+fn what_cannot_be_put_in_an_image_is_named_and_refused() {
+    let mut exec = SimExecutor::new(SimParams::default());
+    let mut b = build(&mut exec);
+    assert_eq!(b.ctx.checkpoint_keeper(), None);
+    let (g, bl) = (Dim3 { x: 1, y: 1, z: 1 }, Dim3 { x: 1, y: 1, z: 1 });
+    let nodes = vec![protocol::graph::GraphNode {
+        deps: Vec::new(),
+        op: protocol::graph::GraphOp::Kernel {
+            func: b.add,
+            grid: g,
+            block: bl,
+            shared_mem: 0,
+            params: vector_add_params(b.bufs[0], b.bufs[1], b.bufs[2], 1),
+        },
+    }];
+    let _exec = b.ctx.graph_instantiate(&nodes).unwrap();
+    assert_eq!(
+        b.ctx.checkpoint_keeper(),
+        Some(crate::executor::Keeper::Graph)
+    );
+    assert_eq!(b.ctx.checkpoint().err(), Some(Status::NotSupported));
+}
+
+/// A hostile image (from another host) is checked before anything is made.
+#[test]
+fn a_forged_image_is_refused() {
+    let mut exec = SimExecutor::new(SimParams::default());
+    let mut b = build(&mut exec);
+    let image = b.ctx.checkpoint().unwrap();
+    type Forge = Box<dyn Fn(&mut ContextImage)>;
+    let forgeries: Vec<(&str, Forge)> = vec![
+        (
+            "overlapping memory",
+            Box::new(|i| i.memory[1].addr = i.memory[0].addr + 2),
+        ),
+        (
+            "bytes missing",
+            Box::new(|i| i.memory[0].bytes.pop().map(drop).unwrap()),
+        ),
+        (
+            "a handle twice",
+            Box::new(|i| i.streams[0].handle = i.functions[0].handle),
+        ),
+        (
+            "a handle past the next",
+            Box::new(|i| i.events[0].handle = i.next_handle),
+        ),
+        (
+            "a function of no module",
+            Box::new(|i| i.functions[0].module = 9999),
+        ),
+        (
+            "a global outside memory",
+            Box::new(|i| i.modules[0].globals[0].1 = 0x1000),
+        ),
+        (
+            "a bad priority",
+            Box::new(|i| i.streams[0].attrs[0].1[3] = 0x7f),
+        ),
+        ("an unknown limit", Box::new(|i| i.limits.push((99, 1)))),
+        ("an image cut short", Box::new(|i| i.modules[0].len += 1)),
+    ];
+    for (what, forge) in forgeries {
+        let mut bad = image.clone();
+        forge(&mut bad);
+        assert!(bad.check().is_err(), "{what}: accepted");
+        let mut there = SimExecutor::new(SimParams::default());
+        assert!(there.restore(&bad).is_err(), "{what}: restored");
+    }
+}
