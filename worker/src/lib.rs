@@ -59,6 +59,7 @@ pub(crate) fn sat_u64(x: f64) -> u64 {
     x as u64
 }
 
+pub mod checkpoint;
 pub mod executor;
 pub mod exports;
 pub mod feed;

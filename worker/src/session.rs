@@ -12,6 +12,7 @@ use crate::executor::{Context, Handle, HandleMap, HandleSet, Launch, Queued};
 pub mod arrays;
 pub mod cond;
 pub mod ipc;
+mod restore;
 pub mod share;
 pub mod vmm;
 

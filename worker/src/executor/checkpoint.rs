@@ -232,4 +232,11 @@ pub trait Checkpoint {
     fn checkpoint(&mut self) -> Result<ContextImage, Status> {
         Err(Status::NotSupported)
     }
+
+    /// The parameter sizes of function `func` as its module declares them
+    /// (what the worker checks a launch's parameters against): after a
+    /// restore, from the module made again, never from the image.
+    fn param_sizes(&self, _func: Handle) -> Option<Vec<u32>> {
+        None
+    }
 }

@@ -121,6 +121,11 @@ impl Checkpoint for SimContext {
         image.sort();
         Ok(image)
     }
+
+    fn param_sizes(&self, func: u64) -> Option<Vec<u32>> {
+        let (_, sizes) = self.functions.get(&func)?;
+        Some(crate::ptx::layout(sizes).iter().map(|p| p.size).collect())
+    }
 }
 
 /// The attributes set on function `f`, in order.

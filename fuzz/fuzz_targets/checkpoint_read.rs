@@ -1,0 +1,37 @@
+//! A vGPU checkpoint from a hostile peer or file: any description and
+//! bytes, framed and tagged as a writer would (so that the fuzzer gets past
+//! the tag to the parsing and the checks). No panic, no allocation past the
+//! limits, and what is read back passes every context's check.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use sha2::{Digest, Sha256};
+use worker::checkpoint::{read, Limits, MAGIC, VERSION};
+
+fuzz_target!(|data: &[u8]| {
+    if data.len() < 2 {
+        return;
+    }
+    let n = usize::from(u16::from_le_bytes([data[0], data[1]])).min(data.len() - 2);
+    let (description, blobs) = data[2..].split_at(n);
+    let mut s = Vec::new();
+    s.extend_from_slice(&MAGIC);
+    s.extend_from_slice(&VERSION.to_le_bytes());
+    s.extend_from_slice(&0u32.to_le_bytes());
+    s.extend_from_slice(&(n as u64).to_le_bytes());
+    s.extend_from_slice(description);
+    s.extend_from_slice(blobs);
+    let tag: [u8; 32] = Sha256::digest(&s).into();
+    s.extend_from_slice(&tag);
+    let limits = Limits {
+        description: 1 << 16,
+        memory: 1 << 20,
+        images: 1 << 20,
+        sessions: 8,
+    };
+    if let Ok(image) = read(&mut s.as_slice(), None, &limits) {
+        assert!(image.memory_bytes() <= limits.memory);
+        for session in &image.sessions {
+            session.context.check().expect("read back checked");
+        }
+    }
+});

@@ -1,0 +1,165 @@
+use super::*;
+use crate::checkpoint::{DeviceFacts, SessionImage};
+use crate::executor::sim::{SimExecutor, SimParams};
+use crate::executor::Executor;
+use protocol::ImageKind;
+
+/// Two guest processes' checkpoint, taken from the sim.
+fn image() -> VgpuImage {
+    let mut exec = SimExecutor::new(SimParams::default());
+    let sessions = (0..2)
+        .map(|i| {
+            let mut ctx = exec.open().unwrap();
+            let m = ctx
+                .load_module(ImageKind::Ptx, crate::KERNELS_PTX.as_bytes())
+                .unwrap();
+            ctx.function(m, "vector_add").unwrap();
+            let p = ctx.alloc(4096).unwrap();
+            let mut bytes = vec![u8::try_from(i).unwrap() + 1; 4096];
+            let src = vm_memory::VolatileSlice::from(bytes.as_mut_slice());
+            ctx.htod(p, &src, 0).unwrap();
+            SessionImage {
+                pid: 100 + i,
+                channels: vec![i, i + 2],
+                next_seq: 7,
+                token: [1, 2],
+                pending_error: None,
+                context: ctx.checkpoint().unwrap(),
+            }
+        })
+        .collect();
+    VgpuImage {
+        device: DeviceFacts {
+            name: "sim".into(),
+            driver: "580.65.06".into(),
+            cc: (9, 0),
+        },
+        mem_limit: 1 << 30,
+        sessions,
+    }
+}
+
+fn bytes_of(image: &VgpuImage, key: Option<&[u8]>) -> Vec<u8> {
+    let mut v = Vec::new();
+    let n = write(&mut v, image, key).unwrap();
+    assert_eq!(n, v.len() as u64);
+    v
+}
+
+#[test]
+fn a_checkpoint_reads_back_as_written_with_and_without_a_key() {
+    let img = image();
+    for key in [None, Some(&b"operator key"[..])] {
+        let v = bytes_of(&img, key);
+        let back = read(&mut v.as_slice(), key, &Limits::default()).unwrap();
+        assert_eq!(back, img);
+        assert_eq!(
+            back.sessions[1].context.memory[1].bytes[0], 2,
+            "the bytes too"
+        );
+    }
+}
+
+#[test]
+fn any_altered_byte_is_caught() {
+    let img = image();
+    let key = Some(&b"k"[..]);
+    let v = bytes_of(&img, key);
+    // The header, the description, module text, memory and the tag.
+    let desc = 24;
+    for at in [
+        9,
+        13,
+        desc + 3,
+        v.len() / 2,
+        v.len() - 4097,
+        v.len() - 33,
+        v.len() - 1,
+    ] {
+        let mut bad = v.clone();
+        bad[at] ^= 0x20;
+        let r = read(&mut bad.as_slice(), key, &Limits::default());
+        assert!(r.is_err(), "byte {at} of {} altered: accepted", v.len());
+    }
+}
+
+#[test]
+fn a_wrong_key_a_missing_key_and_a_cut_stream_are_refused() {
+    let img = image();
+    let v = bytes_of(&img, Some(b"right"));
+    let l = Limits::default();
+    assert!(matches!(
+        read(&mut v.as_slice(), Some(b"wrong"), &l),
+        Err(FormatError::Integrity(_))
+    ));
+    assert!(matches!(
+        read(&mut v.as_slice(), None, &l),
+        Err(FormatError::Integrity(_))
+    ));
+    let plain = bytes_of(&img, None);
+    assert!(matches!(
+        read(&mut plain.as_slice(), Some(b"right"), &l),
+        Err(FormatError::Integrity(_))
+    ));
+    for cut in [0, 5, 30, v.len() / 2, v.len() - 1] {
+        assert!(matches!(
+            read(&mut &v[..cut], Some(b"right"), &l),
+            Err(FormatError::Io(_))
+        ));
+    }
+    assert!(matches!(
+        read(&mut &b"NOTACKPT............"[..], None, &l),
+        Err(FormatError::NotACheckpoint)
+    ));
+}
+
+#[test]
+fn what_is_more_than_the_reader_takes_is_refused_before_it_is_read() {
+    let img = image();
+    let v = bytes_of(&img, None);
+    let small = |f: fn(&mut Limits)| {
+        let mut l = Limits::default();
+        f(&mut l);
+        read(&mut v.as_slice(), None, &l)
+    };
+    assert!(matches!(
+        small(|l| l.memory = 8191),
+        Err(FormatError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        small(|l| l.images = 100),
+        Err(FormatError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        small(|l| l.sessions = 1),
+        Err(FormatError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        small(|l| l.description = 10),
+        Err(FormatError::TooLarge { .. })
+    ));
+    assert!(
+        small(|l| l.memory = 8192 + 8).is_ok(),
+        "two allocations and two globals fit"
+    );
+}
+
+/// A peer that tags what it sends correctly is still checked.
+#[test]
+fn a_well_tagged_forgery_is_refused() {
+    let mut img = image();
+    img.sessions[1].channels = vec![2];
+    let v = bytes_of(&img, Some(b"k"));
+    assert!(matches!(
+        read(&mut v.as_slice(), Some(b"k"), &Limits::default()),
+        Err(FormatError::ChannelTwice(2))
+    ));
+    let mut img = image();
+    let m = &mut img.sessions[0].context.memory;
+    m[1].addr = m[0].addr + 1;
+    let v = bytes_of(&img, Some(b"k"));
+    assert!(matches!(
+        read(&mut v.as_slice(), Some(b"k"), &Limits::default()),
+        Err(FormatError::Invalid { pid: 100, .. })
+    ));
+}

@@ -1,0 +1,65 @@
+//! A vGPU's checkpoint: what its worker holds for the guest, taken between
+//! two requests, that another worker (on another host, or from a file)
+//! serves on from. Each guest process is a [`SessionImage`]: the channels
+//! it is bound to, where its request numbering stands, and its context's
+//! [`ContextImage`]. The region itself (rings, arenas, claims) is not in
+//! it: QEMU carries the region with the VM.
+//!
+//! `format.rs` writes and reads it as a stream (a file, a connection):
+//! its description, then the bytes of module images and device memory,
+//! then a digest that a reader checks before it trusts anything.
+
+use serde::{Deserialize, Serialize};
+
+use crate::executor::ContextImage;
+
+mod format;
+
+pub use format::{read, write, FormatError, Limits, MAGIC, VERSION};
+
+/// The device a checkpoint was taken on, as a restore compares it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceFacts {
+    /// The device's name (`cuDeviceGetName`).
+    pub name: String,
+    /// The host driver's release.
+    pub driver: String,
+    /// Compute capability (major, minor).
+    pub cc: (i32, i32),
+}
+
+/// A vGPU's checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VgpuImage {
+    /// Where it was taken.
+    pub device: DeviceFacts,
+    /// Device memory the vGPU may allocate, bytes (its limit).
+    pub mem_limit: u64,
+    /// Its guest processes.
+    pub sessions: Vec<SessionImage>,
+}
+
+/// One guest process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionImage {
+    /// The process id its guest gave.
+    pub pid: u32,
+    /// The channels bound to it (the first is its first thread's).
+    pub channels: Vec<u32>,
+    /// The number its next request carries.
+    pub next_seq: u64,
+    /// What a further thread's channel presents to join it.
+    pub token: [u64; 2],
+    /// The asynchronous error it is owed at its next synchronous call
+    /// (`CUresult`), if any.
+    pub pending_error: Option<u32>,
+    /// Its context.
+    pub context: ContextImage,
+}
+
+impl VgpuImage {
+    /// Device memory its contexts hold, bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        self.sessions.iter().map(|s| s.context.memory_bytes()).sum()
+    }
+}

@@ -1,0 +1,84 @@
+//! A session over a context made again from its image (another worker's
+//! checkpoint): its tables are what the image's objects are, and each
+//! function's parameter sizes come from the module made again, never from
+//! the image.
+
+use protocol::Status;
+
+use super::Session;
+use crate::executor::{Context, ContextImage};
+
+impl Session {
+    /// A session over `ctx`, which [`crate::executor::Executor::restore`]
+    /// made from `image`: every allocation, module global, module,
+    /// function, stream and event of the image is the session's, and its
+    /// allocations count as a new allocation of their size would.
+    pub fn restored(ctx: Box<dyn Context>, image: &ContextImage) -> Result<Session, Status> {
+        let mut s = Session::new(ctx);
+        let globals: std::collections::HashSet<u64> = image
+            .modules
+            .iter()
+            .flat_map(|m| m.globals.iter().map(|g| g.1))
+            .collect();
+        for m in &image.modules {
+            s.add_module(m.handle);
+            for &(_, addr, len) in &m.globals {
+                s.add_global(addr, len);
+            }
+        }
+        for a in image.memory.iter().filter(|a| !globals.contains(&a.addr)) {
+            let charge = s.ctx.footprint(a.len);
+            s.add_alloc(a.addr, a.len, charge);
+        }
+        for f in &image.functions {
+            let sizes = s.ctx.param_sizes(f.handle).ok_or(Status::InvalidHandle)?;
+            s.add_function(f.handle, sizes);
+        }
+        for st in &image.streams {
+            s.add_stream(st.handle);
+        }
+        for e in &image.events {
+            s.add_event(e.handle);
+        }
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::sim::{SimExecutor, SimParams};
+    use crate::executor::Executor;
+    use protocol::ImageKind;
+
+    #[test]
+    fn a_restored_session_checks_what_the_original_checked() {
+        let mut exec = SimExecutor::new(SimParams::default());
+        let mut ctx = exec.open().unwrap();
+        let m = ctx
+            .load_module(ImageKind::Ptx, crate::KERNELS_PTX.as_bytes())
+            .unwrap();
+        let (f, params) = ctx.function(m, "vector_add").unwrap();
+        let st = ctx.stream_create(0, 0).unwrap();
+        let buf = ctx.alloc(4096).unwrap();
+        let (global, gsize) = ctx.module_global(m, "fvg_counter").unwrap();
+        let image = ctx.checkpoint().unwrap();
+
+        let mut there = SimExecutor::new(SimParams::default());
+        let s = Session::restored(there.restore(&image).unwrap(), &image).unwrap();
+        s.check_range(buf, 4096).unwrap();
+        s.check_range(global, gsize).unwrap();
+        assert_eq!(s.check_range(buf, 4097), Err(Status::InvalidValue));
+        assert_eq!(
+            s.function(f).unwrap(),
+            params.iter().map(|p| p.size).collect::<Vec<_>>()
+        );
+        s.check_module(m).unwrap();
+        s.check_stream(st).unwrap();
+        assert_eq!(
+            s.mem_used, 4096,
+            "its allocation counts; the global does not"
+        );
+        assert_eq!(s.check_stream(st + 100), Err(Status::InvalidHandle));
+    }
+}
