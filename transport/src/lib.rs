@@ -37,7 +37,7 @@ pub mod server;
 pub mod shm;
 pub mod wait;
 
-pub use channel::{ClaimState, GuestChannel, HostChannel, Region};
+pub use channel::{ClaimState, GuestChannel, HostChannel, HostPosition, Region};
 pub use error::{Error, Result};
 pub use layout::{Layout, LayoutParams, INLINE_SIZE};
 pub use ratelimit::LogLimiter;

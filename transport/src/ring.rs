@@ -342,6 +342,21 @@ impl Producer {
         })
     }
 
+    /// Where this end stands: messages published, and its arena's head.
+    pub fn position(&self) -> (u32, u64) {
+        (self.head, self.data_head)
+    }
+
+    /// Goes on from `position` (another end's [`Producer::position`] over
+    /// the same ring's bytes); the consumer's counters are read afresh.
+    pub fn resume_at(&mut self, (head, data_head): (u32, u64)) {
+        self.head = head;
+        self.data_head = data_head;
+        // Both make the next send read the consumer's counters.
+        self.cached_tail = head.wrapping_sub(self.ring.entries);
+        self.cached_released = data_head.saturating_sub(self.ring.arena_size);
+    }
+
     /// Host only: forget all state after the channel was reset.
     pub(crate) fn reset(&mut self) -> Result<()> {
         self.head = 0;
@@ -417,6 +432,18 @@ impl Consumer {
         self.data(&d)?.copy_to(&mut buf[..]);
         self.consume(&d)?;
         Ok(Some(d))
+    }
+
+    /// Where this end stands: messages consumed, and the arena released.
+    pub fn position(&self) -> (u32, u64) {
+        (self.tail, self.released)
+    }
+
+    /// Goes on from `position` (another end's [`Consumer::position`] over
+    /// the same ring's bytes).
+    pub fn resume_at(&mut self, (tail, released): (u32, u64)) {
+        self.tail = tail;
+        self.released = released;
     }
 
     /// Host only: forget all state after the channel was reset.

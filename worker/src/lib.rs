@@ -130,6 +130,9 @@ pub enum Error {
     /// opening GPUs (`executor/cuda/device.rs`).
     #[error("config: {0}")]
     Cuda(#[from] executor::cuda::CudaError),
+    /// A checkpoint was not taken, or not served on from.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] serve::CheckpointError),
     /// A sticky CUDA error left every GPU context of the worker unusable.
     #[error("a CUDA error ({0:?}) poisoned the worker's GPU contexts")]
     Poisoned(protocol::Status),

@@ -21,7 +21,42 @@ pub struct HostChannel {
     pub resp: Producer,
 }
 
+/// Where the host's end of a channel stands in its two rings: what it
+/// keeps of its own, so that another host end (another worker, on this
+/// host or another) goes on from there over the same bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HostPosition {
+    /// Requests consumed.
+    pub req_tail: u32,
+    /// The request arena released up to.
+    pub req_released: u64,
+    /// Responses published.
+    pub resp_head: u32,
+    /// The response arena's head.
+    pub resp_data_head: u64,
+}
+
 impl HostChannel {
+    /// Where this end stands.
+    pub fn position(&self) -> HostPosition {
+        let (req_tail, req_released) = self.req.position();
+        let (resp_head, resp_data_head) = self.resp.position();
+        HostPosition {
+            req_tail,
+            req_released,
+            resp_head,
+            resp_data_head,
+        }
+    }
+
+    /// Goes on from `p`, another end's [`HostChannel::position`] of this
+    /// channel. Like the guest's counters, these are checked as they are
+    /// used: a position that does not fit the ring fails its next use.
+    pub fn resume_at(&mut self, p: HostPosition) {
+        self.req.resume_at((p.req_tail, p.req_released));
+        self.resp.resume_at((p.resp_head, p.resp_data_head));
+    }
+
     /// The channel number.
     pub fn index(&self) -> u32 {
         self.index

@@ -29,5 +29,5 @@ mod tests;
 
 pub use claim::ClaimState;
 pub use guest::GuestChannel;
-pub use host::HostChannel;
+pub use host::{HostChannel, HostPosition};
 pub use region::Region;

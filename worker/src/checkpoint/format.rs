@@ -318,8 +318,8 @@ pub fn read<R: Read>(
         s.context
             .check()
             .map_err(|status| FormatError::Invalid { pid: s.pid, status })?;
-        if let Some(&ch) = s.channels.iter().find(|&&ch| !channels.insert(ch)) {
-            return Err(FormatError::ChannelTwice(ch));
+        if let Some(ch) = s.channels.iter().find(|ch| !channels.insert(ch.index)) {
+            return Err(FormatError::ChannelTwice(ch.index));
         }
     }
     Ok(image)

@@ -25,7 +25,7 @@ pub struct DeviceFacts {
     /// The host driver's release.
     pub driver: String,
     /// Compute capability (major, minor).
-    pub cc: (i32, i32),
+    pub cc: (u32, u32),
 }
 
 /// A vGPU's checkpoint.
@@ -44,8 +44,8 @@ pub struct VgpuImage {
 pub struct SessionImage {
     /// The process id its guest gave.
     pub pid: u32,
-    /// The channels bound to it (the first is its first thread's).
-    pub channels: Vec<u32>,
+    /// The channels bound to it.
+    pub channels: Vec<ChannelImage>,
     /// The number its next request carries.
     pub next_seq: u64,
     /// What a further thread's channel presents to join it.
@@ -55,6 +55,16 @@ pub struct SessionImage {
     pub pending_error: Option<u32>,
     /// Its context.
     pub context: ContextImage,
+}
+
+/// A channel bound to a guest process: its number in the region, and where
+/// the host's end stands in its rings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelImage {
+    /// Its number.
+    pub index: u32,
+    /// The host end's position.
+    pub position: transport::HostPosition,
 }
 
 impl VgpuImage {

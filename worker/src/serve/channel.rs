@@ -237,6 +237,10 @@ pub(super) fn serve_channel(
         notify_guest(&sh.port, c.host.index())?;
     }
     let Some(id) = c.session else {
+        if sh.port.held.get() {
+            // Held for a checkpoint: a new process waits in the ring.
+            return Ok(false);
+        }
         return serve_unbound(sh, c, ss);
     };
     let Some(e) = ss.get_mut(id) else {
@@ -266,6 +270,10 @@ pub(super) fn serve_channel(
     let ch = c.host.index();
     for _ in 0..BATCH {
         if c.outbox.is_some() || c.outbound.is_some() || c.sliced.is_some() || c.parked.is_some() {
+            break;
+        }
+        if sh.port.held.get() && c.transfer.is_none() {
+            // Held for a checkpoint: the next request waits in the ring.
             break;
         }
         let Some(d) = c.host.req.peek()? else { break };

@@ -29,6 +29,7 @@
 //! | `status.rs` | `VgpuStatus`: memory, share and processes for a monitor |
 
 mod channel;
+mod checkpoint;
 mod contexts;
 mod handoff;
 mod image_cache;
@@ -59,6 +60,7 @@ use channel::ChannelState;
 use sessions::Sessions;
 use shared::Shared;
 
+pub use checkpoint::{CheckpointError, Handover, Order, Orders};
 pub use contexts::SPARES;
 pub use handoff::{Figures as HandoffFigures, Handoff};
 pub use output::{capture_output, log_writer, LogWriter};
@@ -231,6 +233,13 @@ pub struct Worker {
     confine_when_filled: bool,
     /// See [`WorkerConfig::ends_with_process`].
     ends_with_process: bool,
+    /// Checkpoint orders (`checkpoint.rs`).
+    orders: Arc<checkpoint::Orders>,
+    /// The checkpoint being taken, once every channel is between requests.
+    taking: Option<checkpoint::Taking>,
+    /// Where the region goes once the loop ends, to the worker that serves
+    /// on from the checkpoint (its channels are not retired).
+    handing_over: Option<std::sync::mpsc::Sender<checkpoint::Handover>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -259,7 +268,8 @@ impl Worker {
     }
 }
 
-/// A worker running on a thread of this process: its stop flag, counters and thread.
+/// A worker running on a thread of this process: its stop flag, counters,
+/// thread, and where its checkpoint orders go.
 #[derive(Debug)]
 pub struct Running {
     /// Set to stop the worker.
@@ -268,6 +278,9 @@ pub struct Running {
     pub stats: Arc<Stats>,
     /// The thread.
     pub thread: std::thread::JoinHandle<Result<(), Error>>,
+    orders: Arc<Orders>,
+    /// Rung after an order, so that a sleeping worker takes it at once.
+    wake: Vec<Arc<transport::EventFdBell>>,
 }
 
 impl Running {
@@ -276,14 +289,50 @@ impl Running {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().unwrap_or(Ok(()))
     }
+
+    fn order(&self, o: Order) {
+        use transport::Bell as _;
+        self.orders.send(o);
+        for b in &self.wake {
+            let _ = b.ring();
+        }
+    }
+
+    /// Holds the vGPU and takes its checkpoint, waiting up to `wait` for
+    /// the requests under way; the worker stays held until
+    /// [`Running::resume`] or [`Running::hand_over`].
+    pub fn checkpoint(
+        &self,
+        wait: Duration,
+    ) -> Result<crate::checkpoint::VgpuImage, CheckpointError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.order(Order::Checkpoint(wait, tx));
+        rx.recv().unwrap_or(Err(CheckpointError::HandingOver))
+    }
+
+    /// Goes on serving after a checkpoint that is not used.
+    pub fn resume(&self) {
+        self.order(Order::Resume);
+    }
+
+    /// Ends the worker without retiring its channels; the region and link
+    /// for the worker that serves on ([`spawn_over`]).
+    pub fn hand_over(self) -> Result<Handover, Error> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.order(Order::HandOver(tx));
+        let handover = rx.recv();
+        // Everything else of the worker (its pinned pool's mapping among
+        // it) is gone once its thread is.
+        self.thread.join().unwrap_or(Ok(()))?;
+        handover.map_err(|_| CheckpointError::HandingOver.into())
+    }
 }
 
-/// Runs a worker on its own thread (tests, benches).
-pub fn spawn(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Running, Error> {
-    let w = Worker::new(cfg, exec)?;
-    let (stop, stats) = (w.stop_flag(), w.stats());
+/// Runs `w` on its own thread.
+fn run_on_thread(name: &str, w: Worker) -> Result<Running, Error> {
+    let (stop, stats, orders, wake) = (w.stop_flag(), w.stats(), w.orders(), w.wake_bells());
     let thread = std::thread::Builder::new()
-        .name(format!("worker-{}", cfg.name))
+        .name(format!("worker-{name}"))
         .spawn(move || w.run())
         .map_err(|e| Error::Io {
             what: "spawning worker thread",
@@ -293,7 +342,25 @@ pub fn spawn(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Running, Err
         stop,
         stats,
         thread,
+        orders,
+        wake,
     })
+}
+
+/// Runs a worker on its own thread (tests, benches).
+pub fn spawn(cfg: &WorkerConfig, exec: Box<dyn Executor>) -> Result<Running, Error> {
+    run_on_thread(&cfg.name, Worker::new(cfg, exec)?)
+}
+
+/// Runs a worker on its own thread that serves on from `image` over the
+/// region `handover` (see [`Worker::take_over`]).
+pub fn spawn_over(
+    cfg: &WorkerConfig,
+    exec: Box<dyn Executor>,
+    handover: Handover,
+    image: &crate::checkpoint::VgpuImage,
+) -> Result<Running, Error> {
+    run_on_thread(&cfg.name, Worker::take_over(cfg, exec, handover, image)?)
 }
 
 /// Default region layout for workers.

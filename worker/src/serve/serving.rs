@@ -76,6 +76,14 @@ impl Worker {
     /// Serves until the stop flag is set. Everything guests held is freed on return.
     pub fn run(mut self) -> Result<(), Error> {
         let served = self.serve();
+        if self.handing_over.is_some() {
+            // Its guests' channels stay claimed: the next worker serves
+            // them on from the checkpoint.
+            if let Some((handover, to)) = self.into_handover() {
+                let _ = to.send(handover);
+            }
+            return served;
+        }
         // However serving ended (stopped, orphaned, poisoned, or an error
         // such as the grant service gone with the daemon), guests still
         // holding channels lose their GPU state: their channels become LOST
@@ -126,6 +134,10 @@ impl Worker {
                 }
             }
             self.migrations()?;
+            if self.checkpoints() {
+                // Handing over: the region goes on to the next worker.
+                return Ok(());
+            }
             self.peer_events();
             // Reading the clock on every turn of the polling loop would cost
             // more than the reports themselves: look every 256 turns (and

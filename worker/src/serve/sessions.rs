@@ -33,6 +33,13 @@ pub(super) struct Entry {
     pub holder: Option<u32>,
 }
 
+impl Entry {
+    /// What a channel must present to join it.
+    pub fn token(&self) -> [u64; 2] {
+        self.token
+    }
+}
+
 /// Every session of the worker.
 #[derive(Default)]
 pub(super) struct Sessions {
@@ -58,6 +65,31 @@ impl Sessions {
             },
         );
         (self.next, t)
+    }
+
+    /// Adds a session served on from a checkpoint: its token, numbering
+    /// and process id as they were, `channels` bound to it.
+    pub fn restored(
+        &mut self,
+        s: Session,
+        token: [u64; 2],
+        channels: u32,
+        pid: u32,
+        next_seq: u64,
+    ) -> SessionId {
+        self.next += 1;
+        self.map.insert(
+            self.next,
+            Entry {
+                s,
+                token,
+                channels,
+                pid,
+                next_seq,
+                holder: None,
+            },
+        );
+        self.next
     }
 
     /// Binds one more channel to the session of `token`.

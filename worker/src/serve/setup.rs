@@ -30,7 +30,7 @@ const PINNED_ADDR: usize = 0x3f00_0000_0000;
 /// What a worker makes on the device before it serves: the region
 /// registered with it (response arenas, pinned pool) and the contexts made
 /// ahead.
-struct Device {
+pub(super) struct Device {
     exec: Box<dyn Executor>,
     region: Region,
     pinned_map: Option<transport::shm::FixedMapping>,
@@ -49,7 +49,7 @@ struct Device {
 impl Device {
     /// Registers `region` with the device and makes the contexts ahead,
     /// or takes those a spare made (`made`).
-    fn prepare(
+    pub(super) fn prepare(
         cfg: &WorkerConfig,
         exec: Box<dyn Executor>,
         region: Region,
@@ -188,7 +188,7 @@ impl Warm {
 }
 
 /// The worker's connection to its GPU's grant service, if the scheduler runs.
-fn connect_gate(cfg: &WorkerConfig) -> Result<Option<crate::gate::Gate>, Error> {
+pub(super) fn connect_gate(cfg: &WorkerConfig) -> Result<Option<crate::gate::Gate>, Error> {
     match &cfg.grant {
         Some((path, id, weight)) if cfg.shared_vgpu.is_some() => {
             Ok(Some(crate::gate::Gate::connect_member(path, *id, *weight)?))
@@ -268,7 +268,7 @@ impl Worker {
         Ok(())
     }
 
-    fn build(
+    pub(super) fn build(
         cfg: &WorkerConfig,
         dev: Device,
         mut link: PeerLink,
@@ -356,6 +356,7 @@ impl Worker {
                     output: std::cell::RefCell::new(output::Output::new()),
                     poisoned: std::cell::Cell::new(None),
                     slot: cfg.slot,
+                    held: std::cell::Cell::new(false),
                 },
                 mem: shared::Memory {
                     mem_limit,
@@ -398,6 +399,9 @@ impl Worker {
             quiet_since: None,
             confine_when_filled: false,
             ends_with_process: cfg.ends_with_process && cfg.slot.is_some(),
+            orders: Arc::default(),
+            taking: None,
+            handing_over: None,
         };
         let counts = worker.sh.gpu.contexts.counts;
         worker.sh.port.stats.count_contexts(&counts);

@@ -84,6 +84,9 @@ pub(super) struct Port {
     /// The process slot served (see `WorkerConfig::slot`): one process at
     /// a time; its host-sleeping word and doorbell vector.
     pub slot: Option<u32>,
+    /// Held for a checkpoint (`checkpoint.rs`): no request is started,
+    /// those under way finish.
+    pub held: std::cell::Cell<bool>,
 }
 
 /// The vGPU's device memory: its limit and what its processes hold.

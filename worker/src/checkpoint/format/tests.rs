@@ -1,8 +1,15 @@
 use super::*;
-use crate::checkpoint::{DeviceFacts, SessionImage};
+use crate::checkpoint::{ChannelImage, DeviceFacts, SessionImage};
 use crate::executor::sim::{SimExecutor, SimParams};
 use crate::executor::Executor;
 use protocol::ImageKind;
+
+fn channel(index: u32) -> ChannelImage {
+    ChannelImage {
+        index,
+        position: transport::HostPosition::default(),
+    }
+}
 
 /// Two guest processes' checkpoint, taken from the sim.
 fn image() -> VgpuImage {
@@ -20,7 +27,7 @@ fn image() -> VgpuImage {
             ctx.htod(p, &src, 0).unwrap();
             SessionImage {
                 pid: 100 + i,
-                channels: vec![i, i + 2],
+                channels: [i, i + 2].map(channel).to_vec(),
                 next_seq: 7,
                 token: [1, 2],
                 pending_error: None,
@@ -148,7 +155,7 @@ fn what_is_more_than_the_reader_takes_is_refused_before_it_is_read() {
 #[test]
 fn a_well_tagged_forgery_is_refused() {
     let mut img = image();
-    img.sessions[1].channels = vec![2];
+    img.sessions[1].channels = vec![channel(2)];
     let v = bytes_of(&img, Some(b"k"));
     assert!(matches!(
         read(&mut v.as_slice(), Some(b"k"), &Limits::default()),

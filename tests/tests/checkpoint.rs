@@ -1,0 +1,183 @@
+//! A vGPU's checkpoint taken while its guest computes, and another worker
+//! (another executor, as on another host) serving on from it over the same
+//! region: the guest's loop goes on with the same pointers and handles and
+//! finishes with the exact sums, never seeing the change. A checkpoint not
+//! used leaves the guest going on; one refused (an object that cannot be
+//! put in one) names it and leaves the guest going on too.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guest::Gpu;
+use protocol::{Dim3, ImageKind};
+use tests::{worker_config, PTX, TEST_SPIN};
+use worker::executor::sim::{SimExecutor, SimParams};
+use worker::executor::Keeper;
+use worker::serve::{spawn, spawn_over, CheckpointError, Running};
+
+/// Elements: 384 KiB a copy, more than one chunk of the arena (256 KiB),
+/// so that a checkpoint may come while a copy's data is under way.
+const N: usize = 96 << 10;
+const ROUNDS: u64 = 100;
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A guest that adds `b` (all ones) to `a` (0, 1, 2, ...) in place, round
+/// after round, and checks `a` after each: after round r, a[i] = i + r.
+/// `rounds` counts the rounds done; the guest returns its last sum.
+fn adder(socket: std::path::PathBuf, rounds: Arc<AtomicU64>) -> std::thread::JoinHandle<f64> {
+    std::thread::spawn(move || {
+        let mut gpu = Gpu::connect_with(&socket, TEST_SPIN).expect("guest attaches");
+        let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
+        let add = gpu.get_function(m, "vector_add").unwrap();
+        let stream = gpu.stream_create(0, 0).unwrap();
+        let len = (N * 4) as u64;
+        let (a, b) = (gpu.mem_alloc(len).unwrap(), gpu.mem_alloc(len).unwrap());
+        let start: Vec<f32> = (0..N).map(|i| i as f32).collect();
+        gpu.memcpy_htod(a, &bytes(&start)).unwrap();
+        gpu.memcpy_htod(b, &bytes(&vec![1.0; N])).unwrap();
+        let (grid, block) = (Dim3 { x: 384, y: 1, z: 1 }, Dim3 { x: 256, y: 1, z: 1 });
+        let n = u32::try_from(N).unwrap();
+        let mut out = vec![0u8; N * 4];
+        let mut sum = 0.0;
+        for r in 1..=ROUNDS {
+            let params: [&[u8]; 4] = [
+                &a.to_le_bytes(),
+                &b.to_le_bytes(),
+                &a.to_le_bytes(),
+                &n.to_le_bytes(),
+            ];
+            gpu.launch(&add, grid, block, 0, stream, &params).unwrap();
+            gpu.memcpy_dtoh(&mut out, a, stream).unwrap();
+            let got = f32s(&out);
+            for (i, x) in got.iter().enumerate() {
+                assert_eq!(*x, i as f32 + r as f32, "round {r}, element {i}");
+            }
+            sum = got.iter().map(|&x| f64::from(x)).sum();
+            rounds.store(r, Ordering::Relaxed);
+        }
+        sum
+    })
+}
+
+fn sim() -> Box<SimExecutor> {
+    Box::new(SimExecutor::new(SimParams::default()))
+}
+
+fn wait_rounds(rounds: &AtomicU64, n: u64) {
+    let t = Instant::now();
+    while rounds.load(Ordering::Relaxed) < n {
+        assert!(t.elapsed() < Duration::from_secs(60), "the guest stalled");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn expected_sum() -> f64 {
+    (0..N).map(|i| i as f64 + ROUNDS as f64).sum()
+}
+
+#[test]
+fn a_guest_computes_on_under_the_worker_that_serves_on_from_its_checkpoint() {
+    let dir = scratch::dir("fvg-checkpoint-handover");
+    let cfg = worker_config("ckpt", dir.join("vgpu.sock"), 64 << 20);
+    let first: Running = spawn(&cfg, sim()).expect("worker starts");
+    let rounds = Arc::new(AtomicU64::new(0));
+    let guest = adder(cfg.socket.clone(), rounds.clone());
+    wait_rounds(&rounds, 30);
+
+    let image = first
+        .checkpoint(Duration::from_secs(5))
+        .expect("checkpoint taken");
+    let at = rounds.load(Ordering::Relaxed);
+    assert_eq!(image.sessions.len(), 1, "one guest process");
+    let s = &image.sessions[0];
+    assert_eq!(s.context.memory.len(), 3, "a, b and the module's global");
+    assert_eq!((s.context.modules.len(), s.context.functions.len()), (1, 1));
+    assert_eq!(s.context.streams.len(), 1);
+    assert!(s.next_seq > 0);
+    // Held: the guest's next request waits in its ring.
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        rounds.load(Ordering::Relaxed) <= at + 1,
+        "served while held"
+    );
+
+    // Through the stream format, as it would go to another host.
+    let mut stream = Vec::new();
+    worker::checkpoint::write(&mut stream, &image, Some(b"key")).unwrap();
+    let image = worker::checkpoint::read(
+        &mut stream.as_slice(),
+        Some(b"key"),
+        &worker::checkpoint::Limits::default(),
+    )
+    .unwrap();
+
+    let handover = first.hand_over().expect("the first worker hands over");
+    let second = spawn_over(&cfg, sim(), handover, &image).expect("the second serves on");
+    assert_eq!(guest.join().expect("the guest finished"), expected_sum());
+    assert!(second.stats.requests.load(Ordering::Relaxed) > 0);
+    second.shutdown().unwrap();
+}
+
+#[test]
+fn a_checkpoint_not_used_leaves_the_guest_going_on() {
+    let dir = scratch::dir("fvg-checkpoint-resume");
+    let cfg = worker_config("ckpt-resume", dir.join("vgpu.sock"), 64 << 20);
+    let w = spawn(&cfg, sim()).expect("worker starts");
+    let rounds = Arc::new(AtomicU64::new(0));
+    let guest = adder(cfg.socket.clone(), rounds.clone());
+    wait_rounds(&rounds, 10);
+    w.checkpoint(Duration::from_secs(5))
+        .expect("checkpoint taken");
+    w.resume();
+    assert_eq!(guest.join().expect("the guest finished"), expected_sum());
+    w.shutdown().unwrap();
+}
+
+#[test]
+fn a_refused_checkpoint_names_what_kept_it_and_the_guest_goes_on() {
+    let dir = scratch::dir("fvg-checkpoint-refused");
+    let cfg = worker_config("ckpt-refused", dir.join("vgpu.sock"), 64 << 20);
+    let w = spawn(&cfg, sim()).expect("worker starts");
+    let mut gpu = Gpu::connect_with(&cfg.socket, TEST_SPIN).unwrap();
+    let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
+    let add = gpu.get_function(m, "vector_add").unwrap();
+    let p = gpu.mem_alloc(64).unwrap();
+    let one = Dim3 { x: 1, y: 1, z: 1 };
+    let mut params = Vec::new();
+    for x in [p, p, p] {
+        params.extend_from_slice(&x.to_le_bytes());
+    }
+    params.extend_from_slice(&16u32.to_le_bytes());
+    let nodes = [protocol::graph::GraphNode {
+        op: protocol::graph::GraphOp::Kernel {
+            func: add.handle,
+            grid: one,
+            block: one,
+            shared_mem: 0,
+            params,
+        },
+        deps: Vec::new(),
+    }];
+    let exec = gpu
+        .graph_instantiate(&protocol::graph::encode_graph(&nodes))
+        .unwrap();
+    match w.checkpoint(Duration::from_secs(5)) {
+        Err(CheckpointError::Kept { keeper, .. }) => assert_eq!(keeper, Keeper::Graph),
+        other => panic!("a graph was put in a checkpoint: {other:?}"),
+    }
+    // Not held: the guest goes on.
+    gpu.graph_launch(exec, 0).unwrap();
+    gpu.synchronize().unwrap();
+    drop(gpu);
+    w.shutdown().unwrap();
+}

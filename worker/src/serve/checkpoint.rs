@@ -1,0 +1,336 @@
+//! A checkpoint of the vGPU this worker serves, and a worker that serves on
+//! from one over the same region.
+//!
+//! Asked for one, the worker *holds*: it starts no request (a new one waits
+//! in its ring, in the region), and those under way finish: data still
+//! coming, replies going out, waits for the device. Once every channel is
+//! between requests, it takes each guest process's image (`checkpoint/`)
+//! and stays held until it is told to go on (the checkpoint was not used)
+//! or to hand over: its loop ends without retiring its channels, and the
+//! region goes to the worker that serves on from the checkpoint
+//! ([`Worker::take_over`]).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use protocol::Status;
+use transport::Region;
+
+use super::{Worker, WorkerConfig};
+use crate::checkpoint::{ChannelImage, DeviceFacts, SessionImage, VgpuImage};
+use crate::executor::{Executor, Keeper};
+use crate::feed::PeerLink;
+use crate::session::Session;
+use crate::Error;
+
+/// Why a checkpoint was not taken, or not served on from.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A request was still under way when the wait for it ended.
+    #[error("a guest request was still under way after {0:?}")]
+    Busy(Duration),
+    /// A guest process holds what cannot be put in a checkpoint.
+    #[error("guest process {pid} holds {keeper}")]
+    Kept {
+        /// The process.
+        pid: u32,
+        /// What it holds.
+        keeper: Keeper,
+    },
+    /// Guest processes hold page-locked memory of the VM's pinned pool
+    /// (not put in a checkpoint yet).
+    #[error("guest processes hold {0} bytes of the pinned pool (not put in a checkpoint yet)")]
+    Pinned(u64),
+    /// The executor failed to take or make a context.
+    #[error("guest process {pid}: the executor answered {status:?}")]
+    Executor {
+        /// The process.
+        pid: u32,
+        /// What the executor said.
+        status: Status,
+    },
+    /// The checkpoint was taken on another kind of device.
+    #[error("taken on {taken:?}, this worker's GPU is {here:?}")]
+    Device {
+        /// Where it was taken.
+        taken: DeviceFacts,
+        /// This worker's.
+        here: DeviceFacts,
+    },
+    /// It names a channel this worker does not serve.
+    #[error("channel {0} is not this worker's")]
+    Channel(u32),
+    /// Its processes hold more device memory than the vGPU may here.
+    #[error("its processes hold {0} bytes, more than the vGPU's limit here")]
+    Memory(u64),
+    /// The worker is already handing over, or ended.
+    #[error("the worker is handing over its region")]
+    HandingOver,
+}
+
+/// What the worker is told about checkpoints.
+#[derive(Debug)]
+pub enum Order {
+    /// Hold, take a checkpoint, and send it (or why not) here.
+    Checkpoint(Duration, Sender<Result<VgpuImage, CheckpointError>>),
+    /// Go on serving (the checkpoint is not used).
+    Resume,
+    /// End the loop without retiring the channels, and send the region here.
+    HandOver(Sender<Handover>),
+}
+
+/// Orders waiting for the serving loop (from the daemon's feed, or the
+/// thread that runs the worker).
+#[derive(Debug, Default)]
+pub struct Orders {
+    pending: AtomicBool,
+    queue: Mutex<VecDeque<Order>>,
+}
+
+impl Orders {
+    /// Queues an order; the loop takes it at its next turn.
+    pub fn send(&self, o: Order) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(o);
+        self.pending.store(true, Ordering::Release);
+    }
+
+    fn take(&self) -> Option<Order> {
+        if !self.pending.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let o = q.pop_front();
+        self.pending.store(!q.is_empty(), Ordering::Release);
+        o
+    }
+}
+
+/// What a worker that hands over leaves to the next: the region, its
+/// guests' channels still claimed, and the link to its peers.
+#[derive(Debug)]
+pub struct Handover {
+    /// The region.
+    pub region: Region,
+    /// The peers' doorbells.
+    pub link: PeerLink,
+}
+
+/// A checkpoint being taken: when to give up waiting, and where it goes.
+pub(super) struct Taking {
+    until: Instant,
+    waited: Duration,
+    answer: Sender<Result<VgpuImage, CheckpointError>>,
+}
+
+impl Worker {
+    /// Where checkpoint orders go.
+    pub fn orders(&self) -> std::sync::Arc<Orders> {
+        self.orders.clone()
+    }
+
+    /// Between two turns of the serving loop: the orders, and the
+    /// checkpoint under way once every channel is between requests. True
+    /// when the loop must end to hand over.
+    pub(super) fn checkpoints(&mut self) -> bool {
+        while let Some(o) = self.orders.take() {
+            match o {
+                Order::Checkpoint(wait, answer) => {
+                    self.sh.port.held.set(true);
+                    self.taking = Some(Taking {
+                        until: Instant::now() + wait,
+                        waited: wait,
+                        answer,
+                    });
+                }
+                Order::Resume => {
+                    self.sh.port.held.set(false);
+                    self.taking = None;
+                }
+                Order::HandOver(to) => {
+                    self.handing_over = Some(to);
+                    return true;
+                }
+            }
+        }
+        let Some((until, waited)) = self.taking.as_ref().map(|t| (t.until, t.waited)) else {
+            return false;
+        };
+        let r = if self.between_requests() {
+            self.take_checkpoint()
+        } else if Instant::now() >= until {
+            Err(CheckpointError::Busy(waited))
+        } else {
+            return false;
+        };
+        let t = self.taking.take().expect("checked above");
+        if r.is_err() {
+            // Not taken: the guests go on.
+            self.sh.port.held.set(false);
+        }
+        let _ = t.answer.send(r);
+        false
+    }
+
+    /// Whether every channel is between requests: nothing coming in or
+    /// going out, no request waiting for the device or a host function,
+    /// no launch queued, no free waiting for the device, no move under way.
+    fn between_requests(&mut self) -> bool {
+        let chans_idle = self.chans.iter().all(|c| {
+            c.outbox.is_none()
+                && c.outbound.is_none()
+                && c.parked.is_none()
+                && c.sliced.is_none()
+                && c.transfer.is_none()
+        });
+        chans_idle
+            && self.moving.is_none()
+            && self.sessions.iter_mut().all(|(_, e)| {
+                e.s.run.is_empty() && e.s.host_fn.is_none() && e.s.deferred_frees.is_empty()
+            })
+    }
+
+    /// The checkpoint of every guest process this worker serves.
+    fn take_checkpoint(&mut self) -> Result<VgpuImage, CheckpointError> {
+        let pinned = self.sh.gpu.pinned.used();
+        if pinned > 0 {
+            return Err(CheckpointError::Pinned(pinned));
+        }
+        let device = self.device_facts();
+        let mut sessions = Vec::new();
+        let chans = &self.chans;
+        for (&id, e) in self.sessions.iter_mut() {
+            let (pid, token, next_seq) = (e.pid, e.token(), e.next_seq);
+            let s = &mut e.s;
+            let keeper = s.ctx.checkpoint_keeper().or_else(|| {
+                if s.ipc_across() {
+                    Some(Keeper::IpcAcrossWorkers)
+                } else {
+                    s.shares.any().then_some(Keeper::SharedHandle)
+                }
+            });
+            if let Some(keeper) = keeper {
+                return Err(CheckpointError::Kept { pid, keeper });
+            }
+            let context = s
+                .ctx
+                .checkpoint()
+                .map_err(|status| CheckpointError::Executor { pid, status })?;
+            let channels = chans
+                .iter()
+                .filter(|c| c.session == Some(id))
+                .map(|c| ChannelImage {
+                    index: c.host.index(),
+                    position: c.host.position(),
+                })
+                .collect();
+            sessions.push(SessionImage {
+                pid,
+                channels,
+                next_seq,
+                token,
+                pending_error: s.pending_error.map(Status::code),
+                context,
+            });
+        }
+        sessions.sort_by_key(|s| s.channels.first().map(|c| c.index));
+        Ok(VgpuImage {
+            device,
+            mem_limit: self.sh.mem.mem_limit,
+            sessions,
+        })
+    }
+
+    /// The device as a checkpoint names it.
+    fn device_facts(&self) -> DeviceFacts {
+        let info = self.sh.gpu.exec.info();
+        DeviceFacts {
+            name: info.name,
+            driver: info.driver_version,
+            cc: info.cc,
+        }
+    }
+
+    /// What the loop leaves to the next worker when it ended to hand over
+    /// (its channels were not retired); `None` otherwise.
+    pub(super) fn into_handover(self) -> Option<(Handover, Sender<Handover>)> {
+        let Worker {
+            sh, handing_over, ..
+        } = self;
+        let to = handing_over?;
+        let super::shared::Shared { port, .. } = sh;
+        Some((
+            Handover {
+                region: port.region,
+                link: port.link,
+            },
+            to,
+        ))
+    }
+
+    /// A worker that serves on from `image` over the region another
+    /// worker handed over: its executor makes each process's context
+    /// again, and each process's channels go on where its rings stand.
+    pub fn take_over(
+        cfg: &WorkerConfig,
+        exec: Box<dyn Executor>,
+        handover: Handover,
+        image: &VgpuImage,
+    ) -> Result<Worker, Error> {
+        let dev = super::setup::Device::prepare(cfg, exec, handover.region, None)?;
+        let gate = super::setup::connect_gate(cfg)?;
+        let mut w = Self::build(cfg, dev, handover.link, gate)?;
+        w.restore(image)?;
+        Ok(w)
+    }
+
+    /// Serves on from `image`: each process's session made again and bound
+    /// to its channels, its memory counted against the vGPU's limit.
+    fn restore(&mut self, image: &VgpuImage) -> Result<(), CheckpointError> {
+        let here = self.device_facts();
+        if image.device != here {
+            return Err(CheckpointError::Device {
+                taken: image.device.clone(),
+                here,
+            });
+        }
+        for ch in image.sessions.iter().flat_map(|s| &s.channels) {
+            if !self.chans.iter().any(|c| c.host.index() == ch.index) {
+                return Err(CheckpointError::Channel(ch.index));
+            }
+        }
+        for si in &image.sessions {
+            let pid = si.pid;
+            let ctx = self
+                .sh
+                .gpu
+                .exec
+                .restore(&si.context)
+                .map_err(|status| CheckpointError::Executor { pid, status })?;
+            let mut s = Session::restored(ctx, &si.context)
+                .map_err(|status| CheckpointError::Executor { pid, status })?;
+            if !self.sh.mem.reserve(s.mem_used, &self.sh.port.link) {
+                return Err(CheckpointError::Memory(s.mem_used));
+            }
+            s.pending_error = si.pending_error.map(Status::from_code);
+            let n = u32::try_from(si.channels.len()).unwrap_or(u32::MAX);
+            let id = self.sessions.restored(s, si.token, n, pid, si.next_seq);
+            for ch in &si.channels {
+                let c = self
+                    .chans
+                    .iter_mut()
+                    .find(|c| c.host.index() == ch.index)
+                    .expect("checked above");
+                c.session = Some(id);
+                c.host.resume_at(ch.position);
+                let _ = c.host.mark_serving();
+            }
+        }
+        Ok(())
+    }
+}
