@@ -8,7 +8,7 @@
 //! | flags: bit 0 set where the tag is keyed | 4 |
 //! | the description's length `n`, little-endian | 8 |
 //! | the description: the [`VgpuImage`] as JSON, without bytes of images or memory | `n` |
-//! | each session's module images, then its allocations' bytes, in the description's order | as it says |
+//! | each session's module images (each followed by its globals' bytes), then its allocations' bytes, in the description's order | as it says |
 //! | the tag: HMAC-SHA-256 of everything before under the operator's key; SHA-256 without one | 32 |
 //!
 //! A reader takes nothing from a stream until its tag matches, checks every
@@ -176,6 +176,9 @@ pub fn write<W: Write>(
     for s in &image.sessions {
         for m in &s.context.modules {
             t.put(&m.image)?;
+            for g in &m.globals {
+                t.put(&g.bytes)?;
+            }
         }
         for a in &s.context.memory {
             t.put(&a.bytes)?;
@@ -240,6 +243,11 @@ impl<R: Read> Reading<'_, R> {
     }
 }
 
+/// What [`Reading::blob`] names when device memory is over its limit.
+fn device_memory(limits: &Limits) -> (&'static str, u64) {
+    ("bytes of device memory", limits.memory)
+}
+
 /// Reads a checkpoint from `r`, expecting a tag under `key` (HMAC-SHA-256)
 /// or a SHA-256 where none, within `limits`. Nothing of it is returned
 /// unless its tag matches and every context passes its check.
@@ -295,13 +303,12 @@ pub fn read<R: Read>(
                 &mut images,
                 ("bytes of module images", limits.images),
             )?;
+            for g in &mut m.globals {
+                g.bytes = rd.blob(g.len, &mut memory, device_memory(limits))?;
+            }
         }
         for a in &mut c.memory {
-            a.bytes = rd.blob(
-                a.len,
-                &mut memory,
-                ("bytes of device memory", limits.memory),
-            )?;
+            a.bytes = rd.blob(a.len, &mut memory, device_memory(limits))?;
         }
     }
     let mut tag = [0; 32];

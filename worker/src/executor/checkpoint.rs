@@ -56,12 +56,25 @@ pub struct ModuleImage {
     pub ptx: bool,
     /// Bytes of the image.
     pub len: u64,
-    /// Its global variables: (name, device address, size); their bytes are
-    /// in [`ContextImage::memory`].
-    pub globals: Vec<(String, u64, u64)>,
+    /// The global variables whose addresses the guest holds.
+    pub globals: Vec<GlobalImage>,
     /// The image (`len` bytes), travelling after the description.
     #[serde(skip)]
     pub image: Vec<u8>,
+}
+
+/// A module's global variable at the address the guest holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GlobalImage {
+    /// Its name in the module.
+    pub name: String,
+    /// The device address the guest holds.
+    pub addr: u64,
+    /// Its size in bytes.
+    pub len: u64,
+    /// Its contents (`len` bytes), travelling after the description.
+    #[serde(skip)]
+    pub bytes: Vec<u8>,
 }
 
 /// A function of a module.
@@ -120,16 +133,17 @@ pub struct EventImage {
 pub const MAX_OBJECTS: usize = 1 << 20;
 
 impl ContextImage {
-    /// Bytes of device memory it holds.
+    /// Bytes of device memory it holds (its globals' included).
     pub fn memory_bytes(&self) -> u64 {
-        self.memory.iter().map(|a| a.len).sum()
+        let globals = self.modules.iter().flat_map(|m| &m.globals);
+        self.memory.iter().map(|a| a.len).sum::<u64>() + globals.map(|g| g.len).sum::<u64>()
     }
 
     /// Checks what a restore relies on, whoever wrote the image: every
     /// handle nonzero, below [`Self::next_handle`] and used once; every
-    /// function's module in the image; allocations of nonzero size that do
-    /// not overlap and whose bytes are all there; every global inside an
-    /// allocation; module images present; stream attributes valid.
+    /// function's module in the image; allocations and globals of nonzero
+    /// size that do not overlap one another and whose bytes are all there;
+    /// module images present; stream attributes and limits valid.
     pub fn check(&self) -> Result<(), Status> {
         let counts = [
             self.memory.len(),
@@ -163,32 +177,30 @@ impl ContextImage {
         if self.functions.iter().any(|f| !modules.contains(&f.module)) {
             return Err(Status::InvalidHandle);
         }
+        let globals = self.modules.iter().flat_map(|m| &m.globals);
+        let pieces = self
+            .memory
+            .iter()
+            .map(|a| (a.addr, a.len, a.bytes.len()))
+            .chain(globals.map(|g| (g.addr, g.len, g.bytes.len())));
         let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(self.memory.len());
-        for a in &self.memory {
-            let end = a.addr.checked_add(a.len).ok_or(Status::InvalidValue)?;
-            if a.len == 0 || a.addr == 0 || a.bytes.len() as u64 != a.len {
+        for (addr, len, have) in pieces {
+            let end = addr.checked_add(len).ok_or(Status::InvalidValue)?;
+            if len == 0 || addr == 0 || have as u64 != len {
                 return Err(Status::InvalidValue);
             }
-            ranges.push((a.addr, end));
+            ranges.push((addr, end));
         }
         ranges.sort_unstable();
         if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
             return Err(Status::InvalidValue);
         }
-        let inside = |addr: u64, len: u64| {
-            let i = ranges.partition_point(|r| r.0 <= addr);
-            i > 0
-                && addr
-                    .checked_add(len)
-                    .is_some_and(|end| end <= ranges[i - 1].1)
-        };
-        for m in &self.modules {
-            if m.image.len() as u64 != m.len || m.len == 0 {
-                return Err(Status::InvalidImage);
-            }
-            if m.globals.iter().any(|(_, addr, len)| !inside(*addr, *len)) {
-                return Err(Status::InvalidValue);
-            }
+        if self
+            .modules
+            .iter()
+            .any(|m| m.image.len() as u64 != m.len || m.len == 0)
+        {
+            return Err(Status::InvalidImage);
         }
         for s in &self.streams {
             s.checked_attrs()?;
@@ -208,7 +220,7 @@ impl ContextImage {
         self.memory.sort_unstable_by_key(|a| a.addr);
         self.modules.sort_unstable_by_key(|m| m.handle);
         for m in &mut self.modules {
-            m.globals.sort_unstable();
+            m.globals.sort_unstable_by_key(|g| g.addr);
         }
         self.functions.sort_unstable_by_key(|f| f.handle);
         self.streams.sort_unstable_by_key(|s| s.handle);

@@ -15,18 +15,13 @@ impl Session {
     /// allocations count as a new allocation of their size would.
     pub fn restored(ctx: Box<dyn Context>, image: &ContextImage) -> Result<Session, Status> {
         let mut s = Session::new(ctx);
-        let globals: std::collections::HashSet<u64> = image
-            .modules
-            .iter()
-            .flat_map(|m| m.globals.iter().map(|g| g.1))
-            .collect();
         for m in &image.modules {
             s.add_module(m.handle);
-            for &(_, addr, len) in &m.globals {
-                s.add_global(addr, len);
+            for g in &m.globals {
+                s.add_global(g.addr, g.len);
             }
         }
-        for a in image.memory.iter().filter(|a| !globals.contains(&a.addr)) {
+        for a in &image.memory {
             let charge = s.ctx.footprint(a.len);
             s.add_alloc(a.addr, a.len, charge);
         }

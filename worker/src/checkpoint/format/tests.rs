@@ -61,7 +61,7 @@ fn a_checkpoint_reads_back_as_written_with_and_without_a_key() {
         let back = read(&mut v.as_slice(), key, &Limits::default()).unwrap();
         assert_eq!(back, img);
         assert_eq!(
-            back.sessions[1].context.memory[1].bytes[0], 2,
+            back.sessions[1].context.memory[0].bytes[0], 2,
             "the bytes too"
         );
     }
@@ -162,8 +162,8 @@ fn a_well_tagged_forgery_is_refused() {
         Err(FormatError::ChannelTwice(2))
     ));
     let mut img = image();
-    let m = &mut img.sessions[0].context.memory;
-    m[1].addr = m[0].addr + 1;
+    let c = &mut img.sessions[0].context;
+    c.modules[0].globals[0].addr = c.memory[0].addr + 1;
     let v = bytes_of(&img, Some(b"k"));
     assert!(matches!(
         read(&mut v.as_slice(), Some(b"k"), &Limits::default()),

@@ -15,7 +15,8 @@ use super::memory::lock;
 use super::module::parse_module;
 use super::SimExecutor;
 use crate::executor::checkpoint::{
-    Allocation, Checkpoint, ContextImage, EventImage, FunctionImage, ModuleImage, StreamImage,
+    Allocation, Checkpoint, ContextImage, EventImage, FunctionImage, GlobalImage, ModuleImage,
+    StreamImage,
 };
 use crate::executor::Keeper;
 
@@ -47,9 +48,34 @@ impl Checkpoint for SimContext {
         }
         // Its work finishes first, as a synchronize would.
         Self::wait_until(self.last_done);
+        let bytes_at = |addr: u64| self.mem.get(&addr).map(|b| lock(b).to_vec());
+        let mut globals_at = std::collections::HashSet::new();
+        let mut modules = Vec::with_capacity(self.modules.len());
+        for (&handle, m) in &self.modules {
+            let mut globals = Vec::with_capacity(m.globals.len());
+            for (name, &(addr, len)) in &m.globals {
+                // The model allocates every global at load (never of no size).
+                let bytes = bytes_at(addr).ok_or(Status::IllegalAddress)?;
+                globals_at.insert(addr);
+                globals.push(GlobalImage {
+                    name: name.clone(),
+                    addr,
+                    len,
+                    bytes,
+                });
+            }
+            modules.push(ModuleImage {
+                handle,
+                ptx: true,
+                len: m.text.len() as u64,
+                globals,
+                image: m.text.as_bytes().to_vec(),
+            });
+        }
         let memory = self
             .mem
             .iter()
+            .filter(|(addr, _)| !globals_at.contains(*addr))
             .map(|(&addr, b)| {
                 let bytes = lock(b).to_vec();
                 Allocation {
@@ -57,21 +83,6 @@ impl Checkpoint for SimContext {
                     len: bytes.len() as u64,
                     bytes,
                 }
-            })
-            .collect();
-        let modules = self
-            .modules
-            .iter()
-            .map(|(&handle, m)| ModuleImage {
-                handle,
-                ptx: true,
-                len: m.text.len() as u64,
-                globals: m
-                    .globals
-                    .iter()
-                    .map(|(n, &(addr, len))| (n.clone(), addr, len))
-                    .collect(),
-                image: m.text.as_bytes().to_vec(),
             })
             .collect();
         // A function of a module since unloaded cannot run: left out.
@@ -148,13 +159,19 @@ impl SimExecutor {
         let mut ctx = self.open_sim()?;
         {
             let mut addresses = self.addresses.lock().unwrap_or_else(|e| e.into_inner());
-            for a in &image.memory {
-                if addresses.at(a.addr, a.len, 0)? != a.addr {
+            let globals = image.modules.iter().flat_map(|m| &m.globals);
+            let pieces = image
+                .memory
+                .iter()
+                .map(|a| (a.addr, a.len, &a.bytes))
+                .chain(globals.map(|g| (g.addr, g.len, &g.bytes)));
+            for (addr, len, bytes) in pieces {
+                if addresses.at(addr, len, 0)? != addr {
                     // Taken already, or not where the model puts memory.
                     return Err(Status::InvalidValue);
                 }
-                let bytes = Bytes::Heap(a.bytes.clone());
-                ctx.mem.insert(a.addr, Arc::new(Mutex::new(bytes)));
+                let bytes = Bytes::Heap(bytes.clone());
+                ctx.mem.insert(addr, Arc::new(Mutex::new(bytes)));
             }
         }
         for m in &image.modules {
@@ -167,7 +184,7 @@ impl SimExecutor {
             let globals = m
                 .globals
                 .iter()
-                .map(|(n, addr, len)| (n.clone(), (*addr, *len)))
+                .map(|g| (g.name.clone(), (g.addr, g.len)))
                 .collect();
             ctx.modules.insert(
                 m.handle,
