@@ -181,6 +181,17 @@ pub enum BenchCmd {
         #[arg(long, value_delimiter = ',', default_values_t = vec![1u64, 8])]
         gib: Vec<u64>,
     },
+    /// Checkpoint: a running vGPU's checkpoint sent over TCP to another
+    /// worker (on another GPU where there is one), which serves on from it;
+    /// the guest's pause against the link's rate.
+    Checkpoint {
+        /// Executor to run on.
+        #[arg(long, value_enum, default_value = "sim")]
+        executor: daemon::config::ExecutorKind,
+        /// Device memory the guest holds, MiB.
+        #[arg(long, default_value_t = 1024)]
+        mib: u64,
+    },
     /// Kernel slicing: a small tenant's latency beside long kernels, with
     /// launches whole and sliced.
     Slicing {
@@ -347,6 +358,7 @@ impl BenchCmd {
                 }
             }
             BenchCmd::Migrate { executor, gib } => crate::migrate::run(executor, &gib),
+            BenchCmd::Checkpoint { executor, mib } => crate::checkpoint::run(executor, mib),
             BenchCmd::Slicing { executor, seconds } => crate::slicing::run(executor, seconds),
             BenchCmd::Recovery { executor } => crate::recovery::run(executor),
             BenchCmd::Soak {

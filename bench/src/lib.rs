@@ -1,6 +1,7 @@
 //! Benchmarks. Each prints ratios against a baseline measured in the same run.
 
 pub mod accounting;
+pub mod checkpoint;
 pub mod cmd;
 pub mod density;
 pub mod fairness;

@@ -64,6 +64,26 @@ impl Globals {
         });
     }
 
+    /// Notes a global restored from a checkpoint: the guest holds `guest`,
+    /// the driver put it at `now` in this context.
+    pub(super) fn restored(
+        &mut self,
+        module: Handle,
+        name: CString,
+        guest: u64,
+        now: u64,
+        size: u64,
+    ) {
+        self.taken.push(Taken {
+            module,
+            name,
+            guest,
+            size,
+            now,
+        });
+        self.rebuild();
+    }
+
     /// Forgets the globals of an unloaded module.
     pub(super) fn forget_module(&mut self, module: Handle) {
         self.taken.retain(|t| t.module != module);

@@ -644,7 +644,3 @@ impl Migration for CudaContext {
         })
     }
 }
-
-/// Not on a GPU yet: a checkpoint of a GPU context is refused, naming the
-/// executor (the sim's is `executor/sim/checkpoint.rs`).
-impl crate::executor::Checkpoint for CudaContext {}

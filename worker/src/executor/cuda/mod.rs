@@ -22,6 +22,7 @@ use protocol::Status;
 
 mod arrays;
 mod batch;
+mod checkpoint;
 mod conditional;
 mod context;
 mod device;

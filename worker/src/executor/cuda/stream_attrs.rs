@@ -41,6 +41,11 @@ impl StreamAttrs {
             .is_some_and(|v| v.iter().any(StreamAttr::shapes_kernels))
     }
 
+    /// The attributes set on stream `s`.
+    pub(super) fn of(&self, s: Handle) -> &[StreamAttr] {
+        self.set.get(&s).map_or(&[], Vec::as_slice)
+    }
+
     /// Stream `s` is gone.
     pub(super) fn forget(&mut self, s: Handle) {
         self.set.remove(&s);

@@ -1,0 +1,289 @@
+//! A GPU context's image, and a context made again from one in another
+//! worker (on another GPU or host): its allocations reserved again at
+//! their device addresses and filled with their bytes, its modules loaded
+//! again from their images, its functions, streams and events made again
+//! through the calls a guest's would take, and re-keyed to their handles;
+//! the globals the guest holds found where the driver put them, as after a
+//! move (`globals.rs`).
+
+use std::ffi::{c_void, CString};
+
+use cudarc::driver::sys;
+use protocol::stream_attr::StreamAttr;
+use protocol::{ImageKind, Status};
+
+use super::check;
+use super::context::{CudaContext, Obj};
+use super::vmm::{vmm_map, VmmAlloc};
+use crate::executor::checkpoint::{
+    Allocation, Checkpoint, ContextImage, EventImage, FunctionImage, GlobalImage, ModuleImage,
+    StreamImage,
+};
+use crate::executor::{Events, Handle, Keeper, Limits, Memory, Modules, StreamAttributes, Streams};
+
+/// `n` bytes of device memory at `src`, read back (the context is current).
+fn read_back(src: u64, n: u64) -> Result<Vec<u8>, Status> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(crate::usize_from(n))
+        .map_err(|_| Status::OutOfMemory)?;
+    v.resize(crate::usize_from(n), 0);
+    // SAFETY: `src` is `n` bytes of this context's memory; `v` holds `n` bytes.
+    check(unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr() as *mut c_void, src, v.len()) })?;
+    Ok(v)
+}
+
+/// Whether a module image is PTX text (not a cubin or fat binary).
+fn is_ptx(image: &[u8]) -> bool {
+    !(image.starts_with(b"\x7fELF") || protocol::fatbin::is_fatbin(image))
+}
+
+impl Checkpoint for CudaContext {
+    fn checkpoint_keeper(&self) -> Option<Keeper> {
+        if !self.plain.is_empty() {
+            return Some(Keeper::PlainMemory);
+        }
+        if !self.scopes.is_empty() || self.graphs.values().any(|g| g.scoped) {
+            return Some(Keeper::ConditionalGraph);
+        }
+        if !self.graphs.is_empty() {
+            return Some(Keeper::Graph);
+        }
+        if let Some(k) = self.arrays.keeper() {
+            return Some(k);
+        }
+        let imported = self
+            .objs
+            .values()
+            .any(|o| matches!(o, Obj::ImportedEvent { .. }));
+        if imported || !self.opened.is_empty() {
+            return Some(Keeper::IpcAcrossWorkers);
+        }
+        let vmm = &self.guest_vmm;
+        if !(vmm.reserved.is_empty() && vmm.phys.is_empty() && vmm.maps.is_empty()) {
+            return Some(Keeper::VirtualMemory);
+        }
+        None
+    }
+
+    fn checkpoint(&mut self) -> Result<ContextImage, Status> {
+        if self.checkpoint_keeper().is_some() {
+            return Err(Status::NotSupported);
+        }
+        self.bind()?;
+        // SAFETY: no arguments; our context is current.
+        check(unsafe { sys::cuCtxSynchronize() })?;
+        let mut memory = Vec::with_capacity(self.allocs.len());
+        for (&addr, a) in &self.allocs {
+            let len = a.padded as u64;
+            memory.push(Allocation {
+                addr,
+                len,
+                bytes: read_back(addr, len)?,
+            });
+        }
+        let mut image = ContextImage {
+            next_handle: self.next_handle + 1,
+            memory,
+            ..ContextImage::default()
+        };
+        for (&handle, o) in &self.objs {
+            match o {
+                Obj::Module { image: img, .. } => {
+                    let mut globals = Vec::new();
+                    for t in self.globals.taken.iter().filter(|t| t.module == handle) {
+                        if t.size == 0 {
+                            continue;
+                        }
+                        globals.push(GlobalImage {
+                            name: t.name.to_string_lossy().into_owned(),
+                            addr: t.guest,
+                            len: t.size,
+                            bytes: read_back(t.now, t.size)?,
+                        });
+                    }
+                    image.modules.push(ModuleImage {
+                        handle,
+                        ptx: is_ptx(img),
+                        len: img.len() as u64,
+                        globals,
+                        image: img.clone(),
+                    });
+                }
+                Obj::Function {
+                    module,
+                    name,
+                    attrs,
+                    ..
+                } => image.functions.push(FunctionImage {
+                    handle,
+                    module: *module,
+                    name: name.to_string_lossy().into_owned(),
+                    attrs: attrs.clone(),
+                }),
+                Obj::Stream {
+                    flags, priority, ..
+                } => {
+                    let mut attrs = vec![StreamAttr::Priority(*priority)];
+                    attrs.extend(
+                        self.stream_attrs
+                            .of(handle)
+                            .iter()
+                            .filter(|a| !matches!(a, StreamAttr::Priority(_))),
+                    );
+                    image.streams.push(StreamImage {
+                        handle,
+                        flags: *flags,
+                        attrs: attrs
+                            .iter()
+                            .map(|a| (a.id(), a.to_raw().to_vec()))
+                            .collect(),
+                    });
+                }
+                Obj::Event { flags, .. } => image.events.push(EventImage {
+                    handle,
+                    flags: *flags,
+                    recorded: false,
+                }),
+                Obj::ImportedEvent { .. } => return Err(Status::NotSupported),
+            }
+        }
+        for &(l, before) in &self.limits0.clone() {
+            let now = self.limit(l)?;
+            if now != before as u64 {
+                image.limits.push((l, now));
+            }
+        }
+        image.sort();
+        Ok(image)
+    }
+
+    fn param_sizes(&self, func: Handle) -> Option<Vec<u32>> {
+        match self.objs.get(&func) {
+            Some(Obj::Function { sizes, .. }) => Some(sizes.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl CudaContext {
+    /// Moves the object made under handle `made` to handle `to`.
+    fn rekey(&mut self, made: Handle, to: Handle) -> Result<(), Status> {
+        let o = self.objs.remove(&made).ok_or(Status::InvalidHandle)?;
+        self.objs.insert(to, o);
+        Ok(())
+    }
+
+    /// `a`'s range reserved at its own address, backed by memory of this
+    /// GPU and filled with its bytes.
+    fn restore_allocation(&mut self, a: &Allocation) -> Result<(), Status> {
+        let padded = crate::usize_from(self.footprint(a.len));
+        let mut va = 0u64;
+        // SAFETY: out-parameter on our stack; `a.addr` is asked for, not
+        // assumed: the driver may give another address.
+        check(unsafe { sys::cuMemAddressReserve(&mut va, padded, 0, a.addr, 0) })?;
+        if va != a.addr {
+            // SAFETY: the reservation just made, nothing mapped.
+            let _ = unsafe { sys::cuMemAddressFree(va, padded) };
+            return Err(Status::InvalidValue);
+        }
+        let handle = match vmm_map(va, padded, self.ordinal, 0) {
+            Ok(h) => h,
+            Err(e) => {
+                // SAFETY: as above.
+                let _ = unsafe { sys::cuMemAddressFree(va, padded) };
+                return Err(e);
+            }
+        };
+        self.allocs.insert(va, VmmAlloc { padded, handle });
+        // SAFETY: `va` is `padded` >= `a.len` bytes just mapped in this
+        // (current) context; `a.bytes` holds `a.len` bytes (checked).
+        check(unsafe { sys::cuMemcpyHtoD_v2(va, a.bytes.as_ptr() as *const c_void, a.bytes.len()) })
+    }
+
+    /// Makes the objects of `image` again, each through the call a
+    /// guest's would take, under its handle.
+    fn restore_objects(&mut self, image: &ContextImage) -> Result<(), Status> {
+        for m in &image.modules {
+            let kind = if m.ptx {
+                ImageKind::Ptx
+            } else {
+                ImageKind::Cubin
+            };
+            let h = self.load_module(kind, &m.image)?;
+            self.rekey(h, m.handle)?;
+            for g in &m.globals {
+                let (now, size) = self.module_global(m.handle, &g.name)?;
+                if size != g.len {
+                    return Err(Status::InvalidImage);
+                }
+                // `module_global` noted it at `now`: the guest holds `g.addr`.
+                self.globals.taken.pop();
+                let name = CString::new(g.name.as_str()).map_err(|_| Status::InvalidValue)?;
+                self.globals.restored(m.handle, name, g.addr, now, size);
+                // SAFETY: the global's `size` bytes in this (current)
+                // context; `g.bytes` holds as many (checked).
+                check(unsafe {
+                    sys::cuMemcpyHtoD_v2(now, g.bytes.as_ptr() as *const c_void, g.bytes.len())
+                })?;
+            }
+        }
+        for f in &image.functions {
+            let (h, _) = self.function(f.module, &f.name)?;
+            self.rekey(h, f.handle)?;
+            for &(a, v) in &f.attrs {
+                self.func_set_attribute(f.handle, a, v)?;
+            }
+        }
+        for s in &image.streams {
+            let attrs = s.checked_attrs()?;
+            let priority = attrs
+                .iter()
+                .find_map(|a| match a {
+                    StreamAttr::Priority(p) => Some(*p),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            let h = self.stream_create(s.flags, priority)?;
+            self.rekey(h, s.handle)?;
+            for a in attrs {
+                if !matches!(a, StreamAttr::Priority(_)) {
+                    self.stream_set_attribute(s.handle, a)?;
+                }
+            }
+        }
+        for e in &image.events {
+            let h = self.event_create(e.flags)?;
+            self.rekey(h, e.handle)?;
+        }
+        Ok(())
+    }
+}
+
+/// A context on GPU `ordinal` (`dev`) made again from `image` (see
+/// [`crate::executor::Executor::restore`]).
+pub(super) fn restore(
+    dev: sys::CUdevice,
+    ordinal: u32,
+    vmm: bool,
+    graphs: crate::executor::GraphLaunches,
+    image: &ContextImage,
+) -> Result<CudaContext, Status> {
+    image.check()?;
+    let mut ctx = CudaContext::new(dev, ordinal, vmm, graphs)?;
+    ctx.bind()?;
+    // Memory first: the modules loaded after it cannot land on it.
+    for a in &image.memory {
+        ctx.restore_allocation(a)?;
+    }
+    // New objects take handles above every one of the image's, then
+    // move down to theirs.
+    ctx.next_handle = image.next_handle.saturating_sub(1);
+    ctx.restore_objects(image)?;
+    ctx.next_handle = image.next_handle.saturating_sub(1);
+    for &(l, v) in &image.limits {
+        ctx.set_limit(l, v)?;
+    }
+    // SAFETY: no arguments; the context is current.
+    check(unsafe { sys::cuCtxSynchronize() })?;
+    Ok(ctx)
+}
