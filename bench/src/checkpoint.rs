@@ -67,13 +67,25 @@ fn guest(
         let ones: Vec<u8> = (0..N).flat_map(|_| 1.0f32.to_le_bytes()).collect();
         gpu.memcpy_htod(b, &ones)?;
         let n = N as u32;
-        let (grid, block) = (Dim3 { x: n / 256, y: 1, z: 1 }, Dim3 { x: 256, y: 1, z: 1 });
+        let (grid, block) = (
+            Dim3 {
+                x: n / 256,
+                y: 1,
+                z: 1,
+            },
+            Dim3 { x: 256, y: 1, z: 1 },
+        );
         let mut out = vec![0u8; N * 4];
         let mut longest = Duration::ZERO;
         let mut r = 0u64;
         while !stop.load(Ordering::Relaxed) {
             let t = Instant::now();
-            let p: [&[u8]; 4] = [&a.to_le_bytes(), &b.to_le_bytes(), &a.to_le_bytes(), &n.to_le_bytes()];
+            let p: [&[u8]; 4] = [
+                &a.to_le_bytes(),
+                &b.to_le_bytes(),
+                &a.to_le_bytes(),
+                &n.to_le_bytes(),
+            ];
             gpu.launch(&add, grid, block, 0, 0, &p)?;
             gpu.memcpy_dtoh(&mut out, a, 0)?;
             r += 1;
@@ -120,12 +132,18 @@ fn send(image: &VgpuImage) -> Result<(VgpuImage, u64)> {
     let reader = std::thread::spawn(move || -> Result<VgpuImage> {
         let (s, _) = l.accept()?;
         let mut r = std::io::BufReader::with_capacity(1 << 20, s);
-        Ok(worker::checkpoint::read(&mut r, Some(KEY), &Limits::default())?)
+        Ok(worker::checkpoint::read(
+            &mut r,
+            Some(KEY),
+            &Limits::default(),
+        )?)
     });
     let mut w = std::io::BufWriter::with_capacity(1 << 20, TcpStream::connect(addr)?);
     let n = worker::checkpoint::write(&mut w, image, Some(KEY))?;
     drop(w);
-    let read = reader.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
+    let read = reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("reader panicked"))??;
     Ok((read, n))
 }
 
@@ -154,7 +172,9 @@ fn link_rate(bytes: u64) -> Result<f64> {
         left -= k as u64;
     }
     drop(s);
-    let got = reader.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
+    let got = reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("reader panicked"))??;
     if got != bytes {
         bail!("the link carried {got} of {bytes} bytes");
     }
@@ -181,13 +201,19 @@ pub fn run(kind: ExecutorKind, mib: u64) -> Result<()> {
     };
     let target = u32::from(gpus > 1);
     let first = spawn(&cfg, executor(kind, 0, mib)?)?;
-    let (rounds, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let (rounds, stop) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
     let g = guest(cfg.socket.clone(), mib, rounds.clone(), stop.clone());
     let t = Instant::now();
     while rounds.load(Ordering::Relaxed) < 20 {
         if g.is_finished() || t.elapsed() > Duration::from_secs(120) {
             stop.store(true, Ordering::Relaxed);
-            return Err(g.join().map_err(|_| anyhow::anyhow!("guest panicked"))?.err()
+            return Err(g
+                .join()
+                .map_err(|_| anyhow::anyhow!("guest panicked"))?
+                .err()
                 .unwrap_or_else(|| anyhow::anyhow!("the guest did not start its rounds")));
         }
         std::thread::sleep(Duration::from_millis(1));

@@ -177,23 +177,18 @@ impl CudaContext {
     /// GPU and filled with its bytes.
     fn restore_allocation(&mut self, a: &Allocation) -> Result<(), Status> {
         let padded = crate::usize_from(self.footprint(a.len));
-        let mut va = 0u64;
-        // SAFETY: out-parameter on our stack; `a.addr` is asked for, not
-        // assumed: the driver may give another address.
-        check(unsafe { sys::cuMemAddressReserve(&mut va, padded, 0, a.addr, 0) })?;
-        if va != a.addr {
-            // SAFETY: the reservation just made, nothing mapped.
-            let _ = unsafe { sys::cuMemAddressFree(va, padded) };
+        let va = a.addr;
+        if !super::window::take(va, padded as u64) {
+            tracing::warn!(
+                addr = format_args!("{va:#x}"),
+                len = a.len,
+                "a restored allocation's addresses are not free in this worker's window"
+            );
             return Err(Status::InvalidValue);
         }
-        let handle = match vmm_map(va, padded, self.ordinal, 0) {
-            Ok(h) => h,
-            Err(e) => {
-                // SAFETY: as above.
-                let _ = unsafe { sys::cuMemAddressFree(va, padded) };
-                return Err(e);
-            }
-        };
+        let handle = vmm_map(va, padded, self.ordinal, 0).inspect_err(|_| {
+            super::window::give(va, padded as u64);
+        })?;
         self.allocs.insert(va, VmmAlloc { padded, handle });
         // SAFETY: `va` is `padded` >= `a.len` bytes just mapped in this
         // (current) context; `a.bytes` holds `a.len` bytes (checked).

@@ -161,17 +161,17 @@ pub fn open(ordinal: u32, graphs: GraphLaunches) -> Result<Box<dyn Executor>, Er
         return Err(CudaError::NoSuchGpu { ordinal, count }.into());
     }
     let dev = device(ordinal).map_err(driver("cuDeviceGet"))?;
-    // Allocations are made movable (virtual memory management) where there
-    // is another GPU to move to and every GPU supports it.
-    let vmm = count > 1
-        && (0..count).all(|o| {
-            device(o).is_ok_and(|d| {
-                attr(
+    // Allocations are made movable (virtual memory management) where every
+    // GPU supports it: to another GPU, or through a checkpoint to another
+    // worker, on this host or another, at the same addresses.
+    let vmm = (0..count).all(|o| {
+        device(o).is_ok_and(|d| {
+            attr(
                 d,
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
             ) != 0
-            })
-        });
+        })
+    });
     let mut cuda_version = 0;
     // SAFETY: out-parameter on our stack.
     let _ = unsafe { sys::cuDriverGetVersion(&mut cuda_version) };

@@ -10,7 +10,7 @@ use vm_memory::VolatileSlice;
 
 use super::check;
 use super::context::CudaContext;
-use super::vmm::{vmm_free, vmm_new, VmmAlloc};
+use super::vmm::{vmm_free, vmm_new_guest, VmmAlloc};
 use crate::executor::{Handle, Memory};
 
 impl CudaContext {
@@ -43,7 +43,7 @@ impl Memory for CudaContext {
         // is kept aside while another is made, then given back.
         let mut aside = Vec::new();
         let made = loop {
-            let (va, handle) = match vmm_new(padded, self.ordinal, 0) {
+            let (va, handle) = match vmm_new_guest(padded, self.ordinal) {
                 Ok(v) => v,
                 Err(e) => break Err(e),
             };

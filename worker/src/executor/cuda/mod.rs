@@ -38,6 +38,7 @@ mod stream_attrs;
 mod tensor_map;
 mod timing;
 mod vmm;
+mod window;
 
 pub use device::{
     available, device_count, device_memory, device_preemptive, open, peer_bandwidth, CudaError,

@@ -189,14 +189,34 @@ pub(super) fn vmm_reserve(padded: usize) -> Result<u64, Status> {
     Ok(va)
 }
 
-/// Unmaps, releases and unreserves one VMM range.
+/// New memory of GPU `ordinal` for a guest allocation of `padded` bytes,
+/// at a range of the process's window of addresses (`window.rs`), or of
+/// its own reservation where there is no window.
+pub(super) fn vmm_new_guest(
+    padded: usize,
+    ordinal: u32,
+) -> Result<(u64, sys::CUmemGenericAllocationHandle), Status> {
+    let Some(va) = super::window::alloc(padded as u64) else {
+        return vmm_new(padded, ordinal, 0);
+    };
+    vmm_map(va, padded, ordinal, 0)
+        .map(|h| (va, h))
+        .inspect_err(|_| {
+            super::window::give(va, padded as u64);
+        })
+}
+
+/// Unmaps and releases one VMM range, and gives its addresses back (to the
+/// window, or to the driver where it had its own reservation).
 pub(super) fn vmm_free(va: u64, a: &VmmAlloc) {
-    // SAFETY: our own mapping, handle and reservation, each undone once.
+    // SAFETY: our own mapping and handle, each undone once.
     let _ = unsafe { sys::cuMemUnmap(va, a.padded) };
     // SAFETY: as above.
     let _ = unsafe { sys::cuMemRelease(a.handle) };
-    // SAFETY: as above.
-    let _ = unsafe { sys::cuMemAddressFree(va, a.padded) };
+    if !super::window::give(va, a.padded as u64) {
+        // SAFETY: our own reservation, undone once.
+        let _ = unsafe { sys::cuMemAddressFree(va, a.padded) };
+    }
 }
 
 impl Vmm for CudaContext {
