@@ -9,7 +9,14 @@
 //! | the description's length `n`, little-endian | 8 |
 //! | the description: the [`VgpuImage`] as JSON, without bytes of images or memory | `n` |
 //! | each session's module images (each followed by its globals' bytes), then its allocations' bytes, in the description's order | as it says |
-//! | the tag: HMAC-SHA-256 of everything before under the operator's key; SHA-256 without one | 32 |
+//! | the tag (below) | 32 |
+//!
+//! The tag is HMAC-SHA-256 under the operator's key (SHA-256 without one)
+//! of the header, the description and each 4 MiB chunk's own tag in order,
+//! a chunk's tag being that of `b"fvgpu-chunk"`, its number (8 bytes,
+//! little-endian) and its bytes (all the bytes after the description, cut in
+//! chunks as one run). The chunks' tags are computed on several threads at
+//! both ends.
 //!
 //! A reader takes nothing from a stream until its tag matches, checks every
 //! context ([`ContextImage::check`]) and keeps what it reads within its
@@ -137,24 +144,8 @@ impl Tag {
     }
 }
 
-/// A writer that feeds the tag what it writes.
-struct Tagged<'a, W> {
-    w: &'a mut W,
-    tag: Tag,
-    n: u64,
-}
-
-impl<W: Write> Tagged<'_, W> {
-    fn put(&mut self, bytes: &[u8]) -> Result<(), FormatError> {
-        self.tag.update(bytes);
-        self.w.write_all(bytes)?;
-        self.n += bytes.len() as u64;
-        Ok(())
-    }
-}
-
 /// Writes `image` to `w`, tagged under `key` (HMAC-SHA-256) or with
-/// SHA-256 where none; returns the bytes written.
+/// SHA-256 where none (see the module's doc); returns the bytes written.
 pub fn write<W: Write>(
     w: &mut W,
     image: &VgpuImage,
@@ -162,44 +153,121 @@ pub fn write<W: Write>(
 ) -> Result<u64, FormatError> {
     let description =
         serde_json::to_vec(image).map_err(|e| FormatError::Description(e.to_string()))?;
-    let mut t = Tagged {
-        w,
-        tag: Tag::new(key),
-        n: 0,
-    };
     let flags = if key.is_some() { KEYED } else { 0 };
-    t.put(&MAGIC)?;
-    t.put(&VERSION.to_le_bytes())?;
-    t.put(&flags.to_le_bytes())?;
-    t.put(&(description.len() as u64).to_le_bytes())?;
-    t.put(&description)?;
-    for s in &image.sessions {
-        for m in &s.context.modules {
-            t.put(&m.image)?;
-            for g in &m.globals {
-                t.put(&g.bytes)?;
-            }
-        }
-        for a in &s.context.memory {
-            t.put(&a.bytes)?;
-        }
+    let mut front = Vec::with_capacity(24 + description.len());
+    front.extend_from_slice(&MAGIC);
+    front.extend_from_slice(&VERSION.to_le_bytes());
+    front.extend_from_slice(&flags.to_le_bytes());
+    front.extend_from_slice(&(description.len() as u64).to_le_bytes());
+    front.extend_from_slice(&description);
+    w.write_all(&front)?;
+    let mut n = front.len() as u64;
+    let blobs = blobs(image);
+    for b in &blobs {
+        w.write_all(b)?;
+        n += b.len() as u64;
     }
-    let tag = std::mem::replace(&mut t.tag, Tag::Plain(Sha256::new())).finish();
-    t.w.write_all(&tag)?;
-    t.w.flush()?;
-    Ok(t.n + 32)
+    w.write_all(&stream_tag(key, &front, &blobs))?;
+    w.flush()?;
+    Ok(n + 32)
 }
 
-/// A reader that feeds the tag what it reads.
+/// Bytes of one chunk of a blob, tagged on its own.
+const CHUNK: usize = 4 << 20;
+
+/// The image's bytes that follow its description, in the stream's order.
+fn blobs(image: &VgpuImage) -> Vec<&[u8]> {
+    let mut v = Vec::new();
+    for s in &image.sessions {
+        for m in &s.context.modules {
+            v.push(m.image.as_slice());
+            v.extend(m.globals.iter().map(|g| g.bytes.as_slice()));
+        }
+        v.extend(s.context.memory.iter().map(|a| a.bytes.as_slice()));
+    }
+    v
+}
+
+/// `blobs` cut in chunks of [`CHUNK`] bytes across their boundaries: each
+/// chunk the slices it is made of.
+fn chunks<'a>(blobs: &[&'a [u8]]) -> Vec<Vec<&'a [u8]>> {
+    let mut out: Vec<Vec<&[u8]>> = Vec::new();
+    let mut room = 0;
+    for b in blobs {
+        let mut b: &[u8] = b;
+        while !b.is_empty() {
+            if room == 0 {
+                out.push(Vec::new());
+                room = CHUNK;
+            }
+            let n = b.len().min(room);
+            out.last_mut().expect("pushed above").push(&b[..n]);
+            b = &b[n..];
+            room -= n;
+        }
+    }
+    out
+}
+
+/// The tag state over `front` (the header and the description) and each
+/// chunk's own tag, chunks being tagged on up to 16 threads: what the
+/// stream's last 32 bytes must be (see the module's doc).
+pub fn stream_tag(key: Option<&[u8]>, front: &[u8], blobs: &[&[u8]]) -> [u8; 32] {
+    tag_over(key, front, blobs).finish()
+}
+
+fn tag_over(key: Option<&[u8]>, front: &[u8], blobs: &[&[u8]]) -> Tag {
+    let chunks = chunks(blobs);
+    let tag = |i: usize, c: &[&[u8]]| {
+        let mut t = Tag::new(key);
+        t.update(b"fvgpu-chunk");
+        t.update(&(i as u64).to_le_bytes());
+        for s in c {
+            t.update(s);
+        }
+        t.finish()
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .clamp(1, 16)
+        .min(chunks.len().max(1));
+    let mut tags = vec![[0u8; 32]; chunks.len()];
+    if threads == 1 {
+        for (i, (slot, c)) in tags.iter_mut().zip(&chunks).enumerate() {
+            *slot = tag(i, c);
+        }
+    } else {
+        std::thread::scope(|sc| {
+            let per = chunks.len().div_ceil(threads);
+            for (k, part) in tags.chunks_mut(per).enumerate() {
+                let chunks = &chunks;
+                sc.spawn(move || {
+                    for (j, slot) in part.iter_mut().enumerate() {
+                        let i = k * per + j;
+                        *slot = tag(i, &chunks[i]);
+                    }
+                });
+            }
+        });
+    }
+    let mut t = Tag::new(key);
+    t.update(front);
+    for c in &tags {
+        t.update(c);
+    }
+    t
+}
+
+/// A reader that keeps the header and description it read, for the tag.
 struct Reading<'a, R> {
     r: &'a mut R,
-    tag: Tag,
+    front: Vec<u8>,
 }
 
 impl<R: Read> Reading<'_, R> {
     fn take(&mut self, buf: &mut [u8]) -> Result<(), FormatError> {
         self.r.read_exact(buf)?;
-        self.tag.update(buf);
+        self.front.extend_from_slice(buf);
         Ok(())
     }
 
@@ -229,15 +297,12 @@ impl<R: Read> Reading<'_, R> {
             limit: limit.1,
         })?;
         // Grown as the bytes come: a stream that claims more than it
-        // holds ends before its claim is allocated.
+        // holds ends before its claim is allocated. Tagged chunk by chunk
+        // once all is read (`tag_over`).
         let mut v = Vec::new();
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(1 << 20);
-            let at = v.len();
-            v.resize(at + crate::usize_from(n), 0);
-            self.take(&mut v[at..])?;
-            left -= n;
+        (&mut *self.r).take(len).read_to_end(&mut v)?;
+        if v.len() as u64 != len {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
         }
         Ok(v)
     }
@@ -258,7 +323,7 @@ pub fn read<R: Read>(
 ) -> Result<VgpuImage, FormatError> {
     let mut rd = Reading {
         r,
-        tag: Tag::new(key),
+        front: Vec::new(),
     };
     let mut magic = [0; 8];
     rd.take(&mut magic)?;
@@ -313,7 +378,7 @@ pub fn read<R: Read>(
     }
     let mut tag = [0; 32];
     rd.r.read_exact(&mut tag)?;
-    if !rd.tag.matches(&tag) {
+    if !tag_over(key, &rd.front, &blobs(&image)).matches(&tag) {
         return Err(FormatError::Integrity(if key.is_some() {
             "altered, or written under another key"
         } else {

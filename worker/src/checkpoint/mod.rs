@@ -15,7 +15,7 @@ use crate::executor::ContextImage;
 
 mod format;
 
-pub use format::{read, write, FormatError, Limits, MAGIC, VERSION};
+pub use format::{read, stream_tag, write, FormatError, Limits, MAGIC, VERSION};
 
 /// The device a checkpoint was taken on, as a restore compares it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
