@@ -21,53 +21,15 @@ use crate::executor::checkpoint::{
 };
 use crate::executor::{Events, Handle, Keeper, Limits, Memory, Modules, StreamAttributes, Streams};
 
-/// Page-locked host memory device memory is read back through: a copy
-/// into pageable memory goes through the driver's own staging, several
-/// times slower.
-struct Staging {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Staging {
-    /// Bytes of it.
-    const LEN: usize = 64 << 20;
-
-    /// Made in the current context.
-    fn new() -> Result<Staging, Status> {
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: out-parameter on our stack; a context is current.
-        check(unsafe { sys::cuMemAllocHost_v2(&mut p, Self::LEN) })?;
-        Ok(Staging {
-            ptr: p.cast(),
-            len: Self::LEN,
-        })
-    }
-
-    /// `n` bytes of device memory at `src`, read back (the context is current).
-    fn read_back(&mut self, src: u64, n: u64) -> Result<Vec<u8>, Status> {
-        let n = crate::usize_from(n);
-        let mut v = Vec::new();
-        v.try_reserve_exact(n).map_err(|_| Status::OutOfMemory)?;
-        let mut at = 0usize;
-        while at < n {
-            let k = (n - at).min(self.len);
-            // SAFETY: `src + at` starts `k` bytes of this context's memory
-            // (`src` is `n` bytes); the staging buffer holds `self.len >= k`.
-            check(unsafe { sys::cuMemcpyDtoH_v2(self.ptr.cast(), src + at as u64, k) })?;
-            // SAFETY: the copy above (synchronous) wrote these `k` bytes.
-            v.extend_from_slice(unsafe { std::slice::from_raw_parts(self.ptr, k) });
-            at += k;
-        }
-        Ok(v)
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        // SAFETY: page-locked memory of ours, freed once.
-        let _ = unsafe { sys::cuMemFreeHost(self.ptr.cast()) };
-    }
+/// `n` bytes of device memory at `src`, read back (the context is current).
+fn read_back(src: u64, n: u64) -> Result<Vec<u8>, Status> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(crate::usize_from(n))
+        .map_err(|_| Status::OutOfMemory)?;
+    v.resize(crate::usize_from(n), 0);
+    // SAFETY: `src` is `n` bytes of this context's memory; `v` holds `n` bytes.
+    check(unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr() as *mut c_void, src, v.len()) })?;
+    Ok(v)
 }
 
 /// Whether a module image is PTX text (not a cubin or fat binary).
@@ -110,14 +72,13 @@ impl Checkpoint for CudaContext {
         self.bind()?;
         // SAFETY: no arguments; our context is current.
         check(unsafe { sys::cuCtxSynchronize() })?;
-        let mut staging = Staging::new()?;
         let mut memory = Vec::with_capacity(self.allocs.len());
         for (&addr, a) in &self.allocs {
             let len = a.padded as u64;
             memory.push(Allocation {
                 addr,
                 len,
-                bytes: staging.read_back(addr, len)?,
+                bytes: read_back(addr, len)?,
             });
         }
         let mut image = ContextImage {
@@ -137,7 +98,7 @@ impl Checkpoint for CudaContext {
                             name: t.name.to_string_lossy().into_owned(),
                             addr: t.guest,
                             len: t.size,
-                            bytes: staging.read_back(t.now, t.size)?,
+                            bytes: read_back(t.now, t.size)?,
                         });
                     }
                     image.modules.push(ModuleImage {
