@@ -224,9 +224,17 @@ pub fn run(kind: ExecutorKind, mib: u64) -> Result<()> {
     let taken = t0.elapsed();
     let (read, sent) = send(&image)?;
     let sent_at = t0.elapsed();
+    // Where it lands is checked before the first worker lets go.
+    let there = executor(kind, target, mib)?;
+    if let Err(e) = worker::serve::fits(&cfg, there.as_ref(), &read) {
+        first.resume();
+        stop.store(true, Ordering::Relaxed);
+        let _ = g.join();
+        bail!("the checkpoint does not fit where it would land: {e}");
+    }
     let handover = first.hand_over()?;
     let handed = t0.elapsed();
-    let second = spawn_over(&cfg, executor(kind, target, mib)?, handover, &read)?;
+    let second = spawn_over(&cfg, there, handover, &read)?;
     let restored = t0.elapsed();
     let at = rounds.load(Ordering::Relaxed);
     let t = Instant::now();

@@ -144,6 +144,48 @@ fn a_checkpoint_not_used_leaves_the_guest_going_on() {
     w.shutdown().unwrap();
 }
 
+/// What a restore checks before the source lets go: a checkpoint taken on
+/// another kind of GPU, naming a channel the worker does not serve, or
+/// holding more memory than the vGPU may have there, is refused, and the
+/// guest goes on where it was.
+#[test]
+fn a_checkpoint_that_does_not_fit_is_refused_before_the_source_lets_go() {
+    let dir = scratch::dir("fvg-checkpoint-fits");
+    let cfg = worker_config("ckpt-fits", dir.join("vgpu.sock"), 64 << 20);
+    let w = spawn(&cfg, sim()).expect("worker starts");
+    let rounds = Arc::new(AtomicU64::new(0));
+    let guest = adder(cfg.socket.clone(), rounds.clone());
+    wait_rounds(&rounds, 10);
+    let image = w
+        .checkpoint(Duration::from_secs(5))
+        .expect("checkpoint taken");
+    let there = sim();
+    worker::serve::fits(&cfg, there.as_ref(), &image).expect("it fits a worker like its own");
+
+    let mut other_gpu = image.clone();
+    other_gpu.device.name = "NVIDIA H100 80GB HBM3".into();
+    match worker::serve::fits(&cfg, there.as_ref(), &other_gpu) {
+        Err(e @ CheckpointError::Device { .. }) => {
+            assert!(e.to_string().contains("NVIDIA H100 80GB HBM3"), "{e}")
+        }
+        other => panic!("another GPU's checkpoint: {other:?}"),
+    }
+    let mut far_channel = image.clone();
+    far_channel.sessions[0].channels[0].index = 99;
+    assert!(matches!(
+        worker::serve::fits(&cfg, there.as_ref(), &far_channel),
+        Err(CheckpointError::Channel(99))
+    ));
+    let small = worker_config("ckpt-fits", dir.join("vgpu.sock"), 256 << 10);
+    assert!(matches!(
+        worker::serve::fits(&small, there.as_ref(), &image),
+        Err(CheckpointError::Memory(_))
+    ));
+    w.resume();
+    assert_eq!(guest.join().expect("the guest finished"), expected_sum());
+    w.shutdown().unwrap();
+}
+
 #[test]
 fn a_refused_checkpoint_names_what_kept_it_and_the_guest_goes_on() {
     let dir = scratch::dir("fvg-checkpoint-refused");

@@ -28,6 +28,16 @@ pub struct DeviceFacts {
     pub cc: (u32, u32),
 }
 
+impl std::fmt::Display for DeviceFacts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (compute capability {}.{}, driver {})",
+            self.name, self.cc.0, self.cc.1, self.driver
+        )
+    }
+}
+
 /// A vGPU's checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VgpuImage {

@@ -53,7 +53,7 @@ pub enum CheckpointError {
         status: Status,
     },
     /// The checkpoint was taken on another kind of device.
-    #[error("taken on {taken:?}, this worker's GPU is {here:?}")]
+    #[error("taken on {taken}, this worker's GPU is {here}")]
     Device {
         /// Where it was taken.
         taken: DeviceFacts,
@@ -126,6 +126,53 @@ pub(super) struct Taking {
     until: Instant,
     waited: Duration,
     answer: Sender<Result<VgpuImage, CheckpointError>>,
+}
+
+/// The device of `exec` as a checkpoint names it.
+fn device_facts(exec: &dyn Executor) -> DeviceFacts {
+    let info = exec.info();
+    DeviceFacts {
+        name: info.name,
+        driver: info.driver_version,
+        cc: info.cc,
+    }
+}
+
+/// Whether a worker of `cfg` on `exec` can serve on from `image`: taken on
+/// the same kind of GPU and driver, its channels the worker's, its memory
+/// within the vGPU's limit there, every context whole. Asked before the
+/// source lets go of the vGPU, so that a checkpoint that does not fit
+/// leaves it running where it was.
+pub fn fits(
+    cfg: &WorkerConfig,
+    exec: &dyn Executor,
+    image: &VgpuImage,
+) -> Result<(), CheckpointError> {
+    let here = device_facts(exec);
+    if image.device != here {
+        return Err(CheckpointError::Device {
+            taken: image.device.clone(),
+            here,
+        });
+    }
+    let served = cfg
+        .served()
+        .map_err(|_| CheckpointError::Channel(u32::MAX))?;
+    for ch in image.sessions.iter().flat_map(|s| &s.channels) {
+        if !served.contains(&ch.index) {
+            return Err(CheckpointError::Channel(ch.index));
+        }
+    }
+    let bytes = image.memory_bytes();
+    if bytes > cfg.mem_limit.min(exec.info().total_mem) {
+        return Err(CheckpointError::Memory(bytes));
+    }
+    for s in &image.sessions {
+        s.context
+            .check()
+            .map_err(|status| CheckpointError::Executor { pid: s.pid, status })?;
+    }
+    Ok(())
 }
 
 impl Worker {
@@ -248,12 +295,7 @@ impl Worker {
 
     /// The device as a checkpoint names it.
     fn device_facts(&self) -> DeviceFacts {
-        let info = self.sh.gpu.exec.info();
-        DeviceFacts {
-            name: info.name,
-            driver: info.driver_version,
-            cc: info.cc,
-        }
+        device_facts(self.sh.gpu.exec.as_ref())
     }
 
     /// What the loop leaves to the next worker when it ended to hand over
@@ -282,6 +324,7 @@ impl Worker {
         handover: Handover,
         image: &VgpuImage,
     ) -> Result<Worker, Error> {
+        fits(cfg, exec.as_ref(), image)?;
         let dev = super::setup::Device::prepare(cfg, exec, handover.region, None)?;
         let gate = super::setup::connect_gate(cfg)?;
         let mut w = Self::build(cfg, dev, handover.link, gate)?;
@@ -289,21 +332,10 @@ impl Worker {
         Ok(w)
     }
 
-    /// Serves on from `image`: each process's session made again and bound
-    /// to its channels, its memory counted against the vGPU's limit.
+    /// Serves on from `image` (which [`fits`] here): each process's session
+    /// made again and bound to its channels, its memory counted against the
+    /// vGPU's limit.
     fn restore(&mut self, image: &VgpuImage) -> Result<(), CheckpointError> {
-        let here = self.device_facts();
-        if image.device != here {
-            return Err(CheckpointError::Device {
-                taken: image.device.clone(),
-                here,
-            });
-        }
-        for ch in image.sessions.iter().flat_map(|s| &s.channels) {
-            if !self.chans.iter().any(|c| c.host.index() == ch.index) {
-                return Err(CheckpointError::Channel(ch.index));
-            }
-        }
         for si in &image.sessions {
             let pid = si.pid;
             let ctx = self

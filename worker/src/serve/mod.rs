@@ -60,7 +60,7 @@ use channel::ChannelState;
 use sessions::Sessions;
 use shared::Shared;
 
-pub use checkpoint::{CheckpointError, Handover, Order, Orders};
+pub use checkpoint::{fits, CheckpointError, Handover, Order, Orders};
 pub use contexts::SPARES;
 pub use handoff::{Figures as HandoffFigures, Handoff};
 pub use output::{capture_output, log_writer, LogWriter};
