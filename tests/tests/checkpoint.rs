@@ -70,6 +70,29 @@ fn adder(socket: std::path::PathBuf, rounds: Arc<AtomicU64>) -> std::thread::Joi
     })
 }
 
+/// Bytes one copy round trip moves each way: 32 chunks of the arena, so
+/// that a checkpoint asked for mid-copy waits for the copy's data.
+const COPY: usize = 8 << 20;
+const COPIES: u64 = 40;
+
+/// A second guest process: copies `COPY` bytes of a pattern of the round
+/// to the device and back, round after round, and checks them; `copies`
+/// counts the round trips done.
+fn copier(socket: std::path::PathBuf, copies: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut gpu = Gpu::connect_with(&socket, TEST_SPIN).expect("guest attaches");
+        let p = gpu.mem_alloc(COPY as u64).unwrap();
+        let mut back = vec![0u8; COPY];
+        for r in 1..=COPIES {
+            let pattern: Vec<u8> = (0..COPY).map(|i| (i as u64 * 31 + r) as u8).collect();
+            gpu.memcpy_htod(p, &pattern).unwrap();
+            gpu.memcpy_dtoh(&mut back, p, 0).unwrap();
+            assert!(back == pattern, "round trip {r} came back changed");
+            copies.store(r, Ordering::Relaxed);
+        }
+    })
+}
+
 fn sim() -> Box<SimExecutor> {
     Box::new(SimExecutor::new(SimParams::default()))
 }
@@ -93,14 +116,21 @@ fn a_guest_computes_on_under_the_worker_that_serves_on_from_its_checkpoint() {
     let first: Running = spawn(&cfg, sim()).expect("worker starts");
     let rounds = Arc::new(AtomicU64::new(0));
     let guest = adder(cfg.socket.clone(), rounds.clone());
+    let copies = Arc::new(AtomicU64::new(0));
+    let other = copier(cfg.socket.clone(), copies.clone());
     wait_rounds(&rounds, 30);
+    wait_rounds(&copies, 3);
 
     let image = first
         .checkpoint(Duration::from_secs(5))
         .expect("checkpoint taken");
     let at = rounds.load(Ordering::Relaxed);
-    assert_eq!(image.sessions.len(), 1, "one guest process");
-    let s = &image.sessions[0];
+    assert_eq!(image.sessions.len(), 2, "two guest processes");
+    let s = image
+        .sessions
+        .iter()
+        .find(|s| !s.context.modules.is_empty())
+        .expect("the adder's process");
     assert_eq!(s.context.memory.len(), 2, "a and b");
     assert_eq!(s.context.modules[0].globals.len(), 1, "the module's global");
     assert_eq!((s.context.modules.len(), s.context.functions.len()), (1, 1));
@@ -126,6 +156,10 @@ fn a_guest_computes_on_under_the_worker_that_serves_on_from_its_checkpoint() {
     let handover = first.hand_over().expect("the first worker hands over");
     let second = spawn_over(&cfg, sim(), handover, &image).expect("the second serves on");
     assert_eq!(guest.join().expect("the guest finished"), expected_sum());
+    other
+        .join()
+        .expect("the other process's copies all came back");
+    assert_eq!(copies.load(Ordering::Relaxed), COPIES);
     assert!(second.stats.requests.load(Ordering::Relaxed) > 0);
     second.shutdown().unwrap();
 }
