@@ -22,6 +22,20 @@ fn log(d: &DaemonProc) -> String {
     std::fs::read_to_string(d.log_path()).unwrap_or_default()
 }
 
+/// The daemon's log once it holds `line` (the supervisor notes a worker's
+/// exit at its next round, which may come after the next process ended),
+/// or as it is after 10 s.
+fn log_with(d: &DaemonProc, line: &str) -> String {
+    let t = Instant::now();
+    loop {
+        let l = log(d);
+        if l.contains(line) || t.elapsed() > Duration::from_secs(10) {
+            return l;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_vm_with_slots_holds_no_worker_until_a_process_attaches_and_none_after_it() {
     let mut vm = VmSpec::new("vm1", 256);
@@ -80,7 +94,7 @@ fn a_faulted_slots_worker_is_not_restarted_and_the_next_process_computes_at_once
         text(&out.stdout),
         text(&out.stderr)
     );
-    let l = log(&r.d);
+    let l = log_with(&r.d, "not restarted");
     assert!(l.contains("not restarted"), "{l}");
     assert!(!l.contains("restarting it on the same region"), "{l}");
     wait_for_workers(&r.d, 1, "after the fault and the next process");
