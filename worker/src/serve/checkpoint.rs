@@ -79,6 +79,8 @@ pub enum Order {
     /// Go on serving (the checkpoint is not used).
     Resume,
     /// End the loop without retiring the channels, and send the region here.
+    /// Sent once a checkpoint was taken: the worker then holds, and every
+    /// channel is between requests.
     HandOver(Sender<Handover>),
 }
 
