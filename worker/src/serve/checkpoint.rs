@@ -250,7 +250,7 @@ impl Worker {
         if pinned > 0 {
             return Err(CheckpointError::Pinned(pinned));
         }
-        let device = self.device_facts();
+        let device = device_facts(self.sh.gpu.exec.as_ref());
         let mut sessions = Vec::new();
         let chans = &self.chans;
         for (&id, e) in self.sessions.iter_mut() {
@@ -295,26 +295,14 @@ impl Worker {
         })
     }
 
-    /// The device as a checkpoint names it.
-    fn device_facts(&self) -> DeviceFacts {
-        device_facts(self.sh.gpu.exec.as_ref())
-    }
-
     /// What the loop leaves to the next worker when it ended to hand over
-    /// (its channels were not retired); `None` otherwise.
-    pub(super) fn into_handover(self) -> Option<(Handover, Sender<Handover>)> {
-        let Worker {
-            sh, handing_over, ..
-        } = self;
-        let to = handing_over?;
-        let super::shared::Shared { port, .. } = sh;
-        Some((
-            Handover {
-                region: port.region,
-                link: port.link,
-            },
-            to,
-        ))
+    /// (its channels were not retired).
+    pub(super) fn into_handover(self) -> Handover {
+        let port = self.sh.port;
+        Handover {
+            region: port.region,
+            link: port.link,
+        }
     }
 
     /// A worker that serves on from `image` over the region another

@@ -76,12 +76,10 @@ impl Worker {
     /// Serves until the stop flag is set. Everything guests held is freed on return.
     pub fn run(mut self) -> Result<(), Error> {
         let served = self.serve();
-        if self.handing_over.is_some() {
+        if let Some(to) = self.handing_over.take() {
             // Its guests' channels stay claimed: the next worker serves
             // them on from the checkpoint.
-            if let Some((handover, to)) = self.into_handover() {
-                let _ = to.send(handover);
-            }
+            let _ = to.send(self.into_handover());
             return served;
         }
         // However serving ended (stopped, orphaned, poisoned, or an error

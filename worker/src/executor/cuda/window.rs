@@ -139,9 +139,14 @@ pub(super) fn take(addr: u64, len: u64) -> bool {
 }
 
 /// Gives a range back; false if it is not the window's (its reservation is
-/// its own then).
+/// its own then). A process with no window yet is not made to reserve one
+/// here: none of its ranges can be the window's.
 pub(super) fn give(addr: u64, len: u64) -> bool {
-    with(|w| w.give(addr, len)).unwrap_or(false)
+    let mut w = WINDOW.lock().unwrap_or_else(|e| e.into_inner());
+    match w.as_mut() {
+        Some(Some(r)) => r.give(addr, len),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
