@@ -113,6 +113,7 @@ pub fn worker_spec(
         ordinal: if mps { 0 } else { gpu },
         feed,
         ledger: slot.map(|s| s.1),
+        restore: None,
         sandbox: cfg.daemon.sandbox,
     })
 }

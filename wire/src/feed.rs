@@ -45,6 +45,27 @@ pub const IPC_WANT: i64 = 22;
 /// Daemon -> worker: the entry's fd it asked for (none: none kept).
 pub const IPC_FD: i64 = 23;
 
+// A vGPU's checkpoint (the worker's `serve/checkpoint.rs`, the daemon's
+// `supervisor/checkpoint.rs`).
+/// Daemon -> worker, with a memfd: hold (start no request), take the
+/// checkpoint of the guest processes it serves once every channel is between
+/// requests, and write its stream (`worker::checkpoint::write`, unkeyed)
+/// into the memfd. The worker stays held until [`RESUME`] or its end.
+pub const CHECKPOINT: i64 = 24;
+/// Worker -> daemon: the checkpoint is in the memfd; its length in bytes
+/// (low 40 bits).
+pub const CHECKPOINTED: i64 = 25;
+/// Worker -> daemon: no checkpoint taken, or none served on from; why is in
+/// the memfd, UTF-8, its length in bytes (low 40 bits, at most
+/// [`CHECKPOINT_WHY_MAX`]).
+pub const CHECKPOINT_FAILED: i64 = 26;
+/// Daemon -> worker: go on serving (the checkpoint was not used).
+pub const RESUME: i64 = 27;
+/// Worker -> daemon: it serves on from the checkpoint it was started with.
+pub const RESTORED: i64 = 28;
+/// The longest reason a [`CHECKPOINT_FAILED`] gives, bytes.
+pub const CHECKPOINT_WHY_MAX: u16 = 4096;
+
 /// Whether `kind` is one of the IPC messages.
 pub fn is_ipc(kind: i64) -> bool {
     (IPC_TABLE..=IPC_FD).contains(&kind)

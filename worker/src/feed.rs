@@ -13,8 +13,8 @@ use transport::{Bell, EventFdBell};
 
 use crate::Error;
 use wire::feed::{
-    decode, MigrationReport, HOST_BELL, LIMIT, MIGRATE, MIGRATION_KIB, MIGRATION_PAUSE_US,
-    PEER_BELL, PEER_GONE, POISONED, REGION, SYNCED,
+    decode, MigrationReport, CHECKPOINT, HOST_BELL, LIMIT, MIGRATE, MIGRATION_KIB,
+    MIGRATION_PAUSE_US, PEER_BELL, PEER_GONE, POISONED, REGION, RESUME, SYNCED,
 };
 
 /// What the daemon's feed did that it should not have.
@@ -39,6 +39,21 @@ pub enum FeedError {
 /// grant service.
 type MigrationAsk = Arc<Mutex<Option<(u32, Option<OwnedFd>)>>>;
 
+/// A checkpoint order of the daemon (`wire::feed::CHECKPOINT`, `RESUME`).
+#[derive(Debug)]
+pub enum CheckpointAsk {
+    /// Hold, take the checkpoint and write its stream into this memfd.
+    Take(OwnedFd),
+    /// Go on serving.
+    Resume,
+}
+
+/// Checkpoint orders not yet taken by the serving loop, and whether any is.
+type CheckpointAsks = (
+    Arc<Mutex<std::collections::VecDeque<CheckpointAsk>>>,
+    Arc<AtomicBool>,
+);
+
 /// A worker's view of the peers, fed by the daemon.
 #[derive(Debug)]
 pub struct Feed {
@@ -50,6 +65,8 @@ pub struct Feed {
     /// A migration the daemon asked for: (GPU, grant socket).
     migration: MigrationAsk,
     migration_asked: Arc<AtomicBool>,
+    /// Checkpoint orders.
+    checkpoints: CheckpointAsks,
     /// Our end of the feed, for answers.
     back: UnixStream,
     /// IPC across the VM's workers: its export table and the fds the
@@ -119,6 +136,7 @@ impl Feed {
         let closed = Arc::new(AtomicBool::new(false));
         let migration: MigrationAsk = Arc::default();
         let migration_asked = Arc::new(AtomicBool::new(false));
+        let checkpoints: CheckpointAsks = Default::default();
         let back = sock.try_clone().map_err(|source| Error::Io {
             what: "feed clone",
             source,
@@ -127,6 +145,7 @@ impl Feed {
             let (peers, closed, limit) = (peers.clone(), closed.clone(), limit.clone());
             let (migration, asked) = (migration.clone(), migration_asked.clone());
             let mailbox = mailbox.clone();
+            let asks = checkpoints.clone();
             // What the feed brings, the serving thread must see even while
             // it sleeps: every message rings its bells.
             let wake = host_bells.clone();
@@ -153,6 +172,20 @@ impl Feed {
                                 *migration.lock().unwrap_or_else(|e| e.into_inner()) =
                                     Some((u32::from(vector), fd));
                                 asked.store(true, Ordering::Release);
+                            } else if kind == CHECKPOINT || kind == RESUME {
+                                let ask = match fd {
+                                    Some(fd) if kind == CHECKPOINT => CheckpointAsk::Take(fd),
+                                    None if kind == RESUME => CheckpointAsk::Resume,
+                                    _ => {
+                                        tracing::warn!("unexpected feed message {v:#x}");
+                                        continue;
+                                    }
+                                };
+                                asks.0
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .push_back(ask);
+                                asks.1.store(true, Ordering::Release);
                             } else if kind == wire::feed::IPC_FD {
                                 let (index, gen) = wire::feed::decode_entry(v);
                                 mailbox.put(index, gen, fd);
@@ -178,6 +211,7 @@ impl Feed {
                 limit,
                 migration,
                 migration_asked,
+                checkpoints,
                 back,
                 ipc: (ipc_table, mailbox),
             },
@@ -300,6 +334,32 @@ impl PeerLink {
                 }
                 f.migration.lock().unwrap_or_else(|e| e.into_inner()).take()
             }
+        }
+    }
+
+    /// The daemon's next checkpoint order, if any. Cheap when there is
+    /// none (one atomic load).
+    pub fn take_checkpoint_ask(&self) -> Option<CheckpointAsk> {
+        match self {
+            PeerLink::Local(_) => None,
+            PeerLink::Feed(f) => {
+                if !f.checkpoints.1.load(Ordering::Acquire) {
+                    return None;
+                }
+                let mut q = f.checkpoints.0.lock().unwrap_or_else(|e| e.into_inner());
+                let ask = q.pop_front();
+                f.checkpoints.1.store(!q.is_empty(), Ordering::Release);
+                ask
+            }
+        }
+    }
+
+    /// A second handle on the feed's end for answers, for a thread that
+    /// answers the daemon (a checkpoint's writer); None without a daemon.
+    pub fn answers(&self) -> Option<UnixStream> {
+        match self {
+            PeerLink::Local(_) => None,
+            PeerLink::Feed(f) => f.back.try_clone().ok(),
         }
     }
 

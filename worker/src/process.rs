@@ -64,6 +64,10 @@ pub struct Spec {
     /// (`WorkerConfig::slot`): it counts in the ledger the VM's workers
     /// share.
     pub ledger: Option<i32>,
+    /// The fd of a memfd holding a checkpoint's stream, for a process
+    /// slot's worker the daemon starts from one (`Worker::adopt_restored`):
+    /// it serves on from it rather than taking its slot's channels over.
+    pub restore: Option<i32>,
     /// Whether it confines itself once set up.
     pub sandbox: bool,
 }
@@ -131,6 +135,10 @@ pub fn run_warm(spec: &Spec, warm: Option<Warm>) -> Result<(), Error> {
     }
     let wc = &wc;
     let mut worker = match (spec.feed, exec, warm) {
+        (Some(fd), Some(exec), _) if spec.restore.is_some() => {
+            let stream = crate::feed::feed_from_fd(spec.restore.unwrap_or(-1))?;
+            Worker::adopt_restored(wc, exec, crate::feed::feed_from_fd(fd)?, stream)?
+        }
         (Some(fd), None, Some(w)) => Worker::adopt_warm(wc, w, crate::feed::feed_from_fd(fd)?)?,
         (Some(fd), Some(exec), _) => Worker::adopt(wc, exec, crate::feed::feed_from_fd(fd)?)?,
         (None, Some(exec), _) => Worker::new(wc, exec)?,

@@ -104,14 +104,28 @@ pub enum FormatError {
     ChannelTwice(u32),
 }
 
-/// The tag being computed over what passes.
-enum Tag {
+/// A tag being computed over the bytes that pass: HMAC-SHA-256 under a
+/// key, SHA-256 without one (a checkpoint's, and a save file's in the
+/// daemon).
+pub enum Tag {
+    /// Under a key.
     Keyed(Box<Hmac<Sha256>>),
+    /// No key.
     Plain(Sha256),
 }
 
+impl std::fmt::Debug for Tag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Tag::Keyed(_) => "Tag::Keyed",
+            Tag::Plain(_) => "Tag::Plain",
+        })
+    }
+}
+
 impl Tag {
-    fn new(key: Option<&[u8]>) -> Tag {
+    /// A tag under `key`, or a plain digest.
+    pub fn new(key: Option<&[u8]>) -> Tag {
         match key {
             // HMAC takes a key of any length.
             Some(k) => Tag::Keyed(Box::new(
@@ -121,14 +135,16 @@ impl Tag {
         }
     }
 
-    fn update(&mut self, bytes: &[u8]) {
+    /// Takes in the next bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
         match self {
             Tag::Keyed(m) => m.update(bytes),
             Tag::Plain(d) => d.update(bytes),
         }
     }
 
-    fn finish(self) -> [u8; 32] {
+    /// The tag over every byte taken in.
+    pub fn finish(self) -> [u8; 32] {
         match self {
             Tag::Keyed(m) => m.finalize().into_bytes().into(),
             Tag::Plain(d) => d.finalize().into(),
@@ -136,7 +152,7 @@ impl Tag {
     }
 
     /// Whether `tag` is this one's (in constant time where keyed).
-    fn matches(self, tag: &[u8; 32]) -> bool {
+    pub fn matches(self, tag: &[u8; 32]) -> bool {
         match self {
             Tag::Keyed(m) => m.verify_slice(tag).is_ok(),
             Tag::Plain(d) => d.finalize().as_slice() == tag,

@@ -13,9 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::executor::ContextImage;
 
+pub mod answer;
 mod format;
 
-pub use format::{read, stream_tag, write, FormatError, Limits, MAGIC, VERSION};
+pub use format::{read, stream_tag, write, FormatError, Limits, Tag, MAGIC, VERSION};
 
 /// The device a checkpoint was taken on, as a restore compares it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

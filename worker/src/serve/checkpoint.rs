@@ -11,6 +11,8 @@
 //! ([`Worker::take_over`]).
 
 use std::collections::VecDeque;
+use std::io::{BufReader, Seek};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
@@ -20,9 +22,9 @@ use protocol::Status;
 use transport::Region;
 
 use super::{Worker, WorkerConfig};
-use crate::checkpoint::{ChannelImage, DeviceFacts, SessionImage, VgpuImage};
+use crate::checkpoint::{answer, ChannelImage, DeviceFacts, FormatError, SessionImage, VgpuImage};
 use crate::executor::{Executor, Keeper};
-use crate::feed::PeerLink;
+use crate::feed::{CheckpointAsk, Feed, PeerLink};
 use crate::session::Session;
 use crate::Error;
 
@@ -69,7 +71,20 @@ pub enum CheckpointError {
     /// The worker is already handing over, or ended.
     #[error("the worker is handing over its region")]
     HandingOver,
+    /// Another checkpoint was asked for before this one was taken.
+    #[error("another checkpoint was asked for")]
+    Superseded,
+    /// The checkpoint's stream was refused.
+    #[error(transparent)]
+    Stream(#[from] FormatError),
+    /// Its stream could not be read.
+    #[error("reading the checkpoint: {0}")]
+    Io(#[source] std::io::Error),
 }
+
+/// How long a worker the daemon asked for a checkpoint waits for the
+/// requests under way to finish.
+const FED_WAIT: Duration = Duration::from_secs(10);
 
 /// What the worker is told about checkpoints.
 #[derive(Debug)]
@@ -127,7 +142,32 @@ pub struct Handover {
 pub(super) struct Taking {
     until: Instant,
     waited: Duration,
-    answer: Sender<Result<VgpuImage, CheckpointError>>,
+    answer: Answer,
+}
+
+/// Where a checkpoint goes once taken.
+enum Answer {
+    /// To the thread that ordered it.
+    Here(Sender<Result<VgpuImage, CheckpointError>>),
+    /// Into the daemon's memfd, told over the feed.
+    Daemon(OwnedFd),
+}
+
+impl Answer {
+    fn give(self, link: &PeerLink, r: Result<VgpuImage, CheckpointError>) {
+        match self {
+            Answer::Here(tx) => {
+                let _ = tx.send(r);
+            }
+            Answer::Daemon(memfd) => {
+                let Some(back) = link.answers() else { return };
+                match r {
+                    Ok(image) => answer::taken(memfd, &back, &image),
+                    Err(e) => answer::failed(memfd, &back, &e.to_string()),
+                }
+            }
+        }
+    }
 }
 
 /// The device of `exec` as a checkpoint names it.
@@ -187,20 +227,16 @@ impl Worker {
     /// checkpoint under way once every channel is between requests. True
     /// when the loop must end to hand over.
     pub(super) fn checkpoints(&mut self) -> bool {
+        while let Some(ask) = self.sh.port.link.take_checkpoint_ask() {
+            match ask {
+                CheckpointAsk::Take(memfd) => self.start_taking(FED_WAIT, Answer::Daemon(memfd)),
+                CheckpointAsk::Resume => self.resume(),
+            }
+        }
         while let Some(o) = self.orders.take() {
             match o {
-                Order::Checkpoint(wait, answer) => {
-                    self.sh.port.held.set(true);
-                    self.taking = Some(Taking {
-                        until: Instant::now() + wait,
-                        waited: wait,
-                        answer,
-                    });
-                }
-                Order::Resume => {
-                    self.sh.port.held.set(false);
-                    self.taking = None;
-                }
+                Order::Checkpoint(wait, answer) => self.start_taking(wait, Answer::Here(answer)),
+                Order::Resume => self.resume(),
                 Order::HandOver(to) => {
                     self.handing_over = Some(to);
                     return true;
@@ -222,8 +258,33 @@ impl Worker {
             // Not taken: the guests go on.
             self.sh.port.held.set(false);
         }
-        let _ = t.answer.send(r);
+        t.answer.give(&self.sh.port.link, r);
         false
+    }
+
+    /// Holds, and takes a checkpoint for `answer` once every channel is
+    /// between requests (within `wait`).
+    fn start_taking(&mut self, wait: Duration, answer: Answer) {
+        self.sh.port.held.set(true);
+        let before = self.taking.replace(Taking {
+            until: Instant::now() + wait,
+            waited: wait,
+            answer,
+        });
+        if let Some(t) = before {
+            t.answer
+                .give(&self.sh.port.link, Err(CheckpointError::Superseded));
+        }
+    }
+
+    /// Goes on serving: a checkpoint under way is dropped, one taken is
+    /// not used.
+    fn resume(&mut self) {
+        self.sh.port.held.set(false);
+        if let Some(t) = self.taking.take() {
+            t.answer
+                .give(&self.sh.port.link, Err(CheckpointError::Superseded));
+        }
     }
 
     /// Whether every channel is between requests: nothing coming in or
@@ -319,6 +380,58 @@ impl Worker {
         let gate = super::setup::connect_gate(cfg)?;
         let mut w = Self::build(cfg, dev, handover.link, gate)?;
         w.restore(image)?;
+        Ok(w)
+    }
+
+    /// A process slot's worker the daemon starts from a checkpoint (the
+    /// memfd `stream` holds its stream) over the region it feeds: the
+    /// stream read within the vGPU's limits and checked, then served on
+    /// from as [`Worker::take_over`] does. Its channels are not taken over:
+    /// their processes go on. What came of it is told to the daemon
+    /// (`RESTORED`, or why not in `stream`).
+    pub fn adopt_restored(
+        cfg: &WorkerConfig,
+        exec: Box<dyn Executor>,
+        feed: OwnedFd,
+        stream: OwnedFd,
+    ) -> Result<Worker, Error> {
+        let (fd, fed) = Feed::receive(feed)?;
+        let link = PeerLink::Feed(fed);
+        let back = link.answers();
+        let r = Self::restore_fed(cfg, exec, fd, link, &stream);
+        if let Some(back) = back {
+            match &r {
+                Ok(_) => answer::restored(&back),
+                Err(e) => answer::failed(stream, &back, &e.to_string()),
+            }
+        }
+        r
+    }
+
+    fn restore_fed(
+        cfg: &WorkerConfig,
+        exec: Box<dyn Executor>,
+        region: OwnedFd,
+        link: PeerLink,
+        stream: &OwnedFd,
+    ) -> Result<Worker, Error> {
+        let file = stream
+            .try_clone()
+            .map(std::fs::File::from)
+            .and_then(|mut f| f.rewind().map(|()| f))
+            .map_err(CheckpointError::Io)?;
+        let limits = crate::checkpoint::Limits {
+            memory: cfg.mem_limit,
+            ..Default::default()
+        };
+        let image = crate::checkpoint::read(&mut BufReader::new(file), None, &limits)
+            .map_err(CheckpointError::from)?;
+        fits(cfg, exec.as_ref(), &image)?;
+        let region = Region::map_existing(region, cfg.layout)?;
+        let dev = super::setup::Device::prepare(cfg, exec, region, None)?;
+        let gate = super::setup::connect_gate(cfg)?;
+        let mut w = Self::build(cfg, dev, link, gate)?;
+        w.restore(&image)?;
         Ok(w)
     }
 
