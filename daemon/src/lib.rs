@@ -35,6 +35,7 @@ pub mod ipc_relay;
 pub mod link;
 pub mod mps;
 pub mod run_lock;
+pub mod save_file;
 pub mod setup;
 pub mod supervisor;
 

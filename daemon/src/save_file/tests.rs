@@ -1,0 +1,141 @@
+use super::*;
+
+fn lane(slot: u32, bytes: &[u8]) -> Lane {
+    let stream = memfd("t").unwrap();
+    File::from(stream.try_clone().unwrap())
+        .write_all(bytes)
+        .unwrap();
+    Lane {
+        slot,
+        stream,
+        len: bytes.len() as u64,
+    }
+}
+
+fn contents(l: &Lane) -> Vec<u8> {
+    let mut f = File::from(l.stream.try_clone().unwrap());
+    f.rewind().unwrap();
+    let mut v = Vec::new();
+    f.read_to_end(&mut v).unwrap();
+    v
+}
+
+const LIMITS: FileLimits = FileLimits {
+    slots: 8,
+    lane_bytes: 1 << 20,
+};
+
+fn written(test: &str, key: Option<&[u8]>) -> (PathBuf, PathBuf) {
+    let dir = scratch::dir(&format!("save-{test}-{}", key.is_some()));
+    let path = dir.join("vm1.fvgpu");
+    let n = write(
+        &path,
+        "vm1",
+        &[lane(0, b"first stream"), lane(3, &[7u8; 70_000])],
+        key,
+    )
+    .unwrap();
+    assert_eq!(n, std::fs::metadata(&path).unwrap().len());
+    (dir, path)
+}
+
+#[test]
+fn lanes_come_back_as_written() {
+    for key in [None, Some(&b"0123456789abcdef"[..])] {
+        let (_d, path) = written("back", key);
+        let lanes = read(&path, "vm1", key, LIMITS).unwrap();
+        assert_eq!(lanes.len(), 2);
+        assert_eq!(
+            (lanes[0].slot, contents(&lanes[0])),
+            (0, b"first stream".to_vec())
+        );
+        assert_eq!((lanes[1].slot, contents(&lanes[1])), (3, vec![7u8; 70_000]));
+    }
+}
+
+#[test]
+fn an_existing_file_is_never_written_over() {
+    let (_d, path) = written("over", None);
+    let before = std::fs::read(&path).unwrap();
+    let e = write(&path, "vm1", &[lane(0, b"other")], None).unwrap_err();
+    assert!(matches!(e, FileError::Io { .. }), "{e}");
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+}
+
+#[test]
+fn any_changed_byte_a_cut_or_a_tail_is_refused() {
+    let key = Some(&b"0123456789abcdef"[..]);
+    let (_d, path) = written("bytes", key);
+    let good = std::fs::read(&path).unwrap();
+    let bad = path.with_extension("bad");
+    // Every byte of the head and lane heads, and bytes through the streams.
+    let at: Vec<usize> = (0..60)
+        .chain((60..good.len()).step_by(997))
+        .chain([good.len() - 1])
+        .collect();
+    for i in at {
+        let mut b = good.clone();
+        b[i] ^= 0x40;
+        std::fs::write(&bad, &b).unwrap();
+        assert!(read(&bad, "vm1", key, LIMITS).is_err(), "byte {i} changed");
+    }
+    for cut in [0, 10, 40, good.len() / 2, good.len() - 1] {
+        std::fs::write(&bad, &good[..cut]).unwrap();
+        assert!(read(&bad, "vm1", key, LIMITS).is_err(), "cut at {cut}");
+    }
+    let mut tail = good.clone();
+    tail.push(0);
+    std::fs::write(&bad, &tail).unwrap();
+    assert!(matches!(
+        read(&bad, "vm1", key, LIMITS),
+        Err(FileError::Tag(_))
+    ));
+}
+
+#[test]
+fn another_key_no_key_another_vm_and_the_limits_are_refused() {
+    let key = Some(&b"0123456789abcdef"[..]);
+    let (_d, path) = written("keys", key);
+    let other = Some(&b"fedcba9876543210"[..]);
+    assert!(matches!(
+        read(&path, "vm1", other, LIMITS),
+        Err(FileError::Tag(_))
+    ));
+    assert!(matches!(
+        read(&path, "vm1", None, LIMITS),
+        Err(FileError::Key { .. })
+    ));
+    assert!(matches!(
+        read(&path, "vm2", key, LIMITS),
+        Err(FileError::OtherVm { .. })
+    ));
+    let (_d2, plain) = written("keys", None);
+    assert!(matches!(
+        read(&plain, "vm1", key, LIMITS),
+        Err(FileError::Key { .. })
+    ));
+    let few = FileLimits { slots: 3, ..LIMITS };
+    assert!(matches!(
+        read(&path, "vm1", key, few),
+        Err(FileError::Lanes { .. })
+    ));
+    let small = FileLimits {
+        lane_bytes: 1000,
+        ..LIMITS
+    };
+    assert!(matches!(
+        read(&path, "vm1", key, small),
+        Err(FileError::Lanes { .. })
+    ));
+}
+
+#[test]
+fn a_slot_twice_is_refused() {
+    let dir = scratch::dir("save-file-twice");
+    let path = dir.join("twice");
+    write(&path, "vm1", &[lane(1, b"a"), lane(1, b"b")], None).unwrap();
+    assert!(matches!(
+        read(&path, "vm1", None, LIMITS),
+        Err(FileError::Lanes { .. })
+    ));
+}

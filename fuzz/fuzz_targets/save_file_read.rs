@@ -1,0 +1,28 @@
+//! A vGPU save file from anywhere: any frame, with a SHA-256 tag over it
+//! appended (so that the fuzzer also gets past the tag). No panic, no
+//! stream past the limits, no slot twice or past the VM's.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use worker::checkpoint::Tag;
+
+fuzz_target!(|data: &[u8]| {
+    let mut file = data.to_vec();
+    let mut tag = Tag::new(None);
+    tag.update(data);
+    file.extend_from_slice(&tag.finish());
+    let limits = daemon::save_file::FileLimits {
+        slots: 4,
+        lane_bytes: 1 << 16,
+    };
+    for bytes in [data, &file[..]] {
+        let path = std::path::Path::new("fuzz");
+        if let Ok(lanes) = daemon::save_file::read_from(bytes, path, "vm1", None, limits) {
+            let mut seen = Vec::new();
+            for l in &lanes {
+                assert!(l.slot < limits.slots && !seen.contains(&l.slot));
+                assert!(l.len <= limits.lane_bytes);
+                seen.push(l.slot);
+            }
+        }
+    }
+});
