@@ -71,6 +71,10 @@ enum Cmd {
         /// (set by the daemon).
         #[arg(long, requires = "slot")]
         ledger_fd: Option<i32>,
+        /// The fd of a checkpoint to serve on from (set by the daemon's
+        /// restore).
+        #[arg(long, requires = "slot")]
+        restore_fd: Option<i32>,
     },
     /// Move a running vGPU to another GPU of the host (through the API).
     Migrate {
@@ -82,6 +86,39 @@ enum Cmd {
         /// The target GPU.
         #[arg(long)]
         gpu: u32,
+    },
+    /// Hold a vGPU and write its checkpoint to a file of `[daemon]
+    /// checkpoint_dir`, before QEMU saves or migrates the VM; it stays held
+    /// until `fairvgpu resume` or its VM is gone.
+    Checkpoint {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM.
+        #[arg(long)]
+        vm: String,
+        /// The file's name in the checkpoint folder.
+        #[arg(long)]
+        file: String,
+    },
+    /// Let a vGPU held by `fairvgpu checkpoint` go on.
+    Resume {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM.
+        #[arg(long)]
+        vm: String,
+    },
+    /// Serve a VM's processes on from a checkpoint file, once its QEMU has
+    /// loaded the VM (`-incoming`, paused) and before it runs on.
+    Restore {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM.
+        #[arg(long)]
+        vm: String,
+        /// The file's name in the checkpoint folder.
+        #[arg(long)]
+        file: String,
     },
     /// Forbid moving a vGPU (or, with --off, allow it again).
     Pin {
@@ -322,6 +359,7 @@ fn run(cli: Cli) -> Result<()> {
             gpu,
             slot,
             ledger_fd,
+            restore_fd,
             spare_fd,
         } => match (spare_fd, vm, gpu) {
             (Some(fd), _, Some(gpu)) => spare_process(&config, fd, gpu),
@@ -329,10 +367,12 @@ fn run(cli: Cli) -> Result<()> {
                 &config,
                 declared.as_deref(),
                 &vm,
-                id,
-                feed_fd,
-                gpu,
-                slot.zip(ledger_fd),
+                (id, gpu),
+                WorkerFds {
+                    feed: feed_fd,
+                    slot: slot.zip(ledger_fd),
+                    restore: restore_fd,
+                },
             ),
             _ => anyhow::bail!("a worker needs --vm, or --spare-fd and --gpu"),
         },
@@ -349,6 +389,9 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+        Cmd::Checkpoint { api, vm, file } => save_command(&api, &vm, "checkpoint", Some(&file)),
+        Cmd::Resume { api, vm } => save_command(&api, &vm, "resume", None),
+        Cmd::Restore { api, vm, file } => save_command(&api, &vm, "restore", Some(&file)),
         Cmd::Pin { api, vm, off } => {
             let body = serde_json::json!({ "pinned": !off }).to_string();
             api.call("POST", &format!("/api/v1/vgpus/{vm}/pin"), body.as_bytes())?;
@@ -492,17 +535,46 @@ fn detach_vm(api: &ApiArgs, vm: &str, qmp: &std::path::Path, timeout: u64) -> Re
 }
 
 /// `fairvgpu worker`: one vGPU worker process, as the daemon's config says.
+/// `fairvgpu checkpoint`, `resume` and `restore`: `verb` asked of `vm`'s
+/// vGPU through the API, with the checkpoint file's name where it takes
+/// one.
+fn save_command(api: &ApiArgs, vm: &str, verb: &str, file: Option<&str>) -> Result<()> {
+    let body = serde_json::json!({ "file": file }).to_string();
+    let r = api.call(
+        "POST",
+        &format!("/api/v1/vgpus/{vm}/{verb}"),
+        body.as_bytes(),
+    )?;
+    let file = r["file"].as_str().unwrap_or("?");
+    match verb {
+        "checkpoint" => println!(
+            "{vm}: held; {} processes' checkpoint in {file} ({} bytes)",
+            r["processes"], r["bytes"]
+        ),
+        "restore" => println!("{vm}: {} processes serve on from {file}", r["processes"]),
+        _ => println!("{vm}: goes on"),
+    }
+    Ok(())
+}
+
+/// The fds the daemon hands a worker: its feed, its slot with the VM's
+/// ledger, and a checkpoint to serve on from.
+struct WorkerFds {
+    feed: Option<i32>,
+    slot: Option<(u32, i32)>,
+    restore: Option<i32>,
+}
+
 fn worker_process(
     config: &std::path::Path,
     declared: Option<&str>,
     vm: &str,
-    id: Option<u32>,
-    feed: Option<i32>,
-    gpu: Option<u32>,
-    slot: Option<(u32, i32)>,
+    (id, gpu): (Option<u32>, Option<u32>),
+    fds: WorkerFds,
 ) -> Result<()> {
     let cfg = worker_config(config, declared, vm)?;
-    let spec = setup::worker_spec(&cfg, vm, id, feed, gpu, slot)?;
+    let mut spec = setup::worker_spec(&cfg, vm, id, fds.feed, gpu, fds.slot)?;
+    spec.restore = fds.restore;
     exit_as_worker(worker::process::run(&spec))
 }
 

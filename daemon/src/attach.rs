@@ -87,7 +87,7 @@ impl Plug {
             format!("socket,path={},id={}", self.socket.display(), self.id),
             "-device".into(),
             format!(
-                "ivshmem-doorbell,chardev={id},vectors={v},id={id}",
+                "ivshmem-doorbell,chardev={id},vectors={v},master=on,id={id}",
                 id = self.id,
                 v = self.vectors
             ),
@@ -97,7 +97,7 @@ impl Plug {
     /// libvirt's element for the domain XML (inside `<devices>`).
     pub fn libvirt_xml(&self) -> String {
         format!(
-            "<shmem name='{id}'>\n  <model type='ivshmem-doorbell'/>\n  <server path='{sock}'/>\n  <msi vectors='{v}' ioeventfd='on'/>\n</shmem>\n",
+            "<shmem name='{id}' role='master'>\n  <model type='ivshmem-doorbell'/>\n  <server path='{sock}'/>\n  <msi vectors='{v}' ioeventfd='on'/>\n</shmem>\n",
             id = self.id,
             sock = xml_escape(&self.socket.display().to_string()),
             v = self.vectors,
@@ -131,6 +131,7 @@ impl Plug {
                 "id": self.id,
                 "chardev": self.id,
                 "vectors": self.vectors,
+                "master": "on",
             }),
         ) {
             // Leave nothing half-attached.
@@ -220,11 +221,12 @@ memory_limit_mib = 256
                 "socket,path=/run/fv/a.sock,id=fairvgpu-a",
                 "-device",
                 // A vector per process slot (8 by default) at least.
-                "ivshmem-doorbell,chardev=fairvgpu-a,vectors=8,id=fairvgpu-a"
+                "ivshmem-doorbell,chardev=fairvgpu-a,vectors=8,master=on,id=fairvgpu-a"
             ]
         );
         let x = p.libvirt_xml();
         assert!(x.contains("<model type='ivshmem-doorbell'/>"), "{x}");
+        assert!(x.contains("role='master'"), "{x}");
         assert!(x.contains("<server path='/run/fv/a.sock'/>"), "{x}");
         assert!(x.contains("<msi vectors='8' ioeventfd='on'/>"), "{x}");
         let e = Plug::for_vm(&cfg(), "b").unwrap_err();

@@ -108,6 +108,14 @@ impl Config {
             .unwrap_or_else(|| self.daemon.run_dir.join("api.sock"))
     }
 
+    /// Where checkpoint files are written and read.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.daemon
+            .checkpoint_dir
+            .clone()
+            .unwrap_or_else(|| self.daemon.run_dir.join("checkpoints"))
+    }
+
     /// Socket path of a VM.
     pub fn socket(&self, name: &str) -> PathBuf {
         self.daemon.run_dir.join(format!("{name}.sock"))

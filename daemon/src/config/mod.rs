@@ -104,6 +104,15 @@ pub struct DaemonConfig {
     /// cgroup of its own; 0 turns it off (see `hostcpu/cgroup.rs`).
     #[serde(default = "default_cgroup_cpu_weight")]
     pub cgroup_cpu_weight: u64,
+    /// Where vGPU checkpoints are written and read (`fairvgpu checkpoint`,
+    /// `restore`); default `<run_dir>/checkpoints`.
+    #[serde(default)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// File holding the key that checkpoint files are tagged under
+    /// (HMAC-SHA-256; at least 16 bytes); none: SHA-256 alone, which
+    /// catches damage, not forgery.
+    #[serde(default)]
+    pub checkpoint_key_file: Option<PathBuf>,
 }
 
 fn default_priority() -> i32 {
@@ -162,6 +171,8 @@ impl Default for DaemonConfig {
             realtime: false,
             cpus: None,
             cgroup_cpu_weight: default_cgroup_cpu_weight(),
+            checkpoint_dir: None,
+            checkpoint_key_file: None,
         }
     }
 }

@@ -8,9 +8,13 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::http::{self, Request, Response};
-use super::{ControlPlane, Refusal, SAMPLE_EVERY};
+use super::{ControlPlane, Refusal, SaveOp, SAMPLE_EVERY};
 use crate::config::Config;
 use crate::Error;
+
+/// How long a checkpoint, resume or restore asked through the API may
+/// take before the API answers that it did not finish.
+const SAVE_WAIT: Duration = Duration::from_secs(600);
 
 const DASHBOARD: &str = include_str!("dashboard.html");
 const OPENAPI: &str = include_str!("../../../docs/api.openapi.json");
@@ -157,6 +161,9 @@ impl ControlPlane {
                     Err(e) => Response::error(409, e.to_string()),
                 }
             }
+            ("POST", ["api", "v1", "vgpus", vm, verb @ ("checkpoint" | "resume" | "restore")]) => {
+                self.save_route(vm, verb, &req.body)
+            }
             ("POST", ["api", "v1", "vgpus", vm, "pin"]) => {
                 let pinned = serde_json::from_slice::<Value>(&req.body)
                     .ok()
@@ -177,6 +184,27 @@ impl ControlPlane {
             },
             (_, ["api", ..] | ["metrics"]) => Response::error(405, "no such method here"),
             _ => Response::error(404, "not found"),
+        }
+    }
+}
+
+impl ControlPlane {
+    /// `POST /api/v1/vgpus/{vm}/checkpoint|resume|restore`.
+    fn save_route(&self, vm: &str, verb: &str, body: &[u8]) -> Response {
+        let file = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| v["file"].as_str().map(str::to_owned));
+        let op = match (verb, file) {
+            ("resume", _) => SaveOp::Resume,
+            ("checkpoint", Some(f)) => SaveOp::Checkpoint(f),
+            ("restore", Some(f)) => SaveOp::Restore(f),
+            _ => return Response::error(400, "expected a body like {\"file\": \"vm1.fvgpu\"}"),
+        };
+        match self.save_op(vm, op, SAVE_WAIT) {
+            Ok(v) => Response::json(200, &v),
+            Err(e @ Refusal::NoVm(_)) => Response::error(404, e.to_string()),
+            Err(e @ Refusal::Other(_)) => Response::error(400, e.to_string()),
+            Err(e) => Response::error(409, e.to_string()),
         }
     }
 }

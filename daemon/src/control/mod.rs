@@ -16,6 +16,12 @@
 //!   limit now (the guests' next allocations), until the next reload
 //! - `POST /api/v1/vgpus/{vm}/migrate` `{"gpu": 1}`: move the running vGPU
 //!   to another GPU now; answers when it has moved (with the pause)
+//! - `POST /api/v1/vgpus/{vm}/checkpoint` `{"file": "vm1.fvgpu"}`: hold the
+//!   vGPU and write its checkpoint to that file of `[daemon]
+//!   checkpoint_dir`; it stays held until `resume` or its VM is gone
+//! - `POST /api/v1/vgpus/{vm}/resume`: let a held vGPU go on
+//! - `POST /api/v1/vgpus/{vm}/restore` `{"file": "vm1.fvgpu"}`: serve the
+//!   VM's processes on from that checkpoint (its QEMU restored and paused)
 //! - `POST /api/v1/vgpus/{vm}/pin` `{"pinned": true}`: forbid (or allow
 //!   again) moving it, by the balancer or by hand
 //! - `PUT /api/v1/vgpus/{vm}` `{"tenant": "acme", "weight": 2,
@@ -45,6 +51,7 @@ mod declare;
 pub mod http;
 mod metrics;
 mod placement;
+mod saves;
 mod settings;
 mod status;
 
@@ -52,6 +59,7 @@ pub use api::{start, token_from_file};
 pub use client::{client_call, ApiTarget};
 pub use declare::{Declared, VgpuDeclaration};
 pub use placement::Migration;
+pub use saves::{check_file_name, SaveAsk, SaveOp};
 
 /// Why the control plane refused an operator's change. Besides a VM it does
 /// not know (the API's 404), the text is the API's answer as it stands.
@@ -130,6 +138,8 @@ pub struct ControlPlane {
     declared: Mutex<std::collections::BTreeMap<String, VgpuDeclaration>>,
     /// Migrations done per VM.
     migrated: Mutex<HashMap<String, u64>>,
+    /// Checkpoints asked for and not yet taken by the supervisor.
+    save_asks: Mutex<Vec<SaveAsk>>,
     /// GPUs on this host.
     gpu_count: std::sync::atomic::AtomicU32,
     /// Memory of each GPU, bytes.
@@ -177,6 +187,7 @@ impl ControlPlane {
             pinned: Mutex::new(Default::default()),
             migrations: Mutex::new(HashMap::new()),
             migrated: Mutex::new(HashMap::new()),
+            save_asks: Mutex::new(Vec::new()),
             declared: Mutex::new(Default::default()),
             gpu_count: std::sync::atomic::AtomicU32::new(match cfg.daemon.executor {
                 ExecutorKind::Sim => cfg.sim.gpus.max(1),

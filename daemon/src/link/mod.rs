@@ -55,6 +55,10 @@ enum FeedMsg {
     Migrate(u32, u16, Option<OwnedFd>),
     /// Lane `.0`'s worker ended (a process slot's, with its process).
     CloseLane(u32),
+    /// Lane `.0`'s worker holds and writes its checkpoint into memfd `.1`.
+    Checkpoint(u32, OwnedFd),
+    /// Lane `.0`'s worker goes on serving.
+    Resume(u32),
     /// Hands lane `.0`'s worker the fd of an export it opens
     /// (`ipc_relay.rs`).
     IpcFd(u32, u16, u32),
@@ -84,6 +88,8 @@ pub struct VmHost {
     live: Arc<Mutex<std::collections::BTreeSet<u32>>>,
     /// Migration reports from the current workers, oldest first, by lane.
     reports: Reports,
+    /// Checkpoint notes from the current workers, oldest first, by lane.
+    notes: Notes,
     /// The watch over the process slots without a worker, where the
     /// VM's workers are bound on demand ([`VmHost::watch_slots`]).
     watch: std::sync::OnceLock<SlotWatch>,
@@ -100,6 +106,8 @@ impl std::fmt::Debug for FeedMsg {
             FeedMsg::Limit(_) => "Limit",
             FeedMsg::Migrate(..) => "Migrate",
             FeedMsg::CloseLane(_) => "CloseLane",
+            FeedMsg::Checkpoint(..) => "Checkpoint",
+            FeedMsg::Resume(_) => "Resume",
             FeedMsg::IpcFd(..) => "IpcFd",
             FeedMsg::Stop => "Stop",
         })
@@ -108,6 +116,22 @@ impl std::fmt::Debug for FeedMsg {
 
 /// Migration reports, each with the lane (process slot) of its worker.
 type Reports = Arc<Mutex<Vec<(u32, MigrationReport)>>>;
+
+/// What a worker said of a checkpoint (`wire::feed::CHECKPOINTED`,
+/// `CHECKPOINT_FAILED`, `RESTORED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointNote {
+    /// Its checkpoint is in the memfd, this many bytes.
+    Taken(u64),
+    /// None taken, or none served on from: why is in the memfd, this many
+    /// bytes.
+    Failed(u64),
+    /// It serves on from the checkpoint it was started with.
+    Restored,
+}
+
+/// Checkpoint notes, each with its worker's lane.
+type Notes = Arc<Mutex<Vec<(u32, CheckpointNote)>>>;
 
 /// The state of one VM's feed thread.
 struct Feeder {
@@ -122,6 +146,7 @@ struct Feeder {
     /// The limit last set while running (MiB), passed on to new workers too.
     limit_mib: Option<u64>,
     reports: Reports,
+    notes: Notes,
     poisoned: Arc<AtomicBool>,
     /// IPC between the VM's workers: its export table and the fds kept.
     ipc: Arc<crate::ipc_relay::IpcRelay>,
@@ -144,6 +169,7 @@ impl VmHost {
         })?;
         let live: Arc<Mutex<std::collections::BTreeSet<u32>>> = Arc::default();
         let reports: Reports = Arc::default();
+        let notes: Notes = Arc::default();
         let poisoned = Arc::new(AtomicBool::new(false));
         let mut feeder = Feeder {
             name: name.to_owned(),
@@ -154,6 +180,7 @@ impl VmHost {
             live: live.clone(),
             limit_mib: None,
             reports: reports.clone(),
+            notes: notes.clone(),
             poisoned: poisoned.clone(),
             ipc: Arc::new(crate::ipc_relay::IpcRelay::new(name)?),
             tx: tx.clone(),
@@ -182,6 +209,7 @@ impl VmHost {
             tx: Mutex::new(tx),
             live,
             reports,
+            notes,
             watch: std::sync::OnceLock::new(),
             poisoned,
             thread: Some(thread),
@@ -246,6 +274,26 @@ impl VmHost {
             None => None,
         };
         self.send(FeedMsg::Migrate(lane, gpu, grant))
+    }
+
+    /// Asks lane `lane`'s worker to hold and write its checkpoint into
+    /// `memfd`; its answer comes in [`VmHost::take_checkpoint_notes`].
+    pub fn checkpoint_lane(&self, lane: u32, memfd: OwnedFd) -> Result<(), Error> {
+        if !self.lanes().contains(&lane) {
+            return Err(Error::NoWorker);
+        }
+        self.send(FeedMsg::Checkpoint(lane, memfd))
+    }
+
+    /// Tells lane `lane`'s worker to go on serving (a checkpoint not used).
+    pub fn resume_lane(&self, lane: u32) -> Result<(), Error> {
+        self.send(FeedMsg::Resume(lane))
+    }
+
+    /// Checkpoint notes received since the last call, each with its
+    /// worker's lane.
+    pub fn take_checkpoint_notes(&self) -> Vec<(u32, CheckpointNote)> {
+        std::mem::take(&mut *self.notes.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The lanes (process slots; 0 for a VM's one worker) whose worker's
@@ -433,18 +481,13 @@ impl Feeder {
             FeedMsg::Migrate(lane, gpu, grant) => {
                 // That lane's worker alone, over its own connection.
                 let fd = grant.as_ref().map(|g| g.as_raw_fd());
-                let failed = self.lanes.get(&lane).is_some_and(|s| {
-                    send_msg(s, (MIGRATE << 40) | i64::from(gpu), fd)
-                        .inspect_err(|e| {
-                            tracing::warn!(vm = self.name, lane, "worker feed closed: {e}")
-                        })
-                        .is_err()
-                });
-                if failed {
-                    self.close_lane(lane);
-                }
+                self.say(lane, ((MIGRATE << 40) | i64::from(gpu), fd));
             }
             FeedMsg::CloseLane(lane) => self.close_lane(lane),
+            FeedMsg::Checkpoint(lane, memfd) => {
+                self.say(lane, (CHECKPOINT << 40, Some(memfd.as_raw_fd())));
+            }
+            FeedMsg::Resume(lane) => self.say(lane, (RESUME << 40, None)),
             FeedMsg::IpcFd(lane, index, gen) => {
                 let sent = self
                     .lanes
@@ -456,6 +499,19 @@ impl Feeder {
                 }
             }
             FeedMsg::Stop => {}
+        }
+    }
+
+    /// Says `msg` to lane `lane`'s worker alone; one whose feed broke
+    /// loses it.
+    fn say(&mut self, lane: u32, (v, fd): (i64, Option<std::os::fd::RawFd>)) {
+        let failed = self.lanes.get(&lane).is_some_and(|s| {
+            send_msg(s, v, fd)
+                .inspect_err(|e| tracing::warn!(vm = self.name, lane, "worker feed closed: {e}"))
+                .is_err()
+        });
+        if failed {
+            self.close_lane(lane);
         }
     }
 
@@ -516,6 +572,7 @@ impl Feeder {
             return false;
         };
         let reports = self.reports.clone();
+        let notes = self.notes.clone();
         let poisoned = self.poisoned.clone();
         let (ipc, tx) = (self.ipc.clone(), self.tx.clone());
         let spawned = std::thread::Builder::new()
@@ -536,6 +593,18 @@ impl Feeder {
                             .unwrap_or_else(|e| e.into_inner())
                             .push((lane, MigrationReport::decode(v, pause_us, kib))),
                         POISONED => poisoned.store(true, Ordering::Relaxed),
+                        k @ (CHECKPOINTED | CHECKPOINT_FAILED | RESTORED) => {
+                            let n = decode_value(v);
+                            let note = match k {
+                                CHECKPOINTED => CheckpointNote::Taken(n),
+                                CHECKPOINT_FAILED => CheckpointNote::Failed(n),
+                                _ => CheckpointNote::Restored,
+                            };
+                            notes
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push((lane, note));
+                        }
                         _ => {}
                     }
                 }

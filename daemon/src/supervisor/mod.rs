@@ -30,6 +30,7 @@ use crate::mps::MpsGpu;
 use crate::setup::image_store_socket;
 use crate::Error;
 
+mod checkpoint;
 mod faults;
 mod migration;
 mod slots;
@@ -83,6 +84,10 @@ struct Supervisor {
     claims: slots::Claims,
     /// Migrations of vGPUs under way, by VM.
     moves: HashMap<String, migration::Moving>,
+    /// Checkpoints and restores under way.
+    saves: HashMap<String, checkpoint::Saving>,
+    /// vGPUs held after a checkpoint (`checkpoint.rs`).
+    held: std::collections::BTreeSet<String>,
     /// The workers' pids the control plane was last told, by VM.
     reported: HashMap<String, Vec<u32>>,
 }
@@ -162,6 +167,8 @@ impl Supervisor {
             spares: spares::Spares::default(),
             claims: slots::Claims::new(),
             moves: HashMap::new(),
+            saves: HashMap::new(),
+            held: Default::default(),
             reported: HashMap::new(),
         })
     }
@@ -190,6 +197,7 @@ impl Supervisor {
             self.reap_ended();
             let dying = self.dying();
             self.on_migrations();
+            self.on_checkpoints(&want);
             self.on_slot_claims(&want);
             // Workers ended and bound this round, before a spare's start.
             self.report_workers();

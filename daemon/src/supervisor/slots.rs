@@ -88,7 +88,7 @@ impl Supervisor {
             let Some(vm) = want.vm(&c.vm) else {
                 continue; // removed meanwhile
             };
-            if self.moves.contains_key(&c.vm) {
+            if self.moves.contains_key(&c.vm) || self.held.contains(&c.vm) {
                 self.claims.pending.push(c);
                 continue;
             }

@@ -58,19 +58,31 @@ pub(super) struct Launcher {
 
 impl Launcher {
     /// A worker for process slot `slot` of `name`, the client of MPS side
-    /// `side` of its GPU (if the GPU runs MPS).
+    /// `side` of its GPU (if the GPU runs MPS); one that serves on from the
+    /// checkpoint stream in memfd `restore`, where given.
     pub fn spawn(
         &self,
         plane: &ControlPlane,
         (name, slot): (&str, u32),
         host: &VmHost,
         mps: Option<(&MpsGpu, usize)>,
+        restore: Option<&std::os::fd::OwnedFd>,
     ) -> Result<Child, Error> {
         let feed = host.feed_slot(slot)?;
         let ledger = host.ledger()?;
         // Only these fds cross the exec (the rest are close-on-exec); the
         // supervisor is the only thread that starts processes.
-        for fd in [&feed, &ledger] {
+        let restore = restore
+            .map(std::os::fd::OwnedFd::try_clone)
+            .transpose()
+            .map_err(|source| Error::Io {
+                what: "dup of a checkpoint memfd",
+                source,
+            })?;
+        for fd in [Some(&feed), Some(&ledger), restore.as_ref()]
+            .into_iter()
+            .flatten()
+        {
             nix::fcntl::fcntl(
                 fd,
                 nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
@@ -99,6 +111,9 @@ impl Launcher {
             .arg(slot.to_string())
             .arg("--ledger-fd")
             .arg(ledger.as_raw_fd().to_string());
+        if let Some(r) = &restore {
+            cmd.arg("--restore-fd").arg(r.as_raw_fd().to_string());
+        }
         if let Some((m, side)) = mps {
             cmd.envs(m.side(side).client_env())
                 .env_remove("CUDA_VISIBLE_DEVICES");
@@ -244,12 +259,23 @@ impl Supervisor {
         vm: &crate::config::VmConfig,
         slot: u32,
     ) -> Result<(), Error> {
+        self.start_worker_from(vm, slot, None)
+    }
+
+    /// [`Supervisor::start_worker`], serving on from the checkpoint
+    /// stream in memfd `restore` where given.
+    pub(super) fn start_worker_from(
+        &mut self,
+        vm: &crate::config::VmConfig,
+        slot: u32,
+        restore: Option<&std::os::fd::OwnedFd>,
+    ) -> Result<(), Error> {
         let gpu = self.plane.gpu_of(&vm.name).unwrap_or(0);
         let side = self.mps.get(&gpu).map(|m| (m, m.serving()));
         let host = self.hosts.get(&vm.name).ok_or(Error::NoWorker)?;
         let child = self
             .launcher
-            .spawn(&self.plane, (&vm.name, slot), host, side)?;
+            .spawn(&self.plane, (&vm.name, slot), host, side, restore)?;
         let pid = child.id();
         self.children.push(Supervised::new(
             &vm.name,

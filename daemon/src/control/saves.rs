@@ -1,0 +1,112 @@
+//! Checkpoints an operator asks for through the API (`checkpoint`,
+//! `resume`, `restore`): queued here for the supervisor, which orders the
+//! vGPU's workers and answers (the supervisor's `checkpoint.rs`).
+
+use std::sync::mpsc::{channel, Sender};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{lock, ControlPlane, Refusal};
+
+/// What is asked of a vGPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SaveOp {
+    /// Hold it and write its checkpoint to this file of the checkpoint
+    /// folder.
+    Checkpoint(String),
+    /// Let it go on (a checkpoint taken and not used).
+    Resume,
+    /// Serve on from this file of the checkpoint folder.
+    Restore(String),
+}
+
+/// One ask, and where its answer goes.
+#[derive(Debug)]
+pub struct SaveAsk {
+    /// The VM.
+    pub vm: String,
+    /// What is asked.
+    pub op: SaveOp,
+    /// The answer: the API's body, or why not.
+    pub answer: Sender<Result<Value, String>>,
+}
+
+/// Longest checkpoint file name, bytes.
+const NAME_MAX: usize = 255;
+
+/// Whether `name` may name a file of the checkpoint folder: 1 to 255 of
+/// letters, digits, `.`, `-`, `_`, not starting with a `.` (no path, no
+/// hidden file).
+pub fn check_file_name(name: &str) -> Result<(), Refusal> {
+    let ok = !name.is_empty()
+        && name.len() <= NAME_MAX
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Refusal::Other(format!(
+            "{name:?} is not a checkpoint file name: 1 to {NAME_MAX} letters, digits, '.', '-', '_', not starting with '.' (the file is in [daemon] checkpoint_dir)"
+        )))
+    }
+}
+
+impl ControlPlane {
+    /// Asks the supervisor for `op` on `vm` and waits for its answer (at
+    /// most `timeout`).
+    pub fn save_op(&self, vm: &str, op: SaveOp, timeout: Duration) -> Result<Value, Refusal> {
+        if lock(&self.cfg).vm(vm).is_none() {
+            return Err(Refusal::NoVm(vm.to_owned()));
+        }
+        if let SaveOp::Checkpoint(f) | SaveOp::Restore(f) = &op {
+            check_file_name(f)?;
+        }
+        let (tx, rx) = channel();
+        lock(&self.save_asks).push(SaveAsk {
+            vm: vm.to_owned(),
+            op,
+            answer: tx,
+        });
+        match rx.recv_timeout(timeout) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(why)) => Err(Refusal::Conflict(why)),
+            Err(_) => Err(Refusal::Conflict(format!(
+                "{vm}: the daemon did not answer within {timeout:?}"
+            ))),
+        }
+    }
+
+    /// The asks not yet taken, oldest first.
+    pub fn take_save_asks(&self) -> Vec<SaveAsk> {
+        std::mem::take(&mut *lock(&self.save_asks))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_names_in_the_folder_are_file_names() {
+        for good in ["vm1.fvgpu", "a", "vm-1_2026-11-28.ckpt"] {
+            assert!(check_file_name(good).is_ok(), "{good}");
+        }
+        let long = "a".repeat(NAME_MAX + 1);
+        for bad in [
+            "",
+            ".hidden",
+            "../etc/passwd",
+            "a/b",
+            "/abs",
+            "a b",
+            "é",
+            "a\0b",
+            &long,
+        ] {
+            assert!(check_file_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
