@@ -51,6 +51,14 @@ two_at_once() {
     [ $ra -eq 0 ] && [ $rb -eq 0 ]
 }
 
+if [ "$1" = compute ]; then
+    # A program that computes and checks in a loop, for a checkpoint or a
+    # migration of its VM mid-loop (tests/tests/vm.rs): fairvgpu.rounds=N.
+    rounds=$(sed -n 's/.*fairvgpu\.rounds=\([0-9]*\).*/\1/p' /proc/cmdline)
+    /fvg/vm-probe compute "${rounds:-30}" || echo "FVG-FAIL compute"
+    exit 0
+fi
+
 if [ "$1" = loop ]; then
     # A tenant's kernel loop for the host's fairness measurement
     # (scripts/vm-fairness.sh): fairvgpu.loop=US,SECS on the command line.

@@ -108,8 +108,9 @@ enum Cmd {
         #[arg(long)]
         vm: String,
     },
-    /// Serve a VM's processes on from a checkpoint file, once its QEMU has
-    /// loaded the VM (`-incoming`, paused) and before it runs on.
+    /// Serve a VM's processes on from a checkpoint file, or from what
+    /// another host handed over, once its QEMU has loaded the VM
+    /// (`-incoming`, paused) and before it runs on.
     Restore {
         #[command(flatten)]
         api: ApiArgs,
@@ -117,8 +118,28 @@ enum Cmd {
         #[arg(long)]
         vm: String,
         /// The file's name in the checkpoint folder.
+        #[arg(
+            long,
+            required_unless_present = "received",
+            conflicts_with = "received"
+        )]
+        file: Option<String>,
+        /// What another host's daemon handed over (`fairvgpu handover`).
         #[arg(long)]
-        file: String,
+        received: bool,
+    },
+    /// Hold a vGPU and hand its checkpoint and region to another host's
+    /// daemon (`[daemon] handover_listen` there), while QEMU's migration of
+    /// the VM waits before its switch-over; held until the VM is gone.
+    Handover {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// The VM.
+        #[arg(long)]
+        vm: String,
+        /// The other daemon's address (host:port).
+        #[arg(long)]
+        to: String,
     },
     /// Forbid moving a vGPU (or, with --off, allow it again).
     Pin {
@@ -389,9 +410,10 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Cmd::Checkpoint { api, vm, file } => save_command(&api, &vm, "checkpoint", Some(&file)),
-        Cmd::Resume { api, vm } => save_command(&api, &vm, "resume", None),
-        Cmd::Restore { api, vm, file } => save_command(&api, &vm, "restore", Some(&file)),
+        cmd @ (Cmd::Checkpoint { .. }
+        | Cmd::Resume { .. }
+        | Cmd::Restore { .. }
+        | Cmd::Handover { .. }) => save_cmd(cmd),
         Cmd::Pin { api, vm, off } => {
             let body = serde_json::json!({ "pinned": !off }).to_string();
             api.call("POST", &format!("/api/v1/vgpus/{vm}/pin"), body.as_bytes())?;
@@ -535,23 +557,60 @@ fn detach_vm(api: &ApiArgs, vm: &str, qmp: &std::path::Path, timeout: u64) -> Re
 }
 
 /// `fairvgpu worker`: one vGPU worker process, as the daemon's config says.
-/// `fairvgpu checkpoint`, `resume` and `restore`: `verb` asked of `vm`'s
-/// vGPU through the API, with the checkpoint file's name where it takes
-/// one.
-fn save_command(api: &ApiArgs, vm: &str, verb: &str, file: Option<&str>) -> Result<()> {
-    let body = serde_json::json!({ "file": file }).to_string();
+/// `fairvgpu checkpoint`, `resume`, `restore` and `handover`.
+fn save_cmd(cmd: Cmd) -> Result<()> {
+    match cmd {
+        Cmd::Checkpoint { api, vm, file } => save_command(
+            &api,
+            &vm,
+            "checkpoint",
+            &serde_json::json!({ "file": file }),
+        ),
+        Cmd::Resume { api, vm } => save_command(&api, &vm, "resume", &serde_json::json!({})),
+        Cmd::Restore {
+            api,
+            vm,
+            file,
+            received,
+        } => {
+            let body = serde_json::json!({ "file": file, "received": received });
+            save_command(&api, &vm, "restore", &body)
+        }
+        Cmd::Handover { api, vm, to } => {
+            save_command(&api, &vm, "handover", &serde_json::json!({ "to": to }))
+        }
+        _ => unreachable!("save_cmd is given a save command"),
+    }
+}
+
+/// `fairvgpu checkpoint`, `resume`, `restore` and `handover`: `verb`
+/// asked of `vm`'s vGPU through the API with `body`.
+fn save_command(api: &ApiArgs, vm: &str, verb: &str, body: &serde_json::Value) -> Result<()> {
     let r = api.call(
         "POST",
         &format!("/api/v1/vgpus/{vm}/{verb}"),
-        body.as_bytes(),
+        body.to_string().as_bytes(),
     )?;
-    let file = r["file"].as_str().unwrap_or("?");
+    let text = |k: &str| r[k].as_str().unwrap_or("?").to_owned();
     match verb {
         "checkpoint" => println!(
-            "{vm}: held; {} processes' checkpoint in {file} ({} bytes)",
-            r["processes"], r["bytes"]
+            "{vm}: held; {} processes' checkpoint in {} ({} bytes)",
+            r["processes"],
+            text("file"),
+            r["bytes"]
         ),
-        "restore" => println!("{vm}: {} processes serve on from {file}", r["processes"]),
+        "restore" => println!(
+            "{vm}: {} processes serve on from {}",
+            r["processes"],
+            text("from")
+        ),
+        "handover" => println!(
+            "{vm}: handed to {} ({} processes, {} bytes in {:.0} ms); held until it is gone",
+            text("to"),
+            r["processes"],
+            r["bytes"],
+            r["send_ms"].as_f64().unwrap_or(0.0)
+        ),
         _ => println!("{vm}: goes on"),
     }
     Ok(())

@@ -29,6 +29,7 @@ pub mod attach;
 pub mod config;
 pub mod control;
 pub mod grant;
+pub mod handover;
 pub mod hostcpu;
 pub mod image_store;
 pub mod ipc_relay;
@@ -51,6 +52,9 @@ pub(crate) fn nanos(d: std::time::Duration) -> u64 {
 /// What can go wrong in the daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Taking vGPUs from other hosts could not start (the key).
+    #[error("handover: {0}")]
+    Handover(String),
     /// The transport failed.
     #[error(transparent)]
     Transport(#[from] transport::Error),

@@ -2,11 +2,11 @@
 //! workers (`worker::checkpoint`), under one tag.
 //!
 //! ```text
-//! magic "FVGPUSAV" | version u32 | flags u32 (bit 0: keyed)
-//! | name length u16 | VM name | lanes u32
+//! magic "FVGPUSAV" | version u32 | flags u32 (bit 0: keyed, bit 1: region)
+//! | name length u16 | VM name | [region length u64 | its bytes] | lanes u32
 //! | per lane: slot u32 | length u64 | that many bytes of stream
 //! | tag: 32 bytes, HMAC-SHA-256 under the operator's key, else SHA-256,
-//!   over every byte before it
+//!   over every byte before it (after a handover's nonce, see `handover.rs`)
 //! ```
 //!
 //! Integers are little-endian. The daemon checks the tag before any worker
@@ -14,7 +14,7 @@
 //! limits, in its sandbox.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Seek, Write};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
@@ -25,6 +25,7 @@ pub const MAGIC: [u8; 8] = *b"FVGPUSAV";
 /// The version this build writes and reads.
 pub const VERSION: u32 = 1;
 const KEYED: u32 = 1;
+const REGION: u32 = 2;
 
 /// Why a save file could not be written or read.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +60,14 @@ pub enum FileError {
         /// The VM asked for.
         vm: String,
     },
+    /// A VM this host does not have.
+    #[error("{path} holds {vm}'s vGPU, which this host has no [[vm]] for")]
+    NoVm {
+        /// The file.
+        path: PathBuf,
+        /// The VM it holds.
+        vm: String,
+    },
     /// A lane past the VM's slots, twice, too many, or too long.
     #[error("{path}: {why}")]
     Lanes {
@@ -90,12 +99,27 @@ pub struct FileLimits {
     pub slots: u32,
     /// Bytes of one lane's stream.
     pub lane_bytes: u64,
+    /// Bytes of the VM's region here: what a region carried must be.
+    pub region: u64,
 }
 
-/// Writes `lanes` of `vm` to a new file at `path` (never over one that is
-/// there), tagged under `key`; returns its length. A file left half
-/// written is removed.
-pub fn write(path: &Path, vm: &str, lanes: &[Lane], key: Option<&[u8]>) -> Result<u64, FileError> {
+/// What a save file holds: the VM's name, its region's bytes where it
+/// carries them (a handover between hosts; a file leaves the region to
+/// QEMU's saved state), and each process slot's checkpoint stream.
+#[derive(Debug)]
+pub struct Saved {
+    /// The VM.
+    pub vm: String,
+    /// The region's bytes in a memfd, and their length.
+    pub region: Option<(OwnedFd, u64)>,
+    /// Each process slot's stream.
+    pub lanes: Vec<Lane>,
+}
+
+/// Writes `saved` to a new file at `path` (never over one that is there),
+/// tagged under `key`; returns its length. A file left half written is
+/// removed.
+pub fn write(path: &Path, saved: &Saved, key: Option<&[u8]>) -> Result<u64, FileError> {
     let io = |source| FileError::Io {
         path: path.to_owned(),
         source,
@@ -105,44 +129,102 @@ pub fn write(path: &Path, vm: &str, lanes: &[Lane], key: Option<&[u8]>) -> Resul
         .create_new(true)
         .open(path)
         .map_err(io)?;
-    let r = write_to(f, vm, lanes, key).map_err(io);
+    let r = write_to(BufWriter::with_capacity(1 << 20, f), saved, key, &[]).and_then(|(w, n)| {
+        let f = w
+            .into_inner()
+            .map_err(std::io::IntoInnerError::into_error)?;
+        f.sync_all()?;
+        Ok(n)
+    });
     if r.is_err() {
         let _ = std::fs::remove_file(path);
     }
-    r
+    r.map_err(io)
 }
 
-fn write_to(f: File, vm: &str, lanes: &[Lane], key: Option<&[u8]>) -> std::io::Result<u64> {
+/// Writes `saved` to `w`, its tag under `key` also over `nonce` (a
+/// handover's, which the reader gave; empty for a file); returns `w`,
+/// flushed, and the bytes written.
+pub fn write_to<W: Write>(
+    w: W,
+    saved: &Saved,
+    key: Option<&[u8]>,
+    nonce: &[u8],
+) -> std::io::Result<(W, u64)> {
+    let mut tag = Tag::new(key);
+    tag.update(nonce);
     let mut w = Tagged {
-        inner: BufWriter::with_capacity(1 << 20, f),
-        tag: Tag::new(key),
+        inner: w,
+        tag,
         n: 0,
     };
+    let vm = &saved.vm;
     let name = u16::try_from(vm.len()).unwrap_or(u16::MAX);
+    let flags =
+        if key.is_some() { KEYED } else { 0 } | if saved.region.is_some() { REGION } else { 0 };
     w.write_all(&MAGIC)?;
     w.write_all(&VERSION.to_le_bytes())?;
-    w.write_all(&(if key.is_some() { KEYED } else { 0 }).to_le_bytes())?;
+    w.write_all(&flags.to_le_bytes())?;
     w.write_all(&name.to_le_bytes())?;
     w.write_all(&vm.as_bytes()[..usize::from(name)])?;
-    w.write_all(&u32::try_from(lanes.len()).unwrap_or(u32::MAX).to_le_bytes())?;
-    for l in lanes {
+    if let Some((fd, len)) = &saved.region {
+        w.write_all(&len.to_le_bytes())?;
+        copy_whole(fd, *len, &mut w, "the region")?;
+    }
+    w.write_all(
+        &u32::try_from(saved.lanes.len())
+            .unwrap_or(u32::MAX)
+            .to_le_bytes(),
+    )?;
+    for l in &saved.lanes {
         w.write_all(&l.slot.to_le_bytes())?;
         w.write_all(&l.len.to_le_bytes())?;
-        let mut s = File::from(l.stream.try_clone()?);
-        s.rewind()?;
-        let copied = std::io::copy(&mut (&mut s).take(l.len), &mut w)?;
-        if copied != l.len {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!("slot {}'s stream is {copied} bytes, not {}", l.slot, l.len),
-            ));
-        }
+        copy_whole(
+            &l.stream,
+            l.len,
+            &mut w,
+            &format!("slot {}'s stream", l.slot),
+        )?;
     }
     let Tagged { mut inner, tag, n } = w;
     inner.write_all(&tag.finish())?;
     inner.flush()?;
-    inner.get_ref().sync_all()?;
-    Ok(n + 32)
+    Ok((inner, n + 32))
+}
+
+/// Copies the first `len` bytes of `fd` into `w`, all of them.
+fn copy_whole(fd: &OwnedFd, len: u64, w: &mut impl Write, what: &str) -> std::io::Result<()> {
+    read_at_offsets(fd, len, |b, _| w.write_all(b))
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+/// Passes the first `len` bytes of `fd` to `sink` in pieces, each with its
+/// offset, read at offsets: `fd` may share its file offset with other
+/// processes (a region's does with the workers). Short of `len`: an error.
+pub fn read_at_offsets(
+    fd: &OwnedFd,
+    len: u64,
+    mut sink: impl FnMut(&[u8], u64) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = File::from(fd.try_clone()?);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < len {
+        let want = usize::try_from(len - at)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let k = f.read_at(&mut buf[..want], at)?;
+        if k == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("{at} bytes, not {len}"),
+            ));
+        }
+        sink(&buf[..k], at)?;
+        at += k as u64;
+    }
+    Ok(())
 }
 
 /// Reads the save file at `path` for `vm`: each lane's stream in a memfd
@@ -153,30 +235,46 @@ pub fn read(
     vm: &str,
     key: Option<&[u8]>,
     limits: FileLimits,
-) -> Result<Vec<Lane>, FileError> {
+) -> Result<Saved, FileError> {
     let f = File::open(path).map_err(|source| FileError::Io {
         path: path.to_owned(),
         source,
     })?;
-    read_from(BufReader::with_capacity(1 << 20, f), path, vm, key, limits)
+    let mut r = BufReader::with_capacity(1 << 20, f);
+    let saved = read_from(&mut r, path, key, &[], &|_| Some(limits))?;
+    // Nothing after the tag.
+    let mut rest = [0u8; 1];
+    if !matches!(r.read(&mut rest), Ok(0)) {
+        return Err(FileError::Tag(path.to_owned()));
+    }
+    if saved.vm != vm {
+        return Err(FileError::OtherVm {
+            path: path.to_owned(),
+            held: saved.vm,
+            vm: vm.to_owned(),
+        });
+    }
+    Ok(saved)
 }
 
-/// [`read`] from `r`, its errors naming `path`.
+/// Reads a save file from `r` (its errors naming `path`), its tag under
+/// `key` also over `nonce` (see [`write_to`]), within the limits `limits`
+/// gives for the VM it names (None: no such VM here); nothing is returned
+/// until the tag matched. It reads nothing past the tag.
 pub fn read_from<R: Read>(
     r: R,
     path: &Path,
-    vm: &str,
     key: Option<&[u8]>,
-    limits: FileLimits,
-) -> Result<Vec<Lane>, FileError> {
+    nonce: &[u8],
+    limits: &dyn Fn(&str) -> Option<FileLimits>,
+) -> Result<Saved, FileError> {
     let io = |source| FileError::Io {
         path: path.to_owned(),
         source,
     };
-    let mut r = TaggedReader {
-        inner: r,
-        tag: Tag::new(key),
-    };
+    let mut tag = Tag::new(key);
+    tag.update(nonce);
+    let mut r = TaggedReader { inner: r, tag };
     let lanes_err = |why: String| FileError::Lanes {
         path: path.to_owned(),
         why,
@@ -184,10 +282,11 @@ pub fn read_from<R: Read>(
     let mut head = [0u8; 18];
     r.read_exact(&mut head).map_err(io)?;
     let word = |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
-    if head[..8] != MAGIC || word(8) != VERSION || word(12) & !KEYED != 0 {
+    let flags = word(12);
+    if head[..8] != MAGIC || word(8) != VERSION || flags & !(KEYED | REGION) != 0 {
         return Err(FileError::NotOne(path.to_owned()));
     }
-    match (word(12) & KEYED != 0, key.is_some()) {
+    match (flags & KEYED != 0, key.is_some()) {
         (true, false) => {
             return Err(FileError::Key {
                 path: path.to_owned(),
@@ -205,14 +304,26 @@ pub fn read_from<R: Read>(
     }
     let mut name = vec![0u8; usize::from(u16::from_le_bytes([head[16], head[17]]))];
     r.read_exact(&mut name).map_err(io)?;
-    let held = String::from_utf8_lossy(&name).into_owned();
-    if held != vm {
-        return Err(FileError::OtherVm {
-            path: path.to_owned(),
-            held,
-            vm: vm.to_owned(),
-        });
-    }
+    let vm = String::from_utf8_lossy(&name).into_owned();
+    let limits = limits(&vm).ok_or_else(|| FileError::NoVm {
+        path: path.to_owned(),
+        vm: vm.clone(),
+    })?;
+    let region = if flags & REGION != 0 {
+        let len = r.u64().map_err(io)?;
+        if len != limits.region {
+            return Err(lanes_err(format!(
+                "a region of {len} bytes, the VM's here is {}",
+                limits.region
+            )));
+        }
+        Some((
+            r.read_memfd(&format!("fairvgpu-{vm}-region"), len, path)?,
+            len,
+        ))
+    } else {
+        None
+    };
     let n = r.u32().map_err(io)?;
     if n > limits.slots {
         return Err(lanes_err(format!(
@@ -235,12 +346,7 @@ pub fn read_from<R: Read>(
                 limits.lane_bytes
             )));
         }
-        let stream = memfd(&format!("fairvgpu-{vm}-restore-{slot}")).map_err(io)?;
-        let mut out = File::from(stream.try_clone().map_err(io)?);
-        let copied = std::io::copy(&mut (&mut r).take(len), &mut out).map_err(io)?;
-        if copied != len {
-            return Err(FileError::Tag(path.to_owned()));
-        }
+        let stream = r.read_memfd(&format!("fairvgpu-{vm}-restore-{slot}"), len, path)?;
         lanes.push(Lane { slot, stream, len });
     }
     let TaggedReader { mut inner, tag } = r;
@@ -248,11 +354,10 @@ pub fn read_from<R: Read>(
     inner
         .read_exact(&mut want)
         .map_err(|_| FileError::Tag(path.to_owned()))?;
-    let mut rest = [0u8; 1];
-    if !matches!(inner.read(&mut rest), Ok(0)) || !tag.matches(&want) {
+    if !tag.matches(&want) {
         return Err(FileError::Tag(path.to_owned()));
     }
-    Ok(lanes)
+    Ok(Saved { vm, region, lanes })
 }
 
 /// A memfd named `name`, closed on exec.
@@ -296,6 +401,22 @@ impl<R: Read> Read for TaggedReader<R> {
 }
 
 impl<R: Read> TaggedReader<R> {
+    /// The next `len` bytes, all of them, in a new memfd named `name`; a
+    /// stream cut short is one whose tag cannot match.
+    fn read_memfd(&mut self, name: &str, len: u64, path: &Path) -> Result<OwnedFd, FileError> {
+        let io = |source| FileError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let fd = memfd(name).map_err(io)?;
+        let mut out = File::from(fd.try_clone().map_err(io)?);
+        let copied = std::io::copy(&mut Read::take(&mut *self, len), &mut out).map_err(io)?;
+        if copied != len {
+            return Err(FileError::Tag(path.to_owned()));
+        }
+        Ok(fd)
+    }
+
     fn u32(&mut self) -> std::io::Result<u32> {
         let mut b = [0u8; 4];
         self.read_exact(&mut b)?;

@@ -13,12 +13,16 @@ fuzz_target!(|data: &[u8]| {
     let limits = daemon::save_file::FileLimits {
         slots: 4,
         lane_bytes: 1 << 16,
+        region: 1 << 12,
     };
     for bytes in [data, &file[..]] {
         let path = std::path::Path::new("fuzz");
-        if let Ok(lanes) = daemon::save_file::read_from(bytes, path, "vm1", None, limits) {
+        if let Ok(saved) = daemon::save_file::read_from(bytes, path, None, b"", &|vm| {
+            (vm == "vm1").then_some(limits)
+        }) {
+            assert!(saved.region.is_none_or(|(_, len)| len == limits.region));
             let mut seen = Vec::new();
-            for l in &lanes {
+            for l in &saved.lanes {
                 assert!(l.slot < limits.slots && !seen.contains(&l.slot));
                 assert!(l.len <= limits.lane_bytes);
                 seen.push(l.slot);

@@ -91,6 +91,12 @@ impl Daemon {
 
     /// As [`Daemon::start`], vm1 with the further keys `vm_keys`.
     fn start_with(name: &str, vm_keys: &str) -> Daemon {
+        Self::start_keys(name, "", vm_keys)
+    }
+
+    /// As [`Daemon::start`], with the further `[daemon]` keys
+    /// `daemon_keys` and vm1's `vm_keys`.
+    fn start_keys(name: &str, daemon_keys: &str, vm_keys: &str) -> Daemon {
         let bin = cargo_build("cli").join("fairvgpu");
         let dir = scratch::dir(&format!("fvg-vm-{name}"));
         let config = dir.join("host.toml");
@@ -100,6 +106,7 @@ impl Daemon {
                 r#"[daemon]
 run_dir = "{run}"
 executor = "sim"
+{daemon_keys}
 
 [layout]
 channels = 8
@@ -455,4 +462,266 @@ fn a_hot_plugged_guest_runs_its_kernel_loop_and_counts_on_the_console() {
     }
     assert!(last > first, "the count did not grow: {first} then {last}");
     g.finish(STEP);
+}
+
+/// QEMU's QMP at `path`, once QEMU serves it.
+fn qmp_at(path: &Path) -> transport::qmp::Qmp {
+    let start = Instant::now();
+    loop {
+        match transport::qmp::Qmp::connect(path, Duration::from_secs(10)) {
+            Ok(q) => return q,
+            Err(e) if start.elapsed() > BOOT => panic!("QMP at {}: {e}", path.display()),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// A QMP command on `qmp`, its `return` (panics on an error).
+fn qmp_do(qmp: &mut transport::qmp::Qmp, cmd: &str, args: Value) -> Value {
+    qmp.execute(cmd, args)
+        .unwrap_or_else(|e| panic!("QMP {cmd}: {e}"))
+}
+
+/// Polls `query` on `qmp` until `done` holds of its answer.
+fn qmp_until(
+    qmp: &mut transport::qmp::Qmp,
+    query: &str,
+    timeout: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let start = Instant::now();
+    loop {
+        let v = qmp_do(qmp, query, serde_json::json!({}));
+        if done(&v) {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "{query} after {timeout:?}: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A VM saved to a file mid-loop (its vGPU checkpointed by its daemon,
+/// then QEMU's own migration to a file), and restored on a second daemon
+/// standing for another host into a new QEMU (`-incoming`, paused): the
+/// program finishes with every round's check passing. A damaged file and
+/// a missing one are refused first, and the VM still restores.
+#[test]
+fn a_vm_saved_mid_loop_is_restored_on_another_daemon_and_its_program_finishes() {
+    if !prerequisites() {
+        return;
+    }
+    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    const ROUNDS: &str = "fairvgpu.rounds=40";
+    let a = Daemon::start("save-a");
+    let qmp_a = a.dir.join("qmp.sock");
+    let mut g = Guest::boot(
+        &a,
+        "compute",
+        &["--qmp", qmp_a.to_str().unwrap(), "--append", ROUNDS],
+    );
+    g.expect("FVG module loaded", BOOT);
+    g.expect("FVG-ROUND 3", STEP);
+
+    let out = a.fairvgpu(&["checkpoint", "--vm", "vm1", "--file", "vm1.fvgpu"]);
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "checkpoint failed: {said}");
+    assert!(said.contains("1 processes' checkpoint"), "{said}");
+    let state = a.dir.join("vm1.state");
+    let mut qmp = qmp_at(&qmp_a);
+    qmp_do(&mut qmp, "stop", serde_json::json!({}));
+    qmp_do(
+        &mut qmp,
+        "migrate",
+        serde_json::json!({ "uri": format!("exec:cat > {}", state.display()) }),
+    );
+    let m = qmp_until(&mut qmp, "query-migrate", STEP, |v| {
+        matches!(v["status"].as_str(), Some("completed" | "failed"))
+    });
+    assert_eq!(m["status"], "completed", "QEMU's migration to a file: {m}");
+    let _ = qmp.execute("quit", serde_json::json!({}));
+    drop(g);
+
+    let b = Daemon::start("save-b");
+    let dir_b = b.dir.join("run/checkpoints");
+    std::fs::create_dir_all(&dir_b).unwrap();
+    let file = std::fs::read(a.dir.join("run/checkpoints/vm1.fvgpu")).unwrap();
+    std::fs::write(dir_b.join("vm1.fvgpu"), &file).unwrap();
+    let mut bad = file.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 1;
+    std::fs::write(dir_b.join("bad.fvgpu"), &bad).unwrap();
+
+    let qmp_b = b.dir.join("qmp.sock");
+    let incoming = format!("exec:cat {}", state.display());
+    let mut g = Guest::boot(
+        &b,
+        "compute",
+        &[
+            "--qmp",
+            qmp_b.to_str().unwrap(),
+            "--append",
+            ROUNDS,
+            "--",
+            "-incoming",
+            &incoming,
+            "-S",
+        ],
+    );
+    let mut qmp = qmp_at(&qmp_b);
+    qmp_until(&mut qmp, "query-status", STEP, |v| v["status"] == "paused");
+
+    for (name, want) in [
+        ("bad.fvgpu", "tag does not match"),
+        ("none.fvgpu", "No such file"),
+    ] {
+        let out = b.fairvgpu(&["restore", "--vm", "vm1", "--file", name]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{name}: {err}");
+    }
+    let out = b.fairvgpu(&["restore", "--vm", "vm1", "--file", "vm1.fvgpu"]);
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "restore failed: {said}");
+    qmp_do(&mut qmp, "cont", serde_json::json!({}));
+    let done = g.expect("FVG-COMPUTE", STEP);
+    assert!(done.starts_with("FVG-COMPUTE ok rounds=40"), "{done}");
+    g.finish(STEP);
+}
+
+/// A free TCP port on loopback (free when asked).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// A key file of `key` in `dir`.
+fn key_file(dir: &Path, key: &str) -> PathBuf {
+    let p = dir.join(format!("key-{}", key.len()));
+    std::fs::write(&p, key).unwrap();
+    p
+}
+
+/// QEMU's live migration of a VM to a second daemon standing for another
+/// host, mid-loop: QEMU waits before its switch-over, the source daemon
+/// hands the vGPU (checkpoint and region) to the destination's over TCP
+/// under their shared key, QEMU goes on, the destination serves on once
+/// QEMU there has loaded the VM. First a destination with another key
+/// refuses: the guest goes on computing on the source, QEMU's migration
+/// cancelled. The program finishes with every round's check passing.
+#[test]
+fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
+    if !prerequisites() {
+        return;
+    }
+    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    const ROUNDS: &str = "fairvgpu.rounds=60";
+    let keys = scratch::dir("fvg-vm-keys");
+    let key = key_file(&keys, "a key both hosts share, 0123456789");
+    let other = key_file(&keys, "another host's key, 0123456789");
+    let (port_b, port_c) = (free_port(), free_port());
+    let listen = |port: u16, k: &Path| {
+        format!(
+            "handover_listen = \"127.0.0.1:{port}\"\ncheckpoint_key_file = \"{}\"",
+            k.display()
+        )
+    };
+    let a = Daemon::start_keys(
+        "live-a",
+        &format!("checkpoint_key_file = \"{}\"", key.display()),
+        "",
+    );
+    let b = Daemon::start_keys("live-b", &listen(port_b, &key), "");
+    let c = Daemon::start_keys("live-c", &listen(port_c, &other), "");
+    let qmp_a = a.dir.join("qmp.sock");
+    let mut g = Guest::boot(
+        &a,
+        "compute",
+        &["--qmp", qmp_a.to_str().unwrap(), "--append", ROUNDS],
+    );
+    g.expect("FVG module loaded", BOOT);
+    g.expect("FVG-ROUND 3", STEP);
+    let mut qa = qmp_at(&qmp_a);
+    qmp_do(
+        &mut qa,
+        "migrate-set-capabilities",
+        serde_json::json!({"capabilities": [{"capability": "pause-before-switchover", "state": true}]}),
+    );
+    let boot_incoming = |d: &Daemon, port: u16| {
+        let qmp = d.dir.join("qmp.sock");
+        let incoming = format!("tcp:127.0.0.1:{port}");
+        let g = Guest::boot(
+            d,
+            "compute",
+            &[
+                "--qmp",
+                qmp.to_str().unwrap(),
+                "--append",
+                ROUNDS,
+                "--",
+                "-incoming",
+                &incoming,
+                "-S",
+            ],
+        );
+        (g, qmp_at(&qmp))
+    };
+    let migrate_to_switchover = |qa: &mut transport::qmp::Qmp, port: u16| {
+        qmp_do(
+            qa,
+            "migrate",
+            serde_json::json!({ "uri": format!("tcp:127.0.0.1:{port}") }),
+        );
+        let m = qmp_until(qa, "query-migrate", STEP, |v| {
+            matches!(v["status"].as_str(), Some("pre-switchover" | "failed"))
+        });
+        assert_eq!(m["status"], "pre-switchover", "{m}");
+    };
+
+    // Refused: the guest goes on on the source.
+    let qport = free_port();
+    let (_refused, _) = boot_incoming(&c, qport);
+    migrate_to_switchover(&mut qa, qport);
+    let to_c = format!("127.0.0.1:{port_c}");
+    let out = a.fairvgpu(&["handover", "--vm", "vm1", "--to", &to_c]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("proof does not match"),
+        "{err}"
+    );
+    qmp_do(&mut qa, "migrate_cancel", serde_json::json!({}));
+    qmp_until(&mut qa, "query-status", STEP, |v| v["status"] == "running");
+    let round = |l: String| -> u64 { l["FVG-ROUND ".len()..].trim().parse().unwrap() };
+    let before = round(g.expect("FVG-ROUND ", STEP));
+    assert!(round(g.expect("FVG-ROUND ", STEP)) > before);
+
+    // Taken: the guest finishes on the destination.
+    let qport = free_port();
+    let (mut g_b, mut qb) = boot_incoming(&b, qport);
+    migrate_to_switchover(&mut qa, qport);
+    let to_b = format!("127.0.0.1:{port_b}");
+    let out = a.fairvgpu(&["handover", "--vm", "vm1", "--to", &to_b]);
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "handover failed: {said}");
+    qmp_do(
+        &mut qa,
+        "migrate-continue",
+        serde_json::json!({ "state": "pre-switchover" }),
+    );
+    let m = qmp_until(&mut qa, "query-migrate", STEP, |v| {
+        matches!(v["status"].as_str(), Some("completed" | "failed"))
+    });
+    assert_eq!(m["status"], "completed", "{m}");
+    qmp_until(&mut qb, "query-status", STEP, |v| v["status"] == "paused");
+    let out = b.fairvgpu(&["restore", "--vm", "vm1", "--received"]);
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "restore failed: {said}");
+    qmp_do(&mut qb, "cont", serde_json::json!({}));
+    let _ = qa.execute("quit", serde_json::json!({}));
+    drop(g);
+    let done = g_b.expect("FVG-COMPUTE", STEP);
+    assert!(done.starts_with("FVG-COMPUTE ok rounds=60"), "{done}");
+    g_b.finish(STEP);
 }

@@ -308,6 +308,22 @@ impl Config {
                 );
             }
         }
+        if let Some(addr) = &self.daemon.handover_listen {
+            if addr.parse::<std::net::SocketAddr>().is_err() {
+                return bad(
+                    format!(
+                        "[daemon] handover_listen: {addr:?} is not an address like 10.0.0.2:7400"
+                    ),
+                    Loc::Table("daemon", Some("handover_listen")),
+                );
+            }
+            if self.daemon.checkpoint_key_file.is_none() {
+                return bad(
+                    "[daemon] handover_listen needs checkpoint_key_file: vGPUs are never taken from a peer without the key".into(),
+                    Loc::Table("daemon", Some("handover_listen")),
+                );
+            }
+        }
         Ok(())
     }
 

@@ -113,6 +113,10 @@ pub struct DaemonConfig {
     /// catches damage, not forgery.
     #[serde(default)]
     pub checkpoint_key_file: Option<PathBuf>,
+    /// Take vGPUs handed over from other hosts' daemons on this TCP
+    /// address (needs `checkpoint_key_file`, which both hosts share).
+    #[serde(default)]
+    pub handover_listen: Option<String>,
 }
 
 fn default_priority() -> i32 {
@@ -173,6 +177,7 @@ impl Default for DaemonConfig {
             cgroup_cpu_weight: default_cgroup_cpu_weight(),
             checkpoint_dir: None,
             checkpoint_key_file: None,
+            handover_listen: None,
         }
     }
 }

@@ -68,6 +68,14 @@ fn mistakes_are_named() {
         (format!("{GOOD}\n[[tenant]]\nname = \"acme\"\nweight = -2\n"), "tenant \"acme\": weight"),
         (format!("{GOOD}\n[[tenant]]\nname = \"a\"\nweight = 1\n[[tenant]]\nname = \"a\"\nweight = 2\n"), "twice"),
         (format!("{GOOD}\n[api]\ntcp = \"0.0.0.0:9400\"\n"), "token_file"),
+        (
+            GOOD.replace("[daemon]", "[daemon]\nhandover_listen = \"0.0.0.0:7400\""),
+            "checkpoint_key_file",
+        ),
+        (
+            GOOD.replace("[daemon]", "[daemon]\nhandover_listen = \"x\"\ncheckpoint_key_file = \"/k\""),
+            "not an address",
+        ),
         (format!("{GOOD}\n[api]\ntcp = \"nowhere\"\ntoken_file = \"/t\"\n"), "address"),
         (GOOD.replace("executor = \"sim\"", "executor = \"sim\"\ngraph_launches = \"yes\""), "graph_launches"),
         (GOOD.replace("executor = \"sim\"", "executor = \"sim\"\npreemptive_slice_us = 0"), "preemptive_slice_us must be"),

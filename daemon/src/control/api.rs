@@ -161,9 +161,10 @@ impl ControlPlane {
                     Err(e) => Response::error(409, e.to_string()),
                 }
             }
-            ("POST", ["api", "v1", "vgpus", vm, verb @ ("checkpoint" | "resume" | "restore")]) => {
-                self.save_route(vm, verb, &req.body)
-            }
+            (
+                "POST",
+                ["api", "v1", "vgpus", vm, verb @ ("checkpoint" | "resume" | "restore" | "handover")],
+            ) => self.save_route(vm, verb, &req.body),
             ("POST", ["api", "v1", "vgpus", vm, "pin"]) => {
                 let pinned = serde_json::from_slice::<Value>(&req.body)
                     .ok()
@@ -189,15 +190,19 @@ impl ControlPlane {
 }
 
 impl ControlPlane {
-    /// `POST /api/v1/vgpus/{vm}/checkpoint|resume|restore`.
+    /// `POST /api/v1/vgpus/{vm}/checkpoint|resume|restore|handover`.
     fn save_route(&self, vm: &str, verb: &str, body: &[u8]) -> Response {
-        let file = serde_json::from_slice::<Value>(body)
-            .ok()
-            .and_then(|v| v["file"].as_str().map(str::to_owned));
-        let op = match (verb, file) {
-            ("resume", _) => SaveOp::Resume,
-            ("checkpoint", Some(f)) => SaveOp::Checkpoint(f),
-            ("restore", Some(f)) => SaveOp::Restore(f),
+        let body = serde_json::from_slice::<Value>(body).unwrap_or(Value::Null);
+        let text = |k: &str| body[k].as_str().map(str::to_owned);
+        let op = match (verb, text("file"), text("to")) {
+            ("resume", ..) => SaveOp::Resume,
+            ("checkpoint", Some(f), _) => SaveOp::Checkpoint(f),
+            ("restore", _, _) if body["received"] == Value::Bool(true) => SaveOp::RestoreReceived,
+            ("restore", Some(f), _) => SaveOp::Restore(f),
+            ("handover", _, Some(to)) => SaveOp::Handover(to),
+            ("handover", ..) => {
+                return Response::error(400, "expected a body like {\"to\": \"10.0.0.2:7400\"}")
+            }
             _ => return Response::error(400, "expected a body like {\"file\": \"vm1.fvgpu\"}"),
         };
         match self.save_op(vm, op, SAVE_WAIT) {

@@ -59,7 +59,7 @@ pub use api::{start, token_from_file};
 pub use client::{client_call, ApiTarget};
 pub use declare::{Declared, VgpuDeclaration};
 pub use placement::Migration;
-pub use saves::{check_file_name, SaveAsk, SaveOp};
+pub use saves::{check_file_name, Arrival, SaveAsk, SaveOp, IMAGES_MAX};
 
 /// Why the control plane refused an operator's change. Besides a VM it does
 /// not know (the API's 404), the text is the API's answer as it stands.
@@ -140,6 +140,8 @@ pub struct ControlPlane {
     migrated: Mutex<HashMap<String, u64>>,
     /// Checkpoints asked for and not yet taken by the supervisor.
     save_asks: Mutex<Vec<SaveAsk>>,
+    /// vGPUs handed over from other hosts, for the supervisor.
+    arrivals: Mutex<Vec<saves::Arrival>>,
     /// GPUs on this host.
     gpu_count: std::sync::atomic::AtomicU32,
     /// Memory of each GPU, bytes.
@@ -188,6 +190,7 @@ impl ControlPlane {
             migrations: Mutex::new(HashMap::new()),
             migrated: Mutex::new(HashMap::new()),
             save_asks: Mutex::new(Vec::new()),
+            arrivals: Mutex::new(Vec::new()),
             declared: Mutex::new(Default::default()),
             gpu_count: std::sync::atomic::AtomicU32::new(match cfg.daemon.executor {
                 ExecutorKind::Sim => cfg.sim.gpus.max(1),

@@ -8,6 +8,16 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{lock, ControlPlane, Refusal};
+use crate::handover::Receiver;
+use crate::save_file::{FileLimits, Saved};
+
+/// Bytes of module images a process slot's stream may hold beyond the
+/// vGPU's memory limit.
+pub const IMAGES_MAX: u64 = 4 << 30;
+
+/// A vGPU handed over from another host, and where the supervisor's word
+/// on it goes.
+pub type Arrival = (Saved, Sender<Result<String, String>>);
 
 /// What is asked of a vGPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +29,11 @@ pub enum SaveOp {
     Resume,
     /// Serve on from this file of the checkpoint folder.
     Restore(String),
+    /// Hold it, and hand its checkpoint and region to the daemon at this
+    /// address (`handover.rs`).
+    Handover(String),
+    /// Serve on from what another host's daemon handed over.
+    RestoreReceived,
 }
 
 /// One ask, and where its answer goes.
@@ -82,6 +97,49 @@ impl ControlPlane {
     /// The asks not yet taken, oldest first.
     pub fn take_save_asks(&self) -> Vec<SaveAsk> {
         std::mem::take(&mut *lock(&self.save_asks))
+    }
+
+    /// Queues a resume of `vm` whose answer nobody waits for (a handover
+    /// that failed on its way).
+    pub fn queue_resume(&self, vm: &str) {
+        lock(&self.save_asks).push(SaveAsk {
+            vm: vm.to_owned(),
+            op: SaveOp::Resume,
+            answer: channel().0,
+        });
+    }
+
+    /// vGPUs handed over since the last call.
+    pub fn take_arrivals(&self) -> Vec<Arrival> {
+        std::mem::take(&mut *lock(&self.arrivals))
+    }
+
+    /// What a file or a peer's stream for `vm` may hold here.
+    pub fn save_limits(&self, vm: &str, region: bool) -> Option<FileLimits> {
+        let cfg = lock(&self.cfg);
+        let v = cfg.vm(vm)?;
+        let region = if region {
+            transport::layout::Layout::new(cfg.layout_for(v))
+                .ok()?
+                .region_size as u64
+        } else {
+            0
+        };
+        Some(FileLimits {
+            slots: v.slots(),
+            lane_bytes: (v.memory_limit_mib << 20).saturating_add(IMAGES_MAX),
+            region,
+        })
+    }
+}
+
+impl Receiver for ControlPlane {
+    fn limits(&self, vm: &str) -> Option<FileLimits> {
+        self.save_limits(vm, true)
+    }
+
+    fn arrived(&self, saved: Saved, answer: Sender<Result<String, String>>) {
+        lock(&self.arrivals).push((saved, answer));
     }
 }
 

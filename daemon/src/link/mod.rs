@@ -83,6 +83,8 @@ pub struct VmHost {
     name: String,
     /// Its memory ledger (`worker::ledger`), which its workers share.
     ledger: OwnedFd,
+    /// The region's memfd (a handover copies it whole).
+    region_fd: OwnedFd,
     tx: Mutex<Sender<FeedMsg>>,
     /// The lanes whose worker's feed is open now.
     live: Arc<Mutex<std::collections::BTreeSet<u32>>>,
@@ -158,10 +160,13 @@ impl VmHost {
     /// Creates the region and starts serving `socket`.
     pub fn start(name: &str, socket: &Path, layout: LayoutParams) -> Result<VmHost, Error> {
         let (region, fd) = Region::create(&format!("fairvgpu-{name}"), layout)?;
-        let server_fd = fd.try_clone().map_err(|source| Error::Io {
-            what: "dup of region fd",
-            source,
-        })?;
+        let dup = || {
+            fd.try_clone().map_err(|source| Error::Io {
+                what: "dup of region fd",
+                source,
+            })
+        };
+        let (server_fd, region_fd) = (dup()?, dup()?);
         let (tx, rx) = std::sync::mpsc::channel();
         let peer_tx = tx.clone();
         let server = serve_to(socket, server_fd, &region, MAX_PEERS, move |ev| {
@@ -206,6 +211,7 @@ impl VmHost {
             server,
             name: name.to_owned(),
             ledger: worker::ledger::Ledger::create(&format!("fairvgpu-{name}-ledger"))?,
+            region_fd,
             tx: Mutex::new(tx),
             live,
             reports,
@@ -317,6 +323,16 @@ impl VmHost {
     /// error poisoned its GPU contexts (it exits next).
     pub fn take_poisoned(&self) -> bool {
         self.poisoned.swap(false, Ordering::Relaxed)
+    }
+
+    /// The region's memfd (a dup) and its length: what a handover to
+    /// another host copies, and a restore writes.
+    pub fn region_memfd(&self) -> Result<(OwnedFd, u64), Error> {
+        let fd = self.region_fd.try_clone().map_err(|source| Error::Io {
+            what: "dup of region fd",
+            source,
+        })?;
+        Ok((fd, self.region.layout().region_size as u64))
     }
 
     /// The region (the daemon marks the channels of departed peers).

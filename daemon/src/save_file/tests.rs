@@ -1,4 +1,5 @@
 use super::*;
+use std::io::Seek;
 
 fn lane(slot: u32, bytes: &[u8]) -> Lane {
     let stream = memfd("t").unwrap();
@@ -23,18 +24,22 @@ fn contents(l: &Lane) -> Vec<u8> {
 const LIMITS: FileLimits = FileLimits {
     slots: 8,
     lane_bytes: 1 << 20,
+    region: 0,
 };
+
+fn saved(vm: &str, lanes: Vec<Lane>) -> Saved {
+    Saved {
+        vm: vm.to_owned(),
+        region: None,
+        lanes,
+    }
+}
 
 fn written(test: &str, key: Option<&[u8]>) -> (PathBuf, PathBuf) {
     let dir = scratch::dir(&format!("save-{test}-{}", key.is_some()));
     let path = dir.join("vm1.fvgpu");
-    let n = write(
-        &path,
-        "vm1",
-        &[lane(0, b"first stream"), lane(3, &[7u8; 70_000])],
-        key,
-    )
-    .unwrap();
+    let lanes = vec![lane(0, b"first stream"), lane(3, &[7u8; 70_000])];
+    let n = write(&path, &saved("vm1", lanes), key).unwrap();
     assert_eq!(n, std::fs::metadata(&path).unwrap().len());
     (dir, path)
 }
@@ -43,7 +48,7 @@ fn written(test: &str, key: Option<&[u8]>) -> (PathBuf, PathBuf) {
 fn lanes_come_back_as_written() {
     for key in [None, Some(&b"0123456789abcdef"[..])] {
         let (_d, path) = written("back", key);
-        let lanes = read(&path, "vm1", key, LIMITS).unwrap();
+        let lanes = read(&path, "vm1", key, LIMITS).unwrap().lanes;
         assert_eq!(lanes.len(), 2);
         assert_eq!(
             (lanes[0].slot, contents(&lanes[0])),
@@ -57,7 +62,7 @@ fn lanes_come_back_as_written() {
 fn an_existing_file_is_never_written_over() {
     let (_d, path) = written("over", None);
     let before = std::fs::read(&path).unwrap();
-    let e = write(&path, "vm1", &[lane(0, b"other")], None).unwrap_err();
+    let e = write(&path, &saved("vm1", vec![lane(0, b"other")]), None).unwrap_err();
     assert!(matches!(e, FileError::Io { .. }), "{e}");
     assert_eq!(std::fs::read(&path).unwrap(), before);
 }
@@ -133,9 +138,58 @@ fn another_key_no_key_another_vm_and_the_limits_are_refused() {
 fn a_slot_twice_is_refused() {
     let dir = scratch::dir("save-file-twice");
     let path = dir.join("twice");
-    write(&path, "vm1", &[lane(1, b"a"), lane(1, b"b")], None).unwrap();
+    write(
+        &path,
+        &saved("vm1", vec![lane(1, b"a"), lane(1, b"b")]),
+        None,
+    )
+    .unwrap();
     assert!(matches!(
         read(&path, "vm1", None, LIMITS),
+        Err(FileError::Lanes { .. })
+    ));
+}
+
+#[test]
+fn a_region_and_a_nonce_go_with_a_handover() {
+    let region = lane(0, &[5u8; 4096]);
+    let s = Saved {
+        vm: "vm1".into(),
+        region: Some((region.stream, 4096)),
+        lanes: vec![lane(2, b"stream")],
+    };
+    let key = Some(&b"0123456789abcdef"[..]);
+    let (bytes, n) = write_to(Vec::new(), &s, key, b"nonce-1").unwrap();
+    assert_eq!(n, bytes.len() as u64);
+    let here = FileLimits {
+        region: 4096,
+        ..LIMITS
+    };
+    let p = Path::new("peer");
+    let back = read_from(&bytes[..], p, key, b"nonce-1", &|_| Some(here)).unwrap();
+    assert_eq!(back.vm, "vm1");
+    let (fd, len) = back.region.unwrap();
+    assert_eq!(len, 4096);
+    assert_eq!(
+        contents(&Lane {
+            slot: 0,
+            stream: fd,
+            len
+        }),
+        vec![5u8; 4096]
+    );
+    assert_eq!(contents(&back.lanes[0]), b"stream");
+    // Replayed under another nonce, or into a region of another size.
+    assert!(matches!(
+        read_from(&bytes[..], p, key, b"nonce-2", &|_| Some(here)),
+        Err(FileError::Tag(_))
+    ));
+    let other = FileLimits {
+        region: 8192,
+        ..LIMITS
+    };
+    assert!(matches!(
+        read_from(&bytes[..], p, key, b"nonce-1", &|_| Some(other)),
         Err(FileError::Lanes { .. })
     ));
 }

@@ -1,15 +1,15 @@
 //! Checkpoints of a vGPU asked for through the API (`control/saves.rs`):
 //! every running worker of the VM told to hold and write its checkpoint,
-//! the streams gathered into one save file (`save_file.rs`); a vGPU let
-//! go on; and a restore, each process slot's worker started from its
-//! stream.
+//! the streams gathered into one save file (`save_file.rs`) or handed with
+//! the region to another host's daemon (`handover.rs`); a vGPU let go on.
+//! Restores, from a file or from a peer, are `restore.rs`'s.
 //!
 //! A checkpoint holds the vGPU: its workers start no request, so the
-//! region and device memory stay as the file has them while QEMU saves
-//! the VM after it (the guest may still write requests into its rings:
-//! QEMU's copy, taken later, has them, and the restored workers serve
-//! them). While held, a process claiming a slot gets no worker. The hold
-//! ends with `resume`, or with the VM.
+//! region and device memory stay as the checkpoint has them while QEMU
+//! saves or moves the VM after it (the guest may still write requests into
+//! its rings: QEMU's copy, taken later, has them, and the restored workers
+//! serve them). While held, a process claiming a slot gets no worker. The
+//! hold ends with `resume`, or with the VM.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -21,36 +21,52 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::restore::Source;
 use super::Supervisor;
 use crate::config::Config;
 use crate::control::{SaveAsk, SaveOp};
 use crate::link::CheckpointNote;
-use crate::save_file::{self, FileLimits, Lane};
+use crate::save_file::{self, Lane, Saved};
 
 /// How long the workers have to write their checkpoints, or to serve on
 /// from them.
 const SAVE_LIMIT: Duration = Duration::from_secs(300);
-/// Bytes of module images a process slot's stream may hold beyond the
-/// vGPU's memory limit.
-const IMAGES_MAX: u64 = 4 << 30;
 
-type Answer = Sender<Result<Value, String>>;
+/// Where an API ask's answer goes.
+pub(super) type Answer = Sender<Result<Value, String>>;
+
+/// Where a checkpoint goes, or where a restore's came from.
+pub(super) enum Kind {
+    /// Into this file.
+    Checkpoint(PathBuf),
+    /// To the daemon at this address, with the region.
+    Handover(String),
+    /// From this file, or from a peer (named for the operator).
+    Restore(String),
+}
 
 /// A checkpoint or restore of one vGPU, under way.
 pub(super) struct Saving {
-    /// Checkpoint: the file it goes to. Restore: the file it came from.
-    file: PathBuf,
-    restore: bool,
+    pub(super) kind: Kind,
     /// Each lane's memfd (the stream, or why not).
-    memfds: BTreeMap<u32, OwnedFd>,
+    pub(super) memfds: BTreeMap<u32, OwnedFd>,
     /// Lanes that have not answered yet.
-    waiting: BTreeSet<u32>,
+    pub(super) waiting: BTreeSet<u32>,
     /// Checkpoints taken: lane and bytes.
-    taken: BTreeMap<u32, u64>,
-    failed: Vec<String>,
-    since: Instant,
-    answer: Answer,
+    pub(super) taken: BTreeMap<u32, u64>,
+    pub(super) failed: Vec<String>,
+    pub(super) since: Instant,
+    pub(super) answer: Answer,
 }
+
+impl Saving {
+    fn restore(&self) -> bool {
+        matches!(self.kind, Kind::Restore(_))
+    }
+}
+
+/// What the workers of a hold left: reasons, the lanes taken, the memfds.
+type Gathered = (Vec<String>, BTreeMap<u32, u64>, BTreeMap<u32, OwnedFd>);
 
 impl Supervisor {
     /// Checkpoints: those asked for start, the workers' notes are
@@ -59,8 +75,19 @@ impl Supervisor {
         for ask in self.plane.take_save_asks() {
             let SaveAsk { vm, op, answer } = ask;
             let r = match op {
-                SaveOp::Checkpoint(f) => self.start_checkpoint(want, &vm, &f, &answer),
-                SaveOp::Restore(f) => self.start_restore(want, &vm, &f, &answer),
+                SaveOp::Checkpoint(f) => {
+                    let path = want.checkpoint_dir().join(f);
+                    self.start_checkpoint(want, &vm, Kind::Checkpoint(path), &answer)
+                }
+                SaveOp::Handover(to) => match checkpoint_key(want) {
+                    Ok(Some(_)) => self.start_checkpoint(want, &vm, Kind::Handover(to), &answer),
+                    Ok(None) => Err(format!(
+                        "{vm}: a vGPU goes to another host only under a key both share ([daemon] checkpoint_key_file)"
+                    )),
+                    Err(e) => Err(e),
+                },
+                SaveOp::Restore(f) => self.start_restore(want, &vm, Source::File(f), &answer),
+                SaveOp::RestoreReceived => self.start_restore(want, &vm, Source::Received, &answer),
                 SaveOp::Resume => self.resume(&vm),
             };
             match r {
@@ -72,6 +99,9 @@ impl Supervisor {
                     let _ = answer.send(Err(why));
                 }
             }
+        }
+        for (saved, answer) in self.plane.take_arrivals() {
+            let _ = answer.send(self.on_arrival(saved));
         }
         // A hold ends with its VM: its QEMU gone, and with it every worker.
         let hosts = &self.hosts;
@@ -92,12 +122,12 @@ impl Supervisor {
     }
 
     /// Orders every running worker of `vm` to hold and write its
-    /// checkpoint; answers at once (None: later).
+    /// checkpoint, for `kind`; answers later.
     fn start_checkpoint(
         &mut self,
         want: &Config,
         vm: &str,
-        file: &str,
+        kind: Kind,
         answer: &Answer,
     ) -> Result<Option<Value>, String> {
         let host = self
@@ -107,11 +137,12 @@ impl Supervisor {
         if self.saves.contains_key(vm) || self.moves.contains_key(vm) {
             return Err(format!("{vm}: a checkpoint, restore or move is under way"));
         }
-        let dir = want.checkpoint_dir();
-        make_private_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let path = dir.join(file);
-        if path.exists() {
-            return Err(format!("{} exists: name another file", path.display()));
+        if let Kind::Checkpoint(path) = &kind {
+            let dir = want.checkpoint_dir();
+            make_private_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            if path.exists() {
+                return Err(format!("{} exists: name another file", path.display()));
+            }
         }
         let mut memfds = BTreeMap::new();
         for lane in host.lanes() {
@@ -134,8 +165,7 @@ impl Supervisor {
         self.saves.insert(
             vm.to_owned(),
             Saving {
-                file: path,
-                restore: false,
+                kind,
                 waiting: memfds.keys().copied().collect(),
                 memfds,
                 taken: BTreeMap::new(),
@@ -148,8 +178,8 @@ impl Supervisor {
     }
 
     /// Lets `vm`'s workers go on.
-    fn resume(&mut self, vm: &str) -> Result<Option<Value>, String> {
-        if self.saves.get(vm).is_some_and(|s| !s.restore) {
+    pub(super) fn resume(&mut self, vm: &str) -> Result<Option<Value>, String> {
+        if self.saves.get(vm).is_some_and(|s| !s.restore()) {
             return Err(format!("{vm}: its checkpoint is being taken"));
         }
         if !self.held.remove(vm) {
@@ -165,75 +195,6 @@ impl Supervisor {
         Ok(Some(json!({ "vm": vm, "held": false })))
     }
 
-    /// Starts a worker for each process slot of the save file `file`, each
-    /// serving on from its stream; `vm` must have none running.
-    fn start_restore(
-        &mut self,
-        want: &Config,
-        vm: &str,
-        file: &str,
-        answer: &Answer,
-    ) -> Result<Option<Value>, String> {
-        let vmc = want.vm(vm).ok_or_else(|| format!("no vm named {vm:?}"))?;
-        let host = self
-            .hosts
-            .get(vm)
-            .ok_or_else(|| format!("{vm} has no host side"))?;
-        if self.saves.contains_key(vm) || self.moves.contains_key(vm) {
-            return Err(format!("{vm}: a checkpoint, restore or move is under way"));
-        }
-        let running = host.lanes();
-        let served = self.children.iter().any(|w| w.name == vm && !w.ended);
-        if !running.is_empty() || served {
-            return Err(format!(
-                "{vm} has running processes here: restore into a VM whose QEMU was started with -incoming and is paused"
-            ));
-        }
-        let path = want.checkpoint_dir().join(file);
-        let key = checkpoint_key(want)?;
-        let limits = FileLimits {
-            slots: vmc.slots(),
-            lane_bytes: (vmc.memory_limit_mib << 20).saturating_add(IMAGES_MAX),
-        };
-        let lanes =
-            save_file::read(&path, vm, key.as_deref(), limits).map_err(|e| e.to_string())?;
-        let mut memfds = BTreeMap::new();
-        let mut failed = Vec::new();
-        for Lane { slot, stream, .. } in lanes {
-            if let Some(h) = self.hosts.get(vm) {
-                h.slot_taken(slot);
-            }
-            match self.start_worker_from(vmc, slot, Some(&stream)) {
-                Ok(()) => {
-                    memfds.insert(slot, stream);
-                }
-                Err(e) => failed.push(format!("slot {slot}: no worker started: {e}")),
-            }
-        }
-        self.plane.event(
-            "checkpoint",
-            format!(
-                "{vm}: {} workers serve on from {}",
-                memfds.len(),
-                path.display()
-            ),
-        );
-        self.saves.insert(
-            vm.to_owned(),
-            Saving {
-                file: path,
-                restore: true,
-                waiting: memfds.keys().copied().collect(),
-                memfds,
-                taken: BTreeMap::new(),
-                failed,
-                since: Instant::now(),
-                answer: answer.clone(),
-            },
-        );
-        Ok(None)
-    }
-
     /// Takes `vm`'s workers' notes; answers once every lane has.
     fn advance_save(&mut self, want: &Config, vm: &str) {
         let Some(host) = self.hosts.get(vm) else {
@@ -244,22 +205,21 @@ impl Supervisor {
         };
         let notes = host.take_checkpoint_notes();
         let live = host.lanes();
-        let ended: Vec<u32> = {
-            let s = &self.saves[vm];
-            s.waiting
-                .iter()
-                .copied()
-                .filter(|l| {
-                    // A restoring worker that ended; a held one that ended
-                    // with its process (nothing of it to keep).
-                    let running = self
-                        .children
-                        .iter()
-                        .any(|w| w.name == vm && w.slot == *l && w.child.is_some());
-                    !running || (!s.restore && !live.contains(l))
-                })
-                .collect()
-        };
+        let restore = self.saves[vm].restore();
+        let ended: Vec<u32> = self.saves[vm]
+            .waiting
+            .iter()
+            .copied()
+            .filter(|l| {
+                // A restoring worker that ended; a held one that ended
+                // with its process (nothing of it to keep).
+                let running = self
+                    .children
+                    .iter()
+                    .any(|w| w.name == vm && w.slot == *l && w.child.is_some());
+                !running || (!restore && !live.contains(l))
+            })
+            .collect();
         let s = self.saves.get_mut(vm).expect("listed above");
         for (lane, note) in notes {
             if !s.waiting.remove(&lane) {
@@ -280,7 +240,7 @@ impl Supervisor {
             }
         }
         for lane in ended {
-            if s.waiting.remove(&lane) && s.restore {
+            if s.waiting.remove(&lane) && restore {
                 s.failed.push(format!(
                     "slot {lane}: its worker ended (see the daemon's log)"
                 ));
@@ -299,12 +259,17 @@ impl Supervisor {
             ));
         }
         let s = self.saves.remove(vm).expect("listed above");
-        let r = if s.restore {
-            self.finish_restore(vm, s.file, &s.failed, s.memfds.len())
-        } else {
-            self.finish_checkpoint(want, vm, s.file, &s.failed, s.taken, s.memfds)
+        let gathered = (s.failed, s.taken, s.memfds);
+        let r = match s.kind {
+            Kind::Restore(from) => {
+                Some(self.finish_restore(vm, &from, &gathered.0, gathered.2.len()))
+            }
+            Kind::Checkpoint(path) => Some(self.finish_checkpoint(want, vm, path, gathered)),
+            Kind::Handover(to) => self.finish_handover(want, vm, &to, gathered, &s.answer),
         };
-        let _ = s.answer.send(r);
+        if let Some(r) = r {
+            let _ = s.answer.send(r);
+        }
     }
 
     fn finish_checkpoint(
@@ -312,22 +277,17 @@ impl Supervisor {
         want: &Config,
         vm: &str,
         path: PathBuf,
-        failed: &[String],
-        taken: BTreeMap<u32, u64>,
-        mut memfds: BTreeMap<u32, OwnedFd>,
+        (failed, taken, mut memfds): Gathered,
     ) -> Result<Value, String> {
         let t = Instant::now();
         let written = if failed.is_empty() {
-            let lanes: Vec<Lane> = taken
-                .iter()
-                .filter_map(|(&slot, &len)| {
-                    memfds
-                        .remove(&slot)
-                        .map(|stream| Lane { slot, stream, len })
-                })
-                .collect();
+            let saved = Saved {
+                vm: vm.to_owned(),
+                region: None,
+                lanes: taken_lanes(&taken, &mut memfds),
+            };
             checkpoint_key(want).and_then(|key| {
-                save_file::write(&path, vm, &lanes, key.as_deref()).map_err(|e| e.to_string())
+                save_file::write(&path, &saved, key.as_deref()).map_err(|e| e.to_string())
             })
         } else {
             Err(failed.join("; "))
@@ -359,30 +319,95 @@ impl Supervisor {
         }
     }
 
-    fn finish_restore(
+    /// Hands what the workers took, with the region, to the daemon at
+    /// `to`, on a thread of its own, which answers; None: answered later.
+    fn finish_handover(
         &mut self,
+        want: &Config,
         vm: &str,
-        path: PathBuf,
-        failed: &[String],
-        workers: usize,
-    ) -> Result<Value, String> {
-        if failed.is_empty() {
-            self.plane.event(
-                "checkpoint",
-                format!(
-                    "{vm}: restored from {} ({workers} processes)",
-                    path.display()
-                ),
-            );
-            Ok(json!({ "vm": vm, "file": path, "processes": workers }))
+        to: &str,
+        (failed, taken, mut memfds): Gathered,
+        answer: &Answer,
+    ) -> Option<Result<Value, String>> {
+        let ready = if failed.is_empty() {
+            let region = self.hosts.get(vm).map(crate::link::VmHost::region_memfd);
+            match (checkpoint_key(want), region) {
+                (Ok(Some(key)), Some(Ok(region))) => Ok((key, region)),
+                (Err(e), _) => Err(e),
+                (_, Some(Err(e))) => Err(e.to_string()),
+                _ => Err(format!("{vm} has no host side or no key")),
+            }
         } else {
-            Err(format!(
-                "{vm}: not restored from {}: {}",
-                path.display(),
-                failed.join("; ")
-            ))
+            Err(failed.join("; "))
+        };
+        let (key, region) = match ready {
+            Ok(r) => r,
+            Err(why) => {
+                let _ = self.resume(vm);
+                return Some(Err(format!(
+                    "{vm}: not handed over, it goes on here: {why}"
+                )));
+            }
+        };
+        let saved = Saved {
+            vm: vm.to_owned(),
+            region: Some(region),
+            lanes: taken_lanes(&taken, &mut memfds),
+        };
+        let (plane, answer) = (self.plane.clone(), answer.clone());
+        let (to, name) = (to.to_owned(), vm.to_owned());
+        let vm = name.clone();
+        let spawned = std::thread::Builder::new()
+            .name("handover-out".into())
+            .spawn(move || {
+                let t = Instant::now();
+                let r = match crate::handover::send(&to, &key, &saved) {
+                    Ok(line) => {
+                        plane.event(
+                            "checkpoint",
+                            format!("{vm}: handed over to {to} ({line}); held until gone"),
+                        );
+                        let bytes: u64 = saved.lanes.iter().map(|l| l.len).sum::<u64>()
+                            + saved.region.as_ref().map_or(0, |r| r.1);
+                        Ok(json!({
+                            "vm": vm,
+                            "to": to,
+                            "processes": saved.lanes.len(),
+                            "bytes": bytes,
+                            "send_ms": t.elapsed().as_secs_f64() * 1e3,
+                            "peer": line,
+                            "held": true,
+                        }))
+                    }
+                    Err(why) => {
+                        plane.queue_resume(&vm);
+                        Err(format!("{vm}: not handed over, it goes on here: {why}"))
+                    }
+                };
+                let _ = answer.send(r);
+            });
+        match spawned {
+            Ok(_) => None,
+            Err(e) => {
+                let _ = self.resume(&name);
+                Some(Err(format!(
+                    "{name}: not handed over, it goes on here: {e}"
+                )))
+            }
         }
     }
+}
+
+/// The lanes whose checkpoints were taken, with their streams.
+fn taken_lanes(taken: &BTreeMap<u32, u64>, memfds: &mut BTreeMap<u32, OwnedFd>) -> Vec<Lane> {
+    taken
+        .iter()
+        .filter_map(|(&slot, &len)| {
+            memfds
+                .remove(&slot)
+                .map(|stream| Lane { slot, stream, len })
+        })
+        .collect()
 }
 
 /// The reason a worker wrote into `memfd` (`n` bytes, at most
@@ -403,8 +428,9 @@ fn reason(memfd: &OwnedFd, n: u64) -> String {
         .collect()
 }
 
-/// The key checkpoint files are tagged under, if the config names one.
-fn checkpoint_key(cfg: &Config) -> Result<Option<Vec<u8>>, String> {
+/// The key checkpoint files and handovers are tagged under, if the config
+/// names one.
+pub(super) fn checkpoint_key(cfg: &Config) -> Result<Option<Vec<u8>>, String> {
     let Some(p) = &cfg.daemon.checkpoint_key_file else {
         return Ok(None);
     };
@@ -422,13 +448,8 @@ fn checkpoint_key(cfg: &Config) -> Result<Option<Vec<u8>>, String> {
 /// Makes `dir` (mode 0700) if it is not there.
 fn make_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    match std::fs::DirBuilder::new()
+    std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-    {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
-    }
 }

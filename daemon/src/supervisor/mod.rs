@@ -33,6 +33,7 @@ use crate::Error;
 mod checkpoint;
 mod faults;
 mod migration;
+mod restore;
 mod slots;
 mod spares;
 mod workers;
@@ -88,6 +89,8 @@ struct Supervisor {
     saves: HashMap<String, checkpoint::Saving>,
     /// vGPUs held after a checkpoint (`checkpoint.rs`).
     held: std::collections::BTreeSet<String>,
+    /// vGPUs other hosts handed over, until restored (`restore.rs`).
+    arrived: HashMap<String, crate::save_file::Saved>,
     /// The workers' pids the control plane was last told, by VM.
     reported: HashMap<String, Vec<u32>>,
 }
@@ -122,6 +125,17 @@ impl Supervisor {
             }
         }
         crate::control::start(&plane)?;
+        if let Some(addr) = &cfg.daemon.handover_listen {
+            let key = checkpoint::checkpoint_key(cfg)
+                .map_err(Error::Handover)?
+                .ok_or_else(|| {
+                    Error::Handover("handover_listen needs checkpoint_key_file".into())
+                })?;
+            crate::handover::listen(addr, key, plane.clone()).map_err(|source| Error::Io {
+                what: "listening for vGPUs handed over",
+                source,
+            })?;
+        }
         // One MPS control daemon per GPU that asks for it (see `mps.rs`),
         // before any of its workers starts.
         let mut mps: HashMap<u32, MpsGpu> = Default::default();
@@ -169,6 +183,7 @@ impl Supervisor {
             moves: HashMap::new(),
             saves: HashMap::new(),
             held: Default::default(),
+            arrived: HashMap::new(),
             reported: HashMap::new(),
         })
     }

@@ -15,6 +15,13 @@
 //!                            `bench fairness` runs it on the host); every
 //!                            250 ms a line `FVG-LOOP <count so far>`, for
 //!                            the host to time (scripts/vm-fairness.py)
+//!   vm-probe compute ROUNDS  adds ones to a vector on the device round
+//!                            after round, 200 ms apart, and checks every
+//!                            element after each (after round r, a[i] =
+//!                            i + r): a program whose vGPU a checkpoint or
+//!                            a migration moves mid-loop; a line
+//!                            `FVG-ROUND r` after each, then
+//!                            `FVG-COMPUTE ok rounds=R sum=S`
 
 use std::time::{Duration, Instant};
 
@@ -38,7 +45,7 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let cmd = args
         .next()
-        .context("usage: vm-probe block|memfree|info|loop [N [SECS]]")?;
+        .context("usage: vm-probe block|memfree|info|loop|compute [N [SECS]]")?;
     let n: u64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(100);
     let secs: u64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(10);
     match cmd.as_str() {
@@ -122,7 +129,45 @@ fn main() -> Result<()> {
             }
             println!("FVG-LOOP {count}");
         }
+        "compute" => compute(n)?,
         other => bail!("unknown command {other}"),
     }
+    Ok(())
+}
+
+/// `vm-probe compute ROUNDS` (see the usage above).
+fn compute(rounds: u64) -> Result<()> {
+    const N: usize = 64 << 10;
+    let mut gpu = open(SpinPolicy::default().spins)?;
+    let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
+    let add = gpu.get_function(m, "vector_add")?;
+    let len = (N * 4) as u64;
+    let (a, b) = (gpu.mem_alloc(len)?, gpu.mem_alloc(len)?);
+    let start: Vec<u8> = (0..N).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    gpu.memcpy_htod(a, &start)?;
+    gpu.memcpy_htod(b, &1.0f32.to_le_bytes().repeat(N))?;
+    let (grid, block) = (Dim3 { x: 256, y: 1, z: 1 }, Dim3 { x: 256, y: 1, z: 1 });
+    let n = u32::try_from(N)?;
+    let mut out = vec![0u8; N * 4];
+    let mut sum = 0.0;
+    for r in 1..=rounds {
+        let params: [&[u8]; 4] = [
+            &a.to_le_bytes(),
+            &b.to_le_bytes(),
+            &a.to_le_bytes(),
+            &n.to_le_bytes(),
+        ];
+        gpu.launch(&add, grid, block, 0, 0, &params)?;
+        gpu.memcpy_dtoh(&mut out, a, 0)?;
+        sum = 0.0;
+        for (i, c) in out.chunks_exact(4).enumerate() {
+            let x = f32::from_le_bytes(c.try_into()?);
+            ensure!(x == i as f32 + r as f32, "round {r}: element {i} is {x}");
+            sum += f64::from(x);
+        }
+        println!("FVG-ROUND {r}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    println!("FVG-COMPUTE ok rounds={rounds} sum={sum}");
     Ok(())
 }

@@ -1,0 +1,96 @@
+use super::*;
+use crate::save_file::Lane;
+use std::fs::File;
+use std::sync::Mutex;
+
+struct Taker {
+    got: Mutex<Vec<(String, u64, usize)>>,
+}
+
+impl Receiver for Taker {
+    fn limits(&self, vm: &str) -> Option<FileLimits> {
+        (vm == "vm1").then_some(FileLimits {
+            slots: 4,
+            lane_bytes: 1 << 20,
+            region: 8192,
+        })
+    }
+
+    fn arrived(&self, saved: Saved, answer: Sender<Result<String, String>>) {
+        let region = saved.region.as_ref().map_or(0, |r| r.1);
+        self.got
+            .lock()
+            .unwrap()
+            .push((saved.vm.clone(), region, saved.lanes.len()));
+        let _ = answer.send(Ok(format!("{}: taken", saved.vm)));
+    }
+}
+
+fn memfd_of(bytes: &[u8]) -> std::os::fd::OwnedFd {
+    let fd = save_file::memfd("t").unwrap();
+    File::from(fd.try_clone().unwrap())
+        .write_all(bytes)
+        .unwrap();
+    fd
+}
+
+fn saved(vm: &str, region: u64) -> Saved {
+    Saved {
+        vm: vm.into(),
+        region: Some((
+            memfd_of(&vec![9u8; usize::try_from(region).unwrap()]),
+            region,
+        )),
+        lanes: vec![Lane {
+            slot: 1,
+            stream: memfd_of(b"a stream"),
+            len: 8,
+        }],
+    }
+}
+
+const KEY: &[u8] = b"0123456789abcdef";
+
+fn listening() -> (String, Arc<Taker>) {
+    let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = probe.local_addr().unwrap().to_string();
+    drop(probe);
+    let t = Arc::new(Taker {
+        got: Mutex::new(Vec::new()),
+    });
+    listen(&addr, KEY.to_vec(), t.clone()).unwrap();
+    (addr, t)
+}
+
+#[test]
+fn a_peer_with_the_key_hands_over_and_hears_the_word() {
+    let (addr, t) = listening();
+    let line = send(&addr, KEY, &saved("vm1", 8192)).unwrap();
+    assert_eq!(line, "vm1: taken");
+    assert_eq!(*t.got.lock().unwrap(), [("vm1".to_owned(), 8192, 1)]);
+}
+
+#[test]
+fn a_wrong_key_another_region_or_an_unknown_vm_is_refused_and_nothing_arrives() {
+    let (addr, t) = listening();
+    let e = send(&addr, b"fedcba9876543210", &saved("vm1", 8192)).unwrap_err();
+    assert!(e.contains("proof does not match"), "{e}");
+    let e = send(&addr, KEY, &saved("vm1", 4096)).unwrap_err();
+    assert!(e.contains("region of 4096 bytes"), "{e}");
+    let e = send(&addr, KEY, &saved("vm9", 8192)).unwrap_err();
+    assert!(e.contains("no [[vm]]"), "{e}");
+    assert!(t.got.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_port_that_is_not_a_daemon_is_named() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = l.accept() {
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n........");
+        }
+    });
+    let e = send(&addr, KEY, &saved("vm1", 8192)).unwrap_err();
+    assert!(e.contains("not a fairvgpu daemon"), "{e}");
+}

@@ -1,0 +1,174 @@
+//! A vGPU served on from a checkpoint: a worker per process slot started
+//! from its stream (`--restore-fd`), into a VM whose QEMU loaded the VM's
+//! saved or migrated state and is paused. The streams come from a save
+//! file, or from another host's daemon (`handover.rs`), which also carried
+//! the region: its copy is written over QEMU's before any worker starts,
+//! as QEMU's misses what the source's workers wrote.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use super::checkpoint::{checkpoint_key, Answer, Kind, Saving};
+use super::Supervisor;
+use crate::config::Config;
+use crate::save_file::{self, Lane, Saved};
+
+/// Where a restore's checkpoint comes from.
+pub(super) enum Source {
+    /// This file of the checkpoint folder.
+    File(String),
+    /// What another host's daemon handed over.
+    Received,
+}
+
+impl Supervisor {
+    /// Starts a worker for each process slot of the checkpoint from
+    /// `source`, each serving on from its stream; `vm` must have none
+    /// running. Answers later.
+    pub(super) fn start_restore(
+        &mut self,
+        want: &Config,
+        vm: &str,
+        source: Source,
+        answer: &Answer,
+    ) -> Result<Option<Value>, String> {
+        let vmc = want.vm(vm).ok_or_else(|| format!("no vm named {vm:?}"))?;
+        self.check_empty(vm)?;
+        let (from, saved) = match source {
+            Source::File(f) => {
+                let path = want.checkpoint_dir().join(f);
+                let key = checkpoint_key(want)?;
+                let limits = self
+                    .plane
+                    .save_limits(vm, false)
+                    .ok_or_else(|| format!("no vm named {vm:?}"))?;
+                let saved = save_file::read(&path, vm, key.as_deref(), limits)
+                    .map_err(|e| e.to_string())?;
+                (path.display().to_string(), saved)
+            }
+            Source::Received => {
+                let saved = self
+                    .arrived
+                    .remove(vm)
+                    .ok_or_else(|| format!("{vm}: no other host handed it over"))?;
+                ("what another host handed over".to_owned(), saved)
+            }
+        };
+        if let Some((fd, len)) = &saved.region {
+            self.write_region(vm, fd, *len)?;
+        }
+        let mut memfds = BTreeMap::new();
+        let mut failed = Vec::new();
+        for Lane { slot, stream, .. } in saved.lanes {
+            if let Some(h) = self.hosts.get(vm) {
+                h.slot_taken(slot);
+            }
+            match self.start_worker_from(vmc, slot, Some(&stream)) {
+                Ok(()) => {
+                    memfds.insert(slot, stream);
+                }
+                Err(e) => failed.push(format!("slot {slot}: no worker started: {e}")),
+            }
+        }
+        self.plane.event(
+            "checkpoint",
+            format!("{vm}: {} workers serve on from {from}", memfds.len()),
+        );
+        self.saves.insert(
+            vm.to_owned(),
+            Saving {
+                kind: Kind::Restore(from),
+                waiting: memfds.keys().copied().collect(),
+                memfds,
+                taken: BTreeMap::new(),
+                failed,
+                since: Instant::now(),
+                answer: answer.clone(),
+            },
+        );
+        Ok(None)
+    }
+
+    /// Refuses unless `vm` has a host side, nothing under way, and no
+    /// worker: a restore starts its workers.
+    fn check_empty(&self, vm: &str) -> Result<(), String> {
+        let host = self
+            .hosts
+            .get(vm)
+            .ok_or_else(|| format!("{vm} has no host side"))?;
+        if self.saves.contains_key(vm) || self.moves.contains_key(vm) {
+            return Err(format!("{vm}: a checkpoint, restore or move is under way"));
+        }
+        let served = self.children.iter().any(|w| w.name == vm && !w.ended);
+        if !host.lanes().is_empty() || served {
+            return Err(format!(
+                "{vm} has running processes here: restore into a VM whose QEMU was started with -incoming and is paused"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes the region another host carried over `vm`'s (QEMU's copy).
+    fn write_region(&self, vm: &str, from: &std::os::fd::OwnedFd, len: u64) -> Result<(), String> {
+        let host = self
+            .hosts
+            .get(vm)
+            .ok_or_else(|| format!("{vm} has no host side"))?;
+        let (fd, here) = host.region_memfd().map_err(|e| e.to_string())?;
+        if here != len {
+            return Err(format!(
+                "{vm}: a region of {len} bytes, its region here is {here}"
+            ));
+        }
+        // At offsets: the region's fd shares its file offset with the
+        // workers', and it is sealed against growing.
+        let dst = File::from(fd);
+        let copy = || {
+            use std::os::unix::fs::FileExt;
+            save_file::read_at_offsets(from, len, |b, at| dst.write_all_at(b, at))
+        };
+        copy().map_err(|e| format!("{vm}: writing its region: {e}"))
+    }
+
+    /// A vGPU another host's daemon handed over: kept until restored, if
+    /// `vm` is here with nothing running; the line is the sender's.
+    pub(super) fn on_arrival(&mut self, saved: Saved) -> Result<String, String> {
+        let vm = saved.vm.clone();
+        self.check_empty(&vm)?;
+        let n = saved.lanes.len();
+        self.plane.event(
+            "checkpoint",
+            format!(
+                "{vm}: handed over from another host ({n} processes); it serves on once restored"
+            ),
+        );
+        self.arrived.insert(vm.clone(), saved);
+        Ok(format!(
+            "{vm}: taken ({n} processes); it serves on once restored there"
+        ))
+    }
+
+    pub(super) fn finish_restore(
+        &mut self,
+        vm: &str,
+        from: &str,
+        failed: &[String],
+        workers: usize,
+    ) -> Result<Value, String> {
+        if failed.is_empty() {
+            self.plane.event(
+                "checkpoint",
+                format!("{vm}: restored from {from} ({workers} processes)"),
+            );
+            Ok(json!({ "vm": vm, "from": from, "processes": workers }))
+        } else {
+            Err(format!(
+                "{vm}: not restored from {from}: {}",
+                failed.join("; ")
+            ))
+        }
+    }
+}
