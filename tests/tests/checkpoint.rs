@@ -74,6 +74,8 @@ fn adder(socket: std::path::PathBuf, rounds: Arc<AtomicU64>) -> std::thread::Joi
 /// that a checkpoint asked for mid-copy waits for the copy's data.
 const COPY: usize = 8 << 20;
 const COPIES: u64 = 40;
+/// Bytes of the copier's pinned block.
+const PINNED: u64 = 64 << 10;
 
 /// A second guest process: copies `COPY` bytes of a pattern of the round
 /// to the device and back, round after round, and checks them; `copies`
@@ -82,14 +84,26 @@ fn copier(socket: std::path::PathBuf, copies: Arc<AtomicU64>) -> std::thread::Jo
     std::thread::spawn(move || {
         let mut gpu = Gpu::connect_with(&socket, TEST_SPIN).expect("guest attaches");
         let p = gpu.mem_alloc(COPY as u64).unwrap();
+        let q = gpu.mem_alloc(COPY as u64).unwrap();
+        // Each round's bytes also pass through a block of the pinned pool,
+        // which must stay the process's across the checkpoint.
+        let block = gpu.pinned_alloc(PINNED).unwrap();
         let mut back = vec![0u8; COPY];
         for r in 1..=COPIES {
             let pattern: Vec<u8> = (0..COPY).map(|i| (i as u64 * 31 + r) as u8).collect();
             gpu.memcpy_htod(p, &pattern).unwrap();
-            gpu.memcpy_dtoh(&mut back, p, 0).unwrap();
-            assert!(back == pattern, "round trip {r} came back changed");
+            gpu.memcpy_dtoh_pinned(p, block, PINNED, 0).unwrap();
+            gpu.memcpy_htod_pinned(q, block, PINNED, 0).unwrap();
+            gpu.memcpy_dtoh(&mut back, q, 0).unwrap();
+            let n = usize::try_from(PINNED).unwrap();
+            assert!(
+                back[..n] == pattern[..n],
+                "round {r}: the pinned block's bytes changed"
+            );
             copies.store(r, Ordering::Relaxed);
         }
+        gpu.pinned_free(block)
+            .expect("its pinned block is still its own");
     })
 }
 

@@ -66,6 +66,10 @@ pub struct SessionImage {
     pub pending_error: Option<u32>,
     /// Its context.
     pub context: ContextImage,
+    /// Its blocks of the VM's pinned pool, `(offset, length)` in bytes;
+    /// their bytes are in the region.
+    #[serde(default)]
+    pub pinned: Vec<(u64, u64)>,
 }
 
 /// A channel bound to a guest process: its number in the region, and where

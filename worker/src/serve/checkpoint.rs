@@ -42,10 +42,6 @@ pub enum CheckpointError {
         /// What it holds.
         keeper: Keeper,
     },
-    /// Guest processes hold page-locked memory of the VM's pinned pool
-    /// (not put in a checkpoint yet).
-    #[error("guest processes hold {0} bytes of the pinned pool (not put in a checkpoint yet)")]
-    Pinned(u64),
     /// The executor failed to take or make a context.
     #[error("guest process {pid}: the executor answered {status:?}")]
     Executor {
@@ -307,10 +303,6 @@ impl Worker {
 
     /// The checkpoint of every guest process this worker serves.
     fn take_checkpoint(&mut self) -> Result<VgpuImage, CheckpointError> {
-        let pinned = self.sh.gpu.pinned.used();
-        if pinned > 0 {
-            return Err(CheckpointError::Pinned(pinned));
-        }
         let device = device_facts(self.sh.gpu.exec.as_ref());
         let mut sessions = Vec::new();
         let chans = &self.chans;
@@ -346,6 +338,7 @@ impl Worker {
                 token,
                 pending_error: s.pending_error.map(Status::code),
                 context,
+                pinned: self.sh.gpu.pinned.blocks_of(s.id),
             });
         }
         sessions.sort_by_key(|s| s.channels.first().map(|c| c.index));
@@ -454,7 +447,17 @@ impl Worker {
             }
             s.pending_error = si.pending_error.map(Status::from_code);
             let n = u32::try_from(si.channels.len()).unwrap_or(u32::MAX);
+            // The pool's blocks are the session's own (its process-unique id).
+            let owner = s.id;
             let id = self.sessions.restored(s, si.token, n, pid, si.next_seq);
+            for &(off, len) in &si.pinned {
+                super::pinned::restore(&mut self.sh.gpu, off, len, owner)
+                    .map_err(|status| CheckpointError::Executor { pid, status })?;
+            }
+            self.sh.port.stats.pinned_used.store(
+                self.sh.gpu.pinned.used(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             for ch in &si.channels {
                 let c = self
                     .chans

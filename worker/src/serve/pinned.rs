@@ -108,6 +108,34 @@ impl PinnedPool {
         Ok(at)
     }
 
+    /// `owner`'s block `[off, off + len)` again, as a checkpoint has it
+    /// (`checkpoint.rs`): whole pages within the pool, apart from every
+    /// block, in chunks this worker holds or claims.
+    pub fn restore_block(&mut self, off: u64, len: u64, owner: SessionId) -> Result<(), Status> {
+        let end = off.checked_add(len).ok_or(Status::InvalidValue)?;
+        let whole =
+            len > 0 && off.is_multiple_of(PAGE) && len.is_multiple_of(PAGE) && end <= self.size;
+        let apart = self
+            .blocks
+            .range(..end)
+            .next_back()
+            .is_none_or(|(&o, &(l, _))| o + l <= off);
+        if !whole || !apart {
+            return Err(Status::InvalidValue);
+        }
+        for k in off / self.chunk..end.div_ceil(self.chunk) {
+            if !self.owned.contains(&k) {
+                if !self.ledger.claim_chunk(crate::usize_from(k), self.slot) {
+                    return Err(Status::OutOfMemory);
+                }
+                self.owned.insert(k);
+            }
+        }
+        self.blocks.insert(off, (len, owner));
+        self.used += len;
+        Ok(())
+    }
+
     /// The first gap of `len` bytes in a run of chunks this worker holds.
     fn fit_in_owned(&self, len: u64) -> Option<u64> {
         let mut runs: Vec<(u64, u64)> = Vec::new();
@@ -264,6 +292,25 @@ pub(super) fn alloc(
     Ok(off)
 }
 
+/// `owner`'s block `[off, off + len)` again, from a checkpoint, registered
+/// with the device as [`alloc`] registers one.
+pub(super) fn restore(
+    gpu: &mut super::shared::Gpu,
+    off: u64,
+    len: u64,
+    owner: SessionId,
+) -> Result<(), Status> {
+    gpu.pinned.restore_block(off, len, owner)?;
+    if gpu.pinned.per_block {
+        let r = part(gpu, off, len).and_then(|p| gpu.exec.register_pinned_block(&p.as_slice()));
+        if let Err(s) = r {
+            let _ = gpu.pinned.free(off, owner);
+            return Err(s);
+        }
+    }
+    Ok(())
+}
+
 /// Gives back `owner`'s block at `off`, unregistered from the device first.
 pub(super) fn free(gpu: &mut super::shared::Gpu, off: u64, owner: SessionId) -> Result<(), Status> {
     let len = gpu.pinned.block(off, owner)?;
@@ -347,6 +394,51 @@ mod tests {
         assert_eq!(p.used(), 3 * PAGE);
         assert!(p.alloc(u64::MAX, 1).is_err());
         assert_eq!(p.alloc(0, 1), Err(Status::InvalidValue), "no empty block");
+    }
+
+    /// A checkpoint's blocks come back to their owner in a new pool, their
+    /// chunks claimed; a block across another, off a page, empty, or past
+    /// the pool is refused, and so is one whose chunk another slot holds.
+    #[test]
+    fn blocks_restored_from_a_checkpoint_are_their_owners_again() {
+        let fd = Ledger::create("restore-test").unwrap();
+        let mut p = PinnedPool::new(
+            8 * CHUNK_PAGES * PAGE,
+            Ledger::shared(fd.try_clone().unwrap()).unwrap(),
+            0,
+        );
+        p.restore_block(PAGE, 2 * PAGE, 7).unwrap();
+        assert!(p.check(7, PAGE, 2 * PAGE).is_ok());
+        assert!(p.check(8, PAGE, 1).is_err());
+        assert_eq!((p.used(), p.held()), (2 * PAGE, CHUNK_PAGES * PAGE));
+        for (off, len) in [
+            (2 * PAGE, PAGE),
+            (0, 2 * PAGE),
+            (PAGE + 1, PAGE),
+            (0, 0),
+            (0, PAGE + 1),
+        ] {
+            assert_eq!(
+                p.restore_block(off, len, 7),
+                Err(Status::InvalidValue),
+                "{off} {len}"
+            );
+        }
+        assert!(
+            p.restore_block(8 * CHUNK_PAGES * PAGE - PAGE, 2 * PAGE, 7)
+                .is_err(),
+            "past the pool"
+        );
+        let mut other = PinnedPool::new(8 * CHUNK_PAGES * PAGE, Ledger::shared(fd).unwrap(), 1);
+        other.alloc(PAGE, 9).unwrap();
+        let theirs = CHUNK_PAGES * PAGE;
+        assert_eq!(
+            p.restore_block(theirs, PAGE, 7),
+            Err(Status::OutOfMemory),
+            "another slot's chunk"
+        );
+        p.free(PAGE, 7).unwrap();
+        assert_eq!(p.held(), 0, "the chunk goes back with its last block");
     }
 
     /// Two workers of a VM (two pools over one ledger memfd, as two

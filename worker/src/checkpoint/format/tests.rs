@@ -32,6 +32,7 @@ fn image() -> VgpuImage {
                 token: [1, 2],
                 pending_error: None,
                 context: ctx.checkpoint().unwrap(),
+                pinned: vec![(u64::from(i) * 8192, 4096)],
             }
         })
         .collect();
