@@ -36,6 +36,9 @@ const WHY_MAX: usize = 4096;
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a receiver waits for its supervisor's word on what came.
 const TAKE_WAIT: Duration = Duration::from_secs(60);
+/// Peers a receiver serves at once; one past them is closed at once, so
+/// that strangers opening connections cost a bounded number of threads.
+const PEERS_AT_ONCE: usize = 4;
 
 /// What a receiving daemon does with what came: the limits for a VM
 /// (None: not here), and the supervisor's word on a stream that passed
@@ -53,12 +56,19 @@ pub fn listen(addr: &str, key: Vec<u8>, rx: Arc<dyn Receiver>) -> std::io::Resul
     let l = TcpListener::bind(addr)?;
     tracing::info!(addr, "taking vGPUs handed over from other hosts");
     let key: Arc<[u8]> = key.into();
+    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("handover".into())
         .spawn(move || {
+            use std::sync::atomic::Ordering;
             for s in l.incoming().flatten() {
-                let (key, rx) = (key.clone(), rx.clone());
-                let _ = std::thread::Builder::new()
+                if busy.fetch_add(1, Ordering::AcqRel) >= PEERS_AT_ONCE {
+                    busy.fetch_sub(1, Ordering::AcqRel);
+                    let _ = verdict(&s, Err("this host takes another vGPU now; try again"));
+                    continue;
+                }
+                let (key, rx, done) = (key.clone(), rx.clone(), busy.clone());
+                let spawned = std::thread::Builder::new()
                     .name("handover-in".into())
                     .spawn(move || {
                         let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
@@ -69,7 +79,11 @@ pub fn listen(addr: &str, key: Vec<u8>, rx: Arc<dyn Receiver>) -> std::io::Resul
                                 let _ = verdict(&s, Err(&why));
                             }
                         }
+                        done.fetch_sub(1, Ordering::AcqRel);
                     });
+                if spawned.is_err() {
+                    busy.fetch_sub(1, Ordering::AcqRel);
+                }
             }
         })?;
     Ok(())
@@ -140,6 +154,14 @@ pub fn send(to: &str, key: &[u8], saved: &Saved) -> Result<String, String> {
     let mut hello = [0u8; 40];
     let not_one = || format!("{to} is not a fairvgpu daemon taking vGPUs");
     (&s).read_exact(&mut hello[..8]).map_err(|_| not_one())?;
+    if hello[0] == 1 {
+        // Refused before its hello (busy): a verdict of at least 5 bytes.
+        let n = usize::from(u16::from_le_bytes([hello[1], hello[2]]));
+        let mut why = hello[3..8].to_vec();
+        why.resize(n.max(5), 0);
+        (&s).read_exact(&mut why[5..]).map_err(|_| not_one())?;
+        return Err(format!("{to} refused it: {}", printable(&why[..n])));
+    }
     if hello[..8] != HELLO {
         return Err(not_one());
     }
@@ -171,14 +193,19 @@ pub fn send(to: &str, key: &[u8], saved: &Saved) -> Result<String, String> {
     let mut why = vec![0u8; usize::from(u16::from_le_bytes([head[1], head[2]]))];
     (&s).read_exact(&mut why)
         .map_err(|e| format!("{to}: {e}"))?;
-    let why: String = String::from_utf8_lossy(&why)
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
+    let why = printable(&why);
     match head[0] {
         0 => Ok(why),
         _ => Err(format!("{to} refused it: {why}")),
     }
+}
+
+/// A peer's words, anything but printable text replaced.
+fn printable(b: &[u8]) -> String {
+    String::from_utf8_lossy(b)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 fn proof_tag(key: &[u8], nonce: &[u8]) -> Tag {

@@ -94,3 +94,19 @@ fn a_port_that_is_not_a_daemon_is_named() {
     let e = send(&addr, KEY, &saved("vm1", 8192)).unwrap_err();
     assert!(e.contains("not a fairvgpu daemon"), "{e}");
 }
+
+#[test]
+fn a_busy_receiver_says_so_before_its_hello() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        if let Ok((s, _)) = l.accept() {
+            let _ = verdict(&s, Err("this host takes another vGPU now; try again"));
+        }
+    });
+    let e = send(&addr, KEY, &saved("vm1", 8192)).unwrap_err();
+    assert!(
+        e.ends_with("refused it: this host takes another vGPU now; try again"),
+        "{e}"
+    );
+}
