@@ -117,10 +117,15 @@ vectors = 2
 [[vm]]
 name = "vm1"
 tenant = "acme"
-memory_limit_mib = 512
+{limit}
 {vm_keys}
 "#,
-                run = dir.join("run").display()
+                run = dir.join("run").display(),
+                limit = if vm_keys.contains("memory_limit_mib") {
+                    ""
+                } else {
+                    "memory_limit_mib = 512"
+                }
             ),
         )
         .unwrap();
@@ -608,7 +613,9 @@ fn key_file(dir: &Path, key: &str) -> PathBuf {
 /// under their shared key, QEMU goes on, the destination serves on once
 /// QEMU there has loaded the VM. First a destination with another key
 /// refuses: the guest goes on computing on the source, QEMU's migration
-/// cancelled. The program finishes with every round's check passing.
+/// cancelled; before it, one where it does not fit (a smaller memory limit)
+/// refuses while the guest runs. The program finishes with every round's
+/// check passing.
 #[test]
 fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
     if !prerequisites() {
@@ -633,6 +640,8 @@ fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
     );
     let b = Daemon::start_keys("live-b", &listen(port_b, &key), "");
     let c = Daemon::start_keys("live-c", &listen(port_c, &other), "");
+    let port_d = free_port();
+    let _d = Daemon::start_keys("live-d", &listen(port_d, &key), "memory_limit_mib = 1");
     let qmp_a = a.dir.join("qmp.sock");
     let mut g = Guest::boot(
         &a,
@@ -678,7 +687,21 @@ fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
         assert_eq!(m["status"], "pre-switchover", "{m}");
     };
 
-    // Refused: the guest goes on on the source.
+    // Refused by a destination where it does not fit, while the guest
+    // runs: the vGPU goes on at once.
+    let to_d = format!("127.0.0.1:{port_d}");
+    let out = a.fairvgpu(&["handover", "--vm", "vm1", "--to", &to_d]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("its limit here is 1 MiB"),
+        "{err}"
+    );
+    let round = |l: String| -> u64 { l["FVG-ROUND ".len()..].trim().parse().unwrap() };
+    let before = round(g.expect("FVG-ROUND ", STEP));
+    assert!(round(g.expect("FVG-ROUND ", STEP)) > before);
+
+    // Refused by one with another key, QEMU's migration under way: the
+    // guest goes on on the source, QEMU's migration cancelled.
     let qport = free_port();
     let (_refused, _) = boot_incoming(&c, qport);
     migrate_to_switchover(&mut qa, qport);
@@ -691,7 +714,6 @@ fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
     );
     qmp_do(&mut qa, "migrate_cancel", serde_json::json!({}));
     qmp_until(&mut qa, "query-status", STEP, |v| v["status"] == "running");
-    let round = |l: String| -> u64 { l["FVG-ROUND ".len()..].trim().parse().unwrap() };
     let before = round(g.expect("FVG-ROUND ", STEP));
     assert!(round(g.expect("FVG-ROUND ", STEP)) > before);
 

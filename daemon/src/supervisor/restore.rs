@@ -57,6 +57,7 @@ impl Supervisor {
                 ("what another host handed over".to_owned(), saved)
             }
         };
+        self.fits_here(want, vm, &saved)?;
         if let Some((fd, len)) = &saved.region {
             self.write_region(vm, fd, *len)?;
         }
@@ -111,6 +112,43 @@ impl Supervisor {
         Ok(())
     }
 
+    /// Refuses, before anything of the VM changes, a checkpoint taken on
+    /// another GPU model or driver than `vm`'s GPU here, or holding more
+    /// device memory than `vm` may (from each stream's description; its
+    /// tag was checked, and each worker checks it all again).
+    fn fits_here(&self, want: &Config, vm: &str, saved: &Saved) -> Result<(), String> {
+        let vmc = want.vm(vm).ok_or_else(|| format!("no vm named {vm:?}"))?;
+        let gpu = self.plane.gpu_of(vm).unwrap_or(0);
+        let here = facts_here(want, gpu)?;
+        let limit = vmc.memory_limit_mib << 20;
+        let limits = worker::checkpoint::Limits {
+            memory: limit,
+            ..Default::default()
+        };
+        let mut bytes = 0u64;
+        for l in &saved.lanes {
+            let mut f = File::from(l.stream.try_clone().map_err(|e| e.to_string())?);
+            std::io::Seek::rewind(&mut f).map_err(|e| e.to_string())?;
+            let image = worker::checkpoint::describe(&mut std::io::BufReader::new(f), &limits)
+                .map_err(|e| format!("slot {}: {e}", l.slot))?;
+            if image.device != here {
+                return Err(format!(
+                    "{vm}: taken on {}, its GPU here is {here}",
+                    image.device
+                ));
+            }
+            bytes = bytes.saturating_add(image.memory_bytes());
+        }
+        if bytes > limit {
+            return Err(format!(
+                "{vm}: its processes hold {} MiB of device memory, its limit here is {} MiB",
+                bytes >> 20,
+                vmc.memory_limit_mib
+            ));
+        }
+        Ok(())
+    }
+
     /// Writes the region another host carried over `vm`'s (QEMU's copy).
     fn write_region(&self, vm: &str, from: &std::os::fd::OwnedFd, len: u64) -> Result<(), String> {
         let host = self
@@ -138,6 +176,7 @@ impl Supervisor {
     pub(super) fn on_arrival(&mut self, saved: Saved) -> Result<String, String> {
         let vm = saved.vm.clone();
         self.check_empty(&vm)?;
+        self.fits_here(&self.plane.config(), &vm, &saved)?;
         let n = saved.lanes.len();
         self.plane.event(
             "checkpoint",
@@ -169,6 +208,27 @@ impl Supervisor {
                 "{vm}: not restored from {from}: {}",
                 failed.join("; ")
             ))
+        }
+    }
+}
+
+/// The device a checkpoint restored on GPU `gpu` here must have been taken
+/// on.
+fn facts_here(cfg: &Config, gpu: u32) -> Result<worker::checkpoint::DeviceFacts, String> {
+    use worker::checkpoint::DeviceFacts;
+    use worker::executor::Executor;
+    match cfg.daemon.executor {
+        crate::config::ExecutorKind::Sim => {
+            let mut e =
+                worker::executor::sim::SimExecutor::new(crate::setup::executor_spec(cfg).sim);
+            e.set_device(gpu)
+                .map_err(|s| format!("no sim GPU {gpu}: {s:?}"))?;
+            Ok(DeviceFacts::of(&e.info()))
+        }
+        crate::config::ExecutorKind::Cuda => {
+            let (name, driver, cc) =
+                worker::executor::cuda::device_facts(gpu).map_err(|e| e.to_string())?;
+            Ok(DeviceFacts { name, driver, cc })
         }
     }
 }

@@ -137,7 +137,8 @@ fn main() -> Result<()> {
 
 /// `vm-probe compute ROUNDS` (see the usage above).
 fn compute(rounds: u64) -> Result<()> {
-    const N: usize = 64 << 10;
+    // 2 MiB of device memory in all: more than a 1 MiB limit.
+    const N: usize = 256 << 10;
     let mut gpu = open(SpinPolicy::default().spins)?;
     let m = gpu.module_load(ImageKind::Ptx, KERNELS_PTX.as_bytes())?;
     let add = gpu.get_function(m, "vector_add")?;
@@ -146,7 +147,14 @@ fn compute(rounds: u64) -> Result<()> {
     let start: Vec<u8> = (0..N).flat_map(|i| (i as f32).to_le_bytes()).collect();
     gpu.memcpy_htod(a, &start)?;
     gpu.memcpy_htod(b, &1.0f32.to_le_bytes().repeat(N))?;
-    let (grid, block) = (Dim3 { x: 256, y: 1, z: 1 }, Dim3 { x: 256, y: 1, z: 1 });
+    let (grid, block) = (
+        Dim3 {
+            x: 1024,
+            y: 1,
+            z: 1,
+        },
+        Dim3 { x: 256, y: 1, z: 1 },
+    );
     let n = u32::try_from(N)?;
     let mut out = vec![0u8; N * 4];
     let mut sum = 0.0;

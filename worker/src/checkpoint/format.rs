@@ -329,6 +329,56 @@ fn device_memory(limits: &Limits) -> (&'static str, u64) {
     ("bytes of device memory", limits.memory)
 }
 
+/// The description of the checkpoint `r` begins with (its device, limit,
+/// processes and their objects, no bytes), within `limits`, keyed or not.
+/// Nothing of it is checked against its tag: trust it only as far as what
+/// holds it was checked (a save file's tag, in the daemon), to refuse a
+/// restore early; the worker that restores reads it whole ([`read`]).
+pub fn describe<R: Read>(r: &mut R, limits: &Limits) -> Result<VgpuImage, FormatError> {
+    let mut rd = Reading {
+        r,
+        front: Vec::new(),
+    };
+    let mut magic = [0; 8];
+    rd.take(&mut magic)?;
+    if magic != MAGIC {
+        return Err(FormatError::NotACheckpoint);
+    }
+    let version = rd.u32()?;
+    if version != VERSION {
+        return Err(FormatError::Version(version));
+    }
+    let _flags = rd.u32()?;
+    description(&mut rd, limits)
+}
+
+/// The description, as the stream's front has it next.
+fn description<R: Read>(
+    rd: &mut Reading<'_, R>,
+    limits: &Limits,
+) -> Result<VgpuImage, FormatError> {
+    let n = rd.u64()?;
+    if n > limits.description {
+        return Err(FormatError::TooLarge {
+            what: "bytes of description",
+            bytes: n,
+            limit: limits.description,
+        });
+    }
+    let mut description = vec![0; crate::usize_from(n)];
+    rd.take(&mut description)?;
+    let image: VgpuImage = serde_json::from_slice(&description)
+        .map_err(|e| FormatError::Description(e.to_string()))?;
+    if image.sessions.len() > limits.sessions {
+        return Err(FormatError::TooLarge {
+            what: "guest processes",
+            bytes: image.sessions.len() as u64,
+            limit: limits.sessions as u64,
+        });
+    }
+    Ok(image)
+}
+
 /// Reads a checkpoint from `r`, expecting a tag under `key` (HMAC-SHA-256)
 /// or a SHA-256 where none, within `limits`. Nothing of it is returned
 /// unless its tag matches and every context passes its check.
@@ -356,25 +406,7 @@ pub fn read<R: Read>(
         (false, true) => return Err(FormatError::Integrity("written without a key; one given")),
         _ => {}
     }
-    let n = rd.u64()?;
-    if n > limits.description {
-        return Err(FormatError::TooLarge {
-            what: "bytes of description",
-            bytes: n,
-            limit: limits.description,
-        });
-    }
-    let mut description = vec![0; crate::usize_from(n)];
-    rd.take(&mut description)?;
-    let mut image: VgpuImage = serde_json::from_slice(&description)
-        .map_err(|e| FormatError::Description(e.to_string()))?;
-    if image.sessions.len() > limits.sessions {
-        return Err(FormatError::TooLarge {
-            what: "guest processes",
-            bytes: image.sessions.len() as u64,
-            limit: limits.sessions as u64,
-        });
-    }
+    let mut image = description(&mut rd, limits)?;
     let (mut memory, mut images) = (limits.memory, limits.images);
     for s in &mut image.sessions {
         let c: &mut ContextImage = &mut s.context;

@@ -16,7 +16,7 @@ use crate::executor::ContextImage;
 pub mod answer;
 mod format;
 
-pub use format::{read, stream_tag, write, FormatError, Limits, Tag, MAGIC, VERSION};
+pub use format::{describe, read, stream_tag, write, FormatError, Limits, Tag, MAGIC, VERSION};
 
 /// The device a checkpoint was taken on, as a restore compares it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,6 +27,17 @@ pub struct DeviceFacts {
     pub driver: String,
     /// Compute capability (major, minor).
     pub cc: (u32, u32),
+}
+
+impl DeviceFacts {
+    /// The facts of a device as an executor describes it.
+    pub fn of(info: &protocol::DeviceInfo) -> DeviceFacts {
+        DeviceFacts {
+            name: info.name.clone(),
+            driver: info.driver_version.clone(),
+            cc: info.cc,
+        }
+    }
 }
 
 impl std::fmt::Display for DeviceFacts {

@@ -168,12 +168,7 @@ impl Answer {
 
 /// The device of `exec` as a checkpoint names it.
 fn device_facts(exec: &dyn Executor) -> DeviceFacts {
-    let info = exec.info();
-    DeviceFacts {
-        name: info.name,
-        driver: info.driver_version,
-        cc: info.cc,
-    }
+    DeviceFacts::of(&exec.info())
 }
 
 /// Whether a worker of `cfg` on `exec` can serve on from `image`: taken on

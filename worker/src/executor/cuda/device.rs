@@ -143,6 +143,35 @@ pub fn device_memory(ordinal: u32) -> Result<u64, Error> {
     Ok(total as u64)
 }
 
+/// GPU `ordinal` as a checkpoint names a device: its name, the host
+/// driver's release and its compute capability; no context is made.
+pub fn device_facts(ordinal: u32) -> Result<(String, String, (u32, u32)), Error> {
+    device_count()?;
+    let dev = device(ordinal).map_err(driver("cuDeviceGet"))?;
+    let release = wire::identity::driver_release().unwrap_or_default();
+    Ok((name_of(dev), release, cc_of(dev)))
+}
+
+/// A device's name (`cuDeviceGetName`).
+fn name_of(dev: sys::CUdevice) -> String {
+    let mut name = [0 as std::ffi::c_char; 256];
+    // SAFETY: the buffer is 256 bytes long, as passed.
+    let _ = unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, dev) };
+    // SAFETY: the driver NUL-terminates within the buffer (zeroed beforehand).
+    unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A device's compute capability (major, minor).
+fn cc_of(dev: sys::CUdevice) -> (u32, u32) {
+    use sys::CUdevice_attribute as A;
+    (
+        non_negative(attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)),
+        non_negative(attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+    )
+}
+
 /// Whether GPU `ordinal` can preempt a running kernel (compute preemption,
 /// every NVIDIA GPU since Pascal): it then gets the preemptive time slice
 /// (`sched::Slices`).
@@ -257,13 +286,7 @@ fn attr(dev: CUdevice, a: sys::CUdevice_attribute) -> i32 {
 
 impl Executor for CudaExecutor {
     fn info(&self) -> DeviceInfo {
-        let mut name = [0 as std::ffi::c_char; 256];
-        // SAFETY: the buffer is 256 bytes long, as passed.
-        let _ = unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, self.dev) };
-        // SAFETY: the driver NUL-terminates within the buffer (zeroed beforehand).
-        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        let name = name_of(self.dev);
         let mut total = 0usize;
         // SAFETY: out-parameter on our stack.
         let _ = unsafe { sys::cuDeviceTotalMem_v2(&mut total, self.dev) };
@@ -281,16 +304,7 @@ impl Executor for CudaExecutor {
                 (r == CUresult::CUDA_SUCCESS).then_some((a, v))
             })
             .collect();
-        let cc = (
-            non_negative(attr(
-                self.dev,
-                A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-            )),
-            non_negative(attr(
-                self.dev,
-                A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-            )),
-        );
+        let cc = cc_of(self.dev);
         let sm_count = non_negative(attr(self.dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT));
         DeviceInfo {
             name,

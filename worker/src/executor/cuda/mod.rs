@@ -41,8 +41,8 @@ mod vmm;
 mod window;
 
 pub use device::{
-    available, device_count, device_memory, device_preemptive, open, peer_bandwidth, CudaError,
-    CudaExecutor,
+    available, device_count, device_facts, device_memory, device_preemptive, open, peer_bandwidth,
+    CudaError, CudaExecutor,
 };
 
 fn check(r: CUresult) -> Result<(), Status> {
