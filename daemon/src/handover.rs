@@ -200,8 +200,9 @@ pub fn send(to: &str, key: &[u8], saved: &Saved) -> Result<String, String> {
     }
 }
 
-/// A peer's words, anything but printable text replaced.
-fn printable(b: &[u8]) -> String {
+/// Words from another process (a peer, a worker) as UTF-8 text, anything
+/// but printable text replaced, for a log line or an answer.
+pub(crate) fn printable(b: &[u8]) -> String {
     String::from_utf8_lossy(b)
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })

@@ -130,13 +130,7 @@ impl Supervisor {
         kind: Kind,
         answer: &Answer,
     ) -> Result<Option<Value>, String> {
-        let host = self
-            .hosts
-            .get(vm)
-            .ok_or_else(|| format!("{vm} has no host side"))?;
-        if self.saves.contains_key(vm) || self.moves.contains_key(vm) {
-            return Err(format!("{vm}: a checkpoint, restore or move is under way"));
-        }
+        let host = self.quiet_host(vm)?;
         if let Kind::Checkpoint(path) = &kind {
             let dir = want.checkpoint_dir();
             make_private_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -422,10 +416,7 @@ fn reason(memfd: &OwnedFd, n: u64) -> String {
     if read.is_err() {
         return "no checkpoint (its reason could not be read)".into();
     }
-    String::from_utf8_lossy(&text)
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+    crate::handover::printable(&text)
 }
 
 /// The key checkpoint files and handovers are tagged under, if the config

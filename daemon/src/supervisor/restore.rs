@@ -93,9 +93,9 @@ impl Supervisor {
         Ok(None)
     }
 
-    /// Refuses unless `vm` has a host side, nothing under way, and no
-    /// worker: a restore starts its workers.
-    fn check_empty(&self, vm: &str) -> Result<(), String> {
+    /// `vm`'s host side, unless it has none or a checkpoint, restore or
+    /// move is under way.
+    pub(super) fn quiet_host(&self, vm: &str) -> Result<&crate::link::VmHost, String> {
         let host = self
             .hosts
             .get(vm)
@@ -103,6 +103,13 @@ impl Supervisor {
         if self.saves.contains_key(vm) || self.moves.contains_key(vm) {
             return Err(format!("{vm}: a checkpoint, restore or move is under way"));
         }
+        Ok(host)
+    }
+
+    /// Refuses unless `vm` has a host side, nothing under way, and no
+    /// worker: a restore starts its workers.
+    fn check_empty(&self, vm: &str) -> Result<(), String> {
+        let host = self.quiet_host(vm)?;
         let served = self.children.iter().any(|w| w.name == vm && !w.ended);
         if !host.lanes().is_empty() || served {
             return Err(format!(

@@ -339,6 +339,12 @@ pub fn describe<R: Read>(r: &mut R, limits: &Limits) -> Result<VgpuImage, Format
         r,
         front: Vec::new(),
     };
+    head(&mut rd)?;
+    description(&mut rd, limits)
+}
+
+/// The stream's magic and version, checked; its flags.
+fn head<R: Read>(rd: &mut Reading<'_, R>) -> Result<u32, FormatError> {
     let mut magic = [0; 8];
     rd.take(&mut magic)?;
     if magic != MAGIC {
@@ -348,8 +354,7 @@ pub fn describe<R: Read>(r: &mut R, limits: &Limits) -> Result<VgpuImage, Format
     if version != VERSION {
         return Err(FormatError::Version(version));
     }
-    let _flags = rd.u32()?;
-    description(&mut rd, limits)
+    rd.u32()
 }
 
 /// The description, as the stream's front has it next.
@@ -391,16 +396,7 @@ pub fn read<R: Read>(
         r,
         front: Vec::new(),
     };
-    let mut magic = [0; 8];
-    rd.take(&mut magic)?;
-    if magic != MAGIC {
-        return Err(FormatError::NotACheckpoint);
-    }
-    let version = rd.u32()?;
-    if version != VERSION {
-        return Err(FormatError::Version(version));
-    }
-    let flags = rd.u32()?;
+    let flags = head(&mut rd)?;
     match (flags & KEYED != 0, key.is_some()) {
         (true, false) => return Err(FormatError::Integrity("written under a key; none given")),
         (false, true) => return Err(FormatError::Integrity("written without a key; one given")),
