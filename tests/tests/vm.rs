@@ -181,6 +181,25 @@ tenant = "acme"
         }
     }
 
+    /// `fairvgpu ARGS` against this daemon, which must succeed: what it said.
+    fn fairvgpu_ok(&self, args: &[&str]) -> String {
+        let out = self.fairvgpu(args);
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "fairvgpu {args:?} failed: {said}");
+        said
+    }
+
+    /// `fairvgpu ARGS` against this daemon, which must fail saying `why`.
+    fn fairvgpu_refused(&self, args: &[&str], why: &str) {
+        let out = self.fairvgpu(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(why),
+            "fairvgpu {args:?}: {err}"
+        );
+    }
+
     fn fairvgpu(&self, args: &[&str]) -> std::process::Output {
         Command::new(&self.bin)
             .args(args)
@@ -254,6 +273,20 @@ impl Guest {
     /// Boots the guest in `mode` without its vGPU, with QMP (and the run-vm
     /// options `more`), and hot-plugs the vGPU once the guest waits for it:
     /// the guest, the QMP socket, and what `fairvgpu attach` printed.
+    /// The guest's `compute` mode (`rounds`: `fairvgpu.rounds=N`) with its
+    /// vGPU attached to `d` and QMP at `d`'s `qmp.sock`; where `incoming`
+    /// is given, a QEMU that loads the VM from there and stays paused
+    /// (`-incoming URI -S`). The guest, and QMP once QEMU serves it.
+    fn compute(d: &Daemon, rounds: &str, incoming: Option<&str>) -> (Guest, transport::qmp::Qmp) {
+        let qmp = d.dir.join("qmp.sock");
+        let mut args = vec!["--qmp", qmp.to_str().unwrap(), "--append", rounds];
+        if let Some(uri) = incoming {
+            args.extend(["--", "-incoming", uri, "-S"]);
+        }
+        let g = Guest::boot(d, "compute", &args);
+        (g, qmp_at(&qmp))
+    }
+
     fn hot_plugged(d: &Daemon, mode: &str, more: &[&str]) -> (Guest, String, String) {
         let qmp = d.dir.join("qmp.sock").to_string_lossy().into_owned();
         let mut args = vec!["--no-vgpu", "--qmp", &qmp];
@@ -487,6 +520,14 @@ fn qmp_do(qmp: &mut transport::qmp::Qmp, cmd: &str, args: Value) -> Value {
         .unwrap_or_else(|e| panic!("QMP {cmd}: {e}"))
 }
 
+/// Waits for QEMU's migration on `qmp` to reach `status` (not to fail).
+fn migration_reaches(qmp: &mut transport::qmp::Qmp, status: &str) {
+    let m = qmp_until(qmp, "query-migrate", STEP, |v| {
+        v["status"] == status || v["status"] == "failed"
+    });
+    assert_eq!(m["status"], status, "QEMU's migration: {m}");
+}
+
 /// Polls `query` on `qmp` until `done` holds of its answer.
 fn qmp_until(
     qmp: &mut transport::qmp::Qmp,
@@ -518,32 +559,20 @@ fn a_vm_saved_mid_loop_is_restored_on_another_daemon_and_its_program_finishes() 
     let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
     const ROUNDS: &str = "fairvgpu.rounds=40";
     let a = Daemon::start("save-a");
-    let qmp_a = a.dir.join("qmp.sock");
-    let mut g = Guest::boot(
-        &a,
-        "compute",
-        &["--qmp", qmp_a.to_str().unwrap(), "--append", ROUNDS],
-    );
+    let (mut g, mut qmp) = Guest::compute(&a, ROUNDS, None);
     g.expect("FVG module loaded", BOOT);
     g.expect("FVG-ROUND 3", STEP);
 
-    let out = a.fairvgpu(&["checkpoint", "--vm", "vm1", "--file", "vm1.fvgpu"]);
-    let said =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "checkpoint failed: {said}");
+    let said = a.fairvgpu_ok(&["checkpoint", "--vm", "vm1", "--file", "vm1.fvgpu"]);
     assert!(said.contains("1 processes' checkpoint"), "{said}");
     let state = a.dir.join("vm1.state");
-    let mut qmp = qmp_at(&qmp_a);
     qmp_do(&mut qmp, "stop", serde_json::json!({}));
     qmp_do(
         &mut qmp,
         "migrate",
         serde_json::json!({ "uri": format!("exec:cat > {}", state.display()) }),
     );
-    let m = qmp_until(&mut qmp, "query-migrate", STEP, |v| {
-        matches!(v["status"].as_str(), Some("completed" | "failed"))
-    });
-    assert_eq!(m["status"], "completed", "QEMU's migration to a file: {m}");
+    migration_reaches(&mut qmp, "completed");
     let _ = qmp.execute("quit", serde_json::json!({}));
     drop(g);
 
@@ -557,37 +586,17 @@ fn a_vm_saved_mid_loop_is_restored_on_another_daemon_and_its_program_finishes() 
     bad[mid] ^= 1;
     std::fs::write(dir_b.join("bad.fvgpu"), &bad).unwrap();
 
-    let qmp_b = b.dir.join("qmp.sock");
     let incoming = format!("exec:cat {}", state.display());
-    let mut g = Guest::boot(
-        &b,
-        "compute",
-        &[
-            "--qmp",
-            qmp_b.to_str().unwrap(),
-            "--append",
-            ROUNDS,
-            "--",
-            "-incoming",
-            &incoming,
-            "-S",
-        ],
-    );
-    let mut qmp = qmp_at(&qmp_b);
+    let (mut g, mut qmp) = Guest::compute(&b, ROUNDS, Some(&incoming));
     qmp_until(&mut qmp, "query-status", STEP, |v| v["status"] == "paused");
 
     for (name, want) in [
         ("bad.fvgpu", "tag does not match"),
         ("none.fvgpu", "No such file"),
     ] {
-        let out = b.fairvgpu(&["restore", "--vm", "vm1", "--file", name]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(want), "{name}: {err}");
+        b.fairvgpu_refused(&["restore", "--vm", "vm1", "--file", name], want);
     }
-    let out = b.fairvgpu(&["restore", "--vm", "vm1", "--file", "vm1.fvgpu"]);
-    let said =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "restore failed: {said}");
+    b.fairvgpu_ok(&["restore", "--vm", "vm1", "--file", "vm1.fvgpu"]);
     qmp_do(&mut qmp, "cont", serde_json::json!({}));
     let done = g.expect("FVG-COMPUTE", STEP);
     assert!(done.starts_with("FVG-COMPUTE ok rounds=40"), "{done}");
@@ -642,59 +651,31 @@ fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
     let c = Daemon::start_keys("live-c", &listen(port_c, &other), "");
     let port_d = free_port();
     let _d = Daemon::start_keys("live-d", &listen(port_d, &key), "memory_limit_mib = 1");
-    let qmp_a = a.dir.join("qmp.sock");
-    let mut g = Guest::boot(
-        &a,
-        "compute",
-        &["--qmp", qmp_a.to_str().unwrap(), "--append", ROUNDS],
-    );
+    let (mut g, mut qa) = Guest::compute(&a, ROUNDS, None);
     g.expect("FVG module loaded", BOOT);
     g.expect("FVG-ROUND 3", STEP);
-    let mut qa = qmp_at(&qmp_a);
     qmp_do(
         &mut qa,
         "migrate-set-capabilities",
         serde_json::json!({"capabilities": [{"capability": "pause-before-switchover", "state": true}]}),
     );
-    let boot_incoming = |d: &Daemon, port: u16| {
-        let qmp = d.dir.join("qmp.sock");
-        let incoming = format!("tcp:127.0.0.1:{port}");
-        let g = Guest::boot(
-            d,
-            "compute",
-            &[
-                "--qmp",
-                qmp.to_str().unwrap(),
-                "--append",
-                ROUNDS,
-                "--",
-                "-incoming",
-                &incoming,
-                "-S",
-            ],
-        );
-        (g, qmp_at(&qmp))
-    };
+    let boot_incoming =
+        |d: &Daemon, port: u16| Guest::compute(d, ROUNDS, Some(&format!("tcp:127.0.0.1:{port}")));
     let migrate_to_switchover = |qa: &mut transport::qmp::Qmp, port: u16| {
         qmp_do(
             qa,
             "migrate",
             serde_json::json!({ "uri": format!("tcp:127.0.0.1:{port}") }),
         );
-        let m = qmp_until(qa, "query-migrate", STEP, |v| {
-            matches!(v["status"].as_str(), Some("pre-switchover" | "failed"))
-        });
-        assert_eq!(m["status"], "pre-switchover", "{m}");
+        migration_reaches(qa, "pre-switchover");
     };
 
     // Refused by a destination where it does not fit, while the guest
     // runs: the vGPU goes on at once.
     let to_d = format!("127.0.0.1:{port_d}");
-    let out = a.fairvgpu(&["handover", "--vm", "vm1", "--to", &to_d]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("its limit here is 1 MiB"),
-        "{err}"
+    a.fairvgpu_refused(
+        &["handover", "--vm", "vm1", "--to", &to_d],
+        "its limit here is 1 MiB",
     );
     let round = |l: String| -> u64 { l["FVG-ROUND ".len()..].trim().parse().unwrap() };
     let before = round(g.expect("FVG-ROUND ", STEP));
@@ -706,11 +687,9 @@ fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
     let (_refused, _) = boot_incoming(&c, qport);
     migrate_to_switchover(&mut qa, qport);
     let to_c = format!("127.0.0.1:{port_c}");
-    let out = a.fairvgpu(&["handover", "--vm", "vm1", "--to", &to_c]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("proof does not match"),
-        "{err}"
+    a.fairvgpu_refused(
+        &["handover", "--vm", "vm1", "--to", &to_c],
+        "proof does not match",
     );
     qmp_do(&mut qa, "migrate_cancel", serde_json::json!({}));
     qmp_until(&mut qa, "query-status", STEP, |v| v["status"] == "running");
@@ -722,24 +701,15 @@ fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
     let (mut g_b, mut qb) = boot_incoming(&b, qport);
     migrate_to_switchover(&mut qa, qport);
     let to_b = format!("127.0.0.1:{port_b}");
-    let out = a.fairvgpu(&["handover", "--vm", "vm1", "--to", &to_b]);
-    let said =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "handover failed: {said}");
+    a.fairvgpu_ok(&["handover", "--vm", "vm1", "--to", &to_b]);
     qmp_do(
         &mut qa,
         "migrate-continue",
         serde_json::json!({ "state": "pre-switchover" }),
     );
-    let m = qmp_until(&mut qa, "query-migrate", STEP, |v| {
-        matches!(v["status"].as_str(), Some("completed" | "failed"))
-    });
-    assert_eq!(m["status"], "completed", "{m}");
+    migration_reaches(&mut qa, "completed");
     qmp_until(&mut qb, "query-status", STEP, |v| v["status"] == "paused");
-    let out = b.fairvgpu(&["restore", "--vm", "vm1", "--received"]);
-    let said =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "restore failed: {said}");
+    b.fairvgpu_ok(&["restore", "--vm", "vm1", "--received"]);
     qmp_do(&mut qb, "cont", serde_json::json!({}));
     let _ = qa.execute("quit", serde_json::json!({}));
     drop(g);
