@@ -14,47 +14,26 @@
 set -uo pipefail
 . scripts/gpu/lib.sh
 R=${R:-.carry/release}
-W=/tmp/fvg-ct; rm -rf $W; mkdir -p $W/lib $W/run $W/logs
+W=/tmp/fvg-ct; rm -rf $W; mkdir -p $W/lib
 cp $R/libcuda.so $W/lib/libcuda.so.1
 cp $R/libnvidia_ml.so $W/lib/libnvidia-ml.so.1
 STEPS=${MT_STEPS:-300}
-cat > $W/host.toml <<TOML
-[daemon]
-run_dir = "$W/run"
-executor = "cuda"
-[placement]
-enabled = false
-[[vm]]
-name = "vm1"
-tenant = "t"
-gpu = 0
-memory_limit_mib = 20480
-TOML
 header
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
-RUST_LOG=info $R/fairvgpu serve --config $W/host.toml 2> $W/logs/daemon.log &
-D=$!
-for _ in $(seq 200); do [ -S $W/run/vm1.sock ] && break; sleep 0.1; done
+DAEMON_KEYS=$'[placement]\nenabled = false' VM_KEYS='gpu = 0' daemon_start $W 20480
 
 echo "== native, GPU 0"
 CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/gpu/migrate_torch.py $STEPS > $W/logs/native 2>&1
 echo "rc=$?"; tail -n 2 $W/logs/native
 
 echo "== through the stand-in, checkpointed and resumed in each phase"
-FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH \
-    timeout 300 python3 scripts/gpu/migrate_torch.py $STEPS $W/progress > $W/logs/standin 2>&1 &
+LD_LIBRARY_PATH=$W/lib:$LD_LIBRARY_PATH timeout 300 python3 scripts/gpu/migrate_torch.py $STEPS $W/progress > $W/logs/standin 2>&1 &
 P=$!
 taken=0; holds=""; sizes=""
 # Checkpoints the vGPU once the run has done step $2 of phase $1, then resumes it.
 checkpoint_at() {
     local phase=$1 step=$2 out t0 t1
-    while kill -0 $P 2>/dev/null; do
-        if [ -f $W/progress ] && read -r ph i < $W/progress 2>/dev/null &&
-           { [ "$ph" = "$phase" ] && [ "$i" -ge "$step" ] || { [ "$phase" = fp32 ] && [ "$ph" = bf16 ]; }; }; then
-            break
-        fi
-        sleep 0.02
-    done
+    wait_progress $phase $step
     echo "-- at $(cat $W/progress 2>/dev/null): fairvgpu checkpoint --vm vm1 --file $phase.fvgpu"
     t0=$(date +%s%N)
     out=$($R/fairvgpu checkpoint --config $W/host.toml --vm vm1 --file $phase.fvgpu 2>&1)
@@ -75,7 +54,7 @@ echo "rc=$src"; tail -n 2 $W/logs/standin
 echo "== the daemon's lines on the checkpoints"
 grep -E "checkpoint|held|goes on" $W/logs/daemon.log | tail -n 20
 $R/fairvgpu status --config $W/host.toml 2>&1 | grep -iE "event|checkpoint" | tail -n 10
-kill $D; wait $D 2>/dev/null
+daemon_stop
 
 echo "== step by step"
 python3 scripts/gpu/migrate_torch.py compare $W/logs/native $W/logs/standin

@@ -120,3 +120,17 @@ daemon_stop() {
   unset FAIRVGPU_SOCKET
   kill "$D"; wait "$D" 2>/dev/null
 }
+
+# Waits while process $P runs until the progress file $W/progress
+# (scripts/gpu/migrate_torch.py's) says phase $1 reached step $2, or the
+# bf16 phase began when waiting on fp32.
+wait_progress() {
+  local phase=$1 step=$2 ph i
+  while kill -0 "$P" 2>/dev/null; do
+    if [ -f "$W/progress" ] && read -r ph i < "$W/progress" 2>/dev/null &&
+       { [ "$ph" = "$phase" ] && [ "$i" -ge "$step" ] || { [ "$phase" = fp32 ] && [ "$ph" = bf16 ]; }; }; then
+      return
+    fi
+    sleep 0.02
+  done
+}

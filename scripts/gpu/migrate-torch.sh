@@ -58,13 +58,7 @@ moves=0; pauses=""
 # Moves the vGPU to GPU $2 once the run has done step $3 of phase $1.
 move_at() {
     local phase=$1 gpu=$2 step=$3 out
-    while kill -0 $P 2>/dev/null; do
-        if [ -f $W/progress ] && read -r ph i < $W/progress 2>/dev/null &&
-           { [ "$ph" = "$phase" ] && [ "$i" -ge "$step" ] || { [ "$phase" = fp32 ] && [ "$ph" = bf16 ]; }; }; then
-            break
-        fi
-        sleep 0.02
-    done
+    wait_progress $phase $step
     echo "-- at $(cat $W/progress 2>/dev/null): fairvgpu migrate --vm vm1 --gpu $gpu"
     out=$($R/fairvgpu migrate --config $W/host.toml --vm vm1 --gpu $gpu 2>&1)
     echo "$out"
