@@ -26,8 +26,9 @@
 //!   until the short ones have their share. No vGPU is held back for one
 //!   that gets its entitlement already: a latency-bound guest that cannot
 //!   use more costs the others nothing (max-min fairness, work-conserving).
-//! - A heavy vGPU (long stretches of device work: [`HEAVY_BURST_NS`]) keeps
-//!   the GPU busy by itself; beside it, others' work would only wait and
+//! - A heavy vGPU (long stretches of device work: [`HEAVY_BURST_NS`], and
+//!   [`HEAVY_APART`] times the others' typical one) keeps the GPU busy by
+//!   itself; beside it, others' work would only wait and
 //!   slow it. It holds the GPU alone, for a slice, in its turn by the fair
 //!   queue's order, as under exclusive sharing; light ones hold it
 //!   together. Holders in the way of a waiting vGPU end their grants at
@@ -129,15 +130,27 @@ impl Shared {
         self.short.contains(&id)
     }
 
-    /// A charge of `used` ns in `n` stretches: whether `id` is heavy now.
-    fn stretches(&mut self, id: u32, used: u64, n: u64) -> bool {
+    /// `id`'s mean stretch, once it has charged enough to trust it.
+    fn settled_mean(&self, id: u32) -> Option<f64> {
+        self.bursts
+            .get(&id)
+            .filter(|b| b.charges >= Bursts::MEAN_SETTLED)
+            .map(|b| b.mean)
+    }
+
+    /// A charge of `used` ns in `n` stretches: whether `id` is heavy now,
+    /// against `others`, the other runnable vGPUs' typical mean stretch
+    /// (their lower median; `None` if none has settled).
+    fn stretches(&mut self, id: u32, used: u64, n: u64, others: Option<f64>) -> bool {
         let b = self.bursts.entry(id).or_default();
         if let Some(mean) = used.checked_div(n) {
             b.add(mean as f64);
         }
-        if b.mean >= HEAVY_BURST_NS as f64 {
+        let heavy = HEAVY_BURST_NS as f64;
+        let apart = |factor: f64| others.is_none_or(|o| b.mean >= factor * o);
+        if b.mean >= heavy && apart(HEAVY_APART) {
             self.heavy.insert(id);
-        } else if b.mean < HEAVY_BURST_NS as f64 / 2.0 {
+        } else if b.mean < heavy / 2.0 || !apart(HEAVY_APART / 2.0) {
             self.heavy.remove(&id);
         }
         self.heavy.contains(&id)
@@ -168,6 +181,8 @@ struct Bursts {
 impl Bursts {
     /// Charges before the floor is trusted (the mean starts at 0).
     const SETTLED: u32 = 64;
+    /// Charges before the mean is compared with another vGPU's.
+    const MEAN_SETTLED: u32 = 16;
 
     fn add(&mut self, burst: f64) {
         // Slow: a few long stretches (a busy host's CPU late, a setup
@@ -230,11 +245,18 @@ fn decayed((value, at): (f64, Instant), now: Instant, tau: Duration) -> f64 {
 }
 
 /// A vGPU whose stretches of device work (a busy period between two
-/// synchronizations; a chunk of a copy out) last this long on average is
+/// synchronizations; a chunk of a copy out) last this long on average,
+/// and [`HEAVY_APART`] times the other runnable vGPUs' typical one, is
 /// heavy: it keeps the GPU busy by itself, and work beside its own would
 /// only wait behind it and slow it. It holds the GPU alone; light ones
-/// hold it together (below half of this one is light again).
+/// hold it together (below half of either is light again).
 pub(super) const HEAVY_BURST_NS: u64 = 250_000;
+
+/// How many times the others' typical stretch (their lower median) a
+/// heavy vGPU's is. Interleaved contexts stretch everyone's alike: at 32 VMs of one
+/// loop their stretches passed [`HEAVY_BURST_NS`], and those found heavy
+/// waited for turns alone (a quarter of the others' rounds).
+pub(super) const HEAVY_APART: f64 = 4.0;
 
 impl Service {
     /// One pass: holders ahead are told to stop, runnable vGPUs not ahead
@@ -381,7 +403,15 @@ impl Service {
         if !self.co.holders.contains_key(&id) {
             return;
         }
-        self.shared.stretches(id, used, bursts);
+        let q = self.sched.queue();
+        let mut others: Vec<f64> = q
+            .runnable_ids()
+            .filter(|&v| v != id)
+            .filter_map(|v| self.shared.settled_mean(v))
+            .collect();
+        others.sort_by(f64::total_cmp);
+        let typical = others.get(others.len().saturating_sub(1) / 2).copied();
+        self.shared.stretches(id, used, bursts, typical);
         let _ = self.sched.release(id, used);
         self.shared.add(id, used, Instant::now());
         self.live(|u| {
@@ -451,6 +481,30 @@ mod tests {
         }
         h.release(1_000_000, true).unwrap();
         assert!(granted_within(&mut l, Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn vgpus_whose_stretches_are_alike_hold_together_however_long_they_are() {
+        let svc = shared("alike");
+        let mut gates: Vec<Gate> = (1..=3)
+            .map(|id| Gate::connect(svc.path(), id, 1.0).unwrap())
+            .collect();
+        for g in &mut gates {
+            assert!(granted_within(g, Duration::from_secs(5)));
+        }
+        // Short stretches first, then all three stretched to 400 us by
+        // each other's work: past the heavy length, but none apart.
+        for ns in [100_000; 20].into_iter().chain([400_000; 40]) {
+            for g in &mut gates {
+                g.charge(ns, 1).unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        // A fourth is granted beside them; a heavy holder would have it
+        // wait for a turn alone.
+        let mut d = Gate::connect(svc.path(), 4, 1.0).unwrap();
+        assert!(granted_within(&mut d, Duration::from_secs(1)), "d waited");
+        assert!(gates.iter().all(|g| !g.shared_alone()));
     }
 
     #[test]
