@@ -83,9 +83,10 @@ fn eight_latency_bound_vms_keep_the_unscheduled_throughput() {
 /// At 32 VMs their contexts' interleaved work stretches every VM's device
 /// work alike. Counting each such VM as heavy gave some turns alone and
 /// the rest a quarter of their rounds: 0.46-0.50 of unscheduled, MMR
-/// 0.13-0.15 here. With heaviness judged against the others' stretches,
-/// eight at once: 0.74-0.84, MMR 0.46-0.56 (1.56-1.65 and 0.82-0.85 on an
-/// H200, `results/2026-11-28-h200-density-at-once.md`).
+/// 0.13-0.15 here. With heaviness judged by a VM's own length (its
+/// stretches over the VMs beside it) or against the others', eight at
+/// once: 0.74-0.80, MMR 0.52-0.57 (on an H200 1.49-1.65 and 0.82-0.87,
+/// `results/2026-11-28-h200-density-at-once.md`, `-own-length.md`).
 #[test]
 fn thirty_two_alike_vms_hold_together_and_none_falls_behind() {
     let (shared, mmr) = vms(32, "concurrent");

@@ -26,9 +26,9 @@
 //!   until the short ones have their share. No vGPU is held back for one
 //!   that gets its entitlement already: a latency-bound guest that cannot
 //!   use more costs the others nothing (max-min fairness, work-conserving).
-//! - A heavy vGPU (long stretches of device work: [`HEAVY_BURST_NS`], and
-//!   [`HEAVY_APART`] times the others' typical one) keeps the GPU busy by
-//!   itself; beside it, others' work would only wait and
+//! - A heavy vGPU (long stretches of device work of its own, or long and
+//!   [`HEAVY_APART`] times the others': [`HEAVY_BURST_NS`]) keeps the GPU
+//!   busy by itself; beside it, others' work would only wait and
 //!   slow it. It holds the GPU alone, for a slice, in its turn by the fair
 //!   queue's order, as under exclusive sharing; light ones hold it
 //!   together. Holders in the way of a waiting vGPU end their grants at
@@ -142,21 +142,32 @@ impl Shared {
             .map(|b| b.mean)
     }
 
-    /// A charge of `used` ns in `n` stretches: whether `id` is heavy now,
-    /// against the other runnable vGPUs' stretches.
-    fn stretches(&mut self, id: u32, used: u64, n: u64, others: Others) -> bool {
+    /// A charge of `used` ns in `n` stretches, made while `beside` vGPUs
+    /// with work held the GPU with it: whether `id` is heavy now, against
+    /// `others`, the other runnable vGPUs' typical mean stretch (their
+    /// lower median; `None` while none has charged enough).
+    fn stretches(
+        &mut self,
+        id: u32,
+        used: u64,
+        n: u64,
+        beside: usize,
+        others: Option<f64>,
+    ) -> bool {
         let b = self.bursts.entry(id).or_default();
         if let Some(mean) = used.checked_div(n) {
             b.add(mean as f64);
+            // Interleaved with the others' work, a stretch is at most
+            // that many times its own length.
+            b.own += (mean as f64 / (beside + 1) as f64 - b.own) / 16.0;
         }
         let heavy = HEAVY_BURST_NS as f64;
-        let apart = |factor: f64| match others {
-            Others::None => true,
-            Others::Typical(o) => b.mean >= factor * o,
-        };
-        if b.mean >= heavy && apart(HEAVY_APART) {
+        let apart = |factor: f64| others.is_none_or(|o| b.mean >= factor * o);
+        let long_alone = b.own >= heavy;
+        let long_apart = b.mean >= heavy && apart(HEAVY_APART);
+        if long_alone || long_apart {
             self.heavy.insert(id);
-        } else if b.mean < heavy / 2.0 || !apart(HEAVY_APART / 2.0) {
+        } else if b.own < heavy / 2.0 && (b.mean < heavy / 2.0 || !apart(HEAVY_APART / 2.0)) {
             self.heavy.remove(&id);
         }
         self.heavy.contains(&id)
@@ -172,19 +183,6 @@ impl Shared {
     }
 }
 
-/// What a vGPU's stretches are judged against.
-#[derive(Debug, Clone, Copy)]
-enum Others {
-    /// No other runnable vGPU has charged enough to compare with: long
-    /// stretches make it heavy. (Waiting for them instead let guests
-    /// started together stretch each other's work from the first charge,
-    /// the heavy ones' hiding them: the three guests of `bench fairness`
-    /// then held the GPU together, MMR 0.83 on an H200.)
-    None,
-    /// The others' typical mean stretch (their lower median).
-    Typical(f64),
-}
-
 /// The stretches of a vGPU's device work (a busy period between two
 /// synchronizations; a chunk of a copy out): a slow moving mean, and the
 /// smallest that mean was lately, which rises back slowly. Work beside
@@ -195,6 +193,10 @@ struct Bursts {
     mean: f64,
     floor: f64,
     charges: u32,
+    /// A slow moving mean of the stretches over the number of vGPUs with
+    /// work holding the GPU beside it, plus one: the length its own work
+    /// would have, were its context given the GPU in turn with theirs.
+    own: f64,
 }
 
 impl Bursts {
@@ -272,17 +274,19 @@ fn decayed((value, at): (f64, Instant), now: Instant, tau: Duration) -> f64 {
 pub(super) const LIGHT_AT_ONCE: usize = 8;
 
 /// A vGPU whose stretches of device work (a busy period between two
-/// synchronizations; a chunk of a copy out) last this long on average,
-/// and [`HEAVY_APART`] times the other runnable vGPUs' typical one, is
-/// heavy: it keeps the GPU busy by itself, and work beside its own would
-/// only wait behind it and slow it. It holds the GPU alone; light ones
-/// hold it together (below half of either is light again).
+/// synchronizations; a chunk of a copy out) over the vGPUs with work
+/// holding beside it, plus one, last this long on average is heavy: it
+/// keeps the GPU busy by itself, and work beside its own would only wait
+/// behind it and slow it. It holds the GPU alone; light ones hold it
+/// together (below half of this one is light again). Stretches alone,
+/// undivided, were stretched past it by others' work alike: at 32 VMs of
+/// one loop those counted heavy took turns alone.
 pub(super) const HEAVY_BURST_NS: u64 = 250_000;
 
-/// How many times the others' typical stretch (their lower median) a
-/// heavy vGPU's is. Interleaved contexts stretch everyone's alike: at 32 VMs of one
-/// loop their stretches passed [`HEAVY_BURST_NS`], and those found heavy
-/// waited for turns alone (a quarter of the others' rounds).
+/// A vGPU whose stretches are this many times the other runnable vGPUs'
+/// typical one (their lower median) and [`HEAVY_BURST_NS`] long is heavy
+/// too, however many hold beside it (light again below half of it): a
+/// 400 us kernel's beside a 20 us kernel's.
 pub(super) const HEAVY_APART: f64 = 4.0;
 
 impl Service {
@@ -380,15 +384,18 @@ impl Service {
         }
     }
 
+    /// Whether holder `id` has had something to run lately.
+    fn has_work(&self, id: u32) -> bool {
+        let idle_for = self.slice.mul_f64(IDLE_SLICES);
+        self.shared
+            .idle_since
+            .get(&id)
+            .is_none_or(|t| t.elapsed() < idle_for)
+    }
+
     /// Whether holder `id` is light and has had something to run lately.
     fn busy_light(&self, id: u32) -> bool {
-        let idle_for = self.slice.mul_f64(IDLE_SLICES);
-        !self.shared.heavy.contains(&id)
-            && self
-                .shared
-                .idle_since
-                .get(&id)
-                .is_none_or(|t| t.elapsed() < idle_for)
+        !self.shared.heavy.contains(&id) && self.has_work(id)
     }
 
     /// While light vGPUs wait for room (`capped`, in the queue's order),
@@ -485,6 +492,12 @@ impl Service {
         if !self.co.holders.contains_key(&id) {
             return;
         }
+        let beside = self
+            .co
+            .holders
+            .keys()
+            .filter(|&&h| h != id && self.has_work(h))
+            .count();
         let q = self.sched.queue();
         let mut settled: Vec<f64> = q
             .runnable_ids()
@@ -492,11 +505,8 @@ impl Service {
             .filter_map(|v| self.shared.settled_mean(v))
             .collect();
         settled.sort_by(f64::total_cmp);
-        let others = match settled.get(settled.len().saturating_sub(1) / 2) {
-            Some(&typical) => Others::Typical(typical),
-            None => Others::None,
-        };
-        self.shared.stretches(id, used, bursts, others);
+        let typical = settled.get(settled.len().saturating_sub(1) / 2).copied();
+        self.shared.stretches(id, used, bursts, beside, typical);
         let _ = self.sched.release(id, used);
         self.shared.add(id, used, Instant::now());
         self.live(|u| {
@@ -589,30 +599,6 @@ mod tests {
     }
 
     #[test]
-    fn vgpus_whose_stretches_are_alike_hold_together_however_long_they_are() {
-        let svc = shared("alike");
-        let mut gates: Vec<Gate> = (1..=3)
-            .map(|id| Gate::connect(svc.path(), id, 1.0).unwrap())
-            .collect();
-        for g in &mut gates {
-            assert!(granted_within(g, Duration::from_secs(5)));
-        }
-        // Short stretches first, then all three stretched to 400 us by
-        // each other's work: past the heavy length, but none apart.
-        for ns in [100_000; 20].into_iter().chain([400_000; 40]) {
-            for g in &mut gates {
-                g.charge(ns, 1).unwrap();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-        // A fourth is granted beside them; a heavy holder would have it
-        // wait for a turn alone.
-        let mut d = Gate::connect(svc.path(), 4, 1.0).unwrap();
-        assert!(granted_within(&mut d, Duration::from_secs(1)), "d waited");
-        assert!(gates.iter().all(|g| !g.shared_alone()));
-    }
-
-    #[test]
     fn a_vgpu_far_ahead_of_a_short_one_waits_until_it_has_its_share() {
         let svc = shared("ahead");
         let mut a = Gate::connect(svc.path(), 1, 1.0).unwrap();
@@ -676,19 +662,26 @@ mod tests {
     }
 
     #[test]
-    fn heavy_is_judged_against_the_others_typical_stretch() {
-        use super::{Others, Shared};
+    fn heavy_is_long_work_of_its_own_not_work_stretched_by_the_others() {
+        use super::Shared;
         let mut s = Shared::new(Duration::from_millis(4));
-        let long =
-            |s: &mut Shared, id, others| (0..40).all(|_| !s.stretches(id, 400_000, 1, others));
-        // Alone, or far apart from the others' typical stretch: heavy.
-        assert!(!long(&mut s, 2, Others::None));
-        assert!(!long(&mut s, 3, Others::Typical(50_000.0)));
-        // Alike: light, and a heavy one light again.
-        assert!(long(&mut s, 4, Others::Typical(300_000.0)));
-        assert!(!s.stretches(3, 400_000, 1, Others::Typical(300_000.0)));
-        // Short stretches are light whatever the others'.
-        assert!((0..40).all(|_| !s.stretches(5, 50_000, 1, Others::Typical(1_000.0))));
+        // Forty charges of one stretch each, `beside` others holding with
+        // work, against the others' typical stretch.
+        let mut heavy = |id, ns, beside, others: Option<f64>| {
+            (0..40)
+                .map(|_| s.stretches(id, ns, 1, beside, others))
+                .last()
+                .unwrap_or(false)
+        };
+        // Eight alike VMs stretching each other to 400 us: light.
+        assert!(!heavy(1, 400_000, 7, Some(400_000.0)));
+        // Three alike VMs of 2 ms kernels: heavy, each takes turns alone.
+        assert!(heavy(2, 6_000_000, 2, Some(6_000_000.0)));
+        // 400 us kernels beside 20 us ones: heavy.
+        assert!(heavy(3, 500_000, 2, Some(50_000.0)));
+        // Alone with long work: heavy; short work: light.
+        assert!(heavy(4, 400_000, 0, None));
+        assert!(!heavy(5, 100_000, 0, None));
     }
 
     #[test]
