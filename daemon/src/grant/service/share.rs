@@ -78,6 +78,8 @@ pub(super) struct Shared {
     rate: HashMap<u32, (f64, Instant)>,
     /// The rates' time constant.
     rate_tau: Duration,
+    /// A holder idle this long is not backlogged ([`IDLE_SLICES`]).
+    idle_for: Duration,
 }
 
 impl Shared {
@@ -90,7 +92,21 @@ impl Shared {
             short: HashSet::new(),
             rate: HashMap::new(),
             rate_tau: slice.mul_f64(RATE_SLICES),
+            idle_for: slice.mul_f64(IDLE_SLICES),
         }
+    }
+
+    /// Whether `id` is backlogged: it has not said it has nothing to run,
+    /// or said so less than [`IDLE_SLICES`] of a slice ago.
+    fn has_work(&self, id: u32) -> bool {
+        self.idle_since
+            .get(&id)
+            .is_none_or(|t| t.elapsed() < self.idle_for)
+    }
+
+    /// Whether `id` is light and backlogged.
+    fn busy_light(&self, id: u32) -> bool {
+        !self.heavy.contains(&id) && self.has_work(id)
     }
 
     /// `id` used `ns` of GPU time (a charge or a release): its rate grows,
@@ -156,10 +172,7 @@ impl Shared {
     ) -> bool {
         let b = self.bursts.entry(id).or_default();
         if let Some(mean) = used.checked_div(n) {
-            b.add(mean as f64);
-            // Interleaved with the others' work, a stretch is at most
-            // that many times its own length.
-            b.own += (mean as f64 / (beside + 1) as f64 - b.own) / 16.0;
+            b.add(mean as f64, beside);
         }
         let heavy = HEAVY_BURST_NS as f64;
         let apart = |factor: f64| others.is_none_or(|o| b.mean >= factor * o);
@@ -205,10 +218,15 @@ impl Bursts {
     /// Charges before the mean is compared with another vGPU's.
     const MEAN_SETTLED: u32 = 16;
 
-    fn add(&mut self, burst: f64) {
+    /// A stretch of `burst` ns, made while `beside` vGPUs with work held
+    /// the GPU with it.
+    fn add(&mut self, burst: f64, beside: usize) {
         // Slow: a few long stretches (a busy host's CPU late, a setup
         // copy) make no vGPU heavy.
         self.mean += (burst - self.mean) / 16.0;
+        // Interleaved with the others' work, a stretch is at most that
+        // many times its own length.
+        self.own += (burst / (beside + 1) as f64 - self.own) / 16.0;
         self.charges = self.charges.saturating_add(1);
         if self.charges == Self::SETTLED {
             self.floor = self.mean;
@@ -305,7 +323,10 @@ impl Service {
         let candidates = self.sched.candidates(now_ns, &holding);
         let others = candidates.len() > 1;
         let lead = self.lead();
-        let mut lights = holding.iter().filter(|&&h| self.busy_light(h)).count();
+        let mut lights = holding
+            .iter()
+            .filter(|&&h| self.shared.busy_light(h))
+            .count();
         // Light ones past the most at once, in the queue's order.
         let mut capped = Vec::new();
         for id in candidates {
@@ -384,20 +405,6 @@ impl Service {
         }
     }
 
-    /// Whether holder `id` has had something to run lately.
-    fn has_work(&self, id: u32) -> bool {
-        let idle_for = self.slice.mul_f64(IDLE_SLICES);
-        self.shared
-            .idle_since
-            .get(&id)
-            .is_none_or(|t| t.elapsed() < idle_for)
-    }
-
-    /// Whether holder `id` is light and has had something to run lately.
-    fn busy_light(&self, id: u32) -> bool {
-        !self.shared.heavy.contains(&id) && self.has_work(id)
-    }
-
     /// While light vGPUs wait for room (`capped`, in the queue's order),
     /// the busy light holders that are to end their grants at their
     /// slices' ends: those more than a slice of a backlogged vGPU's share
@@ -413,14 +420,10 @@ impl Service {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         // positive, far below u128::MAX
         let bound = first.saturating_add(per_slice.round() as u128);
-        let busy: Vec<u32> = holding
+        let mut ahead: Vec<(u128, u32)> = holding
             .iter()
             .copied()
-            .filter(|&h| !self.stopping.contains(&h) && self.busy_light(h))
-            .collect();
-        let q = self.sched.queue();
-        let mut ahead: Vec<(u128, u32)> = busy
-            .into_iter()
+            .filter(|&h| !self.stopping.contains(&h) && self.shared.busy_light(h))
             .filter_map(|h| Some((q.start_tag(h)?, h)))
             .filter(|&(tag, _)| tag > bound)
             .collect();
@@ -438,16 +441,10 @@ impl Service {
     fn lead(&mut self) -> Lead {
         let now = Instant::now();
         let mut lead = Lead::default();
-        let idle_for = self.slice.mul_f64(IDLE_SLICES);
         let q = self.sched.queue();
         let backlogged: Vec<(u32, f64)> = q
             .runnable_ids()
-            .filter(|v| {
-                self.shared
-                    .idle_since
-                    .get(v)
-                    .is_none_or(|t| t.elapsed() < idle_for)
-            })
+            .filter(|&v| self.shared.has_work(v))
             .filter_map(|v| Some((v, q.weight(v)?)))
             .collect();
         let weights: f64 = backlogged.iter().map(|b| b.1).sum();
@@ -496,7 +493,7 @@ impl Service {
             .co
             .holders
             .keys()
-            .filter(|&&h| h != id && self.has_work(h))
+            .filter(|&&h| h != id && self.shared.has_work(h))
             .count();
         let q = self.sched.queue();
         let mut settled: Vec<f64> = q
@@ -688,17 +685,17 @@ mod tests {
     fn stretches_are_measured_against_the_shortest_lately() {
         let mut b = super::Bursts::default();
         for _ in 0..300 {
-            b.add(100.0);
+            b.add(100.0, 0);
         }
         assert!((b.stretch() - 1.0).abs() < 0.02, "{}", b.stretch());
         // Others' work beside its own: stretches of 150.
         for _ in 0..48 {
-            b.add(150.0);
+            b.add(150.0, 0);
         }
         assert!(b.stretch() > 1.3 && b.stretch() < 1.5, "{}", b.stretch());
         // For good: the floor rises to the new length in time.
         for _ in 0..4000 {
-            b.add(150.0);
+            b.add(150.0, 0);
         }
         assert!(b.stretch() < 1.05, "{}", b.stretch());
     }
