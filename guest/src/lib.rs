@@ -23,6 +23,7 @@ pub use call::descriptor;
 mod connect;
 pub mod copy;
 pub mod device;
+mod follow;
 mod memory;
 mod module;
 mod numbering;
@@ -164,7 +165,6 @@ struct Joining {
 #[derive(Debug)]
 enum Transport {
     /// Held for its socket: dropping it tells the host we left.
-    #[allow(dead_code)]
     Native(Client),
     Device(Arc<device::Device>),
 }

@@ -651,6 +651,73 @@ pub struct Client {
 impl Client {
     /// Connects, maps the region and collects the doorbells.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Client> {
+        let h = Handshake::run(path, timeout)?;
+        Ok(Client {
+            id: h.id,
+            region: h.region,
+            own_bells: h.own,
+            host_bells: h.host,
+            _stream: h.stream,
+            pid: std::process::id(),
+        })
+    }
+
+    /// Follows the vGPU to the server at `path`, another host's for the
+    /// same VM, whose region holds what this one did: every mapping of this
+    /// region in the process becomes that region's memory at the same
+    /// address and the doorbells that host's (on the same descriptors);
+    /// then `moved` runs with the new peer id (the caller records it as its
+    /// channels' owner), and this connection leaves this server. Returns
+    /// the new peer id.
+    ///
+    /// # Safety
+    /// No thread of the process uses the region or waits on these doorbells
+    /// meanwhile (the caller holds every call), and the other region holds
+    /// what the guest should read from now on.
+    pub unsafe fn follow(
+        &mut self,
+        path: &Path,
+        timeout: Duration,
+        moved: impl FnOnce(u16) -> Result<()>,
+    ) -> Result<u16> {
+        let h = Handshake::run(path, timeout)?;
+        if h.own.len() != self.own_bells.len() || h.host.len() != self.host_bells.len() {
+            return Err(Error::Protocol(format!(
+                "{} doorbells there, {} here",
+                h.own.len(),
+                self.own_bells.len()
+            )));
+        }
+        // SAFETY: per this function's contract.
+        unsafe { self.region.follow(&h.region)? };
+        let pairs = self.own_bells.iter().zip(&h.own);
+        for (old, new) in pairs.chain(self.host_bells.iter().zip(&h.host)) {
+            // SAFETY: the bells are this connection's own, and no thread
+            // waits on them (this function's contract).
+            unsafe { crate::shm::dup_onto(new.fd(), old.fd())? };
+        }
+        // Owners first: leaving marks the channels this peer owns abandoned.
+        let moved = moved(h.id);
+        let _ = self._stream.shutdown(std::net::Shutdown::Both);
+        self._stream = h.stream;
+        self.id = h.id;
+        moved.map(|()| h.id)
+    }
+}
+
+/// What a server tells a new peer, read and mapped.
+struct Handshake {
+    id: u16,
+    region: Region,
+    own: Vec<Arc<EventFdBell>>,
+    host: Vec<Arc<EventFdBell>>,
+    stream: Arc<UnixStream>,
+}
+
+impl Handshake {
+    /// Connects to the server at `path` and reads its greeting; a thread
+    /// drains its later notices.
+    fn run(path: &Path, timeout: Duration) -> Result<Handshake> {
         let stream =
             UnixStream::connect(path).map_err(|e| Error::io("connecting to ivshmem socket", e))?;
         stream
@@ -694,13 +761,12 @@ impl Client {
             .name("ivshmem-drain".into())
             .spawn(move || while let Ok(Some(_)) = recv_msg(&*s2) {})
             .map_err(|e| Error::io("spawning drain thread", e))?;
-        Ok(Client {
+        Ok(Handshake {
             id,
             region,
-            own_bells: own,
-            host_bells: host,
-            _stream: stream,
-            pid: std::process::id(),
+            own,
+            host,
+            stream,
         })
     }
 }

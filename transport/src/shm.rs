@@ -125,7 +125,7 @@ impl SharedMemory {
 
 impl SharedMemory {
     /// The file behind a mapped region (none for heap memory).
-    fn file(&self) -> Option<&File> {
+    pub(crate) fn file(&self) -> Option<&File> {
         match &self.backing {
             Backing::Mapped(m) => m.file_offset().map(|f| f.file()),
             Backing::Heap(_) => None,
@@ -380,6 +380,153 @@ pub unsafe fn map_private_copy_over(addr: usize, len: usize, from: usize) -> Res
     }
 }
 
+impl SharedMemory {
+    /// Makes this mapping the memory of `to` (another host's region, that
+    /// the caller filled): `to` is mapped over every shared mapping of this
+    /// mapping's file in the process, each at its own address and file
+    /// offset (the channels' mappings, the pinned pool's, memory registered
+    /// over), and this mapping's descriptor becomes `to`'s. What a guest's
+    /// RAM is to it after QEMU moved its VM, for a guest process on the host
+    /// itself. Returns how many mappings were replaced.
+    ///
+    /// # Safety
+    /// No thread reads or writes any mapping of this file meanwhile, and
+    /// `to` holds what they should read from now on; the descriptor this
+    /// mapping holds is referred to by nothing else.
+    pub unsafe fn follow(&self, to: &File) -> Result<usize> {
+        let Some(from) = self.file() else {
+            return Err(Error::BadLayout("heap memory has no file to follow".into()));
+        };
+        let to_len = to
+            .metadata()
+            .map_err(|e| Error::io("fstat of the region to follow", e))?
+            .len();
+        if to_len != self.len as u64 {
+            return Err(Error::BadLayout(format!(
+                "a region of {to_len} bytes to follow, this one has {}",
+                self.len
+            )));
+        }
+        let mut moved = 0;
+        for m in mappings_of(from)? {
+            if m.offset
+                .checked_add(m.len as u64)
+                .is_none_or(|end| end > to_len)
+            {
+                return Err(Error::BadLayout(format!(
+                    "a mapping of {} bytes at offset {} past the region",
+                    m.len, m.offset
+                )));
+            }
+            let off = libc::off_t::try_from(m.offset)
+                .map_err(|_| Error::BadLayout(format!("offset {} past off_t", m.offset)))?;
+            // SAFETY: per this function's contract nothing uses the range
+            // meanwhile; the new pages are `to`'s at the same offset, within
+            // its length (checked above), with the same protection.
+            let p = unsafe {
+                libc::mmap(
+                    m.addr as *mut libc::c_void,
+                    m.len,
+                    m.prot,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    to.as_raw_fd(),
+                    off,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(Error::io(
+                    "mmap of the followed region",
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            moved += 1;
+        }
+        // SAFETY: `dup3` onto our own descriptor, which per the contract
+        // nothing else refers to: from here on it is `to`'s file.
+        if unsafe { libc::dup3(to.as_raw_fd(), from.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
+            return Err(Error::io(
+                "dup3 of the followed region",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(moved)
+    }
+}
+
+/// Makes the descriptor `onto` refer to `from`'s file (a doorbell that
+/// now rings another host's eventfd).
+///
+/// # Safety
+/// Whoever owns `onto` means it to be `from`'s file from now on, and no
+/// thread waits on it meanwhile.
+pub unsafe fn dup_onto(from: &impl AsFd, onto: &impl AsFd) -> Result<()> {
+    let (a, b) = (from.as_fd().as_raw_fd(), onto.as_fd().as_raw_fd());
+    // SAFETY: both descriptors are open; per the contract `onto`'s owner
+    // wants it replaced.
+    if unsafe { libc::dup3(a, b, libc::O_CLOEXEC) } < 0 {
+        return Err(Error::io("dup3", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// One shared mapping of a file in this process.
+#[derive(Debug, PartialEq, Eq)]
+struct Mapping {
+    addr: usize,
+    len: usize,
+    offset: u64,
+    prot: libc::c_int,
+}
+
+/// The shared mappings of `file` in this process, from `/proc/self/maps`.
+fn mappings_of(file: &File) -> Result<Vec<Mapping>> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io("fstat of the region", e))?;
+    let maps = std::fs::read_to_string("/proc/self/maps")
+        .map_err(|e| Error::io("reading /proc/self/maps", e))?;
+    let dev = (libc::major(meta.dev()), libc::minor(meta.dev()));
+    Ok(maps
+        .lines()
+        .filter_map(|l| parse_mapping(l, dev, meta.ino()))
+        .collect())
+}
+
+/// A line of `/proc/self/maps` (`start-end perms offset major:minor inode
+/// path`, numbers in hex but the inode), if it maps inode `ino` of device
+/// `dev` shared.
+fn parse_mapping(line: &str, dev: (u32, u32), ino: u64) -> Option<Mapping> {
+    let mut f = line.split_ascii_whitespace();
+    let (range, perms, offset, device, inode) =
+        (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+    let (maj, min) = device.split_once(':')?;
+    let same = u32::from_str_radix(maj, 16).ok()? == dev.0
+        && u32::from_str_radix(min, 16).ok()? == dev.1
+        && inode.parse::<u64>().ok()? == ino;
+    if !same || perms.as_bytes().get(3) != Some(&b's') {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    let (start, end) = (
+        usize::from_str_radix(start, 16).ok()?,
+        usize::from_str_radix(end, 16).ok()?,
+    );
+    let mut prot = libc::PROT_NONE;
+    if perms.starts_with('r') {
+        prot |= libc::PROT_READ;
+    }
+    if perms.as_bytes().get(1) == Some(&b'w') {
+        prot |= libc::PROT_WRITE;
+    }
+    Some(Mapping {
+        addr: start,
+        len: end.checked_sub(start)?,
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        prot,
+    })
+}
+
 /// A part of the region mapped a second time, at an address of its own
 /// (the pinned pool at the address the GPU knows it by). Unmapped on drop.
 #[derive(Debug)]
@@ -469,6 +616,66 @@ mod tests {
         assert!(m.atomic_u32(4094).is_err());
         assert!(m.atomic_u32(2).is_err(), "misaligned access must fail");
         assert!(m.atomic_u64(4096).is_err());
+    }
+
+    #[test]
+    fn a_maps_line_is_read_only_for_the_file_and_shared() {
+        let line = "7f00a000-7f00c000 rw-s 00200000 00:01 4242   /memfd:vm1 (deleted)";
+        let m = parse_mapping(line, (0, 1), 4242).unwrap();
+        assert_eq!(
+            m,
+            Mapping {
+                addr: 0x7f00_a000,
+                len: 0x2000,
+                offset: 0x20_0000,
+                prot: libc::PROT_READ | libc::PROT_WRITE
+            }
+        );
+        assert!(parse_mapping(line, (0, 1), 4243).is_none(), "another inode");
+        assert!(
+            parse_mapping(line, (0, 2), 4242).is_none(),
+            "another device"
+        );
+        let private = line.replace("rw-s", "rw-p");
+        assert!(parse_mapping(&private, (0, 1), 4242).is_none(), "private");
+        assert!(parse_mapping("7f00c000-7f00a000 rw-s 0 00:01 4242", (0, 1), 4242).is_none());
+        assert!(parse_mapping("garbage", (0, 1), 4242).is_none());
+    }
+
+    #[cfg(not(miri))]
+    #[test]
+    fn following_maps_the_new_file_under_every_mapping_of_the_old() {
+        let old = create_memfd("old", 16384).unwrap();
+        let new = create_memfd("new", 16384).unwrap();
+        let a = SharedMemory::map(old.try_clone().unwrap(), 16384).unwrap();
+        let part = a.map_part(8192, 4096, 0).unwrap();
+        a.atomic_u64(8192).unwrap().store(1, Ordering::SeqCst);
+        let b = SharedMemory::map(new.try_clone().unwrap(), 16384).unwrap();
+        b.atomic_u64(8192).unwrap().store(2, Ordering::SeqCst);
+        let fresh = File::from(new);
+        // SAFETY: nothing else in this test uses `a` or `part` meanwhile.
+        let moved = unsafe { a.follow(&fresh) }.unwrap();
+        assert_eq!(moved, 2, "the whole mapping and the part");
+        assert_eq!(a.atomic_u64(8192).unwrap().load(Ordering::SeqCst), 2);
+        let word = part
+            .slice()
+            .get_atomic_ref::<AtomicU64>(0)
+            .unwrap()
+            .load(Ordering::SeqCst);
+        assert_eq!(word, 2, "the second mapping follows too");
+        a.atomic_u64(0).unwrap().store(9, Ordering::SeqCst);
+        assert_eq!(
+            b.atomic_u64(0).unwrap().load(Ordering::SeqCst),
+            9,
+            "shared with the new file"
+        );
+        let short = File::from(create_memfd("short", 8192).unwrap());
+        assert!(
+            // SAFETY: as above.
+            unsafe { a.follow(&short) }.is_err(),
+            "a region of another size"
+        );
+        drop(old);
     }
 
     #[cfg(not(miri))]

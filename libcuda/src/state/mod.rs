@@ -43,6 +43,7 @@ use protocol::DeviceInfo;
 
 use crate::{code, CuResult};
 
+pub(crate) mod control;
 pub(crate) mod log;
 pub(crate) mod pinned;
 pub(crate) mod process;
@@ -66,7 +67,7 @@ pub(crate) struct Driver {
     /// which a thread picks or opens one.
     opened: Mutex<usize>,
     /// What opens further channels.
-    joiner: guest::Joiner,
+    joiner: Mutex<guest::Joiner>,
     /// The vGPU's pinned pool as mapped here (none if it has none).
     pool: Option<pinned::Pool>,
     /// The tables.
@@ -250,13 +251,14 @@ fn attach() -> Result<Driver, CuResult> {
             let mut channels: Vec<Mutex<Option<Gpu>>> =
                 (0..slots).map(|_| Mutex::new(None)).collect();
             channels[0] = Mutex::new(Some(gpu));
+            control::start();
             Ok(Driver {
                 info,
                 attrs,
                 channels,
                 users: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
                 opened: Mutex::new(1),
-                joiner,
+                joiner: Mutex::new(joiner),
                 pool,
                 objects: Mutex::new(Objects::default()),
             })
@@ -322,7 +324,7 @@ impl Driver {
         let free = (0..*opened).find(|&i| used(i) == 0);
         let slot = match free {
             Some(i) => i,
-            None if *opened < self.channels.len() => match self.joiner.join() {
+            None if *opened < self.channels.len() => match self.joiner().join() {
                 Ok(g) => {
                     let i = *opened;
                     *self.channels[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
@@ -348,8 +350,37 @@ impl Driver {
     }
 
     /// What opens a further channel to the process's session.
-    pub fn joiner(&self) -> &guest::Joiner {
-        &self.joiner
+    pub fn joiner(&self) -> guest::Joiner {
+        self.joiner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Further channels open at the daemon at `to` from now on.
+    pub fn follow_joiner(&self, to: &std::path::Path) {
+        self.joiner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .follow(to.to_owned());
+    }
+
+    /// Holds every call of the process (`control.rs`): the lock under which
+    /// a thread opens a channel, then each channel's, in the order `slot`
+    /// takes them. Calls under way finish first.
+    pub fn hold_every_channel(
+        &'static self,
+    ) -> (
+        MutexGuard<'static, usize>,
+        Vec<MutexGuard<'static, Option<Gpu>>>,
+    ) {
+        let opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
+        let channels = self
+            .channels
+            .iter()
+            .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        (opened, channels)
     }
 
     /// The tables (held briefly: never across a call to the host).

@@ -41,6 +41,23 @@ impl GuestChannel {
         self.region.set_guest_vector(self.index, vector)
     }
 
+    /// Records `peer` as the channel's owner: the ivshmem peer whose
+    /// doorbells the host rings for it, after a guest on the host itself
+    /// followed its vGPU to another host (where it has another peer id).
+    /// Only for our own claim.
+    pub fn set_owner_peer(&self, peer: u32) -> Result<()> {
+        if !self.claimed_here() {
+            return Err(Error::ChannelState {
+                channel: self.index,
+                state: "claimed by another process",
+            });
+        }
+        self.region
+            .ctl_word(self.index, ctl::OWNER_PEER)?
+            .store(peer, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// The generation of the claim (the host bumps it on every reclaim).
     pub fn generation(&self) -> u32 {
         self.generation

@@ -267,6 +267,41 @@ impl Region {
         Ok(layout)
     }
 
+    /// Guest on the host itself, its calls held: copies all of this region
+    /// into `to`, another host's region for the same VM (what QEMU's
+    /// migration does for a VM's region). The layouts must agree.
+    pub fn copy_to(&self, to: &Region) -> Result<()> {
+        if self.layout != to.layout {
+            return Err(Error::BadHeader(format!(
+                "the region to copy to has another layout ({:?}, this one {:?})",
+                to.layout.params, self.layout.params
+            )));
+        }
+        self.mem.slice().copy_to_volatile_slice(to.mem.slice());
+        Ok(())
+    }
+
+    /// Guest on the host itself: makes every mapping of this region's memory
+    /// in the process `to`'s memory, at the same addresses (see
+    /// [`SharedMemory::follow`]). Returns how many mappings moved.
+    ///
+    /// # Safety
+    /// As [`SharedMemory::follow`]: no thread touches the region's memory
+    /// meanwhile, and `to` holds what it should read.
+    pub unsafe fn follow(&self, to: &Region) -> Result<usize> {
+        if self.layout != to.layout {
+            return Err(Error::BadHeader(
+                "the region to follow has another layout".into(),
+            ));
+        }
+        let file = to
+            .mem
+            .file()
+            .ok_or_else(|| Error::BadLayout("heap memory has no file to follow".into()))?;
+        // SAFETY: per this function's contract.
+        unsafe { self.mem.follow(file) }
+    }
+
     /// Any u32 of the region, bounds- and alignment-checked: what a guest can
     /// write anywhere in its region, for tests that play a hostile guest.
     ///

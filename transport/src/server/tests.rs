@@ -151,3 +151,61 @@ fn a_peer_that_never_reads_holds_up_nobody_and_is_dropped() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_native_peer_follows_its_vgpu_to_another_hosts_region_at_the_same_address() {
+    let dir = scratch::dir("fvg-srv-follow");
+    let (here_sock, there_sock) = (dir.join("a"), dir.join("b"));
+    let (here, here_fd) = small_region(2, 2);
+    let (there, there_fd) = small_region(2, 2);
+    let from = serve(&here_sock, here_fd, &here).unwrap();
+    let to = serve(&there_sock, there_fd, &there).unwrap();
+    let mut c = Client::connect(&here_sock, Duration::from_secs(5)).unwrap();
+    let _ = from.events.recv_timeout(Duration::from_secs(5));
+    let mut g = c.region.claim(u32::from(c.id), 1, 1).unwrap();
+    assert!(g.req.try_send(&Descriptor::new(7, 0), b"").unwrap());
+
+    // What QEMU's migration does: the other host's region gets a copy.
+    let copier = Client::connect(&there_sock, Duration::from_secs(5)).unwrap();
+    c.region.copy_to(&copier.region).unwrap();
+    // SAFETY: nothing else in this test touches the region or the bells.
+    // (In this one process the first host's own mapping follows too.)
+    let id = unsafe {
+        c.follow(&there_sock, Duration::from_secs(5), |id| {
+            g.set_owner_peer(u32::from(id))
+        })
+    }
+    .unwrap();
+    drop(copier);
+
+    // The same channel at the same address is the other host's now: its
+    // host takes the request sent before, and a new one.
+    let mut h = there.host_channel(g.index()).unwrap();
+    assert!(g.req.try_send(&Descriptor::new(8, 0), b"").unwrap());
+    let mut buf = Vec::new();
+    assert_eq!(h.req.try_recv(&mut buf).unwrap().unwrap().tag, 7);
+    assert_eq!(h.req.try_recv(&mut buf).unwrap().unwrap().tag, 8);
+    assert_eq!(there.owner_peer(g.index()).unwrap(), u32::from(id));
+    assert_eq!(there.claim_state(g.index()).unwrap(), ClaimState::Claimed);
+    // The first host lost this peer; the second host's bells are ours.
+    assert_eq!(
+        from.events.recv_timeout(Duration::from_secs(5)).unwrap(),
+        PeerEvent::Gone(0)
+    );
+    c.host_bells[1].ring().unwrap();
+    assert!(to.host_bells[1].wait(Duration::from_secs(5)).unwrap());
+    to.ring_peer(id, 1).unwrap();
+    assert!(c.own_bells[1].wait(Duration::from_secs(5)).unwrap());
+
+    // A region of another layout is refused, and nothing moves.
+    let (other, other_fd) = small_region(4, 2);
+    let other_sock = dir.join("c");
+    let _o = serve(&other_sock, other_fd, &other).unwrap();
+    // SAFETY: as above.
+    assert!(unsafe { c.follow(&other_sock, Duration::from_secs(5), |_| Ok(())) }.is_err());
+    assert!(g.req.try_send(&Descriptor::new(9, 0), b"").unwrap());
+    assert_eq!(h.req.try_recv(&mut buf).unwrap().unwrap().tag, 9);
+    drop(g);
+    drop(c);
+    let _ = std::fs::remove_dir_all(&dir);
+}

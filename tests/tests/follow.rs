@@ -1,0 +1,190 @@
+//! A guest process on the host itself moved with its vGPU to a second
+//! daemon standing for another host, mid-loop, as QEMU moves a VM: paused
+//! through its control socket (`FAIRVGPU_CONTROL`), the source daemon hands
+//! the vGPU over TCP under the hosts' key, the process copies its region
+//! there, the destination serves on from what it received, the process
+//! switches and goes on. The source daemon is then stopped: the program
+//! finishes every round's check on the destination alone. Before that, a
+//! destination with another key refuses and the process goes on at the
+//! source; commands out of order change nothing.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
+
+use bench::fixture::{DaemonProc, VmSpec};
+use daemon::config::ExecutorKind;
+use tests::{build_c_standin, cargo_build, standin, PTX};
+
+const ROUNDS: u64 = 60;
+/// Elements of the program's vector (`tests/c/follow.c`).
+const N: u64 = 64 * 1024;
+const STEP: Duration = Duration::from_secs(60);
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn daemon(tag: &str, keys: &str) -> DaemonProc {
+    let bin = cargo_build("cli").join("fairvgpu");
+    let vms = [VmSpec::new("vm1", 256)];
+    DaemonProc::start_full(&bin, tag, ExecutorKind::Sim, &vms, keys, "").unwrap()
+}
+
+/// `fairvgpu ARGS --config` of daemon `d`: whether it succeeded, and what
+/// it said.
+fn fairvgpu(d: &DaemonProc, args: &[&str]) -> (bool, String) {
+    let out = Command::new(cargo_build("cli").join("fairvgpu"))
+        .args(args)
+        .arg("--config")
+        .arg(d.dir.join("host.toml"))
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), said)
+}
+
+/// The program's control socket: one command, its answer.
+struct Control(BufReader<UnixStream>);
+
+impl Control {
+    fn say(&mut self, line: &str) -> String {
+        writeln!(self.0.get_mut(), "{line}").unwrap();
+        let mut answer = String::new();
+        self.0.read_line(&mut answer).unwrap();
+        answer.trim().to_owned()
+    }
+}
+
+/// The program's lines, as they come.
+fn lines(child: &mut Child) -> Receiver<String> {
+    let (tx, rx) = channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The next round the program reports.
+fn round(rx: &Receiver<String>) -> u64 {
+    let l = rx.recv_timeout(STEP).expect("the program goes on");
+    assert!(!l.starts_with("FAILED"), "{l}");
+    l.strip_prefix("round ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a round: {l}"))
+}
+
+fn key_file(dir: &Path, key: &str) -> String {
+    let p = dir.join(format!("key-{}", key.len()));
+    std::fs::write(&p, key).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
+    let dir = scratch::dir("fvg-follow");
+    let lib = standin(&dir);
+    let exe = build_c_standin("follow", &dir, &lib, &["-lpthread"]);
+    std::fs::write(dir.join("k.ptx"), PTX).unwrap();
+    let key = key_file(&dir, "a key both hosts share, 0123456789");
+    let other = key_file(&dir, "another host's key, 0123456789");
+    let (port_b, port_c) = (free_port(), free_port());
+    let listen = |port: u16, k: &str| {
+        format!("handover_listen = \"127.0.0.1:{port}\"\ncheckpoint_key_file = \"{k}\"")
+    };
+    let a = daemon("follow-a", &format!("checkpoint_key_file = \"{key}\""));
+    let b = daemon("follow-b", &listen(port_b, &key));
+    let _c = daemon("follow-c", &listen(port_c, &other));
+    let control = dir.join("control.sock");
+    let mut child = Command::new(&exe)
+        .arg(dir.join("k.ptx"))
+        .args([ROUNDS.to_string().as_str(), "20"])
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("FAIRVGPU_SOCKET", a.socket("vm1"))
+        .env("FAIRVGPU_CONTROL", &control)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rx = lines(&mut child);
+    assert_eq!(round(&rx), 1);
+    let mut ctl = Control(BufReader::new(UnixStream::connect(&control).unwrap()));
+
+    // Out of order: refused, nothing changes.
+    assert!(ctl.say("copy /nowhere").starts_with("error: not paused"));
+    assert!(ctl.say("jump").starts_with("error: unknown command"));
+    assert_eq!(ctl.say("pause"), "paused");
+    assert!(ctl
+        .say("switch /nowhere")
+        .starts_with("error: copy the region there first"));
+
+    // Refused by a host with another key: the process goes on at the source.
+    let (ok, said) = fairvgpu(
+        &a,
+        &[
+            "handover",
+            "--vm",
+            "vm1",
+            "--to",
+            &format!("127.0.0.1:{port_c}"),
+        ],
+    );
+    assert!(!ok && said.contains("proof does not match"), "{said}");
+    assert_eq!(ctl.say("go"), "going");
+    let r = round(&rx);
+    assert!(round(&rx) > r);
+
+    // Taken: pause, hand over, copy, restore there, switch, go on.
+    assert_eq!(ctl.say("pause"), "paused");
+    let (ok, said) = fairvgpu(
+        &a,
+        &[
+            "handover",
+            "--vm",
+            "vm1",
+            "--to",
+            &format!("127.0.0.1:{port_b}"),
+        ],
+    );
+    assert!(ok, "{said}");
+    let there = b.socket("vm1");
+    assert_eq!(ctl.say(&format!("copy {}", there.display())), "copied");
+    let (ok, said) = fairvgpu(&b, &["restore", "--vm", "vm1", "--received"]);
+    assert!(ok, "{said}");
+    let switched = ctl.say(&format!("switch {}", there.display()));
+    assert!(switched.starts_with("switched "), "{switched}");
+    assert!(
+        switched != "switched 0" && switched != "switched 1",
+        "both threads' channels: {switched}"
+    );
+    assert_eq!(ctl.say("go"), "going");
+    let r = round(&rx);
+    assert!(round(&rx) > r);
+
+    // The source host goes away; the program finishes on the destination.
+    drop(a);
+    let mut last = String::new();
+    while let Ok(l) = rx.recv_timeout(STEP) {
+        assert!(!l.starts_with("FAILED"), "{l}");
+        last = l;
+        if last.starts_with("follow ") {
+            break;
+        }
+    }
+    let sum = N * (N - 1) / 2 + N * ROUNDS;
+    assert!(
+        last.starts_with(&format!("follow ok rounds={ROUNDS} sum={sum} ")),
+        "{last}"
+    );
+    assert!(child.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
