@@ -7,6 +7,8 @@ moves the vGPU once a phase is well under way).
 
 usage: python3 migrate_torch.py STEPS [PROGRESS_FILE]
        python3 migrate_torch.py compare A B
+       python3 migrate_torch.py control SOCKET   (a line in, its answer out)
+       python3 migrate_torch.py link MIB         (loopback TCP alone, GiB/s)
 """
 import sys
 
@@ -71,8 +73,50 @@ def compare(a, b):
     sys.exit(0 if names and not bad else 1)
 
 
+def control(path):
+    """Relays each line of stdin to a guest process's control socket
+    (FAIRVGPU_CONTROL) over one connection, printing each answer: a pause
+    lasts while the connection does."""
+    import socket
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    answers = s.makefile("r")
+    for line in sys.stdin:
+        s.sendall(line.encode())
+        print(answers.readline().strip(), flush=True)
+
+
+def link(mib):
+    """MIB MiB through a loopback TCP connection alone: the link's rate."""
+    import socket
+    import threading
+    import time
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    chunk = bytes(4 << 20)
+
+    def sink():
+        c, _ = srv.accept()
+        while c.recv_into(bytearray(4 << 20)):
+            pass
+    t = threading.Thread(target=sink)
+    t.start()
+    out = socket.create_connection(srv.getsockname())
+    t0 = time.perf_counter()
+    for _ in range(mib // 4):
+        out.sendall(chunk)
+    out.close()
+    t.join()
+    print(f"{(mib / 1024) / (time.perf_counter() - t0):.2f}")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "compare":
         compare(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "control":
+        control(sys.argv[2])
+    elif sys.argv[1] == "link":
+        link(int(sys.argv[2]))
     else:
         train(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

@@ -7,7 +7,7 @@
 //! | command | what it does | answer |
 //! | --- | --- | --- |
 //! | `pause` | holds the process's calls (those under way finish first) | `paused` |
-//! | `copy PATH` | copies the region into the one the daemon at `PATH` serves for this VM | `copied` |
+//! | `copy PATH` | copies the region into the one the daemon at `PATH` serves for this VM (a restore from a file needs it; a handover carries the region itself) | `copied` |
 //! | `switch PATH` | every channel follows to the daemon at `PATH` | `switched N` |
 //! | `go` | lets the calls go on | `going` |
 //!
@@ -104,11 +104,7 @@ fn command(line: &str, paused: &mut Option<Paused>) -> Result<String, String> {
             Ok("copied".into())
         }
         ("switch", Some(p)) => {
-            let to = path()?;
-            if p.copier.is_none() {
-                return Err("copy the region there first".into());
-            }
-            let n = switch(p, &to)?;
+            let n = switch(p, &path()?)?;
             Ok(format!("switched {n}"))
         }
         ("go", Some(_)) => {
