@@ -3,12 +3,13 @@
 //!
 //! ```text
 //! magic "FVGPUSAV" | version u32 | flags u32 (bit 0: keyed, bit 1: region)
-//! | name length u16 | VM name | [region length u64 | its bytes] | lanes u32
+//! | name length u16 | VM name | [region length u64 | its blocks] | lanes u32
 //! | per lane: slot u32 | length u64 | that many bytes of stream
 //! | tag: 32 bytes, HMAC-SHA-256 under the operator's key, else SHA-256,
 //!   over every byte before it (after a handover's nonce, see `handover.rs`)
 //! ```
 //!
+//! A region goes in blocks, those of zeros as one byte (`region.rs`).
 //! Integers are little-endian. The daemon checks the tag before any worker
 //! sees a byte; each worker then reads its own stream within the vGPU's
 //! limits, in its sandbox.
@@ -23,7 +24,7 @@ use worker::checkpoint::Tag;
 /// The first bytes of every save file.
 pub const MAGIC: [u8; 8] = *b"FVGPUSAV";
 /// The version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const KEYED: u32 = 1;
 const REGION: u32 = 2;
 
@@ -169,7 +170,8 @@ pub fn write_to<W: Write>(
     w.write_all(&vm.as_bytes()[..usize::from(name)])?;
     if let Some((fd, len)) = &saved.region {
         w.write_all(&len.to_le_bytes())?;
-        copy_whole(fd, *len, &mut w, "the region")?;
+        region::write(fd, *len, &mut w)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("the region: {e}")))?;
     }
     w.write_all(
         &u32::try_from(saved.lanes.len())
@@ -317,10 +319,9 @@ pub fn read_from<R: Read>(
                 limits.region
             )));
         }
-        Some((
-            r.read_memfd(&format!("fairvgpu-{vm}-region"), len, path)?,
-            len,
-        ))
+        let fd = memfd(&format!("fairvgpu-{vm}-region")).map_err(io)?;
+        region::read(&mut r, len, &File::from(fd.try_clone().map_err(io)?)).map_err(io)?;
+        Some((fd, len))
     } else {
         None
     };
@@ -430,5 +431,6 @@ impl<R: Read> TaggedReader<R> {
     }
 }
 
+pub mod region;
 #[cfg(test)]
 mod tests;

@@ -170,12 +170,9 @@ impl Supervisor {
         }
         // At offsets: the region's fd shares its file offset with the
         // workers', and it is sealed against growing.
-        let dst = File::from(fd);
-        let copy = || {
-            use std::os::unix::fs::FileExt;
-            save_file::read_at_offsets(from, len, |b, at| dst.write_all_at(b, at))
-        };
-        copy().map_err(|e| format!("{vm}: writing its region: {e}"))
+        save_file::region::write_over(from, &File::from(fd), len)
+            .map(|_| ())
+            .map_err(|e| format!("{vm}: writing its region: {e}"))
     }
 
     /// A vGPU another host's daemon handed over: kept until restored, if
