@@ -605,10 +605,11 @@ fn save_command(api: &ApiArgs, vm: &str, verb: &str, body: &serde_json::Value) -
             text("from")
         ),
         "handover" => println!(
-            "{vm}: handed to {} ({} processes, {} bytes in {:.0} ms); held until it is gone",
+            "{vm}: handed to {} ({} processes, {} bytes of checkpoints and a region of {} bytes, in {:.0} ms); held until it is gone",
             text("to"),
             r["processes"],
             r["bytes"],
+            r["region_bytes"],
             r["send_ms"].as_f64().unwrap_or(0.0)
         ),
         _ => println!("{vm}: goes on"),

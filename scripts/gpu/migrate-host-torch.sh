@@ -16,7 +16,7 @@
 # Carried in $R (default .carry/release): the release fairvgpu, libcuda.so,
 # libnvidia_ml.so. MT_STEPS: steps per phase (default 300).
 # Last line: host_migration_ok=… losses_same=… pause_ms=… (the live move's,
-# pause to go) device_mib_moved=… (the handover's stream, region included)
+# pause to go) device_mib_moved=… (the handover's checkpoints, the region apart)
 # link_gib_s=… (loopback TCP alone, same run) save_restore_ok=…
 set -uo pipefail
 . scripts/gpu/lib.sh
@@ -93,7 +93,7 @@ if echo "$out" | grep -q "handed to"; then
 fi
 ctl go
 t1=$(ms); pause=$((t1 - t0))
-mib=$(echo "$out" | grep -o '[0-9]* bytes' | head -1 | awk '{printf "%d", $1 / 1048576}')
+mib=$(echo "$out" | grep -o '[0-9]* bytes of checkpoints' | awk '{printf "%d", $1 / 1048576}')
 echo "-- paused $pause ms"
 
 wait_progress bf16 $((STEPS / 4))

@@ -361,13 +361,13 @@ impl Supervisor {
                             "checkpoint",
                             format!("{vm}: handed over to {to} ({line}); held until gone"),
                         );
-                        let bytes: u64 = saved.lanes.iter().map(|l| l.len).sum::<u64>()
-                            + saved.region.as_ref().map_or(0, |r| r.1);
+                        let bytes: u64 = saved.lanes.iter().map(|l| l.len).sum();
                         Ok(json!({
                             "vm": vm,
                             "to": to,
                             "processes": saved.lanes.len(),
                             "bytes": bytes,
+                            "region_bytes": saved.region.as_ref().map_or(0, |r| r.1),
                             "send_ms": t.elapsed().as_secs_f64() * 1e3,
                             "peer": line,
                             "held": true,
