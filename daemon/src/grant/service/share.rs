@@ -26,8 +26,9 @@
 //!   until the short ones have their share. No vGPU is held back for one
 //!   that gets its entitlement already: a latency-bound guest that cannot
 //!   use more costs the others nothing (max-min fairness, work-conserving).
-//! - A heavy vGPU (long stretches of device work of its own, or long and
-//!   [`HEAVY_APART`] times the others': [`HEAVY_BURST_NS`]) keeps the GPU
+//! - A heavy vGPU (long stretches of device work of its own:
+//!   [`HEAVY_OWN_NS`]; or long and [`HEAVY_APART`] times the others':
+//!   [`HEAVY_BURST_NS`]) keeps the GPU
 //!   busy by itself; beside it, others' work would only wait and
 //!   slow it. It holds the GPU alone, for a slice, in its turn by the fair
 //!   queue's order, as under exclusive sharing; light ones hold it
@@ -174,13 +175,13 @@ impl Shared {
         if let Some(mean) = used.checked_div(n) {
             b.add(mean as f64, beside);
         }
-        let heavy = HEAVY_BURST_NS as f64;
+        let (heavy, own) = (HEAVY_BURST_NS as f64, HEAVY_OWN_NS as f64);
         let apart = |factor: f64| others.is_none_or(|o| b.mean >= factor * o);
-        let long_alone = b.own >= heavy;
+        let long_alone = b.own >= own;
         let long_apart = b.mean >= heavy && apart(HEAVY_APART);
         if long_alone || long_apart {
             self.heavy.insert(id);
-        } else if b.own < heavy / 2.0 && (b.mean < heavy / 2.0 || !apart(HEAVY_APART / 2.0)) {
+        } else if b.own < own / 2.0 && (b.mean < heavy / 2.0 || !apart(HEAVY_APART / 2.0)) {
             self.heavy.remove(&id);
         }
         self.heavy.contains(&id)
@@ -291,15 +292,21 @@ fn decayed((value, at): (f64, Instant), now: Instant, tau: Duration) -> f64 {
 /// 3,300-3,450 unscheduled.
 pub(super) const LIGHT_AT_ONCE: usize = 8;
 
-/// A vGPU whose stretches of device work (a busy period between two
-/// synchronizations; a chunk of a copy out) over the vGPUs with work
-/// holding beside it, plus one, last this long on average is heavy: it
-/// keeps the GPU busy by itself, and work beside its own would only wait
-/// behind it and slow it. It holds the GPU alone; light ones hold it
-/// together (below half of this one is light again). Stretches alone,
-/// undivided, were stretched past it by others' work alike: at 32 VMs of
-/// one loop those counted heavy took turns alone.
+/// How long a vGPU's stretches of device work (a busy period between two
+/// synchronizations; a chunk of a copy out) last on average at least, to
+/// count heavy by being [`HEAVY_APART`] times the others' (light again
+/// below half of it): it keeps the GPU busy by itself, and work beside its
+/// own would only wait behind it and slow it. A heavy vGPU holds the GPU
+/// alone; light ones hold it together.
 pub(super) const HEAVY_BURST_NS: u64 = 250_000;
+
+/// A vGPU whose stretches of device work over the vGPUs with work holding
+/// beside it, plus one, last this long on average is heavy whatever the
+/// others' (light again below half of it): alike 2 ms kernels of three VMs
+/// take turns by weight. Shorter, a light guest's stretches lengthened by
+/// waits for a CPU on a busy host counted heavy (beside 12 CPU hogs, MMR
+/// 0.78-0.95 at 250 us against 0.89-0.99 with no such test).
+pub(super) const HEAVY_OWN_NS: u64 = 1_000_000;
 
 /// A vGPU whose stretches are this many times the other runnable vGPUs'
 /// typical one (their lower median) and [`HEAVY_BURST_NS`] long is heavy
@@ -679,6 +686,9 @@ mod tests {
         // Alone with long work: heavy; short work: light.
         assert!(heavy(4, 400_000, 0, None));
         assert!(!heavy(5, 100_000, 0, None));
+        // A light guest's stretches lengthened by waits for a CPU, beside
+        // others alike, holding alone between them: light.
+        assert!(!heavy(6, 400_000, 0, Some(300_000.0)));
     }
 
     #[test]
