@@ -110,3 +110,32 @@ fn a_busy_receiver_says_so_before_its_hello() {
         "{e}"
     );
 }
+
+#[test]
+fn a_peer_with_the_key_whose_region_blocks_are_malformed_is_refused() {
+    let (addr, t) = listening();
+    let mut s = TcpStream::connect(&addr).unwrap();
+    let mut hello = [0u8; 40];
+    s.read_exact(&mut hello).unwrap();
+    let nonce = &hello[8..];
+    s.write_all(&proof_tag(KEY, nonce).finish()).unwrap();
+    let mut go = [0u8];
+    s.read_exact(&mut go).unwrap();
+    assert_eq!(go[0], GO_ON);
+    let (mut bytes, _) =
+        save_file::write_to(Vec::new(), &saved("vm1", 8192), Some(KEY), nonce).unwrap();
+    // Magic, version, flags, the name's length and "vm1", the region's
+    // length: then its one block's marker, made one neither zero nor bytes.
+    let marker = 8 + 4 + 4 + 2 + 3 + 8;
+    assert_eq!(bytes[marker], 1);
+    bytes[marker] = 7;
+    let _ = s.write_all(&bytes);
+    let mut head = [0u8; 3];
+    s.read_exact(&mut head).unwrap();
+    let mut why = vec![0u8; usize::from(u16::from_le_bytes([head[1], head[2]]))];
+    s.read_exact(&mut why).unwrap();
+    let why = String::from_utf8_lossy(&why);
+    assert_eq!(head[0], 1, "refused");
+    assert!(why.contains("marked 7"), "{why}");
+    assert!(t.got.lock().unwrap().is_empty());
+}
