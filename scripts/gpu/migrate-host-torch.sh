@@ -47,7 +47,7 @@ tenant = "t"
 gpu = $2
 memory_limit_mib = 20480
 TOML
-    RUST_LOG=info $R/fairvgpu serve --config $d/host.toml 2> $W/logs/daemon-$1.log &
+    RUST_LOG=${DAEMON_LOG:-info} $R/fairvgpu serve --config $d/host.toml 2> $W/logs/daemon-$1.log &
     echo $! > $d/pid
     for _ in $(seq 200); do [ -S $d/run/vm1.sock ] && break; sleep 0.1; done
 }
