@@ -101,7 +101,10 @@ impl Gpu {
             // asked: a restarted worker marks our channel LOST and rings.
             polls = polls.saturating_add(1);
             if polls >= spins || polls.is_multiple_of(64) {
-                ch.check_alive()?;
+                if let Err(e) = ch.check_alive() {
+                    // A reply written before the host went is still ours.
+                    return resp.peek()?.map(Some).ok_or(e);
+                }
             }
             Ok(None)
         })?;

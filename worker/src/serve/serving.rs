@@ -69,8 +69,10 @@ const DEEP_IDLE_SLEEP: Duration = Duration::from_secs(1);
 
 /// How long a poisoned worker goes on serving so that its processes can
 /// take the kernel output (see `output.rs`) and the fault's error they
-/// are owed.
-const POISON_GRACE: Duration = Duration::from_millis(200);
+/// are owed; it ends as soon as none is owed. At 200 ms a faulting process
+/// on a loaded 2-CPU host now and then asked too late and got
+/// `CUDA_ERROR_CONTEXT_IS_DESTROYED` instead of its fault's error.
+const POISON_GRACE: Duration = Duration::from_secs(1);
 
 impl Worker {
     /// Serves until the stop flag is set. Everything guests held is freed on return.
