@@ -190,9 +190,14 @@ pub fn send(to: &str, key: &[u8], saved: &Saved) -> Result<String, String> {
         (&s).read_exact(&mut head[1..])
             .map_err(|e| format!("{to}: {e}"))?;
     }
+    verdict_after(&s, head, to)
+}
+
+/// The rest of a receiver's verdict after its first three bytes `head`
+/// (word, reason's length): the reason, as its line or its refusal.
+fn verdict_after(mut s: &TcpStream, head: [u8; 3], to: &str) -> Result<String, String> {
     let mut why = vec![0u8; usize::from(u16::from_le_bytes([head[1], head[2]]))];
-    (&s).read_exact(&mut why)
-        .map_err(|e| format!("{to}: {e}"))?;
+    s.read_exact(&mut why).map_err(|e| format!("{to}: {e}"))?;
     let why = printable(&why);
     match head[0] {
         0 => Ok(why),

@@ -203,7 +203,7 @@ fn copy_whole(fd: &OwnedFd, len: u64, w: &mut impl Write, what: &str) -> std::io
 /// Passes the first `len` bytes of `fd` to `sink` in pieces, each with its
 /// offset, read at offsets: `fd` may share its file offset with other
 /// processes (a region's does with the workers). Short of `len`: an error.
-pub fn read_at_offsets(
+fn read_at_offsets(
     fd: &OwnedFd,
     len: u64,
     mut sink: impl FnMut(&[u8], u64) -> std::io::Result<()>,

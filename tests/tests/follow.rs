@@ -49,6 +49,13 @@ fn fairvgpu(d: &DaemonProc, args: &[&str]) -> (bool, String) {
     (out.status.success(), said)
 }
 
+/// `fairvgpu handover` of vm1 from daemon `d` to the one taking handovers
+/// on loopback port `port`.
+fn handover(d: &DaemonProc, port: u16) -> (bool, String) {
+    let to = format!("127.0.0.1:{port}");
+    fairvgpu(d, &["handover", "--vm", "vm1", "--to", &to])
+}
+
 /// The program's control socket: one command, its answer.
 struct Control(BufReader<UnixStream>);
 
@@ -127,16 +134,7 @@ fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
     assert!(nowhere.starts_with("error: channel 0: "), "{nowhere}");
 
     // Refused by a host with another key: the process goes on at the source.
-    let (ok, said) = fairvgpu(
-        &a,
-        &[
-            "handover",
-            "--vm",
-            "vm1",
-            "--to",
-            &format!("127.0.0.1:{port_c}"),
-        ],
-    );
+    let (ok, said) = handover(&a, port_c);
     assert!(!ok && said.contains("proof does not match"), "{said}");
     // (Its region may get a copy, as QEMU's would, for nothing.)
     let copied = ctl.say(&format!("copy {}", c.socket("vm1").display()));
@@ -148,16 +146,7 @@ fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
     // Taken: pause, hand over (the region with it), restore there, switch,
     // go on.
     assert_eq!(ctl.say("pause"), "paused");
-    let (ok, said) = fairvgpu(
-        &a,
-        &[
-            "handover",
-            "--vm",
-            "vm1",
-            "--to",
-            &format!("127.0.0.1:{port_b}"),
-        ],
-    );
+    let (ok, said) = handover(&a, port_b);
     assert!(ok, "{said}");
     let there = b.socket("vm1");
     let (ok, said) = fairvgpu(&b, &["restore", "--vm", "vm1", "--received"]);

@@ -382,7 +382,7 @@ pub unsafe fn map_private_copy_over(addr: usize, len: usize, from: usize) -> Res
 
 impl SharedMemory {
     /// Makes this mapping the memory of `to` (another host's region, that
-    /// the caller filled): `to` is mapped over every shared mapping of this
+    /// the caller filled): `to`'s file is mapped over every shared mapping of this
     /// mapping's file in the process, each at its own address and file
     /// offset (the channels' mappings, the pinned pool's, memory registered
     /// over), and this mapping's descriptor becomes `to`'s. What a guest's
@@ -393,8 +393,8 @@ impl SharedMemory {
     /// No thread reads or writes any mapping of this file meanwhile, and
     /// `to` holds what they should read from now on; the descriptor this
     /// mapping holds is referred to by nothing else.
-    pub unsafe fn follow(&self, to: &File) -> Result<usize> {
-        let Some(from) = self.file() else {
+    pub unsafe fn follow(&self, to: &SharedMemory) -> Result<usize> {
+        let (Some(from), Some(to)) = (self.file(), to.file()) else {
             return Err(Error::BadLayout("heap memory has no file to follow".into()));
         };
         let to_len = to
@@ -441,14 +441,9 @@ impl SharedMemory {
             }
             moved += 1;
         }
-        // SAFETY: `dup3` onto our own descriptor, which per the contract
-        // nothing else refers to: from here on it is `to`'s file.
-        if unsafe { libc::dup3(to.as_raw_fd(), from.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
-            return Err(Error::io(
-                "dup3 of the followed region",
-                std::io::Error::last_os_error(),
-            ));
-        }
+        // SAFETY: onto our own descriptor, which per the contract nothing
+        // else refers to: from here on it is `to`'s file.
+        unsafe { dup_onto(to, from)? };
         Ok(moved)
     }
 }
@@ -652,9 +647,9 @@ mod tests {
         a.atomic_u64(8192).unwrap().store(1, Ordering::SeqCst);
         let b = SharedMemory::map(new.try_clone().unwrap(), 16384).unwrap();
         b.atomic_u64(8192).unwrap().store(2, Ordering::SeqCst);
-        let fresh = File::from(new);
+        drop(new);
         // SAFETY: nothing else in this test uses `a` or `part` meanwhile.
-        let moved = unsafe { a.follow(&fresh) }.unwrap();
+        let moved = unsafe { a.follow(&b) }.unwrap();
         assert_eq!(moved, 2, "the whole mapping and the part");
         assert_eq!(a.atomic_u64(8192).unwrap().load(Ordering::SeqCst), 2);
         let word = part
@@ -669,7 +664,7 @@ mod tests {
             9,
             "shared with the new file"
         );
-        let short = File::from(create_memfd("short", 8192).unwrap());
+        let short = SharedMemory::map(create_memfd("short", 8192).unwrap(), 8192).unwrap();
         assert!(
             // SAFETY: as above.
             unsafe { a.follow(&short) }.is_err(),

@@ -132,10 +132,10 @@ fn a_peer_with_the_key_whose_region_blocks_are_malformed_is_refused() {
     let _ = s.write_all(&bytes);
     let mut head = [0u8; 3];
     s.read_exact(&mut head).unwrap();
-    let mut why = vec![0u8; usize::from(u16::from_le_bytes([head[1], head[2]]))];
-    s.read_exact(&mut why).unwrap();
-    let why = String::from_utf8_lossy(&why);
-    assert_eq!(head[0], 1, "refused");
-    assert!(why.contains("marked 7"), "{why}");
+    let why = verdict_after(&s, head, &addr).unwrap_err();
+    assert!(
+        why.contains("refused it") && why.contains("marked 7"),
+        "{why}"
+    );
     assert!(t.got.lock().unwrap().is_empty());
 }

@@ -18,7 +18,7 @@ pub const BLOCK: usize = 64 << 10;
 const ZERO: u8 = 0;
 const BYTES: u8 = 1;
 
-/// The length of block `i` of a region of `len` bytes.
+/// The length of the block at `at` of a region of `len` bytes.
 fn block_len(len: u64, at: u64) -> usize {
     usize::try_from((len - at).min(BLOCK as u64)).unwrap_or(BLOCK)
 }

@@ -271,12 +271,7 @@ impl Region {
     /// into `to`, another host's region for the same VM (what QEMU's
     /// migration does for a VM's region). The layouts must agree.
     pub fn copy_to(&self, to: &Region) -> Result<()> {
-        if self.layout != to.layout {
-            return Err(Error::BadHeader(format!(
-                "the region to copy to has another layout ({:?}, this one {:?})",
-                to.layout.params, self.layout.params
-            )));
-        }
+        self.same_layout(to)?;
         self.mem.slice().copy_to_volatile_slice(to.mem.slice());
         Ok(())
     }
@@ -289,17 +284,20 @@ impl Region {
     /// As [`SharedMemory::follow`]: no thread touches the region's memory
     /// meanwhile, and `to` holds what it should read.
     pub unsafe fn follow(&self, to: &Region) -> Result<usize> {
-        if self.layout != to.layout {
-            return Err(Error::BadHeader(
-                "the region to follow has another layout".into(),
-            ));
-        }
-        let file = to
-            .mem
-            .file()
-            .ok_or_else(|| Error::BadLayout("heap memory has no file to follow".into()))?;
+        self.same_layout(to)?;
         // SAFETY: per this function's contract.
-        unsafe { self.mem.follow(file) }
+        unsafe { self.mem.follow(&to.mem) }
+    }
+
+    /// Refuses another host's region of another layout.
+    fn same_layout(&self, to: &Region) -> Result<()> {
+        if self.layout != to.layout {
+            return Err(Error::BadHeader(format!(
+                "the other region has another layout ({:?}, this one {:?})",
+                to.layout.params, self.layout.params
+            )));
+        }
+        Ok(())
     }
 
     /// Any u32 of the region, bounds- and alignment-checked: what a guest can

@@ -28,12 +28,11 @@
 //!   use more costs the others nothing (max-min fairness, work-conserving).
 //! - A heavy vGPU (long stretches of device work of its own:
 //!   [`HEAVY_OWN_NS`]; or long and [`HEAVY_APART`] times the others':
-//!   [`HEAVY_BURST_NS`]) keeps the GPU
-//!   busy by itself; beside it, others' work would only wait and
-//!   slow it. It holds the GPU alone, for a slice, in its turn by the fair
-//!   queue's order, as under exclusive sharing; light ones hold it
-//!   together. Holders in the way of a waiting vGPU end their grants at
-//!   their slices' ends (`CONTENDED`).
+//!   [`HEAVY_BURST_NS`]) keeps the GPU busy by itself; beside it, others'
+//!   work would only wait and slow it. It holds the GPU alone, for a
+//!   slice, in its turn by the fair queue's order, as under exclusive
+//!   sharing; light ones hold it together. Holders in the way of a
+//!   waiting vGPU end their grants at their slices' ends (`CONTENDED`).
 //! - At most [`LIGHT_AT_ONCE`] light vGPUs with work hold at once; the
 //!   others wait in the queue's order, and a holder more than a slice of a
 //!   backlogged vGPU's share ahead of the first one waiting ends its grant
