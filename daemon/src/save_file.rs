@@ -6,7 +6,8 @@
 //! | name length u16 | VM name | [region length u64 | its blocks] | lanes u32
 //! | per lane: slot u32 | length u64 | that many bytes of stream
 //! | tag: 32 bytes, HMAC-SHA-256 under the operator's key, else SHA-256,
-//!   over every byte before it (after a handover's nonce, see `handover.rs`)
+//!   over a handover's nonce (`handover.rs`), each 4 MiB chunk's own tag of
+//!   every byte before it, and their length (`tag.rs`)
 //! ```
 //!
 //! A region goes in blocks, those of zeros as one byte (`region.rs`).
@@ -19,12 +20,12 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use worker::checkpoint::Tag;
+use tag::ChunkTag;
 
 /// The first bytes of every save file.
 pub const MAGIC: [u8; 8] = *b"FVGPUSAV";
 /// The version this build writes and reads.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 const KEYED: u32 = 1;
 const REGION: u32 = 2;
 
@@ -152,8 +153,7 @@ pub fn write_to<W: Write>(
     key: Option<&[u8]>,
     nonce: &[u8],
 ) -> std::io::Result<(W, u64)> {
-    let mut tag = Tag::new(key);
-    tag.update(nonce);
+    let tag = ChunkTag::new(key, nonce);
     let mut w = Tagged {
         inner: w,
         tag,
@@ -274,8 +274,7 @@ pub fn read_from<R: Read>(
         path: path.to_owned(),
         source,
     };
-    let mut tag = Tag::new(key);
-    tag.update(nonce);
+    let tag = ChunkTag::new(key, nonce);
     let mut r = TaggedReader { inner: r, tag };
     let lanes_err = |why: String| FileError::Lanes {
         path: path.to_owned(),
@@ -361,6 +360,14 @@ pub fn read_from<R: Read>(
     Ok(Saved { vm, region, lanes })
 }
 
+/// The tag a save file of `bytes` (everything before its tag) ends with,
+/// under `key`, after `nonce` (see [`write_to`]).
+pub fn tag_of(key: Option<&[u8]>, nonce: &[u8], bytes: &[u8]) -> [u8; 32] {
+    let mut t = ChunkTag::new(key, nonce);
+    t.update(bytes);
+    t.finish()
+}
+
 /// A memfd named `name`, closed on exec.
 pub fn memfd(name: &str) -> std::io::Result<OwnedFd> {
     nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
@@ -370,7 +377,7 @@ pub fn memfd(name: &str) -> std::io::Result<OwnedFd> {
 /// A writer that tags what passes.
 struct Tagged<W: Write> {
     inner: W,
-    tag: Tag,
+    tag: ChunkTag,
     n: u64,
 }
 
@@ -390,7 +397,7 @@ impl<W: Write> Write for Tagged<W> {
 /// A reader that tags what passes.
 struct TaggedReader<R: Read> {
     inner: R,
-    tag: Tag,
+    tag: ChunkTag,
 }
 
 impl<R: Read> Read for TaggedReader<R> {
@@ -432,5 +439,6 @@ impl<R: Read> TaggedReader<R> {
 }
 
 pub mod region;
+mod tag;
 #[cfg(test)]
 mod tests;

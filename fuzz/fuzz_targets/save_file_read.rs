@@ -1,15 +1,12 @@
-//! A vGPU save file from anywhere: any frame, with a SHA-256 tag over it
+//! A vGPU save file from anywhere: any frame, with its unkeyed tag
 //! appended (so that the fuzzer also gets past the tag). No panic, no
 //! stream past the limits, no slot twice or past the VM's.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use worker::checkpoint::Tag;
 
 fuzz_target!(|data: &[u8]| {
     let mut file = data.to_vec();
-    let mut tag = Tag::new(None);
-    tag.update(data);
-    file.extend_from_slice(&tag.finish());
+    file.extend_from_slice(&daemon::save_file::tag_of(None, b"", data));
     let limits = daemon::save_file::FileLimits {
         slots: 4,
         lane_bytes: 1 << 16,
