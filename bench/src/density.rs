@@ -209,7 +209,35 @@ pub fn density(o: &Options<'_>, n: usize) -> Result<(f64, f64)> {
         sched::weighted_mmr(&u, &weights),
         f.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(" ")
     );
+    print_charges(&fair, n);
     Ok((fs / us.max(1e-9), mmr))
+}
+
+/// What the grant service charged each VM of a density round and its
+/// grants: equal charges with unequal rounds point at the charge per
+/// round (how a VM's device time is found), unequal charges at the queue.
+fn print_charges(fair: &Round, n: usize) {
+    let per_vm = |f: &dyn Fn(&daemon::grant::VgpuLive) -> String| {
+        (0..n)
+            .map(|g| fair.service.get(&(g as u32)).map_or("-".into(), f))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!(
+        "density vms={n}: charged ms per VM {}",
+        per_vm(&|v| format!("{:.0}", v.charged_ns as f64 / 1e6))
+    );
+    println!(
+        "density vms={n}: charged us a round per VM {}",
+        (0..n)
+            .map(|g| format!("{:.0}", unit_ns(fair, g) / 1e3))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!(
+        "density vms={n}: grants per VM {}",
+        per_vm(&|v| v.grants.to_string())
+    );
 }
 
 /// One mix round: guests `which` of `weights`, guest 0 GPU-bound if
