@@ -1,7 +1,9 @@
-//! A guest that leaves its replies unread while its vGPU holds the GPU.
-//! To the worker it looks like a guest late for a CPU on a busy host, for
+//! A guest that leaves its replies unread while its vGPU holds the GPU, or
+//! takes each at once and pauses just under 1 ms before its next call. To
+//! the worker it looks like a guest late for a CPU on a busy host, for
 //! which a holder with nothing to run keeps the grant up to 4 ms at a time
-//! (`worker/src/serve/serving.rs`, `Worker::late_guest`). Such waits are
+//! (`worker/src/serve/serving.rs`, `Worker::late_guest`: a reply unread,
+//! or taken less than 1 ms after the last call). Such waits are
 //! free only for the time the VM's vCPU thread waited for a CPU, and up to
 //! an eighth of each grant's slice: a guest that hoards its replies on
 //! purpose (its thread asleep) pays for the GPU time it holds idle past
@@ -26,10 +28,14 @@ const SLICE_NS: u64 = 6_000_000;
 /// most it can get for free).
 const HOARD: Duration = Duration::from_micros(3500);
 
+/// How long the pauser waits after taking a reply before its next call:
+/// under the worker's 1 ms.
+const PAUSE: Duration = Duration::from_micros(900);
+
 /// The hoarder: opens a session and takes memory, then until `stop` puts
 /// a memset and a synchronize on the GPU, leaves the synchronize's reply
-/// unread for [`HOARD`], takes it, and goes on.
-fn hoard(socket: &std::path::Path, stop: &AtomicBool) -> u64 {
+/// unread for `unread`, takes it, waits `pause`, and goes on.
+fn hoard(socket: &std::path::Path, stop: &AtomicBool, unread: Duration, pause: Duration) -> u64 {
     let client = Client::connect(socket, Duration::from_secs(5)).unwrap();
     let mut ch = client.region.claim(u32::from(client.id), 1, 0).unwrap();
     let mut buf = Vec::new();
@@ -70,8 +76,9 @@ fn hoard(socket: &std::path::Path, stop: &AtomicBool) -> u64 {
             &mut tag,
         );
         call(&mut ch, Request::CtxSynchronize, &mut tag);
-        std::thread::sleep(HOARD);
+        std::thread::sleep(unread);
         take(&mut ch, &mut buf);
+        std::thread::sleep(pause);
         rounds += 1;
     }
     rounds
@@ -79,7 +86,19 @@ fn hoard(socket: &std::path::Path, stop: &AtomicBool) -> u64 {
 
 #[test]
 fn a_guest_leaving_its_replies_unread_pays_for_the_idle_grant_past_an_eighth_of_each_slice() {
-    let dir = scratch::dir("late-replies");
+    pays_past_an_eighth("late-replies", HOARD, Duration::ZERO);
+}
+
+#[test]
+fn a_guest_pausing_before_each_call_pays_for_the_idle_grant_past_an_eighth_of_each_slice() {
+    pays_past_an_eighth("late-calls", Duration::ZERO, PAUSE);
+}
+
+/// A hoarder leaving its replies unread for `unread`, or pausing `pause`
+/// after each, beside an honest guest: the waits its worker kept the grant
+/// for are charged past an eighth of each grant's slice.
+fn pays_past_an_eighth(name: &str, unread: Duration, pause: Duration) {
+    let dir = scratch::dir(name);
     let svc = GrantService::start(&dir.join("grant.sock"), SLICE_NS).unwrap();
     // A short idle spin (a debug build's default spin outlasts the
     // hoarder's gaps), so that the worker reaches its choice between
@@ -104,7 +123,7 @@ fn a_guest_leaving_its_replies_unread_pays_for_the_idle_grant_past_an_eighth_of_
         std::thread::spawn(move || {
             let tid = u32::try_from(nix::unistd::gettid().as_raw()).unwrap();
             wire::vcpus::write_vcpus(&vcpus, &[tid]).unwrap();
-            hoard(&socket, &stop)
+            hoard(&socket, &stop, unread, pause)
         })
     };
     std::thread::sleep(Duration::from_secs(3));
@@ -127,7 +146,7 @@ fn a_guest_leaving_its_replies_unread_pays_for_the_idle_grant_past_an_eighth_of_
     assert!(rounds > 10 && good_rounds > 10, "both guests ran");
     assert!(
         late.late_guests > 0,
-        "the worker kept the grant for the unread replies"
+        "the worker kept the grant for the late guest"
     );
     // What the hoarder's worker waited for free is at most an eighth of
     // each grant's slice, and what its thread spent waiting for a CPU
@@ -140,7 +159,7 @@ fn a_guest_leaving_its_replies_unread_pays_for_the_idle_grant_past_an_eighth_of_
     let free_at_most = (late.grants + 1) * (SLICE_NS / 8) + late.late_guest_cpu_ns;
     assert!(
         charged + free_at_most >= late.late_guest_ns,
-        "waited {} ns for unread replies over {} grants, charged only {charged} ns",
+        "waited {} ns for a late guest over {} grants, charged only {charged} ns",
         late.late_guest_ns,
         late.grants
     );

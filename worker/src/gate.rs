@@ -220,6 +220,13 @@ impl Gate {
         self.shared() && self.alone_on_shared
     }
 
+    /// Whether holding this grant keeps another vGPU off the GPU: an
+    /// exclusive grant, a heavy vGPU's turn, or any grant once the service
+    /// said another vGPU wants the GPU (`CONTENDED`).
+    pub fn keeps_others_off(&self) -> bool {
+        self.holding() && (!self.shared || self.alone_on_shared || !self.alone)
+    }
+
     /// A shared holder with nothing to run says so once (`IDLE`), keeping
     /// the grant: a vGPU between calls for long holds back no other one.
     /// No-op otherwise.

@@ -225,6 +225,9 @@ pub struct Worker {
     /// [`Worker::keep_alone`]), or, with no scheduler, the worker (see
     /// [`Worker::light_sleep`]).
     lone_idle_since: Option<Instant>,
+    /// When the serving loop last found a call to serve (see
+    /// `Worker::late_guest`).
+    last_call: Option<Instant>,
     /// Since when the worker's sleeps have all ended by their timeout
     /// (see [`Worker::block`]).
     quiet_since: Option<Instant>,

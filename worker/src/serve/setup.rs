@@ -396,6 +396,7 @@ impl Worker {
             moving: None,
             budget_checked: Instant::now(),
             lone_idle_since: None,
+            last_call: None,
             quiet_since: None,
             confine_when_filled: false,
             ends_with_process: cfg.ends_with_process && cfg.slot.is_some(),
