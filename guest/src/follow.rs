@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use transport::server::Client;
+use transport::server::{Arrival, Client};
 
 use crate::{Gpu, GuestError, Joiner, Origin, Result, Transport};
 
@@ -25,15 +25,28 @@ impl Gpu {
         Ok(there)
     }
 
-    /// Makes this channel the vGPU's at the daemon at `path`, whose region
-    /// now holds what this one did: its memory mapped where this region's
-    /// was, its doorbells, the channel's owner its new peer id there.
+    /// Connects this channel's peer to the daemon at `path` and checks it
+    /// can follow there, changing nothing here (see [`Client::reach`]): a
+    /// process reaches with every channel before any follows.
+    pub fn reach(&self, path: &Path) -> Result<Arrival> {
+        let Transport::Native(client) = &self.transport else {
+            return Err(GuestError::Protocol(
+                "a VM's process moves with its VM, not by itself".into(),
+            ));
+        };
+        Ok(client.reach(path, GREETING)?)
+    }
+
+    /// Makes this channel the vGPU's at the daemon at `path` it reached
+    /// (`there`), whose region now holds what this one did: its memory
+    /// mapped where this region's was, its doorbells, the channel's owner
+    /// its new peer id there.
     ///
     /// # Safety
     /// No thread of the process reads or writes the region (the pinned
     /// pool included) or waits on its doorbells meanwhile: the caller holds
     /// every call.
-    pub unsafe fn follow(&mut self, path: &Path) -> Result<()> {
+    pub unsafe fn follow(&mut self, there: Arrival, path: &Path) -> Result<()> {
         let Transport::Native(client) = &mut self.transport else {
             return Err(GuestError::Protocol(
                 "a VM's process moves with its VM, not by itself".into(),
@@ -41,7 +54,7 @@ impl Gpu {
         };
         let ch = &self.ch;
         // SAFETY: per this function's contract.
-        unsafe { client.follow(path, GREETING, |id| ch.set_owner_peer(u32::from(id))) }?;
+        unsafe { client.follow_to(there, |id| ch.set_owner_peer(u32::from(id))) }?;
         self.origin = Origin::Socket(path.to_owned());
         Ok(())
     }

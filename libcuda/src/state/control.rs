@@ -135,15 +135,29 @@ fn pause() -> Result<Paused, String> {
 }
 
 /// Every open channel follows to the daemon at `to`; later ones open there.
+/// Each reaches the daemon there first: one that cannot (the daemon gone,
+/// out of room, another layout) leaves every channel here, none moved.
 fn switch(p: &mut Paused, to: &Path) -> Result<usize, String> {
     let d = driver().map_err(|e| format!("CUresult {e}"))?;
+    let mut arrivals = Vec::new();
+    for (n, g) in p.channels.iter().filter_map(|g| g.as_ref()).enumerate() {
+        arrivals.push(
+            g.reach(to)
+                .map_err(|e| format!("channel {n}: {e}; none moved"))?,
+        );
+    }
     let mut n = 0;
-    for g in p.channels.iter_mut().filter_map(|g| g.as_mut()) {
+    for (g, there) in p
+        .channels
+        .iter_mut()
+        .filter_map(|g| g.as_mut())
+        .zip(arrivals)
+    {
         // SAFETY: every call of the process is held (`pause`), and the
         // region there holds what this one did (the copy, then what the
         // daemon there wrote over it); see the module's note on memory
         // written outside calls.
-        unsafe { g.follow(to) }.map_err(|e| format!("channel {n}: {e}"))?;
+        unsafe { g.follow(there, to) }.map_err(|e| format!("channel {n}: {e}"))?;
         n += 1;
     }
     d.follow_joiner(to);

@@ -290,7 +290,7 @@ impl Region {
     }
 
     /// Refuses another host's region of another layout.
-    fn same_layout(&self, to: &Region) -> Result<()> {
+    pub fn same_layout(&self, to: &Region) -> Result<()> {
         if self.layout != to.layout {
             return Err(Error::BadHeader(format!(
                 "the other region has another layout ({:?}, this one {:?})",

@@ -209,3 +209,38 @@ fn a_native_peer_follows_its_vgpu_to_another_hosts_region_at_the_same_address() 
     drop(c);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_peer_that_cannot_reach_the_other_server_leaves_every_connection_here() {
+    let dir = scratch::dir("fvg-srv-reach");
+    let (here_sock, there_sock) = (dir.join("a"), dir.join("b"));
+    let (here, here_fd) = small_region(2, 2);
+    let (there, there_fd) = small_region(2, 2);
+    let _from = serve(&here_sock, here_fd, &here).unwrap();
+    // Room there for one peer: a process's second connection is refused.
+    let _to = serve_to(&there_sock, there_fd, &there, 1, |_| ()).unwrap();
+    let a = Client::connect(&here_sock, Duration::from_secs(5)).unwrap();
+    let b = Client::connect(&here_sock, Duration::from_secs(5)).unwrap();
+    let mut ga = a.region.claim(u32::from(a.id), 1, 1).unwrap();
+    let reached = a.reach(&there_sock, Duration::from_secs(5)).unwrap();
+    assert!(b.reach(&there_sock, Duration::from_secs(5)).is_err());
+    drop(reached);
+    // Reaching changed nothing here: the channel is this host's, its
+    // owner this peer.
+    let mut h = here.host_channel(ga.index()).unwrap();
+    assert!(ga.req.try_send(&Descriptor::new(5, 0), b"").unwrap());
+    let mut buf = Vec::new();
+    assert_eq!(h.req.try_recv(&mut buf).unwrap().unwrap().tag, 5);
+    assert_eq!(here.owner_peer(ga.index()).unwrap(), u32::from(a.id));
+    // The connection that reached left the other server: a new one fits.
+    let t = std::time::Instant::now();
+    while Client::connect(&there_sock, Duration::from_secs(5)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the reached peer never left"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop((ga, a, b));
+    let _ = std::fs::remove_dir_all(&dir);
+}
