@@ -30,9 +30,7 @@ impl Gpu {
     /// process reaches with every channel before any follows.
     pub fn reach(&self, path: &Path) -> Result<Arrival> {
         let Transport::Native(client) = &self.transport else {
-            return Err(GuestError::Protocol(
-                "a VM's process moves with its VM, not by itself".into(),
-            ));
+            return Err(moves_with_its_vm());
         };
         Ok(client.reach(path, GREETING)?)
     }
@@ -48,9 +46,7 @@ impl Gpu {
     /// every call.
     pub unsafe fn follow(&mut self, there: Arrival, path: &Path) -> Result<()> {
         let Transport::Native(client) = &mut self.transport else {
-            return Err(GuestError::Protocol(
-                "a VM's process moves with its VM, not by itself".into(),
-            ));
+            return Err(moves_with_its_vm());
         };
         let ch = &self.ch;
         // SAFETY: per this function's contract.
@@ -58,6 +54,11 @@ impl Gpu {
         self.origin = Origin::Socket(path.to_owned());
         Ok(())
     }
+}
+
+/// A VM's process follows its vGPU only as QEMU moves the VM.
+fn moves_with_its_vm() -> GuestError {
+    GuestError::Protocol("a VM's process moves with its VM, not by itself".into())
 }
 
 impl Joiner {

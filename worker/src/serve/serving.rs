@@ -219,7 +219,10 @@ impl Worker {
             if self.ends_with_process && self.leave_if_unclaimed()? {
                 break;
             }
-            if self.sh.slice.gate.as_ref().is_some_and(|g| g.holding()) {
+            if let Some(g) = self.sh.slice.gate.as_mut().filter(|g| g.holding()) {
+                // What the service said meanwhile (`CONTENDED`, `EXTEND`):
+                // both choices below follow from it.
+                g.extended();
                 if self.late_guest() {
                     // Its CPU, not this one's spin, is what the guest needs.
                     std::thread::sleep(WAITING_POLL);
@@ -300,13 +303,13 @@ impl Worker {
     /// `results/2026-11-26-h100-burst-after-pause.md`). Nothing is charged
     /// for it: a vGPU is charged the GPU time its work takes. The grant's
     /// socket wakes the sleeping holder when another vGPU wants the GPU
-    /// (`CONTENDED`), and it gives the grant back at once.
+    /// (`CONTENDED`), and it gives the grant back at once. The caller has
+    /// read what the service said meanwhile (`Gate::extended`), as for
+    /// [`Worker::late_guest`].
     fn keep_alone(&mut self) -> bool {
         let Some(g) = self.sh.slice.gate.as_mut() else {
             return false;
         };
-        // Reads what the service said meanwhile (`CONTENDED`, `EXTEND`).
-        g.extended();
         if !g.alone() {
             self.lone_idle_since = None;
             return false;
@@ -347,10 +350,13 @@ impl Worker {
     /// takes its replies keeps a grant no more than that past its work),
     /// and never past the slice's end, which the loop still looks for.
     fn late_guest(&mut self) -> bool {
-        if self.sh.slice.gate.as_mut().is_some_and(|g| {
-            g.extended();
-            !g.keeps_others_off()
-        }) {
+        if self
+            .sh
+            .slice
+            .gate
+            .as_ref()
+            .is_some_and(|g| !g.keeps_others_off())
+        {
             // A grant that keeps no vGPU off the GPU (held beside others,
             // none waiting): nothing to keep it for (the guest's next call
             // finds it held anyway).
