@@ -88,6 +88,18 @@ impl DaemonProc {
         Self::start_opts(bin, tag, executor, vms, daemon_keys, extra, None)
     }
 
+    /// [`DaemonProc::start_full`], logging as [`DaemonProc::start_logged`].
+    pub fn start_full_logged(
+        bin: &Path,
+        tag: &str,
+        executor: ExecutorKind,
+        vms: &[VmSpec],
+        daemon_keys: &str,
+        level: &str,
+    ) -> Result<Self> {
+        Self::start_opts(bin, tag, executor, vms, daemon_keys, "", Some(level))
+    }
+
     /// [`DaemonProc::start`] with the daemon's log (its workers' too) at
     /// `level`, and its standard output, going to [`DaemonProc::log_path`]
     /// instead of ours.

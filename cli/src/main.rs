@@ -676,18 +676,26 @@ fn spare_process(config: &std::path::Path, fd: i32, gpu: u32) -> Result<()> {
     // Bound while it was starting, its binding waits in the socket and the
     // daemon's end is closed: the word is not heard, and need not be.
     let _ = worker::spare::say_ready(&sock);
-    let (b, feed, ledger) = worker::spare::recv_binding(&sock)?;
+    let bound = worker::spare::recv_binding(&sock)?;
     drop(sock);
+    let b = &bound.binding;
     // Read now, not at the spare's start: the VM may be newer than it.
     let cfg = worker_config(config, b.declared.as_deref(), &b.vm)?;
-    let spec = setup::worker_spec(
+    let mut spec = setup::worker_spec(
         &cfg,
         &b.vm,
         Some(b.id),
-        Some(feed.into_raw_fd()),
+        Some(bound.feed.into_raw_fd()),
         Some(gpu),
-        Some((b.slot, ledger.into_raw_fd())),
+        Some((b.slot, bound.ledger.into_raw_fd())),
     )?;
-    tracing::debug!(vm = b.vm, slot = b.slot, gpu, "spare worker bound");
+    spec.restore = bound.stream.map(|s| s.into_raw_fd());
+    tracing::debug!(
+        vm = b.vm,
+        slot = b.slot,
+        gpu,
+        restore = b.restore,
+        "spare worker bound"
+    );
     exit_as_worker(worker::process::run_warm(&spec, Some(warm)))
 }

@@ -2,8 +2,8 @@
 //! daemon standing for another host, mid-loop, as QEMU moves a VM: paused
 //! through its control socket (`FAIRVGPU_CONTROL`), the source daemon hands
 //! the vGPU (its region too) over TCP under the hosts' key, the
-//! destination serves on from what it received, the process switches and
-//! goes on. The source daemon is then stopped: the program
+//! destination serves on from what it received (by its GPU's spare
+//! worker), the process switches and goes on. The source daemon is then stopped: the program
 //! finishes every round's check on the destination alone. Before that, a
 //! destination with another key refuses and the process goes on at the
 //! source; commands out of order change nothing.
@@ -32,7 +32,7 @@ fn free_port() -> u16 {
 fn daemon(tag: &str, keys: &str) -> DaemonProc {
     let bin = cargo_build("cli").join("fairvgpu");
     let vms = [VmSpec::new("vm1", 256)];
-    DaemonProc::start_full(&bin, tag, ExecutorKind::Sim, &vms, keys, "").unwrap()
+    DaemonProc::start_full_logged(&bin, tag, ExecutorKind::Sim, &vms, keys, "info").unwrap()
 }
 
 /// `fairvgpu ARGS --config` of daemon `d`: whether it succeeded, and what
@@ -151,6 +151,13 @@ fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
     let there = b.socket("vm1");
     let (ok, said) = fairvgpu(&b, &["restore", "--vm", "vm1", "--received"]);
     assert!(ok, "{said}");
+    // Served on by the GPU's spare, its context made before the pause.
+    let log = std::fs::read_to_string(b.log_path()).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("spare worker bound to a slot") && l.contains("restore=true")),
+        "the restore bound the spare:\n{log}"
+    );
     let switched = ctl.say(&format!("switch {}", there.display()));
     assert!(switched.starts_with("switched "), "{switched}");
     assert!(

@@ -89,8 +89,11 @@ pub const SPARE_READY: i64 = 12;
 
 /// The first bytes of a [`SpareBinding`].
 const BINDING_MAGIC: [u8; 4] = *b"FVGB";
-/// A binding's fixed part: magic, slot, vGPU id, name length, entry length.
-const BINDING_HEAD: usize = 4 + 4 + 4 + 2 + 4;
+/// A binding's fixed part: magic, slot, vGPU id, name length, entry
+/// length, flags.
+const BINDING_HEAD: usize = 4 + 4 + 4 + 2 + 4 + 1;
+/// A binding's flag: a checkpoint stream comes with it (a third fd).
+const BINDING_RESTORE: u8 = 1;
 /// Longest VM name a binding carries (bytes).
 pub const BINDING_NAME_MAX: usize = 255;
 /// Longest declared `[[vm]]` entry a binding carries (bytes of TOML).
@@ -105,7 +108,8 @@ const BINDING_SLOTS: u32 = 16;
 /// one VM's process slot: the VM, its vGPU id, the slot, and the VM's
 /// `[[vm]]` entry where it was declared through the API rather than read
 /// from host.toml. The feed and the VM's ledger go beside it as fds (see
-/// the worker's `spare.rs`).
+/// the worker's `spare.rs`), and a checkpoint stream to serve on from
+/// where `restore` says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpareBinding {
     /// The VM.
@@ -116,6 +120,9 @@ pub struct SpareBinding {
     pub slot: u32,
     /// The declared vGPU's entry (TOML), if it is not in host.toml.
     pub declared: Option<String>,
+    /// The slot's worker serves on from a checkpoint stream, which comes
+    /// with the binding as its third fd (a restore).
+    pub restore: bool,
 }
 
 /// A binding that does not read as one.
@@ -136,12 +143,15 @@ pub enum BindingError {
     /// The slot is past a region's process slots.
     #[error("spare binding: no process slot {0}")]
     Slot(u32),
+    /// Flags other than the restore's.
+    #[error("spare binding: unknown flags {0:#x}")]
+    Flags(u8),
 }
 
 impl SpareBinding {
     /// The binding's bytes: magic, slot, id (u32 each, little-endian), the
-    /// name's length (u16) and the entry's (u32, 0: none), then the name
-    /// and the entry.
+    /// name's length (u16) and the entry's (u32, 0: none), the flags (a
+    /// byte: 1 for a restore), then the name and the entry.
     pub fn encode(&self) -> Vec<u8> {
         let entry = self.declared.as_deref().unwrap_or("");
         let name_len = u16::try_from(self.vm.len()).unwrap_or(u16::MAX);
@@ -152,6 +162,7 @@ impl SpareBinding {
         b.extend_from_slice(&self.id.to_le_bytes());
         b.extend_from_slice(&name_len.to_le_bytes());
         b.extend_from_slice(&entry_len.to_le_bytes());
+        b.push(if self.restore { BINDING_RESTORE } else { 0 });
         b.extend_from_slice(self.vm.as_bytes());
         b.extend_from_slice(entry.as_bytes());
         b
@@ -197,6 +208,10 @@ impl SpareBinding {
         if slot >= BINDING_SLOTS {
             return Err(BindingError::Slot(slot));
         }
+        let flags = b[18];
+        if flags & !BINDING_RESTORE != 0 {
+            return Err(BindingError::Flags(flags));
+        }
         let name_len = usize::from(u16::from_le_bytes([b[12], b[13]]));
         let vm = std::str::from_utf8(&b[BINDING_HEAD..BINDING_HEAD + name_len])
             .map_err(|_| BindingError::Name)?;
@@ -210,6 +225,7 @@ impl SpareBinding {
             id,
             slot,
             declared: (!entry.is_empty()).then(|| entry.to_owned()),
+            restore: flags == BINDING_RESTORE,
         })
     }
 }
@@ -353,6 +369,7 @@ mod tests {
             id: 7,
             slot: 3,
             declared: Some("name = \"vm-1\"\n".into()),
+            restore: false,
         };
         let bytes = b.encode();
         assert_eq!(SpareBinding::total_len(&bytes), Ok(bytes.len()));
@@ -362,6 +379,17 @@ mod tests {
             ..b.clone()
         };
         assert_eq!(SpareBinding::decode(&plain.encode()), Ok(plain));
+        let restore = SpareBinding {
+            restore: true,
+            ..b.clone()
+        };
+        assert_eq!(SpareBinding::decode(&restore.encode()), Ok(restore));
+        // Flags it does not know.
+        for f in [2u8, 3, 0x80] {
+            let mut m = bytes.clone();
+            m[18] = f;
+            assert_eq!(SpareBinding::decode(&m), Err(BindingError::Flags(f)));
+        }
         // Cut short, or with bytes after it.
         for n in [0, 5, SpareBinding::head_len(), bytes.len() - 1] {
             assert!(SpareBinding::decode(&bytes[..n]).is_err(), "{n} bytes");

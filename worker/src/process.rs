@@ -135,9 +135,14 @@ pub fn run_warm(spec: &Spec, warm: Option<Warm>) -> Result<(), Error> {
     }
     let wc = &wc;
     let mut worker = match (spec.feed, exec, warm) {
-        (Some(fd), Some(exec), _) if spec.restore.is_some() => {
+        (Some(fd), exec, warm) if spec.restore.is_some() => {
             let stream = crate::feed::feed_from_fd(spec.restore.unwrap_or(-1))?;
-            Worker::adopt_restored(wc, exec, crate::feed::feed_from_fd(fd)?, stream)?
+            let warm = match (exec, warm) {
+                (_, Some(w)) => w,
+                (Some(exec), None) => Warm::cold(exec),
+                (None, None) => return Err(Error::SpareNotFed),
+            };
+            Worker::adopt_restored(wc, warm, crate::feed::feed_from_fd(fd)?, stream)?
         }
         (Some(fd), None, Some(w)) => Worker::adopt_warm(wc, w, crate::feed::feed_from_fd(fd)?)?,
         (Some(fd), Some(exec), _) => Worker::adopt(wc, exec, crate::feed::feed_from_fd(fd)?)?,

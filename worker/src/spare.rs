@@ -4,7 +4,8 @@
 //! bound to it. The spare says it is ready ([`say_ready`]), then gets its
 //! [`SpareBinding`] with two fds, the slot's feed and the VM's memory
 //! ledger ([`send_binding`], [`recv_binding`]), over `SCM_RIGHTS` as the
-//! feed passes the region.
+//! feed passes the region; a restore's binding brings a third, the
+//! checkpoint stream the slot's worker serves on from.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -21,8 +22,9 @@ pub enum SpareError {
     /// The bytes are not a binding (see [`SpareBinding::decode`]).
     #[error(transparent)]
     Binding(#[from] BindingError),
-    /// It came without the feed and the ledger, or with more fds.
-    #[error("spare binding: {0} fds, not the feed and the ledger")]
+    /// It came without the feed and the ledger (and the stream, for a
+    /// restore), or with more fds.
+    #[error("spare binding: {0} fds, not the feed, the ledger and a restore's stream")]
     Fds(usize),
     /// The daemon closed the socket before a whole binding came.
     #[error("spare binding: the daemon closed the socket")]
@@ -35,15 +37,35 @@ pub fn say_ready(sock: &UnixStream) -> Result<(), Error> {
     Ok(())
 }
 
-/// Sends `b` with the slot's `feed` and the VM's `ledger` (the daemon).
+/// What a spare is bound with: the binding and its fds.
+#[derive(Debug)]
+pub struct Bound {
+    /// The VM, its slot and whether it is a restore.
+    pub binding: SpareBinding,
+    /// The slot's feed.
+    pub feed: OwnedFd,
+    /// The VM's memory ledger.
+    pub ledger: OwnedFd,
+    /// The checkpoint stream a restore serves on from.
+    pub stream: Option<OwnedFd>,
+}
+
+/// Sends `b` with the slot's `feed`, the VM's `ledger` and, for a restore,
+/// the checkpoint `stream` (the daemon); `b.restore` is set from it.
 pub fn send_binding(
     sock: &UnixStream,
     b: &SpareBinding,
     feed: &OwnedFd,
     ledger: &OwnedFd,
+    stream: Option<&OwnedFd>,
 ) -> Result<(), Error> {
+    let b = SpareBinding {
+        restore: stream.is_some(),
+        ..b.clone()
+    };
     let bytes = b.encode();
-    let fds = [feed.as_raw_fd(), ledger.as_raw_fd()];
+    let mut fds = vec![feed.as_raw_fd(), ledger.as_raw_fd()];
+    fds.extend(stream.map(AsRawFd::as_raw_fd));
     let mut sent = 0;
     while sent < bytes.len() {
         let iov = [IoSlice::new(&bytes[sent..])];
@@ -60,11 +82,11 @@ pub fn send_binding(
     Ok(())
 }
 
-/// Waits for the binding (the spare): the binding, checked, and its feed
-/// and ledger fds. Any other number of fds, or bytes that do not read as
-/// a binding, is an error (the spare then exits; the daemon starts a
-/// worker for the slot instead).
-pub fn recv_binding(sock: &UnixStream) -> Result<(SpareBinding, OwnedFd, OwnedFd), Error> {
+/// Waits for the binding (the spare): the binding, checked, and its feed,
+/// ledger and (a restore's) stream fds. Any other number of fds, or bytes
+/// that do not read as a binding, is an error (the spare then exits; the
+/// daemon starts a worker for the slot instead).
+pub fn recv_binding(sock: &UnixStream) -> Result<Bound, Error> {
     let mut buf = vec![0u8; SpareBinding::head_len()];
     let mut got = 0;
     let mut fds: Vec<OwnedFd> = Vec::new();
@@ -117,8 +139,13 @@ pub fn recv_binding(sock: &UnixStream) -> Result<(SpareBinding, OwnedFd, OwnedFd
     let b = SpareBinding::decode(&buf).map_err(SpareError::from)?;
     let n = fds.len();
     let mut it = fds.into_iter();
-    match (it.next(), it.next(), it.next()) {
-        (Some(feed), Some(ledger), None) => Ok((b, feed, ledger)),
+    match (it.next(), it.next(), it.next(), it.next()) {
+        (Some(feed), Some(ledger), stream, None) if stream.is_some() == b.restore => Ok(Bound {
+            binding: b,
+            feed,
+            ledger,
+            stream,
+        }),
         _ => Err(SpareError::Fds(n).into()),
     }
 }
@@ -133,6 +160,7 @@ mod tests {
             id: 2,
             slot: 1,
             declared: None,
+            restore: false,
         }
     }
 
@@ -143,9 +171,58 @@ mod tests {
     #[test]
     fn a_binding_arrives_with_its_feed_and_ledger() {
         let (a, b) = UnixStream::pair().unwrap();
-        send_binding(&a, &binding(), &memfd(), &memfd()).unwrap();
-        let (got, _feed, _ledger) = recv_binding(&b).unwrap();
-        assert_eq!(got, binding());
+        send_binding(&a, &binding(), &memfd(), &memfd(), None).unwrap();
+        let got = recv_binding(&b).unwrap();
+        assert_eq!(got.binding, binding());
+        assert!(got.stream.is_none());
+    }
+
+    #[test]
+    fn a_restores_binding_brings_its_stream() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let stream = memfd();
+        std::io::Write::write_all(
+            &mut &std::fs::File::from(stream.try_clone().unwrap()),
+            b"FVG",
+        )
+        .unwrap();
+        send_binding(&a, &binding(), &memfd(), &memfd(), Some(&stream)).unwrap();
+        let got = recv_binding(&b).unwrap();
+        assert!(got.binding.restore);
+        let mut head = [0u8; 3];
+        let f = std::fs::File::from(got.stream.expect("the stream"));
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut head, 0).unwrap();
+        assert_eq!(&head, b"FVG", "the same memfd");
+    }
+
+    /// Sends `b`'s bytes as they are with `fds`.
+    fn send_raw(sock: &UnixStream, b: &SpareBinding, fds: &[RawFd]) {
+        let bytes = b.encode();
+        let iov = [IoSlice::new(&bytes)];
+        let rights = [ControlMessage::ScmRights(fds)];
+        sendmsg::<()>(sock.as_raw_fd(), &iov, &rights, MsgFlags::empty(), None).unwrap();
+    }
+
+    #[test]
+    fn a_restore_without_its_stream_or_a_stream_without_a_restore_is_refused() {
+        let (feed, ledger, stream) = (memfd(), memfd(), memfd());
+        let restore = SpareBinding {
+            restore: true,
+            ..binding()
+        };
+        let (a, b) = UnixStream::pair().unwrap();
+        send_raw(&a, &restore, &[feed.as_raw_fd(), ledger.as_raw_fd()]);
+        assert!(matches!(
+            recv_binding(&b),
+            Err(Error::Spare(SpareError::Fds(2)))
+        ));
+        let (a, b) = UnixStream::pair().unwrap();
+        let three = [feed.as_raw_fd(), ledger.as_raw_fd(), stream.as_raw_fd()];
+        send_raw(&a, &binding(), &three);
+        assert!(matches!(
+            recv_binding(&b),
+            Err(Error::Spare(SpareError::Fds(3)))
+        ));
     }
 
     #[test]

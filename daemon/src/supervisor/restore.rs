@@ -59,7 +59,9 @@ impl Supervisor {
         };
         self.fits_here(want, vm, &saved)?;
         if let Some((fd, len)) = &saved.region {
+            let t = Instant::now();
             self.write_region(vm, fd, *len)?;
+            tracing::debug!(vm, ms = t.elapsed().as_millis(), "its region written");
         }
         let mut memfds = BTreeMap::new();
         let mut failed = Vec::new();
@@ -67,7 +69,13 @@ impl Supervisor {
             if let Some(h) = self.hosts.get(vm) {
                 h.slot_taken(slot);
             }
-            match self.start_worker_from(vmc, slot, Some(&stream)) {
+            // The GPU's spare has its context made: the first slot's pause
+            // is shorter by a worker's start.
+            let started = match self.bind_spare(vmc, slot, Some(&stream)) {
+                Ok(true) => Ok(()),
+                _ => self.start_worker_from(vmc, slot, Some(&stream)),
+            };
+            match started {
                 Ok(()) => {
                     memfds.insert(slot, stream);
                 }

@@ -4,6 +4,7 @@
 //! and the process waits for it. A slot's worker ends with its process and
 //! is not restarted, however it ended: the slot goes back to the watch.
 
+use std::os::fd::OwnedFd;
 use std::process::ExitStatus;
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
@@ -113,54 +114,8 @@ impl Supervisor {
     /// Gives slot `slot` of `vm` a worker: the VM's GPU's spare if one is
     /// ready, else one started for it.
     fn bind_slot(&mut self, vm: &crate::config::VmConfig, slot: u32) -> Result<(), Error> {
-        let gpu = self.plane.gpu_of(&vm.name).unwrap_or(0);
-        let side = self.mps.get(&gpu).map_or(0, crate::mps::MpsGpu::serving);
-        if let Some(mut spare) = self.take_spare(gpu, side) {
-            let host = self.hosts.get(&vm.name).ok_or(Error::NoWorker)?;
-            let binding = SpareBinding {
-                vm: vm.name.clone(),
-                id: self.plane.vgpu_id(&vm.name),
-                slot,
-                declared: declared_entry(&self.plane, &vm.name)?,
-            };
-            let sent = host.feed_slot(slot).and_then(|feed| {
-                let ledger = host.ledger()?;
-                Ok(worker::spare::send_binding(
-                    &spare.sock,
-                    &binding,
-                    &feed,
-                    &ledger,
-                )?)
-            });
-            match sent {
-                Ok(()) => {
-                    let pid = spare.child.id();
-                    if self.claims.line(&vm.name) {
-                        tracing::info!(
-                            vm = vm.name,
-                            slot,
-                            gpu,
-                            pid,
-                            "spare worker bound to a slot"
-                        );
-                    } else {
-                        tracing::debug!(
-                            vm = vm.name,
-                            slot,
-                            gpu,
-                            pid,
-                            "spare worker bound to a slot"
-                        );
-                    }
-                    self.children
-                        .push(Supervised::new(&vm.name, slot, spare.child, side));
-                    return Ok(());
-                }
-                Err(e) => {
-                    tracing::warn!(vm = vm.name, slot, "binding a spare worker: {e}");
-                    super::workers::stop_child(&mut spare.child);
-                }
-            }
+        if self.bind_spare(vm, slot, None)? {
+            return Ok(());
         }
         self.claims.event(
             &self.plane,
@@ -171,6 +126,69 @@ impl Supervisor {
             ),
         );
         self.start_worker(vm, slot)
+    }
+
+    /// Binds the VM's GPU's spare to slot `slot` of `vm`, serving on from
+    /// the checkpoint `stream` where given (a restore): false if it has
+    /// none, or binding it failed (the spare is then ended).
+    pub(super) fn bind_spare(
+        &mut self,
+        vm: &crate::config::VmConfig,
+        slot: u32,
+        stream: Option<&OwnedFd>,
+    ) -> Result<bool, Error> {
+        let gpu = self.plane.gpu_of(&vm.name).unwrap_or(0);
+        let side = self.mps.get(&gpu).map_or(0, crate::mps::MpsGpu::serving);
+        let Some(mut spare) = self.take_spare(gpu, side) else {
+            return Ok(false);
+        };
+        let host = self.hosts.get(&vm.name).ok_or(Error::NoWorker)?;
+        let binding = SpareBinding {
+            vm: vm.name.clone(),
+            id: self.plane.vgpu_id(&vm.name),
+            slot,
+            declared: declared_entry(&self.plane, &vm.name)?,
+            restore: stream.is_some(),
+        };
+        let sent = host.feed_slot(slot).and_then(|feed| {
+            let ledger = host.ledger()?;
+            Ok(worker::spare::send_binding(
+                &spare.sock,
+                &binding,
+                &feed,
+                &ledger,
+                stream,
+            )?)
+        });
+        if let Err(e) = sent {
+            tracing::warn!(vm = vm.name, slot, "binding a spare worker: {e}");
+            super::workers::stop_child(&mut spare.child);
+            return Ok(false);
+        }
+        let pid = spare.child.id();
+        let restore = stream.is_some();
+        if self.claims.line(&vm.name) {
+            tracing::info!(
+                vm = vm.name,
+                slot,
+                gpu,
+                pid,
+                restore,
+                "spare worker bound to a slot"
+            );
+        } else {
+            tracing::debug!(
+                vm = vm.name,
+                slot,
+                gpu,
+                pid,
+                restore,
+                "spare worker bound to a slot"
+            );
+        }
+        self.children
+            .push(Supervised::new(&vm.name, slot, spare.child, side));
+        Ok(true)
     }
 }
 

@@ -245,6 +245,17 @@ pub trait Checkpoint {
         Err(Status::NotSupported)
     }
 
+    /// Makes the objects of `image` (taken by [`Checkpoint::checkpoint`]
+    /// in another worker, of this host or another) again in this context,
+    /// which must hold none (one just made, or made clean): the same
+    /// handles, the same device addresses and bytes. The image is checked
+    /// first ([`ContextImage::check`]); its addresses must be free here.
+    /// A context that already holds objects is refused
+    /// (`InvalidContext`); one that failed midway is dropped.
+    fn restore_into(&mut self, _image: &ContextImage) -> Result<(), Status> {
+        Err(Status::NotSupported)
+    }
+
     /// The parameter sizes of function `func` as its module declares them
     /// (what the worker checks a launch's parameters against): after a
     /// restore, from the module made again, never from the image.

@@ -131,12 +131,12 @@ pub trait Executor: Send {
     fn device(&self) -> u32 {
         0
     }
-    /// A context made again from `image`, taken by [`Checkpoint::checkpoint`]
-    /// in another worker (of this host or another): the same handles, the
-    /// same device addresses and bytes there. The image is checked first
-    /// ([`ContextImage::check`]); its addresses must be free here.
-    fn restore(&mut self, _image: &ContextImage) -> Result<Box<dyn Context>, Status> {
-        Err(Status::NotSupported)
+    /// A context opened and made again from `image`
+    /// ([`Checkpoint::restore_into`]).
+    fn restore(&mut self, image: &ContextImage) -> Result<Box<dyn Context>, Status> {
+        let mut ctx = self.open()?;
+        ctx.restore_into(image)?;
+        Ok(ctx)
     }
     /// Opens new contexts on `device` from now on (after a migration).
     fn set_device(&mut self, device: u32) -> Result<(), Status> {

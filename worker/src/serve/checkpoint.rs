@@ -379,14 +379,14 @@ impl Worker {
     /// (`RESTORED`, or why not in `stream`).
     pub fn adopt_restored(
         cfg: &WorkerConfig,
-        exec: Box<dyn Executor>,
+        warm: super::setup::Warm,
         feed: OwnedFd,
         stream: OwnedFd,
     ) -> Result<Worker, Error> {
         let (fd, fed) = Feed::receive(feed)?;
         let link = PeerLink::Feed(fed);
         let back = link.answers();
-        let r = Self::restore_fed(cfg, exec, fd, link, &stream);
+        let r = Self::restore_fed(cfg, warm, fd, link, &stream);
         if let Some(back) = back {
             match &r {
                 Ok(_) => answer::restored(&back),
@@ -398,7 +398,7 @@ impl Worker {
 
     fn restore_fed(
         cfg: &WorkerConfig,
-        exec: Box<dyn Executor>,
+        warm: super::setup::Warm,
         region: OwnedFd,
         link: PeerLink,
         stream: &OwnedFd,
@@ -412,14 +412,24 @@ impl Worker {
             memory: cfg.mem_limit,
             ..Default::default()
         };
+        let t = std::time::Instant::now();
         let image = crate::checkpoint::read(&mut BufReader::new(file), None, &limits)
             .map_err(CheckpointError::from)?;
-        fits(cfg, exec.as_ref(), &image)?;
+        let read_ms = crate::millis(t.elapsed());
+        fits(cfg, warm.exec.as_ref(), &image)?;
         let region = Region::map_existing(region, cfg.layout)?;
-        let dev = super::setup::Device::prepare(cfg, exec, region, None)?;
+        let dev = super::setup::Device::prepare(cfg, warm.exec, region, warm.contexts)?;
         let gate = super::setup::connect_gate(cfg)?;
         let mut w = Self::build(cfg, dev, link, gate)?;
+        let prepare_ms = crate::millis(t.elapsed()) - read_ms;
         w.restore(&image)?;
+        tracing::debug!(
+            vm = cfg.name,
+            read_ms,
+            prepare_ms,
+            restore_ms = crate::millis(t.elapsed()) - read_ms - prepare_ms,
+            "served on from a checkpoint"
+        );
         Ok(w)
     }
 
@@ -429,12 +439,12 @@ impl Worker {
     fn restore(&mut self, image: &VgpuImage) -> Result<(), CheckpointError> {
         for si in &image.sessions {
             let pid = si.pid;
-            let ctx = self
-                .sh
-                .gpu
-                .exec
-                .restore(&si.context)
-                .map_err(|status| CheckpointError::Executor { pid, status })?;
+            let gpu = &mut self.sh.gpu;
+            let ctx = match gpu.contexts.take_made() {
+                Some(mut made) => made.restore_into(&si.context).map(|()| made),
+                None => gpu.exec.restore(&si.context),
+            }
+            .map_err(|status| CheckpointError::Executor { pid, status })?;
             let mut s = Session::restored(ctx, &si.context)
                 .map_err(|status| CheckpointError::Executor { pid, status })?;
             if !self.sh.mem.reserve(s.mem_used, &self.sh.port.link) {

@@ -145,6 +145,15 @@ impl ContextPool {
         Ok(Some(c))
     }
 
+    /// A context made already (ahead, or made clean), if one is here: none
+    /// is made for it. A restore fills it rather than making another.
+    pub fn take_made(&mut self) -> Option<Box<dyn Context>> {
+        self.filled();
+        let c = self.spares.pop()?;
+        self.counts.reused += 1;
+        Some(c)
+    }
+
     /// Makes `n` spares, outside the bucket, before the worker is
     /// confined; from then on the pool makes none (see the module's doc).
     /// The first is made now; where the executor has an

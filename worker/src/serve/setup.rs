@@ -158,8 +158,8 @@ fn log_limiter(cfg: &WorkerConfig) -> Result<transport::LogLimiter, Error> {
 /// one per GPU, see its `supervisor/spares.rs`): its executor open and a
 /// context made ahead for the process it will serve, nothing of any VM.
 pub struct Warm {
-    exec: Box<dyn Executor>,
-    contexts: Option<contexts::ContextPool>,
+    pub(super) exec: Box<dyn Executor>,
+    pub(super) contexts: Option<contexts::ContextPool>,
 }
 
 impl std::fmt::Debug for Warm {
@@ -169,6 +169,15 @@ impl std::fmt::Debug for Warm {
 }
 
 impl Warm {
+    /// `exec` with no context made ahead: a worker started for its slot,
+    /// which makes its own as it starts.
+    pub fn cold(exec: Box<dyn Executor>) -> Warm {
+        Warm {
+            exec,
+            contexts: None,
+        }
+    }
+
     /// Makes one context ahead on `exec`: on this thread, all it ever
     /// makes where `fixed` (an MPS client, which cannot make one once
     /// confined), else one to start with, more made as needed.

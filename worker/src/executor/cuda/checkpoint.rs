@@ -38,6 +38,10 @@ fn is_ptx(image: &[u8]) -> bool {
 }
 
 impl Checkpoint for CudaContext {
+    fn restore_into(&mut self, image: &ContextImage) -> Result<(), Status> {
+        self.restore_image(image)
+    }
+
     fn checkpoint_keeper(&self) -> Option<Keeper> {
         if !self.plain.is_empty() {
             return Some(Keeper::PlainMemory);
@@ -254,31 +258,38 @@ impl CudaContext {
     }
 }
 
-/// A context on GPU `ordinal` (`dev`) made again from `image` (see
-/// [`crate::executor::Executor::restore`]).
-pub(super) fn restore(
-    dev: sys::CUdevice,
-    ordinal: u32,
-    vmm: bool,
-    graphs: crate::executor::GraphLaunches,
-    image: &ContextImage,
-) -> Result<CudaContext, Status> {
-    image.check()?;
-    let mut ctx = CudaContext::new(dev, ordinal, vmm, graphs)?;
-    ctx.bind()?;
-    // Memory first: the modules loaded after it cannot land on it.
-    for a in &image.memory {
-        ctx.restore_allocation(a)?;
+impl CudaContext {
+    /// [`Checkpoint::restore_into`]: memory first, at its addresses in this
+    /// worker's window, then the objects under their handles.
+    fn restore_image(&mut self, image: &ContextImage) -> Result<(), Status> {
+        image.check()?;
+        if !self.allocs.is_empty() || !self.plain.is_empty() || !self.objs.is_empty() {
+            return Err(Status::InvalidContext);
+        }
+        let t = std::time::Instant::now();
+        self.bind()?;
+        // Memory first: the modules loaded after it cannot land on it.
+        for a in &image.memory {
+            self.restore_allocation(a)?;
+        }
+        let memory_ms = crate::millis(t.elapsed());
+        // New objects take handles above every one of the image's, then
+        // move down to theirs.
+        self.next_handle = image.next_handle.saturating_sub(1);
+        self.restore_objects(image)?;
+        self.next_handle = image.next_handle.saturating_sub(1);
+        for &(l, v) in &image.limits {
+            self.set_limit(l, v)?;
+        }
+        // SAFETY: no arguments; the context is current.
+        check(unsafe { sys::cuCtxSynchronize() })?;
+        tracing::debug!(
+            memory_ms,
+            allocations = image.memory.len(),
+            objects_ms = crate::millis(t.elapsed()) - memory_ms,
+            modules = image.modules.len(),
+            "a context made again"
+        );
+        Ok(())
     }
-    // New objects take handles above every one of the image's, then
-    // move down to theirs.
-    ctx.next_handle = image.next_handle.saturating_sub(1);
-    ctx.restore_objects(image)?;
-    ctx.next_handle = image.next_handle.saturating_sub(1);
-    for &(l, v) in &image.limits {
-        ctx.set_limit(l, v)?;
-    }
-    // SAFETY: no arguments; the context is current.
-    check(unsafe { sys::cuCtxSynchronize() })?;
-    Ok(ctx)
 }

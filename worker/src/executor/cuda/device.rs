@@ -421,14 +421,6 @@ impl Executor for CudaExecutor {
         )?))
     }
 
-    fn restore(
-        &mut self,
-        image: &crate::executor::ContextImage,
-    ) -> Result<Box<dyn Context>, Status> {
-        let ctx = super::checkpoint::restore(self.dev, self.ordinal, self.vmm, self.graphs, image)?;
-        Ok(Box::new(ctx))
-    }
-
     fn opener(&self) -> Option<crate::executor::Opener> {
         // A context made on another thread is current there only; the
         // worker's thread makes each current before its first use.

@@ -13,7 +13,6 @@ use super::bytes::Bytes;
 use super::context::{SimContext, SimModule};
 use super::memory::lock;
 use super::module::parse_module;
-use super::SimExecutor;
 use crate::executor::checkpoint::{
     Allocation, Checkpoint, ContextImage, EventImage, FunctionImage, GlobalImage, ModuleImage,
     StreamImage,
@@ -39,6 +38,10 @@ impl Checkpoint for SimContext {
             return Some(Keeper::Graph);
         }
         None
+    }
+
+    fn restore_into(&mut self, image: &ContextImage) -> Result<(), Status> {
+        self.restore_image(image)
     }
 
     fn checkpoint(&mut self) -> Result<ContextImage, Status> {
@@ -150,15 +153,27 @@ fn attrs_of(attrs: &HashMap<(u64, u32), i32>, f: u64) -> Vec<(u32, i32)> {
     v
 }
 
-impl SimExecutor {
-    /// A context made again from `image` ([`ContextImage::check`]ed here):
-    /// its memory at the same addresses, which nothing in this worker may
-    /// hold yet.
-    pub(super) fn restore_sim(&mut self, image: &ContextImage) -> Result<SimContext, Status> {
+impl SimContext {
+    /// Whether it holds no object of a guest's (just made, or made clean).
+    fn holds_nothing(&self) -> bool {
+        self.mem.is_empty()
+            && self.imports.is_empty()
+            && self.modules.is_empty()
+            && self.functions.is_empty()
+            && self.streams.is_empty()
+            && self.events.is_empty()
+    }
+
+    /// [`Checkpoint::restore_into`]: its memory at the same addresses,
+    /// which nothing in this worker may hold yet.
+    pub(super) fn restore_image(&mut self, image: &ContextImage) -> Result<(), Status> {
         image.check()?;
-        let mut ctx = self.open_sim()?;
+        if !self.holds_nothing() {
+            return Err(Status::InvalidContext);
+        }
+        let ctx = self;
         {
-            let mut addresses = self.addresses.lock().unwrap_or_else(|e| e.into_inner());
+            let mut addresses = ctx.addresses.lock().unwrap_or_else(|e| e.into_inner());
             let globals = image.modules.iter().flat_map(|m| &m.globals);
             let pieces = image
                 .memory
@@ -222,7 +237,7 @@ impl SimExecutor {
         ctx.limits = image.limits.iter().copied().collect();
         // `handle()` gives the one after it.
         ctx.next_handle = image.next_handle - 1;
-        Ok(ctx)
+        Ok(())
     }
 }
 

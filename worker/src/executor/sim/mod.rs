@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use protocol::{DeviceInfo, Status};
 use vm_memory::VolatileSlice;
 
-use super::{Context, ContextImage, Executor};
+use super::{Context, Executor};
 
 mod addresses;
 mod arrays;
@@ -212,10 +212,6 @@ impl Executor for SimExecutor {
 
     fn open(&mut self) -> Result<Box<dyn Context>, Status> {
         Ok(Box::new(self.open_sim()?))
-    }
-
-    fn restore(&mut self, image: &ContextImage) -> Result<Box<dyn Context>, Status> {
-        Ok(Box::new(self.restore_sim(image)?))
     }
 }
 

@@ -124,6 +124,27 @@ fn a_context_made_again_from_its_image_computes_on_with_the_same_handles_and_byt
 }
 
 #[test]
+fn a_context_made_clean_takes_an_image_and_one_holding_objects_is_refused() {
+    let mut exec = SimExecutor::new(SimParams::default());
+    let mut b = build(&mut exec);
+    let image = b.ctx.checkpoint().unwrap();
+    let mut there = SimExecutor::new(SimParams::default());
+    // One that holds a stream and an event: refused, nothing taken. (No
+    // memory or module global: the model never gives an address out twice.)
+    let mut busy = there.open().unwrap();
+    busy.stream_create(0, 0).unwrap();
+    busy.event_create(0).unwrap();
+    assert_eq!(busy.restore_into(&image), Err(Status::InvalidContext));
+    // The same context made clean (as a spare worker's, made ahead).
+    busy.synchronize().unwrap();
+    busy.recycle().unwrap();
+    busy.restore_into(&image).unwrap();
+    let sum: Vec<f32> = (0..N).map(|i| 3.0 * i as f32).collect();
+    assert_eq!(read(&mut *busy, b.bufs[2], N), sum, "the bytes came along");
+    assert_eq!(busy.checkpoint().unwrap(), image);
+}
+
+#[test]
 fn a_restore_where_its_addresses_are_taken_is_refused() {
     let mut exec = SimExecutor::new(SimParams::default());
     let mut b = build(&mut exec);
