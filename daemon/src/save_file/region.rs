@@ -23,6 +23,27 @@ fn block_len(len: u64, at: u64) -> usize {
     usize::try_from((len - at).min(BLOCK as u64)).unwrap_or(BLOCK)
 }
 
+/// Where the first block holding data at or past `at` starts (`at`'s
+/// block if it holds any): a region's memfd never written there is a hole,
+/// which reads as zeros without a page behind it. `len` if there is none
+/// before it, and `at`'s block where the file cannot say (`SEEK_DATA`
+/// unsupported): read then as it is.
+fn next_data(f: &File, at: u64, len: u64) -> u64 {
+    use std::os::fd::AsFd;
+    let Ok(off) = i64::try_from(at) else {
+        return at;
+    };
+    match nix::unistd::lseek(f.as_fd(), off, nix::unistd::Whence::SeekData) {
+        Ok(d) => {
+            let d = u64::try_from(d).unwrap_or(at).max(at);
+            (d - d % BLOCK as u64).max(at).min(len)
+        }
+        // Nothing but holes from `at` to the file's end.
+        Err(nix::errno::Errno::ENXIO) => len,
+        Err(_) => at,
+    }
+}
+
 fn is_zero(b: &[u8]) -> bool {
     // OR-folded in pieces the compiler vectorizes, stopping at the first
     // piece that is not zero.
@@ -35,8 +56,19 @@ pub fn write(fd: &OwnedFd, len: u64, w: &mut impl Write) -> std::io::Result<()> 
     let f = File::from(fd.try_clone()?);
     let mut buf = vec![0u8; BLOCK];
     let mut at = 0u64;
+    // Blocks before this hold no data: zeros, not read.
+    let mut data = 0u64;
     while at < len {
-        let b = &mut buf[..block_len(len, at)];
+        if at >= data {
+            data = next_data(&f, at, len);
+        }
+        let n = block_len(len, at);
+        if at + (n as u64) <= data {
+            w.write_all(&[ZERO])?;
+            at += n as u64;
+            continue;
+        }
+        let b = &mut buf[..n];
         f.read_exact_at(b, at)?;
         if is_zero(b) {
             w.write_all(&[ZERO])?;
@@ -81,12 +113,22 @@ pub fn read(r: &mut impl Read, len: u64, out: &File) -> std::io::Result<()> {
 /// Makes the first `len` bytes of `to` (a VM's region, holding QEMU's
 /// copy) those of `from`, writing only the blocks that differ: most are
 /// zero on both sides, and a block written needlessly costs a page
-/// allocated.
+/// allocated. Holes on both sides are passed over unread.
 pub fn write_over(from: &OwnedFd, to: &File, len: u64) -> std::io::Result<u64> {
     let from = File::from(from.try_clone()?);
     let (mut a, mut b) = (vec![0u8; BLOCK], vec![0u8; BLOCK]);
     let (mut at, mut written) = (0u64, 0u64);
+    let mut data = 0u64;
     while at < len {
+        if at >= data {
+            data = next_data(&from, at, len).min(next_data(to, at, len));
+            if data > at {
+                at = data;
+                continue;
+            }
+            // Data here: look again past this block.
+            data = at + 1;
+        }
         let n = block_len(len, at);
         from.read_exact_at(&mut a[..n], at)?;
         to.read_exact_at(&mut b[..n], at)?;
@@ -139,6 +181,54 @@ mod tests {
         let short = [BYTES, 1, 2, 3];
         assert!(read(&mut short.as_slice(), BLOCK as u64, &out).is_err());
         assert!(read(&mut [].as_slice(), 1, &out).is_err());
+    }
+
+    /// A memfd of `len` bytes never written but at `at` (holes elsewhere).
+    fn sparse(len: usize, at: &[(usize, u8)]) -> File {
+        let f = File::from(crate::save_file::memfd("s").unwrap());
+        f.set_len(len as u64).unwrap();
+        for &(off, v) in at {
+            f.write_all_at(&[v], off as u64).unwrap();
+        }
+        f
+    }
+
+    #[test]
+    fn holes_are_zeros_in_the_stream_and_are_passed_over_writing_over() {
+        let blocks = 40;
+        let len = blocks * BLOCK;
+        // Data in blocks 3 and 30 (the latter on a page inside the block,
+        // not at its start), holes elsewhere.
+        let at = [(3 * BLOCK + 9, 5u8), (30 * BLOCK + 8192 + 1, 7)];
+        let from = sparse(len, &at);
+        let mut stream = Vec::new();
+        write(
+            &OwnedFd::from(from.try_clone().unwrap()),
+            len as u64,
+            &mut stream,
+        )
+        .unwrap();
+        assert_eq!(
+            stream.len(),
+            (blocks - 2) + 2 * (1 + BLOCK),
+            "38 blocks of zeros as a byte each, two with their bytes"
+        );
+        let back = File::from(crate::save_file::memfd("b").unwrap());
+        read(&mut stream.as_slice(), len as u64, &back).unwrap();
+        let mut got = vec![1u8; len];
+        back.read_exact_at(&mut got, 0).unwrap();
+        let mut want = vec![0u8; len];
+        for &(off, v) in &at {
+            want[off] = v;
+        }
+        assert_eq!(got, want);
+        // QEMU's copy: stale in block 10 (a hole at the source), the same
+        // in block 3, a hole in block 30.
+        let to = sparse(len, &[(10 * BLOCK + 4, 2), at[0]]);
+        let written = write_over(&OwnedFd::from(from), &to, len as u64).unwrap();
+        assert_eq!(written, 2 * BLOCK as u64, "blocks 10 and 30");
+        to.read_exact_at(&mut got, 0).unwrap();
+        assert_eq!(got, want);
     }
 
     #[test]
