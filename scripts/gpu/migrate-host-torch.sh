@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On two GPUs (nvidia-h200-x2), issue 54: three daemons on the cuda
+# On two GPUs (nvidia-h200-x2; GPU_B=0 puts B on the one GPU too), issue 54: three daemons on the cuda
 # executor stand for three hosts, each with its run folder and vm1: A on
 # GPU 0, B on GPU 1 (taking handovers on loopback TCP), C on GPU 0, all
 # under one key. PyTorch trains a small transformer (scripts/gpu/
@@ -52,7 +52,7 @@ TOML
     for _ in $(seq 200); do [ -S $d/run/vm1.sock ] && break; sleep 0.1; done
 }
 host a 0 ""
-host b 1 "handover_listen = \"127.0.0.1:$PORT\""
+host b ${GPU_B:-1} "handover_listen = \"127.0.0.1:$PORT\""
 host c 0 ""
 fv() { local h=$1; shift; $R/fairvgpu "$@" --config $W/$h/host.toml 2>&1; }
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
