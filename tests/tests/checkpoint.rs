@@ -1,7 +1,8 @@
 //! A vGPU's checkpoint taken while its guest computes, and another worker
 //! (another executor, as on another host) serving on from it over the same
 //! region: the guest's loop goes on with the same pointers and handles and
-//! finishes with the exact sums, never seeing the change. A checkpoint that
+//! finishes with the exact sums (a graph of its kernel launched every other
+//! round), never seeing the change. A checkpoint that
 //! does not fit where it would land is refused before the source lets go,
 //! and the guest goes on; one refused (an object that cannot be put in
 //! one) names it and leaves the guest going on too.
@@ -34,6 +35,7 @@ fn bytes(v: &[f32]) -> Vec<u8> {
 
 /// A guest that adds `b` (all ones) to `a` (0, 1, 2, ...) in place, round
 /// after round, and checks `a` after each: after round r, a[i] = i + r.
+/// Odd rounds launch the kernel, even ones a graph of it made at the start.
 /// `rounds` counts the rounds done; the guest returns its last sum.
 fn adder(socket: std::path::PathBuf, rounds: Arc<AtomicU64>) -> std::thread::JoinHandle<f64> {
     std::thread::spawn(move || {
@@ -50,14 +52,31 @@ fn adder(socket: std::path::PathBuf, rounds: Arc<AtomicU64>) -> std::thread::Joi
         let n = u32::try_from(N).unwrap();
         let mut out = vec![0u8; N * 4];
         let mut sum = 0.0;
+        let params: [&[u8]; 4] = [
+            &a.to_le_bytes(),
+            &b.to_le_bytes(),
+            &a.to_le_bytes(),
+            &n.to_le_bytes(),
+        ];
+        let node = protocol::graph::GraphNode {
+            op: protocol::graph::GraphOp::Kernel {
+                func: add.handle,
+                grid,
+                block,
+                shared_mem: 0,
+                params: params.concat(),
+            },
+            deps: Vec::new(),
+        };
+        let graph = gpu
+            .graph_instantiate(&protocol::graph::encode_graph(&[node]))
+            .unwrap();
         for r in 1..=ROUNDS {
-            let params: [&[u8]; 4] = [
-                &a.to_le_bytes(),
-                &b.to_le_bytes(),
-                &a.to_le_bytes(),
-                &n.to_le_bytes(),
-            ];
-            gpu.launch(&add, grid, block, 0, stream, &params).unwrap();
+            if r % 2 == 0 {
+                gpu.graph_launch(graph, stream).unwrap();
+            } else {
+                gpu.launch(&add, grid, block, 0, stream, &params).unwrap();
+            }
             gpu.memcpy_dtoh(&mut out, a, stream).unwrap();
             let got = f32s(&out);
             for (i, x) in got.iter().enumerate() {
@@ -149,6 +168,7 @@ fn a_guest_computes_on_under_the_worker_that_serves_on_from_its_checkpoint() {
     assert_eq!(s.context.modules[0].globals.len(), 1, "the module's global");
     assert_eq!((s.context.modules.len(), s.context.functions.len()), (1, 1));
     assert_eq!(s.context.streams.len(), 1);
+    assert_eq!(s.context.graphs.len(), 1, "its graph");
     assert!(s.next_seq > 0);
     // Held: the guest's next request waits in its ring.
     std::thread::sleep(Duration::from_millis(50));
@@ -226,34 +246,18 @@ fn a_refused_checkpoint_names_what_kept_it_and_the_guest_goes_on() {
     let cfg = worker_config("ckpt-refused", dir.join("vgpu.sock"), 64 << 20);
     let w = spawn(&cfg, sim()).expect("worker starts");
     let mut gpu = Gpu::connect_with(&cfg.socket, TEST_SPIN).unwrap();
-    let m = gpu.module_load(ImageKind::Ptx, PTX.as_bytes()).unwrap();
-    let add = gpu.get_function(m, "vector_add").unwrap();
     let p = gpu.mem_alloc(64).unwrap();
-    let one = Dim3 { x: 1, y: 1, z: 1 };
-    let mut params = Vec::new();
-    for x in [p, p, p] {
-        params.extend_from_slice(&x.to_le_bytes());
-    }
-    params.extend_from_slice(&16u32.to_le_bytes());
-    let nodes = [protocol::graph::GraphNode {
-        op: protocol::graph::GraphOp::Kernel {
-            func: add.handle,
-            grid: one,
-            block: one,
-            shared_mem: 0,
-            params,
-        },
-        deps: Vec::new(),
-    }];
-    let exec = gpu
-        .graph_instantiate(&protocol::graph::encode_graph(&nodes))
-        .unwrap();
+    // A conditional scope: its handles are values the guest's kernels hold.
+    let scope = gpu.cond_scope_create().unwrap();
     match w.checkpoint(Duration::from_secs(5)) {
-        Err(CheckpointError::Kept { keeper, .. }) => assert_eq!(keeper, Keeper::Graph),
-        other => panic!("a graph was put in a checkpoint: {other:?}"),
+        Err(CheckpointError::Kept { keeper, .. }) => {
+            assert_eq!(keeper, Keeper::ConditionalGraph)
+        }
+        other => panic!("a conditional scope was put in a checkpoint: {other:?}"),
     }
     // Not held: the guest goes on.
-    gpu.graph_launch(exec, 0).unwrap();
+    gpu.cond_scope_destroy(scope).unwrap();
+    gpu.memset_async(p, 1, 1, 64, 0).unwrap();
     gpu.synchronize().unwrap();
     drop(gpu);
     w.shutdown().unwrap();

@@ -28,8 +28,6 @@ pub enum Keeper {
     /// VM serves (process slots), or opened here from one: the other
     /// worker holds the driver's handle on this GPU.
     IpcAcrossWorkers,
-    /// An executable graph (not put in a checkpoint yet).
-    Graph,
     /// Memory of the VMM API: reservations, physical memory and their
     /// mappings (not put in a checkpoint yet).
     VirtualMemory,
@@ -48,7 +46,7 @@ impl Keeper {
             Keeper::CompressibleMemory => 5,
             Keeper::SharedHandle => 6,
             Keeper::IpcAcrossWorkers => 7,
-            Keeper::Graph => 8,
+            // 8 was an executable graph's, before checkpoints carried them.
             Keeper::VirtualMemory => 9,
             Keeper::Other => 127,
         }
@@ -65,7 +63,6 @@ impl Keeper {
             5 => Some(Keeper::CompressibleMemory),
             6 => Some(Keeper::SharedHandle),
             7 => Some(Keeper::IpcAcrossWorkers),
-            8 => Some(Keeper::Graph),
             9 => Some(Keeper::VirtualMemory),
             _ => Some(Keeper::Other),
         }
@@ -95,7 +92,6 @@ impl Keeper {
                 "IPC memory or an event open between processes of the VM served by different \
                  workers (close the handles to move)"
             }
-            Keeper::Graph => "an executable graph (not put in a checkpoint yet)",
             Keeper::VirtualMemory => {
                 "memory of the VMM API (cuMemCreate, cuMemMap; not put in a checkpoint yet)"
             }
@@ -122,7 +118,6 @@ mod tests {
             Keeper::Array,
             Keeper::ConditionalGraph,
             Keeper::CompressibleMemory,
-            Keeper::Graph,
             Keeper::VirtualMemory,
             Keeper::SharedHandle,
             Keeper::IpcAcrossWorkers,

@@ -8,7 +8,7 @@
 //! | flags: bit 0 set where the tag is keyed | 4 |
 //! | the description's length `n`, little-endian | 8 |
 //! | the description: the [`VgpuImage`] as JSON, without bytes of images or memory | `n` |
-//! | each session's module images (each followed by its globals' bytes), then its allocations' bytes, in the description's order | as it says |
+//! | each session's module images (each followed by its globals' bytes), then its allocations' bytes, then its graphs' encoded nodes, in the description's order | as it says |
 //! | the tag (below) | 32 |
 //!
 //! The tag is HMAC-SHA-256 under the operator's key (SHA-256 without one)
@@ -33,8 +33,10 @@ use crate::executor::ContextImage;
 
 /// The first bytes of every checkpoint.
 pub const MAGIC: [u8; 8] = *b"FVGPUCKP";
-/// The version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The version this build writes; it reads it and the one before.
+pub const VERSION: u32 = 2;
+/// The version before graphs were carried (its images hold none).
+const WITHOUT_GRAPHS: u32 = 1;
 /// The flag of a keyed tag.
 const KEYED: u32 = 1;
 
@@ -73,7 +75,7 @@ pub enum FormatError {
     #[error("not a fairvgpu checkpoint")]
     NotACheckpoint,
     /// Written by a build of another version.
-    #[error("checkpoint version {0}, this build reads {VERSION}")]
+    #[error("checkpoint version {0}, this build reads {VERSION} and 1 (which holds no graphs)")]
     Version(u32),
     /// Its tag does not match: altered, cut, or keyed otherwise.
     #[error("checkpoint integrity check failed ({0})")]
@@ -200,6 +202,7 @@ fn blobs(image: &VgpuImage) -> Vec<&[u8]> {
             v.extend(m.globals.iter().map(|g| g.bytes.as_slice()));
         }
         v.extend(s.context.memory.iter().map(|a| a.bytes.as_slice()));
+        v.extend(s.context.graphs.iter().map(|g| g.nodes.as_slice()));
     }
     v
 }
@@ -343,18 +346,18 @@ pub fn describe<R: Read>(r: &mut R, limits: &Limits) -> Result<VgpuImage, Format
     description(&mut rd, limits)
 }
 
-/// The stream's magic and version, checked; its flags.
-fn head<R: Read>(rd: &mut Reading<'_, R>) -> Result<u32, FormatError> {
+/// The stream's magic and version, checked; its version and flags.
+fn head<R: Read>(rd: &mut Reading<'_, R>) -> Result<(u32, u32), FormatError> {
     let mut magic = [0; 8];
     rd.take(&mut magic)?;
     if magic != MAGIC {
         return Err(FormatError::NotACheckpoint);
     }
     let version = rd.u32()?;
-    if version != VERSION {
+    if version != VERSION && version != WITHOUT_GRAPHS {
         return Err(FormatError::Version(version));
     }
-    rd.u32()
+    Ok((version, rd.u32()?))
 }
 
 /// The description, as the stream's front has it next.
@@ -396,13 +399,17 @@ pub fn read<R: Read>(
         r,
         front: Vec::new(),
     };
-    let flags = head(&mut rd)?;
+    let (version, flags) = head(&mut rd)?;
     match (flags & KEYED != 0, key.is_some()) {
         (true, false) => return Err(FormatError::Integrity("written under a key; none given")),
         (false, true) => return Err(FormatError::Integrity("written without a key; one given")),
         _ => {}
     }
     let mut image = description(&mut rd, limits)?;
+    let graphs = image.sessions.iter().any(|s| !s.context.graphs.is_empty());
+    if version == WITHOUT_GRAPHS && graphs {
+        return Err(FormatError::Version(version));
+    }
     let (mut memory, mut images) = (limits.memory, limits.images);
     for s in &mut image.sessions {
         let c: &mut ContextImage = &mut s.context;
@@ -410,7 +417,7 @@ pub fn read<R: Read>(
             m.image = rd.blob(
                 m.len,
                 &mut images,
-                ("bytes of module images", limits.images),
+                ("bytes of module images and graphs", limits.images),
             )?;
             for g in &mut m.globals {
                 g.bytes = rd.blob(g.len, &mut memory, device_memory(limits))?;
@@ -418,6 +425,13 @@ pub fn read<R: Read>(
         }
         for a in &mut c.memory {
             a.bytes = rd.blob(a.len, &mut memory, device_memory(limits))?;
+        }
+        for g in &mut c.graphs {
+            g.nodes = rd.blob(
+                g.len,
+                &mut images,
+                ("bytes of module images and graphs", limits.images),
+            )?;
         }
     }
     let mut tag = [0; 32];

@@ -6,8 +6,8 @@
 //! it: QEMU carries the region with the VM.
 //!
 //! `format.rs` writes and reads it as a stream (a file, a connection):
-//! its description, then the bytes of module images and device memory,
-//! then a digest that a reader checks before it trusts anything.
+//! its description, then the bytes of module images, device memory and
+//! graphs, then a digest that a reader checks before it trusts anything.
 
 use serde::{Deserialize, Serialize};
 

@@ -32,6 +32,10 @@ pub struct ContextImage {
     pub streams: Vec<StreamImage>,
     /// Its events.
     pub events: Vec<EventImage>,
+    /// Its executable graphs (none in images taken before they were
+    /// carried).
+    #[serde(default)]
+    pub graphs: Vec<GraphImage>,
 }
 
 /// One allocation: `len` bytes at device address `addr`. Its bytes travel
@@ -129,6 +133,54 @@ pub struct EventImage {
     pub recorded: bool,
 }
 
+/// An executable graph the guest built: its nodes, as the guest sent them
+/// (`protocol::graph::encode_graph`), built again under its handle. A graph
+/// with conditional nodes is not put in an image (its handles are the
+/// driver's values, held by the guest's kernels).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphImage {
+    /// Its handle.
+    pub handle: Handle,
+    /// Bytes of its encoded nodes.
+    pub len: u64,
+    /// Its encoded nodes (`len` bytes), travelling after the description.
+    #[serde(skip)]
+    pub nodes: Vec<u8>,
+}
+
+impl GraphImage {
+    /// The image of the graph of `nodes` under `handle`.
+    pub fn of(handle: Handle, nodes: &[protocol::graph::GraphNode]) -> GraphImage {
+        let nodes = protocol::graph::encode_graph(nodes);
+        GraphImage {
+            handle,
+            len: nodes.len() as u64,
+            nodes,
+        }
+    }
+
+    /// Its nodes, decoded; an error for bytes that are no graph, or one
+    /// with a conditional node.
+    pub fn decoded(&self) -> Result<Vec<protocol::graph::GraphNode>, Status> {
+        let nodes = protocol::graph::decode_graph(&self.nodes).map_err(|_| Status::InvalidValue)?;
+        if has_conditional(&nodes) {
+            return Err(Status::NotSupported);
+        }
+        Ok(nodes)
+    }
+}
+
+/// Whether `nodes` hold a conditional node (at any depth): such a graph is
+/// not put in an image.
+pub fn has_conditional(nodes: &[protocol::graph::GraphNode]) -> bool {
+    let mut found = false;
+    let _ = protocol::graph::visit(nodes, &mut |n| {
+        found |= matches!(n.op, protocol::graph::GraphOp::Conditional { .. });
+        Ok::<(), ()>(())
+    });
+    found
+}
+
 /// The most objects of one kind an image may hold.
 pub const MAX_OBJECTS: usize = 1 << 20;
 
@@ -143,7 +195,10 @@ impl ContextImage {
     /// handle nonzero, below [`Self::next_handle`] and used once; every
     /// function's module in the image; allocations and globals of nonzero
     /// size that do not overlap one another and whose bytes are all there;
-    /// module images present; stream attributes and limits valid.
+    /// module images present; stream attributes and limits valid; every
+    /// graph whole, without conditional nodes, its kernels' functions and
+    /// its events the image's (its ranges are the restored session's to
+    /// check: `Session::restored`).
     pub fn check(&self) -> Result<(), Status> {
         let counts = [
             self.memory.len(),
@@ -152,6 +207,7 @@ impl ContextImage {
             self.streams.len(),
             self.events.len(),
             self.limits.len(),
+            self.graphs.len(),
         ];
         if counts.iter().any(|&n| n > MAX_OBJECTS) {
             return Err(Status::InvalidValue);
@@ -166,7 +222,8 @@ impl ContextImage {
             .map(|m| m.handle)
             .chain(self.functions.iter().map(|f| f.handle))
             .chain(self.streams.iter().map(|s| s.handle))
-            .chain(self.events.iter().map(|e| e.handle));
+            .chain(self.events.iter().map(|e| e.handle))
+            .chain(self.graphs.iter().map(|g| g.handle));
         for h in all {
             if !handle_ok(h, &mut handles) {
                 return Err(Status::InvalidHandle);
@@ -210,6 +267,33 @@ impl ContextImage {
         if !self.limits.iter().all(limit_ok) {
             return Err(Status::InvalidValue);
         }
+        self.check_graphs()
+    }
+
+    /// [`ContextImage::check`]'s part for graphs.
+    fn check_graphs(&self) -> Result<(), Status> {
+        use protocol::graph::GraphOp;
+        let functions: std::collections::HashSet<Handle> =
+            self.functions.iter().map(|f| f.handle).collect();
+        let events: std::collections::HashSet<Handle> =
+            self.events.iter().map(|e| e.handle).collect();
+        for g in &self.graphs {
+            if g.nodes.len() as u64 != g.len || g.len == 0 {
+                return Err(Status::InvalidValue);
+            }
+            let nodes = g.decoded()?;
+            protocol::graph::visit(&nodes, &mut |n| match n.op {
+                GraphOp::Kernel { func, .. } if !functions.contains(&func) => {
+                    Err(Status::InvalidHandle)
+                }
+                GraphOp::EventRecord { event } | GraphOp::EventWait { event }
+                    if !events.contains(&event) =>
+                {
+                    Err(Status::InvalidHandle)
+                }
+                _ => Ok(()),
+            })?;
+        }
         Ok(())
     }
 
@@ -228,6 +312,7 @@ impl ContextImage {
             s.attrs.sort_unstable();
         }
         self.events.sort_unstable_by_key(|e| e.handle);
+        self.graphs.sort_unstable_by_key(|g| g.handle);
     }
 }
 

@@ -25,6 +25,19 @@ fn image() -> VgpuImage {
             let mut bytes = vec![u8::try_from(i).unwrap() + 1; 4096];
             let src = vm_memory::VolatileSlice::from(bytes.as_mut_slice());
             ctx.htod(p, &src, 0).unwrap();
+            // A graph too, whose nodes travel after the memory.
+            let fill = protocol::graph::GraphNode {
+                deps: Vec::new(),
+                op: protocol::graph::GraphOp::Memset {
+                    dst: p,
+                    pitch: 4096,
+                    value: 3,
+                    elem: 1,
+                    width: 4096,
+                    height: 1,
+                },
+            };
+            ctx.graph_instantiate(&[fill]).unwrap();
             SessionImage {
                 pid: 100 + i,
                 channels: [i, i + 2].map(channel).to_vec(),
@@ -169,5 +182,44 @@ fn a_well_tagged_forgery_is_refused() {
     assert!(matches!(
         read(&mut v.as_slice(), Some(b"k"), &Limits::default()),
         Err(FormatError::Invalid { pid: 100, .. })
+    ));
+}
+
+#[test]
+fn a_stream_of_the_version_before_graphs_reads_and_may_hold_none() {
+    let img = image();
+    assert!(img.sessions.iter().all(|s| s.context.graphs.len() == 1));
+    let mut v1 = bytes_of(&img, None);
+    v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+    assert!(matches!(
+        read(&mut v1.as_slice(), None, &Limits::default()),
+        Err(FormatError::Version(1))
+    ));
+    // Without graphs, version 1 reads as it always did.
+    let mut plain = img.clone();
+    for s in &mut plain.sessions {
+        s.context.graphs.clear();
+    }
+    let mut v1 = bytes_of(&plain, None);
+    v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+    // The header is under the tag: the version-1 stream is tagged as one.
+    let n = v1.len();
+    let front_len =
+        24 + usize::try_from(u64::from_le_bytes(v1[16..24].try_into().unwrap())).unwrap();
+    let (front, rest) = v1.split_at(front_len);
+    let body = &rest[..rest.len() - 32];
+    let blobs = [body];
+    let tag = stream_tag(None, front, &blobs);
+    v1[n - 32..].copy_from_slice(&tag);
+    assert_eq!(
+        read(&mut v1.as_slice(), None, &Limits::default()).unwrap(),
+        plain
+    );
+    // A version past this build's is refused.
+    let mut v3 = bytes_of(&plain, None);
+    v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+    assert!(matches!(
+        read(&mut v3.as_slice(), None, &Limits::default()),
+        Err(FormatError::Version(3))
     ));
 }

@@ -16,8 +16,8 @@ use super::check;
 use super::context::{CudaContext, Obj};
 use super::vmm::{vmm_map, VmmAlloc};
 use crate::executor::checkpoint::{
-    Allocation, Checkpoint, ContextImage, EventImage, FunctionImage, GlobalImage, ModuleImage,
-    StreamImage,
+    Allocation, Checkpoint, ContextImage, EventImage, FunctionImage, GlobalImage, GraphImage,
+    ModuleImage, StreamImage,
 };
 use crate::executor::{Events, Handle, Keeper, Limits, Memory, Modules, StreamAttributes, Streams};
 
@@ -46,11 +46,11 @@ impl Checkpoint for CudaContext {
         if !self.plain.is_empty() {
             return Some(Keeper::PlainMemory);
         }
-        if !self.scopes.is_empty() || self.graphs.values().any(|g| g.scoped) {
+        let conditional = |g: &super::graph::HostGraph| {
+            g.scoped || crate::executor::checkpoint::has_conditional(&g.nodes)
+        };
+        if !self.scopes.is_empty() || self.graphs.values().any(conditional) {
             return Some(Keeper::ConditionalGraph);
-        }
-        if !self.graphs.is_empty() {
-            return Some(Keeper::Graph);
         }
         if let Some(k) = self.arrays.keeper() {
             return Some(k);
@@ -157,6 +157,11 @@ impl Checkpoint for CudaContext {
                 image.limits.push((l, now));
             }
         }
+        image.graphs = self
+            .graphs
+            .iter()
+            .map(|(&h, g)| GraphImage::of(h, &g.nodes))
+            .collect();
         image.sort();
         Ok(image)
     }
@@ -254,6 +259,13 @@ impl CudaContext {
             let h = self.event_create(e.flags)?;
             self.rekey(h, e.handle)?;
         }
+        // Last: their nodes name the functions and events above.
+        for g in &image.graphs {
+            let built = self.build_graph(&g.decoded()?)?;
+            if let Some(old) = self.graphs.insert(g.handle, built) {
+                old.destroy();
+            }
+        }
         Ok(())
     }
 }
@@ -263,7 +275,11 @@ impl CudaContext {
     /// worker's window, then the objects under their handles.
     fn restore_image(&mut self, image: &ContextImage) -> Result<(), Status> {
         image.check()?;
-        if !self.allocs.is_empty() || !self.plain.is_empty() || !self.objs.is_empty() {
+        let empty = self.allocs.is_empty()
+            && self.plain.is_empty()
+            && self.objs.is_empty()
+            && self.graphs.is_empty();
+        if !empty {
             return Err(Status::InvalidContext);
         }
         let t = std::time::Instant::now();

@@ -34,8 +34,8 @@ impl Checkpoint for SimContext {
         if !self.vmm_phys.is_empty() || !self.vmm_maps.is_empty() {
             return Some(Keeper::VirtualMemory);
         }
-        if !self.graphs.is_empty() {
-            return Some(Keeper::Graph);
+        if self.graphs.conditional() {
+            return Some(Keeper::ConditionalGraph);
         }
         None
     }
@@ -131,6 +131,7 @@ impl Checkpoint for SimContext {
             functions,
             streams,
             events,
+            graphs: self.graphs.images(),
         };
         image.sort();
         Ok(image)
@@ -162,6 +163,7 @@ impl SimContext {
             && self.functions.is_empty()
             && self.streams.is_empty()
             && self.events.is_empty()
+            && self.graphs.is_empty()
     }
 
     /// [`Checkpoint::restore_into`]: its memory at the same addresses,
@@ -233,6 +235,11 @@ impl SimContext {
         for e in &image.events {
             let state = e.recorded.then_some(now);
             ctx.events.insert(e.handle, Arc::new(Mutex::new(state)));
+        }
+        for g in &image.graphs {
+            let nodes = g.decoded()?;
+            ctx.check_funcs(&nodes)?;
+            ctx.graphs.restored(g.handle, nodes);
         }
         ctx.limits = image.limits.iter().copied().collect();
         // `handle()` gives the one after it.

@@ -17,6 +17,7 @@ use protocol::graph::{visit, CondKind, GraphNode, GraphOp};
 use protocol::Status;
 
 use super::context::SimContext;
+use crate::executor::checkpoint::{has_conditional, GraphImage};
 use crate::executor::{Conditionals, Events, Graphs, Handle, Launches, Memory, Streams};
 
 /// Iterations a WHILE node may run in one launch on the model (a GPU runs
@@ -56,11 +57,35 @@ impl SimGraphs {
     pub(super) fn clear(&mut self) {
         *self = SimGraphs::default();
     }
+
+    /// Whether it holds what an image cannot: a conditional scope, or a
+    /// graph made in one or with a conditional node.
+    pub(super) fn conditional(&self) -> bool {
+        !self.scopes.is_empty()
+            || self
+                .execs
+                .values()
+                .any(|(nodes, handles)| !handles.is_empty() || has_conditional(nodes))
+    }
+
+    /// The executables' images (none of them conditional).
+    pub(super) fn images(&self) -> Vec<GraphImage> {
+        self.execs
+            .iter()
+            .map(|(&h, (nodes, _))| GraphImage::of(h, nodes))
+            .collect()
+    }
+
+    /// Keeps `nodes` as executable `handle` (a restore; its functions were
+    /// checked).
+    pub(super) fn restored(&mut self, handle: Handle, nodes: Vec<GraphNode>) {
+        self.execs.insert(handle, (nodes, Handles::default()));
+    }
 }
 
 impl SimContext {
     /// Checks every kernel of `nodes` (at any depth) is the context's.
-    fn check_funcs(&self, nodes: &[GraphNode]) -> Result<(), Status> {
+    pub(super) fn check_funcs(&self, nodes: &[GraphNode]) -> Result<(), Status> {
         visit(nodes, &mut |n| match n.op {
             GraphOp::Kernel { func, .. } if !self.functions.contains_key(&func) => {
                 Err(Status::InvalidHandle)

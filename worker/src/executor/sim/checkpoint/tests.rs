@@ -3,7 +3,7 @@ use protocol::{Dim3, ImageKind, Status};
 use vm_memory::VolatileSlice;
 
 use super::super::kernels::vector_add_params;
-use crate::executor::checkpoint::ContextImage;
+use crate::executor::checkpoint::{ContextImage, GraphImage};
 use crate::executor::sim::{SimExecutor, SimParams};
 use crate::executor::{Context, Executor};
 
@@ -153,28 +153,57 @@ fn a_restore_where_its_addresses_are_taken_is_refused() {
     assert_eq!(exec.restore(&image).err(), Some(Status::InvalidValue));
 }
 
-#[test]
-fn what_cannot_be_put_in_an_image_is_named_and_refused() {
-    let mut exec = SimExecutor::new(SimParams::default());
-    let mut b = build(&mut exec);
-    assert_eq!(b.ctx.checkpoint_keeper(), None);
-    let (g, bl) = (Dim3 { x: 1, y: 1, z: 1 }, Dim3 { x: 1, y: 1, z: 1 });
-    let nodes = vec![protocol::graph::GraphNode {
+/// A graph of one `c = a + b` launch over `b`'s buffers (`n` elements).
+fn add_graph(b: &Built, n: u32) -> Vec<protocol::graph::GraphNode> {
+    let (g, bl) = (Dim3 { x: 4, y: 1, z: 1 }, Dim3 { x: 256, y: 1, z: 1 });
+    vec![protocol::graph::GraphNode {
         deps: Vec::new(),
         op: protocol::graph::GraphOp::Kernel {
             func: b.add,
             grid: g,
             block: bl,
             shared_mem: 0,
-            params: vector_add_params(b.bufs[0], b.bufs[1], b.bufs[2], 1),
+            params: vector_add_params(b.bufs[0], b.bufs[1], b.bufs[2], n),
         },
-    }];
-    let _exec = b.ctx.graph_instantiate(&nodes).unwrap();
+    }]
+}
+
+#[test]
+fn a_graph_is_built_again_under_its_handle_and_runs_there() {
+    let mut exec = SimExecutor::new(SimParams::default());
+    let mut b = build(&mut exec);
+    let graph = b.ctx.graph_instantiate(&add_graph(&b, N)).unwrap();
+    assert_eq!(b.ctx.checkpoint_keeper(), None);
+    let image = b.ctx.checkpoint().unwrap();
+    assert_eq!(image.graphs.len(), 1);
+    assert_eq!(image.graphs[0].handle, graph);
+
+    let mut there = SimExecutor::new(SimParams::default());
+    let mut ctx = there.restore(&image).unwrap();
+    // Zero the sum, then the graph computes it again.
+    write(&mut *ctx, b.bufs[2], &vec![0.0; N as usize]);
+    ctx.graph_launch(graph, b.stream).unwrap();
+    ctx.stream_synchronize(b.stream).unwrap();
+    let sum: Vec<f32> = (0..N).map(|i| 3.0 * i as f32).collect();
+    assert_eq!(read(&mut *ctx, b.bufs[2], N), sum);
+    assert_eq!(ctx.checkpoint().unwrap(), image, "the same image again");
+    ctx.graph_destroy(graph).unwrap();
+}
+
+#[test]
+fn what_cannot_be_put_in_an_image_is_named_and_refused() {
+    let mut exec = SimExecutor::new(SimParams::default());
+    let mut b = build(&mut exec);
+    assert_eq!(b.ctx.checkpoint_keeper(), None);
+    // A conditional scope: its handles are values the guest's kernels hold.
+    let scope = b.ctx.cond_scope_create().unwrap();
     assert_eq!(
         b.ctx.checkpoint_keeper(),
-        Some(crate::executor::Keeper::Graph)
+        Some(crate::executor::Keeper::ConditionalGraph)
     );
     assert_eq!(b.ctx.checkpoint().err(), Some(Status::NotSupported));
+    b.ctx.cond_scope_destroy(scope).unwrap();
+    assert_eq!(b.ctx.checkpoint_keeper(), None);
 }
 
 /// A hostile image (from another host) is checked before anything is made.
@@ -182,6 +211,7 @@ fn what_cannot_be_put_in_an_image_is_named_and_refused() {
 fn a_forged_image_is_refused() {
     let mut exec = SimExecutor::new(SimParams::default());
     let mut b = build(&mut exec);
+    b.ctx.graph_instantiate(&add_graph(&b, N)).unwrap();
     let image = b.ctx.checkpoint().unwrap();
     type Forge = Box<dyn Fn(&mut ContextImage)>;
     let forgeries: Vec<(&str, Forge)> = vec![
@@ -219,6 +249,68 @@ fn a_forged_image_is_refused() {
         ),
         ("an unknown limit", Box::new(|i| i.limits.push((99, 1)))),
         ("an image cut short", Box::new(|i| i.modules[0].len += 1)),
+        (
+            "a graph's nodes cut short",
+            Box::new(|i| i.graphs[0].len += 1),
+        ),
+        (
+            "a graph that is no graph",
+            Box::new(|i| i.graphs[0].nodes.iter_mut().for_each(|b| *b = 0xff)),
+        ),
+        (
+            "a graph of a function not in the image",
+            Box::new(|i| {
+                let f = i.functions[0].handle;
+                i.functions.clear();
+                i.graphs[0] = GraphImage::of(
+                    i.graphs[0].handle,
+                    &[protocol::graph::GraphNode {
+                        deps: Vec::new(),
+                        op: protocol::graph::GraphOp::Kernel {
+                            func: f,
+                            grid: Dim3 { x: 1, y: 1, z: 1 },
+                            block: Dim3 { x: 1, y: 1, z: 1 },
+                            shared_mem: 0,
+                            params: Vec::new(),
+                        },
+                    }],
+                );
+            }),
+        ),
+        (
+            "a graph of an event not in the image",
+            Box::new(|i| {
+                let h = i.graphs[0].handle;
+                i.graphs[0] = GraphImage::of(
+                    h,
+                    &[protocol::graph::GraphNode {
+                        deps: Vec::new(),
+                        op: protocol::graph::GraphOp::EventRecord { event: 9999 },
+                    }],
+                );
+            }),
+        ),
+        (
+            "a graph with a conditional node",
+            Box::new(|i| {
+                let h = i.graphs[0].handle;
+                i.graphs[0] = GraphImage::of(
+                    h,
+                    &[protocol::graph::GraphNode {
+                        deps: Vec::new(),
+                        op: protocol::graph::GraphOp::Conditional {
+                            handle: 1,
+                            kind: protocol::graph::CondKind::If,
+                            bodies: vec![Vec::new()],
+                        },
+                    }],
+                );
+            }),
+        ),
+        (
+            "a graph under a stream's handle",
+            Box::new(|i| i.graphs[0].handle = i.streams[0].handle),
+        ),
     ];
     for (what, forge) in forgeries {
         let mut bad = image.clone();
