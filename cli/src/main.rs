@@ -382,21 +382,24 @@ fn run(cli: Cli) -> Result<()> {
             ledger_fd,
             restore_fd,
             spare_fd,
-        } => match (spare_fd, vm, gpu) {
-            (Some(fd), _, Some(gpu)) => spare_process(&config, fd, gpu),
-            (_, Some(vm), _) => worker_process(
-                &config,
-                declared.as_deref(),
-                &vm,
-                (id, gpu),
-                WorkerFds {
-                    feed: feed_fd,
-                    slot: slot.zip(ledger_fd),
-                    restore: restore_fd,
-                },
-            ),
-            _ => anyhow::bail!("a worker needs --vm, or --spare-fd and --gpu"),
-        },
+        } => {
+            log_panics();
+            match (spare_fd, vm, gpu) {
+                (Some(fd), _, Some(gpu)) => spare_process(&config, fd, gpu),
+                (_, Some(vm), _) => worker_process(
+                    &config,
+                    declared.as_deref(),
+                    &vm,
+                    (id, gpu),
+                    WorkerFds {
+                        feed: feed_fd,
+                        slot: slot.zip(ledger_fd),
+                        restore: restore_fd,
+                    },
+                ),
+                _ => anyhow::bail!("a worker needs --vm, or --spare-fd and --gpu"),
+            }
+        }
         Cmd::Migrate { api, vm, gpu } => {
             let body = serde_json::json!({ "gpu": gpu }).to_string();
             let r = api.call(
@@ -615,6 +618,16 @@ fn save_command(api: &ApiArgs, vm: &str, verb: &str, body: &serde_json::Value) -
         _ => println!("{vm}: goes on"),
     }
     Ok(())
+}
+
+/// A worker's panic goes to the daemon's log too: the worker's standard
+/// error is its guests' (kernel printf), where the default hook writes.
+fn log_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        tracing::error!("worker panicked: {info}");
+        default(info);
+    }));
 }
 
 /// The fds the daemon hands a worker: its feed, its slot with the VM's

@@ -51,6 +51,40 @@ impl HostGraph {
     }
 }
 
+/// A copy of `len` bytes from device address `src` to `dst` as the
+/// three-dimensional copy a memcpy node takes: one row, one slice.
+fn copy_1d(dst: u64, src: u64, len: u64) -> sys::CUDA_MEMCPY3D {
+    use std::ptr::null;
+    let device = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    sys::CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: device,
+        srcHost: null(),
+        srcDevice: src,
+        srcArray: null_mut(),
+        reserved0: null_mut(),
+        srcPitch: 0,
+        srcHeight: 0,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: device,
+        dstHost: null_mut(),
+        dstDevice: dst,
+        dstArray: null_mut(),
+        reserved1: null_mut(),
+        dstPitch: 0,
+        dstHeight: 0,
+        WidthInBytes: crate::usize_from(len),
+        Height: 1,
+        Depth: 1,
+    }
+}
+
 /// Destroys a graph being built if building it fails.
 struct Building(sys::CUgraph);
 
@@ -173,18 +207,12 @@ impl CudaContext {
                     }
                 }
                 GraphOp::Copy { dst, src, len } => {
-                    // SAFETY: a plain C struct for which all-zero is valid;
-                    // the fields that matter are set below.
-                    let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
-                    p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                    p.srcDevice = *src;
-                    p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                    p.dstDevice = *dst;
-                    p.WidthInBytes = crate::usize_from(*len);
-                    p.Height = 1;
-                    p.Depth = 1;
-                    // SAFETY: as above; both ranges lie in the session's own
-                    // memory (checked by the worker).
+                    // Every field given: all-zero is no valid
+                    // `CUmemorytype`, so the struct cannot start zeroed.
+                    let p = copy_1d(*dst, *src, *len);
+                    // SAFETY: out-parameter on our stack; nodes of this
+                    // graph; both ranges lie in the session's own memory
+                    // (checked by the worker).
                     unsafe {
                         sys::cuGraphAddMemcpyNode(
                             &mut out,
@@ -268,5 +296,23 @@ impl Graphs for CudaContext {
         let g = self.graphs.remove(&exec).ok_or(Status::InvalidHandle)?;
         g.destroy();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A memcpy node's parameters are made whole (never from zeroed
+    /// memory, which is no valid `CUmemorytype` and aborted the worker of
+    /// any graph with a device-to-device copy); no GPU needed.
+    #[test]
+    fn a_copy_nodes_parameters_are_a_device_to_device_row() {
+        let p = copy_1d(0x2000, 0x1000, 64);
+        let device = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+        assert_eq!((p.srcMemoryType, p.dstMemoryType), (device, device));
+        assert_eq!((p.srcDevice, p.dstDevice), (0x1000, 0x2000));
+        assert_eq!((p.WidthInBytes, p.Height, p.Depth), (64, 1, 1));
+        assert!(p.srcArray.is_null() && p.dstArray.is_null());
     }
 }
