@@ -4,7 +4,8 @@
 //! by index.
 //!
 //! Only nodes the host can run from what it holds: kernels (the host's
-//! function handles, the parameter values packed as for a launch), memsets
+//! function handles, the parameter values packed as for a launch, their
+//! thread block clusters), memsets
 //! and copies within device memory, event records and waits, empty nodes.
 //! A graph with anything else (a host function, a copy from or to the
 //! guest's own memory) stays in the guest and runs node by node.
@@ -17,8 +18,10 @@
 //! conditionals.
 //!
 //! Layout, little-endian: `[count u32]`, then per node `[kind u32][deps
-//! u32][dep u32 x deps]` and the kind's fields; a conditional's are
-//! `[handle u64][type u32][bodies u32]` and each body as a graph.
+//! u32][dep u32 x deps]` and the kind's fields; a kernel with clusters is
+//! a kind of its own, its cluster's dimensions after a kernel's fields; a
+//! conditional's are `[handle u64][type u32][bodies u32]` and each body as
+//! a graph.
 
 use crate::codec::{len_u32, Reader};
 use crate::request::wire::read_dim;
@@ -92,6 +95,9 @@ pub enum GraphOp {
         shared_mem: u32,
         /// The parameter values, packed as for a launch.
         params: Vec<u8>,
+        /// Thread block cluster dimensions (all zero: none), as a
+        /// `cuLaunchKernelEx` attribute gives them.
+        cluster: Dim3,
     },
     /// A 2D memset of device memory: `height` rows of `width` elements of
     /// `elem` bytes (1, 2 or 4), `pitch` bytes apart.
@@ -158,6 +164,9 @@ const EMPTY: u32 = 3;
 const EVENT_RECORD: u32 = 4;
 const EVENT_WAIT: u32 = 5;
 const CONDITIONAL: u32 = 6;
+/// A kernel with thread block clusters: a kernel's fields, then the
+/// cluster's dimensions.
+const KERNEL_CLUSTER: u32 = 7;
 
 fn put32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
@@ -184,6 +193,7 @@ fn encode_into(out: &mut Vec<u8>, nodes: &[GraphNode]) {
     put32(out, len_u32(nodes.len()));
     for n in nodes {
         let kind = match n.op {
+            GraphOp::Kernel { cluster, .. } if cluster != Dim3::default() => KERNEL_CLUSTER,
             GraphOp::Kernel { .. } => KERNEL,
             GraphOp::Memset { .. } => MEMSET,
             GraphOp::Copy { .. } => COPY,
@@ -204,6 +214,7 @@ fn encode_into(out: &mut Vec<u8>, nodes: &[GraphNode]) {
                 block,
                 shared_mem,
                 params,
+                cluster,
             } => {
                 put64(out, *func);
                 put_dim(out, *grid);
@@ -211,6 +222,9 @@ fn encode_into(out: &mut Vec<u8>, nodes: &[GraphNode]) {
                 put32(out, *shared_mem);
                 put32(out, len_u32(params.len()));
                 out.extend_from_slice(params);
+                if *cluster != Dim3::default() {
+                    put_dim(out, *cluster);
+                }
             }
             GraphOp::Memset {
                 dst,
@@ -294,7 +308,7 @@ fn decode_nodes(
             deps.push(d);
         }
         let op = match kind {
-            KERNEL => {
+            KERNEL | KERNEL_CLUSTER => {
                 let func = r.u64()?;
                 let grid = read_dim(r)?;
                 let block = read_dim(r)?;
@@ -303,12 +317,23 @@ fn decode_nodes(
                 if len > MAX_PARAMS {
                     return Err(bad("graph", format!("node {i}: {len} parameter bytes")));
                 }
+                let params = r.bytes(len)?.to_vec();
+                let cluster = if kind == KERNEL_CLUSTER {
+                    let c = read_dim(r)?;
+                    if [c.x, c.y, c.z].contains(&0) {
+                        return Err(bad("graph", format!("node {i}: a cluster of {c:?}")));
+                    }
+                    c
+                } else {
+                    Dim3::default()
+                };
                 GraphOp::Kernel {
                     func,
                     grid,
                     block,
                     shared_mem,
-                    params: r.bytes(len)?.to_vec(),
+                    params,
+                    cluster,
                 }
             }
             MEMSET => {
@@ -447,6 +472,7 @@ mod tests {
                     block: d(128),
                     shared_mem: 0,
                     params: vec![1, 2, 3, 4, 5, 6, 7, 8],
+                    cluster: Default::default(),
                 },
                 deps: vec![0],
             },
@@ -477,6 +503,29 @@ mod tests {
     fn graphs_round_trip() {
         let g = sample();
         assert_eq!(decode_graph(&encode_graph(&g)).unwrap(), g);
+    }
+
+    #[test]
+    fn a_kernel_with_clusters_round_trips_and_an_empty_cluster_is_refused() {
+        let mut g = sample();
+        if let GraphOp::Kernel { cluster, .. } = &mut g[1].op {
+            *cluster = Dim3 { x: 8, y: 1, z: 1 };
+        }
+        let bytes = encode_graph(&g);
+        assert_eq!(decode_graph(&bytes).unwrap(), g);
+        // A plain kernel's bytes are as they were: the cluster is the
+        // other kind's.
+        assert_eq!(bytes.len(), encode_graph(&sample()).len() + 12);
+        for zero in [(0, 1, 1), (8, 0, 1), (8, 1, 0)] {
+            if let GraphOp::Kernel { cluster, .. } = &mut g[1].op {
+                *cluster = Dim3 {
+                    x: zero.0,
+                    y: zero.1,
+                    z: zero.2,
+                };
+            }
+            assert!(decode_graph(&encode_graph(&g)).is_err(), "{zero:?}");
+        }
     }
 
     #[test]

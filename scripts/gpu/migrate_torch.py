@@ -37,8 +37,9 @@ def graphed_step(model, opt, batch, seq, width, dtype):
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):
-            step()
+            warm = step()
     torch.cuda.current_stream().wait_stream(s)
+    print(f"warm-up loss {float(warm)!r}", flush=True)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         loss = step()

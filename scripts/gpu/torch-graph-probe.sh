@@ -28,4 +28,4 @@ FAIRVGPU_SOCKET=$W/run/vm1.sock LD_LIBRARY_PATH=$W/lib:${LD_LIBRARY_PATH:-} \
 tail -5 $OUT/standin.txt
 kill %1; wait
 python3 scripts/gpu/migrate_torch.py compare $OUT/native.txt $OUT/standin.txt
-grep -aiE "warn|error|refus|panick" $OUT/daemon.txt | tail -8 | cut -c1-400; grep -a "DEBUG" $OUT/daemon.txt | tail -25 | cut -c1-300
+grep -aiE "warn|error|refus|panick" $OUT/daemon.txt | tail -8 | cut -c1-400; grep -aE "graph" $OUT/daemon.txt | tail -12 | cut -c1-300; grep -a "warm-up" $OUT/native.txt $OUT/standin.txt

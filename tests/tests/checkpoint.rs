@@ -65,6 +65,7 @@ fn adder(socket: std::path::PathBuf, rounds: Arc<AtomicU64>) -> std::thread::Joi
                 block,
                 shared_mem: 0,
                 params: params.concat(),
+                cluster: Default::default(),
             },
             deps: Vec::new(),
         };

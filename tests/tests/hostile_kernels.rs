@@ -204,6 +204,7 @@ fn graphs_run_only_the_callers_own_kernels_memory_and_events() {
             block: one,
             shared_mem: 0,
             params: 1000u64.to_le_bytes().to_vec(),
+            cluster: Default::default(),
         },
         deps: vec![],
     };

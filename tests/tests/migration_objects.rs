@@ -122,6 +122,7 @@ fn streams_events_globals_vmm_memory_and_graphs_move_with_their_guest() {
                 block: Dim3 { x: 32, y: 1, z: 1 },
                 shared_mem: 0,
                 params: va.to_le_bytes().to_vec(),
+                cluster: Default::default(),
             },
             deps: vec![],
         },

@@ -6,9 +6,10 @@
 //! waits), the host builds the same graph (the same dependencies, child
 //! graphs spread in place) as one CUDA graph at instantiation, and a launch
 //! is one request and one `cuGraphLaunch` there: independent branches run
-//! side by side. Otherwise (a host function, a copy from or to the guest's own
-//! memory, a cluster launch), or if the host refuses it, the operations go
-//! one by one, as the guest ran them before.
+//! side by side (kernels launched with thread block clusters too).
+//! Otherwise (a host function, a copy from or to the guest's own memory, a
+//! cooperative launch), or if the host refuses it, the operations go one
+//! by one, as the guest ran them before.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
@@ -50,15 +51,14 @@ pub(crate) struct Exec {
 /// host (a conditional node is built by `conditional.rs`).
 pub(super) fn host_op(op: &Op) -> Option<GraphOp> {
     Some(match op {
-        Op::Kernel(k) if k.cluster == protocol::Dim3::default() && k.flags == 0 => {
-            GraphOp::Kernel {
-                func: k.handle,
-                grid: k.grid,
-                block: k.block,
-                shared_mem: k.shared,
-                params: k.params.clone(),
-            }
-        }
+        Op::Kernel(k) if k.flags == 0 => GraphOp::Kernel {
+            func: k.handle,
+            grid: k.grid,
+            block: k.block,
+            shared_mem: k.shared,
+            params: k.params.clone(),
+            cluster: k.cluster,
+        },
         Op::Copy(b) if b.src.device && b.dst.device && b.height == 1 && b.depth == 1 => {
             GraphOp::Copy {
                 dst: b.dst.addr,
@@ -492,6 +492,31 @@ mod tests {
             Op::EventRecord(e) => *e,
             _ => panic!("not a record"),
         }
+    }
+
+    #[test]
+    fn a_cluster_launch_runs_on_the_host_and_a_cooperative_one_stays_here() {
+        let d = |x| protocol::Dim3 { x, y: 1, z: 1 };
+        let k = KernelOp {
+            func: 1,
+            handle: 7,
+            grid: d(16),
+            block: d(128),
+            shared: 0,
+            cluster: d(8),
+            flags: 0,
+            params: vec![0; 8],
+            sizes: vec![8],
+            ptrs: Vec::new(),
+        };
+        match host_op(&Op::Kernel(k.clone())) {
+            Some(GraphOp::Kernel { cluster, func, .. }) => {
+                assert_eq!((cluster, func), (d(8), 7));
+            }
+            other => panic!("a cluster launch: {other:?}"),
+        }
+        let cooperative = KernelOp { flags: 1, ..k };
+        assert!(host_op(&Op::Kernel(cooperative)).is_none());
     }
 
     #[test]

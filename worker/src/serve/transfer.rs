@@ -190,6 +190,7 @@ pub(super) fn continue_transfer(
                     }
                 })
                 .inspect(|&g| s.add_graph(g));
+            tracing::debug!(bytes = buf.len(), result = ?r, "a guest's graph built");
             let opc = match scope {
                 Some(_) => op::GRAPH_INSTANTIATE_IN,
                 None => op::GRAPH_INSTANTIATE,

@@ -51,6 +51,20 @@ impl HostGraph {
     }
 }
 
+/// Gives kernel node `node` (just added) thread block clusters of
+/// `cluster`, as a `cuLaunchKernelEx` attribute gives a launch.
+fn set_cluster(node: sys::CUgraphNode, cluster: protocol::Dim3) -> sys::CUresult {
+    // SAFETY: a plain C union of plain values, for which all-zero is valid.
+    let mut v: sys::CUkernelNodeAttrValue = unsafe { std::mem::zeroed() };
+    v.clusterDim.x = cluster.x;
+    v.clusterDim.y = cluster.y;
+    v.clusterDim.z = cluster.z;
+    let id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    // SAFETY: a kernel node of a graph of ours; `v` lives for the call,
+    // which copies it.
+    unsafe { sys::cuGraphKernelNodeSetAttribute(node, id, &v) }
+}
+
 /// A copy of `len` bytes from device address `src` to `dst` as the
 /// three-dimensional copy a memcpy node takes: one row, one slice.
 fn copy_1d(dst: u64, src: u64, len: u64) -> sys::CUDA_MEMCPY3D {
@@ -103,6 +117,23 @@ impl CudaContext {
     /// Builds and instantiates the guest's `nodes` in the current context
     /// (`self.ctx`, with the objects of `self.objs`).
     pub(super) fn build_graph(&self, guest_nodes: &[GraphNode]) -> Result<HostGraph, Status> {
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+            let _ = protocol::graph::visit(guest_nodes, &mut |n| {
+                let k = match &n.op {
+                    GraphOp::Kernel { .. } => "kernel".to_owned(),
+                    GraphOp::Memset { elem, height, .. } => format!("memset{elem}x{height}"),
+                    GraphOp::Copy { .. } => "copy".to_owned(),
+                    GraphOp::Empty => "empty".to_owned(),
+                    GraphOp::EventRecord { .. } => "record".to_owned(),
+                    GraphOp::EventWait { .. } => "wait".to_owned(),
+                    GraphOp::Conditional { .. } => "conditional".to_owned(),
+                };
+                *kinds.entry(k).or_default() += 1;
+                Ok::<(), ()>(())
+            });
+            tracing::debug!(?kinds, "building a guest's graph");
+        }
         let nodes = self.moved_nodes(guest_nodes);
         let mut g = Building(null_mut());
         // SAFETY: out-parameter on our stack; flags 0.
@@ -146,6 +177,7 @@ impl CudaContext {
                     block,
                     shared_mem,
                     params,
+                    cluster,
                 } => {
                     let (f, sizes) = self.func(*func)?;
                     // One pointer per parameter into the packed values (all
@@ -173,8 +205,13 @@ impl CudaContext {
                     // SAFETY: `p` and the values `ptrs` point into live on our
                     // stack for the call, which copies them; `deps` are nodes
                     // of this graph.
-                    unsafe {
+                    let r = unsafe {
                         sys::cuGraphAddKernelNode_v2(&mut out, g, deps.as_ptr(), deps.len(), &p)
+                    };
+                    if r == sys::CUresult::CUDA_SUCCESS && *cluster != protocol::Dim3::default() {
+                        set_cluster(out, *cluster)
+                    } else {
+                        r
                     }
                 }
                 GraphOp::Memset {

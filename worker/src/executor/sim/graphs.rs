@@ -138,12 +138,14 @@ impl SimContext {
     fn run_nodes(&mut self, nodes: &[GraphNode], stream: Handle) -> Result<(), Status> {
         for n in nodes {
             match &n.op {
+                // The model has no clusters: the grid's blocks run as one.
                 GraphOp::Kernel {
                     func,
                     grid,
                     block,
                     shared_mem,
                     params,
+                    ..
                 } => self.launch(*func, *grid, *block, *shared_mem, stream, params)?,
                 GraphOp::Memset {
                     dst,

@@ -164,6 +164,7 @@ fn add_graph(b: &Built, n: u32) -> Vec<protocol::graph::GraphNode> {
             block: bl,
             shared_mem: 0,
             params: vector_add_params(b.bufs[0], b.bufs[1], b.bufs[2], n),
+            cluster: Default::default(),
         },
     }]
 }
@@ -272,6 +273,7 @@ fn a_forged_image_is_refused() {
                             block: Dim3 { x: 1, y: 1, z: 1 },
                             shared_mem: 0,
                             params: Vec::new(),
+                            cluster: Default::default(),
                         },
                     }],
                 );
