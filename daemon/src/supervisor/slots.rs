@@ -139,10 +139,11 @@ impl Supervisor {
     ) -> Result<bool, Error> {
         let gpu = self.plane.gpu_of(&vm.name).unwrap_or(0);
         let side = self.mps.get(&gpu).map_or(0, crate::mps::MpsGpu::serving);
-        let Some(mut spare) = self.take_spare(gpu, side) else {
-            return Ok(false);
-        };
-        let host = self.hosts.get(&vm.name).ok_or(Error::NoWorker)?;
+        // What can fail comes before the spare is taken: a spare taken
+        // and neither bound nor ended would be left running.
+        if !self.hosts.contains_key(&vm.name) {
+            return Err(Error::NoWorker);
+        }
         let binding = SpareBinding {
             vm: vm.name.clone(),
             id: self.plane.vgpu_id(&vm.name),
@@ -150,6 +151,10 @@ impl Supervisor {
             declared: declared_entry(&self.plane, &vm.name)?,
             restore: stream.is_some(),
         };
+        let Some(mut spare) = self.take_spare(gpu, side) else {
+            return Ok(false);
+        };
+        let host = self.hosts.get(&vm.name).ok_or(Error::NoWorker)?;
         let sent = host.feed_slot(slot).and_then(|feed| {
             let ledger = host.ledger()?;
             Ok(worker::spare::send_binding(
