@@ -93,8 +93,9 @@ probe() {
 
 # Starts the daemon ($R/fairvgpu) on the cuda executor (and the keys in
 # $DAEMON_KEYS) with one VM, vm1, of $2 MiB (and the keys in $VM_KEYS), its
-# run folder and log (logs/daemon.log) under $1, and waits for the VM's
-# socket; D is its pid and FAIRVGPU_SOCKET is exported.
+# run folder and log (logs/daemon.log, at $DAEMON_LOG, default info) under
+# $1, and waits for the VM's socket; D is its pid and FAIRVGPU_SOCKET is
+# exported.
 daemon_start() {
   local w=$1 mib=$2
   mkdir -p "$w/run" "$w/logs"
@@ -109,7 +110,7 @@ tenant = "t"
 memory_limit_mib = $mib
 ${VM_KEYS:-}
 TOML
-  RUST_LOG=info "$R/fairvgpu" serve --config "$w/host.toml" 2> "$w/logs/daemon.log" &
+  RUST_LOG=${DAEMON_LOG:-info} "$R/fairvgpu" serve --config "$w/host.toml" 2> "$w/logs/daemon.log" &
   D=$!
   for _ in $(seq 200); do [ -S "$w/run/vm1.sock" ] && break; sleep 0.1; done
   export FAIRVGPU_SOCKET=$w/run/vm1.sock
