@@ -207,6 +207,15 @@ fn what_cannot_be_put_in_an_image_is_named_and_refused() {
     assert_eq!(b.ctx.checkpoint_keeper(), None);
 }
 
+/// `i`'s first graph made one node of `op`, under the same handle.
+fn one_node_graph(i: &mut ContextImage, op: protocol::graph::GraphOp) {
+    let node = protocol::graph::GraphNode {
+        deps: Vec::new(),
+        op,
+    };
+    i.graphs[0] = GraphImage::of(i.graphs[0].handle, &[node]);
+}
+
 /// A hostile image (from another host) is checked before anything is made.
 #[test]
 fn a_forged_image_is_refused() {
@@ -263,50 +272,34 @@ fn a_forged_image_is_refused() {
             Box::new(|i| {
                 let f = i.functions[0].handle;
                 i.functions.clear();
-                i.graphs[0] = GraphImage::of(
-                    i.graphs[0].handle,
-                    &[protocol::graph::GraphNode {
-                        deps: Vec::new(),
-                        op: protocol::graph::GraphOp::Kernel {
-                            func: f,
-                            grid: Dim3 { x: 1, y: 1, z: 1 },
-                            block: Dim3 { x: 1, y: 1, z: 1 },
-                            shared_mem: 0,
-                            params: Vec::new(),
-                            cluster: Default::default(),
-                        },
-                    }],
+                one_node_graph(
+                    i,
+                    protocol::graph::GraphOp::Kernel {
+                        func: f,
+                        grid: Dim3 { x: 1, y: 1, z: 1 },
+                        block: Dim3 { x: 1, y: 1, z: 1 },
+                        shared_mem: 0,
+                        params: Vec::new(),
+                        cluster: Default::default(),
+                    },
                 );
             }),
         ),
         (
             "a graph of an event not in the image",
-            Box::new(|i| {
-                let h = i.graphs[0].handle;
-                i.graphs[0] = GraphImage::of(
-                    h,
-                    &[protocol::graph::GraphNode {
-                        deps: Vec::new(),
-                        op: protocol::graph::GraphOp::EventRecord { event: 9999 },
-                    }],
-                );
-            }),
+            Box::new(|i| one_node_graph(i, protocol::graph::GraphOp::EventRecord { event: 9999 })),
         ),
         (
             "a graph with a conditional node",
             Box::new(|i| {
-                let h = i.graphs[0].handle;
-                i.graphs[0] = GraphImage::of(
-                    h,
-                    &[protocol::graph::GraphNode {
-                        deps: Vec::new(),
-                        op: protocol::graph::GraphOp::Conditional {
-                            handle: 1,
-                            kind: protocol::graph::CondKind::If,
-                            bodies: vec![Vec::new()],
-                        },
-                    }],
-                );
+                one_node_graph(
+                    i,
+                    protocol::graph::GraphOp::Conditional {
+                        handle: 1,
+                        kind: protocol::graph::CondKind::If,
+                        bodies: vec![Vec::new()],
+                    },
+                )
             }),
         ),
         (
