@@ -118,10 +118,31 @@ pub struct Saved {
     pub lanes: Vec<Lane>,
 }
 
-/// Writes `saved` to a new file at `path` (never over one that is there),
-/// tagged under `key`; returns its length. A file left half written is
-/// removed.
-pub fn write(path: &Path, saved: &Saved, key: Option<&[u8]>) -> Result<u64, FileError> {
+/// Writes `saved` to a new file at `path`, tagged under `key`; returns its
+/// length. Where `replace`, it is written beside and then renamed over a
+/// file there (which stays whole until then); else never over one. A file
+/// left half written is removed.
+pub fn write(
+    path: &Path,
+    saved: &Saved,
+    key: Option<&[u8]>,
+    replace: bool,
+) -> Result<u64, FileError> {
+    if replace {
+        let mut part = path.as_os_str().to_owned();
+        part.push(".part");
+        let part = std::path::PathBuf::from(part);
+        let _ = std::fs::remove_file(&part);
+        let n = write(&part, saved, key, false)?;
+        std::fs::rename(&part, path).map_err(|source| {
+            let _ = std::fs::remove_file(&part);
+            FileError::Io {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
+        return Ok(n);
+    }
     let io = |source| FileError::Io {
         path: path.to_owned(),
         source,

@@ -39,7 +39,7 @@ fn written(test: &str, key: Option<&[u8]>) -> (PathBuf, PathBuf) {
     let dir = scratch::dir(&format!("save-{test}-{}", key.is_some()));
     let path = dir.join("vm1.fvgpu");
     let lanes = vec![lane(0, b"first stream"), lane(3, &[7u8; 70_000])];
-    let n = write(&path, &saved("vm1", lanes), key).unwrap();
+    let n = write(&path, &saved("vm1", lanes), key, false).unwrap();
     assert_eq!(n, std::fs::metadata(&path).unwrap().len());
     (dir, path)
 }
@@ -62,9 +62,32 @@ fn lanes_come_back_as_written() {
 fn an_existing_file_is_never_written_over() {
     let (_d, path) = written("over", None);
     let before = std::fs::read(&path).unwrap();
-    let e = write(&path, &saved("vm1", vec![lane(0, b"other")]), None).unwrap_err();
+    let e = write(&path, &saved("vm1", vec![lane(0, b"other")]), None, false).unwrap_err();
     assert!(matches!(e, FileError::Io { .. }), "{e}");
     assert_eq!(std::fs::read(&path).unwrap(), before);
+}
+
+#[test]
+fn a_file_replaced_is_whole_and_new() {
+    let (_d, path) = written("replace", None);
+    let n = write(&path, &saved("vm1", vec![lane(2, b"later")]), None, true).unwrap();
+    assert_eq!(n, std::fs::metadata(&path).unwrap().len());
+    let lanes = read(&path, "vm1", None, LIMITS).unwrap().lanes;
+    assert_eq!(
+        (lanes.len(), lanes[0].slot, contents(&lanes[0])),
+        (1, 2, b"later".to_vec())
+    );
+    let dir = path.parent().unwrap();
+    let names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        names,
+        vec![std::ffi::OsString::from("vm1.fvgpu")],
+        "no part left"
+    );
 }
 
 #[test]
@@ -142,6 +165,7 @@ fn a_slot_twice_is_refused() {
         &path,
         &saved("vm1", vec![lane(1, b"a"), lane(1, b"b")]),
         None,
+        false,
     )
     .unwrap();
     assert!(matches!(
