@@ -99,6 +99,14 @@ enum Cmd {
         /// The file's name in the checkpoint folder.
         #[arg(long)]
         file: String,
+        /// The VM is paused already and stays so until QEMU has saved it:
+        /// the region goes into the file too, written over QEMU's copy at
+        /// the restore.
+        #[arg(long)]
+        paused: bool,
+        /// Replace a file of that name.
+        #[arg(long)]
+        replace: bool,
     },
     /// Let a vGPU held by `fairvgpu checkpoint` go on.
     Resume {
@@ -563,11 +571,17 @@ fn detach_vm(api: &ApiArgs, vm: &str, qmp: &std::path::Path, timeout: u64) -> Re
 /// `fairvgpu checkpoint`, `resume`, `restore` and `handover`.
 fn save_cmd(cmd: Cmd) -> Result<()> {
     match cmd {
-        Cmd::Checkpoint { api, vm, file } => save_command(
+        Cmd::Checkpoint {
+            api,
+            vm,
+            file,
+            paused,
+            replace,
+        } => save_command(
             &api,
             &vm,
             "checkpoint",
-            &serde_json::json!({ "file": file }),
+            &serde_json::json!({ "file": file, "paused": paused, "replace": replace }),
         ),
         Cmd::Resume { api, vm } => save_command(&api, &vm, "resume", &serde_json::json!({})),
         Cmd::Restore {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::http::{self, Request, Response};
-use super::{ControlPlane, Refusal, SaveOp, SAMPLE_EVERY};
+use super::{CheckpointWith, ControlPlane, Refusal, SaveOp, SAMPLE_EVERY};
 use crate::config::Config;
 use crate::Error;
 
@@ -196,7 +196,13 @@ impl ControlPlane {
         let text = |k: &str| body[k].as_str().map(str::to_owned);
         let op = match (verb, text("file"), text("to")) {
             ("resume", ..) => SaveOp::Resume,
-            ("checkpoint", Some(f), _) => SaveOp::Checkpoint(f),
+            ("checkpoint", Some(f), _) => SaveOp::Checkpoint(
+                f,
+                CheckpointWith {
+                    region: body["paused"] == Value::Bool(true),
+                    replace: body["replace"] == Value::Bool(true),
+                },
+            ),
             ("restore", _, _) if body["received"] == Value::Bool(true) => SaveOp::RestoreReceived,
             ("restore", Some(f), _) => SaveOp::Restore(f),
             ("handover", _, Some(to)) => SaveOp::Handover(to),

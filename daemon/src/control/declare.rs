@@ -14,6 +14,9 @@ pub use wire::declaration::VgpuDeclaration;
 /// Longest tenant or owner name.
 const MAX_NAME: usize = 64;
 
+/// How long giving a vGPU back waits for its checkpoint under way.
+const UNDECLARE_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
 fn plain_name(what: &str, s: &str) -> Result<(), String> {
     if s.is_empty()
         || s.len() > MAX_NAME
@@ -188,6 +191,14 @@ impl ControlPlane {
     /// Takes back the declared vGPU of VM `vm`: the supervisor ends its
     /// worker and drops its region and socket; its GPU memory is free.
     pub fn undeclare(&self, vm: &str) -> Result<(), Refusal> {
+        // A checkpoint under way is written first (libvirt's save gives
+        // the domain's vGPU back as soon as QEMU has saved it).
+        if !self.checkpoint_done(vm, UNDECLARE_WAIT) {
+            tracing::warn!(
+                vm,
+                "given back with its checkpoint still under way after {UNDECLARE_WAIT:?}"
+            );
+        }
         let mut declared = lock(&self.declared);
         if !declared.contains_key(vm) {
             if self.config().vm(vm).is_some() {

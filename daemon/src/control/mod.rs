@@ -59,7 +59,7 @@ pub use api::{start, token_from_file};
 pub use client::{client_call, ApiTarget};
 pub use declare::{Declared, VgpuDeclaration};
 pub use placement::Migration;
-pub use saves::{check_file_name, Arrival, SaveAsk, SaveOp, IMAGES_MAX};
+pub use saves::{check_file_name, Arrival, CheckpointWith, SaveAsk, SaveOp, IMAGES_MAX};
 
 /// Why the control plane refused an operator's change. Besides a VM it does
 /// not know (the API's 404), the text is the API's answer as it stands.
@@ -140,6 +140,10 @@ pub struct ControlPlane {
     migrated: Mutex<HashMap<String, u64>>,
     /// Checkpoints asked for and not yet taken by the supervisor.
     save_asks: Mutex<Vec<SaveAsk>>,
+    /// VMs whose checkpoint to a file is under way: their vGPU is given
+    /// back only once it is written (libvirt's save ends the domain while
+    /// the daemon may still be writing).
+    checkpointing: Mutex<std::collections::HashSet<String>>,
     /// vGPUs handed over from other hosts, for the supervisor.
     arrivals: Mutex<Vec<saves::Arrival>>,
     /// GPUs on this host.
@@ -190,6 +194,7 @@ impl ControlPlane {
             migrations: Mutex::new(HashMap::new()),
             migrated: Mutex::new(HashMap::new()),
             save_asks: Mutex::new(Vec::new()),
+            checkpointing: Mutex::new(std::collections::HashSet::new()),
             arrivals: Mutex::new(Vec::new()),
             declared: Mutex::new(Default::default()),
             gpu_count: std::sync::atomic::AtomicU32::new(match cfg.daemon.executor {

@@ -24,7 +24,7 @@ pub type Arrival = (Saved, Sender<Result<String, String>>);
 pub enum SaveOp {
     /// Hold it and write its checkpoint to this file of the checkpoint
     /// folder.
-    Checkpoint(String),
+    Checkpoint(String, CheckpointWith),
     /// Let it go on (a checkpoint taken and not used).
     Resume,
     /// Serve on from this file of the checkpoint folder.
@@ -34,6 +34,18 @@ pub enum SaveOp {
     Handover(String),
     /// Serve on from what another host's daemon handed over.
     RestoreReceived,
+}
+
+/// How a checkpoint to a file is taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckpointWith {
+    /// The VM is paused and stays so until QEMU has saved it (libvirt's
+    /// save): the region goes into the file, taken once the workers hold,
+    /// and is written over QEMU's copy at the restore (QEMU may copy it
+    /// before the workers are done writing).
+    pub region: bool,
+    /// A file of that name is replaced (a domain's latest save).
+    pub replace: bool,
 }
 
 /// One ask, and where its answer goes.
@@ -76,8 +88,12 @@ impl ControlPlane {
         if lock(&self.cfg).vm(vm).is_none() {
             return Err(Refusal::NoVm(vm.to_owned()));
         }
-        if let SaveOp::Checkpoint(f) | SaveOp::Restore(f) = &op {
+        if let SaveOp::Checkpoint(f, _) | SaveOp::Restore(f) = &op {
             check_file_name(f)?;
+        }
+        let checkpoint = matches!(op, SaveOp::Checkpoint(..));
+        if checkpoint {
+            lock(&self.checkpointing).insert(vm.to_owned());
         }
         let (tx, rx) = channel();
         lock(&self.save_asks).push(SaveAsk {
@@ -85,13 +101,30 @@ impl ControlPlane {
             op,
             answer: tx,
         });
-        match rx.recv_timeout(timeout) {
+        let r = match rx.recv_timeout(timeout) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(why)) => Err(Refusal::Conflict(why)),
             Err(_) => Err(Refusal::Conflict(format!(
                 "{vm}: the daemon did not answer within {timeout:?}"
             ))),
+        };
+        if checkpoint {
+            lock(&self.checkpointing).remove(vm);
         }
+        r
+    }
+
+    /// Waits up to `limit` for `vm`'s checkpoint to a file under way, if
+    /// any, to be written (or to fail); true if none is under way now.
+    pub fn checkpoint_done(&self, vm: &str, limit: Duration) -> bool {
+        let since = std::time::Instant::now();
+        while lock(&self.checkpointing).contains(vm) {
+            if since.elapsed() >= limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
     }
 
     /// The asks not yet taken, oldest first.

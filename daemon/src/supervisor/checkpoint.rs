@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use super::restore::Source;
 use super::Supervisor;
 use crate::config::Config;
-use crate::control::{SaveAsk, SaveOp};
+use crate::control::{CheckpointWith, SaveAsk, SaveOp};
 use crate::link::CheckpointNote;
 use crate::save_file::{self, Lane, Saved};
 
@@ -37,8 +37,8 @@ pub(super) type Answer = Sender<Result<Value, String>>;
 
 /// Where a checkpoint goes, or where a restore's came from.
 pub(super) enum Kind {
-    /// Into this file.
-    Checkpoint(PathBuf),
+    /// Into this file, taken as asked.
+    Checkpoint(PathBuf, CheckpointWith),
     /// To the daemon at this address, with the region.
     Handover(String),
     /// From this file, or from a peer (named for the operator).
@@ -75,9 +75,9 @@ impl Supervisor {
         for ask in self.plane.take_save_asks() {
             let SaveAsk { vm, op, answer } = ask;
             let r = match op {
-                SaveOp::Checkpoint(f) => {
+                SaveOp::Checkpoint(f, with) => {
                     let path = want.checkpoint_dir().join(f);
-                    self.start_checkpoint(want, &vm, Kind::Checkpoint(path), &answer)
+                    self.start_checkpoint(want, &vm, Kind::Checkpoint(path, with), &answer)
                 }
                 SaveOp::Handover(to) => match checkpoint_key(want) {
                     Ok(Some(_)) => self.start_checkpoint(want, &vm, Kind::Handover(to), &answer),
@@ -131,10 +131,10 @@ impl Supervisor {
         answer: &Answer,
     ) -> Result<Option<Value>, String> {
         let host = self.quiet_host(vm)?;
-        if let Kind::Checkpoint(path) = &kind {
+        if let Kind::Checkpoint(path, with) = &kind {
             let dir = want.checkpoint_dir();
             make_private_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            if path.exists() {
+            if path.exists() && !with.replace {
                 return Err(format!("{} exists: name another file", path.display()));
             }
         }
@@ -258,7 +258,9 @@ impl Supervisor {
             Kind::Restore(from) => {
                 Some(self.finish_restore(vm, &from, &gathered.0, gathered.2.len()))
             }
-            Kind::Checkpoint(path) => Some(self.finish_checkpoint(want, vm, path, gathered)),
+            Kind::Checkpoint(path, with) => {
+                Some(self.finish_checkpoint(want, vm, (path, with), gathered))
+            }
             Kind::Handover(to) => self.finish_handover(want, vm, &to, gathered, &s.answer),
         };
         if let Some(r) = r {
@@ -270,18 +272,27 @@ impl Supervisor {
         &mut self,
         want: &Config,
         vm: &str,
-        path: PathBuf,
+        (path, with): (PathBuf, CheckpointWith),
         (failed, taken, mut memfds): Gathered,
     ) -> Result<Value, String> {
         let t = Instant::now();
+        // The region, still now that the workers hold, where the VM is
+        // paused for good (QEMU's copy may miss what they wrote).
+        let region = match (with.region, self.hosts.get(vm)) {
+            (false, _) => Ok(None),
+            (true, Some(h)) => h.region_memfd().map(Some).map_err(|e| e.to_string()),
+            (true, None) => Err(format!("{vm} has no host side")),
+        };
         let written = if failed.is_empty() {
-            let saved = Saved {
-                vm: vm.to_owned(),
-                region: None,
-                lanes: taken_lanes(&taken, &mut memfds),
-            };
-            checkpoint_key(want).and_then(|key| {
-                save_file::write(&path, &saved, key.as_deref()).map_err(|e| e.to_string())
+            region.and_then(|region| {
+                let saved = Saved {
+                    vm: vm.to_owned(),
+                    region,
+                    lanes: taken_lanes(&taken, &mut memfds),
+                };
+                let key = checkpoint_key(want)?;
+                save_file::write(&path, &saved, key.as_deref(), with.replace)
+                    .map_err(|e| e.to_string())
             })
         } else {
             Err(failed.join("; "))

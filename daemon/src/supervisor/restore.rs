@@ -43,7 +43,7 @@ impl Supervisor {
                 let key = checkpoint_key(want)?;
                 let limits = self
                     .plane
-                    .save_limits(vm, false)
+                    .save_limits(vm, true)
                     .ok_or_else(|| format!("no vm named {vm:?}"))?;
                 let saved = save_file::read(&path, vm, key.as_deref(), limits)
                     .map_err(|e| e.to_string())?;
