@@ -97,8 +97,9 @@ impl Plug {
     /// libvirt's element for the domain XML (inside `<devices>`).
     pub fn libvirt_xml(&self) -> String {
         format!(
-            "<shmem name='{id}' role='master'>\n  <model type='ivshmem-doorbell'/>\n  <server path='{sock}'/>\n  <msi vectors='{v}' ioeventfd='on'/>\n</shmem>\n",
+            "<shmem name='{id}' role='master'>\n  <model type='ivshmem-doorbell'/>\n  <server path='{sock}'/>\n  <msi vectors='{v}' ioeventfd='on'/>\n  <alias name='{alias}'/>\n</shmem>\n",
             id = self.id,
+            alias = wire::libvirt_xml::SHMEM_ALIAS,
             sock = xml_escape(&self.socket.display().to_string()),
             v = self.vectors,
         )

@@ -215,9 +215,27 @@ pub fn vgpu_element_xml(d: &VgpuDeclaration) -> String {
     s + "/>"
 }
 
-/// `xml` with the vGPU element `d` in its `<metadata>` and `shmem` (the
+/// The user alias of the vGPU's `<shmem>` device in a domain.
+pub const SHMEM_ALIAS: &str = "ua-fairvgpu";
+
+/// libvirt's namespace of QEMU-specific domain elements.
+pub const QEMU_NAMESPACE: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
+
+/// What makes the vGPU's device migratable: libvirt passes `master=on`
+/// only to an `ivshmem-plain` device, and QEMU copies the region of, and
+/// migrates, only a master `ivshmem-doorbell` (`virsh save`, `managedsave`,
+/// `migrate`). libvirt 8.2 and later take the override, and mark the domain
+/// tainted by it.
+pub fn master_override() -> String {
+    format!(
+        "<qemu:override xmlns:qemu=\"{QEMU_NAMESPACE}\">\n    <qemu:device alias=\"{SHMEM_ALIAS}\">\n      <qemu:frontend>\n        <qemu:property name=\"master\" type=\"string\" value=\"on\"/>\n      </qemu:frontend>\n    </qemu:device>\n  </qemu:override>"
+    )
+}
+
+/// `xml` with the vGPU element `d` in its `<metadata>`, `shmem` (the
 /// `<shmem>` element of `fairvgpu attach --print libvirt`) in its
-/// `<devices>`, each made where missing; the rest of the text as it was.
+/// `<devices>`, each made where missing, and the [`master_override`]; the
+/// rest of the text as it was.
 pub fn add_vgpu(xml: &str, d: &VgpuDeclaration, shmem: &str) -> Result<String, XmlError> {
     let doc = roxmltree::Document::parse(xml)?;
     let root = doc.root_element();
@@ -251,6 +269,10 @@ pub fn add_vgpu(xml: &str, d: &VgpuDeclaration, shmem: &str) -> Result<String, X
             )),
         }
     }
+    edits.push((
+        end_of_domain..end_of_domain,
+        format!("  {}\n", master_override()),
+    ));
     edits.sort_by_key(|e| std::cmp::Reverse(e.0.start));
     let mut out = xml.to_owned();
     for (range, text) in edits {
@@ -290,6 +312,24 @@ mod tests {
         let doc = roxmltree::Document::parse(&out).unwrap();
         let shmem = doc.descendants().find(|n| n.has_tag_name("shmem")).unwrap();
         assert_eq!(shmem.parent_element().unwrap().tag_name().name(), "devices");
+        // The device's override, in libvirt's QEMU namespace, for it.
+        let prop = doc
+            .descendants()
+            .find(|n| n.has_tag_name((QEMU_NAMESPACE, "property")))
+            .unwrap();
+        assert_eq!(
+            (prop.attribute("name"), prop.attribute("value")),
+            (Some("master"), Some("on"))
+        );
+        let dev = prop
+            .ancestors()
+            .find(|n| n.has_tag_name((QEMU_NAMESPACE, "device")))
+            .unwrap();
+        assert_eq!(dev.attribute("alias"), Some(SHMEM_ALIAS));
+        assert_eq!(
+            dev.parent_element().unwrap().parent_element(),
+            Some(doc.root_element())
+        );
         // Twice is refused, not a second element.
         assert!(matches!(
             add_vgpu(&out, &decl(), SHMEM),
