@@ -1,5 +1,6 @@
 //! The daemon's control API, as the bridge uses it: declare a domain's
-//! vGPU, give it back, list the vGPUs libvirt declared.
+//! vGPU, give it back, list the vGPUs libvirt declared, checkpoint and
+//! restore one with its domain's save.
 
 use anyhow::{bail, Context as _, Result};
 use daemon::control::{client_call, ApiTarget};
@@ -58,6 +59,37 @@ impl Api {
         let (code, r) = self.call("POST", &format!("/api/v1/vgpus/{name}/vcpus"), &body)?;
         match code {
             200 => Ok(()),
+            _ => bail!("{}", r["error"].as_str().unwrap_or("the daemon refused it")),
+        }
+    }
+
+    /// Has the daemon take domain `name`'s checkpoint, its region with it
+    /// (the domain is paused for its save), into `file` of its checkpoint
+    /// folder, replacing one there; the file's length.
+    pub fn checkpoint(&self, name: &str, file: &str) -> Result<u64> {
+        let body = serde_json::json!({ "file": file, "paused": true, "replace": true });
+        let (code, r) = self.call(
+            "POST",
+            &format!("/api/v1/vgpus/{name}/checkpoint"),
+            body.to_string().as_bytes(),
+        )?;
+        match code {
+            200 => Ok(r["bytes"].as_u64().unwrap_or(0)),
+            _ => bail!("{}", r["error"].as_str().unwrap_or("the daemon refused it")),
+        }
+    }
+
+    /// Has the daemon serve domain `name`'s processes on from `file` of its
+    /// checkpoint folder; how many.
+    pub fn restore(&self, name: &str, file: &str) -> Result<u64> {
+        let body = serde_json::json!({ "file": file });
+        let (code, r) = self.call(
+            "POST",
+            &format!("/api/v1/vgpus/{name}/restore"),
+            body.to_string().as_bytes(),
+        )?;
+        match code {
+            200 => Ok(r["processes"].as_u64().unwrap_or(0)),
             _ => bail!("{}", r["error"].as_str().unwrap_or("the daemon refused it")),
         }
     }

@@ -22,6 +22,8 @@ pub enum Event {
         name: String,
         /// `VIR_DOMAIN_EVENT_*`.
         kind: i32,
+        /// Its detail (`VIR_DOMAIN_EVENT_STARTED_RESTORED`, ...).
+        detail: i32,
     },
     /// Domain `name`'s fairvgpu metadata changed.
     Metadata {
@@ -36,6 +38,10 @@ pub enum Event {
 pub const STOPPED: i32 = sys::VIR_DOMAIN_EVENT_STOPPED as i32;
 /// libvirt's `VIR_DOMAIN_EVENT_STARTED`.
 pub const STARTED: i32 = sys::VIR_DOMAIN_EVENT_STARTED as i32;
+/// libvirt's `VIR_DOMAIN_EVENT_SUSPENDED`.
+pub const SUSPENDED: i32 = sys::VIR_DOMAIN_EVENT_SUSPENDED as i32;
+/// libvirt's `VIR_DOMAIN_EVENT_STARTED_RESTORED`: started from a saved state.
+pub const STARTED_RESTORED: i32 = sys::VIR_DOMAIN_EVENT_STARTED_RESTORED as i32;
 
 /// Where the callbacks send (one watch per process).
 static SINK: Mutex<Option<Sender<Event>>> = Mutex::new(None);
@@ -65,12 +71,16 @@ unsafe extern "C" fn on_lifecycle(
     _conn: sys::virConnectPtr,
     dom: sys::virDomainPtr,
     event: c_int,
-    _detail: c_int,
+    detail: c_int,
     _opaque: *mut c_void,
 ) -> c_int {
     // SAFETY: libvirt calls with a domain valid during the call.
     if let Some(name) = unsafe { name_of(dom) } {
-        send(Event::Lifecycle { name, kind: event });
+        send(Event::Lifecycle {
+            name,
+            kind: event,
+            detail,
+        });
     }
     0
 }

@@ -5,7 +5,8 @@
 //! - `hook`: libvirt's qemu hook (`packaging/libvirt-hook`), the synchronous
 //!   start and stop of each domain (see `hook.rs`);
 //! - `watch`: the live side, domain events and reconciliation (`watch.rs`,
-//!   `events.rs`; `packaging/fairvgpu-libvirt.service`).
+//!   `events.rs`; `packaging/fairvgpu-libvirt.service`), and the vGPU saved
+//!   and restored with its domain (`saves.rs`).
 
 use std::io::Read as _;
 use std::path::PathBuf;
@@ -18,6 +19,7 @@ use daemon::control::ApiTarget;
 mod api;
 mod events;
 mod hook;
+mod saves;
 mod watch;
 
 #[derive(Debug, Parser)]

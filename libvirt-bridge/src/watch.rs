@@ -17,6 +17,7 @@ use virt_sys as sys;
 
 use crate::api::{Api, Served};
 use crate::events::{self, Event};
+use crate::saves;
 
 /// What one reconciliation does.
 #[derive(Debug, Default, PartialEq)]
@@ -198,14 +199,21 @@ impl Watch {
                 })?;
                 tracing::info!(domain = name, weight, "metadata changed: vGPU updated");
             }
-            Event::Lifecycle { name, kind } if kind == events::STARTED => {
+            Event::Lifecycle { name, kind, detail } if kind == events::STARTED => {
                 let dom = Domain::lookup_by_name(conn, &name)?;
                 if let Some(v) = domain_vgpu(&dom.get_xml_desc(0)?)? {
                     self.api.declare(&v)?;
                     self.give_vcpus(&v.name);
+                    if detail == events::STARTED_RESTORED {
+                        saves::restored(&self.api, &dom, &name)?;
+                    }
                 }
             }
-            Event::Lifecycle { name, kind } if kind == events::STOPPED => {
+            Event::Lifecycle { name, kind, .. } if kind == events::SUSPENDED => {
+                let dom = Domain::lookup_by_name(conn, &name)?;
+                saves::suspended(&self.api, &dom, &name)?;
+            }
+            Event::Lifecycle { name, kind, .. } if kind == events::STOPPED => {
                 let ours = self
                     .api
                     .served()?

@@ -34,7 +34,7 @@ libvirtd_running() { running libvirtd; }
 { systemctl is-active -q libvirtd 2>/dev/null || libvirtd_running; } && had_libvirtd=1
 cleanup() {
     set +e
-    for d in fvg-lv-a fvg-lv-b fvg-lv-bad; do
+    for d in fvg-lv-a fvg-lv-b fvg-lv-c fvg-lv-bad; do
         virsh destroy "$d" >/dev/null 2>&1
         virsh undefine "$d" >/dev/null 2>&1
     done
@@ -132,8 +132,9 @@ restart_libvirtd
 pids+=($!)
 
 # A TCG domain booting the test guest directly, its serial console to a
-# file; `fairvgpu libvirt-xml` adds the vGPU (metadata and <shmem>).
-domain() { # domain NAME SECONDS(of its kernel loop)
+# file; `fairvgpu libvirt-xml` adds the vGPU (metadata and <shmem>). The
+# guest runs a kernel loop, or what MODE says.
+domain() { # domain NAME SECONDS(of its kernel loop) [MODE]
     cat <<EOF
 <domain type='qemu'>
   <name>$1</name>
@@ -143,7 +144,7 @@ domain() { # domain NAME SECONDS(of its kernel loop)
     <type arch='x86_64' machine='pc'>hvm</type>
     <kernel>$IMAGE/vmlinuz</kernel>
     <initrd>$IMAGE/initrd.img</initrd>
-    <cmdline>console=ttyS0 quiet panic=-1 fairvgpu.mode=loop fairvgpu.loop=20000,$2</cmdline>
+    <cmdline>console=ttyS0 quiet panic=-1 ${3:-fairvgpu.mode=loop fairvgpu.loop=20000,$2}</cmdline>
   </os>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>destroy</on_reboot>
@@ -228,6 +229,33 @@ before="$(last_count fvg-lv-a)"
 grows() { [ "$(last_count fvg-lv-a)" -gt "$before" ]; }
 wait_for 30 "fvg-lv-a's loop count to grow past $before" grows
 echo "fvg-lv-a's loop: $before, then $(last_count fvg-lv-a)"
+
+step "virsh save, then restore --paused: the vGPU's state comes back with the domain"
+# A program that computes and checks every element after each round.
+domain fvg-lv-c 0 "fairvgpu.mode=compute fairvgpu.rounds=60" |
+    "$FAIRVGPU" libvirt-xml --config "$config" --tenant acme --memory-limit-mib 64 \
+        >"$work/fvg-lv-c.xml"
+virsh define "$work/fvg-lv-c.xml" >/dev/null
+virsh start fvg-lv-c >/dev/null
+wait_for 180 "fvg-lv-c's fifth round" console_has fvg-lv-c "FVG-ROUND 5"
+virsh save fvg-lv-c "$work/fvg-lv-c.save" >/dev/null
+round="$(grep -a "FVG-ROUND" "$work/fvg-lv-c.console" | tail -1)"
+[ "$(virsh domstate fvg-lv-c)" = "shut off" ] || fail "fvg-lv-c is $(virsh domstate fvg-lv-c)"
+saved() { [ -s "$run/checkpoints/fvg-lv-c.fvgpu" ] && [ -z "$(vgpu fvg-lv-c name)" ]; }
+wait_for 30 "fvg-lv-c's vGPU checkpoint, and its vGPU given back" saved
+ls -l "$run/checkpoints/fvg-lv-c.fvgpu" | sed 's/^/    /'
+virsh restore --paused "$work/fvg-lv-c.save" >/dev/null
+# Served on from the checkpoint while paused: a worker, holding the
+# program's device memory, before its guest ran again.
+restored() { [ "$(vgpu fvg-lv-c worker_pids)" != "[]" ] && [ "$(vgpu fvg-lv-c memory_used_bytes)" != 0 ]; }
+wait_for 60 "the watch to restore fvg-lv-c's vGPU" restored
+[ "$(virsh domstate fvg-lv-c)" = paused ] || fail "fvg-lv-c is $(virsh domstate fvg-lv-c) before its resume"
+virsh resume fvg-lv-c >/dev/null
+wait_for 180 "fvg-lv-c's program to finish" console_has fvg-lv-c "FVG-COMPUTE "
+if console_has fvg-lv-c "FVG-FAIL"; then fail "$(grep -a FVG-FAIL "$work/fvg-lv-c.console")"; fi
+console_has fvg-lv-c "FVG-COMPUTE ok rounds=60" || fail "$(grep -a FVG-COMPUTE "$work/fvg-lv-c.console")"
+echo "fvg-lv-c: saved after ${round#FVG-}, $(grep -a FVG-COMPUTE "$work/fvg-lv-c.console")"
+virsh destroy fvg-lv-c >/dev/null 2>&1 || true
 
 step "virsh destroy gives the vGPU back: status and socket"
 virsh destroy fvg-lv-a >/dev/null
