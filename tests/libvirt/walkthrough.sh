@@ -230,7 +230,7 @@ grows() { [ "$(last_count fvg-lv-a)" -gt "$before" ]; }
 wait_for 30 "fvg-lv-a's loop count to grow past $before" grows
 echo "fvg-lv-a's loop: $before, then $(last_count fvg-lv-a)"
 
-step "virsh save, then restore --paused: the vGPU's state comes back with the domain"
+step "virsh save and restore --paused, then managedsave and start --paused: the vGPU's state comes back"
 # A program that computes and checks every element after each round.
 domain fvg-lv-c 0 "fairvgpu.mode=compute fairvgpu.rounds=60" |
     "$FAIRVGPU" libvirt-xml --config "$config" --tenant acme --memory-limit-mib 64 \
@@ -251,10 +251,20 @@ restored() { [ "$(vgpu fvg-lv-c worker_pids)" != "[]" ] && [ "$(vgpu fvg-lv-c me
 wait_for 60 "the watch to restore fvg-lv-c's vGPU" restored
 [ "$(virsh domstate fvg-lv-c)" = paused ] || fail "fvg-lv-c is $(virsh domstate fvg-lv-c) before its resume"
 virsh resume fvg-lv-c >/dev/null
+# Then a managed save, its checkpoint replacing the first, and a start.
+wait_for 120 "fvg-lv-c's round 25" console_has fvg-lv-c "FVG-ROUND 25"
+first="$(sha256sum <"$run/checkpoints/fvg-lv-c.fvgpu")"
+virsh managedsave fvg-lv-c >/dev/null
+replaced() { saved && [ "$(sha256sum <"$run/checkpoints/fvg-lv-c.fvgpu")" != "$first" ]; }
+wait_for 30 "fvg-lv-c's second checkpoint, and its vGPU given back" replaced
+virsh start --paused fvg-lv-c >/dev/null
+wait_for 60 "the watch to restore fvg-lv-c's vGPU from its managed save" restored
+[ "$(virsh domstate fvg-lv-c)" = paused ] || fail "fvg-lv-c is $(virsh domstate fvg-lv-c) before its resume"
+virsh resume fvg-lv-c >/dev/null
 wait_for 180 "fvg-lv-c's program to finish" console_has fvg-lv-c "FVG-COMPUTE "
 if console_has fvg-lv-c "FVG-FAIL"; then fail "$(grep -a FVG-FAIL "$work/fvg-lv-c.console")"; fi
 console_has fvg-lv-c "FVG-COMPUTE ok rounds=60" || fail "$(grep -a FVG-COMPUTE "$work/fvg-lv-c.console")"
-echo "fvg-lv-c: saved after ${round#FVG-}, $(grep -a FVG-COMPUTE "$work/fvg-lv-c.console")"
+echo "fvg-lv-c: saved after ${round#FVG-}, then managed-saved after round 25 or more; $(grep -a FVG-COMPUTE "$work/fvg-lv-c.console")"
 virsh destroy fvg-lv-c >/dev/null 2>&1 || true
 
 step "virsh destroy gives the vGPU back: status and socket"
