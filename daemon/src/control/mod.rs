@@ -19,6 +19,7 @@
 //! - `POST /api/v1/vgpus/{vm}/checkpoint` `{"file": "vm1.fvgpu"}`: hold the
 //!   vGPU and write its checkpoint to that file of `[daemon]
 //!   checkpoint_dir`; it stays held until `resume` or its VM is gone
+//!   (`"paused": true`: the region too; `"replace": true`: over a file)
 //! - `POST /api/v1/vgpus/{vm}/resume`: let a held vGPU go on
 //! - `POST /api/v1/vgpus/{vm}/restore` `{"file": "vm1.fvgpu"}`: serve the
 //!   VM's processes on from that checkpoint (its QEMU restored and paused)
