@@ -391,8 +391,13 @@ pub fn tag_of(key: Option<&[u8]>, nonce: &[u8], bytes: &[u8]) -> [u8; 32] {
 
 /// A memfd named `name`, closed on exec.
 pub fn memfd(name: &str) -> std::io::Result<OwnedFd> {
-    nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-        .map_err(std::io::Error::from)
+    // Sealable: a restoring worker seals its stream against shrinking and
+    // reads it in place (`worker::checkpoint::Mapped`).
+    nix::sys::memfd::memfd_create(
+        name,
+        nix::sys::memfd::MFdFlags::MFD_CLOEXEC | nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .map_err(std::io::Error::from)
 }
 
 /// A writer that tags what passes.

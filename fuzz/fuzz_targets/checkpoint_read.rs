@@ -1,10 +1,15 @@
 //! A vGPU checkpoint from a hostile peer or file: any description and
 //! bytes, framed and tagged as a writer would (so that the fuzzer gets past
 //! the tag to the parsing and the checks). No panic, no allocation past the
-//! limits, and what is read back passes every context's check.
+//! limits, and what is read back passes every context's check. Read as a
+//! copied stream and as a mapped memfd (as a restoring worker reads it),
+//! both alike.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use worker::checkpoint::{read, stream_tag, Limits, MAGIC, VERSION};
+use std::io::Write as _;
+use std::sync::Arc;
+
+use worker::checkpoint::{read, read_mapped, stream_tag, Limits, Mapped, MAGIC, VERSION};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 2 {
@@ -27,10 +32,18 @@ fuzz_target!(|data: &[u8]| {
         images: 1 << 20,
         sessions: 8,
     };
-    if let Ok(image) = read(&mut s.as_slice(), None, &limits) {
+    let copied = read(&mut s.as_slice(), None, &limits);
+    if let Ok(image) = &copied {
         assert!(image.memory_bytes() <= limits.memory);
         for session in &image.sessions {
             session.context.check().expect("read back checked");
         }
     }
+    let fd = nix::sys::memfd::memfd_create(c"fuzz", nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING)
+        .expect("a memfd");
+    let mut f = std::fs::File::from(fd);
+    f.write_all(&s).expect("filled");
+    let map = Mapped::of(&std::os::fd::OwnedFd::from(f)).expect("mapped");
+    let in_place = read_mapped(Arc::new(map), None, &limits);
+    assert_eq!(copied.ok(), in_place.ok(), "read alike, in place or copied");
 });

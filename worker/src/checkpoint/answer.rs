@@ -48,10 +48,10 @@ fn failed_in(mut f: File, back: &UnixStream, why: &str) {
         end -= 1;
     }
     let why = &why.as_bytes()[..end];
-    let ok = f
-        .set_len(0)
-        .and_then(|()| f.rewind())
-        .and_then(|()| f.write_all(why));
+    // Over its start, not cut: a restore's stream may be sealed against
+    // shrinking (`mapped.rs`); the message says how many bytes are the
+    // reason.
+    let ok = f.rewind().and_then(|()| f.write_all(why));
     let n = if ok.is_ok() { why.len() as u64 } else { 0 };
     let _ = send_msg(back, encode_value(CHECKPOINT_FAILED, n), None);
 }

@@ -24,10 +24,12 @@
 //! peer.
 
 use std::io::{Read, Write};
+use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
+use super::mapped::{Blob, Mapped, MappedReader};
 use super::VgpuImage;
 use crate::executor::ContextImage;
 
@@ -199,9 +201,9 @@ fn blobs(image: &VgpuImage) -> Vec<&[u8]> {
     for s in &image.sessions {
         for m in &s.context.modules {
             v.push(m.image.as_slice());
-            v.extend(m.globals.iter().map(|g| g.bytes.as_slice()));
+            v.extend(m.globals.iter().map(|g| &*g.bytes));
         }
-        v.extend(s.context.memory.iter().map(|a| a.bytes.as_slice()));
+        v.extend(s.context.memory.iter().map(|a| &*a.bytes));
         v.extend(s.context.graphs.iter().map(|g| g.nodes.as_slice()));
     }
     v
@@ -277,13 +279,48 @@ fn tag_over(key: Option<&[u8]>, front: &[u8], blobs: &[&[u8]]) -> Tag {
     t
 }
 
+/// Where a stream is read from: any reader, each blob copied out of it, or
+/// a mapped memfd, whose memory blobs stay in place (`mapped.rs`).
+trait Source: Read {
+    /// The next `len` bytes, of device memory.
+    fn memory(&mut self, len: u64) -> std::io::Result<Blob>;
+}
+
+/// Any reader, each blob copied out.
+struct Copying<'a, R>(&'a mut R);
+
+impl<R: Read> Read for Copying<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl<R: Read> Source for Copying<'_, R> {
+    fn memory(&mut self, len: u64) -> std::io::Result<Blob> {
+        // Grown as the bytes come: a stream that claims more than it
+        // holds ends before its claim is allocated.
+        let mut v = Vec::new();
+        (&mut *self.0).take(len).read_to_end(&mut v)?;
+        if v.len() as u64 != len {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+        }
+        Ok(Blob::Owned(v))
+    }
+}
+
+impl Source for MappedReader {
+    fn memory(&mut self, len: u64) -> std::io::Result<Blob> {
+        MappedReader::memory(self, len)
+    }
+}
+
 /// A reader that keeps the header and description it read, for the tag.
 struct Reading<'a, R> {
     r: &'a mut R,
     front: Vec<u8>,
 }
 
-impl<R: Read> Reading<'_, R> {
+impl<R: Source> Reading<'_, R> {
     fn take(&mut self, buf: &mut [u8]) -> Result<(), FormatError> {
         self.r.read_exact(buf)?;
         self.front.extend_from_slice(buf);
@@ -302,28 +339,36 @@ impl<R: Read> Reading<'_, R> {
         Ok(u64::from_le_bytes(b))
     }
 
-    /// `len` bytes, allocated only once `budget` (what is left of a limit)
-    /// covers them.
+    /// `len` bytes of device memory, allocated (where copied) only once
+    /// `budget` (what is left of a limit) covers them. Tagged chunk by
+    /// chunk once all is read (`tag_over`).
+    fn memory(
+        &mut self,
+        len: u64,
+        budget: &mut u64,
+        limit: (&'static str, u64),
+    ) -> Result<Blob, FormatError> {
+        *budget = budget.checked_sub(len).ok_or(FormatError::TooLarge {
+            what: limit.0,
+            bytes: len,
+            limit: limit.1,
+        })?;
+        Ok(self.r.memory(len)?)
+    }
+
+    /// `len` bytes of a module image or graph, as [`Reading::memory`] but
+    /// always copied.
     fn blob(
         &mut self,
         len: u64,
         budget: &mut u64,
         limit: (&'static str, u64),
     ) -> Result<Vec<u8>, FormatError> {
-        *budget = budget.checked_sub(len).ok_or(FormatError::TooLarge {
-            what: limit.0,
-            bytes: len,
-            limit: limit.1,
-        })?;
-        // Grown as the bytes come: a stream that claims more than it
-        // holds ends before its claim is allocated. Tagged chunk by chunk
-        // once all is read (`tag_over`).
-        let mut v = Vec::new();
-        (&mut *self.r).take(len).read_to_end(&mut v)?;
-        if v.len() as u64 != len {
-            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
-        }
-        Ok(v)
+        let b = self.memory(len, budget, limit)?;
+        Ok(match b {
+            Blob::Owned(v) => v,
+            mapped => mapped.to_vec(),
+        })
     }
 }
 
@@ -339,7 +384,7 @@ fn device_memory(limits: &Limits) -> (&'static str, u64) {
 /// restore early; the worker that restores reads it whole ([`read`]).
 pub fn describe<R: Read>(r: &mut R, limits: &Limits) -> Result<VgpuImage, FormatError> {
     let mut rd = Reading {
-        r,
+        r: &mut Copying(r),
         front: Vec::new(),
     };
     head(&mut rd)?;
@@ -347,7 +392,7 @@ pub fn describe<R: Read>(r: &mut R, limits: &Limits) -> Result<VgpuImage, Format
 }
 
 /// The stream's magic and version, checked; its version and flags.
-fn head<R: Read>(rd: &mut Reading<'_, R>) -> Result<(u32, u32), FormatError> {
+fn head<R: Source>(rd: &mut Reading<'_, R>) -> Result<(u32, u32), FormatError> {
     let mut magic = [0; 8];
     rd.take(&mut magic)?;
     if magic != MAGIC {
@@ -361,7 +406,7 @@ fn head<R: Read>(rd: &mut Reading<'_, R>) -> Result<(u32, u32), FormatError> {
 }
 
 /// The description, as the stream's front has it next.
-fn description<R: Read>(
+fn description<R: Source>(
     rd: &mut Reading<'_, R>,
     limits: &Limits,
 ) -> Result<VgpuImage, FormatError> {
@@ -395,6 +440,24 @@ pub fn read<R: Read>(
     key: Option<&[u8]>,
     limits: &Limits,
 ) -> Result<VgpuImage, FormatError> {
+    read_from(&mut Copying(r), key, limits)
+}
+
+/// [`read`] from a mapped memfd: the image's device memory stays in the
+/// mapping ([`Blob::Mapped`]), which the image keeps.
+pub fn read_mapped(
+    map: Arc<Mapped>,
+    key: Option<&[u8]>,
+    limits: &Limits,
+) -> Result<VgpuImage, FormatError> {
+    read_from(&mut MappedReader::new(map), key, limits)
+}
+
+fn read_from<R: Source>(
+    r: &mut R,
+    key: Option<&[u8]>,
+    limits: &Limits,
+) -> Result<VgpuImage, FormatError> {
     let mut rd = Reading {
         r,
         front: Vec::new(),
@@ -420,11 +483,11 @@ pub fn read<R: Read>(
                 ("bytes of module images and graphs", limits.images),
             )?;
             for g in &mut m.globals {
-                g.bytes = rd.blob(g.len, &mut memory, device_memory(limits))?;
+                g.bytes = rd.memory(g.len, &mut memory, device_memory(limits))?;
             }
         }
         for a in &mut c.memory {
-            a.bytes = rd.blob(a.len, &mut memory, device_memory(limits))?;
+            a.bytes = rd.memory(a.len, &mut memory, device_memory(limits))?;
         }
         for g in &mut c.graphs {
             g.nodes = rd.blob(

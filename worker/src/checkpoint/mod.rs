@@ -15,8 +15,12 @@ use crate::executor::ContextImage;
 
 pub mod answer;
 mod format;
+mod mapped;
 
-pub use format::{describe, read, stream_tag, write, FormatError, Limits, Tag, MAGIC, VERSION};
+pub use format::{
+    describe, read, read_mapped, stream_tag, write, FormatError, Limits, Tag, MAGIC, VERSION,
+};
+pub use mapped::{Blob, Mapped};
 
 /// The device a checkpoint was taken on, as a restore compares it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

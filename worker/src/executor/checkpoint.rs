@@ -48,7 +48,7 @@ pub struct Allocation {
     pub len: u64,
     /// Its contents (`len` bytes once taken or read).
     #[serde(skip)]
-    pub bytes: Vec<u8>,
+    pub bytes: crate::checkpoint::Blob,
 }
 
 /// A module: the image it was loaded from, and where its globals are.
@@ -78,7 +78,7 @@ pub struct GlobalImage {
     pub len: u64,
     /// Its contents (`len` bytes), travelling after the description.
     #[serde(skip)]
-    pub bytes: Vec<u8>,
+    pub bytes: crate::checkpoint::Blob,
 }
 
 /// A function of a module.

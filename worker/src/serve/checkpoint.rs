@@ -403,18 +403,25 @@ impl Worker {
         link: PeerLink,
         stream: &OwnedFd,
     ) -> Result<Worker, Error> {
-        let file = stream
-            .try_clone()
-            .map(std::fs::File::from)
-            .and_then(|mut f| f.rewind().map(|()| f))
-            .map_err(CheckpointError::Io)?;
         let limits = crate::checkpoint::Limits {
             memory: cfg.mem_limit,
             ..Default::default()
         };
         let t = std::time::Instant::now();
-        let image = crate::checkpoint::read(&mut BufReader::new(file), None, &limits)
-            .map_err(CheckpointError::from)?;
+        // Read in place where the memfd takes a seal; else copied out.
+        let image = match crate::checkpoint::Mapped::of(stream) {
+            Ok(map) => crate::checkpoint::read_mapped(std::sync::Arc::new(map), None, &limits),
+            Err(e) => {
+                tracing::debug!(vm = cfg.name, "the stream is read, not mapped: {e}");
+                let file = stream
+                    .try_clone()
+                    .map(std::fs::File::from)
+                    .and_then(|mut f| f.rewind().map(|()| f))
+                    .map_err(CheckpointError::Io)?;
+                crate::checkpoint::read(&mut BufReader::new(file), None, &limits)
+            }
+        }
+        .map_err(CheckpointError::from)?;
         let read_ms = crate::millis(t.elapsed());
         fits(cfg, warm.exec.as_ref(), &image)?;
         let region = Region::map_existing(region, cfg.layout)?;

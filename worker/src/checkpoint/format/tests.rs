@@ -1,4 +1,5 @@
 use super::*;
+use crate::checkpoint::{Blob, Mapped};
 use crate::checkpoint::{ChannelImage, DeviceFacts, SessionImage};
 use crate::executor::sim::{SimExecutor, SimParams};
 use crate::executor::Executor;
@@ -79,6 +80,49 @@ fn a_checkpoint_reads_back_as_written_with_and_without_a_key() {
             "the bytes too"
         );
     }
+}
+
+/// `bytes` in a memfd that takes seals, mapped.
+fn mapped(bytes: &[u8]) -> std::sync::Arc<Mapped> {
+    use std::io::Write as _;
+    let fd =
+        nix::sys::memfd::memfd_create(c"stream-test", nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING)
+            .unwrap();
+    let mut f = std::fs::File::from(fd);
+    f.write_all(bytes).unwrap();
+    std::sync::Arc::new(Mapped::of(&std::os::fd::OwnedFd::from(f)).unwrap())
+}
+
+#[test]
+fn a_mapped_stream_reads_as_a_copied_one_its_memory_in_place() {
+    let img = image();
+    let key = Some(&b"operator key"[..]);
+    let v = bytes_of(&img, key);
+    let back = read_mapped(mapped(&v), key, &Limits::default()).unwrap();
+    assert_eq!(back, img);
+    let a = &back.sessions[1].context.memory[0].bytes;
+    assert!(matches!(a, Blob::Mapped { .. }), "{a:?}");
+    assert_eq!(a[0], 2);
+    // Module images are copied out all the same.
+    assert_eq!(
+        back.sessions[0].context.modules[0].image,
+        img.sessions[0].context.modules[0].image
+    );
+    // An altered byte of memory, or a cut, is caught as in a copied stream.
+    let mut bad = v.clone();
+    let at = v.len() - 40;
+    bad[at] ^= 1;
+    assert!(read_mapped(mapped(&bad), key, &Limits::default()).is_err());
+    assert!(read_mapped(mapped(&v[..v.len() - 1]), key, &Limits::default()).is_err());
+    // More memory than the limit is refused before any of it is taken.
+    let tight = Limits {
+        memory: 1,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        read_mapped(mapped(&v), key, &tight),
+        Err(FormatError::TooLarge { .. })
+    ));
 }
 
 #[test]

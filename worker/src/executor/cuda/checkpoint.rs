@@ -82,7 +82,7 @@ impl Checkpoint for CudaContext {
             memory.push(Allocation {
                 addr,
                 len,
-                bytes: read_back(addr, len)?,
+                bytes: read_back(addr, len)?.into(),
             });
         }
         let mut image = ContextImage {
@@ -102,7 +102,7 @@ impl Checkpoint for CudaContext {
                             name: t.name.to_string_lossy().into_owned(),
                             addr: t.guest,
                             len: t.size,
-                            bytes: read_back(t.now, t.size)?,
+                            bytes: read_back(t.now, t.size)?.into(),
                         });
                     }
                     image.modules.push(ModuleImage {

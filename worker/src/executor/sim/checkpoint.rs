@@ -64,7 +64,7 @@ impl Checkpoint for SimContext {
                     name: name.clone(),
                     addr,
                     len,
-                    bytes,
+                    bytes: bytes.into(),
                 });
             }
             modules.push(ModuleImage {
@@ -84,7 +84,7 @@ impl Checkpoint for SimContext {
                 Allocation {
                     addr,
                     len: bytes.len() as u64,
-                    bytes,
+                    bytes: bytes.into(),
                 }
             })
             .collect();
@@ -187,7 +187,7 @@ impl SimContext {
                     // Taken already, or not where the model puts memory.
                     return Err(Status::InvalidValue);
                 }
-                let bytes = Bytes::Heap(bytes.clone());
+                let bytes = Bytes::Heap(bytes.to_vec());
                 ctx.mem.insert(addr, Arc::new(Mutex::new(bytes)));
             }
         }

@@ -1,0 +1,217 @@
+//! A checkpoint stream read in place. A restoring worker maps the memfd the
+//! daemon handed it instead of copying it out: its device memory then
+//! crosses the host's memory once (to the device), not twice. A memory
+//! blob of the image is a slice of the mapping ([`Blob`]).
+//!
+//! The daemon wrote the stream before it handed the memfd over and writes
+//! no more to it. The worker seals it against shrinking before it maps it,
+//! so that no access can fault, and writes its reason into it (a failed
+//! restore, `answer.rs`) only once the image and its mapping are gone.
+
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+
+/// A stream's memfd, mapped read-only.
+#[derive(Debug)]
+pub struct Mapped {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and nobody writes the memfd while it is
+// mapped (see the module above), so references to it may cross threads.
+unsafe impl Send for Mapped {}
+// SAFETY: as above.
+unsafe impl Sync for Mapped {}
+
+impl Mapped {
+    /// Maps all of `fd`, sealed first against shrinking. An fd that cannot
+    /// be sealed (a memfd made without `MFD_ALLOW_SEALING`), or an empty
+    /// one, is an error: the caller reads it as a stream instead.
+    pub fn of(fd: &OwnedFd) -> std::io::Result<Mapped> {
+        fcntl(fd.as_fd(), FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK))?;
+        let size = nix::sys::stat::fstat(fd.as_fd())?.st_size;
+        let len = usize::try_from(size).map_err(|_| std::io::ErrorKind::InvalidData)?;
+        let n = std::num::NonZeroUsize::new(len).ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        // SAFETY: a new read-only shared mapping of the whole memfd, which
+        // can no longer shrink (sealed above), so no access through it can
+        // fault; nothing else is at the address the kernel picks.
+        let p = unsafe {
+            mmap(
+                None,
+                n,
+                ProtFlags::PROT_READ,
+                MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE,
+                fd.as_fd(),
+                0,
+            )
+        }?;
+        Ok(Mapped { ptr: p.cast(), len })
+    }
+
+    /// The stream.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` maps `len` readable bytes for as long as `self`
+        // lives, and nobody writes them meanwhile (the module above).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping of `len` bytes, unmapped once; the slices
+        // handed out borrow `self` or an `Arc` of it, so none outlives it.
+        let _ = unsafe { munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Bytes of an image's device memory: its own, or a slice of the stream it
+/// was read from, in place.
+#[derive(Clone)]
+pub enum Blob {
+    /// Its own bytes (taken from a device, or read from a stream).
+    Owned(Vec<u8>),
+    /// `len` bytes at `at` of a mapped stream.
+    Mapped {
+        /// The stream.
+        map: Arc<Mapped>,
+        /// Where in it.
+        at: usize,
+        /// How many bytes.
+        len: usize,
+    },
+}
+
+impl Default for Blob {
+    fn default() -> Self {
+        Blob::Owned(Vec::new())
+    }
+}
+
+impl From<Vec<u8>> for Blob {
+    fn from(v: Vec<u8>) -> Blob {
+        Blob::Owned(v)
+    }
+}
+
+impl std::ops::Deref for Blob {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Blob::Owned(v) => v,
+            // In bounds: made only by `MappedReader::memory`, which checks.
+            Blob::Mapped { map, at, len } => &map.bytes()[*at..*at + *len],
+        }
+    }
+}
+
+impl PartialEq for Blob {
+    fn eq(&self, other: &Blob) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Blob {}
+
+impl std::fmt::Debug for Blob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self {
+            Blob::Owned(_) => "owned",
+            Blob::Mapped { .. } => "mapped",
+        };
+        write!(f, "Blob({kind}, {} bytes)", self.len())
+    }
+}
+
+/// A mapped stream read from its start; memory blobs come as slices of it.
+#[derive(Debug)]
+pub struct MappedReader {
+    map: Arc<Mapped>,
+    at: usize,
+}
+
+impl MappedReader {
+    /// Reads `map` from its start.
+    pub fn new(map: Arc<Mapped>) -> MappedReader {
+        MappedReader { map, at: 0 }
+    }
+
+    /// The next `len` bytes as a slice of the mapping, passed over.
+    pub fn memory(&mut self, len: u64) -> std::io::Result<Blob> {
+        let left = self.map.len - self.at;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&n| n <= left)
+            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        let b = Blob::Mapped {
+            map: self.map.clone(),
+            at: self.at,
+            len,
+        };
+        self.at += len;
+        Ok(b)
+    }
+}
+
+impl Read for MappedReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let rest = &self.map.bytes()[self.at..];
+        let n = rest.len().min(buf.len());
+        buf[..n].copy_from_slice(&rest[..n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn memfd(bytes: &[u8], sealing: bool) -> OwnedFd {
+        let flags = if sealing {
+            nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING
+        } else {
+            nix::sys::memfd::MFdFlags::empty()
+        };
+        let fd = nix::sys::memfd::memfd_create(c"mapped-test", flags).unwrap();
+        let mut f = std::fs::File::from(fd);
+        f.write_all(bytes).unwrap();
+        OwnedFd::from(f)
+    }
+
+    #[test]
+    fn a_stream_reads_in_place_and_its_blobs_are_slices_of_it() {
+        let fd = memfd(b"headBLOBtail", true);
+        let map = Arc::new(Mapped::of(&fd).unwrap());
+        let mut r = MappedReader::new(map.clone());
+        let mut head = [0; 4];
+        r.read_exact(&mut head).unwrap();
+        assert_eq!(&head, b"head");
+        let blob = r.memory(4).unwrap();
+        assert_eq!(&*blob, b"BLOB");
+        assert!(matches!(blob, Blob::Mapped { at: 4, len: 4, .. }));
+        assert_eq!(blob, Blob::from(b"BLOB".to_vec()));
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, b"tail");
+        // Past its end: refused, nothing passed over.
+        assert!(r.memory(1).is_err());
+        // Sealed: the memfd cannot shrink under the mapping.
+        let f = std::fs::File::from(fd);
+        assert!(f.set_len(2).is_err());
+        assert!(f.set_len(100).is_ok(), "growing is harmless");
+    }
+
+    #[test]
+    fn a_memfd_that_cannot_be_sealed_or_is_empty_is_not_mapped() {
+        assert!(Mapped::of(&memfd(b"bytes", false)).is_err());
+        assert!(Mapped::of(&memfd(b"", true)).is_err());
+    }
+}
