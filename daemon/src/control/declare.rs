@@ -315,6 +315,42 @@ mod tests {
     }
 
     #[test]
+    fn a_vgpu_is_given_back_only_once_its_checkpoint_under_way_is_answered() {
+        let (p, _) = plane("give-back-waits");
+        let body = r#"{"tenant": "acme", "memory_limit_mib": 64, "owner": "libvirt"}"#;
+        assert_eq!(call(&p, "PUT", "/api/v1/vgpus/dom1", body).0, 201);
+        // Nobody answers the checkpoint (no supervisor) until the test does.
+        let asker = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let op =
+                    crate::control::SaveOp::Checkpoint("dom1.fvgpu".into(), Default::default());
+                p.save_op("dom1", op, std::time::Duration::from_secs(30))
+            })
+        };
+        while !p.checkpointing.lock().unwrap().contains_key("dom1") {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let giver = {
+            let p = p.clone();
+            std::thread::spawn(move || p.undeclare("dom1"))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(
+            !giver.is_finished(),
+            "given back while its checkpoint is under way"
+        );
+        assert_eq!(p.declared_by("dom1").as_deref(), Some("libvirt"));
+        let ask = p.take_save_asks().pop().unwrap();
+        ask.answer
+            .send(Ok(serde_json::json!({"bytes": 1})))
+            .unwrap();
+        assert!(asker.join().unwrap().is_ok());
+        giver.join().unwrap().unwrap();
+        assert_eq!(p.declared_by("dom1"), None);
+    }
+
+    #[test]
     fn declared_vgpus_join_the_config_survive_a_reload_and_go_on_delete() {
         let (p, _) = plane("life");
         let body =

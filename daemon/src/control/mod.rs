@@ -141,10 +141,10 @@ pub struct ControlPlane {
     migrated: Mutex<HashMap<String, u64>>,
     /// Checkpoints asked for and not yet taken by the supervisor.
     save_asks: Mutex<Vec<SaveAsk>>,
-    /// VMs whose checkpoint to a file is under way: their vGPU is given
-    /// back only once it is written (libvirt's save ends the domain while
-    /// the daemon may still be writing).
-    checkpointing: Mutex<std::collections::HashSet<String>>,
+    /// VMs whose checkpoint to a file is under way, and how many asks:
+    /// their vGPU is given back only once it is written (libvirt's save
+    /// ends the domain while the daemon may still be writing).
+    checkpointing: Mutex<HashMap<String, usize>>,
     /// vGPUs handed over from other hosts, for the supervisor.
     arrivals: Mutex<Vec<saves::Arrival>>,
     /// GPUs on this host.
@@ -195,7 +195,7 @@ impl ControlPlane {
             migrations: Mutex::new(HashMap::new()),
             migrated: Mutex::new(HashMap::new()),
             save_asks: Mutex::new(Vec::new()),
-            checkpointing: Mutex::new(std::collections::HashSet::new()),
+            checkpointing: Mutex::new(HashMap::new()),
             arrivals: Mutex::new(Vec::new()),
             declared: Mutex::new(Default::default()),
             gpu_count: std::sync::atomic::AtomicU32::new(match cfg.daemon.executor {

@@ -93,7 +93,7 @@ impl ControlPlane {
         }
         let checkpoint = matches!(op, SaveOp::Checkpoint(..));
         if checkpoint {
-            lock(&self.checkpointing).insert(vm.to_owned());
+            *lock(&self.checkpointing).entry(vm.to_owned()).or_default() += 1;
         }
         let (tx, rx) = channel();
         lock(&self.save_asks).push(SaveAsk {
@@ -109,7 +109,13 @@ impl ControlPlane {
             ))),
         };
         if checkpoint {
-            lock(&self.checkpointing).remove(vm);
+            let mut under_way = lock(&self.checkpointing);
+            if let Some(n) = under_way.get_mut(vm) {
+                *n -= 1;
+                if *n == 0 {
+                    under_way.remove(vm);
+                }
+            }
         }
         r
     }
@@ -118,7 +124,7 @@ impl ControlPlane {
     /// any, to be written (or to fail); true if none is under way now.
     pub fn checkpoint_done(&self, vm: &str, limit: Duration) -> bool {
         let since = std::time::Instant::now();
-        while lock(&self.checkpointing).contains(vm) {
+        while lock(&self.checkpointing).contains_key(vm) {
             if since.elapsed() >= limit {
                 return false;
             }
