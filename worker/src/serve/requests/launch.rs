@@ -152,6 +152,9 @@ fn launch_alone(
         block,
         shared_mem,
     } = shape;
+    // Launches queued before go first: the stream order is the guest's (a
+    // graph run node by node sends its cluster launches among plain ones).
+    slice.flush_launches(s);
     slice.in_period(s, stream, Some(func), |x| {
         x.launch_ex(
             func, grid, block, shared_mem, stream, &params, cluster, coop,
