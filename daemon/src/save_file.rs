@@ -128,6 +128,10 @@ pub fn write(
     key: Option<&[u8]>,
     replace: bool,
 ) -> Result<u64, FileError> {
+    let io = |source| FileError::Io {
+        path: path.to_owned(),
+        source,
+    };
     if replace {
         let mut part = path.as_os_str().to_owned();
         part.push(".part");
@@ -136,17 +140,10 @@ pub fn write(
         let n = write(&part, saved, key, false)?;
         std::fs::rename(&part, path).map_err(|source| {
             let _ = std::fs::remove_file(&part);
-            FileError::Io {
-                path: path.to_owned(),
-                source,
-            }
+            io(source)
         })?;
         return Ok(n);
     }
-    let io = |source| FileError::Io {
-        path: path.to_owned(),
-        source,
-    };
     let f = File::options()
         .write(true)
         .create_new(true)
