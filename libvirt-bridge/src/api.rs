@@ -55,10 +55,17 @@ impl Api {
     /// Hands the daemon domain `name`'s vCPU thread ids (vCPU order), for
     /// the vCPU lift and the kick.
     pub fn set_vcpus(&self, name: &str, threads: &[u32]) -> Result<()> {
-        let body = serde_json::to_vec(&serde_json::json!({ "threads": threads }))?;
-        let (code, r) = self.call("POST", &format!("/api/v1/vgpus/{name}/vcpus"), &body)?;
+        self.post(name, "vcpus", &serde_json::json!({ "threads": threads }))
+            .map(drop)
+    }
+
+    /// `POST /api/v1/vgpus/{name}/{verb}` with `body`: the daemon's answer,
+    /// or its reason for refusing.
+    fn post(&self, name: &str, verb: &str, body: &Value) -> Result<Value> {
+        let path = format!("/api/v1/vgpus/{name}/{verb}");
+        let (code, r) = self.call("POST", &path, body.to_string().as_bytes())?;
         match code {
-            200 => Ok(()),
+            200 => Ok(r),
             _ => bail!("{}", r["error"].as_str().unwrap_or("the daemon refused it")),
         }
     }
@@ -68,30 +75,15 @@ impl Api {
     /// folder, replacing one there; the file's length.
     pub fn checkpoint(&self, name: &str, file: &str) -> Result<u64> {
         let body = serde_json::json!({ "file": file, "paused": true, "replace": true });
-        let (code, r) = self.call(
-            "POST",
-            &format!("/api/v1/vgpus/{name}/checkpoint"),
-            body.to_string().as_bytes(),
-        )?;
-        match code {
-            200 => Ok(r["bytes"].as_u64().unwrap_or(0)),
-            _ => bail!("{}", r["error"].as_str().unwrap_or("the daemon refused it")),
-        }
+        let r = self.post(name, "checkpoint", &body)?;
+        Ok(r["bytes"].as_u64().unwrap_or(0))
     }
 
     /// Has the daemon serve domain `name`'s processes on from `file` of its
     /// checkpoint folder; how many.
     pub fn restore(&self, name: &str, file: &str) -> Result<u64> {
-        let body = serde_json::json!({ "file": file });
-        let (code, r) = self.call(
-            "POST",
-            &format!("/api/v1/vgpus/{name}/restore"),
-            body.to_string().as_bytes(),
-        )?;
-        match code {
-            200 => Ok(r["processes"].as_u64().unwrap_or(0)),
-            _ => bail!("{}", r["error"].as_str().unwrap_or("the daemon refused it")),
-        }
+        let r = self.post(name, "restore", &serde_json::json!({ "file": file }))?;
+        Ok(r["processes"].as_u64().unwrap_or(0))
     }
 
     /// Every vGPU the daemon serves.
