@@ -278,10 +278,10 @@ impl Supervisor {
         let t = Instant::now();
         // The region, still now that the workers hold, where the VM is
         // paused for good (QEMU's copy may miss what they wrote).
-        let region = match (with.region, self.hosts.get(vm)) {
-            (false, _) => Ok(None),
-            (true, Some(h)) => h.region_memfd().map(Some).map_err(|e| e.to_string()),
-            (true, None) => Err(format!("{vm} has no host side")),
+        let region = if with.region {
+            self.region_of(vm).map(Some)
+        } else {
+            Ok(None)
         };
         let written = if failed.is_empty() {
             region.and_then(|region| {
@@ -324,6 +324,16 @@ impl Supervisor {
         }
     }
 
+    /// `vm`'s region (its memfd and length), for a checkpoint that carries
+    /// it or a restore that writes it.
+    pub(super) fn region_of(&self, vm: &str) -> Result<(OwnedFd, u64), String> {
+        let host = self
+            .hosts
+            .get(vm)
+            .ok_or_else(|| format!("{vm} has no host side"))?;
+        host.region_memfd().map_err(|e| e.to_string())
+    }
+
     /// Hands what the workers took, with the region, to the daemon at
     /// `to`, on a thread of its own, which answers; None: answered later.
     fn finish_handover(
@@ -335,12 +345,10 @@ impl Supervisor {
         answer: &Answer,
     ) -> Option<Result<Value, String>> {
         let ready = if failed.is_empty() {
-            let region = self.hosts.get(vm).map(crate::link::VmHost::region_memfd);
-            match (checkpoint_key(want), region) {
-                (Ok(Some(key)), Some(Ok(region))) => Ok((key, region)),
-                (Err(e), _) => Err(e),
-                (_, Some(Err(e))) => Err(e.to_string()),
-                _ => Err(format!("{vm} has no host side or no key")),
+            match (checkpoint_key(want), self.region_of(vm)) {
+                (Ok(Some(key)), Ok(region)) => Ok((key, region)),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+                (Ok(None), _) => Err(format!("{vm}: no key")),
             }
         } else {
             Err(failed.join("; "))

@@ -166,11 +166,7 @@ impl Supervisor {
 
     /// Writes the region another host carried over `vm`'s (QEMU's copy).
     fn write_region(&self, vm: &str, from: &std::os::fd::OwnedFd, len: u64) -> Result<(), String> {
-        let host = self
-            .hosts
-            .get(vm)
-            .ok_or_else(|| format!("{vm} has no host side"))?;
-        let (fd, here) = host.region_memfd().map_err(|e| e.to_string())?;
+        let (fd, here) = self.region_of(vm)?;
         if here != len {
             return Err(format!(
                 "{vm}: a region of {len} bytes, its region here is {here}"
