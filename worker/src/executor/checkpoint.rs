@@ -341,6 +341,25 @@ pub trait Checkpoint {
         Err(Status::NotSupported)
     }
 
+    /// Loads the modules of `image` ahead of its restore into this context
+    /// (a spare's, bound to no VM yet) and looks up the functions the image
+    /// names in them; [`Checkpoint::restore_into`] then takes each module
+    /// whose image is byte for byte one staged, rather than loading it.
+    /// The context holds no object of the guest's meanwhile. How many
+    /// modules are staged.
+    fn stage(&mut self, _image: &ContextImage) -> Result<usize, Status> {
+        Ok(0)
+    }
+
+    /// How many modules the restore took from those staged.
+    fn staged_taken(&self) -> usize {
+        0
+    }
+
+    /// Unloads the modules staged and not taken (the spare was bound to
+    /// another VM, or the restore is done).
+    fn unstage(&mut self) {}
+
     /// The parameter sizes of function `func` as its module declares them
     /// (what the worker checks a launch's parameters against): after a
     /// restore, from the module made again, never from the image.

@@ -29,6 +29,7 @@ mod memory;
 mod migrate;
 mod module;
 pub mod sim;
+mod staged;
 mod stream;
 mod stream_attrs;
 mod timing;

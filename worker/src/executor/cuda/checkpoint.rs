@@ -166,6 +166,20 @@ impl Checkpoint for CudaContext {
         Ok(image)
     }
 
+    fn stage(&mut self, image: &ContextImage) -> Result<usize, Status> {
+        self.stage_image(image)
+    }
+
+    fn staged_taken(&self) -> usize {
+        self.staged.taken()
+    }
+
+    fn unstage(&mut self) {
+        if self.bind().is_ok() {
+            self.unstage_modules();
+        }
+    }
+
     fn param_sizes(&self, func: Handle) -> Option<Vec<u32>> {
         match self.objs.get(&func) {
             Some(Obj::Function { sizes, .. }) => Some(sizes.clone()),

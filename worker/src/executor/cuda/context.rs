@@ -140,6 +140,9 @@ pub(super) struct CudaContext {
     pub(super) opened: std::collections::HashMap<u64, super::ipc::Opened>,
     /// Its interprocess events are made so (process slots, `ipc.rs`).
     pub(super) ipc_events: bool,
+    /// Modules loaded ahead of a restore (`staged.rs`): the module and the
+    /// image it was loaded from, as an `Obj::Module` keeps them.
+    pub(super) staged: crate::executor::staged::Staged<(sys::CUmodule, Vec<u8>)>,
 }
 
 // SAFETY: a CUcontext may be used from any thread once made current there;
@@ -218,6 +221,7 @@ impl CudaContext {
             arrays: Default::default(),
             opened: Default::default(),
             ipc_events: false,
+            staged: Default::default(),
         })
     }
 
@@ -513,6 +517,7 @@ impl Limits for CudaContext {
         for (_, o) in std::mem::take(&mut self.objs) {
             check(destroy_obj(o))?;
         }
+        self.unstage_modules();
         self.globals.clear();
         for &(l, v) in &self.limits0 {
             let mut now = 0usize;

@@ -33,6 +33,7 @@ mod launch;
 mod memory;
 mod migrate;
 mod module;
+mod staged;
 mod stream;
 mod stream_attrs;
 mod tensor_map;

@@ -45,6 +45,9 @@ pub(super) fn func_attr(attr: u32) -> Result<sys::CUfunction_attribute, Status> 
 impl Modules for CudaContext {
     fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
         self.bind()?;
+        if let Some((raw, img)) = self.staged.take(kind, image) {
+            return Ok(self.insert(Obj::Module { raw, image: img }));
+        }
         let terminated = |mut v: Vec<u8>| {
             if kind == ImageKind::Ptx && v.last() != Some(&0) {
                 v.push(0);

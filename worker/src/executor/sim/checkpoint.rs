@@ -44,6 +44,30 @@ impl Checkpoint for SimContext {
         self.restore_image(image)
     }
 
+    fn stage(&mut self, image: &ContextImage) -> Result<usize, Status> {
+        self.alive()?;
+        self.staged.drain();
+        for m in &image.modules {
+            let kind = if m.ptx {
+                ImageKind::Ptx
+            } else {
+                ImageKind::Cubin
+            };
+            // Refused here as its load would be.
+            parse_module(kind, &m.image)?;
+            self.staged.put(kind, m.image.clone(), ());
+        }
+        Ok(image.modules.len())
+    }
+
+    fn staged_taken(&self) -> usize {
+        self.staged.taken()
+    }
+
+    fn unstage(&mut self) {
+        self.staged.drain();
+    }
+
     fn checkpoint(&mut self) -> Result<ContextImage, Status> {
         self.alive()?;
         if self.checkpoint_keeper().is_some() {
@@ -197,6 +221,7 @@ impl SimContext {
             } else {
                 ImageKind::Cubin
             };
+            let _ = ctx.staged.take(kind, &m.image);
             let (text, entries, names) = parse_module(kind, &m.image)?;
             let globals = m
                 .globals

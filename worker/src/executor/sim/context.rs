@@ -95,6 +95,9 @@ pub(super) struct SimContext {
     pub(super) graphs: super::graphs::SimGraphs,
     /// CUDA arrays, texture and surface objects (`arrays.rs`).
     pub(super) arrays: super::arrays::SimArrays,
+    /// Module images staged ahead of a restore (`Checkpoint::stage`): the
+    /// model parses them again when taken, but counts them as a GPU would.
+    pub(super) staged: crate::executor::staged::Staged<()>,
 }
 
 impl SimContext {
@@ -276,6 +279,7 @@ impl Limits for SimContext {
         self.mem.clear();
         self.imports.clear();
         self.modules.clear();
+        self.staged.drain();
         self.functions.clear();
         self.function_of.clear();
         self.events.clear();

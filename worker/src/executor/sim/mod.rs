@@ -250,6 +250,7 @@ impl SimExecutor {
             last_done: Instant::now(),
             timings: Vec::new(),
             slice_ns: HashMap::new(),
+            staged: Default::default(),
             period: None,
             period_seen: 0,
             period_others: 0,

@@ -58,6 +58,7 @@ impl SimContext {
 
 impl Modules for SimContext {
     fn load_module(&mut self, kind: ImageKind, image: &[u8]) -> Result<Handle, Status> {
+        let _ = self.staged.take(kind, image);
         let (text, entries, names) = parse_module(kind, image)?;
         let mut globals = HashMap::new();
         for (name, size) in ptx::globals(&text) {

@@ -318,3 +318,31 @@ fn a_forged_image_is_refused() {
         assert!(there.restore(&bad).is_err(), "{what}: restored");
     }
 }
+
+#[test]
+fn a_context_staged_with_an_images_modules_gives_them_to_its_restore() {
+    let mut exec = SimExecutor::new(SimParams::default());
+    let mut b = build(&mut exec);
+    let image = b.ctx.checkpoint().unwrap();
+    let mut there = SimExecutor::new(SimParams::default());
+    let mut ctx = there.open().unwrap();
+    assert_eq!(ctx.stage(&image).unwrap(), 1);
+    // Staged modules are no objects: the context still takes a restore.
+    ctx.restore_into(&image).unwrap();
+    assert_eq!(ctx.staged_taken(), 1, "the restore took the staged module");
+    let sum: Vec<f32> = (0..N).map(|i| 3.0 * i as f32).collect();
+    assert_eq!(read(&mut *ctx, b.bufs[2], N), sum);
+
+    // Another image's modules are not taken; a module the model cannot
+    // load is refused when staged, as its load would be.
+    let mut other = image.clone();
+    other.modules[0].image.push(b' ');
+    let mut there = SimExecutor::new(SimParams::default());
+    let mut ctx = there.open().unwrap();
+    ctx.stage(&other).unwrap();
+    ctx.restore_into(&image).unwrap();
+    assert_eq!(ctx.staged_taken(), 0, "not byte for byte the same image");
+    let mut bad = image.clone();
+    bad.modules[0].image = b"not ptx".to_vec();
+    assert!(there.open().unwrap().stage(&bad).is_err());
+}
