@@ -148,6 +148,11 @@ enum Cmd {
         /// The other daemon's address (host:port).
         #[arg(long)]
         to: String,
+        /// Send a checkpoint ahead, before QEMU's migration pauses the VM,
+        /// and let the vGPU go on: the other host loads its modules then,
+        /// and the handover's pause is shorter.
+        #[arg(long)]
+        ahead: bool,
     },
     /// Forbid moving a vGPU (or, with --off, allow it again).
     Pin {
@@ -593,8 +598,9 @@ fn save_cmd(cmd: Cmd) -> Result<()> {
             let body = serde_json::json!({ "file": file, "received": received });
             save_command(&api, &vm, "restore", &body)
         }
-        Cmd::Handover { api, vm, to } => {
-            save_command(&api, &vm, "handover", &serde_json::json!({ "to": to }))
+        Cmd::Handover { api, vm, to, ahead } => {
+            let body = serde_json::json!({ "to": to, "ahead": ahead });
+            save_command(&api, &vm, "handover", &body)
         }
         _ => unreachable!("save_cmd is given a save command"),
     }
@@ -617,9 +623,17 @@ fn save_command(api: &ApiArgs, vm: &str, verb: &str, body: &serde_json::Value) -
             r["bytes"]
         ),
         "restore" => println!(
-            "{vm}: {} processes serve on from {}",
+            "{vm}: {} processes serve on from {} ({} modules loaded ahead)",
             r["processes"],
-            text("from")
+            text("from"),
+            r["modules_loaded_ahead"]
+        ),
+        "handover" if r["ahead"] == serde_json::Value::Bool(true) => println!(
+            "{vm}: sent ahead to {} ({} bytes, in {:.0} ms): {}; it goes on here",
+            text("to"),
+            r["bytes"],
+            r["send_ms"].as_f64().unwrap_or(0.0),
+            text("peer")
         ),
         "handover" => println!(
             "{vm}: handed to {} ({} processes, {} bytes of checkpoints and a region of {} bytes, in {:.0} ms); held until it is gone",
@@ -699,12 +713,36 @@ fn spare_process(config: &std::path::Path, fd: i32, gpu: u32) -> Result<()> {
     let cfg = Config::load(config)?;
     let mps = cfg.gpu_mps(gpu) && cfg.daemon.executor == daemon::config::ExecutorKind::Cuda;
     let sock = std::os::unix::net::UnixStream::from(worker::feed::feed_from_fd(fd)?);
-    let warm = worker::process::spare(&setup::executor_spec(&cfg), if mps { 0 } else { gpu }, mps)?;
+    let mut warm =
+        worker::process::spare(&setup::executor_spec(&cfg), if mps { 0 } else { gpu }, mps)?;
     // Bound while it was starting, its binding waits in the socket and the
     // daemon's end is closed: the word is not heard, and need not be.
     let _ = worker::spare::say_ready(&sock);
-    let bound = worker::spare::recv_binding(&sock)?;
+    let mut staged_for = None;
+    let bound = loop {
+        match worker::spare::recv_order(&sock)? {
+            worker::spare::Order::Stage { vm, stream } => {
+                let t = std::time::Instant::now();
+                match warm.stage(&stream) {
+                    Ok(n) => tracing::debug!(
+                        vm,
+                        gpu,
+                        modules = n,
+                        ms = t.elapsed().as_millis(),
+                        "modules loaded ahead of a restore"
+                    ),
+                    Err(e) => tracing::warn!(vm, gpu, "loading a vGPU's modules ahead: {e}"),
+                }
+                staged_for = Some(vm);
+            }
+            worker::spare::Order::Bind(b) => break b,
+        }
+    };
     drop(sock);
+    if !bound.binding.restore || staged_for.as_deref() != Some(bound.binding.vm.as_str()) {
+        // Another VM's modules are not this one's to keep.
+        warm.unstage();
+    }
     let b = &bound.binding;
     // Read now, not at the spare's start: the VM may be newer than it.
     let cfg = worker_config(config, b.declared.as_deref(), &b.vm)?;

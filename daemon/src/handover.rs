@@ -2,13 +2,19 @@
 //! moves between hosts (the supervisor's `checkpoint.rs` decides when).
 //!
 //! ```text
-//! receiver -> sender: "FVGPUHO1" | nonce (32 bytes, fresh)
-//! sender -> receiver: proof = HMAC-SHA-256(key, "fairvgpu handover" | nonce)
+//! receiver -> sender: "FVGPUHO2" | nonce (32 bytes, fresh)
+//! sender -> receiver: purpose (1 byte: 0 the vGPU, 1 ahead) |
+//!                     proof = HMAC-SHA-256(key, "fairvgpu handover" | nonce | purpose)
 //! receiver -> sender: 2 (go on), or a verdict refusing it (below)
-//! sender -> receiver: a save file (`save_file.rs`) with the region, its
-//!                     tag under the key over the nonce and every byte
+//! sender -> receiver: a save file (`save_file.rs`) with the region (none
+//!                     ahead), its tag under the key over the nonce and every byte
 //! receiver -> sender: verdict: 0 taken / 1 refused | length u16 | why (UTF-8)
 //! ```
+//!
+//! A vGPU sent *ahead* is a checkpoint taken while its guest still runs on
+//! the source: the receiver loads its modules into a spare, so that the
+//! restore of the vGPU itself, during the guest's pause, finds them loaded
+//! ([`Purpose::Ahead`]).
 //!
 //! Both hosts hold the same key (`[daemon] checkpoint_key_file`); a
 //! receiver listens only with one. It reads nothing past the proof from a
@@ -26,7 +32,7 @@ use worker::checkpoint::Tag;
 
 use crate::save_file::{self, FileLimits, Saved};
 
-const HELLO: [u8; 8] = *b"FVGPUHO1";
+const HELLO: [u8; 8] = *b"FVGPUHO2";
 /// The receiver's word that the proof matched.
 const GO_ON: u8 = 2;
 const PROOF: &[u8] = b"fairvgpu handover";
@@ -40,14 +46,42 @@ const TAKE_WAIT: Duration = Duration::from_secs(60);
 /// that strangers opening connections cost a bounded number of threads.
 const PEERS_AT_ONCE: usize = 4;
 
+/// What a stream handed over is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// The vGPU itself, its guest paused: the receiver serves on from it.
+    Handover,
+    /// A checkpoint taken while the guest still runs on the sender: the
+    /// receiver loads its modules ahead of the handover.
+    Ahead,
+}
+
+impl Purpose {
+    fn byte(self) -> u8 {
+        match self {
+            Purpose::Handover => 0,
+            Purpose::Ahead => 1,
+        }
+    }
+
+    fn of(b: u8) -> Option<Purpose> {
+        match b {
+            0 => Some(Purpose::Handover),
+            1 => Some(Purpose::Ahead),
+            _ => None,
+        }
+    }
+}
+
 /// What a receiving daemon does with what came: the limits for a VM
 /// (None: not here), and the supervisor's word on a stream that passed
 /// (Ok: a line for the sender).
 pub trait Receiver: Send + Sync + 'static {
     /// The limits a stream for `vm` must keep.
     fn limits(&self, vm: &str) -> Option<FileLimits>;
-    /// Hands `saved` to the supervisor; its word comes on `answer`.
-    fn arrived(&self, saved: Saved, answer: Sender<Result<String, String>>);
+    /// Hands `saved`, sent for `purpose`, to the supervisor; its word
+    /// comes on `answer`.
+    fn arrived(&self, saved: Saved, purpose: Purpose, answer: Sender<Result<String, String>>);
 }
 
 /// Listens on `addr` for vGPUs handed over under `key`, one thread per
@@ -101,19 +135,27 @@ fn receive(s: &TcpStream, key: &[u8], rx: &dyn Receiver) -> Result<String, Strin
         .and_then(|()| w.write_all(&nonce))
         .map_err(|e| e.to_string())?;
     let mut r = BufReader::with_capacity(1 << 20, s);
-    let mut proof = [0u8; 32];
-    r.read_exact(&mut proof)
+    let (mut said, mut proof) = ([0u8], [0u8; 32]);
+    r.read_exact(&mut said)
+        .and_then(|()| r.read_exact(&mut proof))
         .map_err(|e| format!("no proof: {e}"))?;
-    if !proof_tag(key, &nonce).matches(&proof) {
+    if !proof_tag(key, &nonce, said[0]).matches(&proof) {
         return Err("the peer's proof does not match this host's key".into());
     }
+    let purpose = Purpose::of(said[0]).ok_or_else(|| format!("purpose {} unknown", said[0]))?;
     w.write_all(&[GO_ON]).map_err(|e| e.to_string())?;
     let label = Path::new("the peer's stream");
+    let t = std::time::Instant::now();
     let saved = save_file::read_from(&mut r, label, Some(key), &nonce, &|vm| rx.limits(vm))
         .map_err(|e| e.to_string())?;
     let vm = saved.vm.clone();
+    tracing::debug!(
+        vm,
+        ms = t.elapsed().as_millis(),
+        "a handed-over stream read and checked"
+    );
     let (tx, word) = channel();
-    rx.arrived(saved, tx);
+    rx.arrived(saved, purpose, tx);
     let r = word
         .recv_timeout(TAKE_WAIT)
         .unwrap_or_else(|_| Err(format!("{vm}: the daemon did not answer")));
@@ -138,9 +180,9 @@ fn verdict(mut s: &TcpStream, r: Result<&str, &str>) -> std::io::Result<()> {
     s.flush()
 }
 
-/// Hands `saved` to the daemon at `to` under `key`: its verdict's line,
-/// or why it did not take it.
-pub fn send(to: &str, key: &[u8], saved: &Saved) -> Result<String, String> {
+/// Hands `saved` to the daemon at `to` under `key`, for `purpose`: its
+/// verdict's line, or why it did not take it.
+pub fn send(to: &str, key: &[u8], saved: &Saved, purpose: Purpose) -> Result<String, String> {
     let addr = to
         .to_socket_addrs()
         .map_err(|e| format!("{to}: {e}"))?
@@ -168,7 +210,9 @@ pub fn send(to: &str, key: &[u8], saved: &Saved) -> Result<String, String> {
     (&s).read_exact(&mut hello[8..])
         .map_err(|e| format!("{to}: no nonce: {e}"))?;
     let nonce = &hello[8..];
-    (&s).write_all(&proof_tag(key, nonce).finish())
+    let p = purpose.byte();
+    (&s).write_all(&[p])
+        .and_then(|()| (&s).write_all(&proof_tag(key, nonce, p).finish()))
         .map_err(|e| e.to_string())?;
     let mut head = [0u8; 3];
     (&s).read_exact(&mut head[..1])
@@ -214,10 +258,11 @@ pub(crate) fn printable(b: &[u8]) -> String {
         .collect()
 }
 
-fn proof_tag(key: &[u8], nonce: &[u8]) -> Tag {
+fn proof_tag(key: &[u8], nonce: &[u8], purpose: u8) -> Tag {
     let mut t = Tag::new(Some(key));
     t.update(PROOF);
     t.update(nonce);
+    t.update(&[purpose]);
     t
 }
 

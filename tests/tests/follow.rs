@@ -6,7 +6,9 @@
 //! worker), the process switches and goes on. The source daemon is then stopped: the program
 //! finishes every round's check on the destination alone. Before that, a
 //! destination with another key refuses and the process goes on at the
-//! source; commands out of order change nothing.
+//! source; commands out of order change nothing; a checkpoint sent ahead
+//! while the process runs has the destination's spare load its module,
+//! which the restore takes.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -143,6 +145,22 @@ fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
     let r = round(&rx);
     assert!(round(&rx) > r);
 
+    // Sent ahead while the process runs: the destination's spare loads its
+    // module then; refused under another key; the process goes on.
+    let ahead = |d: &DaemonProc, port: u16| {
+        let to = format!("127.0.0.1:{port}");
+        fairvgpu(d, &["handover", "--vm", "vm1", "--to", &to, "--ahead"])
+    };
+    let (ok, said) = ahead(&a, port_c);
+    assert!(!ok && said.contains("proof does not match"), "{said}");
+    let (ok, said) = ahead(&a, port_b);
+    assert!(
+        ok && said.contains("sent ahead") && said.contains("its modules load ahead on GPU 0"),
+        "{said}"
+    );
+    let r = round(&rx);
+    assert!(round(&rx) > r, "it goes on at the source");
+
     // Taken: pause, hand over (the region with it), restore there, switch,
     // go on.
     assert_eq!(ctl.say("pause"), "paused");
@@ -151,6 +169,10 @@ fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
     let there = b.socket("vm1");
     let (ok, said) = fairvgpu(&b, &["restore", "--vm", "vm1", "--received"]);
     assert!(ok, "{said}");
+    assert!(
+        said.contains("(1 modules loaded ahead)"),
+        "the module staged ahead was taken: {said}"
+    );
     // Served on by the GPU's spare, its context made before the pause.
     let log = std::fs::read_to_string(b.log_path()).unwrap();
     assert!(

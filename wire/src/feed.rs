@@ -94,6 +94,9 @@ const BINDING_MAGIC: [u8; 4] = *b"FVGB";
 const BINDING_HEAD: usize = 4 + 4 + 4 + 2 + 4 + 1;
 /// A binding's flag: a checkpoint stream comes with it (a third fd).
 const BINDING_RESTORE: u8 = 1;
+/// A binding's flag: not a binding but a stage, the VM's checkpoint stream
+/// its one fd (see [`SpareBinding::stage`]).
+const BINDING_STAGE: u8 = 2;
 /// Longest VM name a binding carries (bytes).
 pub const BINDING_NAME_MAX: usize = 255;
 /// Longest declared `[[vm]]` entry a binding carries (bytes of TOML).
@@ -123,6 +126,10 @@ pub struct SpareBinding {
     /// The slot's worker serves on from a checkpoint stream, which comes
     /// with the binding as its third fd (a restore).
     pub restore: bool,
+    /// Not a binding yet: the spare loads ahead the modules of the VM's
+    /// checkpoint stream, which comes as its one fd, and waits on for its
+    /// binding (a vGPU another host is about to hand over).
+    pub stage: bool,
 }
 
 /// A binding that does not read as one.
@@ -143,7 +150,7 @@ pub enum BindingError {
     /// The slot is past a region's process slots.
     #[error("spare binding: no process slot {0}")]
     Slot(u32),
-    /// Flags other than the restore's.
+    /// Flags other than the restore's or the stage's, or both.
     #[error("spare binding: unknown flags {0:#x}")]
     Flags(u8),
 }
@@ -162,7 +169,11 @@ impl SpareBinding {
         b.extend_from_slice(&self.id.to_le_bytes());
         b.extend_from_slice(&name_len.to_le_bytes());
         b.extend_from_slice(&entry_len.to_le_bytes());
-        b.push(if self.restore { BINDING_RESTORE } else { 0 });
+        b.push(match (self.stage, self.restore) {
+            (true, _) => BINDING_STAGE,
+            (false, true) => BINDING_RESTORE,
+            (false, false) => 0,
+        });
         b.extend_from_slice(self.vm.as_bytes());
         b.extend_from_slice(entry.as_bytes());
         b
@@ -209,7 +220,7 @@ impl SpareBinding {
             return Err(BindingError::Slot(slot));
         }
         let flags = b[18];
-        if flags & !BINDING_RESTORE != 0 {
+        if ![0, BINDING_RESTORE, BINDING_STAGE].contains(&flags) {
             return Err(BindingError::Flags(flags));
         }
         let name_len = usize::from(u16::from_le_bytes([b[12], b[13]]));
@@ -226,6 +237,7 @@ impl SpareBinding {
             slot,
             declared: (!entry.is_empty()).then(|| entry.to_owned()),
             restore: flags == BINDING_RESTORE,
+            stage: flags == BINDING_STAGE,
         })
     }
 }
@@ -370,6 +382,7 @@ mod tests {
             slot: 3,
             declared: Some("name = \"vm-1\"\n".into()),
             restore: false,
+            stage: false,
         };
         let bytes = b.encode();
         assert_eq!(SpareBinding::total_len(&bytes), Ok(bytes.len()));
@@ -384,8 +397,13 @@ mod tests {
             ..b.clone()
         };
         assert_eq!(SpareBinding::decode(&restore.encode()), Ok(restore));
-        // Flags it does not know.
-        for f in [2u8, 3, 0x80] {
+        let stage = SpareBinding {
+            stage: true,
+            ..b.clone()
+        };
+        assert_eq!(SpareBinding::decode(&stage.encode()), Ok(stage));
+        // Flags it does not know, or a restore and a stage at once.
+        for f in [3u8, 4, 0x80] {
             let mut m = bytes.clone();
             m[18] = f;
             assert_eq!(SpareBinding::decode(&m), Err(BindingError::Flags(f)));

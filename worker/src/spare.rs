@@ -3,9 +3,12 @@
 //! VM; a guest process that claims a process slot with no worker gets one
 //! bound to it. The spare says it is ready ([`say_ready`]), then gets its
 //! [`SpareBinding`] with two fds, the slot's feed and the VM's memory
-//! ledger ([`send_binding`], [`recv_binding`]), over `SCM_RIGHTS` as the
+//! ledger ([`send_binding`], [`recv_order`]), over `SCM_RIGHTS` as the
 //! feed passes the region; a restore's binding brings a third, the
-//! checkpoint stream the slot's worker serves on from.
+//! checkpoint stream the slot's worker serves on from. Before its binding,
+//! a spare may be given a *stage* ([`Order::Stage`]): the checkpoint stream
+//! of a vGPU another host is about to hand over, whose modules it loads
+//! ahead into its context (`serve/stage.rs`).
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -23,8 +26,8 @@ pub enum SpareError {
     #[error(transparent)]
     Binding(#[from] BindingError),
     /// It came without the feed and the ledger (and the stream, for a
-    /// restore), or with more fds.
-    #[error("spare binding: {0} fds, not the feed, the ledger and a restore's stream")]
+    /// restore), a stage without its stream, or either with more fds.
+    #[error("spare binding: {0} fds, not the feed, the ledger and a restore's stream, or a stage's stream")]
     Fds(usize),
     /// The daemon closed the socket before a whole binding came.
     #[error("spare binding: the daemon closed the socket")]
@@ -50,6 +53,20 @@ pub struct Bound {
     pub stream: Option<OwnedFd>,
 }
 
+/// What a spare is told on its socket.
+#[derive(Debug)]
+pub enum Order {
+    /// Load ahead the modules of `vm`'s checkpoint `stream`, then wait on.
+    Stage {
+        /// The VM whose vGPU is coming.
+        vm: String,
+        /// Its checkpoint stream (a memfd).
+        stream: OwnedFd,
+    },
+    /// Serve this binding.
+    Bind(Bound),
+}
+
 /// Sends `b` with the slot's `feed`, the VM's `ledger` and, for a restore,
 /// the checkpoint `stream` (the daemon); `b.restore` is set from it.
 pub fn send_binding(
@@ -61,15 +78,34 @@ pub fn send_binding(
 ) -> Result<(), Error> {
     let b = SpareBinding {
         restore: stream.is_some(),
+        stage: false,
         ..b.clone()
     };
-    let bytes = b.encode();
     let mut fds = vec![feed.as_raw_fd(), ledger.as_raw_fd()];
     fds.extend(stream.map(AsRawFd::as_raw_fd));
+    send_with(sock, &b.encode(), &fds)
+}
+
+/// Sends a stage of `vm`'s checkpoint `stream` (the daemon, before any
+/// binding; a spare that cannot use it ignores it).
+pub fn send_stage(sock: &UnixStream, vm: &str, stream: &OwnedFd) -> Result<(), Error> {
+    let b = SpareBinding {
+        vm: vm.to_owned(),
+        id: 0,
+        slot: 0,
+        declared: None,
+        restore: false,
+        stage: true,
+    };
+    send_with(sock, &b.encode(), &[stream.as_raw_fd()])
+}
+
+/// Sends `bytes` with `fds` as their first part's rights.
+fn send_with(sock: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> Result<(), Error> {
     let mut sent = 0;
     while sent < bytes.len() {
         let iov = [IoSlice::new(&bytes[sent..])];
-        let rights = [ControlMessage::ScmRights(&fds)];
+        let rights = [ControlMessage::ScmRights(fds)];
         let cmsgs: &[ControlMessage] = if sent == 0 { &rights } else { &[] };
         sent +=
             sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None).map_err(|e| {
@@ -82,11 +118,12 @@ pub fn send_binding(
     Ok(())
 }
 
-/// Waits for the binding (the spare): the binding, checked, and its feed,
-/// ledger and (a restore's) stream fds. Any other number of fds, or bytes
-/// that do not read as a binding, is an error (the spare then exits; the
-/// daemon starts a worker for the slot instead).
-pub fn recv_binding(sock: &UnixStream) -> Result<Bound, Error> {
+/// Waits for the next order (the spare): a binding, checked, with its
+/// feed, ledger and (a restore's) stream fds, or a stage with its stream.
+/// Any other number of fds, or bytes that do not read as a binding, is an
+/// error (the spare then exits; the daemon starts a worker for the slot
+/// instead).
+pub fn recv_order(sock: &UnixStream) -> Result<Order, Error> {
     let mut buf = vec![0u8; SpareBinding::head_len()];
     let mut got = 0;
     let mut fds: Vec<OwnedFd> = Vec::new();
@@ -140,12 +177,15 @@ pub fn recv_binding(sock: &UnixStream) -> Result<Bound, Error> {
     let n = fds.len();
     let mut it = fds.into_iter();
     match (it.next(), it.next(), it.next(), it.next()) {
-        (Some(feed), Some(ledger), stream, None) if stream.is_some() == b.restore => Ok(Bound {
-            binding: b,
-            feed,
-            ledger,
-            stream,
-        }),
+        (Some(stream), None, None, None) if b.stage => Ok(Order::Stage { vm: b.vm, stream }),
+        (Some(feed), Some(ledger), stream, None) if stream.is_some() == b.restore && !b.stage => {
+            Ok(Order::Bind(Bound {
+                binding: b,
+                feed,
+                ledger,
+                stream,
+            }))
+        }
         _ => Err(SpareError::Fds(n).into()),
     }
 }
@@ -161,6 +201,15 @@ mod tests {
             slot: 1,
             declared: None,
             restore: false,
+            stage: false,
+        }
+    }
+
+    /// The order received, which must be a binding.
+    fn recv_binding(sock: &UnixStream) -> Result<Bound, Error> {
+        match recv_order(sock)? {
+            Order::Bind(b) => Ok(b),
+            Order::Stage { .. } => panic!("a stage, not a binding"),
         }
     }
 
@@ -193,6 +242,31 @@ mod tests {
         let f = std::fs::File::from(got.stream.expect("the stream"));
         std::os::unix::fs::FileExt::read_exact_at(&f, &mut head, 0).unwrap();
         assert_eq!(&head, b"FVG", "the same memfd");
+    }
+
+    #[test]
+    fn a_stage_brings_its_stream_alone_and_a_binding_follows() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let stream = memfd();
+        send_stage(&a, "vm1", &stream).unwrap();
+        send_binding(&a, &binding(), &memfd(), &memfd(), None).unwrap();
+        match recv_order(&b).unwrap() {
+            Order::Stage { vm, .. } => assert_eq!(vm, "vm1"),
+            Order::Bind(_) => panic!("a binding, not the stage"),
+        }
+        assert_eq!(recv_binding(&b).unwrap().binding, binding());
+        // A stage with the feed and the ledger too is refused.
+        let (a, b) = UnixStream::pair().unwrap();
+        let stage = SpareBinding {
+            stage: true,
+            ..binding()
+        };
+        let (f, l) = (memfd(), memfd());
+        send_raw(&a, &stage, &[f.as_raw_fd(), l.as_raw_fd()]);
+        assert!(matches!(
+            recv_order(&b),
+            Err(Error::Spare(SpareError::Fds(2)))
+        ));
     }
 
     /// Sends `b`'s bytes as they are with `fds`.

@@ -205,7 +205,7 @@ impl ControlPlane {
             ),
             ("restore", _, _) if body["received"] == Value::Bool(true) => SaveOp::RestoreReceived,
             ("restore", Some(f), _) => SaveOp::Restore(f),
-            ("handover", _, Some(to)) => SaveOp::Handover(to),
+            ("handover", _, Some(to)) => SaveOp::Handover(to, body["ahead"] == Value::Bool(true)),
             ("handover", ..) => {
                 return Response::error(400, "expected a body like {\"to\": \"10.0.0.2:7400\"}")
             }

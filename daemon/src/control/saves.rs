@@ -8,16 +8,16 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{lock, ControlPlane, Refusal};
-use crate::handover::Receiver;
+use crate::handover::{Purpose, Receiver};
 use crate::save_file::{FileLimits, Saved};
 
 /// Bytes of module images a process slot's stream may hold beyond the
 /// vGPU's memory limit.
 pub const IMAGES_MAX: u64 = 4 << 30;
 
-/// A vGPU handed over from another host, and where the supervisor's word
-/// on it goes.
-pub type Arrival = (Saved, Sender<Result<String, String>>);
+/// A vGPU handed over from another host (or sent ahead of its handover),
+/// and where the supervisor's word on it goes.
+pub type Arrival = (Saved, Purpose, Sender<Result<String, String>>);
 
 /// What is asked of a vGPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,8 +30,9 @@ pub enum SaveOp {
     /// Serve on from this file of the checkpoint folder.
     Restore(String),
     /// Hold it, and hand its checkpoint and region to the daemon at this
-    /// address (`handover.rs`).
-    Handover(String),
+    /// address (`handover.rs`); or, `true`, send a checkpoint there ahead
+    /// of that and let it go on at once.
+    Handover(String, bool),
     /// Serve on from what another host's daemon handed over.
     RestoreReceived,
 }
@@ -177,8 +178,8 @@ impl Receiver for ControlPlane {
         self.save_limits(vm, true)
     }
 
-    fn arrived(&self, saved: Saved, answer: Sender<Result<String, String>>) {
-        lock(&self.arrivals).push((saved, answer));
+    fn arrived(&self, saved: Saved, purpose: Purpose, answer: Sender<Result<String, String>>) {
+        lock(&self.arrivals).push((saved, purpose, answer));
     }
 }
 

@@ -4,7 +4,7 @@ use std::fs::File;
 use std::sync::Mutex;
 
 struct Taker {
-    got: Mutex<Vec<(String, u64, usize)>>,
+    got: Mutex<Vec<(String, u64, usize, Purpose)>>,
 }
 
 impl Receiver for Taker {
@@ -16,12 +16,12 @@ impl Receiver for Taker {
         })
     }
 
-    fn arrived(&self, saved: Saved, answer: Sender<Result<String, String>>) {
+    fn arrived(&self, saved: Saved, purpose: Purpose, answer: Sender<Result<String, String>>) {
         let region = saved.region.as_ref().map_or(0, |r| r.1);
         self.got
             .lock()
             .unwrap()
-            .push((saved.vm.clone(), region, saved.lanes.len()));
+            .push((saved.vm.clone(), region, saved.lanes.len(), purpose));
         let _ = answer.send(Ok(format!("{}: taken", saved.vm)));
     }
 }
@@ -65,19 +65,67 @@ fn listening() -> (String, Arc<Taker>) {
 #[test]
 fn a_peer_with_the_key_hands_over_and_hears_the_word() {
     let (addr, t) = listening();
-    let line = send(&addr, KEY, &saved("vm1", 8192)).unwrap();
+    let line = send(&addr, KEY, &saved("vm1", 8192), Purpose::Handover).unwrap();
     assert_eq!(line, "vm1: taken");
-    assert_eq!(*t.got.lock().unwrap(), [("vm1".to_owned(), 8192, 1)]);
+    let ahead = Saved {
+        region: None,
+        ..saved("vm1", 8192)
+    };
+    send(&addr, KEY, &ahead, Purpose::Ahead).unwrap();
+    assert_eq!(
+        *t.got.lock().unwrap(),
+        [
+            ("vm1".to_owned(), 8192, 1, Purpose::Handover),
+            ("vm1".to_owned(), 0, 1, Purpose::Ahead)
+        ]
+    );
+}
+
+/// Connects to `addr` and proves `key` for purpose byte `said` under a
+/// proof made for `proved`: the receiver's answer to the proof.
+fn prove(addr: &str, said: u8, proved: u8) -> Result<u8, String> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut hello = [0u8; 40];
+    s.read_exact(&mut hello).unwrap();
+    s.write_all(&[said]).unwrap();
+    s.write_all(&proof_tag(KEY, &hello[8..], proved).finish())
+        .unwrap();
+    let mut head = [0u8; 3];
+    s.read_exact(&mut head[..1]).unwrap();
+    if head[0] == GO_ON {
+        return Ok(GO_ON);
+    }
+    s.read_exact(&mut head[1..]).unwrap();
+    verdict_after(&s, head, addr).map(|_| head[0])
+}
+
+#[test]
+fn a_purpose_other_than_the_one_proved_or_unknown_is_refused() {
+    let (addr, t) = listening();
+    assert_eq!(prove(&addr, 1, 1), Ok(GO_ON));
+    let e = prove(&addr, 1, 0).unwrap_err();
+    assert!(e.contains("proof does not match"), "{e}");
+    let e = prove(&addr, 0, 1).unwrap_err();
+    assert!(e.contains("proof does not match"), "{e}");
+    let e = prove(&addr, 7, 7).unwrap_err();
+    assert!(e.contains("purpose 7 unknown"), "{e}");
+    assert!(t.got.lock().unwrap().is_empty());
 }
 
 #[test]
 fn a_wrong_key_another_region_or_an_unknown_vm_is_refused_and_nothing_arrives() {
     let (addr, t) = listening();
-    let e = send(&addr, b"fedcba9876543210", &saved("vm1", 8192)).unwrap_err();
+    let e = send(
+        &addr,
+        b"fedcba9876543210",
+        &saved("vm1", 8192),
+        Purpose::Handover,
+    )
+    .unwrap_err();
     assert!(e.contains("proof does not match"), "{e}");
-    let e = send(&addr, KEY, &saved("vm1", 4096)).unwrap_err();
+    let e = send(&addr, KEY, &saved("vm1", 4096), Purpose::Handover).unwrap_err();
     assert!(e.contains("region of 4096 bytes"), "{e}");
-    let e = send(&addr, KEY, &saved("vm9", 8192)).unwrap_err();
+    let e = send(&addr, KEY, &saved("vm9", 8192), Purpose::Handover).unwrap_err();
     assert!(e.contains("no [[vm]]"), "{e}");
     assert!(t.got.lock().unwrap().is_empty());
 }
@@ -91,7 +139,7 @@ fn a_port_that_is_not_a_daemon_is_named() {
             let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n........");
         }
     });
-    let e = send(&addr, KEY, &saved("vm1", 8192)).unwrap_err();
+    let e = send(&addr, KEY, &saved("vm1", 8192), Purpose::Handover).unwrap_err();
     assert!(e.contains("not a fairvgpu daemon"), "{e}");
 }
 
@@ -104,7 +152,7 @@ fn a_busy_receiver_says_so_before_its_hello() {
             let _ = verdict(&s, Err("this host takes another vGPU now; try again"));
         }
     });
-    let e = send(&addr, KEY, &saved("vm1", 8192)).unwrap_err();
+    let e = send(&addr, KEY, &saved("vm1", 8192), Purpose::Handover).unwrap_err();
     assert!(
         e.ends_with("refused it: this host takes another vGPU now; try again"),
         "{e}"
@@ -118,7 +166,8 @@ fn a_peer_with_the_key_whose_region_blocks_are_malformed_is_refused() {
     let mut hello = [0u8; 40];
     s.read_exact(&mut hello).unwrap();
     let nonce = &hello[8..];
-    s.write_all(&proof_tag(KEY, nonce).finish()).unwrap();
+    s.write_all(&[0]).unwrap();
+    s.write_all(&proof_tag(KEY, nonce, 0).finish()).unwrap();
     let mut go = [0u8];
     s.read_exact(&mut go).unwrap();
     assert_eq!(go[0], GO_ON);

@@ -128,8 +128,9 @@ pub enum CheckpointNote {
     /// None taken, or none served on from: why is in the memfd, this many
     /// bytes.
     Failed(u64),
-    /// It serves on from the checkpoint it was started with.
-    Restored,
+    /// It serves on from the checkpoint it was started with, this many of
+    /// its modules loaded ahead by a spare.
+    Restored(u64),
 }
 
 /// Checkpoint notes, each with its worker's lane.
@@ -614,7 +615,7 @@ impl Feeder {
                             let note = match k {
                                 CHECKPOINTED => CheckpointNote::Taken(n),
                                 CHECKPOINT_FAILED => CheckpointNote::Failed(n),
-                                _ => CheckpointNote::Restored,
+                                _ => CheckpointNote::Restored(n),
                             };
                             notes
                                 .lock()

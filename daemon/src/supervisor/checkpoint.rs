@@ -25,6 +25,7 @@ use super::restore::Source;
 use super::Supervisor;
 use crate::config::Config;
 use crate::control::{CheckpointWith, SaveAsk, SaveOp};
+use crate::handover::Purpose;
 use crate::link::CheckpointNote;
 use crate::save_file::{self, Lane, Saved};
 
@@ -41,6 +42,9 @@ pub(super) enum Kind {
     Checkpoint(PathBuf, CheckpointWith),
     /// To the daemon at this address, with the region.
     Handover(String),
+    /// To the daemon at this address ahead of the handover, the vGPU let
+    /// go on at once (no region).
+    Ahead(String),
     /// From this file, or from a peer (named for the operator).
     Restore(String),
 }
@@ -52,7 +56,8 @@ pub(super) struct Saving {
     pub(super) memfds: BTreeMap<u32, OwnedFd>,
     /// Lanes that have not answered yet.
     pub(super) waiting: BTreeSet<u32>,
-    /// Checkpoints taken: lane and bytes.
+    /// Checkpoints taken: lane and bytes (a restore: lane and the modules
+    /// a spare loaded ahead).
     pub(super) taken: BTreeMap<u32, u64>,
     pub(super) failed: Vec<String>,
     pub(super) since: Instant,
@@ -66,7 +71,7 @@ impl Saving {
 }
 
 /// What the workers of a hold left: reasons, the lanes taken, the memfds.
-type Gathered = (Vec<String>, BTreeMap<u32, u64>, BTreeMap<u32, OwnedFd>);
+pub(super) type Gathered = (Vec<String>, BTreeMap<u32, u64>, BTreeMap<u32, OwnedFd>);
 
 impl Supervisor {
     /// Checkpoints: those asked for start, the workers' notes are
@@ -79,8 +84,15 @@ impl Supervisor {
                     let path = want.checkpoint_dir().join(f);
                     self.start_checkpoint(want, &vm, Kind::Checkpoint(path, with), &answer)
                 }
-                SaveOp::Handover(to) => match checkpoint_key(want) {
-                    Ok(Some(_)) => self.start_checkpoint(want, &vm, Kind::Handover(to), &answer),
+                SaveOp::Handover(to, ahead) => match checkpoint_key(want) {
+                    Ok(Some(_)) => {
+                        let kind = if ahead {
+                            Kind::Ahead(to)
+                        } else {
+                            Kind::Handover(to)
+                        };
+                        self.start_checkpoint(want, &vm, kind, &answer)
+                    }
                     Ok(None) => Err(format!(
                         "{vm}: a vGPU goes to another host only under a key both share ([daemon] checkpoint_key_file)"
                     )),
@@ -100,8 +112,11 @@ impl Supervisor {
                 }
             }
         }
-        for (saved, answer) in self.plane.take_arrivals() {
-            let _ = answer.send(self.on_arrival(saved));
+        for (saved, purpose, answer) in self.plane.take_arrivals() {
+            let _ = answer.send(match purpose {
+                Purpose::Handover => self.on_arrival(saved),
+                Purpose::Ahead => self.on_ahead(&saved),
+            });
         }
         // A hold ends with its VM: its QEMU gone, and with it every worker.
         let hosts = &self.hosts;
@@ -223,7 +238,9 @@ impl Supervisor {
                 CheckpointNote::Taken(n) => {
                     s.taken.insert(lane, n);
                 }
-                CheckpointNote::Restored => {}
+                CheckpointNote::Restored(ahead) => {
+                    s.taken.insert(lane, ahead);
+                }
                 CheckpointNote::Failed(n) => {
                     let why = s
                         .memfds
@@ -253,15 +270,25 @@ impl Supervisor {
             ));
         }
         let s = self.saves.remove(vm).expect("listed above");
+        tracing::debug!(
+            vm,
+            ms = s.since.elapsed().as_millis(),
+            "every worker answered its checkpoint or restore"
+        );
         let gathered = (s.failed, s.taken, s.memfds);
         let r = match s.kind {
-            Kind::Restore(from) => {
-                Some(self.finish_restore(vm, &from, &gathered.0, gathered.2.len()))
-            }
+            Kind::Restore(from) => Some(self.finish_restore(vm, &from, &gathered)),
             Kind::Checkpoint(path, with) => {
                 Some(self.finish_checkpoint(want, vm, (path, with), gathered))
             }
-            Kind::Handover(to) => self.finish_handover(want, vm, &to, gathered, &s.answer),
+            Kind::Handover(to) => {
+                self.finish_handover(want, vm, (&to, Purpose::Handover), gathered, &s.answer)
+            }
+            Kind::Ahead(to) => {
+                // The guest's work goes on while what was taken is sent.
+                let _ = self.resume(vm);
+                self.finish_handover(want, vm, (&to, Purpose::Ahead), gathered, &s.answer)
+            }
         };
         if let Some(r) = r {
             let _ = s.answer.send(r);
@@ -334,16 +361,18 @@ impl Supervisor {
         host.region_memfd().map_err(|e| e.to_string())
     }
 
-    /// Hands what the workers took, with the region, to the daemon at
-    /// `to`, on a thread of its own, which answers; None: answered later.
+    /// Hands what the workers took, with the region (none ahead), to the
+    /// daemon at `to` for `purpose`, on a thread of its own, which answers;
+    /// None: answered later.
     fn finish_handover(
         &mut self,
         want: &Config,
         vm: &str,
-        to: &str,
+        (to, purpose): (&str, Purpose),
         (failed, taken, mut memfds): Gathered,
         answer: &Answer,
     ) -> Option<Result<Value, String>> {
+        let ahead = purpose == Purpose::Ahead;
         let ready = if failed.is_empty() {
             match (checkpoint_key(want), self.region_of(vm)) {
                 (Ok(Some(key)), Ok(region)) => Ok((key, region)),
@@ -355,6 +384,7 @@ impl Supervisor {
         };
         let (key, region) = match ready {
             Ok(r) => r,
+            Err(why) if ahead => return Some(Err(format!("{vm}: nothing sent ahead: {why}"))),
             Err(why) => {
                 let _ = self.resume(vm);
                 return Some(Err(format!(
@@ -364,7 +394,7 @@ impl Supervisor {
         };
         let saved = Saved {
             vm: vm.to_owned(),
-            region: Some(region),
+            region: (!ahead).then_some(region),
             lanes: taken_lanes(&taken, &mut memfds),
         };
         let (plane, answer) = (self.plane.clone(), answer.clone());
@@ -374,7 +404,21 @@ impl Supervisor {
             .name("handover-out".into())
             .spawn(move || {
                 let t = Instant::now();
-                let r = match crate::handover::send(&to, &key, &saved) {
+                let r = match crate::handover::send(&to, &key, &saved, purpose) {
+                    Ok(line) if ahead => {
+                        plane.event("checkpoint", format!("{vm}: sent ahead to {to} ({line})"));
+                        Ok(json!({
+                            "vm": vm,
+                            "to": to,
+                            "ahead": true,
+                            "processes": saved.lanes.len(),
+                            "bytes": saved.lanes.iter().map(|l| l.len).sum::<u64>(),
+                            "send_ms": t.elapsed().as_secs_f64() * 1e3,
+                            "peer": line,
+                            "held": false,
+                        }))
+                    }
+                    Err(why) if ahead => Err(format!("{vm}: nothing sent ahead: {why}")),
                     Ok(line) => {
                         plane.event(
                             "checkpoint",

@@ -198,19 +198,53 @@ impl Supervisor {
         ))
     }
 
+    /// A checkpoint another host's daemon sent ahead of handing `vm` over
+    /// (its guest still running there): the modules of its first process
+    /// loaded by the spare of `vm`'s GPU here, which the restore's first
+    /// slot binds. The line is the sender's.
+    pub(super) fn on_ahead(&mut self, saved: &Saved) -> Result<String, String> {
+        let vm = saved.vm.as_str();
+        self.check_empty(vm)?;
+        self.fits_here(&self.plane.config(), vm, saved)?;
+        let Some(first) = saved.lanes.first() else {
+            return Ok(format!("{vm}: no process to load ahead"));
+        };
+        let gpu = self.plane.gpu_of(vm).unwrap_or(0);
+        let side = self.mps.get(&gpu).map_or(0, crate::mps::MpsGpu::serving);
+        if self.stage_spare(gpu, side, vm, &first.stream) {
+            self.plane.event(
+                "checkpoint",
+                format!("{vm}: sent ahead from another host; its modules load on GPU {gpu}"),
+            );
+            Ok(format!("{vm}: its modules load ahead on GPU {gpu}"))
+        } else {
+            Ok(format!(
+                "{vm}: no spare worker on GPU {gpu}; its modules load at the restore"
+            ))
+        }
+    }
+
     pub(super) fn finish_restore(
         &mut self,
         vm: &str,
         from: &str,
-        failed: &[String],
-        workers: usize,
+        (failed, ahead, streams): &super::checkpoint::Gathered,
     ) -> Result<Value, String> {
+        let workers = streams.len();
         if failed.is_empty() {
+            let ahead: u64 = ahead.values().sum();
             self.plane.event(
                 "checkpoint",
-                format!("{vm}: restored from {from} ({workers} processes)"),
+                format!(
+                    "{vm}: restored from {from} ({workers} processes, {ahead} modules loaded ahead)"
+                ),
             );
-            Ok(json!({ "vm": vm, "from": from, "processes": workers }))
+            Ok(json!({
+                "vm": vm,
+                "from": from,
+                "processes": workers,
+                "modules_loaded_ahead": ahead,
+            }))
         } else {
             Err(format!(
                 "{vm}: not restored from {from}: {}",

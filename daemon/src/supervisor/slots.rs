@@ -150,6 +150,7 @@ impl Supervisor {
             slot,
             declared: declared_entry(&self.plane, &vm.name)?,
             restore: stream.is_some(),
+            stage: false,
         };
         let Some(mut spare) = self.take_spare(gpu, side) else {
             return Ok(false);

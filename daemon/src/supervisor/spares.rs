@@ -145,6 +145,31 @@ impl Supervisor {
         })
     }
 
+    /// Has GPU `gpu`'s spare, if it is a client of MPS side `side`, load
+    /// ahead the modules of `vm`'s checkpoint `stream` (a vGPU another host
+    /// is about to hand over); whether it was told.
+    pub(super) fn stage_spare(
+        &mut self,
+        gpu: u32,
+        side: usize,
+        vm: &str,
+        stream: &std::os::fd::OwnedFd,
+    ) -> bool {
+        let Some(s) = self.spares.by_gpu.get_mut(&gpu) else {
+            return false;
+        };
+        if s.side != side {
+            return false;
+        }
+        match worker::spare::send_stage(&s.sock, vm, stream) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(gpu, vm, "staging a spare worker: {e}");
+                false
+            }
+        }
+    }
+
     /// GPU `gpu`'s spare, if it is a client of MPS side `side`, taken to be
     /// bound (its socket blocking again); the next turn starts another.
     /// One still starting is taken too: its binding waits in its socket

@@ -17,6 +17,7 @@ use super::{write, VgpuImage};
 /// daemon keys what it keeps) and says so on `back`; if it cannot be
 /// written, says why instead.
 pub fn taken(memfd: OwnedFd, back: &UnixStream, image: &VgpuImage) {
+    let t = std::time::Instant::now();
     let mut f = File::from(memfd);
     let written = f
         .set_len(0)
@@ -30,6 +31,11 @@ pub fn taken(memfd: OwnedFd, back: &UnixStream, image: &VgpuImage) {
         });
     match written {
         Ok(n) => {
+            tracing::debug!(
+                bytes = n,
+                ms = crate::millis(t.elapsed()),
+                "checkpoint stream written"
+            );
             let _ = send_msg(back, encode_value(CHECKPOINTED, n), None);
         }
         Err(why) => failed_in(f, back, &format!("writing the checkpoint: {why}")),
@@ -56,9 +62,10 @@ fn failed_in(mut f: File, back: &UnixStream, why: &str) {
     let _ = send_msg(back, encode_value(CHECKPOINT_FAILED, n), None);
 }
 
-/// Says on `back` that the worker serves on from its checkpoint.
-pub fn restored(back: &UnixStream) {
-    let _ = send_msg(back, RESTORED << 40, None);
+/// Says on `back` that the worker serves on from its checkpoint, with how
+/// many of its modules a spare had loaded ahead.
+pub fn restored(back: &UnixStream, ahead: usize) {
+    let _ = send_msg(back, encode_value(RESTORED, ahead as u64), None);
 }
 
 #[cfg(test)]

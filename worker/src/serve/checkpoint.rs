@@ -166,6 +166,27 @@ impl Answer {
     }
 }
 
+/// The checkpoint in the daemon's memfd `stream`, checked within
+/// `limits`: read in place where the memfd takes a seal, else copied out.
+pub(super) fn read_stream(
+    stream: &OwnedFd,
+    limits: &crate::checkpoint::Limits,
+) -> Result<VgpuImage, CheckpointError> {
+    match crate::checkpoint::Mapped::of(stream) {
+        Ok(map) => crate::checkpoint::read_mapped(std::sync::Arc::new(map), None, limits),
+        Err(e) => {
+            tracing::debug!("the stream is read, not mapped: {e}");
+            let file = stream
+                .try_clone()
+                .map(std::fs::File::from)
+                .and_then(|mut f| f.rewind().map(|()| f))
+                .map_err(CheckpointError::Io)?;
+            crate::checkpoint::read(&mut BufReader::new(file), None, limits)
+        }
+    }
+    .map_err(CheckpointError::from)
+}
+
 /// The device of `exec` as a checkpoint names it.
 fn device_facts(exec: &dyn Executor) -> DeviceFacts {
     DeviceFacts::of(&exec.info())
@@ -314,10 +335,17 @@ impl Worker {
             if let Some(keeper) = keeper {
                 return Err(CheckpointError::Kept { pid, keeper });
             }
+            let t = Instant::now();
             let context = s
                 .ctx
                 .checkpoint()
                 .map_err(|status| CheckpointError::Executor { pid, status })?;
+            tracing::debug!(
+                pid,
+                ms = crate::millis(t.elapsed()),
+                bytes = context.memory.iter().map(|a| a.len).sum::<u64>(),
+                "a context's image taken"
+            );
             let channels = chans
                 .iter()
                 .filter(|c| c.session == Some(id))
@@ -389,11 +417,11 @@ impl Worker {
         let r = Self::restore_fed(cfg, warm, fd, link, &stream);
         if let Some(back) = back {
             match &r {
-                Ok(_) => answer::restored(&back),
+                Ok((_, ahead)) => answer::restored(&back, *ahead),
                 Err(e) => answer::failed(stream, &back, &e.to_string()),
             }
         }
-        r
+        r.map(|(w, _)| w)
     }
 
     fn restore_fed(
@@ -402,26 +430,13 @@ impl Worker {
         region: OwnedFd,
         link: PeerLink,
         stream: &OwnedFd,
-    ) -> Result<Worker, Error> {
+    ) -> Result<(Worker, usize), Error> {
         let limits = crate::checkpoint::Limits {
             memory: cfg.mem_limit,
             ..Default::default()
         };
         let t = std::time::Instant::now();
-        // Read in place where the memfd takes a seal; else copied out.
-        let image = match crate::checkpoint::Mapped::of(stream) {
-            Ok(map) => crate::checkpoint::read_mapped(std::sync::Arc::new(map), None, &limits),
-            Err(e) => {
-                tracing::debug!(vm = cfg.name, "the stream is read, not mapped: {e}");
-                let file = stream
-                    .try_clone()
-                    .map(std::fs::File::from)
-                    .and_then(|mut f| f.rewind().map(|()| f))
-                    .map_err(CheckpointError::Io)?;
-                crate::checkpoint::read(&mut BufReader::new(file), None, &limits)
-            }
-        }
-        .map_err(CheckpointError::from)?;
+        let image = read_stream(stream, &limits)?;
         let read_ms = crate::millis(t.elapsed());
         fits(cfg, warm.exec.as_ref(), &image)?;
         let region = Region::map_existing(region, cfg.layout)?;
@@ -429,26 +444,33 @@ impl Worker {
         let gate = super::setup::connect_gate(cfg)?;
         let mut w = Self::build(cfg, dev, link, gate)?;
         let prepare_ms = crate::millis(t.elapsed()) - read_ms;
-        w.restore(&image)?;
+        let ahead = w.restore(&image)?;
         tracing::debug!(
             vm = cfg.name,
             read_ms,
             prepare_ms,
             restore_ms = crate::millis(t.elapsed()) - read_ms - prepare_ms,
+            modules_loaded_ahead = ahead,
             "served on from a checkpoint"
         );
-        Ok(w)
+        Ok((w, ahead))
     }
 
     /// Serves on from `image` (which [`fits`] here): each process's session
     /// made again and bound to its channels, its memory counted against the
-    /// vGPU's limit.
-    fn restore(&mut self, image: &VgpuImage) -> Result<(), CheckpointError> {
+    /// vGPU's limit. How many modules were taken from those a spare loaded
+    /// ahead (`stage.rs`).
+    fn restore(&mut self, image: &VgpuImage) -> Result<usize, CheckpointError> {
+        let mut ahead = 0;
         for si in &image.sessions {
             let pid = si.pid;
             let gpu = &mut self.sh.gpu;
             let ctx = match gpu.contexts.take_made() {
-                Some(mut made) => made.restore_into(&si.context).map(|()| made),
+                Some(mut made) => made.restore_into(&si.context).map(|()| {
+                    ahead += made.staged_taken();
+                    made.unstage();
+                    made
+                }),
                 None => gpu.exec.restore(&si.context),
             }
             .map_err(|status| CheckpointError::Executor { pid, status })?;
@@ -481,6 +503,6 @@ impl Worker {
                 let _ = c.host.mark_serving();
             }
         }
-        Ok(())
+        Ok(ahead)
     }
 }

@@ -145,6 +145,13 @@ impl ContextPool {
         Ok(Some(c))
     }
 
+    /// The context [`ContextPool::take_made`] gives next, if one is made
+    /// (a spare's, to stage a restore's modules in).
+    pub fn made_mut(&mut self) -> Option<&mut Box<dyn Context>> {
+        self.filled();
+        self.spares.last_mut()
+    }
+
     /// A context made already (ahead, or made clean), if one is here: none
     /// is made for it. A restore fills it rather than making another.
     pub fn take_made(&mut self) -> Option<Box<dyn Context>> {

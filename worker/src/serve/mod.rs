@@ -43,6 +43,7 @@ mod serving;
 mod sessions;
 mod setup;
 mod shared;
+mod stage;
 mod status;
 mod transfer;
 mod wait;
