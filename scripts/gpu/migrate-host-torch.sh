@@ -6,7 +6,8 @@
 # migrate_torch.py: float32, then bf16 autocast, every loss printed)
 # through the stand-in on A, its control socket (FAIRVGPU_CONTROL) standing
 # for QEMU's pause and move:
-# - mid-fp32, live A -> B: pause, `fairvgpu handover` on A (the region with
+# - mid-fp32, live A -> B: `fairvgpu handover --ahead` while it trains
+#   (MT_AHEAD=0: not), then pause, `fairvgpu handover` on A (the region with
 #   it, as QEMU's copy is taken while the VM runs), `fairvgpu restore
 #   --received` on B, switch, go;
 # - mid-bf16, saved on B and restored on C: pause, `fairvgpu checkpoint` on
@@ -82,6 +83,12 @@ ctl() {
 }
 # step CMD...: a command, what it said and how long it took.
 step() { local t=$(ms) o; o=$("$@"); echo "$o ($(( $(ms) - t )) ms)"; }
+if [ "${MT_AHEAD:-1}" = 1 ]; then
+    # Ahead, while it trains; then 1 s standing for QEMU's pre-copy of the
+    # VM's RAM, after which its migration pauses the VM.
+    step fv a handover --vm vm1 --to 127.0.0.1:$PORT --ahead
+    sleep 1
+fi
 echo "-- at $(cat $W/progress): live A -> B"
 t0=$(ms)
 ctl pause
