@@ -12,6 +12,7 @@ use transport::server::send_msg;
 use wire::feed::{encode_value, CHECKPOINTED, CHECKPOINT_FAILED, CHECKPOINT_WHY_MAX, RESTORED};
 
 use super::{write, VgpuImage};
+use crate::executor::checkpoint::LeftOut;
 
 /// Writes `image`'s stream into `memfd` from its start (unkeyed: the
 /// daemon keys what it keeps) and says so on `back`; if it cannot be
@@ -39,6 +40,33 @@ pub fn taken(memfd: OwnedFd, back: &UnixStream, image: &VgpuImage) {
             let _ = send_msg(back, encode_value(CHECKPOINTED, n), None);
         }
         Err(why) => failed_in(f, back, &format!("writing the checkpoint: {why}")),
+    }
+}
+
+/// Writes `image`'s stream into `memfd` in place, each blob it left out
+/// read by `read` (`in_place.rs`), and says so on `back`; if it cannot be
+/// written, says why instead.
+pub fn taken_in_place(
+    memfd: OwnedFd,
+    back: &UnixStream,
+    image: &VgpuImage,
+    read: &mut dyn FnMut(usize, LeftOut, &mut [u8]) -> std::io::Result<()>,
+) {
+    let t = std::time::Instant::now();
+    match super::write_in_place(&memfd, image, read) {
+        Ok(n) => {
+            tracing::debug!(
+                bytes = n,
+                ms = crate::millis(t.elapsed()),
+                "checkpoint stream written in place"
+            );
+            let _ = send_msg(back, encode_value(CHECKPOINTED, n), None);
+        }
+        Err(e) => failed_in(
+            File::from(memfd),
+            back,
+            &format!("writing the checkpoint: {e}"),
+        ),
     }
 }
 

@@ -171,15 +171,7 @@ pub fn write<W: Write>(
     image: &VgpuImage,
     key: Option<&[u8]>,
 ) -> Result<u64, FormatError> {
-    let description =
-        serde_json::to_vec(image).map_err(|e| FormatError::Description(e.to_string()))?;
-    let flags = if key.is_some() { KEYED } else { 0 };
-    let mut front = Vec::with_capacity(24 + description.len());
-    front.extend_from_slice(&MAGIC);
-    front.extend_from_slice(&VERSION.to_le_bytes());
-    front.extend_from_slice(&flags.to_le_bytes());
-    front.extend_from_slice(&(description.len() as u64).to_le_bytes());
-    front.extend_from_slice(&description);
+    let front = front(image, key.is_some())?;
     w.write_all(&front)?;
     let mut n = front.len() as u64;
     let blobs = blobs(image);
@@ -190,6 +182,21 @@ pub fn write<W: Write>(
     w.write_all(&stream_tag(key, &front, &blobs))?;
     w.flush()?;
     Ok(n + 32)
+}
+
+/// The stream's header and description (see the module's doc), its tag
+/// `keyed` or not.
+pub(super) fn front(image: &VgpuImage, keyed: bool) -> Result<Vec<u8>, FormatError> {
+    let description =
+        serde_json::to_vec(image).map_err(|e| FormatError::Description(e.to_string()))?;
+    let flags = if keyed { KEYED } else { 0 };
+    let mut front = Vec::with_capacity(24 + description.len());
+    front.extend_from_slice(&MAGIC);
+    front.extend_from_slice(&VERSION.to_le_bytes());
+    front.extend_from_slice(&flags.to_le_bytes());
+    front.extend_from_slice(&(description.len() as u64).to_le_bytes());
+    front.extend_from_slice(&description);
+    Ok(front)
 }
 
 /// Bytes of one chunk of a blob, tagged on its own.

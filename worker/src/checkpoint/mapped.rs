@@ -70,6 +70,57 @@ impl Drop for Mapped {
     }
 }
 
+/// A memfd sized and mapped for writing, sealed against shrinking: a
+/// worker's checkpoint written in place (`in_place.rs`). The daemon made
+/// the memfd for it and reads it only once told it is written.
+#[derive(Debug)]
+pub struct MappedMut {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl MappedMut {
+    /// Sizes `fd` to `len` bytes, seals it against shrinking and maps it
+    /// for writing. A memfd that cannot be sealed, or `len` 0, is an
+    /// error: the caller writes the stream instead.
+    pub fn create(fd: &OwnedFd, len: usize) -> std::io::Result<MappedMut> {
+        let n = std::num::NonZeroUsize::new(len).ok_or(std::io::ErrorKind::InvalidInput)?;
+        let size = i64::try_from(len).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        nix::unistd::ftruncate(fd.as_fd(), size)?;
+        fcntl(fd.as_fd(), FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK))?;
+        // SAFETY: a new shared mapping of the whole memfd, which can no
+        // longer shrink (sealed above), so no access through it can fault;
+        // nothing else is at the address the kernel picks.
+        let p = unsafe {
+            mmap(
+                None,
+                n,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE,
+                fd.as_fd(),
+                0,
+            )
+        }?;
+        Ok(MappedMut { ptr: p.cast(), len })
+    }
+
+    /// The stream's bytes, to write.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` maps `len` writable bytes for as long as `self`
+        // lives; the daemon does not touch them until told (above), and
+        // the borrow of `self` keeps this the only reference here.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for MappedMut {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping of `len` bytes, unmapped once; slices of
+        // it borrow `self`.
+        let _ = unsafe { munmap(self.ptr.cast(), self.len) };
+    }
+}
+
 /// Bytes of an image's device memory: its own, or a slice of the stream it
 /// was read from, in place.
 #[derive(Clone)]

@@ -15,11 +15,13 @@ use crate::executor::ContextImage;
 
 pub mod answer;
 mod format;
+mod in_place;
 mod mapped;
 
 pub use format::{
     describe, read, read_mapped, stream_tag, write, FormatError, Limits, Tag, MAGIC, VERSION,
 };
+pub use in_place::write_in_place;
 pub use mapped::{Blob, Mapped};
 
 /// The device a checkpoint was taken on, as a restore compares it.

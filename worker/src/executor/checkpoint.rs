@@ -38,6 +38,16 @@ pub struct ContextImage {
     pub graphs: Vec<GraphImage>,
 }
 
+/// Bytes an image left out ([`Checkpoint::checkpoint_shape`]): where they
+/// are on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeftOut {
+    /// The allocation at this device address.
+    Allocation(u64),
+    /// The global whose address the guest holds is this.
+    Global(u64),
+}
+
 /// One allocation: `len` bytes at device address `addr`. Its bytes travel
 /// after the image's description (`checkpoint::format`), not in it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -338,6 +348,20 @@ pub trait Checkpoint {
     /// A context that already holds objects is refused
     /// (`InvalidContext`); one that failed midway is dropped.
     fn restore_into(&mut self, _image: &ContextImage) -> Result<(), Status> {
+        Err(Status::NotSupported)
+    }
+
+    /// Takes its image as [`Checkpoint::checkpoint`] does, but may leave
+    /// out the bytes of its allocations and globals (empty where a length
+    /// says there are some): [`Checkpoint::read_left_out`] reads each into
+    /// the stream's own memory, so that it crosses host memory once.
+    fn checkpoint_shape(&mut self) -> Result<ContextImage, Status> {
+        self.checkpoint()
+    }
+
+    /// Reads the bytes [`Checkpoint::checkpoint_shape`] left out of `blob`
+    /// into `dst` (as many as its length), between the same two requests.
+    fn read_left_out(&mut self, _blob: LeftOut, _dst: &mut [u8]) -> Result<(), Status> {
         Err(Status::NotSupported)
     }
 

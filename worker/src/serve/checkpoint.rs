@@ -258,8 +258,13 @@ impl Worker {
         let Some((until, waited)) = self.taking.as_ref().map(|t| (t.until, t.waited)) else {
             return false;
         };
+        // Into the daemon's memfd, the device memory is read in place.
+        let in_place = matches!(
+            self.taking.as_ref().map(|t| &t.answer),
+            Some(Answer::Daemon(_))
+        );
         let r = if self.between_requests() {
-            self.take_checkpoint()
+            self.take_checkpoint(in_place)
         } else if Instant::now() >= until {
             Err(CheckpointError::Busy(waited))
         } else {
@@ -270,8 +275,32 @@ impl Worker {
             // Not taken: the guests go on.
             self.sh.port.held.set(false);
         }
-        t.answer.give(&self.sh.port.link, r);
+        match (t.answer, r) {
+            (Answer::Daemon(memfd), Ok(image)) => self.answer_in_place(memfd, &image),
+            (answer, r) => answer.give(&self.sh.port.link, r),
+        }
         false
+    }
+
+    /// Writes `image` (its device memory left out) into the daemon's
+    /// `memfd`, each process's memory read from its context into place.
+    fn answer_in_place(&mut self, memfd: OwnedFd, image: &VgpuImage) {
+        let Some(back) = self.sh.port.link.answers() else {
+            return;
+        };
+        let sessions = &mut self.sessions;
+        let mut read = |i: usize, blob, dst: &mut [u8]| {
+            let token = image.sessions[i].token;
+            let e = sessions
+                .iter_mut()
+                .map(|(_, e)| e)
+                .find(|e| e.token() == token)
+                .ok_or_else(|| std::io::Error::other("its process is gone"))?;
+            e.s.ctx
+                .read_left_out(blob, dst)
+                .map_err(|s| std::io::Error::other(format!("reading device memory: {s:?}")))
+        };
+        answer::taken_in_place(memfd, &back, image, &mut read);
     }
 
     /// Holds, and takes a checkpoint for `answer` once every channel is
@@ -317,8 +346,11 @@ impl Worker {
             })
     }
 
-    /// The checkpoint of every guest process this worker serves.
-    fn take_checkpoint(&mut self) -> Result<VgpuImage, CheckpointError> {
+    /// The checkpoint of every guest process this worker serves; its
+    /// device memory left out where `shape` ([`answer_in_place`] reads it).
+    ///
+    /// [`answer_in_place`]: Worker::answer_in_place
+    fn take_checkpoint(&mut self, shape: bool) -> Result<VgpuImage, CheckpointError> {
         let device = device_facts(self.sh.gpu.exec.as_ref());
         let mut sessions = Vec::new();
         let chans = &self.chans;
@@ -336,10 +368,12 @@ impl Worker {
                 return Err(CheckpointError::Kept { pid, keeper });
             }
             let t = Instant::now();
-            let context = s
-                .ctx
-                .checkpoint()
-                .map_err(|status| CheckpointError::Executor { pid, status })?;
+            let context = if shape {
+                s.ctx.checkpoint_shape()
+            } else {
+                s.ctx.checkpoint()
+            }
+            .map_err(|status| CheckpointError::Executor { pid, status })?;
             tracing::debug!(
                 pid,
                 ms = crate::millis(t.elapsed()),

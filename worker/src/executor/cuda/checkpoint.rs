@@ -15,9 +15,10 @@ use protocol::{ImageKind, Status};
 use super::check;
 use super::context::{CudaContext, Obj};
 use super::vmm::{vmm_map, VmmAlloc};
+use crate::checkpoint::Blob;
 use crate::executor::checkpoint::{
     Allocation, Checkpoint, ContextImage, EventImage, FunctionImage, GlobalImage, GraphImage,
-    ModuleImage, StreamImage,
+    LeftOut, ModuleImage, StreamImage,
 };
 use crate::executor::{Events, Handle, Keeper, Limits, Memory, Modules, StreamAttributes, Streams};
 
@@ -70,6 +71,67 @@ impl Checkpoint for CudaContext {
     }
 
     fn checkpoint(&mut self) -> Result<ContextImage, Status> {
+        self.image(true)
+    }
+
+    fn checkpoint_shape(&mut self) -> Result<ContextImage, Status> {
+        self.image(false)
+    }
+
+    fn read_left_out(&mut self, blob: LeftOut, dst: &mut [u8]) -> Result<(), Status> {
+        let src = match blob {
+            LeftOut::Allocation(addr) => {
+                let a = self.allocs.get(&addr).ok_or(Status::InvalidValue)?;
+                if dst.len() > a.padded {
+                    return Err(Status::InvalidValue);
+                }
+                addr
+            }
+            LeftOut::Global(guest) => {
+                let t = self
+                    .globals
+                    .taken
+                    .iter()
+                    .find(|t| t.guest == guest)
+                    .ok_or(Status::InvalidValue)?;
+                if dst.len() as u64 > t.size {
+                    return Err(Status::InvalidValue);
+                }
+                t.now
+            }
+        };
+        self.bind()?;
+        // SAFETY: `src` starts at least `dst.len()` bytes of this (current)
+        // context's memory (checked above); `dst` is writable host memory.
+        check(unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len()) })
+    }
+
+    fn stage(&mut self, image: &ContextImage) -> Result<usize, Status> {
+        self.stage_image(image)
+    }
+
+    fn staged_taken(&self) -> usize {
+        self.staged.taken()
+    }
+
+    fn unstage(&mut self) {
+        if self.bind().is_ok() {
+            self.unstage_modules();
+        }
+    }
+
+    fn param_sizes(&self, func: Handle) -> Option<Vec<u32>> {
+        match self.objs.get(&func) {
+            Some(Obj::Function { sizes, .. }) => Some(sizes.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl CudaContext {
+    /// Its image once its work is done: the bytes of its memory and globals
+    /// read back if `with_bytes`, else left out.
+    fn image(&mut self, with_bytes: bool) -> Result<ContextImage, Status> {
         if self.checkpoint_keeper().is_some() {
             return Err(Status::NotSupported);
         }
@@ -82,7 +144,11 @@ impl Checkpoint for CudaContext {
             memory.push(Allocation {
                 addr,
                 len,
-                bytes: read_back(addr, len)?.into(),
+                bytes: if with_bytes {
+                    read_back(addr, len)?.into()
+                } else {
+                    Blob::default()
+                },
             });
         }
         let mut image = ContextImage {
@@ -102,7 +168,11 @@ impl Checkpoint for CudaContext {
                             name: t.name.to_string_lossy().into_owned(),
                             addr: t.guest,
                             len: t.size,
-                            bytes: read_back(t.now, t.size)?.into(),
+                            bytes: if with_bytes {
+                                read_back(t.now, t.size)?.into()
+                            } else {
+                                Blob::default()
+                            },
                         });
                     }
                     image.modules.push(ModuleImage {
@@ -166,29 +236,6 @@ impl Checkpoint for CudaContext {
         Ok(image)
     }
 
-    fn stage(&mut self, image: &ContextImage) -> Result<usize, Status> {
-        self.stage_image(image)
-    }
-
-    fn staged_taken(&self) -> usize {
-        self.staged.taken()
-    }
-
-    fn unstage(&mut self) {
-        if self.bind().is_ok() {
-            self.unstage_modules();
-        }
-    }
-
-    fn param_sizes(&self, func: Handle) -> Option<Vec<u32>> {
-        match self.objs.get(&func) {
-            Some(Obj::Function { sizes, .. }) => Some(sizes.clone()),
-            _ => None,
-        }
-    }
-}
-
-impl CudaContext {
     /// Moves the object made under handle `made` to handle `to`.
     fn rekey(&mut self, made: Handle, to: Handle) -> Result<(), Status> {
         let o = self.objs.remove(&made).ok_or(Status::InvalidHandle)?;

@@ -14,8 +14,8 @@ use super::context::{SimContext, SimModule};
 use super::memory::lock;
 use super::module::parse_module;
 use crate::executor::checkpoint::{
-    Allocation, Checkpoint, ContextImage, EventImage, FunctionImage, GlobalImage, ModuleImage,
-    StreamImage,
+    Allocation, Checkpoint, ContextImage, EventImage, FunctionImage, GlobalImage, LeftOut,
+    ModuleImage, StreamImage,
 };
 use crate::executor::Keeper;
 
@@ -42,6 +42,27 @@ impl Checkpoint for SimContext {
 
     fn restore_into(&mut self, image: &ContextImage) -> Result<(), Status> {
         self.restore_image(image)
+    }
+
+    fn checkpoint_shape(&mut self) -> Result<ContextImage, Status> {
+        let mut image = self.checkpoint()?;
+        for a in &mut image.memory {
+            a.bytes = Default::default();
+        }
+        for g in image.modules.iter_mut().flat_map(|m| &mut m.globals) {
+            g.bytes = Default::default();
+        }
+        Ok(image)
+    }
+
+    fn read_left_out(&mut self, blob: LeftOut, dst: &mut [u8]) -> Result<(), Status> {
+        // The model's globals are allocations at the address the guest holds.
+        let (LeftOut::Allocation(addr) | LeftOut::Global(addr)) = blob;
+        let b = self.mem.get(&addr).ok_or(Status::InvalidValue)?;
+        let bytes = lock(b).to_vec();
+        let src = bytes.get(..dst.len()).ok_or(Status::InvalidValue)?;
+        dst.copy_from_slice(src);
+        Ok(())
     }
 
     fn stage(&mut self, image: &ContextImage) -> Result<usize, Status> {

@@ -346,3 +346,30 @@ fn a_context_staged_with_an_images_modules_gives_them_to_its_restore() {
     bad.modules[0].image = b"not ptx".to_vec();
     assert!(there.open().unwrap().stage(&bad).is_err());
 }
+
+#[test]
+fn a_shape_leaves_out_the_bytes_that_read_left_out_gives() {
+    use crate::executor::checkpoint::LeftOut;
+    let mut exec = SimExecutor::new(SimParams::default());
+    let mut b = build(&mut exec);
+    let whole = b.ctx.checkpoint().unwrap();
+    let shape = b.ctx.checkpoint_shape().unwrap();
+    assert!(shape.memory.iter().all(|a| a.bytes.is_empty() && a.len > 0));
+    let g = &shape.modules[0].globals[0];
+    assert!(g.bytes.is_empty() && g.len == 4);
+    for (a, w) in shape.memory.iter().zip(&whole.memory) {
+        let mut dst = vec![0u8; usize::try_from(a.len).unwrap()];
+        b.ctx
+            .read_left_out(LeftOut::Allocation(a.addr), &mut dst)
+            .unwrap();
+        assert_eq!(dst, *w.bytes);
+    }
+    let mut dst = [0u8; 4];
+    b.ctx.read_left_out(LeftOut::Global(g.addr), &mut dst).unwrap();
+    assert_eq!(dst[..], *whole.modules[0].globals[0].bytes);
+    // Nowhere the context holds memory: refused.
+    assert!(b
+        .ctx
+        .read_left_out(LeftOut::Allocation(0x10), &mut dst)
+        .is_err());
+}

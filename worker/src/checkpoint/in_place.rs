@@ -1,0 +1,241 @@
+//! A worker's checkpoint written in place into the daemon's memfd: the
+//! stream's layout is known from the image's description, so the memfd is
+//! sized and mapped first and the device memory the image left out
+//! (`Checkpoint::checkpoint_shape`) is read straight into its place in the
+//! stream. Device memory then crosses host memory once, not three times (a
+//! buffer of its own, a buffered writer, the memfd). The stream is the one
+//! [`super::write`] gives for the same image with its bytes.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+
+use super::format::{front, stream_tag};
+use super::mapped::MappedMut;
+use super::{FormatError, VgpuImage};
+use crate::executor::checkpoint::LeftOut;
+
+/// One piece of the stream after its description.
+enum Piece<'a> {
+    /// Bytes the image holds.
+    Held(&'a [u8]),
+    /// `len` bytes the image left out: session `session`'s `blob`.
+    LeftOut {
+        session: usize,
+        blob: LeftOut,
+        len: usize,
+    },
+}
+
+impl Piece<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Piece::Held(b) => b.len(),
+            Piece::LeftOut { len, .. } => *len,
+        }
+    }
+}
+
+/// The pieces in the stream's order (as `format::blobs`): a blob with no
+/// bytes that its length says has some was left out.
+fn pieces(image: &VgpuImage) -> Result<Vec<Piece<'_>>, FormatError> {
+    let len = |n: u64| {
+        usize::try_from(n).map_err(|_| FormatError::Description(format!("a blob of {n} bytes")))
+    };
+    let mut v = Vec::new();
+    for (session, s) in image.sessions.iter().enumerate() {
+        for m in &s.context.modules {
+            v.push(Piece::Held(&m.image));
+            for g in &m.globals {
+                v.push(if g.bytes.is_empty() && g.len > 0 {
+                    Piece::LeftOut {
+                        session,
+                        blob: LeftOut::Global(g.addr),
+                        len: len(g.len)?,
+                    }
+                } else {
+                    Piece::Held(&g.bytes)
+                });
+            }
+        }
+        for a in &s.context.memory {
+            v.push(if a.bytes.is_empty() && a.len > 0 {
+                Piece::LeftOut {
+                    session,
+                    blob: LeftOut::Allocation(a.addr),
+                    len: len(a.len)?,
+                }
+            } else {
+                Piece::Held(&a.bytes)
+            });
+        }
+        v.extend(s.context.graphs.iter().map(|g| Piece::Held(&g.nodes)));
+    }
+    Ok(v)
+}
+
+/// Writes `image`'s stream (unkeyed) into `memfd` from its start, each
+/// left-out blob read by `read` (session index, blob, where) into its
+/// place; the bytes written. Where the memfd cannot be mapped for it, the
+/// stream is made in a buffer and written.
+pub fn write_in_place(
+    memfd: &OwnedFd,
+    image: &VgpuImage,
+    read: &mut dyn FnMut(usize, LeftOut, &mut [u8]) -> std::io::Result<()>,
+) -> Result<u64, FormatError> {
+    let front = front(image, false)?;
+    let pieces = pieces(image)?;
+    let total = front.len() + pieces.iter().map(Piece::len).sum::<usize>() + 32;
+    let mut own = Vec::new();
+    let mut map = match MappedMut::create(memfd, total) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::debug!("a checkpoint written through a buffer, not in place: {e}");
+            own.try_reserve_exact(total)
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+            own.resize(total, 0);
+            None
+        }
+    };
+    let buf = match map.as_mut() {
+        Some(m) => m.bytes_mut(),
+        None => own.as_mut_slice(),
+    };
+    buf[..front.len()].copy_from_slice(&front);
+    let mut at = front.len();
+    let mut spans = Vec::with_capacity(pieces.len());
+    for p in &pieces {
+        let n = p.len();
+        let dst = &mut buf[at..at + n];
+        match p {
+            Piece::Held(b) => dst.copy_from_slice(b),
+            Piece::LeftOut { session, blob, .. } => read(*session, *blob, dst)?,
+        }
+        spans.push((at, n));
+        at += n;
+    }
+    let blobs: Vec<&[u8]> = spans.iter().map(|&(s, n)| &buf[s..s + n]).collect();
+    let tag = stream_tag(None, &front, &blobs);
+    buf[at..at + 32].copy_from_slice(&tag);
+    if map.is_none() {
+        let mut f = File::from(memfd.try_clone()?);
+        f.set_len(0)?;
+        f.write_all(&own)?;
+    }
+    Ok(total as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{read, write, SessionImage};
+    use crate::executor::checkpoint::{Allocation, ContextImage, GlobalImage, ModuleImage};
+    use std::io::{Read, Seek};
+
+    fn memfd(sealing: bool) -> OwnedFd {
+        let flags = if sealing {
+            nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING
+        } else {
+            nix::sys::memfd::MFdFlags::empty()
+        };
+        nix::sys::memfd::memfd_create(c"in-place-test", flags).unwrap()
+    }
+
+    fn image(with_bytes: bool) -> VgpuImage {
+        let bytes = |b: u8, n: usize| {
+            if with_bytes {
+                vec![b; n].into()
+            } else {
+                Default::default()
+            }
+        };
+        let context = ContextImage {
+            next_handle: 9,
+            memory: vec![
+                Allocation {
+                    addr: 0x6000_0000_0000,
+                    len: 5 << 20,
+                    bytes: bytes(7, 5 << 20),
+                },
+                Allocation {
+                    addr: 0x6000_0060_0000,
+                    len: 3,
+                    bytes: bytes(8, 3),
+                },
+            ],
+            modules: vec![ModuleImage {
+                handle: 2,
+                ptx: true,
+                len: 4,
+                globals: vec![GlobalImage {
+                    name: "g".into(),
+                    addr: 0x7000,
+                    len: 4,
+                    bytes: bytes(9, 4),
+                }],
+                image: b"ptx\0".to_vec(),
+            }],
+            ..ContextImage::default()
+        };
+        VgpuImage {
+            sessions: vec![SessionImage {
+                pid: 4,
+                context,
+                ..SessionImage::default()
+            }],
+            ..VgpuImage::default()
+        }
+    }
+
+    fn stream_of(fd: &OwnedFd) -> Vec<u8> {
+        let mut f = File::from(fd.try_clone().unwrap());
+        f.rewind().unwrap();
+        let mut v = Vec::new();
+        f.read_to_end(&mut v).unwrap();
+        v
+    }
+
+    #[test]
+    fn a_stream_written_in_place_is_the_stream_written_whole() {
+        let mut whole = Vec::new();
+        write(&mut whole, &image(true), None).unwrap();
+        for sealing in [true, false] {
+            let fd = memfd(sealing);
+            let mut asked = Vec::new();
+            let n = write_in_place(&fd, &image(false), &mut |s, blob, dst| {
+                asked.push((s, blob, dst.len()));
+                let b = match blob {
+                    LeftOut::Allocation(0x6000_0000_0000) => 7,
+                    LeftOut::Allocation(_) => 8,
+                    LeftOut::Global(_) => 9,
+                };
+                dst.fill(b);
+                Ok(())
+            })
+            .unwrap();
+            let got = stream_of(&fd);
+            assert_eq!(n as usize, got.len());
+            assert!(got == whole, "the same bytes (sealing {sealing})");
+            assert_eq!(
+                asked,
+                [
+                    (0, LeftOut::Global(0x7000), 4),
+                    (0, LeftOut::Allocation(0x6000_0000_0000), 5 << 20),
+                    (0, LeftOut::Allocation(0x6000_0060_0000), 3),
+                ]
+            );
+            let back = read(&mut got.as_slice(), None, &Default::default()).unwrap();
+            assert_eq!(back, image(true));
+        }
+    }
+
+    #[test]
+    fn a_failed_read_fails_the_write() {
+        let fd = memfd(true);
+        let e = write_in_place(&fd, &image(false), &mut |_, _, _| {
+            Err(std::io::Error::other("the device said no"))
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("the device said no"), "{e}");
+    }
+}
