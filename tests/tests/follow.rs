@@ -173,6 +173,14 @@ fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
         said.contains("(1 modules loaded ahead)"),
         "the module staged ahead was taken: {said}"
     );
+    // Written into the memory of the checkpoint sent ahead.
+    let log = std::fs::read_to_string(a.log_path()).unwrap();
+    assert!(
+        log.contains(
+            "vm1: held; its 1 workers take checkpoints (1 into the memory of the one sent ahead)"
+        ),
+        "the handover reused the memfd sent ahead:\n{log}"
+    );
     // Served on by the GPU's spare, its context made before the pause.
     let log = std::fs::read_to_string(b.log_path()).unwrap();
     assert!(

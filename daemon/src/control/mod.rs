@@ -147,6 +147,9 @@ pub struct ControlPlane {
     checkpointing: Mutex<HashMap<String, usize>>,
     /// vGPUs handed over from other hosts, for the supervisor.
     arrivals: Mutex<Vec<saves::Arrival>>,
+    /// Streams a checkpoint sent ahead left, by VM: memfds whose pages the
+    /// handover's checkpoint reuses (`saves.rs`).
+    warm_streams: Mutex<HashMap<String, saves::Warm>>,
     /// GPUs on this host.
     gpu_count: std::sync::atomic::AtomicU32,
     /// Memory of each GPU, bytes.
@@ -197,6 +200,7 @@ impl ControlPlane {
             save_asks: Mutex::new(Vec::new()),
             checkpointing: Mutex::new(HashMap::new()),
             arrivals: Mutex::new(Vec::new()),
+            warm_streams: Mutex::new(HashMap::new()),
             declared: Mutex::new(Default::default()),
             gpu_count: std::sync::atomic::AtomicU32::new(match cfg.daemon.executor {
                 ExecutorKind::Sim => cfg.sim.gpus.max(1),

@@ -2,8 +2,10 @@
 //! `resume`, `restore`): queued here for the supervisor, which orders the
 //! vGPU's workers and answers (the supervisor's `checkpoint.rs`).
 
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::sync::mpsc::{channel, Sender};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -18,6 +20,16 @@ pub const IMAGES_MAX: u64 = 4 << 30;
 /// A vGPU handed over from another host (or sent ahead of its handover),
 /// and where the supervisor's word on it goes.
 pub type Arrival = (Saved, Purpose, Sender<Result<String, String>>);
+
+/// The memfds of a checkpoint sent ahead (by process slot), and when it
+/// was sent: the handover's checkpoint is written over them, their pages
+/// already there, which is faster than into new memfds during the guest's
+/// pause.
+pub type Warm = (Instant, BTreeMap<u32, OwnedFd>);
+
+/// How long the memfds of a checkpoint sent ahead are kept for its
+/// handover.
+pub const WARM_KEEP: Duration = Duration::from_secs(600);
 
 /// What is asked of a vGPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,6 +159,26 @@ impl ControlPlane {
             op: SaveOp::Resume,
             answer: channel().0,
         });
+    }
+
+    /// Keeps `streams`, a checkpoint of `vm` sent ahead, for its handover
+    /// (replacing any kept before).
+    pub fn keep_warm(&self, vm: &str, streams: BTreeMap<u32, OwnedFd>) {
+        lock(&self.warm_streams).insert(vm.to_owned(), (Instant::now(), streams));
+    }
+
+    /// The memfds kept for `vm`'s handover (none if none or stale); those
+    /// of any VM older than [`WARM_KEEP`] are dropped.
+    pub fn take_warm(&self, vm: &str) -> BTreeMap<u32, OwnedFd> {
+        let mut w = lock(&self.warm_streams);
+        w.retain(|_, (at, _)| at.elapsed() < WARM_KEEP);
+        w.remove(vm).map(|(_, s)| s).unwrap_or_default()
+    }
+
+    /// Drops the memfds kept for handovers that are older than
+    /// [`WARM_KEEP`], or of VMs not in `live`.
+    pub fn drop_stale_warm(&self, live: &dyn Fn(&str) -> bool) {
+        lock(&self.warm_streams).retain(|vm, (at, _)| at.elapsed() < WARM_KEEP && live(vm));
     }
 
     /// vGPUs handed over since the last call.

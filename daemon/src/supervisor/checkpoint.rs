@@ -112,6 +112,8 @@ impl Supervisor {
                 }
             }
         }
+        let hosts = &self.hosts;
+        self.plane.drop_stale_warm(&|vm| hosts.contains_key(vm));
         for (saved, purpose, answer) in self.plane.take_arrivals() {
             let _ = answer.send(match purpose {
                 Purpose::Handover => self.on_arrival(saved),
@@ -153,10 +155,23 @@ impl Supervisor {
                 return Err(format!("{} exists: name another file", path.display()));
             }
         }
+        // A handover (or another checkpoint sent ahead) is written over
+        // the memfds the last one sent ahead filled.
+        let mut warm = match kind {
+            Kind::Handover(_) | Kind::Ahead(_) => self.plane.take_warm(vm),
+            _ => BTreeMap::new(),
+        };
         let mut memfds = BTreeMap::new();
+        let mut reused = 0;
         for lane in host.lanes() {
-            let fd = save_file::memfd(&format!("fairvgpu-{vm}-checkpoint-{lane}"))
-                .map_err(|e| format!("a memfd for slot {lane}: {e}"))?;
+            let fd = match warm.remove(&lane) {
+                Some(fd) => {
+                    reused += 1;
+                    fd
+                }
+                None => save_file::memfd(&format!("fairvgpu-{vm}-checkpoint-{lane}"))
+                    .map_err(|e| format!("a memfd for slot {lane}: {e}"))?,
+            };
             let dup = fd.try_clone().map_err(|e| e.to_string())?;
             match host.checkpoint_lane(lane, dup) {
                 Ok(()) => {
@@ -168,7 +183,10 @@ impl Supervisor {
         }
         self.plane.event(
             "checkpoint",
-            format!("{vm}: held; its {} workers take checkpoints", memfds.len()),
+            format!(
+                "{vm}: held; its {} workers take checkpoints ({reused} into the memory of the one sent ahead)",
+                memfds.len()
+            ),
         );
         self.held.insert(vm.to_owned());
         self.saves.insert(
@@ -407,12 +425,14 @@ impl Supervisor {
                 let r = match crate::handover::send(&to, &key, &saved, purpose) {
                     Ok(line) if ahead => {
                         plane.event("checkpoint", format!("{vm}: sent ahead to {to} ({line})"));
+                        let bytes: u64 = saved.lanes.iter().map(|l| l.len).sum();
+                        let streams = saved.lanes.into_iter().map(|l| (l.slot, l.stream));
+                        plane.keep_warm(&vm, streams.collect());
                         Ok(json!({
                             "vm": vm,
                             "to": to,
                             "ahead": true,
-                            "processes": saved.lanes.len(),
-                            "bytes": saved.lanes.iter().map(|l| l.len).sum::<u64>(),
+                            "bytes": bytes,
                             "send_ms": t.elapsed().as_secs_f64() * 1e3,
                             "peer": line,
                             "held": false,

@@ -6,8 +6,6 @@
 //! buffer of its own, a buffered writer, the memfd). The stream is the one
 //! [`super::write`] gives for the same image with its bytes.
 
-use std::fs::File;
-use std::io::Write;
 use std::os::fd::OwnedFd;
 
 use super::format::{front, stream_tag};
@@ -76,31 +74,20 @@ fn pieces(image: &VgpuImage) -> Result<Vec<Piece<'_>>, FormatError> {
 
 /// Writes `image`'s stream (unkeyed) into `memfd` from its start, each
 /// left-out blob read by `read` (session index, blob, where) into its
-/// place; the bytes written. Where the memfd cannot be mapped for it, the
-/// stream is made in a buffer and written.
+/// place; the bytes written. A memfd already longer (one reused) is cut to
+/// the stream.
 pub fn write_in_place(
     memfd: &OwnedFd,
     image: &VgpuImage,
     read: &mut dyn FnMut(usize, LeftOut, &mut [u8]) -> std::io::Result<()>,
 ) -> Result<u64, FormatError> {
+    let t0 = std::time::Instant::now();
     let front = front(image, false)?;
     let pieces = pieces(image)?;
     let total = front.len() + pieces.iter().map(Piece::len).sum::<usize>() + 32;
-    let mut own = Vec::new();
-    let mut map = match MappedMut::create(memfd, total) {
-        Ok(m) => Some(m),
-        Err(e) => {
-            tracing::debug!("a checkpoint written through a buffer, not in place: {e}");
-            own.try_reserve_exact(total)
-                .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
-            own.resize(total, 0);
-            None
-        }
-    };
-    let buf = match map.as_mut() {
-        Some(m) => m.bytes_mut(),
-        None => own.as_mut_slice(),
-    };
+    let mut map = MappedMut::create(memfd, total)?;
+    let buf = map.bytes_mut();
+    let create_ms = crate::millis(t0.elapsed());
     buf[..front.len()].copy_from_slice(&front);
     let mut at = front.len();
     let mut spans = Vec::with_capacity(pieces.len());
@@ -114,14 +101,16 @@ pub fn write_in_place(
         spans.push((at, n));
         at += n;
     }
+    let fill_ms = crate::millis(t0.elapsed()) - create_ms;
     let blobs: Vec<&[u8]> = spans.iter().map(|&(s, n)| &buf[s..s + n]).collect();
     let tag = stream_tag(None, &front, &blobs);
+    tracing::debug!(
+        create_ms,
+        fill_ms,
+        tag_ms = crate::millis(t0.elapsed()) - create_ms - fill_ms,
+        "checkpoint stream laid out, filled and tagged"
+    );
     buf[at..at + 32].copy_from_slice(&tag);
-    if map.is_none() {
-        let mut f = File::from(memfd.try_clone()?);
-        f.set_len(0)?;
-        f.write_all(&own)?;
-    }
     Ok(total as u64)
 }
 
@@ -130,14 +119,11 @@ mod tests {
     use super::*;
     use crate::checkpoint::{read, write, SessionImage};
     use crate::executor::checkpoint::{Allocation, ContextImage, GlobalImage, ModuleImage};
+    use std::fs::File;
     use std::io::{Read, Seek};
 
-    fn memfd(sealing: bool) -> OwnedFd {
-        let flags = if sealing {
-            nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING
-        } else {
-            nix::sys::memfd::MFdFlags::empty()
-        };
+    fn memfd() -> OwnedFd {
+        let flags = nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING;
         nix::sys::memfd::memfd_create(c"in-place-test", flags).unwrap()
     }
 
@@ -199,8 +185,15 @@ mod tests {
     fn a_stream_written_in_place_is_the_stream_written_whole() {
         let mut whole = Vec::new();
         write(&mut whole, &image(true), None).unwrap();
-        for sealing in [true, false] {
-            let fd = memfd(sealing);
+        // A new memfd, then the same one again, longer than the stream (as
+        // one a checkpoint sent ahead filled).
+        let fd = memfd();
+        for round in 0..2 {
+            if round == 1 {
+                File::from(fd.try_clone().unwrap())
+                    .set_len(64 << 20)
+                    .unwrap();
+            }
             let mut asked = Vec::new();
             let n = write_in_place(&fd, &image(false), &mut |s, blob, dst| {
                 asked.push((s, blob, dst.len()));
@@ -215,7 +208,7 @@ mod tests {
             .unwrap();
             let got = stream_of(&fd);
             assert_eq!(n as usize, got.len());
-            assert!(got == whole, "the same bytes (sealing {sealing})");
+            assert!(got == whole, "the same bytes (round {round})");
             assert_eq!(
                 asked,
                 [
@@ -231,7 +224,7 @@ mod tests {
 
     #[test]
     fn a_failed_read_fails_the_write() {
-        let fd = memfd(true);
+        let fd = memfd();
         let e = write_in_place(&fd, &image(false), &mut |_, _, _| {
             Err(std::io::Error::other("the device said no"))
         })

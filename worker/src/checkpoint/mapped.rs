@@ -70,9 +70,10 @@ impl Drop for Mapped {
     }
 }
 
-/// A memfd sized and mapped for writing, sealed against shrinking: a
-/// worker's checkpoint written in place (`in_place.rs`). The daemon made
-/// the memfd for it and reads it only once told it is written.
+/// A memfd sized and mapped for writing: a worker's checkpoint written in
+/// place (`in_place.rs`). The daemon made the memfd for it (or kept one a
+/// checkpoint sent ahead filled, whose pages are then reused), and
+/// neither reads nor resizes it until told it is written.
 #[derive(Debug)]
 pub struct MappedMut {
     ptr: NonNull<u8>,
@@ -80,16 +81,15 @@ pub struct MappedMut {
 }
 
 impl MappedMut {
-    /// Sizes `fd` to `len` bytes, seals it against shrinking and maps it
-    /// for writing. A memfd that cannot be sealed, or `len` 0, is an
-    /// error: the caller writes the stream instead.
+    /// Sizes `fd` to `len` bytes and maps it for writing; `len` 0 is an
+    /// error (the caller writes the stream instead).
     pub fn create(fd: &OwnedFd, len: usize) -> std::io::Result<MappedMut> {
         let n = std::num::NonZeroUsize::new(len).ok_or(std::io::ErrorKind::InvalidInput)?;
         let size = i64::try_from(len).map_err(|_| std::io::ErrorKind::InvalidInput)?;
         nix::unistd::ftruncate(fd.as_fd(), size)?;
-        fcntl(fd.as_fd(), FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK))?;
-        // SAFETY: a new shared mapping of the whole memfd, which can no
-        // longer shrink (sealed above), so no access through it can fault;
+        // SAFETY: a new shared mapping of the whole memfd, `len` bytes
+        // long, which only the daemon could resize and does not until told
+        // the stream is written (above), so no access through it faults;
         // nothing else is at the address the kernel picks.
         let p = unsafe {
             mmap(

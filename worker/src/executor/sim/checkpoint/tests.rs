@@ -365,7 +365,9 @@ fn a_shape_leaves_out_the_bytes_that_read_left_out_gives() {
         assert_eq!(dst, *w.bytes);
     }
     let mut dst = [0u8; 4];
-    b.ctx.read_left_out(LeftOut::Global(g.addr), &mut dst).unwrap();
+    b.ctx
+        .read_left_out(LeftOut::Global(g.addr), &mut dst)
+        .unwrap();
     assert_eq!(dst[..], *whole.modules[0].globals[0].bytes);
     // Nowhere the context holds memory: refused.
     assert!(b
