@@ -386,6 +386,9 @@ pub fn tag_of(key: Option<&[u8]>, nonce: &[u8], bytes: &[u8]) -> [u8; 32] {
     t.finish()
 }
 
+/// Bytes a stream is copied into its memfd at a time.
+const COPY_PIECE: usize = 1 << 20;
+
 /// A memfd named `name`, closed on exec.
 pub fn memfd(name: &str) -> std::io::Result<OwnedFd> {
     // Sealable: a restoring worker seals its stream against shrinking and
@@ -441,9 +444,18 @@ impl<R: Read> TaggedReader<R> {
         };
         let fd = memfd(name).map_err(io)?;
         let mut out = File::from(fd.try_clone().map_err(io)?);
-        let copied = std::io::copy(&mut Read::take(&mut *self, len), &mut out).map_err(io)?;
-        if copied != len {
-            return Err(FileError::Tag(path.to_owned()));
+        // In pieces of a MiB: a stream is hundreds of MB, and
+        // `std::io::copy`'s 8 KiB would take a write for each.
+        let mut buf = vec![0u8; COPY_PIECE.min(usize::try_from(len).unwrap_or(COPY_PIECE))];
+        let mut left = len;
+        while left > 0 {
+            let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            let got = self.read(&mut buf[..n]).map_err(io)?;
+            if got == 0 {
+                return Err(FileError::Tag(path.to_owned()));
+            }
+            out.write_all(&buf[..got]).map_err(io)?;
+            left -= got as u64;
         }
         Ok(fd)
     }

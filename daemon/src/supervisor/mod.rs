@@ -95,6 +95,12 @@ struct Supervisor {
     reported: HashMap<String, Vec<u32>>,
 }
 
+/// The supervisor's pause between turns.
+const TURN: Duration = Duration::from_millis(20);
+/// Its pause while a guest waits on a checkpoint, a restore or a vGPU
+/// handed over.
+const BUSY_TURN: Duration = Duration::from_millis(2);
+
 impl Supervisor {
     /// Everything the workers need before the first starts: the host CPU
     /// options, the host id, the grant services and control API, the MPS
@@ -218,8 +224,11 @@ impl Supervisor {
             self.report_workers();
             self.keep_spares(&want, &dying);
             self.balance(&want);
-            // A slot claimed meanwhile ends the pause at once.
-            self.claims.wait(Duration::from_millis(20));
+            // A slot claimed meanwhile ends the pause at once. While a
+            // checkpoint or restore is under way, or a vGPU handed over
+            // waits for its restore, the guest is paused: shorter turns.
+            let busy = !self.saves.is_empty() || !self.arrived.is_empty();
+            self.claims.wait(if busy { BUSY_TURN } else { TURN });
         }
         Ok(())
     }
