@@ -4,13 +4,16 @@
 //! ```text
 //! magic "FVGPUSAV" | version u32 | flags u32 (bit 0: keyed, bit 1: region)
 //! | name length u16 | VM name | [region length u64 | its blocks] | lanes u32
-//! | per lane: slot u32 | length u64 | that many bytes of stream
+//! | per lane: slot u32 | length u64 | that many bytes of stream, in blocks
 //! | tag: 32 bytes, HMAC-SHA-256 under the operator's key, else SHA-256,
 //!   over a handover's nonce (`handover.rs`), each 4 MiB chunk's own tag of
 //!   every byte before it, and their length (`tag.rs`)
 //! ```
 //!
-//! A region goes in blocks, those of zeros as one byte (`region.rs`).
+//! A region and each stream go in blocks, those of zeros as one byte
+//! (`region.rs`): most of a training's device memory is zeros (152 of
+//! 166 MiB of a PyTorch checkpoint on an H200, `docs/measured.md`).
+//! Version 3 (streams whole) is still read.
 //! Integers are little-endian. The daemon checks the tag before any worker
 //! sees a byte; each worker then reads its own stream within the vGPU's
 //! limits, in its sandbox.
@@ -24,8 +27,10 @@ use tag::ChunkTag;
 
 /// The first bytes of every save file.
 pub const MAGIC: [u8; 8] = *b"FVGPUSAV";
-/// The version this build writes and reads.
-pub const VERSION: u32 = 3;
+/// The version this build writes; it reads it and the one before.
+pub const VERSION: u32 = 4;
+/// The version whose streams went whole, not in blocks.
+const WHOLE_STREAMS: u32 = 3;
 const KEYED: u32 = 1;
 const REGION: u32 = 2;
 
@@ -42,7 +47,7 @@ pub enum FileError {
         source: std::io::Error,
     },
     /// Not a save file, or one of another version.
-    #[error("{0}: not a fairvgpu save file of version {VERSION}")]
+    #[error("{0}: not a fairvgpu save file of version {VERSION} or 3")]
     NotOne(PathBuf),
     /// Keyed on one side and not the other.
     #[error("{path}: {why}")]
@@ -199,52 +204,13 @@ pub fn write_to<W: Write>(
     for l in &saved.lanes {
         w.write_all(&l.slot.to_le_bytes())?;
         w.write_all(&l.len.to_le_bytes())?;
-        copy_whole(
-            &l.stream,
-            l.len,
-            &mut w,
-            &format!("slot {}'s stream", l.slot),
-        )?;
+        region::write(&l.stream, l.len, &mut w)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("slot {}'s stream: {e}", l.slot)))?;
     }
     let Tagged { mut inner, tag, n } = w;
     inner.write_all(&tag.finish())?;
     inner.flush()?;
     Ok((inner, n + 32))
-}
-
-/// Copies the first `len` bytes of `fd` into `w`, all of them.
-fn copy_whole(fd: &OwnedFd, len: u64, w: &mut impl Write, what: &str) -> std::io::Result<()> {
-    read_at_offsets(fd, len, |b, _| w.write_all(b))
-        .map_err(|e| std::io::Error::new(e.kind(), format!("{what}: {e}")))
-}
-
-/// Passes the first `len` bytes of `fd` to `sink` in pieces, each with its
-/// offset, read at offsets: `fd` may share its file offset with other
-/// processes (a region's does with the workers). Short of `len`: an error.
-fn read_at_offsets(
-    fd: &OwnedFd,
-    len: u64,
-    mut sink: impl FnMut(&[u8], u64) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    let f = File::from(fd.try_clone()?);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0u64;
-    while at < len {
-        let want = usize::try_from(len - at)
-            .unwrap_or(usize::MAX)
-            .min(buf.len());
-        let k = f.read_at(&mut buf[..want], at)?;
-        if k == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!("{at} bytes, not {len}"),
-            ));
-        }
-        sink(&buf[..k], at)?;
-        at += k as u64;
-    }
-    Ok(())
 }
 
 /// Reads the save file at `path` for `vm`: each lane's stream in a memfd
@@ -302,7 +268,11 @@ pub fn read_from<R: Read>(
     r.read_exact(&mut head).map_err(io)?;
     let word = |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
     let flags = word(12);
-    if head[..8] != MAGIC || word(8) != VERSION || flags & !(KEYED | REGION) != 0 {
+    let version = word(8);
+    if head[..8] != MAGIC
+        || ![VERSION, WHOLE_STREAMS].contains(&version)
+        || flags & !(KEYED | REGION) != 0
+    {
         return Err(FileError::NotOne(path.to_owned()));
     }
     match (flags & KEYED != 0, key.is_some()) {
@@ -364,7 +334,15 @@ pub fn read_from<R: Read>(
                 limits.lane_bytes
             )));
         }
-        let stream = r.read_memfd(&format!("fairvgpu-{vm}-restore-{slot}"), len, path)?;
+        let name = format!("fairvgpu-{vm}-restore-{slot}");
+        let stream = if version == WHOLE_STREAMS {
+            r.read_memfd(&name, len, path)?
+        } else {
+            let fd = memfd(&name).map_err(io)?;
+            region::read(&mut r, len, &File::from(fd.try_clone().map_err(io)?))
+                .map_err(|e| lanes_err(format!("slot {slot}'s stream: {e}")))?;
+            fd
+        };
         lanes.push(Lane { slot, stream, len });
     }
     let TaggedReader { mut inner, tag } = r;

@@ -217,3 +217,43 @@ fn a_region_and_a_nonce_go_with_a_handover() {
         Err(FileError::Lanes { .. })
     ));
 }
+
+#[test]
+fn a_streams_zero_blocks_travel_as_one_byte_and_a_version_3_file_still_reads() {
+    // Mostly zeros, as a training's device memory is.
+    let mut stream = vec![0u8; 10 * region::BLOCK + 5];
+    stream[3 * region::BLOCK + 1] = 4;
+    stream[10 * region::BLOCK + 4] = 9;
+    let (bytes, _) =
+        write_to(Vec::new(), &saved("vm1", vec![lane(1, &stream)]), None, b"").unwrap();
+    assert!(
+        bytes.len() < 2 * region::BLOCK + 200,
+        "{} bytes for two blocks of data",
+        bytes.len()
+    );
+    let p = Path::new("file");
+    let back = read_from(&bytes[..], p, None, b"", &|_| Some(LIMITS)).unwrap();
+    assert_eq!(contents(&back.lanes[0]), stream);
+
+    // The same lane as version 3 wrote it: whole.
+    let mut old = Vec::new();
+    old.extend_from_slice(&MAGIC);
+    old.extend_from_slice(&WHOLE_STREAMS.to_le_bytes());
+    old.extend_from_slice(&0u32.to_le_bytes());
+    old.extend_from_slice(&3u16.to_le_bytes());
+    old.extend_from_slice(b"vm1");
+    old.extend_from_slice(&1u32.to_le_bytes());
+    old.extend_from_slice(&1u32.to_le_bytes());
+    old.extend_from_slice(&(stream.len() as u64).to_le_bytes());
+    old.extend_from_slice(&stream);
+    let tag = tag_of(None, b"", &old);
+    old.extend_from_slice(&tag);
+    let back = read_from(&old[..], p, None, b"", &|_| Some(LIMITS)).unwrap();
+    assert_eq!(contents(&back.lanes[0]), stream);
+    // Another version is refused.
+    old[8] = 9;
+    assert!(matches!(
+        read_from(&old[..], p, None, b"", &|_| Some(LIMITS)),
+        Err(FileError::NotOne(_))
+    ));
+}
