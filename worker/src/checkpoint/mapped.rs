@@ -14,7 +14,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
-use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+use nix::sys::mman::{madvise, mmap, mmap_anonymous, munmap, MapFlags, MmapAdvise, ProtFlags};
 
 /// A stream's memfd, mapped read-only.
 #[derive(Debug)]
@@ -33,11 +33,16 @@ impl Mapped {
     /// Maps all of `fd`, sealed first against shrinking. An fd that cannot
     /// be sealed (a memfd made without `MFD_ALLOW_SEALING`), or an empty
     /// one, is an error: the caller reads it as a stream instead.
+    ///
+    /// The memfd's holes (a stream's blocks of zeros, `save_file`'s) are
+    /// mapped as anonymous zero pages: read, a hole of a memfd would get a
+    /// page of its own, allocated and zeroed, in the guest's pause.
     pub fn of(fd: &OwnedFd) -> std::io::Result<Mapped> {
         fcntl(fd.as_fd(), FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK))?;
         let size = nix::sys::stat::fstat(fd.as_fd())?.st_size;
         let len = usize::try_from(size).map_err(|_| std::io::ErrorKind::InvalidData)?;
         let n = std::num::NonZeroUsize::new(len).ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        let holes = holes(fd, len);
         // SAFETY: a new read-only shared mapping of the whole memfd, which
         // can no longer shrink (sealed above), so no access through it can
         // fault; nothing else is at the address the kernel picks.
@@ -46,12 +51,37 @@ impl Mapped {
                 None,
                 n,
                 ProtFlags::PROT_READ,
-                MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE,
+                MapFlags::MAP_SHARED,
                 fd.as_fd(),
                 0,
             )
         }?;
-        Ok(Mapped { ptr: p.cast(), len })
+        let map = Mapped { ptr: p.cast(), len };
+        for (at, hole) in holes {
+            let Some(k) = std::num::NonZeroUsize::new(hole) else {
+                continue;
+            };
+            // SAFETY: `[at, at + hole)` lies within our own mapping just
+            // made (`holes` keeps inside `len`), page-aligned; it is
+            // replaced by a private read-only anonymous mapping, which
+            // reads as zeros as the hole does. No reference into it exists
+            // yet.
+            unsafe {
+                mmap_anonymous(
+                    Some(
+                        std::num::NonZeroUsize::new(p.as_ptr() as usize + at)
+                            .ok_or(std::io::ErrorKind::InvalidData)?,
+                    ),
+                    k,
+                    ProtFlags::PROT_READ,
+                    MapFlags::MAP_PRIVATE | MapFlags::MAP_FIXED,
+                )
+            }?;
+        }
+        // SAFETY: advice over our own mapping; it only faults pages in
+        // ahead (a kernel without it says so, and they fault as read).
+        let _ = unsafe { madvise(p, len, MmapAdvise::MADV_POPULATE_READ) };
+        Ok(map)
     }
 
     /// The stream.
@@ -60,6 +90,35 @@ impl Mapped {
         // lives, and nobody writes them meanwhile (the module above).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
+}
+
+/// The page-aligned holes of the memfd `fd`'s first `len` bytes: (where,
+/// how long). None where the file cannot say.
+fn holes(fd: &OwnedFd, len: usize) -> Vec<(usize, usize)> {
+    use nix::unistd::{lseek, Whence};
+    let page = 4096usize;
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < len {
+        let Ok(off) = i64::try_from(at) else { break };
+        let Ok(h) = lseek(fd.as_fd(), off, Whence::SeekHole) else {
+            break;
+        };
+        let hole = usize::try_from(h).unwrap_or(len).min(len);
+        if hole >= len {
+            break;
+        }
+        let data = match lseek(fd.as_fd(), h, Whence::SeekData) {
+            Ok(d) => usize::try_from(d).unwrap_or(len).min(len),
+            Err(_) => len,
+        };
+        let (start, end) = (hole.next_multiple_of(page), data - data % page);
+        if end > start {
+            out.push((start, end - start));
+        }
+        at = data.max(hole + 1);
+    }
+    out
 }
 
 impl Drop for Mapped {
@@ -258,6 +317,28 @@ mod tests {
         let f = std::fs::File::from(fd);
         assert!(f.set_len(2).is_err());
         assert!(f.set_len(100).is_ok(), "growing is harmless");
+    }
+
+    #[test]
+    fn a_sparse_stream_reads_as_zeros_in_its_holes_without_pages_for_them() {
+        use std::os::unix::fs::FileExt;
+        let fd = memfd(b"", true);
+        let f = std::fs::File::from(fd.try_clone().unwrap());
+        let len = 64usize << 20;
+        f.set_len(len as u64).unwrap();
+        f.write_all_at(b"head", 0).unwrap();
+        f.write_all_at(b"middle", 32 << 20).unwrap();
+        f.write_all_at(b"tail", len as u64 - 4).unwrap();
+        let blocks = || nix::sys::stat::fstat(fd.as_fd()).unwrap().st_blocks;
+        let before = blocks();
+        let map = Mapped::of(&fd).unwrap();
+        let b = map.bytes();
+        assert_eq!(&b[..4], b"head");
+        assert_eq!(&b[32 << 20..(32 << 20) + 6], b"middle");
+        assert_eq!(&b[len - 4..], b"tail");
+        let zeros = b.iter().filter(|&&x| x == 0).count();
+        assert_eq!(zeros, len - 14, "every other byte reads as zero");
+        assert_eq!(blocks(), before, "reading the holes allocated nothing");
     }
 
     #[test]
