@@ -12,7 +12,6 @@ use transport::server::send_msg;
 use wire::feed::{encode_value, CHECKPOINTED, CHECKPOINT_FAILED, CHECKPOINT_WHY_MAX, RESTORED};
 
 use super::{write, VgpuImage};
-use crate::executor::checkpoint::LeftOut;
 
 /// Writes `image`'s stream into `memfd` from its start (unkeyed: the
 /// daemon keys what it keeps) and says so on `back`; if it cannot be
@@ -50,7 +49,7 @@ pub fn taken_in_place(
     memfd: OwnedFd,
     back: &UnixStream,
     image: &VgpuImage,
-    read: &mut dyn FnMut(usize, LeftOut, &mut [u8]) -> std::io::Result<()>,
+    read: &mut super::in_place::ReadLeftOut<'_>,
 ) {
     let t = std::time::Instant::now();
     match super::write_in_place(&memfd, image, read) {

@@ -13,6 +13,10 @@ use super::mapped::MappedMut;
 use super::{FormatError, VgpuImage};
 use crate::executor::checkpoint::LeftOut;
 
+/// What reads a left-out blob into its place: the session's index in the
+/// image, the blob, where.
+pub type ReadLeftOut<'a> = dyn FnMut(usize, LeftOut, &mut [u8]) -> std::io::Result<()> + 'a;
+
 /// One piece of the stream after its description.
 enum Piece<'a> {
     /// Bytes the image holds.
@@ -79,7 +83,7 @@ fn pieces(image: &VgpuImage) -> Result<Vec<Piece<'_>>, FormatError> {
 pub fn write_in_place(
     memfd: &OwnedFd,
     image: &VgpuImage,
-    read: &mut dyn FnMut(usize, LeftOut, &mut [u8]) -> std::io::Result<()>,
+    read: &mut ReadLeftOut<'_>,
 ) -> Result<u64, FormatError> {
     let t0 = std::time::Instant::now();
     let front = front(image, false)?;
@@ -207,7 +211,7 @@ mod tests {
             })
             .unwrap();
             let got = stream_of(&fd);
-            assert_eq!(n as usize, got.len());
+            assert_eq!(n, got.len() as u64);
             assert!(got == whole, "the same bytes (round {round})");
             assert_eq!(
                 asked,
