@@ -623,8 +623,9 @@ fn key_file(dir: &Path, key: &str) -> PathBuf {
 /// QEMU there has loaded the VM. First a destination with another key
 /// refuses: the guest goes on computing on the source, QEMU's migration
 /// cancelled; before it, one where it does not fit (a smaller memory limit)
-/// refuses while the guest runs. The program finishes with every round's
-/// check passing.
+/// refuses while the guest runs. The taken move is preceded by a
+/// checkpoint sent ahead, whose module the destination's restore takes
+/// loaded. The program finishes with every round's check passing.
 #[test]
 fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
     if !prerequisites() {
@@ -696,11 +697,17 @@ fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
     let before = round(g.expect("FVG-ROUND ", STEP));
     assert!(round(g.expect("FVG-ROUND ", STEP)) > before);
 
-    // Taken: the guest finishes on the destination.
+    // Taken: a checkpoint sent ahead while the guest runs (the
+    // destination's spare loads its module), then the guest finishes on
+    // the destination.
     let qport = free_port();
     let (mut g_b, mut qb) = boot_incoming(&b, qport);
-    migrate_to_switchover(&mut qa, qport);
     let to_b = format!("127.0.0.1:{port_b}");
+    let said = a.fairvgpu_ok(&["handover", "--vm", "vm1", "--to", &to_b, "--ahead"]);
+    assert!(said.contains("its modules load ahead on GPU 0"), "{said}");
+    let before = round(g.expect("FVG-ROUND ", STEP));
+    assert!(round(g.expect("FVG-ROUND ", STEP)) > before);
+    migrate_to_switchover(&mut qa, qport);
     a.fairvgpu_ok(&["handover", "--vm", "vm1", "--to", &to_b]);
     qmp_do(
         &mut qa,
@@ -709,7 +716,8 @@ fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
     );
     migration_reaches(&mut qa, "completed");
     qmp_until(&mut qb, "query-status", STEP, |v| v["status"] == "paused");
-    b.fairvgpu_ok(&["restore", "--vm", "vm1", "--received"]);
+    let said = b.fairvgpu_ok(&["restore", "--vm", "vm1", "--received"]);
+    assert!(said.contains("(1 modules loaded ahead)"), "{said}");
     qmp_do(&mut qb, "cont", serde_json::json!({}));
     let _ = qa.execute("quit", serde_json::json!({}));
     drop(g);
