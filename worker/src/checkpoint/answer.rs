@@ -30,16 +30,19 @@ pub fn taken(memfd: OwnedFd, back: &UnixStream, image: &VgpuImage) {
             Ok(n)
         });
     match written {
-        Ok(n) => {
-            tracing::debug!(
-                bytes = n,
-                ms = crate::millis(t.elapsed()),
-                "checkpoint stream written"
-            );
-            let _ = send_msg(back, encode_value(CHECKPOINTED, n), None);
-        }
+        Ok(n) => said_taken(back, n, t),
         Err(why) => failed_in(f, back, &format!("writing the checkpoint: {why}")),
     }
+}
+
+/// Says on `back` that a stream of `n` bytes is written, begun at `t`.
+fn said_taken(back: &UnixStream, n: u64, t: std::time::Instant) {
+    tracing::debug!(
+        bytes = n,
+        ms = crate::millis(t.elapsed()),
+        "checkpoint stream written"
+    );
+    let _ = send_msg(back, encode_value(CHECKPOINTED, n), None);
 }
 
 /// Writes `image`'s stream into `memfd` in place, each blob it left out
@@ -53,14 +56,7 @@ pub fn taken_in_place(
 ) {
     let t = std::time::Instant::now();
     match super::write_in_place(&memfd, image, read) {
-        Ok(n) => {
-            tracing::debug!(
-                bytes = n,
-                ms = crate::millis(t.elapsed()),
-                "checkpoint stream written in place"
-            );
-            let _ = send_msg(back, encode_value(CHECKPOINTED, n), None);
-        }
+        Ok(n) => said_taken(back, n, t),
         Err(e) => failed_in(
             File::from(memfd),
             back,

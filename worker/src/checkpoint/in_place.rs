@@ -41,39 +41,36 @@ impl Piece<'_> {
 /// The pieces in the stream's order (as `format::blobs`): a blob with no
 /// bytes that its length says has some was left out.
 fn pieces(image: &VgpuImage) -> Result<Vec<Piece<'_>>, FormatError> {
-    let len = |n: u64| {
-        usize::try_from(n).map_err(|_| FormatError::Description(format!("a blob of {n} bytes")))
-    };
     let mut v = Vec::new();
     for (session, s) in image.sessions.iter().enumerate() {
         for m in &s.context.modules {
             v.push(Piece::Held(&m.image));
             for g in &m.globals {
-                v.push(if g.bytes.is_empty() && g.len > 0 {
-                    Piece::LeftOut {
-                        session,
-                        blob: LeftOut::Global(g.addr),
-                        len: len(g.len)?,
-                    }
-                } else {
-                    Piece::Held(&g.bytes)
-                });
+                v.push(device(session, &g.bytes, g.len, LeftOut::Global(g.addr))?);
             }
         }
         for a in &s.context.memory {
-            v.push(if a.bytes.is_empty() && a.len > 0 {
-                Piece::LeftOut {
-                    session,
-                    blob: LeftOut::Allocation(a.addr),
-                    len: len(a.len)?,
-                }
-            } else {
-                Piece::Held(&a.bytes)
-            });
+            v.push(device(
+                session,
+                &a.bytes,
+                a.len,
+                LeftOut::Allocation(a.addr),
+            )?);
         }
         v.extend(s.context.graphs.iter().map(|g| Piece::Held(&g.nodes)));
     }
     Ok(v)
+}
+
+/// Session `session`'s device memory `blob` of `n` bytes: `bytes` held,
+/// or left out where there are none.
+fn device(session: usize, bytes: &[u8], n: u64, blob: LeftOut) -> Result<Piece<'_>, FormatError> {
+    if !bytes.is_empty() || n == 0 {
+        return Ok(Piece::Held(bytes));
+    }
+    let len =
+        usize::try_from(n).map_err(|_| FormatError::Description(format!("a blob of {n} bytes")))?;
+    Ok(Piece::LeftOut { session, blob, len })
 }
 
 /// Writes `image`'s stream (unkeyed) into `memfd` from its start, each
