@@ -723,16 +723,19 @@ fn spare_process(config: &std::path::Path, fd: i32, gpu: u32) -> Result<()> {
         match worker::spare::recv_order(&sock)? {
             worker::spare::Order::Stage { vm, stream } => {
                 let t = std::time::Instant::now();
-                match warm.stage(&stream) {
-                    Ok(n) => tracing::debug!(
-                        vm,
-                        gpu,
-                        modules = n,
-                        ms = t.elapsed().as_millis(),
-                        "modules loaded ahead of a restore"
-                    ),
-                    Err(e) => tracing::warn!(vm, gpu, "loading a vGPU's modules ahead: {e}"),
-                }
+                let n = warm.stage(&stream).unwrap_or_else(|e| {
+                    tracing::warn!(vm, gpu, "loading a vGPU's modules ahead: {e}");
+                    0
+                });
+                let ms = t.elapsed().as_millis();
+                tracing::debug!(
+                    vm,
+                    gpu,
+                    modules = n,
+                    ms,
+                    "modules loaded ahead of a restore"
+                );
+                let _ = worker::spare::say_staged(&sock, n);
                 staged_for = Some(vm);
             }
             worker::spare::Order::Bind(b) => break b,

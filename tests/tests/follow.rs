@@ -155,7 +155,8 @@ fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
     assert!(!ok && said.contains("proof does not match"), "{said}");
     let (ok, said) = ahead(&a, port_b);
     assert!(
-        ok && said.contains("sent ahead") && said.contains("its modules load ahead on GPU 0"),
+        ok && said.contains("sent ahead")
+            && said.contains("vm1: 1 modules loaded ahead on GPU 0 in "),
         "{said}"
     );
     let r = round(&rx);

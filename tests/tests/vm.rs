@@ -704,7 +704,10 @@ fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
     let (mut g_b, mut qb) = boot_incoming(&b, qport);
     let to_b = format!("127.0.0.1:{port_b}");
     let said = a.fairvgpu_ok(&["handover", "--vm", "vm1", "--to", &to_b, "--ahead"]);
-    assert!(said.contains("its modules load ahead on GPU 0"), "{said}");
+    assert!(
+        said.contains("vm1: 1 modules loaded ahead on GPU 0 in "),
+        "{said}"
+    );
     let before = round(g.expect("FVG-ROUND ", STEP));
     assert!(round(g.expect("FVG-ROUND ", STEP)) > before);
     migrate_to_switchover(&mut qa, qport);

@@ -61,7 +61,8 @@ pub const CHECKPOINTED: i64 = 25;
 pub const CHECKPOINT_FAILED: i64 = 26;
 /// Daemon -> worker: go on serving (the checkpoint was not used).
 pub const RESUME: i64 = 27;
-/// Worker -> daemon: it serves on from the checkpoint it was started with.
+/// Worker -> daemon: it serves on from the checkpoint it was started with;
+/// how many of its modules a spare had loaded ahead (low 40 bits).
 pub const RESTORED: i64 = 28;
 /// The longest reason a [`CHECKPOINT_FAILED`] gives, bytes.
 pub const CHECKPOINT_WHY_MAX: u16 = 4096;
@@ -86,6 +87,10 @@ pub fn decode_entry(v: i64) -> (u16, u32) {
 /// Spare worker -> daemon, on its own socket (not a feed): its executor
 /// is open and its context made; it waits for its [`SpareBinding`].
 pub const SPARE_READY: i64 = 12;
+/// Spare worker -> daemon, on its own socket: it staged the modules of the
+/// checkpoint it was given ([`SpareBinding::stage`]); how many (low 40
+/// bits, 0 where none could be).
+pub const SPARE_STAGED: i64 = 29;
 
 /// The first bytes of a [`SpareBinding`].
 const BINDING_MAGIC: [u8; 4] = *b"FVGB";

@@ -40,6 +40,14 @@ pub fn say_ready(sock: &UnixStream) -> Result<(), Error> {
     Ok(())
 }
 
+/// Tells the daemon that the spare staged `modules` modules of the
+/// checkpoint it was given.
+pub fn say_staged(sock: &UnixStream, modules: usize) -> Result<(), Error> {
+    let v = wire::feed::encode_value(wire::feed::SPARE_STAGED, modules as u64);
+    transport::server::send_msg(sock, v, None)?;
+    Ok(())
+}
+
 /// What a spare is bound with: the binding and its fds.
 #[derive(Debug)]
 pub struct Bound {

@@ -115,10 +115,12 @@ impl Supervisor {
         let hosts = &self.hosts;
         self.plane.drop_stale_warm(&|vm| hosts.contains_key(vm));
         for (saved, purpose, answer) in self.plane.take_arrivals() {
-            let _ = answer.send(match purpose {
-                Purpose::Handover => self.on_arrival(saved),
-                Purpose::Ahead => self.on_ahead(&saved),
-            });
+            match purpose {
+                Purpose::Handover => {
+                    let _ = answer.send(self.on_arrival(saved));
+                }
+                Purpose::Ahead => self.on_ahead(&saved, answer),
+            }
         }
         // A hold ends with its VM: its QEMU gone, and with it every worker.
         let hosts = &self.hosts;

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::sync::mpsc::Sender;
 use std::time::Instant;
 
 use serde_json::{json, Value};
@@ -201,26 +202,33 @@ impl Supervisor {
     /// A checkpoint another host's daemon sent ahead of handing `vm` over
     /// (its guest still running there): the modules of its first process
     /// loaded by the spare of `vm`'s GPU here, which the restore's first
-    /// slot binds. The line is the sender's.
-    pub(super) fn on_ahead(&mut self, saved: &Saved) -> Result<String, String> {
+    /// slot binds. The sender's line goes on `answer` once the spare has
+    /// loaded them (`spares.rs`), or at once.
+    pub(super) fn on_ahead(&mut self, saved: &Saved, answer: Sender<Result<String, String>>) {
         let vm = saved.vm.as_str();
-        self.check_empty(vm)?;
-        self.fits_here(&self.plane.config(), vm, saved)?;
+        let fits = self
+            .check_empty(vm)
+            .and_then(|()| self.fits_here(&self.plane.config(), vm, saved));
+        if let Err(why) = fits {
+            let _ = answer.send(Err(why));
+            return;
+        }
         let Some(first) = saved.lanes.first() else {
-            return Ok(format!("{vm}: no process to load ahead"));
+            let _ = answer.send(Ok(format!("{vm}: no process to load ahead")));
+            return;
         };
         let gpu = self.plane.gpu_of(vm).unwrap_or(0);
         let side = self.mps.get(&gpu).map_or(0, crate::mps::MpsGpu::serving);
-        if self.stage_spare(gpu, side, vm, &first.stream) {
-            self.plane.event(
+        match self.stage_spare((gpu, side), vm, &first.stream, answer) {
+            Ok(()) => self.plane.event(
                 "checkpoint",
                 format!("{vm}: sent ahead from another host; its modules load on GPU {gpu}"),
-            );
-            Ok(format!("{vm}: its modules load ahead on GPU {gpu}"))
-        } else {
-            Ok(format!(
-                "{vm}: no spare worker on GPU {gpu}; its modules load at the restore"
-            ))
+            ),
+            Err(answer) => {
+                let _ = answer.send(Ok(format!(
+                    "{vm}: no spare worker on GPU {gpu}; its modules load at the restore"
+                )));
+            }
         }
     }
 

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Read as _;
 use std::os::unix::net::UnixStream;
 use std::process::Child;
+use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use super::workers::stop_child;
@@ -32,7 +33,35 @@ pub(super) struct Spare {
     /// It said that its GPU is open and its context made.
     ready: bool,
     started: Instant,
+    /// A checkpoint sent ahead it is loading the modules of, and whom to
+    /// tell once it has.
+    staging: Option<Staging>,
 }
+
+/// A spare's staging under way: the VM, the answer the peer that sent the
+/// checkpoint waits for, and since when.
+pub(super) struct Staging {
+    vm: String,
+    answer: Sender<Result<String, String>>,
+    since: Instant,
+}
+
+impl Staging {
+    /// Answers the peer: `modules` loaded ahead on `gpu`, or none.
+    fn done(self, gpu: u32, modules: Option<u64>) {
+        let vm = &self.vm;
+        let ms = self.since.elapsed().as_millis();
+        let line = match modules {
+            Some(n) => format!("{vm}: {n} modules loaded ahead on GPU {gpu} in {ms} ms"),
+            None => format!("{vm}: its modules were not all loaded ahead on GPU {gpu} ({ms} ms)"),
+        };
+        let _ = self.answer.send(Ok(line));
+    }
+}
+
+/// How long a peer waits for a spare's staging before it is answered
+/// without it (its handover would still find what is staged by then).
+const STAGING_WAIT: Duration = Duration::from_secs(30);
 
 /// The spares, by GPU.
 #[derive(Default)]
@@ -45,7 +74,8 @@ pub(super) struct Spares {
 impl Spares {
     /// Ends every spare (the daemon's stop).
     pub fn stop(&mut self) {
-        for (_, mut s) in std::mem::take(&mut self.by_gpu) {
+        for (gpu, mut s) in std::mem::take(&mut self.by_gpu) {
+            s.end_staging(gpu);
             stop_child(&mut s.child);
         }
     }
@@ -53,21 +83,44 @@ impl Spares {
     /// The spares' processes of GPU `gpu`, taken out (their MPS server
     /// failed: they are ended with its other clients).
     pub fn take_gpu(&mut self, gpu: u32) -> Option<Spare> {
-        self.by_gpu.remove(&gpu)
+        let mut s = self.by_gpu.remove(&gpu)?;
+        s.end_staging(gpu);
+        Some(s)
     }
 }
 
 impl Spare {
     /// Whether it said it is ready (read without waiting); false once its
-    /// socket closed.
-    fn poll_ready(&mut self) -> bool {
-        if !self.ready {
-            let mut word = [0u8; 8];
-            if let Ok(8) = (&self.sock).read(&mut word) {
-                self.ready = i64::from_le_bytes(word) >> 40 == wire::feed::SPARE_READY;
+    /// socket closed. A word that its staging is done answers its peer.
+    fn poll_ready(&mut self, gpu: u32) -> bool {
+        let mut word = [0u8; 8];
+        while let Ok(8) = (&self.sock).read(&mut word) {
+            let v = i64::from_le_bytes(word);
+            match wire::feed::decode(v).0 {
+                wire::feed::SPARE_READY => self.ready = true,
+                wire::feed::SPARE_STAGED => {
+                    if let Some(st) = self.staging.take() {
+                        st.done(gpu, Some(wire::feed::decode_value(v)));
+                    }
+                }
+                _ => {}
             }
         }
+        if self
+            .staging
+            .as_ref()
+            .is_some_and(|st| st.since.elapsed() > STAGING_WAIT)
+        {
+            self.end_staging(gpu);
+        }
         self.ready
+    }
+
+    /// Answers the peer of a staging under way without waiting more.
+    fn end_staging(&mut self, gpu: u32) {
+        if let Some(st) = self.staging.take() {
+            st.done(gpu, None);
+        }
     }
 }
 
@@ -87,15 +140,17 @@ impl Supervisor {
         let mut gone = Vec::new();
         for (&gpu, s) in &mut self.spares.by_gpu {
             if let Ok(Some(status)) = s.child.try_wait() {
+                s.end_staging(gpu);
                 tracing::warn!(gpu, "spare worker exited unbound ({status})");
                 self.spares
                     .retry_at
                     .insert(gpu, Instant::now() + SPARE_RETRY);
                 gone.push(gpu);
             } else if !wanted.contains(&gpu) || s.side != serving(gpu) {
+                s.end_staging(gpu);
                 stop_child(&mut s.child);
                 gone.push(gpu);
-            } else if !s.poll_ready() && s.started.elapsed() > Duration::from_secs(60) {
+            } else if !s.poll_ready(gpu) && s.started.elapsed() > Duration::from_secs(60) {
                 tracing::warn!(gpu, "spare worker not ready after 60 s: ended");
                 stop_child(&mut s.child);
                 gone.push(gpu);
@@ -142,32 +197,39 @@ impl Supervisor {
             side,
             ready: false,
             started: Instant::now(),
+            staging: None,
         })
     }
 
     /// Has GPU `gpu`'s spare, if it is a client of MPS side `side`, load
     /// ahead the modules of `vm`'s checkpoint `stream` (a vGPU another host
-    /// is about to hand over); whether it was told.
+    /// is about to hand over); `answer` is told once it has. Without such a
+    /// spare, `answer` comes back.
     pub(super) fn stage_spare(
         &mut self,
-        gpu: u32,
-        side: usize,
+        (gpu, side): (u32, usize),
         vm: &str,
         stream: &std::os::fd::OwnedFd,
-    ) -> bool {
+        answer: Sender<Result<String, String>>,
+    ) -> Result<(), Sender<Result<String, String>>> {
         let Some(s) = self.spares.by_gpu.get_mut(&gpu) else {
-            return false;
+            return Err(answer);
         };
         if s.side != side {
-            return false;
+            return Err(answer);
         }
-        match worker::spare::send_stage(&s.sock, vm, stream) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(gpu, vm, "staging a spare worker: {e}");
-                false
-            }
+        if let Err(e) = worker::spare::send_stage(&s.sock, vm, stream) {
+            tracing::warn!(gpu, vm, "staging a spare worker: {e}");
+            return Err(answer);
         }
+        // One staging at a time: the one before is answered as it stands.
+        s.end_staging(gpu);
+        s.staging = Some(Staging {
+            vm: vm.to_owned(),
+            answer,
+            since: Instant::now(),
+        });
+        Ok(())
     }
 
     /// GPU `gpu`'s spare, if it is a client of MPS side `side`, taken to be
@@ -180,9 +242,11 @@ impl Supervisor {
         if s.side != side {
             return None;
         }
-        if !s.poll_ready() {
+        if !s.poll_ready(gpu) {
             tracing::debug!(gpu, "a spare still starting is bound");
         }
+        // Its binding waits in its socket for the staging to end.
+        s.end_staging(gpu);
         let s = self.spares.by_gpu.remove(&gpu)?;
         // A binding fits the socket's buffer: sent whole either way.
         let _ = s.sock.set_nonblocking(false);
