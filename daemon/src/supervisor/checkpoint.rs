@@ -183,12 +183,14 @@ impl Supervisor {
                 Err(e) => tracing::debug!(vm, lane, "no checkpoint asked: {e}"),
             }
         }
+        let into = if reused > 0 {
+            format!(" ({reused} into the memory of the one sent ahead)")
+        } else {
+            String::new()
+        };
         self.plane.event(
             "checkpoint",
-            format!(
-                "{vm}: held; its {} workers take checkpoints ({reused} into the memory of the one sent ahead)",
-                memfds.len()
-            ),
+            format!("{vm}: held; its {} workers take checkpoints{into}", memfds.len()),
         );
         self.held.insert(vm.to_owned());
         self.saves.insert(
