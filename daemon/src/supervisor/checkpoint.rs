@@ -190,7 +190,10 @@ impl Supervisor {
         };
         self.plane.event(
             "checkpoint",
-            format!("{vm}: held; its {} workers take checkpoints{into}", memfds.len()),
+            format!(
+                "{vm}: held; its {} workers take checkpoints{into}",
+                memfds.len()
+            ),
         );
         self.held.insert(vm.to_owned());
         self.saves.insert(
