@@ -4,51 +4,19 @@
 //! a worker started from a checkpoint serves on (`RESTORED`).
 
 use std::fs::File;
-use std::io::{BufWriter, Seek, Write};
+use std::io::{Seek, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
 use transport::server::send_msg;
 use wire::feed::{encode_value, CHECKPOINTED, CHECKPOINT_FAILED, CHECKPOINT_WHY_MAX, RESTORED};
 
-use super::{write, VgpuImage};
-
-/// Writes `image`'s stream into `memfd` from its start (unkeyed: the
-/// daemon keys what it keeps) and says so on `back`; if it cannot be
-/// written, says why instead.
-pub fn taken(memfd: OwnedFd, back: &UnixStream, image: &VgpuImage) {
-    let t = std::time::Instant::now();
-    let mut f = File::from(memfd);
-    let written = f
-        .set_len(0)
-        .and_then(|()| f.rewind())
-        .map_err(|e| e.to_string())
-        .and_then(|()| {
-            let mut w = BufWriter::with_capacity(1 << 20, &mut f);
-            let n = write(&mut w, image, None).map_err(|e| e.to_string())?;
-            w.flush().map_err(|e| e.to_string())?;
-            Ok(n)
-        });
-    match written {
-        Ok(n) => said_taken(back, n, t),
-        Err(why) => failed_in(f, back, &format!("writing the checkpoint: {why}")),
-    }
-}
-
-/// Says on `back` that a stream of `n` bytes is written, begun at `t`.
-fn said_taken(back: &UnixStream, n: u64, t: std::time::Instant) {
-    tracing::debug!(
-        bytes = n,
-        ms = crate::millis(t.elapsed()),
-        "checkpoint stream written"
-    );
-    let _ = send_msg(back, encode_value(CHECKPOINTED, n), None);
-}
+use super::VgpuImage;
 
 /// Writes `image`'s stream into `memfd` in place, each blob it left out
 /// read by `read` (`in_place.rs`), and says so on `back`; if it cannot be
 /// written, says why instead.
-pub fn taken_in_place(
+pub fn taken(
     memfd: OwnedFd,
     back: &UnixStream,
     image: &VgpuImage,
@@ -56,7 +24,14 @@ pub fn taken_in_place(
 ) {
     let t = std::time::Instant::now();
     match super::write_in_place(&memfd, image, read) {
-        Ok(n) => said_taken(back, n, t),
+        Ok(n) => {
+            tracing::debug!(
+                bytes = n,
+                ms = crate::millis(t.elapsed()),
+                "checkpoint stream written"
+            );
+            let _ = send_msg(back, encode_value(CHECKPOINTED, n), None);
+        }
         Err(e) => failed_in(
             File::from(memfd),
             back,
@@ -108,7 +83,9 @@ mod tests {
     fn a_checkpoint_is_written_whole_and_its_length_said() {
         let (fd, mut f) = memfd();
         let (a, b) = UnixStream::pair().unwrap();
-        taken(fd, &a, &VgpuImage::default());
+        taken(fd, &a, &VgpuImage::default(), &mut |_, _, _| {
+            unreachable!("an image with no memory leaves none out")
+        });
         let (v, _) = recv_msg(&b).unwrap().unwrap();
         assert_eq!(v >> 40, CHECKPOINTED);
         let mut bytes = Vec::new();

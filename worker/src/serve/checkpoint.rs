@@ -150,16 +150,15 @@ enum Answer {
 }
 
 impl Answer {
-    fn give(self, link: &PeerLink, r: Result<VgpuImage, CheckpointError>) {
+    /// Says why there is no checkpoint.
+    fn refuse(self, link: &PeerLink, e: CheckpointError) {
         match self {
             Answer::Here(tx) => {
-                let _ = tx.send(r);
+                let _ = tx.send(Err(e));
             }
             Answer::Daemon(memfd) => {
-                let Some(back) = link.answers() else { return };
-                match r {
-                    Ok(image) => answer::taken(memfd, &back, &image),
-                    Err(e) => answer::failed(memfd, &back, &e.to_string()),
+                if let Some(back) = link.answers() {
+                    answer::failed(memfd, &back, &e.to_string());
                 }
             }
         }
@@ -277,7 +276,10 @@ impl Worker {
         }
         match (t.answer, r) {
             (Answer::Daemon(memfd), Ok(image)) => self.answer_in_place(memfd, &image),
-            (answer, r) => answer.give(&self.sh.port.link, r),
+            (Answer::Here(tx), r) => {
+                let _ = tx.send(r);
+            }
+            (answer, Err(e)) => answer.refuse(&self.sh.port.link, e),
         }
         false
     }
@@ -300,7 +302,7 @@ impl Worker {
                 .read_left_out(blob, dst)
                 .map_err(|s| std::io::Error::other(format!("reading device memory: {s:?}")))
         };
-        answer::taken_in_place(memfd, &back, image, &mut read);
+        answer::taken(memfd, &back, image, &mut read);
     }
 
     /// Holds, and takes a checkpoint for `answer` once every channel is
@@ -314,7 +316,7 @@ impl Worker {
         });
         if let Some(t) = before {
             t.answer
-                .give(&self.sh.port.link, Err(CheckpointError::Superseded));
+                .refuse(&self.sh.port.link, CheckpointError::Superseded);
         }
     }
 
@@ -324,7 +326,7 @@ impl Worker {
         self.sh.port.held.set(false);
         if let Some(t) = self.taking.take() {
             t.answer
-                .give(&self.sh.port.link, Err(CheckpointError::Superseded));
+                .refuse(&self.sh.port.link, CheckpointError::Superseded);
         }
     }
 
