@@ -167,12 +167,14 @@ impl ControlPlane {
         lock(&self.warm_streams).insert(vm.to_owned(), (Instant::now(), streams));
     }
 
-    /// The memfds kept for `vm`'s handover (none if none or stale); those
-    /// of any VM older than [`WARM_KEEP`] are dropped.
+    /// The memfds kept for `vm`'s handover (none if none or stale; the
+    /// other VMs' stale ones go with [`ControlPlane::drop_stale_warm`]).
     pub fn take_warm(&self, vm: &str) -> BTreeMap<u32, OwnedFd> {
-        let mut w = lock(&self.warm_streams);
-        w.retain(|_, (at, _)| at.elapsed() < WARM_KEEP);
-        w.remove(vm).map(|(_, s)| s).unwrap_or_default()
+        lock(&self.warm_streams)
+            .remove(vm)
+            .filter(|(at, _)| at.elapsed() < WARM_KEEP)
+            .map(|(_, s)| s)
+            .unwrap_or_default()
     }
 
     /// Drops the memfds kept for handovers that are older than
