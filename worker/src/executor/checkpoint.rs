@@ -9,7 +9,7 @@
 //! another host: [`ContextImage::check`] is what a restore trusts of it.
 
 use protocol::stream_attr::{StreamAttr, RAW_LEN};
-use protocol::Status;
+use protocol::{ImageKind, Status};
 use serde::{Deserialize, Serialize};
 
 use super::{Handle, Keeper};
@@ -75,6 +75,17 @@ pub struct ModuleImage {
     /// The image (`len` bytes), travelling after the description.
     #[serde(skip)]
     pub image: Vec<u8>,
+}
+
+impl ModuleImage {
+    /// How its image is loaded.
+    pub fn kind(&self) -> ImageKind {
+        if self.ptx {
+            ImageKind::Ptx
+        } else {
+            ImageKind::Cubin
+        }
+    }
 }
 
 /// A module's global variable at the address the guest holds.

@@ -10,7 +10,7 @@ use std::ffi::{c_void, CString};
 
 use cudarc::driver::sys;
 use protocol::stream_attr::StreamAttr;
-use protocol::{ImageKind, Status};
+use protocol::Status;
 
 use super::check;
 use super::context::{CudaContext, Obj};
@@ -269,11 +269,7 @@ impl CudaContext {
     /// guest's would take, under its handle.
     fn restore_objects(&mut self, image: &ContextImage) -> Result<(), Status> {
         for m in &image.modules {
-            let kind = if m.ptx {
-                ImageKind::Ptx
-            } else {
-                ImageKind::Cubin
-            };
+            let kind = m.kind();
             let h = self.load_module(kind, &m.image)?;
             self.rekey(h, m.handle)?;
             for g in &m.globals {

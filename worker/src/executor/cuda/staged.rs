@@ -7,7 +7,7 @@ use std::ffi::CString;
 use std::ptr::null_mut;
 
 use cudarc::driver::sys;
-use protocol::{ImageKind, Status};
+use protocol::Status;
 
 use super::context::{CudaContext, Obj};
 use crate::executor::checkpoint::ContextImage;
@@ -23,11 +23,7 @@ impl CudaContext {
         let mut loaded = Vec::with_capacity(image.modules.len());
         let mut r = Ok(());
         for m in &image.modules {
-            let kind = if m.ptx {
-                ImageKind::Ptx
-            } else {
-                ImageKind::Cubin
-            };
+            let kind = m.kind();
             let h = match self.load_module(kind, &m.image) {
                 Ok(h) => h,
                 Err(s) => {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use protocol::{ImageKind, Status};
+use protocol::Status;
 
 use super::bytes::Bytes;
 use super::context::{SimContext, SimModule};
@@ -69,11 +69,7 @@ impl Checkpoint for SimContext {
         self.alive()?;
         self.staged.drain();
         for m in &image.modules {
-            let kind = if m.ptx {
-                ImageKind::Ptx
-            } else {
-                ImageKind::Cubin
-            };
+            let kind = m.kind();
             // Refused here as its load would be.
             parse_module(kind, &m.image)?;
             self.staged.put(kind, m.image.clone(), ());
@@ -237,11 +233,7 @@ impl SimContext {
             }
         }
         for m in &image.modules {
-            let kind = if m.ptx {
-                ImageKind::Ptx
-            } else {
-                ImageKind::Cubin
-            };
+            let kind = m.kind();
             let _ = ctx.staged.take(kind, &m.image);
             let (text, entries, names) = parse_module(kind, &m.image)?;
             let globals = m
