@@ -134,7 +134,7 @@ fn send(image: &VgpuImage) -> Result<(VgpuImage, u64)> {
         let mut r = std::io::BufReader::with_capacity(1 << 20, s);
         Ok(worker::checkpoint::read(
             &mut r,
-            Some(KEY),
+            worker::checkpoint::Check::Own(Some(KEY)),
             &Limits::default(),
         )?)
     });

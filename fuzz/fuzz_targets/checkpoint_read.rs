@@ -2,14 +2,14 @@
 //! bytes, framed and tagged as a writer would (so that the fuzzer gets past
 //! the tag to the parsing and the checks). No panic, no allocation past the
 //! limits, and what is read back passes every context's check. Read as a
-//! copied stream and as a mapped memfd (as a restoring worker reads it),
-//! both alike.
+//! copied stream checking its own tag, and as a mapped memfd checked by its
+//! carrier (as a restoring worker reads it), both alike.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use std::io::Write as _;
 use std::sync::Arc;
 
-use worker::checkpoint::{read, read_mapped, stream_tag, Limits, Mapped, MAGIC, VERSION};
+use worker::checkpoint::{read, read_mapped, stream_tag, Check, Limits, Mapped, MAGIC, VERSION};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 2 {
@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
         images: 1 << 20,
         sessions: 8,
     };
-    let copied = read(&mut s.as_slice(), None, &limits);
+    let copied = read(&mut s.as_slice(), Check::Own(None), &limits);
     if let Ok(image) = &copied {
         assert!(image.memory_bytes() <= limits.memory);
         for session in &image.sessions {
@@ -44,6 +44,6 @@ fuzz_target!(|data: &[u8]| {
     let mut f = std::fs::File::from(fd);
     f.write_all(&s).expect("filled");
     let map = Mapped::of(&std::os::fd::OwnedFd::from(f)).expect("mapped");
-    let in_place = read_mapped(Arc::new(map), None, &limits);
+    let in_place = read_mapped(Arc::new(map), Check::Carried, &limits);
     assert_eq!(copied.ok(), in_place.ok(), "read alike, in place or copied");
 });

@@ -183,7 +183,7 @@ fn a_guest_computes_on_under_the_worker_that_serves_on_from_its_checkpoint() {
     worker::checkpoint::write(&mut stream, &image, Some(b"key")).unwrap();
     let image = worker::checkpoint::read(
         &mut stream.as_slice(),
-        Some(b"key"),
+        worker::checkpoint::Check::Own(Some(b"key")),
         &worker::checkpoint::Limits::default(),
     )
     .unwrap();

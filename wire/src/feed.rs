@@ -52,6 +52,9 @@ pub const IPC_FD: i64 = 23;
 /// requests, and write its stream (`worker::checkpoint::write`, unkeyed)
 /// into the memfd. The worker stays held until [`RESUME`] or its end.
 pub const CHECKPOINT: i64 = 24;
+/// A [`CHECKPOINT`]'s value bit: one sent ahead, whose memfd a handover's
+/// checkpoint is written over next; the worker keeps it mapped meanwhile.
+pub const CHECKPOINT_KEEP_MAPPED: u64 = 1;
 /// Worker -> daemon: the checkpoint is in the memfd; its length in bytes
 /// (low 40 bits).
 pub const CHECKPOINTED: i64 = 25;

@@ -42,8 +42,10 @@ type MigrationAsk = Arc<Mutex<Option<(u32, Option<OwnedFd>)>>>;
 /// A checkpoint order of the daemon (`wire::feed::CHECKPOINT`, `RESUME`).
 #[derive(Debug)]
 pub enum CheckpointAsk {
-    /// Hold, take the checkpoint and write its stream into this memfd.
-    Take(OwnedFd),
+    /// Hold, take the checkpoint and write its stream into this memfd;
+    /// keep the memfd mapped for a handover into it where true
+    /// ([`wire::feed::CHECKPOINT_KEEP_MAPPED`]).
+    Take(OwnedFd, bool),
     /// Go on serving.
     Resume,
 }
@@ -174,7 +176,12 @@ impl Feed {
                                 asked.store(true, Ordering::Release);
                             } else if kind == CHECKPOINT || kind == RESUME {
                                 let ask = match fd {
-                                    Some(fd) if kind == CHECKPOINT => CheckpointAsk::Take(fd),
+                                    Some(fd) if kind == CHECKPOINT => CheckpointAsk::Take(
+                                        fd,
+                                        wire::feed::decode_value(v)
+                                            & wire::feed::CHECKPOINT_KEEP_MAPPED
+                                            != 0,
+                                    ),
                                     None if kind == RESUME => CheckpointAsk::Resume,
                                     _ => {
                                         tracing::warn!("unexpected feed message {v:#x}");

@@ -56,7 +56,7 @@ enum FeedMsg {
     /// Lane `.0`'s worker ended (a process slot's, with its process).
     CloseLane(u32),
     /// Lane `.0`'s worker holds and writes its checkpoint into memfd `.1`.
-    Checkpoint(u32, OwnedFd),
+    Checkpoint(u32, OwnedFd, bool),
     /// Lane `.0`'s worker goes on serving.
     Resume(u32),
     /// Hands lane `.0`'s worker the fd of an export it opens
@@ -284,12 +284,13 @@ impl VmHost {
     }
 
     /// Asks lane `lane`'s worker to hold and write its checkpoint into
-    /// `memfd`; its answer comes in [`VmHost::take_checkpoint_notes`].
-    pub fn checkpoint_lane(&self, lane: u32, memfd: OwnedFd) -> Result<(), Error> {
+    /// `memfd`, and to keep it mapped for a handover's where `ahead`; its
+    /// answer comes in [`VmHost::take_checkpoint_notes`].
+    pub fn checkpoint_lane(&self, lane: u32, memfd: OwnedFd, ahead: bool) -> Result<(), Error> {
         if !self.lanes().contains(&lane) {
             return Err(Error::NoWorker);
         }
-        self.send(FeedMsg::Checkpoint(lane, memfd))
+        self.send(FeedMsg::Checkpoint(lane, memfd, ahead))
     }
 
     /// Tells lane `lane`'s worker to go on serving (a checkpoint not used).
@@ -501,8 +502,10 @@ impl Feeder {
                 self.say(lane, ((MIGRATE << 40) | i64::from(gpu), fd));
             }
             FeedMsg::CloseLane(lane) => self.close_lane(lane),
-            FeedMsg::Checkpoint(lane, memfd) => {
-                self.say(lane, (CHECKPOINT << 40, Some(memfd.as_raw_fd())));
+            FeedMsg::Checkpoint(lane, memfd, ahead) => {
+                let keep = if ahead { CHECKPOINT_KEEP_MAPPED } else { 0 };
+                let v = (CHECKPOINT << 40) | i64::try_from(keep).unwrap_or(0);
+                self.say(lane, (v, Some(memfd.as_raw_fd())));
             }
             FeedMsg::Resume(lane) => self.say(lane, (RESUME << 40, None)),
             FeedMsg::IpcFd(lane, index, gen) => {

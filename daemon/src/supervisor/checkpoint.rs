@@ -175,7 +175,7 @@ impl Supervisor {
                     .map_err(|e| format!("a memfd for slot {lane}: {e}"))?,
             };
             let dup = fd.try_clone().map_err(|e| e.to_string())?;
-            match host.checkpoint_lane(lane, dup) {
+            match host.checkpoint_lane(lane, dup, matches!(kind, Kind::Ahead(_))) {
                 Ok(()) => {
                     memfds.insert(lane, fd);
                 }

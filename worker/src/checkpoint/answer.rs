@@ -14,16 +14,18 @@ use wire::feed::{encode_value, CHECKPOINTED, CHECKPOINT_FAILED, CHECKPOINT_WHY_M
 use super::VgpuImage;
 
 /// Writes `image`'s stream into `memfd` in place, each blob it left out
-/// read by `read` (`in_place.rs`), and says so on `back`; if it cannot be
-/// written, says why instead.
+/// read by `read` (`in_place.rs`; through `kept`'s mapping, kept where
+/// `keep`), and says so on `back`; if it cannot be written, says why
+/// instead.
 pub fn taken(
     memfd: OwnedFd,
     back: &UnixStream,
     image: &VgpuImage,
     read: &mut super::in_place::ReadLeftOut<'_>,
+    (kept, keep): (&mut Option<super::KeptMap>, bool),
 ) {
     let t = std::time::Instant::now();
-    match super::write_in_place(&memfd, image, read) {
+    match super::write_in_place(&memfd, image, read, kept, keep) {
         Ok(n) => {
             tracing::debug!(
                 bytes = n,
@@ -83,16 +85,27 @@ mod tests {
     fn a_checkpoint_is_written_whole_and_its_length_said() {
         let (fd, mut f) = memfd();
         let (a, b) = UnixStream::pair().unwrap();
-        taken(fd, &a, &VgpuImage::default(), &mut |_, _, _| {
-            unreachable!("an image with no memory leaves none out")
-        });
+        let mut kept = None;
+        taken(
+            fd,
+            &a,
+            &VgpuImage::default(),
+            &mut |_, _, _| unreachable!("an image with no memory leaves none out"),
+            (&mut kept, false),
+        );
+        assert!(kept.is_none(), "not kept unless asked");
         let (v, _) = recv_msg(&b).unwrap().unwrap();
         assert_eq!(v >> 40, CHECKPOINTED);
         let mut bytes = Vec::new();
         f.rewind().unwrap();
         f.read_to_end(&mut bytes).unwrap();
         assert_eq!(wire::feed::decode_value(v), bytes.len() as u64);
-        let back = super::super::read(&mut &bytes[..], None, &Default::default()).unwrap();
+        let back = super::super::read(
+            &mut &bytes[..],
+            super::super::Check::Carried,
+            &Default::default(),
+        )
+        .unwrap();
         assert_eq!(back, VgpuImage::default());
     }
 

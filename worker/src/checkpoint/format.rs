@@ -5,11 +5,11 @@
 //! | --- | --- |
 //! | [`MAGIC`] | 8 |
 //! | [`VERSION`], little-endian | 4 |
-//! | flags: bit 0 set where the tag is keyed | 4 |
+//! | flags: bit 0 set where the tag is keyed, bit 1 where the stream has no tag of its own | 4 |
 //! | the description's length `n`, little-endian | 8 |
 //! | the description: the [`VgpuImage`] as JSON, without bytes of images or memory | `n` |
 //! | each session's module images (each followed by its globals' bytes), then its allocations' bytes, then its graphs' encoded nodes, in the description's order | as it says |
-//! | the tag (below) | 32 |
+//! | the tag (below), or zeros where it has none | 32 |
 //!
 //! The tag is HMAC-SHA-256 under the operator's key (SHA-256 without one)
 //! of the header, the description and each 4 MiB chunk's own tag in order,
@@ -17,6 +17,11 @@
 //! little-endian) and its bytes (all the bytes after the description, cut in
 //! chunks as one run). The chunks' tags are computed on several threads at
 //! both ends.
+//!
+//! A stream the daemon carries (a save file's or handover's lane) has no
+//! tag of its own: the carrier's keyed tag covers it, and the daemon checks
+//! that before any worker sees a byte ([`Check::Carried`]). Tagging it
+//! again cost about 30 ms at each end of a handover, in the guest's pause.
 //!
 //! A reader takes nothing from a stream until its tag matches, checks every
 //! context ([`ContextImage::check`]) and keeps what it reads within its
@@ -35,12 +40,28 @@ use crate::executor::ContextImage;
 
 /// The first bytes of every checkpoint.
 pub const MAGIC: [u8; 8] = *b"FVGPUCKP";
-/// The version this build writes; it reads it and the one before.
-pub const VERSION: u32 = 2;
+/// The version this build writes; it reads it and the two before.
+pub const VERSION: u32 = 3;
+/// The version before streams could go without a tag of their own.
+const ALWAYS_TAGGED: u32 = 2;
 /// The version before graphs were carried (its images hold none).
 const WITHOUT_GRAPHS: u32 = 1;
 /// The flag of a keyed tag.
 const KEYED: u32 = 1;
+/// The flag of a stream without a tag of its own: its carrier's covers it.
+const CARRIED: u32 = 2;
+
+/// What a reader checks a stream's integrity by.
+#[derive(Debug, Clone, Copy)]
+pub enum Check<'a> {
+    /// Its own tag: HMAC-SHA-256 under this key, or SHA-256 where none. A
+    /// stream without one is refused.
+    Own(Option<&'a [u8]>),
+    /// Its carrier's: the save file or handover that held it, whose tag the
+    /// daemon checked before handing the stream on. Its own tag, where it
+    /// has one, is not checked again.
+    Carried,
+}
 
 /// What a reader takes at most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +98,7 @@ pub enum FormatError {
     #[error("not a fairvgpu checkpoint")]
     NotACheckpoint,
     /// Written by a build of another version.
-    #[error("checkpoint version {0}, this build reads {VERSION} and 1 (which holds no graphs)")]
+    #[error("checkpoint version {0}, this build reads {VERSION}, 2 and 1 (which holds no graphs)")]
     Version(u32),
     /// Its tag does not match: altered, cut, or keyed otherwise.
     #[error("checkpoint integrity check failed ({0})")]
@@ -171,7 +192,7 @@ pub fn write<W: Write>(
     image: &VgpuImage,
     key: Option<&[u8]>,
 ) -> Result<u64, FormatError> {
-    let front = front(image, key.is_some())?;
+    let front = front(image, if key.is_some() { KEYED } else { 0 })?;
     w.write_all(&front)?;
     let mut n = front.len() as u64;
     let blobs = blobs(image);
@@ -184,12 +205,11 @@ pub fn write<W: Write>(
     Ok(n + 32)
 }
 
-/// The stream's header and description (see the module's doc), its tag
-/// `keyed` or not.
-pub(super) fn front(image: &VgpuImage, keyed: bool) -> Result<Vec<u8>, FormatError> {
+/// The stream's header and description (see the module's doc), under
+/// `flags`.
+fn front(image: &VgpuImage, flags: u32) -> Result<Vec<u8>, FormatError> {
     let description =
         serde_json::to_vec(image).map_err(|e| FormatError::Description(e.to_string()))?;
-    let flags = if keyed { KEYED } else { 0 };
     let mut front = Vec::with_capacity(24 + description.len());
     front.extend_from_slice(&MAGIC);
     front.extend_from_slice(&VERSION.to_le_bytes());
@@ -207,7 +227,7 @@ fn blobs(image: &VgpuImage) -> Vec<&[u8]> {
     let mut v = Vec::new();
     for s in &image.sessions {
         for m in &s.context.modules {
-            v.push(m.image.as_slice());
+            v.push(&*m.image);
             v.extend(m.globals.iter().map(|g| &*g.bytes));
         }
         v.extend(s.context.memory.iter().map(|a| &*a.bytes));
@@ -289,7 +309,7 @@ fn tag_over(key: Option<&[u8]>, front: &[u8], blobs: &[&[u8]]) -> Tag {
 /// Where a stream is read from: any reader, each blob copied out of it, or
 /// a mapped memfd, whose memory blobs stay in place (`mapped.rs`).
 trait Source: Read {
-    /// The next `len` bytes, of device memory.
+    /// The next `len` bytes, of device memory or a module's image.
     fn memory(&mut self, len: u64) -> std::io::Result<Blob>;
 }
 
@@ -346,9 +366,9 @@ impl<R: Source> Reading<'_, R> {
         Ok(u64::from_le_bytes(b))
     }
 
-    /// `len` bytes of device memory, allocated (where copied) only once
-    /// `budget` (what is left of a limit) covers them. Tagged chunk by
-    /// chunk once all is read (`tag_over`).
+    /// `len` bytes of device memory or a module's image, allocated (where
+    /// copied) only once `budget` (what is left of a limit) covers them.
+    /// Tagged chunk by chunk once all is read (`tag_over`).
     fn memory(
         &mut self,
         len: u64,
@@ -363,7 +383,7 @@ impl<R: Source> Reading<'_, R> {
         Ok(self.r.memory(len)?)
     }
 
-    /// `len` bytes of a module image or graph, as [`Reading::memory`] but
+    /// `len` bytes of a graph's nodes, as [`Reading::memory`] but
     /// always copied.
     fn blob(
         &mut self,
@@ -406,7 +426,7 @@ fn head<R: Source>(rd: &mut Reading<'_, R>) -> Result<(u32, u32), FormatError> {
         return Err(FormatError::NotACheckpoint);
     }
     let version = rd.u32()?;
-    if version != VERSION && version != WITHOUT_GRAPHS {
+    if !(WITHOUT_GRAPHS..=VERSION).contains(&version) {
         return Err(FormatError::Version(version));
     }
     Ok((version, rd.u32()?))
@@ -439,30 +459,52 @@ fn description<R: Source>(
     Ok(image)
 }
 
-/// Reads a checkpoint from `r`, expecting a tag under `key` (HMAC-SHA-256)
-/// or a SHA-256 where none, within `limits`. Nothing of it is returned
-/// unless its tag matches and every context passes its check.
+/// The front of a stream the daemon carries: no tag of its own.
+pub(super) fn carried_front(image: &VgpuImage) -> Result<Vec<u8>, FormatError> {
+    front(image, CARRIED)
+}
+
+/// Reads a checkpoint from `r`, its integrity checked by `check`, within
+/// `limits`. Nothing of it is returned unless its tag matches (where
+/// checked) and every context passes its check.
 pub fn read<R: Read>(
     r: &mut R,
-    key: Option<&[u8]>,
+    check: Check<'_>,
     limits: &Limits,
 ) -> Result<VgpuImage, FormatError> {
-    read_from(&mut Copying(r), key, limits)
+    read_from(&mut Copying(r), check, limits)
 }
 
 /// [`read`] from a mapped memfd: the image's device memory stays in the
 /// mapping ([`Blob::Mapped`]), which the image keeps.
 pub fn read_mapped(
     map: Arc<Mapped>,
-    key: Option<&[u8]>,
+    check: Check<'_>,
     limits: &Limits,
 ) -> Result<VgpuImage, FormatError> {
-    read_from(&mut MappedReader::new(map), key, limits)
+    read_from(&mut MappedReader::new(map), check, limits)
+}
+
+/// Refuses a stream whose flags do not fit `check`.
+fn flags_fit(flags: u32, check: Check<'_>) -> Result<(), FormatError> {
+    let Check::Own(key) = check else {
+        return Ok(());
+    };
+    if flags & CARRIED != 0 {
+        return Err(FormatError::Integrity(
+            "it has no tag of its own: it is read only from the save file that carries it",
+        ));
+    }
+    match (flags & KEYED != 0, key.is_some()) {
+        (true, false) => Err(FormatError::Integrity("written under a key; none given")),
+        (false, true) => Err(FormatError::Integrity("written without a key; one given")),
+        _ => Ok(()),
+    }
 }
 
 fn read_from<R: Source>(
     r: &mut R,
-    key: Option<&[u8]>,
+    check: Check<'_>,
     limits: &Limits,
 ) -> Result<VgpuImage, FormatError> {
     let mut rd = Reading {
@@ -470,11 +512,10 @@ fn read_from<R: Source>(
         front: Vec::new(),
     };
     let (version, flags) = head(&mut rd)?;
-    match (flags & KEYED != 0, key.is_some()) {
-        (true, false) => return Err(FormatError::Integrity("written under a key; none given")),
-        (false, true) => return Err(FormatError::Integrity("written without a key; one given")),
-        _ => {}
+    if version <= ALWAYS_TAGGED && flags & CARRIED != 0 {
+        return Err(FormatError::Integrity("a flag its version does not have"));
     }
+    flags_fit(flags, check)?;
     let mut image = description(&mut rd, limits)?;
     let graphs = image.sessions.iter().any(|s| !s.context.graphs.is_empty());
     if version == WITHOUT_GRAPHS && graphs {
@@ -484,7 +525,7 @@ fn read_from<R: Source>(
     for s in &mut image.sessions {
         let c: &mut ContextImage = &mut s.context;
         for m in &mut c.modules {
-            m.image = rd.blob(
+            m.image = rd.memory(
                 m.len,
                 &mut images,
                 ("bytes of module images and graphs", limits.images),
@@ -506,12 +547,14 @@ fn read_from<R: Source>(
     }
     let mut tag = [0; 32];
     rd.r.read_exact(&mut tag)?;
-    if !tag_over(key, &rd.front, &blobs(&image)).matches(&tag) {
-        return Err(FormatError::Integrity(if key.is_some() {
-            "altered, or written under another key"
-        } else {
-            "altered or cut"
-        }));
+    if let Check::Own(key) = check {
+        if !tag_over(key, &rd.front, &blobs(&image)).matches(&tag) {
+            return Err(FormatError::Integrity(if key.is_some() {
+                "altered, or written under another key"
+            } else {
+                "altered or cut"
+            }));
+        }
     }
     let mut channels = std::collections::HashSet::new();
     for s in &image.sessions {

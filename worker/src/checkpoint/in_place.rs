@@ -4,12 +4,14 @@
 //! (`Checkpoint::checkpoint_shape`) is read straight into its place in the
 //! stream. Device memory then crosses host memory once, not three times (a
 //! buffer of its own, a buffered writer, the memfd). The stream is the one
-//! [`super::write`] gives for the same image with its bytes.
+//! [`super::write`] gives for the same image with its bytes, but for its
+//! tag: it has none of its own ([`super::Check::Carried`]), as the daemon
+//! carries it in a save file or handover under that one's tag.
 
 use std::os::fd::OwnedFd;
 
-use super::format::{front, stream_tag};
-use super::mapped::MappedMut;
+use super::format::carried_front;
+use super::mapped::{KeptMap, MappedMut};
 use super::{FormatError, VgpuImage};
 use crate::executor::checkpoint::LeftOut;
 
@@ -73,52 +75,52 @@ fn device(session: usize, bytes: &[u8], n: u64, blob: LeftOut) -> Result<Piece<'
     Ok(Piece::LeftOut { session, blob, len })
 }
 
-/// Writes `image`'s stream (unkeyed) into `memfd` from its start, each
+/// Writes `image`'s stream (without a tag) into `memfd` from its start, each
 /// left-out blob read by `read` (session index, blob, where) into its
 /// place; the bytes written. A memfd already longer (one reused) is cut to
-/// the stream.
+/// the stream. The memfd is mapped through `kept` where that maps it
+/// already, and its mapping kept there for the next checkpoint where
+/// `keep` (one sent ahead, a handover to follow).
 pub fn write_in_place(
     memfd: &OwnedFd,
     image: &VgpuImage,
     read: &mut ReadLeftOut<'_>,
+    kept: &mut Option<KeptMap>,
+    keep: bool,
 ) -> Result<u64, FormatError> {
     let t0 = std::time::Instant::now();
-    let front = front(image, false)?;
+    let front = carried_front(image)?;
     let pieces = pieces(image)?;
     let total = front.len() + pieces.iter().map(Piece::len).sum::<usize>() + 32;
-    let mut map = MappedMut::create(memfd, total)?;
-    let buf = map.bytes_mut();
-    let create_ms = crate::millis(t0.elapsed());
-    buf[..front.len()].copy_from_slice(&front);
-    let mut at = front.len();
-    let mut spans = Vec::with_capacity(pieces.len());
-    for p in &pieces {
-        let n = p.len();
-        let dst = &mut buf[at..at + n];
-        match p {
-            Piece::Held(b) => dst.copy_from_slice(b),
-            Piece::LeftOut { session, blob, .. } => read(*session, *blob, dst)?,
+    MappedMut::reuse(kept, memfd, total, keep, |map| {
+        let buf = map.bytes_mut();
+        let create_ms = crate::millis(t0.elapsed());
+        buf[..front.len()].copy_from_slice(&front);
+        let mut at = front.len();
+        for p in &pieces {
+            let n = p.len();
+            let dst = &mut buf[at..at + n];
+            match p {
+                Piece::Held(b) => dst.copy_from_slice(b),
+                Piece::LeftOut { session, blob, .. } => read(*session, *blob, dst)?,
+            }
+            at += n;
         }
-        spans.push((at, n));
-        at += n;
-    }
-    let fill_ms = crate::millis(t0.elapsed()) - create_ms;
-    let blobs: Vec<&[u8]> = spans.iter().map(|&(s, n)| &buf[s..s + n]).collect();
-    let tag = stream_tag(None, &front, &blobs);
-    tracing::debug!(
-        create_ms,
-        fill_ms,
-        tag_ms = crate::millis(t0.elapsed()) - create_ms - fill_ms,
-        "checkpoint stream laid out, filled and tagged"
-    );
-    buf[at..at + 32].copy_from_slice(&tag);
-    Ok(total as u64)
+        // No tag of its own; a reused memfd's old bytes are not left there.
+        buf[at..at + 32].fill(0);
+        tracing::debug!(
+            create_ms,
+            fill_ms = crate::millis(t0.elapsed()) - create_ms,
+            "checkpoint stream laid out and filled"
+        );
+        Ok(total as u64)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{read, write, SessionImage};
+    use crate::checkpoint::{read, write, Check, SessionImage};
     use crate::executor::checkpoint::{Allocation, ContextImage, GlobalImage, ModuleImage};
     use std::fs::File;
     use std::io::{Read, Seek};
@@ -160,7 +162,7 @@ mod tests {
                     len: 4,
                     bytes: bytes(9, 4),
                 }],
-                image: b"ptx\0".to_vec(),
+                image: b"ptx\0".to_vec().into(),
             }],
             ..ContextImage::default()
         };
@@ -187,8 +189,9 @@ mod tests {
         let mut whole = Vec::new();
         write(&mut whole, &image(true), None).unwrap();
         // A new memfd, then the same one again, longer than the stream (as
-        // one a checkpoint sent ahead filled).
+        // one a checkpoint sent ahead filled), through the mapping kept.
         let fd = memfd();
+        let mut kept = None;
         for round in 0..2 {
             if round == 1 {
                 File::from(fd.try_clone().unwrap())
@@ -196,20 +199,33 @@ mod tests {
                     .unwrap();
             }
             let mut asked = Vec::new();
-            let n = write_in_place(&fd, &image(false), &mut |s, blob, dst| {
-                asked.push((s, blob, dst.len()));
-                let b = match blob {
-                    LeftOut::Allocation(0x6000_0000_0000) => 7,
-                    LeftOut::Allocation(_) => 8,
-                    LeftOut::Global(_) => 9,
-                };
-                dst.fill(b);
-                Ok(())
-            })
+            let n = write_in_place(
+                &fd,
+                &image(false),
+                &mut |s, blob, dst| {
+                    asked.push((s, blob, dst.len()));
+                    let b = match blob {
+                        LeftOut::Allocation(0x6000_0000_0000) => 7,
+                        LeftOut::Allocation(_) => 8,
+                        LeftOut::Global(_) => 9,
+                    };
+                    dst.fill(b);
+                    Ok(())
+                },
+                &mut kept,
+                round == 0,
+            )
             .unwrap();
+            assert_eq!(kept.is_some(), round == 0, "kept only where asked");
             let got = stream_of(&fd);
             assert_eq!(n, got.len() as u64);
-            assert!(got == whole, "the same bytes (round {round})");
+            assert_eq!(got.len(), whole.len());
+            // The same bytes but for its flags (no tag of its own) and tag.
+            let (end, tag) = got.split_at(got.len() - 32);
+            assert!(end[..12] == whole[..12], "round {round}");
+            assert_eq!(end[12..16], 2u32.to_le_bytes(), "flagged carried");
+            assert!(end[16..] == whole[16..whole.len() - 32], "round {round}");
+            assert_eq!(tag, [0; 32], "no tag, none left of the reused memfd's");
             assert_eq!(
                 asked,
                 [
@@ -218,18 +234,27 @@ mod tests {
                     (0, LeftOut::Allocation(0x6000_0060_0000), 3),
                 ]
             );
-            let back = read(&mut got.as_slice(), None, &Default::default()).unwrap();
+            let back = read(&mut got.as_slice(), Check::Carried, &Default::default()).unwrap();
             assert_eq!(back, image(true));
+            // Read as a stream that must carry its own tag, it is refused.
+            let own = read(&mut got.as_slice(), Check::Own(None), &Default::default());
+            assert!(own.unwrap_err().to_string().contains("no tag of its own"));
         }
     }
 
     #[test]
     fn a_failed_read_fails_the_write() {
         let fd = memfd();
-        let e = write_in_place(&fd, &image(false), &mut |_, _, _| {
-            Err(std::io::Error::other("the device said no"))
-        })
+        let mut kept = None;
+        let e = write_in_place(
+            &fd,
+            &image(false),
+            &mut |_, _, _| Err(std::io::Error::other("the device said no")),
+            &mut kept,
+            true,
+        )
         .unwrap_err();
         assert!(e.to_string().contains("the device said no"), "{e}");
+        assert!(kept.is_none(), "a failed write keeps nothing");
     }
 }

@@ -14,13 +14,17 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
-use nix::sys::mman::{madvise, mmap, mmap_anonymous, munmap, MapFlags, MmapAdvise, ProtFlags};
+use nix::sys::mman::{
+    madvise, mmap, mmap_anonymous, mremap, munmap, MRemapFlags, MapFlags, MmapAdvise, ProtFlags,
+};
 
 /// A stream's memfd, mapped read-only.
 #[derive(Debug)]
 pub struct Mapped {
     ptr: NonNull<u8>,
     len: usize,
+    /// Its holes (where, how long; page-aligned, in order): zeros.
+    holes: Vec<(usize, usize)>,
 }
 
 // SAFETY: the mapping is read-only and nobody writes the memfd while it is
@@ -56,8 +60,12 @@ impl Mapped {
                 0,
             )
         }?;
-        let map = Mapped { ptr: p.cast(), len };
-        for (at, hole) in holes {
+        let map = Mapped {
+            ptr: p.cast(),
+            len,
+            holes,
+        };
+        for &(at, hole) in &map.holes {
             let Some(k) = std::num::NonZeroUsize::new(hole) else {
                 continue;
             };
@@ -82,6 +90,32 @@ impl Mapped {
         // ahead (a kernel without it says so, and they fault as read).
         let _ = unsafe { madvise(p, len, MmapAdvise::MADV_POPULATE_READ) };
         Ok(map)
+    }
+
+    /// The runs of `[at, at + len)` (within the stream), each as (where
+    /// from `at`, how long, whether it lies in a hole and so is zeros).
+    fn runs(&self, at: usize, len: usize) -> Vec<(usize, usize, bool)> {
+        let end = at + len;
+        let mut out = Vec::new();
+        let mut pos = at;
+        let first = self.holes.partition_point(|&(h, n)| h + n <= at);
+        for &(h, n) in &self.holes[first..] {
+            if h >= end {
+                break;
+            }
+            let (hs, he) = (h.max(pos), (h + n).min(end));
+            if hs > pos {
+                out.push((pos - at, hs - pos, false));
+            }
+            if he > hs {
+                out.push((hs - at, he - hs, true));
+            }
+            pos = he.max(pos);
+        }
+        if pos < end {
+            out.push((pos - at, end - pos, false));
+        }
+        out
     }
 
     /// The stream.
@@ -136,7 +170,37 @@ impl Drop for Mapped {
 #[derive(Debug)]
 pub struct MappedMut {
     ptr: NonNull<u8>,
+    /// Bytes of the stream: the memfd's length.
     len: usize,
+    /// Bytes mapped, at least `len` (more where the memfd was cut since).
+    mapped: usize,
+    /// The memfd (device, inode).
+    file: (u64, u64),
+}
+
+// SAFETY: the mapping is the worker's own and only written through
+// `&mut self`; moving it to another thread moves that access with it.
+unsafe impl Send for MappedMut {}
+
+/// How long a memfd's mapping is kept for a handover after the checkpoint
+/// sent ahead: as long as the daemon keeps the memfd.
+pub const KEEP_MAPPED: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The mapping of a memfd a checkpoint sent ahead was written into, kept
+/// for the handover's checkpoint, which the daemon writes over the same
+/// memfd: mapping its pages again cost 31-40 ms of the guest's pause for
+/// 230-275 MB (`docs/measured.md`).
+#[derive(Debug)]
+pub struct KeptMap {
+    map: MappedMut,
+    since: std::time::Instant,
+}
+
+impl KeptMap {
+    /// Whether it has been kept past [`KEEP_MAPPED`].
+    pub fn stale(&self) -> bool {
+        self.since.elapsed() > KEEP_MAPPED
+    }
 }
 
 impl MappedMut {
@@ -145,6 +209,7 @@ impl MappedMut {
     pub fn create(fd: &OwnedFd, len: usize) -> std::io::Result<MappedMut> {
         let n = std::num::NonZeroUsize::new(len).ok_or(std::io::ErrorKind::InvalidInput)?;
         let size = i64::try_from(len).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        let file = file_of(fd)?;
         nix::unistd::ftruncate(fd.as_fd(), size)?;
         // SAFETY: a new shared mapping of the whole memfd, `len` bytes
         // long, which only the daemon could resize and does not until told
@@ -160,7 +225,77 @@ impl MappedMut {
                 0,
             )
         }?;
-        Ok(MappedMut { ptr: p.cast(), len })
+        Ok(MappedMut {
+            ptr: p.cast(),
+            len,
+            mapped: len,
+            file,
+        })
+    }
+
+    /// [`MappedMut::create`], but through `kept`'s mapping where it is of
+    /// the same memfd: the memfd sized to `len`, only pages past what was
+    /// mapped mapped anew. The mapping is kept again where `keep`, else
+    /// dropped once the stream is written (`write`).
+    pub fn reuse(
+        kept: &mut Option<KeptMap>,
+        fd: &OwnedFd,
+        len: usize,
+        keep: bool,
+        write: impl FnOnce(&mut MappedMut) -> Result<u64, super::FormatError>,
+    ) -> Result<u64, super::FormatError> {
+        let file = file_of(fd)?;
+        let mut map = match kept.take() {
+            Some(k) if k.map.file == file => {
+                let mut m = k.map;
+                m.resize(fd, len)?;
+                m
+            }
+            _ => MappedMut::create(fd, len)?,
+        };
+        let r = write(&mut map);
+        if keep && r.is_ok() {
+            *kept = Some(KeptMap {
+                map,
+                since: std::time::Instant::now(),
+            });
+        }
+        r
+    }
+
+    /// The memfd sized to `len`, the mapping grown to cover it where it
+    /// did not (its pages up to then stay mapped).
+    fn resize(&mut self, fd: &OwnedFd, len: usize) -> std::io::Result<()> {
+        let size = i64::try_from(len).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        nix::unistd::ftruncate(fd.as_fd(), size)?;
+        if len > self.mapped {
+            // SAFETY: our own shared mapping of `mapped` bytes, moved if
+            // need be; no reference into it is held (`&mut self`), and the
+            // memfd now covers all `len` bytes, so no access through the
+            // grown mapping faults.
+            let p = unsafe {
+                mremap(
+                    self.ptr.cast(),
+                    self.mapped,
+                    len,
+                    MRemapFlags::MREMAP_MAYMOVE,
+                    None,
+                )
+            }?;
+            let page = 4096;
+            let from = self.mapped.next_multiple_of(page);
+            self.ptr = p.cast();
+            self.mapped = len;
+            if from < len {
+                // SAFETY: `from` < `len`, within the mapping just grown.
+                let tail = unsafe { p.byte_add(from) };
+                // SAFETY: advice over the new part of our own mapping, page
+                // aligned; it only faults its pages in ahead.
+                let _ = unsafe { madvise(tail, len - from, MmapAdvise::MADV_POPULATE_WRITE) };
+            }
+        }
+        self.len = len;
+        Ok(())
     }
 
     /// The stream's bytes, to write.
@@ -172,20 +307,29 @@ impl MappedMut {
     }
 }
 
+/// The file `fd` is (device, inode).
+fn file_of(fd: &OwnedFd) -> std::io::Result<(u64, u64)> {
+    let st = nix::sys::stat::fstat(fd.as_fd())?;
+    Ok((st.st_dev, st.st_ino))
+}
+
 impl Drop for MappedMut {
     fn drop(&mut self) {
-        // SAFETY: our own mapping of `len` bytes, unmapped once; slices of
-        // it borrow `self`.
-        let _ = unsafe { munmap(self.ptr.cast(), self.len) };
+        // SAFETY: our own mapping of `mapped` bytes, unmapped once; slices
+        // of it borrow `self`.
+        let _ = unsafe { munmap(self.ptr.cast(), self.mapped) };
     }
 }
 
-/// Bytes of an image's device memory: its own, or a slice of the stream it
-/// was read from, in place.
+/// Bytes of an image's device memory or module: its own, shared with what
+/// holds them (a loaded module's image), or a slice of the stream it was
+/// read from, in place.
 #[derive(Clone)]
 pub enum Blob {
     /// Its own bytes (taken from a device, or read from a stream).
     Owned(Vec<u8>),
+    /// Bytes shared, not copied: a module's image as its context keeps it.
+    Shared(Arc<[u8]>),
     /// `len` bytes at `at` of a mapped stream.
     Mapped {
         /// The stream.
@@ -195,6 +339,20 @@ pub enum Blob {
         /// How many bytes.
         len: usize,
     },
+}
+
+impl Blob {
+    /// Its runs, each as (where, how long, whether all zeros): a blob
+    /// mapped from a stream's holes is known to be zeros without a look,
+    /// so that a restore sets that device memory rather than copying it.
+    /// Any other blob is one run of bytes.
+    pub fn runs(&self) -> Vec<(usize, usize, bool)> {
+        match self {
+            Blob::Mapped { map, at, len } => map.runs(*at, *len),
+            _ if self.is_empty() => Vec::new(),
+            _ => vec![(0, self.len(), false)],
+        }
+    }
 }
 
 impl Default for Blob {
@@ -215,6 +373,7 @@ impl std::ops::Deref for Blob {
     fn deref(&self) -> &[u8] {
         match self {
             Blob::Owned(v) => v,
+            Blob::Shared(s) => s,
             // In bounds: made only by `MappedReader::memory`, which checks.
             Blob::Mapped { map, at, len } => &map.bytes()[*at..*at + *len],
         }
@@ -233,6 +392,7 @@ impl std::fmt::Debug for Blob {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self {
             Blob::Owned(_) => "owned",
+            Blob::Shared(_) => "shared",
             Blob::Mapped { .. } => "mapped",
         };
         write!(f, "Blob({kind}, {} bytes)", self.len())
@@ -339,6 +499,79 @@ mod tests {
         let zeros = b.iter().filter(|&&x| x == 0).count();
         assert_eq!(zeros, len - 14, "every other byte reads as zero");
         assert_eq!(blocks(), before, "reading the holes allocated nothing");
+        // A blob over them knows its zeros without reading them.
+        let (mib, page) = (1usize << 20, 4096usize);
+        let map = Arc::new(map);
+        let blob = Blob::Mapped {
+            map: map.clone(),
+            at: 100,
+            len: 40 * mib,
+        };
+        assert_eq!(
+            blob.runs(),
+            [
+                (0, page - 100, false),
+                (page - 100, 32 * mib - page, true),
+                (32 * mib - 100, page, false),
+                (32 * mib - 100 + page, 8 * mib - page + 100, true),
+            ]
+        );
+        let inside = Blob::Mapped {
+            map,
+            at: 2 * page,
+            len: 3,
+        };
+        assert_eq!(inside.runs(), [(0, 3, true)]);
+        assert_eq!(Blob::from(vec![1, 2]).runs(), [(0, 2, false)]);
+        assert!(Blob::default().runs().is_empty());
+    }
+
+    /// A memfd written again through the mapping kept: the same mapping
+    /// where the stream fits it, grown (its pages kept) where not, cut
+    /// with the memfd; another memfd is mapped anew.
+    #[test]
+    fn a_kept_mapping_is_written_through_again_grown_or_cut() {
+        use std::os::unix::fs::FileExt;
+        let page = 4096usize;
+        let fd = memfd(b"", true);
+        let f = std::fs::File::from(fd.try_clone().unwrap());
+        let mut kept = None;
+        let fill = |b: u8| {
+            move |m: &mut MappedMut| -> Result<u64, super::super::FormatError> {
+                m.bytes_mut().fill(b);
+                Ok(m.len as u64)
+            }
+        };
+        MappedMut::reuse(&mut kept, &fd, 3 * page, true, fill(1)).unwrap();
+        let first = kept.as_ref().unwrap().map.ptr;
+        // Shorter: the same mapping, the memfd cut.
+        MappedMut::reuse(&mut kept, &fd, page + 5, true, fill(2)).unwrap();
+        assert_eq!(kept.as_ref().unwrap().map.ptr, first, "the same mapping");
+        assert_eq!(f.metadata().unwrap().len(), (page + 5) as u64);
+        // Longer than ever mapped: grown, every byte writable.
+        let n = 100 * page + 7;
+        MappedMut::reuse(&mut kept, &fd, n, true, |m| {
+            assert_eq!(m.bytes_mut()[..page + 5], [2; 4101], "what it held");
+            fill(3)(m)
+        })
+        .unwrap();
+        let mut b = vec![0u8; n];
+        f.read_exact_at(&mut b, 0).unwrap();
+        assert!(b.iter().all(|&x| x == 3));
+        assert_eq!(f.metadata().unwrap().len(), n as u64);
+        // Not kept once asked not to; another memfd is not written
+        // through this one's mapping.
+        MappedMut::reuse(&mut kept, &fd, n, false, fill(4)).unwrap();
+        assert!(kept.is_none());
+        let other = memfd(b"", true);
+        MappedMut::reuse(&mut kept, &fd, page, true, fill(5)).unwrap();
+        MappedMut::reuse(&mut kept, &other, page, true, fill(6)).unwrap();
+        f.read_exact_at(&mut b[..page], 0).unwrap();
+        assert!(
+            b[..page].iter().all(|&x| x == 5),
+            "the first memfd untouched"
+        );
+        assert!(!kept.as_ref().unwrap().stale());
     }
 
     #[test]

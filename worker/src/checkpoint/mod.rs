@@ -7,7 +7,8 @@
 //!
 //! `format.rs` writes and reads it as a stream (a file, a connection):
 //! its description, then the bytes of module images, device memory and
-//! graphs, then a digest that a reader checks before it trusts anything.
+//! graphs, then a digest that a reader checks before it trusts anything
+//! (or, for a stream the daemon carries, none: the carrier's is checked).
 
 use serde::{Deserialize, Serialize};
 
@@ -19,10 +20,10 @@ mod in_place;
 mod mapped;
 
 pub use format::{
-    describe, read, read_mapped, stream_tag, write, FormatError, Limits, Tag, MAGIC, VERSION,
+    describe, read, read_mapped, stream_tag, write, Check, FormatError, Limits, Tag, MAGIC, VERSION,
 };
 pub use in_place::write_in_place;
-pub use mapped::{Blob, Mapped};
+pub use mapped::{Blob, KeptMap, Mapped};
 
 /// The device a checkpoint was taken on, as a restore compares it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -74,7 +74,7 @@ pub struct ModuleImage {
     pub globals: Vec<GlobalImage>,
     /// The image (`len` bytes), travelling after the description.
     #[serde(skip)]
-    pub image: Vec<u8>,
+    pub image: crate::checkpoint::Blob,
 }
 
 impl ModuleImage {

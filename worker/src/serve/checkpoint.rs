@@ -22,7 +22,9 @@ use protocol::Status;
 use transport::Region;
 
 use super::{Worker, WorkerConfig};
-use crate::checkpoint::{answer, ChannelImage, DeviceFacts, FormatError, SessionImage, VgpuImage};
+use crate::checkpoint::{
+    answer, ChannelImage, Check, DeviceFacts, FormatError, SessionImage, VgpuImage,
+};
 use crate::executor::{Executor, Keeper};
 use crate::feed::{CheckpointAsk, Feed, PeerLink};
 use crate::session::Session;
@@ -145,8 +147,9 @@ pub(super) struct Taking {
 enum Answer {
     /// To the thread that ordered it.
     Here(Sender<Result<VgpuImage, CheckpointError>>),
-    /// Into the daemon's memfd, told over the feed.
-    Daemon(OwnedFd),
+    /// Into the daemon's memfd, told over the feed; its mapping kept for
+    /// the next checkpoint where true.
+    Daemon(OwnedFd, bool),
 }
 
 impl Answer {
@@ -156,7 +159,7 @@ impl Answer {
             Answer::Here(tx) => {
                 let _ = tx.send(Err(e));
             }
-            Answer::Daemon(memfd) => {
+            Answer::Daemon(memfd, _) => {
                 if let Some(back) = link.answers() {
                     answer::failed(memfd, &back, &e.to_string());
                 }
@@ -167,12 +170,18 @@ impl Answer {
 
 /// The checkpoint in the daemon's memfd `stream`, checked within
 /// `limits`: read in place where the memfd takes a seal, else copied out.
+/// Its integrity is its carrier's: the daemon checked the save file's or
+/// handover's tag before it handed the stream over.
 pub(super) fn read_stream(
     stream: &OwnedFd,
     limits: &crate::checkpoint::Limits,
 ) -> Result<VgpuImage, CheckpointError> {
+    let t = Instant::now();
     match crate::checkpoint::Mapped::of(stream) {
-        Ok(map) => crate::checkpoint::read_mapped(std::sync::Arc::new(map), None, limits),
+        Ok(map) => {
+            tracing::debug!(ms = crate::millis(t.elapsed()), "a stream mapped");
+            crate::checkpoint::read_mapped(std::sync::Arc::new(map), Check::Carried, limits)
+        }
         Err(e) => {
             tracing::debug!("the stream is read, not mapped: {e}");
             let file = stream
@@ -180,7 +189,7 @@ pub(super) fn read_stream(
                 .map(std::fs::File::from)
                 .and_then(|mut f| f.rewind().map(|()| f))
                 .map_err(CheckpointError::Io)?;
-            crate::checkpoint::read(&mut BufReader::new(file), None, limits)
+            crate::checkpoint::read(&mut BufReader::new(file), Check::Carried, limits)
         }
     }
     .map_err(CheckpointError::from)
@@ -240,7 +249,9 @@ impl Worker {
     pub(super) fn checkpoints(&mut self) -> bool {
         while let Some(ask) = self.sh.port.link.take_checkpoint_ask() {
             match ask {
-                CheckpointAsk::Take(memfd) => self.start_taking(FED_WAIT, Answer::Daemon(memfd)),
+                CheckpointAsk::Take(memfd, keep) => {
+                    self.start_taking(FED_WAIT, Answer::Daemon(memfd, keep));
+                }
                 CheckpointAsk::Resume => self.resume(),
             }
         }
@@ -260,7 +271,7 @@ impl Worker {
         // Into the daemon's memfd, the device memory is read in place.
         let in_place = matches!(
             self.taking.as_ref().map(|t| &t.answer),
-            Some(Answer::Daemon(_))
+            Some(Answer::Daemon(..))
         );
         let r = if self.between_requests() {
             self.take_checkpoint(in_place)
@@ -275,7 +286,7 @@ impl Worker {
             self.sh.port.held.set(false);
         }
         match (t.answer, r) {
-            (Answer::Daemon(memfd), Ok(image)) => self.answer_in_place(memfd, &image),
+            (Answer::Daemon(memfd, keep), Ok(image)) => self.answer_in_place(memfd, keep, &image),
             (Answer::Here(tx), r) => {
                 let _ = tx.send(r);
             }
@@ -285,8 +296,9 @@ impl Worker {
     }
 
     /// Writes `image` (its device memory left out) into the daemon's
-    /// `memfd`, each process's memory read from its context into place.
-    fn answer_in_place(&mut self, memfd: OwnedFd, image: &VgpuImage) {
+    /// `memfd`, each process's memory read from its context into place;
+    /// its mapping kept for the next checkpoint where `keep`.
+    fn answer_in_place(&mut self, memfd: OwnedFd, keep: bool, image: &VgpuImage) {
         let Some(back) = self.sh.port.link.answers() else {
             return;
         };
@@ -302,7 +314,7 @@ impl Worker {
                 .read_left_out(blob, dst)
                 .map_err(|s| std::io::Error::other(format!("reading device memory: {s:?}")))
         };
-        answer::taken(memfd, &back, image, &mut read);
+        answer::taken(memfd, &back, image, &mut read, (&mut self.kept_map, keep));
     }
 
     /// Holds, and takes a checkpoint for `answer` once every channel is

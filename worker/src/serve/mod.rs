@@ -241,6 +241,9 @@ pub struct Worker {
     orders: Arc<checkpoint::Orders>,
     /// The checkpoint being taken, once every channel is between requests.
     taking: Option<checkpoint::Taking>,
+    /// The memfd a checkpoint sent ahead was written into, mapped for the
+    /// handover's (dropped once stale, `periodic`).
+    kept_map: Option<crate::checkpoint::KeptMap>,
     /// Where the region goes once the loop ends, to the worker that serves
     /// on from the checkpoint (its channels are not retired).
     handing_over: Option<std::sync::mpsc::Sender<checkpoint::Handover>>,

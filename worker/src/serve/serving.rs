@@ -482,6 +482,10 @@ impl Worker {
         }
         let sync = self.sh.port.stats.sync_calls.load(Ordering::Relaxed);
         self.sh.port.booster.borrow_mut().tick(sync);
+        // A handover that never followed: the daemon let the memfd go.
+        if self.kept_map.as_ref().is_some_and(|k| k.stale()) {
+            self.kept_map = None;
+        }
         Ok(())
     }
 

@@ -411,6 +411,7 @@ impl Worker {
             ends_with_process: cfg.ends_with_process && cfg.slot.is_some(),
             orders: Arc::default(),
             taking: None,
+            kept_map: None,
             handing_over: None,
         };
         let counts = worker.sh.gpu.contexts.counts;

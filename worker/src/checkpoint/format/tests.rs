@@ -73,7 +73,7 @@ fn a_checkpoint_reads_back_as_written_with_and_without_a_key() {
     let img = image();
     for key in [None, Some(&b"operator key"[..])] {
         let v = bytes_of(&img, key);
-        let back = read(&mut v.as_slice(), key, &Limits::default()).unwrap();
+        let back = read(&mut v.as_slice(), Check::Own(key), &Limits::default()).unwrap();
         assert_eq!(back, img);
         assert_eq!(
             back.sessions[1].context.memory[0].bytes[0], 2,
@@ -98,29 +98,33 @@ fn a_mapped_stream_reads_as_a_copied_one_its_memory_in_place() {
     let img = image();
     let key = Some(&b"operator key"[..]);
     let v = bytes_of(&img, key);
-    let back = read_mapped(mapped(&v), key, &Limits::default()).unwrap();
+    let back = read_mapped(mapped(&v), Check::Own(key), &Limits::default()).unwrap();
     assert_eq!(back, img);
     let a = &back.sessions[1].context.memory[0].bytes;
     assert!(matches!(a, Blob::Mapped { .. }), "{a:?}");
     assert_eq!(a[0], 2);
-    // Module images are copied out all the same.
-    assert_eq!(
-        back.sessions[0].context.modules[0].image,
-        img.sessions[0].context.modules[0].image
-    );
+    // Module images are read in place too.
+    let m = &back.sessions[0].context.modules[0].image;
+    assert!(matches!(m, Blob::Mapped { .. }), "{m:?}");
+    assert_eq!(*m, img.sessions[0].context.modules[0].image);
     // An altered byte of memory, or a cut, is caught as in a copied stream.
     let mut bad = v.clone();
     let at = v.len() - 40;
     bad[at] ^= 1;
-    assert!(read_mapped(mapped(&bad), key, &Limits::default()).is_err());
-    assert!(read_mapped(mapped(&v[..v.len() - 1]), key, &Limits::default()).is_err());
+    assert!(read_mapped(mapped(&bad), Check::Own(key), &Limits::default()).is_err());
+    assert!(read_mapped(
+        mapped(&v[..v.len() - 1]),
+        Check::Own(key),
+        &Limits::default()
+    )
+    .is_err());
     // More memory than the limit is refused before any of it is taken.
     let tight = Limits {
         memory: 1,
         ..Limits::default()
     };
     assert!(matches!(
-        read_mapped(mapped(&v), key, &tight),
+        read_mapped(mapped(&v), Check::Own(key), &tight),
         Err(FormatError::TooLarge { .. })
     ));
 }
@@ -143,7 +147,7 @@ fn any_altered_byte_is_caught() {
     ] {
         let mut bad = v.clone();
         bad[at] ^= 0x20;
-        let r = read(&mut bad.as_slice(), key, &Limits::default());
+        let r = read(&mut bad.as_slice(), Check::Own(key), &Limits::default());
         assert!(r.is_err(), "byte {at} of {} altered: accepted", v.len());
     }
 }
@@ -154,26 +158,26 @@ fn a_wrong_key_a_missing_key_and_a_cut_stream_are_refused() {
     let v = bytes_of(&img, Some(b"right"));
     let l = Limits::default();
     assert!(matches!(
-        read(&mut v.as_slice(), Some(b"wrong"), &l),
+        read(&mut v.as_slice(), Check::Own(Some(b"wrong")), &l),
         Err(FormatError::Integrity(_))
     ));
     assert!(matches!(
-        read(&mut v.as_slice(), None, &l),
+        read(&mut v.as_slice(), Check::Own(None), &l),
         Err(FormatError::Integrity(_))
     ));
     let plain = bytes_of(&img, None);
     assert!(matches!(
-        read(&mut plain.as_slice(), Some(b"right"), &l),
+        read(&mut plain.as_slice(), Check::Own(Some(b"right")), &l),
         Err(FormatError::Integrity(_))
     ));
     for cut in [0, 5, 30, v.len() / 2, v.len() - 1] {
         assert!(matches!(
-            read(&mut &v[..cut], Some(b"right"), &l),
+            read(&mut &v[..cut], Check::Own(Some(b"right")), &l),
             Err(FormatError::Io(_))
         ));
     }
     assert!(matches!(
-        read(&mut &b"NOTACKPT............"[..], None, &l),
+        read(&mut &b"NOTACKPT............"[..], Check::Own(None), &l),
         Err(FormatError::NotACheckpoint)
     ));
 }
@@ -185,7 +189,7 @@ fn what_is_more_than_the_reader_takes_is_refused_before_it_is_read() {
     let small = |f: fn(&mut Limits)| {
         let mut l = Limits::default();
         f(&mut l);
-        read(&mut v.as_slice(), None, &l)
+        read(&mut v.as_slice(), Check::Own(None), &l)
     };
     assert!(matches!(
         small(|l| l.memory = 8191),
@@ -216,7 +220,11 @@ fn a_well_tagged_forgery_is_refused() {
     img.sessions[1].channels = vec![channel(2)];
     let v = bytes_of(&img, Some(b"k"));
     assert!(matches!(
-        read(&mut v.as_slice(), Some(b"k"), &Limits::default()),
+        read(
+            &mut v.as_slice(),
+            Check::Own(Some(b"k")),
+            &Limits::default()
+        ),
         Err(FormatError::ChannelTwice(2))
     ));
     let mut img = image();
@@ -224,7 +232,11 @@ fn a_well_tagged_forgery_is_refused() {
     c.modules[0].globals[0].addr = c.memory[0].addr + 1;
     let v = bytes_of(&img, Some(b"k"));
     assert!(matches!(
-        read(&mut v.as_slice(), Some(b"k"), &Limits::default()),
+        read(
+            &mut v.as_slice(),
+            Check::Own(Some(b"k")),
+            &Limits::default()
+        ),
         Err(FormatError::Invalid { pid: 100, .. })
     ));
 }
@@ -236,7 +248,7 @@ fn a_stream_of_the_version_before_graphs_reads_and_may_hold_none() {
     let mut v1 = bytes_of(&img, None);
     v1[8..12].copy_from_slice(&1u32.to_le_bytes());
     assert!(matches!(
-        read(&mut v1.as_slice(), None, &Limits::default()),
+        read(&mut v1.as_slice(), Check::Own(None), &Limits::default()),
         Err(FormatError::Version(1))
     ));
     // Without graphs, version 1 reads as it always did.
@@ -256,14 +268,55 @@ fn a_stream_of_the_version_before_graphs_reads_and_may_hold_none() {
     let tag = stream_tag(None, front, &blobs);
     v1[n - 32..].copy_from_slice(&tag);
     assert_eq!(
-        read(&mut v1.as_slice(), None, &Limits::default()).unwrap(),
+        read(&mut v1.as_slice(), Check::Own(None), &Limits::default()).unwrap(),
         plain
     );
     // A version past this build's is refused.
-    let mut v3 = bytes_of(&plain, None);
-    v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+    let mut v4 = bytes_of(&plain, None);
+    v4[8..12].copy_from_slice(&4u32.to_le_bytes());
     assert!(matches!(
-        read(&mut v3.as_slice(), None, &Limits::default()),
-        Err(FormatError::Version(3))
+        read(&mut v4.as_slice(), Check::Own(None), &Limits::default()),
+        Err(FormatError::Version(4))
+    ));
+}
+
+/// A stream without a tag of its own (as a worker writes it for its
+/// daemon) reads where its carrier was checked, and nowhere else; its
+/// limits and contexts are checked all the same.
+#[test]
+fn a_carried_stream_reads_only_as_carried_and_is_still_checked() {
+    let img = image();
+    let mut v = bytes_of(&img, None);
+    v[12..16].copy_from_slice(&CARRIED.to_le_bytes());
+    let n = v.len();
+    v[n - 32..].fill(0);
+    let l = Limits::default();
+    assert_eq!(read(&mut v.as_slice(), Check::Carried, &l).unwrap(), img);
+    assert_eq!(read_mapped(mapped(&v), Check::Carried, &l).unwrap(), img);
+    for check in [Check::Own(None), Check::Own(Some(b"k"))] {
+        let e = read(&mut v.as_slice(), check, &l).unwrap_err();
+        assert!(e.to_string().contains("no tag of its own"), "{e}");
+    }
+    let tight = Limits {
+        memory: 8191,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        read(&mut v.as_slice(), Check::Carried, &tight),
+        Err(FormatError::TooLarge { .. })
+    ));
+    let mut bad = image();
+    bad.sessions[1].channels = vec![channel(2)];
+    let mut b = bytes_of(&bad, None);
+    b[12..16].copy_from_slice(&CARRIED.to_le_bytes());
+    assert!(matches!(
+        read(&mut b.as_slice(), Check::Carried, &l),
+        Err(FormatError::ChannelTwice(2))
+    ));
+    // A version that had no such flag is refused with it.
+    v[8..12].copy_from_slice(&2u32.to_le_bytes());
+    assert!(matches!(
+        read(&mut v.as_slice(), Check::Carried, &l),
+        Err(FormatError::Integrity(_))
     ));
 }

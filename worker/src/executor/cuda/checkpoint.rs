@@ -136,8 +136,10 @@ impl CudaContext {
             return Err(Status::NotSupported);
         }
         self.bind()?;
+        let t = std::time::Instant::now();
         // SAFETY: no arguments; our context is current.
         check(unsafe { sys::cuCtxSynchronize() })?;
+        tracing::debug!(ms = crate::millis(t.elapsed()), "its work finished");
         let mut memory = Vec::with_capacity(self.allocs.len());
         for (&addr, a) in &self.allocs {
             let len = a.padded as u64;
@@ -180,7 +182,7 @@ impl CudaContext {
                         ptx: is_ptx(img),
                         len: img.len() as u64,
                         globals,
-                        image: img.clone(),
+                        image: Blob::Shared(img.clone()),
                     });
                 }
                 Obj::Function {
@@ -260,9 +262,23 @@ impl CudaContext {
             super::window::give(va, padded as u64);
         })?;
         self.allocs.insert(va, VmmAlloc { padded, handle });
-        // SAFETY: `va` is `padded` >= `a.len` bytes just mapped in this
-        // (current) context; `a.bytes` holds `a.len` bytes (checked).
-        check(unsafe { sys::cuMemcpyHtoD_v2(va, a.bytes.as_ptr() as *const c_void, a.bytes.len()) })
+        // Runs of a stream's holes are zeros: set on the device, not
+        // copied (most of a training's memory, `Blob::runs`).
+        for (at, n, zero) in a.bytes.runs() {
+            let dst = va + at as u64;
+            // `va` is `padded` >= `a.len` bytes just mapped in this
+            // (current) context, and `a.bytes` holds `a.len` bytes
+            // (checked), of which `[at, at + n)` is a run.
+            if zero {
+                // SAFETY: `n` bytes of device memory at `dst` (above).
+                check(unsafe { sys::cuMemsetD8_v2(dst, 0, n) })?;
+            } else {
+                let src = a.bytes[at..at + n].as_ptr() as *const c_void;
+                // SAFETY: `n` bytes at `dst` (above) from `n` host bytes.
+                check(unsafe { sys::cuMemcpyHtoD_v2(dst, src, n) })?;
+            }
+        }
+        Ok(())
     }
 
     /// Makes the objects of `image` again, each through the call a

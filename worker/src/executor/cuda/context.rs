@@ -60,7 +60,10 @@ pub(super) enum Obj {
         local: sys::CUevent,
     },
     /// The image is kept to load the module again on another GPU.
-    Module { raw: sys::CUmodule, image: Vec<u8> },
+    Module {
+        raw: sys::CUmodule,
+        image: std::sync::Arc<[u8]>,
+    },
     Function {
         raw: sys::CUfunction,
         module: Handle,
@@ -78,7 +81,7 @@ pub(super) enum ObjSpec {
     /// Flags and priority.
     Stream(u32, i32),
     Event(u32),
-    Module(Vec<u8>),
+    Module(std::sync::Arc<[u8]>),
     /// Module, name, parameter sizes, attributes set.
     Function(Handle, CString, Vec<u32>, Vec<(u32, i32)>),
     /// Not made again (an imported event).
@@ -142,7 +145,7 @@ pub(super) struct CudaContext {
     pub(super) ipc_events: bool,
     /// Modules loaded ahead of a restore (`staged.rs`): the module and the
     /// image it was loaded from, as an `Obj::Module` keeps them.
-    pub(super) staged: crate::executor::staged::Staged<(sys::CUmodule, Vec<u8>)>,
+    pub(super) staged: crate::executor::staged::Staged<(sys::CUmodule, std::sync::Arc<[u8]>)>,
 }
 
 // SAFETY: a CUcontext may be used from any thread once made current there;

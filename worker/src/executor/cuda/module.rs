@@ -48,11 +48,13 @@ impl Modules for CudaContext {
         if let Some((raw, img)) = self.staged.take(kind, image) {
             return Ok(self.insert(Obj::Module { raw, image: img }));
         }
-        let terminated = |mut v: Vec<u8>| {
+        // Kept shared with checkpoints (`Blob::Shared`), copied once here.
+        let terminated = |mut v: Vec<u8>| -> std::sync::Arc<[u8]> {
             if kind == ImageKind::Ptx && v.last() != Some(&0) {
                 v.push(0);
+                return v.into();
             }
-            v
+            v.into()
         };
         let load = |img: &[u8]| {
             let mut m: sys::CUmodule = null_mut();
@@ -73,7 +75,11 @@ impl Modules for CudaContext {
                 }
             }
         }
-        let img = terminated(image.to_vec());
+        let img: std::sync::Arc<[u8]> = if kind == ImageKind::Ptx && image.last() != Some(&0) {
+            terminated(image.to_vec())
+        } else {
+            image.into()
+        };
         let m = load(&img)?;
         Ok(self.insert(Obj::Module { raw: m, image: img }))
     }

@@ -45,7 +45,7 @@ impl CudaContext {
                 // name it lacks fails here and again at the restore.
                 let _ = unsafe { sys::cuModuleGetFunction(&mut func, raw, name.as_ptr()) };
             }
-            loaded.push((kind, m.image.clone(), (raw, img)));
+            loaded.push((kind, m.image.to_vec(), (raw, img)));
         }
         self.next_handle = next;
         let n = loaded.len();

@@ -72,7 +72,7 @@ impl Checkpoint for SimContext {
             let kind = m.kind();
             // Refused here as its load would be.
             parse_module(kind, &m.image)?;
-            self.staged.put(kind, m.image.clone(), ());
+            self.staged.put(kind, m.image.to_vec(), ());
         }
         Ok(image.modules.len())
     }
@@ -113,7 +113,7 @@ impl Checkpoint for SimContext {
                 ptx: true,
                 len: m.text.len() as u64,
                 globals,
-                image: m.text.as_bytes().to_vec(),
+                image: m.text.as_bytes().to_vec().into(),
             });
         }
         let memory = self

@@ -336,14 +336,16 @@ fn a_context_staged_with_an_images_modules_gives_them_to_its_restore() {
     // Another image's modules are not taken; a module the model cannot
     // load is refused when staged, as its load would be.
     let mut other = image.clone();
-    other.modules[0].image.push(b' ');
+    let mut longer = other.modules[0].image.to_vec();
+    longer.push(b' ');
+    other.modules[0].image = longer.into();
     let mut there = SimExecutor::new(SimParams::default());
     let mut ctx = there.open().unwrap();
     ctx.stage(&other).unwrap();
     ctx.restore_into(&image).unwrap();
     assert_eq!(ctx.staged_taken(), 0, "not byte for byte the same image");
     let mut bad = image.clone();
-    bad.modules[0].image = b"not ptx".to_vec();
+    bad.modules[0].image = b"not ptx".to_vec().into();
     assert!(there.open().unwrap().stage(&bad).is_err());
 }
 
