@@ -219,7 +219,11 @@ pub fn send(to: &str, key: &[u8], saved: &Saved, purpose: Purpose) -> Result<Str
         .map_err(|e| format!("{to}: no answer to the proof: {e}"))?;
     if head[0] == GO_ON {
         let w = BufWriter::with_capacity(1 << 20, &s);
+        let t = std::time::Instant::now();
         let sent = save_file::write_to(w, saved, Some(key), nonce);
+        if let Ok((_, n)) = &sent {
+            tracing::debug!(to, bytes = n, ms = t.elapsed().as_millis(), "a stream sent");
+        }
         // A peer that refused mid-stream sent its verdict before closing.
         match (&s).read_exact(&mut head) {
             Ok(()) => {}

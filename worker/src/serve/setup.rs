@@ -56,6 +56,7 @@ impl Device {
         made: Option<contexts::ContextPool>,
     ) -> Result<Device, Error> {
         let mut exec = exec;
+        let t = std::time::Instant::now();
         // Its own channels' arenas alone: a process slot's worker reaches
         // no other slot's memory from the device.
         let arenas = cfg
@@ -80,6 +81,10 @@ impl Device {
         } else {
             (None, false)
         };
+        tracing::debug!(
+            ms = crate::millis(t.elapsed()),
+            "arenas and pinned pool registered"
+        );
         let device_mem = info.total_mem;
         let mut contexts = contexts::ContextPool::default();
         if let Some(made) = made {
