@@ -274,7 +274,7 @@ impl ControlPlane {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::config::Config;
     use crate::control::http::Request;
@@ -282,7 +282,8 @@ mod tests {
 
     /// A plane without grant services (scheduler off) over `host.toml` in
     /// a scratch folder: host.toml lists vm1; 2 sim GPUs of 1 GiB.
-    fn plane(name: &str) -> (Arc<ControlPlane>, std::path::PathBuf) {
+    /// A control plane of one sim VM, `vm1`, and its config file's path.
+    pub(in crate::control) fn plane(name: &str) -> (Arc<ControlPlane>, std::path::PathBuf) {
         let dir = scratch::dir(&format!("declare-{name}"));
         let path = dir.join("host.toml");
         let text = format!(

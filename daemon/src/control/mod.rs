@@ -147,6 +147,9 @@ pub struct ControlPlane {
     checkpointing: Mutex<HashMap<String, usize>>,
     /// vGPUs handed over from other hosts, for the supervisor.
     arrivals: Mutex<Vec<saves::Arrival>>,
+    /// Tells the supervisor of a new ask or arrival, ending its pause
+    /// between turns (up to 20 ms; the guest may be paused meanwhile).
+    ring: Mutex<Option<Box<dyn Fn() + Send>>>,
     /// Streams a checkpoint sent ahead left, by VM: memfds whose pages the
     /// handover's checkpoint reuses (`saves.rs`).
     warm_streams: Mutex<HashMap<String, saves::Warm>>,
@@ -198,6 +201,7 @@ impl ControlPlane {
             migrations: Mutex::new(HashMap::new()),
             migrated: Mutex::new(HashMap::new()),
             save_asks: Mutex::new(Vec::new()),
+            ring: Mutex::new(None),
             checkpointing: Mutex::new(HashMap::new()),
             arrivals: Mutex::new(Vec::new()),
             warm_streams: Mutex::new(HashMap::new()),

@@ -359,7 +359,10 @@ impl VmHost {
 
     /// Watches the VM's process slots that have no worker (see
     /// `slots.rs`): a process claiming one is sent to `claims`. Once.
-    pub fn watch_slots(&self, claims: Sender<SlotClaim>) -> Result<(), Error> {
+    pub fn watch_slots<T: From<SlotClaim> + Send + 'static>(
+        &self,
+        claims: Sender<T>,
+    ) -> Result<(), Error> {
         if self.watch.get().is_none() {
             let w = SlotWatch::start(
                 &self.name,

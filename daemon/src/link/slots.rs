@@ -56,12 +56,12 @@ pub struct SlotWatch {
 impl SlotWatch {
     /// Starts watching `region`'s slots, whose guests ring `bells` (one
     /// host doorbell vector per slot), every slot without a worker; claims
-    /// go to `claims`.
-    pub fn start(
+    /// go to `claims` (as what the receiver takes them in).
+    pub fn start<T: From<SlotClaim> + Send + 'static>(
         vm: &str,
         region: Region,
         bells: Vec<Arc<EventFdBell>>,
-        claims: Sender<SlotClaim>,
+        claims: Sender<T>,
     ) -> Result<SlotWatch, Error> {
         let n = region.layout().params.partitions;
         for k in 0..n {
@@ -145,17 +145,17 @@ fn lock(m: &Mutex<Slots>) -> std::sync::MutexGuard<'_, Slots> {
 }
 
 /// The watch's thread.
-struct Thread {
+struct Thread<T> {
     vm: String,
     region: Region,
     bells: Vec<Arc<EventFdBell>>,
-    claims: Sender<SlotClaim>,
+    claims: Sender<T>,
     slots: Arc<Mutex<Slots>>,
     wake: Arc<EventFdBell>,
     stop: Arc<AtomicBool>,
 }
 
-impl Thread {
+impl<T: From<SlotClaim>> Thread<T> {
     fn run(&mut self) {
         while !self.stop.load(Ordering::SeqCst) {
             // The slots without a worker, and those to look at now.
@@ -235,10 +235,10 @@ impl Thread {
                 slot,
                 "a process claimed a slot with no worker"
             );
-            let _ = self.claims.send(SlotClaim {
+            let _ = self.claims.send(T::from(SlotClaim {
                 vm: self.vm.clone(),
                 slot,
-            });
+            }));
         }
     }
 }

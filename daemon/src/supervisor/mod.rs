@@ -121,6 +121,11 @@ impl Supervisor {
         worker::sandbox::not_dumpable()?;
         // The grant services (one per GPU) start before any worker connects.
         let plane = ControlPlane::new(cfg.clone(), config_path, host_cpu.clone())?;
+        let claims = slots::Claims::new();
+        let ring = claims.sender();
+        plane.on_ask(move || {
+            let _ = ring.send(slots::Note::Asked);
+        });
         // vCPU threads an earlier daemon was given (`fairvgpu attach`).
         for vm in &cfg.vms {
             let threads = crate::attach::read_vcpus(&crate::attach::vcpus_file(cfg, &vm.name));
@@ -185,7 +190,7 @@ impl Supervisor {
                 host_cpu,
             },
             spares: spares::Spares::default(),
-            claims: slots::Claims::new(),
+            claims,
             moves: HashMap::new(),
             saves: HashMap::new(),
             held: Default::default(),

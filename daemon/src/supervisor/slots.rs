@@ -19,10 +19,25 @@ use crate::control::ControlPlane;
 use crate::link::{SlotClaim, VmHost};
 use crate::Error;
 
+/// What ends the supervisor's pause between turns at once.
+pub(super) enum Note {
+    /// A slot without a worker claimed, from a VM's slot watch.
+    Claim(SlotClaim),
+    /// A checkpoint, restore or handover asked of the control plane, or a
+    /// vGPU another host handed over: the guest is paused meanwhile.
+    Asked,
+}
+
+impl From<SlotClaim> for Note {
+    fn from(c: SlotClaim) -> Note {
+        Note::Claim(c)
+    }
+}
+
 /// The claims of slots without a worker, from every VM's slot watch.
 pub(super) struct Claims {
-    tx: Sender<SlotClaim>,
-    rx: Receiver<SlotClaim>,
+    tx: Sender<Note>,
+    rx: Receiver<Note>,
     /// Claims not served yet (their VM is moving between GPUs).
     pending: Vec<SlotClaim>,
     /// Slots given back to their watch only at the time given: their
@@ -53,19 +68,20 @@ impl Claims {
         }
     }
 
-    /// Where a VM's slot watch sends its claims.
-    pub fn sender(&self) -> Sender<SlotClaim> {
+    /// Where a VM's slot watch sends its claims, and the control plane
+    /// says it was asked.
+    pub fn sender(&self) -> Sender<Note> {
         self.tx.clone()
     }
 
-    /// Waits up to `pause` for a claim (the supervisor's pause between
-    /// turns: a claim ends it at once), and takes every claim that came.
+    /// Waits up to `pause` for a note (the supervisor's pause between
+    /// turns: any ends it at once), and takes every claim that came.
     pub fn wait(&mut self, pause: Duration) {
-        if let Ok(c) = self.rx.recv_timeout(pause) {
-            self.pending.push(c);
-        }
-        while let Ok(c) = self.rx.try_recv() {
-            self.pending.push(c);
+        let mut first = self.rx.recv_timeout(pause).ok();
+        while let Some(n) = first.take().or_else(|| self.rx.try_recv().ok()) {
+            if let Note::Claim(c) = n {
+                self.pending.push(c);
+            }
         }
     }
 }
@@ -277,4 +293,31 @@ pub(super) fn slot_worker_ended(
             w.name
         ),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A note ends the pause at once; claims are kept, asks only wake.
+    #[test]
+    fn a_note_ends_the_pause_and_claims_are_kept() {
+        let mut c = Claims::new();
+        let tx = c.sender();
+        tx.send(Note::Asked).unwrap();
+        let t = Instant::now();
+        c.wait(Duration::from_secs(60));
+        assert!(t.elapsed() < Duration::from_secs(30), "woken by the ask");
+        assert!(c.pending.is_empty());
+        let claim = SlotClaim {
+            vm: "vm1".into(),
+            slot: 2,
+        };
+        tx.send(Note::Asked).unwrap();
+        tx.send(claim.into()).unwrap();
+        c.wait(Duration::from_secs(60));
+        assert!(t.elapsed() < Duration::from_secs(30));
+        assert_eq!(c.pending.len(), 1);
+        assert_eq!((c.pending[0].vm.as_str(), c.pending[0].slot), ("vm1", 2));
+    }
 }
