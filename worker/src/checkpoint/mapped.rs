@@ -236,7 +236,10 @@ impl MappedMut {
     /// [`MappedMut::create`], but through `kept`'s mapping where it is of
     /// the same memfd: the memfd sized to `len`, only pages past what was
     /// mapped mapped anew. The mapping is kept again where `keep`, else
-    /// dropped once the stream is written (`write`).
+    /// dropped once the stream is written (`write`). A new mapping to keep
+    /// has a quarter more pages, past the stream's end: a handover's stream
+    /// is often longer than the one sent ahead (a training's modules and
+    /// memory grow), and pages mapped then are not in the guest's pause.
     pub fn reuse(
         kept: &mut Option<KeptMap>,
         fd: &OwnedFd,
@@ -249,6 +252,11 @@ impl MappedMut {
             Some(k) if k.map.file == file => {
                 let mut m = k.map;
                 m.resize(fd, len)?;
+                m
+            }
+            _ if keep => {
+                let mut m = MappedMut::create(fd, len + (len / 4).next_multiple_of(4096))?;
+                m.len = len;
                 m
             }
             _ => MappedMut::create(fd, len)?,
