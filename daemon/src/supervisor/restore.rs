@@ -131,7 +131,7 @@ impl Supervisor {
     /// Refuses, before anything of the VM changes, a checkpoint taken on
     /// another GPU model or driver than `vm`'s GPU here, or holding more
     /// device memory than `vm` may (from each stream's description; its
-    /// tag was checked, and each worker checks it all again).
+    /// tag was checked, and each worker parses it all within its limits).
     fn fits_here(&self, want: &Config, vm: &str, saved: &Saved) -> Result<(), String> {
         let vmc = want.vm(vm).ok_or_else(|| format!("no vm named {vm:?}"))?;
         let gpu = self.plane.gpu_of(vm).unwrap_or(0);
