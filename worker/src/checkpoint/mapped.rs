@@ -86,9 +86,26 @@ impl Mapped {
                 )
             }?;
         }
-        // SAFETY: advice over our own mapping; it only faults pages in
-        // ahead (a kernel without it says so, and they fault as read).
-        let _ = unsafe { madvise(p, len, MmapAdvise::MADV_POPULATE_READ) };
+        // Its data alone is faulted in ahead: the holes' zero pages are
+        // never read (a restore sets that device memory, `Blob::runs`).
+        let mut at = 0;
+        for (from, to) in map
+            .holes
+            .iter()
+            .map(|&(h, n)| (h, h + n))
+            .chain(std::iter::once((len, len)))
+        {
+            if from > at {
+                // SAFETY: `at` < `from` <= `len`: within our own mapping.
+                let data = unsafe { p.byte_add(at) };
+                // SAFETY: `at` is page aligned (0, or a hole's end) and
+                // `[at, from)` within our own mapping; the advice only
+                // faults pages in ahead (a kernel without it says so, and
+                // they fault as read).
+                let _ = unsafe { madvise(data, from - at, MmapAdvise::MADV_POPULATE_READ) };
+            }
+            at = to;
+        }
         Ok(map)
     }
 
