@@ -39,11 +39,12 @@ kill_mid_copy() {
 }
 
 # Two processes waiting on the device at once (with process slots, each in
-# a slot of its own, served by its own worker and woken on its own vector).
+# a slot of its own, served by its own worker; each woken on its vCPU's
+# vector, which the two share while on one vCPU).
 two_at_once() {
-    /fvg/vm-probe block 20 >/tmp/a.out 2>&1 &
+    /fvg/vm-probe block 20 2 >/tmp/a.out 2>&1 &
     a=$!
-    /fvg/vm-probe block 20 >/tmp/b.out 2>&1 &
+    /fvg/vm-probe block 20 2 >/tmp/b.out 2>&1 &
     b=$!
     wait $a; ra=$?
     wait $b; rb=$?
