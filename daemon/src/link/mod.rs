@@ -507,7 +507,7 @@ impl Feeder {
             FeedMsg::CloseLane(lane) => self.close_lane(lane),
             FeedMsg::Checkpoint(lane, memfd, ahead) => {
                 let keep = if ahead { CHECKPOINT_KEEP_MAPPED } else { 0 };
-                let v = (CHECKPOINT << 40) | i64::try_from(keep).unwrap_or(0);
+                let v = encode_value(CHECKPOINT, keep);
                 self.say(lane, (v, Some(memfd.as_raw_fd())));
             }
             FeedMsg::Resume(lane) => self.say(lane, (RESUME << 40, None)),
