@@ -221,12 +221,11 @@ impl KeptMap {
 }
 
 impl MappedMut {
-    /// Sizes `fd` to `len` bytes and maps it for writing; `len` 0 is an
-    /// error (the caller writes the stream instead).
-    pub fn create(fd: &OwnedFd, len: usize) -> std::io::Result<MappedMut> {
+    /// Sizes `fd` (the memfd `file`) to `len` bytes and maps it for
+    /// writing; `len` 0 is an error (the caller writes the stream instead).
+    fn create(fd: &OwnedFd, file: (u64, u64), len: usize) -> std::io::Result<MappedMut> {
         let n = std::num::NonZeroUsize::new(len).ok_or(std::io::ErrorKind::InvalidInput)?;
         let size = i64::try_from(len).map_err(|_| std::io::ErrorKind::InvalidInput)?;
-        let file = file_of(fd)?;
         nix::unistd::ftruncate(fd.as_fd(), size)?;
         // SAFETY: a new shared mapping of the whole memfd, `len` bytes
         // long, which only the daemon could resize and does not until told
@@ -272,11 +271,11 @@ impl MappedMut {
                 m
             }
             _ if keep => {
-                let mut m = MappedMut::create(fd, len + (len / 4).next_multiple_of(4096))?;
+                let mut m = MappedMut::create(fd, file, len + (len / 4).next_multiple_of(4096))?;
                 m.len = len;
                 m
             }
-            _ => MappedMut::create(fd, len)?,
+            _ => MappedMut::create(fd, file, len)?,
         };
         let r = write(&mut map);
         if keep && r.is_ok() {
