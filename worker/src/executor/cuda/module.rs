@@ -48,13 +48,14 @@ impl Modules for CudaContext {
         if let Some((raw, img)) = self.staged.take(kind, image) {
             return Ok(self.insert(Obj::Module { raw, image: img }));
         }
-        // Kept shared with checkpoints (`Blob::Shared`), copied once here.
-        let terminated = |mut v: Vec<u8>| -> std::sync::Arc<[u8]> {
+        // Kept shared with checkpoints (`Blob::Shared`), copied here once
+        // (PTX, NUL-terminated where it was not).
+        let terminated = |v: &[u8]| -> std::sync::Arc<[u8]> {
             if kind == ImageKind::Ptx && v.last() != Some(&0) {
-                v.push(0);
-                return v.into();
+                [v, &[0]].concat().into()
+            } else {
+                v.into()
             }
-            v.into()
         };
         let load = |img: &[u8]| {
             let mut m: sys::CUmodule = null_mut();
@@ -69,17 +70,13 @@ impl Modules for CudaContext {
         if kind == ImageKind::Ptx {
             let text = std::str::from_utf8(image).unwrap_or("");
             if let Some(t) = crate::ptx::with_slice_variants(text.trim_end_matches('\0')) {
-                let img = terminated(t.into_bytes());
+                let img = terminated(t.as_bytes());
                 if let Ok(m) = load(&img) {
                     return Ok(self.insert(Obj::Module { raw: m, image: img }));
                 }
             }
         }
-        let img: std::sync::Arc<[u8]> = if kind == ImageKind::Ptx && image.last() != Some(&0) {
-            terminated(image.to_vec())
-        } else {
-            image.into()
-        };
+        let img = terminated(image);
         let m = load(&img)?;
         Ok(self.insert(Obj::Module { raw: m, image: img }))
     }
