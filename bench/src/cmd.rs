@@ -83,6 +83,10 @@ pub enum BenchCmd {
         /// With --density: that scenario alone, a line per VM count.
         #[arg(long, requires = "density")]
         density_only: bool,
+        /// The two mixes alone (1:2:3 weights; one GPU-bound guest among
+        /// seven latency-bound), their last line their figures.
+        #[arg(long, conflicts_with_all = ["density", "sim"])]
+        mix_only: bool,
         /// The scheduler's base time slice, µs; by default the daemon's for
         /// GPU 0 (`[daemon] preemptive_slice_us`, 30 ms, where it can
         /// preempt a running kernel; `slice_us`, 6 ms, where it cannot, as
@@ -267,6 +271,7 @@ impl BenchCmd {
                 sharing,
                 density,
                 density_only,
+                mix_only,
                 slice_us,
                 mps,
                 mps_control,
@@ -288,6 +293,11 @@ impl BenchCmd {
                         vms: &density,
                         sharing: sharing.into(),
                     };
+                    if mix_only {
+                        let (t, s) = crate::density::mixes(&dense)?;
+                        println!("mix_throughput={t:.3} mix_min_share={s:.3}");
+                        return Ok(());
+                    }
                     if density_only {
                         for &n in &density {
                             let (t, m) = crate::density::density(&dense, n)?;
