@@ -564,13 +564,14 @@ mod tests {
     #[test]
     fn past_the_cap_of_light_vgpus_one_waits_until_a_holder_ahead_gives_way() {
         let svc = shared("cap");
-        let mut gates: Vec<Gate> = (1..=LIGHT_AT_ONCE as u32)
+        let cap = u32::try_from(LIGHT_AT_ONCE).unwrap();
+        let mut gates: Vec<Gate> = (1..=cap)
             .map(|id| Gate::connect(svc.path(), id, 1.0).unwrap())
             .collect();
         for g in &mut gates {
             assert!(granted_within(g, Duration::from_secs(5)));
         }
-        let mut next = Gate::connect(svc.path(), LIGHT_AT_ONCE as u32 + 1, 1.0).unwrap();
+        let mut next = Gate::connect(svc.path(), cap + 1, 1.0).unwrap();
         assert!(!granted_within(&mut next, Duration::from_millis(50)));
         // The first runs far ahead; told so, it gives its grant back.
         gates[0].charge(10 * SLICE_NS, 100).unwrap();
