@@ -213,6 +213,16 @@ pub enum BenchCmd {
         #[arg(long, value_enum, default_value = "sim")]
         executor: daemon::config::ExecutorKind,
     },
+    /// The daemons' handover path (a save file under a key over loopback
+    /// TCP, as a live move sends a vGPU) against the bare link, in turn.
+    HandoverLink {
+        /// MiB of data a round.
+        #[arg(long, default_value_t = 256)]
+        mib: usize,
+        /// Rounds, each the bare link then the handover path.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// The host side at density: a daemon with N VMs over G GPUs, its and
     /// its workers' CPU and memory with no guests, idle guests and busy
     /// ones, and its CPU per grant.
@@ -252,6 +262,7 @@ impl BenchCmd {
     pub fn run(self) -> Result<()> {
         match self {
             BenchCmd::Ring { mode, iters } => crate::ring::run(mode, iters),
+            BenchCmd::HandoverLink { mib, rounds } => crate::handover_link::run(mib, rounds),
             BenchCmd::Scale {
                 executor,
                 vms,

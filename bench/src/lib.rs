@@ -7,6 +7,7 @@ pub mod density;
 pub mod fairness;
 pub mod fairness_sim;
 pub mod fixture;
+pub mod handover_link;
 pub mod hogs;
 pub mod hostile;
 pub mod migrate;
