@@ -13,7 +13,6 @@
 //! the bytes moved, and the same bytes through the same kind of connection
 //! alone (the link's rate), in the same run.
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -147,40 +146,6 @@ fn send(image: &VgpuImage) -> Result<(VgpuImage, u64)> {
     Ok((read, n))
 }
 
-/// `bytes` bytes through a loopback TCP connection alone: GiB/s.
-fn link_rate(bytes: u64) -> Result<f64> {
-    let l = TcpListener::bind("127.0.0.1:0")?;
-    let addr = l.local_addr()?;
-    let reader = std::thread::spawn(move || -> Result<u64> {
-        let (mut s, _) = l.accept()?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut got = 0u64;
-        loop {
-            match s.read(&mut buf)? {
-                0 => return Ok(got),
-                k => got += k as u64,
-            }
-        }
-    });
-    let t = Instant::now();
-    let mut s = TcpStream::connect(addr)?;
-    let buf = vec![7u8; 1 << 20];
-    let mut left = bytes;
-    while left > 0 {
-        let k = left.min(buf.len() as u64) as usize;
-        s.write_all(&buf[..k])?;
-        left -= k as u64;
-    }
-    drop(s);
-    let got = reader
-        .join()
-        .map_err(|_| anyhow::anyhow!("reader panicked"))??;
-    if got != bytes {
-        bail!("the link carried {got} of {bytes} bytes");
-    }
-    Ok(bytes as f64 / t.elapsed().as_secs_f64() / f64::from(1u32 << 30))
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -244,7 +209,7 @@ pub fn run(kind: ExecutorKind, mib: u64) -> Result<()> {
     stop.store(true, Ordering::Relaxed);
     let seen = g.join().map_err(|_| anyhow::anyhow!("guest panicked"))??;
     second.shutdown()?;
-    let link = link_rate(sent)?;
+    let link = crate::link_rate(sent)?;
     let device_bytes = image.memory_bytes();
     let ok = seen.memory_ok && seen.rounds >= at + 20;
     println!(

@@ -19,7 +19,7 @@ use worker::serve::{spawn, WorkerConfig};
 use worker::KERNELS_PTX;
 
 use super::overhead_probes as probes;
-use super::percentile;
+use super::{median, percentile};
 
 const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
 const KERNEL_NS: u64 = 20_000;
@@ -272,12 +272,6 @@ fn copy_threads_ab(gpu: &mut Gpu, reps: usize) -> Result<[(f64, f64); 2]> {
     gpu.mem_free(d)?;
     let [(a, b), (c, e)] = &mut t;
     Ok([(median(a), median(b)), (median(c), median(e))])
-}
-
-/// The middle of `x` (sorted in place; the upper middle for an even count).
-fn median(x: &mut [f64]) -> f64 {
-    x.sort_by(f64::total_cmp);
-    x[x.len() / 2]
 }
 
 /// Runs the bench and prints the report; the last line is machine-readable.

@@ -13,6 +13,8 @@ use vm_memory::VolatileSlice;
 
 use worker::executor::{Context, Handle};
 
+use super::median;
+
 const ONE: Dim3 = Dim3 { x: 1, y: 1, z: 1 };
 /// Streams of the concurrency probe, and kernels each.
 pub(super) const STREAMS: usize = 32;
@@ -240,11 +242,6 @@ pub(super) fn pinned_copies_remote(gpu: &mut Gpu, reps: usize) -> Result<Vec<(f6
     );
     gpu.borrow_mut().pinned_free(offset)?;
     out
-}
-
-fn median(x: &mut [f64]) -> f64 {
-    x.sort_by(f64::total_cmp);
-    x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 #[cfg(test)]
