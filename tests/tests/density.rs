@@ -148,7 +148,7 @@ fn thirty_two_alike_vms_hold_together_and_none_falls_behind() {
 /// latency-bound ones: each latency-bound guest gets more than beside it
 /// unscheduled, where the GPU-bound one takes most of the GPU, and the
 /// GPU-bound one is not starved. Here concurrent sharing read 1:2:3 at
-/// 0.83-0.87 of unscheduled with the weight-3 guest at 2.6-2.8 times the
+/// 0.80-0.87 of unscheduled with the weight-3 guest at 2.6-2.8 times the
 /// weight-1 guest's share, and the other mix at 1.06-1.08 with each
 /// latency-bound guest at 2.0-2.8 times its share unscheduled and the
 /// GPU-bound guest at 0.87-0.94 of its max-min fair share. Exclusive
