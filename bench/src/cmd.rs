@@ -222,6 +222,10 @@ pub enum BenchCmd {
         /// Rounds, each the bare link then the handover path.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// Of every 5 blocks of 64 KiB, how many are zero pages (written,
+        /// so read and compared; a PyTorch handover's stream had 3 in 5).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=4))]
+        zeros: u8,
     },
     /// The host side at density: a daemon with N VMs over G GPUs, its and
     /// its workers' CPU and memory with no guests, idle guests and busy
@@ -262,7 +266,9 @@ impl BenchCmd {
     pub fn run(self) -> Result<()> {
         match self {
             BenchCmd::Ring { mode, iters } => crate::ring::run(mode, iters),
-            BenchCmd::HandoverLink { mib, rounds } => crate::handover_link::run(mib, rounds),
+            BenchCmd::HandoverLink { mib, rounds, zeros } => {
+                crate::handover_link::run(mib, rounds, zeros)
+            }
             BenchCmd::Scale {
                 executor,
                 vms,
