@@ -193,8 +193,10 @@ pub fn write_to<W: Write>(
     w.write_all(&vm.as_bytes()[..usize::from(name)])?;
     if let Some((fd, len)) = &saved.region {
         w.write_all(&len.to_le_bytes())?;
-        region::write(fd, *len, &mut w)
+        let t = std::time::Instant::now();
+        let b = region::write(fd, *len, &mut w)
             .map_err(|e| std::io::Error::new(e.kind(), format!("the region: {e}")))?;
+        tracing::debug!(?b, ms = t.elapsed().as_millis(), "the region written");
     }
     w.write_all(
         &u32::try_from(saved.lanes.len())
@@ -204,8 +206,15 @@ pub fn write_to<W: Write>(
     for l in &saved.lanes {
         w.write_all(&l.slot.to_le_bytes())?;
         w.write_all(&l.len.to_le_bytes())?;
-        region::write(&l.stream, l.len, &mut w)
+        let t = std::time::Instant::now();
+        let b = region::write(&l.stream, l.len, &mut w)
             .map_err(|e| std::io::Error::new(e.kind(), format!("slot {}'s stream: {e}", l.slot)))?;
+        tracing::debug!(
+            slot = l.slot,
+            ?b,
+            ms = t.elapsed().as_millis(),
+            "a stream written"
+        );
     }
     let Tagged { mut inner, tag, n } = w;
     inner.write_all(&tag.finish())?;

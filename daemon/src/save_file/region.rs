@@ -50,11 +50,25 @@ fn is_zero(b: &[u8]) -> bool {
     b.chunks(64).all(|c| c.iter().fold(0u8, |a, &x| a | x) == 0)
 }
 
+/// What a region's blocks were, written: how many held bytes, how many
+/// were read and found zero, how many were holes (not read).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Blocks {
+    /// Blocks sent with their bytes.
+    pub data: u64,
+    /// Blocks read and found all zero.
+    pub zero: u64,
+    /// Blocks with no page behind them, passed over unread.
+    pub holes: u64,
+}
+
 /// Writes the first `len` bytes of `fd` (read at offsets: the region's fd
-/// shares its file offset with the workers') to `w` in blocks.
-pub fn write(fd: &OwnedFd, len: u64, w: &mut impl Write) -> std::io::Result<()> {
+/// shares its file offset with the workers') to `w` in blocks; what they
+/// were.
+pub fn write(fd: &OwnedFd, len: u64, w: &mut impl Write) -> std::io::Result<Blocks> {
     let f = File::from(fd.try_clone()?);
     let mut buf = vec![0u8; BLOCK];
+    let mut seen = Blocks::default();
     let mut at = 0u64;
     // Blocks before this hold no data: zeros, not read.
     let mut data = 0u64;
@@ -65,6 +79,7 @@ pub fn write(fd: &OwnedFd, len: u64, w: &mut impl Write) -> std::io::Result<()> 
         let n = block_len(len, at);
         if at + (n as u64) <= data {
             w.write_all(&[ZERO])?;
+            seen.holes += 1;
             at += n as u64;
             continue;
         }
@@ -72,13 +87,15 @@ pub fn write(fd: &OwnedFd, len: u64, w: &mut impl Write) -> std::io::Result<()> 
         f.read_exact_at(b, at)?;
         if is_zero(b) {
             w.write_all(&[ZERO])?;
+            seen.zero += 1;
         } else {
             w.write_all(&[BYTES])?;
             w.write_all(b)?;
+            seen.data += 1;
         }
         at += b.len() as u64;
     }
-    Ok(())
+    Ok(seen)
 }
 
 /// Reads a region of `len` bytes in blocks from `r` into `out` (a new,
@@ -160,7 +177,13 @@ mod tests {
         region[BLOCK + 7] = 9;
         region[len - 1] = 4;
         let mut stream = Vec::new();
-        write(&memfd_with(&region), len as u64, &mut stream).unwrap();
+        let seen = write(&memfd_with(&region), len as u64, &mut stream).unwrap();
+        let read_as_zero = Blocks {
+            data: 2,
+            zero: 2,
+            holes: 0,
+        };
+        assert_eq!(seen, read_as_zero, "every page written: none a hole");
         assert_eq!(
             stream.len(),
             1 + (1 + BLOCK) + 1 + (1 + 100),
@@ -202,12 +225,18 @@ mod tests {
         let at = [(3 * BLOCK + 9, 5u8), (30 * BLOCK + 8192 + 1, 7)];
         let from = sparse(len, &at);
         let mut stream = Vec::new();
-        write(
+        let seen = write(
             &OwnedFd::from(from.try_clone().unwrap()),
             len as u64,
             &mut stream,
         )
         .unwrap();
+        let holes = Blocks {
+            data: 2,
+            zero: 0,
+            holes: 38,
+        };
+        assert_eq!(seen, holes);
         assert_eq!(
             stream.len(),
             (blocks - 2) + 2 * (1 + BLOCK),
