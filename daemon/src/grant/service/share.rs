@@ -178,12 +178,26 @@ impl Shared {
         let apart = |factor: f64| others.is_none_or(|o| b.mean >= factor * o);
         let long_alone = b.own >= own;
         let long_apart = b.mean >= heavy && apart(HEAVY_APART);
-        if long_alone || long_apart {
-            self.heavy.insert(id);
+        let (mean, own_len) = (b.mean, b.own);
+        let changed = if long_alone || long_apart {
+            self.heavy.insert(id)
         } else if b.own < own / 2.0 && (b.mean < heavy / 2.0 || !apart(HEAVY_APART / 2.0)) {
-            self.heavy.remove(&id);
+            self.heavy.remove(&id)
+        } else {
+            false
+        };
+        let is = self.heavy.contains(&id);
+        if changed {
+            tracing::debug!(
+                vgpu = id,
+                heavy = is,
+                mean_us = mean / 1e3,
+                own_us = own_len / 1e3,
+                others_us = others.map(|o| o / 1e3),
+                "a vGPU's heavy verdict changed"
+            );
         }
-        self.heavy.contains(&id)
+        is
     }
 
     /// `id` left the GPU.
