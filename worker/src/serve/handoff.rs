@@ -18,6 +18,9 @@ pub struct Handoff {
     pub idle_releases: AtomicU64,
     /// Time the grants were held, from receiving to giving back (ns).
     pub held_ns: AtomicU64,
+    /// The grants' slices, each with the extensions it got (ns): a late
+    /// guest's waits are free up to an eighth of it.
+    pub slice_ns: AtomicU64,
     /// Time from deciding to give a grant back (the device work marked) to
     /// giving it back (the marks passed), ns: the work still queued, and
     /// how late the worker saw it done.
@@ -51,6 +54,7 @@ impl Handoff {
             grants: l(&self.grants),
             idle_releases: l(&self.idle_releases),
             held_ns: l(&self.held_ns),
+            slice_ns: l(&self.slice_ns),
             drain_ns: l(&self.drain_ns),
             drain_sleeps: l(&self.drain_sleeps),
             first_submits: l(&self.first_submits),
@@ -75,6 +79,7 @@ pub struct Figures {
     pub grants: u64,
     pub idle_releases: u64,
     pub held_ns: u64,
+    pub slice_ns: u64,
     pub drain_ns: u64,
     pub drain_sleeps: u64,
     pub first_submits: u64,
@@ -115,6 +120,7 @@ impl Figures {
             grants: a.grants + f.grants,
             idle_releases: a.idle_releases + f.idle_releases,
             held_ns: a.held_ns + f.held_ns,
+            slice_ns: a.slice_ns + f.slice_ns,
             drain_ns: a.drain_ns + f.drain_ns,
             drain_sleeps: a.drain_sleeps + f.drain_sleeps,
             first_submits: a.first_submits + f.first_submits,
@@ -174,6 +180,7 @@ mod tests {
             grants: 1,
             idle_releases: 3,
             held_ns: 4,
+            slice_ns: 13,
             drain_ns: 5,
             drain_sleeps: 6,
             first_submits: 7,
@@ -191,5 +198,6 @@ mod tests {
         assert_eq!(s.late_guests, 20);
         assert_eq!(s.late_guest_ns, 22);
         assert_eq!(s.late_guest_cpu_ns, 24);
+        assert_eq!(s.slice_ns, 26);
     }
 }

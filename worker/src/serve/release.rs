@@ -126,6 +126,7 @@ impl Worker {
             if g.holding() {
                 Handoff::add(&h.grants, 1);
                 Handoff::add(&h.held_ns, g.held_ns());
+                Handoff::add(&h.slice_ns, g.slice_ns());
                 Handoff::add(&h.drain_ns, crate::nanos(rel.since.elapsed()));
             }
             g.release(used, pending)?;
