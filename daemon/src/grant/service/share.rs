@@ -178,7 +178,6 @@ impl Shared {
         let apart = |factor: f64| others.is_none_or(|o| b.mean >= factor * o);
         let long_alone = b.own >= own;
         let long_apart = b.mean >= heavy && apart(HEAVY_APART);
-        let (mean, own_len) = (b.mean, b.own);
         let changed = if long_alone || long_apart {
             self.heavy.insert(id)
         } else if b.own < own / 2.0 && (b.mean < heavy / 2.0 || !apart(HEAVY_APART / 2.0)) {
@@ -191,8 +190,8 @@ impl Shared {
             tracing::debug!(
                 vgpu = id,
                 heavy = is,
-                mean_us = mean / 1e3,
-                own_us = own_len / 1e3,
+                mean_us = b.mean / 1e3,
+                own_us = b.own / 1e3,
                 others_us = others.map(|o| o / 1e3),
                 "a vGPU's heavy verdict changed"
             );
