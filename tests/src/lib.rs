@@ -15,6 +15,16 @@ use transport::{LayoutParams, SpinPolicy};
 use worker::executor::sim::{SimExecutor, SimParams};
 use worker::serve::{spawn, Running, Stats, WorkerConfig};
 
+/// Holds the tests of one test binary that must not run beside each other
+/// (a daemon or a VM each, timings on a machine of two CPUs) to one at a
+/// time, until the guard drops. A test that panicked holding it does not
+/// stop the others.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The workspace root.
 pub fn workspace() -> PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

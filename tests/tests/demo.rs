@@ -13,9 +13,8 @@ use std::time::{Duration, Instant};
 use daemon::control::{client_call, ApiTarget};
 use tests::{cargo_build, chromium, dashboard_dom};
 
-/// One demo at a time: two would share the machine's cores and each
-/// other's shares.
-static ONE_DEMO: std::sync::Mutex<()> = std::sync::Mutex::new(());
+// One demo at a time (`tests::one_at_a_time`): two would share the machine's cores and
+// each other's shares.
 
 fn fairvgpu_bin() -> PathBuf {
     cargo_build("cli").join("fairvgpu")
@@ -33,7 +32,7 @@ fn row_pairs(line: &str) -> Vec<(f64, f64)> {
 
 #[test]
 fn demo_shares_follow_the_weights_and_its_dashboard_answers() {
-    let _one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = tests::one_at_a_time();
     let mut demo = Command::new(fairvgpu_bin())
         .args(["demo", "--seconds", "10"])
         .env("RUST_BACKTRACE", "1")
@@ -149,7 +148,7 @@ fn demo_shares_follow_the_weights_and_its_dashboard_answers() {
 
 #[test]
 fn ctrl_c_ends_the_demo_cleanly() {
-    let _one = ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = tests::one_at_a_time();
     let mut demo = Command::new(fairvgpu_bin())
         .args(["demo", "--seconds", "600"])
         .env("TMPDIR", scratch::child_tmpdir())

@@ -18,13 +18,12 @@ use tests::workspace;
 /// 0.72-0.95).
 const FLOOR: f64 = 0.6;
 
-/// One bench at a time: each takes both CPUs.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+// One bench at a time (`tests::one_at_a_time`): each takes both CPUs.
 
 /// `bench fairness ARGS` on the sim with the host CPU lift off: its
 /// standard output.
 fn bench(args: &[&str]) -> String {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = tests::one_at_a_time();
     let root = workspace();
     let st = std::process::Command::new(env!("CARGO"))
         .args(["build", "--release", "-q", "-p", "cli"])

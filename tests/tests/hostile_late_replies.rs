@@ -23,8 +23,8 @@ use transport::SpinPolicy;
 /// The grant service's base slice.
 const SLICE_NS: u64 = 6_000_000;
 
-/// The two tests run one after the other.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+// The two tests run one after the other (`tests::one_at_a_time`): on two CPUs, the other's
+// threads would keep the hoarder's woken thread waiting for a CPU, a wait counted as the host's.
 
 /// How long the hoarder leaves each batch of replies unread: under the
 /// worker's 4 ms, so that every wait ends with the guest taking them (the
@@ -103,7 +103,7 @@ fn a_guest_pausing_before_each_call_pays_for_the_idle_grant_past_an_eighth_of_ea
 fn pays_past_an_eighth(name: &str, unread: Duration, pause: Duration) {
     // One at a time: on two CPUs the other's guests and workers would keep
     // the hoarder's woken thread waiting for a CPU, its waits the host's.
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = tests::one_at_a_time();
     let dir = scratch::dir(name);
     let svc = GrantService::start(&dir.join("grant.sock"), SLICE_NS).unwrap();
     // A short idle spin (a debug build's default spin outlasts the

@@ -19,8 +19,7 @@ use worker::serve::HandoffFigures;
 
 const SLICE_NS: u64 = 6_000_000;
 
-/// The two tests pin threads to the same two CPUs: one at a time.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+// The two tests pin threads to the same two CPUs: one at a time (`tests::one_at_a_time`).
 
 /// Runs the guest for 3 s with the worker spinning `spins` turns before it
 /// looks for a late guest; the worker's figures, or None where skipped.
@@ -30,7 +29,7 @@ fn late_waits(name: &str, spins: u32, at: Placement) -> Option<HandoffFigures> {
         eprintln!("skipped: needs two CPUs");
         return None;
     }
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = tests::one_at_a_time();
     let spin = SpinPolicy {
         spins,
         ..SpinPolicy::default()

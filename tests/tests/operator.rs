@@ -17,13 +17,8 @@ use tests::{cargo_build, chromium, dashboard_dom, TEST_SPIN};
 
 const TOKEN: &str = "operator-test-token-0123456789";
 
-/// The two tests each run a daemon with three busy guests: one at a time, so
-/// that on a 2-core machine neither starves the other's shares.
-static ONE_DAEMON: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_DAEMON.lock().unwrap_or_else(|e| e.into_inner())
-}
+// The two tests each run a daemon with three busy guests: one at a time
+// (`tests::one_at_a_time`), so that on a 2-core machine neither starves the other's shares.
 
 fn fairvgpu_bin() -> PathBuf {
     cargo_build("cli").join("fairvgpu")
@@ -178,7 +173,7 @@ fn wait_shares(d: &Daemon, want: [f64; 3], tol: f64) -> Vec<f64> {
 
 #[test]
 fn operator_api_shares_weights_reload_token_metrics() {
-    let _serial = one_at_a_time();
+    let _serial = tests::one_at_a_time();
     let d = start("api");
     // Shares follow 1:2:3.
     let s = wait_shares(&d, [1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0], 0.07);
@@ -359,7 +354,7 @@ fn dashboard_in_headless_chromium() {
         eprintln!("skipped: no chromium (apt-get install chromium)");
         return;
     };
-    let _serial = one_at_a_time();
+    let _serial = tests::one_at_a_time();
     let d = start("dash");
     wait_shares(&d, [1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0], 0.07);
     // Over TCP, as an operator's browser would, with the token in the fragment.

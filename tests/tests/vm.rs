@@ -10,15 +10,14 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use daemon::control::{client_call, ApiTarget};
 use serde_json::Value;
 use tests::{cargo_build, workspace};
 
-/// One VM at a time: TCG on two cores is slow enough already.
-static ONE_VM: Mutex<()> = Mutex::new(());
+// One VM at a time (`tests::one_at_a_time`): TCG on two cores is slow enough already.
 
 fn prerequisites() -> bool {
     let mut missing = Vec::new();
@@ -361,7 +360,7 @@ fn guest_programs_run_through_the_module_and_a_killed_one_gives_back_its_memory(
     if !prerequisites() {
         return;
     }
-    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = tests::one_at_a_time();
     // The default: a worker per guest process, eight at once, each slot
     // with a doorbell vector of its own (the layout's two grow to eight).
     guest_checks(&Daemon::start("boot"), 8);
@@ -377,7 +376,7 @@ fn with_process_slots_guest_programs_run_and_a_killed_one_gives_back_its_memory(
     if !prerequisites() {
         return;
     }
-    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = tests::one_at_a_time();
     let d = Daemon::start_with("slots", "process_slots = 2");
     // No worker serves the VM before a process attaches: the GPU's spare
     // alone waits (each process's worker is bound to its slot from it).
@@ -455,7 +454,7 @@ fn hot_plug_into_a_running_guest_and_unplug_again() {
     if !prerequisites() {
         return;
     }
-    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = tests::one_at_a_time();
     let d = Daemon::start("hotplug");
     let (mut g, qmp_arg, text) = Guest::hot_plugged(&d, "hotplug", &[]);
     assert!(text.contains("vCPU threads"), "{text}");
@@ -488,7 +487,7 @@ fn a_hot_plugged_guest_runs_its_kernel_loop_and_counts_on_the_console() {
     if !prerequisites() {
         return;
     }
-    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = tests::one_at_a_time();
     let d = Daemon::start("loop");
     let (mut g, _, _) = Guest::hot_plugged(&d, "loop", &["--append", "fairvgpu.loop=400,2"]);
     let count = |l: String| -> u64 { l["FVG-LOOP ".len()..].trim().parse().unwrap() };
@@ -556,7 +555,7 @@ fn a_vm_saved_mid_loop_is_restored_on_another_daemon_and_its_program_finishes() 
     if !prerequisites() {
         return;
     }
-    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = tests::one_at_a_time();
     const ROUNDS: &str = "fairvgpu.rounds=40";
     let a = Daemon::start("save-a");
     let (mut g, mut qmp) = Guest::compute(&a, ROUNDS, None);
@@ -631,7 +630,7 @@ fn a_vm_migrated_live_to_another_daemon_mid_loop_finishes_its_program() {
     if !prerequisites() {
         return;
     }
-    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = tests::one_at_a_time();
     const ROUNDS: &str = "fairvgpu.rounds=60";
     let keys = scratch::dir("fvg-vm-keys");
     let key = key_file(&keys, "a key both hosts share, 0123456789");
