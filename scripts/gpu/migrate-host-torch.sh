@@ -18,7 +18,8 @@
 # libnvidia_ml.so. MT_STEPS: steps per phase (default 300).
 # Last line: host_migration_ok=… losses_same=… pause_ms=… (the live move's,
 # pause to go) device_mib_moved=… (the handover's checkpoints, the region apart)
-# link_gib_s=… (loopback TCP alone, same run) save_restore_ok=…
+# link_gib_s=… (loopback TCP alone, same run) save_restore_ok=…; above it
+# pause_goal_ms=…, the bound: 100 ms plus the bytes moved at the link's rate.
 set -uo pipefail
 . scripts/gpu/lib.sh
 R=${R:-.carry/release}
@@ -132,4 +133,9 @@ same=$?
 losses_same=0; [ $same -eq 0 ] && [ $src -eq 0 ] && losses_same=1
 [ $src -eq 0 ] || { live_ok=0; saved_ok=0; }
 cp $W/logs/* "$OUT"/ 2>/dev/null
+# The bound on the pause: 100 ms plus the bytes moved over the
+# link's rate (what the guest wrote since the copy began is at most those).
+goal=$(awk -v m="$mib" -v l="$link" \
+    'BEGIN { if (m + 0 > 0 && l + 0 > 0) printf "%d", 100 + m / 1024 / l * 1000; else print "none" }')
+echo "pause_goal_ms=$goal (100 ms and $mib MiB at $link GiB/s)"
 echo "host_migration_ok=$live_ok losses_same=$losses_same pause_ms=$pause device_mib_moved=$mib link_gib_s=$link save_restore_ok=$saved_ok"
