@@ -47,11 +47,7 @@ fn data(mib: usize, zeros: u8) -> Vec<u8> {
 fn handover(lane: &Lane) -> Result<(Duration, Lane)> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?;
-    let limits = FileLimits {
-        slots: 1,
-        lane_bytes: lane.len,
-        region: 0,
-    };
+    let limits = limits_of(lane);
     let t = Instant::now();
     let reader = std::thread::spawn(move || -> Result<Saved> {
         let (s, _) = l.accept()?;
@@ -75,6 +71,15 @@ fn handover(lane: &Lane) -> Result<(Duration, Lane)> {
         bail!("no lane came");
     };
     Ok((took, back))
+}
+
+/// What the reading side takes: one lane of `lane`'s length, no region.
+fn limits_of(lane: &Lane) -> FileLimits {
+    FileLimits {
+        slots: 1,
+        lane_bytes: lane.len,
+        region: 0,
+    }
 }
 
 /// A save file's contents of one lane, `lane`'s stream shared.
@@ -125,11 +130,7 @@ fn parts(lane: &Lane, file: &[u8]) -> Result<[Duration; 3]> {
     let t = Instant::now();
     let _ = save_file::tag_of(Some(KEY), NONCE, file);
     let tag = t.elapsed();
-    let limits = FileLimits {
-        slots: 1,
-        lane_bytes: lane.len,
-        region: 0,
-    };
+    let limits = limits_of(lane);
     let t = Instant::now();
     save_file::read_from(file, Path::new("bench file"), Some(KEY), NONCE, &|_| {
         Some(limits)
