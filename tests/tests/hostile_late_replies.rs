@@ -23,9 +23,6 @@ use transport::SpinPolicy;
 /// The grant service's base slice.
 const SLICE_NS: u64 = 6_000_000;
 
-// The two tests run one after the other (`tests::one_at_a_time`): on two CPUs, the other's
-// threads would keep the hoarder's woken thread waiting for a CPU, a wait counted as the host's.
-
 /// How long the hoarder leaves each batch of replies unread: under the
 /// worker's 4 ms, so that every wait ends with the guest taking them (the
 /// most it can get for free).
