@@ -193,10 +193,8 @@ pub fn write_to<W: Write>(
     w.write_all(&vm.as_bytes()[..usize::from(name)])?;
     if let Some((fd, len)) = &saved.region {
         w.write_all(&len.to_le_bytes())?;
-        let t = std::time::Instant::now();
-        let b = region::write(fd, *len, &mut w)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("the region: {e}")))?;
-        tracing::debug!(?b, ms = t.elapsed().as_millis(), "the region written");
+        let (b, ms) = blocks(fd, *len, &mut w, "the region")?;
+        tracing::debug!(?b, ms, "the region written");
     }
     w.write_all(
         &u32::try_from(saved.lanes.len())
@@ -206,20 +204,29 @@ pub fn write_to<W: Write>(
     for l in &saved.lanes {
         w.write_all(&l.slot.to_le_bytes())?;
         w.write_all(&l.len.to_le_bytes())?;
-        let t = std::time::Instant::now();
-        let b = region::write(&l.stream, l.len, &mut w)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("slot {}'s stream: {e}", l.slot)))?;
-        tracing::debug!(
-            slot = l.slot,
-            ?b,
-            ms = t.elapsed().as_millis(),
-            "a stream written"
-        );
+        let what = format!("slot {}'s stream", l.slot);
+        let (b, ms) = blocks(&l.stream, l.len, &mut w, &what)?;
+        tracing::debug!(slot = l.slot, ?b, ms, "a stream written");
     }
     let Tagged { mut inner, tag, n } = w;
     inner.write_all(&tag.finish())?;
     inner.flush()?;
     Ok((inner, n + 32))
+}
+
+/// `len` bytes of `fd` written to `w` in blocks (`region::write`), an error
+/// saying `what` failed; what the blocks were, and how many milliseconds
+/// it took.
+fn blocks(
+    fd: &OwnedFd,
+    len: u64,
+    w: &mut impl Write,
+    what: &str,
+) -> std::io::Result<(region::Blocks, u128)> {
+    let t = std::time::Instant::now();
+    let b = region::write(fd, len, w)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{what}: {e}")))?;
+    Ok((b, t.elapsed().as_millis()))
 }
 
 /// Reads the save file at `path` for `vm`: each lane's stream in a memfd
