@@ -25,6 +25,14 @@ pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Writes `text` to the file at `rel` under `root`, making its folders
+/// (a fixture's files, for the lints' tests).
+pub fn write_under(root: &Path, rel: &str, text: &str) {
+    let path = root.join(rel);
+    std::fs::create_dir_all(path.parent().expect("a file under root")).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
 /// The workspace root.
 pub fn workspace() -> PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -5,13 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use tests::workspace;
-
-fn write(root: &Path, rel: &str, text: &str) {
-    let path = root.join(rel);
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, text).unwrap();
-}
+use tests::{workspace, write_under};
 
 /// A workspace of five source files, a test and a fuzz target, and a code
 /// map naming them all but `a/src/lost.rs` (unless `all`).
@@ -30,7 +24,7 @@ fn fixture(name: &str, all: bool) -> PathBuf {
         "a/src/deep/tests.rs",
         "fuzz/fuzz_targets/t.rs",
     ] {
-        write(&root, f, "");
+        write_under(&root, f, "");
     }
     let mut map = String::from("# Code map\n\n## `a`\n\nUnder `a/src/`:\n\n");
     map += "- `lib.rs`: the crate.\n- `deep/one.rs`: one.\n";
@@ -42,7 +36,7 @@ fn fixture(name: &str, all: bool) -> PathBuf {
     map += "\n## `b`\n\nSee `a/src/deep/one.rs` and `lost.rs`.\n\n";
     map += "### `b/src/exec/`: a table\n\n| trait | `sim/` | `cuda/` |\n| --- | --- | --- |\n";
     map += "| Run | `run.rs` | `run.rs` |\n";
-    write(&root, "ARCHITECTURE.md", &map);
+    write_under(&root, "ARCHITECTURE.md", &map);
     root
 }
 

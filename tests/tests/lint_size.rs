@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use tests::workspace;
+use tests::{workspace, write_under};
 
 /// A function `name` of exactly `lines` lines whose body hides closing
 /// braces in every kind of literal and comment the scanner must skip.
@@ -27,12 +27,6 @@ fn function(name: &str, lines: usize) -> String {
     s
 }
 
-fn write(root: &Path, rel: &str, text: &str) {
-    let path = root.join(rel);
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, text).unwrap();
-}
-
 /// A crate where everything is within the limits, or (`over`) with one
 /// file of 801 lines and two functions of 151.
 fn fixture(name: &str, over: bool) -> PathBuf {
@@ -48,24 +42,24 @@ fn fixture(name: &str, over: bool) -> PathBuf {
     lib += "}\n";
     lib += "#[test]\n";
     lib += &function("long_test", 200);
-    write(&root, "src/lib.rs", &lib);
+    write_under(&root, "src/lib.rs", &lib);
     let mut long = function("fits", 150);
     long += &function("too_long", 150 + extra);
     long += "pub fn after() {}\n";
     long += &function("tricky_too_long", 150 + extra);
-    write(&root, "src/long.rs", &long);
+    write_under(&root, "src/long.rs", &long);
     let mut big = String::new();
     for i in 0..800 + extra {
         writeln!(big, "pub const C{i}: u32 = {i};").unwrap();
     }
-    write(&root, "src/big.rs", &big);
-    write(&root, "src/checks.rs", &function("exempt_by_mod_decl", 400));
-    write(
+    write_under(&root, "src/big.rs", &big);
+    write_under(&root, "src/checks.rs", &function("exempt_by_mod_decl", 400));
+    write_under(
         &root,
         "src/checks/deeper.rs",
         &function("exempt_child", 400),
     );
-    write(&root, "tests/long.rs", &function("exempt_by_dir", 400));
+    write_under(&root, "tests/long.rs", &function("exempt_by_dir", 400));
     root
 }
 
