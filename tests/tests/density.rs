@@ -46,9 +46,9 @@ fn hold(ok: bool, why: impl FnOnce() -> String) -> Result<(), String> {
     }
 }
 
-/// `bench fairness ARGS` on the sim with the host CPU lift off: its
-/// standard output.
-fn bench(args: &[&str]) -> String {
+/// `bench fairness ARGS` on the sim for `secs` seconds a round with the
+/// host CPU lift off: its standard output.
+fn bench(secs: &str, args: &[&str]) -> String {
     let _one = tests::one_at_a_time();
     let root = workspace();
     let st = std::process::Command::new(env!("CARGO"))
@@ -62,7 +62,7 @@ fn bench(args: &[&str]) -> String {
         .unwrap_or(root.join("target"))
         .join("release/fairvgpu");
     let out = std::process::Command::new(bin)
-        .args(["bench", "fairness", "--executor", "sim", "--seconds", "2"])
+        .args(["bench", "fairness", "--executor", "sim", "--seconds", secs])
         .args(["--lift", "off"])
         .args(args)
         .env("RUST_LOG", "warn")
@@ -89,7 +89,10 @@ fn figure(line: &str, key: &str) -> f64 {
 /// (throughput against unscheduled, MMR).
 fn vms(n: usize, sharing: &str) -> (f64, f64) {
     let n = n.to_string();
-    let stdout = bench(&["--density", &n, "--density-only", "--sharing", sharing]);
+    let stdout = bench(
+        "2",
+        &["--density", &n, "--density-only", "--sharing", sharing],
+    );
     let last = stdout.lines().last().unwrap_or_default();
     (
         figure(last, "throughput_vs_unscheduled="),
@@ -97,12 +100,10 @@ fn vms(n: usize, sharing: &str) -> (f64, f64) {
     )
 }
 
-/// One guest of a mix line: its GPU share under fairvgpu, its max-min fair
-/// share, its share unscheduled.
+/// One guest of a mix line: its GPU share under fairvgpu and unscheduled.
 #[derive(Debug, Clone, Copy)]
 struct Share {
     got: f64,
-    fair: f64,
     none: f64,
 }
 
@@ -119,11 +120,10 @@ fn mix_line(line: &str) -> (Vec<Share>, f64) {
         .split(", ")
         .map(|g| {
             let w: Vec<&str> = g.split_whitespace().collect();
-            let (got, fair) = w[1].split_once('/').expect("got/fair");
+            let (got, _fair) = w[1].split_once('/').expect("got/fair");
             let num = |v: &str| v.parse::<f64>().unwrap_or_else(|_| panic!("{g:?}"));
             Share {
                 got: num(got),
-                fair: num(fair),
                 none: num(w[3]),
             }
         })
@@ -199,7 +199,13 @@ fn thirty_two_alike_vms_hold_together_and_none_falls_behind() {
 /// exclusive grants 0.47-0.52, the latency-bound guests below their shares
 /// unscheduled and the GPU-bound one at 0.27.
 /// (The sim's two CPUs run every guest and worker, so no guest reaches
-/// its max-min fair share there.)
+/// its max-min fair share there.) A CI run of 2026-11-29 at 2 s a round
+/// read the weight-2 guest's share equal to the weight-1 guest's, and the
+/// GPU-bound guest's max-min share 0.217 (it is 0.125 when the seven
+/// others' solo demand reaches an eighth): so 4 s rounds, and the
+/// GPU-bound guest checked against an equal split of what the eight got.
+/// Here at 4 s: it at 1.03-1.17 of that split, the latency-bound ones at
+/// 1.49-1.58 times unscheduled; exclusive grants 0.87 times.
 #[test]
 fn mixes_follow_the_weights_and_keep_the_gpu_busy() {
     twice(mixes);
@@ -207,7 +213,7 @@ fn mixes_follow_the_weights_and_keep_the_gpu_busy() {
 
 /// One run of both mixes, and what they must show.
 fn mixes() -> Result<(), String> {
-    let stdout = bench(&["--mix-only"]);
+    let stdout = bench("4", &["--mix-only"]);
     let line = |name: &str| {
         stdout
             .lines()
@@ -237,10 +243,22 @@ fn mixes() -> Result<(), String> {
     hold(got >= 1.2 * none, || {
         format!("the latency-bound guests got {got:.3}, {none:.3} unscheduled: {s:?}")
     })?;
-    hold(s[0].got >= 0.35 * s[0].fair, || {
+    // The GPU-bound guest: not starved. Its max-min fair share of what the
+    // eight together got is at least an equal split of it (the weights are
+    // equal and it wants the most). The bench's own max-min share assumes
+    // the whole GPU and rests on each kind's demand from a 1 s solo run,
+    // which the two CPUs moved 2.4 times between runs (a CI run read it
+    // 0.217, then 0.125 here).
+    let split = s.iter().map(|x| x.got).sum::<f64>() / s.len() as f64;
+    eprintln!(
+        "the GPU-bound guest at {:.2} of an equal split, the latency-bound ones at {:.2} of unscheduled",
+        s[0].got / split,
+        got / none
+    );
+    hold(s[0].got >= 0.5 * split, || {
         format!(
-            "the GPU-bound guest got {:.3} of max-min fair {:.3}",
-            s[0].got, s[0].fair
+            "the GPU-bound guest got {:.3}, an equal split of what the eight got {split:.3}",
+            s[0].got
         )
     })
 }
