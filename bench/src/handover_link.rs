@@ -11,7 +11,6 @@
 //! which of them bounds the handover. `--zeros` makes blocks of the lane
 //! zero pages, which the sender reads and sends as one byte.
 
-use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -51,9 +50,9 @@ fn handover(lane: &Lane) -> Result<(Duration, Lane)> {
     let t = Instant::now();
     let reader = std::thread::spawn(move || -> Result<Saved> {
         let (s, _) = l.accept()?;
-        let r = BufReader::with_capacity(1 << 20, s);
+        // As the daemon reads it (`handover::receive`): not buffered.
         Ok(save_file::read_from(
-            r,
+            s,
             Path::new("bench peer"),
             Some(KEY),
             NONCE,
@@ -61,8 +60,8 @@ fn handover(lane: &Lane) -> Result<(Duration, Lane)> {
         )?)
     });
     let saved = saved_of(lane)?;
-    let w = BufWriter::with_capacity(1 << 20, TcpStream::connect(addr)?);
-    save_file::write_to(w, &saved, Some(KEY), NONCE)?;
+    // As the daemon writes it (`handover::send`): not buffered.
+    save_file::write_to(TcpStream::connect(addr)?, &saved, Some(KEY), NONCE)?;
     let mut got = reader
         .join()
         .map_err(|_| anyhow::anyhow!("reader panicked"))??;

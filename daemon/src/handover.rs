@@ -21,7 +21,7 @@
 //! peer without the key, nothing past its limits from one with it, and a
 //! replayed stream fails its tag under a fresh nonce.
 
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::path::Path;
 use std::sync::mpsc::{channel, Sender};
@@ -111,6 +111,7 @@ pub fn listen(addr: &str, key: Vec<u8>, rx: Arc<dyn Receiver>) -> std::io::Resul
                             Err(why) => {
                                 tracing::warn!(peer, "vGPU handover refused: {why}");
                                 let _ = verdict(&s, Err(&why));
+                                linger(&s);
                             }
                         }
                         done.fetch_sub(1, Ordering::AcqRel);
@@ -134,7 +135,8 @@ fn receive(s: &TcpStream, key: &[u8], rx: &dyn Receiver) -> Result<String, Strin
     w.write_all(&HELLO)
         .and_then(|()| w.write_all(&nonce))
         .map_err(|e| e.to_string())?;
-    let mut r = BufReader::with_capacity(1 << 20, s);
+    // Not buffered: the save file's reader reads ahead into its chunks.
+    let mut r = s;
     let (mut said, mut proof) = ([0u8], [0u8; 32]);
     r.read_exact(&mut said)
         .and_then(|()| r.read_exact(&mut proof))
@@ -161,6 +163,28 @@ fn receive(s: &TcpStream, key: &[u8], rx: &dyn Receiver) -> Result<String, Strin
         .unwrap_or_else(|_| Err(format!("{vm}: the daemon did not answer")));
     verdict(s, r.as_deref().map_err(String::as_str)).map_err(|e| e.to_string())?;
     r
+}
+
+/// How long a refusing receiver reads on, for the sender to take its
+/// verdict and close.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// After a refusal mid-stream: reads and drops what the sender still
+/// sends, until it closes or [`LINGER`] passes. Closed with bytes unread,
+/// the connection would be reset, and the verdict lost with it.
+fn linger(mut s: &TcpStream) {
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let end = std::time::Instant::now() + LINGER;
+    let mut sink = vec![0u8; 64 << 10];
+    while let Some(left) = end.checked_duration_since(std::time::Instant::now()) {
+        if left.is_zero() || s.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match s.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
 }
 
 /// Writes the receiver's verdict.
@@ -218,9 +242,9 @@ pub fn send(to: &str, key: &[u8], saved: &Saved, purpose: Purpose) -> Result<Str
     (&s).read_exact(&mut head[..1])
         .map_err(|e| format!("{to}: no answer to the proof: {e}"))?;
     if head[0] == GO_ON {
-        let w = BufWriter::with_capacity(1 << 20, &s);
         let t = std::time::Instant::now();
-        let sent = save_file::write_to(w, saved, Some(key), nonce);
+        // Not buffered: the save file's writer gathers a MiB at a time.
+        let sent = save_file::write_to(&s, saved, Some(key), nonce);
         if let Ok((_, n)) = &sent {
             tracing::debug!(to, bytes = n, ms = t.elapsed().as_millis(), "a stream sent");
         }

@@ -19,7 +19,7 @@
 //! limits, in its sandbox.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
@@ -154,10 +154,8 @@ pub fn write(
         .create_new(true)
         .open(path)
         .map_err(io)?;
-    let r = write_to(BufWriter::with_capacity(1 << 20, f), saved, key, &[]).and_then(|(w, n)| {
-        let f = w
-            .into_inner()
-            .map_err(std::io::IntoInnerError::into_error)?;
+    // Not buffered: the writer gathers a MiB at a time in its chunks.
+    let r = write_to(f, saved, key, &[]).and_then(|(f, n)| {
         f.sync_all()?;
         Ok(n)
     });
@@ -176,12 +174,7 @@ pub fn write_to<W: Write>(
     key: Option<&[u8]>,
     nonce: &[u8],
 ) -> std::io::Result<(W, u64)> {
-    let tag = ChunkTag::new(key, nonce);
-    let mut w = Tagged {
-        inner: w,
-        tag,
-        n: 0,
-    };
+    let mut w = Tagged::new(w, ChunkTag::new(key, nonce));
     let vm = &saved.vm;
     let name = u16::try_from(vm.len()).unwrap_or(u16::MAX);
     let flags =
@@ -208,8 +201,15 @@ pub fn write_to<W: Write>(
         let (b, ms) = blocks(&l.stream, l.len, &mut w, &what)?;
         tracing::debug!(slot = l.slot, ?b, ms, "a stream written");
     }
-    let Tagged { mut inner, tag, n } = w;
-    inner.write_all(&tag.finish())?;
+    // The last bytes and the tag in one write: a peer that refuses what it
+    // read and closes with the tag unread would reset the connection, and
+    // its verdict with it.
+    let mut last = w.tag.recent(w.unsent, 0).to_vec();
+    let Tagged {
+        mut inner, tag, n, ..
+    } = w;
+    last.extend_from_slice(&tag.finish());
+    inner.write_all(&last)?;
     inner.flush()?;
     Ok((inner, n + 32))
 }
@@ -242,7 +242,8 @@ pub fn read(
         path: path.to_owned(),
         source,
     })?;
-    let mut r = BufReader::with_capacity(1 << 20, f);
+    // Not buffered: the reader reads ahead in chunks of its own.
+    let mut r = f;
     let saved = read_from(&mut r, path, key, &[], &|_| Some(limits))?;
     // Nothing after the tag.
     let mut rest = [0u8; 1];
@@ -262,7 +263,8 @@ pub fn read(
 /// Reads a save file from `r` (its errors naming `path`), its tag under
 /// `key` also over `nonce` (see [`write_to`]), within the limits `limits`
 /// gives for the VM it names (None: no such VM here); nothing is returned
-/// until the tag matched. It reads nothing past the tag.
+/// until the tag matched. It reads ahead (up to a 4 MiB chunk's end), and
+/// refuses a stream with bytes past its tag read so.
 pub fn read_from<R: Read>(
     r: R,
     path: &Path,
@@ -274,8 +276,7 @@ pub fn read_from<R: Read>(
         path: path.to_owned(),
         source,
     };
-    let tag = ChunkTag::new(key, nonce);
-    let mut r = TaggedReader { inner: r, tag };
+    let mut r = TaggedReader::new(r, ChunkTag::new(key, nonce));
     let lanes_err = |why: String| FileError::Lanes {
         path: path.to_owned(),
         why,
@@ -361,12 +362,14 @@ pub fn read_from<R: Read>(
         };
         lanes.push(Lane { slot, stream, len });
     }
-    let TaggedReader { mut inner, tag } = r;
+    // The tag, partly read ahead perhaps; nothing read ahead past it.
+    let (tag, rest, mut inner) = r.finish();
     let mut want = [0u8; 32];
-    inner
-        .read_exact(&mut want)
-        .map_err(|_| FileError::Tag(path.to_owned()))?;
-    if !tag.matches(&want) {
+    let past = rest.len().saturating_sub(want.len());
+    if past > 0
+        || (&rest[..]).chain(&mut inner).read_exact(&mut want).is_err()
+        || !tag.matches(&want)
+    {
         return Err(FileError::Tag(path.to_owned()));
     }
     Ok(Saved { vm, region, lanes })
@@ -380,9 +383,6 @@ pub fn tag_of(key: Option<&[u8]>, nonce: &[u8], bytes: &[u8]) -> [u8; 32] {
     t.finish()
 }
 
-/// Bytes a stream is copied into its memfd at a time.
-const COPY_PIECE: usize = 1 << 20;
-
 /// A memfd named `name`, closed on exec.
 pub fn memfd(name: &str) -> std::io::Result<OwnedFd> {
     // Sealable: a restoring worker seals its stream against shrinking and
@@ -394,36 +394,112 @@ pub fn memfd(name: &str) -> std::io::Result<OwnedFd> {
     .map_err(std::io::Error::from)
 }
 
-/// A writer that tags what passes.
+/// Bytes a [`Tagged`] writer gathers before it writes them out (a chunk's
+/// end aside).
+const WRITE_OUT: usize = 1 << 20;
+
+/// A writer that tags what passes, gathered in the tag's chunk
+/// (`ChunkTag::room`) and written out from there: each byte is copied
+/// once, for the tag and the writer both, and small writes (a block's
+/// marker) do not each reach `inner`.
 struct Tagged<W: Write> {
     inner: W,
     tag: ChunkTag,
+    /// Bytes taken in and not yet written out: the chunk's last ones.
+    unsent: usize,
     n: u64,
+}
+
+impl<W: Write> Tagged<W> {
+    fn new(inner: W, tag: ChunkTag) -> Tagged<W> {
+        Tagged {
+            inner,
+            tag,
+            unsent: 0,
+            n: 0,
+        }
+    }
+
+    /// Writes out what was taken in and not yet written.
+    fn write_out(&mut self) -> std::io::Result<()> {
+        self.inner.write_all(self.tag.recent(self.unsent, 0))?;
+        self.unsent = 0;
+        Ok(())
+    }
 }
 
 impl<W: Write> Write for Tagged<W> {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        let k = self.inner.write(b)?;
-        self.tag.update(&b[..k]);
+        let room = self.tag.room();
+        let k = room.len().min(b.len());
+        room[..k].copy_from_slice(&b[..k]);
+        // A full chunk goes to be hashed: written out first.
+        if k == room.len() || self.unsent + k >= WRITE_OUT {
+            self.inner.write_all(self.tag.recent(self.unsent, k))?;
+            self.unsent = 0;
+        } else {
+            self.unsent += k;
+        }
+        self.tag.took(k);
         self.n += k as u64;
         Ok(k)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
+        self.write_out()?;
         self.inner.flush()
     }
 }
 
-/// A reader that tags what passes.
+/// A reader that tags what passes, read ahead into the tag's chunk
+/// (`ChunkTag::room`): what it passes on is copied once, by the kernel,
+/// from `inner` into the chunk, and not again for the tag.
 struct TaggedReader<R: Read> {
     inner: R,
     tag: ChunkTag,
+    /// Bytes read ahead into the chunk and not yet passed on.
+    ahead: usize,
+}
+
+impl<R: Read> TaggedReader<R> {
+    fn new(inner: R, tag: ChunkTag) -> TaggedReader<R> {
+        TaggedReader {
+            inner,
+            tag,
+            ahead: 0,
+        }
+    }
+
+    /// The tag over what was passed on, the bytes read ahead past it, and
+    /// the reader.
+    fn finish(self) -> (ChunkTag, Vec<u8>, R) {
+        let rest = self.tag.ahead(self.ahead).to_vec();
+        (self.tag, rest, self.inner)
+    }
+}
+
+impl<R: Read> std::io::BufRead for TaggedReader<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        if self.ahead == 0 {
+            self.ahead = self.inner.read(self.tag.room())?;
+        }
+        Ok(self.tag.ahead(self.ahead))
+    }
+
+    fn consume(&mut self, n: usize) {
+        let n = n.min(self.ahead);
+        self.tag.took(n);
+        self.ahead -= n;
+    }
 }
 
 impl<R: Read> Read for TaggedReader<R> {
     fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
-        let k = self.inner.read(b)?;
-        self.tag.update(&b[..k]);
+        use std::io::BufRead;
+        let got = self.fill_buf()?;
+        let k = got.len().min(b.len());
+        b[..k].copy_from_slice(&got[..k]);
+        self.consume(k);
         Ok(k)
     }
 }
@@ -437,20 +513,11 @@ impl<R: Read> TaggedReader<R> {
             source,
         };
         let fd = memfd(name).map_err(io)?;
-        let mut out = File::from(fd.try_clone().map_err(io)?);
-        // In pieces of a MiB: a stream is hundreds of MB, and
-        // `std::io::copy`'s 8 KiB would take a write for each.
-        let mut buf = vec![0u8; COPY_PIECE.min(usize::try_from(len).unwrap_or(COPY_PIECE))];
-        let mut left = len;
-        while left > 0 {
-            let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
-            let got = self.read(&mut buf[..n]).map_err(io)?;
-            if got == 0 {
-                return Err(FileError::Tag(path.to_owned()));
-            }
-            out.write_all(&buf[..got]).map_err(io)?;
-            left -= got as u64;
-        }
+        let out = File::from(fd.try_clone().map_err(io)?);
+        region::pass(self, len, &out, 0).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => FileError::Tag(path.to_owned()),
+            _ => io(e),
+        })?;
         Ok(fd)
     }
 

@@ -188,3 +188,16 @@ fn a_peer_with_the_key_whose_region_blocks_are_malformed_is_refused() {
     );
     assert!(t.got.lock().unwrap().is_empty());
 }
+
+#[test]
+fn a_stream_refused_at_its_head_gets_its_verdict_to_the_sender_mid_stream() {
+    // 64 MiB of region to send; the receiver refuses it on its length,
+    // having read ahead one chunk, and the sender still gets its reason.
+    let (addr, t) = listening();
+    let e = send(&addr, KEY, &saved("vm1", 64 << 20), Purpose::Handover).unwrap_err();
+    assert!(
+        e.contains("refused it") && e.contains("region of 67108864 bytes"),
+        "{e}"
+    );
+    assert!(t.got.lock().unwrap().is_empty());
+}

@@ -9,7 +9,7 @@
 //! ```
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{BufRead, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 
@@ -101,20 +101,16 @@ pub fn write(fd: &OwnedFd, len: u64, w: &mut impl Write) -> std::io::Result<Bloc
 /// Reads a region of `len` bytes in blocks from `r` into `out` (a new,
 /// empty memfd: zero blocks are left as holes). A marker other than the
 /// two, or a short stream, is an error.
-pub fn read(r: &mut impl Read, len: u64, out: &File) -> std::io::Result<()> {
+pub fn read(r: &mut impl BufRead, len: u64, out: &File) -> std::io::Result<()> {
     out.set_len(len)?;
-    let mut buf = vec![0u8; BLOCK];
     let mut at = 0u64;
     while at < len {
-        let b = &mut buf[..block_len(len, at)];
+        let n = block_len(len, at);
         let mut marker = [0u8];
         r.read_exact(&mut marker)?;
         match marker[0] {
             ZERO => {}
-            BYTES => {
-                r.read_exact(b)?;
-                out.write_all_at(b, at)?;
-            }
+            BYTES => pass(r, n as u64, out, at)?,
             m => {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
@@ -122,7 +118,25 @@ pub fn read(r: &mut impl Read, len: u64, out: &File) -> std::io::Result<()> {
                 ))
             }
         }
-        at += b.len() as u64;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Writes the next `len` bytes of `r` into `out` at `at`, from `r`'s own
+/// buffer (no copy of ours). A short stream is `UnexpectedEof`.
+pub fn pass(r: &mut impl BufRead, len: u64, out: &File, mut at: u64) -> std::io::Result<()> {
+    let mut left = len;
+    while left > 0 {
+        let got = r.fill_buf()?;
+        if got.is_empty() {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let k = got.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        out.write_all_at(&got[..k], at)?;
+        r.consume(k);
+        at += k as u64;
+        left -= k as u64;
     }
     Ok(())
 }

@@ -7,6 +7,12 @@
 //! its own, and the file's tag is taken over the chunks' tags in order and
 //! the stream's length. Chunks start at fixed offsets, so the stream and
 //! its tag bind each other as a tag over every byte does.
+//!
+//! The chunk being filled is also the stream's buffer: a reader reads
+//! ahead into it and passes the bytes on from there, a writer gathers its
+//! writes in it and writes them out from there (`save_file.rs`), so no
+//! byte is copied for the tag alone. Chunks' buffers are used again once
+//! hashed.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -21,19 +27,28 @@ pub(super) const CHUNK: usize = 4 << 20;
 /// CPUs too): the memory held is this many chunks.
 const AT_ONCE: usize = 8;
 
+/// A chunk being hashed: it gives its tag and its buffer back.
+type Hashing = JoinHandle<([u8; 32], Arc<Vec<u8>>)>;
+
 /// A tag being taken over the bytes that pass (see the module's doc).
 pub(super) struct ChunkTag {
     key: Option<Arc<[u8]>>,
     /// Over the nonce, then each chunk's tag, then the length.
     outer: Tag,
-    /// The chunk being filled.
+    /// The chunk being filled: [`CHUNK`] bytes, the first `filled` of
+    /// them taken in. A reader may read ahead into the rest ([`room`]).
+    ///
+    /// [`room`]: ChunkTag::room
     buf: Vec<u8>,
+    filled: usize,
+    /// Chunks' buffers hashed and given back, for the next chunks.
+    free: Vec<Vec<u8>>,
     /// Chunks handed out so far.
     chunks: u64,
     /// Bytes taken in.
     len: u64,
-    /// Chunks being hashed, oldest first.
-    hashing: VecDeque<JoinHandle<[u8; 32]>>,
+    /// Chunks being hashed, oldest first; each gives its buffer back.
+    hashing: VecDeque<Hashing>,
     at_once: usize,
 }
 
@@ -57,7 +72,9 @@ impl ChunkTag {
         ChunkTag {
             key: key.map(Arc::from),
             outer,
-            buf: Vec::with_capacity(CHUNK),
+            buf: vec![0; CHUNK],
+            filled: 0,
+            free: Vec::new(),
             chunks: 0,
             len: 0,
             hashing: VecDeque::new(),
@@ -67,39 +84,77 @@ impl ChunkTag {
         }
     }
 
-    /// Takes in the next bytes.
+    /// Takes in the next bytes (a copy of them).
     pub fn update(&mut self, mut bytes: &[u8]) {
-        self.len += bytes.len() as u64;
         while !bytes.is_empty() {
-            let k = (CHUNK - self.buf.len()).min(bytes.len());
-            self.buf.extend_from_slice(&bytes[..k]);
+            let room = self.room();
+            let k = room.len().min(bytes.len());
+            room[..k].copy_from_slice(&bytes[..k]);
             bytes = &bytes[k..];
-            if self.buf.len() == CHUNK {
-                self.hand_out();
-            }
+            self.took(k);
         }
     }
 
-    /// The full chunk in `buf` goes to a thread of its own; the oldest one
-    /// hashing is waited for while as many as may be are.
+    /// The rest of the chunk being filled, never empty: a reader reads
+    /// ahead into it, then takes in what it passes on ([`ChunkTag::took`]),
+    /// so the bytes are copied nowhere for the tag.
+    pub fn room(&mut self) -> &mut [u8] {
+        &mut self.buf[self.filled..]
+    }
+
+    /// The first `n` bytes of [`ChunkTag::room`] (at most its length).
+    pub fn ahead(&self, n: usize) -> &[u8] {
+        &self.buf[self.filled..(self.filled + n).min(CHUNK)]
+    }
+
+    /// The last `back` bytes taken in and the first `fwd` of
+    /// [`ChunkTag::room`], in one piece (a writer writes them out from here).
+    pub fn recent(&self, back: usize, fwd: usize) -> &[u8] {
+        let from = self.filled.saturating_sub(back);
+        &self.buf[from..(self.filled + fwd).min(CHUNK)]
+    }
+
+    /// Takes in the first `n` bytes of [`ChunkTag::room`] (at most its
+    /// length); the chunk goes to be hashed once full.
+    pub fn took(&mut self, n: usize) {
+        let n = n.min(CHUNK - self.filled);
+        self.filled += n;
+        self.len += n as u64;
+        if self.filled == CHUNK {
+            self.hand_out();
+        }
+    }
+
+    /// The full chunk goes to a thread of its own; the oldest one hashing
+    /// is waited for while as many as may be are.
     fn hand_out(&mut self) {
         while self.hashing.len() >= self.at_once {
             self.take_oldest();
         }
-        let data = Arc::new(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        let (key, bytes, index) = (self.key.clone(), Arc::clone(&data), self.chunks);
+        let next = self.free.pop().unwrap_or_else(|| vec![0; CHUNK]);
+        let bytes = Arc::new(std::mem::replace(&mut self.buf, next));
+        self.filled = 0;
+        let (key, index, theirs) = (self.key.clone(), self.chunks, Arc::clone(&bytes));
         self.chunks += 1;
-        match std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("save-file-tag".into())
-            .spawn(move || chunk_tag(key.as_deref(), index, &bytes))
-        {
+            .spawn(move || (chunk_tag(key.as_deref(), index, &theirs), theirs));
+        match spawned {
             Ok(h) => self.hashing.push_back(h),
             // No thread to be had: hashed here, in order all the same.
             Err(_) => {
                 self.drain();
-                let t = chunk_tag(self.key.as_deref(), index, &data);
+                let t = chunk_tag(self.key.as_deref(), index, &bytes);
                 self.outer.update(&t);
             }
+        }
+        self.give_back(bytes);
+    }
+
+    /// A chunk's buffer, once no thread holds it, kept for a next chunk.
+    fn give_back(&mut self, bytes: Arc<Vec<u8>>) {
+        if let Ok(v) = Arc::try_unwrap(bytes) {
+            self.free.push(v);
         }
     }
 
@@ -107,7 +162,13 @@ impl ChunkTag {
         if let Some(h) = self.hashing.pop_front() {
             // A hashing thread does not panic; were it to, the tag must
             // not match.
-            let t = h.join().unwrap_or([0xff; 32]);
+            let t = match h.join() {
+                Ok((t, bytes)) => {
+                    self.give_back(bytes);
+                    t
+                }
+                Err(_) => [0xff; 32],
+            };
             self.outer.update(&t);
         }
     }
@@ -122,8 +183,8 @@ impl ChunkTag {
     /// length taken in.
     fn done(mut self) -> Tag {
         self.drain();
-        if !self.buf.is_empty() {
-            let t = chunk_tag(self.key.as_deref(), self.chunks, &self.buf);
+        if self.filled > 0 {
+            let t = chunk_tag(self.key.as_deref(), self.chunks, &self.buf[..self.filled]);
             self.outer.update(&t);
         }
         self.outer.update(&self.len.to_le_bytes());

@@ -257,3 +257,71 @@ fn a_streams_zero_blocks_travel_as_one_byte_and_a_version_3_file_still_reads() {
         Err(FileError::NotOne(_))
     ));
 }
+
+/// Gives at most `piece` bytes a read, as a socket does.
+struct Trickle<'a> {
+    bytes: &'a [u8],
+    piece: usize,
+}
+
+impl Read for Trickle<'_> {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        let k = self.piece.min(b.len()).min(self.bytes.len());
+        b[..k].copy_from_slice(&self.bytes[..k]);
+        self.bytes = &self.bytes[k..];
+        Ok(k)
+    }
+}
+
+#[test]
+fn a_stream_over_several_chunks_reads_back_in_any_pieces_and_nothing_past_its_tag() {
+    // Two lanes over three 4 MiB chunks, every block holding data, so
+    // blocks and lanes straddle the chunks' ends.
+    let a: Vec<u8> = (0..5_000_123u32)
+        .map(|i| (i % 251 + 1).to_le_bytes()[0])
+        .collect();
+    let b: Vec<u8> = (0..4_200_007u32)
+        .map(|i| (i % 13 + 1).to_le_bytes()[0])
+        .collect();
+    let key = Some(&b"0123456789abcdef"[..]);
+    let s = saved("vm1", vec![lane(0, &a), lane(5, &b)]);
+    let (bytes, _) = write_to(Vec::new(), &s, key, b"n").unwrap();
+    assert!(bytes.len() > 2 * tag::CHUNK);
+    let limits = FileLimits {
+        lane_bytes: 8 << 20,
+        ..LIMITS
+    };
+    let p = Path::new("peer");
+    for piece in [1 << 20, 65_537, 4093] {
+        let r = Trickle {
+            bytes: &bytes,
+            piece,
+        };
+        let back = read_from(r, p, key, b"n", &|_| Some(limits)).unwrap();
+        assert_eq!(contents(&back.lanes[0]), a, "in pieces of {piece}");
+        assert_eq!(contents(&back.lanes[1]), b, "in pieces of {piece}");
+    }
+    // A byte after the tag, read ahead with it, is refused; so is the tag
+    // cut short.
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert!(matches!(
+        read_from(&longer[..], p, key, b"n", &|_| Some(limits)),
+        Err(FileError::Tag(_))
+    ));
+    assert!(matches!(
+        read_from(&bytes[..bytes.len() - 1], p, key, b"n", &|_| Some(limits)),
+        Err(FileError::Tag(_))
+    ));
+}
+
+#[test]
+fn a_file_with_bytes_after_its_tag_is_refused() {
+    let (_d, path) = written("after", None);
+    let mut f = File::options().append(true).open(&path).unwrap();
+    f.write_all(&[0u8; 3]).unwrap();
+    assert!(matches!(
+        read(&path, "vm1", None, LIMITS),
+        Err(FileError::Tag(_))
+    ));
+}
