@@ -8,7 +8,9 @@
 //! destination with another key refuses and the process goes on at the
 //! source; commands out of order change nothing; a checkpoint sent ahead
 //! while the process runs has the destination's spare load its module,
-//! which the restore takes.
+//! which the restore takes. A spare so staged and not bound within
+//! `ahead_keep_s` is ended with its module, and a later handover still
+//! serves on.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -114,19 +116,7 @@ fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
     let a = daemon("follow-a", &format!("checkpoint_key_file = \"{key}\""));
     let b = daemon("follow-b", &listen(port_b, &key));
     let c = daemon("follow-c", &listen(port_c, &other));
-    let control = dir.join("control.sock");
-    let mut child = Command::new(&exe)
-        .arg(dir.join("k.ptx"))
-        .args([ROUNDS.to_string().as_str(), "20"])
-        .env("LD_LIBRARY_PATH", &lib)
-        .env("FAIRVGPU_SOCKET", a.socket("vm1"))
-        .env("FAIRVGPU_CONTROL", &control)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let rx = lines(&mut child);
-    assert_eq!(round(&rx), 1);
-    let mut ctl = Control(BufReader::new(UnixStream::connect(&control).unwrap()));
+    let (mut child, rx, mut ctl) = program(&dir, (&exe, &lib), &a, ROUNDS, 20);
 
     // Out of order: refused, nothing changes.
     assert!(ctl.say("copy /nowhere").starts_with("error: not paused"));
@@ -201,6 +191,39 @@ fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
 
     // The source host goes away; the program finishes on the destination.
     drop(a);
+    finishes(&rx, &mut child, ROUNDS);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `tests/c/follow.c` (`exe` over the stand-in in `lib`) on daemon `a`'s
+/// vm1: `rounds` rounds, `pause_ms` apart, its first one done; its lines and
+/// its control socket.
+fn program(
+    dir: &Path,
+    (exe, lib): (&Path, &Path),
+    a: &DaemonProc,
+    rounds: u64,
+    pause_ms: u64,
+) -> (Child, Receiver<String>, Control) {
+    let control = dir.join("control.sock");
+    let mut child = Command::new(exe)
+        .arg(dir.join("k.ptx"))
+        .args([rounds.to_string(), pause_ms.to_string()])
+        .env("LD_LIBRARY_PATH", lib)
+        .env("FAIRVGPU_SOCKET", a.socket("vm1"))
+        .env("FAIRVGPU_CONTROL", &control)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rx = lines(&mut child);
+    assert_eq!(round(&rx), 1);
+    let ctl = Control(BufReader::new(UnixStream::connect(&control).unwrap()));
+    (child, rx, ctl)
+}
+
+/// The program ends with every one of its `rounds` checked and the sum
+/// they make.
+fn finishes(rx: &Receiver<String>, child: &mut Child, rounds: u64) {
     let mut last = String::new();
     while let Ok(l) = rx.recv_timeout(STEP) {
         assert!(!l.starts_with("FAILED"), "{l}");
@@ -209,11 +232,61 @@ fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
             break;
         }
     }
-    let sum = N * (N - 1) / 2 + N * ROUNDS;
+    let sum = N * (N - 1) / 2 + N * rounds;
     assert!(
-        last.starts_with(&format!("follow ok rounds={ROUNDS} sum={sum} ")),
+        last.starts_with(&format!("follow ok rounds={rounds} sum={sum} ")),
         "{last}"
     );
     assert!(child.wait().unwrap().success());
+}
+
+/// A checkpoint sent ahead with no handover within `ahead_keep_s`: the
+/// destination's spare is ended with the module it loaded (its GPU memory
+/// given back), a fresh one takes its place, and a handover after that
+/// still serves on, loading the module in the pause.
+#[test]
+fn a_spare_staged_and_not_bound_in_time_is_ended_with_its_modules() {
+    const KEEP_ROUNDS: u64 = 600;
+    let dir = scratch::dir("fvg-follow-keep");
+    let lib = standin(&dir);
+    let exe = build_c_standin("follow", &dir, &lib, &["-lpthread"]);
+    std::fs::write(dir.join("k.ptx"), PTX).unwrap();
+    let key = key_file(&dir, "a key both hosts share, 0123456789");
+    let port = free_port();
+    let a = daemon("keep-a", &format!("checkpoint_key_file = \"{key}\""));
+    let b = daemon(
+        "keep-b",
+        &format!(
+            "handover_listen = \"127.0.0.1:{port}\"\ncheckpoint_key_file = \"{key}\"\nahead_keep_s = 3"
+        ),
+    );
+    let (mut child, rx, mut ctl) = program(&dir, (&exe, &lib), &a, KEEP_ROUNDS, 10);
+    let to = format!("127.0.0.1:{port}");
+    let (ok, said) = fairvgpu(&a, &["handover", "--vm", "vm1", "--to", &to, "--ahead"]);
+    assert!(
+        ok && said.contains("vm1: 1 modules loaded ahead on GPU 0 in "),
+        "{said}"
+    );
+    let ended = "a spare staged 3 s ago and not bound since: ended";
+    b.wait("the staged spare ended", STEP, |d| {
+        std::fs::read_to_string(d.log_path()).is_ok_and(|l| l.contains(ended))
+    })
+    .unwrap();
+    let r = round(&rx);
+    assert!(round(&rx) > r, "it goes on at the source");
+
+    assert_eq!(ctl.say("pause"), "paused");
+    let (ok, said) = handover(&a, port);
+    assert!(ok, "{said}");
+    let (ok, said) = fairvgpu(&b, &["restore", "--vm", "vm1", "--received"]);
+    assert!(
+        ok && said.contains("(0 modules loaded ahead)"),
+        "nothing staged is left to take: {said}"
+    );
+    let switched = ctl.say(&format!("switch {}", b.socket("vm1").display()));
+    assert!(switched.starts_with("switched "), "{switched}");
+    assert_eq!(ctl.say("go"), "going");
+    drop(a);
+    finishes(&rx, &mut child, KEEP_ROUNDS);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -252,6 +252,15 @@ impl Config {
                 );
             }
         }
+        if !(1..=86_400).contains(&self.daemon.ahead_keep_s) {
+            return bad(
+                format!(
+                    "[daemon] ahead_keep_s must be 1..=86400 seconds, not {}",
+                    self.daemon.ahead_keep_s
+                ),
+                Loc::Table("daemon", Some("ahead_keep_s")),
+            );
+        }
         if self.daemon.cgroup_cpu_weight > 10_000 {
             return bad(
                 format!(

@@ -117,6 +117,15 @@ pub struct DaemonConfig {
     /// address (needs `checkpoint_key_file`, which both hosts share).
     #[serde(default)]
     pub handover_listen: Option<String>,
+    /// Seconds a GPU's spare keeps the modules of a checkpoint sent ahead
+    /// (`handover --ahead`) for the handover that follows; then it is
+    /// ended with them, its GPU memory given back, and a fresh one started.
+    #[serde(default = "default_ahead_keep_s")]
+    pub ahead_keep_s: u64,
+}
+
+fn default_ahead_keep_s() -> u64 {
+    600
 }
 
 fn default_priority() -> i32 {
@@ -178,6 +187,7 @@ impl Default for DaemonConfig {
             checkpoint_dir: None,
             checkpoint_key_file: None,
             handover_listen: None,
+            ahead_keep_s: default_ahead_keep_s(),
         }
     }
 }

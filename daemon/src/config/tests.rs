@@ -169,6 +169,7 @@ fn host_cpu_options_default_and_bad_ones_are_one_line_naming_the_key() {
         (-10, true, None)
     );
     assert_eq!(c.daemon.cgroup_cpu_weight, 1000);
+    assert_eq!(c.daemon.ahead_keep_s, 600);
     assert!(
         !c.daemon.realtime,
         "the real-time lift is the operator's choice"
@@ -222,6 +223,14 @@ fn host_cpu_options_default_and_bad_ones_are_one_line_naming_the_key() {
             "[daemon] cgroup_cpu_weight must be",
         ),
         ("vcpu_lifts = true", "vcpu_lifts"),
+        (
+            "ahead_keep_s = 0",
+            "[daemon] ahead_keep_s must be 1..=86400",
+        ),
+        (
+            "ahead_keep_s = 86401",
+            "[daemon] ahead_keep_s must be 1..=86400",
+        ),
     ] {
         let text = set(extra);
         let e = Config::parse(&text).unwrap_err().to_string();

@@ -36,6 +36,9 @@ pub(super) struct Spare {
     /// A checkpoint sent ahead it is loading the modules of, and whom to
     /// tell once it has.
     staging: Option<Staging>,
+    /// When it was last given a checkpoint sent ahead: it holds those
+    /// modules until it is bound, or `ahead_keep_s` passes.
+    staged_at: Option<Instant>,
 }
 
 /// A spare's staging under way: the VM, the answer the peer that sent the
@@ -127,8 +130,8 @@ impl Spare {
 impl Supervisor {
     /// Keeps a spare for each GPU with a VM on it:
     /// those that exited are noted (a new one starts `SPARE_RETRY` later),
-    /// those of a GPU with none, or of an MPS side new clients no longer
-    /// go to, are ended, and a GPU without one gets one (once its MPS
+    /// those of a GPU with none, of an MPS side new clients no longer go
+    /// to, or staged `ahead_keep_s` ago and not bound since, are ended, and a GPU without one gets one (once its MPS
     /// side's old clients are gone, `dying`).
     pub(super) fn keep_spares(&mut self, want: &Config, dying: &HashSet<(u32, usize)>) {
         let wanted: BTreeSet<u32> = want
@@ -137,6 +140,7 @@ impl Supervisor {
             .map(|v| self.plane.gpu_of(&v.name).unwrap_or(0))
             .collect();
         let serving = |gpu: u32| self.mps.get(&gpu).map_or(0, crate::mps::MpsGpu::serving);
+        let keep = Duration::from_secs(want.daemon.ahead_keep_s);
         let mut gone = Vec::new();
         for (&gpu, s) in &mut self.spares.by_gpu {
             if let Ok(Some(status)) = s.child.try_wait() {
@@ -147,6 +151,15 @@ impl Supervisor {
                     .insert(gpu, Instant::now() + SPARE_RETRY);
                 gone.push(gpu);
             } else if !wanted.contains(&gpu) || s.side != serving(gpu) {
+                s.end_staging(gpu);
+                stop_child(&mut s.child);
+                gone.push(gpu);
+            } else if s.staged_at.is_some_and(|t| t.elapsed() > keep) {
+                tracing::info!(
+                    gpu,
+                    "a spare staged {} s ago and not bound since: ended, with its modules loaded ahead",
+                    keep.as_secs()
+                );
                 s.end_staging(gpu);
                 stop_child(&mut s.child);
                 gone.push(gpu);
@@ -198,6 +211,7 @@ impl Supervisor {
             ready: false,
             started: Instant::now(),
             staging: None,
+            staged_at: None,
         })
     }
 
@@ -229,6 +243,7 @@ impl Supervisor {
             answer,
             since: Instant::now(),
         });
+        s.staged_at = Some(Instant::now());
         Ok(())
     }
 
