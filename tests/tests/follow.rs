@@ -103,6 +103,9 @@ fn key_file(dir: &Path, key: &str) -> String {
 
 #[test]
 fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
+    // Alone: its program's 60 rounds must outlast its steps, and the
+    // other test's daemons and program share the CPUs.
+    let _one = tests::one_at_a_time();
     let dir = scratch::dir("fvg-follow");
     let lib = standin(&dir);
     let exe = build_c_standin("follow", &dir, &lib, &["-lpthread"]);
@@ -247,6 +250,7 @@ fn finishes(rx: &Receiver<String>, child: &mut Child, rounds: u64) {
 #[test]
 fn a_spare_staged_and_not_bound_in_time_is_ended_with_its_modules() {
     const KEEP_ROUNDS: u64 = 600;
+    let _one = tests::one_at_a_time();
     let dir = scratch::dir("fvg-follow-keep");
     let lib = standin(&dir);
     let exe = build_c_standin("follow", &dir, &lib, &["-lpthread"]);
