@@ -104,7 +104,7 @@ impl ChunkTag {
 
     /// The first `n` bytes of [`ChunkTag::room`] (at most its length).
     pub fn ahead(&self, n: usize) -> &[u8] {
-        &self.buf[self.filled..(self.filled + n).min(CHUNK)]
+        self.recent(0, n)
     }
 
     /// The last `back` bytes taken in and the first `fwd` of
