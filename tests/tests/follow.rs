@@ -14,7 +14,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::Duration;
@@ -101,21 +101,32 @@ fn key_file(dir: &Path, key: &str) -> String {
     p.display().to_string()
 }
 
+/// A scratch folder `name` with the stand-in, `tests/c/follow.c` built
+/// over it and the kernel's PTX: the folder, the program, the stand-in's
+/// folder, and a key file both hosts share.
+fn built(name: &str) -> (PathBuf, PathBuf, PathBuf, String) {
+    let dir = scratch::dir(name);
+    let lib = standin(&dir);
+    let exe = build_c_standin("follow", &dir, &lib, &["-lpthread"]);
+    std::fs::write(dir.join("k.ptx"), PTX).unwrap();
+    let key = key_file(&dir, "a key both hosts share, 0123456789");
+    (dir, exe, lib, key)
+}
+
+/// A daemon's `[daemon]` lines to take handovers on loopback `port` under
+/// the key in file `key`.
+fn listen(port: u16, key: &str) -> String {
+    format!("handover_listen = \"127.0.0.1:{port}\"\ncheckpoint_key_file = \"{key}\"")
+}
+
 #[test]
 fn a_process_moved_to_another_daemon_mid_loop_finishes_there_alone() {
     // Alone: its program's 60 rounds must outlast its steps, and the
     // other test's daemons and program share the CPUs.
     let _one = tests::one_at_a_time();
-    let dir = scratch::dir("fvg-follow");
-    let lib = standin(&dir);
-    let exe = build_c_standin("follow", &dir, &lib, &["-lpthread"]);
-    std::fs::write(dir.join("k.ptx"), PTX).unwrap();
-    let key = key_file(&dir, "a key both hosts share, 0123456789");
+    let (dir, exe, lib, key) = built("fvg-follow");
     let other = key_file(&dir, "another host's key, 0123456789");
     let (port_b, port_c) = (free_port(), free_port());
-    let listen = |port: u16, k: &str| {
-        format!("handover_listen = \"127.0.0.1:{port}\"\ncheckpoint_key_file = \"{k}\"")
-    };
     let a = daemon("follow-a", &format!("checkpoint_key_file = \"{key}\""));
     let b = daemon("follow-b", &listen(port_b, &key));
     let c = daemon("follow-c", &listen(port_c, &other));
@@ -251,18 +262,12 @@ fn finishes(rx: &Receiver<String>, child: &mut Child, rounds: u64) {
 fn a_spare_staged_and_not_bound_in_time_is_ended_with_its_modules() {
     const KEEP_ROUNDS: u64 = 600;
     let _one = tests::one_at_a_time();
-    let dir = scratch::dir("fvg-follow-keep");
-    let lib = standin(&dir);
-    let exe = build_c_standin("follow", &dir, &lib, &["-lpthread"]);
-    std::fs::write(dir.join("k.ptx"), PTX).unwrap();
-    let key = key_file(&dir, "a key both hosts share, 0123456789");
+    let (dir, exe, lib, key) = built("fvg-follow-keep");
     let port = free_port();
     let a = daemon("keep-a", &format!("checkpoint_key_file = \"{key}\""));
     let b = daemon(
         "keep-b",
-        &format!(
-            "handover_listen = \"127.0.0.1:{port}\"\ncheckpoint_key_file = \"{key}\"\nahead_keep_s = 3"
-        ),
+        &format!("{}\nahead_keep_s = 3", listen(port, &key)),
     );
     let (mut child, rx, mut ctl) = program(&dir, (&exe, &lib), &a, KEEP_ROUNDS, 10);
     let to = format!("127.0.0.1:{port}");
